@@ -1,0 +1,48 @@
+# berth: the two quickstart commands are `make demo` and `make test`; both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The real-engine tier (tests/engine) runs vLLM on CPU from its own cached venv.
+ENGINE_VENV ?= $(HOME)/.cache/berth/engine-venv
+
+.PHONY: venv demo serve test test-fast engine-env lint typecheck check bench-overhead clean
+
+$(BIN)/berth: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/berth
+
+demo: venv
+	$(BIN)/berth demo
+
+serve: venv
+	$(BIN)/berth serve -c conf/gateway.toml
+
+engine-env:
+	ENGINE_VENV=$(ENGINE_VENV) bash tests/engine/setup_engine_env.sh
+
+# The whole suite: unit, integration and the real-engine tier.
+test: venv engine-env
+	BERTH_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python $(BIN)/pytest -q tests
+
+# Unit and integration only (no vLLM).
+test-fast: venv
+	$(BIN)/pytest -q tests -m "not engine"
+
+lint: venv
+	$(BIN)/ruff check gateway loadgen tests
+	$(BIN)/ruff format --check gateway loadgen tests
+
+typecheck: venv
+	$(BIN)/mypy
+
+check: lint typecheck
+
+bench-overhead: venv
+	$(BIN)/python -m loadgen.bench.overhead
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

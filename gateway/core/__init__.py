@@ -1,0 +1,1 @@
+"""Types, errors, clocks and the task supervisor shared by every layer."""

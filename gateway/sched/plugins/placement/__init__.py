@@ -1,0 +1,1 @@
+"""Request placement: filters, scorers and pickers."""

@@ -1,0 +1,44 @@
+"""Least outstanding: prefer the endpoint with the fewest requests in flight or waiting."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gateway.core.types import EndpointId
+from gateway.sched.registry import NoParams, PluginKind, PluginSpec
+from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
+
+
+class LeastOutstandingScorer:
+    """Score 1 / (1 + outstanding), where outstanding = gateway in-flight + engine waiting."""
+
+    name = "least-outstanding"
+
+    def score(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Mapping[EndpointId, float]:
+        return {e.id: 1.0 / (1.0 + e.outstanding) for e in candidates}
+
+
+class MaxScorePicker:
+    """Highest weighted score; ties go to the lowest in-flight count, then the endpoint id."""
+
+    name = "max-score"
+
+    def pick(
+        self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
+    ) -> EndpointView:
+        return min(scored, key=lambda es: (-es[1], es[0].inflight, es[0].id))[0]
+
+
+SCORER_SPEC = PluginSpec(
+    PluginKind.SCORER,
+    "least-outstanding",
+    NoParams,
+    lambda p, ctx: LeastOutstandingScorer(),
+    "1/(1 + gateway in-flight + engine waiting)",
+)
+PICKER_SPEC = PluginSpec(
+    PluginKind.PICKER, "max-score", NoParams, lambda p, ctx: MaxScorePicker(), "highest weighted score"
+)

@@ -1,0 +1,73 @@
+"""The placement pipeline: filters -> weighted scorers -> picker, and the Policy that bundles it.
+
+The runner enforces the plugin contracts: a scorer's values are clamped into [0, 1] (NaN counts 0)
+and weighted by the profile, and a picker that returns something other than a candidate is a bug that
+raises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.core.types import EndpointHealth
+from gateway.sched.interfaces import Filter, Ordering, Picker, Scorer
+from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+def eligible(req: SchedRequest, snap: FleetSnapshot) -> list[EndpointView]:
+    """Endpoints that serve the model, are not unhealthy or starting, and have room under their cap."""
+    return [
+        e for e in snap.endpoints if req.model in e.models and e.health is EndpointHealth.READY and e.has_room
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerProfile:
+    filters: tuple[Filter, ...]
+    scorers: tuple[WeightedScorer, ...]
+    picker: Picker
+
+    def place(self, req: SchedRequest, snap: FleetSnapshot) -> EndpointView | None:
+        """The endpoint for `req` now, or None when nothing is eligible (the request stays queued)."""
+        candidates: Sequence[EndpointView] = eligible(req, snap)
+        for f in self.filters:
+            if not candidates:
+                return None
+            candidates = f.filter(req, candidates, snap)
+        if not candidates:
+            return None
+        totals = dict.fromkeys((e.id for e in candidates), 0.0)
+        for ws in self.scorers:
+            for eid, value in ws.scorer.score(req, candidates, snap).items():
+                if eid in totals:
+                    totals[eid] += ws.weight * _clamp01(value)
+        scored = [(e, totals[e.id]) for e in candidates]
+        chosen = self.picker.pick(req, scored, snap)
+        if not any(chosen is e for e in candidates):
+            raise RuntimeError(f"picker {self.picker.name!r} returned an endpoint that was not a candidate")
+        return chosen
+
+
+def _clamp01(v: float) -> float:
+    if math.isnan(v):
+        return 0.0
+    return 0.0 if v < 0.0 else 1.0 if v > 1.0 else v
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A built policy file: what the scheduler swaps atomically on reload."""
+
+    name: str
+    ordering: Ordering
+    profile: SchedulerProfile
+    source: str = ""  # file it came from

@@ -1,0 +1,1 @@
+"""Load generation, engine simulation and benchmarks for berth."""
