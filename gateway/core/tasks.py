@@ -50,6 +50,12 @@ class TaskSupervisor:
                     return
                 await asyncio.sleep(self._restart_delay_s)
 
+    def discard(self, name: str) -> None:
+        """Cancel task `name` without waiting for it to finish."""
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+
     async def cancel(self, name: str) -> None:
         task = self._tasks.pop(name, None)
         if task is not None:

@@ -148,6 +148,9 @@ class Scheduler:
         for eid in list(self._endpoints):
             if eid not in wanted:
                 del self._endpoints[eid]
+        # Forget what ran on removed endpoints: their complete() is then a no-op, and cannot decrement
+        # an endpoint added again later under the same id.
+        self._running = {r: e for r, e in self._running.items() if e in wanted}
         for eid, spec in wanted.items():
             ep = self._endpoints.get(eid)
             if ep is None:
@@ -198,19 +201,14 @@ class Scheduler:
             return Reject(req, errors.no_ready_endpoint(req.model, self._limits.retry_after_s))
         queue = self._queues.setdefault(req.model, [])
         if len(queue) >= self._limits.max_queue_per_model:
-            # The queue may only be full of requests that can all be placed now.
-            self._serve(req.model, [])
-            if len(queue) >= self._limits.max_queue_per_model:
-                return Reject(req, errors.queue_full(req.model, self._limits.retry_after_s))
-        item = _Queued(req, next(self._seq), exclude)
-        queue.append(item)
+            return Reject(req, errors.queue_full(req.model, self._limits.retry_after_s))
+        queue.append(_Queued(req, next(self._seq), exclude))
+        # submit can report one decision only, so it may place `req` and nothing else: a queued request
+        # that became placeable without an event that serves (a cancel, time passing) waits for the next
+        # complete/tick instead of being dispatched here and never reported.
         out: list[Decision] = []
-        self._serve(req.model, out)
-        mine: Decision | None = None
-        for d in out:
-            if d.req.id == req.id:
-                mine = d
-        return mine
+        self._serve(req.model, out, only=req.id)
+        return out[0] if out else None
 
     def complete(self, req_id: RequestId) -> list[Decision]:
         """A dispatched request finished (any outcome); its slot is free again."""
@@ -299,7 +297,8 @@ class Scheduler:
             self._serve(model, out)
         return out
 
-    def _serve(self, model: ModelName, out: list[Decision]) -> None:
+    def _serve(self, model: ModelName, out: list[Decision], *, only: RequestId | None = None) -> None:
+        """Place queued requests of `model` in order; with `only`, stop at the first one that is not it."""
         queue = self._queues.get(model)
         policy = self._policy
         while queue:
@@ -310,6 +309,8 @@ class Scheduler:
                 keyed = ((policy.ordering.key(q.req, snap), q.seq, i) for i, q in enumerate(queue))
                 idx = min(keyed)[2]
             item = queue[idx]
+            if only is not None and item.req.id != only:
+                return
             view_snap = snap
             if item.exclude:
                 others = tuple(e for e in snap.endpoints if e.id not in item.exclude)

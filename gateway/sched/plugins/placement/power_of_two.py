@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Annotated
 
 import msgspec
 
@@ -13,7 +14,7 @@ from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
 
 class PowerOfTwoParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    choices: int = 2
+    choices: Annotated[int, msgspec.Meta(ge=1)] = 2  # checked here so the error names `params.choices`
     seed: int | None = None
 
 

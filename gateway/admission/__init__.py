@@ -1,0 +1,1 @@
+"""Admission: resolve the model, classify the request, estimate its size, build the scheduler's view."""

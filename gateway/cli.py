@@ -1,0 +1,119 @@
+"""Console entry point: `berth serve | check | demo`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway import __version__
+from gateway.core.errors import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="berth", description="SLO-aware gateway for self-hosted LLM fleets")
+    p.add_argument("--version", action="version", version=f"berth {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the gateway")
+    s.add_argument("-c", "--config", type=Path, help="gateway.toml (default: none; use --endpoint flags)")
+    s.add_argument("--listen", help="HOST:PORT to listen on (overrides [server].listen)")
+    s.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="URL[,engine=..][,class=..]",
+        help="an engine endpoint: URL[,engine=vllm|sglang][,class=interactive|mixed|batch]"
+        "[,models=a|b][,cap=N][,id=NAME][,node=NAME]; repeatable; replaces the file's list",
+    )
+    s.add_argument("--policy", help="policy file (overrides [policy].file)")
+    s.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error", "critical"], help="overrides [server]"
+    )
+
+    c = sub.add_parser("check", help="validate a gateway.toml or policy file; exit 1 with the errors")
+    c.add_argument("-c", "--config", type=Path, required=True)
+
+    d = sub.add_parser("demo", help="run a simulated fleet with berth in front of it and a mixed workload")
+    d.add_argument("--duration", type=float, default=60.0, help="seconds of workload (default 60)")
+    d.add_argument("--port", type=int, default=8080, help="berth's port (default 8080)")
+    d.add_argument("--no-serve", action="store_true", help="exit after the results instead of serving on")
+    d.add_argument("--rate", type=float, default=None, help="requests/s of the demo workload")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "check":
+        return _check(args.config)
+    if args.command == "demo":
+        from gateway.demo import run_demo
+
+        return run_demo(
+            duration_s=args.duration, port=args.port, serve_after=not args.no_serve, rate=args.rate
+        )
+    return 2
+
+
+def _check(path: Path) -> int:
+    from gateway.config import check
+
+    problems = check(path)
+    for line in problems:
+        print(line, file=sys.stderr)
+    if problems:
+        return 1
+    print(f"{path}: ok")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.app import Gateway, ServeOptions, serve
+    from gateway.config import (
+        apply_overrides,
+        default_config,
+        load_gateway_config,
+        load_runtime,
+        parse_endpoint_flag,
+    )
+    from gateway.core.logging import configure_logging
+    from gateway.sched.registry import default_registry
+
+    try:
+        endpoints = tuple(parse_endpoint_flag(v) for v in args.endpoint)
+        base = load_gateway_config(args.config) if args.config else default_config()
+        cfg = apply_overrides(base, listen=args.listen, endpoints=endpoints, policy_file=args.policy)
+        if not cfg.endpoints:
+            raise ConfigError("no endpoints: give --endpoint URL or list [[endpoints]] in the config file")
+        options = ServeOptions(
+            config_path=args.config, listen=args.listen, endpoints=endpoints, policy_file=args.policy
+        )
+        registry = default_registry()
+        runtime = load_runtime(
+            args.config, cfg, registry, listen=args.listen, endpoints=endpoints, policy_file=args.policy
+        )
+    except ConfigError as e:
+        print(f"berth: {e}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level or cfg.server.log_level)
+    gw = Gateway(runtime, cfg, options, registry=registry)
+    _run(serve(gw))
+    return 0
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it anyway
+        asyncio.run(coro)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""`berth check -c FILE`: validate a gateway.toml (and the policy it names) or a policy file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.config.decode import read_toml
+from gateway.config.load import gateway_config_problems, load_configured_policy
+from gateway.config.policy import build_policy, decode_policy, is_policy_table
+from gateway.core.errors import ConfigError
+from gateway.sched.registry import PluginRegistry, default_registry
+
+
+def check(path: str | Path, registry: PluginRegistry | None = None) -> list[str]:
+    """[] when `path` loads cleanly, else one `FILE:KEY.PATH: message` line per problem.
+
+    A file with a top-level `ordering` or `placement` table is checked as a policy file; anything else
+    as a gateway.toml together with the policy file it names.
+    """
+    reg = registry if registry is not None else default_registry()
+    label = str(path)
+    try:
+        raw = read_toml(Path(path), label)
+        if is_policy_table(raw):
+            build_policy(decode_policy(raw, label), label, reg, stem=Path(path).stem)
+            return []
+        cfg, problems = gateway_config_problems(path)
+        if cfg is None:
+            return [str(p) for p in problems]
+        load_configured_policy(cfg, reg)
+    except ConfigError as e:
+        return [str(e)]
+    return []

@@ -1,0 +1,125 @@
+"""Loading gateway.toml: strict decode -> defaults -> cross-reference checks -> GatewayConfig.
+
+Every error is a ConfigError whose str is `FILE:KEY.PATH: message`, e.g.
+`conf/gateway.toml:endpoints[1].url: expected an http:// or https:// URL, got 'tcp://x'`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import msgspec.structs
+
+from gateway.config.decode import convert, read_toml
+from gateway.config.policy import load_default_policy, load_policy
+from gateway.config.schema import ENGINE_AUTO, GatewayConfig, GatewayFile
+from gateway.config.validate import check_gateway
+from gateway.core.errors import ConfigError
+from gateway.core.types import EngineKind
+from gateway.sched.profile import Policy
+from gateway.sched.registry import PluginRegistry
+
+#: Overrides `server.admin_token` when set and non-empty (keeps the secret out of the file).
+ADMIN_TOKEN_ENV: Final = "BERTH_ADMIN_TOKEN"
+
+_ENGINE_CHOICES: Final[Mapping[type, tuple[str, ...]]] = {EngineKind: (ENGINE_AUTO,)}
+
+
+def load_gateway_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """The checked configuration in the gateway.toml at `path`; raises the first ConfigError found.
+
+    `env` (default: the process environment) supplies BERTH_ADMIN_TOKEN.
+    """
+    cfg, problems = gateway_config_problems(path, env=env)
+    if problems:
+        raise problems[0]
+    assert cfg is not None
+    return cfg
+
+
+def gateway_config_problems(
+    path: str | Path, *, env: Mapping[str, str] | None = None
+) -> tuple[GatewayConfig | None, list[ConfigError]]:
+    """Like `load_gateway_config`, but returns every cross-reference problem instead of the first.
+
+    A file that cannot be read, parsed or strictly decoded still raises (nothing further can be said).
+    The config is None exactly when there are problems.
+    """
+    p = Path(path)
+    label = str(path)
+    raw = _engine_auto_to_none(read_toml(p, label))
+    f = convert(raw, GatewayFile, label=label, extra_choices=_ENGINE_CHOICES)
+
+    # defaults
+    env = os.environ if env is None else env
+    if env.get(ADMIN_TOKEN_ENV):
+        f = msgspec.structs.replace(
+            f, server=msgspec.structs.replace(f.server, admin_token=env[ADMIN_TOKEN_ENV])
+        )
+    policy_file = resolve_relative(f.policy.file, p.parent) if f.policy.file else None
+
+    # cross-reference checks
+    problems = [e.within(file=label) for e in check_gateway(f)]
+    if policy_file is not None and not policy_file.is_file():
+        what = "is not a file" if policy_file.exists() else "not found"
+        problems.append(ConfigError(f"policy file {what}: {policy_file}", path="policy.file", file=label))
+    if problems:
+        return None, problems
+
+    return (
+        GatewayConfig(
+            server=f.server,
+            limits=f.limits,
+            upstream=f.upstream,
+            scrape=f.scrape,
+            aliases=dict(f.aliases),
+            endpoints=f.endpoints,
+            file=_absolute(p),
+            policy_file=policy_file,
+        ),
+        [],
+    )
+
+
+def default_config(*, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """The configuration without a file (`berth serve --endpoint ...`): defaults, packaged policy."""
+    env = os.environ if env is None else env
+    cfg = GatewayConfig()
+    token = env.get(ADMIN_TOKEN_ENV)
+    if token:
+        cfg = msgspec.structs.replace(cfg, server=msgspec.structs.replace(cfg.server, admin_token=token))
+    return cfg
+
+
+def load_configured_policy(
+    cfg: GatewayConfig, registry: PluginRegistry, *, seed: int | None = None
+) -> Policy:
+    """The policy `cfg` names: its policy file, or the packaged default when it names none."""
+    if cfg.policy_file is None:
+        return load_default_policy(registry, seed=seed)
+    return load_policy(cfg.policy_file, registry, seed=seed)
+
+
+def resolve_relative(path: str | Path, base: Path) -> Path:
+    """`path` made absolute against directory `base` (`..` folded, symlinks kept as written)."""
+    return _absolute(base / Path(path).expanduser())
+
+
+def _absolute(p: Path) -> Path:
+    return Path(os.path.normpath(p.absolute()))
+
+
+def _engine_auto_to_none(raw: dict[str, Any]) -> dict[str, Any]:
+    """`engine = "auto"` in an [[endpoints]] item means "not given" (None: detect it)."""
+    endpoints = raw.get("endpoints")
+    if not isinstance(endpoints, list):
+        return raw
+    items = [
+        {k: v for k, v in e.items() if not (k == "engine" and v == ENGINE_AUTO)} if isinstance(e, dict) else e
+        for e in endpoints
+    ]
+    return {**raw, "endpoints": items}

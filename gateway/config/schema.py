@@ -1,0 +1,173 @@
+"""The schema of gateway.toml: one frozen msgspec Struct per section, unknown keys are errors.
+
+Static sections (`server`, `upstream`) take effect at start only; `limits`, `scrape`, `aliases`,
+`endpoints` and the policy file are reloaded on SIGHUP (see `gateway.config.runtime`).
+Numbers are range-checked here (msgspec `Meta`); checks that relate values to each other, URLs and
+`listen` live in `gateway.config.validate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Final, Literal
+from urllib.parse import urlsplit
+
+import msgspec
+from msgspec import Meta
+
+from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
+from gateway.sched.scheduler import EndpointSpec, QueueLimits
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+PositiveFloat = Annotated[float, Meta(gt=0)]
+NonNegativeFloat = Annotated[float, Meta(ge=0)]
+
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+#: Spelling of "detect the engine from its /metrics names" in files and flags; stored as None.
+ENGINE_AUTO: Final = "auto"
+
+DEFAULT_LISTEN: Final = "127.0.0.1:8080"
+
+
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[server] (static)."""
+
+    listen: str = DEFAULT_LISTEN  # HOST:PORT; IPv6 hosts in brackets: "[::1]:8080"
+    max_body_bytes: PositiveInt = 32 * 1024 * 1024  # larger request bodies get 413
+    drain_timeout_s: NonNegativeFloat = 30.0  # on SIGTERM, let streams finish this long
+    admin_token: str = ""  # BERTH_ADMIN_TOKEN in the environment overrides it
+    log_level: LogLevel = "info"
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """`listen` split for aiohttp (brackets of an IPv6 host removed); assumes it was validated."""
+        host, _, port = self.listen.rpartition(":")
+        return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[limits] (reloadable)."""
+
+    max_queue_per_model: PositiveInt = 1024  # 429 past it
+    max_queue_wait_s: PositiveFloat = 30.0  # 503 queue_timeout past it
+    retry_after_s: NonNegativeFloat = 1.0
+    default_endpoint_cap: PositiveInt = 64  # per-endpoint concurrency cap when an endpoint sets none
+
+
+class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[upstream] (static)."""
+
+    connect_timeout_s: PositiveFloat = 5.0
+    first_byte_timeout_s: PositiveFloat = 120.0  # 504 when the engine sends no headers in time
+    read_timeout_s: PositiveFloat = 120.0  # 504 / error event when a stream goes silent this long
+    max_retries: NonNegativeInt = 1  # on another endpoint, before the first byte only
+    pool_per_host: PositiveInt = 256
+    pool_total: PositiveInt = 1024
+
+
+class ScrapeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[scrape] (reloadable)."""
+
+    interval_s: PositiveFloat = 2.0
+    timeout_s: PositiveFloat = 2.0
+    unhealthy_after: PositiveInt = 3  # consecutive failed scrapes / health checks
+    stale_after_s: PositiveFloat = 10.0
+    models_refresh_s: PositiveFloat = 30.0
+
+
+class PolicySection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[policy]: which policy file to run; empty means the packaged default policy."""
+
+    file: str = ""  # relative paths resolve against the directory of gateway.toml
+
+
+class EndpointConfig(
+    msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, rename={"instance_class": "class"}
+):
+    """One [[endpoints]] item, or one --endpoint flag."""
+
+    url: str
+    id: str | None = None  # default: "host:port" of the url
+    engine: EngineKind | None = None  # None: "auto", detect from the engine's /metrics names
+    models: tuple[str, ...] = ()  # empty: discover from the engine's /v1/models
+    instance_class: InstanceClass = InstanceClass.MIXED
+    node: str | None = None
+    cap: PositiveInt | None = None  # None: limits.default_endpoint_cap
+
+    @property
+    def endpoint_id(self) -> EndpointId:
+        return EndpointId(self.id if self.id is not None else default_endpoint_id(self.url))
+
+    @property
+    def engine_auto(self) -> bool:
+        """The engine kind is to be detected from the endpoint's /metrics."""
+        return self.engine is None
+
+    def spec(self, *, default_cap: int, detected: EngineKind | None = None) -> EndpointSpec:
+        """The scheduler's view; an "auto" engine is `detected`, else provisionally vLLM."""
+        return EndpointSpec(
+            id=self.endpoint_id,
+            url=self.url.rstrip("/"),
+            engine=self.engine or detected or EngineKind.VLLM,
+            models=frozenset(ModelName(m) for m in self.models),
+            instance_class=self.instance_class,
+            cap=self.cap if self.cap is not None else default_cap,
+            node=self.node,
+        )
+
+
+def default_endpoint_id(url: str) -> str:
+    """`host:port` of `url` (the scheme's default port when it names none)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    if port is None:
+        port = 443 if parts.scheme == "https" else 80
+    return f"{host}:{port}"
+
+
+class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """gateway.toml exactly as written (after the loader maps `engine = "auto"` to None)."""
+
+    server: ServerConfig = ServerConfig()
+    limits: LimitsConfig = LimitsConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    scrape: ScrapeConfig = ScrapeConfig()
+    policy: PolicySection = PolicySection()
+    aliases: dict[str, str] = {}
+    endpoints: tuple[EndpointConfig, ...] = ()
+
+
+class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The gateway's configuration after defaults, checks and command-line overrides."""
+
+    server: ServerConfig = ServerConfig()
+    limits: LimitsConfig = LimitsConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    scrape: ScrapeConfig = ScrapeConfig()
+    aliases: dict[str, str] = {}  # client model name -> engine served name
+    endpoints: tuple[EndpointConfig, ...] = ()
+    file: Path | None = None  # the gateway.toml it came from; None: built-in defaults and flags
+    policy_file: Path | None = None  # absolute; None: the packaged default policy
+
+    def endpoint_specs(self, detected: Mapping[EndpointId, EngineKind] | None = None) -> list[EndpointSpec]:
+        """The endpoints for the scheduler; `detected` supplies engine kinds found for "auto" ones."""
+        found = detected or {}
+        cap = self.limits.default_endpoint_cap
+        return [e.spec(default_cap=cap, detected=found.get(e.endpoint_id)) for e in self.endpoints]
+
+    def queue_limits(self) -> QueueLimits:
+        return QueueLimits(
+            max_queue_per_model=self.limits.max_queue_per_model,
+            max_wait_s=self.limits.max_queue_wait_s,
+            retry_after_s=self.limits.retry_after_s,
+            stale_after_s=self.scrape.stale_after_s,
+        )

@@ -1,0 +1,164 @@
+"""Checks that a strict decode cannot make: URLs, `listen`, names, and how values relate to each other.
+
+Each check returns every problem it finds (a ConfigError with a key path, no file yet) so `berth check`
+can show them all at once; loaders raise the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from gateway.config.decode import join_path
+from gateway.config.schema import EndpointConfig, GatewayFile
+from gateway.core.errors import ConfigError
+
+
+def check_gateway(f: GatewayFile) -> list[ConfigError]:
+    """Every cross-reference problem of a decoded gateway.toml (key paths relative to the file)."""
+    problems: list[ConfigError] = []
+    listen = check_listen(f.server.listen)
+    if listen:
+        problems.append(ConfigError(listen, path="server.listen"))
+    if f.upstream.pool_per_host > f.upstream.pool_total:
+        problems.append(
+            ConfigError(
+                f"must not exceed upstream.pool_total ({f.upstream.pool_total})",
+                path="upstream.pool_per_host",
+            )
+        )
+    if f.scrape.stale_after_s < f.scrape.interval_s:
+        problems.append(
+            ConfigError(
+                f"must be at least scrape.interval_s ({f.scrape.interval_s}), "
+                "or every scrape is stale before the next one",
+                path="scrape.stale_after_s",
+            )
+        )
+    problems.extend(check_aliases(f.aliases))
+    for i, ep in enumerate(f.endpoints):
+        problems.extend(e.within(prefix=f"endpoints[{i}]") for e in check_endpoint(ep))
+    for d in duplicate_endpoints(f.endpoints):
+        problems.append(
+            ConfigError(
+                f"{d.describe()} (already used by endpoints[{d.first}])", path=f"endpoints[{d.index}].{d.key}"
+            )
+        )
+    return problems
+
+
+def check_listen(listen: str) -> str:
+    """Why `listen` is not HOST:PORT, or "" when it is."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host:
+        return f"expected HOST:PORT, got {listen!r}"
+    if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
+        return f"expected HOST:PORT with an IPv6 host in brackets ([::1]:8080), got {listen!r}"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        return f"port must be a number from 0 to 65535, got {listen!r}"
+    return ""
+
+
+def check_url(url: str) -> str:
+    """Why `url` is not an http(s) base URL of an engine, or "" when it is."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        return f"invalid URL {url!r}: {e}"
+    if parts.scheme not in ("http", "https"):
+        return f"expected an http:// or https:// URL, got {url!r}"
+    if not parts.hostname:
+        return f"URL has no host: {url!r}"
+    if parts.query or parts.fragment:
+        return f"URL must not have a query or fragment: {url!r}"
+    if port == 0:
+        return f"URL port must not be 0: {url!r}"
+    return ""
+
+
+def check_endpoint(ep: EndpointConfig) -> list[ConfigError]:
+    """Problems of one endpoint on its own (key paths relative to the endpoint)."""
+    problems: list[ConfigError] = []
+    url = check_url(ep.url)
+    if url:
+        problems.append(ConfigError(url, path="url"))
+    if ep.id is not None and not _is_name(ep.id):
+        problems.append(ConfigError(f"must be non-empty without whitespace, got {ep.id!r}", path="id"))
+    if ep.node is not None and not _is_name(ep.node):
+        problems.append(ConfigError(f"must be non-empty without whitespace, got {ep.node!r}", path="node"))
+    for i, model in enumerate(ep.models):
+        if not model.strip():
+            problems.append(ConfigError("model name must not be empty", path=f"models[{i}]"))
+    return problems
+
+
+def check_aliases(aliases: dict[str, str]) -> list[ConfigError]:
+    problems: list[ConfigError] = []
+    for alias, target in aliases.items():
+        path = join_path("aliases", [alias])
+        if not alias.strip():
+            problems.append(ConfigError("alias name must not be empty", path=path))
+        elif not target.strip():
+            problems.append(ConfigError("alias target must not be empty", path=path))
+        elif target == alias:
+            problems.append(ConfigError(f"alias {alias!r} points at itself", path=path))
+        elif target in aliases:
+            problems.append(
+                ConfigError(
+                    f"alias target {target!r} is itself an alias; point at the engine's served name",
+                    path=path,
+                )
+            )
+    return problems
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """Endpoint `index` repeats the `key` ("id" or "url") of endpoint `first`."""
+
+    first: int
+    index: int
+    key: str
+    value: str
+    derived: bool = False  # the id was not written but derived from the url
+
+    def describe(self) -> str:
+        text = f"duplicate endpoint {self.key} {self.value!r}"
+        return f"{text}, derived from its url; set id explicitly" if self.derived else text
+
+
+def duplicate_endpoints(endpoints: Sequence[EndpointConfig]) -> list[Duplicate]:
+    """Endpoints that repeat an earlier one's id or URL (a repeated URL is not reported again as id)."""
+    out: list[Duplicate] = []
+    seen_ids: dict[str, int] = {}
+    seen_urls: dict[str, int] = {}
+    for i, ep in enumerate(endpoints):
+        url = _url_key(ep.url)
+        if url in seen_urls:
+            out.append(Duplicate(seen_urls[url], i, "url", ep.url))
+            continue
+        seen_urls[url] = i
+        eid = ep.endpoint_id
+        if eid in seen_ids:
+            out.append(Duplicate(seen_ids[eid], i, "id", eid, derived=ep.id is None))
+            continue
+        seen_ids[eid] = i
+    return out
+
+
+def _url_key(url: str) -> str:
+    """`url` normalised for comparison: case of scheme and host, default port, trailing slash."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return url
+    if port is None:
+        port = 443 if parts.scheme.lower() == "https" else 80
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}{parts.path.rstrip('/')}"
+
+
+def _is_name(value: str) -> bool:
+    return bool(value) and not any(c.isspace() for c in value)

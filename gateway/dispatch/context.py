@@ -1,0 +1,49 @@
+"""Everything known about one request as it moves through the phases; the finish phase logs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.core.errors import BerthError
+from gateway.core.types import ApiKind, EndpointId
+
+
+@dataclass(slots=True)
+class RequestContext:
+    id: str
+    api: ApiKind
+    arrival: float
+    client_model: str = ""
+    served_model: str = ""
+    stream: bool = False
+    slo_class: str = "default"
+    endpoint: EndpointId | None = None
+    dispatched_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    status: int = 0
+    outcome: str = "ok"
+    error: BerthError | None = None
+    attempts: int = 0
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    itl_gaps: list[float] = field(default_factory=list)
+    # What a resume on another endpoint needs: the text produced so far (tokens = output_tokens).
+    produced_text: list[str] = field(default_factory=list)
+
+    def fail(self, err: BerthError) -> None:
+        self.error = err
+        self.status = err.status
+        self.outcome = err.outcome
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.dispatched_at is None else self.dispatched_at - self.arrival
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.arrival
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.arrival

@@ -1,0 +1,207 @@
+"""The dispatch phases of one request: acquire a slot -> open the engine call (retrying on another
+endpoint before the first byte) -> relay -> release. The caller's finish phase logs and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from gateway.core import errors
+from gateway.core.clock import Clock
+from gateway.core.errors import BerthError
+from gateway.core.metrics import GatewayMetrics
+from gateway.core.types import EndpointId
+from gateway.dispatch.context import RequestContext
+from gateway.dispatch.driver import SchedulerDriver
+from gateway.sched.request import SchedRequest
+from gateway.upstream.client import UpstreamSettings, open_request
+from gateway.upstream.sse import SseRelay, error_event
+
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        driver: SchedulerDriver,
+        metrics: GatewayMetrics,
+        clock: Clock,
+        settings: UpstreamSettings,
+    ) -> None:
+        self.session = session
+        self.driver = driver
+        self.metrics = metrics
+        self.clock = clock
+        self.settings = settings
+
+    async def run(
+        self,
+        ctx: RequestContext,
+        sreq: SchedRequest,
+        body: dict[str, Any],
+        include_usage: bool,
+        request: web.Request,
+    ) -> web.StreamResponse:
+        if ctx.stream:
+            # berth always asks for usage; the relay drops the usage chunk unless the client asked too.
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        body["model"] = ctx.served_model
+        payload = orjson.dumps(body)
+        path = ctx.api.path
+        exclude: frozenset[EndpointId] = frozenset()
+        while True:
+            endpoint = await self.driver.acquire(sreq, exclude)
+            ctx.attempts += 1
+            ctx.endpoint = endpoint.id
+            if ctx.dispatched_at is None:
+                ctx.dispatched_at = self.clock.now()
+            resp: aiohttp.ClientResponse | None = None
+            try:
+                try:
+                    resp = await open_request(
+                        self.session, endpoint.url + path, payload, ctx.id, self.settings
+                    )
+                    if resp.status != 200:
+                        raise await _error_from(resp)
+                except BerthError as e:
+                    if e.retryable and ctx.attempts <= self.settings.max_retries:
+                        self.metrics.upstream_retries.labels(endpoint.id).inc()
+                        exclude = exclude | {endpoint.id}
+                        continue
+                    raise
+                if ctx.stream:
+                    return await self._relay_stream(ctx, resp, include_usage, request)
+                return await self._relay_body(ctx, resp)
+            finally:
+                if resp is not None:
+                    # close (not release): a cut-short engine call must see its connection drop so the
+                    # engine aborts the request; a fully read response has already returned its connection.
+                    resp.close()
+                self.driver.release(sreq.id)
+
+    def _headers(self, ctx: RequestContext, content_type: str) -> dict[str, str]:
+        queue_ms = 0.0 if ctx.queue_s is None else ctx.queue_s * 1000.0
+        return {
+            "Content-Type": content_type,
+            "X-Request-Id": ctx.id,
+            "X-Berth-Endpoint": ctx.endpoint or "",
+            "X-Berth-Queue-Ms": f"{queue_ms:.1f}",
+        }
+
+    async def _relay_body(self, ctx: RequestContext, resp: aiohttp.ClientResponse) -> web.Response:
+        try:
+            data = await resp.read()
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            raise errors.upstream_failed(
+                f"engine dropped the connection mid-response: {e}", retryable=False
+            ) from None
+        except TimeoutError:
+            raise errors.upstream_timeout("engine stopped sending the response") from None
+        now = self.clock.now()
+        ctx.first_token_at = now
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise errors.upstream_failed("engine answered with invalid JSON", retryable=False) from None
+        rewrite = ctx.client_model != ctx.served_model
+        if isinstance(obj, dict):
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                ctx.prompt_tokens = usage.get("prompt_tokens")
+                ctx.output_tokens = int(usage.get("completion_tokens") or 0)
+            if rewrite and "model" in obj:
+                obj["model"] = ctx.client_model
+                data = orjson.dumps(obj)
+        ctx.status = 200
+        return web.Response(body=data, status=200, headers=self._headers(ctx, "application/json"))
+
+    async def _relay_stream(
+        self, ctx: RequestContext, resp: aiohttp.ClientResponse, include_usage: bool, request: web.Request
+    ) -> web.StreamResponse:
+        relay = SseRelay(
+            include_usage=include_usage, served_model=ctx.served_model, client_model=ctx.client_model
+        )
+        out = web.StreamResponse(
+            status=200, headers={**self._headers(ctx, "text/event-stream"), "Cache-Control": "no-cache"}
+        )
+        out.enable_chunked_encoding()
+        ctx.status = 200
+        clock = self.clock
+        try:
+            await out.prepare(request)
+            try:
+                async for chunk in resp.content.iter_any():
+                    data = relay.feed(chunk, clock.now())
+                    if data:
+                        await out.write(data)
+                tail = relay.flush()
+                if tail:
+                    await out.write(tail)
+                if not relay.done and relay.error is None:
+                    raise errors.upstream_failed(
+                        "engine closed the stream before it finished", retryable=False
+                    )
+                if relay.error is not None:
+                    ctx.outcome = "engine_error"
+            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                raise errors.upstream_failed(f"engine dropped the stream: {e}", retryable=False) from None
+            except TimeoutError:
+                raise errors.upstream_timeout(
+                    f"engine stream stalled for {self.settings.read_timeout_s:g}s"
+                ) from None
+        except BerthError as e:
+            ctx.fail(e)
+            ctx.status = 200  # the client already has a 200; the error travels in the stream
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await out.write(error_event(e.body()))
+        except ConnectionResetError:
+            ctx.outcome = "client_disconnect"  # the client went away while we wrote to it
+            return out
+        except asyncio.CancelledError:
+            ctx.outcome = "client_disconnect"
+            raise
+        finally:
+            _record_stream(ctx, relay)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await out.write_eof()
+        return out
+
+
+def _record_stream(ctx: RequestContext, relay: SseRelay) -> None:
+    ctx.first_token_at = relay.first_token_at
+    ctx.itl_gaps = relay.gaps
+    ctx.produced_text = relay.text
+    usage = relay.usage
+    if usage:
+        ctx.prompt_tokens = usage.get("prompt_tokens")
+        ctx.output_tokens = int(usage.get("completion_tokens") or relay.tokens)
+    else:
+        ctx.output_tokens = relay.tokens
+
+
+async def _error_from(resp: aiohttp.ClientResponse) -> BerthError:
+    """Map an engine's non-200 answer; 5xx is retryable on another endpoint, 4xx goes to the client."""
+    try:
+        raw = await resp.content.read(_ERROR_BODY_LIMIT)
+    except (aiohttp.ClientError, TimeoutError):
+        raw = b""
+    message = raw.decode("utf-8", "replace").strip() or resp.reason or ""
+    try:
+        obj = orjson.loads(raw)
+        if isinstance(obj, dict):
+            err = obj.get("error", obj)
+            if isinstance(err, dict) and isinstance(err.get("message"), str):
+                message = err["message"]
+            elif isinstance(obj.get("message"), str):
+                message = obj["message"]
+    except orjson.JSONDecodeError:
+        pass
+    return errors.upstream_status(resp.status, message[:2000])

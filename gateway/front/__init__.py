@@ -1,0 +1,1 @@
+"""The HTTP front: routes, OpenAI request validation, SSE writing and error mapping."""

@@ -1,0 +1,64 @@
+"""HTTP helpers of the front: request ids, body reading with a limit, OpenAI-shaped error responses."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gateway.core import errors
+from gateway.core.errors import BerthError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_MAX_ID_LEN = 128
+
+
+def request_id(request: web.Request) -> str:
+    """Honour a sane client `x-request-id`, else make one."""
+    rid = request.headers.get("X-Request-Id")
+    if rid and len(rid) <= _MAX_ID_LEN and rid.isascii() and rid.isprintable():
+        return rid
+    return os.urandom(12).hex()
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, or 413 as soon as it is known to exceed `limit` bytes."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise errors.body_too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > limit:
+            raise errors.body_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def error_response(err: BerthError, rid: str | None = None) -> web.Response:
+    headers = err.headers()
+    if rid:
+        headers["X-Request-Id"] = rid
+    return web.Response(
+        status=err.status, body=err.json_bytes(), content_type="application/json", headers=headers
+    )
+
+
+async def not_found(request: web.Request) -> web.Response:
+    return error_response(errors.not_found(request.path), request_id(request))
+
+
+def method_not_allowed(allowed: str) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        err = errors.method_not_allowed(request.method, request.path, allowed)
+        resp = error_response(err, request_id(request))
+        resp.headers["Allow"] = allowed
+        return resp
+
+    return handler

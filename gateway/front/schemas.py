@@ -1,0 +1,130 @@
+"""Validation of OpenAI request bodies: only the fields berth acts on are checked, the rest pass through.
+
+Errors name the field (`messages[2].role`), so a client sees exactly what to fix. Engines accept many
+extra fields (vLLM's `min_tokens`, `ignore_eos`, ...); those are forwarded untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.core import errors
+from gateway.core.types import ApiKind
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    api: ApiKind
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    include_usage: bool  # the client asked for the usage chunk
+    max_tokens: int | None
+    prompt_chars: int
+
+
+def parse_body(api: ApiKind, raw: bytes) -> ParsedRequest:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise errors.bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise errors.bad_request("request body must be a JSON object", code="invalid_json")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _field("model", "is required and must be a non-empty string")
+    stream = _opt_bool(body, "stream")
+    include_usage = False
+    if stream:
+        so = body.get("stream_options")
+        if so is not None:
+            if not isinstance(so, dict):
+                raise _field("stream_options", "must be an object")
+            include_usage = bool(_opt_bool(so, "include_usage", path="stream_options.include_usage"))
+    elif body.get("stream_options") is not None:
+        raise _field("stream_options", "is only allowed when stream is true")
+    max_tokens = _opt_pos_int(body, "max_tokens")
+    mct = _opt_pos_int(body, "max_completion_tokens")
+    if mct is not None:
+        max_tokens = mct if max_tokens is None else min(max_tokens, mct)
+    _opt_pos_int(body, "n")
+    if api is ApiKind.CHAT:
+        chars = _check_messages(body)
+    elif api is ApiKind.COMPLETION:
+        chars = _check_prompt(body, "prompt")
+    else:
+        chars = _check_prompt(body, "input")
+        if stream:
+            raise _field("stream", "is not supported for embeddings")
+    return ParsedRequest(
+        api=api,
+        body=body,
+        model=model,
+        stream=bool(stream),
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        prompt_chars=chars,
+    )
+
+
+def _field(path: str, problem: str) -> errors.BerthError:
+    return errors.bad_request(f"'{path}' {problem}", param=path)
+
+
+def _opt_bool(obj: dict[str, Any], key: str, *, path: str | None = None) -> bool | None:
+    v = obj.get(key)
+    if v is None or isinstance(v, bool):
+        return v
+    raise _field(path or key, "must be a boolean")
+
+
+def _opt_pos_int(obj: dict[str, Any], key: str) -> int | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _field(key, "must be a positive integer")
+    return v
+
+
+def _check_messages(body: dict[str, Any]) -> int:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _field("messages", "is required and must be a non-empty array")
+    chars = 0
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise _field(f"messages[{i}]", "must be an object")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise _field(f"messages[{i}].role", "is required and must be a string")
+        content = m.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict):
+                    raise _field(f"messages[{i}].content[{j}]", "must be an object")
+                text = part.get("text")
+                if isinstance(text, str):
+                    chars += len(text)
+        elif content is not None:
+            raise _field(f"messages[{i}].content", "must be a string, an array of parts, or null")
+    return chars
+
+
+def _check_prompt(body: dict[str, Any], key: str) -> int:
+    p = body.get(key)
+    if isinstance(p, str):
+        return len(p)
+    if isinstance(p, list) and p:
+        if all(isinstance(x, str) for x in p):
+            return sum(len(x) for x in p)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+            return 4 * len(p)  # token ids: count as tokens
+        if all(isinstance(x, list) for x in p):
+            return 4 * sum(len(x) for x in p)
+    raise _field(key, "is required and must be a string, an array of strings, or an array of token ids")

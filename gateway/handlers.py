@@ -1,0 +1,111 @@
+"""The OpenAI routes: each request goes through named phases, and `finish` always runs.
+
+Phases: read -> parse -> resolve model -> admit (scheduler view) -> dispatch (queue, engine call, relay)
+-> finish (one canonical log line and the metrics, in `finally`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import structlog
+from aiohttp import web
+
+from gateway.admission.classify import to_sched_request
+from gateway.core import errors
+from gateway.core.errors import BerthError
+from gateway.core.types import ApiKind
+from gateway.dispatch.context import RequestContext
+from gateway.front.http import Handler, error_response, read_body, request_id
+from gateway.front.schemas import parse_body
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = structlog.get_logger("berth.request")
+
+
+def make_api_handler(gw: Gateway, api: ApiKind) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await handle(gw, api, request)
+
+    return handler
+
+
+async def handle(gw: Gateway, api: ApiKind, request: web.Request) -> web.StreamResponse:
+    rid = request_id(request)
+    ctx = RequestContext(id=rid, api=api, arrival=gw.clock.now())
+    try:
+        if gw.draining:
+            raise errors.shutting_down()
+        raw = await read_body(request, gw.max_body_bytes)
+        parsed = parse_body(api, raw)
+        ctx.client_model = parsed.model
+        ctx.stream = parsed.stream
+        served = gw.catalog.resolve(parsed.model, gw.scheduler.models(ready_only=False))
+        ctx.served_model = served
+        sreq = to_sched_request(rid, parsed, served, ctx.arrival)
+        ctx.slo_class = sreq.slo.slo_class
+        return await gw.dispatcher.run(ctx, sreq, parsed.body, parsed.include_usage, request)
+    except BerthError as e:
+        ctx.fail(e)
+        return error_response(e, rid)
+    except asyncio.CancelledError:
+        ctx.outcome = "shutdown" if gw.draining else "client_disconnect"
+        ctx.status = ctx.status or 499
+        raise
+    except Exception:
+        log.exception("request_failed", request_id=rid)
+        err = errors.internal()
+        ctx.fail(err)
+        return error_response(err, rid)
+    finally:
+        finish(gw, ctx)
+
+
+def finish(gw: Gateway, ctx: RequestContext) -> None:
+    """The canonical log line and the metrics of one request."""
+    ctx.finished_at = gw.clock.now()
+    m = gw.metrics
+    model = ctx.client_model or "-"
+    m.requests.labels(model, ctx.outcome).inc()
+    if ctx.outcome == "client_disconnect":
+        m.client_disconnects.labels(model).inc()
+    e2e = ctx.e2e_s
+    if ctx.dispatched_at is not None:
+        m.queue_wait.labels(model).observe(ctx.dispatched_at - ctx.arrival)
+        if e2e is not None:
+            m.e2e.labels(model).observe(e2e)
+    ttft = ctx.ttft_s
+    if ttft is not None:
+        m.ttft.labels(model).observe(ttft)
+    if ctx.itl_gaps:
+        itl = m.itl.labels(model)
+        for g in ctx.itl_gaps:
+            itl.observe(g)
+    if ctx.output_tokens:
+        m.output_tokens.labels(model).inc(ctx.output_tokens)
+    if ctx.prompt_tokens:
+        m.prompt_tokens.labels(model).inc(ctx.prompt_tokens)
+    log.info(
+        "request",
+        request_id=ctx.id,
+        api=ctx.api.value,
+        model=model,
+        endpoint=ctx.endpoint,
+        status=ctx.status,
+        outcome=ctx.outcome,
+        stream=ctx.stream,
+        attempts=ctx.attempts,
+        queue_ms=_ms(ctx.queue_s),
+        ttft_ms=_ms(ttft),
+        e2e_ms=_ms(e2e),
+        prompt_tokens=ctx.prompt_tokens,
+        output_tokens=ctx.output_tokens,
+        error=ctx.error.message if ctx.error is not None else None,
+    )
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else round(s * 1000.0, 2)

@@ -1,0 +1,299 @@
+"""The endpoint scraper: one task per endpoint that keeps the gateway's view of it current.
+
+Each round it asks the engine three things, each bounded by `timeout_s`:
+1. `GET <health_path>`: 200 is a success for the endpoint's HealthTracker; anything else (another
+   status, a refused connection, a timeout) is a failure. When it fails the round stops here.
+2. `GET /metrics`: parsed, the engine detected from its metric names when the caller did not say which
+   engine it is, and the gauges (running, waiting, KV usage) reported. A /metrics page that fails or says
+   nothing useful costs the endpoint its gauges for this round, never its health: stale metrics degrade
+   to the gateway's own counts (DESIGN.md, Telemetry), so an engine that answers /health keeps serving.
+3. `GET /v1/models` while its models are unknown, then every `models_refresh_s`.
+The sink then hears, in this order: the engine kind (once, when detected), gauges, changed models, a
+health transition (only on transitions), and always one `on_scrape` per round. A sink method that
+raises is logged and does not stop the rest of the round.
+
+The caller runs it under its TaskSupervisor (`supervisor.spawn(f"scrape:{eid}", scraper.run)`); tests
+call `run_once()` directly. A round never raises except CancelledError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import aiohttp
+import structlog
+
+from gateway.core.clock import Clock
+from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, EngineKind
+from gateway.telemetry.health import HealthTracker
+from gateway.telemetry.promtext import Exposition, PromParser
+from gateway.upstream.dialects import Dialect, detect_engine, dialect_for
+
+log = structlog.get_logger("berth.scraper")
+
+# Both engines serve these paths; used until the engine is known.
+_HEALTH_PATH: Final = "/health"
+_METRICS_PATH: Final = "/metrics"
+_MODELS_PATH: Final = "/v1/models"
+# The shared session does not decompress (it relays engine bodies as sent), so ask for identity.
+# prometheus_client answers format 0.0.4 to this Accept and OpenMetrics only when asked for it.
+_METRICS_HEADERS: Final = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
+_JSON_HEADERS: Final = {"Accept": "application/json", "Accept-Encoding": "identity"}
+_MAX_METRICS_BYTES: Final = 32 * 1024 * 1024
+_MAX_SMALL_BYTES: Final = 4 * 1024 * 1024
+
+Wait = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeSettings:
+    interval_s: float = 2.0
+    timeout_s: float = 2.0  # for each request of a round
+    unhealthy_after: int = 3  # consecutive failed health checks
+    models_refresh_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "timeout_s", "models_refresh_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+        if self.unhealthy_after < 1:
+            raise ValueError("unhealthy_after must be at least 1")
+
+
+class ScrapeSink(Protocol):
+    """Where scrape results go (the daemon forwards them to the scheduler and its own metrics).
+    Called synchronously from the scraper task; implementations must not block."""
+
+    def on_health(self, eid: EndpointId, health: EndpointHealth) -> None: ...
+
+    def on_gauges(self, eid: EndpointId, gauges: EngineGauges) -> None: ...
+
+    def on_models(self, eid: EndpointId, models: list[str]) -> None: ...
+
+    def on_engine(self, eid: EndpointId, kind: EngineKind) -> None: ...
+
+    def on_scrape(self, eid: EndpointId, ok: bool, duration_s: float, bad_lines: int) -> None: ...
+
+
+class _Failed(Exception):
+    """A request of the round did not produce a usable answer; the message says why."""
+
+
+class EndpointScraper:
+    """Scrapes one endpoint. `dialect=None` means "detect the engine from the first /metrics page".
+    `wait(seconds)` is how `run()` pauses between rounds (tests pass a fake)."""
+
+    # Positional arguments are fine here: each has its own type, so mypy catches a swapped pair.
+    def __init__(  # noqa: PLR0917
+        self,
+        eid: EndpointId,
+        base_url: str,
+        dialect: Dialect | None,
+        session: aiohttp.ClientSession,
+        settings: ScrapeSettings,
+        sink: ScrapeSink,
+        clock: Clock,
+        *,
+        wait: Wait = asyncio.sleep,
+    ) -> None:
+        self.eid = eid
+        self.url = base_url
+        self._base = base_url.rstrip("/")
+        self._dialect = dialect
+        self._session = session
+        self._settings = settings
+        self._sink = sink
+        self._clock = clock
+        self._wait = wait
+        self._tracker = HealthTracker(settings.unhealthy_after)
+        self._parser = PromParser()
+        self._models: list[str] | None = None
+        self._models_at = 0.0
+        self._checked_kind = False
+        self._last_error = ""
+        self.last_exposition: Exposition | None = None
+        # Set once the first round is over, whatever its outcome (the daemon waits for every scraper's
+        # first round before it reports READY to systemd).
+        self.round_done = asyncio.Event()
+
+    @property
+    def health(self) -> EndpointHealth:
+        return self._tracker.state
+
+    @property
+    def dialect(self) -> Dialect | None:
+        return self._dialect
+
+    @property
+    def models(self) -> list[str] | None:
+        return None if self._models is None else list(self._models)
+
+    @property
+    def settings(self) -> ScrapeSettings:
+        return self._settings
+
+    def update_settings(self, settings: ScrapeSettings) -> None:
+        """Take new settings (config reload); they apply from the next request on."""
+        self._settings = settings
+        self._emit_health(self._tracker.set_unhealthy_after(settings.unhealthy_after))
+
+    async def run(self) -> None:
+        """Scrape every `interval_s` (measured start to start) until cancelled."""
+        while True:
+            started = self._clock.now()
+            await self.run_once()
+            elapsed = self._clock.now() - started
+            await self._wait(max(0.0, self._settings.interval_s - elapsed))
+
+    async def run_once(self) -> None:
+        """One round. Never raises except CancelledError."""
+        started = self._clock.now()
+        ok = False
+        bad_lines = 0
+        try:
+            try:
+                await self._check_health()
+            except _Failed as e:
+                self._note_failure(str(e))
+                self._emit_health(self._tracker.failure())
+            else:
+                ok, bad_lines = await self._scrape_metrics()
+                if self._models_due():
+                    await self._refresh_models()
+                self._emit_health(self._tracker.success())
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("scrape_round_failed", endpoint=self.eid)
+        self._tell(self._sink.on_scrape, ok, max(0.0, self._clock.now() - started), bad_lines)
+        self.round_done.set()
+
+    # ----------------------------------------------------------------- the three requests
+    async def _check_health(self) -> None:
+        path = self._dialect.health_path if self._dialect else _HEALTH_PATH
+        status, _ = await self._get(path, _JSON_HEADERS, _MAX_SMALL_BYTES)
+        if status != 200:
+            raise _Failed(f"health check answered {status}")
+
+    async def _scrape_metrics(self) -> tuple[bool, int]:
+        """Fetch, parse and report /metrics; returns (ok, bad_lines)."""
+        path = self._dialect.metrics_path if self._dialect else _METRICS_PATH
+        try:
+            status, body = await self._get(path, _METRICS_HEADERS, _MAX_METRICS_BYTES)
+        except _Failed as e:
+            log.debug("metrics_failed", endpoint=self.eid, reason=str(e))
+            return False, 0
+        if status != 200:
+            log.debug("metrics_failed", endpoint=self.eid, reason=f"status {status}")
+            return False, 0
+        expo = self._parser.parse(body.decode("utf-8", errors="replace"))
+        self.last_exposition = expo
+        dialect = self._learn_engine(expo)
+        if dialect is None:
+            return False, expo.bad_lines
+        gauges = dialect.gauges(expo)
+        if gauges.running is None and gauges.waiting is None and gauges.kv_usage is None:
+            return False, expo.bad_lines
+        self._tell(self._sink.on_gauges, gauges)
+        return True, expo.bad_lines
+
+    def _models_due(self) -> bool:
+        if self._models is None:
+            return True
+        return self._clock.now() - self._models_at >= self._settings.models_refresh_s
+
+    async def _refresh_models(self) -> None:
+        path = self._dialect.models_path if self._dialect else _MODELS_PATH
+        try:
+            status, body = await self._get(path, _JSON_HEADERS, _MAX_SMALL_BYTES)
+            if status != 200:
+                raise _Failed(f"models list answered {status}")
+            dialect = self._dialect or dialect_for(EngineKind.VLLM)  # the OpenAI shape is shared
+            models = dialect.served_models(body)
+        except (_Failed, ValueError) as e:
+            log.debug("models_failed", endpoint=self.eid, reason=str(e))
+            return  # retried next round
+        self._models_at = self._clock.now()
+        if models != self._models:
+            self._models = models
+            self._tell(self._sink.on_models, list(models))
+
+    async def _get(self, path: str, headers: dict[str, str], limit: int) -> tuple[int, bytes]:
+        """GET base+path within `timeout_s`; (status, body). Raises _Failed on any transport problem."""
+        url = self._base + path
+        try:
+            async with (
+                asyncio.timeout(self._settings.timeout_s),
+                self._session.get(url, headers=headers, allow_redirects=False) as resp,
+            ):
+                return resp.status, await _read_limited(resp, limit)
+        except TimeoutError:
+            raise _Failed(f"no answer within {self._settings.timeout_s:g}s") from None
+        except aiohttp.ClientError as e:
+            raise _Failed(f"{type(e).__name__}: {e}") from None
+        except OSError as e:
+            raise _Failed(f"{type(e).__name__}: {e}") from None
+
+    # ----------------------------------------------------------------- bookkeeping
+    def _learn_engine(self, expo: Exposition) -> Dialect | None:
+        if self._dialect is None:
+            kind = detect_engine(expo)
+            if kind is None:
+                if not self._checked_kind:
+                    self._checked_kind = True
+                    log.warning("engine_not_detected", endpoint=self.eid, families=len(expo.families))
+                return None
+            self._dialect = dialect_for(kind)
+            self._checked_kind = True
+            self._tell(self._sink.on_engine, kind)
+        elif not self._checked_kind:
+            kind = detect_engine(expo)
+            if kind is not None:
+                self._checked_kind = True
+                if kind is not self._dialect.kind:
+                    log.warning(
+                        "engine_mismatch",
+                        endpoint=self.eid,
+                        configured=self._dialect.kind.value,
+                        detected=kind.value,
+                    )
+        return self._dialect
+
+    def _note_failure(self, reason: str) -> None:
+        self._last_error = reason
+        log.debug("health_check_failed", endpoint=self.eid, reason=reason)
+
+    def _emit_health(self, state: EndpointHealth | None) -> None:
+        if state is None:
+            return
+        if state is EndpointHealth.UNHEALTHY:
+            # The sink logs every transition; this adds why the checks failed.
+            log.warning(
+                "endpoint_checks_failing",
+                endpoint=self.eid,
+                failures=self._tracker.consecutive_failures,
+                reason=self._last_error,
+            )
+        self._tell(self._sink.on_health, state)
+
+    def _tell(self, method: Callable[..., None], *args: object) -> None:
+        try:
+            method(self.eid, *args)
+        except Exception:
+            log.exception("scrape_sink_failed", endpoint=self.eid, method=method.__name__)
+
+
+async def _read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    if resp.content_length is not None and resp.content_length > limit:
+        raise _Failed(f"body of {resp.content_length} bytes exceeds {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise _Failed(f"body exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,155 @@
+"""A sans-IO relay for OpenAI-style server-sent events.
+
+`SseRelay.feed(chunk, now)` takes raw bytes as they arrive from the engine and returns the bytes to send
+to the client. Along the way it records what a later resume needs and what the metrics need: the text
+produced so far, the number of content events (tokens), the engine's usage report, the finish reason,
+and the time of the first token and every gap between tokens.
+
+Per event it does one `orjson.loads`; the event's bytes are forwarded as they came (with the model name
+rewritten when the client used an alias), so the hot path never re-serialises JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+_DONE = b"[DONE]"
+
+
+class SseRelay:
+    __slots__ = (
+        "_buf",
+        "_model_from",
+        "_model_to",
+        "done",
+        "error",
+        "finish_reason",
+        "first_token_at",
+        "gaps",
+        "include_usage",
+        "last_token_at",
+        "text",
+        "tokens",
+        "usage",
+    )
+
+    def __init__(self, *, include_usage: bool, served_model: str, client_model: str) -> None:
+        self._buf = b""
+        self.include_usage = include_usage
+        if served_model != client_model:
+            self._model_from: tuple[bytes, ...] = (
+                b'"model":' + orjson.dumps(served_model),
+                b'"model": ' + orjson.dumps(served_model),
+            )
+            self._model_to = b'"model":' + orjson.dumps(client_model)
+        else:
+            self._model_from = ()
+            self._model_to = b""
+        self.text: list[str] = []  # content produced so far, for resuming elsewhere
+        self.tokens = 0  # content-bearing events seen (one per token on vLLM/SGLang)
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.gaps: list[float] = []  # inter-token gaps (seconds) since the last drain
+        self.done = False
+        self.error: dict[str, Any] | None = None
+
+    def feed(self, chunk: bytes, now: float) -> bytes:
+        """Consume engine bytes; return the bytes to forward to the client now (possibly empty)."""
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r\n" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self._buf = buf
+            return b""
+        self._buf = buf[end + 2 :]
+        out: list[bytes] = []
+        for event in buf[:end].split(b"\n\n"):
+            forwarded = self._event(event, now)
+            if forwarded is not None:
+                out.append(forwarded)
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """What is left in the buffer when the engine closed the stream (an unterminated event)."""
+        rest, self._buf = self._buf, b""
+        if rest.strip():
+            fwd = self._event(rest, None)
+            return fwd if fwd is not None else b""
+        return b""
+
+    def _event(self, event: bytes, now: float | None) -> bytes | None:
+        if not event.startswith(b"data:"):
+            # comments (": ping") and other fields pass through untouched
+            return event + b"\n\n" if event.strip() else None
+        payload = event[5:].strip()
+        if payload == _DONE:
+            self.done = True
+            return b"data: [DONE]\n\n"
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return event + b"\n\n"
+        if not isinstance(obj, dict):
+            return event + b"\n\n"
+        if "error" in obj and "choices" not in obj:
+            err = obj["error"]
+            self.error = err if isinstance(err, dict) else {"message": str(err)}
+        choices = obj.get("choices")
+        usage = obj.get("usage")
+        if usage:
+            self.usage = usage
+        if choices:
+            self._choices(choices, now)
+        elif usage and not self.include_usage:
+            return None  # the usage-only chunk berth asked for on its own behalf
+        if usage and not self.include_usage:
+            # usage attached to a content chunk the client did not ask about: drop the field
+            obj["usage"] = None
+            return b"data: " + self._rename(orjson.dumps(obj)) + b"\n\n"
+        return b"data: " + self._rename(payload) + b"\n\n"
+
+    def _rename(self, payload: bytes) -> bytes:
+        for pat in self._model_from:
+            if pat in payload:
+                return payload.replace(pat, self._model_to, 1)
+        return payload
+
+    def _choices(self, choices: list[Any], now: float | None) -> None:
+        got_token = False
+        for c in choices:
+            if not isinstance(c, dict):
+                continue
+            delta = c.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else c.get("text")
+            if piece:
+                self.text.append(piece)
+                got_token = True
+            fr = c.get("finish_reason")
+            if fr:
+                self.finish_reason = fr
+        if got_token:
+            self.tokens += 1
+            if now is not None:
+                if self.first_token_at is None:
+                    self.first_token_at = now
+                elif self.last_token_at is not None:
+                    self.gaps.append(now - self.last_token_at)
+                self.last_token_at = now
+
+    def take_gaps(self) -> list[float]:
+        g, self.gaps = self.gaps, []
+        return g
+
+    @property
+    def produced_text(self) -> str:
+        return "".join(self.text)
+
+
+def error_event(body: dict[str, Any]) -> bytes:
+    """An OpenAI-style error event that ends a stream (the openai SDK raises APIError on it)."""
+    return b"data: " + orjson.dumps(body) + b"\n\n"

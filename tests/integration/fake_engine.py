@@ -1,0 +1,204 @@
+"""A small scripted OpenAI engine for integration tests (the loadgen simulator covers scale).
+
+Behaviour is set per test through `FakeEngine` attributes; events let tests await what the engine saw
+instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+@dataclass
+class FakeEngine:
+    model: str = "tiny"
+    tokens: int = 5  # tokens per answer
+    fail_status: int | None = None  # answer every generation with this status
+    fail_times: int = -1  # how many requests fail_status applies to (-1: all)
+    die_after_tokens: int | None = None  # abruptly close the connection after this many stream tokens
+    stall_after_tokens: int | None = None  # stop sending (connection stays open) after this many tokens
+    hold: asyncio.Event | None = None  # when set: generations wait for this event before answering
+    health_status: int = 200
+    running: int = 0
+    waiting: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: int = 0
+    aborts: int = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/completions", self._generate)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.health_status)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}],
+            }
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        m = self.model
+        text = (
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{engine="0",model_name="{m}"}} {self.running}\n'
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{engine="0",model_name="{m}"}} {self.waiting}\n'
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="{m}"}} 0.25\n'
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        return web.json_response(
+            {
+                "object": "list",
+                "model": body["model"],
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+                "usage": {"prompt_tokens": 2, "total_tokens": 2},
+            }
+        )
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        if body.get("model") != self.model:
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"The model `{body.get('model')}` does not exist.",
+                        "type": "NotFoundError",
+                        "param": None,
+                        "code": 404,
+                    }
+                },
+                status=404,
+            )
+        if self.fail_status is not None and self.fail_times != 0:
+            self.fail_times -= 1
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "engine exploded",
+                        "type": "InternalServerError",
+                        "param": None,
+                        "code": self.fail_status,
+                    }
+                },
+                status=self.fail_status,
+            )
+        self.running += 1
+        self.started.set()
+        try:
+            if self.hold is not None:
+                await self.hold.wait()
+            chat = request.path.endswith("chat/completions")
+            n = min(self.tokens, int(body.get("max_tokens") or self.tokens))
+            if body.get("stream"):
+                return await self._stream(request, body, chat, n)
+            return web.json_response(self._full(body, chat, n))
+        except asyncio.CancelledError:
+            self.aborts += 1
+            self.aborted.set()
+            raise
+        finally:
+            self.running -= 1
+            self.finished += 1
+
+    def _full(self, body: dict[str, Any], chat: bool, n: int) -> dict[str, Any]:
+        text = "".join(f" t{i}" for i in range(n))
+        usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}
+        if chat:
+            return {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 1,
+                "model": body["model"],
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                ],
+                "usage": usage,
+            }
+        return {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 1,
+            "model": body["model"],
+            "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+            "usage": usage,
+        }
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], chat: bool, n: int
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        model = body["model"]
+
+        def chunk(piece: str | None, finish: str | None) -> bytes:
+            if chat:
+                delta = {"content": piece} if piece is not None else {}
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+                obj = {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": model,
+                    "choices": [choice],
+                }
+            else:
+                obj = {
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "created": 1,
+                    "model": model,
+                    "choices": [{"index": 0, "text": piece or "", "finish_reason": finish}],
+                }
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+        for i in range(n):
+            if self.die_after_tokens is not None and i == self.die_after_tokens:
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            if self.stall_after_tokens is not None and i == self.stall_after_tokens:
+                await asyncio.Event().wait()  # never set: the stream stalls until cancelled
+            await resp.write(chunk(f" t{i}", "length" if i == n - 1 else None))
+        so = body.get("stream_options") or {}
+        if so.get("include_usage"):
+            usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}
+            obj = {
+                "id": "x",
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": 1,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+            await resp.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
+        return resp

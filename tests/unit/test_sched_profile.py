@@ -1,0 +1,256 @@
+"""The profile runner: eligibility, filters, weighted and clamped scores, and the picker contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.core.types import (
+    SLO,
+    ApiKind,
+    EndpointHealth,
+    EndpointId,
+    EngineKind,
+    InstanceClass,
+    ModelName,
+    RequestId,
+)
+from gateway.sched.profile import SchedulerProfile, WeightedScorer, eligible
+from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
+
+READY = EndpointHealth.READY
+
+
+def view(
+    eid: str,
+    *,
+    models: Iterable[str] = ("m",),
+    health: EndpointHealth = READY,
+    cap: int = 4,
+    inflight: int = 0,
+) -> EndpointView:
+    return EndpointView(
+        id=EndpointId(eid),
+        url=f"http://{eid}:8000",
+        engine=EngineKind.VLLM,
+        models=frozenset(ModelName(m) for m in models),
+        instance_class=InstanceClass.MIXED,
+        health=health,
+        cap=cap,
+        inflight=inflight,
+    )
+
+
+def request(rid: str = "r1", model: str = "m") -> SchedRequest:
+    return SchedRequest(
+        id=RequestId(rid),
+        model=ModelName(model),
+        api=ApiKind.CHAT,
+        arrival=0.0,
+        slo=SLO(),
+        prompt_tokens=16,
+        max_tokens=None,
+        stream=False,
+    )
+
+
+def snapshot(*views: EndpointView) -> FleetSnapshot:
+    return FleetSnapshot(now=0.0, endpoints=views)
+
+
+# ----------------------------------------------------------------- fakes (no mocks)
+@dataclasses.dataclass
+class FixedScorer:
+    values: Mapping[str, float]
+    name: str = "fixed"
+
+    def score(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Mapping[EndpointId, float]:
+        return {EndpointId(k): v for k, v in self.values.items()}
+
+
+@dataclasses.dataclass
+class KeepFilter:
+    """Keeps the candidates whose id is in `keep`; records what it was given."""
+
+    keep: frozenset[str]
+    name: str = "keep"
+    seen: list[list[str]] = dataclasses.field(default_factory=list)
+
+    def filter(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[EndpointView]:
+        self.seen.append([e.id for e in candidates])
+        return [e for e in candidates if e.id in self.keep]
+
+
+@dataclasses.dataclass
+class RecordingPicker:
+    """Highest score, ties by id; records the scored list it was called with."""
+
+    name: str = "recording"
+    calls: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+    def pick(
+        self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
+    ) -> EndpointView:
+        self.calls.append({e.id: s for e, s in scored})
+        return min(scored, key=lambda es: (-es[1], es[0].id))[0]
+
+
+@dataclasses.dataclass
+class RoguePicker:
+    """Returns something that is not one of the candidates it was given."""
+
+    returns: EndpointView
+    name: str = "rogue"
+
+    def pick(
+        self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
+    ) -> EndpointView:
+        return self.returns
+
+
+# ----------------------------------------------------------------- eligibility
+@pytest.mark.parametrize(
+    ("endpoint", "is_eligible"),
+    [
+        pytest.param(view("e"), True, id="ready-serving-with-room"),
+        pytest.param(view("e", cap=2, inflight=1), True, id="one-slot-left"),
+        pytest.param(view("e", cap=2, inflight=2), False, id="at-cap"),
+        pytest.param(view("e", cap=2, inflight=3), False, id="over-cap"),
+        pytest.param(view("e", health=EndpointHealth.STARTING), False, id="starting"),
+        pytest.param(view("e", health=EndpointHealth.UNHEALTHY), False, id="unhealthy"),
+        pytest.param(view("e", models=("other",)), False, id="other-model"),
+        pytest.param(view("e", models=()), False, id="models-not-discovered"),
+        pytest.param(view("e", models=("other", "m")), True, id="one-of-several-models"),
+    ],
+)
+def test_only_ready_endpoints_serving_the_model_with_room_are_eligible(
+    endpoint: EndpointView, is_eligible: bool
+) -> None:
+    snap = snapshot(endpoint)
+    assert eligible(request(), snap) == ([endpoint] if is_eligible else [])
+    picker = RecordingPicker()
+    placed = SchedulerProfile(filters=(), scorers=(), picker=picker).place(request(), snap)
+    assert placed is (endpoint if is_eligible else None)
+    assert len(picker.calls) == (1 if is_eligible else 0), "the picker is never called with nothing"
+
+
+def test_filters_see_only_eligible_candidates_in_order_of_the_pipeline() -> None:
+    ok, full, sick = view("ok"), view("full", cap=1, inflight=1), view("sick", health=EndpointHealth.UNHEALTHY)
+    other, dropped = view("other"), view("dropped")
+    first, second = KeepFilter(frozenset({"ok", "other"})), KeepFilter(frozenset({"ok"}))
+    profile = SchedulerProfile(filters=(first, second), scorers=(), picker=RecordingPicker())
+    assert profile.place(request(), snapshot(ok, full, sick, other, dropped)) is ok
+    assert first.seen == [["ok", "other", "dropped"]]
+    assert second.seen == [["ok", "other"]]
+
+
+@pytest.mark.parametrize(
+    "keeps",
+    [
+        pytest.param([frozenset[str]()], id="only-filter-empties"),
+        pytest.param([frozenset({"a"}), frozenset[str]()], id="last-filter-empties"),
+        pytest.param([frozenset[str](), frozenset({"a", "b"})], id="first-filter-empties"),
+    ],
+)
+def test_a_filter_that_leaves_nothing_means_none(keeps: list[frozenset[str]]) -> None:
+    filters = [KeepFilter(k) for k in keeps]
+    picker = RecordingPicker()
+    profile = SchedulerProfile(filters=tuple(filters), scorers=(), picker=picker)
+    assert profile.place(request(), snapshot(view("a"), view("b"))) is None
+    assert picker.calls == []
+    # Once the candidates are gone no later filter runs.
+    first_empty = next(i for i, k in enumerate(keeps) if not k)
+    assert all(f.seen == [] for f in filters[first_empty + 1 :])
+
+
+# ----------------------------------------------------------------- scores
+@pytest.mark.parametrize(
+    ("raw", "clamped"),
+    [
+        pytest.param(0.25, 0.25, id="in-range"),
+        pytest.param(0.0, 0.0, id="zero"),
+        pytest.param(1.0, 1.0, id="one"),
+        pytest.param(-0.5, 0.0, id="negative"),
+        pytest.param(1.7, 1.0, id="above-one"),
+        pytest.param(math.nan, 0.0, id="nan"),
+        pytest.param(math.inf, 1.0, id="inf"),
+        pytest.param(-math.inf, 0.0, id="minus-inf"),
+    ],
+)
+@pytest.mark.parametrize("weight", [1.0, 2.5], ids=["w1", "w2.5"])
+def test_scores_are_clamped_then_weighted(raw: float, clamped: float, weight: float) -> None:
+    picker = RecordingPicker()
+    profile = SchedulerProfile(
+        filters=(), scorers=(WeightedScorer(FixedScorer({"a": raw}), weight),), picker=picker
+    )
+    profile.place(request(), snapshot(view("a")))
+    assert picker.calls == [{"a": pytest.approx(weight * clamped)}]
+
+
+def test_weights_combine_scorers_and_decide_the_pick() -> None:
+    picker = RecordingPicker()
+    prefers_a = WeightedScorer(FixedScorer({"a": 1.0, "b": 0.0}, name="likes-a"), 1.0)
+    prefers_b = WeightedScorer(FixedScorer({"a": 0.0, "b": 0.5}, name="likes-b"), 3.0)
+    profile = SchedulerProfile(filters=(), scorers=(prefers_a, prefers_b), picker=picker)
+    chosen = profile.place(request(), snapshot(view("a"), view("b")))
+    assert picker.calls == [{"a": 1.0, "b": 1.5}]
+    assert chosen is not None
+    assert chosen.id == "b"
+
+
+def test_missing_scores_count_zero_and_unknown_ids_are_ignored() -> None:
+    picker = RecordingPicker()
+    scorer = WeightedScorer(FixedScorer({"b": 0.5, "not-a-candidate": 1.0, "full": 1.0}), 1.0)
+    profile = SchedulerProfile(filters=(), scorers=(scorer,), picker=picker)
+    profile.place(request(), snapshot(view("a"), view("b"), view("full", cap=1, inflight=1)))
+    assert picker.calls == [{"a": 0.0, "b": 0.5}]
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [
+        pytest.param(view("stranger"), id="not-in-snapshot"),
+        pytest.param(view("full", cap=1, inflight=1), id="ineligible-endpoint-of-snapshot"),
+        pytest.param(view("filtered-out"), id="removed-by-a-filter"),
+        pytest.param(view("a"), id="equal-copy-of-a-candidate"),
+    ],
+)
+def test_a_picker_returning_a_non_candidate_raises(returned: EndpointView) -> None:
+    snap = snapshot(view("a"), view("full", cap=1, inflight=1), view("filtered-out"))
+    profile = SchedulerProfile(
+        filters=(KeepFilter(frozenset({"a"})),), scorers=(), picker=RoguePicker(returned)
+    )
+    with pytest.raises(RuntimeError, match="picker 'rogue' returned an endpoint that was not a candidate"):
+        profile.place(request(), snap)
+
+
+_any_float = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    scores=st.lists(st.dictionaries(st.sampled_from("abcd"), _any_float, max_size=4), min_size=1, max_size=3),
+    weights=st.lists(st.floats(min_value=0.0, max_value=10.0), min_size=3, max_size=3),
+)
+def test_weighted_totals_stay_within_zero_and_the_weight_sum(
+    scores: list[dict[str, float]], weights: list[float]
+) -> None:
+    picker = RecordingPicker()
+    scorers = tuple(WeightedScorer(FixedScorer(s), w) for s, w in zip(scores, weights, strict=False))
+    profile = SchedulerProfile(filters=(), scorers=scorers, picker=picker)
+    chosen = profile.place(request(), snapshot(view("a"), view("b"), view("c")))
+    assert chosen is not None
+    (totals,) = picker.calls
+    upper = sum(ws.weight for ws in scorers)
+    assert set(totals) == {"a", "b", "c"}
+    assert all(0.0 <= t <= upper + 1e-9 for t in totals.values()), totals
