@@ -1,0 +1,1 @@
+"""Benchmarks (``python -m loadgen.bench.<name>``); performance is measured here, never asserted in tests."""
