@@ -80,7 +80,9 @@ def place(profile: SchedulerProfile, req: SchedRequest, snap: FleetSnapshot) -> 
 
 def least_outstanding_profile(picker: Picker | None = None) -> SchedulerProfile:
     return SchedulerProfile(
-        filters=(), scorers=(WeightedScorer(LeastOutstandingScorer(), 1.0),), picker=picker or MaxScorePicker()
+        filters=(),
+        scorers=(WeightedScorer(LeastOutstandingScorer(), 1.0),),
+        picker=picker or MaxScorePicker(),
     )
 
 
@@ -192,7 +194,7 @@ def scored_fleet(scores: Sequence[float]) -> list[tuple[EndpointView, float]]:
 
 
 def picks(picker: Picker, rounds: int = 40) -> list[str]:
-    out = []
+    out: list[str] = []
     for i in range(rounds):
         scored = scored_fleet([(i * 7 + j * 3) % 5 / 4 for j in range(6)])
         out.append(picker.pick(request(), scored, snapshot(*(v for v, _ in scored))).id)
@@ -229,7 +231,7 @@ class RecordingRandom(random.Random):
         return drawn
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     scores=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8),
     inflight=st.lists(st.integers(0, 4), min_size=8, max_size=8),
@@ -260,16 +262,15 @@ def test_power_of_two_with_choices_covering_the_fleet_is_max_score() -> None:
 
 # ----------------------------------------------------------------- fcfs
 @pytest.mark.parametrize(
-    ("arrivals", "expected"),
+    ("a", "b", "relation"),
     [
-        pytest.param({"a": 1.0, "b": 2.0, "c": 3.0}, ["a", "b", "c"], id="in-order"),
-        pytest.param({"c": 3.0, "a": 1.0, "b": 2.0}, ["a", "b", "c"], id="submitted-out-of-order"),
-        pytest.param({"x": 5.0, "y": 5.0, "z": 4.0}, ["z", "x", "y"], id="ties-keep-submission-order"),
+        pytest.param(1.0, 2.0, "<", id="earlier-first"),
+        pytest.param(2.0, 1.0, ">", id="later-second"),
+        pytest.param(1.5, 1.5, "==", id="same-arrival-ties-for-the-scheduler-to-break"),
     ],
 )
-def test_fcfs_orders_by_arrival(arrivals: dict[str, float], expected: list[str]) -> None:
-    ordering = FcfsOrdering()
-    snap = snapshot()
-    queued = [(ordering.key(request(rid, arrival=t), snap), seq, rid) for seq, (rid, t) in enumerate(arrivals.items())]
-    # The scheduler breaks equal keys by submission sequence.
-    assert [rid for _, _, rid in sorted(queued)] == expected
+def test_fcfs_key_is_the_arrival_time(a: float, b: float, relation: str) -> None:
+    ordering, snap = FcfsOrdering(), snapshot()
+    ka, kb = ordering.key(request("a", arrival=a), snap), ordering.key(request("b", arrival=b), snap)
+    assert ka == (a,)
+    assert {"<": ka < kb, ">": ka > kb, "==": ka == kb}[relation]

@@ -145,7 +145,11 @@ def test_only_ready_endpoints_serving_the_model_with_room_are_eligible(
 
 
 def test_filters_see_only_eligible_candidates_in_order_of_the_pipeline() -> None:
-    ok, full, sick = view("ok"), view("full", cap=1, inflight=1), view("sick", health=EndpointHealth.UNHEALTHY)
+    ok, full, sick = (
+        view("ok"),
+        view("full", cap=1, inflight=1),
+        view("sick", health=EndpointHealth.UNHEALTHY),
+    )
     other, dropped = view("other"), view("dropped")
     first, second = KeepFilter(frozenset({"ok", "other"})), KeepFilter(frozenset({"ok"}))
     profile = SchedulerProfile(filters=(first, second), scorers=(), picker=RecordingPicker())
@@ -237,7 +241,7 @@ def test_a_picker_returning_a_non_candidate_raises(returned: EndpointView) -> No
 _any_float = st.floats(allow_nan=True, allow_infinity=True)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     scores=st.lists(st.dictionaries(st.sampled_from("abcd"), _any_float, max_size=4), min_size=1, max_size=3),
     weights=st.lists(st.floats(min_value=0.0, max_value=10.0), min_size=3, max_size=3),

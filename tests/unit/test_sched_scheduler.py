@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -38,7 +38,9 @@ def rid(name: str) -> RequestId:
     return RequestId(name)
 
 
-def spec(name: str, *, cap: int = 1, models: Iterable[str] | None = ("m",), url: str | None = None) -> EndpointSpec:
+def spec(
+    name: str, *, cap: int = 1, models: Iterable[str] | None = ("m",), url: str | None = None
+) -> EndpointSpec:
     return EndpointSpec(
         id=eid(name),
         url=url or f"http://{name}:8000",
@@ -85,8 +87,10 @@ class Fleet:
             stream=False,
         )
 
-    def submit(self, name: str, model: str = "m", **kw: frozenset[EndpointId]) -> Decision | None:
-        return self.sched.submit(self.req(name, model), **kw)
+    def submit(
+        self, name: str, model: str = "m", *, exclude: frozenset[EndpointId] = frozenset()
+    ) -> Decision | None:
+        return self.sched.submit(self.req(name, model), exclude=exclude)
 
     def inflight(self) -> dict[str, int]:
         return {e.id: e.inflight for e in self.sched.snapshot().endpoints}
@@ -106,7 +110,7 @@ def placed(d: Decision | None) -> tuple[str, str] | None:
 
 
 def dispatched(ds: Sequence[Decision]) -> list[tuple[str, str]]:
-    out = []
+    out: list[tuple[str, str]] = []
     for d in ds:
         assert isinstance(d, Dispatch), d
         out.append((d.req.id, d.endpoint.id))
@@ -168,18 +172,27 @@ def test_complete_of_a_request_not_running_is_a_no_op(req_id: str) -> None:
     assert f.inflight() == {"e1": 1}
 
 
-def test_fcfs_serves_the_queue_by_arrival_not_by_submission() -> None:
+@pytest.mark.parametrize(
+    ("arrivals", "expected"),
+    [
+        pytest.param({"a": 1.0, "b": 2.0, "c": 3.0}, ["a", "b", "c"], id="in-order"),
+        pytest.param({"c": 3.0, "a": 1.0, "b": 2.0}, ["a", "b", "c"], id="submitted-out-of-order"),
+        pytest.param({"x": 5.0, "y": 5.0, "z": 4.0}, ["z", "x", "y"], id="ties-keep-submission-order"),
+    ],
+)
+def test_fcfs_serves_the_queue_by_arrival_not_by_submission(
+    arrivals: dict[str, float], expected: list[str]
+) -> None:
     f = Fleet(spec("e1", cap=1))
     f.submit("running")
-    for name, t in [("c", 1003.0), ("a", 1001.0), ("b", 1002.0)]:
-        assert f.sched.submit(f.req(name, arrival=t)) is None
-    order = []
+    for name, t in arrivals.items():
+        assert f.sched.submit(f.req(name, arrival=1000.0 + t)) is None
+    order: list[str] = []
     last = "running"
-    for _ in range(3):
-        (d,) = dispatched(f.sched.complete(rid(last)))
-        last = d[0]
+    for _ in arrivals:
+        ((last, _ep),) = dispatched(f.sched.complete(rid(last)))
         order.append(last)
-    assert order == ["a", "b", "c"]
+    assert order == expected
 
 
 def test_queue_full_is_rejected_with_429_and_retry_after() -> None:
@@ -192,11 +205,15 @@ def test_queue_full_is_rejected_with_429_and_retry_after() -> None:
     assert err.retry_after_s == 2.5
     assert err.headers() == {"Retry-After": "2"}
     assert f.sched.queue_depth(M) == 2
-    # A model's queue is its own: another model is unaffected.
-    g = Fleet(spec("e1", cap=1, models=("m", "n")), limits=QueueLimits(max_queue_per_model=1))
-    g.submit("run")
-    g.submit("q1")
-    assert g.submit("n1", "n") is None
+
+
+def test_each_model_has_its_own_queue_limit() -> None:
+    f = Fleet(spec("e1", cap=1, models=("m", "n")), limits=QueueLimits(max_queue_per_model=1))
+    f.submit("run")
+    assert f.submit("q1") is None
+    assert rejected(f.submit("q2")).error.code == "queue_full"
+    assert f.submit("n1", "n") is None
+    assert f.sched.queue_depths() == {"m": 1, "n": 1}
 
 
 def _no_endpoints() -> Fleet:
@@ -225,7 +242,7 @@ def _unhealthy() -> Fleet:
         pytest.param(lambda: Fleet(spec("e1", models=None)), id="models-not-discovered-yet"),
     ],
 )
-def test_no_ready_endpoint_for_the_model_is_503(make: type[Fleet]) -> None:
+def test_no_ready_endpoint_for_the_model_is_503(make: Callable[[], Fleet]) -> None:
     f = make()
     err = rejected(f.submit("a")).error
     assert (err.status, err.code) == (503, "no_ready_endpoint")
@@ -289,7 +306,11 @@ def test_cancel_removes_a_queued_request_that_is_then_never_dispatched() -> None
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param("running", id="running"), pytest.param("nobody", id="unknown"), pytest.param("q", id="twice")],
+    [
+        pytest.param("running", id="running"),
+        pytest.param("nobody", id="unknown"),
+        pytest.param("q", id="twice"),
+    ],
 )
 def test_cancel_of_something_not_queued_is_false(name: str) -> None:
     f = Fleet(spec("e1", cap=1))
@@ -359,7 +380,9 @@ def test_complete_after_an_endpoint_was_removed_and_added_again_does_not_go_nega
     ("new", "health", "inflight", "cap"),
     [
         pytest.param(spec("e1", cap=3), READY, 1, 3, id="same-url-keeps-state"),
-        pytest.param(spec("e1", cap=1, url="http://elsewhere:8000"), STARTING, 1, 1, id="new-url-starts-over"),
+        pytest.param(
+            spec("e1", cap=1, url="http://elsewhere:8000"), STARTING, 1, 1, id="new-url-starts-over"
+        ),
     ],
 )
 def test_sync_endpoints_keeps_runtime_state_of_endpoints_that_stay(
