@@ -1,0 +1,153 @@
+"""`berth demo`: the embedded default a new user runs first.
+
+One process, one event loop: a simulated fleet (two models, four endpoints across instance classes,
+sped up 10x), berth in front of it with the default policy, and the `chat-batch` workload (interactive
+chat plus a batch queue) for `duration_s` with a live view. Then the per-class results table, and berth
+keeps serving on http://127.0.0.1:PORT with ready-to-paste snippets until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from typing import Any
+
+from aiohttp import web
+
+from gateway.app import Gateway, ServeOptions, build_app
+from gateway.config import apply_overrides, default_config, load_runtime, parse_endpoint_flag
+from gateway.core.logging import configure_logging
+from gateway.sched.registry import default_registry
+
+SPEED = 10.0  # simulated engines run this many times faster than real GPUs; SLOs are scaled to match
+DEFAULT_RATE = 4.0  # workload arrivals per second
+FLEET: tuple[tuple[str, str], ...] = (  # (model, instance class)
+    ("chat-7b", "interactive"),
+    ("chat-7b", "mixed"),
+    ("code-13b", "mixed"),
+    ("code-13b", "batch"),
+)
+_PROFILE = {"chat-7b": "fleet-7b", "code-13b": "fleet-13b"}
+
+
+def run_demo(*, duration_s: float, port: int, serve_after: bool, rate: float | None) -> int:
+    configure_logging("warning")
+    from gateway.cli import _run
+
+    _run(_demo(duration_s=duration_s, port=port, serve_after=serve_after, rate=rate or DEFAULT_RATE))
+    return 0
+
+
+async def _demo(*, duration_s: float, port: int, serve_after: bool, rate: float) -> None:
+    from loadgen.engine_sim.fleet import SimFleet
+    from loadgen.engine_sim.spec import EndpointSpec as SimSpec
+    from loadgen.progress import ProgressBar
+    from loadgen.render import format_report
+    from loadgen.runner import LiveSnapshot, RunOptions, run_workload
+
+    specs = [
+        SimSpec(models=(model,), profile=_PROFILE[model], speed=SPEED, seed=i)
+        for i, (model, _) in enumerate(FLEET)
+    ]
+    say = _Say()
+    async with SimFleet(specs) as fleet:
+        say(f"simulated fleet: {len(fleet)} endpoints (speed x{SPEED:g})")
+        flags = tuple(
+            parse_endpoint_flag(f"{url},engine=vllm,class={cls},id={model}-{cls}")
+            for url, (model, cls) in zip(fleet.urls, FLEET, strict=True)
+        )
+        cfg = apply_overrides(default_config(), listen=f"127.0.0.1:{port}", endpoints=flags)
+        registry = default_registry()
+        runtime = load_runtime(None, cfg, registry, listen=cfg.server.listen, endpoints=flags)
+        gw = Gateway(
+            runtime,
+            cfg,
+            ServeOptions(config_path=None, listen=cfg.server.listen, endpoints=flags),
+            registry=registry,
+        )
+        runner = web.AppRunner(
+            build_app(gw),
+            handle_signals=False,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=5.0,
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await gw.first_round(timeout_s=10.0)
+            if not await gw.wait_all_ready(timeout_s=60.0):
+                say("warning: not every simulated endpoint became ready within 60s")
+            base = f"http://127.0.0.1:{port}"
+            say(
+                f"berth: {base} (policy {runtime.policy.name!r}); models: "
+                f"{', '.join(sorted(gw.scheduler.models(ready_only=True)))}"
+            )
+            say(f"workload: chat-batch at {rate:g} req/s for {duration_s:g}s (SLOs scaled 1/{SPEED:g})")
+            bar = ProgressBar(sys.stdout) if sys.stdout.isatty() else None
+
+            def tick(snap: LiveSnapshot) -> None:
+                if bar is not None:
+                    bar.update(snap)
+                elif int(snap.elapsed_s) % 10 == 0:
+                    say(
+                        f"  {snap.elapsed_s:5.0f}s  done {snap.requests_done}  in flight {snap.in_flight}"
+                        f"  errors {snap.errors}"
+                    )
+
+            report = await run_workload(
+                RunOptions(
+                    target=base,
+                    workload="chat-batch",
+                    rate=rate,
+                    duration_s=duration_s,
+                    seed=1,
+                    slo_scale=1.0 / SPEED,
+                ),
+                on_tick=tick,
+            )
+            if bar is not None:
+                bar.close()
+            print(format_report(report.data), flush=True)
+            if serve_after:
+                say(_snippets(base, sorted(gw.scheduler.models(ready_only=True))))
+                await _until_signal()
+        finally:
+            gw.draining = True
+            await runner.cleanup()
+    say("demo stopped")
+
+
+class _Say:
+    def __call__(self, text: str) -> None:
+        print(text, flush=True)
+
+
+def _snippets(base: str, models: list[Any]) -> str:
+    model = models[0] if models else "chat-7b"
+    return f"""
+berth keeps serving on {base} — try it (Ctrl-C to stop):
+
+  curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}], "max_tokens": 16}}'
+
+  python -c 'from openai import OpenAI; c = OpenAI(base_url="{base}/v1", api_key="x"); \\
+print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "hi"}}]).choices[0].message.content)'
+
+  metrics: {base}/metrics
+"""
+
+
+async def _until_signal() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)

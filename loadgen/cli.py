@@ -1,0 +1,168 @@
+"""``berth-loadgen``: run workloads against berth (or any OpenAI endpoint) and compare reports.
+
+    berth-loadgen run --target http://127.0.0.1:8080 --workload coding:pattern2 --rate 2 --duration 120 \\
+        --arrival gamma --cv 2 --seed 1 --out report.json [--plot out.png] [--record sent.jsonl] \\
+        [--berth-pid PID]
+    berth-loadgen compare baseline.json slack.json
+    berth-loadgen workloads
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import aiohttp
+
+from loadgen.plot import PlotUnavailable, plot_report
+from loadgen.progress import ProgressBar
+from loadgen.render import format_compare, format_report
+from loadgen.report import load_report
+from loadgen.runner import RunOptions, run_workload
+from loadgen.workloads import BUILTIN_NAMES, VARIANTS, get_workload
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="berth-loadgen", description="Workload generator and reports for berth.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a workload and write a JSON report")
+    r.add_argument("--target", required=True, help="base URL of berth or an engine (with or without /v1)")
+    r.add_argument(
+        "--workload", default="sharegpt-like", help=f"{' | '.join(BUILTIN_NAMES)}[:variant] or a JSONL trace"
+    )
+    r.add_argument("--rate", type=float, default=1.0, help="mean task arrivals per second")
+    r.add_argument(
+        "--duration", type=float, default=60.0, help="seconds of arrivals (a trace: cut-off, 0 = all)"
+    )
+    r.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
+    r.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", type=Path, help="write the JSON report here")
+    r.add_argument(
+        "--models", help="comma-separated models for slots 0,1,... (default: the target's /v1/models)"
+    )
+    r.add_argument("--record", type=Path, help="write what was sent and observed as JSONL (replayable)")
+    r.add_argument("--plot", type=Path, help="draw latency CDFs and goodput per class (needs matplotlib)")
+    r.add_argument("--berth-pid", type=int, help="report berth's CPU share (from /proc/PID/stat)")
+    r.add_argument(
+        "--watch-pid", action="append", default=[], metavar="NAME=PID", help="another process to watch"
+    )
+    r.add_argument(
+        "--slo-scale", type=float, default=1.0, help="multiply every SLO (e.g. 0.1 with --speed 10)"
+    )
+    r.add_argument(
+        "--slo-headers", action="store_true", help="also send x-berth-ttft-ms/-itl-ms/-deadline-ms"
+    )
+    r.add_argument("--api-key", default=os.environ.get("BERTH_API_KEY"), help="sent as a Bearer token")
+    r.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="extra request header")
+    r.add_argument("--timeout", type=float, default=600.0, help="per-request total timeout (s)")
+    r.add_argument("--stall-timeout", type=float, default=60.0, help="fail a request silent this long (s)")
+    r.add_argument(
+        "--drain-timeout", type=float, default=120.0, help="wait this long for in-flight tasks (s)"
+    )
+    r.add_argument("-q", "--quiet", action="store_true", help="no table")
+
+    c = sub.add_parser("compare", help="print reports side by side with ratios to the first")
+    c.add_argument("reports", nargs="+", type=Path)
+
+    sub.add_parser("workloads", help="list the built-in workloads")
+    return p
+
+
+def _options(args: argparse.Namespace) -> RunOptions:
+    headers: dict[str, str] = {}
+    if args.api_key:
+        headers["Authorization"] = f"Bearer {args.api_key}"
+    for h in args.header:
+        name, sep, value = h.partition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"--header {h!r}: expected NAME:VALUE")
+        headers[name.strip()] = value.strip()
+    watch: dict[str, int] = {}
+    if args.berth_pid is not None:
+        watch["berth"] = args.berth_pid
+    for w in args.watch_pid:
+        name, sep, pid = w.partition("=")
+        if not sep or not pid.isdigit():
+            raise ValueError(f"--watch-pid {w!r}: expected NAME=PID")
+        watch[name] = int(pid)
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models else None
+    get_workload(args.workload)  # fail early on a bad name
+    return RunOptions(
+        target=args.target,
+        workload=args.workload,
+        rate=args.rate,
+        duration_s=args.duration,
+        arrival=args.arrival,
+        cv=args.cv,
+        seed=args.seed,
+        models=models,
+        headers=headers,
+        slo_scale=args.slo_scale,
+        slo_headers=args.slo_headers,
+        request_timeout_s=args.timeout,
+        stall_timeout_s=args.stall_timeout,
+        drain_timeout_s=args.drain_timeout,
+        watch_pids=watch,
+        record=args.record,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        opts = _options(args)
+    except ValueError as e:
+        print(f"berth-loadgen: {e}", file=sys.stderr)
+        return 2
+    bar = ProgressBar(sys.stdout) if sys.stdout.isatty() else None
+
+    async def go() -> int:
+        report = await run_workload(opts, on_tick=bar.update if bar is not None else None)
+        if bar is not None:
+            bar.close()
+        if args.out is not None:
+            report.write(args.out)
+        if not args.quiet:
+            print(format_report(report.data))
+        if args.plot is not None:
+            try:
+                plot_report(report, args.plot)
+            except PlotUnavailable as e:
+                print(f"berth-loadgen: {e}", file=sys.stderr)
+        return 0
+
+    try:
+        import uvloop
+
+        return uvloop.run(go())
+    except KeyboardInterrupt:
+        return 130
+    except (OSError, RuntimeError, aiohttp.ClientError) as e:
+        print(f"berth-loadgen: {e}", file=sys.stderr)
+        return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "compare":
+        try:
+            reports = [(p.stem, load_report(p)) for p in args.reports]
+        except (OSError, ValueError) as e:
+            print(f"berth-loadgen: {e}", file=sys.stderr)
+            return 2
+        print(format_compare(reports))
+        return 0
+    for name in BUILTIN_NAMES:
+        variants = " | ".join(VARIANTS.get(name, ())) or "(no variants)"
+        print(f"{name:14} {variants}  (default {get_workload(name).name})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,582 @@
+"""`SimEndpoint`: the thin asyncio/aiohttp layer around one `SimEngine`.
+
+The engine's batching loop is driven by one timer per endpoint (``loop.call_later`` until the end of
+the current iteration, never a busy loop). Each request handler registers a `_Stream`, wakes when the engine
+emits tokens for it and writes the pre-rendered chunks. A client that disconnects cancels its handler
+(``handler_cancellation``) and the ``finally`` aborts the request in the engine, freeing its batch slot
+and KV.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``
+(503 while loading or under the ``health_503`` fault), ``GET /metrics``, ``GET /version`` (vLLM),
+``GET /get_model_info``, ``/health_generate`` and ``POST /abort_request`` with ``{"rid"}`` (SGLang; its
+requests may name their id in a ``rid`` field), and the simulator's own admin routes
+``POST /sim/faults`` and ``GET /sim/state``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.core.tasks import TaskSupervisor
+from loadgen.engine_sim import metrics
+from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
+from loadgen.engine_sim.faults import Faults
+from loadgen.engine_sim.flavors import get_flavor
+from loadgen.engine_sim.protocol import (
+    SSE_DONE,
+    ApiError,
+    ApiName,
+    ParsedRequest,
+    ResponseWriter,
+    bad_request,
+    error_body,
+    parse_request,
+)
+from loadgen.engine_sim.spec import EndpointSpec
+from loadgen.engine_sim.stats import EngineStats
+
+_JSON = "application/json"
+# The engine's clock. Not loop.time(): uvloop's is cached per loop iteration at millisecond resolution,
+# too coarse for iterations of a few ms (--speed 10).
+_now = time.monotonic
+_SHUTDOWN_TIMEOUT_S = 2.0
+
+
+class _Stream:
+    """The link between the engine and one request handler."""
+
+    __slots__ = ("cancelled", "req", "waiter")
+
+    def __init__(self, req: SimRequest) -> None:
+        self.req = req
+        self.waiter: asyncio.Future[None] | None = None
+        self.cancelled = False  # aborted through the API (SGLang /abort_request), not by a crash
+
+    def notify(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+
+class _LagStats:
+    """How late the engine timer fired: whether the host keeps up in real time."""
+
+    __slots__ = ("count", "max", "over_5ms", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.max = 0.0
+        self.over_5ms = 0
+
+    def add(self, lag: float) -> None:
+        self.count += 1
+        self.total += lag
+        self.max = max(self.max, lag)
+        if lag > 0.005:
+            self.over_5ms += 1
+
+    def to_dict(self) -> dict[str, float]:
+        mean = self.total / self.count if self.count else 0.0
+        return {
+            "wakeups": self.count,
+            "mean_ms": 1e3 * mean,
+            "max_ms": 1e3 * self.max,
+            "over_5ms": self.over_5ms,
+        }
+
+
+def _json(status: int, body: bytes) -> web.Response:
+    return web.Response(status=status, body=body, content_type=_JSON)
+
+
+def _error(err: ApiError) -> web.Response:
+    return _json(err.status, err.body())
+
+
+class SimEndpoint:
+    """One simulated vLLM/SGLang endpoint served on ``spec.host:spec.port`` (0: a free port).
+
+    ``on_die`` decides what the ``die_after_tokens`` fault does; by default the endpoint aborts its
+    connections and stops listening (`kill`); the standalone CLI passes a callback that exits the process.
+    """
+
+    def __init__(self, spec: EndpointSpec, *, on_die: Callable[[SimEndpoint], None] | None = None) -> None:
+        self.spec = spec
+        self.resolved = spec.resolve()
+        self.flavor = get_flavor(spec.flavor)
+        self._on_die = on_die
+        self._port = spec.port
+        self._faults = spec.faults
+        self._die_at: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._tasks = TaskSupervisor(restart_delay_s=0.1)
+        self._timer: asyncio.TimerHandle | None = None
+        self._wake_at: float | None = None
+        self._streams: dict[str, _Stream] = {}
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._alive = False
+        self._ids = 0
+        self.engine = self._new_engine()
+        self._loaded_at = 0.0
+        self._started_unix = 0.0
+        self._scrape_mark = (0.0, 0)
+        self._lag = _LagStats()
+        self._len_rng = random.Random(spec.seed)
+        self._fault_rng = random.Random(spec.seed + 1)
+        self._id_base = f"{random.Random(spec.seed + 2).getrandbits(96):024x}"
+
+    def _new_engine(self) -> SimEngine:
+        return SimEngine(self.resolved.engine, stats=EngineStats(self.flavor.buckets))
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self._port}"
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    @property
+    def loaded(self) -> bool:
+        return self._alive and self._loop is not None and _now() >= self._loaded_at
+
+    async def start(self) -> None:
+        if self._alive:
+            raise RuntimeError("endpoint already running")
+        self._loop = asyncio.get_running_loop()
+        self.engine = self._new_engine()
+        self._streams = {}
+        self._loaded_at = _now() + self.resolved.load_time_s
+        self._started_unix = time.time()
+        self._scrape_mark = (_now(), 0)
+        self._lag = _LagStats()
+        self._set_die_at(self._faults)
+        runner = web.AppRunner(
+            self._build_app(),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, self.spec.host, self._port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner, self._site = runner, site
+        if runner.addresses:  # the bound socket tells the real port when 0 was asked for
+            self._port = int(runner.addresses[0][1])
+        self._alive = True
+
+    async def kill(self) -> None:
+        """Die abruptly: drop every request, reset every connection, stop listening."""
+        if not self._alive:
+            return
+        self._alive = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._wake_at = None, None
+        self.engine.abort_all()
+        for stream in list(self._streams.values()):
+            stream.notify()
+        runner, site = self._runner, self._site
+        self._runner, self._site = None, None
+        if site is not None:
+            await site.stop()
+        if runner is not None:
+            server = runner.server
+            if server is not None:
+                for conn in server.connections:
+                    transport = conn.transport
+                    if transport is not None:
+                        transport.abort()
+            await runner.cleanup()
+
+    async def stop(self) -> None:
+        await self.kill()
+        await self._tasks.close()
+        self._tasks = TaskSupervisor(restart_delay_s=0.1)
+
+    async def restart(self) -> None:
+        """Come back on the same port with a fresh engine (metrics reset, load time again)."""
+        await self.kill()
+        await self.start()
+
+    @property
+    def live_requests(self) -> int:
+        """Requests whose handler is still running (streaming, waiting or stalled)."""
+        return len(self._streams)
+
+    async def wait_idle(self) -> None:
+        """Return once no request handler is running (e.g. after clients disconnected)."""
+        while self._streams:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._idle_waiters.append(fut)
+            await fut
+
+    def _request_done(self, rid: str) -> None:
+        self._streams.pop(rid, None)
+        if not self._streams and self._idle_waiters:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+    # ---- faults and state --------------------------------------------------------------------
+    @property
+    def faults(self) -> Faults:
+        return self._faults
+
+    def set_faults(self, **changes: Any) -> Faults:
+        """Change some faults (keyword names as in `Faults`; ``reset=True`` clears the others)."""
+        self._faults = self._faults.patched(changes)
+        if "die_after_tokens" in changes or changes.get("reset"):
+            self._set_die_at(self._faults)
+        return self._faults
+
+    def _set_die_at(self, faults: Faults) -> None:
+        n = faults.die_after_tokens
+        self._die_at = None if n is None else self.engine.stats.generation_tokens + n
+
+    def state(self) -> dict[str, Any]:
+        eng, st = self.engine, self.engine.stats
+        lat = self.resolved.unscaled_latency
+        return {
+            "flavor": self.spec.flavor,
+            "models": list(self.spec.models),
+            "url": self.url,
+            "alive": self._alive,
+            "loaded": self.loaded,
+            "running": eng.num_running,
+            "waiting": eng.num_waiting,
+            "kv_used_tokens": eng.kv_used,
+            "kv_capacity_tokens": eng.config.kv_capacity_tokens,
+            "kv_usage": eng.kv_usage,
+            "stats": {
+                "requests_received": st.requests_received,
+                "requests_finished": dict(st.requests_finished),
+                "requests_aborted": st.requests_aborted,
+                "prompt_tokens": st.prompt_tokens,
+                "generation_tokens": st.generation_tokens,
+                "preemptions": st.preemptions,
+                "iterations": st.iterations,
+                "busy_s": st.busy_s,
+            },
+            "config": {
+                "profile": self.spec.profile,
+                "max_num_seqs": eng.config.max_num_seqs,
+                "max_model_len": self.resolved.max_model_len,
+                "max_prefill_tokens": eng.config.max_prefill_tokens,
+                "scheduling_policy": eng.config.policy,
+                "speed": self.spec.speed,
+                "latency": {"k1": lat.k1, "c1": lat.c1, "k2": lat.k2, "c2": lat.c2, "c3": lat.c3},
+                "output_len": str(self.resolved.output_len),
+            },
+            "faults": self._faults.to_dict(),
+            "timer_lag": self._lag.to_dict(),
+        }
+
+    # ---- the engine driver -------------------------------------------------------------------
+    def _kick(self) -> None:
+        assert self._loop is not None
+        self._run_step(_now())
+
+    def _on_timer(self) -> None:
+        assert self._loop is not None
+        wake = self._wake_at
+        self._timer, self._wake_at = None, None
+        now = _now()
+        if wake is not None:
+            self._lag.add(now - wake)
+        # the timer may fire a hair early (millisecond timer granularity): it marks the iteration end
+        self._run_step(max(now, wake) if wake is not None else now)
+
+    def _run_step(self, now: float) -> None:
+        if not self._alive:
+            return
+        assert self._loop is not None
+        result = self.engine.step(now)
+        streams = self._streams
+        for req in result.woken:
+            stream = streams.get(req.rid)
+            if stream is not None:
+                stream.notify()
+        if self._die_at is not None and self.engine.stats.generation_tokens >= self._die_at:
+            self._die_at = None
+            self._die()
+            return
+        wake = result.next_wake
+        if wake != self._wake_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = (
+                self._loop.call_later(max(0.0, wake - _now()), self._on_timer) if wake is not None else None
+            )
+            self._wake_at = wake
+
+    def _die(self) -> None:
+        if self._on_die is not None:
+            self._on_die(self)
+            return
+        self._tasks.spawn(f"die:{self._port}", self.kill, restart=False)
+
+    # ---- HTTP --------------------------------------------------------------------------------
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/sim/faults", self._post_faults)
+        app.router.add_get("/sim/state", self._get_state)
+        if self.flavor.name == "vllm":
+            app.router.add_get("/version", self._version)
+        else:
+            app.router.add_get("/health_generate", self._health)
+            app.router.add_get("/get_model_info", self._model_info)
+            app.router.add_post("/abort_request", self._abort_request)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self._faults.health_503 or not self.loaded:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return _json(200, orjson.dumps({"version": "0.10.1+sim"}))
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        body = {
+            "model_path": self.spec.models[0],
+            "tokenizer_path": self.spec.models[0],
+            "is_generation": True,
+        }
+        return _json(200, orjson.dumps(body))
+
+    async def _models(self, request: web.Request) -> web.Response:
+        created = int(self._started_unix)
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": self.flavor.owned_by,
+                "root": self.spec.models[0],
+                "parent": None,
+                "max_model_len": self.resolved.max_model_len,
+            }
+            for name in self.spec.models
+        ]
+        return _json(200, orjson.dumps({"object": "list", "data": data}))
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        faults = self._faults
+        if faults.metrics_delay_s > 0:
+            await asyncio.sleep(faults.metrics_delay_s)
+        if faults.metrics_garbage:
+            return web.Response(status=200, body=metrics.GARBAGE.encode("utf-8", "surrogateescape"))
+        assert self._loop is not None
+        now, tokens = _now(), self.engine.stats.generation_tokens
+        last_t, last_tokens = self._scrape_mark
+        throughput = (tokens - last_tokens) / (now - last_t) if now > last_t else 0.0
+        self._scrape_mark = (now, tokens)
+        text = metrics.render(
+            self.flavor,
+            self.engine,
+            self.spec.models[0],
+            started_unix=self._started_unix,
+            gen_throughput=throughput,
+        )
+        return web.Response(status=200, body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+    async def _post_faults(self, request: web.Request) -> web.Response:
+        try:
+            patch = orjson.loads(await request.read())
+            if not isinstance(patch, dict):
+                raise ValueError("the body must be a JSON object of fault fields")
+            faults = self.set_faults(**patch)
+        except (ValueError, TypeError) as e:
+            return _error(bad_request(str(e)))
+        return _json(200, orjson.dumps(faults.to_dict()))
+
+    async def _abort_request(self, request: web.Request) -> web.Response:
+        """SGLang's explicit abort: ``{"rid": ...}`` ends that request (unknown ids are ignored)."""
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as e:
+            return _error(bad_request(f"Invalid JSON body: {e}"))
+        rid = body.get("rid") if isinstance(body, dict) else None
+        stream = self._streams.get(rid) if isinstance(rid, str) else None
+        if stream is not None and self.engine.abort(stream.req):
+            stream.cancelled = True
+            stream.notify()
+            self._kick()
+        return web.Response(status=200)
+
+    async def _get_state(self, request: web.Request) -> web.Response:
+        return _json(200, orjson.dumps(self.state()))
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    def _output_tokens(self, p: ParsedRequest) -> int:
+        if p.ignore_eos or p.min_tokens >= p.max_tokens:
+            return p.max_tokens
+        drawn = self.resolved.output_len.sample(self._len_rng)
+        return min(max(drawn, p.min_tokens, 1), p.max_tokens)
+
+    async def _generate(self, request: web.Request, api: ApiName) -> web.StreamResponse:
+        if not self.loaded:
+            return _json(503, error_body(503, "The model is still loading.", "ServiceUnavailableError"))
+        try:
+            data = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as e:
+            return _error(bad_request(f"Invalid JSON body: {e}"))
+        try:
+            parsed = parse_request(
+                api,
+                data,
+                models=self.spec.models,
+                max_model_len=self.resolved.max_model_len,
+                priority_enabled=self.resolved.engine.policy == "priority",
+                reject_priority_without_policy=self.flavor.name == "vllm",
+            )
+        except ApiError as e:
+            return _error(e)
+        faults = self._faults
+        if faults.fail_fraction > 0 and self._fault_rng.random() < faults.fail_fraction:
+            return _json(500, error_body(500, "simulated engine failure", "InternalServerError"))
+        stall_at: int | None = None
+        if faults.stall_after_tokens is not None and self._fault_rng.random() < faults.stall_fraction:
+            stall_at = faults.stall_after_tokens
+        assert self._loop is not None
+        self._ids += 1
+        prefix = self.flavor.chat_id_prefix if api == "chat" else self.flavor.completion_id_prefix
+        rid = f"{prefix}{self._id_base}{self._ids:08x}"
+        if parsed.rid is not None and self.flavor.name == "sglang":
+            if parsed.rid in self._streams:
+                return _error(bad_request(f"Duplicate request id {parsed.rid}", "rid"))
+            rid = parsed.rid
+        req = self.engine.submit(
+            rid,
+            prompt_tokens=parsed.prompt_tokens,
+            output_tokens=self._output_tokens(parsed),
+            max_tokens=parsed.max_tokens,
+            priority=parsed.priority,
+            now=_now(),
+        )
+        stream = _Stream(req)
+        self._streams[rid] = stream
+        self._kick()
+        writer = ResponseWriter(api, rid, parsed.model)
+        try:
+            if parsed.stream:
+                return await self._stream_response(request, parsed, stream, writer, stall_at)
+            return await self._full_response(parsed, stream, writer, stall_at)
+        finally:
+            if not req.done and self.engine.abort(req):
+                self._kick()
+            self._request_done(rid)
+
+    async def _full_response(
+        self, parsed: ParsedRequest, stream: _Stream, writer: ResponseWriter, stall_at: int | None
+    ) -> web.Response:
+        req = stream.req
+        while not req.done:
+            await stream.wait()
+        if stall_at is not None or (req.state is RequestState.ABORTED and not stream.cancelled):
+            await _forever()
+        reason = "abort" if stream.cancelled else req.finish_reason or "stop"
+        body = writer.full_response(parsed.prompt_tokens, req.generated, reason)
+        return _json(200, body)
+
+    async def _stream_response(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        stream: _Stream,
+        writer: ResponseWriter,
+        stall_at: int | None,
+    ) -> web.StreamResponse:
+        req = stream.req
+        resp = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
+        )
+        await resp.prepare(request)
+        sent = 0
+        limit = stall_at
+        while True:
+            generated = req.generated
+            if limit is not None and generated > limit:
+                generated = limit
+            if generated > sent:
+                parts: list[bytes] = []
+                if sent == 0:
+                    parts.append(writer.role_chunk())
+                finished_here = req.state is RequestState.FINISHED and generated == req.generated
+                plain = generated - sent - (1 if finished_here else 0)
+                if plain > 0:
+                    parts.append(writer.token_chunk * plain)
+                if finished_here:
+                    parts.append(writer.last_token_chunk(req.finish_reason or "stop"))
+                await resp.write(b"".join(parts))
+                sent = generated
+            if limit is not None and sent >= limit:
+                await _forever()  # stalled: keep the connection open, send nothing more
+            if req.state is RequestState.FINISHED and sent == req.generated:
+                break
+            if req.state is RequestState.ABORTED:
+                if stream.cancelled:  # aborted through the API: end the stream properly
+                    await resp.write(writer.finish_chunk("abort") + SSE_DONE)
+                    await resp.write_eof()
+                    return resp
+                await _forever()  # the endpoint died; its connections are being reset
+            await stream.wait()
+        tail = writer.usage_chunk(parsed.prompt_tokens, req.generated) if parsed.include_usage else b""
+        await resp.write(tail + SSE_DONE)
+        await resp.write_eof()
+        return resp
+
+
+async def _forever() -> None:
+    await asyncio.get_running_loop().create_future()
+
+
+@contextlib.asynccontextmanager
+async def serve_endpoint(spec: EndpointSpec) -> AsyncIterator[SimEndpoint]:
+    """``async with serve_endpoint(spec) as ep:`` one endpoint for the duration of the block."""
+    ep = SimEndpoint(spec)
+    await ep.start()
+    try:
+        yield ep
+    finally:
+        await ep.stop()

@@ -1,0 +1,84 @@
+"""`EndpointSpec`: everything that describes one simulated endpoint (CLI flags, fleet-file entries
+and the Python API all build these), and its resolution against a named profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loadgen.engine_sim.engine import EngineConfig, SchedulingPolicy
+from loadgen.engine_sim.faults import Faults
+from loadgen.engine_sim.flavors import FlavorName, get_flavor
+from loadgen.engine_sim.latency import LatencyModel
+from loadgen.engine_sim.lengths import LengthDist
+from loadgen.engine_sim.profiles import DEFAULT_PROFILE, get_profile
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """One simulated endpoint. ``None`` fields take the profile's value; ``port=0`` picks a free port."""
+
+    flavor: FlavorName = "vllm"
+    models: tuple[str, ...] = ("sim-model",)
+    host: str = "127.0.0.1"
+    port: int = 0
+    profile: str = DEFAULT_PROFILE
+    latency: LatencyModel | None = None
+    max_num_seqs: int | None = None
+    kv_capacity_tokens: int | None = None
+    max_model_len: int | None = None
+    max_prefill_tokens: int | None = None
+    load_time_s: float | None = None
+    output_len: LengthDist | None = None
+    speed: float = 1.0
+    seed: int = 0
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    faults: Faults = field(default_factory=Faults)
+
+    def __post_init__(self) -> None:
+        get_flavor(self.flavor)
+        get_profile(self.profile)
+        if not self.models:
+            raise ValueError("an endpoint serves at least one model name")
+        if self.speed <= 0:
+            raise ValueError("speed must be > 0")
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be within [0, 65535]")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError("scheduling_policy must be fcfs or priority")
+
+    def resolve(self) -> ResolvedSpec:
+        prof = get_profile(self.profile)
+        flavor = get_flavor(self.flavor)
+        kv = self.kv_capacity_tokens if self.kv_capacity_tokens is not None else prof.kv_capacity_tokens
+        max_model_len = self.max_model_len if self.max_model_len is not None else prof.max_model_len
+        max_model_len = min(max_model_len, kv - 1)  # a request must fit the KV cache alone
+        latency = self.latency if self.latency is not None else prof.latency
+        engine = EngineConfig(
+            latency=latency.scaled(self.speed),
+            max_num_seqs=self.max_num_seqs if self.max_num_seqs is not None else prof.max_num_seqs,
+            kv_capacity_tokens=kv,
+            max_prefill_tokens=(
+                self.max_prefill_tokens if self.max_prefill_tokens is not None else prof.max_prefill_tokens
+            ),
+            policy=self.scheduling_policy,
+            higher_priority_first=flavor.higher_priority_first,
+        )
+        load_time = self.load_time_s if self.load_time_s is not None else prof.load_time_s
+        return ResolvedSpec(
+            spec=self,
+            engine=engine,
+            unscaled_latency=latency,
+            max_model_len=max_model_len,
+            load_time_s=load_time / self.speed,
+            output_len=self.output_len if self.output_len is not None else prof.output_len,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedSpec:
+    spec: EndpointSpec
+    engine: EngineConfig  # latency already divided by the speed factor
+    unscaled_latency: LatencyModel
+    max_model_len: int
+    load_time_s: float  # wall seconds (already divided by the speed factor)
+    output_len: LengthDist

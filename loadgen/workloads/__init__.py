@@ -1,0 +1,48 @@
+"""Built-in workloads and trace replay. `get_workload("coding:pattern2")`, or a path to a JSONL trace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from loadgen.workloads.base import CallSpec, Slo, TaskSpec, Workload
+from loadgen.workloads.chat_batch import ChatBatchWorkload
+from loadgen.workloads.coding import CodingWorkload
+from loadgen.workloads.multi_model import MultiModelWorkload
+from loadgen.workloads.sharegpt import ShareGptWorkload
+from loadgen.workloads.trace import TraceWorkload
+
+_BUILTIN: dict[str, Callable[[str | None], Workload]] = {
+    "coding": lambda v: CodingWorkload(v or "pattern1"),
+    "multi-model": lambda v: MultiModelWorkload(v or "uniform"),
+    "chat-batch": lambda v: ChatBatchWorkload(v or "mixed"),
+    "sharegpt-like": lambda v: _no_variant("sharegpt-like", v, ShareGptWorkload()),
+}
+BUILTIN_NAMES: tuple[str, ...] = tuple(_BUILTIN)
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "coding": ("pattern1", "pattern2", "ttft-heavy"),
+    "multi-model": ("uniform", "ide-heavy", "popularity-skewed"),
+    "chat-batch": ("mixed", "queue"),
+    "sharegpt-like": (),
+}
+
+
+def _no_variant(name: str, variant: str | None, w: Workload) -> Workload:
+    if variant:
+        raise ValueError(f"workload {name!r} has no variants")
+    return w
+
+
+def get_workload(spec: str) -> Workload:
+    """A built-in ``NAME[:VARIANT]`` or the path of a JSONL trace."""
+    name, _, variant = spec.partition(":")
+    if name in _BUILTIN:
+        return _BUILTIN[name](variant or None)
+    if Path(spec).is_file():
+        return TraceWorkload(spec)
+    raise ValueError(
+        f"unknown workload {spec!r}: neither {', '.join(BUILTIN_NAMES)} nor an existing trace file"
+    )
+
+
+__all__ = ["BUILTIN_NAMES", "VARIANTS", "CallSpec", "Slo", "TaskSpec", "Workload", "get_workload"]
