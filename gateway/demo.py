@@ -51,7 +51,7 @@ async def _demo(*, duration_s: float, port: int, serve_after: bool, rate: float)
         SimSpec(models=(model,), profile=_PROFILE[model], speed=SPEED, seed=i)
         for i, (model, _) in enumerate(FLEET)
     ]
-    say = _Say()
+    say = _say
     async with SimFleet(specs) as fleet:
         say(f"simulated fleet: {len(fleet)} endpoints (speed x{SPEED:g})")
         flags = tuple(
@@ -120,9 +120,8 @@ async def _demo(*, duration_s: float, port: int, serve_after: bool, rate: float)
     say("demo stopped")
 
 
-class _Say:
-    def __call__(self, text: str) -> None:
-        print(text, flush=True)
+def _say(text: str) -> None:
+    print(text, flush=True)
 
 
 def _snippets(base: str, models: list[Any]) -> str:
@@ -134,7 +133,8 @@ berth keeps serving on {base} — try it (Ctrl-C to stop):
     -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}], "max_tokens": 16}}'
 
   python -c 'from openai import OpenAI; c = OpenAI(base_url="{base}/v1", api_key="x"); \\
-print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "hi"}}]).choices[0].message.content)'
+r = c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "hi"}}]); \\
+print(r.choices[0].message.content)'
 
   metrics: {base}/metrics
 """
