@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The real-engine tier (tests/engine) runs vLLM on CPU from its own cached venv.
 ENGINE_VENV ?= $(HOME)/.cache/berth/engine-venv
 
-.PHONY: venv demo serve test test-fast engine-env lint typecheck check bench-overhead clean
+.PHONY: venv demo serve test test-fast test-engine engine-env lint typecheck check bench-overhead clean
 
 $(BIN)/berth: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test: venv engine-env
 # Unit and integration only (no vLLM).
 test-fast: venv
 	$(BIN)/pytest -q tests -m "not engine"
+
+# Only the real-engine tier.
+test-engine: venv engine-env
+	BERTH_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python $(BIN)/pytest -q tests/engine
 
 lint: venv
 	$(BIN)/ruff check gateway loadgen tests

@@ -4,13 +4,13 @@ and TYPE, labels sorted, ``le`` on buckets, floats in Go style). No global regis
 renders its own engine's state on each scrape.
 
 vLLM V1 (labels ``engine="0"``, ``model_name``): gauges ``vllm:num_requests_running``,
-``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0..1) and its deprecated twin
-``vllm:gpu_cache_usage_perc``; counters ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
+``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0..1); counters ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
 ``vllm:num_preemptions_total``, ``vllm:request_success_total{finished_reason}``; histograms
-``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` (and its deprecated twin
-``vllm:time_per_output_token_seconds`` with the same data, as 0.10/0.11 emit),
+``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
 ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds``; info gauge
 ``vllm:cache_config_info``. Counters and histograms also carry ``*_created`` gauges, as vLLM V1's do.
+Like current vLLM (the engine tier's recording), it exports no deprecated twins such as
+``vllm:gpu_cache_usage_perc``; berth still reads those from older engines.
 
 SGLang (label ``model_name``; scheduler gauges also ``engine_type="unified"``, ``tp_rank``, ``pp_rank``):
 gauges ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
@@ -40,7 +40,6 @@ VLLM_NAMES: tuple[str, ...] = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
     "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds",
@@ -159,11 +158,6 @@ def _render_vllm(engine: SimEngine, model_name: str, started_unix: float) -> str
         [(lab, engine.num_waiting)],
     )
     w.gauge(
-        "vllm:gpu_cache_usage_perc",
-        "GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
-        [(lab, engine.kv_usage)],
-    )
-    w.gauge(
         "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", [(lab, engine.kv_usage)]
     )
     w.counter(
@@ -185,10 +179,6 @@ def _render_vllm(engine: SimEngine, model_name: str, started_unix: float) -> str
     )
     w.histogram(
         "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", lab, st.itl
-    )
-    # vLLM 0.10/0.11 still emit the deprecated name with the same data
-    w.histogram(
-        "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", lab, st.itl
     )
     w.histogram(
         "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lab, st.e2e
