@@ -4,7 +4,8 @@ and TYPE, labels sorted, ``le`` on buckets, floats in Go style). No global regis
 renders its own engine's state on each scrape.
 
 vLLM V1 (labels ``engine="0"``, ``model_name``): gauges ``vllm:num_requests_running``,
-``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0..1); counters ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
+``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0..1); counters ``vllm:prompt_tokens_total``,
+``vllm:generation_tokens_total``,
 ``vllm:num_preemptions_total``, ``vllm:request_success_total{finished_reason}``; histograms
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
 ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds``; info gauge

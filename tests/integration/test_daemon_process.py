@@ -54,7 +54,9 @@ async def engine() -> AsyncIterator[tuple[FakeEngine, str]]:
     await srv.close()
 
 
-async def _start(tmp_path: Path, engine_url: str) -> tuple[asyncio.subprocess.Process, NotifySocket, str, Path]:
+async def _start(
+    tmp_path: Path, engine_url: str
+) -> tuple[asyncio.subprocess.Process, NotifySocket, str, Path]:
     port = unused_port()
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY_OK)
@@ -66,8 +68,16 @@ async def _start(tmp_path: Path, engine_url: str) -> tuple[asyncio.subprocess.Pr
     notify = NotifySocket(tmp_path / "notify.sock")
     env = {**os.environ, "NOTIFY_SOCKET": str(notify.path)}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg), env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "-c",
+        str(cfg),
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     return proc, notify, f"http://127.0.0.1:{port}", policy
 
 
@@ -101,8 +111,9 @@ async def test_notify_ready_reload_and_drain(tmp_path: Path, engine: tuple[FakeE
             hold = asyncio.Event()
             eng.hold = hold
             eng.started.clear()
-            body = orjson.dumps({"model": "tiny", "stream": True,
-                                 "messages": [{"role": "user", "content": "x"}]})
+            body = orjson.dumps(
+                {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+            )
             call = asyncio.ensure_future(s.post(base + "/v1/chat/completions", data=body))
             await eng.started.wait()
             proc.send_signal(signal.SIGTERM)
@@ -124,7 +135,11 @@ async def test_notify_ready_reload_and_drain(tmp_path: Path, engine: tuple[FakeE
     ("text", "code", "needle"),
     [
         (POLICY_OK, 0, "ok"),
-        ('[ordering]\nplugin = "fcfs"\n[placement]\npicker = { plugin = "max-score" }\nbogus = 1\n', 1, "bogus"),
+        (
+            '[ordering]\nplugin = "fcfs"\n[placement]\npicker = { plugin = "max-score" }\nbogus = 1\n',
+            1,
+            "bogus",
+        ),
         ('[server]\nlisten = "nowhere"\n', 1, "server.listen"),
     ],
     ids=["valid-policy", "unknown-key", "bad-listen"],
@@ -133,8 +148,15 @@ async def test_berth_check_exit_codes(tmp_path: Path, text: str, code: int, need
     path = tmp_path / "file.toml"
     path.write_text(text)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "check", "-c", str(path),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "check",
+        "-c",
+        str(path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await proc.communicate()
     assert proc.returncode == code
     assert needle in (out + err).decode()
