@@ -19,19 +19,24 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from gateway.admission.exporter import SloCollector
 from gateway.admission.models import ModelCatalog
+from gateway.admission.state import SloAdmission
 from gateway.config import GatewayConfig, RuntimeConfig, load_runtime
 from gateway.config.schema import EndpointConfig
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.errors import ConfigError
+from gateway.core.heap import settle
 from gateway.core.metrics import CONTENT_TYPE, GatewayMetrics, LiveNumbers
 from gateway.core.sdnotify import Notifier, watchdog_loop
 from gateway.core.tasks import TaskSupervisor
 from gateway.core.types import ApiKind, EndpointHealth, EndpointId, EngineGauges, EngineKind
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.runner import Dispatcher
+from gateway.front.admin import FLEET_PATH, make_fleet_handler
 from gateway.front.http import method_not_allowed, not_found
 from gateway.handlers import make_api_handler
+from gateway.live_telemetry import LiveTelemetry
 from gateway.sched.registry import PluginRegistry, default_registry
 from gateway.sched.scheduler import EndpointSpec, Scheduler
 from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings
@@ -78,6 +83,14 @@ class Gateway:
         self.scheduler = Scheduler(runtime.policy, self.clock, runtime.limits)
         self.driver = SchedulerDriver(self.scheduler)
         self.metrics.attach_live(self._live_numbers)
+        self.telemetry = LiveTelemetry(
+            self.scheduler, self.driver, self.clock, lambda: self.runtime.config.telemetry
+        )
+        self.telemetry.register(self.metrics.registry)
+        self.slo = SloAdmission()
+        self.metrics.registry.register(
+            SloCollector(self.slo, self._slo_totals, self.scheduler.admission.counts)
+        )
         self.catalog = ModelCatalog(runtime.aliases)
         self.upstream = UpstreamSettings(
             connect_timeout_s=cfg.upstream.connect_timeout_s,
@@ -95,6 +108,7 @@ class Gateway:
         self._scrapers: dict[EndpointId, EndpointScraper] = {}
         self._detected: dict[EndpointId, EngineKind] = {}
         self._reload_lock = asyncio.Lock()
+        self._health_changed = asyncio.Event()
 
     # ----------------------------------------------------------------- wiring
     @property
@@ -125,6 +139,7 @@ class Gateway:
     async def fleet_ctx(self, app: web.Application) -> AsyncIterator[None]:
         self._apply_endpoints(self.runtime.endpoints)
         self.supervisor.spawn("queue-ticker", lambda: self.driver.tick_forever(QUEUE_TICK_S))
+        self.supervisor.spawn("telemetry", self.telemetry.run)
         if self.notifier.watchdog_interval_s() is not None:
             self.supervisor.spawn("systemd-watchdog", lambda: watchdog_loop(self.notifier))
         yield
@@ -140,6 +155,20 @@ class Gateway:
                 await asyncio.gather(*waits)
         except TimeoutError:
             log.warning("first_scrape_round_incomplete", timeout_s=timeout_s)
+
+    async def wait_all_ready(self, timeout_s: float) -> bool:
+        """Wait until every endpoint is ready (an event per health change); False on timeout."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not all(e.health is EndpointHealth.READY for e in self.scheduler.snapshot().endpoints):
+                    await self._health_changed.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _note_health_change(self) -> None:
+        changed, self._health_changed = self._health_changed, asyncio.Event()
+        changed.set()
 
     # ----------------------------------------------------------------- endpoints and scrapers
     def _scrape_settings(self) -> ScrapeSettings:
@@ -193,7 +222,13 @@ class Gateway:
             instance_class=spec.instance_class,
             cap=spec.cap,
             node=spec.node,
+            priority_scheduling=spec.priority_scheduling,
         )
+
+    def _slo_totals(self) -> dict[str, tuple[int, int]]:
+        self.telemetry.drain()  # the requests finished since the last refresh count too
+        totals = self.telemetry.fleet.attainment.totals()
+        return {cls: (a.finished, a.met) for cls, a in totals.items()}
 
     def _live_numbers(self) -> LiveNumbers:
         snap = self.scheduler.snapshot()
@@ -250,6 +285,7 @@ class _Sink:
         gw.metrics.endpoint_up.labels(eid).set(1 if health is EndpointHealth.READY else 0)
         log.info("endpoint_health", endpoint=eid, health=health.value)
         gw.driver.apply(gw.scheduler.set_health(eid, health))
+        gw._note_health_change()
 
     def on_gauges(self, eid: EndpointId, gauges: EngineGauges) -> None:
         gw = self.gw
@@ -261,6 +297,9 @@ class _Sink:
         if gauges.kv_usage is not None:
             m.endpoint_kv_usage.labels(eid).set(gauges.kv_usage)
         gw.driver.apply(gw.scheduler.observe_gauges(eid, gauges))
+        scraper = gw._scrapers.get(eid)
+        if scraper is not None:
+            gw.telemetry.on_scrape(eid, gauges, scraper.last_exposition, scraper.dialect)
 
     def on_models(self, eid: EndpointId, models: list[str]) -> None:
         log.info("endpoint_models", endpoint=eid, models=models)
@@ -322,6 +361,8 @@ def build_app(gw: Gateway) -> web.Application:
     ):
         r.add_get(path, handler)
         r.add_route("*", path, method_not_allowed("GET"))
+    r.add_get(FLEET_PATH, make_fleet_handler(gw))
+    r.add_route("*", FLEET_PATH, method_not_allowed("GET"))
     r.add_route("*", "/{tail:.*}", not_found)
     return app
 
@@ -346,6 +387,7 @@ async def serve(gw: Gateway) -> None:
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, lambda: gw.supervisor.spawn("reload", gw.reload, restart=False))
     await gw.first_round(timeout_s=gw.runtime.scrape.timeout_s * 2 + 1.0)
+    settle()  # everything kept for the process's lifetime is built: freeze it, out of the collector's way
     gw.notifier.ready()
     log.info(
         "serving",

@@ -1,4 +1,4 @@
-"""Console entry point: `berth serve | check | demo`."""
+"""Console entry point: `berth serve | check | demo | top`."""
 
 from __future__ import annotations
 
@@ -42,6 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=8080, help="berth's port (default 8080)")
     d.add_argument("--no-serve", action="store_true", help="exit after the results instead of serving on")
     d.add_argument("--rate", type=float, default=None, help="requests/s of the demo workload")
+
+    t = sub.add_parser("top", help="live view of endpoints, queues and SLO attainment (q or Ctrl-C exits)")
+    t.add_argument(
+        "--url", default=None, help="the gateway's base URL (default $BERTH_URL or http://127.0.0.1:8080)"
+    )
+    t.add_argument("--token", default=None, help="admin token (default $BERTH_ADMIN_TOKEN)")
+    t.add_argument("--once", action="store_true", help="print one frame without escape codes and exit")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
     return p
 
 
@@ -57,7 +65,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo(
             duration_s=args.duration, port=args.port, serve_after=not args.no_serve, rate=args.rate
         )
+    if args.command == "top":
+        return _top(args)
     return 2
+
+
+def _top(args: argparse.Namespace) -> int:
+    import os
+
+    from gateway.config.load import ADMIN_TOKEN_ENV
+    from gateway.top import DEFAULT_URL, run
+
+    url = args.url or os.environ.get("BERTH_URL") or DEFAULT_URL
+    token = args.token or os.environ.get(ADMIN_TOKEN_ENV) or None
+    if not args.interval > 0:
+        print("berth top: --interval must be positive", file=sys.stderr)
+        return 2
+    return run(url, token, once=args.once, interval_s=args.interval)
 
 
 def _check(path: Path) -> int:

@@ -1,7 +1,8 @@
 """The OpenAI routes: each request goes through named phases, and `finish` always runs.
 
-Phases: read -> parse -> resolve model -> admit (scheduler view) -> dispatch (queue, engine call, relay)
--> finish (one canonical log line and the metrics, in `finally`).
+Phases: read -> parse -> resolve model -> resolve SLO (headers, tenant, rules, task clock) -> admit
+(scheduler view) -> dispatch (queue, engine call, relay) -> finish (one canonical log line and the
+metrics, in `finally`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gateway.core import errors
 from gateway.core.errors import BerthError
 from gateway.core.types import ApiKind
 from gateway.dispatch.context import RequestContext
+from gateway.dispatch.slo_headers import error_headers
 from gateway.front.http import Handler, error_response, read_body, request_id
 from gateway.front.schemas import parse_body
 
@@ -45,12 +47,37 @@ async def handle(gw: Gateway, api: ApiKind, request: web.Request) -> web.StreamR
         ctx.stream = parsed.stream
         served = gw.catalog.resolve(parsed.model, gw.scheduler.models(ready_only=False))
         ctx.served_model = served
-        sreq = to_sched_request(rid, parsed, served, ctx.arrival)
+        ctx.prompt_chars = parsed.prompt_chars
+        tel = gw.telemetry
+        resolved = gw.slo.resolve(
+            request.headers.items(),
+            request.headers.get("Authorization"),
+            parsed,
+            served=served,
+            now=ctx.arrival,
+            policy=gw.runtime.policy.slo,
+            tenants=gw.runtime.config.tenants,
+        )
+        ctx.slo_class = resolved.slo.slo_class
+        ctx.task = resolved.task
+        sreq = to_sched_request(
+            rid,
+            parsed,
+            served,
+            ctx.arrival,
+            tokens=tel.tokens,
+            lengths=tel.lengths,
+            slo=resolved.slo,
+            task_id=resolved.task_id,
+        )
+        ctx.sched = sreq
         ctx.slo_class = sreq.slo.slo_class
-        return await gw.dispatcher.run(ctx, sreq, parsed.body, parsed.include_usage, request)
+        return await gw.dispatcher.run(ctx, sreq, parsed.body, parsed.include_usage, request, raw=raw)
     except BerthError as e:
         ctx.fail(e)
-        return error_response(e, rid)
+        resp = error_response(e, rid)
+        resp.headers.update(error_headers(ctx))
+        return resp
     except asyncio.CancelledError:
         ctx.outcome = "shutdown" if gw.draining else "client_disconnect"
         ctx.status = ctx.status or 499
@@ -69,25 +96,34 @@ def finish(gw: Gateway, ctx: RequestContext) -> None:
     ctx.finished_at = gw.clock.now()
     m = gw.metrics
     model = ctx.client_model or "-"
-    m.requests.labels(model, ctx.outcome).inc()
+    m.requests_of(model, ctx.outcome).inc()
     if ctx.outcome == "client_disconnect":
-        m.client_disconnects.labels(model).inc()
+        m.client_disconnects_of(model).inc()
     e2e = ctx.e2e_s
     if ctx.dispatched_at is not None:
-        m.queue_wait.labels(model).observe(ctx.dispatched_at - ctx.arrival)
+        m.queue_wait_of(model).observe(ctx.dispatched_at - ctx.arrival)
         if e2e is not None:
-            m.e2e.labels(model).observe(e2e)
+            m.e2e_of(model).observe(e2e)
     ttft = ctx.ttft_s
     if ttft is not None:
-        m.ttft.labels(model).observe(ttft)
+        m.ttft_of(model).observe(ttft)
     if ctx.itl_gaps:
-        itl = m.itl.labels(model)
-        for g in ctx.itl_gaps:
-            itl.observe(g)
+        m.itl_of(model).observe_many(ctx.itl_gaps)
     if ctx.output_tokens:
-        m.output_tokens.labels(model).inc(ctx.output_tokens)
+        m.output_tokens_of(model).inc(ctx.output_tokens)
     if ctx.prompt_tokens:
-        m.prompt_tokens.labels(model).inc(ctx.prompt_tokens)
+        m.prompt_tokens_of(model).inc(ctx.prompt_tokens)
+    gw.telemetry.on_finish(ctx)
+    gw.slo.on_finish(
+        ctx.task,
+        ctx.slo_class,
+        ctx.error,
+        ok=ctx.outcome == "ok",
+        arrival=ctx.arrival,
+        dispatched_at=ctx.dispatched_at,
+        first_token_at=ctx.first_token_at,
+        finished_at=ctx.finished_at,
+    )
     log.info(
         "request",
         request_id=ctx.id,
@@ -96,6 +132,7 @@ def finish(gw: Gateway, ctx: RequestContext) -> None:
         endpoint=ctx.endpoint,
         status=ctx.status,
         outcome=ctx.outcome,
+        slo_class=ctx.slo_class,
         stream=ctx.stream,
         attempts=ctx.attempts,
         queue_ms=_ms(ctx.queue_s),

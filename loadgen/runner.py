@@ -52,6 +52,7 @@ class RunOptions:
     models: tuple[str, ...] | None = None  # model slot k -> models[k % len]; None: the target's /v1/models
     headers: Mapping[str, str] = field(default_factory=dict)  # e.g. Authorization
     slo_scale: float = 1.0  # multiplies every SLO and task SLA (0.1 for engines run at --speed 10)
+    gap_scale: float = 1.0  # multiplies the client-side gaps between calls (1 / speed, like slo_scale)
     slo_headers: bool = False  # also send x-berth-ttft-ms / -itl-ms / -deadline-ms from each call's SLO
     request_timeout_s: float = 600.0
     stall_timeout_s: float = 60.0  # no byte for this long: the request fails with "timeout"
@@ -141,7 +142,7 @@ class _Run:
             mine: list[RequestResult] = []
             for i, call in enumerate(task.calls):
                 if call.gap_before_s > 0:
-                    await asyncio.sleep(call.gap_before_s)
+                    await asyncio.sleep(call.gap_before_s * self.opts.gap_scale)
                 model = self.model_for(task, i)
                 sent_at = _now()
                 result = RequestResult(
@@ -270,6 +271,7 @@ async def run_workload(
         "cv": opts.cv,
         "seed": opts.seed,
         "slo_scale": opts.slo_scale,
+        "gap_scale": opts.gap_scale,
         "models": models,
         "started_at_unix": round(started_unix, 3),
     }

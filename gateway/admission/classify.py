@@ -1,28 +1,73 @@
 """Turn a validated request into the scheduler's view of it.
 
-Prompt tokens are estimated without a tokenizer (characters / 4) until the telemetry issue calibrates
-the ratio per model from the usage engines report. The SLO is the policy's default class for now; the
-SLO issue resolves it from headers, tenant and policy rules.
+Prompt tokens are estimated without a tokenizer, from the prompt's characters and the characters per
+token calibrated per model from the usage engines report (`TokenEstimator`); without one, characters / 4.
+The output length is predicted per model and task class (`OutputLengthPredictor`). The SLO comes
+resolved (`gateway.admission.slo`: headers, tenant, policy rules, then the policy's default class).
 """
 
 from __future__ import annotations
 
-from gateway.core.types import SLO, ModelName, RequestId
+from typing import Protocol
+
+from gateway.core.types import SLO, ApiKind, ModelName, RequestId
 from gateway.front.schemas import ParsedRequest
 from gateway.sched.request import SchedRequest
+from gateway.telemetry.lengths import LengthPrediction
+from gateway.telemetry.tokens import TokenEstimator
 
 CHARS_PER_TOKEN = 4.0
 _DEFAULT_SLO = SLO()
 
 
-def to_sched_request(rid: str, parsed: ParsedRequest, served: ModelName, arrival: float) -> SchedRequest:
+class LengthPredictor(Protocol):
+    """`OutputLengthPredictor`, or the daemon's cache in front of it."""
+
+    def predict(
+        self, model: str, task_class: str, prompt_tokens: int, max_tokens: int | None
+    ) -> LengthPrediction: ...
+
+
+def task_class(slo: SLO) -> str:
+    """The class output lengths are predicted by. The SLO class for now: the SLO issue's classes are the
+    task types (completion, chat, batch, ...) whose output lengths differ."""
+    return slo.slo_class
+
+
+def to_sched_request(
+    rid: str,
+    parsed: ParsedRequest,
+    served: ModelName,
+    arrival: float,
+    *,
+    tokens: TokenEstimator | None = None,
+    lengths: LengthPredictor | None = None,
+    slo: SLO | None = None,
+    task_id: str | None = None,
+) -> SchedRequest:
+    """`slo`: as resolved (gateway.admission.slo); None: the default SLO without targets."""
+    slo = slo or _DEFAULT_SLO
+    if tokens is not None:
+        prompt = max(1, tokens.estimate(served, parsed.prompt_chars))
+    else:
+        prompt = max(1, int(parsed.prompt_chars / CHARS_PER_TOKEN))
+    predicted: float | None = None
+    p90: float | None = None
+    if parsed.api is ApiKind.EMBEDDING:
+        predicted = p90 = 0.0  # an embedding generates nothing
+    elif lengths is not None:
+        pred = lengths.predict(served, task_class(slo), prompt, parsed.max_tokens)
+        predicted, p90 = pred.mean, pred.p90
     return SchedRequest(
         id=RequestId(rid),
         model=served,
         api=parsed.api,
         arrival=arrival,
-        slo=_DEFAULT_SLO,
-        prompt_tokens=max(1, int(parsed.prompt_chars / CHARS_PER_TOKEN)),
+        slo=slo,
+        prompt_tokens=prompt,
         max_tokens=parsed.max_tokens,
         stream=parsed.stream,
+        task_id=task_id,
+        predicted_output_tokens=predicted,
+        predicted_output_p90=p90,
     )

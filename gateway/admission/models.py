@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
 from gateway.core import errors
@@ -13,7 +13,7 @@ class ModelCatalog:
     def __init__(self, aliases: Mapping[str, str] | None = None) -> None:
         self.aliases: dict[str, str] = dict(aliases or {})
 
-    def resolve(self, client_model: str, known: set[ModelName]) -> ModelName:
+    def resolve(self, client_model: str, known: Set[ModelName]) -> ModelName:
         """The served name for `client_model`; 404 when no endpoint (in any state) serves it."""
         served = ModelName(self.aliases.get(client_model, client_model))
         if served not in known:

@@ -7,6 +7,7 @@ from pathlib import Path
 from gateway.config.decode import read_toml
 from gateway.config.load import gateway_config_problems, load_configured_policy
 from gateway.config.policy import build_policy, decode_policy, is_policy_table
+from gateway.config.validate import check_tenant_classes
 from gateway.core.errors import ConfigError
 from gateway.sched.registry import PluginRegistry, default_registry
 
@@ -27,7 +28,7 @@ def check(path: str | Path, registry: PluginRegistry | None = None) -> list[str]
         cfg, problems = gateway_config_problems(path)
         if cfg is None:
             return [str(p) for p in problems]
-        load_configured_policy(cfg, reg)
+        policy = load_configured_policy(cfg, reg)
     except ConfigError as e:
         return [str(e)]
-    return []
+    return [str(p.within(file=str(path))) for p in check_tenant_classes(cfg.tenants, policy.slo)]

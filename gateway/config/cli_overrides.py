@@ -26,12 +26,12 @@ LISTEN_FLAG: Final = "--listen"
 POLICY_FLAG: Final = "--policy"
 
 #: Options after the URL, in the order the help text lists them.
-ENDPOINT_OPTIONS: Final = ("engine", "class", "models", "cap", "id", "node")
+ENDPOINT_OPTIONS: Final = ("engine", "class", "models", "cap", "id", "node", "scheduling")
 
 
 def parse_endpoint_flag(value: str) -> EndpointConfig:
     """One `--endpoint URL[,engine=vllm|sglang|auto][,class=interactive|mixed|batch][,models=a|b]
-    [,cap=N][,id=NAME][,node=NAME]` flag as an EndpointConfig."""
+    [,cap=N][,id=NAME][,node=NAME][,scheduling=fcfs|priority]` flag as an EndpointConfig."""
 
     def fail(message: str) -> ConfigError:
         return ConfigError(f"{value!r}: {message}", path=ENDPOINT_FLAG)

@@ -29,6 +29,18 @@ from msgspec import Meta
 
 from gateway.config.decode import convert, join_path, parse_toml, read_toml, validation_error
 from gateway.core.errors import ConfigError
+from gateway.core.slo import (
+    DEFAULT_CLASS,
+    Infeasible,
+    SloClass,
+    SloKind,
+    SloPolicy,
+    SloRule,
+    TaskMetric,
+    TaskSettings,
+    default_slo_policy,
+)
+from gateway.core.types import ApiKind
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
 from gateway.sched.registry import BuildContext, PluginKind, PluginRegistry
 
@@ -57,6 +69,55 @@ class PlacementSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, 
     scorers: tuple[ScorerRef, ...] = ()
 
 
+PositiveMs = Annotated[float, Meta(gt=0, le=1e9)]
+
+
+class SloClassSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """One [[slo.classes]] item (see gateway.core.slo.SloClass)."""
+
+    name: str
+    description: str = ""
+    kind: SloKind = SloKind.INTERACTIVE
+    band: Annotated[int, Meta(ge=0, le=1000)] | None = None  # default: its position in the list
+    ttft_ms: PositiveMs | None = None
+    itl_ms: PositiveMs | None = None
+    e2e_ms: PositiveMs | None = None
+    task_sla_ms: PositiveMs | None = None
+    task_metric: TaskMetric = TaskMetric.E2E
+    steps: tuple[Annotated[float, Meta(gt=0)], ...] = ()
+    on_infeasible: Infeasible = Infeasible.HOLD
+    max_queue: Annotated[int, Meta(ge=0)] = 0
+
+
+class SloRuleSection(
+    msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, rename={"slo_class": "class"}
+):
+    """One [[slo.rules]] item: requests matching every given key get `class`."""
+
+    slo_class: str
+    model: str | None = None
+    path: str | None = None
+    stream: bool | None = None
+    max_tokens_min: Annotated[int, Meta(ge=0)] | None = None
+    max_tokens_max: Annotated[int, Meta(ge=0)] | None = None
+    prompt_chars_min: Annotated[int, Meta(ge=0)] | None = None
+    prompt_chars_max: Annotated[int, Meta(ge=0)] | None = None
+    body: dict[str, str | int | float | bool] = {}
+
+
+class SloSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    default_class: str = ""  # empty: the first class listed
+    classes: tuple[SloClassSection, ...] = ()
+    rules: tuple[SloRuleSection, ...] = ()
+
+
+class TasksSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    idle_expiry_s: Annotated[float, Meta(gt=0)] = 600.0
+    max_tasks: Annotated[int, Meta(ge=1)] = 100_000
+    learn_allotments: bool = False
+    learn_min_samples: Annotated[int, Meta(ge=1)] = 20
+
+
 class PolicyFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """A policy file exactly as written."""
 
@@ -64,6 +125,9 @@ class PolicyFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     description: str = ""
     ordering: PluginRef
     placement: PlacementSection
+    admission: PluginRef | None = None  # None: admit every request (class queue bounds still hold)
+    slo: SloSection = SloSection()
+    tasks: TasksSection = TasksSection()
 
 
 def load_policy(path: str | Path, registry: PluginRegistry, *, seed: int | None = None) -> Policy:
@@ -103,7 +167,11 @@ def build_policy(
     name = pf.name or stem
     if not name.strip():
         raise ConfigError("policy name must not be empty", path="name", file=file)
-    ctx = BuildContext(seed=seed)
+    try:
+        slo = build_slo(pf)
+    except ConfigError as e:
+        raise e.within(file=file) from None
+    ctx = BuildContext(seed=seed, slo=slo)
     try:
         ordering = _build(registry, PluginKind.ORDERING, pf.ordering, "ordering", ctx)
         placement = pf.placement
@@ -118,6 +186,11 @@ def build_policy(
             for i, ref in enumerate(placement.scorers)
         )
         picker = _build(registry, PluginKind.PICKER, placement.picker, "placement.picker", ctx)
+        admitter = (
+            None
+            if pf.admission is None
+            else _build(registry, PluginKind.ADMITTER, pf.admission, "admission", ctx)
+        )
     except ConfigError as e:
         raise e.within(file=file) from None
     return Policy(
@@ -125,7 +198,85 @@ def build_policy(
         ordering=ordering,
         profile=SchedulerProfile(filters=filters, scorers=scorers, picker=picker),
         source=file,
+        slo=slo,
+        admitter=admitter,
     )
+
+
+_PATHS: Final = frozenset(api.path for api in ApiKind)
+
+
+def build_slo(pf: PolicyFile) -> SloPolicy:
+    """The `[slo]` and `[tasks]` sections checked and built; errors name the key path."""
+    sec = pf.slo
+    t = pf.tasks
+    tasks = TaskSettings(
+        idle_expiry_s=t.idle_expiry_s,
+        max_tasks=t.max_tasks,
+        learn_allotments=t.learn_allotments,
+        learn_min_samples=t.learn_min_samples,
+    )
+    if not sec.classes:
+        if sec.default_class not in ("", DEFAULT_CLASS):
+            raise ConfigError(
+                f"class {sec.default_class!r} is not defined (no [[slo.classes]])", path="slo.default_class"
+            )
+        if sec.rules:
+            raise ConfigError("rules need [[slo.classes]] to name", path="slo.rules[0].class")
+        return SloPolicy(classes=default_slo_policy().classes, default_class=DEFAULT_CLASS, tasks=tasks)
+    classes: dict[str, SloClass] = {}
+    for i, c in enumerate(sec.classes):
+        where = f"slo.classes[{i}]"
+        if not c.name.strip() or any(ch.isspace() for ch in c.name):
+            raise ConfigError(f"must be non-empty without whitespace, got {c.name!r}", path=f"{where}.name")
+        if c.name in classes:
+            raise ConfigError(f"duplicate class {c.name!r}", path=f"{where}.name")
+        classes[c.name] = SloClass(
+            name=c.name,
+            kind=c.kind,
+            band=i if c.band is None else c.band,
+            ttft_ms=c.ttft_ms,
+            itl_ms=c.itl_ms,
+            e2e_ms=c.e2e_ms,
+            task_sla_ms=c.task_sla_ms,
+            task_metric=c.task_metric,
+            steps=c.steps,
+            on_infeasible=c.on_infeasible,
+            max_queue=c.max_queue,
+        )
+    default = sec.default_class or sec.classes[0].name
+    if default not in classes:
+        raise ConfigError(_unknown_class(default, classes), path="slo.default_class")
+    rules: list[SloRule] = []
+    for i, r in enumerate(sec.rules):
+        where = f"slo.rules[{i}]"
+        if r.slo_class not in classes:
+            raise ConfigError(_unknown_class(r.slo_class, classes), path=f"{where}.class")
+        if r.path is not None and r.path not in _PATHS:
+            known = ", ".join(sorted(_PATHS))
+            raise ConfigError(f"unknown path {r.path!r} (known: {known})", path=f"{where}.path")
+        for lo, hi in (("max_tokens_min", "max_tokens_max"), ("prompt_chars_min", "prompt_chars_max")):
+            a, b = getattr(r, lo), getattr(r, hi)
+            if a is not None and b is not None and a > b:
+                raise ConfigError(f"must not be below {lo} ({a})", path=f"{where}.{hi}")
+        rules.append(
+            SloRule(
+                slo_class=r.slo_class,
+                model=r.model,
+                path=r.path,
+                stream=r.stream,
+                max_tokens_min=r.max_tokens_min,
+                max_tokens_max=r.max_tokens_max,
+                prompt_chars_min=r.prompt_chars_min,
+                prompt_chars_max=r.prompt_chars_max,
+                body=dict(r.body),
+            )
+        )
+    return SloPolicy(classes=classes, default_class=default, rules=tuple(rules), tasks=tasks)
+
+
+def _unknown_class(name: str, classes: dict[str, SloClass]) -> str:
+    return f"unknown SLO class {name!r} (known: {', '.join(classes)})"
 
 
 def is_policy_table(raw: dict[str, Any]) -> bool:

@@ -20,6 +20,7 @@ import msgspec.structs
 from gateway.config.cli_overrides import apply_overrides
 from gateway.config.load import load_configured_policy, load_gateway_config
 from gateway.config.schema import EndpointConfig, GatewayConfig, ScrapeConfig
+from gateway.config.validate import check_tenant_classes
 from gateway.core.types import EndpointId, EngineKind
 from gateway.sched.profile import Policy
 from gateway.sched.registry import PluginRegistry
@@ -67,9 +68,12 @@ def load_runtime(
     new = apply_overrides(loaded, listen=listen, endpoints=endpoints, policy_file=policy_file)
     changes = tuple(static_changes(base, new))
     cfg = msgspec.structs.replace(new, server=base.server, upstream=base.upstream)
+    policy = load_configured_policy(cfg, registry, seed=seed)
+    for problem in check_tenant_classes(cfg.tenants, policy.slo):
+        raise problem.within(file=str(cfg.file or ""))
     return RuntimeConfig(
         config=cfg,
-        policy=load_configured_policy(cfg, registry, seed=seed),
+        policy=policy,
         endpoints=tuple(cfg.endpoint_specs(detected)),
         engine_auto={e.endpoint_id: e.engine_auto for e in cfg.endpoints},
         limits=cfg.queue_limits(),

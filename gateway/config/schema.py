@@ -1,7 +1,7 @@
 """The schema of gateway.toml: one frozen msgspec Struct per section, unknown keys are errors.
 
-Static sections (`server`, `upstream`) take effect at start only; `limits`, `scrape`, `aliases`,
-`endpoints` and the policy file are reloaded on SIGHUP (see `gateway.config.runtime`).
+Static sections (`server`, `upstream`) take effect at start only; `limits`, `scrape`, `telemetry`,
+`aliases`, `endpoints`, `tenants` and the policy file are reloaded on SIGHUP (see `gateway.config.runtime`).
 Numbers are range-checked here (msgspec `Meta`); checks that relate values to each other, URLs and
 `listen` live in `gateway.config.validate`.
 """
@@ -78,6 +78,34 @@ class ScrapeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     models_refresh_s: PositiveFloat = 30.0
 
 
+class PerfPriorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[telemetry.prior]: performance-model coefficients used until an endpoint has enough data to fit
+    its own (see gateway.telemetry.perfmodel); an omitted one keeps the built-in prior's value."""
+
+    k1: NonNegativeFloat | None = None  # prefill seconds per prompt token
+    c1: NonNegativeFloat | None = None  # prefill seconds per iteration
+    k2: NonNegativeFloat | None = None  # decode seconds per (context token x running request)
+    c2: NonNegativeFloat | None = None  # decode seconds per running request
+    c3: NonNegativeFloat | None = None  # decode seconds per iteration
+    h: NonNegativeFloat | None = None  # KV tokens per context token
+    j: NonNegativeFloat | None = None  # KV tokens per request on top of its context
+    thr1: NonNegativeFloat | None = None  # per-request decode tokens/s alone
+    alpha: NonNegativeFloat | None = None  # throughput decay with concurrency
+    beta: NonNegativeFloat | None = None
+
+
+class TelemetryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[telemetry] (reloadable): measured latencies, fitted performance models, predictors."""
+
+    refresh_interval_s: PositiveFloat = 1.0  # fold finished requests in, hand estimates to the scheduler
+    refit_interval_s: PositiveFloat = 5.0  # refit the performance models (in the background)
+    min_observations: PositiveInt = 20  # per model part, before a fit replaces the prior
+    fit_window: PositiveInt = 2000  # observations kept per model part
+    kv_capacity_tokens: PositiveInt | None = None  # for engines that do not export it
+    disagreement_tolerance: Annotated[float, Meta(gt=1)] = 2.0  # engine vs gateway latency ratio
+    prior: PerfPriorConfig = PerfPriorConfig()
+
+
 class PolicySection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """[policy]: which policy file to run; empty means the packaged default policy."""
 
@@ -96,6 +124,9 @@ class EndpointConfig(
     instance_class: InstanceClass = InstanceClass.MIXED
     node: str | None = None
     cap: PositiveInt | None = None  # None: limits.default_endpoint_cap
+    # "priority": the engine runs priority scheduling (vLLM --scheduling-policy priority), so berth
+    # sends each request's priority; an FCFS vLLM rejects a request that carries one.
+    scheduling: Literal["fcfs", "priority"] = "fcfs"
 
     @property
     def endpoint_id(self) -> EndpointId:
@@ -116,6 +147,7 @@ class EndpointConfig(
             instance_class=self.instance_class,
             cap=self.cap if self.cap is not None else default_cap,
             node=self.node,
+            priority_scheduling=self.scheduling == "priority",
         )
 
 
@@ -134,6 +166,26 @@ def default_endpoint_id(url: str) -> str:
     return f"{host}:{port}"
 
 
+class TenantConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """One [[tenants]] item (reloadable): who an API key belongs to and that tenant's SLO defaults.
+
+    A request's `Authorization: Bearer KEY` picks the tenant; its class and targets apply where the
+    request's own x-berth-* headers say nothing. Keys are never logged (this struct's repr hides them).
+    """
+
+    name: str
+    api_keys: tuple[str, ...] = ()  # the keys themselves (prefer api_key_sha256 in files)
+    api_key_sha256: tuple[str, ...] = ()  # hex SHA-256 of each key
+    slo_class: str | None = None  # default: the policy's rules, then its default class
+    ttft_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
+    itl_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
+    deadline_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
+
+    def __repr__(self) -> str:
+        keys = len(self.api_keys) + len(self.api_key_sha256)
+        return f"TenantConfig(name={self.name!r}, keys=<{keys} hidden>, slo_class={self.slo_class!r})"
+
+
 class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """gateway.toml exactly as written (after the loader maps `engine = "auto"` to None)."""
 
@@ -141,9 +193,11 @@ class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     limits: LimitsConfig = LimitsConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     scrape: ScrapeConfig = ScrapeConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     policy: PolicySection = PolicySection()
     aliases: dict[str, str] = {}
     endpoints: tuple[EndpointConfig, ...] = ()
+    tenants: tuple[TenantConfig, ...] = ()
 
 
 class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,8 +207,10 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     limits: LimitsConfig = LimitsConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     scrape: ScrapeConfig = ScrapeConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     aliases: dict[str, str] = {}  # client model name -> engine served name
     endpoints: tuple[EndpointConfig, ...] = ()
+    tenants: tuple[TenantConfig, ...] = ()
     file: Path | None = None  # the gateway.toml it came from; None: built-in defaults and flags
     policy_file: Path | None = None  # absolute; None: the packaged default policy
 

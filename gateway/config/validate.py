@@ -6,13 +6,15 @@ can show them all at once; loaders raise the first.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from gateway.config.decode import join_path
-from gateway.config.schema import EndpointConfig, GatewayFile
+from gateway.config.schema import EndpointConfig, GatewayFile, TenantConfig
 from gateway.core.errors import ConfigError
+from gateway.core.slo import SloPolicy
 
 
 def check_gateway(f: GatewayFile) -> list[ConfigError]:
@@ -39,6 +41,7 @@ def check_gateway(f: GatewayFile) -> list[ConfigError]:
     problems.extend(check_aliases(f.aliases))
     for i, ep in enumerate(f.endpoints):
         problems.extend(e.within(prefix=f"endpoints[{i}]") for e in check_endpoint(ep))
+    problems.extend(check_tenants(f.tenants))
     for d in duplicate_endpoints(f.endpoints):
         problems.append(
             ConfigError(
@@ -46,6 +49,70 @@ def check_gateway(f: GatewayFile) -> list[ConfigError]:
             )
         )
     return problems
+
+
+def check_tenants(tenants: Sequence[TenantConfig]) -> list[ConfigError]:
+    """Names unique and blank-free, key hashes 64 hex digits, no key in two places. Messages never
+    repeat a key or a hash (they are secrets, and end up in logs)."""
+    problems: list[ConfigError] = []
+    names: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    for i, t in enumerate(tenants):
+        where = f"tenants[{i}]"
+        if not _is_name(t.name):
+            problems.append(
+                ConfigError(f"must be non-empty without whitespace, got {t.name!r}", path=f"{where}.name")
+            )
+        elif t.name in names:
+            problems.append(
+                ConfigError(
+                    f"duplicate tenant {t.name!r} (already tenants[{names[t.name]}])", path=f"{where}.name"
+                )
+            )
+        else:
+            names[t.name] = i
+        if not t.api_keys and not t.api_key_sha256:
+            problems.append(ConfigError("a tenant needs api_keys or api_key_sha256", path=where))
+        digests: list[tuple[str, str]] = []
+        for j, key in enumerate(t.api_keys):
+            if not key or any(c.isspace() for c in key):
+                problems.append(
+                    ConfigError(
+                        "an API key must be non-empty without whitespace", path=f"{where}.api_keys[{j}]"
+                    )
+                )
+                continue
+            digests.append((f"{where}.api_keys[{j}]", hashlib.sha256(key.encode()).hexdigest()))
+        for j, h in enumerate(t.api_key_sha256):
+            if len(h) != 64 or any(c not in "0123456789abcdefABCDEF" for c in h):
+                problems.append(
+                    ConfigError(
+                        "expected 64 hexadecimal digits (sha256sum of the key)",
+                        path=f"{where}.api_key_sha256[{j}]",
+                    )
+                )
+                continue
+            digests.append((f"{where}.api_key_sha256[{j}]", h.lower()))
+        for path, digest in digests:
+            if digest in seen:
+                problems.append(
+                    ConfigError(f"the same API key is already given in tenants[{seen[digest]}]", path=path)
+                )
+            else:
+                seen[digest] = i
+    return problems
+
+
+def check_tenant_classes(tenants: Sequence[TenantConfig], slo: SloPolicy) -> list[ConfigError]:
+    """A tenant's slo_class must be a class of the policy in force (checked when both are loaded)."""
+    return [
+        ConfigError(
+            f"unknown SLO class {t.slo_class!r} (the policy defines: {', '.join(slo.classes)})",
+            path=f"tenants[{i}].slo_class",
+        )
+        for i, t in enumerate(tenants)
+        if t.slo_class is not None and t.slo_class not in slo.classes
+    ]
 
 
 def check_listen(listen: str) -> str:

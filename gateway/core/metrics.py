@@ -2,16 +2,23 @@
 
 Names follow `berth_<subsystem>_<thing>_<unit>`; labels stay low-cardinality (model, endpoint,
 outcome, result).
+
+The hot path reaches labelled children through `Children` caches (`m.ttft_of(model)`) instead of
+calling `.labels()` per request, and a stream's inter-token gaps go into their histogram with one
+`observe_many` call instead of one `observe` per token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 LATENCY_BUCKETS = (
     0.005,
@@ -38,6 +45,47 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class Children(Generic[M]):
+    """The labelled children of one metric, each made by `.labels()` on first use and kept.
+
+    A child appears in the exposition when it is first made, exactly as with `.labels()`.
+    """
+
+    __slots__ = ("_cache", "_metric")
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._cache: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._cache.get(values)
+        if child is None:
+            child = self._cache[values] = self._metric.labels(*values)
+        return child
+
+
+class BatchHistogram(Histogram):
+    """A Histogram that also takes a batch of observations in one call (a stream's inter-token gaps).
+
+    `observe_many(xs)` adds to the same buckets and sum as `observe(x)` for each x, but locks each
+    bucket once per batch rather than once per value. The values must not be NaN (they are durations).
+    """
+
+    def observe_many(self, amounts: Sequence[float]) -> None:
+        if self._labelnames and not self._labelvalues:
+            raise ValueError("histogram metric is missing label values")  # as observe() says
+        bounds = self._upper_bounds  # ascending, the last one +Inf
+        counts = [0] * len(bounds)
+        for a in amounts:
+            counts[bisect_left(bounds, a)] += 1  # the first bound >= a: Prometheus' `le`
+        self._sum.inc(sum(amounts))
+        for bucket, n in zip(self._buckets, counts, strict=True):
+            if n:
+                bucket.inc(n)
+
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -45,28 +93,28 @@ class GatewayMetrics:
         self.requests = Counter(
             "berth_requests", "Requests finished, by model and outcome", ["model", "outcome"], registry=r
         )
-        self.ttft = Histogram(
+        self.ttft = BatchHistogram(
             "berth_request_ttft_seconds",
             "Time to first token seen by the gateway (from arrival, queue included)",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.itl = Histogram(
+        self.itl = BatchHistogram(
             "berth_request_itl_seconds",
             "Gaps between streamed tokens",
             ["model"],
             buckets=ITL_BUCKETS,
             registry=r,
         )
-        self.e2e = Histogram(
+        self.e2e = BatchHistogram(
             "berth_request_e2e_seconds",
             "Arrival to last byte",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = BatchHistogram(
             "berth_queue_wait_seconds",
             "Time spent in the gateway queue",
             ["model"],
@@ -110,6 +158,16 @@ class GatewayMetrics:
         self.client_disconnects = Counter(
             "berth_client_disconnects", "Clients that went away mid-request", ["model"], registry=r
         )
+        # The per-request metrics' children, by label values (see Children).
+        self.requests_of = Children(self.requests)
+        self.ttft_of = Children(self.ttft)
+        self.itl_of = Children(self.itl)
+        self.e2e_of = Children(self.e2e)
+        self.queue_wait_of = Children(self.queue_wait)
+        self.output_tokens_of = Children(self.output_tokens)
+        self.prompt_tokens_of = Children(self.prompt_tokens)
+        self.client_disconnects_of = Children(self.client_disconnects)
+        self.upstream_retries_of = Children(self.upstream_retries)
 
     def attach_live(self, read: Callable[[], LiveNumbers]) -> None:
         """Export numbers read from the scheduler at scrape time (nothing to update on the hot path)."""

@@ -19,8 +19,10 @@ from gateway.core.metrics import GatewayMetrics
 from gateway.core.types import EndpointId
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
+from gateway.dispatch.slo_headers import slo_met_now
 from gateway.sched.request import SchedRequest
-from gateway.upstream.client import UpstreamSettings, open_request
+from gateway.upstream.client import StallTimer, UpstreamSettings, open_request
+from gateway.upstream.dialects import dialect_for
 from gateway.upstream.sse import SseRelay, error_event
 
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -49,31 +51,44 @@ class Dispatcher:
         body: dict[str, Any],
         include_usage: bool,
         request: web.Request,
+        *,
+        raw: bytes | None = None,
     ) -> web.StreamResponse:
-        if ctx.stream:
+        """Run the engine call for `body`, parsed from `raw` (if given: sent as is when nothing changed)."""
+        changed = False
+        if ctx.stream and not include_usage:
             # berth always asks for usage; the relay drops the usage chunk unless the client asked too.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        body["model"] = ctx.served_model
-        payload = orjson.dumps(body)
+            changed = True
+        if body.get("model") != ctx.served_model:
+            body["model"] = ctx.served_model
+            changed = True
+        payload = raw if raw is not None and not changed else orjson.dumps(body)
         path = ctx.api.path
         exclude: frozenset[EndpointId] = frozenset()
         while True:
             endpoint = await self.driver.acquire(sreq, exclude)
             ctx.attempts += 1
             ctx.endpoint = endpoint.id
+            ctx.inflight_at_dispatch = endpoint.inflight + 1  # the view is from before this placement
             if ctx.dispatched_at is None:
                 ctx.dispatched_at = self.clock.now()
             resp: aiohttp.ClientResponse | None = None
+            sent = payload
+            if endpoint.priority_scheduling:  # only such engines accept a priority (vLLM: else 400)
+                urgency = self.driver.scheduler.engine_priority(sreq.id)
+                if urgency is not None:
+                    sent = orjson.dumps({**body, "priority": dialect_for(endpoint.engine).priority(urgency)})
             try:
                 try:
                     resp = await open_request(
-                        self.session, endpoint.url + path, payload, ctx.id, self.settings
+                        self.session, endpoint.url + path, sent, ctx.id, self.settings, stream=ctx.stream
                     )
                     if resp.status != 200:
                         raise await _error_from(resp)
                 except BerthError as e:
                     if e.retryable and ctx.attempts <= self.settings.max_retries:
-                        self.metrics.upstream_retries.labels(endpoint.id).inc()
+                        self.metrics.upstream_retries_of(endpoint.id).inc()
                         exclude = exclude | {endpoint.id}
                         continue
                     raise
@@ -94,6 +109,7 @@ class Dispatcher:
             "X-Request-Id": ctx.id,
             "X-Berth-Endpoint": ctx.endpoint or "",
             "X-Berth-Queue-Ms": f"{queue_ms:.1f}",
+            "X-Berth-Slo-Class": ctx.slo_class,
         }
 
     async def _relay_body(self, ctx: RequestContext, resp: aiohttp.ClientResponse) -> web.Response:
@@ -121,7 +137,9 @@ class Dispatcher:
                 obj["model"] = ctx.client_model
                 data = orjson.dumps(obj)
         ctx.status = 200
-        return web.Response(body=data, status=200, headers=self._headers(ctx, "application/json"))
+        headers = self._headers(ctx, "application/json")
+        headers["X-Berth-Slo-Met"] = "true" if slo_met_now(ctx, now) else "false"
+        return web.Response(body=data, status=200, headers=headers)
 
     async def _relay_stream(
         self, ctx: RequestContext, resp: aiohttp.ClientResponse, include_usage: bool, request: web.Request
@@ -135,11 +153,13 @@ class Dispatcher:
         out.enable_chunked_encoding()
         ctx.status = 200
         clock = self.clock
+        stall = StallTimer(resp.content, self.settings.read_timeout_s, clock)
         try:
             await out.prepare(request)
             try:
                 async for chunk in resp.content.iter_any():
-                    data = relay.feed(chunk, clock.now())
+                    stall.seen = now = clock.now()
+                    data = relay.feed(chunk, now)
                     if data:
                         await out.write(data)
                 tail = relay.flush()
@@ -169,6 +189,7 @@ class Dispatcher:
             ctx.outcome = "client_disconnect"
             raise
         finally:
+            stall.cancel()
             _record_stream(ctx, relay)
         with contextlib.suppress(ConnectionError, RuntimeError):
             await out.write_eof()

@@ -6,7 +6,9 @@ Plugins are synchronous and side-effect free with respect to the fleet: they may
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.core.types import EndpointId
@@ -67,3 +69,46 @@ class Picker(Protocol):
     def pick(
         self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
     ) -> EndpointView: ...
+
+
+class AdmitOutcome(enum.StrEnum):
+    ADMIT = "admit"  # its SLO looks feasible (or it has none): queue it
+    HOLD = "hold"  # infeasible now, its class says queue it anyway
+    BEST_EFFORT = "best_effort"  # infeasible, demoted to the lowest band
+    REJECT = "reject"  # answered 429 now
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitDecision:
+    outcome: AdmitOutcome
+    reason: str = ""  # machine-readable (the error code of a rejection): slo_infeasible, class_queue_full
+    message: str = ""  # for the client
+    retry_after_s: float | None = None  # a rejection's Retry-After
+
+
+ADMIT: AdmitDecision = AdmitDecision(AdmitOutcome.ADMIT)
+
+
+class Admitter(Protocol):
+    """Decides once, when a request arrives and before it is queued, whether it may wait for a place.
+
+    `queued_in_class(name)` counts the requests of SLO class `name` already waiting for the same model.
+    Returns a decision; REJECT must carry a `reason` (it becomes the 429's error code). Must not mutate
+    anything. Retries of an admitted request are not asked again.
+    """
+
+    name: str
+
+    def admit(
+        self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
+    ) -> AdmitDecision: ...
+
+
+class EnginePriority(Protocol):
+    """An ordering that also tells an engine with priority scheduling how urgent a request is.
+
+    Returns a small integer, lower is more urgent (vLLM's convention; the dialect converts for SGLang),
+    or None for "send no priority". Called once, when the request is dispatched to such an endpoint.
+    """
+
+    def engine_priority(self, req: SchedRequest, snap: FleetSnapshot) -> int | None: ...

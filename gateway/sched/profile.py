@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gateway.core.slo import SloPolicy, default_slo_policy
 from gateway.core.types import EndpointHealth
-from gateway.sched.interfaces import Filter, Ordering, Picker, Scorer
+from gateway.sched.interfaces import Admitter, Filter, Ordering, Picker, Scorer
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
@@ -25,9 +26,9 @@ class WeightedScorer:
 
 def eligible(req: SchedRequest, snap: FleetSnapshot) -> list[EndpointView]:
     """Endpoints that serve the model, are not unhealthy or starting, and have room under their cap."""
-    return [
-        e for e in snap.endpoints if req.model in e.models and e.health is EndpointHealth.READY and e.has_room
-    ]
+    model, ready = req.model, EndpointHealth.READY
+    # `inflight < cap` is EndpointView.has_room, spelled out: this runs for every endpoint per placement.
+    return [e for e in snap.endpoints if model in e.models and e.health is ready and e.inflight < e.cap]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +48,10 @@ class SchedulerProfile:
             return None
         totals = dict.fromkeys((e.id for e in candidates), 0.0)
         for ws in self.scorers:
+            weight = ws.weight
             for eid, value in ws.scorer.score(req, candidates, snap).items():
                 if eid in totals:
-                    totals[eid] += ws.weight * _clamp01(value)
+                    totals[eid] += weight * (value if 0.0 <= value <= 1.0 else _clamp01(value))
         scored = [(e, totals[e.id]) for e in candidates]
         chosen = self.picker.pick(req, scored, snap)
         if not any(chosen is e for e in candidates):
@@ -71,3 +73,14 @@ class Policy:
     ordering: Ordering
     profile: SchedulerProfile
     source: str = ""  # file it came from
+    slo: SloPolicy = field(default_factory=default_slo_policy)  # SLO classes, rules, task settings
+    admitter: Admitter | None = None  # None: admit every request (no admission control)
+
+    def engine_priority(self, req: SchedRequest, snap: FleetSnapshot) -> int | None:
+        """The priority to send an engine with priority scheduling (lower is more urgent), when the
+        ordering has one (`EnginePriority`)."""
+        get = getattr(self.ordering, "engine_priority", None)
+        if get is None:
+            return None
+        value: int | None = get(req, snap)
+        return value

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import msgspec
 
 from gateway.core.errors import ConfigError
+from gateway.core.slo import SloPolicy, default_slo_policy
 
 
 class PluginKind(enum.StrEnum):
@@ -23,6 +24,7 @@ class PluginKind(enum.StrEnum):
     FILTER = "filter"
     SCORER = "scorer"
     PICKER = "picker"
+    ADMITTER = "admitter"
 
 
 class NoParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -37,6 +39,8 @@ class BuildContext:
     """What a factory may use besides its parameters."""
 
     seed: int | None = None
+    # The policy's SLO classes (plugins read a class's band, kind and infeasibility outcome by name).
+    slo: SloPolicy = field(default_factory=default_slo_policy)
 
 
 @dataclass(frozen=True, slots=True)

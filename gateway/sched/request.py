@@ -18,3 +18,9 @@ class SchedRequest:
     max_tokens: int | None
     stream: bool
     task_id: str | None = None
+    # Output tokens predicted at admission (gateway.telemetry.lengths), capped by max_tokens; None: no
+    # predictor ran (tests, the simulator without one).
+    predicted_output_tokens: float | None = None
+    predicted_output_p90: float | None = None
+    # Admission demoted it to the lowest band: its SLO was infeasible and its class says best-effort.
+    best_effort: bool = False

@@ -8,13 +8,19 @@ Queue discipline: requests wait in one queue per model. Whenever capacity may ha
 completed, an endpoint changed, a tick) the queue is served: the request with the smallest ordering key
 is placed through the policy's profile; when the profile finds nothing eligible for it, serving that
 model stops (strict priority: a lower-priority request never overtakes one that is waiting for room).
+
+Every placement decides on a fresh FleetSnapshot, but an endpoint's view is rebuilt only when that
+endpoint changed (or its engine gauges went stale): a placement on a large fleet does not remake the
+views of the endpoints it did not touch. The model sets are likewise kept until an endpoint changes.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from gateway.core import errors
 from gateway.core.clock import Clock
@@ -28,9 +34,11 @@ from gateway.core.types import (
     ModelName,
     RequestId,
 )
+from gateway.sched.admission import AdmissionLedger
 from gateway.sched.profile import Policy
 from gateway.sched.request import SchedRequest
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.running import RunningRequest, running_from
+from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,7 @@ class EndpointSpec:
     instance_class: InstanceClass = InstanceClass.MIXED
     cap: int = 64
     node: str | None = None
+    priority_scheduling: bool = False  # the engine orders by a request's priority (see EndpointView)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +79,45 @@ class Reject:
 Decision = Dispatch | Reject
 
 
-class _Endpoint:
-    __slots__ = ("dispatched_since_scrape", "gauges", "health", "inflight", "models", "scraped_at", "spec")
+class _Views:
+    """The tuple of every endpoint's view, kept until an endpoint changes or one's gauges go stale."""
 
-    def __init__(self, spec: EndpointSpec) -> None:
+    __slots__ = ("endpoints", "fresh_until")
+
+    def __init__(self) -> None:
+        self.endpoints: tuple[EndpointView, ...] | None = None
+        self.fresh_until = math.inf  # clock time when the first kept view's gauges go stale
+
+
+# Rebuild the views this long before a gauge's exact staleness time: the exact test is `now - scraped_at
+# > stale_after_s`, and `scraped_at + stale_after_s` may round differently.
+_STALE_MARGIN_S: Final = 1e-6
+
+
+class _Endpoint:
+    """The runtime state of one endpoint. Whoever changes a field calls `changed()` (the view is kept)."""
+
+    __slots__ = (
+        "_fleet",
+        "_view",
+        "_view_has_gauges",
+        "completed_since_scrape",
+        "dispatched_since_scrape",
+        "estimates",
+        "fresh_until",
+        "gauges",
+        "health",
+        "inflight",
+        "models",
+        "running",
+        "running_output_tokens",
+        "running_prompt_tokens",
+        "scraped_at",
+        "spec",
+    )
+
+    def __init__(self, spec: EndpointSpec, fleet: _Views) -> None:
+        self._fleet = fleet
         self.spec = spec
         self.models: frozenset[ModelName] = spec.models
         self.health = EndpointHealth.STARTING
@@ -81,12 +125,27 @@ class _Endpoint:
         self.gauges: EngineGauges | None = None
         self.scraped_at: float | None = None
         self.dispatched_since_scrape = 0
+        self.completed_since_scrape = 0
+        self.running_prompt_tokens = 0
+        self.running_output_tokens = 0.0
+        self.estimates: EndpointEstimates | None = None
+        self.running: dict[RequestId, RunningRequest] = {}  # what the gateway runs here, by dispatch
+        self._view: EndpointView | None = None
+        self._view_has_gauges = False
+        self.fresh_until = math.inf  # when the kept view's gauges go stale (inf: it shows none)
+
+    def changed(self) -> None:
+        self._view = None
+        self._fleet.endpoints = None
 
     def view(self, now: float, stale_after_s: float) -> EndpointView:
-        age = None if self.scraped_at is None else now - self.scraped_at
-        g = self.gauges if age is not None and age <= stale_after_s else None
+        """The view as of `now`: the kept one unless the endpoint changed or its gauges went stale."""
+        v = self._view
+        if v is not None and not (self._view_has_gauges and self._stale(now, stale_after_s)):
+            return v
+        g = None if self._stale(now, stale_after_s) else self.gauges
         s = self.spec
-        return EndpointView(
+        v = self._view = EndpointView(
             id=s.id,
             url=s.url,
             engine=s.engine,
@@ -99,9 +158,23 @@ class _Endpoint:
             engine_waiting=None if g is None else g.waiting,
             kv_usage=None if g is None else g.kv_usage,
             dispatched_since_scrape=self.dispatched_since_scrape,
-            scrape_age_s=age,
+            scraped_at=self.scraped_at,
             node=s.node,
+            completed_since_scrape=self.completed_since_scrape,
+            running_prompt_tokens=self.running_prompt_tokens,
+            running_output_tokens=self.running_output_tokens,
+            estimates=self.estimates,
+            running=tuple(self.running.values()),
+            priority_scheduling=s.priority_scheduling,
         )
+        self._view_has_gauges = g is not None
+        self.fresh_until = (
+            math.inf if self.scraped_at is None or g is None else self.scraped_at + stale_after_s
+        )
+        return v
+
+    def _stale(self, now: float, stale_after_s: float) -> bool:
+        return self.scraped_at is None or now - self.scraped_at > stale_after_s
 
 
 @dataclass(slots=True)
@@ -111,15 +184,27 @@ class _Queued:
     exclude: frozenset[EndpointId] = field(default_factory=frozenset)
 
 
+_NO_MODELS: Final[frozenset[ModelName]] = frozenset()
+_INF: Final = math.inf
+
+
 class Scheduler:
     def __init__(self, policy: Policy, clock: Clock, limits: QueueLimits | None = None) -> None:
         self._policy = policy
         self._clock = clock
         self._limits = limits or QueueLimits()
         self._endpoints: dict[EndpointId, _Endpoint] = {}
+        self._views = _Views()
         self._queues: dict[ModelName, list[_Queued]] = {}
         self._running: dict[RequestId, EndpointId] = {}
+        # Prompt and predicted output tokens of each running request (the endpoints' running-context sums).
+        self._context: dict[RequestId, tuple[int, float]] = {}
+        # Engine priority of requests dispatched to priority-scheduling endpoints (see engine_priority).
+        self._priorities: dict[RequestId, int] = {}
+        self.admission = AdmissionLedger()
         self._seq = itertools.count()
+        # (all models, models of ready endpoints); None after a change of endpoints, health or models.
+        self._model_sets: tuple[frozenset[ModelName], frozenset[ModelName]] | None = None
 
     # ----------------------------------------------------------------- configuration
     @property
@@ -137,6 +222,8 @@ class Scheduler:
 
     def set_limits(self, limits: QueueLimits) -> list[Decision]:
         self._limits = limits
+        for ep in self._endpoints.values():
+            ep.changed()  # the staleness cut-off may have moved
         return self._serve_all()
 
     def sync_endpoints(self, specs: Sequence[EndpointSpec]) -> list[Decision]:
@@ -145,6 +232,8 @@ class Scheduler:
         A removed endpoint takes no new requests; requests running there finish normally.
         """
         wanted = {s.id: s for s in specs}
+        self._model_sets = None
+        self._views.endpoints = None
         for eid in list(self._endpoints):
             if eid not in wanted:
                 del self._endpoints[eid]
@@ -154,16 +243,20 @@ class Scheduler:
         for eid, spec in wanted.items():
             ep = self._endpoints.get(eid)
             if ep is None:
-                self._endpoints[eid] = _Endpoint(spec)
+                self._endpoints[eid] = _Endpoint(spec, self._views)
             elif ep.spec != spec:
                 discovered = ep.models if not spec.models else spec.models
                 if ep.spec.url != spec.url:  # a different server: start over
-                    fresh = _Endpoint(spec)
+                    fresh = _Endpoint(spec, self._views)
                     fresh.inflight = ep.inflight
+                    fresh.running_prompt_tokens = ep.running_prompt_tokens
+                    fresh.running_output_tokens = ep.running_output_tokens
+                    fresh.running = ep.running
                     self._endpoints[eid] = fresh
                 else:
                     ep.spec = spec
                     ep.models = discovered
+                    ep.changed()
         return self._serve_all()
 
     # ----------------------------------------------------------------- endpoint events
@@ -172,6 +265,8 @@ class Scheduler:
         if ep is None or ep.health is health:
             return []
         ep.health = health
+        ep.changed()
+        self._model_sets = None
         return self._serve_all() if health is EndpointHealth.READY else []
 
     def set_models(self, eid: EndpointId, models: Iterable[str]) -> list[Decision]:
@@ -183,6 +278,8 @@ class Scheduler:
         if new == ep.models:
             return []
         ep.models = new
+        ep.changed()
+        self._model_sets = None
         return self._serve_all()
 
     def observe_gauges(self, eid: EndpointId, gauges: EngineGauges) -> list[Decision]:
@@ -192,16 +289,37 @@ class Scheduler:
         ep.gauges = gauges
         ep.scraped_at = self._clock.now()
         ep.dispatched_since_scrape = 0
+        ep.completed_since_scrape = 0
+        ep.changed()
+        return []
+
+    def set_estimates(self, eid: EndpointId, estimates: EndpointEstimates | None) -> list[Decision]:
+        """What telemetry measured and fitted for the endpoint; plugins see it in the endpoint's view.
+        Serves nothing by itself (the next completion or tick does)."""
+        ep = self._endpoints.get(eid)
+        if ep is None or ep.estimates == estimates:
+            return []
+        ep.estimates = estimates
+        ep.changed()
         return []
 
     # ----------------------------------------------------------------- request events
     def submit(self, req: SchedRequest, *, exclude: frozenset[EndpointId] = frozenset()) -> Decision | None:
         """A new request (or a retry that must avoid `exclude`). None: it waits in the queue."""
-        if not self._any_ready(req.model):
+        if req.model not in self._ready_models():
             return Reject(req, errors.no_ready_endpoint(req.model, self._limits.retry_after_s))
         queue = self._queues.setdefault(req.model, [])
         if len(queue) >= self._limits.max_queue_per_model:
             return Reject(req, errors.queue_full(req.model, self._limits.retry_after_s))
+        if not exclude:  # a retry was admitted already
+            req, refused = self.admission.admit(
+                self._policy,
+                req,
+                self.snapshot(),
+                lambda cls: sum(1 for q in queue if q.req.slo.slo_class == cls),
+            )
+            if refused is not None:
+                return Reject(req, refused)
         queue.append(_Queued(req, next(self._seq), exclude))
         # submit can report one decision only, so it may place `req` and nothing else: a queued request
         # that became placeable without an event that serves (a cancel, time passing) waits for the next
@@ -213,12 +331,22 @@ class Scheduler:
     def complete(self, req_id: RequestId) -> list[Decision]:
         """A dispatched request finished (any outcome); its slot is free again."""
         eid = self._running.pop(req_id, None)
+        context = self._context.pop(req_id, None)
+        self._priorities.pop(req_id, None)
         if eid is None:
             return []
         ep = self._endpoints.get(eid)
         if ep is None:
             return []
+        ep.running.pop(req_id, None)
         ep.inflight -= 1
+        ep.completed_since_scrape += 1
+        if context is not None:
+            ep.running_prompt_tokens -= context[0]
+            ep.running_output_tokens -= context[1]
+        if ep.inflight == 0:
+            ep.running_output_tokens = 0.0  # no float drift left behind
+        ep.changed()
         out: list[Decision] = []
         for m in ep.models:
             self._serve(m, out)
@@ -238,6 +366,7 @@ class Scheduler:
         now = self._clock.now()
         out: list[Decision] = []
         max_wait = self._limits.max_wait_s
+        ready = self._ready_models()
         for model, queue in self._queues.items():
             keep: list[_Queued] = []
             for item in queue:
@@ -248,7 +377,7 @@ class Scheduler:
                             errors.queue_timeout(model, now - item.req.arrival, self._limits.retry_after_s),
                         )
                     )
-                elif not self._any_ready(model):
+                elif model not in ready:
                     out.append(Reject(item.req, errors.no_ready_endpoint(model, self._limits.retry_after_s)))
                 else:
                     keep.append(item)
@@ -259,11 +388,15 @@ class Scheduler:
     # ----------------------------------------------------------------- views
     def snapshot(self) -> FleetSnapshot:
         now = self._clock.now()
-        stale = self._limits.stale_after_s
+        kept = self._views
+        views = kept.endpoints
+        if views is None or now >= kept.fresh_until - _STALE_MARGIN_S:
+            stale = self._limits.stale_after_s
+            eps = self._endpoints.values()
+            views = kept.endpoints = tuple(ep.view(now, stale) for ep in eps)
+            kept.fresh_until = min((ep.fresh_until for ep in eps), default=_INF)
         return FleetSnapshot(
-            now=now,
-            endpoints=tuple(ep.view(now, stale) for ep in self._endpoints.values()),
-            queued={m: len(q) for m, q in self._queues.items() if q},
+            now=now, endpoints=views, queued={m: len(q) for m, q in self._queues.items() if q}
         )
 
     def queue_depth(self, model: ModelName) -> int:
@@ -272,24 +405,52 @@ class Scheduler:
     def queue_depths(self) -> dict[ModelName, int]:
         return {m: len(q) for m, q in self._queues.items()}
 
+    def engine_priority(self, req_id: RequestId) -> int | None:
+        """The priority to send with a dispatched request (lower is more urgent): set only when its
+        endpoint runs priority scheduling and the policy's ordering has one."""
+        return self._priorities.get(req_id)
+
     def running_on(self, req_id: RequestId) -> EndpointId | None:
         return self._running.get(req_id)
 
-    def models(self, *, ready_only: bool) -> set[ModelName]:
-        out: set[ModelName] = set()
-        for ep in self._endpoints.values():
-            if not ready_only or ep.health is EndpointHealth.READY:
-                out |= ep.models
+    def inflight_on(self, eid: EndpointId) -> int:
+        """Requests the gateway runs on `eid` now (0 for an unknown endpoint)."""
+        ep = self._endpoints.get(eid)
+        return 0 if ep is None else ep.inflight
+
+    def endpoint_view(self, eid: EndpointId) -> EndpointView | None:
+        ep = self._endpoints.get(eid)
+        return None if ep is None else ep.view(self._clock.now(), self._limits.stale_after_s)
+
+    def queued_by_class(self) -> dict[ModelName, dict[str, int]]:
+        """Queued requests per model and SLO class (for the admin API; walks every queue)."""
+        out: dict[ModelName, dict[str, int]] = {}
+        for model, queue in self._queues.items():
+            if queue:
+                counts = out[model] = {}
+                for item in queue:
+                    cls = item.req.slo.slo_class
+                    counts[cls] = counts.get(cls, 0) + 1
         return out
+
+    def models(self, *, ready_only: bool) -> frozenset[ModelName]:
+        """Models served by any endpoint (in any state), or only by ready ones."""
+        sets = self._model_sets or self._remake_model_sets()
+        return sets[1] if ready_only else sets[0]
 
     def endpoint_ids(self) -> list[EndpointId]:
         return list(self._endpoints)
 
     # ----------------------------------------------------------------- internals
-    def _any_ready(self, model: ModelName) -> bool:
-        return any(
-            ep.health is EndpointHealth.READY and model in ep.models for ep in self._endpoints.values()
-        )
+    def _ready_models(self) -> frozenset[ModelName]:
+        return (self._model_sets or self._remake_model_sets())[1]
+
+    def _remake_model_sets(self) -> tuple[frozenset[ModelName], frozenset[ModelName]]:
+        eps = self._endpoints.values()
+        every = _NO_MODELS.union(*(ep.models for ep in eps))
+        ready = _NO_MODELS.union(*(ep.models for ep in eps if ep.health is EndpointHealth.READY))
+        self._model_sets = (every, ready)
+        return self._model_sets
 
     def _serve_all(self) -> list[Decision]:
         out: list[Decision] = []
@@ -324,5 +485,16 @@ class Scheduler:
             ep = self._endpoints[chosen.id]
             ep.inflight += 1
             ep.dispatched_since_scrape += 1
+            req = item.req
+            predicted = req.predicted_output_tokens or 0.0
+            ep.running_prompt_tokens += req.prompt_tokens
+            ep.running_output_tokens += predicted
+            self._context[req.id] = (req.prompt_tokens, predicted)
+            ep.running[req.id] = running_from(req, snap.now)
+            if chosen.priority_scheduling:
+                prio = policy.engine_priority(req, snap)
+                if prio is not None:
+                    self._priorities[req.id] = prio
+            ep.changed()
             self._running[item.req.id] = chosen.id
             out.append(Dispatch(item.req, chosen))

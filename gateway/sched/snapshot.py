@@ -3,8 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, InstanceClass, ModelName
+from gateway.sched.running import RunningRequest
+
+if TYPE_CHECKING:
+    from gateway.telemetry.perfmodel import PerfCoefficients
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointEstimates:
+    """What telemetry measured and fitted for one endpoint, as plain numbers (None: not known yet).
+
+    The live daemon hands in a new one every few seconds (`Scheduler.set_estimates`); the offline
+    simulator and tests set it the same way.
+    """
+
+    perf: PerfCoefficients | None = None  # the fitted performance model (the prior until enough data)
+    kv_capacity_tokens: float | None = None  # the engine's KV cache in tokens
+    ttft_ewma_s: float | None = None  # dispatch to first token, measured by the gateway
+    itl_ewma_s: float | None = None  # per-token time of a stream, measured by the gateway
+    tokens_per_s: float | None = None  # output tokens per second the endpoint delivered recently
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,8 +42,52 @@ class EndpointView:
     engine_waiting: float | None = None
     kv_usage: float | None = None
     dispatched_since_scrape: int = 0
-    scrape_age_s: float | None = None
+    # Clock time of the last scrape (None: never scraped): `snap.now - scraped_at` is its age. A time
+    # rather than an age, so that a view stays true, and is kept, until its endpoint changes.
+    scraped_at: float | None = None
     node: str | None = None
+    # Requests the gateway saw finish there since the last scrape (see `corrected_running`).
+    completed_since_scrape: int = 0
+    # The gateway's running-context sums over the requests it runs there (Aladdin's Σ l_in and Σ l_out):
+    # prompt tokens (estimated at admission) and predicted output tokens.
+    running_prompt_tokens: int = 0
+    running_output_tokens: float = 0.0
+    estimates: EndpointEstimates | None = None
+    # The requests the gateway runs there (gateway.sched.running), oldest dispatch first.
+    running: tuple[RunningRequest, ...] = ()
+    # The engine runs with priority scheduling (vLLM --scheduling-policy priority): the request's
+    # engine priority may be sent (an FCFS vLLM rejects a request that carries one).
+    priority_scheduling: bool = False
+
+    @property
+    def perf(self) -> PerfCoefficients | None:
+        return None if self.estimates is None else self.estimates.perf
+
+    @property
+    def kv_capacity_tokens(self) -> float | None:
+        return None if self.estimates is None else self.estimates.kv_capacity_tokens
+
+    @property
+    def ttft_ewma_s(self) -> float | None:
+        return None if self.estimates is None else self.estimates.ttft_ewma_s
+
+    @property
+    def itl_ewma_s(self) -> float | None:
+        return None if self.estimates is None else self.estimates.itl_ewma_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return None if self.estimates is None else self.estimates.tokens_per_s
+
+    @property
+    def corrected_running(self) -> float:
+        """Requests the engine holds now (running + waiting), best guess: its last fresh report corrected
+        by what the gateway dispatched and saw finish there since, so a burst between two scrapes counts
+        at once. Without fresh metrics, the gateway's own in-flight count."""
+        if self.engine_running is None:
+            return float(self.inflight)
+        reported = self.engine_running + (self.engine_waiting or 0.0)
+        return max(0.0, reported + self.dispatched_since_scrape - self.completed_since_scrape)
 
     @property
     def has_room(self) -> bool:

@@ -1,13 +1,21 @@
-"""The one shared aiohttp ClientSession, with bounded per-host pools and engine-call timeouts."""
+"""The one shared aiohttp ClientSession, with bounded per-host pools and engine-call timeouts.
+
+Timers are the costly part of a timeout on the hot path (each one a loop timer made and cancelled),
+so a stream gets no per-read timer from aiohttp: `StallTimer` bounds the silence between its chunks
+with one timer that is re-armed only when it fires.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 
 import aiohttp
 
+from gateway import __version__
 from gateway.core import errors
+from gateway.core.clock import Clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +38,13 @@ def make_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
     timeout = aiohttp.ClientTimeout(
         total=None, connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
     )
-    # auto_decompress off: bodies are relayed as the engine sent them.
+    # auto_decompress off: bodies are relayed as the engine sent them. The User-Agent is set rather
+    # than skipped: aiohttp rebuilds the request headers to skip one, on every request.
     return aiohttp.ClientSession(
         connector=connector,
         timeout=timeout,
+        headers={"User-Agent": f"berth/{__version__}"},
         auto_decompress=False,
-        skip_auto_headers=("User-Agent",),
         raise_for_status=False,
     )
 
@@ -43,17 +52,34 @@ def make_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
+@functools.lru_cache(maxsize=8)
+def _stream_timeout(connect_s: float) -> aiohttp.ClientTimeout:
+    """A streamed engine call's: no sock_read timer (remade per chunk); the caller's StallTimer."""
+    return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_read=None)
+
+
 async def open_request(
-    session: aiohttp.ClientSession, url: str, body: bytes, request_id: str, settings: UpstreamSettings
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    request_id: str,
+    settings: UpstreamSettings,
+    *,
+    stream: bool = False,
 ) -> aiohttp.ClientResponse:
     """POST `body` to `url` and wait for the response headers.
 
     Raises BerthError: 502 (retryable) when the engine cannot be reached or drops the connection before
-    answering, 504 when it sends no headers within `first_byte_timeout_s`.
+    answering, 504 when it sends no headers within `first_byte_timeout_s`. With `stream`, aiohttp sets
+    no read timeout on the response: the caller runs a StallTimer while it reads.
     """
     headers = {**_JSON_HEADERS, "X-Request-Id": request_id}
     try:
         async with asyncio.timeout(settings.first_byte_timeout_s):
+            if stream:
+                return await session.post(
+                    url, data=body, headers=headers, timeout=_stream_timeout(settings.connect_timeout_s)
+                )
             return await session.post(url, data=body, headers=headers)
     except TimeoutError:
         raise errors.upstream_timeout(
@@ -65,3 +91,31 @@ async def open_request(
         raise errors.upstream_failed(f"engine dropped the connection: {e}") from None
     except aiohttp.ClientError as e:
         raise errors.upstream_failed(f"engine request failed: {e}") from None
+
+
+class StallTimer:
+    """Fails `content` with TimeoutError once `timeout_s` passed since the last `seen = clock.now()`.
+
+    aiohttp's sock_read timeout cancels a loop timer and makes a new one on every read; this is one
+    timer per stream, which, when it fires early, re-arms for what is left of the silence.
+    """
+
+    __slots__ = ("_clock", "_content", "_handle", "_loop", "_timeout_s", "seen")
+
+    def __init__(self, content: aiohttp.StreamReader, timeout_s: float, clock: Clock) -> None:
+        self._content = content
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._loop = asyncio.get_running_loop()
+        self.seen = clock.now()
+        self._handle = self._loop.call_later(timeout_s, self._check)
+
+    def _check(self) -> None:
+        idle = self._clock.now() - self.seen
+        if idle >= self._timeout_s:
+            self._content.set_exception(TimeoutError(f"no data for {self._timeout_s:g}s"))
+        else:
+            self._handle = self._loop.call_later(self._timeout_s - idle, self._check)
+
+    def cancel(self) -> None:
+        self._handle.cancel()

@@ -29,6 +29,11 @@ dialect reads the first name present in its list and never adds names together. 
 one name it adds (requests, tokens) or averages (KV fraction: vLLM's own log line averages
 `kv_cache_usage` over its engines).
 
+Priority: both engines take an integer `priority` in the request body when they run priority
+scheduling (vLLM `--scheduling-policy priority`: lower runs first; an FCFS vLLM answers 400 "Priority
+scheduling is not enabled" to a request that carries one. SGLang `--enable-priority-scheduling`: higher
+runs first by default). `Dialect.priority` turns berth's urgency (0 most urgent) into the engine's value.
+
 Abort: both engines abort a request when its HTTP connection closes. vLLM's OpenAI routes are wrapped
 in `with_cancellation` (`vllm/entrypoints/utils.py`: a task waits for `http.disconnect` and cancels the
 handler, and the cancelled generator aborts the request in the engine); streams stop with the
@@ -78,6 +83,12 @@ class Dialect:
     abort_path: str | None = None
     # The request-body field that sets the engine's own request id (what `abort_body` refers to).
     request_id_field: str | None = None
+    # Priority scheduling: vLLM runs the lowest `priority` first, SGLang the highest (its default).
+    priority_higher_first: bool = False
+
+    def priority(self, urgency: int) -> int:
+        """The engine's `priority` value for berth's urgency (0 most urgent, larger less urgent)."""
+        return -urgency if self.priority_higher_first else urgency
 
     def gauges(self, expo: Exposition) -> EngineGauges:
         """Running, waiting and KV usage for the whole endpoint (summed / averaged over label sets)."""
@@ -154,6 +165,7 @@ SGLANG: Final = Dialect(
     generation_tokens=_spellings("generation_tokens_total", "sglang:", "sglang_"),
     abort_path="/abort_request",
     request_id_field="rid",
+    priority_higher_first=True,
 )
 
 DIALECTS: Final[tuple[Dialect, ...]] = (VLLM, SGLANG)

@@ -66,7 +66,9 @@ class SseRelay:
         if end < 0:
             self._buf = buf
             return b""
-        self._buf = buf[end + 2 :]
+        self._buf = buf[end + 2 :] if end + 2 < len(buf) else b""
+        if buf.find(b"\n\n") == end:  # one event: how a token stream arrives, chunk by chunk
+            return self._event(buf[:end], now) or b""
         out: list[bytes] = []
         for event in buf[:end].split(b"\n\n"):
             forwarded = self._event(event, now)
@@ -94,7 +96,7 @@ class SseRelay:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
             return event + b"\n\n"
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:  # orjson makes plain dicts, never subclasses
             return event + b"\n\n"
         if "error" in obj and "choices" not in obj:
             err = obj["error"]
@@ -111,7 +113,11 @@ class SseRelay:
             # usage attached to a content chunk the client did not ask about: drop the field
             obj["usage"] = None
             return b"data: " + self._rename(orjson.dumps(obj)) + b"\n\n"
-        return b"data: " + self._rename(payload) + b"\n\n"
+        if self._model_from:
+            payload = self._rename(payload)
+        elif len(event) == len(payload) + 6 and event[5] == 32:  # already "data: <payload>"
+            return event + b"\n\n"
+        return b"data: " + payload + b"\n\n"
 
     def _rename(self, payload: bytes) -> bytes:
         for pat in self._model_from:
@@ -122,10 +128,10 @@ class SseRelay:
     def _choices(self, choices: list[Any], now: float | None) -> None:
         got_token = False
         for c in choices:
-            if not isinstance(c, dict):
+            if type(c) is not dict:
                 continue
             delta = c.get("delta")
-            piece = delta.get("content") if isinstance(delta, dict) else c.get("text")
+            piece = delta.get("content") if type(delta) is dict else c.get("text")
             if piece:
                 self.text.append(piece)
                 got_token = True
@@ -135,10 +141,11 @@ class SseRelay:
         if got_token:
             self.tokens += 1
             if now is not None:
+                last = self.last_token_at
                 if self.first_token_at is None:
                     self.first_token_at = now
-                elif self.last_token_at is not None:
-                    self.gaps.append(now - self.last_token_at)
+                elif last is not None:
+                    self.gaps.append(now - last)
                 self.last_token_at = now
 
     def take_gaps(self) -> list[float]:

@@ -21,15 +21,18 @@ The paper sets each task's SLA to the mean latency measured at moderate load; th
 for the ``fleet-7b`` simulator preset at speed 1 (scale them with ``--slo-scale``). For a TTFT task the
 task latency runs from the task's start to the first token of its last call; for an E2E task, to the end
 of its last call. Each call's own SLO is its share of the task SLA, split in proportion to the call's
-nominal time (CATO's slack allotment). Every call carries ``x-berth-task-id`` and
-``x-berth-task-sla-ms``; the report class of a call is its task type.
+nominal time (CATO's slack allotment). Every call carries ``x-berth-task-id``, ``x-berth-task-sla-ms``
+and its task type as ``x-berth-slo-class`` (the target policy must define those classes:
+``policies/coding-assistant.toml`` does); the report class of a call is its task type.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 
-from loadgen.workloads.base import CallSpec, Slo, TaskMix, TaskSpec, allot, pick
+from loadgen.workloads.base import CallSpec as _Call
+from loadgen.workloads.base import Slo, TaskMix, TaskSpec, allot, pick
 from loadgen.workloads.lengths import nominal_e2e_s, nominal_ttft_s, uniform
 
 MIXES: dict[str, dict[str, float]] = {
@@ -57,30 +60,31 @@ class CodingWorkload(TaskMix):
     def make(self, rng: random.Random, index: int, at_s: float) -> TaskSpec:
         kind = pick(rng, MIXES[self.mix])
         sla = TASK_SLA_MS[kind]
+        call = functools.partial(_Call, slo_class=kind)  # every call names its task type as its class
         if kind == "completion":
             p, o = uniform(rng, 256, 768), uniform(rng, 4, 9)
-            calls: tuple[CallSpec, ...] = (
-                CallSpec(p, o, model_slot=0, cls=kind, slo=Slo(ttft_ms=sla), gap_before_s=RETRIEVAL_S),
+            calls: tuple[_Call, ...] = (
+                call(p, o, model_slot=0, cls=kind, slo=Slo(ttft_ms=sla), gap_before_s=RETRIEVAL_S),
             )
             return TaskSpec(index, at_s, kind, calls, task_sla_ms=sla, sla_metric="ttft")
         if kind == "summarization":
             p, o = uniform(rng, 1500, 3000), uniform(rng, 20, 30)
-            calls = (CallSpec(p, o, model_slot=0, cls=kind, slo=Slo(e2e_ms=sla), gap_before_s=RETRIEVAL_S),)
+            calls = (call(p, o, model_slot=0, cls=kind, slo=Slo(e2e_ms=sla), gap_before_s=RETRIEVAL_S),)
             return TaskSpec(index, at_s, kind, calls, task_sla_ms=sla, sla_metric="e2e")
         if kind == "generation":
             p1, o1 = uniform(rng, 64, 256), uniform(rng, 150, 300)
             p2, o2 = p1 + o1 + 64, uniform(rng, 20, 60)
             b1, b2 = allot(sla, [nominal_e2e_s(p1, o1), nominal_ttft_s(p2)])
             calls = (
-                CallSpec(p1, o1, model_slot=0, cls=kind, slo=Slo(e2e_ms=b1), gap_before_s=RETRIEVAL_S),
-                CallSpec(p2, o2, model_slot=1, cls=kind, slo=Slo(ttft_ms=b2), gap_before_s=VALIDATION_GAP_S),
+                call(p1, o1, model_slot=0, cls=kind, slo=Slo(e2e_ms=b1), gap_before_s=RETRIEVAL_S),
+                call(p2, o2, model_slot=1, cls=kind, slo=Slo(ttft_ms=b2), gap_before_s=VALIDATION_GAP_S),
             )
             return TaskSpec(index, at_s, kind, calls, task_sla_ms=sla, sla_metric="ttft")
         p1, o1 = uniform(rng, 800, 1500), uniform(rng, 100, 400)
         p2, o2 = p1 + o1, uniform(rng, 20, 40)
         b1, b2 = allot(sla, [nominal_e2e_s(p1, o1), nominal_e2e_s(p2, o2)])
         calls = (
-            CallSpec(p1, o1, model_slot=0, cls=kind, slo=Slo(e2e_ms=b1), gap_before_s=RETRIEVAL_S),
-            CallSpec(p2, o2, model_slot=1, cls=kind, slo=Slo(e2e_ms=b2), gap_before_s=VALIDATION_GAP_S),
+            call(p1, o1, model_slot=0, cls=kind, slo=Slo(e2e_ms=b1), gap_before_s=RETRIEVAL_S),
+            call(p2, o2, model_slot=1, cls=kind, slo=Slo(e2e_ms=b2), gap_before_s=VALIDATION_GAP_S),
         )
         return TaskSpec(index, at_s, kind, calls, task_sla_ms=sla, sla_metric="e2e")

@@ -25,6 +25,7 @@ class FakeEngine:
     stall_after_tokens: int | None = None  # stop sending (connection stays open) after this many tokens
     hold: asyncio.Event | None = None  # when set: generations wait for this event before answering
     health_status: int = 200
+    metrics_status: int = 200  # anything else: /metrics fails (the gauges go stale)
     running: int = 0
     waiting: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -55,6 +56,8 @@ class FakeEngine:
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_status != 200:
+            return web.Response(status=self.metrics_status)
         m = self.model
         text = (
             "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"

@@ -83,7 +83,7 @@ def test_load_policy_reads_the_file(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- errors
 
-_PICKERS = "max-score, power-of-two, round-robin"
+_PICKERS = "cato-slack, max-score, power-of-two, round-robin"
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ _PICKERS = "max-score, power-of-two, round-robin"
     [
         pytest.param(
             'nmae = "x"\n' + HEAD + '[placement]\npicker = { plugin = "max-score" }\n',
-            "p.toml:nmae: unknown key (known: name, description, ordering, placement)",
+            "p.toml:nmae: unknown key (known: name, description, ordering, placement, admission, slo, tasks)",
             id="unknown-top-level-key",
         ),
         pytest.param(
@@ -116,13 +116,13 @@ _PICKERS = "max-score, power-of-two, round-robin"
             id="scorer-named-as-picker",
         ),
         pytest.param(
-            '[ordering]\nplugin = "edf"\n[placement]\npicker = { plugin = "max-score" }\n',
-            "p.toml:ordering.plugin: unknown ordering plugin 'edf' (known: fcfs)",
+            '[ordering]\nplugin = "lifo"\n[placement]\npicker = { plugin = "max-score" }\n',
+            "p.toml:ordering.plugin: unknown ordering plugin 'lifo' (known: edf, fcfs, priority-bands, slack)",
             id="unknown-ordering",
         ),
         pytest.param(
             HEAD + '[placement]\npicker = { plugin = "max-score" }\nfilters = [{ plugin = "healthy" }]\n',
-            "p.toml:placement.filters[0].plugin: unknown filter plugin 'healthy' (known: none)",
+            "p.toml:placement.filters[0].plugin: unknown filter plugin 'healthy' (known: best-fit, overflow-guard)",
             id="unknown-filter",
         ),
         pytest.param(

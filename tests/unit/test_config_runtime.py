@@ -120,7 +120,7 @@ def test_without_a_file_a_reload_rereads_the_policy(tmp_path: Path) -> None:
             GATEWAY,
             "policy.toml",
             "placement.picker.plugin: unknown picker plugin 'nope' "
-            "(known: max-score, power-of-two, round-robin)",
+            "(known: cato-slack, max-score, power-of-two, round-robin)",
             id="bad-policy",
         ),
         pytest.param(
@@ -181,7 +181,7 @@ def test_check_reports_every_cross_reference_problem(tmp_path: Path) -> None:
 def test_check_loads_the_policy_a_gateway_config_names(conf: Path) -> None:
     (conf.parent / "policy.toml").write_text(MAX_SCORE.replace("fcfs", "lifo"))
     assert check(conf) == [
-        f"{conf.parent / 'policy.toml'}:ordering.plugin: unknown ordering plugin 'lifo' (known: fcfs)"
+        f"{conf.parent / 'policy.toml'}:ordering.plugin: unknown ordering plugin 'lifo' (known: edf, fcfs, priority-bands, slack)"
     ]
 
 

@@ -66,19 +66,20 @@ def test_default_registry_builds_the_in_tree_plugins(kind: PluginKind, name: str
 def test_default_registry_has_exactly_the_in_tree_names() -> None:
     reg = default_registry()
     assert {k: reg.names(k) for k in PluginKind} == {
-        PluginKind.ORDERING: ["fcfs"],
-        PluginKind.FILTER: [],
+        PluginKind.ORDERING: ["edf", "fcfs", "priority-bands", "slack"],
+        PluginKind.FILTER: ["best-fit", "overflow-guard"],
         PluginKind.SCORER: ["least-outstanding"],
-        PluginKind.PICKER: ["max-score", "power-of-two", "round-robin"],
+        PluginKind.PICKER: ["cato-slack", "max-score", "power-of-two", "round-robin"],
+        PluginKind.ADMITTER: ["admit-all", "slo-feasibility"],
     }
 
 
 @pytest.mark.parametrize(
     ("kind", "known"),
     [
-        pytest.param(PluginKind.PICKER, "known: max-score, power-of-two, round-robin", id="picker"),
-        pytest.param(PluginKind.ORDERING, "known: fcfs", id="ordering"),
-        pytest.param(PluginKind.FILTER, "known: none", id="no-filters-registered"),
+        pytest.param(PluginKind.PICKER, "known: cato-slack, max-score, power-of-two, round-robin", id="picker"),
+        pytest.param(PluginKind.ORDERING, "known: edf, fcfs, priority-bands, slack", id="ordering"),
+        pytest.param(PluginKind.FILTER, "known: best-fit, overflow-guard", id="filter"),
     ],
 )
 def test_unknown_plugin_names_the_known_ones_and_the_path(kind: PluginKind, known: str) -> None:

@@ -4,14 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.sched.plugins.ordering import fcfs
-from gateway.sched.plugins.placement import least_outstanding, power_of_two, round_robin
+from gateway.sched.plugins.admission import admit_all, slo_feasibility
+from gateway.sched.plugins.ordering import bands, edf, fcfs, slack
+from gateway.sched.plugins.placement import (
+    best_fit,
+    cato_slack,
+    least_outstanding,
+    overflow_guard,
+    power_of_two,
+    round_robin,
+)
 from gateway.sched.registry import PluginSpec
 
 IN_TREE: tuple[PluginSpec[Any], ...] = (
     fcfs.SPEC,
+    edf.SPEC,
+    slack.SPEC,
+    bands.SPEC,
     round_robin.SPEC,
     least_outstanding.SCORER_SPEC,
     least_outstanding.PICKER_SPEC,
     power_of_two.SPEC,
+    cato_slack.SPEC,
+    best_fit.SPEC,
+    overflow_guard.SPEC,
+    admit_all.SPEC,
+    slo_feasibility.SPEC,
 )

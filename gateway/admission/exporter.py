@@ -1,0 +1,68 @@
+"""Prometheus families of SLO classes and admission, read at scrape time (nothing on the request path).
+
+| family | labels | meaning |
+| --- | --- | --- |
+| berth_slo_requests_total | slo_class, result | finished requests that met / missed their SLO (goodput) |
+| berth_admission_decisions_total | slo_class, outcome | admit, hold, best_effort, reject |
+| berth_rejections_total | slo_class, reason | requests the gateway refused, by error code |
+| berth_tasks_active | | tasks the task clock remembers |
+| berth_tasks_forgotten_total | why | tasks dropped: idle (expired) or evicted (memory bound) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gateway.admission.state import SloAdmission
+
+
+class SloCollector:
+    def __init__(
+        self,
+        state: SloAdmission,
+        totals: Callable[[], Mapping[str, tuple[int, int]]],
+        admission: Callable[[], Mapping[tuple[str, str], int]],
+    ) -> None:
+        self._state = state
+        self._totals = totals
+        self._admission = admission
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        req = CounterMetricFamily(
+            "berth_slo_requests",
+            "Finished requests by SLO class and whether they met their SLO (goodput = met / all)",
+            labels=["slo_class", "result"],
+        )
+        for cls, (finished, met) in sorted(self._totals().items()):
+            req.add_metric([cls, "met"], met)
+            req.add_metric([cls, "missed"], finished - met)
+        yield req
+        adm = CounterMetricFamily(
+            "berth_admission_decisions",
+            "Admission outcomes by SLO class (admit, hold, best_effort, reject)",
+            labels=["slo_class", "outcome"],
+        )
+        for (cls, outcome), n in sorted(self._admission().items()):
+            adm.add_metric([cls, outcome], n)
+        yield adm
+        rej = CounterMetricFamily(
+            "berth_rejections",
+            "Requests the gateway refused (429/503), by SLO class and reason (the error code)",
+            labels=["slo_class", "reason"],
+        )
+        for (cls, reason), n in sorted(self._state.rejections.items()):
+            rej.add_metric([cls, reason], n)
+        yield rej
+        tasks = self._state.tasks
+        yield GaugeMetricFamily("berth_tasks_active", "Tasks the task clock remembers", value=len(tasks))
+        gone = CounterMetricFamily(
+            "berth_tasks_forgotten", "Tasks dropped: idle past the expiry, or evicted", labels=["why"]
+        )
+        gone.add_metric(["expired"], tasks.expired)
+        gone.add_metric(["evicted"], tasks.evicted)
+        yield gone

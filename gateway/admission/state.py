@@ -1,0 +1,129 @@
+"""The daemon's SLO state across requests: tenants (from gateway.toml), the task clock, and the
+rejections the gateway answered, by SLO class and reason.
+
+`resolve` runs on the request path (a header scan, a dict lookup for the API key, a rule scan, the task
+clock); `on_finish` runs in the finish phase (one dict update at most). Both are synchronous; the
+policy's `[tasks]` settings and gateway.toml's `[[tenants]]` are picked up when they change (reload).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gateway.admission.slo import Resolved, Tenants, parse_slo_headers, resolve
+from gateway.admission.tasks import TaskCall, TaskClock
+from gateway.config.schema import TenantConfig
+from gateway.core.errors import BerthError, ErrorSource
+from gateway.core.slo import SloPolicy, TaskMetric
+from gateway.front.schemas import ParsedRequest
+
+
+class SloAdmission:
+    def __init__(self) -> None:
+        self.tasks = TaskClock()
+        self._tenant_source: Sequence[TenantConfig] | None = None
+        self._tenants = Tenants()
+        self.rejections: dict[tuple[str, str], int] = {}  # (class, error code) -> n
+
+    def tenants(self, configs: Sequence[TenantConfig]) -> Tenants:
+        if configs is not self._tenant_source:
+            self._tenants = Tenants(configs)
+            self._tenant_source = configs
+        return self._tenants
+
+    def resolve(
+        self,
+        headers: Iterable[tuple[str, str]],
+        authorization: str | None,
+        parsed: ParsedRequest,
+        *,
+        served: str,
+        now: float,
+        policy: SloPolicy,
+        tenants: Sequence[TenantConfig],
+    ) -> Resolved:
+        """The request's SLO (gateway.admission.slo); raises a 400 naming a bad x-berth-* header."""
+        if self.tasks.settings is not policy.tasks:
+            self.tasks.settings = policy.tasks
+        hdrs = parse_slo_headers(headers)
+        tenant = self.tenants(tenants).lookup(authorization)
+        return resolve(policy, hdrs, tenant, parsed, served, now=now, tasks=self.tasks)
+
+    def on_finish(
+        self,
+        call: TaskCall | None,
+        slo_class: str,
+        error: BerthError | None,
+        *,
+        ok: bool,
+        arrival: float,
+        dispatched_at: float | None,
+        first_token_at: float | None,
+        finished_at: float | None,
+    ) -> None:
+        """A request finished (any outcome): learn its task step's duration, or give the step back when
+        it never ran; count a gateway rejection by class and reason."""
+        if call is not None:
+            if ok and finished_at is not None:
+                end = finished_at
+                if call.metric is TaskMetric.TTFT and first_token_at is not None:
+                    end = first_token_at
+                self.tasks.finished(call, end - arrival)
+            elif dispatched_at is None:
+                self.tasks.abandon(call)
+        if error is not None and error.source is ErrorSource.GATEWAY:
+            key = (slo_class, error.code)
+            self.rejections[key] = self.rejections.get(key, 0) + 1
+
+    def rejections_by_class(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for (cls, reason), n in sorted(self.rejections.items()):
+            out.setdefault(cls, {})[reason] = n
+        return out
+
+    def document(
+        self,
+        policy: SloPolicy,
+        admission: dict[str, dict[str, int]],
+        totals: dict[str, tuple[int, int]],
+    ) -> dict[str, Any]:
+        """The `slo` part of /admin/fleet: per class its definition, goodput since start, admission
+        outcomes and rejections by reason; and the task clock."""
+        rejected = self.rejections_by_class()
+        names = [*policy.classes, *sorted(set(totals) | set(admission) | set(rejected) - set(policy.classes))]
+        classes: dict[str, Any] = {}
+        for name in dict.fromkeys(names):
+            c = policy.get(name)
+            finished, met = totals.get(name, (0, 0))
+            classes[name] = {
+                "kind": None if c is None else c.kind.value,
+                "band": None if c is None else c.band,
+                "targets": None
+                if c is None
+                else {
+                    "ttft_ms": c.ttft_ms,
+                    "itl_ms": c.itl_ms,
+                    "e2e_ms": c.e2e_ms,
+                    "task_sla_ms": c.task_sla_ms,
+                },
+                "on_infeasible": None if c is None else c.on_infeasible.value,
+                "finished": finished,
+                "met": met,
+                "goodput": met / finished if finished else None,
+                "admission": admission.get(name, {}),
+                "rejections": rejected.get(name, {}),
+            }
+        t = self.tasks
+        return {
+            "default_class": policy.default_class,
+            "classes": classes,
+            "tasks": {
+                "active": len(t),
+                "expired": t.expired,
+                "evicted": t.evicted,
+                "max_tasks": t.settings.max_tasks,
+                "idle_expiry_s": t.settings.idle_expiry_s,
+                "step_seconds": t.learned(),
+            },
+        }

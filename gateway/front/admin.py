@@ -1,0 +1,194 @@
+"""The admin API: `GET /admin/fleet`, the fleet as berth sees it (what `berth top` draws).
+
+Access: with an admin token configured (`server.admin_token`, or BERTH_ADMIN_TOKEN in the environment,
+which wins) a request must send `Authorization: Bearer <token>` (401 otherwise). With none configured
+the admin API answers loopback clients only (403 for anyone else). Behind a reverse proxy on the same
+machine every client looks local: configure a token there.
+
+The document (JSON; numbers are seconds, tokens or fractions; null where nothing is known yet):
+    version, uptime_s, policy, ready, draining
+    fail_open            {active, since_s, events}: every ready endpoint's metrics stale
+    stale_after_s
+    endpoints[]          id, url, engine, state, class, node, models, cap, inflight,
+                         gauges {running, waiting, kv_usage, fresh, scrape_age_s, dispatched_since_scrape,
+                                 completed_since_scrape, corrected_running},
+                         running_context {prompt_tokens, predicted_output_tokens}, kv_capacity_tokens,
+                         latency {ttft_s, itl_s: {ewma, p50, p90, p99, n}, tokens_per_s},
+                         perf {prefill {k1, c1, mape, n}, decode {k2, c2, c3, mape, n}, kv {h, j, mape, n},
+                               throughput {thr1, alpha, beta}},
+                         prediction_error {ttft, itl},
+                         engine_check {ttft, itl: {ratio, gateway_mean_s, engine_mean_s, disagreements}}
+    models{name}         queued {class: n}, queued_total, latency (as above), chars_per_token,
+                         output_tokens_error
+    attainment           {window_s, classes {class: {finished, met, ratio}}}
+    telemetry            {pending, dropped, last_refit_age_s}
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from gateway import __version__
+from gateway.core import errors
+from gateway.core.types import EndpointHealth
+from gateway.front.http import Handler, error_response, request_id
+from gateway.telemetry.fleet_state import EndpointTelemetry, perf_document
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.sched.snapshot import EndpointView
+
+FLEET_PATH = "/admin/fleet"
+
+
+def is_loopback(remote: str | None) -> bool:
+    """Whether a peer address is this machine (IPv4-mapped IPv6 loopback included)."""
+    if not remote:
+        return False
+    try:
+        ip = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+def authorize(request: web.Request, token: str) -> None:
+    """Raise 401 (token configured, not presented) or 403 (no token, not a loopback client)."""
+    if token:
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        given = given.strip()
+        if scheme.lower() != "bearer" or not given:
+            raise errors.unauthorized("the admin API needs 'Authorization: Bearer <admin token>'")
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise errors.unauthorized("invalid admin token")
+        return
+    if not is_loopback(request.remote):
+        raise errors.forbidden(
+            "no admin token is configured, so the admin API answers loopback clients only "
+            "(set server.admin_token or BERTH_ADMIN_TOKEN)"
+        )
+
+
+def make_fleet_handler(gw: Gateway) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        try:
+            authorize(request, gw.cfg.server.admin_token)
+        except errors.BerthError as e:
+            resp = error_response(e, request_id(request))
+            if e.status == 401:
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="berth-admin"'
+            return resp
+        return web.Response(
+            body=orjson.dumps(fleet_document(gw)),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    return handler
+
+
+def fleet_document(gw: Gateway) -> dict[str, Any]:
+    tel = gw.telemetry
+    tel.drain()  # the requests finished since the last refresh count too
+    fleet = tel.fleet
+    snap = gw.scheduler.snapshot()
+    now = snap.now
+    queued: dict[str, dict[str, int]] = {str(m): c for m, c in gw.scheduler.queued_by_class().items()}
+    models = sorted({*map(str, gw.scheduler.models(ready_only=False)), *fleet.models, *queued})
+    att = fleet.attainment
+    fo = fleet.fail_open
+    return {
+        "version": __version__,
+        "uptime_s": round(time.time() - gw.started_at, 3),
+        "policy": gw.runtime.policy.name,
+        "ready": gw.ready,
+        "draining": gw.draining,
+        "fail_open": {
+            "active": fo.active,
+            "since_s": None if fo.since is None else now - fo.since,
+            "events": fo.transitions,
+        },
+        "stale_after_s": gw.scheduler.limits.stale_after_s,
+        "endpoints": [_endpoint(e, fleet.endpoints.get(e.id), now) for e in snap.endpoints],
+        "models": {
+            m: {
+                "queued": queued.get(m, {}),
+                "queued_total": sum(queued.get(m, {}).values()),
+                "latency": None if m not in fleet.models else fleet.models[m].timings.summary(now),
+                "chars_per_token": fleet.tokens.chars_per_token(m),
+                "output_tokens_error": None if m not in fleet.models else fleet.models[m].output_error.value,
+            }
+            for m in models
+        },
+        "attainment": {
+            "window_s": att.window_s,
+            "classes": {
+                cls: {"finished": a.finished, "met": a.met, "ratio": a.ratio}
+                for cls, a in att.by_class(now).items()
+            },
+        },
+        "telemetry": {
+            "pending": tel.pending,
+            "dropped": tel.dropped,
+            "last_refit_age_s": None if fleet.last_refit_at is None else now - fleet.last_refit_at,
+        },
+    }
+
+
+def _endpoint(e: EndpointView, t: EndpointTelemetry | None, now: float) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": e.id,
+        "url": e.url,
+        "engine": e.engine.value,
+        "state": e.health.value,
+        "ready": e.health is EndpointHealth.READY,
+        "class": e.instance_class.value,
+        "node": e.node,
+        "models": sorted(e.models),
+        "cap": e.cap,
+        "inflight": e.inflight,
+        "gauges": {
+            "running": e.engine_running,
+            "waiting": e.engine_waiting,
+            "kv_usage": e.kv_usage,
+            "fresh": e.fresh,
+            "scrape_age_s": None if e.scraped_at is None else now - e.scraped_at,
+            "dispatched_since_scrape": e.dispatched_since_scrape,
+            "completed_since_scrape": e.completed_since_scrape,
+            "corrected_running": e.corrected_running,
+        },
+        "running_context": {
+            "prompt_tokens": e.running_prompt_tokens,
+            "predicted_output_tokens": e.running_output_tokens,
+        },
+        "kv_capacity_tokens": None,
+        "latency": None,
+        "perf": None,
+        "prediction_error": None,
+        "engine_check": None,
+    }
+    if t is None:
+        return out
+    out["kv_capacity_tokens"] = t.kv_capacity_tokens
+    out["latency"] = t.timings.summary(now)
+    out["perf"] = perf_document(t.coefficients)
+    out["prediction_error"] = {q: err.value for q, err in t.prediction_error.items()}
+    checks: dict[str, Any] = {}
+    for q, check in t.checks.items():
+        last = check.last
+        checks[q] = {
+            "ratio": None if last is None else last.ratio,
+            "gateway_mean_s": None if last is None else last.gateway_mean_s,
+            "engine_mean_s": None if last is None else last.engine_mean_s,
+            "disagreements": t.disagreements[q],
+        }
+    out["engine_check"] = checks
+    return out

@@ -1,0 +1,241 @@
+"""The daemon side of telemetry: feeds `FleetTelemetry` from the finish phase and the scrapers, runs
+the refresh loop (a supervised task), hands the estimates to the scheduler, exports the metrics.
+
+Request-path cost: `on_finish` builds one tuple and appends it to a bounded deque. Everything else
+(EWMAs, quantile windows, predictor updates, cross-checks) runs in `refresh()` every
+`telemetry.refresh_interval_s`, and the performance models are refitted every
+`telemetry.refit_interval_s`, one endpoint at a time with the event loop free in between.
+
+Staleness: when every ready endpoint's metrics are stale, routing runs on the gateway's own counts
+(fail open: traffic never waits for metrics). `refresh()` notices it, sets
+`berth_telemetry_fail_open` and logs `telemetry_fail_open`; `telemetry_fresh_again` when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+import msgspec
+import structlog
+from prometheus_client import CollectorRegistry
+
+from gateway.admission.classify import task_class
+from gateway.config.schema import TelemetryConfig
+from gateway.core.clock import Clock
+from gateway.core.types import EndpointHealth, EndpointId, EngineGauges
+from gateway.dispatch.context import RequestContext
+from gateway.dispatch.driver import SchedulerDriver
+from gateway.sched.scheduler import Scheduler
+from gateway.telemetry.capacity import kv_capacity_tokens
+from gateway.telemetry.exporter import TelemetryCollector
+from gateway.telemetry.fleet_state import (
+    CachedLengths,
+    FinishedRequest,
+    FleetTelemetry,
+    ScrapeSample,
+    TelemetrySettings,
+    prior_with,
+)
+from gateway.telemetry.perfmodel import default_prior
+from gateway.telemetry.promtext import Exposition
+from gateway.telemetry.tokens import TokenEstimator
+from gateway.upstream.dialects import Dialect
+
+log = structlog.get_logger("berth.telemetry")
+
+#: Finished requests waiting for the next refresh; past this the oldest are dropped (and counted).
+PENDING_LIMIT: Final = 65536
+
+
+def telemetry_settings(cfg: TelemetryConfig) -> TelemetrySettings:
+    prior = prior_with(default_prior(), **msgspec.structs.asdict(cfg.prior))
+    return TelemetrySettings(
+        prior=prior,
+        min_observations=cfg.min_observations,
+        fit_window=cfg.fit_window,
+        kv_capacity_tokens=None if cfg.kv_capacity_tokens is None else float(cfg.kv_capacity_tokens),
+        disagreement_tolerance=cfg.disagreement_tolerance,
+    )
+
+
+class LiveTelemetry:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        driver: SchedulerDriver,
+        clock: Clock,
+        config: Callable[[], TelemetryConfig],
+        *,
+        pending_limit: int = PENDING_LIMIT,
+    ) -> None:
+        self._scheduler = scheduler
+        self._driver = driver
+        self._clock = clock
+        self._config = config  # read at every refresh: [telemetry] is reloadable
+        self._applied = config()
+        self.fleet = FleetTelemetry(telemetry_settings(self._applied))
+        self._pending: deque[FinishedRequest] = deque(maxlen=pending_limit)
+        self.dropped = 0
+        self._last_refit: float | None = None
+
+    @property
+    def tokens(self) -> TokenEstimator:
+        return self.fleet.tokens
+
+    @property
+    def lengths(self) -> CachedLengths:
+        """Output-length predictions for the request path (cached until the history changes)."""
+        return self.fleet.predictions
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def last_refit_at(self) -> float | None:
+        return self._last_refit
+
+    def register(self, registry: CollectorRegistry) -> None:
+        registry.register(TelemetryCollector(lambda: self.fleet, self._scrape_ages, self._clock.now))
+
+    # ----------------------------------------------------------------- inputs
+    def on_finish(self, ctx: RequestContext) -> None:
+        """The finish phase of every request: one append (the rest happens in `refresh`)."""
+        sreq = ctx.sched
+        finished = ctx.finished_at
+        if sreq is None or finished is None:
+            return  # rejected before admission: nothing to learn
+        eid = ctx.endpoint
+        pending = self._pending
+        if len(pending) == pending.maxlen:
+            self.dropped += 1
+        pending.append(
+            FinishedRequest(
+                sreq.model,
+                task_class(sreq.slo),
+                sreq.slo,
+                ctx.outcome == "ok",
+                ctx.stream,
+                eid,
+                ctx.attempts,
+                ctx.arrival,
+                ctx.dispatched_at,
+                ctx.first_token_at,
+                finished,
+                ctx.prompt_chars,
+                ctx.prompt_tokens,
+                sreq.prompt_tokens,
+                ctx.output_tokens,
+                ctx.itl_gaps,
+                ctx.inflight_at_dispatch,
+                # released already: count it back in
+                0 if eid is None else self._scheduler.inflight_on(eid) + 1,
+                sreq.predicted_output_tokens,
+            )
+        )
+
+    def on_scrape(
+        self, eid: EndpointId, gauges: EngineGauges, expo: Exposition | None, dialect: Dialect | None
+    ) -> None:
+        """A scrape that produced gauges (called by the scrape sink after the scheduler saw them)."""
+        view = self._scheduler.endpoint_view(eid)
+        if view is None:
+            return
+        sample = ScrapeSample(
+            running=gauges.running,
+            kv_usage=gauges.kv_usage,
+            kv_capacity_tokens=None if expo is None else kv_capacity_tokens(expo),
+            ttft=None if expo is None or dialect is None else dialect.ttft_histogram(expo),
+            itl=None if expo is None or dialect is None else dialect.itl_histogram(expo),
+            gateway_inflight=view.inflight,
+            gateway_context_tokens=view.running_prompt_tokens + 0.5 * view.running_output_tokens,
+        )
+        for quantity, v in self.fleet.observe_scrape(eid, sample):
+            if v.disagrees:
+                log.warning(
+                    "engine_metrics_disagree",
+                    endpoint=eid,
+                    quantity=quantity,
+                    gateway_mean_s=round(v.gateway_mean_s, 6),
+                    engine_mean_s=round(v.engine_mean_s, 6),
+                    ratio=round(v.ratio, 3),
+                )
+
+    # ----------------------------------------------------------------- the background work
+    def drain(self) -> int:
+        """Fold the finished requests in; returns how many."""
+        pending = self._pending
+        observe = self.fleet.observe
+        n = 0
+        while pending:
+            observe(pending.popleft())
+            n += 1
+        return n
+
+    def refresh(self, *, refit: bool = False) -> None:
+        """Apply a changed [telemetry], fold finished requests in, check staleness, (with `refit`: refit
+        every endpoint now), and hand the estimates to the scheduler. Tests call it directly."""
+        self._apply_config()
+        self.drain()
+        self.fleet.keep_endpoints(self._scheduler.endpoint_ids())
+        if refit:
+            now = self._clock.now()
+            self.fleet.refit(now)
+            self._last_refit = now
+        self._push_estimates()
+        self._check_stale()
+
+    async def run(self) -> None:
+        """The supervised loop: refresh every `refresh_interval_s`, refit when due."""
+        while True:
+            await asyncio.sleep(self._config().refresh_interval_s)
+            self.refresh()
+            now = self._clock.now()
+            if self._last_refit is None or now - self._last_refit >= self._applied.refit_interval_s:
+                await self._refit_all()
+                self._last_refit = now
+                self._push_estimates()
+
+    async def _refit_all(self) -> None:
+        for eid in list(self.fleet.endpoints):
+            ep = self.fleet.endpoints.get(eid)
+            if ep is not None:
+                ep.refit()
+            await asyncio.sleep(0)  # a fit takes milliseconds: let requests through in between
+        self.fleet.last_refit_at = self._clock.now()
+
+    def _push_estimates(self) -> None:
+        now = self._clock.now()
+        sched = self._scheduler
+        for eid in sched.endpoint_ids():
+            self._driver.apply(sched.set_estimates(eid, self.fleet.estimates(eid, now)))
+
+    def _check_stale(self) -> None:
+        snap = self._scheduler.snapshot()
+        ready = [e for e in snap.endpoints if e.health is EndpointHealth.READY]
+        all_stale = bool(ready) and not any(e.fresh for e in ready)
+        change = self.fleet.fail_open.update(all_stale, snap.now)
+        if change is True:
+            log.warning(
+                "telemetry_fail_open",
+                endpoints=len(ready),
+                stale_after_s=self._scheduler.limits.stale_after_s,
+                detail="metrics of every ready endpoint are stale; routing on the gateway's own counts",
+            )
+        elif change is False:
+            log.info("telemetry_fresh_again", endpoints=len(ready))
+
+    def _apply_config(self) -> None:
+        cfg = self._config()
+        if cfg == self._applied:
+            return
+        self._applied = cfg
+        self.fleet.set_settings(telemetry_settings(cfg))
+        log.info("telemetry_config_applied")
+
+    def _scrape_ages(self) -> dict[str, float | None]:
+        snap = self._scheduler.snapshot()
+        return {e.id: None if e.scraped_at is None else snap.now - e.scraped_at for e in snap.endpoints}

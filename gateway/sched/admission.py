@@ -1,0 +1,64 @@
+"""Admission inside the scheduler: the policy's Admitter runs once per new request, before it is queued,
+and its outcome is counted per SLO class (`berth_admission_decisions_total{slo_class, outcome}`).
+
+The counts live here, in the scheduler, rather than in the admitter plugin, so that a policy reload
+(which builds new plugins) does not reset them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from gateway.core import errors
+from gateway.core.errors import BerthError
+from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
+from gateway.sched.profile import Policy
+from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import FleetSnapshot
+
+
+class AdmissionLedger:
+    """Admission outcomes per (SLO class, outcome) since start."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def record(self, slo_class: str, outcome: AdmitOutcome) -> None:
+        key = (slo_class, outcome.value)
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        return dict(self._counts)
+
+    def by_class(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for (cls, outcome), n in sorted(self._counts.items()):
+            out.setdefault(cls, {})[outcome] = n
+        return out
+
+    def admit(
+        self,
+        policy: Policy,
+        req: SchedRequest,
+        snap: FleetSnapshot,
+        queued_in_class: Callable[[str], int],
+    ) -> tuple[SchedRequest, BerthError | None]:
+        """Run the policy's admitter: the request to queue (demoted when best-effort) and None, or the
+        request and the 429 to answer with."""
+        admitter = policy.admitter
+        decision: AdmitDecision = ADMIT if admitter is None else admitter.admit(req, snap, queued_in_class)
+        self.record(req.slo.slo_class, decision.outcome)
+        if decision.outcome is AdmitOutcome.REJECT:
+            reason = decision.reason or "rejected"
+            return req, errors.queue_full(
+                req.model,
+                decision.retry_after_s if decision.retry_after_s is not None else 1.0,
+                code=reason,
+                message=decision.message or f"request rejected by admission control ({reason})",
+            )
+        if decision.outcome is AdmitOutcome.BEST_EFFORT and not req.best_effort:
+            return dataclasses.replace(req, best_effort=True), None
+        return req, None

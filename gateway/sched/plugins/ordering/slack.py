@@ -1,0 +1,142 @@
+"""CATO's slack ordering (papers/ALGORITHMS.md §1), recomputed every time the queue is served.
+
+Each queued request gets a priority class, then its slack orders it within the class:
+
+| class | when                                                                  |
+| ----- | --------------------------------------------------------------------- |
+| 0     | its slack is already gone: even alone on the best endpoint it is late |
+| 1     | no endpoint can meet it at its current load (predicted)               |
+| 2     | some endpoint can (it can afford to wait)                             |
+| 3     | best-effort (demoted by admission)                                    |
+
+Slack = time left before the request's deadline minus its predicted service time alone on the best
+endpoint serving its model (its first-token deadline against the prefill, its last-token deadline
+against prefill and decode). Time passes and predictions change as endpoints fill and empty, so the key
+of a waiting request moves. `late = "last"` puts class 0 after class 2 instead (goodput over fairness:
+a request that will miss anyway stops delaying those that can still make it). A request without any
+target is class 2 with unlimited slack: it runs after every request that has one, in arrival order.
+
+The class is also the engine priority sent to endpoints with priority scheduling (0 most urgent).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Final, Literal
+
+from msgspec import Meta
+
+from gateway.core.types import EndpointHealth
+from gateway.sched.interfaces import OrderKey
+from gateway.sched.plugins.params import PredictionParams
+from gateway.sched.predict import LoadCache, PredictParams, itl_ok, time_left
+from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
+from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import FleetSnapshot
+
+#: Slack of a request without targets (finite, as ordering keys must be).
+UNLIMITED: Final = 1e15
+
+LATE, AT_RISK, CAN_WAIT, BEST_EFFORT = 0, 1, 2, 3
+
+
+class SlackParams(PredictionParams, frozen=True, kw_only=True):
+    late: Literal["first", "last"] = "first"  # CATO serves requests already late first
+    # A request's key is reused this long (seconds) while the queue is served.
+    key_ttl_s: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.02
+
+
+def assess(req: SchedRequest, snap: FleetSnapshot, cache: LoadCache) -> tuple[int, float]:
+    """(CATO class, slack in seconds) of `req` at `snap.now`; best-effort requests are class 3."""
+    now = snap.now
+    ttft_left, e2e_left = time_left(req, now)
+    itl = req.slo.itl_ms
+    if req.best_effort:
+        return BEST_EFFORT, UNLIMITED
+    if ttft_left is None and e2e_left is None and itl is None:
+        return CAN_WAIT, UNLIMITED
+    p = float(req.prompt_tokens)
+    best = -math.inf
+    feasible = False
+    seen = False
+    out: float | None = None
+    for e in snap.endpoints:
+        if req.model not in e.models or e.health is not EndpointHealth.READY:
+            continue
+        load = cache.load(e, now)
+        if out is None:
+            out = load.output_tokens(req)
+        seen = True
+        idle_ttft, idle_e2e, ttft, e2e = load.times(p, out)
+        s = math.inf
+        if ttft_left is not None:
+            s = ttft_left - idle_ttft
+        if e2e_left is not None:
+            s = min(s, e2e_left - idle_e2e)
+        best = max(best, s)
+        if (
+            not feasible
+            and (ttft_left is None or ttft <= ttft_left)
+            and (e2e_left is None or e2e <= e2e_left)
+        ):
+            feasible = itl is None or itl_ok(req, load.predict(req))
+    if not seen:
+        return CAN_WAIT, UNLIMITED
+    slack = max(-UNLIMITED, min(UNLIMITED, best))
+    if slack < 0:
+        return LATE, slack
+    return (CAN_WAIT if feasible else AT_RISK), slack
+
+
+class KeyCache:
+    """Assessments by request, reused for `ttl_s`: serving a queue places one request at a time and
+    asks for every key again in between; within a few milliseconds the answers barely move."""
+
+    __slots__ = ("_cache", "_keys", "ttl_s")
+
+    def __init__(self, params: PredictParams, ttl_s: float) -> None:
+        self._cache = LoadCache(params)
+        self._keys: dict[str, tuple[float, tuple[int, float]]] = {}
+        self.ttl_s = ttl_s
+
+    def assess(self, req: SchedRequest, snap: FleetSnapshot) -> tuple[int, float]:
+        now = snap.now
+        got = self._keys.get(req.id)
+        if got is not None and 0.0 <= now - got[0] <= self.ttl_s:
+            return got[1]
+        value = assess(req, snap, self._cache)
+        keys = self._keys
+        if len(keys) >= 8192:  # forget requests that left the queue (their keys are old)
+            self._keys = keys = {k: v for k, v in keys.items() if 0.0 <= now - v[0] <= self.ttl_s}
+        keys[req.id] = (now, value)
+        return value
+
+
+class SlackOrdering:
+    name = "slack"
+
+    def __init__(self, params: PredictParams, *, late_first: bool = True, ttl_s: float = 0.02) -> None:
+        self._keys = KeyCache(params, ttl_s)
+        self._late_first = late_first
+
+    def _rank(self, cls: int) -> int:
+        if cls == LATE and not self._late_first:
+            return CAN_WAIT + 1  # after those that can make it, before best-effort
+        return BEST_EFFORT + 1 if cls == BEST_EFFORT and not self._late_first else cls
+
+    def key(self, req: SchedRequest, snap: FleetSnapshot) -> OrderKey:
+        cls, slack = self._keys.assess(req, snap)
+        return (float(self._rank(cls)), slack)
+
+    def engine_priority(self, req: SchedRequest, snap: FleetSnapshot) -> int | None:
+        cls, _ = self._keys.assess(req, snap)
+        return self._rank(cls)
+
+
+def _build(p: SlackParams, ctx: BuildContext) -> SlackOrdering:
+    return SlackOrdering(p.predict_params(), late_first=p.late == "first", ttl_s=p.key_ttl_s)
+
+
+SPEC = PluginSpec(
+    PluginKind.ORDERING, "slack", SlackParams, _build, "CATO: late, at risk, can wait; least slack first"
+)

@@ -1,0 +1,57 @@
+"""CATO's replica choice (papers/ALGORITHMS.md §1): the endpoint with the smallest predicted wait among
+those that still meet the request's deadlines; when none does (or it has no deadline), the smallest wait.
+
+The wait is the time until the request's prefill could start there (a seat, then the iteration in
+flight: `gateway.sched.predict`); "meets" compares the predicted first and last token with the time left.
+Ties go to the smaller predicted completion, then the endpoint id. Scores are not used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.sched.plugins.params import PredictionParams
+from gateway.sched.predict import LoadCache, PredictParams, itl_ok, meets, time_left
+from gateway.sched.registry import PluginKind, PluginSpec
+from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
+
+
+class CatoSlackParams(PredictionParams, frozen=True, kw_only=True):
+    pass
+
+
+class CatoSlackPicker:
+    name = "cato-slack"
+
+    def __init__(self, params: PredictParams) -> None:
+        self._cache = LoadCache(params)
+
+    def pick(
+        self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
+    ) -> EndpointView:
+        now = snap.now
+        left = time_left(req, now)
+        best_any: tuple[float, float, str] | None = None
+        best_meet: tuple[float, float, str] | None = None
+        by_id: dict[str, EndpointView] = {}
+        for e, _ in scored:
+            by_id[e.id] = e
+            pred = self._cache.load(e, now).predict(req)
+            k = (pred.wait_s, pred.e2e_s, str(e.id))
+            if best_any is None or k < best_any:
+                best_any = k
+            if meets(pred, left) and itl_ok(req, pred) and (best_meet is None or k < best_meet):
+                best_meet = k
+        chosen = best_meet or best_any
+        assert chosen is not None  # the runner never calls a picker without candidates
+        return by_id[chosen[2]]
+
+
+SPEC = PluginSpec(
+    PluginKind.PICKER,
+    "cato-slack",
+    CatoSlackParams,
+    lambda p, ctx: CatoSlackPicker(p.predict_params()),
+    "CATO: smallest predicted wait that meets the deadlines, else smallest wait",
+)

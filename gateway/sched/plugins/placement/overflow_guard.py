@@ -1,0 +1,78 @@
+"""MaaSO's overflow protection (papers/ALGORITHMS.md §4) as a filter.
+
+An endpoint is dropped when placing the request there would push a running request past its deadline
+(its prefill pauses their decoding, its joining slows every later token), or when the request itself
+would miss its deadlines there with worst-case throughput (every seat taken). A request that can meet
+its deadlines nowhere is not held for that (unless `hold_infeasible`): it may go to any endpoint where it
+harms no one, and admission decides what happens to such requests. Requests with nothing left to
+protect (no targets, already late, best-effort) are not protected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated
+
+from msgspec import Meta
+
+from gateway.sched.plugins.params import PredictionParams
+from gateway.sched.predict import LoadCache, PredictParams, itl_ok, meets, time_left
+from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
+from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
+
+
+class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
+    worst_case: bool = True  # the request's own completion at a full batch (else the batch it joins)
+    margin: Annotated[float, Meta(gt=0.0, le=2.0)] = 1.0  # < 1 demands room to spare
+    hold_infeasible: bool = False  # keep a request that meets its deadline nowhere queued
+
+
+class OverflowGuardFilter:
+    name = "overflow-guard"
+
+    def __init__(
+        self, params: PredictParams, *, worst_case: bool, margin: float, hold_infeasible: bool
+    ) -> None:
+        self._cache = LoadCache(params)
+        self.worst_case = worst_case
+        self.margin = margin
+        self.hold_infeasible = hold_infeasible
+
+    def filter(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[EndpointView]:
+        now = snap.now
+        left = time_left(req, now)
+        harmless: list[EndpointView] = []
+        meeting: list[EndpointView] = []
+        for e in candidates:
+            load = self._cache.load(e, now)
+            if load.endangered(req, margin=self.margin):
+                continue
+            harmless.append(e)
+            if req.best_effort:
+                continue
+            pred = load.predict(req, worst_case=self.worst_case)
+            if meets(pred, left, self.margin) and itl_ok(req, pred):
+                meeting.append(e)
+        if req.best_effort:
+            return harmless
+        if meeting or self.hold_infeasible:
+            return meeting
+        return harmless
+
+
+def _build(p: OverflowGuardParams, ctx: BuildContext) -> OverflowGuardFilter:
+    return OverflowGuardFilter(
+        p.predict_params(), worst_case=p.worst_case, margin=p.margin, hold_infeasible=p.hold_infeasible
+    )
+
+
+SPEC = PluginSpec(
+    PluginKind.FILTER,
+    "overflow-guard",
+    OverflowGuardParams,
+    _build,
+    "MaaSO: drop endpoints where the request or a running one would miss its deadline",
+)

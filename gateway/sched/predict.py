@@ -1,0 +1,361 @@
+"""Latency predictions for ordering, placement and admission, from an endpoint's view alone (sans-IO).
+
+Inputs are what the snapshot carries: the endpoint's fitted performance model (`EndpointView.perf`,
+Aladdin's ``t_pre = k1·Σ l_in + c1``, ``t_dec = (k2·l_avg + c2)·b + c3``, ``kv = h·l + j``; the
+generic prior until telemetry has fitted one), its KV capacity, its concurrency cap, and the requests
+the gateway runs there (`EndpointView.running`: prompt, predicted output mean and spread, dispatch time,
+deadlines).
+
+**Where a running request has got to.** The gateway does not see every token a stream carries on the
+scheduler path, so progress is estimated from time: a request's first token is due one prefill after
+its dispatch, then it produces one token per decode iteration of the endpoint's current batch
+(slowed by `prefill_overhead`, the share of time prefills of new arrivals pause decoding). A request
+past its predicted length is *running long* (its length was under-estimated); it is then expected to
+run half as long again as it has (capped by max_tokens), and it counts towards the endpoint's
+`running_long` figure, which placement uses to steer new arrivals elsewhere (Aladdin's re-balancing).
+
+**A new request placed on the endpoint now.** It waits for a seat (the cap; when every seat is taken,
+until the ``k``-th running request is predicted to finish) and half a decode iteration, is prefilled
+together with the prompts dispatched there that have not had their first token yet, then decodes at the
+per-token time of the batch it joins. Its output is the predicted mean, or in a tail mode the mean plus
+``γ·σ`` with ``γ = z(1 − τ)`` (normal) or ``sqrt((1 − τ)/τ)`` (Cantelli, any distribution).
+
+Results are seconds from `now`. `LoadCache` keeps one `EndpointLoad` per endpoint view for as long as
+the view object and (within 10 ms) the clock are the same, so ordering a long queue costs a few
+arithmetic operations per request and endpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Final, Literal
+
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import RunningRequest, deadlines, output_estimate
+from gateway.sched.snapshot import EndpointView
+from gateway.telemetry.perfmodel import PerfCoefficients, default_prior
+
+Tail = Literal["mean", "normal", "cantelli"]
+
+#: A running request past its predicted length is expected to run this share of its length again.
+_LONG_GROWTH: Final = 0.5
+#: Views whose load was computed within this many seconds are reused.
+_CACHE_TOLERANCE_S: Final = 0.01
+_PRIOR: Final = default_prior()
+
+
+@dataclass(frozen=True, slots=True)
+class PredictParams:
+    tail: Tail = "mean"
+    tau: float = 0.1  # violation probability of a tail bound
+    prefill_overhead: float = 0.1  # decode slow-down by prefills of new arrivals (0.1: 10 %)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.tau < 1.0:
+            raise ValueError("tau must be in (0, 1)")
+        if not 0.0 <= self.prefill_overhead <= 10.0:
+            raise ValueError("prefill_overhead must be in [0, 10]")
+
+    @property
+    def gamma(self) -> float:
+        """Standard deviations added to a mean: 0, the normal quantile, or Cantelli's factor."""
+        if self.tail == "normal":
+            return NormalDist().inv_cdf(1.0 - self.tau)
+        if self.tail == "cantelli":
+            return math.sqrt((1.0 - self.tau) / self.tau)
+        return 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunningState:
+    """A running request as of `now` (estimated)."""
+
+    req: RunningRequest
+    prefilled: bool  # its first token is (estimated to be) out
+    produced: float  # output tokens so far
+    remaining: float  # output tokens still to come (tail-adjusted)
+    finish_s: float  # seconds from now until its last token at the current per-token time
+    first_s: float  # seconds from now until its first token (<= 0: out already)
+    long: float  # how far past its predicted length it is (0: not running long), relative
+
+    @property
+    def context(self) -> float:
+        return self.req.prompt_tokens + self.produced
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Seconds from now, for one request on one endpoint."""
+
+    wait_s: float  # until its prefill starts (a seat, then the iteration in flight)
+    ttft_s: float  # until its first token
+    e2e_s: float  # until its last token
+    tpot_s: float  # per output token after the first
+    output_tokens: float  # the output length the prediction assumed (tail-adjusted)
+
+    @property
+    def service_s(self) -> float:
+        """Its own time on the endpoint once its turn comes (CATO's remaining completion)."""
+        return self.e2e_s - self.wait_s
+
+
+class EndpointLoad:
+    """One endpoint's load at `now`, derived from its view once and queried per request."""
+
+    __slots__ = (
+        "coef",
+        "ctx_sum",
+        "gamma",
+        "kv_capacity",
+        "n",
+        "now",
+        "params",
+        "pending_prompt",
+        "running",
+        "running_long",
+        "seat_free",
+        "seats",
+        "tpot_now",
+        "view",
+        "wait_s",
+    )
+
+    def __init__(self, view: EndpointView, now: float, params: PredictParams) -> None:
+        self.view = view
+        self.now = now
+        self.params = params
+        self.gamma = params.gamma
+        self.coef: PerfCoefficients = view.perf or _PRIOR
+        self.kv_capacity = view.kv_capacity_tokens
+        self.seats = max(1, view.cap)
+        reqs = view.running
+        n = self.n = len(reqs)
+        coef = self.coef
+        over = 1.0 + params.prefill_overhead
+        base_ctx = sum(r.prompt_tokens for r in reqs)
+        # Per-token time of the current batch; contexts are refined below once progress is known.
+        guess = coef.decode_iter_s(n, base_ctx / n) * over if n else 0.0
+        states: list[RunningState] = []
+        ctx_sum = 0.0
+        pending = 0.0
+        long_total = 0.0
+        for r in reqs:
+            first_at = r.dispatched_at + coef.prefill_s(r.prompt_tokens) + 0.5 * guess
+            prefilled = now >= first_at
+            produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
+            cap = math.inf if r.max_tokens is None else float(r.max_tokens)
+            produced = min(produced, cap)
+            mean = r.output_mean + self.gamma * r.output_std
+            if produced < mean:
+                remaining = mean - produced
+                long = 0.0
+            else:
+                remaining = max(1.0, _LONG_GROWTH * produced)
+                long = (produced - r.output_mean) / max(1.0, r.output_mean)
+            remaining = max(0.0, min(remaining, cap - produced)) if cap < math.inf else remaining
+            if not prefilled:
+                pending += r.prompt_tokens
+            ctx_sum += r.prompt_tokens + produced
+            long_total += long
+            states.append(RunningState(r, prefilled, produced, remaining, 0.0, first_at - now, long))
+        self.ctx_sum = ctx_sum
+        self.pending_prompt = pending
+        self.running_long = long_total
+        self.tpot_now = coef.decode_iter_s(n, ctx_sum / n) * over if n else 0.0
+        prefill_pending = coef.prefill_s(pending) if pending else 0.0
+        finished: list[RunningState] = []
+        for s in states:
+            finish = s.remaining * self.tpot_now + (0.0 if s.prefilled else prefill_pending)
+            finished.append(
+                RunningState(s.req, s.prefilled, s.produced, s.remaining, finish, s.first_s, s.long)
+            )
+        self.running: tuple[RunningState, ...] = tuple(finished)
+        self.seat_free = sorted(s.finish_s for s in finished)
+        if n < self.seats:
+            self.wait_s = 0.5 * self.tpot_now
+        else:
+            self.wait_s = self.seat_free[n - self.seats] + 0.5 * self.tpot_now
+
+    # ----------------------------------------------------------------- queries
+    def times(self, prompt: float, out: float) -> tuple[float, float, float, float]:
+        """(first token, last token) of a request with `prompt` tokens and `out` output tokens, alone
+        on this endpoint and placed on it now: `idle_service` and `predict` in a few arithmetic
+        operations, for ordering long queues."""
+        c = self.coef
+        over = 1.0 + self.params.prefill_overhead
+        steps = out - 1.0 if out > 1.0 else 0.0
+        idle_ttft = c.k1 * prompt + c.c1
+        idle_e2e = idle_ttft + steps * ((c.k2 * (prompt + 0.5 * out) + c.c2) + c.c3) * over
+        n = self.n
+        b = n + 1 if n + 1 < self.seats else self.seats
+        ttft = self.wait_s + c.k1 * (prompt + self.pending_prompt) + c.c1
+        avg = (self.ctx_sum + prompt + 0.5 * out) / (n + 1)
+        e2e = ttft + steps * ((c.k2 * avg + c.c2) * b + c.c3) * over
+        return idle_ttft, idle_e2e, ttft, e2e
+
+    def tpot(self, batch: float, avg_context: float) -> float:
+        """Per-token seconds of a decode batch (prefill pauses included)."""
+        return self.coef.decode_iter_s(batch, avg_context) * (1.0 + self.params.prefill_overhead)
+
+    def output_tokens(self, req: SchedRequest) -> float:
+        mean, std = output_estimate(req)
+        return mean + self.gamma * std
+
+    def predict(self, req: SchedRequest, *, worst_case: bool = False) -> Prediction:
+        """`req` dispatched here now. `worst_case`: decode as if every seat were taken (MaaSO's
+        worst-case throughput) instead of the batch it joins."""
+        out = self.output_tokens(req)
+        p = float(req.prompt_tokens)
+        ttft = self.wait_s + self.coef.prefill_s(p + self.pending_prompt)
+        b = float(self.seats) if worst_case else float(min(self.n + 1, self.seats))
+        avg_ctx = (self.ctx_sum + p + 0.5 * out) / (self.n + 1)
+        tpot = self.tpot(b, avg_ctx)
+        e2e = ttft + max(0.0, out - 1.0) * tpot
+        return Prediction(self.wait_s, ttft, e2e, tpot, out)
+
+    def idle_service(self, req: SchedRequest) -> Prediction:
+        """`req` alone on this endpoint (no wait, batch of one): the least it can take here."""
+        out = self.output_tokens(req)
+        p = float(req.prompt_tokens)
+        ttft = self.coef.prefill_s(p)
+        tpot = self.tpot(1.0, p + 0.5 * out)
+        return Prediction(0.0, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
+
+    def with_request_tpot(self, req: SchedRequest, *, worst_case: bool = False) -> float:
+        """Per-token time of the running requests once `req` joins them."""
+        out = self.output_tokens(req)
+        b = float(self.seats) if worst_case else float(min(self.n + 1, self.seats))
+        avg_ctx = (self.ctx_sum + req.prompt_tokens + 0.5 * out) / (self.n + 1)
+        return self.tpot(b, avg_ctx)
+
+    def endangered(
+        self, req: SchedRequest, *, worst_case: bool = False, margin: float = 1.0
+    ) -> list[RunningState]:
+        """Running requests that meet their targets now but would miss them once `req` is placed here:
+        its prefill pauses their decoding and its joining slows every later token."""
+        if not self.running:
+            return []
+        pause = self.coef.prefill_s(req.prompt_tokens)
+        tpot_new = self.with_request_tpot(req, worst_case=worst_case)
+        out: list[RunningState] = []
+        for s in self.running:
+            r = s.req
+            if r.best_effort:
+                continue
+            if r.e2e_deadline is not None:
+                left = (r.e2e_deadline - self.now) * margin
+                before = s.finish_s
+                after = s.finish_s + pause + s.remaining * (tpot_new - self.tpot_now)
+                if before <= left < after:
+                    out.append(s)
+                    continue
+            if r.itl_s is not None and s.prefilled and self.tpot_now <= r.itl_s * margin < tpot_new:
+                out.append(s)
+                continue
+            if r.ttft_deadline is not None and not s.prefilled:
+                # prefilled in the same iteration as `req`: its first token comes k1 · p later
+                left = (r.ttft_deadline - self.now) * margin
+                if s.first_s <= left < s.first_s + self.coef.k1 * req.prompt_tokens:
+                    out.append(s)
+        return out
+
+    def peak_kv(self, extra: tuple[float, float] | None = None) -> float:
+        """The largest KV footprint (tokens) the running requests (and `extra` = (context now,
+        remaining tokens) of a new one) reach over their remaining iterations (Aladdin's constraint
+        (e)): a request holds ``h·(context + t) + j`` at iteration t until it ends."""
+        items = [(s.context, s.remaining) for s in self.running]
+        if extra is not None:
+            items.append(extra)
+        return peak_kv(items, self.coef.h, self.coef.j)
+
+
+def peak_kv(items: Sequence[tuple[float, float]], h: float, j: float) -> float:
+    """max over t >= 0 of Σ_{i: remaining_i > t} (h·(context_i + t) + j). The sum only drops when a
+    request ends, so the maximum is at t = 0 or just before one ends (t = remaining_k − 1)."""
+    if not items:
+        return 0.0
+    ordered = sorted(items, key=lambda it: it[1])
+    m = len(ordered)
+    suffix_ctx = [0.0] * (m + 1)
+    for i in range(m - 1, -1, -1):
+        suffix_ctx[i] = suffix_ctx[i + 1] + ordered[i][0]
+    best = h * suffix_ctx[0] + m * j
+    for k, (_, rem) in enumerate(ordered):
+        t = max(0.0, rem - 1.0)
+        alive = m - k
+        best = max(best, h * (suffix_ctx[k] + alive * t) + alive * j)
+    return best
+
+
+def time_left(req: SchedRequest, now: float) -> tuple[float | None, float | None]:
+    """Seconds until the request's first-token and last-token deadlines (None: no such target)."""
+    ttft, e2e = deadlines(req)
+    return (None if ttft is None else ttft - now), (None if e2e is None else e2e - now)
+
+
+def meets(pred: Prediction, left: tuple[float | None, float | None], margin: float = 1.0) -> bool:
+    """Whether a prediction keeps both deadlines (`margin` < 1 demands room to spare)."""
+    ttft_left, e2e_left = left
+    if ttft_left is not None and pred.ttft_s > ttft_left * margin:
+        return False
+    return not (e2e_left is not None and pred.e2e_s > e2e_left * margin)
+
+
+def slack_of(pred: Prediction, left: tuple[float | None, float | None]) -> float | None:
+    """Time left minus the predicted time to each target (the smaller of the two); None without targets."""
+    ttft_left, e2e_left = left
+    out: float | None = None
+    if ttft_left is not None:
+        out = ttft_left - pred.ttft_s
+    if e2e_left is not None:
+        s = e2e_left - pred.e2e_s
+        out = s if out is None else min(out, s)
+    return out
+
+
+def itl_ok(req: SchedRequest, pred: Prediction) -> bool:
+    itl = req.slo.itl_ms
+    return itl is None or pred.tpot_s * 1000.0 <= itl
+
+
+class LoadCache:
+    """`EndpointLoad`s by endpoint, reused while the view object is the same and the clock moved less
+    than 10 ms (one placement decision; a served queue)."""
+
+    __slots__ = ("_loads", "params")
+
+    def __init__(self, params: PredictParams) -> None:
+        self.params = params
+        self._loads: dict[str, EndpointLoad] = {}
+
+    def load(self, view: EndpointView, now: float) -> EndpointLoad:
+        got = self._loads.get(view.id)
+        if got is not None and got.view is view and abs(got.now - now) <= _CACHE_TOLERANCE_S:
+            return got
+        fresh = self._loads[view.id] = EndpointLoad(view, now, self.params)
+        if len(self._loads) > 4096:  # endpoints come and go: never grow without bound
+            self._loads = {view.id: fresh}
+        return fresh
+
+
+def kth_smallest(values: Sequence[float], k: int) -> float:
+    """The k-th smallest (0-based) of sorted `values`, +inf past the end."""
+    return values[k] if 0 <= k < len(values) else math.inf
+
+
+__all__ = [
+    "EndpointLoad",
+    "LoadCache",
+    "PredictParams",
+    "Prediction",
+    "RunningState",
+    "itl_ok",
+    "kth_smallest",
+    "meets",
+    "peak_kv",
+    "slack_of",
+    "time_left",
+]

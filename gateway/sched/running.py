@@ -1,0 +1,74 @@
+"""What the scheduler remembers about each request it dispatched, per endpoint (see `EndpointView.running`).
+
+A `RunningRequest` is made once, when the request is placed, from what admission knew: its prompt, its
+predicted output (mean and spread), its targets as absolute clock deadlines. Placement plugins estimate
+from it how far the request has got (`gateway.sched.predict`), what it still needs, and whether a new
+request placed beside it would push it past its deadline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from gateway.core.types import RequestId
+from gateway.sched.request import SchedRequest
+
+#: Output tokens assumed for a request with neither a prediction nor max_tokens.
+DEFAULT_OUTPUT_TOKENS: Final = 256.0
+#: The standard normal's 0.9 quantile: turns a predicted p90 into a standard deviation.
+Z90: Final = 1.2815515655446004
+
+
+@dataclass(frozen=True, slots=True)
+class RunningRequest:
+    id: RequestId
+    slo_class: str
+    prompt_tokens: int
+    output_mean: float  # predicted output tokens
+    output_std: float
+    max_tokens: int | None
+    dispatched_at: float  # clock seconds
+    ttft_deadline: float | None  # clock seconds by which the first token is due (None: no target)
+    e2e_deadline: float | None  # ... the last token
+    itl_s: float | None  # per-token target (seconds)
+    best_effort: bool = False
+
+
+def output_estimate(req: SchedRequest) -> tuple[float, float]:
+    """(mean, standard deviation) of the request's output tokens: the predictor's figures when it ran
+    (the spread from its p90 under a normal), else max_tokens (or a default) with no spread."""
+    mean = req.predicted_output_tokens
+    if mean is not None:
+        p90 = req.predicted_output_p90
+        std = max(0.0, (p90 - mean) / Z90) if p90 is not None else 0.0
+        return max(1.0, mean), std
+    if req.max_tokens is not None:
+        return float(req.max_tokens), 0.0
+    return DEFAULT_OUTPUT_TOKENS, 0.0
+
+
+def deadlines(req: SchedRequest) -> tuple[float | None, float | None]:
+    """(first-token deadline, last-token deadline) in clock seconds, from the SLO's targets."""
+    slo = req.slo
+    ttft = None if slo.ttft_ms is None else req.arrival + slo.ttft_ms / 1000.0
+    e2e = None if slo.deadline_ms is None else req.arrival + slo.deadline_ms / 1000.0
+    return ttft, e2e
+
+
+def running_from(req: SchedRequest, now: float) -> RunningRequest:
+    mean, std = output_estimate(req)
+    ttft, e2e = deadlines(req)
+    return RunningRequest(
+        id=req.id,
+        slo_class=req.slo.slo_class,
+        prompt_tokens=req.prompt_tokens,
+        output_mean=mean,
+        output_std=std,
+        max_tokens=req.max_tokens,
+        dispatched_at=now,
+        ttft_deadline=ttft,
+        e2e_deadline=e2e,
+        itl_s=None if req.slo.itl_ms is None else req.slo.itl_ms / 1000.0,
+        best_effort=req.best_effort,
+    )

@@ -1,0 +1,409 @@
+"""Per-endpoint performance models (Aladdin §2, MaaSO §4), fitted online by weighted least squares.
+
+The models, all in seconds and tokens:
+
+| dimension  | model                                                  | coefficients |
+| ---------- | ------------------------------------------------------ | ------------ |
+| prefill    | ``t_pre = k1 · Σ prompt tokens of the iteration + c1`` | k1, c1       |
+| decode     | ``t_dec = (k2 · avg_context + c2) · batch + c3``       | k2, c2, c3   |
+| KV cache   | ``kv tokens of a request = h · context tokens + j``    | h, j         |
+| throughput | ``per-request decode tokens/s = thr1 − α·ln(1 + β·n)`` | thr1, α, β   |
+
+**Which live observation feeds which coefficient** (the contract for whoever wires this in; the engine
+is treated as a black box that emits one token per running request at the end of every decode
+iteration and the first token of newly admitted requests at the end of a prefill iteration):
+
+- **prefill** ← ``observe_prefill(prompt_tokens, seconds)``, once per prefill iteration: a group of
+  first tokens that arrive from the endpoint together (within a fraction of an iteration), with
+  ``prompt_tokens`` = the sum of the group's prompts (the requests dispatched to the same endpoint whose
+  first token came in the same iteration). ``seconds``:
+  - endpoint busy (streams running there): from a running stream (one, or the median of several), the
+    gap in which the group's first tokens arrived (the prefill paused it) minus the mean of that
+    stream's next uninterrupted gaps (up to four; they time the decode iteration that shares the
+    interrupted gap). Both ends are the same stream's tokens, so the relay's own delays cancel. Skip it
+    when another prefill landed in the same gap, or when the gap before it and the gaps after it differ
+    from their median by more than 1.5x (a stalled event loop on either side);
+  - endpoint idle (nothing relayed from it between the dispatch and this first token): TTFT from
+    dispatch to first token.
+  Raw TTFT on a busy endpoint would also count the wait for the iteration in flight and any queueing
+  inside the engine, all of which a linear fit would put into ``c1`` (``loadgen.bench.predict_accuracy``
+  shows the size of that error).
+- **decode** ← ``observe_decode(batch, avg_context, seconds)``, once per finished stream. ``seconds`` is
+  the mean inter-token gap of the stream, leaving out every gap during which another request on the
+  same endpoint got its first token (a prefill ran inside that gap and paused the decode). For each
+  gap kept, the gateway samples the endpoint's running count (its streams that have had a first token
+  and not their last) and the sum of their contexts (prompt + tokens relayed so far); ``batch`` is the
+  mean running count over the kept gaps and ``avg_context`` the mean context sum divided by that mean
+  count. Because ``t_dec = k2 · Σ context + c2 · batch + c3`` is linear in those two sums, the mean of
+  the iteration times equals the model at these means: nothing is lost by averaging. (When the other
+  streams are not tracked, ``avg_context = prompt + produced / 2`` of the stream itself is the fallback;
+  it is noisier because it stands for the whole batch's mean context.)
+- **KV** ← ``observe_kv(context_tokens, kv_tokens)``, once per scrape whose running count agrees with
+  the gateway's (its streams that have had a first token and not their last). Scrapes that disagree
+  (e.g. while a prefill is in flight) are skipped, and so are scrapes during which a token was relayed
+  from the endpoint. ``kv_tokens`` = engine KV usage fraction (``vllm:kv_cache_usage_perc``,
+  ``sglang:token_usage``) × KV capacity in tokens (``num_gpu_blocks × block_size`` of
+  ``vllm:cache_config_info``, ``sglang:max_total_num_tokens``), divided by the running count;
+  ``context_tokens`` = the sum of the contexts (prompt + tokens relayed so far) of the requests running
+  there, divided by the same count. Per-request means make ``kv_tokens(ctx)`` Aladdin's per-request
+  footprint; the endpoint total for n requests is ``h · Σ context + n · j``.
+- **throughput decay** ← ``observe_throughput(concurrency, tokens_per_s)``, once per finished stream:
+  ``tokens_per_s = (tokens − 1) / (last token − first token)`` of the stream (prefill pauses included:
+  that is the rate a client sees) and ``concurrency`` = the endpoint's running count averaged over all
+  gaps of the stream.
+
+**Fitting.** ``observe_*`` only append to a bounded window (O(1); never fit on the request path).
+``refit()`` (a background task, every few seconds; a few milliseconds per endpoint with full windows)
+solves, per dimension, a weighted least-squares problem on *relative* errors, so short and long
+observations count alike and the fit minimises what ``*_mape`` reports. The weights are exponential
+forgetting (an observation ``a`` observations old weighs ``2^(−a / half_life)``) times robust weights
+(iteratively reweighted: Huber, then Tukey's biweight, so gross outliers such as a stalled event loop or
+a GC pause, which only ever add time, get no weight; residuals are relative to the fitted value, since
+dividing by a noisy observation would favour the ones that came out short). Slopes and intercepts are
+constrained to be non-negative (exact NNLS by trying every face of the constraint set: at most three
+unknowns). A dimension keeps its current coefficients (the prior until its first good fit) while it has
+fewer than ``min_obs`` observations, or when its system is ill-conditioned (e.g. every prompt the same
+length, or a saturated endpoint that only ever runs one batch size: the slope cannot be told from the
+intercept), or when the fit would put every coefficient at zero. The throughput curve is non-linear in
+β: a log-spaced grid of β with the linear (thr1, α) solved in closed form for each.
+
+``*_mape`` are fractions (0.03 = 3 %): the mean absolute relative error of the current coefficients over
+the window, weighted by the same forgetting weights (old observations from before a change count
+little); ``n_*`` are the observations the dimension's current fit used (0 while it holds the prior).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from itertools import combinations
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[np.float64]
+
+# Column-scaled condition number above which a fit is refused (about 4 of 16 digits lost).
+_MAX_COND: Final = 1e4
+_HUBER_K: Final = 1.345  # Huber's constant (95 % efficiency under normal noise), in robust std devs
+_HUBER_ROUNDS: Final = 2
+_TUKEY_C: Final = 4.685  # Tukey's biweight constant (95 % efficiency): beyond it a residual weighs 0
+_TUKEY_ROUNDS: Final = 4
+_MIN_SCALE: Final = 1e-3  # floor of the robust residual scale (relative error)
+_BETAS: Final = np.geomspace(1e-3, 1e2, 81)
+
+
+@dataclass(frozen=True, slots=True)
+class PerfCoefficients:
+    k1: float  # prefill seconds per prompt token (summed over the prefill batch)
+    c1: float  # prefill seconds per iteration
+    k2: float  # decode seconds per (context token x running request)
+    c2: float  # decode seconds per running request
+    c3: float  # decode seconds per iteration
+    h: float  # KV tokens per context token
+    j: float  # KV tokens per request on top of its context
+    thr1: float  # MaaSO: per-request decode tokens/s as concurrency -> 0
+    alpha: float
+    beta: float
+    prefill_mape: float | None = None
+    decode_mape: float | None = None
+    kv_mape: float | None = None
+    n_prefill: int = 0
+    n_decode: int = 0
+    n_kv: int = 0
+
+    def prefill_s(self, prompt_tokens: float) -> float:
+        """Seconds of one prefill iteration over `prompt_tokens` prompt tokens in total."""
+        return self.k1 * prompt_tokens + self.c1
+
+    def decode_iter_s(self, batch: float, avg_context: float) -> float:
+        """Seconds of one decode iteration of `batch` requests whose mean context is `avg_context`."""
+        return (self.k2 * avg_context + self.c2) * batch + self.c3
+
+    def kv_tokens(self, context_tokens: float) -> float:
+        """KV-cache tokens one request holds at `context_tokens` (prompt + generated)."""
+        return self.h * context_tokens + self.j
+
+    def per_request_tps(self, concurrency: float) -> float:
+        """Decode tokens/s one request gets when `concurrency` requests run (never negative)."""
+        return max(0.0, self.thr1 - self.alpha * math.log1p(self.beta * max(0.0, concurrency)))
+
+
+def default_prior() -> PerfCoefficients:
+    """A generic prior: Llama-2 7B on one A100-80GB (papers/ALGORITHMS.md, Aladdin's SLOs of 400 ms
+    prefill / 15 ms decode; the same figures as the simulator's ``a100-llama2-7b`` preset).
+
+    - prefill 0.10 ms per prompt token + 15 ms per iteration (a 4k-token prompt in ~425 ms);
+    - decode (0.38 us x context + 0.15 ms) per request + 11 ms per iteration (11 ms alone, ~22 ms for
+      32 requests at 500 tokens of context);
+    - KV: one slot per context token plus half a 16-token paged block of rounding per request;
+    - throughput: the decode model's per-request rate 1 / t_dec(n, 500) fitted by the MaaSO curve for
+      n = 1..64 (88 tokens/s alone, 46 at 32; 0.7 % error).
+    """
+    return PerfCoefficients(
+        k1=1.0e-4,
+        c1=0.015,
+        k2=3.8e-7,
+        c2=1.5e-4,
+        c3=0.011,
+        h=1.0,
+        j=8.0,
+        thr1=95.1,
+        alpha=25.75,
+        beta=0.179,
+    )
+
+
+class _Ring:
+    """A bounded window of observations (rows of floats) in preallocated arrays; O(1) append."""
+
+    __slots__ = ("_data", "_head", "_len")
+
+    def __init__(self, size: int, width: int) -> None:
+        self._data = np.zeros((size, width))
+        self._head = 0  # where the next row goes
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def append(self, *row: float) -> None:
+        self._data[self._head] = row
+        self._head = (self._head + 1) % len(self._data)
+        self._len = min(self._len + 1, len(self._data))
+
+    def rows(self) -> Array:
+        """The observations, oldest first."""
+        if self._len < len(self._data):
+            return self._data[: self._len].copy()
+        return np.concatenate((self._data[self._head :], self._data[: self._head]))
+
+
+@dataclass(frozen=True, slots=True)
+class _LinearFit:
+    coef: tuple[float, ...]
+    mape: float
+    n: int
+
+
+class PerfModelFitter:
+    """One per endpoint (or per model + engine profile). See the module doc for what to feed it.
+
+    ``observe_*`` are O(1) appends into bounded windows; ``refit()`` runs the least-squares fits (about a
+    millisecond per dimension for a full window) and returns and stores the new coefficients. Invalid
+    observations (non-finite, negative sizes, non-positive times) are dropped.
+    """
+
+    def __init__(
+        self, prior: PerfCoefficients, *, window: int = 2000, half_life: float = 500.0, min_obs: int = 20
+    ) -> None:
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        if not half_life > 0:
+            raise ValueError("half_life must be > 0")
+        if min_obs < 1:
+            raise ValueError("min_obs must be >= 1")
+        self._prior = prior
+        self._current = prior
+        self._half_life = float(half_life)
+        self._min_obs = min_obs
+        self._prefill = _Ring(window, 2)
+        self._decode = _Ring(window, 3)
+        self._kv = _Ring(window, 2)
+        self._tput = _Ring(window, 2)
+
+    # ---- observations ----------------------------------------------------------------------------
+    def observe_prefill(self, prompt_tokens: float, seconds: float) -> None:
+        if _finite(prompt_tokens, seconds) and prompt_tokens >= 0 and seconds > 0:
+            self._prefill.append(prompt_tokens, seconds)
+
+    def observe_decode(self, batch: float, avg_context: float, seconds: float) -> None:
+        if _finite(batch, avg_context, seconds) and batch > 0 and avg_context >= 0 and seconds > 0:
+            self._decode.append(batch, avg_context, seconds)
+
+    def observe_kv(self, context_tokens: float, kv_tokens: float) -> None:
+        if _finite(context_tokens, kv_tokens) and context_tokens >= 0 and kv_tokens > 0:
+            self._kv.append(context_tokens, kv_tokens)
+
+    def observe_throughput(self, concurrency: float, tokens_per_s: float) -> None:
+        if _finite(concurrency, tokens_per_s) and concurrency >= 0 and tokens_per_s > 0:
+            self._tput.append(concurrency, tokens_per_s)
+
+    @property
+    def current(self) -> PerfCoefficients:
+        return self._current
+
+    @property
+    def prior(self) -> PerfCoefficients:
+        return self._prior
+
+    # ---- fitting -----------------------------------------------------------------------------------
+    def refit(self) -> PerfCoefficients:
+        cur = self._current
+        # Extreme inputs (denormal sizes, 1e300 times) may overflow on the way; every result is checked
+        # for finiteness instead, and a dimension whose fit is not finite keeps its coefficients.
+        with np.errstate(all="ignore"):
+            prefill, decode, kv, tput = (
+                self._fit_prefill(),
+                self._fit_decode(),
+                self._fit_kv(),
+                self._fit_throughput(),
+            )
+        if prefill is not None:
+            k1, c1 = prefill.coef
+            cur = replace(cur, k1=k1, c1=c1, prefill_mape=prefill.mape, n_prefill=prefill.n)
+        if decode is not None:
+            k2, c2, c3 = decode.coef
+            cur = replace(cur, k2=k2, c2=c2, c3=c3, decode_mape=decode.mape, n_decode=decode.n)
+        if kv is not None:
+            h, j = kv.coef
+            cur = replace(cur, h=h, j=j, kv_mape=kv.mape, n_kv=kv.n)
+        if tput is not None:
+            thr1, alpha, beta = tput
+            cur = replace(cur, thr1=thr1, alpha=alpha, beta=beta)
+        self._current = cur
+        return cur
+
+    def _fit_prefill(self) -> _LinearFit | None:
+        if len(self._prefill) < self._min_obs:
+            return None
+        data = self._prefill.rows()
+        x = np.column_stack((data[:, 0], np.ones(len(data))))
+        return _fit_linear(x, data[:, 1], self._weights(len(data)))
+
+    def _fit_decode(self) -> _LinearFit | None:
+        if len(self._decode) < self._min_obs:
+            return None
+        data = self._decode.rows()
+        batch, ctx = data[:, 0], data[:, 1]
+        x = np.column_stack((batch * ctx, batch, np.ones(len(data))))
+        return _fit_linear(x, data[:, 2], self._weights(len(data)))
+
+    def _fit_kv(self) -> _LinearFit | None:
+        if len(self._kv) < self._min_obs:
+            return None
+        data = self._kv.rows()
+        x = np.column_stack((data[:, 0], np.ones(len(data))))
+        return _fit_linear(x, data[:, 1], self._weights(len(data)))
+
+    def _fit_throughput(self) -> tuple[float, float, float] | None:
+        if len(self._tput) < self._min_obs:
+            return None
+        data = self._tput.rows()
+        return _fit_decay(data[:, 0], data[:, 1], self._weights(len(data)))
+
+    def _weights(self, n: int) -> Array:
+        age = np.arange(n - 1, -1, -1, dtype=np.float64)  # the newest observation is the last
+        return np.exp2(-age / self._half_life)
+
+
+def _finite(*values: float) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+def _fit_linear(x: Array, y: Array, w: Array) -> _LinearFit | None:
+    """Non-negative weighted least squares on relative errors, robustly reweighted; None when the
+    system is ill-conditioned or the only sane answer is all zeros.
+
+    Iteratively reweighted: a plain weighted least-squares start, then rounds whose residuals are
+    relative to the *fitted* value (dividing by a noisy observation would give the observations that
+    came out short the largest weights), first with Huber weights, then with Tukey's biweight, which
+    gives gross outliers no weight at all: timing noise on a busy host is skewed (a late timer or a GC
+    pause only ever adds time) and would otherwise pull the fit."""
+    sw = np.sqrt(w)
+    a = x * sw[:, None]
+    norms = np.linalg.norm(a, axis=0)
+    if not np.all(norms > 0) or not np.linalg.cond(a / norms) <= _MAX_COND:  # also catches NaN and inf
+        return None
+    row = sw / float(np.median(y))
+    robust = np.ones_like(y)
+    beta = np.zeros(x.shape[1])
+    for i in range(_HUBER_ROUNDS + _TUKEY_ROUNDS + 1):
+        if np.count_nonzero(robust) <= x.shape[1]:
+            break  # too few observations kept to say anything: keep the last answer
+        scaled = row * np.sqrt(robust)
+        a = x * scaled[:, None]
+        norms = np.linalg.norm(a, axis=0)
+        if not np.all(norms > 0):
+            break
+        an = a / norms
+        beta = _nnls(an.T @ an, an.T @ (y * scaled)) / norms
+        fitted = x @ beta
+        if not np.all(fitted > 0):
+            break  # a zero prediction cannot be a relative scale; keep this round's answer
+        u = np.abs(fitted - y) / fitted
+        u = u / max(1.4826 * float(np.median(u)), _MIN_SCALE)  # in robust standard deviations
+        if i < _HUBER_ROUNDS:
+            robust = np.minimum(1.0, _HUBER_K / np.maximum(u, 1e-300))
+        else:
+            robust = np.where(u < _TUKEY_C, (1.0 - (u / _TUKEY_C) ** 2) ** 2, 0.0)
+        row = sw / fitted
+    if not np.any(beta > 0) or not np.all(np.isfinite(beta)):
+        return None
+    err = np.abs(x @ beta - y) / y
+    mape = float(np.sum(w * err) / np.sum(w))
+    if not math.isfinite(mape):
+        return None
+    return _LinearFit(tuple(float(v) for v in beta), mape, len(y))
+
+
+def _nnls(gram: Array, rhs: Array) -> Array:
+    """argmin ||A·c − b||² subject to c >= 0, given ``AᵀA`` and ``Aᵀb``, exactly, for a few columns: the
+    optimum is the unconstrained solution on one face of the orthant (a subset of free columns) that is
+    feasible; try every face and keep the feasible one with the least residual. At a face's unconstrained
+    optimum the residual is ``bᵀb − cᵀ·Aᵀb``, so comparing ``cᵀ·Aᵀb`` suffices."""
+    p = len(rhs)
+    try:
+        full: Array = np.asarray(np.linalg.solve(gram, rhs), dtype=np.float64)
+    except np.linalg.LinAlgError:
+        pass
+    else:
+        if np.all(full >= 0):  # the unconstrained optimum is feasible: it is the answer
+            return full
+    best = np.zeros(p)
+    best_gain = 0.0
+    for size in range(p - 1, 0, -1):
+        for cols in combinations(range(p), size):
+            idx = list(cols)
+            try:
+                sol = np.linalg.solve(gram[np.ix_(idx, idx)], rhs[idx])
+            except np.linalg.LinAlgError:
+                continue
+            if np.any(sol < 0):
+                continue
+            gain = float(sol @ rhs[idx])
+            if gain > best_gain:
+                best = np.zeros(p)
+                best[idx] = sol
+                best_gain = gain
+    return best
+
+
+def _fit_decay(n: Array, tps: Array, w: Array) -> tuple[float, float, float] | None:
+    """MaaSO's ``tps = thr1 − α·ln(1 + β·n)``: for every β of a log grid, the (thr1, α >= 0) that minimise
+    the weighted squared relative error in closed form; the best β wins."""
+    if np.ptp(n) <= 0:  # one concurrency level: the decay cannot be seen
+        return None
+    wr = w / (tps * tps)  # relative errors: weight each squared residual by 1/tps^2
+    g = -np.log1p(np.outer(n, _BETAS))  # column k is the α-feature for β_k
+    sw = float(np.sum(wr))
+    sy = float(np.sum(wr * tps))
+    sg = wr @ g
+    sgg = wr @ (g * g)
+    sgy = (wr * tps) @ g
+    det = sw * sgg - sg * sg
+    ok = det > 1e-12 * sw * sgg
+    safe = np.where(ok, det, 1.0)
+    alpha = np.where(ok, (sw * sgy - sg * sy) / safe, 0.0)
+    thr1 = np.where(ok, (sy - alpha * sg) / sw, sy / sw)
+    # α < 0 would be throughput growing with load: the constrained optimum is then α = 0, thr1 = mean
+    neg = alpha < 0
+    alpha = np.where(neg, 0.0, alpha)
+    thr1 = np.where(neg, sy / sw, thr1)
+    sse = float(np.sum(wr * tps * tps)) - 2 * (thr1 * sy + alpha * sgy)
+    sse = sse + thr1 * thr1 * sw + 2 * thr1 * alpha * sg + alpha * alpha * sgg
+    k = int(np.argmin(sse))
+    if not thr1[k] > 0 or not math.isfinite(float(sse[k])) or not math.isfinite(float(alpha[k] + thr1[k])):
+        return None
+    return float(thr1[k]), float(alpha[k]), float(_BETAS[k])

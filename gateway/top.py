@@ -1,0 +1,300 @@
+"""`berth top`: a live terminal view of the fleet (endpoints, performance models, queues, SLO
+attainment over the last minute), drawn from the gateway's `GET /admin/fleet`.
+
+Plain ANSI, no curses: it works over SSH and in any terminal. It redraws every `--interval` seconds;
+`q` or Ctrl-C exits. `--once` prints one frame without escape codes and exits (scripts, tests); it
+exits 1 when the gateway cannot be read. The admin token comes from `--token` or BERTH_ADMIN_TOKEN;
+without one, the gateway answers loopback clients only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, TextIO
+
+import orjson
+
+DEFAULT_URL: Final = "http://127.0.0.1:8080"
+FLEET_PATH: Final = "/admin/fleet"
+_CLEAR: Final = "\x1b[H\x1b[2J"
+_HIDE_CURSOR: Final = "\x1b[?25l"
+_SHOW_CURSOR: Final = "\x1b[?25h"
+_BOLD: Final = "\x1b[1m"
+_RED: Final = "\x1b[31m"
+_RESET: Final = "\x1b[0m"
+
+
+class TopError(Exception):
+    """The gateway could not be read; the message says why."""
+
+
+def fetch(url: str, token: str | None, *, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The /admin/fleet document of the gateway at `url`."""
+    req = urllib.request.Request(url.rstrip("/") + FLEET_PATH, headers={"Accept": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as e:
+        raise TopError(f"{url}: HTTP {e.code}: {_error_message(e.read())}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise TopError(f"{url}: {reason}") from None
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise TopError(f"{url}: the answer is not JSON") from None
+    if not isinstance(doc, dict):
+        raise TopError(f"{url}: unexpected answer")
+    return doc
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        doc = orjson.loads(body)
+        return str(doc["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body.decode("utf-8", "replace").strip()[:200] or "no details"
+
+
+# --------------------------------------------------------------------- formatting
+def _secs(v: Any) -> str:
+    if not isinstance(v, int | float):
+        return "-"
+    if v < 1.0:
+        return f"{v * 1000:.0f}ms" if v >= 0.0095 else f"{v * 1000:.1f}ms"
+    if v < 600:
+        return f"{v:.1f}s"
+    return f"{v / 60:.0f}m"
+
+
+def _pct(v: Any) -> str:
+    return f"{v * 100:.0f}%" if isinstance(v, int | float) else "-"
+
+
+def _num(v: Any, digits: int = 0) -> str:
+    if not isinstance(v, int | float):
+        return "-"
+    return f"{v:.{digits}f}"
+
+
+def _sci(v: Any) -> str:
+    return f"{v:.2g}" if isinstance(v, int | float) else "-"
+
+
+def _uptime(v: Any) -> str:
+    if not isinstance(v, int | float):
+        return "-"
+    s = int(v)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> Iterator[str]:
+    widths = [len(h) for h in header]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    for row in (header, *rows):
+        yield "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
+    """One frame as text (no cursor movement)."""
+    bold, red, reset = (_BOLD, _RED, _RESET) if color else ("", "", "")
+    lines: list[str] = []
+    state = "draining" if doc.get("draining") else "ready" if doc.get("ready") else "NOT READY"
+    lines.append(
+        f"{bold}berth {doc.get('version', '?')}{reset}  {url}  policy {doc.get('policy', '?')}  "
+        f"up {_uptime(doc.get('uptime_s'))}  {state}"
+    )
+    fo = doc.get("fail_open") or {}
+    if fo.get("active"):
+        lines.append(
+            f"{red}FAILING OPEN: every ready endpoint's metrics are stale "
+            f"(for {_secs(fo.get('since_s'))}); routing on the gateway's own counts{reset}"
+        )
+    endpoints: list[dict[str, Any]] = doc.get("endpoints") or []
+    lines.append("")
+    lines.append(f"{bold}ENDPOINTS{reset}")
+    rows = []
+    for e in endpoints:
+        g = e.get("gauges") or {}
+        lat = e.get("latency") or {}
+        age = g.get("scrape_age_s")
+        rows.append(
+            [
+                str(e.get("id")),
+                str(e.get("state")),
+                str(e.get("class")),
+                f"{e.get('inflight', 0)}/{e.get('cap', '-')}",
+                _num(g.get("running")),
+                _num(g.get("waiting")),
+                _pct(g.get("kv_usage")),
+                _secs(age) + ("" if g.get("fresh") else "!"),
+                _secs(_get(lat, "ttft_s", "ewma")),
+                _secs(_get(lat, "ttft_s", "p90")),
+                _secs(_get(lat, "itl_s", "ewma")),
+                _secs(_get(lat, "itl_s", "p99")),
+                _num(lat.get("tokens_per_s"), 1),
+                _ratio(_get(e, "engine_check", "ttft", "ratio")),
+            ]
+        )
+    header = ["ENDPOINT", "STATE", "CLASS", "INFL", "RUN", "WAIT", "KV", "AGE"]
+    header += ["TTFT", "TTFTp90", "ITL", "ITLp99", "TOK/S", "GW/ENG"]
+    lines.extend(_table(header, rows))
+
+    lines.append("")
+    lines.append(f"{bold}PERFORMANCE MODELS{reset} (fit error: mean abs relative error; n: observations)")
+    rows = []
+    for e in endpoints:
+        p = e.get("perf") or {}
+        pre, dec, kv = p.get("prefill") or {}, p.get("decode") or {}, p.get("kv") or {}
+        perr = e.get("prediction_error") or {}
+        rows.append(
+            [
+                str(e.get("id")),
+                _sci(pre.get("k1")),
+                _sci(pre.get("c1")),
+                _sci(dec.get("k2")),
+                _sci(dec.get("c2")),
+                _sci(dec.get("c3")),
+                _sci(kv.get("h")),
+                _sci(kv.get("j")),
+                "/".join(_pct(x.get("mape")) for x in (pre, dec, kv)),
+                "/".join(_num(x.get("n")) for x in (pre, dec, kv)),
+                f"{_pct(perr.get('ttft'))}/{_pct(perr.get('itl'))}",
+                _num(e.get("kv_capacity_tokens")),
+            ]
+        )
+    header = ["ENDPOINT", "k1", "c1", "k2", "c2", "c3", "h", "j", "ERR pre/dec/kv", "n pre/dec/kv"]
+    header += ["PRED ttft/itl", "KV CAP"]
+    lines.extend(_table(header, rows))
+
+    lines.append("")
+    lines.append(f"{bold}MODELS{reset}")
+    rows = []
+    for name, m in sorted((doc.get("models") or {}).items()):
+        queued = m.get("queued") or {}
+        by_class = " ".join(f"{c}={n}" for c, n in sorted(queued.items())) or "-"
+        lat = m.get("latency") or {}
+        rows.append(
+            [
+                name,
+                str(m.get("queued_total", 0)),
+                by_class,
+                _secs(_get(lat, "ttft_s", "p50")),
+                _secs(_get(lat, "ttft_s", "p90")),
+                _secs(_get(lat, "itl_s", "p50")),
+                _secs(_get(lat, "itl_s", "p99")),
+                _num(lat.get("tokens_per_s"), 1),
+                _num(m.get("chars_per_token"), 2),
+                _pct(m.get("output_tokens_error")),
+            ]
+        )
+    header = ["MODEL", "QUEUED", "BY CLASS", "TTFTp50", "TTFTp90", "ITLp50", "ITLp99", "TOK/S"]
+    header += ["CHARS/TOK", "LEN ERR"]
+    lines.extend(_table(header, rows))
+
+    att = doc.get("attainment") or {}
+    lines.append("")
+    lines.append(f"{bold}SLO ATTAINMENT{reset} (last {_num(att.get('window_s'))}s)")
+    rows = []
+    for cls, a in sorted((att.get("classes") or {}).items()):
+        ratio = a.get("ratio")
+        text = _pct1(ratio)
+        if color and isinstance(ratio, int | float) and ratio < 0.9:
+            text = f"{red}{text}{reset}"
+        rows.append([cls, str(a.get("finished", 0)), str(a.get("met", 0)), text])
+    lines.extend(_table(["CLASS", "FINISHED", "MET", "ATTAINMENT"], rows))
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(v: Any) -> str:
+    return f"{v:.2f}" if isinstance(v, int | float) else "-"
+
+
+def _pct1(v: Any) -> str:
+    return f"{v * 100:.1f}%" if isinstance(v, int | float) else "-"
+
+
+# --------------------------------------------------------------------- the loop
+def run(
+    url: str, token: str | None, *, once: bool, interval_s: float = 1.0, out: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    if once:
+        try:
+            doc = fetch(url, token)
+        except TopError as e:
+            print(f"berth top: {e}", file=sys.stderr)
+            return 1
+        out.write(render(doc, url=url))
+        out.flush()
+        return 0
+    with _keys() as key_pressed:
+        out.write(_HIDE_CURSOR)
+        try:
+            while True:
+                try:
+                    frame = render(fetch(url, token), url=url, color=True)
+                except TopError as e:
+                    frame = f"berth top: {e}\n(retrying every {interval_s:g}s; q quits)\n"
+                width = shutil.get_terminal_size().columns
+                # lines with escape codes are short section titles; the rest are clipped to the screen
+                clipped = "\n".join(line if "\x1b" in line else line[:width] for line in frame.split("\n"))
+                out.write(_CLEAR + clipped)
+                out.flush()
+                if key_pressed(interval_s) in ("q", "Q"):
+                    return 0
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            out.write(_SHOW_CURSOR + "\n")
+            out.flush()
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[Any]:
+    """A function `wait(seconds) -> key or None`: single key presses without Enter when stdin is a
+    terminal (cbreak mode, restored on exit); otherwise it only waits."""
+    fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
+    if fd is None:
+
+        def sleep_only(timeout_s: float) -> str | None:
+            time.sleep(timeout_s)
+            return None
+
+        yield sleep_only
+        return
+    import termios
+    import tty
+
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+
+        def wait(timeout_s: float) -> str | None:
+            ready, _, _ = select.select([fd], [], [], timeout_s)
+            return os.read(fd, 1).decode("utf-8", "replace") if ready else None
+
+        yield wait
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)

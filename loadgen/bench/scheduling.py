@@ -1,0 +1,622 @@
+"""Scheduling benchmark: berth's SLO-aware policy against round robin, power of two and least outstanding
+on CATO's setting (papers/ALGORITHMS.md §1), plus Aladdin's question (the fewest endpoints that keep
+goodput >= 0.95 at a fixed rate).
+
+    python -m loadgen.bench.scheduling                # the default run (~15 minutes on 2 cores)
+    berth-loadgen bench scheduling --quick            # one rate, one pattern, no endpoint search
+    python -m loadgen.bench.scheduling --rates 8,10,12 --patterns pattern1,pattern2 --speed 2
+
+Setup of every run (nothing is shared between runs, so each starts from the same state):
+- a simulated fleet in its own process (`berth-engine-sim --fleet`): two 7B-class models
+  (`code-a-7b`, `code-b-7b`), 6 endpoints each, profile `fleet-7b`, priority scheduling, sped up
+  `--speed` times;
+- berth in its own process (`python -m gateway.cli serve -c gateway.toml`), every endpoint with
+  `cap` = the engine's max_num_seqs and `scheduling = "priority"`, the performance-model prior set to
+  the fleet's profile (an operator's profiling step), and the policy under test;
+- this process runs the `coding` workload (loadgen's `run_workload`) with the same seed, hence the same
+  trace, for every policy of a comparison; every SLO, task SLA and client-side gap is scaled by
+  1 / speed, and every latency in the report is scaled back (simulated milliseconds);
+- meanwhile every endpoint's `/sim/state` is sampled every 2 simulated seconds: utilization is the
+  share of samples in which an endpoint was busy (running at least one request), CATO's definition.
+
+Policies: `berth` is `policies/coding-assistant.toml` as shipped. The baselines are the shipped
+`policies/baseline-*.toml` with the coding-assistant's `[slo]` class table added (the workload names its
+task type in x-berth-slo-class, which a policy must know; FCFS and the baselines' placement ignore it, and
+they have no admission control).
+
+Validity: a comparison is valid only when neither berth nor loadgen was CPU-starved: each used at most
+80 % of a core (loadgen's CPU report) and spent at most 10 % of the run waiting for a CPU while runnable
+(`/proc/PID/task/*/schedstat`: other processes on a shared machine). The report says so per run; the
+simulator's figures are shown too (a starved simulator runs its engines slower for every policy alike).
+
+Output: `OUT/report.md` (the tables), `OUT/report.json` (every figure and the raw loadgen reports' key
+numbers), `OUT/goodput.png` when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+import orjson
+
+from loadgen.bench.sim_cpu import runqueue_wait_s
+from loadgen.cpu import CPU_FLAG_THRESHOLD
+from loadgen.engine_sim.profiles import get_profile
+from loadgen.runner import RunOptions, run_workload
+
+REPO: Final = Path(__file__).resolve().parents[2]
+POLICY_DIR: Final = REPO / "policies"
+BERTH: Final = "berth"
+POLICIES: Final[dict[str, str]] = {
+    BERTH: "coding-assistant.toml",
+    "round-robin": "baseline-round-robin.toml",
+    "power-of-two": "baseline-power-of-two.toml",
+    "least-outstanding": "baseline-least-outstanding.toml",
+}
+MODELS: Final = ("code-a-7b", "code-b-7b")
+TASK_TYPES: Final = ("completion", "generation", "summarization", "translation")
+TTFT_TASKS: Final = ("completion", "generation")
+E2E_TASKS: Final = ("summarization", "translation")
+PROFILE: Final = "fleet-7b"
+RUNQUEUE_LIMIT: Final = 0.10  # share of the run a process may wait for a CPU before it counts as starved
+UTIL_SAMPLE_SIM_S: Final = 2.0  # CATO samples utilization every 2 s
+GOODPUT_TARGET: Final = 0.95
+# Share of the model-a endpoints when the fleet is resized (Aladdin's search): model b serves only the
+# validation calls (about a sixth of the work in pattern1).
+MODEL_A_SHARE: Final = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    out: Path
+    speed: float = 2.0
+    duration_s: float = 60.0  # simulated seconds of arrivals per run
+    patterns: tuple[str, ...] = ("pattern1", "pattern2")
+    rates: tuple[float, ...] = (8.0, 11.0)  # simulated task arrivals per second
+    policies: tuple[str, ...] = tuple(POLICIES)
+    endpoints_per_model: int = 6
+    seed: int = 1
+    aladdin: bool = True
+    aladdin_rate: float = 6.0
+    aladdin_pattern: str = "pattern1"
+    aladdin_policies: tuple[str, str] = (BERTH, "least-outstanding")
+    drain_sim_s: float = 90.0  # simulated seconds to wait for tasks still running after the arrivals
+
+
+@dataclass(slots=True)
+class RunResult:
+    policy: str
+    pattern: str
+    rate: float
+    endpoints: tuple[int, int]
+    wall_s: float
+    tasks: dict[str, dict[str, Any]]  # task type -> {count, goodput, latency_p95_ms (simulated)}
+    overall_goodput: float | None
+    request_goodput: float | None
+    utilization: float | None
+    busy_share: float | None  # engine busy time / wall (the simulator's own count)
+    cpu: dict[str, dict[str, Any]]  # process -> {cpu_share, runqueue_share}
+    valid: bool
+    errors: dict[str, int]
+    berth_rejections: int
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "pattern": self.pattern,
+            "rate": self.rate,
+            "endpoints": list(self.endpoints),
+            "wall_s": round(self.wall_s, 2),
+            "tasks": self.tasks,
+            "overall_goodput": self.overall_goodput,
+            "request_goodput": self.request_goodput,
+            "utilization": self.utilization,
+            "busy_share": self.busy_share,
+            "cpu": self.cpu,
+            "valid": self.valid,
+            "errors": self.errors,
+            "berth_rejections": self.berth_rejections,
+            "notes": self.notes,
+        }
+
+
+# --------------------------------------------------------------------- files
+def fleet_file(n_a: int, n_b: int, speed: float) -> str:
+    lines = [
+        "[defaults]",
+        f'profile = "{PROFILE}"',
+        f"speed = {speed}",
+        'scheduling_policy = "priority"',
+        "load_time_s = 0.0",
+        "",
+    ]
+    for model, n in zip(MODELS, (n_a, n_b), strict=True):
+        if n:
+            lines += ["[[endpoints]]", f'models = ["{model}"]', f"count = {n}", ""]
+    return "\n".join(lines)
+
+
+def gateway_toml(urls: Sequence[tuple[str, str]], *, port: int, policy: Path, speed: float) -> str:
+    """berth's configuration for a run: every endpoint at its engine's seats, priority scheduling, the
+    fleet profile as the performance-model prior (times divided by the speed)."""
+    prof = get_profile(PROFILE)
+    lat = prof.latency
+    s = speed
+    out = [
+        "[server]",
+        f'listen = "127.0.0.1:{port}"',
+        'log_level = "warning"',
+        "drain_timeout_s = 2.0",
+        "[limits]",
+        "max_queue_per_model = 8192",
+        f"max_queue_wait_s = {600.0 / s:.3f}",
+        f"default_endpoint_cap = {prof.max_num_seqs}",
+        "[scrape]",
+        f"interval_s = {max(0.2, 2.0 / s):.3f}",
+        f"stale_after_s = {max(1.0, 10.0 / s):.3f}",
+        "[telemetry]",
+        f"refresh_interval_s = {max(0.2, 1.0 / s):.3f}",
+        f"kv_capacity_tokens = {prof.kv_capacity_tokens}",
+        "[telemetry.prior]",
+        f"k1 = {lat.k1 / s:.6g}",
+        f"c1 = {lat.c1 / s:.6g}",
+        f"k2 = {lat.k2 / s:.6g}",
+        f"c2 = {lat.c2 / s:.6g}",
+        f"c3 = {lat.c3 / s:.6g}",
+        "h = 1.0",
+        "j = 1.0",
+        "[policy]",
+        f"file = {orjson.dumps(str(policy)).decode()}",
+        "",
+    ]
+    for i, (url, model) in enumerate(urls):
+        out += [
+            "[[endpoints]]",
+            f'id = "{model.split("-")[1]}{i:02d}"',
+            f'url = "{url}"',
+            'engine = "vllm"',
+            f'models = ["{model}"]',
+            'scheduling = "priority"',
+            "",
+        ]
+    return "\n".join(out)
+
+
+def policy_file(name: str, run_dir: Path) -> Path:
+    """The policy to run: berth's as shipped; a baseline as shipped plus the coding class table."""
+    shipped = POLICY_DIR / POLICIES[name]
+    if name == BERTH:
+        return shipped
+    base = msgspec.toml.decode(shipped.read_bytes())
+    coding = msgspec.toml.decode((POLICY_DIR / POLICIES[BERTH]).read_bytes())
+    base["slo"] = coding["slo"]
+    base["tasks"] = coding["tasks"]
+    path = run_dir / f"{Path(POLICIES[name]).stem}.toml"
+    path.write_bytes(msgspec.toml.encode(base))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# --------------------------------------------------------------------- processes
+class Procs:
+    def __init__(self) -> None:
+        self.sim: subprocess.Popen[str] | None = None
+        self.berth: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        for p in (self.berth, self.sim):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in (self.berth, self.sim):
+            if p is None:
+                continue
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def start_sim(run_dir: Path, n_a: int, n_b: int, speed: float) -> tuple[subprocess.Popen[str], list[str]]:
+    path = run_dir / "fleet.toml"
+    path.write_text(fleet_file(n_a, n_b, speed))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadgen.engine_sim.cli", "--fleet", str(path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=(run_dir / "sim.log").open("w"),
+        text=True,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None
+    urls = []
+    for _ in range(n_a + n_b):
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the simulator exited early; see {run_dir / 'sim.log'}")
+        urls.append(line.rsplit(" at ", 1)[1].strip())
+    return proc, urls
+
+
+async def wait_ready(base: str, n: int, timeout_s: float = 60.0) -> None:
+    """Until /admin/fleet shows every endpoint ready."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with s.get(base + "/admin/fleet") as r:
+                    if r.status == 200:
+                        doc = orjson.loads(await r.read())
+                        eps = doc.get("endpoints") or []
+                        if len(eps) == n and all(e.get("ready") for e in eps):
+                            return
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"berth at {base} did not see all {n} endpoints ready within {timeout_s:g}s")
+
+
+class UtilSampler:
+    """Every `period_s`, each endpoint's `/sim/state`: busy when it runs at least one request."""
+
+    def __init__(self, urls: Sequence[str], period_s: float) -> None:
+        self.urls = list(urls)
+        self.period_s = period_s
+        self.samples = 0
+        self.busy = 0
+        self.busy_s0: dict[str, float] = {}
+        self.busy_s1: dict[str, float] = {}
+
+    async def _states(self, s: aiohttp.ClientSession) -> list[dict[str, Any]]:
+        async def one(url: str) -> dict[str, Any]:
+            async with s.get(url + "/sim/state") as r:
+                doc: dict[str, Any] = orjson.loads(await r.read())
+                return doc
+
+        return list(await asyncio.gather(*(one(u) for u in self.urls)))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with aiohttp.ClientSession() as s:
+            first = await self._states(s)
+            self.busy_s0 = {st["url"]: float(st["stats"]["busy_s"]) for st in first}
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.period_s)
+                if stop.is_set():
+                    break
+                with contextlib.suppress(aiohttp.ClientError, OSError):
+                    for st in await self._states(s):
+                        self.samples += 1
+                        self.busy += st["running"] > 0
+            last = await self._states(s)
+            self.busy_s1 = {st["url"]: float(st["stats"]["busy_s"]) for st in last}
+
+    @property
+    def utilization(self) -> float | None:
+        return self.busy / self.samples if self.samples else None
+
+    def busy_share(self, wall_s: float) -> float | None:
+        if not self.busy_s1 or wall_s <= 0:
+            return None
+        total = sum(self.busy_s1[u] - self.busy_s0.get(u, 0.0) for u in self.busy_s1)
+        return total / (wall_s * len(self.busy_s1))
+
+
+# --------------------------------------------------------------------- one run
+async def run_one(cfg: BenchConfig, policy: str, pattern: str, rate: float, n_a: int, n_b: int) -> RunResult:
+    tag = f"{pattern}-r{rate:g}-{n_a}+{n_b}-{policy}"
+    run_dir = cfg.out / "runs" / tag
+    run_dir.mkdir(parents=True, exist_ok=True)
+    procs = Procs()
+    s = cfg.speed
+    try:
+        sim, urls = start_sim(run_dir, n_a, n_b, s)
+        procs.sim = sim
+        port = free_port()
+        models = [MODELS[0]] * n_a + [MODELS[1]] * n_b
+        gw = run_dir / "gateway.toml"
+        gw.write_text(
+            gateway_toml(
+                list(zip(urls, models, strict=True)), port=port, policy=policy_file(policy, run_dir), speed=s
+            )
+        )
+        berth_log = (run_dir / "berth.log").open("wb")
+        procs.berth = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "-c", str(gw)],
+            stdout=berth_log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+        base = f"http://127.0.0.1:{port}"
+        await wait_ready(base, n_a + n_b)
+        pids = {"berth": procs.berth.pid, "sim": sim.pid, "loadgen": os.getpid()}
+        rq0 = {k: runqueue_wait_s(p) for k, p in pids.items()}
+        opts = RunOptions(
+            target=base,
+            workload=f"coding:{pattern}",
+            rate=rate * s,
+            duration_s=cfg.duration_s / s,
+            seed=cfg.seed,
+            models=MODELS,
+            slo_scale=1.0 / s,
+            gap_scale=1.0 / s,
+            drain_timeout_s=cfg.drain_sim_s / s,
+            request_timeout_s=600.0 / s,
+            stall_timeout_s=120.0 / s,
+            watch_pids={"berth": procs.berth.pid, "sim": sim.pid},
+        )
+        sampler = UtilSampler(urls, UTIL_SAMPLE_SIM_S / s)
+        stop = asyncio.Event()
+        t0 = time.monotonic()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(sampler.run(stop), name="utilization-sampler")
+            try:
+                report = await run_workload(opts)
+            finally:
+                stop.set()
+        wall = time.monotonic() - t0
+        rq = {k: (runqueue_wait_s(p) - rq0[k]) / wall for k, p in pids.items()}
+        (run_dir / "loadgen.json").write_bytes(report.to_json())
+        berth_rejections = await _rejections(base)
+    finally:
+        procs.stop()
+    return summarize(
+        policy, pattern, rate, (n_a, n_b), s, report.data, report.tasks, sampler, wall, rq, berth_rejections
+    )
+
+
+async def _rejections(base: str) -> int:
+    """Requests berth refused (all reasons), from its /metrics."""
+    with contextlib.suppress(aiohttp.ClientError, OSError):
+        async with aiohttp.ClientSession() as s, s.get(base + "/metrics") as r:
+            text = (await r.read()).decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("berth_rejections_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return int(total)
+    return -1
+
+
+def summarize(
+    policy: str,
+    pattern: str,
+    rate: float,
+    endpoints: tuple[int, int],
+    speed: float,
+    data: dict[str, Any],
+    task_results: Sequence[Any],
+    sampler: UtilSampler,
+    wall: float,
+    runqueue: dict[str, float],
+    berth_rejections: int,
+) -> RunResult:
+    tasks: dict[str, dict[str, Any]] = {}
+    for name, st in data.get("tasks", {}).items():
+        p95 = st.get("latency_p95_ms")
+        tasks[name] = {
+            "count": st["count"],
+            "goodput": st["goodput"],
+            "latency_p95_ms": None if p95 is None else round(p95 * speed, 1),
+            "sla_ms": None if st.get("sla_ms") is None else round(st["sla_ms"] * speed, 1),
+        }
+    n = len(task_results)
+    met = sum(1 for t in task_results if t.met)
+    cpu: dict[str, dict[str, Any]] = {}
+    shares = data.get("cpu", {}).get("processes", {})
+    for name in ("berth", "loadgen", "sim"):
+        cpu[name] = {
+            "cpu_share": shares.get(name, {}).get("cpu_share"),
+            "runqueue_share": round(runqueue.get(name, 0.0), 4),
+        }
+    notes: list[str] = []
+    valid = True
+    for name in ("berth", "loadgen"):
+        share = cpu[name]["cpu_share"]
+        if share is not None and share > CPU_FLAG_THRESHOLD:
+            valid = False
+            notes.append(f"{name} used {share * 100:.0f} % of a core (> {CPU_FLAG_THRESHOLD * 100:.0f} %)")
+        if cpu[name]["runqueue_share"] > RUNQUEUE_LIMIT:
+            valid = False
+            notes.append(
+                f"{name} waited for a CPU {cpu[name]['runqueue_share'] * 100:.0f} % of the run "
+                f"(> {RUNQUEUE_LIMIT * 100:.0f} %)"
+            )
+    return RunResult(
+        policy=policy,
+        pattern=pattern,
+        rate=rate,
+        endpoints=endpoints,
+        wall_s=wall,
+        tasks=tasks,
+        overall_goodput=round(met / n, 4) if n else None,
+        request_goodput=data["overall"]["goodput"],
+        utilization=None if sampler.utilization is None else round(sampler.utilization, 4),
+        busy_share=None if (b := sampler.busy_share(wall)) is None else round(b, 4),
+        cpu=cpu,
+        valid=valid,
+        errors=dict(data.get("errors_by_kind", {})),
+        berth_rejections=berth_rejections,
+        notes=notes,
+    )
+
+
+# --------------------------------------------------------------------- the benchmark
+async def sweep(cfg: BenchConfig, log: Any) -> list[RunResult]:
+    out: list[RunResult] = []
+    n = cfg.endpoints_per_model
+    for pattern in cfg.patterns:
+        for rate in cfg.rates:
+            for policy in cfg.policies:
+                r = await run_one(cfg, policy, pattern, rate, n, n)
+                log(line(r))
+                out.append(r)
+    return out
+
+
+def split(total: int) -> tuple[int, int]:
+    a = max(1, min(total - 1, math.ceil(total * MODEL_A_SHARE)))
+    return a, total - a
+
+
+async def fewest_endpoints(cfg: BenchConfig, policy: str, log: Any) -> tuple[int | None, list[RunResult]]:
+    """The fewest endpoints (both models, split MODEL_A_SHARE) keeping overall goodput >= 0.95 at
+    `aladdin_rate`: a binary search over 2 .. 2 × endpoints_per_model (goodput falls as endpoints go)."""
+    runs: list[RunResult] = []
+    lo, hi = 2, 2 * cfg.endpoints_per_model
+    best: int | None = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        a, b = split(mid)
+        r = await run_one(cfg, policy, cfg.aladdin_pattern, cfg.aladdin_rate, a, b)
+        log(line(r))
+        runs.append(r)
+        if r.overall_goodput is not None and r.overall_goodput >= GOODPUT_TARGET:
+            best, hi = mid, mid - 1
+        else:
+            lo = mid + 1
+    return best, runs
+
+
+def line(r: RunResult) -> str:
+    per = " ".join(f"{t[:4]}={r.tasks.get(t, {}).get('goodput') or 0:.2f}" for t in TASK_TYPES)
+    flag = "" if r.valid else "  INVALID: " + "; ".join(r.notes)
+    return (
+        f"{r.pattern} rate={r.rate:g} endpoints={r.endpoints[0]}+{r.endpoints[1]} {r.policy:18} "
+        f"goodput={r.overall_goodput} ({per}) util={r.utilization} cpu berth="
+        f"{r.cpu['berth']['cpu_share']} loadgen={r.cpu['loadgen']['cpu_share']} wall={r.wall_s:.0f}s{flag}"
+    )
+
+
+def render(cfg: BenchConfig, runs: list[RunResult], aladdin: dict[str, Any] | None, started: float) -> str:
+    from loadgen.bench.scheduling_report import markdown
+
+    return markdown(cfg, runs, aladdin, time.time() - started)
+
+
+async def bench(cfg: BenchConfig) -> dict[str, Any]:
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    log(f"scheduling benchmark: speed x{cfg.speed:g}, {cfg.duration_s:g} simulated s per run, out {cfg.out}")
+    runs = await sweep(cfg, log)
+    aladdin: dict[str, Any] | None = None
+    if cfg.aladdin:
+        aladdin = {"rate": cfg.aladdin_rate, "pattern": cfg.aladdin_pattern, "fewest": {}, "runs": []}
+        for policy in cfg.aladdin_policies:
+            best, rr = await fewest_endpoints(cfg, policy, log)
+            aladdin["fewest"][policy] = best
+            aladdin["runs"] += [r.to_dict() for r in rr]
+    doc = {
+        "config": {
+            "speed": cfg.speed,
+            "duration_sim_s": cfg.duration_s,
+            "patterns": list(cfg.patterns),
+            "rates": list(cfg.rates),
+            "policies": {p: POLICIES[p] for p in cfg.policies},
+            "endpoints_per_model": cfg.endpoints_per_model,
+            "seed": cfg.seed,
+            "profile": PROFILE,
+            "loadavg": list(os.getloadavg()),
+            "cpus": os.cpu_count(),
+        },
+        "runs": [r.to_dict() for r in runs],
+        "aladdin": aladdin,
+        "elapsed_s": round(time.time() - started, 1),
+    }
+    (cfg.out / "report.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    text = render(cfg, runs, aladdin, started)
+    (cfg.out / "report.md").write_text(text)
+    from loadgen.bench.scheduling_report import plot
+
+    plot_note = plot(runs, cfg.out / "goodput.png")
+    log(text)
+    if plot_note:
+        log(plot_note)
+    return doc
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="berth-loadgen bench scheduling", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("bench-scheduling"), help="output directory")
+    p.add_argument("--speed", type=float, default=BenchConfig.speed, help="simulator speed-up")
+    p.add_argument("--duration", type=float, default=BenchConfig.duration_s, help="simulated s of arrivals")
+    p.add_argument("--rates", default=",".join(f"{r:g}" for r in BenchConfig.rates), help="tasks/s")
+    p.add_argument("--patterns", default=",".join(BenchConfig.patterns))
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"subset of {', '.join(POLICIES)}")
+    p.add_argument("--endpoints", type=int, default=BenchConfig.endpoints_per_model, help="per model")
+    p.add_argument("--seed", type=int, default=BenchConfig.seed)
+    p.add_argument("--aladdin-rate", type=float, default=BenchConfig.aladdin_rate)
+    p.add_argument("--no-aladdin", action="store_true", help="skip the fewest-endpoints search")
+    p.add_argument("--quick", action="store_true", help="one pattern, one rate, no search (~3 min)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())
+    unknown = [x for x in policies if x not in POLICIES]
+    if unknown:
+        print(f"unknown policies: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    cfg = BenchConfig(
+        out=args.out,
+        speed=args.speed,
+        duration_s=args.duration,
+        patterns=tuple(x.strip() for x in args.patterns.split(",") if x.strip()),
+        rates=_floats(args.rates),
+        policies=policies,
+        endpoints_per_model=args.endpoints,
+        seed=args.seed,
+        aladdin=not args.no_aladdin,
+        aladdin_rate=args.aladdin_rate,
+    )
+    if args.quick:
+        cfg = BenchConfig(
+            out=cfg.out,
+            speed=cfg.speed,
+            duration_s=cfg.duration_s,
+            patterns=cfg.patterns[:1],
+            rates=cfg.rates[-1:],
+            policies=cfg.policies,
+            endpoints_per_model=cfg.endpoints_per_model,
+            seed=cfg.seed,
+            aladdin=False,
+        )
+    try:
+        import uvloop
+
+        uvloop.run(bench(cfg))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""The scheduling benchmark's report: markdown tables, the target checks, and a goodput plot."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loadgen.bench.scheduling import BenchConfig, RunResult
+
+OVERALL_MARGIN = 0.10  # berth's overall goodput over the best baseline at the heaviest load
+TASK_TOLERANCE = 0.02  # no task type worse than the best baseline by more than this
+ENDPOINT_RATIO = 0.7  # Aladdin: berth's fewest endpoints <= this x least-outstanding's
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def run_row(r: RunResult) -> list[str]:
+    from loadgen.bench.scheduling import TASK_TYPES
+
+    t = r.tasks
+    return [
+        f"{r.rate:g}",
+        r.policy,
+        _f(r.overall_goodput),
+        *(_f(t.get(k, {}).get("goodput")) for k in TASK_TYPES),
+        _ms(t.get("completion", {}).get("latency_p95_ms")),
+        _ms(t.get("generation", {}).get("latency_p95_ms")),
+        _ms(t.get("summarization", {}).get("latency_p95_ms")),
+        _ms(t.get("translation", {}).get("latency_p95_ms")),
+        _f(r.utilization, 2),
+        _f(r.busy_share, 2),
+        f"{_pct(r.cpu['berth']['cpu_share'])} / {_pct(r.cpu['berth']['runqueue_share'])}",
+        f"{_pct(r.cpu['loadgen']['cpu_share'])} / {_pct(r.cpu['loadgen']['runqueue_share'])}",
+        f"{_pct(r.cpu['sim']['cpu_share'])} / {_pct(r.cpu['sim']['runqueue_share'])}",
+        "yes" if r.valid else "NO",
+    ]
+
+
+HEADER = [
+    "rate",
+    "policy",
+    "goodput",
+    "compl",
+    "gen",
+    "summ",
+    "trans",
+    "p95 TTFT compl",
+    "p95 TTFT gen",
+    "p95 E2E summ",
+    "p95 E2E trans",
+    "util",
+    "busy",
+    "berth cpu/wait",
+    "loadgen cpu/wait",
+    "sim cpu/wait",
+    "valid",
+]
+
+
+def target_check(runs: Sequence[RunResult], pattern: str) -> list[str]:
+    """At the heaviest rate of `pattern`: berth vs the best baseline, overall and per task type."""
+    from loadgen.bench.scheduling import BERTH, TASK_TYPES
+
+    mine = [r for r in runs if r.pattern == pattern]
+    if not mine:
+        return []
+    rate = max(r.rate for r in mine)
+    at = [r for r in mine if r.rate == rate]
+    berth = next((r for r in at if r.policy == BERTH), None)
+    base = [r for r in at if r.policy != BERTH and r.overall_goodput is not None]
+    if berth is None or berth.overall_goodput is None or not base:
+        return [f"- {pattern}: nothing to compare"]
+    best = max(base, key=lambda r: r.overall_goodput or 0.0)
+    diff = berth.overall_goodput - (best.overall_goodput or 0.0)
+    ok = diff >= OVERALL_MARGIN
+    out = [
+        f"- {pattern} at {rate:g} tasks/s: berth {berth.overall_goodput:.3f} vs best baseline "
+        f"{best.policy} {best.overall_goodput:.3f}: {diff:+.3f} "
+        f"({'MET' if ok else 'NOT MET'}: target +{OVERALL_MARGIN:.2f})"
+    ]
+    worst: tuple[float, str, str] | None = None
+    for t in TASK_TYPES:
+        b = berth.tasks.get(t, {}).get("goodput")
+        others = [r.tasks.get(t, {}).get("goodput") for r in base]
+        others_known = [x for x in others if x is not None]
+        if b is None or not others_known:
+            continue
+        top = max(others_known)
+        d = b - top
+        if worst is None or d < worst[0]:
+            worst = (d, t, f"{b:.3f} vs {top:.3f}")
+    if worst is not None:
+        d, t, text = worst
+        out.append(
+            f"  - worst task type vs the best baseline for it: {t} {text} ({d:+.3f}; "
+            f"{'MET' if d >= -TASK_TOLERANCE else 'NOT MET'}: target >= -{TASK_TOLERANCE:.2f})"
+        )
+    invalid = [r.policy for r in at if not r.valid]
+    if invalid:
+        out.append(f"  - NOT VALID: CPU-starved runs in this comparison: {', '.join(invalid)}")
+    return out
+
+
+def markdown(
+    cfg: BenchConfig, runs: Sequence[RunResult], aladdin: dict[str, Any] | None, elapsed: float
+) -> str:
+    import os
+
+    lines = [
+        "# berth scheduling benchmark",
+        "",
+        f"Simulated fleet: 2 models x {cfg.endpoints_per_model} endpoints (fleet-7b, priority scheduling), "
+        f"simulators at speed x{cfg.speed:g}; {cfg.duration_s:g} simulated seconds of Poisson arrivals per "
+        f"run, seed {cfg.seed}; latencies in simulated ms. Load average at the end "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; elapsed {elapsed / 60:.1f} min.",
+        "",
+        "goodput: tasks that met their task SLA / all tasks (per task type in the next four columns). "
+        "p95 latencies are task-level (TTFT tasks: to the first token of the last call; E2E tasks: to its end). "
+        "util: share of 2-s samples in which an endpoint ran anything (CATO); busy: engine busy time / wall. "
+        "cpu/wait: share of one core used / share of the run spent waiting for a CPU.",
+        "",
+    ]
+    for pattern in cfg.patterns:
+        rows = [run_row(r) for r in runs if r.pattern == pattern]
+        if not rows:
+            continue
+        lines += [f"## coding:{pattern}", ""]
+        lines += _table(HEADER, rows)
+        lines += [""]
+    lines += ["## Targets (heaviest load)", ""]
+    for pattern in cfg.patterns:
+        lines += target_check(runs, pattern)
+    lines += [""]
+    if aladdin is not None:
+        from loadgen.bench.scheduling import RunResult as RR
+
+        lines += [
+            f"## Fewest endpoints for goodput >= 0.95 at {aladdin['rate']:g} tasks/s ({aladdin['pattern']})",
+            "",
+        ]
+        fewest = aladdin["fewest"]
+        for policy, n in fewest.items():
+            lines.append(f"- {policy}: {n if n is not None else 'not reached within the search range'}")
+        vals = list(fewest.values())
+        if len(vals) == 2 and all(v is not None for v in vals):
+            ratio = vals[0] / vals[1]
+            lines.append(
+                f"- ratio {ratio:.2f} ({'MET' if ratio <= ENDPOINT_RATIO else 'NOT MET'}: target <= {ENDPOINT_RATIO})"
+            )
+        lines += [""]
+        rows = []
+        for d in aladdin["runs"]:
+            r = RR(**{k: (tuple(v) if k == "endpoints" else v) for k, v in d.items()})
+            rows.append([f"{r.endpoints[0]}+{r.endpoints[1]}", *run_row(r)[1:]])
+        lines += _table(["endpoints", *HEADER[1:]], rows)
+        lines += [""]
+    return "\n".join(lines)
+
+
+def plot(runs: Sequence[RunResult], path: Path) -> str | None:
+    """Goodput against rate per policy and pattern; None when written, else why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install 'berth[plot]')"
+    patterns = sorted({r.pattern for r in runs})
+    if not patterns:
+        return "no plot: no runs"
+    fig, axes = plt.subplots(1, len(patterns), figsize=(6 * len(patterns), 4.5), squeeze=False)
+    for ax, pattern in zip(axes[0], patterns, strict=True):
+        for policy in sorted({r.policy for r in runs}):
+            pts = sorted(
+                (r.rate, r.overall_goodput) for r in runs if r.pattern == pattern and r.policy == policy
+            )
+            if pts:
+                ax.plot([x for x, _ in pts], [y or 0.0 for _, y in pts], marker="o", label=policy)
+        ax.set_title(f"coding:{pattern}")
+        ax.set_xlabel("tasks/s")
+        ax.set_ylabel("task goodput")
+        ax.set_ylim(0, 1.02)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None

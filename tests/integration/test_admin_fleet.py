@@ -1,0 +1,247 @@
+"""Telemetry through the real daemon over loopback: GET /admin/fleet (shape and access), fitted
+coefficients after traffic (refit called directly, no waiting for the background interval), stale
+metrics failing open, and `berth top --once` against a running gateway."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp.test_utils import make_mocked_request
+from structlog.testing import capture_logs
+
+from gateway.cli import main
+from gateway.config import ADMIN_TOKEN_ENV
+from gateway.front.admin import make_fleet_handler
+from loadgen.engine_sim import EndpointSpec, SimFleet
+from loadgen.engine_sim.lengths import LengthDist
+from tests.integration.conftest import EngineServer, Running, StartGateway
+from tests.integration.fake_engine import FakeEngine
+
+TOKEN = "s3cret-admin"
+
+
+@pytest.fixture(autouse=True)
+def _no_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ADMIN_TOKEN_ENV, raising=False)
+
+
+async def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as resp:
+        return resp.status, dict(resp.headers), await resp.read()
+
+
+async def fleet(r: Running, token: str | None = None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    status, _, body = await get(r.url + "/admin/fleet", headers)
+    assert status == 200, body
+    doc = orjson.loads(body)
+    assert isinstance(doc, dict)
+    return doc
+
+
+async def chat(r: Running, *, stream: bool, content: str = "hello there", max_tokens: int = 5) -> None:
+    async with r.client() as client:
+        if stream:
+            s = await client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": content}],
+                stream=True,
+                max_tokens=max_tokens,
+            )
+            async for _ in s:
+                pass
+        else:
+            await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": content}], max_tokens=max_tokens
+            )
+
+
+async def test_the_fleet_document_on_loopback_without_a_token(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    eng = FakeEngine(tokens=6, running=2, waiting=1)
+    r = await start_gateway([await engine_server(eng) + ",engine=vllm,class=interactive"])
+    await chat(r, stream=True)
+    await chat(r, stream=False)
+    r.gw.telemetry.refresh()
+    doc = await fleet(r)
+    assert {
+        "version",
+        "uptime_s",
+        "policy",
+        "ready",
+        "fail_open",
+        "endpoints",
+        "models",
+        "attainment",
+        "telemetry",
+    } <= set(doc)
+    assert doc["ready"] is True
+    assert doc["fail_open"]["active"] is False
+    [ep] = doc["endpoints"]
+    assert (ep["state"], ep["class"], ep["engine"]) == ("ready", "interactive", "vllm")
+    assert ep["models"] == ["tiny"]
+    assert ep["gauges"]["fresh"] is True
+    assert (ep["gauges"]["running"], ep["gauges"]["waiting"], ep["gauges"]["kv_usage"]) == (2.0, 1.0, 0.25)
+    assert ep["gauges"]["scrape_age_s"] >= 0
+    assert ep["inflight"] == 0
+    assert ep["running_context"] == {"prompt_tokens": 0, "predicted_output_tokens": 0.0}
+    assert ep["latency"]["ttft_s"]["n"] == 1  # the stream; the non-streamed answer has no first token
+    assert ep["latency"]["ttft_s"]["ewma"] > 0
+    assert set(ep["latency"]["itl_s"]) == {"ewma", "p50", "p90", "p99", "n"}
+    assert set(ep["perf"]) == {"prefill", "decode", "kv", "throughput"}
+    assert set(ep["perf"]["prefill"]) == {"k1", "c1", "mape", "n"}
+    assert ep["perf"]["prefill"]["n"] == 0  # still the prior
+    assert set(ep["engine_check"]) == {"ttft", "itl"}
+    assert set(ep["prediction_error"]) == {"ttft", "itl"}
+    model = doc["models"]["tiny"]
+    assert model["queued"] == {}
+    assert model["queued_total"] == 0
+    assert model["chars_per_token"] > 0
+    assert model["latency"]["ttft_s"]["n"] == 1
+    assert doc["attainment"]["classes"] == {"default": {"finished": 2, "met": 2, "ratio": 1.0}}
+    assert doc["telemetry"]["pending"] == 0
+
+
+async def test_a_configured_token_is_required_even_on_loopback(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    url = await engine_server(FakeEngine())
+    r = await start_gateway([url + ",engine=vllm"], toml=f'[server]\nadmin_token = "{TOKEN}"\n')
+    for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+        status, resp_headers, body = await get(r.url + "/admin/fleet", headers)
+        assert status == 401
+        assert resp_headers["WWW-Authenticate"].startswith("Bearer")
+        err = orjson.loads(body)["error"]
+        assert (err["type"], err["code"]) == ("invalid_request_error", "invalid_api_key")
+    doc = await fleet(r, TOKEN)
+    assert len(doc["endpoints"]) == 1
+    async with aiohttp.ClientSession() as s, s.post(r.url + "/admin/fleet") as resp:
+        assert resp.status == 405
+
+
+async def test_without_a_token_remote_clients_are_forbidden(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    r = await start_gateway([await engine_server(FakeEngine()) + ",engine=vllm"])
+    handler = make_fleet_handler(r.gw)
+    remote = make_mocked_request("GET", "/admin/fleet").clone(remote="192.0.2.7")
+    resp = await handler(remote)
+    assert resp.status == 403
+    assert isinstance(resp, aiohttp.web.Response)
+    assert resp.body is not None
+    err = orjson.loads(resp.body)["error"]  # type: ignore[arg-type]
+    assert err["code"] == "forbidden"
+    assert "loopback" in err["message"]
+    local = make_mocked_request("GET", "/admin/fleet").clone(remote="127.0.0.1")
+    assert (await handler(local)).status == 200
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimFleet]:
+    spec = EndpointSpec(
+        flavor="vllm",
+        models=("tiny",),
+        profile="test-fast",
+        load_time_s=0.0,
+        output_len=LengthDist("fixed", 8.0),
+    )
+    async with SimFleet([spec]) as f:
+        yield f
+
+
+async def test_fitted_coefficients_appear_after_traffic(sim: SimFleet, start_gateway: StartGateway) -> None:
+    r = await start_gateway([sim.urls[0] + ",engine=vllm"], toml="[telemetry]\nmin_observations = 8\n")
+    await r.scrape()  # the simulator exports vllm:cache_config_info
+    words = [5, 20, 60, 150, 300, 600, 1000, 1500, 2000, 2500, 40, 900]
+    for n in words:
+        await chat(r, stream=True, content="word " * n, max_tokens=8)
+    # and some at once, so the batch size varies too
+    await asyncio.gather(*(chat(r, stream=True, content="word " * n, max_tokens=8) for n in words[:6]))
+    tel = r.gw.telemetry
+    tel.refresh(refit=True)
+    doc = await fleet(r)
+    [ep] = doc["endpoints"]
+    assert ep["kv_capacity_tokens"] == 8192  # num_gpu_blocks x block_size of the simulator
+    assert ep["latency"]["ttft_s"]["n"] == len(words) + 6
+    prefill = ep["perf"]["prefill"]
+    assert prefill["n"] == len(words) + 6  # fitted: no longer the prior
+    assert prefill["mape"] is not None
+    assert prefill["k1"] > 0 or prefill["c1"] > 0
+    assert ep["prediction_error"]["ttft"] is not None
+    # the scheduler sees the same numbers as plain fields of the endpoint's view
+    view = r.gw.scheduler.endpoint_view(r.gw.scheduler.endpoint_ids()[0])
+    assert view is not None
+    assert view.perf is not None
+    assert view.perf.n_prefill == prefill["n"]
+    assert view.kv_capacity_tokens == 8192
+    assert view.ttft_ewma_s is not None
+    # the prompt-token estimate calibrated from the usage the simulator reported
+    assert tel.tokens.observations("tiny") > 0
+    _, _, body = await get(r.url + "/metrics")
+    text = body.decode()
+    eid = ep["id"]
+    assert f'berth_perfmodel_coefficient{{coefficient="k1",endpoint="{eid}"}}' in text
+    assert f'berth_perfmodel_fit_error_ratio{{endpoint="{eid}",part="prefill"}}' in text
+    assert f'berth_prediction_error_ratio{{endpoint="{eid}",quantity="ttft"}}' in text
+    assert f'berth_endpoint_kv_capacity_tokens{{endpoint="{eid}"}} 8192.0' in text
+    assert 'berth_slo_attainment_ratio{slo_class="default"} 1.0' in text
+
+
+async def test_stale_metrics_fail_open_with_a_metric_and_a_log_event(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    eng = FakeEngine(metrics_status=500)
+    r = await start_gateway([await engine_server(eng) + ",engine=vllm"])
+    with capture_logs() as logs:
+        r.gw.telemetry.refresh()
+    assert [e["event"] for e in logs if e["event"].startswith("telemetry_")] == ["telemetry_fail_open"]
+    _, _, body = await get(r.url + "/metrics")
+    text = body.decode()
+    assert "berth_telemetry_fail_open 1.0" in text
+    assert "berth_telemetry_fail_open_events_total 1.0" in text
+    await chat(r, stream=False)  # routing still proceeds, on the gateway's own counts
+    doc = await fleet(r)
+    assert doc["fail_open"]["active"] is True
+    assert doc["endpoints"][0]["gauges"]["fresh"] is False
+    eng.metrics_status = 200
+    await r.scrape()
+    with capture_logs() as logs:
+        r.gw.telemetry.refresh()
+    assert [e["event"] for e in logs if e["event"].startswith("telemetry_")] == ["telemetry_fresh_again"]
+    _, _, body = await get(r.url + "/metrics")
+    assert "berth_telemetry_fail_open 0.0" in body.decode()
+
+
+async def test_berth_top_once_prints_a_frame_of_a_running_gateway(
+    engine_server: EngineServer, start_gateway: StartGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = await start_gateway([await engine_server(FakeEngine()) + ",engine=vllm"])
+    await chat(r, stream=True)
+    r.gw.telemetry.refresh()
+    eid = r.gw.scheduler.endpoint_ids()[0]
+    code = await asyncio.to_thread(main, ["top", "--once", "--url", r.url])
+    out = capsys.readouterr().out  # (the daemon's own log lines land there too in tests)
+    assert code == 0
+    assert any(line.startswith("berth 0.") for line in out.splitlines())
+    assert "\x1b" not in out
+    for text in ("ENDPOINTS", "PERFORMANCE MODELS", "MODELS", "SLO ATTAINMENT", eid, "tiny"):
+        assert text in out
+    assert any(line.split()[:3] == ["default", "1", "1"] for line in out.splitlines())
+
+
+async def test_berth_top_uses_the_admin_token(
+    engine_server: EngineServer, start_gateway: StartGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = await start_gateway(
+        [await engine_server(FakeEngine()) + ",engine=vllm"], toml=f'[server]\nadmin_token = "{TOKEN}"\n'
+    )
+    assert await asyncio.to_thread(main, ["top", "--once", "--url", r.url]) == 1
+    assert "HTTP 401" in capsys.readouterr().err
+    assert await asyncio.to_thread(main, ["top", "--once", "--url", r.url, "--token", TOKEN]) == 0
+    assert "ENDPOINTS" in capsys.readouterr().out

@@ -1,0 +1,86 @@
+"""[telemetry] in gateway.toml: strict keys, ranges, and the prior it builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import load_gateway_config
+from gateway.config.schema import TelemetryConfig
+from gateway.core.errors import ConfigError
+from gateway.live_telemetry import telemetry_settings
+from gateway.telemetry.perfmodel import default_prior
+
+
+def _load(tmp_path: Path, text: str) -> TelemetryConfig:
+    path = tmp_path / "gateway.toml"
+    path.write_text(text)
+    return load_gateway_config(path, env={}).telemetry
+
+
+def test_defaults_when_the_section_is_missing(tmp_path: Path) -> None:
+    cfg = _load(tmp_path, "")
+    assert cfg == TelemetryConfig()
+    s = telemetry_settings(cfg)
+    assert s.prior == default_prior()
+    assert s.kv_capacity_tokens is None
+    assert s.min_observations == 20
+
+
+def test_every_key(tmp_path: Path) -> None:
+    cfg = _load(
+        tmp_path,
+        """
+[telemetry]
+refresh_interval_s = 0.5
+refit_interval_s = 10.0
+min_observations = 50
+fit_window = 500
+kv_capacity_tokens = 65536
+disagreement_tolerance = 3.0
+
+[telemetry.prior]
+k1 = 2e-4
+c3 = 0.02
+j = 16
+""",
+    )
+    assert (cfg.refresh_interval_s, cfg.refit_interval_s, cfg.min_observations) == (0.5, 10.0, 50)
+    s = telemetry_settings(cfg)
+    assert (s.fit_window, s.kv_capacity_tokens, s.disagreement_tolerance) == (500, 65536.0, 3.0)
+    assert (s.prior.k1, s.prior.c3, s.prior.j) == (2e-4, 0.02, 16.0)
+    assert s.prior.c1 == default_prior().c1  # not given: the built-in prior's
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "[telemetry.prior]\nk9 = 1.0\n",
+            "gateway.toml:telemetry.prior.k9: unknown key",
+            id="unknown-coefficient",
+        ),
+        pytest.param(
+            "[telemetry]\ndisagreement_tolerance = 1.0\n",
+            "gateway.toml:telemetry.disagreement_tolerance:",
+            id="tolerance-must-exceed-one",
+        ),
+        pytest.param(
+            "[telemetry.prior]\nk1 = -1.0\n", "gateway.toml:telemetry.prior.k1:", id="negative-coefficient"
+        ),
+        pytest.param(
+            "[telemetry]\nrefit_interval_s = 0\n",
+            "gateway.toml:telemetry.refit_interval_s:",
+            id="zero-interval",
+        ),
+    ],
+)
+def test_errors_name_the_key_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, expected: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gateway.toml").write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_gateway_config("gateway.toml", env={})
+    assert str(e.value).startswith(expected)

@@ -1,0 +1,178 @@
+"""LiveTelemetry on a fake clock over the real sans-IO scheduler: the finish phase only appends,
+refresh() folds in and hands estimates to the scheduler, staleness fails open, [telemetry] reloads."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+from structlog.testing import capture_logs
+
+from gateway.config.schema import PerfPriorConfig, TelemetryConfig
+from gateway.core.clock import FakeClock
+from gateway.core.types import SLO, ApiKind, EndpointId, EngineGauges, ModelName, RequestId
+from gateway.dispatch.context import RequestContext
+from gateway.dispatch.driver import SchedulerDriver
+from gateway.live_telemetry import LiveTelemetry
+from gateway.sched.request import SchedRequest
+from gateway.sched.scheduler import Dispatch, QueueLimits, Scheduler
+from gateway.telemetry.perfmodel import default_prior
+from gateway.telemetry.promtext import parse
+from gateway.upstream.dialects import VLLM
+from tests.unit.test_sched_scheduler import READY, policy, spec
+
+A = EndpointId("a")
+
+
+class Rig:
+    def __init__(self, *, pending_limit: int = 100) -> None:
+        self.clock = FakeClock()
+        self.sched = Scheduler(policy(), self.clock, QueueLimits(stale_after_s=10.0))
+        self.sched.sync_endpoints([spec("a", cap=8)])
+        self.sched.set_health(A, READY)
+        self.config = TelemetryConfig()
+        self.tel = LiveTelemetry(
+            self.sched,
+            SchedulerDriver(self.sched),
+            self.clock,
+            lambda: self.config,
+            pending_limit=pending_limit,
+        )
+
+    def run_request(self, name: str, *, prompt_chars: int = 400, tokens: int = 5) -> RequestContext:
+        """One streamed request through the scheduler, timed on the fake clock."""
+        sreq = SchedRequest(
+            id=RequestId(name),
+            model=ModelName("m"),
+            api=ApiKind.CHAT,
+            arrival=self.clock.now(),
+            slo=SLO(),
+            prompt_tokens=100,
+            max_tokens=None,
+            stream=True,
+            predicted_output_tokens=20.0,
+        )
+        ctx = RequestContext(id=name, api=ApiKind.CHAT, arrival=self.clock.now(), stream=True)
+        ctx.sched = sreq
+        ctx.prompt_chars = prompt_chars
+        d = self.sched.submit(sreq)
+        assert isinstance(d, Dispatch)
+        ctx.endpoint = d.endpoint.id
+        ctx.attempts = 1
+        ctx.inflight_at_dispatch = d.endpoint.inflight + 1
+        ctx.dispatched_at = self.clock.now()
+        self.clock.advance(0.2)
+        ctx.first_token_at = self.clock.now()
+        ctx.itl_gaps = [0.01] * (tokens - 1)
+        self.clock.advance(0.01 * (tokens - 1))
+        ctx.output_tokens = tokens
+        ctx.prompt_tokens = 100
+        self.sched.complete(sreq.id)
+        ctx.finished_at = self.clock.now()
+        return ctx
+
+
+def test_the_finish_phase_only_queues_and_refresh_folds_in() -> None:
+    rig = Rig()
+    rig.tel.on_finish(rig.run_request("r1"))
+    assert rig.tel.pending == 1
+    assert A not in rig.tel.fleet.endpoints or rig.tel.fleet.endpoints[A].timings.ttft.n == 0
+    rig.tel.refresh()
+    assert rig.tel.pending == 0
+    ep = rig.tel.fleet.endpoints[A]
+    assert ep.timings.ttft.ewma.value == pytest.approx(0.2)
+    view = rig.sched.endpoint_view(A)
+    assert view is not None
+    assert view.ttft_ewma_s == pytest.approx(0.2)
+    assert view.itl_ewma_s == pytest.approx(0.01)
+    assert view.perf == default_prior()
+    assert rig.tel.tokens.observations("m") == 1  # 400 chars / 100 tokens
+    assert rig.tel.fleet.attainment.by_class(rig.clock.now())["default"].met == 1
+
+
+def test_requests_rejected_before_admission_teach_nothing() -> None:
+    rig = Rig()
+    ctx = RequestContext(id="x", api=ApiKind.CHAT, arrival=rig.clock.now())
+    ctx.finished_at = rig.clock.now()
+    rig.tel.on_finish(ctx)
+    assert rig.tel.pending == 0
+
+
+def test_a_full_queue_drops_the_oldest_and_counts_them() -> None:
+    rig = Rig(pending_limit=2)
+    for i in range(3):
+        rig.tel.on_finish(rig.run_request(f"r{i}"))
+    assert (rig.tel.pending, rig.tel.dropped) == (2, 1)
+
+
+def test_refit_on_refresh_and_a_reloaded_prior_restarts_the_fits() -> None:
+    rig = Rig()
+    rig.tel.refresh(refit=True)
+    assert rig.tel.last_refit_at == rig.clock.now()
+    old = rig.tel.fleet.endpoints[A]
+    rig.config = msgspec.structs.replace(rig.config, prior=PerfPriorConfig(k1=5e-4))
+    with capture_logs() as logs:
+        rig.tel.refresh()
+    assert "telemetry_config_applied" in [e["event"] for e in logs]
+    assert rig.tel.fleet.endpoints[A] is not old
+    view = rig.sched.endpoint_view(A)
+    assert view is not None
+    assert view.perf is not None
+    assert view.perf.k1 == 5e-4
+
+
+def test_stale_metrics_fail_open_and_recover() -> None:
+    rig = Rig()
+    rig.sched.observe_gauges(A, EngineGauges(running=0.0, waiting=0.0, kv_usage=0.1))
+    states: list[bool] = []
+    rig.tel.refresh()
+    states.append(rig.tel.fleet.fail_open.active)
+    rig.clock.advance(10.5)
+    with capture_logs() as logs:
+        rig.tel.refresh()
+        rig.tel.refresh()  # logged once, on the transition
+    states.append(rig.tel.fleet.fail_open.active)
+    assert states == [False, True]
+    assert [e["event"] for e in logs] == ["telemetry_fail_open"]
+    rig.sched.observe_gauges(A, EngineGauges(running=0.0))
+    with capture_logs() as logs:
+        rig.tel.refresh()
+    assert [e["event"] for e in logs] == ["telemetry_fresh_again"]
+
+
+def test_a_scrape_feeds_kv_capacity_and_the_engine_cross_check() -> None:
+    rig = Rig()
+    page = (
+        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1\n'
+        "vllm:time_to_first_token_seconds_count 10\n"
+        "vllm:time_to_first_token_seconds_sum 1.0\n"
+    )
+    rig.tel.on_scrape(A, EngineGauges(running=0.0, kv_usage=0.0), parse(page), VLLM)
+    assert rig.tel.fleet.endpoints[A].kv_capacity_tokens == 1600.0
+    rig.tel.on_scrape(EndpointId("gone"), EngineGauges(running=0.0), parse(page), VLLM)
+    assert EndpointId("gone") not in rig.tel.fleet.endpoints
+
+
+async def test_the_loop_refreshes_every_interval_and_refits_when_due(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig()
+    rig.config = TelemetryConfig(refresh_interval_s=1.0, refit_interval_s=3.0)
+    refits: list[float] = []
+    waits: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:  # the fake clock moves instead of the wall clock
+        if seconds == 0:
+            return
+        if rig.tel.last_refit_at is not None and (not refits or refits[-1] != rig.tel.last_refit_at):
+            refits.append(rig.tel.last_refit_at)
+        waits.append(seconds)
+        if len(waits) > 8:
+            raise asyncio.CancelledError
+        rig.clock.advance(seconds)
+
+    monkeypatch.setattr("gateway.live_telemetry.asyncio.sleep", fake_sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await rig.tel.run()
+    assert waits == [1.0] * 9
+    start = FakeClock().now()
+    assert refits == [start + 1.0, start + 4.0, start + 7.0]

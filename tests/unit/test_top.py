@@ -1,0 +1,107 @@
+"""`berth top` frames from /admin/fleet documents (no terminal, no network except a refused port)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from gateway.top import TopError, fetch, render, run
+
+DOC: dict[str, Any] = {
+    "version": "0.1.0",
+    "uptime_s": 3725.0,
+    "policy": "default",
+    "ready": True,
+    "draining": False,
+    "fail_open": {"active": False, "since_s": None, "events": 0},
+    "endpoints": [
+        {
+            "id": "gpu-01",
+            "state": "ready",
+            "class": "interactive",
+            "inflight": 3,
+            "cap": 32,
+            "gauges": {"running": 3.0, "waiting": 1.0, "kv_usage": 0.25, "fresh": True, "scrape_age_s": 1.2},
+            "kv_capacity_tokens": 65536.0,
+            "latency": {
+                "ttft_s": {"ewma": 0.045, "p50": 0.04, "p90": 0.09, "p99": 0.2, "n": 10},
+                "itl_s": {"ewma": 0.012, "p50": 0.011, "p90": 0.02, "p99": 0.03, "n": 10},
+                "tokens_per_s": 230.5,
+            },
+            "perf": {
+                "prefill": {"k1": 1e-4, "c1": 0.015, "mape": 0.03, "n": 40},
+                "decode": {"k2": 3.8e-7, "c2": 1.5e-4, "c3": 0.011, "mape": 0.05, "n": 38},
+                "kv": {"h": 1.0, "j": 8.0, "mape": None, "n": 0},
+                "throughput": {"thr1": 95.0, "alpha": 25.0, "beta": 0.18},
+            },
+            "prediction_error": {"ttft": 0.1, "itl": 0.2},
+            "engine_check": {"ttft": {"ratio": 1.05, "disagreements": 0}},
+        },
+        {"id": "gpu-02", "state": "unhealthy", "class": "batch", "inflight": 0, "cap": 64, "gauges": {}},
+    ],
+    "models": {
+        "llama": {
+            "queued": {"batch": 4, "default": 1},
+            "queued_total": 5,
+            "latency": {"ttft_s": {"p50": 0.05, "p90": 0.1}, "itl_s": {"p50": 0.01, "p99": 0.05}},
+            "chars_per_token": 3.7,
+            "output_tokens_error": 0.4,
+        }
+    },
+    "attainment": {
+        "window_s": 60.0,
+        "classes": {"default": {"finished": 120, "met": 118, "ratio": 118 / 120}},
+    },
+}
+
+
+def test_a_frame_shows_endpoints_models_queues_and_attainment() -> None:
+    frame = render(DOC, url="http://gw:8080")
+    assert "\x1b" not in frame  # no colour unless asked
+    lines = frame.splitlines()
+    assert lines[0].startswith("berth 0.1.0  http://gw:8080  policy default  up 1h02m  ready")
+    row = next(line for line in lines if line.startswith("gpu-01") and "interactive" in line)
+    for cell in ("3/32", "25%", "1.2s", "45ms", "12ms", "230.5", "1.05"):
+        assert cell in row
+    assert next(line for line in lines if line.startswith("gpu-02")).split()[1] == "unhealthy"
+    perf = [line for line in lines if line.startswith("gpu-01")][1]
+    assert "3%/5%/-" in perf
+    assert "40/38/0" in perf
+    assert "65536" in perf
+    model = next(line for line in lines if line.startswith("llama"))
+    assert "batch=4 default=1" in model
+    assert "3.70" in model
+    assert "FAILING OPEN" not in frame
+    assert any(line.split() == ["default", "120", "118", "98.3%"] for line in lines)
+
+
+def test_failing_open_is_a_banner_in_colour() -> None:
+    doc = {**DOC, "fail_open": {"active": True, "since_s": 12.0, "events": 1}}
+    frame = render(doc, color=True)
+    assert "FAILING OPEN" in frame
+    assert "\x1b[31m" in frame
+
+
+def test_an_empty_document_still_renders() -> None:
+    frame = render({})
+    assert "ENDPOINTS" in frame
+    assert "SLO ATTAINMENT" in frame
+
+
+def _refused_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens there any more
+
+
+def test_fetch_reports_an_unreachable_gateway() -> None:
+    with pytest.raises(TopError, match=r"127\.0\.0\.1"):
+        fetch(_refused_url(), None, timeout_s=2.0)
+
+
+def test_once_exits_1_when_the_gateway_cannot_be_read(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(_refused_url(), None, once=True) == 1
+    assert "berth top:" in capsys.readouterr().err
