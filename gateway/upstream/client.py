@@ -94,28 +94,38 @@ async def open_request(
 
 
 class StallTimer:
-    """Fails `content` with TimeoutError once `timeout_s` passed since the last `seen = clock.now()`.
+    """Fails `content` with TimeoutError once the engine sent nothing for `timeout_s`.
 
     aiohttp's sock_read timeout cancels a loop timer and makes a new one on every read; this is one
-    timer per stream, which, when it fires early, re-arms for what is left of the silence.
+    timer per stream. The reader sets `seen = clock.now()` for every chunk it takes; the timer, when it
+    fires before `seen + timeout_s`, re-arms for what is left. At the deadline it fails the stream only
+    if no byte arrived since its previous firing either (a reader held up by a slow client is no stalled
+    engine), and never once the response has ended.
     """
 
-    __slots__ = ("_clock", "_content", "_handle", "_loop", "_timeout_s", "seen")
+    __slots__ = ("_bytes", "_clock", "_content", "_handle", "_loop", "_timeout_s", "seen")
 
     def __init__(self, content: aiohttp.StreamReader, timeout_s: float, clock: Clock) -> None:
         self._content = content
         self._timeout_s = timeout_s
         self._clock = clock
         self._loop = asyncio.get_running_loop()
+        self._bytes = content.total_bytes  # received as of the last firing
         self.seen = clock.now()
         self._handle = self._loop.call_later(timeout_s, self._check)
 
     def _check(self) -> None:
+        content = self._content
+        if content.is_eof():
+            return  # the engine finished; what is left is only waiting to be read
         idle = self._clock.now() - self.seen
-        if idle >= self._timeout_s:
-            self._content.set_exception(TimeoutError(f"no data for {self._timeout_s:g}s"))
-        else:
+        received, self._bytes = self._bytes, content.total_bytes
+        if idle < self._timeout_s:
             self._handle = self._loop.call_later(self._timeout_s - idle, self._check)
+        elif content.total_bytes != received:
+            self._handle = self._loop.call_later(self._timeout_s, self._check)
+        else:
+            content.set_exception(TimeoutError(f"no data for {self._timeout_s:g}s"))
 
     def cancel(self) -> None:
         self._handle.cancel()

@@ -59,6 +59,14 @@ class SseRelay:
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Consume engine bytes; return the bytes to forward to the client now (possibly empty)."""
+        if (
+            not self._buf
+            and chunk.startswith(b"data: {")
+            and chunk.endswith(b"}\n\n")
+            and chunk.find(b"\n") == len(chunk) - 2
+        ):
+            # One whole `data: {...}` event and nothing else: how a token stream arrives, chunk by chunk.
+            return self._data(chunk, chunk[6:-2], now) or b""
         buf = self._buf + chunk if self._buf else chunk
         if b"\r\n" in buf:
             buf = buf.replace(b"\r\n", b"\n")
@@ -92,12 +100,20 @@ class SseRelay:
         if payload == _DONE:
             self.done = True
             return b"data: [DONE]\n\n"
+        if len(event) == len(payload) + 6 and event[5] == 32:  # "data: <payload>" exactly
+            return self._data(event + b"\n\n", payload, now)
+        return self._data(None, payload, now, event)
+
+    def _data(
+        self, whole: bytes | None, payload: bytes, now: float | None, event: bytes = b""
+    ) -> bytes | None:
+        """A data event's forwarded bytes; `whole` is the event as `data: <payload>\\n\\n` if it was so."""
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return event + b"\n\n"
+            return whole if whole is not None else event + b"\n\n"
         if type(obj) is not dict:  # orjson makes plain dicts, never subclasses
-            return event + b"\n\n"
+            return whole if whole is not None else event + b"\n\n"
         if "error" in obj and "choices" not in obj:
             err = obj["error"]
             self.error = err if isinstance(err, dict) else {"message": str(err)}
@@ -114,10 +130,8 @@ class SseRelay:
             obj["usage"] = None
             return b"data: " + self._rename(orjson.dumps(obj)) + b"\n\n"
         if self._model_from:
-            payload = self._rename(payload)
-        elif len(event) == len(payload) + 6 and event[5] == 32:  # already "data: <payload>"
-            return event + b"\n\n"
-        return b"data: " + payload + b"\n\n"
+            return b"data: " + self._rename(payload) + b"\n\n"
+        return whole if whole is not None else b"data: " + payload + b"\n\n"
 
     def _rename(self, payload: bytes) -> bytes:
         for pat in self._model_from:
