@@ -1,10 +1,13 @@
 """The daemon side of telemetry: feeds `FleetTelemetry` from the finish phase and the scrapers, runs
 the refresh loop (a supervised task), hands the estimates to the scheduler, exports the metrics.
 
-Request-path cost: `on_finish` builds one tuple and appends it to a bounded deque. Everything else
-(EWMAs, quantile windows, predictor updates, cross-checks) runs in `refresh()` every
-`telemetry.refresh_interval_s`, and the performance models are refitted every
-`telemetry.refit_interval_s`, one endpoint at a time with the event loop free in between.
+Request-path cost: `on_finish` builds one tuple and appends it to a bounded deque (the stream's token
+times travel in it as the relay recorded them: its first token's time and the list of gaps). Everything
+else (EWMAs, quantile windows, predictor updates, cross-checks, each endpoint's token timeline) runs in
+`refresh()` every `telemetry.refresh_interval_s`. Every `telemetry.refit_interval_s` the timelines are
+settled (each endpoint up to the dispatch of its oldest running request: everything before it has
+finished and been folded in) into performance-model observations, and the models are refitted, one
+endpoint at a time with the event loop free in between.
 
 Staleness: when every ready endpoint's metrics are stale, routing runs on the gateway's own counts
 (fail open: traffic never waits for metrics). `refresh()` notices it, sets
@@ -79,6 +82,7 @@ class LiveTelemetry:
         self.fleet = FleetTelemetry(telemetry_settings(self._applied))
         self._pending: deque[FinishedRequest] = deque(maxlen=pending_limit)
         self.dropped = 0
+        self._dropped_settled = 0  # `dropped` when the timelines were last settled
         self._last_refit: float | None = None
 
     @property
@@ -130,9 +134,6 @@ class LiveTelemetry:
                 sreq.prompt_tokens,
                 ctx.output_tokens,
                 ctx.itl_gaps,
-                ctx.inflight_at_dispatch,
-                # released already: count it back in
-                0 if eid is None else self._scheduler.inflight_on(eid) + 1,
                 sreq.predicted_output_tokens,
             )
         )
@@ -175,13 +176,37 @@ class LiveTelemetry:
             n += 1
         return n
 
+    def settle_points(self) -> dict[EndpointId, float]:
+        """Fold the finished requests in; then, per endpoint, the time before which everything that ran
+        there has been folded in: the dispatch of the oldest request still running there (now when none
+        is). In one synchronous step, so that a request finishing meanwhile still counts as running."""
+        self.drain()
+        now = self._clock.now()
+        if self.dropped != self._dropped_settled:  # finished requests were lost: the timelines have holes
+            self._dropped_settled = self.dropped
+            self.fleet.forget_timelines(now)
+        sched = self._scheduler
+        points: dict[EndpointId, float] = {}
+        for eid in self.fleet.endpoints:
+            view = sched.endpoint_view(eid)
+            running = () if view is None else view.running
+            points[eid] = min((r.dispatched_at for r in running), default=now)
+        return points
+
+    def settle(self) -> None:
+        """Turn every endpoint's token timeline into performance-model observations (`settle_points`)."""
+        for eid, before in self.settle_points().items():
+            self.fleet.settle(eid, before)
+
     def refresh(self, *, refit: bool = False) -> None:
-        """Apply a changed [telemetry], fold finished requests in, check staleness, (with `refit`: refit
-        every endpoint now), and hand the estimates to the scheduler. Tests call it directly."""
+        """Apply a changed [telemetry], fold finished requests in, check staleness, (with `refit`: settle
+        the timelines and refit every endpoint now), and hand the estimates to the scheduler. Tests call
+        it directly."""
         self._apply_config()
         self.drain()
         self.fleet.keep_endpoints(self._scheduler.endpoint_ids())
         if refit:
+            self.settle()
             now = self._clock.now()
             self.fleet.refit(now)
             self._last_refit = now
@@ -200,9 +225,10 @@ class LiveTelemetry:
                 self._push_estimates()
 
     async def _refit_all(self) -> None:
-        for eid in list(self.fleet.endpoints):
+        for eid, before in self.settle_points().items():
             ep = self.fleet.endpoints.get(eid)
             if ep is not None:
+                ep.settle(before)  # requests added after the points were taken ran later: still correct
                 ep.refit()
             await asyncio.sleep(0)  # a fit takes milliseconds: let requests through in between
         self.fleet.last_refit_at = self._clock.now()

@@ -224,7 +224,41 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
             text = f"{red}{text}{reset}"
         rows.append([cls, str(a.get("finished", 0)), str(a.get("met", 0)), text])
     lines.extend(_table(["CLASS", "FINISHED", "MET", "ATTAINMENT"], rows))
+    lines.extend(_slo_lines(doc.get("slo") or {}, bold, reset))
     return "\n".join(lines) + "\n"
+
+
+def _slo_lines(slo: dict[str, Any], bold: str, reset: str) -> list[str]:
+    """Goodput per SLO class since start, admission outcomes and rejections by reason."""
+    classes: dict[str, Any] = slo.get("classes") or {}
+    if not classes:
+        return []
+    lines = ["", f"{bold}SLO CLASSES{reset} (since start; default {slo.get('default_class', '-')})"]
+    rows = []
+    for cls, c in classes.items():
+        adm = c.get("admission") or {}
+        rej = c.get("rejections") or {}
+        rows.append(
+            [
+                cls,
+                str(c.get("kind") or "-"),
+                str(c.get("band") if c.get("band") is not None else "-"),
+                str(c.get("finished", 0)),
+                _pct1(c.get("goodput")),
+                " ".join(f"{k}={v}" for k, v in sorted(adm.items())) or "-",
+                " ".join(f"{k}={v}" for k, v in sorted(rej.items())) or "-",
+                str(c.get("on_infeasible") or "-"),
+            ]
+        )
+    header = ["CLASS", "KIND", "BAND", "FINISHED", "GOODPUT", "ADMISSION", "REJECTED (reason)", "INFEASIBLE"]
+    lines.extend(_table(header, rows))
+    tasks = slo.get("tasks") or {}
+    if tasks:
+        lines.append(
+            f"tasks: {tasks.get('active', 0)} active, {tasks.get('expired', 0)} expired, "
+            f"{tasks.get('evicted', 0)} evicted (max {tasks.get('max_tasks', '-')})"
+        )
+    return lines
 
 
 def _ratio(v: Any) -> str:

@@ -5,6 +5,7 @@
         [--berth-pid PID]
     berth-loadgen compare baseline.json slack.json
     berth-loadgen workloads
+    berth-loadgen bench scheduling [--quick]         # loadgen/bench/scheduling.py
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("reports", nargs="+", type=Path)
 
     sub.add_parser("workloads", help="list the built-in workloads")
+
+    b = sub.add_parser("bench", help="run a benchmark: `bench scheduling --help`")
+    b.add_argument("name", choices=("scheduling",))
+    b.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
     return p
 
 
@@ -150,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "bench":
+        from loadgen.bench import scheduling
+
+        return scheduling.main(args.args)
     if args.command == "compare":
         try:
             reports = [(p.stem, load_report(p)) for p in args.reports]

@@ -13,7 +13,18 @@ filters = []                      # [{plugin, params}, ...]
 plugin = "least-outstanding"
 weight = 1.0                      # >= 0; weights live here, not in the plugin
 params = {}
+# optional:
+[admission]                       # absent: admit everything (class queue bounds still hold)
+plugin = "slo-feasibility"
+[slo]                             # absent: one class "default" without targets
+default_class = "chat"
+[[slo.classes]]                   # name, kind, band, ttft_ms, itl_ms, e2e_ms, task_sla_ms, task_metric,
+name = "chat"                     # steps, on_infeasible (reject | hold | best-effort), max_queue
+[[slo.rules]]                     # class + model / path / stream / max_tokens_min|max /
+class = "chat"                    # prompt_chars_min|max / body = {field = value}
+[tasks]                           # idle_expiry_s, max_tasks, learn_allotments, learn_min_samples
 ```
+`placement.lookahead` lets that many requests behind one that fits nowhere be placed before it.
 Every error names the file and the key path (`placement.scorers[0].params.foo`).
 """
 
@@ -67,6 +78,9 @@ class PlacementSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, 
     picker: PluginRef
     filters: tuple[PluginRef, ...] = ()
     scorers: tuple[ScorerRef, ...] = ()
+    # Requests behind one that fits nowhere (filters left nothing while endpoints have room) that may be
+    # placed before it in one round; 0: strict priority.
+    lookahead: Annotated[int, Meta(ge=0, le=1024)] = 0
 
 
 PositiveMs = Annotated[float, Meta(gt=0, le=1e9)]
@@ -200,6 +214,7 @@ def build_policy(
         source=file,
         slo=slo,
         admitter=admitter,
+        lookahead=pf.placement.lookahead,
     )
 
 

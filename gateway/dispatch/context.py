@@ -32,12 +32,10 @@ class RequestContext:
     itl_gaps: list[float] = field(default_factory=list)
     # What a resume on another endpoint needs: the text produced so far (tokens = output_tokens).
     produced_text: list[str] = field(default_factory=list)
-    # For telemetry: the scheduler's view of the request (None until admitted), the prompt's characters,
-    # and the endpoint's in-flight count right after this request was placed there.
+    # For telemetry: the scheduler's view of the request (None until admitted) and the prompt's characters.
     sched: SchedRequest | None = None
     task: TaskCall | None = None  # a call of a multi-step task: its place on the task clock
     prompt_chars: int = 0
-    inflight_at_dispatch: int = 0
 
     def fail(self, err: BerthError) -> None:
         self.error = err

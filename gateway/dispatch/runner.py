@@ -26,6 +26,7 @@ from gateway.upstream.dialects import dialect_for
 from gateway.upstream.sse import SseRelay, error_event
 
 _ERROR_BODY_LIMIT = 64 * 1024
+PROGRESS_EVERY = 16  # tokens between a stream's progress reports to the scheduler
 
 
 class Dispatcher:
@@ -70,7 +71,6 @@ class Dispatcher:
             endpoint = await self.driver.acquire(sreq, exclude)
             ctx.attempts += 1
             ctx.endpoint = endpoint.id
-            ctx.inflight_at_dispatch = endpoint.inflight + 1  # the view is from before this placement
             if ctx.dispatched_at is None:
                 ctx.dispatched_at = self.clock.now()
             resp: aiohttp.ClientResponse | None = None
@@ -154,12 +154,17 @@ class Dispatcher:
         ctx.status = 200
         clock = self.clock
         stall = StallTimer(resp.content, self.settings.read_timeout_s, clock)
+        progress = self.driver.scheduler.progress  # tokens so far, for the placement predictions
+        report_at = 1 if ctx.sched is not None else 1 << 62
         try:
             await out.prepare(request)
             try:
                 async for chunk in resp.content.iter_any():
                     stall.seen = now = clock.now()
                     data = relay.feed(chunk, now)
+                    if relay.tokens >= report_at and ctx.sched is not None:
+                        progress(ctx.sched.id, relay.tokens, relay.first_token_at)
+                        report_at = relay.tokens + PROGRESS_EVERY
                     if data:
                         await out.write(data)
                 tail = relay.flush()

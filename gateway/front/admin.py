@@ -22,6 +22,9 @@ The document (JSON; numbers are seconds, tokens or fractions; null where nothing
                          output_tokens_error
     attainment           {window_s, classes {class: {finished, met, ratio}}}
     telemetry            {pending, dropped, last_refit_age_s}
+    slo                  default_class, classes {class: {kind, band, targets, on_infeasible, finished,
+                         met, goodput (since start), admission {outcome: n}, rejections {reason: n}}},
+                         tasks {active, expired, evicted, max_tasks, idle_expiry_s, step_seconds}
 """
 
 from __future__ import annotations
@@ -140,6 +143,11 @@ def fleet_document(gw: Gateway) -> dict[str, Any]:
             "dropped": tel.dropped,
             "last_refit_age_s": None if fleet.last_refit_at is None else now - fleet.last_refit_at,
         },
+        "slo": gw.slo.document(
+            gw.runtime.policy.slo,
+            gw.scheduler.admission.by_class(),
+            {cls: (a.finished, a.met) for cls, a in att.totals().items()},
+        ),
     }
 
 

@@ -1,5 +1,7 @@
 """Admission inside the scheduler: the policy's Admitter runs once per new request, before it is queued,
-and its outcome is counted per SLO class (`berth_admission_decisions_total{slo_class, outcome}`).
+and again for every queued request on each tick (`recheck`: a request whose SLO became infeasible while
+it waited); outcomes are counted per SLO class (`berth_admission_decisions_total{slo_class, outcome}`:
+every arrival once, plus a rejection or demotion of a queued request).
 
 The counts live here, in the scheduler, rather than in the admitter plugin, so that a policy reload
 (which builds new plugins) does not reset them.
@@ -60,5 +62,27 @@ class AdmissionLedger:
                 message=decision.message or f"request rejected by admission control ({reason})",
             )
         if decision.outcome is AdmitOutcome.BEST_EFFORT and not req.best_effort:
+            return dataclasses.replace(req, best_effort=True), None
+        return req, None
+
+    def recheck(
+        self, policy: Policy, req: SchedRequest, snap: FleetSnapshot
+    ) -> tuple[SchedRequest, BerthError | None]:
+        """A queued request, again (on a tick): the same results as `admit`; only outcomes that change
+        something (reject, a new demotion) are counted."""
+        admitter = policy.admitter
+        if admitter is None:
+            return req, None
+        decision = admitter.recheck(req, snap)
+        if decision.outcome is AdmitOutcome.REJECT:
+            self.record(req.slo.slo_class, decision.outcome)
+            return req, errors.queue_full(
+                req.model,
+                decision.retry_after_s if decision.retry_after_s is not None else 1.0,
+                code=decision.reason or "rejected",
+                message=decision.message or "request rejected by admission control while it waited",
+            )
+        if decision.outcome is AdmitOutcome.BEST_EFFORT and not req.best_effort:
+            self.record(req.slo.slo_class, decision.outcome)
             return dataclasses.replace(req, best_effort=True), None
         return req, None

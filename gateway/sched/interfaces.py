@@ -103,6 +103,11 @@ class Admitter(Protocol):
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
     ) -> AdmitDecision: ...
 
+    def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
+        """Called for every queued request on each scheduler tick: REJECT drops it with a 429 (its
+        SLO became infeasible while it waited), BEST_EFFORT demotes it; ADMIT and HOLD leave it."""
+        ...
+
 
 class EnginePriority(Protocol):
     """An ordering that also tells an engine with priority scheduling how urgent a request is.

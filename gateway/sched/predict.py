@@ -6,10 +6,14 @@ generic prior until telemetry has fitted one), its KV capacity, its concurrency 
 the gateway runs there (`EndpointView.running`: prompt, predicted output mean and spread, dispatch time,
 deadlines).
 
-**Where a running request has got to.** The gateway does not see every token a stream carries on the
-scheduler path, so progress is estimated from time: a request's first token is due one prefill after
-its dispatch, then it produces one token per decode iteration of the endpoint's current batch
-(slowed by `prefill_overhead`, the share of time prefills of new arrivals pause decoding). A request
+**Where a running request has got to.** The dispatcher reports every few tokens a stream carries
+(`Scheduler.progress`); between reports, and for requests without any (not streamed, or none yet),
+progress is estimated from time: a request's first token is due one prefill after its dispatch, then
+it produces one token per decode iteration of the endpoint's current batch,
+slowed by the prefills of new arrivals: each running request paused the batch for its own prefill once
+in its lifetime, so the batch spends ``ρ = Σ prefill_i / lifetime_i`` of its time prefilling and every
+decode iteration effectively takes ``1 / (1 − ρ)`` as long (at least `prefill_overhead`). (The
+gateway's measured per-token time is not used for this: it was measured at other batch sizes.) A request
 past its predicted length is *running long* (its length was under-estimated); it is then expected to
 run half as long again as it has (capped by max_tokens), and it counts towards the endpoint's
 `running_long` figure, which placement uses to steer new arrivals elsewhere (Aladdin's re-balancing).
@@ -42,6 +46,9 @@ Tail = Literal["mean", "normal", "cantelli"]
 
 #: A running request past its predicted length is expected to run this share of its length again.
 _LONG_GROWTH: Final = 0.5
+#: Prefill share of an endpoint's time at most (decoding then takes twice as long): a snapshot of a few
+#: running requests is a noisy sample of the mix.
+_MAX_PREFILL_SHARE: Final = 0.5
 #: Views whose load was computed within this many seconds are reused.
 _CACHE_TOLERANCE_S: Final = 0.01
 _PRIOR: Final = default_prior()
@@ -87,6 +94,17 @@ class RunningState:
 
 
 @dataclass(frozen=True, slots=True)
+class Harm:
+    """The delay a new request would cause a running one, against the time it has in hand."""
+
+    state: RunningState
+    target: Literal["ttft", "e2e", "itl"]
+    delay: float  # seconds (per token for "itl")
+    saved: float  # seconds in hand (per token for "itl"), >= 0
+    left: float  # seconds until its deadline (the target itself for "itl")
+
+
+@dataclass(frozen=True, slots=True)
 class Prediction:
     """Seconds from now, for one request on one endpoint."""
 
@@ -112,6 +130,7 @@ class EndpointLoad:
         "kv_capacity",
         "n",
         "now",
+        "overhead",
         "params",
         "pending_prompt",
         "running",
@@ -134,18 +153,34 @@ class EndpointLoad:
         reqs = view.running
         n = self.n = len(reqs)
         coef = self.coef
-        over = 1.0 + params.prefill_overhead
         base_ctx = sum(r.prompt_tokens for r in reqs)
+        base = coef.decode_iter_s(n, base_ctx / n) if n else 0.0
+        # Prefills pause the batch: each running request's prefill, over its lifetime, is the share of
+        # time the endpoint spends prefilling requests like it (a steady state of this batch).
+        rho = 0.0
+        for r in reqs:
+            pre = coef.prefill_s(r.prompt_tokens)
+            life = pre + r.output_mean * base
+            rho += pre / life if life > 0 else 0.0
+        rho = min(rho, _MAX_PREFILL_SHARE)
+        self.overhead = max(params.prefill_overhead, rho / (1.0 - rho))
+        over = 1.0 + self.overhead
         # Per-token time of the current batch; contexts are refined below once progress is known.
-        guess = coef.decode_iter_s(n, base_ctx / n) * over if n else 0.0
+        guess = base * over
         states: list[RunningState] = []
         ctx_sum = 0.0
         pending = 0.0
         long_total = 0.0
         for r in reqs:
-            first_at = r.dispatched_at + coef.prefill_s(r.prompt_tokens) + 0.5 * guess
-            prefilled = now >= first_at
-            produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
+            if r.produced is not None and r.reported_at is not None and r.first_token_at is not None:
+                # reported by the dispatcher: its count then, and tokens at the current pace since
+                first_at = r.first_token_at
+                prefilled = True
+                produced = r.produced + ((now - r.reported_at) / guess if guess > 0 else 0.0)
+            else:
+                first_at = r.dispatched_at + coef.prefill_s(r.prompt_tokens) + 0.5 * guess
+                prefilled = now >= first_at
+                produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
             cap = math.inf if r.max_tokens is None else float(r.max_tokens)
             produced = min(produced, cap)
             mean = r.output_mean + self.gamma * r.output_std
@@ -185,10 +220,11 @@ class EndpointLoad:
         on this endpoint and placed on it now: `idle_service` and `predict` in a few arithmetic
         operations, for ordering long queues."""
         c = self.coef
-        over = 1.0 + self.params.prefill_overhead
+        over = 1.0 + self.overhead
         steps = out - 1.0 if out > 1.0 else 0.0
         idle_ttft = c.k1 * prompt + c.c1
-        idle_e2e = idle_ttft + steps * ((c.k2 * (prompt + 0.5 * out) + c.c2) + c.c3) * over
+        alone = 1.0 + self.params.prefill_overhead
+        idle_e2e = idle_ttft + steps * ((c.k2 * (prompt + 0.5 * out) + c.c2) + c.c3) * alone
         n = self.n
         b = n + 1 if n + 1 < self.seats else self.seats
         ttft = self.wait_s + c.k1 * (prompt + self.pending_prompt) + c.c1
@@ -196,9 +232,11 @@ class EndpointLoad:
         e2e = ttft + steps * ((c.k2 * avg + c.c2) * b + c.c3) * over
         return idle_ttft, idle_e2e, ttft, e2e
 
-    def tpot(self, batch: float, avg_context: float) -> float:
-        """Per-token seconds of a decode batch (prefill pauses included)."""
-        return self.coef.decode_iter_s(batch, avg_context) * (1.0 + self.params.prefill_overhead)
+    def tpot(self, batch: float, avg_context: float, *, alone: bool = False) -> float:
+        """Per-token seconds of a decode batch (prefill pauses included: at this endpoint's current
+        share, or for a request `alone`, the configured floor)."""
+        over = self.params.prefill_overhead if alone else self.overhead
+        return self.coef.decode_iter_s(batch, avg_context) * (1.0 + over)
 
     def output_tokens(self, req: SchedRequest) -> float:
         mean, std = output_estimate(req)
@@ -216,51 +254,70 @@ class EndpointLoad:
         e2e = ttft + max(0.0, out - 1.0) * tpot
         return Prediction(self.wait_s, ttft, e2e, tpot, out)
 
+    def predict_after(self, req: SchedRequest, wait_s: float) -> Prediction:
+        """`req` starting here after `wait_s` (a seat frees then), into a full batch."""
+        out = self.output_tokens(req)
+        p = float(req.prompt_tokens)
+        ttft = wait_s + self.coef.prefill_s(p)
+        avg_ctx = (self.ctx_sum + p + 0.5 * out) / (self.n + 1)
+        tpot = self.tpot(float(self.seats), avg_ctx)
+        return Prediction(wait_s, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
+
     def idle_service(self, req: SchedRequest) -> Prediction:
         """`req` alone on this endpoint (no wait, batch of one): the least it can take here."""
         out = self.output_tokens(req)
         p = float(req.prompt_tokens)
         ttft = self.coef.prefill_s(p)
-        tpot = self.tpot(1.0, p + 0.5 * out)
+        tpot = self.tpot(1.0, p + 0.5 * out, alone=True)
         return Prediction(0.0, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
 
-    def with_request_tpot(self, req: SchedRequest, *, worst_case: bool = False) -> float:
-        """Per-token time of the running requests once `req` joins them."""
-        out = self.output_tokens(req)
-        b = float(self.seats) if worst_case else float(min(self.n + 1, self.seats))
-        avg_ctx = (self.ctx_sum + req.prompt_tokens + 0.5 * out) / (self.n + 1)
-        return self.tpot(b, avg_ctx)
+    def harm(self, req: SchedRequest, *, on_track: float = 0.0) -> list[Harm]:
+        """What placing `req` here now costs each running request that has a target to keep.
 
-    def endangered(
-        self, req: SchedRequest, *, worst_case: bool = False, margin: float = 1.0
-    ) -> list[RunningState]:
-        """Running requests that meet their targets now but would miss them once `req` is placed here:
-        its prefill pauses their decoding and its joining slows every later token."""
+        Its prefill pauses every decode (the whole prefill; a request still waiting for its own first
+        token is prefilled with it instead and waits ``k1·p`` longer), and for as many iterations as
+        both run, every decode iteration takes its marginal cost ``k2·context + c2`` longer. `saved` is
+        the time the running request has in hand: its deadline minus its predicted last (or first)
+        token; for an ITL target, the target minus the per-token time now, and the delay is per token.
+        Requests without targets, demoted ones and those already late are left out (nothing to keep);
+        with `on_track` > 0, so are those whose time in hand is less than that share of their time left
+        (within the error of the predictions they are as likely to miss as not: holding every new request
+        off their endpoint for them would starve the queue on a fixed fleet).
+        """
         if not self.running:
             return []
-        pause = self.coef.prefill_s(req.prompt_tokens)
-        tpot_new = self.with_request_tpot(req, worst_case=worst_case)
-        out: list[RunningState] = []
+        c = self.coef
+        p = float(req.prompt_tokens)
+        out = self.output_tokens(req)
+        pause = c.prefill_s(p)
+        per_iter = (c.k2 * (p + 0.5 * out) + c.c2) * (1.0 + self.overhead)
+        now = self.now
+        harms: list[Harm] = []
         for s in self.running:
             r = s.req
             if r.best_effort:
                 continue
+            if not s.prefilled and r.ttft_deadline is not None:
+                saved = r.ttft_deadline - now - s.first_s
+                if saved >= on_track * (r.ttft_deadline - now) and saved >= 0:
+                    harms.append(Harm(s, "ttft", c.k1 * p, saved, r.ttft_deadline - now))
             if r.e2e_deadline is not None:
-                left = (r.e2e_deadline - self.now) * margin
-                before = s.finish_s
-                after = s.finish_s + pause + s.remaining * (tpot_new - self.tpot_now)
-                if before <= left < after:
-                    out.append(s)
-                    continue
-            if r.itl_s is not None and s.prefilled and self.tpot_now <= r.itl_s * margin < tpot_new:
-                out.append(s)
-                continue
-            if r.ttft_deadline is not None and not s.prefilled:
-                # prefilled in the same iteration as `req`: its first token comes k1 · p later
-                left = (r.ttft_deadline - self.now) * margin
-                if s.first_s <= left < s.first_s + self.coef.k1 * req.prompt_tokens:
-                    out.append(s)
-        return out
+                saved = r.e2e_deadline - now - s.finish_s
+                if saved >= on_track * (r.e2e_deadline - now) and saved >= 0:
+                    delay = (c.k1 * p if not s.prefilled else pause) + min(s.remaining, out) * per_iter
+                    harms.append(Harm(s, "e2e", delay, saved, r.e2e_deadline - now))
+            if r.itl_s is not None and s.prefilled:
+                saved = r.itl_s - self.tpot_now
+                if saved >= on_track * r.itl_s and saved >= 0:
+                    harms.append(Harm(s, "itl", per_iter, saved, r.itl_s))
+        return harms
+
+    def endangered(
+        self, req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0
+    ) -> list[RunningState]:
+        """Running requests that keep their targets now but would miss them once `req` is placed here
+        (`margin` < 1 demands that some of their time in hand is left; `on_track`: see `harm`)."""
+        return [h.state for h in self.harm(req, on_track=on_track) if h.delay > h.saved * margin]
 
     def peak_kv(self, extra: tuple[float, float] | None = None) -> float:
         """The largest KV footprint (tokens) the running requests (and `extra` = (context now,
@@ -348,6 +405,7 @@ def kth_smallest(values: Sequence[float], k: int) -> float:
 
 __all__ = [
     "EndpointLoad",
+    "Harm",
     "LoadCache",
     "PredictParams",
     "Prediction",

@@ -75,6 +75,9 @@ class Policy:
     source: str = ""  # file it came from
     slo: SloPolicy = field(default_factory=default_slo_policy)  # SLO classes, rules, task settings
     admitter: Admitter | None = None  # None: admit every request (no admission control)
+    # Requests behind one that fits nowhere (while endpoints have room) that may be placed before it in
+    # one round of serving the queue; 0: strict priority (see gateway.sched.scheduler).
+    lookahead: int = 0
 
     def engine_priority(self, req: SchedRequest, snap: FleetSnapshot) -> int | None:
         """The priority to send an engine with priority scheduling (lower is more urgent), when the

@@ -1,7 +1,8 @@
 """What the scheduler remembers about each request it dispatched, per endpoint (see `EndpointView.running`).
 
-A `RunningRequest` is made once, when the request is placed, from what admission knew: its prompt, its
-predicted output (mean and spread), its targets as absolute clock deadlines. Placement plugins estimate
+A `RunningRequest` is made when the request is placed, from what admission knew: its prompt, its
+predicted output (mean and spread), its targets as absolute clock deadlines; the dispatcher's progress
+reports (tokens streamed so far) replace it with an updated copy. Placement plugins estimate
 from it how far the request has got (`gateway.sched.predict`), what it still needs, and whether a new
 request placed beside it would push it past its deadline.
 """
@@ -33,6 +34,11 @@ class RunningRequest:
     e2e_deadline: float | None  # ... the last token
     itl_s: float | None  # per-token target (seconds)
     best_effort: bool = False
+    # Progress the dispatcher reported (Scheduler.progress): tokens streamed so far, when its first token
+    # came and when the count was taken. None: not reported (estimated from time instead).
+    produced: int | None = None
+    first_token_at: float | None = None
+    reported_at: float | None = None
 
 
 def output_estimate(req: SchedRequest) -> tuple[float, float]:

@@ -7,7 +7,10 @@ call the same methods with a fake clock.
 Queue discipline: requests wait in one queue per model. Whenever capacity may have appeared (a request
 completed, an endpoint changed, a tick) the queue is served: the request with the smallest ordering key
 is placed through the policy's profile; when the profile finds nothing eligible for it, serving that
-model stops (strict priority: a lower-priority request never overtakes one that is waiting for room).
+model stops (strict priority: a lower-priority request never overtakes one that is waiting for room),
+unless the policy's `lookahead` lets up to that many requests behind it be placed first while endpoints
+still have room (its placement constraints, not the seats, hold it back: Aladdin places each request on
+the first worker that fits it, and one that fits nowhere waits without holding up the others).
 
 Every placement decides on a fresh FleetSnapshot, but an endpoint's view is rebuilt only when that
 endpoint changed (or its engine gauges went stale): a placement on a large fleet does not remake the
@@ -16,6 +19,7 @@ views of the endpoints it did not touch. The model sets are likewise kept until 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -182,6 +186,10 @@ class _Queued:
     req: SchedRequest
     seq: int
     exclude: frozenset[EndpointId] = field(default_factory=frozenset)
+
+
+def _has_room(snap: FleetSnapshot, model: ModelName) -> bool:
+    return any(model in e.models and e.health is EndpointHealth.READY and e.has_room for e in snap.endpoints)
 
 
 _NO_MODELS: Final[frozenset[ModelName]] = frozenset()
@@ -362,11 +370,14 @@ class Scheduler:
         return False
 
     def tick(self) -> list[Decision]:
-        """Expire requests that waited too long, then serve every queue."""
+        """Expire requests that waited too long, let admission look at the queued ones again (a request
+        whose SLO became infeasible while it waited), then serve every queue."""
         now = self._clock.now()
         out: list[Decision] = []
         max_wait = self._limits.max_wait_s
         ready = self._ready_models()
+        recheck = self._policy.admitter is not None and any(self._queues.values())
+        snap = self.snapshot() if recheck else None
         for model, queue in self._queues.items():
             keep: list[_Queued] = []
             for item in queue:
@@ -379,6 +390,12 @@ class Scheduler:
                     )
                 elif model not in ready:
                     out.append(Reject(item.req, errors.no_ready_endpoint(model, self._limits.retry_after_s)))
+                elif snap is not None:
+                    item.req, refused = self.admission.recheck(self._policy, item.req, snap)
+                    if refused is not None:
+                        out.append(Reject(item.req, refused))
+                    else:
+                        keep.append(item)
                 else:
                     keep.append(item)
             queue[:] = keep
@@ -404,6 +421,21 @@ class Scheduler:
 
     def queue_depths(self) -> dict[ModelName, int]:
         return {m: len(q) for m, q in self._queues.items()}
+
+    def progress(self, req_id: RequestId, produced: int, first_token_at: float | None) -> None:
+        """A dispatched request has streamed `produced` tokens (its first at `first_token_at`): placement
+        plugins see it in the endpoint's running requests. Serves nothing by itself."""
+        eid = self._running.get(req_id)
+        ep = None if eid is None else self._endpoints.get(eid)
+        if ep is None:
+            return
+        r = ep.running.get(req_id)
+        if r is None:
+            return
+        ep.running[req_id] = dataclasses.replace(
+            r, produced=produced, first_token_at=first_token_at, reported_at=self._clock.now()
+        )
+        ep.changed()
 
     def engine_priority(self, req_id: RequestId) -> int | None:
         """The priority to send with a dispatched request (lower is more urgent): set only when its
@@ -462,13 +494,21 @@ class Scheduler:
         """Place queued requests of `model` in order; with `only`, stop at the first one that is not it."""
         queue = self._queues.get(model)
         policy = self._policy
+        skipped: set[int] = set()  # requests that fit nowhere now, passed over (policy.lookahead)
         while queue:
             snap = self.snapshot()
-            if len(queue) == 1:
+            if len(queue) == 1 and not skipped:
                 idx = 0
             else:
-                keyed = ((policy.ordering.key(q.req, snap), q.seq, i) for i, q in enumerate(queue))
-                idx = min(keyed)[2]
+                keyed = (
+                    (policy.ordering.key(q.req, snap), q.seq, i)
+                    for i, q in enumerate(queue)
+                    if q.seq not in skipped
+                )
+                first = min(keyed, default=None)
+                if first is None:
+                    return
+                idx = first[2]
             item = queue[idx]
             if only is not None and item.req.id != only:
                 return
@@ -480,7 +520,12 @@ class Scheduler:
                     view_snap = FleetSnapshot(now=snap.now, endpoints=others, queued=snap.queued)
             chosen = policy.profile.place(item.req, view_snap)
             if chosen is None:
-                return
+                # Strict priority, unless the policy lets requests behind one that fits nowhere go first
+                # while endpoints still have room (its constraints, not the seats, hold it back).
+                if len(skipped) >= policy.lookahead or not _has_room(view_snap, model):
+                    return
+                skipped.add(item.seq)
+                continue
             del queue[idx]
             ep = self._endpoints[chosen.id]
             ep.inflight += 1

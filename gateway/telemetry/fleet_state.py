@@ -9,23 +9,23 @@ Sans-IO. Two kinds of input, both plain numbers:
 `refit()` fits the performance models; `estimates(eid)` is what the scheduler receives.
 
 Observation mapping (the contract with `gateway.telemetry.perfmodel`):
-- prefill <- TTFT measured from dispatch to first token, with that request's prompt tokens;
-- decode <- the per-token time of a stream (its inter-token gaps over its tokens after the first),
-  batch = the endpoint's in-flight count averaged over dispatch and finish, avg_context = prompt +
-  produced/2;
+- prefill, decode and throughput <- the endpoint's token timeline (`gateway.telemetry.timeline`):
+  `observe` adds every stream that ran there (its token times: the first token's and the gaps after it,
+  which the relay measures anyway) and the span of every request whose tokens were not timed;
+  `settle(eid, before)` derives the observations of what happened before `before` (prefill from the gaps
+  a prefill interrupted on a busy endpoint and from TTFT on an idle one; decode from the gaps free of
+  first tokens, at the mean running count and context) and feeds them to the fitter. The caller picks
+  `before` such that every request that ran there before it has been observed (the daemon: the dispatch
+  time of the oldest request still running there);
 - kv <- the engine's KV fraction × KV capacity tokens, vs the sum of contexts of the requests the
   gateway runs there (prompt tokens + half the predicted output: on average a running request is half
   way through its answer), both divided by the gateway's in-flight count (the model is per request);
   skipped when the engine reports a running count far from the gateway's (other traffic shares the
-  engine, so its KV use is not ours to explain);
-- throughput <- per-stream tokens/s vs that averaged in-flight count.
-Only streamed, successful, first-attempt requests feed the latency models: a non-streamed answer has
-no first token, and a retried one's TTFT includes the failed attempt.
-
-This is the O(1)-per-request form of the mapping. `perfmodel`'s docstring describes a finer one (prefill
-timed from the endpoint's previous iteration, decode gaps without interleaved prefills, batch sampled per
-gap) that needs every stream's token times on the request path; under load the form here folds engine
-queueing into the prefill fit, which its fit error (`prefill_mape`) shows.
+  engine, so its KV use is not ours to explain).
+The measured latencies (TTFT from dispatch, per-token time) and the engine cross-checks take streamed,
+successful, first-attempt requests only: a non-streamed answer has no first token, and a retried one's
+TTFT includes the failed attempt. `prediction_error` is that of the coefficients in force on each
+observation as it is fed to the fitter ("ttft": the prefill observations, "itl": the decode ones).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from gateway.telemetry.lengths import LengthPrediction, OutputLengthPredictor
 from gateway.telemetry.perfmodel import PerfCoefficients, PerfModelFitter
 from gateway.telemetry.promtext import Histogram
 from gateway.telemetry.rolling import Ewma, LatencyTracker, RateMeter, RecentWindow
+from gateway.telemetry.timeline import EndpointTimeline
 from gateway.telemetry.tokens import TokenEstimator
 
 Quantity = Literal["ttft", "itl"]
@@ -90,8 +91,6 @@ class FinishedRequest(NamedTuple):
     prompt_tokens_est: int  # the gateway's estimate at admission
     output_tokens: int
     gaps: Sequence[float]  # inter-token gaps of a stream
-    batch_at_dispatch: int  # the endpoint's in-flight count right after this request was placed
-    batch_at_finish: int  # ... and right before it was released
     predicted_output_tokens: float | None
 
 
@@ -142,6 +141,7 @@ class EndpointTelemetry:
             settings.prior, window=settings.fit_window, min_obs=settings.min_observations
         )
         self.coefficients: PerfCoefficients = self.fitter.current
+        self.timeline = EndpointTimeline()
         self.engine_kv_capacity: float | None = None
         # |predicted - observed| / observed with the coefficients in force when the request ran
         self.prediction_error: dict[Quantity, Ewma] = {"ttft": Ewma(), "itl": Ewma()}
@@ -169,27 +169,50 @@ class EndpointTelemetry:
     ) -> None:
         """A streamed, successful, first-attempt request that ran here (see the module docstring):
         `ttft` from dispatch, `decoding` the sum of its gaps, `per_token` decoding over tokens - 1."""
-        gaps = r.gaps
-        self.timings.add(ttft, per_token, gaps)
+        self.timings.add(ttft, per_token, r.gaps)
         self.timings.output_rate.add(r.output_tokens, r.finished_at)
-        coef = self.coefficients
-        if ttft > 0:
-            self.prediction_error["ttft"].add(abs(coef.prefill_s(prompt_tokens) - ttft) / ttft)
-            self.fitter.observe_prefill(prompt_tokens, ttft)
         self.checks["ttft"].gateway(ttft, 1)
         if per_token is not None:  # per token, like the engine's histogram, however events were batched
             self.checks["itl"].gateway(decoding, r.output_tokens - 1)
-        if per_token is not None:
-            batch = max(1.0, (r.batch_at_dispatch + r.batch_at_finish) / 2.0)
-            context = prompt_tokens + r.output_tokens / 2.0
-            self.prediction_error["itl"].add(abs(coef.decode_iter_s(batch, context) - per_token) / per_token)
-            self.fitter.observe_decode(batch, context, per_token)
-            self.fitter.observe_throughput(batch, 1.0 / per_token)
+        self._on_timeline(r, prompt_tokens)
 
-    def observe_other(self, r: FinishedRequest) -> None:
-        """A request that ran here but does not feed the latency models (not streamed, failed, retried)."""
+    def observe_other(self, r: FinishedRequest, *, prompt_tokens: int) -> None:
+        """A request that ran here but is not measured (not streamed, failed, retried); its tokens, if it
+        had timed ones, still tell the timeline which streams ran and when."""
         if r.ok and r.output_tokens:
             self.timings.output_rate.add(r.output_tokens, r.finished_at)
+        self._on_timeline(r, prompt_tokens)
+
+    def _on_timeline(self, r: FinishedRequest, prompt_tokens: int) -> None:
+        dispatched = r.dispatched_at
+        if dispatched is None:
+            return  # never reached the engine
+        first = r.first_token_at
+        if r.stream and first is not None:
+            self.timeline.add_stream(
+                dispatched_at=dispatched if r.attempts == 1 else None,  # else: when it came here is unknown
+                first_token_at=first,
+                gaps=r.gaps,
+                prompt_tokens=prompt_tokens,
+                clean=r.ok,
+            )
+        else:  # not streamed (its first token is the whole answer), or no token: when it ran is all we know
+            self.timeline.add_untracked(dispatched, r.finished_at)
+
+    def settle(self, before: float) -> None:
+        """Feed the fitter the timeline's observations of everything before `before` (see the module
+        docstring: every request that ran here before it must have been observed)."""
+        settled = self.timeline.settle(before)
+        coef = self.coefficients
+        fitter = self.fitter
+        prefill_error, itl_error = self.prediction_error["ttft"], self.prediction_error["itl"]
+        for p in settled.prefill:
+            prefill_error.add(abs(coef.prefill_s(p.prompt_tokens) - p.seconds) / p.seconds)
+            fitter.observe_prefill(p.prompt_tokens, p.seconds)
+        for d in settled.decode:
+            itl_error.add(abs(coef.decode_iter_s(d.batch, d.avg_context) - d.seconds) / d.seconds)
+            fitter.observe_decode(d.batch, d.avg_context, d.seconds)
+            fitter.observe_throughput(d.concurrency, d.tokens_per_s)
 
     def observe_scrape(self, s: ScrapeSample) -> list[tuple[Quantity, Verdict]]:
         """One scrape; returns the cross-check verdicts it completed."""
@@ -346,6 +369,7 @@ class FleetTelemetry:
             if restart:
                 self.endpoints[eid] = fresh = EndpointTelemetry(eid, settings)
                 fresh.timings = ep.timings
+                fresh.timeline = ep.timeline
                 fresh.engine_kv_capacity = ep.engine_kv_capacity
             else:
                 ep.settings = settings
@@ -375,7 +399,7 @@ class FleetTelemetry:
         if r.ok and r.output_tokens:
             model.timings.output_rate.add(r.output_tokens, r.finished_at)
         if dispatched is None or first is None or not (r.ok and r.stream and r.attempts == 1):
-            ep.observe_other(r)
+            ep.observe_other(r, prompt_tokens=prompt)
             return
         engine_ttft = max(0.0, first - dispatched)
         model.timings.add(engine_ttft, per_token, r.gaps)
@@ -383,6 +407,17 @@ class FleetTelemetry:
 
     def observe_scrape(self, eid: EndpointId, s: ScrapeSample) -> list[tuple[Quantity, Verdict]]:
         return self.endpoint(eid).observe_scrape(s)
+
+    def settle(self, eid: EndpointId, before: float) -> None:
+        """Derive the performance-model observations of `eid` before `before` (see the module docstring)."""
+        ep = self.endpoints.get(eid)
+        if ep is not None:
+            ep.settle(before)
+
+    def forget_timelines(self, before: float) -> None:
+        """Finished requests were lost: what ran before `before` can no longer be told apart."""
+        for ep in self.endpoints.values():
+            ep.timeline.forget(before)
 
     def refit(self, now: float) -> None:
         """Refit every endpoint's models (the daemon's loop refits one endpoint at a time instead)."""

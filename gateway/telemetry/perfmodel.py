@@ -53,7 +53,7 @@ iteration and the first token of newly admitted requests at the end of a prefill
   gaps of the stream.
 
 **Fitting.** ``observe_*`` only append to a bounded window (O(1); never fit on the request path).
-``refit()`` (a background task, every few seconds; a few milliseconds per endpoint with full windows)
+``refit()`` (a background task, every few seconds; around 10 ms per endpoint with full windows)
 solves, per dimension, a weighted least-squares problem on *relative* errors, so short and long
 observations count alike and the fit minimises what ``*_mape`` reports. The weights are exponential
 forgetting (an observation ``a`` observations old weighs ``2^(−a / half_life)``) times robust weights
@@ -190,8 +190,8 @@ class _LinearFit:
 class PerfModelFitter:
     """One per endpoint (or per model + engine profile). See the module doc for what to feed it.
 
-    ``observe_*`` are O(1) appends into bounded windows; ``refit()`` runs the least-squares fits (about a
-    millisecond per dimension for a full window) and returns and stores the new coefficients. Invalid
+    ``observe_*`` are O(1) appends into bounded windows; ``refit()`` runs the least-squares fits (around
+    10 ms with full windows) and returns and stores the new coefficients. Invalid
     observations (non-finite, negative sizes, non-positive times) are dropped.
     """
 

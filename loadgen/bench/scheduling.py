@@ -42,7 +42,6 @@ import math
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -51,7 +50,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
-import msgspec
 import orjson
 
 from loadgen.bench.sim_cpu import runqueue_wait_s
@@ -81,21 +79,36 @@ GOODPUT_TARGET: Final = 0.95
 MODEL_A_SHARE: Final = 0.8
 
 
+DEFAULT_SPEED: Final = 2.0
+DEFAULT_DURATION_S: Final = 45.0
+DEFAULT_PATTERNS: Final = ("pattern1", "pattern2")
+#: Per pattern, rates (tasks/s) from where round robin still meets ~0.95 to where it is below 0.8:
+#: pattern2 carries more long prompts (summarization, translation), so its range is lower.
+DEFAULT_RATES: Final[dict[str, tuple[float, ...]]] = {"pattern1": (8.5, 11.5), "pattern2": (5.5, 8.0)}
+DEFAULT_ENDPOINTS: Final = 6
+DEFAULT_SEED: Final = 1
+DEFAULT_ALADDIN_RATE: Final = 6.0
+
+
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
     out: Path
-    speed: float = 2.0
-    duration_s: float = 60.0  # simulated seconds of arrivals per run
-    patterns: tuple[str, ...] = ("pattern1", "pattern2")
-    rates: tuple[float, ...] = (8.0, 11.0)  # simulated task arrivals per second
+    speed: float = DEFAULT_SPEED
+    duration_s: float = DEFAULT_DURATION_S  # simulated seconds of arrivals per run
+    patterns: tuple[str, ...] = DEFAULT_PATTERNS
+    # simulated task arrivals per second, per pattern (a pattern without an entry: `rates["*"]`)
+    rates: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_RATES))
     policies: tuple[str, ...] = tuple(POLICIES)
-    endpoints_per_model: int = 6
-    seed: int = 1
+    endpoints_per_model: int = DEFAULT_ENDPOINTS
+    seed: int = DEFAULT_SEED
     aladdin: bool = True
-    aladdin_rate: float = 6.0
+    aladdin_rate: float = DEFAULT_ALADDIN_RATE
     aladdin_pattern: str = "pattern1"
     aladdin_policies: tuple[str, str] = (BERTH, "least-outstanding")
-    drain_sim_s: float = 90.0  # simulated seconds to wait for tasks still running after the arrivals
+    drain_sim_s: float = 30.0  # simulated seconds to wait for tasks still running after the arrivals
+
+    def rates_for(self, pattern: str) -> tuple[float, ...]:
+        return self.rates.get(pattern) or self.rates.get("*") or (8.0,)
 
 
 @dataclass(slots=True)
@@ -134,6 +147,26 @@ class RunResult:
             "berth_rejections": self.berth_rejections,
             "notes": self.notes,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunResult:
+        return cls(
+            policy=d["policy"],
+            pattern=d["pattern"],
+            rate=d["rate"],
+            endpoints=(int(d["endpoints"][0]), int(d["endpoints"][1])),
+            wall_s=d["wall_s"],
+            tasks=d["tasks"],
+            overall_goodput=d["overall_goodput"],
+            request_goodput=d["request_goodput"],
+            utilization=d["utilization"],
+            busy_share=d["busy_share"],
+            cpu=d["cpu"],
+            valid=d["valid"],
+            errors=d["errors"],
+            berth_rejections=d["berth_rejections"],
+            notes=list(d["notes"]),
+        )
 
 
 # --------------------------------------------------------------------- files
@@ -203,13 +236,20 @@ def policy_file(name: str, run_dir: Path) -> Path:
     shipped = POLICY_DIR / POLICIES[name]
     if name == BERTH:
         return shipped
-    base = msgspec.toml.decode(shipped.read_bytes())
-    coding = msgspec.toml.decode((POLICY_DIR / POLICIES[BERTH]).read_bytes())
-    base["slo"] = coding["slo"]
-    base["tasks"] = coding["tasks"]
+    base = _before_slo(shipped.read_text())
+    coding = (POLICY_DIR / POLICIES[BERTH]).read_text()
+    table = coding[coding.index("\n[slo]\n") + 1 :]  # [slo] ... [tasks]: the end of the preset
     path = run_dir / f"{Path(POLICIES[name]).stem}.toml"
-    path.write_bytes(msgspec.toml.encode(base))
+    path.write_text(
+        f"{base}\n# The coding-assistant's SLO classes (labels and SLAs only: FCFS ignores them)\n{table}"
+    )
     return path
+
+
+def _before_slo(text: str) -> str:
+    """A policy file's text up to its [slo] table (the baselines keep theirs at the end)."""
+    at = text.find("\n[slo]\n")
+    return text if at < 0 else text[: at + 1]
 
 
 def free_port() -> int:
@@ -222,37 +262,37 @@ def free_port() -> int:
 # --------------------------------------------------------------------- processes
 class Procs:
     def __init__(self) -> None:
-        self.sim: subprocess.Popen[str] | None = None
-        self.berth: subprocess.Popen[bytes] | None = None
+        self.sim: asyncio.subprocess.Process | None = None
+        self.berth: asyncio.subprocess.Process | None = None
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         for p in (self.berth, self.sim):
-            if p is not None and p.poll() is None:
+            if p is not None and p.returncode is None:
                 p.send_signal(signal.SIGTERM)
         for p in (self.berth, self.sim):
             if p is None:
                 continue
             try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+                await asyncio.wait_for(p.wait(), timeout=10)
+            except TimeoutError:
                 p.kill()
-                p.wait()
+                await p.wait()
 
 
-def start_sim(run_dir: Path, n_a: int, n_b: int, speed: float) -> tuple[subprocess.Popen[str], list[str]]:
+async def start_sim(
+    run_dir: Path, n_a: int, n_b: int, speed: float
+) -> tuple[asyncio.subprocess.Process, list[str]]:
     path = run_dir / "fleet.toml"
     path.write_text(fleet_file(n_a, n_b, speed))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.engine_sim.cli", "--fleet", str(path), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=(run_dir / "sim.log").open("w"),
-        text=True,
-        cwd=REPO,
-    )
+    with (run_dir / "sim.log").open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "loadgen.engine_sim.cli", "--fleet", str(path), "--port", "0",
+            stdout=asyncio.subprocess.PIPE, stderr=log, cwd=REPO,
+        )  # fmt: skip
     assert proc.stdout is not None
     urls = []
     for _ in range(n_a + n_b):
-        line = proc.stdout.readline()
+        line = (await proc.stdout.readline()).decode()
         if not line:
             raise RuntimeError(f"the simulator exited early; see {run_dir / 'sim.log'}")
         urls.append(line.rsplit(" at ", 1)[1].strip())
@@ -322,14 +362,16 @@ class UtilSampler:
 
 
 # --------------------------------------------------------------------- one run
-async def run_one(cfg: BenchConfig, policy: str, pattern: str, rate: float, n_a: int, n_b: int) -> RunResult:
+async def run_one(
+    cfg: BenchConfig, policy: str, *, pattern: str, rate: float, n_a: int, n_b: int
+) -> RunResult:
     tag = f"{pattern}-r{rate:g}-{n_a}+{n_b}-{policy}"
     run_dir = cfg.out / "runs" / tag
     run_dir.mkdir(parents=True, exist_ok=True)
     procs = Procs()
     s = cfg.speed
     try:
-        sim, urls = start_sim(run_dir, n_a, n_b, s)
+        sim, urls = await start_sim(run_dir, n_a, n_b, s)
         procs.sim = sim
         port = free_port()
         models = [MODELS[0]] * n_a + [MODELS[1]] * n_b
@@ -339,13 +381,11 @@ async def run_one(cfg: BenchConfig, policy: str, pattern: str, rate: float, n_a:
                 list(zip(urls, models, strict=True)), port=port, policy=policy_file(policy, run_dir), speed=s
             )
         )
-        berth_log = (run_dir / "berth.log").open("wb")
-        procs.berth = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "-c", str(gw)],
-            stdout=berth_log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
+        with (run_dir / "berth.log").open("wb") as berth_log:
+            procs.berth = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gateway.cli", "serve", "-c", str(gw),
+                stdout=berth_log, stderr=asyncio.subprocess.STDOUT, cwd=REPO,
+            )  # fmt: skip
         base = f"http://127.0.0.1:{port}"
         await wait_ready(base, n_a + n_b)
         pids = {"berth": procs.berth.pid, "sim": sim.pid, "loadgen": os.getpid()}
@@ -378,9 +418,19 @@ async def run_one(cfg: BenchConfig, policy: str, pattern: str, rate: float, n_a:
         (run_dir / "loadgen.json").write_bytes(report.to_json())
         berth_rejections = await _rejections(base)
     finally:
-        procs.stop()
+        await procs.stop()
     return summarize(
-        policy, pattern, rate, (n_a, n_b), s, report.data, report.tasks, sampler, wall, rq, berth_rejections
+        policy,
+        report.data,
+        report.tasks,
+        pattern=pattern,
+        rate=rate,
+        endpoints=(n_a, n_b),
+        speed=s,
+        sampler=sampler,
+        wall=wall,
+        runqueue=rq,
+        berth_rejections=berth_rejections,
     )
 
 
@@ -399,12 +449,13 @@ async def _rejections(base: str) -> int:
 
 def summarize(
     policy: str,
+    data: dict[str, Any],
+    task_results: Sequence[Any],
+    *,
     pattern: str,
     rate: float,
     endpoints: tuple[int, int],
     speed: float,
-    data: dict[str, Any],
-    task_results: Sequence[Any],
     sampler: UtilSampler,
     wall: float,
     runqueue: dict[str, float],
@@ -465,9 +516,9 @@ async def sweep(cfg: BenchConfig, log: Any) -> list[RunResult]:
     out: list[RunResult] = []
     n = cfg.endpoints_per_model
     for pattern in cfg.patterns:
-        for rate in cfg.rates:
+        for rate in cfg.rates_for(pattern):
             for policy in cfg.policies:
-                r = await run_one(cfg, policy, pattern, rate, n, n)
+                r = await run_one(cfg, policy, pattern=pattern, rate=rate, n_a=n, n_b=n)
                 log(line(r))
                 out.append(r)
     return out
@@ -480,14 +531,14 @@ def split(total: int) -> tuple[int, int]:
 
 async def fewest_endpoints(cfg: BenchConfig, policy: str, log: Any) -> tuple[int | None, list[RunResult]]:
     """The fewest endpoints (both models, split MODEL_A_SHARE) keeping overall goodput >= 0.95 at
-    `aladdin_rate`: a binary search over 2 .. 2 × endpoints_per_model (goodput falls as endpoints go)."""
+    `aladdin_rate`: a binary search over 4 .. 2 × endpoints_per_model (goodput falls as endpoints go)."""
     runs: list[RunResult] = []
-    lo, hi = 2, 2 * cfg.endpoints_per_model
+    lo, hi = 4, 2 * cfg.endpoints_per_model
     best: int | None = None
     while lo <= hi:
         mid = (lo + hi) // 2
         a, b = split(mid)
-        r = await run_one(cfg, policy, cfg.aladdin_pattern, cfg.aladdin_rate, a, b)
+        r = await run_one(cfg, policy, pattern=cfg.aladdin_pattern, rate=cfg.aladdin_rate, n_a=a, n_b=b)
         log(line(r))
         runs.append(r)
         if r.overall_goodput is not None and r.overall_goodput >= GOODPUT_TARGET:
@@ -534,7 +585,7 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
             "speed": cfg.speed,
             "duration_sim_s": cfg.duration_s,
             "patterns": list(cfg.patterns),
-            "rates": list(cfg.rates),
+            "rates": {p: list(cfg.rates_for(p)) for p in cfg.patterns},
             "policies": {p: POLICIES[p] for p in cfg.policies},
             "endpoints_per_model": cfg.endpoints_per_model,
             "seed": cfg.seed,
@@ -565,14 +616,20 @@ def _floats(text: str) -> tuple[float, ...]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="berth-loadgen bench scheduling", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("bench-scheduling"), help="output directory")
-    p.add_argument("--speed", type=float, default=BenchConfig.speed, help="simulator speed-up")
-    p.add_argument("--duration", type=float, default=BenchConfig.duration_s, help="simulated s of arrivals")
-    p.add_argument("--rates", default=",".join(f"{r:g}" for r in BenchConfig.rates), help="tasks/s")
-    p.add_argument("--patterns", default=",".join(BenchConfig.patterns))
+    p.add_argument("--speed", type=float, default=DEFAULT_SPEED, help="simulator speed-up")
+    p.add_argument("--duration", type=float, default=DEFAULT_DURATION_S, help="simulated s of arrivals")
+    p.add_argument(
+        "--rates",
+        default=None,
+        help="tasks/s for every pattern, comma-separated (default: per pattern, "
+        + "; ".join(f"{k} {','.join(f'{r:g}' for r in v)}" for k, v in DEFAULT_RATES.items())
+        + ")",
+    )
+    p.add_argument("--patterns", default=",".join(DEFAULT_PATTERNS))
     p.add_argument("--policies", default=",".join(POLICIES), help=f"subset of {', '.join(POLICIES)}")
-    p.add_argument("--endpoints", type=int, default=BenchConfig.endpoints_per_model, help="per model")
-    p.add_argument("--seed", type=int, default=BenchConfig.seed)
-    p.add_argument("--aladdin-rate", type=float, default=BenchConfig.aladdin_rate)
+    p.add_argument("--endpoints", type=int, default=DEFAULT_ENDPOINTS, help="per model")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p.add_argument("--aladdin-rate", type=float, default=DEFAULT_ALADDIN_RATE)
     p.add_argument("--no-aladdin", action="store_true", help="skip the fewest-endpoints search")
     p.add_argument("--quick", action="store_true", help="one pattern, one rate, no search (~3 min)")
     return p
@@ -590,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         speed=args.speed,
         duration_s=args.duration,
         patterns=tuple(x.strip() for x in args.patterns.split(",") if x.strip()),
-        rates=_floats(args.rates),
+        rates={"*": _floats(args.rates)} if args.rates else dict(DEFAULT_RATES),
         policies=policies,
         endpoints_per_model=args.endpoints,
         seed=args.seed,
@@ -603,7 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             speed=cfg.speed,
             duration_s=cfg.duration_s,
             patterns=cfg.patterns[:1],
-            rates=cfg.rates[-1:],
+            rates={p: cfg.rates_for(p)[-1:] for p in cfg.patterns[:1]},
             policies=cfg.policies,
             endpoints_per_model=cfg.endpoints_per_model,
             seed=cfg.seed,

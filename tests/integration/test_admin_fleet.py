@@ -148,6 +148,7 @@ async def sim() -> AsyncIterator[SimFleet]:
         flavor="vllm",
         models=("tiny",),
         profile="test-fast",
+        speed=0.25,  # iterations of ~8 ms: a loaded loop seldom reads two tokens at once (see below)
         load_time_s=0.0,
         output_len=LengthDist("fixed", 8.0),
     )
@@ -170,7 +171,10 @@ async def test_fitted_coefficients_appear_after_traffic(sim: SimFleet, start_gat
     assert ep["kv_capacity_tokens"] == 8192  # num_gpu_blocks x block_size of the simulator
     assert ep["latency"]["ttft_s"]["n"] == len(words) + 6
     prefill = ep["perf"]["prefill"]
-    assert prefill["n"] == len(words) + 6  # fitted: no longer the prior
+    # Fitted: no longer the prior. Each request sent alone found the endpoint idle (its TTFT is one
+    # prefill, unless its first token was read together with its second: held back on the way); the six
+    # sent at once give one observation per prefill iteration that can be timed.
+    assert 8 <= prefill["n"] <= len(words) + 6
     assert prefill["mape"] is not None
     assert prefill["k1"] > 0 or prefill["c1"] > 0
     assert ep["prediction_error"]["ttft"] is not None

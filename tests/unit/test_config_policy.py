@@ -96,7 +96,7 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
         ),
         pytest.param(
             HEAD + '[placement]\npicker = { plugin = "max-score" }\nscorer = []\n',
-            "p.toml:placement.scorer: unknown key (known: picker, filters, scorers)",
+            "p.toml:placement.scorer: unknown key (known: picker, filters, scorers, lookahead)",
             id="unknown-placement-key",
         ),
         pytest.param(
@@ -117,12 +117,14 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
         ),
         pytest.param(
             '[ordering]\nplugin = "lifo"\n[placement]\npicker = { plugin = "max-score" }\n',
-            "p.toml:ordering.plugin: unknown ordering plugin 'lifo' (known: edf, fcfs, priority-bands, slack)",
+            "p.toml:ordering.plugin: unknown ordering plugin 'lifo' "
+            "(known: edf, fcfs, priority-bands, slack)",
             id="unknown-ordering",
         ),
         pytest.param(
             HEAD + '[placement]\npicker = { plugin = "max-score" }\nfilters = [{ plugin = "healthy" }]\n',
-            "p.toml:placement.filters[0].plugin: unknown filter plugin 'healthy' (known: best-fit, overflow-guard)",
+            "p.toml:placement.filters[0].plugin: unknown filter plugin 'healthy' "
+            "(known: best-fit, overflow-guard)",
             id="unknown-filter",
         ),
         pytest.param(

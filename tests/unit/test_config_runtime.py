@@ -181,7 +181,8 @@ def test_check_reports_every_cross_reference_problem(tmp_path: Path) -> None:
 def test_check_loads_the_policy_a_gateway_config_names(conf: Path) -> None:
     (conf.parent / "policy.toml").write_text(MAX_SCORE.replace("fcfs", "lifo"))
     assert check(conf) == [
-        f"{conf.parent / 'policy.toml'}:ordering.plugin: unknown ordering plugin 'lifo' (known: edf, fcfs, priority-bands, slack)"
+        f"{conf.parent / 'policy.toml'}:ordering.plugin: unknown ordering plugin 'lifo' "
+        "(known: edf, fcfs, priority-bands, slack)"
     ]
 
 

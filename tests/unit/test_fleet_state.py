@@ -1,11 +1,12 @@
 """FleetTelemetry: finished requests and scrapes in, measured latencies, fitted models, cross-checks,
-predictors and attainment out. Synthetic observations come from a known performance model, so the fit
-must recover it; times are explicit (no clock, no sleeps)."""
+predictors and attainment out. Streams come from the engine simulator (sans-IO) with a known performance
+model, so the fit must recover it; times are explicit (no clock, no sleeps)."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 
 import pytest
@@ -20,11 +21,14 @@ from gateway.telemetry.fleet_state import (
     perf_document,
     prior_with,
 )
-from gateway.telemetry.perfmodel import default_prior
+from gateway.telemetry.perfmodel import PerfModelFitter, default_prior
 from gateway.telemetry.promtext import Histogram
+from loadgen.engine_sim.latency import LatencyModel
+from tests.unit.engine_trace import TracedStream, engine_trace
 
 EID = EndpointId("gpu-01:8000")
 TRUE = dataclasses.replace(default_prior(), k1=2.0e-4, c1=0.02, k2=1.0e-6, c2=5.0e-4, c3=0.01)
+ENGINE = LatencyModel(k1=TRUE.k1, c1=TRUE.c1, k2=TRUE.k2, c2=TRUE.c2, c3=TRUE.c3)
 _clock = itertools.count(1000)
 
 
@@ -35,7 +39,7 @@ def settings(**kw: object) -> TelemetrySettings:
 def stream(
     prompt: int,
     out: int,
-    batch: int,
+    batch: int,  # running throughout (it sets the gaps)
     *,
     eid: EndpointId | None = EID,
     model: str = "m",
@@ -70,46 +74,86 @@ def stream(
         prompt,
         out,
         gaps,
-        batch,
-        batch,
         predicted,
+    )
+
+
+def busy_trace(seed: int = 7) -> list[TracedStream]:
+    """From one request at a time to a saturated engine with a queue inside it."""
+    return engine_trace(ENGINE, n=120, rate_lo=0.3, rate_hi=4.0, seed=seed, outputs=(10, 200))
+
+
+def finished(s: TracedStream, *, offset: float = 0.0) -> FinishedRequest:
+    """A stream the engine simulator served (`offset` moves it in time)."""
+    return FinishedRequest(
+        "m",
+        "default",
+        SLO(),
+        True,
+        True,
+        EID,
+        1,
+        s.dispatched_at + offset,
+        s.dispatched_at + offset,
+        s.times[0] + offset,
+        s.finished_at + offset,
+        0,
+        s.prompt,
+        s.prompt,
+        len(s.times),
+        s.gaps,
+        None,
     )
 
 
 def test_the_fit_recovers_a_known_performance_model() -> None:
     fleet = FleetTelemetry(settings())
     fleet.keep_endpoints([EID])
-    rng = random.Random(7)
-    for _ in range(60):
-        fleet.observe(stream(rng.randint(50, 4000), rng.randint(10, 300), rng.randint(1, 16)))
-    before = fleet.endpoints[EID].coefficients
-    assert before == default_prior()  # nothing fitted before refit(): the request path never fits
+    streams = busy_trace()
+    for s in sorted(streams, key=lambda s: s.finished_at):
+        fleet.observe(finished(s))
+    fleet.refit(now=5000.0)
+    assert fleet.endpoints[EID].coefficients == default_prior()  # nothing observed before settling
+    fleet.settle(EID, math.inf)  # every request has finished
+    assert fleet.endpoints[EID].coefficients == default_prior()  # the request path never fits
     fleet.refit(now=5000.0)
     c = fleet.endpoints[EID].coefficients
     for name in ("k1", "c1", "k2", "c2", "c3"):
         assert getattr(c, name) == pytest.approx(getattr(TRUE, name), rel=0.02), name
-    assert c.n_prefill == 60
-    assert c.n_decode == 60
+    assert c.n_prefill >= 50  # a group of first tokens is one prefill iteration
+    assert c.n_decode == sum(1 for s in streams if len(s.times) > 8)
     assert c.prefill_mape is not None
     assert c.prefill_mape < 0.01
     assert fleet.last_refit_at == 5000.0
     doc = perf_document(c)
     assert set(doc) == {"prefill", "decode", "kv", "throughput"}
-    assert doc["prefill"]["n"] == 60
+    assert doc["prefill"]["n"] == c.n_prefill
+
+
+def test_raw_ttft_under_load_would_have_misled_the_prefill_fit() -> None:
+    """The contrast that motivates the timeline: TTFT from dispatch counts the engine's queue, which a
+    linear fit puts into c1."""
+    raw = PerfModelFitter(default_prior(), min_obs=10)
+    for s in busy_trace():
+        raw.observe_prefill(s.prompt, s.times[0] - s.dispatched_at)
+    assert raw.refit().c1 > 10 * TRUE.c1
 
 
 def test_prediction_error_compares_with_the_coefficients_in_force() -> None:
     fleet = FleetTelemetry(settings())
-    rng = random.Random(3)
-    for _ in range(30):
-        fleet.observe(stream(rng.randint(50, 4000), rng.randint(10, 300), rng.randint(1, 16)))
+    streams = busy_trace(seed=3)
+    for s in streams:
+        fleet.observe(finished(s))
+    fleet.settle(EID, math.inf)
     ep = fleet.endpoints[EID]
     prior_error = ep.prediction_error["ttft"].value
     assert prior_error is not None
     assert prior_error > 0.1  # the prior is not this engine
     fleet.refit(now=1.0)
-    for _ in range(60):
-        fleet.observe(stream(rng.randint(50, 4000), rng.randint(10, 300), rng.randint(1, 16)))
+    later = 1000.0  # the same traffic again, later: now judged against the fitted coefficients
+    for s in streams:
+        fleet.observe(finished(s, offset=later))
+    fleet.settle(EID, math.inf)
     assert ep.prediction_error["ttft"].value is not None
     assert ep.prediction_error["ttft"].value < 0.01
     assert ep.prediction_error["itl"].value is not None

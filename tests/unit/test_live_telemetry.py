@@ -60,7 +60,6 @@ class Rig:
         assert isinstance(d, Dispatch)
         ctx.endpoint = d.endpoint.id
         ctx.attempts = 1
-        ctx.inflight_at_dispatch = d.endpoint.inflight + 1
         ctx.dispatched_at = self.clock.now()
         self.clock.advance(0.2)
         ctx.first_token_at = self.clock.now()
@@ -89,6 +88,50 @@ def test_the_finish_phase_only_queues_and_refresh_folds_in() -> None:
     assert view.perf == default_prior()
     assert rig.tel.tokens.observations("m") == 1  # 400 chars / 100 tokens
     assert rig.tel.fleet.attainment.by_class(rig.clock.now())["default"].met == 1
+
+
+def test_timelines_settle_up_to_the_oldest_running_request() -> None:
+    rig = Rig()
+    slow = SchedRequest(
+        id=RequestId("slow"),
+        model=ModelName("m"),
+        api=ApiKind.CHAT,
+        arrival=rig.clock.now(),
+        slo=SLO(),
+        prompt_tokens=100,
+        max_tokens=None,
+        stream=True,
+    )
+    assert isinstance(rig.sched.submit(slow), Dispatch)
+    started = rig.clock.now()
+    rig.clock.advance(1.0)
+    rig.tel.on_finish(rig.run_request("r1"))  # ran beside the slow one, which has not finished yet
+    assert rig.tel.settle_points() == {A: started}
+    prefill = rig.tel.fleet.endpoints[A].prediction_error["ttft"]
+    rig.tel.settle()
+    assert prefill.n == 0  # r1's first token may have shared an iteration with the slow one's
+    rig.sched.complete(slow.id)  # (it failed before its first token: an untracked span)
+    ctx = RequestContext(id="slow", api=ApiKind.CHAT, arrival=started, stream=True)
+    ctx.sched, ctx.endpoint, ctx.attempts, ctx.dispatched_at = slow, A, 1, started
+    ctx.outcome, ctx.finished_at = "engine_error", rig.clock.now()
+    rig.tel.on_finish(ctx)
+    rig.clock.advance(1.0)
+    rig.tel.on_finish(rig.run_request("r2"))  # alone
+    assert rig.tel.settle_points() == {A: rig.clock.now()}
+    rig.tel.settle()
+    assert prefill.n == 1  # r2 found the endpoint idle; r1 overlapped the untracked one
+    assert prefill.value is not None
+
+
+def test_lost_finished_requests_reset_the_timelines() -> None:
+    rig = Rig(pending_limit=1)
+    for i in range(2):
+        rig.tel.on_finish(rig.run_request(f"r{i}"))
+    rig.tel.refresh()
+    timeline = rig.tel.fleet.endpoints[A].timeline
+    assert len(timeline) == 1
+    rig.tel.settle()
+    assert (len(timeline), timeline.known_from) == (0, rig.clock.now())
 
 
 def test_requests_rejected_before_admission_teach_nothing() -> None:

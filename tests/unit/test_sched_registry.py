@@ -77,7 +77,9 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
 @pytest.mark.parametrize(
     ("kind", "known"),
     [
-        pytest.param(PluginKind.PICKER, "known: cato-slack, max-score, power-of-two, round-robin", id="picker"),
+        pytest.param(
+            PluginKind.PICKER, "known: cato-slack, max-score, power-of-two, round-robin", id="picker"
+        ),
         pytest.param(PluginKind.ORDERING, "known: edf, fcfs, priority-bands, slack", id="ordering"),
         pytest.param(PluginKind.FILTER, "known: best-fit, overflow-guard", id="filter"),
     ],

@@ -455,6 +455,7 @@ def test_stale_engine_gauges_are_dropped_and_routing_continues(age: float, fresh
     assert f.sched.observe_gauges(eid("e1"), EngineGauges(running=3.0, waiting=9.0, kv_usage=0.8)) == []
     f.clock.advance(age)
     v = f.view("e1")
+    assert v.scraped_at is not None
     assert f.clock.now() - v.scraped_at == age
     if fresh:
         assert (v.engine_running, v.engine_waiting, v.kv_usage) == (3.0, 9.0, 0.8)

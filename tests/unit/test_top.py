@@ -105,3 +105,33 @@ def test_fetch_reports_an_unreachable_gateway() -> None:
 def test_once_exits_1_when_the_gateway_cannot_be_read(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_refused_url(), None, once=True) == 1
     assert "berth top:" in capsys.readouterr().err
+
+
+def test_the_slo_section_shows_goodput_admission_and_rejections() -> None:
+    doc = {
+        **DOC,
+        "slo": {
+            "default_class": "chat",
+            "classes": {
+                "ide": {
+                    "kind": "interactive",
+                    "band": 0,
+                    "finished": 200,
+                    "met": 190,
+                    "goodput": 0.95,
+                    "admission": {"admit": 195, "reject": 5},
+                    "rejections": {"slo_infeasible": 5},
+                    "on_infeasible": "reject",
+                },
+                "batch": {"kind": "batch", "band": 2, "finished": 0, "goodput": None, "admission": {}},
+            },
+            "tasks": {"active": 3, "expired": 1, "evicted": 0, "max_tasks": 100},
+        },
+    }
+    frame = render(doc)
+    assert "SLO CLASSES (since start; default chat)" in frame
+    ide = next(line for line in frame.splitlines() if line.startswith("ide "))
+    for part in ("interactive", "95.0%", "admit=195 reject=5", "slo_infeasible=5", "reject"):
+        assert part in ide
+    assert "tasks: 3 active, 1 expired, 0 evicted (max 100)" in frame
+    assert "SLO CLASSES" not in render(DOC)  # an older gateway without the section

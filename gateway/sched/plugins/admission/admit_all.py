@@ -32,6 +32,9 @@ class AdmitAll:
     ) -> AdmitDecision:
         return class_bound(self._slo, req, queued_in_class, self._retry) or ADMIT
 
+    def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
+        return ADMIT
+
 
 def _build(p: AdmitAllParams, ctx: BuildContext) -> AdmitAll:
     return AdmitAll(ctx.slo, p.retry_after_s)

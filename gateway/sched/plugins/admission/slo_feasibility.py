@@ -8,15 +8,17 @@ as if it were dispatched now) gets its class's `on_infeasible` outcome:
 
 A request is feasible on an endpoint when its predicted first and last token keep its deadlines within
 `margin` (1.2: up to 20 % over still counts as feasible, for prediction error) and its per-token time
-keeps its ITL target. Requests already waiting in the gateway queue are not counted in the prediction
-(the ordering may run this one before them). Every admitter also enforces the class queue bounds.
+keeps its ITL target. With `count_queue`, the requests already waiting for the model in classes of the
+same or a more urgent band go first: when they take every free seat, the request waits for the seat
+that frees after theirs (the running requests' predicted ends, in order), then runs in a full batch.
+Every admitter also enforces the class queue bounds.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta
 
@@ -25,7 +27,7 @@ from gateway.core.types import EndpointHealth
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import LoadCache, PredictParams, time_left
+from gateway.sched.predict import EndpointLoad, LoadCache, Prediction, PredictParams, meets, time_left
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot
@@ -40,16 +42,38 @@ _OUTCOME = {
 class SloFeasibilityParams(PredictionParams, frozen=True, kw_only=True):
     margin: Annotated[float, Meta(ge=0.5, le=10.0)] = 1.0
     retry_after_s: Annotated[float, Meta(ge=0.0)] = 1.0
+    count_queue: bool = True  # wait behind the queued requests of the same or a more urgent band
+    # Decode at a full batch (every seat taken), not the batch it would join now: under load the
+    # batch fills up while a long request runs.
+    assume_full: bool = False
+    # While a request waits in the queue, on every tick: "late" gives it its class's outcome once it
+    # cannot meet its SLO even alone on the best endpoint (running it would waste the capacity);
+    # "infeasible" as soon as no endpoint could meet it if it were dispatched now (the arrival check
+    # again, without the queue); "off" decides on arrival only.
+    recheck: Literal["off", "late", "infeasible"] = "late"
 
 
 class SloFeasibilityAdmitter:
     name = "slo-feasibility"
 
-    def __init__(self, slo: SloPolicy, params: PredictParams, *, margin: float, retry_after_s: float) -> None:
+    def __init__(
+        self,
+        slo: SloPolicy,
+        params: PredictParams,
+        *,
+        margin: float,
+        retry_after_s: float,
+        count_queue: bool = True,
+        assume_full: bool = False,
+        recheck: Literal["off", "late", "infeasible"] = "late",
+    ) -> None:
         self._slo = slo
         self._cache = LoadCache(params)
         self.margin = margin
         self.retry_after_s = retry_after_s
+        self.count_queue = count_queue
+        self.assume_full = assume_full
+        self.recheck_mode = recheck
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
@@ -61,41 +85,31 @@ class SloFeasibilityAdmitter:
         itl_ms = req.slo.itl_ms
         if left == (None, None) and itl_ms is None:
             return ADMIT
-        ttft_left, e2e_left = left
-        m = self.margin
-        shortest_wait = math.inf
-        best_ttft = best_e2e = math.inf
-        seen = False
-        for e in snap.endpoints:
-            if req.model not in e.models or e.health is not EndpointHealth.READY:
-                continue
-            seen = True
-            pred = self._cache.load(e, snap.now).predict(req)
-            shortest_wait = min(shortest_wait, pred.wait_s)
-            best_ttft = min(best_ttft, pred.ttft_s)
-            best_e2e = min(best_e2e, pred.e2e_s)
-            ok = (
-                (ttft_left is None or pred.ttft_s <= ttft_left * m)
-                and (e2e_left is None or pred.e2e_s <= e2e_left * m)
-                and (itl_ms is None or pred.tpot_s * 1000.0 <= itl_ms * m)
-            )
-            if ok:
-                return ADMIT
-        if not seen:
+        loads = [
+            self._cache.load(e, snap.now)
+            for e in snap.endpoints
+            if req.model in e.models and e.health is EndpointHealth.READY
+        ]
+        if not loads:
             return ADMIT  # nothing ready: the scheduler answers for that
+        preds = self._predictions(req, loads, self._ahead(req, queued_in_class))
+        if any(self._meets(p, left, itl_ms) for p in preds):
+            return ADMIT
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
         if outcome is not AdmitOutcome.REJECT:
             return AdmitDecision(outcome, SLO_INFEASIBLE)
+        ttft_left, e2e_left = left
         parts = []
         if ttft_left is not None:
-            parts.append(
-                f"first token predicted in {best_ttft * 1000:.0f} ms, {ttft_left * 1000:.0f} ms left"
-            )
+            best = min((p.ttft_s for p in preds), default=math.inf)
+            parts.append(f"first token predicted in {best * 1000:.0f} ms, {ttft_left * 1000:.0f} ms left")
         if e2e_left is not None:
-            parts.append(f"completion predicted in {best_e2e * 1000:.0f} ms, {e2e_left * 1000:.0f} ms left")
+            best = min((p.e2e_s for p in preds), default=math.inf)
+            parts.append(f"completion predicted in {best * 1000:.0f} ms, {e2e_left * 1000:.0f} ms left")
         if itl_ms is not None and not parts:
             parts.append(f"no endpoint keeps the {itl_ms:g} ms inter-token target")
-        retry = max(self.retry_after_s, shortest_wait if math.isfinite(shortest_wait) else 0.0)
+        wait = min((p.wait_s for p in preds), default=0.0)
+        retry = max(self.retry_after_s, wait if math.isfinite(wait) else 0.0)
         return AdmitDecision(
             AdmitOutcome.REJECT,
             SLO_INFEASIBLE,
@@ -104,9 +118,76 @@ class SloFeasibilityAdmitter:
             retry,
         )
 
+    def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
+        """A queued request that cannot meet its SLO even alone on the best endpoint gets its class's
+        outcome (reject: 429 slo_infeasible; best-effort: demoted; hold: nothing)."""
+        if self.recheck_mode == "off" or req.best_effort:
+            return ADMIT
+        left = time_left(req, snap.now)
+        if left == (None, None):
+            return ADMIT
+        loads = [
+            self._cache.load(e, snap.now)
+            for e in snap.endpoints
+            if req.model in e.models and e.health is EndpointHealth.READY
+        ]
+        if not loads:
+            return ADMIT
+        if self.recheck_mode == "late":
+            if any(meets(load.idle_service(req), left) for load in loads):
+                return ADMIT
+        elif any(self._meets(p, left, req.slo.itl_ms) for p in self._predictions(req, loads, 0)):
+            return ADMIT
+        outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
+        return AdmitDecision(
+            outcome,
+            SLO_INFEASIBLE,
+            f"the SLO of class '{req.slo.slo_class}' can no longer be met: the request waited too long",
+            self.retry_after_s,
+        )
+
+    def _ahead(self, req: SchedRequest, queued_in_class: Callable[[str], int]) -> int:
+        """Requests waiting for the model that will (roughly) run first: those of classes in the same
+        or a more urgent band."""
+        if not self.count_queue:
+            return 0
+        band = self._slo.class_of(req.slo.slo_class).band
+        return sum(queued_in_class(c.name) for c in self._slo.classes.values() if c.band <= band)
+
+    def _predictions(self, req: SchedRequest, loads: list[EndpointLoad], ahead: int) -> list[Prediction]:
+        """The request on every endpoint with a free seat once `ahead` queued requests took theirs; when
+        none is left, on the endpoint where the seat it would get frees (the ahead-th to free up)."""
+        free = sum(max(0, load.seats - load.n) for load in loads)
+        if ahead < free:
+            full = self.assume_full
+            return [load.predict(req, worst_case=full) for load in loads if load.n < load.seats]
+        k = ahead - free
+        frees = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
+        if k >= len(frees):
+            return []  # further out than every running request: no prediction, infeasible
+        t, i = frees[k]
+        return [loads[i].predict_after(req, t)]
+
+    def _meets(self, p: Prediction, left: tuple[float | None, float | None], itl_ms: float | None) -> bool:
+        m = self.margin
+        ttft_left, e2e_left = left
+        return (
+            (ttft_left is None or p.ttft_s <= ttft_left * m)
+            and (e2e_left is None or p.e2e_s <= e2e_left * m)
+            and (itl_ms is None or p.tpot_s * 1000.0 <= itl_ms * m)
+        )
+
 
 def _build(p: SloFeasibilityParams, ctx: BuildContext) -> SloFeasibilityAdmitter:
-    return SloFeasibilityAdmitter(ctx.slo, p.predict_params(), margin=p.margin, retry_after_s=p.retry_after_s)
+    return SloFeasibilityAdmitter(
+        ctx.slo,
+        p.predict_params(),
+        margin=p.margin,
+        retry_after_s=p.retry_after_s,
+        count_queue=p.count_queue,
+        assume_full=p.assume_full,
+        recheck=p.recheck,
+    )
 
 
 SPEC = PluginSpec(

@@ -9,14 +9,17 @@ Each queued request gets a priority class, then its slack orders it within the c
 | 2     | some endpoint can (it can afford to wait)                             |
 | 3     | best-effort (demoted by admission)                                    |
 
-Slack = time left before the request's deadline minus its predicted service time alone on the best
-endpoint serving its model (its first-token deadline against the prefill, its last-token deadline
-against prefill and decode). Time passes and predictions change as endpoints fill and empty, so the key
-of a waiting request moves. `late = "last"` puts class 0 after class 2 instead (goodput over fairness:
-a request that will miss anyway stops delaying those that can still make it). A request without any
+Slack = time left before the request's deadline minus its predicted time to that deadline's token on
+the best endpoint serving its model at that endpoint's current load (first-token deadline: wait and
+prefill; last-token deadline: wait, prefill and decode in the batch it joins); the slack is "already
+gone" (class 0) when even alone on the best endpoint it would be late. Time passes and predictions
+change as endpoints fill and empty, so the key of a waiting request moves. A request without any
 target is class 2 with unlimited slack: it runs after every request that has one, in arrival order.
 
-The class is also the engine priority sent to endpoints with priority scheduling (0 most urgent).
+`late = "last"` puts class 0 after class 2, and `at_risk = "last"` class 1 after class 2 (goodput over
+CATO's order: a request that will probably miss stops delaying those that can still make it). A
+request's position in the resulting order of classes is also the engine priority sent to endpoints
+with priority scheduling (0 most urgent).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ LATE, AT_RISK, CAN_WAIT, BEST_EFFORT = 0, 1, 2, 3
 
 class SlackParams(PredictionParams, frozen=True, kw_only=True):
     late: Literal["first", "last"] = "first"  # CATO serves requests already late first
+    at_risk: Literal["first", "last"] = "first"  # CATO serves those no endpoint can meet now next
     # A request's key is reused this long (seconds) while the queue is served.
     key_ttl_s: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.02
 
@@ -56,7 +60,7 @@ def assess(req: SchedRequest, snap: FleetSnapshot, cache: LoadCache) -> tuple[in
     if ttft_left is None and e2e_left is None and itl is None:
         return CAN_WAIT, UNLIMITED
     p = float(req.prompt_tokens)
-    best = -math.inf
+    best_idle = best = -math.inf
     feasible = False
     seen = False
     out: float | None = None
@@ -68,22 +72,19 @@ def assess(req: SchedRequest, snap: FleetSnapshot, cache: LoadCache) -> tuple[in
             out = load.output_tokens(req)
         seen = True
         idle_ttft, idle_e2e, ttft, e2e = load.times(p, out)
-        s = math.inf
+        s_idle = s = math.inf
         if ttft_left is not None:
-            s = ttft_left - idle_ttft
+            s_idle, s = ttft_left - idle_ttft, ttft_left - ttft
         if e2e_left is not None:
-            s = min(s, e2e_left - idle_e2e)
+            s_idle, s = min(s_idle, e2e_left - idle_e2e), min(s, e2e_left - e2e)
+        best_idle = max(best_idle, s_idle)
         best = max(best, s)
-        if (
-            not feasible
-            and (ttft_left is None or ttft <= ttft_left)
-            and (e2e_left is None or e2e <= e2e_left)
-        ):
+        if s >= 0 and not feasible:
             feasible = itl is None or itl_ok(req, load.predict(req))
     if not seen:
         return CAN_WAIT, UNLIMITED
     slack = max(-UNLIMITED, min(UNLIMITED, best))
-    if slack < 0:
+    if best_idle < 0:
         return LATE, slack
     return (CAN_WAIT if feasible else AT_RISK), slack
 
@@ -115,14 +116,24 @@ class KeyCache:
 class SlackOrdering:
     name = "slack"
 
-    def __init__(self, params: PredictParams, *, late_first: bool = True, ttl_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        params: PredictParams,
+        *,
+        late_first: bool = True,
+        at_risk_first: bool = True,
+        ttl_s: float = 0.02,
+    ) -> None:
         self._keys = KeyCache(params, ttl_s)
-        self._late_first = late_first
+        order = [LATE] if late_first else []
+        order += [AT_RISK, CAN_WAIT] if at_risk_first else [CAN_WAIT, AT_RISK]
+        order += [] if late_first else [LATE]
+        order.append(BEST_EFFORT)
+        self._rank_of = {cls: rank for rank, cls in enumerate(order)}
 
     def _rank(self, cls: int) -> int:
-        if cls == LATE and not self._late_first:
-            return CAN_WAIT + 1  # after those that can make it, before best-effort
-        return BEST_EFFORT + 1 if cls == BEST_EFFORT and not self._late_first else cls
+        """The position of a CATO class in this ordering (0 first): CATO's own order is 0, 1, 2, 3."""
+        return self._rank_of[cls]
 
     def key(self, req: SchedRequest, snap: FleetSnapshot) -> OrderKey:
         cls, slack = self._keys.assess(req, snap)
@@ -134,7 +145,12 @@ class SlackOrdering:
 
 
 def _build(p: SlackParams, ctx: BuildContext) -> SlackOrdering:
-    return SlackOrdering(p.predict_params(), late_first=p.late == "first", ttl_s=p.key_ttl_s)
+    return SlackOrdering(
+        p.predict_params(),
+        late_first=p.late == "first",
+        at_risk_first=p.at_risk == "first",
+        ttl_s=p.key_ttl_s,
+    )
 
 
 SPEC = PluginSpec(

@@ -7,19 +7,26 @@ lengths were under-estimated, so they are more loaded than their predictions say
 constraints hold; when none fits it stays queued (a fixed fleet: waiting beats overloading):
 
 (b) ATGT: ``k2·Σ(l_in + γ·l_out) <= θ·(T_dec − c2·b − c3)`` over the running requests and this one,
-    with ``T_dec`` the tightest per-token budget among them: an ITL target, or what an end-to-end
-    deadline leaves per remaining token;
+    ``T_dec`` the tightest ITL target among them; and this request's own end-to-end deadline kept at
+    the per-token time of the batch it joins, within ``θ ·`` its time left;
 (c) TTFT: the predicted first token (seat, iteration in flight, prefill with the pending prompts)
-    keeps the request's first-token deadline;
-(d) prefill pauses decode: this prompt's prefill time ``<= θ ·`` the least time any running request
-    has saved against its deadline or ITL target;
+    comes within ``θ ·`` the time left to the request's first-token deadline;
+(d) prefill pauses decode: the delay this request causes each running request with a deadline (its
+    prefill pauses their decoding; while both run, each iteration takes its marginal cost longer)
+    fits in the time that request has in hand, less a reserve of ``(1 − θ) ·`` its time left
+    (Aladdin's "slack saved versus the limit", for end-to-end deadlines as well as ITL targets: without
+    the reserve, a packed endpoint's requests end up finishing just at their deadlines, where any
+    prediction error is a miss);
 (e) KV: the footprint of every request over its remaining iterations (``h·(context + t) + j`` until it
     ends) summed, at its peak, fits the endpoint's KV capacity (skipped while the capacity is unknown).
 
 For the running requests l_in is the context so far and l_out what is left. A request's own targets (in
 (b) and (c)) are dropped when it cannot meet them even alone on that endpoint, or when admission
 demoted it to best-effort: it then goes where it harms no one. An endpoint with nothing running always
-fits. Output lengths are the predicted means, or the tail bound in `tail` mode.
+fits. When no endpoint fits with the θ reserve on the request's own deadlines, the least loaded
+endpoint that fits without that reserve takes it (packing a request where it would only just make it
+leaves nothing for the requests that join later). Output lengths are the predicted means, or the tail
+bound in `tail` mode.
 """
 
 from __future__ import annotations
@@ -31,14 +38,7 @@ from typing import Annotated
 from msgspec import Meta
 
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import (
-    EndpointLoad,
-    LoadCache,
-    PredictParams,
-    RunningState,
-    meets,
-    time_left,
-)
+from gateway.sched.predict import EndpointLoad, LoadCache, PredictParams, meets, time_left
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
@@ -53,16 +53,32 @@ class BestFitParams(PredictionParams, frozen=True, kw_only=True):
     # Endpoints whose running requests are, summed, this far past their predicted lengths (in units of
     # one request's length) are tried last.
     rebalance_threshold: Annotated[float, Meta(ge=0.0)] = 0.5
+    # (d) also protects the end-to-end and first-token deadlines of running requests (not only ITL
+    # targets, Aladdin's own case); off, that is left to the overflow guard.
+    deadlines: bool = True
+    # ... and only those whose time in hand is at least this share of their time left.
+    on_track: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
 
 
 class BestFitFilter:
     name = "best-fit"
 
-    def __init__(self, params: PredictParams, *, gamma: float, theta: float, rebalance: float) -> None:
+    def __init__(
+        self,
+        params: PredictParams,
+        *,
+        gamma: float,
+        theta: float,
+        rebalance: float,
+        on_track: float = 0.0,
+        deadlines: bool = True,
+    ) -> None:
         self._cache = LoadCache(params)
         self.gamma = gamma
         self.theta = theta
         self.rebalance = rebalance
+        self.on_track = on_track
+        self.deadlines = deadlines
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -71,6 +87,11 @@ class BestFitFilter:
         loads.sort(key=self.order_key)
         for load in loads:
             if self.fits(load, req):
+                return [load.view]
+        # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
+        # that fits without it (the request meets its deadlines there if nothing else comes).
+        for load in reversed(loads):
+            if not self.violations(load, req, reserve=False):
                 return [load.view]
         return []
 
@@ -83,50 +104,53 @@ class BestFitFilter:
         scale = load.kv_capacity or load.seats * _TOKENS_PER_SEAT
         return math.hypot(load.n / load.seats, tokens / scale)
 
-    def violations(self, load: EndpointLoad, req: SchedRequest) -> list[str]:
-        """The constraints `req` would break on this endpoint: "seats", "atgt", "ttft", "prefill", "kv"."""
+    def violations(self, load: EndpointLoad, req: SchedRequest, *, reserve: bool = True) -> list[str]:
+        """The constraints `req` would break on this endpoint: "seats", "atgt", "ttft", "prefill", "kv".
+        With `reserve`, its own deadlines must be met within θ of its time left."""
         if load.n == 0:
             return []
         if load.n >= load.seats:
             return ["seats"]
-        now = load.now
         coef = load.coef
         g, theta = self.gamma, self.theta
         pred = load.predict(req)
-        left = time_left(req, now)
+        left = time_left(req, load.now)
         own = not req.best_effort and meets(load.idle_service(req), left)
         out: list[str] = []
-        # (b) ATGT / ITL
-        budgets: list[float] = []
-        if own:
-            if req.slo.itl_ms is not None:
-                budgets.append(req.slo.itl_ms / 1000.0)
-            if left[1] is not None and pred.output_tokens > 1:
-                budgets.append((left[1] - pred.ttft_s) / (pred.output_tokens - 1.0))
-        for s in load.running:
-            r = s.req
-            if r.best_effort:
-                continue
-            if r.itl_s is not None:
-                budgets.append(r.itl_s)
-            if r.e2e_deadline is not None and s.remaining > 0:
-                per = (r.e2e_deadline - now - max(0.0, s.first_s)) / s.remaining
-                if per > 0:  # already late: nothing to protect
-                    budgets.append(per)
+        # (b) ATGT: Aladdin's batch bound for the ITL targets here (this request's included), and this
+        # request's own end-to-end deadline at the per-token time of the batch it joins
+        budgets = [s.req.itl_s for s in load.running if s.req.itl_s is not None and not s.req.best_effort]
+        if own and req.slo.itl_ms is not None:
+            budgets.append(req.slo.itl_ms / 1000.0)
+        atgt = False
         if budgets:
-            t_dec = min(budgets) / (1.0 + load.params.prefill_overhead)
-            b = load.n + 1
+            t_dec = min(budgets) / (1.0 + load.overhead)
             total = sum(s.context + g * s.remaining for s in load.running)
             total += req.prompt_tokens + g * pred.output_tokens
-            if coef.k2 * total > theta * (t_dec - coef.c2 * b - coef.c3):
-                out.append("atgt")
+            atgt = coef.k2 * total > theta * (t_dec - coef.c2 * (load.n + 1) - coef.c3)
+        keep = theta if reserve else 1.0
+        if atgt or (own and left[1] is not None and pred.e2e_s > keep * left[1]):
+            out.append("atgt")
         # (c) TTFT
-        if own and left[0] is not None and pred.ttft_s > left[0]:
+        if own and left[0] is not None and pred.ttft_s > keep * left[0]:
             out.append("ttft")
-        # (d) a prefill pauses every running decode
-        saved = [x for x in (_saved(s, load) for s in load.running) if x is not None]
-        if saved and coef.prefill_s(req.prompt_tokens) > theta * min(saved):
-            out.append("prefill")
+        # (d) its prefill pauses every running decode: within θ of the time each decode with an ITL
+        # target has saved against it so far (tokens produced × (target − per-token time)); with
+        # `deadlines`, also within what each running request with a deadline has in hand, less a
+        # reserve of 1 − θ of its time left
+        pause = coef.prefill_s(req.prompt_tokens)
+        for s in load.running:
+            r = s.req
+            if r.itl_s is not None and s.prefilled and not r.best_effort:
+                saved = s.produced * (r.itl_s - load.tpot_now)
+                if saved >= 0 and pause > theta * saved:
+                    out.append("prefill")
+                    break
+        else:
+            if self.deadlines:
+                harms = load.harm(req, on_track=self.on_track)
+                if any(h.target != "itl" and h.delay > h.saved - (1.0 - theta) * h.left for h in harms):
+                    out.append("prefill")
         # (e) KV over future iterations
         cap = load.kv_capacity
         if cap is not None and load.peak_kv((float(req.prompt_tokens), pred.output_tokens)) > cap:
@@ -137,26 +161,15 @@ class BestFitFilter:
         return not self.violations(load, req)
 
 
-def _saved(s: RunningState, load: EndpointLoad) -> float | None:
-    """Time a running request has in hand against its deadline or ITL target (None: no target, or
-    already late: it has nothing left to protect)."""
-    r = s.req
-    if r.best_effort:
-        return None
-    best: float | None = None
-    if r.e2e_deadline is not None:
-        v = (r.e2e_deadline - load.now) - s.finish_s
-        if v >= 0:
-            best = v
-    if r.itl_s is not None and s.prefilled:
-        v = s.produced * (r.itl_s - load.tpot_now)
-        if v >= 0:
-            best = v if best is None else min(best, v)
-    return best
-
-
 def _build(p: BestFitParams, ctx: BuildContext) -> BestFitFilter:
-    return BestFitFilter(p.predict_params(), gamma=p.gamma, theta=p.theta, rebalance=p.rebalance_threshold)
+    return BestFitFilter(
+        p.predict_params(),
+        gamma=p.gamma,
+        theta=p.theta,
+        rebalance=p.rebalance_threshold,
+        on_track=p.on_track,
+        deadlines=p.deadlines,
+    )
 
 
 SPEC = PluginSpec(

@@ -26,15 +26,24 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
     worst_case: bool = True  # the request's own completion at a full batch (else the batch it joins)
     margin: Annotated[float, Meta(gt=0.0, le=2.0)] = 1.0  # < 1 demands room to spare
     hold_infeasible: bool = False  # keep a request that meets its deadline nowhere queued
+    # Protect a running request only while its time in hand is at least this share of its time left.
+    on_track: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
 
 
 class OverflowGuardFilter:
     name = "overflow-guard"
 
     def __init__(
-        self, params: PredictParams, *, worst_case: bool, margin: float, hold_infeasible: bool
+        self,
+        params: PredictParams,
+        *,
+        worst_case: bool,
+        margin: float,
+        hold_infeasible: bool,
+        on_track: float = 0.0,
     ) -> None:
         self._cache = LoadCache(params)
+        self.on_track = on_track
         self.worst_case = worst_case
         self.margin = margin
         self.hold_infeasible = hold_infeasible
@@ -48,7 +57,7 @@ class OverflowGuardFilter:
         meeting: list[EndpointView] = []
         for e in candidates:
             load = self._cache.load(e, now)
-            if load.endangered(req, margin=self.margin):
+            if load.endangered(req, margin=self.margin, on_track=self.on_track):
                 continue
             harmless.append(e)
             if req.best_effort:
@@ -65,7 +74,11 @@ class OverflowGuardFilter:
 
 def _build(p: OverflowGuardParams, ctx: BuildContext) -> OverflowGuardFilter:
     return OverflowGuardFilter(
-        p.predict_params(), worst_case=p.worst_case, margin=p.margin, hold_infeasible=p.hold_infeasible
+        p.predict_params(),
+        worst_case=p.worst_case,
+        margin=p.margin,
+        hold_infeasible=p.hold_infeasible,
+        on_track=p.on_track,
     )
 
 

@@ -1,0 +1,420 @@
+"""The token timeline of one endpoint: the sans-IO record that turns the token receipts of the streams
+that ran there into the performance-model observations `gateway.telemetry.perfmodel` documents.
+
+The request path adds nothing for it: the relay already times every token (`first_token_at` and the
+gaps after it), and the finish phase hands those to the background fold. There, `add_stream` keeps each
+finished stream's receipts (``first + cumsum(gaps)``, one array per stream) and `add_untracked` the span
+of a request whose tokens were not timed (not streamed, or failed before its first token). An
+observation needs every stream that ran at the times it looks at, so `settle(before)` derives only what
+lies before ``before``, the dispatch time of the oldest request still running on the endpoint (now when
+none is): everything that ran before it has finished and been added. Observations lag by the age of
+that request; within the bound below, nothing is lost.
+
+What `settle` derives (the contract in `gateway.telemetry.perfmodel`'s docstring):
+
+- **prefill**, once per *group* of first tokens that arrived together (receipts within the tolerance of
+  each other: one engine step), with the sum of the group's prompts:
+  - busy endpoint: from each running stream whose gap contains the group and nothing else (no other first
+    token in that gap or the one before it), the gap minus the mean of the stream's next uninterrupted
+    gaps (up to `NEXT_GAPS`), when the gap before and the gaps after agree within `REGULAR` of their
+    median (no stalled event loop); the median over up to `MAX_REFERENCES` such streams;
+  - idle endpoint (no receipt from it between the latest dispatch in the group and the group's first
+    tokens): TTFT from that dispatch, unless a first token came in one read with its stream's next one
+    (held back on the way: its time is not the prefill's end);
+  - otherwise none: a raw TTFT on a busy endpoint would time the engine's queue too.
+- **decode**, once per clean stream with at least `MIN_KEPT_GAPS` kept gaps: its mean gap leaving out
+  every gap in which a first token arrived, at ``batch`` = the mean running count (streams past their
+  first token and not past their last, sampled mid-gap) and ``avg_context`` = the mean running-context
+  sum (prompt + tokens received so far) / ``batch``; plus the stream's overall tokens/s and the mean
+  running count over all its gaps, for the throughput curve. None when most kept gaps are within the
+  tolerance: receipts that came several to a read (an engine starved of CPU flushes its output in
+  bursts) do not time iterations.
+
+A first token "lands in" a gap ``(t[k-1], t[k]]`` of a stream when it arrives within
+``(t[k-1] + tol, t[k] + tol]``: an engine that prefills in an iteration of its own (the simulator;
+SGLang by default) sends it inside the gap; one that mixes a prefill chunk into a decode iteration
+(vLLM's chunked prefill) sends it with ``t[k]``, and that gap is the one the prefill lengthened. ``tol``
+is `TOLERANCE` times the median gap of the streams held (a step's receipts spread by the gateway's own
+processing, a small part of an iteration). Gaps and groups that overlap an untracked request's span
+are left out: its prefill and its place in the batch are unknown.
+
+Bounded: streams are dropped once nothing left to derive can look at them (`lookback_s` before the
+oldest pending work); past `max_tokens` receipts (a request that stays in flight for long holds the
+settling back) the oldest go first, and whatever needed them is skipped (`known_from`).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from itertools import pairwise
+from statistics import median
+from typing import Final, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[np.float64]
+Index = npt.NDArray[np.intp]
+
+#: Gaps after an interrupted one that time the decode iteration it shares with the prefill.
+NEXT_GAPS: Final = 4
+#: The gap before and the gaps after an interrupted one agree within this factor of their median.
+REGULAR: Final = 1.5
+#: Running streams whose interrupted gaps time one prefill group (their median is the observation).
+MAX_REFERENCES: Final = 5
+#: A stream with fewer gaps free of first tokens gives no decode observation.
+MIN_KEPT_GAPS: Final = 8
+#: Receipts closer than this fraction of the median gap come from one engine step.
+TOLERANCE: Final = 0.25
+
+
+class PrefillObservation(NamedTuple):
+    prompt_tokens: float  # the sum of the group's prompts
+    seconds: float
+    idle: bool  # TTFT from dispatch on an idle endpoint (else from running streams' gaps)
+
+
+class DecodeObservation(NamedTuple):
+    batch: float  # mean running count over the kept gaps
+    avg_context: float  # mean running-context sum over the kept gaps / batch
+    seconds: float  # mean kept gap
+    concurrency: float  # mean running count over all the stream's gaps
+    tokens_per_s: float  # (tokens - 1) / (last - first)
+
+
+class Settled(NamedTuple):
+    prefill: list[PrefillObservation]
+    decode: list[DecodeObservation]
+
+
+class _Stream:
+    __slots__ = ("dispatched_at", "first", "last", "pending", "prompt", "times")
+
+    def __init__(self, dispatched_at: float | None, times: Array, prompt: float, pending: bool) -> None:
+        self.dispatched_at = dispatched_at
+        self.times = times
+        self.first = float(times[0])
+        self.last = float(times[-1])
+        self.prompt = prompt
+        self.pending = pending  # its decode observation is still to be derived
+
+
+class _Arrays:
+    """The streams held, as sorted arrays (made once per `settle`)."""
+
+    __slots__ = (
+        "dirty_end",
+        "dirty_ends",
+        "dirty_start",
+        "dirty_starts",
+        "first",
+        "first_cum_prompt",
+        "first_list",
+        "first_owner",
+        "firsts",
+        "last",
+        "last_cum_prompt",
+        "last_cum_tokens",
+        "lasts",
+        "receipts",
+        "tol",
+    )
+
+    def __init__(self, streams: Sequence[_Stream], dirty: Sequence[tuple[float, float]]) -> None:
+        firsts = np.array([s.first for s in streams])
+        lasts = np.array([s.last for s in streams])
+        prompts = np.array([s.prompt for s in streams])
+        sizes = np.array([len(s.times) for s in streams], dtype=np.float64)
+        self.firsts: Array = firsts  # in the streams' order
+        self.lasts: Array = lasts
+        fo = np.argsort(firsts, kind="stable")
+        lo = np.argsort(lasts, kind="stable")
+        self.first: Array = firsts[fo]
+        self.first_list: list[float] = self.first.tolist()
+        self.first_owner: Index = fo
+        self.first_cum_prompt: Array = np.concatenate(([0.0], np.cumsum(prompts[fo])))
+        self.last: Array = lasts[lo]
+        self.last_cum_prompt: Array = np.concatenate(([0.0], np.cumsum(prompts[lo])))
+        self.last_cum_tokens: Array = np.concatenate(([0.0], np.cumsum(sizes[lo])))
+        every = np.concatenate([s.times for s in streams])
+        self.receipts: Array = np.sort(every)
+        gaps = np.concatenate([np.diff(s.times) for s in streams])
+        gaps = gaps[gaps > 0]
+        self.tol = TOLERANCE * float(np.median(gaps)) if len(gaps) else 0.0
+        # untracked spans, merged into disjoint sorted intervals
+        starts: list[float] = []
+        ends: list[float] = []
+        for a, b in sorted(dirty):
+            if starts and a <= ends[-1]:
+                ends[-1] = max(ends[-1], b)
+            else:
+                starts.append(a)
+                ends.append(b)
+        self.dirty_starts, self.dirty_ends = starts, ends
+        self.dirty_start: Array = np.array(starts)
+        self.dirty_end: Array = np.array(ends)
+
+    def firsts_in(self, lo: Array, hi: Array) -> Index:
+        """First tokens that landed in each gap ``(lo, hi]`` (shifted by the tolerance)."""
+        t = self.tol
+        f = self.first
+        right = np.searchsorted(f, hi + t, side="right")
+        left = np.searchsorted(f, lo + t, side="right")
+        return np.asarray(right - left, dtype=np.intp)
+
+    def landed(self, lo: float, hi: float) -> int:
+        """`firsts_in` for one gap (plain floats: no per-call numpy overhead)."""
+        t = self.tol
+        return bisect_right(self.first_list, hi + t) - bisect_right(self.first_list, lo + t)
+
+    def untracked_in(self, lo: Array, hi: Array) -> npt.NDArray[np.bool_]:
+        """Whether each ``[lo, hi]`` overlaps an untracked request's span."""
+        if not len(self.dirty_start):
+            return np.zeros(np.shape(lo), dtype=np.bool_)
+        began = np.searchsorted(self.dirty_start, hi, side="right")  # spans that start by hi
+        ended = np.searchsorted(self.dirty_end, lo, side="left")  # ... and end before lo
+        return np.asarray(began > ended)
+
+    def untracked(self, lo: float, hi: float) -> bool:
+        """`untracked_in` for one span."""
+        starts = self.dirty_starts
+        if not starts:
+            return False
+        return bisect_right(starts, hi) > bisect_left(self.dirty_ends, lo)
+
+    def running(self, t: Array) -> tuple[Array, Array]:
+        """Running count (past their first receipt, not past their last) and their context sum (prompt +
+        tokens received so far) at times `t`, taken between engine steps."""
+        started = np.searchsorted(self.first, t, side="right")
+        finished = np.searchsorted(self.last, t, side="left")
+        count = (started - finished).astype(np.float64)
+        prompts = self.first_cum_prompt[started] - self.last_cum_prompt[finished]
+        received = np.searchsorted(self.receipts, t, side="right") - self.last_cum_tokens[finished]
+        return count, prompts + received
+
+
+class EndpointTimeline:
+    """One endpoint's recent streams; see the module docstring."""
+
+    def __init__(self, *, max_tokens: int = 262_144, lookback_s: float = 5.0) -> None:
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        self._max_tokens = max_tokens
+        self._lookback_s = lookback_s
+        self._streams: list[_Stream] = []
+        self._dirty: list[tuple[float, float]] = []
+        self._tokens = 0
+        self._last_group = -math.inf  # the last first-token receipt of the last group derived
+        self._settled = -math.inf  # the latest `before` derived up to
+        self._earliest_added = math.inf  # the earliest time added since then
+        self._horizon = -math.inf  # what ended before this is no longer needed
+        self.known_from = -math.inf  # nothing that needs receipts from before this is derived
+        self.dropped = 0  # streams let go before their decode observation (the bound)
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    @property
+    def tokens(self) -> int:
+        """Receipts held."""
+        return self._tokens
+
+    # ----------------------------------------------------------------- inputs
+    def add_stream(
+        self,
+        *,
+        dispatched_at: float | None,
+        first_token_at: float,
+        gaps: Sequence[float],
+        prompt_tokens: float,
+        clean: bool,
+    ) -> None:
+        """A finished stream that had a first token here. `dispatched_at` None: unknown (the request was
+        retried from another endpoint); `clean`: it ran to its end (its gaps time the decode)."""
+        times = np.empty(len(gaps) + 1)
+        times[0] = 0.0
+        times[1:] = gaps
+        times = np.cumsum(times) + first_token_at
+        self._streams.append(_Stream(dispatched_at, times, float(prompt_tokens), clean))
+        self._tokens += len(times)
+        self._earliest_added = min(self._earliest_added, first_token_at)
+
+    def add_untracked(self, start: float, end: float) -> None:
+        """A request that ran here from `start` to `end` with no token times."""
+        self._dirty.append((start, max(start, end)))
+        self._earliest_added = min(self._earliest_added, start)
+
+    def forget(self, before: float) -> None:
+        """Drop everything (some finished requests were lost): nothing before `before` is known."""
+        self.dropped += sum(1 for s in self._streams if s.pending)
+        self._streams.clear()
+        self._dirty.clear()
+        self._tokens = 0
+        self.known_from = max(self.known_from, before)
+
+    # ----------------------------------------------------------------- derivation
+    def settle(self, before: float) -> Settled:
+        """The observations of everything before `before` not derived yet. The caller guarantees that
+        every request that ran here and was dispatched before `before` has been added."""
+        out = Settled([], [])
+        if before <= self._settled and self._earliest_added >= before:
+            # Nothing new before `before` (a request older than everything added since still runs):
+            # nothing new to derive; only keep to the bound.
+            self._evict(self._horizon)
+            return out
+        if self._streams:
+            arr = _Arrays(self._streams, self._dirty)
+            horizon = self._prefill(arr, before, out.prefill)
+            self._decode(arr, before, out.decode)
+            pending = min((s.first for s in self._streams if s.pending), default=math.inf)
+            self._horizon = min(horizon, pending) - self._lookback_s
+        else:
+            self._horizon = before - self._lookback_s
+        self._settled = max(self._settled, before)
+        self._earliest_added = math.inf
+        self._evict(self._horizon)
+        return out
+
+    def _prefill(self, arr: _Arrays, before: float, out: list[PrefillObservation]) -> float:
+        """Derive the groups that are complete; returns the first receipt of the first one left."""
+        f, tol = arr.first, arr.tol
+        start = int(np.searchsorted(f, self._last_group, side="right"))
+        if start >= len(f):
+            return before
+        breaks = np.flatnonzero(np.diff(f[start:]) > tol) + start + 1
+        bounds = [start, *breaks.tolist(), len(f)]
+        for a, b in pairwise(bounds):
+            at0, at1 = float(f[a]), float(f[b - 1])
+            if at1 + tol >= before:
+                return at0  # a first token still to come may belong to this group
+            members = [self._streams[int(k)] for k in arr.first_owner[a:b]]
+            got = self._group(arr, members, at0, at1, before)
+            if got is _DEFER:
+                return at0
+            if isinstance(got, PrefillObservation):
+                out.append(got)
+            self._last_group = at1
+        return before
+
+    def _group(
+        self, arr: _Arrays, members: list[_Stream], at0: float, at1: float, before: float
+    ) -> PrefillObservation | object | None:
+        tol = arr.tol
+        size = len(members)
+        tokens = sum(s.prompt for s in members)
+        samples: list[float] = []
+        landed, untracked = arr.landed, arr.untracked
+        running = np.flatnonzero((arr.firsts < at0 - tol) & (arr.lasts >= at1 - tol))
+        for k in running.tolist():  # the streams running when the group's prefill ran
+            times = self._streams[k].times
+            i = int(np.searchsorted(times, at1 - tol, side="left"))  # the gap the group landed in
+            if i < 2 or i + 1 >= len(times):
+                continue
+            # the receipts looked at, as floats: t[0] is receipt i - 2, t[2] ends the gap of the group
+            t: list[float] = times[i - 2 : i + NEXT_GAPS + 2].tolist()
+            n = len(t)
+            if not t[1] + tol < at0 or t[0] <= self.known_from:
+                continue
+            if landed(t[1], t[2]) != size or landed(t[0], t[1]):
+                continue  # another prefill in the same gap, or in the one before it
+            m = 0
+            while m < NEXT_GAPS and 3 + m < n and landed(t[2 + m], t[3 + m]) == 0:
+                m += 1
+            if t[min(3 + m, n - 1)] + tol >= before:
+                return _DEFER  # a first token not added yet may land in the gaps looked at
+            if m == 0 or untracked(t[0], t[2 + m]):
+                continue
+            around = [t[1] - t[0], *(t[3 + j] - t[2 + j] for j in range(m))]
+            mid = median(around)
+            if mid > tol and all(mid / REGULAR <= g <= mid * REGULAR for g in around):
+                samples.append((t[2] - t[1]) - (t[2 + m] - t[2]) / m)
+                if len(samples) >= MAX_REFERENCES:
+                    break
+        if samples:
+            seconds = median(samples)
+            return PrefillObservation(tokens, seconds, idle=False) if seconds > 0 else None
+        dispatched = [s.dispatched_at for s in members]
+        if any(d is None for d in dispatched):
+            return None
+        latest = max(d for d in dispatched if d is not None)
+        if latest <= self.known_from or not at0 > latest:
+            return None
+        if any(len(s.times) > 1 and s.times[1] - s.times[0] <= tol for s in members):
+            return None  # its first token came in one read with the next: it was held back on the way
+        if self._received(arr.receipts, latest, at1 + tol) > sum(
+            self._received(s.times, latest, at1 + tol) for s in members
+        ) or untracked(latest, at1):
+            return None  # another stream's token came meanwhile (busy), or an untracked request ran
+        return PrefillObservation(tokens, at0 - latest, idle=True)
+
+    @staticmethod
+    def _received(times: Array, lo: float, hi: float) -> int:
+        """Receipts in ``(lo, hi]``."""
+        return int(np.searchsorted(times, hi, side="right") - np.searchsorted(times, lo, side="right"))
+
+    def _decode(self, arr: _Arrays, before: float, out: list[DecodeObservation]) -> None:
+        tol = arr.tol
+        for s in self._streams:
+            if not s.pending or s.last + tol >= before:
+                continue
+            s.pending = False
+            t = s.times
+            if len(t) < MIN_KEPT_GAPS + 1 or s.first <= self.known_from:
+                continue
+            lo, hi = t[:-1], t[1:]
+            keep = (arr.firsts_in(lo, hi) == 0) & ~arr.untracked_in(lo, hi)
+            kept = int(np.count_nonzero(keep))
+            if kept < MIN_KEPT_GAPS:
+                continue
+            gaps = (hi - lo)[keep]
+            if not float(np.median(gaps)) > tol:
+                continue  # most receipts came several to a read (held back on the way): not timed
+            seconds = float(gaps.mean())
+            count, context = arr.running((lo + hi) / 2.0)
+            batch = float(count[keep].mean())
+            out.append(
+                DecodeObservation(
+                    batch=batch,
+                    avg_context=float(context[keep].mean()) / batch,
+                    seconds=seconds,
+                    concurrency=float(count.mean()),
+                    tokens_per_s=(len(t) - 1) / float(t[-1] - t[0]),
+                )
+            )
+
+    def _evict(self, horizon: float) -> None:
+        """Let go of what ended before `horizon` (nothing left to derive looks that far back), then of
+        the oldest streams while over the bound. Whatever goes moves `known_from` past its end, so a
+        derivation that would have needed it is skipped rather than made without it."""
+        known = self.known_from
+        keep: list[_Stream] = []
+        for s in self._streams:
+            if s.last < horizon and not s.pending:
+                known = max(known, s.last)
+                self._tokens -= len(s.times)
+            else:
+                keep.append(s)
+        if self._tokens > self._max_tokens:
+            keep.sort(key=lambda s: s.last)
+            cut = 0
+            while self._tokens > self._max_tokens and cut < len(keep):
+                s = keep[cut]
+                self._tokens -= len(s.times)
+                known = max(known, s.last)
+                self.dropped += s.pending
+                cut += 1
+            keep = keep[cut:]
+        self._streams = keep
+        dirty: list[tuple[float, float]] = []
+        for d in self._dirty:
+            if d[1] < horizon:
+                known = max(known, d[1])
+            else:
+                dirty.append(d)
+        self._dirty = dirty
+        self.known_from = known
+
+
+_DEFER: Final = object()  # a group that needs receipts from after `before`: derived at a later settle
