@@ -95,7 +95,9 @@ def finish(gw: Gateway, ctx: RequestContext) -> None:
     """The canonical log line and the metrics of one request."""
     ctx.finished_at = gw.clock.now()
     m = gw.metrics
-    model = ctx.client_model or "-"
+    # Only names that resolved to a served model become label values: a 404 for a made-up name must not
+    # grow the metric series without bound.
+    model = ctx.client_model if ctx.served_model else "-"
     m.requests_of(model, ctx.outcome).inc()
     if ctx.outcome == "client_disconnect":
         m.client_disconnects_of(model).inc()
@@ -128,7 +130,7 @@ def finish(gw: Gateway, ctx: RequestContext) -> None:
         "request",
         request_id=ctx.id,
         api=ctx.api.value,
-        model=model,
+        model=ctx.client_model or "-",
         endpoint=ctx.endpoint,
         status=ctx.status,
         outcome=ctx.outcome,

@@ -74,6 +74,11 @@ async def test_unknown_model_404_via_sdk(engine_server: EngineServer, start_gate
     with pytest.raises(openai.NotFoundError) as ei:
         await r.client().chat.completions.create(model="nope", messages=MSG)
     assert ei.value.code == "model_not_found"
+    async with aiohttp.ClientSession() as s, s.get(r.url + "/metrics") as resp:
+        metrics = await resp.text()
+    # a made-up name never becomes a label value (unbounded series)
+    assert 'model="nope"' not in metrics
+    assert 'berth_requests_total{model="-",outcome="unknown_model"} 1.0' in metrics
 
 
 @pytest.mark.parametrize(
