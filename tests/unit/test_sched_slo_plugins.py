@@ -459,3 +459,11 @@ def test_best_fit_keeps_a_reserve_on_the_requests_own_deadline_then_falls_back()
     assert BF.violations(EndpointLoad(idle, 0.0, P), tighter) == []  # an idle endpoint always fits
     only_busy = BF.filter(tighter, [busy], snap(busy))
     assert list(only_busy) == []
+
+
+def test_best_fit_can_try_the_least_loaded_endpoint_first() -> None:
+    spread = BestFitFilter(P, gamma=0.5, theta=0.9, rebalance=0.5, least_loaded_first=True)
+    light = view("light", runs=[running("l0", dispatched_at=-0.2)])
+    heavy = view("heavy", runs=[running(f"h{i}", dispatched_at=-0.2) for i in range(4)])
+    assert [e.id for e in spread.filter(req(), [heavy, light], snap(light, heavy))] == ["light"]
+    assert [e.id for e in BF.filter(req(), [heavy, light], snap(light, heavy))] == ["heavy"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta
 
@@ -53,6 +53,10 @@ class BestFitParams(PredictionParams, frozen=True, kw_only=True):
     # Endpoints whose running requests are, summed, this far past their predicted lengths (in units of
     # one request's length) are tried last.
     rebalance_threshold: Annotated[float, Meta(ge=0.0)] = 0.5
+    # "most-loaded": Aladdin's best fit (packs work densely: the fewest endpoints busy);
+    # "least-loaded": the same constraints tried on the least loaded endpoint first (a fixed fleet
+    # with room to spare: small batches, more time in hand for every request).
+    order: Literal["most-loaded", "least-loaded"] = "most-loaded"
     # (d) also protects the end-to-end and first-token deadlines of running requests (not only ITL
     # targets, Aladdin's own case); off, that is left to the overflow guard.
     deadlines: bool = True
@@ -72,6 +76,7 @@ class BestFitFilter:
         rebalance: float,
         on_track: float = 0.0,
         deadlines: bool = True,
+        least_loaded_first: bool = False,
     ) -> None:
         self._cache = LoadCache(params)
         self.gamma = gamma
@@ -79,24 +84,29 @@ class BestFitFilter:
         self.rebalance = rebalance
         self.on_track = on_track
         self.deadlines = deadlines
+        self.least_loaded_first = least_loaded_first
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
         loads = [self._cache.load(e, snap.now) for e in candidates]
-        loads.sort(key=self.order_key)
-        for load in loads:
+        least_first = sorted(loads, key=self.least_loaded_key)
+        for load in least_first if self.least_loaded_first else sorted(loads, key=self.order_key):
             if self.fits(load, req):
                 return [load.view]
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
         # that fits without it (the request meets its deadlines there if nothing else comes).
-        for load in reversed(loads):
+        for load in least_first:
             if not self.violations(load, req, reserve=False):
                 return [load.view]
         return []
 
     def order_key(self, load: EndpointLoad) -> tuple[bool, float, str]:
+        """Most loaded first; endpoints whose requests run long last."""
         return (load.running_long >= self.rebalance > 0, -self.capacity_norm(load), str(load.view.id))
+
+    def least_loaded_key(self, load: EndpointLoad) -> tuple[bool, float, str]:
+        return (load.running_long >= self.rebalance > 0, self.capacity_norm(load), str(load.view.id))
 
     def capacity_norm(self, load: EndpointLoad) -> float:
         g = self.gamma
@@ -169,6 +179,7 @@ def _build(p: BestFitParams, ctx: BuildContext) -> BestFitFilter:
         rebalance=p.rebalance_threshold,
         on_track=p.on_track,
         deadlines=p.deadlines,
+        least_loaded_first=p.order == "least-loaded",
     )
 
 
