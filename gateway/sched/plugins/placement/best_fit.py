@@ -3,20 +3,24 @@
 Endpoints are tried most loaded first, by ``capacity_norm`` = the L2 norm of (running / cap,
 Σ(l_in + γ·l_out) / KV capacity); endpoints whose running requests are running long (their output
 lengths were under-estimated, so they are more loaded than their predictions say) are tried last
-(Aladdin's re-balancing for prediction error). The request goes to the first endpoint where all four
-constraints hold; when none fits it stays queued (a fixed fleet: waiting beats overloading):
+(Aladdin's re-balancing for prediction error). `order = "least-loaded"` tries the same constraints on
+the least loaded endpoint first instead: on a fixed fleet with room to spare, packing leaves idle
+endpoints while the packed ones run their requests close to their deadlines. The request goes to the
+first endpoint where all four constraints hold; when none fits it stays queued (a fixed fleet: waiting
+beats overloading):
 
 (b) ATGT: ``k2·Σ(l_in + γ·l_out) <= θ·(T_dec − c2·b − c3)`` over the running requests and this one,
     ``T_dec`` the tightest ITL target among them; and this request's own end-to-end deadline kept at
     the per-token time of the batch it joins, within ``θ ·`` its time left;
 (c) TTFT: the predicted first token (seat, iteration in flight, prefill with the pending prompts)
     comes within ``θ ·`` the time left to the request's first-token deadline;
-(d) prefill pauses decode: the delay this request causes each running request with a deadline (its
-    prefill pauses their decoding; while both run, each iteration takes its marginal cost longer)
-    fits in the time that request has in hand, less a reserve of ``(1 − θ) ·`` its time left
-    (Aladdin's "slack saved versus the limit", for end-to-end deadlines as well as ITL targets: without
-    the reserve, a packed endpoint's requests end up finishing just at their deadlines, where any
-    prediction error is a miss);
+(d) prefill pauses decode: this prompt's prefill within ``θ ·`` the time each decode with an ITL target
+    has saved so far (tokens produced × (target − per-token time): Aladdin's constraint); with
+    `deadlines` (the default), also the delay it causes each running request with a deadline (the
+    prefill pauses its decoding; while both run, each iteration takes the newcomer's marginal cost
+    longer) within the time that request has in hand, less a reserve of ``(1 − θ) ·`` its time left
+    (without a reserve a packed endpoint's requests end up finishing just at their deadlines, where
+    any prediction error is a miss); off, deadlines are left to the overflow guard;
 (e) KV: the footprint of every request over its remaining iterations (``h·(context + t) + j`` until it
     ends) summed, at its peak, fits the endpoint's KV capacity (skipped while the capacity is unknown).
 
