@@ -11,14 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import (
-    SLO,
-    ApiKind,
     EndpointHealth,
-    EndpointId,
-    EngineKind,
-    InstanceClass,
-    ModelName,
-    RequestId,
 )
 from gateway.sched.interfaces import Picker
 from gateway.sched.plugins.ordering.fcfs import FcfsOrdering
@@ -29,48 +22,9 @@ from gateway.sched.profile import SchedulerProfile, WeightedScorer
 from gateway.sched.registry import BuildContext, PluginKind, default_registry
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from tests.unit.sched_builders import request, snapshot, view
 
 T = TypeVar("T")
-
-
-def view(
-    eid: str,
-    *,
-    models: Iterable[str] = ("m",),
-    health: EndpointHealth = EndpointHealth.READY,
-    cap: int = 8,
-    inflight: int = 0,
-    waiting: float | None = None,
-) -> EndpointView:
-    return EndpointView(
-        id=EndpointId(eid),
-        url=f"http://{eid}:8000",
-        engine=EngineKind.VLLM,
-        models=frozenset(ModelName(m) for m in models),
-        instance_class=InstanceClass.MIXED,
-        health=health,
-        cap=cap,
-        inflight=inflight,
-        engine_running=None if waiting is None else 0.0,
-        engine_waiting=waiting,
-    )
-
-
-def request(rid: str = "r", model: str = "m", arrival: float = 0.0) -> SchedRequest:
-    return SchedRequest(
-        id=RequestId(rid),
-        model=ModelName(model),
-        api=ApiKind.CHAT,
-        arrival=arrival,
-        slo=SLO(),
-        prompt_tokens=16,
-        max_tokens=None,
-        stream=False,
-    )
-
-
-def snapshot(*views: EndpointView) -> FleetSnapshot:
-    return FleetSnapshot(now=0.0, endpoints=views)
 
 
 def place(profile: SchedulerProfile, req: SchedRequest, snap: FleetSnapshot) -> str | None:

@@ -4,64 +4,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import (
-    SLO,
-    ApiKind,
     EndpointHealth,
     EndpointId,
-    EngineKind,
-    InstanceClass,
-    ModelName,
-    RequestId,
 )
 from gateway.sched.profile import SchedulerProfile, WeightedScorer, eligible
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from tests.unit.sched_builders import request as base_request
+from tests.unit.sched_builders import snapshot
+from tests.unit.sched_builders import view as base_view
 
 READY = EndpointHealth.READY
 
 
-def view(
-    eid: str,
-    *,
-    models: Iterable[str] = ("m",),
-    health: EndpointHealth = READY,
-    cap: int = 4,
-    inflight: int = 0,
-) -> EndpointView:
-    return EndpointView(
-        id=EndpointId(eid),
-        url=f"http://{eid}:8000",
-        engine=EngineKind.VLLM,
-        models=frozenset(ModelName(m) for m in models),
-        instance_class=InstanceClass.MIXED,
-        health=health,
-        cap=cap,
-        inflight=inflight,
-    )
+def view(eid: str, *, cap: int = 4, **kw: Any) -> EndpointView:
+    return base_view(eid, cap=cap, **kw)
 
 
 def request(rid: str = "r1", model: str = "m") -> SchedRequest:
-    return SchedRequest(
-        id=RequestId(rid),
-        model=ModelName(model),
-        api=ApiKind.CHAT,
-        arrival=0.0,
-        slo=SLO(),
-        prompt_tokens=16,
-        max_tokens=None,
-        stream=False,
-    )
-
-
-def snapshot(*views: EndpointView) -> FleetSnapshot:
-    return FleetSnapshot(now=0.0, endpoints=views)
+    return base_request(rid, model)
 
 
 # ----------------------------------------------------------------- fakes (no mocks)
