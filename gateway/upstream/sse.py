@@ -53,7 +53,7 @@ class SseRelay:
         self.finish_reason: str | None = None
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
-        self.gaps: list[float] = []  # inter-token gaps (seconds) since the last drain
+        self.gaps: list[float] = []  # every inter-token gap of the stream (seconds); telemetry needs all
         self.done = False
         self.error: dict[str, Any] | None = None
 
@@ -161,10 +161,6 @@ class SseRelay:
                 elif last is not None:
                     self.gaps.append(now - last)
                 self.last_token_at = now
-
-    def take_gaps(self) -> list[float]:
-        g, self.gaps = self.gaps, []
-        return g
 
     @property
     def produced_text(self) -> str:
