@@ -85,11 +85,7 @@ class SloFeasibilityAdmitter:
         itl_ms = req.slo.itl_ms
         if left == (None, None) and itl_ms is None:
             return ADMIT
-        loads = [
-            self._cache.load(e, snap.now)
-            for e in snap.endpoints
-            if req.model in e.models and e.health is EndpointHealth.READY
-        ]
+        loads = self._ready_loads(req, snap)
         if not loads:
             return ADMIT  # nothing ready: the scheduler answers for that
         preds = self._predictions(req, loads, self._ahead(req, queued_in_class))
@@ -118,6 +114,14 @@ class SloFeasibilityAdmitter:
             retry,
         )
 
+    def _ready_loads(self, req: SchedRequest, snap: FleetSnapshot) -> list[EndpointLoad]:
+        """The load of every ready endpoint serving the request's model."""
+        return [
+            self._cache.load(e, snap.now)
+            for e in snap.endpoints
+            if req.model in e.models and e.health is EndpointHealth.READY
+        ]
+
     def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
         """A queued request that cannot meet its SLO even alone on the best endpoint gets its class's
         outcome (reject: 429 slo_infeasible; best-effort: demoted; hold: nothing)."""
@@ -126,11 +130,7 @@ class SloFeasibilityAdmitter:
         left = time_left(req, snap.now)
         if left == (None, None):
             return ADMIT
-        loads = [
-            self._cache.load(e, snap.now)
-            for e in snap.endpoints
-            if req.model in e.models and e.health is EndpointHealth.READY
-        ]
+        loads = self._ready_loads(req, snap)
         if not loads:
             return ADMIT
         if self.recheck_mode == "late":
