@@ -16,6 +16,7 @@ from aiohttp import web
 from gateway.admission.classify import to_sched_request
 from gateway.core import errors
 from gateway.core.errors import BerthError
+from gateway.core.logging import LEVEL
 from gateway.core.types import ApiKind
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.slo_headers import error_headers
@@ -126,6 +127,8 @@ def finish(gw: Gateway, ctx: RequestContext) -> None:
         first_token_at=ctx.first_token_at,
         finished_at=ctx.finished_at,
     )
+    if not LEVEL.info:
+        return
     log.info(
         "request",
         request_id=ctx.id,

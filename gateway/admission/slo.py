@@ -39,6 +39,7 @@ H_TASK_ID: Final = "x-berth-task-id"
 H_TASK_SLA: Final = "x-berth-task-sla-ms"
 SLO_HEADERS: Final = (H_CLASS, H_TTFT, H_ITL, H_DEADLINE, H_TASK_ID, H_TASK_SLA)
 _PREFIX: Final = "x-berth-"
+_PREFIX_LEN: Final = len(_PREFIX)
 _MAX_MS: Final = 1e9
 _MAX_TASK_ID: Final = 128
 INVALID_SLO_HEADER: Final = "invalid_slo_header"
@@ -58,18 +59,23 @@ class SloHeaders:
     task_sla_ms: float | None = None
 
 
+NO_SLO_HEADERS: Final = SloHeaders()
+
+
 def parse_slo_headers(headers: Iterable[tuple[str, str]]) -> SloHeaders:
     """The x-berth-* request headers; 400 naming the header when one is unknown, repeated or malformed."""
     seen: dict[str, str] = {}
     for name, value in headers:
-        low = name.lower()
-        if not low.startswith(_PREFIX):
+        if name[:_PREFIX_LEN].lower() != _PREFIX:
             continue
+        low = name.lower()
         if low not in SLO_HEADERS:
             raise _bad(low, f"unknown header (berth reads {', '.join(SLO_HEADERS)})")
         if low in seen:
             raise _bad(low, "given more than once")
         seen[low] = value.strip()
+    if not seen:
+        return NO_SLO_HEADERS  # most requests: nothing to parse
     task_id = seen.get(H_TASK_ID)
     if task_id is not None and not (
         0 < len(task_id) <= _MAX_TASK_ID and task_id.isascii() and task_id.isprintable()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gateway.admission.slo import Resolved, Tenants, parse_slo_headers, resolve
+from gateway.admission.slo import NO_SLO_HEADERS, Resolved, Tenants, parse_slo_headers, resolve
 from gateway.admission.tasks import TaskCall, TaskClock
 from gateway.config.schema import TenantConfig
 from gateway.core.errors import BerthError, ErrorSource
@@ -25,6 +25,9 @@ class SloAdmission:
         self._tenant_source: Sequence[TenantConfig] | None = None
         self._tenants = Tenants()
         self.rejections: dict[tuple[str, str], int] = {}  # (class, error code) -> n
+        # The answer for a request with no x-berth-* header and no tenant under a policy without rules:
+        # the same for every such request, so made once per policy.
+        self._plain: tuple[SloPolicy, Resolved] | None = None
 
     def tenants(self, configs: Sequence[TenantConfig]) -> Tenants:
         if configs is not self._tenant_source:
@@ -48,6 +51,11 @@ class SloAdmission:
             self.tasks.settings = policy.tasks
         hdrs = parse_slo_headers(headers)
         tenant = self.tenants(tenants).lookup(authorization)
+        if hdrs is NO_SLO_HEADERS and tenant is None and not policy.rules:
+            plain = self._plain
+            if plain is None or plain[0] is not policy:
+                plain = self._plain = (policy, resolve(policy, hdrs, None, parsed, served, now=now))
+            return plain[1]
         return resolve(policy, hdrs, tenant, parsed, served, now=now, tasks=self.tasks)
 
     def on_finish(

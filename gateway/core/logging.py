@@ -23,9 +23,23 @@ _LEVELS = {
 }
 
 
+class _Level:
+    """The configured level, readable for the price of an attribute (structlog's `is_enabled_for`
+    through a lazy logger proxy costs microseconds): hot paths skip building a line nobody writes."""
+
+    __slots__ = ("info",)
+
+    def __init__(self) -> None:
+        self.info = True
+
+
+LEVEL = _Level()
+
+
 def configure_logging(level: str = "info", stream: BinaryIO | None = None) -> None:
     if level not in _LEVELS:
         raise ValueError(f"log level must be one of {', '.join(_LEVELS)}")
+    LEVEL.info = _LEVELS[level] <= logging.INFO
     out = stream if stream is not None else sys.stderr.buffer
     structlog.configure(
         cache_logger_on_first_use=True,

@@ -1,8 +1,10 @@
 """The one shared aiohttp ClientSession, with bounded per-host pools and engine-call timeouts.
 
 Timers are the costly part of a timeout on the hot path (each one a loop timer made and cancelled),
-so a stream gets no per-read timer from aiohttp: `StallTimer` bounds the silence between its chunks
-with one timer that is re-armed only when it fires.
+so each engine call gets one: a non-streamed call only aiohttp's read timer, which runs from the moment
+the body is sent (so it bounds the wait for the headers too) and is re-armed per read of the answer; a
+streamed call one `asyncio.timeout` for its headers and then a `StallTimer` that bounds the silence
+between its chunks and is re-armed only when it fires.
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ def _stream_timeout(connect_s: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_read=None)
 
 
+@functools.lru_cache(maxsize=8)
+def _body_timeout(connect_s: float, first_byte_s: float) -> aiohttp.ClientTimeout:
+    """A non-streamed engine call's: the read timer bounds the wait for the headers, which an engine
+    sends only once it has generated the whole answer, and then each gap in the body that follows."""
+    return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_read=first_byte_s)
+
+
 async def open_request(
     session: aiohttp.ClientSession,
     url: str,
@@ -70,17 +79,19 @@ async def open_request(
     """POST `body` to `url` and wait for the response headers.
 
     Raises BerthError: 502 (retryable) when the engine cannot be reached or drops the connection before
-    answering, 504 when it sends no headers within `first_byte_timeout_s`. With `stream`, aiohttp sets
-    no read timeout on the response: the caller runs a StallTimer while it reads.
+    answering, 504 when it sends no headers within `first_byte_timeout_s` (for a non-streamed call that
+    bound also applies to each gap in the body). With `stream`, aiohttp sets no read
+    timeout on the response: the caller runs a StallTimer while it reads.
     """
     headers = {**_JSON_HEADERS, "X-Request-Id": request_id}
     try:
+        if not stream:
+            timeout = _body_timeout(settings.connect_timeout_s, settings.first_byte_timeout_s)
+            return await session.post(url, data=body, headers=headers, timeout=timeout)
         async with asyncio.timeout(settings.first_byte_timeout_s):
-            if stream:
-                return await session.post(
-                    url, data=body, headers=headers, timeout=_stream_timeout(settings.connect_timeout_s)
-                )
-            return await session.post(url, data=body, headers=headers)
+            return await session.post(
+                url, data=body, headers=headers, timeout=_stream_timeout(settings.connect_timeout_s)
+            )
     except TimeoutError:
         raise errors.upstream_timeout(
             f"engine sent no response within {settings.first_byte_timeout_s:g}s"

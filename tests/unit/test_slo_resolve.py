@@ -10,6 +10,7 @@ import pytest
 
 from gateway.admission.slo import (
     INVALID_SLO_HEADER,
+    NO_SLO_HEADERS,
     SloHeaders,
     Tenant,
     Tenants,
@@ -257,3 +258,30 @@ def test_the_daemon_state_resolves_with_tenants_and_counts_rejections() -> None:
         None, "ide", err, ok=False, arrival=1.0, dispatched_at=None, first_token_at=None, finished_at=1.0
     )
     assert state.rejections_by_class() == {"ide": {"slo_infeasible": 1}}
+
+
+# --------------------------------------------------------------------- the plain-request fast path
+RULELESS = SloPolicy(classes=POLICY.classes, default_class="ide")
+
+
+def _state_resolve(state: SloAdmission, policy: SloPolicy, headers: dict[str, str]) -> Any:
+    return state.resolve(headers.items(), None, parsed(), served="m", now=1.0, policy=policy, tenants=())
+
+
+def test_no_berth_header_parses_to_the_shared_empty_headers() -> None:
+    assert parse_slo_headers([("Host", "h"), ("X-Request-Id", "r"), ("x-berth", "short")]) is NO_SLO_HEADERS
+    assert parse_slo_headers([("X-BERTH-TTFT-MS", "5")]).ttft_ms == 5.0
+
+
+def test_a_plain_request_under_a_ruleless_policy_reuses_one_answer_per_policy() -> None:
+    state = SloAdmission()
+    first = _state_resolve(state, RULELESS, {})
+    assert (first.slo.slo_class, first.slo.ttft_ms, first.source) == ("ide", 300.0, "default")
+    assert _state_resolve(state, RULELESS, {}) is first
+    # a reloaded policy (a new object) is resolved afresh
+    reloaded = SloPolicy(classes=POLICY.classes, default_class="chat")
+    assert _state_resolve(state, reloaded, {}).slo.slo_class == "chat"
+    # headers, and policies with rules, take the full path
+    assert _state_resolve(state, reloaded, {"x-berth-slo-class": "batch"}).slo.slo_class == "batch"
+    with_rules = _state_resolve(state, POLICY, {})
+    assert with_rules is not _state_resolve(state, POLICY, {})
