@@ -21,9 +21,10 @@ from aiohttp import web
 
 from gateway.admission.exporter import SloCollector
 from gateway.admission.models import ModelCatalog
+from gateway.admission.prompt_tokens import EnginePromptCounter
 from gateway.admission.state import SloAdmission
 from gateway.config import GatewayConfig, RuntimeConfig, load_runtime
-from gateway.config.schema import EndpointConfig
+from gateway.config.schema import EndpointConfig, TelemetryConfig
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.errors import ConfigError
 from gateway.core.heap import settle
@@ -109,6 +110,9 @@ class Gateway:
         self._detected: dict[EndpointId, EngineKind] = {}
         self._reload_lock = asyncio.Lock()
         self._health_changed = asyncio.Event()
+        # [telemetry] prompt_tokens = "tokenize": exact counts from an engine; None: the estimate.
+        self.prompt_counter: EnginePromptCounter | None = None
+        self._configure_prompt_counter(runtime.config.telemetry)
 
     # ----------------------------------------------------------------- wiring
     @property
@@ -165,6 +169,23 @@ class Gateway:
         except TimeoutError:
             return False
         return True
+
+    def _configure_prompt_counter(self, cfg: TelemetryConfig) -> None:
+        """Build the exact prompt counter for "tokenize" (a running one keeps what it learned and
+        takes the new timeout); none for "estimate"."""
+        if cfg.prompt_tokens != "tokenize":
+            self.prompt_counter = None
+        elif self.prompt_counter is not None:
+            self.prompt_counter.timeout_s = cfg.tokenize_timeout_s
+        else:
+            self.prompt_counter = EnginePromptCounter(
+                session=lambda: self.session,
+                endpoints=lambda: self.scheduler.snapshot().endpoints,
+                tokens=self.telemetry.tokens,
+                metrics=self.metrics,
+                clock=self.clock,
+                timeout_s=cfg.tokenize_timeout_s,
+            )
 
     def _note_health_change(self) -> None:
         changed, self._health_changed = self._health_changed, asyncio.Event()
@@ -259,6 +280,7 @@ class Gateway:
                 return False
             self.runtime = new
             self.catalog = ModelCatalog(new.aliases)
+            self._configure_prompt_counter(new.config.telemetry)
             self.driver.apply(self.scheduler.set_policy(new.policy))
             self.driver.apply(self.scheduler.set_limits(new.limits))
             self._apply_endpoints(new.endpoints)

@@ -61,6 +61,9 @@ async def handle(gw: Gateway, api: ApiKind, request: web.Request) -> web.StreamR
         )
         ctx.slo_class = resolved.slo.slo_class
         ctx.task = resolved.task
+        # Exact prompt tokens from an engine ([telemetry] prompt_tokens = "tokenize"); None: estimated.
+        counter = gw.prompt_counter
+        exact = None if counter is None else await counter.count(rid, parsed, served)
         sreq = to_sched_request(
             rid,
             parsed,
@@ -70,6 +73,7 @@ async def handle(gw: Gateway, api: ApiKind, request: web.Request) -> web.StreamR
             lengths=tel.lengths,
             slo=resolved.slo,
             task_id=resolved.task_id,
+            prompt_tokens=exact,
         )
         ctx.sched = sreq
         ctx.slo_class = sreq.slo.slo_class

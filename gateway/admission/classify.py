@@ -1,7 +1,9 @@
 """Turn a validated request into the scheduler's view of it.
 
-Prompt tokens are estimated without a tokenizer, from the prompt's characters and the characters per
-token calibrated per model from the usage engines report (`TokenEstimator`); without one, characters / 4.
+Prompt tokens are the engine's exact count when the gateway asked for one (`[telemetry] prompt_tokens =
+"tokenize"`, see `gateway.admission.prompt_tokens`); otherwise they are estimated without a tokenizer,
+from the prompt's characters and the characters per token calibrated per model from the usage engines
+report (`TokenEstimator`); without one, characters / 4.
 The output length is predicted per model and task class (`OutputLengthPredictor`). The SLO comes
 resolved (`gateway.admission.slo`: headers, tenant, policy rules, then the policy's default class).
 """
@@ -44,10 +46,14 @@ def to_sched_request(
     lengths: LengthPredictor | None = None,
     slo: SLO | None = None,
     task_id: str | None = None,
+    prompt_tokens: int | None = None,
 ) -> SchedRequest:
-    """`slo`: as resolved (gateway.admission.slo); None: the default SLO without targets."""
+    """`slo`: as resolved (gateway.admission.slo); None: the default SLO without targets.
+    `prompt_tokens`: the engine's count of the prompt; None: estimate it."""
     slo = slo or _DEFAULT_SLO
-    if tokens is not None:
+    if prompt_tokens is not None:
+        prompt = max(1, prompt_tokens)
+    elif tokens is not None:
         prompt = max(1, tokens.estimate(served, parsed.prompt_chars))
     else:
         prompt = max(1, int(parsed.prompt_chars / CHARS_PER_TOKEN))

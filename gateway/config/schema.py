@@ -103,6 +103,12 @@ class TelemetryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     fit_window: PositiveInt = 2000  # observations kept per model part
     kv_capacity_tokens: PositiveInt | None = None  # for engines that do not export it
     disagreement_tolerance: Annotated[float, Meta(gt=1)] = 2.0  # engine vs gateway latency ratio
+    # A request's prompt tokens: "estimate" (characters per token, calibrated per model from the
+    # engines' usage) or "tokenize" (asked of a ready endpoint's tokenize route before admission,
+    # the estimate when that fails or takes longer than tokenize_timeout_s).
+    prompt_tokens: Literal["estimate", "tokenize"] = "estimate"
+    # Added to a request's wait at most; bounded so that milliseconds written as seconds are caught.
+    tokenize_timeout_s: Annotated[float, Meta(gt=0, le=5)] = 0.05
     prior: PerfPriorConfig = PerfPriorConfig()
 
 

@@ -41,6 +41,7 @@ LATENCY_BUCKETS = (
     40.0,
     80.0,
 )
+TOKENIZE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -158,6 +159,19 @@ class GatewayMetrics:
         self.client_disconnects = Counter(
             "berth_client_disconnects", "Clients that went away mid-request", ["model"], registry=r
         )
+        # [telemetry] prompt_tokens = "tokenize": the engine calls that count a prompt exactly.
+        self.tokenize_requests = Counter(
+            "berth_tokenize_requests",
+            "Prompt-token counts asked of an engine, by result (anything but ok: the estimate is used)",
+            ["result"],
+            registry=r,
+        )
+        self.tokenize_duration = Histogram(
+            "berth_tokenize_duration_seconds",
+            "Duration of the engine tokenize calls that were made (timeouts included)",
+            buckets=TOKENIZE_BUCKETS,
+            registry=r,
+        )
         # The per-request metrics' children, by label values (see Children).
         self.requests_of = Children(self.requests)
         self.ttft_of = Children(self.ttft)
@@ -168,6 +182,7 @@ class GatewayMetrics:
         self.prompt_tokens_of = Children(self.prompt_tokens)
         self.client_disconnects_of = Children(self.client_disconnects)
         self.upstream_retries_of = Children(self.upstream_retries)
+        self.tokenize_requests_of = Children(self.tokenize_requests)
 
     def attach_live(self, read: Callable[[], LiveNumbers]) -> None:
         """Export numbers read from the scheduler at scrape time (nothing to update on the hot path)."""

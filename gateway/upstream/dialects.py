@@ -41,18 +41,33 @@ handler, and the cancelled generator aborts the request in the engine); streams 
 calls `abort_request(rid)` (and aborts streams on disconnect too). So closing the upstream connection
 is the abort. SGLang also has `POST /abort_request` with `{"rid": ...}` (its OpenAI requests accept a
 `rid` field), which `abort_path`/`abort_body` describe for callers that want to abort without closing.
+
+Tokenize (exact prompt-token counts, `[telemetry] prompt_tokens = "tokenize"`): both engines answer
+`POST /tokenize` with `{"count": N, "max_model_len": M, "tokens": [...]}`.
+- vLLM (`vllm/entrypoints/serve/tokenize/`): `{"model", "prompt", "add_special_tokens"}` counts a
+  completion prompt; `{"model", "messages", "add_generation_prompt", "continue_final_message",
+  "add_special_tokens", "chat_template", "chat_template_kwargs", "tools", ...}` renders the chat
+  template as `/v1/chat/completions` does (same defaults) and counts that. A model the server does
+  not serve is a 404.
+- SGLang (`sglang/srt/entrypoints/http_server.py`, also at `/v1/tokenize`): `{"model", "prompt",
+  "add_special_tokens"}`; current releases also take `messages` (with `tools`, `tool_choice`,
+  `reasoning_effort`, `continue_final_message`, `chat_template_kwargs`) and render them as a chat
+  request, older ones answer 400 to that, and the gateway falls back to its estimate.
+Only a prompt that is one string, or chat messages of text only, is counted (a batch of prompts,
+token ids or a message with an image part is not: `tokenize_body` returns None), and the request's
+other fields never reach the tokenize call.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
-from gateway.core.types import EngineGauges, EngineKind
+from gateway.core.types import ApiKind, EngineGauges, EngineKind
 from gateway.telemetry.promtext import Exposition, Histogram
 
 
@@ -85,6 +100,11 @@ class Dialect:
     request_id_field: str | None = None
     # Priority scheduling: vLLM runs the lowest `priority` first, SGLang the highest (its default).
     priority_higher_first: bool = False
+    # The tokenize route (POST, JSON body from `tokenize_body`); None: the engine has none.
+    tokenize_path: str | None = "/tokenize"
+    # Fields of a chat request that shape its rendered prompt and that the tokenize route takes too;
+    # empty: the route counts no chat messages.
+    tokenize_chat_fields: tuple[str, ...] = ()
 
     def priority(self, urgency: int) -> int:
         """The engine's `priority` value for berth's urgency (0 most urgent, larger less urgent)."""
@@ -122,6 +142,33 @@ class Dialect:
             return None
         return orjson.dumps({"rid": request_id})
 
+    def tokenize_body(self, api: ApiKind, body: Mapping[str, Any], model: str) -> bytes | None:
+        """The JSON body for `POST tokenize_path` that counts the prompt of `body` (an OpenAI request
+        of kind `api`, as validated by the front) under `model`, the engine's served name; None when
+        the engine cannot count it (no tokenize route, chat without `tokenize_chat_fields`, or a
+        completion / embedding input that is not one string) or should not: a chat message with an
+        image, audio or other non-text part (the engine would fetch and process the media once more
+        just to count)."""
+        if self.tokenize_path is None:
+            return None
+        out: dict[str, Any] = {"model": model}
+        if api is ApiKind.CHAT:
+            if not self.tokenize_chat_fields or not _text_only(body.get("messages")):
+                return None
+            for key in self.tokenize_chat_fields:
+                value = body.get(key)
+                if value is not None:
+                    out[key] = value
+        else:
+            prompt = body.get("prompt" if api is ApiKind.COMPLETION else "input")
+            if not isinstance(prompt, str):
+                return None
+            out["prompt"] = prompt
+            special = body.get("add_special_tokens")
+            if isinstance(special, bool):
+                out["add_special_tokens"] = special
+        return orjson.dumps(out)
+
     def served_models(self, body: bytes) -> list[str]:
         return served_models(body)
 
@@ -147,6 +194,15 @@ VLLM: Final = Dialect(
     e2e=_spellings("e2e_request_latency_seconds", "vllm:", "vllm_"),
     prompt_tokens=_spellings("prompt_tokens_total", "vllm:", "vllm_"),
     generation_tokens=_spellings("generation_tokens_total", "vllm:", "vllm_"),
+    tokenize_chat_fields=(
+        "messages",
+        "add_generation_prompt",
+        "continue_final_message",
+        "add_special_tokens",
+        "chat_template",
+        "chat_template_kwargs",
+        "tools",
+    ),
 )
 
 SGLANG: Final = Dialect(
@@ -166,6 +222,14 @@ SGLANG: Final = Dialect(
     abort_path="/abort_request",
     request_id_field="rid",
     priority_higher_first=True,
+    tokenize_chat_fields=(
+        "messages",
+        "tools",
+        "tool_choice",
+        "reasoning_effort",
+        "continue_final_message",
+        "chat_template_kwargs",
+    ),
 )
 
 DIALECTS: Final[tuple[Dialect, ...]] = (VLLM, SGLANG)
@@ -207,6 +271,32 @@ def served_models(body: bytes) -> list[str]:
         if model_id not in out:
             out.append(model_id)
     return out
+
+
+def _text_only(messages: object) -> bool:
+    """Whether every message's content is a string, null, or a list of "text" parts."""
+    if not isinstance(messages, list):
+        return False
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and any(
+            not isinstance(part, dict) or part.get("type") != "text" for part in content
+        ):
+            return False
+    return True
+
+
+def tokenize_count(body: bytes) -> int:
+    """The prompt-token count from a tokenize answer (`{"count": N, ...}`, both engines). Raises
+    ValueError when the body is not that shape or `count` is not a non-negative integer."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"tokenize answer is not JSON: {e}") from None
+    count = doc.get("count") if isinstance(doc, dict) else None
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"tokenize answer has no non-negative integer 'count' ({type(count).__name__})")
+    return count
 
 
 def _first_present(expo: Exposition, names: Iterable[str]) -> str | None:

@@ -33,12 +33,21 @@ class FakeEngine:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     finished: int = 0
     aborts: int = 0
+    # POST /tokenize (vLLM's shape): None answers 404 like an engine without the route.
+    tokenize_count: int | None = None
+    tokenize_status: int = 200
+    tokenize_answer: bytes | None = None  # answer this body instead of {"count": ...}
+    tokenize_hold: asyncio.Event | None = None  # when set: tokenize waits for this event
+    tokenizes: list[dict[str, Any]] = field(default_factory=list)
+    tokenize_started: asyncio.Event = field(default_factory=asyncio.Event)
+    tokenize_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -71,6 +80,25 @@ class FakeEngine:
             f'vllm:kv_cache_usage_perc{{engine="0",model_name="{m}"}} 0.25\n'
         )
         return web.Response(text=text, content_type="text/plain")
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.tokenizes.append(body)
+        self.tokenize_started.set()
+        if self.tokenize_count is None:
+            raise web.HTTPNotFound()
+        try:
+            if self.tokenize_hold is not None:
+                await self.tokenize_hold.wait()
+        except asyncio.CancelledError:
+            self.tokenize_cancelled.set()
+            raise
+        if self.tokenize_status != 200:
+            return web.json_response({"error": {"message": "tokenize failed"}}, status=self.tokenize_status)
+        if self.tokenize_answer is not None:
+            return web.Response(body=self.tokenize_answer, content_type="application/json")
+        n = self.tokenize_count
+        return web.json_response({"count": n, "max_model_len": 2048, "tokens": list(range(n))})
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()

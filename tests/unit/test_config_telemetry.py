@@ -26,6 +26,7 @@ def test_defaults_when_the_section_is_missing(tmp_path: Path) -> None:
     assert s.prior == default_prior()
     assert s.kv_capacity_tokens is None
     assert s.min_observations == 20
+    assert (cfg.prompt_tokens, cfg.tokenize_timeout_s) == ("estimate", 0.05)
 
 
 def test_every_key(tmp_path: Path) -> None:
@@ -39,6 +40,8 @@ min_observations = 50
 fit_window = 500
 kv_capacity_tokens = 65536
 disagreement_tolerance = 3.0
+prompt_tokens = "tokenize"
+tokenize_timeout_s = 0.2
 
 [telemetry.prior]
 k1 = 2e-4
@@ -47,6 +50,7 @@ j = 16
 """,
     )
     assert (cfg.refresh_interval_s, cfg.refit_interval_s, cfg.min_observations) == (0.5, 10.0, 50)
+    assert (cfg.prompt_tokens, cfg.tokenize_timeout_s) == ("tokenize", 0.2)
     s = telemetry_settings(cfg)
     assert (s.fit_window, s.kv_capacity_tokens, s.disagreement_tolerance) == (500, 65536.0, 3.0)
     assert (s.prior.k1, s.prior.c3, s.prior.j) == (2e-4, 0.02, 16.0)
@@ -73,6 +77,32 @@ j = 16
             "[telemetry]\nrefit_interval_s = 0\n",
             "gateway.toml:telemetry.refit_interval_s:",
             id="zero-interval",
+        ),
+        pytest.param(
+            '[telemetry]\nprompt_tokens = "exact"\n',
+            "gateway.toml:telemetry.prompt_tokens: invalid value 'exact' "
+            "(expected one of: estimate, tokenize)",
+            id="unknown-prompt-tokens-mode",
+        ),
+        pytest.param(
+            "[telemetry]\nprompt_tokens = true\n",
+            "gateway.toml:telemetry.prompt_tokens: expected string, got boolean",
+            id="prompt-tokens-not-a-string",
+        ),
+        pytest.param(
+            "[telemetry]\ntokenize_timeout_s = 50\n",
+            "gateway.toml:telemetry.tokenize_timeout_s: expected number <= 5",
+            id="tokenize-timeout-in-milliseconds",
+        ),
+        pytest.param(
+            "[telemetry]\ntokenize_timeout_s = 0\n",
+            "gateway.toml:telemetry.tokenize_timeout_s: expected number > 0",
+            id="zero-tokenize-timeout",
+        ),
+        pytest.param(
+            "[telemetry]\ntokenize_timeout_ms = 50\n",
+            "gateway.toml:telemetry.tokenize_timeout_ms: unknown key",
+            id="tokenize-timeout-unit-typo",
         ),
     ],
 )
