@@ -4,6 +4,9 @@
 it, raising the scheduler's BerthError when it rejects it. Every successful `acquire()` must be paired
 with exactly one `release()`; a caller cancelled while waiting leaves the queue, and if the scheduler had
 placed it in the meantime, the slot is released at once.
+
+A policy plugin that raised while deciding on a request failed only that request (the scheduler
+rejected it with a 500); the driver logs each such fault, with its traceback, as `policy_fault`.
 """
 
 from __future__ import annotations
@@ -11,10 +14,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+import structlog
+
 from gateway.core.types import EndpointId, RequestId
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Decision, Dispatch, Reject, Scheduler
 from gateway.sched.snapshot import EndpointView
+
+log = structlog.get_logger("berth.scheduler")
 
 
 class SchedulerDriver:
@@ -28,6 +35,8 @@ class SchedulerDriver:
 
     async def acquire(self, req: SchedRequest, exclude: frozenset[EndpointId] = frozenset()) -> EndpointView:
         decision = self.scheduler.submit(req, exclude=exclude)
+        if self.scheduler.faults:
+            self.log_faults()
         if decision is None:
             fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
             self._waiters[req.id] = fut
@@ -48,6 +57,8 @@ class SchedulerDriver:
 
     def apply(self, decisions: Iterable[Decision]) -> None:
         """Hand decisions made outside a submit (completions, ticks, endpoint events) to their waiters."""
+        if self.scheduler.faults:
+            self.log_faults()
         for d in decisions:
             fut = self._waiters.get(d.req.id)
             if fut is not None and not fut.done():
@@ -55,6 +66,17 @@ class SchedulerDriver:
             elif isinstance(d, Dispatch):
                 # Nobody waits for it any more: give the slot back.
                 self.apply(self.scheduler.complete(d.req.id))
+
+    def log_faults(self) -> None:
+        policy = self.scheduler.policy.name
+        for f in self.scheduler.take_faults():
+            log.error(
+                "policy_fault",
+                request_id=f.req_id,
+                stage=f.stage,
+                policy=policy,
+                exc_info=(type(f.error), f.error, f.error.__traceback__),
+            )
 
     async def tick_forever(self, interval_s: float) -> None:
         while True:

@@ -15,6 +15,12 @@ the first worker that fits it, and one that fits nowhere waits without holding u
 Every placement decides on a fresh FleetSnapshot, but an endpoint's view is rebuilt only when that
 endpoint changed (or its engine gauges went stale): a placement on a large fleet does not remake the
 views of the endpoints it did not touch. The model sets are likewise kept until an endpoint changes.
+
+A policy plugin that raises (ordering, admission, placement, engine priority) fails only the request it
+was deciding on: that request is rejected with a 500 (`internal_error`) and the queue goes on being
+served; the exception is kept in `faults` for the daemon to log (the core does no I/O). Without this, one
+plugin bug would fail whichever request's completion happened to serve the queue, and leave the queue
+unserved.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from gateway.core.types import (
     RequestId,
 )
 from gateway.sched.admission import AdmissionLedger
+from gateway.sched.interfaces import OrderKey
 from gateway.sched.profile import Policy
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, running_from
@@ -81,6 +88,23 @@ class Reject:
 
 
 Decision = Dispatch | Reject
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyFault:
+    """A policy plugin raised while deciding on a request (see the module doc)."""
+
+    req_id: RequestId
+    stage: str  # "admission", "ordering", "placement", "engine_priority"
+    error: Exception
+
+
+#: Faults kept for the daemon to collect (the oldest are dropped beyond this).
+MAX_FAULTS: Final = 64
+
+
+def _fault_error() -> BerthError:
+    return errors.internal("the gateway's scheduling policy failed on this request")
 
 
 class _Views:
@@ -188,6 +212,32 @@ class _Queued:
     exclude: frozenset[EndpointId] = field(default_factory=frozenset)
 
 
+class _Faulty(Exception):
+    """The ordering plugin raised on the queued request at `index`."""
+
+    def __init__(self, index: int, error: Exception) -> None:
+        super().__init__(index, error)
+        self.index = index
+        self.error = error
+
+
+def _first(policy: Policy, queue: Sequence[_Queued], snap: FleetSnapshot, skipped: set[int]) -> int | None:
+    """The index of the queued request to place next: the smallest ordering key (ties: arrival order),
+    leaving out `skipped`; None when every one is skipped. Raises _Faulty when a key cannot be made."""
+    key = policy.ordering.key
+    best: tuple[OrderKey, int, int] | None = None
+    for i, q in enumerate(queue):
+        if q.seq in skipped:
+            continue
+        try:
+            k = key(q.req, snap)
+        except Exception as e:
+            raise _Faulty(i, e) from None
+        if best is None or (k, q.seq) < (best[0], best[1]):
+            best = (k, q.seq, i)
+    return None if best is None else best[2]
+
+
 def _has_room(snap: FleetSnapshot, model: ModelName) -> bool:
     return any(model in e.models and e.health is EndpointHealth.READY and e.has_room for e in snap.endpoints)
 
@@ -213,6 +263,17 @@ class Scheduler:
         self._seq = itertools.count()
         # (all models, models of ready endpoints); None after a change of endpoints, health or models.
         self._model_sets: tuple[frozenset[ModelName], frozenset[ModelName]] | None = None
+        self.faults: list[PolicyFault] = []  # the daemon takes and logs them (take_faults)
+
+    def _fault(self, req: SchedRequest, stage: str, error: Exception) -> None:
+        self.faults.append(PolicyFault(req.id, stage, error))
+        if len(self.faults) > MAX_FAULTS:
+            del self.faults[0]
+
+    def take_faults(self) -> list[PolicyFault]:
+        """The policy faults since the last call (oldest first)."""
+        out, self.faults = self.faults, []
+        return out
 
     # ----------------------------------------------------------------- configuration
     @property
@@ -320,12 +381,16 @@ class Scheduler:
         if len(queue) >= self._limits.max_queue_per_model:
             return Reject(req, errors.queue_full(req.model, self._limits.retry_after_s))
         if not exclude:  # a retry was admitted already
-            req, refused = self.admission.admit(
-                self._policy,
-                req,
-                self.snapshot(),
-                lambda cls: sum(1 for q in queue if q.req.slo.slo_class == cls),
-            )
+            try:
+                req, refused = self.admission.admit(
+                    self._policy,
+                    req,
+                    self.snapshot(),
+                    lambda cls: sum(1 for q in queue if q.req.slo.slo_class == cls),
+                )
+            except Exception as e:
+                self._fault(req, "admission", e)
+                return Reject(req, _fault_error())
             if refused is not None:
                 return Reject(req, refused)
         queue.append(_Queued(req, next(self._seq), exclude))
@@ -391,7 +456,11 @@ class Scheduler:
                 elif model not in ready:
                     out.append(Reject(item.req, errors.no_ready_endpoint(model, self._limits.retry_after_s)))
                 elif snap is not None:
-                    item.req, refused = self.admission.recheck(self._policy, item.req, snap)
+                    try:
+                        item.req, refused = self.admission.recheck(self._policy, item.req, snap)
+                    except Exception as e:
+                        self._fault(item.req, "admission", e)
+                        refused = _fault_error()
                     if refused is not None:
                         out.append(Reject(item.req, refused))
                     else:
@@ -500,15 +569,21 @@ class Scheduler:
             if len(queue) == 1 and not skipped:
                 idx = 0
             else:
-                keyed = (
-                    (policy.ordering.key(q.req, snap), q.seq, i)
-                    for i, q in enumerate(queue)
-                    if q.seq not in skipped
-                )
-                first = min(keyed, default=None)
-                if first is None:
+                try:
+                    found = _first(policy, queue, snap, skipped)
+                except _Faulty as f:
+                    bad = queue[f.index]
+                    self._fault(bad.req, "ordering", f.error)
+                    if only is not None and bad.req.id != only:
+                        return  # submit reports on its own request only: the next serve rejects it
+                    del queue[f.index]
+                    out.append(Reject(bad.req, _fault_error()))
+                    if only is not None:
+                        return
+                    continue
+                if found is None:
                     return
-                idx = first[2]
+                idx = found
             item = queue[idx]
             if only is not None and item.req.id != only:
                 return
@@ -518,7 +593,15 @@ class Scheduler:
                 # Avoid endpoints that already failed this request unless nothing else serves it.
                 if any(model in e.models and e.health is EndpointHealth.READY for e in others):
                     view_snap = FleetSnapshot(now=snap.now, endpoints=others, queued=snap.queued)
-            chosen = policy.profile.place(item.req, view_snap)
+            try:
+                chosen = policy.profile.place(item.req, view_snap)
+            except Exception as e:
+                self._fault(item.req, "placement", e)
+                del queue[idx]
+                out.append(Reject(item.req, _fault_error()))
+                if only is not None:
+                    return
+                continue
             if chosen is None:
                 # Strict priority, unless the policy lets requests behind one that fits nowhere go first
                 # while endpoints still have room (its constraints, not the seats, hold it back).
@@ -537,7 +620,11 @@ class Scheduler:
             self._context[req.id] = (req.prompt_tokens, predicted)
             ep.running[req.id] = running_from(req, snap.now)
             if chosen.priority_scheduling:
-                prio = policy.engine_priority(req, snap)
+                try:
+                    prio = policy.engine_priority(req, snap)
+                except Exception as e:
+                    self._fault(req, "engine_priority", e)
+                    prio = None  # the request still runs, without a priority
                 if prio is not None:
                     self._priorities[req.id] = prio
             ep.changed()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -19,7 +21,7 @@ from gateway.core.types import (
     ModelName,
     RequestId,
 )
-from gateway.sched.interfaces import Filter
+from gateway.sched.interfaces import ADMIT, Filter
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
 from gateway.sched.registry import PluginKind, default_registry
 from gateway.sched.request import SchedRequest
@@ -521,3 +523,119 @@ def test_set_policy_swaps_in_one_step_and_serves_the_queue() -> None:
     # The new picker decides from now on: round robin wraps instead of balancing by load.
     f.sched.complete(rid("b"))
     assert placed(f.submit("c")) == ("c", "e1")
+
+
+# ----------------------------------------------------------------- a policy plugin that raises
+class PluginBug(Exception):
+    pass
+
+
+@dataclass
+class BadFor:
+    """Ordering, filter and admitter in one: raises on the named requests, else behaves (FCFS, no-op)."""
+
+    bad: set[str]
+    name: str = "bad-for"
+
+    def _check(self, req: SchedRequest) -> None:
+        if req.id in self.bad:
+            raise PluginBug(f"bug on {req.id}")
+
+    def key(self, req: SchedRequest, snap: FleetSnapshot) -> tuple[float, ...]:
+        self._check(req)
+        return (req.arrival,)
+
+    def filter(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[EndpointView]:
+        self._check(req)
+        return candidates
+
+    def admit(self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]) -> Any:
+        self._check(req)
+        return ADMIT
+
+    def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> Any:
+        self._check(req)
+        return ADMIT
+
+
+def _buggy(stage: str, bad: set[str]) -> Policy:
+    plugin = BadFor(bad)
+    base = policy(filters=[plugin] if stage == "placement" else ())
+    return dataclasses.replace(
+        base,
+        ordering=plugin if stage == "ordering" else base.ordering,
+        admitter=plugin if stage == "admission" else None,
+    )
+
+
+def _internal(d: Decision) -> str:
+    assert isinstance(d, Reject), d
+    assert (d.error.status, d.error.code) == (500, "internal_error")
+    assert "bug" not in d.error.message  # the exception's text stays in the log
+    return d.req.id
+
+
+@pytest.mark.parametrize("stage", ["ordering", "placement"])
+def test_a_plugin_that_raises_fails_only_the_request_it_decided_on(stage: str) -> None:
+    bad: set[str] = set()
+    f = Fleet(spec("e1", cap=1), pol=_buggy(stage, bad))
+    assert placed(f.submit("run")) == ("run", "e1")
+    for name in ("a", "bad", "b"):
+        assert f.submit(name) is None
+        f.clock.advance(1)
+    bad.add("bad")  # the plugin fails on it from now on
+    # each completion serves the queue: the faulty request is answered with a 500 (when the plugin meets
+    # it: ordering looks at every queued request, placement at the one being placed), the others run
+    out = [*f.sched.complete(rid("run")), *f.sched.complete(rid("a"))]
+    assert [_internal(d) for d in out if isinstance(d, Reject)] == ["bad"]
+    assert dispatched([d for d in out if isinstance(d, Dispatch)]) == [("a", "e1"), ("b", "e1")]
+    faults = f.sched.take_faults()
+    assert [(x.req_id, x.stage, type(x.error)) for x in faults][-1] == ("bad", stage, PluginBug)
+    assert f.sched.take_faults() == []
+    assert f.sched.queue_depth(M) == 0
+    assert f.inflight() == {"e1": 1}
+
+
+def test_a_submit_reports_its_own_fault_and_never_another_requests() -> None:
+    bad = {"own"}
+    f = Fleet(spec("e1", cap=1), spec("e2", cap=1), pol=_buggy("ordering", bad))
+    assert placed(f.submit("run")) == ("run", "e1")
+    assert placed(f.submit("run2")) == ("run2", "e2")
+    assert f.submit("bad") is None
+    assert _internal(rejected(f.submit("own"))) == "own"  # its own key failed: answered at once
+    bad.add("bad")
+    assert f.submit("c") is None  # serving for "c" meets the faulty "bad": nothing is reported here
+    out = f.sched.complete(rid("run"))  # the next serve rejects it and goes on
+    assert _internal(out[0]) == "bad"
+    assert dispatched(out[1:]) == [("c", "e1")]
+
+
+def test_an_admitter_that_raises_rejects_the_new_request_and_a_queued_one_on_tick() -> None:
+    bad = {"new"}
+    f = Fleet(spec("e1", cap=1), pol=_buggy("admission", bad))
+    assert _internal(rejected(f.submit("new"))) == "new"
+    assert placed(f.submit("run")) == ("run", "e1")
+    assert f.submit("queued") is None
+    bad.add("queued")  # now its recheck raises
+    (d,) = f.sched.tick()
+    assert _internal(d) == "queued"
+    assert [x.stage for x in f.sched.take_faults()] == ["admission", "admission"]
+
+
+async def test_the_driver_logs_each_fault_and_raises_the_500_to_its_caller() -> None:
+    from structlog.testing import capture_logs
+
+    from gateway.core.errors import BerthError
+    from gateway.dispatch.driver import SchedulerDriver
+
+    f = Fleet(spec("e1", cap=1), pol=_buggy("admission", {"bad"}))
+    driver = SchedulerDriver(f.sched)
+    with capture_logs() as logs, pytest.raises(BerthError) as err:
+        await driver.acquire(f.req("bad"))
+    assert err.value.status == 500
+    [entry] = [e for e in logs if e["event"] == "policy_fault"]
+    assert (entry["request_id"], entry["stage"], entry["policy"]) == ("bad", "admission", "test")
+    assert isinstance(entry["exc_info"][1], PluginBug)
+    assert f.sched.faults == []
