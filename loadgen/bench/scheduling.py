@@ -5,6 +5,7 @@ goodput >= 0.95 at a fixed rate).
     python -m loadgen.bench.scheduling                # the default run (~30 minutes on 2 cores)
     berth-loadgen bench scheduling --quick            # one rate, one pattern, no endpoint search (~5 min)
     python -m loadgen.bench.scheduling --rates 8,10,12 --patterns pattern1,pattern2 --speed 2
+    python -m loadgen.bench.scheduling --seeds 3     # every comparison on seeds 1, 2, 3; targets on the means
 
 Setup of every run (nothing is shared between runs, so each starts from the same state):
 - a simulated fleet in its own process (`berth-engine-sim --fleet`): two 7B-class models
@@ -105,11 +106,17 @@ class BenchConfig:
     policies: tuple[str, ...] = tuple(POLICIES)
     endpoints_per_model: int = DEFAULT_ENDPOINTS
     seed: int = DEFAULT_SEED
+    # Runs per comparison, with seeds seed, seed + 1, ...: near capacity two runs of one trace differ by a
+    # few hundredths of goodput, so the targets are judged on the mean over the seeds.
+    seeds: int = 1
     aladdin: bool = True
     aladdin_rate: float = DEFAULT_ALADDIN_RATE
     aladdin_pattern: str = "pattern1"
     aladdin_policies: tuple[str, str] = (BERTH, "least-outstanding")
     drain_sim_s: float = 30.0  # simulated seconds to wait for tasks still running after the arrivals
+
+    def seed_list(self) -> tuple[int, ...]:
+        return tuple(range(self.seed, self.seed + max(1, self.seeds)))
 
     def rates_for(self, pattern: str) -> tuple[float, ...]:
         return self.rates.get(pattern) or self.rates.get("*") or (8.0,)
@@ -132,6 +139,7 @@ class RunResult:
     errors: dict[str, int]
     berth_rejections: int
     notes: list[str] = field(default_factory=list)
+    seed: int = DEFAULT_SEED
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -150,6 +158,7 @@ class RunResult:
             "errors": self.errors,
             "berth_rejections": self.berth_rejections,
             "notes": self.notes,
+            "seed": self.seed,
         }
 
     @classmethod
@@ -170,6 +179,7 @@ class RunResult:
             errors=d["errors"],
             berth_rejections=d["berth_rejections"],
             notes=list(d["notes"]),
+            seed=int(d.get("seed", DEFAULT_SEED)),
         )
 
 
@@ -367,9 +377,10 @@ class UtilSampler:
 
 # --------------------------------------------------------------------- one run
 async def run_one(
-    cfg: BenchConfig, policy: str, *, pattern: str, rate: float, n_a: int, n_b: int
+    cfg: BenchConfig, policy: str, *, pattern: str, rate: float, n_a: int, n_b: int, seed: int | None = None
 ) -> RunResult:
-    tag = f"{pattern}-r{rate:g}-{n_a}+{n_b}-{policy}"
+    seed = cfg.seed if seed is None else seed
+    tag = f"{pattern}-r{rate:g}-{n_a}+{n_b}-{policy}" + (f"-s{seed}" if cfg.seeds > 1 else "")
     run_dir = cfg.out / "runs" / tag
     run_dir.mkdir(parents=True, exist_ok=True)
     procs = Procs()
@@ -399,7 +410,7 @@ async def run_one(
             workload=f"coding:{pattern}",
             rate=rate * s,
             duration_s=cfg.duration_s / s,
-            seed=cfg.seed,
+            seed=seed,
             models=MODELS,
             slo_scale=1.0 / s,
             gap_scale=1.0 / s,
@@ -435,6 +446,7 @@ async def run_one(
         wall=wall,
         runqueue=rq,
         berth_rejections=berth_rejections,
+        seed=seed,
     )
 
 
@@ -464,6 +476,7 @@ def summarize(
     wall: float,
     runqueue: dict[str, float],
     berth_rejections: int,
+    seed: int = DEFAULT_SEED,
 ) -> RunResult:
     tasks: dict[str, dict[str, Any]] = {}
     for name, st in data.get("tasks", {}).items():
@@ -512,6 +525,7 @@ def summarize(
         errors=dict(data.get("errors_by_kind", {})),
         berth_rejections=berth_rejections,
         notes=notes,
+        seed=seed,
     )
 
 
@@ -521,10 +535,11 @@ async def sweep(cfg: BenchConfig, log: Any) -> list[RunResult]:
     n = cfg.endpoints_per_model
     for pattern in cfg.patterns:
         for rate in cfg.rates_for(pattern):
-            for policy in cfg.policies:
-                r = await run_one(cfg, policy, pattern=pattern, rate=rate, n_a=n, n_b=n)
-                log(line(r))
-                out.append(r)
+            for seed in cfg.seed_list():
+                for policy in cfg.policies:
+                    r = await run_one(cfg, policy, pattern=pattern, rate=rate, n_a=n, n_b=n, seed=seed)
+                    log(line(r))
+                    out.append(r)
     return out
 
 
@@ -556,7 +571,8 @@ def line(r: RunResult) -> str:
     per = " ".join(f"{t[:4]}={r.tasks.get(t, {}).get('goodput') or 0:.2f}" for t in TASK_TYPES)
     flag = "" if r.valid else "  INVALID: " + "; ".join(r.notes)
     return (
-        f"{r.pattern} rate={r.rate:g} endpoints={r.endpoints[0]}+{r.endpoints[1]} {r.policy:18} "
+        f"{r.pattern} rate={r.rate:g} seed={r.seed} endpoints={r.endpoints[0]}+{r.endpoints[1]} "
+        f"{r.policy:18} "
         f"goodput={r.overall_goodput} ({per}) util={r.utilization} cpu berth="
         f"{r.cpu['berth']['cpu_share']} loadgen={r.cpu['loadgen']['cpu_share']} wall={r.wall_s:.0f}s{flag}"
     )
@@ -593,6 +609,7 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
             "policies": {p: POLICIES[p] for p in cfg.policies},
             "endpoints_per_model": cfg.endpoints_per_model,
             "seed": cfg.seed,
+            "seeds": list(cfg.seed_list()),
             "profile": PROFILE,
             "loadavg": list(os.getloadavg()),
             "cpus": os.cpu_count(),
@@ -633,6 +650,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default=",".join(POLICIES), help=f"subset of {', '.join(POLICIES)}")
     p.add_argument("--endpoints", type=int, default=DEFAULT_ENDPOINTS, help="per model")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="runs per comparison, seeds SEED, SEED+1, ...; targets use the mean (default 1)",
+    )
     p.add_argument("--aladdin-rate", type=float, default=DEFAULT_ALADDIN_RATE)
     p.add_argument("--no-aladdin", action="store_true", help="skip the fewest-endpoints search")
     p.add_argument("--quick", action="store_true", help="one pattern, one rate, no search (~5 min)")
@@ -642,6 +665,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())
+    if args.seeds < 1:
+        print("--seeds must be at least 1", file=sys.stderr)
+        return 2
     unknown = [x for x in policies if x not in POLICIES]
     if unknown:
         print(f"unknown policies: {', '.join(unknown)}", file=sys.stderr)
@@ -655,6 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         policies=policies,
         endpoints_per_model=args.endpoints,
         seed=args.seed,
+        seeds=args.seeds,
         aladdin=not args.no_aladdin,
         aladdin_rate=args.aladdin_rate,
     )
@@ -668,6 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             policies=cfg.policies,
             endpoints_per_model=cfg.endpoints_per_model,
             seed=cfg.seed,
+            seeds=cfg.seeds,
             aladdin=False,
         )
     try:
