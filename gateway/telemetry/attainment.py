@@ -1,8 +1,9 @@
 """Rolling SLO attainment per SLO class: requests finished and how many met their SLO, over the last
 `window_s` seconds (one minute by default).
 
-Time is cut into `bucket_s` buckets kept in a ring per class, so recording a request is O(1) and a
-reading sums at most `window_s / bucket_s` buckets. Sans-IO: the caller passes the clock time.
+Per class, two `RateMeter`s (requests finished, requests that met their SLO) keep the window in
+`bucket_s` buckets, so recording a request is O(1) and a reading sums at most `window_s / bucket_s`
+buckets. Sans-IO: the caller passes the clock time.
 
 What "met" means lives in `meets_slo`: the request finished ok, and each target its SLO sets (TTFT,
 mean inter-token latency, end-to-end deadline) was kept. A request without targets (the default SLO)
@@ -12,10 +13,10 @@ whatever class string the request carries.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from gateway.core.types import SLO
+from gateway.telemetry.rolling import RateMeter
 
 
 def meets_slo(slo: SLO, *, ok: bool, ttft_s: float | None, itl_s: float | None, e2e_s: float | None) -> bool:
@@ -41,42 +42,29 @@ class ClassAttainment:
         return self.met / self.finished if self.finished else None
 
 
-class _Ring:
-    __slots__ = ("epochs", "finished", "met")
-
-    def __init__(self, n: int) -> None:
-        self.epochs = [-1] * n  # which bucket (absolute index) each slot currently holds
-        self.finished = [0] * n
-        self.met = [0] * n
-
-
 class SloAttainment:
     def __init__(self, *, window_s: float = 60.0, bucket_s: float = 1.0) -> None:
         if not bucket_s > 0 or not window_s >= bucket_s:
             raise ValueError("need 0 < bucket_s <= window_s")
         self.window_s = window_s
         self.bucket_s = bucket_s
-        self._n = math.ceil(window_s / bucket_s)
-        self._rings: dict[str, _Ring] = {}
+        self._meters: dict[str, tuple[RateMeter, RateMeter]] = {}  # class -> (finished, met)
         self._totals: dict[str, list[int]] = {}  # class -> [finished, met] since start
 
     def record(self, slo_class: str, met: bool, now: float) -> None:
-        ring = self._rings.get(slo_class)
-        if ring is None:
-            ring = self._rings[slo_class] = _Ring(self._n)
+        meters = self._meters.get(slo_class)
+        if meters is None:
+            meters = self._meters[slo_class] = (
+                RateMeter(window_s=self.window_s, bucket_s=self.bucket_s),
+                RateMeter(window_s=self.window_s, bucket_s=self.bucket_s),
+            )
             self._totals[slo_class] = [0, 0]
         total = self._totals[slo_class]
         total[0] += 1
         total[1] += met
-        epoch = int(now // self.bucket_s)
-        slot = epoch % self._n
-        if ring.epochs[slot] != epoch:
-            ring.epochs[slot] = epoch
-            ring.finished[slot] = 0
-            ring.met[slot] = 0
-        ring.finished[slot] += 1
+        meters[0].add(1.0, now)
         if met:
-            ring.met[slot] += 1
+            meters[1].add(1.0, now)
 
     def totals(self) -> dict[str, ClassAttainment]:
         """Requests finished and met per class since start (Prometheus counters: goodput per class)."""
@@ -84,14 +72,7 @@ class SloAttainment:
 
     def by_class(self, now: float) -> dict[str, ClassAttainment]:
         """Every class seen so far (classes idle for the whole window report 0 finished)."""
-        current = int(now // self.bucket_s)
-        oldest = current - self._n + 1
-        out: dict[str, ClassAttainment] = {}
-        for cls, ring in sorted(self._rings.items()):
-            finished = met = 0
-            for epoch, f, m in zip(ring.epochs, ring.finished, ring.met, strict=True):
-                if oldest <= epoch <= current:
-                    finished += f
-                    met += m
-            out[cls] = ClassAttainment(finished, met)
-        return out
+        return {
+            cls: ClassAttainment(round(finished.total(now)), round(met.total(now)))
+            for cls, (finished, met) in sorted(self._meters.items())
+        }
