@@ -35,8 +35,7 @@ class SchedulerDriver:
 
     async def acquire(self, req: SchedRequest, exclude: frozenset[EndpointId] = frozenset()) -> EndpointView:
         decision = self.scheduler.submit(req, exclude=exclude)
-        if self.scheduler.faults:
-            self.log_faults()
+        self.log_faults()
         if decision is None:
             fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
             self._waiters[req.id] = fut
@@ -57,8 +56,7 @@ class SchedulerDriver:
 
     def apply(self, decisions: Iterable[Decision]) -> None:
         """Hand decisions made outside a submit (completions, ticks, endpoint events) to their waiters."""
-        if self.scheduler.faults:
-            self.log_faults()
+        self.log_faults()
         for d in decisions:
             fut = self._waiters.get(d.req.id)
             if fut is not None and not fut.done():
@@ -68,6 +66,9 @@ class SchedulerDriver:
                 self.apply(self.scheduler.complete(d.req.id))
 
     def log_faults(self) -> None:
+        """Log the policy faults the scheduler kept since the last call (none: one attribute read)."""
+        if not self.scheduler.faults:
+            return
         policy = self.scheduler.policy.name
         for f in self.scheduler.take_faults():
             log.error(
