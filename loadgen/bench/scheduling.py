@@ -476,7 +476,7 @@ def summarize(
     wall: float,
     runqueue: dict[str, float],
     berth_rejections: int,
-    seed: int = DEFAULT_SEED,
+    seed: int,
 ) -> RunResult:
     tasks: dict[str, dict[str, Any]] = {}
     for name, st in data.get("tasks", {}).items():
