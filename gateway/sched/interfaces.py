@@ -44,6 +44,20 @@ class Filter(Protocol):
     ) -> Sequence[EndpointView]: ...
 
 
+class TieredFilter(Filter, Protocol):
+    """A filter that ranks the candidates in preference tiers instead of dropping some outright.
+
+    The runner passes the first non-empty tier through the rest of the pipeline's filters, and the
+    next tier only when nothing in the first survives them. Every tier is a subset of the candidates;
+    an empty list of tiers means "nothing eligible now". `filter` must return the first non-empty tier
+    (what the filter means on its own).
+    """
+
+    def tiers(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[Sequence[EndpointView]]: ...
+
+
 class Scorer(Protocol):
     """Scores each candidate in [0, 1], higher is better.
 

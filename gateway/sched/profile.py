@@ -39,11 +39,7 @@ class SchedulerProfile:
 
     def place(self, req: SchedRequest, snap: FleetSnapshot) -> EndpointView | None:
         """The endpoint for `req` now, or None when nothing is eligible (the request stays queued)."""
-        candidates: Sequence[EndpointView] = eligible(req, snap)
-        for f in self.filters:
-            if not candidates:
-                return None
-            candidates = f.filter(req, candidates, snap)
+        candidates = self._filter(req, eligible(req, snap), snap, 0)
         if not candidates:
             return None
         totals = dict.fromkeys((e.id for e in candidates), 0.0)
@@ -57,6 +53,27 @@ class SchedulerProfile:
         if not any(chosen is e for e in candidates):
             raise RuntimeError(f"picker {self.picker.name!r} returned an endpoint that was not a candidate")
         return chosen
+
+    def _filter(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot, start: int
+    ) -> Sequence[EndpointView]:
+        """The filters from `start` on; a tiered filter's tiers each go through the filters after it,
+        in order, until one leaves candidates."""
+        filters = self.filters
+        for i in range(start, len(filters)):
+            if not candidates:
+                return candidates
+            f = filters[i]
+            tiers = getattr(f, "tiers", None)
+            if tiers is None:
+                candidates = f.filter(req, candidates, snap)
+                continue
+            for tier in tiers(req, candidates, snap):
+                survivors = self._filter(req, tier, snap, i + 1) if tier else tier
+                if survivors:
+                    return survivors
+            return []
+        return candidates
 
 
 def _clamp01(v: float) -> float:

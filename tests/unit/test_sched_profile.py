@@ -146,6 +146,58 @@ def test_a_filter_that_leaves_nothing_means_none(keeps: list[frozenset[str]]) ->
     assert all(f.seen == [] for f in filters[first_empty + 1 :])
 
 
+@dataclasses.dataclass
+class TiersFilter:
+    """Ranks the candidates into the given tiers of ids (a TieredFilter)."""
+
+    ranks: list[frozenset[str]]
+    name: str = "tiers"
+
+    def tiers(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[Sequence[EndpointView]]:
+        return [[e for e in candidates if e.id in r] for r in self.ranks]
+
+    def filter(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[EndpointView]:
+        return next((t for t in self.tiers(req, candidates, snap) if t), [])
+
+
+@pytest.mark.parametrize(
+    ("ranks", "later_keeps", "placed", "later_saw"),
+    [
+        pytest.param(["a", "bc"], "abc", "a", [["a"]], id="first-tier-survives"),
+        pytest.param(["a", "bc"], "c", "c", [["a"], ["b", "c"]], id="next-tier-when-first-is-dropped"),
+        pytest.param(["", "bc"], "abc", "b", [["b", "c"]], id="empty-tier-skipped"),
+        pytest.param(["a", "b"], "c", None, [["a"], ["b"]], id="no-tier-survives"),
+        pytest.param([], "abc", None, [], id="no-tiers"),
+    ],
+)
+def test_a_tiered_filter_passes_each_tier_through_the_later_filters_in_turn(
+    ranks: list[str], later_keeps: str, placed: str | None, later_saw: list[list[str]]
+) -> None:
+    tiers = TiersFilter([frozenset(r) for r in ranks])
+    later = KeepFilter(frozenset(later_keeps))
+    profile = SchedulerProfile(filters=(tiers, later), scorers=(), picker=RecordingPicker())
+    got = profile.place(request(), snapshot(view("a"), view("b"), view("c")))
+    assert (None if got is None else got.id) == placed
+    assert later.seen == later_saw
+
+
+def test_filters_before_a_tiered_filter_run_once() -> None:
+    first = KeepFilter(frozenset("abc"))
+    profile = SchedulerProfile(
+        filters=(first, TiersFilter([frozenset("a"), frozenset("b")]), KeepFilter(frozenset("b"))),
+        scorers=(),
+        picker=RecordingPicker(),
+    )
+    got = profile.place(request(), snapshot(view("a"), view("b"), view("c")))
+    assert got is not None
+    assert got.id == "b"
+    assert first.seen == [["a", "b", "c"]]
+
+
 # ----------------------------------------------------------------- scores
 @pytest.mark.parametrize(
     ("raw", "clamped"),

@@ -9,6 +9,7 @@ from gateway.sched.plugins.ordering import bands, edf, fcfs, slack
 from gateway.sched.plugins.placement import (
     best_fit,
     cato_slack,
+    demand_split,
     least_outstanding,
     overflow_guard,
     power_of_two,
@@ -28,6 +29,7 @@ IN_TREE: tuple[PluginSpec[Any], ...] = (
     cato_slack.SPEC,
     best_fit.SPEC,
     overflow_guard.SPEC,
+    demand_split.SPEC,
     admit_all.SPEC,
     slo_feasibility.SPEC,
 )

@@ -1,0 +1,247 @@
+"""Endpoint groups for sets of SLO classes, sized by measured demand (Chiron's instance classes, with the
+split made from traffic instead of by hand) as a filter.
+
+Requests that want different things from an engine hurt each other when they share a batch: a long
+prompt's prefill pauses every decode, and long contexts slow every decode iteration, so short-context
+requests with per-token deadlines (code generation) miss them beside long-context ones (translation,
+summarization). This filter gives each group of classes its own endpoints of the model:
+
+- `groups` names the groups and their classes; a class in no group may use any endpoint.
+- Each group's demand is the engine time its requests add (prefill, plus each output token's share of
+  a decode iteration at `batch_ref` requests: ``k1·p + c1 + o·(k2·(p + o/2) + c2 + c3/batch_ref)``),
+  summed with an exponential decay of time constant `window_s`. Every request counts once, when the
+  filter first sees it.
+- A model's ready endpoints, in id order, are cut into one block per group in proportion to the
+  groups' demand (largest remainders, at least `min_endpoints` each; equal blocks before any demand).
+  The blocks move only when a group's ideal share is more than ``0.5 + hysteresis`` endpoints away from
+  its block, so a boundary does not flap between two endpoints.
+- A request keeps to its group's endpoints, and `spill` says when it may use the others: "never" (it
+  waits for its own), "when-full" (none of its own has a free seat) or "when-no-fit" (none of its own
+  passes the filters after this one, e.g. best-fit's constraints: the own group and then the others
+  are the filter's preference tiers). One mode for every group, or a table by group name (groups it
+  does not name: "when-full").
+
+With fewer ready endpoints than groups (``min_endpoints`` each) there is no split: every request may use
+every endpoint. The filter keeps its state per model; it never empties a candidate list that had an
+endpoint of the request's group with room.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Final, Literal
+
+import msgspec
+from msgspec import Meta
+
+from gateway.core.types import EndpointHealth, EndpointId, ModelName, RequestId
+from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import output_estimate
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.telemetry.perfmodel import PerfCoefficients, default_prior
+
+#: Requests remembered as counted (the oldest are forgotten first); a request is seen again only while
+#: it waits in the queue, so this bounds memory without double counting in practice.
+_SEEN_MAX: Final = 16384
+_PRIOR: Final = default_prior()
+
+SpillMode = Literal["never", "when-full", "when-no-fit"]
+
+
+class DemandSplitParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    groups: dict[str, list[str]]  # group name -> SLO classes
+    window_s: Annotated[float, Meta(gt=0.0)] = 30.0  # time constant of the demand's decay
+    batch_ref: Annotated[int, Meta(ge=1)] = 8  # batch size that shares a decode iteration's fixed cost
+    min_endpoints: Annotated[int, Meta(ge=1)] = 1  # per group, when the model has enough endpoints
+    hysteresis: Annotated[float, Meta(ge=0.0, le=2.0)] = 0.25
+    spill: SpillMode | dict[str, SpillMode] = "when-full"
+
+
+@dataclass(slots=True)
+class _ModelState:
+    demand: list[float]  # decayed engine seconds per group
+    at: float | None = None  # clock time of the last decay
+    blocks: dict[EndpointId, int] = field(default_factory=dict)  # endpoint -> group index
+    counts: tuple[int, ...] = ()  # endpoints per group, in group order
+    endpoints: tuple[EndpointId, ...] = ()  # the ready endpoints the blocks were cut from
+
+
+def request_work(req: SchedRequest, coef: PerfCoefficients, batch_ref: int) -> float:
+    """Engine seconds `req` adds: its prefill, and each output token's share of a decode iteration
+    shared by `batch_ref` requests."""
+    p = float(req.prompt_tokens)
+    out, _ = output_estimate(req)
+    per_token = coef.k2 * (p + 0.5 * out) + coef.c2 + coef.c3 / batch_ref
+    return coef.prefill_s(p) + out * per_token
+
+
+def block_sizes(shares: Sequence[float], n: int, least: int) -> tuple[int, ...]:
+    """`n` endpoints in proportion to `shares`, at least `least` each (largest remainders)."""
+    g = len(shares)
+    spare = n - least * g
+    total = sum(shares)
+    ideal = [spare * s / total if total > 0 else spare / g for s in shares]
+    counts = [least + math.floor(x) for x in ideal]
+    left = n - sum(counts)
+    by_remainder = sorted(range(g), key=lambda i: (-(ideal[i] - math.floor(ideal[i])), i))
+    for i in by_remainder[:left]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+class DemandSplitFilter:
+    name = "demand-split"
+
+    def __init__(
+        self,
+        groups: Mapping[str, Sequence[str]],
+        *,
+        window_s: float = 30.0,
+        batch_ref: int = 8,
+        min_endpoints: int = 1,
+        hysteresis: float = 0.25,
+        spill: SpillMode | Mapping[str, SpillMode] = "when-full",
+    ) -> None:
+        self.group_names = tuple(groups)
+        self.group_of: dict[str, int] = {}
+        for i, classes in enumerate(groups.values()):
+            for cls in classes:
+                self.group_of[cls] = i
+        self.window_s = window_s
+        self.batch_ref = batch_ref
+        self.min_endpoints = min_endpoints
+        self.hysteresis = hysteresis
+        by_group = spill if isinstance(spill, Mapping) else {}
+        default: SpillMode = "when-full" if isinstance(spill, Mapping) else spill
+        self.spill: tuple[SpillMode, ...] = tuple(by_group.get(g, default) for g in self.group_names)
+        self._models: dict[ModelName, _ModelState] = {}
+        self._seen: dict[RequestId, None] = {}
+
+    def filter(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[EndpointView]:
+        return next((t for t in self.tiers(req, candidates, snap) if t), [])
+
+    def tiers(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[Sequence[EndpointView]]:
+        group = self.group_of.get(req.slo.slo_class)
+        if group is None or not candidates:
+            return [candidates]
+        state = self._models.get(req.model)
+        if state is None:
+            state = self._models[req.model] = _ModelState(demand=[0.0] * len(self.group_names))
+        self._decay(state, snap.now)
+        if req.id not in self._seen:
+            self._seen[req.id] = None
+            if len(self._seen) > _SEEN_MAX:
+                del self._seen[next(iter(self._seen))]
+            state.demand[group] += request_work(req, candidates[0].perf or _PRIOR, self.batch_ref)
+        blocks = self._blocks(state, snap.serving(req.model))
+        if not blocks:
+            return [candidates]
+        own: list[EndpointView] = []
+        others: list[EndpointView] = []
+        for e in candidates:
+            (own if blocks.get(e.id, group) == group else others).append(e)
+        spill = self.spill[group]
+        if spill == "never":
+            return [own]
+        if spill == "when-full":
+            return [own or others]
+        return [own, others]
+
+    def shares(self, model: ModelName) -> tuple[float, ...]:
+        """Each group's share of the model's recent demand (equal before any)."""
+        state = self._models.get(model)
+        if state is None:
+            return tuple(1.0 / len(self.group_names) for _ in self.group_names)
+        return self._shares(state)
+
+    def blocks(self, model: ModelName) -> dict[EndpointId, str]:
+        """The current assignment of the model's endpoints to groups (for the admin view and tests)."""
+        state = self._models.get(model)
+        if state is None:
+            return {}
+        return {e: self.group_names[i] for e, i in state.blocks.items()}
+
+    def _decay(self, state: _ModelState, now: float) -> None:
+        if state.at is not None and now > state.at:
+            f = math.exp(-(now - state.at) / self.window_s)
+            state.demand = [d * f for d in state.demand]
+        if state.at is None or now > state.at:
+            state.at = now
+
+    def _blocks(self, state: _ModelState, serving: Sequence[EndpointView]) -> dict[EndpointId, int]:
+        ready = tuple(sorted((e.id for e in serving if e.health == EndpointHealth.READY), key=str))
+        g = len(self.group_names)
+        n = len(ready)
+        if n < g * self.min_endpoints:
+            state.blocks, state.counts, state.endpoints = {}, (), ready
+            return state.blocks
+        shares = self._shares(state)
+        if ready == state.endpoints and state.counts and self._within(state.counts, shares, n):
+            return state.blocks
+        counts = block_sizes(shares, n, self.min_endpoints)
+        blocks: dict[EndpointId, int] = {}
+        at = 0
+        for i, c in enumerate(counts):
+            for eid in ready[at : at + c]:
+                blocks[eid] = i
+            at += c
+        state.blocks, state.counts, state.endpoints = blocks, counts, ready
+        return blocks
+
+    def _shares(self, state: _ModelState) -> tuple[float, ...]:
+        total = sum(state.demand)
+        g = len(self.group_names)
+        if total <= 0:
+            return tuple(1.0 / g for _ in range(g))
+        return tuple(d / total for d in state.demand)
+
+    def _within(self, counts: Sequence[int], shares: Sequence[float], n: int) -> bool:
+        """The current blocks still fit the shares (every group within 0.5 + hysteresis endpoints)."""
+        limit = 0.5 + self.hysteresis
+        return all(abs(n * s - c) <= limit for c, s in zip(counts, shares, strict=True))
+
+
+def _build(p: DemandSplitParams, ctx: BuildContext) -> DemandSplitFilter:
+    if isinstance(p.spill, dict):
+        for name in p.spill:
+            if name not in p.groups:
+                raise ValueError(f"spill names {name!r}, which is not a group")
+    if len(p.groups) < 2:
+        raise ValueError("demand-split needs at least two groups")
+    seen: dict[str, str] = {}
+    known = set(ctx.slo.classes)
+    for name, classes in p.groups.items():
+        if not classes:
+            raise ValueError(f"group {name!r} names no SLO class")
+        for cls in classes:
+            if cls in seen:
+                raise ValueError(f"SLO class {cls!r} is in groups {seen[cls]!r} and {name!r}")
+            if known and cls not in known:
+                raise ValueError(
+                    f"group {name!r}: unknown SLO class {cls!r} (known: {', '.join(sorted(known))})"
+                )
+            seen[cls] = name
+    return DemandSplitFilter(
+        p.groups,
+        window_s=p.window_s,
+        batch_ref=p.batch_ref,
+        min_endpoints=p.min_endpoints,
+        hysteresis=p.hysteresis,
+        spill=p.spill,
+    )
+
+
+SPEC = PluginSpec(
+    PluginKind.FILTER,
+    "demand-split",
+    DemandSplitParams,
+    _build,
+    "Chiron-style endpoint groups per set of SLO classes, sized by measured demand",
+)
