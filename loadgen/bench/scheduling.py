@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -659,7 +660,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aladdin-rate", type=float, default=DEFAULT_ALADDIN_RATE)
     p.add_argument("--no-aladdin", action="store_true", help="skip the fewest-endpoints search")
     p.add_argument("--quick", action="store_true", help="one pattern, one rate, no search (~5 min)")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="run nothing: one report in --out from the runs in these earlier outputs' report.json "
+        "(e.g. the baselines and berth measured in separate invocations)",
+    )
     return p
+
+
+def merge(cfg: BenchConfig, dirs: Sequence[Path]) -> int:
+    """One report from the runs (and Aladdin searches) of earlier invocations, as if run together."""
+    runs: list[RunResult] = []
+    aladdin: dict[str, Any] | None = None
+    for d in dirs:
+        doc = orjson.loads((d / "report.json").read_bytes())
+        runs += [RunResult.from_dict(r) for r in doc["runs"]]
+        if doc.get("aladdin"):
+            aladdin = aladdin or {**doc["aladdin"], "fewest": {}, "runs": []}
+            aladdin["fewest"].update(doc["aladdin"]["fewest"])
+            aladdin["runs"] += doc["aladdin"]["runs"]
+    patterns = tuple(dict.fromkeys(r.pattern for r in runs))
+    cfg = dataclasses.replace(
+        cfg,
+        patterns=patterns,
+        rates={p: tuple(sorted({r.rate for r in runs if r.pattern == p})) for p in patterns},
+        policies=tuple(dict.fromkeys(r.policy for r in runs)),
+        seeds=len({r.seed for r in runs}),
+        seed=min((r.seed for r in runs), default=cfg.seed),
+    )
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    doc = {"merged_from": [str(d) for d in dirs], "runs": [r.to_dict() for r in runs], "aladdin": aladdin}
+    (cfg.out / "report.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    text = render(cfg, runs, aladdin, time.time())
+    (cfg.out / "report.md").write_text(text)
+    print(text)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -685,6 +723,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         aladdin=not args.no_aladdin,
         aladdin_rate=args.aladdin_rate,
     )
+    if args.merge:
+        return merge(cfg, args.merge)
     if args.quick:
         cfg = BenchConfig(
             out=cfg.out,

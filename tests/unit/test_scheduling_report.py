@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import orjson
+
 from loadgen.bench.scheduling import RunResult
 from loadgen.bench.scheduling_report import policy_means, run_row, target_check
 
@@ -71,3 +75,26 @@ def test_a_single_seed_reads_as_before() -> None:
 
 def test_rows_name_their_seed() -> None:
     assert run_row(run("berth", 0.8, seed=3))[:3] == ["10", "3", "berth"]
+
+
+def test_merge_makes_one_report_from_runs_measured_apart(tmp_path: Path) -> None:
+    from loadgen.bench.scheduling import BenchConfig, merge
+
+    def out(name: str, runs: list[RunResult], aladdin: dict[str, object] | None = None) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        doc = {"runs": [r.to_dict() for r in runs], "aladdin": aladdin}
+        (d / "report.json").write_bytes(orjson.dumps(doc))
+        return d
+
+    search = {"rate": 6.0, "pattern": "pattern1", "fewest": {"least-outstanding": 6}, "runs": []}
+    baselines = out("base", [run("least-outstanding", 0.70, translation=0.85)], search)
+    mine = out("berth", [run("berth", 0.82, translation=0.84)])
+    merged = tmp_path / "merged"
+    assert merge(BenchConfig(out=merged), [baselines, mine]) == 0
+    doc = orjson.loads((merged / "report.json").read_bytes())
+    assert [r["policy"] for r in doc["runs"]] == ["least-outstanding", "berth"]
+    assert doc["aladdin"]["fewest"] == {"least-outstanding": 6}
+    text = (merged / "report.md").read_text()
+    assert "berth 0.820 vs best baseline least-outstanding 0.700: +0.120 (MET" in text
+    assert "translation 0.840 vs 0.850 (-0.010; MET" in text
