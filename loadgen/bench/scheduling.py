@@ -6,6 +6,7 @@ goodput >= 0.95 at a fixed rate).
     berth-loadgen bench scheduling --quick            # one rate, one pattern, no endpoint search (~5 min)
     python -m loadgen.bench.scheduling --rates 8,10,12 --patterns pattern1,pattern2 --speed 2
     python -m loadgen.bench.scheduling --seeds 3     # every comparison on seeds 1, 2, 3; targets on the means
+    python -m loadgen.bench.scheduling --merge base/ mine/ --out both/   # one report from earlier runs
 
 Setup of every run (nothing is shared between runs, so each starts from the same state):
 - a simulated fleet in its own process (`berth-engine-sim --fleet`): two 7B-class models
