@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,7 +12,9 @@ from gateway.core.errors import ConfigError
 from gateway.core.slo import SloClass, SloPolicy
 from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.plugins.placement.demand_split import DemandSplitFilter, block_sizes, request_work
+from gateway.sched.profile import SchedulerProfile
 from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.snapshot import EndpointView
 from tests.unit.slo_fixtures import COEF, req, running, snap, view
 
 GROUPS = {"decode": ["gen"], "context": ["long", "summ"]}
@@ -221,3 +225,42 @@ def test_running_requests_do_not_count_as_demand() -> None:
     busy = [view("e0", runs=[running("x", cls="long", prompt=3000, out=500)]), *FLEET[1:]]
     f.filter(req("g", cls="gen"), busy, snap(*busy))
     assert f.shares(M) == (1.0, 0.0)
+
+
+class _Keep:
+    """A later filter that keeps only the endpoints named (best-fit's constraints, say)."""
+
+    name = "keep"
+
+    def __init__(self, keep: set[str]) -> None:
+        self.keep = keep
+
+    def filter(self, req: object, candidates: Sequence[EndpointView], snap: object) -> list[EndpointView]:
+        return [e for e in candidates if str(e.id) in self.keep]
+
+
+class _First:
+    name = "first"
+
+    def pick(self, req: object, scored: Sequence[tuple[EndpointView, float]], snap: object) -> EndpointView:
+        return min((e for e, _ in scored), key=lambda e: str(e.id))
+
+
+@pytest.mark.parametrize(
+    ("spill", "later_keeps", "placed"),
+    [
+        ("when-no-fit", {"e1", "e4"}, "e1"),  # its own group first
+        ("when-no-fit", {"e4"}, "e4"),  # none of its own passes the later filter: the others
+        ("when-full", {"e4"}, None),  # its own have seats, so it waits for them
+        ("never", {"e4"}, None),
+    ],
+    ids=["own-first", "no-fit-spills", "when-full-waits", "never-waits"],
+)
+def test_spill_through_the_profile(spill: str, later_keeps: set[str], placed: str | None) -> None:
+    f = split(spill=spill)
+    s = snap(*FLEET)
+    f.filter(req("g0", cls="gen"), FLEET, s)
+    f.filter(req("l0", cls="long", prompt=100), FLEET, s)  # 3 + 3: decode e0..e2, context e3..e5
+    profile = SchedulerProfile(filters=(f, _Keep(later_keeps)), scorers=(), picker=_First())
+    got = profile.place(req("g0", cls="gen"), s)
+    assert (None if got is None else str(got.id)) == placed
