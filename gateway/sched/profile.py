@@ -8,7 +8,7 @@ raises.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.core.slo import SloPolicy, default_slo_policy
@@ -36,6 +36,13 @@ class SchedulerProfile:
     filters: tuple[Filter, ...]
     scorers: tuple[WeightedScorer, ...]
     picker: Picker
+    # Each filter's `tiers` method, or None for a plain filter: looked up once, not per placement.
+    _tiers: tuple[Callable[..., Sequence[Sequence[EndpointView]]] | None, ...] = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_tiers", tuple(getattr(f, "tiers", None) for f in self.filters))
 
     def place(self, req: SchedRequest, snap: FleetSnapshot) -> EndpointView | None:
         """The endpoint for `req` now, or None when nothing is eligible (the request stays queued)."""
@@ -63,10 +70,9 @@ class SchedulerProfile:
         for i in range(start, len(filters)):
             if not candidates:
                 return candidates
-            f = filters[i]
-            tiers = getattr(f, "tiers", None)
+            tiers = self._tiers[i]
             if tiers is None:
-                candidates = f.filter(req, candidates, snap)
+                candidates = filters[i].filter(req, candidates, snap)
                 continue
             for tier in tiers(req, candidates, snap):
                 survivors = self._filter(req, tier, snap, i + 1) if tier else tier

@@ -157,9 +157,7 @@ class DemandSplitFilter:
     def shares(self, model: ModelName) -> tuple[float, ...]:
         """Each group's share of the model's recent demand (equal before any)."""
         state = self._models.get(model)
-        if state is None:
-            return tuple(1.0 / len(self.group_names) for _ in self.group_names)
-        return self._shares(state)
+        return self._shares(state.demand if state is not None else [])
 
     def blocks(self, model: ModelName) -> dict[EndpointId, str]:
         """The current assignment of the model's endpoints to groups (for the admin view and tests)."""
@@ -169,10 +167,10 @@ class DemandSplitFilter:
         return {e: self.group_names[i] for e, i in state.blocks.items()}
 
     def _decay(self, state: _ModelState, now: float) -> None:
-        if state.at is not None and now > state.at:
-            f = math.exp(-(now - state.at) / self.window_s)
-            state.demand = [d * f for d in state.demand]
         if state.at is None or now > state.at:
+            if state.at is not None:
+                f = math.exp(-(now - state.at) / self.window_s)
+                state.demand = [d * f for d in state.demand]
             state.at = now
 
     def _blocks(self, state: _ModelState, serving: Sequence[EndpointView]) -> dict[EndpointId, int]:
@@ -182,7 +180,7 @@ class DemandSplitFilter:
         if n < g * self.min_endpoints:
             state.blocks, state.counts, state.endpoints = {}, (), ready
             return state.blocks
-        shares = self._shares(state)
+        shares = self._shares(state.demand)
         if ready == state.endpoints and state.counts and self._within(state.counts, shares, n):
             return state.blocks
         counts = block_sizes(shares, n, self.min_endpoints)
@@ -195,12 +193,11 @@ class DemandSplitFilter:
         state.blocks, state.counts, state.endpoints = blocks, counts, ready
         return blocks
 
-    def _shares(self, state: _ModelState) -> tuple[float, ...]:
-        total = sum(state.demand)
-        g = len(self.group_names)
+    def _shares(self, demand: Sequence[float]) -> tuple[float, ...]:
+        total = sum(demand)
         if total <= 0:
-            return tuple(1.0 / g for _ in range(g))
-        return tuple(d / total for d in state.demand)
+            return tuple(1.0 / len(self.group_names) for _ in self.group_names)
+        return tuple(d / total for d in demand)
 
     def _within(self, counts: Sequence[int], shares: Sequence[float], n: int) -> bool:
         """The current blocks still fit the shares (every group within 0.5 + hysteresis endpoints)."""
