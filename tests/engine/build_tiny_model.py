@@ -46,7 +46,8 @@ NUM_HEADS = 4
 NUM_KV_HEADS = 2
 NUM_LAYERS = 2
 INTERMEDIATE_SIZE = 256
-MAX_POSITIONS = 2048
+# At least servers.MAX_MODEL_LEN.
+MAX_POSITIONS = 8192
 
 
 def training_corpus(rng: random.Random) -> list[str]:

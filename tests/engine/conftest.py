@@ -23,6 +23,7 @@ import pytest
 from tests.engine.servers import (
     ENGINE_DIR,
     IGNORE_EOS,
+    LONG_MAX_TOKENS,
     MODEL_NAME,
     RunningServer,
     ServerStartError,
@@ -32,7 +33,12 @@ from tests.engine.servers import (
     start_vllm,
 )
 
-__all__ = ["IGNORE_EOS", "MODEL_NAME", "RunningServer"]  # what the tests import from here
+__all__ = [
+    "IGNORE_EOS",
+    "LONG_MAX_TOKENS",
+    "MODEL_NAME",
+    "RunningServer",
+]  # what the tests import from here
 
 SKIP_REASON: Final = (
     "real-engine tier: BERTH_ENGINE_PYTHON is not set. Run `make test`, or "

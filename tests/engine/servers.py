@@ -33,6 +33,14 @@ MODEL_NAME: Final = "tiny-llama"
 # A sampling parameter of vLLM's, sent through the SDK's extra_body: with it a random model always
 # runs to max_tokens, so token counts and finish reasons are exact.
 IGNORE_EOS: Final = {"ignore_eos": True}
+# The one CPU core vLLM runs on; berth and the tests have the others.
+ENGINE_CPU: Final = "0"
+# vLLM's context limit for the tiny model (at most build_tiny_model.MAX_POSITIONS).
+MAX_MODEL_LEN: Final = 4608
+# max_tokens of a stream a test cuts short or watches while it runs: at the ~300 tokens a second of the
+# tiny model on one core it runs for ~13 s, several of berth's 2-s scrapes.
+LONG_MAX_TOKENS: Final = 4096
+
 
 # vLLM on 2 CPU cores is ready after 25-65 s (more on a cold disk cache); allow plenty for slow CI.
 VLLM_READY_TIMEOUT_S: Final = 300.0
@@ -204,6 +212,8 @@ def engine_env() -> dict[str, str]:
         env.pop(var, None)
     env.update(
         VLLM_CPU_KVCACHE_SPACE="1",  # GiB, the minimum
+        VLLM_CPU_OMP_THREADS_BIND=ENGINE_CPU,  # the worker's one thread, on the engine's core
+        VLLM_CPU_NUM_OF_RESERVED_CPU="0",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
@@ -257,14 +267,18 @@ def start_vllm(
     """vLLM's OpenAI server on CPU serving the tiny model as MODEL_NAME, ready (its /health answers)."""
     port = free_port()
     # `vllm serve` does not work with the vllm-cpu distribution; the module entry point does.
+    # All of vLLM on core 0 (ENGINE_CPU): on CPU it busy-polls (its worker spins, its engine core
+    # loops), and spread over both cores of a 2-core machine it starved berth and the test client for
+    # seconds at a time (its own API server too, which then sent a whole stream in one burst at the end).
     argv = [
+        "taskset", "-c", ENGINE_CPU,
         str(engine_python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
         "--served-model-name", MODEL_NAME,
         "--host", "127.0.0.1",
         "--port", str(port),
         "--dtype", "bfloat16",
-        "--max-model-len", "2048",
+        "--max-model-len", str(MAX_MODEL_LEN),
         "--enforce-eager",
         "--max-num-seqs", str(max_num_seqs),
     ]  # fmt: skip

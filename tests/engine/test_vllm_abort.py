@@ -6,11 +6,8 @@ import itertools
 
 import openai
 
-from tests.engine.conftest import IGNORE_EOS, MODEL_NAME, RunningServer
+from tests.engine.conftest import IGNORE_EOS, LONG_MAX_TOKENS, MODEL_NAME, RunningServer
 from tests.engine.promtext import total
-
-# Far more than the test reads; the tiny model needs several seconds for this many tokens on CPU.
-LONG_MAX_TOKENS = 2000
 
 
 def _running(vllm: RunningServer) -> float:

@@ -13,11 +13,9 @@ import itertools
 import openai
 import pytest
 
-from tests.engine.conftest import IGNORE_EOS, MODEL_NAME, RunningServer
+from tests.engine.conftest import IGNORE_EOS, LONG_MAX_TOKENS, MODEL_NAME, RunningServer
 from tests.engine.promtext import samples, total
 
-# Longer than two of berth's scrape intervals (2 s by default) on the tiny CPU model.
-LONG_MAX_TOKENS = 2000
 SCRAPE_WAIT_S = 30.0
 
 

@@ -21,12 +21,10 @@ import openai
 import pytest
 
 from gateway.config import ADMIN_TOKEN_ENV
-from tests.engine.conftest import IGNORE_EOS, MODEL_NAME, RunningServer
+from tests.engine.conftest import IGNORE_EOS, LONG_MAX_TOKENS, MODEL_NAME, RunningServer
 from tests.engine.promtext import total
 from tests.engine.servers import ServerStartError, start_berth
 
-# Far more than the test reads: the stream is still running when berth's fleet view is read.
-LONG_MAX_TOKENS = 2000
 CHAT_MESSAGES: list[Any] = [
     {"role": "system", "content": "You are a careful assistant who answers in one sentence."},
     {"role": "user", "content": "Explain what a gateway in front of LLM inference engines does, and why."},
