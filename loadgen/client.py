@@ -14,6 +14,7 @@ running when the run's drain timeout expired).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from array import array
 from collections.abc import Mapping
@@ -53,6 +54,8 @@ class RequestResult:
     finish_reason: str | None = None
     gaps: array[float] = field(default_factory=lambda: array("d"))
     slo_met: bool = False
+    endpoint: str | None = None  # berth's x-berth-endpoint (None from an engine)
+    queue_ms: float | None = None  # berth's x-berth-queue-ms
 
     def observed(self) -> dict[str, Any]:
         return {
@@ -66,6 +69,8 @@ class RequestResult:
             "tokens": self.tokens,
             "finish_reason": self.finish_reason,
             "slo_met": self.slo_met,
+            "endpoint": self.endpoint,
+            "queue_ms": self.queue_ms,
         }
 
 
@@ -126,6 +131,11 @@ async def send(
     try:
         async with session.post(base_url + _PATHS[result.api], data=body, headers=headers) as resp:
             result.status = resp.status
+            result.endpoint = resp.headers.get("x-berth-endpoint")
+            queue_ms = resp.headers.get("x-berth-queue-ms")
+            if queue_ms is not None:
+                with contextlib.suppress(ValueError):
+                    result.queue_ms = float(queue_ms)
             if resp.status != 200:
                 raw = await resp.read()
                 result.error = f"http_{resp.status}"

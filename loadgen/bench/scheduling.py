@@ -116,6 +116,7 @@ class BenchConfig:
     aladdin_pattern: str = "pattern1"
     aladdin_policies: tuple[str, str] = (BERTH, "least-outstanding")
     drain_sim_s: float = 30.0  # simulated seconds to wait for tasks still running after the arrivals
+    record: bool = False  # each run's requests as runs/TAG/record.jsonl (with berth's endpoint, queue ms)
 
     def seed_list(self) -> tuple[int, ...]:
         return tuple(range(self.seed, self.seed + max(1, self.seeds)))
@@ -420,6 +421,7 @@ async def run_one(
             request_timeout_s=600.0 / s,
             stall_timeout_s=120.0 / s,
             watch_pids={"berth": procs.berth.pid, "sim": sim.pid},
+            record=run_dir / "record.jsonl" if cfg.record else None,
         )
         sampler = UtilSampler(urls, UTIL_SAMPLE_SIM_S / s)
         stop = asyncio.Event()
@@ -660,6 +662,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--aladdin-rate", type=float, default=DEFAULT_ALADDIN_RATE)
     p.add_argument("--no-aladdin", action="store_true", help="skip the fewest-endpoints search")
+    p.add_argument("--record", action="store_true", help="write each run's requests to runs/TAG/record.jsonl")
     p.add_argument("--quick", action="store_true", help="one pattern, one rate, no search (~5 min)")
     p.add_argument(
         "--merge",
@@ -723,20 +726,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds=args.seeds,
         aladdin=not args.no_aladdin,
         aladdin_rate=args.aladdin_rate,
+        record=args.record,
     )
     if args.merge:
         return merge(cfg, args.merge)
     if args.quick:
-        cfg = BenchConfig(
-            out=cfg.out,
-            speed=cfg.speed,
-            duration_s=cfg.duration_s,
+        cfg = dataclasses.replace(
+            cfg,
             patterns=cfg.patterns[:1],
             rates={p: cfg.rates_for(p)[-1:] for p in cfg.patterns[:1]},
-            policies=cfg.policies,
-            endpoints_per_model=cfg.endpoints_per_model,
-            seed=cfg.seed,
-            seeds=cfg.seeds,
             aladdin=False,
         )
     try:

@@ -1,5 +1,6 @@
-"""berth-loadgen against simulated endpoints over loopback HTTP: counting, model mapping, errors,
-stalls, drain, record/replay and the command line. Assertions never depend on how fast things ran."""
+"""berth-loadgen against simulated endpoints over loopback HTTP (and once through berth): counting, model
+mapping, errors, stalls, drain, record/replay, the endpoint and queue time berth reports, and the command
+line. Assertions never depend on how fast things ran."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from loadgen.client import RequestResult
 from loadgen.engine_sim import EndpointSpec, SimFleet
 from loadgen.runner import LiveSnapshot, RunOptions, run_workload
 from loadgen.workloads.base import CallSpec, TaskSpec
+from tests.integration.conftest import EngineServer, StartGateway
+from tests.integration.fake_engine import FakeEngine
 
 
 @pytest.fixture
@@ -172,3 +175,26 @@ def test_command_line_run_and_compare(
     assert "(overall)" in text
     assert "/a" in text
     assert loadgen_main(["run", "--target", sim_process, "--workload", "nope"]) == 2
+
+
+async def test_through_berth_each_request_records_its_endpoint_and_queue_time(
+    engine_server: EngineServer, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gw = await start_gateway([await engine_server(FakeEngine()) + ",engine=vllm"])
+    rec = tmp_path / "sent.jsonl"
+    tasks = [TaskSpec(0, 0.0, "probe", (CallSpec(20, 3, cls="probe"),))]
+    report = await run_workload(opts(gw.url, models=["tiny"], record=rec), schedule=tasks)
+    (r,) = report.requests
+    assert r.ok
+    assert r.endpoint in {str(e) for e in gw.gw.scheduler.endpoint_ids()}
+    assert r.queue_ms is not None
+    assert r.queue_ms >= 0.0
+    (line,) = [orjson.loads(x) for x in rec.read_bytes().splitlines()]
+    assert (line["observed"]["endpoint"], line["observed"]["queue_ms"]) == (r.endpoint, r.queue_ms)
+
+
+async def test_an_engine_without_berth_records_no_endpoint(fleet: SimFleet) -> None:
+    tasks = [TaskSpec(0, 0.0, "probe", (CallSpec(20, 3, cls="probe"),))]
+    (r,) = (await run_workload(opts(fleet.urls[0]), schedule=tasks)).requests
+    assert r.ok
+    assert (r.endpoint, r.queue_ms) == (None, None)
