@@ -239,8 +239,11 @@ class EndpointLoad:
         return self.coef.decode_iter_s(batch, avg_context) * (1.0 + over)
 
     def output_tokens(self, req: SchedRequest) -> float:
+        """The output length to plan for: the mean, or in a tail mode the bound; never past max_tokens
+        (the engine stops there)."""
         mean, std = output_estimate(req)
-        return mean + self.gamma * std
+        bound = mean + self.gamma * std
+        return bound if req.max_tokens is None else min(bound, float(max(1, req.max_tokens)))
 
     def predict(self, req: SchedRequest, *, worst_case: bool = False) -> Prediction:
         """`req` dispatched here now. `worst_case`: decode as if every seat were taken (MaaSO's

@@ -3,6 +3,7 @@ placement (cato-slack, best-fit, overflow-guard) and the latency predictions the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -117,6 +118,12 @@ def test_the_tail_mode_predicts_longer_outputs() -> None:
     assert mean == 100.0
     assert normal == pytest.approx(164.0, rel=1e-3)  # the p90 itself
     assert cantelli == pytest.approx(100.0 + 3.0 * (64.0 / 1.2815515655446004), rel=1e-3)
+
+
+def test_the_tail_bound_stops_at_max_tokens() -> None:
+    r = dataclasses.replace(req(out=100.0), predicted_output_p90=164.0, max_tokens=120)
+    assert EndpointLoad(view("a"), 0.0, PredictParams(tail="cantelli", tau=0.1)).output_tokens(r) == 120.0
+    assert EndpointLoad(view("a"), 0.0, PredictParams()).output_tokens(r) == 100.0
 
 
 # --------------------------------------------------------------------- orderings
