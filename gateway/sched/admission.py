@@ -1,6 +1,8 @@
 """Admission inside the scheduler: the policy's Admitter runs once per new request, before it is queued,
 and again for every queued request on each tick (`recheck`: a request whose SLO became infeasible while
-it waited); outcomes are counted per SLO class (`berth_admission_decisions_total{slo_class, outcome}`:
+it waited). The admitter sees the fleet through the profile's scope (`SchedulerProfile.scope`): only the
+endpoints of the request's model it may ever be placed on, so an endpoint group it never leaves is all it
+is judged on. Outcomes are counted per SLO class (`berth_admission_decisions_total{slo_class, outcome}`:
 every arrival once, plus a rejection or demotion of a queued request).
 
 The counts live here, in the scheduler, rather than in the admitter plugin, so that a policy reload
@@ -51,7 +53,9 @@ class AdmissionLedger:
         """Run the policy's admitter: the request to queue (demoted when best-effort) and None, or the
         request and the 429 to answer with."""
         admitter = policy.admitter
-        decision: AdmitDecision = ADMIT if admitter is None else admitter.admit(req, snap, queued_in_class)
+        decision: AdmitDecision = ADMIT
+        if admitter is not None:
+            decision = admitter.admit(req, policy.profile.scope(req, snap), queued_in_class)
         self.record(req.slo.slo_class, decision.outcome)
         if decision.outcome is AdmitOutcome.REJECT:
             reason = decision.reason or "rejected"
@@ -73,7 +77,7 @@ class AdmissionLedger:
         admitter = policy.admitter
         if admitter is None:
             return req, None
-        decision = admitter.recheck(req, snap)
+        decision = admitter.recheck(req, policy.profile.scope(req, snap))
         if decision.outcome is AdmitOutcome.REJECT:
             self.record(req.slo.slo_class, decision.outcome)
             return req, errors.queue_full(

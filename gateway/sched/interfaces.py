@@ -58,6 +58,20 @@ class TieredFilter(Filter, Protocol):
     ) -> Sequence[Sequence[EndpointView]]: ...
 
 
+class ScopedFilter(Filter, Protocol):
+    """A filter that keeps a request to a fixed part of its model's endpoints, whatever their load (e.g.
+    the endpoint groups of `demand-split`).
+
+    `scope` gets every endpoint serving the request's model (ready or not, with room or not) and returns
+    those the request may ever be placed on now. Admission judges the request on these only, so it does
+    not count seats the request could never take.
+    """
+
+    def scope(
+        self, req: SchedRequest, serving: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[EndpointView]: ...
+
+
 class Scorer(Protocol):
     """Scores each candidate in [0, 1], higher is better.
 

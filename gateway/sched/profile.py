@@ -7,6 +7,7 @@ raises.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,8 +42,27 @@ class SchedulerProfile:
         init=False, repr=False, compare=False
     )
 
+    # Each scoped filter's `scope` method (`ScopedFilter`), in filter order.
+    _scopes: tuple[Callable[..., Sequence[EndpointView]], ...] = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "_tiers", tuple(getattr(f, "tiers", None) for f in self.filters))
+        scopes = (getattr(f, "scope", None) for f in self.filters)
+        object.__setattr__(self, "_scopes", tuple(s for s in scopes if s is not None))
+
+    def scope(self, req: SchedRequest, snap: FleetSnapshot) -> FleetSnapshot:
+        """`snap` with the request's model's endpoints cut to those the scoped filters let it reach
+        (`ScopedFilter`); `snap` itself when no filter is scoped."""
+        if not self._scopes:
+            return snap
+        model = req.model
+        reach: Sequence[EndpointView] = [e for e in snap.endpoints if model in e.models]
+        for scope in self._scopes:
+            reach = scope(req, reach, snap)
+        keep = {e.id for e in reach}
+        return dataclasses.replace(
+            snap, endpoints=tuple(e for e in snap.endpoints if model not in e.models or e.id in keep)
+        )
 
     def place(self, req: SchedRequest, snap: FleetSnapshot) -> EndpointView | None:
         """The endpoint for `req` now, or None when nothing is eligible (the request stays queued)."""

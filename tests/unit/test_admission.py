@@ -240,3 +240,60 @@ def test_dispatched_requests_are_in_the_endpoint_view() -> None:
     v = sched.endpoint_view(EndpointId("e"))
     assert v is not None
     assert v.running == ()
+
+
+# --------------------------------------------------------------------- endpoint groups
+def grouped_fleet() -> Scheduler:
+    """Endpoints e (group "fast": class ide, never spills) and f (group "slow": chat); e runs a request
+    of a class in no group for about a minute, f is idle."""
+    reg = default_registry()
+    ctx = BuildContext(slo=SLO)
+    split = reg.build(
+        PluginKind.FILTER,
+        "demand-split",
+        {"groups": {"fast": ["ide"], "slow": ["chat"]}, "spill": {"fast": "never"}},
+        path="f",
+        ctx=ctx,
+    )
+    pol = Policy(
+        name="t",
+        ordering=reg.build(PluginKind.ORDERING, "fcfs", None, path="o", ctx=ctx),
+        profile=SchedulerProfile(
+            filters=(split,), scorers=(), picker=reg.build(PluginKind.PICKER, "max-score", None, path="p")
+        ),
+        slo=SLO,
+        admitter=reg.build(PluginKind.ADMITTER, "slo-feasibility", None, path="a", ctx=ctx),
+    )
+    sched = Scheduler(pol, FakeClock(0.0))
+    specs = [
+        EndpointSpec(
+            id=EndpointId(e),
+            url=f"http://{e}:8000",
+            engine=EngineKind.VLLM,
+            models=frozenset({ModelName("m")}),
+            cap=1,
+        )
+        for e in ("e", "f")
+    ]
+    sched.sync_endpoints(specs)
+    for spec in specs:
+        sched.set_estimates(spec.id, EndpointEstimates(perf=COEF))
+    sched.set_health(EndpointId("e"), EndpointHealth.READY)
+    d = sched.submit(req("first", cls="batch", out=5000.0))
+    assert isinstance(d, Dispatch)
+    assert d.endpoint.id == "e"
+    sched.set_health(EndpointId("f"), EndpointHealth.READY)
+    return sched
+
+
+def test_admission_judges_a_request_on_the_endpoints_its_group_may_use() -> None:
+    sched = grouped_fleet()
+    # f has a free seat, but a request of the group that never spills can only have e's, a minute away
+    d = sched.submit(req("ide", cls="ide", e2e_ms=2000.0))
+    assert isinstance(d, Reject)
+    assert d.error.code == SLO_INFEASIBLE
+    # a class that may spill is judged on every endpoint, and f takes it now
+    d = sched.submit(req("chat", cls="chat", e2e_ms=2000.0))
+    assert isinstance(d, Dispatch)
+    assert d.endpoint.id == "f"
+    assert sched.admission.by_class()["ide"] == {"reject": 1}

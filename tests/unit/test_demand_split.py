@@ -264,3 +264,30 @@ def test_spill_through_the_profile(spill: str, later_keeps: set[str], placed: st
     profile = SchedulerProfile(filters=(f, _Keep(later_keeps)), scorers=(), picker=_First())
     got = profile.place(req("g0", cls="gen"), s)
     assert (None if got is None else str(got.id)) == placed
+
+
+@pytest.mark.parametrize(
+    ("spill", "expected"),
+    [("never", ["e0", "e1", "e2"]), ("when-full", [f"e{i}" for i in range(6)])],
+    ids=["never: its own block, full or not", "may spill: every endpoint"],
+)
+def test_scope_is_what_admission_may_count(spill: str, expected: list[str]) -> None:
+    f = split(spill=spill)
+    s = snap(*FLEET)
+    f.filter(req("u", cls="other"), FLEET, s)
+    f.filter(req("g0", cls="gen"), FLEET, s)
+    f.filter(req("l0", cls="long", prompt=100), FLEET, s)  # 3 + 3
+    full = [view("e0", cap=1, runs=[running("x", cls="gen")]), *FLEET[1:]]
+    assert ids(f.scope(req("g0", cls="gen"), full, snap(*full))) == expected  # counted already
+    assert ids(f.scope(req("x", cls="other"), full, snap(*full))) == ids(FLEET)  # in no group
+
+
+def test_a_request_counted_at_admission_is_not_counted_again_when_placed() -> None:
+    f = split()
+    s = snap(*FLEET)
+    f.scope(req("g", cls="gen"), FLEET, s)
+    f.scope(req("refused", cls="gen"), FLEET, s)  # turned away after admission asked: still demand
+    f.filter(req("g", cls="gen"), FLEET, s)
+    for i in range(2):
+        f.filter(req(f"l{i}", cls="long", prompt=100), FLEET, s)
+    assert f.shares(M) == pytest.approx((0.5, 0.5))

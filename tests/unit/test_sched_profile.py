@@ -198,6 +198,39 @@ def test_filters_before_a_tiered_filter_run_once() -> None:
     assert first.seen == [["a", "b", "c"]]
 
 
+@dataclasses.dataclass
+class ScopeFilter(KeepFilter):
+    """Keeps `keep` also as its scope (a ScopedFilter); records the endpoints its scope was given."""
+
+    scoped: list[list[str]] = dataclasses.field(default_factory=list)
+
+    def scope(
+        self, req: SchedRequest, serving: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[EndpointView]:
+        self.scoped.append([e.id for e in serving])
+        return [e for e in serving if e.id in self.keep]
+
+
+def test_scope_cuts_only_the_requests_model_to_what_every_scoped_filter_allows() -> None:
+    a, b = ScopeFilter(frozenset("abc")), ScopeFilter(frozenset("bcx"))
+    profile = SchedulerProfile(filters=(KeepFilter(frozenset()), a, b), scorers=(), picker=RecordingPicker())
+    full = view("a", cap=1, inflight=1)  # full and starting: still in scope (admission judges it)
+    starting = view("c", health=EndpointHealth.STARTING)
+    other = view("x", models=("other",))
+    snap = snapshot(full, view("b"), starting, view("d"), other)
+    got = profile.scope(request(), snap)
+    assert [e.id for e in got.endpoints] == ["b", "c", "x"]  # the other model's endpoint is left alone
+    assert a.scoped == [["a", "b", "c", "d"]]
+    assert b.scoped == [["a", "b", "c"]]  # each scope sees what the one before it kept
+    assert got.now == snap.now
+
+
+def test_without_scoped_filters_the_snapshot_is_unchanged() -> None:
+    profile = SchedulerProfile(filters=(KeepFilter(frozenset()),), scorers=(), picker=RecordingPicker())
+    snap = snapshot(view("a"), view("b"))
+    assert profile.scope(request(), snap) is snap
+
+
 # ----------------------------------------------------------------- scores
 @pytest.mark.parametrize(
     ("raw", "clamped"),

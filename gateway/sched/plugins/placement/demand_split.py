@@ -10,7 +10,7 @@ summarization). This filter gives each group of classes its own endpoints of the
 - Each group's demand is the engine time its requests add (prefill, plus each output token's share of
   a decode iteration at `batch_ref` requests: ``k1·p + c1 + o·(k2·(p + o/2) + c2 + c3/batch_ref)``),
   summed with an exponential decay of time constant `window_s`. Every request counts once, when the
-  filter first sees it.
+  filter first sees it (at admission or placement).
 - A model's ready endpoints, in id order, are cut into one block per group in proportion to the
   groups' demand (largest remainders, at least `min_endpoints` each; equal blocks before any demand).
   The blocks move only when a group's ideal share is more than ``0.5 + hysteresis`` endpoints away from
@@ -20,6 +20,9 @@ summarization). This filter gives each group of classes its own endpoints of the
   passes the filters after this one, e.g. best-fit's constraints: the own group and then the others
   are the filter's preference tiers). One mode for every group, or a table by group name (groups it
   does not name: "when-full").
+- Admission judges a request of a group that never spills on its group's block only (the filter's
+  `scope`), and a request counts in its group's demand from that first look, so requests turned away
+  still size their group.
 
 With fewer ready endpoints than groups (``min_endpoints`` each) there is no split: every request may use
 every endpoint. The filter keeps its state per model; it never empties a candidate list that had an
@@ -131,16 +134,7 @@ class DemandSplitFilter:
         group = self.group_of.get(req.slo.slo_class)
         if group is None or not candidates:
             return [candidates]
-        state = self._models.get(req.model)
-        if state is None:
-            state = self._models[req.model] = _ModelState(demand=[0.0] * len(self.group_names))
-        self._decay(state, snap.now)
-        if req.id not in self._seen:
-            self._seen[req.id] = None
-            if len(self._seen) > _SEEN_MAX:
-                del self._seen[next(iter(self._seen))]
-            state.demand[group] += request_work(req, candidates[0].perf or _PRIOR, self.batch_ref)
-        blocks = self._blocks(state, snap.serving(req.model))
+        blocks = self._count(req, group, snap, candidates[0].perf)
         if not blocks:
             return [candidates]
         own: list[EndpointView] = []
@@ -153,6 +147,35 @@ class DemandSplitFilter:
         if spill == "when-full":
             return [own or others]
         return [own, others]
+
+    def scope(
+        self, req: SchedRequest, serving: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[EndpointView]:
+        """The endpoints `req` may be placed on whatever their load: its group's block when the group
+        never spills, else all of them. Admission asks this before the request is queued, so a request
+        it turns away still counts in its group's demand."""
+        group = self.group_of.get(req.slo.slo_class)
+        if group is None or not serving:
+            return serving
+        blocks = self._count(req, group, snap, serving[0].perf)
+        if not blocks or self.spill[group] != "never":
+            return serving
+        return [e for e in serving if blocks.get(e.id, group) == group]
+
+    def _count(
+        self, req: SchedRequest, group: int, snap: FleetSnapshot, perf: PerfCoefficients | None
+    ) -> dict[EndpointId, int]:
+        """Add `req`'s work to its group's demand (once per request) and return the model's blocks."""
+        state = self._models.get(req.model)
+        if state is None:
+            state = self._models[req.model] = _ModelState(demand=[0.0] * len(self.group_names))
+        self._decay(state, snap.now)
+        if req.id not in self._seen:
+            self._seen[req.id] = None
+            if len(self._seen) > _SEEN_MAX:
+                del self._seen[next(iter(self._seen))]
+            state.demand[group] += request_work(req, perf or _PRIOR, self.batch_ref)
+        return self._blocks(state, snap.serving(req.model))
 
     def shares(self, model: ModelName) -> tuple[float, ...]:
         """Each group's share of the model's recent demand (equal before any)."""
