@@ -144,6 +144,7 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
                 str(e.get("id")),
                 str(e.get("state")),
                 str(e.get("class")),
+                str(e.get("group") or "-"),
                 f"{e.get('inflight', 0)}/{e.get('cap', '-')}",
                 _num(g.get("running")),
                 _num(g.get("waiting")),
@@ -157,7 +158,7 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
                 _ratio(_get(e, "engine_check", "ttft", "ratio")),
             ]
         )
-    header = ["ENDPOINT", "STATE", "CLASS", "INFL", "RUN", "WAIT", "KV", "AGE"]
+    header = ["ENDPOINT", "STATE", "CLASS", "GROUP", "INFL", "RUN", "WAIT", "KV", "AGE"]
     header += ["TTFT", "TTFTp90", "ITL", "ITLp99", "TOK/S", "GW/ENG"]
     lines.extend(_table(header, rows))
 
@@ -207,10 +208,11 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
                 _num(lat.get("tokens_per_s"), 1),
                 _num(m.get("chars_per_token"), 2),
                 _pct(m.get("output_tokens_error")),
+                _groups(m.get("groups") or {}),
             ]
         )
     header = ["MODEL", "QUEUED", "BY CLASS", "TTFTp50", "TTFTp90", "ITLp50", "ITLp99", "TOK/S"]
-    header += ["CHARS/TOK", "LEN ERR"]
+    header += ["CHARS/TOK", "LEN ERR", "GROUPS (endpoints, share of demand)"]
     lines.extend(_table(header, rows))
 
     att = doc.get("attainment") or {}
@@ -259,6 +261,16 @@ def _slo_lines(slo: dict[str, Any], bold: str, reset: str) -> list[str]:
             f"{tasks.get('evicted', 0)} evicted (max {tasks.get('max_tasks', '-')})"
         )
     return lines
+
+
+def _groups(groups: dict[str, Any]) -> str:
+    """`decode=4 (63%) context=2 (37%)`, or - without endpoint groups."""
+    parts = [
+        f"{name}={len(g.get('endpoints') or [])}"
+        + (f" ({_pct(g.get('share'))})" if g.get("share") is not None else "")
+        for name, g in groups.items()
+    ]
+    return " ".join(parts) or "-"
 
 
 def _ratio(v: Any) -> str:

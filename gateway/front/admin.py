@@ -9,7 +9,7 @@ The document (JSON; numbers are seconds, tokens or fractions; null where nothing
     version, uptime_s, policy, ready, draining
     fail_open            {active, since_s, events}: every ready endpoint's metrics stale
     stale_after_s
-    endpoints[]          id, url, engine, state, class, node, models, cap, inflight,
+    endpoints[]          id, url, engine, state, class, node, models, group, cap, inflight,
                          gauges {running, waiting, kv_usage, fresh, scrape_age_s, dispatched_since_scrape,
                                  completed_since_scrape, corrected_running},
                          running_context {prompt_tokens, predicted_output_tokens}, kv_capacity_tokens,
@@ -19,7 +19,8 @@ The document (JSON; numbers are seconds, tokens or fractions; null where nothing
                          prediction_error {ttft, itl},
                          engine_check {ttft, itl: {ratio, gateway_mean_s, engine_mean_s, disagreements}}
     models{name}         queued {class: n}, queued_total, latency (as above), chars_per_token,
-                         output_tokens_error
+                         output_tokens_error, groups {group: {share, endpoints}} (a grouping filter's
+                         endpoint groups, e.g. demand-split's; {} without one)
     attainment           {window_s, classes {class: {finished, met, ratio}}}
     telemetry            {pending, dropped, last_refit_age_s}
     slo                  default_class, classes {class: {kind, band, targets, on_infeasible, finished,
@@ -39,7 +40,7 @@ from aiohttp import web
 
 from gateway import __version__
 from gateway.core import errors
-from gateway.core.types import EndpointHealth
+from gateway.core.types import EndpointHealth, ModelName
 from gateway.front.http import Handler, error_response, request_id
 from gateway.telemetry.fleet_state import EndpointTelemetry, perf_document
 
@@ -108,6 +109,9 @@ def fleet_document(gw: Gateway) -> dict[str, Any]:
     models = sorted({*map(str, gw.scheduler.models(ready_only=False)), *fleet.models, *queued})
     att = fleet.attainment
     fo = fleet.fail_open
+    profile = gw.scheduler.policy.profile
+    groups = {m: profile.groups(ModelName(m)) for m in models}
+    group_of = {e: g for by_group in groups.values() for g, (_, eids) in by_group.items() for e in eids}
     return {
         "version": __version__,
         "uptime_s": round(time.time() - gw.started_at, 3),
@@ -120,7 +124,9 @@ def fleet_document(gw: Gateway) -> dict[str, Any]:
             "events": fo.transitions,
         },
         "stale_after_s": gw.scheduler.limits.stale_after_s,
-        "endpoints": [_endpoint(e, fleet.endpoints.get(e.id), now) for e in snap.endpoints],
+        "endpoints": [
+            _endpoint(e, fleet.endpoints.get(e.id), now, group_of.get(e.id)) for e in snap.endpoints
+        ],
         "models": {
             m: {
                 "queued": queued.get(m, {}),
@@ -128,6 +134,10 @@ def fleet_document(gw: Gateway) -> dict[str, Any]:
                 "latency": None if m not in fleet.models else fleet.models[m].timings.summary(now),
                 "chars_per_token": fleet.tokens.chars_per_token(m),
                 "output_tokens_error": None if m not in fleet.models else fleet.models[m].output_error.value,
+                "groups": {
+                    g: {"share": share, "endpoints": [str(e) for e in eids]}
+                    for g, (share, eids) in groups[m].items()
+                },
             }
             for m in models
         },
@@ -151,7 +161,7 @@ def fleet_document(gw: Gateway) -> dict[str, Any]:
     }
 
 
-def _endpoint(e: EndpointView, t: EndpointTelemetry | None, now: float) -> dict[str, Any]:
+def _endpoint(e: EndpointView, t: EndpointTelemetry | None, now: float, group: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": e.id,
         "url": e.url,
@@ -161,6 +171,7 @@ def _endpoint(e: EndpointView, t: EndpointTelemetry | None, now: float) -> dict[
         "class": e.instance_class.value,
         "node": e.node,
         "models": sorted(e.models),
+        "group": group,
         "cap": e.cap,
         "inflight": e.inflight,
         "gauges": {

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.core.types import EndpointId
+from gateway.core.types import EndpointId, ModelName
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
@@ -70,6 +70,16 @@ class ScopedFilter(Filter, Protocol):
     def scope(
         self, req: SchedRequest, serving: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]: ...
+
+
+class GroupingFilter(Filter, Protocol):
+    """A filter that splits each model's endpoints into named groups (for the admin view).
+
+    `groups` answers, for every group the filter defines, its share of the model's recent demand (None
+    when the filter does not size by demand) and the endpoints it holds now (empty when the model's
+    endpoints are not split)."""
+
+    def groups(self, model: ModelName) -> dict[str, tuple[float | None, list[EndpointId]]]: ...
 
 
 class Scorer(Protocol):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.core.slo import SloPolicy, default_slo_policy
-from gateway.core.types import EndpointHealth
+from gateway.core.types import EndpointHealth, EndpointId, ModelName
 from gateway.sched.interfaces import Admitter, Filter, Ordering, Picker, Scorer
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
@@ -49,6 +49,16 @@ class SchedulerProfile:
         object.__setattr__(self, "_tiers", tuple(getattr(f, "tiers", None) for f in self.filters))
         scopes = (getattr(f, "scope", None) for f in self.filters)
         object.__setattr__(self, "_scopes", tuple(s for s in scopes if s is not None))
+
+    def groups(self, model: ModelName) -> dict[str, tuple[float | None, list[EndpointId]]]:
+        """The endpoint groups of the grouping filters (`GroupingFilter`) for `model`: name -> (share of
+        demand, endpoints now). Empty without a grouping filter."""
+        out: dict[str, tuple[float | None, list[EndpointId]]] = {}
+        for f in self.filters:
+            groups = getattr(f, "groups", None)
+            if groups is not None:
+                out.update(groups(model))
+        return out
 
     def scope(self, req: SchedRequest, snap: FleetSnapshot) -> FleetSnapshot:
         """`snap` with the request's model's endpoints cut to those the scoped filters let it reach

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,6 +22,8 @@ from loadgen.engine_sim import EndpointSpec, SimFleet
 from loadgen.engine_sim.lengths import LengthDist
 from tests.integration.conftest import EngineServer, Running, StartGateway
 from tests.integration.fake_engine import FakeEngine
+
+REPO = Path(__file__).resolve().parents[2]
 
 TOKEN = "s3cret-admin"
 
@@ -86,6 +89,7 @@ async def test_the_fleet_document_on_loopback_without_a_token(
     [ep] = doc["endpoints"]
     assert (ep["state"], ep["class"], ep["engine"]) == ("ready", "interactive", "vllm")
     assert ep["models"] == ["tiny"]
+    assert ep["group"] is None  # the default policy has no endpoint groups
     assert ep["gauges"]["fresh"] is True
     assert (ep["gauges"]["running"], ep["gauges"]["waiting"], ep["gauges"]["kv_usage"]) == (2.0, 1.0, 0.25)
     assert ep["gauges"]["scrape_age_s"] >= 0
@@ -103,9 +107,36 @@ async def test_the_fleet_document_on_loopback_without_a_token(
     assert model["queued"] == {}
     assert model["queued_total"] == 0
     assert model["chars_per_token"] > 0
+    assert model["groups"] == {}
     assert model["latency"]["ttft_s"]["n"] == 1
     assert doc["attainment"]["classes"] == {"default": {"finished": 2, "met": 2, "ratio": 1.0}}
     assert doc["telemetry"]["pending"] == 0
+
+
+async def test_the_fleet_document_shows_the_endpoint_groups_of_demand_split(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    urls = [await engine_server(FakeEngine()) + f",engine=vllm,id=e{i}" for i in range(3)]
+    r = await start_gateway(urls, toml=f'[policy]\nfile = "{REPO / "policies" / "coding-assistant.toml"}"\n')
+    async with r.client() as client:
+        await client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "write a function"}],
+            max_tokens=5,
+            extra_headers={"x-berth-slo-class": "generation"},
+        )
+    doc = await fleet(r)
+    groups = doc["models"]["tiny"]["groups"]
+    # only generation asked for engine time so far: its group has all but the other group's one
+    assert groups == {
+        "decode": {"share": 1.0, "endpoints": ["e0", "e1"]},
+        "context": {"share": 0.0, "endpoints": ["e2"]},
+    }
+    assert {ep["id"]: ep["group"] for ep in doc["endpoints"]} == {
+        "e0": "decode",
+        "e1": "decode",
+        "e2": "context",
+    }
 
 
 async def test_a_configured_token_is_required_even_on_loopback(

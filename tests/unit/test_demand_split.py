@@ -291,3 +291,21 @@ def test_a_request_counted_at_admission_is_not_counted_again_when_placed() -> No
     for i in range(2):
         f.filter(req(f"l{i}", cls="long", prompt=100), FLEET, s)
     assert f.shares(M) == pytest.approx((0.5, 0.5))
+
+
+def test_groups_name_each_groups_share_and_endpoints_for_the_admin_view() -> None:
+    f = split()
+    assert f.groups(M) == {"decode": (0.5, []), "context": (0.5, [])}  # nothing seen yet: no split
+    s = snap(*FLEET)
+    f.filter(req("u", cls="other"), FLEET, s)
+    f.filter(req("g0", cls="gen"), FLEET, s)
+    f.filter(req("l0", cls="long", prompt=100), FLEET, s)  # 3 + 3
+    groups = f.groups(M)
+    assert {name: ids_ for name, (_, ids_) in groups.items()} == {
+        "decode": ["e0", "e1", "e2"],
+        "context": ["e3", "e4", "e5"],
+    }
+    assert [share for share, _ in groups.values()] == pytest.approx([0.5, 0.5])
+    profile = SchedulerProfile(filters=(_Keep(set()), f), scorers=(), picker=_First())
+    assert profile.groups(M) == f.groups(M)
+    assert SchedulerProfile(filters=(_Keep(set()),), scorers=(), picker=_First()).groups(M) == {}

@@ -21,6 +21,7 @@ DOC: dict[str, Any] = {
             "id": "gpu-01",
             "state": "ready",
             "class": "interactive",
+            "group": "decode",
             "inflight": 3,
             "cap": 32,
             "gauges": {"running": 3.0, "waiting": 1.0, "kv_usage": 0.25, "fresh": True, "scrape_age_s": 1.2},
@@ -48,6 +49,10 @@ DOC: dict[str, Any] = {
             "latency": {"ttft_s": {"p50": 0.05, "p90": 0.1}, "itl_s": {"p50": 0.01, "p99": 0.05}},
             "chars_per_token": 3.7,
             "output_tokens_error": 0.4,
+            "groups": {
+                "decode": {"share": 0.625, "endpoints": ["gpu-01"]},
+                "context": {"share": 0.375, "endpoints": ["gpu-02"]},
+            },
         }
     },
     "attainment": {
@@ -63,7 +68,7 @@ def test_a_frame_shows_endpoints_models_queues_and_attainment() -> None:
     lines = frame.splitlines()
     assert lines[0].startswith("berth 0.1.0  http://gw:8080  policy default  up 1h02m  ready")
     row = next(line for line in lines if line.startswith("gpu-01") and "interactive" in line)
-    for cell in ("3/32", "25%", "1.2s", "45ms", "12ms", "230.5", "1.05"):
+    for cell in ("decode", "3/32", "25%", "1.2s", "45ms", "12ms", "230.5", "1.05"):
         assert cell in row
     assert next(line for line in lines if line.startswith("gpu-02")).split()[1] == "unhealthy"
     perf = [line for line in lines if line.startswith("gpu-01")][1]
@@ -73,6 +78,7 @@ def test_a_frame_shows_endpoints_models_queues_and_attainment() -> None:
     model = next(line for line in lines if line.startswith("llama"))
     assert "batch=4 default=1" in model
     assert "3.70" in model
+    assert model.endswith("decode=1 (62%) context=1 (38%)")
     assert "FAILING OPEN" not in frame
     assert any(line.split() == ["default", "120", "118", "98.3%"] for line in lines)
 

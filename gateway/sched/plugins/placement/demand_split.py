@@ -182,6 +182,15 @@ class DemandSplitFilter:
         state = self._models.get(model)
         return self._shares(state.demand if state is not None else [])
 
+    def groups(self, model: ModelName) -> dict[str, tuple[float | None, list[EndpointId]]]:
+        """Every group's share of the model's recent demand and its endpoints now, in group order."""
+        shares = self.shares(model)
+        blocks = self.blocks(model)
+        return {
+            name: (share, sorted((e for e, g in blocks.items() if g == name), key=str))
+            for name, share in zip(self.group_names, shares, strict=True)
+        }
+
     def blocks(self, model: ModelName) -> dict[EndpointId, str]:
         """The current assignment of the model's endpoints to groups (for the admin view and tests)."""
         state = self._models.get(model)
