@@ -66,9 +66,12 @@ class SchedulerProfile:
         if not self._scopes:
             return snap
         model = req.model
-        reach: Sequence[EndpointView] = [e for e in snap.endpoints if model in e.models]
+        serving = [e for e in snap.endpoints if model in e.models]
+        reach: Sequence[EndpointView] = serving
         for scope in self._scopes:
             reach = scope(req, reach, snap)
+        if len(reach) == len(serving):
+            return snap  # nothing cut (a scope only ever keeps a subset)
         keep = {e.id for e in reach}
         return dataclasses.replace(
             snap, endpoints=tuple(e for e in snap.endpoints if model not in e.models or e.id in keep)
