@@ -31,6 +31,10 @@ Validity: a comparison is valid only when neither berth nor loadgen was CPU-star
 (`/proc/PID/task/*/schedstat`: other processes on a shared machine). The report says so per run; the
 simulator's figures are shown too (a starved simulator runs its engines slower for every policy alike).
 
+Capacity: beside each pattern's table the report gives the offered load as the busy share of ideal
+engines (full batches, no idle time), and beside Aladdin's search the capacity floor, the fewest endpoints
+any router could use (`loadgen.bench.capacity`), so a ratio target past the fleet's capacity shows as such.
+
 Output: `OUT/report.md` (the tables), `OUT/report.json` (every figure and the raw loadgen reports' key
 numbers), `OUT/goodput.png` when matplotlib is installed.
 """

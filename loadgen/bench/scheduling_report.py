@@ -7,12 +7,64 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loadgen.bench import capacity
+from loadgen.bench.capacity import CapacityFloor
+
 if TYPE_CHECKING:
     from loadgen.bench.scheduling import BenchConfig, RunResult
 
 OVERALL_MARGIN = 0.10  # berth's overall goodput over the best baseline at the heaviest load
 TASK_TOLERANCE = 0.02  # no task type worse than the best baseline by more than this
 ENDPOINT_RATIO = 0.7  # Aladdin: berth's fewest endpoints <= this x least-outstanding's
+FLOOR_SAMPLE = 20_000  # tasks drawn to size the capacity floor
+
+
+def _floor(pattern: str, rate: float, goodput: float) -> CapacityFloor:
+    from loadgen.bench.scheduling import PROFILE
+    from loadgen.engine_sim.profiles import get_profile
+    from loadgen.workloads.coding import CodingWorkload
+
+    tasks = capacity.sample(CodingWorkload(pattern), FLOOR_SAMPLE)
+    return capacity.floor(get_profile(PROFILE), tasks, rate, goodput)
+
+
+def load_line(pattern: str, rates: Sequence[float], endpoints: tuple[int, int]) -> str:
+    """How busy the fleet would be at each rate if its engines were ideal (`loadgen.bench.capacity`)."""
+    parts = []
+    for rate in rates:
+        a, b = _floor(pattern, rate, 1.0).utilization(endpoints)
+        parts.append(f"{rate:g} tasks/s: model a {a:.0%}, model b {b:.0%}")
+    return (
+        f"Offered load as the busy share of ideal engines ({endpoints[0]}+{endpoints[1]} endpoints, full "
+        "batches, no idle, every task served): " + "; ".join(parts) + "."
+    )
+
+
+def floor_lines(pattern: str, rate: float, fewest: dict[str, int | None]) -> list[str]:
+    """The capacity floor beside Aladdin's search: the fewest endpoints any router could use, and how busy
+    ideal engines would be on the fleet the ratio target asks for."""
+    from loadgen.bench.scheduling import BERTH, GOODPUT_TARGET, split
+
+    fl = _floor(pattern, rate, GOODPUT_TARGET)
+    a, b = fl.endpoints
+    out = [
+        f"- capacity floor (ideal engines: full batches, no idle; the costliest {1 - GOODPUT_TARGET:.0%} of "
+        f"tasks given up): {fl.busy[0]:.2f} model-a and {fl.busy[1]:.2f} model-b endpoint-seconds per "
+        f"second, so no router can keep goodput >= {GOODPUT_TARGET} on fewer than {a}+{b} = {fl.total} "
+        "endpoints"
+    ]
+    base = [n for p, n in fewest.items() if p != BERTH and n is not None]
+    if base:
+        n = int(base[0] * ENDPOINT_RATIO)
+        na, nb = split(n)
+        ua, ub = fl.utilization((na, nb))
+        da, db = fl.busy[0] / max(1, na), fl.busy[1] / max(1, nb)
+        out.append(
+            f"- the ratio target means <= {n} endpoints ({na}+{nb}): ideal engines would be busy "
+            f"{ua:.0%} / {ub:.0%} serving every task, {da:.0%} / {db:.0%} with the costliest "
+            f"{1 - GOODPUT_TARGET:.0%} given up"
+        )
+    return out
 
 
 def _f(v: Any, digits: int = 3) -> str:
@@ -193,7 +245,8 @@ def markdown(
             continue
         lines += [f"## coding:{pattern}", ""]
         lines += _table(HEADER, rows)
-        lines += [""]
+        n = cfg.endpoints_per_model
+        lines += ["", load_line(pattern, cfg.rates_for(pattern), (n, n)), ""]
     lines += ["## Targets (heaviest load)", ""]
     for pattern in cfg.patterns:
         lines += target_check(runs, pattern)
@@ -215,6 +268,7 @@ def markdown(
             lines.append(
                 f"- ratio {ratio:.2f} ({'MET' if ratio <= ENDPOINT_RATIO else 'NOT MET'}: {ratio_note})"
             )
+        lines += floor_lines(aladdin["pattern"], aladdin["rate"], fewest)
         lines += [""]
         rows = []
         for d in aladdin["runs"]:
