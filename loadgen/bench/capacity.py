@@ -63,10 +63,11 @@ class CapacityFloor:
     def total(self) -> int:
         return sum(self.endpoints)
 
-    def utilization(self, endpoints: Sequence[int]) -> tuple[float, ...]:
-        """The ideal busy share of each slot's endpoints on a fleet of this size (every task served);
-        above 1 the fleet cannot keep up even with perfect batching."""
-        return tuple(x / max(1, n) for x, n in zip(self.busy_all, endpoints, strict=True))
+    def utilization(self, endpoints: Sequence[int], *, every_task: bool = True) -> tuple[float, ...]:
+        """The ideal busy share of each slot's endpoints on a fleet of this size, serving every task (or
+        with the costliest share given up); above 1 the fleet cannot keep up even with perfect batching."""
+        busy = self.busy_all if every_task else self.busy
+        return tuple(x / max(1, n) for x, n in zip(busy, endpoints, strict=True))
 
 
 def floor(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from loadgen.bench import capacity
 from loadgen.bench.capacity import CapacityFloor
+from loadgen.workloads.base import TaskSpec
 
 if TYPE_CHECKING:
     from loadgen.bench.scheduling import BenchConfig, RunResult
@@ -19,13 +21,18 @@ ENDPOINT_RATIO = 0.7  # Aladdin: berth's fewest endpoints <= this x least-outsta
 FLOOR_SAMPLE = 20_000  # tasks drawn to size the capacity floor
 
 
+@functools.cache
+def _tasks(pattern: str) -> tuple[TaskSpec, ...]:
+    from loadgen.workloads.coding import CodingWorkload
+
+    return tuple(capacity.sample(CodingWorkload(pattern), FLOOR_SAMPLE))
+
+
 def _floor(pattern: str, rate: float, goodput: float) -> CapacityFloor:
     from loadgen.bench.scheduling import PROFILE
     from loadgen.engine_sim.profiles import get_profile
-    from loadgen.workloads.coding import CodingWorkload
 
-    tasks = capacity.sample(CodingWorkload(pattern), FLOOR_SAMPLE)
-    return capacity.floor(get_profile(PROFILE), tasks, rate, goodput)
+    return capacity.floor(get_profile(PROFILE), _tasks(pattern), rate, goodput)
 
 
 def load_line(pattern: str, rates: Sequence[float], endpoints: tuple[int, int]) -> str:
@@ -58,7 +65,7 @@ def floor_lines(pattern: str, rate: float, fewest: dict[str, int | None]) -> lis
         n = int(base[0] * ENDPOINT_RATIO)
         na, nb = split(n)
         ua, ub = fl.utilization((na, nb))
-        da, db = fl.busy[0] / max(1, na), fl.busy[1] / max(1, nb)
+        da, db = fl.utilization((na, nb), every_task=False)
         out.append(
             f"- the ratio target means <= {n} endpoints ({na}+{nb}): ideal engines would be busy "
             f"{ua:.0%} / {ub:.0%} serving every task, {da:.0%} / {db:.0%} with the costliest "

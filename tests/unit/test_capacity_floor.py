@@ -57,6 +57,7 @@ def test_the_floor_gives_up_the_costliest_share_of_tasks_per_model() -> None:
     assert kept.endpoints == (1, 1)
     assert kept.total == 2
     assert kept.utilization((3, 1)) == pytest.approx((every.busy_all[0] / 3, every.busy_all[1]))
+    assert kept.utilization((3, 1), every_task=False) == pytest.approx((kept.busy[0] / 3, 0.0))
 
 
 def test_the_floor_refuses_nonsense() -> None:
