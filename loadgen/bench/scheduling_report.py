@@ -47,9 +47,16 @@ def load_line(pattern: str, rates: Sequence[float], endpoints: tuple[int, int]) 
     )
 
 
-def floor_lines(pattern: str, rate: float, fewest: dict[str, int | None]) -> list[str]:
-    """The capacity floor beside Aladdin's search: the fewest endpoints any router could use, and how busy
-    ideal engines would be on the fleet the ratio target asks for."""
+def ratio_fleet(baseline_fewest: int) -> int:
+    """The most endpoints that meet the ratio target against a baseline that needs `baseline_fewest`."""
+    return int(baseline_fewest * ENDPOINT_RATIO + 1e-9)
+
+
+def floor_lines(
+    pattern: str, rate: float, fewest: dict[str, int | None], runs: Sequence[RunResult] = ()
+) -> list[str]:
+    """The capacity floor beside Aladdin's search: the fewest endpoints any router could use, how busy
+    ideal engines would be on the fleet the ratio target asks for, and each policy's goodput there."""
     from loadgen.bench.scheduling import BERTH, GOODPUT_TARGET, split
 
     fl = _floor(pattern, rate, GOODPUT_TARGET)
@@ -62,14 +69,15 @@ def floor_lines(pattern: str, rate: float, fewest: dict[str, int | None]) -> lis
     ]
     base = [n for p, n in fewest.items() if p != BERTH and n is not None]
     if base:
-        n = int(base[0] * ENDPOINT_RATIO)
+        n = ratio_fleet(base[0])
         na, nb = split(n)
         ua, ub = fl.utilization((na, nb))
         da, db = fl.utilization((na, nb), every_task=False)
+        there = [f"{r.policy} {_f(r.overall_goodput)}" for r in runs if r.endpoints == (na, nb)]
         out.append(
             f"- the ratio target means <= {n} endpoints ({na}+{nb}): ideal engines would be busy "
             f"{ua:.0%} / {ub:.0%} serving every task, {da:.0%} / {db:.0%} with the costliest "
-            f"{1 - GOODPUT_TARGET:.0%} given up"
+            f"{1 - GOODPUT_TARGET:.0%} given up" + (f"; goodput there: {', '.join(there)}" if there else "")
         )
     return out
 
@@ -275,11 +283,11 @@ def markdown(
             lines.append(
                 f"- ratio {ratio:.2f} ({'MET' if ratio <= ENDPOINT_RATIO else 'NOT MET'}: {ratio_note})"
             )
-        lines += floor_lines(aladdin["pattern"], aladdin["rate"], fewest)
+        searched = [RR.from_dict(d) for d in aladdin["runs"]]
+        lines += floor_lines(aladdin["pattern"], aladdin["rate"], fewest, searched)
         lines += [""]
         rows = []
-        for d in aladdin["runs"]:
-            r = RR.from_dict(d)
+        for r in searched:
             rows.append([f"{r.endpoints[0]}+{r.endpoints[1]}", *run_row(r)[1:]])  # seed onwards
         lines += _table(["endpoints", *HEADER[1:]], rows)
         lines += [""]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import orjson
+import pytest
 
-from loadgen.bench.scheduling import RunResult
-from loadgen.bench.scheduling_report import policy_means, run_row, target_check
+from loadgen.bench import scheduling
+from loadgen.bench.scheduling import BenchConfig, RunResult
+from loadgen.bench.scheduling_report import floor_lines, policy_means, ratio_fleet, run_row, target_check
 
 CPU = {p: {"cpu_share": 0.3, "runqueue_share": 0.01} for p in ("berth", "loadgen", "sim")}
 
@@ -98,3 +101,41 @@ def test_merge_makes_one_report_from_runs_measured_apart(tmp_path: Path) -> None
     text = (merged / "report.md").read_text()
     assert "berth 0.820 vs best baseline least-outstanding 0.700: +0.120 (MET" in text
     assert "translation 0.840 vs 0.850 (-0.010; MET" in text
+
+
+def test_the_ratio_fleet_is_the_largest_that_meets_the_ratio() -> None:
+    assert [ratio_fleet(n) for n in (4, 6, 10, 20)] == [2, 4, 7, 14]
+
+
+async def test_both_policies_run_on_the_ratio_fleet_unless_the_search_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[tuple[str, int, int]] = []
+
+    async def fake_run(
+        cfg: BenchConfig, policy: str, *, pattern: str, rate: float, n_a: int, n_b: int
+    ) -> RunResult:
+        assert (pattern, rate) == (cfg.aladdin_pattern, cfg.aladdin_rate)
+        ran.append((policy, n_a, n_b))
+        return dataclasses.replace(run(policy, 0.5), endpoints=(n_a, n_b))
+
+    monkeypatch.setattr(scheduling, "run_one", fake_run)
+    cfg = BenchConfig(out=tmp_path)
+    searched = [dataclasses.replace(run("berth", 0.8), endpoints=(3, 1))]  # the search's own run at 4
+    out = await scheduling.at_ratio_fleet(cfg, {"berth": 6, "least-outstanding": 6}, searched, lambda _: None)
+    assert ran == [("least-outstanding", 3, 1)]
+    assert [r.endpoints for r in out] == [(3, 1)]
+    ran.clear()
+    no_baseline = {"berth": 6, "least-outstanding": None}
+    assert await scheduling.at_ratio_fleet(cfg, no_baseline, [], lambda _: None) == []
+    assert ran == []
+
+
+def test_the_floor_lines_quote_each_policy_on_the_ratio_fleet() -> None:
+    there = [
+        dataclasses.replace(run("berth", 0.795), endpoints=(3, 1)),
+        dataclasses.replace(run("least-outstanding", 0.204), endpoints=(3, 1)),
+        dataclasses.replace(run("berth", 0.99), endpoints=(5, 1)),
+    ]
+    line = floor_lines("pattern1", 6.0, {"berth": 6, "least-outstanding": 6}, there)[1]
+    assert line.endswith("; goodput there: berth 0.795, least-outstanding 0.204")
