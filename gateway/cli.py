@@ -1,19 +1,23 @@
-"""Console entry point: `berth serve | check | demo | top`."""
+"""Console entry point: `berth serve | check | top`, plus the commands other installed packages add
+through the `berth.commands` entry-point group (`berth demo` comes with loadgen's simulator: a command
+there is a callable taking the arguments after its name and returning the exit status)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any
 
 from gateway import __version__
 from gateway.core.errors import ConfigError
 
+#: The entry-point group of commands that other packages add to `berth`.
+COMMANDS_GROUP = "berth.commands"
 
-def _parser() -> argparse.ArgumentParser:
+
+def _parser(plugins: Sequence[EntryPoint] = ()) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="berth", description="SLO-aware gateway for self-hosted LLM fleets")
     p.add_argument("--version", action="version", version=f"berth {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -37,12 +41,6 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="validate a gateway.toml or policy file; exit 1 with the errors")
     c.add_argument("-c", "--config", type=Path, required=True)
 
-    d = sub.add_parser("demo", help="run a simulated fleet with berth in front of it and a mixed workload")
-    d.add_argument("--duration", type=float, default=60.0, help="seconds of workload (default 60)")
-    d.add_argument("--port", type=int, default=8080, help="berth's port (default 8080)")
-    d.add_argument("--no-serve", action="store_true", help="exit after the results instead of serving on")
-    d.add_argument("--rate", type=float, default=None, help="requests/s of the demo workload")
-
     t = sub.add_parser("top", help="live view of endpoints, queues and SLO attainment (q or Ctrl-C exits)")
     t.add_argument(
         "--url", default=None, help="the gateway's base URL (default $BERTH_URL or http://127.0.0.1:8080)"
@@ -50,21 +48,24 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--token", default=None, help="admin token (default $BERTH_ADMIN_TOKEN)")
     t.add_argument("--once", action="store_true", help="print one frame without escape codes and exit")
     t.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
+
+    for ep in plugins:
+        x = sub.add_parser(ep.name, help=f"(from {ep.module.split('.')[0]}; `berth {ep.name} --help`)")
+        x.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    plugins = {ep.name: ep for ep in entry_points(group=COMMANDS_GROUP)}
+    if argv and argv[0] in plugins:  # its own parser reads its arguments
+        command: Callable[[Sequence[str]], int] = plugins[argv[0]].load()
+        return command(argv[1:])
+    args = _parser(list(plugins.values())).parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "check":
         return _check(args.config)
-    if args.command == "demo":
-        from gateway.demo import run_demo
-
-        return run_demo(
-            duration_s=args.duration, port=args.port, serve_after=not args.no_serve, rate=args.rate
-        )
     if args.command == "top":
         return _top(args)
     return 2
@@ -106,6 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
         parse_endpoint_flag,
     )
     from gateway.core.logging import configure_logging
+    from gateway.core.runloop import run
     from gateway.sched.registry import default_registry
 
     try:
@@ -125,18 +127,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"berth: {e}", file=sys.stderr)
         return 2
     configure_logging(args.log_level or cfg.server.log_level)
-    gw = Gateway(runtime, cfg, options, registry=registry)
-    _run(serve(gw))
+    run(serve(Gateway(runtime, cfg, options, registry=registry)))
     return 0
-
-
-def _run(coro: Coroutine[Any, Any, None]) -> None:
-    try:
-        import uvloop
-
-        uvloop.run(coro)
-    except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it anyway
-        asyncio.run(coro)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gateway.core.types import SLO, ApiKind, ModelName, RequestId
-from gateway.front.schemas import ParsedRequest
+from gateway.core.types import SLO, ApiKind, ModelName, ParsedRequest, RequestId
 from gateway.sched.request import SchedRequest
 from gateway.telemetry.lengths import LengthPrediction
 from gateway.telemetry.tokens import TokenEstimator

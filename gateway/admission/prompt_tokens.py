@@ -31,8 +31,7 @@ import structlog
 
 from gateway.core.clock import Clock
 from gateway.core.metrics import GatewayMetrics
-from gateway.core.types import EndpointHealth, EndpointId, ModelName
-from gateway.front.schemas import ParsedRequest
+from gateway.core.types import EndpointHealth, EndpointId, ModelName, ParsedRequest
 from gateway.sched.snapshot import EndpointView
 from gateway.telemetry.tokens import TokenEstimator
 from gateway.upstream.dialects import dialect_for

@@ -23,13 +23,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gateway.admission.tasks import TaskCall, TaskClock
+from gateway.admission.tasks import TaskClock
 from gateway.config.schema import TenantConfig
 from gateway.core import errors
 from gateway.core.errors import BerthError
-from gateway.core.slo import SloClass, SloPolicy, SloRule, TaskMetric
-from gateway.core.types import SLO
-from gateway.front.schemas import ParsedRequest
+from gateway.core.slo import SloClass, SloPolicy, SloRule, TaskCall, TaskMetric
+from gateway.core.types import SLO, ParsedRequest
 
 H_CLASS: Final = "x-berth-slo-class"
 H_TTFT: Final = "x-berth-ttft-ms"

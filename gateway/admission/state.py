@@ -12,11 +12,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gateway.admission.slo import NO_SLO_HEADERS, Resolved, Tenants, parse_slo_headers, resolve
-from gateway.admission.tasks import TaskCall, TaskClock
+from gateway.admission.tasks import TaskClock
 from gateway.config.schema import TenantConfig
 from gateway.core.errors import BerthError, ErrorSource
-from gateway.core.slo import SloPolicy, TaskMetric
-from gateway.front.schemas import ParsedRequest
+from gateway.core.slo import SloPolicy, TaskCall, TaskMetric
+from gateway.core.types import ParsedRequest
 
 
 class SloAdmission:

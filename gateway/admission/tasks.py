@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from gateway.core.slo import SloClass, TaskMetric, TaskSettings
+from gateway.core.slo import SloClass, TaskCall, TaskMetric, TaskSettings
 
 
 @dataclass(slots=True)
@@ -33,20 +33,6 @@ class _Task:
     start: float
     last_seen: float
     calls: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TaskCall:
-    """One call of a task, as admission resolved it."""
-
-    key: str
-    task_type: str
-    step: int  # 0-based position of the call in its task
-    start: float  # the task's start (clock seconds)
-    sla_s: float | None  # the task SLA
-    deadline: float | None  # this call's allotted deadline (clock seconds); None: no task SLA
-    metric: TaskMetric  # what `deadline` bounds: this call's first token or its end
-    final: bool  # the last allotted step
 
 
 class _StepStats:

@@ -39,6 +39,20 @@ class TaskMetric(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class TaskCall:
+    """One call of a task, as admission resolved it."""
+
+    key: str
+    task_type: str
+    step: int  # 0-based position of the call in its task
+    start: float  # the task's start (clock seconds)
+    sla_s: float | None  # the task SLA
+    deadline: float | None  # this call's allotted deadline (clock seconds); None: no task SLA
+    metric: TaskMetric  # what `deadline` bounds: this call's first token or its end
+    final: bool  # the last allotted step
+
+
+@dataclass(frozen=True, slots=True)
 class SloClass:
     name: str
     kind: SloKind = SloKind.INTERACTIVE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import NewType
+from typing import Any, NewType
 
 RequestId = NewType("RequestId", str)
 EndpointId = NewType("EndpointId", str)
@@ -68,3 +68,16 @@ class EngineGauges:
     running: float | None = None
     waiting: float | None = None
     kv_usage: float | None = None  # fraction 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """An OpenAI request body as the front validated it: the fields berth acts on, and the body itself."""
+
+    api: ApiKind
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    include_usage: bool  # the client asked for the usage chunk
+    max_tokens: int | None
+    prompt_chars: int

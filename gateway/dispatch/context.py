@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.admission.tasks import TaskCall
 from gateway.core.errors import BerthError
+from gateway.core.slo import TaskCall
 from gateway.core.types import ApiKind, EndpointId
 from gateway.sched.request import SchedRequest
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -41,12 +41,10 @@ from aiohttp import web
 from gateway import __version__
 from gateway.core import errors
 from gateway.core.types import EndpointHealth, ModelName
-from gateway.front.http import Handler, error_response, request_id
+from gateway.front.http import error_response, request_id
+from gateway.front.services import SERVICES, Services
+from gateway.sched.snapshot import EndpointView
 from gateway.telemetry.fleet_state import EndpointTelemetry, perf_document
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.sched.snapshot import EndpointView
 
 FLEET_PATH = "/admin/fleet"
 
@@ -81,49 +79,48 @@ def authorize(request: web.Request, token: str) -> None:
         )
 
 
-def make_fleet_handler(gw: Gateway) -> Handler:
-    async def handler(request: web.Request) -> web.Response:
-        try:
-            authorize(request, gw.cfg.server.admin_token)
-        except errors.BerthError as e:
-            resp = error_response(e, request_id(request))
-            if e.status == 401:
-                resp.headers["WWW-Authenticate"] = 'Bearer realm="berth-admin"'
-            return resp
-        return web.Response(
-            body=orjson.dumps(fleet_document(gw)),
-            content_type="application/json",
-            headers={"Cache-Control": "no-store"},
-        )
-
-    return handler
+async def fleet(request: web.Request) -> web.Response:
+    s = request.app[SERVICES]
+    try:
+        authorize(request, s.admin_token)
+    except errors.BerthError as e:
+        resp = error_response(e, request_id(request))
+        if e.status == 401:
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="berth-admin"'
+        return resp
+    return web.Response(
+        body=orjson.dumps(fleet_document(s)),
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
 
 
-def fleet_document(gw: Gateway) -> dict[str, Any]:
-    tel = gw.telemetry
-    tel.drain()  # the requests finished since the last refresh count too
+def fleet_document(s: Services) -> dict[str, Any]:
+    """The document as of the telemetry's last refresh (reading it changes nothing)."""
+    tel = s.telemetry
     fleet = tel.fleet
-    snap = gw.scheduler.snapshot()
+    sched = s.scheduler
+    snap = sched.snapshot()
     now = snap.now
-    queued: dict[str, dict[str, int]] = {str(m): c for m, c in gw.scheduler.queued_by_class().items()}
-    models = sorted({*map(str, gw.scheduler.models(ready_only=False)), *fleet.models, *queued})
+    queued: dict[str, dict[str, int]] = {str(m): c for m, c in sched.queued_by_class().items()}
+    models = sorted({*map(str, sched.models(ready_only=False)), *fleet.models, *queued})
     att = fleet.attainment
     fo = fleet.fail_open
-    profile = gw.scheduler.policy.profile
+    profile = sched.policy.profile
     groups = {m: profile.groups(ModelName(m)) for m in models}
     group_of = {e: g for by_group in groups.values() for g, (_, eids) in by_group.items() for e in eids}
     return {
         "version": __version__,
-        "uptime_s": round(time.time() - gw.started_at, 3),
-        "policy": gw.runtime.policy.name,
-        "ready": gw.ready,
-        "draining": gw.draining,
+        "uptime_s": round(time.time() - s.started_at, 3),
+        "policy": s.settings.policy_name,
+        "ready": s.ready,
+        "draining": s.draining,
         "fail_open": {
             "active": fo.active,
             "since_s": None if fo.since is None else now - fo.since,
             "events": fo.transitions,
         },
-        "stale_after_s": gw.scheduler.limits.stale_after_s,
+        "stale_after_s": sched.limits.stale_after_s,
         "endpoints": [
             _endpoint(e, fleet.endpoints.get(e.id), now, group_of.get(e.id)) for e in snap.endpoints
         ],
@@ -153,9 +150,9 @@ def fleet_document(gw: Gateway) -> dict[str, Any]:
             "dropped": tel.dropped,
             "last_refit_age_s": None if fleet.last_refit_at is None else now - fleet.last_refit_at,
         },
-        "slo": gw.slo.document(
-            gw.runtime.policy.slo,
-            gw.scheduler.admission.by_class(),
+        "slo": s.slo.document(
+            s.settings.slo,
+            sched.admission.by_class(),
             {cls: (a.finished, a.met) for cls, a in att.totals().items()},
         ),
     }

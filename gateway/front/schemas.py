@@ -6,24 +6,12 @@ extra fields (vLLM's `min_tokens`, `ignore_eos`, ...); those are forwarded untou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from gateway.core import errors
-from gateway.core.types import ApiKind
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedRequest:
-    api: ApiKind
-    body: dict[str, Any]
-    model: str
-    stream: bool
-    include_usage: bool  # the client asked for the usage chunk
-    max_tokens: int | None
-    prompt_chars: int
+from gateway.core.types import ApiKind, ParsedRequest
 
 
 def parse_body(api: ApiKind, raw: bytes) -> ParsedRequest:

@@ -28,9 +28,9 @@ import structlog
 
 from gateway.core.clock import Clock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, EngineKind
+from gateway.telemetry.engine_metrics import EngineMetrics, detect_engine, metrics_for
 from gateway.telemetry.health import HealthTracker
 from gateway.telemetry.promtext import Exposition, PromParser
-from gateway.upstream.dialects import Dialect, detect_engine, dialect_for
 
 log = structlog.get_logger("berth.scraper")
 
@@ -91,7 +91,7 @@ class EndpointScraper:
         self,
         eid: EndpointId,
         base_url: str,
-        dialect: Dialect | None,
+        dialect: EngineMetrics | None,
         session: aiohttp.ClientSession,
         settings: ScrapeSettings,
         sink: ScrapeSink,
@@ -124,7 +124,7 @@ class EndpointScraper:
         return self._tracker.state
 
     @property
-    def dialect(self) -> Dialect | None:
+    def dialect(self) -> EngineMetrics | None:
         return self._dialect
 
     @property
@@ -211,7 +211,7 @@ class EndpointScraper:
             status, body = await self._get(path, _JSON_HEADERS, _MAX_SMALL_BYTES)
             if status != 200:
                 raise _Failed(f"models list answered {status}")
-            dialect = self._dialect or dialect_for(EngineKind.VLLM)  # the OpenAI shape is shared
+            dialect = self._dialect or metrics_for(EngineKind.VLLM)  # the OpenAI shape is shared
             models = dialect.served_models(body)
         except (_Failed, ValueError) as e:
             log.debug("models_failed", endpoint=self.eid, reason=str(e))
@@ -238,7 +238,7 @@ class EndpointScraper:
             raise _Failed(f"{type(e).__name__}: {e}") from None
 
     # ----------------------------------------------------------------- bookkeeping
-    def _learn_engine(self, expo: Exposition) -> Dialect | None:
+    def _learn_engine(self, expo: Exposition) -> EngineMetrics | None:
         if self._dialect is None:
             kind = detect_engine(expo)
             if kind is None:
@@ -246,7 +246,7 @@ class EndpointScraper:
                     self._checked_kind = True
                     log.warning("engine_not_detected", endpoint=self.eid, families=len(expo.families))
                 return None
-            self._dialect = dialect_for(kind)
+            self._dialect = metrics_for(kind)
             self._checked_kind = True
             self._tell(self._sink.on_engine, kind)
         elif not self._checked_kind:

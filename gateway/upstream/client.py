@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from gateway import __version__
+from gateway.config.schema import UpstreamConfig
 from gateway.core import errors
 from gateway.core.clock import Clock
 
@@ -28,6 +29,17 @@ class UpstreamSettings:
     max_retries: int = 1
     pool_per_host: int = 256
     pool_total: int = 1024
+
+    @classmethod
+    def of(cls, cfg: UpstreamConfig) -> UpstreamSettings:
+        return cls(
+            connect_timeout_s=cfg.connect_timeout_s,
+            first_byte_timeout_s=cfg.first_byte_timeout_s,
+            read_timeout_s=cfg.read_timeout_s,
+            max_retries=cfg.max_retries,
+            pool_per_host=cfg.pool_per_host,
+            pool_total=cfg.pool_total,
+        )
 
 
 def make_session(settings: UpstreamSettings) -> aiohttp.ClientSession:

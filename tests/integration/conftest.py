@@ -36,7 +36,7 @@ class Running:
 
     async def scrape(self) -> None:
         """One scrape round of every endpoint, now (no waiting for the interval)."""
-        for s in list(self.gw._scrapers.values()):
+        for s in self.gw.endpoints.scrapers():
             await s.run_once()
 
 
@@ -78,7 +78,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
         gw = Gateway(runtime, cfg, ServeOptions(config_path=cfg_path, endpoints=flags), registry=registry)
         server = TestServer(build_app(gw), handler_cancellation=True)
         await server.start_server()
-        await gw.first_round(timeout_s=10)
+        await gw.endpoints.first_round(timeout_s=10)
         r = Running(gw, server)
         running.append(r)
         return r

@@ -17,7 +17,8 @@ from structlog.testing import capture_logs
 
 from gateway.cli import main
 from gateway.config import ADMIN_TOKEN_ENV
-from gateway.front.admin import make_fleet_handler
+from gateway.front.admin import fleet as fleet_route
+from gateway.front.services import SERVICES
 from loadgen.engine_sim import EndpointSpec, SimFleet
 from loadgen.engine_sim.lengths import LengthDist
 from tests.integration.conftest import EngineServer, Running, StartGateway
@@ -160,17 +161,18 @@ async def test_without_a_token_remote_clients_are_forbidden(
     engine_server: EngineServer, start_gateway: StartGateway
 ) -> None:
     r = await start_gateway([await engine_server(FakeEngine()) + ",engine=vllm"])
-    handler = make_fleet_handler(r.gw)
-    remote = make_mocked_request("GET", "/admin/fleet").clone(remote="192.0.2.7")
-    resp = await handler(remote)
+    app = aiohttp.web.Application()
+    app[SERVICES] = r.gw.services
+    remote = make_mocked_request("GET", "/admin/fleet", app=app).clone(remote="192.0.2.7")
+    resp = await fleet_route(remote)
     assert resp.status == 403
     assert isinstance(resp, aiohttp.web.Response)
     assert resp.body is not None
     err = orjson.loads(resp.body)["error"]  # type: ignore[arg-type]
     assert err["code"] == "forbidden"
     assert "loopback" in err["message"]
-    local = make_mocked_request("GET", "/admin/fleet").clone(remote="127.0.0.1")
-    assert (await handler(local)).status == 200
+    local = make_mocked_request("GET", "/admin/fleet", app=app).clone(remote="127.0.0.1")
+    assert (await fleet_route(local)).status == 200
 
 
 @pytest.fixture

@@ -251,5 +251,5 @@ async def test_reload_turns_it_on_and_off(engine_server: EngineServer, start_gat
 
 def _timeout(r: Running) -> float | None:
     """The running counter's timeout; None: no counter (the estimate)."""
-    counter = r.gw.prompt_counter
+    counter = r.gw.services.prompt_counter
     return None if counter is None else counter.timeout_s

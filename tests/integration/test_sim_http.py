@@ -13,8 +13,8 @@ import openai
 import orjson
 import pytest
 
+from gateway.telemetry.engine_metrics import SGLANG_METRICS, VLLM_METRICS
 from gateway.telemetry.promtext import parse
-from gateway.upstream.dialects import SGLANG, VLLM
 from loadgen.engine_sim import EndpointSpec, SimFleet
 from loadgen.engine_sim.lengths import LengthDist
 
@@ -241,12 +241,12 @@ async def test_metrics_faults(fleet: SimFleet, http: aiohttp.ClientSession) -> N
     async with http.get(ep.url + "/metrics") as resp:
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         expo = parse(await resp.text())
-    assert SGLANG.generation_tokens_total(expo) == 4
-    assert SGLANG.gauges(expo).running == 0
+    assert SGLANG_METRICS.generation_tokens_total(expo) == 4
+    assert SGLANG_METRICS.gauges(expo).running == 0
     ep.set_faults(metrics_garbage=True)
     async with http.get(ep.url + "/metrics") as resp:
         assert resp.status == 200
-        assert SGLANG.gauges(parse(await resp.text())).running is None
+        assert SGLANG_METRICS.gauges(parse(await resp.text())).running is None
     ep.set_faults(metrics_garbage=False, metrics_delay_s=30.0)
     with pytest.raises(TimeoutError):
         async with http.get(ep.url + "/metrics", timeout=aiohttp.ClientTimeout(total=0.2)):
@@ -295,11 +295,11 @@ async def test_vllm_metrics_after_traffic(fleet: SimFleet, http: aiohttp.ClientS
     await asyncio.gather(*(http.post(url + "/v1/chat/completions", json=chat_body(n=3)) for _ in range(5)))
     async with http.get(url + "/metrics") as resp:
         expo = parse(await resp.text())
-    assert VLLM.generation_tokens_total(expo) == 15
-    ttft = VLLM.ttft_histogram(expo)
+    assert VLLM_METRICS.generation_tokens_total(expo) == 15
+    ttft = VLLM_METRICS.ttft_histogram(expo)
     assert ttft is not None
     assert ttft.count == 5
-    assert VLLM.gauges(expo).kv_usage == 0.0
+    assert VLLM_METRICS.gauges(expo).kv_usage == 0.0
 
 
 async def test_standalone_simulator_exits_when_it_dies() -> None:

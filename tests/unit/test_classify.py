@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from gateway.admission.classify import task_class, to_sched_request
-from gateway.core.types import SLO, ApiKind, ModelName
-from gateway.front.schemas import ParsedRequest, parse_body
+from gateway.core.types import SLO, ApiKind, ModelName, ParsedRequest
+from gateway.front.schemas import parse_body
 from gateway.telemetry.lengths import OutputLengthPredictor
 from gateway.telemetry.tokens import TokenEstimator
 

@@ -9,7 +9,7 @@ import pytest
 from gateway.config import load_gateway_config
 from gateway.config.schema import TelemetryConfig
 from gateway.core.errors import ConfigError
-from gateway.live_telemetry import telemetry_settings
+from gateway.telemetry.live import telemetry_settings
 from gateway.telemetry.perfmodel import default_prior
 
 

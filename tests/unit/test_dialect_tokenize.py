@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.core.types import ApiKind
-from gateway.upstream.dialects import SGLANG, VLLM, Dialect, tokenize_count
+from gateway.core.types import ApiKind, EngineKind
+from gateway.upstream.dialects import SGLANG, VLLM, Dialect, dialect_for, tokenize_count
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -185,3 +185,21 @@ def test_tokenize_count(answer: bytes, count: int) -> None:
 def test_tokenize_count_rejects(answer: bytes) -> None:
     with pytest.raises(ValueError, match="tokenize answer"):
         tokenize_count(answer)
+
+
+def test_dialect_for_every_kind() -> None:
+    for kind in EngineKind:
+        assert dialect_for(kind).kind is kind
+
+
+@pytest.mark.parametrize("dialect", [VLLM, SGLANG], ids=["vllm", "sglang"])
+def test_aborts_on_disconnect(dialect: Dialect) -> None:
+    assert dialect.aborts_on_disconnect
+
+
+def test_abort() -> None:
+    assert VLLM.abort_path is None
+    assert VLLM.abort_body("r-1") is None
+    assert SGLANG.abort_path == "/abort_request"
+    assert SGLANG.request_id_field == "rid"
+    assert orjson.loads(SGLANG.abort_body('r-1"x') or b"") == {"rid": 'r-1"x'}

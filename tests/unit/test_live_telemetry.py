@@ -13,16 +13,23 @@ from gateway.config.schema import PerfPriorConfig, TelemetryConfig
 from gateway.core.clock import FakeClock
 from gateway.core.types import SLO, ApiKind, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.dispatch.context import RequestContext
-from gateway.dispatch.driver import SchedulerDriver
-from gateway.live_telemetry import LiveTelemetry
+from gateway.front.api import finished_record
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Dispatch, QueueLimits, Scheduler
+from gateway.telemetry.engine_metrics import VLLM_METRICS
+from gateway.telemetry.live import LiveTelemetry
 from gateway.telemetry.perfmodel import default_prior
 from gateway.telemetry.promtext import parse
-from gateway.upstream.dialects import VLLM
 from tests.unit.test_sched_scheduler import READY, policy, spec
 
 A = EndpointId("a")
+
+
+def finish(tel: LiveTelemetry, ctx: RequestContext) -> None:
+    """What the front's finish phase hands telemetry for `ctx`."""
+    record = finished_record(ctx)
+    if record is not None:
+        tel.on_finish(record)
 
 
 class Rig:
@@ -31,14 +38,7 @@ class Rig:
         self.sched = Scheduler(policy(), self.clock, QueueLimits(stale_after_s=10.0))
         self.sched.sync_endpoints([spec("a", cap=8)])
         self.sched.set_health(A, READY)
-        self.config = TelemetryConfig()
-        self.tel = LiveTelemetry(
-            self.sched,
-            SchedulerDriver(self.sched),
-            self.clock,
-            lambda: self.config,
-            pending_limit=pending_limit,
-        )
+        self.tel = LiveTelemetry(self.sched, self.clock, TelemetryConfig(), pending_limit=pending_limit)
 
     def run_request(self, name: str, *, prompt_chars: int = 400, tokens: int = 5) -> RequestContext:
         """One streamed request through the scheduler, timed on the fake clock."""
@@ -74,7 +74,7 @@ class Rig:
 
 def test_the_finish_phase_only_queues_and_refresh_folds_in() -> None:
     rig = Rig()
-    rig.tel.on_finish(rig.run_request("r1"))
+    finish(rig.tel, rig.run_request("r1"))
     assert rig.tel.pending == 1
     assert A not in rig.tel.fleet.endpoints or rig.tel.fleet.endpoints[A].timings.ttft.n == 0
     rig.tel.refresh()
@@ -105,7 +105,7 @@ def test_timelines_settle_up_to_the_oldest_running_request() -> None:
     assert isinstance(rig.sched.submit(slow), Dispatch)
     started = rig.clock.now()
     rig.clock.advance(1.0)
-    rig.tel.on_finish(rig.run_request("r1"))  # ran beside the slow one, which has not finished yet
+    finish(rig.tel, rig.run_request("r1"))  # ran beside the slow one, which has not finished yet
     assert rig.tel.settle_points() == {A: started}
     prefill = rig.tel.fleet.endpoints[A].prediction_error["ttft"]
     rig.tel.settle()
@@ -114,9 +114,9 @@ def test_timelines_settle_up_to_the_oldest_running_request() -> None:
     ctx = RequestContext(id="slow", api=ApiKind.CHAT, arrival=started, stream=True)
     ctx.sched, ctx.endpoint, ctx.attempts, ctx.dispatched_at = slow, A, 1, started
     ctx.outcome, ctx.finished_at = "engine_error", rig.clock.now()
-    rig.tel.on_finish(ctx)
+    finish(rig.tel, ctx)
     rig.clock.advance(1.0)
-    rig.tel.on_finish(rig.run_request("r2"))  # alone
+    finish(rig.tel, rig.run_request("r2"))  # alone
     assert rig.tel.settle_points() == {A: rig.clock.now()}
     rig.tel.settle()
     assert prefill.n == 1  # r2 found the endpoint idle; r1 overlapped the untracked one
@@ -126,7 +126,7 @@ def test_timelines_settle_up_to_the_oldest_running_request() -> None:
 def test_lost_finished_requests_reset_the_timelines() -> None:
     rig = Rig(pending_limit=1)
     for i in range(2):
-        rig.tel.on_finish(rig.run_request(f"r{i}"))
+        finish(rig.tel, rig.run_request(f"r{i}"))
     rig.tel.refresh()
     timeline = rig.tel.fleet.endpoints[A].timeline
     assert len(timeline) == 1
@@ -138,14 +138,14 @@ def test_requests_rejected_before_admission_teach_nothing() -> None:
     rig = Rig()
     ctx = RequestContext(id="x", api=ApiKind.CHAT, arrival=rig.clock.now())
     ctx.finished_at = rig.clock.now()
-    rig.tel.on_finish(ctx)
+    finish(rig.tel, ctx)
     assert rig.tel.pending == 0
 
 
 def test_a_full_queue_drops_the_oldest_and_counts_them() -> None:
     rig = Rig(pending_limit=2)
     for i in range(3):
-        rig.tel.on_finish(rig.run_request(f"r{i}"))
+        finish(rig.tel, rig.run_request(f"r{i}"))
     assert (rig.tel.pending, rig.tel.dropped) == (2, 1)
 
 
@@ -154,8 +154,8 @@ def test_refit_on_refresh_and_a_reloaded_prior_restarts_the_fits() -> None:
     rig.tel.refresh(refit=True)
     assert rig.tel.last_refit_at == rig.clock.now()
     old = rig.tel.fleet.endpoints[A]
-    rig.config = msgspec.structs.replace(rig.config, prior=PerfPriorConfig(k1=5e-4))
     with capture_logs() as logs:
+        rig.tel.reconfigure(msgspec.structs.replace(TelemetryConfig(), prior=PerfPriorConfig(k1=5e-4)))
         rig.tel.refresh()
     assert "telemetry_config_applied" in [e["event"] for e in logs]
     assert rig.tel.fleet.endpoints[A] is not old
@@ -191,15 +191,15 @@ def test_a_scrape_feeds_kv_capacity_and_the_engine_cross_check() -> None:
         "vllm:time_to_first_token_seconds_count 10\n"
         "vllm:time_to_first_token_seconds_sum 1.0\n"
     )
-    rig.tel.on_scrape(A, EngineGauges(running=0.0, kv_usage=0.0), parse(page), VLLM)
+    rig.tel.on_scrape(A, EngineGauges(running=0.0, kv_usage=0.0), parse(page), VLLM_METRICS)
     assert rig.tel.fleet.endpoints[A].kv_capacity_tokens == 1600.0
-    rig.tel.on_scrape(EndpointId("gone"), EngineGauges(running=0.0), parse(page), VLLM)
+    rig.tel.on_scrape(EndpointId("gone"), EngineGauges(running=0.0), parse(page), VLLM_METRICS)
     assert EndpointId("gone") not in rig.tel.fleet.endpoints
 
 
 async def test_the_loop_refreshes_every_interval_and_refits_when_due(monkeypatch: pytest.MonkeyPatch) -> None:
     rig = Rig()
-    rig.config = TelemetryConfig(refresh_interval_s=1.0, refit_interval_s=3.0)
+    rig.tel.reconfigure(TelemetryConfig(refresh_interval_s=1.0, refit_interval_s=3.0))
     refits: list[float] = []
     waits: list[float] = []
 
@@ -213,7 +213,7 @@ async def test_the_loop_refreshes_every_interval_and_refits_when_due(monkeypatch
             raise asyncio.CancelledError
         rig.clock.advance(seconds)
 
-    monkeypatch.setattr("gateway.live_telemetry.asyncio.sleep", fake_sleep)
+    monkeypatch.setattr("gateway.telemetry.live.asyncio.sleep", fake_sleep)
     with pytest.raises(asyncio.CancelledError):
         await rig.tel.run()
     assert waits == [1.0] * 9

@@ -19,8 +19,8 @@ from pytest_aiohttp import AiohttpServer
 
 from gateway.core.clock import FakeClock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, EngineKind
+from gateway.telemetry.engine_metrics import SGLANG_METRICS, VLLM_METRICS, EngineMetrics
 from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings, Wait
-from gateway.upstream.dialects import SGLANG, VLLM, Dialect
 
 DATA = Path(__file__).parent / "data"
 VLLM_PAGE = (DATA / "vllm_v1_dp2.prom").read_text()
@@ -132,7 +132,7 @@ def make_rig(aiohttp_server: AiohttpServer, session: aiohttp.ClientSession) -> A
     async def make(
         *,
         engine: FakeEngine | None = None,
-        dialect: Dialect | None = None,
+        dialect: EngineMetrics | None = None,
         settings: ScrapeSettings | None = None,
         clock: FakeClock | None = None,
         wait: Wait = asyncio.sleep,
@@ -169,7 +169,7 @@ async def test_healthy_engine_becomes_ready_with_gauges(make_rig: Any) -> None:
     ]
     assert rig.scraper.round_done.is_set()
     assert rig.scraper.health is READY
-    assert rig.scraper.dialect is VLLM
+    assert rig.scraper.dialect is VLLM_METRICS
     assert rig.scraper.models == ["Qwen/Qwen2.5-Coder-7B-Instruct"]
     assert rig.scraper.url == str(rig.server.make_url("/"))
     assert rig.scraper.last_exposition is not None
@@ -184,7 +184,7 @@ async def test_healthy_engine_becomes_ready_with_gauges(make_rig: Any) -> None:
 
 
 async def test_configured_dialect_is_not_reported_as_detected(make_rig: Any) -> None:
-    rig: Rig = await make_rig(dialect=VLLM)
+    rig: Rig = await make_rig(dialect=VLLM_METRICS)
     await rig.scraper.run_once()
     assert [e[0] for e in rig.sink.take()] == ["gauges", "models", "health", "scrape"]
 
@@ -197,7 +197,7 @@ async def test_engine_detection_sglang(make_rig: Any) -> None:
     events = rig.sink.take()
     assert events[0] == ("engine", EngineKind.SGLANG)
     assert ("gauges", EngineGauges(running=12.0, waiting=4.0, kv_usage=0.625)) in events
-    assert rig.scraper.dialect is SGLANG
+    assert rig.scraper.dialect is SGLANG_METRICS
 
 
 async def test_engine_detected_once_it_shows_its_metrics(make_rig: Any) -> None:
@@ -215,11 +215,11 @@ async def test_engine_detected_once_it_shows_its_metrics(make_rig: Any) -> None:
 
 
 async def test_configured_dialect_kept_when_the_page_says_otherwise(make_rig: Any) -> None:
-    rig: Rig = await make_rig(engine=FakeEngine(metrics=SGLANG_PAGE), dialect=VLLM)
+    rig: Rig = await make_rig(engine=FakeEngine(metrics=SGLANG_PAGE), dialect=VLLM_METRICS)
     await rig.scraper.run_once()
     # The operator said vLLM; the SGLang page has no vLLM gauges, so no gauges (and a logged mismatch).
     assert [e[0] for e in rig.sink.take()] == ["models", "health", "scrape"]
-    assert rig.scraper.dialect is VLLM
+    assert rig.scraper.dialect is VLLM_METRICS
 
 
 @pytest.mark.parametrize(
@@ -238,7 +238,9 @@ async def test_configured_dialect_kept_when_the_page_says_otherwise(make_rig: An
 async def test_broken_metrics_keep_the_endpoint_ready(
     make_rig: Any, metrics_status: int, page: str, bad_lines: int
 ) -> None:
-    rig: Rig = await make_rig(engine=FakeEngine(metrics=page, metrics_status=metrics_status), dialect=VLLM)
+    rig: Rig = await make_rig(
+        engine=FakeEngine(metrics=page, metrics_status=metrics_status), dialect=VLLM_METRICS
+    )
     await rig.scraper.run_once()
     assert rig.sink.take() == [
         ("models", ["Qwen/Qwen2.5-Coder-7B-Instruct"]),
@@ -280,7 +282,7 @@ async def test_health_failures_make_it_unhealthy_and_one_success_ready(make_rig:
 
 
 async def test_ready_endpoint_goes_unhealthy_after_n_failures(make_rig: Any) -> None:
-    rig: Rig = await make_rig(dialect=VLLM)
+    rig: Rig = await make_rig(dialect=VLLM_METRICS)
     await rig.scraper.run_once()
     rig.sink.take()
     rig.engine.health_status = 503
@@ -310,7 +312,7 @@ async def test_health_timeout_counts_as_failure(make_rig: Any) -> None:
 
 
 async def test_models_are_refreshed_every_models_refresh_s(make_rig: Any) -> None:
-    rig: Rig = await make_rig(dialect=VLLM, settings=ScrapeSettings(models_refresh_s=30.0))
+    rig: Rig = await make_rig(dialect=VLLM_METRICS, settings=ScrapeSettings(models_refresh_s=30.0))
     await rig.scraper.run_once()
     assert ("models", ["Qwen/Qwen2.5-Coder-7B-Instruct"]) in rig.sink.take()
 
@@ -331,7 +333,7 @@ async def test_models_are_refreshed_every_models_refresh_s(make_rig: Any) -> Non
 
 
 async def test_failed_model_discovery_is_retried_next_round(make_rig: Any) -> None:
-    rig: Rig = await make_rig(engine=FakeEngine(models_status=500), dialect=VLLM)
+    rig: Rig = await make_rig(engine=FakeEngine(models_status=500), dialect=VLLM_METRICS)
     await rig.scraper.run_once()
     assert [e[0] for e in rig.sink.take()] == ["gauges", "health", "scrape"]  # still ready
     assert rig.scraper.models is None
@@ -354,7 +356,7 @@ async def test_update_settings_applies_a_lower_threshold_at_once(make_rig: Any) 
 
 
 async def test_a_broken_sink_does_not_break_the_round(make_rig: Any) -> None:
-    rig: Rig = await make_rig(dialect=VLLM)
+    rig: Rig = await make_rig(dialect=VLLM_METRICS)
     rig.sink.fail_on = "gauges"
     await rig.scraper.run_once()  # does not raise, and the rest of the round still happens
     assert [e[0] for e in rig.sink.take()] == ["gauges", "models", "health", "scrape"]
@@ -372,7 +374,7 @@ async def test_run_loops_with_the_injected_wait(make_rig: Any) -> None:
         clock.advance(seconds)
 
     rig: Rig = await make_rig(
-        dialect=VLLM, settings=ScrapeSettings(interval_s=2.0), clock=clock, wait=fake_wait
+        dialect=VLLM_METRICS, settings=ScrapeSettings(interval_s=2.0), clock=clock, wait=fake_wait
     )
     with pytest.raises(asyncio.CancelledError):
         await rig.scraper.run()

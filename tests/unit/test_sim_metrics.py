@@ -8,15 +8,15 @@ import pytest
 
 from gateway.core.clock import FakeClock
 from gateway.core.types import EngineKind
+from gateway.telemetry.engine_metrics import SGLANG_METRICS, VLLM_METRICS, EngineMetrics, detect_engine
 from gateway.telemetry.promtext import parse
-from gateway.upstream.dialects import SGLANG, VLLM, Dialect, detect_engine
 from loadgen.engine_sim import metrics
 from loadgen.engine_sim.engine import EngineConfig, SimEngine
 from loadgen.engine_sim.flavors import FLAVORS, Flavor
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.stats import EngineStats
 
-DIALECTS: dict[str, Dialect] = {"vllm": VLLM, "sglang": SGLANG}
+DIALECTS: dict[str, EngineMetrics] = {"vllm": VLLM_METRICS, "sglang": SGLANG_METRICS}
 
 
 def busy_engine(flavor: Flavor) -> SimEngine:
@@ -118,7 +118,7 @@ def test_sglang_labels() -> None:
 def test_garbage_is_not_a_page() -> None:
     expo = parse(metrics.GARBAGE)
     assert detect_engine(expo) is None or expo.bad_lines > 0
-    assert VLLM.gauges(expo).running is None
+    assert VLLM_METRICS.gauges(expo).running is None
 
 
 @pytest.mark.parametrize(

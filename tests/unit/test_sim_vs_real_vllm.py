@@ -8,7 +8,7 @@ exported by both. Info gauges (`*_info`) may carry a subset of real vLLM's confi
 
 from __future__ import annotations
 
-from gateway.upstream.dialects import VLLM
+from gateway.telemetry.engine_metrics import VLLM_METRICS
 from loadgen.engine_sim import metrics
 from loadgen.engine_sim.flavors import FLAVORS
 from tests.engine.promtext import RECORDED_VLLM_METRICS, MetricShape, metric_shapes
@@ -42,7 +42,13 @@ def _same(name: str, sim: MetricShape, real: MetricShape) -> bool:
 def test_every_family_berth_reads_is_in_both() -> None:
     real = metric_shapes(RECORDED_VLLM_METRICS.read_text())
     sim = metric_shapes(_sim_text())
-    for names in (VLLM.running, VLLM.waiting, VLLM.kv_usage, VLLM.ttft, VLLM.itl):
+    for names in (
+        VLLM_METRICS.running,
+        VLLM_METRICS.waiting,
+        VLLM_METRICS.kv_usage,
+        VLLM_METRICS.ttft,
+        VLLM_METRICS.itl,
+    ):
         current = names[0]
         assert current in real, current
         assert current in sim, current

@@ -23,8 +23,7 @@ from gateway.admission.tasks import TaskClock
 from gateway.config.schema import TenantConfig
 from gateway.core.errors import BerthError
 from gateway.core.slo import SloClass, SloKind, SloPolicy, SloRule, TaskMetric
-from gateway.core.types import ApiKind
-from gateway.front.schemas import ParsedRequest
+from gateway.core.types import ApiKind, ParsedRequest
 
 POLICY = SloPolicy(
     classes={

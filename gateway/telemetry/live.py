@@ -1,8 +1,10 @@
-"""The daemon side of telemetry: feeds `FleetTelemetry` from the finish phase and the scrapers, runs
-the refresh loop (a supervised task), hands the estimates to the scheduler, exports the metrics.
+"""The live telemetry service: feeds `FleetTelemetry` from the finish phase and the scrapers, runs the
+refresh loop (a supervised task), hands the estimates to the scheduler, exports the metrics.
 
-Request-path cost: `on_finish` builds one tuple and appends it to a bounded deque (the stream's token
-times travel in it as the relay recorded them: its first token's time and the list of gaps). Everything
+Request-path cost: `on_finish` appends the finish phase's `FinishedRequest` record to a bounded deque
+(the stream's token times travel in it as the relay recorded them: its first token's time and the list
+of gaps). Only the refresh loop folds those records in (readers such as the admin API and the Prometheus
+collector see the state as of the last refresh and change nothing). Everything
 else (EWMAs, quantile windows, predictor updates, cross-checks, each endpoint's token timeline) runs in
 `refresh()` every `telemetry.refresh_interval_s`. Every `telemetry.refit_interval_s` the timelines are
 settled (each endpoint up to the dispatch of its oldest running request: everything before it has
@@ -18,21 +20,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from typing import Final
 
 import msgspec
 import structlog
 from prometheus_client import CollectorRegistry
 
-from gateway.admission.classify import task_class
 from gateway.config.schema import TelemetryConfig
 from gateway.core.clock import Clock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges
-from gateway.dispatch.context import RequestContext
-from gateway.dispatch.driver import SchedulerDriver
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.capacity import kv_capacity_tokens
+from gateway.telemetry.engine_metrics import EngineMetrics
 from gateway.telemetry.exporter import TelemetryCollector
 from gateway.telemetry.fleet_state import (
     CachedLengths,
@@ -45,7 +44,6 @@ from gateway.telemetry.fleet_state import (
 from gateway.telemetry.perfmodel import default_prior
 from gateway.telemetry.promtext import Exposition
 from gateway.telemetry.tokens import TokenEstimator
-from gateway.upstream.dialects import Dialect
 
 log = structlog.get_logger("berth.telemetry")
 
@@ -68,18 +66,15 @@ class LiveTelemetry:
     def __init__(
         self,
         scheduler: Scheduler,
-        driver: SchedulerDriver,
         clock: Clock,
-        config: Callable[[], TelemetryConfig],
+        config: TelemetryConfig,
         *,
         pending_limit: int = PENDING_LIMIT,
     ) -> None:
         self._scheduler = scheduler
-        self._driver = driver
         self._clock = clock
-        self._config = config  # read at every refresh: [telemetry] is reloadable
-        self._applied = config()
-        self.fleet = FleetTelemetry(telemetry_settings(self._applied))
+        self._config = config  # [telemetry] is reloadable: `reconfigure` pushes a new one
+        self.fleet = FleetTelemetry(telemetry_settings(config))
         self._pending: deque[FinishedRequest] = deque(maxlen=pending_limit)
         self.dropped = 0
         self._dropped_settled = 0  # `dropped` when the timelines were last settled
@@ -106,40 +101,19 @@ class LiveTelemetry:
         registry.register(TelemetryCollector(lambda: self.fleet, self._scrape_ages, self._clock.now))
 
     # ----------------------------------------------------------------- inputs
-    def on_finish(self, ctx: RequestContext) -> None:
-        """The finish phase of every request: one append (the rest happens in `refresh`)."""
-        sreq = ctx.sched
-        finished = ctx.finished_at
-        if sreq is None or finished is None:
-            return  # rejected before admission: nothing to learn
-        eid = ctx.endpoint
+    def on_finish(self, record: FinishedRequest) -> None:
+        """The finish phase of every admitted request: one append (the rest happens in `refresh`)."""
         pending = self._pending
         if len(pending) == pending.maxlen:
             self.dropped += 1
-        pending.append(
-            FinishedRequest(
-                sreq.model,
-                task_class(sreq.slo),
-                sreq.slo,
-                ctx.outcome == "ok",
-                ctx.stream,
-                eid,
-                ctx.attempts,
-                ctx.arrival,
-                ctx.dispatched_at,
-                ctx.first_token_at,
-                finished,
-                ctx.prompt_chars,
-                ctx.prompt_tokens,
-                sreq.prompt_tokens,
-                ctx.output_tokens,
-                ctx.itl_gaps,
-                sreq.predicted_output_tokens,
-            )
-        )
+        pending.append(record)
 
     def on_scrape(
-        self, eid: EndpointId, gauges: EngineGauges, expo: Exposition | None, dialect: Dialect | None
+        self,
+        eid: EndpointId,
+        gauges: EngineGauges,
+        expo: Exposition | None,
+        dialect: EngineMetrics | None,
     ) -> None:
         """A scrape that produced gauges (called by the scrape sink after the scheduler saw them)."""
         view = self._scheduler.endpoint_view(eid)
@@ -199,10 +173,8 @@ class LiveTelemetry:
             self.fleet.settle(eid, before)
 
     def refresh(self, *, refit: bool = False) -> None:
-        """Apply a changed [telemetry], fold finished requests in, check staleness, (with `refit`: settle
-        the timelines and refit every endpoint now), and hand the estimates to the scheduler. Tests call
-        it directly."""
-        self._apply_config()
+        """Fold finished requests in, check staleness, (with `refit`: settle the timelines and refit
+        every endpoint now), and hand the estimates to the scheduler. Tests call it directly."""
         self.drain()
         self.fleet.keep_endpoints(self._scheduler.endpoint_ids())
         if refit:
@@ -216,10 +188,10 @@ class LiveTelemetry:
     async def run(self) -> None:
         """The supervised loop: refresh every `refresh_interval_s`, refit when due."""
         while True:
-            await asyncio.sleep(self._config().refresh_interval_s)
+            await asyncio.sleep(self._config.refresh_interval_s)
             self.refresh()
             now = self._clock.now()
-            if self._last_refit is None or now - self._last_refit >= self._applied.refit_interval_s:
+            if self._last_refit is None or now - self._last_refit >= self._config.refit_interval_s:
                 await self._refit_all()
                 self._last_refit = now
                 self._push_estimates()
@@ -237,7 +209,7 @@ class LiveTelemetry:
         now = self._clock.now()
         sched = self._scheduler
         for eid in sched.endpoint_ids():
-            self._driver.apply(sched.set_estimates(eid, self.fleet.estimates(eid, now)))
+            sched.set_estimates(eid, self.fleet.estimates(eid, now))  # serves nothing by itself
 
     def _check_stale(self) -> None:
         snap = self._scheduler.snapshot()
@@ -254,11 +226,11 @@ class LiveTelemetry:
         elif change is False:
             log.info("telemetry_fresh_again", endpoints=len(ready))
 
-    def _apply_config(self) -> None:
-        cfg = self._config()
-        if cfg == self._applied:
+    def reconfigure(self, cfg: TelemetryConfig) -> None:
+        """A reloaded [telemetry]: the new settings apply from the next refresh on."""
+        if cfg == self._config:
             return
-        self._applied = cfg
+        self._config = cfg
         self.fleet.set_settings(telemetry_settings(cfg))
         log.info("telemetry_config_applied")
 

@@ -1,4 +1,5 @@
-"""`berth demo`: the embedded default a new user runs first.
+"""`berth demo`: the embedded default a new user runs first (a `berth.commands` entry point: the daemon
+package does not import the simulator).
 
 One process, one event loop: a simulated fleet (two models, four endpoints across instance classes,
 sped up 10x), berth in front of it with the default policy, and the `chat-batch` workload (interactive
@@ -8,10 +9,12 @@ keeps serving on http://127.0.0.1:PORT with ready-to-paste snippets until Ctrl-C
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
@@ -19,7 +22,13 @@ from aiohttp import web
 from gateway.app import Gateway, ServeOptions, build_app
 from gateway.config import apply_overrides, default_config, load_runtime, parse_endpoint_flag
 from gateway.core.logging import configure_logging
+from gateway.core.runloop import run
 from gateway.sched.registry import default_registry
+from loadgen.engine_sim.fleet import SimFleet
+from loadgen.engine_sim.spec import EndpointSpec as SimSpec
+from loadgen.progress import ProgressBar
+from loadgen.render import format_report
+from loadgen.runner import LiveSnapshot, RunOptions, run_workload
 
 SPEED = 10.0  # simulated engines run this many times faster than real GPUs; SLOs are scaled to match
 DEFAULT_RATE = 4.0  # workload arrivals per second
@@ -32,21 +41,29 @@ FLEET: tuple[tuple[str, str], ...] = (  # (model, instance class)
 _PROFILE = {"chat-7b": "fleet-7b", "code-13b": "fleet-13b"}
 
 
-def run_demo(*, duration_s: float, port: int, serve_after: bool, rate: float | None) -> int:
+def main(argv: Sequence[str]) -> int:
+    """`berth demo [--duration S] [--port N] [--no-serve] [--rate R]`."""
+    p = argparse.ArgumentParser(
+        prog="berth demo", description="a simulated fleet with berth in front of it and a mixed workload"
+    )
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of workload (default 60)")
+    p.add_argument("--port", type=int, default=8080, help="berth's port (default 8080)")
+    p.add_argument("--no-serve", action="store_true", help="exit after the results instead of serving on")
+    p.add_argument("--rate", type=float, default=None, help="requests/s of the demo workload")
+    args = p.parse_args(argv)
     configure_logging("warning")
-    from gateway.cli import _run
-
-    _run(_demo(duration_s=duration_s, port=port, serve_after=serve_after, rate=rate or DEFAULT_RATE))
+    run(
+        _demo(
+            duration_s=args.duration,
+            port=args.port,
+            serve_after=not args.no_serve,
+            rate=args.rate or DEFAULT_RATE,
+        )
+    )
     return 0
 
 
 async def _demo(*, duration_s: float, port: int, serve_after: bool, rate: float) -> None:
-    from loadgen.engine_sim.fleet import SimFleet
-    from loadgen.engine_sim.spec import EndpointSpec as SimSpec
-    from loadgen.progress import ProgressBar
-    from loadgen.render import format_report
-    from loadgen.runner import LiveSnapshot, RunOptions, run_workload
-
     specs = [
         SimSpec(models=(model,), profile=_PROFILE[model], speed=SPEED, seed=i)
         for i, (model, _) in enumerate(FLEET)
@@ -77,8 +94,8 @@ async def _demo(*, duration_s: float, port: int, serve_after: bool, rate: float)
         await runner.setup()
         try:
             await web.TCPSite(runner, "127.0.0.1", port).start()
-            await gw.first_round(timeout_s=10.0)
-            if not await gw.wait_all_ready(timeout_s=60.0):
+            await gw.endpoints.first_round(timeout_s=10.0)
+            if not await gw.endpoints.wait_all_ready(timeout_s=60.0):
                 say("warning: not every simulated endpoint became ready within 60s")
             base = f"http://127.0.0.1:{port}"
             say(
@@ -115,7 +132,7 @@ async def _demo(*, duration_s: float, port: int, serve_after: bool, rate: float)
                 say(_snippets(base, sorted(gw.scheduler.models(ready_only=True))))
                 await _until_signal()
         finally:
-            gw.draining = True
+            gw.services.draining = True
             await runner.cleanup()
     say("demo stopped")
 

@@ -1,4 +1,5 @@
-"""Engine dialects: gauges, histograms and engine detection from real-shaped pages, model lists."""
+"""The metric half of the engine dialects: gauges, histograms and engine detection from real-shaped pages,
+model lists."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ import orjson
 import pytest
 
 from gateway.core.types import EngineGauges, EngineKind
+from gateway.telemetry.engine_metrics import (
+    SGLANG_METRICS,
+    VLLM_METRICS,
+    EngineMetrics,
+    detect_engine,
+    metrics_for,
+    served_models,
+)
 from gateway.telemetry.promtext import parse
-from gateway.upstream.dialects import SGLANG, VLLM, Dialect, detect_engine, dialect_for, served_models
 
 DATA = Path(__file__).parent / "data"
 VLLM_PAGE = (DATA / "vllm_v1_dp2.prom").read_text()
@@ -41,24 +49,26 @@ vllm:time_per_output_token_seconds_sum{model_name="m"} 0.6
 @pytest.mark.parametrize(
     ("page", "dialect", "gauges"),
     [
-        pytest.param(VLLM_PAGE, VLLM, EngineGauges(running=5.0, waiting=1.0, kv_usage=0.30), id="vllm-dp2"),
         pytest.param(
-            VLLM_OLD_PAGE, VLLM, EngineGauges(running=7.0, waiting=2.0, kv_usage=0.9), id="vllm-old"
+            VLLM_PAGE, VLLM_METRICS, EngineGauges(running=5.0, waiting=1.0, kv_usage=0.30), id="vllm-dp2"
         ),
         pytest.param(
-            SGLANG_PAGE, SGLANG, EngineGauges(running=12.0, waiting=4.0, kv_usage=0.625), id="sglang"
+            VLLM_OLD_PAGE, VLLM_METRICS, EngineGauges(running=7.0, waiting=2.0, kv_usage=0.9), id="vllm-old"
+        ),
+        pytest.param(
+            SGLANG_PAGE, SGLANG_METRICS, EngineGauges(running=12.0, waiting=4.0, kv_usage=0.625), id="sglang"
         ),
         pytest.param(
             SGLANG_UNDERSCORE_PAGE,
-            SGLANG,
+            SGLANG_METRICS,
             EngineGauges(running=12.0, waiting=4.0, kv_usage=0.625),
             id="sglang-underscore",
         ),
-        pytest.param("", VLLM, EngineGauges(), id="empty-page"),
-        pytest.param(VLLM_PAGE, SGLANG, EngineGauges(), id="wrong-dialect-reads-nothing"),
+        pytest.param("", VLLM_METRICS, EngineGauges(), id="empty-page"),
+        pytest.param(VLLM_PAGE, SGLANG_METRICS, EngineGauges(), id="wrong-dialect-reads-nothing"),
     ],
 )
-def test_gauges(page: str, dialect: Dialect, gauges: EngineGauges) -> None:
+def test_gauges(page: str, dialect: EngineMetrics, gauges: EngineGauges) -> None:
     got = dialect.gauges(parse(page))
     assert got.running == gauges.running
     assert got.waiting == gauges.waiting
@@ -93,20 +103,20 @@ def test_gauges(page: str, dialect: Dialect, gauges: EngineGauges) -> None:
     ],
 )
 def test_gauge_edge_cases(page: str, gauges: EngineGauges) -> None:
-    assert VLLM.gauges(parse(page)) == gauges
+    assert VLLM_METRICS.gauges(parse(page)) == gauges
 
 
 @pytest.mark.parametrize(
     ("page", "dialect", "ttft_count", "itl_count"),
     [
-        pytest.param(VLLM_PAGE, VLLM, 2215.0, None, id="vllm"),
-        pytest.param(VLLM_OLD_PAGE, VLLM, None, 12.0, id="vllm-old-itl-name"),
-        pytest.param(SGLANG_PAGE, SGLANG, 640.0, 2560.0, id="sglang"),
-        pytest.param(SGLANG_UNDERSCORE_PAGE, SGLANG, 640.0, 2560.0, id="sglang-underscore"),
+        pytest.param(VLLM_PAGE, VLLM_METRICS, 2215.0, None, id="vllm"),
+        pytest.param(VLLM_OLD_PAGE, VLLM_METRICS, None, 12.0, id="vllm-old-itl-name"),
+        pytest.param(SGLANG_PAGE, SGLANG_METRICS, 640.0, 2560.0, id="sglang"),
+        pytest.param(SGLANG_UNDERSCORE_PAGE, SGLANG_METRICS, 640.0, 2560.0, id="sglang-underscore"),
     ],
 )
 def test_latency_histograms(
-    page: str, dialect: Dialect, ttft_count: float | None, itl_count: float | None
+    page: str, dialect: EngineMetrics, ttft_count: float | None, itl_count: float | None
 ) -> None:
     expo = parse(page)
     ttft = dialect.ttft_histogram(expo)
@@ -126,19 +136,19 @@ def test_vllm_prefers_new_itl_name_over_its_deprecated_twin() -> None:
         "vllm:inter_token_latency_seconds_count 5\nvllm:inter_token_latency_seconds_sum 1\n"
         "vllm:time_per_output_token_seconds_count 5\nvllm:time_per_output_token_seconds_sum 1\n"
     )
-    itl = VLLM.itl_histogram(parse(page))
+    itl = VLLM_METRICS.itl_histogram(parse(page))
     assert itl is not None
     assert itl.count == 5.0  # one series, not both added
 
 
 def test_vllm_page_counters_and_e2e() -> None:
     expo = parse(VLLM_PAGE)
-    prompt = VLLM.prompt_tokens_total(expo)
-    generated = VLLM.generation_tokens_total(expo)
+    prompt = VLLM_METRICS.prompt_tokens_total(expo)
+    generated = VLLM_METRICS.generation_tokens_total(expo)
     assert prompt is not None
     assert generated is not None
     assert prompt > generated > 0
-    e2e = VLLM.e2e_histogram(expo)
+    e2e = VLLM_METRICS.e2e_histogram(expo)
     assert e2e is not None
     assert e2e.count == 2215.0
     assert e2e.buckets[-1] == (math.inf, 2215.0)
@@ -146,8 +156,8 @@ def test_vllm_page_counters_and_e2e() -> None:
 
 def test_sglang_counters() -> None:
     expo = parse(SGLANG_PAGE)
-    assert SGLANG.prompt_tokens_total(expo) == 1337335.0
-    assert SGLANG.generation_tokens_total(expo) == 255735.0
+    assert SGLANG_METRICS.prompt_tokens_total(expo) == 1337335.0
+    assert SGLANG_METRICS.generation_tokens_total(expo) == 255735.0
 
 
 @pytest.mark.parametrize(
@@ -169,27 +179,18 @@ def test_detect_engine(page: str, kind: EngineKind | None) -> None:
     assert detect_engine(parse(page)) is kind
 
 
-def test_dialect_for_every_kind() -> None:
+def test_metrics_for_every_kind() -> None:
     for kind in EngineKind:
-        assert dialect_for(kind).kind is kind
+        assert metrics_for(kind).kind is kind
 
 
-@pytest.mark.parametrize("dialect", [VLLM, SGLANG], ids=["vllm", "sglang"])
-def test_paths(dialect: Dialect) -> None:
+@pytest.mark.parametrize("dialect", [VLLM_METRICS, SGLANG_METRICS], ids=["vllm", "sglang"])
+def test_paths(dialect: EngineMetrics) -> None:
     assert (dialect.health_path, dialect.models_path, dialect.metrics_path) == (
         "/health",
         "/v1/models",
         "/metrics",
     )
-    assert dialect.aborts_on_disconnect
-
-
-def test_abort() -> None:
-    assert VLLM.abort_path is None
-    assert VLLM.abort_body("r-1") is None
-    assert SGLANG.abort_path == "/abort_request"
-    assert SGLANG.request_id_field == "rid"
-    assert orjson.loads(SGLANG.abort_body('r-1"x') or b"") == {"rid": 'r-1"x'}
 
 
 VLLM_MODELS = orjson.dumps(
@@ -235,7 +236,7 @@ VLLM_MODELS = orjson.dumps(
 )
 def test_served_models(body: bytes, models: list[str]) -> None:
     assert served_models(body) == models
-    assert VLLM.served_models(body) == models
+    assert VLLM_METRICS.served_models(body) == models
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,193 @@
+"""The OpenAI routes: each request goes through named phases in order, and `finish` always runs.
+
+read -> parse -> admit (model, SLO, prompt tokens: the scheduler's request) -> dispatch (queue,
+engine call, relay) -> finish (one canonical log line and the metrics, in `finally`)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from aiohttp import web
+
+from gateway.admission.classify import task_class, to_sched_request
+from gateway.core import errors
+from gateway.core.errors import BerthError
+from gateway.core.logging import LEVEL
+from gateway.core.types import ApiKind, ParsedRequest
+from gateway.dispatch.context import RequestContext
+from gateway.dispatch.slo_headers import error_headers
+from gateway.front.http import Handler, error_response, read_body, request_id
+from gateway.front.schemas import parse_body
+from gateway.front.services import Services
+from gateway.sched.request import SchedRequest
+from gateway.telemetry.fleet_state import FinishedRequest
+
+log = structlog.get_logger("berth.request")
+
+
+def make_api_handler(services: Services, api: ApiKind) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await handle(services, api, request)
+
+    return handler
+
+
+async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamResponse:
+    rid = request_id(request)
+    ctx = RequestContext(id=rid, api=api, arrival=s.clock.now())
+    try:
+        if s.draining:
+            raise errors.shutting_down()
+        raw = await read_body(request, s.max_body_bytes)
+        parsed = parse_body(api, raw)
+        ctx.client_model = parsed.model
+        ctx.stream = parsed.stream
+        sreq = await admit(s, ctx, parsed, request)
+        return await s.dispatcher.run(ctx, sreq, parsed.body, parsed.include_usage, request, raw=raw)
+    except BerthError as e:
+        ctx.fail(e)
+        resp = error_response(e, rid)
+        resp.headers.update(error_headers(ctx))
+        return resp
+    except asyncio.CancelledError:
+        ctx.outcome = "shutdown" if s.draining else "client_disconnect"
+        ctx.status = ctx.status or 499
+        raise
+    except Exception:
+        log.exception("request_failed", request_id=rid)
+        err = errors.internal()
+        ctx.fail(err)
+        return error_response(err, rid)
+    finally:
+        finish(s, ctx)
+
+
+async def admit(
+    s: Services, ctx: RequestContext, parsed: ParsedRequest, request: web.Request
+) -> SchedRequest:
+    """Resolve the model (aliases), the SLO (headers, tenant, rules, task clock) and the prompt tokens:
+    the scheduler's request."""
+    settings = s.settings
+    served = settings.catalog.resolve(parsed.model, s.scheduler.models(ready_only=False))
+    ctx.served_model = served
+    ctx.prompt_chars = parsed.prompt_chars
+    resolved = s.slo.resolve(
+        request.headers.items(),
+        request.headers.get("Authorization"),
+        parsed,
+        served=served,
+        now=ctx.arrival,
+        policy=settings.slo,
+        tenants=settings.tenants,
+    )
+    ctx.slo_class = resolved.slo.slo_class
+    ctx.task = resolved.task
+    counter = s.prompt_counter
+    exact = None if counter is None else await counter.count(ctx.id, parsed, served)
+    tel = s.telemetry
+    sreq = to_sched_request(
+        ctx.id,
+        parsed,
+        served,
+        ctx.arrival,
+        tokens=tel.tokens,
+        lengths=tel.lengths,
+        slo=resolved.slo,
+        task_id=resolved.task_id,
+        prompt_tokens=exact,
+    )
+    ctx.sched = sreq
+    ctx.slo_class = sreq.slo.slo_class
+    return sreq
+
+
+def finish(s: Services, ctx: RequestContext) -> None:
+    """The canonical log line and the metrics of one request."""
+    ctx.finished_at = s.clock.now()
+    m = s.metrics
+    # Only names that resolved to a served model become label values: a 404 for a made-up name must not
+    # grow the metric series without bound.
+    model = ctx.client_model if ctx.served_model else "-"
+    m.requests_of(model, ctx.outcome).inc()
+    if ctx.outcome == "client_disconnect":
+        m.client_disconnects_of(model).inc()
+    e2e = ctx.e2e_s
+    if ctx.dispatched_at is not None:
+        m.queue_wait_of(model).observe(ctx.dispatched_at - ctx.arrival)
+        if e2e is not None:
+            m.e2e_of(model).observe(e2e)
+    ttft = ctx.ttft_s
+    if ttft is not None:
+        m.ttft_of(model).observe(ttft)
+    if ctx.itl_gaps:
+        m.itl_of(model).observe_many(ctx.itl_gaps)
+    if ctx.output_tokens:
+        m.output_tokens_of(model).inc(ctx.output_tokens)
+    if ctx.prompt_tokens:
+        m.prompt_tokens_of(model).inc(ctx.prompt_tokens)
+    record = finished_record(ctx)
+    if record is not None:
+        s.telemetry.on_finish(record)
+    s.slo.on_finish(
+        ctx.task,
+        ctx.slo_class,
+        ctx.error,
+        ok=ctx.outcome == "ok",
+        arrival=ctx.arrival,
+        dispatched_at=ctx.dispatched_at,
+        first_token_at=ctx.first_token_at,
+        finished_at=ctx.finished_at,
+    )
+    if not LEVEL.info:
+        return
+    log.info(
+        "request",
+        request_id=ctx.id,
+        api=ctx.api.value,
+        model=ctx.client_model or "-",
+        endpoint=ctx.endpoint,
+        status=ctx.status,
+        outcome=ctx.outcome,
+        slo_class=ctx.slo_class,
+        stream=ctx.stream,
+        attempts=ctx.attempts,
+        queue_ms=_ms(ctx.queue_s),
+        ttft_ms=_ms(ttft),
+        e2e_ms=_ms(e2e),
+        prompt_tokens=ctx.prompt_tokens,
+        output_tokens=ctx.output_tokens,
+        error=ctx.error.message if ctx.error is not None else None,
+    )
+
+
+def finished_record(ctx: RequestContext) -> FinishedRequest | None:
+    """What telemetry learns from a finished request; None when it was answered before admission."""
+    sreq = ctx.sched
+    finished = ctx.finished_at
+    if sreq is None or finished is None:
+        return None
+    return FinishedRequest(
+        sreq.model,
+        task_class(sreq.slo),
+        sreq.slo,
+        ctx.outcome == "ok",
+        ctx.stream,
+        ctx.endpoint,
+        ctx.attempts,
+        ctx.arrival,
+        ctx.dispatched_at,
+        ctx.first_token_at,
+        finished,
+        ctx.prompt_chars,
+        ctx.prompt_tokens,
+        sreq.prompt_tokens,
+        ctx.output_tokens,
+        ctx.itl_gaps,
+        sreq.predicted_output_tokens,
+    )
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else round(s * 1000.0, 2)

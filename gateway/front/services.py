@@ -1,0 +1,104 @@
+"""What the routes may use: one typed object, built by the composition root and stored under one
+`web.AppKey`. The routes never see the composition root itself.
+
+Reloadable settings reach the front one way: the reload transaction calls `reconfigure` with the new
+runtime configuration, which swaps `settings` (one reference) and adjusts the prompt counter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import aiohttp
+from aiohttp import web
+
+from gateway.admission.models import ModelCatalog
+from gateway.admission.prompt_tokens import EnginePromptCounter
+from gateway.admission.state import SloAdmission
+from gateway.config import RuntimeConfig
+from gateway.config.schema import TelemetryConfig, TenantConfig
+from gateway.core.clock import Clock
+from gateway.core.metrics import GatewayMetrics
+from gateway.core.slo import SloPolicy
+from gateway.dispatch.runner import Dispatcher
+from gateway.sched.scheduler import Scheduler
+from gateway.telemetry.live import LiveTelemetry
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSettings:
+    """The reloadable settings the request path reads, swapped whole on reload."""
+
+    catalog: ModelCatalog
+    policy_name: str
+    slo: SloPolicy
+    tenants: Sequence[TenantConfig]
+
+    @classmethod
+    def of(cls, runtime: RuntimeConfig) -> RequestSettings:
+        return cls(
+            catalog=ModelCatalog(runtime.aliases),
+            policy_name=runtime.policy.name,
+            slo=runtime.policy.slo,
+            tenants=runtime.config.tenants,
+        )
+
+
+@dataclass(slots=True, kw_only=True)
+class Services:
+    clock: Clock
+    metrics: GatewayMetrics
+    scheduler: Scheduler
+    telemetry: LiveTelemetry
+    slo: SloAdmission
+    settings: RequestSettings
+    max_body_bytes: int
+    admin_token: str
+    # The shared upstream session, read per call: it opens after the services are built.
+    session: Callable[[], aiohttp.ClientSession]
+    # Exact prompt tokens from an engine ([telemetry] prompt_tokens = "tokenize"); None: estimated.
+    prompt_counter: EnginePromptCounter | None = None
+    draining: bool = False
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    _dispatcher: Dispatcher | None = None
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        if self._dispatcher is None:
+            raise RuntimeError("the dispatcher is not running")
+        return self._dispatcher
+
+    def start_dispatch(self, dispatcher: Dispatcher | None) -> None:
+        """The dispatcher once the upstream session is open (None again when it closes)."""
+        self._dispatcher = dispatcher
+
+    @property
+    def ready(self) -> bool:
+        return not self.draining and bool(self.scheduler.models(ready_only=True))
+
+    def reconfigure(self, runtime: RuntimeConfig) -> None:
+        self.settings = RequestSettings.of(runtime)
+        self._configure_prompt_counter(runtime.config.telemetry)
+
+    def _configure_prompt_counter(self, cfg: TelemetryConfig) -> None:
+        """Build the exact prompt counter for "tokenize" (a running one keeps what it learned and takes
+        the new timeout); none for "estimate"."""
+        if cfg.prompt_tokens != "tokenize":
+            self.prompt_counter = None
+        elif self.prompt_counter is not None:
+            self.prompt_counter.timeout_s = cfg.tokenize_timeout_s
+        else:
+            self.prompt_counter = EnginePromptCounter(
+                session=self.session,
+                endpoints=lambda: self.scheduler.snapshot().endpoints,
+                tokens=self.telemetry.tokens,
+                metrics=self.metrics,
+                clock=self.clock,
+                timeout_s=cfg.tokenize_timeout_s,
+            )
+
+
+SERVICES: Final[web.AppKey[Services]] = web.AppKey("services", Services)

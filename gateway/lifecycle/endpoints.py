@@ -1,0 +1,168 @@
+"""The endpoint set: the engines berth routes to, and one scraper per endpoint.
+
+It applies the endpoint part of a runtime configuration (new endpoints get a scraper, removed ones lose
+theirs, kept ones take new scrape settings), remembers the engine kind detected for endpoints configured
+with `engine = auto`, and receives what the scrapers report (health, gauges, models, engine kind),
+passing each to the scheduler, the telemetry service and the metrics. Endpoints started by node agents
+join the same set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import aiohttp
+import structlog
+
+from gateway.config import RuntimeConfig
+from gateway.core.clock import Clock
+from gateway.core.metrics import GatewayMetrics
+from gateway.core.tasks import TaskSupervisor
+from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, EngineKind
+from gateway.dispatch.driver import SchedulerDriver
+from gateway.sched.scheduler import EndpointSpec
+from gateway.telemetry.engine_metrics import metrics_for
+from gateway.telemetry.live import LiveTelemetry
+from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings
+
+log = structlog.get_logger("berth.endpoints")
+
+
+class EndpointSet:
+    def __init__(
+        self,
+        *,
+        driver: SchedulerDriver,
+        telemetry: LiveTelemetry,
+        metrics: GatewayMetrics,
+        clock: Clock,
+        supervisor: TaskSupervisor,
+        session: Callable[[], aiohttp.ClientSession],
+    ) -> None:
+        self._driver = driver
+        self._scheduler = driver.scheduler
+        self._telemetry = telemetry
+        self._metrics = metrics
+        self._clock = clock
+        self._supervisor = supervisor
+        self._session = session  # read when a scraper is made: the session opens after this is built
+        self._scrapers: dict[EndpointId, EndpointScraper] = {}
+        self._detected: dict[EndpointId, EngineKind] = {}
+        self._specs: tuple[EndpointSpec, ...] = ()
+        self._engine_auto: Mapping[EndpointId, bool] = {}
+        self._health_changed = asyncio.Event()
+
+    @property
+    def detected(self) -> Mapping[EndpointId, EngineKind]:
+        """Engine kinds detected from /metrics (for endpoints configured with `engine = auto`)."""
+        return self._detected
+
+    def scrapers(self) -> list[EndpointScraper]:
+        return list(self._scrapers.values())
+
+    # ----------------------------------------------------------------- configuration
+    def apply(self, runtime: RuntimeConfig) -> None:
+        """Make the endpoint set equal to the runtime configuration's."""
+        self._specs = runtime.endpoints
+        self._engine_auto = runtime.engine_auto
+        specs = [self._with_detected(s) for s in runtime.endpoints]
+        self._driver.apply(self._scheduler.sync_endpoints(specs))
+        wanted = {s.id: s for s in specs}
+        for eid in list(self._scrapers):
+            spec = wanted.get(eid)
+            if spec is None or spec.url != self._scrapers[eid].url:
+                self._scrapers.pop(eid)
+                self._supervisor.discard(f"scrape:{eid}")
+                if spec is None:
+                    self._metrics.endpoint_up.remove(eid)
+        s = runtime.scrape
+        settings = ScrapeSettings(
+            interval_s=s.interval_s,
+            timeout_s=s.timeout_s,
+            unhealthy_after=s.unhealthy_after,
+            models_refresh_s=s.models_refresh_s,
+        )
+        for eid, spec in wanted.items():
+            if eid in self._scrapers:
+                self._scrapers[eid].update_settings(settings)
+                continue
+            auto = self._engine_auto.get(eid, False)
+            scraper = EndpointScraper(
+                eid,
+                spec.url,
+                None if auto else metrics_for(spec.engine),
+                self._session(),
+                settings,
+                self,
+                self._clock,
+            )
+            self._scrapers[eid] = scraper
+            self._metrics.endpoint_up.labels(eid).set(0)
+            self._supervisor.spawn(f"scrape:{eid}", scraper.run)
+
+    def _with_detected(self, spec: EndpointSpec) -> EndpointSpec:
+        kind = self._detected.get(spec.id)
+        if kind is None or not self._engine_auto.get(spec.id, False):
+            return spec
+        return dataclasses.replace(spec, engine=kind)
+
+    # ----------------------------------------------------------------- waiting for the fleet
+    async def first_round(self, timeout_s: float) -> None:
+        """Wait until every scraper finished one round (or `timeout_s` passed: traffic never waits)."""
+        waits = [s.round_done.wait() for s in self._scrapers.values()]
+        if not waits:
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*waits)
+        except TimeoutError:
+            log.warning("first_scrape_round_incomplete", timeout_s=timeout_s)
+
+    async def wait_all_ready(self, timeout_s: float) -> bool:
+        """Wait until every endpoint is ready (an event per health change); False on timeout."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not all(e.health is EndpointHealth.READY for e in self._scheduler.snapshot().endpoints):
+                    await self._health_changed.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    # ----------------------------------------------------------------- what the scrapers report
+    def on_health(self, eid: EndpointId, health: EndpointHealth) -> None:
+        self._metrics.endpoint_up.labels(eid).set(1 if health is EndpointHealth.READY else 0)
+        log.info("endpoint_health", endpoint=eid, health=health.value)
+        self._driver.apply(self._scheduler.set_health(eid, health))
+        changed, self._health_changed = self._health_changed, asyncio.Event()
+        changed.set()
+
+    def on_gauges(self, eid: EndpointId, gauges: EngineGauges) -> None:
+        m = self._metrics
+        if gauges.running is not None:
+            m.endpoint_engine_running.labels(eid).set(gauges.running)
+        if gauges.waiting is not None:
+            m.endpoint_engine_waiting.labels(eid).set(gauges.waiting)
+        if gauges.kv_usage is not None:
+            m.endpoint_kv_usage.labels(eid).set(gauges.kv_usage)
+        self._driver.apply(self._scheduler.observe_gauges(eid, gauges))
+        scraper = self._scrapers.get(eid)
+        if scraper is not None:
+            self._telemetry.on_scrape(eid, gauges, scraper.last_exposition, scraper.dialect)
+
+    def on_models(self, eid: EndpointId, models: list[str]) -> None:
+        log.info("endpoint_models", endpoint=eid, models=models)
+        self._driver.apply(self._scheduler.set_models(eid, models))
+
+    def on_engine(self, eid: EndpointId, kind: EngineKind) -> None:
+        if self._detected.get(eid) is kind:
+            return
+        self._detected[eid] = kind
+        log.info("endpoint_engine_detected", endpoint=eid, engine=kind.value)
+        self._driver.apply(self._scheduler.sync_endpoints([self._with_detected(s) for s in self._specs]))
+
+    def on_scrape(self, eid: EndpointId, ok: bool, duration_s: float, bad_lines: int) -> None:
+        m = self._metrics
+        m.scrapes.labels(eid, "ok" if ok else "error").inc()
+        m.scrape_duration.labels(eid).observe(duration_s)
