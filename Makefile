@@ -36,9 +36,11 @@ test-fast: venv
 test-engine: venv engine-env
 	BERTH_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python $(BIN)/pytest -q tests/engine
 
+# ruff, then the import contracts of pyproject.toml ([tool.importlinter]: layers, sched/ a leaf, no cycles).
 lint: venv
 	$(BIN)/ruff check gateway loadgen tests
 	$(BIN)/ruff format --check gateway loadgen tests
+	$(BIN)/lint-imports --no-cache
 
 typecheck: venv
 	$(BIN)/mypy
