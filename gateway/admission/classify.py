@@ -30,8 +30,8 @@ class LengthPredictor(Protocol):
 
 
 def task_class(slo: SLO) -> str:
-    """The class output lengths are predicted by. The SLO class for now: the SLO issue's classes are the
-    task types (completion, chat, batch, ...) whose output lengths differ."""
+    """The class output lengths are predicted by: the SLO class, since classes are the task types
+    (completion, chat, batch, ...) whose output lengths differ."""
     return slo.slo_class
 
 

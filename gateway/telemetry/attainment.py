@@ -7,8 +7,7 @@ buckets. Sans-IO: the caller passes the clock time.
 
 What "met" means lives in `meets_slo`: the request finished ok, and each target its SLO sets (TTFT,
 mean inter-token latency, end-to-end deadline) was kept. A request without targets (the default SLO)
-meets it exactly when it finished ok. SLO classes proper arrive with the SLO issue; this counts by
-whatever class string the request carries.
+meets it exactly when it finished ok. It counts by whatever class string the request carries.
 """
 
 from __future__ import annotations

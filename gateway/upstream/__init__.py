@@ -1,1 +1,2 @@
-"""Talking to engines: the shared HTTP client, engine dialects and the SSE relay."""
+"""Talking to engines: the shared HTTP client, the request half of the engine dialects (priority, abort,
+tokenize), the tokenize call and the SSE relay."""
