@@ -31,6 +31,7 @@ from gateway.core.clock import Clock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
+from gateway.sched.perf import default_prior
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.capacity import kv_capacity_tokens
 from gateway.telemetry.exporter import TelemetryCollector
@@ -42,7 +43,6 @@ from gateway.telemetry.fleet_state import (
     TelemetrySettings,
     prior_with,
 )
-from gateway.telemetry.perfmodel import default_prior
 from gateway.telemetry.promtext import Exposition
 from gateway.telemetry.tokens import TokenEstimator
 from gateway.upstream.dialects import Dialect

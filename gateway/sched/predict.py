@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Final, Literal
 
+from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, deadlines, output_estimate
 from gateway.sched.snapshot import EndpointView
-from gateway.telemetry.perfmodel import PerfCoefficients, default_prior
 
 Tail = Literal["mean", "normal", "cantelli"]
 

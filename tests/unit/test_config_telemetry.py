@@ -10,7 +10,7 @@ from gateway.config import load_gateway_config
 from gateway.config.schema import TelemetryConfig
 from gateway.core.errors import ConfigError
 from gateway.live_telemetry import telemetry_settings
-from gateway.telemetry.perfmodel import default_prior
+from gateway.sched.perf import default_prior
 
 
 def _load(tmp_path: Path, text: str) -> TelemetryConfig:

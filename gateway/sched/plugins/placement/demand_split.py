@@ -40,11 +40,11 @@ import msgspec
 from msgspec import Meta
 
 from gateway.core.types import EndpointHealth, EndpointId, ModelName, RequestId
+from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import output_estimate
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
-from gateway.telemetry.perfmodel import PerfCoefficients, default_prior
 
 #: Requests remembered as counted (the oldest are forgotten first); a request is seen again only while
 #: it waits in the queue, so this bounds memory without double counting in practice.
