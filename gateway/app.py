@@ -38,7 +38,8 @@ from gateway.front.admin import FLEET_PATH, make_fleet_handler
 from gateway.front.http import method_not_allowed, not_found
 from gateway.handlers import make_api_handler
 from gateway.live_telemetry import LiveTelemetry
-from gateway.sched.registry import PluginRegistry, default_registry
+from gateway.sched.plugins import default_registry
+from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import EndpointSpec, Scheduler
 from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings
 from gateway.upstream.client import UpstreamSettings, make_session

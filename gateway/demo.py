@@ -19,7 +19,7 @@ from aiohttp import web
 from gateway.app import Gateway, ServeOptions, build_app
 from gateway.config import apply_overrides, default_config, load_runtime, parse_endpoint_flag
 from gateway.core.logging import configure_logging
-from gateway.sched.registry import default_registry
+from gateway.sched.plugins import default_registry
 
 SPEED = 10.0  # simulated engines run this many times faster than real GPUs; SLOs are scaled to match
 DEFAULT_RATE = 4.0  # workload arrivals per second

@@ -12,12 +12,13 @@ from gateway.core.clock import FakeClock
 from gateway.core.slo import Infeasible, SloClass, SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, ModelName, RequestId
 from gateway.sched.interfaces import AdmitOutcome
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.admission.admit_all import AdmitAll
 from gateway.sched.plugins.admission.common import CLASS_QUEUE_FULL, SLO_INFEASIBLE
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter
 from gateway.sched.predict import PredictParams
 from gateway.sched.profile import Policy, SchedulerProfile
-from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Dispatch, EndpointSpec, Reject, Scheduler
 from gateway.sched.snapshot import EndpointEstimates

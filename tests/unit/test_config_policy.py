@@ -12,10 +12,11 @@ from gateway.config import check, load_policy, parse_policy_text
 from gateway.config.decode import parse_toml
 from gateway.config.policy import decode_policy, default_policy_text
 from gateway.core.errors import ConfigError
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.ordering.fcfs import FcfsOrdering
 from gateway.sched.plugins.placement.least_outstanding import LeastOutstandingScorer, MaxScorePicker
 from gateway.sched.plugins.placement.power_of_two import PowerOfTwoPicker
-from gateway.sched.registry import BuildContext, PluginKind, PluginRegistry, PluginSpec, default_registry
+from gateway.sched.registry import BuildContext, PluginKind, PluginRegistry, PluginSpec
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted((REPO / "policies").glob("*.toml"))

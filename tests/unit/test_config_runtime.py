@@ -15,8 +15,8 @@ from gateway.config import (
 )
 from gateway.core.errors import ConfigError
 from gateway.core.types import EndpointId, EngineKind
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.placement.round_robin import RoundRobinPicker
-from gateway.sched.registry import default_registry
 from gateway.sched.scheduler import QueueLimits
 
 REPO = Path(__file__).resolve().parents[2]

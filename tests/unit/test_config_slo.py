@@ -16,8 +16,8 @@ from gateway.config.policy import parse_policy_text
 from gateway.config.runtime import load_runtime
 from gateway.core.errors import ConfigError
 from gateway.core.slo import Infeasible, SloKind, TaskMetric
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter
-from gateway.sched.registry import default_registry
 
 HEAD = '[ordering]\nplugin = "fcfs"\n[placement]\npicker = { plugin = "max-score" }\n'
 CLASSES = """

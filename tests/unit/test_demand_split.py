@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from gateway.core.errors import ConfigError
 from gateway.core.slo import SloClass, SloPolicy
 from gateway.core.types import EndpointHealth, ModelName
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.placement.demand_split import DemandSplitFilter, block_sizes, request_work
 from gateway.sched.profile import SchedulerProfile
-from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.snapshot import EndpointView
 from tests.unit.slo_fixtures import COEF, req, running, snap, view
 

@@ -30,8 +30,9 @@ from gateway.core.types import (
     ModelName,
     RequestId,
 )
+from gateway.sched.plugins import default_registry
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
-from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Decision, Dispatch, EndpointSpec, QueueLimits, Reject, Scheduler
 from gateway.sched.snapshot import EndpointView, FleetSnapshot

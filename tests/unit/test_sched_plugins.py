@@ -14,12 +14,13 @@ from gateway.core.types import (
     EndpointHealth,
 )
 from gateway.sched.interfaces import Picker
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.ordering.fcfs import FcfsOrdering
 from gateway.sched.plugins.placement.least_outstanding import LeastOutstandingScorer, MaxScorePicker
 from gateway.sched.plugins.placement.power_of_two import PowerOfTwoPicker
 from gateway.sched.plugins.placement.round_robin import RoundRobinPicker
 from gateway.sched.profile import SchedulerProfile, WeightedScorer
-from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from tests.unit.sched_builders import request, snapshot, view

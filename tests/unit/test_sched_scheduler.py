@@ -22,8 +22,9 @@ from gateway.core.types import (
     RequestId,
 )
 from gateway.sched.interfaces import ADMIT, Filter
+from gateway.sched.plugins import default_registry
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
-from gateway.sched.registry import PluginKind, default_registry
+from gateway.sched.registry import PluginKind
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Decision, Dispatch, EndpointSpec, QueueLimits, Reject, Scheduler
 from gateway.sched.snapshot import EndpointView, FleetSnapshot

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gateway.core.slo import SloClass, SloPolicy
 from gateway.core.types import EndpointHealth
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.ordering.bands import PriorityBandsOrdering
 from gateway.sched.plugins.ordering.edf import NO_DEADLINE, EdfOrdering
 from gateway.sched.plugins.ordering.slack import (
@@ -27,7 +28,7 @@ from gateway.sched.plugins.placement.best_fit import BestFitFilter
 from gateway.sched.plugins.placement.cato_slack import CatoSlackPicker
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter
 from gateway.sched.predict import EndpointLoad, LoadCache, PredictParams, meets, peak_kv, time_left
-from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.registry import BuildContext, PluginKind
 from tests.unit.slo_fixtures import COEF, req, running, snap, view
 
 P = PredictParams()
