@@ -40,7 +40,8 @@ from gateway.handlers import make_api_handler
 from gateway.live_telemetry import LiveTelemetry
 from gateway.sched.plugins import default_registry
 from gateway.sched.registry import PluginRegistry
-from gateway.sched.scheduler import EndpointSpec, Scheduler
+from gateway.sched.scheduler import Scheduler
+from gateway.sched.types import EndpointSpec
 from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings
 from gateway.upstream.client import UpstreamSettings, make_session
 from gateway.upstream.dialects import dialect_for

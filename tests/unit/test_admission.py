@@ -11,6 +11,7 @@ import pytest
 from gateway.core.clock import FakeClock
 from gateway.core.slo import Infeasible, SloClass, SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, ModelName, RequestId
+from gateway.sched.decisions import Dispatch, Reject
 from gateway.sched.interfaces import AdmitOutcome
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.admission.admit_all import AdmitAll
@@ -20,8 +21,9 @@ from gateway.sched.predict import PredictParams
 from gateway.sched.profile import Policy, SchedulerProfile
 from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.request import SchedRequest
-from gateway.sched.scheduler import Dispatch, EndpointSpec, Reject, Scheduler
+from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointEstimates
+from gateway.sched.types import EndpointSpec
 from gateway.upstream.dialects import SGLANG, VLLM
 from tests.unit.slo_fixtures import COEF, req, running, snap, view
 

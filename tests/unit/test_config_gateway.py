@@ -17,7 +17,7 @@ from gateway.core.errors import ConfigError
 from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.placement.least_outstanding import LeastOutstandingScorer, MaxScorePicker
-from gateway.sched.scheduler import EndpointSpec, QueueLimits
+from gateway.sched.types import EndpointSpec, QueueLimits
 
 # The example from the design card, every key spelled out.
 FULL = """

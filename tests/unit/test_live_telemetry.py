@@ -15,9 +15,11 @@ from gateway.core.types import SLO, ApiKind, EndpointId, EngineGauges, ModelName
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.live_telemetry import LiveTelemetry
+from gateway.sched.decisions import Dispatch
 from gateway.sched.perf import default_prior
 from gateway.sched.request import SchedRequest
-from gateway.sched.scheduler import Dispatch, QueueLimits, Scheduler
+from gateway.sched.scheduler import Scheduler
+from gateway.sched.types import QueueLimits
 from gateway.telemetry.promtext import parse
 from gateway.upstream.dialects import VLLM
 from tests.unit.test_sched_scheduler import READY, policy, spec
