@@ -27,8 +27,9 @@ from gateway.sched.plugins.ordering.slack import (
 from gateway.sched.plugins.placement.best_fit import BestFitFilter
 from gateway.sched.plugins.placement.cato_slack import CatoSlackPicker
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter
-from gateway.sched.predict import EndpointLoad, LoadCache, PredictParams, meets, peak_kv, time_left
+from gateway.sched.predict import EndpointLoad, LoadCache, PredictParams, peak_kv
 from gateway.sched.registry import BuildContext, PluginKind
+from gateway.sched.targets import meets, time_left
 from tests.unit.slo_fixtures import COEF, req, running, snap, view
 
 P = PredictParams()

@@ -27,10 +27,11 @@ from gateway.core.types import EndpointHealth
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, LoadCache, Prediction, PredictParams, meets, time_left
+from gateway.sched.predict import EndpointLoad, LoadCache, Prediction, PredictParams
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.targets import meets, time_left
 
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,

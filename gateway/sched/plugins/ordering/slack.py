@@ -32,10 +32,11 @@ from msgspec import Meta
 from gateway.core.types import EndpointHealth
 from gateway.sched.interfaces import OrderKey
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import LoadCache, PredictParams, itl_ok, time_left
+from gateway.sched.predict import LoadCache, PredictParams
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.targets import itl_ok, time_left
 
 #: Slack of a request without targets (finite, as ordering keys must be).
 UNLIMITED: Final = 1e15

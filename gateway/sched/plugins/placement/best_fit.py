@@ -42,10 +42,11 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, LoadCache, PredictParams, meets, time_left
+from gateway.sched.predict import EndpointLoad, LoadCache, PredictParams
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.targets import meets, time_left
 
 #: Scale of the token dimension of capacity_norm when the KV capacity is unknown (tokens per seat).
 _TOKENS_PER_SEAT = 2048.0

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import LoadCache, PredictParams, itl_ok, meets, time_left
+from gateway.sched.predict import LoadCache, PredictParams
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.targets import itl_ok, meets, time_left
 
 
 class CatoSlackParams(PredictionParams, frozen=True, kw_only=True):

@@ -16,10 +16,11 @@ from typing import Annotated
 from msgspec import Meta
 
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import LoadCache, PredictParams, itl_ok, meets, time_left
+from gateway.sched.predict import LoadCache, PredictParams
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.targets import itl_ok, meets, time_left
 
 
 class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
