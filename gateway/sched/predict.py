@@ -24,9 +24,10 @@ together with the prompts dispatched there that have not had their first token y
 per-token time of the batch it joins. Its output is the predicted mean, or in a tail mode the mean plus
 ``γ·σ`` with ``γ = z(1 − τ)`` (normal) or ``sqrt((1 − τ)/τ)`` (Cantelli, any distribution).
 
-Results are seconds from `now` (whether they keep a request's targets: `gateway.sched.targets`). `LoadCache` keeps one `EndpointLoad` per endpoint view for as long as
-the view object and (within 10 ms) the clock are the same, so ordering a long queue costs a few
-arithmetic operations per request and endpoint.
+Results are seconds from `now`; whether they keep a request's targets is `gateway.sched.targets`.
+`LoadCache` keeps one `EndpointLoad` per endpoint view for as long as the view object and (within
+10 ms) the clock are the same, so ordering a long queue costs a few arithmetic operations per request
+and endpoint.
 """
 
 from __future__ import annotations
