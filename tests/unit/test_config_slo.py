@@ -76,7 +76,7 @@ def test_the_slo_section_builds_classes_rules_and_tasks() -> None:
     assert slo.rules[0].model == "coder"
     assert (slo.tasks.idle_expiry_s, slo.tasks.max_tasks, slo.tasks.learn_allotments) == (30.0, 5, True)
     assert isinstance(p.admitter, SloFeasibilityAdmitter)
-    assert p.admitter.margin == 1.2
+    assert p.admitter.params.margin == 1.2
     assert p.lookahead == 0
 
 

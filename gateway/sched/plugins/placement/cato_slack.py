@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import LoadCache, PredictParams
+from gateway.sched.predict import LoadCache
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
@@ -25,8 +25,9 @@ class CatoSlackParams(PredictionParams, frozen=True, kw_only=True):
 class CatoSlackPicker:
     name = "cato-slack"
 
-    def __init__(self, params: PredictParams) -> None:
-        self._cache = LoadCache(params)
+    def __init__(self, params: CatoSlackParams) -> None:
+        self.params = params
+        self._cache = LoadCache(params.predict_params())
 
     def pick(
         self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
@@ -53,6 +54,6 @@ SPEC = PluginSpec(
     PluginKind.PICKER,
     "cato-slack",
     CatoSlackParams,
-    lambda p, ctx: CatoSlackPicker(p.predict_params()),
+    lambda p, ctx: CatoSlackPicker(p),
     "CATO: smallest predicted wait that meets the deadlines, else smallest wait",
 )
