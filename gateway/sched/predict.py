@@ -9,12 +9,12 @@ deadlines).
 **Where a running request has got to.** The dispatcher reports every few tokens a stream carries
 (`Scheduler.progress`); between reports, and for requests without any (not streamed, or none yet),
 progress is estimated from time: a request's first token is due one prefill after its dispatch, then
-it produces one token per decode iteration of the endpoint's current batch,
-slowed by the prefills of new arrivals: each running request paused the batch for its own prefill once
-in its lifetime, so the batch spends ``ρ = Σ prefill_i / lifetime_i`` of its time prefilling and every
-decode iteration effectively takes ``1 / (1 − ρ)`` as long (at least `prefill_overhead`). (The
-gateway's measured per-token time is not used for this: it was measured at other batch sizes.) A request
-past its predicted length is *running long* (its length was under-estimated); it is then expected to
+it produces one token per decode iteration of the endpoint's current batch, slowed by the prefills of
+new arrivals: each running request paused the batch for its own prefill once in its lifetime, so the
+batch spends ``ρ = Σ prefill_i / lifetime_i`` of its time prefilling and every decode iteration
+effectively takes ``1 / (1 − ρ)`` as long (at least `prefill_overhead`). (The gateway's measured
+per-token time is not used for this: it was measured at other batch sizes.) A request past its
+predicted length is *running long* (its length was under-estimated); it is then expected to
 run half as long again as it has (capped by max_tokens), and it counts towards the endpoint's
 `running_long` figure, which placement uses to steer new arrivals elsewhere (Aladdin's re-balancing).
 

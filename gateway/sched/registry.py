@@ -1,9 +1,9 @@
 """The plugin registry: an explicit object mapping (kind, name) to a factory.
 
 A registry is passed to whatever builds policies, never kept in a module global
-(`gateway.sched.plugins.default_registry()` makes one holding the in-tree plugins). Registering a name twice
-raises. Each factory declares a msgspec Struct of its parameters; unknown or ill-typed parameters are
-errors that name the key path.
+(`gateway.sched.plugins.default_registry()` makes one holding the in-tree plugins). Registering a name
+twice raises. Each factory declares a msgspec Struct of its parameters; unknown or ill-typed parameters
+are errors that name the key path.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CATO's slack ordering (papers/ALGORITHMS.md §1), recomputed every time the queue is served.
+"""CATO's slack ordering, recomputed every time the queue is served.
 
 Each queued request gets a priority class, then its slack orders it within the class:
 

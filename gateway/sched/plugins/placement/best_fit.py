@@ -1,4 +1,4 @@
-"""Aladdin's best-fit request placement (papers/ALGORITHMS.md §2) as a filter that keeps one endpoint.
+"""Aladdin's best-fit request placement as a filter that keeps one endpoint.
 
 Endpoints are tried most loaded first, by ``capacity_norm`` = the L2 norm of (running / cap,
 Σ(l_in + γ·l_out) / KV capacity); endpoints whose running requests are running long (their output

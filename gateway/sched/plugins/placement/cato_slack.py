@@ -1,5 +1,5 @@
-"""CATO's replica choice (papers/ALGORITHMS.md §1): the endpoint with the smallest predicted wait among
-those that still meet the request's deadlines; when none does (or it has no deadline), the smallest wait.
+"""CATO's replica choice: the endpoint with the smallest predicted wait among those that still meet the
+request's deadlines; when none does (or it has no deadline), the smallest wait.
 
 The wait is the time until the request's prefill could start there (a seat, then the iteration in
 flight: `gateway.sched.predict`); "meets" compares the predicted first and last token with the time left.

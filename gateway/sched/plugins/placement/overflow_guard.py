@@ -1,4 +1,4 @@
-"""MaaSO's overflow protection (papers/ALGORITHMS.md §4) as a filter.
+"""MaaSO's overflow protection as a filter.
 
 An endpoint is dropped when placing the request there would push a running request past its deadline
 (its prefill pauses their decoding, its joining slows every later token), or when the request itself
