@@ -108,7 +108,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     from gateway.core.logging import configure_logging
     from gateway.core.runloop import run
-    from gateway.sched.registry import default_registry
+    from gateway.sched.plugins import default_registry
 
     try:
         endpoints = tuple(parse_endpoint_flag(v) for v in args.endpoint)

@@ -23,7 +23,7 @@ from gateway.app import Gateway, ServeOptions, build_app
 from gateway.config import apply_overrides, default_config, load_runtime, parse_endpoint_flag
 from gateway.core.logging import configure_logging
 from gateway.core.runloop import run
-from gateway.sched.registry import default_registry
+from gateway.sched.plugins import default_registry
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.spec import EndpointSpec as SimSpec
 from loadgen.progress import ProgressBar

@@ -9,7 +9,8 @@ from gateway.config.load import gateway_config_problems, load_configured_policy
 from gateway.config.policy import build_policy, decode_policy, is_policy_table
 from gateway.config.validate import check_tenant_classes
 from gateway.core.errors import ConfigError
-from gateway.sched.registry import PluginRegistry, default_registry
+from gateway.sched.plugins import default_registry
+from gateway.sched.registry import PluginRegistry
 
 
 def check(path: str | Path, registry: PluginRegistry | None = None) -> list[str]:

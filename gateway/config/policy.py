@@ -25,12 +25,15 @@ class = "chat"                    # prompt_chars_min|max / body = {field = value
 [tasks]                           # idle_expiry_s, max_tasks, learn_allotments, learn_min_samples
 ```
 `placement.lookahead` lets that many requests behind one that fits nowhere be placed before it.
-Every error names the file and the key path (`placement.scorers[0].params.foo`).
+Where each kind of plugin sits in the file, whether it is one or a list, required or optional, and the
+Protocol it must satisfy is one table, `SLOTS`; the build walks it. Every error names the file and the
+key path (`placement.scorers[0].params.foo`).
 """
 
 from __future__ import annotations
 
 import importlib.resources
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -52,6 +55,7 @@ from gateway.core.slo import (
     default_slo_policy,
 )
 from gateway.core.types import ApiKind
+from gateway.sched.interfaces import Admitter, Filter, Ordering, Picker, Scorer
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
 from gateway.sched.registry import BuildContext, PluginKind, PluginRegistry
 
@@ -144,6 +148,31 @@ class PolicyFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     tasks: TasksSection = TasksSection()
 
 
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where the plugins of one kind sit in a policy file, and what each must be."""
+
+    kind: PluginKind
+    key: str  # key path of its {plugin, params} table or, with `many`, of its array of them
+    many: bool  # an array of plugins (absent: none) rather than one
+    required: bool  # the file must name it (else absent means none)
+    protocol: type  # the runtime-checkable Protocol (gateway.sched.interfaces) every plugin here satisfies
+
+
+#: Every kind of plugin a policy file names, in the order they are built (the first error is reported).
+#: The schema above (PolicyFile, PlacementSection) has a field at each key, of the same shape.
+SLOTS: Final[tuple[Slot, ...]] = (
+    Slot(PluginKind.ORDERING, "ordering", many=False, required=True, protocol=Ordering),
+    Slot(PluginKind.FILTER, "placement.filters", many=True, required=False, protocol=Filter),
+    Slot(PluginKind.SCORER, "placement.scorers", many=True, required=False, protocol=Scorer),
+    Slot(PluginKind.PICKER, "placement.picker", many=False, required=True, protocol=Picker),
+    Slot(PluginKind.ADMITTER, "admission", many=False, required=False, protocol=Admitter),
+)
+
+#: What a policy file's plugins built to, by kind: (the file's reference, the plugin) in file order.
+Built = dict[PluginKind, list[tuple[PluginRef | ScorerRef, Any]]]
+
+
 def load_policy(path: str | Path, registry: PluginRegistry, *, seed: int | None = None) -> Policy:
     """Read, check and build the policy file at `path`."""
     p = Path(path)
@@ -185,37 +214,56 @@ def build_policy(
         slo = build_slo(pf)
     except ConfigError as e:
         raise e.within(file=file) from None
-    ctx = BuildContext(seed=seed, slo=slo)
     try:
-        ordering = _build(registry, PluginKind.ORDERING, pf.ordering, "ordering", ctx)
-        placement = pf.placement
-        filters = tuple(
-            _build(registry, PluginKind.FILTER, ref, f"placement.filters[{i}]", ctx)
-            for i, ref in enumerate(placement.filters)
-        )
-        scorers = tuple(
-            WeightedScorer(
-                _build(registry, PluginKind.SCORER, ref, f"placement.scorers[{i}]", ctx), ref.weight
-            )
-            for i, ref in enumerate(placement.scorers)
-        )
-        picker = _build(registry, PluginKind.PICKER, placement.picker, "placement.picker", ctx)
-        admitter = (
-            None
-            if pf.admission is None
-            else _build(registry, PluginKind.ADMITTER, pf.admission, "admission", ctx)
-        )
+        built = build_plugins(pf, registry, BuildContext(seed=seed, slo=slo))
     except ConfigError as e:
         raise e.within(file=file) from None
+    scorers = tuple(WeightedScorer(p, _weight(ref)) for ref, p in built[PluginKind.SCORER])
     return Policy(
         name=name,
-        ordering=ordering,
-        profile=SchedulerProfile(filters=filters, scorers=scorers, picker=picker),
+        ordering=_one(built, PluginKind.ORDERING),
+        profile=SchedulerProfile(
+            filters=tuple(p for _, p in built[PluginKind.FILTER]),
+            scorers=scorers,
+            picker=_one(built, PluginKind.PICKER),
+        ),
         source=file,
         slo=slo,
-        admitter=admitter,
+        admitter=_one(built, PluginKind.ADMITTER),
         lookahead=pf.placement.lookahead,
     )
+
+
+def build_plugins(pf: PolicyFile, registry: PluginRegistry, ctx: BuildContext) -> Built:
+    """Build every plugin `pf` names, slot by slot (`SLOTS`); errors name the plugin's key path."""
+    built: Built = {}
+    for slot in SLOTS:
+        found: Any = pf
+        for part in slot.key.split("."):
+            found = getattr(found, part)
+        if slot.many:
+            refs = [(f"{slot.key}[{i}]", ref) for i, ref in enumerate(found)]
+        elif found is not None:
+            refs = [(slot.key, found)]
+        elif slot.required:  # the strict decode has already refused this
+            raise ConfigError("missing required key", path=slot.key)
+        else:
+            refs = []
+        built[slot.kind] = [(ref, _build(registry, slot, ref, path, ctx)) for path, ref in refs]
+    return built
+
+
+def _one(built: Built, kind: PluginKind) -> Any:
+    """The plugin of a single slot; None when the file names none."""
+    items = built[kind]
+    return items[0][1] if items else None
+
+
+def _weight(ref: PluginRef | ScorerRef) -> float:
+    # Every [[placement.scorers]] item decodes to a ScorerRef; no other slot holds scorers.
+    if not isinstance(ref, ScorerRef):
+        raise TypeError(f"a scorer without a weight: {ref!r}")
+    return ref.weight
 
 
 _PATHS: Final = frozenset(api.path for api in ApiKind)
@@ -300,8 +348,9 @@ def is_policy_table(raw: dict[str, Any]) -> bool:
 
 
 def _build(
-    registry: PluginRegistry, kind: PluginKind, ref: PluginRef | ScorerRef, path: str, ctx: BuildContext
+    registry: PluginRegistry, slot: Slot, ref: PluginRef | ScorerRef, path: str, ctx: BuildContext
 ) -> Any:
+    kind = slot.kind
     spec = registry.spec(kind, ref.plugin)
     if spec is None:
         raise ConfigError(_unknown_plugin(registry, kind, ref.plugin), path=f"{path}.plugin")
@@ -314,7 +363,12 @@ def _build(
         msgspec.convert(ref.params, spec.params, strict=True)
     except msgspec.ValidationError as e:
         raise validation_error(e, spec.params, ref.params, prefix=f"{path}.params") from None
-    return registry.build(kind, ref.plugin, ref.params, path=path, ctx=ctx)
+    plugin = registry.build(kind, ref.plugin, ref.params, path=path, ctx=ctx)
+    if not isinstance(plugin, slot.protocol):
+        raise ConfigError(
+            f"{kind} plugin {ref.plugin!r} does not implement {slot.protocol.__name__}", path=f"{path}.plugin"
+        )
+    return plugin
 
 
 def _unknown_plugin(registry: PluginRegistry, kind: PluginKind, name: str) -> str:

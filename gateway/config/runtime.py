@@ -24,7 +24,7 @@ from gateway.config.validate import check_tenant_classes
 from gateway.core.types import EndpointId, EngineKind
 from gateway.sched.profile import Policy
 from gateway.sched.registry import PluginRegistry
-from gateway.sched.scheduler import EndpointSpec, QueueLimits
+from gateway.sched.types import EndpointSpec, QueueLimits
 
 #: Sections read only at start; a change needs a restart.
 STATIC_SECTIONS: Final = ("server", "upstream")

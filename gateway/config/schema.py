@@ -17,7 +17,7 @@ import msgspec
 from msgspec import Meta
 
 from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
-from gateway.sched.scheduler import EndpointSpec, QueueLimits
+from gateway.sched.types import EndpointSpec, QueueLimits
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 NonNegativeInt = Annotated[int, Meta(ge=0)]

@@ -17,8 +17,9 @@ from collections.abc import Iterable
 import structlog
 
 from gateway.core.types import EndpointId, RequestId
+from gateway.sched.decisions import Decision, Dispatch, Reject
 from gateway.sched.request import SchedRequest
-from gateway.sched.scheduler import Decision, Dispatch, Reject, Scheduler
+from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointView
 
 log = structlog.get_logger("berth.scheduler")

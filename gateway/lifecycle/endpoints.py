@@ -22,7 +22,7 @@ from gateway.core.metrics import GatewayMetrics
 from gateway.core.tasks import TaskSupervisor
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, EngineKind
 from gateway.dispatch.driver import SchedulerDriver
-from gateway.sched.scheduler import EndpointSpec
+from gateway.sched.types import EndpointSpec
 from gateway.telemetry.engine_metrics import metrics_for
 from gateway.telemetry.live import LiveTelemetry
 from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings

@@ -2,6 +2,10 @@
 
 Plugins are synchronous and side-effect free with respect to the fleet: they may keep private state
 (a round-robin cursor, a seeded RNG) but never await, do I/O, or mutate the snapshot or request.
+
+Every Protocol is runtime-checkable: a policy checks each plugin it builds against its extension
+point's Protocol, and looks up the optional capabilities (`TieredFilter`, `ScopedFilter`,
+`GroupingFilter`, `EnginePriority`) once, when it is built, never per request.
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gateway.core.types import EndpointId, ModelName
 from gateway.sched.request import SchedRequest
@@ -19,6 +23,7 @@ from gateway.sched.snapshot import EndpointView, FleetSnapshot
 OrderKey = tuple[float, ...]
 
 
+@runtime_checkable
 class Ordering(Protocol):
     """Priority key of a queued request.
 
@@ -29,6 +34,7 @@ class Ordering(Protocol):
     def key(self, req: SchedRequest, snap: FleetSnapshot) -> OrderKey: ...
 
 
+@runtime_checkable
 class Filter(Protocol):
     """Narrows the candidates for a request.
 
@@ -44,6 +50,7 @@ class Filter(Protocol):
     ) -> Sequence[EndpointView]: ...
 
 
+@runtime_checkable
 class TieredFilter(Filter, Protocol):
     """A filter that ranks the candidates in preference tiers instead of dropping some outright.
 
@@ -58,6 +65,7 @@ class TieredFilter(Filter, Protocol):
     ) -> Sequence[Sequence[EndpointView]]: ...
 
 
+@runtime_checkable
 class ScopedFilter(Filter, Protocol):
     """A filter that keeps a request to a fixed part of its model's endpoints, whatever their load (e.g.
     the endpoint groups of `demand-split`).
@@ -72,6 +80,7 @@ class ScopedFilter(Filter, Protocol):
     ) -> Sequence[EndpointView]: ...
 
 
+@runtime_checkable
 class GroupingFilter(Filter, Protocol):
     """A filter that splits each model's endpoints into named groups (for the admin view).
 
@@ -82,6 +91,7 @@ class GroupingFilter(Filter, Protocol):
     def groups(self, model: ModelName) -> dict[str, tuple[float | None, list[EndpointId]]]: ...
 
 
+@runtime_checkable
 class Scorer(Protocol):
     """Scores each candidate in [0, 1], higher is better.
 
@@ -96,6 +106,7 @@ class Scorer(Protocol):
     ) -> Mapping[EndpointId, float]: ...
 
 
+@runtime_checkable
 class Picker(Protocol):
     """Chooses one endpoint from non-empty scored candidates (weighted score sum, higher is better).
 
@@ -127,6 +138,7 @@ class AdmitDecision:
 ADMIT: AdmitDecision = AdmitDecision(AdmitOutcome.ADMIT)
 
 
+@runtime_checkable
 class Admitter(Protocol):
     """Decides once, when a request arrives and before it is queued, whether it may wait for a place.
 
@@ -147,6 +159,7 @@ class Admitter(Protocol):
         ...
 
 
+@runtime_checkable
 class EnginePriority(Protocol):
     """An ordering that also tells an engine with priority scheduling how urgent a request is.
 

@@ -9,12 +9,12 @@ deadlines).
 **Where a running request has got to.** The dispatcher reports every few tokens a stream carries
 (`Scheduler.progress`); between reports, and for requests without any (not streamed, or none yet),
 progress is estimated from time: a request's first token is due one prefill after its dispatch, then
-it produces one token per decode iteration of the endpoint's current batch,
-slowed by the prefills of new arrivals: each running request paused the batch for its own prefill once
-in its lifetime, so the batch spends ``ρ = Σ prefill_i / lifetime_i`` of its time prefilling and every
-decode iteration effectively takes ``1 / (1 − ρ)`` as long (at least `prefill_overhead`). (The
-gateway's measured per-token time is not used for this: it was measured at other batch sizes.) A request
-past its predicted length is *running long* (its length was under-estimated); it is then expected to
+it produces one token per decode iteration of the endpoint's current batch, slowed by the prefills of
+new arrivals: each running request paused the batch for its own prefill once in its lifetime, so the
+batch spends ``ρ = Σ prefill_i / lifetime_i`` of its time prefilling and every decode iteration
+effectively takes ``1 / (1 − ρ)`` as long (at least `prefill_overhead`). (The gateway's measured
+per-token time is not used for this: it was measured at other batch sizes.) A request past its
+predicted length is *running long* (its length was under-estimated); it is then expected to
 run half as long again as it has (capped by max_tokens), and it counts towards the endpoint's
 `running_long` figure, which placement uses to steer new arrivals elsewhere (Aladdin's re-balancing).
 
@@ -24,9 +24,10 @@ together with the prompts dispatched there that have not had their first token y
 per-token time of the batch it joins. Its output is the predicted mean, or in a tail mode the mean plus
 ``γ·σ`` with ``γ = z(1 − τ)`` (normal) or ``sqrt((1 − τ)/τ)`` (Cantelli, any distribution).
 
-Results are seconds from `now`. `LoadCache` keeps one `EndpointLoad` per endpoint view for as long as
-the view object and (within 10 ms) the clock are the same, so ordering a long queue costs a few
-arithmetic operations per request and endpoint.
+Results are seconds from `now`; whether they keep a request's targets is `gateway.sched.targets`.
+`LoadCache` keeps one `EndpointLoad` per endpoint view for as long as the view object and (within
+10 ms) the clock are the same, so ordering a long queue costs a few arithmetic operations per request
+and endpoint.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Final, Literal
 
+from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import RunningRequest, deadlines, output_estimate
+from gateway.sched.running import RunningRequest, output_estimate
 from gateway.sched.snapshot import EndpointView
-from gateway.telemetry.perfmodel import PerfCoefficients, default_prior
 
 Tail = Literal["mean", "normal", "cantelli"]
 
@@ -350,37 +351,6 @@ def peak_kv(items: Sequence[tuple[float, float]], h: float, j: float) -> float:
     return best
 
 
-def time_left(req: SchedRequest, now: float) -> tuple[float | None, float | None]:
-    """Seconds until the request's first-token and last-token deadlines (None: no such target)."""
-    ttft, e2e = deadlines(req)
-    return (None if ttft is None else ttft - now), (None if e2e is None else e2e - now)
-
-
-def meets(pred: Prediction, left: tuple[float | None, float | None], margin: float = 1.0) -> bool:
-    """Whether a prediction keeps both deadlines (`margin` < 1 demands room to spare)."""
-    ttft_left, e2e_left = left
-    if ttft_left is not None and pred.ttft_s > ttft_left * margin:
-        return False
-    return not (e2e_left is not None and pred.e2e_s > e2e_left * margin)
-
-
-def slack_of(pred: Prediction, left: tuple[float | None, float | None]) -> float | None:
-    """Time left minus the predicted time to each target (the smaller of the two); None without targets."""
-    ttft_left, e2e_left = left
-    out: float | None = None
-    if ttft_left is not None:
-        out = ttft_left - pred.ttft_s
-    if e2e_left is not None:
-        s = e2e_left - pred.e2e_s
-        out = s if out is None else min(out, s)
-    return out
-
-
-def itl_ok(req: SchedRequest, pred: Prediction) -> bool:
-    itl = req.slo.itl_ms
-    return itl is None or pred.tpot_s * 1000.0 <= itl
-
-
 class LoadCache:
     """`EndpointLoad`s by endpoint, reused while the view object is the same and the clock moved less
     than 10 ms (one placement decision; a served queue)."""
@@ -413,10 +383,6 @@ __all__ = [
     "PredictParams",
     "Prediction",
     "RunningState",
-    "itl_ok",
     "kth_smallest",
-    "meets",
     "peak_kv",
-    "slack_of",
-    "time_left",
 ]

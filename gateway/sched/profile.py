@@ -14,7 +14,17 @@ from dataclasses import dataclass, field
 
 from gateway.core.slo import SloPolicy, default_slo_policy
 from gateway.core.types import EndpointHealth, EndpointId, ModelName
-from gateway.sched.interfaces import Admitter, Filter, Ordering, Picker, Scorer
+from gateway.sched.interfaces import (
+    Admitter,
+    EnginePriority,
+    Filter,
+    GroupingFilter,
+    Ordering,
+    Picker,
+    ScopedFilter,
+    Scorer,
+    TieredFilter,
+)
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
@@ -32,32 +42,37 @@ def eligible(req: SchedRequest, snap: FleetSnapshot) -> list[EndpointView]:
     return [e for e in snap.endpoints if model in e.models and e.health is ready and e.inflight < e.cap]
 
 
+_Tiers = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[Sequence[EndpointView]]]
+_Scope = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[EndpointView]]
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerProfile:
     filters: tuple[Filter, ...]
     scorers: tuple[WeightedScorer, ...]
     picker: Picker
-    # Each filter's `tiers` method, or None for a plain filter: looked up once, not per placement.
-    _tiers: tuple[Callable[..., Sequence[Sequence[EndpointView]]] | None, ...] = field(
-        init=False, repr=False, compare=False
-    )
-
-    # Each scoped filter's `scope` method (`ScopedFilter`), in filter order.
-    _scopes: tuple[Callable[..., Sequence[EndpointView]], ...] = field(init=False, repr=False, compare=False)
+    # The filters' optional capabilities, resolved once here rather than per placement:
+    # each filter's `tiers` method (`TieredFilter`), or None for a plain filter, in filter order;
+    _tiers: tuple[_Tiers | None, ...] = field(init=False, repr=False, compare=False)
+    # the `scope` method of each scoped filter (`ScopedFilter`), in filter order;
+    _scopes: tuple[_Scope, ...] = field(init=False, repr=False, compare=False)
+    # the grouping filters (`GroupingFilter`), in filter order.
+    _groupings: tuple[GroupingFilter, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_tiers", tuple(getattr(f, "tiers", None) for f in self.filters))
-        scopes = (getattr(f, "scope", None) for f in self.filters)
-        object.__setattr__(self, "_scopes", tuple(s for s in scopes if s is not None))
+        filters = self.filters
+        object.__setattr__(
+            self, "_tiers", tuple(f.tiers if isinstance(f, TieredFilter) else None for f in filters)
+        )
+        object.__setattr__(self, "_scopes", tuple(f.scope for f in filters if isinstance(f, ScopedFilter)))
+        object.__setattr__(self, "_groupings", tuple(f for f in filters if isinstance(f, GroupingFilter)))
 
     def groups(self, model: ModelName) -> dict[str, tuple[float | None, list[EndpointId]]]:
         """The endpoint groups of the grouping filters (`GroupingFilter`) for `model`: name -> (share of
         demand, endpoints now). Empty without a grouping filter."""
         out: dict[str, tuple[float | None, list[EndpointId]]] = {}
-        for f in self.filters:
-            groups = getattr(f, "groups", None)
-            if groups is not None:
-                out.update(groups(model))
+        for f in self._groupings:
+            out.update(f.groups(model))
         return out
 
     def scope(self, req: SchedRequest, snap: FleetSnapshot) -> FleetSnapshot:
@@ -134,12 +149,19 @@ class Policy:
     # Requests behind one that fits nowhere (while endpoints have room) that may be placed before it in
     # one round of serving the queue; 0: strict priority (see gateway.sched.scheduler).
     lookahead: int = 0
+    # The ordering's `engine_priority` method when it has one (`EnginePriority`): resolved once here.
+    _engine_priority: Callable[[SchedRequest, FleetSnapshot], int | None] | None = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        o = self.ordering
+        object.__setattr__(
+            self, "_engine_priority", o.engine_priority if isinstance(o, EnginePriority) else None
+        )
 
     def engine_priority(self, req: SchedRequest, snap: FleetSnapshot) -> int | None:
         """The priority to send an engine with priority scheduling (lower is more urgent), when the
         ordering has one (`EnginePriority`)."""
-        get = getattr(self.ordering, "engine_priority", None)
-        if get is None:
-            return None
-        value: int | None = get(req, snap)
-        return value
+        get = self._engine_priority
+        return None if get is None else get(req, snap)

@@ -1,9 +1,9 @@
 """The plugin registry: an explicit object mapping (kind, name) to a factory.
 
-`default_registry()` registers the in-tree plugins listed in `gateway.sched.plugins.IN_TREE`; a
-registry is passed to whatever builds policies, never kept in a module global. Registering a name twice
-raises. Each factory declares a msgspec Struct of its parameters; unknown or ill-typed parameters are
-errors that name the key path.
+A registry is passed to whatever builds policies, never kept in a module global
+(`gateway.sched.plugins.default_registry()` makes one holding the in-tree plugins). Registering a name
+twice raises. Each factory declares a msgspec Struct of its parameters; unknown or ill-typed parameters
+are errors that name the key path.
 """
 
 from __future__ import annotations
@@ -104,12 +104,3 @@ def _join_path(prefix: str, e: msgspec.ValidationError) -> str:
 
 def _validation_message(e: msgspec.ValidationError) -> str:
     return str(e).split(" - at `$", 1)[0]
-
-
-def default_registry() -> PluginRegistry:
-    from gateway.sched.plugins import IN_TREE
-
-    reg = PluginRegistry()
-    for spec in IN_TREE:
-        reg.register(spec)
-    return reg

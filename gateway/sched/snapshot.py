@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, InstanceClass, ModelName
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.running import RunningRequest
-
-if TYPE_CHECKING:
-    from gateway.telemetry.perfmodel import PerfCoefficients
 
 
 @dataclass(frozen=True, slots=True)

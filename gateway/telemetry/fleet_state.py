@@ -37,11 +37,12 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple, cast
 
 from gateway.core.types import SLO, EndpointId
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.snapshot import EndpointEstimates
 from gateway.telemetry.attainment import SloAttainment, meets_slo
 from gateway.telemetry.crosscheck import CrossCheck, CumulativeDelta, Verdict
 from gateway.telemetry.lengths import LengthPrediction, OutputLengthPredictor
-from gateway.telemetry.perfmodel import PerfCoefficients, PerfModelFitter
+from gateway.telemetry.perfmodel import PerfModelFitter
 from gateway.telemetry.promtext import Histogram
 from gateway.telemetry.rolling import Ewma, LatencyTracker, RateMeter, RecentWindow
 from gateway.telemetry.timeline import EndpointTimeline

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from gateway.config.schema import TelemetryConfig
 from gateway.core.clock import Clock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges
+from gateway.sched.perf import default_prior
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.capacity import kv_capacity_tokens
 from gateway.telemetry.engine_metrics import EngineMetrics
@@ -41,7 +42,6 @@ from gateway.telemetry.fleet_state import (
     TelemetrySettings,
     prior_with,
 )
-from gateway.telemetry.perfmodel import default_prior
 from gateway.telemetry.promtext import Exposition
 from gateway.telemetry.tokens import TokenEstimator
 

@@ -72,8 +72,9 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.telemetry.lengths import LengthPrediction, OutputLengthPredictor
-from gateway.telemetry.perfmodel import PerfCoefficients, PerfModelFitter, default_prior
+from gateway.telemetry.perfmodel import PerfModelFitter
 from gateway.telemetry.promtext import parse as parse_metrics
 from gateway.telemetry.tokens import TokenEstimator
 from gateway.telemetry.waiting import wait_for_position

@@ -41,7 +41,7 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
-from gateway.telemetry.perfmodel import PerfCoefficients
+from gateway.sched.perf import PerfCoefficients
 from loadgen.bench.predict_accuracy import (
     Stream,
     decode_mape,

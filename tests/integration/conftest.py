@@ -18,7 +18,7 @@ from gateway.config import (
     load_runtime,
     parse_endpoint_flag,
 )
-from gateway.sched.registry import default_registry
+from gateway.sched.plugins import default_registry
 from tests.integration.fake_engine import FakeEngine
 
 

@@ -15,10 +15,10 @@ from gateway.core.types import (
     ModelName,
     RequestId,
 )
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
-from gateway.telemetry.perfmodel import PerfCoefficients
 
 #: Round numbers: prefill 0.1 ms per prompt token + 10 ms; decode 1 ms per request + 10 ms per
 #: iteration (k2 = 0: context does not matter); KV one token per context token.

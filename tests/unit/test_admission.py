@@ -11,16 +11,18 @@ import pytest
 from gateway.core.clock import FakeClock
 from gateway.core.slo import Infeasible, SloClass, SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, ModelName, RequestId
+from gateway.sched.decisions import Dispatch, Reject
 from gateway.sched.interfaces import AdmitOutcome
-from gateway.sched.plugins.admission.admit_all import AdmitAll
+from gateway.sched.plugins import default_registry
+from gateway.sched.plugins.admission.admit_all import AdmitAll, AdmitAllParams
 from gateway.sched.plugins.admission.common import CLASS_QUEUE_FULL, SLO_INFEASIBLE
-from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter
-from gateway.sched.predict import PredictParams
+from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.profile import Policy, SchedulerProfile
-from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.request import SchedRequest
-from gateway.sched.scheduler import Dispatch, EndpointSpec, Reject, Scheduler
+from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointEstimates
+from gateway.sched.types import EndpointSpec
 from gateway.upstream.dialects import SGLANG, VLLM
 from tests.unit.slo_fixtures import COEF, req, running, snap, view
 
@@ -55,7 +57,7 @@ IDLE = view("f")
     ],
 )
 def test_an_infeasible_slo_gets_its_class_outcome(cls: str, outcome: AdmitOutcome) -> None:
-    adm = SloFeasibilityAdmitter(SLO, PredictParams(), margin=1.0, retry_after_s=1.0)
+    adm = SloFeasibilityAdmitter(SloFeasibilityParams(margin=1.0, retry_after_s=1.0), SLO)
     d = adm.admit(req(cls=cls, e2e_ms=2000.0), snap(BUSY), none_queued)
     assert d.outcome is outcome
     assert d.reason == SLO_INFEASIBLE
@@ -68,7 +70,7 @@ def test_an_infeasible_slo_gets_its_class_outcome(cls: str, outcome: AdmitOutcom
 
 
 def test_requests_without_targets_or_endpoints_are_admitted() -> None:
-    adm = SloFeasibilityAdmitter(SLO, PredictParams(), margin=1.0, retry_after_s=1.0)
+    adm = SloFeasibilityAdmitter(SloFeasibilityParams(margin=1.0, retry_after_s=1.0), SLO)
     assert adm.admit(req(cls="ide"), snap(BUSY), none_queued).outcome is AdmitOutcome.ADMIT
     down = view("d", health=EndpointHealth.UNHEALTHY)
     assert adm.admit(req(cls="ide", ttft_ms=1.0), snap(down), none_queued).outcome is AdmitOutcome.ADMIT
@@ -76,8 +78,8 @@ def test_requests_without_targets_or_endpoints_are_admitted() -> None:
 
 def test_the_margin_tolerates_prediction_error() -> None:
     r = req(cls="ide", prompt=100, out=101.0, e2e_ms=1200.0)  # alone: ~1.23 s
-    strict = SloFeasibilityAdmitter(SLO, PredictParams(), margin=1.0, retry_after_s=1.0)
-    lenient = SloFeasibilityAdmitter(SLO, PredictParams(), margin=1.1, retry_after_s=1.0)
+    strict = SloFeasibilityAdmitter(SloFeasibilityParams(margin=1.0, retry_after_s=1.0), SLO)
+    lenient = SloFeasibilityAdmitter(SloFeasibilityParams(margin=1.1, retry_after_s=1.0), SLO)
     assert strict.admit(r, snap(IDLE), none_queued).outcome is AdmitOutcome.REJECT
     assert lenient.admit(r, snap(IDLE), none_queued).outcome is AdmitOutcome.ADMIT
 
@@ -85,8 +87,12 @@ def test_the_margin_tolerates_prediction_error() -> None:
 def test_queued_requests_of_the_same_or_a_more_urgent_band_go_first() -> None:
     one_seat = view("e", cap=2, runs=[running("x", dispatched_at=-0.1, out=3000.0)])
     r = req(cls="chat", e2e_ms=2000.0)
-    counting = SloFeasibilityAdmitter(SLO, PredictParams(), margin=1.0, retry_after_s=1.0, count_queue=True)
-    blind = SloFeasibilityAdmitter(SLO, PredictParams(), margin=1.0, retry_after_s=1.0, count_queue=False)
+    counting = SloFeasibilityAdmitter(
+        SloFeasibilityParams(margin=1.0, retry_after_s=1.0, count_queue=True), SLO
+    )
+    blind = SloFeasibilityAdmitter(
+        SloFeasibilityParams(margin=1.0, retry_after_s=1.0, count_queue=False), SLO
+    )
     s = snap(one_seat)
     assert counting.admit(r, s, queued(ide=1)).outcome is AdmitOutcome.HOLD  # ide takes the seat
     assert counting.admit(r, s, queued(batch=5)).outcome is AdmitOutcome.ADMIT  # batch is behind it
@@ -104,9 +110,9 @@ def test_class_queue_bounds(admitter: str) -> None:
 
 
 def test_admit_all_admits_the_infeasible() -> None:
-    assert AdmitAll(SLO, 1.0).admit(req(cls="ide", ttft_ms=1.0), snap(BUSY), none_queued).outcome is (
-        AdmitOutcome.ADMIT
-    )
+    assert AdmitAll(AdmitAllParams(retry_after_s=1.0), SLO).admit(
+        req(cls="ide", ttft_ms=1.0), snap(BUSY), none_queued
+    ).outcome is (AdmitOutcome.ADMIT)
 
 
 # --------------------------------------------------------------------- through the scheduler

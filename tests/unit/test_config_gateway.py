@@ -15,9 +15,9 @@ from gateway.config import (
 )
 from gateway.core.errors import ConfigError
 from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.placement.least_outstanding import LeastOutstandingScorer, MaxScorePicker
-from gateway.sched.registry import default_registry
-from gateway.sched.scheduler import EndpointSpec, QueueLimits
+from gateway.sched.types import EndpointSpec, QueueLimits
 
 # The example from the design card, every key spelled out.
 FULL = """

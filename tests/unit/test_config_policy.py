@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
 from gateway.config import check, load_policy, parse_policy_text
 from gateway.config.decode import parse_toml
-from gateway.config.policy import decode_policy, default_policy_text
+from gateway.config.policy import SLOTS, PolicyFile, Slot, decode_policy, default_policy_text
 from gateway.core.errors import ConfigError
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.ordering.fcfs import FcfsOrdering
 from gateway.sched.plugins.placement.least_outstanding import LeastOutstandingScorer, MaxScorePicker
 from gateway.sched.plugins.placement.power_of_two import PowerOfTwoPicker
-from gateway.sched.registry import BuildContext, PluginKind, PluginRegistry, PluginSpec, default_registry
+from gateway.sched.registry import BuildContext, NoParams, PluginKind, PluginRegistry, PluginSpec
+from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted((REPO / "policies").glob("*.toml"))
@@ -53,8 +59,16 @@ def test_the_default_shape_builds_the_named_plugins_with_weights() -> None:
 def test_plugin_params_and_the_seed_reach_the_factory() -> None:
     @dataclass
     class Built:
+        """A picker that keeps what it was built from."""
+
         params: Params
         ctx: BuildContext
+        name = "probe"
+
+        def pick(
+            self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
+        ) -> EndpointView:
+            return scored[0][0]
 
     class Params(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         k: int = 0
@@ -66,6 +80,27 @@ def test_plugin_params_and_the_seed_reach_the_factory() -> None:
     )
     picker: object = policy.profile.picker
     assert picker == Built(Params(k=3), BuildContext(seed=7))
+
+
+@pytest.mark.parametrize("slot", SLOTS, ids=[s.key for s in SLOTS])
+def test_every_plugin_slot_is_a_schema_field_of_its_shape(slot: Slot) -> None:
+    struct: Any = PolicyFile
+    field = None
+    for part in slot.key.split("."):
+        field = {f.name: f for f in msgspec.structs.fields(struct)}[part]
+        struct = field.type
+    assert field is not None
+    assert field.required == slot.required
+    assert (typing.get_origin(field.type) is tuple) == slot.many
+
+
+def test_a_plugin_that_is_not_of_its_kind_is_refused_with_its_key_path() -> None:
+    reg = default_registry()
+    reg.register(PluginSpec(PluginKind.PICKER, "not-a-picker", NoParams, lambda p, ctx: object()))
+    assert (
+        _policy_error(HEAD + '[placement]\npicker = { plugin = "not-a-picker" }\n', reg)
+        == "p.toml:placement.picker.plugin: picker plugin 'not-a-picker' does not implement Picker"
+    )
 
 
 def test_load_policy_reads_the_file(tmp_path: Path) -> None:

@@ -15,9 +15,9 @@ from gateway.config import (
 )
 from gateway.core.errors import ConfigError
 from gateway.core.types import EndpointId, EngineKind
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.placement.round_robin import RoundRobinPicker
-from gateway.sched.registry import default_registry
-from gateway.sched.scheduler import QueueLimits
+from gateway.sched.types import QueueLimits
 
 REPO = Path(__file__).resolve().parents[2]
 # gateway.toml and its variants; other conf/ files (models.toml, agent.toml) have their own schemas.

@@ -16,8 +16,8 @@ from gateway.config.policy import parse_policy_text
 from gateway.config.runtime import load_runtime
 from gateway.core.errors import ConfigError
 from gateway.core.slo import Infeasible, SloKind, TaskMetric
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter
-from gateway.sched.registry import default_registry
 
 HEAD = '[ordering]\nplugin = "fcfs"\n[placement]\npicker = { plugin = "max-score" }\n'
 CLASSES = """
@@ -76,7 +76,7 @@ def test_the_slo_section_builds_classes_rules_and_tasks() -> None:
     assert slo.rules[0].model == "coder"
     assert (slo.tasks.idle_expiry_s, slo.tasks.max_tasks, slo.tasks.learn_allotments) == (30.0, 5, True)
     assert isinstance(p.admitter, SloFeasibilityAdmitter)
-    assert p.admitter.margin == 1.2
+    assert p.admitter.params.margin == 1.2
     assert p.lookahead == 0
 
 

@@ -9,8 +9,8 @@ import pytest
 from gateway.config import load_gateway_config
 from gateway.config.schema import TelemetryConfig
 from gateway.core.errors import ConfigError
+from gateway.sched.perf import default_prior
 from gateway.telemetry.live import telemetry_settings
-from gateway.telemetry.perfmodel import default_prior
 
 
 def _load(tmp_path: Path, text: str) -> TelemetryConfig:

@@ -11,9 +11,15 @@ from hypothesis import strategies as st
 from gateway.core.errors import ConfigError
 from gateway.core.slo import SloClass, SloPolicy
 from gateway.core.types import EndpointHealth, ModelName
-from gateway.sched.plugins.placement.demand_split import DemandSplitFilter, block_sizes, request_work
+from gateway.sched.plugins import default_registry
+from gateway.sched.plugins.placement.demand_split import (
+    DemandSplitFilter,
+    DemandSplitParams,
+    block_sizes,
+    request_work,
+)
 from gateway.sched.profile import SchedulerProfile
-from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.snapshot import EndpointView
 from tests.unit.slo_fixtures import COEF, req, running, snap, view
 
@@ -25,7 +31,7 @@ CTX = BuildContext(
 
 
 def split(**kw: object) -> DemandSplitFilter:
-    return DemandSplitFilter(GROUPS, **kw)  # type: ignore[arg-type]
+    return DemandSplitFilter(DemandSplitParams(groups=GROUPS, **kw))  # type: ignore[arg-type]
 
 
 def ids(views: object) -> list[str]:

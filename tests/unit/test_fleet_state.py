@@ -12,6 +12,7 @@ import random
 import pytest
 
 from gateway.core.types import SLO, EndpointId
+from gateway.sched.perf import default_prior
 from gateway.telemetry.fleet_state import (
     COEFFICIENTS,
     FinishedRequest,
@@ -21,7 +22,7 @@ from gateway.telemetry.fleet_state import (
     perf_document,
     prior_with,
 )
-from gateway.telemetry.perfmodel import PerfModelFitter, default_prior
+from gateway.telemetry.perfmodel import PerfModelFitter
 from gateway.telemetry.promtext import Histogram
 from loadgen.engine_sim.latency import LatencyModel
 from tests.unit.engine_trace import TracedStream, engine_trace

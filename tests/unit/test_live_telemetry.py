@@ -14,11 +14,13 @@ from gateway.core.clock import FakeClock
 from gateway.core.types import SLO, ApiKind, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.dispatch.context import RequestContext
 from gateway.front.api import finished_record
+from gateway.sched.decisions import Dispatch
+from gateway.sched.perf import default_prior
 from gateway.sched.request import SchedRequest
-from gateway.sched.scheduler import Dispatch, QueueLimits, Scheduler
+from gateway.sched.scheduler import Scheduler
+from gateway.sched.types import QueueLimits
 from gateway.telemetry.engine_metrics import VLLM_METRICS
 from gateway.telemetry.live import LiveTelemetry
-from gateway.telemetry.perfmodel import default_prior
 from gateway.telemetry.promtext import parse
 from tests.unit.test_sched_scheduler import READY, policy, spec
 

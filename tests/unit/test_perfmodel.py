@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.telemetry.perfmodel import PerfCoefficients, PerfModelFitter, _nnls, default_prior
+from gateway.sched.perf import PerfCoefficients, default_prior
+from gateway.telemetry.perfmodel import PerfModelFitter, _nnls
 
 PRIOR = default_prior()
 

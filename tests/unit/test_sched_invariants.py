@@ -30,11 +30,14 @@ from gateway.core.types import (
     ModelName,
     RequestId,
 )
+from gateway.sched.decisions import Decision, Dispatch, Reject
+from gateway.sched.plugins import default_registry
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
-from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.request import SchedRequest
-from gateway.sched.scheduler import Decision, Dispatch, EndpointSpec, QueueLimits, Reject, Scheduler
+from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.types import EndpointSpec, QueueLimits
 
 MODELS = (ModelName("m"), ModelName("n"))
 MAX_WAIT_S = 5.0

@@ -14,12 +14,13 @@ from gateway.core.types import (
     EndpointHealth,
 )
 from gateway.sched.interfaces import Picker
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.ordering.fcfs import FcfsOrdering
 from gateway.sched.plugins.placement.least_outstanding import LeastOutstandingScorer, MaxScorePicker
-from gateway.sched.plugins.placement.power_of_two import PowerOfTwoPicker
+from gateway.sched.plugins.placement.power_of_two import PowerOfTwoParams, PowerOfTwoPicker
 from gateway.sched.plugins.placement.round_robin import RoundRobinPicker
 from gateway.sched.profile import SchedulerProfile, WeightedScorer
-from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from tests.unit.sched_builders import request, snapshot, view
@@ -196,7 +197,7 @@ def test_power_of_two_never_picks_the_worse_of_its_samples(
     scores: list[float], inflight: list[int], seed: int, choices: int
 ) -> None:
     rng = RecordingRandom(seed)
-    picker = PowerOfTwoPicker(choices, rng)
+    picker = PowerOfTwoPicker(PowerOfTwoParams(choices=choices), rng)
     scored = [(view(f"e{i}", inflight=inflight[i]), s) for i, s in enumerate(scores)]
     chosen = picker.pick(request(), scored, snapshot(*(v for v, _ in scored)))
     sample: list[tuple[EndpointView, float]] = rng.last_sample
@@ -209,7 +210,7 @@ def test_power_of_two_never_picks_the_worse_of_its_samples(
 
 
 def test_power_of_two_with_choices_covering_the_fleet_is_max_score() -> None:
-    picker = PowerOfTwoPicker(10, random.Random(1))
+    picker = PowerOfTwoPicker(PowerOfTwoParams(choices=10), random.Random(1))
     scored = scored_fleet([0.1, 0.9, 0.5])
     assert {picker.pick(request(), scored, snapshot()).id for _ in range(20)} == {"e1"}
 

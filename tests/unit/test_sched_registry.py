@@ -8,18 +8,12 @@ import msgspec
 import pytest
 
 from gateway.core.errors import ConfigError
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.ordering.fcfs import FcfsOrdering
 from gateway.sched.plugins.placement.least_outstanding import LeastOutstandingScorer, MaxScorePicker
 from gateway.sched.plugins.placement.power_of_two import PowerOfTwoPicker
 from gateway.sched.plugins.placement.round_robin import RoundRobinPicker
-from gateway.sched.registry import (
-    BuildContext,
-    NoParams,
-    PluginKind,
-    PluginRegistry,
-    PluginSpec,
-    default_registry,
-)
+from gateway.sched.registry import BuildContext, NoParams, PluginKind, PluginRegistry, PluginSpec
 
 
 def _spec(kind: PluginKind, name: str) -> PluginSpec[NoParams]:

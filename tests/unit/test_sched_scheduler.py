@@ -21,12 +21,15 @@ from gateway.core.types import (
     ModelName,
     RequestId,
 )
+from gateway.sched.decisions import Decision, Dispatch, Reject
 from gateway.sched.interfaces import ADMIT, Filter
+from gateway.sched.plugins import default_registry
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
-from gateway.sched.registry import PluginKind, default_registry
+from gateway.sched.registry import PluginKind
 from gateway.sched.request import SchedRequest
-from gateway.sched.scheduler import Decision, Dispatch, EndpointSpec, QueueLimits, Reject, Scheduler
+from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.types import EndpointSpec, QueueLimits
 
 M = ModelName("m")
 READY, UNHEALTHY, STARTING = EndpointHealth.READY, EndpointHealth.UNHEALTHY, EndpointHealth.STARTING

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from gateway.core.slo import SloClass, SloPolicy
 from gateway.core.types import EndpointHealth
-from gateway.sched.plugins.ordering.bands import PriorityBandsOrdering
+from gateway.sched.plugins import default_registry
+from gateway.sched.plugins.ordering.bands import BandsParams, PriorityBandsOrdering
 from gateway.sched.plugins.ordering.edf import NO_DEADLINE, EdfOrdering
 from gateway.sched.plugins.ordering.slack import (
     AT_RISK,
@@ -21,13 +22,15 @@ from gateway.sched.plugins.ordering.slack import (
     LATE,
     UNLIMITED,
     SlackOrdering,
+    SlackParams,
     assess,
 )
-from gateway.sched.plugins.placement.best_fit import BestFitFilter
-from gateway.sched.plugins.placement.cato_slack import CatoSlackPicker
-from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter
-from gateway.sched.predict import EndpointLoad, LoadCache, PredictParams, meets, peak_kv, time_left
-from gateway.sched.registry import BuildContext, PluginKind, default_registry
+from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
+from gateway.sched.plugins.placement.cato_slack import CatoSlackParams, CatoSlackPicker
+from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
+from gateway.sched.predict import EndpointLoad, LoadCache, PredictParams, peak_kv
+from gateway.sched.registry import BuildContext, PluginKind
+from gateway.sched.targets import meets, time_left
 from tests.unit.slo_fixtures import COEF, req, running, snap, view
 
 P = PredictParams()
@@ -174,7 +177,7 @@ def test_slack_classes(request_: object, endpoint: object, now: float, cls: int)
 
 
 def test_slack_orders_least_slack_first_and_moves_with_time() -> None:
-    ordering = SlackOrdering(P)
+    ordering = SlackOrdering(SlackParams())
     s0 = snap(view("a"), now=0.0)
     tight = req("tight", e2e_ms=1500.0)
     loose = req("loose", arrival=-1.0, e2e_ms=5000.0)
@@ -182,7 +185,7 @@ def test_slack_orders_least_slack_first_and_moves_with_time() -> None:
     # 1.6 s later `tight` is late: CATO serves it first, "late last" puts it behind `loose`
     s1 = snap(view("a"), now=1.6)
     assert ordering.key(tight, s1)[0] == 0.0
-    last = SlackOrdering(P, late_first=False)
+    last = SlackOrdering(SlackParams(late="last"))
     assert last.key(tight, s1) > last.key(loose, s1)
     assert last.engine_priority(tight, s1) == 2
     assert ordering.engine_priority(tight, s1) == 0
@@ -198,7 +201,9 @@ def test_slack_orders_least_slack_first_and_moves_with_time() -> None:
     ],
 )
 def test_slack_rank_of_each_class(late_first: bool, at_risk_first: bool, order: list[int]) -> None:
-    o = SlackOrdering(P, late_first=late_first, at_risk_first=at_risk_first)
+    o = SlackOrdering(
+        SlackParams(late="first" if late_first else "last", at_risk="first" if at_risk_first else "last")
+    )
     assert sorted((LATE, AT_RISK, CAN_WAIT, BEST_EFFORT), key=o._rank) == order
 
 
@@ -240,7 +245,7 @@ def test_slack_class_invariants(
         assert now_ok
     if cls == AT_RISK:
         assert not now_ok
-    key = SlackOrdering(P).key(r, s)
+    key = SlackOrdering(SlackParams()).key(r, s)
     assert all(math.isfinite(k) for k in key)
 
 
@@ -253,7 +258,7 @@ def test_priority_bands_are_strict_and_slack_orders_inside_a_band() -> None:
         },
         default_class="chat",
     )
-    o = PriorityBandsOrdering(slo, P, {"chat": 2})
+    o = PriorityBandsOrdering(BandsParams(bands={"chat": 2}), slo)
     s = snap(view("a"))
     reqs = [
         req("batch", cls="batch", ttft_ms=10.0),
@@ -280,7 +285,7 @@ def test_priority_bands_reject_unknown_class_names() -> None:
 
 # --------------------------------------------------------------------- cato-slack
 def test_cato_slack_takes_the_smallest_wait_that_meets_the_deadline() -> None:
-    picker = CatoSlackPicker(P)
+    picker = CatoSlackPicker(CatoSlackParams())
     busy = view("a-busy", cap=2, runs=[running("x", dispatched_at=-0.1, out=20.0)])
     full = view("b-full", cap=1, runs=[running("y", dispatched_at=-0.1, out=5000.0)])
     idle = view("c-idle")
@@ -296,7 +301,7 @@ def test_cato_slack_takes_the_smallest_wait_that_meets_the_deadline() -> None:
 
 
 # --------------------------------------------------------------------- best-fit
-BF = BestFitFilter(P, gamma=0.5, theta=0.9, rebalance=0.5)
+BF = BestFitFilter(BestFitParams(gamma=0.5, theta=0.9, rebalance_threshold=0.5))
 
 
 def test_best_fit_packs_onto_the_most_loaded_endpoint_that_fits() -> None:
@@ -428,7 +433,7 @@ def test_best_fit_never_places_where_a_constraint_is_violated(
 
 # --------------------------------------------------------------------- overflow guard
 def test_overflow_guard_protects_running_deadlines_and_the_requests_own() -> None:
-    guard = OverflowGuardFilter(P, worst_case=False, margin=1.0, hold_infeasible=False)
+    guard = OverflowGuardFilter(OverflowGuardParams(worst_case=False, margin=1.0, hold_infeasible=False))
     tight = view("tight", runs=[running("x", dispatched_at=-0.1, out=50.0, e2e_deadline=0.6)])
     relaxed = view("relaxed", runs=[running("y", dispatched_at=-0.1, out=50.0, e2e_deadline=60.0)])
     s = snap(tight, relaxed)
@@ -438,7 +443,7 @@ def test_overflow_guard_protects_running_deadlines_and_the_requests_own() -> Non
     hopeless = req(prompt=3000, e2e_ms=1.0)
     assert [e.id for e in guard.filter(hopeless, [tight, relaxed], s)] == ["relaxed"]
     # ... unless the guard holds such requests
-    holding = OverflowGuardFilter(P, worst_case=False, margin=1.0, hold_infeasible=True)
+    holding = OverflowGuardFilter(OverflowGuardParams(worst_case=False, margin=1.0, hold_infeasible=True))
     assert list(holding.filter(hopeless, [tight, relaxed], s)) == []
 
 
@@ -446,10 +451,12 @@ def test_overflow_guard_with_worst_case_throughput() -> None:
     v = view("e", cap=16)
     r = req(prompt=10, out=100.0, e2e_ms=1500.0)
     # alone: ~12 ms per token, fits; at a full batch of 16: ~29 ms per token, does not
-    assert OverflowGuardFilter(P, worst_case=False, margin=1.0, hold_infeasible=True).filter(r, [v], snap(v))
-    assert not OverflowGuardFilter(P, worst_case=True, margin=1.0, hold_infeasible=True).filter(
-        r, [v], snap(v)
-    )
+    assert OverflowGuardFilter(
+        OverflowGuardParams(worst_case=False, margin=1.0, hold_infeasible=True)
+    ).filter(r, [v], snap(v))
+    assert not OverflowGuardFilter(
+        OverflowGuardParams(worst_case=True, margin=1.0, hold_infeasible=True)
+    ).filter(r, [v], snap(v))
 
 
 def test_best_fit_keeps_a_reserve_on_the_requests_own_deadline_then_falls_back() -> None:
@@ -469,7 +476,7 @@ def test_best_fit_keeps_a_reserve_on_the_requests_own_deadline_then_falls_back()
 
 
 def test_best_fit_can_try_the_least_loaded_endpoint_first() -> None:
-    spread = BestFitFilter(P, gamma=0.5, theta=0.9, rebalance=0.5, least_loaded_first=True)
+    spread = BestFitFilter(BestFitParams(gamma=0.5, theta=0.9, rebalance_threshold=0.5, order="least-loaded"))
     light = view("light", runs=[running("l0", dispatched_at=-0.2)])
     heavy = view("heavy", runs=[running(f"h{i}", dispatched_at=-0.2) for i in range(4)])
     assert [e.id for e in spread.filter(req(), [heavy, light], snap(light, heavy))] == ["light"]

@@ -8,10 +8,12 @@ import pytest
 
 from gateway.core.clock import FakeClock
 from gateway.core.types import SLO, ApiKind, EndpointId, EngineGauges, ModelName, RequestId
+from gateway.sched.decisions import Dispatch
+from gateway.sched.perf import default_prior
 from gateway.sched.request import SchedRequest
-from gateway.sched.scheduler import Dispatch, QueueLimits, Scheduler
+from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointEstimates, EndpointView
-from gateway.telemetry.perfmodel import default_prior
+from gateway.sched.types import QueueLimits
 from tests.unit.test_sched_scheduler import READY, policy, spec
 
 A = EndpointId("a")

@@ -1,4 +1,4 @@
-"""In-tree plugins, registered explicitly by `gateway.sched.registry.default_registry()`."""
+"""The in-tree plugins, listed once, and the registry that holds them (`default_registry()`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gateway.sched.plugins.placement import (
     power_of_two,
     round_robin,
 )
-from gateway.sched.registry import PluginSpec
+from gateway.sched.registry import PluginRegistry, PluginSpec
 
 IN_TREE: tuple[PluginSpec[Any], ...] = (
     fcfs.SPEC,
@@ -33,3 +33,11 @@ IN_TREE: tuple[PluginSpec[Any], ...] = (
     admit_all.SPEC,
     slo_feasibility.SPEC,
 )
+
+
+def default_registry() -> PluginRegistry:
+    """A new registry with every in-tree plugin registered (a fresh object each call, never a global)."""
+    reg = PluginRegistry()
+    for spec in IN_TREE:
+        reg.register(spec)
+    return reg

@@ -23,21 +23,21 @@ class AdmitAllParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
 class AdmitAll:
     name = "admit-all"
 
-    def __init__(self, slo: SloPolicy, retry_after_s: float) -> None:
+    def __init__(self, params: AdmitAllParams, slo: SloPolicy) -> None:
+        self.params = params
         self._slo = slo
-        self._retry = retry_after_s
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
     ) -> AdmitDecision:
-        return class_bound(self._slo, req, queued_in_class, self._retry) or ADMIT
+        return class_bound(self._slo, req, queued_in_class, self.params.retry_after_s) or ADMIT
 
     def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
         return ADMIT
 
 
 def _build(p: AdmitAllParams, ctx: BuildContext) -> AdmitAll:
-    return AdmitAll(ctx.slo, p.retry_after_s)
+    return AdmitAll(p, ctx.slo)
 
 
 SPEC = PluginSpec(

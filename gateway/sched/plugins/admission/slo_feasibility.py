@@ -27,10 +27,11 @@ from gateway.core.types import EndpointHealth
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, LoadCache, Prediction, PredictParams, meets, time_left
-from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
+from gateway.sched.predict import EndpointLoad, LoadCache, Prediction
+from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.targets import meets, time_left
 
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,
@@ -56,29 +57,15 @@ class SloFeasibilityParams(PredictionParams, frozen=True, kw_only=True):
 class SloFeasibilityAdmitter:
     name = "slo-feasibility"
 
-    def __init__(
-        self,
-        slo: SloPolicy,
-        params: PredictParams,
-        *,
-        margin: float,
-        retry_after_s: float,
-        count_queue: bool = True,
-        assume_full: bool = False,
-        recheck: Literal["off", "late", "infeasible"] = "late",
-    ) -> None:
+    def __init__(self, params: SloFeasibilityParams, slo: SloPolicy) -> None:
+        self.params = params
         self._slo = slo
-        self._cache = LoadCache(params)
-        self.margin = margin
-        self.retry_after_s = retry_after_s
-        self.count_queue = count_queue
-        self.assume_full = assume_full
-        self.recheck_mode = recheck
+        self._cache = LoadCache(params.predict_params())
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
     ) -> AdmitDecision:
-        bound = class_bound(self._slo, req, queued_in_class, self.retry_after_s)
+        bound = class_bound(self._slo, req, queued_in_class, self.params.retry_after_s)
         if bound is not None:
             return bound
         left = time_left(req, snap.now)
@@ -105,7 +92,7 @@ class SloFeasibilityAdmitter:
         if itl_ms is not None and not parts:
             parts.append(f"no endpoint keeps the {itl_ms:g} ms inter-token target")
         wait = min((p.wait_s for p in preds), default=0.0)
-        retry = max(self.retry_after_s, wait if math.isfinite(wait) else 0.0)
+        retry = max(self.params.retry_after_s, wait if math.isfinite(wait) else 0.0)
         return AdmitDecision(
             AdmitOutcome.REJECT,
             SLO_INFEASIBLE,
@@ -125,7 +112,8 @@ class SloFeasibilityAdmitter:
     def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
         """A queued request that cannot meet its SLO even alone on the best endpoint gets its class's
         outcome (reject: 429 slo_infeasible; best-effort: demoted; hold: nothing)."""
-        if self.recheck_mode == "off" or req.best_effort:
+        mode = self.params.recheck
+        if mode == "off" or req.best_effort:
             return ADMIT
         left = time_left(req, snap.now)
         if left == (None, None):
@@ -133,7 +121,7 @@ class SloFeasibilityAdmitter:
         loads = self._ready_loads(req, snap)
         if not loads:
             return ADMIT
-        if self.recheck_mode == "late":
+        if mode == "late":
             if any(meets(load.idle_service(req), left) for load in loads):
                 return ADMIT
         elif any(self._meets(p, left, req.slo.itl_ms) for p in self._predictions(req, loads, 0)):
@@ -143,13 +131,13 @@ class SloFeasibilityAdmitter:
             outcome,
             SLO_INFEASIBLE,
             f"the SLO of class '{req.slo.slo_class}' can no longer be met: the request waited too long",
-            self.retry_after_s,
+            self.params.retry_after_s,
         )
 
     def _ahead(self, req: SchedRequest, queued_in_class: Callable[[str], int]) -> int:
         """Requests waiting for the model that will (roughly) run first: those of classes in the same
         or a more urgent band."""
-        if not self.count_queue:
+        if not self.params.count_queue:
             return 0
         band = self._slo.class_of(req.slo.slo_class).band
         return sum(queued_in_class(c.name) for c in self._slo.classes.values() if c.band <= band)
@@ -159,7 +147,7 @@ class SloFeasibilityAdmitter:
         none is left, on the endpoint where the seat it would get frees (the ahead-th to free up)."""
         free = sum(max(0, load.seats - load.n) for load in loads)
         if ahead < free:
-            full = self.assume_full
+            full = self.params.assume_full
             return [load.predict(req, worst_case=full) for load in loads if load.n < load.seats]
         k = ahead - free
         frees = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
@@ -169,7 +157,7 @@ class SloFeasibilityAdmitter:
         return [loads[i].predict_after(req, t)]
 
     def _meets(self, p: Prediction, left: tuple[float | None, float | None], itl_ms: float | None) -> bool:
-        m = self.margin
+        m = self.params.margin
         ttft_left, e2e_left = left
         return (
             (ttft_left is None or p.ttft_s <= ttft_left * m)
@@ -178,22 +166,10 @@ class SloFeasibilityAdmitter:
         )
 
 
-def _build(p: SloFeasibilityParams, ctx: BuildContext) -> SloFeasibilityAdmitter:
-    return SloFeasibilityAdmitter(
-        ctx.slo,
-        p.predict_params(),
-        margin=p.margin,
-        retry_after_s=p.retry_after_s,
-        count_queue=p.count_queue,
-        assume_full=p.assume_full,
-        recheck=p.recheck,
-    )
-
-
 SPEC = PluginSpec(
     PluginKind.ADMITTER,
     "slo-feasibility",
     SloFeasibilityParams,
-    _build,
+    lambda p, ctx: SloFeasibilityAdmitter(p, ctx.slo),
     "reject, hold or demote requests whose SLO no endpoint can meet (per class)",
 )

@@ -19,7 +19,6 @@ from gateway.core.slo import SloPolicy
 from gateway.sched.interfaces import OrderKey
 from gateway.sched.plugins.ordering.slack import KeyCache
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import PredictParams
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot
@@ -33,10 +32,11 @@ class BandsParams(PredictionParams, frozen=True, kw_only=True):
 class PriorityBandsOrdering:
     name = "priority-bands"
 
-    def __init__(self, slo: SloPolicy, params: PredictParams, overrides: dict[str, int]) -> None:
-        self._keys = KeyCache(params, ttl_s=0.02)
+    def __init__(self, params: BandsParams, slo: SloPolicy) -> None:
+        self.params = params
+        self._keys = KeyCache(params.predict_params(), ttl_s=0.02)
         bands = {name: c.band for name, c in slo.classes.items()}
-        bands.update(overrides)
+        bands.update(params.bands)
         self._bands = bands
         self._lowest = max(bands.values(), default=0)
 
@@ -57,7 +57,7 @@ def _build(p: BandsParams, ctx: BuildContext) -> PriorityBandsOrdering:
     unknown = sorted(set(p.bands) - set(ctx.slo.classes))
     if unknown:
         raise ValueError(f"bands names classes the policy does not define: {', '.join(unknown)}")
-    return PriorityBandsOrdering(ctx.slo, p.predict_params(), dict(p.bands))
+    return PriorityBandsOrdering(p, ctx.slo)
 
 
 SPEC = PluginSpec(

@@ -1,4 +1,4 @@
-"""CATO's slack ordering (papers/ALGORITHMS.md §1), recomputed every time the queue is served.
+"""CATO's slack ordering, recomputed every time the queue is served.
 
 Each queued request gets a priority class, then its slack orders it within the class:
 
@@ -32,10 +32,11 @@ from msgspec import Meta
 from gateway.core.types import EndpointHealth
 from gateway.sched.interfaces import OrderKey
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import LoadCache, PredictParams, itl_ok, time_left
-from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
+from gateway.sched.predict import LoadCache, PredictParams
+from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.targets import itl_ok, time_left
 
 #: Slack of a request without targets (finite, as ordering keys must be).
 UNLIMITED: Final = 1e15
@@ -116,17 +117,12 @@ class KeyCache:
 class SlackOrdering:
     name = "slack"
 
-    def __init__(
-        self,
-        params: PredictParams,
-        *,
-        late_first: bool = True,
-        at_risk_first: bool = True,
-        ttl_s: float = 0.02,
-    ) -> None:
-        self._keys = KeyCache(params, ttl_s)
+    def __init__(self, params: SlackParams) -> None:
+        self.params = params
+        self._keys = KeyCache(params.predict_params(), params.key_ttl_s)
+        late_first = params.late == "first"
         order = [LATE] if late_first else []
-        order += [AT_RISK, CAN_WAIT] if at_risk_first else [CAN_WAIT, AT_RISK]
+        order += [AT_RISK, CAN_WAIT] if params.at_risk == "first" else [CAN_WAIT, AT_RISK]
         order += [] if late_first else [LATE]
         order.append(BEST_EFFORT)
         self._rank_of = {cls: rank for rank, cls in enumerate(order)}
@@ -144,15 +140,10 @@ class SlackOrdering:
         return self._rank(cls)
 
 
-def _build(p: SlackParams, ctx: BuildContext) -> SlackOrdering:
-    return SlackOrdering(
-        p.predict_params(),
-        late_first=p.late == "first",
-        at_risk_first=p.at_risk == "first",
-        ttl_s=p.key_ttl_s,
-    )
-
-
 SPEC = PluginSpec(
-    PluginKind.ORDERING, "slack", SlackParams, _build, "CATO: late, at risk, can wait; least slack first"
+    PluginKind.ORDERING,
+    "slack",
+    SlackParams,
+    lambda p, ctx: SlackOrdering(p),
+    "CATO: late, at risk, can wait; least slack first",
 )

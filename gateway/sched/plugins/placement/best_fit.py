@@ -1,4 +1,4 @@
-"""Aladdin's best-fit request placement (papers/ALGORITHMS.md §2) as a filter that keeps one endpoint.
+"""Aladdin's best-fit request placement as a filter that keeps one endpoint.
 
 Endpoints are tried most loaded first, by ``capacity_norm`` = the L2 norm of (running / cap,
 Σ(l_in + γ·l_out) / KV capacity); endpoints whose running requests are running long (their output
@@ -42,10 +42,11 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, LoadCache, PredictParams, meets, time_left
-from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
+from gateway.sched.predict import EndpointLoad, LoadCache
+from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.targets import meets, time_left
 
 #: Scale of the token dimension of capacity_norm when the KV capacity is unknown (tokens per seat).
 _TOKENS_PER_SEAT = 2048.0
@@ -71,31 +72,17 @@ class BestFitParams(PredictionParams, frozen=True, kw_only=True):
 class BestFitFilter:
     name = "best-fit"
 
-    def __init__(
-        self,
-        params: PredictParams,
-        *,
-        gamma: float,
-        theta: float,
-        rebalance: float,
-        on_track: float = 0.0,
-        deadlines: bool = True,
-        least_loaded_first: bool = False,
-    ) -> None:
-        self._cache = LoadCache(params)
-        self.gamma = gamma
-        self.theta = theta
-        self.rebalance = rebalance
-        self.on_track = on_track
-        self.deadlines = deadlines
-        self.least_loaded_first = least_loaded_first
+    def __init__(self, params: BestFitParams) -> None:
+        self.params = params
+        self._cache = LoadCache(params.predict_params())
+        self._least_loaded_first = params.order == "least-loaded"
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
         loads = [self._cache.load(e, snap.now) for e in candidates]
         least_first = sorted(loads, key=self.least_loaded_key)
-        for load in least_first if self.least_loaded_first else sorted(loads, key=self.order_key):
+        for load in least_first if self._least_loaded_first else sorted(loads, key=self.order_key):
             if self.fits(load, req):
                 return [load.view]
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
@@ -107,13 +94,15 @@ class BestFitFilter:
 
     def order_key(self, load: EndpointLoad) -> tuple[bool, float, str]:
         """Most loaded first; endpoints whose requests run long last."""
-        return (load.running_long >= self.rebalance > 0, -self.capacity_norm(load), str(load.view.id))
+        rebalance = self.params.rebalance_threshold
+        return (load.running_long >= rebalance > 0, -self.capacity_norm(load), str(load.view.id))
 
     def least_loaded_key(self, load: EndpointLoad) -> tuple[bool, float, str]:
-        return (load.running_long >= self.rebalance > 0, self.capacity_norm(load), str(load.view.id))
+        rebalance = self.params.rebalance_threshold
+        return (load.running_long >= rebalance > 0, self.capacity_norm(load), str(load.view.id))
 
     def capacity_norm(self, load: EndpointLoad) -> float:
-        g = self.gamma
+        g = self.params.gamma
         tokens = sum(s.context + g * s.remaining for s in load.running)
         scale = load.kv_capacity or load.seats * _TOKENS_PER_SEAT
         return math.hypot(load.n / load.seats, tokens / scale)
@@ -126,7 +115,8 @@ class BestFitFilter:
         if load.n >= load.seats:
             return ["seats"]
         coef = load.coef
-        g, theta = self.gamma, self.theta
+        p = self.params
+        g, theta = p.gamma, p.theta
         pred = load.predict(req)
         left = time_left(req, load.now)
         own = not req.best_effort and meets(load.idle_service(req), left)
@@ -161,8 +151,8 @@ class BestFitFilter:
                     out.append("prefill")
                     break
         else:
-            if self.deadlines:
-                harms = load.harm(req, on_track=self.on_track)
+            if p.deadlines:
+                harms = load.harm(req, on_track=p.on_track)
                 if any(h.target != "itl" and h.delay > h.saved - (1.0 - theta) * h.left for h in harms):
                     out.append("prefill")
         # (e) KV over future iterations
@@ -175,22 +165,10 @@ class BestFitFilter:
         return not self.violations(load, req)
 
 
-def _build(p: BestFitParams, ctx: BuildContext) -> BestFitFilter:
-    return BestFitFilter(
-        p.predict_params(),
-        gamma=p.gamma,
-        theta=p.theta,
-        rebalance=p.rebalance_threshold,
-        on_track=p.on_track,
-        deadlines=p.deadlines,
-        least_loaded_first=p.order == "least-loaded",
-    )
-
-
 SPEC = PluginSpec(
     PluginKind.FILTER,
     "best-fit",
     BestFitParams,
-    _build,
+    lambda p, ctx: BestFitFilter(p),
     "Aladdin: most loaded endpoint where ATGT, TTFT, prefill-pause and KV constraints hold",
 )

@@ -1,5 +1,5 @@
-"""CATO's replica choice (papers/ALGORITHMS.md §1): the endpoint with the smallest predicted wait among
-those that still meet the request's deadlines; when none does (or it has no deadline), the smallest wait.
+"""CATO's replica choice: the endpoint with the smallest predicted wait among those that still meet the
+request's deadlines; when none does (or it has no deadline), the smallest wait.
 
 The wait is the time until the request's prefill could start there (a seat, then the iteration in
 flight: `gateway.sched.predict`); "meets" compares the predicted first and last token with the time left.
@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import LoadCache, PredictParams, itl_ok, meets, time_left
+from gateway.sched.predict import LoadCache
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.targets import itl_ok, meets, time_left
 
 
 class CatoSlackParams(PredictionParams, frozen=True, kw_only=True):
@@ -24,8 +25,9 @@ class CatoSlackParams(PredictionParams, frozen=True, kw_only=True):
 class CatoSlackPicker:
     name = "cato-slack"
 
-    def __init__(self, params: PredictParams) -> None:
-        self._cache = LoadCache(params)
+    def __init__(self, params: CatoSlackParams) -> None:
+        self.params = params
+        self._cache = LoadCache(params.predict_params())
 
     def pick(
         self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
@@ -52,6 +54,6 @@ SPEC = PluginSpec(
     PluginKind.PICKER,
     "cato-slack",
     CatoSlackParams,
-    lambda p, ctx: CatoSlackPicker(p.predict_params()),
+    lambda p, ctx: CatoSlackPicker(p),
     "CATO: smallest predicted wait that meets the deadlines, else smallest wait",
 )

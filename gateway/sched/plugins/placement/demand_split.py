@@ -40,11 +40,11 @@ import msgspec
 from msgspec import Meta
 
 from gateway.core.types import EndpointHealth, EndpointId, ModelName, RequestId
+from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import output_estimate
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
-from gateway.telemetry.perfmodel import PerfCoefficients, default_prior
 
 #: Requests remembered as counted (the oldest are forgotten first); a request is seen again only while
 #: it waits in the queue, so this bounds memory without double counting in practice.
@@ -98,25 +98,14 @@ def block_sizes(shares: Sequence[float], n: int, least: int) -> tuple[int, ...]:
 class DemandSplitFilter:
     name = "demand-split"
 
-    def __init__(
-        self,
-        groups: Mapping[str, Sequence[str]],
-        *,
-        window_s: float = 30.0,
-        batch_ref: int = 8,
-        min_endpoints: int = 1,
-        hysteresis: float = 0.25,
-        spill: SpillMode | Mapping[str, SpillMode] = "when-full",
-    ) -> None:
-        self.group_names = tuple(groups)
+    def __init__(self, params: DemandSplitParams) -> None:
+        self.params = params
+        self.group_names = tuple(params.groups)
         self.group_of: dict[str, int] = {}
-        for i, classes in enumerate(groups.values()):
+        for i, classes in enumerate(params.groups.values()):
             for cls in classes:
                 self.group_of[cls] = i
-        self.window_s = window_s
-        self.batch_ref = batch_ref
-        self.min_endpoints = min_endpoints
-        self.hysteresis = hysteresis
+        spill = params.spill
         by_group = spill if isinstance(spill, Mapping) else {}
         default: SpillMode = "when-full" if isinstance(spill, Mapping) else spill
         self.spill: tuple[SpillMode, ...] = tuple(by_group.get(g, default) for g in self.group_names)
@@ -174,7 +163,7 @@ class DemandSplitFilter:
             self._seen[req.id] = None
             if len(self._seen) > _SEEN_MAX:
                 del self._seen[next(iter(self._seen))]
-            state.demand[group] += request_work(req, perf or _PRIOR, self.batch_ref)
+            state.demand[group] += request_work(req, perf or _PRIOR, self.params.batch_ref)
         return self._blocks(state, snap.serving(req.model))
 
     def shares(self, model: ModelName) -> tuple[float, ...]:
@@ -201,7 +190,7 @@ class DemandSplitFilter:
     def _decay(self, state: _ModelState, now: float) -> None:
         if state.at is None or now > state.at:
             if state.at is not None:
-                f = math.exp(-(now - state.at) / self.window_s)
+                f = math.exp(-(now - state.at) / self.params.window_s)
                 state.demand = [d * f for d in state.demand]
             state.at = now
 
@@ -209,13 +198,14 @@ class DemandSplitFilter:
         ready = tuple(sorted((e.id for e in serving if e.health == EndpointHealth.READY), key=str))
         g = len(self.group_names)
         n = len(ready)
-        if n < g * self.min_endpoints:
+        least = self.params.min_endpoints
+        if n < g * least:
             state.blocks, state.counts, state.endpoints = {}, (), ready
             return state.blocks
         shares = self._shares(state.demand)
         if ready == state.endpoints and state.counts and self._within(state.counts, shares, n):
             return state.blocks
-        counts = block_sizes(shares, n, self.min_endpoints)
+        counts = block_sizes(shares, n, least)
         blocks: dict[EndpointId, int] = {}
         at = 0
         for i, c in enumerate(counts):
@@ -233,7 +223,7 @@ class DemandSplitFilter:
 
     def _within(self, counts: Sequence[int], shares: Sequence[float], n: int) -> bool:
         """The current blocks still fit the shares (every group within 0.5 + hysteresis endpoints)."""
-        limit = 0.5 + self.hysteresis
+        limit = 0.5 + self.params.hysteresis
         return all(abs(n * s - c) <= limit for c, s in zip(counts, shares, strict=True))
 
 
@@ -257,14 +247,7 @@ def _build(p: DemandSplitParams, ctx: BuildContext) -> DemandSplitFilter:
                     f"group {name!r}: unknown SLO class {cls!r} (known: {', '.join(sorted(known))})"
                 )
             seen[cls] = name
-    return DemandSplitFilter(
-        p.groups,
-        window_s=p.window_s,
-        batch_ref=p.batch_ref,
-        min_endpoints=p.min_endpoints,
-        hysteresis=p.hysteresis,
-        spill=p.spill,
-    )
+    return DemandSplitFilter(p)
 
 
 SPEC = PluginSpec(

@@ -1,4 +1,4 @@
-"""MaaSO's overflow protection (papers/ALGORITHMS.md §4) as a filter.
+"""MaaSO's overflow protection as a filter.
 
 An endpoint is dropped when placing the request there would push a running request past its deadline
 (its prefill pauses their decoding, its joining slows every later token), or when the request itself
@@ -16,10 +16,11 @@ from typing import Annotated
 from msgspec import Meta
 
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import LoadCache, PredictParams, itl_ok, meets, time_left
-from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
+from gateway.sched.predict import LoadCache
+from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.targets import itl_ok, meets, time_left
 
 
 class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
@@ -33,59 +34,39 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
 class OverflowGuardFilter:
     name = "overflow-guard"
 
-    def __init__(
-        self,
-        params: PredictParams,
-        *,
-        worst_case: bool,
-        margin: float,
-        hold_infeasible: bool,
-        on_track: float = 0.0,
-    ) -> None:
-        self._cache = LoadCache(params)
-        self.on_track = on_track
-        self.worst_case = worst_case
-        self.margin = margin
-        self.hold_infeasible = hold_infeasible
+    def __init__(self, params: OverflowGuardParams) -> None:
+        self.params = params
+        self._cache = LoadCache(params.predict_params())
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
+        p = self.params
         now = snap.now
         left = time_left(req, now)
         harmless: list[EndpointView] = []
         meeting: list[EndpointView] = []
         for e in candidates:
             load = self._cache.load(e, now)
-            if load.endangered(req, margin=self.margin, on_track=self.on_track):
+            if load.endangered(req, margin=p.margin, on_track=p.on_track):
                 continue
             harmless.append(e)
             if req.best_effort:
                 continue
-            pred = load.predict(req, worst_case=self.worst_case)
-            if meets(pred, left, self.margin) and itl_ok(req, pred):
+            pred = load.predict(req, worst_case=p.worst_case)
+            if meets(pred, left, p.margin) and itl_ok(req, pred):
                 meeting.append(e)
         if req.best_effort:
             return harmless
-        if meeting or self.hold_infeasible:
+        if meeting or p.hold_infeasible:
             return meeting
         return harmless
-
-
-def _build(p: OverflowGuardParams, ctx: BuildContext) -> OverflowGuardFilter:
-    return OverflowGuardFilter(
-        p.predict_params(),
-        worst_case=p.worst_case,
-        margin=p.margin,
-        hold_infeasible=p.hold_infeasible,
-        on_track=p.on_track,
-    )
 
 
 SPEC = PluginSpec(
     PluginKind.FILTER,
     "overflow-guard",
     OverflowGuardParams,
-    _build,
+    lambda p, ctx: OverflowGuardFilter(p),
     "MaaSO: drop endpoints where the request or a running one would miss its deadline",
 )

@@ -23,22 +23,22 @@ class PowerOfTwoPicker:
 
     name = "power-of-two"
 
-    def __init__(self, choices: int, rng: random.Random) -> None:
-        if choices < 1:
+    def __init__(self, params: PowerOfTwoParams, rng: random.Random) -> None:
+        if params.choices < 1:
             raise ValueError("choices must be at least 1")
-        self._choices = choices
+        self.params = params
         self._rng = rng
 
     def pick(
         self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
     ) -> EndpointView:
-        sample = self._rng.sample(list(scored), min(self._choices, len(scored)))
+        sample = self._rng.sample(list(scored), min(self.params.choices, len(scored)))
         return min(sample, key=lambda es: (-es[1], es[0].inflight, es[0].id))[0]
 
 
 def _build(p: PowerOfTwoParams, ctx: BuildContext) -> PowerOfTwoPicker:
     seed = p.seed if p.seed is not None else ctx.seed
-    return PowerOfTwoPicker(p.choices, random.Random(seed))
+    return PowerOfTwoPicker(p, random.Random(seed))
 
 
 SPEC = PluginSpec(

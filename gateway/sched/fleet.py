@@ -1,0 +1,305 @@
+"""The fleet as the scheduler holds it: each endpoint's runtime state, the requests running on it, the
+views plugins see, and the sets of models served.
+
+Every placement decides on a fresh `FleetSnapshot`, but an endpoint's view is rebuilt only when that
+endpoint changed (or its engine gauges went stale): a placement on a large fleet does not remake the
+views of the endpoints it did not touch. The model sets are likewise kept until an endpoint, its
+health or its models change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import RunningRequest, running_from
+from gateway.sched.snapshot import EndpointEstimates, EndpointView
+from gateway.sched.types import EndpointSpec
+
+
+class _Views:
+    """The tuple of every endpoint's view, kept until an endpoint changes or one's gauges go stale."""
+
+    __slots__ = ("endpoints", "fresh_until")
+
+    def __init__(self) -> None:
+        self.endpoints: tuple[EndpointView, ...] | None = None
+        self.fresh_until = math.inf  # clock time when the first kept view's gauges go stale
+
+
+# Rebuild the views this long before a gauge's exact staleness time: the exact test is `now - scraped_at
+# > stale_after_s`, and `scraped_at + stale_after_s` may round differently.
+_STALE_MARGIN_S: Final = 1e-6
+
+
+class _Endpoint:
+    """The runtime state of one endpoint. Whoever changes a field calls `changed()` (the view is kept)."""
+
+    __slots__ = (
+        "_fleet",
+        "_view",
+        "_view_has_gauges",
+        "completed_since_scrape",
+        "dispatched_since_scrape",
+        "estimates",
+        "fresh_until",
+        "gauges",
+        "health",
+        "inflight",
+        "models",
+        "running",
+        "running_output_tokens",
+        "running_prompt_tokens",
+        "scraped_at",
+        "spec",
+    )
+
+    def __init__(self, spec: EndpointSpec, fleet: _Views) -> None:
+        self._fleet = fleet
+        self.spec = spec
+        self.models: frozenset[ModelName] = spec.models
+        self.health = EndpointHealth.STARTING
+        self.inflight = 0
+        self.gauges: EngineGauges | None = None
+        self.scraped_at: float | None = None
+        self.dispatched_since_scrape = 0
+        self.completed_since_scrape = 0
+        self.running_prompt_tokens = 0
+        self.running_output_tokens = 0.0
+        self.estimates: EndpointEstimates | None = None
+        self.running: dict[RequestId, RunningRequest] = {}  # what the gateway runs here, by dispatch
+        self._view: EndpointView | None = None
+        self._view_has_gauges = False
+        self.fresh_until = math.inf  # when the kept view's gauges go stale (inf: it shows none)
+
+    def changed(self) -> None:
+        self._view = None
+        self._fleet.endpoints = None
+
+    def view(self, now: float, stale_after_s: float) -> EndpointView:
+        """The view as of `now`: the kept one unless the endpoint changed or its gauges went stale."""
+        v = self._view
+        if v is not None and not (self._view_has_gauges and self._stale(now, stale_after_s)):
+            return v
+        g = None if self._stale(now, stale_after_s) else self.gauges
+        s = self.spec
+        v = self._view = EndpointView(
+            id=s.id,
+            url=s.url,
+            engine=s.engine,
+            models=self.models,
+            instance_class=s.instance_class,
+            health=self.health,
+            cap=s.cap,
+            inflight=self.inflight,
+            engine_running=None if g is None else g.running,
+            engine_waiting=None if g is None else g.waiting,
+            kv_usage=None if g is None else g.kv_usage,
+            dispatched_since_scrape=self.dispatched_since_scrape,
+            scraped_at=self.scraped_at,
+            node=s.node,
+            completed_since_scrape=self.completed_since_scrape,
+            running_prompt_tokens=self.running_prompt_tokens,
+            running_output_tokens=self.running_output_tokens,
+            estimates=self.estimates,
+            running=tuple(self.running.values()),
+            priority_scheduling=s.priority_scheduling,
+        )
+        self._view_has_gauges = g is not None
+        self.fresh_until = (
+            math.inf if self.scraped_at is None or g is None else self.scraped_at + stale_after_s
+        )
+        return v
+
+    def _stale(self, now: float, stale_after_s: float) -> bool:
+        return self.scraped_at is None or now - self.scraped_at > stale_after_s
+
+
+_NO_MODELS: Final[frozenset[ModelName]] = frozenset()
+_INF: Final = math.inf
+
+
+class Fleet:
+    """Every endpoint's state and the requests dispatched to them. Changes come from the scheduler's
+    events; the methods that answer a bool say whether anything changed (the queues may then move)."""
+
+    __slots__ = ("_context", "_endpoints", "_model_sets", "_running", "_views")
+
+    def __init__(self) -> None:
+        self._endpoints: dict[EndpointId, _Endpoint] = {}
+        self._views = _Views()
+        self._running: dict[RequestId, EndpointId] = {}
+        # Prompt and predicted output tokens of each running request (the endpoints' running-context sums).
+        self._context: dict[RequestId, tuple[int, float]] = {}
+        # (all models, models of ready endpoints); None after a change of endpoints, health or models.
+        self._model_sets: tuple[frozenset[ModelName], frozenset[ModelName]] | None = None
+
+    # ----------------------------------------------------------------- membership
+    def sync(self, specs: Sequence[EndpointSpec]) -> None:
+        """Make the endpoint set equal to `specs`, keeping runtime state of endpoints that stay.
+
+        A removed endpoint takes no new requests; requests running there finish normally.
+        """
+        wanted = {s.id: s for s in specs}
+        self._model_sets = None
+        self._views.endpoints = None
+        for eid in list(self._endpoints):
+            if eid not in wanted:
+                del self._endpoints[eid]
+        # Forget what ran on removed endpoints: their complete() is then a no-op, and cannot decrement
+        # an endpoint added again later under the same id.
+        self._running = {r: e for r, e in self._running.items() if e in wanted}
+        for eid, spec in wanted.items():
+            ep = self._endpoints.get(eid)
+            if ep is None:
+                self._endpoints[eid] = _Endpoint(spec, self._views)
+            elif ep.spec != spec:
+                discovered = ep.models if not spec.models else spec.models
+                if ep.spec.url != spec.url:  # a different server: start over
+                    fresh = _Endpoint(spec, self._views)
+                    fresh.inflight = ep.inflight
+                    fresh.running_prompt_tokens = ep.running_prompt_tokens
+                    fresh.running_output_tokens = ep.running_output_tokens
+                    fresh.running = ep.running
+                    self._endpoints[eid] = fresh
+                else:
+                    ep.spec = spec
+                    ep.models = discovered
+                    ep.changed()
+
+    def ids(self) -> list[EndpointId]:
+        return list(self._endpoints)
+
+    def restale(self) -> None:
+        """Rebuild every view on next use (the staleness cut-off may have moved)."""
+        for ep in self._endpoints.values():
+            ep.changed()
+
+    # ----------------------------------------------------------------- endpoint events
+    def set_health(self, eid: EndpointId, health: EndpointHealth) -> bool:
+        ep = self._endpoints.get(eid)
+        if ep is None or ep.health is health:
+            return False
+        ep.health = health
+        ep.changed()
+        self._model_sets = None
+        return True
+
+    def set_models(self, eid: EndpointId, models: Iterable[str]) -> bool:
+        """Models an endpoint reported at /v1/models; ignored when its models are configured."""
+        ep = self._endpoints.get(eid)
+        if ep is None or ep.spec.models:
+            return False
+        new = frozenset(ModelName(m) for m in models)
+        if new == ep.models:
+            return False
+        ep.models = new
+        ep.changed()
+        self._model_sets = None
+        return True
+
+    def observe_gauges(self, eid: EndpointId, gauges: EngineGauges, now: float) -> None:
+        ep = self._endpoints.get(eid)
+        if ep is None:
+            return
+        ep.gauges = gauges
+        ep.scraped_at = now
+        ep.dispatched_since_scrape = 0
+        ep.completed_since_scrape = 0
+        ep.changed()
+
+    def set_estimates(self, eid: EndpointId, estimates: EndpointEstimates | None) -> None:
+        ep = self._endpoints.get(eid)
+        if ep is None or ep.estimates == estimates:
+            return
+        ep.estimates = estimates
+        ep.changed()
+
+    # ----------------------------------------------------------------- requests
+    def dispatch(self, eid: EndpointId, req: SchedRequest, now: float) -> None:
+        """`req` was placed on `eid` at `now`: it takes a seat there until `complete`."""
+        ep = self._endpoints[eid]
+        ep.inflight += 1
+        ep.dispatched_since_scrape += 1
+        predicted = req.predicted_output_tokens or 0.0
+        ep.running_prompt_tokens += req.prompt_tokens
+        ep.running_output_tokens += predicted
+        self._context[req.id] = (req.prompt_tokens, predicted)
+        ep.running[req.id] = running_from(req, now)
+        ep.changed()
+        self._running[req.id] = eid
+
+    def complete(self, req_id: RequestId) -> frozenset[ModelName]:
+        """A dispatched request finished: its seat is free. The models of its endpoint (whose queues may
+        move now); empty when it was not running on a known endpoint."""
+        eid = self._running.pop(req_id, None)
+        context = self._context.pop(req_id, None)
+        if eid is None:
+            return _NO_MODELS
+        ep = self._endpoints.get(eid)
+        if ep is None:
+            return _NO_MODELS
+        ep.running.pop(req_id, None)
+        ep.inflight -= 1
+        ep.completed_since_scrape += 1
+        if context is not None:
+            ep.running_prompt_tokens -= context[0]
+            ep.running_output_tokens -= context[1]
+        if ep.inflight == 0:
+            ep.running_output_tokens = 0.0  # no float drift left behind
+        ep.changed()
+        return ep.models
+
+    def progress(self, req_id: RequestId, produced: int, first_token_at: float | None, now: float) -> None:
+        eid = self._running.get(req_id)
+        ep = None if eid is None else self._endpoints.get(eid)
+        if ep is None:
+            return
+        r = ep.running.get(req_id)
+        if r is None:
+            return
+        ep.running[req_id] = dataclasses.replace(
+            r, produced=produced, first_token_at=first_token_at, reported_at=now
+        )
+        ep.changed()
+
+    def running_on(self, req_id: RequestId) -> EndpointId | None:
+        return self._running.get(req_id)
+
+    def inflight_on(self, eid: EndpointId) -> int:
+        ep = self._endpoints.get(eid)
+        return 0 if ep is None else ep.inflight
+
+    # ----------------------------------------------------------------- views
+    def views(self, now: float, stale_after_s: float) -> tuple[EndpointView, ...]:
+        """Every endpoint's view as of `now` (the kept tuple while nothing changed or went stale)."""
+        kept = self._views
+        views = kept.endpoints
+        if views is None or now >= kept.fresh_until - _STALE_MARGIN_S:
+            eps = self._endpoints.values()
+            views = kept.endpoints = tuple(ep.view(now, stale_after_s) for ep in eps)
+            kept.fresh_until = min((ep.fresh_until for ep in eps), default=_INF)
+        return views
+
+    def view(self, eid: EndpointId, now: float, stale_after_s: float) -> EndpointView | None:
+        ep = self._endpoints.get(eid)
+        return None if ep is None else ep.view(now, stale_after_s)
+
+    def models(self, *, ready_only: bool) -> frozenset[ModelName]:
+        """Models served by any endpoint (in any state), or only by ready ones."""
+        sets = self._model_sets or self._remake_model_sets()
+        return sets[1] if ready_only else sets[0]
+
+    def ready_models(self) -> frozenset[ModelName]:
+        return (self._model_sets or self._remake_model_sets())[1]
+
+    def _remake_model_sets(self) -> tuple[frozenset[ModelName], frozenset[ModelName]]:
+        eps = self._endpoints.values()
+        every = _NO_MODELS.union(*(ep.models for ep in eps))
+        ready = _NO_MODELS.union(*(ep.models for ep in eps if ep.health is EndpointHealth.READY))
+        self._model_sets = (every, ready)
+        return self._model_sets

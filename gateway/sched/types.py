@@ -1,0 +1,34 @@
+"""What the scheduler is configured with: the endpoints it may place on and the bounds of its queues.
+
+`gateway.config` builds these from gateway.toml (and --endpoint flags); the scheduler takes them through
+`Scheduler.sync_endpoints` and `Scheduler.set_limits`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """An endpoint as configured (or given with --endpoint)."""
+
+    id: EndpointId
+    url: str
+    engine: EngineKind
+    models: frozenset[ModelName]  # empty: discover from the engine's /v1/models
+    instance_class: InstanceClass = InstanceClass.MIXED
+    cap: int = 64
+    node: str | None = None
+    priority_scheduling: bool = False  # the engine orders by a request's priority (see EndpointView)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    max_queue_per_model: int = 1024
+    max_wait_s: float = 30.0
+    retry_after_s: float = 1.0
+    # Engine metrics older than this are stale: the gateway's own counts take over.
+    stale_after_s: float = 10.0
