@@ -57,7 +57,7 @@ from loadgen.bench.predict_accuracy import (
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
-from tests.engine.servers import REPO_ROOT, RunningServer, start_berth
+from loadgen.harness import REPO_ROOT, RunningServer, start_berth
 
 MODEL: Final = "bench-model"  # what predict_accuracy's requests ask for
 REFIT_WAIT_S: Final = 60.0
