@@ -48,8 +48,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import signal
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -81,12 +79,14 @@ from loadgen.bench.scheduling_types import (
 from loadgen.bench.sim_cpu import runqueue_wait_s
 from loadgen.cpu import CPU_FLAG_THRESHOLD
 from loadgen.engine_sim.profiles import get_profile
+from loadgen.harness import REPO_ROOT, ManagedProcess, free_port, http_get, start_engine_sim
 from loadgen.runner import RunOptions, run_workload
 
-REPO: Final = Path(__file__).resolve().parents[2]
-POLICY_DIR: Final = REPO / "policies"
+POLICY_DIR: Final = REPO_ROOT / "policies"
 RUNQUEUE_LIMIT: Final = 0.10  # share of the run a process may wait for a CPU before it counts as starved
 UTIL_SAMPLE_SIM_S: Final = 2.0  # CATO samples utilization every 2 s
+READY_TIMEOUT_S: Final = 60.0  # for berth to see every endpoint ready
+STOP_GRACE_S: Final = 10.0
 
 
 # --------------------------------------------------------------------- files
@@ -172,67 +172,35 @@ def _before_slo(text: str) -> str:
     return text if at < 0 else text[: at + 1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 # --------------------------------------------------------------------- processes
-class Procs:
-    def __init__(self) -> None:
-        self.sim: asyncio.subprocess.Process | None = None
-        self.berth: asyncio.subprocess.Process | None = None
-
-    async def stop(self) -> None:
-        for p in (self.berth, self.sim):
-            if p is not None and p.returncode is None:
-                p.send_signal(signal.SIGTERM)
-        for p in (self.berth, self.sim):
-            if p is None:
-                continue
-            try:
-                await asyncio.wait_for(p.wait(), timeout=10)
-            except TimeoutError:
-                p.kill()
-                await p.wait()
-
-
-async def start_sim(
-    run_dir: Path, n_a: int, n_b: int, speed: float
-) -> tuple[asyncio.subprocess.Process, list[str]]:
+def start_sim(run_dir: Path, n_a: int, n_b: int, speed: float) -> tuple[ManagedProcess, list[str]]:
+    """The simulated fleet in a process of its own, and its endpoints' URLs once it serves them."""
     path = run_dir / "fleet.toml"
     path.write_text(fleet_file(n_a, n_b, speed))
-    with (run_dir / "sim.log").open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "loadgen.engine_sim.cli", "--fleet", str(path), "--port", "0",
-            stdout=asyncio.subprocess.PIPE, stderr=log, cwd=REPO,
-        )  # fmt: skip
-    assert proc.stdout is not None
-    urls = []
-    for _ in range(n_a + n_b):
-        line = (await proc.stdout.readline()).decode()
-        if not line:
-            raise RuntimeError(f"the simulator exited early; see {run_dir / 'sim.log'}")
-        urls.append(line.rsplit(" at ", 1)[1].strip())
-    return proc, urls
+    args = ["--fleet", str(path), "--port", "0"]
+    return start_engine_sim(args, run_dir / "sim.log", endpoints=n_a + n_b, cwd=REPO_ROOT)
 
 
-async def wait_ready(base: str, n: int, timeout_s: float = 60.0) -> None:
-    """Until /admin/fleet shows every endpoint ready."""
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with s.get(base + "/admin/fleet") as r:
-                    if r.status == 200:
-                        doc = orjson.loads(await r.read())
-                        eps = doc.get("endpoints") or []
-                        if len(eps) == n and all(e.get("ready") for e in eps):
-                            return
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"berth at {base} did not see all {n} endpoints ready within {timeout_s:g}s")
+def fleet_ready(base: str, n: int) -> bool:
+    """Whether berth's /admin/fleet shows all `n` endpoints ready."""
+    status, body = http_get(base + "/admin/fleet")
+    if status != 200:
+        return False
+    eps = orjson.loads(body).get("endpoints") or []
+    return len(eps) == n and all(e.get("ready") for e in eps)
+
+
+def start_gateway(config: Path, base: str, n: int, log_path: Path) -> ManagedProcess:
+    """berth serving `config` at `base`, once it sees all `n` endpoints ready."""
+    argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(config)]
+    proc = ManagedProcess("berth", argv, log_path=log_path, cwd=REPO_ROOT)
+    try:
+        what = f"all {n} endpoints ready on {base}/admin/fleet"
+        proc.poll_until(what, lambda: fleet_ready(base, n), READY_TIMEOUT_S)
+    except BaseException:
+        proc.stop(STOP_GRACE_S)
+        raise
+    return proc
 
 
 class UtilSampler:
@@ -289,11 +257,11 @@ async def run_one(
     tag = f"{pattern}-r{rate:g}-{n_a}+{n_b}-{policy}" + (f"-s{seed}" if cfg.seeds > 1 else "")
     run_dir = cfg.out / "runs" / tag
     run_dir.mkdir(parents=True, exist_ok=True)
-    procs = Procs()
+    procs: list[ManagedProcess] = []
     s = cfg.speed
     try:
-        sim, urls = await start_sim(run_dir, n_a, n_b, s)
-        procs.sim = sim
+        sim, urls = await asyncio.to_thread(start_sim, run_dir, n_a, n_b, s)
+        procs.append(sim)
         port = free_port()
         models = [MODELS[0]] * n_a + [MODELS[1]] * n_b
         gw = run_dir / "gateway.toml"
@@ -302,14 +270,10 @@ async def run_one(
                 list(zip(urls, models, strict=True)), port=port, policy=policy_file(policy, run_dir), speed=s
             )
         )
-        with (run_dir / "berth.log").open("wb") as berth_log:
-            procs.berth = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway.cli", "serve", "-c", str(gw),
-                stdout=berth_log, stderr=asyncio.subprocess.STDOUT, cwd=REPO,
-            )  # fmt: skip
         base = f"http://127.0.0.1:{port}"
-        await wait_ready(base, n_a + n_b)
-        pids = {"berth": procs.berth.pid, "sim": sim.pid, "loadgen": os.getpid()}
+        berth = await asyncio.to_thread(start_gateway, gw, base, n_a + n_b, run_dir / "berth.log")
+        procs.append(berth)
+        pids = {"berth": berth.pid, "sim": sim.pid, "loadgen": os.getpid()}
         rq0 = {k: runqueue_wait_s(p) for k, p in pids.items()}
         opts = RunOptions(
             target=base,
@@ -323,7 +287,7 @@ async def run_one(
             drain_timeout_s=cfg.drain_sim_s / s,
             request_timeout_s=600.0 / s,
             stall_timeout_s=120.0 / s,
-            watch_pids={"berth": procs.berth.pid, "sim": sim.pid},
+            watch_pids={"berth": berth.pid, "sim": sim.pid},
             record=run_dir / "record.jsonl" if cfg.record else None,
         )
         sampler = UtilSampler(urls, UTIL_SAMPLE_SIM_S / s)
@@ -340,7 +304,8 @@ async def run_one(
         (run_dir / "loadgen.json").write_bytes(report.to_json())
         berth_rejections = await _rejections(base)
     finally:
-        await procs.stop()
+        for proc in reversed(procs):  # berth first: its drain needs the engines
+            await asyncio.to_thread(proc.stop, STOP_GRACE_S)
     return summarize(
         policy,
         report.data,
