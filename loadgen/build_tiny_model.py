@@ -47,7 +47,7 @@ NUM_HEADS = 4
 NUM_KV_HEADS = 2
 NUM_LAYERS = 2
 INTERMEDIATE_SIZE = 256
-# At least servers.MAX_MODEL_LEN.
+# At least loadgen.vllm_server.MAX_MODEL_LEN.
 MAX_POSITIONS = 8192
 
 
