@@ -30,8 +30,6 @@ import contextlib
 import os
 import platform
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,10 +57,19 @@ from loadgen.bench.overhead_report import (
     summarise,
     verdict,
 )
+from loadgen.harness import (
+    REPO_ROOT,
+    ManagedProcess,
+    ServerStartError,
+    free_port,
+    pinned,
+    start_berth,
+    start_server,
+)
 
-ROOT: Final = Path(__file__).resolve().parents[2]
 CHAT_PATH: Final = "/v1/chat/completions"
 START_TIMEOUT_S: Final = 30.0
+STOP_GRACE_S: Final = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +81,7 @@ class Phase:
 
 
 class HarnessError(RuntimeError):
-    pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """The load generator process failed."""
 
 
 def _log(msg: str) -> None:
@@ -102,84 +102,20 @@ def cpu_layout(pin: bool) -> dict[str, frozenset[int] | None]:
     return {"client": frozenset(cpus[:1]), "upstream": frozenset(cpus[1:2]), "proxy": frozenset(cpus[2:3])}
 
 
-def _pin(pid: int, cpus: frozenset[int] | None) -> None:
-    # Right after the fork, before the interpreter has started any thread (threads inherit it).
-    if cpus is not None:
-        os.sched_setaffinity(pid, cpus)
-
-
-class Server:
-    """A child process whose output goes to a log file, stopped with SIGTERM (then SIGKILL)."""
-
-    def __init__(self, name: str, argv: Sequence[str], logdir: Path, cpus: frozenset[int] | None) -> None:
-        self.name = name
-        self.argv = list(argv)
-        self.log_path = logdir / f"{name}.log"
-        self._log_file = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            self.argv,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the harness only; it stops the children itself
-        )
-        _pin(self.proc.pid, cpus)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait_ready(self, url: str, timeout_s: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        last = "no answer"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise HarnessError(
-                    f"{self.name} exited with status {self.proc.returncode}\n{self.log_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(url, timeout=1.0) as resp:
-                    if resp.status == 200:
-                        return
-                    last = f"HTTP {resp.status}"
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code}"
-            except OSError as e:
-                last = repr(e)
-            time.sleep(0.1)
-        raise HarnessError(f"{self.name} not ready at {url} after {timeout_s:g}s ({last})\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        self._log_file.flush()
-        text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        return "\n".join(f"  {self.name}| {line}" for line in text)
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log_file.close()
-
-
 class Client:
     """The load generator process: one JSON command per line in, one JSON result per line out."""
 
     def __init__(self, python: str, logdir: Path, cpus: frozenset[int] | None) -> None:
+        # Not a server (`loadgen.harness`): its stdin and stdout are the protocol.
         self._stderr = (logdir / "client.log").open("wb")
         self.proc = subprocess.Popen(
-            [python, "-m", "loadgen.bench.overhead_client"],
-            cwd=ROOT,
+            pinned([python, "-m", "loadgen.bench.overhead_client"], cpus),
+            cwd=REPO_ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             start_new_session=True,
         )
-        _pin(self.proc.pid, cpus)
 
     def run(self, cmd: Command) -> dict[str, Any]:
         stdin: IO[bytes] | None = self.proc.stdin
@@ -212,45 +148,52 @@ class Client:
 class Target:
     config: str
     base_url: str
-    proxy: Server | None
+    proxy: ManagedProcess | None
 
 
-def start_berth(
+def start_proxy_berth(
     args: argparse.Namespace, upstream_url: str, logdir: Path, cpus: frozenset[int] | None
-) -> tuple[Server, str]:
+) -> tuple[ManagedProcess, str]:
     """berth in front of the upstream, once it answers a completion; its process and base URL."""
-    port = free_port()
-    argv = [
-        args.python, "-m", "gateway.cli", "serve", "--listen", f"127.0.0.1:{port}",
-        "--endpoint", f"{upstream_url},engine=vllm", "--log-level", "warning", *shlex.split(args.berth_args),
-    ]  # fmt: skip
-    server = Server("berth", argv, logdir, cpus)
+    server = start_berth(
+        f"{upstream_url},engine=vllm",
+        logdir / "berth.log",
+        extra_args=shlex.split(args.berth_args),
+        log_level="warning",
+        python=args.python,
+        cwd=REPO_ROOT,
+        cpus=cpus,
+        timeout_s=START_TIMEOUT_S,
+    )
     try:
-        server.wait_ready(f"http://127.0.0.1:{port}/readyz")
         # /readyz may turn 200 before the endpoint's models are known: wait for a real answer.
-        _wait_for_completion(f"http://127.0.0.1:{port}{CHAT_PATH}", server)
+        _wait_for_completion(server.base_url + CHAT_PATH, server.process)
     except BaseException:
-        server.stop()
+        server.process.stop(STOP_GRACE_S)
         raise
-    return server, f"http://127.0.0.1:{port}"
+    return server.process, server.base_url
 
 
-def _wait_for_completion(url: str, server: Server, timeout_s: float = START_TIMEOUT_S) -> None:
+def _wait_for_completion(url: str, proc: ManagedProcess, timeout_s: float = START_TIMEOUT_S) -> None:
     body = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
-    deadline = time.monotonic() + timeout_s
     last = ""
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
+        nonlocal last
         req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=2.0) as resp:
-                if resp.status == 200:
-                    return
+                return bool(resp.status == 200)
         except urllib.error.HTTPError as e:
             last = f"HTTP {e.code}: {e.read()[:300]!r}"
         except OSError as e:
             last = repr(e)
-        time.sleep(0.2)
-    raise HarnessError(f"{server.name} answers no completion at {url}: {last}\n{server.log_tail()}")
+        return False
+
+    try:
+        proc.poll_until(f"a completion answered at {url}", answers, timeout_s)
+    except ServerStartError as e:
+        raise ServerStartError(f"{e}\n--- the last answer ---\n{last}") from None
 
 
 def phases(args: argparse.Namespace) -> list[Phase]:
@@ -262,7 +205,13 @@ def phases(args: argparse.Namespace) -> list[Phase]:
 
 
 def measure(
-    client: Client, target: Target, phase: Phase, *, round_no: int, upstream: Server, args: argparse.Namespace
+    client: Client,
+    target: Target,
+    phase: Phase,
+    *,
+    round_no: int,
+    upstream: ManagedProcess,
+    args: argparse.Namespace,
 ) -> tuple[Measurement, list[str]]:
     """Run one phase against one configuration; the measurement and a few error messages, if any."""
     pids = (upstream.pid,) if target.proxy is None else (target.proxy.pid, upstream.pid)
@@ -312,54 +261,59 @@ def _describe(m: Measurement) -> str:
 @contextlib.contextmanager
 def fleet(
     args: argparse.Namespace, logdir: Path, layout: dict[str, frozenset[int] | None]
-) -> Iterator[tuple[Server, list[Target], dict[str, str]]]:
+) -> Iterator[tuple[ManagedProcess, list[Target], dict[str, str]]]:
     """Start the upstream and the proxies asked for; stop them all on the way out.
 
     Yields the upstream, the targets that started, and why the others (berth) could not.
     """
-    servers: list[Server] = []
+    servers: list[ManagedProcess] = []
     unavailable: dict[str, str] = {}
     try:
         up_port = free_port()
-        upstream = Server(
+        upstream = start_server(
             "upstream",
             [args.python, "-m", "loadgen.bench.overhead_upstream", "--port", str(up_port),
              "--chunk-interval-ms", str(args.chunk_interval_ms)],
-            logdir,
-            layout["upstream"],
+            port=up_port,
+            log_path=logdir / "upstream.log",
+            ready_path="/health",
+            timeout_s=START_TIMEOUT_S,
+            cwd=REPO_ROOT,
+            cpus=layout["upstream"],
         )  # fmt: skip
-        servers.append(upstream)
-        upstream_url = f"http://127.0.0.1:{up_port}"
-        upstream.wait_ready(upstream_url + "/health")
+        servers.append(upstream.process)
         targets: list[Target] = []
         for config in args.configs:
             if config == "direct":
-                targets.append(Target("direct", upstream_url, None))
+                targets.append(Target("direct", upstream.base_url, None))
             elif config == "bare":
                 port = free_port()
-                bare = Server(
+                bare = start_server(
                     "bare",
                     [args.python, "-m", "loadgen.bench.overhead_bare_proxy", "--port", str(port),
-                     "--upstream", upstream_url],
-                    logdir,
-                    layout["proxy"],
+                     "--upstream", upstream.base_url],
+                    port=port,
+                    log_path=logdir / "bare.log",
+                    ready_path="/health",
+                    timeout_s=START_TIMEOUT_S,
+                    cwd=REPO_ROOT,
+                    cpus=layout["proxy"],
                 )  # fmt: skip
-                servers.append(bare)
-                bare.wait_ready(f"http://127.0.0.1:{port}/health")
-                targets.append(Target("bare", f"http://127.0.0.1:{port}", bare))
+                servers.append(bare.process)
+                targets.append(Target("bare", bare.base_url, bare.process))
             elif config == "berth":
                 try:
-                    berth, berth_url = start_berth(args, upstream_url, logdir, layout["proxy"])
-                except HarnessError as e:
+                    berth, berth_url = start_proxy_berth(args, upstream.base_url, logdir, layout["proxy"])
+                except ServerStartError as e:
                     _log(f"berth is not measured: {e}")
                     unavailable["berth"] = str(e)
                     continue
                 servers.append(berth)
                 targets.append(Target("berth", berth_url, berth))
-        yield upstream, targets, unavailable
+        yield upstream.process, targets, unavailable
     finally:
         for server in reversed(servers):
-            server.stop()
+            server.stop(STOP_GRACE_S)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -417,7 +371,7 @@ def _meta(args: argparse.Namespace, started: float, logdir: Path) -> dict[str, A
     def git(*argv: str) -> str:
         try:
             out = subprocess.run(
-                ["git", *argv], check=False, cwd=ROOT, capture_output=True, text=True, timeout=10
+                ["git", *argv], check=False, cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
             )
         except OSError:
             return ""
@@ -480,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         report = run(args)
-    except HarnessError as e:
+    except (HarnessError, ServerStartError) as e:
         _log(f"overhead benchmark failed: {e}")
         return 2
     print(report["table"])

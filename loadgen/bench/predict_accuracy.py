@@ -9,7 +9,7 @@ fitted coefficients compare with the profile's own. This process is the client (
 requests shaped like the ``sharegpt-like`` workload: prompt and output lengths drawn the same way, the
 output pinned with min_tokens = max_tokens as loadgen does) and it times every token itself. While the
 requests run it scrapes the endpoint's ``/metrics`` every ``--scrape-ms`` (running and waiting counts,
-KV usage, KV capacity from ``vllm:cache_config_info``), as the gateway's scraper does.
+KV usage, KV capacity from ``vllm:cache_config_info``) and reads the page with the gateway's own parser.
 
 1. **fit phase** (endpoint 0, the profile's max_num_seqs, ``--speed`` 4): ``--fit-requests`` Poisson
    arrivals whose rate ramps linearly from ``--rate-lo`` to ``--rate-hi`` requests/s (profile time), so
@@ -22,10 +22,17 @@ KV usage, KV capacity from ``vllm:cache_config_info``), as the gateway's scraper
    sends after queueing the request, so the engine's FCFS order is the submission order): nearly all of
    them queue at once. Waits of minutes (profile time) do not need a fine clock.
 
-Observations go into `PerfModelFitter` as `gateway.telemetry.perfmodel` documents (computed after each
-phase from the recorded token receipts; a live gateway keeps the same sums incrementally). The fit after
-the fit phase is the one judged, and makes the queue phase's predictions; a fit of both phases is shown
-for information.
+What is scored is the code the daemon runs (`BerthTelemetry`): after each phase the streams and scrapes
+go into `gateway.telemetry.fleet_state.FleetTelemetry`, with the daemon's default settings, as the
+daemon hands them over: every scrape as a `ScrapeSample` (the engine's gauges; the requests in flight
+when it came back, at their prompt plus half their predicted output), every stream as the finish phase's
+`FinishedRequest` (dispatch, first token, gaps, prompt tokens). The endpoint's token timeline
+(`gateway.telemetry.timeline`) then derives the prefill and decode observations and the endpoint's
+fitter (`gateway.telemetry.perfmodel`) is refitted. Times are profile seconds (wall x the phase's
+speed-up) and the two phases lie one after the other on one endpoint's clock. The benchmark keeps a copy
+of what the timeline derived and of the KV observations the fitter was fed: the operating points the
+figures are taken at. The fit after the fit phase is the one judged, and makes the queue phase's
+predictions; a fit of both phases is shown for information.
 
 Figures and targets:
 - prefill / decode-iteration MAPE against the simulator's true latency model at the operating points
@@ -33,8 +40,9 @@ Figures and targets:
   phases): target <= 10 %. Shown for information: a grid (batch 1..max x context 100..2000, prompts
   16..4096), and the fit of the simpler observations (raw TTFT for prefill; every gap and the stream's
   own prompt + produced / 2 for decode).
-- KV MAPE: predicted KV (per-request model x running count) against the engine's exported KV usage x
-  capacity at each consistent scrape: target <= 5 %.
+- KV MAPE: the fitted per-request KV model at each KV observation berth made (the in-flight requests'
+  mean context against the engine's KV usage x capacity per in-flight request, at the scrapes whose
+  running count berth takes as its own): target <= 5 %.
 - output length: the median absolute error of each request's p50 prediction (made when it was sent,
   from the history finished by then, with max_tokens = the workload's output cap, not the pinned
   length), after a warm-up of 50 requests, against the per-bucket empirical spread of the same outputs
@@ -54,7 +62,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import contextlib
 import math
 import random
@@ -62,20 +69,31 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import aiohttp
 import numpy as np
 import numpy.typing as npt
 import orjson
 
+from gateway.core.types import SLO, EndpointId
 from gateway.sched.perf import PerfCoefficients, default_prior
+from gateway.telemetry.capacity import kv_capacity_tokens
+from gateway.telemetry.engine_metrics import VLLM_METRICS
+from gateway.telemetry.fleet_state import FinishedRequest, FleetTelemetry, ScrapeSample, TelemetrySettings
 from gateway.telemetry.lengths import LengthPrediction, OutputLengthPredictor
 from gateway.telemetry.perfmodel import PerfModelFitter
 from gateway.telemetry.promtext import parse as parse_metrics
+from gateway.telemetry.timeline import (
+    MIN_KEPT_GAPS,
+    DecodeObservation,
+    EndpointTimeline,
+    PrefillObservation,
+    Settled,
+)
 from gateway.telemetry.tokens import TokenEstimator
 from gateway.telemetry.waiting import wait_for_position
 from loadgen.engine_sim.fleet import SimFleet
@@ -92,10 +110,6 @@ MODEL: Final = "bench-model"
 TASK_CLASS: Final = "default"
 LENGTH_BUCKETS: Final = (64, 256, 1024, 4096)  # OutputLengthPredictor's default
 TOKEN_MARK: Final = b'"content":' + orjson.dumps(TOKEN_TEXT)  # a content chunk of the simulator
-BURST_TOL_S: Final = 0.0003  # wall seconds: receipts closer than this come from one engine step
-MIN_KEPT_GAPS: Final = 8  # a stream with fewer uninterrupted gaps gives no decode observation
-NEXT_GAPS: Final = 4  # gaps after an interrupted one that tell the stream's decode time
-REGULAR: Final = 1.5  # the gaps around an interrupted one agree within this factor (no stalled loop)
 LENGTH_WARMUP: Final = 50
 BOOTSTRAP: Final = 2000
 TARGETS: Final = {
@@ -115,6 +129,7 @@ class Stream:
     output: int  # pinned length
     dispatch: float = 0.0
     times: list[float] = field(default_factory=list)  # receipt of every content chunk
+    finished: float = math.nan  # when the response ended (NaN: it never started)
     usage_tokens: int | None = None
     error: str | None = None
     predicted: LengthPrediction | None = None  # at dispatch, from the history finished by then
@@ -135,7 +150,8 @@ class Scrape:
     received: float
     running: float
     waiting: float
-    kv_tokens: float  # usage x capacity
+    kv_usage: float  # fraction 0..1
+    kv_capacity: float  # tokens
 
 
 # ---- the client --------------------------------------------------------------------------------------
@@ -191,6 +207,7 @@ async def read_stream(resp: aiohttp.ClientResponse, st: Stream) -> None:
     except (aiohttp.ClientError, orjson.JSONDecodeError) as e:
         st.error = type(e).__name__
     finally:
+        st.finished = _clock()
         resp.release()
 
 
@@ -202,14 +219,16 @@ async def scrape_loop(
         async with session.get(url + "/metrics") as resp:
             text = await resp.text()
         received = _clock()
-        page = parse_metrics(text)
-        running = page.value("vllm:num_requests_running")
-        waiting = page.value("vllm:num_requests_waiting")
-        usage = page.value("vllm:kv_cache_usage_perc")
-        info = next(iter(page.samples("vllm:cache_config_info")), None)
-        if running is not None and waiting is not None and usage is not None and info is not None:
-            capacity = float(info.labels["num_gpu_blocks"]) * float(info.labels["block_size"])
-            out.append(Scrape(sent, received, running, waiting, usage * capacity))
+        page = parse_metrics(text)  # read as the gateway's scraper reads it
+        g = VLLM_METRICS.gauges(page)
+        capacity = kv_capacity_tokens(page)
+        if (
+            g.running is not None
+            and g.waiting is not None
+            and g.kv_usage is not None
+            and capacity is not None
+        ):
+            out.append(Scrape(sent, received, g.running, g.waiting, g.kv_usage, capacity))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=every_s)
 
@@ -294,191 +313,176 @@ async def queue_phase(
     return took
 
 
-# ---- observations, as documented in gateway.telemetry.perfmodel -------------------------------------
-@dataclass(frozen=True, slots=True)
-class Timeline:
-    """Token receipts of one endpoint's streams: the running count and context sum at any time."""
+# ---- berth's telemetry, fed as the daemon feeds it ---------------------------------------------------
+ENDPOINT: Final = EndpointId("sim")
+#: Profile seconds between two phases on the endpoint's clock: nothing of one is near the other.
+PHASE_GAP_S: Final = 10.0
 
-    first: Array  # sorted first receipts
-    first_cum_prompt: Array  # prefix sums of the prompts in that order (leading 0)
-    last: Array  # sorted last receipts
-    last_cum_prompt: Array
-    last_cum_tokens: Array
-    all_times: Array  # every receipt, sorted
 
-    @classmethod
-    def of(cls, streams: Sequence[Stream]) -> Timeline:
-        fo = sorted(streams, key=lambda s: s.times[0])
-        lo = sorted(streams, key=lambda s: s.times[-1])
-        return cls(
-            first=np.array([s.times[0] for s in fo]),
-            first_cum_prompt=np.concatenate(([0.0], np.cumsum([s.prompt for s in fo]))),
-            last=np.array([s.times[-1] for s in lo]),
-            last_cum_prompt=np.concatenate(([0.0], np.cumsum([s.prompt for s in lo]))),
-            last_cum_tokens=np.concatenate(([0.0], np.cumsum([len(s.times) for s in lo]))),
-            all_times=np.sort(np.concatenate([np.asarray(s.times) for s in streams])),
+class Observations(NamedTuple):
+    """What berth's telemetry derived from one phase and fed to the endpoint's fitter."""
+
+    prefill: list[PrefillObservation]
+    decode: list[DecodeObservation]
+    kv: list[tuple[float, float]]  # (context tokens, KV tokens), per request in flight
+
+
+class _RecordingTimeline(EndpointTimeline):
+    """berth's token timeline, keeping a copy of what each `settle` derived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefill: list[PrefillObservation] = []
+        self.decode: list[DecodeObservation] = []
+
+    def settle(self, before: float) -> Settled:
+        out = super().settle(before)
+        self.prefill += out.prefill
+        self.decode += out.decode
+        return out
+
+
+class _RecordingFitter(PerfModelFitter):
+    """berth's performance-model fitter, keeping a copy of each KV observation it is fed."""
+
+    def __init__(self, prior: PerfCoefficients, *, window: int, min_obs: int) -> None:
+        super().__init__(prior, window=window, min_obs=min_obs)
+        self.kv: list[tuple[float, float]] = []
+
+    def observe_kv(self, context_tokens: float, kv_tokens: float) -> None:
+        self.kv.append((context_tokens, kv_tokens))
+        super().observe_kv(context_tokens, kv_tokens)
+
+
+def _finished_at(st: Stream) -> float:
+    if math.isfinite(st.finished):
+        return st.finished
+    return st.times[-1] if st.times else st.dispatch
+
+
+class BerthTelemetry:
+    """berth's telemetry (`gateway.telemetry.fleet_state.FleetTelemetry` with the daemon's default
+    settings) for one simulated endpoint, fed what the daemon would feed it had it relayed the streams.
+
+    Every phase's times are profile seconds (wall seconds x the phase's speed-up), and each phase starts
+    `PHASE_GAP_S` after the previous one ended on the endpoint's clock, so the phases, run at different
+    speed-ups on different simulated endpoints of the same profile, read as one endpoint's history.
+    """
+
+    def __init__(self) -> None:
+        self.fleet = FleetTelemetry(TelemetrySettings(prior=default_prior()))
+        settings = self.fleet.settings
+        self.endpoint = self.fleet.endpoint(ENDPOINT)
+        self._timeline = _RecordingTimeline()
+        self._fitter = _RecordingFitter(
+            settings.prior, window=settings.fit_window, min_obs=settings.min_observations
+        )
+        self.endpoint.timeline = self._timeline
+        self.endpoint.fitter = self._fitter
+        self.endpoint.coefficients = self._fitter.current
+        self._start = 0.0  # where the next phase starts on the endpoint's clock
+
+    def add_phase(self, streams: Sequence[Stream], scrapes: Sequence[Scrape], speed: float) -> Observations:
+        """One phase: every scrape as the daemon's scrape sink hands it over (`ScrapeSample`: the engine's
+        gauges, the requests in flight when it came back and their prompt + half the predicted output),
+        then every stream as the finish phase does (`FinishedRequest`, in the order they finished); then
+        the endpoint's timeline is settled past the phase's end. Returns what this phase added."""
+        marks = (len(self._timeline.prefill), len(self._timeline.decode), len(self._fitter.kv))
+        for sc in scrapes:
+            self.fleet.observe_scrape(ENDPOINT, scrape_sample(streams, sc))
+        if streams:
+            origin = min(st.dispatch for st in streams)
+            start = self._start
+
+            def clock(t: float) -> float:
+                return start + (t - origin) * speed
+
+            for st in sorted(streams, key=_finished_at):
+                self.fleet.observe(finished_request(st, clock, speed))
+            end = clock(max(_finished_at(st) for st in streams)) + PHASE_GAP_S
+            self.fleet.settle(ENDPOINT, end)
+            self._start = end + PHASE_GAP_S
+        return Observations(
+            self._timeline.prefill[marks[0] :], self._timeline.decode[marks[1] :], self._fitter.kv[marks[2] :]
         )
 
-    def running(self, t: Array) -> tuple[Array, Array]:
-        """Running count (streams that had their first token and not their last) and the sum of their
-        contexts (prompt + tokens relayed so far) at times `t` (taken between engine steps)."""
-        started = np.searchsorted(self.first, t, side="right")
-        finished = np.searchsorted(self.last, t, side="left")
-        count = (started - finished).astype(np.float64)
-        prompts = self.first_cum_prompt[started] - self.last_cum_prompt[finished]
-        produced = np.searchsorted(self.all_times, t, side="right") - self.last_cum_tokens[finished]
-        return count, prompts + produced
-
-    def firsts_between(self, lo: float, hi: float) -> int:
-        """First tokens received strictly between `lo` and `hi`: prefill iterations ran in between."""
-        return int(np.searchsorted(self.first, hi, "left") - np.searchsorted(self.first, lo, "right"))
+    def refit(self) -> PerfCoefficients:
+        return self.endpoint.refit()
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillObs:
-    tokens: float
-    seconds: float  # profile seconds
-    idle_start: bool  # TTFT from dispatch on an idle endpoint, not a running stream's interrupted gap
+def finished_request(st: Stream, clock: Callable[[float], float], speed: float) -> FinishedRequest:
+    """The finish phase's record of `st` (`clock`: its wall times on the endpoint's clock)."""
+    dispatched = clock(st.dispatch)
+    t = np.asarray(st.times)
+    return FinishedRequest(
+        model=MODEL,
+        task_class=TASK_CLASS,
+        slo=SLO(),
+        ok=st.ok,
+        stream=True,
+        endpoint=ENDPOINT,
+        attempts=1,
+        arrival=dispatched,
+        dispatched_at=dispatched,
+        first_token_at=clock(st.times[0]) if st.times else None,
+        finished_at=clock(_finished_at(st)),
+        prompt_chars=0,  # the token estimator is scored on its own (TokenEstimator below)
+        prompt_tokens=st.prompt,
+        prompt_tokens_est=st.prompt,
+        output_tokens=st.tokens if st.ok else len(st.times),
+        gaps=(np.diff(t) * speed).tolist(),
+        predicted_output_tokens=None if st.predicted is None else st.predicted.mean,
+    )
 
 
-def prefill_observations(streams: Sequence[Stream], speed: float) -> list[PrefillObs]:
-    """One observation per prefill iteration (an engine step that carried only first tokens): on a busy
-    endpoint the gap of a running stream that the prefill interrupted minus the mean of that stream's
-    next (up to four) uninterrupted gaps, the median over the streams running there; on an idle endpoint
-    the TTFT from dispatch."""
-    ok = [s for s in streams if s.ok]
-    tl = Timeline.of(ok)
-    times = tl.all_times
-    ids = np.cumsum(np.concatenate(([True], np.diff(times) > BURST_TOL_S))) - 1  # engine step per receipt
-    counts = np.bincount(ids)
-    groups: dict[int, list[Stream]] = {}
-    for s in ok:
-        groups.setdefault(int(ids[np.searchsorted(times, s.times[0])]), []).append(s)
-    out: list[PrefillObs] = []
-    for step, group in sorted(groups.items()):
-        if counts[step] != len(group):
-            continue  # the step also carried decode tokens (a late timer merged two iterations)
-        at = min(s.times[0] for s in group)
-        tokens = float(sum(s.prompt for s in group))
-        samples: list[float] = []
-        for r in ok:
-            t = r.times
-            if not t[0] < at < t[-1]:
-                continue
-            i = bisect.bisect_left(t, at)
-            if i < 2 or tl.firsts_between(t[i - 1], t[i]) != len(group):
-                continue  # no gap before it, or another prefill in the same gap
-            if tl.firsts_between(t[i - 2], t[i - 1]):
-                continue
-            m = 0
-            while m < NEXT_GAPS and i + m + 1 < len(t) and tl.firsts_between(t[i + m], t[i + m + 1]) == 0:
-                m += 1
-            around = [t[i - 1] - t[i - 2], *(t[i + k + 1] - t[i + k] for k in range(m))]
-            mid = statistics.median(around)
-            if m and all(mid / REGULAR <= g <= mid * REGULAR for g in around):
-                samples.append((t[i] - t[i - 1]) - (t[i + m] - t[i]) / m)
-        if samples:
-            seconds = statistics.median(samples) * speed
-            if seconds > 0:
-                out.append(PrefillObs(tokens, seconds, idle_start=False))
-            continue
-        dispatched = max(s.dispatch for s in group)
-        quiet = np.searchsorted(times, at, "left") == np.searchsorted(times, dispatched, "right")
-        if len(group) == 1 and quiet:  # nothing was relayed from the endpoint in between: it was idle
-            out.append(PrefillObs(tokens, (at - dispatched) * speed, idle_start=True))
-    return out
+def scrape_sample(streams: Sequence[Stream], sc: Scrape) -> ScrapeSample:
+    """The scrape sink's record of `sc`: the gateway's in-flight requests are those dispatched and not
+    finished when the scrape came back, each counted at its prompt plus half its predicted output."""
+    inflight = [st for st in streams if st.dispatch <= sc.received < _finished_at(st)]
+    context = sum(st.prompt + 0.5 * (st.predicted.mean if st.predicted else 0.0) for st in inflight)
+    return ScrapeSample(
+        running=sc.running,
+        kv_usage=sc.kv_usage,
+        kv_capacity_tokens=sc.kv_capacity,
+        ttft=None,
+        itl=None,
+        gateway_inflight=len(inflight),
+        gateway_context_tokens=context,
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeObs:
-    batch: float
-    avg_context: float
-    seconds: float  # profile seconds per iteration
-    concurrency: float  # mean running count over every gap
-    tokens_per_s: float  # profile tokens/s of the whole stream
+# ---- the ablation: simpler observations -------------------------------------------------------------
+def simple_prefill_observations(streams: Sequence[Stream], speed: float) -> list[PrefillObservation]:
+    """Raw TTFT from dispatch (queueing and the iteration in flight included)."""
+    return [
+        PrefillObservation(s.prompt, (s.times[0] - s.dispatch) * speed, idle=False) for s in streams if s.ok
+    ]
 
 
-def decode_observations(streams: Sequence[Stream], speed: float) -> list[DecodeObs]:
-    """One per stream: its mean gap without the gaps a prefill interrupted, at the mean running count
-    and mean context sum / mean count of the gaps kept; plus its overall rate for the MaaSO curve."""
-    ok = [s for s in streams if s.ok]
-    tl = Timeline.of(ok)
-    out: list[DecodeObs] = []
+def simple_decode_observations(streams: Sequence[Stream], speed: float) -> list[DecodeObservation]:
+    """The mean of every gap at the mean running count, avg_context = the stream's own prompt +
+    produced / 2."""
+    ok = [s for s in streams if s.ok and len(s.times) > MIN_KEPT_GAPS]
+    firsts = np.sort([s.times[0] for s in ok])
+    lasts = np.sort([s.times[-1] for s in ok])
+    out: list[DecodeObservation] = []
     for s in ok:
         t = np.asarray(s.times)
-        if len(t) < MIN_KEPT_GAPS + 1:
-            continue
-        lo, hi = t[:-1], t[1:]
-        interrupted = np.searchsorted(tl.first, hi, "left") - np.searchsorted(tl.first, lo, "right")
-        keep = interrupted == 0
-        if keep.sum() < MIN_KEPT_GAPS:
-            continue
-        count, ctx = tl.running((lo + hi) / 2)
-        batch = float(count[keep].mean())
-        out.append(
-            DecodeObs(
-                batch=batch,
-                avg_context=float(ctx[keep].mean()) / batch,
-                seconds=float((hi - lo)[keep].mean()) * speed,
-                concurrency=float(count.mean()),
-                tokens_per_s=(len(t) - 1) / ((t[-1] - t[0]) * speed),
-            )
-        )
+        mid = (t[:-1] + t[1:]) / 2
+        count = np.searchsorted(firsts, mid, side="right") - np.searchsorted(lasts, mid, side="left")
+        rate = (len(t) - 1) / ((t[-1] - t[0]) * speed)
+        out.append(DecodeObservation(float(count.mean()), s.prompt + len(t) / 2, 1.0 / rate, 0.0, rate))
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class KvObs:
-    running: float
-    context_sum: float
-    kv_tokens: float
-
-
-def kv_observations(streams: Sequence[Stream], scrapes: Sequence[Scrape]) -> list[KvObs]:
-    """Scrapes whose running count agrees with the streams in flight; none relayed a token meanwhile."""
-    ok = [s for s in streams if s.ok]
-    if not ok:
-        return []
-    tl = Timeline.of(ok)
-    out: list[KvObs] = []
-    for sc in scrapes:
-        if np.searchsorted(tl.all_times, sc.received) != np.searchsorted(tl.all_times, sc.sent):
-            continue  # which side of that token the engine rendered is unknown
-        count, ctx = tl.running(np.array([sc.sent]))
-        if count[0] < 1 or count[0] != sc.running:
-            continue  # a prefill in flight: the engine counts it, the gateway has no token yet
-        out.append(KvObs(float(count[0]), float(ctx[0]), sc.kv_tokens))
-    return out
-
-
-def feed(
-    fitter: PerfModelFitter, pre: Sequence[PrefillObs], dec: Sequence[DecodeObs], kv: Sequence[KvObs]
+def feed_simple(
+    fitter: PerfModelFitter, pre: Sequence[PrefillObservation], dec: Sequence[DecodeObservation]
 ) -> None:
     for p in pre:
-        fitter.observe_prefill(p.tokens, p.seconds)
+        fitter.observe_prefill(p.prompt_tokens, p.seconds)
     for d in dec:
         fitter.observe_decode(d.batch, d.avg_context, d.seconds)
         fitter.observe_throughput(d.concurrency, d.tokens_per_s)
-    for k in kv:
-        fitter.observe_kv(k.context_sum / k.running, k.kv_tokens / k.running)
-
-
-def simple_prefill_observations(streams: Sequence[Stream], speed: float) -> list[PrefillObs]:
-    """Ablation: raw TTFT from dispatch (queueing and the iteration in flight included)."""
-    return [PrefillObs(s.prompt, (s.times[0] - s.dispatch) * speed, False) for s in streams if s.ok]
-
-
-def simple_decode_observations(streams: Sequence[Stream], speed: float) -> list[DecodeObs]:
-    """Ablation: the mean of every gap, avg_context = the stream's own prompt + produced / 2."""
-    ok = [s for s in streams if s.ok and len(s.times) > MIN_KEPT_GAPS]
-    tl = Timeline.of(ok)
-    out: list[DecodeObs] = []
-    for s in ok:
-        t = np.asarray(s.times)
-        count, _ = tl.running((t[:-1] + t[1:]) / 2)
-        rate = (len(t) - 1) / ((t[-1] - t[0]) * speed)
-        out.append(DecodeObs(float(count.mean()), s.prompt + len(t) / 2, 1.0 / rate, 0.0, rate))
-    return out
 
 
 # ---- figures -----------------------------------------------------------------------------------------
@@ -498,11 +502,18 @@ def r_squared(pred: Sequence[float], actual: Sequence[float]) -> float:
     return 1.0 - float(np.sum((a - p) ** 2)) / ss_tot if ss_tot > 0 else math.nan
 
 
-def prefill_mape(coef: PerfCoefficients, true: LatencyModel, at: Sequence[PrefillObs]) -> float:
-    return mape([coef.prefill_s(p.tokens) for p in at], [true.prefill_s(int(p.tokens)) for p in at])
+def prefill_mape(coef: PerfCoefficients, true: LatencyModel, at: Sequence[PrefillObservation]) -> float:
+    return mape(
+        [coef.prefill_s(p.prompt_tokens) for p in at], [true.prefill_s(int(p.prompt_tokens)) for p in at]
+    )
 
 
-def decode_mape(coef: PerfCoefficients, true: LatencyModel, at: Sequence[DecodeObs]) -> float:
+def kv_mape(coef: PerfCoefficients, at: Sequence[tuple[float, float]]) -> float:
+    """The per-request KV model against (context tokens, KV tokens) observations."""
+    return mape([coef.kv_tokens(context) for context, _ in at], [kv for _, kv in at])
+
+
+def decode_mape(coef: PerfCoefficients, true: LatencyModel, at: Sequence[DecodeObservation]) -> float:
     return mape(
         [coef.decode_iter_s(d.batch, d.avg_context) for d in at],
         [true_decode_s(true, d.batch, d.avg_context) for d in at],
@@ -637,7 +648,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             **{**_spec_kwargs(base), "max_num_seqs": args.queue_seqs, "seed": args.seed + 1, "speed": qspeed}
         ),
     ]
-    fitter = PerfModelFitter(default_prior())
+    berth = BerthTelemetry()
     predictor = OutputLengthPredictor()
     every = args.scrape_ms / 1000.0
     fit_scrapes: list[Scrape] = []
@@ -660,13 +671,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             scrape_every_s=every,
         )
         fit_wall = _clock() - wall0
-        obs_a = (
-            prefill_observations(fit_streams, speed),
-            decode_observations(fit_streams, speed),
-            kv_observations(fit_streams, fit_scrapes),
-        )
-        feed(fitter, *obs_a)
-        after_fit = fitter.refit()
+        obs_a = berth.add_phase(fit_streams, fit_scrapes, speed)
+        after_fit = berth.refit()
         for st in queue_streams:
             predict_for(st, predictor)
         print(f"queue phase: {len(queue_streams)} requests at once", file=sys.stderr)
@@ -683,23 +689,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for st in queue_streams:
         if st.ok:
             predictor.observe(MODEL, TASK_CLASS, st.prompt, st.tokens)
-    obs_b = (
-        prefill_observations(queue_streams, qspeed),
-        decode_observations(queue_streams, qspeed),
-        kv_observations(queue_streams, queue_scrapes),
-    )
-    feed(fitter, *obs_b)
-    final = fitter.refit()
-    pre, dec, kv = obs_a[0] + obs_b[0], obs_a[1] + obs_b[1], obs_a[2] + obs_b[2]
+    obs_b = berth.add_phase(queue_streams, queue_scrapes, qspeed)
+    final = berth.refit()
+    pre, dec, kv = obs_a.prefill + obs_b.prefill, obs_a.decode + obs_b.decode, obs_a.kv + obs_b.kv
 
     # the same fits fed the simpler observations, at the same operating points
     simple = PerfModelFitter(default_prior())
     everything = fit_streams + queue_streams
-    feed(
+    feed_simple(
         simple,
         simple_prefill_observations(fit_streams, speed),
         simple_decode_observations(fit_streams, speed),
-        [],
     )
     simple_coef = simple.refit()
 
@@ -715,10 +715,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     figures = {
         "prefill_mape": prefill_mape(after_fit, true, pre),
         "decode_mape": decode_mape(after_fit, true, dec),
-        "kv_mape": mape(
-            [k.running * after_fit.kv_tokens(k.context_sum / k.running) for k in kv],
-            [k.kv_tokens for k in kv],
-        ),
+        "kv_mape": kv_mape(after_fit, kv),
         "length_ratio": lengths["ratio"],
         "wait_r2": waits["r2"],
     }
@@ -762,9 +759,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "pass": verdicts,
         "observations": {
             "prefill": len(pre),
-            "prefill_idle_start": sum(p.idle_start for p in pre),
+            "prefill_idle_start": sum(p.idle for p in pre),
             "prefill_measurement_mape": mape(
-                [p.seconds for p in pre], [true.prefill_s(int(p.tokens)) for p in pre]
+                [p.seconds for p in pre], [true.prefill_s(int(p.prompt_tokens)) for p in pre]
             ),
             "decode": len(dec),
             "decode_measurement_mape": mape(
@@ -781,10 +778,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "simple_decode_mape": decode_mape(simple_coef, true, dec),
             "final_prefill_mape": prefill_mape(final, true, pre),
             "final_decode_mape": decode_mape(final, true, dec),
-            "final_kv_mape": mape(
-                [k.running * final.kv_tokens(k.context_sum / k.running) for k in kv],
-                [k.kv_tokens for k in kv],
-            ),
+            "final_kv_mape": kv_mape(final, kv),
             "token_estimator_mape": token_mape,
             "throughput_curve": {"thr1": final.thr1, "alpha": final.alpha, "beta": final.beta},
         },

@@ -16,8 +16,8 @@ berth's next refit and reads ``/admin/fleet``.
 Berth fits from what it sees live; the figures compare its coefficients (times the speed-up, so they
 are in profile seconds) with the profile's true latency model:
 - prefill MAPE over prompts of 16..4096 tokens and at the run's operating points (each prefill
-  iteration's prompt tokens, derived from this client's own token receipts the way
-  `loadgen.bench.predict_accuracy` does);
+  iteration's prompt tokens, derived from this client's own token receipts by berth's own token
+  timeline, as `loadgen.bench.predict_accuracy` does);
 - decode-iteration MAPE over batch 1..max_num_seqs x context 100..2000 and at the run's operating
   points (each stream's mean batch and context);
 - for information, the fit error berth reports (``mape`` of each part: how well its coefficients explain
@@ -43,21 +43,20 @@ import orjson
 
 from gateway.sched.perf import PerfCoefficients
 from loadgen.bench.predict_accuracy import (
+    BerthTelemetry,
     Stream,
     decode_mape,
-    decode_observations,
     draw_requests,
     grid_mape,
     open_stream,
     prefill_mape,
-    prefill_observations,
     ramp_arrivals,
     read_stream,
 )
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
-from tests.engine.servers import REPO_ROOT, RunningServer, start_berth
+from loadgen.harness import REPO_ROOT, RunningServer, start_berth
 
 MODEL: Final = "bench-model"  # what predict_accuracy's requests ask for
 REFIT_WAIT_S: Final = 60.0
@@ -161,8 +160,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         timer_lag = fleet.endpoints[0].state()["timer_lag"]
     [ep] = doc["endpoints"]
     fit = coefficients(ep["perf"], speed)
-    pre_points = prefill_observations(streams, speed)
-    dec_points = decode_observations(streams, speed)
+    points = BerthTelemetry().add_phase(streams, [], speed)
+    pre_points, dec_points = points.prefill, points.decode
     grid_pre, grid_dec = grid_mape(fit, true, profile.max_num_seqs)
     return {
         "command": " ".join(["python -m loadgen.bench.predict_live", *map(shlex.quote, sys.argv[1:])]),

@@ -3,12 +3,13 @@
     python -m loadgen.bench.predict_real                       # about 2 minutes (vLLM starts in ~1)
     python -m loadgen.bench.predict_real --out real.json       # also write the figures as JSON
 
-Setup, the same as the real-engine tier (`tests/engine`, whose helpers this reuses): the engine venv's
-python (``$BERTH_ENGINE_PYTHON``, else ``~/.cache/berth/engine-venv``; without it this says how to build
-it and exits 2), the tiny random Llama built locally, vLLM's OpenAI server on CPU with
-``--max-num-seqs`` (4), and berth in front of it as a subprocess (``python -m gateway.cli serve
---endpoint URL,engine=vllm``, ``[telemetry] refit_interval_s`` = ``--refit-s``, ``[scrape]
-interval_s`` = ``--scrape-s``: a KV observation comes from a scrape).
+Setup, the same as the real-engine tier (`tests/engine`; both start their servers with
+`loadgen.vllm_server` and `loadgen.harness`): the engine venv's python (``$BERTH_ENGINE_PYTHON``, else
+``~/.cache/berth/engine-venv``; without it this says how to build it and exits 2), the tiny random
+Llama built locally, vLLM's OpenAI server on CPU with ``--max-num-seqs`` (4), and berth in front of it
+as a subprocess (``python -m gateway.cli serve --endpoint URL,engine=vllm``, ``[telemetry]
+refit_interval_s`` = ``--refit-s``, ``[scrape] interval_s`` = ``--scrape-s``: a KV observation comes
+from a scrape).
 
 Load: ``--requests`` streaming chat requests with prompts of 16..``--max-prompt`` tokens and outputs of
 16..``--max-output`` tokens (both log-uniform; outputs fixed with ignore_eos), in four equal closed-loop
@@ -42,17 +43,8 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
-from tests.engine.servers import (
-    IGNORE_EOS,
-    MODEL_NAME,
-    SETUP_SCRIPT,
-    RunningServer,
-    ServerStartError,
-    build_tiny_model,
-    find_engine_python,
-    start_berth,
-    start_vllm,
-)
+from loadgen.harness import RunningServer, ServerStartError, start_berth
+from loadgen.vllm_server import IGNORE_EOS, MODEL_NAME, build_tiny_model, find_engine_python, start_vllm
 
 CONCURRENCY: Final = (1, 2, 4, 8)
 REFIT_WAIT_S: Final = 60.0
@@ -290,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(
             f"predict_real: no engine venv ({where}). Build it with `make engine-env` (it runs "
-            f"`bash {SETUP_SCRIPT}`; ENGINE_VENV=DIR puts it elsewhere, then set "
+            "`bash tests/engine/setup_engine_env.sh`; ENGINE_VENV=DIR puts it elsewhere, then set "
             "BERTH_ENGINE_PYTHON=DIR/bin/python) and run this again.",
             file=sys.stderr,
         )

@@ -47,149 +47,46 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import math
 import os
-import signal
-import socket
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
 import orjson
 
+from loadgen.bench.scheduling_report import markdown, plot, ratio_fleet
+from loadgen.bench.scheduling_types import (
+    BERTH,
+    DEFAULT_ALADDIN_RATE,
+    DEFAULT_DURATION_S,
+    DEFAULT_ENDPOINTS,
+    DEFAULT_PATTERNS,
+    DEFAULT_RATES,
+    DEFAULT_SEED,
+    DEFAULT_SPEED,
+    GOODPUT_TARGET,
+    MODELS,
+    POLICIES,
+    PROFILE,
+    TASK_TYPES,
+    BenchConfig,
+    RunResult,
+    split,
+)
 from loadgen.bench.sim_cpu import runqueue_wait_s
 from loadgen.cpu import CPU_FLAG_THRESHOLD
 from loadgen.engine_sim.profiles import get_profile
+from loadgen.harness import REPO_ROOT, ManagedProcess, free_port, http_get, start_engine_sim
 from loadgen.runner import RunOptions, run_workload
 
-REPO: Final = Path(__file__).resolve().parents[2]
-POLICY_DIR: Final = REPO / "policies"
-BERTH: Final = "berth"
-POLICIES: Final[dict[str, str]] = {
-    BERTH: "coding-assistant.toml",
-    "round-robin": "baseline-round-robin.toml",
-    "power-of-two": "baseline-power-of-two.toml",
-    "least-outstanding": "baseline-least-outstanding.toml",
-}
-MODELS: Final = ("code-a-7b", "code-b-7b")
-TASK_TYPES: Final = ("completion", "generation", "summarization", "translation")
-TTFT_TASKS: Final = ("completion", "generation")
-E2E_TASKS: Final = ("summarization", "translation")
-PROFILE: Final = "fleet-7b"
+POLICY_DIR: Final = REPO_ROOT / "policies"
 RUNQUEUE_LIMIT: Final = 0.10  # share of the run a process may wait for a CPU before it counts as starved
 UTIL_SAMPLE_SIM_S: Final = 2.0  # CATO samples utilization every 2 s
-GOODPUT_TARGET: Final = 0.95
-# Share of the model-a endpoints when the fleet is resized (Aladdin's search): model b serves only the
-# validation calls (about a sixth of the work in pattern1).
-MODEL_A_SHARE: Final = 0.8
-
-
-DEFAULT_SPEED: Final = 2.0
-#: Long enough for a steady state: past the fleet's capacity the queues grow for the whole run, and a short
-#: run reports a goodput that depends on its length (pattern1 at 11.5 tasks/s: round robin 0.72 after 45
-#: simulated s, 0.33 after 120), so every default rate is one the fleet can carry.
-DEFAULT_DURATION_S: Final = 120.0
-DEFAULT_PATTERNS: Final = ("pattern1", "pattern2")
-#: Per pattern, rates (tasks/s) from where round robin still meets ~0.95 to where it is below 0.8 (120
-#: simulated s: pattern1 0.94 at 8.5, 0.75 at 10.5; pattern2 0.89 at 6.5, 0.77 at 7.5): pattern2 carries
-#: more long prompts (summarization, translation), so its range is lower.
-DEFAULT_RATES: Final[dict[str, tuple[float, ...]]] = {"pattern1": (8.5, 10.5), "pattern2": (5.5, 7.5)}
-DEFAULT_ENDPOINTS: Final = 6
-DEFAULT_SEED: Final = 1
-DEFAULT_ALADDIN_RATE: Final = 6.0
-
-
-@dataclass(frozen=True, slots=True)
-class BenchConfig:
-    out: Path
-    speed: float = DEFAULT_SPEED
-    duration_s: float = DEFAULT_DURATION_S  # simulated seconds of arrivals per run
-    patterns: tuple[str, ...] = DEFAULT_PATTERNS
-    # simulated task arrivals per second, per pattern (a pattern without an entry: `rates["*"]`)
-    rates: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_RATES))
-    policies: tuple[str, ...] = tuple(POLICIES)
-    endpoints_per_model: int = DEFAULT_ENDPOINTS
-    seed: int = DEFAULT_SEED
-    # Runs per comparison, with seeds seed, seed + 1, ...: near capacity two runs of one trace differ by a
-    # few hundredths of goodput, so the targets are judged on the mean over the seeds.
-    seeds: int = 1
-    aladdin: bool = True
-    aladdin_rate: float = DEFAULT_ALADDIN_RATE
-    aladdin_pattern: str = "pattern1"
-    aladdin_policies: tuple[str, str] = (BERTH, "least-outstanding")
-    drain_sim_s: float = 30.0  # simulated seconds to wait for tasks still running after the arrivals
-    record: bool = False  # each run's requests as runs/TAG/record.jsonl (with berth's endpoint, queue ms)
-
-    def seed_list(self) -> tuple[int, ...]:
-        return tuple(range(self.seed, self.seed + max(1, self.seeds)))
-
-    def rates_for(self, pattern: str) -> tuple[float, ...]:
-        return self.rates.get(pattern) or self.rates.get("*") or (8.0,)
-
-
-@dataclass(slots=True)
-class RunResult:
-    policy: str
-    pattern: str
-    rate: float
-    endpoints: tuple[int, int]
-    wall_s: float
-    tasks: dict[str, dict[str, Any]]  # task type -> {count, goodput, latency_p95_ms (simulated)}
-    overall_goodput: float | None
-    request_goodput: float | None
-    utilization: float | None
-    busy_share: float | None  # engine busy time / wall (the simulator's own count)
-    cpu: dict[str, dict[str, Any]]  # process -> {cpu_share, runqueue_share}
-    valid: bool
-    errors: dict[str, int]
-    berth_rejections: int
-    notes: list[str] = field(default_factory=list)
-    seed: int = DEFAULT_SEED
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "pattern": self.pattern,
-            "rate": self.rate,
-            "endpoints": list(self.endpoints),
-            "wall_s": round(self.wall_s, 2),
-            "tasks": self.tasks,
-            "overall_goodput": self.overall_goodput,
-            "request_goodput": self.request_goodput,
-            "utilization": self.utilization,
-            "busy_share": self.busy_share,
-            "cpu": self.cpu,
-            "valid": self.valid,
-            "errors": self.errors,
-            "berth_rejections": self.berth_rejections,
-            "notes": self.notes,
-            "seed": self.seed,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunResult:
-        return cls(
-            policy=d["policy"],
-            pattern=d["pattern"],
-            rate=d["rate"],
-            endpoints=(int(d["endpoints"][0]), int(d["endpoints"][1])),
-            wall_s=d["wall_s"],
-            tasks=d["tasks"],
-            overall_goodput=d["overall_goodput"],
-            request_goodput=d["request_goodput"],
-            utilization=d["utilization"],
-            busy_share=d["busy_share"],
-            cpu=d["cpu"],
-            valid=d["valid"],
-            errors=d["errors"],
-            berth_rejections=d["berth_rejections"],
-            notes=list(d["notes"]),
-            seed=int(d.get("seed", DEFAULT_SEED)),
-        )
+READY_TIMEOUT_S: Final = 60.0  # for berth to see every endpoint ready
+STOP_GRACE_S: Final = 10.0
 
 
 # --------------------------------------------------------------------- files
@@ -275,67 +172,35 @@ def _before_slo(text: str) -> str:
     return text if at < 0 else text[: at + 1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 # --------------------------------------------------------------------- processes
-class Procs:
-    def __init__(self) -> None:
-        self.sim: asyncio.subprocess.Process | None = None
-        self.berth: asyncio.subprocess.Process | None = None
-
-    async def stop(self) -> None:
-        for p in (self.berth, self.sim):
-            if p is not None and p.returncode is None:
-                p.send_signal(signal.SIGTERM)
-        for p in (self.berth, self.sim):
-            if p is None:
-                continue
-            try:
-                await asyncio.wait_for(p.wait(), timeout=10)
-            except TimeoutError:
-                p.kill()
-                await p.wait()
-
-
-async def start_sim(
-    run_dir: Path, n_a: int, n_b: int, speed: float
-) -> tuple[asyncio.subprocess.Process, list[str]]:
+def start_sim(run_dir: Path, n_a: int, n_b: int, speed: float) -> tuple[ManagedProcess, list[str]]:
+    """The simulated fleet in a process of its own, and its endpoints' URLs once it serves them."""
     path = run_dir / "fleet.toml"
     path.write_text(fleet_file(n_a, n_b, speed))
-    with (run_dir / "sim.log").open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "loadgen.engine_sim.cli", "--fleet", str(path), "--port", "0",
-            stdout=asyncio.subprocess.PIPE, stderr=log, cwd=REPO,
-        )  # fmt: skip
-    assert proc.stdout is not None
-    urls = []
-    for _ in range(n_a + n_b):
-        line = (await proc.stdout.readline()).decode()
-        if not line:
-            raise RuntimeError(f"the simulator exited early; see {run_dir / 'sim.log'}")
-        urls.append(line.rsplit(" at ", 1)[1].strip())
-    return proc, urls
+    args = ["--fleet", str(path), "--port", "0"]
+    return start_engine_sim(args, run_dir / "sim.log", endpoints=n_a + n_b, cwd=REPO_ROOT)
 
 
-async def wait_ready(base: str, n: int, timeout_s: float = 60.0) -> None:
-    """Until /admin/fleet shows every endpoint ready."""
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with s.get(base + "/admin/fleet") as r:
-                    if r.status == 200:
-                        doc = orjson.loads(await r.read())
-                        eps = doc.get("endpoints") or []
-                        if len(eps) == n and all(e.get("ready") for e in eps):
-                            return
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"berth at {base} did not see all {n} endpoints ready within {timeout_s:g}s")
+def fleet_ready(base: str, n: int) -> bool:
+    """Whether berth's /admin/fleet shows all `n` endpoints ready."""
+    status, body = http_get(base + "/admin/fleet")
+    if status != 200:
+        return False
+    eps = orjson.loads(body).get("endpoints") or []
+    return len(eps) == n and all(e.get("ready") for e in eps)
+
+
+def start_gateway(config: Path, base: str, n: int, log_path: Path) -> ManagedProcess:
+    """berth serving `config` at `base`, once it sees all `n` endpoints ready."""
+    argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(config)]
+    proc = ManagedProcess("berth", argv, log_path=log_path, cwd=REPO_ROOT)
+    try:
+        what = f"all {n} endpoints ready on {base}/admin/fleet"
+        proc.poll_until(what, lambda: fleet_ready(base, n), READY_TIMEOUT_S)
+    except BaseException:
+        proc.stop(STOP_GRACE_S)
+        raise
+    return proc
 
 
 class UtilSampler:
@@ -392,11 +257,11 @@ async def run_one(
     tag = f"{pattern}-r{rate:g}-{n_a}+{n_b}-{policy}" + (f"-s{seed}" if cfg.seeds > 1 else "")
     run_dir = cfg.out / "runs" / tag
     run_dir.mkdir(parents=True, exist_ok=True)
-    procs = Procs()
+    procs: list[ManagedProcess] = []
     s = cfg.speed
     try:
-        sim, urls = await start_sim(run_dir, n_a, n_b, s)
-        procs.sim = sim
+        sim, urls = await asyncio.to_thread(start_sim, run_dir, n_a, n_b, s)
+        procs.append(sim)
         port = free_port()
         models = [MODELS[0]] * n_a + [MODELS[1]] * n_b
         gw = run_dir / "gateway.toml"
@@ -405,14 +270,10 @@ async def run_one(
                 list(zip(urls, models, strict=True)), port=port, policy=policy_file(policy, run_dir), speed=s
             )
         )
-        with (run_dir / "berth.log").open("wb") as berth_log:
-            procs.berth = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway.cli", "serve", "-c", str(gw),
-                stdout=berth_log, stderr=asyncio.subprocess.STDOUT, cwd=REPO,
-            )  # fmt: skip
         base = f"http://127.0.0.1:{port}"
-        await wait_ready(base, n_a + n_b)
-        pids = {"berth": procs.berth.pid, "sim": sim.pid, "loadgen": os.getpid()}
+        berth = await asyncio.to_thread(start_gateway, gw, base, n_a + n_b, run_dir / "berth.log")
+        procs.append(berth)
+        pids = {"berth": berth.pid, "sim": sim.pid, "loadgen": os.getpid()}
         rq0 = {k: runqueue_wait_s(p) for k, p in pids.items()}
         opts = RunOptions(
             target=base,
@@ -426,7 +287,7 @@ async def run_one(
             drain_timeout_s=cfg.drain_sim_s / s,
             request_timeout_s=600.0 / s,
             stall_timeout_s=120.0 / s,
-            watch_pids={"berth": procs.berth.pid, "sim": sim.pid},
+            watch_pids={"berth": berth.pid, "sim": sim.pid},
             record=run_dir / "record.jsonl" if cfg.record else None,
         )
         sampler = UtilSampler(urls, UTIL_SAMPLE_SIM_S / s)
@@ -443,7 +304,8 @@ async def run_one(
         (run_dir / "loadgen.json").write_bytes(report.to_json())
         berth_rejections = await _rejections(base)
     finally:
-        await procs.stop()
+        for proc in reversed(procs):  # berth first: its drain needs the engines
+            await asyncio.to_thread(proc.stop, STOP_GRACE_S)
     return summarize(
         policy,
         report.data,
@@ -553,11 +415,6 @@ async def sweep(cfg: BenchConfig, log: Any) -> list[RunResult]:
     return out
 
 
-def split(total: int) -> tuple[int, int]:
-    a = max(1, min(total - 1, math.ceil(total * MODEL_A_SHARE)))
-    return a, total - a
-
-
 async def fewest_endpoints(cfg: BenchConfig, policy: str, log: Any) -> tuple[int | None, list[RunResult]]:
     """The fewest endpoints (both models, split MODEL_A_SHARE) keeping overall goodput >= 0.95 at
     `aladdin_rate`: a binary search over 4 .. 2 × endpoints_per_model (goodput falls as endpoints go)."""
@@ -582,8 +439,6 @@ async def at_ratio_fleet(
 ) -> list[RunResult]:
     """Each searched policy on the fleet the ratio target asks for (`ratio_fleet` of the baseline's
     fewest), unless its search ran that fleet already: how far from the goodput target each is there."""
-    from loadgen.bench.scheduling_report import ratio_fleet
-
     base = fewest.get(cfg.aladdin_policies[1])
     if base is None:
         return []
@@ -610,8 +465,6 @@ def line(r: RunResult) -> str:
 
 
 def render(cfg: BenchConfig, runs: list[RunResult], aladdin: dict[str, Any] | None, started: float) -> str:
-    from loadgen.bench.scheduling_report import markdown
-
     return markdown(cfg, runs, aladdin, time.time() - started)
 
 
@@ -659,8 +512,6 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
     (cfg.out / "report.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     text = render(cfg, runs, aladdin, started)
     (cfg.out / "report.md").write_text(text)
-    from loadgen.bench.scheduling_report import plot
-
     plot_note = plot(runs, cfg.out / "goodput.png")
     log(text)
     if plot_note:

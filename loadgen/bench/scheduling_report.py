@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loadgen.bench import capacity
 from loadgen.bench.capacity import CapacityFloor
+from loadgen.bench.scheduling_types import (
+    BERTH,
+    GOODPUT_TARGET,
+    PROFILE,
+    TASK_TYPES,
+    BenchConfig,
+    RunResult,
+    split,
+)
+from loadgen.engine_sim.profiles import get_profile
 from loadgen.workloads.base import TaskSpec
-
-if TYPE_CHECKING:
-    from loadgen.bench.scheduling import BenchConfig, RunResult
+from loadgen.workloads.coding import CodingWorkload
 
 OVERALL_MARGIN = 0.10  # berth's overall goodput over the best baseline at the heaviest load
 TASK_TOLERANCE = 0.02  # no task type worse than the best baseline by more than this
@@ -23,15 +32,10 @@ FLOOR_SAMPLE = 20_000  # tasks drawn to size the capacity floor
 
 @functools.cache
 def _tasks(pattern: str) -> tuple[TaskSpec, ...]:
-    from loadgen.workloads.coding import CodingWorkload
-
     return tuple(capacity.sample(CodingWorkload(pattern), FLOOR_SAMPLE))
 
 
 def _floor(pattern: str, rate: float, goodput: float) -> CapacityFloor:
-    from loadgen.bench.scheduling import PROFILE
-    from loadgen.engine_sim.profiles import get_profile
-
     return capacity.floor(get_profile(PROFILE), _tasks(pattern), rate, goodput)
 
 
@@ -57,8 +61,6 @@ def floor_lines(
 ) -> list[str]:
     """The capacity floor beside Aladdin's search: the fewest endpoints any router could use, how busy
     ideal engines would be on the fleet the ratio target asks for, and each policy's goodput there."""
-    from loadgen.bench.scheduling import BERTH, GOODPUT_TARGET, split
-
     fl = _floor(pattern, rate, GOODPUT_TARGET)
     a, b = fl.endpoints
     out = [
@@ -105,8 +107,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def run_row(r: RunResult) -> list[str]:
-    from loadgen.bench.scheduling import TASK_TYPES
-
     t = r.tasks
     return [
         f"{r.rate:g}",
@@ -163,8 +163,6 @@ class PolicyMean:
 
 def policy_means(runs: Sequence[RunResult]) -> list[PolicyMean]:
     """Per policy (first-seen order), the mean of its runs' goodputs; runs without a goodput are left out."""
-    from loadgen.bench.scheduling import TASK_TYPES
-
     out: list[PolicyMean] = []
     for policy in dict.fromkeys(r.policy for r in runs):
         mine = [r for r in runs if r.policy == policy and r.overall_goodput is not None]
@@ -185,8 +183,6 @@ def policy_means(runs: Sequence[RunResult]) -> list[PolicyMean]:
 def target_check(runs: Sequence[RunResult], pattern: str) -> list[str]:
     """At the heaviest rate of `pattern`: berth vs the best baseline, overall and per task type (each
     policy's mean over its seeds)."""
-    from loadgen.bench.scheduling import BERTH
-
     mine = [r for r in runs if r.pattern == pattern]
     if not mine:
         return []
@@ -235,8 +231,6 @@ def target_check(runs: Sequence[RunResult], pattern: str) -> list[str]:
 def markdown(
     cfg: BenchConfig, runs: Sequence[RunResult], aladdin: dict[str, Any] | None, elapsed: float
 ) -> str:
-    import os
-
     lines = [
         "# berth scheduling benchmark",
         "",
@@ -267,8 +261,6 @@ def markdown(
         lines += target_check(runs, pattern)
     lines += [""]
     if aladdin is not None:
-        from loadgen.bench.scheduling import RunResult as RR
-
         ratio_note = f"target <= {ENDPOINT_RATIO}"
         lines += [
             f"## Fewest endpoints for goodput >= 0.95 at {aladdin['rate']:g} tasks/s ({aladdin['pattern']})",
@@ -283,7 +275,7 @@ def markdown(
             lines.append(
                 f"- ratio {ratio:.2f} ({'MET' if ratio <= ENDPOINT_RATIO else 'NOT MET'}: {ratio_note})"
             )
-        searched = [RR.from_dict(d) for d in aladdin["runs"]]
+        searched = [RunResult.from_dict(d) for d in aladdin["runs"]]
         lines += floor_lines(aladdin["pattern"], aladdin["rate"], fewest, searched)
         lines += [""]
         rows = []

@@ -30,10 +30,11 @@ import argparse
 import asyncio
 import os
 import random
-import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -41,6 +42,7 @@ import orjson
 
 from loadgen.client import RequestResult, build_body, send
 from loadgen.cpu import process_cpu_s
+from loadgen.harness import ManagedProcess, start_engine_sim
 from loadgen.workloads.arrivals import arrival_times
 from loadgen.workloads.base import CallSpec
 
@@ -102,16 +104,10 @@ def runqueue_wait_s(pid: int) -> float:
     return total / 1e9
 
 
-def start_simulator(n: int) -> tuple[subprocess.Popen[str], list[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.engine_sim.cli", "--count", str(n), "--port", "0",
-         "--profile", "fleet-7b", "--load-time-s", "0", "--model", "bench-model"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    urls = [proc.stdout.readline().rsplit(" at ", 1)[1].strip() for _ in range(n)]
-    return proc, urls
+def start_simulator(n: int, log_path: Path) -> tuple[ManagedProcess, list[str]]:
+    args = ["--count", str(n), "--port", "0", "--profile", "fleet-7b", "--load-time-s", "0",
+            "--model", "bench-model"]  # fmt: skip
+    return start_engine_sim(args, log_path, endpoints=n)
 
 
 async def _drive(
@@ -161,7 +157,14 @@ async def _lag(session: aiohttp.ClientSession, urls: list[str]) -> tuple[float, 
 
 
 async def measure(n: int, rate: float, duration_s: float, warmup_s: float, seed: int = 0) -> Measurement:
-    proc, urls = start_simulator(n)
+    with tempfile.TemporaryDirectory(prefix="berth-sim-cpu-") as logs:
+        return await _measure(n, rate, duration_s, warmup_s, seed=seed, log_path=Path(logs) / "sim.log")
+
+
+async def _measure(
+    n: int, rate: float, duration_s: float, warmup_s: float, *, seed: int, log_path: Path
+) -> Measurement:
+    proc, urls = await asyncio.to_thread(start_simulator, n, log_path)
     try:
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -178,8 +181,7 @@ async def measure(n: int, rate: float, duration_s: float, warmup_s: float, seed:
             wait1 = runqueue_wait_s(proc.pid)
             lag_mean, lag_max, late = await _lag(session, urls)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        await asyncio.to_thread(proc.stop, 30.0)
     assert cpu0 is not None
     assert cpu1 is not None
     assert own0 is not None

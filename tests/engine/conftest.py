@@ -2,8 +2,9 @@
 
 Needs the engine venv (`tests/engine/setup_engine_env.sh`, which `make test` runs) and its python in
 `BERTH_ENGINE_PYTHON`; without it every test here is skipped. One vLLM server and one berth run for
-the whole session. Server output goes to log files under pytest's basetemp; a server that fails to
-start fails its fixture with the tail of its log.
+the whole session, started by `loadgen.vllm_server` and `loadgen.harness` (the benchmarks against a
+real engine start theirs the same way). Server output goes to log files under pytest's basetemp; a
+server that fails to start fails its fixture with the tail of its log.
 
 `BERTH_ENGINE_TARGET=vllm` points the OpenAI clients straight at vLLM instead of berth (tests that
 are about berth itself are skipped then): it proves these fixtures and tests on their own.
@@ -20,18 +21,8 @@ from typing import Final
 import openai
 import pytest
 
-from tests.engine.servers import (
-    ENGINE_DIR,
-    IGNORE_EOS,
-    LONG_MAX_TOKENS,
-    MODEL_NAME,
-    RunningServer,
-    ServerStartError,
-    build_tiny_model,
-    http_post_json,
-    start_berth,
-    start_vllm,
-)
+from loadgen.harness import RunningServer, ServerStartError, http_post_json, start_berth
+from loadgen.vllm_server import IGNORE_EOS, MODEL_NAME, build_tiny_model, start_vllm
 
 __all__ = [
     "IGNORE_EOS",
@@ -39,6 +30,11 @@ __all__ = [
     "MODEL_NAME",
     "RunningServer",
 ]  # what the tests import from here
+
+ENGINE_DIR: Final = Path(__file__).resolve().parent
+# max_tokens of a stream a test cuts short or watches while it runs: at the ~300 tokens a second of the
+# tiny model on one core it runs for ~13 s, several of berth's 2-s scrapes.
+LONG_MAX_TOKENS: Final = 4096
 
 SKIP_REASON: Final = (
     "real-engine tier: BERTH_ENGINE_PYTHON is not set. Run `make test`, or "

@@ -21,9 +21,9 @@ import openai
 import pytest
 
 from gateway.config import ADMIN_TOKEN_ENV
+from loadgen.harness import ServerStartError, start_berth
 from tests.engine.conftest import IGNORE_EOS, LONG_MAX_TOKENS, MODEL_NAME, RunningServer
 from tests.engine.promtext import total
-from tests.engine.servers import ServerStartError, start_berth
 
 CHAT_MESSAGES: list[Any] = [
     {"role": "system", "content": "You are a careful assistant who answers in one sentence."},

@@ -16,8 +16,9 @@ from pathlib import Path
 import aiohttp
 import orjson
 import pytest
-from aiohttp.test_utils import TestServer, unused_port
+from aiohttp.test_utils import TestServer
 
+from loadgen.harness import ManagedProcess, free_port
 from tests.integration.fake_engine import FakeEngine
 
 POLICY_OK = 'name = "p1"\n[ordering]\nplugin = "fcfs"\n[placement]\npicker = { plugin = "round-robin" }\n'
@@ -54,10 +55,8 @@ async def engine() -> AsyncIterator[tuple[FakeEngine, str]]:
     await srv.close()
 
 
-async def _start(
-    tmp_path: Path, engine_url: str
-) -> tuple[asyncio.subprocess.Process, NotifySocket, str, Path]:
-    port = unused_port()
+def _start(tmp_path: Path, engine_url: str) -> tuple[ManagedProcess, NotifySocket, str, Path]:
+    port = free_port()
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY_OK)
     cfg = tmp_path / "gateway.toml"
@@ -67,23 +66,14 @@ async def _start(
     )
     notify = NotifySocket(tmp_path / "notify.sock")
     env = {**os.environ, "NOTIFY_SOCKET": str(notify.path)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "-c",
-        str(cfg),
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
+    proc = ManagedProcess("berth", argv, log_path=tmp_path / "berth.log", env=env)
     return proc, notify, f"http://127.0.0.1:{port}", policy
 
 
 async def test_notify_ready_reload_and_drain(tmp_path: Path, engine: tuple[FakeEngine, str]) -> None:
     eng, url = engine
-    proc, notify, base, policy = await _start(tmp_path, url)
+    proc, notify, base, policy = _start(tmp_path, url)
     try:
         assert "READY=1" in (await notify.until("READY=1"))[-1]
         async with aiohttp.ClientSession() as s:
@@ -123,11 +113,9 @@ async def test_notify_ready_reload_and_drain(tmp_path: Path, engine: tuple[FakeE
             payload = await resp.read()
             assert resp.status == 200
             assert payload.endswith(b"data: [DONE]\n\n")
-        assert await asyncio.wait_for(proc.wait(), 60) == 0
+        assert await asyncio.to_thread(proc.wait, 60) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await asyncio.to_thread(proc.stop)
         notify.sock.close()
 
 

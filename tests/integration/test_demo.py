@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from aiohttp.test_utils import unused_port
+from loadgen.harness import free_port
 
 
 async def test_demo_runs_and_prints_the_class_table() -> None:
@@ -20,7 +20,7 @@ async def test_demo_runs_and_prints_the_class_table() -> None:
         "3",
         "--no-serve",
         "--port",
-        str(unused_port()),
+        str(free_port()),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

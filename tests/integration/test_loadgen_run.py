@@ -4,8 +4,6 @@ line. Assertions never depend on how fast things ran."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 from loadgen.cli import main as loadgen_main
 from loadgen.client import RequestResult
 from loadgen.engine_sim import EndpointSpec, SimFleet
+from loadgen.harness import start_engine_sim
 from loadgen.runner import LiveSnapshot, RunOptions, run_workload
 from loadgen.workloads.base import CallSpec, TaskSpec
 from tests.integration.conftest import EngineServer, StartGateway
@@ -132,19 +131,11 @@ async def test_explicit_schedule_and_headers(fleet: SimFleet) -> None:
 
 
 @pytest.fixture
-def sim_process() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.engine_sim.cli", "--port", "0", "--profile", "test-fast",
-         "--speed", "10", "--load-time-s", "0", "--model", "a,b"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        yield proc.stdout.readline().rsplit(" at ", 1)[1].strip()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+def sim_process(tmp_path: Path) -> Iterator[str]:
+    args = ["--port", "0", "--profile", "test-fast", "--speed", "10", "--load-time-s", "0", "--model", "a,b"]
+    proc, (url,) = start_engine_sim(args, tmp_path / "sim.log")
+    with proc:
+        yield url
 
 
 def test_command_line_run_and_compare(

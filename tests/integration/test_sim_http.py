@@ -4,8 +4,8 @@ models, metrics, client disconnects and every fault. No sleeps: tests await resp
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,6 +17,7 @@ from gateway.telemetry.engine_metrics import SGLANG_METRICS, VLLM_METRICS
 from gateway.telemetry.promtext import parse
 from loadgen.engine_sim import EndpointSpec, SimFleet
 from loadgen.engine_sim.lengths import LengthDist
+from loadgen.harness import start_engine_sim
 
 FAST = {"profile": "test-fast", "output_len": LengthDist("fixed", 5.0), "load_time_s": 0.0}
 
@@ -302,22 +303,14 @@ async def test_vllm_metrics_after_traffic(fleet: SimFleet, http: aiohttp.ClientS
     assert VLLM_METRICS.gauges(expo).kv_usage == 0.0
 
 
-async def test_standalone_simulator_exits_when_it_dies() -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadgen.engine_sim.cli", "--port", "0", "--profile", "test-fast",
-        "--load-time-s", "0", "--die-after-tokens", "2",
-        stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+async def test_standalone_simulator_exits_when_it_dies(tmp_path: Path) -> None:
+    args = ["--port", "0", "--profile", "test-fast", "--load-time-s", "0", "--die-after-tokens", "2"]
+    proc, (url,) = await asyncio.to_thread(start_engine_sim, args, tmp_path / "sim.log", timeout_s=20)
     try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=20)).decode()
-        url = line.rsplit(" at ", 1)[1].strip()
         async with aiohttp.ClientSession() as http:
             with pytest.raises(aiohttp.ClientError):
                 async with http.post(url + "/v1/chat/completions", json=chat_body("sim-model", n=20)) as resp:
                     await resp.json()
-        assert await asyncio.wait_for(proc.wait(), timeout=20) == 1
+        assert await asyncio.to_thread(proc.wait, 20) == 1
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await asyncio.to_thread(proc.stop)

@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from loadgen.bench import scheduling
-from loadgen.bench.scheduling import BenchConfig, RunResult
 from loadgen.bench.scheduling_report import floor_lines, policy_means, ratio_fleet, run_row, target_check
+from loadgen.bench.scheduling_types import BenchConfig, RunResult
 
 CPU = {p: {"cpu_share": 0.3, "runqueue_share": 0.01} for p in ("berth", "loadgen", "sim")}
 
@@ -81,7 +81,7 @@ def test_rows_name_their_seed() -> None:
 
 
 def test_merge_makes_one_report_from_runs_measured_apart(tmp_path: Path) -> None:
-    from loadgen.bench.scheduling import BenchConfig, merge
+    from loadgen.bench.scheduling import merge
 
     def out(name: str, runs: list[RunResult], aladdin: dict[str, object] | None = None) -> Path:
         d = tmp_path / name

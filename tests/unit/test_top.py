@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import pytest
 
 from gateway.top import TopError, fetch, render, run
+from loadgen.harness import free_port
 
 DOC: dict[str, Any] = {
     "version": "0.1.0",
@@ -97,10 +97,7 @@ def test_an_empty_document_still_renders() -> None:
 
 
 def _refused_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"  # nothing listens there any more
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 def test_fetch_reports_an_unreachable_gateway() -> None:

@@ -1,10 +1,11 @@
 # mypy: ignore-errors
-"""Build the tiny, randomly initialised Llama model that tests/engine serves with vLLM on CPU.
+"""Build the tiny, randomly initialised Llama model that vLLM on CPU serves (`loadgen.vllm_server`: the
+real-engine test tier and the benchmarks against a real engine).
 
 Run it with the engine venv's python (it needs torch, transformers and tokenizers, which the project
 venv does not have):
 
-    $ENGINE_VENV/bin/python tests/engine/build_tiny_model.py OUT_DIR
+    $ENGINE_VENV/bin/python loadgen/build_tiny_model.py OUT_DIR
 
 Nothing is downloaded. The tokenizer is a byte-level BPE trained here on printable ASCII text generated
 from a fixed seed, so every token decodes to whole ASCII characters: a random model can then emit any
@@ -12,7 +13,7 @@ token id without ever producing a partial UTF-8 sequence (which would make vLLM'
 detokenizer hold text back and streams stall). The model's vocabulary is exactly the tokenizer's.
 
 The build writes into a sibling temporary directory and renames it into place, so OUT_DIR either does
-not exist or holds a complete model; tests/engine/conftest.py caches OUT_DIR by this file's hash.
+not exist or holds a complete model; `loadgen.vllm_server` caches OUT_DIR by this file's hash.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ NUM_HEADS = 4
 NUM_KV_HEADS = 2
 NUM_LAYERS = 2
 INTERMEDIATE_SIZE = 256
-# At least servers.MAX_MODEL_LEN.
+# At least loadgen.vllm_server.MAX_MODEL_LEN.
 MAX_POSITIONS = 8192
 
 

@@ -1,0 +1,141 @@
+"""The scheduling benchmark's shared vocabulary: the policies and task types it compares, a run's
+configuration (`BenchConfig`) and one run's result (`RunResult`), and how a fleet size splits between
+the two models.
+
+Both the runner (`loadgen.bench.scheduling`) and the report (`loadgen.bench.scheduling_report`) import
+these; this module imports neither, so the two depend on it one way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+BERTH: Final = "berth"
+POLICIES: Final[dict[str, str]] = {
+    BERTH: "coding-assistant.toml",
+    "round-robin": "baseline-round-robin.toml",
+    "power-of-two": "baseline-power-of-two.toml",
+    "least-outstanding": "baseline-least-outstanding.toml",
+}
+MODELS: Final = ("code-a-7b", "code-b-7b")
+TASK_TYPES: Final = ("completion", "generation", "summarization", "translation")
+TTFT_TASKS: Final = ("completion", "generation")
+E2E_TASKS: Final = ("summarization", "translation")
+PROFILE: Final = "fleet-7b"
+GOODPUT_TARGET: Final = 0.95
+# Share of the model-a endpoints when the fleet is resized (Aladdin's search): model b serves only the
+# validation calls (about a sixth of the work in pattern1).
+MODEL_A_SHARE: Final = 0.8
+
+
+DEFAULT_SPEED: Final = 2.0
+#: Long enough for a steady state: past the fleet's capacity the queues grow for the whole run, and a short
+#: run reports a goodput that depends on its length (pattern1 at 11.5 tasks/s: round robin 0.72 after 45
+#: simulated s, 0.33 after 120), so every default rate is one the fleet can carry.
+DEFAULT_DURATION_S: Final = 120.0
+DEFAULT_PATTERNS: Final = ("pattern1", "pattern2")
+#: Per pattern, rates (tasks/s) from where round robin still meets ~0.95 to where it is below 0.8 (120
+#: simulated s: pattern1 0.94 at 8.5, 0.75 at 10.5; pattern2 0.89 at 6.5, 0.77 at 7.5): pattern2 carries
+#: more long prompts (summarization, translation), so its range is lower.
+DEFAULT_RATES: Final[dict[str, tuple[float, ...]]] = {"pattern1": (8.5, 10.5), "pattern2": (5.5, 7.5)}
+DEFAULT_ENDPOINTS: Final = 6
+DEFAULT_SEED: Final = 1
+DEFAULT_ALADDIN_RATE: Final = 6.0
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    out: Path
+    speed: float = DEFAULT_SPEED
+    duration_s: float = DEFAULT_DURATION_S  # simulated seconds of arrivals per run
+    patterns: tuple[str, ...] = DEFAULT_PATTERNS
+    # simulated task arrivals per second, per pattern (a pattern without an entry: `rates["*"]`)
+    rates: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(DEFAULT_RATES))
+    policies: tuple[str, ...] = tuple(POLICIES)
+    endpoints_per_model: int = DEFAULT_ENDPOINTS
+    seed: int = DEFAULT_SEED
+    # Runs per comparison, with seeds seed, seed + 1, ...: near capacity two runs of one trace differ by a
+    # few hundredths of goodput, so the targets are judged on the mean over the seeds.
+    seeds: int = 1
+    aladdin: bool = True
+    aladdin_rate: float = DEFAULT_ALADDIN_RATE
+    aladdin_pattern: str = "pattern1"
+    aladdin_policies: tuple[str, str] = (BERTH, "least-outstanding")
+    drain_sim_s: float = 30.0  # simulated seconds to wait for tasks still running after the arrivals
+    record: bool = False  # each run's requests as runs/TAG/record.jsonl (with berth's endpoint, queue ms)
+
+    def seed_list(self) -> tuple[int, ...]:
+        return tuple(range(self.seed, self.seed + max(1, self.seeds)))
+
+    def rates_for(self, pattern: str) -> tuple[float, ...]:
+        return self.rates.get(pattern) or self.rates.get("*") or (8.0,)
+
+
+@dataclass(slots=True)
+class RunResult:
+    policy: str
+    pattern: str
+    rate: float
+    endpoints: tuple[int, int]
+    wall_s: float
+    tasks: dict[str, dict[str, Any]]  # task type -> {count, goodput, latency_p95_ms (simulated)}
+    overall_goodput: float | None
+    request_goodput: float | None
+    utilization: float | None
+    busy_share: float | None  # engine busy time / wall (the simulator's own count)
+    cpu: dict[str, dict[str, Any]]  # process -> {cpu_share, runqueue_share}
+    valid: bool
+    errors: dict[str, int]
+    berth_rejections: int
+    notes: list[str] = field(default_factory=list)
+    seed: int = DEFAULT_SEED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "pattern": self.pattern,
+            "rate": self.rate,
+            "endpoints": list(self.endpoints),
+            "wall_s": round(self.wall_s, 2),
+            "tasks": self.tasks,
+            "overall_goodput": self.overall_goodput,
+            "request_goodput": self.request_goodput,
+            "utilization": self.utilization,
+            "busy_share": self.busy_share,
+            "cpu": self.cpu,
+            "valid": self.valid,
+            "errors": self.errors,
+            "berth_rejections": self.berth_rejections,
+            "notes": self.notes,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunResult:
+        return cls(
+            policy=d["policy"],
+            pattern=d["pattern"],
+            rate=d["rate"],
+            endpoints=(int(d["endpoints"][0]), int(d["endpoints"][1])),
+            wall_s=d["wall_s"],
+            tasks=d["tasks"],
+            overall_goodput=d["overall_goodput"],
+            request_goodput=d["request_goodput"],
+            utilization=d["utilization"],
+            busy_share=d["busy_share"],
+            cpu=d["cpu"],
+            valid=d["valid"],
+            errors=d["errors"],
+            berth_rejections=d["berth_rejections"],
+            notes=list(d["notes"]),
+            seed=int(d.get("seed", DEFAULT_SEED)),
+        )
+
+
+def split(total: int) -> tuple[int, int]:
+    """`total` endpoints as (model a, model b): MODEL_A_SHARE of them for model a, at least one each."""
+    a = max(1, min(total - 1, math.ceil(total * MODEL_A_SHARE)))
+    return a, total - a
