@@ -11,6 +11,7 @@ Schema 1 (``"schema": 1``; fields are only ever added within a version)::
       "classes":  {CLASS: STATS},              # by the request's report class
       "tasks":    {TASK_TYPE: TASK_STATS},     # task level (multi-step tasks count once)
       "errors_by_kind": {KIND: n},             # see loadgen.client for the kinds
+      "rejections_by_reason": {CODE: n},       # the OpenAI error code of every non-200 answer
       "cpu": {"threshold": 0.8, "processes": {NAME: {"pid", "cpu_s", "cpu_share", "flagged"}},
               "flagged": [NAME, ...]}
     }
@@ -32,8 +33,9 @@ time (first arrival to last completion).
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,6 +48,40 @@ from loadgen.cpu import CPU_FLAG_THRESHOLD, CpuShare
 
 SCHEMA_VERSION = 1
 _T = TypeVar("_T")
+
+#: GapHistogram's bins: log-spaced from 10 µs to 1000 s, each 1 % wider than the one before.
+_GAP_LO = 1e-5
+_GAP_GROWTH = 1.01
+_GAP_BINS = int(np.ceil(np.log(1e3 / _GAP_LO) / np.log(_GAP_GROWTH))) + 1
+
+
+class GapHistogram:
+    """Inter-token gaps as counts in log-spaced bins (1 % wide): quantiles within 1 % in a few KiB,
+    however many tokens a run produces (the offline simulator keeps these instead of every gap)."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(_GAP_BINS, dtype=np.int64)
+
+    def add_many(self, gaps: Sequence[float]) -> None:
+        values = np.maximum(np.asarray(gaps, dtype=np.float64), _GAP_LO)
+        idx = np.minimum((np.log(values / _GAP_LO) / np.log(_GAP_GROWTH)).astype(np.int64), _GAP_BINS - 1)
+        np.add.at(self.counts, idx, 1)
+
+    def merged(self, other: GapHistogram) -> GapHistogram:
+        out = GapHistogram()
+        out.counts = self.counts + other.counts
+        return out
+
+    def quantile_ms(self, q: float) -> float | None:
+        """The `q` percentile (0-100) in ms: the geometric middle of the bin it falls in."""
+        total = int(self.counts.sum())
+        if total == 0:
+            return None
+        rank = q / 100.0 * (total - 1)
+        i = int(np.searchsorted(np.cumsum(self.counts), rank, side="right"))
+        return round(float(_GAP_LO * _GAP_GROWTH ** (i + 0.5)) * 1000.0, 3)
 
 
 @dataclass(slots=True)
@@ -97,12 +133,19 @@ def _pct(values: Sequence[float] | np.ndarray[Any, Any], q: float) -> float | No
     return round(float(np.percentile(values, q)) * 1000.0, 3)
 
 
-def _stats(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]:
+def _stats(
+    results: Sequence[RequestResult], wall_s: float, hist: GapHistogram | None = None
+) -> dict[str, Any]:
+    """`hist`: the gaps of `results` as a histogram (their `gaps` arrays are then not read)."""
     ok = [r for r in results if r.ok]
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
     atgt = [r.atgt_s for r in ok if r.atgt_s is not None]
-    gaps = np.concatenate([np.frombuffer(r.gaps, dtype=np.float64) for r in ok]) if ok else np.empty(0)
+    if hist is None:
+        gaps = np.concatenate([np.frombuffer(r.gaps, dtype=np.float64) for r in ok]) if ok else np.empty(0)
+        itl_p50, itl_p99 = _pct(gaps, 50), _pct(gaps, 99)
+    else:
+        itl_p50, itl_p99 = hist.quantile_ms(50), hist.quantile_ms(99)
     met = sum(1 for r in results if r.slo_met)
     tokens = sum(r.tokens for r in ok)
     n = len(results)
@@ -120,8 +163,8 @@ def _stats(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]:
         "e2e_p50_ms": _pct(e2e, 50),
         "e2e_p95_ms": _pct(e2e, 95),
         "e2e_p99_ms": _pct(e2e, 99),
-        "itl_p50_ms": _pct(gaps, 50),
-        "itl_p99_ms": _pct(gaps, 99),
+        "itl_p50_ms": itl_p50,
+        "itl_p99_ms": itl_p99,
         "atgt_mean_ms": round(float(np.mean(atgt)) * 1000.0, 3) if atgt else None,
     }
 
@@ -146,6 +189,18 @@ def _task_stats(tasks: Sequence[TaskResult]) -> dict[str, Any]:
     }
 
 
+def _rejections(requests: Iterable[RequestResult]) -> dict[str, int]:
+    """Non-200 answers by the OpenAI error code in their body (`unknown` when it has none)."""
+    out: Counter[str] = Counter()
+    for r in requests:
+        if r.status and r.status != 200:
+            code = None
+            with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
+                code = orjson.loads(r.detail or "")["error"]["code"]
+            out[str(code) if code else "unknown"] += 1
+    return dict(sorted(out.items()))
+
+
 def _group(items: Iterable[_T], key: Callable[[_T], str]) -> dict[str, list[_T]]:
     out: dict[str, list[_T]] = {}
     for it in items:
@@ -160,18 +215,29 @@ def build_report(
     tasks: list[TaskResult],
     wall_s: float,
     cpu: Sequence[CpuShare] = (),
+    gaps: Mapping[str, GapHistogram] | None = None,
 ) -> Report:
+    """`gaps`: each class's inter-token gaps as a histogram, instead of each request's `gaps`."""
     classes = _group(requests, lambda r: r.cls)
     by_type = _group(tasks, lambda t: t.task_type)
     errors = Counter(r.error or "error" for r in requests if not r.ok)
+    overall_hist: GapHistogram | None = None
+    if gaps is not None:
+        overall_hist = GapHistogram()
+        for h in gaps.values():
+            overall_hist = overall_hist.merged(h)
     data: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "generator": "berth-loadgen",
         "run": {**run, "wall_s": round(wall_s, 3), "tasks_scheduled": len(tasks)},
-        "overall": _stats(requests, wall_s),
-        "classes": {name: _stats(rs, wall_s) for name, rs in classes.items()},
+        "overall": _stats(requests, wall_s, overall_hist),
+        "classes": {
+            name: _stats(rs, wall_s, None if gaps is None else gaps.get(name, GapHistogram()))
+            for name, rs in classes.items()
+        },
         "tasks": {name: _task_stats(ts) for name, ts in by_type.items()},
         "errors_by_kind": dict(sorted(errors.items())),
+        "rejections_by_reason": _rejections(requests),
         "cpu": {
             "threshold": CPU_FLAG_THRESHOLD,
             "processes": {c.name: c.to_dict() for c in cpu},

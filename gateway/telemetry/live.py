@@ -42,7 +42,7 @@ from gateway.telemetry.fleet_state import (
     TelemetrySettings,
     prior_with,
 )
-from gateway.telemetry.promtext import Exposition
+from gateway.telemetry.promtext import Exposition, Histogram
 from gateway.telemetry.tokens import TokenEstimator
 
 log = structlog.get_logger("berth.telemetry")
@@ -116,15 +116,33 @@ class LiveTelemetry:
         dialect: EngineMetrics | None,
     ) -> None:
         """A scrape that produced gauges (called by the scrape sink after the scheduler saw them)."""
+        self.observe_engine(
+            eid,
+            gauges,
+            kv_capacity_tokens=None if expo is None else kv_capacity_tokens(expo),
+            ttft=None if expo is None or dialect is None else dialect.ttft_histogram(expo),
+            itl=None if expo is None or dialect is None else dialect.itl_histogram(expo),
+        )
+
+    def observe_engine(
+        self,
+        eid: EndpointId,
+        gauges: EngineGauges,
+        *,
+        kv_capacity_tokens: float | None,
+        ttft: Histogram | None = None,
+        itl: Histogram | None = None,
+    ) -> None:
+        """What one scrape of an endpoint read, as numbers (the offline simulator calls this directly)."""
         view = self._scheduler.endpoint_view(eid)
         if view is None:
             return
         sample = ScrapeSample(
             running=gauges.running,
             kv_usage=gauges.kv_usage,
-            kv_capacity_tokens=None if expo is None else kv_capacity_tokens(expo),
-            ttft=None if expo is None or dialect is None else dialect.ttft_histogram(expo),
-            itl=None if expo is None or dialect is None else dialect.itl_histogram(expo),
+            kv_capacity_tokens=kv_capacity_tokens,
+            ttft=ttft,
+            itl=itl,
             gateway_inflight=view.inflight,
             gateway_context_tokens=view.running_prompt_tokens + 0.5 * view.running_output_tokens,
         )

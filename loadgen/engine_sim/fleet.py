@@ -25,6 +25,11 @@ Fleet file (``berth-engine-sim --fleet FILE``); unknown keys are errors naming t
     seed = 1
     latency = { k1 = 2e-4, c1 = 0.02, k2 = 2e-6, c2 = 1e-3, c3 = 0.025 }
     faults = { fail_fraction = 0.0 }
+    # gateway-side keys, read by the offline fleet simulator (`berth-loadgen sim`), ignored here:
+    id = "a"                        # berth's endpoint id (with count: "a-0", "a-1", ...)
+    class = "mixed"                 # interactive | mixed | batch
+    cap = 16                        # berth's concurrency cap (default: the gateway's default cap)
+    node = "gpu-01"
 """
 
 from __future__ import annotations
@@ -106,8 +111,11 @@ _SPEC_KEYS = {
     "scheduling_policy",
     "latency",
     "faults",
+    "class",
+    "cap",
+    "node",
 }
-_ENDPOINT_KEYS = _SPEC_KEYS | {"port", "count"}
+_ENDPOINT_KEYS = _SPEC_KEYS | {"port", "count", "id"}
 _LATENCY_KEYS = ("k1", "c1", "k2", "c2", "c3")
 
 
@@ -152,6 +160,9 @@ def parse_fleet(
         if not isinstance(count, int) or count < 1:
             raise fail(f"{where}.count", "must be a positive integer")
         port = merged.pop("port", None)
+        base_id = merged.pop("id", None)
+        if base_id is not None and (not isinstance(base_id, str) or not base_id):
+            raise fail(f"{where}.id", "must be a non-empty string")
         fields = _spec_fields(merged, where, fail)
         for r in range(count):
             if port is not None:
@@ -162,8 +173,9 @@ def parse_fleet(
             else:
                 p = 0
             seed = int(fields.get("seed", 0)) + len(specs)
+            eid = None if base_id is None else (base_id if count == 1 else f"{base_id}-{r}")
             try:
-                specs.append(EndpointSpec(host=host, port=p, **{**fields, "seed": seed}))
+                specs.append(EndpointSpec(host=host, port=p, id=eid, **{**fields, "seed": seed}))
             except (ValueError, TypeError) as e:
                 raise fail(where, str(e)) from None
     return specs
@@ -203,7 +215,18 @@ def _spec_fields(merged: dict[str, Any], where: str, fail: Any) -> dict[str, Any
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise fail(f"{where}.{key}", "must be a number")
             fields[key] = float(value)
-        elif key in ("max_num_seqs", "kv_capacity_tokens", "max_model_len", "max_prefill_tokens", "seed"):
+        elif key == "class":
+            if not isinstance(value, str):
+                raise fail(f"{where}.class", "must be a string")
+            fields["instance_class"] = value
+        elif key in (
+            "max_num_seqs",
+            "kv_capacity_tokens",
+            "max_model_len",
+            "max_prefill_tokens",
+            "seed",
+            "cap",
+        ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise fail(f"{where}.{key}", "must be an integer")
             fields[key] = value

@@ -33,6 +33,13 @@ class EndpointSpec:
     seed: int = 0
     scheduling_policy: SchedulingPolicy = "fcfs"
     faults: Faults = field(default_factory=Faults)
+    # Gateway-side keys (the offline fleet simulator reads them; the engine simulator ignores them): the
+    # endpoint's id in berth, its instance class, berth's concurrency cap (None: the gateway's default)
+    # and the node it runs on.
+    id: str | None = None
+    instance_class: str = "mixed"
+    cap: int | None = None
+    node: str | None = None
 
     def __post_init__(self) -> None:
         get_flavor(self.flavor)
@@ -45,6 +52,10 @@ class EndpointSpec:
             raise ValueError("port must be within [0, 65535]")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError("scheduling_policy must be fcfs or priority")
+        if self.instance_class not in ("interactive", "mixed", "batch"):
+            raise ValueError("class must be interactive, mixed or batch")
+        if self.cap is not None and self.cap < 1:
+            raise ValueError("cap must be >= 1")
 
     def resolve(self) -> ResolvedSpec:
         prof = get_profile(self.profile)

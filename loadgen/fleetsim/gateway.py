@@ -1,0 +1,150 @@
+"""berth's side of the simulation: the components the daemon builds, built by the same config code and
+called the way the daemon calls them, without sockets or an event loop.
+
+- configuration: `gateway.toml` (when given) through `load_gateway_config`, the policy file through
+  `load_policy`, each simulated endpoint as an `[[endpoints]]` item (`EndpointConfig.spec`);
+- the request path of the front's `admit` phase: body validation (`parse_body`), model resolution,
+  SLO resolution with task clocks (`SloAdmission`), the scheduler's request (`to_sched_request`, with the
+  live token estimator and output-length predictor);
+- the scheduler (`Scheduler`) and the live telemetry service (`LiveTelemetry`), whose refresh and refit
+  the simulation calls at the configured intervals of virtual time;
+- the finish phase's bookkeeping (`finished_record` to telemetry, `SloAdmission.on_finish`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.admission.classify import to_sched_request
+from gateway.admission.models import ModelCatalog
+from gateway.admission.state import SloAdmission
+from gateway.config import GatewayConfig, default_config, load_gateway_config, load_policy
+from gateway.config.policy import load_default_policy
+from gateway.config.schema import EndpointConfig
+from gateway.core.types import ApiKind, EndpointHealth, EndpointId, EngineGauges, EngineKind
+from gateway.dispatch.context import RequestContext
+from gateway.front.api import finished_record
+from gateway.front.schemas import parse_body
+from gateway.sched.plugins import default_registry
+from gateway.sched.request import SchedRequest
+from gateway.sched.scheduler import Scheduler
+from gateway.sched.types import EndpointSpec
+from gateway.telemetry.live import LiveTelemetry
+from loadgen.engine_sim.spec import EndpointSpec as EngineSpec
+from loadgen.fleetsim.clock import VirtualClock
+from loadgen.fleetsim.options import SimOptions
+
+
+def endpoint_ids(fleet: Sequence[EngineSpec]) -> list[str]:
+    """berth's id of each simulated endpoint: its `id` key, else `e000`, `e001`, ... by position."""
+    ids = [s.id if s.id is not None else f"e{i:03d}" for i, s in enumerate(fleet)]
+    if len(set(ids)) != len(ids):
+        raise ValueError("the fleet names an endpoint id twice")
+    return ids
+
+
+def endpoint_config(eid: str, spec: EngineSpec) -> EndpointConfig:
+    """The `[[endpoints]]` item an operator would write for this endpoint (models are discovered)."""
+    return EndpointConfig(
+        url=f"http://{eid}.sim",
+        id=eid,
+        engine=EngineKind(spec.flavor),
+        instance_class=spec.instance_class,  # type: ignore[arg-type]  # msgspec converts on decode
+        node=spec.node,
+        cap=spec.cap,
+        scheduling=spec.scheduling_policy,
+    )
+
+
+class SimGateway:
+    def __init__(self, opts: SimOptions, clock: VirtualClock) -> None:
+        registry = default_registry()
+        self.cfg: GatewayConfig = (
+            default_config() if opts.gateway is None else load_gateway_config(opts.gateway)
+        )
+        self.policy = (
+            load_default_policy(registry, seed=opts.seed)
+            if opts.policy is None
+            else load_policy(opts.policy, registry, seed=opts.seed)
+        )
+        self.clock = clock
+        self.scheduler = Scheduler(self.policy, clock, self.cfg.queue_limits())
+        self.telemetry = LiveTelemetry(self.scheduler, clock, self.cfg.telemetry)
+        self.slo = SloAdmission()
+        self.catalog = ModelCatalog(self.cfg.aliases)
+        self.ids = [EndpointId(e) for e in endpoint_ids(opts.fleet)]
+        cap = self.cfg.limits.default_endpoint_cap
+        self.specs: list[EndpointSpec] = [
+            endpoint_config(eid, s).spec(default_cap=cap) for eid, s in zip(self.ids, opts.fleet, strict=True)
+        ]
+        self.scheduler.sync_endpoints(self.specs)
+
+    def bring_up(self, fleet: Sequence[EngineSpec]) -> None:
+        """What the first scrape round tells the daemon: every endpoint ready, with its models."""
+        for eid, spec in zip(self.ids, fleet, strict=True):
+            self.scheduler.set_models(eid, spec.models)
+            self.scheduler.set_health(eid, EndpointHealth.READY)
+
+    def listed_models(self) -> list[str]:
+        """What a client sees at /v1/models."""
+        listing = self.catalog.listing(self.scheduler.models(ready_only=True), 0)
+        return [str(m["id"]) for m in listing["data"]]
+
+    def admit(
+        self, ctx: RequestContext, api: ApiKind, body: bytes, headers: Sequence[tuple[str, str]]
+    ) -> SchedRequest:
+        """The front's read -> parse -> admit phases for one request; raises the BerthError a client
+        would get."""
+        parsed = parse_body(api, body)
+        ctx.client_model = parsed.model
+        ctx.stream = parsed.stream
+        served = self.catalog.resolve(parsed.model, self.scheduler.models(ready_only=False))
+        ctx.served_model = served
+        ctx.prompt_chars = parsed.prompt_chars
+        resolved = self.slo.resolve(
+            headers,
+            None,
+            parsed,
+            served=served,
+            now=ctx.arrival,
+            policy=self.policy.slo,
+            tenants=self.cfg.tenants,
+        )
+        ctx.slo_class = resolved.slo.slo_class
+        ctx.task = resolved.task
+        tel = self.telemetry
+        sreq = to_sched_request(
+            ctx.id,
+            parsed,
+            served,
+            ctx.arrival,
+            tokens=tel.tokens,
+            lengths=tel.lengths,
+            slo=resolved.slo,
+            task_id=resolved.task_id,
+        )
+        ctx.sched = sreq
+        ctx.slo_class = sreq.slo.slo_class
+        return sreq
+
+    def finish(self, ctx: RequestContext) -> None:
+        """The finish phase's bookkeeping (metrics and the log line have no reader here)."""
+        ctx.finished_at = self.clock.now()
+        record = finished_record(ctx)
+        if record is not None:
+            self.telemetry.on_finish(record)
+        self.slo.on_finish(
+            ctx.task,
+            ctx.slo_class,
+            ctx.error,
+            ok=ctx.outcome == "ok",
+            arrival=ctx.arrival,
+            dispatched_at=ctx.dispatched_at,
+            first_token_at=ctx.first_token_at,
+            finished_at=ctx.finished_at,
+        )
+
+    def scrape(self, eid: EndpointId, gauges: EngineGauges, kv_capacity_tokens: float) -> None:
+        """One scrape of an endpoint: the scheduler's gauges and the telemetry's sample."""
+        self.scheduler.observe_gauges(eid, gauges)
+        self.telemetry.observe_engine(eid, gauges, kv_capacity_tokens=kv_capacity_tokens)

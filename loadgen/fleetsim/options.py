@@ -1,0 +1,29 @@
+"""What one simulation runs: the policy, the fleet, the gateway settings and the workload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadgen.engine_sim.spec import EndpointSpec
+from loadgen.workloads.arrivals import ArrivalKind
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    policy: Path | None  # a policy file; None: the packaged default policy
+    fleet: tuple[EndpointSpec, ...]  # the engine simulator's endpoints, with their gateway-side keys
+    gateway: Path | None = None  # gateway.toml for [limits], [scrape], [telemetry]; its endpoints are unused
+    workload: str = "sharegpt-like"  # built-in NAME[:VARIANT] or a JSONL trace path
+    rate: float = 1.0  # mean task arrivals per second
+    duration_s: float = 60.0
+    arrival: ArrivalKind = "poisson"
+    cv: float = 1.0
+    seed: int = 0
+    models: tuple[str, ...] | None = None  # model slot k -> models[k % len]; None: berth's /v1/models
+    slo_headers: bool = False  # send x-berth-ttft-ms / -itl-ms / -deadline-ms from each call's SLO
+    request_timeout_s: float = 600.0  # the client gives up on a request after this long
+    stall_timeout_s: float = 60.0  # ... or after this long without a byte
+    drain_timeout_s: float = 120.0  # after the last arrival, in-flight tasks get this long
+    sample_every_s: float = 2.0  # utilization and queue depth are sampled this often
+    extra_headers: tuple[tuple[str, str], ...] = field(default_factory=tuple)

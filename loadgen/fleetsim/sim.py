@@ -1,0 +1,540 @@
+"""The discrete-event loop: a heap of timed events over a virtual clock, no asyncio and no sockets.
+
+What happens, and when (virtual seconds):
+- the workload's schedule is the live runner's (`build_schedule`, same seed); a task's calls go out one
+  after another, each after its client-side gap; a failed call ends the task;
+- a call reaches berth at the instant it is sent (no network): the front's phases run (`SimGateway`),
+  then `Scheduler.submit`; decisions made then or later (a completion, a tick, a scrape) are carried
+  out as the live driver does: a dispatch submits the request to its endpoint's `SimEngine` (with the
+  engine priority berth sends), a rejection answers the client with its status;
+- an engine advances one iteration per event; each token reaches the client when its iteration ends,
+  progress goes to the scheduler at the relay's cadence (the first token, then every 16), and the
+  finish phase hands telemetry the same record the daemon does;
+- the scheduler ticks every 0.1 s, telemetry refreshes (and refits) at its configured intervals, each
+  endpoint is scraped at `[scrape] interval_s` (staggered), so stale gauges matter as they do live;
+- the client gives up on a request after `request_timeout_s`, or `stall_timeout_s` without a byte (a
+  queued one leaves the queue, a running one is aborted in its engine);
+- after the last arrival, tasks still running get `drain_timeout_s`, then their requests are
+  `unfinished`, as in the live runner.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+from gateway.core import errors
+from gateway.core.errors import BerthError
+from gateway.core.types import ApiKind, EndpointId, EngineGauges, RequestId
+from gateway.dispatch.context import RequestContext
+from gateway.sched.decisions import Decision, Dispatch
+from gateway.upstream.dialects import dialect_for
+from loadgen.client import RequestResult, build_body, build_headers
+from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
+from loadgen.fleetsim.clock import VirtualClock
+from loadgen.fleetsim.gateway import SimGateway
+from loadgen.fleetsim.options import SimOptions
+from loadgen.fleetsim.timeline import FleetTimeline
+from loadgen.report import GapHistogram, Report, TaskResult, build_report
+from loadgen.runner import RunOptions, build_schedule
+from loadgen.workloads import get_workload
+from loadgen.workloads.base import TaskSpec
+
+#: The daemon's queue ticker period (gateway.app.QUEUE_TICK_S).
+TICK_S: Final = 0.1
+#: Tokens between a stream's progress reports (gateway.dispatch.runner.PROGRESS_EVERY).
+PROGRESS_EVERY: Final = 16
+
+_API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
+
+# Event kinds, in the order events of the same instant are handled.
+_WAKE, _SEND, _ARRIVE, _TICK, _SCRAPE, _REFRESH, _SAMPLE, _CHECK, _DRAIN = range(9)
+
+#: What the simulator leaves out (written at the top of its report).
+LEFT_OUT: Final = (
+    "network: every request, token and scrape arrives the instant it is sent (no HTTP, no loopback)",
+    "the daemon's CPU: berth's decisions, parsing and relaying take no virtual time",
+    "engine faults and retries: simulated engines never fail",
+    "the scrapers' health checks: every endpoint is ready from the start",
+)
+
+
+class _Endpoint:
+    __slots__ = ("engine", "id", "kv_capacity", "wake_at")
+
+    def __init__(self, eid: EndpointId, engine: SimEngine) -> None:
+        self.id = eid
+        self.engine = engine
+        self.kv_capacity = float(engine.config.kv_capacity_tokens)
+        self.wake_at: float | None = None
+
+
+class _Task:
+    __slots__ = ("result", "sent", "spec", "start")
+
+    def __init__(self, spec: TaskSpec, result: TaskResult, start: float) -> None:
+        self.spec = spec
+        self.result = result
+        self.start = start
+        self.sent: list[RequestResult] = []
+
+
+class _Call:
+    __slots__ = (
+        "ctx",
+        "done",
+        "endpoint",
+        "engine_req",
+        "gaps",
+        "index",
+        "last_byte",
+        "produced",
+        "report_at",
+        "result",
+        "sreq_id",
+        "task",
+    )
+
+    def __init__(self, task: _Task, index: int, result: RequestResult, ctx: RequestContext) -> None:
+        self.task = task
+        self.index = index
+        self.result = result
+        self.ctx = ctx
+        self.done = False
+        self.endpoint: _Endpoint | None = None
+        self.engine_req: SimRequest | None = None
+        self.gaps: list[float] = []
+        self.produced = 0
+        self.report_at = 1
+        self.last_byte = 0.0
+        self.sreq_id: RequestId | None = None
+
+
+class Simulation:
+    def __init__(self, opts: SimOptions) -> None:
+        self.opts = opts
+        self.clock = VirtualClock()
+        self.gw = SimGateway(opts, self.clock)
+        self.endpoints = [
+            _Endpoint(eid, SimEngine(spec.resolve().engine))
+            for eid, spec in zip(self.gw.ids, opts.fleet, strict=True)
+        ]
+        self._by_id = {e.id: e for e in self.endpoints}
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._seq = itertools.count()
+        self._running: dict[RequestId, _Call] = {}  # berth's id -> the call (queued or running)
+        self.requests: list[RequestResult] = []
+        self.tasks: list[TaskResult] = []
+        self.gaps: dict[str, GapHistogram] = {}
+        self.timeline = FleetTimeline(len(self.endpoints))
+        self.events = 0
+        self.faults = 0
+        self._open_tasks = 0
+        self._last_arrival = 0.0
+        self._draining_until = math.inf
+        self._ended = False
+
+    # ----------------------------------------------------------------- the loop
+    def push(self, t: float, kind: int, obj: Any = None) -> None:
+        heapq.heappush(self._heap, (t, kind, next(self._seq), obj))
+
+    def run(self) -> Report:
+        opts = self.opts
+        started = time.perf_counter()
+        self.gw.bring_up(opts.fleet)
+        models = list(opts.models) if opts.models else self.gw.listed_models()
+        self.models = models
+        run_opts = RunOptions(
+            target="sim",
+            workload=opts.workload,
+            rate=opts.rate,
+            duration_s=opts.duration_s,
+            arrival=opts.arrival,
+            cv=opts.cv,
+            seed=opts.seed,
+        )
+        schedule = sorted(build_schedule(get_workload(opts.workload), run_opts), key=lambda s: s.at_s)
+        for spec in schedule:
+            self.push(spec.at_s, _ARRIVE, spec)
+        self._open_tasks = len(schedule)
+        self._last_arrival = schedule[-1].at_s if schedule else 0.0
+        self.push(TICK_S, _TICK)
+        self.push(self.gw.cfg.telemetry.refresh_interval_s, _REFRESH)
+        self.push(0.0, _SAMPLE)
+        interval = self.gw.cfg.scrape.interval_s
+        n = len(self.endpoints)
+        for i, ep in enumerate(self.endpoints):
+            self.push(interval * i / n, _SCRAPE, ep)
+        self.push(self._last_arrival + opts.drain_timeout_s, _DRAIN)
+        self._loop()
+        wall = time.perf_counter() - started
+        return self._report(schedule, wall)
+
+    def _loop(self) -> None:
+        heap = self._heap
+        clock = self.clock
+        pop = heapq.heappop
+        last_refit = 0.0
+        refit_every = self.gw.cfg.telemetry.refit_interval_s
+        refresh_every = self.gw.cfg.telemetry.refresh_interval_s
+        scrape_every = self.gw.cfg.scrape.interval_s
+        while heap and not self._ended:
+            t, kind, _, obj = pop(heap)
+            clock.t = t
+            self.events += 1
+            if kind == _WAKE:
+                self._wake(obj)
+            elif kind == _SEND:
+                self._send(*obj)
+            elif kind == _ARRIVE:
+                self._arrive(obj)
+            elif kind == _TICK:
+                self._apply(self.gw.scheduler.tick())
+                if self._busy():
+                    self.push(t + TICK_S, _TICK)
+            elif kind == _SCRAPE:
+                self._scrape(obj)
+                if self._busy():
+                    self.push(t + scrape_every, _SCRAPE, obj)
+            elif kind == _REFRESH:
+                refit = t - last_refit >= refit_every
+                self.gw.telemetry.refresh(refit=refit)
+                if refit:
+                    last_refit = t
+                if self._busy():
+                    self.push(t + refresh_every, _REFRESH)
+            elif kind == _SAMPLE:
+                self._sample()
+                if self._busy():
+                    self.push(t + self.opts.sample_every_s, _SAMPLE)
+            elif kind == _CHECK:
+                self._check(obj)
+            else:  # _DRAIN
+                self._drain()
+
+    def _busy(self) -> bool:
+        """Whether anything can still happen (tasks open): periodic events stop once nothing can."""
+        return self._open_tasks > 0
+
+    # ----------------------------------------------------------------- the client
+    def _arrive(self, spec: TaskSpec) -> None:
+        now = self.clock.t
+        res = TaskResult(
+            spec.index,
+            spec.task_id,
+            spec.task_type,
+            spec.at_s,
+            len(spec.calls),
+            spec.task_sla_ms,
+            spec.sla_metric,
+        )
+        self.tasks.append(res)
+        task = _Task(spec, res, now)
+        self._next_call(task, 0)
+
+    def _next_call(self, task: _Task, i: int) -> None:
+        gap = task.spec.calls[i].gap_before_s
+        if gap > 0:
+            self.push(self.clock.t + gap, _SEND, (task, i))
+        else:
+            self._send(task, i)
+
+    def _send(self, task: _Task, i: int) -> None:
+        opts = self.opts
+        now = self.clock.t
+        spec = task.spec
+        call_spec = spec.calls[i]
+        model = call_spec.model or self.models[call_spec.model_slot % len(self.models)]
+        result = RequestResult(
+            task_index=spec.index,
+            call_index=i,
+            task_id=spec.task_id,
+            task_type=spec.task_type,
+            cls=call_spec.cls,
+            model=model,
+            api=call_spec.api,
+            prompt_tokens=call_spec.prompt_tokens,
+            output_tokens=call_spec.output_tokens,
+            slo=call_spec.slo,
+            sent_at_s=now,
+        )
+        self.requests.append(result)
+        task.result.calls_sent += 1
+        rid = f"sim-{spec.index}-{i}"
+        ctx = RequestContext(id=rid, api=_API[call_spec.api], arrival=now)
+        call = _Call(task, i, result, ctx)
+        call.last_byte = now
+        task.sent.append(result)
+        body = build_body(call_spec, model, salt=spec.index * 8 + i + opts.seed * 7919)
+        headers = build_headers(
+            spec, call_spec, dict(opts.extra_headers), slo_scale=1.0, slo_headers=opts.slo_headers
+        )
+        try:
+            sreq = self.gw.admit(ctx, ctx.api, body, list(headers.items()))
+        except BerthError as e:
+            self._reject(call, e)
+            return
+        call.sreq_id = sreq.id
+        self._running[sreq.id] = call
+        decision = self.gw.scheduler.submit(sreq)
+        self._count_faults()
+        if decision is not None:
+            self._apply((decision,))
+        if not call.done:
+            self.push(now + min(opts.stall_timeout_s, opts.request_timeout_s), _CHECK, call)
+
+    def _check(self, call: _Call) -> None:
+        """The client's timers: the whole request, and the silence since its last byte."""
+        if call.done:
+            return
+        now = self.clock.t
+        opts = self.opts
+        total_at = call.result.sent_at_s + opts.request_timeout_s
+        stall_at = call.last_byte + opts.stall_timeout_s
+        if now >= total_at or now >= stall_at:
+            self._give_up(call, "timeout")
+        else:
+            self.push(min(total_at, stall_at), _CHECK, call)
+
+    def _give_up(self, call: _Call, error: str) -> None:
+        """The client stops waiting: berth sees a disconnect (queue slot or engine request freed)."""
+        ctx = call.ctx
+        if call.sreq_id is not None:
+            self._running.pop(call.sreq_id, None)
+            if call.endpoint is None:
+                self.gw.scheduler.cancel(call.sreq_id)
+            else:
+                if call.engine_req is not None:
+                    call.endpoint.engine.abort(call.engine_req)
+                self._record_stream(call)
+                self._apply(self.gw.scheduler.complete(call.sreq_id))
+        ctx.outcome = "client_disconnect"
+        ctx.status = ctx.status or 499
+        self.gw.finish(ctx)
+        self._client_done(call, ok=False, error=error)
+
+    def _reject(self, call: _Call, err: BerthError) -> None:
+        call.ctx.fail(err)
+        if call.sreq_id is not None:
+            self._running.pop(call.sreq_id, None)
+        self.gw.finish(call.ctx)
+        res = call.result
+        res.status = err.status
+        res.detail = err.json_bytes()[:300].decode("utf-8", "replace")
+        self._client_done(call, ok=False, error=f"http_{err.status}")
+
+    def _client_done(self, call: _Call, *, ok: bool, error: str | None = None) -> None:
+        call.done = True
+        res = call.result
+        now = self.clock.t
+        if ok:
+            res.ok = True
+            res.status = 200
+            res.e2e_s = now - res.sent_at_s
+            res.tokens = call.produced
+            if call.produced > 1 and res.ttft_s is not None:
+                first = res.sent_at_s + res.ttft_s
+                res.atgt_s = (call.last_byte - first) / (call.produced - 1)
+            res.slo_met = res.slo.met(_ms(res.ttft_s), _ms(res.atgt_s), _ms(res.e2e_s))
+            if call.gaps:
+                hist = self.gaps.get(res.cls)
+                if hist is None:
+                    hist = self.gaps[res.cls] = GapHistogram()
+                hist.add_many(call.gaps)
+                call.gaps = []  # telemetry's record keeps its own reference until the next refresh
+        else:
+            res.error = error
+            res.tokens = call.produced
+        task = call.task
+        spec = task.spec
+        if ok and call.index + 1 < len(spec.calls):
+            self._next_call(task, call.index + 1)
+            return
+        self._task_done(task, ok)
+
+    def _task_done(self, task: _Task, ok: bool) -> None:
+        res = task.result
+        spec = task.spec
+        if ok:
+            last = task.sent[-1]
+            res.ok = True
+            if spec.sla_metric == "ttft" and last.ttft_s is not None:
+                res.latency_s = last.sent_at_s + last.ttft_s - task.start
+            elif last.e2e_s is not None:
+                res.latency_s = last.sent_at_s + last.e2e_s - task.start
+            if spec.task_sla_ms is None:
+                res.met = all(r.slo_met for r in task.sent)
+            else:
+                res.met = res.latency_s is not None and res.latency_s * 1000.0 <= spec.task_sla_ms
+        self._open_tasks -= 1
+
+    def _drain(self) -> None:
+        """The runner's drain limit passed: whatever is still open ends as `unfinished`."""
+        for call in list(self._running.values()):
+            if not call.done:
+                self._give_up(call, "unfinished")
+        self._ended = True
+
+    # ----------------------------------------------------------------- berth's decisions
+    def _apply(self, decisions: Sequence[Decision]) -> None:
+        self._count_faults()
+        for d in decisions:
+            call = self._running.get(d.req.id)
+            if call is None or call.done:
+                if isinstance(d, Dispatch):  # nobody waits for it any more: give the seat back
+                    self._apply(self.gw.scheduler.complete(d.req.id))
+                continue
+            if isinstance(d, Dispatch):
+                self._dispatch(call, d)
+            else:
+                self._reject(call, d.error)
+
+    def _dispatch(self, call: _Call, d: Dispatch) -> None:
+        now = self.clock.t
+        ep = self._by_id[d.endpoint.id]
+        ctx = call.ctx
+        ctx.attempts += 1
+        ctx.endpoint = ep.id
+        ctx.dispatched_at = now
+        call.endpoint = ep
+        call.result.endpoint = ep.id
+        call.result.queue_ms = round((now - ctx.arrival) * 1000.0, 3)
+        spec = call.task.spec.calls[call.index]
+        priority = spec.priority or 0
+        if d.endpoint.priority_scheduling:
+            urgency = self.gw.scheduler.engine_priority(d.req.id)
+            if urgency is not None:
+                priority = dialect_for(d.endpoint.engine).priority(urgency)
+        try:
+            call.engine_req = ep.engine.submit(
+                d.req.id,
+                prompt_tokens=spec.prompt_tokens,
+                output_tokens=spec.output_tokens,
+                max_tokens=spec.output_tokens,
+                priority=priority,
+                now=now,
+            )
+        except ValueError as e:  # the engine refuses what cannot fit its KV cache (a 400 live)
+            self._running.pop(d.req.id, None)
+            self._apply(self.gw.scheduler.complete(d.req.id))
+            self._reject(call, errors.upstream_status(400, str(e)))
+            return
+        if ep.wake_at is None:
+            self._step(ep)
+
+    def _count_faults(self) -> None:
+        sched = self.gw.scheduler
+        if sched.faults:
+            self.faults += len(sched.take_faults())
+
+    # ----------------------------------------------------------------- the engines
+    def _wake(self, ep: _Endpoint) -> None:
+        ep.wake_at = None
+        self._step(ep)
+
+    def _step(self, ep: _Endpoint) -> None:
+        now = self.clock.t
+        result = ep.engine.step(now)
+        for req in result.woken:
+            call = self._running.get(RequestId(req.rid))
+            if call is not None and call.engine_req is req:
+                self._token(call, req, now)
+        if result.next_wake is not None:
+            ep.wake_at = result.next_wake
+            self.push(result.next_wake, _WAKE, ep)
+
+    def _token(self, call: _Call, req: SimRequest, now: float) -> None:
+        res = call.result
+        if call.produced == 0:
+            res.ttft_s = now - res.sent_at_s
+            call.ctx.first_token_at = now
+        else:
+            call.gaps.append(now - call.last_byte)
+        call.produced += 1
+        call.last_byte = now
+        sreq_id = call.sreq_id
+        assert sreq_id is not None
+        if call.produced >= call.report_at:
+            self.gw.scheduler.progress(sreq_id, call.produced, call.ctx.first_token_at)
+            call.report_at = call.produced + PROGRESS_EVERY
+        if req.state is RequestState.FINISHED:
+            res.finish_reason = req.finish_reason
+            self._running.pop(sreq_id, None)
+            self._record_stream(call)
+            ctx = call.ctx
+            ctx.status = 200
+            self._apply(self.gw.scheduler.complete(sreq_id))
+            self.gw.finish(ctx)
+            self._client_done(call, ok=True)
+
+    def _record_stream(self, call: _Call) -> None:
+        """What the relay records into the request's context (usage: the engine's counts)."""
+        ctx = call.ctx
+        ctx.itl_gaps = call.gaps
+        ctx.output_tokens = call.produced
+        ctx.prompt_tokens = call.task.spec.calls[call.index].prompt_tokens if call.produced else None
+
+    # ----------------------------------------------------------------- scrapes and samples
+    def _scrape(self, ep: _Endpoint) -> None:
+        eng = ep.engine
+        gauges = EngineGauges(
+            running=float(eng.num_running), waiting=float(eng.num_waiting), kv_usage=eng.kv_usage
+        )
+        self.gw.scrape(ep.id, gauges, ep.kv_capacity)
+
+    def _sample(self) -> None:
+        busy = sum(1 for ep in self.endpoints if ep.engine.num_running)
+        running = sum(ep.engine.num_running for ep in self.endpoints)
+        waiting = sum(ep.engine.num_waiting for ep in self.endpoints)
+        queued = sum(self.gw.scheduler.queue_depths().values())
+        self.timeline.add(self.clock.t, busy, running, waiting, queued)
+
+    # ----------------------------------------------------------------- the report
+    def _report(self, schedule: Sequence[TaskSpec], wall: float) -> Report:
+        opts = self.opts
+        end = max((r.sent_at_s + (r.e2e_s or 0.0) for r in self.requests), default=0.0)
+        first = schedule[0].at_s if schedule else 0.0
+        meta = {
+            "target": "fleetsim",
+            "workload": opts.workload,
+            "rate": opts.rate,
+            "duration_s": opts.duration_s,
+            "arrival": opts.arrival,
+            "cv": opts.cv,
+            "seed": opts.seed,
+            "slo_scale": 1.0,
+            "gap_scale": 1.0,
+            "models": self.models,
+            "started_at_unix": None,
+        }
+        requests = sorted(self.requests, key=lambda r: (r.sent_at_s, r.task_index, r.call_index))
+        tasks = sorted(self.tasks, key=lambda t: t.index)
+        report = build_report(run=meta, requests=requests, tasks=tasks, wall_s=end - first, gaps=self.gaps)
+        report.data["simulation"] = {
+            "left_out": list(LEFT_OUT),
+            "policy": self.gw.policy.name,
+            "endpoints": len(self.endpoints),
+            "events": self.events,
+            "wall_s": round(wall, 3),
+            "events_per_s": round(self.events / wall, 1) if wall > 0 else None,
+            "requests_per_s": round(len(self.requests) / wall, 1) if wall > 0 else None,
+            "policy_faults": self.faults,
+        }
+        report.data["fleet"] = self.timeline.summary(len(self.endpoints))
+        return report
+
+
+def simulate(opts: SimOptions) -> Report:
+    """Run one simulation to the end; the same seed gives the same report (but its `simulation` wall
+    figures)."""
+    random.seed(opts.seed)  # nothing should read the global RNG; if something does, it is seeded
+    return Simulation(opts).run()
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)  # as the live client rounds

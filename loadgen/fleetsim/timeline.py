@@ -1,0 +1,50 @@
+"""The fleet over time, sampled every few virtual seconds: how many endpoints were busy (running at least
+one request: CATO's utilization), requests running and waiting in the engines, and queued in berth."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+
+class FleetTimeline:
+    __slots__ = ("_busy", "_queued", "_running", "_t", "_waiting", "n_endpoints")
+
+    def __init__(self, n_endpoints: int) -> None:
+        self.n_endpoints = n_endpoints
+        self._t = array("d")
+        self._busy = array("l")
+        self._running = array("l")
+        self._waiting = array("l")
+        self._queued = array("l")
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def add(self, t: float, busy: int, running: int, waiting: int, queued: int) -> None:
+        self._t.append(t)
+        self._busy.append(busy)
+        self._running.append(running)
+        self._waiting.append(waiting)
+        self._queued.append(queued)
+
+    def utilization(self) -> float | None:
+        """The mean share of endpoints busy over the samples."""
+        if not self._t or not self.n_endpoints:
+            return None
+        return sum(self._busy) / (len(self._busy) * self.n_endpoints)
+
+    def summary(self, n_endpoints: int) -> dict[str, Any]:
+        util = self.utilization()
+        return {
+            "endpoints": n_endpoints,
+            "utilization": None if util is None else round(util, 4),
+            "queued_max": max(self._queued, default=0),
+            "timeline": {
+                "t_s": [round(t, 3) for t in self._t],
+                "busy_endpoints": list(self._busy),
+                "engine_running": list(self._running),
+                "engine_waiting": list(self._waiting),
+                "gateway_queued": list(self._queued),
+            },
+        }
