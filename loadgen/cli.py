@@ -5,6 +5,8 @@
         [--berth-pid PID]
     berth-loadgen compare baseline.json slack.json
     berth-loadgen workloads
+    berth-loadgen sim --policy policies/coding-assistant.toml --fleet fleet.toml --workload coding:pattern1 \
+        --rate 8 --duration 120 --seed 1 --out report.json [--plot sim.png] [--gateway gateway.toml]
     berth-loadgen bench scheduling [--quick]         # loadgen/bench/scheduling.py
 """
 
@@ -66,6 +68,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--drain-timeout", type=float, default=120.0, help="wait this long for in-flight tasks (s)"
     )
     r.add_argument("-q", "--quiet", action="store_true", help="no table")
+
+    s = sub.add_parser(
+        "sim", help="simulate berth in front of a simulated fleet on a virtual clock (loadgen/fleetsim)"
+    )
+    s.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
+    s.add_argument("--fleet", type=Path, required=True, help="fleet file (berth-engine-sim --fleet format)")
+    s.add_argument("--gateway", type=Path, help="gateway.toml: its [limits], [scrape] and [telemetry]")
+    s.add_argument(
+        "--workload", default="sharegpt-like", help=f"{' | '.join(BUILTIN_NAMES)}[:variant] or a JSONL trace"
+    )
+    s.add_argument("--rate", type=float, default=1.0, help="mean task arrivals per second")
+    s.add_argument("--duration", type=float, default=60.0, help="simulated seconds of arrivals")
+    s.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
+    s.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--models", help="comma-separated models for slots 0,1,... (default: berth's /v1/models)")
+    s.add_argument(
+        "--slo-headers", action="store_true", help="also send x-berth-ttft-ms/-itl-ms/-deadline-ms"
+    )
+    s.add_argument("--timeout", type=float, default=600.0, help="per-request total timeout (s)")
+    s.add_argument("--stall-timeout", type=float, default=60.0, help="fail a request silent this long (s)")
+    s.add_argument(
+        "--drain-timeout", type=float, default=120.0, help="wait this long for in-flight tasks (s)"
+    )
+    s.add_argument("--out", type=Path, help="write the JSON report here")
+    s.add_argument("--plot", type=Path, help="goodput, latency CDFs, queue and utilization (matplotlib)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no table")
 
     c = sub.add_parser("compare", help="print reports side by side with ratios to the first")
     c.add_argument("reports", nargs="+", type=Path)
@@ -151,10 +180,53 @@ def _run(args: argparse.Namespace) -> int:
         return 1
 
 
+def _sim(args: argparse.Namespace) -> int:
+    from gateway.core.errors import ConfigError
+    from loadgen.engine_sim.fleet import FleetFileError, load_fleet_file
+    from loadgen.fleetsim import SimOptions, simulate
+    from loadgen.plot import plot_simulation
+
+    try:
+        get_workload(args.workload)
+        models = tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models else None
+        opts = SimOptions(
+            policy=args.policy,
+            fleet=tuple(load_fleet_file(args.fleet)),
+            gateway=args.gateway,
+            workload=args.workload,
+            rate=args.rate,
+            duration_s=args.duration,
+            arrival=args.arrival,
+            cv=args.cv,
+            seed=args.seed,
+            models=models,
+            slo_headers=args.slo_headers,
+            request_timeout_s=args.timeout,
+            stall_timeout_s=args.stall_timeout,
+            drain_timeout_s=args.drain_timeout,
+        )
+        report = simulate(opts)
+    except (ConfigError, FleetFileError, ValueError, OSError) as e:
+        print(f"berth-loadgen: {e}", file=sys.stderr)
+        return 2
+    if args.out is not None:
+        report.write(args.out)
+    if not args.quiet:
+        print(format_report(report.data))
+    if args.plot is not None:
+        try:
+            plot_simulation(report, args.plot)
+        except PlotUnavailable as e:
+            print(f"berth-loadgen: {e}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "sim":
+        return _sim(args)
     if args.command == "bench":
         from loadgen.bench import scheduling
 
