@@ -23,9 +23,7 @@ POLICIES = Path(__file__).resolve().parents[2] / "policies"
 
 
 def fleet(n: int = 4, **kw: Any) -> tuple[EndpointSpec, ...]:
-    return tuple(
-        EndpointSpec(models=("m",), profile="test-fast", seed=i, id=f"e{i}", **kw) for i in range(n)
-    )
+    return tuple(EndpointSpec(models=("m",), profile="test-fast", seed=i, id=f"e{i}", **kw) for i in range(n))
 
 
 def opts(**kw: Any) -> SimOptions:
@@ -52,7 +50,9 @@ def test_the_same_seed_gives_the_same_report() -> None:
     a = simulate(opts(policy=POLICIES / "coding-assistant.toml", workload="coding:pattern1", rate=2.0))
     b = simulate(opts(policy=POLICIES / "coding-assistant.toml", workload="coding:pattern1", rate=2.0))
     assert orjson.dumps(without_wall(a.data)) == orjson.dumps(without_wall(b.data))
-    c = simulate(opts(policy=POLICIES / "coding-assistant.toml", workload="coding:pattern1", rate=2.0, seed=4))
+    c = simulate(
+        opts(policy=POLICIES / "coding-assistant.toml", workload="coding:pattern1", rate=2.0, seed=4)
+    )
     assert orjson.dumps(without_wall(c.data)) != orjson.dumps(without_wall(a.data))
 
 
@@ -157,7 +157,20 @@ def test_the_cli_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture
     path.write_text('[defaults]\nprofile = "test-fast"\n[[endpoints]]\nmodels = ["m"]\ncount = 2\n')
     out = tmp_path / "report.json"
     rc = loadgen_main(
-        ["sim", "--fleet", str(path), "--rate", "2", "--duration", "5", "--seed", "1", "--out", str(out), "-q"]
+        [
+            "sim",
+            "--fleet",
+            str(path),
+            "--rate",
+            "2",
+            "--duration",
+            "5",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            "-q",
+        ]
     )
     assert rc == 0
     data = orjson.loads(out.read_bytes())
