@@ -32,6 +32,7 @@ and endpoint.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,28 +71,53 @@ class PredictParams:
     @property
     def gamma(self) -> float:
         """Standard deviations added to a mean: 0, the normal quantile, or Cantelli's factor."""
-        if self.tail == "normal":
-            return NormalDist().inv_cdf(1.0 - self.tau)
-        if self.tail == "cantelli":
-            return math.sqrt((1.0 - self.tau) / self.tau)
-        return 0.0
+        return _gamma(self.tail, self.tau)
 
 
-@dataclass(frozen=True, slots=True)
+@functools.lru_cache(maxsize=64)
+def _gamma(tail: Tail, tau: float) -> float:
+    if tail == "normal":
+        return NormalDist().inv_cdf(1.0 - tau)
+    if tail == "cantelli":
+        return math.sqrt((1.0 - tau) / tau)
+    return 0.0
+
+
 class RunningState:
-    """A running request as of `now` (estimated)."""
+    """A running request as of `now` (estimated). A plain class rather than a frozen dataclass: an
+    endpoint's load makes one per running request on every placement, so their construction is on the
+    scheduler's hot path; treat them as read-only once the load is built."""
 
-    req: RunningRequest
-    prefilled: bool  # its first token is (estimated to be) out
-    produced: float  # output tokens so far
-    remaining: float  # output tokens still to come (tail-adjusted)
-    finish_s: float  # seconds from now until its last token at the current per-token time
-    first_s: float  # seconds from now until its first token (<= 0: out already)
-    long: float  # how far past its predicted length it is (0: not running long), relative
+    __slots__ = ("finish_s", "first_s", "long", "prefilled", "produced", "remaining", "req")
+
+    # Positional on purpose: built once per running request per placement, where keywords cost time.
+    def __init__(  # noqa: PLR0917
+        self,
+        req: RunningRequest,
+        prefilled: bool,
+        produced: float,
+        remaining: float,
+        finish_s: float,
+        first_s: float,
+        long: float,
+    ) -> None:
+        self.req = req
+        self.prefilled = prefilled  # its first token is (estimated to be) out
+        self.produced = produced  # output tokens so far
+        self.remaining = remaining  # output tokens still to come (tail-adjusted)
+        self.finish_s = finish_s  # seconds from now until its last token at the current per-token time
+        self.first_s = first_s  # seconds from now until its first token (<= 0: out already)
+        self.long = long  # how far past its predicted length it is (0: not running long), relative
 
     @property
     def context(self) -> float:
         return self.req.prompt_tokens + self.produced
+
+    def __repr__(self) -> str:
+        return (
+            f"RunningState({self.req.id!r}, prefilled={self.prefilled}, produced={self.produced:.1f}, "
+            f"remaining={self.remaining:.1f}, finish_s={self.finish_s:.3f})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,9 +184,10 @@ class EndpointLoad:
         base = coef.decode_iter_s(n, base_ctx / n) if n else 0.0
         # Prefills pause the batch: each running request's prefill, over its lifetime, is the share of
         # time the endpoint spends prefilling requests like it (a steady state of this batch).
+        k1, c1 = coef.k1, coef.c1
         rho = 0.0
         for r in reqs:
-            pre = coef.prefill_s(r.prompt_tokens)
+            pre = k1 * r.prompt_tokens + c1
             life = pre + r.output_mean * base
             rho += pre / life if life > 0 else 0.0
         rho = min(rho, _MAX_PREFILL_SHARE)
@@ -168,10 +195,12 @@ class EndpointLoad:
         over = 1.0 + self.overhead
         # Per-token time of the current batch; contexts are refined below once progress is known.
         guess = base * over
+        gamma = self.gamma
         states: list[RunningState] = []
         ctx_sum = 0.0
         pending = 0.0
         long_total = 0.0
+        inf = math.inf
         for r in reqs:
             if r.produced is not None and r.reported_at is not None and r.first_token_at is not None:
                 # reported by the dispatcher: its count then, and tokens at the current pace since
@@ -179,19 +208,19 @@ class EndpointLoad:
                 prefilled = True
                 produced = r.produced + ((now - r.reported_at) / guess if guess > 0 else 0.0)
             else:
-                first_at = r.dispatched_at + coef.prefill_s(r.prompt_tokens) + 0.5 * guess
+                first_at = r.dispatched_at + k1 * r.prompt_tokens + c1 + 0.5 * guess
                 prefilled = now >= first_at
                 produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
-            cap = math.inf if r.max_tokens is None else float(r.max_tokens)
+            cap = inf if r.max_tokens is None else float(r.max_tokens)
             produced = min(produced, cap)
-            mean = r.output_mean + self.gamma * r.output_std
+            mean = r.output_mean + gamma * r.output_std
             if produced < mean:
                 remaining = mean - produced
                 long = 0.0
             else:
                 remaining = max(1.0, _LONG_GROWTH * produced)
                 long = (produced - r.output_mean) / max(1.0, r.output_mean)
-            remaining = max(0.0, min(remaining, cap - produced)) if cap < math.inf else remaining
+            remaining = max(0.0, min(remaining, cap - produced)) if cap < inf else remaining
             if not prefilled:
                 pending += r.prompt_tokens
             ctx_sum += r.prompt_tokens + produced
@@ -200,16 +229,13 @@ class EndpointLoad:
         self.ctx_sum = ctx_sum
         self.pending_prompt = pending
         self.running_long = long_total
-        self.tpot_now = coef.decode_iter_s(n, ctx_sum / n) * over if n else 0.0
-        prefill_pending = coef.prefill_s(pending) if pending else 0.0
-        finished: list[RunningState] = []
-        for s in states:
-            finish = s.remaining * self.tpot_now + (0.0 if s.prefilled else prefill_pending)
-            finished.append(
-                RunningState(s.req, s.prefilled, s.produced, s.remaining, finish, s.first_s, s.long)
-            )
+        tpot = self.tpot_now = coef.decode_iter_s(n, ctx_sum / n) * over if n else 0.0
+        prefill_pending = k1 * pending + c1 if pending else 0.0
+        for st in states:  # now that the per-token time is known
+            st.finish_s = st.remaining * tpot + (0.0 if st.prefilled else prefill_pending)
+        finished = states
         self.running: tuple[RunningState, ...] = tuple(finished)
-        self.seat_free = sorted(s.finish_s for s in finished)
+        self.seat_free = sorted([st.finish_s for st in finished])
         if n < self.seats:
             self.wait_s = 0.5 * self.tpot_now
         else:
@@ -371,6 +397,23 @@ class LoadCache:
         return fresh
 
 
+class LoadCaches:
+    """One `LoadCache` per set of prediction parameters, shared by the plugins of one policy: the
+    filters of one placement (and admission and ordering, when their parameters agree) then derive each
+    endpoint's load once between them."""
+
+    __slots__ = ("_caches",)
+
+    def __init__(self) -> None:
+        self._caches: dict[PredictParams, LoadCache] = {}
+
+    def get(self, params: PredictParams) -> LoadCache:
+        cache = self._caches.get(params)
+        if cache is None:
+            cache = self._caches[params] = LoadCache(params)
+        return cache
+
+
 def kth_smallest(values: Sequence[float], k: int) -> float:
     """The k-th smallest (0-based) of sorted `values`, +inf past the end."""
     return values[k] if 0 <= k < len(values) else math.inf
@@ -380,6 +423,7 @@ __all__ = [
     "EndpointLoad",
     "Harm",
     "LoadCache",
+    "LoadCaches",
     "PredictParams",
     "Prediction",
     "RunningState",

@@ -17,6 +17,7 @@ import msgspec
 
 from gateway.core.errors import ConfigError
 from gateway.core.slo import SloPolicy, default_slo_policy
+from gateway.sched.predict import LoadCaches
 
 
 class PluginKind(enum.StrEnum):
@@ -41,6 +42,8 @@ class BuildContext:
     seed: int | None = None
     # The policy's SLO classes (plugins read a class's band, kind and infeasibility outcome by name).
     slo: SloPolicy = field(default_factory=default_slo_policy)
+    # Endpoint loads shared by the policy's plugins that predict with the same parameters.
+    loads: LoadCaches = field(default_factory=LoadCaches, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,7 +188,9 @@ class Simulation:
             clock.t = t
             self.events += 1
             if kind == _WAKE:
-                self._wake(obj)
+                if obj.wake_at == t:  # else a wake that a later step already replaced
+                    obj.wake_at = None
+                    self._step(obj)
             elif kind == _SEND:
                 self._send(*obj)
             elif kind == _ARRIVE:
@@ -433,20 +435,21 @@ class Simulation:
             self.faults += len(sched.take_faults())
 
     # ----------------------------------------------------------------- the engines
-    def _wake(self, ep: _Endpoint) -> None:
-        ep.wake_at = None
-        self._step(ep)
-
     def _step(self, ep: _Endpoint) -> None:
+        """Advance an engine to now; its next iteration end becomes its one pending wake. The wake is set
+        before the tokens are handed out: a dispatch they cause to this engine then waits for that wake
+        instead of stepping it again."""
         now = self.clock.t
         result = ep.engine.step(now)
+        wake = result.next_wake
+        if wake is not None and wake != ep.wake_at:
+            ep.wake_at = wake
+            self.push(wake, _WAKE, ep)
+        running = self._running
         for req in result.woken:
-            call = self._running.get(RequestId(req.rid))
+            call = running.get(RequestId(req.rid))
             if call is not None and call.engine_req is req:
                 self._token(call, req, now)
-        if result.next_wake is not None:
-            ep.wake_at = result.next_wake
-            self.push(result.next_wake, _WAKE, ep)
 
     def _token(self, call: _Call, req: SimRequest, now: float) -> None:
         res = call.result

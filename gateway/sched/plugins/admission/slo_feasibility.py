@@ -57,10 +57,10 @@ class SloFeasibilityParams(PredictionParams, frozen=True, kw_only=True):
 class SloFeasibilityAdmitter:
     name = "slo-feasibility"
 
-    def __init__(self, params: SloFeasibilityParams, slo: SloPolicy) -> None:
+    def __init__(self, params: SloFeasibilityParams, slo: SloPolicy, loads: LoadCache | None = None) -> None:
         self.params = params
         self._slo = slo
-        self._cache = LoadCache(params.predict_params())
+        self._cache = loads or LoadCache(params.predict_params())
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
@@ -170,6 +170,6 @@ SPEC = PluginSpec(
     PluginKind.ADMITTER,
     "slo-feasibility",
     SloFeasibilityParams,
-    lambda p, ctx: SloFeasibilityAdmitter(p, ctx.slo),
+    lambda p, ctx: SloFeasibilityAdmitter(p, ctx.slo, ctx.loads.get(p.predict_params())),
     "reject, hold or demote requests whose SLO no endpoint can meet (per class)",
 )

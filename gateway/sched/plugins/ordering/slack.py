@@ -96,8 +96,8 @@ class KeyCache:
 
     __slots__ = ("_cache", "_keys", "ttl_s")
 
-    def __init__(self, params: PredictParams, ttl_s: float) -> None:
-        self._cache = LoadCache(params)
+    def __init__(self, params: PredictParams, ttl_s: float, loads: LoadCache | None = None) -> None:
+        self._cache = loads or LoadCache(params)
         self._keys: dict[str, tuple[float, tuple[int, float]]] = {}
         self.ttl_s = ttl_s
 
@@ -117,9 +117,9 @@ class KeyCache:
 class SlackOrdering:
     name = "slack"
 
-    def __init__(self, params: SlackParams) -> None:
+    def __init__(self, params: SlackParams, loads: LoadCache | None = None) -> None:
         self.params = params
-        self._keys = KeyCache(params.predict_params(), params.key_ttl_s)
+        self._keys = KeyCache(params.predict_params(), params.key_ttl_s, loads)
         late_first = params.late == "first"
         order = [LATE] if late_first else []
         order += [AT_RISK, CAN_WAIT] if params.at_risk == "first" else [CAN_WAIT, AT_RISK]
@@ -144,6 +144,6 @@ SPEC = PluginSpec(
     PluginKind.ORDERING,
     "slack",
     SlackParams,
-    lambda p, ctx: SlackOrdering(p),
+    lambda p, ctx: SlackOrdering(p, ctx.loads.get(p.predict_params())),
     "CATO: late, at risk, can wait; least slack first",
 )

@@ -72,9 +72,9 @@ class BestFitParams(PredictionParams, frozen=True, kw_only=True):
 class BestFitFilter:
     name = "best-fit"
 
-    def __init__(self, params: BestFitParams) -> None:
+    def __init__(self, params: BestFitParams, loads: LoadCache | None = None) -> None:
         self.params = params
-        self._cache = LoadCache(params.predict_params())
+        self._cache = loads or LoadCache(params.predict_params())
         self._least_loaded_first = params.order == "least-loaded"
 
     def filter(
@@ -169,6 +169,6 @@ SPEC = PluginSpec(
     PluginKind.FILTER,
     "best-fit",
     BestFitParams,
-    lambda p, ctx: BestFitFilter(p),
+    lambda p, ctx: BestFitFilter(p, ctx.loads.get(p.predict_params())),
     "Aladdin: most loaded endpoint where ATGT, TTFT, prefill-pause and KV constraints hold",
 )

@@ -25,9 +25,9 @@ class CatoSlackParams(PredictionParams, frozen=True, kw_only=True):
 class CatoSlackPicker:
     name = "cato-slack"
 
-    def __init__(self, params: CatoSlackParams) -> None:
+    def __init__(self, params: CatoSlackParams, loads: LoadCache | None = None) -> None:
         self.params = params
-        self._cache = LoadCache(params.predict_params())
+        self._cache = loads or LoadCache(params.predict_params())
 
     def pick(
         self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
@@ -54,6 +54,6 @@ SPEC = PluginSpec(
     PluginKind.PICKER,
     "cato-slack",
     CatoSlackParams,
-    lambda p, ctx: CatoSlackPicker(p),
+    lambda p, ctx: CatoSlackPicker(p, ctx.loads.get(p.predict_params())),
     "CATO: smallest predicted wait that meets the deadlines, else smallest wait",
 )

@@ -34,9 +34,9 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
 class OverflowGuardFilter:
     name = "overflow-guard"
 
-    def __init__(self, params: OverflowGuardParams) -> None:
+    def __init__(self, params: OverflowGuardParams, loads: LoadCache | None = None) -> None:
         self.params = params
-        self._cache = LoadCache(params.predict_params())
+        self._cache = loads or LoadCache(params.predict_params())
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -67,6 +67,6 @@ SPEC = PluginSpec(
     PluginKind.FILTER,
     "overflow-guard",
     OverflowGuardParams,
-    lambda p, ctx: OverflowGuardFilter(p),
+    lambda p, ctx: OverflowGuardFilter(p, ctx.loads.get(p.predict_params())),
     "MaaSO: drop endpoints where the request or a running one would miss its deadline",
 )
