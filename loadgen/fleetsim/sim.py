@@ -128,6 +128,7 @@ class Simulation:
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._running: dict[RequestId, _Call] = {}  # berth's id -> the call (queued or running)
+        self._on_engine: dict[SimRequest, _Call] = {}  # an engine's request -> its call
         self.requests: list[RequestResult] = []
         self.tasks: list[TaskResult] = []
         self.gaps: dict[str, GapHistogram] = {}
@@ -313,6 +314,7 @@ class Simulation:
             else:
                 if call.engine_req is not None:
                     call.endpoint.engine.abort(call.engine_req)
+                    self._on_engine.pop(call.engine_req, None)
                 self._record_stream(call)
                 self._apply(self.gw.scheduler.complete(call.sreq_id))
         ctx.outcome = "client_disconnect"
@@ -426,6 +428,7 @@ class Simulation:
             self._apply(self.gw.scheduler.complete(d.req.id))
             self._reject(call, errors.upstream_status(400, str(e)))
             return
+        self._on_engine[call.engine_req] = call
         if ep.wake_at is None:
             self._step(ep)
 
@@ -445,10 +448,10 @@ class Simulation:
         if wake is not None and wake != ep.wake_at:
             ep.wake_at = wake
             self.push(wake, _WAKE, ep)
-        running = self._running
+        on_engine = self._on_engine
         for req in result.woken:
-            call = running.get(RequestId(req.rid))
-            if call is not None and call.engine_req is req:
+            call = on_engine.get(req)
+            if call is not None:
                 self._token(call, req, now)
 
     def _token(self, call: _Call, req: SimRequest, now: float) -> None:
@@ -468,6 +471,7 @@ class Simulation:
         if req.state is RequestState.FINISHED:
             res.finish_reason = req.finish_reason
             self._running.pop(sreq_id, None)
+            del self._on_engine[req]
             self._record_stream(call)
             ctx = call.ctx
             ctx.status = 200
