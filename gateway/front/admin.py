@@ -44,7 +44,8 @@ from gateway.core.types import EndpointHealth, ModelName
 from gateway.front.http import error_response, request_id
 from gateway.front.services import SERVICES, Services
 from gateway.sched.snapshot import EndpointView
-from gateway.telemetry.fleet_state import EndpointTelemetry, perf_document
+from gateway.telemetry.endpoint_state import EndpointTelemetry
+from gateway.telemetry.fleet_state import perf_document
 
 FLEET_PATH = "/admin/fleet"
 

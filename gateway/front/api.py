@@ -22,7 +22,7 @@ from gateway.front.http import Handler, error_response, read_body, request_id
 from gateway.front.schemas import parse_body
 from gateway.front.services import Services
 from gateway.sched.request import SchedRequest
-from gateway.telemetry.fleet_state import FinishedRequest
+from gateway.telemetry.records import FinishedRequest
 
 log = structlog.get_logger("berth.request")
 

@@ -25,9 +25,9 @@ per-token time of the batch it joins. Its output is the predicted mean, or in a 
 ``γ·σ`` with ``γ = z(1 − τ)`` (normal) or ``sqrt((1 − τ)/τ)`` (Cantelli, any distribution).
 
 Results are seconds from `now`; whether they keep a request's targets is `gateway.sched.targets`.
-`LoadCache` keeps one `EndpointLoad` per endpoint view for as long as the view object and (within
-10 ms) the clock are the same, so ordering a long queue costs a few arithmetic operations per request
-and endpoint.
+`gateway.sched.loads.LoadCache` keeps one `EndpointLoad` per endpoint view for as long as the view
+object and (within 10 ms) the clock are the same, so ordering a long queue costs a few arithmetic
+operations per request and endpoint.
 """
 
 from __future__ import annotations
@@ -51,8 +51,6 @@ _LONG_GROWTH: Final = 0.5
 #: Prefill share of an endpoint's time at most (decoding then takes twice as long): a snapshot of a few
 #: running requests is a noisy sample of the mix.
 _MAX_PREFILL_SHARE: Final = 0.5
-#: Views whose load was computed within this many seconds are reused.
-_CACHE_TOLERANCE_S: Final = 0.01
 _PRIOR: Final = default_prior()
 
 
@@ -377,56 +375,11 @@ def peak_kv(items: Sequence[tuple[float, float]], h: float, j: float) -> float:
     return best
 
 
-class LoadCache:
-    """`EndpointLoad`s by endpoint, reused while the view object is the same and the clock moved less
-    than 10 ms (one placement decision; a served queue)."""
-
-    __slots__ = ("_loads", "params")
-
-    def __init__(self, params: PredictParams) -> None:
-        self.params = params
-        self._loads: dict[str, EndpointLoad] = {}
-
-    def load(self, view: EndpointView, now: float) -> EndpointLoad:
-        got = self._loads.get(view.id)
-        if got is not None and got.view is view and abs(got.now - now) <= _CACHE_TOLERANCE_S:
-            return got
-        fresh = self._loads[view.id] = EndpointLoad(view, now, self.params)
-        if len(self._loads) > 4096:  # endpoints come and go: never grow without bound
-            self._loads = {view.id: fresh}
-        return fresh
-
-
-class LoadCaches:
-    """One `LoadCache` per set of prediction parameters, shared by the plugins of one policy: the
-    filters of one placement (and admission and ordering, when their parameters agree) then derive each
-    endpoint's load once between them."""
-
-    __slots__ = ("_caches",)
-
-    def __init__(self) -> None:
-        self._caches: dict[PredictParams, LoadCache] = {}
-
-    def get(self, params: PredictParams) -> LoadCache:
-        cache = self._caches.get(params)
-        if cache is None:
-            cache = self._caches[params] = LoadCache(params)
-        return cache
-
-
-def kth_smallest(values: Sequence[float], k: int) -> float:
-    """The k-th smallest (0-based) of sorted `values`, +inf past the end."""
-    return values[k] if 0 <= k < len(values) else math.inf
-
-
 __all__ = [
     "EndpointLoad",
     "Harm",
-    "LoadCache",
-    "LoadCaches",
     "PredictParams",
     "Prediction",
     "RunningState",
-    "kth_smallest",
     "peak_kv",
 ]

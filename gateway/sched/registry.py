@@ -17,7 +17,7 @@ import msgspec
 
 from gateway.core.errors import ConfigError
 from gateway.core.slo import SloPolicy, default_slo_policy
-from gateway.sched.predict import LoadCaches
+from gateway.sched.loads import LoadCaches
 
 
 class PluginKind(enum.StrEnum):

@@ -32,23 +32,19 @@ from __future__ import annotations
 
 import dataclasses
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal, NamedTuple, cast
+from collections.abc import Iterable
+from typing import Any, Final, cast
 
-from gateway.core.types import SLO, EndpointId
+from gateway.core.types import EndpointId
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.snapshot import EndpointEstimates
 from gateway.telemetry.attainment import SloAttainment, meets_slo
-from gateway.telemetry.crosscheck import CrossCheck, CumulativeDelta, Verdict
+from gateway.telemetry.crosscheck import Verdict
+from gateway.telemetry.endpoint_state import EndpointTelemetry, StreamTimings
 from gateway.telemetry.lengths import LengthPrediction, OutputLengthPredictor
-from gateway.telemetry.perfmodel import PerfModelFitter
-from gateway.telemetry.promtext import Histogram
-from gateway.telemetry.rolling import Ewma, LatencyTracker, RateMeter, RecentWindow
-from gateway.telemetry.timeline import EndpointTimeline
+from gateway.telemetry.records import FinishedRequest, Quantity, ScrapeSample, TelemetrySettings
+from gateway.telemetry.rolling import Ewma
 from gateway.telemetry.tokens import TokenEstimator
-
-Quantity = Literal["ttft", "itl"]
 
 #: Coefficient names in the order the admin API and the metrics list them.
 COEFFICIENTS: Final = ("k1", "c1", "k2", "c2", "c3", "h", "j", "thr1", "alpha", "beta")
@@ -56,210 +52,6 @@ COEFFICIENTS: Final = ("k1", "c1", "k2", "c2", "c3", "h", "j", "thr1", "alpha", 
 LENGTH_BUCKETS: Final = (64, 256, 1024, 4096)
 #: Distinct (model, class, bucket, max_tokens) predictions kept between two history changes.
 _MAX_CACHED_PREDICTIONS: Final = 4096
-#: Engine running count vs the gateway's in-flight count: beyond this gap, KV is not ours to explain.
-_KV_RUNNING_SLACK: Final = 2.0
-_KV_RUNNING_SHARE: Final = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class TelemetrySettings:
-    prior: PerfCoefficients
-    min_observations: int = 20  # per model part, before fitted coefficients replace the prior
-    fit_window: int = 2000  # observations kept per model part
-    kv_capacity_tokens: float | None = None  # when the engine does not export it
-    crosscheck_min_samples: int = 20
-    disagreement_tolerance: float = 2.0  # gateway/engine mean ratio beyond [1/t, t] is a disagreement
-    attainment_window_s: float = 60.0
-
-
-class FinishedRequest(NamedTuple):
-    """One finished request, as plain numbers (clock seconds). A NamedTuple: the finish phase makes one
-    per request, and a tuple is the cheapest immutable record to build."""
-
-    model: str  # the served name
-    task_class: str
-    slo: SLO
-    ok: bool
-    stream: bool
-    endpoint: EndpointId | None
-    attempts: int
-    arrival: float
-    dispatched_at: float | None
-    first_token_at: float | None
-    finished_at: float
-    prompt_chars: int
-    prompt_tokens: int | None  # as the engine reported it (usage); None when it did not
-    prompt_tokens_est: int  # the gateway's estimate at admission
-    output_tokens: int
-    gaps: Sequence[float]  # inter-token gaps of a stream
-    predicted_output_tokens: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class ScrapeSample:
-    running: float | None
-    kv_usage: float | None  # fraction 0..1
-    kv_capacity_tokens: float | None  # from the engine's page; None: not exported
-    ttft: Histogram | None  # the engine's cumulative histograms
-    itl: Histogram | None
-    gateway_inflight: int
-    gateway_context_tokens: float  # the sum of contexts of the requests the gateway runs there
-
-
-class StreamTimings:
-    """Measured latencies of one endpoint or one model."""
-
-    __slots__ = ("itl", "itl_gaps", "output_rate", "ttft")
-
-    def __init__(self, window_s: float) -> None:
-        self.ttft = LatencyTracker()  # dispatch -> first token
-        # EWMA of each stream's per-token time (1 / its tokens per second); quantiles over recent gaps.
-        self.itl = Ewma()
-        self.itl_gaps = RecentWindow(4096)
-        self.output_rate = RateMeter(window_s=window_s)  # output tokens/s of everything finished here
-
-    def add(self, ttft_s: float, per_token_s: float | None, gaps: Sequence[float]) -> None:
-        self.ttft.add(ttft_s)
-        if per_token_s is not None:
-            self.itl.add(per_token_s)
-        if gaps:
-            self.itl_gaps.extend(gaps)
-
-    def summary(self, now: float) -> dict[str, object]:
-        p50, p90, p99 = self.itl_gaps.quantiles((0.5, 0.9, 0.99))
-        itl = {"ewma": self.itl.value, "p50": p50, "p90": p90, "p99": p99, "n": self.itl.n}
-        return {"ttft_s": self.ttft.summary(), "itl_s": itl, "tokens_per_s": self.output_rate.rate(now)}
-
-
-class EndpointTelemetry:
-    """Everything measured and fitted for one endpoint."""
-
-    def __init__(self, eid: EndpointId, settings: TelemetrySettings) -> None:
-        self.eid = eid
-        self.settings = settings
-        self.timings = StreamTimings(settings.attainment_window_s)
-        self.fitter = PerfModelFitter(
-            settings.prior, window=settings.fit_window, min_obs=settings.min_observations
-        )
-        self.coefficients: PerfCoefficients = self.fitter.current
-        self.timeline = EndpointTimeline()
-        self.engine_kv_capacity: float | None = None
-        # |predicted - observed| / observed with the coefficients in force when the request ran
-        self.prediction_error: dict[Quantity, Ewma] = {"ttft": Ewma(), "itl": Ewma()}
-        self.checks: dict[Quantity, CrossCheck] = {
-            q: CrossCheck(
-                min_samples=settings.crosscheck_min_samples, tolerance=settings.disagreement_tolerance
-            )
-            for q in ("ttft", "itl")
-        }
-        self.disagreements: dict[Quantity, int] = {"ttft": 0, "itl": 0}
-        self._deltas: dict[Quantity, CumulativeDelta] = {"ttft": CumulativeDelta(), "itl": CumulativeDelta()}
-
-    @property
-    def kv_capacity_tokens(self) -> float | None:
-        return self.engine_kv_capacity or self.settings.kv_capacity_tokens
-
-    def observe_request(
-        self,
-        r: FinishedRequest,
-        *,
-        prompt_tokens: int,
-        ttft: float,
-        decoding: float,
-        per_token: float | None,
-    ) -> None:
-        """A streamed, successful, first-attempt request that ran here (see the module docstring):
-        `ttft` from dispatch, `decoding` the sum of its gaps, `per_token` decoding over tokens - 1."""
-        self.timings.add(ttft, per_token, r.gaps)
-        self.timings.output_rate.add(r.output_tokens, r.finished_at)
-        self.checks["ttft"].gateway(ttft, 1)
-        if per_token is not None:  # per token, like the engine's histogram, however events were batched
-            self.checks["itl"].gateway(decoding, r.output_tokens - 1)
-        self._on_timeline(r, prompt_tokens)
-
-    def observe_other(self, r: FinishedRequest, *, prompt_tokens: int) -> None:
-        """A request that ran here but is not measured (not streamed, failed, retried); its tokens, if it
-        had timed ones, still tell the timeline which streams ran and when."""
-        if r.ok and r.output_tokens:
-            self.timings.output_rate.add(r.output_tokens, r.finished_at)
-        self._on_timeline(r, prompt_tokens)
-
-    def _on_timeline(self, r: FinishedRequest, prompt_tokens: int) -> None:
-        dispatched = r.dispatched_at
-        if dispatched is None:
-            return  # never reached the engine
-        first = r.first_token_at
-        if r.stream and first is not None:
-            self.timeline.add_stream(
-                dispatched_at=dispatched if r.attempts == 1 else None,  # else: when it came here is unknown
-                first_token_at=first,
-                gaps=r.gaps,
-                prompt_tokens=prompt_tokens,
-                clean=r.ok,
-            )
-        else:  # not streamed (its first token is the whole answer), or no token: when it ran is all we know
-            self.timeline.add_untracked(dispatched, r.finished_at)
-
-    def settle(self, before: float) -> None:
-        """Feed the fitter the timeline's observations of everything before `before` (see the module
-        docstring: every request that ran here before it must have been observed)."""
-        settled = self.timeline.settle(before)
-        coef = self.coefficients
-        fitter = self.fitter
-        prefill_error, itl_error = self.prediction_error["ttft"], self.prediction_error["itl"]
-        for p in settled.prefill:
-            prefill_error.add(abs(coef.prefill_s(p.prompt_tokens) - p.seconds) / p.seconds)
-            fitter.observe_prefill(p.prompt_tokens, p.seconds)
-        for d in settled.decode:
-            itl_error.add(abs(coef.decode_iter_s(d.batch, d.avg_context) - d.seconds) / d.seconds)
-            fitter.observe_decode(d.batch, d.avg_context, d.seconds)
-            fitter.observe_throughput(d.concurrency, d.tokens_per_s)
-
-    def observe_scrape(self, s: ScrapeSample) -> list[tuple[Quantity, Verdict]]:
-        """One scrape; returns the cross-check verdicts it completed."""
-        if s.kv_capacity_tokens is not None:
-            self.engine_kv_capacity = s.kv_capacity_tokens
-        capacity = self.kv_capacity_tokens
-        n = s.gateway_inflight
-        if capacity is not None and s.kv_usage is not None and n > 0 and self._kv_is_ours(s):
-            # per-request means: the model's kv_tokens(ctx) is one request's footprint
-            self.fitter.observe_kv(s.gateway_context_tokens / n, s.kv_usage * capacity / n)
-        verdicts: list[tuple[Quantity, Verdict]] = []
-        pairs: tuple[tuple[Quantity, Histogram | None], ...] = (("ttft", s.ttft), ("itl", s.itl))
-        for quantity, hist in pairs:
-            if hist is None:
-                continue
-            inc = self._deltas[quantity].advance(hist.count, hist.sum)
-            if inc is not None:
-                self.checks[quantity].engine(*inc)
-            v = self.checks[quantity].verdict()
-            if v is not None:
-                if v.disagrees:
-                    self.disagreements[quantity] += 1
-                verdicts.append((quantity, v))
-        return verdicts
-
-    @staticmethod
-    def _kv_is_ours(s: ScrapeSample) -> bool:
-        if s.running is None:
-            return True
-        slack = max(_KV_RUNNING_SLACK, _KV_RUNNING_SHARE * s.gateway_inflight)
-        return abs(s.running - s.gateway_inflight) <= slack
-
-    def refit(self) -> PerfCoefficients:
-        self.coefficients = self.fitter.refit()
-        return self.coefficients
-
-    def estimates(self, now: float) -> EndpointEstimates:
-        t = self.timings
-        rate = t.output_rate.rate(now)
-        return EndpointEstimates(
-            perf=self.coefficients,
-            kv_capacity_tokens=self.kv_capacity_tokens,
-            ttft_ewma_s=t.ttft.ewma.value,
-            itl_ewma_s=t.itl.value,
-            tokens_per_s=rate if t.output_rate.total(now) > 0 else None,
-        )
 
 
 class ModelTelemetry:

@@ -34,15 +34,9 @@ from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.capacity import kv_capacity_tokens
 from gateway.telemetry.engine_metrics import EngineMetrics
 from gateway.telemetry.exporter import TelemetryCollector
-from gateway.telemetry.fleet_state import (
-    CachedLengths,
-    FinishedRequest,
-    FleetTelemetry,
-    ScrapeSample,
-    TelemetrySettings,
-    prior_with,
-)
+from gateway.telemetry.fleet_state import CachedLengths, FleetTelemetry, prior_with
 from gateway.telemetry.promtext import Exposition, Histogram
+from gateway.telemetry.records import FinishedRequest, ScrapeSample, TelemetrySettings
 from gateway.telemetry.tokens import TokenEstimator
 
 log = structlog.get_logger("berth.telemetry")

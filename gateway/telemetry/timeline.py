@@ -10,6 +10,9 @@ lies before ``before``, the dispatch time of the oldest request still running on
 none is): everything that ran before it has finished and been added. Observations lag by the age of
 that request; within the bound below, nothing is lost.
 
+(One module of ~420 lines on purpose: the derivation is one algorithm over one set of arrays, and its
+parts are only correct together.)
+
 What `settle` derives (the contract in `gateway.telemetry.perfmodel`'s docstring):
 
 - **prefill**, once per *group* of first tokens that arrived together (receipts within the tolerance of

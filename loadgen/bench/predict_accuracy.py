@@ -83,10 +83,11 @@ from gateway.core.types import SLO, EndpointId
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.telemetry.capacity import kv_capacity_tokens
 from gateway.telemetry.engine_metrics import VLLM_METRICS
-from gateway.telemetry.fleet_state import FinishedRequest, FleetTelemetry, ScrapeSample, TelemetrySettings
+from gateway.telemetry.fleet_state import FleetTelemetry
 from gateway.telemetry.lengths import LengthPrediction, OutputLengthPredictor
 from gateway.telemetry.perfmodel import PerfModelFitter
 from gateway.telemetry.promtext import parse as parse_metrics
+from gateway.telemetry.records import FinishedRequest, ScrapeSample, TelemetrySettings
 from gateway.telemetry.timeline import (
     MIN_KEPT_GAPS,
     DecodeObservation,

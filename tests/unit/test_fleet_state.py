@@ -13,17 +13,10 @@ import pytest
 
 from gateway.core.types import SLO, EndpointId
 from gateway.sched.perf import default_prior
-from gateway.telemetry.fleet_state import (
-    COEFFICIENTS,
-    FinishedRequest,
-    FleetTelemetry,
-    ScrapeSample,
-    TelemetrySettings,
-    perf_document,
-    prior_with,
-)
+from gateway.telemetry.fleet_state import COEFFICIENTS, FleetTelemetry, perf_document, prior_with
 from gateway.telemetry.perfmodel import PerfModelFitter
 from gateway.telemetry.promtext import Histogram
+from gateway.telemetry.records import FinishedRequest, ScrapeSample, TelemetrySettings
 from loadgen.engine_sim.latency import LatencyModel
 from tests.unit.engine_trace import TracedStream, engine_trace
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gateway.core.slo import SloClass, SloPolicy
 from gateway.core.types import EndpointHealth
+from gateway.sched.loads import LoadCache
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.ordering.bands import BandsParams, PriorityBandsOrdering
 from gateway.sched.plugins.ordering.edf import NO_DEADLINE, EdfOrdering
@@ -28,7 +29,7 @@ from gateway.sched.plugins.ordering.slack import (
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.cato_slack import CatoSlackParams, CatoSlackPicker
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
-from gateway.sched.predict import EndpointLoad, LoadCache, PredictParams, peak_kv
+from gateway.sched.predict import EndpointLoad, PredictParams, peak_kv
 from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.targets import meets, time_left
 from tests.unit.slo_fixtures import COEF, req, running, snap, view

@@ -25,9 +25,10 @@ from msgspec import Meta
 from gateway.core.slo import Infeasible, SloPolicy
 from gateway.core.types import EndpointHealth
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
+from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, LoadCache, Prediction
+from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot

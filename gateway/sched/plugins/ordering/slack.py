@@ -31,8 +31,9 @@ from msgspec import Meta
 
 from gateway.core.types import EndpointHealth
 from gateway.sched.interfaces import OrderKey
+from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import LoadCache, PredictParams
+from gateway.sched.predict import PredictParams
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot

@@ -41,8 +41,9 @@ from typing import Annotated, Literal
 
 from msgspec import Meta
 
+from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, LoadCache
+from gateway.sched.predict import EndpointLoad
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot

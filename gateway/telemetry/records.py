@@ -1,0 +1,59 @@
+"""The plain records telemetry takes in: a finished request (built by the finish phase), a scrape sample
+(built by the scrape sink), and the settings it runs with."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from gateway.core.types import SLO, EndpointId
+from gateway.sched.perf import PerfCoefficients
+from gateway.telemetry.promtext import Histogram
+
+Quantity = Literal["ttft", "itl"]
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySettings:
+    prior: PerfCoefficients
+    min_observations: int = 20  # per model part, before fitted coefficients replace the prior
+    fit_window: int = 2000  # observations kept per model part
+    kv_capacity_tokens: float | None = None  # when the engine does not export it
+    crosscheck_min_samples: int = 20
+    disagreement_tolerance: float = 2.0  # gateway/engine mean ratio beyond [1/t, t] is a disagreement
+    attainment_window_s: float = 60.0
+
+
+class FinishedRequest(NamedTuple):
+    """One finished request, as plain numbers (clock seconds). A NamedTuple: the finish phase makes one
+    per request, and a tuple is the cheapest immutable record to build."""
+
+    model: str  # the served name
+    task_class: str
+    slo: SLO
+    ok: bool
+    stream: bool
+    endpoint: EndpointId | None
+    attempts: int
+    arrival: float
+    dispatched_at: float | None
+    first_token_at: float | None
+    finished_at: float
+    prompt_chars: int
+    prompt_tokens: int | None  # as the engine reported it (usage); None when it did not
+    prompt_tokens_est: int  # the gateway's estimate at admission
+    output_tokens: int
+    gaps: Sequence[float]  # inter-token gaps of a stream
+    predicted_output_tokens: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeSample:
+    running: float | None
+    kv_usage: float | None  # fraction 0..1
+    kv_capacity_tokens: float | None  # from the engine's page; None: not exported
+    ttft: Histogram | None  # the engine's cumulative histograms
+    itl: Histogram | None
+    gateway_inflight: int
+    gateway_context_tokens: float  # the sum of contexts of the requests the gateway runs there
