@@ -25,6 +25,7 @@ from loadgen.bench.scheduling_types import (
     TUNED,
     BenchConfig,
 )
+from loadgen.cli import main as loadgen_main
 from loadgen.engine_sim.fleet import parse_fleet
 from loadgen.engine_sim.profiles import get_profile
 
@@ -165,7 +166,7 @@ async def test_a_tiny_benchmark_runs_on_the_simulator(tmp_path: Path) -> None:
     assert all(r["observed"]["sent_at"] >= r["at"] for r in records)
 
 
-def test_the_module_runs_as_a_command(tmp_path: Path) -> None:
+def test_berth_loadgen_bench_scheduling_runs_it(tmp_path: Path) -> None:
     argv = [
         "--out",
         str(tmp_path),
@@ -178,10 +179,8 @@ def test_the_module_runs_as_a_command(tmp_path: Path) -> None:
         "--patterns",
         "pattern2",
     ]
-    assert (
-        scheduling.main([*argv, "--policies", "berth,round-robin", "--configs", "day-one", "--no-aladdin"])
-        == 0
-    )
+    argv += ["--policies", "berth,round-robin", "--configs", "day-one", "--no-aladdin"]
+    assert loadgen_main(["bench", "scheduling", *argv]) == 0
     doc = orjson.loads((tmp_path / "report.json").read_bytes())
     assert doc["config"]["mode"] == "sim"
     assert [(r["config"], r["policy"]) for r in doc["runs"]] == [(DAY_ONE, "berth"), (DAY_ONE, "round-robin")]
