@@ -3,7 +3,7 @@ on CATO's setting (papers/ALGORITHMS.md §1), plus Aladdin's question (the fewes
 goodput >= 0.95 at a fixed rate). It runs on the offline fleet simulator (`loadgen.fleetsim`) unless
 `--live` asks for the real-time HTTP path.
 
-    python -m loadgen.bench.scheduling                # the default run, on the simulator (minutes)
+    python -m loadgen.bench.scheduling                # the default run, on the simulator (~5 min, 1 core)
     berth-loadgen bench scheduling --quick            # one pattern, its heaviest rate, 3 seeds, no search
     python -m loadgen.bench.scheduling --rates 8,10,12 --patterns pattern1,pattern2 --seeds 10
     python -m loadgen.bench.scheduling --day-one-check   # the live day-one setting, simulated
@@ -803,7 +803,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick",
         action="store_true",
         help=f"one pattern at its heaviest rate, no search, {QUICK_SEEDS} seeds on the simulator "
-        f"(not {DEFAULT_SEEDS}), {LIVE_SEEDS} live (~5 min)",
+        f"(not {DEFAULT_SEEDS}; under a minute), {LIVE_SEEDS} live (~5 min)",
     )
     ref = DAY_ONE_CHECK
     p.add_argument(
