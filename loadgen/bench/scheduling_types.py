@@ -14,6 +14,14 @@ from pathlib import Path
 from typing import Any, Final
 
 BERTH: Final = "berth"
+#: The two gateway configurations every comparison runs in: `tuned` is the benchmark's setup (each
+#: endpoint's cap at its engine's max_num_seqs, priority scheduling in the engines and in berth, the
+#: fleet profile as the performance-model prior, long queues, faster scrapes); `day-one` is how an
+#: operator starts: endpoints given by URL only (the default cap 64, no prior, FCFS engines, so berth
+#: sends no priorities), every other gateway setting at its default.
+TUNED: Final = "tuned"
+DAY_ONE: Final = "day-one"
+CONFIGS: Final = (TUNED, DAY_ONE)
 POLICIES: Final[dict[str, str]] = {
     BERTH: "coding-assistant.toml",
     "round-robin": "baseline-round-robin.toml",
@@ -31,7 +39,7 @@ GOODPUT_TARGET: Final = 0.95
 MODEL_A_SHARE: Final = 0.8
 
 
-DEFAULT_SPEED: Final = 2.0
+DEFAULT_SPEED: Final = 2.0  # the live path's simulator speed-up (the offline simulator needs none)
 #: Long enough for a steady state: past the fleet's capacity the queues grow for the whole run, and a short
 #: run reports a goodput that depends on its length (pattern1 at 11.5 tasks/s: round robin 0.72 after 45
 #: simulated s, 0.33 after 120), so every default rate is one the fleet can carry.
@@ -43,13 +51,20 @@ DEFAULT_PATTERNS: Final = ("pattern1", "pattern2")
 DEFAULT_RATES: Final[dict[str, tuple[float, ...]]] = {"pattern1": (8.5, 10.5), "pattern2": (5.5, 7.5)}
 DEFAULT_ENDPOINTS: Final = 6
 DEFAULT_SEED: Final = 1
+#: Seeds per comparison: on the simulator 5 (a Student t interval over 5 runs is about 1.2 standard
+#: deviations wide either side), 3 with --quick; on the live path 1, as it always was (a run is ~70 s).
+DEFAULT_SEEDS: Final = 5
+QUICK_SEEDS: Final = 3
+LIVE_SEEDS: Final = 1
 DEFAULT_ALADDIN_RATE: Final = 6.0
 
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
     out: Path
-    speed: float = DEFAULT_SPEED
+    live: bool = False  # over HTTP (berth and the engine simulator as processes) instead of the simulator
+    configs: tuple[str, ...] = CONFIGS
+    speed: float = DEFAULT_SPEED  # the live path's speed-up
     duration_s: float = DEFAULT_DURATION_S  # simulated seconds of arrivals per run
     patterns: tuple[str, ...] = DEFAULT_PATTERNS
     # simulated task arrivals per second, per pattern (a pattern without an entry: `rates["*"]`)
@@ -59,19 +74,44 @@ class BenchConfig:
     seed: int = DEFAULT_SEED
     # Runs per comparison, with seeds seed, seed + 1, ...: near capacity two runs of one trace differ by a
     # few hundredths of goodput, so the targets are judged on the mean over the seeds.
-    seeds: int = 1
+    seeds: int = DEFAULT_SEEDS
     aladdin: bool = True
     aladdin_rate: float = DEFAULT_ALADDIN_RATE
     aladdin_pattern: str = "pattern1"
     aladdin_policies: tuple[str, str] = (BERTH, "least-outstanding")
     drain_sim_s: float = 30.0  # simulated seconds to wait for tasks still running after the arrivals
     record: bool = False  # each run's requests as runs/TAG/record.jsonl (with berth's endpoint, queue ms)
+    note: str = ""  # a line for the top of the report (e.g. which reference setting this reproduces)
 
     def seed_list(self) -> tuple[int, ...]:
         return tuple(range(self.seed, self.seed + max(1, self.seeds)))
 
     def rates_for(self, pattern: str) -> tuple[float, ...]:
         return self.rates.get(pattern) or self.rates.get("*") or (8.0,)
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceRun:
+    """A setting measured elsewhere that the benchmark can reproduce, with what was measured there."""
+
+    pattern: str
+    rate: float
+    duration_s: float
+    seed: int
+    endpoints_per_model: int
+    measured: str
+
+
+#: The setting the issue measured live on day one (`--day-one-check`).
+DAY_ONE_CHECK: Final = ReferenceRun(
+    pattern="pattern1",
+    rate=12.0,
+    duration_s=60.0,
+    seed=11,
+    endpoints_per_model=6,
+    measured="measured live (12 fleet-7b endpoints, coding:pattern1 at 12 tasks/s, 60 s, seed 11, day-one "
+    "configuration): coding-assistant 0.474 goodput vs least-outstanding 0.672",
+)
 
 
 @dataclass(slots=True)
@@ -92,6 +132,9 @@ class RunResult:
     berth_rejections: int
     notes: list[str] = field(default_factory=list)
     seed: int = DEFAULT_SEED
+    config: str = TUNED  # TUNED or DAY_ONE
+    mode: str = "live"  # "live" (HTTP, processes) or "sim" (the offline fleet simulator)
+    left_out: tuple[str, ...] = ()  # what the simulator leaves out (its report's simulation.left_out)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +154,9 @@ class RunResult:
             "berth_rejections": self.berth_rejections,
             "notes": self.notes,
             "seed": self.seed,
+            "config": self.config,
+            "mode": self.mode,
+            "left_out": list(self.left_out),
         }
 
     @classmethod
@@ -132,6 +178,9 @@ class RunResult:
             berth_rejections=d["berth_rejections"],
             notes=list(d["notes"]),
             seed=int(d.get("seed", DEFAULT_SEED)),
+            config=d.get("config", TUNED),  # reports from before day-one runs: all tuned, all live
+            mode=d.get("mode", "live"),
+            left_out=tuple(d.get("left_out", ())),
         )
 
 

@@ -1,15 +1,26 @@
-"""The scheduling benchmark's target checks: each policy judged on its mean over the seeds."""
+"""The scheduling benchmark's target checks: each policy judged on its mean over the seeds, with 95 %
+confidence intervals (Student t) beside the margins."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import orjson
 import pytest
 
 from loadgen.bench import scheduling
-from loadgen.bench.scheduling_report import floor_lines, policy_means, ratio_fleet, run_row, target_check
+from loadgen.bench.scheduling_report import (
+    floor_lines,
+    mean_ci,
+    policy_means,
+    ratio_fleet,
+    run_row,
+    t95,
+    target_check,
+    verdict,
+)
 from loadgen.bench.scheduling_types import BenchConfig, RunResult
 
 CPU = {p: {"cpu_share": 0.3, "runqueue_share": 0.01} for p in ("berth", "loadgen", "sim")}
@@ -110,21 +121,29 @@ def test_the_ratio_fleet_is_the_largest_that_meets_the_ratio() -> None:
 async def test_both_policies_run_on_the_ratio_fleet_unless_the_search_did(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ran: list[tuple[str, int, int]] = []
+    ran: list[tuple[str, int, int, int | None]] = []
 
     async def fake_run(
-        cfg: BenchConfig, policy: str, *, pattern: str, rate: float, n_a: int, n_b: int
+        cfg: BenchConfig,
+        policy: str,
+        *,
+        pattern: str,
+        rate: float,
+        n_a: int,
+        n_b: int,
+        seed: int | None = None,
+        config: str = "tuned",
     ) -> RunResult:
-        assert (pattern, rate) == (cfg.aladdin_pattern, cfg.aladdin_rate)
-        ran.append((policy, n_a, n_b))
-        return dataclasses.replace(run(policy, 0.5), endpoints=(n_a, n_b))
+        assert (pattern, rate, config) == (cfg.aladdin_pattern, cfg.aladdin_rate, "tuned")
+        ran.append((policy, n_a, n_b, seed))
+        return dataclasses.replace(run(policy, 0.5, seed=seed or 1), endpoints=(n_a, n_b))
 
     monkeypatch.setattr(scheduling, "run_one", fake_run)
-    cfg = BenchConfig(out=tmp_path)
+    cfg = BenchConfig(out=tmp_path, seeds=2)
     searched = [dataclasses.replace(run("berth", 0.8), endpoints=(3, 1))]  # the search's own run at 4
     out = await scheduling.at_ratio_fleet(cfg, {"berth": 6, "least-outstanding": 6}, searched, lambda _: None)
-    assert ran == [("least-outstanding", 3, 1)]
-    assert [r.endpoints for r in out] == [(3, 1)]
+    assert ran == [("least-outstanding", 3, 1, 1), ("least-outstanding", 3, 1, 2)]  # once per seed
+    assert [r.endpoints for r in out] == [(3, 1), (3, 1)]
     ran.clear()
     no_baseline = {"berth": 6, "least-outstanding": None}
     assert await scheduling.at_ratio_fleet(cfg, no_baseline, [], lambda _: None) == []
@@ -139,3 +158,135 @@ def test_the_floor_lines_quote_each_policy_on_the_ratio_fleet() -> None:
     ]
     line = floor_lines("pattern1", 6.0, {"berth": 6, "least-outstanding": 6}, there)[1]
     assert line.endswith("; goodput there: berth 0.795, least-outstanding 0.204")
+
+
+# --------------------------------------------------------------------- confidence intervals
+@pytest.mark.parametrize(
+    ("df", "expected"),
+    [(1, 12.706), (4, 2.776), (30, 2.042), (31, 2.0395), (60, 2.0003), (120, 1.9799), (10_000, 1.9602)],
+    ids=["1", "4", "30 (table end)", "31 (expansion)", "60", "120", "10000"],
+)
+def test_t95_is_students_two_sided_quantile(df: int, expected: float) -> None:
+    assert t95(df) == pytest.approx(expected, abs=2e-4)
+
+
+def test_t95_needs_a_degree_of_freedom() -> None:
+    with pytest.raises(ValueError, match="degree of freedom"):
+        t95(0)
+
+
+@pytest.mark.parametrize(
+    ("values", "mean", "half"),
+    [
+        ([1.0, 2.0, 3.0, 4.0, 5.0], 3.0, 2.776 * math.sqrt(2.5 / 5)),  # s² = 2.5, t(4) = 2.776
+        ([0.80, 0.90], 0.85, 12.706 * 0.05),  # s = 0.0707, s / √2 = 0.05
+        ([0.7, 0.7, 0.7], 0.7, 0.0),
+        ([0.42], 0.42, None),  # one run: no interval
+    ],
+    ids=["five", "two", "constant", "one"],
+)
+def test_mean_ci(values: list[float], mean: float, half: float | None) -> None:
+    ci = mean_ci(values)
+    assert ci.mean == pytest.approx(mean)
+    assert ci.n == len(values)
+    if half is None:
+        assert ci.half is None
+        assert ci.text() == f"{mean:.3f}"
+    else:
+        assert ci.half == pytest.approx(half, abs=1e-9)
+        assert ci.text().startswith(f"{mean:.3f} ±")
+
+
+def test_mean_ci_refuses_nothing() -> None:
+    with pytest.raises(ValueError, match="no values"):
+        mean_ci([])
+
+
+# --------------------------------------------------------------------- verdicts on synthetic numbers
+def seeds(policy: str, goodputs: list[float], **tasks: list[float]) -> list[RunResult]:
+    return [
+        run(policy, g, seed=i + 1, **{t: vals[i] for t, vals in tasks.items()})
+        for i, g in enumerate(goodputs)
+    ]
+
+
+BASE = seeds(
+    "least-outstanding", [0.70, 0.72, 0.71, 0.69, 0.73], completion=[0.90] * 5, translation=[0.80] * 5
+)
+RR = seeds("round-robin", [0.60, 0.61, 0.62, 0.60, 0.62], completion=[0.95] * 5, translation=[0.70] * 5)
+
+
+@pytest.mark.parametrize(
+    ("berth", "passed", "overall_ok", "tasks_ok"),
+    [
+        (
+            seeds("berth", [0.85, 0.83, 0.82, 0.80, 0.80], completion=[0.95] * 5, translation=[0.79] * 5),
+            True,
+            True,
+            True,
+        ),
+        (
+            seeds("berth", [0.79, 0.81, 0.81, 0.79, 0.80], completion=[0.95] * 5, translation=[0.80] * 5),
+            False,
+            False,
+            True,
+        ),
+        (seeds("berth", [0.90] * 5, completion=[0.92] * 5, translation=[0.85] * 5), False, True, False),
+        (seeds("berth", [0.81] * 5, completion=[0.95] * 5, translation=[0.78] * 5), True, True, True),
+    ],
+    ids=[
+        "pass",
+        "margin short",
+        "a task type 0.03 below the best baseline for it",
+        "both exactly at the target",
+    ],
+)
+def test_the_verdict_judges_the_means(
+    berth: list[RunResult], passed: bool, overall_ok: bool, tasks_ok: bool
+) -> None:
+    v = verdict([*berth, *BASE, *RR], "pattern1")
+    assert v is not None
+    assert (v.passed, v.overall_ok, v.tasks_ok) == (passed, overall_ok, tasks_ok)
+    assert v.best.policy == "least-outstanding"
+    # completion: the best baseline for it is round robin (0.95), not the best one overall
+    assert {t.task: t.best_policy for t in v.tasks} == {
+        "completion": "round-robin",
+        "translation": "least-outstanding",
+    }
+
+
+def test_the_verdict_pairs_the_seeds_for_the_difference() -> None:
+    berth = seeds("berth", [0.81, 0.83, 0.82, 0.79, 0.84], completion=[1.0] * 5)
+    v = verdict([*berth, *BASE], "pattern1")
+    assert v is not None
+    assert v.diff == pytest.approx(0.818 - 0.71)
+    # one trace per seed: berth leads by 0.10-0.11 on every seed, so the paired interval is far narrower
+    # than either policy's own
+    assert v.paired is not None
+    assert v.paired.mean == pytest.approx(0.108)
+    assert v.paired.half is not None
+    assert v.berth.goodput_ci.half is not None
+    assert v.paired.half < v.berth.goodput_ci.half / 3
+    assert v.best.goodput_ci.half == pytest.approx(2.776 * math.sqrt(0.00025 / 5))
+
+
+def test_the_target_lines_say_pass_or_fail_with_the_half_widths() -> None:
+    berth = seeds("berth", [0.85, 0.83, 0.82, 0.80, 0.80], completion=[0.95] * 5, translation=[0.79] * 5)
+    text = "\n".join(target_check([*berth, *BASE, *RR], "pattern1"))
+    assert text.startswith("- pattern1 at 10 tasks/s: **PASS**")
+    assert (
+        "berth 0.820 vs best baseline least-outstanding 0.710: +0.110 (MET: target +0.10); 95 % CI: berth ±0."
+        in text
+    )
+    assert "least-outstanding ±0.020, the difference ±" in text
+    assert "(means of 5 and 5 seeds" in text
+    assert "completion: berth 0.950 ±0.000 vs round-robin 0.950 ±0.000: +0.000 (MET)" in text
+    assert "translation: berth 0.790 ±0.000 vs least-outstanding 0.800 ±0.000: -0.010 (MET)" in text
+    short = seeds("berth", [0.75] * 5, completion=[0.95] * 5, translation=[0.80] * 5)
+    assert target_check([*short, *BASE], "pattern1")[0].endswith("**FAIL**")
+
+
+def test_nothing_to_compare_without_a_baseline() -> None:
+    assert verdict(seeds("berth", [0.8]), "pattern1") is None
+    assert target_check(seeds("berth", [0.8]), "pattern1") == ["- pattern1: nothing to compare"]
+    assert target_check(seeds("berth", [0.8]), "pattern2") == []
