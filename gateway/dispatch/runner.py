@@ -82,7 +82,7 @@ class Dispatcher:
             try:
                 try:
                     resp = await open_request(
-                        self.session, endpoint.url + path, sent, ctx.id, self.settings, stream=ctx.stream
+                        self.session, endpoint.url + path, sent, sreq.id, self.settings, stream=ctx.stream
                     )
                     if resp.status != 200:
                         raise await _error_from(resp)

@@ -84,11 +84,12 @@ async def admit(
     )
     ctx.slo_class = resolved.slo.slo_class
     ctx.task = resolved.task
+    key = s.next_key()  # berth's own id for the request: the client's X-Request-Id is only echoed
     counter = s.prompt_counter
-    exact = None if counter is None else await counter.count(ctx.id, parsed, served)
+    exact = None if counter is None else await counter.count(key, parsed, served)
     tel = s.telemetry
     sreq = to_sched_request(
-        ctx.id,
+        key,
         parsed,
         served,
         ctx.arrival,

@@ -7,8 +7,9 @@ runtime configuration, which swaps `settings` (one reference) and adjusts the pr
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -64,6 +65,13 @@ class Services:
     draining: bool = False
     started_at: int = field(default_factory=lambda: int(time.time()))
     _dispatcher: Dispatcher | None = None
+    _keys: Iterator[int] = field(default_factory=itertools.count)
+
+    def next_key(self) -> str:
+        """berth's own id for a request, unique in this process: the scheduler and the dispatcher key
+        requests by it. A client's X-Request-Id is only echoed and logged (two requests may carry the
+        same one, by mistake or on purpose)."""
+        return f"b{next(self._keys)}"
 
     @property
     def dispatcher(self) -> Dispatcher:

@@ -295,3 +295,35 @@ async def test_queue_timeout_503(engine_server: EngineServer, start_gateway: Sta
     assert ei.value.status_code == 503
     assert ei.value.code == "queue_timeout"
     first.cancel()
+
+
+async def _post_with_id(r: Running, rid: str) -> tuple[int, str]:
+    body = orjson.dumps({"model": "tiny", "messages": MSG})
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(r.url + CHAT, data=body, headers={"X-Request-Id": rid}) as resp,
+    ):
+        await resp.read()
+        return resp.status, resp.headers["X-Request-Id"]
+
+
+@pytest.mark.parametrize(("cap", "n"), [(2, 2), (1, 3)], ids=["running-together", "queued-together"])
+async def test_a_reused_request_id_is_only_echoed(
+    engine_server: EngineServer, start_gateway: StartGateway, cap: int, n: int
+) -> None:
+    """Clients may send the same X-Request-Id twice: berth keys its scheduler by ids of its own, so the
+    requests neither share a seat nor overwrite each other's place in the queue."""
+    hold = asyncio.Event()
+    eng = FakeEngine(hold=hold)
+    r = await start_gateway([f"{await engine_server(eng)},engine=vllm,cap={cap}"])
+    calls = [asyncio.ensure_future(_post_with_id(r, "same-id")) for _ in range(n)]
+    while len(eng.requests) < cap or r.gw.scheduler.queue_depth(ModelName("tiny")) < n - cap:
+        await asyncio.sleep(0)
+    assert _inflight(r) == cap
+    hold.set()
+    async with asyncio.timeout(30):  # a guard: with shared keys a waiter is lost and never answered
+        results = await asyncio.gather(*calls)
+    assert results == [(200, "same-id")] * n
+    assert len(eng.requests) == n
+    assert _inflight(r) == 0
+    assert r.gw.driver.waiting == 0
