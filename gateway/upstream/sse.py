@@ -2,8 +2,9 @@
 
 `SseRelay.feed(chunk, now)` takes raw bytes as they arrive from the engine and returns the bytes to send
 to the client. Along the way it records what a later resume needs and what the metrics need: the text
-produced so far, the number of content events (tokens), the engine's usage report, the finish reason,
-and the time of the first token and every gap between tokens.
+produced so far, the number of generated events (tokens: content, reasoning and tool-call deltas alike),
+the engine's usage report, the finish reason, the time of the first generated token and of the first
+content, and every gap between tokens.
 
 Per event it does one `orjson.loads`; the event's bytes are forwarded as they came (with the model name
 rewritten when the client used an alias), so the hot path never re-serialises JSON.
@@ -16,6 +17,9 @@ from typing import Any
 import orjson
 
 _DONE = b"[DONE]"
+#: Delta fields other than `content` that carry generated tokens (vLLM writes `reasoning_content`, newer
+#: releases `reasoning`; SGLang `reasoning_content`).
+_GENERATED_FIELDS = frozenset(("reasoning_content", "reasoning", "tool_calls"))
 
 
 class SseRelay:
@@ -26,6 +30,7 @@ class SseRelay:
         "done",
         "error",
         "finish_reason",
+        "first_content_at",
         "first_token_at",
         "gaps",
         "include_usage",
@@ -48,10 +53,11 @@ class SseRelay:
             self._model_from = ()
             self._model_to = b""
         self.text: list[str] = []  # content produced so far, for resuming elsewhere
-        self.tokens = 0  # content-bearing events seen (one per token on vLLM/SGLang)
+        self.tokens = 0  # generated events seen (one per token on vLLM/SGLang), of any kind
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
-        self.first_token_at: float | None = None
+        self.first_token_at: float | None = None  # the first generated token of any kind (TTFT)
+        self.first_content_at: float | None = None  # the first content (text) a client can show
         self.last_token_at: float | None = None
         self.gaps: list[float] = []  # every inter-token gap of the stream (seconds); telemetry needs all
         self.done = False
@@ -140,20 +146,29 @@ class SseRelay:
         return payload
 
     def _choices(self, choices: list[Any], now: float | None) -> None:
-        got_token = False
+        got_token = got_content = False
         for c in choices:
             if type(c) is not dict:
                 continue
             delta = c.get("delta")
-            piece = delta.get("content") if type(delta) is dict else c.get("text")
+            if type(delta) is dict:
+                piece = delta.get("content")
+                # A reasoning model's thinking and a tool call's name and arguments are generated
+                # tokens too, though they carry no content.
+                if piece or _GENERATED_FIELDS.intersection(k for k, v in delta.items() if v):
+                    got_token = True
+            else:
+                piece = c.get("text")
             if piece:
                 self.text.append(piece)
-                got_token = True
+                got_token = got_content = True
             fr = c.get("finish_reason")
             if fr:
                 self.finish_reason = fr
         if got_token:
             self.tokens += 1
+            if now is not None and got_content and self.first_content_at is None:
+                self.first_content_at = now
             if now is not None:
                 last = self.last_token_at
                 if self.first_token_at is None:

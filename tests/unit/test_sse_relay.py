@@ -99,3 +99,50 @@ def test_usage_on_a_content_chunk_is_dropped_when_not_asked() -> None:
     obj = orjson.loads(out[len(b"data: ") :].strip())
     assert obj["usage"] is None
     assert relay.usage == {"prompt_tokens": 1, "completion_tokens": 1}
+
+
+def _delta_chunk(delta: dict[str, object]) -> bytes:
+    obj = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta}],
+    }
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+TOOL_CALL = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}
+
+
+@pytest.mark.parametrize(
+    "deltas",
+    [
+        pytest.param(
+            [{"role": "assistant", "content": ""}, {"reasoning_content": "hm"}, {"reasoning_content": "m"}],
+            id="reasoning_content",
+        ),
+        pytest.param([{"role": "assistant"}, {"reasoning": "hm"}, {"reasoning": "m"}], id="reasoning"),
+        pytest.param(
+            [
+                {"role": "assistant", "content": None},
+                {"tool_calls": [TOOL_CALL]},
+                {"tool_calls": [{"index": 0, "function": {"arguments": '{"x"'}}]},
+            ],
+            id="tool_calls",
+        ),
+    ],
+)
+def test_reasoning_and_tool_call_deltas_are_generated_tokens(deltas: list[dict[str, object]]) -> None:
+    relay = SseRelay(include_usage=False, served_model="m", client_model="m")
+    for i, delta in enumerate(deltas):
+        relay.feed(_delta_chunk(delta), 10.0 + i)
+    assert relay.tokens == 2  # the role chunk generates nothing
+    assert relay.first_token_at == 11.0
+    assert relay.gaps == [1.0]
+    assert relay.first_content_at is None
+    assert relay.produced_text == ""
+    relay.feed(_delta_chunk({"content": "answer"}), 13.0)
+    assert relay.first_token_at == 11.0
+    assert relay.first_content_at == 13.0
+    assert relay.tokens == 3
+    assert relay.produced_text == "answer"
