@@ -52,12 +52,14 @@ def make_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
     timeout = aiohttp.ClientTimeout(
         total=None, connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
     )
-    # auto_decompress off: bodies are relayed as the engine sent them. The User-Agent is set rather
-    # than skipped: aiohttp rebuilds the request headers to skip one, on every request.
+    # auto_decompress off: bodies are relayed as the engine sent them, so engines are asked for identity
+    # encoding (aiohttp would otherwise offer gzip and deflate, and a compressing proxy in front of an
+    # engine would send bodies the relay cannot read and the client cannot decode). The User-Agent is
+    # set rather than skipped: aiohttp rebuilds the request headers to skip one, on every request.
     return aiohttp.ClientSession(
         connector=connector,
         timeout=timeout,
-        headers={"User-Agent": f"berth/{__version__}"},
+        headers={"User-Agent": f"berth/{__version__}", "Accept-Encoding": "identity"},
         auto_decompress=False,
         raise_for_status=False,
     )

@@ -31,6 +31,11 @@ async def test_chat_non_streaming_and_request_id(
     assert raw.headers["x-berth-endpoint"]
     # the engine got the body berth forwarded, including fields berth does not know
     assert eng.requests[-1]["max_tokens"] == 3
+    # berth relays bodies as they come, so it asks the engine for no compression; and it keys the
+    # engine call by an id of its own (the client's is only echoed)
+    sent = eng.request_headers[-1]
+    assert sent["accept-encoding"] == "identity"
+    assert sent["x-request-id"] != "req-abc"
 
 
 @pytest.mark.parametrize("include_usage", [True, False], ids=["usage", "no-usage"])
