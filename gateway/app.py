@@ -106,6 +106,7 @@ class Gateway:
         )
         self.services.reconfigure(runtime)
         self._reload_lock = asyncio.Lock()
+        self._reload_again = False
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -147,6 +148,20 @@ class Gateway:
             queue_depth={str(m): n for m, n in self.scheduler.queue_depths().items()},
             inflight={e.id: e.inflight for e in snap.endpoints},
         )
+
+    def request_reload(self) -> None:
+        """SIGHUP: reload now, or, when a reload is under way, once more after it (however many signals
+        came meanwhile: the last one asks for the files as they are then)."""
+        if "reload" in self.supervisor.names:
+            self._reload_again = True
+            return
+        self.supervisor.spawn("reload", self._reload_until_settled, restart=False)
+
+    async def _reload_until_settled(self) -> None:
+        await self.reload()
+        while self._reload_again:
+            self._reload_again = False
+            await self.reload()
 
     async def reload(self) -> bool:
         """SIGHUP: build the new runtime aside; push it on success, keep the old one on any error."""
@@ -206,7 +221,7 @@ async def serve(gw: Gateway) -> None:
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: gw.supervisor.spawn("reload", gw.reload, restart=False))
+    loop.add_signal_handler(signal.SIGHUP, gw.request_reload)
     await gw.endpoints.first_round(timeout_s=gw.runtime.scrape.timeout_s * 2 + 1.0)
     settle()  # everything kept for the process's lifetime is built: freeze it, out of the collector's way
     gw.notifier.ready()

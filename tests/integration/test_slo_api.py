@@ -4,6 +4,7 @@ endpoints, per-class goodput and rejections in /metrics and /admin/fleet."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,21 @@ async def test_tasks_share_one_clock(
         tasks = orjson.loads(await r.read())["slo"]["tasks"]
     assert tasks["active"] == 1
     assert tasks["step_seconds"]["chat"][2] is not None  # three steps measured
+
+
+async def test_reloads_requested_during_a_reload_run_once_more_after_it(
+    tmp_path: Path, engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    """SIGHUPs close together: the first reloads, those that come while it runs ask for one more
+    reload after it (they used to raise inside the signal callback, and the next reload never ran)."""
+    gw = await gateway(tmp_path, start_gateway, [await engine_server(FakeEngine()) + ",engine=vllm"])
+    for _ in range(3):  # in one turn of the loop, as signal callbacks that came together run
+        gw.gw.request_reload()
+    while "reload" in gw.gw.supervisor.names:
+        await asyncio.sleep(0)
+    ok = gw.gw.metrics.registry.get_sample_value("berth_config_reloads_total", {"result": "ok"})
+    assert ok == 2.0
+    gw.gw.request_reload()  # and later ones run as before
+    while "reload" in gw.gw.supervisor.names:
+        await asyncio.sleep(0)
+    assert gw.gw.metrics.registry.get_sample_value("berth_config_reloads_total", {"result": "ok"}) == 3.0
