@@ -58,6 +58,14 @@ class SloCollector:
         for (cls, reason), n in sorted(self._state.rejections.items()):
             rej.add_metric([cls, reason], n)
         yield rej
+        unknown = CounterMetricFamily(
+            "berth_slo_unknown_class",
+            "Requests whose x-berth-slo-class the policy lacks, served in the class named here (its default)",
+            labels=["slo_class"],
+        )
+        for cls, n in sorted(self._state.unknown_classes.items()):
+            unknown.add_metric([cls], n)
+        yield unknown
         tasks = self._state.tasks
         yield GaugeMetricFamily("berth_tasks_active", "Tasks the task clock remembers", value=len(tasks))
         gone = CounterMetricFamily(

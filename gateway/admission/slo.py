@@ -27,7 +27,7 @@ from gateway.admission.tasks import TaskClock
 from gateway.config.schema import TenantConfig
 from gateway.core import errors
 from gateway.core.errors import BerthError
-from gateway.core.slo import SloClass, SloPolicy, SloRule, TaskCall, TaskMetric
+from gateway.core.slo import SloClass, SloPolicy, SloRule, TaskCall, TaskMetric, UnknownClass
 from gateway.core.types import SLO, ParsedRequest
 
 H_CLASS: Final = "x-berth-slo-class"
@@ -37,6 +37,8 @@ H_DEADLINE: Final = "x-berth-deadline-ms"
 H_TASK_ID: Final = "x-berth-task-id"
 H_TASK_SLA: Final = "x-berth-task-sla-ms"
 SLO_HEADERS: Final = (H_CLASS, H_TTFT, H_ITL, H_DEADLINE, H_TASK_ID, H_TASK_SLA)
+#: `Resolved.source` of a request whose x-berth-slo-class the policy lacks (served in the default class).
+UNKNOWN_CLASS_SOURCE: Final = "unknown-class"
 _PREFIX: Final = "x-berth-"
 _PREFIX_LEN: Final = len(_PREFIX)
 _MAX_MS: Final = 1e9
@@ -199,14 +201,18 @@ def resolve(
     now: float,
     tasks: TaskClock | None = None,
 ) -> Resolved:
-    """The request's SLO (see the module doc); 400 naming x-berth-slo-class for an unknown class."""
+    """The request's SLO (see the module doc). A class the policy lacks is served in the default class
+    (source "unknown-class"), or, when the policy says so, a 400 naming x-berth-slo-class."""
     cls: SloClass | None = None
     source = "default"
     if hdrs.slo_class is not None:
         cls = policy.get(hdrs.slo_class)
-        if cls is None:
+        if cls is not None:
+            source = "header"
+        elif policy.unknown_class is UnknownClass.REJECT:
             raise _bad(H_CLASS, f"unknown SLO class {hdrs.slo_class!r} (known: {', '.join(policy.classes)})")
-        source = "header"
+        else:
+            source = UNKNOWN_CLASS_SOURCE
     elif tenant is not None and tenant.slo_class is not None and tenant.slo_class in policy.classes:
         cls = policy.classes[tenant.slo_class]
         source = "tenant"

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gateway.admission.slo import NO_SLO_HEADERS, Resolved, Tenants, parse_slo_headers, resolve
+from gateway.admission.slo import (
+    NO_SLO_HEADERS,
+    UNKNOWN_CLASS_SOURCE,
+    Resolved,
+    Tenants,
+    parse_slo_headers,
+    resolve,
+)
 from gateway.admission.tasks import TaskClock
 from gateway.config.schema import TenantConfig
 from gateway.core.errors import BerthError, ErrorSource
@@ -25,6 +32,9 @@ class SloAdmission:
         self._tenant_source: Sequence[TenantConfig] | None = None
         self._tenants = Tenants()
         self.rejections: dict[tuple[str, str], int] = {}  # (class, error code) -> n
+        # Requests that named a class the policy lacks and were served in its default class, by that
+        # class (the names clients sent are not kept: they are theirs to choose, without bound).
+        self.unknown_classes: dict[str, int] = {}
         # The answer for a request with no x-berth-* header and no tenant under a policy without rules:
         # the same for every such request, so made once per policy.
         self._plain: tuple[SloPolicy, Resolved] | None = None
@@ -56,7 +66,11 @@ class SloAdmission:
             if plain is None or plain[0] is not policy:
                 plain = self._plain = (policy, resolve(policy, hdrs, None, parsed, served, now=now))
             return plain[1]
-        return resolve(policy, hdrs, tenant, parsed, served, now=now, tasks=self.tasks)
+        resolved = resolve(policy, hdrs, tenant, parsed, served, now=now, tasks=self.tasks)
+        if resolved.source == UNKNOWN_CLASS_SOURCE:
+            cls = resolved.slo.slo_class
+            self.unknown_classes[cls] = self.unknown_classes.get(cls, 0) + 1
+        return resolved
 
     def on_finish(
         self,

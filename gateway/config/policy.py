@@ -52,6 +52,7 @@ from gateway.core.slo import (
     SloRule,
     TaskMetric,
     TaskSettings,
+    UnknownClass,
     default_slo_policy,
 )
 from gateway.core.types import ApiKind
@@ -125,6 +126,8 @@ class SloRuleSection(
 
 class SloSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     default_class: str = ""  # empty: the first class listed
+    # A request naming a class this policy lacks: serve it in the default class, or answer 400.
+    unknown_class: UnknownClass = UnknownClass.DEFAULT
     classes: tuple[SloClassSection, ...] = ()
     rules: tuple[SloRuleSection, ...] = ()
 
@@ -286,7 +289,12 @@ def build_slo(pf: PolicyFile) -> SloPolicy:
             )
         if sec.rules:
             raise ConfigError("rules need [[slo.classes]] to name", path="slo.rules[0].class")
-        return SloPolicy(classes=default_slo_policy().classes, default_class=DEFAULT_CLASS, tasks=tasks)
+        return SloPolicy(
+            classes=default_slo_policy().classes,
+            default_class=DEFAULT_CLASS,
+            tasks=tasks,
+            unknown_class=sec.unknown_class,
+        )
     classes: dict[str, SloClass] = {}
     for i, c in enumerate(sec.classes):
         where = f"slo.classes[{i}]"
@@ -335,7 +343,13 @@ def build_slo(pf: PolicyFile) -> SloPolicy:
                 body=dict(r.body),
             )
         )
-    return SloPolicy(classes=classes, default_class=default, rules=tuple(rules), tasks=tasks)
+    return SloPolicy(
+        classes=classes,
+        default_class=default,
+        rules=tuple(rules),
+        tasks=tasks,
+        unknown_class=sec.unknown_class,
+    )
 
 
 def _unknown_class(name: str, classes: dict[str, SloClass]) -> str:

@@ -31,6 +31,13 @@ class Infeasible(enum.StrEnum):
     BEST_EFFORT = "best-effort"  # queue it in the lowest band
 
 
+class UnknownClass(enum.StrEnum):
+    """What admission does with a request whose x-berth-slo-class names a class the policy lacks."""
+
+    DEFAULT = "default"  # serve it in the default class (counted; the response names the class used)
+    REJECT = "reject"  # 400 naming the header and the known classes
+
+
 class TaskMetric(enum.StrEnum):
     """What a task SLA measures: the first token of the task's last call, or the end of it."""
 
@@ -105,6 +112,7 @@ class SloPolicy:
     default_class: str
     rules: tuple[SloRule, ...] = ()
     tasks: TaskSettings = TaskSettings()
+    unknown_class: UnknownClass = UnknownClass.DEFAULT
 
     def get(self, name: str) -> SloClass | None:
         return self.classes.get(name)

@@ -79,7 +79,6 @@ async def test_every_response_carries_the_berth_headers(
     ("headers", "named"),
     [
         pytest.param({"x-berth-ttft-ms": "soon"}, "x-berth-ttft-ms", id="malformed"),
-        pytest.param({"x-berth-slo-class": "platinum"}, "x-berth-slo-class", id="unknown-class"),
         pytest.param({"x-berth-colour": "blue"}, "x-berth-colour", id="unknown-header"),
         pytest.param({"x-berth-task-sla-ms": "100"}, "x-berth-task-sla-ms", id="sla-without-task"),
     ],
@@ -192,3 +191,25 @@ async def test_reloads_requested_during_a_reload_run_once_more_after_it(
     while "reload" in gw.gw.supervisor.names:
         await asyncio.sleep(0)
     assert gw.gw.metrics.registry.get_sample_value("berth_config_reloads_total", {"result": "ok"}) == 3.0
+
+
+@pytest.mark.parametrize("choice", ["default", "reject"])
+async def test_an_unknown_class_is_the_policys_choice(
+    tmp_path: Path, engine_server: EngineServer, start_gateway: StartGateway, choice: str
+) -> None:
+    policy = POLICY.replace('default_class = "chat"', f'default_class = "chat"\nunknown_class = "{choice}"')
+    gw = await gateway(tmp_path, start_gateway, [await engine_server(FakeEngine()) + ",engine=vllm"], policy)
+    status, headers, raw = await post(gw.url, BODY, {"x-berth-slo-class": "gold"})
+    async with aiohttp.ClientSession() as s, s.get(gw.url + "/metrics") as r:
+        metrics = (await r.read()).decode()
+    if choice == "reject":
+        assert status == 400
+        err = orjson.loads(raw)["error"]
+        assert (err["param"], err["code"]) == ("x-berth-slo-class", "invalid_slo_header")
+        assert "'gold'" in err["message"]
+        assert headers["x-berth-slo-met"] == "false"
+        assert "berth_slo_unknown_class_total{" not in metrics
+    else:
+        assert status == 200
+        assert headers["x-berth-slo-class"] == "chat"
+        assert 'berth_slo_unknown_class_total{slo_class="chat"} 1.0' in metrics

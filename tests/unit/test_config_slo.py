@@ -133,6 +133,11 @@ def test_a_policy_without_slo_has_one_class_without_targets() -> None:
             id="unknown-outcome",
         ),
         pytest.param(
+            '[slo]\nunknown_class = "drop"\n[[slo.classes]]\nname = "a"\n',
+            "p.toml:slo.unknown_class: invalid value 'drop' (expected one of: default, reject)",
+            id="unknown-class-choice",
+        ),
+        pytest.param(
             '[slo]\n[[slo.classes]]\nname = "a"\nitl = 5\n',
             "p.toml:slo.classes[0].itl: unknown key",
             id="unknown-class-key",

@@ -3,6 +3,7 @@ errors are 400s that name the header; tenants are found by key or key hash and n
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from gateway.admission.slo import (
     INVALID_SLO_HEADER,
     NO_SLO_HEADERS,
+    UNKNOWN_CLASS_SOURCE,
     SloHeaders,
     Tenant,
     Tenants,
@@ -22,7 +24,7 @@ from gateway.admission.state import SloAdmission
 from gateway.admission.tasks import TaskClock
 from gateway.config.schema import TenantConfig
 from gateway.core.errors import BerthError
-from gateway.core.slo import SloClass, SloKind, SloPolicy, SloRule, TaskMetric
+from gateway.core.slo import SloClass, SloKind, SloPolicy, SloRule, TaskMetric, UnknownClass
 from gateway.core.types import ApiKind, ParsedRequest
 
 POLICY = SloPolicy(
@@ -170,13 +172,30 @@ def test_a_repeated_header_is_a_400() -> None:
     assert info.value.param == "x-berth-ttft-ms"
 
 
-def test_an_unknown_class_is_a_400_listing_the_known_ones() -> None:
+def test_an_unknown_class_is_a_400_listing_the_known_ones_when_the_policy_rejects() -> None:
+    rejecting = dataclasses.replace(POLICY, unknown_class=UnknownClass.REJECT)
     with pytest.raises(BerthError) as info:
-        run({"x-berth-slo-class": "gold"})
+        resolve(rejecting, parse_slo_headers([("x-berth-slo-class", "gold")]), None, parsed(), "m", now=1.0)
     err = info.value
     assert (err.status, err.param) == (400, "x-berth-slo-class")
     assert "'gold'" in err.message
     assert "chat, batch, ide, gen" in err.message
+
+
+def test_an_unknown_class_is_served_in_the_default_class_and_counted() -> None:
+    got = run({"x-berth-slo-class": "gold", "x-berth-ttft-ms": "500"})
+    assert (got.slo.slo_class, got.source) == ("chat", UNKNOWN_CLASS_SOURCE)
+    assert got.slo.ttft_ms == 500.0  # the targets the request sent still count
+    assert got.slo.itl_ms == 100.0  # the default class's otherwise
+    state = SloAdmission()
+    for _ in range(2):
+        state.resolve(
+            [("x-berth-slo-class", "gold")], None, parsed(), served="m", now=1.0, policy=POLICY, tenants=()
+        )
+    state.resolve(
+        [("x-berth-slo-class", "ide")], None, parsed(), served="m", now=1.0, policy=POLICY, tenants=()
+    )
+    assert state.unknown_classes == {"chat": 2}
 
 
 def test_other_headers_are_ignored() -> None:
