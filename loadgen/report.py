@@ -99,6 +99,22 @@ class TaskResult:
     met: bool = False
 
 
+def complete_task(res: TaskResult, calls: Sequence[RequestResult], start_s: float) -> None:
+    """A task whose every call succeeded: its latency (task start to the first token or the end of its
+    last call, per its SLA metric; offsets from the run's start) and whether it met its SLA (without
+    one: whether every call met its SLO)."""
+    last = calls[-1]
+    res.ok = True
+    if res.sla_metric == "ttft" and last.ttft_s is not None:
+        res.latency_s = last.sent_at_s + last.ttft_s - start_s
+    elif last.e2e_s is not None:
+        res.latency_s = last.sent_at_s + last.e2e_s - start_s
+    if res.sla_ms is None:
+        res.met = all(r.slo_met for r in calls)
+    else:
+        res.met = res.latency_s is not None and res.latency_s * 1000.0 <= res.sla_ms
+
+
 @dataclass(slots=True)
 class Report:
     data: dict[str, Any]

@@ -30,7 +30,7 @@ import orjson
 
 from loadgen.client import RequestResult, build_body, build_headers, list_models, normalize_base_url, send
 from loadgen.cpu import CpuSampler
-from loadgen.report import Report, TaskResult, build_report
+from loadgen.report import Report, TaskResult, build_report, complete_task
 from loadgen.workloads import get_workload
 from loadgen.workloads.arrivals import ArrivalKind, arrival_fn
 from loadgen.workloads.base import TaskSpec, Workload
@@ -173,16 +173,7 @@ class _Run:
                 mine.append(result)
                 if not result.ok:
                     return
-            last = mine[-1]
-            res.ok = True
-            if task.sla_metric == "ttft" and last.ttft_s is not None:
-                res.latency_s = (last.sent_at_s + last.ttft_s) - (start - self.origin)
-            elif last.e2e_s is not None:
-                res.latency_s = (last.sent_at_s + last.e2e_s) - (start - self.origin)
-            if task.task_sla_ms is None:
-                res.met = all(r.slo_met for r in mine)
-            else:
-                res.met = res.latency_s is not None and res.latency_s * 1000.0 <= task.task_sla_ms * scale
+            complete_task(res, mine, start - self.origin)
         finally:
             self.tasks_done += 1
 

@@ -7,21 +7,28 @@ engine call, relay) -> finish (one canonical log line and the metrics, in `final
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Sequence, Set
 
 import structlog
 from aiohttp import web
 
 from gateway.admission.classify import task_class, to_sched_request
+from gateway.admission.models import ModelCatalog
+from gateway.admission.slo import Resolved
+from gateway.admission.state import SloAdmission
+from gateway.config.schema import TenantConfig
 from gateway.core import errors
 from gateway.core.errors import BerthError
 from gateway.core.logging import LEVEL
-from gateway.core.types import ApiKind, ParsedRequest
+from gateway.core.slo import SloPolicy
+from gateway.core.types import ApiKind, ModelName, ParsedRequest
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.slo_headers import error_headers
 from gateway.front.http import Handler, error_response, read_body, request_id
 from gateway.front.schemas import parse_body
 from gateway.front.services import Services
 from gateway.sched.request import SchedRequest
+from gateway.telemetry.live import LiveTelemetry
 from gateway.telemetry.records import FinishedRequest
 
 log = structlog.get_logger("berth.request")
@@ -70,34 +77,68 @@ async def admit(
     """Resolve the model (aliases), the SLO (headers, tenant, rules, task clock) and the prompt tokens:
     the scheduler's request."""
     settings = s.settings
-    served = settings.catalog.resolve(parsed.model, s.scheduler.models(ready_only=False))
-    ctx.served_model = served
-    ctx.prompt_chars = parsed.prompt_chars
-    resolved = s.slo.resolve(
+    resolved = resolve_slo(
+        ctx,
+        parsed,
         request.headers.items(),
         request.headers.get("Authorization"),
-        parsed,
-        served=served,
-        now=ctx.arrival,
+        catalog=settings.catalog,
+        known=s.scheduler.models(ready_only=False),
+        state=s.slo,
         policy=settings.slo,
         tenants=settings.tenants,
     )
-    ctx.slo_class = resolved.slo.slo_class
-    ctx.task = resolved.task
     key = s.next_key()  # berth's own id for the request: the client's X-Request-Id is only echoed
     counter = s.prompt_counter
-    exact = None if counter is None else await counter.count(key, parsed, served)
-    tel = s.telemetry
+    exact = None if counter is None else await counter.count(key, parsed, ModelName(ctx.served_model))
+    return scheduler_request(ctx, parsed, resolved, key, s.telemetry, prompt_tokens=exact)
+
+
+def resolve_slo(
+    ctx: RequestContext,
+    parsed: ParsedRequest,
+    headers: Iterable[tuple[str, str]],
+    authorization: str | None,
+    *,
+    catalog: ModelCatalog,
+    known: Set[ModelName],
+    state: SloAdmission,
+    policy: SloPolicy,
+    tenants: Sequence[TenantConfig],
+) -> Resolved:
+    """The served model (aliases resolved against the `known` models) and the request's SLO."""
+    served = catalog.resolve(parsed.model, known)
+    ctx.served_model = served
+    ctx.prompt_chars = parsed.prompt_chars
+    resolved = state.resolve(
+        headers, authorization, parsed, served=served, now=ctx.arrival, policy=policy, tenants=tenants
+    )
+    ctx.slo_class = resolved.slo.slo_class
+    ctx.task = resolved.task
+    return resolved
+
+
+def scheduler_request(
+    ctx: RequestContext,
+    parsed: ParsedRequest,
+    resolved: Resolved,
+    key: str,
+    telemetry: LiveTelemetry,
+    *,
+    prompt_tokens: int | None = None,
+) -> SchedRequest:
+    """The scheduler's request, keyed `key`, with the live token estimate (or the engine's count) and
+    output-length prediction."""
     sreq = to_sched_request(
         key,
         parsed,
-        served,
+        ModelName(ctx.served_model),
         ctx.arrival,
-        tokens=tel.tokens,
-        lengths=tel.lengths,
+        tokens=telemetry.tokens,
+        lengths=telemetry.lengths,
         slo=resolved.slo,
         task_id=resolved.task_id,
-        prompt_tokens=exact,
+        prompt_tokens=prompt_tokens,
     )
     ctx.sched = sreq
     ctx.slo_class = sreq.slo.slo_class
@@ -128,19 +169,7 @@ def finish(s: Services, ctx: RequestContext) -> None:
         m.output_tokens_of(model).inc(ctx.output_tokens)
     if ctx.prompt_tokens:
         m.prompt_tokens_of(model).inc(ctx.prompt_tokens)
-    record = finished_record(ctx)
-    if record is not None:
-        s.telemetry.on_finish(record)
-    s.slo.on_finish(
-        ctx.task,
-        ctx.slo_class,
-        ctx.error,
-        ok=ctx.outcome == "ok",
-        arrival=ctx.arrival,
-        dispatched_at=ctx.dispatched_at,
-        first_token_at=ctx.first_token_at,
-        finished_at=ctx.finished_at,
-    )
+    learn(ctx, s.telemetry, s.slo)
     if not LEVEL.info:
         return
     log.info(
@@ -160,6 +189,24 @@ def finish(s: Services, ctx: RequestContext) -> None:
         prompt_tokens=ctx.prompt_tokens,
         output_tokens=ctx.output_tokens,
         error=ctx.error.message if ctx.error is not None else None,
+    )
+
+
+def learn(ctx: RequestContext, telemetry: LiveTelemetry, slo: SloAdmission) -> None:
+    """What berth learns from a finished request (any outcome): telemetry's record of it, and its task
+    step's duration on the task clock (or the step given back when it never ran)."""
+    record = finished_record(ctx)
+    if record is not None:
+        telemetry.on_finish(record)
+    slo.on_finish(
+        ctx.task,
+        ctx.slo_class,
+        ctx.error,
+        ok=ctx.outcome == "ok",
+        arrival=ctx.arrival,
+        dispatched_at=ctx.dispatched_at,
+        first_token_at=ctx.first_token_at,
+        finished_at=ctx.finished_at,
     )
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.admission.classify import to_sched_request
 from gateway.admission.models import ModelCatalog
 from gateway.admission.state import SloAdmission
 from gateway.config import GatewayConfig, default_config, load_gateway_config, load_policy
@@ -23,7 +22,7 @@ from gateway.config.policy import load_default_policy
 from gateway.config.schema import EndpointConfig
 from gateway.core.types import ApiKind, EndpointHealth, EndpointId, EngineGauges, EngineKind
 from gateway.dispatch.context import RequestContext
-from gateway.front.api import finished_record
+from gateway.front.api import learn, resolve_slo, scheduler_request
 from gateway.front.schemas import parse_body
 from gateway.sched.plugins import default_registry
 from gateway.sched.request import SchedRequest
@@ -98,51 +97,23 @@ class SimGateway:
         parsed = parse_body(api, body)
         ctx.client_model = parsed.model
         ctx.stream = parsed.stream
-        served = self.catalog.resolve(parsed.model, self.scheduler.models(ready_only=False))
-        ctx.served_model = served
-        ctx.prompt_chars = parsed.prompt_chars
-        resolved = self.slo.resolve(
+        resolved = resolve_slo(
+            ctx,
+            parsed,
             headers,
             None,
-            parsed,
-            served=served,
-            now=ctx.arrival,
+            catalog=self.catalog,
+            known=self.scheduler.models(ready_only=False),
+            state=self.slo,
             policy=self.policy.slo,
             tenants=self.cfg.tenants,
         )
-        ctx.slo_class = resolved.slo.slo_class
-        ctx.task = resolved.task
-        tel = self.telemetry
-        sreq = to_sched_request(
-            ctx.id,
-            parsed,
-            served,
-            ctx.arrival,
-            tokens=tel.tokens,
-            lengths=tel.lengths,
-            slo=resolved.slo,
-            task_id=resolved.task_id,
-        )
-        ctx.sched = sreq
-        ctx.slo_class = sreq.slo.slo_class
-        return sreq
+        return scheduler_request(ctx, parsed, resolved, ctx.id, self.telemetry)
 
     def finish(self, ctx: RequestContext) -> None:
         """The finish phase's bookkeeping (metrics and the log line have no reader here)."""
         ctx.finished_at = self.clock.now()
-        record = finished_record(ctx)
-        if record is not None:
-            self.telemetry.on_finish(record)
-        self.slo.on_finish(
-            ctx.task,
-            ctx.slo_class,
-            ctx.error,
-            ok=ctx.outcome == "ok",
-            arrival=ctx.arrival,
-            dispatched_at=ctx.dispatched_at,
-            first_token_at=ctx.first_token_at,
-            finished_at=ctx.finished_at,
-        )
+        learn(ctx, self.telemetry, self.slo)
 
     def scrape(self, eid: EndpointId, gauges: EngineGauges, kv_capacity_tokens: float) -> None:
         """One scrape of an endpoint: the scheduler's gauges and the telemetry's sample."""

@@ -40,7 +40,7 @@ from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.options import SimOptions
 from loadgen.fleetsim.timeline import FleetTimeline
-from loadgen.report import GapHistogram, Report, TaskResult, build_report
+from loadgen.report import GapHistogram, Report, TaskResult, build_report, complete_task
 from loadgen.runner import RunOptions, build_schedule
 from loadgen.workloads import get_workload
 from loadgen.workloads.base import TaskSpec
@@ -362,19 +362,8 @@ class Simulation:
         self._task_done(task, ok)
 
     def _task_done(self, task: _Task, ok: bool) -> None:
-        res = task.result
-        spec = task.spec
         if ok:
-            last = task.sent[-1]
-            res.ok = True
-            if spec.sla_metric == "ttft" and last.ttft_s is not None:
-                res.latency_s = last.sent_at_s + last.ttft_s - task.start
-            elif last.e2e_s is not None:
-                res.latency_s = last.sent_at_s + last.e2e_s - task.start
-            if spec.task_sla_ms is None:
-                res.met = all(r.slo_met for r in task.sent)
-            else:
-                res.met = res.latency_s is not None and res.latency_s * 1000.0 <= spec.task_sla_ms
+            complete_task(task.result, task.sent, task.start)
         self._open_tasks -= 1
 
     def _drain(self) -> None:
