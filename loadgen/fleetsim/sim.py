@@ -438,9 +438,18 @@ class Simulation:
             ep.wake_at = wake
             self.push(wake, _WAKE, ep)
         on_engine = self._on_engine
+        finished = RequestState.FINISHED
         for req in result.woken:
             call = on_engine.get(req)
-            if call is not None:
+            if call is None:
+                continue
+            produced = call.produced + 1
+            if produced > 1 and produced < call.report_at and req.state is not finished:
+                # the common case, inline (once per token): one more gap, nothing to report
+                call.gaps.append(now - call.last_byte)
+                call.produced = produced
+                call.last_byte = now
+            else:
                 self._token(call, req, now)
 
     def _token(self, call: _Call, req: SimRequest, now: float) -> None:
