@@ -65,3 +65,9 @@ def test_a_tiny_what_if_end_to_end(tmp_path: Path, monkeypatch: Any) -> None:
     first = orjson.loads((out / "runs" / "pattern1-least-outstanding.json").read_bytes())
     again = orjson.loads(rerun.read_bytes())
     assert without_wall(first) == without_wall(again)
+
+
+def test_berth_loadgen_bench_runs_both(tmp_path: Path) -> None:
+    # the command line reaches each benchmark's own parser (which refuses these before running anything)
+    assert loadgen_main(["bench", "whatif", "--patterns", "pattern9", "--out", str(tmp_path)]) == 2
+    assert loadgen_main(["bench", "aladdin", "--policies", "nope", "--out", str(tmp_path)]) == 2
