@@ -8,6 +8,8 @@
     berth-loadgen sim --policy policies/coding-assistant.toml --fleet fleet.toml --workload coding:pattern1 \
         --rate 8 --duration 120 --seed 1 --out report.json [--plot sim.png] [--gateway gateway.toml]
     berth-loadgen bench scheduling [--quick] [--live]   # loadgen/bench/scheduling.py (simulator by default)
+    berth-loadgen bench aladdin [--quick] --out DIR     # loadgen/bench/aladdin.py
+    berth-loadgen bench whatif --out DIR                # loadgen/bench/whatif.py
 """
 
 from __future__ import annotations
@@ -36,8 +38,22 @@ def _bench_scheduling(argv: Sequence[str]) -> int:
     return scheduling.main(argv)
 
 
+def _bench_aladdin(argv: Sequence[str]) -> int:
+    from loadgen.bench import aladdin
+
+    return aladdin.main(argv)
+
+
+def _bench_whatif(argv: Sequence[str]) -> int:
+    from loadgen.bench import whatif
+
+    return whatif.main(argv)
+
+
 BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "scheduling": _bench_scheduling,
+    "aladdin": _bench_aladdin,
+    "whatif": _bench_whatif,
 }
 
 

@@ -9,28 +9,22 @@ from loadgen.workloads.base import CallSpec, Slo, TaskSpec, Workload
 from loadgen.workloads.chat_batch import ChatBatchWorkload
 from loadgen.workloads.coding import CodingWorkload
 from loadgen.workloads.multi_model import MultiModelWorkload
-from loadgen.workloads.sharegpt import ShareGptWorkload
+from loadgen.workloads.sharegpt import ALADDIN_SLOS, ShareGptWorkload
 from loadgen.workloads.trace import TraceWorkload
 
 _BUILTIN: dict[str, Callable[[str | None], Workload]] = {
     "coding": lambda v: CodingWorkload(v or "pattern1"),
     "multi-model": lambda v: MultiModelWorkload(v or "uniform"),
     "chat-batch": lambda v: ChatBatchWorkload(v or "mixed"),
-    "sharegpt-like": lambda v: _no_variant("sharegpt-like", v, ShareGptWorkload()),
+    "sharegpt-like": ShareGptWorkload,
 }
 BUILTIN_NAMES: tuple[str, ...] = tuple(_BUILTIN)
 VARIANTS: dict[str, tuple[str, ...]] = {
     "coding": ("pattern1", "pattern2", "ttft-heavy"),
     "multi-model": ("uniform", "ide-heavy", "popularity-skewed"),
     "chat-batch": ("mixed", "queue"),
-    "sharegpt-like": (),
+    "sharegpt-like": tuple(ALADDIN_SLOS),
 }
-
-
-def _no_variant(name: str, variant: str | None, w: Workload) -> Workload:
-    if variant:
-        raise ValueError(f"workload {name!r} has no variants")
-    return w
 
 
 def get_workload(spec: str) -> Workload:

@@ -109,6 +109,26 @@ def test_sharegpt_lengths_have_the_stated_means() -> None:
     assert max(outputs) <= 1024
 
 
+@pytest.mark.parametrize(
+    ("variant", "ttft_ms", "atgt_ms"),
+    [("aladdin-7b", 400.0, 15.0), ("aladdin-13b", 600.0, 30.0), ("aladdin-70b", 1600.0, 75.0)],
+)
+def test_sharegpt_aladdin_variants_keep_the_lengths_and_set_the_slos(
+    variant: str, ttft_ms: float, atgt_ms: float
+) -> None:
+    plain = schedule("sharegpt-like", rate=50.0, duration=10.0)
+    tasks = schedule(f"sharegpt-like:{variant}", rate=50.0, duration=10.0)
+    assert get_workload(f"sharegpt-like:{variant}").name == f"sharegpt-like:{variant}"
+    assert [(t.at_s, t.calls[0].prompt_tokens, t.calls[0].output_tokens) for t in tasks] == [
+        (t.at_s, t.calls[0].prompt_tokens, t.calls[0].output_tokens) for t in plain
+    ]
+    assert {t.calls[0].slo for t in tasks} == {Slo(ttft_ms=ttft_ms, atgt_ms=atgt_ms)}
+    headers = build_headers(tasks[0], tasks[0].calls[0], {}, slo_scale=1.0, slo_headers=True)
+    assert headers["x-berth-ttft-ms"] == f"{ttft_ms:.0f}"
+    assert headers["x-berth-itl-ms"] == f"{atgt_ms:.0f}"
+    assert "x-berth-deadline-ms" not in headers
+
+
 @pytest.mark.parametrize(("kind", "cv"), [("poisson", 1.0), ("gamma", 0.5), ("gamma", 3.0)])
 def test_arrival_rate_and_burstiness(kind: str, cv: float) -> None:
     times = arrival_times(kind, 50.0, 400.0, random.Random(7), cv=cv)  # type: ignore[arg-type]
