@@ -292,9 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--notes", type=Path, help="markdown appended to report.md as its analysis")
     p.add_argument(
-        "--overall-ttft-only",
+        "--per-type-ttft",
         action="store_true",
-        help="judge the overall P95 TTFT only (each task type's is shown, not judged)",
+        help="judge each task type's P95 TTFT too (default: reported beside the verdict)",
     )
     return p
 
@@ -315,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         duration_s=args.duration,
         endpoints_per_model=args.endpoints,
         seed=args.seed,
-        tol=Tolerances(per_type_ttft=not args.overall_ttft_only),
+        tol=Tolerances(per_type_ttft=args.per_type_ttft),
         live_from=args.live_from,
         notes=args.notes,
     )
