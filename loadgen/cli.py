@@ -8,6 +8,7 @@
     berth-loadgen sim --policy policies/coding-assistant.toml --fleet fleet.toml --workload coding:pattern1 \
         --rate 8 --duration 120 --seed 1 --out report.json [--plot sim.png] [--gateway gateway.toml]
     berth-loadgen bench scheduling [--quick]         # loadgen/bench/scheduling.py
+    berth-loadgen bench fidelity | simscale | decisions  # bench/fidelity.py, sim_scale.py, decision_cost.py
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("workloads", help="list the built-in workloads")
 
     b = sub.add_parser("bench", help="run a benchmark: `bench scheduling --help`")
-    b.add_argument("name", choices=("scheduling",))
+    b.add_argument("name", choices=("scheduling", "fidelity", "simscale", "decisions"))
     b.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
     return p
 
@@ -228,9 +229,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sim":
         return _sim(args)
     if args.command == "bench":
-        from loadgen.bench import scheduling
+        from loadgen.bench import decision_cost, fidelity, scheduling, sim_scale
 
-        return scheduling.main(args.args)
+        bench = {
+            "scheduling": scheduling.main,
+            "fidelity": fidelity.main,
+            "simscale": sim_scale.main,
+            "decisions": decision_cost.main,
+        }
+        return bench[args.name](args.args)
     if args.command == "compare":
         try:
             reports = [(p.stem, load_report(p)) for p in args.reports]
