@@ -59,3 +59,17 @@ def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
     text = (out / "report.md").read_text()
     assert "| default |" in text
     assert "| coding-assistant |" in text
+
+
+def test_a_preset_that_misses_the_target_is_profiled(tmp_path: Path) -> None:
+    out = tmp_path / "decisions"
+    rc = decisions_main(
+        ["--out", str(out), "--presets", "least-outstanding", "--endpoints", "3", "--queued", "10",
+         "--rounds", "20", "--warmup", "3", "--target-us", "0.001"]
+    )  # fmt: skip
+    assert rc == 0
+    (result,) = orjson.loads((out / "report.json").read_bytes())["results"]
+    assert result["passed"] is False
+    assert any("scheduler.py" in p["function"] for p in result["profile"]["top_cumulative"])
+    assert (out / result["profile"]["file"]).exists()
+    assert "least-outstanding's time goes" in (out / "report.md").read_text()
