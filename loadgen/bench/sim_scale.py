@@ -22,8 +22,11 @@ Output: `OUT/report.md`, `OUT/report.json`.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import math
 import os
+import pstats
 import resource
 import subprocess
 import sys
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
 import orjson
 
 from loadgen.harness import REPO_ROOT, pinned
@@ -84,9 +88,9 @@ def _rss_kib() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
 
 
-def measure(point: Point, work: Path) -> dict[str, Any]:
+def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[str, Any]:
     """Run one simulation in this process; its figures (meant for a fresh process: RSS is the peak of
-    this process's life)."""
+    this process's life). With `profile_to`, under cProfile, whose top functions go to that file."""
     from loadgen.bench.scheduling import gateway_toml
     from loadgen.engine_sim.spec import EndpointSpec
     from loadgen.fleetsim import SimOptions, simulate
@@ -113,9 +117,20 @@ def measure(point: Point, work: Path) -> dict[str, Any]:
     )
     cpu0 = time.process_time()
     t0 = time.perf_counter()
+    prof = cProfile.Profile() if profile_to is not None else None
+    if prof is not None:
+        prof.enable()
     report = simulate(opts)
+    if prof is not None:
+        prof.disable()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
+    if prof is not None and profile_to is not None:
+        buf = io.StringIO()
+        stats = pstats.Stats(prof, stream=buf)
+        stats.sort_stats("cumulative").print_stats(40)
+        stats.sort_stats("tottime").print_stats(30)
+        profile_to.write_text(buf.getvalue())
     gateway.unlink(missing_ok=True)
     sim = report.data["simulation"]
     overall = report.data["overall"]
@@ -137,12 +152,16 @@ def measure(point: Point, work: Path) -> dict[str, Any]:
         "rss_peak_mib": round(_rss_kib() / 1024, 1),
         "policy": sim["policy"],
         "workload": workload,
+        "profiled": profile_to is not None,
     }
 
 
-def run_point(point: Point, cpus: Sequence[int] | None, work: Path) -> dict[str, Any]:
+def run_point(
+    point: Point, cpus: Sequence[int] | None, work: Path, profile_to: Path | None = None
+) -> dict[str, Any]:
     """`point` in a fresh process (pinned to `cpus`); its figures."""
-    argv = pinned([*point.argv(), "--work", str(work)], None if cpus is None else set(cpus))
+    extra = ["--work", str(work)] + ([] if profile_to is None else ["--profile-to", str(profile_to)])
+    argv = pinned([*point.argv(), *extra], None if cpus is None else set(cpus))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(argv, capture_output=True, check=False, cwd=REPO_ROOT, env=env)
     if proc.returncode != 0:
@@ -163,6 +182,7 @@ class ScaleConfig:
     sizes: tuple[int, ...] = CURVE_SIZES
     curve_duration_s: float = CURVE_DURATION_S
     cpus: tuple[int, ...] | None = (0,)
+    profile: bool = False  # each point under cProfile (OUT/profile-LABEL.txt); its wall times inflate
     seed: int = 1
     policy: Path = POLICY
     workload: str = WORKLOAD
@@ -226,6 +246,23 @@ def curve_summary(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def memory_model(points: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+    """RSS growth over the imports as `per_endpoint` MiB x endpoints + `per_request` KiB x requests, by
+    least squares over the points; None without two points that tell the two apart."""
+    rows = [(p["endpoints"], p["requests"], p["rss_peak_mib"] - p["rss_base_mib"]) for p in points]
+    if len(rows) < 2:
+        return None
+    a = np.array([[e, r / 1024.0] for e, r, _ in rows], dtype=np.float64)
+    y = np.array([g for _, _, g in rows], dtype=np.float64)
+    if np.linalg.matrix_rank(a) < 2:
+        return None
+    (per_endpoint, per_request_kib), *_ = np.linalg.lstsq(a, y, rcond=None)
+    return {
+        "per_endpoint_mib": round(float(per_endpoint), 3),
+        "per_request_kib": round(float(per_request_kib), 3),
+    }
+
+
 def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
@@ -279,6 +316,8 @@ HEADER: Final = [
 
 def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[dict[str, Any]]) -> str:
     pin = "not pinned" if cfg.cpus is None else f"pinned to CPU {','.join(map(str, cfg.cpus))} (taskset)"
+    if cfg.profile:
+        pin += "; PROFILED (cProfile): wall times include its overhead"
     lines = [
         "# Fleet simulator: scale and speed",
         "",
@@ -327,11 +366,22 @@ def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[
             "## (c) memory",
             "",
             f"- largest peak RSS {worst['rss_peak_mib']:.0f} MiB ({worst['label']}: {worst['requests']:,} "
-            f"requests, {worst['endpoints']} endpoints); the simulator keeps every request's result for "
-            "its report, so memory grows with requests (KiB/request above), not with the events.",
-            "",
+            f"requests, {worst['endpoints']} endpoints); {worst['rss_base_mib']:.0f} MiB of it are the "
+            "interpreter and the imports.",
         ]
+        model = memory_model(points)
+        if model is not None:
+            lines.append(
+                f"- growth over the imports, fitted over every point: {model['per_endpoint_mib']:.2f} MiB "
+                f"per endpoint + {model['per_request_kib']:.2f} KiB per request (the simulator keeps every "
+                "request's and task's result for its report)."
+            )
+        lines.append("")
     return "\n".join(lines)
+
+
+def _profile_path(cfg: ScaleConfig, p: Point) -> Path | None:
+    return (cfg.out / f"profile-{p.label}.txt").resolve() if cfg.profile else None
 
 
 def bench(cfg: ScaleConfig, *, headline: bool = True, log: Any = print) -> dict[str, Any]:
@@ -342,12 +392,12 @@ def bench(cfg: ScaleConfig, *, headline: bool = True, log: Any = print) -> dict[
     if headline:
         p = cfg.headline()
         log(f"(a) {p.endpoints} endpoints, {p.rate:g} req/s for {p.duration_s:g} simulated s ...")
-        head = run_point(p, cfg.cpus, work)
+        head = run_point(p, cfg.cpus, work, _profile_path(cfg, p))
         log(f"    {head}")
     curve = []
     for p in cfg.curve():
         log(f"(b) {p.endpoints} endpoints, {p.rate:g} req/s for {p.duration_s:g} simulated s ...")
-        curve.append(run_point(p, cfg.cpus, work))
+        curve.append(run_point(p, cfg.cpus, work, _profile_path(cfg, p)))
         log(f"    {curve[-1]}")
     doc = {
         "config": {
@@ -366,6 +416,7 @@ def bench(cfg: ScaleConfig, *, headline: bool = True, log: Any = print) -> dict[
         "headline": head,
         "curve": curve,
         "curve_summary": curve_summary(curve) if curve else None,
+        "memory_model": memory_model(([head] if head is not None else []) + curve),
         "elapsed_s": round(time.time() - started, 1),
     }
     (cfg.out / "report.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
@@ -393,6 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     # One point in this process (what `run_point` starts): ENDPOINTS RATE DURATION SEED POLICY WORKLOAD.
     p.add_argument("--point", nargs=6, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--profile-to", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--profile", action="store_true", help="run each point under cProfile (OUT/profile-LABEL.txt)"
+    )
     return p
 
 
@@ -402,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         n, rate, duration, seed, policy, workload = args.point
         work = args.work or Path(".")
         point = Point("point", int(n), float(rate), float(duration), int(seed), Path(policy), workload)
-        fig = measure(point, work)
+        fig = measure(point, work, args.profile_to)
         sys.stdout.write(orjson.dumps(fig).decode() + "\n")
         return 0
     cpus = tuple(int(c) for c in args.cpu.split(",") if c.strip()) or None
@@ -414,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes=tuple(int(x) for x in args.sizes.split(",") if x.strip()),
         curve_duration_s=args.curve_duration,
         cpus=cpus,
+        profile=args.profile,
         seed=args.seed,
         policy=args.policy,
         workload=args.workload,

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.bench.sim_scale import ScaleConfig, curve_summary, loglog_slope
+from loadgen.bench.sim_scale import ScaleConfig, curve_summary, loglog_slope, memory_model
 from loadgen.bench.sim_scale import main as simscale_main
 
 
@@ -39,6 +39,21 @@ def test_the_curve_is_near_linear_when_wall_per_event_stays_flat() -> None:
     assert steep["slope_wall_vs_events"] > 1.4
 
 
+def _mem(endpoints: int, requests: int, peak: float) -> dict[str, float | int]:
+    return {"endpoints": endpoints, "requests": requests, "rss_base_mib": 60.0, "rss_peak_mib": 60.0 + peak}
+
+
+def test_memory_is_split_into_per_endpoint_and_per_request_growth() -> None:
+    # 0.5 MiB per endpoint, 2 KiB per request
+    pts = [_mem(100, 100_000, 50 + 2 * 100_000 / 1024), _mem(1000, 30_000, 500 + 2 * 30_000 / 1024)]
+    model = memory_model(pts)
+    assert model is not None
+    assert model["per_endpoint_mib"] == pytest.approx(0.5, abs=1e-3)
+    assert model["per_request_kib"] == pytest.approx(2.0, abs=1e-3)
+    assert memory_model(pts[:1]) is None
+    assert memory_model([_mem(10, 100, 1.0), _mem(20, 200, 2.0)]) is None  # the two cannot be told apart
+
+
 def test_headline_point_offers_the_requested_number_of_requests() -> None:
     p = ScaleConfig(
         out=Path("x"), rate_per_endpoint=0.5, headline_endpoints=100, headline_requests=100_000
@@ -53,7 +68,7 @@ def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "scale"
     rc = simscale_main(
         ["--out", str(out), "--headline-endpoints", "3", "--headline-requests", "30", "--sizes", "2,4",
-         "--curve-duration", "8", "--rate-per-endpoint", "0.5", "--cpu", ""]
+         "--curve-duration", "8", "--rate-per-endpoint", "0.5", "--cpu", "", "--profile"]
     )  # fmt: skip
     assert rc == 0
     doc = orjson.loads((out / "report.json").read_bytes())
@@ -68,3 +83,5 @@ def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert "(a)" in text
     assert "(b)" in text
     assert "(c) memory" in text
+    assert "PROFILED" in text
+    assert "simulate" in (out / "profile-curve-2.txt").read_text()
