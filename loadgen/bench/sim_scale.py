@@ -275,9 +275,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 def _row(p: dict[str, Any]) -> list[str]:
     us = 1e6 * p["wall_s"] / p["events"] if p["events"] else float("nan")
-    per_req_kib = (
-        1024 * (p["rss_peak_mib"] - p["rss_base_mib"]) / p["requests"] if p["requests"] else float("nan")
-    )
     return [
         str(p["endpoints"]),
         f"{p['rate']:g}",
@@ -292,7 +289,6 @@ def _row(p: dict[str, Any]) -> list[str]:
         f"{p['utilization']:.2f}" if p["utilization"] is not None else "-",
         f"{p['rss_base_mib']:.0f}",
         f"{p['rss_peak_mib']:.0f}",
-        f"{per_req_kib:.2f}",
     ]
 
 
@@ -310,7 +306,6 @@ HEADER: Final = [
     "util",
     "RSS base MiB",
     "RSS peak MiB",
-    "KiB/request",
 ]
 
 
@@ -328,7 +323,7 @@ def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[
         "",
         "wall s: `simulate()` from the call to the report (the simulation and building its report); "
         "requests/s and events/s: simulated per wall second; util: mean share of endpoints busy; RSS "
-        "base: after the imports, before the simulation; KiB/request: (peak - base) / requests.",
+        "base: after the imports, before the simulation.",
         "",
     ]
     if headline is not None:
