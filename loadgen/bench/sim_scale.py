@@ -54,6 +54,8 @@ CURVE_DURATION_S: Final = 60.0  # keeps the 1,000-endpoint point (~30,000 reques
 #: Wall time per event may grow this much from the smallest to the largest fleet and still count as
 #: near-linear in events.
 LINEAR_SLACK: Final = 1.5
+#: Requests per endpoint must differ this much between points to split memory into the two parts.
+MEMORY_SPREAD: Final = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,9 +250,11 @@ def curve_summary(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def memory_model(points: Sequence[dict[str, Any]]) -> dict[str, float] | None:
     """RSS growth over the imports as `per_endpoint` MiB x endpoints + `per_request` KiB x requests, by
-    least squares over the points; None without two points that tell the two apart."""
+    least squares over the points; None unless requests per endpoint differ by MEMORY_SPREAD between
+    the points (else the two parts cannot be told apart: the curve alone has the same load everywhere)."""
     rows = [(p["endpoints"], p["requests"], p["rss_peak_mib"] - p["rss_base_mib"]) for p in points]
-    if len(rows) < 2:
+    ratios = [r / e for e, r, _ in rows if e > 0 and r > 0]
+    if len(ratios) < 2 or max(ratios) < MEMORY_SPREAD * min(ratios):
         return None
     a = np.array([[e, r / 1024.0] for e, r, _ in rows], dtype=np.float64)
     y = np.array([g for _, _, g in rows], dtype=np.float64)
