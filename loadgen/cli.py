@@ -10,6 +10,7 @@
     berth-loadgen bench scheduling [--quick] [--live]   # loadgen/bench/scheduling.py (simulator by default)
     berth-loadgen bench aladdin [--quick] --out DIR     # loadgen/bench/aladdin.py
     berth-loadgen bench whatif --out DIR                # loadgen/bench/whatif.py
+    berth-loadgen bench fidelity | simscale | decisions # bench/fidelity.py, sim_scale.py, decision_cost.py
 """
 
 from __future__ import annotations
@@ -50,10 +51,31 @@ def _bench_whatif(argv: Sequence[str]) -> int:
     return whatif.main(argv)
 
 
+def _bench_fidelity(argv: Sequence[str]) -> int:
+    from loadgen.bench import fidelity
+
+    return fidelity.main(argv)
+
+
+def _bench_simscale(argv: Sequence[str]) -> int:
+    from loadgen.bench import sim_scale
+
+    return sim_scale.main(argv)
+
+
+def _bench_decisions(argv: Sequence[str]) -> int:
+    from loadgen.bench import decision_cost
+
+    return decision_cost.main(argv)
+
+
 BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "scheduling": _bench_scheduling,
     "aladdin": _bench_aladdin,
     "whatif": _bench_whatif,
+    "fidelity": _bench_fidelity,
+    "simscale": _bench_simscale,
+    "decisions": _bench_decisions,
 }
 
 

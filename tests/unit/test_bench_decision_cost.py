@@ -1,0 +1,75 @@
+"""The scheduler-cost benchmark: its timing summary and verdict, and a tiny run end to end (a small fleet
+and queue, a few seconds): the warmed-up scheduler really holds the queue it was asked for, every judged
+call is timed, and the report says PASS or FAIL per preset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from loadgen.bench.decision_cost import TARGET_P99_US, Timings, verdicts
+from loadgen.bench.decision_cost import main as decisions_main
+
+
+def test_timings_summarize_in_microseconds() -> None:
+    t = Timings()
+    for ns in range(1000, 101_000, 1000):  # 1 .. 100 µs
+        t.add("submit", ns)
+    s = t.summary()["submit"]
+    assert s["n"] == 100
+    assert s["p50_us"] == pytest.approx(50.5)
+    assert s["p99_us"] == pytest.approx(99.0, abs=0.1)
+    assert s["max_us"] == 100.0
+
+
+@pytest.mark.parametrize(
+    ("p99", "ok"),
+    [
+        pytest.param(TARGET_P99_US, True, id="at-target"),
+        pytest.param(TARGET_P99_US + 1, False, id="over"),
+    ],
+)
+def test_the_verdict_is_p99_against_the_target(p99: float, ok: bool) -> None:
+    summary = {
+        "submit": {"n": 1, "p50_us": 1.0, "p99_us": 1.0, "max_us": 1.0},
+        "complete": {"n": 1, "p50_us": 1.0, "p99_us": p99, "max_us": p99},
+        "progress": {"n": 1, "p50_us": 1.0, "p99_us": 1e9, "max_us": 1e9},  # not judged
+    }
+    assert verdicts(summary) == {"submit": True, "complete": ok}
+
+
+def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "decisions"
+    rc = decisions_main(
+        ["--out", str(out), "--presets", "default,coding-assistant", "--endpoints", "4", "--queued", "20",
+         "--rounds", "60", "--warmup", "5", "--sla-scale", "20", "--no-profile"]
+    )  # fmt: skip
+    assert rc == 0
+    doc = orjson.loads((out / "report.json").read_bytes())
+    assert [r["preset"] for r in doc["results"]] == ["default", "coding-assistant"]
+    for r in doc["results"]:
+        assert r["queued_at_start"] == 20
+        assert r["running_at_start"] > 0
+        assert r["warmup_requests"] > 0
+        assert set(r["verdicts"]) == {"submit", "complete", "tick"}
+        assert r["timings"]["complete"]["n"] == 60
+    assert doc["results"][1]["policy"] == "coding-assistant"
+    text = (out / "report.md").read_text()
+    assert "| default |" in text
+    assert "| coding-assistant |" in text
+
+
+def test_a_preset_that_misses_the_target_is_profiled(tmp_path: Path) -> None:
+    out = tmp_path / "decisions"
+    rc = decisions_main(
+        ["--out", str(out), "--presets", "least-outstanding", "--endpoints", "3", "--queued", "10",
+         "--rounds", "20", "--warmup", "3", "--target-us", "0.001"]
+    )  # fmt: skip
+    assert rc == 0
+    (result,) = orjson.loads((out / "report.json").read_bytes())["results"]
+    assert result["passed"] is False
+    assert any("scheduler.py" in p["function"] for p in result["profile"]["top_cumulative"])
+    assert (out / result["profile"]["file"]).exists()
+    assert "least-outstanding's time goes" in (out / "report.md").read_text()
