@@ -139,10 +139,7 @@ def test_reasoning_and_tool_call_deltas_are_generated_tokens(deltas: list[dict[s
     assert relay.tokens == 2  # the role chunk generates nothing
     assert relay.first_token_at == 11.0
     assert relay.gaps == [1.0]
-    assert relay.first_content_at is None
-    assert relay.produced_text == ""
+    assert (relay.first_content_at, relay.produced_text) == (None, "")
     relay.feed(_delta_chunk({"content": "answer"}), 13.0)
-    assert relay.first_token_at == 11.0
-    assert relay.first_content_at == 13.0
-    assert relay.tokens == 3
-    assert relay.produced_text == "answer"
+    after = (relay.first_token_at, relay.first_content_at, relay.tokens, relay.produced_text)
+    assert after == (11.0, 13.0, 3, "answer")
