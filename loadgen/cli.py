@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -30,53 +31,21 @@ from loadgen.report import load_report
 from loadgen.runner import RunOptions, run_workload
 from loadgen.workloads import BUILTIN_NAMES, VARIANTS, get_workload
 
-
-# `berth-loadgen bench NAME ARGS...`: one function per benchmark, importing its module only when asked for
-# (a plain import, so the import graph still shows it), and one entry in BENCHMARKS.
-def _bench_scheduling(argv: Sequence[str]) -> int:
-    from loadgen.bench import scheduling
-
-    return scheduling.main(argv)
-
-
-def _bench_aladdin(argv: Sequence[str]) -> int:
-    from loadgen.bench import aladdin
-
-    return aladdin.main(argv)
-
-
-def _bench_whatif(argv: Sequence[str]) -> int:
-    from loadgen.bench import whatif
-
-    return whatif.main(argv)
-
-
-def _bench_fidelity(argv: Sequence[str]) -> int:
-    from loadgen.bench import fidelity
-
-    return fidelity.main(argv)
-
-
-def _bench_simscale(argv: Sequence[str]) -> int:
-    from loadgen.bench import sim_scale
-
-    return sim_scale.main(argv)
-
-
-def _bench_decisions(argv: Sequence[str]) -> int:
-    from loadgen.bench import decision_cost
-
-    return decision_cost.main(argv)
-
-
-BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
-    "scheduling": _bench_scheduling,
-    "aladdin": _bench_aladdin,
-    "whatif": _bench_whatif,
-    "fidelity": _bench_fidelity,
-    "simscale": _bench_simscale,
-    "decisions": _bench_decisions,
+# `berth-loadgen bench NAME ARGS...`: the module of each benchmark, imported only when asked for; each has
+# `main(argv) -> int`.
+BENCHMARKS: dict[str, str] = {
+    "scheduling": "loadgen.bench.scheduling",
+    "aladdin": "loadgen.bench.aladdin",
+    "whatif": "loadgen.bench.whatif",
+    "fidelity": "loadgen.bench.fidelity",
+    "simscale": "loadgen.bench.sim_scale",
+    "decisions": "loadgen.bench.decision_cost",
 }
+
+
+def _bench(name: str, argv: Sequence[str]) -> int:
+    run: Callable[[Sequence[str]], int] = importlib.import_module(BENCHMARKS[name]).main
+    return run(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sim":
         return _sim(args)
     if args.command == "bench":
-        return BENCHMARKS[args.name](args.args)
+        return _bench(args.name, args.args)
     if args.command == "compare":
         try:
             reports = [(p.stem, load_report(p)) for p in args.reports]
