@@ -27,7 +27,7 @@ import aiohttp
 from loadgen.plot import PlotUnavailable, plot_report
 from loadgen.progress import ProgressBar
 from loadgen.render import format_compare, format_report
-from loadgen.report import load_report
+from loadgen.report import Report, load_report
 from loadgen.runner import RunOptions, run_workload
 from loadgen.workloads import BUILTIN_NAMES, VARIANTS, get_workload
 
@@ -178,16 +178,7 @@ def _run(args: argparse.Namespace) -> int:
         report = await run_workload(opts, on_tick=bar.update if bar is not None else None)
         if bar is not None:
             bar.close()
-        if args.out is not None:
-            report.write(args.out)
-        if not args.quiet:
-            print(format_report(report.data))
-        if args.plot is not None:
-            try:
-                plot_report(report, args.plot)
-            except PlotUnavailable as e:
-                print(f"berth-loadgen: {e}", file=sys.stderr)
-        return 0
+        return _emit(args, report, plot_report)
 
     try:
         import uvloop
@@ -229,13 +220,18 @@ def _sim(args: argparse.Namespace) -> int:
     except (ConfigError, FleetFileError, ValueError, OSError) as e:
         print(f"berth-loadgen: {e}", file=sys.stderr)
         return 2
+    return _emit(args, report, plot_simulation)
+
+
+def _emit(args: argparse.Namespace, report: Report, plot: Callable[[Report, Path], None]) -> int:
+    """A run's outputs: the JSON report (--out), the table (unless -q), the plot (--plot)."""
     if args.out is not None:
         report.write(args.out)
     if not args.quiet:
         print(format_report(report.data))
     if args.plot is not None:
         try:
-            plot_simulation(report, args.plot)
+            plot(report, args.plot)
         except PlotUnavailable as e:
             print(f"berth-loadgen: {e}", file=sys.stderr)
     return 0
