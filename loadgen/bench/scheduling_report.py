@@ -113,7 +113,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def run_row(r: RunResult) -> list[str]:
+def _run_cells(r: RunResult) -> list[str]:
+    """The cells every run table starts with: rate, seed, policy, goodput overall and per task type, the
+    task types' p95 latencies and utilization."""
     t = r.tasks
     return [
         f"{r.rate:g}",
@@ -126,6 +128,12 @@ def run_row(r: RunResult) -> list[str]:
         _ms(t.get("summarization", {}).get("latency_p95_ms")),
         _ms(t.get("translation", {}).get("latency_p95_ms")),
         _f(r.utilization, 2),
+    ]
+
+
+def run_row(r: RunResult) -> list[str]:
+    return [
+        *_run_cells(r),
         _f(r.busy_share, 2),
         f"{_pct(r.cpu['berth']['cpu_share'])} / {_pct(r.cpu['berth']['runqueue_share'])}",
         f"{_pct(r.cpu['loadgen']['cpu_share'])} / {_pct(r.cpu['loadgen']['runqueue_share'])}",
@@ -381,18 +389,8 @@ def target_check(runs: Sequence[RunResult], pattern: str) -> list[str]:
 
 
 def sim_row(r: RunResult) -> list[str]:
-    t = r.tasks
     return [
-        f"{r.rate:g}",
-        str(r.seed),
-        r.policy,
-        _f(r.overall_goodput),
-        *(_f(t.get(k, {}).get("goodput")) for k in TASK_TYPES),
-        _ms(t.get("completion", {}).get("latency_p95_ms")),
-        _ms(t.get("generation", {}).get("latency_p95_ms")),
-        _ms(t.get("summarization", {}).get("latency_p95_ms")),
-        _ms(t.get("translation", {}).get("latency_p95_ms")),
-        _f(r.utilization, 2),
+        *_run_cells(r),
         str(r.berth_rejections),
         f"{r.wall_s:.1f}",
     ]
