@@ -48,28 +48,44 @@ def _bench(name: str, argv: Sequence[str]) -> int:
     return run(argv)
 
 
+def _client_arguments() -> argparse.ArgumentParser:
+    """What `run` and `sim` share: the workload, its schedule, the client's timers and the outputs."""
+    w = argparse.ArgumentParser(add_help=False)
+    w.add_argument(
+        "--workload", default="sharegpt-like", help=f"{' | '.join(BUILTIN_NAMES)}[:variant] or a JSONL trace"
+    )
+    w.add_argument("--rate", type=float, default=1.0, help="mean task arrivals per second")
+    w.add_argument(
+        "--duration", type=float, default=60.0, help="seconds of arrivals (a trace: cut-off, 0 = all)"
+    )
+    w.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
+    w.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument(
+        "--models", help="comma-separated models for slots 0,1,... (default: the target's /v1/models)"
+    )
+    w.add_argument(
+        "--slo-headers", action="store_true", help="also send x-berth-ttft-ms/-itl-ms/-deadline-ms"
+    )
+    w.add_argument("--timeout", type=float, default=600.0, help="per-request total timeout (s)")
+    w.add_argument("--stall-timeout", type=float, default=60.0, help="fail a request silent this long (s)")
+    w.add_argument(
+        "--drain-timeout", type=float, default=120.0, help="wait this long for in-flight tasks (s)"
+    )
+    w.add_argument("--out", type=Path, help="write the JSON report here")
+    w.add_argument("--plot", type=Path, help="latency CDFs and goodput per class, and a simulation's fleet")
+    w.add_argument("-q", "--quiet", action="store_true", help="no table")
+    return w
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="berth-loadgen", description="Workload generator and reports for berth.")
     sub = p.add_subparsers(dest="command", required=True)
+    client = _client_arguments()
 
-    r = sub.add_parser("run", help="run a workload and write a JSON report")
+    r = sub.add_parser("run", parents=[client], help="run a workload and write a JSON report")
     r.add_argument("--target", required=True, help="base URL of berth or an engine (with or without /v1)")
-    r.add_argument(
-        "--workload", default="sharegpt-like", help=f"{' | '.join(BUILTIN_NAMES)}[:variant] or a JSONL trace"
-    )
-    r.add_argument("--rate", type=float, default=1.0, help="mean task arrivals per second")
-    r.add_argument(
-        "--duration", type=float, default=60.0, help="seconds of arrivals (a trace: cut-off, 0 = all)"
-    )
-    r.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
-    r.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--out", type=Path, help="write the JSON report here")
-    r.add_argument(
-        "--models", help="comma-separated models for slots 0,1,... (default: the target's /v1/models)"
-    )
     r.add_argument("--record", type=Path, help="write what was sent and observed as JSONL (replayable)")
-    r.add_argument("--plot", type=Path, help="draw latency CDFs and goodput per class (needs matplotlib)")
     r.add_argument("--berth-pid", type=int, help="report berth's CPU share (from /proc/PID/stat)")
     r.add_argument(
         "--watch-pid", action="append", default=[], metavar="NAME=PID", help="another process to watch"
@@ -77,44 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--slo-scale", type=float, default=1.0, help="multiply every SLO (e.g. 0.1 with --speed 10)"
     )
-    r.add_argument(
-        "--slo-headers", action="store_true", help="also send x-berth-ttft-ms/-itl-ms/-deadline-ms"
-    )
     r.add_argument("--api-key", default=os.environ.get("BERTH_API_KEY"), help="sent as a Bearer token")
     r.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="extra request header")
-    r.add_argument("--timeout", type=float, default=600.0, help="per-request total timeout (s)")
-    r.add_argument("--stall-timeout", type=float, default=60.0, help="fail a request silent this long (s)")
-    r.add_argument(
-        "--drain-timeout", type=float, default=120.0, help="wait this long for in-flight tasks (s)"
-    )
-    r.add_argument("-q", "--quiet", action="store_true", help="no table")
 
     s = sub.add_parser(
-        "sim", help="simulate berth in front of a simulated fleet on a virtual clock (loadgen/fleetsim)"
+        "sim",
+        parents=[client],
+        help="simulate berth in front of a simulated fleet on a virtual clock (loadgen/fleetsim)",
     )
     s.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
     s.add_argument("--fleet", type=Path, required=True, help="fleet file (berth-engine-sim --fleet format)")
     s.add_argument("--gateway", type=Path, help="gateway.toml: its [limits], [scrape] and [telemetry]")
-    s.add_argument(
-        "--workload", default="sharegpt-like", help=f"{' | '.join(BUILTIN_NAMES)}[:variant] or a JSONL trace"
-    )
-    s.add_argument("--rate", type=float, default=1.0, help="mean task arrivals per second")
-    s.add_argument("--duration", type=float, default=60.0, help="simulated seconds of arrivals")
-    s.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
-    s.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--models", help="comma-separated models for slots 0,1,... (default: berth's /v1/models)")
-    s.add_argument(
-        "--slo-headers", action="store_true", help="also send x-berth-ttft-ms/-itl-ms/-deadline-ms"
-    )
-    s.add_argument("--timeout", type=float, default=600.0, help="per-request total timeout (s)")
-    s.add_argument("--stall-timeout", type=float, default=60.0, help="fail a request silent this long (s)")
-    s.add_argument(
-        "--drain-timeout", type=float, default=120.0, help="wait this long for in-flight tasks (s)"
-    )
-    s.add_argument("--out", type=Path, help="write the JSON report here")
-    s.add_argument("--plot", type=Path, help="goodput, latency CDFs, queue and utilization (matplotlib)")
-    s.add_argument("-q", "--quiet", action="store_true", help="no table")
 
     c = sub.add_parser("compare", help="print reports side by side with ratios to the first")
     c.add_argument("reports", nargs="+", type=Path)
