@@ -23,18 +23,6 @@ def meets(pred: Prediction, left: tuple[float | None, float | None], margin: flo
     return not (e2e_left is not None and pred.e2e_s > e2e_left * margin)
 
 
-def slack_of(pred: Prediction, left: tuple[float | None, float | None]) -> float | None:
-    """Time left minus the predicted time to each target (the smaller of the two); None without targets."""
-    ttft_left, e2e_left = left
-    out: float | None = None
-    if ttft_left is not None:
-        out = ttft_left - pred.ttft_s
-    if e2e_left is not None:
-        s = e2e_left - pred.e2e_s
-        out = s if out is None else min(out, s)
-    return out
-
-
 def itl_ok(req: SchedRequest, pred: Prediction) -> bool:
     itl = req.slo.itl_ms
     return itl is None or pred.tpot_s * 1000.0 <= itl
