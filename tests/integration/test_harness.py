@@ -46,11 +46,11 @@ def test_a_server_that_exits_first_fails_at_once_with_its_log(tmp_path: Path) ->
 
 def test_watched_lines_are_returned_as_they_are_printed(tmp_path: Path) -> None:
     script = (
-        "import sys, time\n"
+        "import signal, sys\n"
         "print('starting', flush=True)\n"
         "for i in range(2): print(f'endpoint {i} at http://127.0.0.1:{9000 + i}', flush=True)\n"
         "sys.stdin.read()\n"  # stdin is /dev/null: returns at once; then serve 'forever'
-        "time.sleep(600)\n"
+        "signal.pause()\n"  # a server: runs until the harness stops it
     )
     with ManagedProcess("sim", [PY, "-c", script], log_path=tmp_path / "s.log", watch=b" at http://") as proc:
         lines = proc.wait_for_lines(2, timeout_s=30)
