@@ -22,6 +22,7 @@ from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.slo_headers import slo_met_now
 from gateway.sched.request import SchedRequest
 from gateway.upstream.client import StallTimer, UpstreamSettings, open_request
+from gateway.upstream.credentials import AUTH_REFUSED, EngineAuth
 from gateway.upstream.dialects import dialect_for
 from gateway.upstream.sse import SseRelay, error_event
 
@@ -38,12 +39,14 @@ class Dispatcher:
         metrics: GatewayMetrics,
         clock: Clock,
         settings: UpstreamSettings,
+        auth: EngineAuth | None = None,
     ) -> None:
         self.session = session
         self.driver = driver
         self.metrics = metrics
         self.clock = clock
         self.settings = settings
+        self.auth = auth if auth is not None else EngineAuth()
 
     async def run(
         self,
@@ -82,8 +85,18 @@ class Dispatcher:
             try:
                 try:
                     resp = await open_request(
-                        self.session, endpoint.url + path, sent, sreq.id, self.settings, stream=ctx.stream
+                        self.session,
+                        endpoint.url + path,
+                        sent,
+                        sreq.id,
+                        self.settings,
+                        stream=ctx.stream,
+                        auth=self.auth.headers(endpoint.id),
                     )
+                    self.auth.result(endpoint.id, "generation", resp.status)
+                    if resp.status in AUTH_REFUSED:
+                        # berth's credentials, not the engine, are at fault: no retry elsewhere
+                        raise errors.engine_auth_failed(resp.status)
                     if resp.status != 200:
                         raise await _error_from(resp)
                 except BerthError as e:

@@ -10,6 +10,8 @@ The document (JSON; numbers are seconds, tokens or fractions; null where nothing
     fail_open            {active, since_s, events}: every ready endpoint's metrics stale
     stale_after_s
     endpoints[]          id, url, engine, state, class, node, models, group, cap, inflight,
+                         auth {state: ok | failed, failing_routes {route: status}} (failed: the engine
+                         answers 401/403 to berth's credentials, a configuration error),
                          gauges {running, waiting, kv_usage, fresh, scrape_age_s, dispatched_since_scrape,
                                  completed_since_scrape, corrected_running},
                          running_context {prompt_tokens, predicted_output_tokens}, kv_capacity_tokens,
@@ -40,7 +42,7 @@ from aiohttp import web
 
 from gateway import __version__
 from gateway.core import errors
-from gateway.core.types import EndpointHealth, ModelName
+from gateway.core.types import EndpointHealth, EndpointId, ModelName
 from gateway.front.http import error_response, request_id
 from gateway.front.services import SERVICES, Services
 from gateway.sched.snapshot import EndpointView
@@ -80,15 +82,20 @@ def authorize(request: web.Request, token: str) -> None:
         )
 
 
+def admin_error(e: errors.BerthError, request: web.Request) -> web.Response:
+    """The answer to a request `authorize` refused."""
+    resp = error_response(e, request_id(request))
+    if e.status == 401:
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="berth-admin"'
+    return resp
+
+
 async def fleet(request: web.Request) -> web.Response:
     s = request.app[SERVICES]
     try:
         authorize(request, s.admin_token)
     except errors.BerthError as e:
-        resp = error_response(e, request_id(request))
-        if e.status == 401:
-            resp.headers["WWW-Authenticate"] = 'Bearer realm="berth-admin"'
-        return resp
+        return admin_error(e, request)
     return web.Response(
         body=orjson.dumps(fleet_document(s)),
         content_type="application/json",
@@ -123,7 +130,11 @@ def fleet_document(s: Services) -> dict[str, Any]:
         },
         "stale_after_s": sched.limits.stale_after_s,
         "endpoints": [
-            _endpoint(e, fleet.endpoints.get(e.id), now, group_of.get(e.id)) for e in snap.endpoints
+            {
+                **_endpoint(e, fleet.endpoints.get(e.id), now, group_of.get(e.id)),
+                "auth": _auth(s, e.id),
+            }
+            for e in snap.endpoints
         ],
         "models": {
             m: {
@@ -157,6 +168,13 @@ def fleet_document(s: Services) -> dict[str, Any]:
             {cls: (a.finished, a.met) for cls, a in att.totals().items()},
         ),
     }
+
+
+def _auth(s: Services, eid: EndpointId) -> dict[str, Any]:
+    """Whether the engine takes berth's credentials: "failed" (with the routes that answered 401/403)
+    is a configuration error to fix in gateway.toml, not an engine fault."""
+    failing = s.engine_auth.failing(eid)
+    return {"state": "failed" if failing else "ok", "failing_routes": failing}
 
 
 def _endpoint(e: EndpointView, t: EndpointTelemetry | None, now: float, group: str | None) -> dict[str, Any]:

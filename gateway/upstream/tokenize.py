@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -46,10 +47,19 @@ _NO_TIMERS: Final = aiohttp.ClientTimeout(total=None, connect=None, sock_connect
 
 
 async def tokenize(
-    session: aiohttp.ClientSession, url: str, body: bytes, request_id: str, timeout_s: float
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    request_id: str,
+    timeout_s: float,
+    *,
+    auth: Mapping[str, str] | None = None,
 ) -> TokenizeAnswer:
-    """POST `body` to `url` (an engine's tokenize route) and read the prompt's token count."""
+    """POST `body` to `url` (an engine's tokenize route) and read the prompt's token count; `auth`:
+    the endpoint's credentials."""
     headers = {"Content-Type": _JSON, "X-Request-Id": request_id}
+    if auth:
+        headers.update(auth)
     try:
         async with (
             asyncio.timeout(timeout_s),

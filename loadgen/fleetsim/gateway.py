@@ -106,7 +106,6 @@ class SimGateway:
             known=self.scheduler.models(ready_only=False),
             state=self.slo,
             policy=self.policy.slo,
-            tenants=self.cfg.tenants,
         )
         return scheduler_request(ctx, parsed, resolved, ctx.id, self.telemetry)
 
