@@ -1,8 +1,10 @@
 """The endpoint scraper: one task per endpoint that keeps the gateway's view of it current.
 
 Each round it asks the engine three things, each bounded by `timeout_s`:
-1. `GET <health_path>`: 200 is a success for the endpoint's HealthTracker; anything else (another
-   status, a refused connection, a timeout) is a failure. When it fails the round stops here.
+1. `GET <health_path>`: 200 is a success for the endpoint's HealthTracker, and so are 401 and 403 (the
+   engine is up; it refuses berth's credentials, which is reported as a configuration error and must
+   not flap the endpoint's health); anything else (another status, a refused connection, a timeout)
+   is a failure. When it fails the round stops here.
 2. `GET /metrics`: parsed, the engine detected from its metric names when the caller did not say which
    engine it is, and the gauges (running, waiting, KV usage) reported. A /metrics page that fails or says
    nothing useful costs the endpoint its gauges for this round, never its health: stale metrics degrade
@@ -46,6 +48,7 @@ _MODELS_PATH: Final = "/v1/models"
 # prometheus_client answers format 0.0.4 to this Accept and OpenMetrics only when asked for it.
 _METRICS_HEADERS: Final = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
 _JSON_HEADERS: Final = {"Accept": "application/json", "Accept-Encoding": "identity"}
+_AUTH_REFUSED: Final = frozenset({401, 403})
 _MAX_METRICS_BYTES: Final = 32 * 1024 * 1024
 _MAX_SMALL_BYTES: Final = 4 * 1024 * 1024
 
@@ -199,7 +202,9 @@ class EndpointScraper:
     async def _check_health(self) -> None:
         path = self._dialect.health_path if self._dialect else _HEALTH_PATH
         status, _ = await self._get(path, _JSON_HEADERS, _MAX_SMALL_BYTES, route="health")
-        if status != 200:
+        # 401/403: the engine is up but refuses berth's credentials. That is the gateway's configuration
+        # error (reported by the credentials' owner), not an engine failing its checks: health holds.
+        if status != 200 and status not in _AUTH_REFUSED:
             raise _Failed(f"health check answered {status}")
 
     async def _scrape_metrics(self) -> tuple[bool, int]:

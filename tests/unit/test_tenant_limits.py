@@ -55,7 +55,8 @@ def test_tokens_per_min_charges_and_refills() -> None:
     s1 = _seat(lim.admit("a", 500, 0.0))
     assert s1.charged_tokens == 500
     r = _refusal(lim.admit("a", 200, 0.0))  # 100 left, 200 wanted: 10 s
-    assert (r.limit, r.retry_after_s) == (Limit.TOKENS, pytest.approx(10.0))
+    assert r.limit is Limit.TOKENS
+    assert r.retry_after_s == pytest.approx(10.0)
     _seat(lim.admit("a", 200, 10.0))
 
 
