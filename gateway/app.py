@@ -225,11 +225,9 @@ def build_ops_app(gw: Gateway) -> web.Application:
     return app
 
 
-def warn_unauthenticated(gw: Gateway, host: str, port: int) -> None:
+def warn_unauthenticated(auth_required: bool, host: str, port: int) -> None:
     """A clear warning when anyone who reaches a non-loopback listener is served without a key."""
-    if gw.runtime.config.auth.required:
-        return
-    if host == "localhost" or is_loopback(host):
+    if auth_required or host == "localhost" or is_loopback(host):
         return
     log.warning(
         "auth_not_required",
@@ -250,7 +248,7 @@ async def serve(gw: Gateway) -> None:
     await runner.setup()
     host, port = gw.cfg.server.host_port
     await web.TCPSite(runner, host, port, backlog=1024).start()
-    warn_unauthenticated(gw, host, port)
+    warn_unauthenticated(gw.runtime.config.auth.required, host, port)
     ops_runner: web.AppRunner | None = None
     if gw.cfg.ops.listen:
         ops_runner = web.AppRunner(build_ops_app(gw), handle_signals=False, access_log=None)

@@ -101,10 +101,18 @@ class TenantCollector:
             req.add_metric([tenant, outcome], n)
         yield req
         for name, what, counts in (
-            ("berth_tenant_prompt_tokens", "Prompt tokens by tenant (as the engines reported)", acc.prompt_tokens),
+            (
+                "berth_tenant_prompt_tokens",
+                "Prompt tokens by tenant (as the engines reported)",
+                acc.prompt_tokens,
+            ),
             ("berth_tenant_completion_tokens", "Completion tokens by tenant", acc.completion_tokens),
-            ("berth_tenant_class_downgrades", "Requests served in their tenant's default class because "
-             "the class they named is not among its allowed_classes", self._state.downgraded),
+            (
+                "berth_tenant_class_downgrades",
+                "Requests served in their tenant's default class because "
+                "the class they named is not among its allowed_classes",
+                self._state.downgraded,
+            ),
         ):
             fam = CounterMetricFamily(name, what, labels=["tenant"])
             for tenant, n in sorted(counts.items()):

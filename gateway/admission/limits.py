@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 
 class Limit(enum.StrEnum):
@@ -43,7 +44,14 @@ class TenantLimits:
 
     @property
     def any(self) -> bool:
-        return self.requests_per_s is not None or self.tokens_per_min is not None or self.max_concurrency is not None
+        return (
+            self.requests_per_s is not None
+            or self.tokens_per_min is not None
+            or self.max_concurrency is not None
+        )
+
+
+NO_LIMITS: Final = TenantLimits()
 
 
 class TokenBucket:
@@ -96,7 +104,9 @@ class _TenantState:
         self.tokens = _resized(self.tokens, None if tpm is None else float(tpm), now, per_s=60.0)
 
 
-def _resized(old: TokenBucket | None, amount: float | None, now: float, *, per_s: float) -> TokenBucket | None:
+def _resized(
+    old: TokenBucket | None, amount: float | None, now: float, *, per_s: float
+) -> TokenBucket | None:
     """A bucket refilling `amount` per `per_s` seconds and holding `amount` (at least 1); None: no limit."""
     if amount is None:
         return None
@@ -189,7 +199,9 @@ class TenantLimiter:
         state = self._states.get(tenant)
         if state is None:
             return None
-        bucket = state.requests if limit is Limit.REQUESTS else state.tokens if limit is Limit.TOKENS else None
+        bucket = (
+            state.requests if limit is Limit.REQUESTS else state.tokens if limit is Limit.TOKENS else None
+        )
         if bucket is None:
             return None
         bucket.refill(now)

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gateway.admission.limits import NO_LIMITS, TenantLimits
 from gateway.admission.tasks import TaskClock
-from gateway.admission.limits import TenantLimits
 from gateway.config.schema import KeyEntry, TenantConfig
 from gateway.core import errors
 from gateway.core.errors import BerthError
@@ -125,7 +125,7 @@ class Tenant:
     itl_ms: float | None = None
     deadline_ms: float | None = None
     allowed_classes: tuple[str, ...] = ()  # empty: any
-    limits: TenantLimits = TenantLimits()
+    limits: TenantLimits = NO_LIMITS
 
     @property
     def default_class(self) -> str | None:

@@ -62,7 +62,14 @@ class SloAdmission:
                 plain = self._plain = (policy, resolve(policy, hdrs, None, parsed, served, now=now))
             return plain[1]
         resolved = resolve(
-            policy, hdrs, tenant, parsed, served, now=now, tasks=self.tasks, reject_disallowed=reject_disallowed
+            policy,
+            hdrs,
+            tenant,
+            parsed,
+            served,
+            now=now,
+            tasks=self.tasks,
+            reject_disallowed=reject_disallowed,
         )
         if resolved.source == UNKNOWN_CLASS_SOURCE:
             cls = resolved.slo.slo_class

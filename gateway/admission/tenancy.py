@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Final
 
-from gateway.admission.limits import Refusal, Seat, TenantLimiter, TenantLimits
+from gateway.admission.limits import NO_LIMITS, Refusal, Seat, TenantLimiter
 from gateway.admission.slo import Tenant
 from gateway.core import errors
 from gateway.sched.request import SchedRequest
@@ -46,7 +46,7 @@ class TenantAccounting:
 
     def admit(self, tenant: Tenant | None, sreq: SchedRequest, now: float) -> Seat | None:
         """A seat under `tenant`'s limits (None: no tenant); raises 429 rate_limited."""
-        if tenant is None or tenant.limits == _NO_LIMITS:
+        if tenant is None or tenant.limits == NO_LIMITS:
             return None
         got = self.limiter.admit(tenant.name, charge_of(sreq), now)
         if isinstance(got, Refusal):
@@ -85,6 +85,3 @@ class TenantAccounting:
         else:
             used = None
         self.limiter.release(seat, used, now)
-
-
-_NO_LIMITS: Final = TenantLimits()

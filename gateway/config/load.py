@@ -142,7 +142,9 @@ def read_engine_key(ep: EndpointConfig, base: Path, env: Mapping[str, str]) -> E
     if ep.api_key_env is not None:
         value = env.get(ep.api_key_env, "").strip()
         if not value:
-            raise ConfigError(f"environment variable {ep.api_key_env} is not set or empty", path="api_key_env")
+            raise ConfigError(
+                f"environment variable {ep.api_key_env} is not set or empty", path="api_key_env"
+            )
         return EngineKey(value)
     if ep.api_key_file is None:
         return None

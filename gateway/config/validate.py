@@ -47,6 +47,10 @@ def check_gateway(f: GatewayFile) -> list[ConfigError]:
             problems.append(ConfigError(ops, path="ops.listen"))
         elif f.ops.listen == f.server.listen:
             problems.append(ConfigError("must differ from server.listen", path="ops.listen"))
+    if f.auth.required and not f.tenants:
+        problems.append(
+            ConfigError("no [[tenants]] are configured, so every request would get 401", path="auth.required")
+        )
     problems.extend(check_tenants(f.tenants, keys_file=bool(f.auth.keys_file)))
     for d in duplicate_endpoints(f.endpoints):
         problems.append(
@@ -134,14 +138,20 @@ def check_keys(keys: Sequence[KeyEntry], tenants: Sequence[TenantConfig]) -> lis
         if k.tenant not in names:
             known = ", ".join(sorted(names)) or "none"
             problems.append(
-                ConfigError(f"unknown tenant {k.tenant!r} (gateway.toml's tenants: {known})", path=f"{where}.tenant")
+                ConfigError(
+                    f"unknown tenant {k.tenant!r} (gateway.toml's tenants: {known})", path=f"{where}.tenant"
+                )
             )
         h = k.sha256.lower()
         if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
-            problems.append(ConfigError("expected 64 hexadecimal digits (sha256sum of the key)", path=f"{where}.sha256"))
+            problems.append(
+                ConfigError("expected 64 hexadecimal digits (sha256sum of the key)", path=f"{where}.sha256")
+            )
             continue
         if h in seen:
-            problems.append(ConfigError(f"the same API key is already given for {seen[h]}", path=f"{where}.sha256"))
+            problems.append(
+                ConfigError(f"the same API key is already given for {seen[h]}", path=f"{where}.sha256")
+            )
         else:
             seen[h] = where
     return problems
@@ -152,7 +162,9 @@ def check_tenant_classes(tenants: Sequence[TenantConfig], slo: SloPolicy) -> lis
     both are loaded)."""
     known = ", ".join(slo.classes)
     problems = [
-        ConfigError(f"unknown SLO class {t.slo_class!r} (the policy defines: {known})", path=f"tenants[{i}].slo_class")
+        ConfigError(
+            f"unknown SLO class {t.slo_class!r} (the policy defines: {known})", path=f"tenants[{i}].slo_class"
+        )
         for i, t in enumerate(tenants)
         if t.slo_class is not None and t.slo_class not in slo.classes
     ]
@@ -215,7 +227,9 @@ def check_endpoint(ep: EndpointConfig) -> list[ConfigError]:
         problems.append(ConfigError("give api_key_env or api_key_file, not both", path="api_key_file"))
     if ep.api_key_env is not None and not _is_name(ep.api_key_env):
         problems.append(
-            ConfigError("expected the name of an environment variable (never the key itself)", path="api_key_env")
+            ConfigError(
+                "expected the name of an environment variable (never the key itself)", path="api_key_env"
+            )
         )
     if ep.api_key_file is not None and not ep.api_key_file.strip():
         problems.append(ConfigError("must not be empty", path="api_key_file"))

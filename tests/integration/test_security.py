@@ -20,7 +20,8 @@ from structlog.testing import capture_logs
 
 from gateway.admission.limits import Limit
 from gateway.app import build_ops_app, warn_unauthenticated
-from gateway.config import ADMIN_TOKEN_ENV
+from gateway.config import ADMIN_TOKEN_ENV, load_default_policy
+from gateway.sched.plugins import default_registry
 from loadgen.engine_sim import EndpointSpec, SimFleet
 from loadgen.engine_sim.lengths import LengthDist
 from tests.integration.conftest import EngineServer, Running, StartGateway
@@ -162,18 +163,12 @@ async def test_the_keys_file_reloads(
 
 
 def test_a_public_listener_without_required_auth_is_warned_about() -> None:
-    class _Gw:
-        class runtime:  # noqa: N801 - a stand-in for Gateway.runtime
-            class config:  # noqa: N801
-                class auth:  # noqa: N801
-                    required = False
-
     with capture_logs() as logs:
-        warn_unauthenticated(_Gw(), "0.0.0.0", 8080)  # type: ignore[arg-type]
-        warn_unauthenticated(_Gw(), "127.0.0.1", 8080)  # type: ignore[arg-type]
-        warn_unauthenticated(_Gw(), "::1", 8080)  # type: ignore[arg-type]
-        _Gw.runtime.config.auth.required = True
-        warn_unauthenticated(_Gw(), "10.0.0.5", 8080)  # type: ignore[arg-type]
+        warn_unauthenticated(False, "0.0.0.0", 8080)
+        warn_unauthenticated(False, "127.0.0.1", 8080)
+        warn_unauthenticated(False, "::1", 8080)
+        warn_unauthenticated(False, "localhost", 8080)
+        warn_unauthenticated(True, "10.0.0.5", 8080)
     assert [(e["event"], e["listen"]) for e in logs] == [("auth_not_required", "0.0.0.0:8080")]
 
 
@@ -185,10 +180,7 @@ def _tenant_toml(url: str, tenant: str, auth: str = "") -> str:
     )
 
 
-async def _classes(r: Running) -> list[str]:
-    from gateway.config import load_default_policy
-    from gateway.sched.plugins import default_registry
-
+def _classes() -> list[str]:
     return list(load_default_policy(default_registry()).slo.classes)
 
 
@@ -197,7 +189,7 @@ async def test_a_class_outside_allowed_classes_is_downgraded_or_refused(
 ) -> None:
     url = await engine_server(FakeEngine())
     r = await start_gateway([], toml=_tenant_toml(url, ""))
-    first, second, *_ = await _classes(r)
+    first, second, *_ = _classes()
     tenant = f'allowed_classes = ["{first}"]\n'
     (tmp_path / "gateway.toml").write_text(_tenant_toml(url, tenant))
     assert await r.gw.reload()
@@ -360,7 +352,7 @@ async def test_an_engine_that_refuses_the_key_is_a_configuration_error(
 ) -> None:
     monkeypatch.setenv("E1_KEY", "not-the-engine-key")
     [url] = keyed_sim.urls
-    toml = f'[upstream]\nmax_retries = 3\n[[endpoints]]\nid = "e1"\nurl = "{url}"\nengine = "vllm"\nmodels = ["tiny"]\napi_key_env = "E1_KEY"\n'
+    toml = "[upstream]\nmax_retries = 3\n" + _endpoint(url, 'models = ["tiny"]\napi_key_env = "E1_KEY"\n')
     with capture_logs() as logs:
         r = await start_gateway([], toml=toml)
         for _ in range(3):

@@ -35,7 +35,11 @@ def _sha(key: str) -> str:
 
 def _spec(model: str, key: str) -> EndpointSpec:
     return EndpointSpec(
-        models=(model,), profile="test-fast", load_time_s=0.0, output_len=LengthDist("fixed", 4.0), api_key=key
+        models=(model,),
+        profile="test-fast",
+        load_time_s=0.0,
+        output_len=LengthDist("fixed", 4.0),
+        api_key=key,
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import check, load_gateway_config, load_runtime
+from gateway.config import check, load_default_policy, load_gateway_config, load_runtime
 from gateway.config.schema import EngineKey
 from gateway.core.errors import ConfigError
 from gateway.core.types import EndpointId
@@ -22,8 +22,6 @@ TENANT = '[[tenants]]\nname = "ide"\n'
 
 
 def _first_class() -> str:
-    from gateway.config import load_default_policy
-
     return next(iter(load_default_policy(default_registry()).slo.classes))
 
 
@@ -74,7 +72,9 @@ def test_a_keys_file_maps_key_hashes_to_tenants(tmp_path: Path) -> None:
             id="strict-decode",
         ),
         pytest.param(
-            '[[keys]]\ntenant = "ide"\nsha256 = "' + DIGEST + '"\n[[keys]]\ntenant = "ide"\nsha256 = "'
+            '[[keys]]\ntenant = "ide"\nsha256 = "'
+            + DIGEST
+            + '"\n[[keys]]\ntenant = "ide"\nsha256 = "'
             + DIGEST
             + '"\n',
             "keys.toml:keys[1].sha256: the same API key is already given for keys[0]",
@@ -82,7 +82,9 @@ def test_a_keys_file_maps_key_hashes_to_tenants(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_keys_file_errors_name_the_keys_file_and_never_the_hash(tmp_path: Path, keys: str, expected: str) -> None:
+def test_keys_file_errors_name_the_keys_file_and_never_the_hash(
+    tmp_path: Path, keys: str, expected: str
+) -> None:
     _write(tmp_path, "keys.toml", keys)
     err = _error(_gw(tmp_path, f'[auth]\nkeys_file = "keys.toml"\n{TENANT}'))
     assert err == str(tmp_path / expected)
@@ -95,20 +97,31 @@ def test_a_missing_keys_file_is_an_error(tmp_path: Path) -> None:
     assert "cannot read file" in err
 
 
+def test_required_auth_without_tenants_is_an_error(tmp_path: Path) -> None:
+    assert _error(_gw(tmp_path, "[auth]\nrequired = true\n")).endswith(
+        "auth.required: no [[tenants]] are configured, so every request would get 401"
+    )
+
+
 def test_a_tenant_without_keys_needs_a_keys_file(tmp_path: Path) -> None:
     assert "a tenant needs api_keys or api_key_sha256 (or auth.keys_file)" in _error(_gw(tmp_path, TENANT))
 
 
 def test_a_tenants_default_class_must_be_allowed(tmp_path: Path) -> None:
     text = f'[[tenants]]\nname = "t"\napi_keys = ["{KEY}"]\nslo_class = "batch"\nallowed_classes = ["chat"]\n'
-    assert _error(_gw(tmp_path, text)).endswith("tenants[0].slo_class: slo_class 'batch' is not among allowed_classes")
+    assert _error(_gw(tmp_path, text)).endswith(
+        "tenants[0].slo_class: slo_class 'batch' is not among allowed_classes"
+    )
 
 
 def test_allowed_classes_must_be_classes_of_the_policy(tmp_path: Path) -> None:
     text = f'[[tenants]]\nname = "t"\napi_keys = ["{KEY}"]\nallowed_classes = ["{_first_class()}", "gold"]\n'
     problems = check(_gw(tmp_path, text))
     assert len(problems) == 1
-    assert "gateway.toml:tenants[0].allowed_classes[1]: unknown SLO class 'gold' (the policy defines: " in problems[0]
+    assert (
+        "gateway.toml:tenants[0].allowed_classes[1]: unknown SLO class 'gold' (the policy defines: "
+        in problems[0]
+    )
 
 
 def test_tenant_limits_are_range_checked(tmp_path: Path) -> None:
@@ -122,7 +135,9 @@ def _endpoint(extra: str) -> str:
 
 
 def test_an_engine_key_comes_from_the_environment_and_is_never_shown(tmp_path: Path) -> None:
-    cfg = load_gateway_config(_gw(tmp_path, _endpoint('api_key_env = "E1_KEY"\n')), env={"E1_KEY": ENGINE_SECRET})
+    cfg = load_gateway_config(
+        _gw(tmp_path, _endpoint('api_key_env = "E1_KEY"\n')), env={"E1_KEY": ENGINE_SECRET}
+    )
     key = cfg.engine_keys[EndpointId("e1")]
     assert key.reveal() == ENGINE_SECRET
     assert ENGINE_SECRET not in repr(cfg)
@@ -139,8 +154,10 @@ def test_an_engine_key_file_must_be_private(tmp_path: Path) -> None:
     key_file = _write(tmp_path, "e1.key", ENGINE_SECRET + "\n", 0o644)
     gw = _gw(tmp_path, _endpoint('api_key_file = "e1.key"\n'))
     err = _error(gw)
-    assert err.endswith(f"endpoints[0].api_key_file: {key_file} may be read by group or others (mode 0644); "
-                        f"run: chmod 600 {key_file}")
+    assert err.endswith(
+        f"endpoints[0].api_key_file: {key_file} may be read by group or others (mode 0644); "
+        f"run: chmod 600 {key_file}"
+    )
     assert ENGINE_SECRET not in err
     assert check(gw) == [err]  # `berth check` says the same
     key_file.chmod(0o600)
@@ -156,7 +173,9 @@ def test_a_group_readable_key_file_is_refused_too(tmp_path: Path) -> None:
 def test_env_and_file_together_are_an_error(tmp_path: Path) -> None:
     _write(tmp_path, "e1.key", ENGINE_SECRET)
     text = _endpoint('api_key_env = "E1_KEY"\napi_key_file = "e1.key"\n')
-    assert "endpoints[0].api_key_file: give api_key_env or api_key_file, not both" in _error(_gw(tmp_path, text))
+    assert "endpoints[0].api_key_file: give api_key_env or api_key_file, not both" in _error(
+        _gw(tmp_path, text)
+    )
 
 
 def test_berth_check_reports_a_bad_keys_file_and_a_public_engine_key_file_together(tmp_path: Path) -> None:
@@ -174,7 +193,9 @@ def test_berth_check_reports_a_bad_keys_file_and_a_public_engine_key_file_togeth
 def test_the_ops_listener_must_differ_from_the_public_one(tmp_path: Path) -> None:
     text = '[server]\nlisten = "127.0.0.1:8080"\n[ops]\nlisten = "127.0.0.1:8080"\n'
     assert _error(_gw(tmp_path, text)).endswith("ops.listen: must differ from server.listen")
-    assert _error(_gw(tmp_path, '[ops]\nlisten = "nope"\n')).endswith("ops.listen: expected HOST:PORT, got 'nope'")
+    assert _error(_gw(tmp_path, '[ops]\nlisten = "nope"\n')).endswith(
+        "ops.listen: expected HOST:PORT, got 'nope'"
+    )
 
 
 def test_ops_is_static_and_auth_and_keys_reload(tmp_path: Path) -> None:
@@ -182,7 +203,9 @@ def test_ops_is_static_and_auth_and_keys_reload(tmp_path: Path) -> None:
     gw = _gw(tmp_path, f'[auth]\nkeys_file = "keys.toml"\n[ops]\nlisten = "127.0.0.1:9101"\n{TENANT}')
     base = load_gateway_config(gw, env={})
     keys.write_text(f'[[keys]]\ntenant = "ide"\nsha256 = "{DIGEST}"\n')
-    gw.write_text(f'[auth]\nrequired = true\nkeys_file = "keys.toml"\n[ops]\nlisten = "127.0.0.1:9102"\n{TENANT}')
+    gw.write_text(
+        f'[auth]\nrequired = true\nkeys_file = "keys.toml"\n[ops]\nlisten = "127.0.0.1:9102"\n{TENANT}'
+    )
     new = load_runtime(gw, base, default_registry(), env={})
     assert new.config.auth.required
     assert [k.tenant for k in new.config.keys] == ["ide"]

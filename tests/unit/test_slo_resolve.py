@@ -328,7 +328,10 @@ def test_a_class_outside_the_tenants_allowed_classes_is_refused_when_configured(
     assert (err.status, err.code, err.param) == (403, "slo_class_not_allowed", "x-berth-slo-class")
     # an allowed one still passes
     ok = parse_slo_headers([("x-berth-slo-class", "chat")])
-    assert resolve(POLICY, ok, RESTRICTED, parsed(), "m", now=1.0, reject_disallowed=True).slo.slo_class == "chat"
+    assert (
+        resolve(POLICY, ok, RESTRICTED, parsed(), "m", now=1.0, reject_disallowed=True).slo.slo_class
+        == "chat"
+    )
 
 
 def test_without_slo_class_the_first_allowed_class_is_the_tenants_default() -> None:

@@ -14,7 +14,6 @@ from gateway.core.types import SLO, ApiKind, ModelName, RequestId
 from gateway.sched.request import SchedRequest
 
 
-
 def _limiter(now: float = 0.0, **limits: TenantLimits) -> TenantLimiter:
     lim = TenantLimiter()
     lim.configure(limits, now)
