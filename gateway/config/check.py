@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.config.decode import read_toml
 from gateway.config.load import gateway_config_problems, load_configured_policy
 from gateway.config.policy import build_policy, decode_policy, is_policy_table
 from gateway.config.validate import check_tenant_classes
 from gateway.core.errors import ConfigError
+from gateway.core.strict_toml import read_toml
 from gateway.sched.plugins import default_registry
 from gateway.sched.registry import PluginRegistry
 
