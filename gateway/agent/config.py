@@ -165,15 +165,17 @@ def models_file_problems(path: str | Path) -> tuple[ModelsFile, list[ConfigError
     return f, [e.within(file=label) for e in check_models(f)]
 
 
-def is_agent_table(raw: Mapping[str, Any]) -> bool:
-    """Whether a parsed TOML file looks like an agent.toml (for `berth check`)."""
+def is_agent_file(path: str | Path, raw: Mapping[str, Any]) -> bool:
+    """Whether a parsed TOML file is an agent.toml (for `berth check`): by its keys, or by its name
+    (`agent.toml`, `gpu-07-agent.toml`) when the keys cannot tell (an empty file is all defaults)."""
     keys = ("state_dir", "backend", "port_range", "headroom_gib", "devices")
-    return any(k in raw for k in keys) or isinstance(raw.get("models"), str)
+    by_keys = any(k in raw for k in keys) or isinstance(raw.get("models"), str)
+    return by_keys or (Path(path).name.endswith("agent.toml") and "models" not in raw)
 
 
-def is_models_table(raw: Mapping[str, Any]) -> bool:
-    """Whether a parsed TOML file looks like a models.toml (for `berth check`)."""
-    return isinstance(raw.get("models"), list)
+def is_models_file(path: str | Path, raw: Mapping[str, Any]) -> bool:
+    """Whether a parsed TOML file is a models.toml (for `berth check`): [[models]], or by its name."""
+    return isinstance(raw.get("models"), list) or (Path(path).name.endswith("models.toml") and not raw)
 
 
 def check_agent(f: AgentFile) -> list[ConfigError]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.agent.config import agent_config_problems, is_agent_table, is_models_table, models_file_problems
+from gateway.agent.config import agent_config_problems, is_agent_file, is_models_file, models_file_problems
 from gateway.config.load import gateway_config_problems, load_configured_policy
 from gateway.config.policy import build_policy, decode_policy, is_policy_table
 from gateway.config.validate import check_tenant_classes
@@ -20,7 +20,8 @@ def check(path: str | Path, registry: PluginRegistry | None = None) -> list[str]
 
     A file with a top-level `ordering` or `placement` table is checked as a policy file; one with an
     array of `[[models]]` as a models.toml; one with agent keys (`state_dir`, `backend`, `devices`, ...)
-    as an agent.toml with its models.toml; anything else as a gateway.toml with the policy file it names.
+    or named `*agent.toml` as an agent.toml with its models.toml; anything else as a gateway.toml with
+    the policy file it names.
     """
     reg = registry if registry is not None else default_registry()
     label = str(path)
@@ -29,9 +30,9 @@ def check(path: str | Path, registry: PluginRegistry | None = None) -> list[str]
         if is_policy_table(raw):
             build_policy(decode_policy(raw, label), label, reg, stem=Path(path).stem)
             return []
-        if is_models_table(raw):
+        if is_models_file(path, raw):
             return [str(p) for p in models_file_problems(path)[1]]
-        if is_agent_table(raw):
+        if is_agent_file(path, raw):
             return [str(p) for p in agent_config_problems(path)[1]]
         cfg, problems = gateway_config_problems(path)
         if cfg is None:
