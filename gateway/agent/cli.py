@@ -1,5 +1,6 @@
 """`berth-agent [-c agent.toml] node | list | plan MODEL | start MODEL [--id ID] [--evict ID ...] |
 stop ID [--drain-timeout S] | logs ID [--tail N]`: one JSON object on stdout per invocation.
+(`start` also takes `--drain-timeout S` for its victims.)
 
 Exit status 0 with the command's report (`gateway.agent.contract`), or non-zero with
 `{"error": {"code", "message", ...}}`: 2 for bad arguments or configuration, 1 for everything else.
@@ -53,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("model")
     start.add_argument("--id", dest="instance_id", help="instance id (default MODEL-PORT)")
     start.add_argument("--evict", nargs="+", default=[], metavar="ID", help="stop these instances first")
+    start.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="SIGTERM -> SIGKILL seconds for --evict",
+    )
     stop = sub.add_parser("stop", help="stop instance ID and every process of it")
     stop.add_argument("id")
     stop.add_argument(
@@ -84,11 +92,13 @@ def run(argv: Sequence[str]) -> Report:
         return agent.instances()
     if args.command == "plan":
         return agent.plan(args.model)
+    if getattr(args, "drain_timeout", None) is not None and not args.drain_timeout >= 0:
+        raise AgentError.of(ErrorCode.BAD_ARGUMENTS, "--drain-timeout must be >= 0")
     if args.command == "start":
-        return agent.start(args.model, instance_id=args.instance_id, evict=args.evict)
+        return agent.start(
+            args.model, instance_id=args.instance_id, evict=args.evict, drain_timeout_s=args.drain_timeout
+        )
     if args.command == "stop":
-        if args.drain_timeout is not None and not args.drain_timeout >= 0:
-            raise AgentError.of(ErrorCode.BAD_ARGUMENTS, "--drain-timeout must be >= 0")
         return agent.stop(args.id, drain_timeout_s=args.drain_timeout)
     if args.command == "logs":
         return agent.logs(args.id, tail=args.tail)

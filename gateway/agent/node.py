@@ -141,7 +141,12 @@ class Agent:
         return self._plan(model, view)
 
     def start(
-        self, model_name: str, *, instance_id: str | None = None, evict: Sequence[str] = ()
+        self,
+        model_name: str,
+        *,
+        instance_id: str | None = None,
+        evict: Sequence[str] = (),
+        drain_timeout_s: float | None = None,
     ) -> StartReport:
         model = self._model(model_name)
         if instance_id is not None and not ID_PATTERN.match(instance_id):
@@ -150,9 +155,7 @@ class Agent:
                 f"instance id {instance_id!r} must match {ID_PATTERN.pattern}",
                 instance=instance_id,
             )
-        evicted = [
-            self.stop(victim, drain_timeout_s=self.cfg.stop_timeout_s, _victim=True) for victim in evict
-        ]
+        evicted = [self.stop(victim, drain_timeout_s=drain_timeout_s, _victim=True) for victim in evict]
         with self.state.lock():
             view = self._refresh()
             rec = self._admit(model, view, instance_id)
@@ -167,14 +170,22 @@ class Agent:
         outcome = self._wait_ready(rec, model)
         with self.state.lock():
             current = self.state.read(rec.id)
-            if outcome is not None or current is None or current.state is not InstanceState.STARTING:
-                reason = outcome.message if outcome is not None else "stopped while loading"
-                code = outcome.code if outcome is not None else ErrorCode.EARLY_EXIT
-                tail = self.backend.logs(rec, ERROR_LOG_LINES)[1]
+            tail = self.backend.logs(rec, ERROR_LOG_LINES)[1] if outcome is not None else []
+            if current is None or current.state is not InstanceState.STARTING:
+                # A `stop` took the instance over during its load (it owns the record now).
+                raise AgentError.of(
+                    ErrorCode.LOAD_CANCELLED,
+                    f"instance {rec.id} was {current.state if current else 'removed'} during its load",
+                    model=model.name,
+                    instance=rec.id,
+                    log_tail=tail,
+                )
+            if outcome is not None:
                 self._stop_quietly(rec, LEFTOVER_GRACE_S)
-                if current is None or current.resident:
-                    self.state.write(self._ended(rec, InstanceState.FAILED, reason))
-                raise AgentError.of(code, reason, model=model.name, instance=rec.id, log_tail=tail)
+                self.state.write(self._ended(rec, InstanceState.FAILED, outcome.message))
+                raise AgentError.of(
+                    outcome.code, outcome.message, model=model.name, instance=rec.id, log_tail=tail
+                )
             ready_at = self._now()
             rec = msgspec.structs.replace(
                 current,

@@ -82,6 +82,15 @@ class AgentCli:
         assert status == 0, out
         return msgspec.json.decode(out, type=type_)
 
+    def spawn(self, *argv: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        return subprocess.Popen(
+            [sys.executable, "-m", "gateway.agent", "-c", str(self.config), *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+
     def error(self, *argv: str) -> Any:
         status, out = self.run(*argv)
         assert status == 1, out
@@ -96,12 +105,14 @@ def agent(tmp_path: Path) -> Iterator[AgentCli]:
             _model("sim-b", SIM, 4),
             _model("crash", ["sh", "-c", "echo boom >&2; exit 3"], 1),
             _model("hang", ["sleep", "600"], 1, "stall_timeout_s = 1\n"),
+            # Its health answers 503 for a minute: a load that is still going when the test looks.
+            _model("sim-slow", [*SIM[:-1], "60"], 1),
         ]
     )
     (tmp_path / "models.toml").write_text(models)
     base = free_port()
     (tmp_path / "agent.toml").write_text(
-        f'state_dir = "state"\nnvml = false\nheadroom_gib = 1\nrelease_wait_s = 0.2\nstop_timeout_s = 5\n'
+        f'state_dir = "state"\nnvml = false\nheadroom_gib = 1\nrelease_wait_s = 0.2\nstop_timeout_s = 1\n'
         f"port_range = [{base}, {min(base + 200, 65535)}]\n"
         '[[devices]]\nname = "gpu0"\nmemory_gib = 7\n'  # capacity 6 GiB: one 4 GiB model at a time
     )
@@ -194,3 +205,33 @@ def test_an_engine_killed_behind_the_agents_back_is_marked_failed(agent: AgentCl
     (listed,) = agent.ok(ListReport, "list").instances
     assert (listed.state, listed.reason) == ("failed", "engine exited after it was ready")
     assert agent.ok(PlanReport, "plan", "sim-a").fits
+
+
+def test_one_load_per_device_and_a_stop_during_a_load(agent: AgentCli) -> None:
+    loading = agent.spawn("start", "sim-slow", "--id", "s1")
+    try:
+
+        def launched() -> bool:
+            rec = agent.state.read("s1")
+            return rec is not None and rec.pid is not None
+
+        assert poll_until(launched, 30)
+        # The node lock is free during the load: list answers, and shows it starting.
+        (inst,) = agent.ok(ListReport, "list").instances
+        assert inst.state == "starting"
+        # A second load on the same device waits for none: it is refused, naming the load in progress.
+        err = agent.error("start", "sim-b")
+        assert (err.code, err.loading) == ("device_busy", "s1")
+        # A stop during the load takes the instance over; the start reports the load cancelled.
+        stopped = agent.ok(StopReport, "stop", "s1", "--drain-timeout", "2")
+        assert (stopped.state, stopped.was) == ("stopped", "starting")
+        out, _ = loading.communicate(timeout=60)
+    finally:
+        if loading.poll() is None:
+            loading.kill()
+            loading.wait()
+    assert loading.returncode == 1
+    assert msgspec.json.decode(out, type=ErrorReport).error.code == "load_cancelled"
+    (inst,) = agent.ok(ListReport, "list").instances
+    assert inst.state == "stopped"
+    assert procs.group_members(inst.pid or 0) == []
