@@ -5,14 +5,19 @@ stop ID [--drain-timeout S] | logs ID [--tail N]`: one JSON object on stdout per
 Exit status 0 with the command's report (`gateway.agent.contract`), or non-zero with
 `{"error": {"code", "message", ...}}`: 2 for bad arguments or configuration, 1 for everything else.
 The configuration is `-c FILE`, else $BERTH_AGENT_CONFIG, else /etc/berth/agent.toml.
+
+`--from-ssh` is for an ssh forced command (`command="berth-agent -c /etc/berth/agent.toml --from-ssh"` in
+authorized_keys): the command comes from $SSH_ORIGINAL_COMMAND, whose own `berth-agent` and `-c FILE`
+are dropped, so the key can run agent commands and nothing else, with the node's configuration.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final, NoReturn
 
@@ -44,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "-c", "--config", type=Path, help=f"agent.toml (default ${CONFIG_ENV} or {DEFAULT_CONFIG})"
+    )
+    p.add_argument(
+        "--from-ssh",
+        action="store_true",
+        help="take the command from $SSH_ORIGINAL_COMMAND (ssh forced command)",
     )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("node", help="devices and the memory ledger")
@@ -77,8 +87,31 @@ def build_agent(cfg: AgentConfig) -> Agent:
     return Agent(cfg, backend, nvml=PynvmlProbe.open() if cfg.nvml else None)
 
 
-def run(argv: Sequence[str]) -> Report:
+def from_ssh(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """`argv` without `--from-ssh`, followed by the command in $SSH_ORIGINAL_COMMAND.
+
+    The client's leading `berth-agent` and `-c FILE` are dropped (the forced command's config wins).
+    """
+    original = env.get("SSH_ORIGINAL_COMMAND")
+    if original is None:
+        raise AgentError.of(
+            ErrorCode.BAD_ARGUMENTS, "--from-ssh needs $SSH_ORIGINAL_COMMAND (an ssh forced command)"
+        )
+    try:
+        words = shlex.split(original)
+    except ValueError as e:
+        raise AgentError.of(ErrorCode.BAD_ARGUMENTS, f"cannot parse the ssh command: {e}") from None
+    if words and Path(words[0]).name == "berth-agent":
+        words = words[1:]
+    while words and (words[0] in ("-c", "--config") or words[0].startswith("--config=")):
+        words = words[1:] if words[0].startswith("--config=") else words[2:]
+    return [a for a in argv if a != "--from-ssh"] + words
+
+
+def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Report:
     """The report of one command (raises AgentError)."""
+    if "--from-ssh" in argv:
+        argv = from_ssh(argv, os.environ if env is None else env)
     args = _parser().parse_args(list(argv))
     path = args.config or Path(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
     try:

@@ -155,6 +155,9 @@ class Agent:
                 f"instance id {instance_id!r} must match {ID_PATTERN.pattern}",
                 instance=instance_id,
             )
+        if evict:
+            with self.state.lock():
+                self._check_eviction(model, self._refresh(), evict)
         evicted = [self.stop(victim, drain_timeout_s=drain_timeout_s, _victim=True) for victim in evict]
         with self.state.lock():
             view = self._refresh()
@@ -278,24 +281,21 @@ class Agent:
     def _readopt(self, rec: InstanceRecord, healthy: dict[str, bool]) -> InstanceRecord:
         if not rec.resident:
             return rec
-        running = self.backend.running(rec)
         owner_alive = (
             rec.owner_pid is not None
             and rec.owner_start is not None
             and procs.alive(rec.owner_pid, rec.owner_start)
         )
+        if owner_alive:
+            return rec  # its `start` (waiting for health) or `stop` is at work and will write the outcome
         if rec.state is InstanceState.STOPPING:
-            if owner_alive:
-                return rec  # its `stop` is at work
             self._stop_quietly(rec, LEFTOVER_GRACE_S)  # that `stop` died: finish it
             return self._ended(rec, InstanceState.STOPPED, rec.reason or "stopped")
-        if not running:
+        if not self.backend.running(rec):
             self._stop_quietly(rec, LEFTOVER_GRACE_S)  # leftovers of a dead leader (EngineCore, workers)
             what = "during its load" if rec.state is InstanceState.STARTING else "after it was ready"
             return self._ended(rec, InstanceState.FAILED, f"engine exited {what}")
         if rec.state is InstanceState.STARTING:
-            if owner_alive:
-                return rec  # its `start` is waiting for health
             if self._probe(rec.url + rec.health_path):
                 now = self._now()
                 return msgspec.structs.replace(
@@ -445,6 +445,34 @@ class Agent:
             owner_pid=self._me[0],
             owner_start=self._me[1],
         )
+
+    def _check_eviction(self, model: ModelSpec, view: _View, evict: Sequence[str]) -> None:
+        """Refuse a start before stopping anything when its victims are not all ready, or when the model
+        would not fit even with them gone (nobody is evicted for nothing)."""
+        by_id = {r.id: r for r in view.records}
+        for victim in evict:
+            rec = by_id.get(victim)
+            if rec is None:
+                raise AgentError.of(ErrorCode.UNKNOWN_INSTANCE, f"no instance {victim!r}", instance=victim)
+            if rec.state is not InstanceState.READY:
+                raise AgentError.of(
+                    ErrorCode.BAD_ARGUMENTS,
+                    f"cannot evict {victim}: it is {rec.state} (only ready instances are evicted)",
+                    instance=victim,
+                )
+        gone = set(evict)
+        rest = [h for h in view.holdings() if h.id not in gone]
+        book = ledger.books(view.slots(self.cfg.headroom_bytes), rest)
+        if (
+            model.devices <= len(view.devices)
+            and ledger.choose(book, model.memory_bytes, model.devices) is None
+        ):
+            raise AgentError.of(
+                ErrorCode.DOES_NOT_FIT,
+                f"even without {', '.join(evict)}: {self._why_not(model, book)}",
+                model=model.name,
+                devices=[self._fit(b, model.memory_bytes) for b in book.values()],
+            )
 
     def _settle(self, chosen: list[str], view: _View, required: int, model: ModelSpec) -> None:
         """Wait until the chosen devices are free of stopped engines (bounded by release_wait_s).

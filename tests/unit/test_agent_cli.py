@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gateway.agent.cli import main
+from gateway.agent.cli import from_ssh, main
 from gateway.agent.contract import ErrorCode, ErrorReport, ListReport, NodeReport, PlanReport
 
 MODELS = '[[models]]\nname = "m"\nengine = "vllm"\ncommand = ["engine", "{port}"]\nmemory_gib = 4\n'
@@ -96,3 +96,31 @@ def test_error_shape_is_code_and_message_first(agent_toml: Path, capsys: pytest.
     raw = msgspec.json.decode(out)
     assert list(raw) == ["error"]
     assert raw["error"] == {"code": "unknown_instance", "message": "no instance 'ghost'", "instance": "ghost"}
+
+
+@pytest.mark.parametrize(
+    ("original", "expected"),
+    [
+        pytest.param(
+            "berth-agent -c /etc/other.toml start m --id x", ["start", "m", "--id", "x"], id="prefixed"
+        ),
+        pytest.param("/usr/bin/berth-agent --config=/x list", ["list"], id="config-eq"),
+        pytest.param("stop 'a b'", ["stop", "a b"], id="bare"),
+    ],
+)
+def test_from_ssh_takes_the_command_and_keeps_the_forced_config(original: str, expected: list[str]) -> None:
+    forced = ["-c", "/etc/berth/agent.toml", "--from-ssh"]
+    assert from_ssh(forced, {"SSH_ORIGINAL_COMMAND": original}) == ["-c", "/etc/berth/agent.toml", *expected]
+
+
+def test_from_ssh_runs_the_command(
+    agent_toml: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SSH_ORIGINAL_COMMAND", "berth-agent -c /nowhere.toml plan m")
+    status, out = _run(capsys, "-c", str(agent_toml), "--from-ssh")
+    assert status == 0
+    assert msgspec.json.decode(out, type=PlanReport).model == "m"
+    monkeypatch.delenv("SSH_ORIGINAL_COMMAND")
+    status, out = _run(capsys, "-c", str(agent_toml), "--from-ssh")
+    assert status == 2
+    assert msgspec.json.decode(out, type=ErrorReport).error.code is ErrorCode.BAD_ARGUMENTS

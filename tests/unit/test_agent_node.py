@@ -36,6 +36,12 @@ command = ["engine", "{port}"]
 memory_gib = 7
 
 [[models]]
+name = "jumbo"
+engine = "vllm"
+command = ["engine", "{port}"]
+memory_gib = 9.5
+
+[[models]]
 name = "wide"
 engine = "vllm"
 command = ["engine", "{port}", "{devices}"]
@@ -422,12 +428,22 @@ def test_without_nvml_a_device_settles_for_release_wait_after_a_stop(tmp_path: P
     assert dev.settled_at == pytest.approx(stopped.stopped_at + 3600)
 
 
-def test_evicting_an_instance_that_is_not_ready_is_refused(tmp_path: Path) -> None:
+def test_victims_are_checked_before_anything_is_stopped(tmp_path: Path) -> None:
     n = _node(tmp_path, ONE)
     n.backend.exits.add("x")
     with pytest.raises(AgentError):
         n.agent.start("small", instance_id="x")
-    # failed: not resident, stop is a no-op; an unknown victim is an error
+    n.agent.start("small", instance_id="s1")
+    stops = len(n.backend.stopped)
     with pytest.raises(AgentError) as e:
-        n.agent.start("small", evict=["ghost"])
+        n.agent.start("small", evict=["s1", "ghost"])
     assert e.value.body.code is ErrorCode.UNKNOWN_INSTANCE
+    with pytest.raises(AgentError) as e:
+        n.agent.start("small", evict=["s1", "x"])
+    assert e.value.body.code is ErrorCode.BAD_ARGUMENTS  # x failed: not an instance to evict
+    # jumbo (9.5 GiB) is larger than the device's 9 GiB capacity: stopping s1 would not help.
+    with pytest.raises(AgentError) as e:
+        n.agent.start("jumbo", evict=["s1"])
+    assert e.value.body.code is ErrorCode.DOES_NOT_FIT
+    assert "even without s1" in e.value.body.message
+    assert len(n.backend.stopped) == stops
