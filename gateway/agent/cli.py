@@ -83,7 +83,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def build_agent(cfg: AgentConfig) -> Agent:
-    backend: Backend = SystemdBackend() if cfg.backend == "systemd" else ProcessBackend(cfg.state_dir)
+    backend: Backend = (
+        SystemdBackend(properties=cfg.systemd_properties)
+        if cfg.backend == "systemd"
+        else ProcessBackend(cfg.state_dir)
+    )
     return Agent(cfg, backend, nvml=PynvmlProbe.open() if cfg.nvml else None)
 
 

@@ -84,14 +84,15 @@ def _record(**kw: object) -> InstanceRecord:
 
 @pytest.mark.parametrize(("user", "scope"), [(True, " --user"), (False, "")])
 def test_launch_argv(fake: Path, user: bool, scope: str) -> None:
-    b = SystemdBackend(user=user)
+    b = SystemdBackend(user=user, properties=["LimitMEMLOCK=infinity"])
     rec = b.launch(_record(), {"CUDA_VISIBLE_DEVICES": "0", "A": "b c"})
     assert (rec.unit, rec.pid) == ("berth-engine-x.service", 4321)
     assert _calls(fake) == [
         f"systemctl{scope} reset-failed berth-engine-x.service",
         f"systemd-run{scope} --unit=berth-engine-x.service --description=berth engine x (m) --collect --quiet"
         " --property=Type=exec --property=KillMode=control-group --property=StandardOutput=journal"
-        " --property=StandardError=journal --setenv=A=b c --setenv=CUDA_VISIBLE_DEVICES=0"
+        " --property=StandardError=journal --property=LimitMEMLOCK=infinity"
+        " --setenv=A=b c --setenv=CUDA_VISIBLE_DEVICES=0"
         " -- vllm serve /m --port 20000",
         f"systemctl{scope} show -p MainPID --value berth-engine-x.service",
     ]
