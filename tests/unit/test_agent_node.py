@@ -287,7 +287,7 @@ def test_load_timeout(tmp_path: Path) -> None:
     with pytest.raises(AgentError) as e:
         n.agent.start("slow", instance_id="x")
     assert e.value.body.code is ErrorCode.LOAD_TIMEOUT
-    assert ("x", pytest.approx(2.0)) in n.backend.stopped  # its processes are ended
+    assert [i for i, _ in n.backend.stopped] == ["x"]  # its processes are ended
     assert n.agent.instances().instances[0].state is InstanceState.FAILED
 
 
