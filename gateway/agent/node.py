@@ -23,7 +23,7 @@ from typing import Final
 import msgspec.structs
 
 from gateway.agent import health, inventory, ledger, procs
-from gateway.agent.backends import Backend
+from gateway.agent.backends import INSTANCE_ENV, Backend
 from gateway.agent.config import AgentConfig, ModelSpec, render
 from gateway.agent.contract import (
     AgentError,
@@ -51,6 +51,8 @@ LOAD_POLL_S: Final = 0.1
 LEFTOVER_GRACE_S: Final = 2.0
 #: Lines of engine output carried in a failed start's error.
 ERROR_LOG_LINES: Final = 20
+#: Records (and logs) of stopped or failed instances are forgotten this long after they ended.
+RECORD_RETENTION_S: Final = 7 * 86400.0
 
 _SLUG = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -272,6 +274,9 @@ class Agent:
         records = []
         healthy: dict[str, bool] = {}
         for rec in self.state.records():
+            if not rec.resident and (rec.stopped_at or 0.0) < self._now() - RECORD_RETENTION_S:
+                self.state.remove(rec.id)
+                continue
             new = self._readopt(rec, healthy)
             if new is not rec:
                 self.state.write(new)
@@ -296,7 +301,7 @@ class Agent:
             what = "during its load" if rec.state is InstanceState.STARTING else "after it was ready"
             return self._ended(rec, InstanceState.FAILED, f"engine exited {what}")
         if rec.state is InstanceState.STARTING:
-            if self._probe(rec.url + rec.health_path):
+            if self._probe(rec.health_url):
                 now = self._now()
                 return msgspec.structs.replace(
                     rec, state=InstanceState.READY, ready_at=now, owner_pid=None, owner_start=None
@@ -305,7 +310,7 @@ class Agent:
                 self._stop_quietly(rec, LEFTOVER_GRACE_S)
                 return self._ended(rec, InstanceState.FAILED, "load deadline passed after its start was gone")
             return rec
-        healthy[rec.id] = self._probe(rec.url + rec.health_path)
+        healthy[rec.id] = self._probe(rec.health_url)
         return rec
 
     def _view_of(self, records: list[InstanceRecord], healthy: dict[str, bool] | None = None) -> _View:
@@ -421,6 +426,7 @@ class Agent:
         }
         env = {k: render(v, values) for k, v in model.env.items()}
         env["CUDA_VISIBLE_DEVICES"] = values["devices"]
+        env[INSTANCE_ENV] = iid
         now = self._now()
         host = self.cfg.advertise_host
         url_host = f"[{host}]" if ":" in host else host
@@ -515,7 +521,7 @@ class Agent:
 
     def _wait_ready(self, rec: InstanceRecord, model: ModelSpec) -> ErrorBody | None:
         """Poll the loading engine until its health answers (None) or the load fails (why)."""
-        url = rec.url + rec.health_path
+        url = rec.health_url
         deadline = time.monotonic() + model.load_timeout_s
         last_cpu = -1
         progress_at = time.monotonic()
