@@ -160,18 +160,19 @@ class Agent:
         if evict:
             with self.state.lock():
                 self._check_eviction(model, self._refresh(), evict)
-        evicted = [self.stop(victim, drain_timeout_s=drain_timeout_s, _victim=True) for victim in evict]
+        timeout = self.cfg.stop_timeout_s if drain_timeout_s is None else drain_timeout_s
+        evicted = [self._stop(victim, timeout, reason="evicted", only_ready=True) for victim in evict]
         with self.state.lock():
             view = self._refresh()
             rec = self._admit(model, view, instance_id)
             self.state.write(rec)  # before launch: a crash from here on leaves a record to re-adopt
+            launched = time.monotonic()
             try:
                 rec = self.backend.launch(rec, rec.env)
             except AgentError as e:
                 self.state.write(self._ended(rec, InstanceState.FAILED, e.body.message))
                 raise
             self.state.write(rec)
-        launched = self._now()
         outcome = self._wait_ready(rec, model)
         with self.state.lock():
             current = self.state.read(rec.id)
@@ -191,12 +192,11 @@ class Agent:
                 raise AgentError.of(
                     outcome.code, outcome.message, model=model.name, instance=rec.id, log_tail=tail
                 )
-            ready_at = self._now()
             rec = msgspec.structs.replace(
                 current,
                 state=InstanceState.READY,
-                ready_at=ready_at,
-                load_s=round(ready_at - launched, 3),
+                ready_at=self._now(),
+                load_s=round(time.monotonic() - launched, 3),
                 owner_pid=None,
                 owner_start=None,
             )
@@ -208,10 +208,13 @@ class Agent:
             evicted=evicted,
         )
 
-    def stop(
-        self, instance_id: str, *, drain_timeout_s: float | None = None, _victim: bool = False
-    ) -> StopReport:
+    def stop(self, instance_id: str, *, drain_timeout_s: float | None = None) -> StopReport:
         timeout = self.cfg.stop_timeout_s if drain_timeout_s is None else drain_timeout_s
+        return self._stop(instance_id, timeout, reason="stopped", only_ready=False)
+
+    def _stop(self, instance_id: str, timeout: float, *, reason: str, only_ready: bool) -> StopReport:
+        """Stop one instance (a victim of a start when `only_ready`); the lock is not held while its
+        processes end, its `stopping` record keeps its memory booked meanwhile."""
         with self.state.lock():
             self._refresh()
             rec = self.state.read(instance_id)
@@ -229,7 +232,7 @@ class Agent:
                     killed=False,
                     was=was,
                 )
-            if _victim and rec.state is not InstanceState.READY:
+            if only_ready and rec.state is not InstanceState.READY:
                 raise AgentError.of(
                     ErrorCode.BAD_ARGUMENTS,
                     f"cannot evict {rec.id}: it is {rec.state} (only ready instances are evicted)",
@@ -239,7 +242,7 @@ class Agent:
                 rec, state=InstanceState.STOPPING, owner_pid=self._me[0], owner_start=self._me[1]
             )
             self.state.write(rec)
-        began = self._now()
+        began = time.monotonic()
         try:
             killed = self.backend.stop(rec, timeout)
         except AgentError as e:
@@ -247,13 +250,13 @@ class Agent:
                 self.state.write(self._ended(rec, InstanceState.FAILED, e.body.message))
             raise
         with self.state.lock():
-            done = self._ended(rec, InstanceState.STOPPED, "evicted" if _victim else "stopped")
+            done = self._ended(rec, InstanceState.STOPPED, reason)
             self.state.write(done)
         return StopReport(
             id=rec.id,
             state=InstanceState.STOPPED,
             stopped_at=done.stopped_at or 0.0,
-            stop_s=round((done.stopped_at or began) - began, 3),
+            stop_s=round(time.monotonic() - began, 3),
             killed=killed,
             was=was,
         )
