@@ -394,10 +394,11 @@ class Agent:
         chosen = ledger.choose(book, required, model.devices)
         if chosen is None:
             fits = [self._fit(b, required) for b in book.values()]
-            unloaded = {b.slot.name: b for b in book.values() if b.loading is None}
-            would = [b for b in book.values() if b.reserved_bytes + required <= b.slot.capacity_bytes]
-            if len(would) >= model.devices and len(unloaded) < len(book):
-                busy = next(b.loading for b in book.values() if b.loading is not None)
+            # Enough room, but on devices with a load in progress: busy (retry later), not full.
+            room = [b for b in book.values() if b.reserved_bytes + required <= b.slot.capacity_bytes]
+            loading = [b.loading for b in room if b.loading is not None]
+            if len(room) >= model.devices and loading:
+                busy = loading[0]
                 raise AgentError.of(
                     ErrorCode.DEVICE_BUSY,
                     f"{self._why_not(model, book)}; a load is in progress there ({busy})",
