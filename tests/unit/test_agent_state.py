@@ -117,3 +117,20 @@ def test_an_engine_whose_pid_was_never_recorded_is_found_by_its_marker(tmp_path:
         if engine.poll() is None:
             os.killpg(engine.pid, 9)
         engine.wait()
+
+
+def test_a_reused_pid_is_not_taken_for_the_engine(tmp_path: Path) -> None:
+    """The engine's pid (and so its group id) now belongs to another process group: leave it alone."""
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        started = procs.start_ticks(other.pid)
+        assert started is not None
+        backend = ProcessBackend(tmp_path)
+        rec = msgspec.structs.replace(_rec("old-1"), pid=other.pid, pid_start=started - 1)
+        assert not backend.running(rec)
+        assert backend.pids(rec) == []
+        assert backend.stop(rec, 0.0) is False
+        assert procs.alive(other.pid, started)
+    finally:
+        other.kill()
+        other.wait()

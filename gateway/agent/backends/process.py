@@ -73,7 +73,9 @@ class ProcessBackend:
         """The engine's process group, and any process carrying its instance marker (one that left the
         group, or all of them when the pid was never recorded)."""
         self._reap(rec)
-        group = procs.group_members(rec.pid, since_ticks=rec.pid_start or 0) if rec.pid is not None else []
+        group = (
+            procs.group_members(rec.pid, since_ticks=rec.pid_start or 0) if self._group_is_ours(rec) else []
+        )
         return sorted({*group, *procs.with_env(INSTANCE_ENV, rec.id)})
 
     def stop(self, rec: InstanceRecord, timeout_s: float) -> bool:
@@ -105,8 +107,17 @@ class ProcessBackend:
             return path, []
         return path, [line.decode("utf-8", "replace").rstrip("\n") for line in lines]
 
+    def _group_is_ours(self, rec: InstanceRecord) -> bool:
+        """Whether process group `rec.pid` is still the engine's: its leader is the engine (same start
+        time) or gone. A live leader that started at another time means the pid, and with it the group
+        id, was reused by something else: then only the instance marker finds the engine's processes."""
+        if rec.pid is None:
+            return False
+        leader = procs.stat(rec.pid)
+        return leader is None or leader.gone or leader.start_ticks == rec.pid_start
+
     def _signal(self, rec: InstanceRecord, sig: int) -> None:
-        if rec.pid is not None:
+        if rec.pid is not None and self._group_is_ours(rec):
             procs.signal_group(rec.pid, sig)
         for pid in procs.with_env(INSTANCE_ENV, rec.id):
             with contextlib.suppress(ProcessLookupError):
