@@ -73,9 +73,9 @@ class ProcessBackend:
         """The engine's process group, and any process carrying its instance marker (one that left the
         group, or all of them when the pid was never recorded)."""
         self._reap(rec)
-        group = (
-            procs.group_members(rec.pid, since_ticks=rec.pid_start or 0) if self._group_is_ours(rec) else []
-        )
+        group: list[int] = []
+        if rec.pid is not None and self._group_is_ours(rec):
+            group = procs.group_members(rec.pid, since_ticks=rec.pid_start or 0)
         return sorted({*group, *procs.with_env(INSTANCE_ENV, rec.id)})
 
     def stop(self, rec: InstanceRecord, timeout_s: float) -> bool:
