@@ -5,5 +5,6 @@ reads one JSON object from its stdout (`contract`). Modules, in the order a comm
 `config` (agent.toml and models.toml, strictly decoded), `inventory` (devices: NVML or configured sizes),
 `procs` (/proc: process identity, groups, CPU time), `state` (instance records and the node lock),
 `ledger` (per-device memory admission, sans-IO), `backends` (process groups or systemd units),
-`health` (the engine's health route), `ports`, `node` (the commands), `cli`. Imports only `gateway.core`.
+`health` (the engine's health route), `ports`, `wait` (bounded polling), `node` (the commands), `cli`.
+Imports only `gateway.core`.
 """

@@ -242,6 +242,12 @@ def check_models(f: ModelsFile) -> list[ConfigError]:
             problems += [e.within(prefix=f"{where}.command[{j}]") for e in check_template(arg)]
         for key, value in m.env.items():
             problems += [e.within(prefix=f"{where}.env.{key}") for e in check_template(value)]
+        if m.command and not any("{port}" in a for a in (*m.command, *m.env.values())):
+            problems.append(
+                ConfigError(
+                    "must pass the engine its port ({port}): engines share the node", path=f"{where}.command"
+                )
+            )
         if not m.health_path.startswith("/"):
             problems.append(ConfigError("must start with /", path=f"{where}.health_path"))
     return problems
