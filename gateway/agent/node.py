@@ -52,6 +52,11 @@ _SLUG = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 class Agent:
+    """One invocation's agent: the configuration, a backend, NVML (or None), the state directory.
+
+    `probe` (the health check) and `now` (Unix seconds for records) are injectable for tests.
+    """
+
     def __init__(
         self,
         cfg: AgentConfig,
@@ -116,6 +121,8 @@ class Agent:
         evict: Sequence[str] = (),
         drain_timeout_s: float | None = None,
     ) -> StartReport:
+        """Plan, stop the `evict` victims (checked first: all ready, and enough), write the record, launch,
+        and wait for health. Raises AgentError with the reason when it does not fit or the load fails."""
         model = self._model(model_name)
         if instance_id is not None and not ID_PATTERN.match(instance_id):
             raise AgentError.of(
