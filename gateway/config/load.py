@@ -15,7 +15,6 @@ from typing import Any, Final
 import msgspec
 import msgspec.structs
 
-from gateway.config.decode import convert, read_toml
 from gateway.config.policy import load_default_policy, load_policy
 from gateway.config.schema import (
     ENGINE_AUTO,
@@ -28,6 +27,7 @@ from gateway.config.schema import (
 )
 from gateway.config.validate import check_gateway, check_keys
 from gateway.core.errors import ConfigError
+from gateway.core.strict_toml import convert, read_toml
 from gateway.core.types import EndpointId, EngineKind
 from gateway.sched.profile import Policy
 from gateway.sched.registry import PluginRegistry

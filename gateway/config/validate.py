@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gateway.config.decode import join_path
 from gateway.config.schema import EndpointConfig, GatewayFile, KeyEntry, TenantConfig
 from gateway.core.errors import ConfigError
 from gateway.core.slo import SloPolicy
+from gateway.core.strict_toml import join_path
 
 
 def check_gateway(f: GatewayFile) -> list[ConfigError]:
