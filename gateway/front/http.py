@@ -30,14 +30,26 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise errors.body_too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    while True:
-        chunk = await request.content.readany()
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > limit:
-            raise errors.body_too_large(limit)
-        chunks.append(chunk)
+    try:
+        while True:
+            chunk = await request.content.readany()
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise errors.body_too_large(limit)
+            chunks.append(chunk)
+    except web.RequestPayloadError:
+        # The body does not decode as its Content-Encoding says, or its chunked framing is broken: the
+        # connection's parser has stopped, so the connection closes once the 400 is sent, and the body
+        # counts as read (aiohttp would otherwise drain it after the answer, meet the same error again
+        # and log it as an unhandled exception).
+        request.content.feed_eof()
+        request.protocol.close()
+        raise errors.bad_request(
+            "request body could not be read (it does not decode as its Content-Encoding says, "
+            "or its chunked framing is broken)"
+        ) from None
     return b"".join(chunks)
 
 

@@ -123,8 +123,14 @@ class SseRelay:
         if "error" in obj and "choices" not in obj:
             err = obj["error"]
             self.error = err if isinstance(err, dict) else {"message": str(err)}
+        # An engine's garbage (a `choices` that is no array, a `usage` that is no object) is relayed
+        # as it came, and read as nothing.
         choices = obj.get("choices")
+        if type(choices) is not list:
+            choices = None
         usage = obj.get("usage")
+        if type(usage) is not dict:
+            usage = None
         if usage:
             self.usage = usage
         if choices:
@@ -159,11 +165,11 @@ class SseRelay:
                     got_token = True
             else:
                 piece = c.get("text")
-            if piece:
+            if piece and type(piece) is str:
                 self.text.append(piece)
                 got_token = got_content = True
             fr = c.get("finish_reason")
-            if fr:
+            if fr and type(fr) is str:
                 self.finish_reason = fr
         if got_token:
             self.tokens += 1
