@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The real-engine tier (tests/engine) runs vLLM on CPU from its own cached venv.
 ENGINE_VENV ?= $(HOME)/.cache/berth/engine-venv
 
-.PHONY: venv demo serve test test-fast test-engine engine-env lint typecheck check bench-overhead clean
+.PHONY: venv demo serve test test-fast test-engine engine-env lint typecheck check bench-overhead soak clean
 
 $(BIN)/berth: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ check: lint typecheck
 
 bench-overhead: venv
 	$(BIN)/python -m loadgen.bench.overhead
+
+# The fault-matrix soak (loadgen/bench/soak.py): berth in front of simulated engines, >= 20,000 requests at
+# concurrency 64 with every fault kind; report.md and report.json in SOAK_OUT. `--quick` is the test's.
+SOAK_OUT ?= bench-out/soak
+soak: venv
+	$(BIN)/berth-loadgen bench soak --out $(SOAK_OUT)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

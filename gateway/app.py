@@ -40,7 +40,7 @@ from gateway.lifecycle.endpoints import EndpointSet
 from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.live import LiveTelemetry
-from gateway.upstream.client import UpstreamSettings, make_session
+from gateway.upstream.client import UpstreamSettings, make_session, pool_counts
 from gateway.upstream.credentials import EngineAuth, EngineAuthCollector
 
 log = structlog.get_logger("berth.app")
@@ -156,9 +156,14 @@ class Gateway:
 
     def _live_numbers(self) -> LiveNumbers:
         snap = self.scheduler.snapshot()
+        in_use, idle = pool_counts(self._session)
         return LiveNumbers(
             queue_depth={str(m): n for m, n in self.scheduler.queue_depths().items()},
             inflight={e.id: e.inflight for e in snap.endpoints},
+            waiting=self.driver.waiting,
+            tasks=len(asyncio.all_tasks()),
+            upstream_in_use=in_use,
+            upstream_idle=idle,
         )
 
     def request_reload(self) -> None:

@@ -196,6 +196,10 @@ class GatewayMetrics:
 class LiveNumbers:
     queue_depth: Mapping[str, int]  # model -> requests waiting in the gateway queue
     inflight: Mapping[str, int]  # endpoint -> requests the gateway has running there
+    waiting: int = 0  # requests awaiting the scheduler's decision (queued or about to be placed)
+    tasks: int = 0  # asyncio tasks of the process (handlers, background loops): leaks show here
+    upstream_in_use: int = 0  # connections to engines held by a call, a scrape or a health check
+    upstream_idle: int = 0  # connections to engines kept for reuse
 
 
 class _LiveCollector:
@@ -221,3 +225,21 @@ class _LiveCollector:
         for eid, n in sorted(live.inflight.items()):
             f.add_metric([eid], n)
         yield f
+        yield GaugeMetricFamily(
+            "berth_scheduler_waiting_requests",
+            "Requests awaiting the scheduler's decision (admitted, not yet placed or rejected)",
+            value=live.waiting,
+        )
+        yield GaugeMetricFamily(
+            "berth_asyncio_tasks",
+            "asyncio tasks of the process (request handlers included)",
+            value=live.tasks,
+        )
+        c = GaugeMetricFamily(
+            "berth_upstream_connections",
+            "Connections to engines: in_use (held by a call, scrape or health check) or idle (pooled)",
+            labels=["state"],
+        )
+        c.add_metric(["in_use"], live.upstream_in_use)
+        c.add_metric(["idle"], live.upstream_idle)
+        yield c

@@ -66,6 +66,21 @@ def make_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
     )
 
 
+def pool_counts(session: aiohttp.ClientSession | None) -> tuple[int, int]:
+    """(in use, idle) connections of the session's pool: engine calls, scrapes and health checks hold a
+    connection while they run; idle ones wait for reuse until aiohttp's keep-alive timeout.
+
+    aiohttp exposes no counts: this reads its connector's `_acquired` and `_conns`, and answers (0, 0)
+    should a release rename them (tests/integration/test_soak.py pins the reading).
+    """
+    if session is None or session.closed:
+        return 0, 0
+    connector = session.connector
+    in_use = len(getattr(connector, "_acquired", ()))
+    idle = sum(len(conns) for conns in getattr(connector, "_conns", {}).values())
+    return in_use, idle
+
+
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 

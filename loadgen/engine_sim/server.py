@@ -287,6 +287,7 @@ class SimEndpoint:
             "loaded": self.loaded,
             "running": eng.num_running,
             "waiting": eng.num_waiting,
+            "live_requests": self.live_requests,  # handlers still running (streaming, waiting, stalled)
             "kv_used_tokens": eng.kv_used,
             "kv_capacity_tokens": eng.config.kv_capacity_tokens,
             "kv_usage": eng.kv_usage,
