@@ -498,7 +498,7 @@ class Soak:
             "engine_restarts": injector.restarts,
             "unconfirmed_reloads": injector.unconfirmed_reloads,
             "outcomes": dict(sorted(tally.outcomes.items())),
-            "rss_kib": {**rss, "kib_per_1k_requests": round(per_1k, 1)},
+            "rss_kib": {**rss, "kib_per_1k_requests": round(per_1k, 1), "samples": sorted(samples)},
             "baseline": {"tasks": base.tasks, "connections": base_conns.as_dict()},
             "after_load": {
                 "counters": end.as_dict(),

@@ -25,7 +25,7 @@ from loadgen.engine_sim import EndpointSpec, SimFleet
 from loadgen.engine_sim.lengths import LengthDist
 from tests.integration.conftest import Running, StartGateway
 
-EXAMPLES = int(os.environ.get("BERTH_FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("BERTH_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

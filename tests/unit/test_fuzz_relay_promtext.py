@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from gateway.telemetry.promtext import Exposition, PromParser, parse
 from gateway.upstream.sse import SseRelay
 
-EXAMPLES = int(os.environ.get("BERTH_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("BERTH_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None)
 VLLM_PAGE = (Path(__file__).parent / "data" / "vllm_v1_dp2.prom").read_text()
 
