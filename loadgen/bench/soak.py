@@ -66,6 +66,7 @@ from loadgen.bench.soak_checks import (
 from loadgen.bench.soak_clients import BEHAVIOURS, Outcome, Plan, run_one
 from loadgen.bench.soak_faults import (
     DRAIN_TIMEOUT_S,
+    READ_TIMEOUT_S,
     SERVER_FAULTS,
     Injector,
     Progress,
@@ -80,6 +81,7 @@ RSS_SLACK_KIB: Final = 4096.0
 CLIENT_DEADLINE_S: Final = 30.0
 SETTLE_TIMEOUT_S: Final = 40.0  # for counters, tasks and connections to come back after the load
 TASK_SLACK: Final = 2  # tasks that come and go on their own (a scrape round, the probe's handler)
+STOP_READING_S: Final = 1.5 * READ_TIMEOUT_S  # a slow reader's pause: past berth's stall timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +259,7 @@ class Soak:
 
             async def client() -> None:
                 for i in indices:
-                    plan = Plan.draw(i, self.cfg.seed, self.keys)
+                    plan = Plan.draw(i, self.cfg.seed, self.keys, stop_reading_s=STOP_READING_S)
                     if behave and plan.behaviour != "normal":
                         plan = Plan.draw(i + 7_777_777, self.cfg.seed, self.keys)
                         if plan.behaviour != "normal":

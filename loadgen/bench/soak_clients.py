@@ -8,7 +8,8 @@ attack). Every request runs under a client deadline, so a hang is seen as one.
 An ending is an `Outcome`: `ok`, a precise OpenAI error (`http <status> <code>` or `stream_error <code>`),
 `client_abort` (the client went away on purpose), `not_accepted` (the connection was refused: berth had
 stopped listening) or a violation (`hang`, `truncated_stream`, `bad_error_shape`, `bad_body`,
-`internal_error`, `connection_dropped`), which the soak counts against its first invariant.
+`internal_error`, `connection_dropped`, `id_not_echoed`, `slow_reader_timed_out`: a paused client's
+stream taken for a stalled engine's), which the soak counts against its first invariant.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ BEHAVIOURS: Final = (
 # Shares of the behaviours above (the rest of the requests behave).
 _WEIGHTS: Final = (0.80, 0.04, 0.05, 0.04, 0.07)
 DUPLICATE_IDS: Final = 3  # X-Request-Id values shared by the duplicate-id requests
+LONG_STREAM_TOKENS: Final = 2000  # a slow reader's long stream (more than the socket buffers hold)
+_STALL_MAX_EVENTS: Final = 8  # a stalled stream (the stall fault: after 1-3 tokens) has no more events
 VIOLATIONS: Final = frozenset(
     (
         "hang",
@@ -42,6 +45,7 @@ VIOLATIONS: Final = frozenset(
         "internal_error",
         "connection_dropped",
         "id_not_echoed",
+        "slow_reader_timed_out",
     )
 )
 
@@ -58,13 +62,17 @@ class Plan:
     cut_after_s: float  # disconnect_before_headers: give up after this long
     cut_after_events: int  # disconnect_mid_stream: close after this many events
     read_pause_s: float  # slow_reader: pause between reads
-    min_tokens: int = 0  # > 0: ask for at least this many tokens (the drain burst's long streams)
+    min_tokens: int = 0  # > 0: ask for at least this many tokens (long streams)
+    stop_reading_s: float = 0.0  # slow_reader: once, after the first chunk, read nothing for this long
 
     @classmethod
-    def draw(cls, index: int, seed: int, keys: Sequence[str]) -> Plan:
+    def draw(cls, index: int, seed: int, keys: Sequence[str], *, stop_reading_s: float = 0.0) -> Plan:
+        """The plan of request `index`; one slow reader in ten asks for a long stream and stops reading
+        for `stop_reading_s` (longer than berth's stall timeout: a slow client is no stalled engine)."""
         rng = random.Random(seed * 1_000_003 + index)
         behaviour = rng.choices(BEHAVIOURS, _WEIGHTS)[0]
         stream = rng.random() < 0.6 or behaviour in ("disconnect_mid_stream", "slow_reader")
+        long_pause = behaviour == "slow_reader" and rng.random() < 0.1 and stop_reading_s > 0
         return cls(
             index=index,
             chat=rng.random() < 0.5,
@@ -78,10 +86,13 @@ class Plan:
             cut_after_s=rng.uniform(0.0, 0.03),
             cut_after_events=rng.randint(1, 4),
             read_pause_s=rng.uniform(0.002, 0.02),
+            min_tokens=LONG_STREAM_TOKENS if long_pause else 0,
+            stop_reading_s=stop_reading_s if long_pause else 0.0,
         )
 
     def body(self) -> bytes:
-        body: dict[str, object] = {"model": MODEL, "max_tokens": self.max_tokens, "stream": self.stream}
+        max_tokens = max(self.max_tokens, self.min_tokens)
+        body: dict[str, object] = {"model": MODEL, "max_tokens": max_tokens, "stream": self.stream}
         if self.min_tokens:
             body["min_tokens"] = self.min_tokens
         if self.chat:
@@ -170,6 +181,7 @@ def _error(status: int, body: bytes) -> Outcome:
 async def _read_stream(resp: aiohttp.ClientResponse, plan: Plan) -> Outcome:
     buf = b""
     events = 0
+    stop_reading_s = plan.stop_reading_s
     async for chunk in resp.content.iter_any():
         buf += chunk
         events = buf.count(b"\n\n")
@@ -177,7 +189,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, plan: Plan) -> Outcome:
             resp.close()  # mid-stream: the connection is dropped, not returned to the pool
             return Outcome("client_abort", "mid-stream")
         if plan.behaviour == "slow_reader":
-            await asyncio.sleep(plan.read_pause_s)
+            await asyncio.sleep(plan.read_pause_s + stop_reading_s)
+            stop_reading_s = 0.0
     parts = [e for e in buf.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
     if not parts:
         return Outcome("truncated_stream", "an empty stream")
@@ -191,4 +204,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, plan: Plan) -> Outcome:
         return Outcome("truncated_stream", f"{events} events, the last {last[:120]!r}")
     if not isinstance(code, str):
         return Outcome("truncated_stream", f"an error event without a code: {last[:120]!r}")
+    if code == "engine_timeout" and plan.stop_reading_s and events > _STALL_MAX_EVENTS:
+        # the stall fault stops a stream within its first tokens; this one ran on, then its client paused
+        return Outcome("slow_reader_timed_out", f"{events} events, then {last[:120]!r}")
     return Outcome(f"stream_error {code}")

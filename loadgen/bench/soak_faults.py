@@ -88,6 +88,7 @@ class SimEngine:
             "--model", MODEL,
             "--profile", "test-fast",
             "--max-num-seqs", "32",
+            "--kv-capacity-tokens", "131072",  # long streams (a slow reader's) never crowd out the rest
             "--output-len", "uniform:4:24",
             "--speed", f"{self.speed:g}",
             "--seed", str(self.seed + 1000 * self.starts),

@@ -76,6 +76,7 @@ def test_plans_are_drawn_from_the_seed_and_cover_every_behaviour() -> None:
         ("hang", True),
         ("truncated_stream", True),
         ("internal_error", True),
+        ("slow_reader_timed_out", True),
     ],
 )
 def test_which_outcomes_are_violations(kind: str, violation: bool) -> None:
