@@ -11,6 +11,7 @@ to each component that takes reloadable settings (scheduler, endpoint set, telem
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -278,10 +279,11 @@ async def serve(gw: Gateway) -> None:
     )
     try:
         await stop.wait()
+        begin_drain(gw)
+        await accept_grace(gw.cfg.server.accept_grace_s, stop)
     finally:
-        gw.services.draining = True
-        gw.notifier.stopping()
-        log.info("draining", timeout_s=gw.cfg.server.drain_timeout_s)
+        if not gw.services.draining:
+            begin_drain(gw)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
@@ -289,3 +291,22 @@ async def serve(gw: Gateway) -> None:
             await ops_runner.cleanup()
         gw.notifier.close()
         log.info("stopped")
+
+
+def begin_drain(gw: Gateway) -> None:
+    """New requests get 503 `shutting_down` and /readyz 503 from now on; systemd hears STOPPING=1."""
+    gw.services.draining = True
+    gw.notifier.stopping()
+    log.info("draining", timeout_s=gw.cfg.server.drain_timeout_s, accept_grace_s=gw.cfg.server.accept_grace_s)
+
+
+async def accept_grace(grace_s: float, stop: asyncio.Event) -> None:
+    """Keep the listener open `grace_s` after SIGTERM, or until a second SIGTERM/SIGINT: connections
+    already queued for it (accepted by the kernel, not yet read) and a load balancer's last requests
+    before its next /readyz get a precise 503 `shutting_down`; closing the listener at once resets them."""
+    if grace_s <= 0:
+        return
+    stop.clear()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(grace_s):
+            await stop.wait()

@@ -39,6 +39,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     listen: str = DEFAULT_LISTEN  # HOST:PORT; IPv6 hosts in brackets: "[::1]:8080"
     max_body_bytes: PositiveInt = 32 * 1024 * 1024  # larger request bodies get 413
     drain_timeout_s: NonNegativeFloat = 30.0  # on SIGTERM, let streams finish this long
+    # On SIGTERM, keep accepting this long first, answering new requests 503 shutting_down (a second
+    # SIGTERM ends it): connections queued for the listener get an answer rather than a reset.
+    accept_grace_s: NonNegativeFloat = 0.5
     admin_token: str = ""  # BERTH_ADMIN_TOKEN in the environment overrides it
     log_level: LogLevel = "info"
 

@@ -55,14 +55,16 @@ async def engine() -> AsyncIterator[tuple[FakeEngine, str]]:
     await srv.close()
 
 
-def _start(tmp_path: Path, engine_url: str) -> tuple[ManagedProcess, NotifySocket, str, Path]:
+def _start(
+    tmp_path: Path, engine_url: str, server: str = ""
+) -> tuple[ManagedProcess, NotifySocket, str, Path]:
     port = free_port()
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY_OK)
     cfg = tmp_path / "gateway.toml"
     cfg.write_text(
-        f'[server]\nlisten = "127.0.0.1:{port}"\ndrain_timeout_s = 20\n[policy]\nfile = "policy.toml"\n'
-        f'[[endpoints]]\nurl = "{engine_url}"\nengine = "vllm"\n'
+        f'[server]\nlisten = "127.0.0.1:{port}"\ndrain_timeout_s = 20\n{server}'
+        f'[policy]\nfile = "policy.toml"\n[[endpoints]]\nurl = "{engine_url}"\nengine = "vllm"\n'
     )
     notify = NotifySocket(tmp_path / "notify.sock")
     env = {**os.environ, "NOTIFY_SOCKET": str(notify.path)}
@@ -113,6 +115,31 @@ async def test_notify_ready_reload_and_drain(tmp_path: Path, engine: tuple[FakeE
             payload = await resp.read()
             assert resp.status == 200
             assert payload.endswith(b"data: [DONE]\n\n")
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+    finally:
+        await asyncio.to_thread(proc.stop)
+        notify.sock.close()
+
+
+async def test_sigterm_answers_newcomers_503_until_the_listener_closes(
+    tmp_path: Path, engine: tuple[FakeEngine, str]
+) -> None:
+    """Found by the soak: requests already queued for the listener at SIGTERM were reset when it closed.
+    Through the accept grace they get a precise 503 `shutting_down`; a second SIGTERM ends the grace."""
+    _, url = engine
+    proc, notify, base, _ = _start(tmp_path, url, server="accept_grace_s = 300\n")
+    try:
+        await notify.until("READY=1")
+        proc.send_signal(signal.SIGTERM)
+        await notify.until("STOPPING=1")
+        body = orjson.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+        async with aiohttp.ClientSession() as s:
+            async with s.post(base + "/v1/chat/completions", data=body) as r:
+                assert r.status == 503
+                assert (await r.json())["error"]["code"] == "shutting_down"
+            async with s.get(base + "/readyz") as r:
+                assert r.status == 503
+        proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 60) == 0
     finally:
         await asyncio.to_thread(proc.stop)

@@ -229,7 +229,7 @@ _ENDPOINT_KEYS = "url, id, engine, models, class, node, cap, scheduling, api_key
         pytest.param(
             '[server]\nlsten = "x:1"\n',
             "gateway.toml:server.lsten: unknown key "
-            "(known: listen, max_body_bytes, drain_timeout_s, admin_token, log_level)",
+            "(known: listen, max_body_bytes, drain_timeout_s, accept_grace_s, admin_token, log_level)",
             id="unknown-key-in-section",
         ),
         pytest.param(
