@@ -29,7 +29,8 @@ fails):
   1,000 requests plus `RSS_SLACK_KIB` (allocator noise; `QUICK_RSS_SLACK_KIB` for --quick), the whole
   run's growth reported per 1,000;
 - `errors_explained`: no error-level log event that no injected fault explains, no non-JSON log line;
-- `keys_not_logged`: none of the clients' API keys, and no `Bearer` value, in berth's log;
+- `keys_not_logged`: none of the clients' API keys (required: `[auth] required = true`; the unknown keys
+  some clients present too), nor the engines' key (`api_key_env`), nor any `Bearer` value, in berth's log;
 - `drain_on_sigterm`: the streams running at SIGTERM finish or end in a precise error, and berth exits 0;
 - `every_fault_kind`: every fault kind and client behaviour happened at least once.
 """
@@ -67,6 +68,7 @@ from loadgen.bench.soak_checks import (
 from loadgen.bench.soak_clients import BEHAVIOURS, Outcome, Plan, run_one
 from loadgen.bench.soak_faults import (
     DRAIN_TIMEOUT_S,
+    ENGINE_KEY_ENV,
     READ_TIMEOUT_S,
     SERVER_FAULTS,
     Injector,
@@ -134,10 +136,13 @@ class Tally:
     outcomes: Counter[str] = field(default_factory=Counter)
     behaviours: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    unknown_keys: set[str] = field(default_factory=set)  # presented, to look for in the log too
 
     def add(self, plan: Plan, outcome: Outcome) -> None:
         self.outcomes[outcome.kind] += 1
         self.behaviours[plan.behaviour] += 1
+        if plan.behaviour == "unknown_key":
+            self.unknown_keys.add(plan.key)
         if outcome.violation:
             self.examples.setdefault(outcome.kind, [])
             if len(self.examples[outcome.kind]) < 5:
@@ -158,6 +163,7 @@ class Soak:
         self.out = out
         rng = random.Random(cfg.seed)
         self.keys = [f"sk-soak-{i}-{rng.getrandbits(64):016x}" for i in range(3)]
+        self.engine_key = f"sk-engine-{rng.getrandbits(64):016x}"
         self.config_path = out / "gateway.toml"
         self.engines: list[SimEngine] = []
         self.berth: RunningServer | None = None
@@ -167,7 +173,9 @@ class Soak:
 
     # ------------------------------------------------------------------------------ processes
     def start(self) -> None:
-        self.engines = start_engines(self.cfg.engines, self.out, speed=self.cfg.speed, seed=self.cfg.seed)
+        self.engines = start_engines(
+            self.cfg.engines, self.out, speed=self.cfg.speed, seed=self.cfg.seed, api_key=self.engine_key
+        )
         self.config_path.write_text(gateway_toml(self.engines, self.keys))
         self.port = free_port()
         argv = [
@@ -183,7 +191,7 @@ class Soak:
             log_path=self.out / "berth.log",
             ready_path="/readyz",
             timeout_s=60.0,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **{ENGINE_KEY_ENV: self.engine_key}),
             cwd=REPO_ROOT,
         )
 
@@ -426,7 +434,7 @@ class Soak:
 
         log_path = self.out / "berth.log"
         verdict = judge_log(log_path, injected)
-        leaked = secrets_in(log_path, self.keys)
+        leaked = secrets_in(log_path, [*self.keys, self.engine_key, *tally.unknown_keys])
         bearer_lines = bearer_tokens_in(log_path)
         second_half = main_requests - rss["middle_at_request"]
         rss_growth_half = rss["end_kib"] - rss["middle_kib"]

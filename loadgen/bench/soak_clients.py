@@ -2,8 +2,9 @@
 
 Every request is drawn from a seeded RNG by its index: chat or completions, streamed or not, an API key of
 one tenant, and a behaviour. Most behave; some disconnect before the response headers, some mid-stream,
-some read slowly, and some reuse an X-Request-Id that concurrent requests also carry (the duplicate-id
-attack). Every request runs under a client deadline, so a hang is seen as one.
+some read slowly, some reuse an X-Request-Id that concurrent requests also carry (the duplicate-id
+attack), and some present a key no tenant has (berth requires keys: 401 `invalid_api_key`). Every
+request runs under a client deadline, so a hang is seen as one.
 
 An ending is an `Outcome`: `ok`, a precise OpenAI error (`http <status> <code>` or `stream_error <code>`),
 `client_abort` (the client went away on purpose), `not_accepted` (the connection was refused: berth had
@@ -30,9 +31,10 @@ BEHAVIOURS: Final = (
     "disconnect_mid_stream",
     "slow_reader",
     "duplicate_request_id",
+    "unknown_key",
 )
 # Shares of the behaviours above (the rest of the requests behave).
-_WEIGHTS: Final = (0.80, 0.04, 0.05, 0.04, 0.07)
+_WEIGHTS: Final = (0.78, 0.04, 0.05, 0.04, 0.07, 0.02)
 DUPLICATE_IDS: Final = 3  # X-Request-Id values shared by the duplicate-id requests
 LONG_STREAM_TOKENS: Final = 2000  # a slow reader's long stream (more than the socket buffers hold)
 _STALL_MAX_EVENTS: Final = 8  # a stalled stream (the stall fault: after 1-3 tokens) has no more events
@@ -78,7 +80,7 @@ class Plan:
             chat=rng.random() < 0.5,
             stream=stream,
             behaviour=behaviour,
-            key=rng.choice(keys),
+            key=rng.choice(keys) if behaviour != "unknown_key" else f"sk-unknown-{rng.getrandbits(64):016x}",
             max_tokens=rng.randint(4, 24),
             request_id=(
                 f"soak-dup-{rng.randrange(DUPLICATE_IDS)}" if behaviour == "duplicate_request_id" else None

@@ -57,6 +57,7 @@ READ_TIMEOUT_S: Final = 1.0  # a stalled stream ends in an error event after thi
 FIRST_BYTE_TIMEOUT_S: Final = 3.0  # a stalled non-streamed answer ends in a 504 after this
 MAX_QUEUE_WAIT_S: Final = 5.0
 DRAIN_TIMEOUT_S: Final = 10.0
+ENGINE_KEY_ENV: Final = "BERTH_SOAK_ENGINE_KEY"
 
 
 @dataclass
@@ -68,6 +69,7 @@ class SimEngine:
     log_dir: Path
     speed: float
     seed: int
+    api_key: str  # the engine's own key (vLLM's --api-key): berth sends it from ENGINE_KEY_ENV
     proc: ManagedProcess | None = None
     starts: int = 0
 
@@ -92,6 +94,7 @@ class SimEngine:
             "--output-len", "uniform:4:24",
             "--speed", f"{self.speed:g}",
             "--seed", str(self.seed + 1000 * self.starts),
+            "--api-key", self.api_key,
         ]  # fmt: skip
         log = self.log_dir / f"sim{self.index}.{self.starts}.log"
         self.proc = ManagedProcess(f"sim{self.index}", argv, log_path=log, watch=b" at http://")
@@ -110,8 +113,8 @@ class SimEngine:
             self.proc.stop(grace_s=5.0)
 
 
-def start_engines(count: int, log_dir: Path, *, speed: float, seed: int) -> list[SimEngine]:
-    engines = [SimEngine(i, free_port(), log_dir, speed, seed + i) for i in range(count)]
+def start_engines(count: int, log_dir: Path, *, speed: float, seed: int, api_key: str) -> list[SimEngine]:
+    engines = [SimEngine(i, free_port(), log_dir, speed, seed + i, api_key) for i in range(count)]
     try:
         for e in engines:
             e.start()
@@ -133,10 +136,13 @@ def gateway_toml(
     without: int | None = None,
     retry_after_s: float = 1.0,
 ) -> str:
-    """berth's configuration for the soak: short timeouts so faults end fast, tenants by key hash."""
+    """berth's configuration for the soak: short timeouts so faults end fast, client keys required (by
+    hash, per tenant), the engines' key from the environment."""
     lines = [
         "[server]",
         f"drain_timeout_s = {DRAIN_TIMEOUT_S}",
+        "[auth]",
+        "required = true",
         "[limits]",
         f"max_queue_wait_s = {MAX_QUEUE_WAIT_S}",
         f"retry_after_s = {retry_after_s}",
@@ -160,6 +166,7 @@ def gateway_toml(
             'engine = "vllm"',
             f'models = ["{MODEL}"]',
             "cap = 32",
+            f'api_key_env = "{ENGINE_KEY_ENV}"',
         ]
     for i, key in enumerate(keys):
         lines += ["[[tenants]]", f'name = "tenant{i}"', f'api_key_sha256 = ["{key_digest(key)}"]']
