@@ -9,6 +9,7 @@ test (default: a modest number that keeps the file within a few seconds).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -50,8 +51,16 @@ SLO_HEADERS = (
 BODY_LIMIT = 256 * 1024  # the gateway under test is configured with this [server] max_body_bytes
 
 
-@pytest.fixture
-async def gateway(start_gateway: StartGateway) -> AsyncIterator[Running]:
+KEY = "sk-fuzz-tenant-key"
+AUTH = (
+    '[auth]\nrequired = true\n[[tenants]]\nname = "t"\nallowed_classes = ["interactive"]\n'
+    f'api_key_sha256 = ["{hashlib.sha256(KEY.encode()).hexdigest()}"]\nrequests_per_s = 1000.0\n'
+)
+
+
+@pytest.fixture(params=["open", "auth"])
+async def gateway(start_gateway: StartGateway, request: pytest.FixtureRequest) -> AsyncIterator[Running]:
+    """The gateway as shipped (anyone is served), and with keys required (a tenant with limits)."""
     spec = EndpointSpec(
         flavor="vllm",
         models=(MODEL,),
@@ -61,7 +70,7 @@ async def gateway(start_gateway: StartGateway) -> AsyncIterator[Running]:
         speed=50.0,
     )
     async with SimFleet([spec]) as fleet:
-        toml = f"[server]\nmax_body_bytes = {BODY_LIMIT}\n"
+        toml = f"[server]\nmax_body_bytes = {BODY_LIMIT}\n" + (AUTH if request.param == "auth" else "")
         yield await start_gateway([fleet.urls[0] + ",engine=vllm"], toml=toml)
 
 
@@ -184,8 +193,15 @@ def hostile_headers(draw: st.DrawFn) -> dict[str, str]:
         headers["x-berth-" + draw(st.text("abcxyz-", min_size=1, max_size=8))] = draw(_header_text)
     if draw(st.booleans()):
         headers["X-Request-Id"] = draw(_header_text | st.just("x" * 5000))
-    if draw(st.integers(0, 3)) == 0:
-        headers["Authorization"] = draw(_header_text | st.just("Bearer " + "k" * 3000))
+    if draw(st.integers(0, 3)) != 0:  # mostly the tenant's key (the auth gateway serves only it)
+        headers["Authorization"] = draw(
+            st.just(f"Bearer {KEY}")
+            | _header_text
+            | st.just("Bearer " + "k" * 3000)
+            | st.just(f"bearer  {KEY} ")
+        )
+    if draw(st.integers(0, 5)) == 0:
+        headers["api-key"] = draw(st.just(KEY) | _header_text)
     if draw(st.integers(0, 5)) == 0:
         headers["Content-Type"] = draw(
             st.sampled_from(
@@ -285,9 +301,10 @@ async def test_an_enormous_string_within_the_body_limit(gateway: Running, path: 
     body[field] = [{"role": "user", "content": big}] if path == CHAT else big
     raw = orjson.dumps(body)
     assert len(raw) < BODY_LIMIT
-    status, ctype, resp = await _send(gateway, "POST", path, raw, {})
+    key = {"Authorization": f"Bearer {KEY}"}
+    status, ctype, resp = await _send(gateway, "POST", path, raw, key)
     check_response(status, ctype, resp)
-    status, ctype, resp = await _send(gateway, "POST", path, raw + b" " * BODY_LIMIT, {})
+    status, ctype, resp = await _send(gateway, "POST", path, raw + b" " * BODY_LIMIT, key)
     assert status == 413
     check_response(status, ctype, resp)
     await settle_counters(gateway)
@@ -299,7 +316,8 @@ async def test_a_body_that_does_not_decode_as_its_content_encoding(gateway: Runn
     """Was a 500 `internal_error` with the traceback logged twice (once by berth, once by aiohttp when it
     drained the rest of the body): now a 400 in the OpenAI shape, and the connection closes."""
     body = b'{"model":"m","messages":[{"role":"user","content":NaN}],"max_tokens":4}'
-    status, ctype, resp = await _send(gateway, "POST", CHAT, body, {"Content-Encoding": encoding})
+    headers = {"Content-Encoding": encoding, "Authorization": f"Bearer {KEY}"}
+    status, ctype, resp = await _send(gateway, "POST", CHAT, body, headers)
     check_response(status, ctype, resp)
     assert status == 400
     await settle_counters(gateway)
