@@ -14,12 +14,14 @@ from typing import Any, Final
 import msgspec
 import msgspec.structs
 
+from gateway.config.lifecycle import lifecycle_problems
 from gateway.config.policy import load_default_policy, load_policy
 from gateway.config.schema import ENGINE_AUTO, GatewayConfig, GatewayFile
 from gateway.config.validate import check_gateway
 from gateway.core.errors import ConfigError
 from gateway.core.strict_toml import convert, read_toml
 from gateway.core.types import EngineKind
+from gateway.sched.plugins import default_registry
 from gateway.sched.profile import Policy
 from gateway.sched.registry import PluginRegistry
 
@@ -67,6 +69,10 @@ def gateway_config_problems(
     if policy_file is not None and not policy_file.is_file():
         what = "is not a file" if policy_file.exists() else "not found"
         problems.append(ConfigError(f"policy file {what}: {policy_file}", path="policy.file", file=label))
+    lifecycle, lifecycle_errors = lifecycle_problems(
+        f.lifecycle, f.nodes, base=p.parent, label=label, registry=default_registry()
+    )
+    problems.extend(lifecycle_errors)
     if problems:
         return None, problems
 
@@ -82,6 +88,7 @@ def gateway_config_problems(
             tenants=f.tenants,
             file=_absolute(p),
             policy_file=policy_file,
+            lifecycle=lifecycle,
         ),
         [],
     )

@@ -222,7 +222,8 @@ _ENDPOINT_KEYS = "url, id, engine, models, class, node, cap, scheduling"
         pytest.param(
             'colour = "blue"\n',
             "gateway.toml:colour: unknown key "
-            "(known: server, limits, upstream, scrape, telemetry, policy, aliases, endpoints, tenants)",
+            "(known: server, limits, upstream, scrape, telemetry, policy, aliases, endpoints, tenants, "
+            "lifecycle, nodes)",
             id="unknown-top-level-key",
         ),
         pytest.param(
