@@ -33,6 +33,9 @@ PLACEHOLDERS: Final = ("devices", "host", "id", "model", "port", "tp")
 
 Backend = Literal["process", "systemd"]
 
+#: Unit properties the systemd backend sets itself (see gateway.agent.backends.systemd).
+_FIXED_PROPERTIES: Final = frozenset({"Type", "KillMode", "StandardOutput", "StandardError"})
+
 
 class DeviceConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """[[devices]]: a device whose size is configured (overrides NVML's device of the same name)."""
@@ -59,6 +62,9 @@ class AgentFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
         10.0  # after a stop: NVML's bound to see memory free, else a fixed wait
     )
     stop_timeout_s: NonNegativeFloat = 30.0  # SIGTERM -> SIGKILL when `stop` gives no --drain-timeout
+    systemd_properties: tuple[
+        str, ...
+    ] = ()  # extra `--property=` of each engine unit, e.g. "LimitMEMLOCK=infinity"
     devices: tuple[DeviceConfig, ...] = ()
 
 
@@ -100,6 +106,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     nvml: bool
     release_wait_s: float
     stop_timeout_s: float
+    systemd_properties: tuple[str, ...]
     devices: tuple[DeviceConfig, ...]
     models: Mapping[str, ModelSpec]
 
@@ -151,6 +158,7 @@ def agent_config_problems(path: str | Path) -> tuple[AgentConfig | None, list[Co
             nvml=f.nvml,
             release_wait_s=f.release_wait_s,
             stop_timeout_s=f.stop_timeout_s,
+            systemd_properties=f.systemd_properties,
             devices=tuple(_with_index(d, i) for i, d in enumerate(f.devices)),
             models=models,
         ),
@@ -185,6 +193,11 @@ def check_agent(f: AgentFile) -> list[ConfigError]:
         problems.append(ConfigError(f"the first port is above the last ({lo} > {hi})", path="port_range"))
     if not f.host:
         problems.append(ConfigError("must not be empty", path="host"))
+    for i, prop in enumerate(f.systemd_properties):
+        name, eq, _ = prop.partition("=")
+        if not eq or not name.strip() or name.strip() in _FIXED_PROPERTIES:
+            why = "is set by the agent" if name.strip() in _FIXED_PROPERTIES else "expected NAME=VALUE"
+            problems.append(ConfigError(f"{why}: {prop!r}", path=f"systemd_properties[{i}]"))
     seen_names: dict[str, int] = {}
     seen_index: dict[int, int] = {}
     for i, d in enumerate(f.devices):

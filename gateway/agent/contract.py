@@ -45,6 +45,7 @@ class ErrorCode(enum.StrEnum):
     EARLY_EXIT = "engine_exited"  # the engine exited before its health route answered
     LOAD_TIMEOUT = "load_timeout"  # health did not answer within the model's load_timeout_s
     STALLED = "load_stalled"  # no CPU used by the engine for stall_timeout_s while loading
+    LOAD_CANCELLED = "load_cancelled"  # a `stop` ended the instance during its load
     STOP_FAILED = "stop_failed"  # processes of the instance survived SIGKILL
     BACKEND = "backend_error"  # systemd-run / systemctl / journalctl failed
 

@@ -141,7 +141,12 @@ class Agent:
         return self._plan(model, view)
 
     def start(
-        self, model_name: str, *, instance_id: str | None = None, evict: Sequence[str] = ()
+        self,
+        model_name: str,
+        *,
+        instance_id: str | None = None,
+        evict: Sequence[str] = (),
+        drain_timeout_s: float | None = None,
     ) -> StartReport:
         model = self._model(model_name)
         if instance_id is not None and not ID_PATTERN.match(instance_id):
@@ -150,9 +155,10 @@ class Agent:
                 f"instance id {instance_id!r} must match {ID_PATTERN.pattern}",
                 instance=instance_id,
             )
-        evicted = [
-            self.stop(victim, drain_timeout_s=self.cfg.stop_timeout_s, _victim=True) for victim in evict
-        ]
+        if evict:
+            with self.state.lock():
+                self._check_eviction(model, self._refresh(), evict)
+        evicted = [self.stop(victim, drain_timeout_s=drain_timeout_s, _victim=True) for victim in evict]
         with self.state.lock():
             view = self._refresh()
             rec = self._admit(model, view, instance_id)
@@ -167,14 +173,22 @@ class Agent:
         outcome = self._wait_ready(rec, model)
         with self.state.lock():
             current = self.state.read(rec.id)
-            if outcome is not None or current is None or current.state is not InstanceState.STARTING:
-                reason = outcome.message if outcome is not None else "stopped while loading"
-                code = outcome.code if outcome is not None else ErrorCode.EARLY_EXIT
-                tail = self.backend.logs(rec, ERROR_LOG_LINES)[1]
+            tail = self.backend.logs(rec, ERROR_LOG_LINES)[1] if outcome is not None else []
+            if current is None or current.state is not InstanceState.STARTING:
+                # A `stop` took the instance over during its load (it owns the record now).
+                raise AgentError.of(
+                    ErrorCode.LOAD_CANCELLED,
+                    f"instance {rec.id} was {current.state if current else 'removed'} during its load",
+                    model=model.name,
+                    instance=rec.id,
+                    log_tail=tail,
+                )
+            if outcome is not None:
                 self._stop_quietly(rec, LEFTOVER_GRACE_S)
-                if current is None or current.resident:
-                    self.state.write(self._ended(rec, InstanceState.FAILED, reason))
-                raise AgentError.of(code, reason, model=model.name, instance=rec.id, log_tail=tail)
+                self.state.write(self._ended(rec, InstanceState.FAILED, outcome.message))
+                raise AgentError.of(
+                    outcome.code, outcome.message, model=model.name, instance=rec.id, log_tail=tail
+                )
             ready_at = self._now()
             rec = msgspec.structs.replace(
                 current,
@@ -267,24 +281,21 @@ class Agent:
     def _readopt(self, rec: InstanceRecord, healthy: dict[str, bool]) -> InstanceRecord:
         if not rec.resident:
             return rec
-        running = self.backend.running(rec)
         owner_alive = (
             rec.owner_pid is not None
             and rec.owner_start is not None
             and procs.alive(rec.owner_pid, rec.owner_start)
         )
+        if owner_alive:
+            return rec  # its `start` (waiting for health) or `stop` is at work and will write the outcome
         if rec.state is InstanceState.STOPPING:
-            if owner_alive:
-                return rec  # its `stop` is at work
             self._stop_quietly(rec, LEFTOVER_GRACE_S)  # that `stop` died: finish it
             return self._ended(rec, InstanceState.STOPPED, rec.reason or "stopped")
-        if not running:
+        if not self.backend.running(rec):
             self._stop_quietly(rec, LEFTOVER_GRACE_S)  # leftovers of a dead leader (EngineCore, workers)
             what = "during its load" if rec.state is InstanceState.STARTING else "after it was ready"
             return self._ended(rec, InstanceState.FAILED, f"engine exited {what}")
         if rec.state is InstanceState.STARTING:
-            if owner_alive:
-                return rec  # its `start` is waiting for health
             if self._probe(rec.url + rec.health_path):
                 now = self._now()
                 return msgspec.structs.replace(
@@ -434,6 +445,34 @@ class Agent:
             owner_pid=self._me[0],
             owner_start=self._me[1],
         )
+
+    def _check_eviction(self, model: ModelSpec, view: _View, evict: Sequence[str]) -> None:
+        """Refuse a start before stopping anything when its victims are not all ready, or when the model
+        would not fit even with them gone (nobody is evicted for nothing)."""
+        by_id = {r.id: r for r in view.records}
+        for victim in evict:
+            rec = by_id.get(victim)
+            if rec is None:
+                raise AgentError.of(ErrorCode.UNKNOWN_INSTANCE, f"no instance {victim!r}", instance=victim)
+            if rec.state is not InstanceState.READY:
+                raise AgentError.of(
+                    ErrorCode.BAD_ARGUMENTS,
+                    f"cannot evict {victim}: it is {rec.state} (only ready instances are evicted)",
+                    instance=victim,
+                )
+        gone = set(evict)
+        rest = [h for h in view.holdings() if h.id not in gone]
+        book = ledger.books(view.slots(self.cfg.headroom_bytes), rest)
+        if (
+            model.devices <= len(view.devices)
+            and ledger.choose(book, model.memory_bytes, model.devices) is None
+        ):
+            raise AgentError.of(
+                ErrorCode.DOES_NOT_FIT,
+                f"even without {', '.join(evict)}: {self._why_not(model, book)}",
+                model=model.name,
+                devices=[self._fit(b, model.memory_bytes) for b in book.values()],
+            )
 
     def _settle(self, chosen: list[str], view: _View, required: int, model: ModelSpec) -> None:
         """Wait until the chosen devices are free of stopped engines (bounded by release_wait_s).

@@ -56,6 +56,15 @@ def test_paths_are_relative_to_agent_toml(tmp_path: Path) -> None:
         pytest.param("port_range = [0, 20]\n", None, "agent.toml:port_range[0]: expected", id="port-zero"),
         pytest.param("headroom_gib = -1\n", None, "agent.toml:headroom_gib: expected", id="headroom"),
         pytest.param(
+            'systemd_properties = ["KillMode=none"]\n',
+            None,
+            "agent.toml:systemd_properties[0]: is set by the agent: 'KillMode=none'",
+            id="fixed-property",
+        ),
+        pytest.param(
+            'systemd_properties = ["x"]\n', None, "systemd_properties[0]: expected NAME=VALUE", id="prop"
+        ),
+        pytest.param(
             'models = "nope.toml"\n', None, "agent.toml:models: models file not found", id="models-missing"
         ),
         pytest.param(

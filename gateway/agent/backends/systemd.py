@@ -42,8 +42,11 @@ def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
 class SystemdBackend:
     name = "systemd"
 
-    def __init__(self, *, user: bool | None = None, run: Runner = _run) -> None:
+    def __init__(
+        self, *, user: bool | None = None, properties: Sequence[str] = (), run: Runner = _run
+    ) -> None:
         self._user = (os.geteuid() != 0) if user is None else user
+        self._properties = tuple(properties)
         self._run = run
 
     def _scope(self) -> list[str]:
@@ -61,6 +64,7 @@ class SystemdBackend:
             "--property=KillMode=control-group",
             "--property=StandardOutput=journal",
             "--property=StandardError=journal",
+            *(f"--property={p}" for p in self._properties),
         ]
         argv += [f"--setenv={k}={v}" for k, v in sorted(env.items())]
         return [*argv, "--", *rec.argv]
