@@ -83,7 +83,7 @@ async def admit(
         request.headers.items(),
         request.headers.get("Authorization"),
         catalog=settings.catalog,
-        known=s.scheduler.models(ready_only=False),
+        known=s.scheduler.models(ready_only=False) | s.scheduler.loadable,
         state=s.slo,
         policy=settings.slo,
         tenants=settings.tenants,

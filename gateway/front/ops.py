@@ -27,5 +27,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     s = request.app[SERVICES]
-    listing = s.settings.catalog.listing(s.scheduler.models(ready_only=True), s.started_at)
+    listing = s.settings.catalog.listing(
+        s.scheduler.models(ready_only=True) | s.scheduler.loadable, s.started_at
+    )
     return web.json_response(listing)

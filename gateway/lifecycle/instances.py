@@ -259,6 +259,25 @@ class Lifecycle:
             inst.inflight += 1
             inst.last_used = now
 
+    def touch(self, iid: str, now: float) -> None:
+        """A request was dispatched there (recency only; in-flight counts come from `observe_inflight`)."""
+        inst = self._instances.get(iid)
+        if inst is not None:
+            inst.last_used = max(inst.last_used, now)
+
+    def observe_inflight(self, iid: str, inflight: int, now: float) -> list[Action]:
+        """The requests running there now, as the scheduler counts them: a draining instance whose last
+        request ended is stopped."""
+        inst = self._instances.get(iid)
+        if inst is None:
+            return []
+        if inflight > 0:
+            inst.last_used = max(inst.last_used, now)
+        inst.inflight = inflight
+        if inst.state is InstanceState.DRAINING and inflight == 0:
+            return [self._stop(inst, now, "evicted")]
+        return []
+
     def finished(self, iid: str, now: float) -> list[Action]:
         inst = self._instances.get(iid)
         if inst is None:

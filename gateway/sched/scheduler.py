@@ -83,6 +83,10 @@ class Scheduler:
         self._loadable = frozenset(models)
         self._load_deadline_s = load_deadline_s
 
+    @property
+    def loadable(self) -> frozenset[ModelName]:
+        return self._loadable
+
     def fail_model(self, model: ModelName, error: errors.BerthError) -> list[Decision]:
         """Reject every queued request of `model` with `error` (its load failed)."""
         queue = self._queues.get(model)
