@@ -11,6 +11,7 @@
     berth-loadgen bench aladdin [--quick] --out DIR     # loadgen/bench/aladdin.py
     berth-loadgen bench whatif --out DIR                # loadgen/bench/whatif.py
     berth-loadgen bench fidelity | simscale | decisions # bench/fidelity.py, sim_scale.py, decision_cost.py
+    berth-loadgen bench eviction [--quick] --out DIR    # loadgen/bench/eviction.py (CACE vs LRU, simulator)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ BENCHMARKS: dict[str, str] = {
     "fidelity": "loadgen.bench.fidelity",
     "simscale": "loadgen.bench.sim_scale",
     "decisions": "loadgen.bench.decision_cost",
+    "eviction": "loadgen.bench.eviction",
 }
 
 
