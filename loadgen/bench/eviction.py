@@ -302,7 +302,8 @@ def bench(cfg: BenchConfig, log: Callable[[str], None], *, setting: Setting | No
     for pattern, j in verdict["patterns"].items():
         worse = ", ".join(j["worse_on"]) or "-"
         log(
-            f"  {pattern}: evictions ×{j['evictions_ratio']}, mean TTFT ×{j['ttft_mean_ratio']}, worse on {worse}"
+            f"  {pattern}: evictions ×{j['evictions_ratio']}, "
+            f"mean TTFT ×{j['ttft_mean_ratio']}, worse on {worse}"
         )
     log(f"wrote {cfg.out / 'report.md'} and report.json")
     return doc
