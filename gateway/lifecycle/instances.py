@@ -437,6 +437,8 @@ class Lifecycle:
         return [n for n in self._nodes.values() if n.models is None or spec.name in n.models]
 
     def _never_fits(self, spec: ModelSpec) -> str | None:
+        if not self._nodes:
+            return None  # no agent has answered yet: wait for one (the load deadline bounds it)
         nodes = self._eligible_nodes(spec)
         if not nodes:
             return f"no node may host model '{spec.name}'"

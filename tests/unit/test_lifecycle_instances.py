@@ -275,3 +275,11 @@ def test_never_over_commits_never_evicts_busy_and_every_wanted_model_is_owned(
                 i.model == m and i.state in (InstanceState.PENDING, InstanceState.STARTING)
                 for i in lc.instances()
             )
+
+
+def test_before_any_agent_answered_a_request_waits_then_starts_when_nodes_are_known() -> None:
+    lc = Lifecycle(models=MODELS, nodes=[], evictor=LruEvictor())
+    assert lc.request(A, 0) == []
+    assert A in lc.wanted()
+    lc.set_nodes([NODE])
+    assert start_of(lc.tick(1)).model == A
