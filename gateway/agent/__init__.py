@@ -4,6 +4,9 @@ The gateway runs it per action (`berth-agent [-c agent.toml] node | list | plan 
 reads one JSON object from its stdout (`contract`). Modules, in the order a command uses them:
 `config` (agent.toml and models.toml, strictly decoded), `inventory` (devices: NVML or configured sizes),
 `procs` (/proc: process identity, groups, CPU time), `state` (instance records and the node lock),
-`ledger` (per-device memory admission, sans-IO), `backends` (process groups or systemd units),
-`health` (the engine's health route), `ports`, `node` (the commands), `cli`. Imports only `gateway.core`.
+`ledger` (per-device memory admission, sans-IO), `view` (the node as one invocation sees it, and the
+reports built from it), `backends` (process groups or systemd units), `health` (the engine's health
+route), `loading` (waiting for a launched engine), `ports`, `wait` (bounded polling), `node` (the
+commands), `cli`.
+Imports only `gateway.core`.
 """

@@ -8,6 +8,7 @@ models.toml is the registry shared by the gateway and the agents; agent.toml nam
 from __future__ import annotations
 
 import os
+import socket
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,7 +57,7 @@ class AgentFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     port_range: tuple[Port, Port] = (20000, 20999)
     headroom_gib: NonNegativeFloat = 1.0  # per device, never handed out
     host: str = "127.0.0.1"  # engines listen here ({host})
-    advertise_host: str = ""  # the host in reported URLs; default `host`
+    advertise_host: str = ""  # the host in reported URLs; default `host` (the hostname when it is a wildcard)
     nvml: bool = True  # read devices and measured memory through NVML when it is present
     release_wait_s: NonNegativeFloat = (
         10.0  # after a stop: NVML's bound to see memory free, else a fixed wait
@@ -144,7 +145,7 @@ def agent_config_problems(path: str | Path) -> tuple[AgentConfig | None, list[Co
         models = {m.name: m for m in registry.models}
     if problems:
         return None, problems
-    host = f.advertise_host or f.host
+    host = f.advertise_host or (socket.gethostname() if f.host in ("0.0.0.0", "::") else f.host)
     return (
         AgentConfig(
             file=_absolute(p),
@@ -241,6 +242,12 @@ def check_models(f: ModelsFile) -> list[ConfigError]:
             problems += [e.within(prefix=f"{where}.command[{j}]") for e in check_template(arg)]
         for key, value in m.env.items():
             problems += [e.within(prefix=f"{where}.env.{key}") for e in check_template(value)]
+        if m.command and not any("{port}" in a for a in (*m.command, *m.env.values())):
+            problems.append(
+                ConfigError(
+                    "must pass the engine its port ({port}): engines share the node", path=f"{where}.command"
+                )
+            )
         if not m.health_path.startswith("/"):
             problems.append(ConfigError("must start with /", path=f"{where}.health_path"))
     return problems

@@ -9,7 +9,8 @@ agent client decodes these Structs with `msgspec.json.decode(out, type=...)`; fi
 from __future__ import annotations
 
 import enum
-from typing import Literal
+from collections.abc import Mapping
+from typing import Final, Literal
 
 import msgspec
 
@@ -221,3 +222,26 @@ class AgentError(Exception):
 
 
 Report = NodeReport | ListReport | PlanReport | StartReport | StopReport | LogsReport
+
+#: The report each command prints on success.
+REPORTS: Final[Mapping[str, type[Report]]] = {
+    "node": NodeReport,
+    "list": ListReport,
+    "plan": PlanReport,
+    "start": StartReport,
+    "stop": StopReport,
+    "logs": LogsReport,
+}
+
+
+def decode_output(command: str, stdout: bytes) -> Report:
+    """What `berth-agent COMMAND` printed, for its caller (the gateway's agent client).
+
+    Returns the command's report; raises AgentError when the agent printed an error, and
+    msgspec.DecodeError when stdout is neither (e.g. ssh failed before the agent ran).
+    """
+    try:
+        return msgspec.json.decode(stdout, type=REPORTS[command])
+    except msgspec.DecodeError:
+        error = msgspec.json.decode(stdout, type=ErrorReport)  # raises DecodeError when it is not one either
+    raise AgentError(error.error)

@@ -17,21 +17,16 @@ import re
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Final
 
 import msgspec.structs
 
 from gateway.agent import health, inventory, ledger, procs
-from gateway.agent.backends import Backend
+from gateway.agent.backends import INSTANCE_ENV, Backend
 from gateway.agent.config import AgentConfig, ModelSpec, render
 from gateway.agent.contract import (
     AgentError,
-    DeviceFit,
-    DeviceReport,
-    ErrorBody,
     ErrorCode,
-    InstanceReport,
     InstanceState,
     ListReport,
     LogsReport,
@@ -39,57 +34,29 @@ from gateway.agent.contract import (
     PlanReport,
     StartReport,
     StopReport,
-    Victim,
 )
+from gateway.agent.loading import wait_ready
 from gateway.agent.ports import free_port
 from gateway.agent.state import ID_PATTERN, InstanceRecord, StateDir
+from gateway.agent.view import NodeView, device_report, fit, instance_report, plan_report, why_not
 from gateway.agent.wait import poll_until
 
-#: How often a start looks at its loading engine (health, exit, CPU progress).
-LOAD_POLL_S: Final = 0.1
 #: SIGTERM -> SIGKILL grace for what a dead engine left behind (it is failed already).
 LEFTOVER_GRACE_S: Final = 2.0
 #: Lines of engine output carried in a failed start's error.
 ERROR_LOG_LINES: Final = 20
+#: Records (and logs) of stopped or failed instances are forgotten this long after they ended.
+RECORD_RETENTION_S: Final = 7 * 86400.0
 
 _SLUG = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-@dataclass(frozen=True, slots=True)
-class _View:
-    """The node as one invocation sees it after re-adoption."""
-
-    devices: list[inventory.Device]
-    records: list[InstanceRecord]
-    measured: dict[str, dict[str, int]]  # instance id -> device -> bytes (NVML only)
-    healthy: dict[str, bool]  # instance id -> the probe of this invocation
-
-    @property
-    def resident(self) -> list[InstanceRecord]:
-        return [r for r in self.records if r.resident]
-
-    def slots(self, headroom: int) -> list[ledger.DeviceSlot]:
-        return [ledger.DeviceSlot(d.name, d.index, max(0, d.total_bytes - headroom)) for d in self.devices]
-
-    def holdings(self) -> list[ledger.Holding]:
-        return [
-            ledger.Holding(
-                id=r.id,
-                devices=r.devices,
-                admitted_bytes=r.memory_bytes,
-                measured_bytes=self.measured.get(r.id, {}),
-                loading=r.state is InstanceState.STARTING,
-                evictable=r.state is InstanceState.READY,
-            )
-            for r in self.resident
-        ]
-
-
-def _failure(code: ErrorCode, message: str) -> ErrorBody:
-    return ErrorBody(code=code, message=message)
-
-
 class Agent:
+    """One invocation's agent: the configuration, a backend, NVML (or None), the state directory.
+
+    `probe` (the health check) and `now` (Unix seconds for records) are injectable for tests.
+    """
+
     def __init__(
         self,
         cfg: AgentConfig,
@@ -114,7 +81,15 @@ class Agent:
         with self.state.lock():
             view = self._refresh()
         book = ledger.books(view.slots(self.cfg.headroom_bytes), view.holdings())
-        devices = [self._device_report(d, book[d.name], view) for d in view.devices]
+        devices = [
+            device_report(
+                d,
+                book[d.name],
+                headroom_bytes=self.cfg.headroom_bytes,
+                settled_at=self._settling_until(d.name, view),
+            )
+            for d in view.devices
+        ]
         return NodeReport(
             node=socket.gethostname(),
             backend=self.cfg.backend,
@@ -130,15 +105,13 @@ class Agent:
         with self.state.lock():
             view = self._refresh()
         records = sorted(view.records, key=lambda r: (not r.resident, r.started_at, r.id))
-        return ListReport(
-            node=socket.gethostname(), instances=[self._instance_report(r, view) for r in records]
-        )
+        return ListReport(node=socket.gethostname(), instances=[instance_report(r, view) for r in records])
 
     def plan(self, model_name: str) -> PlanReport:
         model = self._model(model_name)
         with self.state.lock():
             view = self._refresh()
-        return self._plan(model, view)
+        return plan_report(model, view, self.cfg.headroom_bytes)
 
     def start(
         self,
@@ -148,6 +121,8 @@ class Agent:
         evict: Sequence[str] = (),
         drain_timeout_s: float | None = None,
     ) -> StartReport:
+        """Plan, stop the `evict` victims (checked first: all ready, and enough), write the record, launch,
+        and wait for health. Raises AgentError with the reason when it does not fit or the load fails."""
         model = self._model(model_name)
         if instance_id is not None and not ID_PATTERN.match(instance_id):
             raise AgentError.of(
@@ -158,19 +133,20 @@ class Agent:
         if evict:
             with self.state.lock():
                 self._check_eviction(model, self._refresh(), evict)
-        evicted = [self.stop(victim, drain_timeout_s=drain_timeout_s, _victim=True) for victim in evict]
+        timeout = self.cfg.stop_timeout_s if drain_timeout_s is None else drain_timeout_s
+        evicted = [self._stop(victim, timeout, reason="evicted", only_ready=True) for victim in evict]
         with self.state.lock():
             view = self._refresh()
             rec = self._admit(model, view, instance_id)
             self.state.write(rec)  # before launch: a crash from here on leaves a record to re-adopt
+            launched = time.monotonic()
             try:
                 rec = self.backend.launch(rec, rec.env)
             except AgentError as e:
                 self.state.write(self._ended(rec, InstanceState.FAILED, e.body.message))
                 raise
             self.state.write(rec)
-        launched = self._now()
-        outcome = self._wait_ready(rec, model)
+        outcome = wait_ready(self.backend, rec, model, self._probe)
         with self.state.lock():
             current = self.state.read(rec.id)
             tail = self.backend.logs(rec, ERROR_LOG_LINES)[1] if outcome is not None else []
@@ -189,27 +165,29 @@ class Agent:
                 raise AgentError.of(
                     outcome.code, outcome.message, model=model.name, instance=rec.id, log_tail=tail
                 )
-            ready_at = self._now()
             rec = msgspec.structs.replace(
                 current,
                 state=InstanceState.READY,
-                ready_at=ready_at,
-                load_s=round(ready_at - launched, 3),
+                ready_at=self._now(),
+                load_s=round(time.monotonic() - launched, 3),
                 owner_pid=None,
                 owner_start=None,
             )
             self.state.write(rec)
             view = self._view_of([rec])
         return StartReport(
-            instance=self._instance_report(rec, view, healthy=True),
+            instance=instance_report(rec, view, healthy=True),
             load_s=rec.load_s or 0.0,
             evicted=evicted,
         )
 
-    def stop(
-        self, instance_id: str, *, drain_timeout_s: float | None = None, _victim: bool = False
-    ) -> StopReport:
+    def stop(self, instance_id: str, *, drain_timeout_s: float | None = None) -> StopReport:
         timeout = self.cfg.stop_timeout_s if drain_timeout_s is None else drain_timeout_s
+        return self._stop(instance_id, timeout, reason="stopped", only_ready=False)
+
+    def _stop(self, instance_id: str, timeout: float, *, reason: str, only_ready: bool) -> StopReport:
+        """Stop one instance (a victim of a start when `only_ready`); the lock is not held while its
+        processes end, its `stopping` record keeps its memory booked meanwhile."""
         with self.state.lock():
             self._refresh()
             rec = self.state.read(instance_id)
@@ -227,7 +205,7 @@ class Agent:
                     killed=False,
                     was=was,
                 )
-            if _victim and rec.state is not InstanceState.READY:
+            if only_ready and rec.state is not InstanceState.READY:
                 raise AgentError.of(
                     ErrorCode.BAD_ARGUMENTS,
                     f"cannot evict {rec.id}: it is {rec.state} (only ready instances are evicted)",
@@ -237,7 +215,7 @@ class Agent:
                 rec, state=InstanceState.STOPPING, owner_pid=self._me[0], owner_start=self._me[1]
             )
             self.state.write(rec)
-        began = self._now()
+        began = time.monotonic()
         try:
             killed = self.backend.stop(rec, timeout)
         except AgentError as e:
@@ -245,13 +223,13 @@ class Agent:
                 self.state.write(self._ended(rec, InstanceState.FAILED, e.body.message))
             raise
         with self.state.lock():
-            done = self._ended(rec, InstanceState.STOPPED, "evicted" if _victim else "stopped")
+            done = self._ended(rec, InstanceState.STOPPED, reason)
             self.state.write(done)
         return StopReport(
             id=rec.id,
             state=InstanceState.STOPPED,
             stopped_at=done.stopped_at or 0.0,
-            stop_s=round((done.stopped_at or began) - began, 3),
+            stop_s=round(time.monotonic() - began, 3),
             killed=killed,
             was=was,
         )
@@ -267,11 +245,14 @@ class Agent:
 
     # ------------------------------------------------------------------------------------ re-adoption
 
-    def _refresh(self) -> _View:
+    def _refresh(self) -> NodeView:
         """Re-adopt every record (caller holds the lock); writes back the ones whose state changed."""
         records = []
         healthy: dict[str, bool] = {}
         for rec in self.state.records():
+            if not rec.resident and (rec.stopped_at or 0.0) < self._now() - RECORD_RETENTION_S:
+                self.state.remove(rec.id)
+                continue
             new = self._readopt(rec, healthy)
             if new is not rec:
                 self.state.write(new)
@@ -296,7 +277,7 @@ class Agent:
             what = "during its load" if rec.state is InstanceState.STARTING else "after it was ready"
             return self._ended(rec, InstanceState.FAILED, f"engine exited {what}")
         if rec.state is InstanceState.STARTING:
-            if self._probe(rec.url + rec.health_path):
+            if self._probe(rec.health_url):
                 now = self._now()
                 return msgspec.structs.replace(
                     rec, state=InstanceState.READY, ready_at=now, owner_pid=None, owner_start=None
@@ -305,10 +286,10 @@ class Agent:
                 self._stop_quietly(rec, LEFTOVER_GRACE_S)
                 return self._ended(rec, InstanceState.FAILED, "load deadline passed after its start was gone")
             return rec
-        healthy[rec.id] = self._probe(rec.url + rec.health_path)
+        healthy[rec.id] = self._probe(rec.health_url)
         return rec
 
-    def _view_of(self, records: list[InstanceRecord], healthy: dict[str, bool] | None = None) -> _View:
+    def _view_of(self, records: list[InstanceRecord], healthy: dict[str, bool] | None = None) -> NodeView:
         devices = inventory.devices(self.cfg.devices, self.nvml)
         measured: dict[str, dict[str, int]] = {}
         if self.nvml is not None:
@@ -317,63 +298,11 @@ class Agent:
                     m = inventory.measured_bytes(self.nvml, devices, self.backend.pids(r))
                     if m:
                         measured[r.id] = m
-        return _View(devices, records, measured, healthy or {})
+        return NodeView(devices, records, measured, healthy or {})
 
     # ------------------------------------------------------------------------------------ admission
 
-    def _plan(self, model: ModelSpec, view: _View) -> PlanReport:
-        slots = view.slots(self.cfg.headroom_bytes)
-        holdings = view.holdings()
-        book = ledger.books(slots, holdings)
-        required = model.memory_bytes
-        chosen = ledger.choose(book, required, model.devices)
-        per_device = [self._fit(b, required) for b in book.values()]
-        victims = [
-            Victim(
-                id=h.id,
-                model=next(r.model for r in view.resident if r.id == h.id),
-                state=next(r.state for r in view.resident if r.id == h.id),
-                devices=list(h.devices),
-                frees_bytes=max(h.reserved_on(d) for d in h.devices) if h.devices else 0,
-                idle=h.evictable,
-            )
-            for h in holdings
-        ]
-        if chosen is not None:
-            return PlanReport(
-                model=model.name,
-                fits=True,
-                devices=chosen,
-                required_bytes=required,
-                devices_needed=model.devices,
-                per_device=per_device,
-                evict=[],
-                evict_devices=chosen,
-                victims=victims,
-                reason=f"fits on {', '.join(chosen)}",
-            )
-        eviction = ledger.plan_eviction(slots, holdings, required, model.devices)
-        reason = self._why_not(model, book)
-        if eviction is not None:
-            reason += (
-                f"; stopping {', '.join(eviction.victims)} would make room on {', '.join(eviction.devices)}"
-            )
-        else:
-            reason += "; stopping ready instances would not make room"
-        return PlanReport(
-            model=model.name,
-            fits=False,
-            devices=[],
-            required_bytes=required,
-            devices_needed=model.devices,
-            per_device=per_device,
-            evict=list(eviction.victims) if eviction is not None else None,
-            evict_devices=eviction.devices if eviction is not None else [],
-            victims=victims,
-            reason=reason,
-        )
-
-    def _admit(self, model: ModelSpec, view: _View, instance_id: str | None) -> InstanceRecord:
+    def _admit(self, model: ModelSpec, view: NodeView, instance_id: str | None) -> InstanceRecord:
         """The record of a new instance of `model`, on devices that admit it now (caller holds the lock)."""
         if model.devices > len(view.devices):
             raise AgentError.of(
@@ -385,21 +314,20 @@ class Agent:
         required = model.memory_bytes
         chosen = ledger.choose(book, required, model.devices)
         if chosen is None:
-            fits = [self._fit(b, required) for b in book.values()]
-            unloaded = {b.slot.name: b for b in book.values() if b.loading is None}
-            would = [b for b in book.values() if b.reserved_bytes + required <= b.slot.capacity_bytes]
-            if len(would) >= model.devices and len(unloaded) < len(book):
-                busy = next(b.loading for b in book.values() if b.loading is not None)
+            fits = [fit(b, required) for b in book.values()]
+            # Enough room, but on devices with a load in progress: busy (retry later), not full.
+            room = [b for b in book.values() if b.reserved_bytes + required <= b.slot.capacity_bytes]
+            loading = [b.loading for b in room if b.loading is not None]
+            if len(room) >= model.devices and loading:
+                busy = loading[0]
                 raise AgentError.of(
                     ErrorCode.DEVICE_BUSY,
-                    f"{self._why_not(model, book)}; a load is in progress there ({busy})",
+                    f"{why_not(model, book)}; a load is in progress there ({busy})",
                     model=model.name,
                     devices=fits,
                     loading=busy,
                 )
-            raise AgentError.of(
-                ErrorCode.DOES_NOT_FIT, self._why_not(model, book), model=model.name, devices=fits
-            )
+            raise AgentError.of(ErrorCode.DOES_NOT_FIT, why_not(model, book), model=model.name, devices=fits)
         self._settle(chosen, view, required, model)
         port = free_port(self.cfg.port_range, self.cfg.host, {r.port for r in view.resident})
         if port is None:
@@ -421,6 +349,7 @@ class Agent:
         }
         env = {k: render(v, values) for k, v in model.env.items()}
         env["CUDA_VISIBLE_DEVICES"] = values["devices"]
+        env[INSTANCE_ENV] = iid
         now = self._now()
         host = self.cfg.advertise_host
         url_host = f"[{host}]" if ":" in host else host
@@ -446,7 +375,7 @@ class Agent:
             owner_start=self._me[1],
         )
 
-    def _check_eviction(self, model: ModelSpec, view: _View, evict: Sequence[str]) -> None:
+    def _check_eviction(self, model: ModelSpec, view: NodeView, evict: Sequence[str]) -> None:
         """Refuse a start before stopping anything when its victims are not all ready, or when the model
         would not fit even with them gone (nobody is evicted for nothing)."""
         by_id = {r.id: r for r in view.records}
@@ -469,12 +398,12 @@ class Agent:
         ):
             raise AgentError.of(
                 ErrorCode.DOES_NOT_FIT,
-                f"even without {', '.join(evict)}: {self._why_not(model, book)}",
+                f"even without {', '.join(evict)}: {why_not(model, book)}",
                 model=model.name,
-                devices=[self._fit(b, model.memory_bytes) for b in book.values()],
+                devices=[fit(b, model.memory_bytes) for b in book.values()],
             )
 
-    def _settle(self, chosen: list[str], view: _View, required: int, model: ModelSpec) -> None:
+    def _settle(self, chosen: list[str], view: NodeView, required: int, model: ModelSpec) -> None:
         """Wait until the chosen devices are free of stopped engines (bounded by release_wait_s).
 
         With NVML: until it measures `required` bytes free on each (engines' own "freed" reports are not
@@ -505,41 +434,18 @@ class Agent:
         if wait > 0:
             time.sleep(wait)  # the bounded wait itself: without NVML there is nothing to observe
 
-    def _settled_at(self, device: str, view: _View) -> float | None:
+    def _settling_until(self, device: str, view: NodeView) -> float | None:
+        """Without NVML: until when a load on `device` waits after the last stop there (None: it does not)."""
+        settled = self._settled_at(device, view) if self.nvml is None else None
+        return settled if settled is not None and settled > self._now() else None
+
+    def _settled_at(self, device: str, view: NodeView) -> float | None:
         stops = [
             r.stopped_at
             for r in view.records
             if r.stopped_at is not None and device in r.devices and (r.pid is not None or r.unit is not None)
         ]
         return max(stops) + self.cfg.release_wait_s if stops else None
-
-    def _wait_ready(self, rec: InstanceRecord, model: ModelSpec) -> ErrorBody | None:
-        """Poll the loading engine until its health answers (None) or the load fails (why)."""
-        url = rec.url + rec.health_path
-        deadline = time.monotonic() + model.load_timeout_s
-        last_cpu = -1
-        progress_at = time.monotonic()
-        while True:
-            if not self.backend.running(rec):
-                status = self.backend.exit_status(rec)
-                how = f" with status {status}" if status is not None else ""
-                return _failure(ErrorCode.EARLY_EXIT, f"engine exited{how} before {rec.health_path} answered")
-            if self._probe(url):
-                return None
-            now = time.monotonic()
-            if now >= deadline:
-                return _failure(
-                    ErrorCode.LOAD_TIMEOUT, f"{rec.health_path} did not answer within {model.load_timeout_s}s"
-                )
-            cpu = procs.cpu_ticks(self.backend.pids(rec))
-            if cpu != last_cpu:
-                last_cpu, progress_at = cpu, now
-            elif now - progress_at >= model.stall_timeout_s:
-                return _failure(
-                    ErrorCode.STALLED,
-                    f"the engine used no CPU for {model.stall_timeout_s}s before {rec.health_path} answered",
-                )
-            time.sleep(min(LOAD_POLL_S, max(0.0, deadline - now)))
 
     # ------------------------------------------------------------------------------------ helpers
 
@@ -562,67 +468,3 @@ class Agent:
     def _stop_quietly(self, rec: InstanceRecord, grace_s: float) -> None:
         with contextlib.suppress(AgentError):  # reported by the next invocation that finds its processes
             self.backend.stop(rec, grace_s)
-
-    @staticmethod
-    def _fit(b: ledger.DeviceBook, required: int) -> DeviceFit:
-        return DeviceFit(
-            name=b.slot.name,
-            capacity_bytes=b.slot.capacity_bytes,
-            reserved_bytes=b.reserved_bytes,
-            required_bytes=required,
-            free_bytes=b.free_bytes,
-            fits=b.admits(required),
-            loading=b.loading,
-        )
-
-    def _why_not(self, model: ModelSpec, book: dict[str, ledger.DeviceBook]) -> str:
-        parts = ", ".join(
-            f"{b.slot.name}: {b.reserved_bytes} reserved + {model.memory_bytes} > {b.slot.capacity_bytes}"
-            if b.reserved_bytes + model.memory_bytes > b.slot.capacity_bytes
-            else f"{b.slot.name}: loading {b.loading}"
-            if b.loading is not None
-            else f"{b.slot.name}: fits"
-            for b in book.values()
-        )
-        return f"model {model.name} needs {model.memory_bytes} bytes on {model.devices} device(s) ({parts})"
-
-    def _device_report(self, d: inventory.Device, b: ledger.DeviceBook, view: _View) -> DeviceReport:
-        settled = self._settled_at(d.name, view) if self.nvml is None else None
-        return DeviceReport(
-            name=d.name,
-            index=d.index,
-            source=d.source,
-            total_bytes=d.total_bytes,
-            headroom_bytes=min(self.cfg.headroom_bytes, d.total_bytes),
-            reserved_bytes=b.reserved_bytes,
-            free_bytes=b.free_bytes,
-            measured_used_bytes=d.used_bytes,
-            loading=b.loading,
-            settled_at=settled if settled is not None and settled > self._now() else None,
-            instances=list(b.holders),
-        )
-
-    def _instance_report(
-        self, r: InstanceRecord, view: _View, *, healthy: bool | None = None
-    ) -> InstanceReport:
-        m = view.measured.get(r.id)
-        return InstanceReport(
-            id=r.id,
-            model=r.model,
-            engine=r.engine,
-            state=r.state,
-            url=r.url,
-            port=r.port,
-            devices=list(r.devices),
-            device_indices=list(r.device_indices),
-            memory_bytes=r.memory_bytes,
-            measured_bytes=max(m.values()) if m else None,
-            started_at=r.started_at,
-            ready_at=r.ready_at,
-            load_s=r.load_s,
-            pid=r.pid,
-            unit=r.unit,
-            healthy=healthy if healthy is not None else view.healthy.get(r.id),
-            reason=r.reason,
-            stopped_at=r.stopped_at,
-        )

@@ -77,6 +77,24 @@ def group_members(pgid: int, *, since_ticks: int = 0) -> list[int]:
     return sorted(out)
 
 
+def with_env(key: str, value: str) -> list[int]:
+    """Live processes whose environment has `key=value` (the ones this user may read)."""
+    needle = f"{key}={value}".encode()
+    out: list[int] = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            s = stat(int(entry.name))
+            if s is not None and not s.gone:
+                out.append(s.pid)
+    return sorted(out)
+
+
 def cpu_ticks(pids: list[int]) -> int:
     """CPU time used so far by the live processes among `pids` (ticks)."""
     total = 0

@@ -52,11 +52,16 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     load_s: float | None = None
     stopped_at: float | None = None
     reason: str | None = None
-    measured_bytes: int | None = None  # the last NVML measure (per device, the largest)
 
     @property
     def resident(self) -> bool:
         return self.state in RESIDENT_STATES
+
+    @property
+    def health_url(self) -> str:
+        """The health route as the agent probes it: on this machine, where the engine listens."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}{self.health_path}"
 
 
 class StateDir:
@@ -110,6 +115,11 @@ class StateDir:
         finally:
             os.close(fd)
         os.replace(tmp, final)
+
+    def remove(self, instance_id: str) -> None:
+        """Forget an instance: its record and its log file."""
+        for p in (self.instances / f"{instance_id}.json", self.log_path(instance_id)):
+            p.unlink(missing_ok=True)
 
     def log_path(self, instance_id: str) -> Path:
         return self.logs / f"{instance_id}.log"

@@ -103,8 +103,8 @@ def agent(tmp_path: Path) -> Iterator[AgentCli]:
         [
             _model("sim-a", SIM_WITH_WORKER, 4),
             _model("sim-b", SIM, 4),
-            _model("crash", ["sh", "-c", "echo boom >&2; exit 3"], 1),
-            _model("hang", ["sleep", "600"], 1, "stall_timeout_s = 1\n"),
+            _model("crash", ["sh", "-c", "echo boom >&2; exit 3"], 1, 'env = { PORT = "{port}" }\n'),
+            _model("hang", ["sleep", "600"], 1, 'stall_timeout_s = 1\nenv = { PORT = "{port}" }\n'),
             # Its health answers 503 for a minute: a load that is still going when the test looks.
             _model("sim-slow", [*SIM[:-1], "60"], 1),
         ]

@@ -8,7 +8,15 @@ import msgspec
 import pytest
 
 from gateway.agent.cli import from_ssh, main
-from gateway.agent.contract import ErrorCode, ErrorReport, ListReport, NodeReport, PlanReport
+from gateway.agent.contract import (
+    AgentError,
+    ErrorCode,
+    ErrorReport,
+    ListReport,
+    NodeReport,
+    PlanReport,
+    decode_output,
+)
 
 MODELS = '[[models]]\nname = "m"\nengine = "vllm"\ncommand = ["engine", "{port}"]\nmemory_gib = 4\n'
 
@@ -124,3 +132,15 @@ def test_from_ssh_runs_the_command(
     status, out = _run(capsys, "-c", str(agent_toml), "--from-ssh")
     assert status == 2
     assert msgspec.json.decode(out, type=ErrorReport).error.code is ErrorCode.BAD_ARGUMENTS
+
+
+def test_decode_output_is_what_a_caller_uses(agent_toml: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, out = _run(capsys, "-c", str(agent_toml), "plan", "m")
+    plan = decode_output("plan", out)
+    assert isinstance(plan, PlanReport)
+    _, out = _run(capsys, "-c", str(agent_toml), "stop", "ghost")
+    with pytest.raises(AgentError) as e:
+        decode_output("stop", out)
+    assert e.value.body.code is ErrorCode.UNKNOWN_INSTANCE
+    with pytest.raises(msgspec.DecodeError):
+        decode_output("node", b"ssh: connect to host gpu-07 port 22: Connection refused\n")

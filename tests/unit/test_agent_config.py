@@ -129,6 +129,12 @@ def test_paths_are_relative_to_agent_toml(tmp_path: Path) -> None:
             id="env",
         ),
         pytest.param(
+            "",
+            f"[[models]]\n{MODEL}".replace('"--port", "{port}"', '"--port", "8000"'),
+            "models.toml:models[0].command: must pass the engine its port ({port})",
+            id="no-port",
+        ),
+        pytest.param(
             "", f"[[models]]\n{MODEL}devices = 0\n", "models.toml:models[0].devices: expected", id="tp"
         ),
         pytest.param(

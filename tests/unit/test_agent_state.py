@@ -12,6 +12,8 @@ import msgspec
 import pytest
 
 from gateway.agent import procs
+from gateway.agent.backends import INSTANCE_ENV
+from gateway.agent.backends.process import ProcessBackend
 from gateway.agent.contract import InstanceState
 from gateway.agent.state import InstanceRecord, StateDir
 from gateway.agent.wait import poll_until
@@ -94,3 +96,41 @@ def test_group_members_and_zombies() -> None:
     assert poll_until(lambda: procs.group_members(leader.pid) == [], 10)
     assert not procs.alive(leader.pid, since)
     leader.wait()
+
+
+def test_an_engine_whose_pid_was_never_recorded_is_found_by_its_marker(tmp_path: Path) -> None:
+    """The agent died between launching an engine and recording its pid: the next one still ends it."""
+    code = "import subprocess, sys; subprocess.Popen(['sleep', '60']); sys.stdin.read()"
+    env = {**os.environ, INSTANCE_ENV: "lost-1"}
+    engine = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, env=env, start_new_session=True
+    )
+    try:
+        backend = ProcessBackend(tmp_path)
+        rec = _rec("lost-1")  # pid None
+        assert not backend.running(rec)
+        assert poll_until(lambda: len(backend.pids(rec)) == 2, 10)  # the engine and its child
+        assert backend.pids(_rec("other")) == []
+        assert backend.stop(rec, 5.0) is False  # SIGTERM was enough
+        assert backend.pids(rec) == []
+    finally:
+        if engine.poll() is None:
+            os.killpg(engine.pid, 9)
+        engine.wait()
+
+
+def test_a_reused_pid_is_not_taken_for_the_engine(tmp_path: Path) -> None:
+    """The engine's pid (and so its group id) now belongs to another process group: leave it alone."""
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        started = procs.start_ticks(other.pid)
+        assert started is not None
+        backend = ProcessBackend(tmp_path)
+        rec = msgspec.structs.replace(_rec("old-1"), pid=other.pid, pid_start=started - 1)
+        assert not backend.running(rec)
+        assert backend.pids(rec) == []
+        assert backend.stop(rec, 0.0) is False
+        assert procs.alive(other.pid, started)
+    finally:
+        other.kill()
+        other.wait()

@@ -8,9 +8,13 @@ since vLLM's EngineCore and workers outlive a killed API server) and reads its o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from gateway.agent.state import InstanceRecord
+
+#: Every engine's environment names its instance, so its processes can be found even without a pid
+#: (an agent that died between launch and writing the pid) or outside its process group.
+INSTANCE_ENV: Final = "BERTH_AGENT_INSTANCE"
 
 
 class Backend(Protocol):

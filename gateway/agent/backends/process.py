@@ -8,6 +8,7 @@ signals the whole group, so workers the engine forked go with it, and checks in 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from typing import Final
 import msgspec.structs
 
 from gateway.agent import procs
+from gateway.agent.backends import INSTANCE_ENV
 from gateway.agent.contract import AgentError, ErrorCode
 from gateway.agent.state import InstanceRecord
 from gateway.agent.wait import poll_until
@@ -68,25 +70,25 @@ class ProcessBackend:
         return None if child is None else child.poll()
 
     def pids(self, rec: InstanceRecord) -> list[int]:
-        if rec.pid is None:
-            return []
+        """The engine's process group, and any process carrying its instance marker (one that left the
+        group, or all of them when the pid was never recorded)."""
         self._reap(rec)
-        return procs.group_members(rec.pid, since_ticks=rec.pid_start or 0)
+        group: list[int] = []
+        if rec.pid is not None and self._group_is_ours(rec):
+            group = procs.group_members(rec.pid, since_ticks=rec.pid_start or 0)
+        return sorted({*group, *procs.with_env(INSTANCE_ENV, rec.id)})
 
     def stop(self, rec: InstanceRecord, timeout_s: float) -> bool:
-        if rec.pid is None:
-            return False
-        pgid = rec.pid
         if not self.pids(rec):
             return False
 
         def gone() -> bool:
             return not self.pids(rec)
 
-        procs.signal_group(pgid, signal.SIGTERM)
+        self._signal(rec, signal.SIGTERM)
         if poll_until(gone, timeout_s):
             return False
-        procs.signal_group(pgid, signal.SIGKILL)
+        self._signal(rec, signal.SIGKILL)
         if not poll_until(gone, KILL_WAIT_S):
             left = self.pids(rec)
             raise AgentError.of(
@@ -104,6 +106,22 @@ class ProcessBackend:
         except OSError:
             return path, []
         return path, [line.decode("utf-8", "replace").rstrip("\n") for line in lines]
+
+    def _group_is_ours(self, rec: InstanceRecord) -> bool:
+        """Whether process group `rec.pid` is still the engine's: its leader is the engine (same start
+        time) or gone. A live leader that started at another time means the pid, and with it the group
+        id, was reused by something else: then only the instance marker finds the engine's processes."""
+        if rec.pid is None:
+            return False
+        leader = procs.stat(rec.pid)
+        return leader is None or leader.gone or leader.start_ticks == rec.pid_start
+
+    def _signal(self, rec: InstanceRecord, sig: int) -> None:
+        if rec.pid is not None and self._group_is_ours(rec):
+            procs.signal_group(rec.pid, sig)
+        for pid in procs.with_env(INSTANCE_ENV, rec.id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def _reap(self, rec: InstanceRecord) -> None:
         """Collect the exit status of a child this invocation started, so it does not linger as a zombie."""

@@ -78,29 +78,25 @@ class SystemdBackend:
         return msgspec.structs.replace(rec, unit=unit, pid=pid, pid_start=started)
 
     def running(self, rec: InstanceRecord) -> bool:
-        if rec.unit is None:
-            return False
-        r = self._run(["systemctl", *self._scope(), "is-active", rec.unit])
+        r = self._run(["systemctl", *self._scope(), "is-active", self._unit(rec)])
         return r.stdout.strip() in _ACTIVE
 
     def exit_status(self, rec: InstanceRecord) -> int | None:
-        if rec.unit is None or self.running(rec):
+        if self.running(rec):
             return None
-        r = self._run(["systemctl", *self._scope(), "show", "-p", "ExecMainStatus", "--value", rec.unit])
+        r = self._run(
+            ["systemctl", *self._scope(), "show", "-p", "ExecMainStatus", "--value", self._unit(rec)]
+        )
         text = r.stdout.strip()
         return int(text) if text.lstrip("-").isdigit() else None
 
     def pids(self, rec: InstanceRecord) -> list[int]:
-        if rec.unit is None:
-            return []
-        r = self._run(["systemctl", *self._scope(), "show", "-p", "ControlGroup", "--value", rec.unit])
+        r = self._run(["systemctl", *self._scope(), "show", "-p", "ControlGroup", "--value", self._unit(rec)])
         cgroup = r.stdout.strip()
         return procs.cgroup_procs(cgroup) if cgroup else []
 
     def stop(self, rec: InstanceRecord, timeout_s: float) -> bool:
-        if rec.unit is None:
-            return False
-        unit = rec.unit
+        unit = self._unit(rec)
         killed = False
         if self.running(rec):
 
@@ -124,10 +120,15 @@ class SystemdBackend:
         return killed
 
     def logs(self, rec: InstanceRecord, tail: int) -> tuple[str, list[str]]:
-        unit = rec.unit or unit_name(rec.id)
+        unit = self._unit(rec)
         argv = ["journalctl", *self._scope(), "-u", unit, "-n", str(tail), "--no-pager", "-o", "cat"]
         r = self._call(argv, rec, ErrorCode.BACKEND)
         return f"journal:{unit}", r.stdout.splitlines()[-tail:] if tail > 0 else []
+
+    @staticmethod
+    def _unit(rec: InstanceRecord) -> str:
+        """The instance's unit (named by its id: known even if the agent died before recording it)."""
+        return rec.unit or unit_name(rec.id)
 
     def _main_pid(self, unit: str) -> int | None:
         r = self._run(["systemctl", *self._scope(), "show", "-p", "MainPID", "--value", unit])
