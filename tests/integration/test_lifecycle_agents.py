@@ -82,7 +82,7 @@ def setup(tmp_path: Path) -> Iterator[Setup]:
             [
                 _model("sim-a", SIM, 4),
                 _model("sim-b", SIM, 4),
-                _model("crash", ["sh", "-c", "echo boom >&2; exit 3"], 1),
+                _model("crash", ["sh", "-c", "echo boom >&2; exit 3", "{port}"], 1),
             ]
         )
     )
