@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -455,7 +454,7 @@ class LifecycleManager:
                     "state": i.state.value,
                     "devices": list(i.devices),
                     "memory_bytes": i.memory_bytes,
-                    "load_s": None if math.isnan(i.load_s) else i.load_s,
+                    "load_s": i.load_s,
                     "idle_s": max(0.0, now - i.last_used),
                     "inflight": i.inflight,
                     "url": i.url,
