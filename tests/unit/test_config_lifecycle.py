@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import check, load_gateway_config
+from gateway.config.runtime import static_changes
 from gateway.core.errors import ConfigError
 from gateway.sched.plugins.eviction.cace import CaceEvictor
 from gateway.sched.plugins.eviction.lru import LruEvictor
@@ -164,3 +165,10 @@ def test_models_file_problems_name_the_models_file(tmp_path: Path) -> None:
 
 def test_berth_check_passes_a_good_lifecycle(tmp_path: Path) -> None:
     assert check(write(tmp_path, GOOD)) == []
+
+
+def test_a_changed_lifecycle_is_a_static_change(tmp_path: Path) -> None:
+    before = load_gateway_config(write(tmp_path, GOOD))
+    assert static_changes(before, load_gateway_config(write(tmp_path, GOOD))) == []
+    after = load_gateway_config(write(tmp_path, GOOD.replace("churn_guard_s = 5", "churn_guard_s = 6")))
+    assert static_changes(before, after) == ["lifecycle or nodes changed; restart needed"]
