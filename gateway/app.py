@@ -38,6 +38,7 @@ from gateway.front.admin import is_loopback
 from gateway.front.routes import add_ops_routes, add_routes
 from gateway.front.services import RequestSettings, Services
 from gateway.lifecycle.endpoints import EndpointSet
+from gateway.lifecycle.manager import LifecycleManager
 from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.live import LiveTelemetry
@@ -117,6 +118,20 @@ class Gateway:
             engine_auth=self.engine_auth,
         )
         self.services.reconfigure(runtime)
+        self.lifecycle: LifecycleManager | None = None
+        if cfg.lifecycle is not None:
+            self.lifecycle = LifecycleManager(
+                cfg.lifecycle,
+                driver=self.driver,
+                endpoints=self.endpoints,
+                clock=clock,
+                supervisor=self.supervisor,
+                registry=metrics.registry,
+                default_cap=cfg.limits.default_endpoint_cap,
+                retry_after_s=cfg.limits.retry_after_s,
+            )
+            self.services.lifecycle_answered = lambda: self.lifecycle is not None and self.lifecycle.answered
+            self.services.lifecycle_document = self.lifecycle.document
         self._reload_lock = asyncio.Lock()
         self._reload_again = False
 
@@ -146,6 +161,8 @@ class Gateway:
         self.endpoints.apply(self.runtime)
         self.supervisor.spawn("queue-ticker", lambda: self.driver.tick_forever(QUEUE_TICK_S))
         self.supervisor.spawn("telemetry", self.telemetry.run)
+        if self.lifecycle is not None:
+            self.supervisor.spawn("lifecycle", self.lifecycle.run)
         if self.notifier.watchdog_interval_s() is not None:
             self.supervisor.spawn("systemd-watchdog", lambda: watchdog_loop(self.notifier))
         yield
@@ -268,6 +285,8 @@ async def serve(gw: Gateway) -> None:
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, gw.request_reload)
     await gw.endpoints.first_round(timeout_s=gw.runtime.scrape.timeout_s * 2 + 1.0)
+    if gw.lifecycle is not None:
+        await gw.lifecycle.wait_answered(timeout_s=gw.lifecycle.setup.config.agent_timeout_s * 2 + 1.0)
     settle()  # everything kept for the process's lifetime is built: freeze it, out of the collector's way
     gw.notifier.ready()
     log.info(

@@ -117,8 +117,11 @@ def _serve(args: argparse.Namespace) -> int:
         endpoints = tuple(parse_endpoint_flag(v) for v in args.endpoint)
         base = load_gateway_config(args.config) if args.config else default_config()
         cfg = apply_overrides(base, listen=args.listen, endpoints=endpoints, policy_file=args.policy)
-        if not cfg.endpoints:
-            raise ConfigError("no endpoints: give --endpoint URL or list [[endpoints]] in the config file")
+        if not cfg.endpoints and cfg.lifecycle is None:
+            raise ConfigError(
+                "no endpoints: give --endpoint URL, list [[endpoints]] in the config file, "
+                "or configure [lifecycle] and [[nodes]] to start models on demand"
+            )
         options = ServeOptions(
             config_path=args.config, listen=args.listen, endpoints=endpoints, policy_file=args.policy
         )

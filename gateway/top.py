@@ -227,7 +227,65 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
         rows.append([cls, str(a.get("finished", 0)), str(a.get("met", 0)), text])
     lines.extend(_table(["CLASS", "FINISHED", "MET", "ATTAINMENT"], rows))
     lines.extend(_slo_lines(doc.get("slo") or {}, bold, reset))
+    lines.extend(_lifecycle_lines(doc.get("lifecycle"), bold, reset))
     return "\n".join(lines) + "\n"
+
+
+def _gib(v: Any) -> str:
+    return f"{v / (1 << 30):.1f}" if isinstance(v, int | float) else "-"
+
+
+def _lifecycle_lines(lc: Any, bold: str, reset: str) -> list[str]:
+    """Nodes (memory per device), instances and their states, load times, evictions ([lifecycle] only)."""
+    if not isinstance(lc, dict):
+        return []
+    lines = [
+        "",
+        f"{bold}NODES{reset} (evictor {lc.get('evictor', '-')}; agent errors {lc.get('agent_errors', 0)})",
+    ]
+    rows = []
+    for n in lc.get("nodes") or []:
+        devs = " ".join(
+            f"{d.get('name')}:{_gib(d.get('used_bytes'))}/{_gib(d.get('capacity_bytes'))}GiB"
+            for d in n.get("devices") or []
+        )
+        rows.append(
+            [str(n.get("name")), "yes" if n.get("answered") else "NO", devs or "-", str(n.get("error") or "")]
+        )
+    lines.extend(_table(["NODE", "ANSWERED", "MEMORY (used/capacity)", "ERROR"], rows))
+    lines.append("")
+    lines.append(f"{bold}INSTANCES{reset}")
+    rows = [
+        [
+            str(i.get("id")),
+            str(i.get("model")),
+            str(i.get("node")),
+            str(i.get("state")),
+            ",".join(i.get("devices") or []),
+            _gib(i.get("memory_bytes")),
+            _secs(i.get("load_s")),
+            _secs(i.get("idle_s")),
+            str(i.get("inflight", 0)),
+            str(i.get("reason") or ""),
+        ]
+        for i in lc.get("instances") or []
+    ]
+    header = ["ID", "MODEL", "NODE", "STATE", "DEVICES", "GIB", "LOAD", "IDLE", "INFLIGHT", "REASON"]
+    lines.extend(_table(header, rows))
+    loads = lc.get("loads") or {}
+    if loads:
+        lines.append(
+            "loads: "
+            + "  ".join(f"{m} n={v.get('n')} mean={_secs(v.get('mean_s'))}" for m, v in sorted(loads.items()))
+        )
+    waiting = lc.get("waiting_loads") or {}
+    if waiting:
+        lines.append(
+            "waiting for a load: " + "  ".join(f"{m} {_secs(w)}" for m, w in sorted(waiting.items()))
+        )
+    ev = lc.get("evictions") or {}
+    lines.append("stops: " + (" ".join(f"{k}={v}" for k, v in sorted(ev.items())) or "none"))
+    return lines
 
 
 def _slo_lines(slo: dict[str, Any], bold: str, reset: str) -> list[str]:

@@ -12,6 +12,7 @@
     berth-loadgen bench whatif --out DIR                # loadgen/bench/whatif.py
     berth-loadgen bench fidelity | simscale | decisions # bench/fidelity.py, sim_scale.py, decision_cost.py
     berth-loadgen bench soak [--quick] --out DIR        # loadgen/bench/soak.py (the fault-matrix soak)
+    berth-loadgen bench eviction [--quick] --out DIR    # loadgen/bench/eviction.py (CACE vs LRU, simulator)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ BENCHMARKS: dict[str, str] = {
     "simscale": "loadgen.bench.sim_scale",
     "decisions": "loadgen.bench.decision_cost",
     "soak": "loadgen.bench.soak",
+    "eviction": "loadgen.bench.eviction",
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any, Final
 import msgspec
 import msgspec.structs
 
+from gateway.config.lifecycle import lifecycle_problems
 from gateway.config.policy import load_default_policy, load_policy
 from gateway.config.schema import (
     ENGINE_AUTO,
@@ -29,6 +30,7 @@ from gateway.config.validate import check_gateway, check_keys
 from gateway.core.errors import ConfigError
 from gateway.core.strict_toml import convert, read_toml
 from gateway.core.types import EndpointId, EngineKind
+from gateway.sched.plugins import default_registry
 from gateway.sched.profile import Policy
 from gateway.sched.registry import PluginRegistry
 
@@ -94,6 +96,10 @@ def gateway_config_problems(
             continue
         if key is not None:
             engine_keys[ep.endpoint_id] = key
+    lifecycle, lifecycle_errors = lifecycle_problems(
+        f.lifecycle, f.nodes, base=p.parent, label=label, registry=default_registry()
+    )
+    problems.extend(lifecycle_errors)
     if problems:
         return None, problems
 
@@ -114,6 +120,7 @@ def gateway_config_problems(
             engine_keys=engine_keys,
             file=_absolute(p),
             policy_file=policy_file,
+            lifecycle=lifecycle,
         ),
         [],
     )

@@ -92,4 +92,11 @@ def static_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
         for field in msgspec.structs.fields(before):
             if getattr(before, field.name) != getattr(after, field.name):
                 out.append(f"{section}.{field.encode_name} changed; restart needed")
+    before_lc, after_lc = old.lifecycle, new.lifecycle
+    if (before_lc is None) != (after_lc is None) or (
+        before_lc is not None
+        and after_lc is not None
+        and (before_lc.config != after_lc.config or before_lc.nodes != after_lc.nodes)
+    ):
+        out.append("lifecycle or nodes changed; restart needed")
     return out

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import msgspec
 from msgspec import Meta
 
+from gateway.config.lifecycle import LifecycleConfig, LifecycleSetup, NodeConfig
 from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
 from gateway.sched.types import EndpointSpec, QueueLimits
 
@@ -295,6 +296,8 @@ class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     aliases: dict[str, str] = {}
     endpoints: tuple[EndpointConfig, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
+    lifecycle: LifecycleConfig | None = None
+    nodes: tuple[NodeConfig, ...] = ()
 
 
 class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -315,6 +318,7 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     engine_keys: Mapping[EndpointId, EngineKey] = {}  # endpoints with api_key_env / api_key_file
     file: Path | None = None  # the gateway.toml it came from; None: built-in defaults and flags
     policy_file: Path | None = None  # absolute; None: the packaged default policy
+    lifecycle: LifecycleSetup | None = None  # [lifecycle] + [[nodes]], checked (None: no node agents)
 
     def endpoint_specs(self, detected: Mapping[EndpointId, EngineKind] | None = None) -> list[EndpointSpec]:
         """The endpoints for the scheduler; `detected` supplies engine kinds found for "auto" ones."""

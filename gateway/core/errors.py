@@ -202,6 +202,19 @@ def no_ready_endpoint(model: str, retry_after_s: float, *, reason: str = "no rea
     )
 
 
+def model_load_failed(model: str, reason: str, retry_after_s: float) -> BerthError:
+    """A request waited for its model to be loaded by a node agent, and the load failed."""
+    return BerthError(
+        status=503,
+        message=f"loading model '{model}' failed: {reason}",
+        type="service_unavailable_error",
+        code="model_load_failed",
+        outcome="unavailable",
+        source=ErrorSource.GATEWAY,
+        retry_after_s=retry_after_s,
+    )
+
+
 def queue_timeout(model: str, waited_s: float, retry_after_s: float) -> BerthError:
     return BerthError(
         status=503,

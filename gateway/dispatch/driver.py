@@ -12,11 +12,11 @@ rejected it with a 500); the driver logs each such fault, with its traceback, as
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 
-from gateway.core.types import EndpointId, RequestId
+from gateway.core.types import EndpointId, ModelName, RequestId
 from gateway.sched.decisions import Decision, Dispatch, Reject
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
@@ -29,6 +29,10 @@ class SchedulerDriver:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self._waiters: dict[RequestId, asyncio.Future[Decision]] = {}
+        # Set by the lifecycle manager: models requested with no ready endpoint that it can load (the
+        # scheduler queued their requests), and every placement (recency of agent-started instances).
+        self.on_cold: Callable[[list[ModelName]], None] | None = None
+        self.on_dispatch: Callable[[SchedRequest, EndpointId], None] | None = None
 
     @property
     def waiting(self) -> int:
@@ -40,6 +44,10 @@ class SchedulerDriver:
         if decision is None:
             fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
             self._waiters[req.id] = fut
+            if self.scheduler.cold:
+                cold = self.scheduler.take_cold()
+                if self.on_cold is not None:
+                    self.on_cold(cold)  # may settle `fut` at once (a load that can never succeed)
             try:
                 decision = await fut
             except asyncio.CancelledError:
@@ -50,6 +58,8 @@ class SchedulerDriver:
                 self._waiters.pop(req.id, None)
         if isinstance(decision, Reject):
             raise decision.error
+        if self.on_dispatch is not None:
+            self.on_dispatch(req, decision.endpoint.id)
         return decision.endpoint
 
     def release(self, req_id: RequestId) -> None:

@@ -28,6 +28,10 @@ The document (JSON; numbers are seconds, tokens or fractions; null where nothing
     slo                  default_class, classes {class: {kind, band, targets, on_infeasible, finished,
                          met, goodput (since start), admission {outcome: n}, rejections {reason: n}}},
                          tasks {active, expired, evicted, max_tasks, idle_expiry_s, step_seconds}
+    lifecycle            null without [lifecycle]; else evictor, ready, nodes[] {name, answered, error,
+                         devices[] {name, capacity_bytes, used_bytes}}, instances[] {id, model, node, state,
+                         devices, memory_bytes, load_s, idle_s, inflight, url, reason}, waiting_loads {model:
+                         waited_s}, loads {model: {n, mean_s, last_s}}, evictions {reason: n}, agent_errors
 """
 
 from __future__ import annotations
@@ -167,6 +171,7 @@ def fleet_document(s: Services) -> dict[str, Any]:
             sched.admission.by_class(),
             {cls: (a.finished, a.met) for cls, a in att.totals().items()},
         ),
+        "lifecycle": None if s.lifecycle_document is None else s.lifecycle_document(),
     }
 
 

@@ -93,7 +93,7 @@ async def admit(
         request.headers.items(),
         tenant,
         catalog=settings.catalog,
-        known=s.scheduler.models(ready_only=False),
+        known=s.scheduler.models(ready_only=False) | s.scheduler.loadable,
         state=s.slo,
         policy=settings.slo,
         reject_disallowed=settings.reject_disallowed,

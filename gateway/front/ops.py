@@ -47,5 +47,7 @@ async def models(request: web.Request) -> web.Response:
         resp = error_response(e, request_id(request))
         resp.headers.update(WWW_AUTHENTICATE)
         return resp
-    listing = s.settings.catalog.listing(s.scheduler.models(ready_only=True), s.started_at)
+    listing = s.settings.catalog.listing(
+        s.scheduler.models(ready_only=True) | s.scheduler.loadable, s.started_at
+    )
     return web.json_response(listing)

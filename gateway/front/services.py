@@ -11,7 +11,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
@@ -75,6 +75,10 @@ class Services:
     tenancy: TenantAccounting = field(default_factory=TenantAccounting)
     engine_auth: EngineAuth = field(default_factory=EngineAuth)
     draining: bool = False
+    # Node agents ([lifecycle]): whether every node's agent has answered, and the lifecycle part of
+    # /admin/fleet. None: no lifecycle (a fixed fleet).
+    lifecycle_answered: Callable[[], bool] | None = None
+    lifecycle_document: Callable[[], dict[str, Any]] | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
     _dispatcher: Dispatcher | None = None
     _keys: Iterator[int] = field(default_factory=itertools.count)
@@ -97,7 +101,12 @@ class Services:
 
     @property
     def ready(self) -> bool:
-        return not self.draining and bool(self.scheduler.models(ready_only=True))
+        if self.draining:
+            return False
+        if self.lifecycle_answered is not None:
+            # An empty fleet is ready once the agents answered: models load on demand.
+            return self.lifecycle_answered()
+        return bool(self.scheduler.models(ready_only=True))
 
     def reconfigure(self, runtime: RuntimeConfig) -> None:
         self.settings = settings = RequestSettings.of(runtime)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 import structlog
@@ -56,6 +56,8 @@ class EndpointSet:
         self._specs: tuple[EndpointSpec, ...] = ()
         self._engine_auto: Mapping[EndpointId, bool] = {}
         self._health_changed = asyncio.Event()
+        self._runtime: RuntimeConfig | None = None
+        self._agent_specs: tuple[EndpointSpec, ...] = ()
 
     @property
     def detected(self) -> Mapping[EndpointId, EngineKind]:
@@ -67,12 +69,26 @@ class EndpointSet:
 
     # ----------------------------------------------------------------- configuration
     def apply(self, runtime: RuntimeConfig) -> None:
-        """Make the endpoint set equal to the runtime configuration's (credentials first: the scrapers
-        and the dispatcher read them per call)."""
+        """Make the endpoint set equal to the runtime configuration's (plus the agent-started ones;
+        credentials first: the scrapers and the dispatcher read them per call)."""
         self._auth.update(runtime.config.engine_keys)
-        self._specs = runtime.endpoints
+        self._runtime = runtime
+        self._sync()
+
+    def set_agent_endpoints(self, specs: Sequence[EndpointSpec]) -> None:
+        """The endpoints of instances node agents started (the lifecycle manager's), beside the
+        configured ones: they are scraped, modelled and placed the same way."""
+        self._agent_specs = tuple(specs)
+        if self._runtime is not None:
+            self._sync()
+
+    def _sync(self) -> None:
+        runtime = self._runtime
+        assert runtime is not None
+        configured = {s.id for s in runtime.endpoints}
+        self._specs = runtime.endpoints + tuple(s for s in self._agent_specs if s.id not in configured)
         self._engine_auto = runtime.engine_auto
-        specs = [self._with_detected(s) for s in runtime.endpoints]
+        specs = [self._with_detected(s) for s in self._specs]
         self._driver.apply(self._scheduler.sync_endpoints(specs))
         wanted = {s.id: s for s in specs}
         for eid in list(self._scrapers):

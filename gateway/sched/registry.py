@@ -26,6 +26,7 @@ class PluginKind(enum.StrEnum):
     SCORER = "scorer"
     PICKER = "picker"
     ADMITTER = "admitter"
+    EVICTOR = "evictor"
 
 
 class NoParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -56,6 +56,10 @@ class Scheduler:
         self._priorities: dict[RequestId, int] = {}
         self.admission = AdmissionLedger()
         self.faults: list[PolicyFault] = []  # the daemon takes and logs them (take_faults)
+        # Models the lifecycle can load on demand, and how long a request may wait for such a load.
+        self._loadable: frozenset[ModelName] = frozenset()
+        self._load_deadline_s = 0.0
+        self.cold: list[ModelName] = []  # loadable models requested with no ready endpoint (take_cold)
 
     def _fault(self, req: SchedRequest, stage: FaultStage, error: Exception) -> None:
         self.faults.append(PolicyFault(req.id, stage, error))
@@ -67,7 +71,36 @@ class Scheduler:
         out, self.faults = self.faults, []
         return out
 
+    def take_cold(self) -> list[ModelName]:
+        """The loadable models requested with no ready endpoint since the last call (each once)."""
+        out, self.cold = self.cold, []
+        return out
+
     # ----------------------------------------------------------------- configuration
+    def set_loadable(self, models: Iterable[ModelName], load_deadline_s: float) -> None:
+        """Models a lifecycle manager loads on demand: their requests wait for a load instead of being
+        rejected with no_ready_endpoint, for up to max(max_wait_s, `load_deadline_s`)."""
+        self._loadable = frozenset(models)
+        self._load_deadline_s = load_deadline_s
+
+    @property
+    def loadable(self) -> frozenset[ModelName]:
+        return self._loadable
+
+    def fail_model(self, model: ModelName, error: errors.BerthError) -> list[Decision]:
+        """Reject every queued request of `model` with `error` (its load failed)."""
+        queue = self._queues.get(model)
+        if not queue:
+            return []
+        out: list[Decision] = [Reject(item.req, error) for item in queue]
+        queue.clear()
+        return out
+
+    def lookahead(self, n: int) -> tuple[ModelName, ...]:
+        """The models of the first `n` queued requests, in arrival order (every queue)."""
+        items = sorted((q.seq, m) for m, queue in self._queues.items() for q in queue)
+        return tuple(m for _, m in items[:n])
+
     @property
     def policy(self) -> Policy:
         return self._policy
@@ -118,12 +151,25 @@ class Scheduler:
 
     # ----------------------------------------------------------------- request events
     def submit(self, req: SchedRequest, *, exclude: frozenset[EndpointId] = frozenset()) -> Decision | None:
-        """A new request (or a retry that must avoid `exclude`). None: it waits in the queue."""
-        if req.model not in self._fleet.ready_models():
+        """A new request (or a retry that must avoid `exclude`). None: it waits in the queue.
+
+        A request for a model with no ready endpoint is rejected (503 no_ready_endpoint), unless the model
+        is loadable (`set_loadable`): then it waits in the queue like any other while the lifecycle loads
+        the model, and the model is noted in `cold` for the lifecycle to take (`take_cold`).
+        """
+        cold = req.model not in self._fleet.ready_models()
+        if cold and req.model not in self._loadable:
             return Reject(req, errors.no_ready_endpoint(req.model, self._limits.retry_after_s))
         queue = self._queues.of(req.model)
         if len(queue) >= self._limits.max_queue_per_model:
             return Reject(req, errors.queue_full(req.model, self._limits.retry_after_s))
+        if cold:
+            # Nothing to place it on yet, nor to predict its SLO against: admission looks at it on the
+            # ticks after its model is ready (`tick`'s recheck).
+            self._queues.push(queue, req, exclude)
+            if req.model not in self.cold:
+                self.cold.append(req.model)
+            return None
         if not exclude:  # a retry was admitted already
             try:
                 req, refused = self.admission.admit(
@@ -168,14 +214,18 @@ class Scheduler:
         snap = self.snapshot() if recheck else None
         for model, queue in self._queues.items():
             keep: list[Queued] = []
+            loading = model not in ready and model in self._loadable
+            wait_limit = max(max_wait, self._load_deadline_s) if loading else max_wait
             for item in queue:
-                if now - item.req.arrival > max_wait:
+                if now - item.req.arrival > wait_limit:
                     out.append(
                         Reject(
                             item.req,
                             errors.queue_timeout(model, now - item.req.arrival, self._limits.retry_after_s),
                         )
                     )
+                elif loading:
+                    keep.append(item)  # its load is under way (the lifecycle fails it, or the deadline)
                 elif model not in ready:
                     out.append(Reject(item.req, errors.no_ready_endpoint(model, self._limits.retry_after_s)))
                 elif snap is not None:

@@ -103,7 +103,7 @@ class SimGateway:
             headers,
             None,
             catalog=self.catalog,
-            known=self.scheduler.models(ready_only=False),
+            known=self.scheduler.models(ready_only=False) | self.scheduler.loadable,
             state=self.slo,
             policy=self.policy.slo,
         )

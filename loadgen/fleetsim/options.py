@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadgen.engine_sim.spec import EndpointSpec
+from loadgen.fleetsim.lifecycle import LifecycleOptions
 from loadgen.workloads.arrivals import ArrivalKind
 
 
@@ -27,3 +28,6 @@ class SimOptions:
     drain_timeout_s: float = 120.0  # after the last arrival, in-flight tasks get this long
     sample_every_s: float = 2.0  # utilization and queue depth are sampled this often
     extra_headers: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    # Models loaded on demand by the gateway's lifecycle (simulated agents): the fleet then has one
+    # endpoint per model (id = the model), in berth's endpoint set only while the model is resident.
+    lifecycle: LifecycleOptions | None = None

@@ -20,6 +20,7 @@ What happens, and when (virtual seconds):
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -30,7 +31,7 @@ from typing import Any, Final
 
 from gateway.core import errors
 from gateway.core.errors import BerthError
-from gateway.core.types import ApiKind, EndpointId, EngineGauges, RequestId
+from gateway.core.types import ApiKind, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.dispatch.context import RequestContext
 from gateway.sched.decisions import Decision, Dispatch
 from gateway.upstream.dialects import dialect_for
@@ -38,6 +39,7 @@ from loadgen.client import RequestResult, build_body, build_headers
 from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
 from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
+from loadgen.fleetsim.lifecycle import SimLifecycle
 from loadgen.fleetsim.options import SimOptions
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, Report, TaskResult, build_report, complete_task
@@ -53,7 +55,7 @@ PROGRESS_EVERY: Final = 16
 _API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 
 # Event kinds, in the order events of the same instant are handled.
-_WAKE, _SEND, _ARRIVE, _TICK, _SCRAPE, _REFRESH, _SAMPLE, _CHECK, _DRAIN = range(9)
+_WAKE, _SEND, _ARRIVE, _TICK, _SCRAPE, _REFRESH, _SAMPLE, _CHECK, _DRAIN, _LIFE = range(10)
 
 #: What the simulator leaves out (written at the top of its report).
 LEFT_OUT: Final = (
@@ -139,6 +141,7 @@ class Simulation:
         self._last_arrival = 0.0
         self._draining_until = math.inf
         self._ended = False
+        self.life: SimLifecycle | None = None
 
     # ----------------------------------------------------------------- the loop
     def push(self, t: float, kind: int, obj: Any = None) -> None:
@@ -150,6 +153,20 @@ class Simulation:
         self.gw.bring_up(opts.fleet)
         models = list(opts.models) if opts.models else self.gw.listed_models()
         self.models = models
+        if opts.lifecycle is not None:
+            specs = [
+                dataclasses.replace(s, models=frozenset(ModelName(m) for m in f.models))
+                for s, f in zip(self.gw.specs, opts.fleet, strict=True)
+            ]
+            self.life = SimLifecycle(
+                opts.lifecycle,
+                self.gw.scheduler,
+                specs,
+                now=self.clock.now,
+                later=lambda dt, f: self.push(self.clock.t + dt, _LIFE, f),
+                apply=self._apply,
+            )
+            self.life.install()
         run_opts = RunOptions(
             target="sim",
             workload=opts.workload,
@@ -197,6 +214,8 @@ class Simulation:
             elif kind == _ARRIVE:
                 self._arrive(obj)
             elif kind == _TICK:
+                if self.life is not None:
+                    self.life.tick()
                 self._apply(self.gw.scheduler.tick())
                 if self._busy():
                     self.push(t + TICK_S, _TICK)
@@ -217,6 +236,8 @@ class Simulation:
                     self.push(t + self.opts.sample_every_s, _SAMPLE)
             elif kind == _CHECK:
                 self._check(obj)
+            elif kind == _LIFE:
+                obj()  # a simulated agent's start or stop ends
             else:  # _DRAIN
                 self._drain()
 
@@ -284,10 +305,14 @@ class Simulation:
             return
         call.sreq_id = sreq.id
         self._running[sreq.id] = call
+        if self.life is not None:
+            self.life.before_submit(sreq.model)
         decision = self.gw.scheduler.submit(sreq)
         self._count_faults()
         if decision is not None:
             self._apply((decision,))
+        if self.life is not None:
+            self.life.after_submit()
         if not call.done:
             self.push(now + min(opts.stall_timeout_s, opts.request_timeout_s), _CHECK, call)
 
@@ -394,6 +419,8 @@ class Simulation:
         ctx.attempts += 1
         ctx.endpoint = ep.id
         ctx.dispatched_at = now
+        if self.life is not None:
+            self.life.on_dispatch(d.req, ep.id)
         call.endpoint = ep
         call.result.endpoint = ep.id
         call.result.queue_ms = round((now - ctx.arrival) * 1000.0, 3)
@@ -531,6 +558,8 @@ class Simulation:
             "policy_faults": self.faults,
         }
         report.data["fleet"] = self.timeline.summary(len(self.endpoints))
+        if self.life is not None:
+            report.data["lifecycle"] = self.life.stats.document()
         return report
 
 

@@ -223,7 +223,7 @@ _ENDPOINT_KEYS = "url, id, engine, models, class, node, cap, scheduling, api_key
             'colour = "blue"\n',
             "gateway.toml:colour: unknown key "
             "(known: server, limits, upstream, scrape, telemetry, policy, auth, ops, aliases, endpoints, "
-            "tenants)",
+            "tenants, lifecycle, nodes)",
             id="unknown-top-level-key",
         ),
         pytest.param(

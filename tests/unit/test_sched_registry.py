@@ -65,6 +65,7 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
         PluginKind.SCORER: ["least-outstanding"],
         PluginKind.PICKER: ["cato-slack", "max-score", "power-of-two", "round-robin"],
         PluginKind.ADMITTER: ["admit-all", "slo-feasibility"],
+        PluginKind.EVICTOR: ["cace", "lru"],
     }
 
 

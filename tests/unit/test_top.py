@@ -138,3 +138,47 @@ def test_the_slo_section_shows_goodput_admission_and_rejections() -> None:
         assert part in ide
     assert "tasks: 3 active, 1 expired, 0 evicted (max 100)" in frame
     assert "SLO CLASSES" not in render(DOC)  # an older gateway without the section
+
+
+def test_the_lifecycle_section_shows_nodes_instances_loads_and_stops() -> None:
+    doc = {
+        "lifecycle": {
+            "evictor": "cace",
+            "agent_errors": 2,
+            "nodes": [
+                {
+                    "name": "gpu-07",
+                    "answered": True,
+                    "error": None,
+                    "devices": [{"name": "gpu0", "capacity_bytes": 6 << 30, "used_bytes": 4 << 30}],
+                }
+            ],
+            "instances": [
+                {
+                    "id": "code-a-1",
+                    "model": "code-a",
+                    "node": "gpu-07",
+                    "state": "ready",
+                    "devices": ["gpu0"],
+                    "memory_bytes": 4 << 30,
+                    "load_s": 12.5,
+                    "idle_s": 3.0,
+                    "inflight": 1,
+                    "url": "http://x",
+                    "reason": None,
+                }
+            ],
+            "waiting_loads": {"reason-b": 2.0},
+            "loads": {"code-a": {"n": 1, "mean_s": 12.5, "last_s": 12.5}},
+            "evictions": {"evicted": 3},
+        }
+    }
+    text = render(doc)
+    assert "evictor cace; agent errors 2" in text
+    assert "gpu0:4.0/6.0GiB" in text
+    assert "code-a-1" in text
+    assert "ready" in text
+    assert "12.5s" in text
+    assert "waiting for a load: reason-b 2.0s" in text
+    assert "stops: evicted=3" in text
+    assert "NODES" not in render({})

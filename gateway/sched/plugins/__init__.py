@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.sched.plugins.admission import admit_all, slo_feasibility
+from gateway.sched.plugins.eviction import cace, lru
 from gateway.sched.plugins.ordering import bands, edf, fcfs, slack
 from gateway.sched.plugins.placement import (
     best_fit,
@@ -32,6 +33,8 @@ IN_TREE: tuple[PluginSpec[Any], ...] = (
     demand_split.SPEC,
     admit_all.SPEC,
     slo_feasibility.SPEC,
+    lru.SPEC,
+    cace.SPEC,
 )
 
 

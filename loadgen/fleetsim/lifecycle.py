@@ -1,0 +1,212 @@
+"""Model lifecycle in the fleet simulator: the gateway's own state machine (`gateway.lifecycle.instances`,
+with its `Evictor` plugin) driving simulated node agents on the virtual clock.
+
+The agent's behaviour is simulated: a start takes the model's load time (memory admission and one load
+per device are the state machine's, as the real agent also enforces them), a stop takes `stop_s` (drain
+already done by the gateway; SIGTERM, exit, memory seen free). Each model has one simulated engine (its
+endpoint in the fleet file, `id` = the model name); it is in the scheduler's endpoint set only while an
+instance of the model is ready, exactly as the live manager adds and removes agent-started endpoints.
+
+Counted: loads and load seconds, stops by reason (evictions), model hit rate (requests whose model had a
+ready instance when they arrived), and the waits from a model's first cold request to its instance joining.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.core import errors
+from gateway.core.types import EndpointHealth, EndpointId, ModelName
+from gateway.lifecycle.instances import (
+    Action,
+    Demand,
+    JoinEndpoint,
+    LeaveEndpoint,
+    Lifecycle,
+    LifecycleSettings,
+    LoadFailed,
+    ModelSpec,
+    NodeSpec,
+    StartInstance,
+    StopInstance,
+)
+from gateway.sched.decisions import Decision
+from gateway.sched.plugins import default_registry
+from gateway.sched.plugins.eviction.interface import Evictor
+from gateway.sched.registry import PluginKind
+from gateway.sched.request import SchedRequest
+from gateway.sched.scheduler import Scheduler
+from gateway.sched.types import EndpointSpec
+
+#: Weight of the newest request in a model's expected output length (as the live manager).
+OUTPUT_EWMA_ALPHA = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleOptions:
+    models: tuple[ModelSpec, ...]  # load_s: the simulated agent's load time
+    nodes: tuple[NodeSpec, ...]
+    evictor: str = "cace"
+    evictor_params: Mapping[str, Any] = field(default_factory=dict)
+    settings: LifecycleSettings = field(default_factory=LifecycleSettings)
+    stop_s: float = 2.0
+
+
+@dataclass(slots=True)
+class LifecycleStats:
+    loads: int = 0
+    load_s: float = 0.0
+    stops: dict[str, int] = field(default_factory=dict)
+    hits: int = 0
+    misses: int = 0
+    load_failures: int = 0
+    cold_waits: list[float] = field(default_factory=list)
+
+    def document(self) -> dict[str, Any]:
+        n = self.hits + self.misses
+        return {
+            "loads": self.loads,
+            "load_seconds": round(self.load_s, 3),
+            "evictions": self.stops.get("evicted", 0),
+            "stops": dict(sorted(self.stops.items())),
+            "hit_rate": round(self.hits / n, 6) if n else None,
+            "load_failures": self.load_failures,
+            "cold_wait_mean_s": round(sum(self.cold_waits) / len(self.cold_waits), 3)
+            if self.cold_waits
+            else None,
+        }
+
+
+def build_evictor(name: str, params: Mapping[str, Any]) -> Evictor:
+    ev = default_registry().build(PluginKind.EVICTOR, name, dict(params), path="lifecycle.evictor")
+    assert isinstance(ev, Evictor)
+    return ev
+
+
+class SimLifecycle:
+    def __init__(
+        self,
+        opts: LifecycleOptions,
+        scheduler: Scheduler,
+        specs: Sequence[EndpointSpec],
+        *,
+        now: Callable[[], float],
+        later: Callable[[float, Callable[[], None]], None],
+        apply: Callable[[Sequence[Decision]], None],
+    ) -> None:
+        self.opts = opts
+        self._sched = scheduler
+        self._now = now
+        self._later = later  # run a callback at a virtual time
+        self._apply = apply
+        self._spec_of = {ModelName(next(iter(s.models))): s for s in specs if s.models}
+        missing = [m.name for m in opts.models if m.name not in self._spec_of]
+        if missing:
+            raise ValueError(f"no simulated endpoint serves {', '.join(missing)} (give each model one)")
+        self.core = Lifecycle(
+            models={m.name: m for m in opts.models},
+            nodes=opts.nodes,
+            evictor=build_evictor(opts.evictor, opts.evictor_params),
+            settings=opts.settings,
+            demand=self._demand,
+        )
+        self._active: dict[str, EndpointSpec] = {}  # instance id -> its endpoint, while in the set
+        self._eids: dict[EndpointId, str] = {}
+        self._expected: dict[ModelName, float] = {}
+        self._cold_since: dict[ModelName, float] = {}
+        self.stats = LifecycleStats()
+
+    def install(self) -> None:
+        """An empty endpoint set; every model loadable on demand."""
+        self._apply(self._sched.sync_endpoints([]))
+        self._sched.set_loadable(self.core.models(), self.opts.settings.load_deadline_s)
+
+    # ----------------------------------------------------------------- events from the simulation
+    def before_submit(self, model: ModelName) -> None:
+        if model in self._sched.models(ready_only=True):
+            self.stats.hits += 1
+        else:
+            self.stats.misses += 1
+
+    def after_submit(self) -> None:
+        if not self._sched.cold:
+            return
+        now = self._now()
+        self._sync_inflight()
+        for m in self._sched.take_cold():
+            self._cold_since.setdefault(m, now)
+            self._do(self.core.request(m, now))
+
+    def on_dispatch(self, req: SchedRequest, eid: EndpointId) -> None:
+        iid = self._eids.get(eid)
+        if iid is not None:
+            self.core.touch(iid, self._now())
+        expect = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.max_tokens
+        if expect is not None:
+            old = self._expected.get(req.model)
+            self._expected[req.model] = (
+                float(expect) if old is None else old + OUTPUT_EWMA_ALPHA * (expect - old)
+            )
+
+    def tick(self) -> None:
+        self._sync_inflight()
+        self._do(self.core.tick(self._now()))
+
+    # ----------------------------------------------------------------- internals
+    def _demand(self) -> Demand:
+        return Demand(
+            window=self._sched.lookahead(self.opts.settings.lookahead), expected_output=self._expected
+        )
+
+    def _sync_inflight(self) -> None:
+        now = self._now()
+        for eid, iid in list(self._eids.items()):
+            self._do(self.core.observe_inflight(iid, self._sched.inflight_on(eid), now))
+
+    def _do(self, actions: Sequence[Action]) -> None:
+        for a in actions:
+            if isinstance(a, StartInstance):
+                load_s = self.core.models()[a.model].load_s
+                self.stats.loads += 1
+                self.stats.load_s += load_s
+                self._later(load_s, functools.partial(self._loaded, a, load_s))
+            elif isinstance(a, StopInstance):
+                self.stats.stops[a.reason] = self.stats.stops.get(a.reason, 0) + 1
+                self._later(self.opts.stop_s, functools.partial(self._stopped, a.instance))
+            elif isinstance(a, JoinEndpoint):
+                self._join(a.instance)
+            elif isinstance(a, LeaveEndpoint):
+                if self._active.pop(a.instance, None) is not None:
+                    self._apply(self._sched.sync_endpoints(list(self._active.values())))
+            elif isinstance(a, LoadFailed):
+                self.stats.load_failures += 1
+                self._cold_since.pop(a.model, None)
+                self._apply(self._sched.fail_model(a.model, errors.model_load_failed(a.model, a.reason, 1.0)))
+
+    def _stopped(self, iid: str) -> None:
+        self._do(self.core.stopped(iid, self._now()))
+
+    def _loaded(self, a: StartInstance, load_s: float) -> None:
+        self._do(
+            self.core.started(a.instance, url=f"http://{a.instance}.sim", load_s=load_s, now=self._now())
+        )
+
+    def _join(self, iid: str) -> None:
+        inst = self.core.get(iid)
+        assert inst is not None
+        spec = self._spec_of[inst.model]
+        # One simulated engine per model: a later instance of the model reuses its endpoint id.
+        for other, s in list(self._active.items()):
+            if s.id == spec.id:
+                del self._active[other]
+        self._active[iid] = dataclasses.replace(spec, node=inst.node)
+        self._eids[spec.id] = iid
+        since = self._cold_since.pop(inst.model, None)
+        if since is not None:
+            self.stats.cold_waits.append(self._now() - since)
+        self._apply(self._sched.sync_endpoints(list(self._active.values())))
+        self._apply(self._sched.set_health(spec.id, EndpointHealth.READY))

@@ -1,0 +1,96 @@
+"""The fleet simulator with the gateway's lifecycle (simulated agents); the eviction benchmark's verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.core.types import ModelName
+from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
+from loadgen.bench.eviction import BenchConfig, Setting, bench, judge
+from loadgen.engine_sim.spec import EndpointSpec
+from loadgen.fleetsim.lifecycle import LifecycleOptions
+from loadgen.fleetsim.options import SimOptions
+from loadgen.fleetsim.sim import simulate
+
+GIB = 1 << 30
+
+
+def _opts(evictor: str, *, device_gib: float, seed: int = 0) -> SimOptions:
+    models = tuple(ModelSpec(ModelName(f"m{i}"), 4 * GIB, 1, 3.0) for i in range(4))
+    return SimOptions(
+        policy=None,
+        fleet=tuple(EndpointSpec(models=(m.name,), id=m.name, profile="test-fast") for m in models),
+        workload="multi-model:uniform",
+        rate=2.0,
+        duration_s=60.0,
+        seed=seed,
+        models=tuple(m.name for m in models),
+        lifecycle=LifecycleOptions(
+            models=models,
+            nodes=(NodeSpec("n1", (DeviceSpec("gpu0", int(device_gib * GIB)),)),),
+            evictor=evictor,
+            settings=LifecycleSettings(churn_guard_s=1.0, drain_timeout_s=5.0, load_deadline_s=120.0),
+            stop_s=0.5,
+        ),
+    )
+
+
+@pytest.mark.parametrize("evictor", ["lru", "cace"])
+def test_models_load_on_demand_and_swap_under_a_memory_limit(evictor: str) -> None:
+    rep = simulate(_opts(evictor, device_gib=9))  # room for two of the four models
+    lc = rep.data["lifecycle"]
+    assert lc["loads"] > 4  # every model loaded at least once, some again after an eviction
+    assert lc["evictions"] > 0
+    assert lc["load_failures"] == 0
+    assert 0 < lc["hit_rate"] < 1
+    assert rep.overall["count"] > 0
+    assert rep.overall["errors"] == 0  # every request waited for its load and was served
+
+
+def test_everything_resident_means_four_loads_and_no_eviction() -> None:
+    lc = simulate(_opts("lru", device_gib=17)).data["lifecycle"]
+    assert lc["loads"] == 4
+    assert lc["evictions"] == 0
+
+
+def test_same_seed_same_run() -> None:
+    a = simulate(_opts("cace", device_gib=9, seed=3)).data["lifecycle"]
+    b = simulate(_opts("cace", device_gib=9, seed=3)).data["lifecycle"]
+    assert a == b
+
+
+def _figs(evictions: int, ttft: float, hit: float = 0.5) -> dict[str, object]:
+    keys = [
+        "errors",
+        "load_seconds",
+        "ttft_completion_mean_ms",
+        "ttft_completion_p99_ms",
+        "ttft_reasoning_mean_ms",
+        "ttft_reasoning_p99_ms",
+        "e2e_mean_ms",
+        "e2e_p99_ms",
+    ]
+    return {"evictions": evictions, "ttft_mean_ms": ttft, "hit_rate": hit, **dict.fromkeys(keys, 1.0)}
+
+
+def test_judge_needs_the_ratios_on_two_patterns_and_nothing_worse() -> None:
+    good = {"lru": _figs(100, 1000.0), "cace": _figs(40, 400.0)}
+    meh = {"lru": _figs(100, 1000.0), "cace": _figs(90, 900.0)}
+    worse = {"lru": _figs(100, 1000.0), "cace": _figs(40, 400.0, hit=0.4)}
+    assert judge({"a": good, "b": good, "c": meh})["pass"]
+    assert not judge({"a": good, "b": meh, "c": meh})["pass"]
+    v = judge({"a": good, "b": good, "c": worse})
+    assert not v["pass"]
+    assert v["patterns"]["c"]["worse_on"] == ["hit_rate"]
+
+
+def test_bench_writes_its_reports(tmp_path: Path) -> None:
+    cfg = BenchConfig(
+        out=tmp_path, patterns=("uniform",), seeds=(0,), rate=0.5, duration_s=30.0, cace_params={}
+    )
+    doc = bench(cfg, log=lambda s: None, setting=Setting())
+    assert set(doc["results"]["uniform"]) == {"lru", "cace"}
+    assert (tmp_path / "report.json").is_file()
+    assert "| evictions |" in (tmp_path / "report.md").read_text()
