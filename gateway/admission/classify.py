@@ -16,6 +16,7 @@ from gateway.core.types import SLO, ApiKind, ModelName, ParsedRequest, RequestId
 from gateway.sched.request import SchedRequest
 from gateway.telemetry.lengths import LengthPrediction
 from gateway.telemetry.tokens import TokenEstimator
+from gateway.upstream.resume import resumable
 
 CHARS_PER_TOKEN = 4.0
 _DEFAULT_SLO = SLO()
@@ -75,4 +76,5 @@ def to_sched_request(
         task_id=task_id,
         predicted_output_tokens=predicted,
         predicted_output_p90=p90,
+        resumable=resumable(parsed.api, parsed.body, parsed.stream),
     )

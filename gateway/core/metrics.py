@@ -172,6 +172,26 @@ class GatewayMetrics:
             buckets=TOKENIZE_BUCKETS,
             registry=r,
         )
+        # Preemption (gateway.dispatch.runner): requests that gave up their seat to more urgent work, and
+        # how their resumed streams ended.
+        self.preemptions = Counter(
+            "berth_preemptions",
+            "Running requests preempted, by the policy's reason",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.resumes = Counter(
+            "berth_resumes",
+            "Preempted requests by how their resumed stream ended",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.recomputed_tokens = Counter(
+            "berth_recomputed_tokens",
+            "Tokens an engine recomputed as prompt to resume preempted requests",
+            ["model"],
+            registry=r,
+        )
         # The per-request metrics' children, by label values (see Children).
         self.requests_of = Children(self.requests)
         self.ttft_of = Children(self.ttft)
@@ -183,6 +203,9 @@ class GatewayMetrics:
         self.client_disconnects_of = Children(self.client_disconnects)
         self.upstream_retries_of = Children(self.upstream_retries)
         self.tokenize_requests_of = Children(self.tokenize_requests)
+        self.preemptions_of = Children(self.preemptions)
+        self.resumes_of = Children(self.resumes)
+        self.recomputed_tokens_of = Children(self.recomputed_tokens)
 
     def attach_live(self, read: Callable[[], LiveNumbers]) -> None:
         """Export numbers read from the scheduler at scrape time (nothing to update on the hot path)."""

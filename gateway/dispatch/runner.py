@@ -1,5 +1,10 @@
 """The dispatch phases of one request: acquire a slot -> open the engine call (retrying on another
 endpoint before the first byte) -> relay -> release. The caller's finish phase logs and counts.
+
+A streamed request the scheduler preempts (its task is cancelled by the driver, see
+`gateway.dispatch.driver`) closes its engine call, keeps its client's stream open, waits in the queue
+for its next seat and goes on there with a call that continues the produced text
+(`gateway.upstream.resume`); the relay stitches the new engine stream onto the client's.
 """
 
 from __future__ import annotations
@@ -20,13 +25,18 @@ from gateway.core.types import EndpointId
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.slo_headers import slo_met_now
+from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import EndpointView
 from gateway.upstream.client import StallTimer, UpstreamSettings, open_request
 from gateway.upstream.dialects import dialect_for
+from gateway.upstream.resume import resume_body
 from gateway.upstream.sse import SseRelay, error_event
+from gateway.upstream.tokenize import tokenize
 
 _ERROR_BODY_LIMIT = 64 * 1024
 PROGRESS_EVERY = 16  # tokens between a stream's progress reports to the scheduler
+RESUME_TOKENIZE_TIMEOUT_S = 2.0  # counting the original prompt of a resumed stream (its final usage)
 
 
 class Dispatcher:
@@ -65,10 +75,15 @@ class Dispatcher:
             body["model"] = ctx.served_model
             changed = True
         payload = raw if raw is not None and not changed else orjson.dumps(body)
+        sent_body = body  # what the next engine call sends (a resumed call continues the produced text)
         path = ctx.api.path
+        stream = _Stream(ctx, include_usage) if ctx.stream else None
         exclude: frozenset[EndpointId] = frozenset()
+        placed = self.driver.acquire(sreq, exclude)
         while True:
-            endpoint = await self.driver.acquire(sreq, exclude)
+            seat = await placed
+            sreq = seat.req
+            endpoint = seat.endpoint
             ctx.attempts += 1
             ctx.endpoint = endpoint.id
             if ctx.dispatched_at is None:
@@ -78,7 +93,10 @@ class Dispatcher:
             if endpoint.priority_scheduling:  # only such engines accept a priority (vLLM: else 400)
                 urgency = self.driver.scheduler.engine_priority(sreq.id)
                 if urgency is not None:
-                    sent = orjson.dumps({**body, "priority": dialect_for(endpoint.engine).priority(urgency)})
+                    sent = orjson.dumps(
+                        {**sent_body, "priority": dialect_for(endpoint.engine).priority(urgency)}
+                    )
+            seated = True
             try:
                 try:
                     resp = await open_request(
@@ -90,17 +108,75 @@ class Dispatcher:
                     if e.retryable and ctx.attempts <= self.settings.max_retries:
                         self.metrics.upstream_retries_of(endpoint.id).inc()
                         exclude = exclude | {endpoint.id}
+                        placed = self.driver.acquire(sreq, exclude)
                         continue
+                    if stream is not None and stream.resumed:
+                        return await stream.fail(e, request)  # the client has part of the stream already
                     raise
-                if ctx.stream:
-                    return await self._relay_stream(ctx, resp, include_usage, request)
+                if stream is not None:
+                    return await self._relay_stream(ctx, resp, stream, request)
                 return await self._relay_body(ctx, resp)
+            except asyncio.CancelledError:
+                preempt = self.driver.take_preempted(sreq.id)
+                if preempt is None:
+                    raise
+                if resp is not None:
+                    resp.close()  # abort the engine call now, before anything else is awaited
+                seated = False  # the scheduler freed this seat when it preempted the request
+                task = asyncio.current_task()
+                if (task is not None and task.uncancel() > 0) or stream is None or stream.relay.done:
+                    # Cancelled for another reason too (the client left, shutdown), or nothing to resume.
+                    self.driver.abandon(sreq.id)
+                    if stream is None or not stream.relay.done:
+                        raise
+                    return await stream.close()
+                sent_body = await self._resumed(ctx, preempt, endpoint, body, stream)
+                payload = orjson.dumps(sent_body)
+                placed = self.driver.resume(sreq.id)
             finally:
                 if resp is not None:
                     # close (not release): a cut-short engine call must see its connection drop so the
                     # engine aborts the request; a fully read response has already returned its connection.
                     resp.close()
-                self.driver.release(sreq.id)
+                if seated:
+                    self.driver.release(sreq.id)
+
+    async def _resumed(
+        self,
+        ctx: RequestContext,
+        preempt: Preempt,
+        endpoint: EndpointView,
+        body: dict[str, Any],
+        stream: _Stream,
+    ) -> dict[str, Any]:
+        """The engine call that continues a preempted stream, and the relay set to stitch it on."""
+        relay = stream.relay
+        ctx.preemptions += 1
+        model = ctx.client_model or "-"
+        self.metrics.preemptions_of(model, preempt.reason).inc()
+        self.metrics.recomputed_tokens_of(model).inc(relay.tokens)
+        if stream.prompt_tokens is None and relay.tokens:
+            stream.prompt_tokens = await self._prompt_tokens(ctx, endpoint, body)
+        relay.resume(stream.prompt_tokens)
+        stream.resumed = True
+        dialect = dialect_for(endpoint.engine)
+        return resume_body(ctx.api, body, relay.produced_text, relay.tokens, dict(dialect.continue_chat))
+
+    async def _prompt_tokens(
+        self, ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any]
+    ) -> int | None:
+        """The original prompt's token count, for the usage a resumed stream ends with: the engine's
+        count when it can count it (else the resumed call's count less the tokens produced)."""
+        dialect = dialect_for(endpoint.engine)
+        if dialect.tokenize_path is None:
+            return None
+        tb = dialect.tokenize_body(ctx.api, body, ctx.served_model)
+        if tb is None:
+            return None
+        answer = await tokenize(
+            self.session, endpoint.url + dialect.tokenize_path, tb, ctx.id, RESUME_TOKENIZE_TIMEOUT_S
+        )
+        return answer.count
 
     def _headers(self, ctx: RequestContext, content_type: str) -> dict[str, str]:
         queue_ms = 0.0 if ctx.queue_s is None else ctx.queue_s * 1000.0
@@ -142,22 +218,23 @@ class Dispatcher:
         return web.Response(body=data, status=200, headers=headers)
 
     async def _relay_stream(
-        self, ctx: RequestContext, resp: aiohttp.ClientResponse, include_usage: bool, request: web.Request
+        self, ctx: RequestContext, resp: aiohttp.ClientResponse, stream: _Stream, request: web.Request
     ) -> web.StreamResponse:
-        relay = SseRelay(
-            include_usage=include_usage, served_model=ctx.served_model, client_model=ctx.client_model
-        )
-        out = web.StreamResponse(
-            status=200, headers={**self._headers(ctx, "text/event-stream"), "Cache-Control": "no-cache"}
-        )
-        out.enable_chunked_encoding()
-        ctx.status = 200
+        relay = stream.relay
+        out = stream.out
+        if out is None:
+            out = stream.out = web.StreamResponse(
+                status=200, headers={**self._headers(ctx, "text/event-stream"), "Cache-Control": "no-cache"}
+            )
+            out.enable_chunked_encoding()
+            ctx.status = 200
         clock = self.clock
         stall = StallTimer(resp.content, self.settings.read_timeout_s, clock)
         progress = self.driver.scheduler.progress  # tokens so far, for the placement predictions
-        report_at = 1 if ctx.sched is not None else 1 << 62
+        report_at = relay.tokens + 1 if ctx.sched is not None else 1 << 62
         try:
-            await out.prepare(request)
+            if not out.prepared:
+                await out.prepare(request)
             try:
                 async for chunk in resp.content.iter_any():
                     stall.seen = now = clock.now()
@@ -183,19 +260,48 @@ class Dispatcher:
                     f"engine stream stalled for {self.settings.read_timeout_s:g}s"
                 ) from None
         except BerthError as e:
-            ctx.fail(e)
-            ctx.status = 200  # the client already has a 200; the error travels in the stream
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await out.write(error_event(e.body()))
+            return await stream.fail(e, request)
         except ConnectionResetError:
             ctx.outcome = "client_disconnect"  # the client went away while we wrote to it
             return out
-        except asyncio.CancelledError:
-            ctx.outcome = "client_disconnect"
-            raise
         finally:
             stall.cancel()
             _record_stream(ctx, relay)
+        return await stream.close()
+
+
+class _Stream:
+    """The client's side of a streamed request, across engine calls: one response, prepared once, fed
+    through one relay (which stitches a resumed call's stream onto the first)."""
+
+    __slots__ = ("ctx", "out", "prompt_tokens", "relay", "resumed")
+
+    def __init__(self, ctx: RequestContext, include_usage: bool) -> None:
+        self.ctx = ctx
+        self.relay = SseRelay(
+            include_usage=include_usage, served_model=ctx.served_model, client_model=ctx.client_model
+        )
+        self.out: web.StreamResponse | None = None
+        self.resumed = False  # the client has part of the stream from an earlier engine call
+        self.prompt_tokens: int | None = None  # the original prompt's, for a resumed stream's usage
+
+    async def fail(self, err: BerthError, request: web.Request) -> web.StreamResponse:
+        """End the stream with an error event (the client already has a 200)."""
+        ctx = self.ctx
+        ctx.fail(err)
+        ctx.status = 200
+        out = self.out
+        if out is None:  # a resumed stream has a prepared response; keep the type checker sure of it
+            raise err
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            if not out.prepared:
+                await out.prepare(request)
+            await out.write(error_event(err.body()))
+        return await self.close()
+
+    async def close(self) -> web.StreamResponse:
+        out = self.out
+        assert out is not None
         with contextlib.suppress(ConnectionError, RuntimeError):
             await out.write_eof()
         return out

@@ -169,6 +169,8 @@ def finish(s: Services, ctx: RequestContext) -> None:
         m.output_tokens_of(model).inc(ctx.output_tokens)
     if ctx.prompt_tokens:
         m.prompt_tokens_of(model).inc(ctx.prompt_tokens)
+    if ctx.preemptions:
+        m.resumes_of(model, ctx.outcome).inc()
     learn(ctx, s.telemetry, s.slo)
     if not LEVEL.info:
         return
@@ -183,6 +185,7 @@ def finish(s: Services, ctx: RequestContext) -> None:
         slo_class=ctx.slo_class,
         stream=ctx.stream,
         attempts=ctx.attempts,
+        preempted=ctx.preemptions,
         queue_ms=_ms(ctx.queue_s),
         ttft_ms=_ms(ttft),
         e2e_ms=_ms(e2e),

@@ -33,7 +33,18 @@ class Reject:
     error: BerthError
 
 
-Decision = Dispatch | Reject
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """`victim` was running on `endpoint` and gave its seat up: the scheduler already put it back in its
+    queue (as `victim`: preemptions counted, progress kept), and the `Dispatch` that takes the seat
+    follows in the same list. The driver aborts the victim's engine call, without completing it."""
+
+    victim: SchedRequest
+    endpoint: EndpointView
+    reason: str
+
+
+Decision = Dispatch | Reject | Preempt
 
 #: The policy stage a plugin failed in.
 FaultStage = Literal["admission", "ordering", "placement", "engine_priority"]

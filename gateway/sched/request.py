@@ -24,3 +24,7 @@ class SchedRequest:
     predicted_output_p90: float | None = None
     # Admission demoted it to the lowest band: its SLO was infeasible and its class says best-effort.
     best_effort: bool = False
+    # It can be preempted and resumed elsewhere without the client noticing (gateway.upstream.resume).
+    resumable: bool = False
+    preemptions: int = 0  # times it was preempted so far
+    produced_tokens: int = 0  # output tokens streamed by runs before its last preemption

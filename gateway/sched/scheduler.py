@@ -29,7 +29,15 @@ from gateway.core import errors
 from gateway.core.clock import Clock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.sched.admission import AdmissionLedger
-from gateway.sched.decisions import Decision, Dispatch, FaultStage, PolicyFault, Reject, fault_error
+from gateway.sched.decisions import (
+    Decision,
+    Dispatch,
+    FaultStage,
+    PolicyFault,
+    Preempt,
+    Reject,
+    fault_error,
+)
 from gateway.sched.fleet import Fleet
 from gateway.sched.profile import Policy
 from gateway.sched.queues import OrderingFault, Queued, Queues, first
@@ -56,6 +64,7 @@ class Scheduler:
         self._priorities: dict[RequestId, int] = {}
         self.admission = AdmissionLedger()
         self.faults: list[PolicyFault] = []  # the daemon takes and logs them (take_faults)
+        self.preemptions: list[Preempt] = []  # made during a submit (take_preemptions)
 
     def _fault(self, req: SchedRequest, stage: FaultStage, error: Exception) -> None:
         self.faults.append(PolicyFault(req.id, stage, error))
@@ -65,6 +74,11 @@ class Scheduler:
     def take_faults(self) -> list[PolicyFault]:
         """The policy faults since the last call (oldest first)."""
         out, self.faults = self.faults, []
+        return out
+
+    def take_preemptions(self) -> list[Preempt]:
+        """The preemptions made during the last submit (which reports its own request's decision only)."""
+        out, self.preemptions = self.preemptions, []
         return out
 
     # ----------------------------------------------------------------- configuration

@@ -14,6 +14,10 @@ calls `abort_request(rid)` (and aborts streams on disconnect too). So closing th
 is the abort. SGLang also has `POST /abort_request` with `{"rid": ...}` (its OpenAI requests accept a
 `rid` field), which `abort_path`/`abort_body` describe for callers that want to abort without closing.
 
+Resume (gateway.upstream.resume): both engines continue a chat's final assistant message with
+`continue_final_message: true`; vLLM also needs `add_generation_prompt: false` (it rejects both set),
+SGLang renders the prefill from `continue_final_message` alone.
+
 Tokenize (exact prompt-token counts, `[telemetry] prompt_tokens = "tokenize"`): both engines answer
 `POST /tokenize` with `{"count": N, "max_model_len": M, "tokens": [...]}`.
 - vLLM (`vllm/entrypoints/serve/tokenize/`): `{"model", "prompt", "add_special_tokens"}` counts a
@@ -59,6 +63,9 @@ class Dialect:
     # Fields of a chat request that shape its rendered prompt and that the tokenize route takes too;
     # empty: the route counts no chat messages.
     tokenize_chat_fields: tuple[str, ...] = ()
+    # The chat fields that make the engine continue the final assistant message instead of answering
+    # it (a resumed request, gateway.upstream.resume).
+    continue_chat: tuple[tuple[str, Any], ...] = (("continue_final_message", True),)
 
     def priority(self, urgency: int) -> int:
         """The engine's `priority` value for berth's urgency (0 most urgent, larger less urgent)."""
@@ -100,6 +107,8 @@ class Dialect:
 
 VLLM: Final = Dialect(
     kind=EngineKind.VLLM,
+    # vLLM refuses continue_final_message together with add_generation_prompt (its default: true).
+    continue_chat=(("continue_final_message", True), ("add_generation_prompt", False)),
     tokenize_chat_fields=(
         "messages",
         "add_generation_prompt",

@@ -8,6 +8,12 @@ content, and every gap between tokens.
 
 Per event it does one `orjson.loads`; the event's bytes are forwarded as they came (with the model name
 rewritten when the client used an alias), so the hot path never re-serialises JSON.
+
+A preempted stream goes on with the engine stream of its resumed call (`resume()`): the relay then
+stitches that stream onto what the client already has, so that the client sees one stream: the first
+stream's `id` and `created` in every chunk, no second role chunk, and one usage report whose prompt
+tokens are the original prompt's and whose completion tokens count every token the client got. Only
+resumed streams are re-serialised.
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ _GENERATED_FIELDS = frozenset(("reasoning_content", "reasoning", "tool_calls"))
 class SseRelay:
     __slots__ = (
         "_buf",
+        "_client_model",
         "_model_from",
         "_model_to",
+        "_stitch",
+        "created",
         "done",
         "error",
         "finish_reason",
@@ -35,6 +44,7 @@ class SseRelay:
         "gaps",
         "include_usage",
         "last_token_at",
+        "stream_id",
         "text",
         "tokens",
         "usage",
@@ -42,7 +52,11 @@ class SseRelay:
 
     def __init__(self, *, include_usage: bool, served_model: str, client_model: str) -> None:
         self._buf = b""
+        self._client_model = client_model
+        self._stitch: _Stitch | None = None
         self.include_usage = include_usage
+        self.stream_id: str | None = None  # the first stream's `id` and `created`, which a resume keeps
+        self.created: int | None = None
         if served_model != client_model:
             self._model_from: tuple[bytes, ...] = (
                 b'"model":' + orjson.dumps(served_model),
@@ -120,6 +134,14 @@ class SseRelay:
             return whole if whole is not None else event + b"\n\n"
         if type(obj) is not dict:  # orjson makes plain dicts, never subclasses
             return whole if whole is not None else event + b"\n\n"
+        if self._stitch is not None:
+            return self._stitched(obj, self._stitch, now)
+        if self.stream_id is None:
+            sid = obj.get("id")
+            if isinstance(sid, str):
+                self.stream_id = sid
+                created = obj.get("created")
+                self.created = created if isinstance(created, int) else None
         if "error" in obj and "choices" not in obj:
             err = obj["error"]
             self.error = err if isinstance(err, dict) else {"message": str(err)}
@@ -180,6 +202,72 @@ class SseRelay:
     @property
     def produced_text(self) -> str:
         return "".join(self.text)
+
+    def resume(self, prompt_tokens: int | None) -> None:
+        """The next bytes fed come from the resumed call's engine stream: stitch them onto this one.
+        `prompt_tokens`: the original prompt's tokens, reported in the final usage (None: the resumed
+        call's count less the tokens produced before)."""
+        self._stitch = _Stitch(self.tokens, prompt_tokens)
+        self._buf = b""
+        self.done = False
+        self.error = None
+        self.finish_reason = None
+        self.usage = None
+        self.last_token_at = None  # the wait for the resumed call is no inter-token gap of an engine
+
+    def _stitched(self, obj: dict[str, Any], stitch: _Stitch, now: float | None) -> bytes | None:
+        if "error" in obj and "choices" not in obj:
+            err = obj["error"]
+            self.error = err if isinstance(err, dict) else {"message": str(err)}
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+        choices = obj.get("choices")
+        if isinstance(choices, list):
+            kept = []
+            for c in choices:
+                if type(c) is dict and type(c.get("delta")) is dict and "role" in c["delta"]:
+                    delta = {k: v for k, v in c["delta"].items() if k != "role"}
+                    if not any(delta.values()) and not c.get("finish_reason"):
+                        continue  # the resumed call's role chunk: the client has had one
+                    kept.append({**c, "delta": delta})
+                    continue
+                kept.append(c)
+            obj["choices"] = choices = kept
+            if choices:
+                self._choices(choices, now)
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            usage = self.usage = stitch.usage(usage)
+            obj["usage"] = usage if self.include_usage else None
+        if not choices and not (usage and self.include_usage):
+            return None
+        if self.stream_id is not None:
+            obj["id"] = self.stream_id
+        if self.created is not None:
+            obj["created"] = self.created
+        if "model" in obj:
+            obj["model"] = self._client_model
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class _Stitch:
+    """What a resumed stream's usage adds to: the tokens streamed before, the original prompt's count."""
+
+    __slots__ = ("before", "prompt_tokens")
+
+    def __init__(self, before: int, prompt_tokens: int | None) -> None:
+        self.before = before
+        self.prompt_tokens = prompt_tokens
+
+    def usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        resumed = usage.get("completion_tokens")
+        completion = self.before + (resumed if isinstance(resumed, int) else 0)
+        prompt = self.prompt_tokens
+        if prompt is None:
+            engine_prompt = usage.get("prompt_tokens")
+            prompt = max(0, engine_prompt - self.before) if isinstance(engine_prompt, int) else 0
+        out = {**usage, "prompt_tokens": prompt, "completion_tokens": completion}
+        out["total_tokens"] = prompt + completion
+        return out
 
 
 def error_event(body: dict[str, Any]) -> bytes:

@@ -1,0 +1,104 @@
+"""Resuming a preempted request: which requests can be continued faithfully, and the engine call that
+continues one where it stopped.
+
+A request preempted after some tokens is re-issued so that the engine goes on from the text the client
+already has:
+- completions: the prompt becomes `prompt + produced text`;
+- chat: the produced text becomes a final assistant message that the engine continues rather than answers
+  (vLLM: `continue_final_message: true` with `add_generation_prompt: false`, which vLLM requires together;
+  SGLang: `continue_final_message: true`, its chat route renders the final assistant message as a prefill);
+- `max_tokens` / `max_completion_tokens` shrink by the tokens produced, `min_tokens` too.
+
+The produced text is re-tokenized by the engine, so the continuation sees the same text but not always
+the same token ids: where a token boundary falls inside the produced text differently (a BPE merge
+across the cut), greedy decoding may continue differently from an uninterrupted run. Penalties that
+count output tokens (presence, frequency) see the produced text as prompt after a resume.
+
+Only requests whose continuation is the same kind of answer may be preempted (`resumable`): one choice,
+no log probabilities (they would be missing for the produced part), no echo, no suffix, no tools or
+structured output (a grammar or a tool call cannot be continued from the middle), a completion prompt
+that is one string, and a chat that does not already continue a final message. Non-streamed requests
+are not resumable: their produced text is not seen until they finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from gateway.core.types import ApiKind
+
+# Fields whose presence (with a value other than these "off" values) makes a request unresumable.
+_BLOCKING: Final[dict[str, tuple[object, ...]]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "prompt_logprobs": (None,),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none"),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "structured_outputs": (None,),
+    "use_beam_search": (None, False),
+    "continue_final_message": (None, False),
+    "add_generation_prompt": (None, True),
+}
+_TEXT_FORMATS: Final = (None, {"type": "text"})
+
+
+def resumable(api: ApiKind, body: Mapping[str, Any], stream: bool) -> bool:
+    """Whether the request can be preempted and continued elsewhere without the client noticing."""
+    if not stream or api not in (ApiKind.COMPLETION, ApiKind.CHAT):
+        return False
+    for key, off in _BLOCKING.items():
+        value = body.get(key)
+        if value is not None and not _is_off(value, off):
+            return False
+    if not _is_off(body.get("response_format"), _TEXT_FORMATS):
+        return False
+    if api is ApiKind.COMPLETION:
+        return isinstance(body.get("prompt"), str)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return False
+    last = messages[-1]
+    return isinstance(last, dict) and last.get("role") != "assistant"
+
+
+def _is_off(value: object, off: tuple[object, ...]) -> bool:
+    # By type as well as value: `logprobs: 0` asks completions for log probabilities, though 0 == False.
+    return any(value is o or (type(value) is type(o) and value == o) for o in off)
+
+
+def resume_body(
+    api: ApiKind,
+    body: Mapping[str, Any],
+    produced_text: str,
+    produced_tokens: int,
+    continue_fields: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The engine call that continues `body` after `produced_text` (`produced_tokens` tokens) was
+    streamed. `continue_fields`: the engine's fields that make a chat continue its final assistant
+    message (`gateway.upstream.dialects.Dialect.continue_chat`)."""
+    out = dict(body)
+    if produced_text:
+        if api is ApiKind.COMPLETION:
+            out["prompt"] = str(body["prompt"]) + produced_text
+        else:
+            out["messages"] = [*body["messages"], {"role": "assistant", "content": produced_text}]
+            out.update(continue_fields)
+    if produced_tokens:
+        for key in ("max_tokens", "max_completion_tokens"):
+            limit = body.get(key)
+            if isinstance(limit, int) and not isinstance(limit, bool):
+                out[key] = max(1, limit - produced_tokens)
+        floor = body.get("min_tokens")
+        if isinstance(floor, int) and not isinstance(floor, bool) and floor > 0:
+            out["min_tokens"] = max(0, floor - produced_tokens)
+    return out
