@@ -21,7 +21,7 @@ from gateway.core import errors
 from gateway.core.clock import Clock
 from gateway.core.errors import BerthError
 from gateway.core.metrics import GatewayMetrics
-from gateway.core.types import EndpointId
+from gateway.core.types import ApiKind, EndpointId
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.slo_headers import slo_met_now
@@ -67,17 +67,23 @@ class Dispatcher:
     ) -> web.StreamResponse:
         """Run the engine call for `body`, parsed from `raw` (if given: sent as is when nothing changed)."""
         changed = False
-        if ctx.stream and not include_usage:
+        # A non-streamed request that may be preempted is streamed from the engine, so that what it
+        # produced is known when it is preempted; berth answers it with one assembled response.
+        assemble = not ctx.stream and sreq.resumable
+        if assemble:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+            changed = True
+        elif ctx.stream and not include_usage:
             # berth always asks for usage; the relay drops the usage chunk unless the client asked too.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
             changed = True
         if body.get("model") != ctx.served_model:
             body["model"] = ctx.served_model
             changed = True
-        payload = raw if raw is not None and not changed else orjson.dumps(body)
-        sent_body = body  # what the next engine call sends (a resumed call continues the produced text)
+        first_payload = raw if raw is not None and not changed else orjson.dumps(body)
         path = ctx.api.path
-        stream = _Stream(ctx, include_usage) if ctx.stream else None
+        stream = _Stream(ctx, include_usage, client=ctx.stream) if ctx.stream or assemble else None
         exclude: frozenset[EndpointId] = frozenset()
         placed = self.driver.acquire(sreq, exclude)
         while True:
@@ -89,7 +95,13 @@ class Dispatcher:
             if ctx.dispatched_at is None:
                 ctx.dispatched_at = self.clock.now()
             resp: aiohttp.ClientResponse | None = None
-            sent = payload
+            sent_body, sent = body, first_payload
+            if stream is not None and stream.resumed:
+                # Continue the produced text, in the dialect of the engine it now goes to.
+                relay = stream.relay
+                cont = dict(dialect_for(endpoint.engine).continue_chat)
+                sent_body = resume_body(ctx.api, body, relay.produced_text, relay.tokens, cont)
+                sent = orjson.dumps(sent_body)
             if endpoint.priority_scheduling:  # only such engines accept a priority (vLLM: else 400)
                 urgency = self.driver.scheduler.engine_priority(sreq.id)
                 if urgency is not None:
@@ -100,7 +112,12 @@ class Dispatcher:
             try:
                 try:
                     resp = await open_request(
-                        self.session, endpoint.url + path, sent, sreq.id, self.settings, stream=ctx.stream
+                        self.session,
+                        endpoint.url + path,
+                        sent,
+                        sreq.id,
+                        self.settings,
+                        stream=stream is not None,
                     )
                     if resp.status != 200:
                         raise await _error_from(resp)
@@ -124,14 +141,14 @@ class Dispatcher:
                     resp.close()  # abort the engine call now, before anything else is awaited
                 seated = False  # the scheduler freed this seat when it preempted the request
                 task = asyncio.current_task()
-                if (task is not None and task.uncancel() > 0) or stream is None or stream.relay.done:
-                    # Cancelled for another reason too (the client left, shutdown), or nothing to resume.
-                    self.driver.abandon(sreq.id)
-                    if stream is None or not stream.relay.done:
-                        raise
-                    return await stream.close()
-                sent_body = await self._resumed(ctx, preempt, endpoint, body, stream)
-                payload = orjson.dumps(sent_body)
+                if task is not None and task.uncancel() > 0:
+                    self.driver.abandon(sreq.id)  # cancelled for another reason too: the client left
+                    raise
+                if stream is not None and stream.relay.done:
+                    self.driver.abandon(sreq.id)  # it had just finished: nothing to resume
+                    _record_stream(ctx, stream.relay)
+                    return self._assembled(ctx, stream.relay) if stream.out is None else await stream.close()
+                await self._preempted(ctx, preempt, endpoint, body, stream)
                 placed = self.driver.resume(sreq.id)
             finally:
                 if resp is not None:
@@ -141,26 +158,33 @@ class Dispatcher:
                 if seated:
                     self.driver.release(sreq.id)
 
-    async def _resumed(
+    async def _preempted(
         self,
         ctx: RequestContext,
         preempt: Preempt,
         endpoint: EndpointView,
         body: dict[str, Any],
-        stream: _Stream,
-    ) -> dict[str, Any]:
-        """The engine call that continues a preempted stream, and the relay set to stitch it on."""
-        relay = stream.relay
+        stream: _Stream | None,
+    ) -> None:
+        """Count a preemption and set the stream up to go on when the request is placed again."""
         ctx.preemptions += 1
         model = ctx.client_model or "-"
         self.metrics.preemptions_of(model, preempt.reason).inc()
+        if stream is None:
+            return  # nothing reached the client: the same call is made again
+        relay = stream.relay
+        if not relay.continuable and not stream.client:
+            # Reasoning or a tool call cannot be continued from text, but the client saw nothing of
+            # this answer yet: it starts again.
+            self.metrics.recomputed_tokens_of(model).inc(relay.tokens)
+            stream.relay = stream.fresh_relay(relay.include_usage)
+            stream.resumed = False
+            return
         self.metrics.recomputed_tokens_of(model).inc(relay.tokens)
         if stream.prompt_tokens is None and relay.tokens:
             stream.prompt_tokens = await self._prompt_tokens(ctx, endpoint, body)
         relay.resume(stream.prompt_tokens)
         stream.resumed = True
-        dialect = dialect_for(endpoint.engine)
-        return resume_body(ctx.api, body, relay.produced_text, relay.tokens, dict(dialect.continue_chat))
 
     async def _prompt_tokens(
         self, ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any]
@@ -222,7 +246,7 @@ class Dispatcher:
     ) -> web.StreamResponse:
         relay = stream.relay
         out = stream.out
-        if out is None:
+        if out is None and stream.client:
             out = stream.out = web.StreamResponse(
                 status=200, headers={**self._headers(ctx, "text/event-stream"), "Cache-Control": "no-cache"}
             )
@@ -233,7 +257,7 @@ class Dispatcher:
         progress = self.driver.scheduler.progress  # tokens so far, for the placement predictions
         report_at = relay.tokens + 1 if ctx.sched is not None else 1 << 62
         try:
-            if not out.prepared:
+            if out is not None and not out.prepared:
                 await out.prepare(request)
             try:
                 async for chunk in resp.content.iter_any():
@@ -242,16 +266,20 @@ class Dispatcher:
                     if relay.tokens >= report_at and ctx.sched is not None:
                         progress(ctx.sched.id, relay.tokens, relay.first_token_at)
                         report_at = relay.tokens + PROGRESS_EVERY
-                    if data:
+                    if data and out is not None:
                         await out.write(data)
                 tail = relay.flush()
-                if tail:
+                if tail and out is not None:
                     await out.write(tail)
                 if not relay.done and relay.error is None:
                     raise errors.upstream_failed(
                         "engine closed the stream before it finished", retryable=False
                     )
                 if relay.error is not None:
+                    if out is None:
+                        raise errors.upstream_failed(
+                            f"engine failed mid-answer: {relay.error.get('message')}", retryable=False
+                        )
                     ctx.outcome = "engine_error"
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
                 raise errors.upstream_failed(f"engine dropped the stream: {e}", retryable=False) from None
@@ -263,36 +291,54 @@ class Dispatcher:
             return await stream.fail(e, request)
         except ConnectionResetError:
             ctx.outcome = "client_disconnect"  # the client went away while we wrote to it
+            if out is None:
+                raise
             return out
         finally:
             stall.cancel()
             _record_stream(ctx, relay)
+        if out is None:
+            return self._assembled(ctx, relay)
         return await stream.close()
+
+    def _assembled(self, ctx: RequestContext, relay: SseRelay) -> web.Response:
+        """A non-streamed request's answer, made of the engine stream berth read for it."""
+        ctx.status = 200
+        headers = self._headers(ctx, "application/json")
+        headers["X-Berth-Slo-Met"] = "true" if slo_met_now(ctx, self.clock.now()) else "false"
+        body = orjson.dumps(relay.assembled(ctx.api is ApiKind.CHAT))
+        return web.Response(body=body, status=200, headers=headers)
 
 
 class _Stream:
     """The client's side of a streamed request, across engine calls: one response, prepared once, fed
     through one relay (which stitches a resumed call's stream onto the first)."""
 
-    __slots__ = ("ctx", "out", "prompt_tokens", "relay", "resumed")
+    __slots__ = ("client", "ctx", "out", "prompt_tokens", "relay", "resumed")
 
-    def __init__(self, ctx: RequestContext, include_usage: bool) -> None:
+    def __init__(self, ctx: RequestContext, include_usage: bool, *, client: bool) -> None:
         self.ctx = ctx
-        self.relay = SseRelay(
-            include_usage=include_usage, served_model=ctx.served_model, client_model=ctx.client_model
-        )
+        self.client = client  # False: the client asked for one answer, which berth assembles
+        self.relay = self.fresh_relay(include_usage)
         self.out: web.StreamResponse | None = None
         self.resumed = False  # the client has part of the stream from an earlier engine call
         self.prompt_tokens: int | None = None  # the original prompt's, for a resumed stream's usage
 
+    def fresh_relay(self, include_usage: bool) -> SseRelay:
+        ctx = self.ctx
+        return SseRelay(
+            include_usage=include_usage, served_model=ctx.served_model, client_model=ctx.client_model
+        )
+
     async def fail(self, err: BerthError, request: web.Request) -> web.StreamResponse:
-        """End the stream with an error event (the client already has a 200)."""
+        """End the stream with an error event (the client already has a 200); an assembled answer's
+        error is the client's answer."""
+        out = self.out
+        if out is None:
+            raise err
         ctx = self.ctx
         ctx.fail(err)
         ctx.status = 200
-        out = self.out
-        if out is None:  # a resumed stream has a prepared response; keep the type checker sure of it
-            raise err
         with contextlib.suppress(ConnectionError, RuntimeError):
             if not out.prepared:
                 await out.prepare(request)

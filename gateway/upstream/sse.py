@@ -44,9 +44,11 @@ class SseRelay:
         "gaps",
         "include_usage",
         "last_token_at",
+        "reasoning",
         "stream_id",
         "text",
         "tokens",
+        "tool_calls",
         "usage",
     )
 
@@ -67,6 +69,9 @@ class SseRelay:
             self._model_from = ()
             self._model_to = b""
         self.text: list[str] = []  # content produced so far, for resuming elsewhere
+        # Other generated deltas seen: reasoning text (kept, for an assembled answer) and tool calls.
+        self.reasoning: list[str] = []
+        self.tool_calls = False
         self.tokens = 0  # generated events seen (one per token on vLLM/SGLang), of any kind
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
@@ -177,8 +182,11 @@ class SseRelay:
                 piece = delta.get("content")
                 # A reasoning model's thinking and a tool call's name and arguments are generated
                 # tokens too, though they carry no content.
-                if piece or _GENERATED_FIELDS.intersection(k for k, v in delta.items() if v):
+                if piece:
                     got_token = True
+                elif _GENERATED_FIELDS.intersection(k for k, v in delta.items() if v):
+                    got_token = True
+                    self._other(delta)
             else:
                 piece = c.get("text")
             if piece:
@@ -199,9 +207,46 @@ class SseRelay:
                     self.gaps.append(now - last)
                 self.last_token_at = now
 
+    def _other(self, delta: dict[str, Any]) -> None:
+        thought = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(thought, str):
+            self.reasoning.append(thought)
+        if delta.get("tool_calls"):
+            self.tool_calls = True
+
+    @property
+    def continuable(self) -> bool:
+        """Whether a resumed call can continue this stream faithfully: only text was produced (a
+        continuation from text alone would lose a reasoning model's thinking or a tool call)."""
+        return not self.reasoning and not self.tool_calls
+
     @property
     def produced_text(self) -> str:
         return "".join(self.text)
+
+    def assembled(self, chat: bool) -> dict[str, Any]:
+        """The ordinary (non-streamed) answer made of the stream berth read on a client's behalf: a
+        non-streamed request that may be preempted is streamed from the engine (so that what it
+        produced is known if it is), and answered with this."""
+        text = self.produced_text
+        choice: dict[str, Any] = {"index": 0}
+        if chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.reasoning:
+                message["reasoning_content"] = "".join(self.reasoning)
+            choice["message"] = message
+        else:
+            choice["text"] = text
+        choice["logprobs"] = None
+        choice["finish_reason"] = self.finish_reason
+        return {
+            "id": self.stream_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": self.created,
+            "model": self._client_model,
+            "choices": [choice],
+            "usage": self.usage,
+        }
 
     def resume(self, prompt_tokens: int | None) -> None:
         """The next bytes fed come from the resumed call's engine stream: stitch them onto this one.

@@ -187,3 +187,33 @@ def test_a_resumed_streams_error_event_reaches_the_client() -> None:
     sent = relay.feed(b'data: {"error": {"message": "boom", "code": 500}}\n\n', 5.0)
     assert relay.error == {"message": "boom", "code": 500}
     assert orjson.loads(sent[6:]) == {"error": {"message": "boom", "code": 500}}
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
+def test_an_assembled_answer_is_an_ordinary_response(chat: bool) -> None:
+    relay = SseRelay(include_usage=False, served_model="served", client_model="alias")
+    _first_run(relay)
+    relay.feed(_chunk("chatcmpl-1", 100, {"content": "!"}, finish="stop"), 1.3)
+    relay.feed(_usage("chatcmpl-1", 5, 3), 1.3)
+    answer = relay.assembled(chat)
+    assert answer["id"] == "chatcmpl-1"
+    assert answer["created"] == 100
+    assert answer["model"] == "alias"
+    assert answer["object"] == ("chat.completion" if chat else "text_completion")
+    choice = answer["choices"][0]
+    assert (choice["message"] if chat else choice)["content" if chat else "text"] == "Hello!"
+    assert choice["finish_reason"] == "stop"
+    assert answer["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+
+def test_reasoning_and_tool_calls_cannot_be_continued_from_text() -> None:
+    relay = SseRelay(include_usage=False, served_model="m", client_model="m")
+    _first_run(relay)
+    assert relay.continuable
+    relay.feed(_chunk("chatcmpl-1", 100, {"reasoning_content": "hmm"}), 1.3)
+    assert not relay.continuable
+    assert relay.assembled(True)["choices"][0]["message"]["reasoning_content"] == "hmm"
+    tools = SseRelay(include_usage=False, served_model="m", client_model="m")
+    tools.feed(_chunk("c", 1, {"tool_calls": [{"index": 0, "function": {"name": "f"}}]}), 1.0)
+    assert not tools.continuable
+    assert tools.tokens == 1
