@@ -209,7 +209,8 @@ def test_an_assembled_answer_is_an_ordinary_response(chat: bool) -> None:
 def test_reasoning_and_tool_calls_cannot_be_continued_from_text() -> None:
     relay = SseRelay(include_usage=False, served_model="m", client_model="m")
     _first_run(relay)
-    assert relay.continuable
+    text_only = relay.continuable
+    assert text_only
     relay.feed(_chunk("chatcmpl-1", 100, {"reasoning_content": "hmm"}), 1.3)
     assert not relay.continuable
     assert relay.assembled(True)["choices"][0]["message"]["reasoning_content"] == "hmm"
