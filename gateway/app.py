@@ -32,6 +32,7 @@ from gateway.core.sdnotify import Notifier, watchdog_loop
 from gateway.core.tasks import TaskSupervisor
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.runner import Dispatcher
+from gateway.front.admin import running_by_kind
 from gateway.front.routes import add_routes
 from gateway.front.services import RequestSettings, Services
 from gateway.lifecycle.endpoints import EndpointSet
@@ -147,6 +148,12 @@ class Gateway:
         return LiveNumbers(
             queue_depth={str(m): n for m, n in self.scheduler.queue_depths().items()},
             inflight={e.id: e.inflight for e in snap.endpoints},
+            cap={e.id: e.cap for e in snap.endpoints},
+            running_by_kind={
+                (e.id, e.instance_class.value, kind): n
+                for e in snap.endpoints
+                for kind, n in running_by_kind(e, self.services.settings.slo).items()
+            },
         )
 
     def request_reload(self) -> None:

@@ -219,6 +219,9 @@ class GatewayMetrics:
 class LiveNumbers:
     queue_depth: Mapping[str, int]  # model -> requests waiting in the gateway queue
     inflight: Mapping[str, int]  # endpoint -> requests the gateway has running there
+    cap: Mapping[str, int]  # endpoint -> its concurrency cap in force
+    # (endpoint, instance class, request kind) -> requests the gateway runs there of that SLO kind
+    running_by_kind: Mapping[tuple[str, str, str], int]
 
 
 class _LiveCollector:
@@ -244,3 +247,20 @@ class _LiveCollector:
         for eid, n in sorted(live.inflight.items()):
             f.add_metric([eid], n)
         yield f
+        c = GaugeMetricFamily(
+            "berth_endpoint_cap_requests",
+            "The endpoint's concurrency cap in force (static, or set by an adaptive controller)",
+            labels=["endpoint"],
+        )
+        for eid, n in sorted(live.cap.items()):
+            c.add_metric([eid], n)
+        yield c
+        k = GaugeMetricFamily(
+            "berth_endpoint_running_requests",
+            "Requests the gateway runs on the endpoint, by the endpoint's instance class and the "
+            "requests' SLO kind",
+            labels=["endpoint", "instance_class", "kind"],
+        )
+        for labels, n in sorted(live.running_by_kind.items()):
+            k.add_metric(list(labels), n)
+        yield k
