@@ -27,6 +27,7 @@ from gateway.config.schema import EndpointConfig
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.errors import ConfigError
 from gateway.core.heap import settle
+from gateway.core.looplag import watch_lag
 from gateway.core.metrics import GatewayMetrics, LiveNumbers
 from gateway.core.sdnotify import Notifier, watchdog_loop
 from gateway.core.tasks import TaskSupervisor
@@ -134,6 +135,7 @@ class Gateway:
         self.endpoints.apply(self.runtime)
         self.supervisor.spawn("queue-ticker", lambda: self.driver.tick_forever(QUEUE_TICK_S))
         self.supervisor.spawn("telemetry", self.telemetry.run)
+        self.supervisor.spawn("loop-lag", lambda: watch_lag(self.metrics.loop_lag))
         if self.notifier.watchdog_interval_s() is not None:
             self.supervisor.spawn("systemd-watchdog", lambda: watchdog_loop(self.notifier))
         yield

@@ -41,6 +41,7 @@ LATENCY_BUCKETS = (
     40.0,
     80.0,
 )
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 TOKENIZE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
@@ -170,6 +171,12 @@ class GatewayMetrics:
             "berth_tokenize_duration_seconds",
             "Duration of the engine tokenize calls that were made (timeouts included)",
             buckets=TOKENIZE_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "berth_event_loop_lag_seconds",
+            "How late the event loop ran a timer (gateway.core.looplag): time it spent on other work",
+            buckets=LAG_BUCKETS,
             registry=r,
         )
         # Preemption (gateway.dispatch.runner): requests that gave up their seat to more urgent work, and
