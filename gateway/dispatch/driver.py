@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import structlog
 
 from gateway.core.types import EndpointId, RequestId
-from gateway.sched.decisions import Decision, Dispatch, Reject
+from gateway.sched.decisions import Decision, Dispatch, Preempt, Reject
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointView
@@ -59,6 +59,9 @@ class SchedulerDriver:
         """Hand decisions made outside a submit (completions, ticks, endpoint events) to their waiters."""
         self.log_faults()
         for d in decisions:
+            if isinstance(d, Preempt):
+                continue  # the live side of preemption (abort, resume) is not wired yet: policies without
+                # a [preemption] plugin never make one
             fut = self._waiters.get(d.req.id)
             if fut is not None and not fut.done():
                 fut.set_result(d)
