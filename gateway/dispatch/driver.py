@@ -47,8 +47,9 @@ class SchedulerDriver:
     async def acquire(self, req: SchedRequest, exclude: frozenset[EndpointId] = frozenset()) -> Dispatch:
         """Submit `req` and wait for its seat; raise the scheduler's error if it is rejected."""
         decision = self.scheduler.submit(req, exclude=exclude)
-        if self.scheduler.preemptions:
-            self.apply(self.scheduler.take_preemptions())
+        preempted = self.scheduler.take_preemptions()
+        if preempted:
+            self.apply(preempted)
         self.log_faults()
         if decision is None:
             decision = await self._wait(req.id, asyncio.get_running_loop().create_future())

@@ -26,6 +26,8 @@ class PluginKind(enum.StrEnum):
     SCORER = "scorer"
     PICKER = "picker"
     ADMITTER = "admitter"
+    PREEMPTOR = "preemptor"
+    CONCURRENCY = "concurrency"
 
 
 class NoParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
