@@ -148,7 +148,11 @@ class Dispatcher:
                     self.driver.abandon(sreq.id)  # it had just finished: nothing to resume
                     _record_stream(ctx, stream.relay)
                     return self._assembled(ctx, stream.relay) if stream.out is None else await stream.close()
-                await self._preempted(ctx, preempt, endpoint, body, stream)
+                try:
+                    await self._preempted(ctx, preempt, endpoint, body, stream)
+                except BaseException:
+                    self.driver.abandon(sreq.id)  # e.g. the client left while it was being set up
+                    raise
                 placed = self.driver.resume(sreq.id)
             finally:
                 if resp is not None:

@@ -17,8 +17,9 @@ count output tokens (presence, frequency) see the produced text as prompt after 
 Only requests whose continuation is the same kind of answer may be preempted (`resumable`): one choice,
 no log probabilities (they would be missing for the produced part), no echo, no suffix, no tools or
 structured output (a grammar or a tool call cannot be continued from the middle), a completion prompt
-that is one string, and a chat that does not already continue a final message. Non-streamed requests
-are not resumable: their produced text is not seen until they finish.
+that is one string, and a chat that does not already continue a final message. A non-streamed request
+is resumable only when berth streams it from the engine on the client's behalf (it does for batch
+requests under a policy that preempts), since an answer in one piece shows nothing until it is whole.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ _BLOCKING: Final[dict[str, tuple[object, ...]]] = {
 _TEXT_FORMATS: Final = (None, {"type": "text"})
 
 
-def resumable(api: ApiKind, body: Mapping[str, Any], stream: bool) -> bool:
-    """Whether the request can be preempted and continued elsewhere without the client noticing."""
-    if not stream or api not in (ApiKind.COMPLETION, ApiKind.CHAT):
+def resumable(api: ApiKind, body: Mapping[str, Any]) -> bool:
+    """Whether the request can be continued elsewhere without the client noticing (streamed, or
+    streamed from the engine by berth and answered as one response: `gateway.dispatch.runner`)."""
+    if api not in (ApiKind.COMPLETION, ApiKind.CHAT):
         return False
     for key, off in _BLOCKING.items():
         value = body.get(key)

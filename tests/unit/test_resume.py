@@ -23,42 +23,40 @@ COMPLETION: dict[str, Any] = {"model": "m", "prompt": "Once upon", "stream": Tru
 
 
 @pytest.mark.parametrize(
-    ("api", "body", "stream", "expected"),
+    ("api", "body", "expected"),
     [
-        (ApiKind.CHAT, CHAT, True, True),
-        (ApiKind.COMPLETION, COMPLETION, True, True),
-        (ApiKind.CHAT, CHAT, False, False),
-        (ApiKind.EMBEDDING, {"model": "m", "input": "x"}, True, False),
-        (ApiKind.CHAT, {**CHAT, "n": 2}, True, False),
-        (ApiKind.CHAT, {**CHAT, "n": 1}, True, True),
-        (ApiKind.CHAT, {**CHAT, "logprobs": True}, True, False),
-        (ApiKind.CHAT, {**CHAT, "logprobs": False}, True, True),
-        (ApiKind.CHAT, {**CHAT, "top_logprobs": 3}, True, False),
-        (ApiKind.COMPLETION, {**COMPLETION, "logprobs": 0}, True, False),
-        (ApiKind.COMPLETION, {**COMPLETION, "echo": True}, True, False),
-        (ApiKind.COMPLETION, {**COMPLETION, "best_of": 3}, True, False),
-        (ApiKind.COMPLETION, {**COMPLETION, "suffix": "end"}, True, False),
-        (ApiKind.COMPLETION, {**COMPLETION, "prompt": ["a", "b"]}, True, False),
-        (ApiKind.COMPLETION, {**COMPLETION, "prompt": [1, 2, 3]}, True, False),
-        (ApiKind.CHAT, {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, True, False),
-        (ApiKind.CHAT, {**CHAT, "tools": []}, True, True),
-        (ApiKind.CHAT, {**CHAT, "response_format": {"type": "json_object"}}, True, False),
-        (ApiKind.CHAT, {**CHAT, "response_format": {"type": "text"}}, True, True),
-        (ApiKind.CHAT, {**CHAT, "guided_json": {"type": "object"}}, True, False),
-        (ApiKind.CHAT, {**CHAT, "continue_final_message": True}, True, False),
-        (ApiKind.CHAT, {**CHAT, "add_generation_prompt": False}, True, False),
+        (ApiKind.CHAT, CHAT, True),
+        (ApiKind.COMPLETION, COMPLETION, True),
+        (ApiKind.EMBEDDING, {"model": "m", "input": "x"}, False),
+        (ApiKind.CHAT, {**CHAT, "n": 2}, False),
+        (ApiKind.CHAT, {**CHAT, "n": 1}, True),
+        (ApiKind.CHAT, {**CHAT, "logprobs": True}, False),
+        (ApiKind.CHAT, {**CHAT, "logprobs": False}, True),
+        (ApiKind.CHAT, {**CHAT, "top_logprobs": 3}, False),
+        (ApiKind.COMPLETION, {**COMPLETION, "logprobs": 0}, False),
+        (ApiKind.COMPLETION, {**COMPLETION, "echo": True}, False),
+        (ApiKind.COMPLETION, {**COMPLETION, "best_of": 3}, False),
+        (ApiKind.COMPLETION, {**COMPLETION, "suffix": "end"}, False),
+        (ApiKind.COMPLETION, {**COMPLETION, "prompt": ["a", "b"]}, False),
+        (ApiKind.COMPLETION, {**COMPLETION, "prompt": [1, 2, 3]}, False),
+        (ApiKind.CHAT, {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, False),
+        (ApiKind.CHAT, {**CHAT, "tools": []}, True),
+        (ApiKind.CHAT, {**CHAT, "response_format": {"type": "json_object"}}, False),
+        (ApiKind.CHAT, {**CHAT, "response_format": {"type": "text"}}, True),
+        (ApiKind.CHAT, {**CHAT, "guided_json": {"type": "object"}}, False),
+        (ApiKind.CHAT, {**CHAT, "continue_final_message": True}, False),
+        (ApiKind.CHAT, {**CHAT, "add_generation_prompt": False}, False),
         (
             ApiKind.CHAT,
             {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "pre"}]},
-            True,
             False,
         ),
-        (ApiKind.CHAT, {**CHAT, "messages": []}, True, False),
+        (ApiKind.CHAT, {**CHAT, "messages": []}, False),
     ],
     ids=lambda v: None,
 )
-def test_resumable(api: ApiKind, body: dict[str, Any], stream: bool, expected: bool) -> None:
-    assert resumable(api, body, stream) is expected
+def test_resumable(api: ApiKind, body: dict[str, Any], expected: bool) -> None:
+    assert resumable(api, body) is expected
 
 
 def test_completion_resume_appends_the_produced_text_and_shrinks_the_limits() -> None:
