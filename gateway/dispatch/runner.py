@@ -21,7 +21,7 @@ from gateway.core import errors
 from gateway.core.clock import Clock
 from gateway.core.errors import BerthError
 from gateway.core.metrics import GatewayMetrics
-from gateway.core.types import ApiKind, EndpointId
+from gateway.core.types import ApiKind, EndpointId, RequestId
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.slo_headers import slo_met_now
@@ -260,6 +260,8 @@ class Dispatcher:
         stall = StallTimer(resp.content, self.settings.read_timeout_s, clock)
         progress = self.driver.scheduler.progress  # tokens so far, for the placement predictions
         report_at = relay.tokens + 1 if ctx.sched is not None else 1 << 62
+        sreq_id = RequestId("") if ctx.sched is None else ctx.sched.id
+        pinnable = stream.client and ctx.sched is not None and ctx.sched.resumable and relay.continuable
         try:
             if out is not None and not out.prepared:
                 await out.prepare(request)
@@ -267,9 +269,15 @@ class Dispatcher:
                 async for chunk in resp.content.iter_any():
                     stall.seen = now = clock.now()
                     data = relay.feed(chunk, now)
+                    if pinnable and not relay.continuable:
+                        # Reasoning or a tool call reached the client: a continuation from text would
+                        # lose it, so the request may no longer be preempted.
+                        self.driver.scheduler.pin(sreq_id)
+                        pinnable = False
                     if relay.tokens >= report_at and ctx.sched is not None:
                         progress(ctx.sched.id, relay.tokens, relay.first_token_at)
                         report_at = relay.tokens + PROGRESS_EVERY
+
                     if data and out is not None:
                         await out.write(data)
                 tail = relay.flush()

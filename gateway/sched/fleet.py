@@ -310,6 +310,19 @@ class Fleet:
         )
         ep.changed()
 
+    def pin(self, req_id: RequestId) -> None:
+        """The running request can no longer be resumed faithfully: it is no victim any more."""
+        req = self._requests.get(req_id)
+        eid = self._running.get(req_id)
+        ep = None if eid is None else self._endpoints.get(eid)
+        if req is None or ep is None or not req.resumable:
+            return
+        self._requests[req_id] = dataclasses.replace(req, resumable=False)
+        r = ep.running.get(req_id)
+        if r is not None:
+            ep.running[req_id] = dataclasses.replace(r, resumable=False)
+            ep.changed()
+
     def running_on(self, req_id: RequestId) -> EndpointId | None:
         return self._running.get(req_id)
 

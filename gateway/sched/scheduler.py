@@ -309,6 +309,11 @@ class Scheduler:
         plugins see it in the endpoint's running requests. Serves nothing by itself."""
         self._fleet.progress(req_id, produced, first_token_at, self._clock.now())
 
+    def pin(self, req_id: RequestId) -> None:
+        """A running request can no longer be resumed faithfully (its stream produced reasoning or a
+        tool call, which a continuation from text would lose): it is never chosen as a victim."""
+        self._fleet.pin(req_id)
+
     def engine_priority(self, req_id: RequestId) -> int | None:
         """The priority to send with a dispatched request (lower is more urgent): set only when its
         endpoint runs priority scheduling and the policy's ordering has one."""

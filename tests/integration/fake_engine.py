@@ -31,6 +31,7 @@ class FakeEngine:
     paused: asyncio.Event = field(default_factory=asyncio.Event)
     unpause: asyncio.Event = field(default_factory=asyncio.Event)
     role_chunk: bool = False  # chat streams open with an assistant role chunk, as vLLM's do
+    reasoning: bool = False  # chat streams carry reasoning_content deltas instead of content
     health_status: int = 200
     metrics_status: int = 200  # anything else: /metrics fails (the gauges go stale)
     running: int = 0
@@ -200,7 +201,8 @@ class FakeEngine:
 
         def chunk(piece: str | None, finish: str | None) -> bytes:
             if chat:
-                delta = {"content": piece} if piece is not None else {}
+                field = "reasoning_content" if self.reasoning else "content"
+                delta = {field: piece} if piece is not None else {}
                 choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
                 obj = {
                     "id": "chatcmpl-1",

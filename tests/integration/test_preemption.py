@@ -174,3 +174,26 @@ async def _until(cond: Any) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError("condition never held")
+
+
+async def test_a_stream_that_produced_reasoning_is_never_preempted(
+    tmp_path: Any, engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    gw, engine = await _gateway(tmp_path, engine_server, start_gateway)
+    engine.reasoning = True  # a continuation from text would lose the thinking the client has
+    body = {**CHAT_BODY, "stream": True, "max_tokens": TOKENS}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(gw.url + "/v1/chat/completions", json=body, headers=BATCH) as r,
+    ):
+        await engine.paused.wait()
+        interactive = asyncio.get_running_loop().create_task(_interactive(gw))
+        await _until(lambda: gw.gw.scheduler.queue_depth("tiny") == 1)  # type: ignore[arg-type]
+        assert engine.aborts == 0  # it waits for the seat instead
+        engine.unpause.set()
+        raw = await r.read()
+        await interactive
+    thoughts = [c["delta"].get("reasoning_content") for e in _events(raw) for c in e["choices"]]
+    assert "".join(t or "" for t in thoughts) == "".join(f" t{i}" for i in range(TOKENS))
+    assert engine.aborts == 0
+    assert await _metric(gw, "berth_preemptions_total") == 0
