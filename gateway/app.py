@@ -20,8 +20,9 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from gateway.admission.exporter import SloCollector
+from gateway.admission.exporter import SloCollector, TenantCollector
 from gateway.admission.state import SloAdmission
+from gateway.admission.tenancy import TenantAccounting
 from gateway.config import GatewayConfig, RuntimeConfig, load_runtime
 from gateway.config.schema import EndpointConfig
 from gateway.core.clock import Clock, SystemClock
@@ -33,14 +34,15 @@ from gateway.core.sdnotify import Notifier, watchdog_loop
 from gateway.core.tasks import TaskSupervisor
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.runner import Dispatcher
-from gateway.front.admin import running_by_kind
-from gateway.front.routes import add_routes
+from gateway.front.admin import is_loopback, running_by_kind
+from gateway.front.routes import add_ops_routes, add_routes
 from gateway.front.services import RequestSettings, Services
 from gateway.lifecycle.endpoints import EndpointSet
 from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.live import LiveTelemetry
 from gateway.upstream.client import UpstreamSettings, make_session
+from gateway.upstream.credentials import EngineAuth, EngineAuthCollector
 
 log = structlog.get_logger("berth.app")
 
@@ -84,8 +86,12 @@ class Gateway:
         self.telemetry = LiveTelemetry(scheduler, clock, runtime.config.telemetry)
         self.telemetry.register(metrics.registry)
         slo = SloAdmission()
+        tenancy = TenantAccounting()
+        self.engine_auth = EngineAuth()
         metrics.attach_live(self._live_numbers)
         metrics.registry.register(SloCollector(slo, self._slo_totals, scheduler.admission.counts))
+        metrics.registry.register(TenantCollector(tenancy, slo))
+        metrics.registry.register(EngineAuthCollector(self.engine_auth))
         self._session: aiohttp.ClientSession | None = None
         self.endpoints = EndpointSet(
             driver=self.driver,
@@ -94,6 +100,7 @@ class Gateway:
             clock=clock,
             supervisor=self.supervisor,
             session=self.session,
+            auth=self.engine_auth,
         )
         self.services = Services(
             clock=clock,
@@ -104,7 +111,10 @@ class Gateway:
             settings=RequestSettings.of(runtime),
             max_body_bytes=cfg.server.max_body_bytes,
             admin_token=cfg.server.admin_token,
+            metrics_need_token=cfg.ops.require_admin_token_for_metrics,
             session=self.session,
+            tenancy=tenancy,
+            engine_auth=self.engine_auth,
         )
         self.services.reconfigure(runtime)
         self._reload_lock = asyncio.Lock()
@@ -124,6 +134,7 @@ class Gateway:
                 metrics=self.metrics,
                 clock=self.clock,
                 settings=self.upstream,
+                auth=self.engine_auth,
             )
         )
         yield
@@ -210,8 +221,27 @@ def build_app(gw: Gateway) -> web.Application:
     app = web.Application(client_max_size=gw.cfg.server.max_body_bytes + 1)
     app.cleanup_ctx.append(gw.session_ctx)
     app.cleanup_ctx.append(gw.fleet_ctx)
-    add_routes(app, gw.services)
+    add_routes(app, gw.services, with_ops=not gw.cfg.ops.listen)
     return app
+
+
+def build_ops_app(gw: Gateway) -> web.Application:
+    """The ops listener's app ([ops] listen): /metrics, /healthz, /readyz, /admin/*; its lifecycle
+    is the main app's."""
+    app = web.Application(client_max_size=64 * 1024)
+    add_ops_routes(app, gw.services)
+    return app
+
+
+def warn_unauthenticated(auth_required: bool, host: str, port: int) -> None:
+    """A clear warning when anyone who reaches a non-loopback listener is served without a key."""
+    if auth_required or host == "localhost" or is_loopback(host):
+        return
+    log.warning(
+        "auth_not_required",
+        listen=f"{host}:{port}",
+        hint="every client that reaches this address is served; set [auth] required = true",
+    )
 
 
 async def serve(gw: Gateway) -> None:
@@ -226,6 +256,14 @@ async def serve(gw: Gateway) -> None:
     await runner.setup()
     host, port = gw.cfg.server.host_port
     await web.TCPSite(runner, host, port, backlog=1024).start()
+    warn_unauthenticated(gw.runtime.config.auth.required, host, port)
+    ops_runner: web.AppRunner | None = None
+    if gw.cfg.ops.listen:
+        ops_runner = web.AppRunner(build_ops_app(gw), handle_signals=False, access_log=None)
+        await ops_runner.setup()
+        ops_host, ops_port = gw.cfg.ops.host_port
+        await web.TCPSite(ops_runner, ops_host, ops_port).start()
+        log.info("ops_listening", listen=gw.cfg.ops.listen)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -250,5 +288,7 @@ async def serve(gw: Gateway) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         await runner.cleanup()
+        if ops_runner is not None:
+            await ops_runner.cleanup()
         gw.notifier.close()
         log.info("stopped")

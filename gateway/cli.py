@@ -38,7 +38,10 @@ def _parser(plugins: Sequence[EntryPoint] = ()) -> argparse.ArgumentParser:
         "--log-level", choices=["debug", "info", "warning", "error", "critical"], help="overrides [server]"
     )
 
-    c = sub.add_parser("check", help="validate a gateway.toml or policy file; exit 1 with the errors")
+    c = sub.add_parser(
+        "check",
+        help="validate a gateway.toml, policy, agent.toml or models.toml file; exit 1 with the errors",
+    )
     c.add_argument("-c", "--config", type=Path, required=True)
 
     t = sub.add_parser("top", help="live view of endpoints, queues and SLO attainment (q or Ctrl-C exits)")

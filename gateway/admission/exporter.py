@@ -7,6 +7,13 @@
 | berth_rejections_total | slo_class, reason | requests the gateway refused, by error code |
 | berth_tasks_active | | tasks the task clock remembers |
 | berth_tasks_forgotten_total | why | tasks dropped: idle (expired) or evicted (memory bound) |
+| berth_tenant_requests_total | tenant, outcome | finished requests per tenant ("anonymous": no tenant) |
+| berth_tenant_prompt_tokens_total | tenant | prompt tokens the engines reported |
+| berth_tenant_completion_tokens_total | tenant | completion tokens relayed |
+| berth_tenant_rate_limited_total | tenant, limit | requests a tenant's limit refused (429 rate_limited) |
+| berth_tenant_class_downgrades_total | tenant | requests served in their tenant's class, not the one named |
+
+Tenant names come from gateway.toml (plus "anonymous"), so the tenant label is bounded.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.admission.state import SloAdmission
+from gateway.admission.tenancy import TenantAccounting
 
 
 class SloCollector:
@@ -74,3 +82,47 @@ class SloCollector:
         gone.add_metric(["expired"], tasks.expired)
         gone.add_metric(["evicted"], tasks.evicted)
         yield gone
+
+
+class TenantCollector:
+    def __init__(self, accounting: TenantAccounting, state: SloAdmission) -> None:
+        self._acc = accounting
+        self._state = state
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        acc = self._acc
+        req = CounterMetricFamily(
+            "berth_tenant_requests", "Finished requests by tenant and outcome", labels=["tenant", "outcome"]
+        )
+        for (tenant, outcome), n in sorted(acc.requests.items()):
+            req.add_metric([tenant, outcome], n)
+        yield req
+        for name, what, counts in (
+            (
+                "berth_tenant_prompt_tokens",
+                "Prompt tokens by tenant (as the engines reported)",
+                acc.prompt_tokens,
+            ),
+            ("berth_tenant_completion_tokens", "Completion tokens by tenant", acc.completion_tokens),
+            (
+                "berth_tenant_class_downgrades",
+                "Requests served in their tenant's default class because "
+                "the class they named is not among its allowed_classes",
+                self._state.downgraded,
+            ),
+        ):
+            fam = CounterMetricFamily(name, what, labels=["tenant"])
+            for tenant, n in sorted(counts.items()):
+                fam.add_metric([tenant], n)
+            yield fam
+        limited = CounterMetricFamily(
+            "berth_tenant_rate_limited",
+            "Requests refused with 429 rate_limited, by tenant and limit",
+            labels=["tenant", "limit"],
+        )
+        for (tenant, limit), n in sorted(acc.rate_limited.items()):
+            limited.add_metric([tenant, limit], n)
+        yield limited

@@ -34,6 +34,7 @@ from gateway.core.metrics import GatewayMetrics
 from gateway.core.types import EndpointHealth, EndpointId, ModelName, ParsedRequest
 from gateway.sched.snapshot import EndpointView
 from gateway.telemetry.tokens import TokenEstimator
+from gateway.upstream.credentials import EngineAuth
 from gateway.upstream.dialects import dialect_for
 from gateway.upstream.tokenize import TokenizeResult, tokenize
 
@@ -54,8 +55,10 @@ class EnginePromptCounter:
         metrics: GatewayMetrics,
         clock: Clock,
         timeout_s: float,
+        auth: EngineAuth | None = None,
     ) -> None:
         self._session = session  # read per call: the session opens after this is built
+        self._auth = auth if auth is not None else EngineAuth()
         self._endpoints = endpoints
         self._tokens = tokens
         self._results = metrics.tokenize_requests_of
@@ -82,9 +85,17 @@ class EnginePromptCounter:
             self._results(TokenizeResult.UNSUPPORTED).inc()
             return None
         started = self._clock.now()
+        auth = self._auth
         answer = await tokenize(
-            self._session(), ep.url + dialect.tokenize_path, body, request_id, self.timeout_s
+            self._session(),
+            ep.url + dialect.tokenize_path,
+            body,
+            request_id,
+            self.timeout_s,
+            auth=auth.headers(ep.id),
         )
+        if answer.status is not None:
+            auth.result(ep.id, "tokenize", answer.status)
         finished = self._clock.now()
         self._duration.observe(finished - started)
         self._results(answer.result).inc()

@@ -12,6 +12,8 @@ target its position bounds (the first token of a task's last call when the class
 `ttft`, else the call's end).
 
 Any header `x-berth-*` that is not one of these, and any malformed value, is a 400 naming the header.
+A tenant with `allowed_classes` gets its default class (slo_class, else the first allowed) for a header
+naming another class ("downgrade", source "downgraded"), or a 403 slo_class_not_allowed ("reject").
 API keys are hashed (SHA-256) on arrival and only the tenant's name is kept or logged.
 """
 
@@ -23,8 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gateway.admission.limits import NO_LIMITS, TenantLimits
 from gateway.admission.tasks import TaskClock
-from gateway.config.schema import TenantConfig
+from gateway.config.schema import KeyEntry, TenantConfig
 from gateway.core import errors
 from gateway.core.errors import BerthError
 from gateway.core.slo import SloClass, SloPolicy, SloRule, TaskCall, TaskMetric, UnknownClass
@@ -39,6 +42,8 @@ H_TASK_SLA: Final = "x-berth-task-sla-ms"
 SLO_HEADERS: Final = (H_CLASS, H_TTFT, H_ITL, H_DEADLINE, H_TASK_ID, H_TASK_SLA)
 #: `Resolved.source` of a request whose x-berth-slo-class the policy lacks (served in the default class).
 UNKNOWN_CLASS_SOURCE: Final = "unknown-class"
+#: `Resolved.source` of a request whose x-berth-slo-class its tenant may not use (served in the tenant's).
+DOWNGRADED_SOURCE: Final = "downgraded"
 _PREFIX: Final = "x-berth-"
 _PREFIX_LEN: Final = len(_PREFIX)
 _MAX_MS: Final = 1e9
@@ -119,35 +124,85 @@ class Tenant:
     ttft_ms: float | None = None
     itl_ms: float | None = None
     deadline_ms: float | None = None
+    allowed_classes: tuple[str, ...] = ()  # empty: any
+    limits: TenantLimits = NO_LIMITS
+
+    @property
+    def default_class(self) -> str | None:
+        """The class of a request that names none: slo_class, else the first allowed one."""
+        if self.slo_class is not None:
+            return self.slo_class
+        return self.allowed_classes[0] if self.allowed_classes else None
+
+    def allows(self, slo_class: str) -> bool:
+        return not self.allowed_classes or slo_class in self.allowed_classes
 
     def __repr__(self) -> str:
         return f"Tenant({self.name!r})"
 
 
-class Tenants:
-    """API key (by its SHA-256) -> tenant."""
+def tenant_of(c: TenantConfig) -> Tenant:
+    return Tenant(
+        c.name,
+        c.slo_class,
+        c.ttft_ms,
+        c.itl_ms,
+        c.deadline_ms,
+        c.allowed_classes,
+        TenantLimits(c.requests_per_s, c.tokens_per_min, c.max_concurrency),
+    )
 
-    def __init__(self, configs: Sequence[TenantConfig] = ()) -> None:
+
+class Tenants:
+    """API key (by its SHA-256) -> tenant.
+
+    A presented key is hashed and the digest looked up in a dict. The lookup's timing depends only on
+    the digest, which an attacker cannot steer towards a stored one without a SHA-256 preimage, so this
+    is as safe as comparing with `hmac.compare_digest` against every stored digest, and O(1).
+    """
+
+    def __init__(self, configs: Sequence[TenantConfig] = (), keys: Sequence[KeyEntry] = ()) -> None:
         self._by_digest: dict[str, Tenant] = {}
+        self.by_name: dict[str, Tenant] = {}
         for c in configs:
-            t = Tenant(c.name, c.slo_class, c.ttft_ms, c.itl_ms, c.deadline_ms)
+            t = self.by_name[c.name] = tenant_of(c)
             for key in c.api_keys:
                 self._by_digest[_digest(key)] = t
             for h in c.api_key_sha256:
                 self._by_digest[h.lower()] = t
+        for k in keys:
+            tenant = self.by_name.get(k.tenant)
+            if tenant is not None:
+                self._by_digest[k.sha256.lower()] = tenant
 
     def __len__(self) -> int:
-        return len({t.name for t in self._by_digest.values()})
+        return len(self.by_name)
 
-    def lookup(self, authorization: str | None) -> Tenant | None:
-        """The tenant of `Authorization: Bearer KEY` (None: no header, another scheme, unknown key)."""
-        if not authorization or not self._by_digest:
-            return None
-        scheme, _, key = authorization.strip().partition(" ")
-        key = key.strip()
-        if scheme.lower() != "bearer" or not key:
+    @property
+    def keys(self) -> int:
+        return len(self._by_digest)
+
+    def lookup(self, authorization: str | None, api_key: str | None = None) -> Tenant | None:
+        """The tenant of `Authorization: Bearer KEY`, else of `api-key: KEY` (the header Azure-style
+        SDKs send); None: no key, another scheme, or an unknown key."""
+        key = presented_key(authorization, api_key)
+        if key is None or not self._by_digest:
             return None
         return self._by_digest.get(_digest(key))
+
+
+def presented_key(authorization: str | None, api_key: str | None = None) -> str | None:
+    """The API key a request presents: `Authorization: Bearer KEY`, else `api-key: KEY`."""
+    if authorization:
+        scheme, _, key = authorization.strip().partition(" ")
+        key = key.strip()
+        if scheme.lower() == "bearer" and key:
+            return key
+    if api_key:
+        key = api_key.strip()
+        if key:
+            return key
+    return None
 
 
 def _digest(key: str) -> str:
@@ -200,12 +255,21 @@ def resolve(
     *,
     now: float,
     tasks: TaskClock | None = None,
+    reject_disallowed: bool = False,
 ) -> Resolved:
     """The request's SLO (see the module doc). A class the policy lacks is served in the default class
-    (source "unknown-class"), or, when the policy says so, a 400 naming x-berth-slo-class."""
+    (source "unknown-class"), or, when the policy says so, a 400 naming x-berth-slo-class. A class the
+    tenant may not use is served in the tenant's default class (source "downgraded"), or, with
+    `reject_disallowed`, a 403."""
     cls: SloClass | None = None
     source = "default"
-    if hdrs.slo_class is not None:
+    tenant_class = None if tenant is None else tenant.default_class
+    if hdrs.slo_class is not None and tenant is not None and not tenant.allows(hdrs.slo_class):
+        if reject_disallowed:
+            raise errors.slo_class_not_allowed(hdrs.slo_class, tenant.allowed_classes)
+        cls = None if tenant_class is None else policy.get(tenant_class)
+        source = DOWNGRADED_SOURCE
+    elif hdrs.slo_class is not None:
         cls = policy.get(hdrs.slo_class)
         if cls is not None:
             source = "header"
@@ -213,8 +277,8 @@ def resolve(
             raise _bad(H_CLASS, f"unknown SLO class {hdrs.slo_class!r} (known: {', '.join(policy.classes)})")
         else:
             source = UNKNOWN_CLASS_SOURCE
-    elif tenant is not None and tenant.slo_class is not None and tenant.slo_class in policy.classes:
-        cls = policy.classes[tenant.slo_class]
+    elif tenant_class is not None and tenant_class in policy.classes:
+        cls = policy.classes[tenant_class]
         source = "tenant"
     else:
         for rule in policy.rules:

@@ -1,26 +1,26 @@
-"""The daemon's SLO state across requests: tenants (from gateway.toml), the task clock, and the
-rejections the gateway answered, by SLO class and reason.
+"""The daemon's SLO state across requests: the task clock, and the rejections the gateway answered, by
+SLO class and reason.
 
-`resolve` runs on the request path (a header scan, a dict lookup for the API key, a rule scan, the task
-clock); `on_finish` runs in the finish phase (one dict update at most). Both are synchronous; the
-policy's `[tasks]` settings and gateway.toml's `[[tenants]]` are picked up when they change (reload).
+`resolve` runs on the request path (a header scan, a rule scan, the task clock; the tenant was found by
+the front's auth phase); `on_finish` runs in the finish phase (one dict update at most). Both are
+synchronous; the policy's `[tasks]` settings are picked up when they change (reload).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from gateway.admission.slo import (
+    DOWNGRADED_SOURCE,
     NO_SLO_HEADERS,
     UNKNOWN_CLASS_SOURCE,
     Resolved,
-    Tenants,
+    Tenant,
     parse_slo_headers,
     resolve,
 )
 from gateway.admission.tasks import TaskClock
-from gateway.config.schema import TenantConfig
 from gateway.core.errors import BerthError, ErrorSource
 from gateway.core.slo import SloPolicy, TaskCall, TaskMetric
 from gateway.core.types import ParsedRequest
@@ -29,47 +29,53 @@ from gateway.core.types import ParsedRequest
 class SloAdmission:
     def __init__(self) -> None:
         self.tasks = TaskClock()
-        self._tenant_source: Sequence[TenantConfig] | None = None
-        self._tenants = Tenants()
         self.rejections: dict[tuple[str, str], int] = {}  # (class, error code) -> n
         # Requests that named a class the policy lacks and were served in its default class, by that
         # class (the names clients sent are not kept: they are theirs to choose, without bound).
         self.unknown_classes: dict[str, int] = {}
+        # Requests that named a class outside their tenant's allowed_classes and were served in the
+        # tenant's default class, by tenant (names from gateway.toml: bounded).
+        self.downgraded: dict[str, int] = {}
         # The answer for a request with no x-berth-* header and no tenant under a policy without rules:
         # the same for every such request, so made once per policy.
         self._plain: tuple[SloPolicy, Resolved] | None = None
 
-    def tenants(self, configs: Sequence[TenantConfig]) -> Tenants:
-        if configs is not self._tenant_source:
-            self._tenants = Tenants(configs)
-            self._tenant_source = configs
-        return self._tenants
-
     def resolve(
         self,
         headers: Iterable[tuple[str, str]],
-        authorization: str | None,
+        tenant: Tenant | None,
         parsed: ParsedRequest,
         *,
         served: str,
         now: float,
         policy: SloPolicy,
-        tenants: Sequence[TenantConfig],
+        reject_disallowed: bool = False,
     ) -> Resolved:
-        """The request's SLO (gateway.admission.slo); raises a 400 naming a bad x-berth-* header."""
+        """The request's SLO (gateway.admission.slo); raises a 400 naming a bad x-berth-* header, or
+        a 403 for a class its tenant may not use with `reject_disallowed`."""
         if self.tasks.settings is not policy.tasks:
             self.tasks.settings = policy.tasks
         hdrs = parse_slo_headers(headers)
-        tenant = self.tenants(tenants).lookup(authorization)
         if hdrs is NO_SLO_HEADERS and tenant is None and not policy.rules:
             plain = self._plain
             if plain is None or plain[0] is not policy:
                 plain = self._plain = (policy, resolve(policy, hdrs, None, parsed, served, now=now))
             return plain[1]
-        resolved = resolve(policy, hdrs, tenant, parsed, served, now=now, tasks=self.tasks)
+        resolved = resolve(
+            policy,
+            hdrs,
+            tenant,
+            parsed,
+            served,
+            now=now,
+            tasks=self.tasks,
+            reject_disallowed=reject_disallowed,
+        )
         if resolved.source == UNKNOWN_CLASS_SOURCE:
             cls = resolved.slo.slo_class
             self.unknown_classes[cls] = self.unknown_classes.get(cls, 0) + 1
+        elif resolved.source == DOWNGRADED_SOURCE and tenant is not None:
+            self.downgraded[tenant.name] = self.downgraded.get(tenant.name, 0) + 1
         return resolved
 
     def on_finish(

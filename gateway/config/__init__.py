@@ -1,9 +1,9 @@
 """Configuration: gateway.toml (static + reloadable sections) and policy files, strictly checked.
 
-Pipeline (each stage in its own module): strict decode (`decode`, `schema`, `policy`) -> defaults and
-cross-reference checks (`load`, `validate`) -> build (`policy`, `runtime`). Every error is a
-`gateway.core.errors.ConfigError` whose str is `FILE:KEY.PATH: message`. Command-line overrides live in
-`cli_overrides`; the reload transaction in `runtime`; `berth check` in `check`.
+Pipeline (each stage in its own module): strict decode (`gateway.core.strict_toml`, `schema`,
+`policy`) -> defaults and cross-reference checks (`load`, `validate`) -> build (`policy`, `runtime`).
+Every error is a `gateway.core.errors.ConfigError` whose str is `FILE:KEY.PATH: message`.
+Command-line overrides live in `cli_overrides`; the reload transaction in `runtime`; `berth check` in `check`.
 """
 
 from gateway.config.check import check

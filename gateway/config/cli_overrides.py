@@ -15,10 +15,10 @@ from typing import Any, Final
 import msgspec
 import msgspec.structs
 
-from gateway.config.decode import validation_error
 from gateway.config.schema import ENGINE_AUTO, EndpointConfig, GatewayConfig
 from gateway.config.validate import check_endpoint, check_listen, duplicate_endpoints
 from gateway.core.errors import ConfigError
+from gateway.core.strict_toml import validation_error
 from gateway.core.types import EngineKind
 
 ENDPOINT_FLAG: Final = "--endpoint"

@@ -7,6 +7,7 @@ Every error is a ConfigError whose str is `FILE:KEY.PATH: message`, e.g.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -14,12 +15,20 @@ from typing import Any, Final
 import msgspec
 import msgspec.structs
 
-from gateway.config.decode import convert, read_toml
 from gateway.config.policy import load_default_policy, load_policy
-from gateway.config.schema import ENGINE_AUTO, GatewayConfig, GatewayFile
-from gateway.config.validate import check_gateway
+from gateway.config.schema import (
+    ENGINE_AUTO,
+    EndpointConfig,
+    EngineKey,
+    GatewayConfig,
+    GatewayFile,
+    KeyEntry,
+    KeysFile,
+)
+from gateway.config.validate import check_gateway, check_keys
 from gateway.core.errors import ConfigError
-from gateway.core.types import EngineKind
+from gateway.core.strict_toml import convert, read_toml
+from gateway.core.types import EndpointId, EngineKind
 from gateway.sched.profile import Policy
 from gateway.sched.registry import PluginRegistry
 
@@ -32,7 +41,7 @@ _ENGINE_CHOICES: Final[Mapping[type, tuple[str, ...]]] = {EngineKind: (ENGINE_AU
 def load_gateway_config(path: str | Path, *, env: Mapping[str, str] | None = None) -> GatewayConfig:
     """The checked configuration in the gateway.toml at `path`; raises the first ConfigError found.
 
-    `env` (default: the process environment) supplies BERTH_ADMIN_TOKEN.
+    `env` (default: the process environment) supplies BERTH_ADMIN_TOKEN and the engines' api_key_env.
     """
     cfg, problems = gateway_config_problems(path, env=env)
     if problems:
@@ -67,6 +76,24 @@ def gateway_config_problems(
     if policy_file is not None and not policy_file.is_file():
         what = "is not a file" if policy_file.exists() else "not found"
         problems.append(ConfigError(f"policy file {what}: {policy_file}", path="policy.file", file=label))
+    keys_file = resolve_relative(f.auth.keys_file, p.parent) if f.auth.keys_file else None
+    keys: tuple[KeyEntry, ...] = ()
+    if keys_file is not None:
+        try:
+            keys = load_keys_file(keys_file, f)
+        except ConfigError as e:
+            problems.append(e)
+        except _KeysProblems as e:
+            problems.extend(e.problems)
+    engine_keys: dict[EndpointId, EngineKey] = {}
+    for i, ep in enumerate(f.endpoints):
+        try:
+            key = read_engine_key(ep, p.parent, env)
+        except ConfigError as e:
+            problems.append(e.within(prefix=f"endpoints[{i}]", file=label))
+            continue
+        if key is not None:
+            engine_keys[ep.endpoint_id] = key
     if problems:
         return None, problems
 
@@ -80,11 +107,66 @@ def gateway_config_problems(
             aliases=dict(f.aliases),
             endpoints=f.endpoints,
             tenants=f.tenants,
+            auth=f.auth,
+            ops=f.ops,
+            keys=keys,
+            keys_file=keys_file,
+            engine_keys=engine_keys,
             file=_absolute(p),
             policy_file=policy_file,
         ),
         [],
     )
+
+
+class _KeysProblems(Exception):
+    def __init__(self, problems: list[ConfigError]) -> None:
+        super().__init__(str(problems[0]))
+        self.problems = problems
+
+
+def load_keys_file(path: Path, f: GatewayFile) -> tuple[KeyEntry, ...]:
+    """The entries of the auth keys file at `path`, strictly decoded and checked against `f`'s tenants.
+    Raises ConfigError (unreadable, syntax, decode) or _KeysProblems (every cross-reference problem)."""
+    label = str(path)
+    keys = convert(read_toml(path, label), KeysFile, label=label).keys
+    problems = [e.within(file=label) for e in check_keys(keys, f.tenants)]
+    if problems:
+        raise _KeysProblems(problems)
+    return tuple(KeyEntry(tenant=k.tenant, sha256=k.sha256.lower()) for k in keys)
+
+
+def read_engine_key(ep: EndpointConfig, base: Path, env: Mapping[str, str]) -> EngineKey | None:
+    """The endpoint's API key from its api_key_env or api_key_file (None: it has neither). A key file
+    that group or others may read is refused: the key would not be the secret it is meant to be."""
+    if ep.api_key_env is not None:
+        value = env.get(ep.api_key_env, "").strip()
+        if not value:
+            raise ConfigError(
+                f"environment variable {ep.api_key_env} is not set or empty", path="api_key_env"
+            )
+        return EngineKey(value)
+    if ep.api_key_file is None:
+        return None
+    path = resolve_relative(ep.api_key_file, base)
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"not a regular file: {path}", path="api_key_file")
+        if st.st_mode & 0o077:
+            raise ConfigError(
+                f"{path} may be read by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                f"run: chmod 600 {path}",
+                path="api_key_file",
+            )
+        value = path.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}", path="api_key_file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text", path="api_key_file") from None
+    if not value or any(c.isspace() for c in value):
+        raise ConfigError(f"{path} must hold one key on one line", path="api_key_file")
+    return EngineKey(value)
 
 
 def default_config(*, env: Mapping[str, str] | None = None) -> GatewayConfig:

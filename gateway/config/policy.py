@@ -45,7 +45,6 @@ import msgspec
 import msgspec.structs
 from msgspec import Meta
 
-from gateway.config.decode import convert, join_path, parse_toml, read_toml, validation_error
 from gateway.core.errors import ConfigError
 from gateway.core.slo import (
     DEFAULT_CLASS,
@@ -59,6 +58,7 @@ from gateway.core.slo import (
     UnknownClass,
     default_slo_policy,
 )
+from gateway.core.strict_toml import convert, join_path, parse_toml, read_toml, validation_error
 from gateway.core.types import ApiKind
 from gateway.sched.interfaces import (
     Admitter,

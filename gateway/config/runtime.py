@@ -27,7 +27,7 @@ from gateway.sched.registry import PluginRegistry
 from gateway.sched.types import EndpointSpec, QueueLimits
 
 #: Sections read only at start; a change needs a restart.
-STATIC_SECTIONS: Final = ("server", "upstream")
+STATIC_SECTIONS: Final = ("server", "upstream", "ops")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ def load_runtime(
     loaded = base if cfg_path is None else load_gateway_config(cfg_path, env=env)
     new = apply_overrides(loaded, listen=listen, endpoints=endpoints, policy_file=policy_file)
     changes = tuple(static_changes(base, new))
-    cfg = msgspec.structs.replace(new, server=base.server, upstream=base.upstream)
+    cfg = msgspec.structs.replace(new, server=base.server, upstream=base.upstream, ops=base.ops)
     policy = load_configured_policy(cfg, registry, seed=seed)
     for problem in check_tenant_classes(cfg.tenants, policy.slo):
         raise problem.within(file=str(cfg.file or ""))

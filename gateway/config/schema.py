@@ -1,7 +1,8 @@
 """The schema of gateway.toml: one frozen msgspec Struct per section, unknown keys are errors.
 
-Static sections (`server`, `upstream`) take effect at start only; `limits`, `scrape`, `telemetry`,
-`aliases`, `endpoints`, `tenants` and the policy file are reloaded on SIGHUP (see `gateway.config.runtime`).
+Static sections (`server`, `upstream`, `ops`) take effect at start only; `limits`, `scrape`, `telemetry`,
+`auth` (and its keys file), `aliases`, `endpoints`, `tenants` and the policy file are reloaded on SIGHUP
+(see `gateway.config.runtime`).
 Numbers are range-checked here (msgspec `Meta`); checks that relate values to each other, URLs and
 `listen` live in `gateway.config.validate`.
 """
@@ -44,8 +45,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     @property
     def host_port(self) -> tuple[str, int]:
         """`listen` split for aiohttp (brackets of an IPv6 host removed); assumes it was validated."""
-        host, _, port = self.listen.rpartition(":")
-        return host.removeprefix("[").removesuffix("]"), int(port)
+        return split_host_port(self.listen)
 
 
 class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -112,6 +112,80 @@ class TelemetryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     prior: PerfPriorConfig = PerfPriorConfig()
 
 
+class AuthConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[auth] (reloadable): who may use the OpenAI routes."""
+
+    # true: a request without a key of a tenant (Authorization: Bearer KEY, or api-key: KEY) gets 401.
+    required: bool = False
+    # A TOML file of `[[keys]]` (tenant, sha256) kept apart from gateway.toml, re-read on every reload;
+    # relative paths resolve against the directory of gateway.toml.
+    keys_file: str = ""
+    # A request whose x-berth-slo-class is outside its tenant's allowed_classes: served in the tenant's
+    # default class ("downgrade"), or refused with 403 slo_class_not_allowed ("reject").
+    class_not_allowed: Literal["downgrade", "reject"] = "downgrade"
+
+
+class OpsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[ops] (static): where /metrics and /admin/* are served."""
+
+    # HOST:PORT of a second listener for /metrics, /healthz, /readyz and /admin/*; with it set, /metrics
+    # and /admin/* leave the public listener (/healthz and /readyz stay there too, for load balancers).
+    # Empty: everything on server.listen.
+    listen: str = ""
+    # /metrics asks for the admin token too (Authorization: Bearer <admin token>), like /admin/*.
+    require_admin_token_for_metrics: bool = False
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """`listen` split for aiohttp; assumes it was validated and is not empty."""
+        return split_host_port(self.listen)
+
+
+def split_host_port(listen: str) -> tuple[str, int]:
+    """A validated HOST:PORT split for aiohttp (brackets of an IPv6 host removed)."""
+    host, _, port = listen.rpartition(":")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+class KeyEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """One [[keys]] item of the auth keys file: the SHA-256 of a key and the tenant it belongs to."""
+
+    tenant: str
+    sha256: str
+
+    def __repr__(self) -> str:
+        return f"KeyEntry(tenant={self.tenant!r}, sha256=<hidden>)"
+
+
+class KeysFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The auth keys file ([auth] keys_file) exactly as written."""
+
+    keys: tuple[KeyEntry, ...] = ()
+
+
+class EngineKey:
+    """An engine's API key, read from the environment or a file; its repr and str hide it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EngineKey) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __repr__(self) -> str:
+        return "EngineKey(<hidden>)"
+
+    __str__ = __repr__
+
+
 class PolicySection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """[policy]: which policy file to run; empty means the packaged default policy."""
 
@@ -133,6 +207,10 @@ class EndpointConfig(
     # "priority": the engine runs priority scheduling (vLLM --scheduling-policy priority), so berth
     # sends each request's priority; an FCFS vLLM rejects a request that carries one.
     scheduling: Literal["fcfs", "priority"] = "fcfs"
+    # The engine's API key (sent as Authorization: Bearer on every call): the name of an environment
+    # variable holding it, or a file holding it (mode 0600 or stricter). Never the key itself.
+    api_key_env: str | None = None
+    api_key_file: str | None = None  # relative paths resolve against the directory of gateway.toml
 
     @property
     def endpoint_id(self) -> EndpointId:
@@ -173,10 +251,12 @@ def default_endpoint_id(url: str) -> str:
 
 
 class TenantConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """One [[tenants]] item (reloadable): who an API key belongs to and that tenant's SLO defaults.
+    """One [[tenants]] item (reloadable): who an API key belongs to, that tenant's SLO defaults, the
+    classes it may use and its limits.
 
-    A request's `Authorization: Bearer KEY` picks the tenant; its class and targets apply where the
-    request's own x-berth-* headers say nothing. Keys are never logged (this struct's repr hides them).
+    A request's `Authorization: Bearer KEY` (or `api-key: KEY`) picks the tenant; its class and targets
+    apply where the request's own x-berth-* headers say nothing. Keys are never logged (this struct's
+    repr hides them). Keys may also come from [auth] keys_file.
     """
 
     name: str
@@ -186,6 +266,12 @@ class TenantConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     ttft_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
     itl_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
     deadline_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
+    # The SLO classes this tenant may ask for (empty: any). The tenant's default class is slo_class,
+    # else the first of these.
+    allowed_classes: tuple[str, ...] = ()
+    requests_per_s: Annotated[float, Meta(gt=0, le=1e6)] | None = None  # burst: one second's worth, >= 1
+    tokens_per_min: Annotated[int, Meta(ge=1, le=10**12)] | None = None  # prompt + completion tokens
+    max_concurrency: PositiveInt | None = None  # requests in flight at once
 
     def __repr__(self) -> str:
         keys = len(self.api_keys) + len(self.api_key_sha256)
@@ -201,6 +287,8 @@ class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     scrape: ScrapeConfig = ScrapeConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     policy: PolicySection = PolicySection()
+    auth: AuthConfig = AuthConfig()
+    ops: OpsConfig = OpsConfig()
     aliases: dict[str, str] = {}
     endpoints: tuple[EndpointConfig, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
@@ -217,6 +305,11 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     aliases: dict[str, str] = {}  # client model name -> engine served name
     endpoints: tuple[EndpointConfig, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
+    auth: AuthConfig = AuthConfig()
+    ops: OpsConfig = OpsConfig()
+    keys: tuple[KeyEntry, ...] = ()  # from auth.keys_file
+    keys_file: Path | None = None  # absolute
+    engine_keys: Mapping[EndpointId, EngineKey] = {}  # endpoints with api_key_env / api_key_file
     file: Path | None = None  # the gateway.toml it came from; None: built-in defaults and flags
     policy_file: Path | None = None  # absolute; None: the packaged default policy
 

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gateway.config.decode import join_path
-from gateway.config.schema import EndpointConfig, GatewayFile, TenantConfig
+from gateway.config.schema import EndpointConfig, GatewayFile, KeyEntry, TenantConfig
 from gateway.core.errors import ConfigError
 from gateway.core.slo import SloPolicy
+from gateway.core.strict_toml import join_path
 
 
 def check_gateway(f: GatewayFile) -> list[ConfigError]:
@@ -41,7 +41,17 @@ def check_gateway(f: GatewayFile) -> list[ConfigError]:
     problems.extend(check_aliases(f.aliases))
     for i, ep in enumerate(f.endpoints):
         problems.extend(e.within(prefix=f"endpoints[{i}]") for e in check_endpoint(ep))
-    problems.extend(check_tenants(f.tenants))
+    if f.ops.listen:
+        ops = check_listen(f.ops.listen)
+        if ops:
+            problems.append(ConfigError(ops, path="ops.listen"))
+        elif f.ops.listen == f.server.listen:
+            problems.append(ConfigError("must differ from server.listen", path="ops.listen"))
+    if f.auth.required and not f.tenants:
+        problems.append(
+            ConfigError("no [[tenants]] are configured, so every request would get 401", path="auth.required")
+        )
+    problems.extend(check_tenants(f.tenants, keys_file=bool(f.auth.keys_file)))
     for d in duplicate_endpoints(f.endpoints):
         problems.append(
             ConfigError(
@@ -51,9 +61,10 @@ def check_gateway(f: GatewayFile) -> list[ConfigError]:
     return problems
 
 
-def check_tenants(tenants: Sequence[TenantConfig]) -> list[ConfigError]:
-    """Names unique and blank-free, key hashes 64 hex digits, no key in two places. Messages never
-    repeat a key or a hash (they are secrets, and end up in logs)."""
+def check_tenants(tenants: Sequence[TenantConfig], *, keys_file: bool = False) -> list[ConfigError]:
+    """Names unique and blank-free, key hashes 64 hex digits, no key in two places, a default class
+    among the allowed ones. Messages never repeat a key or a hash (they are secrets, and end up in
+    logs). With a keys file a tenant may have no keys in gateway.toml."""
     problems: list[ConfigError] = []
     names: dict[str, int] = {}
     seen: dict[str, int] = {}
@@ -71,8 +82,16 @@ def check_tenants(tenants: Sequence[TenantConfig]) -> list[ConfigError]:
             )
         else:
             names[t.name] = i
-        if not t.api_keys and not t.api_key_sha256:
-            problems.append(ConfigError("a tenant needs api_keys or api_key_sha256", path=where))
+        if not t.api_keys and not t.api_key_sha256 and not keys_file:
+            problems.append(
+                ConfigError("a tenant needs api_keys or api_key_sha256 (or auth.keys_file)", path=where)
+            )
+        if t.allowed_classes and t.slo_class is not None and t.slo_class not in t.allowed_classes:
+            problems.append(
+                ConfigError(
+                    f"slo_class {t.slo_class!r} is not among allowed_classes", path=f"{where}.slo_class"
+                )
+            )
         digests: list[tuple[str, str]] = []
         for j, key in enumerate(t.api_keys):
             if not key or any(c.isspace() for c in key):
@@ -103,16 +122,62 @@ def check_tenants(tenants: Sequence[TenantConfig]) -> list[ConfigError]:
     return problems
 
 
+def check_keys(keys: Sequence[KeyEntry], tenants: Sequence[TenantConfig]) -> list[ConfigError]:
+    """The auth keys file's entries (key paths relative to that file): a known tenant, a SHA-256 in
+    hex, no key given twice (here or in gateway.toml's [[tenants]]). Never repeats a hash."""
+    problems: list[ConfigError] = []
+    names = {t.name for t in tenants}
+    seen: dict[str, str] = {}
+    for t in tenants:
+        for key in t.api_keys:
+            seen.setdefault(hashlib.sha256(key.encode()).hexdigest(), f"tenant {t.name!r} in gateway.toml")
+        for h in t.api_key_sha256:
+            seen.setdefault(h.lower(), f"tenant {t.name!r} in gateway.toml")
+    for i, k in enumerate(keys):
+        where = f"keys[{i}]"
+        if k.tenant not in names:
+            known = ", ".join(sorted(names)) or "none"
+            problems.append(
+                ConfigError(
+                    f"unknown tenant {k.tenant!r} (gateway.toml's tenants: {known})", path=f"{where}.tenant"
+                )
+            )
+        h = k.sha256.lower()
+        if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+            problems.append(
+                ConfigError("expected 64 hexadecimal digits (sha256sum of the key)", path=f"{where}.sha256")
+            )
+            continue
+        if h in seen:
+            problems.append(
+                ConfigError(f"the same API key is already given for {seen[h]}", path=f"{where}.sha256")
+            )
+        else:
+            seen[h] = where
+    return problems
+
+
 def check_tenant_classes(tenants: Sequence[TenantConfig], slo: SloPolicy) -> list[ConfigError]:
-    """A tenant's slo_class must be a class of the policy in force (checked when both are loaded)."""
-    return [
+    """A tenant's slo_class and allowed_classes must be classes of the policy in force (checked when
+    both are loaded)."""
+    known = ", ".join(slo.classes)
+    problems = [
         ConfigError(
-            f"unknown SLO class {t.slo_class!r} (the policy defines: {', '.join(slo.classes)})",
-            path=f"tenants[{i}].slo_class",
+            f"unknown SLO class {t.slo_class!r} (the policy defines: {known})", path=f"tenants[{i}].slo_class"
         )
         for i, t in enumerate(tenants)
         if t.slo_class is not None and t.slo_class not in slo.classes
     ]
+    for i, t in enumerate(tenants):
+        for j, cls in enumerate(t.allowed_classes):
+            if cls not in slo.classes:
+                problems.append(
+                    ConfigError(
+                        f"unknown SLO class {cls!r} (the policy defines: {known})",
+                        path=f"tenants[{i}].allowed_classes[{j}]",
+                    )
+                )
+    return problems
 
 
 def check_listen(listen: str) -> str:
@@ -158,6 +223,16 @@ def check_endpoint(ep: EndpointConfig) -> list[ConfigError]:
     for i, model in enumerate(ep.models):
         if not model.strip():
             problems.append(ConfigError("model name must not be empty", path=f"models[{i}]"))
+    if ep.api_key_env is not None and ep.api_key_file is not None:
+        problems.append(ConfigError("give api_key_env or api_key_file, not both", path="api_key_file"))
+    if ep.api_key_env is not None and not _is_name(ep.api_key_env):
+        problems.append(
+            ConfigError(
+                "expected the name of an environment variable (never the key itself)", path="api_key_env"
+            )
+        )
+    if ep.api_key_file is not None and not ep.api_key_file.strip():
+        problems.append(ConfigError("must not be empty", path="api_key_file"))
     return problems
 
 

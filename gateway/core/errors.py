@@ -106,6 +106,31 @@ def forbidden(message: str) -> BerthError:
     )
 
 
+def slo_class_not_allowed(slo_class: str, allowed: tuple[str, ...]) -> BerthError:
+    return BerthError(
+        status=403,
+        message=f"SLO class {slo_class!r} is not allowed for this API key (allowed: {', '.join(allowed)})",
+        type="invalid_request_error",
+        code="slo_class_not_allowed",
+        outcome="forbidden",
+        source=ErrorSource.CLIENT,
+        param="x-berth-slo-class",
+    )
+
+
+def rate_limited(limit: str, retry_after_s: float) -> BerthError:
+    """A tenant's limit (requests_per_s, tokens_per_min, max_concurrency) refused the request."""
+    return BerthError(
+        status=429,
+        message=f"rate limit exceeded: this API key's {limit}",
+        type="rate_limit_error",
+        code="rate_limited",
+        outcome="rate_limited",
+        source=ErrorSource.GATEWAY,
+        retry_after_s=retry_after_s,
+    )
+
+
 def model_not_found(model: str) -> BerthError:
     return BerthError(
         status=404,
@@ -225,6 +250,21 @@ def upstream_status(status: int, message: str) -> BerthError:
             source=ErrorSource.UPSTREAM,
         )
     return upstream_failed(f"engine answered {status}: {message}", retryable=True)
+
+
+def engine_auth_failed(status: int) -> BerthError:
+    """The engine refused berth's credentials: a configuration error of the gateway, not the engine
+    failing (no retry elsewhere, no health change)."""
+    return BerthError(
+        status=502,
+        message=f"the engine refused the gateway's credentials ({status}); the operator must fix the "
+        "endpoint's api_key_env / api_key_file",
+        type="upstream_error",
+        code="engine_auth_failed",
+        outcome="engine_auth_failed",
+        source=ErrorSource.UPSTREAM,
+        retryable=False,
+    )
 
 
 def upstream_timeout(message: str) -> BerthError:

@@ -29,6 +29,7 @@ from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
 from gateway.upstream.client import StallTimer, UpstreamSettings, open_request
+from gateway.upstream.credentials import AUTH_REFUSED, EngineAuth
 from gateway.upstream.dialects import dialect_for
 from gateway.upstream.resume import resume_body
 from gateway.upstream.sse import SseRelay, error_event
@@ -48,12 +49,14 @@ class Dispatcher:
         metrics: GatewayMetrics,
         clock: Clock,
         settings: UpstreamSettings,
+        auth: EngineAuth | None = None,
     ) -> None:
         self.session = session
         self.driver = driver
         self.metrics = metrics
         self.clock = clock
         self.settings = settings
+        self.auth = auth if auth is not None else EngineAuth()
 
     async def run(
         self,
@@ -96,12 +99,10 @@ class Dispatcher:
                 ctx.dispatched_at = self.clock.now()
             resp: aiohttp.ClientResponse | None = None
             sent_body, sent = body, first_payload
-            if stream is not None and stream.resumed:
-                # Continue the produced text, in the dialect of the engine it now goes to.
-                relay = stream.relay
-                cont = dict(dialect_for(endpoint.engine).continue_chat)
-                sent_body = resume_body(ctx.api, body, relay.produced_text, relay.tokens, cont)
-                sent = orjson.dumps(sent_body)
+            if stream is not None and sreq.resumable:
+                sent_body = _resumable_call(ctx, endpoint, body, stream)
+                if sent_body is not body:
+                    sent = orjson.dumps(sent_body)
             if endpoint.priority_scheduling:  # only such engines accept a priority (vLLM: else 400)
                 urgency = self.driver.scheduler.engine_priority(sreq.id)
                 if urgency is not None:
@@ -118,7 +119,12 @@ class Dispatcher:
                         sreq.id,
                         self.settings,
                         stream=stream is not None,
+                        auth=self.auth.headers(endpoint.id),
                     )
+                    self.auth.result(endpoint.id, "generation", resp.status)
+                    if resp.status in AUTH_REFUSED:
+                        # berth's credentials, not the engine, are at fault: no retry elsewhere
+                        raise errors.engine_auth_failed(resp.status)
                     if resp.status != 200:
                         raise await _error_from(resp)
                 except BerthError as e:
@@ -185,26 +191,48 @@ class Dispatcher:
             stream.resumed = False
             return
         self.metrics.recomputed_tokens_of(model).inc(relay.tokens)
-        if stream.prompt_tokens is None and relay.tokens:
-            stream.prompt_tokens = await self._prompt_tokens(ctx, endpoint, body)
+        if relay.prompt_ids is not None and relay.generated_ids is not None:
+            # The engine reported the exact tokens: the next prompt is the prompt's and the produced ones.
+            stream.prompt_tokens = len(relay.prompt_ids)
+            stream.resume_ids = (*relay.prompt_ids, *relay.generated_ids)
+        elif relay.tokens:
+            await self._count_prompt(ctx, endpoint, body, stream)
         relay.resume(stream.prompt_tokens)
         stream.resumed = True
 
-    async def _prompt_tokens(
-        self, ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any]
-    ) -> int | None:
-        """The original prompt's token count, for the usage a resumed stream ends with: the engine's
-        count when it can count it (else the resumed call's count less the tokens produced)."""
+    async def _count_prompt(
+        self, ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any], stream: _Stream
+    ) -> None:
+        """What a resume needs the engine to count: the original prompt's tokens (the usage a resumed
+        stream ends with; None: the resumed call's count less the tokens produced) and, for a
+        completion, the prompt and the produced text as token ids (`resume_body`'s `prompt_ids`)."""
         dialect = dialect_for(endpoint.engine)
-        if dialect.tokenize_path is None:
-            return None
-        tb = dialect.tokenize_body(ctx.api, body, ctx.served_model)
-        if tb is None:
-            return None
-        answer = await tokenize(
-            self.session, endpoint.url + dialect.tokenize_path, tb, ctx.id, RESUME_TOKENIZE_TIMEOUT_S
-        )
-        return answer.count
+        path = dialect.tokenize_path
+        completion = ctx.api is ApiKind.COMPLETION
+        if path is None:
+            return
+        url = endpoint.url + path
+        auth = self.auth.headers(endpoint.id)
+        if stream.prompt_tokens is None:
+            tb = dialect.tokenize_body(ctx.api, body, ctx.served_model)
+            if tb is None:
+                return
+            answer = await tokenize(
+                self.session, url, tb, ctx.id, RESUME_TOKENIZE_TIMEOUT_S, auth=auth, ids=completion
+            )
+            stream.prompt_tokens = answer.count
+            stream.prompt_ids = answer.tokens
+        stream.resume_ids = None
+        if completion and stream.prompt_ids is not None:
+            produced = {"prompt": stream.relay.produced_text, "add_special_tokens": False}
+            tb = dialect.tokenize_body(ctx.api, produced, ctx.served_model)
+            if tb is None:
+                return
+            answer = await tokenize(
+                self.session, url, tb, ctx.id, RESUME_TOKENIZE_TIMEOUT_S, auth=auth, ids=True
+            )
+            if answer.tokens is not None:
+                stream.resume_ids = stream.prompt_ids + answer.tokens
 
     def _headers(self, ctx: RequestContext, content_type: str) -> dict[str, str]:
         queue_ms = 0.0 if ctx.queue_s is None else ctx.queue_s * 1000.0
@@ -322,11 +350,39 @@ class Dispatcher:
         return web.Response(body=body, status=200, headers=headers)
 
 
+def _resumable_call(
+    ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any], stream: _Stream
+) -> dict[str, Any]:
+    """The engine call of a request that may be preempted: a resumed one continues its produced text
+    (in the dialect of the engine it now goes to); a completion asks an engine that can for its token
+    ids, so that a resume continues from the exact tokens (the relay keeps them from the client)."""
+    dialect = dialect_for(endpoint.engine)
+    relay = stream.relay
+    ids = ctx.api is ApiKind.COMPLETION and dialect.returns_token_ids and not body.get("return_token_ids")
+    if ids and relay.generated_ids is None and not stream.resumed:
+        relay.collect_ids()
+    elif not ids:
+        relay.generated_ids = None  # an engine that does not report them: a later resume tokenizes
+    out = body
+    if stream.resumed:
+        out = resume_body(
+            ctx.api,
+            body,
+            relay.produced_text,
+            relay.tokens,
+            continue_fields=dict(dialect.continue_chat),
+            prompt_ids=stream.resume_ids,
+        )
+    if relay.generated_ids is not None:
+        out = {**out, "return_token_ids": True}
+    return out
+
+
 class _Stream:
     """The client's side of a streamed request, across engine calls: one response, prepared once, fed
     through one relay (which stitches a resumed call's stream onto the first)."""
 
-    __slots__ = ("client", "ctx", "out", "prompt_tokens", "relay", "resumed")
+    __slots__ = ("client", "ctx", "out", "prompt_ids", "prompt_tokens", "relay", "resume_ids", "resumed")
 
     def __init__(self, ctx: RequestContext, include_usage: bool, *, client: bool) -> None:
         self.ctx = ctx
@@ -335,6 +391,8 @@ class _Stream:
         self.out: web.StreamResponse | None = None
         self.resumed = False  # the client has part of the stream from an earlier engine call
         self.prompt_tokens: int | None = None  # the original prompt's, for a resumed stream's usage
+        self.prompt_ids: tuple[int, ...] | None = None  # a completion's original prompt, as token ids
+        self.resume_ids: tuple[int, ...] | None = None  # ... with the produced text's: the next prompt
 
     def fresh_relay(self, include_usage: bool) -> SseRelay:
         ctx = self.ctx

@@ -11,6 +11,8 @@ The document (JSON; numbers are seconds, tokens or fractions; null where nothing
     stale_after_s
     endpoints[]          id, url, engine, state, class, node, models, group, cap (in force), inflight,
                          running_by_kind {interactive, batch} (what the gateway runs there, by SLO kind),
+                         auth {state: ok | failed, failing_routes {route: status}} (failed: the engine
+                         answers 401/403 to berth's credentials, a configuration error),
                          gauges {running, waiting, kv_usage, fresh, scrape_age_s, dispatched_since_scrape,
                                  completed_since_scrape, corrected_running},
                          running_context {prompt_tokens, predicted_output_tokens}, kv_capacity_tokens,
@@ -42,7 +44,7 @@ from aiohttp import web
 from gateway import __version__
 from gateway.core import errors
 from gateway.core.slo import SloKind, SloPolicy
-from gateway.core.types import EndpointHealth, ModelName
+from gateway.core.types import EndpointHealth, EndpointId, ModelName
 from gateway.front.http import error_response, request_id
 from gateway.front.services import SERVICES, Services
 from gateway.sched.snapshot import EndpointView
@@ -82,15 +84,20 @@ def authorize(request: web.Request, token: str) -> None:
         )
 
 
+def admin_error(e: errors.BerthError, request: web.Request) -> web.Response:
+    """The answer to a request `authorize` refused."""
+    resp = error_response(e, request_id(request))
+    if e.status == 401:
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="berth-admin"'
+    return resp
+
+
 async def fleet(request: web.Request) -> web.Response:
     s = request.app[SERVICES]
     try:
         authorize(request, s.admin_token)
     except errors.BerthError as e:
-        resp = error_response(e, request_id(request))
-        if e.status == 401:
-            resp.headers["WWW-Authenticate"] = 'Bearer realm="berth-admin"'
-        return resp
+        return admin_error(e, request)
     return web.Response(
         body=orjson.dumps(fleet_document(s)),
         content_type="application/json",
@@ -125,7 +132,10 @@ def fleet_document(s: Services) -> dict[str, Any]:
         },
         "stale_after_s": sched.limits.stale_after_s,
         "endpoints": [
-            _endpoint(e, fleet.endpoints.get(e.id), now, group_of.get(e.id), s.settings.slo)
+            {
+                **_endpoint(e, fleet.endpoints.get(e.id), now, group_of.get(e.id), s.settings.slo),
+                "auth": _auth(s, e.id),
+            }
             for e in snap.endpoints
         ],
         "models": {
@@ -168,6 +178,13 @@ def running_by_kind(e: EndpointView, slo: SloPolicy) -> dict[str, int]:
     for r in e.running:
         out[slo.class_of(r.slo_class).kind.value] += 1
     return out
+
+
+def _auth(s: Services, eid: EndpointId) -> dict[str, Any]:
+    """Whether the engine takes berth's credentials: "failed" (with the routes that answered 401/403)
+    is a configuration error to fix in gateway.toml, not an engine fault."""
+    failing = s.engine_auth.failing(eid)
+    return {"state": "failed" if failing else "ok", "failing_routes": failing}
 
 
 def _endpoint(

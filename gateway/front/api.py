@@ -1,22 +1,25 @@
 """The OpenAI routes: each request goes through named phases in order, and `finish` always runs.
 
-read -> parse -> admit (model, SLO, prompt tokens: the scheduler's request) -> dispatch (queue,
-engine call, relay) -> finish (one canonical log line and the metrics, in `finally`)
+auth (the tenant of the API key; 401 when [auth] requires one) -> read -> parse -> admit (model, SLO,
+prompt tokens: the scheduler's request; then the tenant's limits: 429 rate_limited, or a seat) ->
+dispatch (queue, engine call, relay) -> finish (the seat given back, one canonical log line and the
+metrics, in `finally`)
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence, Set
+from collections.abc import Iterable, Set
 
 import structlog
 from aiohttp import web
 
 from gateway.admission.classify import task_class, to_sched_request
+from gateway.admission.limits import Seat
 from gateway.admission.models import ModelCatalog
-from gateway.admission.slo import Resolved
+from gateway.admission.slo import Resolved, Tenant
 from gateway.admission.state import SloAdmission
-from gateway.config.schema import TenantConfig
+from gateway.admission.tenancy import ANONYMOUS
 from gateway.core import errors
 from gateway.core.errors import BerthError
 from gateway.core.logging import LEVEL
@@ -24,6 +27,7 @@ from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import ApiKind, ModelName, ParsedRequest
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.slo_headers import error_headers
+from gateway.front.auth import WWW_AUTHENTICATE, authenticate
 from gateway.front.http import Handler, error_response, read_body, request_id
 from gateway.front.schemas import parse_body
 from gateway.front.services import Services
@@ -44,19 +48,25 @@ def make_api_handler(services: Services, api: ApiKind) -> Handler:
 async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamResponse:
     rid = request_id(request)
     ctx = RequestContext(id=rid, api=api, arrival=s.clock.now())
+    tenant: Tenant | None = None
+    seat: Seat | None = None
     try:
         if s.draining:
             raise errors.shutting_down()
+        tenant = authenticate(s.settings, request.headers)
         raw = await read_body(request, s.max_body_bytes)
         parsed = parse_body(api, raw)
         ctx.client_model = parsed.model
         ctx.stream = parsed.stream
-        sreq = await admit(s, ctx, parsed, request)
+        sreq = await admit(s, ctx, parsed, request, tenant)
+        seat = s.tenancy.admit(tenant, sreq, s.clock.now())
         return await s.dispatcher.run(ctx, sreq, parsed.body, parsed.include_usage, request, raw=raw)
     except BerthError as e:
         ctx.fail(e)
         resp = error_response(e, rid)
         resp.headers.update(error_headers(ctx))
+        if e.status == 401:
+            resp.headers.update(WWW_AUTHENTICATE)
         return resp
     except asyncio.CancelledError:
         ctx.outcome = "shutdown" if s.draining else "client_disconnect"
@@ -68,11 +78,11 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
         ctx.fail(err)
         return error_response(err, rid)
     finally:
-        finish(s, ctx)
+        finish(s, ctx, tenant, seat)
 
 
 async def admit(
-    s: Services, ctx: RequestContext, parsed: ParsedRequest, request: web.Request
+    s: Services, ctx: RequestContext, parsed: ParsedRequest, request: web.Request, tenant: Tenant | None
 ) -> SchedRequest:
     """Resolve the model (aliases), the SLO (headers, tenant, rules, task clock) and the prompt tokens:
     the scheduler's request."""
@@ -81,12 +91,12 @@ async def admit(
         ctx,
         parsed,
         request.headers.items(),
-        request.headers.get("Authorization"),
+        tenant,
         catalog=settings.catalog,
         known=s.scheduler.models(ready_only=False),
         state=s.slo,
         policy=settings.slo,
-        tenants=settings.tenants,
+        reject_disallowed=settings.reject_disallowed,
     )
     key = s.next_key()  # berth's own id for the request: the client's X-Request-Id is only echoed
     counter = s.prompt_counter
@@ -106,20 +116,26 @@ def resolve_slo(
     ctx: RequestContext,
     parsed: ParsedRequest,
     headers: Iterable[tuple[str, str]],
-    authorization: str | None,
+    tenant: Tenant | None,
     *,
     catalog: ModelCatalog,
     known: Set[ModelName],
     state: SloAdmission,
     policy: SloPolicy,
-    tenants: Sequence[TenantConfig],
+    reject_disallowed: bool = False,
 ) -> Resolved:
     """The served model (aliases resolved against the `known` models) and the request's SLO."""
     served = catalog.resolve(parsed.model, known)
     ctx.served_model = served
     ctx.prompt_chars = parsed.prompt_chars
     resolved = state.resolve(
-        headers, authorization, parsed, served=served, now=ctx.arrival, policy=policy, tenants=tenants
+        headers,
+        tenant,
+        parsed,
+        served=served,
+        now=ctx.arrival,
+        policy=policy,
+        reject_disallowed=reject_disallowed,
     )
     ctx.slo_class = resolved.slo.slo_class
     ctx.task = resolved.task
@@ -155,9 +171,19 @@ def scheduler_request(
     return sreq
 
 
-def finish(s: Services, ctx: RequestContext) -> None:
-    """The canonical log line and the metrics of one request."""
+def finish(s: Services, ctx: RequestContext, tenant: Tenant | None = None, seat: Seat | None = None) -> None:
+    """The tenant's seat given back, the canonical log line and the metrics of one request."""
     ctx.finished_at = s.clock.now()
+    tenant_name = ANONYMOUS if tenant is None else tenant.name
+    s.tenancy.finish(
+        tenant_name,
+        seat,
+        ctx.outcome,
+        dispatched=ctx.dispatched_at is not None,
+        prompt_tokens=ctx.prompt_tokens,
+        completion_tokens=ctx.output_tokens,
+        now=ctx.finished_at,
+    )
     m = s.metrics
     # Only names that resolved to a served model become label values: a 404 for a made-up name must not
     # grow the metric series without bound.
@@ -193,6 +219,7 @@ def finish(s: Services, ctx: RequestContext) -> None:
         status=ctx.status,
         outcome=ctx.outcome,
         slo_class=ctx.slo_class,
+        tenant=tenant_name,
         stream=ctx.stream,
         attempts=ctx.attempts,
         preempted=ctx.preemptions,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -18,15 +18,18 @@ from aiohttp import web
 
 from gateway.admission.models import ModelCatalog
 from gateway.admission.prompt_tokens import EnginePromptCounter
+from gateway.admission.slo import Tenants
 from gateway.admission.state import SloAdmission
+from gateway.admission.tenancy import TenantAccounting
 from gateway.config import RuntimeConfig
-from gateway.config.schema import TelemetryConfig, TenantConfig
+from gateway.config.schema import TelemetryConfig
 from gateway.core.clock import Clock
 from gateway.core.metrics import GatewayMetrics
 from gateway.core.slo import SloPolicy
 from gateway.dispatch.runner import Dispatcher
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.live import LiveTelemetry
+from gateway.upstream.credentials import EngineAuth
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,15 +39,20 @@ class RequestSettings:
     catalog: ModelCatalog
     policy_name: str
     slo: SloPolicy
-    tenants: Sequence[TenantConfig]
+    tenants: Tenants  # API key digest -> tenant ([[tenants]] and [auth] keys_file)
+    auth_required: bool = False  # [auth] required: no tenant, no service (401)
+    reject_disallowed: bool = False  # [auth] class_not_allowed = "reject"
 
     @classmethod
     def of(cls, runtime: RuntimeConfig) -> RequestSettings:
+        cfg = runtime.config
         return cls(
             catalog=ModelCatalog(runtime.aliases),
             policy_name=runtime.policy.name,
             slo=runtime.policy.slo,
-            tenants=runtime.config.tenants,
+            tenants=Tenants(cfg.tenants, cfg.keys),
+            auth_required=cfg.auth.required,
+            reject_disallowed=cfg.auth.class_not_allowed == "reject",
         )
 
 
@@ -58,10 +66,14 @@ class Services:
     settings: RequestSettings
     max_body_bytes: int
     admin_token: str
+    # /metrics asks for the admin token ([ops] require_admin_token_for_metrics).
+    metrics_need_token: bool = False
     # The shared upstream session, read per call: it opens after the services are built.
     session: Callable[[], aiohttp.ClientSession]
     # Exact prompt tokens from an engine ([telemetry] prompt_tokens = "tokenize"); None: estimated.
     prompt_counter: EnginePromptCounter | None = None
+    tenancy: TenantAccounting = field(default_factory=TenantAccounting)
+    engine_auth: EngineAuth = field(default_factory=EngineAuth)
     draining: bool = False
     started_at: int = field(default_factory=lambda: int(time.time()))
     _dispatcher: Dispatcher | None = None
@@ -88,7 +100,10 @@ class Services:
         return not self.draining and bool(self.scheduler.models(ready_only=True))
 
     def reconfigure(self, runtime: RuntimeConfig) -> None:
-        self.settings = RequestSettings.of(runtime)
+        self.settings = settings = RequestSettings.of(runtime)
+        self.tenancy.configure(
+            settings.tenants.by_name, self.clock.now(), retry_after_s=runtime.config.limits.retry_after_s
+        )
         self._configure_prompt_counter(runtime.config.telemetry)
 
     def _configure_prompt_counter(self, cfg: TelemetryConfig) -> None:
@@ -106,6 +121,7 @@ class Services:
                 metrics=self.metrics,
                 clock=self.clock,
                 timeout_s=cfg.tokenize_timeout_s,
+                auth=self.engine_auth,
             )
 
 

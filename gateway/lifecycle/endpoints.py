@@ -26,6 +26,7 @@ from gateway.sched.types import EndpointSpec
 from gateway.telemetry.engine_metrics import metrics_for
 from gateway.telemetry.live import LiveTelemetry
 from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings
+from gateway.upstream.credentials import EngineAuth
 
 log = structlog.get_logger("berth.endpoints")
 
@@ -40,8 +41,10 @@ class EndpointSet:
         clock: Clock,
         supervisor: TaskSupervisor,
         session: Callable[[], aiohttp.ClientSession],
+        auth: EngineAuth | None = None,
     ) -> None:
         self._driver = driver
+        self._auth = auth if auth is not None else EngineAuth()
         self._scheduler = driver.scheduler
         self._telemetry = telemetry
         self._metrics = metrics
@@ -64,7 +67,9 @@ class EndpointSet:
 
     # ----------------------------------------------------------------- configuration
     def apply(self, runtime: RuntimeConfig) -> None:
-        """Make the endpoint set equal to the runtime configuration's."""
+        """Make the endpoint set equal to the runtime configuration's (credentials first: the scrapers
+        and the dispatcher read them per call)."""
+        self._auth.update(runtime.config.engine_keys)
         self._specs = runtime.endpoints
         self._engine_auto = runtime.engine_auto
         specs = [self._with_detected(s) for s in runtime.endpoints]
@@ -77,6 +82,7 @@ class EndpointSet:
                 self._supervisor.discard(f"scrape:{eid}")
                 if spec is None:
                     self._metrics.endpoint_up.remove(eid)
+                    self._auth.forget(eid)
         s = runtime.scrape
         settings = ScrapeSettings(
             interval_s=s.interval_s,
@@ -97,6 +103,7 @@ class EndpointSet:
                 settings,
                 self,
                 self._clock,
+                credentials=self._auth,
             )
             self._scrapers[eid] = scraper
             self._metrics.endpoint_up.labels(eid).set(0)

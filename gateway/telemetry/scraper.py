@@ -1,8 +1,10 @@
 """The endpoint scraper: one task per endpoint that keeps the gateway's view of it current.
 
 Each round it asks the engine three things, each bounded by `timeout_s`:
-1. `GET <health_path>`: 200 is a success for the endpoint's HealthTracker; anything else (another
-   status, a refused connection, a timeout) is a failure. When it fails the round stops here.
+1. `GET <health_path>`: 200 is a success for the endpoint's HealthTracker, and so are 401 and 403 (the
+   engine is up; it refuses berth's credentials, which is reported as a configuration error and must
+   not flap the endpoint's health); anything else (another status, a refused connection, a timeout)
+   is a failure. When it fails the round stops here.
 2. `GET /metrics`: parsed, the engine detected from its metric names when the caller did not say which
    engine it is, and the gauges (running, waiting, KV usage) reported. A /metrics page that fails or says
    nothing useful costs the endpoint its gauges for this round, never its health: stale metrics degrade
@@ -12,6 +14,10 @@ The sink then hears, in this order: the engine kind (once, when detected), gauge
 health transition (only on transitions), and always one `on_scrape` per round. A sink method that
 raises is logged and does not stop the rest of the round.
 
+Every request carries the endpoint's credentials (`Credentials`: an `Authorization` header when the
+endpoint has an API key) and reports its status back, so a 401/403 shows up as the gateway's
+configuration error rather than only as a failing check.
+
 The caller runs it under its TaskSupervisor (`supervisor.spawn(f"scrape:{eid}", scraper.run)`); tests
 call `run_once()` directly. A round never raises except CancelledError.
 """
@@ -19,7 +25,7 @@ call `run_once()` directly. A round never raises except CancelledError.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -42,6 +48,7 @@ _MODELS_PATH: Final = "/v1/models"
 # prometheus_client answers format 0.0.4 to this Accept and OpenMetrics only when asked for it.
 _METRICS_HEADERS: Final = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
 _JSON_HEADERS: Final = {"Accept": "application/json", "Accept-Encoding": "identity"}
+_AUTH_REFUSED: Final = frozenset({401, 403})
 _MAX_METRICS_BYTES: Final = 32 * 1024 * 1024
 _MAX_SMALL_BYTES: Final = 4 * 1024 * 1024
 
@@ -78,6 +85,24 @@ class ScrapeSink(Protocol):
     def on_scrape(self, eid: EndpointId, ok: bool, duration_s: float, bad_lines: int) -> None: ...
 
 
+class Credentials(Protocol):
+    """How a scraper authenticates to its engine (gateway.upstream.credentials.EngineAuth): the
+    headers of every request, and each answer's status (a 401/403 is the gateway's configuration
+    error, which the credentials' owner reports)."""
+
+    def headers(self, eid: EndpointId) -> Mapping[str, str]: ...
+
+    def result(self, eid: EndpointId, route: str, status: int) -> None: ...
+
+
+class _NoCredentials:
+    def headers(self, eid: EndpointId) -> Mapping[str, str]:
+        return {}
+
+    def result(self, eid: EndpointId, route: str, status: int) -> None:
+        return None
+
+
 class _Failed(Exception):
     """A request of the round did not produce a usable answer; the message says why."""
 
@@ -98,8 +123,10 @@ class EndpointScraper:
         clock: Clock,
         *,
         wait: Wait = asyncio.sleep,
+        credentials: Credentials | None = None,
     ) -> None:
         self.eid = eid
+        self._credentials = credentials if credentials is not None else _NoCredentials()
         self.url = base_url
         self._base = base_url.rstrip("/")
         self._dialect = dialect
@@ -174,15 +201,17 @@ class EndpointScraper:
     # ----------------------------------------------------------------- the three requests
     async def _check_health(self) -> None:
         path = self._dialect.health_path if self._dialect else _HEALTH_PATH
-        status, _ = await self._get(path, _JSON_HEADERS, _MAX_SMALL_BYTES)
-        if status != 200:
+        status, _ = await self._get(path, _JSON_HEADERS, _MAX_SMALL_BYTES, route="health")
+        # 401/403: the engine is up but refuses berth's credentials. That is the gateway's configuration
+        # error (reported by the credentials' owner), not an engine failing its checks: health holds.
+        if status != 200 and status not in _AUTH_REFUSED:
             raise _Failed(f"health check answered {status}")
 
     async def _scrape_metrics(self) -> tuple[bool, int]:
         """Fetch, parse and report /metrics; returns (ok, bad_lines)."""
         path = self._dialect.metrics_path if self._dialect else _METRICS_PATH
         try:
-            status, body = await self._get(path, _METRICS_HEADERS, _MAX_METRICS_BYTES)
+            status, body = await self._get(path, _METRICS_HEADERS, _MAX_METRICS_BYTES, route="metrics")
         except _Failed as e:
             log.debug("metrics_failed", endpoint=self.eid, reason=str(e))
             return False, 0
@@ -208,7 +237,7 @@ class EndpointScraper:
     async def _refresh_models(self) -> None:
         path = self._dialect.models_path if self._dialect else _MODELS_PATH
         try:
-            status, body = await self._get(path, _JSON_HEADERS, _MAX_SMALL_BYTES)
+            status, body = await self._get(path, _JSON_HEADERS, _MAX_SMALL_BYTES, route="models")
             if status != 200:
                 raise _Failed(f"models list answered {status}")
             dialect = self._dialect or metrics_for(EngineKind.VLLM)  # the OpenAI shape is shared
@@ -221,14 +250,20 @@ class EndpointScraper:
             self._models = models
             self._tell(self._sink.on_models, list(models))
 
-    async def _get(self, path: str, headers: dict[str, str], limit: int) -> tuple[int, bytes]:
-        """GET base+path within `timeout_s`; (status, body). Raises _Failed on any transport problem."""
+    async def _get(self, path: str, headers: dict[str, str], limit: int, *, route: str) -> tuple[int, bytes]:
+        """GET base+path within `timeout_s`, with the engine's credentials; (status, body). Raises
+        _Failed on any transport problem. The status is reported to the credentials' owner."""
         url = self._base + path
+        creds = self._credentials
+        auth = creds.headers(self.eid)
+        if auth:
+            headers = {**headers, **auth}
         try:
             async with (
                 asyncio.timeout(self._settings.timeout_s),
                 self._session.get(url, headers=headers, allow_redirects=False) as resp,
             ):
+                creds.result(self.eid, route, resp.status)
                 return resp.status, await _read_limited(resp, limit)
         except TimeoutError:
             raise _Failed(f"no answer within {self._settings.timeout_s:g}s") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -89,8 +90,10 @@ async def open_request(
     settings: UpstreamSettings,
     *,
     stream: bool = False,
+    auth: Mapping[str, str] | None = None,
 ) -> aiohttp.ClientResponse:
-    """POST `body` to `url` and wait for the response headers.
+    """POST `body` to `url` and wait for the response headers; `auth`: the endpoint's credentials
+    (gateway.upstream.credentials).
 
     Raises BerthError: 502 (retryable) when the engine cannot be reached or drops the connection before
     answering, 504 when it sends no headers within `first_byte_timeout_s` (for a non-streamed call that
@@ -98,6 +101,8 @@ async def open_request(
     timeout on the response: the caller runs a StallTimer while it reads.
     """
     headers = {**_JSON_HEADERS, "X-Request-Id": request_id}
+    if auth:
+        headers.update(auth)
     try:
         if not stream:
             timeout = _body_timeout(settings.connect_timeout_s, settings.first_byte_timeout_s)

@@ -66,6 +66,9 @@ class Dialect:
     # The chat fields that make the engine continue the final assistant message instead of answering
     # it (a resumed request, gateway.upstream.resume).
     continue_chat: tuple[tuple[str, Any], ...] = (("continue_final_message", True),)
+    # The completions route reports token ids when asked (vLLM's `return_token_ids`: the prompt's in
+    # the first chunk, each chunk's generated ones): a completion then resumes from exact ids.
+    returns_token_ids: bool = False
 
     def priority(self, urgency: int) -> int:
         """The engine's `priority` value for berth's urgency (0 most urgent, larger less urgent)."""
@@ -109,6 +112,7 @@ VLLM: Final = Dialect(
     kind=EngineKind.VLLM,
     # vLLM refuses continue_final_message together with add_generation_prompt (its default: true).
     continue_chat=(("continue_final_message", True), ("add_generation_prompt", False)),
+    returns_token_ids=True,
     tokenize_chat_fields=(
         "messages",
         "add_generation_prompt",
@@ -167,3 +171,18 @@ def tokenize_count(body: bytes) -> int:
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"tokenize answer has no non-negative integer 'count' ({type(count).__name__})")
     return count
+
+
+def tokenize_ids(body: bytes) -> tuple[int, ...]:
+    """The token ids from a tokenize answer (`{"tokens": [...], ...}`, both engines). Raises ValueError
+    when there is no list of non-negative integers."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"tokenize answer is not JSON: {e}") from None
+    tokens = doc.get("tokens") if isinstance(doc, dict) else None
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
+    ):
+        raise ValueError("tokenize answer has no list of token ids ('tokens')")
+    return tuple(tokens)

@@ -10,9 +10,15 @@ already has:
 - `max_tokens` / `max_completion_tokens` shrink by the tokens produced, `min_tokens` too.
 
 The produced text is re-tokenized by the engine, so the continuation sees the same text but not always
-the same token ids: where a token boundary falls inside the produced text differently (a BPE merge
-across the cut), greedy decoding may continue differently from an uninterrupted run. Penalties that
-count output tokens (presence, frequency) see the produced text as prompt after a resume.
+the same token ids. Where the produced text joins the prompt, a BPE merge across the join would change
+the prompt's last tokens: measured on the engine tier's tiny byte-level BPE model, a completion resumed
+as `prompt + produced text` diverged from the uninterrupted greedy run right at the cut, while a chat
+(whose produced text is a message of its own) continued token for token. So a completion is resumed
+with token ids when the engine's tokenize route answers: the original prompt and the produced text
+tokenized apart and joined (`prompt_ids`), which keeps the prompt's tokens exactly. The produced text
+alone can still tokenize differently from the tokens sampled (a model may sample a non-canonical
+split); that case continues from the canonical split of the same text. Penalties that count output
+tokens (presence, frequency) see the produced text as prompt after a resume.
 
 Only requests whose continuation is the same kind of answer may be preempted (`resumable`): one choice,
 no log probabilities (they would be missing for the produced part), no echo, no suffix, no tools or
@@ -24,7 +30,7 @@ requests under a policy that preempts), since an answer in one piece shows nothi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gateway.core.types import ApiKind
@@ -83,15 +89,19 @@ def resume_body(
     body: Mapping[str, Any],
     produced_text: str,
     produced_tokens: int,
+    *,
     continue_fields: Mapping[str, Any],
+    prompt_ids: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The engine call that continues `body` after `produced_text` (`produced_tokens` tokens) was
     streamed. `continue_fields`: the engine's fields that make a chat continue its final assistant
-    message (`gateway.upstream.dialects.Dialect.continue_chat`)."""
+    message (`gateway.upstream.dialects.Dialect.continue_chat`). `prompt_ids`: a completion's prompt
+    and produced text as token ids, each tokenized on its own (see the module's note), sent instead of
+    the joined text when known."""
     out = dict(body)
     if produced_text:
         if api is ApiKind.COMPLETION:
-            out["prompt"] = str(body["prompt"]) + produced_text
+            out["prompt"] = list(prompt_ids) if prompt_ids else str(body["prompt"]) + produced_text
         else:
             out["messages"] = [*body["messages"], {"role": "assistant", "content": produced_text}]
             out.update(continue_fields)

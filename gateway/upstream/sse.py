@@ -42,8 +42,10 @@ class SseRelay:
         "first_content_at",
         "first_token_at",
         "gaps",
+        "generated_ids",
         "include_usage",
         "last_token_at",
+        "prompt_ids",
         "reasoning",
         "stream_id",
         "text",
@@ -58,6 +60,10 @@ class SseRelay:
         self._stitch: _Stitch | None = None
         self.include_usage = include_usage
         self.stream_id: str | None = None  # the first stream's `id` and `created`, which a resume keeps
+        # With `collect_ids()`: the token ids the engine reports (vLLM's return_token_ids), taken out of
+        # what the client sees: the prompt's (from the first stream) and every generated one.
+        self.prompt_ids: list[int] | None = None
+        self.generated_ids: list[int] | None = None
         self.created: int | None = None
         if served_model != client_model:
             self._model_from: tuple[bytes, ...] = (
@@ -154,6 +160,8 @@ class SseRelay:
         usage = obj.get("usage")
         if usage:
             self.usage = usage
+        if self.generated_ids is not None and choices and self._take_ids(choices):
+            whole, payload = None, orjson.dumps(obj)
         if choices:
             self._choices(choices, now)
         elif usage and not self.include_usage:
@@ -165,6 +173,28 @@ class SseRelay:
         if self._model_from:
             return b"data: " + self._rename(payload) + b"\n\n"
         return whole if whole is not None else b"data: " + payload + b"\n\n"
+
+    def collect_ids(self) -> None:
+        """The engine was asked for token ids (a completion that may be resumed): keep them for the
+        resume, and take them out of the events the client gets."""
+        self.generated_ids = []
+
+    def _take_ids(self, choices: Any) -> bool:
+        """Take the token-id fields out of `choices` (in place); whether there were any."""
+        found = False
+        if not isinstance(choices, list):
+            return False
+        for c in choices:
+            if type(c) is not dict:
+                continue
+            prompt = c.pop("prompt_token_ids", None)
+            if isinstance(prompt, list) and self.prompt_ids is None:
+                self.prompt_ids = prompt
+            ids = c.pop("token_ids", None)
+            if isinstance(ids, list) and self.generated_ids is not None:
+                self.generated_ids.extend(ids)
+            found = found or prompt is not None or ids is not None
+        return found
 
     def _rename(self, payload: bytes) -> bytes:
         for pat in self._model_from:
@@ -266,6 +296,8 @@ class SseRelay:
             self.error = err if isinstance(err, dict) else {"message": str(err)}
             return b"data: " + orjson.dumps(obj) + b"\n\n"
         choices = obj.get("choices")
+        if self.generated_ids is not None:
+            self._take_ids(choices)
         if isinstance(choices, list):
             kept = []
             for c in choices:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import aiohttp
 
-from gateway.upstream.dialects import tokenize_count
+from gateway.upstream.dialects import tokenize_count, tokenize_ids
 
 
 class TokenizeResult(enum.StrEnum):
@@ -35,6 +36,7 @@ class TokenizeResult(enum.StrEnum):
 class TokenizeAnswer:
     result: TokenizeResult
     count: int | None = None  # with OK only
+    tokens: tuple[int, ...] | None = None  # the token ids, when asked for (`ids=True`) and OK
     status: int | None = None  # the HTTP status, when the engine answered
     detail: str = ""  # why it is not OK, for the debug line
 
@@ -46,10 +48,20 @@ _NO_TIMERS: Final = aiohttp.ClientTimeout(total=None, connect=None, sock_connect
 
 
 async def tokenize(
-    session: aiohttp.ClientSession, url: str, body: bytes, request_id: str, timeout_s: float
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    request_id: str,
+    timeout_s: float,
+    *,
+    auth: Mapping[str, str] | None = None,
+    ids: bool = False,
 ) -> TokenizeAnswer:
-    """POST `body` to `url` (an engine's tokenize route) and read the prompt's token count."""
+    """POST `body` to `url` (an engine's tokenize route) and read the prompt's token count (and with
+    `ids`, its token ids); `auth`: the endpoint's credentials."""
     headers = {"Content-Type": _JSON, "X-Request-Id": request_id}
+    if auth:
+        headers.update(auth)
     try:
         async with (
             asyncio.timeout(timeout_s),
@@ -65,6 +77,7 @@ async def tokenize(
         return TokenizeAnswer(TokenizeResult.ERROR, status=status, detail=f"engine answered {status}")
     try:
         count = tokenize_count(raw)
+        tokens = tokenize_ids(raw) if ids else None
     except ValueError as e:
         return TokenizeAnswer(TokenizeResult.ERROR, status=status, detail=str(e))
-    return TokenizeAnswer(TokenizeResult.OK, count=count, status=status)
+    return TokenizeAnswer(TokenizeResult.OK, count=count, status=status, tokens=tokens)

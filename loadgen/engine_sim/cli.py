@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, default=1.0, help="time scale: 10 runs everything ten times faster")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="like vLLM's --api-key: engine routes answer 401 without 'Authorization: Bearer KEY' "
+        "(default: $BERTH_SIM_API_KEY, else none)",
+    )
     f = p.add_argument_group("faults (also settable at run time: POST /sim/faults)")
     f.add_argument("--fail-fraction", type=float, default=0.0)
     f.add_argument("--die-after-tokens", type=int)
@@ -121,6 +127,7 @@ def specs_from_args(args: argparse.Namespace) -> list[EndpointSpec]:
         seed=args.seed,
         scheduling_policy=args.scheduling_policy,
         faults=faults,
+        api_key=args.api_key or os.environ.get("BERTH_SIM_API_KEY") or None,
     )
     if args.count < 1:
         raise ValueError("--count must be >= 1")

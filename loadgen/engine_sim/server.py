@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from gateway.core.tasks import TaskSupervisor
 from loadgen.engine_sim import metrics
@@ -107,6 +108,19 @@ def _json(status: int, body: bytes) -> web.Response:
 
 def _error(err: ApiError) -> web.Response:
     return _json(err.status, err.body())
+
+
+def _require_key(key: str) -> Middleware:
+    """401 (vLLM's body) for an engine route without `Authorization: Bearer <key>`; /sim/* is open."""
+    expected = f"Bearer {key}"
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith("/sim/") and request.headers.get("Authorization") != expected:
+            return _json(401, b'{"error":"Unauthorized"}')
+        return await handler(request)
+
+    return check
 
 
 class SimEndpoint:
@@ -346,7 +360,8 @@ class SimEndpoint:
 
     # ---- HTTP --------------------------------------------------------------------------------
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        middlewares = [] if self.spec.api_key is None else [_require_key(self.spec.api_key)]
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)

@@ -33,6 +33,10 @@ class EndpointSpec:
     seed: int = 0
     scheduling_policy: SchedulingPolicy = "fcfs"
     faults: Faults = field(default_factory=Faults)
+    # Like vLLM's --api-key: every engine route (not /sim/*) wants `Authorization: Bearer <api_key>`,
+    # else 401. vLLM checks only /v1/*; the simulator checks /health, /metrics and /tokenize too, as an
+    # engine behind an authenticating proxy would, so a test sees berth send the key everywhere.
+    api_key: str | None = field(default=None, repr=False)
     # Gateway-side keys (the offline fleet simulator reads them; the engine simulator ignores them): the
     # endpoint's id in berth, its instance class, berth's concurrency cap (None: the gateway's default)
     # and the node it runs on.

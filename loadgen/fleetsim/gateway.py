@@ -107,7 +107,6 @@ class SimGateway:
             known=self.scheduler.models(ready_only=False),
             state=self.slo,
             policy=self.policy.slo,
-            tenants=self.cfg.tenants,
         )
         sreq = scheduler_request(ctx, parsed, resolved, ctx.id, self.telemetry)
         # The simulated client's stream survives an engine abort, so every request may be preempted and

@@ -72,7 +72,7 @@ def preempting_berth(
 def _reference(vllm: RunningServer, api: str) -> tuple[str, dict[str, Any]]:
     """The batch request's text and usage, run on vLLM alone without interruption."""
     if api == "chat":
-        doc = http_post_json(
+        doc: Any = http_post_json(
             f"{vllm.base_url}/v1/chat/completions",
             {
                 "model": MODEL_NAME,
@@ -127,6 +127,9 @@ async def test_a_preempted_greedy_stream_resumes_token_for_token(
                 usage = chunk.usage
             for c in chunk.choices:
                 pieces.append((c.delta.content or "") if api == "chat" else c.text)
+                extra = c.model_extra or {}
+                assert not extra.get("token_ids"), "berth asked for token ids on its own behalf"
+                assert not extra.get("prompt_token_ids")
             if len(pieces) == CUT_AFTER and interactive is None:
                 # The seat is taken by the batch stream: the interactive request preempts it.
                 interactive = asyncio.get_running_loop().create_task(

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 
 @dataclass
@@ -50,9 +51,12 @@ class FakeEngine:
     tokenizes: list[dict[str, Any]] = field(default_factory=list)
     tokenize_started: asyncio.Event = field(default_factory=asyncio.Event)
     tokenize_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    # With a key: every route answers 401 without `Authorization: Bearer <api_key>`.
+    api_key: str | None = None
+    authorization: dict[str, list[str | None]] = field(default_factory=dict)  # path -> what each call sent
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._auth])
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -61,6 +65,14 @@ class FakeEngine:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        sent = request.headers.get("Authorization")
+        self.authorization.setdefault(request.path, []).append(sent)
+        if self.api_key is not None and sent != f"Bearer {self.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=self.health_status)

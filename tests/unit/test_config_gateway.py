@@ -213,7 +213,7 @@ def test_the_default_endpoint_id_is_host_and_port(url: str, endpoint_id: str) ->
 
 # ----------------------------------------------------------------------------- errors
 
-_ENDPOINT_KEYS = "url, id, engine, models, class, node, cap, scheduling"
+_ENDPOINT_KEYS = "url, id, engine, models, class, node, cap, scheduling, api_key_env, api_key_file"
 
 
 @pytest.mark.parametrize(
@@ -222,7 +222,8 @@ _ENDPOINT_KEYS = "url, id, engine, models, class, node, cap, scheduling"
         pytest.param(
             'colour = "blue"\n',
             "gateway.toml:colour: unknown key "
-            "(known: server, limits, upstream, scrape, telemetry, policy, aliases, endpoints, tenants)",
+            "(known: server, limits, upstream, scrape, telemetry, policy, auth, ops, aliases, endpoints, "
+            "tenants)",
             id="unknown-top-level-key",
         ),
         pytest.param(

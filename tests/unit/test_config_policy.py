@@ -12,9 +12,9 @@ import msgspec
 import pytest
 
 from gateway.config import check, load_policy, parse_policy_text
-from gateway.config.decode import parse_toml
 from gateway.config.policy import SLOTS, PolicyFile, Slot, decode_policy, default_policy_text
 from gateway.core.errors import ConfigError
+from gateway.core.strict_toml import parse_toml
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.ordering.fcfs import FcfsOrdering
 from gateway.sched.plugins.placement.least_outstanding import LeastOutstandingScorer, MaxScorePicker

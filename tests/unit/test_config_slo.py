@@ -203,7 +203,9 @@ def test_tenants_and_scheduling_load(tmp_path: Path) -> None:
             id="duplicate-name",
         ),
         pytest.param(
-            '[[tenants]]\nname = "a"\n', "tenants[0]: a tenant needs api_keys or api_key_sha256", id="no-keys"
+            '[[tenants]]\nname = "a"\n',
+            "tenants[0]: a tenant needs api_keys or api_key_sha256 (or auth.keys_file)",
+            id="no-keys",
         ),
         pytest.param(
             '[[tenants]]\nname = "a"\napi_key_sha256 = ["abc"]\n',

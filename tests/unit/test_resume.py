@@ -61,7 +61,7 @@ def test_resumable(api: ApiKind, body: dict[str, Any], expected: bool) -> None:
 
 def test_completion_resume_appends_the_produced_text_and_shrinks_the_limits() -> None:
     body = {**COMPLETION, "min_tokens": 5}
-    out = resume_body(ApiKind.COMPLETION, body, " a time", 3, dict(VLLM.continue_chat))
+    out = resume_body(ApiKind.COMPLETION, body, " a time", 3, continue_fields=dict(VLLM.continue_chat))
     assert out["prompt"] == "Once upon a time"
     assert out["max_tokens"] == 17
     assert out["min_tokens"] == 2
@@ -72,24 +72,24 @@ def test_completion_resume_appends_the_produced_text_and_shrinks_the_limits() ->
 
 def test_chat_resume_continues_a_final_assistant_message() -> None:
     body = {**CHAT, "max_completion_tokens": 10}
-    vllm = resume_body(ApiKind.CHAT, body, "Hello th", 4, dict(VLLM.continue_chat))
+    vllm = resume_body(ApiKind.CHAT, body, "Hello th", 4, continue_fields=dict(VLLM.continue_chat))
     assert vllm["messages"] == [*CHAT["messages"], {"role": "assistant", "content": "Hello th"}]
     assert vllm["continue_final_message"] is True
     assert vllm["add_generation_prompt"] is False  # vLLM refuses continue_final_message without it
     assert vllm["max_tokens"] == 16
     assert vllm["max_completion_tokens"] == 6
-    sglang = resume_body(ApiKind.CHAT, body, "Hello th", 4, dict(SGLANG.continue_chat))
+    sglang = resume_body(ApiKind.CHAT, body, "Hello th", 4, continue_fields=dict(SGLANG.continue_chat))
     assert sglang["continue_final_message"] is True
     assert "add_generation_prompt" not in sglang
     assert len(body["messages"]) == 1
 
 
 def test_resume_before_any_token_sends_the_original_call() -> None:
-    assert resume_body(ApiKind.CHAT, CHAT, "", 0, dict(VLLM.continue_chat)) == CHAT
+    assert resume_body(ApiKind.CHAT, CHAT, "", 0, continue_fields=dict(VLLM.continue_chat)) == CHAT
 
 
 def test_resume_never_asks_for_less_than_one_token() -> None:
-    out = resume_body(ApiKind.COMPLETION, COMPLETION, "x" * 30, 30, {})
+    out = resume_body(ApiKind.COMPLETION, COMPLETION, "x" * 30, 30, continue_fields={})
     assert out["max_tokens"] == 1
 
 
@@ -216,3 +216,41 @@ def test_reasoning_and_tool_calls_cannot_be_continued_from_text() -> None:
     tools.feed(_chunk("c", 1, {"tool_calls": [{"index": 0, "function": {"name": "f"}}]}), 1.0)
     assert not tools.continuable
     assert tools.tokens == 1
+
+
+def test_token_ids_asked_on_berths_behalf_are_kept_and_taken_out() -> None:
+    relay = SseRelay(include_usage=False, served_model="m", client_model="m")
+    relay.collect_ids()
+    first = {"id": "c", "object": "text_completion", "created": 1, "model": "m"}
+    sent = relay.feed(
+        b"data: "
+        + orjson.dumps(
+            {**first, "choices": [{"index": 0, "text": "a", "prompt_token_ids": [1, 2], "token_ids": [7]}]}
+        )
+        + b"\n\n",
+        1.0,
+    )
+    sent += relay.feed(
+        b"data: "
+        + orjson.dumps({**first, "choices": [{"index": 0, "text": "b", "token_ids": [8, 9]}]})
+        + b"\n\n",
+        1.1,
+    )
+    assert relay.prompt_ids == [1, 2]
+    assert relay.generated_ids == [7, 8, 9]
+    assert b"token_ids" not in sent
+    assert relay.produced_text == "ab"
+    relay.resume(prompt_tokens=2)
+    relay.feed(
+        b"data: "
+        + orjson.dumps(
+            {
+                **first,
+                "choices": [{"index": 0, "text": "c", "prompt_token_ids": [1, 2, 7, 8, 9], "token_ids": [5]}],
+            }
+        )
+        + b"\n\n",
+        2.0,
+    )
+    assert relay.prompt_ids == [1, 2]  # the original prompt's, not the resumed call's
+    assert relay.generated_ids == [7, 8, 9, 5]

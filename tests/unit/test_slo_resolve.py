@@ -189,12 +189,8 @@ def test_an_unknown_class_is_served_in_the_default_class_and_counted() -> None:
     assert got.slo.itl_ms == 100.0  # the default class's otherwise
     state = SloAdmission()
     for _ in range(2):
-        state.resolve(
-            [("x-berth-slo-class", "gold")], None, parsed(), served="m", now=1.0, policy=POLICY, tenants=()
-        )
-    state.resolve(
-        [("x-berth-slo-class", "ide")], None, parsed(), served="m", now=1.0, policy=POLICY, tenants=()
-    )
+        state.resolve([("x-berth-slo-class", "gold")], None, parsed(), served="m", now=1.0, policy=POLICY)
+    state.resolve([("x-berth-slo-class", "ide")], None, parsed(), served="m", now=1.0, policy=POLICY)
     assert state.unknown_classes == {"chat": 2}
 
 
@@ -258,15 +254,14 @@ def test_keys_never_show_in_reprs() -> None:
 
 def test_the_daemon_state_resolves_with_tenants_and_counts_rejections() -> None:
     state = SloAdmission()
-    tenants = (TenantConfig(name="ide", api_keys=(KEY,), slo_class="ide"),)
+    tenants = Tenants([TenantConfig(name="ide", api_keys=(KEY,), slo_class="ide")])
     r = state.resolve(
         [("authorization", f"Bearer {KEY}")],
-        f"Bearer {KEY}",
+        tenants.lookup(f"Bearer {KEY}"),
         parsed(),
         served="m",
         now=1.0,
         policy=POLICY,
-        tenants=tenants,
     )
     assert (r.slo.slo_class, r.tenant) == ("ide", "ide")
     from gateway.core import errors
@@ -283,7 +278,7 @@ RULELESS = SloPolicy(classes=POLICY.classes, default_class="ide")
 
 
 def _state_resolve(state: SloAdmission, policy: SloPolicy, headers: dict[str, str]) -> Any:
-    return state.resolve(headers.items(), None, parsed(), served="m", now=1.0, policy=policy, tenants=())
+    return state.resolve(headers.items(), None, parsed(), served="m", now=1.0, policy=policy)
 
 
 def test_no_berth_header_parses_to_the_shared_empty_headers() -> None:
@@ -303,3 +298,60 @@ def test_a_plain_request_under_a_ruleless_policy_reuses_one_answer_per_policy() 
     assert _state_resolve(state, reloaded, {"x-berth-slo-class": "batch"}).slo.slo_class == "batch"
     with_rules = _state_resolve(state, POLICY, {})
     assert with_rules is not _state_resolve(state, POLICY, {})
+
+
+# --------------------------------------------------------------------- allowed classes
+RESTRICTED = Tenant("ide-team", slo_class="ide", allowed_classes=("ide", "chat"))
+
+
+@pytest.mark.parametrize(
+    ("asked", "want_class", "want_source"),
+    [
+        pytest.param("chat", "chat", "header", id="allowed-class-kept"),
+        pytest.param("batch", "ide", "downgraded", id="outside-downgraded-to-tenant-default"),
+        pytest.param("gold", "ide", "downgraded", id="unknown-and-outside-downgraded"),
+        pytest.param(None, "ide", "tenant", id="no-header-tenant-default"),
+    ],
+)
+def test_a_class_outside_the_tenants_allowed_classes_is_downgraded(
+    asked: str | None, want_class: str, want_source: str
+) -> None:
+    got = run({} if asked is None else {"x-berth-slo-class": asked}, RESTRICTED)
+    assert (got.slo.slo_class, got.source) == (want_class, want_source)
+
+
+def test_a_class_outside_the_tenants_allowed_classes_is_refused_when_configured() -> None:
+    hdrs = parse_slo_headers([("x-berth-slo-class", "batch")])
+    with pytest.raises(BerthError) as e:
+        resolve(POLICY, hdrs, RESTRICTED, parsed(), "m", now=1.0, reject_disallowed=True)
+    err = e.value
+    assert (err.status, err.code, err.param) == (403, "slo_class_not_allowed", "x-berth-slo-class")
+    # an allowed one still passes
+    ok = parse_slo_headers([("x-berth-slo-class", "chat")])
+    assert (
+        resolve(POLICY, ok, RESTRICTED, parsed(), "m", now=1.0, reject_disallowed=True).slo.slo_class
+        == "chat"
+    )
+
+
+def test_without_slo_class_the_first_allowed_class_is_the_tenants_default() -> None:
+    t = Tenant("t", allowed_classes=("batch",))
+    assert run({}, t).slo.slo_class == "batch"
+    assert run({"x-berth-slo-class": "ide"}, t).slo.slo_class == "batch"
+
+
+def test_downgrades_are_counted_per_tenant() -> None:
+    state = SloAdmission()
+    state.resolve([("x-berth-slo-class", "batch")], RESTRICTED, parsed(), served="m", now=1.0, policy=POLICY)
+    state.resolve([("x-berth-slo-class", "chat")], RESTRICTED, parsed(), served="m", now=1.0, policy=POLICY)
+    assert state.downgraded == {"ide-team": 1}
+
+
+def test_the_api_key_header_is_read_when_there_is_no_bearer_token() -> None:
+    tenants = Tenants([TenantConfig(name="ide", api_keys=(KEY,))])
+    found = tenants.lookup(None, KEY)
+    assert found is not None
+    assert found.name == "ide"
+    assert tenants.lookup(None, "nope") is None
+    # Authorization wins when both are sent
+    assert tenants.lookup("Bearer nope", KEY) is None
