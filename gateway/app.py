@@ -29,12 +29,13 @@ from gateway.config.schema import EndpointConfig
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.errors import ConfigError
 from gateway.core.heap import settle
+from gateway.core.looplag import watch_lag
 from gateway.core.metrics import GatewayMetrics, LiveNumbers
 from gateway.core.sdnotify import Notifier, watchdog_loop
 from gateway.core.tasks import TaskSupervisor
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.runner import Dispatcher
-from gateway.front.admin import is_loopback
+from gateway.front.admin import is_loopback, running_by_kind
 from gateway.front.routes import add_ops_routes, add_routes
 from gateway.front.services import RequestSettings, Services
 from gateway.lifecycle.endpoints import EndpointSet
@@ -163,6 +164,7 @@ class Gateway:
         self.supervisor.spawn("telemetry", self.telemetry.run)
         if self.lifecycle is not None:
             self.supervisor.spawn("lifecycle", self.lifecycle.run)
+        self.supervisor.spawn("loop-lag", lambda: watch_lag(self.metrics.loop_lag))
         if self.notifier.watchdog_interval_s() is not None:
             self.supervisor.spawn("systemd-watchdog", lambda: watchdog_loop(self.notifier))
         yield
@@ -182,6 +184,12 @@ class Gateway:
             tasks=len(asyncio.all_tasks()),
             upstream_in_use=in_use,
             upstream_idle=idle,
+            cap={e.id: e.cap for e in snap.endpoints},
+            running_by_kind={
+                (e.id, e.instance_class.value, kind): n
+                for e in snap.endpoints
+                for kind, n in running_by_kind(e, self.services.settings.slo).items()
+            },
         )
 
     def request_reload(self) -> None:

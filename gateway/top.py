@@ -81,6 +81,13 @@ def _pct(v: Any) -> str:
     return f"{v * 100:.0f}%" if isinstance(v, int | float) else "-"
 
 
+def _by_kind(kinds: Any) -> str:
+    """Interactive/batch requests the gateway runs on an endpoint."""
+    if not isinstance(kinds, dict):
+        return "-"
+    return f"{kinds.get('interactive', 0)}/{kinds.get('batch', 0)}"
+
+
 def _num(v: Any, digits: int = 0) -> str:
     if not isinstance(v, int | float):
         return "-"
@@ -146,6 +153,7 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
                 str(e.get("class")),
                 str(e.get("group") or "-"),
                 f"{e.get('inflight', 0)}/{e.get('cap', '-')}",
+                _by_kind(e.get("running_by_kind")),
                 _num(g.get("running")),
                 _num(g.get("waiting")),
                 _pct(g.get("kv_usage")),
@@ -158,7 +166,7 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
                 _ratio(_get(e, "engine_check", "ttft", "ratio")),
             ]
         )
-    header = ["ENDPOINT", "STATE", "CLASS", "GROUP", "INFL", "RUN", "WAIT", "KV", "AGE"]
+    header = ["ENDPOINT", "STATE", "CLASS", "GROUP", "INFL", "INT/BAT", "RUN", "WAIT", "KV", "AGE"]
     header += ["TTFT", "TTFTp90", "ITL", "ITLp99", "TOK/S", "GW/ENG"]
     lines.extend(_table(header, rows))
 

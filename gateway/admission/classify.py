@@ -16,6 +16,7 @@ from gateway.core.types import SLO, ApiKind, ModelName, ParsedRequest, RequestId
 from gateway.sched.request import SchedRequest
 from gateway.telemetry.lengths import LengthPrediction
 from gateway.telemetry.tokens import TokenEstimator
+from gateway.upstream.resume import resumable
 
 CHARS_PER_TOKEN = 4.0
 _DEFAULT_SLO = SLO()
@@ -46,9 +47,12 @@ def to_sched_request(
     slo: SLO | None = None,
     task_id: str | None = None,
     prompt_tokens: int | None = None,
+    stream_unstreamed: bool = False,
 ) -> SchedRequest:
     """`slo`: as resolved (gateway.admission.slo); None: the default SLO without targets.
-    `prompt_tokens`: the engine's count of the prompt; None: estimate it."""
+    `prompt_tokens`: the engine's count of the prompt; None: estimate it. `stream_unstreamed`: a
+    non-streamed request will be streamed from the engine (so it may be resumed, see
+    gateway.upstream.resume)."""
     slo = slo or _DEFAULT_SLO
     if prompt_tokens is not None:
         prompt = max(1, prompt_tokens)
@@ -75,4 +79,5 @@ def to_sched_request(
         task_id=task_id,
         predicted_output_tokens=predicted,
         predicted_output_p90=p90,
+        resumable=(parsed.stream or stream_unstreamed) and resumable(parsed.api, parsed.body),
     )

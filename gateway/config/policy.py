@@ -16,6 +16,10 @@ params = {}
 # optional:
 [admission]                       # absent: admit everything (class queue bounds still hold)
 plugin = "slo-feasibility"
+[preemption]                      # absent: never preempt (plugins: least-progress, most-slack,
+plugin = "least-progress"         # smallest-kv-loss; params by, victims, classes, max_preemptions, ...)
+[concurrency]                     # absent: the configured caps (static); chiron: adaptive caps
+plugin = "chiron"
 [slo]                             # absent: one class "default" without targets
 default_class = "chat"
 [[slo.classes]]                   # name, kind, band, ttft_ms, itl_ms, e2e_ms, task_sla_ms, task_metric,
@@ -56,7 +60,15 @@ from gateway.core.slo import (
 )
 from gateway.core.strict_toml import convert, join_path, parse_toml, read_toml, validation_error
 from gateway.core.types import ApiKind
-from gateway.sched.interfaces import Admitter, Filter, Ordering, Picker, Scorer
+from gateway.sched.interfaces import (
+    Admitter,
+    ConcurrencyController,
+    Filter,
+    Ordering,
+    Picker,
+    Preemptor,
+    Scorer,
+)
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
 from gateway.sched.registry import BuildContext, PluginKind, PluginRegistry
 
@@ -147,6 +159,8 @@ class PolicyFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     ordering: PluginRef
     placement: PlacementSection
     admission: PluginRef | None = None  # None: admit every request (class queue bounds still hold)
+    preemption: PluginRef | None = None  # None: never preempt
+    concurrency: PluginRef | None = None  # None: every endpoint's configured cap (static)
     slo: SloSection = SloSection()
     tasks: TasksSection = TasksSection()
 
@@ -170,6 +184,8 @@ SLOTS: Final[tuple[Slot, ...]] = (
     Slot(PluginKind.SCORER, "placement.scorers", many=True, required=False, protocol=Scorer),
     Slot(PluginKind.PICKER, "placement.picker", many=False, required=True, protocol=Picker),
     Slot(PluginKind.ADMITTER, "admission", many=False, required=False, protocol=Admitter),
+    Slot(PluginKind.PREEMPTOR, "preemption", many=False, required=False, protocol=Preemptor),
+    Slot(PluginKind.CONCURRENCY, "concurrency", many=False, required=False, protocol=ConcurrencyController),
 )
 
 #: What a policy file's plugins built to, by kind: (the file's reference, the plugin) in file order.
@@ -234,6 +250,8 @@ def build_policy(
         slo=slo,
         admitter=_one(built, PluginKind.ADMITTER),
         lookahead=pf.placement.lookahead,
+        preemptor=_one(built, PluginKind.PREEMPTOR),
+        concurrency=_one(built, PluginKind.CONCURRENCY),
     )
 
 

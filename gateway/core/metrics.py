@@ -41,6 +41,7 @@ LATENCY_BUCKETS = (
     40.0,
     80.0,
 )
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 TOKENIZE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
@@ -172,6 +173,32 @@ class GatewayMetrics:
             buckets=TOKENIZE_BUCKETS,
             registry=r,
         )
+        self.loop_lag = Histogram(
+            "berth_event_loop_lag_seconds",
+            "How late the event loop ran a timer (gateway.core.looplag): time it spent on other work",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
+        # Preemption (gateway.dispatch.runner): requests that gave up their seat to more urgent work, and
+        # how their resumed streams ended.
+        self.preemptions = Counter(
+            "berth_preemptions",
+            "Running requests preempted, by the policy's reason",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.resumes = Counter(
+            "berth_resumes",
+            "Preempted requests by how their resumed stream ended",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.recomputed_tokens = Counter(
+            "berth_recomputed_tokens",
+            "Tokens an engine recomputed as prompt to resume preempted requests",
+            ["model"],
+            registry=r,
+        )
         # The per-request metrics' children, by label values (see Children).
         self.requests_of = Children(self.requests)
         self.ttft_of = Children(self.ttft)
@@ -183,6 +210,9 @@ class GatewayMetrics:
         self.client_disconnects_of = Children(self.client_disconnects)
         self.upstream_retries_of = Children(self.upstream_retries)
         self.tokenize_requests_of = Children(self.tokenize_requests)
+        self.preemptions_of = Children(self.preemptions)
+        self.resumes_of = Children(self.resumes)
+        self.recomputed_tokens_of = Children(self.recomputed_tokens)
 
     def attach_live(self, read: Callable[[], LiveNumbers]) -> None:
         """Export numbers read from the scheduler at scrape time (nothing to update on the hot path)."""
@@ -196,6 +226,9 @@ class GatewayMetrics:
 class LiveNumbers:
     queue_depth: Mapping[str, int]  # model -> requests waiting in the gateway queue
     inflight: Mapping[str, int]  # endpoint -> requests the gateway has running there
+    cap: Mapping[str, int]  # endpoint -> its concurrency cap in force
+    # (endpoint, instance class, request kind) -> requests the gateway runs there of that SLO kind
+    running_by_kind: Mapping[tuple[str, str, str], int]
     waiting: int = 0  # requests awaiting the scheduler's decision (queued or about to be placed)
     tasks: int = 0  # asyncio tasks of the process (handlers, background loops): leaks show here
     upstream_in_use: int = 0  # connections to engines held by a call, a scrape or a health check
@@ -243,3 +276,20 @@ class _LiveCollector:
         c.add_metric(["in_use"], live.upstream_in_use)
         c.add_metric(["idle"], live.upstream_idle)
         yield c
+        c = GaugeMetricFamily(
+            "berth_endpoint_cap_requests",
+            "The endpoint's concurrency cap in force (static, or set by an adaptive controller)",
+            labels=["endpoint"],
+        )
+        for eid, n in sorted(live.cap.items()):
+            c.add_metric([eid], n)
+        yield c
+        k = GaugeMetricFamily(
+            "berth_endpoint_running_requests",
+            "Requests the gateway runs on the endpoint, by the endpoint's instance class and the "
+            "requests' SLO kind",
+            labels=["endpoint", "instance_class", "kind"],
+        )
+        for labels, n in sorted(live.running_by_kind.items()):
+            k.add_metric(list(labels), n)
+        yield k

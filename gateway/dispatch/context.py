@@ -27,6 +27,7 @@ class RequestContext:
     outcome: str = "ok"
     error: BerthError | None = None
     attempts: int = 0
+    preemptions: int = 0  # times the scheduler preempted it (each followed by a resume or an end)
     prompt_tokens: int | None = None
     output_tokens: int = 0
     itl_gaps: list[float] = field(default_factory=list)

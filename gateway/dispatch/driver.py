@@ -5,6 +5,12 @@ it, raising the scheduler's BerthError when it rejects it. Every successful `acq
 with exactly one `release()`; a caller cancelled while waiting leaves the queue, and if the scheduler had
 placed it in the meantime, the slot is released at once.
 
+Preemption: the scheduler frees a running victim's seat and queues it again (`Preempt`). The driver
+cancels the victim's task (its engine call's connection closes, which aborts the request in the engine);
+the task, on its CancelledError, asks `take_preempted` whether that was why, and then either waits for its
+next seat with `resume()` (no `release()` for the run that was cut: the scheduler has freed that seat) or,
+when it cannot go on, gives its queued copy up with `abandon()`.
+
 A policy plugin that raised while deciding on a request failed only that request (the scheduler
 rejected it with a 500); the driver logs each such fault, with its traceback, as `policy_fault`.
 """
@@ -13,14 +19,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import structlog
 
 from gateway.core.types import EndpointId, ModelName, RequestId
-from gateway.sched.decisions import Decision, Dispatch, Reject
+from gateway.sched.decisions import Decision, Dispatch, Preempt, Reject
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
-from gateway.sched.snapshot import EndpointView
 
 log = structlog.get_logger("berth.scheduler")
 
@@ -29,6 +35,10 @@ class SchedulerDriver:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self._waiters: dict[RequestId, asyncio.Future[Decision]] = {}
+        # The task of each request that holds a seat (from acquire until release), for a preemption.
+        self._running: dict[RequestId, asyncio.Task[Any]] = {}
+        # Requests preempted while running: their task was cancelled and takes the decision on waking.
+        self._preempted: dict[RequestId, Preempt] = {}
         # Set by the lifecycle manager: models requested with no ready endpoint that it can load (the
         # scheduler queued their requests), and every placement (recency of agent-started instances).
         self.on_cold: Callable[[list[ModelName]], None] | None = None
@@ -38,8 +48,12 @@ class SchedulerDriver:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def acquire(self, req: SchedRequest, exclude: frozenset[EndpointId] = frozenset()) -> EndpointView:
+    async def acquire(self, req: SchedRequest, exclude: frozenset[EndpointId] = frozenset()) -> Dispatch:
+        """Submit `req` and wait for its seat; raise the scheduler's error if it is rejected."""
         decision = self.scheduler.submit(req, exclude=exclude)
+        preempted = self.scheduler.take_preemptions()
+        if preempted:
+            self.apply(preempted)
         self.log_faults()
         if decision is None:
             fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
@@ -48,33 +62,96 @@ class SchedulerDriver:
                 cold = self.scheduler.take_cold()
                 if self.on_cold is not None:
                     self.on_cold(cold)  # may settle `fut` at once (a load that can never succeed)
-            try:
-                decision = await fut
-            except asyncio.CancelledError:
-                if not self.scheduler.cancel(req.id) and self.scheduler.running_on(req.id) is not None:
-                    self.release(req.id)  # placed just as the caller went away
-                raise
-            finally:
-                self._waiters.pop(req.id, None)
+            decision = await self._wait(req.id, fut)
+        return self._seated(decision)
+
+    async def resume(self, req_id: RequestId) -> Dispatch:
+        """Wait for the next seat of a request that was preempted (`take_preempted` said so)."""
+        fut = self._waiters.get(req_id)
+        if fut is None:  # a preemption always leaves a waiter; keep the invariant loud
+            raise RuntimeError(f"request {req_id} was not preempted")
+        return self._seated(await self._wait(req_id, fut))
+
+    def _seated(self, decision: Decision) -> Dispatch:
         if isinstance(decision, Reject):
             raise decision.error
+        assert isinstance(decision, Dispatch)  # a waiter is only ever handed its own dispatch or reject
+        task = asyncio.current_task()
+        if task is not None:
+            self._running[decision.req.id] = task
         if self.on_dispatch is not None:
-            self.on_dispatch(req, decision.endpoint.id)
-        return decision.endpoint
+            self.on_dispatch(decision.req, decision.endpoint.id)
+        return decision
+
+    async def _wait(self, rid: RequestId, fut: asyncio.Future[Decision]) -> Decision:
+        self._waiters[rid] = fut
+        try:
+            while True:
+                decision = await fut
+                current = self._waiters.get(rid)
+                if current is None or current is fut:
+                    return decision
+                # Preempted after it was placed but before it ran: wait for its next placement.
+                self._preempted.pop(rid, None)
+                fut = current
+        except asyncio.CancelledError:
+            self._waiters.pop(rid, None)
+            self._preempted.pop(rid, None)
+            if not self.scheduler.cancel(rid) and self.scheduler.running_on(rid) is not None:
+                self.release(rid)  # placed just as the caller went away
+            raise
+        finally:
+            if self._waiters.get(rid) is fut:
+                del self._waiters[rid]
+
+    def take_preempted(self, req_id: RequestId) -> Preempt | None:
+        """The preemption that cancelled this request's task, if that is why it was cancelled; the request
+        waits in the queue, and `resume` (or `abandon`) must follow."""
+        return self._preempted.pop(req_id, None)
+
+    def abandon(self, req_id: RequestId) -> None:
+        """A preempted request will not be resumed (its client left, or its stream had just ended): take
+        it out of the queue, or give back the seat it was given meanwhile."""
+        self._preempted.pop(req_id, None)
+        self._waiters.pop(req_id, None)
+        if not self.scheduler.cancel(req_id) and self.scheduler.running_on(req_id) is not None:
+            self.release(req_id)
 
     def release(self, req_id: RequestId) -> None:
+        self._running.pop(req_id, None)
         self.apply(self.scheduler.complete(req_id))
 
     def apply(self, decisions: Iterable[Decision]) -> None:
         """Hand decisions made outside a submit (completions, ticks, endpoint events) to their waiters."""
         self.log_faults()
         for d in decisions:
+            if isinstance(d, Preempt):
+                self._preempt(d)
+                continue
             fut = self._waiters.get(d.req.id)
             if fut is not None and not fut.done():
                 fut.set_result(d)
             elif isinstance(d, Dispatch):
                 # Nobody waits for it any more: give the slot back.
                 self.apply(self.scheduler.complete(d.req.id))
+
+    def _preempt(self, p: Preempt) -> None:
+        """Stop the victim's engine call: its task is cancelled (the engine call's connection closes,
+        which aborts it in the engine) and, told why by `take_preempted`, waits for its next seat."""
+        rid = p.victim.id
+        fresh: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        task = self._running.pop(rid, None)
+        if task is not None:
+            self._preempted[rid] = p
+            self._waiters[rid] = fresh
+            task.cancel("preempted")
+            return
+        placed = self._waiters.get(rid)
+        if placed is not None and placed.done():
+            self._waiters[rid] = fresh  # placed, not yet running: `_wait` goes on waiting
+            return
+        # Neither running nor about to: it has finished, and its queued copy must go.
+        self.scheduler.cancel(rid)
 
     def log_faults(self) -> None:
         """Log the policy faults the scheduler kept since the last call (none: one attribute read)."""

@@ -1,5 +1,10 @@
 """The dispatch phases of one request: acquire a slot -> open the engine call (retrying on another
 endpoint before the first byte) -> relay -> release. The caller's finish phase logs and counts.
+
+A streamed request the scheduler preempts (its task is cancelled by the driver, see
+`gateway.dispatch.driver`) closes its engine call, keeps its client's stream open, waits in the queue
+for its next seat and goes on there with a call that continues the produced text
+(`gateway.upstream.resume`); the relay stitches the new engine stream onto the client's.
 """
 
 from __future__ import annotations
@@ -16,18 +21,23 @@ from gateway.core import errors
 from gateway.core.clock import Clock
 from gateway.core.errors import BerthError
 from gateway.core.metrics import GatewayMetrics
-from gateway.core.types import EndpointId
+from gateway.core.types import ApiKind, EndpointId, RequestId
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.slo_headers import slo_met_now
+from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import EndpointView
 from gateway.upstream.client import StallTimer, UpstreamSettings, open_request
 from gateway.upstream.credentials import AUTH_REFUSED, EngineAuth
 from gateway.upstream.dialects import dialect_for
+from gateway.upstream.resume import resume_body
 from gateway.upstream.sse import SseRelay, error_event
+from gateway.upstream.tokenize import tokenize
 
 _ERROR_BODY_LIMIT = 64 * 1024
 PROGRESS_EVERY = 16  # tokens between a stream's progress reports to the scheduler
+RESUME_TOKENIZE_TIMEOUT_S = 2.0  # counting the original prompt of a resumed stream (its final usage)
 
 
 class Dispatcher:
@@ -60,28 +70,46 @@ class Dispatcher:
     ) -> web.StreamResponse:
         """Run the engine call for `body`, parsed from `raw` (if given: sent as is when nothing changed)."""
         changed = False
-        if ctx.stream and not include_usage:
+        # A non-streamed request that may be preempted is streamed from the engine, so that what it
+        # produced is known when it is preempted; berth answers it with one assembled response.
+        assemble = not ctx.stream and sreq.resumable
+        if assemble:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+            changed = True
+        elif ctx.stream and not include_usage:
             # berth always asks for usage; the relay drops the usage chunk unless the client asked too.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
             changed = True
         if body.get("model") != ctx.served_model:
             body["model"] = ctx.served_model
             changed = True
-        payload = raw if raw is not None and not changed else orjson.dumps(body)
+        first_payload = raw if raw is not None and not changed else orjson.dumps(body)
         path = ctx.api.path
+        stream = _Stream(ctx, include_usage, client=ctx.stream) if ctx.stream or assemble else None
         exclude: frozenset[EndpointId] = frozenset()
+        placed = self.driver.acquire(sreq, exclude)
         while True:
-            endpoint = await self.driver.acquire(sreq, exclude)
+            seat = await placed
+            sreq = seat.req
+            endpoint = seat.endpoint
             ctx.attempts += 1
             ctx.endpoint = endpoint.id
             if ctx.dispatched_at is None:
                 ctx.dispatched_at = self.clock.now()
             resp: aiohttp.ClientResponse | None = None
-            sent = payload
+            sent_body, sent = body, first_payload
+            if stream is not None and sreq.resumable:
+                sent_body = _resumable_call(ctx, endpoint, body, stream)
+                if sent_body is not body:
+                    sent = orjson.dumps(sent_body)
             if endpoint.priority_scheduling:  # only such engines accept a priority (vLLM: else 400)
                 urgency = self.driver.scheduler.engine_priority(sreq.id)
                 if urgency is not None:
-                    sent = orjson.dumps({**body, "priority": dialect_for(endpoint.engine).priority(urgency)})
+                    sent = orjson.dumps(
+                        {**sent_body, "priority": dialect_for(endpoint.engine).priority(urgency)}
+                    )
+            seated = True
             try:
                 try:
                     resp = await open_request(
@@ -90,7 +118,7 @@ class Dispatcher:
                         sent,
                         sreq.id,
                         self.settings,
-                        stream=ctx.stream,
+                        stream=stream is not None,
                         auth=self.auth.headers(endpoint.id),
                     )
                     self.auth.result(endpoint.id, "generation", resp.status)
@@ -103,17 +131,108 @@ class Dispatcher:
                     if e.retryable and ctx.attempts <= self.settings.max_retries:
                         self.metrics.upstream_retries_of(endpoint.id).inc()
                         exclude = exclude | {endpoint.id}
+                        placed = self.driver.acquire(sreq, exclude)
                         continue
+                    if stream is not None and stream.resumed:
+                        return await stream.fail(e, request)  # the client has part of the stream already
                     raise
-                if ctx.stream:
-                    return await self._relay_stream(ctx, resp, include_usage, request)
+                if stream is not None:
+                    return await self._relay_stream(ctx, resp, stream, request)
                 return await self._relay_body(ctx, resp)
+            except asyncio.CancelledError:
+                preempt = self.driver.take_preempted(sreq.id)
+                if preempt is None:
+                    raise
+                if resp is not None:
+                    resp.close()  # abort the engine call now, before anything else is awaited
+                seated = False  # the scheduler freed this seat when it preempted the request
+                task = asyncio.current_task()
+                if task is not None and task.uncancel() > 0:
+                    self.driver.abandon(sreq.id)  # cancelled for another reason too: the client left
+                    raise
+                if stream is not None and stream.relay.done:
+                    self.driver.abandon(sreq.id)  # it had just finished: nothing to resume
+                    _record_stream(ctx, stream.relay)
+                    return self._assembled(ctx, stream.relay) if stream.out is None else await stream.close()
+                try:
+                    await self._preempted(ctx, preempt, endpoint, body, stream)
+                except BaseException:
+                    self.driver.abandon(sreq.id)  # e.g. the client left while it was being set up
+                    raise
+                placed = self.driver.resume(sreq.id)
             finally:
                 if resp is not None:
                     # close (not release): a cut-short engine call must see its connection drop so the
                     # engine aborts the request; a fully read response has already returned its connection.
                     resp.close()
-                self.driver.release(sreq.id)
+                if seated:
+                    self.driver.release(sreq.id)
+
+    async def _preempted(
+        self,
+        ctx: RequestContext,
+        preempt: Preempt,
+        endpoint: EndpointView,
+        body: dict[str, Any],
+        stream: _Stream | None,
+    ) -> None:
+        """Count a preemption and set the stream up to go on when the request is placed again."""
+        ctx.preemptions += 1
+        model = ctx.client_model or "-"
+        self.metrics.preemptions_of(model, preempt.reason).inc()
+        if stream is None:
+            return  # nothing reached the client: the same call is made again
+        relay = stream.relay
+        if not relay.continuable and not stream.client:
+            # Reasoning or a tool call cannot be continued from text, but the client saw nothing of
+            # this answer yet: it starts again.
+            self.metrics.recomputed_tokens_of(model).inc(relay.tokens)
+            stream.relay = stream.fresh_relay(relay.include_usage)
+            stream.resumed = False
+            return
+        self.metrics.recomputed_tokens_of(model).inc(relay.tokens)
+        if relay.prompt_ids is not None and relay.generated_ids is not None:
+            # The engine reported the exact tokens: the next prompt is the prompt's and the produced ones.
+            stream.prompt_tokens = len(relay.prompt_ids)
+            stream.resume_ids = (*relay.prompt_ids, *relay.generated_ids)
+        elif relay.tokens:
+            await self._count_prompt(ctx, endpoint, body, stream)
+        relay.resume(stream.prompt_tokens)
+        stream.resumed = True
+
+    async def _count_prompt(
+        self, ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any], stream: _Stream
+    ) -> None:
+        """What a resume needs the engine to count: the original prompt's tokens (the usage a resumed
+        stream ends with; None: the resumed call's count less the tokens produced) and, for a
+        completion, the prompt and the produced text as token ids (`resume_body`'s `prompt_ids`)."""
+        dialect = dialect_for(endpoint.engine)
+        path = dialect.tokenize_path
+        completion = ctx.api is ApiKind.COMPLETION
+        if path is None:
+            return
+        url = endpoint.url + path
+        auth = self.auth.headers(endpoint.id)
+        if stream.prompt_tokens is None:
+            tb = dialect.tokenize_body(ctx.api, body, ctx.served_model)
+            if tb is None:
+                return
+            answer = await tokenize(
+                self.session, url, tb, ctx.id, RESUME_TOKENIZE_TIMEOUT_S, auth=auth, ids=completion
+            )
+            stream.prompt_tokens = answer.count
+            stream.prompt_ids = answer.tokens
+        stream.resume_ids = None
+        if completion and stream.prompt_ids is not None:
+            produced = {"prompt": stream.relay.produced_text, "add_special_tokens": False}
+            tb = dialect.tokenize_body(ctx.api, produced, ctx.served_model)
+            if tb is None:
+                return
+            answer = await tokenize(
+                self.session, url, tb, ctx.id, RESUME_TOKENIZE_TIMEOUT_S, auth=auth, ids=True
+            )
+            if answer.tokens is not None:
+                stream.resume_ids = stream.prompt_ids + answer.tokens
 
     def _headers(self, ctx: RequestContext, content_type: str) -> dict[str, str]:
         queue_ms = 0.0 if ctx.queue_s is None else ctx.queue_s * 1000.0
@@ -155,39 +274,52 @@ class Dispatcher:
         return web.Response(body=data, status=200, headers=headers)
 
     async def _relay_stream(
-        self, ctx: RequestContext, resp: aiohttp.ClientResponse, include_usage: bool, request: web.Request
+        self, ctx: RequestContext, resp: aiohttp.ClientResponse, stream: _Stream, request: web.Request
     ) -> web.StreamResponse:
-        relay = SseRelay(
-            include_usage=include_usage, served_model=ctx.served_model, client_model=ctx.client_model
-        )
-        out = web.StreamResponse(
-            status=200, headers={**self._headers(ctx, "text/event-stream"), "Cache-Control": "no-cache"}
-        )
-        out.enable_chunked_encoding()
-        ctx.status = 200
+        relay = stream.relay
+        out = stream.out
+        if out is None and stream.client:
+            out = stream.out = web.StreamResponse(
+                status=200, headers={**self._headers(ctx, "text/event-stream"), "Cache-Control": "no-cache"}
+            )
+            out.enable_chunked_encoding()
+            ctx.status = 200
         clock = self.clock
         stall = StallTimer(resp.content, self.settings.read_timeout_s, clock)
         progress = self.driver.scheduler.progress  # tokens so far, for the placement predictions
-        report_at = 1 if ctx.sched is not None else 1 << 62
+        report_at = relay.tokens + 1 if ctx.sched is not None else 1 << 62
+        sreq_id = RequestId("") if ctx.sched is None else ctx.sched.id
+        pinnable = stream.client and ctx.sched is not None and ctx.sched.resumable and relay.continuable
         try:
-            await out.prepare(request)
+            if out is not None and not out.prepared:
+                await out.prepare(request)
             try:
                 async for chunk in resp.content.iter_any():
                     stall.seen = now = clock.now()
                     data = relay.feed(chunk, now)
+                    if pinnable and not relay.continuable:
+                        # Reasoning or a tool call reached the client: a continuation from text would
+                        # lose it, so the request may no longer be preempted.
+                        self.driver.scheduler.pin(sreq_id)
+                        pinnable = False
                     if relay.tokens >= report_at and ctx.sched is not None:
                         progress(ctx.sched.id, relay.tokens, relay.first_token_at)
                         report_at = relay.tokens + PROGRESS_EVERY
-                    if data:
+
+                    if data and out is not None:
                         await out.write(data)
                 tail = relay.flush()
-                if tail:
+                if tail and out is not None:
                     await out.write(tail)
                 if not relay.done and relay.error is None:
                     raise errors.upstream_failed(
                         "engine closed the stream before it finished", retryable=False
                     )
                 if relay.error is not None:
+                    if out is None:
+                        raise errors.upstream_failed(
+                            f"engine failed mid-answer: {relay.error.get('message')}", retryable=False
+                        )
                     ctx.outcome = "engine_error"
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
                 raise errors.upstream_failed(f"engine dropped the stream: {e}", retryable=False) from None
@@ -196,19 +328,96 @@ class Dispatcher:
                     f"engine stream stalled for {self.settings.read_timeout_s:g}s"
                 ) from None
         except BerthError as e:
-            ctx.fail(e)
-            ctx.status = 200  # the client already has a 200; the error travels in the stream
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await out.write(error_event(e.body()))
+            return await stream.fail(e, request)
         except ConnectionResetError:
             ctx.outcome = "client_disconnect"  # the client went away while we wrote to it
+            if out is None:
+                raise
             return out
-        except asyncio.CancelledError:
-            ctx.outcome = "client_disconnect"
-            raise
         finally:
             stall.cancel()
             _record_stream(ctx, relay)
+        if out is None:
+            return self._assembled(ctx, relay)
+        return await stream.close()
+
+    def _assembled(self, ctx: RequestContext, relay: SseRelay) -> web.Response:
+        """A non-streamed request's answer, made of the engine stream berth read for it."""
+        ctx.status = 200
+        headers = self._headers(ctx, "application/json")
+        headers["X-Berth-Slo-Met"] = "true" if slo_met_now(ctx, self.clock.now()) else "false"
+        body = orjson.dumps(relay.assembled(ctx.api is ApiKind.CHAT))
+        return web.Response(body=body, status=200, headers=headers)
+
+
+def _resumable_call(
+    ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any], stream: _Stream
+) -> dict[str, Any]:
+    """The engine call of a request that may be preempted: a resumed one continues its produced text
+    (in the dialect of the engine it now goes to); a completion asks an engine that can for its token
+    ids, so that a resume continues from the exact tokens (the relay keeps them from the client)."""
+    dialect = dialect_for(endpoint.engine)
+    relay = stream.relay
+    ids = ctx.api is ApiKind.COMPLETION and dialect.returns_token_ids and not body.get("return_token_ids")
+    if ids and relay.generated_ids is None and not stream.resumed:
+        relay.collect_ids()
+    elif not ids:
+        relay.generated_ids = None  # an engine that does not report them: a later resume tokenizes
+    out = body
+    if stream.resumed:
+        out = resume_body(
+            ctx.api,
+            body,
+            relay.produced_text,
+            relay.tokens,
+            continue_fields=dict(dialect.continue_chat),
+            prompt_ids=stream.resume_ids,
+        )
+    if relay.generated_ids is not None:
+        out = {**out, "return_token_ids": True}
+    return out
+
+
+class _Stream:
+    """The client's side of a streamed request, across engine calls: one response, prepared once, fed
+    through one relay (which stitches a resumed call's stream onto the first)."""
+
+    __slots__ = ("client", "ctx", "out", "prompt_ids", "prompt_tokens", "relay", "resume_ids", "resumed")
+
+    def __init__(self, ctx: RequestContext, include_usage: bool, *, client: bool) -> None:
+        self.ctx = ctx
+        self.client = client  # False: the client asked for one answer, which berth assembles
+        self.relay = self.fresh_relay(include_usage)
+        self.out: web.StreamResponse | None = None
+        self.resumed = False  # the client has part of the stream from an earlier engine call
+        self.prompt_tokens: int | None = None  # the original prompt's, for a resumed stream's usage
+        self.prompt_ids: tuple[int, ...] | None = None  # a completion's original prompt, as token ids
+        self.resume_ids: tuple[int, ...] | None = None  # ... with the produced text's: the next prompt
+
+    def fresh_relay(self, include_usage: bool) -> SseRelay:
+        ctx = self.ctx
+        return SseRelay(
+            include_usage=include_usage, served_model=ctx.served_model, client_model=ctx.client_model
+        )
+
+    async def fail(self, err: BerthError, request: web.Request) -> web.StreamResponse:
+        """End the stream with an error event (the client already has a 200); an assembled answer's
+        error is the client's answer."""
+        out = self.out
+        if out is None:
+            raise err
+        ctx = self.ctx
+        ctx.fail(err)
+        ctx.status = 200
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            if not out.prepared:
+                await out.prepare(request)
+            await out.write(error_event(err.body()))
+        return await self.close()
+
+    async def close(self) -> web.StreamResponse:
+        out = self.out
+        assert out is not None
         with contextlib.suppress(ConnectionError, RuntimeError):
             await out.write_eof()
         return out

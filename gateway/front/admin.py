@@ -9,7 +9,8 @@ The document (JSON; numbers are seconds, tokens or fractions; null where nothing
     version, uptime_s, policy, ready, draining
     fail_open            {active, since_s, events}: every ready endpoint's metrics stale
     stale_after_s
-    endpoints[]          id, url, engine, state, class, node, models, group, cap, inflight,
+    endpoints[]          id, url, engine, state, class, node, models, group, cap (in force), inflight,
+                         running_by_kind {interactive, batch} (what the gateway runs there, by SLO kind),
                          auth {state: ok | failed, failing_routes {route: status}} (failed: the engine
                          answers 401/403 to berth's credentials, a configuration error),
                          gauges {running, waiting, kv_usage, fresh, scrape_age_s, dispatched_since_scrape,
@@ -46,6 +47,7 @@ from aiohttp import web
 
 from gateway import __version__
 from gateway.core import errors
+from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId, ModelName
 from gateway.front.http import error_response, request_id
 from gateway.front.services import SERVICES, Services
@@ -135,7 +137,7 @@ def fleet_document(s: Services) -> dict[str, Any]:
         "stale_after_s": sched.limits.stale_after_s,
         "endpoints": [
             {
-                **_endpoint(e, fleet.endpoints.get(e.id), now, group_of.get(e.id)),
+                **_endpoint(e, fleet.endpoints.get(e.id), now, group_of.get(e.id), s.settings.slo),
                 "auth": _auth(s, e.id),
             }
             for e in snap.endpoints
@@ -175,6 +177,14 @@ def fleet_document(s: Services) -> dict[str, Any]:
     }
 
 
+def running_by_kind(e: EndpointView, slo: SloPolicy) -> dict[str, int]:
+    """The requests the gateway runs on `e`, by the kind of their SLO class (interactive, batch)."""
+    out = dict.fromkeys(map(str, SloKind), 0)
+    for r in e.running:
+        out[slo.class_of(r.slo_class).kind.value] += 1
+    return out
+
+
 def _auth(s: Services, eid: EndpointId) -> dict[str, Any]:
     """Whether the engine takes berth's credentials: "failed" (with the routes that answered 401/403)
     is a configuration error to fix in gateway.toml, not an engine fault."""
@@ -182,7 +192,9 @@ def _auth(s: Services, eid: EndpointId) -> dict[str, Any]:
     return {"state": "failed" if failing else "ok", "failing_routes": failing}
 
 
-def _endpoint(e: EndpointView, t: EndpointTelemetry | None, now: float, group: str | None) -> dict[str, Any]:
+def _endpoint(
+    e: EndpointView, t: EndpointTelemetry | None, now: float, group: str | None, slo: SloPolicy
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": e.id,
         "url": e.url,
@@ -195,6 +207,7 @@ def _endpoint(e: EndpointView, t: EndpointTelemetry | None, now: float, group: s
         "group": group,
         "cap": e.cap,
         "inflight": e.inflight,
+        "running_by_kind": running_by_kind(e, slo),
         "gauges": {
             "running": e.engine_running,
             "waiting": e.engine_waiting,

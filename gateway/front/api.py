@@ -23,7 +23,7 @@ from gateway.admission.tenancy import ANONYMOUS
 from gateway.core import errors
 from gateway.core.errors import BerthError
 from gateway.core.logging import LEVEL
-from gateway.core.slo import SloPolicy
+from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import ApiKind, ModelName, ParsedRequest
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.slo_headers import error_headers
@@ -101,7 +101,15 @@ async def admit(
     key = s.next_key()  # berth's own id for the request: the client's X-Request-Id is only echoed
     counter = s.prompt_counter
     exact = None if counter is None else await counter.count(key, parsed, ModelName(ctx.served_model))
-    return scheduler_request(ctx, parsed, resolved, key, s.telemetry, prompt_tokens=exact)
+    # A non-streamed batch request is streamed from the engine under a policy that preempts, so that it
+    # can be resumed if it is preempted (it is a likely victim; the rest keep the cheaper path).
+    policy = s.scheduler.policy
+    stream_unstreamed = (
+        policy.preemptor is not None and policy.slo.class_of(ctx.slo_class).kind is SloKind.BATCH
+    )
+    return scheduler_request(
+        ctx, parsed, resolved, key, s.telemetry, prompt_tokens=exact, stream_unstreamed=stream_unstreamed
+    )
 
 
 def resolve_slo(
@@ -142,6 +150,7 @@ def scheduler_request(
     telemetry: LiveTelemetry,
     *,
     prompt_tokens: int | None = None,
+    stream_unstreamed: bool = False,
 ) -> SchedRequest:
     """The scheduler's request, keyed `key`, with the live token estimate (or the engine's count) and
     output-length prediction."""
@@ -155,6 +164,7 @@ def scheduler_request(
         slo=resolved.slo,
         task_id=resolved.task_id,
         prompt_tokens=prompt_tokens,
+        stream_unstreamed=stream_unstreamed,
     )
     ctx.sched = sreq
     ctx.slo_class = sreq.slo.slo_class
@@ -195,6 +205,8 @@ def finish(s: Services, ctx: RequestContext, tenant: Tenant | None = None, seat:
         m.output_tokens_of(model).inc(ctx.output_tokens)
     if ctx.prompt_tokens:
         m.prompt_tokens_of(model).inc(ctx.prompt_tokens)
+    if ctx.preemptions:
+        m.resumes_of(model, ctx.outcome).inc()
     learn(ctx, s.telemetry, s.slo)
     if not LEVEL.info:
         return
@@ -210,6 +222,7 @@ def finish(s: Services, ctx: RequestContext, tenant: Tenant | None = None, seat:
         tenant=tenant_name,
         stream=ctx.stream,
         attempts=ctx.attempts,
+        preempted=ctx.preemptions,
         queue_ms=_ms(ctx.queue_s),
         ttft_ms=_ms(ttft),
         e2e_ms=_ms(e2e),

@@ -1,6 +1,6 @@
 """What the scheduler decides: every event returns decisions, and its driver carries them out.
 
-`Decision` is the union of every kind. A new kind (preempt, scale, evict) is one more frozen dataclass
+`Decision` is the union of every kind. A new kind (scale, evict) is one more frozen dataclass
 here and one more member of the union; drivers match on the class, so mypy points at every `match` or
 `isinstance` chain that must learn the new kind.
 """
@@ -33,10 +33,30 @@ class Reject:
     error: BerthError
 
 
-Decision = Dispatch | Reject
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Abort `victim`'s engine request on `endpoint`; it waits in the gateway queue again.
+
+    Made when a request of a kind that may preempt (interactive) could not be placed and a running,
+    resumable request of a kind that may be preempted (batch) had a seat it can take
+    (`gateway.sched.interfaces.Preemptor`). By the time the driver sees it the scheduler has already
+    freed the victim's seat (not counted as a completion: the driver must not call `complete` for the
+    aborted run), put the victim back in its model's queue with its arrival time and band, and dispatched
+    the preempting request to that seat: the `Dispatch` that takes it follows this decision in the same
+    list. `victim` is the request as requeued: `preemptions` counts this one and `produced_tokens` adds
+    what its run had streamed as far as the scheduler knew (`Scheduler.progress`). Its next `Dispatch`
+    comes like any queued request's; `Scheduler.cancel` removes it while it waits.
+    """
+
+    victim: SchedRequest
+    endpoint: EndpointView
+    reason: str  # machine-readable, for metrics: e.g. "interactive_waiting"
+
+
+Decision = Dispatch | Reject | Preempt
 
 #: The policy stage a plugin failed in.
-FaultStage = Literal["admission", "ordering", "placement", "engine_priority"]
+FaultStage = Literal["admission", "ordering", "placement", "engine_priority", "preemption", "concurrency"]
 
 
 @dataclass(frozen=True, slots=True)

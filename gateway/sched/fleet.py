@@ -16,7 +16,7 @@ from typing import Final
 
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import RunningRequest, running_from
+from gateway.sched.running import RunningRequest, resume_prompt_tokens, running_from
 from gateway.sched.snapshot import EndpointEstimates, EndpointView
 from gateway.sched.types import EndpointSpec
 
@@ -43,10 +43,13 @@ class _Endpoint:
         "_fleet",
         "_view",
         "_view_has_gauges",
+        "cap",
         "completed_since_scrape",
         "dispatched_since_scrape",
         "estimates",
         "fresh_until",
+        "gap_s",
+        "gap_tokens",
         "gauges",
         "health",
         "inflight",
@@ -56,11 +59,16 @@ class _Endpoint:
         "running_prompt_tokens",
         "scraped_at",
         "spec",
+        "streamed_tokens",
     )
 
     def __init__(self, spec: EndpointSpec, fleet: _Views) -> None:
         self._fleet = fleet
         self.spec = spec
+        self.cap = spec.cap  # the cap in force (a ConcurrencyController moves it; spec.cap bounds it)
+        self.streamed_tokens = 0
+        self.gap_s = 0.0
+        self.gap_tokens = 0
         self.models: frozenset[ModelName] = spec.models
         self.health = EndpointHealth.STARTING
         self.inflight = 0
@@ -94,7 +102,7 @@ class _Endpoint:
             models=self.models,
             instance_class=s.instance_class,
             health=self.health,
-            cap=s.cap,
+            cap=self.cap,
             inflight=self.inflight,
             engine_running=None if g is None else g.running,
             engine_waiting=None if g is None else g.waiting,
@@ -108,6 +116,10 @@ class _Endpoint:
             estimates=self.estimates,
             running=tuple(self.running.values()),
             priority_scheduling=s.priority_scheduling,
+            max_cap=s.cap,
+            streamed_tokens=self.streamed_tokens,
+            gap_s=self.gap_s,
+            gap_tokens=self.gap_tokens,
         )
         self._view_has_gauges = g is not None
         self.fresh_until = (
@@ -127,12 +139,13 @@ class Fleet:
     """Every endpoint's state and the requests dispatched to them. Changes come from the scheduler's
     events; the methods that answer a bool say whether anything changed (the queues may then move)."""
 
-    __slots__ = ("_context", "_endpoints", "_model_sets", "_running", "_views")
+    __slots__ = ("_context", "_endpoints", "_model_sets", "_requests", "_running", "_views")
 
     def __init__(self) -> None:
         self._endpoints: dict[EndpointId, _Endpoint] = {}
         self._views = _Views()
         self._running: dict[RequestId, EndpointId] = {}
+        self._requests: dict[RequestId, SchedRequest] = {}  # each running request as it was dispatched
         # Prompt and predicted output tokens of each running request (the endpoints' running-context sums).
         self._context: dict[RequestId, tuple[int, float]] = {}
         # (all models, models of ready endpoints); None after a change of endpoints, health or models.
@@ -153,6 +166,7 @@ class Fleet:
         # Forget what ran on removed endpoints: their complete() is then a no-op, and cannot decrement
         # an endpoint added again later under the same id.
         self._running = {r: e for r, e in self._running.items() if e in wanted}
+        self._requests = {r: q for r, q in self._requests.items() if r in self._running}
         for eid, spec in wanted.items():
             ep = self._endpoints.get(eid)
             if ep is None:
@@ -165,8 +179,10 @@ class Fleet:
                     fresh.running_prompt_tokens = ep.running_prompt_tokens
                     fresh.running_output_tokens = ep.running_output_tokens
                     fresh.running = ep.running
+                    fresh.cap = min(ep.cap, spec.cap)
                     self._endpoints[eid] = fresh
                 else:
+                    ep.cap = min(ep.cap, spec.cap) if ep.spec.cap == spec.cap else spec.cap
                     ep.spec = spec
                     ep.models = discovered
                     ep.changed()
@@ -225,34 +241,52 @@ class Fleet:
         ep = self._endpoints[eid]
         ep.inflight += 1
         ep.dispatched_since_scrape += 1
-        predicted = req.predicted_output_tokens or 0.0
-        ep.running_prompt_tokens += req.prompt_tokens
+        predicted = max(0.0, (req.predicted_output_tokens or 0.0) - req.produced_tokens)
+        prompt = resume_prompt_tokens(req)
+        ep.running_prompt_tokens += prompt
         ep.running_output_tokens += predicted
-        self._context[req.id] = (req.prompt_tokens, predicted)
+        self._context[req.id] = (prompt, predicted)
         ep.running[req.id] = running_from(req, now)
         ep.changed()
         self._running[req.id] = eid
+        self._requests[req.id] = req
 
     def complete(self, req_id: RequestId) -> frozenset[ModelName]:
         """A dispatched request finished: its seat is free. The models of its endpoint (whose queues may
         move now); empty when it was not running on a known endpoint."""
-        eid = self._running.pop(req_id, None)
-        context = self._context.pop(req_id, None)
-        if eid is None:
-            return _NO_MODELS
-        ep = self._endpoints.get(eid)
+        ep = self._release(req_id)
         if ep is None:
             return _NO_MODELS
+        ep.completed_since_scrape += 1
+        return ep.models
+
+    def preempt(self, req_id: RequestId) -> SchedRequest | None:
+        """A running request was preempted: its seat is free, without counting as a completion (its
+        engine request is aborted). The request as it was dispatched; None when it was not running."""
+        req = self._requests.get(req_id)
+        if req is None or self._release(req_id) is None:
+            return None
+        return req
+
+    def _release(self, req_id: RequestId) -> _Endpoint | None:
+        """Free a running request's seat; its endpoint (None when it was not running on a known one)."""
+        eid = self._running.pop(req_id, None)
+        context = self._context.pop(req_id, None)
+        self._requests.pop(req_id, None)
+        if eid is None:
+            return None
+        ep = self._endpoints.get(eid)
+        if ep is None:
+            return None
         ep.running.pop(req_id, None)
         ep.inflight -= 1
-        ep.completed_since_scrape += 1
         if context is not None:
             ep.running_prompt_tokens -= context[0]
             ep.running_output_tokens -= context[1]
         if ep.inflight == 0:
             ep.running_output_tokens = 0.0  # no float drift left behind
         ep.changed()
-        return ep.models
+        return ep
 
     def progress(self, req_id: RequestId, produced: int, first_token_at: float | None, now: float) -> None:
         eid = self._running.get(req_id)
@@ -262,13 +296,55 @@ class Fleet:
         r = ep.running.get(req_id)
         if r is None:
             return
+        before = r.produced or 0
+        if produced > before:
+            ep.streamed_tokens += produced - before
+            # the time between two reports over the tokens between them (the first token's wait is none)
+            since = r.reported_at if r.produced else first_token_at
+            counted = produced - max(before, 1)
+            if since is not None and counted > 0 and now >= since:
+                ep.gap_s += now - since
+                ep.gap_tokens += counted
         ep.running[req_id] = dataclasses.replace(
             r, produced=produced, first_token_at=first_token_at, reported_at=now
         )
         ep.changed()
 
+    def pin(self, req_id: RequestId) -> None:
+        """The running request can no longer be resumed faithfully: it is no victim any more."""
+        req = self._requests.get(req_id)
+        eid = self._running.get(req_id)
+        ep = None if eid is None else self._endpoints.get(eid)
+        if req is None or ep is None or not req.resumable:
+            return
+        self._requests[req_id] = dataclasses.replace(req, resumable=False)
+        r = ep.running.get(req_id)
+        if r is not None:
+            ep.running[req_id] = dataclasses.replace(r, resumable=False)
+            ep.changed()
+
     def running_on(self, req_id: RequestId) -> EndpointId | None:
         return self._running.get(req_id)
+
+    def request(self, req_id: RequestId) -> SchedRequest | None:
+        """A running request as it was dispatched."""
+        return self._requests.get(req_id)
+
+    def cap_of(self, eid: EndpointId) -> int | None:
+        ep = self._endpoints.get(eid)
+        return None if ep is None else ep.cap
+
+    def set_cap(self, eid: EndpointId, cap: int) -> bool:
+        """Put `cap` in force on `eid` (clamped into [1, its configured cap]); True if it changed."""
+        ep = self._endpoints.get(eid)
+        if ep is None:
+            return False
+        cap = max(1, min(cap, ep.spec.cap))
+        if cap == ep.cap:
+            return False
+        ep.cap = cap
+        ep.changed()
+        return True
 
     def inflight_on(self, eid: EndpointId) -> int:
         ep = self._endpoints.get(eid)

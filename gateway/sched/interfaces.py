@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from gateway.core.types import EndpointId, ModelName
+from gateway.core.slo import SloKind
+from gateway.core.types import EndpointId, InstanceClass, ModelName
 from gateway.sched.request import SchedRequest
+from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
 #: A key orders the queue: smaller keys are served first. Ties break by arrival order.
@@ -168,3 +170,63 @@ class EnginePriority(Protocol):
     """
 
     def engine_priority(self, req: SchedRequest, snap: FleetSnapshot) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A running request that may be preempted, and the endpoint whose seat it holds."""
+
+    running: RunningRequest
+    endpoint: EndpointView
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionRules:
+    """Which requests may preempt which, and where (a preemption plugin's common parameters; the
+    scheduler enforces them, whatever the plugin ranks)."""
+
+    by: frozenset[SloKind] = frozenset({SloKind.INTERACTIVE})  # kinds whose requests may preempt
+    victims: frozenset[SloKind] = frozenset({SloKind.BATCH})  # kinds whose requests may be preempted
+    classes: frozenset[InstanceClass] = frozenset({InstanceClass.MIXED})  # on endpoints of these classes
+    max_preemptions: int = 1  # a request preempted this often is never a victim again
+    # The wait a victim is assumed to have in the queue before it runs again, for the check that its own
+    # SLO stays feasible (its deadline, its average inter-token time).
+    requeue_wait_s: float = 10.0
+    margin: float = 1.0  # < 1 demands room to spare in that check
+
+
+@runtime_checkable
+class Preemptor(Protocol):
+    """Chooses which running request gives its seat to a request that could not be placed.
+
+    `victims` are the running requests the scheduler already found eligible (resumable, of a kind that
+    may be preempted, under the policy's preemption limit, on an endpoint of an allowed class, their own
+    SLO still feasible after a resume). Returns them best first; it may leave some out (never add one).
+    An empty result means "preempt nothing": the request stays queued. The scheduler takes the first
+    victim whose seat the request can take (the placement filters accept it there once the victim is
+    gone). Must not mutate anything.
+    """
+
+    name: str
+    rules: PreemptionRules
+
+    def rank(self, req: SchedRequest, victims: Sequence[Victim], snap: FleetSnapshot) -> Sequence[Victim]: ...
+
+
+@runtime_checkable
+class ConcurrencyController(Protocol):
+    """Sets an endpoint's concurrency cap (the seats `EndpointView.has_room` counts), e.g. Chiron's local
+    autoscaler.
+
+    Called when the requests running on an endpoint changed (a dispatch, a completion, a preemption),
+    with the endpoint's view as of now (`view.cap` is the cap in force; `view.max_cap` the operator's
+    hard maximum). Returns the cap to enforce from now; the scheduler clamps it into
+    [`floor`, `view.max_cap`], so a plugin never lifts a cap past the operator's. A lowered cap takes
+    no seat from a running request: it only stops new ones until enough finish. May keep private state
+    per endpoint (the previous throughput, the time of its last change); must not mutate the view.
+    """
+
+    name: str
+    floor: int  # the smallest cap it may set (>= 1)
+
+    def cap(self, view: EndpointView, now: float) -> int: ...

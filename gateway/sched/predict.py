@@ -41,7 +41,7 @@ from typing import Final, Literal
 
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import RunningRequest, output_estimate
+from gateway.sched.running import RunningRequest, output_estimate, remaining_max_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import EndpointView
 
 Tail = Literal["mean", "normal", "cantelli"]
@@ -268,13 +268,14 @@ class EndpointLoad:
         (the engine stops there)."""
         mean, std = output_estimate(req)
         bound = mean + self.gamma * std
-        return bound if req.max_tokens is None else min(bound, float(max(1, req.max_tokens)))
+        cap = remaining_max_tokens(req)
+        return bound if cap is None else min(bound, float(cap))
 
     def predict(self, req: SchedRequest, *, worst_case: bool = False) -> Prediction:
         """`req` dispatched here now. `worst_case`: decode as if every seat were taken (MaaSO's
         worst-case throughput) instead of the batch it joins."""
         out = self.output_tokens(req)
-        p = float(req.prompt_tokens)
+        p = float(resume_prompt_tokens(req))
         ttft = self.wait_s + self.coef.prefill_s(p + self.pending_prompt)
         b = float(self.seats) if worst_case else float(min(self.n + 1, self.seats))
         avg_ctx = (self.ctx_sum + p + 0.5 * out) / (self.n + 1)
@@ -285,7 +286,7 @@ class EndpointLoad:
     def predict_after(self, req: SchedRequest, wait_s: float) -> Prediction:
         """`req` starting here after `wait_s` (a seat frees then), into a full batch."""
         out = self.output_tokens(req)
-        p = float(req.prompt_tokens)
+        p = float(resume_prompt_tokens(req))
         ttft = wait_s + self.coef.prefill_s(p)
         avg_ctx = (self.ctx_sum + p + 0.5 * out) / (self.n + 1)
         tpot = self.tpot(float(self.seats), avg_ctx)
@@ -294,7 +295,7 @@ class EndpointLoad:
     def idle_service(self, req: SchedRequest) -> Prediction:
         """`req` alone on this endpoint (no wait, batch of one): the least it can take here."""
         out = self.output_tokens(req)
-        p = float(req.prompt_tokens)
+        p = float(resume_prompt_tokens(req))
         ttft = self.coef.prefill_s(p)
         tpot = self.tpot(1.0, p + 0.5 * out, alone=True)
         return Prediction(0.0, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
@@ -315,7 +316,7 @@ class EndpointLoad:
         if not self.running:
             return []
         c = self.coef
-        p = float(req.prompt_tokens)
+        p = float(resume_prompt_tokens(req))
         out = self.output_tokens(req)
         pause = c.prefill_s(p)
         per_iter = (c.k2 * (p + 0.5 * out) + c.c2) * (1.0 + self.overhead)

@@ -16,11 +16,13 @@ from gateway.core.slo import SloPolicy, default_slo_policy
 from gateway.core.types import EndpointHealth, EndpointId, ModelName
 from gateway.sched.interfaces import (
     Admitter,
+    ConcurrencyController,
     EnginePriority,
     Filter,
     GroupingFilter,
     Ordering,
     Picker,
+    Preemptor,
     ScopedFilter,
     Scorer,
     TieredFilter,
@@ -149,6 +151,10 @@ class Policy:
     # Requests behind one that fits nowhere (while endpoints have room) that may be placed before it in
     # one round of serving the queue; 0: strict priority (see gateway.sched.scheduler).
     lookahead: int = 0
+    # Which running request gives its seat to one that cannot be placed; None: never preempt.
+    preemptor: Preemptor | None = None
+    # Sets each endpoint's concurrency cap; None: the configured caps (static).
+    concurrency: ConcurrencyController | None = None
     # The ordering's `engine_priority` method when it has one (`EnginePriority`): resolved once here.
     _engine_priority: Callable[[SchedRequest, FleetSnapshot], int | None] | None = field(
         init=False, repr=False, compare=False

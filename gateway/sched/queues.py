@@ -21,6 +21,9 @@ class Queued:
     req: SchedRequest
     seq: int  # arrival order among every queued request
     exclude: frozenset[EndpointId] = field(default_factory=frozenset)  # endpoints a retry avoids
+    # Clock time it (last) joined the queue: its arrival, or when it was preempted and requeued (the
+    # queue's wait limit counts from here).
+    queued_at: float = 0.0
 
 
 class OrderingFault(Exception):
@@ -66,8 +69,20 @@ class Queues:
         """The queue of `model`, made empty when it has none yet."""
         return self._by_model.setdefault(model, [])
 
-    def push(self, queue: list[Queued], req: SchedRequest, exclude: frozenset[EndpointId]) -> None:
-        queue.append(Queued(req, next(self._seq), exclude))
+    def push(
+        self,
+        queue: list[Queued],
+        req: SchedRequest,
+        exclude: frozenset[EndpointId],
+        *,
+        seq: int | None = None,
+        queued_at: float | None = None,
+    ) -> int:
+        """Append `req`; `seq` keeps the place in arrival order of a request queued before (a preempted
+        one). Its sequence number."""
+        n = next(self._seq) if seq is None else seq
+        queue.append(Queued(req, n, exclude, req.arrival if queued_at is None else queued_at))
+        return n
 
     def cancel(self, req_id: RequestId) -> bool:
         """Drop a queued request; True if it was queued."""

@@ -27,6 +27,8 @@ class PluginKind(enum.StrEnum):
     PICKER = "picker"
     ADMITTER = "admitter"
     EVICTOR = "evictor"
+    PREEMPTOR = "preemptor"
+    CONCURRENCY = "concurrency"
 
 
 class NoParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -24,3 +24,10 @@ class SchedRequest:
     predicted_output_p90: float | None = None
     # Admission demoted it to the lowest band: its SLO was infeasible and its class says best-effort.
     best_effort: bool = False
+    # Preemption (gateway.sched.interfaces.Preemptor): whether the front can resume the request faithfully
+    # after its engine request is aborted (only such requests may be victims; the simulator sets it True);
+    # how often it was preempted so far; and the output tokens its earlier runs produced before they were
+    # preempted (predictions of its remaining output subtract them; a resumed run re-sends them as prompt).
+    resumable: bool = False
+    preemptions: int = 0
+    produced_tokens: int = 0

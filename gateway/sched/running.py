@@ -34,6 +34,10 @@ class RunningRequest:
     e2e_deadline: float | None  # ... the last token
     itl_s: float | None  # per-token target (seconds)
     best_effort: bool = False
+    # What preemption needs to judge it as a victim (gateway.sched.request.SchedRequest's fields).
+    resumable: bool = False
+    preemptions: int = 0
+    produced_before: int = 0  # output tokens of its earlier, preempted runs (not in `produced`)
     # Progress the dispatcher reported (Scheduler.progress): tokens streamed so far, when its first token
     # came and when the count was taken. None: not reported (estimated from time instead).
     produced: int | None = None
@@ -41,23 +45,40 @@ class RunningRequest:
     reported_at: float | None = None
 
 
+def remaining_max_tokens(req: SchedRequest) -> int | None:
+    """The request's max_tokens less what its earlier (preempted) runs produced: what a resumed run
+    may still produce (at least 1); None without max_tokens."""
+    if req.max_tokens is None:
+        return None
+    return max(1, req.max_tokens - req.produced_tokens)
+
+
+def resume_prompt_tokens(req: SchedRequest) -> int:
+    """The tokens an engine prefills for the request's next run: its prompt, plus what its earlier runs
+    produced (a resumed request re-sends them, and the engine recomputes their KV cache)."""
+    return req.prompt_tokens + req.produced_tokens
+
+
 def output_estimate(req: SchedRequest) -> tuple[float, float]:
-    """(mean, standard deviation) of the request's output tokens: the predictor's figures when it ran
-    (the spread from its p90 under a normal), else max_tokens (or a default) with no spread."""
+    """(mean, standard deviation) of the request's output tokens still to come: the predictor's figures
+    when it ran (the spread from its p90 under a normal), else max_tokens (or a default) with no spread;
+    less what earlier, preempted runs produced (at least 1 token)."""
+    done = req.produced_tokens
     mean = req.predicted_output_tokens
     if mean is not None:
         p90 = req.predicted_output_p90
         std = max(0.0, (p90 - mean) / Z90) if p90 is not None else 0.0
-        return max(1.0, mean), std
+        return max(1.0, mean - done), std
     if req.max_tokens is not None:
-        return float(req.max_tokens), 0.0
-    return DEFAULT_OUTPUT_TOKENS, 0.0
+        return float(max(1, req.max_tokens - done)), 0.0
+    return max(1.0, DEFAULT_OUTPUT_TOKENS - done), 0.0
 
 
 def deadlines(req: SchedRequest) -> tuple[float | None, float | None]:
-    """(first-token deadline, last-token deadline) in clock seconds, from the SLO's targets."""
+    """(first-token deadline, last-token deadline) in clock seconds, from the SLO's targets. A resumed
+    request (its earlier run streamed tokens) has had its first token: it has no first-token deadline."""
     slo = req.slo
-    ttft = None if slo.ttft_ms is None else req.arrival + slo.ttft_ms / 1000.0
+    ttft = None if slo.ttft_ms is None or req.produced_tokens > 0 else req.arrival + slo.ttft_ms / 1000.0
     e2e = None if slo.deadline_ms is None else req.arrival + slo.deadline_ms / 1000.0
     return ttft, e2e
 
@@ -68,13 +89,16 @@ def running_from(req: SchedRequest, now: float) -> RunningRequest:
     return RunningRequest(
         id=req.id,
         slo_class=req.slo.slo_class,
-        prompt_tokens=req.prompt_tokens,
+        prompt_tokens=resume_prompt_tokens(req),
         output_mean=mean,
         output_std=std,
-        max_tokens=req.max_tokens,
+        max_tokens=remaining_max_tokens(req),
         dispatched_at=now,
         ttft_deadline=ttft,
         e2e_deadline=e2e,
         itl_s=None if req.slo.itl_ms is None else req.slo.itl_ms / 1000.0,
         best_effort=req.best_effort,
+        resumable=req.resumable,
+        preemptions=req.preemptions,
+        produced_before=req.produced_tokens,
     )

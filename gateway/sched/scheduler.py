@@ -13,6 +13,20 @@ unless the policy's `lookahead` lets up to that many requests behind it be place
 still have room (its placement constraints, not the seats, hold it back: Aladdin places each request on
 the first worker that fits it, and one that fits nowhere waits without holding up the others).
 
+Preemption (the policy's `Preemptor`; none by default): when the request at the head of a queue can be
+placed nowhere, its kind may preempt (interactive) and an endpoint of an allowed class (mixed) runs
+resumable work of a kind that may be preempted (batch), the preemptor ranks the eligible victims and the
+first whose seat the request can take (the placement pipeline accepts it there once the victim is gone)
+gives it up: the victim's seat is freed (not a completion), the victim is queued again with its arrival
+time, band and place in arrival order, and the request is dispatched to that seat. The decisions are a
+`Preempt` followed by the `Dispatch`; `submit` reports only its own request's decision, so the preemptions
+it made wait in an outbox (`take_preemptions`). A victim is eligible only when it is resumable, under the
+policy's preemption limit, and its own SLO stays feasible after a resume (`_resume_feasible`).
+
+Concurrency caps: each endpoint's cap in force starts at its configured cap (the operator's maximum);
+a policy's `ConcurrencyController` moves it when the endpoint's running set changes (a dispatch, a
+completion, a preemption), clamped into [its floor, the configured cap] (`cap_of`).
+
 A policy plugin that raises (ordering, admission, placement, engine priority) fails only the request it
 was deciding on: that request is rejected with a 500 (`internal_error`) and the queue goes on being
 served; the exception is kept in `faults` for the daemon to log (the core does no I/O). Otherwise one
@@ -22,6 +36,7 @@ unserved.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -29,20 +44,77 @@ from gateway.core import errors
 from gateway.core.clock import Clock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.sched.admission import AdmissionLedger
-from gateway.sched.decisions import Decision, Dispatch, FaultStage, PolicyFault, Reject, fault_error
+from gateway.sched.decisions import Decision, Dispatch, FaultStage, PolicyFault, Preempt, Reject, fault_error
 from gateway.sched.fleet import Fleet
+from gateway.sched.interfaces import PreemptionRules, Preemptor, Victim
+from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.profile import Policy
 from gateway.sched.queues import OrderingFault, Queued, Queues, first
 from gateway.sched.request import SchedRequest
+from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 from gateway.sched.types import EndpointSpec, QueueLimits
 
 #: Faults kept for the daemon to collect (the oldest are dropped beyond this).
 MAX_FAULTS: Final = 64
+#: Victims whose seat a preempting request is tried on (the preemptor's first ones), per placement.
+MAX_PREEMPT_TRIES: Final = 4
+#: Why a request was preempted (the `Preempt.reason` of the one trigger there is).
+REASON_WAITING: Final = "interactive_waiting"
+_PREDICT: Final = PredictParams()
 
 
 def _has_room(snap: FleetSnapshot, model: ModelName) -> bool:
     return any(model in e.models and e.health is EndpointHealth.READY and e.has_room for e in snap.endpoints)
+
+
+_UNBOUNDED: Final = 1 << 30
+
+
+def _without(view: EndpointView, victim: RunningRequest) -> EndpointView:
+    """`view` with `victim` gone from its running requests (its seat free)."""
+    return dataclasses.replace(
+        view,
+        inflight=view.inflight - 1,
+        running=tuple(r for r in view.running if r.id != victim.id),
+        running_prompt_tokens=view.running_prompt_tokens - victim.prompt_tokens,
+        running_output_tokens=max(0.0, view.running_output_tokens - victim.output_mean),
+    )
+
+
+def _resume_feasible(r: RunningRequest, load: EndpointLoad, rules: PreemptionRules) -> bool:
+    """Whether a running request keeps its own SLO when preempted now and resumed after the rules'
+    requeue wait, at its endpoint's current pace: its first token (when not out yet), its last token by
+    its deadline, and its average inter-token time from its first token within its target (the tokens of
+    earlier, preempted runs counted at the target pace: the scheduler keeps no earlier first token)."""
+    state = next((s for s in load.running if s.req is r), None)
+    if state is None:
+        return False
+    now = load.now
+    margin = rules.margin
+    restart = now + rules.requeue_wait_s + load.coef.prefill_s(r.prompt_tokens + state.produced)
+    if (
+        not state.prefilled
+        and r.ttft_deadline is not None
+        and restart > now + (r.ttft_deadline - now) * margin
+    ):
+        return False
+    end = restart + state.remaining * load.tpot_now
+    if r.e2e_deadline is not None and end - now > (r.e2e_deadline - now) * margin:
+        return False
+    if r.itl_s is not None:
+        produced = r.produced_before + state.produced
+        tokens = produced + state.remaining
+        if r.produced_before:
+            start = r.dispatched_at if r.first_token_at is None else r.first_token_at  # see the docstring
+            start = min(start, now) - r.produced_before * r.itl_s
+        elif state.prefilled:
+            start = r.first_token_at if r.first_token_at is not None else now + state.first_s
+        else:
+            start = restart
+        if tokens > 1 and (end - start) / (tokens - 1) > r.itl_s * margin:
+            return False
+    return True
 
 
 class Scheduler:
@@ -60,9 +132,15 @@ class Scheduler:
         self._loadable: frozenset[ModelName] = frozenset()
         self._load_deadline_s = 0.0
         self.cold: list[ModelName] = []  # loadable models requested with no ready endpoint (take_cold)
+        self._outbox: list[Preempt] = []  # preemptions made during a submit (take_preemptions)
+        # Place in arrival order of each running request (a preempted one keeps it when requeued).
+        self._seqs: dict[RequestId, int] = {}
 
     def _fault(self, req: SchedRequest, stage: FaultStage, error: Exception) -> None:
-        self.faults.append(PolicyFault(req.id, stage, error))
+        self._fault_id(req.id, stage, error)
+
+    def _fault_id(self, req_id: RequestId, stage: FaultStage, error: Exception) -> None:
+        self.faults.append(PolicyFault(req_id, stage, error))
         if len(self.faults) > MAX_FAULTS:
             del self.faults[0]
 
@@ -74,6 +152,12 @@ class Scheduler:
     def take_cold(self) -> list[ModelName]:
         """The loadable models requested with no ready endpoint since the last call (each once)."""
         out, self.cold = self.cold, []
+        return out
+
+    def take_preemptions(self) -> list[Preempt]:
+        """The preemptions made during `submit` calls since the last call (drivers drain it right after
+        each submit; every other method returns its preemptions in its decision list)."""
+        out, self._outbox = self._outbox, []
         return out
 
     # ----------------------------------------------------------------- configuration
@@ -112,6 +196,7 @@ class Scheduler:
     def set_policy(self, policy: Policy) -> list[Decision]:
         """Swap the policy in one step; queued requests are re-served under the new one."""
         self._policy = policy
+        self._adjust_all()
         return self._serve_all()
 
     def set_limits(self, limits: QueueLimits) -> list[Decision]:
@@ -125,6 +210,7 @@ class Scheduler:
         A removed endpoint takes no new requests; requests running there finish normally.
         """
         self._fleet.sync(specs)
+        self._adjust_all()
         return self._serve_all()
 
     # ----------------------------------------------------------------- endpoint events
@@ -183,19 +269,31 @@ class Scheduler:
                 return Reject(req, fault_error())
             if refused is not None:
                 return Reject(req, refused)
-        self._queues.push(queue, req, exclude)
+        self._queues.push(queue, req, exclude, queued_at=self._clock.now())
         # submit can report one decision only, so it may place `req` and nothing else: a queued request
         # that became placeable without an event that serves (a cancel, time passing) waits for the next
-        # complete/tick instead of being dispatched here and never reported.
+        # complete/tick instead of being dispatched here and never reported. Preemptions made for it
+        # wait in the outbox.
         out: list[Decision] = []
         self._serve(req.model, out, only=req.id)
-        return out[0] if out else None
+        own: Decision | None = None
+        for d in out:
+            if isinstance(d, Preempt):
+                self._outbox.append(d)
+            else:
+                own = d
+        return own
 
     def complete(self, req_id: RequestId) -> list[Decision]:
         """A dispatched request finished (any outcome); its slot is free again."""
         self._priorities.pop(req_id, None)
+        self._seqs.pop(req_id, None)
+        eid = self._fleet.running_on(req_id)
+        models = self._fleet.complete(req_id)
+        if eid is not None and models:
+            self._adjust(eid, req_id)
         out: list[Decision] = []
-        for m in self._fleet.complete(req_id):
+        for m in models:
             self._serve(m, out)
         return out
 
@@ -217,11 +315,11 @@ class Scheduler:
             loading = model not in ready and model in self._loadable
             wait_limit = max(max_wait, self._load_deadline_s) if loading else max_wait
             for item in queue:
-                if now - item.req.arrival > wait_limit:
+                if now - item.queued_at > wait_limit:
                     out.append(
                         Reject(
                             item.req,
-                            errors.queue_timeout(model, now - item.req.arrival, self._limits.retry_after_s),
+                            errors.queue_timeout(model, now - item.queued_at, self._limits.retry_after_s),
                         )
                     )
                 elif loading:
@@ -261,6 +359,11 @@ class Scheduler:
         plugins see it in the endpoint's running requests. Serves nothing by itself."""
         self._fleet.progress(req_id, produced, first_token_at, self._clock.now())
 
+    def pin(self, req_id: RequestId) -> None:
+        """A running request can no longer be resumed faithfully (its stream produced reasoning or a
+        tool call, which a continuation from text would lose): it is never chosen as a victim."""
+        self._fleet.pin(req_id)
+
     def engine_priority(self, req_id: RequestId) -> int | None:
         """The priority to send with a dispatched request (lower is more urgent): set only when its
         endpoint runs priority scheduling and the policy's ordering has one."""
@@ -272,6 +375,11 @@ class Scheduler:
     def inflight_on(self, eid: EndpointId) -> int:
         """Requests the gateway runs on `eid` now (0 for an unknown endpoint)."""
         return self._fleet.inflight_on(eid)
+
+    def cap_of(self, eid: EndpointId) -> int | None:
+        """The concurrency cap in force on `eid` (None: unknown endpoint); its view shows it as `cap`,
+        and the configured maximum as `max_cap`."""
+        return self._fleet.cap_of(eid)
 
     def endpoint_view(self, eid: EndpointId) -> EndpointView | None:
         return self._fleet.view(eid, self._clock.now(), self._limits.stale_after_s)
@@ -337,6 +445,17 @@ class Scheduler:
                 if only is not None:
                     return
                 continue
+            if chosen is None and policy.preemptor is not None:
+                try:
+                    taken = self._preemption(policy.preemptor, item.req, view_snap)
+                except Exception as e:
+                    self._fault(item.req, "preemption", e)
+                    taken = None  # the request waits, as without preemption
+                if taken is not None:
+                    del queue[idx]
+                    self._preempt(taken[0], queue, out)
+                    self._place(item.req, item.seq, taken[1], out)
+                    continue
             if chosen is None:
                 # Strict priority, unless the policy lets requests behind one that fits nowhere go first
                 # while endpoints still have room (its constraints, not the seats, hold it back).
@@ -345,14 +464,101 @@ class Scheduler:
                 skipped.add(item.seq)
                 continue
             del queue[idx]
-            req = item.req
-            self._fleet.dispatch(chosen.id, req, snap.now)
-            if chosen.priority_scheduling:
-                try:
-                    prio = policy.engine_priority(req, snap)
-                except Exception as e:
-                    self._fault(req, "engine_priority", e)
-                    prio = None  # the request still runs, without a priority
-                if prio is not None:
-                    self._priorities[req.id] = prio
-            out.append(Dispatch(req, chosen))
+            self._place(item.req, item.seq, chosen, out)
+
+    def _place(self, req: SchedRequest, seq: int, chosen: EndpointView, out: list[Decision]) -> None:
+        """Dispatch `req` (no longer queued) to `chosen`."""
+        snap = self.snapshot()
+        self._fleet.dispatch(chosen.id, req, snap.now)
+        self._seqs[req.id] = seq
+        if chosen.priority_scheduling:
+            try:
+                prio = self._policy.engine_priority(req, snap)
+            except Exception as e:
+                self._fault(req, "engine_priority", e)
+                prio = None  # the request still runs, without a priority
+            if prio is not None:
+                self._priorities[req.id] = prio
+        out.append(Dispatch(req, chosen))
+        self._adjust(chosen.id, req.id)
+
+    # ----------------------------------------------------------------- preemption
+    def _preemption(
+        self, preemptor: Preemptor, req: SchedRequest, snap: FleetSnapshot
+    ) -> tuple[Victim, EndpointView] | None:
+        """The victim whose seat `req` takes and the view of its endpoint without it, or None."""
+        rules = preemptor.rules
+        slo = self._policy.slo
+        if slo.class_of(req.slo.slo_class).kind not in rules.by:
+            return None
+        victims: list[Victim] = []
+        ready = EndpointHealth.READY
+        for e in snap.endpoints:
+            if req.model not in e.models or e.health is not ready or e.instance_class not in rules.classes:
+                continue
+            load: EndpointLoad | None = None
+            for r in e.running:
+                if not r.resumable or r.preemptions >= rules.max_preemptions or r.id == req.id:
+                    continue
+                if slo.class_of(r.slo_class).kind not in rules.victims:
+                    continue
+                load = load or EndpointLoad(e, snap.now, _PREDICT)
+                if _resume_feasible(r, load, rules):
+                    victims.append(Victim(r, e))
+        if not victims:
+            return None
+        ranked = preemptor.rank(req, victims, snap)
+        for tried, v in enumerate(ranked):
+            if not any(v is c for c in victims):
+                raise RuntimeError(f"preemptor {preemptor.name!r} returned a request that was not a victim")
+            if tried >= MAX_PREEMPT_TRIES:
+                break
+            gone = _without(v.endpoint, v.running)
+            alone = FleetSnapshot(now=snap.now, endpoints=(gone,), queued=snap.queued)
+            chosen = self._policy.profile.place(req, alone)
+            if chosen is not None:
+                return v, chosen
+        return None
+
+    def _preempt(self, victim: Victim, queue: list[Queued], out: list[Decision]) -> None:
+        """Free the victim's seat and queue it again (its arrival, band and place in arrival order)."""
+        rid = victim.running.id
+        eid = victim.endpoint.id
+        old = self._fleet.preempt(rid)
+        if old is None:  # the fleet's views and its running set disagree: a bug, not a policy fault
+            raise RuntimeError(f"preemption victim {rid!r} is not running")
+        self._priorities.pop(rid, None)
+        seq = self._seqs.pop(rid, None)
+        produced = victim.running.produced or 0
+        requeued = dataclasses.replace(
+            old, preemptions=old.preemptions + 1, produced_tokens=old.produced_tokens + produced
+        )
+        self._queues.push(queue, requeued, frozenset(), seq=seq, queued_at=self._clock.now())
+        out.append(Preempt(requeued, victim.endpoint, REASON_WAITING))
+        self._adjust(eid, rid)
+
+    # ----------------------------------------------------------------- concurrency caps
+    def _adjust(self, eid: EndpointId, rid: RequestId) -> None:
+        """Let the policy's concurrency controller set `eid`'s cap (its running set changed)."""
+        ctl = self._policy.concurrency
+        if ctl is None:
+            return
+        now = self._clock.now()
+        view = self._fleet.view(eid, now, self._limits.stale_after_s)
+        if view is None:
+            return
+        try:
+            cap = ctl.cap(view, now)
+        except Exception as e:
+            self._fault_id(rid, "concurrency", e)
+            return
+        self._fleet.set_cap(eid, max(ctl.floor, cap))
+
+    def _adjust_all(self) -> None:
+        """Caps after a policy or endpoint change: the controller's, or the configured ones without one."""
+        if self._policy.concurrency is None:
+            for eid in self._fleet.ids():
+                self._fleet.set_cap(eid, _UNBOUNDED)  # clamped to the configured cap
+            return
+        for eid in self._fleet.ids():
+            self._adjust(eid, RequestId(""))

@@ -32,7 +32,7 @@ class EndpointView:
     models: frozenset[ModelName]
     instance_class: InstanceClass
     health: EndpointHealth
-    cap: int  # the gateway's concurrency cap for this endpoint
+    cap: int  # the gateway's concurrency cap in force for this endpoint (see `max_cap`)
     inflight: int  # requests the gateway has running there now
     # Engine-reported gauges from the last fresh scrape; None when never scraped or stale.
     engine_running: float | None = None
@@ -55,6 +55,21 @@ class EndpointView:
     # The engine runs with priority scheduling (vLLM --scheduling-policy priority): the request's
     # engine priority may be sent (an FCFS vLLM rejects a request that carries one).
     priority_scheduling: bool = False
+    # The operator's hard maximum of `cap` (the configured cap): a `ConcurrencyController` moves `cap`
+    # below it; 0 means "the same as cap" (views built by hand in tests).
+    max_cap: int = 0
+    # Token counters from the dispatcher's progress reports (`Scheduler.progress`), cumulative since the
+    # endpoint was added: output tokens streamed, and the inter-token time measured over `gap_tokens` of
+    # them (the time between two reports of a stream over the tokens between them; the first token's
+    # wait is not a gap). A controller differences two readings for the recent per-token time and rate.
+    streamed_tokens: int = 0
+    gap_s: float = 0.0
+    gap_tokens: int = 0
+
+    @property
+    def hard_cap(self) -> int:
+        """The operator's maximum of the cap (`max_cap`, or `cap` when unset)."""
+        return self.max_cap or self.cap
 
     @property
     def perf(self) -> PerfCoefficients | None:

@@ -14,6 +14,10 @@ calls `abort_request(rid)` (and aborts streams on disconnect too). So closing th
 is the abort. SGLang also has `POST /abort_request` with `{"rid": ...}` (its OpenAI requests accept a
 `rid` field), which `abort_path`/`abort_body` describe for callers that want to abort without closing.
 
+Resume (gateway.upstream.resume): both engines continue a chat's final assistant message with
+`continue_final_message: true`; vLLM also needs `add_generation_prompt: false` (it rejects both set),
+SGLang renders the prefill from `continue_final_message` alone.
+
 Tokenize (exact prompt-token counts, `[telemetry] prompt_tokens = "tokenize"`): both engines answer
 `POST /tokenize` with `{"count": N, "max_model_len": M, "tokens": [...]}`.
 - vLLM (`vllm/entrypoints/serve/tokenize/`): `{"model", "prompt", "add_special_tokens"}` counts a
@@ -59,6 +63,12 @@ class Dialect:
     # Fields of a chat request that shape its rendered prompt and that the tokenize route takes too;
     # empty: the route counts no chat messages.
     tokenize_chat_fields: tuple[str, ...] = ()
+    # The chat fields that make the engine continue the final assistant message instead of answering
+    # it (a resumed request, gateway.upstream.resume).
+    continue_chat: tuple[tuple[str, Any], ...] = (("continue_final_message", True),)
+    # The completions route reports token ids when asked (vLLM's `return_token_ids`: the prompt's in
+    # the first chunk, each chunk's generated ones): a completion then resumes from exact ids.
+    returns_token_ids: bool = False
 
     def priority(self, urgency: int) -> int:
         """The engine's `priority` value for berth's urgency (0 most urgent, larger less urgent)."""
@@ -100,6 +110,9 @@ class Dialect:
 
 VLLM: Final = Dialect(
     kind=EngineKind.VLLM,
+    # vLLM refuses continue_final_message together with add_generation_prompt (its default: true).
+    continue_chat=(("continue_final_message", True), ("add_generation_prompt", False)),
+    returns_token_ids=True,
     tokenize_chat_fields=(
         "messages",
         "add_generation_prompt",
@@ -158,3 +171,18 @@ def tokenize_count(body: bytes) -> int:
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"tokenize answer has no non-negative integer 'count' ({type(count).__name__})")
     return count
+
+
+def tokenize_ids(body: bytes) -> tuple[int, ...]:
+    """The token ids from a tokenize answer (`{"tokens": [...], ...}`, both engines). Raises ValueError
+    when there is no list of non-negative integers."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"tokenize answer is not JSON: {e}") from None
+    tokens = doc.get("tokens") if isinstance(doc, dict) else None
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
+    ):
+        raise ValueError("tokenize answer has no list of token ids ('tokens')")
+    return tuple(tokens)

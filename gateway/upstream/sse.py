@@ -8,6 +8,12 @@ content, and every gap between tokens.
 
 Per event it does one `orjson.loads`; the event's bytes are forwarded as they came (with the model name
 rewritten when the client used an alias), so the hot path never re-serialises JSON.
+
+A preempted stream goes on with the engine stream of its resumed call (`resume()`): the relay then
+stitches that stream onto what the client already has, so that the client sees one stream: the first
+stream's `id` and `created` in every chunk, no second role chunk, and one usage report whose prompt
+tokens are the original prompt's and whose completion tokens count every token the client got. Only
+resumed streams are re-serialised.
 """
 
 from __future__ import annotations
@@ -25,24 +31,40 @@ _GENERATED_FIELDS = frozenset(("reasoning_content", "reasoning", "tool_calls"))
 class SseRelay:
     __slots__ = (
         "_buf",
+        "_client_model",
         "_model_from",
         "_model_to",
+        "_stitch",
+        "created",
         "done",
         "error",
         "finish_reason",
         "first_content_at",
         "first_token_at",
         "gaps",
+        "generated_ids",
         "include_usage",
         "last_token_at",
+        "prompt_ids",
+        "reasoning",
+        "stream_id",
         "text",
         "tokens",
+        "tool_calls",
         "usage",
     )
 
     def __init__(self, *, include_usage: bool, served_model: str, client_model: str) -> None:
         self._buf = b""
+        self._client_model = client_model
+        self._stitch: _Stitch | None = None
         self.include_usage = include_usage
+        self.stream_id: str | None = None  # the first stream's `id` and `created`, which a resume keeps
+        # With `collect_ids()`: the token ids the engine reports (vLLM's return_token_ids), taken out of
+        # what the client sees: the prompt's (from the first stream) and every generated one.
+        self.prompt_ids: list[int] | None = None
+        self.generated_ids: list[int] | None = None
+        self.created: int | None = None
         if served_model != client_model:
             self._model_from: tuple[bytes, ...] = (
                 b'"model":' + orjson.dumps(served_model),
@@ -53,6 +75,9 @@ class SseRelay:
             self._model_from = ()
             self._model_to = b""
         self.text: list[str] = []  # content produced so far, for resuming elsewhere
+        # Other generated deltas seen: reasoning text (kept, for an assembled answer) and tool calls.
+        self.reasoning: list[str] = []
+        self.tool_calls = False
         self.tokens = 0  # generated events seen (one per token on vLLM/SGLang), of any kind
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
@@ -120,6 +145,14 @@ class SseRelay:
             return whole if whole is not None else event + b"\n\n"
         if type(obj) is not dict:  # orjson makes plain dicts, never subclasses
             return whole if whole is not None else event + b"\n\n"
+        if self._stitch is not None:
+            return self._stitched(obj, self._stitch, now)
+        if self.stream_id is None:
+            sid = obj.get("id")
+            if isinstance(sid, str):
+                self.stream_id = sid
+                created = obj.get("created")
+                self.created = created if isinstance(created, int) else None
         if "error" in obj and "choices" not in obj:
             err = obj["error"]
             self.error = err if isinstance(err, dict) else {"message": str(err)}
@@ -133,6 +166,8 @@ class SseRelay:
             usage = None
         if usage:
             self.usage = usage
+        if self.generated_ids is not None and choices and self._take_ids(choices):
+            whole, payload = None, orjson.dumps(obj)
         if choices:
             self._choices(choices, now)
         elif usage and not self.include_usage:
@@ -144,6 +179,28 @@ class SseRelay:
         if self._model_from:
             return b"data: " + self._rename(payload) + b"\n\n"
         return whole if whole is not None else b"data: " + payload + b"\n\n"
+
+    def collect_ids(self) -> None:
+        """The engine was asked for token ids (a completion that may be resumed): keep them for the
+        resume, and take them out of the events the client gets."""
+        self.generated_ids = []
+
+    def _take_ids(self, choices: Any) -> bool:
+        """Take the token-id fields out of `choices` (in place); whether there were any."""
+        found = False
+        if not isinstance(choices, list):
+            return False
+        for c in choices:
+            if type(c) is not dict:
+                continue
+            prompt = c.pop("prompt_token_ids", None)
+            if isinstance(prompt, list) and self.prompt_ids is None:
+                self.prompt_ids = prompt
+            ids = c.pop("token_ids", None)
+            if isinstance(ids, list) and self.generated_ids is not None:
+                self.generated_ids.extend(ids)
+            found = found or prompt is not None or ids is not None
+        return found
 
     def _rename(self, payload: bytes) -> bytes:
         for pat in self._model_from:
@@ -161,8 +218,11 @@ class SseRelay:
                 piece = delta.get("content")
                 # A reasoning model's thinking and a tool call's name and arguments are generated
                 # tokens too, though they carry no content.
-                if piece or _GENERATED_FIELDS.intersection(k for k, v in delta.items() if v):
+                if piece:
                     got_token = True
+                elif _GENERATED_FIELDS.intersection(k for k, v in delta.items() if v):
+                    got_token = True
+                    self._other(delta)
             else:
                 piece = c.get("text")
             if piece and type(piece) is str:
@@ -183,9 +243,114 @@ class SseRelay:
                     self.gaps.append(now - last)
                 self.last_token_at = now
 
+    def _other(self, delta: dict[str, Any]) -> None:
+        thought = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(thought, str):
+            self.reasoning.append(thought)
+        if delta.get("tool_calls"):
+            self.tool_calls = True
+
+    @property
+    def continuable(self) -> bool:
+        """Whether a resumed call can continue this stream faithfully: only text was produced (a
+        continuation from text alone would lose a reasoning model's thinking or a tool call)."""
+        return not self.reasoning and not self.tool_calls
+
     @property
     def produced_text(self) -> str:
         return "".join(self.text)
+
+    def assembled(self, chat: bool) -> dict[str, Any]:
+        """The ordinary (non-streamed) answer made of the stream berth read on a client's behalf: a
+        non-streamed request that may be preempted is streamed from the engine (so that what it
+        produced is known if it is), and answered with this."""
+        text = self.produced_text
+        choice: dict[str, Any] = {"index": 0}
+        if chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.reasoning:
+                message["reasoning_content"] = "".join(self.reasoning)
+            choice["message"] = message
+        else:
+            choice["text"] = text
+        choice["logprobs"] = None
+        choice["finish_reason"] = self.finish_reason
+        return {
+            "id": self.stream_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": self.created,
+            "model": self._client_model,
+            "choices": [choice],
+            "usage": self.usage,
+        }
+
+    def resume(self, prompt_tokens: int | None) -> None:
+        """The next bytes fed come from the resumed call's engine stream: stitch them onto this one.
+        `prompt_tokens`: the original prompt's tokens, reported in the final usage (None: the resumed
+        call's count less the tokens produced before)."""
+        self._stitch = _Stitch(self.tokens, prompt_tokens)
+        self._buf = b""
+        self.done = False
+        self.error = None
+        self.finish_reason = None
+        self.usage = None
+        self.last_token_at = None  # the wait for the resumed call is no inter-token gap of an engine
+
+    def _stitched(self, obj: dict[str, Any], stitch: _Stitch, now: float | None) -> bytes | None:
+        if "error" in obj and "choices" not in obj:
+            err = obj["error"]
+            self.error = err if isinstance(err, dict) else {"message": str(err)}
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+        choices = obj.get("choices")
+        if self.generated_ids is not None:
+            self._take_ids(choices)
+        if isinstance(choices, list):
+            kept = []
+            for c in choices:
+                if type(c) is dict and type(c.get("delta")) is dict and "role" in c["delta"]:
+                    delta = {k: v for k, v in c["delta"].items() if k != "role"}
+                    if not any(delta.values()) and not c.get("finish_reason"):
+                        continue  # the resumed call's role chunk: the client has had one
+                    kept.append({**c, "delta": delta})
+                    continue
+                kept.append(c)
+            obj["choices"] = choices = kept
+            if choices:
+                self._choices(choices, now)
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            usage = self.usage = stitch.usage(usage)
+            obj["usage"] = usage if self.include_usage else None
+        if not choices and not (usage and self.include_usage):
+            return None
+        if self.stream_id is not None:
+            obj["id"] = self.stream_id
+        if self.created is not None:
+            obj["created"] = self.created
+        if "model" in obj:
+            obj["model"] = self._client_model
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class _Stitch:
+    """What a resumed stream's usage adds to: the tokens streamed before, the original prompt's count."""
+
+    __slots__ = ("before", "prompt_tokens")
+
+    def __init__(self, before: int, prompt_tokens: int | None) -> None:
+        self.before = before
+        self.prompt_tokens = prompt_tokens
+
+    def usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        resumed = usage.get("completion_tokens")
+        completion = self.before + (resumed if isinstance(resumed, int) else 0)
+        prompt = self.prompt_tokens
+        if prompt is None:
+            engine_prompt = usage.get("prompt_tokens")
+            prompt = max(0, engine_prompt - self.before) if isinstance(engine_prompt, int) else 0
+        out = {**usage, "prompt_tokens": prompt, "completion_tokens": completion}
+        out["total_tokens"] = prompt + completion
+        return out
 
 
 def error_event(body: dict[str, Any]) -> bytes:

@@ -19,7 +19,7 @@ from typing import Final
 
 import aiohttp
 
-from gateway.upstream.dialects import tokenize_count
+from gateway.upstream.dialects import tokenize_count, tokenize_ids
 
 
 class TokenizeResult(enum.StrEnum):
@@ -36,6 +36,7 @@ class TokenizeResult(enum.StrEnum):
 class TokenizeAnswer:
     result: TokenizeResult
     count: int | None = None  # with OK only
+    tokens: tuple[int, ...] | None = None  # the token ids, when asked for (`ids=True`) and OK
     status: int | None = None  # the HTTP status, when the engine answered
     detail: str = ""  # why it is not OK, for the debug line
 
@@ -54,9 +55,10 @@ async def tokenize(
     timeout_s: float,
     *,
     auth: Mapping[str, str] | None = None,
+    ids: bool = False,
 ) -> TokenizeAnswer:
-    """POST `body` to `url` (an engine's tokenize route) and read the prompt's token count; `auth`:
-    the endpoint's credentials."""
+    """POST `body` to `url` (an engine's tokenize route) and read the prompt's token count (and with
+    `ids`, its token ids); `auth`: the endpoint's credentials."""
     headers = {"Content-Type": _JSON, "X-Request-Id": request_id}
     if auth:
         headers.update(auth)
@@ -75,6 +77,7 @@ async def tokenize(
         return TokenizeAnswer(TokenizeResult.ERROR, status=status, detail=f"engine answered {status}")
     try:
         count = tokenize_count(raw)
+        tokens = tokenize_ids(raw) if ids else None
     except ValueError as e:
         return TokenizeAnswer(TokenizeResult.ERROR, status=status, detail=str(e))
-    return TokenizeAnswer(TokenizeResult.OK, count=count, status=status)
+    return TokenizeAnswer(TokenizeResult.OK, count=count, status=status, tokens=tokens)

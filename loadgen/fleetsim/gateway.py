@@ -13,6 +13,7 @@ called the way the daemon calls them, without sockets or an event loop.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from gateway.admission.models import ModelCatalog
@@ -107,7 +108,12 @@ class SimGateway:
             state=self.slo,
             policy=self.policy.slo,
         )
-        return scheduler_request(ctx, parsed, resolved, ctx.id, self.telemetry)
+        sreq = scheduler_request(ctx, parsed, resolved, ctx.id, self.telemetry)
+        # The simulated client's stream survives an engine abort, so every request may be preempted and
+        # resumed (the live front decides this per request).
+        sreq = dataclasses.replace(sreq, resumable=True)
+        ctx.sched = sreq
+        return sreq
 
     def finish(self, ctx: RequestContext) -> None:
         """The finish phase's bookkeeping (metrics and the log line have no reader here)."""

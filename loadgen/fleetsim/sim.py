@@ -15,7 +15,12 @@ What happens, and when (virtual seconds):
 - the client gives up on a request after `request_timeout_s`, or `stall_timeout_s` without a byte (a
   queued one leaves the queue, a running one is aborted in its engine);
 - after the last arrival, tasks still running get `drain_timeout_s`, then their requests are
-  `unfinished`, as in the live runner.
+  `unfinished`, as in the live runner;
+- a preemption (`Preempt`) aborts the victim's engine request (the engine's running count drops) and
+  leaves its client waiting; when berth places it again, the engine gets the prompt plus the tokens the
+  client already has, and the output still to come, so it recomputes that prefix (counted as
+  `recomputed_tokens`: the prompt and produced tokens prefilled again) and the client sees one stream
+  (the pause is one long inter-token gap). Progress reports count the tokens of the current run.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from gateway.core import errors
 from gateway.core.errors import BerthError
 from gateway.core.types import ApiKind, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.dispatch.context import RequestContext
-from gateway.sched.decisions import Decision, Dispatch
+from gateway.sched.decisions import Decision, Dispatch, Preempt
 from gateway.upstream.dialects import dialect_for
 from loadgen.client import RequestResult, build_body, build_headers
 from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
@@ -98,6 +103,8 @@ class _Call:
         "produced",
         "report_at",
         "result",
+        "run_base",
+        "run_first_at",
         "sreq_id",
         "task",
     )
@@ -115,6 +122,8 @@ class _Call:
         self.report_at = 1
         self.last_byte = 0.0
         self.sreq_id: RequestId | None = None
+        self.run_base = 0  # tokens the client had when the current engine run started (resumes)
+        self.run_first_at: float | None = None  # the current run's first token
 
 
 class Simulation:
@@ -137,6 +146,9 @@ class Simulation:
         self.timeline = FleetTimeline(len(self.endpoints))
         self.events = 0
         self.faults = 0
+        self.preemptions = 0
+        self.resumes = 0
+        self.recomputed_tokens = 0
         self._open_tasks = 0
         self._last_arrival = 0.0
         self._draining_until = math.inf
@@ -309,8 +321,11 @@ class Simulation:
             self.life.before_submit(sreq.model)
         decision = self.gw.scheduler.submit(sreq)
         self._count_faults()
+        made: list[Decision] = list(self.gw.scheduler.take_preemptions())
         if decision is not None:
-            self._apply((decision,))
+            made.append(decision)
+        if made:
+            self._apply(made)
         if self.life is not None:
             self.life.after_submit()
         if not call.done:
@@ -402,6 +417,9 @@ class Simulation:
     def _apply(self, decisions: Sequence[Decision]) -> None:
         self._count_faults()
         for d in decisions:
+            if isinstance(d, Preempt):
+                self._preempted(d)
+                continue
             call = self._running.get(d.req.id)
             if call is None or call.done:
                 if isinstance(d, Dispatch):  # nobody waits for it any more: give the seat back
@@ -411,6 +429,21 @@ class Simulation:
                 self._dispatch(call, d)
             else:
                 self._reject(call, d.error)
+
+    def _preempted(self, d: Preempt) -> None:
+        """Abort the victim's engine request; its client keeps waiting for the rest of its stream."""
+        self.preemptions += 1
+        call = self._running.get(d.victim.id)
+        if call is None or call.endpoint is None:
+            return
+        ep = call.endpoint
+        if call.engine_req is not None:
+            ep.engine.abort(call.engine_req)
+            self._on_engine.pop(call.engine_req, None)
+            call.engine_req = None
+        call.endpoint = None
+        if ep.wake_at is None:
+            self._step(ep)
 
     def _dispatch(self, call: _Call, d: Dispatch) -> None:
         now = self.clock.t
@@ -423,8 +456,16 @@ class Simulation:
             self.life.on_dispatch(d.req, ep.id)
         call.endpoint = ep
         call.result.endpoint = ep.id
-        call.result.queue_ms = round((now - ctx.arrival) * 1000.0, 3)
         spec = call.task.spec.calls[call.index]
+        done = call.produced  # tokens the client has from earlier, preempted runs
+        if done:
+            self.resumes += 1
+            self.recomputed_tokens += spec.prompt_tokens + done
+        else:
+            call.result.queue_ms = round((now - ctx.arrival) * 1000.0, 3)
+        call.run_base = done
+        call.run_first_at = None
+        call.report_at = done + 1
         priority = spec.priority or 0
         if d.endpoint.priority_scheduling:
             urgency = self.gw.scheduler.engine_priority(d.req.id)
@@ -433,9 +474,9 @@ class Simulation:
         try:
             call.engine_req = ep.engine.submit(
                 d.req.id,
-                prompt_tokens=spec.prompt_tokens,
-                output_tokens=spec.output_tokens,
-                max_tokens=spec.output_tokens,
+                prompt_tokens=spec.prompt_tokens + done,
+                output_tokens=max(1, spec.output_tokens - done),
+                max_tokens=max(1, spec.output_tokens - done),
                 priority=priority,
                 now=now,
             )
@@ -486,12 +527,14 @@ class Simulation:
             call.ctx.first_token_at = now
         else:
             call.gaps.append(now - call.last_byte)
+        if call.run_first_at is None:
+            call.run_first_at = now
         call.produced += 1
         call.last_byte = now
         sreq_id = call.sreq_id
         assert sreq_id is not None
         if call.produced >= call.report_at:
-            self.gw.scheduler.progress(sreq_id, call.produced, call.ctx.first_token_at)
+            self.gw.scheduler.progress(sreq_id, call.produced - call.run_base, call.run_first_at)
             call.report_at = call.produced + PROGRESS_EVERY
         if req.state is RequestState.FINISHED:
             res.finish_reason = req.finish_reason
@@ -523,8 +566,13 @@ class Simulation:
         busy = sum(1 for ep in self.endpoints if ep.engine.num_running)
         running = sum(ep.engine.num_running for ep in self.endpoints)
         waiting = sum(ep.engine.num_waiting for ep in self.endpoints)
-        queued = sum(self.gw.scheduler.queue_depths().values())
-        self.timeline.add(self.clock.t, busy, running, waiting, queued)
+        sched = self.gw.scheduler
+        queued = sum(sched.queue_depths().values())
+        caps: dict[str, int] = {}
+        for spec in self.gw.specs:
+            cls = str(spec.instance_class)
+            caps[cls] = caps.get(cls, 0) + (sched.cap_of(spec.id) or 0)
+        self.timeline.add(self.clock.t, busy, running, waiting, queued, caps)
 
     # ----------------------------------------------------------------- the report
     def _report(self, schedule: Sequence[TaskSpec], wall: float) -> Report:
@@ -556,6 +604,9 @@ class Simulation:
             "events_per_s": round(self.events / wall, 1) if wall > 0 else None,
             "requests_per_s": round(len(self.requests) / wall, 1) if wall > 0 else None,
             "policy_faults": self.faults,
+            "preemptions": self.preemptions,
+            "resumes": self.resumes,
+            "recomputed_tokens": self.recomputed_tokens,
         }
         report.data["fleet"] = self.timeline.summary(len(self.endpoints))
         if self.life is not None:

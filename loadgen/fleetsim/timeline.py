@@ -1,5 +1,6 @@
 """The fleet over time, sampled every few virtual seconds: how many endpoints were busy (running at least
-one request: CATO's utilization), requests running and waiting in the engines, and queued in berth."""
+one request: CATO's utilization), requests running and waiting in the engines, queued in berth, and the
+concurrency caps in force, summed per instance class (they move under an adaptive controller)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 
 class FleetTimeline:
-    __slots__ = ("_busy", "_queued", "_running", "_t", "_waiting", "n_endpoints")
+    __slots__ = ("_busy", "_caps", "_queued", "_running", "_t", "_waiting", "n_endpoints")
 
     def __init__(self, n_endpoints: int) -> None:
         self.n_endpoints = n_endpoints
@@ -17,11 +18,23 @@ class FleetTimeline:
         self._running = array("l")
         self._waiting = array("l")
         self._queued = array("l")
+        self._caps: dict[str, array[int]] = {}
 
     def __len__(self) -> int:
         return len(self._t)
 
-    def add(self, t: float, busy: int, running: int, waiting: int, queued: int) -> None:
+    def add(
+        self, t: float, busy: int, running: int, waiting: int, queued: int, caps: dict[str, int] | None = None
+    ) -> None:
+        n = len(self._t)
+        for cls, cap in (caps or {}).items():
+            series = self._caps.get(cls)
+            if series is None:
+                series = self._caps[cls] = array("l", [0] * n)
+            series.append(cap)
+        for series in self._caps.values():
+            if len(series) == n:  # a class without a figure this time
+                series.append(0)
         self._t.append(t)
         self._busy.append(busy)
         self._running.append(running)
@@ -46,5 +59,6 @@ class FleetTimeline:
                 "engine_running": list(self._running),
                 "engine_waiting": list(self._waiting),
                 "gateway_queued": list(self._queued),
+                "caps_by_class": {cls: list(v) for cls, v in self._caps.items()},
             },
         }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,13 @@ class FakeEngine:
     die_after_tokens: int | None = None  # abruptly close the connection after this many stream tokens
     stall_after_tokens: int | None = None  # stop sending (connection stays open) after this many tokens
     hold: asyncio.Event | None = None  # when set: generations wait for this event before answering
+    # A stream that is not a continuation stops after this many tokens until `unpause` is set (or it is
+    # aborted); `paused` is set when one does.
+    pause_after_tokens: int | None = None
+    paused: asyncio.Event = field(default_factory=asyncio.Event)
+    unpause: asyncio.Event = field(default_factory=asyncio.Event)
+    role_chunk: bool = False  # chat streams open with an assistant role chunk, as vLLM's do
+    reasoning: bool = False  # chat streams carry reasoning_content deltas instead of content
     health_status: int = 200
     metrics_status: int = 200  # anything else: /metrics fails (the gauges go stale)
     running: int = 0
@@ -160,9 +168,10 @@ class FakeEngine:
             if self.hold is not None:
                 await self.hold.wait()
             chat = request.path.endswith("chat/completions")
-            n = min(self.tokens, int(body.get("max_tokens") or self.tokens))
+            start = _continued_from(body, chat)
+            n = min(self.tokens - start, int(body.get("max_tokens") or self.tokens))
             if body.get("stream"):
-                return await self._stream(request, body, chat, n)
+                return await self._stream(request, body, chat, n, start)
             return web.json_response(self._full(body, chat, n))
         except asyncio.CancelledError:
             self.aborts += 1
@@ -196,7 +205,7 @@ class FakeEngine:
         }
 
     async def _stream(
-        self, request: web.Request, body: dict[str, Any], chat: bool, n: int
+        self, request: web.Request, body: dict[str, Any], chat: bool, n: int, start: int = 0
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -204,7 +213,8 @@ class FakeEngine:
 
         def chunk(piece: str | None, finish: str | None) -> bytes:
             if chat:
-                delta = {"content": piece} if piece is not None else {}
+                field = "reasoning_content" if self.reasoning else "content"
+                delta = {field: piece} if piece is not None else {}
                 choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
                 obj = {
                     "id": "chatcmpl-1",
@@ -223,17 +233,32 @@ class FakeEngine:
                 }
             return b"data: " + orjson.dumps(obj) + b"\n\n"
 
-        for i in range(n):
+        if chat and self.role_chunk:
+            role = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": model,
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                ],
+            }
+            await resp.write(b"data: " + orjson.dumps(role) + b"\n\n")
+        for i in range(start, start + n):
+            if self.pause_after_tokens is not None and start == 0 and i == self.pause_after_tokens:
+                self.paused.set()
+                await self.unpause.wait()
             if self.die_after_tokens is not None and i == self.die_after_tokens:
                 assert request.transport is not None
                 request.transport.close()
                 return resp
             if self.stall_after_tokens is not None and i == self.stall_after_tokens:
                 await asyncio.Event().wait()  # never set: the stream stalls until cancelled
-            await resp.write(chunk(f" t{i}", "length" if i == n - 1 else None))
+            await resp.write(chunk(f" t{i}", "length" if i == start + n - 1 else None))
         so = body.get("stream_options") or {}
         if so.get("include_usage"):
-            usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}
+            prompt = 3 + start  # a continuation's prompt holds the tokens it continues
+            usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
             obj = {
                 "id": "x",
                 "object": "chat.completion.chunk" if chat else "text_completion",
@@ -247,3 +272,16 @@ class FakeEngine:
         with contextlib.suppress(ConnectionError):
             await resp.write_eof()
         return resp
+
+
+def _continued_from(body: dict[str, Any], chat: bool) -> int:
+    """The tokens (" t<i>" pieces) a continuation already holds: in the final assistant message it
+    continues (chat), or at the end of its prompt (completions); 0 for a new request."""
+    if chat:
+        messages = body.get("messages") or []
+        if not body.get("continue_final_message") or not messages:
+            return 0
+        text = str(messages[-1].get("content") or "")
+    else:
+        text = str(body.get("prompt") or "")
+    return len(re.findall(r" t\d+", text))

@@ -95,6 +95,7 @@ async def test_the_fleet_document_on_loopback_without_a_token(
     assert (ep["gauges"]["running"], ep["gauges"]["waiting"], ep["gauges"]["kv_usage"]) == (2.0, 1.0, 0.25)
     assert ep["gauges"]["scrape_age_s"] >= 0
     assert ep["inflight"] == 0
+    assert ep["running_by_kind"] == {"interactive": 0, "batch": 0}
     assert ep["running_context"] == {"prompt_tokens": 0, "predicted_output_tokens": 0.0}
     assert ep["latency"]["ttft_s"]["n"] == 1  # the stream; the non-streamed answer has no first token
     assert ep["latency"]["ttft_s"]["ewma"] > 0

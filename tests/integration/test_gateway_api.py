@@ -110,6 +110,10 @@ async def test_health_ready_and_metrics(engine_server: EngineServer, start_gatew
     eid = gw.gw.scheduler.endpoint_ids()[0]
     assert f'berth_endpoint_up{{endpoint="{eid}"}} 1.0' in metrics
     assert f'berth_endpoint_inflight_requests{{endpoint="{eid}"}} 0.0' in metrics
+    assert f'berth_endpoint_cap_requests{{endpoint="{eid}"}} 64.0' in metrics
+    labels = f'endpoint="{eid}",instance_class="mixed"'
+    assert f'berth_endpoint_running_requests{{{labels},kind="interactive"}} 0.0' in metrics
+    assert f'berth_endpoint_running_requests{{{labels},kind="batch"}} 0.0' in metrics
 
 
 async def _get_text(url: str) -> str:

@@ -126,7 +126,7 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
     [
         pytest.param(
             'nmae = "x"\n' + HEAD + '[placement]\npicker = { plugin = "max-score" }\n',
-            "p.toml:nmae: unknown key (known: name, description, ordering, placement, admission, slo, tasks)",
+            "p.toml:nmae: unknown key (known: name, description, ordering, placement, admission, preemption, concurrency, slo, tasks)",
             id="unknown-top-level-key",
         ),
         pytest.param(
@@ -159,7 +159,7 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
         pytest.param(
             HEAD + '[placement]\npicker = { plugin = "max-score" }\nfilters = [{ plugin = "healthy" }]\n',
             "p.toml:placement.filters[0].plugin: unknown filter plugin 'healthy' "
-            "(known: best-fit, demand-split, overflow-guard)",
+            "(known: best-fit, demand-split, instance-class, overflow-guard)",
             id="unknown-filter",
         ),
         pytest.param(

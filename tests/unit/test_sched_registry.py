@@ -61,11 +61,13 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
     reg = default_registry()
     assert {k: reg.names(k) for k in PluginKind} == {
         PluginKind.ORDERING: ["edf", "fcfs", "priority-bands", "slack"],
-        PluginKind.FILTER: ["best-fit", "demand-split", "overflow-guard"],
+        PluginKind.FILTER: ["best-fit", "demand-split", "instance-class", "overflow-guard"],
         PluginKind.SCORER: ["least-outstanding"],
         PluginKind.PICKER: ["cato-slack", "max-score", "power-of-two", "round-robin"],
         PluginKind.ADMITTER: ["admit-all", "slo-feasibility"],
         PluginKind.EVICTOR: ["cace", "lru"],
+        PluginKind.PREEMPTOR: ["least-progress", "most-slack", "smallest-kv-loss"],
+        PluginKind.CONCURRENCY: ["chiron", "static"],
     }
 
 
@@ -76,7 +78,9 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
             PluginKind.PICKER, "known: cato-slack, max-score, power-of-two, round-robin", id="picker"
         ),
         pytest.param(PluginKind.ORDERING, "known: edf, fcfs, priority-bands, slack", id="ordering"),
-        pytest.param(PluginKind.FILTER, "known: best-fit, demand-split, overflow-guard", id="filter"),
+        pytest.param(
+            PluginKind.FILTER, "known: best-fit, demand-split, instance-class, overflow-guard", id="filter"
+        ),
     ],
 )
 def test_unknown_plugin_names_the_known_ones_and_the_path(kind: PluginKind, known: str) -> None:

@@ -24,6 +24,7 @@ DOC: dict[str, Any] = {
             "group": "decode",
             "inflight": 3,
             "cap": 32,
+            "running_by_kind": {"interactive": 2, "batch": 1},
             "gauges": {"running": 3.0, "waiting": 1.0, "kv_usage": 0.25, "fresh": True, "scrape_age_s": 1.2},
             "kv_capacity_tokens": 65536.0,
             "latency": {
@@ -68,7 +69,7 @@ def test_a_frame_shows_endpoints_models_queues_and_attainment() -> None:
     lines = frame.splitlines()
     assert lines[0].startswith("berth 0.1.0  http://gw:8080  policy default  up 1h02m  ready")
     row = next(line for line in lines if line.startswith("gpu-01") and "interactive" in line)
-    for cell in ("decode", "3/32", "25%", "1.2s", "45ms", "12ms", "230.5", "1.05"):
+    for cell in ("decode", "3/32", "2/1", "25%", "1.2s", "45ms", "12ms", "230.5", "1.05"):
         assert cell in row
     assert next(line for line in lines if line.startswith("gpu-02")).split()[1] == "unhealthy"
     perf = [line for line in lines if line.startswith("gpu-01")][1]

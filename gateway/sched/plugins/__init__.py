@@ -6,16 +6,19 @@ from typing import Any
 
 from gateway.sched.plugins.admission import admit_all, slo_feasibility
 from gateway.sched.plugins.eviction import cace, lru
+from gateway.sched.plugins.concurrency import chiron, static
 from gateway.sched.plugins.ordering import bands, edf, fcfs, slack
 from gateway.sched.plugins.placement import (
     best_fit,
     cato_slack,
     demand_split,
+    instance_class,
     least_outstanding,
     overflow_guard,
     power_of_two,
     round_robin,
 )
+from gateway.sched.plugins.preempt import least_progress, most_slack, smallest_kv_loss
 from gateway.sched.registry import PluginRegistry, PluginSpec
 
 IN_TREE: tuple[PluginSpec[Any], ...] = (
@@ -31,10 +34,16 @@ IN_TREE: tuple[PluginSpec[Any], ...] = (
     best_fit.SPEC,
     overflow_guard.SPEC,
     demand_split.SPEC,
+    instance_class.SPEC,
     admit_all.SPEC,
     slo_feasibility.SPEC,
     lru.SPEC,
     cace.SPEC,
+    least_progress.SPEC,
+    most_slack.SPEC,
+    smallest_kv_loss.SPEC,
+    static.SPEC,
+    chiron.SPEC,
 )
 
 

@@ -1,0 +1,1 @@
+"""Concurrency controllers (`gateway.sched.interfaces.ConcurrencyController`)."""

@@ -1,0 +1,1 @@
+"""Preemption plugins (`gateway.sched.interfaces.Preemptor`)."""
