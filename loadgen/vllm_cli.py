@@ -13,12 +13,12 @@ site-packages is changed. Standard library only: the project venv (without vLLM)
 from __future__ import annotations
 
 import importlib
-import importlib.metadata as metadata
 import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
-from typing import Final
+from importlib import metadata
+from typing import Any, Final
 
 #: The distribution vLLM's code looks itself up as, and the one PyPI's CPU wheels are published as.
 VLLM: Final = "vllm"
@@ -37,9 +37,9 @@ class VllmAlias(metadata.DistributionFinder):
         return None  # a metadata finder only: it never finds modules
 
     def find_distributions(
-        self, context: metadata.DistributionFinder.Context = metadata.DistributionFinder.Context()
+        self, context: metadata.DistributionFinder.Context | None = None
     ) -> Iterable[metadata.Distribution]:
-        if context.name is None or _normalized(context.name) != VLLM:
+        if context is None or context.name is None or _normalized(context.name) != VLLM:
             return iter(())
         return self._installed()
 
@@ -68,7 +68,7 @@ class CpuBuild(metadata.Distribution):
             return text
         return re.sub(r"(?m)^(Version: [^+\s]+)$", r"\1+cpu", text, count=1)
 
-    def locate_file(self, path: str | os.PathLike[str]) -> os.PathLike[str]:
+    def locate_file(self, path: str | os.PathLike[str]) -> Any:
         return self._dist.locate_file(path)
 
 

@@ -100,7 +100,9 @@ def target(args: argparse.Namespace, engine_python: Path, model_dir: Path, logs:
             stack.callback(proc.stop)
             flags = [f"{url},engine=vllm" for url in urls]
         extra = [a for flag in flags[1:] for a in ("--endpoint", flag)]
-        berth: RunningServer = start_berth(flags[0], logs / "berth.log", extra_args=extra, log_level="warning")
+        berth: RunningServer = start_berth(
+            flags[0], logs / "berth.log", extra_args=extra, log_level="warning"
+        )
         stack.callback(berth.process.stop)
         yield berth.base_url
 
@@ -162,7 +164,9 @@ def run(args: argparse.Namespace, engine_python: Path, logs: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadgen.bench.vllm_bench", description=__doc__)
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
-    ap.add_argument("--engine", choices=("sim", "vllm"), default="sim", help="what berth fronts (default sim)")
+    ap.add_argument(
+        "--engine", choices=("sim", "vllm"), default="sim", help="what berth fronts (default sim)"
+    )
     ap.add_argument("--backend", choices=sorted(ENDPOINTS), default="openai-chat")
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--request-rate", type=float, default=20.0, help="requests/s (Poisson arrivals)")
