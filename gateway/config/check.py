@@ -81,7 +81,6 @@ def check(path: str | Path, registry: PluginRegistry | None = None) -> list[str]
     return check_file(path, registry).problems
 
 
-
 def check_file(path: str | Path, registry: PluginRegistry | None = None) -> CheckReport:
     """Check the file at `path` as whichever kind it is (see the module docstring)."""
     reg = registry if registry is not None else default_registry()

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config.check import GATEWAY_KEYS, FileKind, check_file
-from gateway.core.strict_toml import convert, convert_all
 from gateway.config.load import load_gateway_config
 from gateway.config.policy import PolicyFile
 from gateway.config.schema import GatewayFile
 from gateway.core.errors import ConfigError
+from gateway.core.strict_toml import convert, convert_all
 
 POLICY_OK = '[ordering]\nplugin = "fcfs"\n[placement]\npicker = { plugin = "max-score" }\n'
 
@@ -73,8 +73,7 @@ def test_a_gateway_config_reports_every_decode_and_cross_reference_problem(tmp_p
     assert report.problems == [
         f"{path}:{line}"
         for line in (
-            "bogus: unknown key (known: server, limits, upstream, scrape, telemetry, policy, aliases, "
-            "endpoints, tenants)",
+            f"bogus: unknown key (known: {', '.join(GATEWAY_KEYS)})",
             "server.max_body_bytes: expected integer, got string",
             "limits.max_queue_per_model: expected integer >= 1",
             "endpoints[0].engine: invalid value 'tgi' (expected one of: auto, vllm, sglang)",
@@ -84,9 +83,7 @@ def test_a_gateway_config_reports_every_decode_and_cross_reference_problem(tmp_p
             "endpoints[0].url: expected an http:// or https:// URL, got 'ftp://a'",
         )
     ]
-    assert report.summary(path) == (
-        f"{path}: 8 problems (gateway config; the packaged default policy)"
-    )
+    assert report.summary(path) == (f"{path}: 8 problems (gateway config; the packaged default policy)")
 
 
 def test_the_first_problem_is_the_one_serve_reports(tmp_path: Path) -> None:
@@ -281,3 +278,18 @@ def test_the_example_config_installed_as_documented_finds_its_policy(tmp_path: P
     report = check_file(copied)
     assert report.problems == []
     assert report.policy_file == etc / "policies" / "default.toml"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "kind"),
+    [
+        pytest.param("models.toml", "[[models]]\nname = 1\n", FileKind.MODELS, id="models"),
+        pytest.param("node.toml", 'backend = "nope"\n', FileKind.AGENT, id="agent"),
+    ],
+)
+def test_node_agent_files_are_named_as_such(tmp_path: Path, name: str, text: str, kind: FileKind) -> None:
+    path = _write(tmp_path, text, name)
+    report = check_file(path)
+    assert report.kind is kind
+    assert len(report.problems) == 1
+    assert report.summary(path) == f"{path}: 1 problem ({kind})"
