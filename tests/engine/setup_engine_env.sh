@@ -7,7 +7,9 @@
 #                          CPU index: BERTH_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 #
 # Idempotent: the venv carries a stamp holding this script's hash; when the stamp matches this is a
-# fast no-op, when the script changed (new pins) the venv is rebuilt from scratch. The stamp is written
+# fast no-op. When the script changed, a venv that already holds exactly the pinned packages (and none
+# of the unwanted ones) and imports vLLM is kept and restamped (an edited comment or message must not
+# cost a 2.5 GB rebuild); otherwise (new pins) the venv is rebuilt from scratch. The stamp is written
 # last, so an interrupted build is redone on the next run. Output is two short lines on a build (CI logs);
 # pip's own output goes to $ENGINE_VENV.install.log and its tail is printed on failure.
 set -euo pipefail
@@ -51,6 +53,35 @@ if command -v flock >/dev/null 2>&1; then
     if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$script_hash" && -x "$ENGINE_VENV/bin/python" ]]; then
         exit 0
     fi
+fi
+
+# Whether the existing venv already is what a build would make: the pinned versions, none of UNWANTED,
+# and vLLM's server importable.
+venv_matches_pins() {
+    [[ -x "$ENGINE_VENV/bin/python" ]] || return 1
+    "$ENGINE_VENV/bin/python" - "$VLLM_PIN" "$TRANSFORMERS_PIN" "$TOKENIZERS_PIN" -- "${UNWANTED[@]}" \
+        >/dev/null 2>&1 <<'PY'
+import sys
+from importlib import metadata
+
+args = sys.argv[1:]
+cut = args.index("--")
+for pin in args[:cut]:
+    name, _, version = pin.partition("==")
+    if metadata.version(name) != version:
+        sys.exit(1)
+for name in args[cut + 1 :]:
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        continue
+    sys.exit(1)
+import tokenizers, transformers, vllm.entrypoints.openai.api_server  # noqa: E401,F401
+PY
+}
+if venv_matches_pins; then
+    echo "$script_hash" >"$STAMP"
+    exit 0
 fi
 
 if command -v python3.11 >/dev/null 2>&1; then
