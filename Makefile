@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The real-engine tier (tests/engine) runs vLLM on CPU from its own cached venv.
 ENGINE_VENV ?= $(HOME)/.cache/berth/engine-venv
 
-.PHONY: venv demo serve test test-fast test-engine engine-env lint typecheck check bench-overhead soak clean
+.PHONY: venv demo serve test test-fast test-engine engine-env lint typecheck check bench-overhead bench-vllm soak clean
 
 $(BIN)/berth: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ bench-overhead: venv
 SOAK_OUT ?= bench-out/soak
 soak: venv
 	$(BIN)/berth-loadgen bench soak --out $(SOAK_OUT)
+
+# vLLM's own benchmark client (`vllm bench serve`, from the engine venv) against berth in front of
+# simulated engines; BENCH_VLLM_ARGS="--engine vllm" puts a real vLLM on CPU behind berth instead.
+BENCH_VLLM_ARGS ?=
+bench-vllm: venv engine-env
+	BERTH_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python $(BIN)/python -m loadgen.bench.vllm_bench $(BENCH_VLLM_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -89,14 +89,15 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _check(path: Path) -> int:
-    from gateway.config import check
+    from gateway.config.check import check_file
 
-    problems = check(path)
-    for line in problems:
+    report = check_file(path)
+    for line in report.problems:
         print(line, file=sys.stderr)
-    if problems:
+    if report.problems:
+        print(report.summary(path), file=sys.stderr)
         return 1
-    print(f"{path}: ok")
+    print(report.summary(path))
     return 0
 
 

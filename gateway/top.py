@@ -166,12 +166,17 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
                 _ratio(_get(e, "engine_check", "ttft", "ratio")),
             ]
         )
-    header = ["ENDPOINT", "STATE", "CLASS", "GROUP", "INFL", "INT/BAT", "RUN", "WAIT", "KV", "AGE"]
-    header += ["TTFT", "TTFTp90", "ITL", "ITLp99", "TOK/S", "GW/ENG"]
+    # Times carry their unit in each cell (45ms, 1.2s); the rest say it in the header.
+    header = ["ENDPOINT", "STATE", "CLASS", "GROUP", "INFL/CAP req", "INT/BAT req", "RUN req", "WAIT req"]
+    header += ["KV %", "AGE", "TTFT", "TTFTp90", "ITL", "ITLp99", "TOK/S", "GW/ENG ratio"]
     lines.extend(_table(header, rows))
 
     lines.append("")
     lines.append(f"{bold}PERFORMANCE MODELS{reset} (fit error: mean abs relative error; n: observations)")
+    lines.append(
+        "prefill s = k1 x prompt tok + c1; decode step s = (k2 x context tok + c2) x running + c3; "
+        "KV tok per request = h x context tok + j"
+    )
     rows = []
     for e in endpoints:
         p = e.get("perf") or {}
@@ -193,8 +198,8 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
                 _num(e.get("kv_capacity_tokens")),
             ]
         )
-    header = ["ENDPOINT", "k1", "c1", "k2", "c2", "c3", "h", "j", "ERR pre/dec/kv", "n pre/dec/kv"]
-    header += ["PRED ttft/itl", "KV CAP"]
+    header = ["ENDPOINT", "k1 s/tok", "c1 s", "k2 s/tok/req", "c2 s/req", "c3 s", "h kv/tok", "j kv/req"]
+    header += ["ERR % pre/dec/kv", "n pre/dec/kv", "PRED ERR % ttft/itl", "KV CAP tok"]
     lines.extend(_table(header, rows))
 
     lines.append("")
@@ -219,8 +224,8 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
                 _groups(m.get("groups") or {}),
             ]
         )
-    header = ["MODEL", "QUEUED", "BY CLASS", "TTFTp50", "TTFTp90", "ITLp50", "ITLp99", "TOK/S"]
-    header += ["CHARS/TOK", "LEN ERR", "GROUPS (endpoints, share of demand)"]
+    header = ["MODEL", "QUEUED req", "BY CLASS req", "TTFTp50", "TTFTp90", "ITLp50", "ITLp99", "TOK/S"]
+    header += ["CHARS/TOK", "LEN ERR %", "GROUPS (endpoints, % of demand)"]
     lines.extend(_table(header, rows))
 
     att = doc.get("attainment") or {}
@@ -233,7 +238,7 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
         if color and isinstance(ratio, int | float) and ratio < 0.9:
             text = f"{red}{text}{reset}"
         rows.append([cls, str(a.get("finished", 0)), str(a.get("met", 0)), text])
-    lines.extend(_table(["CLASS", "FINISHED", "MET", "ATTAINMENT"], rows))
+    lines.extend(_table(["CLASS", "FINISHED req", "MET req", "ATTAINMENT %"], rows))
     lines.extend(_slo_lines(doc.get("slo") or {}, bold, reset))
     lines.extend(_lifecycle_lines(doc.get("lifecycle"), bold, reset))
     return "\n".join(lines) + "\n"
@@ -278,7 +283,7 @@ def _lifecycle_lines(lc: Any, bold: str, reset: str) -> list[str]:
         ]
         for i in lc.get("instances") or []
     ]
-    header = ["ID", "MODEL", "NODE", "STATE", "DEVICES", "GIB", "LOAD", "IDLE", "INFLIGHT", "REASON"]
+    header = ["ID", "MODEL", "NODE", "STATE", "DEVICES", "GIB", "LOAD", "IDLE", "INFLIGHT req", "REASON"]
     lines.extend(_table(header, rows))
     loads = lc.get("loads") or {}
     if loads:
@@ -318,7 +323,8 @@ def _slo_lines(slo: dict[str, Any], bold: str, reset: str) -> list[str]:
                 str(c.get("on_infeasible") or "-"),
             ]
         )
-    header = ["CLASS", "KIND", "BAND", "FINISHED", "GOODPUT", "ADMISSION", "REJECTED (reason)", "INFEASIBLE"]
+    header = ["CLASS", "KIND", "BAND", "FINISHED req", "GOODPUT %", "ADMISSION req", "REJECTED req (reason)"]
+    header += ["INFEASIBLE"]
     lines.extend(_table(header, rows))
     tasks = slo.get("tasks") or {}
     if tasks:

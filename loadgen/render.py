@@ -5,30 +5,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-_CLASS_COLS: tuple[tuple[str, str], ...] = (
-    ("count", "n"),
-    ("errors", "err"),
-    ("goodput", "goodput"),
-    ("ttft_p50_ms", "ttft50"),
-    ("ttft_p95_ms", "ttft95"),
-    ("ttft_p99_ms", "ttft99"),
-    ("e2e_p50_ms", "e2e50"),
-    ("e2e_p95_ms", "e2e95"),
-    ("e2e_p99_ms", "e2e99"),
-    ("itl_p50_ms", "itl50"),
-    ("throughput_rps", "req/s"),
-    ("output_tokens_per_s", "tok/s"),
+# (report key, column header, unit): every table prints the units in a second header row.
+_CLASS_COLS: tuple[tuple[str, str, str], ...] = (
+    ("count", "n", "req"),
+    ("errors", "err", "req"),
+    ("goodput", "goodput", "0-1"),  # the fraction of requests that met their SLO
+    ("ttft_p50_ms", "ttft50", "ms"),
+    ("ttft_p95_ms", "ttft95", "ms"),
+    ("ttft_p99_ms", "ttft99", "ms"),
+    ("e2e_p50_ms", "e2e50", "ms"),
+    ("e2e_p95_ms", "e2e95", "ms"),
+    ("e2e_p99_ms", "e2e99", "ms"),
+    ("itl_p50_ms", "itl50", "ms"),
+    ("throughput_rps", "rate", "req/s"),
+    ("output_tokens_per_s", "output", "tok/s"),
 )
-_TASK_COLS: tuple[tuple[str, str], ...] = (
-    ("count", "n"),
-    ("errors", "err"),
-    ("goodput", "goodput"),
-    ("calls", "calls"),
-    ("sla_metric", "sla"),
-    ("sla_ms", "sla_ms"),
-    ("latency_p50_ms", "lat50"),
-    ("latency_p95_ms", "lat95"),
-    ("latency_p99_ms", "lat99"),
+_TASK_COLS: tuple[tuple[str, str, str], ...] = (
+    ("count", "n", "tasks"),
+    ("errors", "err", "tasks"),
+    ("goodput", "goodput", "0-1"),
+    ("calls", "calls", "max/task"),
+    ("sla_metric", "sla of", ""),  # ttft or e2e: not a number
+    ("sla_ms", "sla", "ms"),
+    ("latency_p50_ms", "lat50", "ms"),
+    ("latency_p95_ms", "lat95", "ms"),
+    ("latency_p99_ms", "lat99", "ms"),
 )
 COMPARE_METRICS: tuple[str, ...] = (
     "count",
@@ -58,12 +59,17 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], units: Sequence[str] | None = None
+) -> list[str]:
+    """Aligned columns; `units` (one per column, "" for none) is a second header row."""
+    heads = [headers] if units is None else [headers, units]
+    widths = [max(len(c) for c in col) for col in zip(*heads, *rows, strict=True)]
     lines = [
         "  ".join(
-            h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True))
-        )
+            h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(head, widths, strict=True))
+        ).rstrip()
+        for head in heads
     ]
     for r in rows:
         lines.append(
@@ -79,14 +85,14 @@ def format_report(data: dict[str, Any]) -> str:
         f"({run.get('arrival')}) against {run.get('target')}, wall {run.get('wall_s')} s",
         "",
     ]
-    rows = [[name, *(_cell(st.get(k)) for k, _ in _CLASS_COLS)] for name, st in data["classes"].items()]
-    rows.append(["(overall)", *(_cell(data["overall"].get(k)) for k, _ in _CLASS_COLS)])
-    out += _table(["class", *(h for _, h in _CLASS_COLS)], rows)
+    rows = [[name, *(_cell(st.get(k)) for k, _, _ in _CLASS_COLS)] for name, st in data["classes"].items()]
+    rows.append(["(overall)", *(_cell(data["overall"].get(k)) for k, _, _ in _CLASS_COLS)])
+    out += _table(["class", *(h for _, h, _ in _CLASS_COLS)], rows, ["", *(u for _, _, u in _CLASS_COLS)])
     tasks = data.get("tasks", {})
     if any(t.get("multi_step") or t.get("sla_ms") is not None for t in tasks.values()):
         out.append("")
-        trows = [[name, *(_cell(st.get(k)) for k, _ in _TASK_COLS)] for name, st in tasks.items()]
-        out += _table(["task", *(h for _, h in _TASK_COLS)], trows)
+        trows = [[name, *(_cell(st.get(k)) for k, _, _ in _TASK_COLS)] for name, st in tasks.items()]
+        out += _table(["task", *(h for _, h, _ in _TASK_COLS)], trows, ["", *(u for _, _, u in _TASK_COLS)])
     errors = data.get("errors_by_kind") or {}
     if errors:
         out.append("")
@@ -97,9 +103,14 @@ def format_report(data: dict[str, Any]) -> str:
         out.append("")
         parts = []
         for name, p in procs.items():
-            share = p.get("cpu_share")
-            parts.append(f"{name} (pid {p.get('pid')}) {'-' if share is None else f'{share * 100:.0f} %'}")
-        out.append("cpu of one core: " + ", ".join(parts))
+            cpu_s, share = p.get("cpu_s"), p.get("cpu_share")
+            used = "-" if cpu_s is None else f"{cpu_s:.1f} s"
+            if share is not None:
+                used += f" = {share * 100:.0f} %"
+            parts.append(f"{name} (pid {p.get('pid')}) {used}")
+        wall = run.get("wall_s")
+        over = f"over the {wall:.1f} s run" if isinstance(wall, int | float) else "over the run"
+        out.append(f"cpu time {over} (100 % = one core busy throughout): " + ", ".join(parts))
         for name in cpu.get("flagged", []):
             out.append(
                 f"WARNING: {name} used more than {cpu.get('threshold', 0.8) * 100:.0f} % of a core; "

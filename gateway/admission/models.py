@@ -14,10 +14,12 @@ class ModelCatalog:
         self.aliases: dict[str, str] = dict(aliases or {})
 
     def resolve(self, client_model: str, known: Set[ModelName]) -> ModelName:
-        """The served name for `client_model`; 404 when no endpoint (in any state) serves it."""
+        """The served name for `client_model`; 404 when no endpoint (in any state) serves it, naming
+        the models that are served (and the aliases of those)."""
         served = ModelName(self.aliases.get(client_model, client_model))
         if served not in known:
-            raise errors.model_not_found(client_model)
+            aliases = [a for a, target in self.aliases.items() if target in known]
+            raise errors.model_not_found(client_model, [*known, *aliases])
         return served
 
     def listing(self, ready: Iterable[ModelName], created: int) -> dict[str, Any]:

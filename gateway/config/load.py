@@ -28,7 +28,7 @@ from gateway.config.schema import (
 )
 from gateway.config.validate import check_gateway, check_keys
 from gateway.core.errors import ConfigError
-from gateway.core.strict_toml import convert, read_toml
+from gateway.core.strict_toml import convert, convert_all, read_toml
 from gateway.core.types import EndpointId, EngineKind
 from gateway.sched.plugins import default_registry
 from gateway.sched.profile import Policy
@@ -48,22 +48,27 @@ def load_gateway_config(path: str | Path, *, env: Mapping[str, str] | None = Non
     cfg, problems = gateway_config_problems(path, env=env)
     if problems:
         raise problems[0]
-    assert cfg is not None
+    assert cfg is not None  # no problems: the file decoded
     return cfg
 
 
 def gateway_config_problems(
     path: str | Path, *, env: Mapping[str, str] | None = None
 ) -> tuple[GatewayConfig | None, list[ConfigError]]:
-    """Like `load_gateway_config`, but returns every cross-reference problem instead of the first.
+    """Like `load_gateway_config`, but every problem instead of the first: each bad value the strict
+    decode finds (`convert_all`), then every cross-reference problem of the rest.
 
-    A file that cannot be read, parsed or strictly decoded still raises (nothing further can be said).
-    The config is None exactly when there are problems.
+    A file that cannot be read or parsed still raises (nothing further can be said). With problems, the
+    config (None when the decode could not set the bad values aside) holds defaults or stand-ins in
+    their place: it is only good for checking what depends on it, such as the policy file it names.
     """
     p = Path(path)
     label = str(path)
     raw = _engine_auto_to_none(read_toml(p, label))
-    f = convert(raw, GatewayFile, label=label, extra_choices=_ENGINE_CHOICES)
+    decoded = convert_all(raw, GatewayFile, label=label, extra_choices=_ENGINE_CHOICES)
+    f = decoded.value
+    if f is None:
+        return None, decoded.problems
 
     # defaults
     env = os.environ if env is None else env
@@ -73,11 +78,18 @@ def gateway_config_problems(
         )
     policy_file = resolve_relative(f.policy.file, p.parent) if f.policy.file else None
 
-    # cross-reference checks
-    problems = [e.within(file=label) for e in check_gateway(f)]
+    # cross-reference checks (of what decoded: a stand-in's problem is already reported)
+    problems = [*decoded.problems]
+    problems += [e.within(file=label) for e in check_gateway(f) if decoded.untouched(e)]
     if policy_file is not None and not policy_file.is_file():
         what = "is not a file" if policy_file.exists() else "not found"
-        problems.append(ConfigError(f"policy file {what}: {policy_file}", path="policy.file", file=label))
+        # A relative path that worked beside the repository's policies/ may point nowhere once the
+        # file is copied elsewhere (/etc/berth): say where it was looked for.
+        relative = not Path(f.policy.file).expanduser().is_absolute()
+        hint = f" (relative to {_absolute(p.parent)}, the directory of this file)" if relative else ""
+        problems.append(
+            ConfigError(f"policy file {what}: {policy_file}{hint}", path="policy.file", file=label)
+        )
     keys_file = resolve_relative(f.auth.keys_file, p.parent) if f.auth.keys_file else None
     keys: tuple[KeyEntry, ...] = ()
     if keys_file is not None:
@@ -100,30 +112,26 @@ def gateway_config_problems(
         f.lifecycle, f.nodes, base=p.parent, label=label, registry=default_registry()
     )
     problems.extend(lifecycle_errors)
-    if problems:
-        return None, problems
 
-    return (
-        GatewayConfig(
-            server=f.server,
-            limits=f.limits,
-            upstream=f.upstream,
-            scrape=f.scrape,
-            telemetry=f.telemetry,
-            aliases=dict(f.aliases),
-            endpoints=f.endpoints,
-            tenants=f.tenants,
-            auth=f.auth,
-            ops=f.ops,
-            keys=keys,
-            keys_file=keys_file,
-            engine_keys=engine_keys,
-            file=_absolute(p),
-            policy_file=policy_file,
-            lifecycle=lifecycle,
-        ),
-        [],
+    config = GatewayConfig(
+        server=f.server,
+        limits=f.limits,
+        upstream=f.upstream,
+        scrape=f.scrape,
+        telemetry=f.telemetry,
+        aliases=dict(f.aliases),
+        endpoints=f.endpoints,
+        tenants=f.tenants,
+        auth=f.auth,
+        ops=f.ops,
+        keys=keys,
+        keys_file=keys_file,
+        engine_keys=engine_keys,
+        file=_absolute(p),
+        policy_file=policy_file,
+        lifecycle=lifecycle,
     )
+    return config, problems
 
 
 class _KeysProblems(Exception):

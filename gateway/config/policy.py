@@ -58,7 +58,15 @@ from gateway.core.slo import (
     UnknownClass,
     default_slo_policy,
 )
-from gateway.core.strict_toml import convert, join_path, parse_toml, read_toml, validation_error
+from gateway.core.strict_toml import (
+    Decoded,
+    convert,
+    convert_all,
+    join_path,
+    parse_toml,
+    read_toml,
+    validation_error,
+)
 from gateway.core.types import ApiKind
 from gateway.sched.interfaces import (
     Admitter,
@@ -176,7 +184,7 @@ class Slot:
     protocol: type  # the runtime-checkable Protocol (gateway.sched.interfaces) every plugin here satisfies
 
 
-#: Every kind of plugin a policy file names, in the order they are built (the first error is reported).
+#: Every kind of plugin a policy file names, in the order they are built (and their problems reported).
 #: The schema above (PolicyFile, PlacementSection) has a field at each key, of the same shape.
 SLOTS: Final[tuple[Slot, ...]] = (
     Slot(PluginKind.ORDERING, "ordering", many=False, required=True, protocol=Ordering),
@@ -222,23 +230,39 @@ def decode_policy(raw: dict[str, Any], file: str) -> PolicyFile:
     return convert(raw, PolicyFile, label=file)
 
 
+def decode_policy_all(raw: dict[str, Any], file: str) -> Decoded[PolicyFile]:
+    """The strict decode stage, every problem (see `convert_all`)."""
+    return convert_all(raw, PolicyFile, label=file)
+
+
 def build_policy(
     pf: PolicyFile, file: str, registry: PluginRegistry, *, seed: int | None = None, stem: str = ""
 ) -> Policy:
-    """Build every plugin `pf` names; errors name `file` and the plugin's key path."""
+    """Build every plugin `pf` names; raises the first problem (named by `file` and key path)."""
+    policy, problems = policy_problems(pf, file, registry, seed=seed, stem=stem)
+    if problems:
+        raise problems[0]
+    assert policy is not None  # no problems: built
+    return policy
+
+
+def policy_problems(
+    pf: PolicyFile, file: str, registry: PluginRegistry, *, seed: int | None = None, stem: str = ""
+) -> tuple[Policy | None, list[ConfigError]]:
+    """The policy `pf` builds to, or None and every problem found (each named by `file` and key path):
+    the name, the `[slo]` section, and each plugin on its own."""
+    problems: list[ConfigError] = []
     name = pf.name or stem
     if not name.strip():
-        raise ConfigError("policy name must not be empty", path="name", file=file)
-    try:
-        slo = build_slo(pf)
-    except ConfigError as e:
-        raise e.within(file=file) from None
-    try:
-        built = build_plugins(pf, registry, BuildContext(seed=seed, slo=slo))
-    except ConfigError as e:
-        raise e.within(file=file) from None
+        problems.append(ConfigError("policy name must not be empty", path="name"))
+    slo, slo_errors = slo_problems(pf)
+    problems += slo_errors
+    built, plugin_errors = plugin_problems(pf, registry, BuildContext(seed=seed, slo=slo))
+    problems += plugin_errors
+    if problems:
+        return None, [e.within(file=file) for e in problems]
     scorers = tuple(WeightedScorer(p, _weight(ref)) for ref, p in built[PluginKind.SCORER])
-    return Policy(
+    policy = Policy(
         name=name,
         ordering=_one(built, PluginKind.ORDERING),
         profile=SchedulerProfile(
@@ -253,11 +277,24 @@ def build_policy(
         preemptor=_one(built, PluginKind.PREEMPTOR),
         concurrency=_one(built, PluginKind.CONCURRENCY),
     )
+    return policy, []
 
 
 def build_plugins(pf: PolicyFile, registry: PluginRegistry, ctx: BuildContext) -> Built:
-    """Build every plugin `pf` names, slot by slot (`SLOTS`); errors name the plugin's key path."""
+    """Build every plugin `pf` names, slot by slot (`SLOTS`); raises the first problem."""
+    built, problems = plugin_problems(pf, registry, ctx)
+    if problems:
+        raise problems[0]
+    return built
+
+
+def plugin_problems(
+    pf: PolicyFile, registry: PluginRegistry, ctx: BuildContext
+) -> tuple[Built, list[ConfigError]]:
+    """Every plugin `pf` names built, slot by slot (`SLOTS`), and the problem of each one that did not
+    build (named by the plugin's key path); only the plugins that built are in the result."""
     built: Built = {}
+    problems: list[ConfigError] = []
     for slot in SLOTS:
         found: Any = pf
         for part in slot.key.split("."):
@@ -267,11 +304,17 @@ def build_plugins(pf: PolicyFile, registry: PluginRegistry, ctx: BuildContext) -
         elif found is not None:
             refs = [(slot.key, found)]
         elif slot.required:  # the strict decode has already refused this
-            raise ConfigError("missing required key", path=slot.key)
+            problems.append(ConfigError("missing required key", path=slot.key))
+            refs = []
         else:
             refs = []
-        built[slot.kind] = [(ref, _build(registry, slot, ref, path, ctx)) for path, ref in refs]
-    return built
+        built[slot.kind] = []
+        for path, ref in refs:
+            try:
+                built[slot.kind].append((ref, _build(registry, slot, ref, path, ctx)))
+            except ConfigError as e:
+                problems.append(e)
+    return built, problems
 
 
 def _one(built: Built, kind: PluginKind) -> Any:
@@ -291,9 +334,20 @@ _PATHS: Final = frozenset(api.path for api in ApiKind)
 
 
 def build_slo(pf: PolicyFile) -> SloPolicy:
-    """The `[slo]` and `[tasks]` sections checked and built; errors name the key path."""
+    """The `[slo]` and `[tasks]` sections checked and built; raises the first problem."""
+    slo, problems = slo_problems(pf)
+    if problems:
+        raise problems[0]
+    return slo
+
+
+def slo_problems(pf: PolicyFile) -> tuple[SloPolicy, list[ConfigError]]:
+    """The `[slo]` and `[tasks]` sections built, and every problem found (named by key path). With
+    problems, the SLO policy is built from the classes and rules that had none (the default class
+    falling back to the first of them): good for checking the plugins that take it, nothing else."""
     sec = pf.slo
     t = pf.tasks
+    problems: list[ConfigError] = []
     tasks = TaskSettings(
         idle_expiry_s=t.idle_expiry_s,
         max_tasks=t.max_tasks,
@@ -302,24 +356,32 @@ def build_slo(pf: PolicyFile) -> SloPolicy:
     )
     if not sec.classes:
         if sec.default_class not in ("", DEFAULT_CLASS):
-            raise ConfigError(
-                f"class {sec.default_class!r} is not defined (no [[slo.classes]])", path="slo.default_class"
+            problems.append(
+                ConfigError(
+                    f"class {sec.default_class!r} is not defined (no [[slo.classes]])",
+                    path="slo.default_class",
+                )
             )
         if sec.rules:
-            raise ConfigError("rules need [[slo.classes]] to name", path="slo.rules[0].class")
-        return SloPolicy(
+            problems.append(ConfigError("rules need [[slo.classes]] to name", path="slo.rules[0].class"))
+        slo = SloPolicy(
             classes=default_slo_policy().classes,
             default_class=DEFAULT_CLASS,
             tasks=tasks,
             unknown_class=sec.unknown_class,
         )
+        return slo, problems
     classes: dict[str, SloClass] = {}
     for i, c in enumerate(sec.classes):
         where = f"slo.classes[{i}]"
         if not c.name.strip() or any(ch.isspace() for ch in c.name):
-            raise ConfigError(f"must be non-empty without whitespace, got {c.name!r}", path=f"{where}.name")
+            problems.append(
+                ConfigError(f"must be non-empty without whitespace, got {c.name!r}", path=f"{where}.name")
+            )
+            continue
         if c.name in classes:
-            raise ConfigError(f"duplicate class {c.name!r}", path=f"{where}.name")
+            problems.append(ConfigError(f"duplicate class {c.name!r}", path=f"{where}.name"))
+            continue
         classes[c.name] = SloClass(
             name=c.name,
             kind=c.kind,
@@ -333,21 +395,33 @@ def build_slo(pf: PolicyFile) -> SloPolicy:
             on_infeasible=c.on_infeasible,
             max_queue=c.max_queue,
         )
+    # A class that is declared but had a problem is reported once, above, not again where it is named.
+    declared = {c.name for c in sec.classes}
+    if not classes:  # every class had a problem: check the rest against the built-in one
+        classes = dict(default_slo_policy().classes)
     default = sec.default_class or sec.classes[0].name
     if default not in classes:
-        raise ConfigError(_unknown_class(default, classes), path="slo.default_class")
+        if default not in declared:
+            problems.append(ConfigError(_unknown_class(default, classes), path="slo.default_class"))
+        default = next(iter(classes))
     rules: list[SloRule] = []
     for i, r in enumerate(sec.rules):
         where = f"slo.rules[{i}]"
-        if r.slo_class not in classes:
-            raise ConfigError(_unknown_class(r.slo_class, classes), path=f"{where}.class")
+        rule_problems: list[ConfigError] = []
+        if r.slo_class not in declared:
+            rule_problems.append(ConfigError(_unknown_class(r.slo_class, classes), path=f"{where}.class"))
         if r.path is not None and r.path not in _PATHS:
             known = ", ".join(sorted(_PATHS))
-            raise ConfigError(f"unknown path {r.path!r} (known: {known})", path=f"{where}.path")
+            rule_problems.append(
+                ConfigError(f"unknown path {r.path!r} (known: {known})", path=f"{where}.path")
+            )
         for lo, hi in (("max_tokens_min", "max_tokens_max"), ("prompt_chars_min", "prompt_chars_max")):
             a, b = getattr(r, lo), getattr(r, hi)
             if a is not None and b is not None and a > b:
-                raise ConfigError(f"must not be below {lo} ({a})", path=f"{where}.{hi}")
+                rule_problems.append(ConfigError(f"must not be below {lo} ({a})", path=f"{where}.{hi}"))
+        if rule_problems or r.slo_class not in classes:
+            problems += rule_problems
+            continue
         rules.append(
             SloRule(
                 slo_class=r.slo_class,
@@ -361,13 +435,14 @@ def build_slo(pf: PolicyFile) -> SloPolicy:
                 body=dict(r.body),
             )
         )
-    return SloPolicy(
+    slo = SloPolicy(
         classes=classes,
         default_class=default,
         rules=tuple(rules),
         tasks=tasks,
         unknown_class=sec.unknown_class,
     )
+    return slo, problems
 
 
 def _unknown_class(name: str, classes: dict[str, SloClass]) -> str:

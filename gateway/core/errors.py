@@ -8,7 +8,8 @@ made, so status, type and outcome stay consistent.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Final
 
 import orjson
 
@@ -131,10 +132,21 @@ def rate_limited(limit: str, retry_after_s: float) -> BerthError:
     )
 
 
-def model_not_found(model: str) -> BerthError:
+#: At most this many model names in an unknown model's 404.
+MAX_LISTED_MODELS: Final = 20
+
+
+def model_not_found(model: str, served: Iterable[str] = ()) -> BerthError:
+    """404 for `model`; the message lists the `served` names (sorted, at most MAX_LISTED_MODELS)."""
+    names = sorted(set(served))
+    message = f"The model '{model}' does not exist"
+    if names:
+        listed = ", ".join(names[:MAX_LISTED_MODELS])
+        more = len(names) - MAX_LISTED_MODELS
+        message += f"; served models: {listed}" + (f" and {more} more (GET /v1/models)" if more > 0 else "")
     return BerthError(
         status=404,
-        message=f"The model '{model}' does not exist",
+        message=message,
         type="invalid_request_error",
         code="model_not_found",
         outcome="unknown_model",
@@ -172,6 +184,17 @@ def body_too_large(limit: int) -> BerthError:
         type="invalid_request_error",
         code="request_too_large",
         outcome="too_large",
+        source=ErrorSource.CLIENT,
+    )
+
+
+def unsupported_media_type(content_type: str) -> BerthError:
+    return BerthError(
+        status=415,
+        message=f"the request body must be JSON (Content-Type: application/json), got {content_type[:100]!r}",
+        type="invalid_request_error",
+        code="unsupported_media_type",
+        outcome="bad_request",
         source=ErrorSource.CLIENT,
     )
 
@@ -251,16 +274,20 @@ def upstream_failed(message: str, *, retryable: bool = True) -> BerthError:
     )
 
 
-def upstream_status(status: int, message: str) -> BerthError:
-    """The engine answered with an error status before any body was relayed; keep its 4xx."""
+def upstream_status(
+    status: int, message: str, *, type: str | None = None, param: str | None = None, code: str | None = None
+) -> BerthError:
+    """The engine answered with an error status before any body was relayed; keep its 4xx, with the
+    engine's own error type, param and (a string) code where it gave them."""
     if 400 <= status < 500:
         return BerthError(
             status=status,
             message=message,
-            type="invalid_request_error",
-            code="engine_rejected",
+            type=type or "invalid_request_error",
+            code=code or "engine_rejected",
             outcome="engine_rejected",
             source=ErrorSource.UPSTREAM,
+            param=param,
         )
     return upstream_failed(f"engine answered {status}: {message}", retryable=True)
 
@@ -278,6 +305,84 @@ def engine_auth_failed(status: int) -> BerthError:
         source=ErrorSource.UPSTREAM,
         retryable=False,
     )
+
+
+#: Longest message taken from an engine's error, and longest excerpt of a body that is not JSON.
+MAX_ENGINE_MESSAGE: Final = 2000
+MAX_ENGINE_EXCERPT: Final = 500
+
+
+def engine_error(status: int, body: bytes, reason: str = "") -> BerthError:
+    """`upstream_status` for an engine's error answer `body` (as much of it as was read).
+
+    An OpenAI-shaped error (`{"error": {"message", "type", "param", "code"}}`, or those keys at the top
+    level as older vLLM sent them) keeps its message, type, param and string code; FastAPI's
+    `{"detail": ...}` becomes a message (and a param from the first error's location). Other JSON is
+    described, not pasted into the message; a body that is not JSON becomes a bounded excerpt.
+    """
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = " ".join(body.decode("utf-8", "replace").split())
+        if len(text) > MAX_ENGINE_EXCERPT:
+            text = text[:MAX_ENGINE_EXCERPT] + "..."
+        return upstream_status(status, text or reason or f"engine answered {status}")
+    fields = _openai_error(obj) or _fastapi_error(obj)
+    if fields is None:
+        keys = f" with keys {', '.join(sorted(obj)[:10])}" if isinstance(obj, dict) and obj else ""
+        message = f"engine answered {status} with a JSON {_json_kind(obj)}{keys} but no error message"
+        return upstream_status(status, message)
+    message, type_, param, code = fields
+    return upstream_status(status, message[:MAX_ENGINE_MESSAGE], type=type_, param=param, code=code)
+
+
+_Fields = tuple[str, str | None, str | None, str | None]
+
+
+def _text(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def _openai_error(obj: Any) -> _Fields | None:
+    if not isinstance(obj, dict):
+        return None
+    err = obj.get("error")
+    if isinstance(err, str) and err:  # {"error": "message"} (TGI, some proxies)
+        return err, _text(obj.get("error_type")), None, None
+    found = err if isinstance(err, dict) else obj
+    message = found.get("message")
+    if not isinstance(message, str):
+        return None
+    return message, _text(found.get("type")), _text(found.get("param")), _text(found.get("code"))
+
+
+def _fastapi_error(obj: Any) -> _Fields | None:
+    detail = obj.get("detail") if isinstance(obj, dict) else None
+    if isinstance(detail, str) and detail:
+        return detail, None, None, None
+    if not isinstance(detail, list) or not detail:
+        return None
+    parts: list[str] = []
+    param: str | None = None
+    for item in detail:
+        if not isinstance(item, dict):
+            continue
+        loc = item.get("loc")
+        where = ".".join(str(p) for p in loc) if isinstance(loc, list) else ""
+        param = param or where or None
+        msg = item.get("msg")
+        parts.append(f"{where}: {msg}" if where else str(msg))
+    if not parts:
+        return None
+    return "; ".join(parts), None, param, None
+
+
+def _json_kind(obj: Any) -> str:
+    if isinstance(obj, dict):
+        return "object"
+    if isinstance(obj, list):
+        return "array"
+    return "string" if isinstance(obj, str) else "value"
 
 
 def upstream_timeout(message: str) -> BerthError:

@@ -8,17 +8,20 @@ keys of a table or the allowed values of an enum.
 
 from __future__ import annotations
 
+import copy
 import enum
 import json
 import re
 import types
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Generic, Literal, TypeVar, Union, get_args, get_origin
 
 import msgspec
 import msgspec.structs
 import msgspec.toml
+from msgspec import Meta
 
 from gateway.core.errors import ConfigError
 
@@ -28,6 +31,11 @@ T = TypeVar("T")
 Segment = str | int
 #: msgspec's path may also say `[...]`: "some entry of this dict" (resolved by `_locate`).
 _RawSegment = str | int | types.EllipsisType
+
+#: `convert_all` stops after this many problems (a file of garbage is not worth more).
+MAX_PROBLEMS: Final = 100
+#: `_stand_in`'s answer for a type it has no value for.
+_NO_VALUE: Final = object()
 
 _AT = " - at `$"
 _SEGMENT = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
@@ -111,33 +119,59 @@ def validation_error(
     extra_choices: Mapping[type, tuple[str, ...]] | None = None,
 ) -> ConfigError:
     """msgspec's error for `raw` against `tp` as a ConfigError with our key path (no file yet)."""
-    segments, msg = _locate(e, tp, raw)
-    m = _UNKNOWN.match(msg)
-    if m is not None:
-        known = _struct_keys(type_at(tp, segments))
-        segments = [*segments, m.group(1)]
-        if known is None:
-            message = "unknown key"
-        elif not known:
-            message = "unknown key (this table takes no keys)"
-        else:
-            message = f"unknown key (known: {', '.join(known)})"
-    elif (m := _MISSING.match(msg)) is not None:
-        segments = [*segments, m.group(1)]
-        message = "missing required key"
-    elif (m := _ENUM.match(msg)) is not None:
-        choices = _choices(type_at(tp, segments), extra_choices or {})
-        message = f"invalid value {m.group(1)}"
-        if choices:
-            message += f" (expected one of: {', '.join(choices)})"
-    elif (m := _EXPECTED.match(msg)) is not None:
-        expected, rest, got = m.groups()
-        message = f"expected {_toml_type(expected, expected_side=True)}{rest}"
-        if got:
-            message += f", got {_toml_type(got, expected_side=False)}"
-    else:
-        message = _lower_first(msg)
+    segments, message = _problem(e, tp, raw, extra_choices or {})
     return ConfigError(message, path=join_path(prefix, segments))
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded(Generic[T]):
+    """What `convert_all` made of a file: every decode problem, and the value decoded from the rest."""
+
+    value: T | None  # None: the bad values could not be set aside
+    problems: list[ConfigError]
+    repaired: frozenset[str]  # key paths whose value was dropped or replaced by a stand-in
+
+    def untouched(self, e: ConfigError) -> bool:
+        """`e` (a later check's problem) is not about a value the decode set aside: a check of a stand-in
+        would only repeat, in other words, a problem already reported."""
+        return not any(e.path == p or e.path.startswith((f"{p}.", f"{p}[")) for p in self.repaired)
+
+
+def convert_all(
+    raw: dict[str, Any],
+    tp: type[T],
+    *,
+    label: str,
+    extra_choices: Mapping[type, tuple[str, ...]] | None = None,
+) -> Decoded[T]:
+    """Like `convert`, but every problem rather than the first (up to MAX_PROBLEMS).
+
+    Each time the strict decode fails, its problem is recorded and the bad value set aside: an unknown
+    key, or a bad value whose key has a default, is dropped; a bad array item or a bad or missing
+    required key gets a stand-in of its declared type (so array indices keep their meaning). Then the
+    decode runs again. The first problem is `convert`'s. The value decoded at the end lets the
+    cross-reference checks run too; `Decoded.untouched` tells which of their problems still mean
+    something.
+    """
+    work = copy.deepcopy(raw)
+    choices = extra_choices or {}
+    problems: list[ConfigError] = []
+    repaired: set[str] = set()
+    while len(problems) < MAX_PROBLEMS:
+        try:
+            value = msgspec.convert(work, tp, strict=True)
+        except msgspec.ValidationError as e:
+            segments, message = _problem(e, tp, work, choices)
+            path = join_path("", segments)
+            problems.append(ConfigError(message, path=path, file=label))
+            if path in repaired or not _set_aside(
+                work, tp, segments, unknown=_UNKNOWN.match(message) is not None
+            ):
+                break  # a stand-in that does not decode either, or nothing to set aside: stop here
+            repaired.add(path)
+            continue
+        return Decoded(value, problems, frozenset(repaired))
+    return Decoded(None, problems, frozenset(repaired))
 
 
 def join_path(prefix: str, segments: list[Segment]) -> str:
@@ -198,6 +232,109 @@ def _locate(e: msgspec.ValidationError, tp: Any, raw: Any) -> tuple[list[Segment
         tp = _child_type(tp, seg)
         raw = _child_raw(raw, seg)
     return out, msg
+
+
+def _problem(
+    e: msgspec.ValidationError, tp: Any, raw: Any, extra_choices: Mapping[type, tuple[str, ...]]
+) -> tuple[list[Segment], str]:
+    """Where `e` went wrong (a key path; for an unknown or missing key, ending in that key) and why."""
+    segments, msg = _locate(e, tp, raw)
+    m = _UNKNOWN.match(msg)
+    if m is not None:
+        known = _struct_keys(type_at(tp, segments))
+        segments = [*segments, m.group(1)]
+        if known is None:
+            message = "unknown key"
+        elif not known:
+            message = "unknown key (this table takes no keys)"
+        else:
+            message = f"unknown key (known: {', '.join(known)})"
+    elif (m := _MISSING.match(msg)) is not None:
+        segments = [*segments, m.group(1)]
+        message = "missing required key"
+    elif (m := _ENUM.match(msg)) is not None:
+        choices = _choices(type_at(tp, segments), extra_choices)
+        message = f"invalid value {m.group(1)}"
+        if choices:
+            message += f" (expected one of: {', '.join(choices)})"
+    elif (m := _EXPECTED.match(msg)) is not None:
+        expected, rest, got = m.groups()
+        message = f"expected {_toml_type(expected, expected_side=True)}{rest}"
+        if got:
+            message += f", got {_toml_type(got, expected_side=False)}"
+    else:
+        message = _lower_first(msg)
+    return segments, message
+
+
+def _set_aside(work: dict[str, Any], tp: Any, segments: list[Segment], *, unknown: bool) -> bool:
+    """Drop the value at `segments` from `work`, or put a stand-in there; False when neither can be done."""
+    if not segments:
+        return False
+    parent: Any = work
+    for seg in segments[:-1]:
+        parent = _child_raw(parent, seg)
+    key = segments[-1]
+    if isinstance(parent, dict) and isinstance(key, str):
+        if unknown or not _required(type_at(tp, segments[:-1]), key):
+            parent.pop(key, None)
+            return True
+    elif not (isinstance(parent, list) and isinstance(key, int) and 0 <= key < len(parent)):
+        return False
+    stand_in = _stand_in(type_at(tp, segments))
+    if stand_in is _NO_VALUE:
+        return False
+    parent[key] = stand_in
+    return True
+
+
+def _required(tp: Any, key: str) -> bool:
+    """Key `key` of a table of type `tp` must be given (a Struct field without a default)."""
+    for t in _variants(tp):
+        if _is_struct(t):
+            return any(f.encode_name == key and f.required for f in msgspec.structs.fields(t))
+    return False
+
+
+def _stand_in(tp: Any) -> Any:
+    """A value that decodes as `tp`, to stand in for a bad or missing one; _NO_VALUE when none is known."""
+    metas: list[Meta] = []
+    while get_origin(tp) is Annotated:
+        tp, *extra = get_args(tp)
+        metas += [m for m in extra if isinstance(m, Meta)]
+    origin = get_origin(tp)
+    if tp is Any:
+        return None
+    if origin in (Union, types.UnionType):
+        members = get_args(tp)
+        return None if type(None) in members else _stand_in(members[0])
+    if _is_struct(tp):
+        table = {f.encode_name: _stand_in(f.type) for f in msgspec.structs.fields(tp) if f.required}
+        return _NO_VALUE if _NO_VALUE in table.values() else table
+    if origin in (list, tuple, set, frozenset) or tp in (list, tuple, set, frozenset):
+        return []
+    if origin is dict or tp is dict:
+        return {}
+    if origin is Literal:
+        return get_args(tp)[0]
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return next(iter(tp)).value
+    if tp is bool:
+        return False
+    if tp is str:
+        return ""
+    if tp in (int, float):
+        value: float = 0
+        for m in metas:
+            if m.ge is not None:
+                value = max(value, m.ge)
+            if m.gt is not None:
+                value = max(value, m.gt + 1)
+        for m in metas:
+            if m.le is not None:
+                value = min(value, m.le)
+        return int(value) if tp is int else float(value)
+    return _NO_VALUE
 
 
 def _variants(tp: Any) -> list[Any]:

@@ -436,20 +436,10 @@ def _record_stream(ctx: RequestContext, relay: SseRelay) -> None:
 
 
 async def _error_from(resp: aiohttp.ClientResponse) -> BerthError:
-    """Map an engine's non-200 answer; 5xx is retryable on another endpoint, 4xx goes to the client."""
+    """Map an engine's non-200 answer; 5xx is retryable on another endpoint, 4xx goes to the client with
+    the detail of the engine's error (`errors.engine_error`)."""
     try:
         raw = await resp.content.read(_ERROR_BODY_LIMIT)
     except (aiohttp.ClientError, TimeoutError):
         raw = b""
-    message = raw.decode("utf-8", "replace").strip() or resp.reason or ""
-    try:
-        obj = orjson.loads(raw)
-        if isinstance(obj, dict):
-            err = obj.get("error", obj)
-            if isinstance(err, dict) and isinstance(err.get("message"), str):
-                message = err["message"]
-            elif isinstance(obj.get("message"), str):
-                message = obj["message"]
-    except orjson.JSONDecodeError:
-        pass
-    return errors.upstream_status(resp.status, message[:2000])
+    return errors.engine_error(resp.status, raw, resp.reason or "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from aiohttp import web
 
@@ -23,8 +24,30 @@ def request_id(request: web.Request) -> str:
     return os.urandom(12).hex()
 
 
+#: Media types that say only "some bytes": what HTTP libraries send for a body given as bytes without
+#: a type (aiohttp's `data=b"..."`). Taken as JSON, like no Content-Type at all (`requests` with
+#: `data=` sends none): berth accepted both before it checked, and they claim no other format.
+UNDECLARED_MEDIA_TYPES: Final = frozenset({"", "application/octet-stream"})
+
+
+def is_json_media_type(content_type: str | None) -> bool:
+    """The `Content-Type` of a request body berth reads as JSON: `application/json` or
+    `application/*+json` with any parameters (charset), in any case (the check vLLM's FastAPI makes),
+    or none declared (`UNDECLARED_MEDIA_TYPES`). Form-encoded bodies (curl's `-d` without `-H`),
+    `text/plain` and every other type are refused."""
+    media = (content_type or "").partition(";")[0].strip().lower()
+    if media in UNDECLARED_MEDIA_TYPES:
+        return True
+    kind, _, subtype = media.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """The whole body, or 413 as soon as it is known to exceed `limit` bytes."""
+    """The whole JSON body: 415 unless the Content-Type says JSON (`is_json_media_type`), 413 as soon
+    as it is known to exceed `limit` bytes."""
+    content_type = request.headers.get("Content-Type")
+    if not is_json_media_type(content_type):
+        raise errors.unsupported_media_type(content_type or "")
     declared = request.content_length
     if declared is not None and declared > limit:
         raise errors.body_too_large(limit)

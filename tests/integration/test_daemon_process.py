@@ -156,8 +156,10 @@ async def test_sigterm_answers_newcomers_503_until_the_listener_closes(
             "bogus",
         ),
         ('[server]\nlisten = "nowhere"\n', 1, "server.listen"),
+        ("", 1, "empty file"),
+        (POLICY_OK, 0, "ok (policy file)"),
     ],
-    ids=["valid-policy", "unknown-key", "bad-listen"],
+    ids=["valid-policy", "unknown-key", "bad-listen", "empty", "says-the-kind"],
 )
 async def test_berth_check_exit_codes(tmp_path: Path, text: str, code: int, needle: str) -> None:
     path = tmp_path / "file.toml"

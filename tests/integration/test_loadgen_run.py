@@ -146,7 +146,7 @@ def test_command_line_run_and_compare(
     assert loadgen_main([*common, "--workload", "sharegpt-like", "--out", str(out_a), "--seed", "1"]) == 0
     table = capsys.readouterr().out
     assert "(overall)" in table
-    assert "cpu of one core: loadgen" in table
+    assert "(100 % = one core busy throughout): loadgen" in table
     assert "\r[" not in table
     rc = loadgen_main([*common, "--workload", "chat-batch", "--out", str(out_b), "-q", "--plot", str(plot)])
     assert rc == 0

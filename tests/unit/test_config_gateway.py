@@ -442,14 +442,23 @@ def test_the_error_carries_file_and_path_separately(in_tmp: Path) -> None:
 def test_a_missing_policy_file_is_reported_at_policy_file(in_tmp: Path) -> None:
     missing = in_tmp / "policies" / "nope.toml"
     assert _error('[policy]\nfile = "policies/nope.toml"\n') == (
-        f"gateway.toml:policy.file: policy file not found: {missing}"
+        f"gateway.toml:policy.file: policy file not found: {missing} "
+        f"(relative to {in_tmp}, the directory of this file)"
     )
 
 
 def test_a_directory_is_not_a_policy_file(in_tmp: Path) -> None:
     (in_tmp / "policies").mkdir()
     assert _error('[policy]\nfile = "policies"\n') == (
-        f"gateway.toml:policy.file: policy file is not a file: {in_tmp / 'policies'}"
+        f"gateway.toml:policy.file: policy file is not a file: {in_tmp / 'policies'} "
+        f"(relative to {in_tmp}, the directory of this file)"
+    )
+
+
+def test_an_absolute_policy_path_gets_no_relative_hint(in_tmp: Path) -> None:
+    missing = in_tmp / "elsewhere" / "p.toml"
+    assert _error(f'[policy]\nfile = "{missing}"\n') == (
+        f"gateway.toml:policy.file: policy file not found: {missing}"
     )
 
 

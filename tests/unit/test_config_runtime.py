@@ -134,7 +134,8 @@ def test_without_a_file_a_reload_rereads_the_policy(tmp_path: Path) -> None:
             MAX_SCORE,
             GATEWAY.replace('"policy.toml"', '"gone.toml"'),
             "gateway.toml",
-            "policy.file: policy file not found: {dir}/gone.toml",
+            "policy.file: policy file not found: {dir}/gone.toml "
+            "(relative to {dir}, the directory of this file)",
             id="policy-file-gone",
         ),
     ],

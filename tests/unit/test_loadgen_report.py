@@ -172,3 +172,18 @@ def test_cpu_flags_appear_in_the_report() -> None:
     assert d["cpu"]["flagged"] == ["berth"]
     assert d["cpu"]["processes"]["berth"]["cpu_share"] == 0.95
     assert "WARNING: berth" in format_report(d)
+
+
+def test_the_table_and_the_cpu_line_say_their_units() -> None:
+    cpu = [CpuShare("berth", 42, cpu_s=0.5, wall_s=2.0), CpuShare("gone", 7, cpu_s=None, wall_s=2.0)]
+    d = build_report(run=RUN, requests=[result("a", ttft=0.1)], tasks=[], wall_s=2.0, cpu=cpu).data
+    lines = format_report(d).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("class"))
+    assert lines[header].split() == ["class", "n", "err", "goodput", "ttft50", "ttft95", "ttft99", "e2e50",
+                                     "e2e95", "e2e99", "itl50", "rate", "output"]  # fmt: skip
+    assert lines[header + 1].split() == ["req", "req", "0-1", *["ms"] * 7, "req/s", "tok/s"]
+    cpu_line = next(line for line in lines if line.startswith("cpu time"))
+    assert cpu_line == (
+        f"cpu time over the {d['run']['wall_s']:.1f} s run (100 % = one core busy throughout): "
+        "berth (pid 42) 0.5 s = 25 %, gone (pid 7) -"
+    )

@@ -183,3 +183,22 @@ def test_the_lifecycle_section_shows_nodes_instances_loads_and_stops() -> None:
     assert "waiting for a load: reason-b 2.0s" in text
     assert "stops: evicted=3" in text
     assert "NODES" not in render({})
+
+
+def test_every_numeric_column_says_its_unit() -> None:
+    lines = render(DOC).splitlines()
+    perf = next(line for line in lines if line.startswith("ENDPOINT  k1"))
+    for header in (
+        "k1 s/tok",
+        "c1 s",
+        "k2 s/tok/req",
+        "c2 s/req",
+        "c3 s",
+        "h kv/tok",
+        "j kv/req",
+        "KV CAP tok",
+    ):
+        assert header in perf
+    endpoints = next(line for line in lines if line.startswith("ENDPOINT  STATE"))
+    for header in ("INFL/CAP req", "INT/BAT req", "RUN req", "WAIT req", "KV %", "GW/ENG ratio"):
+        assert header in endpoints
