@@ -19,34 +19,11 @@ import pytest
 from loadgen.harness import RunningServer, ServerStartError, http_post_json, start_berth
 from tests.engine.conftest import IGNORE_EOS, MODEL_NAME
 from tests.engine.promtext import total
-
-POLICY: Final = """
-name = "preempt-engine-test"
-[ordering]
-plugin = "priority-bands"
-[placement]
-picker = { plugin = "max-score" }
-filters = [{ plugin = "instance-class" }]
-[[placement.scorers]]
-plugin = "least-outstanding"
-weight = 1.0
-[preemption]
-plugin = "least-progress"
-[slo]
-default_class = "chat"
-[[slo.classes]]
-name = "chat"
-kind = "interactive"
-band = 0
-[[slo.classes]]
-name = "bulk"
-kind = "batch"
-band = 1
-"""
+from tests.preempt_policy import BATCH_HEADERS as BATCH
+from tests.preempt_policy import POLICY
 
 BATCH_TOKENS: Final = 400  # ~1.3 s of the tiny model on one core: long enough to be preempted mid-way
 CUT_AFTER: Final = 8  # chunks the batch client reads before the interactive request arrives
-BATCH: Final = {"x-berth-slo-class": "bulk"}
 PROMPT: Final = "def fibonacci(n):"
 MESSAGES: Final = [{"role": "user", "content": "Write a long story about a lighthouse."}]
 

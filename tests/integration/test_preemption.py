@@ -13,34 +13,11 @@ import pytest
 
 from tests.integration.conftest import EngineServer, Running, StartGateway
 from tests.integration.fake_engine import FakeEngine
-
-POLICY = """
-name = "preempt-test"
-[ordering]
-plugin = "priority-bands"
-[placement]
-picker = { plugin = "max-score" }
-filters = [{ plugin = "instance-class" }]
-[[placement.scorers]]
-plugin = "least-outstanding"
-weight = 1.0
-[preemption]
-plugin = "least-progress"
-[slo]
-default_class = "chat"
-[[slo.classes]]
-name = "chat"
-kind = "interactive"
-band = 0
-[[slo.classes]]
-name = "bulk"
-kind = "batch"
-band = 1
-"""
+from tests.preempt_policy import BATCH_HEADERS as BATCH
+from tests.preempt_policy import POLICY
 
 TOKENS = 10
 PAUSE_AT = 4
-BATCH = {"x-berth-slo-class": "bulk"}
 CHAT_BODY: dict[str, Any] = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
 
