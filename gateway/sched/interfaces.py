@@ -150,6 +150,8 @@ class Admitter(Protocol):
     """
 
     name: str
+    # Whether `recheck` can answer anything but ADMIT (False: the scheduler does not ask it on ticks).
+    rechecks: bool
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]

@@ -262,7 +262,8 @@ class Scheduler:
         out: list[Decision] = []
         max_wait = self._limits.max_wait_s
         ready = self._fleet.ready_models()
-        recheck = self._policy.admitter is not None and self._queues.any_waiting()
+        admitter = self._policy.admitter
+        recheck = admitter is not None and admitter.rechecks and self._queues.any_waiting()
         snap = self.snapshot() if recheck else None
         for model, queue in self._queues.items():
             keep: list[Queued] = []

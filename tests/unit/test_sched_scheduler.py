@@ -539,6 +539,7 @@ class BadFor:
 
     bad: set[str]
     name: str = "bad-for"
+    rechecks: bool = True
 
     def _check(self, req: SchedRequest) -> None:
         if req.id in self.bad:
