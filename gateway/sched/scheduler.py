@@ -16,10 +16,11 @@ the first worker that fits it, and one that fits nowhere waits without holding u
 Preemption (the policy's `Preemptor`; none by default): when the request at the head of a queue can be
 placed nowhere, its kind may preempt (interactive) and an endpoint of an allowed class (mixed) runs
 resumable work of a kind that may be preempted (batch), the preemptor ranks the eligible victims and the
-first whose seat the request can take (the placement pipeline accepts it there once the victim is gone)
-gives it up: the victim's seat is freed (not a completion), the victim is queued again with its arrival
-time, band and place in arrival order, and the request is dispatched to that seat. The decisions are a
-`Preempt` followed by the `Dispatch`; `submit` reports only its own request's decision, so the preemptions
+first ones that make room for the request on one endpoint (the placement pipeline accepts it there once
+they are gone; one, or up to the rules' `max_victims`) give up their seats: each victim's seat is freed
+(not a completion), the victim is queued again with its arrival time, band and place in arrival order,
+and the request is dispatched to that endpoint. The decisions are a `Preempt` per victim followed by
+the `Dispatch`; `submit` reports only its own request's decision, so the preemptions
 it made wait in an outbox (`take_preemptions`). A victim is eligible only when it is resumable, under the
 policy's preemption limit, and its own SLO stays feasible after a resume (`_resume_feasible`).
 
@@ -57,7 +58,7 @@ from gateway.sched.types import EndpointSpec, QueueLimits
 
 #: Faults kept for the daemon to collect (the oldest are dropped beyond this).
 MAX_FAULTS: Final = 64
-#: Victims whose seat a preempting request is tried on (the preemptor's first ones), per placement.
+#: Endpoints whose victims' seats a preempting request is tried on (by the preemptor's order), per placement.
 MAX_PREEMPT_TRIES: Final = 4
 #: Why a request was preempted (the `Preempt.reason` of the one trigger there is).
 REASON_WAITING: Final = "interactive_waiting"
@@ -399,7 +400,8 @@ class Scheduler:
                     taken = None  # the request waits, as without preemption
                 if taken is not None:
                     del queue[idx]
-                    self._preempt(taken[0], queue, out)
+                    for victim in taken[0]:
+                        self._preempt(victim, queue, out)
                     self._place(item.req, item.seq, taken[1], out)
                     continue
             if chosen is None:
@@ -431,8 +433,12 @@ class Scheduler:
     # ----------------------------------------------------------------- preemption
     def _preemption(
         self, preemptor: Preemptor, req: SchedRequest, snap: FleetSnapshot
-    ) -> tuple[Victim, EndpointView] | None:
-        """The victim whose seat `req` takes and the view of its endpoint without it, or None."""
+    ) -> tuple[list[Victim], EndpointView] | None:
+        """The victims whose seats make room for `req` on one endpoint, and that endpoint's view without
+        them; None when no endpoint has enough. Victims are taken in the preemptor's order, endpoint by
+        endpoint (in the order of each endpoint's best-ranked victim), one more at a time up to the
+        rules' `max_victims`, until the placement pipeline accepts `req` there (e.g. the overflow guard
+        once its inter-token time fits)."""
         rules = preemptor.rules
         slo = self._policy.slo
         if slo.class_of(req.slo.slo_class).kind not in rules.by:
@@ -453,17 +459,21 @@ class Scheduler:
                     victims.append(Victim(r, e))
         if not victims:
             return None
-        ranked = preemptor.rank(req, victims, snap)
-        for tried, v in enumerate(ranked):
+        by_endpoint: dict[EndpointId, list[Victim]] = {}
+        for v in preemptor.rank(req, victims, snap):
             if not any(v is c for c in victims):
                 raise RuntimeError(f"preemptor {preemptor.name!r} returned a request that was not a victim")
+            by_endpoint.setdefault(v.endpoint.id, []).append(v)
+        for tried, group in enumerate(by_endpoint.values()):
             if tried >= MAX_PREEMPT_TRIES:
                 break
-            gone = _without(v.endpoint, v.running)
-            alone = FleetSnapshot(now=snap.now, endpoints=(gone,), queued=snap.queued)
-            chosen = self._policy.profile.place(req, alone)
-            if chosen is not None:
-                return v, chosen
+            view = group[0].endpoint
+            for n, v in enumerate(group[: rules.max_victims], start=1):
+                view = _without(view, v.running)
+                alone = FleetSnapshot(now=snap.now, endpoints=(view,), queued=snap.queued)
+                chosen = self._policy.profile.place(req, alone)
+                if chosen is not None:
+                    return group[:n], chosen
         return None
 
     def _preempt(self, victim: Victim, queue: list[Queued], out: list[Decision]) -> None:

@@ -4,14 +4,21 @@ At most every `interval_s` (clock), when the endpoint's running set changes, the
 the endpoint streamed since its last reading (the dispatcher's progress reports, `EndpointView`'s token
 counters) and computes
 
-- LBP = observed per-token time / the tightest inter-token target among the requests it runs (0 when
-  none has one); the observed time is the streams' time between progress reports over the tokens
+- LBP = observed per-token time / (`headroom` × the tightest inter-token target among the requests it
+  runs) (0 when none has one): with headroom 1 (Chiron's rule) the cap settles where the endpoint's
+  average token time equals the target, so about half its streams miss it; 0.8 aims 20 % under; the
+  observed time is the streams' time between progress reports over the tokens
   between them, else telemetry's `itl_ewma_s`;
-- TBP = previous throughput / current throughput (output tokens per second), compared only while the
-  cap bound the endpoint in both readings: an endpoint with free seats streams less because it is given
-  less, which says nothing about its batch size;
+- TBP = previous throughput / current throughput (output tokens per second), compared only after the
+  cap grew and while it bound the endpoint in both readings: an endpoint with free seats streams less
+  because it is given less, and one whose cap was just cut streams less because of the cut, which says
+  nothing about whether a larger batch pays (counting it would halve the cap again and again);
 - bp = max(LBP, TBP): below 1 the cap grows ``B ← α·B/bp + (1 − α)·B`` (at most `max_growth` times per
   step; with bp = 0 by that much), at or above 1 it halves.
+
+While an earlier cut is still draining (more requests run than the cap allows: a lower cap takes no
+seat), a backpressure at or above 1 holds the cap rather than halving it again: the running set has not
+shrunk to the cap yet, so the reading says nothing about it.
 
 B is kept as a real number and enforced rounded down; the scheduler clamps it into [`min_cap`, the
 endpoint's configured cap] (the operator's hard maximum). A reading with no tokens streamed leaves B as
@@ -38,6 +45,7 @@ class ChironParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     start: Annotated[int, Meta(ge=1, le=100_000)] | None = None  # initial cap (default: configured)
     max_growth: Annotated[float, Meta(gt=1.0, le=100.0)] = 2.0  # cap growth per step at most
     throughput: bool = True  # use TBP (False: the latency backpressure alone)
+    headroom: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.8  # aim at this share of the ITL target
 
 
 @dataclass(slots=True)
@@ -49,6 +57,7 @@ class _State:
     gap_tokens: int
     rate: float | None = None  # output tokens/s of the last reading
     bound: bool = False  # whether the cap bound the endpoint at the last reading
+    grew: bool = False  # whether the last reading grew the cap
 
 
 class ChironController:
@@ -79,18 +88,23 @@ class ChironController:
             return self._enforced(st, hard)
         itl = gap_s / gap_tokens if gap_tokens > 0 else view.itl_ewma_s
         targets = [r.itl_s for r in view.running if r.itl_s is not None]
-        lbp = itl / min(targets) if itl is not None and targets else 0.0
+        lbp = itl / (p.headroom * min(targets)) if itl is not None and targets else 0.0
         rate = tokens / elapsed
-        bound = view.inflight >= int(st.b)
-        tbp = st.rate / rate if p.throughput and st.bound and bound and st.rate is not None else 0.0
+        draining = view.inflight > int(st.b)
+        bound = view.inflight == int(st.b)
+        compare = p.throughput and st.grew and st.bound and bound and st.rate is not None
+        tbp = st.rate / rate if compare and st.rate is not None else 0.0
         st.rate, st.bound = rate, bound
         bp = max(lbp, tbp)
+        before = st.b
         if bp >= 1.0:
-            st.b /= 2.0
+            if not draining:
+                st.b /= 2.0
         else:
             grown = p.alpha * st.b / bp + (1.0 - p.alpha) * st.b if bp > 0 else st.b * p.max_growth
             st.b = min(grown, st.b * p.max_growth)
         st.b = min(max(st.b, float(self.floor)), float(hard))
+        st.grew = st.b > before
         return self._enforced(st, hard)
 
     def _enforced(self, st: _State, hard: int) -> int:
