@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, str] = {
     "fidelity": "loadgen.bench.fidelity",
     "simscale": "loadgen.bench.sim_scale",
     "decisions": "loadgen.bench.decision_cost",
+    "classes": "loadgen.bench.classes",
 }
 
 

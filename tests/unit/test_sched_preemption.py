@@ -194,7 +194,11 @@ def test_interactive_request_takes_a_batch_seat_on_a_mixed_endpoint() -> None:
     assert isinstance(d, Dispatch) and d.endpoint.id == EndpointId("m")
     (p,) = rig.sched.take_preemptions()
     assert rig.sched.take_preemptions() == []  # drained
-    assert (p.victim.id, p.endpoint.id, p.reason) == (RequestId("batch0"), EndpointId("m"), "interactive_waiting")
+    assert (p.victim.id, p.endpoint.id, p.reason) == (
+        RequestId("batch0"),
+        EndpointId("m"),
+        "interactive_waiting",
+    )
     # the victim as requeued: one preemption more, its progress kept, its arrival and class unchanged
     assert (p.victim.preemptions, p.victim.produced_tokens) == (1, 40)
     assert (p.victim.arrival, p.victim.slo.slo_class) == (900.0, "batch")
@@ -245,7 +249,9 @@ def test_preemption_inside_served_queue_comes_before_its_dispatch() -> None:
 @pytest.mark.parametrize(
     ("victim", "why"),
     [
-        pytest.param(req("batch0", "batch", arrival=900.0, resumable=False), "not resumable", id="not-resumable"),
+        pytest.param(
+            req("batch0", "batch", arrival=900.0, resumable=False), "not resumable", id="not-resumable"
+        ),
         pytest.param(req("batch0", "batch", arrival=900.0, preemptions=1), "at its limit", id="at-limit"),
         pytest.param(req("batch0", "chat", arrival=900.0), "interactive", id="interactive-victim"),
         pytest.param(

@@ -77,7 +77,9 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
             PluginKind.PICKER, "known: cato-slack, max-score, power-of-two, round-robin", id="picker"
         ),
         pytest.param(PluginKind.ORDERING, "known: edf, fcfs, priority-bands, slack", id="ordering"),
-        pytest.param(PluginKind.FILTER, "known: best-fit, demand-split, instance-class, overflow-guard", id="filter"),
+        pytest.param(
+            PluginKind.FILTER, "known: best-fit, demand-split, instance-class, overflow-guard", id="filter"
+        ),
     ],
 )
 def test_unknown_plugin_names_the_known_ones_and_the_path(kind: PluginKind, known: str) -> None:

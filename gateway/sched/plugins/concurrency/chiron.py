@@ -9,13 +9,16 @@ counters) and computes
   average token time equals the target, so about half its streams miss it; 0.8 aims 20 % under; the
   observed time is the streams' time between progress reports over the tokens
   between them, else telemetry's `itl_ewma_s`;
-- TBP = previous throughput / current throughput (output tokens per second), compared only after the
+- TBP = previous throughput / (current throughput × (1 + `tolerance`)) (output tokens per second; a
+  dip within the tolerance is the noise of a few seconds' sample), compared only after the
   cap grew and while it bound the endpoint in both readings: an endpoint with free seats streams less
   because it is given less, and one whose cap was just cut streams less because of the cut, which says
   nothing about whether a larger batch pays (counting it would halve the cap again and again);
 - bp = max(LBP, TBP): below 1 the cap grows ``B ← α·B/bp + (1 − α)·B`` (at most `max_growth` times per
   step; with bp = 0 by that much), at or above 1 it halves.
 
+The cap grows only while it binds (as many requests run as it allows): a cap that grew while seats
+stood empty would let the next burst in all at once, past the latency it was never measured at.
 While an earlier cut is still draining (more requests run than the cap allows: a lower cap takes no
 seat), a backpressure at or above 1 holds the cap rather than halving it again: the running set has not
 shrunk to the cap yet, so the reading says nothing about it.
@@ -46,6 +49,8 @@ class ChironParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     max_growth: Annotated[float, Meta(gt=1.0, le=100.0)] = 2.0  # cap growth per step at most
     throughput: bool = True  # use TBP (False: the latency backpressure alone)
     headroom: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.8  # aim at this share of the ITL target
+    # A throughput drop within this share is noise, not backpressure (TBP = previous / (current·(1 + it))).
+    tolerance: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.1
 
 
 @dataclass(slots=True)
@@ -91,16 +96,18 @@ class ChironController:
         lbp = itl / (p.headroom * min(targets)) if itl is not None and targets else 0.0
         rate = tokens / elapsed
         draining = view.inflight > int(st.b)
-        bound = view.inflight == int(st.b)
+        # Binding: every seat taken, or all but the one a completion just freed (the controller runs on
+        # the completion, before the queue refills the seat).
+        bound = int(st.b) - 1 <= view.inflight <= int(st.b)
         compare = p.throughput and st.grew and st.bound and bound and st.rate is not None
-        tbp = st.rate / rate if compare and st.rate is not None else 0.0
+        tbp = st.rate / (rate * (1.0 + p.tolerance)) if compare and st.rate is not None else 0.0
         st.rate, st.bound = rate, bound
         bp = max(lbp, tbp)
         before = st.b
         if bp >= 1.0:
             if not draining:
                 st.b /= 2.0
-        else:
+        elif bound:  # a cap with seats to spare is not what holds the endpoint back: leave it
             grown = p.alpha * st.b / bp + (1.0 - p.alpha) * st.b if bp > 0 else st.b * p.max_growth
             st.b = min(grown, st.b * p.max_growth)
         st.b = min(max(st.b, float(self.floor)), float(hard))
