@@ -170,7 +170,9 @@ def _drop_table(text: str, name: str) -> str:
 
 
 # --------------------------------------------------------------------- one run
-def run_one(cfg: Config, config: str, rate: float, seed: int, cap: int = ENGINE_SEATS, tag: str = "") -> Run:
+def run_one(
+    cfg: Config, config: str, rate: float, seed: int, *, cap: int = ENGINE_SEATS, tag: str = ""
+) -> Run:
     t0 = time.perf_counter()
     d = cfg.out / "runs" / (tag or f"{config}-r{rate:g}-s{seed}")
     d.mkdir(parents=True, exist_ok=True)
@@ -219,11 +221,13 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
                 same = [r for r in runs if r.config == PREEMPT and r.rate == sweep_rate and r.seed == seed]
                 sweep.extend(replace(r) for r in same)
                 continue
-            r = run_one(cfg, PREEMPT, sweep_rate, seed, cap, tag=f"sweep-cap{cap}-r{sweep_rate:g}-s{seed}")
+            r = run_one(
+                cfg, PREEMPT, sweep_rate, seed, cap=cap, tag=f"sweep-cap{cap}-r{sweep_rate:g}-s{seed}"
+            )
             sweep.append(r)
             log(_line(r))
     elapsed = time.perf_counter() - started
-    result = {
+    result: dict[str, Any] = {
         "setup": {
             "model": MODEL,
             "profile": PROFILE,
@@ -247,7 +251,7 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
     result["verdicts"] = verdicts
     (cfg.out / "report.md").write_text(md)
     plotted = plot_timeline(runs, sweep_rate, cfg.out / "timeline.png")
-    result["plot"] = plotted
+    result["plot"] = "timeline.png" if plotted is None else plotted
     (cfg.out / "report.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     log(md)
     if plotted is not None:
@@ -279,7 +283,8 @@ def _run_json(r: Run) -> dict[str, Any]:
 def _line(r: Run) -> str:
     f = r.figures
     return (
-        f"{r.config:20s} rate {r.rate:g} seed {r.seed} cap {r.cap}: interactive {f['interactive_attainment']:.3f}, "
+        f"{r.config:20s} rate {r.rate:g} seed {r.seed} cap {r.cap}: "
+        f"interactive {f['interactive_attainment']:.3f}, "
         f"batch {f['batch_tokens_per_s']:.0f} tok/s, backlog done {f['backlog_done_s']}, "
         f"preemptions {f['preemptions']} ({r.wall_s:.0f} s)"
     )

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 #: Interactive attainment is plotted per window of this many simulated seconds (by send time).
 WINDOW_S: Final = 30.0
+ADAPTIVE_TARGET: Final = "adaptive cap >= 0.9x the best static cap's batch throughput, keeping ITL targets"
 CONFIG_ORDER: Final = ("a-least-outstanding", "b-classes", "c-preempt", "d-berth")
 
 
@@ -88,11 +89,13 @@ def markdown(result: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     lines = [
         "# Instance classes, preemption and adaptive caps (fleet simulator)",
         "",
-        f"One model on {sum(s['fleet'].values())} endpoints of `{s['profile']}` (max_num_seqs {s['engine_seats']}, KV "
+        f"One model on {sum(s['fleet'].values())} endpoints of `{s['profile']}` "
+        f"(max_num_seqs {s['engine_seats']}, KV "
         f"{s['kv_capacity_tokens']} tokens): "
         + ", ".join(f"{n} {cls}" for cls, n in s["fleet"].items())
-        + f". Interactive chat (TTFT 10 s, ITL 200 ms) at the rates below for {s['duration_s']:g} s, and a backlog "
-        f"of {s['backlog']} batch requests (TTFT 1 h, ITL 2 s) queued at t = 0. {s['seeds']} seed(s); means with "
+        + ". Interactive chat (TTFT 10 s, ITL 200 ms) at the rates below for "
+        f"{s['duration_s']:g} s, and a backlog of {s['backlog']} batch requests (TTFT 1 h, ITL 2 s) queued "
+        f"at t = 0. {s['seeds']} seed(s); means with "
         f"95 % Student t intervals. Wall time {s['elapsed_s']} s.",
         "",
         "| rate | configuration | interactive attainment | ITL kept (all) | batch tok/s | backlog done (s) | "
@@ -139,8 +142,9 @@ def markdown(result: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         "",
         "Interactive attainment: interactive requests that met TTFT and ITL (average token generation time); "
         "unfinished ones count as missed. ITL kept: finished requests (both kinds) whose average token time "
-        "kept their class's target. Batch tok/s: batch output tokens over the time the backlog's last request "
-        "finished. Recomputed tokens: prompt + produced tokens prefilled again when a preempted request resumed.",
+        "kept their class's target. Batch tok/s: batch output tokens over the time the backlog's last "
+        "request finished. Recomputed tokens: prompt + produced tokens prefilled again when a preempted "
+        "request resumed.",
         "",
     ]
     return "\n".join(lines), verdicts
@@ -193,7 +197,7 @@ def _verdicts(
     if not valid:
         out.append(
             {
-                "target": "adaptive cap >= 0.9x the best static cap's batch throughput, keeping the ITL targets",
+                "target": ADAPTIVE_TARGET,
                 "verdict": "N/A",
                 "detail": "no static cap of the sweep keeps >= 0.99 of requests within their ITL target",
             }
@@ -204,9 +208,10 @@ def _verdicts(
         ok = ratio >= 0.9 and _mean(d_kept) >= 0.99
         out.append(
             {
-                "target": "adaptive cap >= 0.9x the best static cap's batch throughput, keeping the ITL targets",
+                "target": ADAPTIVE_TARGET,
                 "verdict": "PASS" if ok else "FAIL",
-                "detail": f"(d) {_cell(d_tp, 0)} tok/s vs static cap {best_cap} {best_tp:.0f} tok/s: {ratio:.3f}x; "
+                "detail": f"(d) {_cell(d_tp, 0)} tok/s vs static cap {best_cap} {best_tp:.0f} tok/s: "
+                f"{ratio:.3f}x; "
                 f"(d) ITL kept {_cell(d_kept)}",
             }
         )
