@@ -44,13 +44,13 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
-from loadgen.bench.classes_report import markdown, plot_timeline, summarize
+from loadgen.bench.classes_report import Run, markdown, plot_timeline, summarize
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.fleetsim import SimOptions, simulate
@@ -84,17 +84,6 @@ class Config:
     duration_s: float = DEFAULT_DURATION_S
     caps: tuple[int, ...] = SWEEP_CAPS
     quick: bool = False
-
-
-@dataclass(slots=True)
-class Run:
-    config: str
-    rate: float
-    seed: int
-    cap: int  # the endpoints' configured (static or hard) cap
-    figures: dict[str, Any] = field(default_factory=dict)
-    timeline: dict[str, Any] = field(default_factory=dict)
-    wall_s: float = 0.0
 
 
 # --------------------------------------------------------------------- files

@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from loadgen.bench.scheduling_report import MeanCI, mean_ci
 from loadgen.report import Report
 
-if TYPE_CHECKING:
-    from loadgen.bench.classes import Run
-
 #: Interactive attainment is plotted per window of this many simulated seconds (by send time).
 WINDOW_S: Final = 30.0
 ADAPTIVE_TARGET: Final = "adaptive cap >= 0.9x the best static cap's batch throughput, keeping ITL targets"
+
+
+@dataclass(slots=True)
+class Run:
+    config: str
+    rate: float
+    seed: int
+    cap: int  # the endpoints' configured (static or hard) cap
+    figures: dict[str, Any] = field(default_factory=dict)
+    timeline: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
 CONFIG_ORDER: Final = ("a-least-outstanding", "b-classes", "c-preempt", "d-berth")
 
 

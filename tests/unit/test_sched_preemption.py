@@ -384,14 +384,16 @@ def test_chiron_grows_while_binding_under_low_itl_and_halves_over_it() -> None:
             ids.append(name)
             stream(rig, [name], 1, 0.0)
 
-    caps = []
+    caps: list[int] = []
     for _ in range(3):
         fill()
         # 20 ms per token against a 200 ms target (x 0.8 headroom): LBP = 0.125, the cap binding:
         # B grows, at most twice per step (after the first step the throughput's rise counts too: TBP)
         stream(rig, ids, 50, 0.02)
         rig.sched.complete(RequestId(ids.pop(0)))
-        caps.append(rig.sched.cap_of(e))
+        cap = rig.sched.cap_of(e)
+        assert cap is not None
+        caps.append(cap)
     assert caps[0] == 8
     assert caps[0] < caps[1] < caps[2] <= 2 * caps[1]
     # seats to spare: no growth, however low the latency
@@ -553,7 +555,8 @@ def test_seats_never_overcommitted_with_preemption(
         ),
         pytest.param(
             '[preemption]\nplugin = "least-progress"\nparams = { classes = ["gpu"] }\n',
-            "t.toml:preemption.params.classes[0]: invalid value 'gpu' (expected one of: interactive, mixed, batch)",
+            "t.toml:preemption.params.classes[0]: invalid value 'gpu' "
+            "(expected one of: interactive, mixed, batch)",
             id="unknown-class",
         ),
         pytest.param(
