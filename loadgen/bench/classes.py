@@ -20,7 +20,11 @@ arrival, as `policies/chat-and-batch.toml`):
 - `a-least-outstanding`: no classes, least outstanding, static caps, no preemption;
 - `b-classes`: the instance-class filter and the overflow guard, static caps;
 - `c-preempt`: (b) plus preemption (least progress, as the preset);
-- `d-berth`: `policies/chat-and-batch.toml` as shipped: (c) plus adaptive caps (chiron).
+- `d-berth`: `policies/chat-and-batch.toml` as shipped: (c) plus adaptive caps (chiron);
+- `e-berth-spill`: (d) with the per-class spill rule that lets batch work use idle interactive
+  endpoints last (`batch = ["batch", "mixed", "interactive"]`) and preemption there too (`classes =
+  ["mixed", "interactive"]`): without it the interactive endpoints never run batch work, which bounds
+  (b)-(d)'s batch throughput to what 6 of the 8 endpoints deliver.
 A sweep runs (c) with static caps of 16, 32, 64 and 128 on every endpoint (at the target rate) for the
 adaptive cap's comparison.
 
@@ -62,8 +66,8 @@ ENGINE_SEATS: Final = 128
 KV_TOKENS: Final = 65_536
 FLEET: Final = (("interactive", 2), ("mixed", 4), ("batch", 2))
 PRESET: Final = REPO_ROOT / "policies" / "chat-and-batch.toml"
-CONFIGS: Final = ("a-least-outstanding", "b-classes", "c-preempt", "d-berth")
-BASELINE, BERTH, PREEMPT = CONFIGS[0], CONFIGS[3], CONFIGS[2]
+CONFIGS: Final = ("a-least-outstanding", "b-classes", "c-preempt", "d-berth", "e-berth-spill")
+BASELINE, PREEMPT, BERTH, SPILL = CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[4]
 SWEEP_CAPS: Final = (16, 32, 64, 128)
 DEFAULT_RATES: Final = (2.0, 4.0, 6.0)
 DEFAULT_SEEDS: Final = 3
@@ -140,6 +144,16 @@ def policy_text(config: str) -> str:
     preset = PRESET.read_text()
     if config == BERTH:
         return preset
+    if config == SPILL:
+        return _replace(
+            _replace(
+                preset,
+                '{ plugin = "instance-class" },',
+                '{ plugin = "instance-class", params = { batch = ["batch", "mixed", "interactive"] } },',
+            ),
+            "params = { max_preemptions = 2, max_victims = 16 }",
+            'params = { max_preemptions = 2, max_victims = 16, classes = ["mixed", "interactive"] }',
+        )
     text = _drop_table(preset, "concurrency")
     if config == PREEMPT:
         return text
@@ -149,6 +163,12 @@ def policy_text(config: str) -> str:
     start = text.index("filters = [")
     end = text.index("]\n", text.index("overflow-guard", start)) + 2
     return text[:start] + "filters = []\n" + text[end:]
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    if old not in text:
+        raise ValueError(f"the preset no longer has {old!r}: update the benchmark's policy variants")
+    return text.replace(old, new, 1)
 
 
 def _drop_table(text: str, name: str) -> str:
