@@ -15,7 +15,10 @@ counters) and computes
   because it is given less, and one whose cap was just cut streams less because of the cut, which says
   nothing about whether a larger batch pays (counting it would halve the cap again and again);
 - bp = max(LBP, TBP): below 1 the cap grows ``B ← α·B/bp + (1 − α)·B`` (at most `max_growth` times per
-  step; with bp = 0 by that much), at or above 1 it halves.
+  step; with bp = 0 by that much); with LBP at or above 1 it halves (Chiron); with TBP alone at or above
+  1 it goes back to the cap before its last growth (Chiron halves here too; but a throughput sample of a
+  few seconds is noisy, and halving a batch endpoint's cap on noise costs far more throughput than the
+  growth it undoes).
 
 The cap grows only while it binds (as many requests run as it allows): a cap that grew while seats
 stood empty would let the next burst in all at once, past the latency it was never measured at.
@@ -63,6 +66,7 @@ class _State:
     rate: float | None = None  # output tokens/s of the last reading
     bound: bool = False  # whether the cap bound the endpoint at the last reading
     grew: bool = False  # whether the last reading grew the cap
+    base: float = 0.0  # the cap before its last growth
 
 
 class ChironController:
@@ -104,14 +108,18 @@ class ChironController:
         st.rate, st.bound = rate, bound
         bp = max(lbp, tbp)
         before = st.b
-        if bp >= 1.0:
+        if lbp >= 1.0:
             if not draining:
                 st.b /= 2.0
+        elif tbp >= 1.0:
+            st.b = st.base  # the last growth did not pay: back to the cap before it
         elif bound:  # a cap with seats to spare is not what holds the endpoint back: leave it
             grown = p.alpha * st.b / bp + (1.0 - p.alpha) * st.b if bp > 0 else st.b * p.max_growth
             st.b = min(grown, st.b * p.max_growth)
         st.b = min(max(st.b, float(self.floor)), float(hard))
         st.grew = st.b > before
+        if st.grew:
+            st.base = before
         return self._enforced(st, hard)
 
     def _enforced(self, st: _State, hard: int) -> int:
