@@ -9,11 +9,12 @@ counters) and computes
   average token time equals the target, so about half its streams miss it; 0.8 aims 20 % under; the
   observed time is the streams' time between progress reports over the tokens
   between them, else telemetry's `itl_ewma_s`;
-- TBP = previous throughput / (current throughput × (1 + `tolerance`)) (output tokens per second; a
-  dip within the tolerance is the noise of a few seconds' sample), compared only after the
-  cap grew and while it bound the endpoint in both readings: an endpoint with free seats streams less
-  because it is given less, and one whose cap was just cut streams less because of the cut, which says
-  nothing about whether a larger batch pays (counting it would halve the cap again and again);
+- TBP = throughput before the last growth / (throughput now × (1 + `tolerance`)) (output tokens per
+  second; a dip within the tolerance is the noise of a few seconds' sample), judged once per growth,
+  while the cap binds, and not on the reading right after the growth: the requests let in by the
+  growth are prefilled together and pause every decode for a while, a transient that says nothing
+  about the larger batch (judging on it undid every doubling); an endpoint with free seats streams
+  less because it is given less, and one whose cap was just cut streams less because of the cut;
 - bp = max(LBP, TBP): below 1 the cap grows ``B ← α·B/bp + (1 − α)·B`` (at most `max_growth` times per
   step; with bp = 0 by that much); with LBP at or above 1 it halves (Chiron); with TBP alone at or above
   1 it goes back to the cap before its last growth (Chiron halves here too; but a throughput sample of a
@@ -63,10 +64,10 @@ class _State:
     tokens: int  # the view's counters then
     gap_s: float
     gap_tokens: int
-    rate: float | None = None  # output tokens/s of the last reading
-    bound: bool = False  # whether the cap bound the endpoint at the last reading
-    grew: bool = False  # whether the last reading grew the cap
     base: float = 0.0  # the cap before its last growth
+    ref: float | None = None  # output tokens/s at that cap (the reading that grew it)
+    pending: bool = False  # a growth whose throughput is still to be judged (TBP)
+    settling: bool = False  # the reading right after a growth is skipped (see the module docstring)
 
 
 class ChironController:
@@ -93,7 +94,6 @@ class ChironController:
         elapsed = now - st.at
         st.at, st.tokens, st.gap_s, st.gap_tokens = now, view.streamed_tokens, view.gap_s, view.gap_tokens
         if tokens <= 0 or elapsed <= 0:
-            st.rate, st.bound = None, False
             return self._enforced(st, hard)
         itl = gap_s / gap_tokens if gap_tokens > 0 else view.itl_ewma_s
         targets = [r.itl_s for r in view.running if r.itl_s is not None]
@@ -103,23 +103,28 @@ class ChironController:
         # Binding: every seat taken, or all but the one a completion just freed (the controller runs on
         # the completion, before the queue refills the seat).
         bound = int(st.b) - 1 <= view.inflight <= int(st.b)
-        compare = p.throughput and st.grew and st.bound and bound and st.rate is not None
-        tbp = st.rate / (rate * (1.0 + p.tolerance)) if compare and st.rate is not None else 0.0
-        st.rate, st.bound = rate, bound
-        bp = max(lbp, tbp)
         before = st.b
         if lbp >= 1.0:
             if not draining:
                 st.b /= 2.0
-        elif tbp >= 1.0:
-            st.b = st.base  # the last growth did not pay: back to the cap before it
-        elif bound:  # a cap with seats to spare is not what holds the endpoint back: leave it
-            grown = p.alpha * st.b / bp + (1.0 - p.alpha) * st.b if bp > 0 else st.b * p.max_growth
-            st.b = min(grown, st.b * p.max_growth)
+            st.pending = st.settling = False
+        elif st.settling:
+            st.settling = False  # the new seats' prefills paused decoding: judge the growth next time
+        elif bound or st.pending:
+            tbp = 0.0
+            if st.pending and p.throughput and bound and st.ref is not None:
+                tbp = st.ref / (rate * (1.0 + p.tolerance))
+            st.pending = False
+            if tbp >= 1.0:
+                st.b = st.base  # the last growth did not pay: back to the cap before it
+            elif bound:
+                bp = max(lbp, tbp)
+                grown = p.alpha * st.b / bp + (1.0 - p.alpha) * st.b if bp > 0 else st.b * p.max_growth
+                st.b = min(grown, st.b * p.max_growth)
         st.b = min(max(st.b, float(self.floor)), float(hard))
-        st.grew = st.b > before
-        if st.grew:
-            st.base = before
+        if st.b > before:
+            st.base, st.ref = before, rate
+            st.pending = st.settling = True
         return self._enforced(st, hard)
 
     def _enforced(self, st: _State, hard: int) -> int:
