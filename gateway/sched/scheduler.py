@@ -38,6 +38,7 @@ unserved.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -62,6 +63,8 @@ MAX_FAULTS: Final = 64
 MAX_PREEMPT_TRIES: Final = 4
 #: Why a request was preempted (the `Preempt.reason` of the one trigger there is).
 REASON_WAITING: Final = "interactive_waiting"
+#: ... and when an endpoint's cap was cut below its running set for the interactive streams it runs.
+REASON_CAP: Final = "cap_lowered"
 _PREDICT: Final = PredictParams()
 
 
@@ -245,9 +248,9 @@ class Scheduler:
         self._seqs.pop(req_id, None)
         eid = self._fleet.running_on(req_id)
         models = self._fleet.complete(req_id)
-        if eid is not None and models:
-            self._adjust(eid, req_id)
         out: list[Decision] = []
+        if eid is not None and models:
+            self._adjust(eid, req_id, out)
         for m in models:
             self._serve(m, out)
         return out
@@ -428,7 +431,7 @@ class Scheduler:
             if prio is not None:
                 self._priorities[req.id] = prio
         out.append(Dispatch(req, chosen))
-        self._adjust(chosen.id, req.id)
+        self._adjust(chosen.id, req.id, out)
 
     # ----------------------------------------------------------------- preemption
     def _preemption(
@@ -448,15 +451,7 @@ class Scheduler:
         for e in snap.endpoints:
             if req.model not in e.models or e.health is not ready or e.instance_class not in rules.classes:
                 continue
-            load: EndpointLoad | None = None
-            for r in e.running:
-                if not r.resumable or r.preemptions >= rules.max_preemptions or r.id == req.id:
-                    continue
-                if slo.class_of(r.slo_class).kind not in rules.victims:
-                    continue
-                load = load or EndpointLoad(e, snap.now, _PREDICT)
-                if _resume_feasible(r, load, rules):
-                    victims.append(Victim(r, e))
+            victims.extend(self._victims(e, snap.now, rules))
         if not victims:
             return None
         by_endpoint: dict[EndpointId, list[Victim]] = {}
@@ -476,7 +471,25 @@ class Scheduler:
                     return group[:n], chosen
         return None
 
-    def _preempt(self, victim: Victim, queue: list[Queued], out: list[Decision]) -> None:
+    def _victims(self, e: EndpointView, now: float, rules: PreemptionRules) -> list[Victim]:
+        """The running requests on `e` that may be preempted now: resumable, of a kind that may be
+        preempted, under the preemption limit, and their own SLO still feasible after a resume."""
+        slo = self._policy.slo
+        load: EndpointLoad | None = None
+        out: list[Victim] = []
+        for r in e.running:
+            if not r.resumable or r.preemptions >= rules.max_preemptions:
+                continue
+            if slo.class_of(r.slo_class).kind not in rules.victims:
+                continue
+            load = load or EndpointLoad(e, now, _PREDICT)
+            if _resume_feasible(r, load, rules):
+                out.append(Victim(r, e))
+        return out
+
+    def _preempt(
+        self, victim: Victim, queue: list[Queued], out: list[Decision], reason: str = REASON_WAITING
+    ) -> None:
         """Free the victim's seat and queue it again (its arrival, band and place in arrival order)."""
         rid = victim.running.id
         eid = victim.endpoint.id
@@ -490,12 +503,13 @@ class Scheduler:
             old, preemptions=old.preemptions + 1, produced_tokens=old.produced_tokens + produced
         )
         self._queues.push(queue, requeued, frozenset(), seq=seq, queued_at=self._clock.now())
-        out.append(Preempt(requeued, victim.endpoint, REASON_WAITING))
+        out.append(Preempt(requeued, victim.endpoint, reason))
         self._adjust(eid, rid)
 
     # ----------------------------------------------------------------- concurrency caps
-    def _adjust(self, eid: EndpointId, rid: RequestId) -> None:
-        """Let the policy's concurrency controller set `eid`'s cap (its running set changed)."""
+    def _adjust(self, eid: EndpointId, rid: RequestId, out: list[Decision] | None = None) -> None:
+        """Let the policy's concurrency controller set `eid`'s cap (its running set changed); with `out`,
+        a lowered cap is enforced at once by preemption where that is allowed (`_shed`)."""
         ctl = self._policy.concurrency
         if ctl is None:
             return
@@ -508,7 +522,50 @@ class Scheduler:
         except Exception as e:
             self._fault_id(rid, "concurrency", e)
             return
-        self._fleet.set_cap(eid, max(ctl.floor, cap))
+        before = self._fleet.cap_of(eid)
+        if self._fleet.set_cap(eid, max(ctl.floor, cap)) and out is not None:
+            after = self._fleet.cap_of(eid)
+            if before is not None and after is not None and after < before:
+                self._shed(eid, out)
+
+    def _shed(self, eid: EndpointId, out: list[Decision]) -> None:
+        """A cut cap on an endpoint where preemption is allowed, running a request of a kind that may
+        preempt (an interactive stream whose inter-token time the cut is for): preempt eligible victims
+        (the preemptor's order) down to the cap, rather than letting the stream wait until enough of
+        them finish. Without a preemptor, or where it is not allowed, a lowered cap only stops new
+        requests."""
+        preemptor = self._policy.preemptor
+        if preemptor is None:
+            return
+        rules = preemptor.rules
+        now = self._clock.now()
+        view = self._fleet.view(eid, now, self._limits.stale_after_s)
+        if view is None or view.instance_class not in rules.classes or view.inflight <= view.cap:
+            return
+        slo = self._policy.slo
+        urgent = [r for r in view.running if slo.class_of(r.slo_class).kind in rules.by]
+        protected = min(urgent, key=lambda r: r.itl_s if r.itl_s is not None else math.inf, default=None)
+        req = None if protected is None else self._fleet.request(protected.id)
+        if req is None:
+            return
+        snap = self.snapshot()
+        try:
+            victims = self._victims(view, now, rules)
+            ranked = list(preemptor.rank(req, victims, snap)) if victims else []
+        except Exception as e:
+            self._fault(req, "preemption", e)
+            return
+        excess = view.inflight - view.cap
+        for v in ranked[:excess]:
+            if not any(v is c for c in victims):
+                self._fault(
+                    req, "preemption", RuntimeError(f"preemptor {preemptor.name!r} invented a victim")
+                )
+                return
+            model = self._fleet.request(v.running.id)
+            if model is None:
+                continue
+            self._preempt(v, self._queues.of(model.model), out, REASON_CAP)
 
     def _adjust_all(self) -> None:
         """Caps after a policy or endpoint change: the controller's, or the configured ones without one."""

@@ -410,6 +410,28 @@ def test_chiron_grows_while_binding_under_low_itl_and_halves_over_it() -> None:
     assert rig.sched.cap_of(e) in {caps[4] // 2, (caps[4] + 1) // 2}
 
 
+def test_a_cut_cap_on_a_mixed_endpoint_preempts_batch_work_down_to_it() -> None:
+    """An interactive stream on a mixed endpoint full of batch work: when the controller halves the cap
+    for the stream's inter-token target, batch requests are preempted down to the cap at once."""
+    pol = make_policy(filters="[]", extra=PREEMPT + CHIRON.format(start=8))
+    rig = Rig(pol, spec("e", MIXED, cap=8))
+    e = EndpointId("e")
+    names = [f"b{k}" for k in range(7)]
+    for n in names:
+        assert rig.place(req(n, "batch")) == "e"
+    assert rig.place(req("chat")) == "e"
+    stream(rig, [*names, "chat"], 1, 0.0)
+    stream(rig, [*names, "chat"], 5, 0.5)  # 500 ms per token against the chat's 200 ms: LBP > 1
+    out = rig.sched.complete(RequestId("b0"))  # a change of the running set: the controller acts
+    assert rig.sched.cap_of(e) == 4  # 8 halved
+    preempted = [d for d in out if isinstance(d, Preempt)]
+    assert {d.reason for d in preempted} == {"cap_lowered"}
+    assert len(preempted) == 3  # 7 running (6 batch + chat) down to 4
+    assert rig.sched.inflight_on(e) == 4
+    assert rig.sched.running_on(RequestId("chat")) == e  # never the interactive stream
+    assert rig.sched.queue_depth(M) == 3
+
+
 def test_chiron_respects_the_min_interval_bounds_and_configured_cap() -> None:
     rig = Rig(make_policy(filters="[]", extra=CHIRON.format(start=100)), spec("e", cap=8))
     e = EndpointId("e")
