@@ -387,7 +387,7 @@ def test_chiron_grows_while_binding_under_low_itl_and_halves_over_it() -> None:
     caps: list[int] = []
     for _ in range(5):
         fill()
-        # 20 ms per token against a 200 ms target (x 0.8 headroom): LBP = 0.125, the cap binding: B
+        # 20 ms per token against a 200 ms target: LBP = 0.1, the cap binding: B
         # grows (at most twice per step); the reading right after a growth is skipped (the new seats'
         # prefills), the one after that judges the growth by throughput (TBP) and grows again
         stream(rig, ids, 50, 0.02)
@@ -404,7 +404,7 @@ def test_chiron_grows_while_binding_under_low_itl_and_halves_over_it() -> None:
     rig.sched.complete(RequestId(ids.pop(0)))
     assert rig.sched.cap_of(e) == caps[4]
     caps.append(caps[4])
-    # now 400 ms per token: LBP = 2.5 -> halve (the running set is within the cap: nothing draining)
+    # now 400 ms per token: LBP = 2 -> halve (the running set is within the cap: nothing draining)
     stream(rig, ids, 3, 0.4)
     rig.sched.complete(RequestId(ids.pop(0)))
     assert rig.sched.cap_of(e) in {caps[4] // 2, (caps[4] + 1) // 2}
