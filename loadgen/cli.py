@@ -44,6 +44,7 @@ BENCHMARKS: dict[str, str] = {
     "decisions": "loadgen.bench.decision_cost",
     "soak": "loadgen.bench.soak",
     "eviction": "loadgen.bench.eviction",
+    "classes": "loadgen.bench.classes",
 }
 
 

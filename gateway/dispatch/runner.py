@@ -287,7 +287,10 @@ class Dispatcher:
         clock = self.clock
         stall = StallTimer(resp.content, self.settings.read_timeout_s, clock)
         progress = self.driver.scheduler.progress  # tokens so far, for the placement predictions
-        report_at = relay.tokens + 1 if ctx.sched is not None else 1 << 62
+        # Progress counts this engine call's tokens (a resumed call starts from 0 at its own first token).
+        base = relay.tokens
+        run_first: float | None = relay.first_token_at if base == 0 else None
+        report_at = base + 1 if ctx.sched is not None else 1 << 62
         sreq_id = RequestId("") if ctx.sched is None else ctx.sched.id
         pinnable = stream.client and ctx.sched is not None and ctx.sched.resumable and relay.continuable
         try:
@@ -303,7 +306,9 @@ class Dispatcher:
                         self.driver.scheduler.pin(sreq_id)
                         pinnable = False
                     if relay.tokens >= report_at and ctx.sched is not None:
-                        progress(ctx.sched.id, relay.tokens, relay.first_token_at)
+                        if run_first is None:
+                            run_first = relay.first_token_at if base == 0 else now
+                        progress(ctx.sched.id, relay.tokens - base, run_first)
                         report_at = relay.tokens + PROGRESS_EVERY
 
                     if data and out is not None:

@@ -50,7 +50,11 @@ class Preempt:
 
     victim: SchedRequest
     endpoint: EndpointView
-    reason: str  # machine-readable, for metrics: e.g. "interactive_waiting"
+    # Machine-readable, for metrics: "interactive_waiting" (a request that found no seat takes the
+    # victim's: a `Dispatch` for it follows) or "cap_lowered" (the endpoint's concurrency controller cut
+    # its cap below the requests it runs, for the interactive streams among them: no `Dispatch` follows,
+    # the seat stays empty).
+    reason: str
 
 
 Decision = Dispatch | Reject | Preempt

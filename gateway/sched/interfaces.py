@@ -150,6 +150,8 @@ class Admitter(Protocol):
     """
 
     name: str
+    # Whether `recheck` can answer anything but ADMIT (False: the scheduler does not ask it on ticks).
+    rechecks: bool
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
@@ -189,6 +191,9 @@ class PreemptionRules:
     victims: frozenset[SloKind] = frozenset({SloKind.BATCH})  # kinds whose requests may be preempted
     classes: frozenset[InstanceClass] = frozenset({InstanceClass.MIXED})  # on endpoints of these classes
     max_preemptions: int = 1  # a request preempted this often is never a victim again
+    # Victims preempted at most on one endpoint for one request (more than one when one seat is not
+    # enough: e.g. the overflow guard admits an interactive stream only once the batch is smaller).
+    max_victims: int = 1
     # The wait a victim is assumed to have in the queue before it runs again, for the check that its own
     # SLO stays feasible (its deadline, its average inter-token time).
     requeue_wait_s: float = 10.0
@@ -203,8 +208,8 @@ class Preemptor(Protocol):
     may be preempted, under the policy's preemption limit, on an endpoint of an allowed class, their own
     SLO still feasible after a resume). Returns them best first; it may leave some out (never add one).
     An empty result means "preempt nothing": the request stays queued. The scheduler takes the first
-    victim whose seat the request can take (the placement filters accept it there once the victim is
-    gone). Must not mutate anything.
+    victims whose seats make room for the request on one endpoint (the placement filters accept it there
+    once they are gone; see `PreemptionRules.max_victims`). Must not mutate anything.
     """
 
     name: str

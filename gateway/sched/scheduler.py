@@ -16,10 +16,11 @@ the first worker that fits it, and one that fits nowhere waits without holding u
 Preemption (the policy's `Preemptor`; none by default): when the request at the head of a queue can be
 placed nowhere, its kind may preempt (interactive) and an endpoint of an allowed class (mixed) runs
 resumable work of a kind that may be preempted (batch), the preemptor ranks the eligible victims and the
-first whose seat the request can take (the placement pipeline accepts it there once the victim is gone)
-gives it up: the victim's seat is freed (not a completion), the victim is queued again with its arrival
-time, band and place in arrival order, and the request is dispatched to that seat. The decisions are a
-`Preempt` followed by the `Dispatch`; `submit` reports only its own request's decision, so the preemptions
+first ones that make room for the request on one endpoint (the placement pipeline accepts it there once
+they are gone; one, or up to the rules' `max_victims`) give up their seats: each victim's seat is freed
+(not a completion), the victim is queued again with its arrival time, band and place in arrival order,
+and the request is dispatched to that endpoint. The decisions are a `Preempt` per victim followed by
+the `Dispatch`; `submit` reports only its own request's decision, so the preemptions
 it made wait in an outbox (`take_preemptions`). A victim is eligible only when it is resumable, under the
 policy's preemption limit, and its own SLO stays feasible after a resume (`_resume_feasible`).
 
@@ -37,6 +38,7 @@ unserved.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -57,10 +59,12 @@ from gateway.sched.types import EndpointSpec, QueueLimits
 
 #: Faults kept for the daemon to collect (the oldest are dropped beyond this).
 MAX_FAULTS: Final = 64
-#: Victims whose seat a preempting request is tried on (the preemptor's first ones), per placement.
+#: Endpoints whose victims' seats a preempting request is tried on (by the preemptor's order), per placement.
 MAX_PREEMPT_TRIES: Final = 4
 #: Why a request was preempted (the `Preempt.reason` of the one trigger there is).
 REASON_WAITING: Final = "interactive_waiting"
+#: ... and when an endpoint's cap was cut below its running set for the interactive streams it runs.
+REASON_CAP: Final = "cap_lowered"
 _PREDICT: Final = PredictParams()
 
 
@@ -290,9 +294,9 @@ class Scheduler:
         self._seqs.pop(req_id, None)
         eid = self._fleet.running_on(req_id)
         models = self._fleet.complete(req_id)
-        if eid is not None and models:
-            self._adjust(eid, req_id)
         out: list[Decision] = []
+        if eid is not None and models:
+            self._adjust(eid, req_id, out)
         for m in models:
             self._serve(m, out)
         return out
@@ -308,7 +312,8 @@ class Scheduler:
         out: list[Decision] = []
         max_wait = self._limits.max_wait_s
         ready = self._fleet.ready_models()
-        recheck = self._policy.admitter is not None and self._queues.any_waiting()
+        admitter = self._policy.admitter
+        recheck = admitter is not None and admitter.rechecks and self._queues.any_waiting()
         snap = self.snapshot() if recheck else None
         for model, queue in self._queues.items():
             keep: list[Queued] = []
@@ -453,7 +458,8 @@ class Scheduler:
                     taken = None  # the request waits, as without preemption
                 if taken is not None:
                     del queue[idx]
-                    self._preempt(taken[0], queue, out)
+                    for victim in taken[0]:
+                        self._preempt(victim, queue, out)
                     self._place(item.req, item.seq, taken[1], out)
                     continue
             if chosen is None:
@@ -480,13 +486,17 @@ class Scheduler:
             if prio is not None:
                 self._priorities[req.id] = prio
         out.append(Dispatch(req, chosen))
-        self._adjust(chosen.id, req.id)
+        self._adjust(chosen.id, req.id, out)
 
     # ----------------------------------------------------------------- preemption
     def _preemption(
         self, preemptor: Preemptor, req: SchedRequest, snap: FleetSnapshot
-    ) -> tuple[Victim, EndpointView] | None:
-        """The victim whose seat `req` takes and the view of its endpoint without it, or None."""
+    ) -> tuple[list[Victim], EndpointView] | None:
+        """The victims whose seats make room for `req` on one endpoint, and that endpoint's view without
+        them; None when no endpoint has enough. Victims are taken in the preemptor's order, endpoint by
+        endpoint (in the order of each endpoint's best-ranked victim), one more at a time up to the
+        rules' `max_victims`, until the placement pipeline accepts `req` there (e.g. the overflow guard
+        once its inter-token time fits)."""
         rules = preemptor.rules
         slo = self._policy.slo
         if slo.class_of(req.slo.slo_class).kind not in rules.by:
@@ -496,31 +506,45 @@ class Scheduler:
         for e in snap.endpoints:
             if req.model not in e.models or e.health is not ready or e.instance_class not in rules.classes:
                 continue
-            load: EndpointLoad | None = None
-            for r in e.running:
-                if not r.resumable or r.preemptions >= rules.max_preemptions or r.id == req.id:
-                    continue
-                if slo.class_of(r.slo_class).kind not in rules.victims:
-                    continue
-                load = load or EndpointLoad(e, snap.now, _PREDICT)
-                if _resume_feasible(r, load, rules):
-                    victims.append(Victim(r, e))
+            victims.extend(self._victims(e, snap.now, rules))
         if not victims:
             return None
-        ranked = preemptor.rank(req, victims, snap)
-        for tried, v in enumerate(ranked):
+        by_endpoint: dict[EndpointId, list[Victim]] = {}
+        for v in preemptor.rank(req, victims, snap):
             if not any(v is c for c in victims):
                 raise RuntimeError(f"preemptor {preemptor.name!r} returned a request that was not a victim")
+            by_endpoint.setdefault(v.endpoint.id, []).append(v)
+        for tried, group in enumerate(by_endpoint.values()):
             if tried >= MAX_PREEMPT_TRIES:
                 break
-            gone = _without(v.endpoint, v.running)
-            alone = FleetSnapshot(now=snap.now, endpoints=(gone,), queued=snap.queued)
-            chosen = self._policy.profile.place(req, alone)
-            if chosen is not None:
-                return v, chosen
+            view = group[0].endpoint
+            for n, v in enumerate(group[: rules.max_victims], start=1):
+                view = _without(view, v.running)
+                alone = FleetSnapshot(now=snap.now, endpoints=(view,), queued=snap.queued)
+                chosen = self._policy.profile.place(req, alone)
+                if chosen is not None:
+                    return group[:n], chosen
         return None
 
-    def _preempt(self, victim: Victim, queue: list[Queued], out: list[Decision]) -> None:
+    def _victims(self, e: EndpointView, now: float, rules: PreemptionRules) -> list[Victim]:
+        """The running requests on `e` that may be preempted now: resumable, of a kind that may be
+        preempted, under the preemption limit, and their own SLO still feasible after a resume."""
+        slo = self._policy.slo
+        load: EndpointLoad | None = None
+        out: list[Victim] = []
+        for r in e.running:
+            if not r.resumable or r.preemptions >= rules.max_preemptions:
+                continue
+            if slo.class_of(r.slo_class).kind not in rules.victims:
+                continue
+            load = load or EndpointLoad(e, now, _PREDICT)
+            if _resume_feasible(r, load, rules):
+                out.append(Victim(r, e))
+        return out
+
+    def _preempt(
+        self, victim: Victim, queue: list[Queued], out: list[Decision], reason: str = REASON_WAITING
+    ) -> None:
         """Free the victim's seat and queue it again (its arrival, band and place in arrival order)."""
         rid = victim.running.id
         eid = victim.endpoint.id
@@ -534,12 +558,13 @@ class Scheduler:
             old, preemptions=old.preemptions + 1, produced_tokens=old.produced_tokens + produced
         )
         self._queues.push(queue, requeued, frozenset(), seq=seq, queued_at=self._clock.now())
-        out.append(Preempt(requeued, victim.endpoint, REASON_WAITING))
+        out.append(Preempt(requeued, victim.endpoint, reason))
         self._adjust(eid, rid)
 
     # ----------------------------------------------------------------- concurrency caps
-    def _adjust(self, eid: EndpointId, rid: RequestId) -> None:
-        """Let the policy's concurrency controller set `eid`'s cap (its running set changed)."""
+    def _adjust(self, eid: EndpointId, rid: RequestId, out: list[Decision] | None = None) -> None:
+        """Let the policy's concurrency controller set `eid`'s cap (its running set changed); with `out`,
+        a lowered cap is enforced at once by preemption where that is allowed (`_shed`)."""
         ctl = self._policy.concurrency
         if ctl is None:
             return
@@ -552,7 +577,50 @@ class Scheduler:
         except Exception as e:
             self._fault_id(rid, "concurrency", e)
             return
-        self._fleet.set_cap(eid, max(ctl.floor, cap))
+        before = self._fleet.cap_of(eid)
+        if self._fleet.set_cap(eid, max(ctl.floor, cap)) and out is not None:
+            after = self._fleet.cap_of(eid)
+            if before is not None and after is not None and after < before:
+                self._shed(eid, out)
+
+    def _shed(self, eid: EndpointId, out: list[Decision]) -> None:
+        """A cut cap on an endpoint where preemption is allowed, running a request of a kind that may
+        preempt (an interactive stream whose inter-token time the cut is for): preempt eligible victims
+        (the preemptor's order) down to the cap, rather than letting the stream wait until enough of
+        them finish. Without a preemptor, or where it is not allowed, a lowered cap only stops new
+        requests."""
+        preemptor = self._policy.preemptor
+        if preemptor is None:
+            return
+        rules = preemptor.rules
+        now = self._clock.now()
+        view = self._fleet.view(eid, now, self._limits.stale_after_s)
+        if view is None or view.instance_class not in rules.classes or view.inflight <= view.cap:
+            return
+        slo = self._policy.slo
+        urgent = [r for r in view.running if slo.class_of(r.slo_class).kind in rules.by]
+        protected = min(urgent, key=lambda r: r.itl_s if r.itl_s is not None else math.inf, default=None)
+        req = None if protected is None else self._fleet.request(protected.id)
+        if req is None:
+            return
+        snap = self.snapshot()
+        try:
+            victims = self._victims(view, now, rules)
+            ranked = list(preemptor.rank(req, victims, snap)) if victims else []
+        except Exception as e:
+            self._fault(req, "preemption", e)
+            return
+        excess = view.inflight - view.cap
+        for v in ranked[:excess]:
+            if not any(v is c for c in victims):
+                self._fault(
+                    req, "preemption", RuntimeError(f"preemptor {preemptor.name!r} invented a victim")
+                )
+                return
+            model = self._fleet.request(v.running.id)
+            if model is None:
+                continue
+            self._preempt(v, self._queues.of(model.model), out, REASON_CAP)
 
     def _adjust_all(self) -> None:
         """Caps after a policy or endpoint change: the controller's, or the configured ones without one."""

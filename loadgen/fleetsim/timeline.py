@@ -23,7 +23,7 @@ class FleetTimeline:
     def __len__(self) -> int:
         return len(self._t)
 
-    def add(
+    def add(  # noqa: PLR0917  # one sample's figures, in the order of the summary
         self, t: float, busy: int, running: int, waiting: int, queued: int, caps: dict[str, int] | None = None
     ) -> None:
         n = len(self._t)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loadgen.workloads.base import CallSpec, Slo, TaskSpec, Workload
-from loadgen.workloads.chat_batch import ChatBatchWorkload
+from loadgen.workloads.chat_batch import ChatBacklogWorkload, ChatBatchWorkload
 from loadgen.workloads.coding import CodingWorkload
 from loadgen.workloads.multi_model import MultiModelWorkload
 from loadgen.workloads.sharegpt import ALADDIN_SLOS, ShareGptWorkload
@@ -16,6 +16,7 @@ _BUILTIN: dict[str, Callable[[str | None], Workload]] = {
     "coding": lambda v: CodingWorkload(v or "pattern1"),
     "multi-model": lambda v: MultiModelWorkload(v or "uniform"),
     "chat-batch": lambda v: ChatBatchWorkload(v or "mixed"),
+    "chat-backlog": ChatBacklogWorkload,
     "sharegpt-like": ShareGptWorkload,
 }
 BUILTIN_NAMES: tuple[str, ...] = tuple(_BUILTIN)
@@ -23,6 +24,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "coding": ("pattern1", "pattern2", "ttft-heavy"),
     "multi-model": ("uniform", "ide-heavy", "popularity-skewed"),
     "chat-batch": ("mixed", "queue"),
+    "chat-backlog": ("2000",),
     "sharegpt-like": tuple(ALADDIN_SLOS),
 }
 

@@ -126,7 +126,8 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
     [
         pytest.param(
             'nmae = "x"\n' + HEAD + '[placement]\npicker = { plugin = "max-score" }\n',
-            "p.toml:nmae: unknown key (known: name, description, ordering, placement, admission, preemption, concurrency, slo, tasks)",
+            "p.toml:nmae: unknown key (known: name, description, ordering, placement, admission, preemption, "
+            "concurrency, slo, tasks)",
             id="unknown-top-level-key",
         ),
         pytest.param(

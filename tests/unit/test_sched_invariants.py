@@ -30,7 +30,7 @@ from gateway.core.types import (
     ModelName,
     RequestId,
 )
-from gateway.sched.decisions import Decision, Dispatch, Reject
+from gateway.sched.decisions import Decision, Dispatch, Preempt, Reject
 from gateway.sched.plugins import default_registry
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
 from gateway.sched.registry import BuildContext, PluginKind
@@ -170,6 +170,7 @@ class Ledger:
     def apply(self, decisions: list[Decision]) -> None:
         snap = self.sched.snapshot()
         for d in decisions:
+            assert not isinstance(d, Preempt), "the policy here never preempts"
             rid = d.req.id
             assert self.state.get(rid) is State.QUEUED, f"{d!r} for a request that is {self.state.get(rid)}"
             if isinstance(d, Dispatch):
@@ -210,6 +211,7 @@ class Ledger:
             self.model[rid] = req.model
             d = self.sched.submit(req, exclude=exclude)
             if d is not None:
+                assert not isinstance(d, Preempt)
                 assert d.req.id == rid, "submit decides for its own request only"
                 self.apply([d])
         elif isinstance(ev, Complete):

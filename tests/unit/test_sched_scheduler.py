@@ -274,7 +274,7 @@ def test_tick_expires_requests_past_max_wait(waited: float, expires: bool) -> No
     if expires:
         (d,) = out
         err = rejected(d).error
-        assert d.req.id == "waiting"
+        assert rejected(d).req.id == "waiting"
         assert (err.status, err.code, err.outcome) == (503, "queue_timeout", "queue_timeout")
         assert err.retry_after_s == 1.0
         assert f.sched.queue_depth(M) == 0
@@ -291,7 +291,9 @@ def test_tick_only_expires_the_old_ones() -> None:
     f.clock.advance(6)
     f.submit("young")
     f.clock.advance(6)
-    assert [(d.req.id, rejected(d).error.code) for d in f.sched.tick()] == [("old", "queue_timeout")]
+    assert [(rejected(d).req.id, rejected(d).error.code) for d in f.sched.tick()] == [
+        ("old", "queue_timeout")
+    ]
     assert dispatched(f.sched.complete(rid("running"))) == [("young", "e1")]
 
 
@@ -426,7 +428,7 @@ def test_tick_rejects_queued_requests_whose_model_has_no_ready_endpoint_left() -
     f.submit("b")
     f.sched.set_health(eid("e1"), UNHEALTHY)
     (d,) = f.sched.tick()
-    assert (d.req.id, rejected(d).error.code) == ("b", "no_ready_endpoint")
+    assert (rejected(d).req.id, rejected(d).error.code) == ("b", "no_ready_endpoint")
 
 
 def test_set_models_makes_a_discovering_endpoint_serve() -> None:
@@ -539,6 +541,7 @@ class BadFor:
 
     bad: set[str]
     name: str = "bad-for"
+    rechecks: bool = True
 
     def _check(self, req: SchedRequest) -> None:
         if req.id in self.bad:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.sched.plugins.admission import admit_all, slo_feasibility
-from gateway.sched.plugins.eviction import cace, lru
 from gateway.sched.plugins.concurrency import chiron, static
+from gateway.sched.plugins.eviction import cace, lru
 from gateway.sched.plugins.ordering import bands, edf, fcfs, slack
 from gateway.sched.plugins.placement import (
     best_fit,

@@ -22,6 +22,7 @@ class AdmitAllParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
 
 class AdmitAll:
     name = "admit-all"
+    rechecks = False  # its recheck admits: the scheduler need not ask
 
     def __init__(self, params: AdmitAllParams, slo: SloPolicy) -> None:
         self.params = params

@@ -59,6 +59,7 @@ class SloFeasibilityAdmitter:
     name = "slo-feasibility"
 
     def __init__(self, params: SloFeasibilityParams, slo: SloPolicy, loads: LoadCache | None = None) -> None:
+        self.rechecks = params.recheck != "off"
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())

@@ -4,14 +4,29 @@ At most every `interval_s` (clock), when the endpoint's running set changes, the
 the endpoint streamed since its last reading (the dispatcher's progress reports, `EndpointView`'s token
 counters) and computes
 
-- LBP = observed per-token time / the tightest inter-token target among the requests it runs (0 when
-  none has one); the observed time is the streams' time between progress reports over the tokens
+- LBP = observed per-token time / (`headroom` × the tightest inter-token target among the requests it
+  runs) (0 when none has one): with headroom 1 (Chiron's rule, the default) the cap settles where the
+  endpoint's average token time reaches the target; 0.8 aims 20 % under it, for engines whose token
+  times spread more between streams (on the classes benchmark 0.8 cost batch throughput and gained no
+  attainment); the observed time is the streams' time between progress reports over the tokens
   between them, else telemetry's `itl_ewma_s`;
-- TBP = previous throughput / current throughput (output tokens per second), compared only while the
-  cap bound the endpoint in both readings: an endpoint with free seats streams less because it is given
-  less, which says nothing about its batch size;
+- TBP = throughput before the last growth / (throughput now × (1 + `tolerance`)) (output tokens per
+  second; a dip within the tolerance is the noise of a few seconds' sample), judged once per growth,
+  while the cap binds, and not on the reading right after the growth: the requests let in by the
+  growth are prefilled together and pause every decode for a while, a transient that says nothing
+  about the larger batch (judging on it undid every doubling); an endpoint with free seats streams
+  less because it is given less, and one whose cap was just cut streams less because of the cut;
 - bp = max(LBP, TBP): below 1 the cap grows ``B ← α·B/bp + (1 − α)·B`` (at most `max_growth` times per
-  step; with bp = 0 by that much), at or above 1 it halves.
+  step; with bp = 0 by that much); with LBP at or above 1 it halves (Chiron); with TBP alone at or above
+  1 it goes back to the cap before its last growth (Chiron halves here too; but a throughput sample of a
+  few seconds is noisy, and halving a batch endpoint's cap on noise costs far more throughput than the
+  growth it undoes).
+
+The cap grows only while it binds (as many requests run as it allows): a cap that grew while seats
+stood empty would let the next burst in all at once, past the latency it was never measured at.
+While an earlier cut is still draining (more requests run than the cap allows: a lower cap takes no
+seat), a backpressure at or above 1 holds the cap rather than halving it again: the running set has not
+shrunk to the cap yet, so the reading says nothing about it.
 
 B is kept as a real number and enforced rounded down; the scheduler clamps it into [`min_cap`, the
 endpoint's configured cap] (the operator's hard maximum). A reading with no tokens streamed leaves B as
@@ -38,6 +53,9 @@ class ChironParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     start: Annotated[int, Meta(ge=1, le=100_000)] | None = None  # initial cap (default: configured)
     max_growth: Annotated[float, Meta(gt=1.0, le=100.0)] = 2.0  # cap growth per step at most
     throughput: bool = True  # use TBP (False: the latency backpressure alone)
+    headroom: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0  # aim at this share of the ITL target
+    # A throughput drop within this share is noise, not backpressure (TBP = previous / (current·(1 + it))).
+    tolerance: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.1
 
 
 @dataclass(slots=True)
@@ -47,8 +65,10 @@ class _State:
     tokens: int  # the view's counters then
     gap_s: float
     gap_tokens: int
-    rate: float | None = None  # output tokens/s of the last reading
-    bound: bool = False  # whether the cap bound the endpoint at the last reading
+    base: float = 0.0  # the cap before its last growth
+    ref: float | None = None  # output tokens/s at that cap (the reading that grew it)
+    pending: bool = False  # a growth whose throughput is still to be judged (TBP)
+    settling: bool = False  # the reading right after a growth is skipped (see the module docstring)
 
 
 class ChironController:
@@ -75,22 +95,37 @@ class ChironController:
         elapsed = now - st.at
         st.at, st.tokens, st.gap_s, st.gap_tokens = now, view.streamed_tokens, view.gap_s, view.gap_tokens
         if tokens <= 0 or elapsed <= 0:
-            st.rate, st.bound = None, False
             return self._enforced(st, hard)
         itl = gap_s / gap_tokens if gap_tokens > 0 else view.itl_ewma_s
         targets = [r.itl_s for r in view.running if r.itl_s is not None]
-        lbp = itl / min(targets) if itl is not None and targets else 0.0
+        lbp = itl / (p.headroom * min(targets)) if itl is not None and targets else 0.0
         rate = tokens / elapsed
-        bound = view.inflight >= int(st.b)
-        tbp = st.rate / rate if p.throughput and st.bound and bound and st.rate is not None else 0.0
-        st.rate, st.bound = rate, bound
-        bp = max(lbp, tbp)
-        if bp >= 1.0:
-            st.b /= 2.0
-        else:
-            grown = p.alpha * st.b / bp + (1.0 - p.alpha) * st.b if bp > 0 else st.b * p.max_growth
-            st.b = min(grown, st.b * p.max_growth)
+        draining = view.inflight > int(st.b)
+        # Binding: every seat taken, or all but the one a completion just freed (the controller runs on
+        # the completion, before the queue refills the seat).
+        bound = int(st.b) - 1 <= view.inflight <= int(st.b)
+        before = st.b
+        if lbp >= 1.0:
+            if not draining:
+                st.b /= 2.0
+            st.pending = st.settling = False
+        elif st.settling:
+            st.settling = False  # the new seats' prefills paused decoding: judge the growth next time
+        elif bound or st.pending:
+            tbp = 0.0
+            if st.pending and p.throughput and bound and st.ref is not None:
+                tbp = st.ref / (rate * (1.0 + p.tolerance))
+            st.pending = False
+            if tbp >= 1.0:
+                st.b = st.base  # the last growth did not pay: back to the cap before it
+            elif bound:
+                bp = max(lbp, tbp)
+                grown = p.alpha * st.b / bp + (1.0 - p.alpha) * st.b if bp > 0 else st.b * p.max_growth
+                st.b = min(grown, st.b * p.max_growth)
         st.b = min(max(st.b, float(self.floor)), float(hard))
+        if st.b > before:
+            st.base, st.ref = before, rate
+            st.pending = st.settling = True
         return self._enforced(st, hard)
 
     def _enforced(self, st: _State, hard: int) -> int:

@@ -4,14 +4,16 @@ A class's band comes from its definition in the policy (`[[slo.classes]] band = 
 this plugin's `bands` table overrides it; a class named in neither is in the lowest band. A request
 admission demoted to best-effort goes one band below the lowest. Inside a band, slack orders as in the
 `slack` ordering (time left minus the predicted service time alone on the best endpoint); requests
-without targets come last in their band, in arrival order.
+without targets come last in their band, in arrival order. With `within = "arrival"` a band is served in
+arrival order instead (Chiron's FCFS inside a request group): a key costs no prediction, which matters
+when thousands of batch requests wait (the queue's order is asked again each time it is served).
 
 The band is also the engine priority sent to endpoints with priority scheduling.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -27,6 +29,7 @@ from gateway.sched.snapshot import FleetSnapshot
 class BandsParams(PredictionParams, frozen=True, kw_only=True):
     # class -> band, overriding the class definitions
     bands: dict[str, Annotated[int, msgspec.Meta(ge=0, le=1000)]] = msgspec.field(default_factory=dict)
+    within: Literal["slack", "arrival"] = "slack"  # the order inside a band
 
 
 class PriorityBandsOrdering:
@@ -46,6 +49,8 @@ class PriorityBandsOrdering:
         return self._bands.get(req.slo.slo_class, self._lowest)
 
     def key(self, req: SchedRequest, snap: FleetSnapshot) -> OrderKey:
+        if self.params.within == "arrival":
+            return (float(self.band(req)), req.arrival)
         _, slack = self._keys.assess(req, snap)
         return (float(self.band(req)), slack)
 

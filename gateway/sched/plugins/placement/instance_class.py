@@ -59,7 +59,7 @@ class InstanceClassFilter:
     def tiers(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[Sequence[EndpointView]]:
-        return [[e for e in candidates if e.instance_class is cls] for cls in self.classes(req)]
+        return [[e for e in candidates if e.instance_class == cls] for cls in self.classes(req)]
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot

@@ -19,6 +19,7 @@ class PreemptParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     # Endpoint classes where running requests may be preempted (Chiron: mixed only).
     classes: list[InstanceClass] = msgspec.field(default_factory=lambda: [InstanceClass.MIXED])
     max_preemptions: Annotated[int, Meta(ge=0, le=100)] = 1  # per request; 0: never a victim
+    max_victims: Annotated[int, Meta(ge=1, le=1024)] = 1  # per preempting request, on one endpoint
     requeue_wait_s: Annotated[float, Meta(ge=0.0, le=86400.0)] = 10.0  # assumed wait before it resumes
     margin: Annotated[float, Meta(gt=0.0, le=2.0)] = 1.0  # < 1: the victim's SLO must hold with room
 
@@ -32,6 +33,7 @@ class PreemptParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
             victims=frozenset(self.victims),
             classes=frozenset(self.classes),
             max_preemptions=self.max_preemptions,
+            max_victims=self.max_victims,
             requeue_wait_s=self.requeue_wait_s,
             margin=self.margin,
         )
