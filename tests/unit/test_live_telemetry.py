@@ -221,3 +221,13 @@ async def test_the_loop_refreshes_every_interval_and_refits_when_due(monkeypatch
     assert waits == [1.0] * 9
     start = FakeClock().now()
     assert refits == [start + 1.0, start + 4.0, start + 7.0]
+
+
+def test_drain_folds_in_at_most_a_slice() -> None:
+    rig = Rig()
+    for i in range(5):
+        finish(rig.tel, rig.run_request(f"r{i}"))
+    assert rig.tel.drain(limit=2) == 2
+    assert rig.tel.pending == 3
+    assert rig.tel.drain() == 3
+    assert rig.tel.fleet.endpoints[A].timings.ttft.n == 5
