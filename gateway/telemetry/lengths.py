@@ -91,10 +91,19 @@ class _Pool:
         k = n if math.isinf(cap) else max(lo, bisect.bisect_right(vals, cap))
         over = n - k  # values above the cap count as the cap
         capped = cap if over else 0.0
-        total = (self._s1[k] - self._s1[lo]) + over * capped
-        total_sq = (self._s2[k] - self._s2[lo]) + over * capped * capped
-        mean = total / m
-        var = max(0.0, total_sq / m - mean * mean)
+        if float(capped).is_integer():
+            # Integer sums: the variance's numerator is exact (in floats, `E[v²] - mean²` cancels badly
+            # when the values are large and close together).
+            c = int(capped)
+            t = (self._s1[k] - self._s1[lo]) + over * c
+            t2 = (self._s2[k] - self._s2[lo]) + over * c * c
+            mean = t / m
+            var = max(0, m * t2 - t * t) / (m * m)
+        else:
+            total = (self._s1[k] - self._s1[lo]) + over * capped
+            total_sq = (self._s2[k] - self._s2[lo]) + over * capped * capped
+            mean = total / m
+            var = max(0.0, total_sq / m - mean * mean)
         return LengthPrediction(
             mean=mean,
             std=math.sqrt(var),
