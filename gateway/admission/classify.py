@@ -47,12 +47,14 @@ def to_sched_request(
     slo: SLO | None = None,
     task_id: str | None = None,
     prompt_tokens: int | None = None,
+    preemptive: bool = False,
     stream_unstreamed: bool = False,
 ) -> SchedRequest:
     """`slo`: as resolved (gateway.admission.slo); None: the default SLO without targets.
-    `prompt_tokens`: the engine's count of the prompt; None: estimate it. `stream_unstreamed`: a
-    non-streamed request will be streamed from the engine (so it may be resumed, see
-    gateway.upstream.resume)."""
+    `prompt_tokens`: the engine's count of the prompt; None: estimate it. `preemptive`: the policy may
+    preempt (otherwise no request is marked resumable, and none pays for the check).
+    `stream_unstreamed`: a non-streamed request will be streamed from the engine (so it may be
+    resumed, see gateway.upstream.resume)."""
     slo = slo or _DEFAULT_SLO
     if prompt_tokens is not None:
         prompt = max(1, prompt_tokens)
@@ -79,5 +81,5 @@ def to_sched_request(
         task_id=task_id,
         predicted_output_tokens=predicted,
         predicted_output_p90=p90,
-        resumable=(parsed.stream or stream_unstreamed) and resumable(parsed.api, parsed.body),
+        resumable=preemptive and (parsed.stream or stream_unstreamed) and resumable(parsed.api, parsed.body),
     )

@@ -104,11 +104,17 @@ async def admit(
     # A non-streamed batch request is streamed from the engine under a policy that preempts, so that it
     # can be resumed if it is preempted (it is a likely victim; the rest keep the cheaper path).
     policy = s.scheduler.policy
-    stream_unstreamed = (
-        policy.preemptor is not None and policy.slo.class_of(ctx.slo_class).kind is SloKind.BATCH
-    )
+    preemptive = policy.preemptor is not None
+    stream_unstreamed = preemptive and policy.slo.class_of(ctx.slo_class).kind is SloKind.BATCH
     return scheduler_request(
-        ctx, parsed, resolved, key, s.telemetry, prompt_tokens=exact, stream_unstreamed=stream_unstreamed
+        ctx,
+        parsed,
+        resolved,
+        key,
+        s.telemetry,
+        prompt_tokens=exact,
+        preemptive=preemptive,
+        stream_unstreamed=stream_unstreamed,
     )
 
 
@@ -150,6 +156,7 @@ def scheduler_request(
     telemetry: LiveTelemetry,
     *,
     prompt_tokens: int | None = None,
+    preemptive: bool = False,
     stream_unstreamed: bool = False,
 ) -> SchedRequest:
     """The scheduler's request, keyed `key`, with the live token estimate (or the engine's count) and
@@ -164,6 +171,7 @@ def scheduler_request(
         slo=resolved.slo,
         task_id=resolved.task_id,
         prompt_tokens=prompt_tokens,
+        preemptive=preemptive,
         stream_unstreamed=stream_unstreamed,
     )
     ctx.sched = sreq

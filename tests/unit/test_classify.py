@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 
@@ -57,3 +59,20 @@ def test_output_length_is_predicted_and_capped_by_max_tokens() -> None:
 def test_an_embedding_generates_nothing() -> None:
     r = to_sched_request("r1", parsed(ApiKind.EMBEDDING), M, 5.0, lengths=OutputLengthPredictor())
     assert (r.predicted_output_tokens, r.predicted_output_p90) == (0.0, 0.0)
+
+
+def test_a_request_is_resumable_only_under_a_preempting_policy() -> None:
+    stream = ParsedRequest(
+        api=ApiKind.COMPLETION,
+        body={"model": "m", "prompt": "hi", "stream": True},
+        model="m",
+        stream=True,
+        include_usage=False,
+        max_tokens=None,
+        prompt_chars=2,
+    )
+    assert not to_sched_request("r1", stream, M, 5.0).resumable
+    assert to_sched_request("r1", stream, M, 5.0, preemptive=True).resumable
+    whole = dataclasses.replace(stream, stream=False, body={"model": "m", "prompt": "hi"})
+    assert not to_sched_request("r1", whole, M, 5.0, preemptive=True).resumable  # answered in one piece
+    assert to_sched_request("r1", whole, M, 5.0, preemptive=True, stream_unstreamed=True).resumable
