@@ -61,6 +61,7 @@ import numpy as np
 import orjson
 
 from loadgen.bench import capacity
+from loadgen.bench.entry import run_bench, say
 from loadgen.client import RequestResult
 from loadgen.engine_sim.profiles import EngineProfile, get_profile
 from loadgen.engine_sim.spec import EndpointSpec
@@ -757,14 +758,7 @@ def config_from_args(args: argparse.Namespace) -> AladdinConfig | str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(build_parser().parse_args(argv))
-    if isinstance(cfg, str):
-        print(f"berth-loadgen bench aladdin: {cfg}", file=sys.stderr)
-        return 2
-    try:
-        bench(cfg, log=lambda s: print(s, flush=True))
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_bench("aladdin", cfg, lambda c: bench(c, log=say))
 
 
 if __name__ == "__main__":

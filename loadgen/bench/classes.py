@@ -55,6 +55,7 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench.classes_report import Run, markdown, plot_timeline, summarize
+from loadgen.bench.entry import run_bench, say
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.fleetsim import SimOptions, simulate
@@ -330,16 +331,12 @@ def config_from_args(a: argparse.Namespace) -> Config:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    cfg: Config | str
     try:
         cfg = config_from_args(build_parser().parse_args(argv))
     except ValueError as e:
-        print(f"berth-loadgen bench classes: {e}", file=sys.stderr)
-        return 2
-    try:
-        bench(cfg, log=lambda s: print(s, flush=True))
-    except KeyboardInterrupt:
-        return 130
-    return 0
+        cfg = str(e)
+    return run_bench("classes", cfg, lambda c: bench(c, log=say))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import numpy as np
 
 from gateway.core.types import ModelName
 from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
+from loadgen.bench.entry import run_bench, say
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
 from loadgen.fleetsim.options import SimOptions
@@ -360,14 +361,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig | str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(build_parser().parse_args(argv))
-    if isinstance(cfg, str):
-        print(f"berth-loadgen bench eviction: {cfg}", file=sys.stderr)
-        return 2
-    try:
-        doc = bench(cfg, log=lambda s: print(s, flush=True))
-    except KeyboardInterrupt:
-        return 130
-    return 0 if doc["verdict"]["pass"] else 1
+    return run_bench(
+        "eviction", cfg, lambda c: bench(c, log=say), passed=lambda doc: bool(doc["verdict"]["pass"])
+    )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench import capacity
+from loadgen.bench.entry import run_bench, say
 from loadgen.bench.scheduling import policy_file
 from loadgen.bench.scheduling_types import BERTH, DEFAULT_RATES, MODELS, PROFILE, TASK_TYPES, split
 from loadgen.engine_sim.fleet import load_fleet_file
@@ -343,14 +344,7 @@ def config_from_args(args: argparse.Namespace) -> WhatIfConfig | str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(build_parser().parse_args(argv))
-    if isinstance(cfg, str):
-        print(f"berth-loadgen bench whatif: {cfg}", file=sys.stderr)
-        return 2
-    try:
-        bench(cfg, log=lambda s: print(s, flush=True))
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_bench("whatif", cfg, lambda c: bench(c, log=say))
 
 
 if __name__ == "__main__":

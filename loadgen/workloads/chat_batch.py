@@ -49,12 +49,7 @@ class ChatBatchWorkload:
         else:
             batch = arrivals(rate * (1 - INTERACTIVE_SHARE), duration_s)
         tagged = sorted([(t, "interactive") for t in inter] + [(t, "batch") for t in batch])
-        tasks: list[TaskSpec] = []
-        for i, (at, cls) in enumerate(tagged):
-            slo = INTERACTIVE_SLO if cls == "interactive" else BATCH_SLO
-            call = CallSpec(sharegpt_prompt(rng), sharegpt_output(rng), cls=cls, slo=slo, slo_class=cls)
-            tasks.append(TaskSpec(i, at, cls, (call,)))
-        return tasks
+        return _tasks(tagged, rng)
 
 
 DEFAULT_BACKLOG = 2000
@@ -82,9 +77,14 @@ class ChatBacklogWorkload:
     ) -> list[TaskSpec]:
         tagged = [(0.0, "batch")] * self.backlog + [(t, "interactive") for t in arrivals(rate, duration_s)]
         tagged.sort(key=lambda x: x[0])
-        tasks: list[TaskSpec] = []
-        for i, (at, cls) in enumerate(tagged):
-            slo = INTERACTIVE_SLO if cls == "interactive" else BATCH_SLO
-            call = CallSpec(sharegpt_prompt(rng), sharegpt_output(rng), cls=cls, slo=slo, slo_class=cls)
-            tasks.append(TaskSpec(i, at, cls, (call,)))
-        return tasks
+        return _tasks(tagged, rng)
+
+
+def _tasks(tagged: list[tuple[float, str]], rng: random.Random) -> list[TaskSpec]:
+    """One chat call per (arrival, class), in order, with its class's SLO and ShareGPT-like lengths."""
+    tasks: list[TaskSpec] = []
+    for i, (at, cls) in enumerate(tagged):
+        slo = INTERACTIVE_SLO if cls == "interactive" else BATCH_SLO
+        call = CallSpec(sharegpt_prompt(rng), sharegpt_output(rng), cls=cls, slo=slo, slo_class=cls)
+        tasks.append(TaskSpec(i, at, cls, (call,)))
+    return tasks

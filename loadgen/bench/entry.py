@@ -1,0 +1,30 @@
+"""The command-line end of a simulator benchmark: a bad configuration is exit 2 with the reason, Ctrl-C
+is 130, and a benchmark that judges its own targets exits 1 when they fail."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+C = TypeVar("C")
+R = TypeVar("R")
+
+
+def say(line: str) -> None:
+    """A benchmark's progress line, printed at once."""
+    print(line, flush=True)
+
+
+def run_bench(
+    name: str, cfg: C | str, bench: Callable[[C], R], *, passed: Callable[[R], bool] | None = None
+) -> int:
+    """Run `bench(cfg)`; `cfg` as a string is the reason the configuration was refused."""
+    if isinstance(cfg, str):
+        print(f"berth-loadgen bench {name}: {cfg}", file=sys.stderr)
+        return 2
+    try:
+        result = bench(cfg)
+    except KeyboardInterrupt:
+        return 130
+    return 0 if passed is None or passed(result) else 1
