@@ -10,8 +10,11 @@ includes the decisions it already accepted this step:
 - `ScaleIn`: only a ready instance (never a starting one: scale-in is by draining only), refused when it
   would take the model below `min_instances`, or within `scale_in_cooldown_s` of the model's last
   scale-out or scale-in (capacity just added is not taken away on the next reading);
-- `Reclass`: only a ready instance whose class differs; the same cool-down as a scale-in (it takes
-  capacity from one class); not counted against the bounds (the instance stays);
+- `Reclass`: only a ready instance whose class differs, refused within `scale_in_cooldown_s` of the
+  instance's own ready time or last re-class (an instance does not flip back and forth; other instances
+  of the model may be re-classed meanwhile); not counted against the bounds (the instance stays);
+- cool-downs count from the rounds before this one: the decisions of one round (start three batch
+  instances, retire four) all pass or fail together;
 - anything naming an unknown model or instance, a decision the scaler raised on, or an invalid count is
   refused and counted as a fault.
 
@@ -114,6 +117,7 @@ class AutoscaleRunner:
         self._records: list[DecisionRecord] = []
         self._last_out: dict[ModelName, float] = {}
         self._last_change: dict[ModelName, float] = {}
+        self._last_reclass: dict[str, float] = {}
         self._next_at = -math.inf
 
     def adopt(self, old: AutoscaleRunner) -> None:
@@ -123,6 +127,7 @@ class AutoscaleRunner:
         self._records = old._records
         self._last_out = old._last_out
         self._last_change = old._last_change
+        self._last_reclass = old._last_reclass
         self._next_at = old._next_at
 
     def bounds_view(self, view: ScaleView) -> ScaleView:
@@ -170,6 +175,8 @@ class AutoscaleRunner:
         touched: set[str] = set()
         free = view.free_devices
         counters = self.dry_counters if s.dry_run else self.counters
+        last_out = dict(self._last_out)  # cool-downs count from earlier rounds only
+        last_change = dict(self._last_change)
         out: list[ScaleDecision] = []
         for d in proposed:
             outcome: Outcome = "dry_run" if s.dry_run else "acted"
@@ -181,7 +188,7 @@ class AutoscaleRunner:
                     self._refuse(now, d, "fault", "unknown model" if mv is None else "count must be ≥ 1")
                     continue
                 b = s.bounds_of(d.model)
-                if now - self._last_out.get(d.model, -math.inf) < s.scale_out_cooldown_s:
+                if now - last_out.get(d.model, -math.inf) < s.scale_out_cooldown_s:
                     self._refuse(now, d, "refused", "scale_out_cooldown")
                     continue
                 devs = _devices(mv, d.config)
@@ -211,22 +218,27 @@ class AutoscaleRunner:
                 if inst.state is not ScaleState.READY or inst.id in touched:
                     self._refuse(now, d, "refused", f"instance is {inst.state} (only a ready one)")
                     continue
-                if now - self._last_change.get(inst.model, -math.inf) < s.scale_in_cooldown_s:
-                    self._refuse(now, d, "refused", "scale_in_cooldown")
-                    continue
                 if isinstance(d, ScaleIn):
+                    if now - last_change.get(inst.model, -math.inf) < s.scale_in_cooldown_s:
+                        self._refuse(now, d, "refused", "scale_in_cooldown")
+                        continue
                     if serving[inst.model] - 1 < s.bounds_of(inst.model).min_instances:
                         self._refuse(now, d, "refused", "min_instances")
                         continue
                     serving[inst.model] -= 1
                     counters.retired += 1
+                    self._last_change[inst.model] = now
                 else:
                     if d.to_class == inst.instance_class:
                         self._refuse(now, d, "refused", "already of that class")
                         continue
+                    since = max(inst.ready_at or -math.inf, self._last_reclass.get(inst.id, -math.inf))
+                    if now - since < s.scale_in_cooldown_s:
+                        self._refuse(now, d, "refused", "reclass_cooldown")
+                        continue
                     counters.reclassed += 1
+                    self._last_reclass[inst.id] = now
                 touched.add(inst.id)
-                self._last_change[inst.model] = now
                 accepted = d
             else:
                 self._refuse(now, None, "fault", f"not a scale decision: {type(d).__name__}")
