@@ -197,7 +197,10 @@ class Simulation:
             cv=opts.cv,
             seed=opts.seed,
         )
-        tasks = build_schedule(get_workload(opts.workload), run_opts) if opts.schedule is None else opts.schedule
+        if opts.schedule is None:
+            tasks: Sequence[TaskSpec] = build_schedule(get_workload(opts.workload), run_opts)
+        else:
+            tasks = opts.schedule
         schedule = sorted(tasks, key=lambda s: s.at_s)
         for spec in schedule:
             self.push(spec.at_s, _ARRIVE, spec)

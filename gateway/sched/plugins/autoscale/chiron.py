@@ -64,7 +64,7 @@ class ChironScalerParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True
     seats: Annotated[int, Meta(ge=1, le=100_000)] = 16  # seats per instance until one reports its cap
     interactive_class: Literal["interactive", "mixed"] = "mixed"  # class of added interactive capacity
     min_interactive: Annotated[int, Meta(ge=0, le=100_000)] = 1  # interactive+mixed instances kept
-    max_retire: Annotated[int, Meta(ge=1, le=100_000)] = 1  # interactive instances retired per round
+    max_retire: Annotated[int, Meta(ge=1, le=100_000)] = 4  # interactive instances retired per round
     group_span_s: Annotated[float, Meta(gt=0.0)] = 120.0  # deadlines within this form one group
     quantile: Annotated[float, Meta(gt=0.0, lt=1.0)] = 0.9  # of the groups' waiting times
     default_tokens_per_s: Annotated[float, Meta(gt=0.0)] = 300.0  # per batch instance, until measured
