@@ -260,10 +260,11 @@ def judge(cis: dict[str, dict[str, Any]]) -> list[Target]:
     u_c, u_r = mean_of(cato["utilization"]), mean_of(ray["utilization"])
     g_c, g_r = mean_of(cato["goodput"]), mean_of(ray["goodput"])
     ratio = u_c / u_r if u_r > 0 else math.nan
+    bound = 1.0 / u_r if u_r > 0 else math.inf  # utilization is at most 1: no scaler beats this ratio
     return [
         Target(
             "cato-sla's mean utilization / queue-length's",
-            f"{ratio:.3f} ({u_c:.3f} vs {u_r:.3f})",
+            f"{ratio:.3f} ({u_c:.3f} vs {u_r:.3f}; at most 1/{u_r:.3f} = {bound:.2f} for any scaler)",
             "≥ 1.41",
             ratio >= 1.41,
         ),
