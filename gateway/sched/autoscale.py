@@ -7,7 +7,7 @@ scaler that plans up to the minimum itself does not start it twice):
 
 - `ScaleOut`: clipped to `max_instances − serving` (serving = starting + ready; draining instances do
   not count) and to the free devices; refused within `scale_out_cooldown_s` of the model's last
-  scale-out; a count < 1 after clipping is refused;
+  scale-out (but the runner's own top-up to the minimum); a count < 1 after clipping is refused;
 - `ScaleIn`: only a ready instance (never a starting one: scale-in is by draining only), refused when it
   would take the model below `min_instances`, or within `scale_in_cooldown_s` of the model's last
   scale-out or scale-in (capacity just added is not taken away on the next reading);
@@ -166,15 +166,19 @@ class AutoscaleRunner:
             short = mv.min_instances - rnd.serving[m]
             if short > 0:
                 top_up.append(ScaleOut(m, _default_class(mv), short, None, "min_instances"))
-        return out + self._check(rnd, top_up)
+        return out + self._check(rnd, top_up, minimum=True)
 
     def take_records(self) -> list[DecisionRecord]:
         out, self._records = self._records, []
         return out
 
     # ----------------------------------------------------------------- the rules
-    def _check(self, rnd: _Round, proposed: Sequence[object]) -> list[ScaleDecision]:
-        """The rules, decision by decision (`proposed` is typed loosely: a plugin may return anything)."""
+    def _check(
+        self, rnd: _Round, proposed: Sequence[object], *, minimum: bool = False
+    ) -> list[ScaleDecision]:
+        """The rules, decision by decision (`proposed` is typed loosely: a plugin may return anything).
+        With `minimum` (the runner's own top-up to `min_instances`) the scale-out cool-down does not
+        apply."""
         s = self.settings
         view = rnd.view
         now = view.now
@@ -195,7 +199,7 @@ class AutoscaleRunner:
                     self._refuse(now, d, "fault", "unknown model" if mv is None else "count must be ≥ 1")
                     continue
                 b = s.bounds_of(d.model)
-                if now - last_out.get(d.model, -math.inf) < s.scale_out_cooldown_s:
+                if not minimum and now - last_out.get(d.model, -math.inf) < s.scale_out_cooldown_s:
                     self._refuse(now, d, "refused", "scale_out_cooldown")
                     continue
                 devs = _devices(mv, d.config)
