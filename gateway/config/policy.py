@@ -27,6 +27,18 @@ name = "chat"                     # steps, on_infeasible (reject | hold | best-e
 [[slo.rules]]                     # class + model / path / stream / max_tokens_min|max /
 class = "chat"                    # prompt_chars_min|max / body = {field = value}
 [tasks]                           # idle_expiry_s, max_tasks, learn_allotments, learn_min_samples
+[autoscale]                       # absent: no autoscaling; plugins chiron, cato-sla, aladdin-workers,
+plugin = "chiron"                 # utilization-band, queue-length
+params = {}
+dry_run = false                   # decide and record, act on nothing (turn it on first)
+interval_s = 5                    # between two autoscale rounds
+scale_out_cooldown_s = 0          # after a model's scale-out, before its next one
+scale_in_cooldown_s = 60          # after a model's scale-out or scale-in, before its next scale-in
+reclass_cooldown_s = 30           # after an instance's re-class, before its next one
+min_instances = 0                 # every model's bounds, unless its own table says otherwise
+max_instances = 8                 # absent: bounded by the devices only
+[autoscale.models.code-a]         # per model (the served name): min_instances, max_instances
+min_instances = 1
 ```
 `placement.lookahead` lets that many requests behind one that fits nowhere be placed before it.
 Where each kind of plugin sits in the file, whether it is one or a list, required or optional, and the
@@ -67,7 +79,8 @@ from gateway.core.strict_toml import (
     read_toml,
     validation_error,
 )
-from gateway.core.types import ApiKind
+from gateway.core.types import ApiKind, ModelName
+from gateway.sched.autoscale import UNBOUNDED, Autoscale, AutoscaleSettings, ModelBounds
 from gateway.sched.interfaces import (
     Admitter,
     ConcurrencyController,
@@ -77,6 +90,7 @@ from gateway.sched.interfaces import (
     Preemptor,
     Scorer,
 )
+from gateway.sched.plugins.autoscale.interface import Scaler
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
 from gateway.sched.registry import BuildContext, PluginKind, PluginRegistry
 
@@ -159,6 +173,28 @@ class TasksSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     learn_min_samples: Annotated[int, Meta(ge=1)] = 20
 
 
+class AutoscaleModelSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    min_instances: Annotated[int, Meta(ge=0, le=100_000)] | None = None  # None: the [autoscale] default
+    max_instances: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+
+
+class AutoscaleSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[autoscale]: the `Scaler` plugin and the rules its runner enforces (gateway.sched.autoscale).
+    Per-model bounds live here rather than in models.toml: they are the operator's policy (hot-reloaded,
+    tried with dry_run first), not a property of the model the agents share."""
+
+    plugin: str
+    params: dict[str, Any] = {}
+    dry_run: bool = False
+    interval_s: Annotated[float, Meta(gt=0, le=3600)] = 5.0
+    scale_out_cooldown_s: Annotated[float, Meta(ge=0, le=86_400)] = 0.0
+    scale_in_cooldown_s: Annotated[float, Meta(ge=0, le=86_400)] = 60.0
+    reclass_cooldown_s: Annotated[float, Meta(ge=0, le=86_400)] = 30.0
+    min_instances: Annotated[int, Meta(ge=0, le=100_000)] = 0
+    max_instances: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+    models: dict[str, AutoscaleModelSection] = {}
+
+
 class PolicyFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """A policy file exactly as written."""
 
@@ -171,6 +207,7 @@ class PolicyFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     concurrency: PluginRef | None = None  # None: every endpoint's configured cap (static)
     slo: SloSection = SloSection()
     tasks: TasksSection = TasksSection()
+    autoscale: AutoscaleSection | None = None  # None: no autoscaling
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,10 +231,11 @@ SLOTS: Final[tuple[Slot, ...]] = (
     Slot(PluginKind.ADMITTER, "admission", many=False, required=False, protocol=Admitter),
     Slot(PluginKind.PREEMPTOR, "preemption", many=False, required=False, protocol=Preemptor),
     Slot(PluginKind.CONCURRENCY, "concurrency", many=False, required=False, protocol=ConcurrencyController),
+    Slot(PluginKind.SCALER, "autoscale", many=False, required=False, protocol=Scaler),
 )
 
 #: What a policy file's plugins built to, by kind: (the file's reference, the plugin) in file order.
-Built = dict[PluginKind, list[tuple[PluginRef | ScorerRef, Any]]]
+Built = dict[PluginKind, list[tuple[PluginRef | ScorerRef | AutoscaleSection, Any]]]
 
 
 def load_policy(path: str | Path, registry: PluginRegistry, *, seed: int | None = None) -> Policy:
@@ -259,6 +297,8 @@ def policy_problems(
     problems += slo_errors
     built, plugin_errors = plugin_problems(pf, registry, BuildContext(seed=seed, slo=slo))
     problems += plugin_errors
+    settings, autoscale_errors = autoscale_settings(pf.autoscale)
+    problems += autoscale_errors
     if problems:
         return None, [e.within(file=file) for e in problems]
     scorers = tuple(WeightedScorer(p, _weight(ref)) for ref, p in built[PluginKind.SCORER])
@@ -276,8 +316,50 @@ def policy_problems(
         lookahead=pf.placement.lookahead,
         preemptor=_one(built, PluginKind.PREEMPTOR),
         concurrency=_one(built, PluginKind.CONCURRENCY),
+        autoscale=None if settings is None else Autoscale(_one(built, PluginKind.SCALER), settings),
     )
     return policy, []
+
+
+def autoscale_settings(sec: AutoscaleSection | None) -> tuple[AutoscaleSettings | None, list[ConfigError]]:
+    """The runner's settings from `[autoscale]` (None when absent), and the bounds' problems."""
+    if sec is None:
+        return None, []
+    problems: list[ConfigError] = []
+    default = ModelBounds(sec.min_instances, UNBOUNDED if sec.max_instances is None else sec.max_instances)
+    if default.min_instances > default.max_instances:
+        problems.append(
+            ConfigError(
+                f"must not be below min_instances ({default.min_instances})", path="autoscale.max_instances"
+            )
+        )
+    bounds: dict[ModelName, ModelBounds] = {}
+    for name, m in sec.models.items():
+        where = join_path("autoscale.models", [name])
+        if not name.strip():
+            problems.append(ConfigError("a model name must not be empty", path=where))
+            continue
+        b = ModelBounds(
+            default.min_instances if m.min_instances is None else m.min_instances,
+            default.max_instances if m.max_instances is None else m.max_instances,
+        )
+        if b.min_instances > b.max_instances:
+            problems.append(
+                ConfigError(
+                    f"must not be below min_instances ({b.min_instances})", path=f"{where}.max_instances"
+                )
+            )
+        bounds[ModelName(name)] = b
+    settings = AutoscaleSettings(
+        interval_s=sec.interval_s,
+        scale_out_cooldown_s=sec.scale_out_cooldown_s,
+        scale_in_cooldown_s=sec.scale_in_cooldown_s,
+        reclass_cooldown_s=sec.reclass_cooldown_s,
+        dry_run=sec.dry_run,
+        default_bounds=default,
+        bounds=bounds,
+    )
+    return settings, problems
 
 
 def build_plugins(pf: PolicyFile, registry: PluginRegistry, ctx: BuildContext) -> Built:
@@ -323,7 +405,7 @@ def _one(built: Built, kind: PluginKind) -> Any:
     return items[0][1] if items else None
 
 
-def _weight(ref: PluginRef | ScorerRef) -> float:
+def _weight(ref: PluginRef | ScorerRef | AutoscaleSection) -> float:
     # Every [[placement.scorers]] item decodes to a ScorerRef; no other slot holds scorers.
     if not isinstance(ref, ScorerRef):
         raise TypeError(f"a scorer without a weight: {ref!r}")
@@ -455,7 +537,11 @@ def is_policy_table(raw: dict[str, Any]) -> bool:
 
 
 def _build(
-    registry: PluginRegistry, slot: Slot, ref: PluginRef | ScorerRef, path: str, ctx: BuildContext
+    registry: PluginRegistry,
+    slot: Slot,
+    ref: PluginRef | ScorerRef | AutoscaleSection,
+    path: str,
+    ctx: BuildContext,
 ) -> Any:
     kind = slot.kind
     spec = registry.spec(kind, ref.plugin)

@@ -17,6 +17,15 @@ in progress (which ends in ready or failed: the agent's answer, or the load dead
 which ends in a plan or, at the load deadline, in `LoadFailed` (llama-swap #946 wedged a model on a
 request that saw "stopping" and waited for a load nobody started).
 
+Scaling (`scale_out`, `scale_in`, `reclass`; decided by a `Scaler` through the autoscale runner,
+`gateway.sched.autoscale`): a model may run many instances, each of an instance class (interactive,
+mixed, batch) and an optional configuration. A scale-out places on free room only (it never evicts; the
+runner has already clipped it to the free devices, and what does not fit now is dropped, counted by the
+caller from the `StartInstance` actions returned); a scale-in drains a ready instance (it leaves the
+endpoint set, its in-flight requests finish up to the drain timeout, then it stops with reason
+`scaled_in`); a reclass changes a ready instance's class in place (`ReclassEndpoint`: the executor
+re-registers its endpoint with the new class). Instances started on a cold request are `mixed`.
+
 Eviction: when no node has room, the node's evictable instances (ready, no request in flight, idle for
 `min_idle_s`, loaded at least `churn_guard_s` ago, not pinned) are ranked by the `Evictor` plugin and taken
 highest first until the model fits; victims not needed for the fit are put back. Victims drain first.
@@ -24,12 +33,14 @@ highest first until the model fits; victims not needed for the fit are put back.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gateway.core.types import ModelName
+from gateway.core.types import InstanceClass, ModelName
+from gateway.sched.plugins.autoscale.interface import InstanceConfig
 from gateway.sched.plugins.eviction.interface import (
     EvictionCandidate,
     EvictionContext,
@@ -76,6 +87,15 @@ class ModelSpec:
     memory_bytes: int  # per device
     devices: int = 1  # tensor parallel
     load_s: float = 30.0  # expected load time until one is measured
+    # The instance configurations a scale-out may ask for (models.toml); each overrides `devices` (the
+    # memory per device stays `memory_bytes`). Empty: the one default configuration.
+    configs: tuple[InstanceConfig, ...] = ()
+
+    def devices_of(self, config: str | None) -> int | None:
+        """Devices an instance of configuration `config` takes (None: no such configuration)."""
+        if config is None:
+            return self.devices
+        return next((c.devices for c in self.configs if c.name == config), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +148,9 @@ class Instance:
     victims: frozenset[str] = frozenset()  # pending: the instances that must stop first
     drain_deadline: float | None = None
     changed_at: float = 0.0
+    instance_class: InstanceClass = InstanceClass.MIXED
+    config: str | None = None  # its configuration (ModelSpec.configs); None: the default
+    stop_reason: str = "evicted"  # why a draining instance will be stopped ("evicted" | "scaled_in")
 
 
 # ----------------------------------------------------------------------------- actions
@@ -137,6 +160,9 @@ class StartInstance:
     model: ModelName
     node: str
     devices: tuple[str, ...]
+    instance_class: InstanceClass = InstanceClass.MIXED
+    config: str | None = None  # the configuration for the agent to start; None: the model's default
+    reason: str = "cold_start"  # "cold_start" | the scaler's reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +176,15 @@ class StopInstance:
 @dataclass(frozen=True, slots=True)
 class JoinEndpoint:
     instance: str
+    instance_class: InstanceClass = InstanceClass.MIXED  # the class its endpoint is registered with
+
+
+@dataclass(frozen=True, slots=True)
+class ReclassEndpoint:
+    """Re-register the (ready, joined) instance's endpoint with a new class."""
+
+    instance: str
+    instance_class: InstanceClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +198,7 @@ class LoadFailed:
     reason: str
 
 
-Action = StartInstance | StopInstance | JoinEndpoint | LeaveEndpoint | LoadFailed
+Action = StartInstance | StopInstance | JoinEndpoint | LeaveEndpoint | LoadFailed | ReclassEndpoint
 
 
 def fit_devices(
@@ -275,7 +310,7 @@ class Lifecycle:
             inst.last_used = max(inst.last_used, now)
         inst.inflight = inflight
         if inst.state is InstanceState.DRAINING and inflight == 0:
-            return [self._stop(inst, now, "evicted")]
+            return [self._stop(inst, now, inst.stop_reason)]
         return []
 
     def finished(self, iid: str, now: float) -> list[Action]:
@@ -285,7 +320,7 @@ class Lifecycle:
         inst.inflight = max(0, inst.inflight - 1)
         inst.last_used = max(inst.last_used, now)
         if inst.state is InstanceState.DRAINING and inst.inflight == 0:
-            return [self._stop(inst, now, "evicted")]
+            return [self._stop(inst, now, inst.stop_reason)]
         return []
 
     def started(self, iid: str, *, url: str, load_s: float | None, now: float) -> list[Action]:
@@ -300,7 +335,7 @@ class Lifecycle:
         if load_s is not None:
             inst.load_s = load_s
         self._wanted.pop(inst.model, None)
-        return [JoinEndpoint(iid), *self._plan(now)]
+        return [JoinEndpoint(iid, inst.instance_class), *self._plan(now)]
 
     def start_failed(self, iid: str, reason: str, now: float) -> list[Action]:
         """The agent's start failed (or timed out): the model's waiting requests fail with `reason`."""
@@ -310,7 +345,7 @@ class Lifecycle:
         self._set(inst, InstanceState.FAILED, now)
         inst.reason = reason
         self._wanted.pop(inst.model, None)
-        return [LoadFailed(inst.model, reason), *self._plan(now)]
+        return [*self._load_failed(inst, reason), *self._plan(now)]
 
     def stopped(self, iid: str, now: float) -> list[Action]:
         inst = self._instances.get(iid)
@@ -370,7 +405,64 @@ class Lifecycle:
         )
         self._instances[iid] = inst
         self._wanted.pop(model, None)
-        return [JoinEndpoint(iid)]
+        return [JoinEndpoint(iid, inst.instance_class)]
+
+    def scale_out(
+        self,
+        model: ModelName,
+        now: float,
+        *,
+        instance_class: InstanceClass = InstanceClass.MIXED,
+        config: str | None = None,
+        count: int = 1,
+        reason: str = "scale_out",
+    ) -> list[Action]:
+        """Start up to `count` more instances of `model` on free room (never by eviction; one load per
+        device). Returns a `StartInstance` per instance placed: fewer than `count` when room ran out.
+        An unknown model or configuration places nothing."""
+        spec = self._models.get(model)
+        if spec is None:
+            return []
+        devices = spec.devices_of(config)
+        if devices is None:
+            return []
+        sized = dataclasses.replace(spec, devices=devices)
+        out: list[Action] = []
+        for _ in range(max(0, count)):
+            best = self._best_fit(sized)
+            if best is None:
+                break
+            inst = self._add(sized, best[0].name, best[1], InstanceState.STARTING, now)
+            inst.instance_class = instance_class
+            inst.config = config
+            out.append(StartInstance(inst.id, model, inst.node, inst.devices, instance_class, config, reason))
+        if out:
+            self._wanted.pop(model, None)
+        return out
+
+    def scale_in(self, iid: str, now: float, *, reason: str = "scaled_in") -> list[Action]:
+        """Retire a ready instance by draining it: it leaves the endpoint set now and stops (reason
+        `scaled_in`) once its last request ends, or at the drain timeout. Anything not ready: nothing."""
+        inst = self._instances.get(iid)
+        if inst is None or inst.state is not InstanceState.READY:
+            return []
+        self._set(inst, InstanceState.DRAINING, now)
+        inst.drain_deadline = now + self.settings.drain_timeout_s
+        inst.reason = reason
+        inst.stop_reason = "scaled_in"
+        out: list[Action] = [LeaveEndpoint(iid)]
+        if inst.inflight == 0:
+            out.append(self._stop(inst, now, "scaled_in"))
+        return out
+
+    def reclass(self, iid: str, instance_class: InstanceClass, now: float) -> list[Action]:
+        """Change a ready instance's class in place; anything not ready, or of that class: nothing."""
+        inst = self._instances.get(iid)
+        if inst is None or inst.state is not InstanceState.READY or inst.instance_class == instance_class:
+            return []
+        inst.instance_class = instance_class
+        inst.changed_at = now
+        return [ReclassEndpoint(iid, instance_class)]
 
     def tick(self, now: float) -> list[Action]:
         """Drain timeouts, load deadlines, and another planning round (room may have appeared)."""
@@ -382,7 +474,7 @@ class Lifecycle:
                 and inst.drain_deadline is not None
                 and now >= inst.drain_deadline
             ):
-                out.append(self._stop(inst, now, "evicted"))
+                out.append(self._stop(inst, now, inst.stop_reason))
             elif inst.state is InstanceState.STARTING and now - inst.changed_at > s.load_deadline_s:
                 # The agent's answer never came (its call has a timeout of its own): fail the load here
                 # so no request waits on it, and stop whatever it left.
@@ -390,7 +482,7 @@ class Lifecycle:
                 self._set(inst, InstanceState.STOPPING, now)
                 inst.reason = reason
                 self._wanted.pop(inst.model, None)
-                out += [LoadFailed(inst.model, reason), StopInstance(inst.id, inst.node, "load_deadline")]
+                out += [*self._load_failed(inst, reason), StopInstance(inst.id, inst.node, "load_deadline")]
         for model, since in list(self._wanted.items()):
             if now - since > s.load_deadline_s:
                 del self._wanted[model]
@@ -402,6 +494,15 @@ class Lifecycle:
         return out + self._plan(now)
 
     # ----------------------------------------------------------------- planning
+    def _load_failed(self, inst: Instance, reason: str) -> list[Action]:
+        """A failed load fails the model's waiting requests only when nothing else serves or will serve
+        the model (a scale-out's failed start leaves the queue to the instances that run)."""
+        if any(
+            i.model == inst.model and i.id != inst.id and i.state in SERVING for i in self._instances.values()
+        ):
+            return []
+        return [LoadFailed(inst.model, reason)]
+
     def _set(self, inst: Instance, state: InstanceState, now: float) -> None:
         inst.state = state
         inst.changed_at = now
@@ -455,16 +556,7 @@ class Lifecycle:
         if never is not None:
             del self._wanted[spec.name]
             return [LoadFailed(spec.name, never)]
-        insts = list(self._instances.values())
-        best: tuple[NodeSpec, tuple[str, ...]] | None = None
-        best_free = 0
-        for node in self._eligible_nodes(spec):
-            devs = fit_devices(node, insts, spec)
-            if devs is None:
-                continue
-            free = self._free_bytes(node, insts)
-            if best is None or free < best_free:  # the fullest node that fits: keep big holes for big models
-                best, best_free = (node, devs), free
+        best = self._best_fit(spec)
         if best is not None:
             del self._wanted[spec.name]
             inst = self._add(spec, best[0].name, best[1], InstanceState.STARTING, now)
@@ -486,6 +578,25 @@ class Lifecycle:
         inst = self._add(spec, node.name, devs, InstanceState.PENDING, now)
         inst.victims = frozenset(victims)
         return out
+
+    def _best_fit(self, spec: ModelSpec) -> tuple[NodeSpec, tuple[str, ...]] | None:
+        """The fullest node (and its devices) where `spec` fits now without evicting, or None."""
+        insts = list(self._instances.values())
+        best: tuple[NodeSpec, tuple[str, ...]] | None = None
+        best_free = 0
+        for node in self._eligible_nodes(spec):
+            devs = fit_devices(node, insts, spec)
+            if devs is None:
+                continue
+            free = self._free_bytes(node, insts)
+            if best is None or free < best_free:  # the fullest node that fits: keep big holes for big models
+                best, best_free = (node, devs), free
+        return best
+
+    def free_devices(self) -> int:
+        """Devices no instance holds or reserves, over every node."""
+        taken = {(i.node, d) for i in self._instances.values() if i.state in HOLDS_MEMORY for d in i.devices}
+        return sum(1 for n in self._nodes.values() for d in n.devices if (n.name, d.name) not in taken)
 
     def _free_bytes(self, node: NodeSpec, insts: Sequence[Instance]) -> int:
         used = sum(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from gateway.core.slo import SloPolicy, default_slo_policy
 from gateway.core.types import EndpointHealth, EndpointId, ModelName
+from gateway.sched.autoscale import Autoscale
 from gateway.sched.interfaces import (
     Admitter,
     ConcurrencyController,
@@ -155,6 +156,9 @@ class Policy:
     preemptor: Preemptor | None = None
     # Sets each endpoint's concurrency cap; None: the configured caps (static).
     concurrency: ConcurrencyController | None = None
+    # The global autoscaler and its runner's settings; None: no autoscaling (the lifecycle's cold starts
+    # and evictions only).
+    autoscale: Autoscale | None = None
     # The ordering's `engine_priority` method when it has one (`EnginePriority`): resolved once here.
     _engine_priority: Callable[[SchedRequest, FleetSnapshot], int | None] | None = field(
         init=False, repr=False, compare=False

@@ -29,6 +29,7 @@ class PluginKind(enum.StrEnum):
     EVICTOR = "evictor"
     PREEMPTOR = "preemptor"
     CONCURRENCY = "concurrency"
+    SCALER = "scaler"
 
 
 class NoParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

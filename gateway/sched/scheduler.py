@@ -389,6 +389,10 @@ class Scheduler:
     def endpoint_view(self, eid: EndpointId) -> EndpointView | None:
         return self._fleet.view(eid, self._clock.now(), self._limits.stale_after_s)
 
+    def queued(self, model: ModelName) -> list[SchedRequest]:
+        """The requests of `model` waiting in the gateway queue, in queue order (the autoscaler's view)."""
+        return [item.req for item in self._queues.get(model) or ()]
+
     def queued_by_class(self) -> dict[ModelName, dict[str, int]]:
         """Queued requests per model and SLO class (for the admin API; walks every queue)."""
         return self._queues.by_class()

@@ -1,14 +1,21 @@
 """Model lifecycle in the fleet simulator: the gateway's own state machine (`gateway.lifecycle.instances`,
-with its `Evictor` plugin) driving simulated node agents on the virtual clock.
+with its `Evictor` plugin, and the policy's autoscaler through `gateway.lifecycle.scaling.ScaleLoop`)
+driving simulated node agents on the virtual clock.
 
 The agent's behaviour is simulated: a start takes the model's load time (memory admission and one load
 per device are the state machine's, as the real agent also enforces them), a stop takes `stop_s` (drain
-already done by the gateway; SIGTERM, exit, memory seen free). Each model has one simulated engine (its
-endpoint in the fleet file, `id` = the model name); it is in the scheduler's endpoint set only while an
-instance of the model is ready, exactly as the live manager adds and removes agent-started endpoints.
+already done by the gateway; SIGTERM, exit, memory seen free). Every instance is its own simulated engine
+(the fleet file's endpoint for its model is the template: profile, seats, KV cache) and its own endpoint
+(id = the instance id, class = the instance's class), in the scheduler's endpoint set while the instance
+is ready, exactly as the live manager adds and removes agent-started endpoints. A draining instance's
+in-flight count is its engine's (the scheduler forgets what ran on an endpoint that left the set); an
+instance stopped with requests still running (the drain timeout) loses them: their clients get an error,
+as when a real engine is stopped.
 
-Counted: loads and load seconds, stops by reason (evictions), model hit rate (requests whose model had a
-ready instance when they arrived), and the waits from a model's first cold request to its instance joining.
+Counted: loads and load seconds, stops by reason (evictions, scale-ins), model hit rate (requests whose
+model had a ready instance when they arrived), the waits from a model's first cold request to its
+instance joining, device-seconds (each instance's devices from its start, loading included, to its stop
+or the end of the run), and the autoscaler's decisions and counters (hysteresis).
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.core import errors
-from gateway.core.types import EndpointHealth, EndpointId, ModelName
+from gateway.core.slo import SloKind
+from gateway.core.types import EndpointHealth, EndpointId, InstanceClass, ModelName
 from gateway.lifecycle.instances import (
     Action,
     Demand,
@@ -31,11 +39,15 @@ from gateway.lifecycle.instances import (
     LoadFailed,
     ModelSpec,
     NodeSpec,
+    ReclassEndpoint,
     StartInstance,
     StopInstance,
 )
+from gateway.lifecycle.scaling import ScaleLoop
+from gateway.sched.autoscale import DecisionRecord
 from gateway.sched.decisions import Decision
 from gateway.sched.plugins import default_registry
+from gateway.sched.plugins.autoscale.interface import FinishedCall, Reclass, ScaleIn, ScaleOut
 from gateway.sched.plugins.eviction.interface import Evictor
 from gateway.sched.registry import PluginKind
 from gateway.sched.request import SchedRequest
@@ -47,6 +59,15 @@ OUTPUT_EWMA_ALPHA = 0.1
 
 
 @dataclass(frozen=True, slots=True)
+class InitialInstances:
+    """Instances running when the simulation starts (loaded before it: ready at t = 0)."""
+
+    model: ModelName
+    count: int
+    instance_class: InstanceClass = InstanceClass.MIXED
+
+
+@dataclass(frozen=True, slots=True)
 class LifecycleOptions:
     models: tuple[ModelSpec, ...]  # load_s: the simulated agent's load time
     nodes: tuple[NodeSpec, ...]
@@ -54,6 +75,7 @@ class LifecycleOptions:
     evictor_params: Mapping[str, Any] = field(default_factory=dict)
     settings: LifecycleSettings = field(default_factory=LifecycleSettings)
     stop_s: float = 2.0
+    initial: tuple[InitialInstances, ...] = ()
 
 
 @dataclass(slots=True)
@@ -64,7 +86,12 @@ class LifecycleStats:
     hits: int = 0
     misses: int = 0
     load_failures: int = 0
+    lost_requests: int = 0  # in flight on an instance when it stopped
     cold_waits: list[float] = field(default_factory=list)
+    device_s: float = 0.0  # closed intervals; open ones are added by `SimLifecycle.close`
+    peak_devices: int = 0
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    autoscale: dict[str, Any] | None = None
 
     def document(self) -> dict[str, Any]:
         n = self.hits + self.misses
@@ -75,9 +102,14 @@ class LifecycleStats:
             "stops": dict(sorted(self.stops.items())),
             "hit_rate": round(self.hits / n, 6) if n else None,
             "load_failures": self.load_failures,
+            "lost_requests": self.lost_requests,
             "cold_wait_mean_s": round(sum(self.cold_waits) / len(self.cold_waits), 3)
             if self.cold_waits
             else None,
+            "device_hours": round(self.device_s / 3600.0, 4),
+            "peak_devices": self.peak_devices,
+            "autoscale": self.autoscale,
+            "decisions": self.decisions,
         }
 
 
@@ -85,6 +117,28 @@ def build_evictor(name: str, params: Mapping[str, Any]) -> Evictor:
     ev = default_registry().build(PluginKind.EVICTOR, name, dict(params), path="lifecycle.evictor")
     assert isinstance(ev, Evictor)
     return ev
+
+
+def _record(r: DecisionRecord) -> dict[str, Any]:
+    d = r.decision
+    out: dict[str, Any] = {"t": round(r.at, 3), "outcome": r.outcome, "note": r.note}
+    if isinstance(d, ScaleOut):
+        out |= {"kind": "scale_out", "model": d.model, "class": str(d.instance_class), "count": d.count}
+    elif isinstance(d, ScaleIn):
+        out |= {"kind": "scale_in", "instance": d.instance}
+    elif isinstance(d, Reclass):
+        out |= {"kind": "reclass", "instance": d.instance, "class": str(d.to_class)}
+    out["reason"] = "" if d is None else d.reason
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHooks:
+    """What the lifecycle asks of the simulation's engines."""
+
+    add: Callable[[EndpointId, ModelName], None]  # a started instance's engine comes up
+    remove: Callable[[EndpointId], int]  # ... goes away; returns the requests it lost
+    load: Callable[[EndpointId], int]  # requests an engine holds (running + waiting)
 
 
 class SimLifecycle:
@@ -97,12 +151,14 @@ class SimLifecycle:
         now: Callable[[], float],
         later: Callable[[float, Callable[[], None]], None],
         apply: Callable[[Sequence[Decision]], None],
+        engines: EngineHooks,
     ) -> None:
         self.opts = opts
         self._sched = scheduler
         self._now = now
         self._later = later  # run a callback at a virtual time
         self._apply = apply
+        self._engines = engines
         self._spec_of = {ModelName(next(iter(s.models))): s for s in specs if s.models}
         missing = [m.name for m in opts.models if m.name not in self._spec_of]
         if missing:
@@ -114,16 +170,27 @@ class SimLifecycle:
             settings=opts.settings,
             demand=self._demand,
         )
+        autoscale = scheduler.policy.autoscale
+        self.scaling = None if autoscale is None else ScaleLoop(autoscale, self.core, scheduler)
         self._active: dict[str, EndpointSpec] = {}  # instance id -> its endpoint, while in the set
-        self._eids: dict[EndpointId, str] = {}
+        self._engine_of: dict[str, EndpointId] = {}  # instance id -> its engine, from ready to stop
+        self._started_at: dict[str, tuple[float, int]] = {}  # instance id -> (start, devices)
         self._expected: dict[ModelName, float] = {}
         self._cold_since: dict[ModelName, float] = {}
         self.stats = LifecycleStats()
 
     def install(self) -> None:
-        """An empty endpoint set; every model loadable on demand."""
+        """An empty endpoint set, every model loadable on demand; the initial instances ready."""
         self._apply(self._sched.sync_endpoints([]))
         self._sched.set_loadable(self.core.models(), self.opts.settings.load_deadline_s)
+        now = self._now()
+        for init in self.opts.initial:
+            for a in self.core.scale_out(
+                init.model, now, instance_class=init.instance_class, count=init.count, reason="initial"
+            ):
+                if isinstance(a, StartInstance):
+                    self._start(a)
+                    self._loaded(a, 0.0)
 
     # ----------------------------------------------------------------- events from the simulation
     def before_submit(self, model: ModelName) -> None:
@@ -131,6 +198,8 @@ class SimLifecycle:
             self.stats.hits += 1
         else:
             self.stats.misses += 1
+        if self.scaling is not None:
+            self.scaling.arrived(model, self._now())
 
     def after_submit(self) -> None:
         if not self._sched.cold:
@@ -142,9 +211,7 @@ class SimLifecycle:
             self._do(self.core.request(m, now))
 
     def on_dispatch(self, req: SchedRequest, eid: EndpointId) -> None:
-        iid = self._eids.get(eid)
-        if iid is not None:
-            self.core.touch(iid, self._now())
+        self.core.touch(str(eid), self._now())
         expect = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.max_tokens
         if expect is not None:
             old = self._expected.get(req.model)
@@ -152,9 +219,66 @@ class SimLifecycle:
                 float(expect) if old is None else old + OUTPUT_EWMA_ALPHA * (expect - old)
             )
 
+    def on_finish(
+        self, req: SchedRequest, finished_at: float, ttft_s: float | None, slo_met: bool | None
+    ) -> None:
+        """A request finished (for the autoscaler's violation counts and fits)."""
+        if self.scaling is None:
+            return
+        slo = req.slo
+        kind = self._sched.policy.slo.class_of(slo.slo_class).kind
+        e2e = slo.deadline_ms is not None
+        allotted_ms = slo.deadline_ms if e2e else slo.ttft_ms
+        self.scaling.finished(
+            req.model,
+            FinishedCall(
+                kind=SloKind(kind),
+                arrival=req.arrival,
+                finished_at=finished_at,
+                allotted_s=None if allotted_ms is None else allotted_ms / 1000.0,
+                took_s=finished_at - req.arrival if e2e else ttft_s,
+                slo_met=slo_met,
+            ),
+        )
+
     def tick(self) -> None:
         self._sync_inflight()
-        self._do(self.core.tick(self._now()))
+        now = self._now()
+        self._do(self.core.tick(now))
+        if self.scaling is not None:
+            joined = {iid: EndpointId(iid) for iid in self._active}
+            self._do(self.scaling.step(now, joined))
+            for r in self.scaling.runner.take_records():
+                self.stats.decisions.append(_record(r))
+
+    def close(self, *, at: float) -> None:
+        """The run ended at `at` (its last request's end): account the devices of the instances still
+        holding them until then, and the autoscaler's counters."""
+        now = at
+        for start, devices in self._started_at.values():
+            self.stats.device_s += devices * max(0.0, now - start)
+        self._started_at.clear()
+        if self.scaling is not None:
+            c = self.scaling.runner.counters
+            self.stats.autoscale = {
+                "scaler": self.scaling.runner.scaler.name,
+                "started": c.started,
+                "retired": c.retired,
+                "reclassed": c.reclassed,
+                "refused": c.refused,
+                "faults": c.faults,
+                "actions": c.actions,
+                "hysteresis": None if c.hysteresis is None else round(c.hysteresis, 4),
+            }
+
+    def devices_in_use(self) -> int:
+        return sum(d for _, d in self._started_at.values())
+
+    def instances_by_class(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for spec in self._active.values():
+            out[str(spec.instance_class)] = out.get(str(spec.instance_class), 0) + 1
+        return out
 
     # ----------------------------------------------------------------- internals
     def _demand(self) -> Demand:
@@ -164,49 +288,70 @@ class SimLifecycle:
 
     def _sync_inflight(self) -> None:
         now = self._now()
-        for eid, iid in list(self._eids.items()):
-            self._do(self.core.observe_inflight(iid, self._sched.inflight_on(eid), now))
+        for iid, eid in list(self._engine_of.items()):
+            # The engine's own count: the scheduler forgets what ran on an endpoint that left the set.
+            n = max(self._sched.inflight_on(eid), self._engines.load(eid))
+            self._do(self.core.observe_inflight(iid, n, now))
 
     def _do(self, actions: Sequence[Action]) -> None:
         for a in actions:
             if isinstance(a, StartInstance):
+                self._start(a)
                 load_s = self.core.models()[a.model].load_s
-                self.stats.loads += 1
-                self.stats.load_s += load_s
                 self._later(load_s, functools.partial(self._loaded, a, load_s))
             elif isinstance(a, StopInstance):
                 self.stats.stops[a.reason] = self.stats.stops.get(a.reason, 0) + 1
                 self._later(self.opts.stop_s, functools.partial(self._stopped, a.instance))
             elif isinstance(a, JoinEndpoint):
-                self._join(a.instance)
+                self._join(a.instance, a.instance_class)
             elif isinstance(a, LeaveEndpoint):
                 if self._active.pop(a.instance, None) is not None:
+                    self._apply(self._sched.sync_endpoints(list(self._active.values())))
+            elif isinstance(a, ReclassEndpoint):
+                spec = self._active.get(a.instance)
+                if spec is not None:
+                    self._active[a.instance] = dataclasses.replace(spec, instance_class=a.instance_class)
                     self._apply(self._sched.sync_endpoints(list(self._active.values())))
             elif isinstance(a, LoadFailed):
                 self.stats.load_failures += 1
                 self._cold_since.pop(a.model, None)
                 self._apply(self._sched.fail_model(a.model, errors.model_load_failed(a.model, a.reason, 1.0)))
 
+    def _start(self, a: StartInstance) -> None:
+        load_s = self.core.models()[a.model].load_s
+        self.stats.loads += 1
+        self.stats.load_s += load_s
+        self._started_at[a.instance] = (self._now(), len(a.devices))
+        self.stats.peak_devices = max(self.stats.peak_devices, self.devices_in_use())
+
     def _stopped(self, iid: str) -> None:
-        self._do(self.core.stopped(iid, self._now()))
+        now = self._now()
+        eid = self._engine_of.pop(iid, None)
+        if eid is not None:
+            self.stats.lost_requests += self._engines.remove(eid)
+        started = self._started_at.pop(iid, None)
+        if started is not None:
+            self.stats.device_s += started[1] * max(0.0, now - started[0])
+        self._do(self.core.stopped(iid, now))
 
     def _loaded(self, a: StartInstance, load_s: float) -> None:
         self._do(
             self.core.started(a.instance, url=f"http://{a.instance}.sim", load_s=load_s, now=self._now())
         )
 
-    def _join(self, iid: str) -> None:
+    def _join(self, iid: str, instance_class: InstanceClass) -> None:
         inst = self.core.get(iid)
         assert inst is not None
-        spec = self._spec_of[inst.model]
-        # One simulated engine per model: a later instance of the model reuses its endpoint id.
-        for other, s in list(self._active.items()):
-            if s.id == spec.id:
-                del self._active[other]
-        self._active[iid] = dataclasses.replace(spec, node=inst.node)
-        self._eids[spec.id] = iid
+        template = self._spec_of[inst.model]
+        eid = EndpointId(iid)
+        self._active[iid] = dataclasses.replace(
+            template, id=eid, url=f"http://{iid}.sim", instance_class=instance_class, node=inst.node
+        )
+        if iid not in self._engine_of:
+            self._engine_of[iid] = eid
+            self._engines.add(eid, inst.model)
         since = self._cold_since.pop(inst.model, None)
         if since is not None:
             self.stats.cold_waits.append(self._now() - since)
         self._apply(self._sched.sync_endpoints(list(self._active.values())))
-        self._apply(self._sched.set_health(spec.id, EndpointHealth.READY))
+        self._apply(self._sched.set_health(eid, EndpointHealth.READY))

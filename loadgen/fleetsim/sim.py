@@ -44,7 +44,7 @@ from loadgen.client import RequestResult, build_body, build_headers
 from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
 from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
-from loadgen.fleetsim.lifecycle import SimLifecycle
+from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
 from loadgen.fleetsim.options import SimOptions
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, Report, TaskResult, build_report, complete_task
@@ -72,13 +72,14 @@ LEFT_OUT: Final = (
 
 
 class _Endpoint:
-    __slots__ = ("engine", "id", "kv_capacity", "wake_at")
+    __slots__ = ("engine", "id", "kv_capacity", "removed", "wake_at")
 
     def __init__(self, eid: EndpointId, engine: SimEngine) -> None:
         self.id = eid
         self.engine = engine
         self.kv_capacity = float(engine.config.kv_capacity_tokens)
         self.wake_at: float | None = None
+        self.removed = False  # its instance stopped (lifecycle): pending wakes and scrapes are void
 
 
 class _Task:
@@ -131,10 +132,17 @@ class Simulation:
         self.opts = opts
         self.clock = VirtualClock()
         self.gw = SimGateway(opts, self.clock)
-        self.endpoints = [
-            _Endpoint(eid, SimEngine(spec.resolve().engine))
-            for eid, spec in zip(self.gw.ids, opts.fleet, strict=True)
-        ]
+        # With a lifecycle, the fleet's endpoints are templates (one per model): every instance the
+        # lifecycle starts gets an engine of its own, made when it joins (`_add_engine`).
+        self._templates = {ModelName(m): spec for spec in opts.fleet for m in spec.models}
+        self.endpoints = (
+            []
+            if opts.lifecycle is not None
+            else [
+                _Endpoint(eid, SimEngine(spec.resolve().engine))
+                for eid, spec in zip(self.gw.ids, opts.fleet, strict=True)
+            ]
+        )
         self._by_id = {e.id: e for e in self.endpoints}
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
@@ -177,6 +185,7 @@ class Simulation:
                 now=self.clock.now,
                 later=lambda dt, f: self.push(self.clock.t + dt, _LIFE, f),
                 apply=self._apply,
+                engines=EngineHooks(add=self._add_engine, remove=self._remove_engine, load=self._engine_load),
             )
             self.life.install()
         run_opts = RunOptions(
@@ -188,7 +197,11 @@ class Simulation:
             cv=opts.cv,
             seed=opts.seed,
         )
-        schedule = sorted(build_schedule(get_workload(opts.workload), run_opts), key=lambda s: s.at_s)
+        if opts.schedule is None:
+            tasks: Sequence[TaskSpec] = build_schedule(get_workload(opts.workload), run_opts)
+        else:
+            tasks = opts.schedule
+        schedule = sorted(tasks, key=lambda s: s.at_s)
         for spec in schedule:
             self.push(spec.at_s, _ARRIVE, spec)
         self._open_tasks = len(schedule)
@@ -198,7 +211,7 @@ class Simulation:
         self.push(0.0, _SAMPLE)
         interval = self.gw.cfg.scrape.interval_s
         n = len(self.endpoints)
-        for i, ep in enumerate(self.endpoints):
+        for i, ep in enumerate(self.endpoints if self.life is None else ()):  # lifecycle engines: _add_engine
             self.push(interval * i / n, _SCRAPE, ep)
         self.push(self._last_arrival + opts.drain_timeout_s, _DRAIN)
         self._loop()
@@ -218,7 +231,7 @@ class Simulation:
             clock.t = t
             self.events += 1
             if kind == _WAKE:
-                if obj.wake_at == t:  # else a wake that a later step already replaced
+                if obj.wake_at == t and not obj.removed:  # else a wake that a later step already replaced
                     obj.wake_at = None
                     self._step(obj)
             elif kind == _SEND:
@@ -232,6 +245,8 @@ class Simulation:
                 if self._busy():
                     self.push(t + TICK_S, _TICK)
             elif kind == _SCRAPE:
+                if obj.removed:
+                    continue
                 self._scrape(obj)
                 if self._busy():
                     self.push(t + scrape_every, _SCRAPE, obj)
@@ -252,6 +267,47 @@ class Simulation:
                 obj()  # a simulated agent's start or stop ends
             else:  # _DRAIN
                 self._drain()
+
+    # ----------------------------------------------------------------- engines of lifecycle instances
+    def _add_engine(self, eid: EndpointId, model: ModelName) -> None:
+        ep = _Endpoint(eid, SimEngine(self._templates[model].resolve().engine))
+        self.endpoints.append(ep)
+        self._by_id[eid] = ep
+        self.push(self.clock.t + self.gw.cfg.scrape.interval_s, _SCRAPE, ep)
+
+    def _remove_engine(self, eid: EndpointId) -> int:
+        """The instance stopped: its engine goes, and the requests still on it fail (their clients get
+        an error, as when a real engine is stopped under them). Returns how many there were."""
+        ep = self._by_id.pop(eid, None)
+        if ep is None:
+            return 0
+        ep.removed = True
+        self.endpoints.remove(ep)
+        lost = [c for c in self._on_engine.values() if c.endpoint is ep]
+        for call in lost:
+            self._engine_lost(call)
+        return len(lost)
+
+    def _engine_load(self, eid: EndpointId) -> int:
+        ep = self._by_id.get(eid)
+        return 0 if ep is None else ep.engine.num_running + ep.engine.num_waiting
+
+    def _engine_lost(self, call: _Call) -> None:
+        ep = call.endpoint
+        if call.engine_req is not None:
+            if ep is not None:
+                ep.engine.abort(call.engine_req)
+            self._on_engine.pop(call.engine_req, None)
+            call.engine_req = None
+        if call.sreq_id is not None:
+            self._running.pop(call.sreq_id, None)
+            self._record_stream(call)
+            self._apply(self.gw.scheduler.complete(call.sreq_id))
+        err = errors.upstream_status(502, "the engine instance was stopped")
+        call.ctx.fail(err)
+        self.gw.finish(call.ctx)
+        call.result.status = err.status
+        self._client_done(call, ok=False, error="engine_stopped")
 
     def _busy(self) -> bool:
         """Whether anything can still happen (tasks open): periodic events stop once nothing can."""
@@ -546,6 +602,8 @@ class Simulation:
             self._apply(self.gw.scheduler.complete(sreq_id))
             self.gw.finish(ctx)
             self._client_done(call, ok=True)
+            if self.life is not None and ctx.sched is not None:
+                self.life.on_finish(ctx.sched, now, res.ttft_s, res.slo_met)
 
     def _record_stream(self, call: _Call) -> None:
         """What the relay records into the request's context (usage: the engine's counts)."""
@@ -569,10 +627,23 @@ class Simulation:
         sched = self.gw.scheduler
         queued = sum(sched.queue_depths().values())
         caps: dict[str, int] = {}
-        for spec in self.gw.specs:
-            cls = str(spec.instance_class)
-            caps[cls] = caps.get(cls, 0) + (sched.cap_of(spec.id) or 0)
-        self.timeline.add(self.clock.t, busy, running, waiting, queued, caps)
+        for eid in sched.endpoint_ids():
+            view = sched.endpoint_view(eid)
+            if view is not None:
+                cls = str(view.instance_class)
+                caps[cls] = caps.get(cls, 0) + view.cap
+        life = self.life
+        self.timeline.add(
+            self.clock.t,
+            busy,
+            running,
+            waiting,
+            queued,
+            caps,
+            endpoints=len(self.endpoints),
+            devices=None if life is None else life.devices_in_use(),
+            by_class=None if life is None else life.instances_by_class(),
+        )
 
     # ----------------------------------------------------------------- the report
     def _report(self, schedule: Sequence[TaskSpec], wall: float) -> Report:
@@ -610,6 +681,7 @@ class Simulation:
         }
         report.data["fleet"] = self.timeline.summary(len(self.endpoints))
         if self.life is not None:
+            self.life.close(at=end)
             report.data["lifecycle"] = self.life.stats.document()
         return report
 

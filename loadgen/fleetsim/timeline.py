@@ -1,6 +1,9 @@
 """The fleet over time, sampled every few virtual seconds: how many endpoints were busy (running at least
 one request: CATO's utilization), requests running and waiting in the engines, queued in berth, and the
-concurrency caps in force, summed per instance class (they move under an adaptive controller)."""
+concurrency caps in force, summed per instance class (they move under an adaptive controller). With a
+lifecycle the endpoint count moves too: each sample also keeps the endpoints then, the devices held
+(loading instances included) and the ready instances per class, and utilization is busy over the
+endpoints of each sample."""
 
 from __future__ import annotations
 
@@ -9,7 +12,18 @@ from typing import Any
 
 
 class FleetTimeline:
-    __slots__ = ("_busy", "_caps", "_queued", "_running", "_t", "_waiting", "n_endpoints")
+    __slots__ = (
+        "_busy",
+        "_by_class",
+        "_caps",
+        "_devices",
+        "_endpoints",
+        "_queued",
+        "_running",
+        "_t",
+        "_waiting",
+        "n_endpoints",
+    )
 
     def __init__(self, n_endpoints: int) -> None:
         self.n_endpoints = n_endpoints
@@ -19,22 +33,38 @@ class FleetTimeline:
         self._waiting = array("l")
         self._queued = array("l")
         self._caps: dict[str, array[int]] = {}
+        self._endpoints = array("l")
+        self._devices = array("l")
+        self._by_class: dict[str, array[int]] = {}
 
     def __len__(self) -> int:
         return len(self._t)
 
     def add(  # noqa: PLR0917  # one sample's figures, in the order of the summary
-        self, t: float, busy: int, running: int, waiting: int, queued: int, caps: dict[str, int] | None = None
+        self,
+        t: float,
+        busy: int,
+        running: int,
+        waiting: int,
+        queued: int,
+        caps: dict[str, int] | None = None,
+        *,
+        endpoints: int | None = None,
+        devices: int | None = None,
+        by_class: dict[str, int] | None = None,
     ) -> None:
         n = len(self._t)
-        for cls, cap in (caps or {}).items():
-            series = self._caps.get(cls)
-            if series is None:
-                series = self._caps[cls] = array("l", [0] * n)
-            series.append(cap)
-        for series in self._caps.values():
-            if len(series) == n:  # a class without a figure this time
-                series.append(0)
+        for table, figures in ((self._caps, caps), (self._by_class, by_class)):
+            for cls, v in (figures or {}).items():
+                series = table.get(cls)
+                if series is None:
+                    series = table[cls] = array("l", [0] * n)
+                series.append(v)
+            for series in table.values():
+                if len(series) == n:  # a class without a figure this time
+                    series.append(0)
+        self._endpoints.append(self.n_endpoints if endpoints is None else endpoints)
+        self._devices.append(0 if devices is None else devices)
         self._t.append(t)
         self._busy.append(busy)
         self._running.append(running)
@@ -43,9 +73,10 @@ class FleetTimeline:
 
     def utilization(self) -> float | None:
         """The mean share of endpoints busy over the samples."""
-        if not self._t or not self.n_endpoints:
+        total = sum(self._endpoints)
+        if not self._t or not total:
             return None
-        return sum(self._busy) / (len(self._busy) * self.n_endpoints)
+        return sum(self._busy) / total
 
     def summary(self, n_endpoints: int) -> dict[str, Any]:
         util = self.utilization()
@@ -60,5 +91,8 @@ class FleetTimeline:
                 "engine_waiting": list(self._waiting),
                 "gateway_queued": list(self._queued),
                 "caps_by_class": {cls: list(v) for cls, v in self._caps.items()},
+                "endpoints": list(self._endpoints),
+                "devices": list(self._devices),
+                "instances_by_class": {cls: list(v) for cls, v in self._by_class.items()},
             },
         }

@@ -127,7 +127,7 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
         pytest.param(
             'nmae = "x"\n' + HEAD + '[placement]\npicker = { plugin = "max-score" }\n',
             "p.toml:nmae: unknown key (known: name, description, ordering, placement, admission, preemption, "
-            "concurrency, slo, tasks)",
+            "concurrency, slo, tasks, autoscale)",
             id="unknown-top-level-key",
         ),
         pytest.param(

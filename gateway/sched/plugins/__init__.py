@@ -5,6 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.sched.plugins.admission import admit_all, slo_feasibility
+from gateway.sched.plugins.autoscale import (
+    aladdin_workers,
+    cato_sla,
+    queue_length,
+    utilization_band,
+)
+from gateway.sched.plugins.autoscale import chiron as chiron_scaler
 from gateway.sched.plugins.concurrency import chiron, static
 from gateway.sched.plugins.eviction import cace, lru
 from gateway.sched.plugins.ordering import bands, edf, fcfs, slack
@@ -44,6 +51,11 @@ IN_TREE: tuple[PluginSpec[Any], ...] = (
     smallest_kv_loss.SPEC,
     static.SPEC,
     chiron.SPEC,
+    chiron_scaler.SPEC,
+    cato_sla.SPEC,
+    aladdin_workers.SPEC,
+    utilization_band.SPEC,
+    queue_length.SPEC,
 )
 
 

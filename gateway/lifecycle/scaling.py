@@ -1,0 +1,173 @@
+"""The autoscale loop shared by the live lifecycle manager and the fleet simulator (sans-IO).
+
+`ScaleLoop` builds the `ScaleView` from the lifecycle's instances (`Lifecycle`), the scheduler's endpoint
+views and queue, and what the driver tells it (arrivals, finished requests); runs the policy's
+autoscale runner (`gateway.sched.autoscale.AutoscaleRunner`) when its interval is due; and turns the
+accepted decisions into the lifecycle's actions (`Lifecycle.scale_out/scale_in/reclass`), which the
+driver carries out like any other (`StartInstance` with its class and configuration, `LeaveEndpoint` +
+`StopInstance` for a drained scale-in, `ReclassEndpoint`). The driver logs and exports
+`runner.take_records()` after each step.
+
+The driver calls, in order of what happens: `arrived(model, now)` for every request submitted,
+`finished(model, call)` for every request that finished, `step(now, endpoints)` on its tick (the loop
+decides whether the interval is due) with `endpoints` mapping each joined instance id to its endpoint id.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from typing import Final
+
+from gateway.core.slo import SloKind, SloPolicy
+from gateway.core.types import EndpointId, ModelName
+from gateway.lifecycle.instances import (
+    Action,
+    Instance,
+    InstanceState,
+    Lifecycle,
+)
+from gateway.sched.autoscale import Autoscale, AutoscaleRunner
+from gateway.sched.plugins.autoscale.interface import (
+    FinishedCall,
+    InstanceView,
+    ModelScaleView,
+    QueuedRequest,
+    Reclass,
+    ScaleIn,
+    ScaleOut,
+    ScaleState,
+    ScaleView,
+)
+from gateway.sched.running import deadlines, output_estimate
+from gateway.sched.scheduler import Scheduler
+
+#: Arrivals older than this do not count in a model's arrival rate.
+RATE_WINDOW_S: Final = 30.0
+
+_STATE: Final = {
+    InstanceState.PENDING: ScaleState.STARTING,
+    InstanceState.STARTING: ScaleState.STARTING,
+    InstanceState.READY: ScaleState.READY,
+    InstanceState.DRAINING: ScaleState.DRAINING,
+}
+
+
+class ScaleLoop:
+    def __init__(
+        self,
+        autoscale: Autoscale,
+        lifecycle: Lifecycle,
+        scheduler: Scheduler,
+        *,
+        rate_window_s: float = RATE_WINDOW_S,
+    ) -> None:
+        self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings)
+        self._life = lifecycle
+        self._sched = scheduler
+        self._window = rate_window_s
+        self._arrivals: dict[ModelName, deque[float]] = {}
+        self._finished: dict[ModelName, list[FinishedCall]] = {}
+
+    def set_autoscale(self, autoscale: Autoscale) -> None:
+        """A reloaded policy: the new scaler and settings, the counters and cool-downs kept."""
+        old = self.runner
+        self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings)
+        self.runner.adopt(old)
+
+    # ----------------------------------------------------------------- what the driver reports
+    def arrived(self, model: ModelName, now: float) -> None:
+        q = self._arrivals.setdefault(model, deque())
+        q.append(now)
+
+    def finished(self, model: ModelName, call: FinishedCall) -> None:
+        self._finished.setdefault(model, []).append(call)
+
+    # ----------------------------------------------------------------- the step
+    def step(self, now: float, endpoints: Mapping[str, EndpointId]) -> list[Action]:
+        """When the interval is due: one runner round, its decisions as the lifecycle's actions."""
+        if not self.runner.due(now):
+            return []
+        view = self.view(now, endpoints)
+        self._finished.clear()
+        out: list[Action] = []
+        for d in self.runner.step(view):
+            if isinstance(d, ScaleOut):
+                out += self._life.scale_out(
+                    d.model,
+                    now,
+                    instance_class=d.instance_class,
+                    config=d.config,
+                    count=d.count,
+                    reason=d.reason or "scale_out",
+                )
+            elif isinstance(d, ScaleIn):
+                out += self._life.scale_in(d.instance, now, reason=d.reason or "scaled_in")
+            elif isinstance(d, Reclass):
+                out += self._life.reclass(d.instance, d.to_class, now)
+        return out
+
+    def view(self, now: float, endpoints: Mapping[str, EndpointId]) -> ScaleView:
+        slo = self._sched.policy.slo
+        models = self._life.models()
+        by_model: dict[ModelName, list[InstanceView]] = {m: [] for m in models}
+        for inst in self._life.instances():
+            state = _STATE.get(inst.state)
+            if state is None or inst.model not in by_model:
+                continue
+            by_model[inst.model].append(self._instance_view(inst, state, endpoints.get(inst.id), slo))
+        out: dict[ModelName, ModelScaleView] = {}
+        for m, spec in models.items():
+            queued = []
+            for req in self._sched.queued(m):
+                mean, std = output_estimate(req)
+                ttft, _ = deadlines(req)
+                queued.append(
+                    QueuedRequest(slo.class_of(req.slo.slo_class).kind, req.arrival, ttft, mean, std * std)
+                )
+            arr = self._arrivals.get(m)
+            while arr and arr[0] < now - self._window:
+                arr.popleft()
+            span = min(self._window, now) if now > 0 else self._window
+            out[m] = ModelScaleView(
+                model=m,
+                instances=tuple(sorted(by_model[m], key=lambda i: i.id)),
+                queued=tuple(queued),
+                finished=tuple(self._finished.get(m, ())),
+                arrival_rate=(len(arr) / span) if arr and span > 0 else 0.0,
+                min_instances=0,
+                max_instances=0,  # the runner fills the bounds in
+                devices_per_instance=spec.devices,
+                load_s=spec.load_s,
+                configs=spec.configs,
+            )
+        return ScaleView(now=now, models=out, free_devices=self._life.free_devices())
+
+    def _instance_view(
+        self, inst: Instance, state: ScaleState, eid: EndpointId | None, slo: SloPolicy
+    ) -> InstanceView:
+        ev = None if eid is None or state is not ScaleState.READY else self._sched.endpoint_view(eid)
+        interactive = batch = 0
+        if ev is not None:
+            for r in ev.running:
+                if slo.class_of(r.slo_class).kind is SloKind.BATCH:
+                    batch += 1
+                else:
+                    interactive += 1
+        busy = interactive + batch > 0 or inst.inflight > 0
+        return InstanceView(
+            id=inst.id,
+            model=inst.model,
+            instance_class=inst.instance_class,
+            config=inst.config,
+            devices=len(inst.devices),
+            state=state,
+            created_at=inst.created_at,
+            ready_at=inst.ready_at,
+            running_interactive=interactive,
+            running_batch=batch,
+            cap=None if ev is None else ev.cap,
+            idle_since=None if busy else max(inst.last_used, inst.ready_at or inst.created_at),
+            endpoint=eid if ev is not None else None,
+            tokens_per_s=None if ev is None else ev.tokens_per_s,
+        )

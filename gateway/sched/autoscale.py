@@ -1,0 +1,298 @@
+"""The autoscale runner: the rules every `Scaler` is held to, applied to whatever it decides.
+
+Each step the runner asks the scaler and checks every decision in order, against a running count that
+includes the decisions it already accepted this step; then it adds what the bounds still demand (a model
+below `min_instances` after the scaler's scale-outs gets the rest, reason `min_instances`; last, so a
+scaler that plans up to the minimum itself does not start it twice):
+
+- `ScaleOut`: clipped to `max_instances − serving` (serving = starting + ready; draining instances do
+  not count) and to the free devices; refused within `scale_out_cooldown_s` of the model's last
+  scale-out (but the runner's own top-up to the minimum); a count < 1 after clipping is refused;
+- `ScaleIn`: only a ready instance (never a starting one: scale-in is by draining only), refused when it
+  would take the model below `min_instances`, or within `scale_in_cooldown_s` of the model's last
+  scale-out or scale-in (capacity just added is not taken away on the next reading);
+- `Reclass`: only a ready instance whose class differs, refused within `reclass_cooldown_s` of the
+  instance's own last re-class (an instance does not flip back and forth; a re-class costs no load, so
+  a just-started instance may be re-classed at once); not counted against the bounds (the instance
+  stays);
+- cool-downs count from the rounds before this one: the decisions of one round (start three batch
+  instances, retire four) all pass or fail together;
+- anything naming an unknown model or instance, a decision the scaler raised on, or an invalid count is
+  refused and counted as a fault.
+
+Dry-run: every decision is checked and recorded (outcome `dry_run`, cool-downs advance as if acted), and
+nothing is returned to act on. Every decision, accepted or not, is a `DecisionRecord` (what, why, what
+the runner did and why), kept for the driver to log and export (`take_records`).
+
+Counters: scaling actions (instances started, instances retired, re-classes) and scale-ups (instances
+started); hysteresis = actions / scale-ups (Chiron): 1 for a fleet that only grows, 2 when every
+instance started is also retired, more when the scaler thrashes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from gateway.core.types import InstanceClass, ModelName
+from gateway.sched.plugins.autoscale.interface import (
+    InstanceView,
+    ModelScaleView,
+    Reclass,
+    ScaleDecision,
+    ScaleIn,
+    ScaleOut,
+    Scaler,
+    ScaleState,
+    ScaleView,
+)
+
+#: No per-model maximum configured.
+UNBOUNDED: Final = 1 << 20
+
+Outcome = Literal["acted", "clipped", "dry_run", "refused", "fault"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelBounds:
+    min_instances: int = 0
+    max_instances: int = UNBOUNDED
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleSettings:
+    interval_s: float = 5.0  # between two steps
+    scale_out_cooldown_s: float = 0.0  # after a model's scale-out, before its next one
+    scale_in_cooldown_s: float = 60.0  # after a model's scale-out or scale-in, before its next scale-in
+    reclass_cooldown_s: float = 30.0  # after an instance's re-class, before its next one
+    dry_run: bool = False
+    default_bounds: ModelBounds = ModelBounds()
+    bounds: Mapping[ModelName, ModelBounds] = field(default_factory=dict)
+
+    def bounds_of(self, model: ModelName) -> ModelBounds:
+        return self.bounds.get(model, self.default_bounds)
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscale:
+    """A policy's autoscaling: the scaler and the runner's settings."""
+
+    scaler: Scaler
+    settings: AutoscaleSettings
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    at: float
+    scaler: str
+    decision: ScaleDecision | None  # None: the scaler raised (the note says what)
+    outcome: Outcome
+    note: str = ""  # why the runner clipped or refused it ("" when acted as asked)
+
+
+@dataclass(slots=True)
+class ScaleCounters:
+    started: int = 0  # instances (scale-ups)
+    retired: int = 0  # instances
+    reclassed: int = 0
+    refused: int = 0
+    faults: int = 0
+
+    @property
+    def actions(self) -> int:
+        return self.started + self.retired + self.reclassed
+
+    @property
+    def hysteresis(self) -> float | None:
+        """Scaling actions / scale-up actions (None before the first scale-up)."""
+        return self.actions / self.started if self.started else None
+
+
+class AutoscaleRunner:
+    def __init__(self, scaler: Scaler, settings: AutoscaleSettings) -> None:
+        self.scaler = scaler
+        self.settings = settings
+        self.counters = ScaleCounters()
+        self.dry_counters = ScaleCounters()  # what dry-run would have done
+        self._records: list[DecisionRecord] = []
+        self._last_out: dict[ModelName, float] = {}
+        self._last_change: dict[ModelName, float] = {}
+        self._last_reclass: dict[str, float] = {}
+        self._next_at = -math.inf
+
+    def adopt(self, old: AutoscaleRunner) -> None:
+        """Carry a previous runner's counters, cool-downs and schedule over (a policy reload)."""
+        self.counters = old.counters
+        self.dry_counters = old.dry_counters
+        self._records = old._records
+        self._last_out = old._last_out
+        self._last_change = old._last_change
+        self._last_reclass = old._last_reclass
+        self._next_at = old._next_at
+
+    def bounds_view(self, view: ScaleView) -> ScaleView:
+        """`view` with each model's min/max set from the settings (what the scaler is shown)."""
+        models = {
+            m: dataclasses.replace(
+                mv,
+                min_instances=self.settings.bounds_of(m).min_instances,
+                max_instances=self.settings.bounds_of(m).max_instances,
+            )
+            for m, mv in view.models.items()
+        }
+        return dataclasses.replace(view, models=models)
+
+    def due(self, now: float) -> bool:
+        return now >= self._next_at
+
+    def step(self, view: ScaleView) -> list[ScaleDecision]:
+        """One autoscale round: the decisions to carry out now (none in dry-run), each recorded."""
+        self._next_at = view.now + self.settings.interval_s
+        view = self.bounds_view(view)
+        proposed: list[object] = []
+        try:
+            proposed += list(self.scaler.decide(view))
+        except Exception as e:  # a plugin bug fails this round only
+            self.counters.faults += 1
+            self._records.append(DecisionRecord(view.now, self.scaler.name, None, "fault", repr(e)))
+        rnd = _Round(view, dict(self._last_out), dict(self._last_change))
+        out = self._check(rnd, proposed)
+        # The minimum last, for what the scaler's own scale-outs (which may plan up to it) left short.
+        top_up: list[object] = []
+        for m, mv in sorted(view.models.items()):
+            short = mv.min_instances - rnd.serving[m]
+            if short > 0:
+                top_up.append(ScaleOut(m, _default_class(mv), short, None, "min_instances"))
+        return out + self._check(rnd, top_up, minimum=True)
+
+    def take_records(self) -> list[DecisionRecord]:
+        out, self._records = self._records, []
+        return out
+
+    # ----------------------------------------------------------------- the rules
+    def _check(
+        self, rnd: _Round, proposed: Sequence[object], *, minimum: bool = False
+    ) -> list[ScaleDecision]:
+        """The rules, decision by decision (`proposed` is typed loosely: a plugin may return anything).
+        With `minimum` (the runner's own top-up to `min_instances`) the scale-out cool-down does not
+        apply."""
+        s = self.settings
+        view = rnd.view
+        now = view.now
+        serving = rnd.serving
+        by_id = rnd.by_id
+        touched = rnd.touched
+        counters = self.dry_counters if s.dry_run else self.counters
+        last_out = rnd.last_out  # cool-downs count from earlier rounds only
+        last_change = rnd.last_change
+        out: list[ScaleDecision] = []
+        for d in proposed:
+            outcome: Outcome = "dry_run" if s.dry_run else "acted"
+            note = ""
+            accepted: ScaleDecision | None = None
+            if isinstance(d, ScaleOut):
+                mv = view.models.get(d.model)
+                if mv is None or not isinstance(d.count, int) or d.count < 1:
+                    self._refuse(now, d, "fault", "unknown model" if mv is None else "count must be ≥ 1")
+                    continue
+                b = s.bounds_of(d.model)
+                if not minimum and now - last_out.get(d.model, -math.inf) < s.scale_out_cooldown_s:
+                    self._refuse(now, d, "refused", "scale_out_cooldown")
+                    continue
+                devs = _devices(mv, d.config)
+                if devs is None:
+                    self._refuse(now, d, "fault", f"unknown configuration {d.config!r}")
+                    continue
+                n = min(d.count, b.max_instances - serving[d.model], rnd.free // max(1, devs))
+                if n < 1:
+                    why = "max_instances" if b.max_instances - serving[d.model] < 1 else "no_free_devices"
+                    self._refuse(now, d, "refused", why)
+                    continue
+                if n < d.count:
+                    note = "max_instances" if n == b.max_instances - serving[d.model] else "no_free_devices"
+                    if not s.dry_run:
+                        outcome = "clipped"
+                accepted = dataclasses.replace(d, count=n)
+                serving[d.model] += n
+                rnd.free -= n * devs
+                counters.started += n
+                self._last_out[d.model] = now
+                self._last_change[d.model] = now
+            elif isinstance(d, (ScaleIn, Reclass)):
+                inst = by_id.get(d.instance)
+                if inst is None:
+                    self._refuse(now, d, "fault", "unknown instance")
+                    continue
+                if inst.id in touched:
+                    self._refuse(now, d, "refused", "instance already decided on this round")
+                    continue
+                if inst.state is not ScaleState.READY:
+                    self._refuse(now, d, "refused", f"instance is {inst.state} (only a ready one)")
+                    continue
+                if isinstance(d, ScaleIn):
+                    if now - last_change.get(inst.model, -math.inf) < s.scale_in_cooldown_s:
+                        self._refuse(now, d, "refused", "scale_in_cooldown")
+                        continue
+                    if serving[inst.model] - 1 < s.bounds_of(inst.model).min_instances:
+                        self._refuse(now, d, "refused", "min_instances")
+                        continue
+                    serving[inst.model] -= 1
+                    counters.retired += 1
+                    self._last_change[inst.model] = now
+                else:
+                    if d.to_class == inst.instance_class:
+                        self._refuse(now, d, "refused", "already of that class")
+                        continue
+                    if now - self._last_reclass.get(inst.id, -math.inf) < s.reclass_cooldown_s:
+                        self._refuse(now, d, "refused", "reclass_cooldown")
+                        continue
+                    counters.reclassed += 1
+                    self._last_reclass[inst.id] = now
+                touched.add(inst.id)
+                accepted = d
+            else:
+                self._refuse(now, None, "fault", f"not a scale decision: {type(d).__name__}")
+                continue
+            self._records.append(DecisionRecord(now, self.scaler.name, accepted, outcome, note))
+            if not s.dry_run:
+                out.append(accepted)
+        return out
+
+    def _refuse(self, now: float, d: ScaleDecision | None, outcome: Outcome, note: str) -> None:
+        if outcome == "fault":
+            self.counters.faults += 1
+        else:
+            self.counters.refused += 1
+        self._records.append(DecisionRecord(now, self.scaler.name, d, outcome, note))
+
+
+class _Round:
+    """What one round's checks share: the counts its accepted decisions have moved so far."""
+
+    def __init__(
+        self, view: ScaleView, last_out: dict[ModelName, float], last_change: dict[ModelName, float]
+    ) -> None:
+        self.view = view
+        self.serving = {m: len(mv.serving()) for m, mv in view.models.items()}
+        self.by_id: dict[str, InstanceView] = {i.id: i for mv in view.models.values() for i in mv.instances}
+        self.touched: set[str] = set()
+        self.free = view.free_devices
+        self.last_out = last_out
+        self.last_change = last_change
+
+
+def _devices(mv: ModelScaleView, config: str | None) -> int | None:
+    if config is None:
+        return mv.devices_per_instance
+    for c in mv.configs:
+        if c.name == config:
+            return c.devices
+    return None
+
+
+def _default_class(mv: ModelScaleView) -> InstanceClass:
+    """The class of the instances a model's minimum is made up with: mixed (serves both kinds)."""
+    return InstanceClass.MIXED
