@@ -174,10 +174,14 @@ class LifecycleManager:
         self._answered = asyncio.Event()
         self._eids: dict[EndpointId, str] = {}  # endpoint id -> instance id
         self._joined: dict[str, EndpointSpec] = {}  # instance id -> its endpoint
+        # Endpoints that left the set while requests ran there -> those still running. The scheduler
+        # forgets a removed endpoint's requests, so the drain counts them down from the finish records.
+        self._leaving: dict[EndpointId, int] = {}
         self._cold_since: dict[ModelName, float] = {}
         self._expected_output: dict[ModelName, float] = {}
         self.load_times: dict[ModelName, list[float]] = {}
         self.evictions: dict[str, int] = {}
+        self.starts: dict[str, int] = {}  # instances started: "cold_start" | "autoscale"
         self.agent_errors = 0
         self.metrics = LifecycleMetrics(registry, self)
         self.autoscaler = LiveAutoscaler(self.core, self._scheduler, registry)
@@ -325,6 +329,12 @@ class LifecycleManager:
     def on_finished(self, record: FinishedRequest) -> None:
         """Every admitted request that finished (the front's finish phase; the autoscaler's SLA counts)."""
         self.autoscaler.finished(record, self._scheduler.policy.slo)
+        eid = record.endpoint
+        if eid is not None and eid in self._leaving:
+            self._leaving[eid] = max(0, self._leaving[eid] - 1)
+            iid = self._eids.get(eid)
+            if iid is not None:
+                self._do(self.core.observe_inflight(iid, self._leaving[eid], self._clock.now()))
 
     def on_dispatch(self, req: SchedRequest, eid: EndpointId) -> None:
         iid = self._eids.get(eid)
@@ -344,14 +354,17 @@ class LifecycleManager:
 
     def _sync_inflight(self) -> None:
         """In-flight counts from the scheduler (exact), so eviction never takes a busy instance and a
-        draining one stops once its last request ends."""
+        draining one stops once its last request ends (counted down by `on_finished` once it left the
+        endpoint set; a request retried or resumed elsewhere is waited for up to the drain timeout)."""
         now = self._clock.now()
         for eid, iid in list(self._eids.items()):
             inst = self.core.get(iid)
             if inst is None or inst.state in (InstanceState.STOPPED, InstanceState.FAILED):
                 del self._eids[eid]
+                self._leaving.pop(eid, None)
                 continue
-            self._do(self.core.observe_inflight(iid, self._scheduler.inflight_on(eid), now))
+            n = self._leaving[eid] if eid in self._leaving else self._scheduler.inflight_on(eid)
+            self._do(self.core.observe_inflight(iid, n, now))
 
     # ----------------------------------------------------------------- carrying out actions
     def _do(self, actions: Iterable[Action]) -> None:
@@ -359,6 +372,8 @@ class LifecycleManager:
         for a in actions:
             acted = True
             if isinstance(a, StartInstance):
+                why = "cold_start" if a.reason == "cold_start" else "autoscale"
+                self.starts[why] = self.starts.get(why, 0) + 1
                 log.info(
                     "instance_starting",
                     node=a.node,
@@ -481,7 +496,9 @@ class LifecycleManager:
         spec = self._joined.pop(iid, None)
         if spec is None:
             return
-        # Keep the id -> instance mapping while requests still run there (draining reads in-flight counts).
+        # Keep the id -> instance mapping while requests still run there (draining reads in-flight counts),
+        # and count them now: once removed, the scheduler reports 0 for the endpoint.
+        self._leaving[spec.id] = self._scheduler.inflight_on(spec.id)
         self._endpoints.set_agent_endpoints(list(self._joined.values()))
 
     # ----------------------------------------------------------------- admin
@@ -546,6 +563,7 @@ class LifecycleManager:
             "waiting_loads": {m: max(0.0, now - t) for m, t in sorted(self._cold_since.items())},
             "loads": loads,
             "evictions": dict(sorted(self.evictions.items())),
+            "starts": dict(sorted(self.starts.items())),
             "agent_errors": self.agent_errors,
             "autoscale": self.autoscaler.document(),
         }

@@ -299,3 +299,32 @@ async def test_a_failed_start_is_counted_and_does_not_wedge_the_autoscaler(start
     assert _metric(metrics, "berth_lifecycle_loads_total", model="crash", result="failed") >= 2
     doc = await fleet.fleet_doc()
     assert doc["autoscale"]["start_failures"]["crash"] >= 2
+
+
+ONE = """
+[autoscale]
+plugin = "queue-length"
+params = { target_per_instance = 100, upscale_delay_s = 0, downscale_delay_s = 0 }
+interval_s = 0.2
+min_instances = 1
+max_instances = 1
+"""
+
+
+async def test_a_scale_in_of_a_busy_instance_lets_its_request_finish_before_the_stop(
+    start_fleet: StartFleet,
+) -> None:
+    fleet = await start_fleet(ONE)
+    lm = fleet.manager
+    await fleet.until("the minimum instance", lambda: fleet.count("sim-a", InstanceState.READY) == 1)
+    ((iid, eid),) = lm.joined_endpoints().items()
+    async with aiohttp.ClientSession() as session:
+        call = asyncio.ensure_future(_complete(session, fleet.running.url, "sim-a", 200))
+        scheduler = fleet.running.gw.scheduler
+        await fleet.until("the request running", lambda: scheduler.inflight_on(eid) == 1)
+        lm._do(lm.core.scale_in(iid, fleet.running.gw.clock.now()))  # what an accepted ScaleIn does
+        assert fleet.states("sim-a")[iid] == "draining"  # left the endpoint set; not stopped under it
+        assert await call == eid  # the request finished where it ran
+    await fleet.until("the drained instance stopped", lambda: fleet.states("sim-a")[iid] == "stopped")
+    metrics = await fleet.metrics()
+    assert _metric(metrics, "berth_lifecycle_evictions_total", reason="scaled_in") == 1
