@@ -39,6 +39,7 @@ from loadgen.workloads import get_workload
 from loadgen.workloads.base import TaskSpec
 
 MODEL: Final = "chat-sim"
+MARKER_ENV: Final = "BERTH_DEMO_DIR"  # in every demo engine's environment: the demo's directory
 DEVICES: Final = 4  # configured devices of the demo's node: at most this many instances
 SPEED: Final = 10.0  # the simulated engine runs this many times faster than a GPU; SLOs scaled to match
 LOAD_TIME_S: Final = 3.0  # each engine's /health answers 503 this long after it starts
@@ -114,6 +115,8 @@ def write_files(root: Path, *, engine_python: str = sys.executable) -> DemoFiles
     (root / "models.toml").write_text(
         f'[[models]]\nname = "{MODEL}"\nengine = "vllm"\ncommand = {json.dumps(engine)}\n'
         "memory_gib = 4\nload_timeout_s = 60\n"
+        # marks the demo's engines (a test finds what a run left behind by it)
+        f"env = {{ {MARKER_ENV} = {json.dumps(str(root))} }}\n"
     )
     devices = "".join(f'[[devices]]\nname = "gpu{i}"\nmemory_gib = 7\n' for i in range(DEVICES))
     (root / "agent.toml").write_text(
@@ -266,13 +269,20 @@ async def _run(
 
         report = await run_workload(
             RunOptions(
-                target=base, duration_s=duration_s, models=(MODEL,), slo_scale=1 / SPEED, drain_timeout_s=60
+                target=base,
+                workload="chat-batch",
+                rate=sum(share * rate for share, rate in PHASES),  # the mean, for the report's header
+                duration_s=duration_s,
+                models=(MODEL,),
+                slo_scale=1 / SPEED,
+                drain_timeout_s=60,
             ),
             schedule=burst_schedule(duration_s),
             on_tick=tick,
         )
         print(format_report(report.data), flush=True)
         say(f"burst over: waiting up to {SETTLE_S:g}s for the fleet to scale back in")
+
         def settled() -> bool:
             decisions.extend(_new(lm, decisions))
             return _count(lm, InstanceState.READY) <= MIN_INTERACTIVE and _busy(lm) == 0
