@@ -33,7 +33,8 @@ params = {}
 dry_run = false                   # decide and record, act on nothing (turn it on first)
 interval_s = 5                    # between two autoscale rounds
 scale_out_cooldown_s = 0          # after a model's scale-out, before its next one
-scale_in_cooldown_s = 60          # after a model's scale-out or scale-in, before a scale-in or re-class
+scale_in_cooldown_s = 60          # after a model's scale-out or scale-in, before its next scale-in
+reclass_cooldown_s = 30           # after an instance's re-class, before its next one
 min_instances = 0                 # every model's bounds, unless its own table says otherwise
 max_instances = 8                 # absent: bounded by the devices only
 [autoscale.models.code-a]         # per model (the served name): min_instances, max_instances
@@ -188,6 +189,7 @@ class AutoscaleSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, 
     interval_s: Annotated[float, Meta(gt=0, le=3600)] = 5.0
     scale_out_cooldown_s: Annotated[float, Meta(ge=0, le=86_400)] = 0.0
     scale_in_cooldown_s: Annotated[float, Meta(ge=0, le=86_400)] = 60.0
+    reclass_cooldown_s: Annotated[float, Meta(ge=0, le=86_400)] = 30.0
     min_instances: Annotated[int, Meta(ge=0, le=100_000)] = 0
     max_instances: Annotated[int, Meta(ge=1, le=100_000)] | None = None
     models: dict[str, AutoscaleModelSection] = {}
@@ -352,6 +354,7 @@ def autoscale_settings(sec: AutoscaleSection | None) -> tuple[AutoscaleSettings 
         interval_s=sec.interval_s,
         scale_out_cooldown_s=sec.scale_out_cooldown_s,
         scale_in_cooldown_s=sec.scale_in_cooldown_s,
+        reclass_cooldown_s=sec.reclass_cooldown_s,
         dry_run=sec.dry_run,
         default_bounds=default,
         bounds=bounds,

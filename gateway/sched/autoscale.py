@@ -10,9 +10,10 @@ includes the decisions it already accepted this step:
 - `ScaleIn`: only a ready instance (never a starting one: scale-in is by draining only), refused when it
   would take the model below `min_instances`, or within `scale_in_cooldown_s` of the model's last
   scale-out or scale-in (capacity just added is not taken away on the next reading);
-- `Reclass`: only a ready instance whose class differs, refused within `scale_in_cooldown_s` of the
-  instance's own ready time or last re-class (an instance does not flip back and forth; other instances
-  of the model may be re-classed meanwhile); not counted against the bounds (the instance stays);
+- `Reclass`: only a ready instance whose class differs, refused within `reclass_cooldown_s` of the
+  instance's own last re-class (an instance does not flip back and forth; a re-class costs no load, so
+  a just-started instance may be re-classed at once); not counted against the bounds (the instance
+  stays);
 - cool-downs count from the rounds before this one: the decisions of one round (start three batch
   instances, retire four) all pass or fail together;
 - anything naming an unknown model or instance, a decision the scaler raised on, or an invalid count is
@@ -64,7 +65,8 @@ class ModelBounds:
 class AutoscaleSettings:
     interval_s: float = 5.0  # between two steps
     scale_out_cooldown_s: float = 0.0  # after a model's scale-out, before its next one
-    scale_in_cooldown_s: float = 60.0  # after a model's scale-out or scale-in, before a scale-in/reclass
+    scale_in_cooldown_s: float = 60.0  # after a model's scale-out or scale-in, before its next scale-in
+    reclass_cooldown_s: float = 30.0  # after an instance's re-class, before its next one
     dry_run: bool = False
     default_bounds: ModelBounds = ModelBounds()
     bounds: Mapping[ModelName, ModelBounds] = field(default_factory=dict)
@@ -215,7 +217,10 @@ class AutoscaleRunner:
                 if inst is None:
                     self._refuse(now, d, "fault", "unknown instance")
                     continue
-                if inst.state is not ScaleState.READY or inst.id in touched:
+                if inst.id in touched:
+                    self._refuse(now, d, "refused", "instance already decided on this round")
+                    continue
+                if inst.state is not ScaleState.READY:
                     self._refuse(now, d, "refused", f"instance is {inst.state} (only a ready one)")
                     continue
                 if isinstance(d, ScaleIn):
@@ -232,8 +237,7 @@ class AutoscaleRunner:
                     if d.to_class == inst.instance_class:
                         self._refuse(now, d, "refused", "already of that class")
                         continue
-                    since = max(inst.ready_at or -math.inf, self._last_reclass.get(inst.id, -math.inf))
-                    if now - since < s.scale_in_cooldown_s:
+                    if now - self._last_reclass.get(inst.id, -math.inf) < s.reclass_cooldown_s:
                         self._refuse(now, d, "refused", "reclass_cooldown")
                         continue
                     counters.reclassed += 1

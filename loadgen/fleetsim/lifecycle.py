@@ -219,13 +219,16 @@ class SimLifecycle:
                 float(expect) if old is None else old + OUTPUT_EWMA_ALPHA * (expect - old)
             )
 
-    def on_finish(self, req: SchedRequest, finished_at: float, slo_met: bool | None) -> None:
+    def on_finish(
+        self, req: SchedRequest, finished_at: float, ttft_s: float | None, slo_met: bool | None
+    ) -> None:
         """A request finished (for the autoscaler's violation counts and fits)."""
         if self.scaling is None:
             return
         slo = req.slo
         kind = self._sched.policy.slo.class_of(slo.slo_class).kind
-        allotted_ms = slo.deadline_ms if slo.deadline_ms is not None else slo.ttft_ms
+        e2e = slo.deadline_ms is not None
+        allotted_ms = slo.deadline_ms if e2e else slo.ttft_ms
         self.scaling.finished(
             req.model,
             FinishedCall(
@@ -233,6 +236,7 @@ class SimLifecycle:
                 arrival=req.arrival,
                 finished_at=finished_at,
                 allotted_s=None if allotted_ms is None else allotted_ms / 1000.0,
+                took_s=finished_at - req.arrival if e2e else ttft_s,
                 slo_met=slo_met,
             ),
         )

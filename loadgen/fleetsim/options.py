@@ -8,6 +8,7 @@ from pathlib import Path
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
 from loadgen.workloads.arrivals import ArrivalKind
+from loadgen.workloads.base import TaskSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +32,6 @@ class SimOptions:
     # Models loaded on demand by the gateway's lifecycle (simulated agents): the fleet then has one
     # endpoint per model (id = the model), in berth's endpoint set only while the model is resident.
     lifecycle: LifecycleOptions | None = None
+    # The tasks to run, built by the caller (e.g. a benchmark's own arrival process); None: the workload's
+    # schedule for rate, duration, arrival and seed (`workload` then only names the run).
+    schedule: tuple[TaskSpec, ...] | None = None

@@ -197,7 +197,11 @@ class Simulation:
             cv=opts.cv,
             seed=opts.seed,
         )
-        schedule = sorted(build_schedule(get_workload(opts.workload), run_opts), key=lambda s: s.at_s)
+        if opts.schedule is None:
+            tasks: Sequence[TaskSpec] = build_schedule(get_workload(opts.workload), run_opts)
+        else:
+            tasks = opts.schedule
+        schedule = sorted(tasks, key=lambda s: s.at_s)
         for spec in schedule:
             self.push(spec.at_s, _ARRIVE, spec)
         self._open_tasks = len(schedule)
@@ -599,7 +603,7 @@ class Simulation:
             self.gw.finish(ctx)
             self._client_done(call, ok=True)
             if self.life is not None and ctx.sched is not None:
-                self.life.on_finish(ctx.sched, now, res.slo_met)
+                self.life.on_finish(ctx.sched, now, res.ttft_s, res.slo_met)
 
     def _record_stream(self, call: _Call) -> None:
         """What the relay records into the request's context (usage: the engine's counts)."""

@@ -2,7 +2,8 @@
 
 A finished call is a slack violation when it took longer than its allotted time by at least
 `max_exceeded_proportion` (`took > allotted · (1 + p)`; the allotted time is the call's E2E target, else
-its TTFT target: its share of the task SLA). Violations are counted per model; once the count exceeds
+its TTFT target: its share of the task SLA; `took` is measured the same way: E2E, or time to first
+token). Violations are counted per model; once the count exceeds
 `max_exceeded_times` and exceeds the number of idle instances (ready, running nothing), the scaler adds
 `min(max − existing, violations − idle)` instances and resets the count. With idle instances at least as
 many as the violations it does nothing (the router should use them). Instances idle for `idle_timeout_s`
@@ -52,8 +53,10 @@ class CatoSlaScaler:
         p = self.p
         count = self.violations.get(mv.model, 0)
         for c in mv.finished:
-            if c.allotted_s is not None and c.finished_at - c.arrival > c.allotted_s * (
-                1.0 + p.max_exceeded_proportion
+            if (
+                c.allotted_s is not None
+                and c.took_s is not None
+                and c.took_s > c.allotted_s * (1.0 + p.max_exceeded_proportion)
             ):
                 count += 1
         self.violations[mv.model] = count

@@ -16,7 +16,8 @@ first. Group g misses when the output tokens of it and every group ahead (mean a
 the requests' predicted lengths) cannot be produced by its earliest deadline at the batch instances'
 measured throughput (`tokens_per_s`, mean over the ready batch instances; `default_tokens_per_s` until
 one is measured): the wait is `gateway.sched.waiting.wait_normal` at `quantile`, a starting instance
-counting from when its load ends, a new one from `load_s` on. Batch instances are added one at a time
+counting from when its load ends, a new one from `load_s` on. (A measured rate counts once the instance
+has been ready for `warmup_s`: telemetry's rate is over the last minute.) Batch instances are added one at a time
 (in the estimate) until no group misses, then all started at once; a group that no number of instances
 could save (its deadline before a new instance could help) does not drive the count. When no batch
 request is queued and no batch instance runs one, every batch instance is retired.
@@ -63,10 +64,13 @@ class ChironScalerParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True
     seats: Annotated[int, Meta(ge=1, le=100_000)] = 16  # seats per instance until one reports its cap
     interactive_class: Literal["interactive", "mixed"] = "mixed"  # class of added interactive capacity
     min_interactive: Annotated[int, Meta(ge=0, le=100_000)] = 1  # interactive+mixed instances kept
-    max_retire: Annotated[int, Meta(ge=1, le=100_000)] = 1  # interactive instances retired per round
+    max_retire: Annotated[int, Meta(ge=1, le=100_000)] = 4  # interactive instances retired per round
     group_span_s: Annotated[float, Meta(gt=0.0)] = 120.0  # deadlines within this form one group
     quantile: Annotated[float, Meta(gt=0.0, lt=1.0)] = 0.9  # of the groups' waiting times
     default_tokens_per_s: Annotated[float, Meta(gt=0.0)] = 300.0  # per batch instance, until measured
+    # A batch instance's measured rate counts once it has been ready this long (telemetry's rate is over
+    # the last minute: a new instance's first readings understate it).
+    warmup_s: Annotated[float, Meta(ge=0.0)] = 90.0
     max_batch_step: Annotated[int, Meta(ge=1, le=100_000)] = 64  # batch instances added per round at most
     reclass: bool = True
 
@@ -124,7 +128,7 @@ class ChironScaler:
         want_i, ibp = self._interactive_target(mv, inter)
         plan = BatchPlan(
             request_groups(mv.queued, p.group_span_s),
-            self._batch_tokens_per_s(batch),
+            self._batch_tokens_per_s(batch, now),
             mv.load_s,
             now,
             p.quantile,
@@ -204,8 +208,12 @@ class ChironScaler:
         want = max(p.min_interactive, math.ceil(work / (p.theta * per)) if work else 0)
         return want, ibp
 
-    def _batch_tokens_per_s(self, batch: Sequence[InstanceView]) -> float:
-        measured = [i.tokens_per_s for i in ready(batch) if i.tokens_per_s]
+    def _batch_tokens_per_s(self, batch: Sequence[InstanceView], now: float) -> float:
+        measured = [
+            i.tokens_per_s
+            for i in ready(batch)
+            if i.tokens_per_s and i.ready_at is not None and now - i.ready_at >= self.p.warmup_s
+        ]
         return sum(measured) / len(measured) if measured else self.p.default_tokens_per_s
 
 

@@ -80,6 +80,7 @@ class FinishedCall:
     arrival: float
     finished_at: float
     allotted_s: float | None  # the time it was given: its E2E target, else its TTFT target; None: none
+    took_s: float | None  # what it took on that same measure (E2E, or time to first token); None: unknown
     slo_met: bool | None  # None: no target
 
 
