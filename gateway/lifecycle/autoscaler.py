@@ -232,19 +232,21 @@ class LiveAutoscaler:
         first = r.first_token_at
         decoding = sum(r.gaps)
         per_token = decoding / (r.output_tokens - 1) if r.output_tokens > 1 and decoding > 0 else None
+        ttft = None if first is None else first - r.arrival
         has_target = s.ttft_ms is not None or s.itl_ms is not None or s.deadline_ms is not None
         met = (
             meets_slo(
                 s,
                 ok=r.ok,
-                ttft_s=None if first is None else first - r.arrival,
+                ttft_s=ttft,
                 itl_s=per_token,
                 e2e_s=r.finished_at - r.arrival,
             )
             if has_target
             else None
         )
-        allotted_ms = s.deadline_ms if s.deadline_ms is not None else s.ttft_ms
+        e2e = s.deadline_ms is not None
+        allotted_ms = s.deadline_ms if e2e else s.ttft_ms
         self.loop.finished(
             ModelName(r.model),
             FinishedCall(
@@ -252,6 +254,7 @@ class LiveAutoscaler:
                 arrival=r.arrival,
                 finished_at=r.finished_at,
                 allotted_s=None if allotted_ms is None else allotted_ms / 1000.0,
+                took_s=r.finished_at - r.arrival if e2e else ttft,
                 slo_met=met,
             ),
         )
