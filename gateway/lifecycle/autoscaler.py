@@ -346,6 +346,7 @@ class LiveAutoscaler:
             "interval_s": s.interval_s,
             "scale_out_cooldown_s": s.scale_out_cooldown_s,
             "scale_in_cooldown_s": s.scale_in_cooldown_s,
+            "reclass_cooldown_s": s.reclass_cooldown_s,
             "bounds": bounds,
             "counters": counts(self.counters),
             "dry_run_counters": counts(self.dry_counters),

@@ -322,6 +322,13 @@ class LifecycleManager:
             self._cold_since.setdefault(m, now)
             self._do(self.core.request(m, now))
 
+    def retire(self, iid: str, reason: str = "scaled_in") -> bool:
+        """Drain and stop a ready instance now, as an accepted scale-in does (False: not ready)."""
+        self._sync_inflight()  # the drain starts from the exact in-flight count
+        actions = self.core.scale_in(iid, self._clock.now(), reason=reason)
+        self._do(actions)
+        return bool(actions)
+
     def on_submit(self, req: SchedRequest) -> None:
         """Every request submitted to the scheduler (the autoscaler's arrival rates)."""
         self.autoscaler.arrived(req.model, self._clock.now())
