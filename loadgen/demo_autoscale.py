@@ -42,7 +42,7 @@ MODEL: Final = "chat-sim"
 MARKER_ENV: Final = "BERTH_DEMO_DIR"  # in every demo engine's environment: the demo's directory
 DEVICES: Final = 4  # configured devices of the demo's node: at most this many instances
 SPEED: Final = 10.0  # the simulated engine runs this many times faster than a GPU; SLOs scaled to match
-LOAD_TIME_S: Final = 3.0  # each engine's /health answers 503 this long after it starts
+LOAD_TIME_S: Final = 3.0  # each engine's /health answers 503 this long (real seconds) after it starts
 CAP: Final = 4  # concurrency cap per instance (the scaler's seats)
 CALM_RATE: Final = 1.0  # requests/s before and after the burst
 BURST_RATE: Final = 12.0
@@ -110,7 +110,7 @@ def write_files(root: Path, *, engine_python: str = sys.executable) -> DemoFiles
         "--speed",
         f"{SPEED:g}",
         "--load-time-s",
-        f"{LOAD_TIME_S:g}",
+        f"{LOAD_TIME_S * SPEED:g}",  # the simulator divides it by the speed
     ]
     (root / "models.toml").write_text(
         f'[[models]]\nname = "{MODEL}"\nengine = "vllm"\ncommand = {json.dumps(engine)}\n'
