@@ -345,7 +345,7 @@ class Lifecycle:
         self._set(inst, InstanceState.FAILED, now)
         inst.reason = reason
         self._wanted.pop(inst.model, None)
-        return [LoadFailed(inst.model, reason), *self._plan(now)]
+        return [*self._load_failed(inst, reason), *self._plan(now)]
 
     def stopped(self, iid: str, now: float) -> list[Action]:
         inst = self._instances.get(iid)
@@ -482,7 +482,7 @@ class Lifecycle:
                 self._set(inst, InstanceState.STOPPING, now)
                 inst.reason = reason
                 self._wanted.pop(inst.model, None)
-                out += [LoadFailed(inst.model, reason), StopInstance(inst.id, inst.node, "load_deadline")]
+                out += [*self._load_failed(inst, reason), StopInstance(inst.id, inst.node, "load_deadline")]
         for model, since in list(self._wanted.items()):
             if now - since > s.load_deadline_s:
                 del self._wanted[model]
@@ -494,6 +494,15 @@ class Lifecycle:
         return out + self._plan(now)
 
     # ----------------------------------------------------------------- planning
+    def _load_failed(self, inst: Instance, reason: str) -> list[Action]:
+        """A failed load fails the model's waiting requests only when nothing else serves or will serve
+        the model (a scale-out's failed start leaves the queue to the instances that run)."""
+        if any(
+            i.model == inst.model and i.id != inst.id and i.state in SERVING for i in self._instances.values()
+        ):
+            return []
+        return [LoadFailed(inst.model, reason)]
+
     def _set(self, inst: Instance, state: InstanceState, now: float) -> None:
         inst.state = state
         inst.changed_at = now

@@ -1,12 +1,13 @@
 """The autoscale runner: the rules every `Scaler` is held to, applied to whatever it decides.
 
-Each step the runner adds what the bounds demand (a model below `min_instances` gets instances, reason
-`min_instances`), asks the scaler, and checks every decision in order, against a running count that
-includes the decisions it already accepted this step:
+Each step the runner asks the scaler and checks every decision in order, against a running count that
+includes the decisions it already accepted this step; then it adds what the bounds still demand (a model
+below `min_instances` after the scaler's scale-outs gets the rest, reason `min_instances`; last, so a
+scaler that plans up to the minimum itself does not start it twice):
 
 - `ScaleOut`: clipped to `max_instances − serving` (serving = starting + ready; draining instances do
   not count) and to the free devices; refused within `scale_out_cooldown_s` of the model's last
-  scale-out; a count < 1 after clipping is refused;
+  scale-out (but the runner's own top-up to the minimum); a count < 1 after clipping is refused;
 - `ScaleIn`: only a ready instance (never a starting one: scale-in is by draining only), refused when it
   would take the model below `min_instances`, or within `scale_in_cooldown_s` of the model's last
   scale-out or scale-in (capacity just added is not taken away on the next reading);
@@ -152,33 +153,41 @@ class AutoscaleRunner:
         self._next_at = view.now + self.settings.interval_s
         view = self.bounds_view(view)
         proposed: list[object] = []
-        for m, mv in sorted(view.models.items()):
-            short = mv.min_instances - len(mv.serving())
-            if short > 0:
-                proposed.append(ScaleOut(m, _default_class(mv), short, None, "min_instances"))
         try:
             proposed += list(self.scaler.decide(view))
         except Exception as e:  # a plugin bug fails this round only
             self.counters.faults += 1
             self._records.append(DecisionRecord(view.now, self.scaler.name, None, "fault", repr(e)))
-        return self._check(view, proposed)
+        rnd = _Round(view, dict(self._last_out), dict(self._last_change))
+        out = self._check(rnd, proposed)
+        # The minimum last, for what the scaler's own scale-outs (which may plan up to it) left short.
+        top_up: list[object] = []
+        for m, mv in sorted(view.models.items()):
+            short = mv.min_instances - rnd.serving[m]
+            if short > 0:
+                top_up.append(ScaleOut(m, _default_class(mv), short, None, "min_instances"))
+        return out + self._check(rnd, top_up, minimum=True)
 
     def take_records(self) -> list[DecisionRecord]:
         out, self._records = self._records, []
         return out
 
     # ----------------------------------------------------------------- the rules
-    def _check(self, view: ScaleView, proposed: Sequence[object]) -> list[ScaleDecision]:
-        """The rules, decision by decision (`proposed` is typed loosely: a plugin may return anything)."""
+    def _check(
+        self, rnd: _Round, proposed: Sequence[object], *, minimum: bool = False
+    ) -> list[ScaleDecision]:
+        """The rules, decision by decision (`proposed` is typed loosely: a plugin may return anything).
+        With `minimum` (the runner's own top-up to `min_instances`) the scale-out cool-down does not
+        apply."""
         s = self.settings
+        view = rnd.view
         now = view.now
-        serving = {m: len(mv.serving()) for m, mv in view.models.items()}
-        by_id: dict[str, InstanceView] = {i.id: i for mv in view.models.values() for i in mv.instances}
-        touched: set[str] = set()
-        free = view.free_devices
+        serving = rnd.serving
+        by_id = rnd.by_id
+        touched = rnd.touched
         counters = self.dry_counters if s.dry_run else self.counters
-        last_out = dict(self._last_out)  # cool-downs count from earlier rounds only
-        last_change = dict(self._last_change)
+        last_out = rnd.last_out  # cool-downs count from earlier rounds only
+        last_change = rnd.last_change
         out: list[ScaleDecision] = []
         for d in proposed:
             outcome: Outcome = "dry_run" if s.dry_run else "acted"
@@ -190,14 +199,14 @@ class AutoscaleRunner:
                     self._refuse(now, d, "fault", "unknown model" if mv is None else "count must be ≥ 1")
                     continue
                 b = s.bounds_of(d.model)
-                if now - last_out.get(d.model, -math.inf) < s.scale_out_cooldown_s:
+                if not minimum and now - last_out.get(d.model, -math.inf) < s.scale_out_cooldown_s:
                     self._refuse(now, d, "refused", "scale_out_cooldown")
                     continue
                 devs = _devices(mv, d.config)
                 if devs is None:
                     self._refuse(now, d, "fault", f"unknown configuration {d.config!r}")
                     continue
-                n = min(d.count, b.max_instances - serving[d.model], free // max(1, devs))
+                n = min(d.count, b.max_instances - serving[d.model], rnd.free // max(1, devs))
                 if n < 1:
                     why = "max_instances" if b.max_instances - serving[d.model] < 1 else "no_free_devices"
                     self._refuse(now, d, "refused", why)
@@ -208,7 +217,7 @@ class AutoscaleRunner:
                         outcome = "clipped"
                 accepted = dataclasses.replace(d, count=n)
                 serving[d.model] += n
-                free -= n * devs
+                rnd.free -= n * devs
                 counters.started += n
                 self._last_out[d.model] = now
                 self._last_change[d.model] = now
@@ -258,6 +267,21 @@ class AutoscaleRunner:
         else:
             self.counters.refused += 1
         self._records.append(DecisionRecord(now, self.scaler.name, d, outcome, note))
+
+
+class _Round:
+    """What one round's checks share: the counts its accepted decisions have moved so far."""
+
+    def __init__(
+        self, view: ScaleView, last_out: dict[ModelName, float], last_change: dict[ModelName, float]
+    ) -> None:
+        self.view = view
+        self.serving = {m: len(mv.serving()) for m, mv in view.models.items()}
+        self.by_id: dict[str, InstanceView] = {i.id: i for mv in view.models.values() for i in mv.instances}
+        self.touched: set[str] = set()
+        self.free = view.free_devices
+        self.last_out = last_out
+        self.last_change = last_change
 
 
 def _devices(mv: ModelScaleView, config: str | None) -> int | None:

@@ -197,3 +197,23 @@ def test_the_scaler_sees_the_bounds_and_the_interval_is_kept() -> None:
     assert (s.seen[0].models[M].min_instances, s.seen[0].models[M].max_instances) == (1, 7)
     assert not r.due(4.9)
     assert r.due(5.0)
+
+
+def test_a_scaler_that_plans_up_to_the_minimum_does_not_start_it_twice() -> None:
+    # the live side's case: min 1, an empty fleet, a scaler whose plan already includes the minimum
+    r = runner(Scripted(ScaleOut(M, MIXED, 1, None, "desired 1")), bounds={M: ModelBounds(1, 2)})
+    assert r.step(view(model([]))) == [ScaleOut(M, MIXED, 1, None, "desired 1")]
+    assert r.counters.started == 1
+
+
+def test_the_minimum_tops_up_what_the_scalers_scale_out_left_short() -> None:
+    r = runner(Scripted(ScaleOut(M, BATCH, 1)), bounds={M: ModelBounds(3, 10)})
+    assert r.step(view(model([]))) == [ScaleOut(M, BATCH, 1), ScaleOut(M, MIXED, 2, None, "min_instances")]
+
+
+def test_the_minimum_is_restored_even_within_the_scale_out_cooldown() -> None:
+    r = runner(Scripted(ScaleOut(M, MIXED, 1)), scale_out_cooldown_s=60.0, bounds={M: ModelBounds(1, 5)})
+    r.step(view(model([]), now=0.0))
+    r.scaler = Scripted()
+    # the instance it started crashed: the model is below its minimum again 10 s later
+    assert r.step(view(model([]), now=10.0)) == [ScaleOut(M, MIXED, 1, None, "min_instances")]

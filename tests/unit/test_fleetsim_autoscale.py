@@ -133,6 +133,13 @@ def test_the_benchmark_quick_run_writes_every_settings_table(
     ]
     assert all(t["pass"] in (True, False) for t in chiron["targets"])
     assert chiron["rows"][0]["device_hours"]["mean"] > 0
+    cato = doc["settings"][1]
+    assert [r["config"] for r in cato["rows"]] == [
+        "cato-sla",
+        "queue-length",
+        "aladdin-workers",
+        "cato-sla+slack-routing",
+    ]
     md = (tmp_path / "report.md").read_text()
     assert "## Chiron's setting" in md
     assert "## CATO's setting" in md

@@ -222,3 +222,15 @@ def test_the_loop_in_dry_run_decides_and_acts_on_nothing() -> None:
     assert loop.step(0.0, {}) == []
     assert lc.instances() == []
     assert [r.outcome for r in loop.runner.take_records()] == ["dry_run"]
+
+
+def test_a_failed_scale_out_start_fails_no_request_while_others_serve_the_model() -> None:
+    lc = make()
+    [a] = starts(lc.scale_out(M, 0.0))
+    ready(lc, a, 5.0)
+    [b] = starts(lc.scale_out(M, 6.0))
+    assert lc.start_failed(b.instance, "engine_exited", 7.0) == []
+    # alone, a failed start is the model's load failing
+    lc2 = make()
+    [c] = starts(lc2.scale_out(M, 0.0))
+    assert [type(x).__name__ for x in lc2.start_failed(c.instance, "engine_exited", 1.0)] == ["LoadFailed"]

@@ -68,6 +68,7 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
         PluginKind.EVICTOR: ["cace", "lru"],
         PluginKind.PREEMPTOR: ["least-progress", "most-slack", "smallest-kv-loss"],
         PluginKind.CONCURRENCY: ["chiron", "static"],
+        PluginKind.SCALER: ["aladdin-workers", "cato-sla", "chiron", "queue-length", "utilization-band"],
     }
 
 

@@ -16,11 +16,11 @@ first. Group g misses when the output tokens of it and every group ahead (mean a
 the requests' predicted lengths) cannot be produced by its earliest deadline at the batch instances'
 measured throughput (`tokens_per_s`, mean over the ready batch instances; `default_tokens_per_s` until
 one is measured): the wait is `gateway.sched.waiting.wait_normal` at `quantile`, a starting instance
-counting from when its load ends, a new one from `load_s` on. (A measured rate counts once the instance
-has been ready for `warmup_s`: telemetry's rate is over the last minute.) Batch instances are added one at a time
-(in the estimate) until no group misses, then all started at once; a group that no number of instances
-could save (its deadline before a new instance could help) does not drive the count. When no batch
-request is queued and no batch instance runs one, every batch instance is retired.
+counting from when its load ends, a new one from `load_s` on. A measured rate counts once its
+instance has been ready for `warmup_s` (telemetry's rate is over the last minute). Batch instances are
+added one at a time (in the estimate) until no group misses, then all started at once; a group that no
+number of instances could save (its deadline before a new instance could help) does not drive the
+count. When no batch request is queued and no batch instance runs one, every batch instance is retired.
 
 **Re-class.** A re-class is free (no load); so before starting instances the scaler re-classes what
 the other side can spare: batch instances not needed by any group (re-checked with one fewer) to mixed
