@@ -16,7 +16,7 @@ with node agents, and feeds it what happens (agent answers, dispatches, the queu
   like the rest: `StartInstance` with its class (and configuration) through the agent, `JoinEndpoint` with
   the class, `ReclassEndpoint` by re-registering the joined endpoint with its new class, a scale-in as a
   drain (`LeaveEndpoint`, then `StopInstance` with reason `scaled_in`). A scale-out whose start fails is
-  counted; it fails the model's waiting requests only when no instance of it is left to serve them.
+  counted (the core fails the model's waiting requests only when no other instance of it serves them).
 """
 
 from __future__ import annotations
@@ -409,24 +409,13 @@ class LifecycleManager:
                 self._reclass(a.instance, a)
             elif isinstance(a, LeaveEndpoint):
                 self._leave(a.instance)
-            elif isinstance(a, LoadFailed):
+            elif isinstance(a, LoadFailed):  # (the core emits it only when nothing else serves the model)
                 log.warning("model_load_failed", model=a.model, reason=a.reason)
-                if self._serving(a.model):
-                    # A scale-out's start failed while other instances serve the model: its queue is
-                    # waiting for capacity, not for this load.
-                    continue
                 self._cold_since.pop(a.model, None)
                 err = errors.model_load_failed(a.model, a.reason, self._retry_after_s)
                 self._driver.apply(self._scheduler.fail_model(a.model, err))
         if acted:
             self._notify()
-
-    def _serving(self, model: ModelName) -> bool:
-        """An instance of `model` is ready or loading (a failed load leaves the model served)."""
-        return any(
-            i.model == model and i.state in (InstanceState.READY, InstanceState.STARTING)
-            for i in self.core.instances()
-        )
 
     async def _start(self, a: StartInstance) -> None:
         client = self.clients[a.node]
