@@ -473,6 +473,7 @@ class LifecycleManager:
         )
         self._eids[eid] = iid
         self._joined[iid] = spec
+        self._leaving.pop(eid, None)  # (re-adopted: the scheduler counts its requests again)
         since = self._cold_since.pop(inst.model, None)
         if since is not None:
             self.metrics.cold_start_wait.labels(inst.model).observe(max(0.0, self._clock.now() - since))
