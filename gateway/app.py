@@ -133,6 +133,7 @@ class Gateway:
             )
             self.services.lifecycle_answered = lambda: self.lifecycle is not None and self.lifecycle.answered
             self.services.lifecycle_document = self.lifecycle.document
+            self.services.lifecycle_finished = self.lifecycle.on_finished
         self._reload_lock = asyncio.Lock()
         self._reload_again = False
 

@@ -94,6 +94,10 @@ def _num(v: Any, digits: int = 0) -> str:
     return f"{v:.{digits}f}"
 
 
+def _or(v: Any, default: str) -> str:
+    return default if v is None else str(v)
+
+
 def _sci(v: Any) -> str:
     return f"{v:.2g}" if isinstance(v, int | float) else "-"
 
@@ -274,6 +278,7 @@ def _lifecycle_lines(lc: Any, bold: str, reset: str) -> list[str]:
             str(i.get("model")),
             str(i.get("node")),
             str(i.get("state")),
+            str(i.get("instance_class") or "-"),
             ",".join(i.get("devices") or []),
             _gib(i.get("memory_bytes")),
             _secs(i.get("load_s")),
@@ -283,7 +288,19 @@ def _lifecycle_lines(lc: Any, bold: str, reset: str) -> list[str]:
         ]
         for i in lc.get("instances") or []
     ]
-    header = ["ID", "MODEL", "NODE", "STATE", "DEVICES", "GIB", "LOAD", "IDLE", "INFLIGHT req", "REASON"]
+    header = [
+        "ID",
+        "MODEL",
+        "NODE",
+        "STATE",
+        "CLASS",
+        "DEVICES",
+        "GIB",
+        "LOAD",
+        "IDLE",
+        "INFLIGHT req",
+        "REASON",
+    ]
     lines.extend(_table(header, rows))
     loads = lc.get("loads") or {}
     if loads:
@@ -298,6 +315,62 @@ def _lifecycle_lines(lc: Any, bold: str, reset: str) -> list[str]:
         )
     ev = lc.get("evictions") or {}
     lines.append("stops: " + (" ".join(f"{k}={v}" for k, v in sorted(ev.items())) or "none"))
+    lines.extend(_autoscale_lines(lc.get("autoscale"), lc.get("instances") or [], bold, reset))
+    return lines
+
+
+def _autoscale_lines(auto: Any, instances: Sequence[Any], bold: str, reset: str) -> list[str]:
+    """The autoscaler: scaler, mode, serving instances by model and class, counts, the last decision."""
+    if not isinstance(auto, dict):
+        return []
+    mode = "DRY RUN (decides, acts on nothing)" if auto.get("dry_run") else "acting"
+    lines = [
+        "",
+        f"{bold}AUTOSCALE{reset} ({auto.get('scaler', '-')}, {mode}, every {_secs(auto.get('interval_s'))})",
+    ]
+    serving: dict[str, dict[str, int]] = {}
+    for i in instances:
+        if isinstance(i, dict) and i.get("state") in ("pending", "starting", "ready"):
+            by_class = serving.setdefault(str(i.get("model")), {})
+            cls = str(i.get("instance_class") or "-")
+            by_class[cls] = by_class.get(cls, 0) + 1
+    counters = auto.get("dry_run_counters" if auto.get("dry_run") else "counters") or {}
+    bounds = auto.get("bounds") or {}
+    rows = []
+    for model in sorted(set(serving) | set(counters)):
+        b = bounds.get(model) or {}
+        c = counters.get(model) or {}
+        classes = serving.get(model) or {}
+        rows.append(
+            [
+                model,
+                " ".join(f"{k}={v}" for k, v in sorted(classes.items())) or "0",
+                f"{b.get('min_instances', 0)}..{_or(b.get('max_instances'), '∞')}",
+                str(c.get("started", 0)),
+                str(c.get("retired", 0)),
+                str(c.get("reclassed", 0)),
+                _num(c.get("hysteresis"), 2),
+            ]
+        )
+    header = ["MODEL", "SERVING by class", "MIN..MAX", "STARTED", "RETIRED", "RECLASSED", "HYSTERESIS"]
+    lines.extend(_table(header, rows))
+    recent = auto.get("recent") or []
+    if recent:
+        d = recent[0]
+        what = str(d.get("action"))
+        if d.get("instance"):
+            what += f" {d.get('instance')}"
+        if d.get("instance_class"):
+            what += f" {d.get('instance_class')}"
+        if d.get("action") == "scale_out":
+            what += f" x{d.get('count')}"
+        note = f" ({d.get('note')})" if d.get("note") else ""
+        lines.append(
+            f"last decision: {d.get('model')} {what}: {d.get('reason') or '-'} -> {d.get('outcome')}{note}"
+        )
+    fails = auto.get("start_failures") or {}
+    if fails:
+        lines.append("failed starts: " + "  ".join(f"{m}={n}" for m, n in sorted(fails.items())))
     return lines
 
 

@@ -5,6 +5,9 @@ One process, one event loop: a simulated fleet (two models, four endpoints acros
 sped up 10x), berth in front of it with the default policy, and the `chat-batch` workload (interactive
 chat plus a batch queue) for `duration_s` with a live view. Then the per-class results table, and berth
 keeps serving on http://127.0.0.1:PORT with ready-to-paste snippets until Ctrl-C.
+
+`berth demo --autoscale` is the autoscaler's demo instead (`loadgen.demo_autoscale`): a real node agent
+starts and stops simulated engines as a burst comes and goes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from gateway.config import apply_overrides, default_config, load_runtime, parse_
 from gateway.core.logging import configure_logging
 from gateway.core.runloop import run
 from gateway.sched.plugins import default_registry
+from loadgen.demo_autoscale import run_demo
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.spec import EndpointSpec as SimSpec
 from loadgen.progress import ProgressBar
@@ -32,6 +36,7 @@ from loadgen.runner import LiveSnapshot, RunOptions, run_workload
 
 SPEED = 10.0  # simulated engines run this many times faster than real GPUs; SLOs are scaled to match
 DEFAULT_RATE = 4.0  # workload arrivals per second
+AUTOSCALE_DURATION_S = 90.0
 FLEET: tuple[tuple[str, str], ...] = (  # (model, instance class)
     ("chat-7b", "interactive"),
     ("chat-7b", "mixed"),
@@ -42,19 +47,37 @@ _PROFILE = {"chat-7b": "fleet-7b", "code-13b": "fleet-13b"}
 
 
 def main(argv: Sequence[str]) -> int:
-    """`berth demo [--duration S] [--port N] [--no-serve] [--rate R]`."""
+    """`berth demo [--duration S] [--port N] [--no-serve] [--rate R] [--autoscale]`."""
     p = argparse.ArgumentParser(
         prog="berth demo", description="a simulated fleet with berth in front of it and a mixed workload"
     )
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of workload (default 60)")
+    p.add_argument(
+        "--duration", type=float, default=None, help="seconds of workload (default 60; 90 with --autoscale)"
+    )
     p.add_argument("--port", type=int, default=8080, help="berth's port (default 8080)")
     p.add_argument("--no-serve", action="store_true", help="exit after the results instead of serving on")
     p.add_argument("--rate", type=float, default=None, help="requests/s of the demo workload")
+    p.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="a real node agent starts and stops engines as a burst comes and goes (default duration 90)",
+    )
     args = p.parse_args(argv)
     configure_logging("warning")
+    if args.autoscale:
+        run(
+            run_demo(
+                duration_s=args.duration if args.duration is not None else AUTOSCALE_DURATION_S,
+                port=args.port,
+                serve_after=not args.no_serve,
+                say=_say,
+                until_signal=_until_signal,
+            )
+        )
+        return 0
     run(
         _demo(
-            duration_s=args.duration,
+            duration_s=args.duration if args.duration is not None else 60.0,
             port=args.port,
             serve_after=not args.no_serve,
             rate=args.rate or DEFAULT_RATE,

@@ -43,13 +43,19 @@ class SchedulerDriver:
         # scheduler queued their requests), and every placement (recency of agent-started instances).
         self.on_cold: Callable[[list[ModelName]], None] | None = None
         self.on_dispatch: Callable[[SchedRequest, EndpointId], None] | None = None
+        # Set by the lifecycle manager: every request submitted (once; not its retries elsewhere), for the
+        # autoscaler's arrival rates.
+        self.on_submit: Callable[[SchedRequest], None] | None = None
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
     async def acquire(self, req: SchedRequest, exclude: frozenset[EndpointId] = frozenset()) -> Dispatch:
-        """Submit `req` and wait for its seat; raise the scheduler's error if it is rejected."""
+        """Submit `req` and wait for its seat; raise the scheduler's error if it is rejected. A retry
+        after a failed engine call submits it again with `exclude` (the endpoints that failed it)."""
+        if self.on_submit is not None and not exclude:
+            self.on_submit(req)
         decision = self.scheduler.submit(req, exclude=exclude)
         preempted = self.scheduler.take_preemptions()
         if preempted:

@@ -9,7 +9,7 @@ metrics, in `finally`)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Set
+from collections.abc import Callable, Iterable, Set
 
 import structlog
 from aiohttp import web
@@ -215,7 +215,7 @@ def finish(s: Services, ctx: RequestContext, tenant: Tenant | None = None, seat:
         m.prompt_tokens_of(model).inc(ctx.prompt_tokens)
     if ctx.preemptions:
         m.resumes_of(model, ctx.outcome).inc()
-    learn(ctx, s.telemetry, s.slo)
+    learn(ctx, s.telemetry, s.slo, s.lifecycle_finished)
     if not LEVEL.info:
         return
     log.info(
@@ -240,12 +240,20 @@ def finish(s: Services, ctx: RequestContext, tenant: Tenant | None = None, seat:
     )
 
 
-def learn(ctx: RequestContext, telemetry: LiveTelemetry, slo: SloAdmission) -> None:
-    """What berth learns from a finished request (any outcome): telemetry's record of it, and its task
-    step's duration on the task clock (or the step given back when it never ran)."""
+def learn(
+    ctx: RequestContext,
+    telemetry: LiveTelemetry,
+    slo: SloAdmission,
+    lifecycle: Callable[[FinishedRequest], None] | None = None,
+) -> None:
+    """What berth learns from a finished request (any outcome): telemetry's record of it (and the
+    lifecycle's autoscaler, when there is one), and its task step's duration on the task clock (or the
+    step given back when it never ran)."""
     record = finished_record(ctx)
     if record is not None:
         telemetry.on_finish(record)
+        if lifecycle is not None:
+            lifecycle(record)
     slo.on_finish(
         ctx.task,
         ctx.slo_class,

@@ -29,6 +29,7 @@ from gateway.core.slo import SloPolicy
 from gateway.dispatch.runner import Dispatcher
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.live import LiveTelemetry
+from gateway.telemetry.records import FinishedRequest
 from gateway.upstream.credentials import EngineAuth
 
 
@@ -79,6 +80,8 @@ class Services:
     # /admin/fleet. None: no lifecycle (a fixed fleet).
     lifecycle_answered: Callable[[], bool] | None = None
     lifecycle_document: Callable[[], dict[str, Any]] | None = None
+    # Every admitted request's finish record (the lifecycle's autoscaler counts SLA violations from it).
+    lifecycle_finished: Callable[[FinishedRequest], None] | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
     _dispatcher: Dispatcher | None = None
     _keys: Iterator[int] = field(default_factory=itertools.count)

@@ -11,13 +11,20 @@ with node agents, and feeds it what happens (agent answers, dispatches, the queu
 - Evicted instances leave the endpoint set first (no new placements), their in-flight requests finish (up
   to the drain timeout), then the agent stops them; the load that waits for their memory starts after.
 - Every agent call runs as a supervised task with a timeout; failures are logged and counted.
+- Autoscaling (the policy's `[autoscale]`, `gateway.lifecycle.autoscaler`): on each tick, once every agent
+  answered, the autoscaler's round (when its interval is due) returns the lifecycle's actions, carried out
+  like the rest: `StartInstance` with its class (and configuration) through the agent, `JoinEndpoint` with
+  the class, `ReclassEndpoint` by re-registering the joined endpoint with its new class, a scale-in as a
+  drain (`LeaveEndpoint`, then `StopInstance` with reason `scaled_in`). A scale-out whose start fails is
+  counted (the core fails the model's waiting requests only when no other instance of it serves them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import structlog
@@ -30,9 +37,10 @@ from gateway.config.lifecycle import LifecycleSetup
 from gateway.core import errors
 from gateway.core.clock import Clock
 from gateway.core.tasks import TaskSupervisor
-from gateway.core.types import EndpointId, EngineKind, ModelName
+from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.lifecycle.agent_client import AgentCallError, AgentClient
+from gateway.lifecycle.autoscaler import LiveAutoscaler
 from gateway.lifecycle.endpoints import EndpointSet
 from gateway.lifecycle.instances import (
     Action,
@@ -46,11 +54,13 @@ from gateway.lifecycle.instances import (
     LoadFailed,
     ModelSpec,
     NodeSpec,
+    ReclassEndpoint,
     StartInstance,
     StopInstance,
 )
 from gateway.sched.request import SchedRequest
 from gateway.sched.types import EndpointSpec
+from gateway.telemetry.records import FinishedRequest
 
 log = structlog.get_logger("berth.lifecycle")
 
@@ -164,15 +174,22 @@ class LifecycleManager:
         self._answered = asyncio.Event()
         self._eids: dict[EndpointId, str] = {}  # endpoint id -> instance id
         self._joined: dict[str, EndpointSpec] = {}  # instance id -> its endpoint
+        # Endpoints that left the set while requests ran there -> those still running. The scheduler
+        # forgets a removed endpoint's requests, so the drain counts them down from the finish records.
+        self._leaving: dict[EndpointId, int] = {}
         self._cold_since: dict[ModelName, float] = {}
         self._expected_output: dict[ModelName, float] = {}
         self.load_times: dict[ModelName, list[float]] = {}
         self.evictions: dict[str, int] = {}
+        self.starts: dict[str, int] = {}  # instances started: "cold_start" | "autoscale"
         self.agent_errors = 0
         self.metrics = LifecycleMetrics(registry, self)
+        self.autoscaler = LiveAutoscaler(self.core, self._scheduler, registry)
+        self._changed = asyncio.Event()
         self._scheduler.set_loadable(models, c.load_deadline_s)
         driver.on_cold = self.on_cold
         driver.on_dispatch = self.on_dispatch
+        driver.on_submit = self.on_submit
 
     # ----------------------------------------------------------------- readiness
     @property
@@ -191,6 +208,21 @@ class LifecycleManager:
             return False
         return True
 
+    async def wait_for(self, what: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until `what()` holds, re-checked after every batch of actions carried out and every
+        agent answer; False on timeout (tests and the demo wait on the lifecycle this way)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not what():
+                    await self._changed.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
     # ----------------------------------------------------------------- the loop
     async def run(self) -> None:
         """Ask every agent for its node and instances until all answered; then tick, and re-read each
@@ -206,7 +238,14 @@ class LifecycleManager:
                 next_refresh = now + refresh
             self._sync_inflight()
             self._do(self.core.tick(self._clock.now()))
+            if self.answered:  # the nodes' devices are known: the autoscaler sees the free ones
+                self._do(self.autoscaler.step(self._clock.now(), self.joined_endpoints()))
+            self._notify()  # agent answers, drains and decisions that produced no action
             await asyncio.sleep(TICK_S)
+
+    def joined_endpoints(self) -> dict[str, EndpointId]:
+        """Instance id -> endpoint id of the agent-started instances in the endpoint set."""
+        return {iid: eid for eid, iid in self._eids.items() if iid in self._joined}
 
     async def _refresh(self, name: str) -> None:
         client = self.clients[name]
@@ -283,6 +322,27 @@ class LifecycleManager:
             self._cold_since.setdefault(m, now)
             self._do(self.core.request(m, now))
 
+    def retire(self, iid: str, reason: str = "scaled_in") -> bool:
+        """Drain and stop a ready instance now, as an accepted scale-in does (False: not ready)."""
+        self._sync_inflight()  # the drain starts from the exact in-flight count
+        actions = self.core.scale_in(iid, self._clock.now(), reason=reason)
+        self._do(actions)
+        return bool(actions)
+
+    def on_submit(self, req: SchedRequest) -> None:
+        """Every request submitted to the scheduler (the autoscaler's arrival rates)."""
+        self.autoscaler.arrived(req.model, self._clock.now())
+
+    def on_finished(self, record: FinishedRequest) -> None:
+        """Every admitted request that finished (the front's finish phase; the autoscaler's SLA counts)."""
+        self.autoscaler.finished(record, self._scheduler.policy.slo)
+        eid = record.endpoint
+        if eid is not None and eid in self._leaving:
+            self._leaving[eid] = max(0, self._leaving[eid] - 1)
+            iid = self._eids.get(eid)
+            if iid is not None:
+                self._do(self.core.observe_inflight(iid, self._leaving[eid], self._clock.now()))
+
     def on_dispatch(self, req: SchedRequest, eid: EndpointId) -> None:
         iid = self._eids.get(eid)
         if iid is not None:
@@ -301,25 +361,35 @@ class LifecycleManager:
 
     def _sync_inflight(self) -> None:
         """In-flight counts from the scheduler (exact), so eviction never takes a busy instance and a
-        draining one stops once its last request ends."""
+        draining one stops once its last request ends (counted down by `on_finished` once it left the
+        endpoint set; a request retried or resumed elsewhere is waited for up to the drain timeout)."""
         now = self._clock.now()
         for eid, iid in list(self._eids.items()):
             inst = self.core.get(iid)
             if inst is None or inst.state in (InstanceState.STOPPED, InstanceState.FAILED):
                 del self._eids[eid]
+                self._leaving.pop(eid, None)
                 continue
-            self._do(self.core.observe_inflight(iid, self._scheduler.inflight_on(eid), now))
+            n = self._leaving[eid] if eid in self._leaving else self._scheduler.inflight_on(eid)
+            self._do(self.core.observe_inflight(iid, n, now))
 
     # ----------------------------------------------------------------- carrying out actions
     def _do(self, actions: Iterable[Action]) -> None:
+        acted = False
         for a in actions:
+            acted = True
             if isinstance(a, StartInstance):
+                why = "cold_start" if a.reason == "cold_start" else "autoscale"
+                self.starts[why] = self.starts.get(why, 0) + 1
                 log.info(
                     "instance_starting",
                     node=a.node,
                     instance=a.instance,
                     model=a.model,
                     devices=list(a.devices),
+                    instance_class=a.instance_class.value,
+                    config=a.config,
+                    reason=a.reason,
                 )
                 self._supervisor.spawn(
                     f"agent-start:{a.instance}", functools.partial(self._start, a), restart=False
@@ -334,23 +404,31 @@ class LifecycleManager:
                     f"agent-stop:{a.instance}", functools.partial(self._stop, a), restart=False
                 )
             elif isinstance(a, JoinEndpoint):
-                self._join(a.instance)
+                self._join(a.instance, a.instance_class)
+            elif isinstance(a, ReclassEndpoint):
+                self._reclass(a.instance, a)
             elif isinstance(a, LeaveEndpoint):
                 self._leave(a.instance)
-            elif isinstance(a, LoadFailed):
-                self._cold_since.pop(a.model, None)
+            elif isinstance(a, LoadFailed):  # (the core emits it only when nothing else serves the model)
                 log.warning("model_load_failed", model=a.model, reason=a.reason)
+                self._cold_since.pop(a.model, None)
                 err = errors.model_load_failed(a.model, a.reason, self._retry_after_s)
                 self._driver.apply(self._scheduler.fail_model(a.model, err))
+        if acted:
+            self._notify()
 
     async def _start(self, a: StartInstance) -> None:
         client = self.clients[a.node]
         try:
             report = await self._call(
-                client, "start", client.start(a.model, a.instance, timeout_s=self.settings.load_deadline_s)
+                client,
+                "start",
+                client.start(a.model, a.instance, timeout_s=self.settings.load_deadline_s, config=a.config),
             )
         except AgentCallError as e:
             self.metrics.loads.labels(a.model, "failed").inc()
+            if a.reason != "cold_start":
+                self.autoscaler.start_failed(a.model)
             self._do(self.core.start_failed(a.instance, f"{e.code}: {e.message}", self._clock.now()))
             return
         self.metrics.loads.labels(a.model, "ok").inc()
@@ -378,7 +456,7 @@ class LifecycleManager:
         log.info("instance_stopped", node=a.node, instance=a.instance)
         self._do(self.core.stopped(a.instance, self._clock.now()))
 
-    def _join(self, iid: str) -> None:
+    def _join(self, iid: str, instance_class: InstanceClass) -> None:
         inst = self.core.get(iid)
         if inst is None or inst.url is None:
             return
@@ -389,21 +467,35 @@ class LifecycleManager:
             url=inst.url,
             engine=engine,
             models=frozenset({inst.model}),
+            instance_class=instance_class,
             cap=self._default_cap,
             node=inst.node,
         )
         self._eids[eid] = iid
         self._joined[iid] = spec
+        self._leaving.pop(eid, None)  # (re-adopted: the scheduler counts its requests again)
         since = self._cold_since.pop(inst.model, None)
         if since is not None:
             self.metrics.cold_start_wait.labels(inst.model).observe(max(0.0, self._clock.now() - since))
+        self._endpoints.set_agent_endpoints(list(self._joined.values()))
+
+    def _reclass(self, iid: str, a: ReclassEndpoint) -> None:
+        """A ready instance changes class in place: its endpoint is registered again with the new class
+        (no restart; the requests running there stay)."""
+        spec = self._joined.get(iid)
+        if spec is None:
+            return
+        log.info("endpoint_reclassed", instance=iid, endpoint=spec.id, instance_class=a.instance_class.value)
+        self._joined[iid] = dataclasses.replace(spec, instance_class=a.instance_class)
         self._endpoints.set_agent_endpoints(list(self._joined.values()))
 
     def _leave(self, iid: str) -> None:
         spec = self._joined.pop(iid, None)
         if spec is None:
             return
-        # Keep the id -> instance mapping while requests still run there (draining reads in-flight counts).
+        # Keep the id -> instance mapping while requests still run there (draining reads in-flight counts),
+        # and count them now: once removed, the scheduler reports 0 for the endpoint.
+        self._leaving[spec.id] = self._scheduler.inflight_on(spec.id)
         self._endpoints.set_agent_endpoints(list(self._joined.values()))
 
     # ----------------------------------------------------------------- admin
@@ -452,6 +544,8 @@ class LifecycleManager:
                     "model": i.model,
                     "node": i.node,
                     "state": i.state.value,
+                    "instance_class": i.instance_class.value,
+                    "config": i.config,
                     "devices": list(i.devices),
                     "memory_bytes": i.memory_bytes,
                     "load_s": i.load_s,
@@ -466,5 +560,7 @@ class LifecycleManager:
             "waiting_loads": {m: max(0.0, now - t) for m, t in sorted(self._cold_since.items())},
             "loads": loads,
             "evictions": dict(sorted(self.evictions.items())),
+            "starts": dict(sorted(self.starts.items())),
             "agent_errors": self.agent_errors,
+            "autoscale": self.autoscaler.document(),
         }

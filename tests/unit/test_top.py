@@ -183,6 +183,57 @@ def test_the_lifecycle_section_shows_nodes_instances_loads_and_stops() -> None:
     assert "waiting for a load: reason-b 2.0s" in text
     assert "stops: evicted=3" in text
     assert "NODES" not in render({})
+    assert "AUTOSCALE" not in text  # a policy without [autoscale]
+
+
+def test_the_autoscale_section_shows_instances_by_class_and_the_last_decision() -> None:
+    instance = {"model": "code-a", "node": "n", "devices": [], "memory_bytes": 0, "inflight": 0}
+    doc = {
+        "lifecycle": {
+            "evictor": "lru",
+            "nodes": [],
+            "instances": [
+                {**instance, "id": "code-a-1", "state": "ready", "instance_class": "mixed"},
+                {**instance, "id": "code-a-2", "state": "starting", "instance_class": "batch"},
+                {**instance, "id": "code-a-3", "state": "stopped", "instance_class": "batch"},
+            ],
+            "evictions": {"scaled_in": 1},
+            "autoscale": {
+                "scaler": "chiron",
+                "dry_run": False,
+                "interval_s": 5,
+                "bounds": {"code-a": {"min_instances": 1, "max_instances": None}},
+                "counters": {"code-a": {"started": 2, "retired": 1, "reclassed": 0, "hysteresis": 1.5}},
+                "dry_run_counters": {},
+                "start_failures": {"code-a": 1},
+                "recent": [
+                    {
+                        "model": "code-a",
+                        "action": "scale_out",
+                        "instance": None,
+                        "instance_class": "batch",
+                        "count": 2,
+                        "reason": "batch groups would miss their TTFT deadline",
+                        "outcome": "clipped",
+                        "note": "no_free_devices",
+                    }
+                ],
+            },
+        }
+    }
+    text = render(doc)
+    assert "AUTOSCALE (chiron, acting, every 5.0s)" in text
+    row = next(line for line in text.splitlines() if line.startswith("code-a ") and "1..∞" in line)
+    assert row.split()[1:4] == ["batch=1", "mixed=1", "1..∞"]
+    assert row.split()[-1] == "1.50"
+    assert "CLASS" in text
+    assert (
+        "last decision: code-a scale_out batch x2: batch groups would miss their TTFT deadline -> clipped"
+        " (no_free_devices)" in text
+    )
+    assert "failed starts: code-a=1" in text
+    dry = {**doc["lifecycle"]["autoscale"], "dry_run": True}  # type: ignore[dict-item]
+    assert "DRY RUN" in render({"lifecycle": {**doc["lifecycle"], "autoscale": dry}})
 
 
 def test_every_numeric_column_says_its_unit() -> None:

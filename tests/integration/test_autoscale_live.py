@@ -1,0 +1,328 @@
+"""The live autoscaler: berth (in process) in front of a real node agent (the process backend, a
+subprocess per command) that starts `berth-engine-sim` engines when the policy's `[autoscale]` asks.
+
+The node has two configured devices, each holding one instance. Waits are on the lifecycle manager's
+change event (`LifecycleManager.wait_for`, re-checked after every action, agent answer and tick), bounded
+by generous timeouts; nothing sleeps for a fixed time and nothing asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.agent import procs
+from gateway.agent.state import StateDir
+from gateway.lifecycle.instances import InstanceState
+from gateway.lifecycle.manager import LifecycleManager
+from loadgen.harness import REPO_ROOT, free_port
+from tests.integration.conftest import Running, StartGateway
+
+SIM = [
+    sys.executable,
+    "-m",
+    "loadgen.engine_sim.cli",
+    "--model",
+    "{model}",
+    "--port",
+    "{port}",
+    "--load-time-s",
+    "0.3",
+]
+WAIT_S = 60.0
+
+
+def _model(name: str, command: list[str], memory_gib: float) -> str:
+    return (
+        f'[[models]]\nname = "{name}"\nengine = "vllm"\ncommand = {json.dumps(command)}\n'
+        f'memory_gib = {memory_gib}\nload_timeout_s = 60\nenv = {{ PYTHONPATH = "{REPO_ROOT}" }}\n'
+    )
+
+
+def _policy(autoscale: str) -> str:
+    return (REPO_ROOT / "policies" / "default.toml").read_text() + "\n" + autoscale
+
+
+@dataclass
+class Fleet:
+    running: Running
+    state: StateDir
+
+    @property
+    def manager(self) -> LifecycleManager:
+        lm = self.running.gw.lifecycle
+        assert lm is not None
+        return lm
+
+    async def until(self, what: str, cond: Callable[[], bool]) -> None:
+        assert await self.manager.wait_for(cond, WAIT_S), f"timed out waiting for: {what}"
+
+    def states(self, model: str) -> dict[str, str]:
+        return {i.id: i.state.value for i in self.manager.core.instances() if i.model == model}
+
+    def count(self, model: str, state: InstanceState) -> int:
+        return sum(1 for i in self.manager.core.instances() if i.model == model and i.state is state)
+
+    async def metrics(self) -> str:
+        async with aiohttp.ClientSession() as s, s.get(self.running.url + "/metrics") as r:
+            return await r.text()
+
+    async def fleet_doc(self) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as s, s.get(self.running.url + "/admin/fleet") as r:
+            assert r.status == 200
+            doc: dict[str, Any] = (await r.json())["lifecycle"]
+            return doc
+
+    def live_pids(self) -> list[int]:
+        """Processes of every engine the agent ever started that still run."""
+        return [
+            pid
+            for rec in self.state.records()
+            if rec.pid is not None
+            for pid in procs.group_members(rec.pid, since_ticks=rec.pid_start or 0)
+        ]
+
+
+StartFleet = Callable[[str], Awaitable[Fleet]]
+
+
+@pytest.fixture
+async def start_fleet(tmp_path: Path, start_gateway: StartGateway) -> AsyncIterator[StartFleet]:
+    fleets: list[Fleet] = []
+
+    async def start(autoscale: str) -> Fleet:
+        (tmp_path / "models.toml").write_text(
+            _model("sim-a", SIM, 4) + _model("crash", ["sh", "-c", "echo boom >&2; exit 3", "{port}"], 4)
+        )
+        base = free_port()
+        (tmp_path / "agent.toml").write_text(
+            'models = "models.toml"\nstate_dir = "state"\nnvml = false\nheadroom_gib = 1\n'
+            f"release_wait_s = 0.2\nstop_timeout_s = 2\nport_range = [{base}, {min(base + 200, 65535)}]\n"
+            # capacity 6 GiB each: one 4 GiB instance per device
+            '[[devices]]\nname = "gpu0"\nmemory_gib = 7\n[[devices]]\nname = "gpu1"\nmemory_gib = 7\n'
+        )
+        (tmp_path / "policy.toml").write_text(_policy(autoscale))
+        agent = json.dumps([sys.executable, "-m", "gateway.agent", "-c", str(tmp_path / "agent.toml")])
+        running = await start_gateway(
+            [],
+            toml=(
+                '[policy]\nfile = "policy.toml"\n'
+                "[limits]\ndefault_endpoint_cap = 1\n"
+                "[lifecycle]\n"
+                'models = "models.toml"\n'
+                # a drain waits for its requests (the test ends it by their end, never by this timeout)
+                "load_deadline_s = 60\nchurn_guard_s = 0\ndrain_timeout_s = 60\nrefresh_interval_s = 0.5\n"
+                '[lifecycle.evictor]\nplugin = "lru"\n'
+                f'[[nodes]]\nname = "n1"\nagent = {agent}\n'
+                "[scrape]\ninterval_s = 0.2\nstale_after_s = 1\n"
+            ),
+        )
+        fleet = Fleet(running, StateDir(tmp_path / "state"))
+        fleets.append(fleet)
+        assert await fleet.manager.wait_answered(WAIT_S)
+        return fleet
+
+    yield start
+    for f in fleets:  # the engines outlive berth: end whatever a failing test left
+        for pid in f.live_pids():
+            os.kill(pid, signal.SIGKILL)
+
+
+async def _complete(session: aiohttp.ClientSession, url: str, model: str, max_tokens: int) -> str:
+    body = {"model": model, "prompt": "hello", "max_tokens": max_tokens}
+    async with session.post(url + "/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        await r.read()
+        return r.headers["X-Berth-Endpoint"]
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+QUEUE_LENGTH = """
+[autoscale]
+plugin = "queue-length"
+params = { target_per_instance = 1, upscale_delay_s = 0, downscale_delay_s = 0 }
+interval_s = 0.2
+scale_in_cooldown_s = 0
+min_instances = 0
+max_instances = 2
+"""
+
+
+async def test_a_burst_starts_an_instance_that_serves_and_its_end_drains_and_stops_it(
+    start_fleet: StartFleet,
+) -> None:
+    fleet = await start_fleet(QUEUE_LENGTH)
+    # A burst on an empty fleet: the first request cold-starts an instance (the lifecycle's, on demand);
+    # the queue behind it (each instance's cap is 1) makes the scaler ask for more, clipped to the two
+    # devices; the started instance joins the endpoint set and serves part of the burst.
+    async with aiohttp.ClientSession() as session:
+        burst = [asyncio.ensure_future(_complete(session, fleet.running.url, "sim-a", 64)) for _ in range(12)]
+        await fleet.until("two instances", lambda: fleet.count("sim-a", InstanceState.READY) == 2)
+        during = await fleet.metrics()
+        served_by = await asyncio.gather(*burst)
+    assert _metric(during, "berth_autoscale_instances", model="sim-a", instance_class="mixed") == 2
+    assert len(set(served_by)) == 2, served_by  # both instances served
+    starts = [
+        d for d in fleet.manager.autoscaler.recent if d.action == "scale_out" and d.outcome != "refused"
+    ]
+    assert [(d.count, d.outcome, d.note) for d in starts] == [(1, "clipped", "max_instances")]
+
+    # The burst is over: the idle instances drain and stop (reason scaled_in), one per round, down to 0.
+    await fleet.until("both scaled in", lambda: fleet.count("sim-a", InstanceState.STOPPED) == 2)
+    metrics = await fleet.metrics()
+    assert _metric(metrics, "berth_lifecycle_evictions_total", reason="scaled_in") == 2
+    assert (
+        _metric(
+            metrics,
+            "berth_autoscale_decisions_total",
+            model="sim-a",
+            action="scale_out",
+            reason="max_instances",
+            mode="act",
+            outcome="clipped",
+        )
+        == 1
+    )
+    assert (
+        _metric(
+            metrics,
+            "berth_autoscale_decisions_total",
+            model="sim-a",
+            action="scale_in",
+            reason="scaler",
+            mode="act",
+            outcome="acted",
+        )
+        == 2
+    )
+    # One instance started by the autoscaler, two retired: (1 + 2) / 1.
+    assert _metric(metrics, "berth_autoscale_hysteresis", model="sim-a", mode="act") == pytest.approx(3.0)
+
+    doc = await fleet.fleet_doc()
+    auto = doc["autoscale"]
+    assert (auto["scaler"], auto["dry_run"]) == ("queue-length", False)
+    assert auto["bounds"]["sim-a"] == {"min_instances": 0, "max_instances": 2}
+    assert auto["counters"]["sim-a"] == {"started": 1, "retired": 2, "reclassed": 0, "hysteresis": 3.0}
+    assert auto["recent"][0]["action"] == "scale_in"  # newest first
+    assert {i["instance_class"] for i in doc["instances"]} == {"mixed"}
+
+    # Nothing is left behind: the agent lists both stopped, and their processes are gone.
+    listed = await fleet.manager.clients["n1"].list_instances()
+    assert sorted(i.state for i in listed.instances) == ["stopped", "stopped"]
+    assert fleet.live_pids() == []
+
+
+DRY_RUN = """
+[autoscale]
+plugin = "queue-length"
+params = { target_per_instance = 1, upscale_delay_s = 0, downscale_delay_s = 0 }
+dry_run = true
+interval_s = 0.2
+min_instances = 1
+max_instances = 2
+"""
+
+
+async def test_dry_run_starts_nothing_but_exports_the_decisions(start_fleet: StartFleet) -> None:
+    fleet = await start_fleet(DRY_RUN)
+    await fleet.until("a round", lambda: any(d.model == "sim-a" for d in fleet.manager.autoscaler.recent))
+    auto = (await fleet.fleet_doc())["autoscale"]
+    assert auto["dry_run"] is True
+    mine = [d for d in auto["recent"] if d["model"] == "sim-a"]
+    assert ("scale_out", "dry_run") in {(d["action"], d["outcome"]) for d in mine}
+    assert {d["outcome"] for d in mine} <= {"dry_run", "refused"}  # never "acted"
+    assert auto["dry_run_counters"]["sim-a"]["started"] >= 1
+    assert auto["counters"] == {}
+    metrics = await fleet.metrics()
+    assert (
+        _metric(
+            metrics,
+            "berth_autoscale_decisions_total",
+            model="sim-a",
+            action="scale_out",
+            mode="dry_run",
+            outcome="dry_run",
+        )
+        >= 1
+    )
+    # Nothing acted: no instance planned, no agent start.
+    assert fleet.manager.core.instances() == []
+    assert _metric(metrics, "berth_lifecycle_agent_calls_total", command="start") == 0
+    assert _metric(metrics, "berth_lifecycle_agent_calls_total", command="node") == 1
+    assert fleet.state.records() == []
+
+
+FAILING = """
+[autoscale]
+plugin = "queue-length"
+params = { target_per_instance = 1, upscale_delay_s = 0, downscale_delay_s = 0 }
+interval_s = 0.2
+scale_out_cooldown_s = 0
+min_instances = 1
+max_instances = 1
+"""
+
+
+async def test_a_failed_start_is_counted_and_does_not_wedge_the_autoscaler(start_fleet: StartFleet) -> None:
+    fleet = await start_fleet(FAILING)
+    a = fleet.manager.autoscaler
+    # Both models are below their minimum: the crash model's start fails (again and again, each counted),
+    # while sim-a's start goes through and serves.
+    await fleet.until("two failed starts", lambda: a.start_failures.get("crash", 0) >= 2)
+    await fleet.until("sim-a ready", lambda: fleet.count("sim-a", InstanceState.READY) == 1)
+    async with aiohttp.ClientSession() as session:
+        await _complete(session, fleet.running.url, "sim-a", 4)
+    metrics = await fleet.metrics()
+    assert _metric(metrics, "berth_autoscale_start_failures_total", model="crash") >= 2
+    assert _metric(metrics, "berth_lifecycle_loads_total", model="crash", result="failed") >= 2
+    doc = await fleet.fleet_doc()
+    assert doc["autoscale"]["start_failures"]["crash"] >= 2
+
+
+ONE = """
+[autoscale]
+plugin = "queue-length"
+params = { target_per_instance = 100, upscale_delay_s = 0, downscale_delay_s = 0 }
+interval_s = 0.2
+min_instances = 1
+max_instances = 1
+"""
+
+
+async def test_a_scale_in_of_a_busy_instance_lets_its_request_finish_before_the_stop(
+    start_fleet: StartFleet,
+) -> None:
+    fleet = await start_fleet(ONE)
+    lm = fleet.manager
+    await fleet.until("the minimum instance", lambda: fleet.count("sim-a", InstanceState.READY) == 1)
+    ((iid, eid),) = lm.joined_endpoints().items()
+    async with aiohttp.ClientSession() as session:
+        call = asyncio.ensure_future(_complete(session, fleet.running.url, "sim-a", 100))
+        scheduler = fleet.running.gw.scheduler
+        await fleet.until("the request running", lambda: scheduler.inflight_on(eid) == 1)
+        assert lm.retire(iid)  # what an accepted ScaleIn does
+        assert fleet.states("sim-a")[iid] == "draining"  # left the endpoint set; not stopped under it
+        assert await call == eid  # the request finished where it ran
+    await fleet.until("the drained instance stopped", lambda: fleet.states("sim-a")[iid] == "stopped")
+    metrics = await fleet.metrics()
+    assert _metric(metrics, "berth_lifecycle_evictions_total", reason="scaled_in") == 1
