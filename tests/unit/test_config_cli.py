@@ -49,7 +49,7 @@ def test_endpoint_flags_parse(flag: str, expected: EndpointConfig) -> None:
         pytest.param(
             "http://a:1,foo=1",
             "--endpoint: 'http://a:1,foo=1': unknown option 'foo' "
-            "(known: engine, class, models, cap, id, node, scheduling)",
+            "(known: engine, class, models, cap, id, node, scheduling, max_batch, config)",
             id="unknown-option",
         ),
         pytest.param(
