@@ -145,7 +145,10 @@ class LifecycleManager:
             lookahead=c.lookahead,
         )
         models = {
-            ModelName(name): ModelSpec(ModelName(name), m.memory_bytes, m.devices, c.expected_load_s)
+            # A model with instance configurations starts its default one (the agent's choice too).
+            ModelName(name): ModelSpec(
+                ModelName(name), m.configured().memory_bytes, m.configured().devices, c.expected_load_s
+            )
             for name, m in setup.models.items()
         }
         self.core = Lifecycle(
@@ -164,6 +167,8 @@ class LifecycleManager:
         self._answered = asyncio.Event()
         self._eids: dict[EndpointId, str] = {}  # endpoint id -> instance id
         self._joined: dict[str, EndpointSpec] = {}  # instance id -> its endpoint
+        # instance id -> (its instance configuration, that configuration's max batch), as its agent says
+        self._configs: dict[str, tuple[str | None, int | None]] = {}
         self._cold_since: dict[ModelName, float] = {}
         self._expected_output: dict[ModelName, float] = {}
         self.load_times: dict[ModelName, list[float]] = {}
@@ -237,6 +242,7 @@ class LifecycleManager:
                     if ModelName(rep.model) not in self.core.models():
                         continue  # not in the gateway's registry: not ours to route to
                     log.info("instance_adopted", node=name, instance=rep.id, model=rep.model, url=rep.url)
+                    self._configs[rep.id] = (rep.config, rep.max_batch)
                     self._do(
                         self.core.adopt(
                             iid=rep.id,
@@ -356,6 +362,7 @@ class LifecycleManager:
         self.metrics.loads.labels(a.model, "ok").inc()
         self.metrics.load_seconds.labels(a.model).observe(report.load_s)
         self.load_times.setdefault(a.model, []).append(report.load_s)
+        self._configs[a.instance] = (report.instance.config, report.instance.max_batch)
         log.info("instance_ready", node=a.node, instance=a.instance, model=a.model, load_s=report.load_s)
         self._do(
             self.core.started(
@@ -384,13 +391,16 @@ class LifecycleManager:
             return
         eid = EndpointId(f"{inst.node}/{iid}")
         engine = self.setup.models[inst.model].engine if inst.model in self.setup.models else EngineKind.VLLM
+        config, max_batch = self._configs.get(iid, (None, None))
         spec = EndpointSpec(
             id=eid,
             url=inst.url,
             engine=engine,
             models=frozenset({inst.model}),
-            cap=self._default_cap,
+            cap=self._default_cap if max_batch is None else min(self._default_cap, max_batch),
             node=inst.node,
+            max_batch=max_batch,
+            config=config,
         )
         self._eids[eid] = iid
         self._joined[iid] = spec
@@ -400,6 +410,7 @@ class LifecycleManager:
         self._endpoints.set_agent_endpoints(list(self._joined.values()))
 
     def _leave(self, iid: str) -> None:
+        self._configs.pop(iid, None)
         spec = self._joined.pop(iid, None)
         if spec is None:
             return
