@@ -1,8 +1,9 @@
 """sub-cluster: MaaSO's distributor. Requests go by deadline factor to the endpoints whose max batch
 suits them, and spill when their own sub-cluster cannot meet the deadline (fake clock, hand-built views).
 
-The views' model (slo_fixtures.COEF): a decode iteration takes 1 ms per request + 10 ms, so t_slot (one
-request alone) is 11 ms; a 100-token request alone takes about 1.2 s (prefill, 99 tokens at 12.1 ms)."""
+The views' model (slo_fixtures.COEF): a decode iteration takes 1 ms per request + 10 ms; the tests set
+t_slot to 11 ms (one request alone), so a 100-token request alone (about 1.2 s: prefill, 99 tokens at
+12.1 ms) meets factors from about 1.1."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def deadline_req(rid: str, factor: float, *, out: int = 100):  # type: ignore[no
 
 
 def flt(**kw: object) -> SubClusterFilter:
-    params = {"strict_below": 1.5, "strict_max_batch": 8, **kw}
+    params = {"strict_below": 1.5, "strict_max_batch": 8, "t_slot_ms": T_SLOT_MS, **kw}
     return SubClusterFilter(SubClusterParams(**params))  # type: ignore[arg-type]
 
 
@@ -57,9 +58,16 @@ def test_requests_go_to_the_sub_cluster_of_their_deadline_factor(
 ) -> None:
     f = flt()
     r = deadline_req("a", factor)
-    assert f.factor(r, FLEET) == pytest.approx(factor)  # t_slot from the endpoints' models
+    assert f.factor(r, FLEET) == pytest.approx(factor)
     assert f.request_sub_cluster(r, FLEET) == sub
     assert ids(f.filter(r, FLEET, snap(*FLEET))) == expected
+
+
+def test_t_slot_by_default_is_a_full_batch_of_the_slowest_endpoint() -> None:
+    f = SubClusterFilter(SubClusterParams())
+    # cap 8 (max batch 32 does not fill it) and cap 8 at max batch 4: 8 x 1 ms + 10 ms is the slowest
+    assert f.t_slot_s(req("a"), [ep("x", 32), ep("y", 4)]) == pytest.approx(0.018)
+    assert f.t_slot_s(req("a"), [ep("y", 4)]) == pytest.approx(0.014)
 
 
 def test_t_slot_may_be_configured_and_requests_without_a_deadline_are_relaxed() -> None:

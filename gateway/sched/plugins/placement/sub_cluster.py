@@ -3,8 +3,10 @@ suits its deadline, and spills to the other one when its own cannot meet the dea
 
 - A request's **deadline factor** is its time to the end-to-end deadline over ``decode length ×
   t_slot``: the decode length is its `max_tokens` (what a client sets a deadline against; else the
-  predicted output), `t_slot` the single-token decode time of a plain instance (`t_slot_ms`, else the
-  slowest batch-of-one decode among the model's endpoints' performance models at its context).
+  predicted output), `t_slot` MaaSO's time slot: the single-token decode time of a plain instance
+  serving (`t_slot_ms`, else the slowest decode iteration among the model's endpoints' performance models
+  with a full batch, min(cap, max batch), at the request's context). A factor of 1 is then what a plain
+  instance gives under load; small batches give less, large ones more.
   Factors below `strict_below` are *strict*, the rest *relaxed*; requests without a deadline are
   relaxed.
 - An endpoint's **sub-cluster** is its engine's max batch (`EndpointView.max_batch`: gateway.toml
@@ -90,8 +92,11 @@ class SubClusterFilter:
         if self.params.t_slot_ms is not None:
             return self.params.t_slot_ms / 1000.0
         ctx = req.prompt_tokens + 0.5 * self.decode_tokens(req)
-        perfs = [e.perf or _PRIOR for e in serving] or [_PRIOR]
-        return max(p.decode_iter_s(1.0, ctx) for p in perfs)
+        if not serving:
+            return _PRIOR.decode_iter_s(1.0, ctx)
+        return max(
+            (e.perf or _PRIOR).decode_iter_s(float(min(e.cap, e.max_batch or e.cap)), ctx) for e in serving
+        )
 
     def factor(self, req: SchedRequest, serving: Sequence[EndpointView]) -> float | None:
         """The request's deadline factor (None: it has no end-to-end deadline)."""
