@@ -1,5 +1,6 @@
 """`berth-agent [-c agent.toml] node | list | plan MODEL [--config NAME] | start MODEL [--config NAME]
-[--id ID] [--evict ID ...] | stop ID [--drain-timeout S] | logs ID [--tail N]`: one JSON object on stdout per invocation.
+[--id ID] [--evict ID ...] | stop ID [--drain-timeout S] | logs ID [--tail N]`: one JSON object on stdout
+per invocation.
 (`start` also takes `--drain-timeout S` for its victims.)
 
 Exit status 0 with the command's report (`gateway.agent.contract`), or non-zero with
@@ -61,13 +62,19 @@ def _parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="does MODEL fit now, where, and what would have to go")
     plan.add_argument("model")
     plan.add_argument(
-        "--config", dest="instance_config", metavar="NAME", help="instance configuration (default: the model's)"
+        "--config",
+        dest="instance_config",
+        metavar="NAME",
+        help="instance configuration (default: the model's)",
     )
     start = sub.add_parser("start", help="start an instance of MODEL and wait for its health")
     start.add_argument("model")
     start.add_argument("--id", dest="instance_id", help="instance id (default MODEL-PORT)")
     start.add_argument(
-        "--config", dest="instance_config", metavar="NAME", help="instance configuration (default: the model's)"
+        "--config",
+        dest="instance_config",
+        metavar="NAME",
+        help="instance configuration (default: the model's)",
     )
     start.add_argument("--evict", nargs="+", default=[], metavar="ID", help="stop these instances first")
     start.add_argument(

@@ -340,7 +340,10 @@ def _check_configs(m: ModelSpec, where: str) -> list[ConfigError]:
         for key, value in m.env.items():
             if "{max_batch}" in value:
                 problems.append(
-                    ConfigError("{max_batch} needs [[models.configs]] (each with max_batch)", path=f"{where}.env.{key}")
+                    ConfigError(
+                        "{max_batch} needs [[models.configs]] (each with max_batch)",
+                        path=f"{where}.env.{key}",
+                    )
                 )
     return problems
 

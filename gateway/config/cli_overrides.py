@@ -26,7 +26,17 @@ LISTEN_FLAG: Final = "--listen"
 POLICY_FLAG: Final = "--policy"
 
 #: Options after the URL, in the order the help text lists them.
-ENDPOINT_OPTIONS: Final = ("engine", "class", "models", "cap", "id", "node", "scheduling", "max_batch", "config")
+ENDPOINT_OPTIONS: Final = (
+    "engine",
+    "class",
+    "models",
+    "cap",
+    "id",
+    "node",
+    "scheduling",
+    "max_batch",
+    "config",
+)
 
 
 def parse_endpoint_flag(value: str) -> EndpointConfig:

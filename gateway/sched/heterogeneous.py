@@ -339,7 +339,8 @@ def _queue_wait(rho: float, seats: int, service_s: float, cv: float) -> float:
         return 0.0
     rho = min(rho, 0.999)
     c = float(seats)
-    return rho ** (math.sqrt(2.0 * (c + 1.0)) - 1.0) / (c * (1.0 - rho)) * service_s * (cv * cv + 1.0) / 2.0
+    busy: float = math.pow(rho, math.sqrt(2.0 * (c + 1.0)) - 1.0)
+    return busy / (c * (1.0 - rho)) * service_s * (cv * cv + 1.0) / 2.0
 
 
 def _meets(ratio: float) -> float:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -105,7 +106,9 @@ class Config:
     quick: bool = False
 
 
-QUICK: Final = {"seeds": (0,), "cvs": (2.0,), "duration_s": 60.0}
+QUICK_CVS: Final = (2.0,)
+QUICK_DURATION_S: Final = 60.0
+QUICK: Final = {"seeds": (0,), "cvs": QUICK_CVS, "duration_s": QUICK_DURATION_S}
 
 
 # --------------------------------------------------------------------- profiler and placer
@@ -146,7 +149,9 @@ def traffic_mix(rate: float, cv: float) -> TrafficMix:
     mean decode length."""
     lo, hi = workload.FACTORS
     steps = 15
-    kinds = tuple(RequestKind(1.0 / steps, lo + (hi - lo) * (i + 0.5) / steps, MEAN_DECODE) for i in range(steps))
+    kinds = tuple(
+        RequestKind(1.0 / steps, lo + (hi - lo) * (i + 0.5) / steps, MEAN_DECODE) for i in range(steps)
+    )
     return TrafficMix(rate=rate, t_slot_s=t_slot_s(), kinds=kinds, cv=cv)
 
 
@@ -184,7 +189,8 @@ def policy_text() -> str:
     return "\n".join(
         [
             'name = "maaso-bench"',
-            'description = "MaaSO distributor: sub-clusters by deadline factor, overflow guard, shortest queue"',
+            'description = "MaaSO distributor: sub-clusters by deadline factor, overflow guard, '
+            'shortest queue"',
             "[ordering]",
             'plugin = "edf"',
             "[placement]",
@@ -263,7 +269,9 @@ def run_one(cfg: Config, config: str, cv: float, seed: int, placement: Placement
     )
     report = simulate(opts).data
     figures = summarize(report)
-    (d / "figures.json").write_bytes(orjson.dumps({"instances": instances, **figures}, option=orjson.OPT_INDENT_2))
+    (d / "figures.json").write_bytes(
+        orjson.dumps({"instances": instances, **figures}, option=orjson.OPT_INDENT_2)
+    )
     return Run(config, cv, seed, instances, figures, time.perf_counter() - t0)
 
 
@@ -288,15 +296,26 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------- the setting
-def setting(seeds: Sequence[int], quick: bool, out: Path | None = None, log: Callable[[str], None] = say) -> dict[str, Any]:
-    """MaaSO's setting as one part of a larger report: rows per (burstiness, configuration), targets and
-    a markdown table (JSON-able). `out`: where the runs' files go (default: a temporary directory)."""
-    import tempfile
-
-    base = Config(out=out or Path(tempfile.mkdtemp(prefix="berth-maaso-")), seeds=tuple(seeds), quick=quick)
+def setting(
+    seeds: Sequence[int],
+    quick: bool,
+    *,
+    out: Path | None = None,
+    log: Callable[[str], None] = say,
+    duration_s: float | None = None,
+) -> dict[str, Any]:
+    """MaaSO's setting as one part of a larger report (`bench autoscaling`): `{"setting": "maaso",
+    "rows", "targets": [{"name", "measured", "target", "passed"}], "markdown", ...}`, JSON-able. `quick`:
+    one burstiness level and the first seed, a short run. `out`: where the runs' files go (default: a
+    temporary directory); `duration_s` overrides the seconds of arrivals."""
+    cfg = Config(
+        out=out or Path(tempfile.mkdtemp(prefix="berth-maaso-")), seeds=tuple(seeds) or (0,), quick=quick
+    )
     if quick:
-        base = replace(base, **QUICK, seeds=tuple(seeds)[:1] or (0,))  # type: ignore[arg-type]
-    return _setting(base, log)
+        cfg = replace(cfg, cvs=QUICK_CVS, duration_s=QUICK_DURATION_S, seeds=cfg.seeds[:1])
+    if duration_s is not None:
+        cfg = replace(cfg, duration_s=duration_s)
+    return _setting(cfg, log)
 
 
 def _setting(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
@@ -333,7 +352,9 @@ def _setting(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
             "cvs": list(cfg.cvs),
             "seeds": list(cfg.seeds),
             "t_slot_ms": round(t_slot_s() * 1000.0, 3),
-            "candidates": [{"name": c.name, "devices": c.devices, "max_batch": c.max_batch} for c in CANDIDATES],
+            "candidates": [
+                {"name": c.name, "devices": c.devices, "max_batch": c.max_batch} for c in CANDIDATES
+            ],
             "curves": {
                 c.name: {k: round(getattr(profile(c), k), 4) for k in ("thr1", "alpha", "beta")}
                 for c in CANDIDATES
@@ -436,7 +457,8 @@ def markdown(result: dict[str, Any]) -> str:
         "## MaaSO: heterogeneous instances vs homogeneous replication",
         "",
         f"{s['devices']} devices of `{s['profile']}` at speed {s['speed']:g} (two-device instances "
-        f"{s['tp2_speedup']:g}x faster), the `maaso` workload at {s['rate']:g} req/s for {s['duration_s']:g} s "
+        f"{s['tp2_speedup']:g}x faster), the `maaso` workload at {s['rate']:g} req/s for "
+        f"{s['duration_s']:g} s "
         f"(deadline factors 0.8-1.5 x decode 300-1000 x t_slot {s['t_slot_ms']:g} ms, gamma arrivals), "
         f"seeds {s['seeds']}{' (quick)' if s['quick'] else ''}. Means over seeds with 95 % intervals.",
         "",
@@ -445,24 +467,28 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for cv, pl in result["placements"].items():
         lines.append(
-            f"- cv {cv}: strict {_count(pl['instances']['strict']) or '-'} ({pl['devices']['strict']} devices), "
-            f"relaxed {_count(pl['instances']['relaxed']) or '-'} ({pl['devices']['relaxed']} devices), score {pl['score']}"
+            f"- cv {cv}: strict {_count(pl['instances']['strict']) or '-'} "
+            f"({pl['devices']['strict']} devices), relaxed {_count(pl['instances']['relaxed']) or '-'} "
+            f"({pl['devices']['relaxed']} devices), score {pl['score']}"
         )
     lines += [
         "",
-        "| cv | configuration | instances | attainment | tight | relaxed | e2e p50 ms | e2e p95 ms | tokens/s |",
+        "| cv | configuration | instances | attainment | tight | relaxed | e2e p50 ms | e2e p95 ms "
+        "| tokens/s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['cv']:g} | {r['config']} | {r['instances']} | {_ci_text(r['attainment'])} | "
             f"{_ci_text(r['attainment_tight'])} | {_ci_text(r['attainment_relaxed'])} | "
-            f"{_ci_text(r['e2e_p50_ms'], 0)} | {_ci_text(r['e2e_p95_ms'], 0)} | {_ci_text(r['output_tokens_per_s'], 0)} |"
+            f"{_ci_text(r['e2e_p50_ms'], 0)} | {_ci_text(r['e2e_p95_ms'], 0)} | "
+            f"{_ci_text(r['output_tokens_per_s'], 0)} |"
         )
     lines += ["", "| target | measured | wanted | verdict |", "| --- | --- | --- | --- |"]
     for t in result["targets"]:
         lines.append(
-            f"| {t['name']} | {t['measured']:+.1%} | >= +{t['target']:.0%} | {'PASS' if t['passed'] else 'FAIL'} |"
+            f"| {t['name']} | {t['measured']:+.1%} | >= +{t['target']:.0%} | "
+            f"{'PASS' if t['passed'] else 'FAIL'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -487,7 +513,9 @@ def bench(cfg: Config, log: Callable[[str], None] = say) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="berth-loadgen bench maaso", description=(__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="berth-loadgen bench maaso", description=(__doc__ or "").split("\n\n")[0]
+    )
     p.add_argument("--out", type=Path, required=True, help="report directory")
     p.add_argument("--quick", action="store_true", help="one burstiness level, one seed, a short run")
     p.add_argument("--seeds", type=int, help="seeds 0..N-1")

@@ -108,7 +108,8 @@ def test_paths_are_relative_to_agent_toml(tmp_path: Path) -> None:
         pytest.param(
             "",
             f"[[models]]\n{MODEL}".replace("{port}", "{gpu}"),
-            "models.toml:models[0].command[2]: unknown placeholder {gpu} (known: devices, host, id, max_batch, model",
+            "models.toml:models[0].command[2]: unknown placeholder {gpu} "
+            "(known: devices, host, id, max_batch, model",
             id="placeholder",
         ),
         pytest.param(

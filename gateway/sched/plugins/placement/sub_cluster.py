@@ -149,9 +149,7 @@ class SubClusterFilter:
             return serving
         return [e for e in serving if self.sub_cluster_of(e) == own_sub]
 
-    def _observe(
-        self, req: SchedRequest, serving: Sequence[EndpointView], now: float
-    ) -> SubCluster | None:
+    def _observe(self, req: SchedRequest, serving: Sequence[EndpointView], now: float) -> SubCluster | None:
         """The request's sub-cluster, None when the model's endpoints are not split; counts the request
         in the model's mix the first time it is seen."""
         split: dict[SubCluster, list[EndpointId]] = {STRICT: [], RELAXED: []}
