@@ -251,41 +251,65 @@ class Placer:
     # ----------------------------------------------------------------- the search
     def place(self, mix: TrafficMix, devices: int) -> Placement:
         """The instance set for `devices` devices: per sub-cluster, the best set for every device count
-        (greedy additions), then the split of the devices where the summed score is highest."""
+        (greedy additions), then the split of the devices where the summed score is highest; or one
+        sub-cluster's configurations alone serving every request (the distributor does not split a
+        model whose endpoints are all alike), when that scores higher."""
         if devices < 0:
             raise ValueError("devices must be >= 0")
         kinds = self.kinds(mix)
         whole = self.estimate(mix, mix.kinds, [])
-        best: dict[SubCluster, list[tuple[float, tuple[ConfigProfile, ...]]]] = {}
-        for s in (STRICT, RELAXED):
-            cands = self.candidates(s)
-            table: list[tuple[float, tuple[ConfigProfile, ...]]] = [
-                (self.estimate(mix, kinds[s], ()).score(self.weights, whole), ())
-            ]
-            for d in range(1, devices + 1):
-                top = table[d - 1]
-                for c in cands:
-                    if c.devices > d:
-                        continue
-                    # One more instance of c on the best set for the devices left, or only instances
-                    # of c (the greedy additions alone stall where one instance gains nothing yet).
-                    for inst in ((*table[d - c.devices][1], c), (c,) * (d // c.devices)):
-                        value = self.estimate(mix, kinds[s], inst).score(self.weights, whole)
-                        if value > top[0] + 1e-12:
-                            top = (value, inst)
-                table.append(top)
-            best[s] = table
+        best = {s: self._table(mix, kinds[s], self.candidates(s), devices, whole) for s in (STRICT, RELAXED)}
         split = max(
             range(devices + 1),
             key=lambda d: (best[STRICT][d][0] + best[RELAXED][devices - d][0], -d),
         )
         chosen = {STRICT: best[STRICT][split][1], RELAXED: best[RELAXED][devices - split][1]}
+        score = best[STRICT][split][0] + best[RELAXED][devices - split][0]
+        served = {STRICT: kinds[STRICT], RELAXED: kinds[RELAXED]}
+        if not chosen[STRICT] or not chosen[RELAXED]:
+            # One side empty: the filter sends every request to the other. Judge it so.
+            for s in (STRICT, RELAXED):
+                if chosen[s]:
+                    served = {s: mix.kinds, _other(s): ()}
+            score = sum(self.estimate(mix, served[s], chosen[s]).score(self.weights, whole) for s in chosen)
+        for s in (STRICT, RELAXED):
+            value, alone = self._table(mix, mix.kinds, self.candidates(s), devices, whole)[devices]
+            if alone and value > score + 1e-12:
+                chosen = {s: alone, _other(s): ()}
+                served = {s: mix.kinds, _other(s): ()}
+                score = value
         return Placement(
             instances={s: tuple(c.name for c in chosen[s]) for s in (STRICT, RELAXED)},
             devices={s: sum(c.devices for c in chosen[s]) for s in (STRICT, RELAXED)},
-            score=best[STRICT][split][0] + best[RELAXED][devices - split][0],
-            estimate={s: self.estimate(mix, kinds[s], chosen[s]) for s in (STRICT, RELAXED)},
+            score=score,
+            estimate={s: self.estimate(mix, served[s], chosen[s]) for s in (STRICT, RELAXED)},
         )
+
+    def _table(
+        self,
+        mix: TrafficMix,
+        kinds: Sequence[RequestKind],
+        cands: Sequence[ConfigProfile],
+        devices: int,
+        whole: Estimate,
+    ) -> list[tuple[float, tuple[ConfigProfile, ...]]]:
+        """For every device count d <= `devices`: the best (score, instances) for `kinds` from `cands`."""
+        table: list[tuple[float, tuple[ConfigProfile, ...]]] = [
+            (self.estimate(mix, kinds, ()).score(self.weights, whole), ())
+        ]
+        for d in range(1, devices + 1):
+            top = table[d - 1]
+            for c in cands:
+                if c.devices > d:
+                    continue
+                # One more instance of c on the best set for the devices left, or only instances of c
+                # (the greedy additions alone stall where one instance gains nothing yet).
+                for inst in ((*table[d - c.devices][1], c), (c,) * (d // c.devices)):
+                    value = self.estimate(mix, kinds, inst).score(self.weights, whole)
+                    if value > top[0] + 1e-12:
+                        top = (value, inst)
+            table.append(top)
+        return table
 
     def next_config(
         self, mix: TrafficMix, running: Iterable[str], free_devices: int, *, min_gain: float = 1e-6
@@ -310,6 +334,10 @@ class Placer:
             if gain >= min_gain and (best is None or gain > best.gain):
                 best = NextInstance(c.name, s, gain)
         return best
+
+
+def _other(s: SubCluster) -> SubCluster:
+    return RELAXED if s == STRICT else STRICT
 
 
 def _concurrency(c: ConfigProfile, rate: float, decode_tokens: float) -> tuple[float, float]:

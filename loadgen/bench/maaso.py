@@ -2,7 +2,7 @@
 configurations placed by the SLO mix, with sub-cluster distribution, against homogeneous replication on
 the same devices.
 
-    berth-loadgen bench maaso --out DIR             # 3 burstiness levels x 3 seeds (a few minutes)
+    berth-loadgen bench maaso --out DIR             # 3 burstiness levels x 3 seeds (~10 min)
     berth-loadgen bench maaso --quick --out DIR     # one burstiness level, one seed, a short run
 
 Setup:
@@ -101,8 +101,8 @@ class Config:
     out: Path
     seeds: tuple[int, ...] = (0, 1, 2)
     cvs: tuple[float, ...] = (1.0, 2.0, 4.0)
-    rate: float = 3.0  # requests/s
-    duration_s: float = 240.0
+    rate: float = 7.5  # requests/s
+    duration_s: float = 480.0  # of arrivals: deadlines are ~1 min, so several minutes reach a steady state
     quick: bool = False
 
 

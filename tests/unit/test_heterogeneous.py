@@ -37,7 +37,8 @@ def test_a_tight_mix_gets_small_batches_and_a_relaxed_one_large_batches() -> Non
     assert tight.instances[RELAXED] == ()
     assert set(tight.instances[STRICT]) == {"tp2-b4"}  # factor 0.8 is beyond one device alone
     assert tight.estimate[STRICT].attained > 0.8
-    relaxed = PLACER.place(mix(2.0, (1.0, 2.5)), 16)
+    # At a rate small batches cannot carry (16 devices of tp2-b4 finish 8 requests/s).
+    relaxed = PLACER.place(mix(12.0, (1.0, 2.5)), 16)
     assert relaxed.instances[STRICT] == ()
     assert set(relaxed.instances[RELAXED]) == {"tp1-b32"}
     assert relaxed.devices[RELAXED] <= 16
@@ -142,3 +143,19 @@ def test_mix_window_buckets_and_decays() -> None:
     assert later.kinds == ()
     w.observe(200.0, float("nan"), 10.0)  # ignored
     assert w.mix(200.0, T_SLOT).kinds == ()
+
+
+def test_one_sub_cluster_alone_serves_every_request_when_that_scores_higher() -> None:
+    # Light relaxed traffic: fast two-device instances meet every deadline with lower latency; the
+    # distributor does not split a model whose endpoints are all alike, so they serve everything.
+    placed = PLACER.place(mix(2.0, (1.0, 2.5)), 16)
+    sides = [s for s in (STRICT, RELAXED) if placed.instances[s]]
+    assert len(sides) == 1
+    assert placed.estimate[sides[0]].share == pytest.approx(1.0)
+    assert placed.score == pytest.approx(
+        PLACER.estimate(
+            mix(2.0, (1.0, 2.5)),
+            mix(2.0, (1.0, 2.5)).kinds,
+            [c for c in PLACER.configs for name in placed.all_instances if c.name == name],
+        ).score(PLACER.weights)
+    )
