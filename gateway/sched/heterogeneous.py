@@ -14,9 +14,9 @@ Inputs:
 under a millisecond per evaluation). A sub-cluster's requests are spread over its instances in
 proportion to their capacity (``B·thr(B) / decode length`` requests/s each); an instance's steady
 concurrency n solves ``n = λ·L / thr(n)`` (Little's law; n = B and the excess unserved when it has
-none); a request sees ``n + cv·√n`` running (burstier arrivals meet fuller batches), waits as in a
-B-server queue (Sakasegawa's approximation with the arrival and service variability), is prefilled, and
-decodes its length at ``thr(n_seen)``. It meets its deadline with a probability that falls smoothly
+none); a request sees ``n + cv·√n`` running (burstier arrivals meet fuller batches), waits for a seat
+in the gateway's one queue for the sub-cluster's seats (Sakasegawa's approximation of a queue with
+Σ B servers, with the arrival variability), is prefilled, and decodes its length at ``thr(n_seen)``. It meets its deadline with a probability that falls smoothly
 (logistic, 5 % wide) as that latency passes the deadline, so the score moves with every added instance.
 
 **The serving score** of a placement: ``w·attainment + (1 − w)·(λ·norm_throughput + (1 − λ)·(1 −
@@ -219,14 +219,18 @@ class Placer:
         served_frac = min(1.0, total_cap / rate)
         attained = 0.0
         latency = 0.0
+        # One queue in the gateway for all the sub-cluster's seats (a request takes the first free one).
+        seats = sum(c.max_batch for c in instances)
+        service = sum(
+            cap / total_cap * mean_len / c.tps(c.max_batch) for c, cap in zip(instances, caps, strict=True)
+        )
+        wait = _queue_wait(rate / total_cap, seats, service, mix.cv)
         for c, cap in zip(instances, caps, strict=True):
             lam_i = rate * cap / total_cap  # its part of the arrivals (served or not)
-            n, rho = _concurrency(c, lam_i, mean_len)
+            n, _ = _concurrency(c, lam_i, mean_len)
             seen = min(float(c.max_batch), n + mix.cv * math.sqrt(n))
-            service = mean_len / c.tps(seen)
-            wait = _queue_wait(rho, c.max_batch, service, mix.cv)
             for k in kinds:
-                weight = (k.share / total) * (lam_i / rate)
+                weight = (k.share / total) * (cap / total_cap)  # its part of the kind
                 lat = wait + c.prefill_s + k.decode_tokens / c.tps(seen)
                 deadline = k.factor * k.decode_tokens * mix.t_slot_s
                 ratio = lat / deadline if deadline > 0 else math.inf

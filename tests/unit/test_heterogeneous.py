@@ -46,12 +46,12 @@ def test_a_tight_mix_gets_small_batches_and_a_relaxed_one_large_batches() -> Non
 
 def test_the_devices_follow_the_share_of_tight_requests() -> None:
     strict_devices = [
-        PLACER.place(mix(3.0, (share, 0.8), (1.0 - share, 2.5)), 24).devices[STRICT]
+        PLACER.place(mix(10.0, (share, 0.8), (1.0 - share, 2.5)), 24).devices[STRICT]
         for share in (0.2, 0.5, 0.8)
     ]
     assert strict_devices == sorted(strict_devices)
     assert strict_devices[0] < strict_devices[-1]
-    both = PLACER.place(mix(3.0, (0.5, 0.8), (0.5, 2.5)), 24)
+    both = PLACER.place(mix(10.0, (0.5, 0.8), (0.5, 2.5)), 24)
     assert both.instances[STRICT]
     assert both.instances[RELAXED]
     assert sum(both.devices.values()) <= 24
