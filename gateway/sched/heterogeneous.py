@@ -16,8 +16,9 @@ proportion to their capacity (``B·thr(B) / decode length`` requests/s each); an
 concurrency n solves ``n = λ·L / thr(n)`` (Little's law; n = B and the excess unserved when it has
 none); a request sees ``n + cv·√n`` running (burstier arrivals meet fuller batches), waits for a seat
 in the gateway's one queue for the sub-cluster's seats (Sakasegawa's approximation of a queue with
-Σ B servers, with the arrival variability), is prefilled, and decodes its length at ``thr(n_seen)``. It meets its deadline with a probability that falls smoothly
-(logistic, 5 % wide) as that latency passes the deadline, so the score moves with every added instance.
+Σ B servers, with the arrival variability), is prefilled, and decodes its length at ``thr(n_seen)``.
+It meets its deadline with a probability that falls smoothly (logistic, 5 % wide) as that latency
+passes the deadline, so the score moves with every added instance.
 
 **The serving score** of a placement: ``w·attainment + (1 − w)·(λ·norm_throughput + (1 − λ)·(1 −
 norm_latency))``, where attainment is the share of requests expected to meet their deadline,
