@@ -492,7 +492,26 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {t['name']} | {t['measured']:+.1%} | >= +{t['target']:.0%} | "
             f"{'PASS' if t['passed'] else 'FAIL'} |"
         )
+    lines += ["", "Bound: no placement can gain more than 1 / (the baseline's attainment) − 1:", ""]
+    for cv, ceiling in ceilings(result["rows"]).items():
+        lines.append(
+            f"- cv {cv:g}: at most {ceiling:+.1%} over plain replication"
+            + (
+                " (the target is out of reach at this load: the baseline must meet < 87 %)"
+                if ceiling < 0.15
+                else ""
+            )
+        )
     return "\n".join(lines) + "\n"
+
+
+def ceilings(rows: Sequence[dict[str, Any]]) -> dict[float, float]:
+    """Per burstiness, the largest relative gain any placement could have over plain replication."""
+    out = {}
+    for r in rows:
+        if r["config"] == PLAIN and r["attainment"] is not None and r["attainment"]["mean"] > 0:
+            out[float(r["cv"])] = 1.0 / float(r["attainment"]["mean"]) - 1.0
+    return out
 
 
 def _ci_text(v: dict[str, Any] | None, digits: int = 3) -> str:
