@@ -246,12 +246,24 @@ class Placer:
         )
 
     def score(self, mix: TrafficMix, instances: Mapping[SubCluster, Sequence[ConfigProfile]]) -> float:
-        kinds = self.kinds(mix)
+        """The serving score of running `instances`, with requests distributed as the `sub-cluster`
+        filter does: by sub-cluster, or all to one side when the other runs nothing."""
+        kinds = self.served(mix, instances)
         whole = self.estimate(mix, mix.kinds, [])
         return sum(
             self.estimate(mix, kinds[s], instances.get(s, ())).score(self.weights, whole)
             for s in (STRICT, RELAXED)
         )
+
+    def served(
+        self, mix: TrafficMix, instances: Mapping[SubCluster, Sequence[ConfigProfile]]
+    ) -> dict[SubCluster, tuple[RequestKind, ...]]:
+        """The requests each sub-cluster serves when `instances` run (the filter does not split a model
+        whose endpoints are all on one side)."""
+        for s in (STRICT, RELAXED):
+            if instances.get(s) and not instances.get(_other(s)):
+                return {s: mix.kinds, _other(s): ()}
+        return self.kinds(mix)
 
     # ----------------------------------------------------------------- the search
     def place(self, mix: TrafficMix, devices: int) -> Placement:
@@ -270,13 +282,9 @@ class Placer:
         )
         chosen = {STRICT: best[STRICT][split][1], RELAXED: best[RELAXED][devices - split][1]}
         score = best[STRICT][split][0] + best[RELAXED][devices - split][0]
-        served = {STRICT: kinds[STRICT], RELAXED: kinds[RELAXED]}
-        if not chosen[STRICT] or not chosen[RELAXED]:
-            # One side empty: the filter sends every request to the other. Judge it so.
-            for s in (STRICT, RELAXED):
-                if chosen[s]:
-                    served = {s: mix.kinds, _other(s): ()}
-            score = sum(self.estimate(mix, served[s], chosen[s]).score(self.weights, whole) for s in chosen)
+        served = self.served(mix, chosen)
+        if not chosen[STRICT] or not chosen[RELAXED]:  # the filter sends every request to the other side
+            score = self.score(mix, chosen)
         for s in (STRICT, RELAXED):
             value, alone = self._table(mix, mix.kinds, self.candidates(s), devices, whole)[devices]
             if alone and value > score + 1e-12:
