@@ -50,8 +50,14 @@ class AgentClient:
     async def list_instances(self) -> ListReport:
         return await self.call(["list"], ListReport)
 
-    async def start(self, model: str, instance_id: str, *, timeout_s: float) -> StartReport:
-        return await self.call(["start", model, "--id", instance_id], StartReport, timeout_s=timeout_s)
+    async def start(
+        self, model: str, instance_id: str, *, timeout_s: float, config: str | None = None
+    ) -> StartReport:
+        """Start an instance of `model`; `config` names its instance configuration (None: the default)."""
+        args = ["start", model, "--id", instance_id]
+        if config is not None:
+            args += ["--config", config]
+        return await self.call(args, StartReport, timeout_s=timeout_s)
 
     async def stop(self, instance_id: str, *, drain_timeout_s: float) -> StopReport:
         # The gateway drained it already; the agent's drain timeout is its SIGTERM -> SIGKILL grace.
