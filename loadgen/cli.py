@@ -13,6 +13,7 @@
     berth-loadgen bench fidelity | simscale | decisions # bench/fidelity.py, sim_scale.py, decision_cost.py
     berth-loadgen bench soak [--quick] --out DIR        # loadgen/bench/soak.py (the fault-matrix soak)
     berth-loadgen bench eviction [--quick] --out DIR    # loadgen/bench/eviction.py (CACE vs LRU, simulator)
+    berth-loadgen bench maaso [--quick] --out DIR       # loadgen/bench/maaso.py (heterogeneous instances)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ BENCHMARKS: dict[str, str] = {
     "eviction": "loadgen.bench.eviction",
     "classes": "loadgen.bench.classes",
     "autoscaling": "loadgen.bench.autoscaling",
+    "maaso": "loadgen.bench.maaso",
 }
 
 

@@ -1,5 +1,6 @@
-"""`berth-agent [-c agent.toml] node | list | plan MODEL | start MODEL [--id ID] [--evict ID ...] |
-stop ID [--drain-timeout S] | logs ID [--tail N]`: one JSON object on stdout per invocation.
+"""`berth-agent [-c agent.toml] node | list | plan MODEL [--config NAME] | start MODEL [--config NAME]
+[--id ID] [--evict ID ...] | stop ID [--drain-timeout S] | logs ID [--tail N]`: one JSON object on stdout
+per invocation.
 (`start` also takes `--drain-timeout S` for its victims.)
 
 Exit status 0 with the command's report (`gateway.agent.contract`), or non-zero with
@@ -60,9 +61,21 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="instances with state, url, devices, memory")
     plan = sub.add_parser("plan", help="does MODEL fit now, where, and what would have to go")
     plan.add_argument("model")
+    plan.add_argument(
+        "--config",
+        dest="instance_config",
+        metavar="NAME",
+        help="instance configuration (default: the model's)",
+    )
     start = sub.add_parser("start", help="start an instance of MODEL and wait for its health")
     start.add_argument("model")
     start.add_argument("--id", dest="instance_id", help="instance id (default MODEL-PORT)")
+    start.add_argument(
+        "--config",
+        dest="instance_config",
+        metavar="NAME",
+        help="instance configuration (default: the model's)",
+    )
     start.add_argument("--evict", nargs="+", default=[], metavar="ID", help="stop these instances first")
     start.add_argument(
         "--drain-timeout",
@@ -128,12 +141,16 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Report:
     if args.command == "list":
         return agent.instances()
     if args.command == "plan":
-        return agent.plan(args.model)
+        return agent.plan(args.model, config=args.instance_config)
     if getattr(args, "drain_timeout", None) is not None and not args.drain_timeout >= 0:
         raise AgentError.of(ErrorCode.BAD_ARGUMENTS, "--drain-timeout must be >= 0")
     if args.command == "start":
         return agent.start(
-            args.model, instance_id=args.instance_id, evict=args.evict, drain_timeout_s=args.drain_timeout
+            args.model,
+            instance_id=args.instance_id,
+            evict=args.evict,
+            drain_timeout_s=args.drain_timeout,
+            config=args.instance_config,
         )
     if args.command == "stop":
         return agent.stop(args.id, drain_timeout_s=args.drain_timeout)

@@ -8,6 +8,7 @@ models.toml is the registry shared by the gateway and the agents; agent.toml nam
 from __future__ import annotations
 
 import os
+import re
 import socket
 import string
 from collections.abc import Mapping
@@ -29,8 +30,12 @@ NonNegativeFloat = Annotated[float, Meta(ge=0)]
 
 GIB: Final = 1 << 30
 
-#: The placeholders a command template (and `env` values) may use; see `render`.
-PLACEHOLDERS: Final = ("devices", "host", "id", "model", "port", "tp")
+#: The placeholders a command template (and `env` values) may use; see `render`. `max_batch` is the
+#: instance configuration's (`[[models.configs]]`): vLLM's `--max-num-seqs`, SGLang's
+#: `--max-running-requests`.
+PLACEHOLDERS: Final = ("devices", "host", "id", "max_batch", "model", "port", "tp")
+#: What an instance configuration's name may be (it appears in instance records and `list`).
+CONFIG_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 Backend = Literal["process", "systemd"]
 
@@ -69,8 +74,23 @@ class AgentFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     devices: tuple[DeviceConfig, ...] = ()
 
 
+class InstanceConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """One [[models.configs]] entry: a way to run the model (MaaSO's heterogeneous instances). Small
+    batches decode each request faster (tight deadlines), large ones give throughput."""
+
+    name: str  # e.g. "tp1-b8"; `berth-agent start MODEL --config NAME`
+    max_batch: PositiveInt  # {max_batch}: the engine's --max-num-seqs / --max-running-requests
+    devices: PositiveInt | None = None  # tensor parallel ({tp}); default: the model's `devices`
+    memory_gib: PositiveFloat | None = None  # per device; default: the model's `memory_gib`
+
+
 class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """One [[models]] entry of models.toml."""
+    """One [[models]] entry of models.toml.
+
+    With `configs`, every instance runs one of them (the `default_config`, else the first, unless a
+    start names another): its `devices`, `memory_gib` and `max_batch` replace the model's. Without,
+    an instance is the model as written and `{max_batch}` is not available.
+    """
 
     name: str  # the name clients use ({model})
     engine: EngineKind
@@ -81,10 +101,42 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     load_timeout_s: PositiveFloat = 300.0  # a start fails when /health has not answered by then
     stall_timeout_s: PositiveFloat = 120.0  # ... or when the engine used no CPU for this long while loading
     env: dict[str, str] = {}  # extra environment (values may use placeholders)
+    configs: tuple[InstanceConfig, ...] = ()  # instance configurations (see the class docstring)
+    default_config: str | None = None  # the configuration a start without --config runs
 
     @property
     def memory_bytes(self) -> int:
         return round(self.memory_gib * GIB)
+
+    def instance_config(self, name: str | None = None) -> InstanceConfig | None:
+        """The configuration `name` (None: the default one); None when the model lists none. Raises
+        KeyError for a name it does not list (and for any name when it lists none)."""
+        if name is None:
+            if not self.configs:
+                return None
+            name = self.default_config or self.configs[0].name
+        for c in self.configs:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def configured(self, name: str | None = None) -> ModelSpec:
+        """The model as an instance of configuration `name` runs it: the configuration's devices and
+        memory per device, and `default_config` naming it (itself when it lists none). Raises KeyError
+        like `instance_config`."""
+        c = self.instance_config(name)
+        if c is None:
+            return self
+        return msgspec.structs.replace(
+            self,
+            devices=c.devices or self.devices,
+            memory_gib=c.memory_gib or self.memory_gib,
+            default_config=c.name,
+        )
+
+    @property
+    def config_names(self) -> list[str]:
+        return [c.name for c in self.configs]
 
 
 class ModelsFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -250,6 +302,49 @@ def check_models(f: ModelsFile) -> list[ConfigError]:
             )
         if not m.health_path.startswith("/"):
             problems.append(ConfigError("must start with /", path=f"{where}.health_path"))
+        problems += _check_configs(m, where)
+    return problems
+
+
+def _check_configs(m: ModelSpec, where: str) -> list[ConfigError]:
+    """Problems of a model's instance configurations (and of `{max_batch}` without any)."""
+    problems: list[ConfigError] = []
+    seen: dict[str, int] = {}
+    for i, c in enumerate(m.configs):
+        if not CONFIG_NAME.match(c.name):
+            problems.append(
+                ConfigError(f"must match {CONFIG_NAME.pattern}", path=f"{where}.configs[{i}].name")
+            )
+        elif c.name in seen:
+            problems.append(
+                ConfigError(
+                    f"duplicate configuration (also configs[{seen[c.name]}])",
+                    path=f"{where}.configs[{i}].name",
+                )
+            )
+        seen.setdefault(c.name, i)
+    if m.default_config is not None and m.default_config not in seen:
+        known = ", ".join(seen) or "the model lists no [[models.configs]]"
+        problems.append(
+            ConfigError(f"names no configuration of the model ({known})", path=f"{where}.default_config")
+        )
+    if not m.configs:
+        for j, arg in enumerate(m.command):
+            if "{max_batch}" in arg:
+                problems.append(
+                    ConfigError(
+                        "{max_batch} needs [[models.configs]] (each with max_batch)",
+                        path=f"{where}.command[{j}]",
+                    )
+                )
+        for key, value in m.env.items():
+            if "{max_batch}" in value:
+                problems.append(
+                    ConfigError(
+                        "{max_batch} needs [[models.configs]] (each with max_batch)",
+                        path=f"{where}.env.{key}",
+                    )
+                )
     return problems
 
 

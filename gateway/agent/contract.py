@@ -36,6 +36,7 @@ class ErrorCode(enum.StrEnum):
     CONFIG = "config_error"  # exit 2
     UNKNOWN_MODEL = "unknown_model"
     UNKNOWN_INSTANCE = "unknown_instance"
+    UNKNOWN_CONFIG = "unknown_config"  # --config names no configuration of the model
     DUPLICATE_INSTANCE = "duplicate_instance"  # --id names a resident instance
     DOES_NOT_FIT = "insufficient_memory"  # `devices` says by how much, per device
     DEVICE_BUSY = "device_busy"  # another load holds the devices it could use (`loading`)
@@ -99,6 +100,8 @@ class InstanceReport(msgspec.Struct, frozen=True, kw_only=True):
     healthy: bool | None  # the last health probe (None: not probed in this invocation)
     reason: str | None  # why it failed or stopped
     stopped_at: float | None
+    config: str | None = None  # its instance configuration ([[models.configs]]); None: the model has none
+    max_batch: int | None = None  # the configuration's max batch
 
 
 class ListReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,6 +145,7 @@ class PlanReport(msgspec.Struct, frozen=True, kw_only=True):
     evict_devices: list[str]  # where it would load after that eviction
     victims: list[Victim]  # every resident instance and what its stop would free
     reason: str  # one line for logs
+    config: str | None = None  # the instance configuration planned (None: the model has none)
 
 
 class StopReport(msgspec.Struct, frozen=True, kw_only=True):

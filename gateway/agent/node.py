@@ -107,8 +107,8 @@ class Agent:
         records = sorted(view.records, key=lambda r: (not r.resident, r.started_at, r.id))
         return ListReport(node=socket.gethostname(), instances=[instance_report(r, view) for r in records])
 
-    def plan(self, model_name: str) -> PlanReport:
-        model = self._model(model_name)
+    def plan(self, model_name: str, *, config: str | None = None) -> PlanReport:
+        model = self._model(model_name, config)
         with self.state.lock():
             view = self._refresh()
         return plan_report(model, view, self.cfg.headroom_bytes)
@@ -120,10 +120,12 @@ class Agent:
         instance_id: str | None = None,
         evict: Sequence[str] = (),
         drain_timeout_s: float | None = None,
+        config: str | None = None,
     ) -> StartReport:
         """Plan, stop the `evict` victims (checked first: all ready, and enough), write the record, launch,
-        and wait for health. Raises AgentError with the reason when it does not fit or the load fails."""
-        model = self._model(model_name)
+        and wait for health. Raises AgentError with the reason when it does not fit or the load fails.
+        `config` names the model's instance configuration (None: its default one)."""
+        model = self._model(model_name, config)
         if instance_id is not None and not ID_PATTERN.match(instance_id):
             raise AgentError.of(
                 ErrorCode.BAD_ARGUMENTS,
@@ -339,6 +341,7 @@ class Agent:
                 ErrorCode.DUPLICATE_INSTANCE, f"instance {iid} exists and is resident", instance=iid
             )
         indices = [next(d.index for d in view.devices if d.name == name) for name in chosen]
+        ic = model.instance_config()  # `model` is configured: its default is the one to run
         values = {
             "port": str(port),
             "model": model.name,
@@ -346,6 +349,7 @@ class Agent:
             "host": self.cfg.host,
             "id": iid,
             "tp": str(model.devices),
+            "max_batch": "" if ic is None else str(ic.max_batch),  # checked: only used with configs
         }
         env = {k: render(v, values) for k, v in model.env.items()}
         env["CUDA_VISIBLE_DEVICES"] = values["devices"]
@@ -373,6 +377,8 @@ class Agent:
             log_file=str(self.state.log_path(iid)) if self.backend.name == "process" else None,
             owner_pid=self._me[0],
             owner_start=self._me[1],
+            config=None if ic is None else ic.name,
+            max_batch=None if ic is None else ic.max_batch,
         )
 
     def _check_eviction(self, model: ModelSpec, view: NodeView, evict: Sequence[str]) -> None:
@@ -449,7 +455,8 @@ class Agent:
 
     # ------------------------------------------------------------------------------------ helpers
 
-    def _model(self, name: str) -> ModelSpec:
+    def _model(self, name: str, config: str | None = None) -> ModelSpec:
+        """The model as configuration `config` runs it (None: its default configuration)."""
         model = self.cfg.models.get(name)
         if model is None:
             known = ", ".join(sorted(self.cfg.models)) or "none"
@@ -458,7 +465,15 @@ class Agent:
                 f"model {name!r} is not in {self.cfg.models_file} (known: {known})",
                 model=name,
             )
-        return model
+        try:
+            return model.configured(config)
+        except KeyError:
+            known = ", ".join(model.config_names) or "it lists no [[models.configs]]"
+            raise AgentError.of(
+                ErrorCode.UNKNOWN_CONFIG,
+                f"model {name} has no configuration {config!r} (known: {known})",
+                model=name,
+            ) from None
 
     def _ended(self, rec: InstanceRecord, state: InstanceState, reason: str) -> InstanceRecord:
         return msgspec.structs.replace(

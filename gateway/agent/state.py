@@ -52,6 +52,8 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     load_s: float | None = None
     stopped_at: float | None = None
     reason: str | None = None
+    config: str | None = None  # the model's instance configuration it runs ([[models.configs]])
+    max_batch: int | None = None  # that configuration's max batch
 
     @property
     def resident(self) -> bool:

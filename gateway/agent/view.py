@@ -49,7 +49,8 @@ class NodeView:
 
 
 def plan_report(model: ModelSpec, view: NodeView, headroom_bytes: int) -> PlanReport:
-    """`plan MODEL`: whether it fits now, where, and otherwise the fewest ready instances to stop."""
+    """`plan MODEL`: whether it fits now, where, and otherwise the fewest ready instances to stop.
+    `model` as configured (`ModelSpec.configured`): its devices and memory are the configuration's."""
     slots = view.slots(headroom_bytes)
     holdings = view.holdings()
     book = ledger.books(slots, holdings)
@@ -80,6 +81,7 @@ def plan_report(model: ModelSpec, view: NodeView, headroom_bytes: int) -> PlanRe
             evict_devices=chosen,
             victims=victims,
             reason=f"fits on {', '.join(chosen)}",
+            config=model.default_config,
         )
     eviction = ledger.plan_eviction(slots, holdings, required, model.devices)
     reason = why_not(model, book)
@@ -98,6 +100,7 @@ def plan_report(model: ModelSpec, view: NodeView, headroom_bytes: int) -> PlanRe
         evict_devices=eviction.devices if eviction is not None else [],
         victims=victims,
         reason=reason,
+        config=model.default_config,
     )
 
 
@@ -164,4 +167,6 @@ def instance_report(r: InstanceRecord, view: NodeView, *, healthy: bool | None =
         healthy=healthy if healthy is not None else view.healthy.get(r.id),
         reason=r.reason,
         stopped_at=r.stopped_at,
+        config=r.config,
+        max_batch=r.max_batch,
     )

@@ -26,12 +26,23 @@ LISTEN_FLAG: Final = "--listen"
 POLICY_FLAG: Final = "--policy"
 
 #: Options after the URL, in the order the help text lists them.
-ENDPOINT_OPTIONS: Final = ("engine", "class", "models", "cap", "id", "node", "scheduling")
+ENDPOINT_OPTIONS: Final = (
+    "engine",
+    "class",
+    "models",
+    "cap",
+    "id",
+    "node",
+    "scheduling",
+    "max_batch",
+    "config",
+)
 
 
 def parse_endpoint_flag(value: str) -> EndpointConfig:
     """One `--endpoint URL[,engine=vllm|sglang|auto][,class=interactive|mixed|batch][,models=a|b]
-    [,cap=N][,id=NAME][,node=NAME][,scheduling=fcfs|priority]` flag as an EndpointConfig."""
+    [,cap=N][,id=NAME][,node=NAME][,scheduling=fcfs|priority][,max_batch=N][,config=NAME]` flag as an
+    EndpointConfig."""
 
     def fail(message: str) -> ConfigError:
         return ConfigError(f"{value!r}: {message}", path=ENDPOINT_FLAG)
@@ -52,11 +63,11 @@ def parse_endpoint_flag(value: str) -> EndpointConfig:
             raise fail(f"option {key!r} given twice")
         if key == "models":
             raw[key] = [m.strip() for m in val.split("|")]
-        elif key == "cap":
+        elif key in ("cap", "max_batch"):
             try:
                 raw[key] = int(val)
             except ValueError:
-                raise fail(f"cap: expected an integer, got {val!r}") from None
+                raise fail(f"{key}: expected an integer, got {val!r}") from None
         elif key == "engine" and val == ENGINE_AUTO:
             continue
         else:

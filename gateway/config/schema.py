@@ -215,6 +215,11 @@ class EndpointConfig(
     # variable holding it, or a file holding it (mode 0600 or stricter). Never the key itself.
     api_key_env: str | None = None
     api_key_file: str | None = None  # relative paths resolve against the directory of gateway.toml
+    # The engine's max batch (vLLM --max-num-seqs, SGLang --max-running-requests) and the name of its
+    # instance configuration (models.toml [[models.configs]]): the `sub-cluster` filter sends requests
+    # with tight deadlines to small batches; an unset cap is at most the max batch (berth holds the rest).
+    max_batch: PositiveInt | None = None
+    config: str | None = None
 
     @property
     def endpoint_id(self) -> EndpointId:
@@ -233,9 +238,11 @@ class EndpointConfig(
             engine=self.engine or detected or EngineKind.VLLM,
             models=frozenset(ModelName(m) for m in self.models),
             instance_class=self.instance_class,
-            cap=self.cap if self.cap is not None else default_cap,
+            cap=self.cap if self.cap is not None else min(default_cap, self.max_batch or default_cap),
             node=self.node,
             priority_scheduling=self.scheduling == "priority",
+            max_batch=self.max_batch,
+            config=self.config,
         )
 
 

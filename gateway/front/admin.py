@@ -206,6 +206,8 @@ def _endpoint(
         "models": sorted(e.models),
         "group": group,
         "cap": e.cap,
+        "max_batch": e.max_batch,
+        "config": e.config,
         "inflight": e.inflight,
         "running_by_kind": running_by_kind(e, slo),
         "gauges": {

@@ -31,6 +31,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gateway.agent.config import ModelSpec as RegistryModel
 from gateway.agent.contract import InstanceState as AgentState
 from gateway.agent.contract import NodeReport
 from gateway.config.lifecycle import LifecycleSetup
@@ -58,6 +59,7 @@ from gateway.lifecycle.instances import (
     StartInstance,
     StopInstance,
 )
+from gateway.sched.plugins.autoscale.interface import InstanceConfig
 from gateway.sched.request import SchedRequest
 from gateway.sched.types import EndpointSpec
 from gateway.telemetry.records import FinishedRequest
@@ -124,6 +126,20 @@ class _InstancesCollector:
         yield g
 
 
+def _model_spec(m: RegistryModel, load_s: float) -> ModelSpec:
+    """The lifecycle core's view of a registry model: a cold start runs its default configuration (the
+    agent's choice too); a scale-out may name any configuration, planned with its devices and the largest
+    memory per device of any configuration (the core keeps one memory figure per model, so it never
+    under-reserves)."""
+    default = m.configured()
+    configs = tuple(
+        InstanceConfig(name=k.name, devices=m.configured(k.name).devices, max_batch=k.max_batch)
+        for k in m.configs
+    )
+    memory = max([default.memory_bytes] + [m.configured(k.name).memory_bytes for k in m.configs])
+    return ModelSpec(ModelName(m.name), memory, default.devices, load_s, configs=configs)
+
+
 class LifecycleManager:
     def __init__(
         self,
@@ -154,10 +170,7 @@ class LifecycleManager:
             pinned=frozenset(ModelName(m) for m in c.pinned),
             lookahead=c.lookahead,
         )
-        models = {
-            ModelName(name): ModelSpec(ModelName(name), m.memory_bytes, m.devices, c.expected_load_s)
-            for name, m in setup.models.items()
-        }
+        models = {ModelName(name): _model_spec(m, c.expected_load_s) for name, m in setup.models.items()}
         self.core = Lifecycle(
             models=models, nodes=[], evictor=setup.evictor, settings=self.settings, demand=self._demand
         )
@@ -177,6 +190,8 @@ class LifecycleManager:
         # Endpoints that left the set while requests ran there -> those still running. The scheduler
         # forgets a removed endpoint's requests, so the drain counts them down from the finish records.
         self._leaving: dict[EndpointId, int] = {}
+        # instance id -> (its instance configuration, that configuration's max batch), as its agent says
+        self._configs: dict[str, tuple[str | None, int | None]] = {}
         self._cold_since: dict[ModelName, float] = {}
         self._expected_output: dict[ModelName, float] = {}
         self.load_times: dict[ModelName, list[float]] = {}
@@ -276,6 +291,7 @@ class LifecycleManager:
                     if ModelName(rep.model) not in self.core.models():
                         continue  # not in the gateway's registry: not ours to route to
                     log.info("instance_adopted", node=name, instance=rep.id, model=rep.model, url=rep.url)
+                    self._configs[rep.id] = (rep.config, rep.max_batch)
                     self._do(
                         self.core.adopt(
                             iid=rep.id,
@@ -434,6 +450,7 @@ class LifecycleManager:
         self.metrics.loads.labels(a.model, "ok").inc()
         self.metrics.load_seconds.labels(a.model).observe(report.load_s)
         self.load_times.setdefault(a.model, []).append(report.load_s)
+        self._configs[a.instance] = (report.instance.config, report.instance.max_batch)
         log.info("instance_ready", node=a.node, instance=a.instance, model=a.model, load_s=report.load_s)
         self._do(
             self.core.started(
@@ -462,14 +479,17 @@ class LifecycleManager:
             return
         eid = EndpointId(f"{inst.node}/{iid}")
         engine = self.setup.models[inst.model].engine if inst.model in self.setup.models else EngineKind.VLLM
+        config, max_batch = self._configs.get(iid, (None, None))
         spec = EndpointSpec(
             id=eid,
             url=inst.url,
             engine=engine,
             models=frozenset({inst.model}),
             instance_class=instance_class,
-            cap=self._default_cap,
+            cap=self._default_cap if max_batch is None else min(self._default_cap, max_batch),
             node=inst.node,
+            max_batch=max_batch,
+            config=config,
         )
         self._eids[eid] = iid
         self._joined[iid] = spec
@@ -490,6 +510,7 @@ class LifecycleManager:
         self._endpoints.set_agent_endpoints(list(self._joined.values()))
 
     def _leave(self, iid: str) -> None:
+        self._configs.pop(iid, None)
         spec = self._joined.pop(iid, None)
         if spec is None:
             return

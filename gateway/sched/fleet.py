@@ -120,6 +120,8 @@ class _Endpoint:
             streamed_tokens=self.streamed_tokens,
             gap_s=self.gap_s,
             gap_tokens=self.gap_tokens,
+            max_batch=s.max_batch,
+            config=s.config,
         )
         self._view_has_gauges = g is not None
         self.fresh_until = (

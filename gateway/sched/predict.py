@@ -174,7 +174,9 @@ class EndpointLoad:
         self.gamma = params.gamma
         self.coef: PerfCoefficients = view.perf or _PRIOR
         self.kv_capacity = view.kv_capacity_tokens
-        self.seats = max(1, view.cap)
+        # The engine runs at most its max batch at once, whatever berth's cap lets in.
+        mb = view.max_batch
+        self.seats = max(1, view.cap if mb is None or mb >= view.cap else mb)
         reqs = view.running
         n = self.n = len(reqs)
         coef = self.coef

@@ -65,6 +65,10 @@ class EndpointView:
     streamed_tokens: int = 0
     gap_s: float = 0.0
     gap_tokens: int = 0
+    # The engine's max batch (vLLM --max-num-seqs, SGLang --max-running-requests; None: unknown) and
+    # its instance configuration's name: what the `sub-cluster` filter maps requests by.
+    max_batch: int | None = None
+    config: str | None = None
 
     @property
     def hard_cap(self) -> int:

@@ -23,6 +23,8 @@ class EndpointSpec:
     cap: int = 64
     node: str | None = None
     priority_scheduling: bool = False  # the engine orders by a request's priority (see EndpointView)
+    max_batch: int | None = None  # the engine's max batch (--max-num-seqs); None: unknown
+    config: str | None = None  # its instance configuration (models.toml [[models.configs]])
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ Fleet file (``berth-engine-sim --fleet FILE``); unknown keys are errors naming t
     class = "mixed"                 # interactive | mixed | batch
     cap = 16                        # berth's concurrency cap (default: the gateway's default cap)
     node = "gpu-01"
+    config = "tp1-b16"              # its instance configuration: berth learns the max batch (max_num_seqs)
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ _SPEC_KEYS = {
     "class",
     "cap",
     "node",
+    "config",
 }
 _ENDPOINT_KEYS = _SPEC_KEYS | {"port", "count", "id"}
 _LATENCY_KEYS = ("k1", "c1", "k2", "c2", "c3")

@@ -38,12 +38,15 @@ class EndpointSpec:
     # engine behind an authenticating proxy would, so a test sees berth send the key everywhere.
     api_key: str | None = field(default=None, repr=False)
     # Gateway-side keys (the offline fleet simulator reads them; the engine simulator ignores them): the
-    # endpoint's id in berth, its instance class, berth's concurrency cap (None: the gateway's default)
-    # and the node it runs on.
+    # endpoint's id in berth, its instance class, berth's concurrency cap (None: the gateway's default,
+    # at most the max batch when `config` is set), the node it runs on, and its instance configuration.
     id: str | None = None
     instance_class: str = "mixed"
     cap: int | None = None
     node: str | None = None
+    # The instance configuration it runs (models.toml [[models.configs]]): berth then knows its max
+    # batch (max_num_seqs), as it does for an agent-started engine (the `sub-cluster` filter reads it).
+    config: str | None = None
 
     def __post_init__(self) -> None:
         get_flavor(self.flavor)

@@ -53,6 +53,8 @@ def endpoint_config(eid: str, spec: EngineSpec) -> EndpointConfig:
         node=spec.node,
         cap=spec.cap,
         scheduling=spec.scheduling_policy,
+        config=spec.config,
+        max_batch=None if spec.config is None else spec.resolve().engine.max_num_seqs,
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from loadgen.workloads.base import CallSpec, Slo, TaskSpec, Workload
 from loadgen.workloads.chat_batch import ChatBacklogWorkload, ChatBatchWorkload
 from loadgen.workloads.coding import CodingWorkload
+from loadgen.workloads.maaso import MaasoWorkload
 from loadgen.workloads.multi_model import MultiModelWorkload
 from loadgen.workloads.sharegpt import ALADDIN_SLOS, ShareGptWorkload
 from loadgen.workloads.trace import TraceWorkload
@@ -18,6 +19,7 @@ _BUILTIN: dict[str, Callable[[str | None], Workload]] = {
     "chat-batch": lambda v: ChatBatchWorkload(v or "mixed"),
     "chat-backlog": ChatBacklogWorkload,
     "sharegpt-like": ShareGptWorkload,
+    "maaso": MaasoWorkload,
 }
 BUILTIN_NAMES: tuple[str, ...] = tuple(_BUILTIN)
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -26,6 +28,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "chat-batch": ("mixed", "queue"),
     "chat-backlog": ("2000",),
     "sharegpt-like": tuple(ALADDIN_SLOS),
+    "maaso": ("91.1",),
 }
 
 

@@ -105,6 +105,14 @@ def agent(tmp_path: Path) -> Iterator[AgentCli]:
             _model("sim-b", SIM, 4),
             _model("crash", ["sh", "-c", "echo boom >&2; exit 3"], 1, 'env = { PORT = "{port}" }\n'),
             _model("hang", ["sleep", "600"], 1, 'stall_timeout_s = 1\nenv = { PORT = "{port}" }\n'),
+            # Two instance configurations; the engine simulator takes the max batch as --max-num-seqs.
+            _model(
+                "sim-c",
+                [*SIM, "--max-num-seqs", "{max_batch}"],
+                1,
+                'default_config = "b8"\n[[models.configs]]\nname = "b2"\nmax_batch = 2\n'
+                '[[models.configs]]\nname = "b8"\nmax_batch = 8\n',
+            ),
             # Its health answers 503 for a minute: a load that is still going when the test looks.
             _model("sim-slow", [*SIM[:-1], "60"], 1),
         ]
@@ -235,3 +243,24 @@ def test_one_load_per_device_and_a_stop_during_a_load(agent: AgentCli) -> None:
     (inst,) = agent.ok(ListReport, "list").instances
     assert inst.state == "stopped"
     assert procs.group_members(inst.pid or 0) == []
+
+
+def test_start_and_plan_an_instance_configuration(agent: AgentCli) -> None:
+    plan = agent.ok(PlanReport, "plan", "sim-c", "--config", "b2")
+    assert (plan.fits, plan.config) == (True, "b2")
+    assert agent.ok(PlanReport, "plan", "sim-c").config == "b8"
+    small = agent.ok(StartReport, "start", "sim-c", "--config", "b2", "--id", "c2").instance
+    assert (small.config, small.max_batch) == ("b2", 2)
+    default = agent.ok(StartReport, "start", "sim-c", "--id", "c8").instance
+    assert (default.config, default.max_batch) == ("b8", 8)
+    # The engine runs with the configuration's batch (the simulator's /sim/state says so).
+    for inst, seqs in ((small, 2), (default, 8)):
+        with urllib.request.urlopen(inst.url + "/sim/state", timeout=5) as r:
+            assert json.loads(r.read())["config"]["max_num_seqs"] == seqs
+    listed = {i.id: i.config for i in agent.ok(ListReport, "list").instances}
+    assert listed == {"c2": "b2", "c8": "b8"}
+    err = agent.error("start", "sim-c", "--config", "b64")
+    assert (err.code, err.model) == ("unknown_config", "sim-c")
+    assert "known: b2, b8" in err.message
+    agent.ok(StopReport, "stop", "c2")
+    agent.ok(StopReport, "stop", "c8")

@@ -81,7 +81,10 @@ def setup(tmp_path: Path) -> Iterator[Setup]:
         "\n".join(
             [
                 _model("sim-a", SIM, 4),
-                _model("sim-b", SIM, 4),
+                # Instance configurations: the default one runs the engine with --max-num-seqs 2.
+                _model("sim-b", [*SIM, "--max-num-seqs", "{max_batch}"], 4)
+                + 'default_config = "b2"\n[[models.configs]]\nname = "b2"\nmax_batch = 2\n'
+                '[[models.configs]]\nname = "b16"\nmax_batch = 16\n',
                 _model("crash", ["sh", "-c", "echo boom >&2; exit 3", "{port}"], 1),
             ]
         )
@@ -160,6 +163,10 @@ def test_cold_start_concurrent_join_swap_and_failed_load(setup: Setup) -> None:
         by_model = {i["model"]: i for i in fleet(berth)["instances"]}
         assert by_model["sim-b"]["state"] == "ready"
         assert by_model["sim-a"]["state"] == "stopped"
+        # The endpoint knows its configuration's max batch, and berth's cap holds to it.
+        status, raw = berth.get("/admin/fleet")
+        (ep_b,) = [e for e in json.loads(raw)["endpoints"] if "sim-b" in e["models"]]
+        assert (ep_b["config"], ep_b["max_batch"], ep_b["cap"]) == ("b2", 2, 2)
         assert metric(berth, 'berth_lifecycle_evictions_total{reason="evicted"}') == 1
         (a_rec,) = [r for r in setup.state.records() if r.model == "sim-a"]
         assert a_rec.pid is not None

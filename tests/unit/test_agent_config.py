@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec.structs
 import pytest
 
 from gateway.agent.config import GIB, check_template, load_agent_config, render
@@ -107,7 +108,8 @@ def test_paths_are_relative_to_agent_toml(tmp_path: Path) -> None:
         pytest.param(
             "",
             f"[[models]]\n{MODEL}".replace("{port}", "{gpu}"),
-            "models.toml:models[0].command[2]: unknown placeholder {gpu} (known: devices, host, id, model",
+            "models.toml:models[0].command[2]: unknown placeholder {gpu} "
+            "(known: devices, host, id, max_batch, model",
             id="placeholder",
         ),
         pytest.param(
@@ -190,3 +192,93 @@ def test_device_index_from_name_or_position(tmp_path: Path) -> None:
     )
     cfg = load_agent_config(p)
     assert [(d.name, d.index) for d in cfg.devices] == [("gpu3", 3), ("big", 1)]
+
+
+CONFIGS = (
+    '[[models.configs]]\nname = "tp1-b16"\nmax_batch = 16\n'
+    '[[models.configs]]\nname = "tp2-b4"\nmax_batch = 4\ndevices = 2\nmemory_gib = 3\n'
+)
+BATCHED = MODEL.replace('"{port}"]', '"{port}", "--max-num-seqs", "{max_batch}"]')
+
+
+@pytest.mark.parametrize(
+    ("models", "expected"),
+    [
+        pytest.param(
+            f"[[models]]\n{BATCHED}",
+            "models.toml:models[0].command[4]: {max_batch} needs [[models.configs]]",
+            id="max-batch-without-configs",
+        ),
+        pytest.param(
+            f'[[models]]\n{MODEL}env = {{ B = "{{max_batch}}" }}\n',
+            "models.toml:models[0].env.B: {max_batch} needs [[models.configs]]",
+            id="max-batch-env-without-configs",
+        ),
+        pytest.param(
+            f'[[models]]\n{MODEL}[[models.configs]]\nname = "a"\n',
+            "models.toml:models[0].configs[0].max_batch: missing required",
+            id="config-needs-max-batch",
+        ),
+        pytest.param(
+            f'[[models]]\n{MODEL}[[models.configs]]\nname = "a"\nmax_batch = 0\n',
+            "models.toml:models[0].configs[0].max_batch: expected",
+            id="config-max-batch-zero",
+        ),
+        pytest.param(
+            f'[[models]]\n{MODEL}[[models.configs]]\nname = "a"\nmax_batch = 4\nbatch = 4\n',
+            "models.toml:models[0].configs[0].batch: unknown key",
+            id="config-unknown-key",
+        ),
+        pytest.param(
+            f'[[models]]\n{MODEL}[[models.configs]]\nname = "a"\nmax_batch = 4\ndevices = 0\n',
+            "models.toml:models[0].configs[0].devices: expected",
+            id="config-devices",
+        ),
+        pytest.param(
+            f'[[models]]\n{MODEL}{CONFIGS}[[models.configs]]\nname = "tp2-b4"\nmax_batch = 2\n',
+            "models.toml:models[0].configs[2].name: duplicate configuration (also configs[1])",
+            id="config-duplicate",
+        ),
+        pytest.param(
+            f'[[models]]\n{MODEL}[[models.configs]]\nname = "a b"\nmax_batch = 4\n',
+            "models.toml:models[0].configs[0].name: must match",
+            id="config-name",
+        ),
+        pytest.param(
+            f'[[models]]\n{MODEL}default_config = "tp9"\n{CONFIGS}',
+            "models.toml:models[0].default_config: names no configuration of the model (tp1-b16, tp2-b4)",
+            id="default-config-unknown",
+        ),
+        pytest.param(
+            f'[[models]]\n{MODEL}default_config = "tp9"\n',
+            "models.toml:models[0].default_config: names no configuration of the model (the model lists no",
+            id="default-config-without-configs",
+        ),
+    ],
+)
+def test_instance_configuration_errors(tmp_path: Path, models: str, expected: str) -> None:
+    p = _write(tmp_path, "", models)
+    with pytest.raises(ConfigError) as e:
+        load_agent_config(p)
+    assert expected in str(e.value)
+    assert any(expected in line for line in check(tmp_path / "models.toml")), check(tmp_path / "models.toml")
+
+
+def test_instance_configurations_resolve(tmp_path: Path) -> None:
+    p = _write(tmp_path, "", f'[[models]]\n{BATCHED}default_config = "tp2-b4"\n{CONFIGS}')
+    cfg = load_agent_config(p)
+    m = cfg.models["m"]
+    assert m.config_names == ["tp1-b16", "tp2-b4"]
+    default = m.configured()
+    assert (default.default_config, default.devices, default.memory_bytes) == ("tp2-b4", 2, 3 * GIB)
+    small = m.configured("tp1-b16")
+    assert (small.default_config, small.devices, small.memory_bytes) == ("tp1-b16", 1, 4 * GIB)
+    assert small.instance_config() == m.configs[0]
+    with pytest.raises(KeyError):
+        m.configured("tp8")
+    # Without default_config the first one is the default; a model without configs is itself.
+    first = msgspec.structs.replace(m, default_config=None)
+    assert first.configured().default_config == "tp1-b16"
+    plain = load_agent_config(_write(tmp_path, "")).models["m"]
+    assert plain.configured() is plain
+    assert plain.instance_config() is None

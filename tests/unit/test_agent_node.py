@@ -63,6 +63,21 @@ memory_gib = 1
 load_timeout_s = 0.05
 
 [[models]]
+name = "hetero"
+engine = "vllm"
+command = ["engine", "{port}", "--tp", "{tp}", "--max-num-seqs", "{max_batch}"]
+memory_gib = 4
+default_config = "tp1-b16"
+[[models.configs]]
+name = "tp2-b4"
+max_batch = 4
+devices = 2
+memory_gib = 3
+[[models.configs]]
+name = "tp1-b16"
+max_batch = 16
+
+[[models]]
 name = "stuck"
 engine = "vllm"
 command = ["engine", "{port}"]
@@ -447,3 +462,49 @@ def test_victims_are_checked_before_anything_is_stopped(tmp_path: Path) -> None:
     assert e.value.body.code is ErrorCode.DOES_NOT_FIT
     assert "even without s1" in e.value.body.message
     assert len(n.backend.stopped) == stops
+
+
+def test_instance_configurations_start_and_plan(tmp_path: Path) -> None:
+    n = _node(tmp_path, TWO)
+    plan = n.agent.plan("hetero", config="tp2-b4")
+    assert (plan.config, plan.devices_needed, plan.required_bytes, plan.devices) == (
+        "tp2-b4",
+        2,
+        3 * GIB,
+        ["gpu0", "gpu1"],
+    )
+    assert n.agent.plan("hetero").config == "tp1-b16"  # the default configuration
+    wide = n.agent.start("hetero", instance_id="h2", config="tp2-b4").instance
+    rec, env = n.backend.launched[0]
+    assert rec.argv == ("engine", str(rec.port), "--tp", "2", "--max-num-seqs", "4")
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert (wide.config, wide.max_batch, wide.devices, wide.memory_bytes) == (
+        "tp2-b4",
+        4,
+        ["gpu0", "gpu1"],
+        3 * GIB,
+    )
+    default = n.agent.start("hetero", instance_id="h1").instance
+    assert n.backend.launched[1][0].argv[-1] == "16"
+    assert (default.config, default.max_batch, default.devices) == ("tp1-b16", 16, ["gpu0"])
+    listed = {i.id: (i.config, i.max_batch) for i in n.agent.instances().instances}
+    assert listed == {"h1": ("tp1-b16", 16), "h2": ("tp2-b4", 4)}
+    plain = n.agent.start("small").instance
+    assert (plain.config, plain.max_batch) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda a: a.start("hetero", config="tp8"), id="start"),
+        pytest.param(lambda a: a.plan("hetero", config="tp8"), id="plan"),
+        pytest.param(lambda a: a.start("small", config="tp1-b16"), id="model-without-configs"),
+    ],
+)
+def test_an_unknown_configuration_is_refused(tmp_path: Path, call: object) -> None:
+    n = _node(tmp_path, TWO)
+    with pytest.raises(AgentError) as e:
+        call(n.agent)  # type: ignore[operator]
+    assert e.value.body.code is ErrorCode.UNKNOWN_CONFIG
+    assert e.value.exit_status == 1
+    assert n.backend.launched == []

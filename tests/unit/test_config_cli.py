@@ -36,6 +36,11 @@ from gateway.core.types import EngineKind, InstanceClass
             EndpointConfig(url="http://h:1", instance_class=InstanceClass.BATCH, models=("x", "y")),
             id="spaces-ignored",
         ),
+        pytest.param(
+            "http://h:1,max_batch=8,config=tp1-b8",
+            EndpointConfig(url="http://h:1", max_batch=8, config="tp1-b8"),
+            id="instance-configuration",
+        ),
     ],
 )
 def test_endpoint_flags_parse(flag: str, expected: EndpointConfig) -> None:
@@ -49,7 +54,7 @@ def test_endpoint_flags_parse(flag: str, expected: EndpointConfig) -> None:
         pytest.param(
             "http://a:1,foo=1",
             "--endpoint: 'http://a:1,foo=1': unknown option 'foo' "
-            "(known: engine, class, models, cap, id, node, scheduling)",
+            "(known: engine, class, models, cap, id, node, scheduling, max_batch, config)",
             id="unknown-option",
         ),
         pytest.param(
@@ -165,3 +170,12 @@ def test_a_missing_policy_flag_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         apply_overrides(default_config(env={}), policy_file=tmp_path / "nope.toml")
     assert str(info.value) == f"--policy: policy file not found: {tmp_path / 'nope.toml'}"
+
+
+def test_an_unset_cap_is_at_most_the_max_batch() -> None:
+    assert parse_endpoint_flag("http://h:1,max_batch=8").spec(default_cap=64).cap == 8
+    assert parse_endpoint_flag("http://h:1,max_batch=128").spec(default_cap=64).cap == 64
+    spec = parse_endpoint_flag("http://h:1,max_batch=8,cap=32,config=b8").spec(default_cap=64)
+    assert (spec.cap, spec.max_batch, spec.config) == (32, 8, "b8")  # a configured cap is the operator's
+    with pytest.raises(ConfigError, match="max_batch: expected an integer"):
+        parse_endpoint_flag("http://h:1,max_batch=x")

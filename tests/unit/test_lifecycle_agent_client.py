@@ -53,3 +53,17 @@ async def test_a_missing_agent_binary_is_an_error_not_a_crash() -> None:
     with pytest.raises(AgentCallError) as e:
         await client.node_report()
     assert e.value.code == "agent_not_started"
+
+
+async def test_start_names_the_instance_configuration() -> None:
+    # The "agent" fails with its own argv as the message: what the client asked for.
+    script = (
+        "import json, sys; print(json.dumps({'error': {'code': 'bad_arguments', 'message': "
+        "' '.join(sys.argv[1:])}})); sys.exit(2)"
+    )
+    with pytest.raises(AgentCallError) as e:
+        await _client(script).start("m", "m-1", timeout_s=30, config="tp2-b4")
+    assert e.value.message == "start m --id m-1 --config tp2-b4"
+    with pytest.raises(AgentCallError) as e:
+        await _client(script).start("m", "m-1", timeout_s=30)
+    assert e.value.message == "start m --id m-1"

@@ -61,7 +61,7 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
     reg = default_registry()
     assert {k: reg.names(k) for k in PluginKind} == {
         PluginKind.ORDERING: ["edf", "fcfs", "priority-bands", "slack"],
-        PluginKind.FILTER: ["best-fit", "demand-split", "instance-class", "overflow-guard"],
+        PluginKind.FILTER: ["best-fit", "demand-split", "instance-class", "overflow-guard", "sub-cluster"],
         PluginKind.SCORER: ["least-outstanding"],
         PluginKind.PICKER: ["cato-slack", "max-score", "power-of-two", "round-robin"],
         PluginKind.ADMITTER: ["admit-all", "slo-feasibility"],
@@ -80,7 +80,9 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
         ),
         pytest.param(PluginKind.ORDERING, "known: edf, fcfs, priority-bands, slack", id="ordering"),
         pytest.param(
-            PluginKind.FILTER, "known: best-fit, demand-split, instance-class, overflow-guard", id="filter"
+            PluginKind.FILTER,
+            "known: best-fit, demand-split, instance-class, overflow-guard, sub-cluster",
+            id="filter",
         ),
     ],
 )

@@ -24,6 +24,7 @@ from gateway.sched.plugins.placement import (
     overflow_guard,
     power_of_two,
     round_robin,
+    sub_cluster,
 )
 from gateway.sched.plugins.preempt import least_progress, most_slack, smallest_kv_loss
 from gateway.sched.registry import PluginRegistry, PluginSpec
@@ -42,6 +43,7 @@ IN_TREE: tuple[PluginSpec[Any], ...] = (
     overflow_guard.SPEC,
     demand_split.SPEC,
     instance_class.SPEC,
+    sub_cluster.SPEC,
     admit_all.SPEC,
     slo_feasibility.SPEC,
     lru.SPEC,
