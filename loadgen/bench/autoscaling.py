@@ -16,7 +16,9 @@ scalers. The settings:
 - `chiron` (`loadgen.bench.autoscaling_chiron`): interactive bursts + a batch backlog, up to 50 devices:
   chiron vs utilization-band vs aladdin-workers vs static provisioning;
 - `cato` (`loadgen.bench.autoscaling_cato`): the coding workload on two models with bursts: cato-sla vs
-  queue-length (Ray Serve's) with power-of-two routing, and aladdin-workers.
+  queue-length (Ray Serve's) with power-of-two routing, and aladdin-workers;
+- `maaso` (`loadgen.bench.maaso`, also `berth-loadgen bench maaso`): mixed SLO tightness on 24 devices:
+  MaaSO's heterogeneous placement with the sub-cluster filter vs homogeneous replication.
 
 Exit status: 0 when every target passes, 1 when one fails, 2 for a bad command line.
 """
@@ -34,14 +36,32 @@ from typing import Any, Final
 
 import orjson
 
-from loadgen.bench import autoscaling_cato, autoscaling_chiron
-from loadgen.bench.autoscaling_common import SettingResult
+from loadgen.bench import autoscaling_cato, autoscaling_chiron, maaso
+from loadgen.bench.autoscaling_common import SettingResult, Target
 from loadgen.bench.entry import run_bench, say
 
+
 #: name -> the setting's run function (seeds, quick, log, *, work) -> SettingResult.
+def run_maaso(seeds: Sequence[int], quick: bool, log: Callable[[str], None], *, work: Path) -> SettingResult:
+    """MaaSO's setting (`loadgen.bench.maaso`, also its own command `bench maaso`) in this report."""
+    doc = maaso.setting(seeds, quick, out=work / "maaso", log=log)
+    return SettingResult(
+        name="maaso",
+        title="MaaSO: heterogeneous placement vs homogeneous replication",
+        rows=list(doc["rows"]),
+        targets=[
+            Target(t["name"], f"{t['measured']:+.3f}", f"≥ {t['target']:+.2f}", bool(t["passed"]))
+            for t in doc["targets"]
+        ],
+        markdown=str(doc["markdown"]),
+        meta={"setup": doc.get("setup"), "placements": doc.get("placements")},
+    )
+
+
 SETTINGS: Final[dict[str, Callable[..., SettingResult]]] = {
     "chiron": autoscaling_chiron.run,
     "cato": autoscaling_cato.run,
+    "maaso": run_maaso,
 }
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.core.types import InstanceClass, ModelName
 from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
-from loadgen.bench import autoscaling, autoscaling_cato, autoscaling_chiron
+from loadgen.bench import autoscaling, autoscaling_cato, autoscaling_chiron, maaso
 from loadgen.bench.autoscaling_common import Burst, bursty_arrivals
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import InitialInstances, LifecycleOptions
@@ -120,7 +120,8 @@ def test_the_benchmark_quick_run_writes_every_settings_table(
     monkeypatch.setattr(
         autoscaling_cato, "QUICK", autoscaling_cato.CatoSetting(duration_s=40.0, rate=1.0, bursts=())
     )
-    code = autoscaling.main(["--quick", "--seeds", "0", "--out", str(tmp_path)])
+    # (maaso's setting runs in the next test: its simulation is its own module's)
+    code = autoscaling.main(["--quick", "--seeds", "0", "--settings", "chiron,cato", "--out", str(tmp_path)])
     assert code in (0, 1)  # the targets are judged on the full run; here only that they are judged
     doc = orjson.loads((tmp_path / "report.json").read_bytes())
     assert [s["name"] for s in doc["settings"]] == ["chiron", "cato"]
@@ -147,5 +148,15 @@ def test_the_benchmark_quick_run_writes_every_settings_table(
     assert code == (0 if doc["pass"] else 1)
 
 
+def test_maasos_setting_joins_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(maaso, "QUICK_DURATION_S", 10.0)
+    result = autoscaling.run_maaso([0], True, lambda _: None, work=tmp_path)
+    assert result.name == "maaso"
+    assert {r["config"] for r in result.rows} == set(maaso.CONFIGS)
+    assert result.targets
+    assert all(t.target.startswith("≥") for t in result.targets)
+    assert "maaso" in result.markdown.lower()
+
+
 def test_the_benchmark_refuses_an_unknown_setting(tmp_path: Path) -> None:
-    assert autoscaling.main(["--settings", "maaso", "--out", str(tmp_path)]) == 2
+    assert autoscaling.main(["--settings", "nope", "--out", str(tmp_path)]) == 2
