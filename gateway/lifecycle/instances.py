@@ -103,11 +103,41 @@ class LifecycleSettings:
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What the gateway queue says about the future: the models of the next queued requests (arrival
-    order, at most the look-ahead window) and the expected output tokens of each model's traffic."""
+    """What the gateway knows about the future: the models of the next queued requests (arrival order,
+    at most the look-ahead window), each model's share of the recent requests (a sliding window over
+    dispatches: `gateway.lifecycle.demand`), and the expected output tokens of each model's traffic."""
 
     window: tuple[ModelName, ...] = ()
     expected_output: Mapping[ModelName, float] = field(default_factory=dict)
+    recent_share: Mapping[ModelName, float] = field(default_factory=dict)
+
+    def next_position(self, model: ModelName, window: int) -> float | None:
+        """Expected 0-based position of `model`'s next request among the coming ones: its first queued
+        request's place in the window; else, behind the queued ones, the requests expected before its
+        next one if traffic keeps its recent shares (1/share − 1: the mean of a geometric count); None
+        when neither tells (not queued, not requested recently).
+
+        Requests for a resident model are placed at once, so the queue alone holds almost only cold
+        models' requests and would say nothing about the candidates for eviction."""
+        queued = self.window[:window]
+        if model in queued:
+            return float(queued.index(model))
+        share = self.recent_share.get(model, 0.0)
+        if share <= 0.0:
+            return None
+        return len(queued) + 1.0 / share - 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionDecision:
+    """An eviction plan about to be carried out (`Lifecycle.on_eviction`: benchmarks, diagnostics)."""
+
+    now: float
+    model: ModelName  # the model the room is for
+    node: str
+    candidates: tuple[EvictionCandidate, ...]  # the node's evictable instances, as the evictor saw them
+    victims: tuple[str, ...]
+    context: EvictionContext
 
 
 @dataclass(slots=True)
@@ -209,6 +239,8 @@ class Lifecycle:
         self._demand = demand
         self._instances: dict[str, Instance] = {}
         self._wanted: dict[ModelName, float] = {}  # model -> when its first request found nothing serving it
+        # Called with every eviction plan of the lifecycle's own evictor, before it is carried out.
+        self.on_eviction: Callable[[EvictionDecision], None] | None = None
         self._seq = itertools.count(1)
 
     # ----------------------------------------------------------------- views
@@ -524,43 +556,39 @@ class Lifecycle:
         )
 
     def _eviction_plan(
-        self, spec: ModelSpec, now: float
+        self, spec: ModelSpec, now: float, evictor: Evictor | None = None
     ) -> tuple[NodeSpec, tuple[str, ...], tuple[str, ...]] | None:
+        """The node, devices and victims (fewest over the nodes) that make room for `spec`, ranked by
+        `evictor` (default: the lifecycle's own, whose plans are reported to `on_eviction`)."""
+        ev = evictor or self._evictor
         demand = self._demand()
         window = max(1, self.settings.lookahead)
-        first: dict[ModelName, int] = {}
-        for pos, m in enumerate(demand.window[:window]):
-            first.setdefault(m, pos)
         ctx = EvictionContext(now=now, window=window)
         insts = list(self._instances.values())
         best: tuple[NodeSpec, tuple[str, ...], tuple[str, ...]] | None = None
+        seen: tuple[EvictionCandidate, ...] = ()
         for node in self._eligible_nodes(spec):
-            cands = [i for i in insts if i.node == node.name and self.evictable(i, now)]
+            cands = {
+                i.id: EvictionCandidate(
+                    instance=i.id,
+                    model=i.model,
+                    last_used=i.last_used,
+                    loaded_at=i.ready_at or i.created_at,
+                    load_s=i.load_s,
+                    frees_bytes=i.memory_bytes,
+                    first_pending=demand.next_position(i.model, window),
+                    expected_output_tokens=demand.expected_output.get(i.model),
+                )
+                for i in insts
+                if i.node == node.name and self.evictable(i, now)
+            }
             ranked = sorted(
-                cands,
-                key=lambda i: (
-                    -checked_score(
-                        self._evictor,
-                        EvictionCandidate(
-                            instance=i.id,
-                            model=i.model,
-                            last_used=i.last_used,
-                            loaded_at=i.ready_at or i.created_at,
-                            load_s=i.load_s,
-                            frees_bytes=i.memory_bytes,
-                            first_pending=first.get(i.model),
-                            expected_output_tokens=demand.expected_output.get(i.model),
-                        ),
-                        ctx,
-                    ),
-                    i.last_used,
-                    i.id,
-                ),
+                cands.values(), key=lambda c: (-checked_score(ev, c, ctx), c.last_used, c.instance)
             )
             chosen: list[str] = []
             devs: tuple[str, ...] | None = None
             for victim in ranked:
-                chosen.append(victim.id)
+                chosen.append(victim.instance)
                 devs = fit_devices(node, insts, spec, without=frozenset(chosen))
                 if devs is not None:
                     break
@@ -575,4 +603,16 @@ class Lifecycle:
             assert devs is not None
             if best is None or len(chosen) < len(best[2]):
                 best = (node, devs, tuple(chosen))
+                seen = tuple(cands.values())
+        if best is not None and evictor is None and self.on_eviction is not None:
+            self.on_eviction(EvictionDecision(now, spec.name, best[0].name, seen, best[2], ctx))
         return best
+
+    def eviction_victims(self, model: ModelName, now: float, evictor: Evictor) -> tuple[str, ...] | None:
+        """The victims `evictor` would pick to make room for `model` now (nothing changes), or None when
+        no plan would make room: what-if comparisons of evictors on the same state."""
+        spec = self._models.get(model)
+        if spec is None:
+            return None
+        plan = self._eviction_plan(spec, now, evictor)
+        return None if plan is None else plan[2]

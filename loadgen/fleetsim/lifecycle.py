@@ -8,7 +8,10 @@ endpoint in the fleet file, `id` = the model name); it is in the scheduler's end
 instance of the model is ready, exactly as the live manager adds and removes agent-started endpoints.
 
 Counted: loads and load seconds, stops by reason (evictions), model hit rate (requests whose model had a
-ready instance when they arrived), and the waits from a model's first cold request to its instance joining.
+ready instance when they arrived), and the waits from a model's first cold request to its instance joining;
+for every eviction: how many instances were evictable (did the evictor have a choice), how many of them had
+a known or predicted next request (the demand term's data), and whether each `compare` evictor would have
+picked other victims on the same state.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from typing import Any
 
 from gateway.core import errors
 from gateway.core.types import EndpointHealth, EndpointId, ModelName
+from gateway.lifecycle.demand import DEFAULT_HISTORY, DemandTracker
 from gateway.lifecycle.instances import (
     Action,
     Demand,
+    EvictionDecision,
     JoinEndpoint,
     LeaveEndpoint,
     Lifecycle,
@@ -42,9 +47,6 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.types import EndpointSpec
 
-#: Weight of the newest request in a model's expected output length (as the live manager).
-OUTPUT_EWMA_ALPHA = 0.1
-
 
 @dataclass(frozen=True, slots=True)
 class LifecycleOptions:
@@ -54,6 +56,11 @@ class LifecycleOptions:
     evictor_params: Mapping[str, Any] = field(default_factory=dict)
     settings: LifecycleSettings = field(default_factory=LifecycleSettings)
     stop_s: float = 2.0
+    demand_history: int = DEFAULT_HISTORY  # recent requests whose shares predict demand
+    # A prebuilt evictor instead of `evictor` (the eviction benchmark's clairvoyant oracle).
+    evictor_impl: Evictor | None = None
+    # Evictors whose victims are worked out on the same state at every eviction (counted: `differs`).
+    compare: tuple[Evictor, ...] = ()
 
 
 @dataclass(slots=True)
@@ -65,6 +72,11 @@ class LifecycleStats:
     misses: int = 0
     load_failures: int = 0
     cold_waits: list[float] = field(default_factory=list)
+    decisions: int = 0  # eviction plans carried out
+    choices: int = 0  # ... where more than one instance was evictable
+    candidates: int = 0  # evictable instances, summed over the decisions
+    demand_known: int = 0  # ... whose next request's position was known or predicted
+    differs: dict[str, int] = field(default_factory=dict)  # decisions where that evictor's victims differ
 
     def document(self) -> dict[str, Any]:
         n = self.hits + self.misses
@@ -78,6 +90,11 @@ class LifecycleStats:
             "cold_wait_mean_s": round(sum(self.cold_waits) / len(self.cold_waits), 3)
             if self.cold_waits
             else None,
+            "decisions": self.decisions,
+            "choices": self.choices,
+            "candidates": self.candidates,
+            "demand_known": self.demand_known,
+            "differs": dict(sorted(self.differs.items())),
         }
 
 
@@ -110,13 +127,14 @@ class SimLifecycle:
         self.core = Lifecycle(
             models={m.name: m for m in opts.models},
             nodes=opts.nodes,
-            evictor=build_evictor(opts.evictor, opts.evictor_params),
+            evictor=opts.evictor_impl or build_evictor(opts.evictor, opts.evictor_params),
             settings=opts.settings,
             demand=self._demand,
         )
+        self.core.on_eviction = self._on_eviction
         self._active: dict[str, EndpointSpec] = {}  # instance id -> its endpoint, while in the set
         self._eids: dict[EndpointId, str] = {}
-        self._expected: dict[ModelName, float] = {}
+        self._traffic = DemandTracker(opts.demand_history)
         self._cold_since: dict[ModelName, float] = {}
         self.stats = LifecycleStats()
 
@@ -146,11 +164,7 @@ class SimLifecycle:
         if iid is not None:
             self.core.touch(iid, self._now())
         expect = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.max_tokens
-        if expect is not None:
-            old = self._expected.get(req.model)
-            self._expected[req.model] = (
-                float(expect) if old is None else old + OUTPUT_EWMA_ALPHA * (expect - old)
-            )
+        self._traffic.dispatched(req.model, expect)
 
     def tick(self) -> None:
         self._sync_inflight()
@@ -158,9 +172,17 @@ class SimLifecycle:
 
     # ----------------------------------------------------------------- internals
     def _demand(self) -> Demand:
-        return Demand(
-            window=self._sched.lookahead(self.opts.settings.lookahead), expected_output=self._expected
-        )
+        return self._traffic.demand(self._sched.lookahead(self.opts.settings.lookahead))
+
+    def _on_eviction(self, d: EvictionDecision) -> None:
+        st = self.stats
+        st.decisions += 1
+        st.choices += len(d.candidates) > 1
+        st.candidates += len(d.candidates)
+        st.demand_known += sum(1 for c in d.candidates if c.first_pending is not None)
+        for ev in self.opts.compare:
+            if set(self.core.eviction_victims(d.model, d.now, ev) or ()) != set(d.victims):
+                st.differs[ev.name] = st.differs.get(ev.name, 0) + 1
 
     def _sync_inflight(self) -> None:
         now = self._now()
