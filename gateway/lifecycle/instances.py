@@ -24,6 +24,7 @@ highest first until the model fits; victims not needed for the fit are put back.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -66,6 +67,8 @@ SERVING: frozenset[InstanceState] = frozenset(
 )
 #: States in which a device is taken by a load (one load per device at a time).
 LOADING: frozenset[InstanceState] = frozenset({InstanceState.PENDING, InstanceState.STARTING})
+#: After an agent refused a start for memory, the model is planned again no sooner than this.
+REFUSAL_RETRY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +244,12 @@ class Lifecycle:
         self._wanted: dict[ModelName, float] = {}  # model -> when its first request found nothing serving it
         # Called with every eviction plan of the lifecycle's own evictor, before it is carried out.
         self.on_eviction: Callable[[EvictionDecision], None] | None = None
+        # Memory refusals (`start_refused`): bytes per (node, device) the agent holds beyond what this
+        # core counts (NVML measured more than an engine was admitted with), until an instance there
+        # stops; when each refused model was first wanted (its load deadline), and its next try.
+        self._short: dict[tuple[str, str], int] = {}
+        self._load_since: dict[ModelName, float] = {}
+        self._retry_at: dict[ModelName, float] = {}
         self._seq = itertools.count(1)
 
     # ----------------------------------------------------------------- views
@@ -344,11 +353,40 @@ class Lifecycle:
         self._wanted.pop(inst.model, None)
         return [LoadFailed(inst.model, reason), *self._plan(now)]
 
+    def start_refused(
+        self, iid: str, reason: str, now: float, *, agent_free: Mapping[str, int] | None = None
+    ) -> list[Action]:
+        """The agent refused the start for memory (`insufficient_memory`, `device_busy`,
+        `memory_not_released`): its ledger, which counts what NVML measures, found less room than this
+        plan assumed. The model is planned again instead of failing its requests: on other devices, with
+        more evictions, or once room appears; its first request's load deadline still bounds the wait.
+        `agent_free`: the free bytes the agent reported per device; what this core counted as free
+        beyond that is held back on the device until an instance there stops (the drift is learnt, so
+        the next plan differs from the refused one)."""
+        inst = self._instances.get(iid)
+        if inst is None or inst.state not in LOADING:
+            return []
+        self._set(inst, InstanceState.FAILED, now)
+        inst.reason = reason
+        node = self._nodes.get(inst.node)
+        if node is not None and agent_free:
+            insts = [i for i in self._instances.values() if i.node == node.name and i.state in HOLDS_MEMORY]
+            for d in node.devices:
+                if d.name not in agent_free:
+                    continue
+                ours = d.capacity_bytes - sum(i.memory_bytes for i in insts if d.name in i.devices)
+                self._short[(node.name, d.name)] = max(0, ours - agent_free[d.name])
+        if not any(i.model == inst.model and i.state in SERVING for i in self._instances.values()):
+            self._wanted.setdefault(inst.model, self._load_since.get(inst.model, inst.created_at))
+        self._retry_at[inst.model] = now + REFUSAL_RETRY_S
+        return self._plan(now)
+
     def stopped(self, iid: str, now: float) -> list[Action]:
         inst = self._instances.get(iid)
         if inst is None or inst.state in (InstanceState.STOPPED, InstanceState.FAILED):
             return []
         self._set(inst, InstanceState.STOPPED, now)
+        self._forget_short(inst)
         return self._plan(now)
 
     def stop_failed(self, iid: str, reason: str, now: float) -> list[Action]:
@@ -359,6 +397,7 @@ class Lifecycle:
             return []
         self._set(inst, InstanceState.FAILED, now)
         inst.reason = reason
+        self._forget_short(inst)
         return self._plan(now)
 
     def crashed(self, iid: str, reason: str, now: float) -> list[Action]:
@@ -462,16 +501,40 @@ class Lifecycle:
             if any(i.model == model and i.state in SERVING for i in self._instances.values()):
                 del self._wanted[model]  # joined a load in progress
                 continue
+            if self._retry_at.get(model, now) > now:
+                continue  # its start was just refused for memory
+            self._load_since[model] = self._wanted[model]
             out += self._place(self._models[model], now)
         return out
 
-    def _eligible_nodes(self, spec: ModelSpec) -> list[NodeSpec]:
-        return [n for n in self._nodes.values() if n.models is None or spec.name in n.models]
+    def _eligible_nodes(self, spec: ModelSpec, *, as_reported: bool = False) -> list[NodeSpec]:
+        """The nodes that may host `spec`, with their devices' capacity less what the agents were found
+        to hold beyond this core's count (`as_reported`: as their agents reported them)."""
+        nodes = [n for n in self._nodes.values() if n.models is None or spec.name in n.models]
+        if as_reported or not self._short:
+            return nodes
+        return [
+            dataclasses.replace(
+                n,
+                devices=tuple(
+                    dataclasses.replace(
+                        d, capacity_bytes=max(0, d.capacity_bytes - self._short.get((n.name, d.name), 0))
+                    )
+                    for d in n.devices
+                ),
+            )
+            for n in nodes
+        ]
+
+    def _forget_short(self, inst: Instance) -> None:
+        """An instance left its devices: what the agent holds there is measured afresh at the next refusal."""
+        for d in inst.devices:
+            self._short.pop((inst.node, d), None)
 
     def _never_fits(self, spec: ModelSpec) -> str | None:
         if not self._nodes:
             return None  # no agent has answered yet: wait for one (the load deadline bounds it)
-        nodes = self._eligible_nodes(spec)
+        nodes = self._eligible_nodes(spec, as_reported=True)
         if not nodes:
             return f"no node may host model '{spec.name}'"
         for n in nodes:

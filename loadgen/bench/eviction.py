@@ -410,7 +410,10 @@ def bench(cfg: BenchConfig, log: Callable[[str], None], *, setting: Setting | No
             f"mean TTFT ×{j['ttft_mean_ratio']}, worse on {worse}"
         )
         if "oracle_evictions_ratio" in j:
-            line += f"; {ORACLE}: evictions ×{j['oracle_evictions_ratio']}, mean TTFT ×{j['oracle_ttft_mean_ratio']}"
+            line += (
+                f"; {ORACLE}: evictions ×{j['oracle_evictions_ratio']}, "
+                f"mean TTFT ×{j['oracle_ttft_mean_ratio']}"
+            )
         log(line)
     log(f"wrote {cfg.out / 'report.md'} and report.json")
     return doc
