@@ -53,7 +53,7 @@ def test_tracker_shares_slide_and_output_is_averaged() -> None:
     d = t.demand((A,))
     assert d.window == (A,)
     assert d.recent_share == t.shares()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="history must be"):
         DemandTracker(history=0)
 
 
@@ -81,10 +81,12 @@ def test_cace_keeps_the_model_with_more_recent_traffic_when_the_queue_says_nothi
     demand = Demand(window=(C,), recent_share={A: 0.05, B: 0.6, C: 0.35})
     lc, a, b = _lifecycle(CaceEvictor(CaceParams()), demand)
     acts = lc.request(C, 20)
-    assert LeaveEndpoint(a) in acts and LeaveEndpoint(b) not in acts
+    assert LeaveEndpoint(a) in acts
+    assert LeaveEndpoint(b) not in acts
     lru, a2, b2 = _lifecycle(LruEvictor(), demand)
     acts = lru.request(C, 20)
-    assert LeaveEndpoint(b2) in acts and LeaveEndpoint(a2) not in acts  # LRU takes the one idle longest
+    assert LeaveEndpoint(b2) in acts  # LRU takes the one idle longest
+    assert LeaveEndpoint(a2) not in acts
 
 
 def test_every_eviction_plan_is_reported_and_other_evictors_can_be_asked() -> None:

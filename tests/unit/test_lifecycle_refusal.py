@@ -65,7 +65,8 @@ def test_a_refused_start_evicts_more_instead_of_failing() -> None:
     assert StopInstance(a, "n1", "evicted", "lru") in acts
     assert starts(acts) == []  # the new instance waits for its victim
     (again,) = starts(lc.stopped(a, 13))
-    assert again.model == C and again.instance != s.instance
+    assert again.model == C
+    assert again.instance != s.instance
 
 
 def test_a_refused_start_goes_to_another_node_with_room() -> None:
