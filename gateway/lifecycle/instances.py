@@ -141,6 +141,7 @@ class EvictionDecision:
     candidates: tuple[EvictionCandidate, ...]  # the node's evictable instances, as the evictor saw them
     victims: tuple[str, ...]
     context: EvictionContext
+    demand: Demand  # what the plan knew of the future
 
 
 @dataclass(slots=True)
@@ -668,7 +669,7 @@ class Lifecycle:
                 best = (node, devs, tuple(chosen))
                 seen = tuple(cands.values())
         if best is not None and evictor is None and self.on_eviction is not None:
-            self.on_eviction(EvictionDecision(now, spec.name, best[0].name, seen, best[2], ctx))
+            self.on_eviction(EvictionDecision(now, spec.name, best[0].name, seen, best[2], ctx, demand))
         return best
 
     def eviction_victims(self, model: ModelName, now: float, evictor: Evictor) -> tuple[str, ...] | None:

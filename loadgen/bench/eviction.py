@@ -151,7 +151,7 @@ def figures(reports: Sequence[Report]) -> dict[str, Any]:
     evictions = loads = 0
     load_s = 0.0
     hits = 0.0
-    diag = dict.fromkeys(("decisions", "choices", "candidates", "demand_known"), 0)
+    diag = dict.fromkeys(("plans", "with_choice", "candidates", "demand_known", "demand_queued"), 0)
     differs: dict[str, int] = {}
     for rep in reports:
         for r in rep.requests:
@@ -168,9 +168,11 @@ def figures(reports: Sequence[Report]) -> dict[str, Any]:
         loads += lc["loads"]
         load_s += lc["load_seconds"]
         hits += (lc["hit_rate"] or 0.0) * len(rep.requests)
-        for k in diag:
-            diag[k] += lc[k]
-        for k, v in lc["differs"].items():
+        ep = lc["eviction_plans"]
+        diag["plans"] += ep["n"]
+        for k in ("with_choice", "candidates", "demand_known", "demand_queued"):
+            diag[k] += ep[k]
+        for k, v in ep["differs"].items():
             differs[k] = differs.get(k, 0) + v
     all_ttft = ttft["completion"] + ttft["reasoning"]
     return {
@@ -338,11 +340,12 @@ def render_md(doc: dict[str, Any]) -> str:
             )
         for name in (*EVICTORS, *([ORACLE] if oracle else [])):
             f = by[name]
-            other = ", ".join(f"{o} {_pct(n, f['decisions'])}" for o, n in f["differs"].items())
+            other = ", ".join(f"{o} {_pct(n, f['plans'])}" for o, n in f["differs"].items())
             lines.append(
                 f"- {name}: evictions with a choice (more than one instance evictable) "
-                f"{_pct(f['choices'], f['decisions'])}; evictable instances whose next request was "
-                f"known or predicted {_pct(f['demand_known'], f['candidates'])}; other victims on the "
+                f"{_pct(f['with_choice'], f['plans'])}; evictable instances whose next request was "
+                f"known or predicted {_pct(f['demand_known'], f['candidates'])} (queued: "
+                f"{_pct(f['demand_queued'], f['candidates'])}); other victims on the "
                 f"same state by {other or '-'}"
             )
         lines.append("")
@@ -374,7 +377,7 @@ def bench(cfg: BenchConfig, log: Callable[[str], None], *, setting: Setting | No
             log(
                 f"{pattern:18s} {evictor:6s} evictions={f['evictions']:4d} hit={f['hit_rate']} "
                 f"load_s={f['load_seconds']} ttft_mean={f['ttft_mean_ms']}ms e2e_p99={f['e2e_p99_ms']}ms "
-                f"errors={f['errors']} choices={f['choices']}/{f['decisions']} differs={f['differs']}"
+                f"errors={f['errors']} choice={f['with_choice']}/{f['plans']} differs={f['differs']}"
             )
     verdict = judge(results)
     doc = {

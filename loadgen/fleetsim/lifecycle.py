@@ -59,12 +59,35 @@ class LifecycleOptions:
     demand_history: int = DEFAULT_HISTORY  # recent requests whose shares predict demand
     # A prebuilt evictor instead of `evictor` (the eviction benchmark's clairvoyant oracle).
     evictor_impl: Evictor | None = None
-    # Evictors whose victims are worked out on the same state at every eviction (counted: `differs`).
+    # Evictors whose victims are worked out on the same state at every eviction (`PlanStats.differs`).
     compare: tuple[Evictor, ...] = ()
 
 
 @dataclass(slots=True)
+class PlanStats:
+    """The eviction plans carried out, and what the evictor had to decide on."""
+
+    n: int = 0
+    with_choice: int = 0  # ... where more than one instance was evictable
+    candidates: int = 0  # evictable instances, summed over the plans
+    demand_known: int = 0  # ... whose next request's position was known or predicted
+    demand_queued: int = 0  # ... known: a request for its model was in the queue's look-ahead window
+    differs: dict[str, int] = field(default_factory=dict)  # plans where that evictor's victims differ
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "with_choice": self.with_choice,
+            "candidates": self.candidates,
+            "demand_known": self.demand_known,
+            "demand_queued": self.demand_queued,
+            "differs": dict(sorted(self.differs.items())),
+        }
+
+
+@dataclass(slots=True)
 class LifecycleStats:
+    plans: PlanStats = field(default_factory=PlanStats)
     loads: int = 0
     load_s: float = 0.0
     stops: dict[str, int] = field(default_factory=dict)
@@ -72,15 +95,11 @@ class LifecycleStats:
     misses: int = 0
     load_failures: int = 0
     cold_waits: list[float] = field(default_factory=list)
-    decisions: int = 0  # eviction plans carried out
-    choices: int = 0  # ... where more than one instance was evictable
-    candidates: int = 0  # evictable instances, summed over the decisions
-    demand_known: int = 0  # ... whose next request's position was known or predicted
-    differs: dict[str, int] = field(default_factory=dict)  # decisions where that evictor's victims differ
 
     def document(self) -> dict[str, Any]:
         n = self.hits + self.misses
         return {
+            "eviction_plans": self.plans.document(),
             "loads": self.loads,
             "load_seconds": round(self.load_s, 3),
             "evictions": self.stops.get("evicted", 0),
@@ -90,11 +109,6 @@ class LifecycleStats:
             "cold_wait_mean_s": round(sum(self.cold_waits) / len(self.cold_waits), 3)
             if self.cold_waits
             else None,
-            "decisions": self.decisions,
-            "choices": self.choices,
-            "candidates": self.candidates,
-            "demand_known": self.demand_known,
-            "differs": dict(sorted(self.differs.items())),
         }
 
 
@@ -175,11 +189,13 @@ class SimLifecycle:
         return self._traffic.demand(self._sched.lookahead(self.opts.settings.lookahead))
 
     def _on_eviction(self, d: EvictionDecision) -> None:
-        st = self.stats
-        st.decisions += 1
-        st.choices += len(d.candidates) > 1
+        st = self.stats.plans
+        st.n += 1
+        st.with_choice += len(d.candidates) > 1
         st.candidates += len(d.candidates)
         st.demand_known += sum(1 for c in d.candidates if c.first_pending is not None)
+        queued = set(d.demand.window[: d.context.window])
+        st.demand_queued += sum(1 for c in d.candidates if c.model in queued)
         for ev in self.opts.compare:
             if set(self.core.eviction_victims(d.model, d.now, ev) or ()) != set(d.victims):
                 st.differs[ev.name] = st.differs.get(ev.name, 0) + 1

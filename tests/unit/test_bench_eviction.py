@@ -52,11 +52,13 @@ def test_each_run_counts_choices_demand_data_and_disagreements() -> None:
     lc = simulate(sim_options(Setting(), "ide-heavy", "cace", 1, replace(CFG, duration_s=300.0))).data[
         "lifecycle"
     ]
-    assert 0 < lc["decisions"] <= lc["evictions"]  # a plan may take more than one victim
-    assert 0 < lc["choices"] <= lc["decisions"]
-    assert 0 < lc["demand_known"] <= lc["candidates"]
-    assert set(lc["differs"]) == {"lru"}  # cace's run is compared with lru on the same states
-    assert 0 <= lc["differs"]["lru"] <= lc["decisions"]
+    plans = lc["eviction_plans"]
+    assert 0 < plans["n"] <= lc["evictions"]  # a plan may take more than one victim
+    assert 0 < plans["with_choice"] <= plans["n"]
+    assert 0 < plans["demand_known"] <= plans["candidates"]
+    assert 0 <= plans["demand_queued"] <= plans["demand_known"]
+    assert set(plans["differs"]) == {"lru"}  # cace's run is compared with lru on the same states
+    assert 0 <= plans["differs"]["lru"] <= plans["n"]
 
 
 def _figs(evictions: int, ttft: float) -> dict[str, object]:

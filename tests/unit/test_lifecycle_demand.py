@@ -99,7 +99,7 @@ def test_every_eviction_plan_is_reported_and_other_evictors_can_be_asked() -> No
     assert lc.get(b).state is InstanceState.READY  # type: ignore[union-attr]
     lc.request(C, 20)
     (d,) = seen
-    assert (d.model, d.node, d.victims) == (C, "n1", (a,))
+    assert (d.model, d.node, d.victims, d.demand) == (C, "n1", (a,), demand)
     assert {c.instance for c in d.candidates} == {a, b}
     assert {c.instance: c.first_pending for c in d.candidates} == {a: 1 + 19.0, b: 1 + 1 / 0.6 - 1}
     assert lc.eviction_victims(ModelName("nope"), 20, LruEvictor()) is None
