@@ -99,6 +99,9 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     devices: PositiveInt = 1  # tensor parallel
     health_path: str = "/health"
     load_timeout_s: PositiveFloat = 300.0  # a start fails when /health has not answered by then
+    # The gateway's expected load time (its eviction score's reload cost) until one is measured; default:
+    # gateway.toml's [lifecycle] expected_load_s. The agent does not use it.
+    expected_load_s: PositiveFloat | None = None
     stall_timeout_s: PositiveFloat = 120.0  # ... or when the engine used no CPU for this long while loading
     env: dict[str, str] = {}  # extra environment (values may use placeholders)
     configs: tuple[InstanceConfig, ...] = ()  # instance configurations (see the class docstring)
@@ -302,6 +305,14 @@ def check_models(f: ModelsFile) -> list[ConfigError]:
             )
         if not m.health_path.startswith("/"):
             problems.append(ConfigError("must start with /", path=f"{where}.health_path"))
+        if m.expected_load_s is not None and m.expected_load_s > m.load_timeout_s:
+            problems.append(
+                ConfigError(
+                    f"{m.expected_load_s:g}s is more than the model's load_timeout_s "
+                    f"({m.load_timeout_s:g}s): every load would time out",
+                    path=f"{where}.expected_load_s",
+                )
+            )
         problems += _check_configs(m, where)
     return problems
 

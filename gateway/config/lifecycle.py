@@ -51,7 +51,9 @@ class LifecycleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     drain_timeout_s: NonNegativeFloat = 30.0
     pinned: tuple[str, ...] = ()
     lookahead: PositiveInt = 32  # queued requests the evictor's demand term looks at
-    expected_load_s: PositiveFloat = 30.0  # a model's load time until one is measured
+    expected_load_s: PositiveFloat = 30.0  # a model's load time until one is measured (models.toml may say)
+    # Recent requests whose models' shares predict demand beyond the queue (the evictor's demand term).
+    demand_history: PositiveInt = 256
     agent_timeout_s: PositiveFloat = 30.0  # per agent call other than start (start: the load deadline)
     refresh_interval_s: PositiveFloat = 10.0  # how often each agent's `list` is read (crashes, drift)
     evictor: EvictorConfig = EvictorConfig()

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import msgspec
 
-from gateway.agent.contract import ErrorReport, ListReport, NodeReport, StartReport, StopReport
+from gateway.agent.contract import ErrorBody, ErrorReport, ListReport, NodeReport, StartReport, StopReport
 
 T = TypeVar("T")
 
@@ -28,12 +28,15 @@ STDERR_TAIL = 400
 
 
 class AgentCallError(Exception):
-    def __init__(self, code: str, message: str, *, node: str, command: str) -> None:
+    def __init__(
+        self, code: str, message: str, *, node: str, command: str, body: ErrorBody | None = None
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.node = node
         self.command = command
+        self.body = body  # the agent's error as it printed it (e.g. insufficient_memory's per-device numbers)
 
 
 class AgentClient:
@@ -103,7 +106,7 @@ class AgentClient:
             message = body.message
             if body.log_tail:
                 message += " | " + " | ".join(body.log_tail[-5:])
-            raise AgentCallError(str(body.code), message, node=self.node, command=command)
+            raise AgentCallError(str(body.code), message, node=self.node, command=command, body=body)
         try:
             return msgspec.json.decode(out, type=typ)
         except msgspec.DecodeError as e:

@@ -77,6 +77,8 @@ SERVING: frozenset[InstanceState] = frozenset(
 )
 #: States in which a device is taken by a load (one load per device at a time).
 LOADING: frozenset[InstanceState] = frozenset({InstanceState.PENDING, InstanceState.STARTING})
+#: After an agent refused a start for memory, the model is planned again no sooner than this.
+REFUSAL_RETRY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +125,42 @@ class LifecycleSettings:
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What the gateway queue says about the future: the models of the next queued requests (arrival
-    order, at most the look-ahead window) and the expected output tokens of each model's traffic."""
+    """What the gateway knows about the future: the models of the next queued requests (arrival order,
+    at most the look-ahead window), each model's share of the recent requests (a sliding window over
+    dispatches: `gateway.lifecycle.demand`), and the expected output tokens of each model's traffic."""
 
     window: tuple[ModelName, ...] = ()
     expected_output: Mapping[ModelName, float] = field(default_factory=dict)
+    recent_share: Mapping[ModelName, float] = field(default_factory=dict)
+
+    def next_position(self, model: ModelName, window: int) -> float | None:
+        """Expected 0-based position of `model`'s next request among the coming ones: its first queued
+        request's place in the window; else, behind the queued ones, the requests expected before its
+        next one if traffic keeps its recent shares (1/share − 1: the mean of a geometric count); None
+        when neither tells (not queued, not requested recently).
+
+        Requests for a resident model are placed at once, so the queue alone holds almost only cold
+        models' requests and would say nothing about the candidates for eviction."""
+        queued = self.window[:window]
+        if model in queued:
+            return float(queued.index(model))
+        share = self.recent_share.get(model, 0.0)
+        if share <= 0.0:
+            return None
+        return len(queued) + 1.0 / share - 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionDecision:
+    """An eviction plan about to be carried out (`Lifecycle.on_eviction`: benchmarks, diagnostics)."""
+
+    now: float
+    model: ModelName  # the model the room is for
+    node: str
+    candidates: tuple[EvictionCandidate, ...]  # the node's evictable instances, as the evictor saw them
+    victims: tuple[str, ...]
+    context: EvictionContext
+    demand: Demand  # what the plan knew of the future
 
 
 @dataclass(slots=True)
@@ -244,6 +277,14 @@ class Lifecycle:
         self._demand = demand
         self._instances: dict[str, Instance] = {}
         self._wanted: dict[ModelName, float] = {}  # model -> when its first request found nothing serving it
+        # Called with every eviction plan of the lifecycle's own evictor, before it is carried out.
+        self.on_eviction: Callable[[EvictionDecision], None] | None = None
+        # Memory refusals (`start_refused`): bytes per (node, device) the agent holds beyond what this
+        # core counts (NVML measured more than an engine was admitted with), until an instance there
+        # stops; when each refused model was first wanted (its load deadline), and its next try.
+        self._short: dict[tuple[str, str], int] = {}
+        self._load_since: dict[ModelName, float] = {}
+        self._retry_at: dict[ModelName, float] = {}
         self._seq = itertools.count(1)
 
     # ----------------------------------------------------------------- views
@@ -347,11 +388,40 @@ class Lifecycle:
         self._wanted.pop(inst.model, None)
         return [*self._load_failed(inst, reason), *self._plan(now)]
 
+    def start_refused(
+        self, iid: str, reason: str, now: float, *, agent_free: Mapping[str, int] | None = None
+    ) -> list[Action]:
+        """The agent refused the start for memory (`insufficient_memory`, `device_busy`,
+        `memory_not_released`): its ledger, which counts what NVML measures, found less room than this
+        plan assumed. The model is planned again instead of failing its requests: on other devices, with
+        more evictions, or once room appears; its first request's load deadline still bounds the wait.
+        `agent_free`: the free bytes the agent reported per device; what this core counted as free
+        beyond that is held back on the device until an instance there stops (the drift is learnt, so
+        the next plan differs from the refused one)."""
+        inst = self._instances.get(iid)
+        if inst is None or inst.state not in LOADING:
+            return []
+        self._set(inst, InstanceState.FAILED, now)
+        inst.reason = reason
+        node = self._nodes.get(inst.node)
+        if node is not None and agent_free:
+            insts = [i for i in self._instances.values() if i.node == node.name and i.state in HOLDS_MEMORY]
+            for d in node.devices:
+                if d.name not in agent_free:
+                    continue
+                ours = d.capacity_bytes - sum(i.memory_bytes for i in insts if d.name in i.devices)
+                self._short[(node.name, d.name)] = max(0, ours - agent_free[d.name])
+        if not any(i.model == inst.model and i.state in SERVING for i in self._instances.values()):
+            self._wanted.setdefault(inst.model, self._load_since.get(inst.model, inst.created_at))
+        self._retry_at[inst.model] = now + REFUSAL_RETRY_S
+        return self._plan(now)
+
     def stopped(self, iid: str, now: float) -> list[Action]:
         inst = self._instances.get(iid)
         if inst is None or inst.state in (InstanceState.STOPPED, InstanceState.FAILED):
             return []
         self._set(inst, InstanceState.STOPPED, now)
+        self._forget_short(inst)
         return self._plan(now)
 
     def stop_failed(self, iid: str, reason: str, now: float) -> list[Action]:
@@ -362,6 +432,7 @@ class Lifecycle:
             return []
         self._set(inst, InstanceState.FAILED, now)
         inst.reason = reason
+        self._forget_short(inst)
         return self._plan(now)
 
     def crashed(self, iid: str, reason: str, now: float) -> list[Action]:
@@ -531,16 +602,40 @@ class Lifecycle:
             if any(i.model == model and i.state in SERVING for i in self._instances.values()):
                 del self._wanted[model]  # joined a load in progress
                 continue
+            if self._retry_at.get(model, now) > now:
+                continue  # its start was just refused for memory
+            self._load_since[model] = self._wanted[model]
             out += self._place(self._models[model], now)
         return out
 
-    def _eligible_nodes(self, spec: ModelSpec) -> list[NodeSpec]:
-        return [n for n in self._nodes.values() if n.models is None or spec.name in n.models]
+    def _eligible_nodes(self, spec: ModelSpec, *, as_reported: bool = False) -> list[NodeSpec]:
+        """The nodes that may host `spec`, with their devices' capacity less what the agents were found
+        to hold beyond this core's count (`as_reported`: as their agents reported them)."""
+        nodes = [n for n in self._nodes.values() if n.models is None or spec.name in n.models]
+        if as_reported or not self._short:
+            return nodes
+        return [
+            dataclasses.replace(
+                n,
+                devices=tuple(
+                    dataclasses.replace(
+                        d, capacity_bytes=max(0, d.capacity_bytes - self._short.get((n.name, d.name), 0))
+                    )
+                    for d in n.devices
+                ),
+            )
+            for n in nodes
+        ]
+
+    def _forget_short(self, inst: Instance) -> None:
+        """An instance left its devices: what the agent holds there is measured afresh at the next refusal."""
+        for d in inst.devices:
+            self._short.pop((inst.node, d), None)
 
     def _never_fits(self, spec: ModelSpec) -> str | None:
         if not self._nodes:
             return None  # no agent has answered yet: wait for one (the load deadline bounds it)
-        nodes = self._eligible_nodes(spec)
+        nodes = self._eligible_nodes(spec, as_reported=True)
         if not nodes:
             return f"no node may host model '{spec.name}'"
         for n in nodes:
@@ -635,43 +730,39 @@ class Lifecycle:
         )
 
     def _eviction_plan(
-        self, spec: ModelSpec, now: float
+        self, spec: ModelSpec, now: float, evictor: Evictor | None = None
     ) -> tuple[NodeSpec, tuple[str, ...], tuple[str, ...]] | None:
+        """The node, devices and victims (fewest over the nodes) that make room for `spec`, ranked by
+        `evictor` (default: the lifecycle's own, whose plans are reported to `on_eviction`)."""
+        ev = evictor or self._evictor
         demand = self._demand()
         window = max(1, self.settings.lookahead)
-        first: dict[ModelName, int] = {}
-        for pos, m in enumerate(demand.window[:window]):
-            first.setdefault(m, pos)
         ctx = EvictionContext(now=now, window=window)
         insts = list(self._instances.values())
         best: tuple[NodeSpec, tuple[str, ...], tuple[str, ...]] | None = None
+        seen: tuple[EvictionCandidate, ...] = ()
         for node in self._eligible_nodes(spec):
-            cands = [i for i in insts if i.node == node.name and self.evictable(i, now)]
+            cands = {
+                i.id: EvictionCandidate(
+                    instance=i.id,
+                    model=i.model,
+                    last_used=i.last_used,
+                    loaded_at=i.ready_at or i.created_at,
+                    load_s=i.load_s,
+                    frees_bytes=i.memory_bytes,
+                    first_pending=demand.next_position(i.model, window),
+                    expected_output_tokens=demand.expected_output.get(i.model),
+                )
+                for i in insts
+                if i.node == node.name and self.evictable(i, now)
+            }
             ranked = sorted(
-                cands,
-                key=lambda i: (
-                    -checked_score(
-                        self._evictor,
-                        EvictionCandidate(
-                            instance=i.id,
-                            model=i.model,
-                            last_used=i.last_used,
-                            loaded_at=i.ready_at or i.created_at,
-                            load_s=i.load_s,
-                            frees_bytes=i.memory_bytes,
-                            first_pending=first.get(i.model),
-                            expected_output_tokens=demand.expected_output.get(i.model),
-                        ),
-                        ctx,
-                    ),
-                    i.last_used,
-                    i.id,
-                ),
+                cands.values(), key=lambda c: (-checked_score(ev, c, ctx), c.last_used, c.instance)
             )
             chosen: list[str] = []
             devs: tuple[str, ...] | None = None
             for victim in ranked:
-                chosen.append(victim.id)
+                chosen.append(victim.instance)
                 devs = fit_devices(node, insts, spec, without=frozenset(chosen))
                 if devs is not None:
                     break
@@ -686,4 +777,16 @@ class Lifecycle:
             assert devs is not None
             if best is None or len(chosen) < len(best[2]):
                 best = (node, devs, tuple(chosen))
+                seen = tuple(cands.values())
+        if best is not None and evictor is None and self.on_eviction is not None:
+            self.on_eviction(EvictionDecision(now, spec.name, best[0].name, seen, best[2], ctx, demand))
         return best
+
+    def eviction_victims(self, model: ModelName, now: float, evictor: Evictor) -> tuple[str, ...] | None:
+        """The victims `evictor` would pick to make room for `model` now (nothing changes), or None when
+        no plan would make room: what-if comparisons of evictors on the same state."""
+        spec = self._models.get(model)
+        if spec is None:
+            return None
+        plan = self._eviction_plan(spec, now, evictor)
+        return None if plan is None else plan[2]

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.agent.config import ModelSpec as RegistryModel
+from gateway.agent.contract import ErrorCode as AgentErrorCode
 from gateway.agent.contract import InstanceState as AgentState
 from gateway.agent.contract import NodeReport
 from gateway.config.lifecycle import LifecycleSetup
@@ -42,6 +43,7 @@ from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.lifecycle.agent_client import AgentCallError, AgentClient
 from gateway.lifecycle.autoscaler import LiveAutoscaler
+from gateway.lifecycle.demand import DemandTracker
 from gateway.lifecycle.endpoints import EndpointSet
 from gateway.lifecycle.instances import (
     Action,
@@ -68,8 +70,17 @@ log = structlog.get_logger("berth.lifecycle")
 
 TICK_S = 0.5
 LOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
-#: Weight of the newest request in a model's expected output length (exponential average).
-OUTPUT_EWMA_ALPHA = 0.1
+#: Agent errors that refuse a start for memory (`start_refused`: the core plans the model again).
+MEMORY_REFUSALS = frozenset(
+    {AgentErrorCode.DOES_NOT_FIT, AgentErrorCode.DEVICE_BUSY, AgentErrorCode.MEMORY_NOT_RELEASED}
+)
+
+
+def registry_models(setup: LifecycleSetup) -> dict[ModelName, ModelSpec]:
+    """The registry as the instance state machine sees it; a model's load time is models.toml's
+    `expected_load_s`, else [lifecycle]'s, until a load of it is measured."""
+    default = setup.config.expected_load_s
+    return {ModelName(name): _model_spec(m, m.expected_load_s or default) for name, m in setup.models.items()}
 
 
 class LifecycleMetrics:
@@ -170,7 +181,7 @@ class LifecycleManager:
             pinned=frozenset(ModelName(m) for m in c.pinned),
             lookahead=c.lookahead,
         )
-        models = {ModelName(name): _model_spec(m, c.expected_load_s) for name, m in setup.models.items()}
+        models = registry_models(setup)
         self.core = Lifecycle(
             models=models, nodes=[], evictor=setup.evictor, settings=self.settings, demand=self._demand
         )
@@ -193,7 +204,7 @@ class LifecycleManager:
         # instance id -> (its instance configuration, that configuration's max batch), as its agent says
         self._configs: dict[str, tuple[str | None, int | None]] = {}
         self._cold_since: dict[ModelName, float] = {}
-        self._expected_output: dict[ModelName, float] = {}
+        self._traffic = DemandTracker(c.demand_history)
         self.load_times: dict[ModelName, list[float]] = {}
         self.evictions: dict[str, int] = {}
         self.starts: dict[str, int] = {}  # instances started: "cold_start" | "autoscale"
@@ -364,16 +375,10 @@ class LifecycleManager:
         if iid is not None:
             self.core.touch(iid, self._clock.now())
         expect = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.max_tokens
-        if expect is not None:
-            old = self._expected_output.get(req.model)
-            self._expected_output[req.model] = (
-                float(expect) if old is None else old + OUTPUT_EWMA_ALPHA * (float(expect) - old)
-            )
+        self._traffic.dispatched(req.model, expect)
 
     def _demand(self) -> Demand:
-        return Demand(
-            window=self._scheduler.lookahead(self.settings.lookahead), expected_output=self._expected_output
-        )
+        return self._traffic.demand(self._scheduler.lookahead(self.settings.lookahead))
 
     def _sync_inflight(self) -> None:
         """In-flight counts from the scheduler (exact), so eviction never takes a busy instance and a
@@ -442,10 +447,21 @@ class LifecycleManager:
                 client.start(a.model, a.instance, timeout_s=self.settings.load_deadline_s, config=a.config),
             )
         except AgentCallError as e:
+            reason = f"{e.code}: {e.message}"
+            if e.code in MEMORY_REFUSALS:
+                # The agent's ledger (NVML's measure) has less room than the plan assumed: plan again
+                # (elsewhere, evicting more, or waiting) within the load deadline instead of a 503.
+                self.metrics.loads.labels(a.model, "refused").inc()
+                free = {d.name: d.free_bytes for d in (e.body.devices or ())} if e.body is not None else {}
+                log.info(
+                    "instance_start_refused", node=a.node, instance=a.instance, model=a.model, code=e.code
+                )
+                self._do(self.core.start_refused(a.instance, reason, self._clock.now(), agent_free=free))
+                return
             self.metrics.loads.labels(a.model, "failed").inc()
             if a.reason != "cold_start":
                 self.autoscaler.start_failed(a.model)
-            self._do(self.core.start_failed(a.instance, f"{e.code}: {e.message}", self._clock.now()))
+            self._do(self.core.start_failed(a.instance, reason, self._clock.now()))
             return
         self.metrics.loads.labels(a.model, "ok").inc()
         self.metrics.load_seconds.labels(a.model).observe(report.load_s)

@@ -16,6 +16,9 @@ Counted: loads and load seconds, stops by reason (evictions, scale-ins), model h
 model had a ready instance when they arrived), the waits from a model's first cold request to its
 instance joining, device-seconds (each instance's devices from its start, loading included, to its stop
 or the end of the run), and the autoscaler's decisions and counters (hysteresis).
+For every eviction: how many instances were evictable (did the evictor have a choice), how many of them
+had a known or predicted next request (the demand term's data), and whether each `compare` evictor would
+have picked other victims on the same state.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from typing import Any
 from gateway.core import errors
 from gateway.core.slo import SloKind
 from gateway.core.types import EndpointHealth, EndpointId, InstanceClass, ModelName
+from gateway.lifecycle.demand import DEFAULT_HISTORY, DemandTracker
 from gateway.lifecycle.instances import (
     Action,
     Demand,
+    EvictionDecision,
     JoinEndpoint,
     LeaveEndpoint,
     Lifecycle,
@@ -54,9 +59,6 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.types import EndpointSpec
 
-#: Weight of the newest request in a model's expected output length (as the live manager).
-OUTPUT_EWMA_ALPHA = 0.1
-
 
 @dataclass(frozen=True, slots=True)
 class InitialInstances:
@@ -76,10 +78,38 @@ class LifecycleOptions:
     settings: LifecycleSettings = field(default_factory=LifecycleSettings)
     stop_s: float = 2.0
     initial: tuple[InitialInstances, ...] = ()
+    demand_history: int = DEFAULT_HISTORY  # recent requests whose shares predict demand
+    # A prebuilt evictor instead of `evictor` (the eviction benchmark's clairvoyant oracle).
+    evictor_impl: Evictor | None = None
+    # Evictors whose victims are worked out on the same state at every eviction (`PlanStats.differs`).
+    compare: tuple[Evictor, ...] = ()
+
+
+@dataclass(slots=True)
+class PlanStats:
+    """The eviction plans carried out, and what the evictor had to decide on."""
+
+    n: int = 0
+    with_choice: int = 0  # ... where more than one instance was evictable
+    candidates: int = 0  # evictable instances, summed over the plans
+    demand_known: int = 0  # ... whose next request's position was known or predicted
+    demand_queued: int = 0  # ... known: a request for its model was in the queue's look-ahead window
+    differs: dict[str, int] = field(default_factory=dict)  # plans where that evictor's victims differ
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "with_choice": self.with_choice,
+            "candidates": self.candidates,
+            "demand_known": self.demand_known,
+            "demand_queued": self.demand_queued,
+            "differs": dict(sorted(self.differs.items())),
+        }
 
 
 @dataclass(slots=True)
 class LifecycleStats:
+    plans: PlanStats = field(default_factory=PlanStats)
     loads: int = 0
     load_s: float = 0.0
     stops: dict[str, int] = field(default_factory=dict)
@@ -96,6 +126,7 @@ class LifecycleStats:
     def document(self) -> dict[str, Any]:
         n = self.hits + self.misses
         return {
+            "eviction_plans": self.plans.document(),
             "loads": self.loads,
             "load_seconds": round(self.load_s, 3),
             "evictions": self.stops.get("evicted", 0),
@@ -166,16 +197,17 @@ class SimLifecycle:
         self.core = Lifecycle(
             models={m.name: m for m in opts.models},
             nodes=opts.nodes,
-            evictor=build_evictor(opts.evictor, opts.evictor_params),
+            evictor=opts.evictor_impl or build_evictor(opts.evictor, opts.evictor_params),
             settings=opts.settings,
             demand=self._demand,
         )
+        self.core.on_eviction = self._on_eviction
         autoscale = scheduler.policy.autoscale
         self.scaling = None if autoscale is None else ScaleLoop(autoscale, self.core, scheduler)
         self._active: dict[str, EndpointSpec] = {}  # instance id -> its endpoint, while in the set
         self._engine_of: dict[str, EndpointId] = {}  # instance id -> its engine, from ready to stop
         self._started_at: dict[str, tuple[float, int]] = {}  # instance id -> (start, devices)
-        self._expected: dict[ModelName, float] = {}
+        self._traffic = DemandTracker(opts.demand_history)
         self._cold_since: dict[ModelName, float] = {}
         self.stats = LifecycleStats()
 
@@ -213,11 +245,7 @@ class SimLifecycle:
     def on_dispatch(self, req: SchedRequest, eid: EndpointId) -> None:
         self.core.touch(str(eid), self._now())
         expect = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.max_tokens
-        if expect is not None:
-            old = self._expected.get(req.model)
-            self._expected[req.model] = (
-                float(expect) if old is None else old + OUTPUT_EWMA_ALPHA * (expect - old)
-            )
+        self._traffic.dispatched(req.model, expect)
 
     def on_finish(
         self, req: SchedRequest, finished_at: float, ttft_s: float | None, slo_met: bool | None
@@ -282,9 +310,19 @@ class SimLifecycle:
 
     # ----------------------------------------------------------------- internals
     def _demand(self) -> Demand:
-        return Demand(
-            window=self._sched.lookahead(self.opts.settings.lookahead), expected_output=self._expected
-        )
+        return self._traffic.demand(self._sched.lookahead(self.opts.settings.lookahead))
+
+    def _on_eviction(self, d: EvictionDecision) -> None:
+        st = self.stats.plans
+        st.n += 1
+        st.with_choice += len(d.candidates) > 1
+        st.candidates += len(d.candidates)
+        st.demand_known += sum(1 for c in d.candidates if c.first_pending is not None)
+        queued = set(d.demand.window[: d.context.window])
+        st.demand_queued += sum(1 for c in d.candidates if c.model in queued)
+        for ev in self.opts.compare:
+            if set(self.core.eviction_victims(d.model, d.now, ev) or ()) != set(d.victims):
+                st.differs[ev.name] = st.differs.get(ev.name, 0) + 1
 
     def _sync_inflight(self) -> None:
         now = self._now()

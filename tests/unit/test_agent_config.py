@@ -141,6 +141,18 @@ def test_paths_are_relative_to_agent_toml(tmp_path: Path) -> None:
         ),
         pytest.param(
             "",
+            f"[[models]]\n{MODEL}expected_load_s = 0\n",
+            "models.toml:models[0].expected_load_s: expected",
+            id="expected-load-positive",
+        ),
+        pytest.param(
+            "",
+            f"[[models]]\n{MODEL}expected_load_s = 400\n",
+            "models.toml:models[0].expected_load_s: 400s is more than the model's load_timeout_s (300s)",
+            id="expected-load-over-timeout",
+        ),
+        pytest.param(
+            "",
             f'[[models]]\n{MODEL}health_path = "health"\n',
             "models[0].health_path: must start with /",
             id="hp",

@@ -10,6 +10,8 @@ import pytest
 from gateway.config import check, load_gateway_config
 from gateway.config.runtime import static_changes
 from gateway.core.errors import ConfigError
+from gateway.core.types import ModelName
+from gateway.lifecycle.manager import registry_models
 from gateway.sched.plugins.eviction.cace import CaceEvictor
 from gateway.sched.plugins.eviction.lru import LruEvictor
 
@@ -172,3 +174,18 @@ def test_a_changed_lifecycle_is_a_static_change(tmp_path: Path) -> None:
     assert static_changes(before, load_gateway_config(write(tmp_path, GOOD))) == []
     after = load_gateway_config(write(tmp_path, GOOD.replace("churn_guard_s = 5", "churn_guard_s = 6")))
     assert static_changes(before, after) == ["lifecycle or nodes changed; restart needed"]
+
+
+def test_models_toml_expected_load_s_is_the_registry_load_time_until_measured(tmp_path: Path) -> None:
+    models = MODELS.replace("memory_gib = 8\n", "memory_gib = 8\nexpected_load_s = 90\n")
+    cfg = load_gateway_config(
+        write(
+            tmp_path, GOOD.replace("[lifecycle.evictor]", "expected_load_s = 12\n[lifecycle.evictor]"), models
+        )
+    )
+    assert cfg.lifecycle is not None
+    assert cfg.lifecycle.models["reason-b"].expected_load_s == 90
+    specs = registry_models(cfg.lifecycle)
+    assert specs[ModelName("reason-b")].load_s == 90  # its own
+    assert specs[ModelName("code-a")].load_s == 12  # [lifecycle]'s default
+    assert check(tmp_path / "gateway.toml") == []

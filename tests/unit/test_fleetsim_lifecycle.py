@@ -91,6 +91,11 @@ def test_bench_writes_its_reports(tmp_path: Path) -> None:
         out=tmp_path, patterns=("uniform",), seeds=(0,), rate=0.5, duration_s=30.0, cace_params={}
     )
     doc = bench(cfg, log=lambda s: None, setting=Setting())
-    assert set(doc["results"]["uniform"]) == {"lru", "cace"}
+    assert set(doc["results"]["uniform"]) == {"lru", "cace", "belady"}
     assert (tmp_path / "report.json").is_file()
-    assert "| evictions |" in (tmp_path / "report.md").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert "| evictions |" in md
+    assert "| figure | lru | cace | belady | cace/lru | belady/lru |" in md
+    assert "(bound) belady meets the ratios" in md
+    verdict = doc["verdict"]["patterns"]["uniform"]
+    assert {"oracle_evictions_ratio", "oracle_ttft_mean_ratio", "evictions_gap_closed"} <= set(verdict)

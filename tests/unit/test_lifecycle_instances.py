@@ -210,7 +210,9 @@ def test_cace_keeps_the_model_the_queue_needs_next() -> None:
 # ----------------------------------------------------------------------------- properties
 EVENTS = st.lists(
     st.tuples(
-        st.sampled_from(["request", "dispatch", "finish", "ok", "fail", "stopped", "tick", "crash"]),
+        st.sampled_from(
+            ["request", "dispatch", "finish", "ok", "fail", "refuse", "stopped", "tick", "crash"]
+        ),
         st.sampled_from([A, B, C]),
         st.integers(0, 5),
         st.floats(0, 30),
@@ -252,6 +254,8 @@ def test_never_over_commits_never_evicts_busy_and_every_wanted_model_is_owned(
             acts = lc.started(target.id, url="http://x", load_s=dt, now=now)
         elif kind == "fail" and target.state is InstanceState.STARTING:
             acts = lc.start_failed(target.id, "boom", now)
+        elif kind == "refuse" and target.state is InstanceState.STARTING:
+            acts = lc.start_refused(target.id, "insufficient_memory", now, agent_free={"gpu0": pick * GIB})
         elif kind == "stopped" and target.state is InstanceState.STOPPING:
             acts = lc.stopped(target.id, now)
         elif kind == "crash":

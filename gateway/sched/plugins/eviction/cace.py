@@ -46,10 +46,10 @@ def reload_term(load_s: float) -> float:
     return 1.0 / (1.0 + max(0.0, load_s) / 100.0)
 
 
-def demand_term(first_pending: int | None, window: int) -> float:
+def demand_term(first_pending: float | None, window: int) -> float:
     if first_pending is None or window <= 0:
         return 1.0
-    return min(1.0, max(0, first_pending) / window)
+    return min(1.0, max(0.0, first_pending) / window)
 
 
 def criticality_term(expected_output_tokens: float | None, scale_tokens: float) -> float:

@@ -27,8 +27,9 @@ class EvictionCandidate:
         float  # measured load time (the cost of loading it again); the registry's expectation until measured
     )
     frees_bytes: int  # per device it holds
-    # Position (0-based) of the model's first request in the queue's look-ahead window; None: not in it.
-    first_pending: int | None
+    # Expected position (0-based) of the model's next request in the look-ahead window: its first queued
+    # request's, or past the queued ones as predicted from its share of recent requests; None: unknown.
+    first_pending: float | None
     # Output tokens expected of the model's requests (its recent traffic); None: nothing seen yet.
     expected_output_tokens: float | None
 

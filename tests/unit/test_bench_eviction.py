@@ -1,0 +1,87 @@
+"""The eviction benchmark's parts: Belady's clairvoyant evictor, the trace it reads, the diagnostics each
+run counts, and the verdict beside the oracle."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from gateway.core.types import ModelName
+from gateway.sched.plugins.eviction.interface import EvictionCandidate, EvictionContext, checked_score
+from loadgen.bench.eviction import BenchConfig, Setting, judge, sim_options
+from loadgen.bench.eviction_oracle import NEVER_AGAIN_S, BeladyEvictor, trace_arrivals
+from loadgen.fleetsim.sim import simulate
+
+A, B = ModelName("a"), ModelName("b")
+CAND = EvictionCandidate(
+    instance="a-1",
+    model=A,
+    last_used=0.0,
+    loaded_at=0.0,
+    load_s=5.0,
+    frees_bytes=1,
+    first_pending=None,
+    expected_output_tokens=None,
+)
+CFG = BenchConfig(
+    out=Path("unused"), patterns=("ide-heavy",), seeds=(1,), rate=0.5, duration_s=60.0, cace_params={}
+)
+
+
+def test_belady_evicts_the_model_asked_for_last() -> None:
+    oracle = BeladyEvictor({A: [5.0, 50.0], B: [12.0]})
+    ctx = EvictionContext(now=10.0, window=8)
+    a, b = replace(CAND, model=A), replace(CAND, model=B)
+    assert oracle.score(a, ctx) == 40.0  # the request at 5 is past
+    assert oracle.score(b, ctx) == 2.0
+    assert oracle.score(b, EvictionContext(now=12.0, window=8)) == NEVER_AGAIN_S  # its only one is now
+    assert oracle.score(replace(CAND, model=ModelName("never")), ctx) == NEVER_AGAIN_S
+    assert checked_score(oracle, a, ctx) == 40.0  # finite: the runner ranks it
+
+
+def test_the_oracle_reads_the_trace_the_simulator_replays() -> None:
+    opts = sim_options(Setting(), "ide-heavy", "lru", 1, CFG)
+    rep = simulate(opts)
+    sent: dict[ModelName, list[float]] = {}
+    for r in rep.requests:
+        sent.setdefault(ModelName(r.model), []).append(r.sent_at_s)
+    assert trace_arrivals(opts) == {m: sorted(ts) for m, ts in sent.items()}
+
+
+def test_each_run_counts_choices_demand_data_and_disagreements() -> None:
+    lc = simulate(sim_options(Setting(), "ide-heavy", "cace", 1, replace(CFG, duration_s=300.0))).data[
+        "lifecycle"
+    ]
+    plans = lc["eviction_plans"]
+    assert 0 < plans["n"] <= lc["evictions"]  # a plan may take more than one victim
+    assert 0 < plans["with_choice"] <= plans["n"]
+    assert 0 < plans["demand_known"] <= plans["candidates"]
+    assert 0 <= plans["demand_queued"] <= plans["demand_known"]
+    assert set(plans["differs"]) == {"lru"}  # cace's run is compared with lru on the same states
+    assert 0 <= plans["differs"]["lru"] <= plans["n"]
+
+
+def _figs(evictions: int, ttft: float) -> dict[str, object]:
+    keys = [
+        "errors",
+        "load_seconds",
+        "ttft_completion_mean_ms",
+        "ttft_completion_p99_ms",
+        "ttft_reasoning_mean_ms",
+        "ttft_reasoning_p99_ms",
+        "e2e_mean_ms",
+        "e2e_p99_ms",
+    ]
+    return {"evictions": evictions, "ttft_mean_ms": ttft, "hit_rate": 0.5, **dict.fromkeys(keys, 1.0)}
+
+
+def test_verdict_places_cace_between_lru_and_the_oracle() -> None:
+    by = {"lru": _figs(100, 1000.0), "cace": _figs(80, 900.0), "belady": _figs(60, 800.0)}
+    v = judge({"p": by, "q": by})
+    j = v["patterns"]["p"]
+    assert (j["oracle_evictions_ratio"], j["oracle_ttft_mean_ratio"]) == (0.6, 0.8)
+    assert (j["evictions_gap_closed"], j["ttft_gap_closed"]) == (0.5, 0.5)
+    assert not j["oracle_meets_ratios"]
+    assert not v["oracle_ratios_on_two_patterns"]
+    assert not v["pass"]
+    assert "oracle_ratios_on_two_patterns" not in judge({"p": {"lru": by["lru"], "cace": by["cace"]}})
