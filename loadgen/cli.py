@@ -45,6 +45,7 @@ BENCHMARKS: dict[str, str] = {
     "soak": "loadgen.bench.soak",
     "eviction": "loadgen.bench.eviction",
     "classes": "loadgen.bench.classes",
+    "overhead": "loadgen.bench.overhead",
 }
 
 
