@@ -568,6 +568,9 @@ def _parser() -> argparse.ArgumentParser:
         "--harness", type=Path, default=None, metavar="DIR",
         help="run the peer harness set up in DIR (perf-peers' setup.sh) instead of the built-in load",
     )  # fmt: skip
+    p.add_argument(
+        "--harness-args", default="", help="more arguments for the harness's bench.py, e.g. '--sat-s 5'"
+    )
     p.add_argument("--quick", action="store_true", help="a seconds-long run (see QUICK)")
     p.add_argument("--fail-on-target", action="store_true", help="exit 1 unless every target passes")
     return p

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,7 @@ def harness_argv(root: Path, args: argparse.Namespace, out: Path) -> list[str]:
         "--custom", "berth=" + berth_command(args.python, args.berth_args),
         "--tests", ",".join(TESTS),
         "--out", str(out),
+        *shlex.split(args.harness_args),
     ]  # fmt: skip
 
 
