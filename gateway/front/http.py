@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -14,14 +15,19 @@ from gateway.core.errors import BerthError
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _MAX_ID_LEN = 128
+#: Made ids are a random prefix drawn once per process and a counter: as unique as 12 random bytes per
+#: request (which cost a getrandom syscall each, 2 % of a request's CPU), and as unguessable across
+#: processes; within one they count up, which is all an id is for (matching a log line to a response).
+_ID_PREFIX: Final = os.urandom(6).hex()
+_id_counter = itertools.count()
 
 
 def request_id(request: web.Request) -> str:
-    """Honour a sane client `x-request-id`, else make one."""
+    """Honour a sane client `x-request-id`, else make one (24 hex digits)."""
     rid = request.headers.get("X-Request-Id")
     if rid and len(rid) <= _MAX_ID_LEN and rid.isascii() and rid.isprintable():
         return rid
-    return os.urandom(12).hex()
+    return f"{_ID_PREFIX}{next(_id_counter) & 0xFFFFFFFFFFFF:012x}"
 
 
 #: Media types that say only "some bytes": what HTTP libraries send for a body given as bytes without
@@ -51,23 +57,26 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise errors.body_too_large(limit)
+    content = request.content
     chunks: list[bytes] = []
     size = 0
     try:
         while True:
-            chunk = await request.content.readany()
+            chunk = await content.readany()
             if not chunk:
                 break
             size += len(chunk)
             if size > limit:
                 raise errors.body_too_large(limit)
             chunks.append(chunk)
+            if content.at_eof():
+                break  # the whole body was buffered: no second read to learn that it ended
     except web.RequestPayloadError:
         # The body does not decode as its Content-Encoding says, or its chunked framing is broken: the
         # connection's parser has stopped, so the connection closes once the 400 is sent, and the body
         # counts as read (aiohttp would otherwise drain it after the answer, meet the same error again
         # and log it as an unhandled exception).
-        request.content.feed_eof()
+        content.feed_eof()
         request.protocol.close()
         raise errors.bad_request(
             "request body could not be read (it does not decode as its Content-Encoding says, "

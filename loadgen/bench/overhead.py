@@ -1,26 +1,36 @@
 """What does berth add? One run measures it against the same fast upstream, three ways, interleaved.
 
 - direct: the client talks to the upstream itself;
-- bare:   through a ~60-line aiohttp + uvloop pass-through proxy (the floor for a Python proxy);
+- bare:   through the peer harness's aiohttp reference proxy (`overhead_bare_proxy`: parses the body,
+          round robin, bytes passed through; the floor for a Python proxy);
 - berth:  through `python -m gateway.cli serve`.
 
-Each round runs three phases for every configuration back to back (the order rotates per round);
-clients are closed-loop (each sends its next request when the last one is done):
+The figures are those of the peer harness (`../shared/perf-peers`, `bench_gateway.sh`), with its phase
+names; each round runs every phase for every configuration back to back (the order rotates per round):
 
-- saturation: non-streaming requests, 64 concurrent clients -> requests/s, proxy CPU per request;
-- latency:    non-streaming requests, 8 concurrent clients -> p50/p99 latency minus direct's;
-- stream:     streams of `--chunks` chunks (paced `--chunk-interval-ms` apart by the upstream, so
-              each arrives alone as a real engine's tokens do), 16 concurrent -> proxy CPU per chunk.
+- sat:    non-streamed requests, 64 connections (closed loop) -> requests/s, proxy CPU per request;
+- lat8:   8 connections -> p50/p99 latency minus direct's (added latency);
+- lat1:   1 connection -> added latency, and CPU per request without batching;
+- stream: waves of 64 streams sent together, `--chunks` chunks each paced `--chunk-interval-ms` apart
+          by the upstream -> proxy CPU per chunk, time to first chunk minus direct's;
+- fleet:  (once, berth only) berth in front of a `--fleet-count`-endpoint simulated fleet being scraped,
+          8 connections -> event-loop lag.
 
-Proxy CPU is utime+stime from `/proc/<pid>/stat` of the proxy process over the measurement window,
-the steadiest figure on a shared machine. The upstream and the load generator run in processes of
-their own. Figures are medians over rounds; the table ends with berth's targets: CPU per request and
-per streamed chunk at most 1.5x the bare proxy's, p99 added latency at 8 concurrent at most 2 ms.
-Latency figures need idle CPUs to mean anything: with fewer than three free cores the client, the
-upstream and the proxy queue behind each other and the added latency is mostly that queueing.
+Proxy CPU is utime+stime from `/proc/<pid>/stat` over the measurement window; berth's event-loop lag
+p99 comes from its `berth_event_loop_lag_seconds` histogram read before and after each phase. Figures are
+medians over rounds; ratios are berth ÷ bare within a round, then the median. The targets (issue 18):
+added p99 at 8 connections <= 2x the bare proxy's; lag p99 <= 1 ms at 8 connections and with the fleet
+scraped; CPU per request <= 1.3x at saturation and at 1 connection; CPU per chunk <= 1.2x; added time to
+first chunk at 64 streams <= 1.5x. The proxies get a CPU of their own with `--pin` (as the harness
+pins them); latency figures need that, or idle CPUs, to mean anything.
 
-    python -m loadgen.bench.overhead                      # all three configurations, about 2 minutes
-    python -m loadgen.bench.overhead --configs direct,bare --rounds 5 --out reports/overhead.json
+`--harness DIR` runs the peer harness itself instead (its `bench.py`: wrk, nginx stand-ins, its
+stream client; see `loadgen.bench.overhead_harness`) and folds its results, with berth's lag, into the
+same report. `--quick` is a seconds-long run that checks the machinery, not the figures.
+
+    python -m loadgen.bench.overhead --pin                 # about 4 minutes
+    python -m loadgen.bench.overhead --harness /tmp/perf-peers --out reports/overhead.json
+    python -m loadgen.bench.overhead --quick --out /tmp/overhead.json
 """
 
 from __future__ import annotations
@@ -44,14 +54,20 @@ from typing import IO, Any, Final
 import orjson
 
 from loadgen.bench.overhead_client import Command
+from loadgen.bench.overhead_harness import HarnessFailed, run_harness
+from loadgen.bench.overhead_lag import lag_histogram
 from loadgen.bench.overhead_report import (
     CONFIGS,
-    LATENCY,
+    FLEET,
+    LAT1,
+    LAT8,
     SATURATION,
     STREAM,
     Load,
     Measurement,
     checks,
+    fleet_lag,
+    lag_p99_ms,
     ratios,
     render_table,
     summarise,
@@ -64,6 +80,7 @@ from loadgen.harness import (
     free_port,
     pinned,
     start_berth,
+    start_engine_sim,
     start_server,
 )
 
@@ -72,12 +89,16 @@ START_TIMEOUT_S: Final = 30.0
 STOP_GRACE_S: Final = 15.0
 
 
+FLEET_MODEL: Final = "bench"
+
+
 @dataclass(frozen=True, slots=True)
 class Phase:
     name: str
     concurrency: int
     stream: bool
     max_tokens: int
+    waves: bool = False
 
 
 class HarnessError(RuntimeError):
@@ -152,13 +173,19 @@ class Target:
 
 
 def start_proxy_berth(
-    args: argparse.Namespace, upstream_url: str, logdir: Path, cpus: frozenset[int] | None
+    args: argparse.Namespace,
+    upstream_urls: Sequence[str],
+    logdir: Path,
+    cpus: frozenset[int] | None,
+    *,
+    name: str = "berth",
 ) -> tuple[ManagedProcess, str]:
-    """berth in front of the upstream, once it answers a completion; its process and base URL."""
+    """berth in front of the upstreams, once it answers a completion; its process and base URL."""
+    more = [a for url in upstream_urls[1:] for a in ("--endpoint", f"{url},engine=vllm")]
     server = start_berth(
-        f"{upstream_url},engine=vllm",
-        logdir / "berth.log",
-        extra_args=shlex.split(args.berth_args),
+        f"{upstream_urls[0]},engine=vllm",
+        logdir / f"{name}.log",
+        extra_args=[*more, *shlex.split(args.berth_args)],
         log_level="warning",
         python=args.python,
         cwd=REPO_ROOT,
@@ -175,7 +202,9 @@ def start_proxy_berth(
 
 
 def _wait_for_completion(url: str, proc: ManagedProcess, timeout_s: float = START_TIMEOUT_S) -> None:
-    body = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    body = orjson.dumps(
+        {"model": FLEET_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    )
     last = ""
 
     def answers() -> bool:
@@ -199,8 +228,9 @@ def _wait_for_completion(url: str, proc: ManagedProcess, timeout_s: float = STAR
 def phases(args: argparse.Namespace) -> list[Phase]:
     return [
         Phase(SATURATION, args.saturation_concurrency, stream=False, max_tokens=16),
-        Phase(LATENCY, args.latency_concurrency, stream=False, max_tokens=16),
-        Phase(STREAM, args.stream_concurrency, stream=True, max_tokens=args.chunks),
+        Phase(LAT8, args.latency_concurrency, stream=False, max_tokens=16),
+        Phase(LAT1, 1, stream=False, max_tokens=16),
+        Phase(STREAM, args.stream_concurrency, stream=True, max_tokens=args.chunks, waves=True),
     ]
 
 
@@ -223,8 +253,11 @@ def measure(
         stream=phase.stream,
         max_tokens=phase.max_tokens,
         cpu_pids=pids,
+        waves=phase.waves,
     )
+    lag0 = lag_histogram(target.base_url) if target.config == "berth" else None
     r = client.run(cmd)
+    lag1 = lag_histogram(target.base_url) if lag0 is not None else None
     cpu: dict[str, float] = r["cpu_s"]
     m = Measurement(
         round=round_no,
@@ -241,6 +274,7 @@ def measure(
         chunks=r["chunks"],
         proxy_cpu_s=None if target.proxy is None else cpu[str(target.proxy.pid)],
         upstream_cpu_s=cpu[str(upstream.pid)],
+        lag_p99_ms=None if lag0 is None or lag1 is None else lag_p99_ms(lag0, lag1),
     )
     samples: list[str] = r["error_samples"]
     return m, samples
@@ -249,10 +283,15 @@ def measure(
 def _describe(m: Measurement) -> str:
     cpu = m.proxy_cpu_us_per_request()
     text = f"{m.rps:8.0f} req/s  p50 {m.lat_ms.get('p50', 0):6.2f} ms  p99 {m.lat_ms.get('p99', 0):6.2f} ms"
+    if m.ttft_ms:
+        text += f"  ttfc p50 {m.ttft_ms.get('p50', 0):6.2f} ms"
     if cpu is not None:
         text += f"  proxy {cpu:7.1f} µs/req"
-        if m.chunks:
-            text += f" {m.proxy_cpu_s * 1e6 / m.chunks if m.proxy_cpu_s else 0:6.2f} µs/chunk"
+        per_chunk = m.proxy_cpu_us_per_chunk()
+        if per_chunk is not None:
+            text += f" {per_chunk:6.2f} µs/chunk"
+    if m.lag_p99_ms is not None:
+        text += f"  lag p99 <= {m.lag_p99_ms:g} ms"
     if m.errors:
         text += f"  errors {m.errors}"
     return text
@@ -269,11 +308,11 @@ def fleet(
     servers: list[ManagedProcess] = []
     unavailable: dict[str, str] = {}
     try:
-        up_port = free_port()
+        up_port, up_port2 = free_port(), free_port()
         upstream = start_server(
             "upstream",
             [args.python, "-m", "loadgen.bench.overhead_upstream", "--port", str(up_port),
-             "--chunk-interval-ms", str(args.chunk_interval_ms)],
+             "--port", str(up_port2), "--chunk-interval-ms", str(args.chunk_interval_ms)],
             port=up_port,
             log_path=logdir / "upstream.log",
             ready_path="/health",
@@ -282,6 +321,7 @@ def fleet(
             cpus=layout["upstream"],
         )  # fmt: skip
         servers.append(upstream.process)
+        upstreams = [upstream.base_url, f"http://127.0.0.1:{up_port2}"]
         targets: list[Target] = []
         for config in args.configs:
             if config == "direct":
@@ -291,7 +331,7 @@ def fleet(
                 bare = start_server(
                     "bare",
                     [args.python, "-m", "loadgen.bench.overhead_bare_proxy", "--port", str(port),
-                     "--upstream", upstream.base_url],
+                     "--upstream", upstreams[0], "--upstream", upstreams[1]],
                     port=port,
                     log_path=logdir / "bare.log",
                     ready_path="/health",
@@ -303,7 +343,7 @@ def fleet(
                 targets.append(Target("bare", bare.base_url, bare.process))
             elif config == "berth":
                 try:
-                    berth, berth_url = start_proxy_berth(args, upstream.base_url, logdir, layout["proxy"])
+                    berth, berth_url = start_proxy_berth(args, upstreams, logdir, layout["proxy"])
                 except ServerStartError as e:
                     _log(f"berth is not measured: {e}")
                     unavailable["berth"] = str(e)
@@ -319,8 +359,56 @@ def fleet(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     logdir = Path(tempfile.mkdtemp(prefix="berth-overhead-"))
     started = time.time()
-    measurements: list[Measurement] = []
     error_samples: dict[str, list[str]] = {}
+    if args.harness is not None:
+        measurements, unavailable = run_harness(args.harness, args, logdir)
+    else:
+        measurements, unavailable = _run_builtin(args, logdir, error_samples)
+    if args.fleet_count > 0 and "berth" in args.configs:
+        try:
+            measurements.extend(measure_fleet(args, logdir, cpu_layout(args.pin)))
+        except (HarnessError, ServerStartError) as e:
+            _log(f"the fleet phase is not measured: {e}")
+            unavailable[FLEET] = str(e)
+    return report(args, measurements, unavailable, error_samples, started=started, logdir=logdir)
+
+
+def report(
+    args: argparse.Namespace,
+    measurements: list[Measurement],
+    unavailable: dict[str, str],
+    error_samples: dict[str, list[str]],
+    *,
+    started: float,
+    logdir: Path,
+) -> dict[str, Any]:
+    configs = [c for c in CONFIGS if any(m.config == c for m in measurements)]
+    summaries = {c: summarise(measurements, c) for c in configs}
+    rs = ratios(measurements)
+    load = Load(
+        args.saturation_concurrency, args.latency_concurrency, args.stream_concurrency, args.chunks,
+        args.fleet_count,
+    )  # fmt: skip
+    cs = checks(summaries, rs, load, fleet_lag(measurements))
+    table = render_table(summaries, rs, cs, load)
+    return {
+        "benchmark": "overhead",
+        "meta": _meta(args, started, logdir),
+        "unavailable": unavailable,
+        "summary": {c: asdict(s) for c, s in summaries.items()},
+        "ratios_berth_over_bare": asdict(rs),
+        "targets": [{**asdict(c), "verdict": c.verdict} for c in cs],
+        "verdict": verdict(cs) if not unavailable else "INCOMPLETE",
+        "error_samples": error_samples,
+        "measurements": [asdict(m) for m in measurements],
+        "table": table,
+    }
+
+
+def _run_builtin(
+    args: argparse.Namespace, logdir: Path, error_samples: dict[str, list[str]]
+) -> tuple[list[Measurement], dict[str, str]]:
+    measurements: list[Measurement] = []
     layout = cpu_layout(args.pin)
     with fleet(args, logdir, layout) as (upstream, targets, unavailable):
         client = Client(args.python, logdir, layout["client"])
@@ -330,7 +418,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for phase in plan:
                     prime = Command(
                         url=target.base_url + CHAT_PATH, concurrency=phase.concurrency, warmup_s=0.0,
-                        duration_s=0.5, stream=phase.stream, max_tokens=phase.max_tokens,
+                        duration_s=min(0.5, args.duration), stream=phase.stream, max_tokens=phase.max_tokens,
+                        waves=phase.waves,
                     )  # fmt: skip
                     client.run(prime)
             for round_no in range(args.rounds):
@@ -347,24 +436,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         _log(f"{where} {_describe(m)}")
         finally:
             client.stop()
-    configs = [c for c in CONFIGS if any(m.config == c for m in measurements)]
-    summaries = {c: summarise(measurements, c) for c in configs}
-    rs = ratios(measurements)
-    load = Load(args.saturation_concurrency, args.latency_concurrency, args.stream_concurrency, args.chunks)
-    cs = checks(summaries, rs, load)
-    table = render_table(summaries, rs, cs, load)
-    return {
-        "benchmark": "overhead",
-        "meta": _meta(args, started, logdir),
-        "unavailable": unavailable,
-        "summary": {c: asdict(s) for c, s in summaries.items()},
-        "ratios_berth_over_bare": asdict(rs),
-        "targets": [{**asdict(c), "verdict": c.verdict} for c in cs],
-        "verdict": verdict(cs) if "berth" not in unavailable else "INCOMPLETE",
-        "error_samples": error_samples,
-        "measurements": [asdict(m) for m in measurements],
-        "table": table,
-    }
+    return measurements, unavailable
+
+
+def measure_fleet(
+    args: argparse.Namespace, logdir: Path, layout: dict[str, frozenset[int] | None]
+) -> list[Measurement]:
+    """berth in front of `--fleet-count` simulated endpoints (one engine-sim process), each scraped on
+    berth's schedule, under `--latency-concurrency` connections of short requests: its event-loop lag
+    over `--fleet-duration` seconds."""
+    sim, urls = start_engine_sim(
+        ["--count", str(args.fleet_count), "--port", "0", "--profile", "test-fast", "--model", FLEET_MODEL],
+        logdir / "fleet-sim.log",
+        endpoints=args.fleet_count,
+        python=args.python,
+        cwd=REPO_ROOT,
+    )
+    with sim:
+        berth, base_url = start_proxy_berth(args, urls, logdir, layout["proxy"], name="berth-fleet")
+        with berth:
+            client = Client(args.python, logdir, layout["client"])
+            try:
+                cmd = Command(
+                    url=base_url + CHAT_PATH, concurrency=args.latency_concurrency, warmup_s=args.warmup,
+                    duration_s=args.fleet_duration, stream=False, max_tokens=4, cpu_pids=(berth.pid,),
+                    model=FLEET_MODEL,
+                )  # fmt: skip
+                lag0 = lag_histogram(base_url)
+                r = client.run(cmd)
+                lag1 = lag_histogram(base_url)
+            finally:
+                client.stop()
+    m = Measurement(
+        round=0,
+        phase=FLEET,
+        config="berth",
+        concurrency=args.latency_concurrency,
+        max_tokens=4,
+        completed=r["completed"],
+        errors=r["errors"],
+        window_s=r["window_s"],
+        rps=r["rps"],
+        lat_ms=r["lat_ms"],
+        ttft_ms=r["ttft_ms"],
+        chunks=0,
+        proxy_cpu_s=r["cpu_s"][str(berth.pid)],
+        upstream_cpu_s=None,
+        lag_p99_ms=None if lag0 is None or lag1 is None else lag_p99_ms(lag0, lag1),
+    )
+    _log(f"fleet of {args.fleet_count} endpoints, berth {_describe(m)}")
+    return [m]
 
 
 def _meta(args: argparse.Namespace, started: float, logdir: Path) -> dict[str, Any]:
@@ -377,7 +498,7 @@ def _meta(args: argparse.Namespace, started: float, logdir: Path) -> dict[str, A
             return ""
         return out.stdout.strip()
 
-    options = {k: v for k, v in vars(args).items() if k != "out"}
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"}
     return {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "elapsed_s": round(time.time() - started, 1),
@@ -401,6 +522,13 @@ def _configs(text: str) -> list[str]:
     return list(dict.fromkeys(configs))
 
 
+#: --quick: seconds, not minutes; checks that every figure comes out, not what it is.
+QUICK: Final = {
+    "rounds": 1, "duration": 0.6, "warmup": 0.2, "chunks": 20, "chunk_interval_ms": 2.0,
+    "stream_concurrency": 8, "saturation_concurrency": 16, "fleet_count": 10, "fleet_duration": 1.0,
+}  # fmt: skip
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m loadgen.bench.overhead", description=__doc__,
@@ -415,36 +543,85 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chunks", type=int, default=200, help="chunks per stream in the stream phase (default 200)"
     )
-    p.add_argument("--chunk-interval-ms", type=float, default=1.0, help="upstream pause between chunks")
+    p.add_argument(
+        "--chunk-interval-ms", type=float, default=10.0, help="upstream pause between chunks (default 10)"
+    )
     p.add_argument("--saturation-concurrency", type=int, default=64)
     p.add_argument("--latency-concurrency", type=int, default=8)
-    p.add_argument("--stream-concurrency", type=int, default=16)
+    p.add_argument("--stream-concurrency", type=int, default=64, help="streams per wave (default 64)")
+    p.add_argument(
+        "--fleet-count", type=int, default=100,
+        help="endpoints of the simulated fleet for the lag-while-scraped phase (0: skip it)",
+    )  # fmt: skip
+    p.add_argument("--fleet-duration", type=float, default=10.0, help="measured seconds of the fleet phase")
     p.add_argument("--python", default=sys.executable, help="interpreter for the servers and the client")
     p.add_argument("--berth-args", default="", help="extra arguments for `berth serve` (one shell string)")
-    p.add_argument("--out", type=Path, default=Path("reports/bench-overhead.json"), help="JSON report path")
+    p.add_argument(
+        "--out", type=Path, default=Path("reports/bench-overhead.json"),
+        help="JSON report path; the Markdown report goes beside it (.md)",
+    )  # fmt: skip
     p.add_argument(
         "--pin", action="store_true",
         help="give the proxy a CPU of its own (client and upstream on others); steadier latency figures",
     )  # fmt: skip
+    p.add_argument(
+        "--harness", type=Path, default=None, metavar="DIR",
+        help="run the peer harness set up in DIR (perf-peers' setup.sh) instead of the built-in load",
+    )  # fmt: skip
+    p.add_argument(
+        "--harness-args", default="", help="more arguments for the harness's bench.py, e.g. '--sat-s 5'"
+    )
+    p.add_argument("--quick", action="store_true", help="a seconds-long run (see QUICK)")
     p.add_argument("--fail-on-target", action="store_true", help="exit 1 unless every target passes")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = _parser().parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    return args
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """report.md: the table, the verdicts and how the run was made."""
+    meta = report["meta"]
+    dirty = " (dirty)" if meta["git_dirty"] else ""
+    load_avg = ", ".join(f"{x:.2f}" for x in meta["load_avg_at_end"])
+    harness = meta["options"].get("harness")
+    source = f"the peer harness at {harness}" if harness else "built-in load"
+    lines = [
+        "# berth overhead benchmark",
+        "",
+        f"{meta['started_at']}, commit {meta['git_commit'][:12]}{dirty}, {meta['cpus']} CPUs, "
+        f"load average at the end {load_avg}; {source}.",
+        "",
+        "```",
+        report["table"],
+        "```",
+    ]
+    for what, why in report["unavailable"].items():
+        lines += ["", f"{what} was not measured: {why.splitlines()[0] if why else ''}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
-        report = run(args)
-    except (HarnessError, ServerStartError) as e:
+        result = run(args)
+    except (HarnessError, HarnessFailed, ServerStartError) as e:
         _log(f"overhead benchmark failed: {e}")
         return 2
-    print(report["table"])
-    if report["unavailable"]:
-        for config, why in report["unavailable"].items():
-            print(f"\n{config} was not measured: {why.splitlines()[0]}")
+    print(result["table"])
+    for what, why in result["unavailable"].items():
+        print(f"\n{what} was not measured: {why.splitlines()[0] if why else ''}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-    print(f"\nreport: {args.out}  (server logs: {report['meta']['logs']})")
-    if args.fail_on_target and report["verdict"] != "PASS":
+    args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
+    md = args.out.with_suffix(".md")
+    md.write_text(markdown(result))
+    print(f"\nreport: {args.out} and {md}  (server logs: {result['meta']['logs']})")
+    if args.fail_on_target and result["verdict"] != "PASS":
         return 1
     return 0
 

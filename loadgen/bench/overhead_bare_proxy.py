@@ -1,48 +1,73 @@
-"""The floor for a Python proxy: aiohttp server + one ClientSession on uvloop, bytes passed through.
+"""The floor for a Python proxy: what the peer harness (`../shared/perf-peers`) calls the aiohttp reference.
 
-No parsing, no scheduling, no metrics: the request body goes up as it came, a JSON answer comes back
-as bytes, and a stream is relayed chunk by chunk with `StreamResponse.write` as it arrives. Whatever
-berth costs above this is the price of what berth does.
+An aiohttp server and one keep-alive ClientSession on uvloop, round robin over the `--upstream` URLs.
+It reads the JSON body (as any gateway must, to learn whether the client wants a stream), sends the
+body up as it came, and passes the answer back: a whole body as bytes, a stream chunk by chunk with
+`StreamResponse.write` as it arrives. No scheduling, no metrics, no validation: whatever berth costs
+above this is the price of what berth does.
 
-    python -m loadgen.bench.overhead_bare_proxy --port 9002 --upstream http://127.0.0.1:9001
+    python -m loadgen.bench.overhead_bare_proxy --port 9002 --upstream http://127.0.0.1:9001 [--upstream ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import AsyncIterator
+from typing import Final
 
 import aiohttp
+import orjson
 import uvloop
 from aiohttp import web
 
+
+class RoundRobin:
+    def __init__(self, urls: list[str]) -> None:
+        self._urls = itertools.cycle([u.rstrip("/") for u in urls])
+
+    def next(self) -> str:
+        return next(self._urls)
+
+
 SESSION = web.AppKey("session", aiohttp.ClientSession)
-UPSTREAM = web.AppKey("upstream", str)
+UPSTREAMS = web.AppKey("upstreams", RoundRobin)
+#: Response headers that describe the upstream connection, not the answer: never passed on.
+HOP_BY_HOP: Final = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host"}
+)
 
 
 async def relay(request: web.Request) -> web.StreamResponse:
-    session, upstream = request.app[SESSION], request.app[UPSTREAM]
     body = await request.read()
+    stream = False
+    if body and request.method == "POST":
+        parsed = orjson.loads(body)
+        stream = isinstance(parsed, dict) and bool(parsed.get("stream"))
+    url = request.app[UPSTREAMS].next() + request.path_qs
     headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
-    async with session.request(request.method, upstream + request.path_qs, data=body, headers=headers) as up:
-        content_type = up.headers.get("Content-Type", "application/octet-stream")
-        if up.content_type == "text/event-stream":
-            resp = web.StreamResponse(status=up.status, headers={"Content-Type": content_type})
-            await resp.prepare(request)
-            async for chunk in up.content.iter_any():
-                await resp.write(chunk)
-            await resp.write_eof()
-            return resp
-        return web.Response(status=up.status, body=await up.read(), headers={"Content-Type": content_type})
+    async with request.app[SESSION].request(request.method, url, data=body or None, headers=headers) as up:
+        out_headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
+        if not stream:
+            return web.Response(status=up.status, body=await up.read(), headers=out_headers)
+        resp = web.StreamResponse(status=up.status, headers=out_headers)
+        await resp.prepare(request)
+        async for chunk in up.content.iter_any():
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
 
 
-def build_app(upstream: str) -> web.Application:
-    app = web.Application()
-    app[UPSTREAM] = upstream.rstrip("/")
+def build_app(upstreams: list[str]) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[UPSTREAMS] = RoundRobin(upstreams)
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=1024)
-        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=120)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        ) as session:
             app[SESSION] = session
             yield
 
@@ -55,13 +80,16 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--upstream", required=True, help="base URL, e.g. http://127.0.0.1:9001")
+    p.add_argument(
+        "--upstream", action="append", required=True, help="base URL, e.g. http://127.0.0.1:9001; repeatable"
+    )
     args = p.parse_args(argv)
     web.run_app(
         build_app(args.upstream),
         host=args.host,
         port=args.port,
         access_log=None,
+        backlog=4096,
         print=None,
         loop=uvloop.new_event_loop(),
     )

@@ -1,7 +1,9 @@
 """The overhead benchmark's load generator, run in its own process so its CPU is never the proxy's.
 
 It reads one JSON command per line on stdin, runs that phase against the URL with a fixed number of
-concurrent workers (closed loop: each worker sends its next request when the previous one is done),
+concurrent workers (closed loop: each worker sends its next request when the previous one is done), or
+with `waves`, in waves of `concurrency` requests sent together (the next wave when the whole last one is
+done: how the peer harness's stream client measures the time to first chunk of a burst of streams),
 and writes one JSON result per line on stdout. Only requests that finish inside the measurement window
 (after the warm-up) are counted; the CPU time of the given pids is read from `/proc/<pid>/stat` at the
 window's two edges.
@@ -22,6 +24,7 @@ import orjson
 import uvloop
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+_HEADERS = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,8 @@ class Command:
     stream: bool
     max_tokens: int
     cpu_pids: tuple[int, ...] = ()
+    waves: bool = False
+    model: str = "bench"
 
 
 @dataclass(slots=True)
@@ -80,7 +85,7 @@ class _Phase:
     def __init__(self, cmd: Command) -> None:
         self.cmd = cmd
         body: dict[str, Any] = {
-            "model": "bench",
+            "model": cmd.model,
             "messages": [{"role": "user", "content": "Say hello."}],
             "max_tokens": cmd.max_tokens,
             "stream": cmd.stream,
@@ -102,42 +107,49 @@ class _Phase:
                 self.result.error_samples.append(message)
 
     async def worker(self, session: aiohttp.ClientSession) -> None:
-        headers = {"Content-Type": "application/json"}
         while not self.stopping:
-            t0 = time.perf_counter()
-            ttft: float | None = None
-            events = 0
-            try:
-                async with session.post(self.cmd.url, data=self.body, headers=headers) as resp:
-                    if resp.status != 200:
-                        self._error(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
-                        continue
-                    if self.cmd.stream:
-                        done = False
-                        async for line in resp.content:
-                            if line.startswith(b"data: "):
-                                if line.startswith(b"data: [DONE]"):
-                                    done = True
-                                else:
-                                    if ttft is None:
-                                        ttft = time.perf_counter() - t0
-                                    events += 1
-                        if not done:
-                            self._error("stream ended without [DONE]")
-                            continue
-                    else:
-                        await resp.read()
-            except (aiohttp.ClientError, TimeoutError) as e:
-                self._error(repr(e))
-                await asyncio.sleep(0.01)  # a refused connection must not spin
-                continue
-            t1 = time.perf_counter()
-            if self._in_window(t1):
-                self.result.completed += 1
-                self.latencies.append(t1 - t0)
-                if ttft is not None:
-                    self.ttfts.append(ttft)
-                self.result.chunks += events
+            await self.one(session)
+
+    async def waves(self, session: aiohttp.ClientSession) -> None:
+        while not self.stopping:
+            await asyncio.gather(*(self.one(session) for _ in range(self.cmd.concurrency)))
+
+    async def one(self, session: aiohttp.ClientSession) -> None:
+        """One request, counted if it ends inside the window."""
+        t0 = time.perf_counter()
+        ttft: float | None = None
+        events = 0
+        try:
+            async with session.post(self.cmd.url, data=self.body, headers=_HEADERS) as resp:
+                if resp.status != 200:
+                    self._error(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
+                    return
+                if self.cmd.stream:
+                    done = False
+                    async for line in resp.content:
+                        if line.startswith(b"data: "):
+                            if line.startswith(b"data: [DONE]"):
+                                done = True
+                            else:
+                                if ttft is None:
+                                    ttft = time.perf_counter() - t0
+                                events += 1
+                    if not done:
+                        self._error("stream ended without [DONE]")
+                        return
+                else:
+                    await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            self._error(repr(e))
+            await asyncio.sleep(0.01)  # a refused connection must not spin
+            return
+        t1 = time.perf_counter()
+        if self._in_window(t1):
+            self.result.completed += 1
+            self.latencies.append(t1 - t0)
+            if ttft is not None:
+                self.ttfts.append(ttft)
+            self.result.chunks += events
 
     def _cpu(self) -> dict[int, float]:
         return {pid: cpu_seconds(pid) for pid in self.cmd.cpu_pids}
@@ -150,8 +162,11 @@ class _Phase:
             aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session,
             asyncio.TaskGroup() as tg,
         ):
-            for _ in range(cmd.concurrency):
-                tg.create_task(self.worker(session))
+            if cmd.waves:
+                tg.create_task(self.waves(session))
+            else:
+                for _ in range(cmd.concurrency):
+                    tg.create_task(self.worker(session))
             await asyncio.sleep(cmd.warmup_s)
             start = time.perf_counter()
             cpu0 = self._cpu()

@@ -1,9 +1,11 @@
 """Turns the overhead benchmark's measurements into per-configuration figures, ratios and verdicts.
 
-Pure functions over plain data, so a saved JSON report can be summarised again without rerunning.
-Every figure is the median over rounds; ratios and added latencies are computed within a round first
-(configurations run back to back in each round) and then the median is taken, which cancels slow
-drifts of a shared machine.
+Pure functions over plain data, so a saved JSON report can be summarised again without rerunning, and
+the same figures come out whether the built-in load generator or the peer harness
+(`../shared/perf-peers`, see `loadgen.bench.overhead_harness`) measured them. Every figure is the
+median over rounds; ratios and added latencies are computed within a round first (configurations run
+back to back in each round) and then the median is taken, which cancels slow drifts of a shared
+machine. The targets are issue 18's: ratios of berth to the bare aiohttp proxy.
 """
 
 from __future__ import annotations
@@ -13,24 +15,30 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-SATURATION: Final = "saturation"
-LATENCY: Final = "latency"
-STREAM: Final = "stream"
+# Phases, named as the peer harness names its tests.
+SATURATION: Final = "sat"  # non-streamed, 64 connections: requests/s and CPU per request
+LAT8: Final = "lat8"  # non-streamed, 8 connections: latency
+LAT1: Final = "lat1"  # non-streamed, 1 connection: latency and CPU per request without batching
+STREAM: Final = "stream"  # waves of streams (64 at once): CPU per chunk, time to first chunk
+FLEET: Final = "fleet"  # berth in front of a 100-endpoint simulated fleet: event-loop lag while scraped
+PHASES: Final = (SATURATION, LAT8, LAT1, STREAM)
 
 CONFIGS: Final = ("direct", "bare", "berth")
 PROXIES: Final = ("bare", "berth")
 
-CPU_PER_REQUEST_MAX_RATIO: Final = 1.5
-CPU_PER_CHUNK_MAX_RATIO: Final = 1.5
-ADDED_P99_MAX_MS: Final = 2.0
+ADDED_P99_C8_MAX_RATIO: Final = 2.0
+LOOP_LAG_P99_MAX_MS: Final = 1.0
+CPU_PER_REQUEST_MAX_RATIO: Final = 1.3
+CPU_PER_CHUNK_MAX_RATIO: Final = 1.2
+ADDED_TTFC_MAX_RATIO: Final = 1.5
 
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """One phase of one configuration in one round, as the client measured it."""
+    """One phase of one configuration in one round."""
 
     round: int
-    phase: str  # SATURATION | LATENCY | STREAM
+    phase: str
     config: str
     concurrency: int
     max_tokens: int
@@ -38,19 +46,22 @@ class Measurement:
     errors: int
     window_s: float
     rps: float
-    lat_ms: dict[str, float]
-    ttft_ms: dict[str, float]
+    lat_ms: dict[str, float]  # p50, p99 (and more from the built-in client)
+    ttft_ms: dict[str, float]  # streams only: time to first chunk
     chunks: int
     proxy_cpu_s: float | None  # None for "direct": there is no proxy
-    upstream_cpu_s: float
+    upstream_cpu_s: float | None
+    lag_p99_ms: float | None = None  # berth's event-loop lag p99 over the phase (bucket upper bound)
 
     def proxy_cpu_us_per_request(self) -> float | None:
         if self.proxy_cpu_s is None or self.completed == 0:
             return None
         return self.proxy_cpu_s * 1e6 / self.completed
 
-    def upstream_cpu_us_per_request(self) -> float | None:
-        return self.upstream_cpu_s * 1e6 / self.completed if self.completed else None
+    def proxy_cpu_us_per_chunk(self) -> float | None:
+        if self.proxy_cpu_s is None or self.chunks == 0:
+            return None
+        return self.proxy_cpu_s * 1e6 / self.chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,20 +69,21 @@ class Summary:
     config: str
     rounds: int
     sat_rps: float | None
-    lat_p50_ms: float | None
-    lat_p99_ms: float | None
-    added_p50_ms: float | None  # minus direct's, same round
-    added_p99_ms: float | None
-    over_bare_p50_ms: float | None  # minus the bare proxy's, same round (berth only)
-    over_bare_p99_ms: float | None
     cpu_us_per_req: float | None  # at saturation
-    cpu_us_per_req_c8: float | None  # in the latency phase
-    cpu_us_per_stream: float | None
-    cpu_us_per_chunk: float | None  # CPU of a whole stream / chunks
-    cpu_us_per_chunk_net: float | None  # (CPU of a stream - CPU of a plain request) / chunks
-    stream_ttft_p50_ms: float | None
-    stream_ttft_p99_ms: float | None
-    upstream_cpu_us_per_req: float | None
+    cpu_us_per_req_c1: float | None
+    p50_c8_ms: float | None
+    p99_c8_ms: float | None
+    p50_c1_ms: float | None
+    p99_c1_ms: float | None
+    added_p50_c8_ms: float | None  # minus direct's, same round
+    added_p99_c8_ms: float | None
+    added_p50_c1_ms: float | None
+    added_p99_c1_ms: float | None
+    cpu_us_per_chunk: float | None
+    ttfc_p50_ms: float | None
+    added_ttfc_p50_ms: float | None
+    lag_p99_c8_ms: float | None  # berth only
+    lag_p99_max_ms: float | None  # the worst phase's
     errors: int
 
 
@@ -102,60 +114,63 @@ def _by_round(ms: Sequence[Measurement], phase: str, config: str) -> dict[int, M
     return {m.round: m for m in ms if m.phase == phase and m.config == config}
 
 
-def _per_chunk(stream: Measurement, plain: Measurement | None, *, net: bool) -> float | None:
-    if stream.proxy_cpu_s is None or stream.chunks == 0:
-        return None
-    cpu_us = stream.proxy_cpu_s * 1e6
-    if net:
-        per_request = plain.proxy_cpu_us_per_request() if plain is not None else None
-        if per_request is None:
-            return None
-        cpu_us -= per_request * stream.completed
-    return cpu_us / stream.chunks
+Figure = Callable[[Measurement], float | None]
+
+
+def _lat(q: str) -> Figure:
+    return lambda m: m.lat_ms.get(q)
+
+
+def _ttfc(m: Measurement) -> float | None:
+    return m.ttft_ms.get("p50")
+
+
+def _added(ms: Sequence[Measurement], phase: str, config: str, figure: Figure) -> dict[int, float]:
+    """Per round: `figure` of `config` minus direct's."""
+    direct = _by_round(ms, phase, "direct")
+    out: dict[int, float] = {}
+    for r, m in _by_round(ms, phase, config).items():
+        d = direct.get(r)
+        a, b = figure(m), figure(d) if d is not None else None
+        if a is not None and b is not None:
+            out[r] = a - b
+    return out
 
 
 def summarise(ms: Sequence[Measurement], config: str) -> Summary:
     sat = _by_round(ms, SATURATION, config)
-    lat = _by_round(ms, LATENCY, config)
+    lat8, lat1 = _by_round(ms, LAT8, config), _by_round(ms, LAT1, config)
     stream = _by_round(ms, STREAM, config)
+    proxy = config != "direct"
 
-    def added(q: str, base: str) -> float | None:
-        if config == base or (base == "bare" and config != "berth"):
-            return None
-        base_lat = _by_round(ms, LATENCY, base)
-        return _median(
-            [
-                m.lat_ms[q] - base_lat[r].lat_ms[q]
-                for r, m in lat.items()
-                if r in base_lat and q in m.lat_ms and q in base_lat[r].lat_ms
-            ]
-        )
+    def added(phase: str, figure: Figure) -> float | None:
+        return _median(list(_added(ms, phase, config, figure).values())) if proxy else None
 
+    lags = [m.lag_p99_ms for m in ms if m.config == config and m.phase in PHASES]
     return Summary(
         config=config,
         rounds=len({m.round for m in ms if m.config == config}),
         sat_rps=_median([m.rps for m in sat.values()]),
-        lat_p50_ms=_median([m.lat_ms.get("p50") for m in lat.values()]),
-        lat_p99_ms=_median([m.lat_ms.get("p99") for m in lat.values()]),
-        added_p50_ms=added("p50", "direct"),
-        added_p99_ms=added("p99", "direct"),
-        over_bare_p50_ms=added("p50", "bare"),
-        over_bare_p99_ms=added("p99", "bare"),
         cpu_us_per_req=_median([m.proxy_cpu_us_per_request() for m in sat.values()]),
-        cpu_us_per_req_c8=_median([m.proxy_cpu_us_per_request() for m in lat.values()]),
-        cpu_us_per_stream=_median([m.proxy_cpu_us_per_request() for m in stream.values()]),
-        cpu_us_per_chunk=_median([_per_chunk(m, None, net=False) for m in stream.values()]),
-        cpu_us_per_chunk_net=_median([_per_chunk(m, lat.get(r), net=True) for r, m in stream.items()]),
-        stream_ttft_p50_ms=_median([m.ttft_ms.get("p50") for m in stream.values()]),
-        stream_ttft_p99_ms=_median([m.ttft_ms.get("p99") for m in stream.values()]),
-        upstream_cpu_us_per_req=_median([m.upstream_cpu_us_per_request() for m in sat.values()]),
-        errors=sum(m.errors for m in ms if m.config == config),
+        cpu_us_per_req_c1=_median([m.proxy_cpu_us_per_request() for m in lat1.values()]),
+        p50_c8_ms=_median([m.lat_ms.get("p50") for m in lat8.values()]),
+        p99_c8_ms=_median([m.lat_ms.get("p99") for m in lat8.values()]),
+        p50_c1_ms=_median([m.lat_ms.get("p50") for m in lat1.values()]),
+        p99_c1_ms=_median([m.lat_ms.get("p99") for m in lat1.values()]),
+        added_p50_c8_ms=added(LAT8, _lat("p50")),
+        added_p99_c8_ms=added(LAT8, _lat("p99")),
+        added_p50_c1_ms=added(LAT1, _lat("p50")),
+        added_p99_c1_ms=added(LAT1, _lat("p99")),
+        cpu_us_per_chunk=_median([m.proxy_cpu_us_per_chunk() for m in stream.values()]),
+        ttfc_p50_ms=_median([_ttfc(m) for m in stream.values()]),
+        added_ttfc_p50_ms=added(STREAM, _ttfc),
+        lag_p99_c8_ms=_median([m.lag_p99_ms for m in lat8.values()]),
+        lag_p99_max_ms=max((v for v in lags if v is not None), default=None),
+        errors=sum(m.errors for m in ms if m.config == config and m.phase in PHASES),
     )
 
 
-def round_ratio(
-    ms: Sequence[Measurement], phase: str, figure: Callable[[Measurement], float | None]
-) -> float | None:
+def round_ratio(ms: Sequence[Measurement], phase: str, figure: Figure) -> float | None:
     """Median over rounds of figure(berth) / figure(bare) within the same round."""
     bare, berth = _by_round(ms, phase, "bare"), _by_round(ms, phase, "berth")
     ratios: list[float | None] = []
@@ -167,88 +182,108 @@ def round_ratio(
     return _median(ratios)
 
 
+def added_ratio(ms: Sequence[Measurement], phase: str, figure: Figure) -> float | None:
+    """Median over rounds of (berth - direct) / (bare - direct) within the same round; a round whose
+    bare proxy added nothing measurable (<= 0) gives no ratio."""
+    bare, berth = _added(ms, phase, "bare", figure), _added(ms, phase, "berth", figure)
+    return _median([berth[r] / bare[r] for r in berth if r in bare and bare[r] > 0])
+
+
 @dataclass(frozen=True, slots=True)
 class Ratios:
-    """berth / bare, median of the per-round ratios."""
+    """berth / bare, median of the per-round ratios (added figures: both minus direct first)."""
 
     sat_rps: float | None
     cpu_per_req: float | None
-    cpu_per_req_c8: float | None
+    cpu_per_req_c1: float | None
     cpu_per_chunk: float | None
-    cpu_per_chunk_net: float | None
+    added_p50_c8: float | None
+    added_p99_c8: float | None
+    added_p50_c1: float | None
+    added_p99_c1: float | None
+    added_ttfc: float | None
 
 
 def ratios(ms: Sequence[Measurement]) -> Ratios:
-    by_round_lat = {(m.round, m.config): m for m in ms if m.phase == LATENCY}
-
-    def net(m: Measurement) -> float | None:
-        return _per_chunk(m, by_round_lat.get((m.round, m.config)), net=True)
-
     return Ratios(
         sat_rps=round_ratio(ms, SATURATION, lambda m: m.rps),
         cpu_per_req=round_ratio(ms, SATURATION, Measurement.proxy_cpu_us_per_request),
-        cpu_per_req_c8=round_ratio(ms, LATENCY, Measurement.proxy_cpu_us_per_request),
-        cpu_per_chunk=round_ratio(ms, STREAM, lambda m: _per_chunk(m, None, net=False)),
-        cpu_per_chunk_net=round_ratio(ms, STREAM, net),
+        cpu_per_req_c1=round_ratio(ms, LAT1, Measurement.proxy_cpu_us_per_request),
+        cpu_per_chunk=round_ratio(ms, STREAM, Measurement.proxy_cpu_us_per_chunk),
+        added_p50_c8=added_ratio(ms, LAT8, _lat("p50")),
+        added_p99_c8=added_ratio(ms, LAT8, _lat("p99")),
+        added_p50_c1=added_ratio(ms, LAT1, _lat("p50")),
+        added_p99_c1=added_ratio(ms, LAT1, _lat("p99")),
+        added_ttfc=added_ratio(ms, STREAM, _ttfc),
     )
 
 
-def checks(summaries: dict[str, Summary], r: Ratios, load: Load) -> list[Check]:
-    """berth's targets; empty when berth was not measured."""
+@dataclass(frozen=True, slots=True)
+class Load:
+    """The concurrency of each phase, the chunks per stream and the fleet's size, for labels."""
+
+    saturation: int = 64
+    latency: int = 8
+    stream: int = 64
+    chunks: int = 200
+    fleet: int = 100
+
+
+def fleet_lag(ms: Sequence[Measurement]) -> float | None:
+    """berth's event-loop lag p99 in front of the scraped fleet: the worst round's."""
+    lags = [m.lag_p99_ms for m in ms if m.phase == FLEET and m.lag_p99_ms is not None]
+    return max(lags) if lags else None
+
+
+def checks(summaries: dict[str, Summary], r: Ratios, load: Load, fleet_lag_ms: float | None) -> list[Check]:
+    """berth's targets (issue 18); empty when berth was not measured. The fleet's lag is checked when
+    that phase ran."""
     berth = summaries.get("berth")
     if berth is None:
         return []
-    return [
+    out = [
+        Check(f"added p99, berth ÷ bare (c={load.latency})", r.added_p99_c8, ADDED_P99_C8_MAX_RATIO, "x"),
+        Check(f"event-loop lag p99 (c={load.latency})", berth.lag_p99_c8_ms, LOOP_LAG_P99_MAX_MS, "ms"),
         Check(
-            f"CPU per request, berth/bare (c={load.saturation})",
-            r.cpu_per_req,
-            CPU_PER_REQUEST_MAX_RATIO,
-            "x",
+            f"CPU/request, berth ÷ bare (c={load.saturation})", r.cpu_per_req, CPU_PER_REQUEST_MAX_RATIO, "x"
         ),
-        Check("CPU per streamed chunk, berth/bare", r.cpu_per_chunk, CPU_PER_CHUNK_MAX_RATIO, "x"),
-        Check(f"added latency p99 (c={load.latency})", berth.added_p99_ms, ADDED_P99_MAX_MS, "ms"),
+        Check("CPU/request, berth ÷ bare (c=1)", r.cpu_per_req_c1, CPU_PER_REQUEST_MAX_RATIO, "x"),
+        Check("CPU/streamed chunk, berth ÷ bare", r.cpu_per_chunk, CPU_PER_CHUNK_MAX_RATIO, "x"),
+        Check(f"added TTFC, berth ÷ bare ({load.stream} streams)", r.added_ttfc, ADDED_TTFC_MAX_RATIO, "x"),
         Check("errors", float(berth.errors), 0.0, ""),
     ]
+    if fleet_lag_ms is not None:
+        out.insert(
+            2,
+            Check(
+                f"event-loop lag p99, {load.fleet} endpoints scraped", fleet_lag_ms, LOOP_LAG_P99_MAX_MS, "ms"
+            ),
+        )
+    return out
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-@dataclass(frozen=True, slots=True)
-class Load:
-    """The concurrency of each phase and the chunks per stream, for labels."""
-
-    saturation: int = 64
-    latency: int = 8
-    stream: int = 16
-    chunks: int = 200
-
-
 def render_table(summaries: dict[str, Summary], r: Ratios, cs: Sequence[Check], load: Load) -> str:
     configs = [c for c in CONFIGS if c in summaries]
-    sat, lat = f"(c={load.saturation})", f"(c={load.latency})"
+    sat, c8 = f"(c={load.saturation})", f"(c={load.latency})"
     rows: list[tuple[str, Callable[[Summary], float | None], int, float | None]] = [
-        (f"requests/s at saturation {sat}", lambda s: s.sat_rps, 0, r.sat_rps),
-        (f"latency p50 ms {lat}", lambda s: s.lat_p50_ms, 2, None),
-        (f"latency p99 ms {lat}", lambda s: s.lat_p99_ms, 2, None),
-        (f"added latency p50 ms {lat}", lambda s: s.added_p50_ms, 2, None),
-        (f"added latency p99 ms {lat}", lambda s: s.added_p99_ms, 2, None),
-        (f"latency over bare proxy p50 ms {lat}", lambda s: s.over_bare_p50_ms, 2, None),
-        (f"latency over bare proxy p99 ms {lat}", lambda s: s.over_bare_p99_ms, 2, None),
+        (f"requests/s {sat}", lambda s: s.sat_rps, 0, r.sat_rps),
         (f"proxy CPU µs/request {sat}", lambda s: s.cpu_us_per_req, 1, r.cpu_per_req),
-        (f"proxy CPU µs/request {lat}", lambda s: s.cpu_us_per_req_c8, 1, r.cpu_per_req_c8),
-        (
-            f"proxy CPU µs/stream ({load.chunks} chunks, c={load.stream})",
-            lambda s: s.cpu_us_per_stream,
-            0,
-            None,
-        ),
-        ("proxy CPU µs/chunk (stream CPU / chunks)", lambda s: s.cpu_us_per_chunk, 2, r.cpu_per_chunk),
-        ("proxy CPU µs/chunk (net of a request)", lambda s: s.cpu_us_per_chunk_net, 2, r.cpu_per_chunk_net),
-        ("stream TTFT p50 ms", lambda s: s.stream_ttft_p50_ms, 2, None),
-        ("stream TTFT p99 ms", lambda s: s.stream_ttft_p99_ms, 2, None),
-        (f"upstream CPU µs/request {sat}", lambda s: s.upstream_cpu_us_per_req, 1, None),
+        ("proxy CPU µs/request (c=1)", lambda s: s.cpu_us_per_req_c1, 1, r.cpu_per_req_c1),
+        (f"latency p50 ms {c8}", lambda s: s.p50_c8_ms, 2, None),
+        (f"latency p99 ms {c8}", lambda s: s.p99_c8_ms, 2, None),
+        (f"added p50 ms {c8}", lambda s: s.added_p50_c8_ms, 2, r.added_p50_c8),
+        (f"added p99 ms {c8}", lambda s: s.added_p99_c8_ms, 2, r.added_p99_c8),
+        ("added p50 ms (c=1)", lambda s: s.added_p50_c1_ms, 2, r.added_p50_c1),
+        ("added p99 ms (c=1)", lambda s: s.added_p99_c1_ms, 2, r.added_p99_c1),
+        (f"proxy CPU µs/chunk ({load.stream} streams)", lambda s: s.cpu_us_per_chunk, 2, r.cpu_per_chunk),
+        (f"TTFC p50 ms ({load.stream} streams)", lambda s: s.ttfc_p50_ms, 2, None),
+        (f"added TTFC p50 ms ({load.stream} streams)", lambda s: s.added_ttfc_p50_ms, 2, r.added_ttfc),
+        (f"event-loop lag p99 ms {c8}", lambda s: s.lag_p99_c8_ms, 2, None),
+        ("event-loop lag p99 ms (worst phase)", lambda s: s.lag_p99_max_ms, 2, None),
         ("errors", lambda s: float(s.errors), 0, None),
     ]
     show_ratio = "bare" in summaries and "berth" in summaries
@@ -261,10 +296,10 @@ def render_table(summaries: dict[str, Summary], r: Ratios, cs: Sequence[Check], 
         lines.append(line)
     if cs:
         lines.append("")
-        lines.append("targets (berth)")
+        lines.append("targets (berth; ratios to the bare aiohttp proxy, added figures minus direct's first)")
         for c in cs:
             value = "-" if c.value is None else f"{c.value:.2f}{c.unit}"
-            lines.append(f"  {c.name:40} {value:>10}  <= {c.limit:g}{c.unit:<3} {c.verdict}")
+            lines.append(f"  {c.name:44} {value:>10}  <= {c.limit:g}{c.unit:<3} {c.verdict}")
         lines.append(f"  verdict: {verdict(cs)}")
     return "\n".join(lines)
 
@@ -275,3 +310,17 @@ def verdict(cs: Sequence[Check]) -> str:
     if any(c.value is None for c in cs):
         return "INCOMPLETE"
     return "PASS" if all(c.passed for c in cs) else "FAIL"
+
+
+def lag_p99_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The p99 of the lag samples taken between two readings of berth's cumulative lag histogram
+    (`le` -> count, +Inf included), as the upper bound of its bucket in ms; None without samples."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    need = 0.99 * counts[-1]
+    for bound, cum in zip(bounds, counts, strict=True):
+        if cum >= need:
+            return bound * 1000.0
+    return None

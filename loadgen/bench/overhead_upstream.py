@@ -5,8 +5,10 @@
 `stream_options.include_usage` is set (as vLLM does), then `data: [DONE]`. Chunks are pre-encoded and
 paced `--chunk-interval-ms` apart so that each one reaches the proxy on its own, as tokens from a real
 engine do. `GET /v1/models` lists model "bench"; `/health` is 200; `/metrics` has vLLM-style gauges.
+One process may listen on several ports (`--port` repeated): two endpoints for the proxies to balance
+over, as in the peer harness.
 
-    python -m loadgen.bench.overhead_upstream --port 9001
+    python -m loadgen.bench.overhead_upstream --port 9001 [--port 9002]
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import signal
 from typing import Any, Final
 
 import orjson
@@ -194,7 +197,7 @@ def build_app(chunk_interval_s: float) -> web.Application:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=int, action="append", required=True, help="repeat to listen on more")
     p.add_argument(
         "--chunk-interval-ms",
         type=float,
@@ -202,16 +205,23 @@ def main(argv: list[str] | None = None) -> None:
         help="pause after each streamed chunk (default 1; 0 still yields to the loop)",
     )
     args = p.parse_args(argv)
-    app = build_app(args.chunk_interval_ms / 1000)
-    web.run_app(
-        app,
-        host=args.host,
-        port=args.port,
-        access_log=None,
-        print=None,
-        loop=uvloop.new_event_loop(),
-        handle_signals=True,
-    )
+    uvloop.run(_serve(build_app(args.chunk_interval_ms / 1000), args.host, args.port))
+
+
+async def _serve(app: web.Application, host: str, ports: list[int]) -> None:
+    """Serve `app` on every port until SIGTERM or SIGINT."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for port in ports:
+            await web.TCPSite(runner, host, port, backlog=4096).start()
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 if __name__ == "__main__":

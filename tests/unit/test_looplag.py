@@ -4,7 +4,10 @@ least that much lag (a lower bound, whatever the machine's speed)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+
+import pytest
 
 from gateway.core.looplag import watch_lag
 
@@ -38,3 +41,17 @@ async def test_a_blocked_loop_shows_as_lag() -> None:
     assert all(s >= 0.0 for s in rec.samples)
     # The first timer was due 1 ms after it was set, but the loop was busy for BLOCK_S first.
     assert max(rec.samples) >= BLOCK_S - 0.001 - 0.002
+
+
+async def test_lag_is_read_from_a_fine_clock_not_the_loops() -> None:
+    """uvloop's loop.time() counts whole milliseconds; the monitor reads its own clock, so 0.3 ms late
+    reads as 0.3 ms and a timer that fired early as no lag."""
+    readings = itertools.chain([10.0, 10.0003, 20.0, 19.9995], itertools.repeat(30.0))
+    rec = Recorder(wanted=2)
+    task = asyncio.get_running_loop().create_task(
+        watch_lag(rec, interval_s=0.0, clock=lambda: next(readings))
+    )
+    await rec.enough.wait()
+    task.cancel()
+    assert rec.samples[0] == pytest.approx(0.0003)
+    assert rec.samples[1] == 0.0

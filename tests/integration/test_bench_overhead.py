@@ -1,0 +1,33 @@
+"""The overhead benchmark (`berth-loadgen bench overhead --quick`) end to end: every figure of issue 18's
+targets comes out of one command, with a verdict (the values are a shared machine's and not judged)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from loadgen.bench import overhead
+from loadgen.bench.overhead_report import CONFIGS, FLEET, PHASES
+
+
+def test_the_quick_run_measures_every_target(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    assert overhead.main(["--quick", "--out", str(out)]) == 0
+    doc = orjson.loads(out.read_bytes())
+    assert doc["unavailable"] == {}
+    names = [t["name"] for t in doc["targets"]]
+    assert len(names) == 8
+    assert any("endpoints scraped" in n for n in names)
+    for target in doc["targets"]:
+        assert target["value"] is not None, target["name"]
+        assert target["verdict"] in ("PASS", "FAIL")
+    assert doc["verdict"] in ("PASS", "FAIL")
+    seen = {(m["phase"], m["config"]) for m in doc["measurements"]}
+    assert seen >= {(p, c) for p in PHASES for c in CONFIGS}
+    assert (FLEET, "berth") in seen
+    for m in doc["measurements"]:
+        assert m["errors"] == 0, m
+        assert m["completed"] > 0, m
+        assert (m["lag_p99_ms"] is not None) == (m["config"] == "berth"), m
+    assert out.with_suffix(".md").read_text().startswith("# berth overhead benchmark")

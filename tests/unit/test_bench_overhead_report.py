@@ -1,0 +1,149 @@
+"""The overhead benchmark's arithmetic: lag percentiles from histogram readings, ratios of added
+figures, the targets, and the peer harness's records read as measurements."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from loadgen.bench.overhead_harness import _RESULT_LINE, _measurement
+from loadgen.bench.overhead_report import (
+    LAT1,
+    LAT8,
+    SATURATION,
+    STREAM,
+    Load,
+    Measurement,
+    checks,
+    fleet_lag,
+    lag_p99_ms,
+    ratios,
+    summarise,
+    verdict,
+)
+
+INF = math.inf
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "p99"),
+    [
+        pytest.param({}, {0.001: 100, 0.002: 100, INF: 100}, 1.0, id="all-under-1ms"),
+        pytest.param({}, {0.001: 98, 0.002: 100, INF: 100}, 2.0, id="two-in-100-late"),
+        pytest.param({}, {0.001: 990, 0.002: 1000, INF: 1000}, 1.0, id="exactly-99-percent"),
+        pytest.param(
+            {0.001: 50, 0.002: 60, INF: 60}, {0.001: 150, 0.002: 160, INF: 160}, 1.0, id="only-the-difference"
+        ),
+        pytest.param({0.001: 5, INF: 5}, {0.001: 5, INF: 5}, None, id="no-samples"),
+        pytest.param({}, {0.001: 0, INF: 1}, INF, id="beyond-the-last-bound"),
+    ],
+)
+def test_lag_p99_is_the_bucket_bound_of_the_phases_samples(
+    before: dict[float, float], after: dict[float, float], p99: float | None
+) -> None:
+    assert lag_p99_ms(before, after) == p99
+
+
+def _m(phase: str, config: str, *, rnd: int = 0, **kw: Any) -> Measurement:
+    base: dict[str, Any] = {
+        "round": rnd, "phase": phase, "config": config, "concurrency": 8, "max_tokens": 16,
+        "completed": 1000, "errors": 0, "window_s": 1.0, "rps": 1000.0, "lat_ms": {}, "ttft_ms": {},
+        "chunks": 0, "proxy_cpu_s": None if config == "direct" else 0.1, "upstream_cpu_s": 0.05,
+    }  # fmt: skip
+    base.update(kw)
+    return Measurement(**base)
+
+
+def _run(berth_cpu: float, berth_p99: float, *, lag: float = 0.5, ttfc: float = 2.4) -> list[Measurement]:
+    ms: list[Measurement] = []
+    runs = (("direct", None, 1.0, 1.0), ("bare", 0.1, 2.0, 2.0), ("berth", berth_cpu, berth_p99, ttfc))
+    for config, cpu, p99, first in runs:
+        lag_ms = lag if config == "berth" else None
+        ms += [
+            _m(SATURATION, config, proxy_cpu_s=cpu, lag_p99_ms=lag_ms),
+            _m(LAT8, config, lat_ms={"p50": p99 / 2, "p99": p99}, lag_p99_ms=lag_ms),
+            _m(LAT1, config, proxy_cpu_s=cpu, lat_ms={"p50": p99 / 4, "p99": p99 / 2}, lag_p99_ms=lag_ms),
+            _m(STREAM, config, proxy_cpu_s=cpu, chunks=10_000, ttft_ms={"p50": first}, lag_p99_ms=lag_ms),
+        ]
+    return ms
+
+
+def test_ratios_compare_what_each_proxy_adds_to_direct() -> None:
+    ms = _run(berth_cpu=0.12, berth_p99=3.0)
+    r = ratios(ms)
+    assert r.cpu_per_req == pytest.approx(1.2)
+    assert r.cpu_per_chunk == pytest.approx(1.2)
+    # (3 - 1) / (2 - 1): the added p99, not the p99
+    assert r.added_p99_c8 == pytest.approx(2.0)
+    assert r.added_ttfc == pytest.approx(1.4)
+    berth = summarise(ms, "berth")
+    assert berth.added_p99_c8_ms == pytest.approx(2.0)
+    assert berth.cpu_us_per_req == pytest.approx(120.0)
+    assert berth.lag_p99_c8_ms == 0.5
+
+
+def test_a_round_where_the_bare_proxy_added_nothing_gives_no_ratio() -> None:
+    ms = [m for m in _run(0.1, 2.0) if m.phase == LAT8]
+    ms = [_m(LAT8, m.config, lat_ms={"p50": 1.0, "p99": 1.0}) if m.config == "bare" else m for m in ms]
+    assert ratios(ms).added_p99_c8 is None
+
+
+@pytest.mark.parametrize(
+    ("berth", "expected"),
+    [
+        pytest.param((0.12, 2.9, 0.5, 1.0, 2.4), "PASS", id="within"),
+        pytest.param((0.14, 2.9, 0.5, 1.0, 2.4), "FAIL", id="cpu"),
+        pytest.param((0.12, 3.5, 0.5, 1.0, 2.4), "FAIL", id="added-p99"),
+        pytest.param((0.12, 2.9, 2.0, 1.0, 2.4), "FAIL", id="lag"),
+        pytest.param((0.12, 2.9, 0.5, 2.0, 2.4), "FAIL", id="fleet-lag"),
+        pytest.param((0.12, 2.9, 0.5, 1.0, 2.6), "FAIL", id="ttfc"),
+    ],
+)
+def test_targets(berth: tuple[float, float, float, float, float], expected: str) -> None:
+    """berth: CPU seconds, p99 at 8 connections, lag p99, the fleet's lag p99, time to first chunk."""
+    cpu, p99, lag, fleet, ttfc = berth
+    ms = _run(cpu, p99, lag=lag, ttfc=ttfc)
+    ms.append(_m("fleet", "berth", lag_p99_ms=fleet))
+    summaries = {c: summarise(ms, c) for c in ("direct", "bare", "berth")}
+    cs = checks(summaries, ratios(ms), Load(), fleet_lag(ms))
+    assert len(cs) == 8
+    assert verdict(cs) == expected
+
+
+def test_a_target_without_a_figure_is_incomplete() -> None:
+    ms = [m for m in _run(0.12, 2.9) if m.phase != STREAM]
+    summaries = {c: summarise(ms, c) for c in ("direct", "bare", "berth")}
+    cs = checks(summaries, ratios(ms), Load(), None)
+    assert len(cs) == 7  # no fleet phase: its target is not judged
+    assert verdict(cs) == "INCOMPLETE"
+
+
+def test_the_harness_records_read_as_measurements() -> None:
+    line = '02:10:01 r1 berth          lat8     {"rps": 4000.0, "p50_us": 1500}'
+    m = _RESULT_LINE.search(line)
+    assert m is not None
+    assert (m.group(1), m.group(2), m.group(3)) == ("1", "berth", "lat8")
+    wrk = {
+        "type": "result", "round": 1, "peer": "berth", "test": "lat8", "requests": 8000, "rps": 4000.0,
+        "p50_us": 1500, "p90_us": 2000, "p99_us": 2500, "errors": 0, "proxy_cpu_s": 1.6,
+        "upstream_cpu_s": 0.4, "wall_s": 2.0,
+    }  # fmt: skip
+    got = _measurement(wrk, {(1, LAT8): 0.5})
+    assert got is not None
+    assert (got.phase, got.config, got.completed) == (LAT8, "berth", 8000)
+    assert got.lat_ms == {"p50": 1.5, "p90": 2.0, "p99": 2.5}
+    assert got.proxy_cpu_us_per_request() == pytest.approx(200.0)
+    assert got.lag_p99_ms == 0.5
+    stream = {
+        "type": "result", "round": 0, "peer": "aiohttp", "test": "s10_k64", "streams": 128,
+        "chunks_total": 25_600, "ttfc_ms_p50": 3.9, "errors": 0, "proxy_cpu_s": 0.4, "wall_s": 4.0,
+    }  # fmt: skip
+    got = _measurement(stream, {})
+    assert got is not None
+    assert (got.phase, got.config, got.chunks) == (STREAM, "bare", 25_600)
+    assert got.ttft_ms == {"p50": 3.9}
+    assert got.proxy_cpu_us_per_chunk() == pytest.approx(15.625)
+    assert _measurement({**stream, "peer": "nginx"}, {}) is None
+    assert _measurement({"type": "idle"}, {}) is None
