@@ -25,6 +25,7 @@ call `run_once()` directly. A round never raises except CancelledError.
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -167,13 +168,26 @@ class EndpointScraper:
         self._settings = settings
         self._emit_health(self._tracker.set_unhealthy_after(settings.unhealthy_after))
 
+    @property
+    def phase(self) -> float:
+        """This endpoint's place in the scrape interval, in [0, 1): stable per endpoint id, so the rounds
+        of a large fleet are spread over the interval instead of landing on the event loop together
+        (100 endpoints scraped at the same instant stalled the loop 5-20 ms every interval)."""
+        return zlib.crc32(str(self.eid).encode()) / 2**32
+
     async def run(self) -> None:
-        """Scrape every `interval_s` (measured start to start) until cancelled."""
+        """Scrape at once (readiness waits for every first round), then every `interval_s` (measured start
+        to start), each endpoint at its own `phase` of the interval, until cancelled."""
+        first = True
         while True:
             started = self._clock.now()
             await self.run_once()
             elapsed = self._clock.now() - started
-            await self._wait(max(0.0, self._settings.interval_s - elapsed))
+            pause = max(0.0, self._settings.interval_s - elapsed)
+            if first:
+                pause = self.phase * self._settings.interval_s
+                first = False
+            await self._wait(pause)
 
     async def run_once(self) -> None:
         """One round. Never raises except CancelledError."""

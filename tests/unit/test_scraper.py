@@ -378,9 +378,25 @@ async def test_run_loops_with_the_injected_wait(make_rig: Any) -> None:
     )
     with pytest.raises(asyncio.CancelledError):
         await rig.scraper.run()
-    assert waits == [2.0, 2.0, 2.0]
+    # the first round at once, then the endpoint's own phase of the interval, then every interval
+    assert waits == [pytest.approx(rig.scraper.phase * 2.0), 2.0, 2.0]
     assert rig.engine.hits["metrics"] == 3
     assert [e[2] for e in rig.sink.events if e[0] == "scrape"] == [True, True, True]
+
+
+async def test_phases_spread_a_fleets_rounds_over_the_interval(make_rig: Any) -> None:
+    rig: Rig = await make_rig(dialect=VLLM_METRICS)
+    phases = []
+    for i in range(100):
+        rig.scraper.eid = EndpointId(f"node-{i}/model")
+        phases.append(rig.scraper.phase)
+    assert all(0.0 <= p < 1.0 for p in phases)
+    rig.scraper.eid = EndpointId("node-0/model")
+    assert rig.scraper.phase == phases[0]
+    # spread: every tenth of the interval holds some of the 100 endpoints, none holds a third of them
+    deciles = [sum(1 for p in phases if k / 10 <= p < (k + 1) / 10) for k in range(10)]
+    assert min(deciles) > 0
+    assert max(deciles) < 34
 
 
 def test_settings_are_validated() -> None:
