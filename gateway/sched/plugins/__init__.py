@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.sched.plugins.admission import admit_all, slo_feasibility
-from gateway.sched.plugins.concurrency import chiron, static
+from gateway.sched.plugins.concurrency import chiron, chiron_paper, static
 from gateway.sched.plugins.eviction import cace, lru
 from gateway.sched.plugins.ordering import bands, edf, fcfs, slack
 from gateway.sched.plugins.placement import (
@@ -44,6 +44,7 @@ IN_TREE: tuple[PluginSpec[Any], ...] = (
     smallest_kv_loss.SPEC,
     static.SPEC,
     chiron.SPEC,
+    chiron_paper.SPEC,
 )
 
 

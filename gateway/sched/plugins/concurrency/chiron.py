@@ -36,7 +36,7 @@ it is. B starts at `start` (default: the configured cap).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -44,6 +44,10 @@ from msgspec import Meta
 from gateway.core.types import EndpointId
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.snapshot import EndpointView
+
+#: A change of the cap is judged after the requests it let in have their first tokens, or this many
+#: intervals after it, whichever comes first.
+SETTLE_INTERVALS: Final = 4
 
 
 class ChironParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -56,6 +60,9 @@ class ChironParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     headroom: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0  # aim at this share of the ITL target
     # A throughput drop within this share is noise, not backpressure (TBP = previous / (current·(1 + it))).
     tolerance: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.1
+    # How a latency backpressure at or above 1 cuts the cap: "margin" to B / LBP (the cap the observed
+    # per-token time says fits the target, never below B / 2), "halve" to B / 2 (Chiron).
+    cut: Literal["margin", "halve"] = "margin"
 
 
 @dataclass(slots=True)
@@ -68,7 +75,8 @@ class _State:
     base: float = 0.0  # the cap before its last growth
     ref: float | None = None  # output tokens/s at that cap (the reading that grew it)
     pending: bool = False  # a growth whose throughput is still to be judged (TBP)
-    settling: bool = False  # the reading right after a growth is skipped (see the module docstring)
+    settling: bool = False  # readings after a change of the cap are skipped (see the module docstring)
+    changed_at: float = 0.0  # clock time of the last change of the cap
 
 
 class ChironController:
@@ -105,12 +113,18 @@ class ChironController:
         # the completion, before the queue refills the seat).
         bound = int(st.b) - 1 <= view.inflight <= int(st.b)
         before = st.b
-        if lbp >= 1.0:
+        if st.settling:
+            # After a growth the new seats' prefills pause decoding; after a cut the report spans still
+            # reach back before it: the reading says nothing about the cap in force. Settled once every
+            # request let in since the change has its first token (at most SETTLE_INTERVALS intervals).
+            st.settling = now - st.changed_at < SETTLE_INTERVALS * p.interval_s and any(
+                r.first_token_at is None and r.dispatched_at >= st.changed_at for r in view.running
+            )
+        elif lbp >= 1.0:
             if not draining:
-                st.b /= 2.0
-            st.pending = st.settling = False
-        elif st.settling:
-            st.settling = False  # the new seats' prefills paused decoding: judge the growth next time
+                st.b /= 2.0 if p.cut == "halve" else min(2.0, lbp)
+                st.settling, st.changed_at = True, now
+            st.pending = False
         elif bound or st.pending:
             tbp = 0.0
             if st.pending and p.throughput and bound and st.ref is not None:
@@ -126,6 +140,7 @@ class ChironController:
         if st.b > before:
             st.base, st.ref = before, rate
             st.pending = st.settling = True
+            st.changed_at = now
         return self._enforced(st, hard)
 
     def _enforced(self, st: _State, hard: int) -> int:
