@@ -207,7 +207,7 @@ class EndpointConfig(
     models: tuple[str, ...] = ()  # empty: discover from the engine's /v1/models
     instance_class: InstanceClass = InstanceClass.MIXED
     node: str | None = None
-    cap: PositiveInt | None = None  # None: limits.default_endpoint_cap
+    cap: PositiveInt | None = None  # None: the engine's batch size (limits.default_endpoint_cap until known)
     # "priority": the engine runs priority scheduling (vLLM --scheduling-policy priority), so berth
     # sends each request's priority; an FCFS vLLM rejects a request that carries one.
     scheduling: Literal["fcfs", "priority"] = "fcfs"
@@ -233,7 +233,8 @@ class EndpointConfig(
             engine=self.engine or detected or EngineKind.VLLM,
             models=frozenset(ModelName(m) for m in self.models),
             instance_class=self.instance_class,
-            cap=self.cap if self.cap is not None else default_cap,
+            cap=self.cap,
+            default_cap=default_cap,
             node=self.node,
             priority_scheduling=self.scheduling == "priority",
         )

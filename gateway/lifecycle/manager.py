@@ -389,7 +389,7 @@ class LifecycleManager:
             url=inst.url,
             engine=engine,
             models=frozenset({inst.model}),
-            cap=self._default_cap,
+            default_cap=self._default_cap,
             node=inst.node,
         )
         self._eids[eid] = iid
