@@ -17,7 +17,9 @@ from gateway.sched.snapshot import EndpointView
 E = EndpointId("e")
 
 
-def running(n: int, itl_s: float) -> tuple[RunningRequest, ...]:
+def running(n: int, itl_s: float, *, fresh: int = 0, at: float = 0.0) -> tuple[RunningRequest, ...]:
+    """`n` running requests; the last `fresh` of them dispatched at `at` and still without a first token
+    (the others dispatched at 0 and streaming)."""
     return tuple(
         RunningRequest(
             id=RequestId(f"r{k}"),
@@ -26,10 +28,11 @@ def running(n: int, itl_s: float) -> tuple[RunningRequest, ...]:
             output_mean=200.0,
             output_std=0.0,
             max_tokens=None,
-            dispatched_at=0.0,
+            dispatched_at=at if k >= n - fresh else 0.0,
             ttft_deadline=None,
             e2e_deadline=None,
             itl_s=itl_s,
+            first_token_at=None if k >= n - fresh else 0.0,
         )
         for k in range(n)
     )
@@ -54,7 +57,9 @@ class Endpoint:
         self.gap_s += per_stream * per_token_s * streams
         self.gap_tokens += per_stream * streams
 
-    def view(self, inflight: int, target_s: float, cap: int) -> EndpointView:
+    def view(
+        self, inflight: int, target_s: float, cap: int, *, fresh: int = 0, at: float = 0.0
+    ) -> EndpointView:
         return EndpointView(
             id=E,
             url="http://e",
@@ -64,7 +69,7 @@ class Endpoint:
             health=EndpointHealth.READY,
             cap=cap,
             inflight=inflight,
-            running=running(inflight, target_s),
+            running=running(inflight, target_s, fresh=fresh, at=at),
             max_cap=self.max_cap,
             streamed_tokens=self.tokens,
             gap_s=self.gap_s,
@@ -160,3 +165,39 @@ def test_both_stay_within_the_bound_and_min_cap() -> None:
             cap = ctl.cap(ep.view(min(cap, 8), 0.2, cap), ep.now)
             assert 3 <= cap <= 10
         assert cap == 3
+
+
+def test_a_growth_is_judged_once_the_requests_it_let_in_have_their_first_tokens() -> None:
+    """While requests let in by a growth are still being prefilled the readings say nothing about the
+    larger batch (their prefills pause decoding): no judgement, however slow; once every one of them has
+    its first token the next reading is still skipped (its window held the transient), the one after
+    judges the growth by throughput."""
+    ctl = ChironController(ChironParams(interval_s=2.0, start=32))  # settling: 8 s at most
+    ep = Endpoint(max_cap=128)
+    ctl.cap(ep.view(32, 2.0, 32), ep.now)
+    ep.stream(2.0, 0.05, 32)
+    assert ctl.cap(ep.view(32, 2.0, 32), ep.now) == 64
+    grown_at = ep.now
+    for _ in range(2):  # 32 new requests prefilling: the throughput halves, nothing is judged
+        ep.stream(2.0, 0.1, 32)
+        assert ctl.cap(ep.view(64, 2.0, 64, fresh=32, at=grown_at), ep.now) == 64
+    ep.stream(2.0, 0.1, 32)  # every one of them has its first token: settled, this reading skipped
+    assert ctl.cap(ep.view(64, 2.0, 64), ep.now) == 64
+    ep.stream(2.0, 0.05 * 64 / 32 / 0.5, 64)  # the larger batch streams half the tokens/s: undone
+    assert ctl.cap(ep.view(64, 2.0, 64), ep.now) == 32
+
+
+def test_settling_ends_after_settle_intervals_even_if_a_request_never_starts() -> None:
+    ctl = ChironController(ChironParams(interval_s=1.0, start=32))
+    ep = Endpoint(max_cap=128)
+    ctl.cap(ep.view(32, 2.0, 32), ep.now)
+    ep.stream(2.0, 0.05, 32)
+    assert ctl.cap(ep.view(32, 2.0, 32), ep.now) == 64
+    grown_at = ep.now
+    caps = []
+    for _ in range(4):
+        ep.stream(1.5, 0.5, 63)  # one request never gets its first token
+        caps.append(ctl.cap(ep.view(64, 0.4, 64, fresh=1, at=grown_at), ep.now))
+    # settling 4 intervals (4 s) at most, that reading skipped; then 0.5 s per token against 0.4 s: cut by 1.25
+    assert caps[:2] == [64, 64]
+    assert caps[-1] == int(64 / 1.25)

@@ -12,25 +12,36 @@ counters) and computes
   between them, else telemetry's `itl_ewma_s`;
 - TBP = throughput before the last growth / (throughput now × (1 + `tolerance`)) (output tokens per
   second; a dip within the tolerance is the noise of a few seconds' sample), judged once per growth,
-  while the cap binds, and not on the reading right after the growth: the requests let in by the
-  growth are prefilled together and pause every decode for a while, a transient that says nothing
-  about the larger batch (judging on it undid every doubling); an endpoint with free seats streams
-  less because it is given less, and one whose cap was just cut streams less because of the cut;
+  while the cap binds;
 - bp = max(LBP, TBP): below 1 the cap grows ``B ← α·B/bp + (1 − α)·B`` (at most `max_growth` times per
-  step; with bp = 0 by that much); with LBP at or above 1 it halves (Chiron); with TBP alone at or above
-  1 it goes back to the cap before its last growth (Chiron halves here too; but a throughput sample of a
-  few seconds is noisy, and halving a batch endpoint's cap on noise costs far more throughput than the
-  growth it undoes).
+  step; with bp = 0 by that much).
 
-The cap grows only while it binds (as many requests run as it allows): a cap that grew while seats
-stood empty would let the next burst in all at once, past the latency it was never measured at.
-While an earlier cut is still draining (more requests run than the cap allows: a lower cap takes no
-seat), a backpressure at or above 1 holds the cap rather than halving it again: the running set has not
-shrunk to the cap yet, so the reading says nothing about it.
+Where berth departs from the paper's rule (`chiron-paper` is the rule as stated; the classes benchmark
+runs both, `d-berth` and `d-chiron-paper`), each because the plain rule failed in the simulator:
+
+1. LBP at or above 1 cuts the cap by the observed margin, ``B ← B / LBP`` (never below B / 2, the
+   paper's halving: `cut = "halve"` restores it): the cap the observed per-token time says keeps the
+   target. Halving for a stream 5 % over its target took half the seats of a mixed endpoint full of
+   batch work (and preempted them, `cap_lowered`), then grew back over tens of seconds.
+2. TBP at or above 1 (alone) takes back the last growth instead of halving: a throughput sample of a few
+   seconds is noisy, and halving a batch endpoint's cap on noise costs far more throughput than the
+   growth it undoes (with the paper's rule the interactive endpoints' caps fell to `min_cap`).
+3. A change of the cap is judged only once it has settled: after a growth, when every request it let in
+   has its first token (their prefills pause every decode, a transient that says nothing about the
+   larger batch; judging on it undid every doubling); after a cut, one reading later (the report spans
+   of that reading still reach back before the cut, and judged on them one cut became two); at most
+   `SETTLE_INTERVALS` intervals either way.
+4. The cap grows only while it binds (as many requests run as it allows, or all but one): a cap that
+   grew while seats stood empty would let the next burst in all at once, past the latency it was never
+   measured at; and an endpoint with free seats streams less because it is given less.
+5. While an earlier cut is still draining (more requests run than the cap allows: a lower cap takes no
+   seat), a backpressure at or above 1 holds the cap rather than cutting it again: the running set has
+   not shrunk to the cap yet, so the reading says nothing about it.
 
 B is kept as a real number and enforced rounded down; the scheduler clamps it into [`min_cap`, the
-endpoint's configured cap] (the operator's hard maximum). A reading with no tokens streamed leaves B as
-it is. B starts at `start` (default: the configured cap).
+endpoint's bound] (the operator's configured cap, else the engine's batch size its gauges showed:
+`gateway.sched.fleet`). A reading with no tokens streamed leaves B as it is. B starts at `start`
+(default: the bound).
 """
 
 from __future__ import annotations
