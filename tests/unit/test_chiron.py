@@ -198,6 +198,6 @@ def test_settling_ends_after_settle_intervals_even_if_a_request_never_starts() -
     for _ in range(4):
         ep.stream(1.5, 0.5, 63)  # one request never gets its first token
         caps.append(ctl.cap(ep.view(64, 0.4, 64, fresh=1, at=grown_at), ep.now))
-    # settling 4 intervals (4 s) at most, that reading skipped; then 0.5 s per token against 0.4 s: cut by 1.25
+    # settling 4 intervals (4 s) at most, that reading skipped; then 0.5 s per token against 0.4: cut by 1.25
     assert caps[:2] == [64, 64]
     assert caps[-1] == int(64 / 1.25)
