@@ -58,7 +58,7 @@ class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     max_queue_per_model: PositiveInt = 1024  # 429 past it
     max_queue_wait_s: PositiveFloat = 30.0  # 503 queue_timeout past it
     retry_after_s: NonNegativeFloat = 1.0
-    default_endpoint_cap: PositiveInt = 64  # per-endpoint concurrency cap when an endpoint sets none
+    default_endpoint_cap: PositiveInt = 64  # an endpoint without a cap, until its engine's batch size is seen
 
 
 class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
