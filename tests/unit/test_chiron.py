@@ -196,8 +196,20 @@ def test_settling_ends_after_settle_intervals_even_if_a_request_never_starts() -
     grown_at = ep.now
     caps = []
     for _ in range(4):
-        ep.stream(1.5, 0.5, 63)  # one request never gets its first token
-        caps.append(ctl.cap(ep.view(64, 0.4, 64, fresh=1, at=grown_at), ep.now))
-    # settling 4 intervals (4 s) at most, that reading skipped; then 0.5 s per token against 0.4: cut by 1.25
-    assert caps[:2] == [64, 64]
-    assert caps[-1] == int(64 / 1.25)
+        ep.stream(1.5, 0.05, 63)  # one request never gets its first token
+        caps.append(ctl.cap(ep.view(64, 2.0, 64, fresh=1, at=grown_at), ep.now))
+    # settling 4 intervals (4 s) at most, that reading skipped; the next judges the growth: it paid
+    # (TBP = 640 / (1260 x 1.1) tokens/s), the cap binds, so it grows again: 0.5 * 64 / TBP + 32
+    assert caps[:3] == [64, 64, 64]
+    assert caps[3] == int(0.5 * 64 / (640 / (1260 * 1.1)) + 32)
+
+
+def test_a_growth_that_breaks_the_latency_target_is_taken_back_at_once() -> None:
+    ctl = ChironController(ChironParams(interval_s=1.0, start=32))
+    ep = Endpoint(max_cap=128)
+    ctl.cap(ep.view(32, 0.2, 32), ep.now)
+    ep.stream(2.0, 0.05, 32)  # LBP 0.25: grown by at most 2
+    assert ctl.cap(ep.view(32, 0.2, 32), ep.now) == 64
+    grown_at = ep.now
+    ep.stream(2.0, 0.3, 32)  # the new seats still prefilling, and the streams at 300 ms a token
+    assert ctl.cap(ep.view(64, 0.2, 64, fresh=32, at=grown_at), ep.now) == 32

@@ -28,9 +28,10 @@ runs both, `d-berth` and `d-chiron-paper`), each because the plain rule failed i
    growth it undoes (with the paper's rule the interactive endpoints' caps fell to `min_cap`).
 3. A change of the cap is judged only once it has settled: after a growth, when every request it let in
    has its first token (their prefills pause every decode, a transient that says nothing about the
-   larger batch; judging on it undid every doubling); after a cut, one reading later (the report spans
-   of that reading still reach back before the cut, and judged on them one cut became two); at most
-   `SETTLE_INTERVALS` intervals either way.
+   larger batch by throughput; judging on it undid every doubling), except that LBP at or above 1
+   meanwhile takes the growth back at once (interactive streams would wait out the transient late);
+   after a cut, one reading later (the report spans of that reading still reach back before the cut,
+   and judged on them one cut became two); at most `SETTLE_INTERVALS` intervals either way.
 4. The cap grows only while it binds (as many requests run as it allows, or all but one): a cap that
    grew while seats stood empty would let the next burst in all at once, past the latency it was never
    measured at; and an endpoint with free seats streams less because it is given less.
@@ -88,6 +89,7 @@ class _State:
     pending: bool = False  # a growth whose throughput is still to be judged (TBP)
     settling: bool = False  # readings after a change of the cap are skipped (see the module docstring)
     changed_at: float = 0.0  # clock time of the last change of the cap
+    grown: bool = False  # that change was a growth (else a cut)
 
 
 class ChironController:
@@ -124,7 +126,12 @@ class ChironController:
         # the completion, before the queue refills the seat).
         bound = int(st.b) - 1 <= view.inflight <= int(st.b)
         before = st.b
-        if st.settling:
+        if st.settling and st.grown and lbp >= 1.0 and not draining:
+            # The growth broke the latency target (its prefills pause decoding too, but the streams'
+            # tokens come late all the same): take it back at once.
+            st.b = min(st.b, st.base)
+            st.pending, st.grown, st.changed_at = False, False, now
+        elif st.settling:
             # After a growth the new seats' prefills pause decoding; after a cut the report spans still
             # reach back before it: the reading says nothing about the cap in force. Settled once every
             # request let in since the change has its first token (at most SETTLE_INTERVALS intervals).
@@ -134,7 +141,7 @@ class ChironController:
         elif lbp >= 1.0:
             if not draining:
                 st.b /= 2.0 if p.cut == "halve" else min(2.0, lbp)
-                st.settling, st.changed_at = True, now
+                st.settling, st.grown, st.changed_at = True, False, now
             st.pending = False
         elif bound or st.pending:
             tbp = 0.0
@@ -150,7 +157,7 @@ class ChironController:
         st.b = min(max(st.b, float(self.floor)), float(hard))
         if st.b > before:
             st.base, st.ref = before, rate
-            st.pending = st.settling = True
+            st.pending = st.settling = st.grown = True
             st.changed_at = now
         return self._enforced(st, hard)
 
