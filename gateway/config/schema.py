@@ -58,7 +58,7 @@ class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     max_queue_per_model: PositiveInt = 1024  # 429 past it
     max_queue_wait_s: PositiveFloat = 30.0  # 503 queue_timeout past it
     retry_after_s: NonNegativeFloat = 1.0
-    default_endpoint_cap: PositiveInt = 64  # per-endpoint concurrency cap when an endpoint sets none
+    default_endpoint_cap: PositiveInt = 64  # an endpoint without a cap, until its engine's batch size is seen
 
 
 class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -207,7 +207,7 @@ class EndpointConfig(
     models: tuple[str, ...] = ()  # empty: discover from the engine's /v1/models
     instance_class: InstanceClass = InstanceClass.MIXED
     node: str | None = None
-    cap: PositiveInt | None = None  # None: limits.default_endpoint_cap
+    cap: PositiveInt | None = None  # None: the engine's batch size (limits.default_endpoint_cap until known)
     # "priority": the engine runs priority scheduling (vLLM --scheduling-policy priority), so berth
     # sends each request's priority; an FCFS vLLM rejects a request that carries one.
     scheduling: Literal["fcfs", "priority"] = "fcfs"
@@ -238,7 +238,8 @@ class EndpointConfig(
             engine=self.engine or detected or EngineKind.VLLM,
             models=frozenset(ModelName(m) for m in self.models),
             instance_class=self.instance_class,
-            cap=self.cap if self.cap is not None else min(default_cap, self.max_batch or default_cap),
+            cap=self.cap,
+            default_cap=default_cap,
             node=self.node,
             priority_scheduling=self.scheduling == "priority",
             max_batch=self.max_batch,

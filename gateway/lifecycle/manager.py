@@ -502,7 +502,7 @@ class LifecycleManager:
             engine=engine,
             models=frozenset({inst.model}),
             instance_class=instance_class,
-            cap=self._default_cap if max_batch is None else min(self._default_cap, max_batch),
+            default_cap=self._default_cap,
             node=inst.node,
             max_batch=max_batch,
             config=config,

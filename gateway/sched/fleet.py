@@ -58,6 +58,7 @@ class _Endpoint:
         "running_output_tokens",
         "running_prompt_tokens",
         "scraped_at",
+        "seats",
         "spec",
         "streamed_tokens",
     )
@@ -65,7 +66,9 @@ class _Endpoint:
     def __init__(self, spec: EndpointSpec, fleet: _Views) -> None:
         self._fleet = fleet
         self.spec = spec
-        self.cap = spec.cap  # the cap in force (a ConcurrencyController moves it; spec.cap bounds it)
+        # The engine's batch size its gauges showed (`Fleet.observe_gauges`); None: not seen yet.
+        self.seats: int | None = None
+        self.cap = self.bound  # the cap in force (a ConcurrencyController moves it within the bound)
         self.streamed_tokens = 0
         self.gap_s = 0.0
         self.gap_tokens = 0
@@ -83,6 +86,18 @@ class _Endpoint:
         self._view: EndpointView | None = None
         self._view_has_gauges = False
         self.fresh_until = math.inf  # when the kept view's gauges go stale (inf: it shows none)
+
+    @property
+    def bound(self) -> int:
+        """The hard maximum of the cap: the operator's, else the max batch its instance configuration
+        gives the engine (berth holds what the engine would only queue), else one more than the engine's
+        batch size seen in its gauges (`Fleet._learn_seats`), else the default cap."""
+        s = self.spec
+        if s.cap is not None:
+            return s.cap
+        if s.max_batch is not None:
+            return s.max_batch
+        return s.default_cap if self.seats is None else self.seats + 1
 
     def changed(self) -> None:
         self._view = None
@@ -116,7 +131,7 @@ class _Endpoint:
             estimates=self.estimates,
             running=tuple(self.running.values()),
             priority_scheduling=s.priority_scheduling,
-            max_cap=s.cap,
+            max_cap=self.bound,
             streamed_tokens=self.streamed_tokens,
             gap_s=self.gap_s,
             gap_tokens=self.gap_tokens,
@@ -181,11 +196,12 @@ class Fleet:
                     fresh.running_prompt_tokens = ep.running_prompt_tokens
                     fresh.running_output_tokens = ep.running_output_tokens
                     fresh.running = ep.running
-                    fresh.cap = min(ep.cap, spec.cap)
+                    fresh.cap = min(ep.cap, fresh.bound)
                     self._endpoints[eid] = fresh
                 else:
-                    ep.cap = min(ep.cap, spec.cap) if ep.spec.cap == spec.cap else spec.cap
+                    old = ep.bound
                     ep.spec = spec
+                    ep.cap = min(ep.cap, ep.bound) if ep.bound == old else ep.bound
                     ep.models = discovered
                     ep.changed()
 
@@ -224,11 +240,37 @@ class Fleet:
         ep = self._endpoints.get(eid)
         if ep is None:
             return
+        if ep.spec.cap is None:
+            self._learn_seats(ep, gauges)
         ep.gauges = gauges
         ep.scraped_at = now
         ep.dispatched_since_scrape = 0
         ep.completed_since_scrape = 0
         ep.changed()
+
+    @staticmethod
+    def _learn_seats(ep: _Endpoint, gauges: EngineGauges) -> None:
+        """The engine's batch size from its gauges, for an endpoint whose cap the operator did not set.
+
+        Once the engine kept requests waiting for two scrapes in a row (not one that arrived between two
+        of its steps: it ran as many as it could), its batch size is the most it was seen running (its
+        seats, or what its KV cache held), and the cap's bound one more than that: one request waits in
+        the engine, so it never idles between a completion and the gateway's next dispatch, and a larger
+        batch it can run shows in its gauges and raises the bound (the gateway keeps the rest, where its
+        ordering and admission still decide; an engine's FCFS queue would take that away)."""
+        if gauges.running is None:
+            return
+        prev = ep.gauges
+        queued = bool(gauges.waiting) and prev is not None and bool(prev.waiting)
+        if ep.seats is None and not queued:
+            return
+        before = prev.running if queued and prev is not None and prev.running is not None else 0.0
+        seen = max(1, int(gauges.running), int(before))
+        if ep.seats is not None and seen <= ep.seats:
+            return
+        old = ep.bound
+        ep.seats = seen
+        ep.cap = ep.bound if ep.cap == old else min(ep.cap, ep.bound)
 
     def set_estimates(self, eid: EndpointId, estimates: EndpointEstimates | None) -> None:
         ep = self._endpoints.get(eid)
@@ -337,11 +379,11 @@ class Fleet:
         return None if ep is None else ep.cap
 
     def set_cap(self, eid: EndpointId, cap: int) -> bool:
-        """Put `cap` in force on `eid` (clamped into [1, its configured cap]); True if it changed."""
+        """Put `cap` in force on `eid` (clamped into [1, its bound]); True if it changed."""
         ep = self._endpoints.get(eid)
         if ep is None:
             return False
-        cap = max(1, min(cap, ep.spec.cap))
+        cap = max(1, min(cap, ep.bound))
         if cap == ep.cap:
             return False
         ep.cap = cap

@@ -152,6 +152,7 @@ class EndpointLoad:
         "coef",
         "ctx_sum",
         "gamma",
+        "guessed",
         "kv_capacity",
         "n",
         "now",
@@ -173,6 +174,8 @@ class EndpointLoad:
         self.params = params
         self.gamma = params.gamma
         self.coef: PerfCoefficients = view.perf or _PRIOR
+        # Predicting from the generic prior (no fit, no configured prior): a guess about other hardware.
+        self.guessed = self.coef == _PRIOR
         self.kv_capacity = view.kv_capacity_tokens
         # The engine runs at most its max batch at once, whatever berth's cap lets in.
         mb = view.max_batch

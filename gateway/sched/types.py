@@ -20,11 +20,15 @@ class EndpointSpec:
     engine: EngineKind
     models: frozenset[ModelName]  # empty: discover from the engine's /v1/models
     instance_class: InstanceClass = InstanceClass.MIXED
-    cap: int = 64
+    # The operator's hard maximum of the endpoint's concurrency cap; None when the operator gave none:
+    # the bound is then the engine's batch size as its gauges show it (`Fleet.observe_gauges`), and
+    # `default_cap` until they have.
+    cap: int | None = None
     node: str | None = None
     priority_scheduling: bool = False  # the engine orders by a request's priority (see EndpointView)
     max_batch: int | None = None  # the engine's max batch (--max-num-seqs); None: unknown
     config: str | None = None  # its instance configuration (models.toml [[models.configs]])
+    default_cap: int = 64  # the bound while `cap` is None and the engine's batch size is not known
 
 
 @dataclass(frozen=True, slots=True)

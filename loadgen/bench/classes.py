@@ -21,6 +21,8 @@ arrival, as `policies/chat-and-batch.toml`):
 - `b-classes`: the instance-class filter and the overflow guard, static caps;
 - `c-preempt`: (b) plus preemption (least progress, as the preset);
 - `d-berth`: `policies/chat-and-batch.toml` as shipped: (c) plus adaptive caps (chiron);
+- `d-chiron-paper`: (d) with Chiron's rule as the paper states it (`chiron-paper`) instead of berth's
+  variant (`chiron`, whose docstring lists where and why it departs from the paper);
 - `e-berth-spill`: (d) with the per-class spill rule that lets batch work use idle interactive
   endpoints last (`batch = ["batch", "mixed", "interactive"]`) and preemption there too (`classes =
   ["mixed", "interactive"]`): without it the interactive endpoints never run batch work, which bounds
@@ -67,8 +69,15 @@ ENGINE_SEATS: Final = 128
 KV_TOKENS: Final = 65_536
 FLEET: Final = (("interactive", 2), ("mixed", 4), ("batch", 2))
 PRESET: Final = REPO_ROOT / "policies" / "chat-and-batch.toml"
-CONFIGS: Final = ("a-least-outstanding", "b-classes", "c-preempt", "d-berth", "e-berth-spill")
-BASELINE, PREEMPT, BERTH, SPILL = CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[4]
+CONFIGS: Final = (
+    "a-least-outstanding",
+    "b-classes",
+    "c-preempt",
+    "d-berth",
+    "d-chiron-paper",
+    "e-berth-spill",
+)
+BASELINE, PREEMPT, BERTH, PAPER, SPILL = CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[4], CONFIGS[5]
 SWEEP_CAPS: Final = (16, 32, 64, 128)
 DEFAULT_RATES: Final = (2.0, 4.0, 6.0)
 DEFAULT_SEEDS: Final = 3
@@ -145,6 +154,15 @@ def policy_text(config: str) -> str:
     preset = PRESET.read_text()
     if config == BERTH:
         return preset
+    if config == PAPER:
+        start = preset.index("\n[concurrency]\n") + 1
+        end = preset.index("\n[", start) + 1
+        return (
+            preset[:start]
+            + '[concurrency]\nplugin = "chiron-paper"\n'
+            + "params = { alpha = 0.5, min_cap = 2, interval_s = 2.0, start = 16 }\n"
+            + preset[end:]
+        )
     if config == SPILL:
         return _replace(
             _replace(

@@ -27,7 +27,14 @@ class Run:
     wall_s: float = 0.0
 
 
-CONFIG_ORDER: Final = ("a-least-outstanding", "b-classes", "c-preempt", "d-berth", "e-berth-spill")
+CONFIG_ORDER: Final = (
+    "a-least-outstanding",
+    "b-classes",
+    "c-preempt",
+    "d-berth",
+    "d-chiron-paper",
+    "e-berth-spill",
+)
 
 
 def summarize(report: Report) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -177,7 +184,11 @@ def _verdicts(
     else:
         a = [r for r in runs if r["rate"] == target and r["config"] == "a-least-outstanding"]
         a_att, a_tp = _ci(a, "interactive_attainment"), _ci(a, "batch_tokens_per_s")
-        for config, label in (("d-berth", "(d)"), ("e-berth-spill", "(e)")):
+        for config, label in (
+            ("d-berth", "(d)"),
+            ("d-chiron-paper", "(d, the paper's rule)"),
+            ("e-berth-spill", "(e)"),
+        ):
             d = [r for r in runs if r["rate"] == target and r["config"] == config]
             if not d:
                 continue
@@ -255,7 +266,10 @@ def plot_timeline(runs: Sequence[Run], rate: float, path: Path) -> str | None:
         for cls, caps in tl["caps_by_class"].items():
             axes[1].plot(t, caps, label=f"{r.config} {cls}")
         att = tl["attainment"]
-        axes[2].step([x for x, _ in att], [y for _, y in att], where="post", label=r.config)
+        if att:  # each window's figure held over the window (the last one too)
+            xs = [x for x, _ in att] + [att[-1][0] + tl["attainment_window_s"]]
+            ys = [y for _, y in att] + [att[-1][1]]
+            axes[2].step(xs, ys, where="post", label=r.config)
     axes[0].set_ylabel("queued in berth")
     axes[1].set_ylabel("caps in force (sum per class)")
     axes[2].set_ylabel(f"interactive attainment ({WINDOW_S:g} s windows)")

@@ -93,6 +93,7 @@ from loadgen.bench.scheduling_types import (
     LIVE_SEEDS,
     MODELS,
     POLICIES,
+    PRESETS,
     PROFILE,
     QUICK_SEEDS,
     TASK_TYPES,
@@ -197,15 +198,16 @@ def gateway_toml(
 
 def policy_file(name: str, run_dir: Path) -> Path:
     """The policy to run: berth's as shipped; a baseline as shipped plus the coding class table."""
-    shipped = POLICY_DIR / POLICIES[name]
+    shipped = POLICY_DIR / (POLICIES.get(name) or PRESETS[name])
     if name == BERTH:
         return shipped
     base = _before_slo(shipped.read_text())
     coding = (POLICY_DIR / POLICIES[BERTH]).read_text()
     table = coding[coding.index("\n[slo]\n") + 1 :]  # [slo] ... [tasks]: the end of the preset
-    path = run_dir / f"{Path(POLICIES[name]).stem}.toml"
+    path = run_dir / f"{shipped.stem}.toml"
     path.write_text(
-        f"{base}\n# The coding-assistant's SLO classes (labels and SLAs only: FCFS ignores them)\n{table}"
+        f"{base}\n# The coding-assistant's SLO classes (the workload names its task type as the class)\n"
+        f"{table}"
     )
     return path
 
@@ -718,7 +720,7 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
             "configs": list(cfg.configs),
             "patterns": list(cfg.patterns),
             "rates": {p: list(cfg.rates_for(p)) for p in cfg.patterns},
-            "policies": {p: POLICIES[p] for p in cfg.policies},
+            "policies": {p: POLICIES.get(p) or PRESETS[p] for p in cfg.policies},
             "endpoints_per_model": cfg.endpoints_per_model,
             "seed": cfg.seed,
             "seeds": list(cfg.seed_list()),
@@ -780,7 +782,12 @@ def build_parser() -> argparse.ArgumentParser:
         + ")",
     )
     p.add_argument("--patterns", default=",".join(DEFAULT_PATTERNS))
-    p.add_argument("--policies", default=",".join(POLICIES), help=f"subset of {', '.join(POLICIES)}")
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"subset of {', '.join([*POLICIES, *PRESETS])} (berth is coding-assistant.toml; "
+        f"{', '.join(PRESETS)} are the other shipped presets, with the coding SLO classes)",
+    )
     p.add_argument("--endpoints", type=int, default=DEFAULT_ENDPOINTS, help="per model")
     p.add_argument("--seed", type=int, default=None, help=f"the first seed (default {DEFAULT_SEED})")
     p.add_argument(
@@ -858,7 +865,7 @@ def merge(cfg: BenchConfig, dirs: Sequence[Path]) -> int:
 def config_from_args(args: argparse.Namespace) -> BenchConfig | str:
     """The benchmark's configuration from its options, or why they make none."""
     policies = _names(args.policies)
-    unknown = [x for x in policies if x not in POLICIES]
+    unknown = [x for x in policies if x not in POLICIES and x not in PRESETS]
     if unknown:
         return f"unknown policies: {', '.join(unknown)}"
     configs = _names(args.configs) if args.configs else ((TUNED,) if args.live else CONFIGS)

@@ -13,10 +13,13 @@ from typing import Any, Final
 from loadgen.bench import capacity
 from loadgen.bench.capacity import CapacityFloor
 from loadgen.bench.scheduling_types import (
+    BASELINES,
     BERTH,
     CONFIGS,
     DAY_ONE,
+    DAY_ONE_TOLERANCE,
     GOODPUT_TARGET,
+    PRESETS,
     PROFILE,
     TASK_TYPES,
     TUNED,
@@ -328,7 +331,7 @@ def verdict(runs: Sequence[RunResult], pattern: str) -> Verdict | None:
     at = [r for r in mine if r.rate == rate]
     means = policy_means(at)
     berth = next((m for m in means if m.policy == BERTH), None)
-    base = [m for m in means if m.policy != BERTH]
+    base = [m for m in means if m.policy in BASELINES]
     if berth is None or not base:
         return None
     best = max(base, key=lambda m: m.goodput)
@@ -466,6 +469,61 @@ def side_by_side(runs: Sequence[RunResult], pattern: str, rates: Sequence[float]
     return rows
 
 
+def day_one_table(runs: Sequence[RunResult], pattern: str) -> tuple[list[list[str]], list[bool]]:
+    """Issue 14's day one: each shipped preset run in the day-one configuration against the best
+    baseline there, at every rate (PASS when its mean is at least the best baseline's), and at the
+    heaviest rate against its own tuned configuration (PASS within DAY_ONE_TOLERANCE). Rows and the
+    verdicts (True: pass)."""
+    mine = [r for r in runs if r.pattern == pattern]
+    rates = sorted({r.rate for r in mine})
+    presets = [p for p in (BERTH, *PRESETS) if any(r.policy == p for r in mine)]
+    rows: list[list[str]] = []
+    verdicts: list[bool] = []
+    for rate in rates:
+        at = [r for r in mine if r.rate == rate]
+        day = {m.policy: m for m in policy_means([r for r in at if r.config == DAY_ONE])}
+        tuned = {m.policy: m for m in policy_means([r for r in at if r.config == TUNED])}
+        base = [day[b] for b in BASELINES if b in day]
+        if not base:
+            continue
+        best = max(base, key=lambda m: m.goodput)
+        for p in presets:
+            m = day.get(p)
+            if m is None:
+                continue
+            lead = m.goodput - best.goodput
+            ok = lead >= -1e-9
+            verdicts.append(ok)
+            own = "-"
+            if rate == rates[-1] and p in tuned:
+                diff = m.goodput - tuned[p].goodput
+                near = diff >= -DAY_ONE_TOLERANCE - 1e-9
+                verdicts.append(near)
+                own = f"{tuned[p].goodput_ci.text()} ({diff:+.3f}, {'PASS' if near else 'FAIL'})"
+            name = "coding-assistant (berth)" if p == BERTH else p
+            rows.append(
+                [
+                    f"{rate:g}",
+                    name,
+                    m.goodput_ci.text(),
+                    f"{best.policy} {best.goodput_ci.text()}",
+                    f"{lead:+.3f} {'PASS' if ok else 'FAIL'}",
+                    own,
+                ]
+            )
+    return rows, verdicts
+
+
+DAY_ONE_HEADER: Final = (
+    "rate",
+    "preset",
+    "day-one goodput",
+    "best baseline (day-one)",
+    "lead",
+    f"own tuned config (day-one minus tuned; >= -{DAY_ONE_TOLERANCE:g}), heaviest rate",
+)
+
+
 def _config_title(config: str) -> str:
     return {
         TUNED: "tuned configuration",
@@ -564,6 +622,19 @@ def markdown(
             rows = side_by_side(runs, pattern, cfg.rates_for(pattern))
             if rows:
                 lines += [f"### coding:{pattern}", "", *_table(header, rows), ""]
+    if DAY_ONE in configs and any(r.policy in PRESETS or r.policy == BERTH for r in runs):
+        lines += [
+            "## Day one: every shipped preset with endpoints given by URL only, against the best baseline",
+            "",
+            "Each preset's day-one mean goodput against the best baseline's at every rate (the presets "
+            "other than coding-assistant with the coding SLO classes), and at the heaviest rate against "
+            "its own tuned configuration.",
+            "",
+        ]
+        for pattern in cfg.patterns:
+            rows, _ = day_one_table(runs, pattern)
+            if rows:
+                lines += [f"### coding:{pattern}", "", *_table(DAY_ONE_HEADER, rows), ""]
     for pattern in cfg.patterns:
         if not any(r.pattern == pattern for r in runs):
             continue

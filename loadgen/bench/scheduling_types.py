@@ -28,6 +28,19 @@ POLICIES: Final[dict[str, str]] = {
     "power-of-two": "baseline-power-of-two.toml",
     "least-outstanding": "baseline-least-outstanding.toml",
 }
+BASELINES: Final = ("round-robin", "power-of-two", "least-outstanding")
+#: The other shipped presets (`--policies` may name them; not run by default): like the baselines they
+#: get the coding-assistant's [slo] class table in place of their own, since the workload names its task
+#: type as the class. Run with both configurations they answer issue 14's "day one" question: every
+#: shipped preset, given endpoints by URL only, against the best baseline (`day_one_table`).
+PRESETS: Final[dict[str, str]] = {
+    "default": "default.toml",
+    "chat-and-batch": "chat-and-batch.toml",
+    "aladdin": "aladdin.toml",
+}
+#: Tolerance of the day-one target: each preset's day-one goodput at the heaviest rate within this of its
+#: own tuned configuration's.
+DAY_ONE_TOLERANCE: Final = 0.03
 MODELS: Final = ("code-a-7b", "code-b-7b")
 TASK_TYPES: Final = ("completion", "generation", "summarization", "translation")
 TTFT_TASKS: Final = ("completion", "generation")

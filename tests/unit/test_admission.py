@@ -13,6 +13,7 @@ from gateway.core.slo import Infeasible, SloClass, SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, ModelName, RequestId
 from gateway.sched.decisions import Dispatch, Reject
 from gateway.sched.interfaces import AdmitOutcome
+from gateway.sched.perf import default_prior
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.admission.admit_all import AdmitAll, AdmitAllParams
 from gateway.sched.plugins.admission.common import CLASS_QUEUE_FULL, SLO_INFEASIBLE
@@ -67,6 +68,23 @@ def test_an_infeasible_slo_gets_its_class_outcome(cls: str, outcome: AdmitOutcom
         assert "completion predicted in" in d.message
     # feasible somewhere: admitted whatever the class
     assert adm.admit(req(cls=cls, e2e_ms=2000.0), snap(BUSY, IDLE), none_queued).outcome is AdmitOutcome.ADMIT
+
+
+def test_never_refused_on_the_generic_prior() -> None:
+    """No endpoint has a fitted model or a configured prior (day one): the generic prior's view of the
+    load is a guess about other hardware, so a request it calls infeasible is admitted rather than
+    refused, unless it cannot be met even alone on an idle endpoint; the other outcomes (hold, best
+    effort) still apply. Once one endpoint predicts from its own fit, refusals do."""
+    adm = SloFeasibilityAdmitter(SloFeasibilityParams(margin=1.0, retry_after_s=1.0), SLO)
+    guess = view("e", cap=1, runs=[running("x", dispatched_at=-0.1, out=5000.0)], coef=default_prior())
+    r = req(cls="ide", e2e_ms=2000.0)
+    assert adm.admit(r, snap(guess), none_queued).outcome is AdmitOutcome.ADMIT
+    assert adm.admit(req(cls="batch", e2e_ms=2000.0), snap(guess), none_queued).outcome is (
+        AdmitOutcome.BEST_EFFORT
+    )
+    assert adm.admit(r, snap(guess, BUSY), none_queued).outcome is AdmitOutcome.REJECT
+    # what cannot be met even alone on an idle endpoint is refused on the prior too
+    assert adm.admit(req(cls="ide", e2e_ms=1.0), snap(guess), none_queued).outcome is AdmitOutcome.REJECT
 
 
 def test_requests_without_targets_or_endpoints_are_admitted() -> None:

@@ -129,6 +129,7 @@ def test_the_full_example_loads_with_every_value(in_tmp: Path) -> None:
             instance_class=InstanceClass.INTERACTIVE,
             cap=32,
             node="gpu01",
+            default_cap=8,
         ),
         EndpointSpec(
             id=EndpointId("10.0.0.2:8000"),
@@ -136,7 +137,8 @@ def test_the_full_example_loads_with_every_value(in_tmp: Path) -> None:
             engine=EngineKind.VLLM,  # "auto": provisional until detected
             models=frozenset(),
             instance_class=InstanceClass.MIXED,
-            cap=8,  # limits.default_endpoint_cap
+            cap=None,  # not set: the engine's batch size bounds it, limits.default_endpoint_cap until known
+            default_cap=8,
             node=None,
         ),
     ]

@@ -91,7 +91,15 @@ def test_bench_quick_writes_its_report(tmp_path: Path) -> None:
     assert {r["cap"] for r in result["sweep"]} == {8, 128}
     md = (tmp_path / "report.md").read_text()
     assert "| 4 | d-berth |" in md
+    assert "| 4 | d-chiron-paper |" in md  # the paper's rule beside berth's
     assert "## Targets" in md
+    try:
+        import matplotlib  # noqa: F401  # the optional `plot` extra
+    except ImportError:
+        assert str(result["plot"]).startswith("no plot: matplotlib is not installed")
+    else:
+        assert result["plot"] == "timeline.png"
+        assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any(v["verdict"] in ("PASS", "FAIL", "N/A") for v in result["verdicts"])
     for r in result["runs"]:
         assert 0.0 <= r["interactive_attainment"] <= 1.0

@@ -597,7 +597,8 @@ def test_seats_never_overcommitted_with_preemption(
         ),
         pytest.param(
             '[concurrency]\nplugin = "least-progress"\n',
-            "t.toml:concurrency.plugin: unknown concurrency plugin 'least-progress' (known: chiron, static); "
+            "t.toml:concurrency.plugin: unknown concurrency plugin 'least-progress' "
+            "(known: chiron, chiron-paper, static); "
             "'least-progress' is a preemptor plugin",
             id="wrong-slot",
         ),

@@ -67,7 +67,7 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
         PluginKind.ADMITTER: ["admit-all", "slo-feasibility"],
         PluginKind.EVICTOR: ["cace", "lru"],
         PluginKind.PREEMPTOR: ["least-progress", "most-slack", "smallest-kv-loss"],
-        PluginKind.CONCURRENCY: ["chiron", "static"],
+        PluginKind.CONCURRENCY: ["chiron", "chiron-paper", "static"],
         PluginKind.SCALER: ["aladdin-workers", "cato-sla", "chiron", "queue-length", "utilization-band"],
     }
 

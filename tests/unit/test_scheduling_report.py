@@ -12,6 +12,7 @@ import pytest
 
 from loadgen.bench import scheduling
 from loadgen.bench.scheduling_report import (
+    day_one_table,
     floor_lines,
     mean_ci,
     policy_means,
@@ -290,3 +291,38 @@ def test_nothing_to_compare_without_a_baseline() -> None:
     assert verdict(seeds("berth", [0.8]), "pattern1") is None
     assert target_check(seeds("berth", [0.8]), "pattern1") == ["- pattern1: nothing to compare"]
     assert target_check(seeds("berth", [0.8]), "pattern2") == []
+
+
+def test_day_one_table_judges_each_preset_against_the_best_baseline_and_its_tuned_self() -> None:
+    """Every shipped preset in the day-one configuration: at least the best baseline's mean at every rate,
+    and within 0.03 of its own tuned configuration at the heaviest rate; a preset is never a baseline
+    (the targets of berth compare it with round robin, power of two and least outstanding only)."""
+    runs = []
+    for seed in (1, 2):
+        for rate, day in ((8.0, {"berth": 0.95, "default": 0.93}), (10.0, {"berth": 0.80, "default": 0.70})):
+            for policy, g in day.items():
+                runs.append(dataclasses.replace(run(policy, g, seed=seed, rate=rate), config="day-one"))
+                tuned = {"berth": g + 0.02, "default": g + 0.05}[policy]
+                runs.append(run(policy, tuned, seed=seed, rate=rate))
+            heavy = rate == 10.0
+            for base, g in (
+                ("least-outstanding", 0.70 if heavy else 0.94),
+                ("round-robin", 0.72 if heavy else 0.9),
+            ):
+                runs.append(dataclasses.replace(run(base, g, seed=seed, rate=rate), config="day-one"))
+                runs.append(run(base, g, seed=seed, rate=rate))
+    rows, verdicts = day_one_table(runs, "pattern1")
+    cells = {(r[0], r[1]): r for r in rows}
+    assert cells[("8", "coding-assistant (berth)")][4] == "+0.010 PASS"
+    assert cells[("8", "default")][4] == "-0.010 FAIL"
+    assert cells[("8", "default")][5] == "-"  # the tuned comparison is at the heaviest rate only
+    assert cells[("10", "coding-assistant (berth)")][3].startswith("round-robin 0.720")
+    assert cells[("10", "coding-assistant (berth)")][4] == "+0.080 PASS"
+    assert cells[("10", "coding-assistant (berth)")][5].endswith("(-0.020, PASS)")
+    assert cells[("10", "default")][4] == "-0.020 FAIL"
+    assert cells[("10", "default")][5].endswith("(-0.050, FAIL)")
+    assert verdicts.count(False) == 3
+    # the presets are not baselines: berth's target is judged against the three baselines only
+    v = verdict([r for r in runs if r.config == "day-one"], "pattern1")
+    assert v is not None
+    assert v.best.policy == "round-robin"

@@ -12,7 +12,7 @@ from gateway.sched.plugins.autoscale import (
     utilization_band,
 )
 from gateway.sched.plugins.autoscale import chiron as chiron_scaler
-from gateway.sched.plugins.concurrency import chiron, static
+from gateway.sched.plugins.concurrency import chiron, chiron_paper, static
 from gateway.sched.plugins.eviction import cace, lru
 from gateway.sched.plugins.ordering import bands, edf, fcfs, slack
 from gateway.sched.plugins.placement import (
@@ -53,6 +53,7 @@ IN_TREE: tuple[PluginSpec[Any], ...] = (
     smallest_kv_loss.SPEC,
     static.SPEC,
     chiron.SPEC,
+    chiron_paper.SPEC,
     chiron_scaler.SPEC,
     cato_sla.SPEC,
     aladdin_workers.SPEC,

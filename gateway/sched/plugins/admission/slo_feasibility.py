@@ -11,7 +11,10 @@ A request is feasible on an endpoint when its predicted first and last token kee
 keeps its ITL target. With `count_queue`, the requests already waiting for the model in classes of the
 same or a more urgent band go first: when they take every free seat, the request waits for the seat
 that frees after theirs (the running requests' predicted ends, in order), then runs in a full batch.
-Every admitter also enforces the class queue bounds.
+Every admitter also enforces the class queue bounds. While no endpoint of its model has a fitted
+performance model or a configured prior, a request is refused (`reject`) only when it cannot meet its
+SLO even alone on an idle endpoint: the generic prior is a guess about other hardware, and a refusal on
+its view of the load would turn away work the fleet may well serve (day one, before the fits have data).
 """
 
 from __future__ import annotations
@@ -81,6 +84,14 @@ class SloFeasibilityAdmitter:
         if any(self._meets(p, left, itl_ms) for p in preds):
             return ADMIT
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
+        if (
+            outcome is AdmitOutcome.REJECT
+            and all(load.guessed for load in loads)
+            and any(meets(load.idle_service(req), left) for load in loads)
+        ):
+            # No endpoint's model is fitted yet (nor a prior set): its view of the load is a guess, so
+            # no refusal on it; only what cannot be met even alone on an idle endpoint is refused.
+            return ADMIT
         if outcome is not AdmitOutcome.REJECT:
             return AdmitDecision(outcome, SLO_INFEASIBLE)
         ttft_left, e2e_left = left
