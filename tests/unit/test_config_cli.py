@@ -9,6 +9,7 @@ import pytest
 from gateway.config import EndpointConfig, apply_overrides, default_config, parse_endpoint_flag
 from gateway.core.errors import ConfigError
 from gateway.core.types import EngineKind, InstanceClass
+from gateway.sched.fleet import Fleet
 
 
 @pytest.mark.parametrize(
@@ -172,9 +173,18 @@ def test_a_missing_policy_flag_file_is_an_error(tmp_path: Path) -> None:
     assert str(info.value) == f"--policy: policy file not found: {tmp_path / 'nope.toml'}"
 
 
-def test_an_unset_cap_is_at_most_the_max_batch() -> None:
-    assert parse_endpoint_flag("http://h:1,max_batch=8").spec(default_cap=64).cap == 8
-    assert parse_endpoint_flag("http://h:1,max_batch=128").spec(default_cap=64).cap == 64
+def test_an_unset_cap_is_bounded_by_the_max_batch() -> None:
+    # No cap of the operator's: the engine's max batch (its --max-num-seqs) bounds the cap, before any
+    # batch size learned from its gauges and before the default cap.
+    specs = [
+        parse_endpoint_flag("http://h:1,max_batch=8").spec(default_cap=64),
+        parse_endpoint_flag("http://h:2,max_batch=128").spec(default_cap=64),
+        parse_endpoint_flag("http://h:3").spec(default_cap=64),
+    ]
+    assert [s.cap for s in specs] == [None, None, None]
+    fleet = Fleet()
+    fleet.sync(specs)
+    assert [fleet.cap_of(s.id) for s in specs] == [8, 128, 64]
     spec = parse_endpoint_flag("http://h:1,max_batch=8,cap=32,config=b8").spec(default_cap=64)
     assert (spec.cap, spec.max_batch, spec.config) == (32, 8, "b8")  # a configured cap is the operator's
     with pytest.raises(ConfigError, match="max_batch: expected an integer"):
