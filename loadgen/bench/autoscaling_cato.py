@@ -46,9 +46,9 @@ from loadgen.bench.autoscaling_common import (
     md_table,
     mean_of,
     pooled_rows,
+    run_configs,
     scaling_figures,
     task_goodput,
-    timeline,
 )
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import InitialInstances, LifecycleOptions
@@ -205,19 +205,20 @@ def run(
     setting: CatoSetting | None = None,
 ) -> SettingResult:
     s = setting or (QUICK if quick else CatoSetting())
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
-    timelines: dict[str, dict[str, Any]] = {}
-    for seed in seeds:
-        for config in CONFIGS:
-            rep = simulate(sim_options(s, config, seed, work / f"cato-{config}-s{seed}"))
-            f = figures(rep)
-            runs[config].append(f)
-            if seed == seeds[0]:
-                timelines[config] = timeline(rep)
-            log(
-                f"cato setting   {config:17s} seed {seed}: goodput {f['goodput']:.3f}, utilization "
-                f"{f['utilization']:.3f}, {f['device_hours']:.2f} device-h, actions {f['actions']}"
-            )
+    runs, timelines = run_configs(
+        "cato setting",
+        seeds,
+        CONFIGS,
+        simulate_one=lambda config, seed: simulate(
+            sim_options(s, config, seed, work / f"cato-{config}-s{seed}")
+        ),
+        figures=figures,
+        describe=lambda f: (
+            f"goodput {f['goodput']:.3f}, utilization {f['utilization']:.3f}, "
+            f"{f['device_hours']:.2f} device-h, actions {f['actions']}"
+        ),
+        log=log,
+    )
     rows, cis = pooled_rows(runs, KEYS)
     targets = judge(cis)
     md = [

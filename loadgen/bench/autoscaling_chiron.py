@@ -44,8 +44,8 @@ from loadgen.bench.autoscaling_common import (
     md_table,
     mean_of,
     pooled_rows,
+    run_configs,
     scaling_figures,
-    timeline,
 )
 from loadgen.bench.classes import PRESET, gateway_toml
 from loadgen.engine_sim.profiles import get_profile
@@ -252,20 +252,21 @@ def run(
     setting: ChironSetting | None = None,
 ) -> SettingResult:
     s = setting or (QUICK if quick else ChironSetting())
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
-    timelines: dict[str, dict[str, Any]] = {}
-    for seed in seeds:
-        for config in CONFIGS:
-            rep = simulate(sim_options(s, config, seed, work / f"chiron-{config}-s{seed}"))
-            f = figures(rep)
-            runs[config].append(f)
-            if seed == seeds[0]:
-                timelines[config] = timeline(rep)
-            log(
-                f"chiron setting {config:17s} seed {seed}: attainment {f['attainment']:.3f} "
-                f"(interactive {f['interactive_attainment']:.3f}, batch {f['batch_attainment']:.3f}), "
-                f"{f['device_hours']:.2f} device-h, peak {f['peak_devices']}, actions {f['actions']}"
-            )
+    runs, timelines = run_configs(
+        "chiron setting",
+        seeds,
+        CONFIGS,
+        simulate_one=lambda config, seed: simulate(
+            sim_options(s, config, seed, work / f"chiron-{config}-s{seed}")
+        ),
+        figures=figures,
+        describe=lambda f: (
+            f"attainment {f['attainment']:.3f} (interactive {f['interactive_attainment']:.3f}, batch "
+            f"{f['batch_attainment']:.3f}), {f['device_hours']:.2f} device-h, peak {f['peak_devices']}, "
+            f"actions {f['actions']}"
+        ),
+        log=log,
+    )
     rows, cis = pooled_rows(runs, KEYS)
     targets = judge(cis)
     mixed, batch, why = static_size(s)

@@ -176,3 +176,29 @@ def md_table(
 
 def mean_of(c: MeanCI | None) -> float:
     return math.nan if c is None else c.mean
+
+
+def run_configs(
+    name: str,
+    seeds: Sequence[int],
+    configs: Sequence[str],
+    *,
+    simulate_one: Callable[[str, int], Report],
+    figures: Callable[[Report], dict[str, Any]],
+    describe: Callable[[dict[str, Any]], str],
+    log: Callable[[str], None],
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """Every configuration of a setting on every seed: each run's figures by configuration, and the
+    first seed's timeline per configuration (for the plot). `describe` turns one run's figures into its
+    progress line."""
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    timelines: dict[str, dict[str, Any]] = {}
+    for seed in seeds:
+        for config in configs:
+            rep = simulate_one(config, seed)
+            f = figures(rep)
+            runs[config].append(f)
+            if seed == seeds[0]:
+                timelines[config] = timeline(rep)
+            log(f"{name:14s} {config:17s} seed {seed}: {describe(f)}")
+    return runs, timelines
