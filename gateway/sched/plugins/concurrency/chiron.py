@@ -48,6 +48,7 @@ import msgspec
 from msgspec import Meta
 
 from gateway.core.types import EndpointId
+from gateway.sched.plugins.concurrency.reading import take_reading
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.snapshot import EndpointView
 
@@ -101,17 +102,12 @@ class ChironController:
             return self._enforced(st, hard)
         if now - st.at < p.interval_s:
             return self._enforced(st, hard)
-        tokens = view.streamed_tokens - st.tokens
-        gap_tokens = view.gap_tokens - st.gap_tokens
-        gap_s = view.gap_s - st.gap_s
-        elapsed = now - st.at
-        st.at, st.tokens, st.gap_s, st.gap_tokens = now, view.streamed_tokens, view.gap_s, view.gap_tokens
-        if tokens <= 0 or elapsed <= 0:
+        r = take_reading(st, view, now)
+        if r is None:
             return self._enforced(st, hard)
-        itl = gap_s / gap_tokens if gap_tokens > 0 else view.itl_ewma_s
-        targets = [r.itl_s for r in view.running if r.itl_s is not None]
-        lbp = itl / (p.headroom * min(targets)) if itl is not None and targets else 0.0
-        rate = tokens / elapsed
+        itl = r.itl_s
+        lbp = itl / (p.headroom * r.itl_target_s) if itl is not None and r.itl_target_s is not None else 0.0
+        rate = r.rate
         draining = view.inflight > int(st.b)
         # Binding: every seat taken, or all but the one a completion just freed (the controller runs on
         # the completion, before the queue refills the seat).
