@@ -57,7 +57,7 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench.classes_report import Run, markdown, plot_timeline, summarize
-from loadgen.bench.entry import run_bench, say
+from loadgen.bench.entry import config_or_reason, run_bench, say
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.fleetsim import SimOptions, simulate
@@ -349,11 +349,8 @@ def config_from_args(a: argparse.Namespace) -> Config:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg: Config | str
-    try:
-        cfg = config_from_args(build_parser().parse_args(argv))
-    except ValueError as e:
-        cfg = str(e)
+    args = build_parser().parse_args(argv)
+    cfg = config_or_reason(lambda: config_from_args(args))
     return run_bench("classes", cfg, lambda c: bench(c, log=say))
 
 

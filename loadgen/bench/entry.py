@@ -16,6 +16,14 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+def config_or_reason(build: Callable[[], C]) -> C | str:
+    """`build()`, or the message of the ValueError it raised (a refused configuration, for `run_bench`)."""
+    try:
+        return build()
+    except ValueError as e:
+        return str(e)
+
+
 def run_bench(
     name: str, cfg: C | str, bench: Callable[[C], R], *, passed: Callable[[R], bool] | None = None
 ) -> int:

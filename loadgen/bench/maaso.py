@@ -53,7 +53,7 @@ import orjson
 from gateway.sched.heterogeneous import ConfigProfile, Placement, Placer, RequestKind, TrafficMix
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.telemetry.perfmodel import PerfModelFitter
-from loadgen.bench.entry import run_bench, say
+from loadgen.bench.entry import config_or_reason, run_bench, say
 from loadgen.bench.scheduling_report import MeanCI, mean_ci
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
@@ -563,11 +563,8 @@ def config_from_args(a: argparse.Namespace) -> Config:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg: Config | str
-    try:
-        cfg = config_from_args(build_parser().parse_args(argv))
-    except ValueError as e:
-        cfg = str(e)
+    args = build_parser().parse_args(argv)
+    cfg = config_or_reason(lambda: config_from_args(args))
     return run_bench(
         "maaso", cfg, lambda c: bench(c, log=say), passed=lambda r: all(t["passed"] for t in r["targets"])
     )
