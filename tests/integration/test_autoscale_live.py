@@ -326,3 +326,39 @@ async def test_a_scale_in_of_a_busy_instance_lets_its_request_finish_before_the_
     await fleet.until("the drained instance stopped", lambda: fleet.states("sim-a")[iid] == "stopped")
     metrics = await fleet.metrics()
     assert _metric(metrics, "berth_lifecycle_evictions_total", reason="scaled_in") == 1
+
+
+async def test_a_reload_turns_dry_run_off_keeps_the_counters_and_a_bad_table_keeps_the_running_one(
+    start_fleet: StartFleet, tmp_path: Path
+) -> None:
+    """`[autoscale]` follows SIGHUP's reload: dry-run first, then acting; the dry-run counters survive the
+    swap; a rejected reload (unknown scaler) leaves the acting autoscaler in charge; removing the table
+    turns the autoscaler off without stopping what it started."""
+    fleet = await start_fleet(DRY_RUN)
+    a = fleet.manager.autoscaler
+    gw = fleet.running.gw
+    await fleet.until("a dry-run round", lambda: a.dry_counters.get("sim-a") is not None)
+    dry_started = a.dry_counters["sim-a"].started
+    assert dry_started >= 1
+    assert fleet.manager.core.instances() == []
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(_policy(DRY_RUN.replace("dry_run = true\n", "")))
+    assert await gw.reload()
+    await fleet.until("the reloaded table in force", lambda: a.dry_run is False)
+    await fleet.until("the minimum instance", lambda: fleet.count("sim-a", InstanceState.READY) >= 1)
+    assert a.dry_counters["sim-a"].started >= dry_started  # kept across the swap
+    assert a.counters["sim-a"].started >= 1
+
+    acting = policy.read_text()
+    policy.write_text(acting.replace('plugin = "queue-length"', 'plugin = "no-such-scaler"'))
+    assert not await gw.reload()
+    assert a.loop is not None
+    assert a.dry_run is False
+    assert "sim-a" in {d.model for d in a.recent}
+
+    policy.write_text(_policy(""))
+    assert await gw.reload()
+    await fleet.until("the autoscaler off", lambda: a.loop is None)
+    assert _metric(await fleet.metrics(), "berth_autoscale_enabled") == 0
+    assert fleet.count("sim-a", InstanceState.READY) >= 1  # nothing it started is stopped by turning it off
