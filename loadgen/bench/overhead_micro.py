@@ -157,9 +157,11 @@ def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
 
 
 def _child(tree: Path, pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(Path(__file__).resolve().parents[2])]))
-    argv = [sys.executable, "-m", "loadgen.bench.overhead_micro", "--child", "--requests", str(n),
-            "--inflight", str(inflight), "--pieces", ",".join(pieces)]  # fmt: skip
+    # This file runs by its path, with only `tree` on the path: the tree need not have it.
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    child = ["--child", "--requests", str(n), "--inflight", str(inflight), "--pieces", ",".join(pieces)]
+    code = f"import runpy, sys; sys.argv = {[__file__, *child]!r}; runpy.run_path({__file__!r}, run_name='__main__')"
+    argv = [sys.executable, "-c", code]
     out = subprocess.run(argv, env=env, cwd=tree, check=True, capture_output=True, timeout=600)
     result: dict[str, float] = orjson.loads(out.stdout)
     return result
