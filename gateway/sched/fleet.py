@@ -44,7 +44,6 @@ class _Endpoint:
     __slots__ = (
         "_fleet",
         "_view",
-        "index",
         "_view_has_gauges",
         "cap",
         "completed_since_scrape",
@@ -55,6 +54,7 @@ class _Endpoint:
         "gap_tokens",
         "gauges",
         "health",
+        "index",
         "inflight",
         "models",
         "running",

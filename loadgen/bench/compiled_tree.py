@@ -46,9 +46,7 @@ def build(mypyc: Path, out: Path, modules: Sequence[str] = MODULES) -> None:
     project.rename(aside)
     try:
         # --python-executable: type-check against the interpreter that runs berth (its packages' types).
-        subprocess.run(
-            [str(mypyc), "--python-executable", sys.executable, *modules], cwd=out, check=True
-        )
+        subprocess.run([str(mypyc), "--python-executable", sys.executable, *modules], cwd=out, check=True)
     finally:
         aside.rename(project)
     shutil.rmtree(out / "build", ignore_errors=True)

@@ -67,10 +67,17 @@ def _requests(n: int, clock: Any) -> list[Any]:
     slo = SLO(slo_class="default")
     return [
         SchedRequest(
-            id=RequestId(f"b{i}"), model=ModelName("bench"), api=ApiKind.CHAT, arrival=clock.now(), slo=slo,
-            prompt_tokens=12, max_tokens=16, stream=False, predicted_output_tokens=16.0,
+            id=RequestId(f"b{i}"),
+            model=ModelName("bench"),
+            api=ApiKind.CHAT,
+            arrival=clock.now(),
+            slo=slo,
+            prompt_tokens=12,
+            max_tokens=16,
+            stream=False,
+            predicted_output_tokens=16.0,
             predicted_output_p90=16.0,
-        )  # fmt: skip
+        )
         for i in range(n)
     ]
 
@@ -160,7 +167,10 @@ def _child(tree: Path, pieces: Sequence[str], n: int, inflight: int) -> dict[str
     # This file runs by its path, with only `tree` on the path: the tree need not have it.
     env = dict(os.environ, PYTHONPATH=str(tree))
     child = ["--child", "--requests", str(n), "--inflight", str(inflight), "--pieces", ",".join(pieces)]
-    code = f"import runpy, sys; sys.argv = {[__file__, *child]!r}; runpy.run_path({__file__!r}, run_name='__main__')"
+    code = (
+        f"import runpy, sys; sys.argv = {[__file__, *child]!r}; "
+        f"runpy.run_path({__file__!r}, run_name='__main__')"
+    )
     argv = [sys.executable, "-c", code]
     out = subprocess.run(argv, env=env, cwd=tree, check=True, capture_output=True, timeout=600)
     result: dict[str, float] = orjson.loads(out.stdout)

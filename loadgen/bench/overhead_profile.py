@@ -89,7 +89,16 @@ def _log(msg: str) -> None:
 
 
 # ----------------------------------------------------------------- folding py-spy samples
-_BERTH_PARTS: Final = ("front", "dispatch", "admission", "sched", "telemetry", "upstream", "core", "lifecycle")
+_BERTH_PARTS: Final = (
+    "front",
+    "dispatch",
+    "admission",
+    "sched",
+    "telemetry",
+    "upstream",
+    "core",
+    "lifecycle",
+)
 _LIBS: Final = (
     ("prometheus_client/", "prometheus_client (metrics)"),
     ("structlog/", "structlog (log line)"),
@@ -283,7 +292,9 @@ def render(summary: dict[str, dict[str, float]], breakdowns: Sequence[Breakdown]
         lines.append(f"  {'component':34}" + "".join(f"{n:>14}" for n in names))
         for c in comps:
             lines.append(f"  {c:34}" + "".join(f"{b.components.get(c, 0.0):14.1f}" for b in breakdowns))
-        lines.append(f"  {'total (measured CPU)':34}" + "".join(f"{b.us_per_request:14.1f}" for b in breakdowns))
+        lines.append(
+            f"  {'total (measured CPU)':34}" + "".join(f"{b.us_per_request:14.1f}" for b in breakdowns)
+        )
         lines.append(f"  {'samples':34}" + "".join(f"{b.samples:14d}" for b in breakdowns))
     return "\n".join(lines)
 
@@ -344,7 +355,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=0.5)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--pyspy", type=float, default=0.0, metavar="S", help="sample each proxy S seconds")
-    p.add_argument("--pyspy-bin", default=shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"))
+    p.add_argument(
+        "--pyspy-bin", default=shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    )
     p.add_argument("--pin", action="store_true", help="the proxy on a CPU of its own (as `overhead --pin`)")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--berth-args", default="", help="extra arguments for `berth serve` (one shell string)")
