@@ -12,7 +12,10 @@ process's load does not count, and the figure is µs of CPU per request, not a c
   (placed at once) and, for the oldest running request, `complete`;
 - `sched_stream`: the same with a progress report every 16 tokens of a 256-token stream (`progress`);
 - `finish`: the front's finish phase of a finished request (its metrics, telemetry's record and its
-  folding-in, the task clock; the log line is off, as at `--log-level warning`).
+  folding-in, the task clock; the log line is off, as at `--log-level warning`, which the overhead
+  benchmarks run berth at);
+- `finish_logged`: the same at `--log-level info` (berth's default), the canonical line written to
+  /dev/null.
 
 With `--tree NAME=DIR` (repeatable) each checkout runs in a child process with DIR first on its path
 (compiled modules in DIR included), the children taking turns round by round; the report gives each
@@ -34,7 +37,7 @@ from typing import Any, Final
 
 import orjson
 
-PIECES: Final = ("sched", "sched_stream", "finish")
+PIECES: Final = ("sched", "sched_stream", "finish", "finish_logged")
 PROGRESS_EVERY: Final = 16  # as gateway.dispatch.runner
 STREAM_TOKENS: Final = 256
 
@@ -106,14 +109,17 @@ def bench_sched(n: int, inflight: int, *, stream: bool) -> float:
     return (time.thread_time_ns() - t0) / n
 
 
-def bench_finish(n: int) -> float:
-    """CPU ns per request of the front's finish phase (metrics, telemetry's record, task clock)."""
+def bench_finish(n: int, *, logged: bool = False) -> float:
+    """CPU ns per request of the front's finish phase (metrics, telemetry's record, task clock); with
+    `logged`, its canonical log line at info level, written to /dev/null."""
+    import structlog
     from prometheus_client import CollectorRegistry
 
     from gateway.admission.state import SloAdmission
     from gateway.admission.tenancy import TenantAccounting
     from gateway.config.schema import TelemetryConfig
     from gateway.core.clock import FakeClock
+    from gateway.core.logging import LEVEL, configure_logging
     from gateway.core.metrics import GatewayMetrics
     from gateway.core.types import ApiKind, EndpointId
     from gateway.dispatch.context import RequestContext
@@ -144,13 +150,20 @@ def bench_finish(n: int) -> float:
         ctx.status, ctx.prompt_tokens, ctx.output_tokens, ctx.attempts = 200, 12, 16, 1
         ctx.sched = req
         ctxs.append(ctx)
-    gc.collect()
-    t0 = time.thread_time_ns()
-    for i, ctx in enumerate(ctxs):
-        api.finish(s, ctx)
-        if i % 64 == 63:
-            telemetry.drain()  # what its background task does with each finished request
-    return (time.thread_time_ns() - t0) / n
+    before, info_before = structlog.get_config(), LEVEL.info
+    with open(os.devnull, "wb") as devnull:
+        configure_logging("info" if logged else "warning", devnull)
+        try:
+            gc.collect()
+            t0 = time.thread_time_ns()
+            for i, ctx in enumerate(ctxs):
+                api.finish(s, ctx)
+                if i % 64 == 63:
+                    telemetry.drain()  # what its background task does with each finished request
+            return (time.thread_time_ns() - t0) / n
+        finally:
+            structlog.configure(**before)  # as it was: a test process keeps its own logging
+            LEVEL.info = info_before
 
 
 def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
@@ -159,6 +172,7 @@ def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
         "sched": lambda: bench_sched(n, inflight, stream=False),
         "sched_stream": lambda: bench_sched(n, inflight, stream=True),
         "finish": lambda: bench_finish(n),
+        "finish_logged": lambda: bench_finish(n, logged=True),
     }
     return {p: benches[p]() / 1000.0 for p in pieces}
 
@@ -201,9 +215,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown := set(pieces) - set(PIECES):
         p.error(f"unknown pieces {sorted(unknown)}; choose from {','.join(PIECES)}")
     if args.child:
-        from gateway.core.logging import configure_logging
-
-        configure_logging("warning", sys.stderr.buffer)  # as the overhead benchmark runs berth
         sys.stdout.write(orjson.dumps(run_once(pieces, args.requests, args.inflight)).decode())
         return 0
     trees = args.tree or [("berth", Path(__file__).resolve().parents[2])]
