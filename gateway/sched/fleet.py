@@ -87,7 +87,7 @@ class _Endpoint:
         self.estimates: EndpointEstimates | None = None
         self.running: dict[RequestId, RunningRequest] = {}  # what the gateway runs here, by dispatch
         self._view: EndpointView | None = None
-        self.index = 0  # its place in the fleet's tuple of views (`Fleet._reindex`)
+        self.index = 0  # its place in the fleet's tuple of views (set by `Fleet.sync`)
         self._view_has_gauges = False
         self.fresh_until = math.inf  # when the kept view's gauges go stale (inf: it shows none)
 
@@ -410,8 +410,8 @@ class Fleet:
             kept.fresh_until = min((ep.fresh_until for ep in eps), default=_INF)
             kept.dirty.clear()
         elif kept.dirty:
-            # Only the endpoints that changed: their fresh_until can only have moved later (a view
-            # without gauges, or a newer scrape) or be earlier than the kept minimum, which it lowers.
+            # Only the changed endpoints' entries. The kept fresh_until stays at most every entry's own
+            # (the others' did not move; a rebuilt one's is taken in), so staleness is never missed.
             entries = list(views)
             fresh_until = kept.fresh_until
             for ep in kept.dirty:
