@@ -49,6 +49,7 @@ BENCHMARKS: dict[str, str] = {
     "autoscaling": "loadgen.bench.autoscaling",
     "maaso": "loadgen.bench.maaso",
     "overhead": "loadgen.bench.overhead",
+    "overhead-profile": "loadgen.bench.overhead_profile",
 }
 
 

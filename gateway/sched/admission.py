@@ -47,15 +47,16 @@ class AdmissionLedger:
         self,
         policy: Policy,
         req: SchedRequest,
-        snap: FleetSnapshot,
+        snapshot: Callable[[], FleetSnapshot],
         queued_in_class: Callable[[str], int],
     ) -> tuple[SchedRequest, BerthError | None]:
         """Run the policy's admitter: the request to queue (demoted when best-effort) and None, or the
-        request and the 429 to answer with."""
+        request and the 429 to answer with. `snapshot` is called only when the policy has an admitter
+        (without one, every request is admitted and only counted)."""
         admitter = policy.admitter
         decision: AdmitDecision = ADMIT
         if admitter is not None:
-            decision = admitter.admit(req, policy.profile.scope(req, snap), queued_in_class)
+            decision = admitter.admit(req, policy.profile.scope(req, snapshot()), queued_in_class)
         self.record(req.slo.slo_class, decision.outcome)
         if decision.outcome is AdmitOutcome.REJECT:
             reason = decision.reason or "rejected"

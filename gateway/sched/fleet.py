@@ -16,19 +16,21 @@ from typing import Final
 
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import RunningRequest, resume_prompt_tokens, running_from
+from gateway.sched.running import RunningRequest, resume_prompt_tokens, running_from, with_progress
 from gateway.sched.snapshot import EndpointEstimates, EndpointView
 from gateway.sched.types import EndpointSpec
 
 
 class _Views:
-    """The tuple of every endpoint's view, kept until an endpoint changes or one's gauges go stale."""
+    """The tuple of every endpoint's view, kept until one's gauges go stale; an endpoint that changed
+    has its own entry replaced (`dirty`), so a dispatch on a large fleet does not walk every endpoint."""
 
-    __slots__ = ("endpoints", "fresh_until")
+    __slots__ = ("dirty", "endpoints", "fresh_until")
 
     def __init__(self) -> None:
-        self.endpoints: tuple[EndpointView, ...] | None = None
-        self.fresh_until = math.inf  # clock time when the first kept view's gauges go stale
+        self.endpoints: tuple[EndpointView, ...] | None = None  # None: remade whole on next use
+        self.fresh_until = math.inf  # clock time when the first kept view's gauges go stale (or earlier)
+        self.dirty: list[_Endpoint] = []  # endpoints whose entry in `endpoints` is out of date
 
 
 # Rebuild the views this long before a gauge's exact staleness time: the exact test is `now - scraped_at
@@ -52,6 +54,7 @@ class _Endpoint:
         "gap_tokens",
         "gauges",
         "health",
+        "index",
         "inflight",
         "models",
         "running",
@@ -84,6 +87,7 @@ class _Endpoint:
         self.estimates: EndpointEstimates | None = None
         self.running: dict[RequestId, RunningRequest] = {}  # what the gateway runs here, by dispatch
         self._view: EndpointView | None = None
+        self.index = 0  # its place in the fleet's tuple of views (set by `Fleet.sync`)
         self._view_has_gauges = False
         self.fresh_until = math.inf  # when the kept view's gauges go stale (inf: it shows none)
 
@@ -100,8 +104,9 @@ class _Endpoint:
         return s.default_cap if self.seats is None else self.seats + 1
 
     def changed(self) -> None:
-        self._view = None
-        self._fleet.endpoints = None
+        if self._view is not None:  # else it is in the fleet's dirty list already, or never was viewed
+            self._view = None
+            self._fleet.dirty.append(self)
 
     def view(self, now: float, stale_after_s: float) -> EndpointView:
         """The view as of `now`: the kept one unless the endpoint changed or its gauges went stale."""
@@ -204,6 +209,8 @@ class Fleet:
                     ep.cap = min(ep.cap, ep.bound) if ep.bound == old else ep.bound
                     ep.models = discovered
                     ep.changed()
+        for i, ep in enumerate(self._endpoints.values()):
+            ep.index = i
 
     def ids(self) -> list[EndpointId]:
         return list(self._endpoints)
@@ -349,9 +356,7 @@ class Fleet:
             if since is not None and counted > 0 and now >= since:
                 ep.gap_s += now - since
                 ep.gap_tokens += counted
-        ep.running[req_id] = dataclasses.replace(
-            r, produced=produced, first_token_at=first_token_at, reported_at=now
-        )
+        ep.running[req_id] = with_progress(r, produced, first_token_at, now)
         ep.changed()
 
     def pin(self, req_id: RequestId) -> None:
@@ -403,6 +408,18 @@ class Fleet:
             eps = self._endpoints.values()
             views = kept.endpoints = tuple(ep.view(now, stale_after_s) for ep in eps)
             kept.fresh_until = min((ep.fresh_until for ep in eps), default=_INF)
+            kept.dirty.clear()
+        elif kept.dirty:
+            # Only the changed endpoints' entries. The kept fresh_until stays at most every entry's own
+            # (the others' did not move; a rebuilt one's is taken in), so staleness is never missed.
+            entries = list(views)
+            fresh_until = kept.fresh_until
+            for ep in kept.dirty:
+                entries[ep.index] = ep.view(now, stale_after_s)
+                fresh_until = min(fresh_until, ep.fresh_until)
+            kept.dirty.clear()
+            views = kept.endpoints = tuple(entries)
+            kept.fresh_until = fresh_until
         return views
 
     def view(self, eid: EndpointId, now: float, stale_after_s: float) -> EndpointView | None:

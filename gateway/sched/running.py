@@ -102,3 +102,29 @@ def running_from(req: SchedRequest, now: float) -> RunningRequest:
         preemptions=req.preemptions,
         produced_before=req.produced_tokens,
     )
+
+
+def with_progress(
+    r: RunningRequest, produced: int, first_token_at: float | None, reported_at: float
+) -> RunningRequest:
+    """`r` with a progress report: what `dataclasses.replace` makes, built directly (a stream reports
+    every 16 tokens, and `replace` looks the fields up on every call: about 3 µs of 5)."""
+    return RunningRequest(
+        r.id,
+        r.slo_class,
+        r.prompt_tokens,
+        r.output_mean,
+        r.output_std,
+        r.max_tokens,
+        r.dispatched_at,
+        r.ttft_deadline,
+        r.e2e_deadline,
+        r.itl_s,
+        r.best_effort,
+        r.resumable,
+        r.preemptions,
+        r.produced_before,
+        produced,
+        first_token_at,
+        reported_at,
+    )

@@ -265,7 +265,7 @@ class Scheduler:
                 req, refused = self.admission.admit(
                     self._policy,
                     req,
-                    self.snapshot(),
+                    self.snapshot,
                     lambda cls: sum(1 for q in queue if q.req.slo.slo_class == cls),
                 )
             except Exception as e:
@@ -478,10 +478,12 @@ class Scheduler:
 
     def _place(self, req: SchedRequest, seq: int, chosen: EndpointView, out: list[Decision]) -> None:
         """Dispatch `req` (no longer queued) to `chosen`."""
-        snap = self.snapshot()
-        self._fleet.dispatch(chosen.id, req, snap.now)
+        # The snapshot the engine priority is decided on is the fleet before this dispatch, taken only
+        # when it is asked for (most endpoints do not schedule by priority).
+        snap = self.snapshot() if chosen.priority_scheduling else None
+        self._fleet.dispatch(chosen.id, req, self._clock.now() if snap is None else snap.now)
         self._seqs[req.id] = seq
-        if chosen.priority_scheduling:
+        if snap is not None:
             try:
                 prio = self._policy.engine_priority(req, snap)
             except Exception as e:

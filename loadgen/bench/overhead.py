@@ -179,8 +179,10 @@ def start_proxy_berth(
     cpus: frozenset[int] | None,
     *,
     name: str = "berth",
+    cwd: Path = REPO_ROOT,
 ) -> tuple[ManagedProcess, str]:
-    """berth in front of the upstreams, once it answers a completion; its process and base URL."""
+    """berth in front of the upstreams, once it answers a completion; its process and base URL. `cwd`:
+    the checkout whose berth runs."""
     more = [a for url in upstream_urls[1:] for a in ("--endpoint", f"{url},engine=vllm")]
     server = start_berth(
         f"{upstream_urls[0]},engine=vllm",
@@ -188,7 +190,7 @@ def start_proxy_berth(
         extra_args=[*more, *shlex.split(args.berth_args)],
         log_level="warning",
         python=args.python,
-        cwd=REPO_ROOT,
+        cwd=cwd,
         cpus=cpus,
         timeout_s=START_TIMEOUT_S,
     )

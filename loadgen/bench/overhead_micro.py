@@ -1,0 +1,257 @@
+"""berth's own per-request work without HTTP: CPU time per request in-process, A/B across checkouts.
+
+    python -m loadgen.bench.overhead_micro                                  # this checkout
+    python -m loadgen.bench.overhead_micro --tree main=/work/main --tree new=.  --rounds 7
+
+Each piece is berth's real code, driven the way one non-streamed request at saturation drives it, over
+`--requests` requests per run, timed with `time.thread_time_ns` (CPU time of this thread: another
+process's load does not count, and the figure is µs of CPU per request, not a clock):
+
+- `sched`: the scheduler's cycle of one request on the packaged default policy with two endpoints and
+  `--inflight` requests running (the overhead benchmark's 64 connections over two upstreams): `submit`
+  (placed at once) and, for the oldest running request, `complete`;
+- `sched_stream`: the same with a progress report every 16 tokens of a 256-token stream (`progress`);
+- `finish`: the front's finish phase of a finished request (its metrics, telemetry's record and its
+  folding-in, the task clock; the log line is off, as at `--log-level warning`, which the overhead
+  benchmarks run berth at);
+- `finish_logged`: the same at `--log-level info` (berth's default), the canonical line written to
+  /dev/null.
+
+With `--tree NAME=DIR` (repeatable) each checkout runs in a child process with DIR first on its path
+(compiled modules in DIR included), the children taking turns round by round; the report gives each
+piece's median over rounds, and each later tree's median per-round difference to the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+PIECES: Final = ("sched", "sched_stream", "finish", "finish_logged")
+PROGRESS_EVERY: Final = 16  # as gateway.dispatch.runner
+STREAM_TOKENS: Final = 256
+
+
+def _scheduler(inflight: int) -> Any:
+    from gateway.config.policy import load_default_policy
+    from gateway.core.clock import FakeClock
+    from gateway.core.types import EndpointHealth, EndpointId, EngineKind, ModelName
+    from gateway.sched.plugins import default_registry
+    from gateway.sched.scheduler import Scheduler
+    from gateway.sched.types import EndpointSpec, QueueLimits
+
+    clock = FakeClock()
+    sched = Scheduler(load_default_policy(default_registry()), clock, QueueLimits())
+    model = ModelName("bench")
+    specs = [
+        EndpointSpec(EndpointId(f"e{i}"), f"http://e{i}", EngineKind.VLLM, frozenset({model}), cap=inflight)
+        for i in range(2)
+    ]
+    sched.sync_endpoints(specs)
+    for s in specs:
+        sched.set_health(s.id, EndpointHealth.READY)
+    return sched, clock
+
+
+def _requests(n: int, clock: Any) -> list[Any]:
+    from gateway.core.types import SLO, ApiKind, ModelName, RequestId
+    from gateway.sched.request import SchedRequest
+
+    slo = SLO(slo_class="default")
+    return [
+        SchedRequest(
+            id=RequestId(f"b{i}"),
+            model=ModelName("bench"),
+            api=ApiKind.CHAT,
+            arrival=clock.now(),
+            slo=slo,
+            prompt_tokens=12,
+            max_tokens=16,
+            stream=False,
+            predicted_output_tokens=16.0,
+            predicted_output_p90=16.0,
+        )
+        for i in range(n)
+    ]
+
+
+def bench_sched(n: int, inflight: int, *, stream: bool) -> float:
+    """CPU ns per request of the scheduler's cycle (submit, progress, complete)."""
+    from gateway.sched.decisions import Dispatch
+
+    sched, clock = _scheduler(inflight)
+    reqs = _requests(n + inflight, clock)
+    for r in reqs[:inflight]:
+        assert isinstance(sched.submit(r), Dispatch)
+    reports = [(k, k * 0.01) for k in range(1, STREAM_TOKENS + 1, PROGRESS_EVERY)] if stream else []
+    progress, submit, complete = sched.progress, sched.submit, sched.complete
+    gc.collect()
+    t0 = time.thread_time_ns()
+    for i in range(n):
+        old = reqs[i].id
+        if reports:
+            for produced, _ in reports:
+                progress(old, produced, 0.001)
+        complete(old)
+        d = submit(reqs[i + inflight])
+        if d is None:
+            raise RuntimeError("the micro-benchmark's request was queued: it must be placed at once")
+    return (time.thread_time_ns() - t0) / n
+
+
+def bench_finish(n: int, *, logged: bool = False) -> float:
+    """CPU ns per request of the front's finish phase (metrics, telemetry's record, task clock); with
+    `logged`, its canonical log line at info level, written to /dev/null."""
+    import structlog
+    from prometheus_client import CollectorRegistry
+
+    from gateway.admission.state import SloAdmission
+    from gateway.admission.tenancy import TenantAccounting
+    from gateway.config.schema import TelemetryConfig
+    from gateway.core.clock import FakeClock
+    from gateway.core.logging import LEVEL, configure_logging
+    from gateway.core.metrics import GatewayMetrics
+    from gateway.core.types import ApiKind, EndpointId
+    from gateway.dispatch.context import RequestContext
+    from gateway.front import api
+    from gateway.telemetry.live import LiveTelemetry
+
+    clock = FakeClock()
+    metrics = GatewayMetrics(CollectorRegistry())
+    sched, _ = _scheduler(64)
+    telemetry = LiveTelemetry(sched, clock, TelemetryConfig())
+    slo = SloAdmission()
+    req = _requests(1, clock)[0]
+
+    class _S:  # the services the finish phase reads
+        pass
+
+    s: Any = _S()
+    s.clock, s.metrics, s.telemetry, s.slo, s.lifecycle_finished = clock, metrics, telemetry, slo, None
+    s.tenancy = TenantAccounting()
+    s.scheduler = sched
+    ctxs = []
+    for i in range(n):
+        ctx = RequestContext(id=f"r{i}", api=ApiKind.CHAT, arrival=clock.now())
+        ctx.client_model = ctx.served_model = "bench"
+        ctx.slo_class = "default"
+        ctx.endpoint = EndpointId("e0")
+        ctx.dispatched_at = ctx.first_token_at = clock.now()
+        ctx.status, ctx.prompt_tokens, ctx.output_tokens, ctx.attempts = 200, 12, 16, 1
+        ctx.sched = req
+        ctxs.append(ctx)
+    before, info_before = structlog.get_config(), LEVEL.info
+    with open(os.devnull, "wb") as devnull:
+        configure_logging("info" if logged else "warning", devnull)
+        try:
+            gc.collect()
+            t0 = time.thread_time_ns()
+            for i, ctx in enumerate(ctxs):
+                api.finish(s, ctx)
+                if i % 64 == 63:
+                    telemetry.drain()  # what its background task does with each finished request
+            return (time.thread_time_ns() - t0) / n
+        finally:
+            structlog.configure(**before)  # as it was: a test process keeps its own logging
+            LEVEL.info = info_before
+
+
+def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
+    """µs of CPU per request of each piece, in this process."""
+    benches: dict[str, Callable[[], float]] = {
+        "sched": lambda: bench_sched(n, inflight, stream=False),
+        "sched_stream": lambda: bench_sched(n, inflight, stream=True),
+        "finish": lambda: bench_finish(n),
+        "finish_logged": lambda: bench_finish(n, logged=True),
+    }
+    return {p: benches[p]() / 1000.0 for p in pieces}
+
+
+def _child(tree: Path, pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
+    # This file runs by its path, with only `tree` on the path: the tree need not have it.
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    child = ["--child", "--requests", str(n), "--inflight", str(inflight), "--pieces", ",".join(pieces)]
+    code = (
+        f"import runpy, sys; sys.argv = {[__file__, *child]!r}; "
+        f"runpy.run_path({__file__!r}, run_name='__main__')"
+    )
+    argv = [sys.executable, "-c", code]
+    out = subprocess.run(argv, env=env, cwd=tree, check=True, capture_output=True, timeout=600)
+    result: dict[str, float] = orjson.loads(out.stdout)
+    return result
+
+
+def _tree(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep:
+        name, path = Path(text).resolve().name, text
+    return name, Path(path).resolve()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m loadgen.bench.overhead_micro", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    p.add_argument("--tree", type=_tree, action="append", default=[], metavar="NAME=DIR")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--requests", type=int, default=20000, help="requests per run (default 20000)")
+    p.add_argument("--inflight", type=int, default=32, help="running requests per endpoint (default 32)")
+    p.add_argument("--pieces", default=",".join(PIECES))
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, default=None, help="JSON report")
+    args = p.parse_args(argv)
+    pieces = [x for x in args.pieces.split(",") if x]
+    if unknown := set(pieces) - set(PIECES):
+        p.error(f"unknown pieces {sorted(unknown)}; choose from {','.join(PIECES)}")
+    if args.child:
+        sys.stdout.write(orjson.dumps(run_once(pieces, args.requests, args.inflight)).decode())
+        return 0
+    trees = args.tree or [("berth", Path(__file__).resolve().parents[2])]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
+    for r in range(args.rounds):
+        order = trees[r % len(trees) :] + trees[: r % len(trees)]
+        for name, tree in order:
+            res = _child(tree, pieces, args.requests, args.inflight)
+            runs[name].append(res)
+            shown = "  ".join(f"{k} {v:6.2f}" for k, v in res.items())
+            print(f"round {r + 1}/{args.rounds} {name:10} {shown}  (µs CPU per request)", file=sys.stderr)
+    first = trees[0][0]
+    summary: dict[str, dict[str, float]] = {}
+    lines = [f"{'piece':14}" + "".join(f"{name:>22}" for name, _ in trees)]
+    for piece in pieces:
+        row = f"{piece:14}"
+        for name, _ in trees:
+            vals = [x[piece] for x in runs[name]]
+            s = summary.setdefault(f"{name}.{piece}", {})
+            s["median"] = statistics.median(vals)
+            cell = f"{s['median']:.2f}"
+            if name != first:
+                diffs = [a[piece] - b[piece] for a, b in zip(runs[name], runs[first], strict=True)]
+                s["minus_first"] = statistics.median(diffs)
+                cell += f" ({s['minus_first']:+.2f})"
+            row += f"{cell:>22}"
+        lines.append(row)
+    table = "\n".join(lines)
+    print(f"µs of CPU per request, median of {args.rounds} rounds of {args.requests} requests "
+          f"(difference to {first}: median per round)\n{table}")  # fmt: skip
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        report = {"benchmark": "overhead-micro", "trees": {n: str(t) for n, t in trees},
+                  "runs": runs, "summary": summary, "table": table}  # fmt: skip
+        args.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
