@@ -55,7 +55,10 @@ class EndpointTelemetry:
         self.settings = settings
         self.timings = StreamTimings(settings.attainment_window_s)
         self.fitter = PerfModelFitter(
-            settings.prior, window=settings.fit_window, min_obs=settings.min_observations
+            settings.prior,
+            window=settings.fit_window,
+            min_obs=settings.min_observations,
+            first_fit_min_obs=settings.first_fit_min_observations,
         )
         self.coefficients: PerfCoefficients = self.fitter.current
         self.timeline = EndpointTimeline()
@@ -164,6 +167,16 @@ class EndpointTelemetry:
 
     def refit(self) -> PerfCoefficients:
         self.coefficients = self.fitter.refit()
+        return self.coefficients
+
+    @property
+    def on_prior(self) -> bool:
+        """Some part of its performance model still holds the prior."""
+        return bool(self.fitter.on_prior)
+
+    def refit_prior_parts(self) -> PerfCoefficients:
+        """Fit the parts still on the prior whose first fit is due (the fast check; `refit` does all)."""
+        self.coefficients = self.fitter.refit_prior_parts()
         return self.coefficients
 
     def estimates(self, now: float) -> EndpointEstimates:

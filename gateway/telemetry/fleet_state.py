@@ -153,10 +153,11 @@ class FleetTelemetry:
     def set_settings(self, settings: TelemetrySettings) -> None:
         """New settings (config reload). A changed prior or fit window restarts the fits."""
         old, self.settings = self.settings, settings
-        restart = (old.prior, old.fit_window, old.min_observations) != (
+        restart = (old.prior, old.fit_window, old.min_observations, old.first_fit_min_observations) != (
             settings.prior,
             settings.fit_window,
             settings.min_observations,
+            settings.first_fit_min_observations,
         )
         for eid, ep in list(self.endpoints.items()):
             if restart:

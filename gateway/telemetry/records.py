@@ -17,7 +17,9 @@ Quantity = Literal["ttft", "itl"]
 @dataclass(frozen=True, slots=True)
 class TelemetrySettings:
     prior: PerfCoefficients
-    min_observations: int = 20  # per model part, before fitted coefficients replace the prior
+    min_observations: int = 20  # per model part, before a refit replaces its fitted coefficients
+    # per model part still holding the prior, before its first fit replaces it (None: min_observations)
+    first_fit_min_observations: int | None = None
     fit_window: int = 2000  # observations kept per model part
     kv_capacity_tokens: float | None = None  # when the engine does not export it
     crosscheck_min_samples: int = 20
