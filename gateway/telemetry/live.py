@@ -41,6 +41,7 @@ from gateway.telemetry.endpoint_state import EndpointTelemetry
 from gateway.telemetry.engine_metrics import EngineMetrics
 from gateway.telemetry.exporter import TelemetryCollector
 from gateway.telemetry.fleet_state import CachedLengths, FleetTelemetry, prior_with
+from gateway.telemetry.perfmodel import PART_COEFFICIENTS, PARTS
 from gateway.telemetry.promtext import Exposition, Histogram
 from gateway.telemetry.records import FinishedRequest, ScrapeSample, TelemetrySettings
 from gateway.telemetry.tokens import TokenEstimator
@@ -58,9 +59,12 @@ Refit = Literal["all", "first"]
 
 
 def telemetry_settings(cfg: TelemetryConfig) -> TelemetrySettings:
+    given = {k for k, v in msgspec.structs.asdict(cfg.prior).items() if v is not None}
     prior = prior_with(default_prior(), **msgspec.structs.asdict(cfg.prior))
     return TelemetrySettings(
         prior=prior,
+        # a part none of whose coefficients the operator set holds the built-in prior: a guess
+        guessed_parts=frozenset(p for p in PARTS if not given & set(PART_COEFFICIENTS[p])),
         min_observations=cfg.min_observations,
         first_fit_min_observations=cfg.first_fit_min_observations,
         fit_window=cfg.fit_window,
@@ -204,6 +208,7 @@ class LiveTelemetry:
         every endpoint now), and hand the estimates to the scheduler. Tests call it directly."""
         self.drain()
         self.fleet.keep_endpoints(self._scheduler.endpoint_ids())
+        self._calibrate()
         if refit:
             self.settle()
             now = self._clock.now()
@@ -260,7 +265,9 @@ class LiveTelemetry:
         only = None if kind == "all" else [eid for eid, ep in endpoints.items() if ep.on_prior]
         if only == []:
             return []
-        return [(endpoints[eid], before) for eid, before in self.settle_points(only).items() if eid in endpoints]
+        return [
+            (endpoints[eid], before) for eid, before in self.settle_points(only).items() if eid in endpoints
+        ]
 
     @staticmethod
     def _refit_one(ep: EndpointTelemetry, before: float, kind: Refit) -> None:
@@ -276,6 +283,16 @@ class LiveTelemetry:
             self._last_refit = now
             self.fleet.last_refit_at = self._clock.now()
         self._push_estimates()
+
+    def _calibrate(self) -> None:
+        """Scale the prior of every endpoint whose prefill or decode still holds a guess by what its running
+        requests show (`gateway.telemetry.calibration`; a loop over those requests, until the fits)."""
+        sched = self._scheduler
+        for eid, ep in self.fleet.endpoints.items():
+            if ep.fitter.guessing("prefill") or ep.fitter.guessing("decode"):
+                view = sched.endpoint_view(eid)
+                if view is not None:
+                    ep.calibrate(view.running)
 
     def _push_estimates(self) -> None:
         now = self._clock.now()

@@ -63,8 +63,9 @@ a GC pause, which only ever add time, get no weight; residuals are relative to t
 dividing by a noisy observation would favour the ones that came out short). Slopes and intercepts are
 constrained to be non-negative (exact NNLS by trying every face of the constraint set: at most three
 unknowns). A dimension keeps its current coefficients (the prior until its first good fit) while it has
-fewer than ``min_obs`` observations (``first_fit_min_obs`` while it still holds the prior: a prior from
-other hardware is worse than a fit of a few observations of this one), or when its system is ill-conditioned (e.g. every prompt the same
+fewer than ``min_obs`` observations (``first_fit_min_obs`` while it still holds a prior that is a
+guess, ``guessed``: a prior from other hardware is worse than a fit of a few observations of this one),
+or when its system is ill-conditioned (e.g. every prompt the same
 length, or a saturated endpoint that only ever runs one batch size: the slope cannot be told from the
 intercept), or when the fit would put every coefficient at zero. The throughput curve is non-linear in
 β: a log-spaced grid of β with the linear (thr1, α) solved in closed form for each.
@@ -138,6 +139,13 @@ class _LinearFit:
 
 Part = Literal["prefill", "decode", "kv", "throughput"]
 PARTS: Final[tuple[Part, ...]] = ("prefill", "decode", "kv", "throughput")
+#: Each part's coefficients (`PerfCoefficients` fields).
+PART_COEFFICIENTS: Final[dict[Part, tuple[str, ...]]] = {
+    "prefill": ("k1", "c1"),
+    "decode": ("k2", "c2", "c3"),
+    "kv": ("h", "j"),
+    "throughput": ("thr1", "alpha", "beta"),
+}
 
 
 class PerfModelFitter:
@@ -157,6 +165,7 @@ class PerfModelFitter:
         half_life: float = 500.0,
         min_obs: int = 20,
         first_fit_min_obs: int | None = None,
+        guessed: frozenset[Part] = frozenset(PARTS),
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
@@ -171,6 +180,9 @@ class PerfModelFitter:
         self._half_life = float(half_life)
         self._min_obs = min_obs
         self._first_fit_min_obs = min_obs if first_fit_min_obs is None else first_fit_min_obs
+        # parts whose prior is a guess (the built-in one, not an operator's measurement): fitted at
+        # first_fit_min_obs, and scaled by `scale_prior` until then; the others wait for min_obs
+        self._guessed = guessed
         self._prefill = _Ring(window, 2)
         self._decode = _Ring(window, 3)
         self._kv = _Ring(window, 2)
@@ -218,23 +230,46 @@ class PerfModelFitter:
 
     @property
     def first_fit_due(self) -> bool:
-        """Whether a part on the prior has `first_fit_min_obs` observations and new ones since its
-        last attempt (what `refit_prior_parts` would try)."""
+        """Whether a part on a guessed prior has `first_fit_min_obs` observations and new ones since
+        its last attempt (what `refit_prior_parts` would try)."""
         return any(self._first_fit_due(p) for p in self._on_prior)
 
     def _first_fit_due(self, part: Part) -> bool:
         ring = self._rings[part]
-        return len(ring) >= self._first_fit_min_obs and ring.total > self._tried[part]
+        return (
+            part in self._guessed and len(ring) >= self._first_fit_min_obs and ring.total > self._tried[part]
+        )
+
+    def scale_prior(self, prefill: float, decode: float) -> PerfCoefficients:
+        """Until their first fit, the prefill and decode parts (and the throughput curve, from decode)
+        predict the prior's times multiplied by `prefill` and `decode` (see
+        `gateway.telemetry.calibration`); fitted parts and those whose prior is not a guess are left
+        alone."""
+        if not (prefill > 0 and decode > 0 and math.isfinite(prefill) and math.isfinite(decode)):
+            raise ValueError("scale factors must be finite and > 0")
+        p, cur, on = self._prior, self._current, self._on_prior & self._guessed
+        if "prefill" in on:
+            cur = replace(cur, k1=p.k1 * prefill, c1=p.c1 * prefill)
+        if "decode" in on:
+            cur = replace(cur, k2=p.k2 * decode, c2=p.c2 * decode, c3=p.c3 * decode)
+        if "throughput" in on:
+            cur = replace(cur, thr1=p.thr1 / decode, alpha=p.alpha / decode)
+        self._current = cur
+        return cur
+
+    def guessing(self, part: Part) -> bool:
+        """`part` still holds the prior, and the prior is a guess (see `guessed`)."""
+        return part in self._on_prior and part in self._guessed
 
     # ---- fitting -----------------------------------------------------------------------------------
     def refit(self) -> PerfCoefficients:
-        """Fit every part that has enough observations: `min_obs` once fitted, `first_fit_min_obs`
-        while on the prior."""
+        """Fit every part that has enough observations: `first_fit_min_obs` while on a guessed prior,
+        else `min_obs`."""
         return self._refit(PARTS)
 
     def refit_prior_parts(self) -> PerfCoefficients:
-        """Fit only the parts on the prior whose first fit is due (see `first_fit_due`); the fitted
-        parts keep their coefficients until the next `refit`."""
+        """Fit only the parts on a guessed prior whose first fit is due (see `first_fit_due`); the
+        others keep their coefficients until the next `refit`."""
         return self._refit(tuple(p for p in PARTS if p in self._on_prior and self._first_fit_due(p)))
 
     def _refit(self, parts: tuple[Part, ...]) -> PerfCoefficients:
@@ -244,7 +279,7 @@ class PerfModelFitter:
         for part in parts:
             ring = self._rings[part]
             first = part in self._on_prior
-            if len(ring) < (self._first_fit_min_obs if first else self._min_obs):
+            if len(ring) < (self._first_fit_min_obs if first and part in self._guessed else self._min_obs):
                 continue
             if first:
                 self._tried[part] = ring.total

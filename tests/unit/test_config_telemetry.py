@@ -90,7 +90,8 @@ j = 16
         ),
         pytest.param(
             "[telemetry]\nmin_observations = 4\n",
-            "gateway.toml:telemetry.first_fit_min_observations: must not exceed telemetry.min_observations (4",
+            "gateway.toml:telemetry.first_fit_min_observations: must not exceed "
+            "telemetry.min_observations (4",
             id="first-fit-above-min-observations",
         ),
         pytest.param(

@@ -43,7 +43,13 @@ class Rig:
         self.tel = LiveTelemetry(self.sched, self.clock, TelemetryConfig(), pending_limit=pending_limit)
 
     def run_request(
-        self, name: str, *, prompt_chars: int = 400, tokens: int = 5, prompt_tokens: int = 100, ttft: float = 0.2
+        self,
+        name: str,
+        *,
+        prompt_chars: int = 400,
+        tokens: int = 5,
+        prompt_tokens: int = 100,
+        ttft: float = 0.2,
     ) -> RequestContext:
         """One streamed request through the scheduler, timed on the fake clock."""
         sreq = SchedRequest(
@@ -256,14 +262,16 @@ def test_a_part_on_the_prior_is_fitted_at_the_fast_cadence_then_follows_the_norm
 
     def perf() -> PerfCoefficients:
         view = rig.sched.endpoint_view(A)
-        assert view is not None and view.perf is not None
+        assert view is not None
+        assert view.perf is not None
         return view.perf
 
     alone(4, 0.2)
     assert perf() == default_prior()  # 4 < first_fit_min_observations
     alone(1, 0.2)
     fitted = perf()
-    assert (fitted.n_prefill, fitted.c1) == (5, pytest.approx(0.2, rel=1e-6))
+    assert fitted.n_prefill == 5
+    assert fitted.c1 == pytest.approx(0.2, rel=1e-6)
     assert (fitted.k2, fitted.c3) == (default_prior().k2, default_prior().c3)  # no decode data yet
     assert rig.tel.last_refit_at == start  # no full refit ran: only the fast check
     alone(20, 0.3)  # slower now: the fitted part waits for the full refit
@@ -280,7 +288,12 @@ def test_the_fast_check_visits_only_endpoints_on_the_prior(monkeypatch: pytest.M
     rig.tel.reconfigure(TelemetryConfig(first_fit_min_observations=5))
     rig.tel.step()
     visited: list[object] = []
-    monkeypatch.setattr(rig.tel, "settle_points", lambda only=None: visited.append(only) or {})
+
+    def settle_points(only: object = None) -> dict[EndpointId, float]:
+        visited.append(only)
+        return {}
+
+    monkeypatch.setattr(rig.tel, "settle_points", settle_points)
     rig.clock.advance(1.0)
     rig.tel.step()
     assert visited == [[A]]
