@@ -26,6 +26,7 @@ def test_defaults_when_the_section_is_missing(tmp_path: Path) -> None:
     assert s.prior == default_prior()
     assert s.kv_capacity_tokens is None
     assert (s.min_observations, s.first_fit_min_observations) == (20, 5)
+    assert s.guessed_parts == {"prefill", "decode", "kv", "throughput"}
     assert cfg.first_fit_interval_s == 1.0
     assert (cfg.prompt_tokens, cfg.tokenize_timeout_s) == ("estimate", 0.05)
 
@@ -60,6 +61,8 @@ j = 16
     assert (s.fit_window, s.kv_capacity_tokens, s.disagreement_tolerance) == (500, 65536.0, 3.0)
     assert (s.prior.k1, s.prior.c3, s.prior.j) == (2e-4, 0.02, 16.0)
     assert s.prior.c1 == default_prior().c1  # not given: the built-in prior's
+    # parts with a coefficient of the operator's are measurements, not a guess: no early first fit
+    assert s.guessed_parts == {"throughput"}
 
 
 @pytest.mark.parametrize(
