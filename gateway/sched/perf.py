@@ -17,7 +17,7 @@ their consumers, so that the core depends on nothing but `gateway.core`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +38,6 @@ class PerfCoefficients:
     n_prefill: int = 0
     n_decode: int = 0
     n_kv: int = 0
-    # Prefill or decode still predicts from a guess (the built-in prior, perhaps scaled by what the
-    # endpoint was seen to take) rather than a fit or an operator's prior. Not part of equality: it
-    # says where the figures came from, not what they are.
-    guessed: bool = field(default=False, compare=False)
 
     def prefill_s(self, prompt_tokens: float) -> float:
         """Seconds of one prefill iteration over `prompt_tokens` prompt tokens in total."""

@@ -174,9 +174,8 @@ class EndpointLoad:
         self.params = params
         self.gamma = params.gamma
         self.coef: PerfCoefficients = view.perf or _PRIOR
-        # Predicting from the generic prior (no fit, no configured prior; perhaps scaled by telemetry's
-        # first readings): a guess about other hardware.
-        self.guessed = self.coef.guessed or self.coef == _PRIOR
+        # Predicting from the generic prior (no fit, no configured prior): a guess about other hardware.
+        self.guessed = self.coef == _PRIOR
         self.kv_capacity = view.kv_capacity_tokens
         # The engine runs at most its max batch at once, whatever berth's cap lets in.
         mb = view.max_batch

@@ -194,7 +194,6 @@ class PerfModelFitter:
             "throughput": self._tput,
         }
         self._on_prior: set[Part] = set(PARTS)  # parts without a fit of their own yet
-        self._current = self._flagged(prior)
         # per part on the prior: observations ever made when its first fit was last tried (a fit refused
         # as ill-conditioned is tried again only once something new came in)
         self._tried: dict[Part, int] = dict.fromkeys(PARTS, 0)
@@ -255,13 +254,8 @@ class PerfModelFitter:
             cur = replace(cur, k2=p.k2 * decode, c2=p.c2 * decode, c3=p.c3 * decode)
         if "throughput" in on:
             cur = replace(cur, thr1=p.thr1 / decode, alpha=p.alpha / decode)
-        self._current = cur = self._flagged(cur)
+        self._current = cur
         return cur
-
-    def _flagged(self, cur: PerfCoefficients) -> PerfCoefficients:
-        """`cur` with `guessed` set while prefill or decode predicts from a guessed prior."""
-        guessed = any(p in self._on_prior and p in self._guessed for p in ("prefill", "decode"))
-        return cur if cur.guessed == guessed else replace(cur, guessed=guessed)
 
     def guessing(self, part: Part) -> bool:
         """`part` still holds the prior, and the prior is a guess (see `guessed`)."""
@@ -294,7 +288,7 @@ class PerfModelFitter:
             if fitted is not None:
                 cur = fitted
                 self._on_prior.discard(part)
-        self._current = cur = self._flagged(cur)
+        self._current = cur
         return cur
 
     def _fit(self, part: Part, cur: PerfCoefficients) -> PerfCoefficients | None:

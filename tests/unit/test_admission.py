@@ -4,8 +4,6 @@ scheduler records for endpoints with priority scheduling (normalised per dialect
 
 from __future__ import annotations
 
-import dataclasses
-
 from collections.abc import Callable
 
 import pytest
@@ -87,25 +85,6 @@ def test_never_refused_on_the_generic_prior() -> None:
     assert adm.admit(r, snap(guess, BUSY), none_queued).outcome is AdmitOutcome.REJECT
     # what cannot be met even alone on an idle endpoint is refused on the prior too
     assert adm.admit(req(cls="ide", e2e_ms=1.0), snap(guess), none_queued).outcome is AdmitOutcome.REJECT
-
-
-def test_a_scaled_generic_prior_is_still_a_guess() -> None:
-    """Telemetry scales the generic prior by what an endpoint was seen to take until it has fits
-    (`guessed` coefficients): still no refusal on its view of the load; a fit or an operator's prior
-    (the same figures without the flag) refuses."""
-    adm = SloFeasibilityAdmitter(SloFeasibilityParams(margin=1.0, retry_after_s=1.0), SLO)
-    p = default_prior()
-    scaled = dataclasses.replace(p, k2=2 * p.k2, c2=2 * p.c2, c3=2 * p.c3, guessed=True)
-    runs = [running("x", dispatched_at=-0.1, out=5000.0)]
-    r = req(cls="ide", e2e_ms=2000.0)
-    assert (
-        adm.admit(r, snap(view("e", cap=1, runs=runs, coef=scaled)), none_queued).outcome
-        is AdmitOutcome.ADMIT
-    )
-    fitted = dataclasses.replace(scaled, guessed=False)
-    assert adm.admit(r, snap(view("e", cap=1, runs=runs, coef=fitted)), none_queued).outcome is (
-        AdmitOutcome.REJECT
-    )
 
 
 def test_requests_without_targets_or_endpoints_are_admitted() -> None:

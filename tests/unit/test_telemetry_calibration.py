@@ -77,16 +77,3 @@ def test_the_scale_applies_to_guessed_parts_on_the_prior_only() -> None:
     assert (scaled.thr1, scaled.alpha) == (PRIOR.thr1, PRIOR.alpha)  # an operator's: not a guess
     with pytest.raises(ValueError, match="scale"):
         f.scale_prior(0.0, 1.0)
-
-
-def test_coefficients_say_whether_prefill_or_decode_is_a_guess() -> None:
-    f = PerfModelFitter(PRIOR, min_obs=20, first_fit_min_obs=5)
-    assert f.current.guessed
-    assert f.current == PRIOR  # the flag is not part of the figures
-    assert f.scale_prior(2.0, 2.0).guessed
-    for i in range(5):
-        f.observe_prefill(100 * (i + 1), 0.02 + 2e-4 * 100 * (i + 1))
-        f.observe_decode(1 + i, 100 + 50 * i, 0.025 + (2e-6 * (100 + 50 * i) + 1e-3) * (1 + i))
-    assert not f.refit().guessed  # both fitted
-    measured = PerfModelFitter(PRIOR, guessed=frozenset({"kv", "throughput"}))  # an operator's prior
-    assert not measured.current.guessed
