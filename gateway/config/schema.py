@@ -103,7 +103,12 @@ class TelemetryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
 
     refresh_interval_s: PositiveFloat = 1.0  # fold finished requests in, hand estimates to the scheduler
     refit_interval_s: PositiveFloat = 5.0  # refit the performance models (in the background)
-    min_observations: PositiveInt = 20  # per model part, before a fit replaces the prior
+    min_observations: PositiveInt = 20  # per model part, between refits once it has its own fit
+    # A part still on the prior is fitted as soon as it has first_fit_min_observations (at least 3: the
+    # decode model has three unknowns) and re-checked every first_fit_interval_s until it has a fit: the
+    # prior is another machine's, and a few observations of this one predict it better.
+    first_fit_min_observations: Annotated[int, Meta(ge=3)] = 5
+    first_fit_interval_s: PositiveFloat = 1.0
     fit_window: PositiveInt = 2000  # observations kept per model part
     kv_capacity_tokens: PositiveInt | None = None  # for engines that do not export it
     disagreement_tolerance: Annotated[float, Meta(gt=1)] = 2.0  # engine vs gateway latency ratio

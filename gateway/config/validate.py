@@ -38,6 +38,22 @@ def check_gateway(f: GatewayFile) -> list[ConfigError]:
                 path="scrape.stale_after_s",
             )
         )
+    tel = f.telemetry
+    if tel.first_fit_min_observations > tel.min_observations:
+        problems.append(
+            ConfigError(
+                f"must not exceed telemetry.min_observations ({tel.min_observations}; lower both)",
+                path="telemetry.first_fit_min_observations",
+            )
+        )
+    if tel.first_fit_interval_s > tel.refit_interval_s:
+        problems.append(
+            ConfigError(
+                f"must not exceed telemetry.refit_interval_s ({tel.refit_interval_s}): "
+                "every refit fits the parts on the prior too (lower both)",
+                path="telemetry.first_fit_interval_s",
+            )
+        )
     problems.extend(check_aliases(f.aliases))
     for i, ep in enumerate(f.endpoints):
         problems.extend(e.within(prefix=f"endpoints[{i}]") for e in check_endpoint(ep))

@@ -9,7 +9,9 @@ from typing import Final
 
 from gateway.core.types import EndpointId
 from gateway.sched.perf import PerfCoefficients
+from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointEstimates
+from gateway.telemetry.calibration import prior_factors
 from gateway.telemetry.crosscheck import CrossCheck, CumulativeDelta, Verdict
 from gateway.telemetry.perfmodel import PerfModelFitter
 from gateway.telemetry.promtext import Histogram
@@ -55,9 +57,14 @@ class EndpointTelemetry:
         self.settings = settings
         self.timings = StreamTimings(settings.attainment_window_s)
         self.fitter = PerfModelFitter(
-            settings.prior, window=settings.fit_window, min_obs=settings.min_observations
+            settings.prior,
+            window=settings.fit_window,
+            min_obs=settings.min_observations,
+            first_fit_min_obs=settings.first_fit_min_observations,
+            guessed=settings.guessed_parts,
         )
         self.coefficients: PerfCoefficients = self.fitter.current
+        self.prior_scale = (1.0, 1.0)  # (prefill, decode) factors of the prior's times until fitted
         self.timeline = EndpointTimeline()
         self.engine_kv_capacity: float | None = None
         # |predicted - observed| / observed with the coefficients in force when the request ran
@@ -164,6 +171,29 @@ class EndpointTelemetry:
 
     def refit(self) -> PerfCoefficients:
         self.coefficients = self.fitter.refit()
+        return self.coefficients
+
+    @property
+    def on_prior(self) -> bool:
+        """Some part of its performance model still holds the prior."""
+        return bool(self.fitter.on_prior)
+
+    def calibrate(self, running: Sequence[RunningRequest]) -> None:
+        """While prefill or decode still holds a guessed prior: scale the prior by what the requests running
+        here show (`gateway.telemetry.calibration`); a factor without a reading keeps its last value."""
+        f = self.fitter
+        if not (f.guessing("prefill") or f.guessing("decode")):
+            return
+        pre, dec = prior_factors(f.prior, running)
+        if pre is None and dec is None:
+            return
+        old_pre, old_dec = self.prior_scale
+        self.prior_scale = (old_pre if pre is None else pre, old_dec if dec is None else dec)
+        self.coefficients = f.scale_prior(*self.prior_scale)
+
+    def refit_prior_parts(self) -> PerfCoefficients:
+        """Fit the parts still on the prior whose first fit is due (the fast check; `refit` does all)."""
+        self.coefficients = self.fitter.refit_prior_parts()
         return self.coefficients
 
     def estimates(self, now: float) -> EndpointEstimates:

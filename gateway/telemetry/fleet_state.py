@@ -153,11 +153,11 @@ class FleetTelemetry:
     def set_settings(self, settings: TelemetrySettings) -> None:
         """New settings (config reload). A changed prior or fit window restarts the fits."""
         old, self.settings = self.settings, settings
-        restart = (old.prior, old.fit_window, old.min_observations) != (
-            settings.prior,
-            settings.fit_window,
-            settings.min_observations,
-        )
+
+        def fits(s: TelemetrySettings) -> tuple[object, ...]:
+            return (s.prior, s.fit_window, s.min_observations, s.first_fit_min_observations, s.guessed_parts)
+
+        restart = fits(old) != fits(settings)
         for eid, ep in list(self.endpoints.items()):
             if restart:
                 self.endpoints[eid] = fresh = EndpointTelemetry(eid, settings)

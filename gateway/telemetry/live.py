@@ -9,7 +9,11 @@ else (EWMAs, quantile windows, predictor updates, cross-checks, each endpoint's 
 `refresh()` every `telemetry.refresh_interval_s`. Every `telemetry.refit_interval_s` the timelines are
 settled (each endpoint up to the dispatch of its oldest running request: everything before it has
 finished and been folded in) into performance-model observations, and the models are refitted, one
-endpoint at a time with the event loop free in between.
+endpoint at a time with the event loop free in between. In between, every
+`telemetry.first_fit_interval_s` (at the refreshes), only the endpoints with a model part still on the
+prior are settled, and only those parts are fitted, as soon as they have
+`telemetry.first_fit_min_observations` (a first fit; the prior is another machine's). Once every part
+has a fit this costs a look at each endpoint's flag.
 
 Staleness: when every ready endpoint's metrics are stale, routing runs on the gateway's own counts
 (fail open: traffic never waits for metrics). `refresh()` notices it, sets
@@ -20,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Final
+from collections.abc import Iterable
+from typing import Final, Literal
 
 import msgspec
 import structlog
@@ -32,9 +37,11 @@ from gateway.core.types import EndpointHealth, EndpointId, EngineGauges
 from gateway.sched.perf import default_prior
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.capacity import kv_capacity_tokens
+from gateway.telemetry.endpoint_state import EndpointTelemetry
 from gateway.telemetry.engine_metrics import EngineMetrics
 from gateway.telemetry.exporter import TelemetryCollector
 from gateway.telemetry.fleet_state import CachedLengths, FleetTelemetry, prior_with
+from gateway.telemetry.perfmodel import PART_COEFFICIENTS, PARTS
 from gateway.telemetry.promtext import Exposition, Histogram
 from gateway.telemetry.records import FinishedRequest, ScrapeSample, TelemetrySettings
 from gateway.telemetry.tokens import TokenEstimator
@@ -47,12 +54,19 @@ DRAIN_SLICE: Final = 128
 #: Finished requests waiting for the next refresh; past this the oldest are dropped (and counted).
 PENDING_LIMIT: Final = 65536
 
+#: A refit of every endpoint's every part ("all"), or only of the parts still on the prior ("first").
+Refit = Literal["all", "first"]
+
 
 def telemetry_settings(cfg: TelemetryConfig) -> TelemetrySettings:
+    given = {k for k, v in msgspec.structs.asdict(cfg.prior).items() if v is not None}
     prior = prior_with(default_prior(), **msgspec.structs.asdict(cfg.prior))
     return TelemetrySettings(
         prior=prior,
+        # a part none of whose coefficients the operator set holds the built-in prior: a guess
+        guessed_parts=frozenset(p for p in PARTS if not given & set(PART_COEFFICIENTS[p])),
         min_observations=cfg.min_observations,
+        first_fit_min_observations=cfg.first_fit_min_observations,
         fit_window=cfg.fit_window,
         kv_capacity_tokens=None if cfg.kv_capacity_tokens is None else float(cfg.kv_capacity_tokens),
         disagreement_tolerance=cfg.disagreement_tolerance,
@@ -76,6 +90,7 @@ class LiveTelemetry:
         self.dropped = 0
         self._dropped_settled = 0  # `dropped` when the timelines were last settled
         self._last_refit: float | None = None
+        self._last_first_fit: float | None = None  # the last refit of either kind
 
     @property
     def tokens(self) -> TokenEstimator:
@@ -165,10 +180,11 @@ class LiveTelemetry:
             n += 1
         return n
 
-    def settle_points(self) -> dict[EndpointId, float]:
-        """Fold the finished requests in; then, per endpoint, the time before which everything that ran
-        there has been folded in: the dispatch of the oldest request still running there (now when none
-        is). In one synchronous step, so that a request finishing meanwhile still counts as running."""
+    def settle_points(self, only: Iterable[EndpointId] | None = None) -> dict[EndpointId, float]:
+        """Fold the finished requests in; then, per endpoint (of `only`, when given), the time before
+        which everything that ran there has been folded in: the dispatch of the oldest request still
+        running there (now when none is). In one synchronous step, so that a request finishing meanwhile
+        still counts as running."""
         self.drain()
         now = self._clock.now()
         if self.dropped != self._dropped_settled:  # finished requests were lost: the timelines have holes
@@ -176,7 +192,7 @@ class LiveTelemetry:
             self.fleet.forget_timelines(now)
         sched = self._scheduler
         points: dict[EndpointId, float] = {}
-        for eid in self.fleet.endpoints:
+        for eid in self.fleet.endpoints if only is None else only:
             view = sched.endpoint_view(eid)
             running = () if view is None else view.running
             points[eid] = min((r.dispatched_at for r in running), default=now)
@@ -192,6 +208,7 @@ class LiveTelemetry:
         every endpoint now), and hand the estimates to the scheduler. Tests call it directly."""
         self.drain()
         self.fleet.keep_endpoints(self._scheduler.endpoint_ids())
+        self._calibrate()
         if refit:
             self.settle()
             now = self._clock.now()
@@ -200,8 +217,30 @@ class LiveTelemetry:
         self._push_estimates()
         self._check_stale()
 
+    def refit_due(self, now: float) -> Refit | None:
+        """The refit the loop runs at `now`: "all" every `refit_interval_s` (the first refresh too);
+        "first" every `first_fit_interval_s` in between; None."""
+        cfg = self._config
+        if self._last_refit is None or now - self._last_refit >= cfg.refit_interval_s:
+            return "all"
+        if self._last_first_fit is None or now - self._last_first_fit >= cfg.first_fit_interval_s:
+            return "first"
+        return None
+
+    def step(self) -> None:
+        """One turn of `run` in one synchronous step: refresh, then the refit that is due (the offline
+        simulator's refresh event; live, `run` does the same with the event loop free between
+        endpoints)."""
+        self.refresh()
+        now = self._clock.now()
+        kind = self.refit_due(now)
+        if kind is not None:
+            for ep, before in self._refit_plan(kind):
+                self._refit_one(ep, before, kind)
+            self._refitted(kind, now)
+
     async def run(self) -> None:
-        """The supervised loop: refresh every `refresh_interval_s`, refit when due."""
+        """The supervised loop: refresh every `refresh_interval_s`, refit when due (`step`)."""
         while True:
             await asyncio.sleep(self._config.refresh_interval_s)
             # A second's finished requests at thousands a second take milliseconds to fold in: a slice
@@ -211,19 +250,49 @@ class LiveTelemetry:
                 await asyncio.sleep(0)
             self.refresh()
             now = self._clock.now()
-            if self._last_refit is None or now - self._last_refit >= self._config.refit_interval_s:
-                await self._refit_all()
-                self._last_refit = now
-                self._push_estimates()
+            kind = self.refit_due(now)
+            if kind is None:
+                continue
+            for ep, before in self._refit_plan(kind):
+                self._refit_one(ep, before, kind)
+                await asyncio.sleep(0)  # a fit takes milliseconds: let requests through in between
+            self._refitted(kind, now)
 
-    async def _refit_all(self) -> None:
-        for eid, before in self.settle_points().items():
-            ep = self.fleet.endpoints.get(eid)
-            if ep is not None:
-                ep.settle(before)  # requests added after the points were taken ran later: still correct
-                ep.refit()
-            await asyncio.sleep(0)  # a fit takes milliseconds: let requests through in between
-        self.fleet.last_refit_at = self._clock.now()
+    def _refit_plan(self, kind: Refit) -> list[tuple[EndpointTelemetry, float]]:
+        """The endpoints a refit of `kind` visits (for "first", those with a part on the prior), each
+        with its settle point."""
+        endpoints = self.fleet.endpoints
+        only = None if kind == "all" else [eid for eid, ep in endpoints.items() if ep.on_prior]
+        if only == []:
+            return []
+        return [
+            (endpoints[eid], before) for eid, before in self.settle_points(only).items() if eid in endpoints
+        ]
+
+    @staticmethod
+    def _refit_one(ep: EndpointTelemetry, before: float, kind: Refit) -> None:
+        ep.settle(before)  # requests added after the points were taken ran later: still correct
+        if kind == "all":
+            ep.refit()
+        elif ep.fitter.first_fit_due:
+            ep.refit_prior_parts()
+
+    def _refitted(self, kind: Refit, now: float) -> None:
+        self._last_first_fit = now
+        if kind == "all":
+            self._last_refit = now
+            self.fleet.last_refit_at = self._clock.now()
+        self._push_estimates()
+
+    def _calibrate(self) -> None:
+        """Scale the prior of every endpoint whose prefill or decode still holds a guess by what its running
+        requests show (`gateway.telemetry.calibration`; a loop over those requests, until the fits)."""
+        sched = self._scheduler
+        for eid, ep in self.fleet.endpoints.items():
+            if ep.fitter.guessing("prefill") or ep.fitter.guessing("decode"):
+                view = sched.endpoint_view(eid)
+                if view is not None:
+                    ep.calibrate(view.running)
 
     def _push_estimates(self) -> None:
         now = self._clock.now()

@@ -63,10 +63,16 @@ a GC pause, which only ever add time, get no weight; residuals are relative to t
 dividing by a noisy observation would favour the ones that came out short). Slopes and intercepts are
 constrained to be non-negative (exact NNLS by trying every face of the constraint set: at most three
 unknowns). A dimension keeps its current coefficients (the prior until its first good fit) while it has
-fewer than ``min_obs`` observations, or when its system is ill-conditioned (e.g. every prompt the same
+fewer than ``min_obs`` observations (``first_fit_min_obs`` while it still holds a prior that is a
+guess, ``guessed``: a prior from other hardware is worse than a fit of a few observations of this one),
+or when its system is ill-conditioned (e.g. every prompt the same
 length, or a saturated endpoint that only ever runs one batch size: the slope cannot be told from the
 intercept), or when the fit would put every coefficient at zero. The throughput curve is non-linear in
 β: a log-spaced grid of β with the linear (thr1, α) solved in closed form for each.
+
+``refit_prior_parts()`` fits only the dimensions that still hold the prior and have observations they
+had not at their last attempt (``first_fit_due`` says whether there is one): the cheap, frequent check the
+telemetry loop runs until every dimension has its first fit.
 
 ``*_mape`` are fractions (0.03 = 3 %): the mean absolute relative error of the current coefficients over
 the window, weighted by the same forgetting weights (old observations from before a change count
@@ -78,7 +84,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from itertools import combinations
-from typing import Final
+from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -100,12 +106,13 @@ _BETAS: Final = np.geomspace(1e-3, 1e2, 81)
 class _Ring:
     """A bounded window of observations (rows of floats) in preallocated arrays; O(1) append."""
 
-    __slots__ = ("_data", "_head", "_len")
+    __slots__ = ("_data", "_head", "_len", "total")
 
     def __init__(self, size: int, width: int) -> None:
         self._data = np.zeros((size, width))
         self._head = 0  # where the next row goes
         self._len = 0
+        self.total = 0  # rows ever appended (the window keeps the last `size`)
 
     def __len__(self) -> int:
         return self._len
@@ -114,6 +121,7 @@ class _Ring:
         self._data[self._head] = row
         self._head = (self._head + 1) % len(self._data)
         self._len = min(self._len + 1, len(self._data))
+        self.total += 1
 
     def rows(self) -> Array:
         """The observations, oldest first."""
@@ -129,16 +137,35 @@ class _LinearFit:
     n: int
 
 
+Part = Literal["prefill", "decode", "kv", "throughput"]
+PARTS: Final[tuple[Part, ...]] = ("prefill", "decode", "kv", "throughput")
+#: Each part's coefficients (`PerfCoefficients` fields).
+PART_COEFFICIENTS: Final[dict[Part, tuple[str, ...]]] = {
+    "prefill": ("k1", "c1"),
+    "decode": ("k2", "c2", "c3"),
+    "kv": ("h", "j"),
+    "throughput": ("thr1", "alpha", "beta"),
+}
+
+
 class PerfModelFitter:
     """One per endpoint (or per model + engine profile). See the module doc for what to feed it.
 
     ``observe_*`` are O(1) appends into bounded windows; ``refit()`` runs the least-squares fits (around
-    10 ms with full windows) and returns and stores the new coefficients. Invalid
+    10 ms with full windows) and returns and stores the new coefficients; ``refit_prior_parts()`` only
+    those of the parts still on the prior that have new observations (``first_fit_due``). Invalid
     observations (non-finite, negative sizes, non-positive times) are dropped.
     """
 
     def __init__(
-        self, prior: PerfCoefficients, *, window: int = 2000, half_life: float = 500.0, min_obs: int = 20
+        self,
+        prior: PerfCoefficients,
+        *,
+        window: int = 2000,
+        half_life: float = 500.0,
+        min_obs: int = 20,
+        first_fit_min_obs: int | None = None,
+        guessed: frozenset[Part] = frozenset(PARTS),
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
@@ -146,14 +173,30 @@ class PerfModelFitter:
             raise ValueError("half_life must be > 0")
         if min_obs < 1:
             raise ValueError("min_obs must be >= 1")
+        if first_fit_min_obs is not None and first_fit_min_obs < 1:
+            raise ValueError("first_fit_min_obs must be >= 1")
         self._prior = prior
         self._current = prior
         self._half_life = float(half_life)
         self._min_obs = min_obs
+        self._first_fit_min_obs = min_obs if first_fit_min_obs is None else first_fit_min_obs
+        # parts whose prior is a guess (the built-in one, not an operator's measurement): fitted at
+        # first_fit_min_obs, and scaled by `scale_prior` until then; the others wait for min_obs
+        self._guessed = guessed
         self._prefill = _Ring(window, 2)
         self._decode = _Ring(window, 3)
         self._kv = _Ring(window, 2)
         self._tput = _Ring(window, 2)
+        self._rings: dict[Part, _Ring] = {
+            "prefill": self._prefill,
+            "decode": self._decode,
+            "kv": self._kv,
+            "throughput": self._tput,
+        }
+        self._on_prior: set[Part] = set(PARTS)  # parts without a fit of their own yet
+        # per part on the prior: observations ever made when its first fit was last tried (a fit refused
+        # as ill-conditioned is tried again only once something new came in)
+        self._tried: dict[Part, int] = dict.fromkeys(PARTS, 0)
 
     # ---- observations ----------------------------------------------------------------------------
     def observe_prefill(self, prompt_tokens: float, seconds: float) -> None:
@@ -180,58 +223,117 @@ class PerfModelFitter:
     def prior(self) -> PerfCoefficients:
         return self._prior
 
-    # ---- fitting -----------------------------------------------------------------------------------
-    def refit(self) -> PerfCoefficients:
-        cur = self._current
-        # Extreme inputs (denormal sizes, 1e300 times) may overflow on the way; every result is checked
-        # for finiteness instead, and a dimension whose fit is not finite keeps its coefficients.
-        with np.errstate(all="ignore"):
-            prefill, decode, kv, tput = (
-                self._fit_prefill(),
-                self._fit_decode(),
-                self._fit_kv(),
-                self._fit_throughput(),
-            )
-        if prefill is not None:
-            k1, c1 = prefill.coef
-            cur = replace(cur, k1=k1, c1=c1, prefill_mape=prefill.mape, n_prefill=prefill.n)
-        if decode is not None:
-            k2, c2, c3 = decode.coef
-            cur = replace(cur, k2=k2, c2=c2, c3=c3, decode_mape=decode.mape, n_decode=decode.n)
-        if kv is not None:
-            h, j = kv.coef
-            cur = replace(cur, h=h, j=j, kv_mape=kv.mape, n_kv=kv.n)
-        if tput is not None:
-            thr1, alpha, beta = tput
-            cur = replace(cur, thr1=thr1, alpha=alpha, beta=beta)
+    @property
+    def on_prior(self) -> frozenset[Part]:
+        """The parts that still hold the prior (no fit of their own yet)."""
+        return frozenset(self._on_prior)
+
+    @property
+    def first_fit_due(self) -> bool:
+        """Whether a part on a guessed prior has `first_fit_min_obs` observations and new ones since
+        its last attempt (what `refit_prior_parts` would try)."""
+        return any(self._first_fit_due(p) for p in self._on_prior)
+
+    def _first_fit_due(self, part: Part) -> bool:
+        ring = self._rings[part]
+        return (
+            part in self._guessed and len(ring) >= self._first_fit_min_obs and ring.total > self._tried[part]
+        )
+
+    def scale_prior(self, prefill: float, decode: float) -> PerfCoefficients:
+        """Until their first fit, the prefill and decode parts (and the throughput curve, from decode)
+        predict the prior's times multiplied by `prefill` and `decode` (see
+        `gateway.telemetry.calibration`); fitted parts and those whose prior is not a guess are left
+        alone."""
+        if not (prefill > 0 and decode > 0 and math.isfinite(prefill) and math.isfinite(decode)):
+            raise ValueError("scale factors must be finite and > 0")
+        p, cur, on = self._prior, self._current, self._on_prior & self._guessed
+        if "prefill" in on:
+            cur = replace(cur, k1=p.k1 * prefill, c1=p.c1 * prefill)
+        if "decode" in on:
+            cur = replace(cur, k2=p.k2 * decode, c2=p.c2 * decode, c3=p.c3 * decode)
+        if "throughput" in on:
+            cur = replace(cur, thr1=p.thr1 / decode, alpha=p.alpha / decode)
         self._current = cur
         return cur
 
-    def _fit_prefill(self) -> _LinearFit | None:
-        if len(self._prefill) < self._min_obs:
+    def guessing(self, part: Part) -> bool:
+        """`part` still holds the prior, and the prior is a guess (see `guessed`)."""
+        return part in self._on_prior and part in self._guessed
+
+    # ---- fitting -----------------------------------------------------------------------------------
+    def refit(self) -> PerfCoefficients:
+        """Fit every part that has enough observations: `first_fit_min_obs` while on a guessed prior,
+        else `min_obs`."""
+        return self._refit(PARTS)
+
+    def refit_prior_parts(self) -> PerfCoefficients:
+        """Fit only the parts on a guessed prior whose first fit is due (see `first_fit_due`); the
+        others keep their coefficients until the next `refit`."""
+        return self._refit(tuple(p for p in PARTS if p in self._on_prior and self._first_fit_due(p)))
+
+    def _refit(self, parts: tuple[Part, ...]) -> PerfCoefficients:
+        cur = self._current
+        # Extreme inputs (denormal sizes, 1e300 times) may overflow on the way; every result is checked
+        # for finiteness instead, and a dimension whose fit is not finite keeps its coefficients.
+        for part in parts:
+            ring = self._rings[part]
+            first = part in self._on_prior
+            if len(ring) < (self._first_fit_min_obs if first and part in self._guessed else self._min_obs):
+                continue
+            if first:
+                self._tried[part] = ring.total
+            with np.errstate(all="ignore"):
+                fitted = self._fit(part, cur)
+            if fitted is not None:
+                cur = fitted
+                self._on_prior.discard(part)
+        self._current = cur
+        return cur
+
+    def _fit(self, part: Part, cur: PerfCoefficients) -> PerfCoefficients | None:
+        """`cur` with `part`'s coefficients fitted to its window; None when the fit is refused."""
+        if part == "throughput":
+            tput = self._fit_throughput()
+            if tput is None:
+                return None
+            thr1, alpha, beta = tput
+            return replace(cur, thr1=thr1, alpha=alpha, beta=beta)
+        if part == "prefill":
+            fit = self._fit_prefill()
+            if fit is None:
+                return None
+            k1, c1 = fit.coef
+            return replace(cur, k1=k1, c1=c1, prefill_mape=fit.mape, n_prefill=fit.n)
+        if part == "decode":
+            fit = self._fit_decode()
+            if fit is None:
+                return None
+            k2, c2, c3 = fit.coef
+            return replace(cur, k2=k2, c2=c2, c3=c3, decode_mape=fit.mape, n_decode=fit.n)
+        fit = self._fit_kv()
+        if fit is None:
             return None
+        h, j = fit.coef
+        return replace(cur, h=h, j=j, kv_mape=fit.mape, n_kv=fit.n)
+
+    def _fit_prefill(self) -> _LinearFit | None:
         data = self._prefill.rows()
         x = np.column_stack((data[:, 0], np.ones(len(data))))
         return _fit_linear(x, data[:, 1], self._weights(len(data)))
 
     def _fit_decode(self) -> _LinearFit | None:
-        if len(self._decode) < self._min_obs:
-            return None
         data = self._decode.rows()
         batch, ctx = data[:, 0], data[:, 1]
         x = np.column_stack((batch * ctx, batch, np.ones(len(data))))
         return _fit_linear(x, data[:, 2], self._weights(len(data)))
 
     def _fit_kv(self) -> _LinearFit | None:
-        if len(self._kv) < self._min_obs:
-            return None
         data = self._kv.rows()
         x = np.column_stack((data[:, 0], np.ones(len(data))))
         return _fit_linear(x, data[:, 1], self._weights(len(data)))
 
     def _fit_throughput(self) -> tuple[float, float, float] | None:
-        if len(self._tput) < self._min_obs:
-            return None
         data = self._tput.rows()
         return _fit_decay(data[:, 0], data[:, 1], self._weights(len(data)))
 

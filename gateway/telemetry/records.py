@@ -9,6 +9,7 @@ from typing import Literal, NamedTuple
 
 from gateway.core.types import SLO, EndpointId
 from gateway.sched.perf import PerfCoefficients
+from gateway.telemetry.perfmodel import PARTS, Part
 from gateway.telemetry.promtext import Histogram
 
 Quantity = Literal["ttft", "itl"]
@@ -17,7 +18,11 @@ Quantity = Literal["ttft", "itl"]
 @dataclass(frozen=True, slots=True)
 class TelemetrySettings:
     prior: PerfCoefficients
-    min_observations: int = 20  # per model part, before fitted coefficients replace the prior
+    min_observations: int = 20  # per model part, before a refit replaces its fitted coefficients
+    # per model part still holding the prior, before its first fit replaces it (None: min_observations)
+    first_fit_min_observations: int | None = None
+    # the parts whose prior is a guess (the built-in one): only those get the first fit early
+    guessed_parts: frozenset[Part] = frozenset(PARTS)
     fit_window: int = 2000  # observations kept per model part
     kv_capacity_tokens: float | None = None  # when the engine does not export it
     crosscheck_min_samples: int = 20

@@ -10,8 +10,9 @@ What happens, and when (virtual seconds):
 - an engine advances one iteration per event; each token reaches the client when its iteration ends,
   progress goes to the scheduler at the relay's cadence (the first token, then every 16), and the
   finish phase hands telemetry the same record the daemon does;
-- the scheduler ticks every 0.1 s, telemetry refreshes (and refits) at its configured intervals, each
-  endpoint is scraped at `[scrape] interval_s` (staggered), so stale gauges matter as they do live;
+- the scheduler ticks every 0.1 s, telemetry takes the live loop's turns (`LiveTelemetry.step`: refresh,
+  and the refits that are due) at its refresh interval, each endpoint is scraped at `[scrape] interval_s`
+  (staggered), so stale gauges matter as they do live;
 - the client gives up on a request after `request_timeout_s`, or `stall_timeout_s` without a byte (a
   queued one leaves the queue, a running one is aborted in its engine);
 - after the last arrival, tasks still running get `drain_timeout_s`, then their requests are
@@ -222,8 +223,6 @@ class Simulation:
         heap = self._heap
         clock = self.clock
         pop = heapq.heappop
-        last_refit = 0.0
-        refit_every = self.gw.cfg.telemetry.refit_interval_s
         refresh_every = self.gw.cfg.telemetry.refresh_interval_s
         scrape_every = self.gw.cfg.scrape.interval_s
         while heap and not self._ended:
@@ -251,10 +250,7 @@ class Simulation:
                 if self._busy():
                     self.push(t + scrape_every, _SCRAPE, obj)
             elif kind == _REFRESH:
-                refit = t - last_refit >= refit_every
-                self.gw.telemetry.refresh(refit=refit)
-                if refit:
-                    last_refit = t
+                self.gw.telemetry.step()  # the live loop's turn: refresh, and the refit that is due
                 if self._busy():
                     self.push(t + refresh_every, _REFRESH)
             elif kind == _SAMPLE:

@@ -25,7 +25,9 @@ def test_defaults_when_the_section_is_missing(tmp_path: Path) -> None:
     s = telemetry_settings(cfg)
     assert s.prior == default_prior()
     assert s.kv_capacity_tokens is None
-    assert s.min_observations == 20
+    assert (s.min_observations, s.first_fit_min_observations) == (20, 5)
+    assert s.guessed_parts == {"prefill", "decode", "kv", "throughput"}
+    assert cfg.first_fit_interval_s == 1.0
     assert (cfg.prompt_tokens, cfg.tokenize_timeout_s) == ("estimate", 0.05)
 
 
@@ -37,6 +39,8 @@ def test_every_key(tmp_path: Path) -> None:
 refresh_interval_s = 0.5
 refit_interval_s = 10.0
 min_observations = 50
+first_fit_min_observations = 10
+first_fit_interval_s = 2.0
 fit_window = 500
 kv_capacity_tokens = 65536
 disagreement_tolerance = 3.0
@@ -51,10 +55,14 @@ j = 16
     )
     assert (cfg.refresh_interval_s, cfg.refit_interval_s, cfg.min_observations) == (0.5, 10.0, 50)
     assert (cfg.prompt_tokens, cfg.tokenize_timeout_s) == ("tokenize", 0.2)
+    assert (cfg.first_fit_min_observations, cfg.first_fit_interval_s) == (10, 2.0)
     s = telemetry_settings(cfg)
+    assert s.first_fit_min_observations == 10
     assert (s.fit_window, s.kv_capacity_tokens, s.disagreement_tolerance) == (500, 65536.0, 3.0)
     assert (s.prior.k1, s.prior.c3, s.prior.j) == (2e-4, 0.02, 16.0)
     assert s.prior.c1 == default_prior().c1  # not given: the built-in prior's
+    # parts with a coefficient of the operator's are measurements, not a guess: no early first fit
+    assert s.guessed_parts == {"throughput"}
 
 
 @pytest.mark.parametrize(
@@ -77,6 +85,22 @@ j = 16
             "[telemetry]\nrefit_interval_s = 0\n",
             "gateway.toml:telemetry.refit_interval_s:",
             id="zero-interval",
+        ),
+        pytest.param(
+            "[telemetry]\nfirst_fit_min_observations = 2\n",
+            "gateway.toml:telemetry.first_fit_min_observations: expected integer >= 3",
+            id="first-fit-below-the-decode-unknowns",
+        ),
+        pytest.param(
+            "[telemetry]\nmin_observations = 4\n",
+            "gateway.toml:telemetry.first_fit_min_observations: must not exceed "
+            "telemetry.min_observations (4",
+            id="first-fit-above-min-observations",
+        ),
+        pytest.param(
+            "[telemetry]\nrefit_interval_s = 0.5\n",
+            "gateway.toml:telemetry.first_fit_interval_s: must not exceed telemetry.refit_interval_s (0.5)",
+            id="first-fit-interval-above-refit-interval",
         ),
         pytest.param(
             '[telemetry]\nprompt_tokens = "exact"\n',

@@ -15,7 +15,7 @@ from gateway.core.types import SLO, ApiKind, EndpointId, EngineGauges, ModelName
 from gateway.dispatch.context import RequestContext
 from gateway.front.api import finished_record
 from gateway.sched.decisions import Dispatch
-from gateway.sched.perf import default_prior
+from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.types import QueueLimits
@@ -42,7 +42,15 @@ class Rig:
         self.sched.set_health(A, READY)
         self.tel = LiveTelemetry(self.sched, self.clock, TelemetryConfig(), pending_limit=pending_limit)
 
-    def run_request(self, name: str, *, prompt_chars: int = 400, tokens: int = 5) -> RequestContext:
+    def run_request(
+        self,
+        name: str,
+        *,
+        prompt_chars: int = 400,
+        tokens: int = 5,
+        prompt_tokens: int = 100,
+        ttft: float = 0.2,
+    ) -> RequestContext:
         """One streamed request through the scheduler, timed on the fake clock."""
         sreq = SchedRequest(
             id=RequestId(name),
@@ -50,7 +58,7 @@ class Rig:
             api=ApiKind.CHAT,
             arrival=self.clock.now(),
             slo=SLO(),
-            prompt_tokens=100,
+            prompt_tokens=prompt_tokens,
             max_tokens=None,
             stream=True,
             predicted_output_tokens=20.0,
@@ -63,12 +71,12 @@ class Rig:
         ctx.endpoint = d.endpoint.id
         ctx.attempts = 1
         ctx.dispatched_at = self.clock.now()
-        self.clock.advance(0.2)
+        self.clock.advance(ttft)
         ctx.first_token_at = self.clock.now()
         ctx.itl_gaps = [0.01] * (tokens - 1)
         self.clock.advance(0.01 * (tokens - 1))
         ctx.output_tokens = tokens
-        ctx.prompt_tokens = 100
+        ctx.prompt_tokens = prompt_tokens
         self.sched.complete(sreq.id)
         ctx.finished_at = self.clock.now()
         return ctx
@@ -231,3 +239,66 @@ def test_drain_folds_in_at_most_a_slice() -> None:
     assert rig.tel.pending == 3
     assert rig.tel.drain() == 3
     assert rig.tel.fleet.endpoints[A].timings.ttft.n == 5
+
+
+def test_a_part_on_the_prior_is_fitted_at_the_fast_cadence_then_follows_the_normal_one() -> None:
+    rig = Rig()
+    rig.tel.reconfigure(
+        TelemetryConfig(refit_interval_s=60.0, first_fit_interval_s=1.0, first_fit_min_observations=5)
+    )
+    start = rig.clock.now()
+    assert rig.tel.refit_due(start) == "all"
+    rig.tel.step()  # the first turn refits everything (nothing observed yet)
+    assert (rig.tel.last_refit_at, rig.tel.refit_due(start + 0.5)) == (start, None)
+
+    def alone(n: int, ttft: float) -> None:
+        """`n` requests, each alone on the idle endpoint (a prefill observation each), then a turn."""
+        for i in range(n):
+            finish(rig.tel, rig.run_request(f"r{rig.clock.now()}", prompt_tokens=100 * (i + 1), ttft=ttft))
+            rig.clock.advance(0.05)
+        rig.clock.advance(1.0)
+        assert rig.tel.refit_due(rig.clock.now()) == "first"
+        rig.tel.step()
+
+    def perf() -> PerfCoefficients:
+        view = rig.sched.endpoint_view(A)
+        assert view is not None
+        assert view.perf is not None
+        return view.perf
+
+    alone(4, 0.2)
+    assert perf() == default_prior()  # 4 < first_fit_min_observations
+    alone(1, 0.2)
+    fitted = perf()
+    assert fitted.n_prefill == 5
+    assert fitted.c1 == pytest.approx(0.2, rel=1e-6)
+    assert (fitted.k2, fitted.c3) == (default_prior().k2, default_prior().c3)  # no decode data yet
+    assert rig.tel.last_refit_at == start  # no full refit ran: only the fast check
+    alone(20, 0.3)  # slower now: the fitted part waits for the full refit
+    assert (perf().k1, perf().c1, perf().n_prefill) == (fitted.k1, fitted.c1, 5)
+    rig.clock.advance(60.0)
+    assert rig.tel.refit_due(rig.clock.now()) == "all"
+    rig.tel.step()
+    assert perf().n_prefill == 25
+    assert perf().c1 > fitted.c1
+
+
+def test_the_fast_check_visits_only_endpoints_on_the_prior(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Rig()
+    rig.tel.reconfigure(TelemetryConfig(first_fit_min_observations=5))
+    rig.tel.step()
+    visited: list[object] = []
+
+    def settle_points(only: object = None) -> dict[EndpointId, float]:
+        visited.append(only)
+        return {}
+
+    monkeypatch.setattr(rig.tel, "settle_points", settle_points)
+    rig.clock.advance(1.0)
+    rig.tel.step()
+    assert visited == [[A]]
+    ep = rig.tel.fleet.endpoints[A]
+    monkeypatch.setattr(type(ep), "on_prior", property(lambda self: False))
+    rig.clock.advance(1.0)
+    rig.tel.step()
+    assert visited == [[A]]  # every part fitted: nothing to settle or fit between full refits

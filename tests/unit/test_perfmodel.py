@@ -240,6 +240,66 @@ def test_ill_conditioned_window_keeps_the_last_good_fit() -> None:
     assert f.refit() == good
 
 
+# ---- the first fit of a part still on the prior ----------------------------------------------------------
+def _prefill(f: PerfModelFitter, true: PerfCoefficients, n: int, rng: random.Random) -> None:
+    for _ in range(n):
+        p = rng.randint(4, 2000)
+        f.observe_prefill(p, true.prefill_s(p))
+
+
+def due(f: PerfModelFitter) -> bool:
+    return f.first_fit_due  # a call: mypy would narrow the property across the asserts
+
+
+def test_a_part_on_the_prior_is_fitted_at_the_first_fit_threshold() -> None:
+    true = TRUTHS["fleet-7b"]
+    f = PerfModelFitter(PRIOR, min_obs=20, first_fit_min_obs=5)
+    rng = random.Random(3)
+    _prefill(f, true, 4, rng)
+    assert not due(f)
+    assert f.refit_prior_parts() == PRIOR
+    _prefill(f, true, 1, rng)
+    assert due(f)
+    fit = f.refit_prior_parts()
+    assert fit.k1 == pytest.approx(true.k1, rel=1e-6)
+    assert fit.c1 == pytest.approx(true.c1, rel=1e-6)
+    assert fit.n_prefill == 5
+    assert (fit.k2, fit.c2, fit.c3, fit.h, fit.thr1) == (PRIOR.k2, PRIOR.c2, PRIOR.c3, PRIOR.h, PRIOR.thr1)
+    assert f.on_prior == {"decode", "kv", "throughput"}
+    assert not due(f)
+
+
+def test_a_fitted_part_waits_for_min_obs_and_the_full_refit() -> None:
+    true = TRUTHS["fleet-7b"]
+    f = PerfModelFitter(PRIOR, min_obs=20, first_fit_min_obs=5)
+    rng = random.Random(4)
+    _prefill(f, true, 5, rng)
+    first = f.refit()  # a full refit fits a part on the prior at the first-fit threshold too
+    assert first.n_prefill == 5
+    slower = coef(k1=2 * true.k1, c1=true.c1)
+    _prefill(f, slower, 14, rng)  # 19 in all
+    assert not due(f)  # no part on the prior has data: the fast check has nothing to do
+    assert f.refit_prior_parts() == first
+    assert f.refit() == first  # fitted: the next fit needs min_obs
+    _prefill(f, slower, 1, rng)
+    assert f.refit_prior_parts() == first  # the fast check never refits a fitted part
+    again = f.refit()
+    assert again.n_prefill == 20
+    assert again.k1 > first.k1
+
+
+def test_a_refused_first_fit_is_tried_again_only_with_new_observations() -> None:
+    f = PerfModelFitter(PRIOR, min_obs=20, first_fit_min_obs=5)
+    for i in range(5):  # one prompt length: the slope cannot be told from the intercept
+        f.observe_prefill(512, 0.1 + 1e-4 * i)
+    assert due(f)
+    assert f.refit_prior_parts() == PRIOR
+    assert not due(f)
+    f.observe_prefill(1024, 0.2)
+    assert due(f)
+    assert f.refit_prior_parts().n_prefill == 6
+
+
 def test_invalid_observations_are_dropped() -> None:
     f = PerfModelFitter(PRIOR, min_obs=1)
     f.observe_prefill(math.nan, 0.1)
@@ -255,7 +315,12 @@ def test_invalid_observations_are_dropped() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"window": 0}, "window"), ({"half_life": 0}, "half_life"), ({"min_obs": 0}, "min_obs")],
+    [
+        ({"window": 0}, "window"),
+        ({"half_life": 0}, "half_life"),
+        ({"min_obs": 0}, "min_obs"),
+        ({"first_fit_min_obs": 0}, "first_fit_min_obs"),
+    ],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
