@@ -752,6 +752,7 @@ class Lifecycle:
                     frees_bytes=i.memory_bytes,
                     first_pending=demand.next_position(i.model, window),
                     expected_output_tokens=demand.expected_output.get(i.model),
+                    queued=i.model in demand.window[:window],
                 )
                 for i in insts
                 if i.node == node.name and self.evictable(i, now)

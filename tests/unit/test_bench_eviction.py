@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gateway.core.types import ModelName
 from gateway.sched.plugins.eviction.interface import EvictionCandidate, EvictionContext, checked_score
-from loadgen.bench.eviction import BenchConfig, Setting, judge, sim_options
+from loadgen.bench.eviction import BenchConfig, Setting, judge, parse_seeds, sim_options
 from loadgen.bench.eviction_oracle import NEVER_AGAIN_S, BeladyEvictor, trace_arrivals
 from loadgen.fleetsim.sim import simulate
 
@@ -75,13 +75,34 @@ def _figs(evictions: int, ttft: float) -> dict[str, object]:
     return {"evictions": evictions, "ttft_mean_ms": ttft, "hit_rate": 0.5, **dict.fromkeys(keys, 1.0)}
 
 
+def _cis(**verdicts: str) -> dict[str, dict[str, object]]:
+    return {k: {"ratio": 1.0, "ci95": [0.9, 1.1], "verdict": v} for k, v in verdicts.items()}
+
+
 def test_verdict_places_cace_between_lru_and_the_oracle() -> None:
     by = {"lru": _figs(100, 1000.0), "cace": _figs(80, 900.0), "belady": _figs(60, 800.0)}
-    v = judge({"p": by, "q": by})
+    cis = {"cace": _cis(evictions="better", ttft_mean_ms="same"), "belady": _cis()}
+    v = judge({"p": by, "q": by}, {"p": cis, "q": cis})
     j = v["patterns"]["p"]
     assert (j["oracle_evictions_ratio"], j["oracle_ttft_mean_ratio"]) == (0.6, 0.8)
-    assert (j["evictions_gap_closed"], j["ttft_gap_closed"]) == (0.5, 0.5)
+    assert j["gap_closed"] == {"cace": {"evictions": 0.5, "ttft_mean": 0.5}}
+    assert (j["worse_on"], j["better_on"]) == ([], ["evictions"])
     assert not j["oracle_meets_ratios"]
     assert not v["oracle_ratios_on_two_patterns"]
+    assert v["never_worse"]
     assert not v["pass"]
-    assert "oracle_ratios_on_two_patterns" not in judge({"p": {"lru": by["lru"], "cace": by["cace"]}})
+    two = {"p": {"lru": by["lru"], "cace": by["cace"]}}
+    assert "oracle_ratios_on_two_patterns" not in judge(two, {"p": cis})
+
+
+def test_worse_only_where_the_interval_says_so() -> None:
+    by = {"lru": _figs(100, 1000.0), "cace": _figs(120, 1100.0)}  # point ratios above 1 everywhere
+    assert judge({"p": by}, {"p": {"cace": _cis(evictions="same")}})["never_worse"]
+    v = judge({"p": by}, {"p": {"cace": _cis(evictions="same", e2e_p99_ms="worse")}})
+    assert v["patterns"]["p"]["worse_on"] == ["e2e_p99_ms"]
+    assert not v["never_worse"]
+
+
+def test_seeds_as_a_list_or_a_range() -> None:
+    assert parse_seeds("0-3") == (0, 1, 2, 3)
+    assert parse_seeds("4,1") == (4, 1)

@@ -6,12 +6,13 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import msgspec
 import pytest
 
 from gateway.core.errors import ConfigError
 from gateway.core.types import ModelName
 from gateway.sched.plugins import default_registry
-from gateway.sched.plugins.eviction.cace import CaceEvictor, CaceParams
+from gateway.sched.plugins.eviction.cace import CaceEvictor, CaceParams, reload_term
 from gateway.sched.plugins.eviction.interface import (
     EvictionCandidate,
     EvictionContext,
@@ -66,7 +67,7 @@ def test_cace_term_direction(field: str, higher: Any, lower: Any) -> None:
     ids=["idle", "reload", "demand", "criticality"],
 )
 def test_a_zero_weight_switches_its_term_off(weight: str, field: str, a: Any, b: Any) -> None:
-    cace = CaceEvictor(CaceParams(**{weight: 0.0}))
+    cace = CaceEvictor(msgspec.structs.replace(CaceParams(), **{weight: 0.0}))
     assert cace.score(replace(BASE, **{field: a}), CTX) == pytest.approx(
         cace.score(replace(BASE, **{field: b}), CTX)
     )
@@ -101,5 +102,30 @@ def test_registered_and_params_validated() -> None:
     with pytest.raises(ConfigError) as e:
         reg.build(PluginKind.EVICTOR, "cace", {"idle_weight": -1.0}, path="lifecycle.evictor")
     assert "lifecycle.evictor.params" in str(e.value)
+    with pytest.raises(ConfigError, match="reload_scale_s"):
+        reg.build(PluginKind.EVICTOR, "cace", {"reload_scale_s": 0.0}, path="lifecycle.evictor")
     with pytest.raises(ConfigError):
         reg.build(PluginKind.EVICTOR, "cace", {"nope": 1}, path="lifecycle.evictor")
+
+
+def test_reload_scale_sets_how_far_apart_short_and_long_loads_score() -> None:
+    short, long_ = replace(BASE, load_s=4.0), replace(BASE, load_s=20.0)
+
+    def gap(params: CaceParams) -> float:
+        cace = CaceEvictor(params)
+        return cace.score(short, CTX) - cace.score(long_, CTX)
+
+    assert reload_term(20.0, 100.0) == pytest.approx(1 / 1.2)
+    assert CaceParams().reload_scale_s == 40.0  # the paper's 100 tells 4 s from 20 s loads apart too little
+    assert gap(CaceParams(reload_scale_s=100.0)) == pytest.approx(1 / 1.04 - 1 / 1.2)
+    assert gap(CaceParams(reload_scale_s=40.0)) > gap(CaceParams(reload_scale_s=100.0)) > 0
+
+
+def test_without_prediction_only_a_queued_request_counts_as_demand() -> None:
+    paper = CaceEvictor(CaceParams(predict_demand=False))
+    predicted, unknown = replace(BASE, first_pending=2.0), replace(BASE, first_pending=None)
+    assert paper.score(predicted, CTX) == paper.score(unknown, CTX)  # i/w = 1 when not in the window
+    queued = replace(predicted, queued=True)
+    assert paper.score(queued, CTX) < paper.score(unknown, CTX)
+    shares = CaceEvictor(CaceParams())
+    assert shares.score(predicted, CTX) < shares.score(unknown, CTX)  # the prediction counts

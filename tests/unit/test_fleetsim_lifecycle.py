@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,27 +76,43 @@ def _figs(evictions: int, ttft: float, hit: float = 0.5) -> dict[str, object]:
     return {"evictions": evictions, "ttft_mean_ms": ttft, "hit_rate": hit, **dict.fromkeys(keys, 1.0)}
 
 
+def _cis(worse: tuple[str, ...] = ()) -> dict[str, dict[str, dict[str, Any]]]:
+    return {"cace": {k: {"ratio": 1.0, "ci95": [0.9, 1.1], "verdict": "worse"} for k in worse}}
+
+
 def test_judge_needs_the_ratios_on_two_patterns_and_nothing_worse() -> None:
     good = {"lru": _figs(100, 1000.0), "cace": _figs(40, 400.0)}
     meh = {"lru": _figs(100, 1000.0), "cace": _figs(90, 900.0)}
     worse = {"lru": _figs(100, 1000.0), "cace": _figs(40, 400.0, hit=0.4)}
-    assert judge({"a": good, "b": good, "c": meh})["pass"]
-    assert not judge({"a": good, "b": meh, "c": meh})["pass"]
-    v = judge({"a": good, "b": good, "c": worse})
+    same = {p: _cis() for p in "abc"}
+    assert judge({"a": good, "b": good, "c": meh}, same)["pass"]
+    assert not judge({"a": good, "b": meh, "c": meh}, same)["pass"]
+    v = judge({"a": good, "b": good, "c": worse}, {**same, "c": _cis(("hit_rate",))})
     assert not v["pass"]
     assert v["patterns"]["c"]["worse_on"] == ["hit_rate"]
 
 
 def test_bench_writes_its_reports(tmp_path: Path) -> None:
     cfg = BenchConfig(
-        out=tmp_path, patterns=("uniform",), seeds=(0,), rate=0.5, duration_s=30.0, cace_params={}
+        out=tmp_path,
+        patterns=("uniform",),
+        seeds=(0, 1),
+        rate=0.5,
+        duration_s=30.0,
+        cace_params={},
+        variants=("cace-paper",),
     )
     doc = bench(cfg, log=lambda s: None, setting=Setting())
-    assert set(doc["results"]["uniform"]) == {"lru", "cace", "belady"}
+    assert list(doc["results"]["uniform"]) == ["lru", "cace", "cace-paper", "belady"]
+    assert set(doc["cis"]["uniform"]) == {"cace", "cace-paper", "belady"}
     assert (tmp_path / "report.json").is_file()
     md = (tmp_path / "report.md").read_text()
     assert "| evictions |" in md
-    assert "| figure | lru | cace | belady | cace/lru | belady/lru |" in md
+    assert (
+        "| figure | lru | cace | cace-paper | belady | cace/lru [95 % CI] | cace-paper/lru [95 % CI] | "
+        "belady/lru [95 % CI] |" in md
+    )
     assert "(bound) belady meets the ratios" in md
     verdict = doc["verdict"]["patterns"]["uniform"]
-    assert {"oracle_evictions_ratio", "oracle_ttft_mean_ratio", "evictions_gap_closed"} <= set(verdict)
+    assert {"oracle_evictions_ratio", "oracle_ttft_mean_ratio", "gap_closed"} <= set(verdict)
+    assert set(verdict["gap_closed"]) == {"cace", "cace-paper"}

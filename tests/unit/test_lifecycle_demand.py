@@ -102,4 +102,18 @@ def test_every_eviction_plan_is_reported_and_other_evictors_can_be_asked() -> No
     assert (d.model, d.node, d.victims, d.demand) == (C, "n1", (a,), demand)
     assert {c.instance for c in d.candidates} == {a, b}
     assert {c.instance: c.first_pending for c in d.candidates} == {a: 1 + 19.0, b: 1 + 1 / 0.6 - 1}
+    assert not any(c.queued for c in d.candidates)  # predicted, not queued
+
+
+def test_a_candidate_with_a_queued_request_is_marked_queued() -> None:
+    demand = Demand(window=(C, A), recent_share={A: 0.05, B: 0.6, C: 0.35})
+    lc, a, b = _lifecycle(CaceEvictor(CaceParams()), demand)
+    seen: list[EvictionDecision] = []
+    lc.on_eviction = seen.append
+    lc.request(C, 20)
+    (d,) = seen
+    assert {c.instance: (c.first_pending, c.queued) for c in d.candidates} == {
+        a: (1.0, True),
+        b: (2 + 1 / 0.6 - 1, False),
+    }
     assert lc.eviction_victims(ModelName("nope"), 20, LruEvictor()) is None

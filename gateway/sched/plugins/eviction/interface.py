@@ -32,6 +32,8 @@ class EvictionCandidate:
     first_pending: float | None
     # Output tokens expected of the model's requests (its recent traffic); None: nothing seen yet.
     expected_output_tokens: float | None
+    # `first_pending` is a queued request's place (not a prediction from the recent shares).
+    queued: bool = False
 
 
 @dataclass(frozen=True, slots=True)
