@@ -302,6 +302,11 @@ class SimLifecycle:
     def devices_in_use(self) -> int:
         return sum(d for _, d in self._started_at.values())
 
+    def devices_of(self, eid: EndpointId) -> int:
+        """The devices the instance behind endpoint `eid` holds (its id is the instance's)."""
+        held = self._started_at.get(str(eid))
+        return 0 if held is None else held[1]
+
     def instances_by_class(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for spec in self._active.values():
