@@ -9,15 +9,17 @@ router), with the SLO classes and task allotments of `policies/coding-assistant.
 configurations differ in the autoscaler (`[autoscale]`, interval 2 s):
 
 - `cato-sla`: slack violations (a call over its allotted time by 20 %) past 3 and past the idle
-  instances add instances; instances idle for 60 s are removed; a call still queued or running that is
+  instances add instances; instances idle for 20 s are removed; a call still queued or running that is
   already over the limit counts at once (berth's reading);
 - `cato-sla-finished`: the same, counting a call only when it finishes (the paper's literal rule);
 - `queue-length`: Ray Serve's defaults (2 ongoing requests per instance, 30 s upscale delay, 600 s
-  downscale delay);
+  downscale delay); `queue-length-target1`: the same with 1 ongoing request per instance (Ray Serve's
+  default before 2.32, when CATO was measured against it);
 - `aladdin-workers`: instances = ceil(k5 · arrival rate + c5), fitted online;
 - `cato-sla+slack-routing`: cato-sla with CATO's own scheduling (slack ordering, the `cato-slack`
   replica choice) instead of power-of-two: CATO's scaling rule leaves violations to idle replicas, which
-  a slack-aware router uses and power-of-two may not.
+  a slack-aware router uses and power-of-two may not;
+- `cato-sla-idle10s`, `cato-sla-idle60s`: cato-sla with another idle timeout (`IDLE_TIMEOUT_S`: 20 s).
 
 Figures per run: task goodput (tasks that met their task SLA; failed ones missed), request SLO
 attainment, mean utilization (CATO's: the share of instances running at least one request, sampled every
@@ -67,24 +69,40 @@ MODELS: Final = (ModelName("code-a"), ModelName("code-b"))
 PROFILE: Final = "fleet-7b"
 GIB: Final = 1 << 30
 CODING_PRESET: Final = REPO_ROOT / "policies" / "coding-assistant.toml"
-CONFIGS: Final = (
-    "cato-sla",
-    "cato-sla-finished",
-    "queue-length",
-    "aladdin-workers",
-    "cato-sla+slack-routing",
-)
+#: cato-sla's idle timeout here. Power-of-two routing spreads the work, so an instance rarely stays idle
+#: long: at 60 s cato-sla kept almost every instance it started (seeds 0-1: utilization 0.555, 2.66
+#: device-hours), at 20 s it retires them between bursts at the same goodput (0.654, 2.22), at 10 s it
+#: starts to thrash (hysteresis 1.7, request attainment down on one seed). The `-idle10s` and `-idle60s`
+#: rows keep that sweep in the report.
+IDLE_TIMEOUT_S: Final = 20.0
+
+
+def cato_sla(idle_timeout_s: float = IDLE_TIMEOUT_S, *, in_flight: bool = True) -> str:
+    return (
+        'plugin = "cato-sla"\n'
+        "params = { max_exceeded_proportion = 0.2, max_exceeded_times = 3, "
+        f"idle_timeout_s = {idle_timeout_s:g}, count_in_flight = {str(in_flight).lower()} }}"
+    )
+
+
+def queue_length(target: float) -> str:
+    return (
+        'plugin = "queue-length"\n'
+        f"params = {{ target_per_instance = {target:g}, upscale_delay_s = 30.0, downscale_delay_s = 600.0 }}"
+    )
+
+
 AUTOSCALE: Final = {
-    "cato-sla": 'plugin = "cato-sla"\n'
-    "params = { max_exceeded_proportion = 0.2, max_exceeded_times = 3, idle_timeout_s = 60.0 }",
-    "cato-sla-finished": 'plugin = "cato-sla"\n'
-    "params = { max_exceeded_proportion = 0.2, max_exceeded_times = 3, idle_timeout_s = 60.0, "
-    "count_in_flight = false }",
-    "queue-length": 'plugin = "queue-length"\n'
-    "params = { target_per_instance = 2.0, upscale_delay_s = 30.0, downscale_delay_s = 600.0 }",
+    "cato-sla": cato_sla(),
+    "cato-sla-finished": cato_sla(in_flight=False),
+    "queue-length": queue_length(2.0),
+    "queue-length-target1": queue_length(1.0),
     "aladdin-workers": 'plugin = "aladdin-workers"',
+    "cato-sla+slack-routing": cato_sla(),
+    "cato-sla-idle10s": cato_sla(10.0),
+    "cato-sla-idle60s": cato_sla(60.0),
 }
-AUTOSCALE["cato-sla+slack-routing"] = AUTOSCALE["cato-sla"]
+CONFIGS: Final = tuple(AUTOSCALE)
 #: CATO's own scheduling for the last configuration: slack ordering, the replica with the smallest wait
 #: among those that meet the request's slack (`cato-slack`).
 SLACK_ROUTING: Final = """name = "autoscaling-cato-slack"
