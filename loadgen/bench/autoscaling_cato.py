@@ -70,10 +70,10 @@ PROFILE: Final = "fleet-7b"
 GIB: Final = 1 << 30
 CODING_PRESET: Final = REPO_ROOT / "policies" / "coding-assistant.toml"
 #: cato-sla's idle timeout here. Power-of-two routing spreads the work, so an instance rarely stays idle
-#: long: at 60 s cato-sla kept almost every instance it started (seeds 0-1: utilization 0.555, 2.66
-#: device-hours), at 20 s it retires them between bursts at the same goodput (0.654, 2.22), at 10 s it
-#: starts to thrash (hysteresis 1.7, request attainment down on one seed). The `-idle10s` and `-idle60s`
-#: rows keep that sweep in the report.
+#: long: at 60 s cato-sla kept almost every instance it started (seeds 0-4: utilization 0.578, 2.59
+#: device-hours), at 20 s it retires them between bursts (0.675, 2.19), at 10 s further (0.737, 1.92) but
+#: it thrashes (hysteresis 1.71 against 1.45) and request attainment falls (0.897 against 0.928); task
+#: goodput is 0.913-0.914 throughout. The `-idle10s` and `-idle60s` rows keep that sweep in the report.
 IDLE_TIMEOUT_S: Final = 20.0
 
 
