@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.core.slo import SloKind
-from gateway.core.types import InstanceClass, ModelName
+from gateway.core.types import InstanceClass, ModelName, RequestId
 from gateway.sched.plugins.autoscale.interface import (
     FinishedCall,
     InstanceView,
     ModelScaleView,
+    OpenCall,
     QueuedRequest,
     ScaleState,
     ScaleView,
@@ -56,11 +57,17 @@ def queued(
     return [QueuedRequest(kind, 0.0, deadline, tokens, 0.0) for _ in range(n)]
 
 
+def open_call(rid: str, took: float | None, allotted: float | None = 1.0) -> OpenCall:
+    """An interactive call not finished yet that has taken `took` s so far of its `allotted` s."""
+    return OpenCall(RequestId(rid), SloKind.INTERACTIVE, 0.0, allotted, took)
+
+
 def model(  # a test table's row
     instances: Sequence[InstanceView],
     queue: Sequence[QueuedRequest] = (),
     *,
     finished: Sequence[FinishedCall] = (),
+    open_calls: Sequence[OpenCall] = (),
     rate: float = 0.0,
     lo: int = 0,
     hi: int = 50,
@@ -77,6 +84,7 @@ def model(  # a test table's row
         max_instances=hi,
         devices_per_instance=1,
         load_s=load_s,
+        open_calls=tuple(open_calls),
     )
 
 

@@ -289,6 +289,7 @@ def finished_record(ctx: RequestContext) -> FinishedRequest | None:
         ctx.output_tokens,
         ctx.itl_gaps,
         sreq.predicted_output_tokens,
+        sreq.id,
     )
 
 

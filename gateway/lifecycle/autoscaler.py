@@ -31,7 +31,7 @@ from gateway.core.types import EndpointId, ModelName
 from gateway.lifecycle.instances import Action, InstanceState, Lifecycle
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import UNBOUNDED, Autoscale, DecisionRecord, ScaleCounters
-from gateway.sched.plugins.autoscale.interface import FinishedCall, Reclass, ScaleIn, ScaleOut
+from gateway.sched.plugins.autoscale.interface import FinishedCall, Reclass, ScaleIn, ScaleOut, allotted
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.attainment import meets_slo
 from gateway.telemetry.records import FinishedRequest
@@ -245,17 +245,17 @@ class LiveAutoscaler:
             if has_target
             else None
         )
-        e2e = s.deadline_ms is not None
-        allotted_ms = s.deadline_ms if e2e else s.ttft_ms
+        e2e, allotted_s = allotted(s)
         self.loop.finished(
             ModelName(r.model),
             FinishedCall(
                 kind=slo.class_of(s.slo_class).kind,
                 arrival=r.arrival,
                 finished_at=r.finished_at,
-                allotted_s=None if allotted_ms is None else allotted_ms / 1000.0,
+                allotted_s=allotted_s,
                 took_s=r.finished_at - r.arrival if e2e else ttft,
                 slo_met=met,
+                id=r.request,
             ),
         )
 

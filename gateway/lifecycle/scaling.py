@@ -32,15 +32,19 @@ from gateway.sched.plugins.autoscale.interface import (
     FinishedCall,
     InstanceView,
     ModelScaleView,
+    OpenCall,
     QueuedRequest,
     Reclass,
     ScaleIn,
     ScaleOut,
     ScaleState,
     ScaleView,
+    allotted,
 )
+from gateway.sched.request import SchedRequest
 from gateway.sched.running import deadlines, output_estimate
 from gateway.sched.scheduler import Scheduler
+from gateway.sched.snapshot import EndpointView
 
 #: Arrivals older than this do not count in a model's arrival rate.
 RATE_WINDOW_S: Final = 30.0
@@ -111,20 +115,29 @@ class ScaleLoop:
         slo = self._sched.policy.slo
         models = self._life.models()
         by_model: dict[ModelName, list[InstanceView]] = {m: [] for m in models}
+        running: dict[ModelName, list[OpenCall]] = {m: [] for m in models}
         for inst in self._life.instances():
             state = _STATE.get(inst.state)
             if state is None or inst.model not in by_model:
                 continue
-            by_model[inst.model].append(self._instance_view(inst, state, endpoints.get(inst.id), slo))
+            eid = endpoints.get(inst.id)
+            ev = None if eid is None or state is not ScaleState.READY else self._sched.endpoint_view(eid)
+            by_model[inst.model].append(self._instance_view(inst, state, eid, ev, slo))
+            for r in () if ev is None else ev.running:
+                req = self._sched.dispatched(r.id)
+                if req is not None:
+                    running[inst.model].append(_open_call(req, r.first_token_at, now, slo))
         out: dict[ModelName, ModelScaleView] = {}
         for m, spec in models.items():
             queued = []
+            waiting = []
             for req in self._sched.queued(m):
                 mean, std = output_estimate(req)
                 ttft, _ = deadlines(req)
                 queued.append(
                     QueuedRequest(slo.class_of(req.slo.slo_class).kind, req.arrival, ttft, mean, std * std)
                 )
+                waiting.append(_open_call(req, None, now, slo))
             arr = self._arrivals.get(m)
             while arr and arr[0] < now - self._window:
                 arr.popleft()
@@ -140,13 +153,18 @@ class ScaleLoop:
                 devices_per_instance=spec.devices,
                 load_s=spec.load_s,
                 configs=spec.configs,
+                open_calls=(*waiting, *sorted(running[m], key=lambda c: (c.arrival, c.id))),
             )
         return ScaleView(now=now, models=out, free_devices=self._life.free_devices())
 
     def _instance_view(
-        self, inst: Instance, state: ScaleState, eid: EndpointId | None, slo: SloPolicy
+        self,
+        inst: Instance,
+        state: ScaleState,
+        eid: EndpointId | None,
+        ev: EndpointView | None,
+        slo: SloPolicy,
     ) -> InstanceView:
-        ev = None if eid is None or state is not ScaleState.READY else self._sched.endpoint_view(eid)
         interactive = batch = 0
         if ev is not None:
             for r in ev.running:
@@ -171,3 +189,17 @@ class ScaleLoop:
             endpoint=eid if ev is not None else None,
             tokens_per_s=None if ev is None else ev.tokens_per_s,
         )
+
+
+def _open_call(req: SchedRequest, first_token_at: float | None, now: float, slo: SloPolicy) -> OpenCall:
+    """A queued or running request on the violation measure (`allotted`); `first_token_at`: its current
+    run's first token (None: queued, or none yet)."""
+    e2e, allotted_s = allotted(req.slo)
+    took: float | None
+    if e2e or (req.produced_tokens == 0 and first_token_at is None):
+        took = now - req.arrival  # its measure still runs
+    elif req.produced_tokens == 0 and first_token_at is not None:
+        took = first_token_at - req.arrival
+    else:
+        took = None  # resumed: its first token came in a run the scheduler no longer holds
+    return OpenCall(req.id, slo.class_of(req.slo.slo_class).kind, req.arrival, allotted_s, took)

@@ -377,6 +377,10 @@ class Scheduler:
     def running_on(self, req_id: RequestId) -> EndpointId | None:
         return self._fleet.running_on(req_id)
 
+    def dispatched(self, req_id: RequestId) -> SchedRequest | None:
+        """A running request as it was dispatched (None: not running on an endpoint of the set)."""
+        return self._fleet.request(req_id)
+
     def inflight_on(self, eid: EndpointId) -> int:
         """Requests the gateway runs on `eid` now (0 for an unknown endpoint)."""
         return self._fleet.inflight_on(eid)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from gateway.core.types import SLO, EndpointId
+from gateway.core.types import SLO, EndpointId, RequestId
 from gateway.sched.perf import PerfCoefficients
 from gateway.telemetry.perfmodel import PARTS, Part
 from gateway.telemetry.promtext import Histogram
@@ -51,6 +51,7 @@ class FinishedRequest(NamedTuple):
     output_tokens: int
     gaps: Sequence[float]  # inter-token gaps of a stream
     predicted_output_tokens: float | None
+    request: RequestId | None = None  # the scheduler's id (the autoscaler matches it to open calls)
 
 
 @dataclass(frozen=True, slots=True)

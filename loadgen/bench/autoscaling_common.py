@@ -114,6 +114,7 @@ def scaling_figures(report: Report) -> dict[str, Any]:
         "actions": auto.get("actions", 0),
         "hysteresis": auto.get("hysteresis"),
         "utilization": report.data["fleet"]["utilization"],
+        "device_utilization": report.data["fleet"].get("device_utilization"),
         "lost_requests": lc["lost_requests"],
     }
 

@@ -52,7 +52,7 @@ from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import DecisionRecord
 from gateway.sched.decisions import Decision
 from gateway.sched.plugins import default_registry
-from gateway.sched.plugins.autoscale.interface import FinishedCall, Reclass, ScaleIn, ScaleOut
+from gateway.sched.plugins.autoscale.interface import FinishedCall, Reclass, ScaleIn, ScaleOut, allotted
 from gateway.sched.plugins.eviction.interface import Evictor
 from gateway.sched.registry import PluginKind
 from gateway.sched.request import SchedRequest
@@ -255,17 +255,17 @@ class SimLifecycle:
             return
         slo = req.slo
         kind = self._sched.policy.slo.class_of(slo.slo_class).kind
-        e2e = slo.deadline_ms is not None
-        allotted_ms = slo.deadline_ms if e2e else slo.ttft_ms
+        e2e, allotted_s = allotted(slo)
         self.scaling.finished(
             req.model,
             FinishedCall(
                 kind=SloKind(kind),
                 arrival=req.arrival,
                 finished_at=finished_at,
-                allotted_s=None if allotted_ms is None else allotted_ms / 1000.0,
+                allotted_s=allotted_s,
                 took_s=finished_at - req.arrival if e2e else ttft_s,
                 slo_met=slo_met,
+                id=req.id,
             ),
         )
 
@@ -301,6 +301,11 @@ class SimLifecycle:
 
     def devices_in_use(self) -> int:
         return sum(d for _, d in self._started_at.values())
+
+    def devices_of(self, eid: EndpointId) -> int:
+        """The devices the instance behind endpoint `eid` holds (its id is the instance's)."""
+        held = self._started_at.get(str(eid))
+        return 0 if held is None else held[1]
 
     def instances_by_class(self) -> dict[str, int]:
         out: dict[str, int] = {}

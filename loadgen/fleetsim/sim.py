@@ -638,6 +638,9 @@ class Simulation:
             caps,
             endpoints=len(self.endpoints),
             devices=None if life is None else life.devices_in_use(),
+            busy_devices=None
+            if life is None
+            else sum(life.devices_of(ep.id) for ep in self.endpoints if ep.engine.num_running),
             by_class=None if life is None else life.instances_by_class(),
         )
 

@@ -3,7 +3,8 @@ one request: CATO's utilization), requests running and waiting in the engines, q
 concurrency caps in force, summed per instance class (they move under an adaptive controller). With a
 lifecycle the endpoint count moves too: each sample also keeps the endpoints then, the devices held
 (loading instances included) and the ready instances per class, and utilization is busy over the
-endpoints of each sample."""
+endpoints of each sample; device utilization is the devices of the busy endpoints over the devices held
+(busy device-seconds over device-seconds provisioned, loading instances included)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 class FleetTimeline:
     __slots__ = (
         "_busy",
+        "_busy_devices",
         "_by_class",
         "_caps",
         "_devices",
@@ -35,6 +37,7 @@ class FleetTimeline:
         self._caps: dict[str, array[int]] = {}
         self._endpoints = array("l")
         self._devices = array("l")
+        self._busy_devices = array("l")
         self._by_class: dict[str, array[int]] = {}
 
     def __len__(self) -> int:
@@ -51,6 +54,7 @@ class FleetTimeline:
         *,
         endpoints: int | None = None,
         devices: int | None = None,
+        busy_devices: int | None = None,
         by_class: dict[str, int] | None = None,
     ) -> None:
         n = len(self._t)
@@ -65,6 +69,7 @@ class FleetTimeline:
                     series.append(0)
         self._endpoints.append(self.n_endpoints if endpoints is None else endpoints)
         self._devices.append(0 if devices is None else devices)
+        self._busy_devices.append(0 if busy_devices is None else busy_devices)
         self._t.append(t)
         self._busy.append(busy)
         self._running.append(running)
@@ -78,11 +83,18 @@ class FleetTimeline:
             return None
         return sum(self._busy) / total
 
+    def device_utilization(self) -> float | None:
+        """Busy devices over the devices held, summed over the samples (None without a lifecycle)."""
+        total = sum(self._devices)
+        return sum(self._busy_devices) / total if total else None
+
     def summary(self, n_endpoints: int) -> dict[str, Any]:
         util = self.utilization()
+        dev = self.device_utilization()
         return {
             "endpoints": n_endpoints,
             "utilization": None if util is None else round(util, 4),
+            "device_utilization": None if dev is None else round(dev, 4),
             "queued_max": max(self._queued, default=0),
             "timeline": {
                 "t_s": [round(t, 3) for t in self._t],

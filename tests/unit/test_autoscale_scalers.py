@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.core.slo import SloKind
-from gateway.core.types import InstanceClass
+from gateway.core.types import InstanceClass, RequestId
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.autoscale.aladdin_workers import (
     AladdinWorkersParams,
@@ -25,7 +25,7 @@ from gateway.sched.plugins.autoscale.interface import (
 from gateway.sched.plugins.autoscale.queue_length import QueueLengthParams, QueueLengthScaler
 from gateway.sched.plugins.autoscale.utilization_band import UtilizationBandParams, UtilizationBandScaler
 from gateway.sched.registry import PluginKind
-from tests.autoscale_views import M, inst, model, queued, view
+from tests.autoscale_views import M, inst, model, open_call, queued, view
 
 MIXED, BATCH = InstanceClass.MIXED, InstanceClass.BATCH
 IA, B = SloKind.INTERACTIVE, SloKind.BATCH
@@ -151,8 +151,8 @@ def test_chiron_reclasses_surplus_mixed_instances_for_batch_work() -> None:
 
 
 # ----------------------------------------------------------------------------- cato-sla
-def call(took: float, allotted: float = 1.0) -> FinishedCall:
-    return FinishedCall(IA, 0.0, took, allotted, took, False)
+def call(took: float, allotted: float = 1.0, rid: str | None = None) -> FinishedCall:
+    return FinishedCall(IA, 0.0, took, allotted, took, False, None if rid is None else RequestId(rid))
 
 
 def test_cato_adds_violations_minus_idle_instances_and_resets() -> None:
@@ -181,6 +181,51 @@ def test_cato_clips_to_the_models_maximum() -> None:
     s = CatoSlaScaler(CatoSlaParams(max_exceeded_times=0))
     mv = model([inst("a", interactive=1)], finished=[call(5.0)] * 9, hi=3)
     assert [d.count for d in s.decide(view(mv)) if isinstance(d, ScaleOut)] == [2]
+
+
+def counting(*, in_flight: bool = True) -> CatoSlaScaler:
+    """A cato-sla scaler that only counts here (its threshold is never passed)."""
+    return CatoSlaScaler(CatoSlaParams(max_exceeded_times=1000, count_in_flight=in_flight))
+
+
+def test_cato_counts_an_open_call_over_its_limit_once_and_not_again_at_its_finish() -> None:
+    s = counting()
+    busy = [inst("a", interactive=2)]
+    rounds = [
+        model(busy, open_calls=[open_call("late", 1.3), open_call("ok", 1.1)]),  # 1.3 > 1.2 · 1.0
+        model(busy, open_calls=[open_call("late", 3.3), open_call("ok", 3.1)]),  # "ok" passes it now
+        model(busy, finished=[call(4.0, rid="late"), call(4.0, rid="ok")]),  # both counted already
+        model(busy, finished=[call(4.0, rid="never-seen-open")]),  # a finish counts as ever
+    ]
+    counts = []
+    for mv in rounds:
+        s.decide(view(mv))
+        counts.append(s.violations[M])
+    assert counts == [1, 2, 2, 3]
+
+
+def test_cato_open_calls_without_a_measure_or_a_target_never_count() -> None:
+    s = counting()
+    mv = model([inst("a", interactive=2)], open_calls=[open_call("r", None), open_call("t", 9.0, None)])
+    s.decide(view(mv))
+    assert s.violations[M] == 0
+
+
+def test_cato_literal_variant_counts_a_call_only_when_it_finishes() -> None:
+    s = counting(in_flight=False)
+    busy = [inst("a", interactive=1)]
+    s.decide(view(model(busy, open_calls=[open_call("late", 5.0)])))
+    assert s.violations[M] == 0
+    s.decide(view(model(busy, finished=[call(6.0, rid="late")])))
+    assert s.violations[M] == 1
+
+
+def test_cato_scales_out_on_open_calls_before_any_finishes() -> None:
+    s = CatoSlaScaler(CatoSlaParams(max_exceeded_proportion=0.2, max_exceeded_times=3))
+    late = [open_call(f"r{k}", 2.0) for k in range(5)]
+    mv = model([inst("a", interactive=3), inst("b", interactive=2)], open_calls=late, hi=10)
+    out = s.decide(view(mv))
+    assert [d.count for d in out if isinstance(d, ScaleOut)] == [5]
 
 
 # ----------------------------------------------------------------------------- aladdin-workers

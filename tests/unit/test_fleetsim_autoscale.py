@@ -137,10 +137,15 @@ def test_the_benchmark_quick_run_writes_every_settings_table(
     cato = doc["settings"][1]
     assert [r["config"] for r in cato["rows"]] == [
         "cato-sla",
+        "cato-sla-finished",
         "queue-length",
+        "queue-length-target1",
         "aladdin-workers",
         "cato-sla+slack-routing",
+        "cato-sla-idle10s",
+        "cato-sla-idle60s",
     ]
+    assert cato["rows"][0]["device_utilization"]["mean"] > 0
     md = (tmp_path / "report.md").read_text()
     assert "## Chiron's setting" in md
     assert "## CATO's setting" in md

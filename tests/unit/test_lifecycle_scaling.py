@@ -3,6 +3,7 @@ loop (gateway.lifecycle.scaling.ScaleLoop) over a real scheduler, on a fake cloc
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from gateway.config.policy import load_default_policy
@@ -214,6 +215,26 @@ def test_the_loop_views_instances_queue_and_rate_and_carries_out_decisions() -> 
     assert scaler.views[0].free_devices == 3
     assert loop.step(12.0, {}) == []  # not due: 5 s interval
     assert loop.runner.counters.started == 2
+
+
+def test_the_loop_views_open_calls_on_their_measure() -> None:
+    scaler = Recorder()
+    loop, lc, sched, clock = loop_with(scaler)
+    [s] = starts(lc.scale_out(M, 0.0))
+    ready(lc, s, 5.0)
+    eid = EndpointId(s.instance)
+    sched.sync_endpoints([EndpointSpec(eid, "http://x", EngineKind.VLLM, frozenset({M}), cap=1)])
+    sched.set_health(eid, EndpointHealth.READY)
+    clock.set(10.0)
+    sched.submit(request(0, 10.0))  # runs (cap 1); its first token at 10.5
+    sched.progress(RequestId("r0"), 1, 10.5)
+    sched.submit(request(1, 10.0))  # waits: its TTFT measure runs on
+    with_deadline = dataclasses.replace(request(2, 11.0), slo=SLO(ttft_ms=2000.0, deadline_ms=5000.0))
+    sched.submit(with_deadline)  # waits: measured end to end
+    clock.set(14.0)
+    loop.step(14.0, {s.instance: eid})
+    calls = {c.id: (c.allotted_s, c.took_s) for c in scaler.views[0].models[M].open_calls}
+    assert calls == {"r0": (2.0, 0.5), "r1": (2.0, 4.0), "r2": (5.0, 3.0)}
 
 
 def test_the_loop_in_dry_run_decides_and_acts_on_nothing() -> None:

@@ -100,6 +100,13 @@ def test_the_finish_phase_only_queues_and_refresh_folds_in() -> None:
     assert rig.tel.fleet.attainment.by_class(rig.clock.now())["default"].met == 1
 
 
+def test_the_finished_record_names_the_scheduler_request() -> None:
+    # The autoscaler matches a finish to the open call it may have counted already (cato-sla).
+    record = finished_record(Rig().run_request("r7"))
+    assert record is not None
+    assert record.request == RequestId("r7")
+
+
 def test_timelines_settle_up_to_the_oldest_running_request() -> None:
     rig = Rig()
     slow = SchedRequest(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from gateway.core.slo import SloKind
-from gateway.core.types import EndpointId, InstanceClass, ModelName
+from gateway.core.types import SLO, EndpointId, InstanceClass, ModelName, RequestId
 
 
 class ScaleState(enum.StrEnum):
@@ -72,6 +72,15 @@ class QueuedRequest:
     output_var: float  # variance of that prediction (0: exact or unknown)
 
 
+def allotted(slo: SLO) -> tuple[bool, float | None]:
+    """A call's measure for violation counts: (measured end to end, the seconds it was allotted). Its
+    E2E target when it has one (measured from arrival to its last token), else its TTFT target (to its
+    first token); None: no target on either."""
+    if slo.deadline_ms is not None:
+        return True, slo.deadline_ms / 1000.0
+    return False, None if slo.ttft_ms is None else slo.ttft_ms / 1000.0
+
+
 @dataclass(frozen=True, slots=True)
 class FinishedCall:
     """A request that finished since the previous decision (for scalers that count violations or fit)."""
@@ -79,9 +88,25 @@ class FinishedCall:
     kind: SloKind
     arrival: float
     finished_at: float
-    allotted_s: float | None  # the time it was given: its E2E target, else its TTFT target; None: none
+    allotted_s: float | None  # the time it was given (`allotted`); None: no target
     took_s: float | None  # what it took on that same measure (E2E, or time to first token); None: unknown
     slo_met: bool | None  # None: no target
+    id: RequestId | None = None  # the request (an `OpenCall` of earlier views); None: not known
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCall:
+    """A request not finished yet, queued in the gateway or running on one of the model's instances, on
+    the measure of `FinishedCall` (for scalers that count a violation before the call ends)."""
+
+    id: RequestId
+    kind: SloKind
+    arrival: float
+    allotted_s: float | None  # as `FinishedCall`'s
+    # What it has taken so far on that measure, a lower bound of its `FinishedCall.took_s`: now − arrival
+    # while the measure runs (E2E: until it finishes; TTFT: until its first token), then its TTFT. None:
+    # not known (a resumed request had its first token in an earlier run).
+    took_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +121,9 @@ class ModelScaleView:
     devices_per_instance: int  # the default configuration's
     load_s: float  # expected time from a start to ready
     configs: tuple[InstanceConfig, ...] = ()  # empty: one default configuration
+    # Its requests not finished yet: the queued ones (arrival order), then those running on its ready
+    # instances (those on draining instances are not known to the scheduler any more).
+    open_calls: tuple[OpenCall, ...] = ()
 
     def serving(self) -> list[InstanceView]:
         """Instances that count as capacity (starting or ready, not draining)."""
