@@ -14,9 +14,7 @@ counters) and computes
   second; a dip within the tolerance is the noise of a few seconds' sample), judged once per growth,
   while the cap binds, and not on the reading right after the growth: the requests let in by the
   growth are prefilled together and pause every decode for a while, a transient that says nothing
-  about the larger batch (judging on it undid every doubling); the transient lasts until the last of
-  them has its first token (on the classes benchmark about 46 requests let in at once took about 9 s,
-  several readings), so the growth is judged on the reading after that; an endpoint with free seats streams
+  about the larger batch (judging on it undid every doubling); an endpoint with free seats streams
   less because it is given less, and one whose cap was just cut streams less because of the cut;
 - bp = max(LBP, TBP): below 1 the cap grows ``B ← α·B/bp + (1 − α)·B`` (at most `max_growth` times per
   step; with bp = 0 by that much); with LBP at or above 1 it halves (Chiron; `cut = "margin"`: to
@@ -101,7 +99,6 @@ class _State:
     ref: float | None = None  # output tokens/s at that cap (the reading that grew it)
     pending: bool = False  # a growth whose throughput is still to be judged (TBP)
     settling: bool = False  # the reading right after a growth is skipped (see the module docstring)
-    grown_at: float = -math.inf  # clock time of the last growth
     target: float | None = None  # the tightest ITL target among the running requests at the last call
     tightened_at: float = -math.inf  # when that target last became tighter (a spill; module docstring)
 
@@ -151,11 +148,7 @@ class ChironController:
                 st.b /= 2.0 if p.cut == "halve" else min(2.0, lbp)
             st.pending = st.settling = False
         elif st.settling:
-            # The new seats' prefills paused decoding: judge the growth on the reading after the one
-            # in which the last request it let in had its first token.
-            st.settling = any(
-                r.first_token_at is None and r.dispatched_at >= st.grown_at for r in view.running
-            )
+            st.settling = False  # the new seats' prefills paused decoding: judge the growth next time
         elif bound or st.pending:
             tbp = 0.0
             if st.pending and p.throughput and bound and st.ref is not None:
@@ -169,7 +162,7 @@ class ChironController:
                 st.b = min(grown, st.b * p.max_growth)
         st.b = min(max(st.b, float(self.floor)), float(hard))
         if st.b > before:
-            st.base, st.ref, st.grown_at = before, rate, now
+            st.base, st.ref = before, rate
             st.pending = st.settling = True
         return self._enforced(st, hard)
 
