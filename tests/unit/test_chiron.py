@@ -202,13 +202,19 @@ def test_a_spill_is_not_latency_pressure_until_measured_under_its_target() -> No
         return dataclasses.replace(v, running=v.running[:batch] + tight)
 
     paper = ChironPaperController(ChironPaperParams(interval_s=1.0, start=101))
+    ep = Endpoint(max_cap=128)
+    paper.cap(mixed(ep, 100, 0, 101), ep.now)
+    ep.stream(2.5, 0.25, 100)
+    assert paper.cap(mixed(ep, 100, 1, 101), ep.now) == 50  # the interactive request is placed
+
     berth = ChironController(ChironParams(interval_s=1.0, start=101))
-    eps = Endpoint(max_cap=128), Endpoint(max_cap=128)
-    for ctl, ep in zip((paper, berth), eps, strict=True):
-        ctl.cap(mixed(ep, 100, 0, 101), ep.now)
-        ep.stream(2.5, 0.25, 100)
-        ctl.cap(mixed(ep, 100, 1, 101), ep.now - 0.5)  # the interactive request is placed
-    assert paper.cap(mixed(eps[0], 100, 1, 101), eps[0].now) == 50
-    assert berth.cap(mixed(eps[1], 100, 1, 101), eps[1].now) == 101
-    eps[1].stream(2.0, 0.25, 101)
-    assert berth.cap(mixed(eps[1], 100, 1, 101), eps[1].now) == 50
+    ep = Endpoint(max_cap=128)
+    berth.cap(mixed(ep, 100, 0, 101), ep.now)
+    ep.stream(2.5, 0.25, 100)
+    assert berth.cap(mixed(ep, 100, 1, 101), ep.now) == 101
+    ep.stream(2.0, 0.25, 101)
+    assert berth.cap(mixed(ep, 100, 1, 101), ep.now) == 50
+    ep.cut()
+    # latency over a target that did not change, measured under the cut: halved at once
+    ep.stream(2.0, 0.25, 50)
+    assert berth.cap(mixed(ep, 49, 1, 50), ep.now) == 25
