@@ -198,10 +198,6 @@ class PreemptionRules:
     # SLO stays feasible (its deadline, its average inter-token time).
     requeue_wait_s: float = 10.0
     margin: float = 1.0  # < 1 demands room to spare in that check
-    # A request preempts only once it has waited this share of its TTFT target (0: as soon as it finds no
-    # seat). Seats on its own endpoints free up as their streams end: a request that can wait for one
-    # costs no batch work its seat (and no cut of the endpoint's cap for its inter-token target).
-    patience: float = 0.0
 
 
 @runtime_checkable

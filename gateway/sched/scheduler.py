@@ -505,13 +505,6 @@ class Scheduler:
         slo = self._policy.slo
         if slo.class_of(req.slo.slo_class).kind not in rules.by:
             return None
-        ttft = req.slo.ttft_ms
-        if (
-            rules.patience > 0
-            and ttft is not None
-            and snap.now - req.arrival < rules.patience * ttft / 1000.0
-        ):
-            return None  # it may still find a seat of its own in time (`PreemptionRules.patience`)
         victims: list[Victim] = []
         ready = EndpointHealth.READY
         for e in snap.endpoints:

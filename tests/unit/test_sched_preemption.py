@@ -340,23 +340,6 @@ def test_requeued_victim_waits_from_its_requeue_not_its_arrival() -> None:
     assert not [d for d in rig.sched.tick() if isinstance(d, Reject)]
 
 
-def test_a_patient_request_waits_for_its_own_seat_before_it_preempts() -> None:
-    """With patience 0.5 an interactive request (TTFT 10 s) finds no seat: it waits; a seat of its own
-    that frees within 5 s takes it (no batch work preempted); one that waits 5 s preempts."""
-    pol = make_policy(extra=PREEMPT + "params = { patience = 0.5 }\n")
-    rig = busy_mixed_rig(pol)
-    rig.clock.advance(5.0)
-    rig.sched.progress(RequestId("batch0"), 40, rig.clock.now() - 4.0)
-    assert rig.sched.submit(req("chat1", arrival=rig.clock.now())) is None
-    assert rig.sched.take_preemptions() == []
-    rig.clock.advance(4.9)
-    assert rig.sched.tick() == []
-    assert where(rig.sched.complete(RequestId("chat0"))) == [("dispatch", "chat1", "i")]
-    assert rig.place(req("chat2", arrival=rig.clock.now())) is None
-    rig.clock.advance(5.0)
-    assert where(rig.sched.tick()) == [("preempt", "batch0", "m"), ("dispatch", "chat2", "m")]
-
-
 def test_no_preemption_without_a_preemption_plugin() -> None:
     rig = busy_mixed_rig(make_policy())
     assert rig.sched.submit(req("chat1")) is None

@@ -22,8 +22,6 @@ class PreemptParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     max_victims: Annotated[int, Meta(ge=1, le=1024)] = 1  # per preempting request, on one endpoint
     requeue_wait_s: Annotated[float, Meta(ge=0.0, le=86400.0)] = 10.0  # assumed wait before it resumes
     margin: Annotated[float, Meta(gt=0.0, le=2.0)] = 1.0  # < 1: the victim's SLO must hold with room
-    # Share of its TTFT target a request waits for a seat before it preempts (0: at once, as Chiron).
-    patience: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.0
 
     def rules(self) -> PreemptionRules:
         if not self.by or not self.victims or not self.classes:
@@ -38,5 +36,4 @@ class PreemptParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
             max_victims=self.max_victims,
             requeue_wait_s=self.requeue_wait_s,
             margin=self.margin,
-            patience=self.patience,
         )
