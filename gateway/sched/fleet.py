@@ -47,9 +47,12 @@ class _Endpoint:
         "_view_has_gauges",
         "cap",
         "completed_since_scrape",
+        "cut_at",
         "dispatched_since_scrape",
         "estimates",
         "fresh_until",
+        "gap_after_cut_s",
+        "gap_after_cut_tokens",
         "gap_s",
         "gap_tokens",
         "gauges",
@@ -75,6 +78,10 @@ class _Endpoint:
         self.streamed_tokens = 0
         self.gap_s = 0.0
         self.gap_tokens = 0
+        # When the cap in force was last lowered, and the gaps (as gap_s/gap_tokens) that began after it.
+        self.cut_at = -math.inf
+        self.gap_after_cut_s = 0.0
+        self.gap_after_cut_tokens = 0
         self.models: frozenset[ModelName] = spec.models
         self.health = EndpointHealth.STARTING
         self.inflight = 0
@@ -140,6 +147,9 @@ class _Endpoint:
             streamed_tokens=self.streamed_tokens,
             gap_s=self.gap_s,
             gap_tokens=self.gap_tokens,
+            cut_at=self.cut_at,
+            gap_after_cut_s=self.gap_after_cut_s,
+            gap_after_cut_tokens=self.gap_after_cut_tokens,
             max_batch=s.max_batch,
             config=s.config,
         )
@@ -356,6 +366,9 @@ class Fleet:
             if since is not None and counted > 0 and now >= since:
                 ep.gap_s += now - since
                 ep.gap_tokens += counted
+                if since >= ep.cut_at:  # measured entirely under the cap in force
+                    ep.gap_after_cut_s += now - since
+                    ep.gap_after_cut_tokens += counted
         ep.running[req_id] = with_progress(r, produced, first_token_at, now)
         ep.changed()
 
@@ -383,14 +396,17 @@ class Fleet:
         ep = self._endpoints.get(eid)
         return None if ep is None else ep.cap
 
-    def set_cap(self, eid: EndpointId, cap: int) -> bool:
-        """Put `cap` in force on `eid` (clamped into [1, its bound]); True if it changed."""
+    def set_cap(self, eid: EndpointId, cap: int, now: float = -math.inf) -> bool:
+        """Put `cap` in force on `eid` (clamped into [1, its bound]); True if it changed. A cut is noted
+        at `now` (the view's `cut_at`)."""
         ep = self._endpoints.get(eid)
         if ep is None:
             return False
         cap = max(1, min(cap, ep.bound))
         if cap == ep.cap:
             return False
+        if cap < ep.cap:
+            ep.cut_at = max(ep.cut_at, now)
         ep.cap = cap
         ep.changed()
         return True

@@ -588,7 +588,7 @@ class Scheduler:
             self._fault_id(rid, "concurrency", e)
             return
         before = self._fleet.cap_of(eid)
-        if self._fleet.set_cap(eid, max(ctl.floor, cap)) and out is not None:
+        if self._fleet.set_cap(eid, max(ctl.floor, cap), now) and out is not None:
             after = self._fleet.cap_of(eid)
             if before is not None and after is not None and after < before:
                 self._shed(eid, out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, InstanceClass, ModelName
@@ -65,6 +66,12 @@ class EndpointView:
     streamed_tokens: int = 0
     gap_s: float = 0.0
     gap_tokens: int = 0
+    # When the cap in force was last lowered (-inf: never), and the gaps of `gap_s`/`gap_tokens` that
+    # began after it: a stream reports every few tokens, so for a while after a cut its gaps still hold
+    # time it spent in the larger batch (a controller that judges the cut must not count those).
+    cut_at: float = -math.inf
+    gap_after_cut_s: float = 0.0
+    gap_after_cut_tokens: int = 0
     # The engine's max batch (vLLM --max-num-seqs, SGLang --max-running-requests; None: unknown) and
     # its instance configuration's name: what the `sub-cluster` filter maps requests by.
     max_batch: int | None = None

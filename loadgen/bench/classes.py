@@ -3,7 +3,7 @@ simulator (papers/ALGORITHMS.md §5).
 
     berth-loadgen bench classes --out DIR            # the default run (~30 min on one core)
     berth-loadgen bench classes --quick --out DIR    # one rate, a small backlog, one seed (seconds)
-    python -m loadgen.bench.classes --rates 2,4,6 --seeds 3 --backlog 4000 --out DIR
+    python -m loadgen.bench.classes --rates 0.25,3,6 --seeds 3 --backlog 4000 --out DIR
 
 Setup (every run starts from the same state; the files are kept per run under DIR/runs/TAG):
 - one model (`chat-7b`) on 8 simulated endpoints of profile `fleet-7b` with `max_num_seqs` 128 and a
@@ -36,7 +36,8 @@ backlog's completion time, the finish of its last request), that completion time
 resumes and recomputed tokens (prompt + produced tokens prefilled again on resume).
 
 Targets (judged on the means over seeds, with 95 % Student t intervals): at the lowest rate of the sweep
-where (a)'s interactive attainment is below 0.90, (d) keeps >= 0.99 and a batch throughput >= 0.9 x
+where (a)'s interactive attainment is below 0.90 (the report says where it crosses: between two rates
+of the sweep, or at or below its lowest), (d) keeps >= 0.99 and a batch throughput >= 0.9 x
 (a)'s; and (d)'s batch throughput is >= 0.9 x that of the best static cap of the sweep that keeps the
 ITL targets (>= 0.99 of requests), while (d) keeps them too.
 
@@ -79,7 +80,10 @@ CONFIGS: Final = (
 )
 BASELINE, PREEMPT, BERTH, PAPER, SPILL = CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[4], CONFIGS[5]
 SWEEP_CAPS: Final = (16, 32, 64, 128)
-DEFAULT_RATES: Final = (2.0, 4.0, 6.0)
+# (a)'s attainment is below 0.90 already at 0.25 req/s (0.36; 0.30 at 1, 0.10 at 3; 5 seeds): its
+# interactive streams share 128-request batches whose token time is over 200 ms whenever the backlog
+# runs, at any rate. The lowest rate is where the targets are judged; 3 and 6 load the classes.
+DEFAULT_RATES: Final = (0.25, 3.0, 6.0)
 DEFAULT_SEEDS: Final = 3
 DEFAULT_BACKLOG: Final = 4000
 DEFAULT_DURATION_S: Final = 300.0

@@ -153,9 +153,13 @@ def markdown(result: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         f"{_cell(_ci(d_runs, 'itl_kept'))} | {_cell(_ci(d_runs, 'batch_tokens_per_s'), 0)} |"
     )
     verdicts = _verdicts(result, runs, sweep)
-    lines += ["", "## Targets", ""]
+    lines += ["", "## Targets", "", crossing(runs, s["rates"]), ""]
     for v in verdicts:
         lines.append(f"- **{v['verdict']}** {v['target']}: {v['detail']}")
+    info = _information(result, runs)
+    if info:
+        lines += ["", "At the other rates (information, not the target):", ""]
+        lines += [f"- {x}" for x in info]
     lines += [
         "",
         "Interactive attainment: interactive requests that met TTFT and ITL (average token generation time); "
@@ -166,6 +170,58 @@ def markdown(result: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         "",
     ]
     return "\n".join(lines), verdicts
+
+
+def crossing(runs: Sequence[dict[str, Any]], rates: Sequence[float]) -> str:
+    """Where (a)'s mean interactive attainment falls below 0.90, said as the sweep can tell it: between
+    two rates of the sweep, at or below its lowest rate (it never kept 0.90), or beyond its highest."""
+    means = []
+    for rate in sorted(rates):
+        c = _ci(
+            [r for r in runs if r["rate"] == rate and r["config"] == "a-least-outstanding"],
+            "interactive_attainment",
+        )
+        if c is not None:
+            means.append((rate, c.mean))
+    shown = ", ".join(f"{m:.3f} at {rate:g}" for rate, m in means)
+    below = [i for i, (_, m) in enumerate(means) if m < 0.90]
+    if not means:
+        return "(a) did not run."
+    if not below:
+        return f"(a)'s interactive attainment ({shown}) keeps >= 0.90 at every rate: no target rate."
+    i = below[0]
+    if i == 0:
+        return (
+            f"(a)'s interactive attainment ({shown}) is below 0.90 already at the lowest rate, "
+            f"{means[0][0]:g} req/s: the crossing is at or below it, and the targets are judged there."
+        )
+    return (
+        f"(a)'s interactive attainment ({shown}) falls below 0.90 between {means[i - 1][0]:g} and "
+        f"{means[i][0]:g} req/s: the targets are judged at {means[i][0]:g}."
+    )
+
+
+def _information(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+    """(d)'s attainment and batch throughput against (a)'s at the rates other than the target's."""
+    out = []
+    for rate in result["setup"]["rates"]:
+        if rate == result["target_rate"]:
+            continue
+        a = _ci(
+            [r for r in runs if r["rate"] == rate and r["config"] == "a-least-outstanding"],
+            "batch_tokens_per_s",
+        )
+        for config in ("d-berth", "e-berth-spill"):
+            d = [r for r in runs if r["rate"] == rate and r["config"] == config]
+            if not d or a is None:
+                continue
+            att, tp = _ci(d, "interactive_attainment"), _ci(d, "batch_tokens_per_s")
+            ratio = _mean(tp) / a.mean if a.mean > 0 else math.nan
+            out.append(
+                f"rate {rate:g}: {config} attainment {_cell(att)}, batch {_cell(tp, 0)} tok/s = "
+                f"{ratio:.3f}x (a)'s"
+            )
+    return out
 
 
 def _verdicts(

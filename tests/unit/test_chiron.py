@@ -4,6 +4,8 @@ The clock is the `now` passed in; token counters move as a dispatcher's progress
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import pytest
@@ -48,14 +50,27 @@ class Endpoint:
     gap_tokens: int = 0
     now: float = 0.0
     caps: list[int] = field(default_factory=list)
+    cut_at: float = -math.inf
+    after_cut_s: float = 0.0
+    after_cut_tokens: int = 0
 
-    def stream(self, seconds: float, per_token_s: float, streams: int) -> None:
-        """`streams` requests stream for `seconds` at `per_token_s` each (the clock moves on)."""
+    def stream(
+        self, seconds: float, per_token_s: float, streams: int, *, begun_before_cut: bool = False
+    ) -> None:
+        """`streams` requests stream for `seconds` at `per_token_s` each (the clock moves on); with
+        `begun_before_cut` their reports' gaps began before the last cut (`cut`)."""
         per_stream = int(seconds / per_token_s)
         self.now += seconds
         self.tokens += per_stream * streams
         self.gap_s += per_stream * per_token_s * streams
         self.gap_tokens += per_stream * streams
+        if not begun_before_cut:
+            self.after_cut_s += per_stream * per_token_s * streams
+            self.after_cut_tokens += per_stream * streams
+
+    def cut(self) -> None:
+        """The scheduler put a lower cap in force now."""
+        self.cut_at = self.now
 
     def view(
         self, inflight: int, target_s: float, cap: int, *, fresh: int = 0, at: float = 0.0
@@ -74,6 +89,9 @@ class Endpoint:
             streamed_tokens=self.tokens,
             gap_s=self.gap_s,
             gap_tokens=self.gap_tokens,
+            cut_at=self.cut_at,
+            gap_after_cut_s=self.after_cut_s,
+            gap_after_cut_tokens=self.after_cut_tokens,
         )
 
 
@@ -151,3 +169,52 @@ def test_both_stay_within_the_bound_and_min_cap() -> None:
             cap = ctl.cap(ep.view(min(cap, 8), 0.2, cap), ep.now)
             assert 3 <= cap <= 10
         assert cap == 3
+
+
+def test_a_reading_does_not_count_gaps_that_began_before_a_cut() -> None:
+    """Halved 80 -> 40 at 250 ms per token; the streams' next reports still cover time in the batch of
+    80 (a stream reports every few tokens): the paper's reading takes them and halves again, berth's
+    counts only gaps begun after the cut, holds until it has one, and judges the cut by those."""
+    paper = ChironPaperController(ChironPaperParams(interval_s=1.0, start=80))
+    berth = ChironController(ChironParams(interval_s=1.0, start=80))
+    for ctl, second in ((paper, 20), (berth, 40)):
+        ep = Endpoint(max_cap=128)
+        ctl.cap(ep.view(80, 0.2, 80), ep.now)
+        ep.stream(3.0, 0.25, 80)
+        assert ctl.cap(ep.view(80, 0.2, 80), ep.now) == 40
+        ep.cut()
+        ep.stream(2.0, 0.25, 40, begun_before_cut=True)  # reports whose gaps began in the larger batch
+        assert ctl.cap(ep.view(40, 0.2, 40), ep.now) == second
+    ep.stream(2.0, 0.15, 40)  # the first gaps measured under the cut: within the target
+    assert berth.cap(ep.view(40, 0.2, 40), ep.now) == 46  # LBP 0.75, binding: 0.5*40/0.75 + 0.5*40
+
+
+def test_a_spill_is_not_latency_pressure_until_measured_under_its_target() -> None:
+    """A mixed endpoint runs 100 batch streams (ITL target 2 s) at 250 ms per token; an interactive
+    request (target 200 ms) is placed there. The reading that follows measured the batch before the
+    interactive request ran: berth takes it as no pressure against the new target (its placement judged
+    that it fits) and judges the next one; the paper halves at once. Under the tighter target still at
+    250 ms per token, berth halves."""
+
+    def mixed(ep: Endpoint, batch: int, interactive: int, cap: int) -> EndpointView:
+        v = ep.view(batch + interactive, 2.0, cap)
+        tight = tuple(dataclasses.replace(r, itl_s=0.2) for r in v.running[batch:])
+        return dataclasses.replace(v, running=v.running[:batch] + tight)
+
+    paper = ChironPaperController(ChironPaperParams(interval_s=1.0, start=101))
+    ep = Endpoint(max_cap=128)
+    paper.cap(mixed(ep, 100, 0, 101), ep.now)
+    ep.stream(2.5, 0.25, 100)
+    assert paper.cap(mixed(ep, 100, 1, 101), ep.now) == 50  # the interactive request is placed
+
+    berth = ChironController(ChironParams(interval_s=1.0, start=101))
+    ep = Endpoint(max_cap=128)
+    berth.cap(mixed(ep, 100, 0, 101), ep.now)
+    ep.stream(2.5, 0.25, 100)
+    assert berth.cap(mixed(ep, 100, 1, 101), ep.now) == 101
+    ep.stream(2.0, 0.25, 101)
+    assert berth.cap(mixed(ep, 100, 1, 101), ep.now) == 50
+    ep.cut()
+    # latency over a target that did not change, measured under the cut: halved at once
+    ep.stream(2.0, 0.25, 50)
+    assert berth.cap(mixed(ep, 49, 1, 50), ep.now) == 25

@@ -432,6 +432,42 @@ def test_a_cut_cap_on_a_mixed_endpoint_preempts_batch_work_down_to_it() -> None:
     assert rig.sched.queue_depth(M) == 3
 
 
+def test_gaps_begun_before_a_cut_are_kept_apart_from_those_after_it() -> None:
+    """The endpoint's view counts every reported gap in `gap_s`, and in `gap_after_cut_s` only the gaps
+    that began after its cap was last lowered (what `chiron` judges a cut by)."""
+    pol = make_policy(filters="[]", extra=PREEMPT + CHIRON.format(start=8))
+    rig = Rig(pol, spec("e", MIXED, cap=8))
+    e = EndpointId("e")
+    names = [f"b{k}" for k in range(7)]
+    for n in names:
+        assert rig.place(req(n, "batch")) == "e"
+    assert rig.place(req("chat")) == "e"
+    stream(rig, [*names, "chat"], 1, 0.0)
+    stream(rig, [*names, "chat"], 5, 0.5)
+    rig.clock.advance(0.5)  # the streams reported 0.5 s before the cut
+    rig.sched.complete(RequestId("b0"))
+    assert rig.sched.cap_of(e) == 4
+    v = rig.sched.endpoint_view(e)
+    assert v is not None
+    assert v.cut_at == rig.clock.now()
+    before = (v.gap_s, v.gap_tokens, v.gap_after_cut_s, v.gap_after_cut_tokens)
+    left = [r.id for r in v.running]
+    rig.clock.advance(1.0)
+    # a stream whose last report was before the cut: its gap spans it
+    rig.sched.progress(left[0], (v.running[0].produced or 0) + 4, v.running[0].first_token_at)
+    v = rig.sched.endpoint_view(e)
+    assert v is not None
+    assert v.gap_tokens == before[1] + 4
+    assert v.gap_after_cut_tokens == before[3]
+    assert v.gap_s == pytest.approx(before[0] + 1.5)  # 0.5 s before the cut, 1 s after
+    rig.clock.advance(1.0)
+    rig.sched.progress(left[0], (v.running[0].produced or 0) + 5, v.running[0].first_token_at)
+    v = rig.sched.endpoint_view(e)
+    assert v is not None
+    assert v.gap_after_cut_tokens == before[3] + 5
+    assert v.gap_after_cut_s == pytest.approx(before[2] + 1.0)
+
+
 def test_chiron_respects_the_min_interval_bounds_and_configured_cap() -> None:
     rig = Rig(make_policy(filters="[]", extra=CHIRON.format(start=100)), spec("e", cap=8))
     e = EndpointId("e")
