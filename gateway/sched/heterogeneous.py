@@ -395,7 +395,10 @@ def _meets(ratio: float) -> float:
 class MixWindow:
     """A model's recent SLO mix from the requests it saw: each counts with weight exp(−age / window_s),
     its deadline factor rounded to `bucket` (kinds are (factor bucket, decode-length bucket of 100
-    tokens)), and the rate is the decayed count over the window."""
+    tokens)), and the rate is the decayed count over what a steady rate would have summed to since the
+    first observation, ``window_s·(1 − exp(−seen / window_s))`` (unbiased from the first seconds on; the
+    plain window over-weighed nothing but read 0.63x the rate one window in), with `seen` at least 1 s.
+    Decay is applied on every path that reads or adds (`observe`, `mix`)."""
 
     def __init__(self, window_s: float = 60.0, bucket: float = 0.1) -> None:
         if window_s <= 0 or bucket <= 0:
@@ -419,13 +422,14 @@ class MixWindow:
     def mix(self, now: float, t_slot_s: float, cv: float = 1.0) -> TrafficMix:
         self._decay(now)
         total = sum(w for w, _ in self._weights.values())
-        seen = max(1e-9, min(self.window_s, now - (self._first if self._first is not None else now)))
+        seen = max(1.0, now - (self._first if self._first is not None else now))
+        steady = self.window_s * -math.expm1(-seen / self.window_s)  # what rate 1 would have summed to
         kinds = tuple(
             RequestKind(w / total, key[0] * self.bucket, lw / w)
             for key, (w, lw) in sorted(self._weights.items())
             if w > 1e-6
         )
-        return TrafficMix(rate=total / seen if total else 0.0, t_slot_s=t_slot_s, kinds=kinds, cv=cv)
+        return TrafficMix(rate=total / steady if total else 0.0, t_slot_s=t_slot_s, kinds=kinds, cv=cv)
 
     def _decay(self, now: float) -> None:
         if self._at is not None and now > self._at:
