@@ -203,7 +203,7 @@ class PerfModelFitter:
             cur = replace(cur, h=h, j=j, kv_mape=kv.mape, n_kv=kv.n)
         if tput is not None:
             thr1, alpha, beta = tput
-            cur = replace(cur, thr1=thr1, alpha=alpha, beta=beta)
+            cur = replace(cur, thr1=thr1, alpha=alpha, beta=beta, n_throughput=len(self._tput))
         self._current = cur
         return cur
 

@@ -147,7 +147,8 @@ def test_the_split_shares_decay_over_the_window() -> None:
     for i in range(10):  # relaxed traffic ten windows later
         f.filter(deadline_req(f"r{i}", 3.0), FLEET, snap(*FLEET, now=100.0))
     share = f.groups(M)[RELAXED][0]
-    assert share is not None and share > 0.99
+    assert share is not None
+    assert share > 0.99
     assert f.mix(M, 100.0, t_slot_s=T_SLOT_MS / 1000.0).kinds[-1].share > 0.99
 
 
