@@ -205,7 +205,8 @@ class ConfigChooser:
                 break
             names.append(nxt.config)
             free -= by_name[nxt.config].devices
-            why = f"config {nxt.config} (+{nxt.gain:.3f} serving score, {nxt.sub_cluster})"
+            with_ = "" if nxt.instances == 1 else f" with {nxt.instances} of it"
+            why = f"config {nxt.config} (+{nxt.gain:.3f} serving score{with_}, {nxt.sub_cluster})"
             prev = parts[-1] if parts else None
             if prev is not None and prev.config == nxt.config:
                 parts[-1] = replace(prev, count=prev.count + 1)

@@ -33,8 +33,9 @@ best instance set is the best of the set for d − 1, of every set for d − dev
 of c (instances are added greedily while they raise the score), and of as many instances of c alone as
 fit (one instance may gain nothing until enough of them serve a tight kind); then the devices are split
 between the two sub-clusters where the sum of their share-weighted scores is highest.
-`next_config` answers the scaler's question "which configuration next?": the single instance whose
-addition to what runs raises the score most.
+`next_config` answers the scaler's question "which configuration next?": the configuration whose
+addition to what runs (as 1, 2, 4, ... instances of it, as many as fit) raises the score most per
+device.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ class Placement:
 class NextInstance:
     config: str
     sub_cluster: SubCluster
-    gain: float  # serving score gained
+    gain: float  # serving score gained by `instances` of it
+    instances: int = 1  # how many of it the gain was judged on (start one; the next call asks again)
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,8 +330,12 @@ class Placer:
         self, mix: TrafficMix, running: Iterable[str], free_devices: int, *, min_gain: float = 1e-6
     ) -> NextInstance | None:
         """The configuration to start next (the scaler's question): of those that fit `free_devices`,
-        the one whose instance, added to the `running` configurations (names), raises the serving score
-        most; None when none raises it by `min_gain`."""
+        the one whose instances, added to the `running` configurations (names), raise the serving score
+        most per device they take. Per device: devices are what the scaler spends (a two-device
+        instance must gain twice as much). Instances, not one instance: as in `place`, one small-batch
+        instance may gain nothing (the strict requests all crowd onto it) until enough of them serve
+        the tight kinds, so each configuration is tried as 1, 2, 4, ... more instances (as many as fit),
+        judged by the best of them. None when no addition raises the score by `min_gain`."""
         by_name = {c.name: c for c in self.configs}
         now: dict[SubCluster, list[ConfigProfile]] = {STRICT: [], RELAXED: []}
         for name in running:
@@ -338,14 +344,16 @@ class Placer:
                 now[self.sub_cluster_of(c)].append(c)
         base = self.score(mix, now)
         best: NextInstance | None = None
+        best_rate = 0.0
         for c in self.configs:
-            if c.devices > free_devices:
-                continue
             s = self.sub_cluster_of(c)
-            trial = {**now, s: [*now[s], c]}
-            gain = self.score(mix, trial) - base
-            if gain >= min_gain and (best is None or gain > best.gain):
-                best = NextInstance(c.name, s, gain)
+            k = 1
+            while k * c.devices <= free_devices:
+                gain = self.score(mix, {**now, s: [*now[s], *(c,) * k]}) - base
+                rate = gain / (k * c.devices)
+                if gain >= min_gain and (best is None or rate > best_rate):
+                    best, best_rate = NextInstance(c.name, s, gain, k), rate
+                k *= 2
         return best
 
 

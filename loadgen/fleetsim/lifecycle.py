@@ -129,6 +129,7 @@ class LifecycleStats:
     peak_devices: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)
     autoscale: dict[str, Any] | None = None
+    started_by_config: dict[str, int] = field(default_factory=dict)  # the model's default named as such
 
     def document(self) -> dict[str, Any]:
         n = self.hits + self.misses
@@ -148,6 +149,7 @@ class LifecycleStats:
             "peak_devices": self.peak_devices,
             "autoscale": self.autoscale,
             "decisions": self.decisions,
+            "started_by_config": dict(sorted(self.started_by_config.items())),
         }
 
 
@@ -161,7 +163,13 @@ def _record(r: DecisionRecord) -> dict[str, Any]:
     d = r.decision
     out: dict[str, Any] = {"t": round(r.at, 3), "outcome": r.outcome, "note": r.note}
     if isinstance(d, ScaleOut):
-        out |= {"kind": "scale_out", "model": d.model, "class": str(d.instance_class), "count": d.count}
+        out |= {
+            "kind": "scale_out",
+            "model": d.model,
+            "class": str(d.instance_class),
+            "count": d.count,
+            "config": d.config,
+        }
     elif isinstance(d, ScaleIn):
         out |= {"kind": "scale_in", "instance": d.instance}
     elif isinstance(d, Reclass):
@@ -387,6 +395,8 @@ class SimLifecycle:
         load_s = self.core.models()[a.model].load_s
         self.stats.loads += 1
         self.stats.load_s += load_s
+        name = self.config_of(a.model, a.config) or "default"
+        self.stats.started_by_config[name] = self.stats.started_by_config.get(name, 0) + 1
         self._started_at[a.instance] = (self._now(), len(a.devices))
         self.stats.peak_devices = max(self.stats.peak_devices, self.devices_in_use())
 
