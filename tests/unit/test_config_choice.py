@@ -54,6 +54,7 @@ WIDE = dataclasses.replace(CURVE, thr1=170.0, alpha=34.0)
 CONFIGS = (InstanceConfig("tp2-b8", 2, 8), InstanceConfig("tp1-b64", 1, 64))
 SPEC = ModelSpec(M, 10 * GIB, 1, 5.0, configs=CONFIGS, default_config="tp1-b64")
 NODE = NodeSpec("n1", tuple(DeviceSpec(f"gpu{i}", 20 * GIB) for i in range(8)))
+SPLIT = f"strict_below = 1.1, strict_max_batch = 8, t_slot_ms = {T_SLOT_MS}"
 POLICY = f"""
 name = "maaso"
 [ordering]
@@ -61,8 +62,7 @@ plugin = "edf"
 [placement]
 picker = {{ plugin = "max-score" }}
 filters = [
-    {{ plugin = "sub-cluster",
-       params = {{ strict_below = 1.1, strict_max_batch = 8, t_slot_ms = {T_SLOT_MS} }} }},
+    {{ plugin = "sub-cluster", params = {{ {SPLIT} }} }},
 ]
 [[placement.scorers]]
 plugin = "least-outstanding"
