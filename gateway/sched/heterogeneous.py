@@ -41,7 +41,7 @@ device.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -327,7 +327,13 @@ class Placer:
         return table
 
     def next_config(
-        self, mix: TrafficMix, running: Iterable[str], free_devices: int, *, min_gain: float = 1e-6
+        self,
+        mix: TrafficMix,
+        running: Iterable[str],
+        free_devices: int,
+        *,
+        min_gain: float = 1e-6,
+        among: Collection[str] | None = None,
     ) -> NextInstance | None:
         """The configuration to start next (the scaler's question): of those that fit `free_devices`,
         the one whose instances, added to the `running` configurations (names), raise the serving score
@@ -335,7 +341,8 @@ class Placer:
         instance must gain twice as much). Instances, not one instance: as in `place`, one small-batch
         instance may gain nothing (the strict requests all crowd onto it) until enough of them serve
         the tight kinds, so each configuration is tried as 1, 2, 4, ... more instances (as many as fit),
-        judged by the best of them. None when no addition raises the score by `min_gain`."""
+        judged by the best of them. `among`: only these configurations (default: every one). None when
+        no addition raises the score by `min_gain`."""
         by_name = {c.name: c for c in self.configs}
         now: dict[SubCluster, list[ConfigProfile]] = {STRICT: [], RELAXED: []}
         for name in running:
@@ -346,6 +353,8 @@ class Placer:
         best: NextInstance | None = None
         best_rate = 0.0
         for c in self.configs:
+            if among is not None and c.name not in among:
+                continue
             s = self.sub_cluster_of(c)
             k = 1
             while k * c.devices <= free_devices:
