@@ -364,6 +364,8 @@ def _autoscale_lines(auto: Any, instances: Sequence[Any], bold: str, reset: str)
             what += f" {d.get('instance_class')}"
         if d.get("action") == "scale_out":
             what += f" x{d.get('count')}"
+            if d.get("config"):
+                what += f" config {d.get('config')}"
         note = f" ({d.get('note')})" if d.get("note") else ""
         lines.append(
             f"last decision: {d.get('model')} {what}: {d.get('reason') or '-'} -> {d.get('outcome')}{note}"

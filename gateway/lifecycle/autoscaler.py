@@ -7,12 +7,14 @@ policy without one stops autoscaling, a policy that adds one starts it); the man
 and finished requests, and calls `step` on its tick, which returns the lifecycle's actions to carry out.
 
 Every decision record of the runner becomes one `autoscale_decision` log event (model, action, class,
-count, the scaler's reason, the runner's outcome and note, dry_run) and one increment of
-`berth_autoscale_decisions_total{model,action,reason,mode,outcome}`. The `reason` label is bounded:
-`min_instances` for what the bounds demanded, `scaler` for the scaler's own decisions, and the runner's
-note when it clipped or refused one (`max_instances`, `scale_in_cooldown`, ...); the scaler's free text
-(with its figures) goes to the log and /admin/fleet only. Hysteresis (scaling actions / scale-ups,
-Chiron) is counted per model from the acted decisions (and apart, what dry-run would have done).
+configuration, count, the scaler's reason, the runner's outcome and note, dry_run) and one increment of
+`berth_autoscale_decisions_total{model,action,reason,mode,outcome,config}` (`config`: a scale-out's
+configuration from models.toml, `default` for the model's default, `-` for other actions). The `reason`
+label is bounded: `min_instances` for what the bounds demanded, `scaler` for the scaler's own
+decisions, and the runner's note when it clipped or refused one (`max_instances`, `scale_in_cooldown`,
+...); the scaler's free text (with its figures) goes to the log and /admin/fleet only. Hysteresis
+(scaling actions / scale-ups, Chiron) is counted per model from the acted decisions (and apart, what
+dry-run would have done).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gateway.lifecycle.instances import Action, InstanceState, Lifecycle
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import UNBOUNDED, Autoscale, DecisionRecord, ScaleCounters
 from gateway.sched.plugins.autoscale.interface import FinishedCall, Reclass, ScaleIn, ScaleOut, allotted
+from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.attainment import meets_slo
 from gateway.telemetry.records import FinishedRequest
@@ -75,6 +78,7 @@ class DecisionView:
     reason: str  # the scaler's (or "min_instances")
     outcome: str  # acted | clipped | dry_run | refused | fault
     note: str  # the runner's why, when it clipped or refused
+    config: str | None = None  # a scale-out's instance configuration (None: the model's default)
 
     def document(self) -> dict[str, Any]:
         return {
@@ -88,6 +92,7 @@ class DecisionView:
             "reason": self.reason,
             "outcome": self.outcome,
             "note": self.note,
+            "config": self.config,
         }
 
 
@@ -96,7 +101,7 @@ def decision_view(r: DecisionRecord, model_of: Mapping[str, ModelName]) -> Decis
     at, by, out, note = r.at, r.scaler, r.outcome, r.note
     if isinstance(d, ScaleOut):
         cls = d.instance_class.value
-        return DecisionView(at, by, d.model, "scale_out", None, cls, d.count, d.reason, out, note)
+        return DecisionView(at, by, d.model, "scale_out", None, cls, d.count, d.reason, out, note, d.config)
     if isinstance(d, ScaleIn):
         model = model_of.get(d.instance, "-")
         return DecisionView(at, by, model, "scale_in", d.instance, None, 1, d.reason, out, note)
@@ -123,8 +128,9 @@ class AutoscaleMetrics:
     def __init__(self, registry: CollectorRegistry, autoscaler: LiveAutoscaler) -> None:
         self.decisions = Counter(
             "berth_autoscale_decisions",
-            "Autoscaler decisions by model, action, bounded reason, mode (act | dry_run), runner's outcome",
-            ["model", "action", "reason", "mode", "outcome"],
+            "Autoscaler decisions by model, action, bounded reason, mode (act | dry_run), runner's outcome, "
+            "and a scale-out's instance configuration (default: the model's default; - for other actions)",
+            ["model", "action", "reason", "mode", "outcome", "config"],
             registry=registry,
         )
         self.start_failures = Counter(
@@ -220,9 +226,9 @@ class LiveAutoscaler:
         return self._autoscale is not None and self._autoscale.settings.dry_run
 
     # ----------------------------------------------------------------- inputs
-    def arrived(self, model: ModelName, now: float) -> None:
+    def arrived(self, req: SchedRequest, now: float) -> None:
         if self.loop is not None:
-            self.loop.arrived(model, now)
+            self.loop.arrived(req, now)
 
     def finished(self, r: FinishedRequest, slo: SloPolicy) -> None:
         """A finished request (the front's finish phase)."""
@@ -279,7 +285,8 @@ class LiveAutoscaler:
         for r in records:
             v = decision_view(r, model_of)
             self.recent.append(v)
-            self.metrics.decisions.labels(v.model, v.action, reason_label(v), mode, v.outcome).inc()
+            config = (v.config or "default") if v.action == "scale_out" else "-"
+            self.metrics.decisions.labels(v.model, v.action, reason_label(v), mode, v.outcome, config).inc()
             if v.outcome in ("acted", "clipped", "dry_run"):
                 per = (self.dry_counters if v.outcome == "dry_run" else self.counters).setdefault(
                     v.model, ScaleCounters()
@@ -297,6 +304,7 @@ class LiveAutoscaler:
                 action=v.action,
                 instance=v.instance,
                 instance_class=v.instance_class,
+                config=v.config,
                 count=v.count,
                 reason=v.reason,
                 outcome=v.outcome,

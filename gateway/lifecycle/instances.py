@@ -92,6 +92,9 @@ class ModelSpec:
     # The instance configurations a scale-out may ask for (models.toml); each overrides `devices` (the
     # memory per device stays `memory_bytes`). Empty: the one default configuration.
     configs: tuple[InstanceConfig, ...] = ()
+    # Which of `configs` a start without one runs (the agent's default_config, else its first); None:
+    # the model as written (no configurations).
+    default_config: str | None = None
 
     def devices_of(self, config: str | None) -> int | None:
         """Devices an instance of configuration `config` takes (None: no such configuration)."""

@@ -148,7 +148,14 @@ def _model_spec(m: RegistryModel, load_s: float) -> ModelSpec:
         for k in m.configs
     )
     memory = max([default.memory_bytes] + [m.configured(k.name).memory_bytes for k in m.configs])
-    return ModelSpec(ModelName(m.name), memory, default.devices, load_s, configs=configs)
+    return ModelSpec(
+        ModelName(m.name),
+        memory,
+        default.devices,
+        load_s,
+        configs=configs,
+        default_config=default.default_config if m.configs else None,
+    )
 
 
 class LifecycleManager:
@@ -358,7 +365,7 @@ class LifecycleManager:
 
     def on_submit(self, req: SchedRequest) -> None:
         """Every request submitted to the scheduler (the autoscaler's arrival rates)."""
-        self.autoscaler.arrived(req.model, self._clock.now())
+        self.autoscaler.arrived(req, self._clock.now())
 
     def on_finished(self, record: FinishedRequest) -> None:
         """Every admitted request that finished (the front's finish phase; the autoscaler's SLA counts)."""

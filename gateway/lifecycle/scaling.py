@@ -8,7 +8,12 @@ driver carries out like any other (`StartInstance` with its class and configurat
 `StopInstance` for a drained scale-in, `ReclassEndpoint`). The driver logs and exports
 `runner.take_records()` after each step.
 
-The driver calls, in order of what happens: `arrived(model, now)` for every request submitted,
+Configurations: a scale-out that names none, of a model with several (`ModelSpec.configs`), gets them
+from MaaSO's placement on the model's SLO mix (`gateway.lifecycle.config_choice.ConfigChooser`, the
+runner's `ConfigChoice`): one instance at a time, the default configuration when no configuration
+raises the serving score; the records name the configuration and the reason says why.
+
+The driver calls, in order of what happens: `arrived(req, now)` for every request submitted,
 `finished(model, call)` for every request that finished, `step(now, endpoints)` on its tick (the loop
 decides whether the interval is due) with `endpoints` mapping each joined instance id to its endpoint id.
 """
@@ -21,6 +26,7 @@ from typing import Final
 
 from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import EndpointId, ModelName
+from gateway.lifecycle.config_choice import ConfigChooser
 from gateway.lifecycle.instances import (
     Action,
     Instance,
@@ -28,6 +34,7 @@ from gateway.lifecycle.instances import (
     Lifecycle,
 )
 from gateway.sched.autoscale import Autoscale, AutoscaleRunner
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.autoscale.interface import (
     FinishedCall,
     InstanceView,
@@ -65,8 +72,14 @@ class ScaleLoop:
         scheduler: Scheduler,
         *,
         rate_window_s: float = RATE_WINDOW_S,
+        priors: Mapping[ModelName, Mapping[str, PerfCoefficients]] | None = None,
+        prior: PerfCoefficients | None = None,
     ) -> None:
-        self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings)
+        """`priors`: per model and configuration, the throughput-decay curve to plan with until telemetry
+        fitted one on an instance of it; else `prior` (the gateway's telemetry prior), else the generic
+        one."""
+        self.configs = ConfigChooser(lifecycle, scheduler, priors=priors, prior=prior)
+        self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings, configs=self.configs)
         self._life = lifecycle
         self._sched = scheduler
         self._window = rate_window_s
@@ -76,13 +89,15 @@ class ScaleLoop:
     def set_autoscale(self, autoscale: Autoscale) -> None:
         """A reloaded policy: the new scaler and settings, the counters and cool-downs kept."""
         old = self.runner
-        self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings)
+        self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings, configs=self.configs)
         self.runner.adopt(old)
 
     # ----------------------------------------------------------------- what the driver reports
-    def arrived(self, model: ModelName, now: float) -> None:
-        q = self._arrivals.setdefault(model, deque())
+    def arrived(self, req: SchedRequest, now: float) -> None:
+        """A request was submitted: its model's arrival rate, and its deadline in the model's SLO mix."""
+        q = self._arrivals.setdefault(req.model, deque())
         q.append(now)
+        self.configs.arrived(req)
 
     def finished(self, model: ModelName, call: FinishedCall) -> None:
         self._finished.setdefault(model, []).append(call)
@@ -92,6 +107,7 @@ class ScaleLoop:
         """When the interval is due: one runner round, its decisions as the lifecycle's actions."""
         if not self.runner.due(now):
             return []
+        self.configs.observe()
         view = self.view(now, endpoints)
         self._finished.clear()
         out: list[Action] = []

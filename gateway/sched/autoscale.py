@@ -20,6 +20,14 @@ scaler that plans up to the minimum itself does not start it twice):
 - anything naming an unknown model or instance, a decision the scaler raised on, or an invalid count is
   refused and counted as a fault.
 
+Configurations: with a `ConfigChoice` (the autoscale loop gives one: MaaSO's placement by the SLO mix,
+`gateway.lifecycle.config_choice`), a scale-out that names no configuration, of a model with more than
+one, is first split into scale-outs that each name the configuration of their instances (or none: the
+default, the reason says why), chosen one instance at a time knowing the free devices and what this
+round already started; each part is then checked and recorded as a decision of its own (so the record
+names the configuration, and the free devices are counted by its devices). A choice that raises leaves
+the scale-out as it was (counted as a fault, its reason says so).
+
 Dry-run: every decision is checked and recorded (outcome `dry_run`, cool-downs advance as if acted), and
 nothing is returned to act on. Every decision, accepted or not, is a `DecisionRecord` (what, why, what
 the runner did and why), kept for the driver to log and export (`take_records`).
@@ -35,7 +43,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 from gateway.core.types import InstanceClass, ModelName
 from gateway.sched.plugins.autoscale.interface import (
@@ -76,6 +84,22 @@ class AutoscaleSettings:
         return self.bounds.get(model, self.default_bounds)
 
 
+class ConfigChoice(Protocol):
+    """Chooses the configurations of the instances a scale-out asks for without naming one.
+
+    Called by the runner for a `ScaleOut` whose `config` is None, of a model with more than one
+    configuration, before the rules are applied. `free_devices` are the devices free at that point of the
+    round and `started` the configurations (None: the default) of the model's instances this round has
+    already accepted. Returns scale-outs of the same model and class, in order, whose counts sum to
+    `decision.count`, each naming a configuration or None (the default; its reason should say why);
+    the runner checks each like any decision. Must not mutate its arguments.
+    """
+
+    def choose(
+        self, view: ScaleView, decision: ScaleOut, free_devices: int, started: Sequence[str | None]
+    ) -> Sequence[ScaleOut]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Autoscale:
     """A policy's autoscaling: the scaler and the runner's settings."""
@@ -112,9 +136,12 @@ class ScaleCounters:
 
 
 class AutoscaleRunner:
-    def __init__(self, scaler: Scaler, settings: AutoscaleSettings) -> None:
+    def __init__(
+        self, scaler: Scaler, settings: AutoscaleSettings, *, configs: ConfigChoice | None = None
+    ) -> None:
         self.scaler = scaler
         self.settings = settings
+        self.configs = configs
         self.counters = ScaleCounters()
         self.dry_counters = ScaleCounters()  # what dry-run would have done
         self._records: list[DecisionRecord] = []
@@ -189,7 +216,10 @@ class AutoscaleRunner:
         last_out = rnd.last_out  # cool-downs count from earlier rounds only
         last_change = rnd.last_change
         out: list[ScaleDecision] = []
-        for d in proposed:
+        # (decision, its configurations already chosen), in order; a split scale-out's parts go first.
+        todo: list[tuple[object, bool]] = [(d, False) for d in reversed(proposed)]
+        while todo:
+            d, chosen = todo.pop()
             outcome: Outcome = "dry_run" if s.dry_run else "acted"
             note = ""
             accepted: ScaleDecision | None = None
@@ -201,6 +231,9 @@ class AutoscaleRunner:
                 b = s.bounds_of(d.model)
                 if not minimum and now - last_out.get(d.model, -math.inf) < s.scale_out_cooldown_s:
                     self._refuse(now, d, "refused", "scale_out_cooldown")
+                    continue
+                if not chosen and d.config is None and self.configs is not None and len(mv.configs) > 1:
+                    todo += [(part, True) for part in reversed(self._choose(rnd, d))]
                     continue
                 devs = _devices(mv, d.config)
                 if devs is None:
@@ -218,6 +251,7 @@ class AutoscaleRunner:
                 accepted = dataclasses.replace(d, count=n)
                 serving[d.model] += n
                 rnd.free -= n * devs
+                rnd.started.setdefault(d.model, []).extend([d.config] * n)
                 counters.started += n
                 self._last_out[d.model] = now
                 self._last_change[d.model] = now
@@ -261,6 +295,31 @@ class AutoscaleRunner:
                 out.append(accepted)
         return out
 
+    def _choose(self, rnd: _Round, d: ScaleOut) -> list[ScaleOut]:
+        """`d` split by configuration (`ConfigChoice`); `d` itself, its reason saying so, when the choice
+        raises or breaks its contract."""
+        assert self.configs is not None
+        try:
+            parts = list(self.configs.choose(rnd.view, d, rnd.free, tuple(rnd.started.get(d.model, ()))))
+        except Exception as e:  # a bug in the choice leaves the scale-out to the default configuration
+            self.counters.faults += 1
+            return [
+                dataclasses.replace(d, reason=f"{d.reason}; default configuration: the choice raised {e!r}")
+            ]
+        if (
+            not parts
+            or not all(isinstance(p, ScaleOut) and p.count >= 1 for p in parts)
+            or sum(p.count for p in parts) != d.count
+            or any(p.model != d.model or p.instance_class != d.instance_class for p in parts)
+        ):
+            self.counters.faults += 1
+            return [
+                dataclasses.replace(
+                    d, reason=f"{d.reason}; default configuration: the choice broke its contract"
+                )
+            ]
+        return parts
+
     def _refuse(self, now: float, d: ScaleDecision | None, outcome: Outcome, note: str) -> None:
         if outcome == "fault":
             self.counters.faults += 1
@@ -280,6 +339,7 @@ class _Round:
         self.by_id: dict[str, InstanceView] = {i.id: i for mv in view.models.values() for i in mv.instances}
         self.touched: set[str] = set()
         self.free = view.free_devices
+        self.started: dict[ModelName, list[str | None]] = {}  # configurations accepted this round
         self.last_out = last_out
         self.last_change = last_change
 

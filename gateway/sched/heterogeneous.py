@@ -33,14 +33,15 @@ best instance set is the best of the set for d − 1, of every set for d − dev
 of c (instances are added greedily while they raise the score), and of as many instances of c alone as
 fit (one instance may gain nothing until enough of them serve a tight kind); then the devices are split
 between the two sub-clusters where the sum of their share-weighted scores is highest.
-`next_config` answers the scaler's question "which configuration next?": the single instance whose
-addition to what runs raises the score most.
+`next_config` answers the scaler's question "which configuration next?": the configuration whose
+addition to what runs (as 1, 2, 4, ... instances of it, as many as fit) raises the score most per
+device.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -166,7 +167,8 @@ class Placement:
 class NextInstance:
     config: str
     sub_cluster: SubCluster
-    gain: float  # serving score gained
+    gain: float  # serving score gained by `instances` of it
+    instances: int = 1  # how many of it the gain was judged on (start one; the next call asks again)
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,11 +327,22 @@ class Placer:
         return table
 
     def next_config(
-        self, mix: TrafficMix, running: Iterable[str], free_devices: int, *, min_gain: float = 1e-6
+        self,
+        mix: TrafficMix,
+        running: Iterable[str],
+        free_devices: int,
+        *,
+        min_gain: float = 1e-6,
+        among: Collection[str] | None = None,
     ) -> NextInstance | None:
         """The configuration to start next (the scaler's question): of those that fit `free_devices`,
-        the one whose instance, added to the `running` configurations (names), raises the serving score
-        most; None when none raises it by `min_gain`."""
+        the one whose instances, added to the `running` configurations (names), raise the serving score
+        most per device they take. Per device: devices are what the scaler spends (a two-device
+        instance must gain twice as much). Instances, not one instance: as in `place`, one small-batch
+        instance may gain nothing (the strict requests all crowd onto it) until enough of them serve
+        the tight kinds, so each configuration is tried as 1, 2, 4, ... more instances (as many as fit),
+        judged by the best of them. `among`: only these configurations (default: every one). None when
+        no addition raises the score by `min_gain`."""
         by_name = {c.name: c for c in self.configs}
         now: dict[SubCluster, list[ConfigProfile]] = {STRICT: [], RELAXED: []}
         for name in running:
@@ -338,14 +351,18 @@ class Placer:
                 now[self.sub_cluster_of(c)].append(c)
         base = self.score(mix, now)
         best: NextInstance | None = None
+        best_rate = 0.0
         for c in self.configs:
-            if c.devices > free_devices:
+            if among is not None and c.name not in among:
                 continue
             s = self.sub_cluster_of(c)
-            trial = {**now, s: [*now[s], c]}
-            gain = self.score(mix, trial) - base
-            if gain >= min_gain and (best is None or gain > best.gain):
-                best = NextInstance(c.name, s, gain)
+            k = 1
+            while k * c.devices <= free_devices:
+                gain = self.score(mix, {**now, s: [*now[s], *(c,) * k]}) - base
+                rate = gain / (k * c.devices)
+                if gain >= min_gain and (best is None or rate > best_rate):
+                    best, best_rate = NextInstance(c.name, s, gain, k), rate
+                k *= 2
         return best
 
 
@@ -395,7 +412,10 @@ def _meets(ratio: float) -> float:
 class MixWindow:
     """A model's recent SLO mix from the requests it saw: each counts with weight exp(−age / window_s),
     its deadline factor rounded to `bucket` (kinds are (factor bucket, decode-length bucket of 100
-    tokens)), and the rate is the decayed count over the window."""
+    tokens)), and the rate is the decayed count over what a steady rate would have summed to since the
+    first observation, ``window_s·(1 − exp(−seen / window_s))`` (unbiased from the first seconds on; the
+    plain window over-weighed nothing but read 0.63x the rate one window in), with `seen` at least 1 s.
+    Decay is applied on every path that reads or adds (`observe`, `mix`)."""
 
     def __init__(self, window_s: float = 60.0, bucket: float = 0.1) -> None:
         if window_s <= 0 or bucket <= 0:
@@ -419,13 +439,14 @@ class MixWindow:
     def mix(self, now: float, t_slot_s: float, cv: float = 1.0) -> TrafficMix:
         self._decay(now)
         total = sum(w for w, _ in self._weights.values())
-        seen = max(1e-9, min(self.window_s, now - (self._first if self._first is not None else now)))
+        seen = max(1.0, now - (self._first if self._first is not None else now))
+        steady = self.window_s * -math.expm1(-seen / self.window_s)  # what rate 1 would have summed to
         kinds = tuple(
             RequestKind(w / total, key[0] * self.bucket, lw / w)
             for key, (w, lw) in sorted(self._weights.items())
             if w > 1e-6
         )
-        return TrafficMix(rate=total / seen if total else 0.0, t_slot_s=t_slot_s, kinds=kinds, cv=cv)
+        return TrafficMix(rate=total / steady if total else 0.0, t_slot_s=t_slot_s, kinds=kinds, cv=cv)
 
     def _decay(self, now: float) -> None:
         if self._at is not None and now > self._at:

@@ -38,6 +38,7 @@ class PerfCoefficients:
     n_prefill: int = 0
     n_decode: int = 0
     n_kv: int = 0
+    n_throughput: int = 0  # observations the throughput curve was fitted on (0: the prior's curve)
 
     def prefill_s(self, prompt_tokens: float) -> float:
         """Seconds of one prefill iteration over `prompt_tokens` prompt tokens in total."""

@@ -298,7 +298,7 @@ class PerfModelFitter:
             if tput is None:
                 return None
             thr1, alpha, beta = tput
-            return replace(cur, thr1=thr1, alpha=alpha, beta=beta)
+            return replace(cur, thr1=thr1, alpha=alpha, beta=beta, n_throughput=len(self._tput))
         if part == "prefill":
             fit = self._fit_prefill()
             if fit is None:

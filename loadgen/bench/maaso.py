@@ -25,6 +25,13 @@ Setup:
 - **homogeneous**: the same 24 devices as instances of one configuration, the same policy (the
   sub-cluster filter does not split a fleet whose endpoints are all alike): tp1-b32 (plain replication
   at the batch an operator would pick for throughput), tp1-b16 and tp2-b16.
+- **scaler + next_config**: the fleet grown by the autoscale loop instead of placed in advance: the
+  lifecycle on 3 nodes of 8 devices starts from 4 ready instances of the default configuration
+  (tp1-b32), `queue-length` (one instance per 8 requests running or queued, no delay, never retiring)
+  adds instances every 5 s round (10 s loads) up to 24, and the loop chooses each new instance's
+  configuration by MaaSO's placer on the SLO mix it saw (`gateway.lifecycle.config_choice`; the
+  candidates' profiled curves as the priors until telemetry fits them); **scaler + default config**:
+  the same with one configuration (tp1-b32), the loop's choice out of play.
 
 Every request is judged by the client: met when it finished within its deadline (unfinished and
 refused requests missed). Figures per configuration and burstiness: SLO attainment (all, tight,
@@ -50,14 +57,18 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.core.types import InstanceClass, ModelName
+from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
 from gateway.sched.heterogeneous import ConfigProfile, Placement, Placer, RequestKind, TrafficMix
 from gateway.sched.perf import PerfCoefficients, default_prior
+from gateway.sched.plugins.autoscale.interface import InstanceConfig
 from gateway.telemetry.perfmodel import PerfModelFitter
 from loadgen.bench.entry import config_or_reason, run_bench, say
 from loadgen.bench.scheduling_report import MeanCI, mean_ci
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions, simulate
+from loadgen.fleetsim.lifecycle import InitialInstances, LifecycleOptions
 from loadgen.workloads import maaso as workload
 
 MODEL: Final = "chat-7b"
@@ -94,8 +105,18 @@ BY_NAME: Final = {c.name: c for c in CANDIDATES}
 HETERO: Final = "heterogeneous"
 PLAIN: Final = "homogeneous-tp1-b32"
 HOMOGENEOUS: Final = (PLAIN, "homogeneous-tp1-b16", "homogeneous-tp2-b16")
-CONFIGS: Final = (HETERO, *HOMOGENEOUS)
+SCALED: Final = "scaler+next_config"
+SCALED_DEFAULT: Final = "scaler+default-config"
+SCALER_ROWS: Final = (SCALED_DEFAULT, SCALED)
+CONFIGS: Final = (HETERO, *HOMOGENEOUS, *SCALER_ROWS)
 TARGET_GAIN: Final = 0.15
+# The scaled rows: nodes x devices, the ready default instances at t = 0, loads, the scaler's round.
+NODES: Final = 3
+INITIAL: Final = 4
+LOAD_S: Final = 10.0
+SCALE_INTERVAL_S: Final = 5.0
+PER_INSTANCE: Final = 8  # queue-length's target: requests running or queued per instance
+GIB: Final = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +127,7 @@ class Config:
     rate: float = 9.0  # requests/s: between what 24 x tp1-b16 (8.3) and 24 x tp1-b32 (11.9) finish
     duration_s: float = 480.0  # of arrivals: deadlines are ~1 min, so several minutes reach a steady state
     quick: bool = False
+    configs: tuple[str, ...] = CONFIGS  # the rows to run (plain replication always among them)
 
 
 QUICK_CVS: Final = (2.0,)
@@ -176,6 +198,48 @@ def fleet(instances: Sequence[str]) -> tuple[EndpointSpec, ...]:
             )
         )
     return tuple(out)
+
+
+def autoscale_text() -> str:
+    return "\n".join(
+        [
+            "[autoscale]",
+            'plugin = "queue-length"',
+            f"params = {{ target_per_instance = {PER_INSTANCE}, upscale_delay_s = 0, "
+            "downscale_delay_s = 1000000 }",
+            f"interval_s = {SCALE_INTERVAL_S:g}",
+            f"max_instances = {DEVICES}",
+            "",
+        ]
+    )
+
+
+def lifecycle(config: str) -> LifecycleOptions:
+    """The scaled rows' lifecycle: one model on NODES x 8 devices (one instance per device), its
+    candidate configurations (or tp1-b32 alone) with their profiled curves as the choice's priors."""
+    with_configs = config == SCALED
+    spec = ModelSpec(
+        ModelName(MODEL),
+        20 * GIB,
+        1,
+        LOAD_S,
+        configs=tuple(InstanceConfig(c.name, c.devices, c.max_batch) for c in CANDIDATES)
+        if with_configs
+        else (),
+        default_config=PLAIN.removeprefix("homogeneous-") if with_configs else None,
+    )
+    per_node = DEVICES // NODES
+    return LifecycleOptions(
+        models=(spec,),
+        nodes=tuple(
+            NodeSpec(f"n{k}", tuple(DeviceSpec(f"gpu{i}", 30 * GIB) for i in range(per_node)))
+            for k in range(NODES)
+        ),
+        evictor="lru",
+        settings=LifecycleSettings(churn_guard_s=60.0, drain_timeout_s=600.0, load_deadline_s=300.0),
+        initial=(InitialInstances(ModelName(MODEL), INITIAL, InstanceClass.MIXED),),
+        priors={ModelName(MODEL): {c.name: profile(c) for c in CANDIDATES}} if with_configs else {},
+    )
 
 
 def instances_for(config: str, placement: Placement) -> list[str]:
@@ -250,12 +314,16 @@ def run_one(cfg: Config, config: str, cv: float, seed: int, placement: Placement
     t0 = time.perf_counter()
     d = cfg.out / "runs" / f"{config}-cv{cv:g}-s{seed}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "policy.toml").write_text(policy_text())
+    scaled = config in SCALER_ROWS
+    (d / "policy.toml").write_text(policy_text() + (autoscale_text() if scaled else ""))
     (d / "gateway.toml").write_text(gateway_toml())
-    instances = instances_for(config, placement)
+    # The scaled rows' fleet is the lifecycle's templates: one endpoint per configuration it may start.
+    templates = [c.name for c in CANDIDATES] if config == SCALED else [PLAIN.removeprefix("homogeneous-")]
+    instances = templates if scaled else instances_for(config, placement)
     opts = SimOptions(
         policy=d / "policy.toml",
         fleet=fleet(instances),
+        lifecycle=lifecycle(config) if scaled else None,
         gateway=d / "gateway.toml",
         workload=f"maaso:{t_slot_s() * 1000.0:.6g}",
         rate=cfg.rate,
@@ -271,6 +339,10 @@ def run_one(cfg: Config, config: str, cv: float, seed: int, placement: Placement
     )
     report = simulate(opts).data
     figures = summarize(report)
+    if scaled:  # what the loop started (the initial instances included)
+        started = report["lifecycle"]["started_by_config"]
+        plain = PLAIN.removeprefix("homogeneous-")
+        instances = [plain if name == "default" else name for name, n in started.items() for _ in range(n)]
     (d / "figures.json").write_bytes(
         orjson.dumps({"instances": instances, **figures}, option=orjson.OPT_INDENT_2)
     )
@@ -331,7 +403,7 @@ def _setting(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
             f"relaxed {list(placement.instances['relaxed'])} (score {placement.score:.3f})"
         )
         for seed in cfg.seeds:
-            for config in CONFIGS:
+            for config in cfg.configs:
                 r = run_one(cfg, config, cv, seed, placement)
                 runs.append(r)
                 f = r.figures
@@ -385,7 +457,7 @@ def _setting(cfg: Config, log: Callable[[str], None]) -> dict[str, Any]:
 def _rows(cfg: Config, runs: Sequence[Run], placements: dict[float, Placement]) -> list[dict[str, Any]]:
     rows = []
     for cv in cfg.cvs:
-        for config in CONFIGS:
+        for config in cfg.configs:
             mine = [r for r in runs if r.cv == cv and r.config == config]
             if not mine:
                 continue
@@ -431,7 +503,7 @@ def _targets(cfg: Config, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     for cv in cfg.cvs:
         het = _mean(rows, cv, HETERO)
         plain = _mean(rows, cv, PLAIN)
-        best = max(_mean(rows, cv, c) for c in HOMOGENEOUS)
+        best = max(v for c in HOMOGENEOUS if not math.isnan(v := _mean(rows, cv, c)))  # plain always ran
         gain = het / plain - 1.0 if plain > 0 else math.inf
         out.append(
             {
@@ -450,6 +522,21 @@ def _targets(cfg: Config, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]
                 "passed": best_gain >= TARGET_GAIN,
             }
         )
+        scaled = _mean(rows, cv, SCALED)
+        if not math.isnan(scaled):  # the scaled rows ran
+            for base, what in (
+                (plain, "plain replication (tp1-b32)"),
+                (_mean(rows, cv, SCALED_DEFAULT), "the scaler with the default configuration"),
+            ):
+                gain = scaled / base - 1.0 if base > 0 else math.inf
+                out.append(
+                    {
+                        "name": f"scaler + next_config: attainment gain over {what}, cv {cv:g}",
+                        "measured": round(gain, 4),
+                        "target": TARGET_GAIN,
+                        "passed": gain >= TARGET_GAIN,
+                    }
+                )
     return out
 
 
@@ -502,14 +589,22 @@ def markdown(result: dict[str, Any]) -> str:
                 else ""
             )
         )
+    scaled = ceilings(result["rows"], SCALED_DEFAULT)
+    if scaled:
+        lines += [
+            "",
+            "Bound for the scaler's configuration choice (over the scaler with the default one):",
+            "",
+        ]
+        lines += [f"- cv {cv:g}: at most {ceiling:+.1%}" for cv, ceiling in scaled.items()]
     return "\n".join(lines) + "\n"
 
 
-def ceilings(rows: Sequence[dict[str, Any]]) -> dict[float, float]:
-    """Per burstiness, the largest relative gain any placement could have over plain replication."""
+def ceilings(rows: Sequence[dict[str, Any]], baseline: str = PLAIN) -> dict[float, float]:
+    """Per burstiness, the largest relative gain any placement could have over `baseline`'s row."""
     out = {}
     for r in rows:
-        if r["config"] == PLAIN and r["attainment"] is not None and r["attainment"]["mean"] > 0:
+        if r["config"] == baseline and r["attainment"] is not None and r["attainment"]["mean"] > 0:
             out[float(r["cv"])] = 1.0 / float(r["attainment"]["mean"]) - 1.0
     return out
 
@@ -543,6 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cvs", help="coefficients of variation of the arrival gaps, comma-separated")
     p.add_argument("--rate", type=float, help="requests/s")
     p.add_argument("--duration", type=float, help="seconds of arrivals")
+    p.add_argument("--configs", help=f"rows to run, comma-separated (default all: {', '.join(CONFIGS)})")
     return p
 
 
@@ -556,6 +652,12 @@ def config_from_args(a: argparse.Namespace) -> Config:
         base["rate"] = a.rate
     if a.duration is not None:
         base["duration_s"] = a.duration
+    if a.configs:
+        rows = tuple(c for c in a.configs.split(",") if c)
+        unknown = [c for c in rows if c not in CONFIGS]
+        if unknown:
+            raise ValueError(f"unknown row(s) {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+        base["configs"] = tuple(c for c in CONFIGS if c in rows or c == PLAIN)
     cfg = Config(out=a.out, quick=a.quick, **base)
     if not cfg.seeds or not cfg.cvs or cfg.rate <= 0 or cfg.duration_s <= 0 or min(cfg.cvs) <= 0:
         raise ValueError("need seeds >= 1, cvs > 0, rate > 0 and duration > 0")

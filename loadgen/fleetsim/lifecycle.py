@@ -7,7 +7,10 @@ per device are the state machine's, as the real agent also enforces them), a sto
 already done by the gateway; SIGTERM, exit, memory seen free). Every instance is its own simulated engine
 (the fleet file's endpoint for its model is the template: profile, seats, KV cache) and its own endpoint
 (id = the instance id, class = the instance's class), in the scheduler's endpoint set while the instance
-is ready, exactly as the live manager adds and removes agent-started endpoints. A draining instance's
+is ready, exactly as the live manager adds and removes agent-started endpoints. A model run as
+several configurations has a fleet-file endpoint per configuration (its `config` names it): an instance
+of a configuration is made from that one (a configuration without one, and the default, from the
+model's first). A draining instance's
 in-flight count is its engine's (the scheduler forgets what ran on an endpoint that left the set); an
 instance stopped with requests still running (the drain timeout) loses them: their clients get an error,
 as when a real engine is stopped.
@@ -51,6 +54,7 @@ from gateway.lifecycle.instances import (
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import DecisionRecord
 from gateway.sched.decisions import Decision
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.autoscale.interface import FinishedCall, Reclass, ScaleIn, ScaleOut, allotted
 from gateway.sched.plugins.eviction.interface import Evictor
@@ -83,6 +87,9 @@ class LifecycleOptions:
     evictor_impl: Evictor | None = None
     # Evictors whose victims are worked out on the same state at every eviction (`PlanStats.differs`).
     compare: tuple[Evictor, ...] = ()
+    # Per model and configuration, the throughput-decay curve the autoscale loop's configuration choice
+    # plans with until telemetry fitted one (`ScaleLoop`'s `priors`).
+    priors: Mapping[ModelName, Mapping[str, PerfCoefficients]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -122,6 +129,7 @@ class LifecycleStats:
     peak_devices: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)
     autoscale: dict[str, Any] | None = None
+    started_by_config: dict[str, int] = field(default_factory=dict)  # the model's default named as such
 
     def document(self) -> dict[str, Any]:
         n = self.hits + self.misses
@@ -141,6 +149,7 @@ class LifecycleStats:
             "peak_devices": self.peak_devices,
             "autoscale": self.autoscale,
             "decisions": self.decisions,
+            "started_by_config": dict(sorted(self.started_by_config.items())),
         }
 
 
@@ -154,7 +163,13 @@ def _record(r: DecisionRecord) -> dict[str, Any]:
     d = r.decision
     out: dict[str, Any] = {"t": round(r.at, 3), "outcome": r.outcome, "note": r.note}
     if isinstance(d, ScaleOut):
-        out |= {"kind": "scale_out", "model": d.model, "class": str(d.instance_class), "count": d.count}
+        out |= {
+            "kind": "scale_out",
+            "model": d.model,
+            "class": str(d.instance_class),
+            "count": d.count,
+            "config": d.config,
+        }
     elif isinstance(d, ScaleIn):
         out |= {"kind": "scale_in", "instance": d.instance}
     elif isinstance(d, Reclass):
@@ -167,7 +182,7 @@ def _record(r: DecisionRecord) -> dict[str, Any]:
 class EngineHooks:
     """What the lifecycle asks of the simulation's engines."""
 
-    add: Callable[[EndpointId, ModelName], None]  # a started instance's engine comes up
+    add: Callable[[EndpointId, ModelName, str | None], None]  # a started instance's engine comes up
     remove: Callable[[EndpointId], int]  # ... goes away; returns the requests it lost
     load: Callable[[EndpointId], int]  # requests an engine holds (running + waiting)
 
@@ -190,8 +205,13 @@ class SimLifecycle:
         self._later = later  # run a callback at a virtual time
         self._apply = apply
         self._engines = engines
-        self._spec_of = {ModelName(next(iter(s.models))): s for s in specs if s.models}
-        missing = [m.name for m in opts.models if m.name not in self._spec_of]
+        self._spec_of: dict[tuple[ModelName, str | None], EndpointSpec] = {}
+        for s in specs:
+            if s.models:
+                m = ModelName(next(iter(s.models)))
+                self._spec_of.setdefault((m, None), s)
+                self._spec_of.setdefault((m, s.config), s)
+        missing = [m.name for m in opts.models if (m.name, None) not in self._spec_of]
         if missing:
             raise ValueError(f"no simulated endpoint serves {', '.join(missing)} (give each model one)")
         self.core = Lifecycle(
@@ -203,7 +223,9 @@ class SimLifecycle:
         )
         self.core.on_eviction = self._on_eviction
         autoscale = scheduler.policy.autoscale
-        self.scaling = None if autoscale is None else ScaleLoop(autoscale, self.core, scheduler)
+        self.scaling = (
+            None if autoscale is None else ScaleLoop(autoscale, self.core, scheduler, priors=opts.priors)
+        )
         self._active: dict[str, EndpointSpec] = {}  # instance id -> its endpoint, while in the set
         self._engine_of: dict[str, EndpointId] = {}  # instance id -> its engine, from ready to stop
         self._started_at: dict[str, tuple[float, int]] = {}  # instance id -> (start, devices)
@@ -225,13 +247,13 @@ class SimLifecycle:
                     self._loaded(a, 0.0)
 
     # ----------------------------------------------------------------- events from the simulation
-    def before_submit(self, model: ModelName) -> None:
-        if model in self._sched.models(ready_only=True):
+    def before_submit(self, req: SchedRequest) -> None:
+        if req.model in self._sched.models(ready_only=True):
             self.stats.hits += 1
         else:
             self.stats.misses += 1
         if self.scaling is not None:
-            self.scaling.arrived(model, self._now())
+            self.scaling.arrived(req, self._now())
 
     def after_submit(self) -> None:
         if not self._sched.cold:
@@ -299,6 +321,20 @@ class SimLifecycle:
                 "hysteresis": None if c.hysteresis is None else round(c.hysteresis, 4),
             }
 
+    def config_of(self, model: ModelName, config: str | None) -> str | None:
+        """The configuration an instance runs: its own, else the model's default."""
+        return config if config is not None else self.core.models()[model].default_config
+
+    def instances_by_config(self) -> dict[str, int]:
+        """Ready instances per configuration (the model's default named as such)."""
+        out: dict[str, int] = {}
+        for iid in self._active:
+            inst = self.core.get(iid)
+            if inst is not None:
+                name = self.config_of(inst.model, inst.config) or "default"
+                out[name] = out.get(name, 0) + 1
+        return out
+
     def devices_in_use(self) -> int:
         return sum(d for _, d in self._started_at.values())
 
@@ -364,6 +400,8 @@ class SimLifecycle:
         load_s = self.core.models()[a.model].load_s
         self.stats.loads += 1
         self.stats.load_s += load_s
+        name = self.config_of(a.model, a.config) or "default"
+        self.stats.started_by_config[name] = self.stats.started_by_config.get(name, 0) + 1
         self._started_at[a.instance] = (self._now(), len(a.devices))
         self.stats.peak_devices = max(self.stats.peak_devices, self.devices_in_use())
 
@@ -385,14 +423,15 @@ class SimLifecycle:
     def _join(self, iid: str, instance_class: InstanceClass) -> None:
         inst = self.core.get(iid)
         assert inst is not None
-        template = self._spec_of[inst.model]
+        config = self.config_of(inst.model, inst.config)
+        template = self._spec_of.get((inst.model, config)) or self._spec_of[(inst.model, None)]
         eid = EndpointId(iid)
         self._active[iid] = dataclasses.replace(
             template, id=eid, url=f"http://{iid}.sim", instance_class=instance_class, node=inst.node
         )
         if iid not in self._engine_of:
             self._engine_of[iid] = eid
-            self._engines.add(eid, inst.model)
+            self._engines.add(eid, inst.model, config)
         since = self._cold_since.pop(inst.model, None)
         if since is not None:
             self.stats.cold_waits.append(self._now() - since)

@@ -43,6 +43,7 @@ from gateway.sched.decisions import Decision, Dispatch, Preempt
 from gateway.upstream.dialects import dialect_for
 from loadgen.client import RequestResult, build_body, build_headers
 from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
+from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
@@ -135,7 +136,12 @@ class Simulation:
         self.gw = SimGateway(opts, self.clock)
         # With a lifecycle, the fleet's endpoints are templates (one per model): every instance the
         # lifecycle starts gets an engine of its own, made when it joins (`_add_engine`).
-        self._templates = {ModelName(m): spec for spec in opts.fleet for m in spec.models}
+        # (model, configuration) -> its template; (model, None): the model's first (the default's).
+        self._templates: dict[tuple[ModelName, str | None], EndpointSpec] = {}
+        for spec in opts.fleet:
+            for m in spec.models:
+                self._templates.setdefault((ModelName(m), None), spec)
+                self._templates.setdefault((ModelName(m), spec.config), spec)
         self.endpoints = (
             []
             if opts.lifecycle is not None
@@ -265,8 +271,9 @@ class Simulation:
                 self._drain()
 
     # ----------------------------------------------------------------- engines of lifecycle instances
-    def _add_engine(self, eid: EndpointId, model: ModelName) -> None:
-        ep = _Endpoint(eid, SimEngine(self._templates[model].resolve().engine))
+    def _add_engine(self, eid: EndpointId, model: ModelName, config: str | None) -> None:
+        template = self._templates.get((model, config)) or self._templates[(model, None)]
+        ep = _Endpoint(eid, SimEngine(template.resolve().engine))
         self.endpoints.append(ep)
         self._by_id[eid] = ep
         self.push(self.clock.t + self.gw.cfg.scrape.interval_s, _SCRAPE, ep)
@@ -370,7 +377,7 @@ class Simulation:
         call.sreq_id = sreq.id
         self._running[sreq.id] = call
         if self.life is not None:
-            self.life.before_submit(sreq.model)
+            self.life.before_submit(sreq)
         decision = self.gw.scheduler.submit(sreq)
         self._count_faults()
         made: list[Decision] = list(self.gw.scheduler.take_preemptions())

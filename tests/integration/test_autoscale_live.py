@@ -94,16 +94,18 @@ class Fleet:
         ]
 
 
-StartFleet = Callable[[str], Awaitable[Fleet]]
+StartFleet = Callable[..., Awaitable[Fleet]]
 
 
 @pytest.fixture
 async def start_fleet(tmp_path: Path, start_gateway: StartGateway) -> AsyncIterator[StartFleet]:
     fleets: list[Fleet] = []
 
-    async def start(autoscale: str) -> Fleet:
+    async def start(autoscale: str, extra_models: str = "") -> Fleet:
         (tmp_path / "models.toml").write_text(
-            _model("sim-a", SIM, 4) + _model("crash", ["sh", "-c", "echo boom >&2; exit 3", "{port}"], 4)
+            _model("sim-a", SIM, 4)
+            + _model("crash", ["sh", "-c", "echo boom >&2; exit 3", "{port}"], 4)
+            + extra_models
         )
         base = free_port()
         (tmp_path / "agent.toml").write_text(
@@ -326,6 +328,56 @@ async def test_a_scale_in_of_a_busy_instance_lets_its_request_finish_before_the_
     await fleet.until("the drained instance stopped", lambda: fleet.states("sim-a")[iid] == "stopped")
     metrics = await fleet.metrics()
     assert _metric(metrics, "berth_lifecycle_evictions_total", reason="scaled_in") == 1
+
+
+CONFIGURED = """
+[autoscale]
+plugin = "queue-length"
+params = { target_per_instance = 1, upscale_delay_s = 0, downscale_delay_s = 1000 }
+interval_s = 0.2
+min_instances = 0
+max_instances = 2
+"""
+# A model of two configurations: the default runs the engine one request at a time, the other eight.
+CONFIGURED_MODEL = (
+    _model("sim-c", [*SIM, "--max-num-seqs", "{max_batch}"], 4)
+    + 'default_config = "b1"\n[[models.configs]]\nname = "b1"\nmax_batch = 1\n'
+    '[[models.configs]]\nname = "b8"\nmax_batch = 8\n'
+)
+
+
+async def test_the_loop_chooses_a_scale_outs_configuration_and_the_agent_starts_it(
+    start_fleet: StartFleet,
+) -> None:
+    fleet = await start_fleet(CONFIGURED, CONFIGURED_MODEL)
+    # A burst of requests with deadlines: the first cold-starts the default configuration (b1); the
+    # queue behind it makes the scaler ask for one more without naming a configuration, and the loop
+    # chooses by the mix it saw: eight seats serve the burst, one does not.
+    headers = {"x-berth-deadline-ms": "60000"}
+    body = {"model": "sim-c", "prompt": "hello", "max_tokens": 32}
+
+    async def call(session: aiohttp.ClientSession) -> None:
+        async with session.post(fleet.running.url + "/v1/completions", json=body, headers=headers) as r:
+            assert r.status == 200, await r.text()
+            await r.read()
+
+    async with aiohttp.ClientSession() as session:
+        burst = [asyncio.ensure_future(call(session)) for _ in range(12)]
+        await fleet.until("two instances", lambda: fleet.count("sim-c", InstanceState.READY) == 2)
+        await asyncio.gather(*burst)
+    configs = sorted(str(i.config) for i in fleet.manager.core.instances() if i.model == "sim-c")
+    assert configs == ["None", "b8"]  # the cold start's default, the scale-out's choice
+    listed = await fleet.manager.clients["n1"].list_instances()
+    started = {(i.config, i.max_batch) for i in listed.instances if i.model == "sim-c"}
+    assert started == {("b1", 1), ("b8", 8)}  # the agent ran each with its max batch
+    doc = await fleet.fleet_doc()
+    [out] = [d for d in doc["autoscale"]["recent"] if d["action"] == "scale_out" and d["outcome"] == "acted"]
+    assert out["config"] == "b8"
+    assert "; config b8 (+" in out["reason"]
+    metrics = await fleet.metrics()
+    assert (
+        _metric(metrics, "berth_autoscale_decisions_total", model="sim-c", config="b8", outcome="acted") == 1
+    )
 
 
 async def test_a_reload_turns_dry_run_off_keeps_the_counters_and_a_bad_table_keeps_the_running_one(

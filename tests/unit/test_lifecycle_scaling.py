@@ -200,7 +200,7 @@ def test_the_loop_views_instances_queue_and_rate_and_carries_out_decisions() -> 
     sched.set_health(eid, EndpointHealth.READY)
     clock.set(10.0)
     for i in range(3):
-        loop.arrived(M, 10.0)
+        loop.arrived(request(i, 10.0), 10.0)
         sched.submit(request(i, 10.0))  # one runs (cap 1), two wait
     loop.finished(M, FinishedCall(SloKind.INTERACTIVE, 1.0, 3.0, 2.0, 0.5, True))
     out = loop.step(10.0, {s.instance: eid})

@@ -140,6 +140,18 @@ def test_the_filter_records_the_mix_and_shows_the_split() -> None:
     assert f.mix(ModelName("other"), 0.0, t_slot_s=0.01).kinds == ()
 
 
+def test_the_split_shares_decay_over_the_window() -> None:
+    f = flt(window_s=10.0)
+    for i in range(30):  # strict traffic long ago
+        f.filter(deadline_req(f"t{i}", 1.3), FLEET, snap(*FLEET, now=0.0))
+    for i in range(10):  # relaxed traffic ten windows later
+        f.filter(deadline_req(f"r{i}", 3.0), FLEET, snap(*FLEET, now=100.0))
+    share = f.groups(M)[RELAXED][0]
+    assert share is not None
+    assert share > 0.99
+    assert f.mix(M, 100.0, t_slot_s=T_SLOT_MS / 1000.0).kinds[-1].share > 0.99
+
+
 def test_built_from_a_policy_with_checked_params() -> None:
     reg = default_registry()
     built = reg.build(

@@ -216,6 +216,7 @@ def test_the_autoscale_section_shows_instances_by_class_and_the_last_decision() 
                         "reason": "batch groups would miss their TTFT deadline",
                         "outcome": "clipped",
                         "note": "no_free_devices",
+                        "config": "tp1-b32",
                     }
                 ],
             },
@@ -228,7 +229,8 @@ def test_the_autoscale_section_shows_instances_by_class_and_the_last_decision() 
     assert row.split()[-1] == "1.50"
     assert "CLASS" in text
     assert (
-        "last decision: code-a scale_out batch x2: batch groups would miss their TTFT deadline -> clipped"
+        "last decision: code-a scale_out batch x2 config tp1-b32: batch groups would miss their TTFT deadline"
+        " -> clipped"
         " (no_free_devices)" in text
     )
     assert "failed starts: code-a=1" in text

@@ -26,8 +26,8 @@ suits its deadline, and spills to the other one when its own cannot meet the dea
 
 The filter also records each model's SLO mix (deadline factors and decode lengths of the requests it
 sees, decayed over `window_s`) for the placer: `mix(model, now)`; and shows the split per model
-(`GroupingFilter`: each sub-cluster's share of the requests seen since the policy was built, and its
-endpoints).
+(`GroupingFilter`: each sub-cluster's share of the requests seen, decayed over the same `window_s`
+as the mix, and its endpoints).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class SubClusterFilter:
         self._mix: dict[ModelName, MixWindow] = {}
         self._seen: dict[RequestId, None] = {}
         self._split: dict[ModelName, dict[SubCluster, list[EndpointId]]] = {}
-        self._counts: dict[ModelName, dict[SubCluster, float]] = {}
+        # Per model: when its counts were last decayed, and the decayed requests per sub-cluster.
+        self._counts: dict[ModelName, tuple[float, dict[SubCluster, float]]] = {}
 
     # ----------------------------------------------------------------- classification
     def sub_cluster_of(self, e: EndpointView) -> SubCluster:
@@ -167,8 +168,12 @@ class SubClusterFilter:
                 if window is None:
                     window = self._mix[req.model] = MixWindow(self.params.window_s)
                 window.observe(now, f, self.decode_tokens(req))
-            counts = self._counts.setdefault(req.model, {STRICT: 0.0, RELAXED: 0.0})
+            at, counts = self._counts.get(req.model, (now, {STRICT: 0.0, RELAXED: 0.0}))
+            if now > at:  # shares are ratios: decaying both sides at each addition is enough
+                f = math.exp(-(now - at) / self.params.window_s)
+                counts = {s: c * f for s, c in counts.items()}
             counts[sub] += 1.0
+            self._counts[req.model] = (max(now, at), counts)
         if not split[STRICT] or not split[RELAXED]:
             return None
         return sub
@@ -183,7 +188,7 @@ class SubClusterFilter:
 
     def groups(self, model: ModelName) -> dict[str, tuple[float | None, list[EndpointId]]]:
         split = self._split.get(model, {STRICT: [], RELAXED: []})
-        counts = self._counts.get(model, {STRICT: 0.0, RELAXED: 0.0})
+        counts = self._counts.get(model, (0.0, {STRICT: 0.0, RELAXED: 0.0}))[1]
         total = sum(counts.values())
         return {
             s: (counts[s] / total if total else None, sorted(split[s], key=str)) for s in (STRICT, RELAXED)
