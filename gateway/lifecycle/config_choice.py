@@ -39,7 +39,17 @@ from typing import Final
 
 from gateway.core.types import ModelName
 from gateway.lifecycle.instances import Lifecycle
-from gateway.sched.heterogeneous import ConfigProfile, MixWindow, Placer, TrafficMix
+from gateway.lifecycle.placements import InlinePlacements, Placements
+from gateway.sched.heterogeneous import (
+    RELAXED,
+    STRICT,
+    ConfigProfile,
+    MixWindow,
+    Placement,
+    Placer,
+    SubCluster,
+    TrafficMix,
+)
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.plugins.autoscale.interface import ModelScaleView, ScaleOut, ScaleState, ScaleView
 from gateway.sched.plugins.placement.sub_cluster import SubClusterFilter, SubClusterParams
@@ -93,8 +103,12 @@ class ConfigChooser:
         priors: Mapping[ModelName, Mapping[str, PerfCoefficients]] | None = None,
         prior: PerfCoefficients | None = None,
         window_s: float = 60.0,
+        placements: Placements | None = None,
     ) -> None:
+        """`placements`: where the placement search runs (default: at once; the live daemon hands it
+        to a worker thread, `gateway.lifecycle.placements`)."""
         self._life = lifecycle
+        self._placements: Placements = placements or InlinePlacements()
         self._sched = scheduler
         self._priors = priors or {}
         self._prior = prior or default_prior()
@@ -201,8 +215,19 @@ class ConfigChooser:
         free = free_devices
         target: Counter[str] = Counter()
         budget = sum(by_name[n].devices for n in names if n in by_name) + free
+        unplaced = ""  # why the placement is not followed
         if mix is not None and mix.kinds and any(p.devices <= free for p in profiles):
-            target = Counter(placer.place(mix, budget).all_instances)
+            placement = self._placements.placement(decision.model, placer, mix, budget)
+            if placement is None:
+                unplaced = "; placement not ready yet"
+            else:
+                starved = _starved(placer, placement, [by_name[n] for n in names if n in by_name])
+                if starved is not None:
+                    unplaced = (
+                        f"; placement has no {starved} instance, {starved} requests go to the running ones"
+                    )
+                else:  # (a placement of an earlier round may name a configuration since dropped)
+                    target = Counter(n for n in placement.all_instances if n in by_name)
         for i in range(decision.count):
             left = decision.count - i
             if mix is None or not mix.kinds:
@@ -226,7 +251,11 @@ class ConfigChooser:
             names.append(nxt.config)
             free -= by_name[nxt.config].devices
             with_ = "" if nxt.instances == 1 else f" with {nxt.instances} of it"
-            plan = f"; {budget} devices place {target[nxt.config]}, {have[nxt.config]} run" if toward else ""
+            plan = (
+                f"; {budget} devices place {target[nxt.config]}, {have[nxt.config]} run"
+                if toward
+                else unplaced
+            )
             why = f"config {nxt.config} (+{nxt.gain:.3f} serving score{with_}, {nxt.sub_cluster}{plan})"
             prev = parts[-1] if parts else None
             if prev is not None and prev.config == nxt.config:
@@ -236,6 +265,19 @@ class ConfigChooser:
                     replace(decision, count=1, config=nxt.config, reason=f"{decision.reason}; {why}")
                 )
         return parts
+
+
+def _starved(placer: Placer, placement: Placement, running: Sequence[ConfigProfile]) -> SubCluster | None:
+    """The sub-cluster the distributor sends requests to (the running instances are split) that the
+    placement has no instance of: growing toward that placement leaves those requests on the instances
+    that run (one small-batch instance holding every strict request), so it is not followed."""
+    sides = {placer.sub_cluster_of(c) for c in running}
+    if len(sides) < 2:
+        return None
+    for s in (STRICT, RELAXED):
+        if not placement.instances[s]:
+            return s
+    return None
 
 
 def _default(d: ScaleOut, count: int, why: str) -> ScaleOut:

@@ -228,9 +228,7 @@ class Placer:
         latency = 0.0
         # One queue in the gateway for all the sub-cluster's seats (a request takes the first free one).
         seats = sum(n * c.max_batch for c, n in groups.items())
-        service = sum(
-            n * caps[c] / total_cap * mean_len / c.tps(c.max_batch) for c, n in groups.items()
-        )
+        service = sum(n * caps[c] / total_cap * mean_len / c.tps(c.max_batch) for c, n in groups.items())
         wait = _queue_wait(rate / total_cap, seats, service, mix.cv)
         for c, count in groups.items():
             cap = caps[c]

@@ -10,12 +10,14 @@ t_slot is 10 ms (a plain instance alone), so a 100-token request of deadline fac
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 
 import pytest
 
 from gateway.config import parse_policy_text
 from gateway.core.clock import FakeClock
+from gateway.core.tasks import TaskSupervisor
 from gateway.core.types import (
     SLO,
     ApiKind,
@@ -34,8 +36,10 @@ from gateway.lifecycle.instances import (
     NodeSpec,
     StartInstance,
 )
+from gateway.lifecycle.placements import Placements, PlacementSearch, ThreadPlacements
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import Autoscale, AutoscaleSettings
+from gateway.sched.heterogeneous import RELAXED, STRICT, Estimate, Placement, RequestKind, TrafficMix
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.autoscale.interface import InstanceConfig, ScaleDecision, ScaleOut, ScaleView
@@ -83,7 +87,7 @@ class Asks:
 
 
 def make(
-    count: int, spec: ModelSpec = SPEC, *, dry_run: bool = False
+    count: int, spec: ModelSpec = SPEC, *, dry_run: bool = False, placements: Placements | None = None
 ) -> tuple[ScaleLoop, Lifecycle, Scheduler, FakeClock]:
     clock = FakeClock(0.0)
     sched = Scheduler(parse_policy_text(POLICY, "maaso.toml", default_registry()), clock)
@@ -94,7 +98,9 @@ def make(
         settings=LifecycleSettings(load_deadline_s=100),
     )
     autoscale = Autoscale(Asks(count), AutoscaleSettings(interval_s=5.0, dry_run=dry_run))
-    loop = ScaleLoop(autoscale, lc, sched, priors={M: {"tp2-b8": WIDE, "tp1-b64": CURVE}})
+    loop = ScaleLoop(
+        autoscale, lc, sched, priors={M: {"tp2-b8": WIDE, "tp1-b64": CURVE}}, placements=placements
+    )
     return loop, lc, sched, clock
 
 
@@ -214,3 +220,104 @@ def test_a_fitted_curve_of_a_running_configuration_replaces_its_prior() -> None:
     assert choice.fitted == ("tp2-b8",)
     by = {p.name: p for p in choice.profiles}
     assert (by["tp2-b8"].thr1, by["tp1-b64"].thr1) == (300.0, 100.0)
+
+
+# --------------------------------------------------------------------- where the placement search runs
+class RecordingPlacer:
+    """A placement search that records the thread it ran on and returns a fixed placement."""
+
+    def __init__(self, placement: Placement) -> None:
+        self.result = placement
+        self.threads: list[int] = []
+
+    def place(self, mix: TrafficMix, devices: int) -> Placement:
+        self.threads.append(threading.get_ident())
+        return self.result
+
+
+def placement_of(strict: Sequence[str], relaxed: Sequence[str]) -> Placement:
+    empty = Estimate(0.0, 0.0, 0.0, 0.0, 0.0)
+    return Placement(
+        instances={STRICT: tuple(strict), RELAXED: tuple(relaxed)},
+        devices={STRICT: len(strict), RELAXED: len(relaxed)},
+        score=0.5,
+        estimate={STRICT: empty, RELAXED: empty},
+    )
+
+
+class Fixed:
+    """Placements that answer `placement` at once (the guard's tests)."""
+
+    def __init__(self, placement: Placement) -> None:
+        self.result = placement
+
+    def placement(
+        self, model: ModelName, placer: PlacementSearch, mix: TrafficMix, devices: int
+    ) -> Placement | None:
+        return self.result
+
+
+async def test_the_live_search_runs_on_a_worker_thread_and_its_latest_result_is_used() -> None:
+    supervisor = TaskSupervisor()
+    placements = ThreadPlacements(supervisor)
+    placer = RecordingPlacer(placement_of(["tp2-b8"], ["tp1-b64"]))
+    mix = TrafficMix(1.0, 0.01, (RequestKind(1.0, 0.8, 100.0),))
+    try:
+        assert placements.placement(M, placer, mix, 8) is None  # none completed yet
+        assert placements.placement(M, placer, mix, 8) is None  # one search per model at a time
+        await placements.settled()
+        assert len(placer.threads) == 1
+        assert placer.threads[0] != threading.get_ident()  # not the event loop's thread
+        assert placements.placement(M, placer, mix, 8) is placer.result
+        await placements.settled()
+        assert len(placer.threads) == 2  # each round's question starts a search with its inputs
+    finally:
+        await supervisor.close()
+
+
+async def test_the_live_loop_takes_the_next_step_until_the_placement_is_ready_then_follows_it() -> None:
+    supervisor = TaskSupervisor()
+    placements = ThreadPlacements(supervisor)
+    loop, _, _, clock = make(1, placements=placements)
+    feed(loop, clock, rate=6.0, strict_share=0.9)
+    try:
+        loop.step(clock.now(), {})
+        [first] = loop.runner.take_records()
+        assert first.decision is not None
+        assert first.decision.reason.endswith("; placement not ready yet)"), first.decision.reason
+        await placements.settled()
+        clock.advance(5.0)
+        loop.step(clock.now(), {})
+        [then] = loop.runner.take_records()
+        assert then.decision is not None
+        assert "devices place" in then.decision.reason, then.decision.reason
+    finally:
+        await supervisor.close()
+
+
+@pytest.mark.parametrize(
+    ("running", "follows"),
+    [
+        pytest.param(["tp2-b8", "tp1-b64"], False, id="split fleet, placement without strict: next step"),
+        pytest.param(["tp1-b64", "tp1-b64"], True, id="unsplit fleet: grows toward the placement"),
+    ],
+)
+def test_a_placement_without_a_sub_cluster_the_running_fleet_serves_is_not_followed(
+    running: list[str], follows: bool
+) -> None:
+    relaxed_only = placement_of([], ["tp1-b64"] * 6)
+    loop, lc, _, clock = make(1, placements=Fixed(relaxed_only))
+    for config in running:
+        lc.scale_out(M, 0.0, config=config)
+    feed(loop, clock, rate=6.0, strict_share=0.9)
+    out = loop.step(clock.now(), {})
+    [r] = loop.runner.take_records()
+    assert r.decision is not None
+    reason = r.decision.reason
+    if follows:
+        assert configs_of(out) == ["tp1-b64"]
+        assert "devices place 6" in reason, reason
+    else:
+        # the strict requests crowd onto the one tp2-b8: the best next step adds to the strict side
+        assert configs_of(out) == ["tp2-b8"], reason
+        assert reason.endswith("placement has no strict instance, strict requests go to the running ones)")
