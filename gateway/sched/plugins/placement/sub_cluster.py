@@ -139,7 +139,8 @@ class SubClusterFilter:
         own_ok = [e for e in own if meets(self._cache.load(e, snap.now).predict(req), left, p.margin)]
         others_ok = [e for e in others if meets(self._cache.load(e, snap.now).predict(req), left, p.margin)]
         rest = [e for e in own if not any(e is o for o in own_ok)]
-        return [own_ok, others_ok, rest]
+        others_rest = [e for e in others if not any(e is o for o in others_ok)]
+        return [own_ok, others_ok, rest, others_rest]
 
     def scope(
         self, req: SchedRequest, serving: Sequence[EndpointView], snap: FleetSnapshot
