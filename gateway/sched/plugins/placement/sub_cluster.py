@@ -18,7 +18,12 @@ suits its deadline, and spills to the other one when its own cannot meet the dea
 - `spill` (one mode, or a table by sub-cluster): "when-late" (default) gives the preference tiers
   (`TieredFilter`) own endpoints where the request is predicted to meet its deadline, then the other
   sub-cluster's where it would, then the rest of its own (it meets it nowhere: it stays home, where the
-  overflow guard after this filter still keeps it from pushing others past theirs); "when-full": its
+  overflow guard after this filter still keeps it from pushing others past theirs), then the rest of
+  the other's (its own cannot take it: the filters after this one left none of its own, e.g. the
+  guard holds it from every own endpoint; the guard judges these too). Without that last tier a
+  sub-cluster left with too few instances for its share (an autoscaled fleet that placed one
+  small-batch instance) held every request of its side in the queue behind each other, all late
+  (bench maaso, scaled row, cv 4 seed 0: 0.389 attainment; with it 0.957); "when-full": its
   own, the others only when none of its own has a free seat; "never": its own only (admission judges
   it on them, `ScopedFilter`).
 - Put `overflow-guard` after it (MaaSO's overflow protection) and a shortest-queue picker
