@@ -37,9 +37,9 @@ with more than one configuration; sans-IO, like the loop that owns it (`gateway.
   (`ThreadPlacements`), one search per model at a time, and the choice follows the latest completed
   placement of the model, or, before the first completes, takes the best next step alone (the reason
   says `placement not ready yet`). What stays on the caller is `next_config`, once per instance chosen:
-  measured by `python -m loadgen.bench.choice_micro` (4 instances of MaaSO's setting: ~2.5 ms at 24
-  devices and ~4 ms at 48 with a placement ready, ~7 / ~14 ms before one is; inline, with the search:
-  ~31 / ~68 ms, and ~0.2 s / ~1 s before the estimate grouped alike instances).
+  measured by `python -m loadgen.bench.choice_micro` (4 instances of MaaSO's setting, medians: 2.0 ms
+  at 24 devices and 2.4 ms at 48 with a placement ready, 6.5 / 15 ms before one is; inline, with the
+  search: 27 / 61 ms, and 239 / 1154 ms before the estimate grouped alike instances).
 """
 
 from __future__ import annotations
