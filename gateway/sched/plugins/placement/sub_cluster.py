@@ -67,6 +67,9 @@ class SubClusterParams(PredictionParams, frozen=True, kw_only=True):
     spill: SpillMode | dict[str, SpillMode] = "when-late"
     margin: Annotated[float, Meta(gt=0.0, le=2.0)] = 1.0  # < 1 demands room to spare to "meet"
     window_s: Annotated[float, Meta(gt=0.0)] = 60.0  # time constant of the recorded SLO mix
+    # A sub-cluster whose share of the seats is below this x its share of the requests is starved: its
+    # requests that it cannot take spill to the other's endpoints (where the guard lets them harm no one).
+    starved_below: Annotated[float, Meta(ge=0.0)] = 0.5
 
 
 class SubClusterFilter:
@@ -144,8 +147,25 @@ class SubClusterFilter:
         own_ok = [e for e in own if meets(self._cache.load(e, snap.now).predict(req), left, p.margin)]
         others_ok = [e for e in others if meets(self._cache.load(e, snap.now).predict(req), left, p.margin)]
         rest = [e for e in own if not any(e is o for o in own_ok)]
+        if not self.starved(req.model, own_sub, serving):
+            return [own_ok, others_ok, rest]
         others_rest = [e for e in others if not any(e is o for o in others_ok)]
         return [own_ok, others_ok, rest, others_rest]
+
+    def starved(self, model: ModelName, sub: SubCluster, serving: Sequence[EndpointView]) -> bool:
+        """Whether `sub`'s share of the model's seats is below `starved_below` x its share of the
+        requests seen (decayed over `window_s`)."""
+        counts = self._counts.get(model)
+        if counts is None:
+            return False
+        total = sum(counts[1].values())
+        seats = {STRICT: 0, RELAXED: 0}
+        for e in serving:
+            seats[self.sub_cluster_of(e)] += min(e.cap, e.max_batch or e.cap)
+        all_seats = seats[STRICT] + seats[RELAXED]
+        if total <= 0 or all_seats <= 0:
+            return False
+        return seats[sub] / all_seats < self.params.starved_below * counts[1][sub] / total
 
     def scope(
         self, req: SchedRequest, serving: Sequence[EndpointView], snap: FleetSnapshot
