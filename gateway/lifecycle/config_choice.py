@@ -25,11 +25,6 @@ with more than one configuration; sans-IO, like the loop that owns it (`gateway.
   fits the free devices, the rest start the default configuration and the reason says why. Every part's
   reason is the scaler's, then the choice (`"backlog; config tp1-b16 (+0.004 serving score, strict;
   24 devices place 10, 2 run)"`).
-- **A placement that starves a sub-cluster is not followed**: when what runs is split (the distributor
-  sends strict requests to the small-batch instances and relaxed ones to the large) and the placement
-  has no instance on one side (a placement for a burst's rate may give the strict requests up), growing
-  toward it would leave that side's requests on the few instances that run; the best next step on the
-  fleet as it is split is taken instead (the reason says `placement has no strict instance, ...`).
 - **Where the search runs** (`placements`, `gateway.lifecycle.placements`): the placer's search costs
   ~20 ms for 24 devices of five configurations and ~0.1 s for 48 (the estimate groups alike
   instances; it grows with the room and the kinds in the mix). The simulator computes it where it is
@@ -54,16 +49,7 @@ from typing import Final
 from gateway.core.types import ModelName
 from gateway.lifecycle.instances import Lifecycle
 from gateway.lifecycle.placements import InlinePlacements, Placements
-from gateway.sched.heterogeneous import (
-    RELAXED,
-    STRICT,
-    ConfigProfile,
-    MixWindow,
-    Placement,
-    Placer,
-    SubCluster,
-    TrafficMix,
-)
+from gateway.sched.heterogeneous import ConfigProfile, MixWindow, Placer, TrafficMix
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.plugins.autoscale.interface import ModelScaleView, ScaleOut, ScaleState, ScaleView
 from gateway.sched.plugins.placement.sub_cluster import SubClusterFilter, SubClusterParams
@@ -234,14 +220,8 @@ class ConfigChooser:
             placement = self._placements.placement(decision.model, placer, mix, budget)
             if placement is None:
                 unplaced = "; placement not ready yet"
-            else:
-                starved = _starved(placer, placement, [by_name[n] for n in names if n in by_name])
-                if starved is not None:
-                    unplaced = (
-                        f"; placement has no {starved} instance, {starved} requests go to the running ones"
-                    )
-                else:  # (a placement of an earlier round may name a configuration since dropped)
-                    target = Counter(n for n in placement.all_instances if n in by_name)
+            else:  # (a placement of an earlier round may name a configuration since dropped)
+                target = Counter(n for n in placement.all_instances if n in by_name)
         for i in range(decision.count):
             left = decision.count - i
             if mix is None or not mix.kinds:
@@ -279,19 +259,6 @@ class ConfigChooser:
                     replace(decision, count=1, config=nxt.config, reason=f"{decision.reason}; {why}")
                 )
         return parts
-
-
-def _starved(placer: Placer, placement: Placement, running: Sequence[ConfigProfile]) -> SubCluster | None:
-    """The sub-cluster the distributor sends requests to (the running instances are split) that the
-    placement has no instance of: growing toward that placement leaves those requests on the instances
-    that run (one small-batch instance holding every strict request), so it is not followed."""
-    sides = {placer.sub_cluster_of(c) for c in running}
-    if len(sides) < 2:
-        return None
-    for s in (STRICT, RELAXED):
-        if not placement.instances[s]:
-            return s
-    return None
 
 
 def _default(d: ScaleOut, count: int, why: str) -> ScaleOut:
