@@ -36,7 +36,7 @@ from gateway.lifecycle.instances import (
     NodeSpec,
     StartInstance,
 )
-from gateway.lifecycle.placements import Placements, PlacementSearch, ThreadPlacements
+from gateway.lifecycle.placements import Placements, ThreadPlacements
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import Autoscale, AutoscaleSettings
 from gateway.sched.heterogeneous import RELAXED, STRICT, Estimate, Placement, RequestKind, TrafficMix
@@ -245,18 +245,6 @@ def placement_of(strict: Sequence[str], relaxed: Sequence[str]) -> Placement:
     )
 
 
-class Fixed:
-    """Placements that answer `placement` at once (the guard's tests)."""
-
-    def __init__(self, placement: Placement) -> None:
-        self.result = placement
-
-    def placement(
-        self, model: ModelName, placer: PlacementSearch, mix: TrafficMix, devices: int
-    ) -> Placement | None:
-        return self.result
-
-
 async def test_the_live_search_runs_on_a_worker_thread_and_its_latest_result_is_used() -> None:
     supervisor = TaskSupervisor()
     placements = ThreadPlacements(supervisor)
@@ -293,31 +281,3 @@ async def test_the_live_loop_takes_the_next_step_until_the_placement_is_ready_th
         assert "devices place" in then.decision.reason, then.decision.reason
     finally:
         await supervisor.close()
-
-
-@pytest.mark.parametrize(
-    ("running", "follows"),
-    [
-        pytest.param(["tp2-b8", "tp1-b64"], False, id="split fleet, placement without strict: next step"),
-        pytest.param(["tp1-b64", "tp1-b64"], True, id="unsplit fleet: grows toward the placement"),
-    ],
-)
-def test_a_placement_without_a_sub_cluster_the_running_fleet_serves_is_not_followed(
-    running: list[str], follows: bool
-) -> None:
-    relaxed_only = placement_of([], ["tp1-b64"] * 6)
-    loop, lc, _, clock = make(1, placements=Fixed(relaxed_only))
-    for config in running:
-        lc.scale_out(M, 0.0, config=config)
-    feed(loop, clock, rate=6.0, strict_share=0.9)
-    out = loop.step(clock.now(), {})
-    [r] = loop.runner.take_records()
-    assert r.decision is not None
-    reason = r.decision.reason
-    if follows:
-        assert configs_of(out) == ["tp1-b64"]
-        assert "devices place 6" in reason, reason
-    else:
-        # the strict requests crowd onto the one tp2-b8: the best next step adds to the strict side
-        assert configs_of(out) == ["tp2-b8"], reason
-        assert reason.endswith("placement has no strict instance, strict requests go to the running ones)")

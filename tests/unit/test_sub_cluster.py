@@ -99,7 +99,8 @@ def test_a_strict_request_spills_when_its_own_cannot_meet_the_deadline() -> None
     assert ids(f.filter(deadline_req("a", 1.3), fleet, snap(*fleet))) == ["r1"]
 
 
-def test_a_request_that_meets_its_deadline_nowhere_goes_home_then_to_the_other_sub_cluster() -> None:
+def test_a_request_of_a_starved_sub_cluster_goes_home_then_to_the_other_one() -> None:
+    # s1's 4 seats of 12 against every request seen so far (this one): starved
     fleet = [ep("s1", 4), ep("r1", 32)]
     f = flt()
     hopeless = deadline_req("a", 0.5)  # half the time one request alone needs
@@ -107,10 +108,22 @@ def test_a_request_that_meets_its_deadline_nowhere_goes_home_then_to_the_other_s
     assert ids(f.filter(hopeless, fleet, snap(*fleet))) == ["s1"]
 
 
+def test_a_sub_cluster_with_its_share_of_the_seats_keeps_a_hopeless_request_home() -> None:
+    # s1's 4 seats of 12 against a third of the requests: not starved (starved_below 0.5)
+    fleet = [ep("s1", 4), ep("r1", 32)]
+    f = flt()
+    for i in range(2):
+        f.filter(deadline_req(f"relaxed{i}", 3.0), fleet, snap(*fleet))
+    hopeless = deadline_req("a", 0.5)
+    assert [ids(t) for t in f.tiers(hopeless, fleet, snap(*fleet))] == [[], [], ["s1"]]
+    assert not f.starved(M, STRICT, fleet)
+    assert flt(starved_below=1.5).starved(M, STRICT, fleet) is False  # nothing seen by that one yet
+
+
 def test_behind_the_overflow_guard_a_request_its_own_sub_cluster_cannot_take_spills() -> None:
-    """One small-batch endpoint running requests the new one would push past their deadlines: the guard
-    holds it there, so it goes to the large batches (where it harms no one) rather than waiting for a
-    seat at home behind every other strict request."""
+    """One small-batch endpoint (starved: a third of the seats, every request seen strict) running requests
+    the new one would push past their deadlines: the guard holds it there, so it goes to the large batches
+    (where it harms no one) rather than waiting for a seat at home behind every other strict request."""
     guard = OverflowGuardFilter(OverflowGuardParams())
     busy = [running(f"s1-run{i}", out=100.0, e2e_deadline=1.4) for i in range(2)]
     strict = dataclasses.replace(view("s1", cap=4, runs=busy), max_batch=4)

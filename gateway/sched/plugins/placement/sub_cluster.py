@@ -18,12 +18,17 @@ suits its deadline, and spills to the other one when its own cannot meet the dea
 - `spill` (one mode, or a table by sub-cluster): "when-late" (default) gives the preference tiers
   (`TieredFilter`) own endpoints where the request is predicted to meet its deadline, then the other
   sub-cluster's where it would, then the rest of its own (it meets it nowhere: it stays home, where the
-  overflow guard after this filter still keeps it from pushing others past theirs), then the rest of
-  the other's (its own cannot take it: the filters after this one left none of its own, e.g. the
-  guard holds it from every own endpoint; the guard judges these too). Without that last tier a
-  sub-cluster left with too few instances for its share (an autoscaled fleet that placed one
-  small-batch instance) held every request of its side in the queue behind each other, all late
-  (bench maaso, scaled row, cv 4 seed 0: 0.389 attainment; with it 0.957); "when-full": its
+  overflow guard after this filter still keeps it from pushing others past theirs), and, when its
+  sub-cluster is **starved** (its share of the model's seats, min(cap, max batch) per endpoint, below
+  `starved_below` x its share of the requests seen, decayed over `window_s`), then the rest of the
+  other's (its own cannot take it: the filters after this one left none of its own, e.g. the guard
+  holds it from every own endpoint; the guard judges these too). Without that last tier a sub-cluster
+  left with too few instances for its share (an autoscaled fleet that placed one small-batch instance
+  while a burst made the placer give the strict requests up) held every request of its side in the
+  queue behind each other, all late (bench maaso, scaled row, cv 4 seed 0: 0.389 attainment; with it
+  0.957). Not for a sub-cluster that has its share: there a spilled request takes a seat a queued
+  request of the other side needed (unconditional, cv 4 seed 2 of the same row fell 0.866 -> 0.661,
+  and the static placement's 0.914 -> 0.883); "when-full": its
   own, the others only when none of its own has a free seat; "never": its own only (admission judges
   it on them, `ScopedFilter`).
 - Put `overflow-guard` after it (MaaSO's overflow protection) and a shortest-queue picker
