@@ -31,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from gateway.core.slo import SloPolicy
 from gateway.core.types import EndpointId, ModelName
 from gateway.lifecycle.instances import Action, InstanceState, Lifecycle
+from gateway.lifecycle.placements import Placements
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import UNBOUNDED, Autoscale, DecisionRecord, ScaleCounters
 from gateway.sched.plugins.autoscale.interface import FinishedCall, Reclass, ScaleIn, ScaleOut, allotted
@@ -183,9 +184,19 @@ class _AutoscaleCollector:
 
 
 class LiveAutoscaler:
-    def __init__(self, core: Lifecycle, scheduler: Scheduler, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        core: Lifecycle,
+        scheduler: Scheduler,
+        registry: CollectorRegistry,
+        *,
+        placements: Placements | None = None,
+    ) -> None:
+        """`placements`: where the configuration choice's placement search runs (the manager hands in a
+        worker thread's, `ThreadPlacements`: never on the event loop)."""
         self._core = core
         self._scheduler = scheduler
+        self._placements = placements
         self.loop: ScaleLoop | None = None
         self._autoscale: Autoscale | None = None
         self.recent: deque[DecisionView] = deque(maxlen=RECENT)
@@ -211,7 +222,7 @@ class LiveAutoscaler:
         if unknown:
             log.warning("autoscale_unknown_models", models=unknown)
         if self.loop is None:
-            self.loop = ScaleLoop(autoscale, self._core, self._scheduler)
+            self.loop = ScaleLoop(autoscale, self._core, self._scheduler, placements=self._placements)
         else:
             self.loop.set_autoscale(autoscale)
         log.info(

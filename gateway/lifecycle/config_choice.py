@@ -24,8 +24,17 @@ with more than one configuration; sans-IO, like the loop that owns it (`gateway.
   no configuration raises the serving score (no request with a deadline seen yet, or none gains) or none
   fits the free devices, the rest start the default configuration and the reason says why. Every part's
   reason is the scaler's, then the choice (`"backlog; config tp1-b16 (+0.004 serving score, strict;
-  24 devices place 10, 2 run)"`). The placement costs the placer's search (~0.2 s for 24 devices in
-  Python, once per scale-out round): on the live event loop, a stall that grows with the room.
+  24 devices place 10, 2 run)"`).
+- **Where the search runs** (`placements`, `gateway.lifecycle.placements`): the placer's search costs
+  ~20 ms for 24 devices of five configurations and ~0.1 s for 48 (the estimate groups alike
+  instances; it grows with the room and the kinds in the mix). The simulator computes it where it is
+  asked for (`InlinePlacements`, a virtual clock); the live daemon in a worker thread
+  (`ThreadPlacements`), one search per model at a time, and the choice follows the latest completed
+  placement of the model, or, before the first completes, takes the best next step alone (the reason
+  says `placement not ready yet`). What stays on the caller is `next_config`, once per instance chosen:
+  measured by `python -m loadgen.bench.choice_micro` (4 instances of MaaSO's setting, medians: 2.0 ms
+  at 24 devices and 2.4 ms at 48 with a placement ready, 6.5 / 15 ms before one is; inline, with the
+  search: 27 / 61 ms, and 239 / 1154 ms before the estimate grouped alike instances).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from typing import Final
 
 from gateway.core.types import ModelName
 from gateway.lifecycle.instances import Lifecycle
+from gateway.lifecycle.placements import InlinePlacements, Placements
 from gateway.sched.heterogeneous import ConfigProfile, MixWindow, Placer, TrafficMix
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.plugins.autoscale.interface import ModelScaleView, ScaleOut, ScaleState, ScaleView
@@ -93,8 +103,12 @@ class ConfigChooser:
         priors: Mapping[ModelName, Mapping[str, PerfCoefficients]] | None = None,
         prior: PerfCoefficients | None = None,
         window_s: float = 60.0,
+        placements: Placements | None = None,
     ) -> None:
+        """`placements`: where the placement search runs (default: at once; the live daemon hands it
+        to a worker thread, `gateway.lifecycle.placements`)."""
         self._life = lifecycle
+        self._placements: Placements = placements or InlinePlacements()
         self._sched = scheduler
         self._priors = priors or {}
         self._prior = prior or default_prior()
@@ -201,8 +215,13 @@ class ConfigChooser:
         free = free_devices
         target: Counter[str] = Counter()
         budget = sum(by_name[n].devices for n in names if n in by_name) + free
+        unplaced = ""  # why the placement is not followed
         if mix is not None and mix.kinds and any(p.devices <= free for p in profiles):
-            target = Counter(placer.place(mix, budget).all_instances)
+            placement = self._placements.placement(decision.model, placer, mix, budget)
+            if placement is None:
+                unplaced = "; placement not ready yet"
+            else:  # (a placement of an earlier round may name a configuration since dropped)
+                target = Counter(n for n in placement.all_instances if n in by_name)
         for i in range(decision.count):
             left = decision.count - i
             if mix is None or not mix.kinds:
@@ -226,7 +245,11 @@ class ConfigChooser:
             names.append(nxt.config)
             free -= by_name[nxt.config].devices
             with_ = "" if nxt.instances == 1 else f" with {nxt.instances} of it"
-            plan = f"; {budget} devices place {target[nxt.config]}, {have[nxt.config]} run" if toward else ""
+            plan = (
+                f"; {budget} devices place {target[nxt.config]}, {have[nxt.config]} run"
+                if toward
+                else unplaced
+            )
             why = f"config {nxt.config} (+{nxt.gain:.3f} serving score{with_}, {nxt.sub_cluster}{plan})"
             prev = parts[-1] if parts else None
             if prev is not None and prev.config == nxt.config:

@@ -61,6 +61,7 @@ from gateway.lifecycle.instances import (
     StartInstance,
     StopInstance,
 )
+from gateway.lifecycle.placements import ThreadPlacements
 from gateway.sched.plugins.autoscale.interface import InstanceConfig
 from gateway.sched.request import SchedRequest
 from gateway.sched.types import EndpointSpec
@@ -217,7 +218,9 @@ class LifecycleManager:
         self.starts: dict[str, int] = {}  # instances started: "cold_start" | "autoscale"
         self.agent_errors = 0
         self.metrics = LifecycleMetrics(registry, self)
-        self.autoscaler = LiveAutoscaler(self.core, self._scheduler, registry)
+        self.autoscaler = LiveAutoscaler(
+            self.core, self._scheduler, registry, placements=ThreadPlacements(supervisor)
+        )
         self._changed = asyncio.Event()
         self._scheduler.set_loadable(models, c.load_deadline_s)
         driver.on_cold = self.on_cold

@@ -33,6 +33,7 @@ from gateway.lifecycle.instances import (
     InstanceState,
     Lifecycle,
 )
+from gateway.lifecycle.placements import Placements
 from gateway.sched.autoscale import Autoscale, AutoscaleRunner
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.autoscale.interface import (
@@ -74,11 +75,13 @@ class ScaleLoop:
         rate_window_s: float = RATE_WINDOW_S,
         priors: Mapping[ModelName, Mapping[str, PerfCoefficients]] | None = None,
         prior: PerfCoefficients | None = None,
+        placements: Placements | None = None,
     ) -> None:
         """`priors`: per model and configuration, the throughput-decay curve to plan with until telemetry
         fitted one on an instance of it; else `prior` (the gateway's telemetry prior), else the generic
-        one."""
-        self.configs = ConfigChooser(lifecycle, scheduler, priors=priors, prior=prior)
+        one. `placements`: where the choice's placement search runs (default: at once, as the simulator
+        on its virtual clock; the live daemon: a worker thread)."""
+        self.configs = ConfigChooser(lifecycle, scheduler, priors=priors, prior=prior, placements=placements)
         self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings, configs=self.configs)
         self._life = lifecycle
         self._sched = scheduler

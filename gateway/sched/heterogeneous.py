@@ -41,6 +41,7 @@ device.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -217,24 +218,28 @@ class Placer:
         offered = rate * mean_len
         if not instances or rate <= 0:
             return Estimate(share, 0.0, 0.0, offered, share)
-        caps = [c.capacity(mean_len) for c in instances]
-        total_cap = sum(caps)
+        # Alike instances are one group (their parts are equal): the cost grows with the configurations
+        # in the set, not its size (the search and `next_config` evaluate sets of dozens).
+        groups = Counter(instances)
+        caps = {c: c.capacity(mean_len) for c in groups}
+        total_cap = sum(n * caps[c] for c, n in groups.items())
         served_frac = min(1.0, total_cap / rate)
         attained = 0.0
         latency = 0.0
         # One queue in the gateway for all the sub-cluster's seats (a request takes the first free one).
-        seats = sum(c.max_batch for c in instances)
-        service = sum(
-            cap / total_cap * mean_len / c.tps(c.max_batch) for c, cap in zip(instances, caps, strict=True)
-        )
+        seats = sum(n * c.max_batch for c, n in groups.items())
+        service = sum(n * caps[c] / total_cap * mean_len / c.tps(c.max_batch) for c, n in groups.items())
         wait = _queue_wait(rate / total_cap, seats, service, mix.cv)
-        for c, cap in zip(instances, caps, strict=True):
-            lam_i = rate * cap / total_cap  # its part of the arrivals (served or not)
+        for c, count in groups.items():
+            cap = caps[c]
+            lam_i = rate * cap / total_cap  # one instance's part of the arrivals (served or not)
             n, _ = _concurrency(c, lam_i, mean_len)
             seen = min(float(c.max_batch), n + mix.cv * math.sqrt(n))
+            tps = c.tps(seen)
+            part = count * cap / total_cap  # the group's part of every kind
             for k in kinds:
-                weight = (k.share / total) * (cap / total_cap)  # its part of the kind
-                lat = wait + c.prefill_s + k.decode_tokens / c.tps(seen)
+                weight = (k.share / total) * part
+                lat = wait + c.prefill_s + k.decode_tokens / tps
                 deadline = k.factor * k.decode_tokens * mix.t_slot_s
                 ratio = lat / deadline if deadline > 0 else math.inf
                 attained += weight * _meets(ratio)

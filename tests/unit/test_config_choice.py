@@ -10,12 +10,14 @@ t_slot is 10 ms (a plain instance alone), so a 100-token request of deadline fac
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 
 import pytest
 
 from gateway.config import parse_policy_text
 from gateway.core.clock import FakeClock
+from gateway.core.tasks import TaskSupervisor
 from gateway.core.types import (
     SLO,
     ApiKind,
@@ -34,8 +36,10 @@ from gateway.lifecycle.instances import (
     NodeSpec,
     StartInstance,
 )
+from gateway.lifecycle.placements import Placements, ThreadPlacements
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import Autoscale, AutoscaleSettings
+from gateway.sched.heterogeneous import RELAXED, STRICT, Estimate, Placement, RequestKind, TrafficMix
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.autoscale.interface import InstanceConfig, ScaleDecision, ScaleOut, ScaleView
@@ -83,7 +87,7 @@ class Asks:
 
 
 def make(
-    count: int, spec: ModelSpec = SPEC, *, dry_run: bool = False
+    count: int, spec: ModelSpec = SPEC, *, dry_run: bool = False, placements: Placements | None = None
 ) -> tuple[ScaleLoop, Lifecycle, Scheduler, FakeClock]:
     clock = FakeClock(0.0)
     sched = Scheduler(parse_policy_text(POLICY, "maaso.toml", default_registry()), clock)
@@ -94,7 +98,9 @@ def make(
         settings=LifecycleSettings(load_deadline_s=100),
     )
     autoscale = Autoscale(Asks(count), AutoscaleSettings(interval_s=5.0, dry_run=dry_run))
-    loop = ScaleLoop(autoscale, lc, sched, priors={M: {"tp2-b8": WIDE, "tp1-b64": CURVE}})
+    loop = ScaleLoop(
+        autoscale, lc, sched, priors={M: {"tp2-b8": WIDE, "tp1-b64": CURVE}}, placements=placements
+    )
     return loop, lc, sched, clock
 
 
@@ -214,3 +220,64 @@ def test_a_fitted_curve_of_a_running_configuration_replaces_its_prior() -> None:
     assert choice.fitted == ("tp2-b8",)
     by = {p.name: p for p in choice.profiles}
     assert (by["tp2-b8"].thr1, by["tp1-b64"].thr1) == (300.0, 100.0)
+
+
+# --------------------------------------------------------------------- where the placement search runs
+class RecordingPlacer:
+    """A placement search that records the thread it ran on and returns a fixed placement."""
+
+    def __init__(self, placement: Placement) -> None:
+        self.result = placement
+        self.threads: list[int] = []
+
+    def place(self, mix: TrafficMix, devices: int) -> Placement:
+        self.threads.append(threading.get_ident())
+        return self.result
+
+
+def placement_of(strict: Sequence[str], relaxed: Sequence[str]) -> Placement:
+    empty = Estimate(0.0, 0.0, 0.0, 0.0, 0.0)
+    return Placement(
+        instances={STRICT: tuple(strict), RELAXED: tuple(relaxed)},
+        devices={STRICT: len(strict), RELAXED: len(relaxed)},
+        score=0.5,
+        estimate={STRICT: empty, RELAXED: empty},
+    )
+
+
+async def test_the_live_search_runs_on_a_worker_thread_and_its_latest_result_is_used() -> None:
+    supervisor = TaskSupervisor()
+    placements = ThreadPlacements(supervisor)
+    placer = RecordingPlacer(placement_of(["tp2-b8"], ["tp1-b64"]))
+    mix = TrafficMix(1.0, 0.01, (RequestKind(1.0, 0.8, 100.0),))
+    try:
+        assert placements.placement(M, placer, mix, 8) is None  # none completed yet
+        assert placements.placement(M, placer, mix, 8) is None  # one search per model at a time
+        await placements.settled()
+        assert len(placer.threads) == 1
+        assert placer.threads[0] != threading.get_ident()  # not the event loop's thread
+        assert placements.placement(M, placer, mix, 8) is placer.result
+        await placements.settled()
+        assert len(placer.threads) == 2  # each round's question starts a search with its inputs
+    finally:
+        await supervisor.close()
+
+
+async def test_the_live_loop_takes_the_next_step_until_the_placement_is_ready_then_follows_it() -> None:
+    supervisor = TaskSupervisor()
+    placements = ThreadPlacements(supervisor)
+    loop, _, _, clock = make(1, placements=placements)
+    feed(loop, clock, rate=6.0, strict_share=0.9)
+    try:
+        loop.step(clock.now(), {})
+        [first] = loop.runner.take_records()
+        assert first.decision is not None
+        assert first.decision.reason.endswith("; placement not ready yet)"), first.decision.reason
+        await placements.settled()
+        clock.advance(5.0)
+        loop.step(clock.now(), {})
+        [then] = loop.runner.take_records()
+        assert then.decision is not None
+        assert "devices place" in then.decision.reason, then.decision.reason
+    finally:
+        await supervisor.close()

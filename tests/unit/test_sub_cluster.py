@@ -8,6 +8,7 @@ t_slot to 11 ms (one request alone), so a 100-token request alone (about 1.2 s: 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 
@@ -15,9 +16,12 @@ from gateway.core.errors import ConfigError
 from gateway.core.types import ModelName
 from gateway.sched.heterogeneous import RELAXED, STRICT
 from gateway.sched.plugins import default_registry
+from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.plugins.placement.sub_cluster import SubClusterFilter, SubClusterParams
+from gateway.sched.profile import SchedulerProfile
 from gateway.sched.registry import BuildContext, PluginKind
-from gateway.sched.snapshot import EndpointView
+from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from tests.unit.slo_fixtures import req, running, snap, view
 
 T_SLOT_MS = 11.0
@@ -37,6 +41,15 @@ def deadline_req(rid: str, factor: float, *, out: int = 100):  # type: ignore[no
 def flt(**kw: object) -> SubClusterFilter:
     params = {"strict_below": 1.5, "strict_max_batch": 8, "t_slot_ms": T_SLOT_MS, **kw}
     return SubClusterFilter(SubClusterParams(**params))  # type: ignore[arg-type]
+
+
+class FirstPicker:
+    name = "first"
+
+    def pick(
+        self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
+    ) -> EndpointView:
+        return scored[0][0]
 
 
 def ids(views: object) -> list[str]:
@@ -82,15 +95,46 @@ def test_a_strict_request_spills_when_its_own_cannot_meet_the_deadline() -> None
     fleet = [ep("s1", 4, busy=4, cap=4), ep("r1", 32)]
     f = flt()
     tiers = f.tiers(deadline_req("a", 1.3), fleet, snap(*fleet))
-    assert [ids(t) for t in tiers] == [[], ["r1"], ["s1"]]
+    assert [ids(t) for t in tiers] == [[], ["r1"], ["s1"], []]
     assert ids(f.filter(deadline_req("a", 1.3), fleet, snap(*fleet))) == ["r1"]
 
 
-def test_a_request_that_meets_its_deadline_nowhere_stays_in_its_own_sub_cluster() -> None:
+def test_a_request_of_a_starved_sub_cluster_goes_home_then_to_the_other_one() -> None:
+    # s1's 4 seats of 12 against every request seen so far (this one): starved
     fleet = [ep("s1", 4), ep("r1", 32)]
     f = flt()
     hopeless = deadline_req("a", 0.5)  # half the time one request alone needs
+    assert [ids(t) for t in f.tiers(hopeless, fleet, snap(*fleet))] == [[], [], ["s1"], ["r1"]]
+    assert ids(f.filter(hopeless, fleet, snap(*fleet))) == ["s1"]
+
+
+def test_a_sub_cluster_with_its_share_of_the_seats_keeps_a_hopeless_request_home() -> None:
+    # s1's 4 seats of 12 against a third of the requests: not starved (starved_below 0.5)
+    fleet = [ep("s1", 4), ep("r1", 32)]
+    f = flt()
+    for i in range(2):
+        f.filter(deadline_req(f"relaxed{i}", 3.0), fleet, snap(*fleet))
+    hopeless = deadline_req("a", 0.5)
     assert [ids(t) for t in f.tiers(hopeless, fleet, snap(*fleet))] == [[], [], ["s1"]]
+    assert not f.starved(M, STRICT, fleet)
+    assert flt(starved_below=1.5).starved(M, STRICT, fleet) is False  # nothing seen by that one yet
+
+
+def test_behind_the_overflow_guard_a_request_its_own_sub_cluster_cannot_take_spills() -> None:
+    """One small-batch endpoint (starved: a third of the seats, every request seen strict) running requests
+    the new one would push past their deadlines: the guard holds it there, so it goes to the large batches
+    (where it harms no one) rather than waiting for a seat at home behind every other strict request."""
+    guard = OverflowGuardFilter(OverflowGuardParams())
+    busy = [running(f"s1-run{i}", out=100.0, e2e_deadline=1.4) for i in range(2)]
+    strict = dataclasses.replace(view("s1", cap=4, runs=busy), max_batch=4)
+    fleet = [strict, ep("r1", 32)]
+    s = snap(*fleet)
+    hopeless = deadline_req("a", 0.5)
+    assert guard.filter(hopeless, [strict], s) == []  # home cannot take it without harm
+    profile = SchedulerProfile((flt(), guard), (), FirstPicker())
+    chosen = profile.place(hopeless, s)
+    assert chosen is not None
+    assert chosen.id == "r1"
 
 
 @pytest.mark.parametrize(
