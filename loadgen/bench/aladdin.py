@@ -363,12 +363,7 @@ def gateway_toml(profile: str = PROFILE) -> str:
             f"default_endpoint_cap = {prof.max_num_seqs}",
             "[telemetry]",
             f"kv_capacity_tokens = {prof.kv_capacity_tokens}",
-            "[telemetry.prior]         # the profile's latency model: an operator's profiling step",
-            f"k1 = {lat.k1:.6g}",
-            f"c1 = {lat.c1:.6g}",
-            f"k2 = {lat.k2:.6g}",
-            f"c2 = {lat.c2:.6g}",
-            f"c3 = {lat.c3:.6g}",
+            *lat.prior_toml("the profile's latency model: an operator's profiling step"),
             "",
         ]
     )

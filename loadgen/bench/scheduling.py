@@ -173,12 +173,7 @@ def gateway_toml(
             "[telemetry]",
             f"refresh_interval_s = {max(0.2, 1.0 / s):.3f}",
             f"kv_capacity_tokens = {prof.kv_capacity_tokens}",
-            "[telemetry.prior]",
-            f"k1 = {lat.k1 / s:.6g}",
-            f"c1 = {lat.c1 / s:.6g}",
-            f"k2 = {lat.k2 / s:.6g}",
-            f"c2 = {lat.c2 / s:.6g}",
-            f"c3 = {lat.c3 / s:.6g}",
+            *lat.scaled(s).prior_toml(),
             "h = 1.0",
             "j = 1.0",
         ]

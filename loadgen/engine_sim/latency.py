@@ -34,6 +34,12 @@ class LatencyModel:
     def decode_s(self, batch: int, avg_context: float) -> float:
         return (self.k2 * avg_context + self.c2) * batch + self.c3
 
+    def prior_toml(self, comment: str = "") -> list[str]:
+        """The `[telemetry.prior]` table (lines) that gives berth this model as its performance prior (an
+        operator's profiling step, as the simulator benchmarks take it)."""
+        head = "[telemetry.prior]" + (f"  # {comment}" if comment else "")
+        return [head, *(f"{name} = {getattr(self, name):.6g}" for name in ("k1", "c1", "k2", "c2", "c3"))]
+
     def scaled(self, speed: float) -> LatencyModel:
         if speed <= 0:
             raise ValueError("speed must be > 0")
