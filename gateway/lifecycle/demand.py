@@ -1,10 +1,11 @@
 """What the eviction score learns from the traffic (sans-IO, shared by the live manager and the simulator).
 
-Every dispatch is recorded: a sliding window of the last `history` requests gives each model's share of
-the recent traffic (the evictor's future demand beyond the queue: a model with a small share is expected
-to be asked for late), and an exponential average of each model's expected output tokens gives its
-criticality (short outputs are the TTFT-critical completion traffic). `demand(queued)` combines them with
-the queue's look-ahead window into the `Demand` the lifecycle's eviction plan reads.
+Every request is recorded at its first placement (a resumed run of a preempted one is not a new
+request): a sliding window of the last `history` requests gives each model's share of the recent traffic
+(the evictor's future demand beyond the queue: a model with a small share is expected to be asked for
+late), and an exponential average of each model's expected output tokens gives its criticality (short
+outputs are the TTFT-critical completion traffic). `demand(queued)` combines them with the queue's
+look-ahead window into the `Demand` the lifecycle's eviction plan reads.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Final
 
 from gateway.core.types import ModelName
 from gateway.lifecycle.instances import Demand
+from gateway.sched.request import SchedRequest
 
 #: Weight of the newest request in a model's expected output length (exponential average).
 OUTPUT_EWMA_ALPHA: Final = 0.1
@@ -44,6 +46,15 @@ class DemandTracker:
             old = self._expected.get(model)
             x = float(expected_output_tokens)
             self._expected[model] = x if old is None else old + self._alpha * (x - old)
+
+    def placed(self, req: SchedRequest) -> None:
+        """The scheduler placed `req`. A resumed run of a preempted request (`preemptions > 0`) is the
+        same request, counted at its first placement: counting it again would inflate its model's share
+        by every preemption."""
+        if req.preemptions:
+            return
+        expect = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.max_tokens
+        self.dispatched(req.model, expect)
 
     def shares(self) -> dict[ModelName, float]:
         n = len(self._recent)

@@ -384,8 +384,7 @@ class LifecycleManager:
         iid = self._eids.get(eid)
         if iid is not None:
             self.core.touch(iid, self._clock.now())
-        expect = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.max_tokens
-        self._traffic.dispatched(req.model, expect)
+        self._traffic.placed(req)
 
     def _demand(self) -> Demand:
         return self._traffic.demand(self._scheduler.lookahead(self.settings.lookahead))

@@ -266,8 +266,7 @@ class SimLifecycle:
 
     def on_dispatch(self, req: SchedRequest, eid: EndpointId) -> None:
         self.core.touch(str(eid), self._now())
-        expect = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.max_tokens
-        self._traffic.dispatched(req.model, expect)
+        self._traffic.placed(req)
 
     def on_finish(
         self, req: SchedRequest, finished_at: float, ttft_s: float | None, slo_met: bool | None

@@ -3,9 +3,11 @@ the expected place of a model's next request, and the eviction plans the state m
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from gateway.core.types import ModelName
+from gateway.core.types import SLO, ApiKind, ModelName, RequestId
 from gateway.lifecycle.demand import DemandTracker
 from gateway.lifecycle.instances import (
     Demand,
@@ -22,6 +24,7 @@ from gateway.lifecycle.instances import (
 )
 from gateway.sched.plugins.eviction.cace import CaceEvictor, CaceParams
 from gateway.sched.plugins.eviction.lru import LruEvictor
+from gateway.sched.request import SchedRequest
 
 GIB = 1 << 30
 A, B, C = ModelName("a"), ModelName("b"), ModelName("c")
@@ -55,6 +58,18 @@ def test_tracker_shares_slide_and_output_is_averaged() -> None:
     assert d.recent_share == t.shares()
     with pytest.raises(ValueError, match="history must be"):
         DemandTracker(history=0)
+
+
+def test_a_resumed_run_is_not_counted_again() -> None:
+    t = DemandTracker(history=8)
+    a = SchedRequest(RequestId("r1"), A, ApiKind.CHAT, 0.0, SLO(), 10, 50, True, predicted_output_tokens=40.0)
+    b = SchedRequest(RequestId("r2"), B, ApiKind.CHAT, 0.0, SLO(), 10, 50, True)
+    t.placed(a)
+    t.placed(b)
+    for n in (1, 2):  # preempted twice, resumed twice: still one request for a
+        t.placed(dataclasses.replace(a, preemptions=n, produced_tokens=10 * n))
+    assert t.shares() == {A: 0.5, B: 0.5}
+    assert t.expected_output() == {A: 40.0, B: 50.0}  # b had no prediction: its max_tokens
 
 
 def _lifecycle(evictor: CaceEvictor | LruEvictor, demand: Demand) -> tuple[Lifecycle, str, str]:
