@@ -409,6 +409,8 @@ def verdict(result: dict[str, Any]) -> tuple[str, list[str]]:
             if not row["agrees"]
         ]
     if invalid:
+        if len(why) == 1:
+            why.append("otherwise the figures agree within the tolerances and so do the targets' verdicts")
         return "NOT JUDGED", why
     return ("CONFIRMS" if not why else "DIFFERS"), why
 

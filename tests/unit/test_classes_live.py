@@ -146,6 +146,7 @@ def test_a_cpu_starved_live_run_is_not_judged() -> None:
     v, why = verdict(_result(sim, sim, valid=False))
     assert v == "NOT JUDGED"
     assert "CPU-starved" in why[0]
+    assert "otherwise the figures agree" in why[1]
 
 
 def test_the_options() -> None:
