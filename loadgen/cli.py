@@ -45,7 +45,7 @@ BENCHMARKS: dict[str, str] = {
     "decisions": "loadgen.bench.decision_cost",
     "soak": "loadgen.bench.soak",
     "eviction": "loadgen.bench.eviction",
-    "classes": "loadgen.bench.classes",
+    "classes": "loadgen.bench.classes_live",  # the simulated benchmark, or --live its confirming run
     "autoscaling": "loadgen.bench.autoscaling",
     "maaso": "loadgen.bench.maaso",
     "overhead": "loadgen.bench.overhead",

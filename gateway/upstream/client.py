@@ -110,10 +110,11 @@ async def open_request(
     """POST `body` to `url` and wait for the response headers; `auth`: the endpoint's credentials
     (gateway.upstream.credentials).
 
-    Raises BerthError: 502 (retryable) when the engine cannot be reached or drops the connection before
+    Raises BerthError: 502 (retryable) when the engine cannot be reached (no connection within
+    `connect_timeout_s`, the wait for a free pool slot included) or drops the connection before
     answering, 504 when it sends no headers within `first_byte_timeout_s` (for a non-streamed call that
-    bound also applies to each gap in the body). With `stream`, aiohttp sets no read
-    timeout on the response: the caller runs a StallTimer while it reads.
+    bound also applies to each gap in the body). With `stream`, aiohttp sets no read timeout on the
+    response: the caller runs a StallTimer while it reads.
     """
     headers = {**_JSON_HEADERS, "X-Request-Id": request_id}
     if auth:
@@ -126,6 +127,12 @@ async def open_request(
             return await session.post(
                 url, data=body, headers=headers, timeout=_stream_timeout(settings.connect_timeout_s)
             )
+    except aiohttp.ConnectionTimeoutError:
+        # A TimeoutError too, but the request never reached the engine: no free pool connection or no
+        # TCP connection within connect_timeout_s (e.g. a burst of new connections while the loop is busy).
+        raise errors.upstream_failed(
+            f"no connection to the engine within {settings.connect_timeout_s:g}s"
+        ) from None
     except TimeoutError:
         raise errors.upstream_timeout(
             f"engine sent no response within {settings.first_byte_timeout_s:g}s"

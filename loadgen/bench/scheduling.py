@@ -75,6 +75,7 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
+from loadgen.bench.live_stack import berth_metrics, counter_total, cpu_validity, live_processes
 from loadgen.bench.scheduling_report import markdown, plot, ratio_fleet
 from loadgen.bench.scheduling_types import (
     BERTH,
@@ -102,22 +103,17 @@ from loadgen.bench.scheduling_types import (
     RunResult,
     split,
 )
-from loadgen.bench.sim_cpu import runqueue_wait_s
 from loadgen.client import RequestResult
-from loadgen.cpu import CPU_FLAG_THRESHOLD
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.fleetsim import SimOptions, simulate
-from loadgen.harness import REPO_ROOT, ManagedProcess, free_port, http_get, start_engine_sim
+from loadgen.harness import REPO_ROOT
 from loadgen.runner import RunOptions, build_schedule, run_workload
 from loadgen.workloads import get_workload
 from loadgen.workloads.trace import trace_line
 
 POLICY_DIR: Final = REPO_ROOT / "policies"
-RUNQUEUE_LIMIT: Final = 0.10  # share of the run a process may wait for a CPU before it counts as starved
 UTIL_SAMPLE_SIM_S: Final = 2.0  # CATO samples utilization every 2 s
-READY_TIMEOUT_S: Final = 60.0  # for berth to see every endpoint ready
-STOP_GRACE_S: Final = 10.0
 REQUEST_TIMEOUT_SIM_S: Final = 600.0  # the client gives up on a request after this long (simulated s)
 STALL_TIMEOUT_SIM_S: Final = 120.0  # ... or after this long without a byte
 #: The offline simulator runs in virtual time: no speed-up, so nothing is scaled.
@@ -318,38 +314,6 @@ def write_record(path: Path, opts: SimOptions, requests: Sequence[RequestResult]
 
 
 # --------------------------------------------------------------------- processes (live)
-def start_sim(
-    run_dir: Path, n_a: int, n_b: int, speed: float, *, config: str = TUNED
-) -> tuple[ManagedProcess, list[str]]:
-    """The simulated fleet in a process of its own, and its endpoints' URLs once it serves them."""
-    path = run_dir / "fleet.toml"
-    path.write_text(fleet_file(n_a, n_b, speed, config=config))
-    args = ["--fleet", str(path), "--port", "0"]
-    return start_engine_sim(args, run_dir / "sim.log", endpoints=n_a + n_b, cwd=REPO_ROOT)
-
-
-def fleet_ready(base: str, n: int) -> bool:
-    """Whether berth's /admin/fleet shows all `n` endpoints ready."""
-    status, body = http_get(base + "/admin/fleet")
-    if status != 200:
-        return False
-    eps = orjson.loads(body).get("endpoints") or []
-    return len(eps) == n and all(e.get("ready") for e in eps)
-
-
-def start_gateway(config: Path, base: str, n: int, log_path: Path) -> ManagedProcess:
-    """berth serving `config` at `base`, once it sees all `n` endpoints ready."""
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(config)]
-    proc = ManagedProcess("berth", argv, log_path=log_path, cwd=REPO_ROOT)
-    try:
-        what = f"all {n} endpoints ready on {base}/admin/fleet"
-        proc.poll_until(what, lambda: fleet_ready(base, n), READY_TIMEOUT_S)
-    except BaseException:
-        proc.stop(STOP_GRACE_S)
-        raise
-    return proc
-
-
 class UtilSampler:
     """Every `period_s`, each endpoint's `/sim/state`: busy when it runs at least one request."""
 
@@ -410,29 +374,17 @@ async def run_live(
 ) -> RunResult:
     """One run over HTTP: the engine simulator and berth as processes, at `cfg.speed`."""
     run_dir = run_dir_for(cfg, policy, pattern=pattern, rate=rate, n_a=n_a, n_b=n_b, seed=seed, config=config)
-    procs: list[ManagedProcess] = []
     s = cfg.speed
-    try:
-        sim, urls = await asyncio.to_thread(start_sim, run_dir, n_a, n_b, s, config=config)
-        procs.append(sim)
-        port = free_port()
-        gw = run_dir / "gateway.toml"
-        gw.write_text(
-            gateway_toml(
-                list(zip(urls, _models(n_a, n_b), strict=True)),
-                port=port,
-                policy=policy_file(policy, run_dir),
-                speed=s,
-                config=config,
-            )
-        )
-        base = f"http://127.0.0.1:{port}"
-        berth = await asyncio.to_thread(start_gateway, gw, base, n_a + n_b, run_dir / "berth.log")
-        procs.append(berth)
-        pids = {"berth": berth.pid, "sim": sim.pid, "loadgen": os.getpid()}
-        rq0 = {k: runqueue_wait_s(p) for k, p in pids.items()}
+    fleet_path = run_dir / "fleet.toml"
+    fleet_path.write_text(fleet_file(n_a, n_b, s, config=config))
+
+    def gateway_for(urls: Sequence[str], port: int) -> str:
+        pairs = list(zip(urls, _models(n_a, n_b), strict=True))
+        return gateway_toml(pairs, port=port, policy=policy_file(policy, run_dir), speed=s, config=config)
+
+    async with live_processes(run_dir, fleet_path, n_a + n_b, gateway_for) as live:
         opts = RunOptions(
-            target=base,
+            target=live.base,
             workload=f"coding:{pattern}",
             rate=rate * s,
             duration_s=cfg.duration_s / s,
@@ -443,10 +395,10 @@ async def run_live(
             drain_timeout_s=cfg.drain_sim_s / s,
             request_timeout_s=REQUEST_TIMEOUT_SIM_S / s,
             stall_timeout_s=STALL_TIMEOUT_SIM_S / s,
-            watch_pids={"berth": berth.pid, "sim": sim.pid},
+            watch_pids=live.watch_pids,
             record=run_dir / "record.jsonl" if cfg.record else None,
         )
-        sampler = UtilSampler(urls, UTIL_SAMPLE_SIM_S / s)
+        sampler = UtilSampler(live.urls, UTIL_SAMPLE_SIM_S / s)
         stop = asyncio.Event()
         t0 = time.monotonic()
         async with asyncio.TaskGroup() as tg:
@@ -456,12 +408,9 @@ async def run_live(
             finally:
                 stop.set()
         wall = time.monotonic() - t0
-        rq = {k: (runqueue_wait_s(p) - rq0[k]) / wall for k, p in pids.items()}
+        rq = live.runqueue_shares(wall)
         (run_dir / "loadgen.json").write_bytes(report.to_json())
-        berth_rejections = await _rejections(base)
-    finally:
-        for proc in reversed(procs):  # berth first: its drain needs the engines
-            await asyncio.to_thread(proc.stop, STOP_GRACE_S)
+        berth_rejections = counter_total(await berth_metrics(live.base), "berth_rejections")
     return summarize(
         policy,
         report.data,
@@ -499,19 +448,6 @@ async def run_one(
     return run_sim(cfg, policy, pattern=pattern, rate=rate, n_a=n_a, n_b=n_b, seed=seed, config=config)
 
 
-async def _rejections(base: str) -> int:
-    """Requests berth refused (all reasons), from its /metrics."""
-    with contextlib.suppress(aiohttp.ClientError, OSError):
-        async with aiohttp.ClientSession() as s, s.get(base + "/metrics") as r:
-            text = (await r.read()).decode()
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith("berth_rejections_total{"):
-                total += float(line.rsplit(" ", 1)[1])
-        return int(total)
-    return -1
-
-
 def task_stats(data: dict[str, Any], speed: float) -> dict[str, dict[str, Any]]:
     """Per task type: count, goodput, p95 latency and SLA in simulated ms (live figures times `speed`)."""
     tasks: dict[str, dict[str, Any]] = {}
@@ -545,26 +481,7 @@ def summarize(
     """A live run's result, judged valid when neither berth nor loadgen was CPU-starved."""
     n = len(task_results)
     met = sum(1 for t in task_results if t.met)
-    cpu: dict[str, dict[str, Any]] = {}
-    shares = data.get("cpu", {}).get("processes", {})
-    for name in ("berth", "loadgen", "sim"):
-        cpu[name] = {
-            "cpu_share": shares.get(name, {}).get("cpu_share"),
-            "runqueue_share": round(runqueue.get(name, 0.0), 4),
-        }
-    notes: list[str] = []
-    valid = True
-    for name in ("berth", "loadgen"):
-        share = cpu[name]["cpu_share"]
-        if share is not None and share > CPU_FLAG_THRESHOLD:
-            valid = False
-            notes.append(f"{name} used {share * 100:.0f} % of a core (> {CPU_FLAG_THRESHOLD * 100:.0f} %)")
-        if cpu[name]["runqueue_share"] > RUNQUEUE_LIMIT:
-            valid = False
-            notes.append(
-                f"{name} waited for a CPU {cpu[name]['runqueue_share'] * 100:.0f} % of the run "
-                f"(> {RUNQUEUE_LIMIT * 100:.0f} %)"
-            )
+    cpu, valid, notes = cpu_validity(data, runqueue)
     return RunResult(
         policy=policy,
         pattern=pattern,

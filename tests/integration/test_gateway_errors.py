@@ -197,6 +197,33 @@ async def test_engine_timeout_504(engine_server: EngineServer, start_gateway: St
     assert _inflight(r) == 0
 
 
+async def test_no_connection_in_time_is_a_502_not_an_engine_timeout(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    """A call that gets no connection within connect_timeout_s (here: the pool's one connection is
+    busy) never reached the engine: 502 engine_failed saying so, not 504 "no response within 120s"."""
+    hold = asyncio.Event()
+    eng = FakeEngine(hold=hold)
+    url = await engine_server(eng)
+    r = await start_gateway(
+        [],
+        toml="[upstream]\nconnect_timeout_s = 0.2\nmax_retries = 0\npool_per_host = 1\npool_total = 1\n"
+        f'[[endpoints]]\nurl = "{url}"\nengine = "vllm"\n',
+    )
+    client = r.client()
+    first = asyncio.ensure_future(client.chat.completions.create(model="tiny", messages=MSG))
+    await eng.started.wait()  # the first call holds the pool's only connection
+    with pytest.raises(openai.APIStatusError) as ei:
+        await client.chat.completions.create(model="tiny", messages=MSG)
+    assert ei.value.status_code == 502
+    assert ei.value.code == "engine_failed"
+    assert "no connection to the engine within 0.2s" in ei.value.message
+    hold.set()
+    assert (await first).choices[0].message.content
+    assert len(eng.requests) == 1
+    assert _inflight(r) == 0
+
+
 async def test_engine_dies_mid_stream_error_event(
     engine_server: EngineServer, start_gateway: StartGateway
 ) -> None:
