@@ -10,11 +10,11 @@ alone unless `rebalance_threshold` is set: the load already counts what a long r
 remaining output is re-estimated once it is past its predicted length), and with mean predictions
 about half of all requests outrun theirs before they end (early on day one, while a class's lengths
 are predicted from the model's other classes, nearly all of its longer ones do: the benchmark's
-generations at 225 tokens against 54 predicted), so the demotion moves new requests off the least loaded
-endpoints onto busier ones (scheduling benchmark,
-coding-assistant, 5 seeds: day one pattern1 10.5 tasks/s 0.841 with the demotion, 0.854 without;
-pattern2 5.5 0.972 / 0.976). The request goes to the first endpoint where all four constraints hold;
-when none fits it stays queued (a fixed fleet: waiting beats overloading):
+generations at 225 tokens against 54 predicted), so the demotion moves new requests off the least
+loaded endpoints onto busier ones (scheduling benchmark, coding-assistant, 5 seeds: day one pattern1
+10.5 tasks/s 0.841 with the demotion, 0.854 without; pattern2 5.5 0.972 / 0.976). The request goes to
+the first endpoint where all four constraints hold; when none fits it stays queued (a fixed fleet:
+waiting beats overloading):
 
 (b) ATGT: ``k2·Σ(l_in + γ·l_out) <= θ·(T_dec − c2·b − c3)`` over the running requests and this one,
     ``T_dec`` the tightest ITL target among them; and this request's own end-to-end deadline kept at
