@@ -476,6 +476,27 @@ def test_best_fit_keeps_a_reserve_on_the_requests_own_deadline_then_falls_back()
     assert list(only_busy) == []
 
 
+def test_least_loaded_order_is_by_load_alone_unless_asked_to_rebalance() -> None:
+    # "long": one request far past its predicted 10 tokens (its remaining is re-estimated, so the load
+    # counts it); "busy": four on track. By load "long" is the lighter: the least-loaded order takes it,
+    # a packing order (and least-loaded with an explicit threshold) tries it last (Aladdin's rebalancing).
+    long_runner = view("long", runs=[running("x", dispatched_at=-20.0, out=10.0)])
+    busy = view("busy", runs=[running(f"b{i}", dispatched_at=-0.2, out=500.0) for i in range(4)])
+    s = snap(long_runner, busy)
+    spread = BestFitFilter(BestFitParams(gamma=0.5, theta=0.9, order="least-loaded"))
+    assert spread.rebalance == 0.0
+    assert EndpointLoad(long_runner, s.now, P).running_long > 0.5
+    assert spread.capacity_norm(EndpointLoad(long_runner, s.now, P)) < spread.capacity_norm(
+        EndpointLoad(busy, s.now, P)
+    )
+    assert [e.id for e in spread.filter(req(), [busy, long_runner], s)] == ["long"]
+    asked = BestFitFilter(BestFitParams(gamma=0.5, theta=0.9, order="least-loaded", rebalance_threshold=0.5))
+    assert [e.id for e in asked.filter(req(), [busy, long_runner], s)] == ["busy"]
+    packing = BestFitFilter(BestFitParams(gamma=0.5, theta=0.9))
+    assert packing.rebalance == 0.5
+    assert [e.id for e in packing.filter(req(), [busy, long_runner], s)] == ["busy"]
+
+
 def test_best_fit_can_try_the_least_loaded_endpoint_first() -> None:
     spread = BestFitFilter(BestFitParams(gamma=0.5, theta=0.9, rebalance_threshold=0.5, order="least-loaded"))
     light = view("light", runs=[running("l0", dispatched_at=-0.2)])
