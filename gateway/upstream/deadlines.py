@@ -37,35 +37,56 @@ TICK_SHARE: Final = 1.0 / 8.0
 class Watch:
     """One call's deadline. `fired`: the sweep acted on it (cancelled the task, or failed the stream)."""
 
-    __slots__ = ("_bytes", "_cancelling", "_content", "_task", "deadline", "fired", "seen", "timeout_s")
+    __slots__ = ("deadline", "fired", "timeout_s")
 
-    def __init__(
-        self,
-        timeout_s: float,
-        now: float,
-        *,
-        task: asyncio.Task[Any] | None = None,
-        content: aiohttp.StreamReader | None = None,
-    ) -> None:
+    def __init__(self, timeout_s: float, now: float) -> None:
         self.timeout_s = timeout_s
-        self.seen = now  # the reader's last chunk (a stall watch)
         self.deadline = now + timeout_s  # the next check
         self.fired = False
-        self._task = task
-        self._cancelling = 0 if task is None else task.cancelling()
-        self._content = content
-        self._bytes = 0 if content is None else content.total_bytes
 
     def check(self, now: float) -> bool:
         """Act if the deadline passed; whether the watch is done with (fired, or its stream ended)."""
+        raise NotImplementedError
+
+
+class TaskWatch(Watch):
+    """`Deadlines.cancel_after`: the waiting task is cancelled at the deadline."""
+
+    __slots__ = ("_cancelling", "_task")
+
+    def __init__(self, timeout_s: float, now: float, task: asyncio.Task[Any]) -> None:
+        super().__init__(timeout_s, now)
+        self._task = task
+        self._cancelling = task.cancelling()
+
+    def check(self, now: float) -> bool:
+        if now < self.deadline:
+            return False
+        self.fired = True
+        self._task.cancel("engine call deadline")
+        return True
+
+    def timed_out(self) -> bool:
+        """For a task that got a CancelledError: whether the deadline caused it (then the caller raises
+        its timeout) and no other cancellation is pending."""
+        return self.fired and self._task.uncancel() <= self._cancelling
+
+
+class StallWatch(Watch):
+    """`Deadlines.stall`: the stream fails once nothing arrived for the timeout; `seen` is the reader's."""
+
+    __slots__ = ("_bytes", "_content", "seen")
+
+    def __init__(self, timeout_s: float, now: float, content: aiohttp.StreamReader) -> None:
+        super().__init__(timeout_s, now)
+        self.seen = now  # the reader's last chunk
+        self._content = content
+        self._bytes = content.total_bytes
+
+    def check(self, now: float) -> bool:
         if now < self.deadline:
             return False
         content = self._content
-        if content is None:
-            assert self._task is not None
-            self.fired = True
-            self._task.cancel("engine call deadline")
-            return True
         if content.is_eof():
             return True  # the engine finished; what is left is only waiting to be read
         idle = now - self.seen
@@ -79,12 +100,6 @@ class Watch:
             content.set_exception(TimeoutError(f"no data for {self.timeout_s:g}s"))
             return True
         return False
-
-    def timed_out(self) -> bool:
-        """For a `cancel_after` watch whose task got a CancelledError: whether the deadline caused it
-        (then the caller raises its timeout) and no other cancellation is pending."""
-        task = self._task
-        return self.fired and task is not None and task.uncancel() <= self._cancelling
 
 
 class Deadlines:
@@ -101,28 +116,31 @@ class Deadlines:
     def __len__(self) -> int:
         return len(self._watches)
 
-    def cancel_after(self, timeout_s: float) -> Watch:
-        """Cancel the current task `timeout_s` from now (see `Watch.timed_out`), unless forgotten first."""
+    def cancel_after(self, timeout_s: float) -> TaskWatch:
+        """Cancel the current task `timeout_s` from now (see `TaskWatch.timed_out`), unless forgotten
+        first."""
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("cancel_after needs a running task")
-        return self._add(Watch(timeout_s, self._clock.now(), task=task))
+        watch = TaskWatch(timeout_s, self._clock.now(), task)
+        self._add(watch)
+        return watch
 
-    def stall(self, content: aiohttp.StreamReader, timeout_s: float) -> Watch:
+    def stall(self, content: aiohttp.StreamReader, timeout_s: float) -> StallWatch:
         """Fail `content` with TimeoutError once the engine sent nothing for `timeout_s`."""
-        return self._add(Watch(timeout_s, self._clock.now(), content=content))
+        watch = StallWatch(timeout_s, self._clock.now(), content)
+        self._add(watch)
+        return watch
 
     def forget(self, watch: Watch) -> None:
         self._watches.discard(watch)
 
-    def _add(self, watch: Watch) -> Watch:
+    def _add(self, watch: Watch) -> None:
         self._watches.add(watch)
-        tick = min(MAX_TICK_S, watch.timeout_s * TICK_SHARE)
-        if tick < self._tick_s:
+        if watch.timeout_s * TICK_SHARE < self._tick_s:  # else the timer armed is soon enough
             if self._handle is not None:
                 self._handle.cancel()
-            self._arm(tick)
-        return watch
+            self._arm(min(MAX_TICK_S, watch.timeout_s * TICK_SHARE))
 
     def _arm(self, tick_s: float) -> None:
         self._tick_s = tick_s

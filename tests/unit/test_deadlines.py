@@ -10,7 +10,7 @@ import pytest
 from aiohttp.base_protocol import BaseProtocol
 
 from gateway.core.clock import FakeClock
-from gateway.upstream.deadlines import MAX_TICK_S, Deadlines, Watch
+from gateway.upstream.deadlines import MAX_TICK_S, Deadlines, TaskWatch
 
 
 def _content() -> aiohttp.StreamReader:
@@ -18,9 +18,9 @@ def _content() -> aiohttp.StreamReader:
     return aiohttp.StreamReader(BaseProtocol(loop), 2**16, loop=loop)
 
 
-async def _waiting(deadlines: Deadlines, timeout_s: float) -> tuple[asyncio.Task[str], list[Watch]]:
+async def _waiting(deadlines: Deadlines, timeout_s: float) -> tuple[asyncio.Task[str], list[TaskWatch]]:
     """A task that waits forever under a `cancel_after` watch and says how it ended."""
-    watches: list[Watch] = []
+    watches: list[TaskWatch] = []
     started = asyncio.Event()
 
     async def call() -> str:
