@@ -135,13 +135,17 @@ async def _bare(upstreams: list[str]) -> tuple[str, Callable[[], Awaitable[None]
 
 
 async def _berth(upstreams: list[str]) -> tuple[str, Callable[[], Awaitable[None]]]:
+    import structlog
     from aiohttp import web
 
     from gateway.app import Gateway, ServeOptions, build_app
     from gateway.config import apply_overrides, default_config, load_runtime, parse_endpoint_flag
-    from gateway.core.logging import configure_logging
+    from gateway.core.logging import LEVEL, configure_logging
     from gateway.sched.plugins import default_registry
 
+    # At warning, as the overhead benchmarks run berth; put back on the way out (a test process keeps
+    # its own logging).
+    before, info_before = structlog.get_config(), LEVEL.info
     configure_logging("warning")
     flags = tuple(parse_endpoint_flag(f"{u},engine=vllm") for u in upstreams)
     cfg = apply_overrides(default_config(), endpoints=flags)
@@ -153,7 +157,15 @@ async def _berth(upstreams: list[str]) -> tuple[str, Callable[[], Awaitable[None
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     await gw.endpoints.first_round(timeout_s=10)
-    return _url(runner), runner.cleanup
+
+    async def cleanup() -> None:
+        try:
+            await runner.cleanup()
+        finally:
+            structlog.configure(**before)
+            LEVEL.info = info_before
+
+    return _url(runner), cleanup
 
 
 def _url(runner: Any) -> str:
