@@ -5,7 +5,10 @@ outcome, result).
 
 The hot path reaches labelled children through `Children` caches (`m.ttft_of(model)`) instead of
 calling `.labels()` per request, and a stream's inter-token gaps go into their histogram with one
-`observe_many` call instead of one `observe` per token.
+`observe_many` call instead of one `observe` per token. The per-request metrics (`LoopCounter`,
+`BatchHistogram`) are written by the event loop's thread alone, so they add without prometheus_client's
+lock per value (its `observe` locks the count or bucket and the sum and walks the bounds in Python:
+0.7 µs against 0.25; `inc` 0.35 against 0.15; a request makes about six such updates).
 """
 
 from __future__ import annotations
@@ -74,7 +77,13 @@ class BatchHistogram(Histogram):
 
     `observe_many(xs)` adds to the same buckets and sum as `observe(x)` for each x, but locks each
     bucket once per batch rather than once per value. The values must not be NaN (they are durations).
+    `observe(x)` takes no lock: only the event loop's thread observes (the module docstring). Both need
+    a labelled child (`Children`), as the hot path always has.
     """
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        self._sum._value += amount
+        self._buckets[bisect_left(self._upper_bounds, amount)]._value += 1
 
     def observe_many(self, amounts: Sequence[float]) -> None:
         if self._labelnames and not self._labelvalues:
@@ -89,10 +98,20 @@ class BatchHistogram(Histogram):
                 bucket.inc(n)
 
 
+class LoopCounter(Counter):
+    """A Counter whose labelled children add without a lock: only the event loop's thread increments
+    them (the module docstring). Negative amounts are refused, as by `Counter.inc`."""
+
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self._value._value += amount
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "berth_requests", "Requests finished, by model and outcome", ["model", "outcome"], registry=r
         )
         self.ttft = BatchHistogram(
@@ -123,8 +142,10 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.output_tokens = Counter("berth_output_tokens", "Output tokens relayed", ["model"], registry=r)
-        self.prompt_tokens = Counter(
+        self.output_tokens = LoopCounter(
+            "berth_output_tokens", "Output tokens relayed", ["model"], registry=r
+        )
+        self.prompt_tokens = LoopCounter(
             "berth_prompt_tokens", "Prompt tokens reported by engines", ["model"], registry=r
         )
         self.endpoint_up = Gauge(

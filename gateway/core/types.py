@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, NewType
 
+from gateway.core.frozen import frozen
+
 RequestId = NewType("RequestId", str)
 EndpointId = NewType("EndpointId", str)
 ModelName = NewType("ModelName", str)
@@ -70,7 +72,7 @@ class EngineGauges:
     kv_usage: float | None = None  # fraction 0..1
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ParsedRequest:
     """An OpenAI request body as the front validated it: the fields berth acts on, and the body itself."""
 

@@ -28,8 +28,9 @@ from gateway.dispatch.slo_headers import slo_met_now
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
-from gateway.upstream.client import StallTimer, UpstreamSettings, open_request
+from gateway.upstream.client import UpstreamSettings, open_request
 from gateway.upstream.credentials import AUTH_REFUSED, EngineAuth
+from gateway.upstream.deadlines import Deadlines
 from gateway.upstream.dialects import dialect_for
 from gateway.upstream.resume import resume_body
 from gateway.upstream.sse import SseRelay, error_event
@@ -57,6 +58,8 @@ class Dispatcher:
         self.clock = clock
         self.settings = settings
         self.auth = auth if auth is not None else EngineAuth()
+        # Every engine call's deadlines (headers, then the body's silences), swept by one timer.
+        self.deadlines = Deadlines(clock)
 
     async def run(
         self,
@@ -118,7 +121,7 @@ class Dispatcher:
                         sent,
                         sreq.id,
                         self.settings,
-                        stream=stream is not None,
+                        deadlines=self.deadlines,
                         auth=self.auth.headers(endpoint.id),
                     )
                     self.auth.result(endpoint.id, "generation", resp.status)
@@ -245,6 +248,11 @@ class Dispatcher:
         }
 
     async def _relay_body(self, ctx: RequestContext, resp: aiohttp.ClientResponse) -> web.Response:
+        content = resp.content
+        # Usually the whole body came with the headers: nothing to watch.
+        watch = None
+        if not content.is_eof():
+            watch = self.deadlines.stall(content, self.settings.first_byte_timeout_s)
         try:
             data = await resp.read()
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
@@ -253,6 +261,9 @@ class Dispatcher:
             ) from None
         except TimeoutError:
             raise errors.upstream_timeout("engine stopped sending the response") from None
+        finally:
+            if watch is not None:
+                self.deadlines.forget(watch)
         now = self.clock.now()
         ctx.first_token_at = now
         try:
@@ -285,7 +296,8 @@ class Dispatcher:
             out.enable_chunked_encoding()
             ctx.status = 200
         clock = self.clock
-        stall = StallTimer(resp.content, self.settings.read_timeout_s, clock)
+        deadlines = self.deadlines
+        stall = deadlines.stall(resp.content, self.settings.read_timeout_s)
         progress = self.driver.scheduler.progress  # tokens so far, for the placement predictions
         # Progress counts this engine call's tokens (a resumed call starts from 0 at its own first token).
         base = relay.tokens
@@ -340,7 +352,7 @@ class Dispatcher:
                 raise
             return out
         finally:
-            stall.cancel()
+            deadlines.forget(stall)
             _record_stream(ctx, relay)
         if out is None:
             return self._assembled(ctx, relay)

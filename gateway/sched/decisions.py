@@ -12,12 +12,13 @@ from typing import Literal
 
 from gateway.core import errors
 from gateway.core.errors import BerthError
+from gateway.core.frozen import frozen
 from gateway.core.types import RequestId
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Dispatch:
     """Send `req` to `endpoint` now (its seat there is taken until `Scheduler.complete`)."""
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from gateway.core.frozen import frozen
 from gateway.core.types import SLO, ApiKind, ModelName, RequestId
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SchedRequest:
     id: RequestId
     model: ModelName  # the engine's served name (aliases already resolved)

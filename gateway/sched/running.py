@@ -9,9 +9,9 @@ request placed beside it would push it past its deadline.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
+from gateway.core.frozen import frozen
 from gateway.core.types import RequestId
 from gateway.sched.request import SchedRequest
 
@@ -21,7 +21,7 @@ DEFAULT_OUTPUT_TOKENS: Final = 256.0
 Z90: Final = 1.2815515655446004
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunningRequest:
     id: RequestId
     slo_class: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gateway.core.frozen import frozen
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, InstanceClass, ModelName
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.running import RunningRequest
@@ -25,7 +26,7 @@ class EndpointEstimates:
     tokens_per_s: float | None = None  # output tokens per second the endpoint delivered recently
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class EndpointView:
     id: EndpointId
     url: str
@@ -132,7 +133,7 @@ class EndpointView:
         return float(self.inflight) + waiting
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FleetSnapshot:
     now: float
     endpoints: tuple[EndpointView, ...]

@@ -50,6 +50,9 @@ class Result:
     lat_ms: dict[str, float] = field(default_factory=dict)  # p50, p90, p99, mean, max
     ttft_ms: dict[str, float] = field(default_factory=dict)  # streams only
     chunks: int = 0  # SSE data events other than [DONE], streams only
+    # ... of every stream, received inside the window (whether or not its stream ended there): what
+    # the window's CPU is spent on, when waves of long streams straddle its edges
+    chunks_in_window: int = 0
     cpu_s: dict[str, float] = field(default_factory=dict)  # pid -> CPU seconds used in the window
 
 
@@ -134,6 +137,8 @@ class _Phase:
                                 if ttft is None:
                                     ttft = time.perf_counter() - t0
                                 events += 1
+                                if self._in_window(time.perf_counter()):
+                                    self.result.chunks_in_window += 1
                     if not done:
                         self._error("stream ended without [DONE]")
                         return

@@ -2,6 +2,7 @@
 
     python -m loadgen.bench.overhead_profile --pin --out /tmp/profile.json
     python -m loadgen.bench.overhead_profile --tree before=/tmp/old-tree --tree after=. --rounds 8
+    python -m loadgen.bench.overhead_profile --stream --tree before=/tmp/old-tree --tree after=.
     berth-loadgen bench overhead-profile ...  (the same)
 
 Every configuration (the bare aiohttp proxy and one berth per `--tree`, each `python -m gateway.cli serve`
@@ -12,6 +13,10 @@ configuration at a time, the order rotating per round. The figure is the proxy's
 from /proc) per completed request: a count, not a clock, so it holds on a shared machine far better than
 latency does; its median and spread over rounds are reported, and each tree's difference to the first
 one as a median of per-round differences (the runs of one round are seconds apart).
+
+With `--stream` the load is the overhead benchmark's stream phase instead (waves of `--concurrency`
+streams of `--chunks` chunks, paced `--chunk-interval-ms` apart by the upstream), and the figure is the
+proxy's CPU per streamed chunk.
 
 With `--pyspy S`, each configuration is then sampled by py-spy (non-blocking) for S seconds under the
 same load, and the samples are folded into components: the innermost frame that belongs to a known
@@ -67,7 +72,7 @@ class Config:
 class Run:
     round: int
     config: str
-    completed: int
+    completed: int  # requests, or with --stream chunks
     errors: int
     cpu_s: float
 
@@ -109,6 +114,10 @@ _LIBS: Final = (
     ("uvloop/", "asyncio and the event loop"),
 )
 LOOP: Final = "asyncio and the event loop"
+#: Frames that only run the loop, owning none of its work: the bare proxy runs its loop from aiohttp's
+#: `run_app`, berth from `uvloop.run`; a sample with nothing inside them is the loop's own C (uvloop,
+#: HTTP parsers, syscalls) for both, not aiohttp's for one and the loop's for the other.
+_RUNNERS: Final = ("aiohttp/web.py",)
 
 
 def _frame_file(frame: str) -> tuple[str, str]:
@@ -123,6 +132,8 @@ def component(stack: Sequence[str]) -> str:
     owner: str | None = None
     for frame in reversed(stack):  # innermost first
         name, path = _frame_file(frame)
+        if path.endswith(_RUNNERS):
+            continue
         part = _berth_part(path)
         if owner is None:
             if part is not None:
@@ -172,7 +183,7 @@ def configs(
         upstream = start_server(
             "upstream",
             [args.python, "-m", "loadgen.bench.overhead_upstream", "--port", str(up_port),
-             "--port", str(up_port2)],
+             "--port", str(up_port2), "--chunk-interval-ms", str(args.chunk_interval_ms)],
             port=up_port, log_path=logdir / "upstream.log", ready_path="/health",
             timeout_s=START_TIMEOUT_S, cwd=REPO_ROOT, cpus=layout["upstream"],
         )  # fmt: skip
@@ -203,8 +214,14 @@ def configs(
 def _command(args: argparse.Namespace, cfg: Config, duration_s: float, warmup_s: float) -> Command:
     return Command(
         url=cfg.base_url + CHAT_PATH, concurrency=args.concurrency, warmup_s=warmup_s,
-        duration_s=duration_s, stream=False, max_tokens=16, cpu_pids=(cfg.proxy.pid,),
+        duration_s=duration_s, stream=args.stream, max_tokens=args.chunks if args.stream else 16,
+        cpu_pids=(cfg.proxy.pid,), waves=args.stream,
     )  # fmt: skip
+
+
+def _units(args: argparse.Namespace, res: dict[str, Any]) -> int:
+    """What CPU is counted per: completed requests, or with --stream the chunks relayed."""
+    return int(res["chunks_in_window"] if args.stream else res["completed"])
 
 
 def measure_rounds(args: argparse.Namespace, client: Client, cfgs: Sequence[Config]) -> list[Run]:
@@ -215,10 +232,10 @@ def measure_rounds(args: argparse.Namespace, client: Client, cfgs: Sequence[Conf
         shift = r % len(cfgs)
         for cfg in [*cfgs[shift:], *cfgs[:shift]]:
             res = client.run(_command(args, cfg, args.duration, args.warmup))
-            run = Run(r, cfg.name, res["completed"], res["errors"], res["cpu_s"][str(cfg.proxy.pid)])
+            run = Run(r, cfg.name, _units(args, res), res["errors"], res["cpu_s"][str(cfg.proxy.pid)])
             runs.append(run)
-            _log(f"round {r + 1}/{args.rounds} {cfg.name:12} {run.us_per_request:7.1f} µs/request "
-                 f"({run.completed} requests, {run.errors} errors)")  # fmt: skip
+            _log(f"round {r + 1}/{args.rounds} {cfg.name:12} {run.us_per_request:7.2f} µs/{_unit(args)} "
+                 f"({run.completed} {_unit(args)}s, {run.errors} errors)")  # fmt: skip
     return runs
 
 
@@ -236,7 +253,7 @@ def sample(args: argparse.Namespace, client: Client, cfg: Config, logdir: Path) 
         spy.wait(args.pyspy + 30)
     counts = fold(out.read_text() if out.exists() else "")
     total = sum(counts.values())
-    per_request = res["cpu_s"][str(cfg.proxy.pid)] * 1e6 / max(1, res["completed"])
+    per_request = res["cpu_s"][str(cfg.proxy.pid)] * 1e6 / max(1, _units(args, res))
     comps = {k: per_request * n / total for k, n in counts.most_common()} if total else {}
     return Breakdown(cfg.name, total, per_request, comps)
 
@@ -268,8 +285,15 @@ def summarise(runs: Sequence[Run], names: Sequence[str]) -> dict[str, dict[str, 
     return out
 
 
-def render(summary: dict[str, dict[str, float]], breakdowns: Sequence[Breakdown]) -> str:
-    lines = ["CPU per request at saturation (µs; median [min-max] over rounds)", ""]
+def _unit(args: argparse.Namespace) -> str:
+    return "chunk" if args.stream else "request"
+
+
+def render(
+    summary: dict[str, dict[str, float]], breakdowns: Sequence[Breakdown], unit: str = "request"
+) -> str:
+    what = "per streamed chunk" if unit == "chunk" else "per request at saturation"
+    lines = [f"CPU {what} (µs; median [min-max] over rounds)", ""]
     first: str | None = None
     for name, s in summary.items():
         text = f"  {name:14} {s['median']:7.1f} [{s['min']:.1f}-{s['max']:.1f}]"
@@ -288,7 +312,7 @@ def render(summary: dict[str, dict[str, float]], breakdowns: Sequence[Breakdown]
         comps: dict[str, None] = {}
         for b in breakdowns:
             comps.update(dict.fromkeys(b.components))
-        lines += ["", "Where it goes (py-spy, µs per request)", ""]
+        lines += ["", f"Where it goes (py-spy, µs per {unit})", ""]
         lines.append(f"  {'component':34}" + "".join(f"{n:>14}" for n in names))
         for c in comps:
             lines.append(f"  {c:34}" + "".join(f"{b.components.get(c, 0.0):14.1f}" for b in breakdowns))
@@ -326,7 +350,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "summary": summary,
         "runs": [asdict(r) | {"us_per_request": r.us_per_request} for r in runs],
         "breakdowns": [asdict(b) for b in breakdowns],
-        "table": render(summary, breakdowns),
+        "table": render(summary, breakdowns, _unit(args)),
     }
 
 
@@ -354,6 +378,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=3.0, help="measured seconds per run (default 3)")
     p.add_argument("--warmup", type=float, default=0.5)
     p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--stream", action="store_true", help="CPU per streamed chunk (waves of streams)")
+    p.add_argument("--chunks", type=int, default=200, help="chunks per stream with --stream (default 200)")
+    p.add_argument(
+        "--chunk-interval-ms", type=float, default=10.0, help="upstream pause between chunks (default 10)"
+    )
     p.add_argument("--pyspy", type=float, default=0.0, metavar="S", help="sample each proxy S seconds")
     p.add_argument(
         "--pyspy-bin", default=shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")

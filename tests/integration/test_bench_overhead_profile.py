@@ -28,3 +28,17 @@ def test_a_short_ab_run_measures_every_tree_and_the_bare_proxy(tmp_path: Path) -
     assert "minus_first_median" in doc["summary"]["b"]
     assert doc["summary"]["a"]["over_bare_median"] > 0
     assert doc["trees"] == {"a": str(REPO_ROOT), "b": str(REPO_ROOT)}
+
+
+def test_a_stream_run_counts_cpu_per_chunk(tmp_path: Path) -> None:
+    out = tmp_path / "stream.json"
+    argv = ["--stream", "--tree", f"a={REPO_ROOT}", "--rounds", "1", "--duration", "0.6",
+            "--warmup", "0.1", "--concurrency", "4", "--chunks", "10", "--chunk-interval-ms", "2",
+            "--out", str(out)]  # fmt: skip
+    assert overhead_profile.main(argv) == 0
+    doc = orjson.loads(out.read_bytes())
+    for r in doc["runs"]:
+        assert r["errors"] == 0, r
+        assert r["completed"] > 4 * 10, r  # chunks (of several streams) received in the window, not streams
+        assert r["us_per_request"] > 0, r
+    assert "per streamed chunk" in doc["table"]

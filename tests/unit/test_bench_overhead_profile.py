@@ -45,6 +45,11 @@ def test_a_sample_counts_for_its_innermost_known_owner(inner: str, expected: str
 def test_a_sample_in_the_loop_alone_counts_for_the_loop() -> None:
     assert component(f"{_OUTER};Runner.run (asyncio/runners.py:118)".split(";")) == LOOP
     assert component(["<module> (gateway/cli.py:143)"]) == LOOP  # no known owner at all
+    # The bare proxy runs its loop from aiohttp's run_app: the loop's own work there is the loop's too.
+    bare = "<module> (loadgen/bench/overhead_bare_proxy.py:99);main (loadgen/bench/overhead_bare_proxy.py:88)"
+    assert component(f"{bare};run_app (aiohttp/web.py:526)".split(";")) == LOOP
+    relay = "relay (loadgen/bench/overhead_bare_proxy.py:45);ClientSession._request (aiohttp/client.py:700)"
+    assert component(f"{bare};run_app (aiohttp/web.py:526);{relay}".split(";")) == "aiohttp"
 
 
 def test_fold_sums_counts_per_component_and_skips_junk() -> None:

@@ -115,7 +115,7 @@ def test_peak_kv_is_the_peak_of_the_per_iteration_sum(
 
 def test_the_tail_mode_predicts_longer_outputs() -> None:
     r = req(out=100.0)
-    r = type(r)(**{**{f: getattr(r, f) for f in r.__slots__}, "predicted_output_p90": 164.0})
+    r = dataclasses.replace(r, predicted_output_p90=164.0)
     mean = EndpointLoad(view("a"), 0.0, PredictParams()).output_tokens(r)
     normal = EndpointLoad(view("a"), 0.0, PredictParams(tail="normal", tau=0.1)).output_tokens(r)
     cantelli = EndpointLoad(view("a"), 0.0, PredictParams(tail="cantelli", tau=0.1)).output_tokens(r)
