@@ -262,7 +262,7 @@ class LiveAutoscaler:
             if has_target
             else None
         )
-        e2e, allotted_s = allotted(s)
+        e2e, allotted_s = allotted(s, r.allotment)
         self.loop.finished(
             ModelName(r.model),
             FinishedCall(

@@ -213,7 +213,7 @@ class ScaleLoop:
 def _open_call(req: SchedRequest, first_token_at: float | None, now: float, slo: SloPolicy) -> OpenCall:
     """A queued or running request on the violation measure (`allotted`); `first_token_at`: its current
     run's first token (None: queued, or none yet)."""
-    e2e, allotted_s = allotted(req.slo)
+    e2e, allotted_s = allotted(req.slo, req.allotment)
     took: float | None
     if e2e or (req.produced_tokens == 0 and first_token_at is None):
         took = now - req.arrival  # its measure still runs

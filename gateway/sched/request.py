@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.core.slo import Allotment
 from gateway.core.types import SLO, ApiKind, ModelName, RequestId
 
 
@@ -18,6 +19,9 @@ class SchedRequest:
     max_tokens: int | None
     stream: bool
     task_id: str | None = None
+    # A task call's own share of its task SLA (CATO's allotted time for its step; `slo` holds the rest of
+    # the task SLA as its deadline): what slack violations are counted against. None: not a task call.
+    allotment: Allotment | None = None
     # Output tokens predicted at admission (gateway.telemetry.lengths), capped by max_tokens; None: no
     # predictor ran (tests, the simulator without one).
     predicted_output_tokens: float | None = None

@@ -277,7 +277,7 @@ class SimLifecycle:
             return
         slo = req.slo
         kind = self._sched.policy.slo.class_of(slo.slo_class).kind
-        e2e, allotted_s = allotted(slo)
+        e2e, allotted_s = allotted(slo, req.allotment)
         self.scaling.finished(
             req.model,
             FinishedCall(
