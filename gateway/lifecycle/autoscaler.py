@@ -20,7 +20,7 @@ dry-run would have done).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -34,6 +34,7 @@ from gateway.lifecycle.instances import Action, InstanceState, Lifecycle
 from gateway.lifecycle.placements import Placements
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import UNBOUNDED, Autoscale, DecisionRecord, ScaleCounters
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.autoscale.interface import FinishedCall, Reclass, ScaleIn, ScaleOut, allotted
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
@@ -191,12 +192,16 @@ class LiveAutoscaler:
         registry: CollectorRegistry,
         *,
         placements: Placements | None = None,
+        prior: Callable[[], PerfCoefficients] | None = None,
     ) -> None:
         """`placements`: where the configuration choice's placement search runs (the manager hands in a
-        worker thread's, `ThreadPlacements`: never on the event loop)."""
+        worker thread's, `ThreadPlacements`: never on the event loop). `prior`: the gateway's telemetry
+        prior (`[telemetry.prior]`, as it is now), which the choice plans with for a configuration
+        telemetry has not fitted yet."""
         self._core = core
         self._scheduler = scheduler
         self._placements = placements
+        self._prior = prior
         self.loop: ScaleLoop | None = None
         self._autoscale: Autoscale | None = None
         self.recent: deque[DecisionView] = deque(maxlen=RECENT)
@@ -222,7 +227,9 @@ class LiveAutoscaler:
         if unknown:
             log.warning("autoscale_unknown_models", models=unknown)
         if self.loop is None:
-            self.loop = ScaleLoop(autoscale, self._core, self._scheduler, placements=self._placements)
+            self.loop = ScaleLoop(
+                autoscale, self._core, self._scheduler, prior=self._prior, placements=self._placements
+            )
         else:
             self.loop.set_autoscale(autoscale)
         log.info(

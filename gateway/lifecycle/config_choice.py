@@ -11,8 +11,9 @@ with more than one configuration; sans-IO, like the loop that owns it (`gateway.
   out too). Burstiness: the coefficient of variation of the model's recent arrival gaps.
 - **The profiles**: per configuration, the throughput-decay curve telemetry fitted on a ready instance of
   that configuration (the one fitted on the most observations), else the configuration's prior
-  (`priors`: e.g. a benchmark's profiled curve), else the generic prior; prefill at the mean prompt of
-  the mix. A configuration without a max batch cannot be modelled and is never chosen.
+  (`priors`: e.g. a benchmark's profiled curve), else the gateway's telemetry prior (`[telemetry.prior]`,
+  the prior every endpoint's model starts from; the live daemon hands it in and a reload changes it),
+  else the generic prior; prefill at the mean prompt of the mix. A configuration without a max batch cannot be modelled and is never chosen.
 - **The choice**: first the placement MaaSO's placer makes for the mix on every device the model could
   hold (`Placer.place(mix, devices of what runs + free devices)`: its dynamic program over both
   sub-clusters); then `Placer.next_config(mix, running, free devices)` one instance at a time, among the
@@ -42,7 +43,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -101,17 +102,20 @@ class ConfigChooser:
         scheduler: Scheduler,
         *,
         priors: Mapping[ModelName, Mapping[str, PerfCoefficients]] | None = None,
-        prior: PerfCoefficients | None = None,
+        prior: Callable[[], PerfCoefficients] | None = None,
         window_s: float = 60.0,
         placements: Placements | None = None,
     ) -> None:
-        """`placements`: where the placement search runs (default: at once; the live daemon hands it
-        to a worker thread, `gateway.lifecycle.placements`)."""
+        """`priors`: per model and configuration, the curve to plan with until telemetry fitted one;
+        `prior`: the gateway's telemetry prior (`[telemetry.prior]`, read at each choice: it reloads)
+        for the configurations `priors` does not give, else the generic prior. `placements`: where the
+        placement search runs (default: at once; the live daemon hands it to a worker thread,
+        `gateway.lifecycle.placements`)."""
         self._life = lifecycle
         self._placements: Placements = placements or InlinePlacements()
         self._sched = scheduler
         self._priors = priors or {}
-        self._prior = prior or default_prior()
+        self._prior = prior or default_prior
         self._window_s = window_s
         self._pending: list[SchedRequest] = []
         self._mix: dict[ModelName, _ModelMix] = {}
@@ -184,11 +188,12 @@ class ConfigChooser:
             if best is None or perf.n_throughput > best.n_throughput:
                 fitted_perf[name] = perf
         priors = self._priors.get(mv.model, {})
+        prior = self._prior()
         out = []
         for c in mv.configs:
             if c.max_batch is None:
                 continue
-            perf = fitted_perf.get(c.name) or priors.get(c.name) or self._prior
+            perf = fitted_perf.get(c.name) or priors.get(c.name) or prior
             out.append(ConfigProfile.from_perf(c.name, c.devices, c.max_batch, perf, prompt_tokens=prompt))
         return tuple(out), tuple(sorted(n for n in fitted_perf if any(p.name == n for p in out)))
 

@@ -21,7 +21,7 @@ decides whether the interval is due) with `endpoints` mapping each joined instan
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from gateway.core.slo import SloKind, SloPolicy
@@ -74,12 +74,12 @@ class ScaleLoop:
         *,
         rate_window_s: float = RATE_WINDOW_S,
         priors: Mapping[ModelName, Mapping[str, PerfCoefficients]] | None = None,
-        prior: PerfCoefficients | None = None,
+        prior: Callable[[], PerfCoefficients] | None = None,
         placements: Placements | None = None,
     ) -> None:
         """`priors`: per model and configuration, the throughput-decay curve to plan with until telemetry
-        fitted one on an instance of it; else `prior` (the gateway's telemetry prior), else the generic
-        one. `placements`: where the choice's placement search runs (default: at once, as the simulator
+        fitted one on an instance of it; else `prior()` (the gateway's telemetry prior, read at each
+        choice so that a reload counts), else the generic one. `placements`: where the choice's placement search runs (default: at once, as the simulator
         on its virtual clock; the live daemon: a worker thread)."""
         self.configs = ConfigChooser(lifecycle, scheduler, priors=priors, prior=prior, placements=placements)
         self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings, configs=self.configs)

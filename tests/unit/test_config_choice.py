@@ -14,8 +14,10 @@ import threading
 from collections.abc import Sequence
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gateway.config import parse_policy_text
+from gateway.config.schema import PerfPriorConfig, TelemetryConfig
 from gateway.core.clock import FakeClock
 from gateway.core.tasks import TaskSupervisor
 from gateway.core.types import (
@@ -28,6 +30,7 @@ from gateway.core.types import (
     ModelName,
     RequestId,
 )
+from gateway.lifecycle.autoscaler import LiveAutoscaler
 from gateway.lifecycle.instances import (
     DeviceSpec,
     Lifecycle,
@@ -48,6 +51,7 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointEstimates
 from gateway.sched.types import EndpointSpec
+from gateway.telemetry.live import LiveTelemetry
 
 GIB = 1 << 30
 M = ModelName("m")
@@ -281,3 +285,27 @@ async def test_the_live_loop_takes_the_next_step_until_the_placement_is_ready_th
         assert "devices place" in then.decision.reason, then.decision.reason
     finally:
         await supervisor.close()
+
+
+def test_the_live_loop_plans_with_the_gateways_telemetry_prior_and_follows_its_reload() -> None:
+    """Live, a configuration neither fitted nor given a prior of its own is planned with the gateway's
+    `[telemetry.prior]` (what every endpoint's model starts from), not the generic prior; a reload of
+    `[telemetry]` changes it."""
+    clock = FakeClock(0.0)
+    policy = POLICY + '[autoscale]\nplugin = "queue-length"\n'
+    sched = Scheduler(parse_policy_text(policy, "maaso.toml", default_registry()), clock)
+    lc = Lifecycle(models={M: SPEC}, nodes=[NODE], evictor=LruEvictor(), settings=LifecycleSettings())
+    tel = LiveTelemetry(sched, clock, TelemetryConfig(prior=PerfPriorConfig(thr1=55.0, alpha=5.0)))
+    live = LiveAutoscaler(lc, sched, CollectorRegistry(), prior=lambda: tel.fleet.settings.prior)
+    assert live.loop is not None
+
+    def planned() -> dict[str, tuple[float, float]]:
+        assert live.loop is not None
+        profiles, fitted = live.loop.configs.profiles(live.loop.view(clock.now(), {}).models[M])
+        assert fitted == ()
+        return {p.name: (p.thr1, p.alpha) for p in profiles}
+
+    assert default_prior().thr1 != 55.0
+    assert planned() == {"tp2-b8": (55.0, 5.0), "tp1-b64": (55.0, 5.0)}
+    tel.reconfigure(TelemetryConfig(prior=PerfPriorConfig(thr1=80.0)))
+    assert planned() == {c: (80.0, default_prior().alpha) for c in ("tp2-b8", "tp1-b64")}
