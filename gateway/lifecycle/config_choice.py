@@ -13,7 +13,8 @@ with more than one configuration; sans-IO, like the loop that owns it (`gateway.
   that configuration (the one fitted on the most observations), else the configuration's prior
   (`priors`: e.g. a benchmark's profiled curve), else the gateway's telemetry prior (`[telemetry.prior]`,
   the prior every endpoint's model starts from; the live daemon hands it in and a reload changes it),
-  else the generic prior; prefill at the mean prompt of the mix. A configuration without a max batch cannot be modelled and is never chosen.
+  else the generic prior; prefill at the mean prompt of the mix. A configuration without a max batch
+  cannot be modelled and is never chosen.
 - **The choice**: first the placement MaaSO's placer makes for the mix on every device the model could
   hold (`Placer.place(mix, devices of what runs + free devices)`: its dynamic program over both
   sub-clusters); then `Placer.next_config(mix, running, free devices)` one instance at a time, among the

@@ -79,8 +79,9 @@ class ScaleLoop:
     ) -> None:
         """`priors`: per model and configuration, the throughput-decay curve to plan with until telemetry
         fitted one on an instance of it; else `prior()` (the gateway's telemetry prior, read at each
-        choice so that a reload counts), else the generic one. `placements`: where the choice's placement search runs (default: at once, as the simulator
-        on its virtual clock; the live daemon: a worker thread)."""
+        choice so that a reload counts), else the generic one. `placements`: where the choice's
+        placement search runs (default: at once, as the simulator on its virtual clock; the live daemon:
+        a worker thread)."""
         self.configs = ConfigChooser(lifecycle, scheduler, priors=priors, prior=prior, placements=placements)
         self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings, configs=self.configs)
         self._life = lifecycle

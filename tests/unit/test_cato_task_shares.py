@@ -27,6 +27,7 @@ from gateway.core.types import (
     ParsedRequest,
     RequestId,
 )
+from gateway.lifecycle.autoscaler import LiveAutoscaler
 from gateway.lifecycle.instances import (
     DeviceSpec,
     JoinEndpoint,
@@ -36,7 +37,6 @@ from gateway.lifecycle.instances import (
     NodeSpec,
     StartInstance,
 )
-from gateway.lifecycle.autoscaler import LiveAutoscaler
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import Autoscale, AutoscaleSettings
 from gateway.sched.plugins import default_registry
