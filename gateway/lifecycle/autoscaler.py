@@ -30,8 +30,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.core.slo import SloPolicy
 from gateway.core.types import EndpointId, ModelName
+from gateway.lifecycle.config_choice import PlanAhead
 from gateway.lifecycle.instances import Action, InstanceState, Lifecycle
-from gateway.lifecycle.placements import Placements
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import UNBOUNDED, Autoscale, DecisionRecord, ScaleCounters
 from gateway.sched.perf import PerfCoefficients
@@ -191,16 +191,16 @@ class LiveAutoscaler:
         scheduler: Scheduler,
         registry: CollectorRegistry,
         *,
-        placements: Placements | None = None,
+        ahead: PlanAhead | None = None,
         prior: Callable[[], PerfCoefficients] | None = None,
     ) -> None:
-        """`placements`: where the configuration choice's placement search runs (the manager hands in a
-        worker thread's, `ThreadPlacements`: never on the event loop). `prior`: the gateway's telemetry
+        """`ahead`: where the configuration choice is computed (the manager hands in a worker thread's,
+        `ThreadPlans`: never on the event loop). `prior`: the gateway's telemetry
         prior (`[telemetry.prior]`, as it is now), which the choice plans with for a configuration
         telemetry has not fitted yet."""
         self._core = core
         self._scheduler = scheduler
-        self._placements = placements
+        self._ahead = ahead
         self._prior = prior
         self.loop: ScaleLoop | None = None
         self._autoscale: Autoscale | None = None
@@ -228,7 +228,7 @@ class LiveAutoscaler:
             log.warning("autoscale_unknown_models", models=unknown)
         if self.loop is None:
             self.loop = ScaleLoop(
-                autoscale, self._core, self._scheduler, prior=self._prior, placements=self._placements
+                autoscale, self._core, self._scheduler, prior=self._prior, ahead=self._ahead
             )
         else:
             self.loop.set_autoscale(autoscale)

@@ -61,7 +61,7 @@ from gateway.lifecycle.instances import (
     StartInstance,
     StopInstance,
 )
-from gateway.lifecycle.placements import ThreadPlacements
+from gateway.lifecycle.placements import ThreadPlans
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.autoscale.interface import InstanceConfig
 from gateway.sched.request import SchedRequest
@@ -223,7 +223,7 @@ class LifecycleManager:
         self.agent_errors = 0
         self.metrics = LifecycleMetrics(registry, self)
         self.autoscaler = LiveAutoscaler(
-            self.core, self._scheduler, registry, placements=ThreadPlacements(supervisor), prior=prior
+            self.core, self._scheduler, registry, ahead=ThreadPlans(supervisor), prior=prior
         )
         self._changed = asyncio.Event()
         self._scheduler.set_loadable(models, c.load_deadline_s)

@@ -26,14 +26,13 @@ from typing import Final
 
 from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import EndpointId, ModelName
-from gateway.lifecycle.config_choice import ConfigChooser
+from gateway.lifecycle.config_choice import ConfigChooser, PlanAhead
 from gateway.lifecycle.instances import (
     Action,
     Instance,
     InstanceState,
     Lifecycle,
 )
-from gateway.lifecycle.placements import Placements
 from gateway.sched.autoscale import Autoscale, AutoscaleRunner
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.autoscale.interface import (
@@ -75,14 +74,14 @@ class ScaleLoop:
         rate_window_s: float = RATE_WINDOW_S,
         priors: Mapping[ModelName, Mapping[str, PerfCoefficients]] | None = None,
         prior: Callable[[], PerfCoefficients] | None = None,
-        placements: Placements | None = None,
+        ahead: PlanAhead | None = None,
     ) -> None:
         """`priors`: per model and configuration, the throughput-decay curve to plan with until telemetry
         fitted one on an instance of it; else `prior()` (the gateway's telemetry prior, read at each
-        choice so that a reload counts), else the generic one. `placements`: where the choice's
-        placement search runs (default: at once, as the simulator on its virtual clock; the live daemon:
-        a worker thread)."""
-        self.configs = ConfigChooser(lifecycle, scheduler, priors=priors, prior=prior, placements=placements)
+        choice so that a reload counts), else the generic one. `ahead`: where the choice is computed
+        ahead of the rounds (the live daemon: a worker thread); None: where it is asked for (the
+        simulator on its virtual clock)."""
+        self.configs = ConfigChooser(lifecycle, scheduler, priors=priors, prior=prior, ahead=ahead)
         self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings, configs=self.configs)
         self._life = lifecycle
         self._sched = scheduler
@@ -129,6 +128,8 @@ class ScaleLoop:
                 out += self._life.scale_in(d.instance, now, reason=d.reason or "scaled_in")
             elif isinstance(d, Reclass):
                 out += self._life.reclass(d.instance, d.to_class, now)
+        settings = self.runner.settings
+        self.configs.prepare(view, {m: settings.bounds_of(m).max_instances for m in view.models})
         return out
 
     def view(self, now: float, endpoints: Mapping[str, EndpointId]) -> ScaleView:
