@@ -54,6 +54,7 @@ _NOTE_KEYS: Final = (
     "scale_in_cooldown",
     "reclass_cooldown",
     "min_instances",
+    "config_choice_pending",
 )
 _NOTE_PREFIXES: Final = (
     ("instance is ", "not_ready"),
