@@ -7,9 +7,9 @@ step's share, `TaskCall.allotment`), measured from its own arrival on the task's
 (E2E, or the first token of a last call whose task SLA bounds its first token); a call without a task,
 its E2E target, else its TTFT target. Violations are counted per model; once the count exceeds
 `max_exceeded_times` and exceeds the number of idle instances (ready, running nothing), the scaler adds
-`min(max − existing, violations − idle)` instances and resets the count. With idle instances at least as many as the violations it does
-nothing (the router should use them). Instances idle for `idle_timeout_s` are removed (down to the
-runner's minimum).
+`min(max − existing, violations − idle)` instances and resets the count. With idle instances at least
+as many as the violations it does nothing (the router should use them). Instances idle for
+`idle_timeout_s` are removed (down to the runner's minimum).
 
 Which calls count (`count_in_flight`): the paper counts a node "whose execution overran its allotted
 time", which read literally is known only once the call finishes (`count_in_flight = false`). berth's
