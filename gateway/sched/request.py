@@ -19,9 +19,6 @@ class SchedRequest:
     max_tokens: int | None
     stream: bool
     task_id: str | None = None
-    # A task call's own share of its task SLA (CATO's allotted time for its step; `slo` holds the rest of
-    # the task SLA as its deadline): what slack violations are counted against. None: not a task call.
-    allotment: Allotment | None = None
     # Output tokens predicted at admission (gateway.telemetry.lengths), capped by max_tokens; None: no
     # predictor ran (tests, the simulator without one).
     predicted_output_tokens: float | None = None
@@ -35,3 +32,6 @@ class SchedRequest:
     resumable: bool = False
     preemptions: int = 0
     produced_tokens: int = 0
+    # A task call's own share of its task SLA (CATO's allotted time for its step; `slo` holds the rest of
+    # the task SLA as its deadline): what slack violations are counted against. None: not a task call.
+    allotment: Allotment | None = None
