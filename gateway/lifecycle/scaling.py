@@ -11,7 +11,9 @@ driver carries out like any other (`StartInstance` with its class and configurat
 Configurations: a scale-out that names none, of a model with several (`ModelSpec.configs`), gets them
 from MaaSO's placement on the model's SLO mix (`gateway.lifecycle.config_choice.ConfigChooser`, the
 runner's `ConfigChoice`): one instance at a time, the default configuration when no configuration
-raises the serving score; the records name the configuration and the reason says why.
+raises the serving score; the records name the configuration and the reason says why. Live, the choice
+is computed off the event loop: after each round the loop asks for each model's plan on the fleet the
+round left (`ConfigChooser.prepare`), and the next round's scale-outs follow it.
 
 The driver calls, in order of what happens: `arrived(req, now)` for every request submitted,
 `finished(model, call)` for every request that finished, `step(now, endpoints)` on its tick (the loop
