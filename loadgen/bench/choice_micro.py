@@ -10,7 +10,9 @@ workload's requests (deadline factors 0.8-1.5, decode lengths 300-1000: ~60 kind
 - `live, not ready`: the same without a plan for this fleet (the runner holds the scale-out a round);
 - `live, asking for a plan`: what the loop pays after a round to ask for the next plan
   (`ConfigChooser.prepare`: the mix, the profiles, the inputs handed to the worker thread; the plan's
-  computation itself is the worker thread's, and costs about the inline figure for the whole room).
+  computation itself is the worker thread's, and costs about the inline figure for the whole room);
+- then how late a 1 ms ticker on the event loop wakes while `ThreadPlans` plans the whole room in its
+  worker thread (which holds the GIL meanwhile).
 
     python -m loadgen.bench.choice_micro [--repeat N]
 
@@ -21,6 +23,7 @@ wall-clock measurement: run it on a quiet machine (`flock /tmp/berth-heavy.lock`
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import random
 import statistics
@@ -31,10 +34,12 @@ from typing import Final
 
 from gateway.config import parse_policy_text
 from gateway.core.clock import FakeClock
+from gateway.core.tasks import TaskSupervisor
 from gateway.core.types import SLO, ApiKind, InstanceClass, ModelName, RequestId
 from gateway.lifecycle.choice_plan import ChoiceInputs, ChoicePlan, plan_choice
 from gateway.lifecycle.config_choice import REPLAN_S
 from gateway.lifecycle.instances import DeviceSpec, Lifecycle, LifecycleSettings, ModelSpec, NodeSpec
+from gateway.lifecycle.placements import ThreadPlans
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import Autoscale, AutoscaleSettings
 from gateway.sched.plugins import default_registry
@@ -159,6 +164,40 @@ def measure(devices: int, repeat: int) -> dict[str, float]:
     return out
 
 
+async def _lag_while_planning(devices: int) -> tuple[float, list[float]]:
+    """The seconds `ThreadPlans` takes for the whole room's plan, and how late a 1 ms ticker on the event
+    loop woke meanwhile (the worker thread holds the GIL while it plans)."""
+    ahead = _Ahead()
+    loop, _, clock = _loop(devices, ahead)
+    loop.configs.prepare(loop.view(clock.now(), {}), {M: 1 << 20})
+    supervisor = TaskSupervisor()
+    plans = ThreadPlans(supervisor)
+    lags: list[float] = []
+    planning = True
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while planning:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            lags.append(max(0.0, now - last - 0.001))
+            last = now
+
+    try:
+        tick = supervisor.spawn("lag-ticker", ticker, restart=False)
+        await asyncio.sleep(0.02)
+        lags.clear()
+        t0 = time.perf_counter()
+        plans.compute(M, ahead.asked[-1])
+        await plans.settled()
+        took = time.perf_counter() - t0
+        planning = False
+        await tick
+    finally:
+        await supervisor.close()
+    return took, sorted(lags)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadgen.bench.choice_micro", description=__doc__)
     p.add_argument("--repeat", type=int, default=5)
@@ -170,6 +209,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for devices in (24, 48):
         got = measure(devices, a.repeat)
         print(f"| {devices} | " + " | ".join(f"{got[c] * 1000.0:.3f}" for c in cols) + " |")
+    print()
+    print("the event loop while the worker thread plans the whole room (a 1 ms ticker's lateness, ms)")
+    print("| devices | plan (ms) | ticks | lag p50 | lag max |")
+    print("| --- | --- | --- | --- | --- |")
+    for devices in (24, 48):
+        took, lags = asyncio.run(_lag_while_planning(devices))
+        mid = lags[len(lags) // 2] if lags else 0.0
+        top = lags[-1] if lags else 0.0
+        print(f"| {devices} | {took * 1000.0:.0f} | {len(lags)} | {mid * 1000.0:.2f} | {top * 1000.0:.2f} |")
     return 0
 
 
