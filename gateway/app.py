@@ -130,6 +130,7 @@ class Gateway:
                 registry=metrics.registry,
                 default_cap=cfg.limits.default_endpoint_cap,
                 retry_after_s=cfg.limits.retry_after_s,
+                prior=lambda: self.telemetry.fleet.settings.prior,
             )
             self.services.lifecycle_answered = lambda: self.lifecycle is not None and self.lifecycle.answered
             self.services.lifecycle_document = self.lifecycle.document

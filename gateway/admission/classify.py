@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from gateway.core.slo import Allotment
 from gateway.core.types import SLO, ApiKind, ModelName, ParsedRequest, RequestId
 from gateway.sched.request import SchedRequest
 from gateway.telemetry.lengths import LengthPrediction
@@ -46,6 +47,7 @@ def to_sched_request(
     lengths: LengthPredictor | None = None,
     slo: SLO | None = None,
     task_id: str | None = None,
+    allotment: Allotment | None = None,
     prompt_tokens: int | None = None,
     preemptive: bool = False,
     stream_unstreamed: bool = False,
@@ -54,7 +56,7 @@ def to_sched_request(
     `prompt_tokens`: the engine's count of the prompt; None: estimate it. `preemptive`: the policy may
     preempt (otherwise no request is marked resumable, and none pays for the check).
     `stream_unstreamed`: a non-streamed request will be streamed from the engine (so it may be
-    resumed, see gateway.upstream.resume)."""
+    resumed, see gateway.upstream.resume). `allotment`: a task call's own share of its task SLA."""
     slo = slo or _DEFAULT_SLO
     if prompt_tokens is not None:
         prompt = max(1, prompt_tokens)
@@ -79,6 +81,7 @@ def to_sched_request(
         max_tokens=parsed.max_tokens,
         stream=parsed.stream,
         task_id=task_id,
+        allotment=allotment,
         predicted_output_tokens=predicted,
         predicted_output_p90=p90,
         resumable=preemptive and (parsed.stream or stream_unstreamed) and resumable(parsed.api, parsed.body),

@@ -14,6 +14,12 @@ at the task's own deadline; calls beyond the listed steps are due then too. What
 is the class's `task_metric`: the first token of the last call (`ttft`) or its end (`e2e`); earlier
 calls must finish by theirs.
 
+Each call also carries its own share, `TaskCall.allotment`: task SLA × share_k from the call's own
+arrival, on the same measure (CATO's allotted time per node). Its deadline is for the scheduler (how much
+time the task has left); its share is for counting slack violations (`cato-sla`): a call that only
+inherited a predecessor's overrun did not run long itself. A call beyond the listed steps is allotted
+the last step's share.
+
 Memory is bounded: a task unseen for `idle_expiry_s` is forgotten, and at most `max_tasks` are kept (the
 least recently seen dropped first). Sans-IO: every method takes the clock time.
 """
@@ -23,7 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from gateway.core.slo import SloClass, TaskCall, TaskMetric, TaskSettings
+from gateway.core.slo import Allotment, SloClass, TaskCall, TaskMetric, TaskSettings
 
 
 @dataclass(slots=True)
@@ -88,11 +94,14 @@ class TaskClock:
         shares = self.shares(task.task_type, cls)
         final = step >= len(shares) - 1
         deadline: float | None = None
+        metric = cls.task_metric if final else TaskMetric.E2E
+        allotment: Allotment | None = None
         if task.sla_s is not None:
             done = 1.0 if final else sum(shares[: step + 1])
             deadline = task.start + task.sla_s * done
-        metric = cls.task_metric if final else TaskMetric.E2E
-        return TaskCall(key, task.task_type, step, task.start, task.sla_s, deadline, metric, final)
+            share = shares[min(step, len(shares) - 1)]
+            allotment = Allotment(task.sla_s * share, metric is TaskMetric.E2E)
+        return TaskCall(key, task.task_type, step, task.start, task.sla_s, deadline, metric, final, allotment)
 
     def shares(self, task_type: str, cls: SloClass) -> tuple[float, ...]:
         """Each step's share of the task SLA: learned from measured step durations when enabled and

@@ -46,6 +46,18 @@ class TaskMetric(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Allotment:
+    """A task call's own share of its task SLA: CATO's allotted time for its step (papers/ALGORITHMS.md
+    §1; a 50 s SLA of steps profiled at 5 s, 15 s, 5 s allots 10 s, 30 s, 10 s), measured from the call's
+    own arrival, to its end (`e2e`) or to its first token. Unlike the call's deadline (the rest of the
+    task SLA, so a call after a late predecessor is late on arrival) it says whether this call itself
+    ran long (the violations CATO's scaler counts)."""
+
+    seconds: float
+    e2e: bool
+
+
+@dataclass(frozen=True, slots=True)
 class TaskCall:
     """One call of a task, as admission resolved it."""
 
@@ -57,6 +69,7 @@ class TaskCall:
     deadline: float | None  # this call's allotted deadline (clock seconds); None: no task SLA
     metric: TaskMetric  # what `deadline` bounds: this call's first token or its end
     final: bool  # the last allotted step
+    allotment: Allotment | None = None  # this step's own share of the task SLA; None: no task SLA
 
 
 @dataclass(frozen=True, slots=True)

@@ -169,6 +169,7 @@ def scheduler_request(
         lengths=telemetry.lengths,
         slo=resolved.slo,
         task_id=resolved.task_id,
+        allotment=None if resolved.task is None else resolved.task.allotment,
         prompt_tokens=prompt_tokens,
         preemptive=preemptive,
         stream_unstreamed=stream_unstreamed,
@@ -290,6 +291,7 @@ def finished_record(ctx: RequestContext) -> FinishedRequest | None:
         ctx.itl_gaps,
         sreq.predicted_output_tokens,
         sreq.id,
+        sreq.allotment,
     )
 
 

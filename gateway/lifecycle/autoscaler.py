@@ -20,7 +20,7 @@ dry-run would have done).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -30,10 +30,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.core.slo import SloPolicy
 from gateway.core.types import EndpointId, ModelName
+from gateway.lifecycle.config_choice import PlanAhead
 from gateway.lifecycle.instances import Action, InstanceState, Lifecycle
-from gateway.lifecycle.placements import Placements
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import UNBOUNDED, Autoscale, DecisionRecord, ScaleCounters
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.autoscale.interface import FinishedCall, Reclass, ScaleIn, ScaleOut, allotted
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
@@ -53,6 +54,7 @@ _NOTE_KEYS: Final = (
     "scale_in_cooldown",
     "reclass_cooldown",
     "min_instances",
+    "config_choice_pending",
 )
 _NOTE_PREFIXES: Final = (
     ("instance is ", "not_ready"),
@@ -190,13 +192,17 @@ class LiveAutoscaler:
         scheduler: Scheduler,
         registry: CollectorRegistry,
         *,
-        placements: Placements | None = None,
+        ahead: PlanAhead | None = None,
+        prior: Callable[[], PerfCoefficients] | None = None,
     ) -> None:
-        """`placements`: where the configuration choice's placement search runs (the manager hands in a
-        worker thread's, `ThreadPlacements`: never on the event loop)."""
+        """`ahead`: where the configuration choice is computed (the manager hands in a worker thread's,
+        `ThreadPlans`: never on the event loop). `prior`: the gateway's telemetry
+        prior (`[telemetry.prior]`, as it is now), which the choice plans with for a configuration
+        telemetry has not fitted yet."""
         self._core = core
         self._scheduler = scheduler
-        self._placements = placements
+        self._ahead = ahead
+        self._prior = prior
         self.loop: ScaleLoop | None = None
         self._autoscale: Autoscale | None = None
         self.recent: deque[DecisionView] = deque(maxlen=RECENT)
@@ -222,7 +228,9 @@ class LiveAutoscaler:
         if unknown:
             log.warning("autoscale_unknown_models", models=unknown)
         if self.loop is None:
-            self.loop = ScaleLoop(autoscale, self._core, self._scheduler, placements=self._placements)
+            self.loop = ScaleLoop(
+                autoscale, self._core, self._scheduler, prior=self._prior, ahead=self._ahead
+            )
         else:
             self.loop.set_autoscale(autoscale)
         log.info(
@@ -262,7 +270,7 @@ class LiveAutoscaler:
             if has_target
             else None
         )
-        e2e, allotted_s = allotted(s)
+        e2e, allotted_s = allotted(s, r.allotment)
         self.loop.finished(
             ModelName(r.model),
             FinishedCall(

@@ -11,10 +11,13 @@ with more than one configuration; sans-IO, like the loop that owns it (`gateway.
   out too). Burstiness: the coefficient of variation of the model's recent arrival gaps.
 - **The profiles**: per configuration, the throughput-decay curve telemetry fitted on a ready instance of
   that configuration (the one fitted on the most observations), else the configuration's prior
-  (`priors`: e.g. a benchmark's profiled curve), else the generic prior; prefill at the mean prompt of
-  the mix. A configuration without a max batch cannot be modelled and is never chosen.
-- **The choice**: first the placement MaaSO's placer makes for the mix on every device the model could
-  hold (`Placer.place(mix, devices of what runs + free devices)`: its dynamic program over both
+  (`priors`: e.g. a benchmark's profiled curve), else the gateway's telemetry prior (`[telemetry.prior]`,
+  the prior every endpoint's model starts from; the live daemon hands it in and a reload changes it),
+  else the generic prior; prefill at the mean prompt of the mix. A configuration without a max batch
+  cannot be modelled and is never chosen.
+- **The choice** (`gateway.lifecycle.choice_plan.plan_choice`, a pure function of the inputs): first
+  the placement MaaSO's placer makes for the mix on every device the model could hold
+  (`Placer.place(mix, devices of what runs + free devices)`: its dynamic program over both
   sub-clusters); then `Placer.next_config(mix, running, free devices)` one instance at a time, among the
   configurations that placement has more of than run (else among all), each chosen one joining the
   running ones (instances of the default configuration count as it). Growing toward the placement for
@@ -25,16 +28,23 @@ with more than one configuration; sans-IO, like the loop that owns it (`gateway.
   fits the free devices, the rest start the default configuration and the reason says why. Every part's
   reason is the scaler's, then the choice (`"backlog; config tp1-b16 (+0.004 serving score, strict;
   24 devices place 10, 2 run)"`).
-- **Where the search runs** (`placements`, `gateway.lifecycle.placements`): the placer's search costs
-  ~20 ms for 24 devices of five configurations and ~0.1 s for 48 (the estimate groups alike
-  instances; it grows with the room and the kinds in the mix). The simulator computes it where it is
-  asked for (`InlinePlacements`, a virtual clock); the live daemon in a worker thread
-  (`ThreadPlacements`), one search per model at a time, and the choice follows the latest completed
-  placement of the model, or, before the first completes, takes the best next step alone (the reason
-  says `placement not ready yet`). What stays on the caller is `next_config`, once per instance chosen:
-  measured by `python -m loadgen.bench.choice_micro` (4 instances of MaaSO's setting, medians: 2.0 ms
-  at 24 devices and 2.4 ms at 48 with a placement ready, 6.5 / 15 ms before one is; inline, with the
-  search: 27 / 61 ms, and 239 / 1154 ms before the estimate grouped alike instances).
+- **Where it is computed**: the placement search costs ~20 ms for 24 devices of five configurations and
+  ~0.1 s for 48 (the estimate groups alike instances; it grows with the room and the kinds in the mix),
+  and `next_config` ~0.5 ms per instance. The simulator computes the choice where it is asked for (a
+  virtual clock). The live daemon (`ahead`: `gateway.lifecycle.placements.ThreadPlans`) never computes
+  it on its event loop: after each round the loop takes the model's inputs (the mix, the profiles, the
+  configurations serving and the free devices as the round left them) and a worker thread plans, from
+  them, the configuration of every instance the model has room for (one plan per model at a time;
+  again when the fleet changed, or `REPLAN_S` after the last). The next round's scale-out follows that
+  plan from the instances of it started since (a plan for `n` instances is the first `n` steps of a
+  longer one); on a fleet the plan was not computed for (none yet, or an instance came or went
+  otherwise) the choice is not ready and the runner holds the scale-out one round
+  (`gateway.sched.autoscale`), while the plan for the fleet as it is now is computed. A live choice is
+  the one the simulator makes on the same fleet, with the mix and fitted curves of the round before.
+  What a `choose` of 4 instances costs the loop (`python -m loadgen.bench.choice_micro`, MaaSO's
+  setting; medians): ~0.02 ms following a ready plan and ~0.14 ms asking for the next one after a
+  round, at 24 and 48 devices (before: 1.8 / 6.2 ms with the placement ready, 10.5 / 22.7 ms before it
+  was; computed in place, as the simulator does, 58 / 138 ms).
 """
 
 from __future__ import annotations
@@ -42,13 +52,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, Protocol
 
 from gateway.core.types import ModelName
-from gateway.lifecycle.instances import Lifecycle
-from gateway.lifecycle.placements import InlinePlacements, Placements
+from gateway.lifecycle.choice_plan import ChoiceInputs, ChoicePlan, plan_choice
+from gateway.lifecycle.instances import InstanceState, Lifecycle
 from gateway.sched.heterogeneous import ConfigProfile, MixWindow, Placer, TrafficMix
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.plugins.autoscale.interface import ModelScaleView, ScaleOut, ScaleState, ScaleView
@@ -62,6 +72,25 @@ _GAPS: Final = 256
 _MIN_GAPS: Final = 10
 #: Weight of a new request in the mean prompt length.
 _PROMPT_EWMA: Final = 0.05
+#: Live: a model's plan is computed again after this long even when its fleet has not changed (its mix
+#: has: the window is a minute). Not every round: a plan takes the worker thread ~70 ms at 24 devices and
+#: ~0.2 s at 48, and while it runs the event loop waits for the GIL (measured: lags of ~8 ms, up to 27).
+REPLAN_S: Final = 30.0
+#: The lifecycle's states of an instance that serves (or will): what the scaler's view calls serving.
+_SERVING: Final = frozenset({InstanceState.PENDING, InstanceState.STARTING, InstanceState.READY})
+
+
+class PlanAhead(Protocol):
+    """Where the live daemon computes choice plans, off its event loop, ahead of the rounds that use them
+    (`gateway.lifecycle.placements.ThreadPlans`)."""
+
+    def compute(self, model: ModelName, inputs: ChoiceInputs) -> bool:
+        """Start computing `model`'s plan from `inputs` unless one is being computed for it (False)."""
+        ...
+
+    def latest(self, model: ModelName) -> ChoicePlan | None:
+        """The latest plan completed for `model` (None: none yet)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,17 +130,22 @@ class ConfigChooser:
         scheduler: Scheduler,
         *,
         priors: Mapping[ModelName, Mapping[str, PerfCoefficients]] | None = None,
-        prior: PerfCoefficients | None = None,
+        prior: Callable[[], PerfCoefficients] | None = None,
         window_s: float = 60.0,
-        placements: Placements | None = None,
+        ahead: PlanAhead | None = None,
     ) -> None:
-        """`placements`: where the placement search runs (default: at once; the live daemon hands it
-        to a worker thread, `gateway.lifecycle.placements`)."""
+        """`priors`: per model and configuration, the curve to plan with until telemetry fitted one;
+        `prior`: the gateway's telemetry prior (`[telemetry.prior]`, read at each choice: it reloads)
+        for the configurations `priors` does not give, else the generic prior. `ahead`: where plans are
+        computed ahead of the rounds (the live daemon: a worker thread); None: where the choice is asked
+        for (the simulator on its virtual clock, tests)."""
         self._life = lifecycle
-        self._placements: Placements = placements or InlinePlacements()
+        self._ahead = ahead
+        # Live: per model, the fleet (its configurations, the free devices) and time of the last plan asked
+        self._asked: dict[ModelName, tuple[Counter[str], int, float]] = {}
         self._sched = scheduler
         self._priors = priors or {}
-        self._prior = prior or default_prior()
+        self._prior = prior or default_prior
         self._window_s = window_s
         self._pending: list[SchedRequest] = []
         self._mix: dict[ModelName, _ModelMix] = {}
@@ -184,81 +218,115 @@ class ConfigChooser:
             if best is None or perf.n_throughput > best.n_throughput:
                 fitted_perf[name] = perf
         priors = self._priors.get(mv.model, {})
+        prior = self._prior()
         out = []
         for c in mv.configs:
             if c.max_batch is None:
                 continue
-            perf = fitted_perf.get(c.name) or priors.get(c.name) or self._prior
+            perf = fitted_perf.get(c.name) or priors.get(c.name) or prior
             out.append(ConfigProfile.from_perf(c.name, c.devices, c.max_batch, perf, prompt_tokens=prompt))
         return tuple(out), tuple(sorted(n for n in fitted_perf if any(p.name == n for p in out)))
 
     # ----------------------------------------------------------------- the choice
+    def inputs(
+        self, mv: ModelScaleView, now: float, names: Sequence[str], free: int, limit: int
+    ) -> ChoiceInputs | None:
+        """What a plan for the model is computed from at `now` (None: no configuration can be
+        modelled)."""
+        profiles, fitted = self.profiles(mv)
+        if not profiles:
+            return None
+        flt = self._filter().params
+        placer = Placer(profiles, strict_below=flt.strict_below, strict_max_batch=flt.strict_max_batch)
+        mix = self.mix(mv.model, now)
+        if mix is not None:
+            self.last[mv.model] = Choice(mix, profiles, fitted)
+        return ChoiceInputs(placer, mix, tuple(names), free, limit)
+
     def choose(
         self, view: ScaleView, decision: ScaleOut, free_devices: int, started: Sequence[str | None]
     ) -> Sequence[ScaleOut]:
         self.observe()
         mv = view.models[decision.model]
-        spec = self._life.models().get(decision.model)
-        default = None if spec is None else spec.default_config
-        profiles, fitted = self.profiles(mv)
-        if not profiles:
+        if not any(c.max_batch is not None for c in mv.configs):
             return [_default(decision, decision.count, "no configuration has a max batch to model")]
-        flt = self._filter().params
-        placer = Placer(profiles, strict_below=flt.strict_below, strict_max_batch=flt.strict_max_batch)
-        mix = self.mix(decision.model, view.now)
-        if mix is not None:
-            self.last[decision.model] = Choice(mix, profiles, fitted)
+        default = self._default_config(decision.model)
         running = [i.config or default for i in mv.serving()] + [c or default for c in started]
-        by_name = {p.name: p for p in profiles}
-        names = [n for n in running if n is not None]
-        parts: list[ScaleOut] = []
-        free = free_devices
-        target: Counter[str] = Counter()
-        budget = sum(by_name[n].devices for n in names if n in by_name) + free
-        unplaced = ""  # why the placement is not followed
-        if mix is not None and mix.kinds and any(p.devices <= free for p in profiles):
-            placement = self._placements.placement(decision.model, placer, mix, budget)
-            if placement is None:
-                unplaced = "; placement not ready yet"
-            else:  # (a placement of an earlier round may name a configuration since dropped)
-                target = Counter(n for n in placement.all_instances if n in by_name)
-        for i in range(decision.count):
-            left = decision.count - i
-            if mix is None or not mix.kinds:
-                parts.append(_default(decision, left, "no request with a deadline seen yet"))
-                break
-            if not any(p.devices <= free for p in profiles):
-                parts.append(_default(decision, left, "no configuration fits the free devices"))
-                break
-            have = Counter(names)
-            short = [c for c, n in target.items() if n > have[c] and by_name[c].devices <= free]
-            nxt = None
-            if short:  # the configuration furthest behind its share of the placement
-                pick = max(short, key=lambda c: ((target[c] - have[c]) / target[c], c))
-                nxt = placer.next_config(mix, names, free, among=(pick,))
-            toward = nxt is not None
-            if nxt is None:
-                nxt = placer.next_config(mix, names, free)
-            if nxt is None:
-                parts.append(_default(decision, left, "no configuration raises the serving score"))
-                break
-            names.append(nxt.config)
-            free -= by_name[nxt.config].devices
-            with_ = "" if nxt.instances == 1 else f" with {nxt.instances} of it"
-            plan = (
-                f"; {budget} devices place {target[nxt.config]}, {have[nxt.config]} run"
-                if toward
-                else unplaced
+        names = tuple(n for n in running if n is not None)
+        if self._ahead is None:  # computed here (the simulator's virtual clock), for exactly this
+            inputs = self.inputs(mv, view.now, names, free_devices, decision.count)
+            assert inputs is not None
+            return _parts(decision, plan_choice(inputs), 0)
+        plan = self._ahead.latest(decision.model)
+        k = None if plan is None else _continues(plan, names, free_devices)
+        if plan is None or k is None:
+            return []  # not ready for this state of the fleet: the runner asks again next round
+        return _parts(decision, plan, k)
+
+    def prepare(self, view: ScaleView, max_instances: Mapping[ModelName, int]) -> None:
+        """After a round (live): start computing, off the caller, each model's plan for the fleet as the
+        round left it (its instances in the lifecycle, the free devices), so that the next round's
+        scale-out finds it ready. A model whose fleet is unchanged since its last plan is planned again
+        only after `REPLAN_S` (its mix moves slowly: a minute's window)."""
+        ahead = self._ahead
+        if ahead is None:
+            return
+        self.observe()
+        free = self._life.free_devices()
+        serving: dict[ModelName, list[str]] = {}
+        for inst in self._life.instances():
+            if inst.state in _SERVING:
+                name = inst.config or self._default_config(inst.model)
+                if name is not None:
+                    serving.setdefault(inst.model, []).append(name)
+        for m, mv in view.models.items():
+            if len(mv.configs) < 2:
+                continue
+            names = tuple(serving.get(m, ()))
+            asked = self._asked.get(m)
+            if asked is not None and asked[:2] == (Counter(names), free) and view.now - asked[2] < REPLAN_S:
+                continue
+            limit = max(0, max_instances.get(m, 0) - len(names))
+            inputs = self.inputs(mv, view.now, names, free, limit)
+            if inputs is not None and ahead.compute(m, inputs):
+                self._asked[m] = (Counter(names), free, view.now)
+
+    def _default_config(self, model: ModelName) -> str | None:
+        spec = self._life.models().get(model)
+        return None if spec is None else spec.default_config
+
+
+def _continues(plan: ChoicePlan, names: Sequence[str], free: int) -> int | None:
+    """How many of `plan`'s steps the fleet (`names` running, `free` devices free) has taken since it
+    was computed; None when the fleet is not the plan's with some of its steps taken."""
+    base, now = Counter(plan.inputs.names), Counter(names)
+    if base - now:
+        return None  # an instance the plan counted on is gone
+    k = len(names) - len(plan.inputs.names)
+    if k > len(plan.steps) or Counter(s.config for s in plan.steps[:k]) != now - base:
+        return None
+    if free != plan.inputs.free - sum(plan.devices(s.config) for s in plan.steps[:k]):
+        return None
+    return k
+
+
+def _parts(decision: ScaleOut, plan: ChoicePlan, offset: int) -> list[ScaleOut]:
+    """`decision` split by the plan's steps from `offset` on (alike steps in a row are one part, with
+    the first one's reason), the rest the default configuration with the plan's `tail`."""
+    parts: list[ScaleOut] = []
+    steps = plan.steps[offset : offset + decision.count]
+    for step in steps:
+        prev = parts[-1] if parts else None
+        if prev is not None and prev.config == step.config:
+            parts[-1] = replace(prev, count=prev.count + 1)
+        else:
+            parts.append(
+                replace(decision, count=1, config=step.config, reason=f"{decision.reason}; {step.why}")
             )
-            why = f"config {nxt.config} (+{nxt.gain:.3f} serving score{with_}, {nxt.sub_cluster}{plan})"
-            prev = parts[-1] if parts else None
-            if prev is not None and prev.config == nxt.config:
-                parts[-1] = replace(prev, count=prev.count + 1)
-            else:
-                parts.append(
-                    replace(decision, count=1, config=nxt.config, reason=f"{decision.reason}; {why}")
-                )
-        return parts
+    left = decision.count - len(steps)
+    if left > 0:
+        parts.append(_default(decision, left, plan.tail))
+    return parts
 
 
 def _default(d: ScaleOut, count: int, why: str) -> ScaleOut:

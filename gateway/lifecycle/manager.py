@@ -61,7 +61,8 @@ from gateway.lifecycle.instances import (
     StartInstance,
     StopInstance,
 )
-from gateway.lifecycle.placements import ThreadPlacements
+from gateway.lifecycle.placements import ThreadPlans
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.autoscale.interface import InstanceConfig
 from gateway.sched.request import SchedRequest
 from gateway.sched.types import EndpointSpec
@@ -171,7 +172,10 @@ class LifecycleManager:
         registry: CollectorRegistry,
         default_cap: int,
         retry_after_s: float,
+        prior: Callable[[], PerfCoefficients] | None = None,
     ) -> None:
+        """`prior`: the gateway's telemetry prior as it is now (`[telemetry.prior]`; the autoscaler's
+        configuration choice plans with it until telemetry fits a curve)."""
         c = setup.config
         self.setup = setup
         self._driver = driver
@@ -219,7 +223,7 @@ class LifecycleManager:
         self.agent_errors = 0
         self.metrics = LifecycleMetrics(registry, self)
         self.autoscaler = LiveAutoscaler(
-            self.core, self._scheduler, registry, placements=ThreadPlacements(supervisor)
+            self.core, self._scheduler, registry, ahead=ThreadPlans(supervisor), prior=prior
         )
         self._changed = asyncio.Event()
         self._scheduler.set_loadable(models, c.load_deadline_s)

@@ -11,7 +11,9 @@ driver carries out like any other (`StartInstance` with its class and configurat
 Configurations: a scale-out that names none, of a model with several (`ModelSpec.configs`), gets them
 from MaaSO's placement on the model's SLO mix (`gateway.lifecycle.config_choice.ConfigChooser`, the
 runner's `ConfigChoice`): one instance at a time, the default configuration when no configuration
-raises the serving score; the records name the configuration and the reason says why.
+raises the serving score; the records name the configuration and the reason says why. Live, the choice
+is computed off the event loop: after each round the loop asks for each model's plan on the fleet the
+round left (`ConfigChooser.prepare`), and the next round's scale-outs follow it.
 
 The driver calls, in order of what happens: `arrived(req, now)` for every request submitted,
 `finished(model, call)` for every request that finished, `step(now, endpoints)` on its tick (the loop
@@ -21,19 +23,18 @@ decides whether the interval is due) with `endpoints` mapping each joined instan
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import EndpointId, ModelName
-from gateway.lifecycle.config_choice import ConfigChooser
+from gateway.lifecycle.config_choice import ConfigChooser, PlanAhead
 from gateway.lifecycle.instances import (
     Action,
     Instance,
     InstanceState,
     Lifecycle,
 )
-from gateway.lifecycle.placements import Placements
 from gateway.sched.autoscale import Autoscale, AutoscaleRunner
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.autoscale.interface import (
@@ -74,14 +75,15 @@ class ScaleLoop:
         *,
         rate_window_s: float = RATE_WINDOW_S,
         priors: Mapping[ModelName, Mapping[str, PerfCoefficients]] | None = None,
-        prior: PerfCoefficients | None = None,
-        placements: Placements | None = None,
+        prior: Callable[[], PerfCoefficients] | None = None,
+        ahead: PlanAhead | None = None,
     ) -> None:
         """`priors`: per model and configuration, the throughput-decay curve to plan with until telemetry
-        fitted one on an instance of it; else `prior` (the gateway's telemetry prior), else the generic
-        one. `placements`: where the choice's placement search runs (default: at once, as the simulator
-        on its virtual clock; the live daemon: a worker thread)."""
-        self.configs = ConfigChooser(lifecycle, scheduler, priors=priors, prior=prior, placements=placements)
+        fitted one on an instance of it; else `prior()` (the gateway's telemetry prior, read at each
+        choice so that a reload counts), else the generic one. `ahead`: where the choice is computed
+        ahead of the rounds (the live daemon: a worker thread); None: where it is asked for (the
+        simulator on its virtual clock)."""
+        self.configs = ConfigChooser(lifecycle, scheduler, priors=priors, prior=prior, ahead=ahead)
         self.runner = AutoscaleRunner(autoscale.scaler, autoscale.settings, configs=self.configs)
         self._life = lifecycle
         self._sched = scheduler
@@ -128,6 +130,8 @@ class ScaleLoop:
                 out += self._life.scale_in(d.instance, now, reason=d.reason or "scaled_in")
             elif isinstance(d, Reclass):
                 out += self._life.reclass(d.instance, d.to_class, now)
+        settings = self.runner.settings
+        self.configs.prepare(view, {m: settings.bounds_of(m).max_instances for m in view.models})
         return out
 
     def view(self, now: float, endpoints: Mapping[str, EndpointId]) -> ScaleView:
@@ -213,7 +217,7 @@ class ScaleLoop:
 def _open_call(req: SchedRequest, first_token_at: float | None, now: float, slo: SloPolicy) -> OpenCall:
     """A queued or running request on the violation measure (`allotted`); `first_token_at`: its current
     run's first token (None: queued, or none yet)."""
-    e2e, allotted_s = allotted(req.slo)
+    e2e, allotted_s = allotted(req.slo, req.allotment)
     took: float | None
     if e2e or (req.produced_tokens == 0 and first_token_at is None):
         took = now - req.arrival  # its measure still runs

@@ -26,7 +26,12 @@ one, is first split into scale-outs that each name the configuration of their in
 default, the reason says why), chosen one instance at a time knowing the free devices and what this
 round already started; each part is then checked and recorded as a decision of its own (so the record
 names the configuration, and the free devices are counted by its devices). A choice that raises leaves
-the scale-out as it was (counted as a fault, its reason says so).
+the scale-out as it was (counted as a fault, its reason says so). A choice not ready yet (the live
+daemon computes it off its event loop, ahead of the rounds, for the fleet as a round leaves it; a fleet
+that changed since has none) holds the scale-out: recorded as refused (`config_choice_pending`), asked
+again at the next round unless the scaler proposes a scale-out of that model again then (its own word
+wins), and, not ready again, started in the default configuration (the reason says so). Nothing is lost
+but one round: a scaler that proposed once (cato-sla resets its count) still gets its instances.
 
 Dry-run: every decision is checked and recorded (outcome `dry_run`, cool-downs advance as if acted), and
 nothing is returned to act on. Every decision, accepted or not, is a `DecisionRecord` (what, why, what
@@ -92,7 +97,9 @@ class ConfigChoice(Protocol):
     round and `started` the configurations (None: the default) of the model's instances this round has
     already accepted. Returns scale-outs of the same model and class, in order, whose counts sum to
     `decision.count`, each naming a configuration or None (the default; its reason should say why);
-    the runner checks each like any decision. Must not mutate its arguments.
+    the runner checks each like any decision. Returns none when the choice is not ready yet (computed
+    off the caller, for the fleet as it is now): the runner holds the scale-out for one round (see the
+    module docstring). Must not mutate its arguments.
     """
 
     def choose(
@@ -149,6 +156,8 @@ class AutoscaleRunner:
         self._last_change: dict[ModelName, float] = {}
         self._last_reclass: dict[str, float] = {}
         self._next_at = -math.inf
+        # Scale-outs held for a configuration choice not ready yet, by model: asked again next round.
+        self._held: dict[ModelName, ScaleOut] = {}
 
     def adopt(self, old: AutoscaleRunner) -> None:
         """Carry a previous runner's counters, cool-downs and schedule over (a policy reload)."""
@@ -159,6 +168,7 @@ class AutoscaleRunner:
         self._last_change = old._last_change
         self._last_reclass = old._last_reclass
         self._next_at = old._next_at
+        self._held = old._held
 
     def bounds_view(self, view: ScaleView) -> ScaleView:
         """`view` with each model's min/max set from the settings (what the scaler is shown)."""
@@ -185,8 +195,13 @@ class AutoscaleRunner:
         except Exception as e:  # a plugin bug fails this round only
             self.counters.faults += 1
             self._records.append(DecisionRecord(view.now, self.scaler.name, None, "fault", repr(e)))
+        # A scale-out held last round for its configuration choice, unless the scaler proposes a scale-out
+        # of that model again (its word now wins); held once only: not ready again, the default.
+        held, self._held = self._held, {}
+        again = {d.model for d in proposed if isinstance(d, ScaleOut)}
+        retried = [d for m, d in sorted(held.items()) if m not in again and m in view.models]
         rnd = _Round(view, dict(self._last_out), dict(self._last_change))
-        out = self._check(rnd, proposed)
+        out = self._check(rnd, [*retried, *proposed], retried=frozenset(map(id, retried)))
         # The minimum last, for what the scaler's own scale-outs (which may plan up to it) left short.
         top_up: list[object] = []
         for m, mv in sorted(view.models.items()):
@@ -201,11 +216,16 @@ class AutoscaleRunner:
 
     # ----------------------------------------------------------------- the rules
     def _check(
-        self, rnd: _Round, proposed: Sequence[object], *, minimum: bool = False
+        self,
+        rnd: _Round,
+        proposed: Sequence[object],
+        *,
+        minimum: bool = False,
+        retried: frozenset[int] = frozenset(),
     ) -> list[ScaleDecision]:
         """The rules, decision by decision (`proposed` is typed loosely: a plugin may return anything).
         With `minimum` (the runner's own top-up to `min_instances`) the scale-out cool-down does not
-        apply."""
+        apply. `retried`: the ids of held scale-outs asked again (not held twice)."""
         s = self.settings
         view = rnd.view
         now = view.now
@@ -233,7 +253,12 @@ class AutoscaleRunner:
                     self._refuse(now, d, "refused", "scale_out_cooldown")
                     continue
                 if not chosen and d.config is None and self.configs is not None and len(mv.configs) > 1:
-                    todo += [(part, True) for part in reversed(self._choose(rnd, d))]
+                    parts = self._choose(rnd, d, again=id(d) in retried)
+                    if parts is None:  # its configurations are not chosen yet: held for the next round
+                        self._held[d.model] = d
+                        self._refuse(now, d, "refused", "config_choice_pending")
+                        continue
+                    todo += [(part, True) for part in reversed(parts)]
                     continue
                 devs = _devices(mv, d.config)
                 if devs is None:
@@ -295,9 +320,10 @@ class AutoscaleRunner:
                 out.append(accepted)
         return out
 
-    def _choose(self, rnd: _Round, d: ScaleOut) -> list[ScaleOut]:
+    def _choose(self, rnd: _Round, d: ScaleOut, *, again: bool) -> list[ScaleOut] | None:
         """`d` split by configuration (`ConfigChoice`); `d` itself, its reason saying so, when the choice
-        raises or breaks its contract."""
+        raises or breaks its contract; None when the choice is not ready (`again`: held once already,
+        then `d` itself)."""
         assert self.configs is not None
         try:
             parts = list(self.configs.choose(rnd.view, d, rnd.free, tuple(rnd.started.get(d.model, ()))))
@@ -305,6 +331,12 @@ class AutoscaleRunner:
             self.counters.faults += 1
             return [
                 dataclasses.replace(d, reason=f"{d.reason}; default configuration: the choice raised {e!r}")
+            ]
+        if not parts:
+            if not again:
+                return None
+            return [
+                dataclasses.replace(d, reason=f"{d.reason}; default configuration: the choice is not ready")
             ]
         if (
             not parts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gateway.core.frozen import frozen
+from gateway.core.slo import Allotment
 from gateway.core.types import SLO, ApiKind, ModelName, RequestId
 
 
@@ -30,3 +31,6 @@ class SchedRequest:
     resumable: bool = False
     preemptions: int = 0
     produced_tokens: int = 0
+    # A task call's own share of its task SLA (CATO's allotted time for its step; `slo` holds the rest of
+    # the task SLA as its deadline): what slack violations are counted against. None: not a task call.
+    allotment: Allotment | None = None

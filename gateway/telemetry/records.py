@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from gateway.core.slo import Allotment
 from gateway.core.types import SLO, EndpointId, RequestId
 from gateway.sched.perf import PerfCoefficients
 from gateway.telemetry.perfmodel import PARTS, Part
@@ -52,6 +53,7 @@ class FinishedRequest(NamedTuple):
     gaps: Sequence[float]  # inter-token gaps of a stream
     predicted_output_tokens: float | None
     request: RequestId | None = None  # the scheduler's id (the autoscaler matches it to open calls)
+    allotment: Allotment | None = None  # a task call's own share of its task SLA (the autoscaler's)
 
 
 @dataclass(frozen=True, slots=True)

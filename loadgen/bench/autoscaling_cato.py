@@ -8,9 +8,9 @@ power-of-two choices over outstanding requests for every configuration (the Ray 
 router), with the SLO classes and task allotments of `policies/coding-assistant.toml`; the
 configurations differ in the autoscaler (`[autoscale]`, interval 2 s):
 
-- `cato-sla`: slack violations (a call over its allotted time by 20 %) past 3 and past the idle
-  instances add instances; instances idle for 20 s are removed; a call still queued or running that is
-  already over the limit counts at once (berth's reading);
+- `cato-sla`: slack violations (a call over its own share of its task SLA by 20 %) past 3 and past the
+  idle instances add instances; instances idle for 20 s are removed; a call still queued or running
+  that is already over the limit counts at once (berth's reading);
 - `cato-sla-finished`: the same, counting a call only when it finishes (the paper's literal rule);
 - `queue-length`: Ray Serve's defaults (2 ongoing requests per instance, 30 s upscale delay, 600 s
   downscale delay); `queue-length-target1`: the same with 1 ongoing request per instance (Ray Serve's

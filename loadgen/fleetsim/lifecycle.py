@@ -198,7 +198,10 @@ class SimLifecycle:
         later: Callable[[float, Callable[[], None]], None],
         apply: Callable[[Sequence[Decision]], None],
         engines: EngineHooks,
+        prior: Callable[[], PerfCoefficients] | None = None,
     ) -> None:
+        """`prior`: the simulated gateway's telemetry prior (the configuration choice's, for a
+        configuration `opts.priors` does not give, as live)."""
         self.opts = opts
         self._sched = scheduler
         self._now = now
@@ -224,7 +227,9 @@ class SimLifecycle:
         self.core.on_eviction = self._on_eviction
         autoscale = scheduler.policy.autoscale
         self.scaling = (
-            None if autoscale is None else ScaleLoop(autoscale, self.core, scheduler, priors=opts.priors)
+            None
+            if autoscale is None
+            else ScaleLoop(autoscale, self.core, scheduler, priors=opts.priors, prior=prior)
         )
         self._active: dict[str, EndpointSpec] = {}  # instance id -> its endpoint, while in the set
         self._engine_of: dict[str, EndpointId] = {}  # instance id -> its engine, from ready to stop
@@ -276,7 +281,7 @@ class SimLifecycle:
             return
         slo = req.slo
         kind = self._sched.policy.slo.class_of(slo.slo_class).kind
-        e2e, allotted_s = allotted(slo)
+        e2e, allotted_s = allotted(slo, req.allotment)
         self.scaling.finished(
             req.model,
             FinishedCall(

@@ -193,6 +193,7 @@ class Simulation:
                 later=lambda dt, f: self.push(self.clock.t + dt, _LIFE, f),
                 apply=self._apply,
                 engines=EngineHooks(add=self._add_engine, remove=self._remove_engine, load=self._engine_load),
+                prior=lambda: self.gw.telemetry.fleet.settings.prior,
             )
             self.life.install()
         run_opts = RunOptions(

@@ -3,6 +3,7 @@ hand-built views."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from gateway.core.types import InstanceClass, ModelName
 from gateway.sched.autoscale import AutoscaleRunner, AutoscaleSettings, ModelBounds
 from gateway.sched.plugins.autoscale.interface import (
+    InstanceConfig,
+    ModelScaleView,
     Reclass,
     ScaleDecision,
     ScaleIn,
@@ -217,3 +220,70 @@ def test_the_minimum_is_restored_even_within_the_scale_out_cooldown() -> None:
     r.scaler = Scripted()
     # the instance it started crashed: the model is below its minimum again 10 s later
     assert r.step(view(model([]), now=10.0)) == [ScaleOut(M, MIXED, 1, None, "min_instances")]
+
+
+# ----------------------------------------------------------------------------- a choice not ready yet
+class Pending:
+    """A `ConfigChoice` whose answer is not ready for the first `rounds` questions, then `big`."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.asked = 0
+
+    def choose(
+        self, view: ScaleView, decision: ScaleOut, free_devices: int, started: Sequence[str | None]
+    ) -> Sequence[ScaleOut]:
+        self.asked += 1
+        if self.asked <= self.rounds:
+            return []
+        return [dataclasses.replace(decision, config="big", reason=f"{decision.reason}; config big")]
+
+
+class Once:
+    """Proposes its decisions in its first round only (as cato-sla, which resets its count)."""
+
+    name = "once"
+
+    def __init__(self, *decisions: ScaleDecision) -> None:
+        self.decisions: list[ScaleDecision] = list(decisions)
+
+    def decide(self, view: ScaleView) -> Sequence[ScaleDecision]:
+        out, self.decisions = self.decisions, []
+        return out
+
+
+def configured(*configs: InstanceConfig) -> ModelScaleView:
+    return dataclasses.replace(model([inst("a")]), configs=configs)
+
+
+TWO = (InstanceConfig("small", 1, 8), InstanceConfig("big", 2, 64))
+
+
+def test_a_scale_out_whose_choice_is_not_ready_is_held_one_round_and_not_lost() -> None:
+    r = AutoscaleRunner(Once(ScaleOut(M, MIXED, 2, None, "late")), AutoscaleSettings(), configs=Pending(1))
+    v = view(configured(*TWO))
+    assert r.step(v) == []
+    [held] = r.take_records()
+    assert (held.outcome, held.note) == ("refused", "config_choice_pending")
+    assert r.counters.started == 0
+    # the scaler proposes nothing more: the held scale-out is asked again, its choice is ready now
+    assert r.step(dataclasses.replace(v, now=110.0)) == [ScaleOut(M, MIXED, 2, "big", "late; config big")]
+    assert r.counters.started == 2
+
+
+def test_the_scalers_new_proposal_replaces_a_held_scale_out() -> None:
+    r = AutoscaleRunner(
+        Scripted(ScaleOut(M, MIXED, 1, None, "again")), AutoscaleSettings(), configs=Pending(1)
+    )
+    v = view(configured(*TWO))
+    assert r.step(v) == []
+    assert r.step(dataclasses.replace(v, now=110.0)) == [ScaleOut(M, MIXED, 1, "big", "again; config big")]
+    assert r.counters.started == 1  # not the held one as well
+
+
+def test_a_choice_not_ready_twice_starts_the_default_configuration() -> None:
+    r = AutoscaleRunner(Once(ScaleOut(M, MIXED, 1, None, "late")), AutoscaleSettings(), configs=Pending(5))
+    v = view(configured(*TWO))
+    assert r.step(v) == []
+    out = r.step(dataclasses.replace(v, now=110.0))
+    assert out == [ScaleOut(M, MIXED, 1, None, "late; default configuration: the choice is not ready")]

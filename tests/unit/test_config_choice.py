@@ -14,8 +14,10 @@ import threading
 from collections.abc import Sequence
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gateway.config import parse_policy_text
+from gateway.config.schema import PerfPriorConfig, TelemetryConfig
 from gateway.core.clock import FakeClock
 from gateway.core.tasks import TaskSupervisor
 from gateway.core.types import (
@@ -28,6 +30,10 @@ from gateway.core.types import (
     ModelName,
     RequestId,
 )
+from gateway.lifecycle import placements
+from gateway.lifecycle.autoscaler import LiveAutoscaler
+from gateway.lifecycle.choice_plan import ChoiceInputs, ChoicePlan, plan_choice
+from gateway.lifecycle.config_choice import PlanAhead
 from gateway.lifecycle.instances import (
     DeviceSpec,
     Lifecycle,
@@ -36,10 +42,10 @@ from gateway.lifecycle.instances import (
     NodeSpec,
     StartInstance,
 )
-from gateway.lifecycle.placements import Placements, ThreadPlacements
+from gateway.lifecycle.placements import ThreadPlans
 from gateway.lifecycle.scaling import ScaleLoop
 from gateway.sched.autoscale import Autoscale, AutoscaleSettings
-from gateway.sched.heterogeneous import RELAXED, STRICT, Estimate, Placement, RequestKind, TrafficMix
+from gateway.sched.heterogeneous import ConfigProfile, Placer, RequestKind, TrafficMix
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.autoscale.interface import InstanceConfig, ScaleDecision, ScaleOut, ScaleView
@@ -48,6 +54,7 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointEstimates
 from gateway.sched.types import EndpointSpec
+from gateway.telemetry.live import LiveTelemetry
 
 GIB = 1 << 30
 M = ModelName("m")
@@ -87,7 +94,7 @@ class Asks:
 
 
 def make(
-    count: int, spec: ModelSpec = SPEC, *, dry_run: bool = False, placements: Placements | None = None
+    count: int, spec: ModelSpec = SPEC, *, dry_run: bool = False, ahead: PlanAhead | None = None
 ) -> tuple[ScaleLoop, Lifecycle, Scheduler, FakeClock]:
     clock = FakeClock(0.0)
     sched = Scheduler(parse_policy_text(POLICY, "maaso.toml", default_registry()), clock)
@@ -98,9 +105,7 @@ def make(
         settings=LifecycleSettings(load_deadline_s=100),
     )
     autoscale = Autoscale(Asks(count), AutoscaleSettings(interval_s=5.0, dry_run=dry_run))
-    loop = ScaleLoop(
-        autoscale, lc, sched, priors={M: {"tp2-b8": WIDE, "tp1-b64": CURVE}}, placements=placements
-    )
+    loop = ScaleLoop(autoscale, lc, sched, priors={M: {"tp2-b8": WIDE, "tp1-b64": CURVE}}, ahead=ahead)
     return loop, lc, sched, clock
 
 
@@ -222,62 +227,114 @@ def test_a_fitted_curve_of_a_running_configuration_replaces_its_prior() -> None:
     assert (by["tp2-b8"].thr1, by["tp1-b64"].thr1) == (300.0, 100.0)
 
 
-# --------------------------------------------------------------------- where the placement search runs
-class RecordingPlacer:
-    """A placement search that records the thread it ran on and returns a fixed placement."""
+# --------------------------------------------------------------------- where the choice is computed
+async def test_the_live_plan_is_computed_on_a_worker_thread_one_per_model_and_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads: list[int] = []
 
-    def __init__(self, placement: Placement) -> None:
-        self.result = placement
-        self.threads: list[int] = []
+    def recording(inputs: ChoiceInputs) -> ChoicePlan:
+        threads.append(threading.get_ident())
+        return plan_choice(inputs)
 
-    def place(self, mix: TrafficMix, devices: int) -> Placement:
-        self.threads.append(threading.get_ident())
-        return self.result
-
-
-def placement_of(strict: Sequence[str], relaxed: Sequence[str]) -> Placement:
-    empty = Estimate(0.0, 0.0, 0.0, 0.0, 0.0)
-    return Placement(
-        instances={STRICT: tuple(strict), RELAXED: tuple(relaxed)},
-        devices={STRICT: len(strict), RELAXED: len(relaxed)},
-        score=0.5,
-        estimate={STRICT: empty, RELAXED: empty},
-    )
-
-
-async def test_the_live_search_runs_on_a_worker_thread_and_its_latest_result_is_used() -> None:
+    monkeypatch.setattr(placements, "plan_choice", recording)
     supervisor = TaskSupervisor()
-    placements = ThreadPlacements(supervisor)
-    placer = RecordingPlacer(placement_of(["tp2-b8"], ["tp1-b64"]))
-    mix = TrafficMix(1.0, 0.01, (RequestKind(1.0, 0.8, 100.0),))
+    plans = ThreadPlans(supervisor)
+    profiles = (
+        ConfigProfile.from_perf("tp2-b8", 2, 8, WIDE, prompt_tokens=50.0),
+        ConfigProfile.from_perf("tp1-b64", 1, 64, CURVE, prompt_tokens=50.0),
+    )
+    mix = TrafficMix(6.0, T_SLOT_MS / 1000.0, (RequestKind(0.9, 0.8, 100.0), RequestKind(0.1, 3.0, 100.0)))
+    inputs = ChoiceInputs(Placer(profiles, strict_below=1.1, strict_max_batch=8), mix, (), 8, 4)
     try:
-        assert placements.placement(M, placer, mix, 8) is None  # none completed yet
-        assert placements.placement(M, placer, mix, 8) is None  # one search per model at a time
-        await placements.settled()
-        assert len(placer.threads) == 1
-        assert placer.threads[0] != threading.get_ident()  # not the event loop's thread
-        assert placements.placement(M, placer, mix, 8) is placer.result
-        await placements.settled()
-        assert len(placer.threads) == 2  # each round's question starts a search with its inputs
+        assert plans.compute(M, inputs)
+        assert not plans.compute(M, inputs)  # one per model at a time
+        assert plans.latest(M) is None  # none completed yet
+        await plans.settled()
+        assert len(threads) == 1
+        assert threads[0] != threading.get_ident()  # not the event loop's thread
+        plan = plans.latest(M)
+        assert plan is not None
+        assert plan == plan_choice(inputs)  # what the simulator computes where it is asked
+        assert plan.steps
     finally:
         await supervisor.close()
 
 
-async def test_the_live_loop_takes_the_next_step_until_the_placement_is_ready_then_follows_it() -> None:
+def records_of(loop: ScaleLoop) -> list[tuple[str, str | None, int, str]]:
+    out: list[tuple[str, str | None, int, str]] = []
+    for r in loop.runner.take_records():
+        assert isinstance(r.decision, ScaleOut)
+        out.append((r.outcome, r.decision.config, r.decision.count, r.note or r.decision.reason))
+    return out
+
+
+async def test_the_live_loop_holds_a_scale_out_until_its_plan_is_ready_and_chooses_as_inline() -> None:
     supervisor = TaskSupervisor()
-    placements = ThreadPlacements(supervisor)
-    loop, _, _, clock = make(1, placements=placements)
+    plans = ThreadPlans(supervisor)
+    loop, _, _, clock = make(2, ahead=plans)
+    inline, _, _, inline_clock = make(2)
+    for lp, ck in ((loop, clock), (inline, inline_clock)):
+        feed(lp, ck, rate=6.0, strict_share=0.9)
+    try:
+        assert starts(loop.step(clock.now(), {})) == []  # no plan yet: held, and one is computed
+        assert records_of(loop) == [("refused", None, 2, "config_choice_pending")]
+        await plans.settled()
+        clock.advance(5.0)
+        live = configs_of(loop.step(clock.now(), {}))
+        inline_clock.advance(5.0)
+        assert live == configs_of(inline.step(inline_clock.now(), {}))  # the same choice
+        assert len(live) == 2
+        assert all(c is not None for c in live)
+        assert all(o == "acted" and "devices place" in why for o, _, _, why in records_of(loop))
+    finally:
+        await supervisor.close()
+
+
+async def test_a_live_plan_continues_over_the_instances_it_started_and_not_over_others() -> None:
+    supervisor = TaskSupervisor()
+    plans = ThreadPlans(supervisor)
+    loop, lc, _, clock = make(1, ahead=plans)
     feed(loop, clock, rate=6.0, strict_share=0.9)
     try:
-        loop.step(clock.now(), {})
-        [first] = loop.runner.take_records()
-        assert first.decision is not None
-        assert first.decision.reason.endswith("; placement not ready yet)"), first.decision.reason
-        await placements.settled()
+        loop.step(clock.now(), {})  # held; a plan for the empty fleet is computed
+        await plans.settled()
+        plan = plans.latest(M)
+        assert plan is not None
+        assert len(plan.steps) >= 3
+        first, second = plan.steps[0].config, plan.steps[1].config
         clock.advance(5.0)
-        loop.step(clock.now(), {})
-        [then] = loop.runner.take_records()
-        assert then.decision is not None
-        assert "devices place" in then.decision.reason, then.decision.reason
+        assert configs_of(loop.step(clock.now(), {})) == [first]  # a plan for the fleet after it is asked
+        clock.advance(5.0)  # ... not completed yet: the first plan goes on from its second step
+        assert configs_of(loop.step(clock.now(), {})) == [second]
+        await plans.settled()
+        lc.scale_out(M, clock.now(), config="tp1-b64")  # an instance no plan counted on
+        clock.advance(5.0)
+        assert starts(loop.step(clock.now(), {})) == []
+        assert records_of(loop)[-1] == ("refused", None, 1, "config_choice_pending")
     finally:
         await supervisor.close()
+
+
+def test_the_live_loop_plans_with_the_gateways_telemetry_prior_and_follows_its_reload() -> None:
+    """Live, a configuration neither fitted nor given a prior of its own is planned with the gateway's
+    `[telemetry.prior]` (what every endpoint's model starts from), not the generic prior; a reload of
+    `[telemetry]` changes it."""
+    clock = FakeClock(0.0)
+    policy = POLICY + '[autoscale]\nplugin = "queue-length"\n'
+    sched = Scheduler(parse_policy_text(policy, "maaso.toml", default_registry()), clock)
+    lc = Lifecycle(models={M: SPEC}, nodes=[NODE], evictor=LruEvictor(), settings=LifecycleSettings())
+    tel = LiveTelemetry(sched, clock, TelemetryConfig(prior=PerfPriorConfig(thr1=55.0, alpha=5.0)))
+    live = LiveAutoscaler(lc, sched, CollectorRegistry(), prior=lambda: tel.fleet.settings.prior)
+    assert live.loop is not None
+
+    def planned() -> dict[str, tuple[float, float]]:
+        assert live.loop is not None
+        profiles, fitted = live.loop.configs.profiles(live.loop.view(clock.now(), {}).models[M])
+        assert fitted == ()
+        return {p.name: (p.thr1, p.alpha) for p in profiles}
+
+    assert default_prior().thr1 != 55.0
+    assert planned() == {"tp2-b8": (55.0, 5.0), "tp1-b64": (55.0, 5.0)}
+    tel.reconfigure(TelemetryConfig(prior=PerfPriorConfig(thr1=80.0)))
+    assert planned() == {c: (80.0, default_prior().alpha) for c in ("tp2-b8", "tp1-b64")}

@@ -66,6 +66,7 @@ def _view(action: str, reason: str, note: str) -> DecisionView:
         ("scale_in", "idle", "instance is starting (only a ready one)", "not_ready"),
         ("reclass", "spare", "already of that class", "same_class"),
         ("scale_out", "x", "unknown configuration 'big'", "unknown_config"),
+        ("scale_out", "late", "config_choice_pending", "config_choice_pending"),
         ("none", "", "RuntimeError('a plugin bug 42')", "scaler_raised"),
         ("scale_out", "x", "something new", "other"),
     ],

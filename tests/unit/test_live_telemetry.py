@@ -4,6 +4,7 @@ refresh() folds in and hands estimates to the scheduler, staleness fails open, [
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import msgspec
 import pytest
@@ -11,6 +12,7 @@ from structlog.testing import capture_logs
 
 from gateway.config.schema import PerfPriorConfig, TelemetryConfig
 from gateway.core.clock import FakeClock
+from gateway.core.slo import Allotment
 from gateway.core.types import SLO, ApiKind, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.dispatch.context import RequestContext
 from gateway.front.api import finished_record
@@ -102,9 +104,16 @@ def test_the_finish_phase_only_queues_and_refresh_folds_in() -> None:
 
 def test_the_finished_record_names_the_scheduler_request() -> None:
     # The autoscaler matches a finish to the open call it may have counted already (cato-sla).
-    record = finished_record(Rig().run_request("r7"))
+    ctx = Rig().run_request("r7")
+    record = finished_record(ctx)
     assert record is not None
-    assert record.request == RequestId("r7")
+    assert (record.request, record.allotment) == (RequestId("r7"), None)
+    # ... and a task call's own share of its task SLA, which cato-sla measures it against
+    assert ctx.sched is not None
+    ctx.sched = dataclasses.replace(ctx.sched, allotment=Allotment(2.0, e2e=False))
+    record = finished_record(ctx)
+    assert record is not None
+    assert record.allotment == Allotment(2.0, e2e=False)
 
 
 def test_timelines_settle_up_to_the_oldest_running_request() -> None:

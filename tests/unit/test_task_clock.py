@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gateway.admission.tasks import TaskClock
 from gateway.core.clock import FakeClock
-from gateway.core.slo import SloClass, TaskMetric, TaskSettings
+from gateway.core.slo import Allotment, SloClass, TaskMetric, TaskSettings
 
 GEN = SloClass("generation", task_sla_ms=15000.0, task_metric=TaskMetric.TTFT, steps=(3.0, 1.0))
 ONE = SloClass("completion", task_sla_ms=1200.0, task_metric=TaskMetric.TTFT)
@@ -40,6 +40,19 @@ def test_each_call_is_due_at_its_cumulative_share_of_the_task_sla() -> None:
     third = tasks.call("t", clock.now(), GEN, None)  # beyond the listed steps: the task's deadline
     assert (third.step, third.final) == (2, True)
     assert third.deadline == pytest.approx(15.0)
+
+
+def test_each_call_is_allotted_its_own_share_whatever_its_predecessor_took() -> None:
+    tasks = TaskClock()
+    first = tasks.call("t", 0.0, GEN, None)
+    assert first.allotment == Allotment(pytest.approx(11.25), e2e=True)  # type: ignore[arg-type]
+    second = tasks.call("t", 14.0, GEN, None)  # after a late first call: 1 s to its deadline
+    assert second.deadline == pytest.approx(15.0)
+    # ... but its own share is the same 1/4 of the task SLA, on the task's measure (its first token)
+    assert second.allotment == Allotment(pytest.approx(3.75), e2e=False)  # type: ignore[arg-type]
+    third = tasks.call("t", 20.0, GEN, None)  # beyond the listed steps: the last step's share
+    assert third.allotment == Allotment(pytest.approx(3.75), e2e=False)  # type: ignore[arg-type]
+    assert TaskClock().call("t", 0.0, SloClass("plain"), None).allotment is None  # no task SLA
 
 
 def test_the_sla_header_wins_over_the_class_default() -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from gateway.core.slo import SloKind
+from gateway.core.slo import Allotment, SloKind
 from gateway.core.types import SLO, EndpointId, InstanceClass, ModelName, RequestId
 
 
@@ -72,10 +72,15 @@ class QueuedRequest:
     output_var: float  # variance of that prediction (0: exact or unknown)
 
 
-def allotted(slo: SLO) -> tuple[bool, float | None]:
-    """A call's measure for violation counts: (measured end to end, the seconds it was allotted). Its
-    E2E target when it has one (measured from arrival to its last token), else its TTFT target (to its
-    first token); None: no target on either."""
+def allotted(slo: SLO, allotment: Allotment | None = None) -> tuple[bool, float | None]:
+    """A call's measure for violation counts: (measured end to end, the seconds it was allotted). A task
+    call's own share of its task SLA when it has one (`SchedRequest.allotment`: CATO's allotted time for
+    its step, on the task's measure for that step; not its deadline, which is what the task has left,
+    so a call after a late predecessor would be late on arrival). Else its E2E target when it has one
+    (measured from arrival to its last token), else its TTFT target (to its first token); None: no
+    target on either."""
+    if allotment is not None:
+        return allotment.e2e, allotment.seconds
     if slo.deadline_ms is not None:
         return True, slo.deadline_ms / 1000.0
     return False, None if slo.ttft_ms is None else slo.ttft_ms / 1000.0
