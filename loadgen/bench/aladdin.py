@@ -19,9 +19,11 @@ Setup (every run on the offline fleet simulator, `loadgen.fleetsim`):
 - ``[telemetry.prior]`` is the profile's latency model (an operator's profiling step, as the scheduling
   benchmark does), so the fitted models are right from the first request.
 
-Policies: `berth` is `policies/aladdin.toml` (best fit, most loaded first; its comments say where it
-departs from the paper); the baselines are the shipped `policies/baseline-least-outstanding.toml` and
-`policies/baseline-power-of-two.toml` as they are (they take the targets from the headers).
+Policies: `berth` is `policies/aladdin.toml` (best fit, fewest outstanding requests first on this fixed
+fleet; its comments say where it departs from the paper); the baselines are the shipped
+`policies/baseline-least-outstanding.toml` and `policies/baseline-power-of-two.toml` as they are (they
+take the targets from the headers). `--policies` may add `aladdin-paper`: the preset with best fit in
+the paper's order (most loaded first, endpoints running long last).
 
 Search (`fewest`): goodput falls as endpoints go, so the fewest endpoints is found by galloping from a
 guess (the policy's fitted model at the rates so far, at first 1.25 × the floor below) and bisecting, a
@@ -62,6 +64,7 @@ import orjson
 
 from loadgen.bench import capacity
 from loadgen.bench.entry import run_bench, say
+from loadgen.bench.scheduling_types import VARIANTS as PRESET_VARIANTS
 from loadgen.client import RequestResult
 from loadgen.engine_sim.profiles import EngineProfile, get_profile
 from loadgen.engine_sim.spec import EndpointSpec
@@ -79,6 +82,10 @@ POLICIES: Final[dict[str, str]] = {
     JSQ: "baseline-least-outstanding.toml",
     "power-of-two": "baseline-power-of-two.toml",
 }
+#: Variants of berth's preset `--policies` may name (not run by default): `aladdin-paper` is
+#: policies/aladdin.toml with best fit in the paper's order (most loaded first, endpoints whose requests
+#: run long last, the prefill-pause bound for ITL targets only), where the preset departs from it.
+VARIANTS: Final = {"aladdin-paper": PRESET_VARIANTS["aladdin-paper"]}
 PROFILE: Final = "a100-llama2-7b"
 WORKLOAD: Final = "sharegpt-like:aladdin-7b"
 MODEL: Final = "llama-2-7b"
@@ -369,11 +376,28 @@ def gateway_toml(profile: str = PROFILE) -> str:
     )
 
 
+def policy_path(cfg: AladdinConfig, policy: str) -> Path:
+    """The policy file of `policy`: a shipped one, or a variant of berth's written into the output."""
+    variant = VARIANTS.get(policy)
+    if variant is None:
+        return POLICY_DIR / POLICIES[policy]
+    path = cfg.out / f"{policy}.toml"
+    path.write_text(variant.apply((POLICY_DIR / POLICIES[BERTH]).read_text()))
+    return path
+
+
+def policy_source(policy: str) -> str:
+    if policy in POLICIES:
+        return f"policies/{POLICIES[policy]}"
+    return f"policies/{POLICIES[BERTH]} ({VARIANTS[policy].about})"
+
+
 def run_probe(cfg: AladdinConfig, gateway: Path, policy: str, rate: float, n: int) -> Probe:
     runs: list[SeedRun] = []
+    path = policy_path(cfg, policy)
     for seed in cfg.seed_list():
         opts = SimOptions(
-            policy=POLICY_DIR / POLICIES[policy],
+            policy=path,
             fleet=fleet(n),
             gateway=gateway,
             workload=WORKLOAD,
@@ -462,7 +486,7 @@ def bench(cfg: AladdinConfig, log: Callable[[str], None] = print) -> dict[str, A
             "slo": {"ttft_ms": TTFT_S * 1000.0, "atgt_ms": ATGT_S * 1000.0},
             "goodput_target": GOODPUT_TARGET,
             "ratio_target": RATIO_TARGET,
-            "policies": {p: f"policies/{POLICIES[p]}" for p in cfg.policies},
+            "policies": {p: policy_source(p) for p in cfg.policies},
             "engine_scheduling": "fcfs",
             "cap": profile.max_num_seqs,
             "telemetry_prior": "the profile's latency model",
@@ -719,7 +743,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rates", help=f"req/s, comma-separated (default {','.join(f'{r:g}' for r in DEFAULT_RATES)})"
     )
-    p.add_argument("--policies", default=",".join(POLICIES), help=f"subset of {', '.join(POLICIES)}")
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"subset of {', '.join(POLICIES)}, or {', '.join(VARIANTS)} (berth's preset, the paper's order)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="seeds per probe (requests pooled)")
     p.add_argument("--duration", type=float, default=DEFAULT_DURATION_S, help="simulated s of arrivals")
@@ -731,7 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> AladdinConfig | str:
     policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())
-    unknown = [x for x in policies if x not in POLICIES]
+    unknown = [x for x in policies if x not in POLICIES and x not in VARIANTS]
     if unknown or not policies:
         return f"unknown policies: {', '.join(unknown) or '(none given)'}"
     if args.seeds < 1 or args.max_endpoints < 1 or args.duration <= 0:

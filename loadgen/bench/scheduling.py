@@ -32,7 +32,9 @@ Configurations (`--configs`; both by default on the simulator, `tuned` live):
 Policies: `berth` is `policies/coding-assistant.toml` as shipped. The baselines are the shipped
 `policies/baseline-*.toml` with the coding-assistant's `[slo]` class table added (the workload names its
 task type in x-berth-slo-class, which a policy must know; FCFS and the baselines' placement ignore it, and
-they have no admission control).
+they have no admission control). `--policies` may also name the other shipped presets (`default`,
+`chat-and-batch`, `aladdin`, given the same class table) and variants of them (`VARIANTS`: e.g.
+`aladdin-paper`, best fit in the paper's order), shown beside the preset and not judged.
 
 Seeds and targets: every comparison runs on `--seeds` seeds (5 by default on the simulator, 3 with
 `--quick`, 1 live); the report gives each policy's mean goodput (task-level, overall and per task type)
@@ -99,8 +101,10 @@ from loadgen.bench.scheduling_types import (
     QUICK_SEEDS,
     TASK_TYPES,
     TUNED,
+    VARIANTS,
     BenchConfig,
     RunResult,
+    policy_source,
     split,
 )
 from loadgen.client import RequestResult
@@ -188,14 +192,17 @@ def gateway_toml(
 
 
 def policy_file(name: str, run_dir: Path) -> Path:
-    """The policy to run: berth's as shipped; a baseline as shipped plus the coding class table."""
-    shipped = POLICY_DIR / (POLICIES.get(name) or PRESETS[name])
+    """The policy to run: berth's as shipped; a baseline or another preset as shipped plus the coding
+    class table; a variant as its preset with the variant's replacements, plus the table."""
+    variant = VARIANTS.get(name)
+    shipped = POLICY_DIR / (POLICIES.get(name) or PRESETS[variant.preset if variant else name])
     if name == BERTH:
         return shipped
-    base = _before_slo(shipped.read_text())
+    text = shipped.read_text()
+    base = _before_slo(text if variant is None else variant.apply(text))
     coding = (POLICY_DIR / POLICIES[BERTH]).read_text()
     table = coding[coding.index("\n[slo]\n") + 1 :]  # [slo] ... [tasks]: the end of the preset
-    path = run_dir / f"{shipped.stem}.toml"
+    path = run_dir / f"{shipped.stem if variant is None else name}.toml"
     path.write_text(
         f"{base}\n# The coding-assistant's SLO classes (the workload names its task type as the class)\n"
         f"{table}"
@@ -632,7 +639,7 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
             "configs": list(cfg.configs),
             "patterns": list(cfg.patterns),
             "rates": {p: list(cfg.rates_for(p)) for p in cfg.patterns},
-            "policies": {p: POLICIES.get(p) or PRESETS[p] for p in cfg.policies},
+            "policies": {p: policy_source(p) for p in cfg.policies},
             "endpoints_per_model": cfg.endpoints_per_model,
             "seed": cfg.seed,
             "seeds": list(cfg.seed_list()),
@@ -697,8 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help=f"subset of {', '.join([*POLICIES, *PRESETS])} (berth is coding-assistant.toml; "
-        f"{', '.join(PRESETS)} are the other shipped presets, with the coding SLO classes)",
+        help=f"subset of {', '.join([*POLICIES, *PRESETS, *VARIANTS])} (berth is coding-assistant.toml; "
+        f"{', '.join(PRESETS)} are the other shipped presets, with the coding SLO classes; "
+        f"{', '.join(VARIANTS)} a preset changed, shown beside it)",
     )
     p.add_argument("--endpoints", type=int, default=DEFAULT_ENDPOINTS, help="per model")
     p.add_argument("--seed", type=int, default=None, help=f"the first seed (default {DEFAULT_SEED})")
@@ -777,7 +785,7 @@ def merge(cfg: BenchConfig, dirs: Sequence[Path]) -> int:
 def config_from_args(args: argparse.Namespace) -> BenchConfig | str:
     """The benchmark's configuration from its options, or why they make none."""
     policies = _names(args.policies)
-    unknown = [x for x in policies if x not in POLICIES and x not in PRESETS]
+    unknown = [x for x in policies if x not in POLICIES and x not in PRESETS and x not in VARIANTS]
     if unknown:
         return f"unknown policies: {', '.join(unknown)}"
     configs = _names(args.configs) if args.configs else ((TUNED,) if args.live else CONFIGS)

@@ -4,6 +4,7 @@ data, and a tiny run of the whole benchmark through the command line."""
 from __future__ import annotations
 
 import math
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,11 +16,16 @@ from hypothesis import strategies as st
 from loadgen.bench.aladdin import (
     BERTH,
     JSQ,
+    POLICY_DIR,
+    AladdinConfig,
+    build_parser,
     call_cost_s,
+    config_from_args,
     fewest,
     fit_workers,
     guess_for,
     main,
+    policy_path,
     slo_floor,
     target_lines,
 )
@@ -181,3 +187,21 @@ def test_a_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
 def test_bad_arguments_are_refused() -> None:
     assert main(["--policies", "nope"]) == 2
     assert main(["--rates", "0"]) == 2
+
+
+def test_the_paper_variant_runs_berths_preset_in_the_papers_order(tmp_path: Path) -> None:
+    cfg = config_from_args(
+        build_parser().parse_args(["--policies", "berth,aladdin-paper", "--out", str(tmp_path)])
+    )
+    assert isinstance(cfg, AladdinConfig)
+    assert policy_path(cfg, BERTH) == POLICY_DIR / "aladdin.toml"
+    paper = policy_path(cfg, "aladdin-paper")
+    assert paper.parent == tmp_path
+    doc = tomllib.loads(paper.read_text())
+    (best_fit,) = (f["params"] for f in doc["placement"]["filters"] if f["plugin"] == "best-fit")
+    assert (best_fit["order"], best_fit["rebalance_threshold"], best_fit["deadlines"]) == (
+        "most-loaded",
+        0.5,
+        False,
+    )
+    assert doc["slo"]["classes"][0]["ttft_ms"] == 400.0  # its own class table, as the preset's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal
 
 import pytest
 from hypothesis import given, settings
@@ -35,6 +36,7 @@ from gateway.sched.targets import meets, time_left
 from tests.unit.slo_fixtures import COEF, req, running, snap, view
 
 P = PredictParams()
+Order = Literal["most-loaded", "least-loaded", "least-outstanding"]
 
 
 def load_of(v: object, now: float = 0.0) -> EndpointLoad:
@@ -503,3 +505,73 @@ def test_best_fit_can_try_the_least_loaded_endpoint_first() -> None:
     heavy = view("heavy", runs=[running(f"h{i}", dispatched_at=-0.2) for i in range(4)])
     assert [e.id for e in spread.filter(req(), [heavy, light], snap(light, heavy))] == ["light"]
     assert [e.id for e in BF.filter(req(), [heavy, light], snap(light, heavy))] == ["heavy"]
+
+
+# --------------------------------------------------------------------- best-fit, fixed-fleet order
+def _order(order: Order, *, rebalance: float = 0.5) -> BestFitFilter:
+    return BestFitFilter(BestFitParams(gamma=0.0, theta=0.9, rebalance_threshold=rebalance, order=order))
+
+
+def test_least_outstanding_order_counts_requests_not_their_lengths() -> None:
+    # one long prompt (a summarization) against three short requests with long answers (generations):
+    # by capacity_norm the long context is the heavier endpoint, by count the lighter
+    long_ctx = view("long", runs=[running("l0", dispatched_at=-0.5, prompt=12_000, out=20.0)])
+    pair = view("pair", runs=[running(f"p{i}", dispatched_at=-0.5, prompt=8000, out=20.0) for i in range(2)])
+    short = view("short", runs=[running(f"s{i}", dispatched_at=-0.5, prompt=50, out=300.0) for i in range(3)])
+    r = req(prompt=3000)
+    s = snap(long_ctx, pair, short)
+    fleet = [short, pair, long_ctx]
+    assert [e.id for e in _order("least-outstanding").filter(r, fleet, s)] == ["long"]
+    assert [e.id for e in _order("least-loaded").filter(r, fleet, s)] == ["short"]
+    assert [e.id for e in _order("most-loaded").filter(r, fleet, s)] == ["pair"]
+
+
+def test_least_outstanding_order_counts_what_waits_in_the_engine() -> None:
+    # one request of berth's, three more queued inside the engine by other routes
+    queued = dataclasses.replace(
+        view("queued", runs=[running("q0", dispatched_at=-0.2)]), engine_running=1.0, engine_waiting=3.0
+    )
+    two = view("two", runs=[running(f"t{i}", dispatched_at=-0.2) for i in range(2)])
+    three = view("three", runs=[running(f"h{i}", dispatched_at=-0.2) for i in range(3)])
+    s = snap(queued, two, three)
+    assert [e.id for e in _order("least-outstanding").filter(req(), [queued, two, three], s)] == ["two"]
+    assert [e.id for e in _order("least-loaded").filter(req(), [queued, two, three], s)] == ["queued"]
+    assert [e.id for e in _order("most-loaded").filter(req(), [queued, two, three], s)] == ["three"]
+
+
+def test_least_outstanding_order_still_keeps_every_constraint() -> None:
+    no_seat = view("no-seat", cap=1, runs=[running("x", dispatched_at=-0.1)])
+    tight = view("tight", runs=[running("y", dispatched_at=-0.1, out=50.0, e2e_deadline=0.9)])
+    busy = view("busy", runs=[running(f"b{i}", dispatched_at=-0.1, out=500.0) for i in range(3)])
+    s = snap(no_seat, tight, busy)
+    jsq = _order("least-outstanding")
+    # fewest outstanding first, but no seat on the first and a running deadline on the second
+    assert jsq.violations(EndpointLoad(no_seat, 0.0, P), req(prompt=3000)) == ["seats"]
+    assert jsq.violations(EndpointLoad(tight, 0.0, P), req(prompt=3000)) == ["prefill"]
+    assert [e.id for e in jsq.filter(req(prompt=3000), [no_seat, tight, busy], s)] == ["busy"]
+    # a short prompt pauses the running request briefly enough: the fewer outstanding takes it
+    assert [e.id for e in jsq.filter(req(prompt=10), [no_seat, tight, busy], s)] == ["tight"]
+
+
+def test_least_outstanding_order_falls_back_to_the_least_outstanding_without_the_reserve() -> None:
+    # alone: ~1.22 s; the request's own deadline fits nowhere within θ of its time left, so the
+    # endpoint with the fewest requests where it fits at all takes it (as in least-loaded order)
+    one = view("one", runs=[running("o0", dispatched_at=-0.2, out=500.0)])
+    three = view("three", runs=[running(f"t{i}", dispatched_at=-0.2, out=500.0) for i in range(3)])
+    r = req(out=100.0, e2e_ms=1400.0)
+    jsq = _order("least-outstanding")
+    assert all(jsq.violations(EndpointLoad(v, 0.0, P), r) for v in (one, three))
+    assert [e.id for e in jsq.filter(r, [three, one], snap(one, three))] == ["one"]
+
+
+def test_the_rebalancing_tier_off_keeps_new_requests_from_piling_onto_one_endpoint() -> None:
+    # every endpoint but one runs a request far past its predicted length (as every long answer does
+    # while the length predictor has no data): with the tier, the one left takes every new request
+    flagged = [view(f"e{i}", runs=[running(f"x{i}", dispatched_at=-20.0, out=10.0)]) for i in range(3)]
+    fresh = view("fresh", runs=[running(f"f{i}", dispatched_at=-0.2, out=500.0) for i in range(3)])
+    s = snap(*flagged, fresh)
+    assert all(EndpointLoad(v, 0.0, P).running_long >= 0.5 for v in flagged)
+    tiered = _order("least-outstanding")
+    flat = _order("least-outstanding", rebalance=0.0)
+    assert [e.id for e in tiered.filter(req(), [*flagged, fresh], s)] == ["fresh"]
+    assert [e.id for e in flat.filter(req(), [*flagged, fresh], s)] == ["e0"]

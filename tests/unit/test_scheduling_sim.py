@@ -11,7 +11,9 @@ import orjson
 import pytest
 
 from gateway.config import load_gateway_config
+from gateway.config.policy import load_policy
 from gateway.config.schema import LimitsConfig, ScrapeConfig, TelemetryConfig
+from gateway.sched.plugins import default_registry
 from loadgen.bench import scheduling
 from loadgen.bench.scheduling import bench, build_parser, config_from_args, fleet_file, gateway_toml
 from loadgen.bench.scheduling_types import (
@@ -24,6 +26,7 @@ from loadgen.bench.scheduling_types import (
     QUICK_SEEDS,
     TUNED,
     BenchConfig,
+    Variant,
 )
 from loadgen.cli import main as loadgen_main
 from loadgen.engine_sim.fleet import parse_fleet
@@ -164,6 +167,37 @@ async def test_a_tiny_benchmark_runs_on_the_simulator(tmp_path: Path) -> None:
     records = [orjson.loads(x) for x in (run_dir / "record.jsonl").read_bytes().splitlines()]
     assert len(records) == report["overall"]["count"]
     assert all(r["observed"]["sent_at"] >= r["at"] for r in records)
+
+
+def _best_fit(policy: Path) -> dict[str, object]:
+    filters = tomllib.loads(policy.read_text())["placement"]["filters"]
+    params = next(f["params"] for f in filters if f["plugin"] == "best-fit")
+    assert isinstance(params, dict)
+    return params
+
+
+def test_the_paper_variant_is_the_aladdin_preset_in_the_papers_order(tmp_path: Path) -> None:
+    preset = _best_fit(scheduling.policy_file("aladdin", tmp_path))
+    paper_file = scheduling.policy_file("aladdin-paper", tmp_path)
+    paper = _best_fit(paper_file)
+    assert preset["order"] == "least-outstanding"
+    assert (paper["order"], paper["rebalance_threshold"], paper["deadlines"]) == ("most-loaded", 0.5, False)
+    # nothing else differs, and both carry the coding classes
+    same = ("order", "rebalance_threshold", "deadlines")
+    assert {k: v for k, v in paper.items() if k not in same} == {
+        k: v for k, v in preset.items() if k not in same
+    }
+    assert "[[slo.classes]]" in paper_file.read_text()
+    assert load_policy(paper_file, default_registry(), seed=0).name == "aladdin"
+    assert isinstance(
+        config_from_args(build_parser().parse_args(["--policies", "aladdin,aladdin-paper"])), BenchConfig
+    )
+
+
+def test_a_variant_whose_text_is_gone_from_its_preset_says_so() -> None:
+    v = Variant("aladdin", (("no such text", "x"),), "broken")
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        v.apply("[placement]\n")
 
 
 def test_berth_loadgen_bench_scheduling_runs_it(tmp_path: Path) -> None:

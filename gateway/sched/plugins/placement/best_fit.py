@@ -3,10 +3,15 @@
 Endpoints are tried most loaded first, by ``capacity_norm`` = the L2 norm of (running / cap,
 Σ(l_in + γ·l_out) / KV capacity); endpoints whose running requests are running long (their output
 lengths were under-estimated, so they are more loaded than their predictions say) are tried last
-(Aladdin's re-balancing for prediction error). `order = "least-loaded"` tries the same constraints on
-the least loaded endpoint first instead: on a fixed fleet with room to spare, packing leaves idle
-endpoints while the packed ones run their requests close to their deadlines. That order is by load
-alone unless `rebalance_threshold` is set: the load already counts what a long runner still needs (its
+(Aladdin's re-balancing for prediction error). Packing is for a fleet that shrinks: the endpoints it
+leaves idle are the ones Aladdin's worker-count model (or an autoscaler) gives back. On a fixed fleet an
+idle endpoint is free capacity, and the packed ones run their requests close to their deadlines, so two
+other orders try the same constraints spread out instead: `order = "least-loaded"`, least capacity_norm
+first, and `order = "least-outstanding"`, join-shortest-queue order (fewest requests in flight or waiting
+there, the least-outstanding scorer's measure; Aladdin's own baseline), which weighs every request alike
+whatever its length (least capacity_norm first sends long prompts to the endpoints whose requests have
+short contexts, and their prefills pause those requests' decoding). A spreading order is by load alone
+unless `rebalance_threshold` is set: the load already counts what a long runner still needs (its
 remaining output is re-estimated once it is past its predicted length), and with mean predictions
 about half of all requests outrun theirs before they end (early on day one, while a class's lengths
 are predicted from the model's other classes, nearly all of its longer ones do: the benchmark's
@@ -34,10 +39,10 @@ waiting beats overloading):
 For the running requests l_in is the context so far and l_out what is left. A request's own targets (in
 (b) and (c)) are dropped when it cannot meet them even alone on that endpoint, or when admission
 demoted it to best-effort: it then goes where it harms no one. An endpoint with nothing running always
-fits. When no endpoint fits with the θ reserve on the request's own deadlines, the least loaded
-endpoint that fits without that reserve takes it (packing a request where it would only just make it
-leaves nothing for the requests that join later). Output lengths are the predicted means, or the tail
-bound in `tail` mode.
+fits. When no endpoint fits with the θ reserve on the request's own deadlines, the least loaded (in
+`least-outstanding` order, the least outstanding) endpoint that fits without that reserve takes it
+(packing a request where it would only just make it leaves nothing for the requests that join later).
+Output lengths are the predicted means, or the tail bound in `tail` mode.
 """
 
 from __future__ import annotations
@@ -68,13 +73,14 @@ class BestFitParams(PredictionParams, frozen=True, kw_only=True):
     theta: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.9  # margin for prediction error in (b) and (d)
     # Endpoints whose running requests are, summed, this far past their predicted lengths (in units of
     # one request's length) are tried last; 0: never. None (the default): 0.5 with "most-loaded" (a
-    # packing order trusts the predicted lengths), never with "least-loaded" (the load it orders by
+    # packing order trusts the predicted lengths), never with a spreading order (the load it orders by
     # already counts what the long runners still need).
     rebalance_threshold: Annotated[float, Meta(ge=0.0)] | None = None
     # "most-loaded": Aladdin's best fit (packs work densely: the fewest endpoints busy);
     # "least-loaded": the same constraints tried on the least loaded endpoint first (a fixed fleet
-    # with room to spare: small batches, more time in hand for every request).
-    order: Literal["most-loaded", "least-loaded"] = "most-loaded"
+    # with room to spare: small batches, more time in hand for every request);
+    # "least-outstanding": tried in join-shortest-queue order (fewest requests in flight or waiting).
+    order: Literal["most-loaded", "least-loaded", "least-outstanding"] = "most-loaded"
     # (d) also protects the end-to-end and first-token deadlines of running requests (not only ITL
     # targets, Aladdin's own case); off, that is left to the overflow guard.
     deadlines: bool = True
@@ -88,23 +94,25 @@ class BestFitFilter:
     def __init__(self, params: BestFitParams, loads: LoadCache | None = None) -> None:
         self.params = params
         self._cache = loads or LoadCache(params.predict_params())
-        self._least_loaded_first = params.order == "least-loaded"
+        self._packs = params.order == "most-loaded"
+        by_count = params.order == "least-outstanding"
+        self._spread_key = self.outstanding_key if by_count else self.least_loaded_key
         rebalance = params.rebalance_threshold
         if rebalance is None:
-            rebalance = 0.0 if self._least_loaded_first else DEFAULT_REBALANCE
+            rebalance = DEFAULT_REBALANCE if self._packs else 0.0
         self.rebalance = rebalance
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
         loads = [self._cache.load(e, snap.now) for e in candidates]
-        least_first = sorted(loads, key=self.least_loaded_key)
-        for load in least_first if self._least_loaded_first else sorted(loads, key=self.order_key):
+        spread = sorted(loads, key=self._spread_key)
+        for load in sorted(loads, key=self.order_key) if self._packs else spread:
             if self.fits(load, req):
                 return [load.view]
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
         # that fits without it (the request meets its deadlines there if nothing else comes).
-        for load in least_first:
+        for load in spread:
             if not self.violations(load, req, reserve=False):
                 return [load.view]
         return []
@@ -118,6 +126,12 @@ class BestFitFilter:
         """Least loaded first; endpoints whose requests run long last (when rebalancing)."""
         rebalance = self.rebalance
         return (load.running_long >= rebalance > 0, self.capacity_norm(load), str(load.view.id))
+
+    def outstanding_key(self, load: EndpointLoad) -> tuple[bool, float, str]:
+        """Fewest requests in flight or waiting there first; endpoints whose requests run long last (when
+        rebalancing)."""
+        rebalance = self.rebalance
+        return (load.running_long >= rebalance > 0, load.view.outstanding, str(load.view.id))
 
     def capacity_norm(self, load: EndpointLoad) -> float:
         g = self.params.gamma
