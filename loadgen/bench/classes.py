@@ -24,11 +24,11 @@ arrival, as `policies/chat-and-batch.toml`):
 - `d-chiron-paper`: (d) with Chiron's rule as the paper states it (`chiron-paper`) instead of berth's
   variant (`chiron`, whose docstring lists where and why it departs from the paper);
 - `e-no-borrow`: (d) without borrowing: batch work never reaches the interactive endpoints (the filter's
-  default lists, preemption on mixed endpoints only, no class target for the caps): last stop's (d),
-  whose batch throughput is bounded by what 6 of the 8 endpoints deliver;
+  default lists, preemption on mixed endpoints only): last stop's (d), whose batch throughput is
+  bounded by what 6 of the 8 endpoints deliver;
 - `f-no-reserve`: (d) borrowing without the reserve (batch work fills idle interactive endpoints to
-  their caps, which grow under the batch ITL target): every interactive arrival there preempts, and the
-  cap cut that follows sheds about half the borrowed work (last stop's (e)).
+  their caps): every interactive arrival there preempts, and the cap cut that follows sheds about half
+  the borrowed work (about last stop's (e)).
 (b) and (c) are the preset with its parts taken away, so they borrow idle interactive endpoints too.
 A sweep runs (c) with static caps of 16, 32, 64 and 128 on every endpoint (at the target rate) for the
 adaptive cap's comparison.
@@ -90,7 +90,6 @@ CLASS_FILTER: Final = (
     "reserve = { interactive = 4 }, reserve_window_s = 60.0 } },"
 )
 PREEMPT_CLASSES: Final = ', classes = ["interactive", "mixed"], by_class = true }'
-CAP_RULES: Final = ', class_targets = ["interactive"], free_seats = 5 }'
 SWEEP_CAPS: Final = (16, 32, 64, 128)
 # (a)'s attainment is below 0.90 already at 0.25 req/s (0.36; 0.30 at 1, 0.10 at 3; 5 seeds): its
 # interactive streams share 128-request batches whose token time is over 200 ms whenever the backlog
@@ -177,14 +176,13 @@ def policy_text(config: str) -> str:
         )
     if config == NO_BORROW:
         text = _replace(preset, CLASS_FILTER, '{ plugin = "instance-class" },')
-        return _replace(_replace(text, PREEMPT_CLASSES, " }"), CAP_RULES, " }")
+        return _replace(text, PREEMPT_CLASSES, " }")
     if config == NO_RESERVE:
-        text = _replace(
+        return _replace(
             preset,
             CLASS_FILTER,
             '{ plugin = "instance-class", params = { batch = ["batch", "mixed", "interactive"] } },',
         )
-        return _replace(text, CAP_RULES, " }")
     text = _drop_table(preset, "concurrency")
     if config == PREEMPT:
         return text

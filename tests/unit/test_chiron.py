@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.core.slo import SloClass, SloKind, SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, InstanceClass, ModelName, RequestId
 from gateway.sched.plugins.concurrency.chiron import ChironController, ChironParams
 from gateway.sched.plugins.concurrency.chiron_paper import ChironPaperController, ChironPaperParams
@@ -219,73 +218,3 @@ def test_a_spill_is_not_latency_pressure_until_measured_under_its_target() -> No
     # latency over a target that did not change, measured under the cut: halved at once
     ep.stream(2.0, 0.25, 50)
     assert berth.cap(mixed(ep, 49, 1, 50), ep.now) == 25
-
-
-def _slo_policy() -> SloPolicy:
-    classes = {
-        "chat": SloClass("chat", kind=SloKind.INTERACTIVE, itl_ms=200.0),
-        "batch": SloClass("batch", kind=SloKind.BATCH, itl_ms=2000.0),
-    }
-    return SloPolicy(classes=classes, default_class="chat")
-
-
-def test_a_class_target_holds_an_endpoint_of_its_class_to_its_own_kind_s_itl() -> None:
-    """An interactive endpoint runs 100 borrowed batch streams (ITL target 2 s) at 250 ms per token. Judged
-    by its running set it is far under its target and grows; held to the interactive target (200 ms) it
-    halves, before any interactive stream joins it. A mixed endpoint keeps its running set's target."""
-    caps = []
-    for cls, targets in (
-        (InstanceClass.INTERACTIVE, []),
-        (InstanceClass.INTERACTIVE, [InstanceClass.INTERACTIVE]),
-        (InstanceClass.MIXED, [InstanceClass.INTERACTIVE]),
-    ):
-        ctl = ChironController(ChironParams(interval_s=1.0, start=100, class_targets=targets), _slo_policy())
-        ep = Endpoint(max_cap=128)
-        ctl.cap(dataclasses.replace(ep.view(100, 2.0, 100), instance_class=cls), ep.now)
-        ep.stream(2.0, 0.25, 100)
-        caps.append(ctl.cap(dataclasses.replace(ep.view(100, 2.0, 100), instance_class=cls), ep.now))
-    assert caps == [128, 50, 128]  # LBP 0.125: doubled (to the bound); LBP 1.25: halved
-
-
-def test_an_owner_arriving_on_its_class_target_is_no_spill() -> None:
-    """An interactive endpoint runs 100 borrowed batch streams, 10 seats free (not binding), at 190 ms per
-    token; an interactive stream joins and the next reading shows 250 ms. Held to the interactive target
-    all along, the endpoint's target did not tighten: the cut comes at once. Without the class target the
-    join is a spill and that reading is skipped."""
-    caps = []
-    for targets in ([InstanceClass.INTERACTIVE], []):
-        ctl = ChironController(ChironParams(interval_s=1.0, start=110, class_targets=targets), _slo_policy())
-        ep = Endpoint(max_cap=128)
-
-        def view(batch: int, interactive: int, ep: Endpoint = ep) -> EndpointView:
-            v = ep.view(batch + interactive, 2.0, 110)
-            tight = tuple(dataclasses.replace(r, itl_s=0.2) for r in v.running[batch:])
-            return dataclasses.replace(
-                v, running=v.running[:batch] + tight, instance_class=InstanceClass.INTERACTIVE
-            )
-
-        ctl.cap(view(100, 0), ep.now)
-        ep.stream(2.0, 0.19, 100)
-        assert ctl.cap(view(100, 0), ep.now) == 110  # under the target, not binding: held
-        ep.stream(2.0, 0.25, 100)
-        caps.append(ctl.cap(view(100, 1), ep.now))
-    assert caps == [55, 110]
-
-
-@pytest.mark.parametrize(("free_seats", "grown"), [(1, 80), (5, 120)], ids=["default", "reserve-of-4"])
-def test_free_seats_lets_a_cap_grow_while_a_reserve_stands_free(free_seats: int, grown: int) -> None:
-    """Borrowed work stops 4 seats short of the cap (the instance-class filter's reserve): with
-    `free_seats` 5 the cap binds there and grows under a low latency; with the default it never does."""
-    ctl = ChironController(ChironParams(interval_s=1.0, start=80, free_seats=free_seats))
-    ep = Endpoint(max_cap=128)
-    ctl.cap(ep.view(76, 0.2, 80), ep.now)
-    ep.stream(2.0, 0.1, 76)
-    assert ctl.cap(ep.view(76, 0.2, 80), ep.now) == grown  # LBP 0.5: 0.5*80/0.5 + 0.5*80
-
-
-def test_class_targets_are_checked() -> None:
-    with pytest.raises(ValueError, match="mixed endpoints are no kind's own class"):
-        ChironController(ChironParams(class_targets=[InstanceClass.MIXED]), _slo_policy())
-    no_itl = SloPolicy(classes={"c": SloClass("c", kind=SloKind.INTERACTIVE)}, default_class="c")
-    with pytest.raises(ValueError, match="no interactive SLO class has an itl_ms target"):
-        ChironController(ChironParams(class_targets=[InstanceClass.INTERACTIVE]), no_itl)

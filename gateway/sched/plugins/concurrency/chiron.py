@@ -43,8 +43,7 @@ both; seed 0 preempts nothing either way); at 6 req/s attainment 0.997 both, 190
 looser targets too) lifted rate 3 to 2430 tok/s but let rate 6's attainment fall to 0.87-0.95: the
 decode time has a fixed part, so B / LBP cuts too little and the streams wait readings for the rest.
 
-The cap grows only while it binds (as many requests run as it allows, but for `free_seats` - 1 seats a
-placement keeps free: the instance-class filter's reserve): a cap that grew while seats
+The cap grows only while it binds (as many requests run as it allows): a cap that grew while seats
 stood empty would let the next burst in all at once, past the latency it was never measured at.
 While an earlier cut is still draining (more requests run than the cap allows: a lower cap takes no
 seat), a backpressure at or above 1 holds the cap rather than halving it again: the running set has not
@@ -55,14 +54,6 @@ while binding, holding while a cut drains, gaps after the cut only, a spill judg
 berth's departures from the paper's rule (`chiron-paper` is the rule as stated; the classes
 benchmark runs both, `d-berth` and `d-chiron-paper`: the paper's rule keeps 0.146 of interactive
 requests within their SLO at 3 req/s, its halvings on throughput noise bringing caps down to `min_cap`).
-
-An endpoint of a class listed in `class_targets` (e.g. ``["interactive"]``) is held to the tightest
-ITL target of the SLO classes of its own kind (the kind of the same name) even while none of them runs
-there: when batch work borrows an idle interactive endpoint (the instance-class filter's spill rule and
-reserve), its cap stays where an interactive stream joining it keeps its target, so that stream's
-arrival is no tightening and needs no cut. Without it the borrowed endpoint grows to its bound under
-the batch target, and the first interactive arrival halves the cap there and sheds about half the
-borrowed work.
 
 B is kept as a real number and enforced rounded down; the scheduler clamps it into [`min_cap`, the
 endpoint's bound] (the operator's configured cap, else the engine's batch size its gauges showed:
@@ -79,8 +70,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from gateway.core.slo import SloKind, SloPolicy, default_slo_policy
-from gateway.core.types import EndpointId, InstanceClass
+from gateway.core.types import EndpointId
 from gateway.sched.plugins.concurrency.reading import take_reading
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.snapshot import EndpointView
@@ -102,13 +92,6 @@ class ChironParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     # interactive req/s (0.899x least outstanding's, from 0.885x) but let interactive attainment at 6
     # req/s fall to 0.89 (from 0.999).
     cut: Literal["halve", "margin"] = "halve"
-    # Endpoint classes held to their own kind's tightest ITL target while none of its requests runs
-    # there (module docstring): "interactive" and "batch" (mixed endpoints are no kind's own).
-    class_targets: list[InstanceClass] = msgspec.field(default_factory=list)
-    # The cap binds while at most this many of its seats stand free: 1 (the seat a completion just
-    # freed), or more where placement keeps seats free (the instance-class filter's reserve: borrowed
-    # work stops that many seats short of the cap, so with 1 an endpoint it borrows never grows).
-    free_seats: Annotated[int, Meta(ge=1, le=1024)] = 1
 
 
 @dataclass(slots=True)
@@ -129,20 +112,10 @@ class _State:
 class ChironController:
     name = "chiron"
 
-    def __init__(self, params: ChironParams, slo: SloPolicy | None = None) -> None:
+    def __init__(self, params: ChironParams) -> None:
         self.params = params
         self.floor = params.min_cap
         self._state: dict[EndpointId, _State] = {}
-        slo = slo or default_slo_policy()
-        self._class_target: dict[InstanceClass, float] = {}
-        for cls in params.class_targets:
-            if cls is InstanceClass.MIXED:
-                raise ValueError("class_targets: mixed endpoints are no kind's own class")
-            kind = SloKind(cls.value)
-            itl = [c.itl_ms for c in slo.classes.values() if c.kind is kind and c.itl_ms is not None]
-            if not itl:
-                raise ValueError(f"class_targets: no {kind} SLO class has an itl_ms target")
-            self._class_target[cls] = min(itl) / 1000.0
 
     def cap(self, view: EndpointView, now: float) -> int:
         p = self.params
@@ -153,9 +126,9 @@ class ChironController:
             st = self._state[view.id] = _State(
                 b, now, view.streamed_tokens, view.gap_after_cut_s, view.gap_after_cut_tokens
             )
-            st.target = self._tightest(view)
+            st.target = _tightest(view)
             return self._enforced(st, hard)
-        target = self._tightest(view)
+        target = _tightest(view)
         if target is not None and st.target is not None and target < st.target:
             st.tightened_at = now
         st.target = target
@@ -169,12 +142,12 @@ class ChironController:
             # target; or a cut with no gap measured under it yet. The next reading judges.
             return self._enforced(st, hard)
         itl = r.itl_s
-        lbp = itl / (p.headroom * target) if itl is not None and target is not None else 0.0
+        lbp = itl / (p.headroom * r.itl_target_s) if itl is not None and r.itl_target_s is not None else 0.0
         rate = r.rate
         draining = view.inflight > int(st.b)
         # Binding: every seat taken, or all but the one a completion just freed (the controller runs on
-        # the completion, before the queue refills the seat), or all but the seats a placement keeps free.
-        bound = int(st.b) - p.free_seats <= view.inflight <= int(st.b)
+        # the completion, before the queue refills the seat).
+        bound = int(st.b) - 1 <= view.inflight <= int(st.b)
         before = st.b
         if lbp >= 1.0:
             if not draining:
@@ -202,19 +175,15 @@ class ChironController:
     def _enforced(self, st: _State, hard: int) -> int:
         return max(self.floor, min(hard, int(st.b)))
 
-    def _tightest(self, view: EndpointView) -> float | None:
-        """The tightest ITL target the endpoint is held to: its running requests', and its class's."""
-        own = self._class_target.get(view.instance_class)
-        running = min((r.itl_s for r in view.running if r.itl_s is not None), default=None)
-        if own is None or running is None:
-            return own if running is None else running
-        return min(own, running)
+
+def _tightest(view: EndpointView) -> float | None:
+    return min((r.itl_s for r in view.running if r.itl_s is not None), default=None)
 
 
 SPEC = PluginSpec(
     PluginKind.CONCURRENCY,
     "chiron",
     ChironParams,
-    lambda p, ctx: ChironController(p, ctx.slo),
+    lambda p, ctx: ChironController(p),
     "Chiron: each endpoint's cap from its ITL and throughput backpressure",
 )
