@@ -87,7 +87,7 @@ NO_BORROW, NO_RESERVE = CONFIGS[5], CONFIGS[6]
 # The preset's parts that make batch work borrow idle interactive endpoints (the variants take them out).
 CLASS_FILTER: Final = (
     '{ plugin = "instance-class", params = { batch = ["batch", "mixed", "interactive"], '
-    "reserve = { interactive = 4 }, reserve_window_s = 60.0 } },"
+    "reserve = { interactive = 16 }, reserve_window_s = 60.0 } },"
 )
 PREEMPT_CLASSES: Final = ', classes = ["interactive", "mixed"], by_class = true }'
 SWEEP_CAPS: Final = (16, 32, 64, 128)
