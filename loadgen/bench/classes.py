@@ -4,6 +4,7 @@ simulator (papers/ALGORITHMS.md §5).
     berth-loadgen bench classes --out DIR            # the default run (~30 min on one core)
     berth-loadgen bench classes --quick --out DIR    # one rate, a small backlog, one seed (seconds)
     python -m loadgen.bench.classes --rates 0.25,3,6 --seeds 3 --backlog 4000 --out DIR
+    python -m loadgen.bench.classes --configs a-least-outstanding,d-berth --out DIR   # some of them
 
 Setup (every run starts from the same state; the files are kept per run under DIR/runs/TAG):
 - one model (`chat-7b`) on 8 simulated endpoints of profile `fleet-7b` with `max_num_seqs` 128 and a
@@ -20,7 +21,10 @@ arrival, as `policies/chat-and-batch.toml`):
 - `a-least-outstanding`: no classes, least outstanding, static caps, no preemption;
 - `b-classes`: the instance-class filter and the overflow guard, static caps;
 - `c-preempt`: (b) plus preemption (least progress, as the preset);
-- `d-berth`: `policies/chat-and-batch.toml` as shipped: (c) plus adaptive caps (chiron);
+- `d-berth`: `policies/chat-and-batch.toml` as shipped: (c) plus adaptive caps (chiron); batch work
+  borrows idle interactive endpoints last, leaving them a reserve (the instance-class filter's
+  `reserve` and `reserve_window_s`), and an interactive request takes borrowed seats back before it
+  preempts on a mixed endpoint (`by_class`);
 - `d-chiron-paper`: (d) with Chiron's rule as the paper states it (`chiron-paper`) instead of berth's
   variant (`chiron`, whose docstring lists where and why it departs from the paper);
 - `e-no-borrow`: (d) without borrowing: batch work never reaches the interactive endpoints (the filter's
