@@ -24,7 +24,9 @@ requests fill the endpoint no borrower is let in (the borrowers already there fi
 Without a reserve a borrowed endpoint fills to its cap, every arrival of its own kind preempts, and
 the adaptive cap, now judging against the owner's tighter ITL target, cuts and sheds more borrowed
 work (on the classes benchmark at 0.25 interactive req/s, seed 0: 1634 preemptions, about 25 per
-interactive arrival, and 2825 batch tok/s; with a reserve of 4 seats 61 preemptions and 3178 tok/s).
+interactive arrival, and 2825 batch tok/s; taking borrowed seats back first, the preemptor's
+`by_class`, 539 preemptions and 3053 tok/s over 5 seeds; with a reserve of 16 seats as well 83 and
+3095 tok/s).
 `reserve_window_s` keeps borrowed work off interactive endpoints that their own traffic keeps busy
 (at 3 and 6 req/s borrowing then happens only while the backlog's first requests fill the fleet, before
 interactive traffic has arrived). The reserve's size trades the two ends: 4 seats let 6 req/s keep only
