@@ -198,6 +198,9 @@ class PreemptionRules:
     # SLO stays feasible (its deadline, its average inter-token time).
     requeue_wait_s: float = 10.0
     margin: float = 1.0  # < 1 demands room to spare in that check
+    # Endpoint classes in the order their victims are tried (the preemptor's order within a class);
+    # empty: the preemptor's order across every allowed class.
+    class_order: tuple[InstanceClass, ...] = ()
 
 
 @runtime_checkable

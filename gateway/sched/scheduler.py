@@ -524,7 +524,11 @@ class Scheduler:
             if not any(v is c for c in victims):
                 raise RuntimeError(f"preemptor {preemptor.name!r} returned a request that was not a victim")
             by_endpoint.setdefault(v.endpoint.id, []).append(v)
-        for tried, group in enumerate(by_endpoint.values()):
+        groups = list(by_endpoint.values())
+        if rules.class_order:  # class by class (a stable sort keeps the preemptor's order inside one)
+            rank = {cls: i for i, cls in enumerate(rules.class_order)}
+            groups.sort(key=lambda g: rank[g[0].endpoint.instance_class])
+        for tried, group in enumerate(groups):
             if tried >= MAX_PREEMPT_TRIES:
                 break
             view = group[0].endpoint

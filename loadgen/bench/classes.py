@@ -4,6 +4,7 @@ simulator (papers/ALGORITHMS.md §5).
     berth-loadgen bench classes --out DIR            # the default run (~30 min on one core)
     berth-loadgen bench classes --quick --out DIR    # one rate, a small backlog, one seed (seconds)
     python -m loadgen.bench.classes --rates 0.25,3,6 --seeds 3 --backlog 4000 --out DIR
+    python -m loadgen.bench.classes --configs a-least-outstanding,d-berth --out DIR   # some of them
 
 Setup (every run starts from the same state; the files are kept per run under DIR/runs/TAG):
 - one model (`chat-7b`) on 8 simulated endpoints of profile `fleet-7b` with `max_num_seqs` 128 and a
@@ -20,13 +21,19 @@ arrival, as `policies/chat-and-batch.toml`):
 - `a-least-outstanding`: no classes, least outstanding, static caps, no preemption;
 - `b-classes`: the instance-class filter and the overflow guard, static caps;
 - `c-preempt`: (b) plus preemption (least progress, as the preset);
-- `d-berth`: `policies/chat-and-batch.toml` as shipped: (c) plus adaptive caps (chiron);
+- `d-berth`: `policies/chat-and-batch.toml` as shipped: (c) plus adaptive caps (chiron); batch work
+  borrows idle interactive endpoints last, leaving them a reserve (the instance-class filter's
+  `reserve` and `reserve_window_s`), and an interactive request takes borrowed seats back before it
+  preempts on a mixed endpoint (`by_class`);
 - `d-chiron-paper`: (d) with Chiron's rule as the paper states it (`chiron-paper`) instead of berth's
   variant (`chiron`, whose docstring lists where and why it departs from the paper);
-- `e-berth-spill`: (d) with the per-class spill rule that lets batch work use idle interactive
-  endpoints last (`batch = ["batch", "mixed", "interactive"]`) and preemption there too (`classes =
-  ["mixed", "interactive"]`): without it the interactive endpoints never run batch work, which bounds
-  (b)-(d)'s batch throughput to what 6 of the 8 endpoints deliver.
+- `e-no-borrow`: (d) without borrowing: batch work never reaches the interactive endpoints (the filter's
+  default lists, preemption on mixed endpoints only): last stop's (d), whose batch throughput is
+  bounded by what 6 of the 8 endpoints deliver;
+- `f-no-reserve`: (d) borrowing without the reserve (batch work fills idle interactive endpoints to
+  their caps): every interactive arrival there preempts, and the cap cut that follows sheds about half
+  the borrowed work (about last stop's (e)).
+(b) and (c) are the preset with its parts taken away, so they borrow idle interactive endpoints too.
 A sweep runs (c) with static caps of 16, 32, 64 and 128 on every endpoint (at the target rate) for the
 adaptive cap's comparison.
 
@@ -76,9 +83,17 @@ CONFIGS: Final = (
     "c-preempt",
     "d-berth",
     "d-chiron-paper",
-    "e-berth-spill",
+    "e-no-borrow",
+    "f-no-reserve",
 )
-BASELINE, PREEMPT, BERTH, PAPER, SPILL = CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[4], CONFIGS[5]
+BASELINE, PREEMPT, BERTH, PAPER = CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[4]
+NO_BORROW, NO_RESERVE = CONFIGS[5], CONFIGS[6]
+# The preset's parts that make batch work borrow idle interactive endpoints (the variants take them out).
+CLASS_FILTER: Final = (
+    '{ plugin = "instance-class", params = { batch = ["batch", "mixed", "interactive"], '
+    "reserve = { interactive = 16 }, reserve_window_s = 60.0 } },"
+)
+PREEMPT_CLASSES: Final = ', classes = ["interactive", "mixed"], by_class = true }'
 SWEEP_CAPS: Final = (16, 32, 64, 128)
 # (a)'s attainment is below 0.90 already at 0.25 req/s (0.36; 0.30 at 1, 0.10 at 3; 5 seeds): its
 # interactive streams share 128-request batches whose token time is over 200 ms whenever the backlog
@@ -102,6 +117,7 @@ class Config:
     duration_s: float = DEFAULT_DURATION_S
     caps: tuple[int, ...] = SWEEP_CAPS
     quick: bool = False
+    configs: tuple[str, ...] = CONFIGS  # the configurations to run (a subset of CONFIGS, in its order)
 
 
 # --------------------------------------------------------------------- files
@@ -162,15 +178,14 @@ def policy_text(config: str) -> str:
             + "params = { alpha = 0.5, min_cap = 2, interval_s = 2.0, start = 16 }\n"
             + preset[end:]
         )
-    if config == SPILL:
+    if config == NO_BORROW:
+        text = _replace(preset, CLASS_FILTER, '{ plugin = "instance-class" },')
+        return _replace(text, PREEMPT_CLASSES, " }")
+    if config == NO_RESERVE:
         return _replace(
-            _replace(
-                preset,
-                '{ plugin = "instance-class" },',
-                '{ plugin = "instance-class", params = { batch = ["batch", "mixed", "interactive"] } },',
-            ),
-            "params = { max_preemptions = 2, max_victims = 16 }",
-            'params = { max_preemptions = 2, max_victims = 16, classes = ["mixed", "interactive"] }',
+            preset,
+            CLASS_FILTER,
+            '{ plugin = "instance-class", params = { batch = ["batch", "mixed", "interactive"] } },',
         )
     text = _drop_table(preset, "concurrency")
     if config == PREEMPT:
@@ -235,7 +250,7 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
     runs: list[Run] = []
     for rate in cfg.rates:
         for seed in range(cfg.seeds):
-            for config in CONFIGS:
+            for config in cfg.configs:
                 r = run_one(cfg, config, rate, seed)
                 runs.append(r)
                 log(_line(r))
@@ -244,7 +259,7 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
     sweep: list[Run] = []
     for cap in cfg.caps:
         for seed in range(cfg.seeds):
-            if cap == ENGINE_SEATS:  # (c) at the engine's seats ran above
+            if cap == ENGINE_SEATS and PREEMPT in cfg.configs:  # (c) at the engine's seats ran above
                 same = [r for r in runs if r.config == PREEMPT and r.rate == sweep_rate and r.seed == seed]
                 sweep.extend(replace(r) for r in same)
                 continue
@@ -326,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backlog", type=int, help="batch requests queued at t = 0")
     p.add_argument("--duration", type=float, help="seconds of interactive arrivals")
     p.add_argument("--caps", help="static caps of the sweep, comma-separated")
+    p.add_argument("--configs", help="configurations to run, comma-separated (default: all)")
     return p
 
 
@@ -341,6 +357,13 @@ def config_from_args(a: argparse.Namespace) -> Config:
         base["duration_s"] = a.duration
     if a.caps:
         base["caps"] = tuple(int(x) for x in a.caps.split(","))
+    if a.configs:
+        chosen = set(a.configs.split(","))
+        unknown = chosen - set(CONFIGS)
+        if unknown:
+            known = ", ".join(CONFIGS)
+            raise ValueError(f"unknown configurations {', '.join(sorted(unknown))}; known: {known}")
+        base["configs"] = tuple(c for c in CONFIGS if c in chosen)
     cfg = Config(out=a.out, quick=a.quick, **base)
     if not cfg.rates or cfg.seeds < 1 or cfg.backlog < 0 or cfg.duration_s <= 0 or not cfg.caps:
         raise ValueError("need rates, seeds >= 1, backlog >= 0, duration > 0 and caps")

@@ -33,7 +33,8 @@ CONFIG_ORDER: Final = (
     "c-preempt",
     "d-berth",
     "d-chiron-paper",
-    "e-berth-spill",
+    "e-no-borrow",
+    "f-no-reserve",
 )
 
 
@@ -211,7 +212,7 @@ def _information(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[str
             [r for r in runs if r["rate"] == rate and r["config"] == "a-least-outstanding"],
             "batch_tokens_per_s",
         )
-        for config in ("d-berth", "e-berth-spill"):
+        for config in ("d-berth", "e-no-borrow", "f-no-reserve"):
             d = [r for r in runs if r["rate"] == rate and r["config"] == config]
             if not d or a is None:
                 continue
@@ -243,7 +244,8 @@ def _verdicts(
         for config, label in (
             ("d-berth", "(d)"),
             ("d-chiron-paper", "(d, the paper's rule)"),
-            ("e-berth-spill", "(e)"),
+            ("e-no-borrow", "(e, no borrowing)"),
+            ("f-no-reserve", "(f, borrowing without the reserve)"),
         ):
             d = [r for r in runs if r["rate"] == target and r["config"] == config]
             if not d:

@@ -174,6 +174,59 @@ def test_spill_rule_lets_batch_use_interactive_endpoints_last() -> None:
     assert [rig.place(req(f"b{k}", "batch")) for k in range(4)] == ["b", "m", "i", None]
 
 
+BORROW = (
+    '[{ plugin = "instance-class", params = { batch = ["batch", "mixed", "interactive"], '
+    "reserve = { interactive = 2 } } }]"
+)
+
+
+def test_borrowed_work_leaves_the_reserve_free_for_its_owner() -> None:
+    pol = make_policy(filters=BORROW, extra=PREEMPT + 'params = { classes = ["mixed", "interactive"] }\n')
+    rig = Rig(pol, spec("i", INTERACTIVE, cap=4), spec("b", BATCH))
+    # batch fills its own endpoint, then borrows the interactive one up to its cap less the reserve
+    assert [rig.place(req(f"b{k}", "batch")) for k in range(4)] == ["b", "i", "i", None]
+    # the owner's arrivals take the reserved seats: no preemption
+    assert [rig.place(req(f"c{k}", arrival=rig.clock.now())) for k in range(2)] == ["i", "i"]
+    assert rig.sched.take_preemptions() == []
+    # a seat a borrower frees while the owner holds the reserve stays with the owner
+    out = rig.sched.complete(RequestId("b1"))
+    assert where(out) == []
+    assert rig.place(req("c2", arrival=rig.clock.now())) == "i"
+    assert rig.sched.take_preemptions() == []
+
+
+@pytest.mark.parametrize(
+    ("reserve", "placed"),
+    [
+        pytest.param(0, ["i", "i", "i", "i"], id="no-reserve-fills-the-cap"),
+        pytest.param(1, ["i", "i", "i", None], id="one-seat-kept"),
+        pytest.param(4, [None, None, None, None], id="all-seats-kept"),
+    ],
+)
+def test_reserve_bounds_borrowed_seats(reserve: int, placed: list[str | None]) -> None:
+    filters = BORROW.replace("interactive = 2", f"interactive = {reserve}")
+    rig = Rig(make_policy(filters=filters), spec("i", INTERACTIVE, cap=4))
+    assert [rig.place(req(f"b{k}", "batch")) for k in range(4)] == placed
+
+
+def test_reserve_window_keeps_seats_for_the_owner_s_recent_arrivals() -> None:
+    """With a 30 s window the reserve is at least as many seats as the owner's requests dispatched there
+    within the last 30 s and still running."""
+    filters = BORROW.replace("interactive = 2 }", "interactive = 1 }, reserve_window_s = 30.0")
+    rig = Rig(make_policy(filters=filters), spec("i", INTERACTIVE, cap=8))
+    assert [rig.place(req(f"c{k}", arrival=rig.clock.now())) for k in range(3)] == ["i"] * 3
+    # 3 owners running, 3 recent: borrowers leave 3 seats free -> 2 borrowed seats (3 + 2 + 3 = 8)
+    assert [rig.place(req(f"b{k}", "batch")) for k in range(3)] == ["i", "i", None]
+    rig.clock.advance(31.0)  # the owners' arrivals are old now: the fixed reserve (1) is left
+    assert where(rig.sched.tick()) == [("dispatch", "b2", "i")]
+    assert [rig.place(req(f"late{k}", "batch")) for k in range(2)] == ["i", None]
+
+
+def test_reserve_does_not_hold_back_the_owner() -> None:
+    rig = Rig(make_policy(filters=BORROW), spec("i", INTERACTIVE, cap=2))
+    assert [rig.place(req(f"c{k}")) for k in range(3)] == ["i", "i", None]
+
+
 def test_class_filter_scopes_admission() -> None:
     pol = make_policy()
     view = Rig(pol, spec("i", INTERACTIVE), spec("b", BATCH)).sched.snapshot()
@@ -279,6 +332,30 @@ def test_never_an_ineligible_victim(victim: SchedRequest, why: str) -> None:
     assert rig.sched.submit(req("chat1", arrival=rig.clock.now())) is None, why
     assert rig.sched.take_preemptions() == []
     assert rig.sched.running_on(RequestId("batch0")) == EndpointId("m")
+
+
+@pytest.mark.parametrize(
+    ("params", "victim"),
+    [
+        pytest.param('classes = ["interactive", "mixed"]', "on-m", id="preemptor-order-across-classes"),
+        pytest.param('classes = ["interactive", "mixed"], by_class = true', "on-i", id="own-class-first"),
+        pytest.param('classes = ["mixed", "interactive"], by_class = true', "on-m", id="listed-order"),
+    ],
+)
+def test_by_class_takes_back_borrowed_seats_first(params: str, victim: str) -> None:
+    """Batch work borrows the interactive endpoint's seat (no reserve) and fills the mixed one; the batch
+    request on the mixed endpoint has the least progress (least-progress ranks it first). With `by_class`
+    the classes are tried in their listed order."""
+    borrow = '[{ plugin = "instance-class", params = { batch = ["batch", "mixed", "interactive"] } }]'
+    pol = make_policy(filters=borrow, extra=PREEMPT + f"params = {{ {params} }}\n")
+    rig = Rig(pol, spec("i", INTERACTIVE), spec("m", MIXED))
+    assert rig.place(req("on-m", "batch", arrival=900.0)) == "m"
+    assert rig.place(req("on-i", "batch", arrival=901.0)) == "i"
+    rig.clock.advance(5.0)
+    rig.sched.progress(RequestId("on-i"), 40, rig.clock.now() - 4.0)
+    d = rig.sched.submit(req("chat0", arrival=rig.clock.now()))
+    assert isinstance(d, Dispatch)
+    assert [str(p.victim.id) for p in rig.sched.take_preemptions()] == [victim]
 
 
 def test_only_mixed_endpoints_by_default_and_classes_param_widens() -> None:
@@ -650,6 +727,17 @@ def test_instance_class_params_are_checked() -> None:
     with pytest.raises(ConfigError) as info:
         make_policy(filters='[{ plugin = "instance-class", params = { batch = ["batch", "batch"] } }]')
     assert str(info.value) == "t.toml:placement.filters[0].params: batch: an instance class is listed twice"
+    with pytest.raises(ConfigError) as info:
+        make_policy(filters='[{ plugin = "instance-class", params = { reserve = { mixed = 2 } } }]')
+    assert str(info.value) == (
+        "t.toml:placement.filters[0].params: reserve: mixed endpoints are no kind's own class (the head "
+        "of a kind's list): nothing to reserve them for"
+    )
+    with pytest.raises(ConfigError) as info:
+        make_policy(filters='[{ plugin = "instance-class", params = { reserve = { interactive = -1 } } }]')
+    assert str(info.value) == (
+        "t.toml:placement.filters[0].params.reserve.interactive: expected integer >= 0"
+    )
 
 
 def test_shipped_chat_and_batch_uses_classes_preemption_and_adaptive_caps() -> None:

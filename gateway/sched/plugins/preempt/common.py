@@ -22,6 +22,10 @@ class PreemptParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     max_victims: Annotated[int, Meta(ge=1, le=1024)] = 1  # per preempting request, on one endpoint
     requeue_wait_s: Annotated[float, Meta(ge=0.0, le=86400.0)] = 10.0  # assumed wait before it resumes
     margin: Annotated[float, Meta(gt=0.0, le=2.0)] = 1.0  # < 1: the victim's SLO must hold with room
+    # Try the endpoints class by class in the order `classes` lists them (e.g. ["interactive", "mixed"]:
+    # an interactive request first takes back seats batch work borrowed on interactive endpoints, and
+    # preempts on mixed ones only when that is not enough); else the preemptor's order across classes.
+    by_class: bool = False
 
     def rules(self) -> PreemptionRules:
         if not self.by or not self.victims or not self.classes:
@@ -36,4 +40,5 @@ class PreemptParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
             max_victims=self.max_victims,
             requeue_wait_s=self.requeue_wait_s,
             margin=self.margin,
+            class_order=tuple(self.classes) if self.by_class else (),
         )
