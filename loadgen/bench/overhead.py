@@ -72,7 +72,6 @@ from loadgen.bench.overhead_report import (
     Measurement,
     checks,
     fleet_lag,
-    lag_figures,
     ratios,
     render_table,
     summarise,
@@ -305,8 +304,7 @@ def measure(
         chunks=r["chunks"],
         proxy_cpu_s=None if target.proxy is None else cpu[str(target.proxy.pid)],
         upstream_cpu_s=cpu[str(upstream.pid)],
-        lag_ms=lag_figures(lag),
-        lag_samples=len(lag),
+        lag_s=tuple(lag),
     )
     samples: list[str] = r["error_samples"]
     return m, samples
@@ -322,8 +320,8 @@ def _describe(m: Measurement) -> str:
         per_chunk = m.proxy_cpu_us_per_chunk()
         if per_chunk is not None:
             text += f" {per_chunk:6.2f} µs/chunk"
-    if m.lag_ms:
-        text += "  lag p50/p99/max {p50:.3f}/{p99:.3f}/{max:.2f} ms".format(**m.lag_ms)
+    if m.lag_s:
+        text += "  lag p50/p99/max {p50:.3f}/{p99:.3f}/{max:.2f} ms".format(**m.lag_ms())
     if m.errors:
         text += f"  errors {m.errors}"
     return text
@@ -518,8 +516,7 @@ def _fleet_phase(
         chunks=0,
         proxy_cpu_s=r["cpu_s"][str(proxy.pid)],
         upstream_cpu_s=None,
-        lag_ms=lag_figures(lag),
-        lag_samples=len(lag),
+        lag_s=tuple(lag),
     )
     _log(f"fleet of {args.fleet_count} endpoints, {config} {_describe(m)}")
     return m

@@ -25,7 +25,7 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench.overhead_lag import LagReading, lag_since, mark_lag
-from loadgen.bench.overhead_report import LAT1, LAT8, SATURATION, STREAM, Measurement, lag_figures
+from loadgen.bench.overhead_report import LAT1, LAT8, SATURATION, STREAM, Measurement
 from loadgen.harness import REPO_ROOT
 
 #: The harness's tests and the phases they are here; its stream test with 64 streams 10 ms apart.
@@ -163,6 +163,5 @@ def _measurement(
         chunks=int(rec.get("chunks_total") or 0) if stream else 0,
         proxy_cpu_s=None if config == "direct" else float(rec["proxy_cpu_s"]),
         upstream_cpu_s=float(rec["upstream_cpu_s"]) if rec.get("upstream_cpu_s") is not None else None,
-        lag_ms=lag_figures(samples := lag.get((int(rec["round"]), phase, config), ())),
-        lag_samples=len(samples),
+        lag_s=lag.get((int(rec["round"]), phase, config), ()),
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 # Phases, named as the peer harness names its tests.
@@ -52,15 +52,18 @@ class Measurement:
     chunks: int
     proxy_cpu_s: float | None  # None for "direct": there is no proxy
     upstream_cpu_s: float | None
-    # The proxy's event-loop lag over the phase (gateway.core.looplag, the same monitor in both proxies):
-    # p50, p99 and max in ms of the samples taken (lag_samples); {} when none were read.
-    lag_ms: dict[str, float] = field(default_factory=dict)
-    lag_samples: int = 0
+    # The proxy's event-loop lag samples over the phase, seconds (gateway.core.looplag, the same monitor
+    # in both proxies); () when none were read.
+    lag_s: tuple[float, ...] = ()
 
     def proxy_cpu_us_per_request(self) -> float | None:
         if self.proxy_cpu_s is None or self.completed == 0:
             return None
         return self.proxy_cpu_s * 1e6 / self.completed
+
+    def lag_ms(self) -> dict[str, float]:
+        """p50, p99 and max of this phase's lag samples, ms."""
+        return lag_figures(self.lag_s)
 
     def proxy_cpu_us_per_chunk(self) -> float | None:
         if self.proxy_cpu_s is None or self.chunks == 0:
@@ -87,7 +90,7 @@ class Summary:
     ttfc_p50_ms: float | None
     added_ttfc_p50_ms: float | None
     cpu_us_per_req_c8: float | None
-    # Event-loop lag, ms: p50 and p99 are medians over rounds, max the largest sample of any round.
+    # Event-loop lag, ms, of the samples of every round together.
     lag_p50_c8_ms: float | None
     lag_p99_c8_ms: float | None
     lag_max_c8_ms: float | None
@@ -161,7 +164,7 @@ def summarise(ms: Sequence[Measurement], config: str) -> Summary:
         return _median(list(_added(ms, phase, config, figure).values())) if proxy else None
 
     lag8, lag1, fleet = (_lag(ms, p, config) for p in (LAT8, LAT1, FLEET))
-    lags = [m.lag_ms.get("p99") for m in ms if m.config == config and m.phase in PHASES]
+    lags = [_lag(ms, p, config)["p99"] for p in PHASES]
     return Summary(
         config=config,
         rounds=len({m.round for m in ms if m.config == config}),
@@ -195,14 +198,10 @@ def summarise(ms: Sequence[Measurement], config: str) -> Summary:
 
 
 def _lag(ms: Sequence[Measurement], phase: str, config: str) -> dict[str, float | None]:
-    """One configuration's lag in one phase over rounds: median p50 and p99, the largest max."""
-    rounds = [m.lag_ms for m in ms if m.phase == phase and m.config == config and m.lag_ms]
-    maxima = [r["max"] for r in rounds]
-    return {
-        "p50": _median([r["p50"] for r in rounds]),
-        "p99": _median([r["p99"] for r in rounds]),
-        "max": max(maxima) if maxima else None,
-    }
+    """One configuration's lag in one phase, the samples of every round together (a round of 15 s has
+    150: its own p99 would be its second largest)."""
+    figures = lag_figures([lag for m in ms if m.phase == phase and m.config == config for lag in m.lag_s])
+    return {k: figures.get(k) for k in ("p50", "p99", "max")}
 
 
 def lag_figures(samples_s: Sequence[float]) -> dict[str, float]:
@@ -277,9 +276,8 @@ class Load:
 
 
 def fleet_lag(ms: Sequence[Measurement]) -> float | None:
-    """berth's event-loop lag p99 in front of the scraped fleet: the worst round's."""
-    lags = [m.lag_ms["p99"] for m in ms if m.phase == FLEET and m.config == "berth" and m.lag_ms]
-    return max(lags) if lags else None
+    """berth's event-loop lag p99 in front of the scraped fleet."""
+    return _lag(ms, FLEET, "berth")["p99"]
 
 
 def checks(summaries: dict[str, Summary], r: Ratios, load: Load, fleet_lag_ms: float | None) -> list[Check]:

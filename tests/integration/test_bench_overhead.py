@@ -30,8 +30,6 @@ def test_the_quick_run_measures_every_target(tmp_path: Path) -> None:
         assert m["errors"] == 0, m
         assert m["completed"] > 0, m
         # Both proxies run the same lag monitor; the client talking to the upstream has none.
-        assert bool(m["lag_ms"]) == (m["config"] != "direct"), m
-        if m["lag_ms"]:
-            assert m["lag_samples"] > 0
-            assert 0.0 <= m["lag_ms"]["p50"] <= m["lag_ms"]["p99"] <= m["lag_ms"]["max"], m
+        assert bool(m["lag_s"]) == (m["config"] != "direct"), m
+        assert all(lag >= 0.0 for lag in m["lag_s"]), m
     assert out.with_suffix(".md").read_text().startswith("# berth overhead benchmark")
