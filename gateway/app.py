@@ -166,7 +166,7 @@ class Gateway:
         self.supervisor.spawn("telemetry", self.telemetry.run)
         if self.lifecycle is not None:
             self.supervisor.spawn("lifecycle", self.lifecycle.run)
-        self.supervisor.spawn("loop-lag", lambda: watch_lag(self.metrics.loop_lag))
+        self.supervisor.spawn("loop-lag", lambda: watch_lag(self.metrics.loop_lag_recent))
         if self.notifier.watchdog_interval_s() is not None:
             self.supervisor.spawn("systemd-watchdog", lambda: watchdog_loop(self.notifier))
         yield

@@ -1,4 +1,5 @@
-"""The admin API: `GET /admin/fleet`, the fleet as berth sees it (what `berth top` draws).
+"""The admin API: `GET /admin/fleet`, the fleet as berth sees it (what `berth top` draws), and
+`GET /admin/loop-lag[?after=N]`, the event loop's recent lag samples (gateway.core.looplag.RecentLag).
 
 Access: with an admin token configured (`server.admin_token`, or BERTH_ADMIN_TOKEN in the environment,
 which wins) a request must send `Authorization: Bearer <token>` (401 otherwise). With none configured
@@ -56,6 +57,7 @@ from gateway.telemetry.endpoint_state import EndpointTelemetry
 from gateway.telemetry.fleet_state import perf_document
 
 FLEET_PATH = "/admin/fleet"
+LOOP_LAG_PATH = "/admin/loop-lag"
 
 
 def is_loopback(remote: str | None) -> bool:
@@ -107,6 +109,30 @@ async def fleet(request: web.Request) -> web.Response:
         content_type="application/json",
         headers={"Cache-Control": "no-store"},
     )
+
+
+async def loop_lag(request: web.Request) -> web.Response:
+    """{interval_s, taken, samples: [[taken at (monotonic s), seconds late], ...]}: the samples numbered
+    above `after` (default 0: all that are kept)."""
+    s = request.app[SERVICES]
+    try:
+        authorize(request, s.admin_token)
+        after = _int_query(request, "after")
+    except errors.BerthError as e:
+        return admin_error(e, request)
+    return web.Response(
+        body=orjson.dumps(s.metrics.loop_lag_recent.document(after)),
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+def _int_query(request: web.Request, name: str) -> int:
+    text = request.query.get(name, "0")
+    try:
+        return int(text)
+    except ValueError:
+        raise errors.bad_request(f"{name} must be an integer (got {text[:40]!r})", param=name) from None
 
 
 def fleet_document(s: Services) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from gateway.core.types import ApiKind
 from gateway.front import ops
-from gateway.front.admin import FLEET_PATH, fleet
+from gateway.front.admin import FLEET_PATH, LOOP_LAG_PATH, fleet, loop_lag
 from gateway.front.api import make_api_handler
 from gateway.front.http import method_not_allowed, not_found
 from gateway.front.services import SERVICES, Services
@@ -25,7 +25,11 @@ GetHandler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 _PROBES: Final[tuple[tuple[str, GetHandler], ...]] = (("/healthz", ops.healthz), ("/readyz", ops.readyz))
-_OPS: Final[tuple[tuple[str, GetHandler], ...]] = (("/metrics", ops.metrics), (FLEET_PATH, fleet))
+_OPS: Final[tuple[tuple[str, GetHandler], ...]] = (
+    ("/metrics", ops.metrics),
+    (FLEET_PATH, fleet),
+    (LOOP_LAG_PATH, loop_lag),
+)
 
 
 def add_routes(app: web.Application, services: Services, *, with_ops: bool = True) -> None:

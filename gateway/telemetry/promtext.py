@@ -19,6 +19,11 @@ Speed: the common line (no escapes) is read with a few string operations instead
 `PromParser` kept per endpoint remembers label sets between scrapes. A 190 KB vLLM page (five
 data-parallel engines) parses in about 3 ms warm / 8 ms cold on a small shared 2-vCPU machine where
 prometheus_client's own parser needs about 55 ms.
+
+A page can also be parsed a slice at a time (`PromParser.start` -> `PageParse.step`): the scraper reads
+`SLICE_LINES` lines per turn of the event loop, so a large page (or a hundred endpoints' pages arriving
+together) never holds the loop for a whole parse: 3 ms warm per 190 KB page is three 1 ms stalls of every
+request in flight, every scrape interval, per endpoint.
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ _TYPE_RE: Final = re.compile(rf"#[ \t]*TYPE[ \t]+({_NAME})[ \t]+([a-zA-Z]+)")
 _ESCAPE_RE: Final = re.compile(r"\\(.)")
 _ESCAPES: Final = {"\\": "\\", '"': '"', "n": "\n"}
 _new_sample: Final = tuple.__new__
+#: Lines a scraper parses per turn of the event loop: about 0.3 ms warm (1.2 µs a line) and 0.8 ms cold.
+SLICE_LINES: Final = 256
 
 
 class Sample(NamedTuple):
@@ -244,27 +251,61 @@ class PromParser:
 
     def parse(self, text: str) -> Exposition:
         """Parse one page. Never raises; unreadable lines are counted in `bad_lines`."""
+        job = self.start(text)
+        while not job.step(len(job.lines)):
+            pass
+        return job.exposition
+
+    def start(self, text: str) -> PageParse:
+        """A parse of `text` to run a slice at a time (`PageParse.step`); the same result as `parse`."""
         if len(self._heads) > self.max_cached:
             self._heads.clear()
         if len(self._keys) > self.max_cached:
             self._keys.clear()
         if len(self._names) > self.max_cached:
             self._names.clear()
-        page = _Page(self)
+        return PageParse(_Page(self), text.split("\n"))
+
+
+class PageParse:
+    """One page being parsed: `step(n)` reads up to `n` more lines and says whether the page is done;
+    `exposition` is the result once it is (incomplete before). Never raises."""
+
+    __slots__ = ("_bad", "_next", "_page", "lines")
+
+    def __init__(self, page: _Page, lines: list[str]) -> None:
+        self._page = page
+        self.lines = lines
+        self._next = 0
+        self._bad = 0
+
+    @property
+    def exposition(self) -> Exposition:
+        return self._page.expo
+
+    def step(self, max_lines: int) -> bool:
+        page = self._page
+        lines = self.lines
+        end = min(len(lines), self._next + max(1, max_lines))
         bad = 0
-        for raw in text.split("\n"):
-            line = raw.strip(" \t\r")
+        i = self._next
+        while i < end:
+            line = lines[i].strip(" \t\r")
+            i += 1
             if not line:
                 continue
             if line[0] == "#":
                 if line == "# EOF":
+                    i = len(lines)
                     break
                 if not page.comment(line):
                     bad += 1
             elif not page.sample(line):
                 bad += 1
-        page.expo.bad_lines = bad
-        return page.expo
+        self._next = i
+        self._bad += bad
+        page.expo.bad_lines = self._bad
+        return i >= len(lines)
 
 
 class _Page:

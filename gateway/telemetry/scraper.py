@@ -5,8 +5,10 @@ Each round it asks the engine three things, each bounded by `timeout_s`:
    engine is up; it refuses berth's credentials, which is reported as a configuration error and must
    not flap the endpoint's health); anything else (another status, a refused connection, a timeout)
    is a failure. When it fails the round stops here.
-2. `GET /metrics`: parsed, the engine detected from its metric names when the caller did not say which
-   engine it is, and the gauges (running, waiting, KV usage) reported. A /metrics page that fails or says
+2. `GET /metrics`: parsed `SLICE_LINES` lines per turn of the event loop (a large page, or many
+   endpoints' pages at once, never holds the loop for a whole parse), the engine detected from its
+   metric names when the caller did not say which engine it is, and the gauges (running, waiting, KV
+   usage) reported. A /metrics page that fails or says
    nothing useful costs the endpoint its gauges for this round, never its health: stale metrics degrade
    to the gateway's own counts (DESIGN.md, Telemetry), so an engine that answers /health keeps serving.
 3. `GET /v1/models` while its models are unknown, then every `models_refresh_s`.
@@ -37,7 +39,7 @@ from gateway.core.clock import Clock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, EngineKind
 from gateway.telemetry.engine_metrics import EngineMetrics, detect_engine, metrics_for
 from gateway.telemetry.health import HealthTracker
-from gateway.telemetry.promtext import Exposition, PromParser
+from gateway.telemetry.promtext import SLICE_LINES, Exposition, PromParser
 
 log = structlog.get_logger("berth.scraper")
 
@@ -232,7 +234,11 @@ class EndpointScraper:
         if status != 200:
             log.debug("metrics_failed", endpoint=self.eid, reason=f"status {status}")
             return False, 0
-        expo = self._parser.parse(body.decode("utf-8", errors="replace"))
+        job = self._parser.start(body.decode("utf-8", errors="replace"))
+        # Not a wait for something (ASYNC110): the loop runs what is ready between two slices.
+        while not job.step(SLICE_LINES):  # noqa: ASYNC110
+            await asyncio.sleep(0)
+        expo = job.exposition
         self.last_exposition = expo
         dialect = self._learn_engine(expo)
         if dialect is None:

@@ -13,11 +13,16 @@ names; each round runs every phase for every configuration back to back (the ord
 - lat1:   1 connection -> added latency, and CPU per request without batching;
 - stream: waves of 64 streams sent together, `--chunks` chunks each paced `--chunk-interval-ms` apart
           by the upstream -> proxy CPU per chunk, time to first chunk minus direct's;
-- fleet:  (once, berth only) berth in front of a `--fleet-count`-endpoint simulated fleet being scraped,
-          8 connections -> event-loop lag.
+- fleet:  (once) each proxy in front of a `--fleet-count`-endpoint simulated fleet, 8 connections ->
+          event-loop lag; berth scrapes every endpoint's /metrics on its schedule, the bare proxy
+          only spreads the requests round robin.
 
-Proxy CPU is utime+stime from `/proc/<pid>/stat` over the measurement window; berth's event-loop lag
-p99 comes from its `berth_event_loop_lag_seconds` histogram read before and after each phase. Figures are
+Proxy CPU is utime+stime from `/proc/<pid>/stat` over the measurement window. Both proxies run berth's
+event-loop lag monitor (`gateway.core.looplag`: a 100 ms timer, how late it fires); the samples each
+took during a phase are read from its `GET /admin/loop-lag` (`loadgen.bench.overhead_lag`) and give the
+phase's lag p50, p99 and max, side by side: at 8 connections the closed loop keeps the proxy's core busy,
+so a timer waits about one loop iteration behind the requests' callbacks (load, which the bare proxy
+pays too), while a stall (one long callback) shows as berth's lag above the bare proxy's. Figures are
 medians over rounds; ratios are berth ÷ bare within a round, then the median. The targets (issue 18):
 added p99 at 8 connections <= 2x the bare proxy's; lag p99 <= 1 ms at 8 connections and with the fleet
 scraped; CPU per request <= 1.3x at saturation and at 1 connection; CPU per chunk <= 1.2x; added time to
@@ -55,7 +60,7 @@ import orjson
 
 from loadgen.bench.overhead_client import Command
 from loadgen.bench.overhead_harness import HarnessFailed, run_harness
-from loadgen.bench.overhead_lag import lag_histogram
+from loadgen.bench.overhead_lag import LOOP_LAG_PATH, lag_since, mark_lag
 from loadgen.bench.overhead_report import (
     CONFIGS,
     FLEET,
@@ -67,7 +72,6 @@ from loadgen.bench.overhead_report import (
     Measurement,
     checks,
     fleet_lag,
-    lag_p99_ms,
     ratios,
     render_table,
     summarise,
@@ -203,6 +207,30 @@ def start_proxy_berth(
     return server.process, server.base_url
 
 
+def start_bare(
+    args: argparse.Namespace,
+    upstream_urls: Sequence[str],
+    logdir: Path,
+    cpus: frozenset[int] | None,
+    *,
+    name: str = "bare",
+) -> tuple[ManagedProcess, str]:
+    """The bare aiohttp proxy (`overhead_bare_proxy`) in front of the upstreams; its process and base URL."""
+    port = free_port()
+    bare = start_server(
+        name,
+        [args.python, "-m", "loadgen.bench.overhead_bare_proxy", "--port", str(port),
+         *(a for url in upstream_urls for a in ("--upstream", url))],
+        port=port,
+        log_path=logdir / f"{name}.log",
+        ready_path=LOOP_LAG_PATH,
+        timeout_s=START_TIMEOUT_S,
+        cwd=REPO_ROOT,
+        cpus=cpus,
+    )  # fmt: skip
+    return bare.process, bare.base_url
+
+
 def _wait_for_completion(url: str, proc: ManagedProcess, timeout_s: float = START_TIMEOUT_S) -> None:
     body = orjson.dumps(
         {"model": FLEET_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -257,9 +285,9 @@ def measure(
         cpu_pids=pids,
         waves=phase.waves,
     )
-    lag0 = lag_histogram(target.base_url) if target.config == "berth" else None
+    mark = mark_lag(target.base_url) if target.proxy is not None else None
     r = client.run(cmd)
-    lag1 = lag_histogram(target.base_url) if lag0 is not None else None
+    lag = lag_since(target.base_url, mark) or ()
     cpu: dict[str, float] = r["cpu_s"]
     m = Measurement(
         round=round_no,
@@ -276,7 +304,7 @@ def measure(
         chunks=r["chunks"],
         proxy_cpu_s=None if target.proxy is None else cpu[str(target.proxy.pid)],
         upstream_cpu_s=cpu[str(upstream.pid)],
-        lag_p99_ms=None if lag0 is None or lag1 is None else lag_p99_ms(lag0, lag1),
+        lag_s=tuple(lag),
     )
     samples: list[str] = r["error_samples"]
     return m, samples
@@ -292,8 +320,8 @@ def _describe(m: Measurement) -> str:
         per_chunk = m.proxy_cpu_us_per_chunk()
         if per_chunk is not None:
             text += f" {per_chunk:6.2f} µs/chunk"
-    if m.lag_p99_ms is not None:
-        text += f"  lag p99 <= {m.lag_p99_ms:g} ms"
+    if m.lag_s:
+        text += "  lag p50/p99/max {p50:.3f}/{p99:.3f}/{max:.2f} ms".format(**m.lag_ms())
     if m.errors:
         text += f"  errors {m.errors}"
     return text
@@ -329,20 +357,9 @@ def fleet(
             if config == "direct":
                 targets.append(Target("direct", upstream.base_url, None))
             elif config == "bare":
-                port = free_port()
-                bare = start_server(
-                    "bare",
-                    [args.python, "-m", "loadgen.bench.overhead_bare_proxy", "--port", str(port),
-                     "--upstream", upstreams[0], "--upstream", upstreams[1]],
-                    port=port,
-                    log_path=logdir / "bare.log",
-                    ready_path="/health",
-                    timeout_s=START_TIMEOUT_S,
-                    cwd=REPO_ROOT,
-                    cpus=layout["proxy"],
-                )  # fmt: skip
-                servers.append(bare.process)
-                targets.append(Target("bare", bare.base_url, bare.process))
+                bare, bare_url = start_bare(args, upstreams, logdir, layout["proxy"])
+                servers.append(bare)
+                targets.append(Target("bare", bare_url, bare))
             elif config == "berth":
                 try:
                     berth, berth_url = start_proxy_berth(args, upstreams, logdir, layout["proxy"])
@@ -366,7 +383,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         measurements, unavailable = run_harness(args.harness, args, logdir)
     else:
         measurements, unavailable = _run_builtin(args, logdir, error_samples)
-    if args.fleet_count > 0 and "berth" in args.configs:
+    if args.fleet_count > 0 and {"bare", "berth"} & set(args.configs):
         try:
             measurements.extend(measure_fleet(args, logdir, cpu_layout(args.pin)))
         except (HarnessError, ServerStartError) as e:
@@ -444,9 +461,10 @@ def _run_builtin(
 def measure_fleet(
     args: argparse.Namespace, logdir: Path, layout: dict[str, frozenset[int] | None]
 ) -> list[Measurement]:
-    """berth in front of `--fleet-count` simulated endpoints (one engine-sim process), each scraped on
-    berth's schedule, under `--latency-concurrency` connections of short requests: its event-loop lag
-    over `--fleet-duration` seconds."""
+    """Each proxy (bare, berth) in front of `--fleet-count` simulated endpoints (one engine-sim process)
+    under `--latency-concurrency` connections of short requests: its event-loop lag over
+    `--fleet-duration` seconds. berth scrapes every endpoint on its schedule; the bare proxy scrapes
+    nothing, so the difference is what berth's background work over a fleet costs the loop."""
     sim, urls = start_engine_sim(
         ["--count", str(args.fleet_count), "--port", "0", "--profile", "test-fast", "--model", FLEET_MODEL],
         logdir / "fleet-sim.log",
@@ -454,25 +472,39 @@ def measure_fleet(
         python=args.python,
         cwd=REPO_ROOT,
     )
+    out: list[Measurement] = []
     with sim:
-        berth, base_url = start_proxy_berth(args, urls, logdir, layout["proxy"], name="berth-fleet")
-        with berth:
-            client = Client(args.python, logdir, layout["client"])
-            try:
-                cmd = Command(
-                    url=base_url + CHAT_PATH, concurrency=args.latency_concurrency, warmup_s=args.warmup,
-                    duration_s=args.fleet_duration, stream=False, max_tokens=4, cpu_pids=(berth.pid,),
-                    model=FLEET_MODEL,
-                )  # fmt: skip
-                lag0 = lag_histogram(base_url)
-                r = client.run(cmd)
-                lag1 = lag_histogram(base_url)
-            finally:
-                client.stop()
+        for config in [c for c in ("bare", "berth") if c in args.configs]:
+            if config == "berth":
+                proxy, base_url = start_proxy_berth(args, urls, logdir, layout["proxy"], name="berth-fleet")
+            else:
+                proxy, base_url = start_bare(args, urls, logdir, layout["proxy"], name="bare-fleet")
+            with proxy:
+                out.append(_fleet_phase(args, logdir, layout["client"], Target(config, base_url, proxy)))
+    return out
+
+
+def _fleet_phase(
+    args: argparse.Namespace, logdir: Path, client_cpus: frozenset[int] | None, target: Target
+) -> Measurement:
+    proxy, base_url, config = target.proxy, target.base_url, target.config
+    assert proxy is not None
+    client = Client(args.python, logdir, client_cpus)
+    try:
+        cmd = Command(
+            url=base_url + CHAT_PATH, concurrency=args.latency_concurrency, warmup_s=args.warmup,
+            duration_s=args.fleet_duration, stream=False, max_tokens=4, cpu_pids=(proxy.pid,),
+            model=FLEET_MODEL,
+        )  # fmt: skip
+        mark = mark_lag(base_url)
+        r = client.run(cmd)
+        lag = lag_since(base_url, mark) or ()
+    finally:
+        client.stop()
     m = Measurement(
         round=0,
         phase=FLEET,
-        config="berth",
+        config=config,
         concurrency=args.latency_concurrency,
         max_tokens=4,
         completed=r["completed"],
@@ -482,12 +514,12 @@ def measure_fleet(
         lat_ms=r["lat_ms"],
         ttft_ms=r["ttft_ms"],
         chunks=0,
-        proxy_cpu_s=r["cpu_s"][str(berth.pid)],
+        proxy_cpu_s=r["cpu_s"][str(proxy.pid)],
         upstream_cpu_s=None,
-        lag_p99_ms=None if lag0 is None or lag1 is None else lag_p99_ms(lag0, lag1),
+        lag_s=tuple(lag),
     )
-    _log(f"fleet of {args.fleet_count} endpoints, berth {_describe(m)}")
-    return [m]
+    _log(f"fleet of {args.fleet_count} endpoints, {config} {_describe(m)}")
+    return m
 
 
 def _meta(args: argparse.Namespace, started: float, logdir: Path) -> dict[str, Any]:

@@ -6,6 +6,10 @@ body up as it came, and passes the answer back: a whole body as bytes, a stream 
 `StreamResponse.write` as it arrives. No scheduling, no metrics, no validation: whatever berth costs
 above this is the price of what berth does.
 
+One addition, which the harness's copy does not have: berth's own event-loop lag monitor
+(`gateway.core.looplag`: the same timer, interval and clock) and berth's `GET /admin/loop-lag`, so the
+benchmark reads the floor's lag beside berth's the same way (ten timers a second: no measurable cost).
+
     python -m loadgen.bench.overhead_bare_proxy --port 9002 --upstream http://127.0.0.1:9001 [--upstream ...]
 """
 
@@ -21,6 +25,9 @@ import orjson
 import uvloop
 from aiohttp import web
 
+from gateway.core.looplag import RecentLag, watch_lag
+from gateway.core.tasks import TaskSupervisor
+
 
 class RoundRobin:
     def __init__(self, urls: list[str]) -> None:
@@ -32,6 +39,9 @@ class RoundRobin:
 
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAMS = web.AppKey("upstreams", RoundRobin)
+LAG = web.AppKey("lag", RecentLag)
+#: berth's path for the same document (gateway.front.admin.LOOP_LAG_PATH).
+LOOP_LAG_PATH: Final = "/admin/loop-lag"
 #: Response headers that describe the upstream connection, not the answer: never passed on.
 HOP_BY_HOP: Final = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host"}
@@ -58,9 +68,21 @@ async def relay(request: web.Request) -> web.StreamResponse:
         return resp
 
 
+async def loop_lag(request: web.Request) -> web.Response:
+    after = int(request.query.get("after", "0"))
+    return web.Response(body=orjson.dumps(request.app[LAG].document(after)), content_type="application/json")
+
+
 def build_app(upstreams: list[str]) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[UPSTREAMS] = RoundRobin(upstreams)
+    app[LAG] = RecentLag()
+
+    async def lag_ctx(app: web.Application) -> AsyncIterator[None]:
+        tasks = TaskSupervisor()
+        tasks.spawn("loop-lag", lambda: watch_lag(app[LAG]))
+        yield
+        await tasks.close()
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=120)
@@ -72,6 +94,8 @@ def build_app(upstreams: list[str]) -> web.Application:
             yield
 
     app.cleanup_ctx.append(session_ctx)
+    app.cleanup_ctx.append(lag_ctx)
+    app.router.add_get(LOOP_LAG_PATH, loop_lag)
     app.router.add_route("*", "/{tail:.*}", relay)
     return app
 

@@ -2,12 +2,13 @@
 exactly as the issue's table was (wrk and the harness's stream client, nginx and aiohttp stand-ins on
 loopback, proxies pinned to one core, interleaved rounds).
 
-It runs the harness's `bench.py` with berth as its custom peer next to `direct` and the `aiohttp`
-reference, reads each test's result from `raw.jsonl`, and adds what the harness does not measure:
-berth's event-loop lag during each of its tests, read from its `/metrics` (the harness logs a line as
-each test ends; the lag histogram is read at each such line, so the difference between two readings
-is one test's). Set the harness up first: `cp -r ../shared/perf-peers /tmp/perf-peers && PEERS=none
-/tmp/perf-peers/setup.sh`.
+It runs the harness's `bench.py` with two custom peers next to `direct`: the bare proxy
+(`overhead_bare_proxy`, the harness's `aiohttp_proxy.py` reference with berth's lag monitor added; same
+code path, same aiohttp and uvloop) and berth. It reads each test's result from `raw.jsonl` and adds what
+the harness does not measure: each proxy's event-loop lag during each of its tests, read from its
+`GET /admin/loop-lag` (the harness logs a line as each test ends; every proxy's sample count is marked
+at each such line, so the samples taken between two marks are one test's). Set the harness up first:
+`cp -r ../shared/perf-peers /tmp/perf-peers && PEERS=none /tmp/perf-peers/setup.sh`.
 """
 
 from __future__ import annotations
@@ -23,17 +24,23 @@ from typing import Any, Final
 
 import orjson
 
-from loadgen.bench.overhead_lag import lag_histogram
-from loadgen.bench.overhead_report import LAT1, LAT8, SATURATION, STREAM, Measurement, lag_p99_ms
+from loadgen.bench.overhead_lag import LagReading, lag_since, mark_lag
+from loadgen.bench.overhead_report import LAT1, LAT8, SATURATION, STREAM, Measurement
 from loadgen.harness import REPO_ROOT
 
 #: The harness's tests and the phases they are here; its stream test with 64 streams 10 ms apart.
 TESTS: Final = {"sat": SATURATION, "lat8": LAT8, "lat1": LAT1, "s10_k64": STREAM}
-#: The harness's names for the configurations.
-CONFIG_OF: Final = {"direct": "direct", "aiohttp": "bare", "berth": "berth"}
-#: Where the harness starts its first custom peer: 18600 fronts the non-streaming stand-ins, 18601 the
-#: streaming ones.
-BERTH_PORTS: Final = {"ns": 18600, "s": 18601}
+#: The harness's names for the configurations (its own `aiohttp` peer is the bare proxy without the
+#: lag monitor: read as "bare" when a run asks for it instead, e.g. `--harness-args '--peers ...'`).
+CONFIG_OF: Final = {"direct": "direct", "bare": "bare", "aiohttp": "bare", "berth": "berth"}
+#: The custom peers in the order they are given: the harness starts the i-th at 18600 + 100 i (fronting
+#: the non-streaming stand-ins) and 18601 + 100 i (the streaming ones).
+CUSTOM: Final = ("bare", "berth")
+PORTS: Final = {
+    (name, kind): 18600 + 100 * i + offset
+    for i, name in enumerate(CUSTOM)
+    for kind, offset in (("ns", 0), ("s", 1))
+}
 _RESULT_LINE = re.compile(r"\br(\d+) (\S+)\s+(\S+)\s+\{")
 
 
@@ -50,12 +57,20 @@ def berth_command(python: str, berth_args: str) -> str:
     return f"{cmd} {berth_args}".strip()
 
 
+def bare_command(python: str) -> str:
+    """The harness's command template for the bare proxy."""
+    return (
+        f"{python} -m loadgen.bench.overhead_bare_proxy --port {{port}} --upstream {{up1}} --upstream {{up2}}"
+    )
+
+
 def harness_argv(root: Path, args: argparse.Namespace, out: Path) -> list[str]:
     return [
         str(root / "venv-harness" / "bin" / "python"),
         str(root / "harness" / "bench.py"),
         "--rounds", str(args.rounds),
-        "--peers", "direct,aiohttp",
+        "--peers", "direct",
+        "--custom", "bare=" + bare_command(args.python),
         "--custom", "berth=" + berth_command(args.python, args.berth_args),
         "--tests", ",".join(TESTS),
         "--out", str(out),
@@ -79,20 +94,20 @@ def run_harness(
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     assert proc.stderr is not None
-    lag: dict[tuple[int, str], float | None] = {}
-    previous: dict[str, dict[float, float] | None] = {}
+    lag: dict[tuple[int, str, str], tuple[float, ...]] = {}
+    marks: dict[tuple[str, str], LagReading | None] = {}
     with (logdir / "harness.log").open("w") as log:
         for line in proc.stderr:
             log.write(line)
             print(line, end="", file=sys.stderr, flush=True)
-            readings = {kind: lag_histogram(f"http://127.0.0.1:{port}") for kind, port in BERTH_PORTS.items()}
             hit = _RESULT_LINE.search(line)
-            if hit is not None and hit.group(2) == "berth" and hit.group(3) in TESTS:
-                kind = "s" if TESTS[hit.group(3)] == STREAM else "ns"
-                before, after = previous.get(kind), readings[kind]
-                value = None if before is None or after is None else lag_p99_ms(before, after)
-                lag[(int(hit.group(1)), TESTS[hit.group(3)])] = value
-            previous = readings
+            if hit is not None and hit.group(2) in CUSTOM and hit.group(3) in TESTS:
+                name, phase = hit.group(2), TESTS[hit.group(3)]
+                kind = "s" if phase == STREAM else "ns"
+                samples = lag_since(_url(name, kind), marks.get((name, kind)))
+                if samples is not None:
+                    lag[(int(hit.group(1)), phase, CONFIG_OF[name])] = samples
+            marks = {key: mark_lag(_url(*key)) for key in PORTS}
     if proc.wait() != 0:
         raise HarnessFailed(f"the peer harness failed (exit {proc.returncode}); see {logdir / 'harness.log'}")
     measurements = [m for rec in _records(out / "raw.jsonl") if (m := _measurement(rec, lag)) is not None]
@@ -102,11 +117,17 @@ def run_harness(
     return measurements, unavailable
 
 
+def _url(name: str, kind: str) -> str:
+    return f"http://127.0.0.1:{PORTS[(name, kind)]}"
+
+
 def _records(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
-def _measurement(rec: dict[str, Any], lag: dict[tuple[int, str], float | None]) -> Measurement | None:
+def _measurement(
+    rec: dict[str, Any], lag: dict[tuple[int, str, str], tuple[float, ...]]
+) -> Measurement | None:
     """One harness result as a measurement (None: not a result of a test and peer compared here)."""
     if rec.get("type") != "result" or rec.get("test") not in TESTS or rec.get("peer") not in CONFIG_OF:
         return None
@@ -142,5 +163,5 @@ def _measurement(rec: dict[str, Any], lag: dict[tuple[int, str], float | None]) 
         chunks=int(rec.get("chunks_total") or 0) if stream else 0,
         proxy_cpu_s=None if config == "direct" else float(rec["proxy_cpu_s"]),
         upstream_cpu_s=float(rec["upstream_cpu_s"]) if rec.get("upstream_cpu_s") is not None else None,
-        lag_p99_ms=lag.get((int(rec["round"]), phase)) if config == "berth" else None,
+        lag_s=lag.get((int(rec["round"]), phase, config), ()),
     )

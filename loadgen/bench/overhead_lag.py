@@ -1,22 +1,45 @@
-"""berth's event-loop lag as the overhead benchmark reads it: the cumulative `berth_event_loop_lag_seconds`
-histogram from a running berth's `/metrics`, read before and after a phase (`overhead_report.lag_p99_ms`
-turns two readings into the phase's p99)."""
+"""A proxy's event-loop lag as the overhead benchmark reads it: the samples of berth's lag monitor
+(`gateway.core.looplag`) from `GET /admin/loop-lag`, which berth and the bare proxy
+(`overhead_bare_proxy`) both answer. A reading's `taken` count marks a moment: the samples taken after
+one reading and up to the next are one phase's, and `overhead_report.lag_figures` turns them into its
+p50, p99 and max (real samples, not a histogram's bucket edges)."""
 
 from __future__ import annotations
 
-import re
 import urllib.request
+from dataclasses import dataclass
 from typing import Final
 
-_LAG_BUCKET: Final = re.compile(rb'^berth_event_loop_lag_seconds_bucket\{le="([^"]+)"\} ([0-9.e+-]+)$', re.M)
+import orjson
+
+LOOP_LAG_PATH: Final = "/admin/loop-lag"
 
 
-def lag_histogram(base_url: str, timeout_s: float = 5.0) -> dict[float, float] | None:
-    """berth's cumulative event-loop lag histogram (`le` in seconds -> samples, +Inf included); None
-    when it cannot be read (berth not running, or no such metric)."""
+@dataclass(frozen=True, slots=True)
+class LagReading:
+    taken: int  # samples the monitor had taken when read
+    samples_s: tuple[float, ...]  # the lag of those numbered above the `after` asked for, in seconds
+
+
+def read_lag(base_url: str, after: int = 0, timeout_s: float = 5.0) -> LagReading | None:
+    """The proxy's samples numbered above `after`; None when they cannot be read (not running, or a
+    proxy without the monitor)."""
     try:
-        with urllib.request.urlopen(base_url + "/metrics", timeout=timeout_s) as resp:
-            text = resp.read()
-    except OSError:
+        with urllib.request.urlopen(f"{base_url}{LOOP_LAG_PATH}?after={after}", timeout=timeout_s) as resp:
+            doc = orjson.loads(resp.read())
+    except (OSError, orjson.JSONDecodeError):
         return None
-    return {float(le): float(n) for le, n in _LAG_BUCKET.findall(text)} or None
+    return LagReading(int(doc["taken"]), tuple(float(lag) for _, lag in doc["samples"]))
+
+
+def mark_lag(base_url: str) -> LagReading | None:
+    """A reading that only marks the moment (no samples asked for)."""
+    return read_lag(base_url, after=1 << 62)
+
+
+def lag_since(base_url: str, mark: LagReading | None) -> tuple[float, ...] | None:
+    """The samples taken since `mark` (an earlier reading of the same proxy); None if either is unknown."""
+    if mark is None:
+        return None
+    now = read_lag(base_url, mark.taken)
+    return None if now is None else now.samples_s

@@ -10,6 +10,7 @@ machine. The targets are issue 18's: ratios of berth to the bare aiohttp proxy.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ SATURATION: Final = "sat"  # non-streamed, 64 connections: requests/s and CPU pe
 LAT8: Final = "lat8"  # non-streamed, 8 connections: latency
 LAT1: Final = "lat1"  # non-streamed, 1 connection: latency and CPU per request without batching
 STREAM: Final = "stream"  # waves of streams (64 at once): CPU per chunk, time to first chunk
-FLEET: Final = "fleet"  # berth in front of a 100-endpoint simulated fleet: event-loop lag while scraped
+FLEET: Final = "fleet"  # in front of a 100-endpoint simulated fleet (berth scrapes it): event-loop lag
 PHASES: Final = (SATURATION, LAT8, LAT1, STREAM)
 
 CONFIGS: Final = ("direct", "bare", "berth")
@@ -51,12 +52,18 @@ class Measurement:
     chunks: int
     proxy_cpu_s: float | None  # None for "direct": there is no proxy
     upstream_cpu_s: float | None
-    lag_p99_ms: float | None = None  # berth's event-loop lag p99 over the phase (bucket upper bound)
+    # The proxy's event-loop lag samples over the phase, seconds (gateway.core.looplag, the same monitor
+    # in both proxies); () when none were read.
+    lag_s: tuple[float, ...] = ()
 
     def proxy_cpu_us_per_request(self) -> float | None:
         if self.proxy_cpu_s is None or self.completed == 0:
             return None
         return self.proxy_cpu_s * 1e6 / self.completed
+
+    def lag_ms(self) -> dict[str, float]:
+        """p50, p99 and max of this phase's lag samples, ms."""
+        return lag_figures(self.lag_s)
 
     def proxy_cpu_us_per_chunk(self) -> float | None:
         if self.proxy_cpu_s is None or self.chunks == 0:
@@ -82,8 +89,18 @@ class Summary:
     cpu_us_per_chunk: float | None
     ttfc_p50_ms: float | None
     added_ttfc_p50_ms: float | None
-    lag_p99_c8_ms: float | None  # berth only
-    lag_p99_max_ms: float | None  # the worst phase's
+    cpu_us_per_req_c8: float | None
+    # Event-loop lag, ms, of the samples of every round together.
+    lag_p50_c8_ms: float | None
+    lag_p99_c8_ms: float | None
+    lag_max_c8_ms: float | None
+    lag_p50_c1_ms: float | None
+    lag_p99_c1_ms: float | None
+    lag_max_c1_ms: float | None
+    lag_p99_max_ms: float | None  # the worst phase's p99 (of sat, lat8, lat1, stream)
+    lag_p50_fleet_ms: float | None  # in front of the simulated fleet (berth scraping it)
+    lag_p99_fleet_ms: float | None
+    lag_max_fleet_ms: float | None
     errors: int
 
 
@@ -146,7 +163,8 @@ def summarise(ms: Sequence[Measurement], config: str) -> Summary:
     def added(phase: str, figure: Figure) -> float | None:
         return _median(list(_added(ms, phase, config, figure).values())) if proxy else None
 
-    lags = [m.lag_p99_ms for m in ms if m.config == config and m.phase in PHASES]
+    lag8, lag1, fleet = (_lag(ms, p, config) for p in (LAT8, LAT1, FLEET))
+    lags = [_lag(ms, p, config)["p99"] for p in PHASES]
     return Summary(
         config=config,
         rounds=len({m.round for m in ms if m.config == config}),
@@ -164,10 +182,38 @@ def summarise(ms: Sequence[Measurement], config: str) -> Summary:
         cpu_us_per_chunk=_median([m.proxy_cpu_us_per_chunk() for m in stream.values()]),
         ttfc_p50_ms=_median([_ttfc(m) for m in stream.values()]),
         added_ttfc_p50_ms=added(STREAM, _ttfc),
-        lag_p99_c8_ms=_median([m.lag_p99_ms for m in lat8.values()]),
+        cpu_us_per_req_c8=_median([m.proxy_cpu_us_per_request() for m in lat8.values()]),
+        lag_p50_c8_ms=lag8["p50"],
+        lag_p99_c8_ms=lag8["p99"],
+        lag_max_c8_ms=lag8["max"],
+        lag_p50_c1_ms=lag1["p50"],
+        lag_p99_c1_ms=lag1["p99"],
+        lag_max_c1_ms=lag1["max"],
         lag_p99_max_ms=max((v for v in lags if v is not None), default=None),
+        lag_p50_fleet_ms=fleet["p50"],
+        lag_p99_fleet_ms=fleet["p99"],
+        lag_max_fleet_ms=fleet["max"],
         errors=sum(m.errors for m in ms if m.config == config and m.phase in PHASES),
     )
+
+
+def _lag(ms: Sequence[Measurement], phase: str, config: str) -> dict[str, float | None]:
+    """One configuration's lag in one phase, the samples of every round together (a round of 15 s has
+    150: its own p99 would be its second largest)."""
+    figures = lag_figures([lag for m in ms if m.phase == phase and m.config == config for lag in m.lag_s])
+    return {k: figures.get(k) for k in ("p50", "p99", "max")}
+
+
+def lag_figures(samples_s: Sequence[float]) -> dict[str, float]:
+    """p50, p99 and max in ms of lag samples in seconds (nearest rank: each is a sample); {} for none."""
+    if not samples_s:
+        return {}
+    ordered = sorted(samples_s)
+
+    def rank(q: float) -> float:
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)] * 1000.0
+
+    return {"p50": rank(0.50), "p99": rank(0.99), "max": ordered[-1] * 1000.0}
 
 
 def round_ratio(ms: Sequence[Measurement], phase: str, figure: Figure) -> float | None:
@@ -230,9 +276,8 @@ class Load:
 
 
 def fleet_lag(ms: Sequence[Measurement]) -> float | None:
-    """berth's event-loop lag p99 in front of the scraped fleet: the worst round's."""
-    lags = [m.lag_p99_ms for m in ms if m.phase == FLEET and m.lag_p99_ms is not None]
-    return max(lags) if lags else None
+    """berth's event-loop lag p99 in front of the scraped fleet."""
+    return _lag(ms, FLEET, "berth")["p99"]
 
 
 def checks(summaries: dict[str, Summary], r: Ratios, load: Load, fleet_lag_ms: float | None) -> list[Check]:
@@ -282,8 +327,17 @@ def render_table(summaries: dict[str, Summary], r: Ratios, cs: Sequence[Check], 
         (f"proxy CPU µs/chunk ({load.stream} streams)", lambda s: s.cpu_us_per_chunk, 2, r.cpu_per_chunk),
         (f"TTFC p50 ms ({load.stream} streams)", lambda s: s.ttfc_p50_ms, 2, None),
         (f"added TTFC p50 ms ({load.stream} streams)", lambda s: s.added_ttfc_p50_ms, 2, r.added_ttfc),
-        (f"event-loop lag p99 ms {c8}", lambda s: s.lag_p99_c8_ms, 2, None),
-        ("event-loop lag p99 ms (worst phase)", lambda s: s.lag_p99_max_ms, 2, None),
+        (f"proxy CPU µs/request {c8}", lambda s: s.cpu_us_per_req_c8, 1, None),
+        (f"event-loop lag p50 ms {c8}", lambda s: s.lag_p50_c8_ms, 3, None),
+        (f"event-loop lag p99 ms {c8}", lambda s: s.lag_p99_c8_ms, 3, None),
+        (f"event-loop lag max ms {c8}", lambda s: s.lag_max_c8_ms, 2, None),
+        ("event-loop lag p50 ms (c=1)", lambda s: s.lag_p50_c1_ms, 3, None),
+        ("event-loop lag p99 ms (c=1)", lambda s: s.lag_p99_c1_ms, 3, None),
+        ("event-loop lag max ms (c=1)", lambda s: s.lag_max_c1_ms, 2, None),
+        ("event-loop lag p99 ms (worst phase)", lambda s: s.lag_p99_max_ms, 3, None),
+        (f"lag p50 ms, {load.fleet}-endpoint fleet {c8}", lambda s: s.lag_p50_fleet_ms, 3, None),
+        (f"lag p99 ms, {load.fleet}-endpoint fleet {c8}", lambda s: s.lag_p99_fleet_ms, 3, None),
+        (f"lag max ms, {load.fleet}-endpoint fleet {c8}", lambda s: s.lag_max_fleet_ms, 2, None),
         ("errors", lambda s: float(s.errors), 0, None),
     ]
     show_ratio = "bare" in summaries and "berth" in summaries
@@ -310,17 +364,3 @@ def verdict(cs: Sequence[Check]) -> str:
     if any(c.value is None for c in cs):
         return "INCOMPLETE"
     return "PASS" if all(c.passed for c in cs) else "FAIL"
-
-
-def lag_p99_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
-    """The p99 of the lag samples taken between two readings of berth's cumulative lag histogram
-    (`le` -> count, +Inf included), as the upper bound of its bucket in ms; None without samples."""
-    bounds = sorted(after)
-    counts = [after[b] - before.get(b, 0.0) for b in bounds]
-    if not counts or counts[-1] <= 0:
-        return None
-    need = 0.99 * counts[-1]
-    for bound, cum in zip(bounds, counts, strict=True):
-        if cum >= need:
-            return bound * 1000.0
-    return None

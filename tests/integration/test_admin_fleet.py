@@ -1,4 +1,5 @@
-"""Telemetry through the real daemon over loopback: GET /admin/fleet (shape and access), fitted
+"""Telemetry through the real daemon over loopback: GET /admin/fleet (shape and access), GET
+/admin/loop-lag (the recent lag samples, behind the same access rule), fitted
 coefficients after traffic (refit called directly, no waiting for the background interval), stale
 metrics failing open, and `berth top --once` against a running gateway."""
 
@@ -18,6 +19,7 @@ from structlog.testing import capture_logs
 from gateway.cli import main
 from gateway.config import ADMIN_TOKEN_ENV
 from gateway.front.admin import fleet as fleet_route
+from gateway.front.admin import loop_lag as loop_lag_route
 from gateway.front.services import SERVICES
 from loadgen.engine_sim import EndpointSpec, SimFleet
 from loadgen.engine_sim.lengths import LengthDist
@@ -174,6 +176,40 @@ async def test_without_a_token_remote_clients_are_forbidden(
     assert "loopback" in err["message"]
     local = make_mocked_request("GET", "/admin/fleet", app=app).clone(remote="127.0.0.1")
     assert (await fleet_route(local)).status == 200
+
+
+async def test_the_loop_lag_samples_since_a_count(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    r = await start_gateway([await engine_server(FakeEngine()) + ",engine=vllm"])
+    recent = r.gw.metrics.loop_lag_recent
+    recent.observe(0.0042)  # a sample of our own beside the monitor's (whose values are the machine's)
+    mine = recent.taken
+    status, headers, body = await get(r.url + "/admin/loop-lag")
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/json")
+    doc = orjson.loads(body)
+    assert doc["interval_s"] == 0.1
+    assert doc["taken"] >= mine
+    assert [lag for _, lag in doc["samples"][mine - 1 : mine]] == [0.0042]
+    status, _, body = await get(r.url + f"/admin/loop-lag?after={mine - 1}")
+    assert [lag for _, lag in orjson.loads(body)["samples"]][:1] == [0.0042]
+    status, _, body = await get(r.url + "/admin/loop-lag?after=soon")
+    assert status == 400
+    assert orjson.loads(body)["error"]["param"] == "after"
+    app = aiohttp.web.Application()
+    app[SERVICES] = r.gw.services
+    remote = make_mocked_request("GET", "/admin/loop-lag", app=app).clone(remote="192.0.2.7")
+    assert (await loop_lag_route(remote)).status == 403
+
+
+async def test_the_loop_lag_takes_the_admin_token(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    url = await engine_server(FakeEngine())
+    r = await start_gateway([url + ",engine=vllm"], toml=f'[server]\nadmin_token = "{TOKEN}"\n')
+    assert (await get(r.url + "/admin/loop-lag"))[0] == 401
+    assert (await get(r.url + "/admin/loop-lag", {"Authorization": f"Bearer {TOKEN}"}))[0] == 200
 
 
 @pytest.fixture

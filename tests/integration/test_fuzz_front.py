@@ -37,7 +37,7 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 POST_ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS)
-GET_ROUTES = ("/v1/models", "/healthz", "/readyz", "/metrics", "/admin/fleet")
+GET_ROUTES = ("/v1/models", "/healthz", "/readyz", "/metrics", "/admin/fleet", "/admin/loop-lag")
 # What a client must never see: a traceback, a source location, or a Python object's repr.
 LEAK = re.compile(rb"Traceback|File \"|object at 0x|<class '|<built-in|Error\(|NoneType")
 SLO_HEADERS = (

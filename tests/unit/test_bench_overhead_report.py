@@ -1,9 +1,8 @@
-"""The overhead benchmark's arithmetic: lag percentiles from histogram readings, ratios of added
+"""The overhead benchmark's arithmetic: lag percentiles from the samples of a phase, ratios of added
 figures, the targets, and the peer harness's records read as measurements."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
@@ -18,32 +17,36 @@ from loadgen.bench.overhead_report import (
     Measurement,
     checks,
     fleet_lag,
-    lag_p99_ms,
+    lag_figures,
     ratios,
     summarise,
     verdict,
 )
 
-INF = math.inf
-
 
 @pytest.mark.parametrize(
-    ("before", "after", "p99"),
+    ("samples_ms", "expected"),
     [
-        pytest.param({}, {0.001: 100, 0.002: 100, INF: 100}, 1.0, id="all-under-1ms"),
-        pytest.param({}, {0.001: 98, 0.002: 100, INF: 100}, 2.0, id="two-in-100-late"),
-        pytest.param({}, {0.001: 990, 0.002: 1000, INF: 1000}, 1.0, id="exactly-99-percent"),
+        pytest.param([], {}, id="none"),
+        pytest.param([0.2], {"p50": 0.2, "p99": 0.2, "max": 0.2}, id="one"),
         pytest.param(
-            {0.001: 50, 0.002: 60, INF: 60}, {0.001: 150, 0.002: 160, INF: 160}, 1.0, id="only-the-difference"
+            [0.1 * i for i in range(1, 101)], {"p50": 5.0, "p99": 9.9, "max": 10.0}, id="nearest-rank-of-100"
         ),
-        pytest.param({0.001: 5, INF: 5}, {0.001: 5, INF: 5}, None, id="no-samples"),
-        pytest.param({}, {0.001: 0, INF: 1}, INF, id="beyond-the-last-bound"),
+        pytest.param(
+            [0.3] * 198 + [7.0, 40.0], {"p50": 0.3, "p99": 0.3, "max": 40.0}, id="two-stalls-in-200"
+        ),
+        pytest.param(
+            [0.3] * 197 + [5.0, 7.0, 40.0], {"p50": 0.3, "p99": 5.0, "max": 40.0}, id="three-in-200"
+        ),
     ],
 )
-def test_lag_p99_is_the_bucket_bound_of_the_phases_samples(
-    before: dict[float, float], after: dict[float, float], p99: float | None
+def test_lag_figures_are_samples_not_bucket_edges(
+    samples_ms: list[float], expected: dict[str, float]
 ) -> None:
-    assert lag_p99_ms(before, after) == p99
+    got = lag_figures([v / 1000.0 for v in samples_ms])
+    assert got.keys() == expected.keys()
+    for k, v in expected.items():
+        assert got[k] == pytest.approx(v)
 
 
 def _m(phase: str, config: str, *, rnd: int = 0, **kw: Any) -> Measurement:
@@ -56,16 +59,21 @@ def _m(phase: str, config: str, *, rnd: int = 0, **kw: Any) -> Measurement:
     return Measurement(**base)
 
 
+def _lag(p99_ms: float) -> tuple[float, ...]:
+    """100 samples (s) whose p50, p99 and max are p99_ms / 4, p99_ms and 3 p99_ms."""
+    return (p99_ms / 4000,) * 98 + (p99_ms / 1000, 3 * p99_ms / 1000)
+
+
 def _run(berth_cpu: float, berth_p99: float, *, lag: float = 0.5, ttfc: float = 2.4) -> list[Measurement]:
     ms: list[Measurement] = []
     runs = (("direct", None, 1.0, 1.0), ("bare", 0.1, 2.0, 2.0), ("berth", berth_cpu, berth_p99, ttfc))
     for config, cpu, p99, first in runs:
-        lag_ms = lag if config == "berth" else None
+        lag_s = () if config == "direct" else _lag(lag if config == "berth" else 0.4)
         ms += [
-            _m(SATURATION, config, proxy_cpu_s=cpu, lag_p99_ms=lag_ms),
-            _m(LAT8, config, lat_ms={"p50": p99 / 2, "p99": p99}, lag_p99_ms=lag_ms),
-            _m(LAT1, config, proxy_cpu_s=cpu, lat_ms={"p50": p99 / 4, "p99": p99 / 2}, lag_p99_ms=lag_ms),
-            _m(STREAM, config, proxy_cpu_s=cpu, chunks=10_000, ttft_ms={"p50": first}, lag_p99_ms=lag_ms),
+            _m(SATURATION, config, proxy_cpu_s=cpu, lag_s=lag_s),
+            _m(LAT8, config, lat_ms={"p50": p99 / 2, "p99": p99}, lag_s=lag_s),
+            _m(LAT1, config, proxy_cpu_s=cpu, lat_ms={"p50": p99 / 4, "p99": p99 / 2}, lag_s=lag_s),
+            _m(STREAM, config, proxy_cpu_s=cpu, chunks=10_000, ttft_ms={"p50": first}, lag_s=lag_s),
         ]
     return ms
 
@@ -81,7 +89,27 @@ def test_ratios_compare_what_each_proxy_adds_to_direct() -> None:
     berth = summarise(ms, "berth")
     assert berth.added_p99_c8_ms == pytest.approx(2.0)
     assert berth.cpu_us_per_req == pytest.approx(120.0)
-    assert berth.lag_p99_c8_ms == 0.5
+    assert (berth.lag_p50_c8_ms, berth.lag_p99_c8_ms, berth.lag_max_c8_ms) == pytest.approx((0.125, 0.5, 1.5))
+    assert summarise(ms, "bare").lag_p99_c1_ms == pytest.approx(0.4)
+    assert summarise(ms, "direct").lag_p99_c8_ms is None
+
+
+def test_the_lag_pools_the_samples_of_every_round() -> None:
+    """Three rounds of 100 samples, one stall (5, 30 and 2 ms) in each: the figures are those of the 300
+    samples together, so the p99 stays below the three stalls and the max is the largest of them."""
+    ms = [
+        _m(LAT8, "berth", rnd=r, lag_s=(0.0002,) * 99 + (stall,))
+        for r, stall in enumerate((0.005, 0.03, 0.002))
+    ]
+    ms.append(_m("fleet", "bare", lag_s=_lag(0.4)))
+    ms.append(_m("fleet", "berth", lag_s=_lag(2.0)))
+    assert ms[0].lag_ms()["p99"] == pytest.approx(0.2)
+    berth = summarise(ms, "berth")
+    assert berth.lag_p99_c8_ms == pytest.approx(0.2)
+    assert berth.lag_max_c8_ms == pytest.approx(30.0)
+    assert berth.lag_p99_fleet_ms == pytest.approx(2.0)
+    assert summarise(ms, "bare").lag_p99_fleet_ms == pytest.approx(0.4)
+    assert fleet_lag(ms) == pytest.approx(2.0)  # the target is berth's
 
 
 def test_a_round_where_the_bare_proxy_added_nothing_gives_no_ratio() -> None:
@@ -105,7 +133,8 @@ def test_targets(berth: tuple[float, float, float, float, float], expected: str)
     """berth: CPU seconds, p99 at 8 connections, lag p99, the fleet's lag p99, time to first chunk."""
     cpu, p99, lag, fleet, ttfc = berth
     ms = _run(cpu, p99, lag=lag, ttfc=ttfc)
-    ms.append(_m("fleet", "berth", lag_p99_ms=fleet))
+    ms.append(_m("fleet", "bare", lag_s=_lag(0.4)))
+    ms.append(_m("fleet", "berth", lag_s=_lag(fleet)))
     summaries = {c: summarise(ms, c) for c in ("direct", "bare", "berth")}
     cs = checks(summaries, ratios(ms), Load(), fleet_lag(ms))
     assert len(cs) == 8
@@ -130,12 +159,12 @@ def test_the_harness_records_read_as_measurements() -> None:
         "p50_us": 1500, "p90_us": 2000, "p99_us": 2500, "errors": 0, "proxy_cpu_s": 1.6,
         "upstream_cpu_s": 0.4, "wall_s": 2.0,
     }  # fmt: skip
-    got = _measurement(wrk, {(1, LAT8): 0.5})
+    got = _measurement(wrk, {(1, LAT8, "berth"): (0.0002, 0.0004, 0.003)})
     assert got is not None
     assert (got.phase, got.config, got.completed) == (LAT8, "berth", 8000)
     assert got.lat_ms == {"p50": 1.5, "p90": 2.0, "p99": 2.5}
     assert got.proxy_cpu_us_per_request() == pytest.approx(200.0)
-    assert got.lag_p99_ms == 0.5
+    assert got.lag_ms() == pytest.approx({"p50": 0.4, "p99": 3.0, "max": 3.0})
     stream = {
         "type": "result", "round": 0, "peer": "aiohttp", "test": "s10_k64", "streams": 128,
         "chunks_total": 25_600, "ttfc_ms_p50": 3.9, "errors": 0, "proxy_cpu_s": 0.4, "wall_s": 4.0,
@@ -143,6 +172,7 @@ def test_the_harness_records_read_as_measurements() -> None:
     got = _measurement(stream, {})
     assert got is not None
     assert (got.phase, got.config, got.chunks) == (STREAM, "bare", 25_600)
+    assert got.lag_s == ()
     assert got.ttft_ms == {"p50": 3.9}
     assert got.proxy_cpu_us_per_chunk() == pytest.approx(15.625)
     assert _measurement({**stream, "peer": "nginx"}, {}) is None

@@ -352,6 +352,30 @@ def test_parser_reuse_gives_the_same_result() -> None:
     }
 
 
+def _families(expo: Exposition) -> list[tuple[str, str, str, list[Sample]]]:
+    return [(f.name, f.type, f.help, f.samples) for f in expo.families.values()]
+
+
+@pytest.mark.parametrize("page", [pytest.param(VLLM_PAGE, id="vllm"), pytest.param(SGLANG_PAGE, id="sglang")])
+@pytest.mark.parametrize("lines", [1, 7, 256, 100_000])
+def test_a_page_parsed_a_slice_at_a_time_is_the_page_parsed_whole(page: str, lines: int) -> None:
+    bad = page.replace("# TYPE", "# TYPE ?", 1) + "not a sample\n# EOF\nafter 1\n"
+    for text in (page, bad):
+        job = PromParser().start(text)
+        steps = 1
+        while not job.step(lines):
+            steps += 1
+            assert steps <= len(job.lines), "every step reads at least one line"
+        whole = PromParser().parse(text)
+        assert _families(job.exposition) == _families(whole)
+        assert job.exposition.bad_lines == whole.bad_lines
+        # The page (up to # EOF) in slices of `lines`: no slice reads more.
+        read = text.split("\n").index("# EOF") + 1 if "# EOF" in text else len(job.lines)
+        assert steps == -(-read // lines)
+    assert parse(bad).bad_lines == 2
+    assert not parse(bad).has("after")
+
+
 def test_parser_cache_is_bounded() -> None:
     parser = PromParser(max_cached=10)
     page = "".join(f'x{{i="{i}"}} {i}\n' for i in range(50))

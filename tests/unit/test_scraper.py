@@ -20,6 +20,7 @@ from pytest_aiohttp import AiohttpServer
 from gateway.core.clock import FakeClock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, EngineKind
 from gateway.telemetry.engine_metrics import SGLANG_METRICS, VLLM_METRICS, EngineMetrics
+from gateway.telemetry.promtext import SLICE_LINES
 from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings, Wait
 
 DATA = Path(__file__).parent / "data"
@@ -181,6 +182,32 @@ async def test_healthy_engine_becomes_ready_with_gauges(make_rig: Any) -> None:
     await rig.scraper.run_once()  # steady state: gauges and the round, nothing else
     assert rig.sink.take() == [("gauges", VLLM_GAUGES), ("scrape", True, 0)]
     assert rig.engine.hits == Counter(health=2, metrics=2, models=1)
+
+
+async def test_a_large_page_is_parsed_between_other_work(make_rig: Any) -> None:
+    """The page is parsed SLICE_LINES lines per turn of the loop: a task that only yields gets a turn
+    between slices, so it turns at least once per slice while the scraper parses."""
+    filler = "".join(f'filler_gauge{{i="{i}"}} {i}\n' for i in range(10 * SLICE_LINES))
+    rig: Rig = await make_rig(engine=FakeEngine(metrics=VLLM_PAGE + filler), dialect=VLLM_METRICS)
+    turns = 0
+    stop = asyncio.Event()
+
+    async def other() -> None:
+        nonlocal turns
+        while not stop.is_set():
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.get_running_loop().create_task(other())
+    await asyncio.sleep(0)  # it starts
+    before = turns
+    await rig.scraper.run_once()
+    stop.set()
+    await task
+    assert ("gauges", VLLM_GAUGES) in rig.sink.take()
+    assert rig.scraper.last_exposition is not None
+    assert rig.scraper.last_exposition.value("filler_gauge") == sum(range(10 * SLICE_LINES))
+    assert turns - before >= 10  # the page is 10 slices and more: one turn of the other task per slice
 
 
 async def test_configured_dialect_is_not_reported_as_detected(make_rig: Any) -> None:

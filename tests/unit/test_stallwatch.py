@@ -1,0 +1,60 @@
+"""The stall watcher's bookkeeping (loadgen.bench.stallwatch), driven by a scripted clock: a stall opens
+when a beat is late by more than the threshold, collects a snapshot per look, closes when the next beat
+comes with its gap and the main thread's CPU over it; the report counts the snapshots of busy stalls by
+site (the callback's root, our innermost frame, the innermost frame)."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadgen.bench.stallwatch import Beat, Frame, StallLog, callback_part, site_of
+
+RUNNER: list[Frame] = [
+    ("/venv/lib/python3.11/site-packages/gateway/cli.py", 10, "main"),
+    ("/usr/lib/python3.11/asyncio/runners.py", 118, "run"),
+    ("/venv/lib/python3.11/site-packages/uvloop/__init__.py", 82, "run"),
+]
+PARSE: list[Frame] = [
+    *RUNNER,
+    ("/repo/gateway/core/tasks.py", 43, "_run"),
+    ("/repo/gateway/telemetry/scraper.py", 238, "_scrape_metrics"),
+    ("/venv/lib/python3.11/re/__init__.py", 200, "match"),
+]
+
+
+def test_the_callback_is_what_follows_the_runner() -> None:
+    assert callback_part(RUNNER) == []
+    assert callback_part(PARSE) == PARSE[3:]
+    assert site_of([]) == ("<loop>", "", "")
+    root, own, leaf = site_of(callback_part(PARSE))
+    assert root.startswith("_run (gateway/core/tasks.py:43)")
+    assert own.startswith("_scrape_metrics (gateway/telemetry/scraper.py:238)")
+    assert leaf.startswith("match (")
+
+
+def test_a_late_beat_opens_a_stall_and_the_next_beat_closes_it() -> None:
+    log = StallLog(beat_s=0.001, threshold_s=0.0015)
+    b0 = Beat(wall=10.0, cpu=1.0)
+    log.poll(10.002, b0, lambda: PARSE)  # 2 ms after the beat: within beat + threshold
+    assert log.stalls == []
+    log.poll(10.003, b0, lambda: PARSE)  # 3 ms: late, a snapshot
+    log.poll(10.004, b0, lambda: RUNNER)  # still late: another
+    b1 = Beat(wall=10.0045, cpu=1.004)  # the beat came: 4.5 ms after the last, 4 ms of it on CPU
+    log.poll(10.0046, b1, lambda: PARSE)
+    assert len(log.stalls) == 1
+    stall = log.stalls[0]
+    assert stall.gap_s == pytest.approx(0.0045)
+    assert stall.cpu_s == pytest.approx(0.004)
+    assert stall.busy
+    assert len(stall.snapshots) == 2
+    # A late beat while the process waited for a CPU: little CPU over the gap, not busy.
+    log.poll(10.010, b1, lambda: RUNNER)
+    log.poll(10.012, Beat(wall=10.011, cpu=1.0045), lambda: RUNNER)
+    assert len(log.stalls) == 2
+    assert not log.stalls[1].busy
+    doc = log.report()
+    assert (doc["stalls"], doc["busy_stalls"]) == (2, 1)
+    assert doc["busy_cpu_ms"] == [pytest.approx(4.0)]
+    sites = {(s["root"].split(" ")[0], s["snapshots"]) for s in doc["sites"]}
+    assert sites == {("_run", 1), ("<loop>", 1)}  # the busy stall's snapshots only
+    assert doc["longest"][0]["gap_ms"] == pytest.approx(4.5)
