@@ -49,7 +49,9 @@ def stable_keys(ordering: Ordering) -> bool:
     return getattr(ordering, "stable_keys", False) is True
 
 
-def first(ordering: Ordering, queue: Iterable[Queued], snap: FleetSnapshot, skipped: set[int]) -> Queued | None:
+def first(
+    ordering: Ordering, queue: Iterable[Queued], snap: FleetSnapshot, skipped: set[int]
+) -> Queued | None:
     """The queued request to place next, asking every key: the smallest ordering key (ties: arrival
     order), leaving out `skipped` (by `seq`); None when every one is skipped. Raises OrderingFault when a
     key cannot be made."""
