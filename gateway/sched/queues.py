@@ -119,7 +119,8 @@ class ModelQueue:
     def push(self, req: SchedRequest, seq: int, exclude: frozenset[EndpointId], queued_at: float) -> Queued:
         item = Queued(req, seq, exclude, queued_at, next(self._tokens))
         self._items[item.token] = item
-        self._count(req.slo.slo_class, 1)
+        classes, cls = self._classes, req.slo.slo_class
+        classes[cls] = classes.get(cls, 0) + 1
         if self._ordering is not None:
             self._pending.append(item.token)  # tokens only grow: the list stays in queue order
         return item
@@ -127,11 +128,14 @@ class ModelQueue:
     def remove(self, item: Queued) -> None:
         tok = item.token
         del self._items[tok]
-        self._count(item.req.slo.slo_class, -1)
-        if self._ordering is not None and self._entry.pop(tok, None) is None:
+        self._classes[item.req.slo.slo_class] -= 1
+        if self._ordering is None:
+            return
+        if self._entry.pop(tok, None) is None:
             pending = self._pending
             del pending[bisect_left(pending, tok)]
-        self._compact()
+        elif len(self._heap) > 2 * len(self._entry) + 64:
+            self._compact()
 
     def set_req(self, item: Queued, req: SchedRequest) -> None:
         """Replace a queued request's request (admission demoted it): its key is asked again."""
@@ -199,12 +203,10 @@ class ModelQueue:
         self._entry.clear()
 
     def _compact(self) -> None:
-        """Rebuild the heap from its live entries once dead ones outnumber them."""
-        heap = self._heap
-        if len(heap) > 2 * len(self._entry) + 64:
-            entry = self._entry
-            self._heap = heap = [e for e in heap if entry.get(e[3]) == e[2]]
-            heapq.heapify(heap)
+        """Rebuild the heap from its live entries (dead ones outnumber them)."""
+        entry = self._entry
+        self._heap = heap = [e for e in self._heap if entry.get(e[3]) == e[2]]
+        heapq.heapify(heap)
 
     def _count(self, slo_class: str, n: int) -> None:
         self._classes[slo_class] = self._classes.get(slo_class, 0) + n
