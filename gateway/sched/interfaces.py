@@ -31,6 +31,12 @@ class Ordering(Protocol):
 
     Called whenever the queue is served, so a key may change as time passes (slack). Must return a
     tuple of finite floats. Must not mutate anything.
+
+    Optional: an ordering whose key of a waiting request depends on the request alone, never on the time
+    or the fleet, may say so with an attribute `stable_keys = True` (a class attribute, or an instance
+    attribute set when it is built). The queue then asks each request's key once, when it joins (again
+    when it is requeued or its request changes, e.g. a demotion), instead of every time the queue is
+    served. Without the attribute keys are taken to move.
     """
 
     def key(self, req: SchedRequest, snap: FleetSnapshot) -> OrderKey: ...

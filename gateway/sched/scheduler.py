@@ -51,7 +51,7 @@ from gateway.sched.fleet import Fleet
 from gateway.sched.interfaces import PreemptionRules, Preemptor, Victim
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.profile import Policy
-from gateway.sched.queues import OrderingFault, Queued, Queues, first
+from gateway.sched.queues import ModelQueue, OrderingFault, Queues
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
@@ -266,7 +266,7 @@ class Scheduler:
                     self._policy,
                     req,
                     self.snapshot,
-                    lambda cls: sum(1 for q in queue if q.req.slo.slo_class == cls),
+                    queue.in_class,
                 )
             except Exception as e:
                 self._fault(req, "admission", e)
@@ -316,11 +316,11 @@ class Scheduler:
         recheck = admitter is not None and admitter.rechecks and self._queues.any_waiting()
         snap = self.snapshot() if recheck else None
         for model, queue in self._queues.items():
-            keep: list[Queued] = []
             loading = model not in ready and model in self._loadable
             wait_limit = max(max_wait, self._load_deadline_s) if loading else max_wait
-            for item in queue:
+            for item in list(queue):
                 if now - item.queued_at > wait_limit:
+                    queue.remove(item)
                     out.append(
                         Reject(
                             item.req,
@@ -328,22 +328,22 @@ class Scheduler:
                         )
                     )
                 elif loading:
-                    keep.append(item)  # its load is under way (the lifecycle fails it, or the deadline)
+                    pass  # its load is under way (the lifecycle fails it, or the deadline)
                 elif model not in ready:
+                    queue.remove(item)
                     out.append(Reject(item.req, errors.no_ready_endpoint(model, self._limits.retry_after_s)))
                 elif snap is not None:
+                    req = item.req
                     try:
-                        item.req, refused = self.admission.recheck(self._policy, item.req, snap)
+                        req, refused = self.admission.recheck(self._policy, req, snap)
                     except Exception as e:
-                        self._fault(item.req, "admission", e)
+                        self._fault(req, "admission", e)
                         refused = fault_error()
                     if refused is not None:
-                        out.append(Reject(item.req, refused))
+                        queue.remove(item)
+                        out.append(Reject(req, refused))
                     else:
-                        keep.append(item)
-                else:
-                    keep.append(item)
-            queue[:] = keep
+                        queue.set_req(item, req)  # a demotion moves its class count and key
         out.extend(self._serve_all())
         return out
 
@@ -398,7 +398,7 @@ class Scheduler:
         return [item.req for item in self._queues.get(model) or ()]
 
     def queued_by_class(self) -> dict[ModelName, dict[str, int]]:
-        """Queued requests per model and SLO class (for the admin API; walks every queue)."""
+        """Queued requests per model and SLO class (for the admin API; counted as they come and go)."""
         return self._queues.by_class()
 
     def models(self, *, ready_only: bool) -> frozenset[ModelName]:
@@ -423,24 +423,23 @@ class Scheduler:
         while queue:
             snap = self.snapshot()
             if len(queue) == 1 and not skipped:
-                idx = 0
+                item = queue.head()
             else:
                 try:
-                    found = first(policy.ordering, queue, snap, skipped)
+                    found = queue.first(policy.ordering, snap, skipped)
                 except OrderingFault as f:
-                    bad = queue[f.index]
+                    bad = f.item
                     self._fault(bad.req, "ordering", f.error)
                     if only is not None and bad.req.id != only:
                         return  # submit reports on its own request only: the next serve rejects it
-                    del queue[f.index]
+                    queue.remove(bad)
                     out.append(Reject(bad.req, fault_error()))
                     if only is not None:
                         return
                     continue
                 if found is None:
                     return
-                idx = found
-            item = queue[idx]
+                item = found
             if only is not None and item.req.id != only:
                 return
             view_snap = snap
@@ -453,7 +452,7 @@ class Scheduler:
                 chosen = policy.profile.place(item.req, view_snap)
             except Exception as e:
                 self._fault(item.req, "placement", e)
-                del queue[idx]
+                queue.remove(item)
                 out.append(Reject(item.req, fault_error()))
                 if only is not None:
                     return
@@ -465,7 +464,7 @@ class Scheduler:
                     self._fault(item.req, "preemption", e)
                     taken = None  # the request waits, as without preemption
                 if taken is not None:
-                    del queue[idx]
+                    queue.remove(item)
                     for victim in taken[0]:
                         self._preempt(victim, queue, out)
                     self._place(item.req, item.seq, taken[1], out)
@@ -477,7 +476,7 @@ class Scheduler:
                     return
                 skipped.add(item.seq)
                 continue
-            del queue[idx]
+            queue.remove(item)
             self._place(item.req, item.seq, chosen, out)
 
     def _place(self, req: SchedRequest, seq: int, chosen: EndpointView, out: list[Decision]) -> None:
@@ -557,7 +556,7 @@ class Scheduler:
         return out
 
     def _preempt(
-        self, victim: Victim, queue: list[Queued], out: list[Decision], reason: str = REASON_WAITING
+        self, victim: Victim, queue: ModelQueue, out: list[Decision], reason: str = REASON_WAITING
     ) -> None:
         """Free the victim's seat and queue it again (its arrival, band and place in arrival order)."""
         rid = victim.running.id

@@ -15,7 +15,13 @@ process's load does not count, and the figure is µs of CPU per request, not a c
   folding-in, the task clock; the log line is off, as at `--log-level warning`, which the overhead
   benchmarks run berth at);
 - `finish_logged`: the same at `--log-level info` (berth's default), the canonical line written to
-  /dev/null.
+  /dev/null;
+- `backlog_N` (not run unless named in `--pieces`, e.g. `backlog_0,backlog_1000,backlog_3000`): the
+  scheduler's cycle behind N queued batch requests, under chat-and-batch's ordering (`priority-bands`,
+  arrival order inside a band) and class bound (`BACKLOG_POLICY`): every seat is taken, an interactive
+  request is submitted (admission counts its class's queue; it waits, first in line), and the oldest
+  running one completes, which places it. What a submit and a completion cost while a batch backlog
+  waits (a slow piece with a long backlog before the queue kept its keys: give it fewer `--requests`).
 
 With `--tree NAME=DIR` (repeatable) each checkout runs in a child process with DIR first on its path
 (compiled modules in DIR included), the children taking turns round by round; the report gives each
@@ -38,12 +44,39 @@ from typing import Any, Final
 import orjson
 
 PIECES: Final = ("sched", "sched_stream", "finish", "finish_logged")
+BACKLOG: Final = "backlog_"  # + the number of batch requests queued
+#: The backlog pieces' policy: chat-and-batch's ordering and classes, least-outstanding placement, and
+#: admission that only bounds the interactive class's queue (no predictions).
+BACKLOG_POLICY: Final = """
+name = "backlog"
+[ordering]
+plugin = "priority-bands"
+params = { within = "arrival" }
+[placement]
+picker = { plugin = "max-score" }
+filters = []
+[[placement.scorers]]
+plugin = "least-outstanding"
+weight = 1.0
+[admission]
+plugin = "admit-all"
+[slo]
+default_class = "interactive"
+[[slo.classes]]
+name = "interactive"
+band = 0
+max_queue = 512
+[[slo.classes]]
+name = "batch"
+kind = "batch"
+band = 1
+"""
 PROGRESS_EVERY: Final = 16  # as gateway.dispatch.runner
 STREAM_TOKENS: Final = 256
 
 
-def _scheduler(inflight: int) -> Any:
-    from gateway.config.policy import load_default_policy
+def _scheduler(inflight: int, policy_text: str | None = None) -> Any:
+    from gateway.config.policy import load_default_policy, parse_policy_text
     from gateway.core.clock import FakeClock
     from gateway.core.types import EndpointHealth, EndpointId, EngineKind, ModelName
     from gateway.sched.plugins import default_registry
@@ -51,7 +84,11 @@ def _scheduler(inflight: int) -> Any:
     from gateway.sched.types import EndpointSpec, QueueLimits
 
     clock = FakeClock()
-    sched = Scheduler(load_default_policy(default_registry()), clock, QueueLimits())
+    reg = default_registry()
+    pol = (
+        load_default_policy(reg) if policy_text is None else parse_policy_text(policy_text, "micro.toml", reg)
+    )
+    sched = Scheduler(pol, clock, QueueLimits(max_queue_per_model=1_000_000))
     model = ModelName("bench")
     specs = [
         EndpointSpec(EndpointId(f"e{i}"), f"http://e{i}", EngineKind.VLLM, frozenset({model}), cap=inflight)
@@ -63,14 +100,14 @@ def _scheduler(inflight: int) -> Any:
     return sched, clock
 
 
-def _requests(n: int, clock: Any) -> list[Any]:
+def _requests(n: int, clock: Any, slo_class: str = "default", prefix: str = "b") -> list[Any]:
     from gateway.core.types import SLO, ApiKind, ModelName, RequestId
     from gateway.sched.request import SchedRequest
 
-    slo = SLO(slo_class="default")
+    slo = SLO(slo_class=slo_class)
     return [
         SchedRequest(
-            id=RequestId(f"b{i}"),
+            id=RequestId(f"{prefix}{i}"),
             model=ModelName("bench"),
             api=ApiKind.CHAT,
             arrival=clock.now(),
@@ -106,6 +143,38 @@ def bench_sched(n: int, inflight: int, *, stream: bool) -> float:
         d = submit(reqs[i + inflight])
         if d is None:
             raise RuntimeError("the micro-benchmark's request was queued: it must be placed at once")
+    return (time.thread_time_ns() - t0) / n
+
+
+def bench_backlog(n: int, inflight: int, backlog: int) -> float:
+    """CPU ns per request of the scheduler's cycle behind `backlog` queued batch requests (see the
+    module's docstring)."""
+    from collections import deque
+
+    from gateway.sched.decisions import Dispatch
+
+    sched, clock = _scheduler(inflight, BACKLOG_POLICY)
+    seated = _requests(2 * inflight, clock, "interactive", "s")
+    for r in seated:
+        assert isinstance(sched.submit(r), Dispatch)
+    for r in _requests(backlog, clock, "batch", "q"):
+        assert sched.submit(r) is None
+    reqs = _requests(n, clock, "interactive")
+    running = deque(r.id for r in seated)
+    submit, complete = sched.submit, sched.complete
+    gc.collect()
+    t0 = time.thread_time_ns()
+    for r in reqs:
+        if submit(r) is not None:
+            raise RuntimeError(
+                "the backlog micro-benchmark's request was not queued: every seat must be taken"
+            )
+        placed = complete(running.popleft())
+        if len(placed) != 1 or placed[0].req is not r:
+            raise RuntimeError(
+                "the backlog micro-benchmark's completion must place the waiting interactive request"
+            )
+        running.append(r.id)
     return (time.thread_time_ns() - t0) / n
 
 
@@ -174,7 +243,13 @@ def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
         "finish": lambda: bench_finish(n),
         "finish_logged": lambda: bench_finish(n, logged=True),
     }
-    return {p: benches[p]() / 1000.0 for p in pieces}
+    out: dict[str, float] = {}
+    for p in pieces:
+        if p.startswith(BACKLOG):
+            out[p] = bench_backlog(n, inflight, int(p.removeprefix(BACKLOG))) / 1000.0
+        else:
+            out[p] = benches[p]() / 1000.0
+    return out
 
 
 def _child(tree: Path, pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
@@ -189,6 +264,10 @@ def _child(tree: Path, pieces: Sequence[str], n: int, inflight: int) -> dict[str
     out = subprocess.run(argv, env=env, cwd=tree, check=True, capture_output=True, timeout=600)
     result: dict[str, float] = orjson.loads(out.stdout)
     return result
+
+
+def _backlog(piece: str) -> bool:
+    return piece.startswith(BACKLOG) and piece.removeprefix(BACKLOG).isdigit()
 
 
 def _tree(text: str) -> tuple[str, Path]:
@@ -212,8 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="JSON report")
     args = p.parse_args(argv)
     pieces = [x for x in args.pieces.split(",") if x]
-    if unknown := set(pieces) - set(PIECES):
-        p.error(f"unknown pieces {sorted(unknown)}; choose from {','.join(PIECES)}")
+    if unknown := {x for x in pieces if x not in PIECES and not _backlog(x)}:
+        p.error(f"unknown pieces {sorted(unknown)}; choose from {','.join(PIECES)} or {BACKLOG}N")
     if args.child:
         sys.stdout.write(orjson.dumps(run_once(pieces, args.requests, args.inflight)).decode())
         return 0

@@ -6,7 +6,8 @@ admission demoted to best-effort goes one band below the lowest. Inside a band, 
 `slack` ordering (time left minus the predicted service time alone on the best endpoint); requests
 without targets come last in their band, in arrival order. With `within = "arrival"` a band is served in
 arrival order instead (Chiron's FCFS inside a request group): a key costs no prediction, which matters
-when thousands of batch requests wait (the queue's order is asked again each time it is served).
+when thousands of batch requests wait, and the keys do not move (`stable_keys`), so the queue asks each
+request's key once instead of each time it is served.
 
 The band is also the engine priority sent to endpoints with priority scheduling.
 """
@@ -42,6 +43,8 @@ class PriorityBandsOrdering:
         bands.update(params.bands)
         self._bands = bands
         self._lowest = max(bands.values(), default=0)
+        # Band and arrival are the request's own; slack moves with time and the fleet.
+        self.stable_keys = params.within == "arrival"
 
     def band(self, req: SchedRequest) -> int:
         if req.best_effort:

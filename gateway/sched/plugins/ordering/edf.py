@@ -19,6 +19,7 @@ class EdfOrdering:
     behind every request with one; a demoted (best-effort) request goes after all of them."""
 
     name = "edf"
+    stable_keys = True  # deadlines and demotion are the request's own
 
     def key(self, req: SchedRequest, snap: FleetSnapshot) -> OrderKey:
         ttft, e2e = deadlines(req)

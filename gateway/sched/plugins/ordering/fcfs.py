@@ -10,6 +10,7 @@ from gateway.sched.snapshot import FleetSnapshot
 
 class FcfsOrdering:
     name = "fcfs"
+    stable_keys = True  # the arrival time
 
     def key(self, req: SchedRequest, snap: FleetSnapshot) -> OrderKey:
         return (req.arrival,)
