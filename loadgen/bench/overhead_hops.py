@@ -41,6 +41,8 @@ from typing import Any, Final
 
 import orjson
 
+from loadgen.bench.trees import tree_arg
+
 KINDS: Final = ("task", "future", "timer", "wakeup", "callback", "iteration")
 PAGE: Final = "/v1/chat/completions"
 _HERE: Final = os.path.abspath(__file__)
@@ -353,19 +355,12 @@ def _child(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _tree(text: str) -> tuple[str, Path]:
-    name, sep, path = text.partition("=")
-    if not sep:
-        name, path = Path(text).resolve().name, text
-    return name, Path(path).resolve()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m loadgen.bench.overhead_hops", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    p.add_argument("--tree", type=_tree, action="append", default=[], metavar="NAME=DIR")
+    p.add_argument("--tree", type=tree_arg, action="append", default=[], metavar="NAME=DIR")
     p.add_argument("--requests", type=int, default=500, help="non-streamed requests (default 500)")
     p.add_argument("--streams", type=int, default=50, help="streamed requests (default 50)")
     p.add_argument("--chunks", type=int, default=32, help="chunks per stream (default 32)")

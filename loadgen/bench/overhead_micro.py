@@ -43,6 +43,8 @@ from typing import Any, Final
 
 import orjson
 
+from loadgen.bench.trees import tree_arg
+
 PIECES: Final = ("sched", "sched_stream", "finish", "finish_logged")
 BACKLOG: Final = "backlog_"  # + the number of batch requests queued
 #: The backlog pieces' policy: chat-and-batch's ordering and classes, least-outstanding placement, and
@@ -270,19 +272,12 @@ def _backlog(piece: str) -> bool:
     return piece.startswith(BACKLOG) and piece.removeprefix(BACKLOG).isdigit()
 
 
-def _tree(text: str) -> tuple[str, Path]:
-    name, sep, path = text.partition("=")
-    if not sep:
-        name, path = Path(text).resolve().name, text
-    return name, Path(path).resolve()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m loadgen.bench.overhead_micro", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    p.add_argument("--tree", type=_tree, action="append", default=[], metavar="NAME=DIR")
+    p.add_argument("--tree", type=tree_arg, action="append", default=[], metavar="NAME=DIR")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=20000, help="requests per run (default 20000)")
     p.add_argument("--inflight", type=int, default=32, help="running requests per endpoint (default 32)")

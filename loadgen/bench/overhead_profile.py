@@ -54,6 +54,7 @@ from loadgen.bench.overhead import (
     start_proxy_berth,
 )
 from loadgen.bench.overhead_client import Command
+from loadgen.bench.trees import tree_arg
 from loadgen.harness import REPO_ROOT, ManagedProcess, ServerStartError, free_port, start_server
 
 BARE: Final = "bare"
@@ -354,23 +355,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _tree(text: str) -> tuple[str, Path]:
-    name, sep, path = text.partition("=")
-    if not sep:
-        name, path = Path(text).name or "berth", text
-    tree = Path(path).resolve()
-    if not (tree / "gateway" / "cli.py").exists():
-        raise argparse.ArgumentTypeError(f"{tree} is not a berth checkout (no gateway/cli.py)")
-    return name, tree
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m loadgen.bench.overhead_profile", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument(
-        "--tree", type=_tree, action="append", default=[], metavar="NAME=DIR",
+        "--tree", type=tree_arg, action="append", default=[], metavar="NAME=DIR",
         help="a berth checkout to measure (repeatable; default: this one, as 'berth')",
     )  # fmt: skip
     p.add_argument("--no-bare", dest="bare", action="store_false", help="leave the bare proxy out")
