@@ -253,7 +253,7 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
             for config in cfg.configs:
                 r = run_one(cfg, config, rate, seed)
                 runs.append(r)
-                log(_line(r))
+                log(run_line(r))
     target = target_rate(runs, cfg.rates)
     sweep_rate = target if target is not None else cfg.rates[-1]
     sweep: list[Run] = []
@@ -267,7 +267,7 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
                 cfg, PREEMPT, sweep_rate, seed, cap=cap, tag=f"sweep-cap{cap}-r{sweep_rate:g}-s{seed}"
             )
             sweep.append(r)
-            log(_line(r))
+            log(run_line(r))
     elapsed = time.perf_counter() - started
     result: dict[str, Any] = {
         "setup": {
@@ -322,10 +322,11 @@ def _run_json(r: Run) -> dict[str, Any]:
     }
 
 
-def _line(r: Run) -> str:
+def run_line(r: Run, *, cap: bool = True) -> str:
+    """One run's figures on a line (the progress log; `cap`: with the run's static cap)."""
     f = r.figures
     return (
-        f"{r.config:20s} rate {r.rate:g} seed {r.seed} cap {r.cap}: "
+        f"{r.config:20s} rate {r.rate:g} seed {r.seed}{f' cap {r.cap}' if cap else ''}: "
         f"interactive {f['interactive_attainment']:.3f}, "
         f"batch {f['batch_tokens_per_s']:.0f} tok/s, backlog done {f['backlog_done_s']}, "
         f"preemptions {f['preemptions']} ({r.wall_s:.0f} s)"

@@ -537,14 +537,14 @@ async def bench(cfg: LiveConfig, log: Callable[[str], None] = print) -> dict[str
     sims: list[Run] = []
     for config in cfg.configs:
         r = await asyncio.to_thread(classes.run_one, sim_cfg, config, cfg.rate, cfg.seed)
-        log(f"sim  {_line(r)}")
+        log(f"sim  {classes.run_line(r, cap=False)}")
         sims.append(r)
     lives: list[LiveRun] = []
     for config in cfg.configs:
         lr = await run_live(cfg, config)
         flag = "" if lr.valid else "  INVALID: " + "; ".join(lr.notes)
         cpu = f"cpu berth={lr.cpu['berth']['cpu_share']} loadgen={lr.cpu['loadgen']['cpu_share']}"
-        log(f"live {_line(lr.run)} {cpu}{flag}")
+        log(f"live {classes.run_line(lr.run, cap=False)} {cpu}{flag}")
         lives.append(lr)
     sim_fig = {r.config: r.figures for r in sims}
     live_fig = {r.run.config: r.run.figures for r in lives}
@@ -579,15 +579,6 @@ async def bench(cfg: LiveConfig, log: Callable[[str], None] = print) -> dict[str
     if plotted is not None:
         log(plotted)
     return result
-
-
-def _line(r: Run) -> str:
-    f = r.figures
-    return (
-        f"{r.config:20s} rate {r.rate:g} seed {r.seed}: interactive {f['interactive_attainment']:.3f}, "
-        f"batch {f['batch_tokens_per_s']:.0f} tok/s, backlog done {f['backlog_done_s']}, "
-        f"preemptions {f['preemptions']} ({r.wall_s:.0f} s)"
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -80,6 +80,7 @@ from loadgen.bench.overhead_report import (
 from loadgen.harness import (
     REPO_ROOT,
     ManagedProcess,
+    RunningServer,
     ServerStartError,
     free_port,
     pinned,
@@ -174,6 +175,21 @@ class Target:
     config: str
     base_url: str
     proxy: ManagedProcess | None
+
+
+def start_upstream(
+    args: argparse.Namespace, logdir: Path, cpus: frozenset[int] | None
+) -> tuple[RunningServer, list[str]]:
+    """The stand-in upstream (`overhead_upstream`) on two ports; it and the two base URLs."""
+    up_port, up_port2 = free_port(), free_port()
+    upstream = start_server(
+        "upstream",
+        [args.python, "-m", "loadgen.bench.overhead_upstream", "--port", str(up_port),
+         "--port", str(up_port2), "--chunk-interval-ms", str(args.chunk_interval_ms)],
+        port=up_port, log_path=logdir / "upstream.log", ready_path="/health",
+        timeout_s=START_TIMEOUT_S, cwd=REPO_ROOT, cpus=cpus,
+    )  # fmt: skip
+    return upstream, [upstream.base_url, f"http://127.0.0.1:{up_port2}"]
 
 
 def start_proxy_berth(
@@ -338,20 +354,8 @@ def fleet(
     servers: list[ManagedProcess] = []
     unavailable: dict[str, str] = {}
     try:
-        up_port, up_port2 = free_port(), free_port()
-        upstream = start_server(
-            "upstream",
-            [args.python, "-m", "loadgen.bench.overhead_upstream", "--port", str(up_port),
-             "--port", str(up_port2), "--chunk-interval-ms", str(args.chunk_interval_ms)],
-            port=up_port,
-            log_path=logdir / "upstream.log",
-            ready_path="/health",
-            timeout_s=START_TIMEOUT_S,
-            cwd=REPO_ROOT,
-            cpus=layout["upstream"],
-        )  # fmt: skip
+        upstream, upstreams = start_upstream(args, logdir, layout["upstream"])
         servers.append(upstream.process)
-        upstreams = [upstream.base_url, f"http://127.0.0.1:{up_port2}"]
         targets: list[Target] = []
         for config in args.configs:
             if config == "direct":

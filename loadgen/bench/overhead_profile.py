@@ -52,6 +52,7 @@ from loadgen.bench.overhead import (
     Client,
     cpu_layout,
     start_proxy_berth,
+    start_upstream,
 )
 from loadgen.bench.overhead_client import Command
 from loadgen.bench.trees import tree_arg
@@ -180,16 +181,8 @@ def configs(
     """The upstream, the bare proxy (unless --no-bare) and one berth per tree; all stopped on the way out."""
     servers: list[ManagedProcess] = []
     try:
-        up_port, up_port2 = free_port(), free_port()
-        upstream = start_server(
-            "upstream",
-            [args.python, "-m", "loadgen.bench.overhead_upstream", "--port", str(up_port),
-             "--port", str(up_port2), "--chunk-interval-ms", str(args.chunk_interval_ms)],
-            port=up_port, log_path=logdir / "upstream.log", ready_path="/health",
-            timeout_s=START_TIMEOUT_S, cwd=REPO_ROOT, cpus=layout["upstream"],
-        )  # fmt: skip
+        upstream, upstreams = start_upstream(args, logdir, layout["upstream"])
         servers.append(upstream.process)
-        upstreams = [upstream.base_url, f"http://127.0.0.1:{up_port2}"]
         out: list[Config] = []
         if args.bare:
             port = free_port()

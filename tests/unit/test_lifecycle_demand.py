@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from gateway.core.types import SLO, ApiKind, ModelName, RequestId
+from gateway.core.types import ModelName
 from gateway.lifecycle.demand import DemandTracker
 from gateway.lifecycle.instances import (
     Demand,
@@ -24,7 +24,7 @@ from gateway.lifecycle.instances import (
 )
 from gateway.sched.plugins.eviction.cace import CaceEvictor, CaceParams
 from gateway.sched.plugins.eviction.lru import LruEvictor
-from gateway.sched.request import SchedRequest
+from tests.unit.sched_builders import request
 
 GIB = 1 << 30
 A, B, C = ModelName("a"), ModelName("b"), ModelName("c")
@@ -62,8 +62,8 @@ def test_tracker_shares_slide_and_output_is_averaged() -> None:
 
 def test_a_resumed_run_is_not_counted_again() -> None:
     t = DemandTracker(history=8)
-    a = SchedRequest(RequestId("r1"), A, ApiKind.CHAT, 0.0, SLO(), 10, 50, True, predicted_output_tokens=40.0)
-    b = SchedRequest(RequestId("r2"), B, ApiKind.CHAT, 0.0, SLO(), 10, 50, True)
+    a = dataclasses.replace(request("r1", A), max_tokens=50, predicted_output_tokens=40.0)
+    b = dataclasses.replace(request("r2", B), max_tokens=50)
     t.placed(a)
     t.placed(b)
     for n in (1, 2):  # preempted twice, resumed twice: still one request for a
