@@ -128,11 +128,19 @@ def _target(url: str) -> _Target:
 
 def _request(target: _Target, body: bytes, request_id: str, auth: Mapping[str, str] | None) -> bytes:
     """The whole request: head and body, for one write."""
-    extra = "".join(f"{k}: {v}\r\n" for k, v in auth.items()) if auth else target.basic
-    if "\n" in request_id or "\r" in request_id or "\n" in extra or "\r" in extra.rstrip("\r\n"):
+    extra = target.basic
+    if auth:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in auth.items())
+        if any(_unsafe(k) or _unsafe(v) for k, v in auth.items()):
+            raise ValueError("a newline in a request header")
+    if _unsafe(request_id):
         raise ValueError("a newline in a request header")
     head = f"{target.head}{extra}X-Request-Id: {request_id}\r\nContent-Length: {len(body)}\r\n\r\n"
     return head.encode() + body
+
+
+def _unsafe(value: str) -> bool:
+    return "\n" in value or "\r" in value
 
 
 def make_pool(settings: UpstreamSettings, clock: Clock) -> Pool:

@@ -18,7 +18,7 @@ reading from the socket, and reads again once the reader has taken them.
 from __future__ import annotations
 
 import asyncio
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 import httptools
 
@@ -108,11 +108,19 @@ class H1Response:
 
     async def read(self, limit: int = -1) -> bytes:
         """The body to its end, or (`limit` >= 0) its first `limit` bytes, fewer if it ends first."""
-        while not self._eof and (limit < 0 or self._buffered < limit):
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            if self._chunks:  # taken as it comes: a paused socket reads again
+                part = self._take()
+                parts.append(part)
+                size += len(part)
+            if self._eof or 0 <= limit <= size:
+                break
             if self._exc is not None:
                 raise self._exc
             await self._wait()
-        data = self._take()
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
         if 0 <= limit < len(data):
             data = data[:limit]
         return data
@@ -201,19 +209,22 @@ class H1Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._resp: H1Response | None = None
         self._reason: list[bytes] = []
-        self._head_bytes = 0
+        self._head_bytes = 0  # bytes read while the head was incomplete
+        self._header_bytes = 0  # the headers' names and values
         self._framed = False  # the response has a Content-Length or Transfer-Encoding
         self._interim = False  # a 1xx response, before the real one
         self._done = False  # the parser saw the response's end
+        self._keep_alive = False  # ... and the server keeps the connection open after it
 
     def send(self, data: bytes) -> H1Response:
         """Write a whole request (head and body, prepared by the caller) and return its response."""
         transport = self._transport
         if transport is None or self._resp is not None or self.closed:
+            self.close()
             raise RuntimeError("the connection is not ready for a request")
         resp = self._resp = H1Response(self, self._loop)
         self._reason.clear()
-        self._head_bytes = 0
+        self._head_bytes = self._header_bytes = 0
         self._framed = self._interim = self._done = False
         transport.write(data)
         return resp
@@ -246,8 +257,8 @@ class H1Connection(asyncio.Protocol):
     # -- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # a read-write transport (uvloop's is not registered as an asyncio.Transport: no isinstance)
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         resp = self._resp
@@ -274,7 +285,7 @@ class H1Connection(asyncio.Protocol):
                 self.close()
 
     def _finished(self, resp: H1Response, *, reuse: bool) -> None:
-        keep = reuse and self._parser.should_keep_alive()
+        keep = reuse and self._keep_alive
         self._resp = None
         if resp._paused:
             resp._paused = False
@@ -308,6 +319,9 @@ class H1Connection(asyncio.Protocol):
         self._reason.append(status)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > MAX_HEAD_BYTES:  # a head that came whole in one read
+            raise BadResponse(f"engine response headers over {MAX_HEAD_BYTES} bytes")
         if name.lower() in _FRAMING:
             self._framed = True
 
@@ -333,6 +347,8 @@ class H1Connection(asyncio.Protocol):
             self._interim = self._framed = False
             return
         self._done = True
+        # read here: the parser forgets the message's flags once this callback returns
+        self._keep_alive = self._parser.should_keep_alive()
 
 
 def _cause(exc: Exception | None) -> str:

@@ -152,14 +152,14 @@ class Pool:
         try:
             return await fut
         except BaseException:
-            if not fut.done():
-                self._waiters.remove(waiter)
-            elif not fut.cancelled() and fut.exception() is None:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 got = fut.result()  # granted, but the caller gave up first: give it back
                 if got is None:
                     self._free(origin)
                 else:
                     self.released(got)
+            elif waiter in self._waiters:  # cancelled (a timeout, a leaving client) while waiting
+                self._waiters.remove(waiter)
             raise
 
     def _may_open(self, origin: Origin) -> bool:
