@@ -197,6 +197,24 @@ class H1Response:
 class H1Connection(asyncio.Protocol):
     """One keep-alive connection to an engine (`key`: its origin); `send` starts a request on it."""
 
+    __slots__ = (
+        "_done",
+        "_framed",
+        "_head_bytes",
+        "_header_bytes",
+        "_interim",
+        "_keep_alive",
+        "_loop",
+        "_owner",
+        "_parser",
+        "_reason",
+        "_resp",
+        "_transport",
+        "closed",
+        "idle_since",
+        "key",
+    )
+
     def __init__(
         self, owner: ConnectionOwner, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop
     ) -> None:
@@ -272,7 +290,12 @@ class H1Connection(asyncio.Protocol):
                 self._finished(resp, reuse=False)
                 return
             self._resp = None
-            resp._fail(BadResponse(f"engine sent an invalid HTTP response: {e}"))
+            cause = e.__context__  # what a callback of ours raised
+            resp._fail(
+                cause
+                if isinstance(cause, BadResponse)
+                else BadResponse(f"engine sent an invalid HTTP response: {e}")
+            )
             self.close()
             return
         if self._done:

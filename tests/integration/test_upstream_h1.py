@@ -348,8 +348,13 @@ async def test_a_server_closing_mid_body_fails_the_read_after_what_came(
         pytest.param(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "engine request failed", id="garbage-status-line"),
         pytest.param(
             b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (100 * 1024) + b"\r\n\r\n",
-            "engine request failed",
+            "engine request failed: engine response headers over 65536 bytes",
             id="huge-headers",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (100 * 1024),
+            "engine request failed: engine response headers over 65536 bytes",
+            id="endless-head",
         ),
         pytest.param(b"", "engine dropped the connection", id="closed-before-answering"),
     ],
