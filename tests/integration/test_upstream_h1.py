@@ -19,6 +19,7 @@ from gateway.upstream.client import UpstreamSettings, open_request, pool_counts
 from gateway.upstream.deadlines import Deadlines
 from gateway.upstream.h1 import BODY_BUFFER_LIMIT, EngineDropped, H1Connection, H1Response
 from gateway.upstream.pool import KEEPALIVE_S, Pool
+from loadgen.bench import overhead_micro
 
 PATH = "/v1/chat/completions"
 BODY = b'{"model":"tiny"}'
@@ -584,3 +585,10 @@ def test_the_client_on_uvloop() -> None:
             await srv.close()
 
     uvloop.run(scenario())
+
+
+def test_the_micro_benchmark_times_an_engine_call() -> None:
+    """`overhead_micro --pieces engine_call`: calls this checkout's client against a real upstream."""
+    out = overhead_micro.run_once(overhead_micro.EXTRA_PIECES, 64, 4)
+    assert set(out) == {"engine_call"}
+    assert out["engine_call"] > 0
