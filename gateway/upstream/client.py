@@ -176,8 +176,10 @@ async def open_request(
     watch = deadlines.cancel_after(settings.first_byte_timeout_s)
     try:
         conn = pool.take(target.origin)
-        if conn is None:
+        while conn is None:
             conn = await pool.connect(target.origin)
+            if not conn.usable():  # handed over idle, and closed by the engine before this call went on
+                conn = None
         resp = conn.send(data)
         try:
             await resp.head()

@@ -507,6 +507,29 @@ async def test_no_free_connection_within_the_connect_timeout_is_a_502(
     rig.pool.close()
 
 
+async def test_a_connection_closed_while_handed_to_a_waiter_is_not_used(
+    aio_server: Callable[[Handler], Awaitable[Served]],
+) -> None:
+    rig = _rig(pool_per_host=1, pool_total=1)
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=b"ok")
+
+    srv = await aio_server(handler)
+    assert await (await rig.call(srv.url)).read() == b"ok"
+    host, port = srv.url.removeprefix("http://").split(":")
+    conn = rig.pool.take(("http", host, int(port)))  # the pool's one connection, in use
+    assert conn is not None
+    second = asyncio.ensure_future(rig.call(srv.url, rid="b2"))
+    while not rig.pool._waiters:
+        await asyncio.sleep(0)  # a loop turn: until the call waits for a connection
+    rig.pool.released(conn)  # handed over to the waiting call ...
+    conn.close()  # ... and closed before that call goes on
+    assert await (await second).read() == b"ok"
+    assert srv.connections == 2
+    rig.pool.close()
+
+
 async def test_the_total_is_shared_by_closing_idle_connections_elsewhere(
     aio_server: Callable[[Handler], Awaitable[Served]],
 ) -> None:
