@@ -1,8 +1,9 @@
 """The composition root: builds every long-lived component once, wires them, and owns the process's life.
 
-Lifecycle through `cleanup_ctx`, in dependency order: upstream session (and the dispatcher on it) ->
-fleet (endpoint set and its scrapers, queue ticker, telemetry loop, systemd watchdog). `serve()` binds,
-waits for the first scrape round, tells systemd READY=1, reloads on SIGHUP and drains on SIGTERM.
+Lifecycle through `cleanup_ctx`, in dependency order: upstream session and engine-call pool (and the
+dispatcher on them) -> fleet (endpoint set and its scrapers, queue ticker, telemetry loop, systemd
+watchdog). `serve()` binds, waits for the first scrape round, tells systemd READY=1, reloads on SIGHUP
+and drains on SIGTERM.
 
 Reload is a transaction: the new runtime configuration is built aside and, only when it is whole, pushed
 to each component that takes reloadable settings (scheduler, endpoint set, telemetry, front).
@@ -43,8 +44,9 @@ from gateway.lifecycle.manager import LifecycleManager
 from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.live import LiveTelemetry
-from gateway.upstream.client import UpstreamSettings, make_session, pool_counts
+from gateway.upstream.client import UpstreamSettings, make_pool, make_session, pool_counts
 from gateway.upstream.credentials import EngineAuth, EngineAuthCollector
+from gateway.upstream.pool import Pool
 
 log = structlog.get_logger("berth.app")
 
@@ -95,6 +97,7 @@ class Gateway:
         metrics.registry.register(TenantCollector(tenancy, slo))
         metrics.registry.register(EngineAuthCollector(self.engine_auth))
         self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None  # generation calls' connections
         self.endpoints = EndpointSet(
             driver=self.driver,
             telemetry=self.telemetry,
@@ -145,9 +148,11 @@ class Gateway:
 
     async def session_ctx(self, app: web.Application) -> AsyncIterator[None]:
         self._session = make_session(self.upstream)
+        self._pool = make_pool(self.upstream, self.clock)
         self.services.start_dispatch(
             Dispatcher(
                 session=self._session,
+                pool=self._pool,
                 driver=self.driver,
                 metrics=self.metrics,
                 clock=self.clock,
@@ -157,6 +162,8 @@ class Gateway:
         )
         yield
         self.services.start_dispatch(None)
+        self._pool.close()
+        self._pool = None
         await self._session.close()
         self._session = None
 
@@ -178,7 +185,7 @@ class Gateway:
 
     def _live_numbers(self) -> LiveNumbers:
         snap = self.scheduler.snapshot()
-        in_use, idle = pool_counts(self._session)
+        in_use, idle = pool_counts(self._session, self._pool)
         return LiveNumbers(
             queue_depth={str(m): n for m, n in self.scheduler.queue_depths().items()},
             inflight={e.id: e.inflight for e in snap.endpoints},

@@ -32,6 +32,8 @@ from gateway.upstream.client import UpstreamSettings, open_request
 from gateway.upstream.credentials import AUTH_REFUSED, EngineAuth
 from gateway.upstream.deadlines import Deadlines
 from gateway.upstream.dialects import dialect_for
+from gateway.upstream.h1 import H1Response, ResponseError
+from gateway.upstream.pool import Pool
 from gateway.upstream.resume import resume_body
 from gateway.upstream.sse import SseRelay, error_event
 from gateway.upstream.tokenize import tokenize
@@ -46,13 +48,15 @@ class Dispatcher:
         self,
         *,
         session: aiohttp.ClientSession,
+        pool: Pool,
         driver: SchedulerDriver,
         metrics: GatewayMetrics,
         clock: Clock,
         settings: UpstreamSettings,
         auth: EngineAuth | None = None,
     ) -> None:
-        self.session = session
+        self.session = session  # tokenize calls
+        self.pool = pool  # generation calls
         self.driver = driver
         self.metrics = metrics
         self.clock = clock
@@ -100,7 +104,7 @@ class Dispatcher:
             ctx.endpoint = endpoint.id
             if ctx.dispatched_at is None:
                 ctx.dispatched_at = self.clock.now()
-            resp: aiohttp.ClientResponse | None = None
+            resp: H1Response | None = None
             sent_body, sent = body, first_payload
             if stream is not None and sreq.resumable:
                 sent_body = _resumable_call(ctx, endpoint, body, stream)
@@ -116,7 +120,7 @@ class Dispatcher:
             try:
                 try:
                     resp = await open_request(
-                        self.session,
+                        self.pool,
                         endpoint.url + path,
                         sent,
                         sreq.id,
@@ -129,7 +133,7 @@ class Dispatcher:
                         # berth's credentials, not the engine, are at fault: no retry elsewhere
                         raise errors.engine_auth_failed(resp.status)
                     if resp.status != 200:
-                        raise await _error_from(resp)
+                        raise await _error_from(resp, self.deadlines, self.settings.first_byte_timeout_s)
                 except BerthError as e:
                     if e.retryable and ctx.attempts <= self.settings.max_retries:
                         self.metrics.upstream_retries_of(endpoint.id).inc()
@@ -247,15 +251,14 @@ class Dispatcher:
             "X-Berth-Slo-Class": ctx.slo_class,
         }
 
-    async def _relay_body(self, ctx: RequestContext, resp: aiohttp.ClientResponse) -> web.Response:
-        content = resp.content
+    async def _relay_body(self, ctx: RequestContext, resp: H1Response) -> web.Response:
         # Usually the whole body came with the headers: nothing to watch.
         watch = None
-        if not content.is_eof():
-            watch = self.deadlines.stall(content, self.settings.first_byte_timeout_s)
+        if not resp.is_eof():
+            watch = self.deadlines.stall(resp, self.settings.first_byte_timeout_s)
         try:
             data = await resp.read()
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+        except ResponseError as e:
             raise errors.upstream_failed(
                 f"engine dropped the connection mid-response: {e}", retryable=False
             ) from None
@@ -285,7 +288,7 @@ class Dispatcher:
         return web.Response(body=data, status=200, headers=headers)
 
     async def _relay_stream(
-        self, ctx: RequestContext, resp: aiohttp.ClientResponse, stream: _Stream, request: web.Request
+        self, ctx: RequestContext, resp: H1Response, stream: _Stream, request: web.Request
     ) -> web.StreamResponse:
         relay = stream.relay
         out = stream.out
@@ -297,7 +300,7 @@ class Dispatcher:
             ctx.status = 200
         clock = self.clock
         deadlines = self.deadlines
-        stall = deadlines.stall(resp.content, self.settings.read_timeout_s)
+        stall = deadlines.stall(resp, self.settings.read_timeout_s)
         progress = self.driver.scheduler.progress  # tokens so far, for the placement predictions
         # Progress counts this engine call's tokens (a resumed call starts from 0 at its own first token).
         base = relay.tokens
@@ -309,7 +312,7 @@ class Dispatcher:
             if out is not None and not out.prepared:
                 await out.prepare(request)
             try:
-                async for chunk in resp.content.iter_any():
+                async for chunk in resp:
                     stall.seen = now = clock.now()
                     data = relay.feed(chunk, now)
                     if pinnable and not relay.continuable:
@@ -338,7 +341,7 @@ class Dispatcher:
                             f"engine failed mid-answer: {relay.error.get('message')}", retryable=False
                         )
                     ctx.outcome = "engine_error"
-            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            except ResponseError as e:
                 raise errors.upstream_failed(f"engine dropped the stream: {e}", retryable=False) from None
             except TimeoutError:
                 raise errors.upstream_timeout(
@@ -452,11 +455,16 @@ def _record_stream(ctx: RequestContext, relay: SseRelay) -> None:
         ctx.output_tokens = relay.tokens
 
 
-async def _error_from(resp: aiohttp.ClientResponse) -> BerthError:
+async def _error_from(resp: H1Response, deadlines: Deadlines, timeout_s: float) -> BerthError:
     """Map an engine's non-200 answer; 5xx is retryable on another endpoint, 4xx goes to the client with
-    the detail of the engine's error (`errors.engine_error`)."""
+    the detail of the engine's error (`errors.engine_error`): its body's first 64 KiB, read while the
+    engine sends it (an error body that stops for `timeout_s` is taken as empty)."""
+    watch = None if resp.is_eof() else deadlines.stall(resp, timeout_s)
     try:
-        raw = await resp.content.read(_ERROR_BODY_LIMIT)
-    except (aiohttp.ClientError, TimeoutError):
+        raw = await resp.read(_ERROR_BODY_LIMIT)
+    except (ResponseError, TimeoutError):
         raw = b""
+    finally:
+        if watch is not None:
+            deadlines.forget(watch)
     return errors.engine_error(resp.status, raw, resp.reason or "")

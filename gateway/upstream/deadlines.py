@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Final
-
-import aiohttp
+from typing import Any, Final, Protocol
 
 from gateway.core.clock import Clock
 
@@ -32,6 +30,24 @@ from gateway.core.clock import Clock
 MAX_TICK_S: Final = 1.0
 #: ... and a timeout's share of it: a deadline is met at most this share of its timeout late.
 TICK_SHARE: Final = 1.0 / 8.0
+
+
+class Body(Protocol):
+    """What a stall watch reads of a response body as it arrives (`gateway.upstream.h1.H1Response`;
+    aiohttp's `StreamReader` fits too)."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes received so far."""
+        ...
+
+    def is_eof(self) -> bool:
+        """Whether the whole body was received."""
+        ...
+
+    def set_exception(self, exc: BaseException) -> None:
+        """Fail the reader's next read with `exc`."""
+        ...
 
 
 class Watch:
@@ -77,7 +93,7 @@ class StallWatch(Watch):
 
     __slots__ = ("_bytes", "_content", "seen")
 
-    def __init__(self, timeout_s: float, now: float, content: aiohttp.StreamReader) -> None:
+    def __init__(self, timeout_s: float, now: float, content: Body) -> None:
         super().__init__(timeout_s, now)
         self.seen = now  # the reader's last chunk
         self._content = content
@@ -126,7 +142,7 @@ class Deadlines:
         self._add(watch)
         return watch
 
-    def stall(self, content: aiohttp.StreamReader, timeout_s: float) -> StallWatch:
+    def stall(self, content: Body, timeout_s: float) -> StallWatch:
         """Fail `content` with TimeoutError once the engine sent nothing for `timeout_s`."""
         watch = StallWatch(timeout_s, self._clock.now(), content)
         self._add(watch)

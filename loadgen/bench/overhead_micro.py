@@ -16,6 +16,11 @@ process's load does not count, and the figure is µs of CPU per request, not a c
   benchmarks run berth at);
 - `finish_logged`: the same at `--log-level info` (berth's default), the canonical line written to
   /dev/null;
+- `engine_call` (not run unless named in `--pieces`): one non-streamed engine call as the checkout makes
+  it (`gateway.upstream.client.open_request`, the whole answer read, the response closed), 16 at a time,
+  to the overhead benchmark's stand-in upstream (`overhead_upstream`) served on its own loop in another
+  thread (its CPU is not this thread's), on uvloop as `berth serve` runs: what the engine-call client
+  costs (aiohttp's ClientSession before berth's own HTTP/1.1 client, the pool after);
 - `backlog_N` (not run unless named in `--pieces`, e.g. `backlog_0,backlog_1000,backlog_3000`): the
   scheduler's cycle behind N queued batch requests, under chat-and-batch's ordering (`priority-bands`,
   arrival order inside a band) and class bound (`BACKLOG_POLICY`): every seat is taken, an interactive
@@ -46,6 +51,8 @@ import orjson
 from loadgen.bench.trees import tree_arg
 
 PIECES: Final = ("sched", "sched_stream", "finish", "finish_logged")
+EXTRA_PIECES: Final = ("engine_call",)  # run only when named
+ENGINE_CALLS_AT_ONCE: Final = 16
 BACKLOG: Final = "backlog_"  # + the number of batch requests queued
 #: The backlog pieces' policy: chat-and-batch's ordering and classes, least-outstanding placement, and
 #: admission that only bounds the interactive class's queue (no predictions).
@@ -237,6 +244,77 @@ def bench_finish(n: int, *, logged: bool = False) -> float:
             LEVEL.info = info_before
 
 
+def bench_engine_call(n: int) -> float:
+    """CPU ns per engine call of this thread (see `engine_call` above)."""
+    import asyncio
+    import threading
+
+    import uvloop
+    from aiohttp import web
+
+    from gateway.core.clock import SystemClock
+    from gateway.upstream import client
+    from gateway.upstream.deadlines import Deadlines
+    from loadgen.bench.overhead_upstream import build_app
+
+    started = threading.Event()
+    upstream: dict[str, Any] = {}
+
+    async def serve() -> None:
+        runner = web.AppRunner(build_app(0.0), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        upstream["port"] = runner.addresses[0][1]
+        upstream["stop"] = stop = asyncio.Event()
+        upstream["loop"] = asyncio.get_running_loop()
+        started.set()
+        await stop.wait()
+        await runner.cleanup()
+
+    thread = threading.Thread(target=uvloop.run, args=(serve(),), daemon=True)
+    thread.start()
+    started.wait()
+    url = f"http://127.0.0.1:{upstream['port']}/v1/chat/completions"
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16})
+
+    async def calls() -> float:
+        settings = client.UpstreamSettings()
+        clock = SystemClock()
+        deadlines = Deadlines(clock)
+        # The checkout's engine-call client: its pool (berth's own client) or aiohttp's session (before).
+        make_pool = getattr(client, "make_pool", None)
+        target: Any = make_pool(settings, clock) if make_pool else client.make_session(settings)
+
+        async def worker(first: int, count: int) -> None:
+            for i in range(first, first + count):
+                resp = await client.open_request(target, url, body, f"b{i}", settings, deadlines=deadlines)
+                await resp.read()
+                resp.close()
+
+        async def run(total: int) -> None:
+            each = total // ENGINE_CALLS_AT_ONCE
+            await asyncio.gather(*(worker(k * each, each) for k in range(ENGINE_CALLS_AT_ONCE)))
+
+        try:
+            await run(ENGINE_CALLS_AT_ONCE * 20)  # warm-up: the connections made
+            gc.collect()
+            t0 = time.thread_time_ns()
+            await run(n)
+            return (time.thread_time_ns() - t0) / (n // ENGINE_CALLS_AT_ONCE * ENGINE_CALLS_AT_ONCE)
+        finally:
+            if make_pool is None:
+                await target.close()
+            else:
+                target.close()
+
+    try:
+        return uvloop.run(calls())
+    finally:
+        upstream["loop"].call_soon_threadsafe(upstream["stop"].set)
+        thread.join()
+
+
 def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
     """µs of CPU per request of each piece, in this process."""
     benches: dict[str, Callable[[], float]] = {
@@ -244,6 +322,7 @@ def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
         "sched_stream": lambda: bench_sched(n, inflight, stream=True),
         "finish": lambda: bench_finish(n),
         "finish_logged": lambda: bench_finish(n, logged=True),
+        "engine_call": lambda: bench_engine_call(n),
     }
     out: dict[str, float] = {}
     for p in pieces:
@@ -286,8 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="JSON report")
     args = p.parse_args(argv)
     pieces = [x for x in args.pieces.split(",") if x]
-    if unknown := {x for x in pieces if x not in PIECES and not _backlog(x)}:
-        p.error(f"unknown pieces {sorted(unknown)}; choose from {','.join(PIECES)} or {BACKLOG}N")
+    if unknown := {x for x in pieces if x not in PIECES + EXTRA_PIECES and not _backlog(x)}:
+        known = ",".join(PIECES + EXTRA_PIECES)
+        p.error(f"unknown pieces {sorted(unknown)}; choose from {known} or {BACKLOG}N")
     if args.child:
         sys.stdout.write(orjson.dumps(run_once(pieces, args.requests, args.inflight)).decode())
         return 0

@@ -46,7 +46,7 @@ def test_a_stream_adds_no_timer_of_its_own(counts: dict[str, dict[str, Any]]) ->
         site: v for (kind, site), v in berth.items() if kind == "timer" and site.startswith("upstream/")
     }
     assert sum(per_call.values()) < 0.5, per_call  # the sweep's own ticks only, not one per stream
-    assert totals(berth)["task"] == totals(bare)["task"]
+    assert totals(berth)["task"] <= totals(bare)["task"]  # berth's engine-call client starts none
     text = render({"t": counts})
     assert "per non-streamed request" in text
     assert "per stream of 8 chunks" in text
