@@ -24,6 +24,7 @@ from gateway.core.metrics import GatewayMetrics
 from gateway.core.types import ApiKind, EndpointId, RequestId
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
+from gateway.dispatch.engine_body import engine_body
 from gateway.dispatch.slo_headers import slo_met_now
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
@@ -71,23 +72,19 @@ class Dispatcher:
         *,
         raw: bytes | None = None,
     ) -> web.StreamResponse:
-        """Run the engine call for `body`, parsed from `raw` (if given: sent as is when nothing changed)."""
-        changed = False
+        """Run the engine call for `body`, parsed from `raw` (if given: sent as is when nothing changed,
+        see `engine_body`)."""
         # A non-streamed request that may be preempted is streamed from the engine, so that what it
         # produced is known when it is preempted; berth answers it with one assembled response.
         assemble = not ctx.stream and sreq.resumable
-        if assemble:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-            changed = True
-        elif ctx.stream and not include_usage:
-            # berth always asks for usage; the relay drops the usage chunk unless the client asked too.
-            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-            changed = True
-        if body.get("model") != ctx.served_model:
-            body["model"] = ctx.served_model
-            changed = True
-        first_payload = raw if raw is not None and not changed else orjson.dumps(body)
+        first_payload = engine_body(
+            body,
+            raw,
+            served_model=ctx.served_model,
+            stream=ctx.stream,
+            include_usage=include_usage,
+            assemble=assemble,
+        )
         path = ctx.api.path
         stream = _Stream(ctx, include_usage, client=ctx.stream) if ctx.stream or assemble else None
         exclude: frozenset[EndpointId] = frozenset()

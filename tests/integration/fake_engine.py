@@ -39,6 +39,7 @@ class FakeEngine:
     running: int = 0
     waiting: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
+    raw_requests: list[bytes] = field(default_factory=list)  # each generation's body, as it came
     request_headers: list[dict[str, str]] = field(default_factory=list)  # of each generation, names lowered
     started: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
@@ -137,6 +138,7 @@ class FakeEngine:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.raw_requests.append(await request.read())
         self.request_headers.append({k.lower(): v for k, v in request.headers.items()})
         if body.get("model") != self.model:
             return web.json_response(

@@ -64,6 +64,27 @@ async def test_chat_streaming_usage_only_when_asked(
     assert 'berth_output_tokens_total{model="tiny"} 4.0' in metrics
 
 
+async def test_a_stream_reaches_the_engine_as_the_client_wrote_it(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    """berth adds its usage request in front of the client's bytes; it does not serialise the body again
+    (which would, e.g., turn 7e-1 into 0.7 and drop the client's spacing)."""
+    eng = FakeEngine(tokens=2)
+    gw = await start_gateway([await engine_server(eng) + ",engine=vllm"])
+    raw = (
+        b'{"model": "tiny", "stream": true, "temperature": 7e-1,\n'
+        b' "messages": [{"role": "user", "content": "h\\u00e9"}]}'
+    )
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(gw.url + "/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"}) as r,
+    ):
+        assert r.status == 200
+        events = (await r.read()).split(b"\n\n")
+    assert b"data: [DONE]" in events
+    assert eng.raw_requests[-1] == b'{"stream_options":{"include_usage":true},' + raw[1:]
+
+
 async def test_completions_stream_and_not(engine_server: EngineServer, start_gateway: StartGateway) -> None:
     eng = FakeEngine(tokens=3)
     gw = await start_gateway([await engine_server(eng) + ",engine=vllm"])
