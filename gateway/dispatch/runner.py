@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from gateway.core import errors
 from gateway.core.clock import Clock
@@ -25,7 +26,8 @@ from gateway.core.types import ApiKind, EndpointId, RequestId
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.engine_body import engine_body
-from gateway.dispatch.slo_headers import slo_met_now
+from gateway.dispatch.event_stream import EventStreamResponse, open_event_stream
+from gateway.dispatch.slo_headers import answer_headers, slo_met_now
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
@@ -234,16 +236,6 @@ class Dispatcher:
             if answer.tokens is not None:
                 stream.resume_ids = stream.prompt_ids + answer.tokens
 
-    def _headers(self, ctx: RequestContext, content_type: str) -> dict[str, str]:
-        queue_ms = 0.0 if ctx.queue_s is None else ctx.queue_s * 1000.0
-        return {
-            "Content-Type": content_type,
-            "X-Request-Id": ctx.id,
-            "X-Berth-Endpoint": ctx.endpoint or "",
-            "X-Berth-Queue-Ms": f"{queue_ms:.1f}",
-            "X-Berth-Slo-Class": ctx.slo_class,
-        }
-
     async def _relay_body(self, ctx: RequestContext, resp: aiohttp.ClientResponse) -> web.Response:
         content = resp.content
         # Usually the whole body came with the headers: nothing to watch.
@@ -277,7 +269,7 @@ class Dispatcher:
                 obj["model"] = ctx.client_model
                 data = orjson.dumps(obj)
         ctx.status = 200
-        headers = self._headers(ctx, "application/json")
+        headers = answer_headers(ctx, "application/json")
         headers["X-Berth-Slo-Met"] = "true" if slo_met_now(ctx, now) else "false"
         return web.Response(body=data, status=200, headers=headers)
 
@@ -287,9 +279,9 @@ class Dispatcher:
         relay = stream.relay
         out = stream.out
         if out is None and stream.client:
-            out = stream.out = web.StreamResponse(
-                status=200, headers={**self._headers(ctx, "text/event-stream"), "Cache-Control": "no-cache"}
-            )
+            headers = answer_headers(ctx, "text/event-stream")
+            headers["Cache-Control"] = "no-cache"
+            out = stream.out = EventStreamResponse(status=200, headers=headers)
             out.enable_chunked_encoding()
             ctx.status = 200
         clock = self.clock
@@ -302,9 +294,11 @@ class Dispatcher:
         report_at = base + 1 if ctx.sched is not None else 1 << 62
         sreq_id = RequestId("") if ctx.sched is None else ctx.sched.id
         pinnable = stream.client and ctx.sched is not None and ctx.sched.resumable and relay.continuable
+        held: AbstractStreamWriter | None = None  # the client's headers, held for the first event
         try:
             if out is not None and not out.prepared:
-                await out.prepare(request)
+                # Held for the first event if the engine's first bytes came with its headers.
+                held = await open_event_stream(out, request, resp.content.total_bytes > 0)
             try:
                 async for chunk in resp.content.iter_any():
                     stall.seen = now = clock.now()
@@ -322,6 +316,9 @@ class Dispatcher:
 
                     if data and out is not None:
                         await out.write(data)
+                    elif held is not None:
+                        held.send_headers()  # what came forwarded nothing yet: no more waiting for it
+                        held = None
                 tail = relay.flush()
                 if tail and out is not None:
                     await out.write(tail)
@@ -358,7 +355,7 @@ class Dispatcher:
     def _assembled(self, ctx: RequestContext, relay: SseRelay) -> web.Response:
         """A non-streamed request's answer, made of the engine stream berth read for it."""
         ctx.status = 200
-        headers = self._headers(ctx, "application/json")
+        headers = answer_headers(ctx, "application/json")
         headers["X-Berth-Slo-Met"] = "true" if slo_met_now(ctx, self.clock.now()) else "false"
         body = orjson.dumps(relay.assembled(ctx.api is ApiKind.CHAT))
         return web.Response(body=body, status=200, headers=headers)
@@ -402,7 +399,7 @@ class _Stream:
         self.ctx = ctx
         self.client = client  # False: the client asked for one answer, which berth assembles
         self.relay = self.fresh_relay(include_usage)
-        self.out: web.StreamResponse | None = None
+        self.out: EventStreamResponse | None = None
         self.resumed = False  # the client has part of the stream from an earlier engine call
         self.prompt_tokens: int | None = None  # the original prompt's, for a resumed stream's usage
         self.prompt_ids: tuple[int, ...] | None = None  # a completion's original prompt, as token ids

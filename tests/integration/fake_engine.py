@@ -16,6 +16,8 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from gateway.dispatch.event_stream import EventStreamResponse
+
 
 @dataclass
 class FakeEngine:
@@ -33,6 +35,9 @@ class FakeEngine:
     paused: asyncio.Event = field(default_factory=asyncio.Event)
     unpause: asyncio.Event = field(default_factory=asyncio.Event)
     role_chunk: bool = False  # chat streams open with an assistant role chunk, as vLLM's do
+    # The role chunk's first half leaves with the stream's headers (one write), its rest after `unpause`
+    # (`paused` is set in between).
+    split_role_chunk: bool = False
     reasoning: bool = False  # chat streams carry reasoning_content deltas instead of content
     health_status: int = 200
     metrics_status: int = 200  # anything else: /metrics fails (the gauges go stale)
@@ -212,7 +217,9 @@ class FakeEngine:
     async def _stream(
         self, request: web.Request, body: dict[str, Any], chat: bool, n: int, start: int = 0
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        split = chat and self.role_chunk and self.split_role_chunk
+        cls = EventStreamResponse if split else web.StreamResponse  # the first holds its headers
+        resp = cls(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         model = body["model"]
 
@@ -248,7 +255,13 @@ class FakeEngine:
                     {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                 ],
             }
-            await resp.write(b"data: " + orjson.dumps(role) + b"\n\n")
+            event = b"data: " + orjson.dumps(role) + b"\n\n"
+            if split:
+                await resp.write(event[: len(event) // 2])
+                self.paused.set()
+                await self.unpause.wait()
+                event = event[len(event) // 2 :]
+            await resp.write(event)
         for i in range(start, start + n):
             if self.pause_after_tokens is not None and start == 0 and i == self.pause_after_tokens:
                 self.paused.set()
