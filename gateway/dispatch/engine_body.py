@@ -23,6 +23,8 @@ import orjson
 #: What berth adds to a streamed call whose client sent no `stream_options`.
 USAGE_MEMBER: Final = b'"stream_options":{"include_usage":true}'
 _WHITESPACE: Final = b" \t\r\n"
+_OPEN: Final = ord("{")
+_CLOSE: Final = ord("}")
 
 
 def engine_body(
@@ -64,10 +66,16 @@ def engine_body(
 def with_first_member(raw: bytes, member: bytes) -> bytes | None:
     """`raw`, the text of a JSON object that lacks `member`'s key, with `member` (`"key":value`) as its
     first member; None if `raw` does not open with `{` (after optional whitespace)."""
-    start = len(raw) - len(raw.lstrip(_WHITESPACE))
-    if raw[start : start + 1] != b"{":
+    if raw[:2] == b'{"':  # compact, as serialisers write: no whitespace to look past
+        return b"{" + member + b"," + raw[1:]
+    end = len(raw)
+    start = 0
+    while start < end and raw[start] in _WHITESPACE:
+        start += 1
+    if start == end or raw[start] != _OPEN:
         return None
-    rest = raw[start + 1 :]
-    if rest.lstrip(_WHITESPACE).startswith(b"}"):  # an empty object: no member to separate
-        return b"{" + member + rest
-    return b"{" + member + b"," + rest
+    after = start + 1
+    while after < end and raw[after] in _WHITESPACE:
+        after += 1
+    separator = b"" if after < end and raw[after] == _CLOSE else b","  # an empty object has no member
+    return b"".join((b"{", member, separator, memoryview(raw)[start + 1 :]))
