@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from gateway.core import errors
 from gateway.core.clock import Clock
@@ -24,7 +25,9 @@ from gateway.core.metrics import GatewayMetrics
 from gateway.core.types import ApiKind, EndpointId, RequestId
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
-from gateway.dispatch.slo_headers import slo_met_now
+from gateway.dispatch.engine_body import engine_body
+from gateway.dispatch.event_stream import EventStreamResponse, open_event_stream
+from gateway.dispatch.slo_headers import answer_headers, slo_met_now
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
@@ -75,23 +78,19 @@ class Dispatcher:
         *,
         raw: bytes | None = None,
     ) -> web.StreamResponse:
-        """Run the engine call for `body`, parsed from `raw` (if given: sent as is when nothing changed)."""
-        changed = False
+        """Run the engine call for `body`, parsed from `raw` (if given: sent as is when nothing changed,
+        see `engine_body`)."""
         # A non-streamed request that may be preempted is streamed from the engine, so that what it
         # produced is known when it is preempted; berth answers it with one assembled response.
         assemble = not ctx.stream and sreq.resumable
-        if assemble:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-            changed = True
-        elif ctx.stream and not include_usage:
-            # berth always asks for usage; the relay drops the usage chunk unless the client asked too.
-            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-            changed = True
-        if body.get("model") != ctx.served_model:
-            body["model"] = ctx.served_model
-            changed = True
-        first_payload = raw if raw is not None and not changed else orjson.dumps(body)
+        first_payload = engine_body(
+            body,
+            raw,
+            served_model=ctx.served_model,
+            stream=ctx.stream,
+            include_usage=include_usage,
+            assemble=assemble,
+        )
         path = ctx.api.path
         stream = _Stream(ctx, include_usage, client=ctx.stream) if ctx.stream or assemble else None
         exclude: frozenset[EndpointId] = frozenset()
@@ -241,16 +240,6 @@ class Dispatcher:
             if answer.tokens is not None:
                 stream.resume_ids = stream.prompt_ids + answer.tokens
 
-    def _headers(self, ctx: RequestContext, content_type: str) -> dict[str, str]:
-        queue_ms = 0.0 if ctx.queue_s is None else ctx.queue_s * 1000.0
-        return {
-            "Content-Type": content_type,
-            "X-Request-Id": ctx.id,
-            "X-Berth-Endpoint": ctx.endpoint or "",
-            "X-Berth-Queue-Ms": f"{queue_ms:.1f}",
-            "X-Berth-Slo-Class": ctx.slo_class,
-        }
-
     async def _relay_body(self, ctx: RequestContext, resp: H1Response) -> web.Response:
         # Usually the whole body came with the headers: nothing to watch.
         watch = None
@@ -283,7 +272,7 @@ class Dispatcher:
                 obj["model"] = ctx.client_model
                 data = orjson.dumps(obj)
         ctx.status = 200
-        headers = self._headers(ctx, "application/json")
+        headers = answer_headers(ctx, "application/json")
         headers["X-Berth-Slo-Met"] = "true" if slo_met_now(ctx, now) else "false"
         return web.Response(body=data, status=200, headers=headers)
 
@@ -293,9 +282,9 @@ class Dispatcher:
         relay = stream.relay
         out = stream.out
         if out is None and stream.client:
-            out = stream.out = web.StreamResponse(
-                status=200, headers={**self._headers(ctx, "text/event-stream"), "Cache-Control": "no-cache"}
-            )
+            headers = answer_headers(ctx, "text/event-stream")
+            headers["Cache-Control"] = "no-cache"
+            out = stream.out = EventStreamResponse(status=200, headers=headers)
             out.enable_chunked_encoding()
             ctx.status = 200
         clock = self.clock
@@ -308,9 +297,11 @@ class Dispatcher:
         report_at = base + 1 if ctx.sched is not None else 1 << 62
         sreq_id = RequestId("") if ctx.sched is None else ctx.sched.id
         pinnable = stream.client and ctx.sched is not None and ctx.sched.resumable and relay.continuable
+        held: AbstractStreamWriter | None = None  # the client's headers, held for the first event
         try:
             if out is not None and not out.prepared:
-                await out.prepare(request)
+                # Held for the first event if the engine's first bytes came with its headers.
+                held = await open_event_stream(out, request, resp.total_bytes > 0)
             try:
                 async for chunk in resp:
                     stall.seen = now = clock.now()
@@ -328,6 +319,9 @@ class Dispatcher:
 
                     if data and out is not None:
                         await out.write(data)
+                    elif held is not None:
+                        held.send_headers()  # what came forwarded nothing yet: no more waiting for it
+                        held = None
                 tail = relay.flush()
                 if tail and out is not None:
                     await out.write(tail)
@@ -364,7 +358,7 @@ class Dispatcher:
     def _assembled(self, ctx: RequestContext, relay: SseRelay) -> web.Response:
         """A non-streamed request's answer, made of the engine stream berth read for it."""
         ctx.status = 200
-        headers = self._headers(ctx, "application/json")
+        headers = answer_headers(ctx, "application/json")
         headers["X-Berth-Slo-Met"] = "true" if slo_met_now(ctx, self.clock.now()) else "false"
         body = orjson.dumps(relay.assembled(ctx.api is ApiKind.CHAT))
         return web.Response(body=body, status=200, headers=headers)
@@ -408,7 +402,7 @@ class _Stream:
         self.ctx = ctx
         self.client = client  # False: the client asked for one answer, which berth assembles
         self.relay = self.fresh_relay(include_usage)
-        self.out: web.StreamResponse | None = None
+        self.out: EventStreamResponse | None = None
         self.resumed = False  # the client has part of the stream from an earlier engine call
         self.prompt_tokens: int | None = None  # the original prompt's, for a resumed stream's usage
         self.prompt_ids: tuple[int, ...] | None = None  # a completion's original prompt, as token ids

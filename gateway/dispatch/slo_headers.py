@@ -16,12 +16,27 @@ def slo_met_now(ctx: RequestContext, now: float) -> bool:
     return meets_slo(ctx.sched.slo, ok=True, ttft_s=e2e, itl_s=None, e2e_s=e2e)
 
 
-def error_headers(ctx: RequestContext) -> dict[str, str]:
-    """The berth headers of an error response (which never meets an SLO)."""
-    queue_ms = 0.0 if ctx.queue_s is None else ctx.queue_s * 1000.0
+def berth_headers(ctx: RequestContext) -> dict[str, str]:
+    """Where the request ran, how long it queued and its SLO class."""
+    queue_s = ctx.queue_s
     return {
         "X-Berth-Endpoint": ctx.endpoint or "",
-        "X-Berth-Queue-Ms": f"{queue_ms:.1f}",
+        "X-Berth-Queue-Ms": "0.0" if queue_s is None else f"{queue_s * 1000.0:.1f}",
         "X-Berth-Slo-Class": ctx.slo_class,
-        "X-Berth-Slo-Met": "false",
     }
+
+
+def answer_headers(ctx: RequestContext, content_type: str) -> dict[str, str]:
+    """The headers of an engine's answer relayed to its client (a stream's, or a whole body's before
+    its SLO verdict is added)."""
+    headers = berth_headers(ctx)
+    headers["Content-Type"] = content_type
+    headers["X-Request-Id"] = ctx.id
+    return headers
+
+
+def error_headers(ctx: RequestContext) -> dict[str, str]:
+    """The berth headers of an error response (which never meets an SLO)."""
+    headers = berth_headers(ctx)
+    headers["X-Berth-Slo-Met"] = "false"
+    return headers

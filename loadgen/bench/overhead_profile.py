@@ -15,8 +15,9 @@ latency does; its median and spread over rounds are reported, and each tree's di
 one as a median of per-round differences (the runs of one round are seconds apart).
 
 With `--stream` the load is the overhead benchmark's stream phase instead (waves of `--concurrency`
-streams of `--chunks` chunks, paced `--chunk-interval-ms` apart by the upstream), and the figure is the
-proxy's CPU per streamed chunk.
+streams of `--chunks` chunks, paced `--chunk-interval-ms` apart by the upstream), and the figures are the
+proxy's CPU per streamed chunk and the time to first chunk (each round's p50 over its streams; the
+upstream's and the client's own time included: compare trees by their per-round difference).
 
 With `--pyspy S`, each configuration is then sampled by py-spy (non-blocking) for S seconds under the
 same load, and the samples are folded into components: the innermost frame that belongs to a known
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -77,6 +78,7 @@ class Run:
     completed: int  # requests, or with --stream chunks
     errors: int
     cpu_s: float
+    ttfc_ms: float | None = None  # with --stream: the p50 of the round's streams' times to first chunk
 
     @property
     def us_per_request(self) -> float:
@@ -226,7 +228,8 @@ def measure_rounds(args: argparse.Namespace, client: Client, cfgs: Sequence[Conf
         shift = r % len(cfgs)
         for cfg in [*cfgs[shift:], *cfgs[:shift]]:
             res = client.run(_command(args, cfg, args.duration, args.warmup))
-            run = Run(r, cfg.name, _units(args, res), res["errors"], res["cpu_s"][str(cfg.proxy.pid)])
+            ttfc = res["ttft_ms"].get("p50") if args.stream else None
+            run = Run(r, cfg.name, _units(args, res), res["errors"], res["cpu_s"][str(cfg.proxy.pid)], ttfc)
             runs.append(run)
             _log(f"round {r + 1}/{args.rounds} {cfg.name:12} {run.us_per_request:7.2f} µs/{_unit(args)} "
                  f"({run.completed} {_unit(args)}s, {run.errors} errors)")  # fmt: skip
@@ -252,12 +255,20 @@ def sample(args: argparse.Namespace, client: Client, cfg: Config, logdir: Path) 
     return Breakdown(cfg.name, total, per_request, comps)
 
 
-def summarise(runs: Sequence[Run], names: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Per configuration: median, min and max µs per request over rounds, and (berth trees) the median
-    per-round difference to the first tree and the ratio to the bare proxy."""
+def summarise(
+    runs: Sequence[Run],
+    names: Sequence[str],
+    figure: Callable[[Run], float | None] | None = None,
+    *,
+    ratio: bool = True,
+) -> dict[str, dict[str, float]]:
+    """Per configuration: median, min and max µs per request (or `figure`) over rounds, and (berth
+    trees) the median per-round difference to the first tree and (`ratio`) the ratio to the bare proxy."""
     by: dict[str, dict[int, float]] = {}
     for run in runs:
-        by.setdefault(run.config, {})[run.round] = run.us_per_request
+        value = run.us_per_request if figure is None else figure(run)
+        if value is not None:
+            by.setdefault(run.config, {})[run.round] = value
     trees = [n for n in names if n != BARE]
     out: dict[str, dict[str, float]] = {}
     for name in names:
@@ -271,7 +282,7 @@ def summarise(runs: Sequence[Run], names: Sequence[str]) -> dict[str, dict[str, 
                 s["minus_first_median"] = statistics.median(diffs)
                 s["minus_first_min"] = min(diffs)
                 s["minus_first_max"] = max(diffs)
-        if name != BARE and BARE in by:
+        if ratio and name != BARE and BARE in by:
             ratios = [v / by[BARE][r] for r, v in by[name].items() if r in by[BARE]]
             if ratios:
                 s["over_bare_median"] = statistics.median(ratios)
@@ -284,23 +295,16 @@ def _unit(args: argparse.Namespace) -> str:
 
 
 def render(
-    summary: dict[str, dict[str, float]], breakdowns: Sequence[Breakdown], unit: str = "request"
+    summary: dict[str, dict[str, float]],
+    breakdowns: Sequence[Breakdown],
+    unit: str = "request",
+    ttfc: dict[str, dict[str, float]] | None = None,
 ) -> str:
     what = "per streamed chunk" if unit == "chunk" else "per request at saturation"
-    lines = [f"CPU {what} (µs; median [min-max] over rounds)", ""]
-    first: str | None = None
-    for name, s in summary.items():
-        text = f"  {name:14} {s['median']:7.1f} [{s['min']:.1f}-{s['max']:.1f}]"
-        if "over_bare_median" in s:
-            text += f"  {s['over_bare_median']:.3f}x bare"
-        if "minus_first_median" in s:
-            text += (
-                f"  {s['minus_first_median']:+.1f} vs {first} "
-                f"[{s['minus_first_min']:+.1f} to {s['minus_first_max']:+.1f}]"
-            )
-        elif name != BARE and first is None:
-            first = name
-        lines.append(text)
+    lines = [f"CPU {what} (µs; median [min-max] over rounds)", "", *_figure_lines(summary, 1)]
+    if ttfc:
+        lines += ["", "Time to first chunk (ms; each round's p50 over its streams, median [min-max])", ""]
+        lines += _figure_lines(ttfc, 2)
     if breakdowns:
         names = [b.config for b in breakdowns]
         comps: dict[str, None] = {}
@@ -315,6 +319,26 @@ def render(
         )
         lines.append(f"  {'samples':34}" + "".join(f"{b.samples:14d}" for b in breakdowns))
     return "\n".join(lines)
+
+
+def _figure_lines(summary: dict[str, dict[str, float]], digits: int) -> list[str]:
+    """One line per configuration: median [min-max], the ratio to bare, the difference to the first tree."""
+    lines: list[str] = []
+    first: str | None = None
+    d = digits
+    for name, s in summary.items():
+        text = f"  {name:14} {s['median']:7.{d}f} [{s['min']:.{d}f}-{s['max']:.{d}f}]"
+        if "over_bare_median" in s:
+            text += f"  {s['over_bare_median']:.3f}x bare"
+        if "minus_first_median" in s:
+            text += (
+                f"  {s['minus_first_median']:+.{d}f} vs {first} "
+                f"[{s['minus_first_min']:+.{d}f} to {s['minus_first_max']:+.{d}f}]"
+            )
+        elif name != BARE and first is None:
+            first = name
+        lines.append(text)
+    return lines
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -333,6 +357,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             client.stop()
     names = [c.name for c in cfgs]
     summary = summarise(runs, names)
+    # A time to first chunk includes the upstream's and the client's own time (no direct run here to
+    # subtract): compare trees by their difference, not by a ratio to the bare proxy.
+    ttfc = summarise(runs, names, lambda r: r.ttfc_ms, ratio=False) if args.stream else {}
     return {
         "benchmark": "overhead-profile",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -342,9 +369,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_avg_at_end": os.getloadavg(),
         "logs": str(logdir),
         "summary": summary,
+        "ttfc_ms": ttfc,
         "runs": [asdict(r) | {"us_per_request": r.us_per_request} for r in runs],
         "breakdowns": [asdict(b) for b in breakdowns],
-        "table": render(summary, breakdowns, _unit(args)),
+        "table": render(summary, breakdowns, _unit(args), ttfc),
     }
 
 

@@ -16,6 +16,8 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from gateway.dispatch.event_stream import EventStreamResponse
+
 
 @dataclass
 class FakeEngine:
@@ -33,12 +35,16 @@ class FakeEngine:
     paused: asyncio.Event = field(default_factory=asyncio.Event)
     unpause: asyncio.Event = field(default_factory=asyncio.Event)
     role_chunk: bool = False  # chat streams open with an assistant role chunk, as vLLM's do
+    # The role chunk's first half leaves with the stream's headers (one write), its rest after `unpause`
+    # (`paused` is set in between).
+    split_role_chunk: bool = False
     reasoning: bool = False  # chat streams carry reasoning_content deltas instead of content
     health_status: int = 200
     metrics_status: int = 200  # anything else: /metrics fails (the gauges go stale)
     running: int = 0
     waiting: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
+    raw_requests: list[bytes] = field(default_factory=list)  # each generation's body, as it came
     request_headers: list[dict[str, str]] = field(default_factory=list)  # of each generation, names lowered
     started: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
@@ -137,6 +143,7 @@ class FakeEngine:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.raw_requests.append(await request.read())
         self.request_headers.append({k.lower(): v for k, v in request.headers.items()})
         if body.get("model") != self.model:
             return web.json_response(
@@ -210,7 +217,9 @@ class FakeEngine:
     async def _stream(
         self, request: web.Request, body: dict[str, Any], chat: bool, n: int, start: int = 0
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        split = chat and self.role_chunk and self.split_role_chunk
+        cls = EventStreamResponse if split else web.StreamResponse  # the first holds its headers
+        resp = cls(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         model = body["model"]
 
@@ -246,7 +255,13 @@ class FakeEngine:
                     {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                 ],
             }
-            await resp.write(b"data: " + orjson.dumps(role) + b"\n\n")
+            event = b"data: " + orjson.dumps(role) + b"\n\n"
+            if split:
+                await resp.write(event[: len(event) // 2])
+                self.paused.set()
+                await self.unpause.wait()
+                event = event[len(event) // 2 :]
+            await resp.write(event)
         for i in range(start, start + n):
             if self.pause_after_tokens is not None and start == 0 and i == self.pause_after_tokens:
                 self.paused.set()

@@ -41,4 +41,7 @@ def test_a_stream_run_counts_cpu_per_chunk(tmp_path: Path) -> None:
         assert r["errors"] == 0, r
         assert r["completed"] > 4 * 10, r  # chunks (of several streams) received in the window, not streams
         assert r["us_per_request"] > 0, r
+        assert r["ttfc_ms"] > 0, r
     assert "per streamed chunk" in doc["table"]
+    assert set(doc["ttfc_ms"]) == {"bare", "a"}
+    assert "Time to first chunk" in doc["table"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import orjson
 import pytest
@@ -62,6 +64,57 @@ async def test_chat_streaming_usage_only_when_asked(
     assert eng.requests[-1]["stream_options"] == {"include_usage": True}
     metrics = await _get_text(gw.url + "/metrics")
     assert 'berth_output_tokens_total{model="tiny"} 4.0' in metrics
+
+
+async def test_a_stream_reaches_the_engine_as_the_client_wrote_it(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    """berth adds its usage request in front of the client's bytes; it does not serialise the body again
+    (which would, e.g., turn 7e-1 into 0.7 and drop the client's spacing)."""
+    eng = FakeEngine(tokens=2)
+    gw = await start_gateway([await engine_server(eng) + ",engine=vllm"])
+    raw = (
+        b'{"model": "tiny", "stream": true, "temperature": 7e-1,\n'
+        b' "messages": [{"role": "user", "content": "h\\u00e9"}]}'
+    )
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(gw.url + "/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"}) as r,
+    ):
+        assert r.status == 200
+        events = (await r.read()).split(b"\n\n")
+    assert b"data: [DONE]" in events
+    assert eng.raw_requests[-1] == b'{"stream_options":{"include_usage":true},' + raw[1:]
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        pytest.param(FakeEngine(tokens=2, pause_after_tokens=0), id="engine-headers-alone"),
+        pytest.param(FakeEngine(tokens=2, role_chunk=True, split_role_chunk=True), id="half-an-event"),
+    ],
+)
+async def test_a_stream_has_its_headers_before_its_first_event(
+    engine_server: EngineServer, start_gateway: StartGateway, engine: FakeEngine
+) -> None:
+    """berth sends a stream's headers with its first event when that event came with the engine's
+    headers; when it did not (the engine sent its headers alone, or only part of an event), the client
+    gets its headers at once, without waiting for the event."""
+    gw = await start_gateway([await engine_server(engine) + ",engine=vllm"])
+    body = orjson.dumps({"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "x"}]})
+    async with aiohttp.ClientSession() as s:
+        async with asyncio.timeout(30):  # a guard: headers held for an event that is not coming hang here
+            r = await s.post(gw.url + "/v1/chat/completions", data=body)
+        async with r:
+            assert r.status == 200
+            assert r.headers["Content-Type"] == "text/event-stream"
+            assert engine.paused.is_set()
+            assert not engine.unpause.is_set()
+            engine.unpause.set()
+            events = [e for e in (await r.read()).split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    pieces = [orjson.loads(e[6:])["choices"][0]["delta"].get("content") for e in events[:-1]]
+    assert "".join(p or "" for p in pieces) == " t0 t1"
 
 
 async def test_completions_stream_and_not(engine_server: EngineServer, start_gateway: StartGateway) -> None:

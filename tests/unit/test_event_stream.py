@@ -1,0 +1,92 @@
+"""A client's event stream: its headers leave with the first event when that event is at hand, and at
+once when it is not. Pins what berth relies on in aiohttp (a response class can hold its headers for the
+first write; the writer's `send_headers` sends them alone) on a real StreamWriter over a transport
+that records every write."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http import StreamWriter
+from aiohttp.test_utils import make_mocked_request
+
+from gateway.dispatch.event_stream import EventStreamResponse, open_event_stream
+
+EVENT = b'data: {"choices":[]}\n\n'
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.writes.append(b"".join(bytes(d) for d in list_of_data))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _request(transport: _Transport) -> web.Request:
+    protocol = BaseProtocol(asyncio.get_running_loop())
+    protocol.connection_made(transport)
+    writer = StreamWriter(protocol, asyncio.get_running_loop())
+    return make_mocked_request("POST", "/v1/chat/completions", writer=writer, transport=transport)
+
+
+def _response() -> EventStreamResponse:
+    out = EventStreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+    out.enable_chunked_encoding()
+    return out
+
+
+async def test_headers_and_the_first_event_leave_in_one_write() -> None:
+    transport = _Transport()
+    out = _response()
+    held = await open_event_stream(out, _request(transport), first_bytes_here=True)
+    assert held is not None
+    assert transport.writes == []  # prepared, nothing written: the headers wait for the event
+    await out.write(EVENT)
+    await out.write(EVENT)
+    head, second = transport.writes
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"\r\n\r\n" + f"{len(EVENT):x}\r\n".encode() + EVENT + b"\r\n" in head
+    assert second == f"{len(EVENT):x}\r\n".encode() + EVENT + b"\r\n"
+
+
+async def test_headers_leave_at_once_when_no_event_is_at_hand() -> None:
+    transport = _Transport()
+    out = _response()
+    assert await open_event_stream(out, _request(transport), first_bytes_here=False) is None
+    (head,) = transport.writes
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert head.endswith(b"\r\n\r\n")
+
+
+async def test_held_headers_are_sent_on_demand_and_once() -> None:
+    transport = _Transport()
+    out = _response()
+    held = await open_event_stream(out, _request(transport), first_bytes_here=True)
+    assert held is not None
+    held.send_headers()  # what came first forwarded nothing: the client gets its headers now
+    held.send_headers()
+    await out.write(EVENT)
+    head, event = transport.writes
+    assert head.endswith(b"\r\n\r\n")
+    assert event == f"{len(EVENT):x}\r\n".encode() + EVENT + b"\r\n"
+
+
+async def test_held_headers_leave_with_the_end_of_an_empty_stream() -> None:
+    transport = _Transport()
+    out = _response()
+    await open_event_stream(out, _request(transport), first_bytes_here=True)
+    await out.write_eof()
+    (only,) = transport.writes
+    assert only.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert only.endswith(b"\r\n\r\n0\r\n\r\n")
