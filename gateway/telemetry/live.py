@@ -55,6 +55,8 @@ log = structlog.get_logger("berth.telemetry")
 #: ran them at twice its length or more).
 DRAIN_UNITS: Final = 32
 GAPS_PER_UNIT: Final = 64
+#: Endpoints whose estimates the refresh loop hands the scheduler before it yields (about 0.1 ms).
+PUSH_SLICE: Final = 16
 #: Finished requests waiting for the next refresh; past this the oldest are dropped (and counted).
 PENDING_LIMIT: Final = 65536
 
@@ -219,9 +221,7 @@ class LiveTelemetry:
     def refresh(self, *, refit: bool = False) -> None:
         """Fold finished requests in, check staleness, (with `refit`: settle the timelines and refit
         every endpoint now), and hand the estimates to the scheduler. Tests call it directly."""
-        self.drain()
-        self.fleet.keep_endpoints(self._scheduler.endpoint_ids())
-        self._calibrate()
+        self._fold_in()
         if refit:
             self.settle()
             now = self._clock.now()
@@ -229,6 +229,12 @@ class LiveTelemetry:
             self._last_refit = now
         self._push_estimates()
         self._check_stale()
+
+    def _fold_in(self) -> None:
+        """A refresh's first part: fold finished requests in, follow the fleet, calibrate the priors."""
+        self.drain()
+        self.fleet.keep_endpoints(self._scheduler.endpoint_ids())
+        self._calibrate()
 
     def refit_due(self, now: float) -> Refit | None:
         """The refit the loop runs at `now`: "all" every `refit_interval_s` (the first refresh too);
@@ -251,6 +257,7 @@ class LiveTelemetry:
             for ep, before in self._refit_plan(kind):
                 self._refit_one(ep, before, kind)
             self._refitted(kind, now)
+            self._push_estimates()
 
     async def run(self) -> None:
         """The supervised loop: refresh every `refresh_interval_s`, refit when due (`step`)."""
@@ -264,7 +271,9 @@ class LiveTelemetry:
             while len(self._pending) > DRAIN_UNITS and left > 0:
                 left -= self.drain(DRAIN_UNITS)
                 await asyncio.sleep(0)
-            self.refresh()
+            self._fold_in()  # `refresh`, with the estimates pushed a slice of endpoints at a time
+            await self._push_in_slices()
+            self._check_stale()
             now = self._clock.now()
             kind = self.refit_due(now)
             if kind is None:
@@ -273,6 +282,7 @@ class LiveTelemetry:
                 self._refit_one(ep, before, kind)
                 await asyncio.sleep(0)  # a fit takes milliseconds: let requests through in between
             self._refitted(kind, now)
+            await self._push_in_slices()
 
     def _refit_plan(self, kind: Refit) -> list[tuple[EndpointTelemetry, float]]:
         """The endpoints a refit of `kind` visits (for "first", those with a part on the prior), each
@@ -294,11 +304,11 @@ class LiveTelemetry:
             ep.refit_prior_parts()
 
     def _refitted(self, kind: Refit, now: float) -> None:
+        """Note a refit of `kind` begun at `now` (the caller then pushes the new estimates)."""
         self._last_first_fit = now
         if kind == "all":
             self._last_refit = now
             self.fleet.last_refit_at = self._clock.now()
-        self._push_estimates()
 
     def _calibrate(self) -> None:
         """Scale the prior of every endpoint whose prefill or decode still holds a guess by what its running
@@ -310,11 +320,21 @@ class LiveTelemetry:
                 if view is not None:
                     ep.calibrate(view.running)
 
-    def _push_estimates(self) -> None:
+    def _push_estimates(self, eids: Iterable[EndpointId] | None = None) -> None:
+        """Hand the scheduler the estimates of `eids` (default: every endpoint it has)."""
         now = self._clock.now()
         sched = self._scheduler
-        for eid in sched.endpoint_ids():
+        for eid in sched.endpoint_ids() if eids is None else eids:
             sched.set_estimates(eid, self.fleet.estimates(eid, now))  # serves nothing by itself
+
+    async def _push_in_slices(self) -> None:
+        """`_push_estimates`, `PUSH_SLICE` endpoints at a time with the event loop free in between (every
+        endpoint's estimates at once took about 0.6 ms for 100 endpoints)."""
+        eids = list(self._scheduler.endpoint_ids())
+        for at in range(0, len(eids), PUSH_SLICE):
+            if at:
+                await asyncio.sleep(0)
+            self._push_estimates(eids[at : at + PUSH_SLICE])
 
     def _check_stale(self) -> None:
         snap = self._scheduler.snapshot()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 import pytest
@@ -23,7 +23,7 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.types import QueueLimits
 from gateway.telemetry.engine_metrics import VLLM_METRICS
-from gateway.telemetry.live import DRAIN_UNITS, LiveTelemetry
+from gateway.telemetry.live import DRAIN_UNITS, PUSH_SLICE, LiveTelemetry
 from gateway.telemetry.promtext import parse
 from gateway.telemetry.records import FinishedRequest as FinishedRecord
 from tests.unit.test_sched_scheduler import READY, policy, spec
@@ -377,3 +377,44 @@ def test_the_fast_check_visits_only_endpoints_on_the_prior(monkeypatch: pytest.M
     rig.clock.advance(1.0)
     rig.tel.step()
     assert visited == [[A]]  # every part fitted: nothing to settle or fit between full refits
+
+
+async def test_the_loop_hands_the_estimates_over_a_slice_of_endpoints_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Live, the refresh pushes PUSH_SLICE endpoints' estimates per turn of the event loop; the slices
+    together leave the scheduler with what one synchronous `refresh` leaves it."""
+    n = 2 * PUSH_SLICE + 3
+    rigs = [Rig(), Rig()]
+    for rig in rigs:
+        rig.sched.sync_endpoints([spec(f"e{i}", cap=8) for i in range(n)])
+        for i in range(n):
+            rig.sched.set_health(EndpointId(f"e{i}"), READY)
+        rig.tel.reconfigure(TelemetryConfig(refresh_interval_s=1.0, refit_interval_s=1000.0))
+        rig.tel.step()  # the first refit, done; from now on a turn is a refresh
+        for i in range(3):  # streams on the first endpoint the scheduler picks: estimates that change
+            finish(rig.tel, rig.run_request(f"r{i}", ttft=0.1 * (i + 1)))
+    whole, sliced = rigs
+    whole.tel.refresh()
+    pushed: list[list[EndpointId]] = []
+    real_push = sliced.tel._push_estimates
+
+    def push(eids: Iterable[EndpointId] | None = None) -> None:
+        pushed.append(list(sliced.sched.endpoint_ids()) if eids is None else list(eids))
+        real_push(eids)
+
+    async def fake_sleep(seconds: float) -> None:
+        if seconds > 0 and pushed:
+            raise asyncio.CancelledError  # one turn of the loop
+        if seconds == 0:
+            pushed.append([])  # the event loop ran in between
+
+    monkeypatch.setattr(sliced.tel, "_push_estimates", push)
+    monkeypatch.setattr("gateway.telemetry.live.asyncio.sleep", fake_sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await sliced.tel.run()
+    assert [len(p) for p in pushed] == [PUSH_SLICE, 0, PUSH_SLICE, 0, 3]
+    views = [{e: rig.sched.endpoint_view(e) for e in rig.sched.endpoint_ids()} for rig in rigs]
+    got = {e: None if v is None else v.ttft_ewma_s for e, v in views[1].items()}
+    assert got == {e: None if v is None else v.ttft_ewma_s for e, v in views[0].items()}
+    assert any(v is not None for v in got.values())
