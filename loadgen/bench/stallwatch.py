@@ -279,14 +279,14 @@ class TurnWork:
     turns: int = 0
     long_turns: int = 0
     long_work_s: float = 0.0
-    by_label: Counter[str] = field(default_factory=Counter)
+    by_label: dict[str, float] = field(default_factory=dict)
     n_by_label: Counter[str] = field(default_factory=Counter)
     callbacks_per_long_turn: Counter[int] = field(default_factory=Counter)
 
     def reset(self) -> None:
         self.turns = self.long_turns = 0
         self.long_work_s = 0.0
-        self.by_label, self.n_by_label, self.callbacks_per_long_turn = Counter(), Counter(), Counter()
+        self.by_label, self.n_by_label, self.callbacks_per_long_turn = {}, Counter(), Counter()
 
     def turn(self, callbacks: Sequence[tuple[float, str]]) -> None:
         self.turns += 1
@@ -297,7 +297,7 @@ class TurnWork:
         self.long_work_s += work
         self.callbacks_per_long_turn[len(callbacks)] += 1
         for t, label in callbacks:
-            self.by_label[label] += t
+            self.by_label[label] = self.by_label.get(label, 0.0) + t
             self.n_by_label[label] += 1
 
     def report(self, top: int = 30) -> dict[str, Any]:
@@ -309,7 +309,7 @@ class TurnWork:
             "callbacks_per_long_turn": sorted(self.callbacks_per_long_turn.items()),
             "labels": [
                 {"label": label, "ms": round(t * 1000, 3), "callbacks": self.n_by_label[label]}
-                for label, t in self.by_label.most_common(top)
+                for label, t in sorted(self.by_label.items(), key=lambda kv: kv[1], reverse=True)[:top]
             ],
         }
 
@@ -335,7 +335,7 @@ def time_callbacks(work: TurnWork) -> None:
         run_once(loop)
         work.turn(current)
 
-    events.Handle._run = timed_run  # type: ignore[method-assign]
+    events.Handle._run = timed_run  # type: ignore[method-assign,assignment]
     base_events.BaseEventLoop._run_once = timed_run_once  # type: ignore[attr-defined]
 
 

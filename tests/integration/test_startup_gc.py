@@ -49,8 +49,9 @@ async def test_serve_settles_the_collector_after_the_first_round_and_before_read
     seen: list[str] = []
 
     class Told(Notifier):
-        def ready(self) -> None:
+        def ready(self) -> bool:
             seen.append("ready")
+            return True
 
     options = ServeOptions(config_path=None, endpoints=flags)
     gw = Gateway(runtime, cfg, options, registry=registry, notifier=Told(None))
