@@ -24,6 +24,12 @@ The watchdog needs the GIL to look, so the switch interval is set to the poll in
 5 ms, would let it look only every 5 ms during a busy stretch): the target runs a little slower. A
 diagnostic, not a measurement; lives here, not in the gateway.
 
+`--turns` also times every turn of the loop (`TurnLog`: how many turns of each length, and the share of
+the time in turns longer than 1, 1.5, 2 ... ms: a timer due inside a turn waits for the rest of it).
+`--callbacks MS` runs the stdlib loop without debug mode, times every callback, and reports what the turns
+whose callbacks took more than MS together held (`TurnWork`: time and count by callback, a task's step
+named by its coroutine and the line it resumed from).
+
 `kill -USR2 PID` starts the count afresh (send it when the load under study begins: a server's start,
 its first scrapes of a whole fleet at once, is not what its loop does in service). `kill -USR1 PID` adds
 a census to the report: the collector's tracked objects by type, per generation
