@@ -198,11 +198,11 @@ class EndpointTelemetry:
 
     def estimates(self, now: float) -> EndpointEstimates:
         t = self.timings
-        rate = t.output_rate.rate(now)
+        total = t.output_rate.total(now)  # once: a refresh asks every endpoint
         return EndpointEstimates(
             perf=self.coefficients,
             kv_capacity_tokens=self.kv_capacity_tokens,
             ttft_ewma_s=t.ttft.ewma.value,
             itl_ewma_s=t.itl.value,
-            tokens_per_s=rate if t.output_rate.total(now) > 0 else None,
+            tokens_per_s=t.output_rate.per_second(total) if total > 0 else None,
         )

@@ -137,4 +137,8 @@ class RateMeter:
         return sum(a for e, a in zip(self._epochs, self._amounts, strict=True) if oldest <= e <= current)
 
     def rate(self, now: float) -> float:
-        return self.total(now) / (self._n * self.bucket_s)
+        return self.per_second(self.total(now))
+
+    def per_second(self, total: float) -> float:
+        """A `total` over the window as a rate (`rate` without reading the buckets again)."""
+        return total / (self._n * self.bucket_s)

@@ -49,6 +49,7 @@ settling back) the oldest go first, and whatever needed them is skipped (`known_
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import pairwise
@@ -104,6 +105,61 @@ class _Stream:
         self.pending = pending  # its decode observation is still to be derived
 
 
+class _Spans:
+    """The spans of the untracked requests held, in the order added, as two columns of floats: a
+    non-streamed request adds one, so thousands a second would otherwise be thousands of tuples held for
+    seconds, each walked by the cyclic collector and each visited by `_evict` at every settle. Here no
+    object is made per span, and eviction is one vectorised pass."""
+
+    __slots__ = ("_ends", "_starts")
+
+    def __init__(self) -> None:
+        self._starts = array("d")
+        self._ends = array("d")
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def add(self, start: float, end: float) -> None:
+        self._starts.append(start)
+        self._ends.append(end)
+
+    def clear(self) -> None:
+        self._starts = array("d")
+        self._ends = array("d")
+
+    def columns(self) -> tuple[Array, Array]:
+        """(starts, ends), copies in the order added."""
+        return np.array(self._starts, dtype=np.float64), np.array(self._ends, dtype=np.float64)
+
+    def evict(self, horizon: float) -> float | None:
+        """Let go of the spans that ended before `horizon`; the latest end among them (None: none)."""
+        if not self._ends:
+            return None
+        starts, ends = self.columns()
+        gone = ends < horizon
+        if not gone.any():
+            return None
+        latest = float(ends[gone].max())
+        keep = ~gone
+        self._starts = array("d", starts[keep].tobytes()) if keep.any() else array("d")
+        self._ends = array("d", ends[keep].tobytes()) if keep.any() else array("d")
+        return latest
+
+    def merged(self) -> tuple[Array, Array]:
+        """The spans merged into disjoint intervals sorted by start (overlapping or touching spans are
+        one): (starts, ends)."""
+        starts, ends = self.columns()
+        if not len(starts):
+            return starts, ends
+        order = np.lexsort((ends, starts))
+        s, e = starts[order], ends[order]
+        reach = np.maximum.accumulate(e)  # the furthest end so far: an interval's end at its last span
+        begins = np.flatnonzero(np.concatenate(([True], s[1:] > reach[:-1])))
+        lasts = np.concatenate((begins[1:] - 1, [len(s) - 1]))
+        return s[begins], reach[lasts]
+
+
 class _Arrays:
     """The streams held, as sorted arrays (made once per `settle`)."""
 
@@ -125,7 +181,7 @@ class _Arrays:
         "tol",
     )
 
-    def __init__(self, streams: Sequence[_Stream], dirty: Sequence[tuple[float, float]]) -> None:
+    def __init__(self, streams: Sequence[_Stream], dirty: _Spans) -> None:
         firsts = np.array([s.first for s in streams])
         lasts = np.array([s.last for s in streams])
         prompts = np.array([s.prompt for s in streams])
@@ -147,17 +203,9 @@ class _Arrays:
         gaps = gaps[gaps > 0]
         self.tol = TOLERANCE * float(np.median(gaps)) if len(gaps) else 0.0
         # untracked spans, merged into disjoint sorted intervals
-        starts: list[float] = []
-        ends: list[float] = []
-        for a, b in sorted(dirty):
-            if starts and a <= ends[-1]:
-                ends[-1] = max(ends[-1], b)
-            else:
-                starts.append(a)
-                ends.append(b)
-        self.dirty_starts, self.dirty_ends = starts, ends
-        self.dirty_start: Array = np.array(starts)
-        self.dirty_end: Array = np.array(ends)
+        self.dirty_start, self.dirty_end = dirty.merged()
+        self.dirty_starts: list[float] = self.dirty_start.tolist()
+        self.dirty_ends: list[float] = self.dirty_end.tolist()
 
     def firsts_in(self, lo: Array, hi: Array) -> Index:
         """First tokens that landed in each gap ``(lo, hi]`` (shifted by the tolerance)."""
@@ -207,7 +255,7 @@ class EndpointTimeline:
         self._max_tokens = max_tokens
         self._lookback_s = lookback_s
         self._streams: list[_Stream] = []
-        self._dirty: list[tuple[float, float]] = []
+        self._dirty = _Spans()
         self._tokens = 0
         self._last_group = -math.inf  # the last first-token receipt of the last group derived
         self._settled = -math.inf  # the latest `before` derived up to
@@ -246,7 +294,7 @@ class EndpointTimeline:
 
     def add_untracked(self, start: float, end: float) -> None:
         """A request that ran here from `start` to `end` with no token times."""
-        self._dirty.append((start, max(start, end)))
+        self._dirty.add(start, max(start, end))
         self._earliest_added = min(self._earliest_added, start)
 
     def forget(self, before: float) -> None:
@@ -410,14 +458,8 @@ class EndpointTimeline:
                 cut += 1
             keep = keep[cut:]
         self._streams = keep
-        dirty: list[tuple[float, float]] = []
-        for d in self._dirty:
-            if d[1] < horizon:
-                known = max(known, d[1])
-            else:
-                dirty.append(d)
-        self._dirty = dirty
-        self.known_from = known
+        latest = self._dirty.evict(horizon)
+        self.known_from = known if latest is None else max(known, latest)
 
 
 _DEFER: Final = object()  # a group that needs receipts from after `before`: derived at a later settle

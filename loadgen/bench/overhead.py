@@ -272,12 +272,14 @@ def _wait_for_completion(url: str, proc: ManagedProcess, timeout_s: float = STAR
 
 
 def phases(args: argparse.Namespace) -> list[Phase]:
-    return [
+    """The phases `--tests` asks for, in their fixed order (the fleet phase runs apart: `measure_fleet`)."""
+    every = [
         Phase(SATURATION, args.saturation_concurrency, stream=False, max_tokens=16),
         Phase(LAT8, args.latency_concurrency, stream=False, max_tokens=16),
         Phase(LAT1, 1, stream=False, max_tokens=16),
         Phase(STREAM, args.stream_concurrency, stream=True, max_tokens=args.chunks, waves=True),
     ]
+    return [p for p in every if p.name in args.tests]
 
 
 def measure(
@@ -383,11 +385,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     logdir = Path(tempfile.mkdtemp(prefix="berth-overhead-"))
     started = time.time()
     error_samples: dict[str, list[str]] = {}
-    if args.harness is not None:
+    measurements: list[Measurement] = []
+    unavailable: dict[str, str] = {}
+    if not phases(args):
+        pass  # the fleet phase alone
+    elif args.harness is not None:
         measurements, unavailable = run_harness(args.harness, args, logdir)
     else:
         measurements, unavailable = _run_builtin(args, logdir, error_samples)
-    if args.fleet_count > 0 and {"bare", "berth"} & set(args.configs):
+    if FLEET in args.tests and args.fleet_count > 0 and {"bare", "berth"} & set(args.configs):
         try:
             measurements.extend(measure_fleet(args, logdir, cpu_layout(args.pin)))
         except (HarnessError, ServerStartError) as e:
@@ -552,6 +558,18 @@ def _meta(args: argparse.Namespace, started: float, logdir: Path) -> dict[str, A
     }
 
 
+#: The phases, as `--tests` names them.
+TEST_NAMES: Final = (SATURATION, LAT8, LAT1, STREAM, FLEET)
+
+
+def _tests(text: str) -> list[str]:
+    tests = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in tests if t not in TEST_NAMES]
+    if unknown or not tests:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(TEST_NAMES)} (got {text!r})")
+    return list(dict.fromkeys(tests))
+
+
 def _configs(text: str) -> list[str]:
     configs = [c.strip() for c in text.split(",") if c.strip()]
     unknown = [c for c in configs if c not in CONFIGS]
@@ -573,6 +591,10 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument("--configs", type=_configs, default=list(CONFIGS), help="default: direct,bare,berth")
+    p.add_argument(
+        "--tests", type=_tests, default=list(TEST_NAMES),
+        help=f"the phases to run (default: all, {','.join(TEST_NAMES)}); e.g. lat8,fleet for the lag",
+    )  # fmt: skip
     p.add_argument("--duration", type=float, default=3.0, help="measured seconds per phase (default 3)")
     p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before each phase")
     p.add_argument(

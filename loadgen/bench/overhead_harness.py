@@ -72,7 +72,7 @@ def harness_argv(root: Path, args: argparse.Namespace, out: Path) -> list[str]:
         "--peers", "direct",
         "--custom", "bare=" + bare_command(args.python),
         "--custom", "berth=" + berth_command(args.python, args.berth_args),
-        "--tests", ",".join(TESTS),
+        "--tests", ",".join(name for name, phase in TESTS.items() if phase in args.tests),
         "--out", str(out),
         *shlex.split(args.harness_args),
     ]  # fmt: skip

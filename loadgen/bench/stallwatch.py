@@ -24,6 +24,12 @@ The watchdog needs the GIL to look, so the switch interval is set to the poll in
 5 ms, would let it look only every 5 ms during a busy stretch): the target runs a little slower. A
 diagnostic, not a measurement; lives here, not in the gateway.
 
+`--turns` also times every turn of the loop (`TurnLog`: how many turns of each length, and the share of
+the time in turns longer than 1, 1.5, 2 ... ms: a timer due inside a turn waits for the rest of it).
+`--callbacks MS` runs the stdlib loop without debug mode, times every callback, and reports what the turns
+whose callbacks took more than MS together held (`TurnWork`: time and count by callback, a task's step
+named by its coroutine and the line it resumed from).
+
 `kill -USR2 PID` starts the count afresh (send it when the load under study begins: a server's start,
 its first scrapes of a whole fleet at once, is not what its loop does in service). `kill -USR1 PID` adds
 a census to the report: the collector's tracked objects by type, per generation
@@ -37,8 +43,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import gc
 import logging
+import math
 import runpy
 import signal
 import sys
@@ -199,6 +207,152 @@ class StallLog:
         }
 
 
+#: Upper edges (ms) of the turn-length histogram's buckets (the last one: everything longer).
+TURN_EDGES_MS: Final = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, math.inf)
+
+
+@dataclass(slots=True)
+class TurnLog:
+    """The event loop's turns, as a callback that re-arms itself with `call_soon` sees them: it runs once
+    per turn (a turn runs the callbacks that were ready when it began; what they make ready waits for
+    the next), so the time between two of its runs is one turn: the timers, the ready callbacks and the
+    I/O callbacks. A timer due in a turn waits for the rest of it: the share of the time spent in turns
+    longer than 1 ms is about the share of a lag monitor's samples that read more than a fraction of a
+    millisecond. Counts and time (wall; the main thread's CPU beside it) per bucket of `TURN_EDGES_MS`.
+    The spinner keeps the loop from sleeping in its poll: use it under load."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * len(TURN_EDGES_MS))
+    wall_s: list[float] = field(default_factory=lambda: [0.0] * len(TURN_EDGES_MS))
+    cpu_s: list[float] = field(default_factory=lambda: [0.0] * len(TURN_EDGES_MS))
+    longest_ms: float = 0.0
+
+    def add(self, wall_s: float, cpu_s: float) -> None:
+        ms = wall_s * 1000
+        i = bisect.bisect_left(TURN_EDGES_MS, ms)
+        self.counts[i] += 1
+        self.wall_s[i] += wall_s
+        self.cpu_s[i] += cpu_s
+        self.longest_ms = max(self.longest_ms, ms)
+
+    def report(self) -> dict[str, Any]:
+        total = sum(self.wall_s)
+        above = {
+            f">{edge:g}ms": round(sum(self.wall_s[i + 1 :]) / total, 5) if total else 0.0
+            for i, edge in enumerate(TURN_EDGES_MS[:-1])
+            if edge >= 1.0
+        }
+        return {
+            "turns": sum(self.counts),
+            "seconds": round(total, 3),
+            "mean_us": round(1e6 * total / sum(self.counts), 1) if sum(self.counts) else 0.0,
+            "longest_ms": round(self.longest_ms, 3),
+            "time_share_in_turns": above,
+            "buckets": [
+                {"le_ms": edge, "turns": n, "wall_ms": round(w * 1000, 3), "cpu_ms": round(c * 1000, 3)}
+                for edge, n, w, c in zip(TURN_EDGES_MS, self.counts, self.wall_s, self.cpu_s, strict=True)
+                if n
+            ],
+        }
+
+
+def label_of(callback: Any) -> str:
+    """A callback by what it runs: a task's step by its coroutine and the line it resumes from (our own
+    innermost frame when there is one), any other callback by its qualified name."""
+    task = getattr(callback, "__self__", None)
+    if isinstance(task, asyncio.Task):
+        coro = task.get_coro()
+        frames: list[Frame] = []
+        c: Any = coro
+        while c is not None:
+            f = getattr(c, "cr_frame", None) or getattr(c, "gi_frame", None)
+            if f is None:
+                break
+            frames.append(_frame(f, f.f_lineno))
+            c = getattr(c, "cr_await", None) or getattr(c, "gi_yieldfrom", None)
+        own = [f for f in frames if any(p in f[0] for p in OWN)]
+        where = _short(own[-1] if own else frames[-1]) if frames else "(starting)"
+        return f"task {getattr(coro, '__qualname__', '?')} from {where}"
+    return getattr(callback, "__qualname__", None) or type(callback).__qualname__
+
+
+@dataclass(slots=True)
+class TurnWork:
+    """What the loop's long turns were made of (the stdlib loop only: each callback timed as it runs).
+    A turn is long when its callbacks took more than `long_s` together; for those, time and count by
+    callback label, and how many callbacks each held."""
+
+    long_s: float
+    turns: int = 0
+    long_turns: int = 0
+    long_work_s: float = 0.0
+    by_label: dict[str, float] = field(default_factory=dict)
+    n_by_label: Counter[str] = field(default_factory=Counter)
+    callbacks_per_long_turn: Counter[int] = field(default_factory=Counter)
+
+    def reset(self) -> None:
+        self.turns = self.long_turns = 0
+        self.long_work_s = 0.0
+        self.by_label, self.n_by_label, self.callbacks_per_long_turn = {}, Counter(), Counter()
+
+    def turn(self, callbacks: Sequence[tuple[float, str]]) -> None:
+        self.turns += 1
+        work = sum(t for t, _ in callbacks)
+        if work <= self.long_s:
+            return
+        self.long_turns += 1
+        self.long_work_s += work
+        self.callbacks_per_long_turn[len(callbacks)] += 1
+        for t, label in callbacks:
+            self.by_label[label] = self.by_label.get(label, 0.0) + t
+            self.n_by_label[label] += 1
+
+    def report(self, top: int = 30) -> dict[str, Any]:
+        return {
+            "long_ms": self.long_s * 1000,
+            "turns": self.turns,
+            "long_turns": self.long_turns,
+            "long_work_ms": round(self.long_work_s * 1000, 3),
+            "callbacks_per_long_turn": sorted(self.callbacks_per_long_turn.items()),
+            "labels": [
+                {"label": label, "ms": round(t * 1000, 3), "callbacks": self.n_by_label[label]}
+                for label, t in sorted(self.by_label.items(), key=lambda kv: kv[1], reverse=True)[:top]
+            ],
+        }
+
+
+def time_callbacks(work: TurnWork) -> None:
+    """Time every callback of the stdlib loop and hand each turn's to `work` (patches asyncio's
+    `Handle._run` and `BaseEventLoop._run_once` in this process)."""
+    from asyncio import base_events, events
+
+    run = events.Handle._run
+    run_once = base_events.BaseEventLoop._run_once  # type: ignore[attr-defined]
+    current: list[tuple[float, str]] = []
+    clock = time.perf_counter
+
+    def timed_run(handle: events.Handle) -> None:
+        label = label_of(handle._callback)  # type: ignore[attr-defined]
+        t0 = clock()
+        run(handle)
+        current.append((clock() - t0, label))
+
+    def timed_run_once(loop: asyncio.AbstractEventLoop) -> None:
+        current.clear()
+        run_once(loop)
+        work.turn(current)
+
+    events.Handle._run = timed_run  # type: ignore[method-assign,assignment]
+    base_events.BaseEventLoop._run_once = timed_run_once  # type: ignore[attr-defined]
+
+
+def stdlib_uvloop() -> types.ModuleType:
+    """A stand-in `uvloop` module that runs asyncio's own loop (for code that imports uvloop)."""
+    shim = types.ModuleType("uvloop")
+    shim.new_event_loop = asyncio.new_event_loop  # type: ignore[attr-defined]
+    shim.run = asyncio.run  # type: ignore[attr-defined]
+    return shim
+
+
 class GcPauses:
     """The cyclic collector's collections (gc.callbacks): count and time per generation (the thread's
     CPU time: a collection the OS interrupted is not counted longer), and those longer than `above_s`."""
@@ -303,6 +457,8 @@ class Watchdog:
         self.poll_s = args.poll_ms / 1000
         self.log = StallLog(self.beat_s, args.threshold_ms / 1000)
         self.debug = args.asyncio
+        self.turns: TurnLog | None = TurnLog() if args.turns else None
+        self._turn_at: Beat | None = None
         self.threshold_s = args.threshold_ms / 1000
         self.last_beat: Beat | None = None
         self.slow = SlowCallbacks()
@@ -324,6 +480,16 @@ class Watchdog:
             loop.slow_callback_duration = self.threshold_s
             logging.getLogger("asyncio").addHandler(self.slow)
         self._beat()
+        if self.turns is not None:
+            self._turn()
+
+    def _turn(self) -> None:
+        now = Beat(time.perf_counter(), time.thread_time())
+        last, self._turn_at = self._turn_at, now
+        if last is not None and self.turns is not None:
+            self.turns.add(now.wall - last.wall, now.cpu - last.cpu)
+        if self._loop is not None and not self._stop.is_set():
+            self._loop.call_soon(self._turn)
 
     def _snapshot(self) -> list[Frame]:
         return frames_of(sys._current_frames().get(self.main_id))
@@ -340,6 +506,8 @@ class Watchdog:
 
     def reset(self) -> None:
         self.log = StallLog(self.log.beat_s, self.log.threshold_s)
+        if self.turns is not None:
+            self.turns = TurnLog()
 
     def stop(self) -> None:
         self._stop.set()
@@ -366,6 +534,25 @@ def _print_summary(doc: dict[str, Any]) -> None:
             f" stall {s['gap_ms']:.2f} ms, cpu {s['cpu_ms']:.2f} ms, gc {s['gc_ms']:.2f} ms {s['sites'][:1]}",
             file=out,
         )
+    turns = doc["turns"]
+    if turns is not None:
+        print(
+            f"turns: {turns['turns']} in {turns['seconds']} s, mean {turns['mean_us']} µs, longest "
+            f"{turns['longest_ms']} ms; time share in turns longer than {turns['time_share_in_turns']}",
+            file=out,
+        )
+        for b in turns["buckets"]:
+            where = f"  <= {b['le_ms']:g} ms: {b['turns']:7d} turns"
+            print(f"{where} {b['wall_ms']:10.1f} ms (cpu {b['cpu_ms']:.1f})", file=out)
+    cbs = doc["callbacks"]
+    if cbs is not None:
+        print(
+            f"callbacks: {cbs['long_turns']} of {cbs['turns']} turns held more than {cbs['long_ms']:g} ms "
+            f"({cbs['long_work_ms']:.1f} ms); callbacks per long turn {cbs['callbacks_per_long_turn'][:20]}",
+            file=out,
+        )
+        for c in cbs["labels"][:25]:
+            print(f"  {c['ms']:9.1f} ms {c['callbacks']:7d} x {c['label']}", file=out)
     for line in doc["slow_callbacks"][:15]:
         print(f"  {line}", file=out)
 
@@ -381,14 +568,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--beat-ms", type=float, default=1.0, help="heartbeat interval (default 1)")
     p.add_argument("--poll-ms", type=float, default=0.5, help="how often the watchdog looks (default 0.5)")
     p.add_argument("--asyncio", action="store_true", help="stdlib loop in debug mode instead of uvloop")
+    p.add_argument(
+        "--callbacks", type=float, default=None, metavar="MS",
+        help="stdlib loop (not debug mode), every callback timed: what turns longer than MS held",
+    )  # fmt: skip
+    p.add_argument(
+        "--turns", action="store_true",
+        help="also time every turn of the loop (a call_soon spinner: keeps the loop from sleeping)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("stalls.json"))
     p.add_argument("target", nargs=argparse.REMAINDER, help="-- MODULE ARGS...")
     args = p.parse_args(argv)
     target = args.target[1:] if args.target[:1] == ["--"] else args.target
     if not target:
         p.error("name the module to run after --")
-    if args.asyncio:
-        sys.modules["uvloop"] = None  # type: ignore[assignment]  # imports of uvloop fail: asyncio's loop
+    work: TurnWork | None = None
+    if args.asyncio or args.callbacks is not None:
+        sys.modules["uvloop"] = stdlib_uvloop()
+    if args.callbacks is not None:
+        work = TurnWork(long_s=args.callbacks / 1000)
+        time_callbacks(work)
     sys.setswitchinterval(args.poll_ms / 1000)
     pauses = GcPauses(above_s=0.0005)
     gc.callbacks.append(pauses)
@@ -399,6 +598,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def restart(signum: int, frame: types.FrameType | None) -> None:
         dog.reset()
         pauses.reset()
+        if work is not None:
+            work.reset()
 
     signal.signal(signal.SIGUSR2, restart)
     dog.thread.start()
@@ -415,6 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "target": target,
             "stalls": dog.log.report(gc_ended=[(end, t) for _, t, _, end in pauses.long]),
             "gc": pauses.report(),
+            "turns": None if dog.turns is None else dog.turns.report(),
+            "callbacks": None if work is None else work.report(),
             "slow_callbacks": dog.slow.lines,
         }
         args.out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))

@@ -1,13 +1,15 @@
 """The overhead benchmark's arithmetic: lag percentiles from the samples of a phase, ratios of added
-figures, the targets, and the peer harness's records read as measurements."""
+figures, the targets, the peer harness's records read as measurements, and `--tests` choosing the phases."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from loadgen.bench.overhead_harness import _RESULT_LINE, _measurement
+from loadgen.bench.overhead import parse_args, phases
+from loadgen.bench.overhead_harness import _RESULT_LINE, _measurement, harness_argv
 from loadgen.bench.overhead_report import (
     LAT1,
     LAT8,
@@ -177,3 +179,24 @@ def test_the_harness_records_read_as_measurements() -> None:
     assert got.proxy_cpu_us_per_chunk() == pytest.approx(15.625)
     assert _measurement({**stream, "peer": "nginx"}, {}) is None
     assert _measurement({"type": "idle"}, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("tests", "builtin", "harness"),
+    [
+        pytest.param(None, ["sat", "lat8", "lat1", "stream"], "sat,lat8,lat1,s10_k64", id="all"),
+        pytest.param("lat8,fleet", ["lat8"], "lat8", id="lag"),
+        pytest.param("stream,sat", ["sat", "stream"], "sat,s10_k64", id="own-order"),
+    ],
+)
+def test_tests_narrows_the_phases_of_both_loads(tests: str | None, builtin: list[str], harness: str) -> None:
+    args = parse_args([] if tests is None else ["--tests", tests])
+    assert [p.name for p in phases(args)] == builtin
+    argv = harness_argv(Path("/h"), args, Path("/out"))
+    assert argv[argv.index("--tests") + 1] == harness
+
+
+def test_tests_refuses_a_phase_it_does_not_know(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--tests", "lat8,lat64"])
+    assert "choose from sat,lat8,lat1,stream,fleet" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable, Iterable
 
 import msgspec
 import pytest
@@ -22,8 +23,9 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.types import QueueLimits
 from gateway.telemetry.engine_metrics import VLLM_METRICS
-from gateway.telemetry.live import LiveTelemetry
+from gateway.telemetry.live import DRAIN_UNITS, PUSH_SLICE, LiveTelemetry
 from gateway.telemetry.promtext import parse
+from gateway.telemetry.records import FinishedRequest as FinishedRecord
 from tests.unit.test_sched_scheduler import READY, policy, spec
 
 A = EndpointId("a")
@@ -247,14 +249,71 @@ async def test_the_loop_refreshes_every_interval_and_refits_when_due(monkeypatch
     assert refits == [start + 1.0, start + 4.0, start + 7.0]
 
 
-def test_drain_folds_in_at_most_a_slice() -> None:
-    rig = Rig()
-    for i in range(5):
+@pytest.mark.parametrize(
+    ("tokens", "budget", "slices"),
+    [
+        pytest.param([5] * 5, 2, [2, 2, 1], id="a-unit-a-record"),
+        # 129 tokens are 128 gaps: three units; the record that reaches the budget ends the slice
+        pytest.param([5, 129, 5, 5, 200, 65], 3, [2, 3, 1], id="long-streams-cost-more"),
+        pytest.param([300, 5], 1, [1, 1], id="at-least-one-record"),
+    ],
+)
+def test_drain_folds_in_a_slice_of_work_and_the_slices_fold_in_everything_in_order(
+    tokens: list[int], budget: int, slices: list[int]
+) -> None:
+    """A budget counts a record as one unit plus one per GAPS_PER_UNIT gaps; the slices together fold
+    in what one drain folds in, in the same order, into the same state."""
+    whole, sliced = Rig(), Rig()
+    for rig in (whole, sliced):
+        for i, n in enumerate(tokens):
+            finish(rig.tel, rig.run_request(f"r{i}", tokens=n, ttft=0.1 + 0.01 * i))
+    order: list[list[str]] = [[], []]
+    for rig, seen in zip((whole, sliced), order, strict=True):
+        fold = rig.tel.fleet.observe
+
+        def observe(
+            r: FinishedRecord, fold: Callable[[FinishedRecord], None] = fold, seen: list[str] = seen
+        ) -> None:
+            seen.append(str(r.request))
+            fold(r)
+
+        rig.tel.fleet.observe = observe  # type: ignore[method-assign]
+    assert whole.tel.drain() == len(tokens)
+    got = []
+    while sliced.tel.pending:
+        got.append(sliced.tel.drain(budget))
+    assert got == slices
+    assert order[0] == order[1] == [f"r{i}" for i in range(len(tokens))]
+    a, b = whole.tel.fleet.endpoints[A], sliced.tel.fleet.endpoints[A]
+    assert (b.timings.ttft.n, b.timings.ttft.ewma.value) == (a.timings.ttft.n, a.timings.ttft.ewma.value)
+    assert (b.timeline.tokens, b.timings.itl.value) == (a.timeline.tokens, a.timings.itl.value)
+    now = whole.clock.now()
+    assert sliced.tel.fleet.estimates(A, now) == whole.tel.fleet.estimates(A, now)
+
+
+async def test_the_loop_folds_a_backlog_in_slices_with_the_loop_free_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At each refresh the loop folds the backlog a slice (DRAIN_UNITS) at a time with a yield after
+    each; the refresh folds in the last one."""
+    rig = Rig(pending_limit=1000)
+    for i in range(100):
         finish(rig.tel, rig.run_request(f"r{i}"))
-    assert rig.tel.drain(limit=2) == 2
-    assert rig.tel.pending == 3
-    assert rig.tel.drain() == 3
-    assert rig.tel.fleet.endpoints[A].timings.ttft.n == 5
+    pending_at_yield: list[int] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        if seconds == 0:
+            pending_at_yield.append(rig.tel.pending)
+            return
+        if pending_at_yield or rig.tel.last_refit_at is not None:
+            raise asyncio.CancelledError  # one turn of the loop is enough
+
+    monkeypatch.setattr("gateway.telemetry.live.asyncio.sleep", fake_sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await rig.tel.run()
+    assert pending_at_yield[:3] == [100 - DRAIN_UNITS, 100 - 2 * DRAIN_UNITS, 100 - 3 * DRAIN_UNITS]
+    assert rig.tel.pending == 0
+    assert rig.tel.fleet.endpoints[A].timings.ttft.n == 100
 
 
 def test_a_part_on_the_prior_is_fitted_at_the_fast_cadence_then_follows_the_normal_one() -> None:
@@ -318,3 +377,44 @@ def test_the_fast_check_visits_only_endpoints_on_the_prior(monkeypatch: pytest.M
     rig.clock.advance(1.0)
     rig.tel.step()
     assert visited == [[A]]  # every part fitted: nothing to settle or fit between full refits
+
+
+async def test_the_loop_hands_the_estimates_over_a_slice_of_endpoints_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Live, the refresh pushes PUSH_SLICE endpoints' estimates per turn of the event loop; the slices
+    together leave the scheduler with what one synchronous `refresh` leaves it."""
+    n = 2 * PUSH_SLICE + 3
+    rigs = [Rig(), Rig()]
+    for rig in rigs:
+        rig.sched.sync_endpoints([spec(f"e{i}", cap=8) for i in range(n)])
+        for i in range(n):
+            rig.sched.set_health(EndpointId(f"e{i}"), READY)
+        rig.tel.reconfigure(TelemetryConfig(refresh_interval_s=1.0, refit_interval_s=1000.0))
+        rig.tel.step()  # the first refit, done; from now on a turn is a refresh
+        for i in range(3):  # streams on the first endpoint the scheduler picks: estimates that change
+            finish(rig.tel, rig.run_request(f"r{i}", ttft=0.1 * (i + 1)))
+    whole, sliced = rigs
+    whole.tel.refresh()
+    pushed: list[list[EndpointId]] = []
+    real_push = sliced.tel._push_estimates
+
+    def push(eids: Iterable[EndpointId] | None = None) -> None:
+        pushed.append(list(sliced.sched.endpoint_ids()) if eids is None else list(eids))
+        real_push(eids)
+
+    async def fake_sleep(seconds: float) -> None:
+        if seconds > 0 and pushed:
+            raise asyncio.CancelledError  # one turn of the loop
+        if seconds == 0:
+            pushed.append([])  # the event loop ran in between
+
+    monkeypatch.setattr(sliced.tel, "_push_estimates", push)
+    monkeypatch.setattr("gateway.telemetry.live.asyncio.sleep", fake_sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await sliced.tel.run()
+    assert [len(p) for p in pushed] == [PUSH_SLICE, 0, PUSH_SLICE, 0, 3]
+    views = [{e: rig.sched.endpoint_view(e) for e in rig.sched.endpoint_ids()} for rig in rigs]
+    got = {e: None if v is None else v.ttft_ewma_s for e, v in views[1].items()}
+    assert got == {e: None if v is None else v.ttft_ewma_s for e, v in views[0].items()}
+    assert any(v is not None for v in got.values())

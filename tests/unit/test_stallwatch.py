@@ -5,9 +5,20 @@ site (the callback's root, our innermost frame, the innermost frame)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from loadgen.bench.stallwatch import Beat, Frame, StallLog, callback_part, site_of
+from loadgen.bench.stallwatch import (
+    Beat,
+    Frame,
+    StallLog,
+    TurnLog,
+    TurnWork,
+    callback_part,
+    label_of,
+    site_of,
+)
 
 RUNNER: list[Frame] = [
     ("/venv/lib/python3.11/site-packages/gateway/cli.py", 10, "main"),
@@ -58,3 +69,51 @@ def test_a_late_beat_opens_a_stall_and_the_next_beat_closes_it() -> None:
     sites = {(s["root"].split(" ")[0], s["snapshots"]) for s in doc["sites"]}
     assert sites == {("_run", 1), ("<loop>", 1)}  # the busy stall's snapshots only
     assert doc["longest"][0]["gap_ms"] == pytest.approx(4.5)
+
+
+def test_turns_are_counted_and_timed_by_length() -> None:
+    turns = TurnLog()
+    for ms in (0.1, 0.1, 0.8, 1.2, 2.5, 12.0):
+        turns.add(ms / 1000, ms / 2000)
+    doc = turns.report()
+    assert doc["turns"] == 6
+    assert doc["longest_ms"] == pytest.approx(12.0)
+    assert [(b["le_ms"], b["turns"]) for b in doc["buckets"]] == [
+        (0.25, 2),
+        (1.0, 1),
+        (1.5, 1),
+        (3.0, 1),
+        (20.0, 1),
+    ]
+    assert doc["buckets"][-1]["cpu_ms"] == pytest.approx(6.0)
+    total = 0.1 + 0.1 + 0.8 + 1.2 + 2.5 + 12.0
+    assert doc["time_share_in_turns"][">1ms"] == pytest.approx((1.2 + 2.5 + 12.0) / total, abs=1e-5)
+    assert doc["time_share_in_turns"][">5ms"] == pytest.approx(12.0 / total, abs=1e-5)
+
+
+def test_only_long_turns_are_broken_down_by_callback() -> None:
+    work = TurnWork(long_s=0.001)
+    work.turn([(0.0004, "a"), (0.0004, "b")])  # 0.8 ms together: not long
+    work.turn([(0.0007, "a"), (0.0002, "b"), (0.0003, "a")])
+    doc = work.report()
+    assert (doc["turns"], doc["long_turns"], doc["callbacks_per_long_turn"]) == (2, 1, [(3, 1)])
+    assert [(c["label"], c["ms"], c["callbacks"]) for c in doc["labels"]] == [("a", 1.0, 2), ("b", 0.2, 1)]
+    work.reset()
+    assert (work.turns, work.long_turns, work.report()["labels"]) == (0, 0, [])
+
+
+async def test_a_task_step_is_labelled_by_its_coroutine_and_where_it_waits() -> None:
+    async def waits_here(ready: asyncio.Event) -> None:
+        await ready.wait()
+
+    ready = asyncio.Event()
+    task = asyncio.create_task(waits_here(ready))
+    await asyncio.sleep(0)  # the task runs up to its wait
+    label = label_of(task.cancel)  # a callback bound to the task, as its steps and wake-ups are
+    assert label.startswith("task test_a_task_step_is_labelled_by_its_coroutine_and_where_it_waits.<locals>.")
+    assert "from wait (" in label  # asyncio's Event.wait: the innermost frame (none of ours below it)
+    assert label_of(test_only_long_turns_are_broken_down_by_callback) == (
+        "test_only_long_turns_are_broken_down_by_callback"
+    )
+    ready.set()
+    await task

@@ -12,11 +12,14 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.telemetry.timeline import (
     DecodeObservation,
     EndpointTimeline,
     PrefillObservation,
+    _Spans,
 )
 from loadgen.engine_sim.latency import LatencyModel
 from tests.unit.engine_trace import TracedStream, engine_trace
@@ -217,6 +220,46 @@ def test_forget_drops_everything_before() -> None:
     got = tl.settle(math.inf)
     assert got.prefill == []  # dispatched before what is known
     assert len(got.decode) == 1
+
+
+def merged_by_walk(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Disjoint intervals, one span at a time in start order (the reference for `_Spans.merged`)."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+_time = st.integers(0, 60).map(lambda k: k / 4)  # few distinct values: ties and touching spans
+
+
+@given(
+    spans=st.lists(st.tuples(_time, _time).map(lambda ab: (ab[0], max(ab))), max_size=40),
+    horizons=st.lists(_time, max_size=4),
+)
+def test_untracked_spans_merge_and_evict_as_a_walk_over_tuples(
+    spans: list[tuple[float, float]], horizons: list[float]
+) -> None:
+    """The columns of floats answer what a list of (start, end) tuples walked one by one answers:
+    the merged intervals, and at each eviction which spans are let go and the latest end among them."""
+    store = _Spans()
+    for a, b in spans:
+        store.add(a, b)
+    kept = list(spans)
+    for h in horizons:
+        starts, ends = store.merged()
+        assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == merged_by_walk(kept)
+        gone = [b for _, b in kept if b < h]
+        assert store.evict(h) == (max(gone) if gone else None)
+        kept = [(a, b) for a, b in kept if b >= h]
+        assert len(store) == len(kept)
+        assert list(zip(*store.columns(), strict=True)) == kept
+    store.clear()
+    assert len(store) == 0
+    assert [len(c) for c in store.merged()] == [0, 0]
 
 
 TRUE = LatencyModel(k1=2.0e-4, c1=0.02, k2=2.0e-6, c2=1.0e-3, c3=0.025)

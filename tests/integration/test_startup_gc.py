@@ -1,0 +1,66 @@
+"""The collector's settings (`gateway.core.heap.settle`) are applied once startup is done: after every
+endpoint's first scrape round, before systemd hears READY=1; and what they are."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.app import Gateway, ServeOptions, serve
+from gateway.config import apply_overrides, default_config, load_runtime, parse_endpoint_flag
+from gateway.core.heap import YOUNG_THRESHOLD, settle
+from gateway.core.sdnotify import Notifier
+from gateway.sched.plugins import default_registry
+from loadgen.harness import free_port
+from tests.integration.conftest import EngineServer
+from tests.integration.fake_engine import FakeEngine
+
+
+@pytest.fixture
+def collector_restored() -> Iterator[None]:
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_settle_freezes_what_exists_and_raises_the_young_threshold() -> None:
+    _, older, oldest = gc.get_threshold()
+    settle()
+    assert gc.get_threshold() == (YOUNG_THRESHOLD, older, oldest)
+    assert gc.get_freeze_count() > 0
+    assert gc.get_count()[0] < 100  # collected just before the freeze
+
+
+async def test_serve_settles_the_collector_after_the_first_round_and_before_ready(
+    engine_server: EngineServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = await engine_server(FakeEngine())
+    flags = (parse_endpoint_flag(url),)
+    cfg = apply_overrides(default_config(), listen=f"127.0.0.1:{free_port()}", endpoints=flags)
+    registry = default_registry()
+    runtime = load_runtime(None, cfg, registry, endpoints=flags, seed=1)
+    seen: list[str] = []
+
+    class Told(Notifier):
+        def ready(self) -> bool:
+            seen.append("ready")
+            return True
+
+    options = ServeOptions(config_path=None, endpoints=flags)
+    gw = Gateway(runtime, cfg, options, registry=registry, notifier=Told(None))
+
+    def settled() -> None:
+        rounds = all(s.round_done.is_set() for s in gw.endpoints.scrapers())
+        seen.append(f"settle after the first round: {rounds}")
+        os.kill(os.getpid(), signal.SIGTERM)  # serve's own handler: it drains and returns
+
+    monkeypatch.setattr("gateway.app.settle", settled)
+    await asyncio.wait_for(serve(gw), 30)
+    assert seen == ["settle after the first round: True", "ready"]
