@@ -59,7 +59,10 @@ async def test_serve_settles_the_collector_after_the_first_round_and_before_read
     def settled() -> None:
         rounds = all(s.round_done.is_set() for s in gw.endpoints.scrapers())
         seen.append(f"settle after the first round: {rounds}")
-        os.kill(os.getpid(), signal.SIGTERM)  # serve's own handler: it drains and returns
+        # serve's own handler drains and returns; were it not installed yet, SIGTERM would end the
+        # test run itself: fail the test instead
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr("gateway.app.settle", settled)
     await asyncio.wait_for(serve(gw), 30)
