@@ -46,7 +46,7 @@ def make_api_handler(services: Services, api: ApiKind) -> Handler:
 
 async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamResponse:
     rid = request_id(request)
-    ctx = RequestContext(id=rid, api=api, arrival=s.clock.now())
+    ctx = RequestContext(rid, api, s.clock.now())
     tenant: Tenant | None = None
     seat: Seat | None = None
     try:
@@ -92,7 +92,7 @@ async def admit(
         request.headers.items(),
         tenant,
         catalog=settings.catalog,
-        known=s.scheduler.models(ready_only=False) | s.scheduler.loadable,
+        known=s.scheduler.known_models(),
         state=s.slo,
         policy=settings.slo,
         reject_disallowed=settings.reject_disallowed,

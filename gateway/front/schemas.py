@@ -47,15 +47,7 @@ def parse_body(api: ApiKind, raw: bytes) -> ParsedRequest:
         chars = _check_prompt(body, "input")
         if stream:
             raise _field("stream", "is not supported for embeddings")
-    return ParsedRequest(
-        api=api,
-        body=body,
-        model=model,
-        stream=bool(stream),
-        include_usage=include_usage,
-        max_tokens=max_tokens,
-        prompt_chars=chars,
-    )
+    return ParsedRequest(api, body, model, bool(stream), include_usage, max_tokens, chars)
 
 
 def _field(path: str, problem: str) -> errors.BerthError:

@@ -135,8 +135,16 @@ class Scheduler:
         # Models the lifecycle can load on demand, and how long a request may wait for such a load.
         self._loadable: frozenset[ModelName] = frozenset()
         self._load_deadline_s = 0.0
+        # `known_models` as last made, with the two sets it was made from.
+        self._known: tuple[frozenset[ModelName], frozenset[ModelName], frozenset[ModelName]] = (
+            frozenset(),
+            frozenset(),
+            frozenset(),
+        )
         self.cold: list[ModelName] = []  # loadable models requested with no ready endpoint (take_cold)
-        self._outbox: list[Preempt] = []  # preemptions made during a submit (take_preemptions)
+        # Preemptions made during a submit (take_preemptions; a driver may look at it first, as at `faults`
+        # and `cold`, to skip the call when it is empty).
+        self.outbox: list[Preempt] = []
         # Place in arrival order of each running request (a preempted one keeps it when requeued).
         self._seqs: dict[RequestId, int] = {}
 
@@ -161,7 +169,7 @@ class Scheduler:
     def take_preemptions(self) -> list[Preempt]:
         """The preemptions made during `submit` calls since the last call (drivers drain it right after
         each submit; every other method returns its preemptions in its decision list)."""
-        out, self._outbox = self._outbox, []
+        out, self.outbox = self.outbox, []
         return out
 
     # ----------------------------------------------------------------- configuration
@@ -174,6 +182,16 @@ class Scheduler:
     @property
     def loadable(self) -> frozenset[ModelName]:
         return self._loadable
+
+    def known_models(self) -> frozenset[ModelName]:
+        """The models a request may name: served by an endpoint (in any state) or loadable on demand.
+        Kept until either set changes (admission asks on every request)."""
+        served, loadable, known = self._known
+        every = self._fleet.models(ready_only=False)
+        if every is not served or self._loadable is not loadable:
+            known = every | self._loadable
+            self._known = (every, self._loadable, known)
+        return known
 
     def fail_model(self, model: ModelName, error: errors.BerthError) -> list[Decision]:
         """Reject every queued request of `model` with `error` (its load failed)."""
@@ -283,7 +301,7 @@ class Scheduler:
         own: Decision | None = None
         for d in out:
             if isinstance(d, Preempt):
-                self._outbox.append(d)
+                self.outbox.append(d)
             else:
                 own = d
         return own
@@ -351,7 +369,7 @@ class Scheduler:
     def snapshot(self) -> FleetSnapshot:
         now = self._clock.now()
         views = self._fleet.views(now, self._limits.stale_after_s)
-        return FleetSnapshot(now=now, endpoints=views, queued=self._queues.waiting())
+        return FleetSnapshot(now, views, self._queues.waiting())
 
     def queue_depth(self, model: ModelName) -> int:
         return self._queues.depth(model)
@@ -418,6 +436,8 @@ class Scheduler:
     def _serve(self, model: ModelName, out: list[Decision], *, only: RequestId | None = None) -> None:
         """Place queued requests of `model` in order; with `only`, stop at the first one that is not it."""
         queue = self._queues.get(model)
+        if not queue:
+            return  # most completions: nothing waits
         policy = self._policy
         skipped: set[int] = set()  # requests that fit nowhere now, passed over (policy.lookahead)
         while queue:
