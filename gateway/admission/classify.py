@@ -71,18 +71,22 @@ def to_sched_request(
     elif lengths is not None:
         pred = lengths.predict(served, task_class(slo), prompt, parsed.max_tokens)
         predicted, p90 = pred.mean, pred.p90
+    # Positional, in field order (one is made per request; keywords cost time to match).
     return SchedRequest(
-        id=RequestId(rid),
-        model=served,
-        api=parsed.api,
-        arrival=arrival,
-        slo=slo,
-        prompt_tokens=prompt,
-        max_tokens=parsed.max_tokens,
-        stream=parsed.stream,
-        task_id=task_id,
-        allotment=allotment,
-        predicted_output_tokens=predicted,
-        predicted_output_p90=p90,
-        resumable=preemptive and (parsed.stream or stream_unstreamed) and resumable(parsed.api, parsed.body),
+        RequestId(rid),
+        served,  # model
+        parsed.api,
+        arrival,
+        slo,
+        prompt,  # prompt_tokens
+        parsed.max_tokens,
+        parsed.stream,
+        task_id,
+        predicted,  # predicted_output_tokens
+        p90,  # predicted_output_p90
+        False,  # best_effort
+        preemptive and (parsed.stream or stream_unstreamed) and resumable(parsed.api, parsed.body),
+        0,  # preemptions
+        0,  # produced_tokens
+        allotment,
     )

@@ -185,8 +185,10 @@ class Tenants:
     def lookup(self, authorization: str | None, api_key: str | None = None) -> Tenant | None:
         """The tenant of `Authorization: Bearer KEY`, else of `api-key: KEY` (the header Azure-style
         SDKs send); None: no key, another scheme, or an unknown key."""
+        if not self._by_digest:
+            return None  # no keys configured: nothing to look up
         key = presented_key(authorization, api_key)
-        if key is None or not self._by_digest:
+        if key is None:
             return None
         return self._by_digest.get(_digest(key))
 

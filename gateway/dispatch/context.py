@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gateway.core.errors import BerthError
 from gateway.core.slo import TaskCall
@@ -30,9 +31,9 @@ class RequestContext:
     preemptions: int = 0  # times the scheduler preempted it (each followed by a resume or an end)
     prompt_tokens: int | None = None
     output_tokens: int = 0
-    itl_gaps: list[float] = field(default_factory=list)
-    # What a resume on another endpoint needs: the text produced so far (tokens = output_tokens).
-    produced_text: list[str] = field(default_factory=list)
+    # A stream's inter-token gaps (the relay's list once it ended; none until then, nor for an answer
+    # that came whole).
+    itl_gaps: Sequence[float] = ()
     # For telemetry: the scheduler's view of the request (None until admitted) and the prompt's characters.
     sched: SchedRequest | None = None
     task: TaskCall | None = None  # a call of a multi-step task: its place on the task clock

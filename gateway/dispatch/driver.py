@@ -56,11 +56,12 @@ class SchedulerDriver:
         after a failed engine call submits it again with `exclude` (the endpoints that failed it)."""
         if self.on_submit is not None and not exclude:
             self.on_submit(req)
-        decision = self.scheduler.submit(req, exclude=exclude)
-        preempted = self.scheduler.take_preemptions()
-        if preempted:
-            self.apply(preempted)
-        self.log_faults()
+        sched = self.scheduler
+        decision = sched.submit(req, exclude=exclude)
+        if sched.outbox:
+            self.apply(sched.take_preemptions())
+        if sched.faults:
+            self.log_faults()
         if decision is None:
             fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
             self._waiters[req.id] = fut
@@ -125,7 +126,9 @@ class SchedulerDriver:
 
     def release(self, req_id: RequestId) -> None:
         self._running.pop(req_id, None)
-        self.apply(self.scheduler.complete(req_id))
+        placed = self.scheduler.complete(req_id)
+        if placed or self.scheduler.faults:  # most completions place nothing
+            self.apply(placed)
 
     def apply(self, decisions: Iterable[Decision]) -> None:
         """Hand decisions made outside a submit (completions, ticks, endpoint events) to their waiters."""

@@ -440,7 +440,6 @@ class _Stream:
 def _record_stream(ctx: RequestContext, relay: SseRelay) -> None:
     ctx.first_token_at = relay.first_token_at
     ctx.itl_gaps = relay.gaps
-    ctx.produced_text = relay.text
     usage = relay.usage
     if usage:
         ctx.prompt_tokens = usage.get("prompt_tokens")

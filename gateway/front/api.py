@@ -46,7 +46,7 @@ def make_api_handler(services: Services, api: ApiKind) -> Handler:
 
 async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamResponse:
     rid = request_id(request)
-    ctx = RequestContext(id=rid, api=api, arrival=s.clock.now())
+    ctx = RequestContext(rid, api, s.clock.now())
     tenant: Tenant | None = None
     seat: Seat | None = None
     try:
@@ -92,7 +92,7 @@ async def admit(
         request.headers.items(),
         tenant,
         catalog=settings.catalog,
-        known=s.scheduler.models(ready_only=False) | s.scheduler.loadable,
+        known=s.scheduler.known_models(),
         state=s.slo,
         policy=settings.slo,
         reject_disallowed=settings.reject_disallowed,
@@ -181,7 +181,7 @@ def scheduler_request(
 
 def finish(s: Services, ctx: RequestContext, tenant: Tenant | None = None, seat: Seat | None = None) -> None:
     """The tenant's seat given back, the canonical log line and the metrics of one request."""
-    ctx.finished_at = s.clock.now()
+    finished = ctx.finished_at = s.clock.now()
     tenant_name = ANONYMOUS if tenant is None else tenant.name
     s.tenancy.finish(
         tenant_name,
@@ -190,29 +190,26 @@ def finish(s: Services, ctx: RequestContext, tenant: Tenant | None = None, seat:
         dispatched=ctx.dispatched_at is not None,
         prompt_tokens=ctx.prompt_tokens,
         completion_tokens=ctx.output_tokens,
-        now=ctx.finished_at,
+        now=finished,
     )
     m = s.metrics
     # Only names that resolved to a served model become label values: a 404 for a made-up name must not
     # grow the metric series without bound.
     model = ctx.client_model if ctx.served_model else "-"
-    m.requests_of(model, ctx.outcome).inc()
+    arrival, dispatched, first = ctx.arrival, ctx.dispatched_at, ctx.first_token_at
+    e2e = finished - arrival
+    ttft = None if first is None else first - arrival
+    m.of_model(model).finished(
+        ctx.outcome,
+        None if dispatched is None else dispatched - arrival,  # queue wait
+        None if dispatched is None else e2e,  # end to end, of a request that reached an engine
+        ttft,
+        ctx.itl_gaps,
+        ctx.output_tokens,
+        ctx.prompt_tokens,
+    )
     if ctx.outcome == "client_disconnect":
         m.client_disconnects_of(model).inc()
-    e2e = ctx.e2e_s
-    if ctx.dispatched_at is not None:
-        m.queue_wait_of(model).observe(ctx.dispatched_at - ctx.arrival)
-        if e2e is not None:
-            m.e2e_of(model).observe(e2e)
-    ttft = ctx.ttft_s
-    if ttft is not None:
-        m.ttft_of(model).observe(ttft)
-    if ctx.itl_gaps:
-        m.itl_of(model).observe_many(ctx.itl_gaps)
-    if ctx.output_tokens:
-        m.output_tokens_of(model).inc(ctx.output_tokens)
-    if ctx.prompt_tokens:
-        m.prompt_tokens_of(model).inc(ctx.prompt_tokens)
     if ctx.preemptions:
         m.resumes_of(model, ctx.outcome).inc()
     learn(ctx, s.telemetry, s.slo, s.lifecycle_finished)
@@ -254,6 +251,8 @@ def learn(
         telemetry.on_finish(record)
         if lifecycle is not None:
             lifecycle(record)
+    if ctx.task is None and ctx.error is None:
+        return  # the task clock and the rejection counts learn nothing from it
     slo.on_finish(
         ctx.task,
         ctx.slo_class,

@@ -11,20 +11,22 @@ from __future__ import annotations
 
 from typing import Final
 
-from multidict import CIMultiDictProxy
+from aiohttp import hdrs
+from multidict import CIMultiDictProxy, istr
 
 from gateway.admission.slo import Tenant, presented_key
 from gateway.core import errors
 from gateway.front.services import RequestSettings
 
 API_KEY_HEADER: Final = "api-key"
+_API_KEY: Final = istr(API_KEY_HEADER)  # looked up without folding its case on every request
 WWW_AUTHENTICATE: Final = {"WWW-Authenticate": 'Bearer realm="berth"'}
 
 
 def authenticate(settings: RequestSettings, headers: CIMultiDictProxy[str]) -> Tenant | None:
     """The request's tenant (None: anonymous); raises 401 when [auth] requires a tenant's key."""
-    authorization = headers.get("Authorization")
-    api_key = headers.get(API_KEY_HEADER)
+    authorization = headers.get(hdrs.AUTHORIZATION)
+    api_key = headers.get(_API_KEY)
     tenant = settings.tenants.lookup(authorization, api_key)
     if tenant is None and settings.auth_required:
         if presented_key(authorization, api_key) is None:

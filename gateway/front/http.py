@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Awaitable, Callable
 from typing import Final
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from gateway.core import errors
 from gateway.core.errors import BerthError
@@ -24,7 +25,7 @@ _id_counter = itertools.count()
 
 def request_id(request: web.Request) -> str:
     """Honour a sane client `x-request-id`, else make one (24 hex digits)."""
-    rid = request.headers.get("X-Request-Id")
+    rid = request.headers.get(hdrs.X_REQUEST_ID)  # an istr: the lookup need not fold its case again
     if rid and len(rid) <= _MAX_ID_LEN and rid.isascii() and rid.isprintable():
         return rid
     return f"{_ID_PREFIX}{next(_id_counter) & 0xFFFFFFFFFFFF:012x}"
@@ -36,6 +37,9 @@ def request_id(request: web.Request) -> str:
 UNDECLARED_MEDIA_TYPES: Final = frozenset({"", "application/octet-stream"})
 
 
+# Cached: clients send a handful of distinct values, and each request's is checked (bounded: the values
+# are the client's to choose).
+@functools.lru_cache(maxsize=64)
 def is_json_media_type(content_type: str | None) -> bool:
     """The `Content-Type` of a request body berth reads as JSON: `application/json` or
     `application/*+json` with any parameters (charset), in any case (the check vLLM's FastAPI makes),
@@ -51,7 +55,7 @@ def is_json_media_type(content_type: str | None) -> bool:
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The whole JSON body: 415 unless the Content-Type says JSON (`is_json_media_type`), 413 as soon
     as it is known to exceed `limit` bytes."""
-    content_type = request.headers.get("Content-Type")
+    content_type = request.headers.get(hdrs.CONTENT_TYPE)
     if not is_json_media_type(content_type):
         raise errors.unsupported_media_type(content_type or "")
     declared = request.content_length

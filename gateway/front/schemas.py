@@ -24,21 +24,30 @@ def parse_body(api: ApiKind, raw: bytes) -> ParsedRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _field("model", "is required and must be a non-empty string")
-    stream = _opt_bool(body, "stream")
+    # The optional fields are checked only when present (`_opt_*` with the value in hand): most requests
+    # leave most of them out, and this runs for every request.
+    get = body.get
+    stream = get("stream")
+    if stream is not None and stream is not True and stream is not False:
+        raise _field("stream", "must be a boolean")
     include_usage = False
-    if stream:
-        so = body.get("stream_options")
-        if so is not None:
-            if not isinstance(so, dict):
-                raise _field("stream_options", "must be an object")
-            include_usage = bool(_opt_bool(so, "include_usage", path="stream_options.include_usage"))
-    elif body.get("stream_options") is not None:
-        raise _field("stream_options", "is only allowed when stream is true")
-    max_tokens = _opt_pos_int(body, "max_tokens")
-    mct = _opt_pos_int(body, "max_completion_tokens")
+    so = get("stream_options")
+    if so is not None:
+        if not stream:
+            raise _field("stream_options", "is only allowed when stream is true")
+        if not isinstance(so, dict):
+            raise _field("stream_options", "must be an object")
+        include_usage = bool(_opt_bool(so, "include_usage", path="stream_options.include_usage"))
+    max_tokens = get("max_tokens")
+    if max_tokens is not None:
+        max_tokens = _pos_int("max_tokens", max_tokens)
+    mct = get("max_completion_tokens")
     if mct is not None:
+        mct = _pos_int("max_completion_tokens", mct)
         max_tokens = mct if max_tokens is None else min(max_tokens, mct)
-    _opt_pos_int(body, "n")
+    n = get("n")
+    if n is not None:
+        _pos_int("n", n)
     if api is ApiKind.CHAT:
         chars = _check_messages(body)
     elif api is ApiKind.COMPLETION:
@@ -47,15 +56,7 @@ def parse_body(api: ApiKind, raw: bytes) -> ParsedRequest:
         chars = _check_prompt(body, "input")
         if stream:
             raise _field("stream", "is not supported for embeddings")
-    return ParsedRequest(
-        api=api,
-        body=body,
-        model=model,
-        stream=bool(stream),
-        include_usage=include_usage,
-        max_tokens=max_tokens,
-        prompt_chars=chars,
-    )
+    return ParsedRequest(api, body, model, bool(stream), include_usage, max_tokens, chars)
 
 
 def _field(path: str, problem: str) -> errors.BerthError:
@@ -69,10 +70,7 @@ def _opt_bool(obj: dict[str, Any], key: str, *, path: str | None = None) -> bool
     raise _field(path or key, "must be a boolean")
 
 
-def _opt_pos_int(obj: dict[str, Any], key: str) -> int | None:
-    v = obj.get(key)
-    if v is None:
-        return None
+def _pos_int(key: str, v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise _field(key, "must be a positive integer")
     return v

@@ -122,36 +122,38 @@ class _Endpoint:
             return v
         g = None if self._stale(now, stale_after_s) else self.gauges
         s = self.spec
+        # Positional, in field order: a call with 29 keywords spends about 1 µs matching them to the
+        # parameters, and a view is remade on every dispatch and completion.
         v = self._view = EndpointView(
-            id=s.id,
-            url=s.url,
-            engine=s.engine,
-            models=self.models,
-            instance_class=s.instance_class,
-            health=self.health,
-            cap=self.cap,
-            inflight=self.inflight,
-            engine_running=None if g is None else g.running,
-            engine_waiting=None if g is None else g.waiting,
-            kv_usage=None if g is None else g.kv_usage,
-            dispatched_since_scrape=self.dispatched_since_scrape,
-            scraped_at=self.scraped_at,
-            node=s.node,
-            completed_since_scrape=self.completed_since_scrape,
-            running_prompt_tokens=self.running_prompt_tokens,
-            running_output_tokens=self.running_output_tokens,
-            estimates=self.estimates,
-            running=tuple(self.running.values()),
-            priority_scheduling=s.priority_scheduling,
-            max_cap=self.bound,
-            streamed_tokens=self.streamed_tokens,
-            gap_s=self.gap_s,
-            gap_tokens=self.gap_tokens,
-            cut_at=self.cut_at,
-            gap_after_cut_s=self.gap_after_cut_s,
-            gap_after_cut_tokens=self.gap_after_cut_tokens,
-            max_batch=s.max_batch,
-            config=s.config,
+            s.id,
+            s.url,
+            s.engine,
+            self.models,
+            s.instance_class,
+            self.health,
+            self.cap,
+            self.inflight,
+            None if g is None else g.running,  # engine_running
+            None if g is None else g.waiting,  # engine_waiting
+            None if g is None else g.kv_usage,  # kv_usage
+            self.dispatched_since_scrape,
+            self.scraped_at,
+            s.node,
+            self.completed_since_scrape,
+            self.running_prompt_tokens,
+            self.running_output_tokens,
+            self.estimates,
+            tuple(self.running.values()),  # running
+            s.priority_scheduling,
+            self.bound,  # max_cap
+            self.streamed_tokens,
+            self.gap_s,
+            self.gap_tokens,
+            self.cut_at,
+            self.gap_after_cut_s,
+            self.gap_after_cut_tokens,
+            s.max_batch,
+            s.config,
         )
         self._view_has_gauges = g is not None
         self.fresh_until = (

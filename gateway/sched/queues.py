@@ -231,6 +231,10 @@ class Queues:
             queue = self._by_model[model] = ModelQueue()
         return queue
 
+    def next_seq(self) -> int:
+        """A place in arrival order for a request placed without being queued (`Scheduler.submit`)."""
+        return next(self._seq)
+
     def push(
         self,
         queue: ModelQueue,

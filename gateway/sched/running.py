@@ -86,21 +86,24 @@ def deadlines(req: SchedRequest) -> tuple[float | None, float | None]:
 def running_from(req: SchedRequest, now: float) -> RunningRequest:
     mean, std = output_estimate(req)
     ttft, e2e = deadlines(req)
+    itl_ms = req.slo.itl_ms
+    # Positional, in field order: one is made per dispatch, and a call with keywords spends time
+    # matching them to the parameters.
     return RunningRequest(
-        id=req.id,
-        slo_class=req.slo.slo_class,
-        prompt_tokens=resume_prompt_tokens(req),
-        output_mean=mean,
-        output_std=std,
-        max_tokens=remaining_max_tokens(req),
-        dispatched_at=now,
-        ttft_deadline=ttft,
-        e2e_deadline=e2e,
-        itl_s=None if req.slo.itl_ms is None else req.slo.itl_ms / 1000.0,
-        best_effort=req.best_effort,
-        resumable=req.resumable,
-        preemptions=req.preemptions,
-        produced_before=req.produced_tokens,
+        req.id,
+        req.slo.slo_class,
+        resume_prompt_tokens(req),  # prompt_tokens
+        mean,  # output_mean
+        std,  # output_std
+        remaining_max_tokens(req),  # max_tokens
+        now,  # dispatched_at
+        ttft,  # ttft_deadline
+        e2e,  # e2e_deadline
+        None if itl_ms is None else itl_ms / 1000.0,  # itl_s
+        req.best_effort,
+        req.resumable,
+        req.preemptions,
+        req.produced_tokens,  # produced_before
     )
 
 

@@ -135,8 +135,16 @@ class Scheduler:
         # Models the lifecycle can load on demand, and how long a request may wait for such a load.
         self._loadable: frozenset[ModelName] = frozenset()
         self._load_deadline_s = 0.0
+        # `known_models` as last made, with the two sets it was made from.
+        self._known: tuple[frozenset[ModelName], frozenset[ModelName], frozenset[ModelName]] = (
+            frozenset(),
+            frozenset(),
+            frozenset(),
+        )
         self.cold: list[ModelName] = []  # loadable models requested with no ready endpoint (take_cold)
-        self._outbox: list[Preempt] = []  # preemptions made during a submit (take_preemptions)
+        # Preemptions made during a submit (take_preemptions; a driver may look at it first, as at `faults`
+        # and `cold`, to skip the call when it is empty).
+        self.outbox: list[Preempt] = []
         # Place in arrival order of each running request (a preempted one keeps it when requeued).
         self._seqs: dict[RequestId, int] = {}
 
@@ -161,7 +169,7 @@ class Scheduler:
     def take_preemptions(self) -> list[Preempt]:
         """The preemptions made during `submit` calls since the last call (drivers drain it right after
         each submit; every other method returns its preemptions in its decision list)."""
-        out, self._outbox = self._outbox, []
+        out, self.outbox = self.outbox, []
         return out
 
     # ----------------------------------------------------------------- configuration
@@ -174,6 +182,16 @@ class Scheduler:
     @property
     def loadable(self) -> frozenset[ModelName]:
         return self._loadable
+
+    def known_models(self) -> frozenset[ModelName]:
+        """The models a request may name: served by an endpoint (in any state) or loadable on demand.
+        Kept until either set changes (admission asks on every request)."""
+        served, loadable, known = self._known
+        every = self._fleet.models(ready_only=False)
+        if every is not served or self._loadable is not loadable:
+            known = every | self._loadable
+            self._known = (every, self._loadable, known)
+        return known
 
     def fail_model(self, model: ModelName, error: errors.BerthError) -> list[Decision]:
         """Reject every queued request of `model` with `error` (its load failed)."""
@@ -273,17 +291,37 @@ class Scheduler:
                 return Reject(req, fault_error())
             if refused is not None:
                 return Reject(req, refused)
+        out: list[Decision] = []
+        unplaced: FleetSnapshot | None = None
+        if not queue and not exclude:
+            # Nothing of its model waits, so serving the queue would look at it first: it is placed
+            # now when it fits, without a queue entry made and removed (most requests below saturation).
+            # The snapshot is the one serving would take, with it counted as queued.
+            snap = self.snapshot()
+            snap.queued[req.model] = 1
+            try:
+                chosen = self._policy.profile.place(req, snap)
+            except Exception as e:
+                self._fault(req, "placement", e)
+                return Reject(req, fault_error())
+            if chosen is not None:
+                self._place(req, self._queues.next_seq(), chosen, out)
+                return self._own(out)
+            unplaced = snap  # it fits nowhere: it queues, and serving goes on from there
         self._queues.push(queue, req, exclude, queued_at=self._clock.now())
         # submit can report one decision only, so it may place `req` and nothing else: a queued request
         # that became placeable without an event that serves (a cancel, time passing) waits for the next
         # complete/tick instead of being dispatched here and never reported. Preemptions made for it
         # wait in the outbox.
-        out: list[Decision] = []
-        self._serve(req.model, out, only=req.id)
+        self._serve(req.model, out, only=req.id, unplaced=unplaced)
+        return self._own(out)
+
+    def _own(self, out: list[Decision]) -> Decision | None:
+        """A submitted request's own decision among `out`; the preemptions made for it go to the outbox."""
         own: Decision | None = None
         for d in out:
             if isinstance(d, Preempt):
-                self._outbox.append(d)
+                self.outbox.append(d)
             else:
                 own = d
         return own
@@ -351,7 +389,7 @@ class Scheduler:
     def snapshot(self) -> FleetSnapshot:
         now = self._clock.now()
         views = self._fleet.views(now, self._limits.stale_after_s)
-        return FleetSnapshot(now=now, endpoints=views, queued=self._queues.waiting())
+        return FleetSnapshot(now, views, self._queues.waiting())
 
     def queue_depth(self, model: ModelName) -> int:
         return self._queues.depth(model)
@@ -415,13 +453,24 @@ class Scheduler:
             self._serve(model, out)
         return out
 
-    def _serve(self, model: ModelName, out: list[Decision], *, only: RequestId | None = None) -> None:
-        """Place queued requests of `model` in order; with `only`, stop at the first one that is not it."""
+    def _serve(
+        self,
+        model: ModelName,
+        out: list[Decision],
+        *,
+        only: RequestId | None = None,
+        unplaced: FleetSnapshot | None = None,
+    ) -> None:
+        """Place queued requests of `model` in order; with `only`, stop at the first one that is not it.
+        `unplaced`: the snapshot on which `only`, the one request queued, was just found to fit nowhere
+        (`submit`): serving starts from that answer instead of asking the profile again."""
         queue = self._queues.get(model)
+        if not queue:
+            return  # most completions: nothing waits
         policy = self._policy
         skipped: set[int] = set()  # requests that fit nowhere now, passed over (policy.lookahead)
         while queue:
-            snap = self.snapshot()
+            snap = unplaced if unplaced is not None else self.snapshot()
             if len(queue) == 1 and not skipped:
                 item = queue.head()
             else:
@@ -448,15 +497,18 @@ class Scheduler:
                 # Avoid endpoints that already failed this request unless nothing else serves it.
                 if any(model in e.models and e.health is EndpointHealth.READY for e in others):
                     view_snap = FleetSnapshot(now=snap.now, endpoints=others, queued=snap.queued)
-            try:
-                chosen = policy.profile.place(item.req, view_snap)
-            except Exception as e:
-                self._fault(item.req, "placement", e)
-                queue.remove(item)
-                out.append(Reject(item.req, fault_error()))
-                if only is not None:
-                    return
-                continue
+            if unplaced is not None:
+                chosen, unplaced = None, None  # the answer `submit` had for it on this very snapshot
+            else:
+                try:
+                    chosen = policy.profile.place(item.req, view_snap)
+                except Exception as e:
+                    self._fault(item.req, "placement", e)
+                    queue.remove(item)
+                    out.append(Reject(item.req, fault_error()))
+                    if only is not None:
+                        return
+                    continue
             if chosen is None and policy.preemptor is not None:
                 try:
                     taken = self._preemption(policy.preemptor, item.req, view_snap)

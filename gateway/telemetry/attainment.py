@@ -18,7 +18,7 @@ from gateway.core.types import SLO
 from gateway.telemetry.rolling import RateMeter
 
 
-def meets_slo(slo: SLO, *, ok: bool, ttft_s: float | None, itl_s: float | None, e2e_s: float | None) -> bool:
+def meets_slo(slo: SLO, ok: bool, ttft_s: float | None, itl_s: float | None, e2e_s: float | None) -> bool:
     """Whether a finished request met `slo`. A target with no measurement (e.g. ITL of a one-token or
     non-streamed answer) is not held against the request, except TTFT/E2E which every ok request has."""
     if not ok:

@@ -100,7 +100,7 @@ class EndpointTelemetry:
             self.checks["itl"].gateway(decoding, r.output_tokens - 1)
         self._on_timeline(r, prompt_tokens)
 
-    def observe_other(self, r: FinishedRequest, *, prompt_tokens: int) -> None:
+    def observe_other(self, r: FinishedRequest, prompt_tokens: int) -> None:
         """A request that ran here but is not measured (not streamed, failed, retried); its tokens, if it
         had timed ones, still tell the timeline which streams ran and when."""
         if r.ok and r.output_tokens:

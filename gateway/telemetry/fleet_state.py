@@ -169,33 +169,35 @@ class FleetTelemetry:
 
     # ----------------------------------------------------------------- observations
     def observe(self, r: FinishedRequest) -> None:
-        first, dispatched = r.first_token_at, r.dispatched_at
-        decoding = sum(r.gaps)
-        per_token = decoding / (r.output_tokens - 1) if r.output_tokens > 1 and decoding > 0 else None
-        ttft = None if first is None else first - r.arrival  # the client's: queueing included
-        met = meets_slo(r.slo, ok=r.ok, ttft_s=ttft, itl_s=per_token, e2e_s=r.finished_at - r.arrival)
-        self.attainment.record(r.slo.slo_class, met, r.finished_at)
+        # Once per finished request (the refresh loop folds them in): lookups inline, calls positional.
+        first, dispatched, arrival, finished = r.first_token_at, r.dispatched_at, r.arrival, r.finished_at
+        ok, out, gaps = r.ok, r.output_tokens, r.gaps
+        decoding = sum(gaps)
+        per_token = decoding / (out - 1) if out > 1 and decoding > 0 else None
+        ttft = None if first is None else first - arrival  # the client's: queueing included
+        met = meets_slo(r.slo, ok, ttft, per_token, finished - arrival)
+        self.attainment.record(r.slo.slo_class, met, finished)
         if r.prompt_tokens and r.prompt_chars > 0:
             self.tokens.observe(r.model, r.prompt_chars, r.prompt_tokens)
         prompt = r.prompt_tokens or r.prompt_tokens_est
-        model = self.model(r.model)
-        if r.ok and r.output_tokens > 0:
-            self.lengths.observe(r.model, r.task_class, prompt, r.output_tokens)
+        model = self.models.get(r.model) or self.model(r.model)
+        if ok and out > 0:
+            self.lengths.observe(r.model, r.task_class, prompt, out)
             self.predictions.invalidate()
             if r.predicted_output_tokens is not None:
-                model.output_error.add(abs(r.predicted_output_tokens - r.output_tokens) / r.output_tokens)
+                model.output_error.add(abs(r.predicted_output_tokens - out) / out)
         if r.endpoint is None:
             return
         # An endpoint that left the fleet while the request ran is made again and forgotten at the next
         # `keep_endpoints`.
-        ep = self.endpoint(r.endpoint)
-        if r.ok and r.output_tokens:
-            model.timings.output_rate.add(r.output_tokens, r.finished_at)
-        if dispatched is None or first is None or not (r.ok and r.stream and r.attempts == 1):
-            ep.observe_other(r, prompt_tokens=prompt)
+        ep = self.endpoints.get(r.endpoint) or self.endpoint(r.endpoint)
+        if ok and out:
+            model.timings.output_rate.add(out, finished)
+        if dispatched is None or first is None or not (ok and r.stream and r.attempts == 1):
+            ep.observe_other(r, prompt)
             return
         engine_ttft = max(0.0, first - dispatched)
-        model.timings.add(engine_ttft, per_token, r.gaps)
+        model.timings.add(engine_ttft, per_token, gaps)
         ep.observe_request(r, prompt_tokens=prompt, ttft=engine_ttft, decoding=decoding, per_token=per_token)
 
     def observe_scrape(self, eid: EndpointId, s: ScrapeSample) -> list[tuple[Quantity, Verdict]]:

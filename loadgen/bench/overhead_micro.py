@@ -21,6 +21,13 @@ process's load does not count, and the figure is µs of CPU per request, not a c
   to the overhead benchmark's stand-in upstream (`overhead_upstream`) served on its own loop in another
   thread (its CPU is not this thread's), on uvloop as `berth serve` runs: what the engine-call client
   costs (aiohttp's ClientSession before berth's own HTTP/1.1 client, the pool after);
+- `front`: the whole of berth's own Python for one request, as the OpenAI chat handler runs it
+  (`gateway.front.api.handle`): auth, the body read, parse, admission (model, SLO, the scheduler's
+  request), the dispatcher's acquire and release of a seat (the scheduler's submit and complete, as in
+  `sched`, with `--inflight` requests running on each endpoint), and the finish phase (as `finish`);
+  only the engine call is left out (a stub in the dispatcher's place answers from the seat it was
+  given, as the runner would after reading an engine's answer). The request is aiohttp's own
+  (`make_mocked_request`) with the peer harness's headers and body, made before the clock starts.
 - `backlog_N` (not run unless named in `--pieces`, e.g. `backlog_0,backlog_1000,backlog_3000`): the
   scheduler's cycle behind N queued batch requests, under chat-and-batch's ordering (`priority-bands`,
   arrival order inside a band) and class bound (`BACKLOG_POLICY`): every seat is taken, an interactive
@@ -50,7 +57,7 @@ import orjson
 
 from loadgen.bench.trees import tree_arg
 
-PIECES: Final = ("sched", "sched_stream", "finish", "finish_logged")
+PIECES: Final = ("sched", "sched_stream", "finish", "finish_logged", "front")
 EXTRA_PIECES: Final = ("engine_call",)  # run only when named
 ENGINE_CALLS_AT_ONCE: Final = 16
 BACKLOG: Final = "backlog_"  # + the number of batch requests queued
@@ -314,6 +321,141 @@ def bench_engine_call(n: int) -> float:
         upstream["loop"].call_soon_threadsafe(upstream["stop"].set)
         thread.join()
 
+#: The peer harness's request (`post_chat.lua`), for the bench's model.
+FRONT_BODY: Final = (
+    b'{"model":"bench","messages":[{"role":"user","content":"Hello, how are you?"}],'
+    b'"max_tokens":16,"stream":false}'
+)
+FRONT_HEADERS: Final = {
+    "Host": "127.0.0.1:18100",
+    "Content-Type": "application/json",
+    "Authorization": "Bearer sk-7f3c9a1e5b2d4f608a9c1e3b5d7f9a2c4e6b8d0f1a3c5e7b",
+    "Content-Length": str(len(FRONT_BODY)),
+}
+
+
+def _no_op(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+#: Requests made (outside the timed part) per batch: each request's body can be read once.
+_FRONT_BATCH: Final = 500
+
+
+def bench_front(n: int, inflight: int) -> float:
+    """CPU ns per request of the OpenAI chat handler, the engine call left out (see the module's
+    docstring)."""
+    import asyncio
+    from unittest import mock
+
+    import structlog
+    from aiohttp import web
+    from aiohttp.streams import StreamReader
+    from aiohttp.test_utils import make_mocked_request
+    from prometheus_client import CollectorRegistry
+
+    from gateway.admission.models import ModelCatalog
+    from gateway.admission.slo import Tenants
+    from gateway.admission.state import SloAdmission
+    from gateway.config.schema import TelemetryConfig
+    from gateway.core.logging import LEVEL, configure_logging
+    from gateway.core.metrics import GatewayMetrics
+    from gateway.core.types import ApiKind
+    from gateway.dispatch.driver import SchedulerDriver
+    from gateway.front import api
+    from gateway.front.services import RequestSettings, Services
+    from gateway.sched.decisions import Dispatch
+    from gateway.telemetry.live import LiveTelemetry
+
+    sched, clock = _scheduler(inflight + 1)  # a seat free on each endpoint beside `inflight` running
+    for r in _requests(2 * inflight, clock, prefix="seated"):
+        assert isinstance(sched.submit(r), Dispatch)
+    driver = SchedulerDriver(sched)
+    telemetry = LiveTelemetry(sched, clock, TelemetryConfig())
+    settings = RequestSettings(
+        catalog=ModelCatalog(), policy_name=sched.policy.name, slo=sched.policy.slo, tenants=Tenants()
+    )
+
+    def no_session() -> Any:
+        raise RuntimeError("the front piece makes no engine call")
+
+    s = Services(
+        clock=clock,
+        metrics=GatewayMetrics(CollectorRegistry()),
+        scheduler=sched,
+        telemetry=telemetry,
+        slo=SloAdmission(),
+        settings=settings,
+        max_body_bytes=1 << 20,
+        admin_token="",
+        session=no_session,
+    )
+    answer = web.Response(body=b'{"ok":true}', status=200)
+
+    class _Dispatcher:
+        """The dispatcher at its boundary: a seat from the scheduler, the context as the runner leaves
+        it after an engine's answer, the seat given back."""
+
+        _answer = answer
+
+        async def run(self, ctx: Any, sreq: Any, *args: Any, **kwargs: Any) -> web.StreamResponse:
+            seat = await driver.acquire(sreq)
+            try:
+                ctx.attempts += 1
+                ctx.endpoint = seat.endpoint.id
+                ctx.dispatched_at = ctx.first_token_at = clock.now()
+                ctx.prompt_tokens, ctx.output_tokens, ctx.status = 12, 16, 200
+                return answer
+            finally:
+                driver.release(seat.req.id)
+
+    s.start_dispatch(_Dispatcher())  # type: ignore[arg-type]
+    handle = api.handle
+    chat = ApiKind.CHAT
+
+    def batch(loop: asyncio.AbstractEventLoop, k: int) -> list[web.Request]:
+        out = []
+        for _ in range(k):
+            protocol = mock.Mock()
+            protocol.resume_reading = _no_op  # a server's protocol does this cheaply: not the mock's cost
+            content = StreamReader(protocol, 2**16, loop=loop)
+            content.feed_data(FRONT_BODY)
+            content.feed_eof()
+            out.append(
+                make_mocked_request(
+                    "POST", chat.path, headers=FRONT_HEADERS, protocol=protocol, payload=content, loop=loop
+                )
+            )
+        return out
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        spent = 0
+        done = 0
+        while done < n:
+            reqs = batch(loop, min(_FRONT_BATCH, n - done))
+            gc.collect()
+            t0 = time.thread_time_ns()
+            for req in reqs:
+                resp = await handle(s, chat, req)
+                if resp is not answer:
+                    raise RuntimeError(f"the front piece's request failed: {resp.status}")
+                clock.advance(0.0002)
+                done += 1
+                if done % 64 == 0:
+                    telemetry.drain()  # what its background task does with each finished request
+            spent += time.thread_time_ns() - t0
+        return spent
+
+    before, info_before = structlog.get_config(), LEVEL.info
+    with open(os.devnull, "wb") as devnull:
+        configure_logging("warning", devnull)
+        try:
+            return asyncio.run(main()) / n
+        finally:
+            structlog.configure(**before)
+            LEVEL.info = info_before
+
 
 def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
     """µs of CPU per request of each piece, in this process."""
@@ -323,6 +465,7 @@ def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
         "finish": lambda: bench_finish(n),
         "finish_logged": lambda: bench_finish(n, logged=True),
         "engine_call": lambda: bench_engine_call(n),
+        "front": lambda: bench_front(n, inflight),
     }
     out: dict[str, float] = {}
     for p in pieces:

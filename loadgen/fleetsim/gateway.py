@@ -106,7 +106,7 @@ class SimGateway:
             headers,
             None,
             catalog=self.catalog,
-            known=self.scheduler.models(ready_only=False) | self.scheduler.loadable,
+            known=self.scheduler.known_models(),
             state=self.slo,
             policy=self.policy.slo,
         )

@@ -8,8 +8,10 @@ import orjson
 import pytest
 
 from gateway.admission.classify import task_class, to_sched_request
-from gateway.core.types import SLO, ApiKind, ModelName, ParsedRequest
+from gateway.core.slo import Allotment
+from gateway.core.types import SLO, ApiKind, ModelName, ParsedRequest, RequestId
 from gateway.front.schemas import parse_body
+from gateway.sched.request import SchedRequest
 from gateway.telemetry.lengths import OutputLengthPredictor
 from gateway.telemetry.tokens import TokenEstimator
 
@@ -76,3 +78,38 @@ def test_a_request_is_resumable_only_under_a_preempting_policy() -> None:
     whole = dataclasses.replace(stream, stream=False, body={"model": "m", "prompt": "hi"})
     assert not to_sched_request("r1", whole, M, 5.0, preemptive=True).resumable  # answered in one piece
     assert to_sched_request("r1", whole, M, 5.0, preemptive=True, stream_unstreamed=True).resumable
+
+
+def test_the_request_holds_each_value_under_its_own_name() -> None:
+    """The scheduler's request is built positionally (once per request): every field named."""
+    p = parse_body(
+        ApiKind.CHAT,
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":7,"stream":true}',
+    )
+    lengths = OutputLengthPredictor(min_samples=1)
+    lengths.observe("m", "c", 1, 5)
+    allot = Allotment(2.5, True)
+    slo = SLO("c", ttft_ms=100.0)
+    r = to_sched_request(
+        "r9", p, M, 5.0, lengths=lengths, slo=slo, task_id="t1", allotment=allot, preemptive=True
+    )
+    pred = lengths.predict("m", "c", 1, 7)
+    assert r == SchedRequest(
+        id=RequestId("r9"),
+        model=M,
+        api=ApiKind.CHAT,
+        arrival=5.0,
+        slo=slo,
+        prompt_tokens=1,
+        max_tokens=7,
+        stream=True,
+        task_id="t1",
+        predicted_output_tokens=pred.mean,
+        predicted_output_p90=pred.p90,
+        best_effort=False,
+        resumable=True,
+        preemptions=0,
+        produced_tokens=0,
+        allotment=allot,
+    )
+    assert len(dataclasses.fields(SchedRequest)) == 16  # a new field must be passed by to_sched_request

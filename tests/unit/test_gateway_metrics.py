@@ -1,5 +1,6 @@
 """The per-request metrics' lock-free paths (gateway.core.metrics) expose exactly what prometheus_client's
-own Histogram and Counter do for the same updates."""
+own Histogram and Counter do for the same updates, and a model's finished requests written in one call
+expose what writing each metric's child would."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 
-from gateway.core.metrics import LATENCY_BUCKETS, BatchHistogram, LoopCounter
+from gateway.core.metrics import LATENCY_BUCKETS, BatchHistogram, GatewayMetrics, LoopCounter
 
 VALUES = [0.0, 0.001, 0.005, 0.0051, 0.3, 0.75, 2.5, 79.9, 80.0, 80.1, 1e6, 0.02, 0.02]
 
@@ -50,3 +51,44 @@ def test_a_counter_still_refuses_a_negative_amount() -> None:
     with pytest.raises(ValueError, match="non-negative"):
         c.labels("m").inc(-1)
     assert r.get_sample_value("c_total", {"model": "m"}) == 0.0
+
+
+# (outcome, queue wait, e2e, ttft, gaps, output tokens, prompt tokens) of finished requests, in order.
+_FINISHED: list[tuple[str, float | None, float | None, float | None, list[float], int, int | None]] = [
+    ("invalid_request", None, None, None, [], 0, None),  # refused before dispatch: only counted
+    ("ok", 0.001, 0.2, 0.05, [], 16, 12),
+    ("ok", 0.003, 1.4, 0.02, [0.01, 0.02, 0.5], 4, None),
+    ("engine_error", 0.002, 0.3, None, [], 0, 0),
+]
+
+
+def _written(by_model: bool) -> bytes:
+    m = GatewayMetrics(CollectorRegistry())
+    for outcome, queue, e2e, ttft, gaps, out, prompt in _FINISHED:
+        if by_model:
+            m.of_model("m").finished(outcome, queue, e2e, ttft, gaps, out, prompt)
+            continue
+        m.requests_of("m", outcome).inc()  # one child at a time, each made when first written
+        if queue is not None:
+            m.queue_wait_of("m").observe(queue)
+        if e2e is not None:
+            m.e2e_of("m").observe(e2e)
+        if ttft is not None:
+            m.ttft_of("m").observe(ttft)
+        if gaps:
+            m.itl_of("m").observe_many(gaps)
+        if out:
+            m.output_tokens_of("m").inc(out)
+        if prompt:
+            m.prompt_tokens_of("m").inc(prompt)
+    return b"\n".join(line for line in m.render().splitlines() if b"_created" not in line)
+
+
+def test_a_models_finished_requests_write_what_each_child_would() -> None:
+    """`ModelRequestMetrics.finished` writes the same series and values as writing each child through
+    `Children` (a series appears when first written), after the first request and after all."""
+    assert _written(by_model=True) == _written(by_model=False)
+    m = GatewayMetrics(CollectorRegistry())
+    m.of_model("m").finished(*_FINISHED[0])
+    assert m.of_model("m") is m.of_model("m")
+    assert b'berth_request_ttft_seconds_count{model="m"}' not in m.render()  # not written yet
