@@ -321,6 +321,7 @@ def bench_engine_call(n: int) -> float:
         upstream["loop"].call_soon_threadsafe(upstream["stop"].set)
         thread.join()
 
+
 #: The peer harness's request (`post_chat.lua`), for the bench's model.
 FRONT_BODY: Final = (
     b'{"model":"bench","messages":[{"role":"user","content":"Hello, how are you?"}],'
