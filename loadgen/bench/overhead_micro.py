@@ -34,6 +34,9 @@ process's load does not count, and the figure is µs of CPU per request, not a c
   request is submitted (admission counts its class's queue; it waits, first in line), and the oldest
   running one completes, which places it. What a submit and a completion cost while a batch backlog
   waits (a slow piece with a long backlog before the queue kept its keys: give it fewer `--requests`).
+- `fleet_N` (not run unless named, e.g. `fleet_2,fleet_100`): `sched` with N endpoints and 8 requests
+  running (the overhead benchmark's fleet phase: 8 connections in front of 100 endpoints): what
+  placement costs per request as the fleet grows.
 
 With `--tree NAME=DIR` (repeatable) each checkout runs in a child process with DIR first on its path
 (compiled modules in DIR included), the children taking turns round by round; the report gives each
@@ -61,6 +64,8 @@ PIECES: Final = ("sched", "sched_stream", "finish", "finish_logged", "front")
 EXTRA_PIECES: Final = ("engine_call",)  # run only when named
 ENGINE_CALLS_AT_ONCE: Final = 16
 BACKLOG: Final = "backlog_"  # + the number of batch requests queued
+FLEET: Final = "fleet_"  # + the number of endpoints
+FLEET_RUNNING: Final = 8  # requests running in the fleet pieces (the overhead benchmark's fleet phase)
 #: The backlog pieces' policy: chat-and-batch's ordering and classes, least-outstanding placement, and
 #: admission that only bounds the interactive class's queue (no predictions).
 BACKLOG_POLICY: Final = """
@@ -91,7 +96,7 @@ PROGRESS_EVERY: Final = 16  # as gateway.dispatch.runner
 STREAM_TOKENS: Final = 256
 
 
-def _scheduler(inflight: int, policy_text: str | None = None) -> Any:
+def _scheduler(inflight: int, policy_text: str | None = None, endpoints: int = 2) -> Any:
     from gateway.config.policy import load_default_policy, parse_policy_text
     from gateway.core.clock import FakeClock
     from gateway.core.types import EndpointHealth, EndpointId, EngineKind, ModelName
@@ -108,7 +113,7 @@ def _scheduler(inflight: int, policy_text: str | None = None) -> Any:
     model = ModelName("bench")
     specs = [
         EndpointSpec(EndpointId(f"e{i}"), f"http://e{i}", EngineKind.VLLM, frozenset({model}), cap=inflight)
-        for i in range(2)
+        for i in range(endpoints)
     ]
     sched.sync_endpoints(specs)
     for s in specs:
@@ -138,11 +143,12 @@ def _requests(n: int, clock: Any, slo_class: str = "default", prefix: str = "b")
     ]
 
 
-def bench_sched(n: int, inflight: int, *, stream: bool) -> float:
-    """CPU ns per request of the scheduler's cycle (submit, progress, complete)."""
+def bench_sched(n: int, inflight: int, *, stream: bool, endpoints: int = 2) -> float:
+    """CPU ns per request of the scheduler's cycle (submit, progress, complete) with `inflight` requests
+    running over `endpoints` endpoints (each capped at `inflight`)."""
     from gateway.sched.decisions import Dispatch
 
-    sched, clock = _scheduler(inflight)
+    sched, clock = _scheduler(inflight, endpoints=endpoints)
     reqs = _requests(n + inflight, clock)
     for r in reqs[:inflight]:
         assert isinstance(sched.submit(r), Dispatch)
@@ -472,6 +478,9 @@ def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
     for p in pieces:
         if p.startswith(BACKLOG):
             out[p] = bench_backlog(n, inflight, int(p.removeprefix(BACKLOG))) / 1000.0
+        elif p.startswith(FLEET):
+            count = int(p.removeprefix(FLEET))
+            out[p] = bench_sched(n, FLEET_RUNNING, stream=False, endpoints=count) / 1000.0
         else:
             out[p] = benches[p]() / 1000.0
     return out
@@ -492,7 +501,8 @@ def _child(tree: Path, pieces: Sequence[str], n: int, inflight: int) -> dict[str
 
 
 def _backlog(piece: str) -> bool:
-    return piece.startswith(BACKLOG) and piece.removeprefix(BACKLOG).isdigit()
+    """A `backlog_N` or `fleet_N` piece."""
+    return any(piece.startswith(k) and piece.removeprefix(k).isdigit() for k in (BACKLOG, FLEET))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -511,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pieces = [x for x in args.pieces.split(",") if x]
     if unknown := {x for x in pieces if x not in PIECES + EXTRA_PIECES and not _backlog(x)}:
         known = ",".join(PIECES + EXTRA_PIECES)
-        p.error(f"unknown pieces {sorted(unknown)}; choose from {known} or {BACKLOG}N")
+        p.error(f"unknown pieces {sorted(unknown)}; choose from {known}, {BACKLOG}N or {FLEET}N")
     if args.child:
         sys.stdout.write(orjson.dumps(run_once(pieces, args.requests, args.inflight)).decode())
         return 0
