@@ -312,3 +312,34 @@ def test_weighted_totals_stay_within_zero_and_the_weight_sum(
     upper = sum(ws.weight for ws in scorers)
     assert set(totals) == {"a", "b", "c"}
     assert all(0.0 <= t <= upper + 1e-9 for t in totals.values()), totals
+
+
+def _clamped(v: float) -> float:
+    return 0.0 if math.isnan(v) or v < 0.0 else min(v, 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    scores=st.lists(
+        st.dictionaries(st.sampled_from("abcde"), _any_float | st.floats(0.0, 1.0), max_size=5),
+        min_size=0,
+        max_size=3,
+    ),
+    weights=st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.5]), min_size=3, max_size=3),
+)
+def test_totals_equal_clamping_each_value_then_summing_in_scorer_order(
+    scores: list[dict[str, float]], weights: list[float]
+) -> None:
+    # The runner checks a scorer's values together (in C) and clamps one by one only when one is out
+    # of range: the totals must be exactly those of clamping every value, weighting, and adding them
+    # up scorer by scorer from 0.
+    picker = RecordingPicker()
+    scorers = tuple(WeightedScorer(FixedScorer(s), w) for s, w in zip(scores, weights, strict=False))
+    profile = SchedulerProfile(filters=(), scorers=scorers, picker=picker)
+    ids = ["a", "b", "c", "d"]
+    profile.place(request(), snapshot(*(view(i) for i in ids)))
+    expected = dict.fromkeys(ids, 0.0)
+    for values, weight in zip(scores, weights, strict=False):
+        for i in ids:
+            expected[i] += weight * _clamped(values.get(i, 0.0))
+    assert picker.calls == [expected]
