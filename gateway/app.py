@@ -173,7 +173,9 @@ class Gateway:
         self.supervisor.spawn("telemetry", self.telemetry.run)
         if self.lifecycle is not None:
             self.supervisor.spawn("lifecycle", self.lifecycle.run)
-        self.supervisor.spawn("loop-lag", lambda: watch_lag(self.metrics.loop_lag_recent))
+        lag_interval = self.cfg.ops.loop_lag_interval_s
+        self.metrics.loop_lag_recent.interval_s = lag_interval
+        self.supervisor.spawn("loop-lag", lambda: watch_lag(self.metrics.loop_lag_recent, lag_interval))
         if self.notifier.watchdog_interval_s() is not None:
             self.supervisor.spawn("systemd-watchdog", lambda: watchdog_loop(self.notifier))
         yield

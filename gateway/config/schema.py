@@ -18,6 +18,7 @@ import msgspec
 from msgspec import Meta
 
 from gateway.config.lifecycle import LifecycleConfig, LifecycleSetup, NodeConfig
+from gateway.core.looplag import LAG_INTERVAL_S
 from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
 from gateway.sched.types import EndpointSpec, QueueLimits
 
@@ -143,6 +144,10 @@ class OpsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     listen: str = ""
     # /metrics asks for the admin token too (Authorization: Bearer <admin token>), like /admin/*.
     require_admin_token_for_metrics: bool = False
+    # Seconds between two samples of the event-loop lag monitor (berth_event_loop_lag_seconds,
+    # GET /admin/loop-lag). 0.1 is plenty for an alert; a benchmark that reads a p99 over a short window
+    # samples more often (0.01: 100 a second, each a timer of a few µs).
+    loop_lag_interval_s: Annotated[float, Meta(ge=0.001, le=60.0)] = LAG_INTERVAL_S
 
     @property
     def host_port(self) -> tuple[str, int]:

@@ -25,7 +25,7 @@ import orjson
 import uvloop
 from aiohttp import web
 
-from gateway.core.looplag import RecentLag, watch_lag
+from gateway.core.looplag import LAG_INTERVAL_S, RecentLag, watch_lag
 from gateway.core.tasks import TaskSupervisor
 
 
@@ -73,14 +73,14 @@ async def loop_lag(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(request.app[LAG].document(after)), content_type="application/json")
 
 
-def build_app(upstreams: list[str]) -> web.Application:
+def build_app(upstreams: list[str], lag_interval_s: float = LAG_INTERVAL_S) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[UPSTREAMS] = RoundRobin(upstreams)
-    app[LAG] = RecentLag()
+    app[LAG] = RecentLag(interval_s=lag_interval_s)
 
     async def lag_ctx(app: web.Application) -> AsyncIterator[None]:
         tasks = TaskSupervisor()
-        tasks.spawn("loop-lag", lambda: watch_lag(app[LAG]))
+        tasks.spawn("loop-lag", lambda: watch_lag(app[LAG], lag_interval_s))
         yield
         await tasks.close()
 
@@ -107,9 +107,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--upstream", action="append", required=True, help="base URL, e.g. http://127.0.0.1:9001; repeatable"
     )
+    p.add_argument(
+        "--lag-interval-s",
+        type=float,
+        default=LAG_INTERVAL_S,
+        help="seconds between lag samples (as berth's)",
+    )
     args = p.parse_args(argv)
     web.run_app(
-        build_app(args.upstream),
+        build_app(args.upstream, args.lag_interval_s),
         host=args.host,
         port=args.port,
         access_log=None,

@@ -19,6 +19,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -57,11 +58,17 @@ def berth_command(python: str, berth_args: str) -> str:
     return f"{cmd} {berth_args}".strip()
 
 
-def bare_command(python: str) -> str:
+def bare_lag_args(args: argparse.Namespace) -> list[str]:
+    """The bare proxy's flags for `--lag-interval-ms` (none at 0: its default, as berth's)."""
+    return [] if args.lag_interval_ms <= 0 else ["--lag-interval-s", repr(args.lag_interval_ms / 1000.0)]
+
+
+def bare_command(python: str, lag_args: Sequence[str] = ()) -> str:
     """The harness's command template for the bare proxy."""
-    return (
+    cmd = (
         f"{python} -m loadgen.bench.overhead_bare_proxy --port {{port}} --upstream {{up1}} --upstream {{up2}}"
     )
+    return " ".join([cmd, *lag_args])
 
 
 def harness_argv(root: Path, args: argparse.Namespace, out: Path) -> list[str]:
@@ -70,7 +77,7 @@ def harness_argv(root: Path, args: argparse.Namespace, out: Path) -> list[str]:
         str(root / "harness" / "bench.py"),
         "--rounds", str(args.rounds),
         "--peers", "direct",
-        "--custom", "bare=" + bare_command(args.python),
+        "--custom", "bare=" + bare_command(args.python, bare_lag_args(args)),
         "--custom", "berth=" + berth_command(args.python, args.berth_args),
         "--tests", ",".join(name for name, phase in TESTS.items() if phase in args.tests),
         "--out", str(out),

@@ -6,6 +6,7 @@ metrics failing open, and `berth top --once` against a running gateway."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,31 @@ async def test_without_a_token_remote_clients_are_forbidden(
     assert "loopback" in err["message"]
     local = make_mocked_request("GET", "/admin/fleet", app=app).clone(remote="127.0.0.1")
     assert (await fleet_route(local)).status == 200
+
+
+async def test_the_lag_monitor_samples_at_the_configured_interval(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    r = await start_gateway(
+        [await engine_server(FakeEngine()) + ",engine=vllm"], toml="[ops]\nloop_lag_interval_s = 0.002\n"
+    )
+    recent = r.gw.metrics.loop_lag_recent
+    three_more = asyncio.Event()
+    start, observe = recent.taken, recent.observe
+
+    def counting(amount: float) -> None:
+        observe(amount)
+        if recent.taken >= start + 3:
+            three_more.set()
+
+    recent.observe = counting  # type: ignore[method-assign]
+    await asyncio.wait_for(three_more.wait(), timeout=5.0)  # the monitor's own samples (2 ms apart)
+    doc = orjson.loads((await get(r.url + f"/admin/loop-lag?after={start}"))[2])
+    assert doc["interval_s"] == 0.002
+    times = [t for t, _ in doc["samples"]]
+    # Not a timing bound: at the default interval every gap is at least 100 ms; at 2 ms one of them
+    # would have to be delayed 50 times over for the smallest to reach 100 ms.
+    assert min(b - a for a, b in itertools.pairwise(times)) < 0.1
 
 
 async def test_the_loop_lag_samples_since_a_count(

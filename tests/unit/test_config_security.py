@@ -198,6 +198,20 @@ def test_the_ops_listener_must_differ_from_the_public_one(tmp_path: Path) -> Non
     )
 
 
+@pytest.mark.parametrize(
+    "value", ["0.0", "0.0001", "61.0", "-1.0"], ids=["zero", "sub-ms", "above-60", "negative"]
+)
+def test_the_lag_monitor_interval_is_bounded(tmp_path: Path, value: str) -> None:
+    message = _error(_gw(tmp_path, f"[ops]\nloop_lag_interval_s = {value}\n"))
+    assert "ops.loop_lag_interval_s" in message
+    assert (
+        load_gateway_config(
+            _gw(tmp_path, "[ops]\nloop_lag_interval_s = 0.01\n"), env={}
+        ).ops.loop_lag_interval_s
+        == 0.01
+    )
+
+
 def test_ops_is_static_and_auth_and_keys_reload(tmp_path: Path) -> None:
     keys = _write(tmp_path, "keys.toml", "")
     gw = _gw(tmp_path, f'[auth]\nkeys_file = "keys.toml"\n[ops]\nlisten = "127.0.0.1:9101"\n{TENANT}')
