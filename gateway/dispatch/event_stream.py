@@ -17,6 +17,8 @@ mark, and waits (`drain`) as `StreamResponse.write` would.
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import ClientConnectionResetError, web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_writer import StreamWriter
@@ -26,23 +28,26 @@ class ChunkWriter:
     """Writes chunks of a prepared, chunked, uncompressed response whose headers were sent, as aiohttp's
     `StreamWriter.write` does (the same bytes, the same `output_size`), with no await."""
 
-    __slots__ = ("_writer",)
+    __slots__ = ("_protocol", "_transport", "_writer")
 
-    def __init__(self, writer: StreamWriter) -> None:
+    def __init__(self, writer: StreamWriter, transport: asyncio.WriteTransport) -> None:
         self._writer = writer
+        self._protocol = writer.protocol
+        # The connection's one transport (aiohttp forgets it when the connection is lost; it is then
+        # closing, which `write` checks as aiohttp's own write does).
+        self._transport = transport
 
     def write(self, data: bytes) -> bool:
         """Write `data` (not empty) as one chunk; whether the client takes more now (False: its transport
         is over its high-water mark, `drain` before writing again). Raises ConnectionResetError if the
         client's connection is closing."""
-        writer = self._writer
-        transport = writer.transport
-        if transport is None or transport.is_closing():
+        transport = self._transport
+        if transport.is_closing():
             raise ClientConnectionResetError("Cannot write to closing transport")
         framed = b"%x\r\n%b\r\n" % (len(data), data)
-        writer.output_size += len(framed)
+        self._writer.output_size += len(framed)
         transport.write(framed)
-        return not writer.protocol.writing_paused
+        return not self._protocol.writing_paused
 
     async def drain(self) -> None:
         """Wait until the client's transport is below its low-water mark again."""
@@ -71,7 +76,9 @@ async def open_event_stream(
     if writer is None:
         return None
     if type(writer) is StreamWriter and writer.chunked and writer.length is None and not out.compression:
-        out.direct = ChunkWriter(writer)
+        transport = writer.transport
+        if transport is not None:
+            out.direct = ChunkWriter(writer, transport)
     if first_bytes_here:
         return writer
     writer.send_headers()
