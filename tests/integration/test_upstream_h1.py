@@ -615,3 +615,11 @@ def test_the_micro_benchmark_times_an_engine_call() -> None:
     out = overhead_micro.run_once(overhead_micro.EXTRA_PIECES, 64, 4)
     assert set(out) == {"engine_call"}
     assert out["engine_call"] > 0
+
+
+def test_the_micro_benchmark_times_a_streamed_chunk_both_ways() -> None:
+    """`overhead_micro --pieces relay_iter,relay_deliver`: the relay's read and write per chunk."""
+    out = overhead_micro.run_once(("relay_iter", "relay_deliver"), 400, 4)
+    assert set(out) == {"relay_iter", "relay_deliver"}
+    assert out["relay_iter"] > 0
+    assert out["relay_deliver"] > 0
