@@ -57,12 +57,18 @@ class ChunkWriter:
 class EventStreamResponse(web.StreamResponse):
     """A streamed response whose headers `prepare` keeps for the first write (aiohttp >= 3.12 does when
     this class attribute says so, as its own `web.Response` does); `send_headers` on the writer sends
-    them alone. `direct`, once prepared by `open_event_stream`: its `ChunkWriter` (None if aiohttp's
-    writer is not the plain chunked one it writes for). tests/unit/test_event_stream.py pins aiohttp's
-    behaviour."""
+    them alone. `direct`: its `ChunkWriter` once prepared by `open_event_stream` and its headers sent
+    (None before, and if aiohttp's writer is not the plain chunked one it writes for).
+    tests/unit/test_event_stream.py pins aiohttp's behaviour."""
 
     _send_headers_immediately = False
     direct: ChunkWriter | None = None
+    _chunk_writer: ChunkWriter | None = None
+
+    def headers_sent(self) -> ChunkWriter | None:
+        """The held headers went out (with the first event, or alone): `direct` may write from now on."""
+        self.direct = self._chunk_writer
+        return self.direct
 
 
 async def open_event_stream(
@@ -70,16 +76,17 @@ async def open_event_stream(
 ) -> AbstractStreamWriter | None:
     """Prepare `out`; its writer if the headers wait for the first write (`first_bytes_here`: the
     engine's first bytes arrived with its headers, so that write is imminent), None if they were sent.
-    Whoever holds the writer sends the headers (`send_headers`) if what it writes first is nothing;
-    `out.direct` may write only once they were sent."""
+    Whoever holds the writer sends the headers (`send_headers`) if what it writes first is nothing, and
+    says when they went (`out.headers_sent()`); `out.direct` is set then (at once if they were sent here)."""
     writer = await out.prepare(request)
     if writer is None:
         return None
     if type(writer) is StreamWriter and writer.chunked and writer.length is None and not out.compression:
         transport = writer.transport
         if transport is not None:
-            out.direct = ChunkWriter(writer, transport)
+            out._chunk_writer = ChunkWriter(writer, transport)
     if first_bytes_here:
         return writer
     writer.send_headers()
+    out.headers_sent()
     return None

@@ -317,7 +317,9 @@ class Dispatcher:
                         await out.write(data)  # the client's headers go with it
                     elif held is not None:
                         held.send_headers()  # what came forwarded nothing yet: no more waiting for it
-                    held = None
+                    if held is not None and out is not None:
+                        held = None
+                        direct = step.direct = out.headers_sent()
                 tail = relay.flush()
                 if tail and out is not None:
                     await out.write(tail)

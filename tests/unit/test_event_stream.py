@@ -164,3 +164,20 @@ async def test_no_direct_writer_for_a_compressed_stream() -> None:
     )
     await open_event_stream(out, request, first_bytes_here=False)
     assert out.direct is None  # aiohttp's own write compresses
+
+
+async def test_held_headers_keep_the_direct_writer_back_until_they_are_sent() -> None:
+    transport = _Transport()
+    out = _response()
+    held = await open_event_stream(out, _request(transport), first_bytes_here=True)
+    assert held is not None
+    before = out.direct
+    assert before is None  # a direct write now would go out before the headers
+    await out.write(EVENT)  # the headers leave with the first event
+    direct = out.headers_sent()
+    assert direct is not None
+    assert out.direct is direct
+    assert direct.write(EVENT) is True
+    head, event = transport.writes
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert event == f"{len(EVENT):x}\r\n".encode() + EVENT + b"\r\n"
