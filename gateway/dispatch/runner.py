@@ -26,14 +26,14 @@ from gateway.core.types import ApiKind, EndpointId, RequestId
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.engine_body import engine_body
-from gateway.dispatch.event_stream import EventStreamResponse, open_event_stream
+from gateway.dispatch.event_stream import ChunkWriter, EventStreamResponse, open_event_stream
 from gateway.dispatch.slo_headers import answer_headers, slo_met_now
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
 from gateway.upstream.client import UpstreamSettings, open_request
 from gateway.upstream.credentials import AUTH_REFUSED, EngineAuth
-from gateway.upstream.deadlines import Deadlines
+from gateway.upstream.deadlines import Deadlines, StallWatch
 from gateway.upstream.dialects import dialect_for
 from gateway.upstream.h1 import H1Response, ResponseError
 from gateway.upstream.pool import Pool
@@ -287,41 +287,39 @@ class Dispatcher:
             out = stream.out = EventStreamResponse(status=200, headers=headers)
             out.enable_chunked_encoding()
             ctx.status = 200
-        clock = self.clock
         deadlines = self.deadlines
         stall = deadlines.stall(resp, self.settings.read_timeout_s)
-        progress = self.driver.scheduler.progress  # tokens so far, for the placement predictions
-        # Progress counts this engine call's tokens (a resumed call starts from 0 at its own first token).
-        base = relay.tokens
-        run_first: float | None = relay.first_token_at if base == 0 else None
-        report_at = base + 1 if ctx.sched is not None else 1 << 62
-        sreq_id = RequestId("") if ctx.sched is None else ctx.sched.id
-        pinnable = stream.client and ctx.sched is not None and ctx.sched.resumable and relay.continuable
+        step = _ChunkStep(self, ctx, stream, relay, stall)
         held: AbstractStreamWriter | None = None  # the client's headers, held for the first event
         try:
             if out is not None and not out.prepared:
                 # Held for the first event if the engine's first bytes came with its headers.
                 held = await open_event_stream(out, request, resp.total_bytes > 0)
+            direct = out.direct if out is not None else None
+            step.direct = direct
+            chunks = aiter(resp)
             try:
-                async for chunk in resp:
-                    stall.seen = now = clock.now()
-                    data = relay.feed(chunk, now)
-                    if pinnable and not relay.continuable:
-                        # Reasoning or a tool call reached the client: a continuation from text would
-                        # lose it, so the request may no longer be preempted.
-                        self.driver.scheduler.pin(sreq_id)
-                        pinnable = False
-                    if relay.tokens >= report_at and ctx.sched is not None:
-                        if run_first is None:
-                            run_first = relay.first_token_at if base == 0 else now
-                        progress(ctx.sched.id, relay.tokens - base, run_first)
-                        report_at = relay.tokens + PROGRESS_EVERY
-
+                while True:
+                    if held is None and (out is None or direct is not None):
+                        # Every chunk relayed in the engine connection's callback, no wake-up of this
+                        # task per chunk; back here when the stream ended or the client is slow.
+                        if await resp.deliver(step.sink):
+                            break
+                        if direct is not None:
+                            await direct.drain()
+                        continue
+                    try:
+                        chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    data = step.take(chunk)
                     if data and out is not None:
-                        await out.write(data)
+                        await out.write(data)  # the client's headers go with it
                     elif held is not None:
                         held.send_headers()  # what came forwarded nothing yet: no more waiting for it
+                    if held is not None and out is not None:
                         held = None
+                        direct = step.direct = out.headers_sent()
                 tail = relay.flush()
                 if tail and out is not None:
                     await out.write(tail)
@@ -362,6 +360,69 @@ class Dispatcher:
         headers["X-Berth-Slo-Met"] = "true" if slo_met_now(ctx, self.clock.now()) else "false"
         body = orjson.dumps(relay.assembled(ctx.api is ApiKind.CHAT))
         return web.Response(body=body, status=200, headers=headers)
+
+
+class _ChunkStep:
+    """What the relay does with each chunk of one engine call's stream: the stall watch's `seen`, the
+    relay's `feed`, the scheduler's pin and progress reports (every `PROGRESS_EVERY` tokens); `sink`
+    also writes the result to the client (`H1Response.deliver`'s sink)."""
+
+    __slots__ = (
+        "base",
+        "clock",
+        "direct",
+        "pin",
+        "pinnable",
+        "progress",
+        "relay",
+        "report_at",
+        "run_first",
+        "sreq_id",
+        "stall",
+    )
+
+    def __init__(
+        self, dispatcher: Dispatcher, ctx: RequestContext, stream: _Stream, relay: SseRelay, stall: StallWatch
+    ) -> None:
+        scheduler = dispatcher.driver.scheduler
+        self.clock = dispatcher.clock
+        self.stall = stall
+        self.relay = relay
+        self.progress = scheduler.progress  # tokens so far, for the placement predictions
+        self.pin = scheduler.pin
+        self.direct: ChunkWriter | None = None
+        sched = ctx.sched
+        # Progress counts this engine call's tokens (a resumed call starts from 0 at its own first token).
+        self.base = base = relay.tokens
+        self.run_first: float | None = relay.first_token_at if base == 0 else None
+        self.report_at = base + 1 if sched is not None else 1 << 62
+        self.sreq_id = RequestId("") if sched is None else sched.id
+        self.pinnable = stream.client and sched is not None and sched.resumable and relay.continuable
+
+    def take(self, chunk: bytes) -> bytes:
+        """Relay one chunk; the bytes for the client."""
+        self.stall.seen = now = self.clock.now()
+        relay = self.relay
+        data = relay.feed(chunk, now)
+        if self.pinnable and not relay.continuable:
+            # Reasoning or a tool call reached the client: a continuation from text would lose it, so
+            # the request may no longer be preempted.
+            self.pin(self.sreq_id)
+            self.pinnable = False
+        if relay.tokens >= self.report_at:
+            if self.run_first is None:
+                self.run_first = relay.first_token_at if self.base == 0 else now
+            self.progress(self.sreq_id, relay.tokens - self.base, self.run_first)
+            self.report_at = relay.tokens + PROGRESS_EVERY
+        return data
+
+    def sink(self, chunk: bytes) -> bool:
+        """`take` and write to the client at once; whether the client takes more now."""
+        data = self.take(chunk)
+        direct = self.direct
+        if data and direct is not None:
+            return direct.write(data)
+        return True
 
 
 def _resumable_call(

@@ -13,11 +13,17 @@ the engine sees the drop and aborts the request (preemption, a client that left,
 
 Flow control: while more than `BODY_BUFFER_LIMIT` bytes of body wait unread, the connection stops
 reading from the socket, and reads again once the reader has taken them.
+
+A reader that handles each chunk synchronously (a relay) can take the body as it arrives instead
+(`deliver`): the chunks go to its sink from the connection's own callback, with no future, no task
+wake-up and no buffering per chunk; the reader's task sleeps until the body ends, fails, or the sink
+asks to stop (its client is slow: the reader then waits for it and reads on).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Final, Protocol, cast
 
 import httptools
@@ -69,6 +75,7 @@ class H1Response:
         "_exc",
         "_loop",
         "_paused",
+        "_sink",
         "_waiter",
         "reason",
         "status",
@@ -87,6 +94,7 @@ class H1Response:
         self._exc: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        self._sink: Callable[[bytes], bool] | None = None
 
     # -- the reader's side
 
@@ -137,6 +145,31 @@ class H1Response:
             await self._wait()
         return self._take()
 
+    async def deliver(self, sink: Callable[[bytes], bool]) -> bool:
+        """Give the body to `sink` as it comes, chunk by chunk, until it ends (True) or the sink asks to
+        stop (False: read on with `deliver` again or `async for`).
+
+        `sink(chunk)` runs in the connection's callback, not in the reader's task, so it must not block;
+        it returns whether it takes more. Bytes buffered before are given to it first, here. What the
+        sink raises is raised here (the response is then broken: close it), as are the read's failures.
+        """
+        if self._sink is not None:
+            raise RuntimeError("the body is already being delivered")
+        if self._chunks and not sink(self._take()):
+            return False
+        self._sink = sink
+        try:
+            while True:
+                if self._exc is not None:  # a failed read, or the sink failed
+                    raise self._exc
+                if self._eof:
+                    return True
+                if not self._delivering():
+                    return False  # the sink asked to stop
+                await self._wait()
+        finally:
+            self._sink = None
+
     def close(self) -> None:
         """Done with the response: a fully received one has given its connection back already (a no-op);
         otherwise the connection is closed (the engine sees the drop and aborts the request)."""
@@ -148,6 +181,9 @@ class H1Response:
                 self._exc = EngineDropped("the response was closed before it ended")
 
     # -- the connection's side
+
+    def _delivering(self) -> bool:
+        return self._sink is not None
 
     def _take(self) -> bytes:
         chunks = self._chunks
@@ -174,8 +210,22 @@ class H1Response:
             waiter.set_result(None)
 
     def _feed(self, chunk: bytes) -> None:
-        self._chunks.append(chunk)
         self.total_bytes += len(chunk)
+        sink = self._sink
+        if sink is not None:  # nothing is buffered while a sink is attached
+            try:
+                more = sink(chunk)
+            except Exception as e:  # the reader's failure, raised in its task
+                self._sink = None
+                if self._exc is None:
+                    self._exc = e
+                self._wake()
+                return
+            if not more:
+                self._sink = None
+                self._wake()
+            return
+        self._chunks.append(chunk)
         self._buffered += len(chunk)
         if self._buffered > BODY_BUFFER_LIMIT and not self._paused and self._conn is not None:
             self._paused = True

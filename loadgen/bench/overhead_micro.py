@@ -34,6 +34,13 @@ process's load does not count, and the figure is µs of CPU per request, not a c
   request is submitted (admission counts its class's queue; it waits, first in line), and the oldest
   running one completes, which places it. What a submit and a completion cost while a batch backlog
   waits (a slow piece with a long backlog before the queue kept its keys: give it fewer `--requests`).
+- `relay_iter` and `relay_deliver` (not run unless named; per streamed chunk, `--requests` chunks): the
+  engine's chunks of a stream (the overhead benchmark's 200-chunk chat stream) fed to berth's engine
+  connection (`H1Connection.data_received`, one chunk per loop callback, as from a socket) and written
+  to the client's aiohttp response over transports that only count bytes (no syscalls, no `SseRelay`):
+  `relay_iter` reads them with `async for` and writes with `StreamResponse.write` (berth's relay before
+  `H1Response.deliver`, and its path when the writer is not the plain chunked one), `relay_deliver`
+  takes them in the connection's callback and writes with `ChunkWriter` (its path now). On uvloop.
 - `fleet_N` (not run unless named, e.g. `fleet_2,fleet_100`): `sched` with N endpoints and 8 requests
   running (the overhead benchmark's fleet phase: 8 connections in front of 100 endpoints): what
   placement costs per request as the fleet grows.
@@ -61,7 +68,7 @@ import orjson
 from loadgen.bench.trees import tree_arg
 
 PIECES: Final = ("sched", "sched_stream", "finish", "finish_logged", "front")
-EXTRA_PIECES: Final = ("engine_call",)  # run only when named
+EXTRA_PIECES: Final = ("engine_call", "relay_iter", "relay_deliver")  # run only when named
 ENGINE_CALLS_AT_ONCE: Final = 16
 BACKLOG: Final = "backlog_"  # + the number of batch requests queued
 FLEET: Final = "fleet_"  # + the number of endpoints
@@ -328,6 +335,95 @@ def bench_engine_call(n: int) -> float:
         thread.join()
 
 
+def bench_relay(n: int, *, deliver: bool) -> float:
+    """CPU ns per streamed chunk of this thread (see `relay_iter` / `relay_deliver` above)."""
+    import asyncio
+
+    import uvloop
+    from aiohttp.base_protocol import BaseProtocol
+    from aiohttp.http import StreamWriter
+    from aiohttp.test_utils import make_mocked_request
+
+    from gateway.dispatch.event_stream import EventStreamResponse, open_event_stream
+    from gateway.upstream.h1 import H1Connection, H1Response
+    from loadgen.bench.overhead_upstream import stream_events
+
+    class Counting(asyncio.Transport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.written = 0
+
+        def write(self, data: Any) -> None:
+            self.written += len(data)
+
+        def writelines(self, list_of_data: Any) -> None:
+            self.written += sum(len(d) for d in list_of_data)
+
+        def is_closing(self) -> bool:
+            return False
+
+        def close(self) -> None:
+            pass
+
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+    class Owner:
+        def released(self, conn: H1Connection) -> None:
+            pass
+
+        def lost(self, conn: H1Connection) -> None:
+            pass
+
+    frames = [b"%x\r\n%b\r\n" % (len(e), e) for e in stream_events(True, 200, False)]
+    frames.append(b"0\r\n\r\n")
+
+    async def stream(loop: asyncio.AbstractEventLoop) -> None:
+        transport = Counting()
+        protocol = BaseProtocol(loop)
+        protocol.connection_made(transport)
+        writer = StreamWriter(protocol, loop)
+        request = make_mocked_request("POST", "/v1/chat/completions", writer=writer, transport=transport)
+        out = EventStreamResponse(status=200)
+        out.enable_chunked_encoding()
+        await open_event_stream(out, request, first_bytes_here=False)
+        conn = H1Connection(Owner(), ("http", "engine", 80), loop)
+        conn.connection_made(Counting())
+        resp: H1Response = conn.send(b"POST / HTTP/1.1\r\n\r\n")
+        conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        pending = iter(frames)
+
+        def arrive() -> None:  # one chunk per loop callback, as the socket's reads bring them
+            frame = next(pending, None)
+            if frame is not None:
+                conn.data_received(frame)
+                loop.call_soon(arrive)
+
+        loop.call_soon(arrive)
+        direct = out.direct
+        if deliver and direct is not None:
+            while not await resp.deliver(direct.write):
+                await direct.drain()
+        else:
+            async for chunk in resp:
+                await out.write(chunk)
+
+    async def run() -> float:
+        loop = asyncio.get_running_loop()
+        streams = max(1, n // 200)
+        await stream(loop)  # warm-up
+        gc.collect()
+        t0 = time.thread_time_ns()
+        for _ in range(streams):
+            await stream(loop)
+        return (time.thread_time_ns() - t0) / (streams * 200)
+
+    return uvloop.run(run())
+
+
 #: The peer harness's request (`post_chat.lua`), for the bench's model.
 FRONT_BODY: Final = (
     b'{"model":"bench","messages":[{"role":"user","content":"Hello, how are you?"}],'
@@ -472,6 +568,8 @@ def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
         "finish": lambda: bench_finish(n),
         "finish_logged": lambda: bench_finish(n, logged=True),
         "engine_call": lambda: bench_engine_call(n),
+        "relay_iter": lambda: bench_relay(n, deliver=False),
+        "relay_deliver": lambda: bench_relay(n, deliver=True),
         "front": lambda: bench_front(n, inflight),
     }
     out: dict[str, float] = {}

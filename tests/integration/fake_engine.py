@@ -39,6 +39,7 @@ class FakeEngine:
     # (`paused` is set in between).
     split_role_chunk: bool = False
     reasoning: bool = False  # chat streams carry reasoning_content deltas instead of content
+    token_pad: int = 0  # a streamed token's text is padded with "x" to this many characters
     health_status: int = 200
     metrics_status: int = 200  # anything else: /metrics fails (the gauges go stale)
     running: int = 0
@@ -49,6 +50,7 @@ class FakeEngine:
     started: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     finished: int = 0
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # set as each generation ends
     aborts: int = 0
     # POST /tokenize (vLLM's shape): None answers 404 like an engine without the route.
     tokenize_count: int | None = None
@@ -190,6 +192,7 @@ class FakeEngine:
         finally:
             self.running -= 1
             self.finished += 1
+            self.ended.set()
 
     def _full(self, body: dict[str, Any], chat: bool, n: int) -> dict[str, Any]:
         text = "".join(f" t{i}" for i in range(n))
@@ -272,7 +275,9 @@ class FakeEngine:
                 return resp
             if self.stall_after_tokens is not None and i == self.stall_after_tokens:
                 await asyncio.Event().wait()  # never set: the stream stalls until cancelled
-            await resp.write(chunk(f" t{i}", "length" if i == start + n - 1 else None))
+            await resp.write(
+                chunk(f" t{i}".ljust(self.token_pad, "x"), "length" if i == start + n - 1 else None)
+            )
         so = body.get("stream_options") or {}
         if so.get("include_usage"):
             prompt = 3 + start  # a continuation's prompt holds the tokens it continues

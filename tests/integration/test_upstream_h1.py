@@ -612,6 +612,14 @@ def test_the_client_on_uvloop() -> None:
 
 def test_the_micro_benchmark_times_an_engine_call() -> None:
     """`overhead_micro --pieces engine_call`: calls this checkout's client against a real upstream."""
-    out = overhead_micro.run_once(overhead_micro.EXTRA_PIECES, 64, 4)
+    out = overhead_micro.run_once(("engine_call",), 64, 4)
     assert set(out) == {"engine_call"}
     assert out["engine_call"] > 0
+
+
+def test_the_micro_benchmark_times_a_streamed_chunk_both_ways() -> None:
+    """`overhead_micro --pieces relay_iter,relay_deliver`: the relay's read and write per chunk."""
+    out = overhead_micro.run_once(("relay_iter", "relay_deliver"), 400, 4)
+    assert set(out) == {"relay_iter", "relay_deliver"}
+    assert out["relay_iter"] > 0
+    assert out["relay_deliver"] > 0

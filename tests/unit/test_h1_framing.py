@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.upstream.h1 import BadResponse, EngineDropped, H1Connection
+from gateway.upstream.h1 import BODY_BUFFER_LIMIT, BadResponse, EngineDropped, H1Connection, H1Response
 
 
 class FakeTransport(asyncio.Transport):
@@ -36,6 +36,9 @@ class FakeTransport(asyncio.Transport):
 
     def resume_reading(self) -> None:
         self.reading = True
+
+    def is_reading(self) -> bool:
+        return self.reading
 
 
 class Owner:
@@ -155,5 +158,126 @@ def test_a_second_answer_to_one_request_closes_the_connection() -> None:
         assert await resp.read() == b"ok"  # the first answer is whole and stands
         assert transport.closing
         assert owner.given_back == []
+
+    asyncio.run(run())
+
+
+# ----------------------------------------------------------------- deliver: the body handed to a sink
+
+
+def _streaming(loop: asyncio.AbstractEventLoop) -> tuple[H1Connection, FakeTransport, H1Response]:
+    conn, transport, _ = _conn(loop)
+    resp = conn.send(b"POST / HTTP/1.1\r\n\r\n")
+    conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    return conn, transport, resp
+
+
+@given(
+    body=st.binary(max_size=3000),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=12),
+    chunk=st.integers(min_value=1, max_value=700),
+    before=st.integers(min_value=0, max_value=4000),
+)
+def test_a_delivered_body_reaches_the_sink_whole_and_in_order(
+    body: bytes, cuts: list[int], chunk: int, before: int
+) -> None:
+    async def run() -> None:
+        conn, _, resp = _streaming(asyncio.get_running_loop())
+        raw = _chunked(body, chunk)
+        pieces = _pieces(raw, cuts)
+        split = before % (len(pieces) + 1)
+        for p in pieces[:split]:  # buffered before the sink is given: it gets them first
+            conn.data_received(p)
+        got: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            got.append(data)
+            return True
+
+        delivering = asyncio.ensure_future(resp.deliver(sink))
+        await asyncio.sleep(0)  # deliver has attached the sink
+        for p in pieces[split:]:
+            conn.data_received(p)
+            assert not resp._chunks  # nothing waits unread while a sink takes the body
+        assert await delivering is True
+        assert b"".join(got) == body
+        assert resp.total_bytes == len(body)
+
+    asyncio.run(run())
+
+
+def test_a_sink_that_stops_leaves_the_rest_to_read_and_the_socket_paused_past_the_limit() -> None:
+    async def run() -> None:
+        conn, transport, resp = _streaming(asyncio.get_running_loop())
+        got: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            got.append(data)
+            return len(got) < 2  # the second chunk fills the client: stop
+
+        delivering = asyncio.ensure_future(resp.deliver(sink))
+        await asyncio.sleep(0)
+        conn.data_received(b"1\r\na\r\n1\r\nb\r\n")
+        assert await delivering is False
+        big = b"x" * (BODY_BUFFER_LIMIT + 1)
+        conn.data_received(b"%x\r\n%b\r\n" % (len(big), big))
+        assert got == [b"a", b"b"]  # the sink was not called again
+        assert not transport.is_reading()  # buffered past the limit: the engine's socket is paused
+
+        def stop_at_once(data: bytes) -> bool:
+            got.append(data)
+            return False
+
+        assert await resp.deliver(stop_at_once) is False  # what is buffered goes to the sink first
+        assert transport.is_reading()
+        conn.data_received(b"1\r\nc\r\n0\r\n\r\n")
+        async for rest in resp:
+            got.append(rest)
+        assert got == [b"a", b"b", big, b"c"]
+
+    asyncio.run(run())
+
+
+def test_what_a_sink_raises_and_a_dropped_engine_are_raised_by_deliver() -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        conn, _, resp = _streaming(loop)
+
+        def failing(data: bytes) -> bool:
+            raise ConnectionResetError("the client left")
+
+        delivering = asyncio.ensure_future(resp.deliver(failing))
+        await asyncio.sleep(0)
+        conn.data_received(b"1\r\na\r\n")  # the connection's callback does not see the error
+        with pytest.raises(ConnectionResetError):
+            await delivering
+
+        conn, _, resp = _streaming(loop)
+        delivering = asyncio.ensure_future(resp.deliver(lambda data: True))
+        await asyncio.sleep(0)
+        conn.connection_lost(None)
+        with pytest.raises(EngineDropped):
+            await delivering
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_delivery_detaches_its_sink() -> None:
+    async def run() -> None:
+        conn, _, resp = _streaming(asyncio.get_running_loop())
+        got: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            got.append(data)
+            return True
+
+        delivering = asyncio.ensure_future(resp.deliver(sink))
+        await asyncio.sleep(0)
+        delivering.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await delivering
+        conn.data_received(b"1\r\na\r\n")
+        assert got == []  # a preempted or abandoned relay is given nothing more
+        assert await resp.read(1) == b"a"
 
     asyncio.run(run())
