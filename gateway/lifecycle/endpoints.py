@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-import aiohttp
 import structlog
 
 from gateway.config import RuntimeConfig
@@ -25,7 +24,7 @@ from gateway.dispatch.driver import SchedulerDriver
 from gateway.sched.types import EndpointSpec
 from gateway.telemetry.engine_metrics import metrics_for
 from gateway.telemetry.live import LiveTelemetry
-from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings
+from gateway.telemetry.scraper import EndpointScraper, ScrapeClient, ScrapeSettings
 from gateway.upstream.credentials import EngineAuth
 
 log = structlog.get_logger("berth.endpoints")
@@ -40,7 +39,7 @@ class EndpointSet:
         metrics: GatewayMetrics,
         clock: Clock,
         supervisor: TaskSupervisor,
-        session: Callable[[], aiohttp.ClientSession],
+        client: Callable[[], ScrapeClient],
         auth: EngineAuth | None = None,
     ) -> None:
         self._driver = driver
@@ -50,7 +49,7 @@ class EndpointSet:
         self._metrics = metrics
         self._clock = clock
         self._supervisor = supervisor
-        self._session = session  # read when a scraper is made: the session opens after this is built
+        self._client = client  # read when a scraper is made: the client opens after this is built
         self._scrapers: dict[EndpointId, EndpointScraper] = {}
         self._detected: dict[EndpointId, EngineKind] = {}
         self._specs: tuple[EndpointSpec, ...] = ()
@@ -115,7 +114,7 @@ class EndpointSet:
                 eid,
                 spec.url,
                 None if auto else metrics_for(spec.engine),
-                self._session(),
+                self._client(),
                 settings,
                 self,
                 self._clock,
