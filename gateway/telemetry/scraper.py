@@ -8,7 +8,10 @@ Each round it asks the engine three things, each bounded by `timeout_s`:
 2. `GET /metrics`: parsed `SLICE_LINES` lines per turn of the event loop (a large page, or many
    endpoints' pages at once, never holds the loop for a whole parse), the engine detected from its
    metric names when the caller did not say which engine it is, and the gauges (running, waiting, KV
-   usage) reported. A /metrics page that fails or says
+   usage) reported. Pages are parsed whole until the engine is known and a whole page confirmed it
+   (detection and the mismatch check read every name); after that only the samples berth reads
+   (`EngineMetrics.scraped`), so `last_exposition` holds those and the page's other lines are
+   skipped unparsed. A /metrics page that fails or says
    nothing useful costs the endpoint its gauges for this round, never its health: stale metrics degrade
    to the gateway's own counts (DESIGN.md, Telemetry), so an engine that answers /health keeps serving.
 3. `GET /v1/models` while its models are unknown, then every `models_refresh_s`.
@@ -247,7 +250,9 @@ class EndpointScraper:
         if status != 200:
             log.debug("metrics_failed", endpoint=self.eid, reason=f"status {status}")
             return False, 0
-        job = self._parser.start(body.decode("utf-8", errors="replace"))
+        # Once the engine is known (and a whole page checked it), only what berth reads is parsed.
+        only = self._dialect.scraped if self._dialect is not None and self._checked_kind else None
+        job = self._parser.start(body.decode("utf-8", errors="replace"), only)
         # Not a wait for something (ASYNC110): the loop runs what is ready between two slices.
         while not job.step(SLICE_LINES):  # noqa: ASYNC110
             await asyncio.sleep(0)
