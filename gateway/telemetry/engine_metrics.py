@@ -43,8 +43,10 @@ from gateway.core.types import EngineGauges, EngineKind
 from gateway.telemetry.capacity import CAPACITY_SAMPLES
 from gateway.telemetry.promtext import Exposition, Histogram, Sample
 
-#: The samples of a histogram family named `base`: base + one of these.
-_HISTOGRAM_SUFFIXES: Final = ("_bucket", "_count", "_sum")
+#: What a scrape reads of a latency histogram: base + one of these. Its buckets are not read: the
+#: cross-checks take the engine's mean (the increments of `_sum` over those of `_count`), and the
+#: buckets were most of a page's lines.
+_SCRAPED_HISTOGRAM_SUFFIXES: Final = ("_count", "_sum")
 
 
 def _spellings(base: str, *prefixes: str) -> tuple[str, ...]:
@@ -70,8 +72,10 @@ class EngineMetrics:
     models_path: str = "/v1/models"
     metrics_path: str = "/metrics"
     #: The sample names a scrape reads (the rest of the page is skipped, `PromParser.start`): the
-    #: gauges, the TTFT and ITL histograms (and their HELP and TYPE lines), the token counters and
-    #: the KV capacity. Not the e2e latency histogram: nothing reads it from a live page.
+    #: gauges, the TTFT and ITL histograms' `_count` and `_sum` (and their HELP and TYPE lines: what
+    #: the engine cross-checks read, `EndpointTelemetry.observe_scrape`; not their buckets), the
+    #: token counters and the KV capacity. Not the e2e latency histogram: nothing reads it live. The
+    #: histograms read from such a page have no buckets (count and sum as from the whole page).
     scraped: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,7 +85,7 @@ class EngineMetrics:
             *self.waiting,
             *self.kv_usage,
             *histograms,
-            *(base + suffix for base in histograms for suffix in _HISTOGRAM_SUFFIXES),
+            *(base + suffix for base in histograms for suffix in _SCRAPED_HISTOGRAM_SUFFIXES),
             *self.prompt_tokens,
             *self.generation_tokens,
             *CAPACITY_SAMPLES,

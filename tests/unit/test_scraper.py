@@ -212,6 +212,29 @@ async def test_a_large_page_is_parsed_between_other_work(make_rig: Any) -> None:
     assert turns - before >= 10  # the page is 10 slices and more: one turn of the other task per slice
 
 
+@pytest.mark.parametrize("dialect", [None, VLLM_METRICS], ids=["detected", "configured"])
+async def test_once_a_whole_page_confirmed_the_engine_only_what_berth_reads_is_parsed(
+    make_rig: Any, dialect: EngineMetrics | None
+) -> None:
+    rig: Rig = await make_rig(dialect=dialect)
+    e2e = "vllm:e2e_request_latency_seconds_bucket"
+    await rig.scraper.run_once()  # a whole page: detection (or the mismatch check) reads every name
+    first = rig.scraper.last_exposition
+    assert first is not None
+    assert first.has(e2e)
+    for _ in range(2):  # then only the scraped names (the second time from the previous page's lines)
+        await rig.scraper.run_once()
+        expo = rig.scraper.last_exposition
+        assert expo is not None
+        assert not expo.has(e2e)
+        assert ("gauges", VLLM_GAUGES) in rig.sink.take()
+        for read in (VLLM_METRICS.ttft_histogram, VLLM_METRICS.itl_histogram):
+            now, then = read(expo), read(first)
+            assert now is not None
+            assert then is not None
+            assert (now.count, now.sum) == (then.count, then.sum)  # what the cross-checks read
+
+
 async def test_configured_dialect_is_not_reported_as_detected(make_rig: Any) -> None:
     rig: Rig = await make_rig(dialect=VLLM_METRICS)
     await rig.scraper.run_once()
