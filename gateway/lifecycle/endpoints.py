@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import structlog
+from prometheus_client import Counter, Gauge, Histogram
 
 from gateway.config import RuntimeConfig
 from gateway.core.clock import Clock
@@ -28,6 +29,21 @@ from gateway.telemetry.scraper import EndpointScraper, ScrapeClient, ScrapeSetti
 from gateway.upstream.credentials import EngineAuth
 
 log = structlog.get_logger("berth.endpoints")
+
+
+class _Series:
+    """One endpoint's series of the scrape metrics, each looked up when first set and kept (a `labels()`
+    call costs a few µs, and every scrape round made five); one never set is not exported, as before."""
+
+    __slots__ = ("duration", "error", "kv_usage", "ok", "running", "waiting")
+
+    def __init__(self) -> None:
+        self.running: Gauge | None = None
+        self.waiting: Gauge | None = None
+        self.kv_usage: Gauge | None = None
+        self.ok: Counter | None = None
+        self.error: Counter | None = None
+        self.duration: Histogram | None = None
 
 
 class EndpointSet:
@@ -51,6 +67,7 @@ class EndpointSet:
         self._supervisor = supervisor
         self._client = client  # read when a scraper is made: the client opens after this is built
         self._scrapers: dict[EndpointId, EndpointScraper] = {}
+        self._series: dict[EndpointId, _Series] = {}
         self._detected: dict[EndpointId, EngineKind] = {}
         self._specs: tuple[EndpointSpec, ...] = ()
         self._engine_auto: Mapping[EndpointId, bool] = {}
@@ -95,6 +112,7 @@ class EndpointSet:
             if spec is None or spec.url != self._scrapers[eid].url:
                 self._scrapers.pop(eid)
                 self._supervisor.discard(f"scrape:{eid}")
+                self._series.pop(eid, None)
                 if spec is None:
                     self._metrics.endpoint_up.remove(eid)
                     self._auth.forget(eid)
@@ -160,14 +178,27 @@ class EndpointSet:
         changed, self._health_changed = self._health_changed, asyncio.Event()
         changed.set()
 
+    def _series_of(self, eid: EndpointId) -> _Series:
+        series = self._series.get(eid)
+        if series is None:
+            series = self._series[eid] = _Series()
+        return series
+
     def on_gauges(self, eid: EndpointId, gauges: EngineGauges) -> None:
         m = self._metrics
+        series = self._series_of(eid)
         if gauges.running is not None:
-            m.endpoint_engine_running.labels(eid).set(gauges.running)
+            if series.running is None:
+                series.running = m.endpoint_engine_running.labels(eid)
+            series.running.set(gauges.running)
         if gauges.waiting is not None:
-            m.endpoint_engine_waiting.labels(eid).set(gauges.waiting)
+            if series.waiting is None:
+                series.waiting = m.endpoint_engine_waiting.labels(eid)
+            series.waiting.set(gauges.waiting)
         if gauges.kv_usage is not None:
-            m.endpoint_kv_usage.labels(eid).set(gauges.kv_usage)
+            if series.kv_usage is None:
+                series.kv_usage = m.endpoint_kv_usage.labels(eid)
+            series.kv_usage.set(gauges.kv_usage)
         self._driver.apply(self._scheduler.observe_gauges(eid, gauges))
         scraper = self._scrapers.get(eid)
         if scraper is not None:
@@ -186,5 +217,15 @@ class EndpointSet:
 
     def on_scrape(self, eid: EndpointId, ok: bool, duration_s: float, bad_lines: int) -> None:
         m = self._metrics
-        m.scrapes.labels(eid, "ok" if ok else "error").inc()
-        m.scrape_duration.labels(eid).observe(duration_s)
+        series = self._series_of(eid)
+        if ok:
+            if series.ok is None:
+                series.ok = m.scrapes.labels(eid, "ok")
+            series.ok.inc()
+        else:
+            if series.error is None:
+                series.error = m.scrapes.labels(eid, "error")
+            series.error.inc()
+        if series.duration is None:
+            series.duration = m.scrape_duration.labels(eid)
+        series.duration.observe(duration_s)

@@ -74,6 +74,21 @@ def test_slices_with_only_read_what_the_whole_page_does(
         assert read(dialect, job.exposition) == read(dialect, parse(page))
 
 
+def test_a_slice_of_lines_skipped_or_unchanged_takes_more_of_them() -> None:
+    """A slice is a slice of work: lines skipped or taken from the previous page count a quarter."""
+    parser = PromParser()
+    steps = []
+    for _ in range(2):
+        job = parser.start(VLLM_PAGE, VLLM_METRICS.scraped)
+        n = 1
+        while not job.step(64):
+            n += 1
+        steps.append(n)
+    lines = len(VLLM_PAGE.split("\n"))
+    assert steps[0] < -(-lines // 64)  # most lines skipped
+    assert steps[1] == -(-lines // (4 * 64))  # every line from the previous page
+
+
 def test_skipped_lines_and_bad_lines() -> None:
     only = frozenset({"want", "want_bucket"})
     page = (
