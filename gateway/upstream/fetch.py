@@ -9,9 +9,10 @@ scrapes and generation calls never wait for each other's connections: a fleet's 
 the slots of a busy engine's generation calls, and generation calls filling `pool_per_host` cannot
 hold back the health checks that keep the engine in the fleet.
 
-A GET sent on a kept-alive connection that the engine closes before answering (its keep-alive timeout
-and the request crossed) is sent once more on a new connection, as aiohttp's client did for idempotent
-requests. Every failure is an `OSError`: `FetchFailed` (a `ConnectionError`), `ConnectTimeout` (a
+A GET whose connection the engine closes (or resets) before answering is sent once more on a new
+connection, as aiohttp's client did for idempotent requests: a kept-alive connection that the engine's
+keep-alive timeout closed as the request went out is not a failing engine. A drop mid-answer is not
+retried. Every failure is an `OSError`: `FetchFailed` (a `ConnectionError`), `ConnectTimeout` (a
 `TimeoutError`), or what the connect itself raised. The caller bounds the whole call (`asyncio.timeout`);
 a call cut short closes its connection.
 """
@@ -87,13 +88,16 @@ class Fetcher:
 
     async def get(self, url: str, headers: Mapping[str, str], limit: int) -> tuple[int, bytes]:
         """GET `url` with `headers` (besides Host and User-Agent); (status, body). A body of more than
-        `limit` bytes is a failure. Raises OSError (see the module docstring); ValueError for a URL
-        that is not http(s)."""
-        target = _target(url)
+        `limit` bytes is a failure. Raises OSError (see the module docstring), FetchFailed for a URL
+        that is not http(s) too (aiohttp's InvalidURL failed a health check the same way)."""
+        try:
+            target = _target(url)
+        except ValueError as e:
+            raise FetchFailed(str(e)) from None
         data = _request(target, headers)
         pool = self._pool
         conn = pool.take(target.origin)
-        reused = conn is not None
+        retried = False
         while True:
             while conn is None:
                 conn = await pool.connect(target.origin)
@@ -103,9 +107,9 @@ class Fetcher:
             try:
                 return await _answer(resp, limit)
             except EngineDropped:
-                if not reused or resp.status:
+                if retried or resp.status:
                     raise FetchFailed(_dropped(resp)) from None
-                conn, reused = None, False  # a stale kept-alive connection: once more on a new one
+                conn, retried = None, True  # dropped before answering: once more on a new connection
             except ResponseError as e:
                 raise FetchFailed(str(e)) from None
             finally:

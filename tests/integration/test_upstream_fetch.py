@@ -1,6 +1,6 @@
 """The scrapers' GETs (gateway.upstream.fetch.Fetcher) against raw asyncio servers on loopback: the
-request berth writes, keep-alive reuse, the body limit, the one retry of a stale kept-alive connection
-and no retry otherwise, garbage, and a call cut short. Nothing sleeps: tests await the server's events."""
+request berth writes, keep-alive reuse, the body limit, the one retry of a GET dropped before its answer
+and none mid-answer, garbage, and a call cut short. Nothing sleeps: tests await the server's events."""
 
 from __future__ import annotations
 
@@ -211,9 +211,11 @@ async def test_a_stale_kept_alive_connection_is_retried_once_on_a_new_one(
     assert [len(c.heads) for c in srv.conns] == [2, 1]
 
 
-@pytest.mark.parametrize("mid_answer", [False, True], ids=["before-the-answer", "mid-answer"])
-async def test_a_drop_on_a_new_connection_or_mid_answer_is_not_retried(
-    fetcher: Fetcher, server: Callable[[Script], Awaitable[Server]], mid_answer: bool
+@pytest.mark.parametrize(
+    ("mid_answer", "connections"), [(False, 2), (True, 1)], ids=["before-the-answer", "mid-answer"]
+)
+async def test_a_drop_before_the_answer_is_retried_once_and_mid_answer_not_at_all(
+    fetcher: Fetcher, server: Callable[[Script], Awaitable[Server]], mid_answer: bool, connections: int
 ) -> None:
     async def script(conn: Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await conn.request(reader)
@@ -224,7 +226,7 @@ async def test_a_drop_on_a_new_connection_or_mid_answer_is_not_retried(
     srv = await server(script)
     with pytest.raises(FetchFailed, match="closed the connection"):
         await fetcher.get(srv.url + "/health", {}, 100)
-    assert len(srv.conns) == 1
+    assert len(srv.conns) == connections
     assert pool_counts(None, fetcher.pool) == (0, 0)
 
 
@@ -254,6 +256,12 @@ async def test_garbage_is_a_failure(fetcher: Fetcher, server: Callable[[Script],
     srv = await server(script)
     with pytest.raises(FetchFailed, match="invalid HTTP response"):
         await fetcher.get(srv.url + "/health", {}, 100)
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/health", "http:///health", "http://[::1/health"])
+async def test_a_url_that_is_not_http_is_a_failure(fetcher: Fetcher, url: str) -> None:
+    with pytest.raises(FetchFailed):
+        await fetcher.get(url, {}, 100)
 
 
 async def test_a_refused_connection_is_an_os_error(fetcher: Fetcher) -> None:
