@@ -76,7 +76,7 @@ class EngineMetrics:
     #: the engine cross-checks read, `EndpointTelemetry.observe_scrape`; not their buckets), the
     #: token counters and the KV capacity. Not the e2e latency histogram: nothing reads it live. The
     #: histograms read from such a page have no buckets (count and sum as from the whole page).
-    scraped: frozenset[str] = field(init=False)
+    scraped: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         histograms = (*self.ttft, *self.itl)

@@ -21,8 +21,9 @@ data-parallel engines) parses in about 3 ms warm / 8 ms cold on a small shared 2
 prometheus_client's own parser needs about 55 ms.
 
 A reader that needs a few families of a page names their samples (`only`): the other lines are
-skipped after a look at their name (a vLLM page is mostly histogram buckets of families berth never
-reads), and the page costs about a third as much.
+skipped after a look at their name (a vLLM page is mostly histogram buckets berth never reads), and
+a line unchanged since the parser's previous page is taken from it. The engine simulator's page (155
+lines) took 205 µs and takes 83 µs with every line berth reads changed, 43 µs unchanged.
 
 A page can also be parsed a slice at a time (`PromParser.start` -> `PageParse.step`): the scraper reads
 `SLICE_LINES` lines per turn of the event loop, so a large page (or a hundred endpoints' pages arriving
@@ -524,10 +525,10 @@ class _Page:
         name = ""
         head, sep, tail = line.rpartition("} ")
         known = self.heads.get(head) if sep else None
-        if known is not None:
-            # A label set seen on an earlier line or page: `tail` is "value [timestamp]".
+        if known is not None and 1 <= len(rest := tail.split()) <= 2:
+            # A label set seen on an earlier line or page, `tail` is "value [timestamp]". (Anything else
+            # after it, e.g. an exemplar or a comment, goes the way it goes on a page without the cache.)
             name, labels = known[0], known[1].copy()
-            rest = tail.split()
         elif (brace := line.find("{")) < 0:
             rest = line.split()
             name = rest.pop(0) if len(rest) >= 2 else ""
