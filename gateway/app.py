@@ -1,9 +1,9 @@
 """The composition root: builds every long-lived component once, wires them, and owns the process's life.
 
-Lifecycle through `cleanup_ctx`, in dependency order: upstream session and engine-call pool (and the
-dispatcher on them) -> fleet (endpoint set and its scrapers, queue ticker, telemetry loop, systemd
-watchdog). `serve()` binds, waits for the first scrape round, tells systemd READY=1, reloads on SIGHUP
-and drains on SIGTERM.
+Lifecycle through `cleanup_ctx`, in dependency order: upstream session, engine-call pool and scrape
+client (and the dispatcher on them) -> fleet (endpoint set and its scrapers, queue ticker, telemetry
+loop, systemd watchdog). `serve()` binds, waits for the first scrape round, tells systemd READY=1,
+reloads on SIGHUP and drains on SIGTERM.
 
 Reload is a transaction: the new runtime configuration is built aside and, only when it is whole, pushed
 to each component that takes reloadable settings (scheduler, endpoint set, telemetry, front).
@@ -44,8 +44,9 @@ from gateway.lifecycle.manager import LifecycleManager
 from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.live import LiveTelemetry
-from gateway.upstream.client import UpstreamSettings, make_pool, make_session, pool_counts
+from gateway.upstream.client import UpstreamSettings, make_fetcher, make_pool, make_session, pool_counts
 from gateway.upstream.credentials import EngineAuth, EngineAuthCollector
+from gateway.upstream.fetch import Fetcher
 from gateway.upstream.pool import Pool
 
 log = structlog.get_logger("berth.app")
@@ -98,13 +99,14 @@ class Gateway:
         metrics.registry.register(EngineAuthCollector(self.engine_auth))
         self._session: aiohttp.ClientSession | None = None
         self._pool: Pool | None = None  # generation calls' connections
+        self._fetcher: Fetcher | None = None  # the scrapers' GETs, on connections of their own
         self.endpoints = EndpointSet(
             driver=self.driver,
             telemetry=self.telemetry,
             metrics=metrics,
             clock=clock,
             supervisor=self.supervisor,
-            session=self.session,
+            client=self.scrape_client,
             auth=self.engine_auth,
         )
         self.services = Services(
@@ -146,9 +148,15 @@ class Gateway:
             raise RuntimeError("the HTTP session is not open")
         return self._session
 
+    def scrape_client(self) -> Fetcher:
+        if self._fetcher is None:
+            raise RuntimeError("the scrape client is not open")
+        return self._fetcher
+
     async def session_ctx(self, app: web.Application) -> AsyncIterator[None]:
         self._session = make_session(self.upstream)
         self._pool = make_pool(self.upstream, self.clock)
+        self._fetcher = make_fetcher(self.upstream, self.clock)
         self.services.start_dispatch(
             Dispatcher(
                 session=self._session,
@@ -164,6 +172,8 @@ class Gateway:
         self.services.start_dispatch(None)
         self._pool.close()
         self._pool = None
+        self._fetcher.pool.close()
+        self._fetcher = None
         await self._session.close()
         self._session = None
 
@@ -187,7 +197,9 @@ class Gateway:
 
     def _live_numbers(self) -> LiveNumbers:
         snap = self.scheduler.snapshot()
-        in_use, idle = pool_counts(self._session, self._pool)
+        in_use, idle = pool_counts(
+            self._session, self._pool, None if self._fetcher is None else self._fetcher.pool
+        )
         return LiveNumbers(
             queue_depth={str(m): n for m, n in self.scheduler.queue_depths().items()},
             inflight={e.id: e.inflight for e in snap.endpoints},

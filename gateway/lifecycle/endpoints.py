@@ -13,8 +13,8 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-import aiohttp
 import structlog
+from prometheus_client import Counter, Gauge, Histogram
 
 from gateway.config import RuntimeConfig
 from gateway.core.clock import Clock
@@ -25,10 +25,25 @@ from gateway.dispatch.driver import SchedulerDriver
 from gateway.sched.types import EndpointSpec
 from gateway.telemetry.engine_metrics import metrics_for
 from gateway.telemetry.live import LiveTelemetry
-from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings
+from gateway.telemetry.scraper import EndpointScraper, ScrapeClient, ScrapeSettings
 from gateway.upstream.credentials import EngineAuth
 
 log = structlog.get_logger("berth.endpoints")
+
+
+class _Series:
+    """One endpoint's series of the scrape metrics, each looked up when first set and kept (a `labels()`
+    call costs a few µs, and every scrape round made five); one never set is not exported, as before."""
+
+    __slots__ = ("duration", "error", "kv_usage", "ok", "running", "waiting")
+
+    def __init__(self) -> None:
+        self.running: Gauge | None = None
+        self.waiting: Gauge | None = None
+        self.kv_usage: Gauge | None = None
+        self.ok: Counter | None = None
+        self.error: Counter | None = None
+        self.duration: Histogram | None = None
 
 
 class EndpointSet:
@@ -40,7 +55,7 @@ class EndpointSet:
         metrics: GatewayMetrics,
         clock: Clock,
         supervisor: TaskSupervisor,
-        session: Callable[[], aiohttp.ClientSession],
+        client: Callable[[], ScrapeClient],
         auth: EngineAuth | None = None,
     ) -> None:
         self._driver = driver
@@ -50,8 +65,9 @@ class EndpointSet:
         self._metrics = metrics
         self._clock = clock
         self._supervisor = supervisor
-        self._session = session  # read when a scraper is made: the session opens after this is built
+        self._client = client  # read when a scraper is made: the client opens after this is built
         self._scrapers: dict[EndpointId, EndpointScraper] = {}
+        self._series: dict[EndpointId, _Series] = {}
         self._detected: dict[EndpointId, EngineKind] = {}
         self._specs: tuple[EndpointSpec, ...] = ()
         self._engine_auto: Mapping[EndpointId, bool] = {}
@@ -96,6 +112,7 @@ class EndpointSet:
             if spec is None or spec.url != self._scrapers[eid].url:
                 self._scrapers.pop(eid)
                 self._supervisor.discard(f"scrape:{eid}")
+                self._series.pop(eid, None)
                 if spec is None:
                     self._metrics.endpoint_up.remove(eid)
                     self._auth.forget(eid)
@@ -115,7 +132,7 @@ class EndpointSet:
                 eid,
                 spec.url,
                 None if auto else metrics_for(spec.engine),
-                self._session(),
+                self._client(),
                 settings,
                 self,
                 self._clock,
@@ -161,14 +178,27 @@ class EndpointSet:
         changed, self._health_changed = self._health_changed, asyncio.Event()
         changed.set()
 
+    def _series_of(self, eid: EndpointId) -> _Series:
+        series = self._series.get(eid)
+        if series is None:
+            series = self._series[eid] = _Series()
+        return series
+
     def on_gauges(self, eid: EndpointId, gauges: EngineGauges) -> None:
         m = self._metrics
+        series = self._series_of(eid)
         if gauges.running is not None:
-            m.endpoint_engine_running.labels(eid).set(gauges.running)
+            if series.running is None:
+                series.running = m.endpoint_engine_running.labels(eid)
+            series.running.set(gauges.running)
         if gauges.waiting is not None:
-            m.endpoint_engine_waiting.labels(eid).set(gauges.waiting)
+            if series.waiting is None:
+                series.waiting = m.endpoint_engine_waiting.labels(eid)
+            series.waiting.set(gauges.waiting)
         if gauges.kv_usage is not None:
-            m.endpoint_kv_usage.labels(eid).set(gauges.kv_usage)
+            if series.kv_usage is None:
+                series.kv_usage = m.endpoint_kv_usage.labels(eid)
+            series.kv_usage.set(gauges.kv_usage)
         self._driver.apply(self._scheduler.observe_gauges(eid, gauges))
         scraper = self._scrapers.get(eid)
         if scraper is not None:
@@ -187,5 +217,15 @@ class EndpointSet:
 
     def on_scrape(self, eid: EndpointId, ok: bool, duration_s: float, bad_lines: int) -> None:
         m = self._metrics
-        m.scrapes.labels(eid, "ok" if ok else "error").inc()
-        m.scrape_duration.labels(eid).observe(duration_s)
+        series = self._series_of(eid)
+        if ok:
+            if series.ok is None:
+                series.ok = m.scrapes.labels(eid, "ok")
+            series.ok.inc()
+        else:
+            if series.error is None:
+                series.error = m.scrapes.labels(eid, "error")
+            series.error.inc()
+        if series.duration is None:
+            series.duration = m.scrape_duration.labels(eid)
+        series.duration.observe(duration_s)

@@ -20,6 +20,8 @@ from gateway.telemetry.promtext import Exposition
 _VLLM_INFO: Final = ("vllm:cache_config_info", "vllm_cache_config_info")
 _SGLANG_POOL: Final = ("sglang:max_total_num_tokens", "sglang_max_total_num_tokens")
 _RANK_LABELS: Final = frozenset({"tp_rank", "pp_rank"})
+#: The sample names `kv_capacity_tokens` reads (a scraper parses them and skips what nobody reads).
+CAPACITY_SAMPLES: Final = (*_VLLM_INFO, *_SGLANG_POOL)
 
 
 def kv_capacity_tokens(expo: Exposition) -> float | None:

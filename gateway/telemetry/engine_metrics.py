@@ -34,13 +34,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import orjson
 
 from gateway.core.types import EngineGauges, EngineKind
-from gateway.telemetry.promtext import Exposition, Histogram
+from gateway.telemetry.capacity import CAPACITY_SAMPLES
+from gateway.telemetry.promtext import Exposition, Histogram, Sample
+
+#: What a scrape reads of a latency histogram: base + one of these. Its buckets are not read: the
+#: cross-checks take the engine's mean (the increments of `_sum` over those of `_count`), and the
+#: buckets were most of a page's lines.
+_SCRAPED_HISTOGRAM_SUFFIXES: Final = ("_count", "_sum")
 
 
 def _spellings(base: str, *prefixes: str) -> tuple[str, ...]:
@@ -65,6 +71,26 @@ class EngineMetrics:
     health_path: str = "/health"
     models_path: str = "/v1/models"
     metrics_path: str = "/metrics"
+    #: The sample names a scrape reads (the rest of the page is skipped, `PromParser.start`): the
+    #: gauges, the TTFT and ITL histograms' `_count` and `_sum` (and their HELP and TYPE lines: what
+    #: the engine cross-checks read, `EndpointTelemetry.observe_scrape`; not their buckets), the
+    #: token counters and the KV capacity. Not the e2e latency histogram: nothing reads it live. The
+    #: histograms read from such a page have no buckets (count and sum as from the whole page).
+    scraped: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        histograms = (*self.ttft, *self.itl)
+        names = {
+            *self.running,
+            *self.waiting,
+            *self.kv_usage,
+            *histograms,
+            *(base + suffix for base in histograms for suffix in _SCRAPED_HISTOGRAM_SUFFIXES),
+            *self.prompt_tokens,
+            *self.generation_tokens,
+            *CAPACITY_SAMPLES,
+        }
+        object.__setattr__(self, "scraped", frozenset(names))
 
     def gauges(self, expo: Exposition) -> EngineGauges:
         """Running, waiting and KV usage for the whole endpoint (summed / averaged over label sets)."""
@@ -208,3 +234,31 @@ def _histogram(expo: Exposition, names: Iterable[str]) -> Histogram | None:
         if expo.has(name + "_bucket") or expo.has(name + "_count"):
             return expo.histogram(name)
     return None
+
+
+class HistogramReader:
+    """Reads one histogram (names in order of preference, as a dialect's `ttft` or `itl`) from one
+    endpoint's successive pages, and derives it again only when its samples changed: between two
+    scrapes of an idle engine nothing changes, and deriving one (grouping, sorting, merging 20-odd
+    buckets) cost more than the rest of what a scrape's sink does. The samples (`_bucket`, `_count`,
+    `_sum`, with their labels) are the histogram's whole input, so an unchanged stamp gives the same
+    histogram as deriving it again (a NaN value never compares equal: that one is derived again)."""
+
+    __slots__ = ("_histogram", "_stamp")
+
+    def __init__(self) -> None:
+        self._stamp: tuple[str, tuple[Sample, ...], tuple[Sample, ...], tuple[Sample, ...]] | None = None
+        self._histogram: Histogram | None = None
+
+    def read(self, expo: Exposition, names: Iterable[str]) -> Histogram | None:
+        for name in names:
+            buckets = expo.series(name + "_bucket")
+            counts = expo.series(name + "_count")
+            if not buckets and not counts:
+                continue
+            stamp = (name, buckets, counts, expo.series(name + "_sum"))
+            if stamp != self._stamp:
+                self._histogram = expo.histogram(name)
+                self._stamp = stamp
+            return self._histogram
+        return None

@@ -38,7 +38,7 @@ from gateway.sched.perf import default_prior
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.capacity import kv_capacity_tokens
 from gateway.telemetry.endpoint_state import EndpointTelemetry
-from gateway.telemetry.engine_metrics import EngineMetrics
+from gateway.telemetry.engine_metrics import EngineMetrics, HistogramReader
 from gateway.telemetry.exporter import TelemetryCollector
 from gateway.telemetry.fleet_state import CachedLengths, FleetTelemetry, prior_with
 from gateway.telemetry.perfmodel import PART_COEFFICIENTS, PARTS
@@ -97,6 +97,8 @@ class LiveTelemetry:
         self._dropped_settled = 0  # `dropped` when the timelines were last settled
         self._last_refit: float | None = None
         self._last_first_fit: float | None = None  # the last refit of either kind
+        # per endpoint, its TTFT and ITL histograms as last read (derived again only when they change)
+        self._histograms: dict[EndpointId, tuple[HistogramReader, HistogramReader]] = {}
 
     @property
     def tokens(self) -> TokenEstimator:
@@ -134,12 +136,20 @@ class LiveTelemetry:
         dialect: EngineMetrics | None,
     ) -> None:
         """A scrape that produced gauges (called by the scrape sink after the scheduler saw them)."""
+        if expo is None or dialect is None:
+            self.observe_engine(
+                eid, gauges, kv_capacity_tokens=None if expo is None else kv_capacity_tokens(expo)
+            )
+            return
+        readers = self._histograms.get(eid)
+        if readers is None:
+            readers = self._histograms[eid] = (HistogramReader(), HistogramReader())
         self.observe_engine(
             eid,
             gauges,
-            kv_capacity_tokens=None if expo is None else kv_capacity_tokens(expo),
-            ttft=None if expo is None or dialect is None else dialect.ttft_histogram(expo),
-            itl=None if expo is None or dialect is None else dialect.itl_histogram(expo),
+            kv_capacity_tokens=kv_capacity_tokens(expo),
+            ttft=readers[0].read(expo, dialect.ttft),
+            itl=readers[1].read(expo, dialect.itl),
         )
 
     def observe_engine(
@@ -233,7 +243,11 @@ class LiveTelemetry:
     def _fold_in(self) -> None:
         """A refresh's first part: fold finished requests in, follow the fleet, calibrate the priors."""
         self.drain()
-        self.fleet.keep_endpoints(self._scheduler.endpoint_ids())
+        eids = self._scheduler.endpoint_ids()
+        self.fleet.keep_endpoints(eids)
+        if self._histograms.keys() - set(eids):  # endpoints that left: forget their histograms
+            kept = set(eids)
+            self._histograms = {eid: r for eid, r in self._histograms.items() if eid in kept}
         self._calibrate()
 
     def refit_due(self, now: float) -> Refit | None:

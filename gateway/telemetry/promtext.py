@@ -20,6 +20,11 @@ Speed: the common line (no escapes) is read with a few string operations instead
 data-parallel engines) parses in about 3 ms warm / 8 ms cold on a small shared 2-vCPU machine where
 prometheus_client's own parser needs about 55 ms.
 
+A reader that needs a few families of a page names their samples (`only`): the other lines are
+skipped after a look at their name (a vLLM page is mostly histogram buckets berth never reads), and
+a line unchanged since the parser's previous page is taken from it. The engine simulator's page (155
+lines) took 205 µs and takes 83 µs with every line berth reads changed, 43 µs unchanged.
+
 A page can also be parsed a slice at a time (`PromParser.start` -> `PageParse.step`): the scraper reads
 `SLICE_LINES` lines per turn of the event loop, so a large page (or a hundred endpoints' pages arriving
 together) never holds the loop for a whole parse: 3 ms warm per 190 KB page is three 1 ms stalls of every
@@ -77,12 +82,28 @@ _new_sample: Final = tuple.__new__
 #: 256 (0.3 ms warm), a scrape's longest step in front of the engine simulator took 0.45-0.7 ms of CPU and
 #: 100 endpoints make 50 such steps a second; with 64 it takes about 0.22 ms.
 SLICE_LINES: Final = 64
+#: What reading a line costs, with `only`, in lines skipped (or taken from the previous page): about
+#: 1.2 µs against 0.3 µs, so a slice of an unchanged page takes up to four times as many lines.
+_PARSE_COST: Final = 4
 
 
 class Sample(NamedTuple):
     name: str
     labels: dict[str, str]
     value: float
+
+
+class _Declaration(NamedTuple):
+    """A HELP line (`help`) or a TYPE line (`declared`) of family `name`; "" for a free comment."""
+
+    name: str
+    help: str | None
+    declared: tuple[MetricType, tuple[str, ...]] | None
+
+
+_NOTHING: Final = _Declaration("", None, None)
+#: What a line of an earlier page was: a sample, a HELP or TYPE line, or skipped (None).
+_Known = Sample | _Declaration | None
 
 
 @dataclass(slots=True)
@@ -160,6 +181,10 @@ class Exposition:
 
     def has(self, name: str) -> bool:
         return name in self._by_sample
+
+    def series(self, name: str) -> tuple[Sample, ...]:
+        """Every sample named exactly `name`, in page order."""
+        return tuple(self._by_sample.get(name, ()))
 
     def value(self, name: str, **label_filter: str) -> float | None:
         """The sum of the samples named `name` that match the filter; None when none match."""
@@ -241,7 +266,7 @@ class PromParser:
     `parse()` (the module function) uses a fresh instance.
     """
 
-    __slots__ = ("_heads", "_keys", "_names", "max_cached")
+    __slots__ = ("_heads", "_keys", "_last", "_names", "max_cached")
 
     def __init__(self, *, max_cached: int = 20_000) -> None:
         self.max_cached = max_cached
@@ -250,34 +275,67 @@ class PromParser:
         # the text around label values, e.g. ("engine=", ",model_name=") -> label names (empty: bad)
         self._keys: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._names: dict[str, bool] = {}  # metric name -> valid
+        # the last page parsed with `only` (that set, and each of its lines that is read or skipped the
+        # same way wherever it stands: a sample, or None for skipped); see `PageParse`
+        self._last: tuple[frozenset[str], dict[str, _Known]] | None = None
 
-    def parse(self, text: str) -> Exposition:
-        """Parse one page. Never raises; unreadable lines are counted in `bad_lines`."""
-        job = self.start(text)
+    def parse(self, text: str, only: frozenset[str] | None = None) -> Exposition:
+        """Parse one page (`only`: as in `start`). Never raises; unreadable lines are counted in
+        `bad_lines`."""
+        job = self.start(text, only)
         while not job.step(len(job.lines)):
             pass
         return job.exposition
 
-    def start(self, text: str) -> PageParse:
-        """A parse of `text` to run a slice at a time (`PageParse.step`); the same result as `parse`."""
+    def start(self, text: str, only: frozenset[str] | None = None) -> PageParse:
+        """A parse of `text` to run a slice at a time (`PageParse.step`); the same result as `parse`.
+
+        `only`: the sample names to read (the page's other lines are skipped, see `PageParse`)."""
         if len(self._heads) > self.max_cached:
             self._heads.clear()
         if len(self._keys) > self.max_cached:
             self._keys.clear()
         if len(self._names) > self.max_cached:
             self._names.clear()
-        return PageParse(_Page(self), text.split("\n"))
+        memo: dict[str, _Known] | None = None
+        if only is not None:
+            last = self._last
+            memo = last[1] if last is not None and last[0] is only else {}
+        return PageParse(_Page(self), text.split("\n"), only, memo)
 
 
 class PageParse:
     """One page being parsed: `step(n)` reads up to `n` more lines and says whether the page is done;
-    `exposition` is the result once it is (incomplete before). Never raises."""
+    `exposition` is the result once it is (incomplete before). Never raises.
 
-    __slots__ = ("_bad", "_next", "_page", "lines")
+    With `only` (sample names), a sample line whose name is a valid metric name not in `only` is
+    skipped before it is parsed, and so is a HELP or TYPE line of such a name: a scraper that reads
+    a few families of a page of histograms pays for those alone. A line whose name cannot be told
+    that cheaply (no `{` or blank after it, or not a valid name: garbage) is parsed as without
+    `only`, so malformed lines still count in `bad_lines`; a skipped line is not checked further.
+    Lookups go by sample name, so what `only` keeps reads the same as from a whole page.
 
-    def __init__(self, page: _Page, lines: list[str]) -> None:
+    With `only`, a line that stood, byte for byte, on the parser's previous page (parsed with the same
+    `only`) is not read again: its sample (or its being skipped) is taken from that page. An idle
+    engine's page hardly changes, nor do most lines of a busy one's (histogram buckets above the
+    latest observations, info and configuration gauges). Such samples are the same objects on both
+    pages: a reader must not change them (none does).
+    """
+
+    __slots__ = ("_bad", "_memo", "_next", "_only", "_page", "_seen", "lines")
+
+    def __init__(
+        self,
+        page: _Page,
+        lines: list[str],
+        only: frozenset[str] | None = None,
+        memo: dict[str, _Known] | None = None,
+    ) -> None:
         self._page = page
         self.lines = lines
+        self._only = only
+        self._memo = memo  # the previous page's lines (with `only`)
+        self._seen: dict[str, _Known] = {}  # this page's, for the next page
         self._next = 0
         self._bad = 0
 
@@ -286,36 +344,114 @@ class PageParse:
         return self._page.expo
 
     def step(self, max_lines: int) -> bool:
+        """Read up to `max_lines` more lines (with `only`: as much work, a line skipped or taken from
+        the previous page counting 1/_PARSE_COST of a line read); whether the page is done."""
         page = self._page
         lines = self.lines
-        end = min(len(lines), self._next + max(1, max_lines))
+        only = self._only
+        if only is not None:
+            done = self._step_only(max_lines, only)
+        else:
+            end = min(len(lines), self._next + max(1, max_lines))
+            bad = 0
+            i = self._next
+            while i < end:
+                line = lines[i].strip(" \t\r")
+                i += 1
+                if not line:
+                    continue
+                if line[0] == "#":
+                    if line == "# EOF":
+                        i = len(lines)
+                        break
+                    if not page.comment(line):
+                        bad += 1
+                elif page.sample(line) is None:
+                    bad += 1
+            self._next = i
+            self._bad += bad
+            done = i >= len(lines)
+        page.expo.bad_lines = self._bad
+        return done
+
+    def _step_only(self, max_lines: int, only: frozenset[str]) -> bool:
+        page = self._page
+        lines = self.lines
+        memo = self._memo if self._memo is not None else {}
+        seen = self._seen
+        routes = page.routes
+        n = len(lines)
+        budget = max(1, max_lines) * _PARSE_COST  # a line read costs _PARSE_COST, a line skipped 1
         bad = 0
         i = self._next
-        while i < end:
-            line = lines[i].strip(" \t\r")
+        while i < n and budget > 0:
+            raw = lines[i]
             i += 1
+            budget -= 1
+            if raw in memo:
+                known = seen[raw] = memo[raw]
+                if known is None:
+                    continue
+                if known.__class__ is _Declaration:
+                    if not page.declare(known):
+                        bad += 1
+                    continue
+                name = known.name
+                route = routes.get(name)
+                if route is None:
+                    route = routes[name] = page.route(name)
+                route[0].append(known)  # type: ignore[arg-type]
+                route[1].append(known)  # type: ignore[arg-type]
+                continue
+            line = raw.strip(" \t\r")
             if not line:
                 continue
             if line[0] == "#":
                 if line == "# EOF":
                     i = len(lines)
                     break
-                if not page.comment(line):
+                if line[1:7] in (" HELP ", " TYPE "):
+                    cut = line.find(" ", 7)
+                    name = line[7:cut] if cut > 0 else line[7:]
+                    if name not in only and page.valid_name(name):
+                        seen[raw] = None
+                        continue
+                budget -= _PARSE_COST - 1
+                decl = page.read_comment(line)
+                if decl is None or not page.declare(decl):
                     bad += 1
-            elif not page.sample(line):
+                if decl is not None:
+                    seen[raw] = decl
+                continue
+            cut = line.find("{")
+            if cut < 0:
+                cut = line.find(" ")
+            if cut > 0:
+                name = line[:cut]
+                if name not in only and page.valid_name(name):
+                    seen[raw] = None
+                    continue
+            budget -= _PARSE_COST - 1
+            sample = page.sample(line)
+            if sample is None:
                 bad += 1
+            else:
+                seen[raw] = sample
         self._next = i
         self._bad += bad
-        page.expo.bad_lines = self._bad
-        return i >= len(lines)
+        if i >= len(lines):
+            page.parser._last = (only, seen)
+            return True
+        return False
 
 
 class _Page:
     """The state of one parse: the exposition being built and how sample names route to families."""
 
-    __slots__ = ("expo", "heads", "keys", "names", "owners", "routes")
+    __slots__ = ("expo", "heads", "keys", "names", "owners", "parser", "routes")
 
     def __init__(self, parser: PromParser) -> None:
+        self.parser = parser
         self.expo = Exposition()
         self.heads = parser._heads
         self.keys = parser._keys
@@ -332,28 +468,47 @@ class _Page:
             self.routes.clear()
         return fam
 
+    def valid_name(self, name: str) -> bool:
+        valid = self.names.get(name)
+        if valid is None:
+            valid = self.names[name] = _NAME_RE.fullmatch(name) is not None
+        return valid
+
     def comment(self, line: str) -> bool:
         """Handle a `#` line; False when it is a malformed HELP or TYPE line."""
+        decl = self.read_comment(line)
+        return decl is not None and self.declare(decl)
+
+    @staticmethod
+    def read_comment(line: str) -> _Declaration | None:
+        """What a `#` line declares (nothing for a free comment); None when it is malformed."""
         keyword = _KEYWORD_RE.match(line)
         if keyword is None:
-            return True  # a free comment, or an OpenMetrics UNIT line: nothing to keep
+            return _NOTHING  # a free comment, or an OpenMetrics UNIT line: nothing to keep
         if keyword.group(1) == "HELP":
             m = _HELP_RE.fullmatch(line)
             if m is None:
-                return False
-            fam = self.family(m.group(1))
+                return None
             text = m.group(2) or ""
-            if not fam.help and text:
-                fam.help = _unescape(text) if "\\" in text else text
-            return True
+            return _Declaration(m.group(1), _unescape(text) if "\\" in text else text, None)
         m = _TYPE_RE.fullmatch(line)
         if m is None:
-            return False
+            return None
         declared = _TYPES.get(m.group(2).lower())
         if declared is None:
-            return False
-        name = m.group(1)
+            return None
+        return _Declaration(m.group(1), None, declared)
+
+    def declare(self, decl: _Declaration) -> bool:
+        """Apply a HELP or TYPE line; False when it is a TYPE that contradicts the family's first."""
+        name, text, declared = decl
+        if not name:
+            return True
         fam = self.family(name)
+        if declared is None:
+            if not fam.help and text:
+                fam.help = text
+            return True
         mtype, suffixes = declared
         if fam.type not in ("untyped", mtype):
             return False  # a second TYPE line that contradicts the first
@@ -363,16 +518,17 @@ class _Page:
         self.routes.clear()
         return True
 
-    def sample(self, line: str) -> bool:
+    def sample(self, line: str) -> Sample | None:
+        """Read a sample line into the page; the sample, or None when the line is malformed."""
         labels: dict[str, str] | None = None
         rest: list[str] = []
         name = ""
         head, sep, tail = line.rpartition("} ")
         known = self.heads.get(head) if sep else None
-        if known is not None:
-            # A label set seen on an earlier line or page: `tail` is "value [timestamp]".
+        if known is not None and 1 <= len(rest := tail.split()) <= 2:
+            # A label set seen on an earlier line or page, `tail` is "value [timestamp]". (Anything else
+            # after it, e.g. an exemplar or a comment, goes the way it goes on a page without the cache.)
             name, labels = known[0], known[1].copy()
-            rest = tail.split()
         elif (brace := line.find("{")) < 0:
             rest = line.split()
             name = rest.pop(0) if len(rest) >= 2 else ""
@@ -402,31 +558,31 @@ class _Page:
             # Escaped label values, an exemplar, unusual blanks, or a malformed line: the careful path.
             m = _SAMPLE_RE.fullmatch(line)
             if m is None:
-                return False
+                return None
             name, block, value_text, ts_text = m.groups()
             pairs = _PAIR_RE.findall(block) if block else []
             labels = {k: _unescape(v) if "\\" in v else v for k, v in pairs}
             if len(labels) != len(pairs):
-                return False  # a label name given twice
+                return None  # a label name given twice
             rest = [value_text] if ts_text is None else [value_text, ts_text]
         valid = self.names.get(name)
         if valid is None:
             valid = self.names[name] = _NAME_RE.fullmatch(name) is not None
         if not valid or not 1 <= len(rest) <= 2:
-            return False
+            return None
         try:
             value = float(rest[0])
             if len(rest) == 2:
                 float(rest[1])  # a timestamp: checked, not kept
         except ValueError:
-            return False
+            return None
         sample = _new_sample(Sample, (name, labels, value))
         route = self.routes.get(name)
         if route is None:
             route = self.routes[name] = self.route(name)
         route[0].append(sample)
         route[1].append(sample)
-        return True
+        return sample
 
     def route(self, name: str) -> tuple[list[Sample], list[Sample]]:
         families = self.expo.families

@@ -8,7 +8,10 @@ Each round it asks the engine three things, each bounded by `timeout_s`:
 2. `GET /metrics`: parsed `SLICE_LINES` lines per turn of the event loop (a large page, or many
    endpoints' pages at once, never holds the loop for a whole parse), the engine detected from its
    metric names when the caller did not say which engine it is, and the gauges (running, waiting, KV
-   usage) reported. A /metrics page that fails or says
+   usage) reported. Pages are parsed whole until the engine is known and a whole page confirmed it
+   (detection and the mismatch check read every name); after that only the samples berth reads
+   (`EngineMetrics.scraped`), so `last_exposition` holds those and the page's other lines are
+   skipped unparsed. A /metrics page that fails or says
    nothing useful costs the endpoint its gauges for this round, never its health: stale metrics degrade
    to the gateway's own counts (DESIGN.md, Telemetry), so an engine that answers /health keeps serving.
 3. `GET /v1/models` while its models are unknown, then every `models_refresh_s`.
@@ -19,6 +22,10 @@ raises is logged and does not stop the rest of the round.
 Every request carries the endpoint's credentials (`Credentials`: an `Authorization` header when the
 endpoint has an API key) and reports its status back, so a 401/403 shows up as the gateway's
 configuration error rather than only as a failing check.
+
+The requests go through a `ScrapeClient` (the daemon's: `gateway.upstream.fetch.Fetcher`, berth's own
+HTTP/1.1 client over a keep-alive pool of the scrapers' own, apart from the generation calls'; about a
+quarter of aiohttp's client's CPU per request, which a 100-endpoint fleet pays 100 times a second).
 
 The caller runs it under its TaskSupervisor (`supervisor.spawn(f"scrape:{eid}", scraper.run)`); tests
 call `run_once()` directly. A round never raises except CancelledError.
@@ -32,7 +39,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-import aiohttp
 import structlog
 
 from gateway.core.clock import Clock
@@ -47,7 +53,7 @@ log = structlog.get_logger("berth.scraper")
 _HEALTH_PATH: Final = "/health"
 _METRICS_PATH: Final = "/metrics"
 _MODELS_PATH: Final = "/v1/models"
-# The shared session does not decompress (it relays engine bodies as sent), so ask for identity.
+# The client does not decompress, so ask for identity.
 # prometheus_client answers format 0.0.4 to this Accept and OpenMetrics only when asked for it.
 _METRICS_HEADERS: Final = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
 _JSON_HEADERS: Final = {"Accept": "application/json", "Accept-Encoding": "identity"}
@@ -98,6 +104,16 @@ class Credentials(Protocol):
     def result(self, eid: EndpointId, route: str, status: int) -> None: ...
 
 
+class ScrapeClient(Protocol):
+    """How a scraper asks its engine (gateway.upstream.fetch.Fetcher)."""
+
+    async def get(self, url: str, headers: Mapping[str, str], limit: int) -> tuple[int, bytes]:
+        """GET `url` with `headers`: (status, body), redirects not followed, the body as sent (no
+        decompression). Raises OSError when there is no usable answer (refused, dropped, garbled, a
+        body over `limit` bytes); the caller bounds the time (a call cut short leaves nothing open)."""
+        ...
+
+
 class _NoCredentials:
     def headers(self, eid: EndpointId) -> Mapping[str, str]:
         return {}
@@ -120,7 +136,7 @@ class EndpointScraper:
         eid: EndpointId,
         base_url: str,
         dialect: EngineMetrics | None,
-        session: aiohttp.ClientSession,
+        client: ScrapeClient,
         settings: ScrapeSettings,
         sink: ScrapeSink,
         clock: Clock,
@@ -133,7 +149,7 @@ class EndpointScraper:
         self.url = base_url
         self._base = base_url.rstrip("/")
         self._dialect = dialect
-        self._session = session
+        self._client = client
         self._settings = settings
         self._sink = sink
         self._clock = clock
@@ -234,7 +250,9 @@ class EndpointScraper:
         if status != 200:
             log.debug("metrics_failed", endpoint=self.eid, reason=f"status {status}")
             return False, 0
-        job = self._parser.start(body.decode("utf-8", errors="replace"))
+        # Once the engine is known (and a whole page checked it), only what berth reads is parsed.
+        only = self._dialect.scraped if self._dialect is not None and self._checked_kind else None
+        job = self._parser.start(body.decode("utf-8", errors="replace"), only)
         # Not a wait for something (ASYNC110): the loop runs what is ready between two slices.
         while not job.step(SLICE_LINES):  # noqa: ASYNC110
             await asyncio.sleep(0)
@@ -279,18 +297,14 @@ class EndpointScraper:
         if auth:
             headers = {**headers, **auth}
         try:
-            async with (
-                asyncio.timeout(self._settings.timeout_s),
-                self._session.get(url, headers=headers, allow_redirects=False) as resp,
-            ):
-                creds.result(self.eid, route, resp.status)
-                return resp.status, await _read_limited(resp, limit)
+            async with asyncio.timeout(self._settings.timeout_s):
+                status, body = await self._client.get(url, headers, limit)
         except TimeoutError:
             raise _Failed(f"no answer within {self._settings.timeout_s:g}s") from None
-        except aiohttp.ClientError as e:
-            raise _Failed(f"{type(e).__name__}: {e}") from None
         except OSError as e:
             raise _Failed(f"{type(e).__name__}: {e}") from None
+        creds.result(self.eid, route, status)
+        return status, body
 
     # ----------------------------------------------------------------- bookkeeping
     def _learn_engine(self, expo: Exposition) -> EngineMetrics | None:
@@ -339,16 +353,3 @@ class EndpointScraper:
             method(self.eid, *args)
         except Exception:
             log.exception("scrape_sink_failed", endpoint=self.eid, method=method.__name__)
-
-
-async def _read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    if resp.content_length is not None and resp.content_length > limit:
-        raise _Failed(f"body of {resp.content_length} bytes exceeds {limit}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            raise _Failed(f"body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)

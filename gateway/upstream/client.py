@@ -1,6 +1,7 @@
 """Engine calls: generation calls over berth's own HTTP/1.1 client and pool (`gateway.upstream.h1`,
-`gateway.upstream.pool`), everything else (scrapes, health checks, tokenize, /v1/models) over the one
-shared aiohttp ClientSession, with bounded per-host pools.
+`gateway.upstream.pool`), the scrapers' GETs (health checks, /metrics, /v1/models) over the same client
+with a pool of their own (`gateway.upstream.fetch`), everything else (tokenize) over the one shared
+aiohttp ClientSession, with bounded per-host pools.
 
 A generation call is what every request costs, so it skips aiohttp's client (a request object, header
 multidicts, a payload writer, its Python stream reader: about 60-75 µs of CPU per call at 64
@@ -31,6 +32,7 @@ from gateway.config.schema import UpstreamConfig
 from gateway.core import errors
 from gateway.core.clock import Clock
 from gateway.upstream.deadlines import Deadlines
+from gateway.upstream.fetch import Fetcher
 from gateway.upstream.h1 import BadResponse, EngineDropped, H1Response
 from gateway.upstream.pool import ConnectTimeout, Origin, Pool, PoolClosed
 
@@ -79,14 +81,19 @@ def make_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
     )
 
 
-def pool_counts(session: aiohttp.ClientSession | None, pool: Pool | None = None) -> tuple[int, int]:
-    """(in use, idle) connections to engines: the generation calls' pool's and the session's (scrapes,
-    health checks, tokenize calls); a call holds one while it runs, idle ones wait for reuse.
+def pool_counts(session: aiohttp.ClientSession | None, *pools: Pool | None) -> tuple[int, int]:
+    """(in use, idle) connections to engines: the pools' (generation calls', scrapes') and the session's
+    (tokenize calls and the rest); a call holds one while it runs, idle ones wait for reuse.
 
     aiohttp exposes no counts: this reads its connector's `_acquired` and `_conns`, and counts nothing
     of the session should a release rename them (tests/integration/test_soak.py pins the reading).
     """
-    in_use, idle = (0, 0) if pool is None else pool.counts()
+    in_use, idle = 0, 0
+    for pool in pools:
+        if pool is not None:
+            used, free = pool.counts()
+            in_use += used
+            idle += free
     if session is None or session.closed:
         return in_use, idle
     connector = session.connector
@@ -144,12 +151,25 @@ def _unsafe(value: str) -> bool:
 
 
 def make_pool(settings: UpstreamSettings, clock: Clock) -> Pool:
-    """The engine-call connections (generation calls; everything else uses the shared session)."""
+    """The engine-call connections (generation calls; scrapes have their own, `make_fetcher`)."""
     return Pool(
         clock=clock,
         per_host=settings.pool_per_host,
         total=settings.pool_total,
         connect_timeout_s=settings.connect_timeout_s,
+    )
+
+
+def make_fetcher(settings: UpstreamSettings, clock: Clock) -> Fetcher:
+    """The scrapers' GETs, over a pool of their own with the same limits as the generation calls' (a
+    scraper has one request in flight at a time, so the limits only bound a fleet behind one origin)."""
+    return Fetcher(
+        Pool(
+            clock=clock,
+            per_host=settings.pool_per_host,
+            total=settings.pool_total,
+            connect_timeout_s=settings.connect_timeout_s,
+        )
     )
 
 

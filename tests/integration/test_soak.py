@@ -30,7 +30,8 @@ def test_the_quick_soak_holds_every_invariant(tmp_path: Path) -> None:
 async def test_the_leak_gauges_follow_the_request_path(
     engine_server: EngineServer, start_gateway: StartGateway
 ) -> None:
-    r = await start_gateway([await engine_server(FakeEngine()) + ",engine=vllm"])
+    engine_url = await engine_server(FakeEngine())
+    r = await start_gateway([engine_url + ",engine=vllm"])
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
     async with aiohttp.ClientSession() as s:
         async with s.post(r.url + "/v1/chat/completions", json=body) as resp:
@@ -41,6 +42,9 @@ async def test_the_leak_gauges_follow_the_request_path(
     assert (page.value("berth_asyncio_tasks") or 0) > 0
     assert page.value("berth_scheduler_waiting_requests") == 0
     assert page.value("berth_upstream_connections", state="in_use") == 0
-    # the engine call's connection went back to the pool: the reading of aiohttp's connector holds
+    # the engine call's connection went back to its pool
     assert (page.value("berth_upstream_connections", state="idle") or 0) >= 1
+    # the shared session (tokenize calls) is counted too: the reading of aiohttp's connector holds
+    async with r.gw.session().get(engine_url + "/health") as resp:
+        await resp.read()
     assert pool_counts(r.gw.session())[1] >= 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 import pytest
@@ -223,6 +224,27 @@ def test_a_scrape_feeds_kv_capacity_and_the_engine_cross_check() -> None:
     assert rig.tel.fleet.endpoints[A].kv_capacity_tokens == 1600.0
     rig.tel.on_scrape(EndpointId("gone"), EngineGauges(running=0.0), parse(page), VLLM_METRICS)
     assert EndpointId("gone") not in rig.tel.fleet.endpoints
+
+
+def test_scraped_histograms_are_read_again_only_when_they_change_and_forgotten_with_the_endpoint() -> None:
+    rig = Rig()
+    page = "vllm:time_to_first_token_seconds_count {n}\nvllm:time_to_first_token_seconds_sum {s}\n"
+    seen = []
+    observe = rig.tel.observe_engine
+
+    def spy(eid: EndpointId, gauges: EngineGauges, **kw: Any) -> None:
+        seen.append(kw["ttft"])
+        observe(eid, gauges, **kw)
+
+    rig.tel.observe_engine = spy  # type: ignore[method-assign]
+    for n, s in ((10, 1.0), (10, 1.0), (12, 1.5)):
+        rig.tel.on_scrape(A, EngineGauges(running=0.0), parse(page.format(n=n, s=s)), VLLM_METRICS)
+    assert [(h.count, h.sum) for h in seen] == [(10, 1.0), (10, 1.0), (12, 1.5)]
+    assert seen[1] is seen[0]  # unchanged: the same histogram, not derived again
+    rig.tel.on_scrape(EndpointId("gone"), EngineGauges(running=0.0), parse(page), VLLM_METRICS)
+    assert set(rig.tel._histograms) == {A, EndpointId("gone")}
+    rig.tel.refresh()
+    assert set(rig.tel._histograms) == {A}
 
 
 async def test_the_loop_refreshes_every_interval_and_refits_when_due(monkeypatch: pytest.MonkeyPatch) -> None:

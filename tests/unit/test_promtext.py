@@ -352,6 +352,21 @@ def test_parser_reuse_gives_the_same_result() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param('x{a="1"} 2 1700000000 # a comment', id="timestamp-and-comment"),
+        pytest.param('x{a="1"} 2# HELP y a comment run on', id="comment-run-on"),
+    ],
+)
+def test_a_cached_label_set_reads_the_rest_of_the_line_as_an_uncached_one_does(line: str) -> None:
+    """The fuzzer's find: a label set seen before took a shortcut that refused what followed the value."""
+    parser = PromParser()
+    parser.parse('x{a="1"} 1\n')  # caches the label set
+    warm, fresh = parser.parse(line + "\n"), parse(line + "\n")
+    assert (warm.value("x"), warm.bad_lines) == (fresh.value("x"), fresh.bad_lines) == (2.0, 0)
+
+
 def _families(expo: Exposition) -> list[tuple[str, str, str, list[Sample]]]:
     return [(f.name, f.type, f.help, f.samples) for f in expo.families.values()]
 

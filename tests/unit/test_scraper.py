@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -22,6 +21,8 @@ from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, EngineK
 from gateway.telemetry.engine_metrics import SGLANG_METRICS, VLLM_METRICS, EngineMetrics
 from gateway.telemetry.promtext import SLICE_LINES
 from gateway.telemetry.scraper import EndpointScraper, ScrapeSettings, Wait
+from gateway.upstream.client import UpstreamSettings, make_fetcher
+from gateway.upstream.fetch import Fetcher
 
 DATA = Path(__file__).parent / "data"
 VLLM_PAGE = (DATA / "vllm_v1_dp2.prom").read_text()
@@ -122,14 +123,15 @@ class Rig:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    # Like gateway.upstream.client.make_session: the shared session does not decompress bodies.
-    async with aiohttp.ClientSession(auto_decompress=False) as s:
-        yield s
+async def client() -> AsyncIterator[Fetcher]:
+    # Like gateway.upstream.client.make_fetcher: the daemon's scrape client, on a pool of its own.
+    fetcher = make_fetcher(UpstreamSettings(connect_timeout_s=2.0), FakeClock())
+    yield fetcher
+    fetcher.pool.close()
 
 
 @pytest.fixture
-def make_rig(aiohttp_server: AiohttpServer, session: aiohttp.ClientSession) -> Any:  # a factory coroutine
+def make_rig(aiohttp_server: AiohttpServer, client: Fetcher) -> Any:  # a factory coroutine
     async def make(
         *,
         engine: FakeEngine | None = None,
@@ -146,7 +148,7 @@ def make_rig(aiohttp_server: AiohttpServer, session: aiohttp.ClientSession) -> A
             EID,
             str(server.make_url("/")),
             dialect,
-            session,
+            client,
             settings or ScrapeSettings(unhealthy_after=3, models_refresh_s=30.0),
             sink,
             clock,
@@ -174,7 +176,7 @@ async def test_healthy_engine_becomes_ready_with_gauges(make_rig: Any) -> None:
     assert rig.scraper.models == ["Qwen/Qwen2.5-Coder-7B-Instruct"]
     assert rig.scraper.url == str(rig.server.make_url("/"))
     assert rig.scraper.last_exposition is not None
-    # The page was asked for in format 0.0.4, uncompressed (the shared session does not decompress).
+    # The page was asked for in format 0.0.4, uncompressed (the client does not decompress).
     headers = rig.engine.metrics_headers[0]
     assert "version=0.0.4" in headers["Accept"]
     assert headers["Accept-Encoding"] == "identity"
@@ -208,6 +210,29 @@ async def test_a_large_page_is_parsed_between_other_work(make_rig: Any) -> None:
     assert rig.scraper.last_exposition is not None
     assert rig.scraper.last_exposition.value("filler_gauge") == sum(range(10 * SLICE_LINES))
     assert turns - before >= 10  # the page is 10 slices and more: one turn of the other task per slice
+
+
+@pytest.mark.parametrize("dialect", [None, VLLM_METRICS], ids=["detected", "configured"])
+async def test_once_a_whole_page_confirmed_the_engine_only_what_berth_reads_is_parsed(
+    make_rig: Any, dialect: EngineMetrics | None
+) -> None:
+    rig: Rig = await make_rig(dialect=dialect)
+    e2e = "vllm:e2e_request_latency_seconds_bucket"
+    await rig.scraper.run_once()  # a whole page: detection (or the mismatch check) reads every name
+    first = rig.scraper.last_exposition
+    assert first is not None
+    assert first.has(e2e)
+    for _ in range(2):  # then only the scraped names (the second time from the previous page's lines)
+        await rig.scraper.run_once()
+        expo = rig.scraper.last_exposition
+        assert expo is not None
+        assert not expo.has(e2e)
+        assert ("gauges", VLLM_GAUGES) in rig.sink.take()
+        for read in (VLLM_METRICS.ttft_histogram, VLLM_METRICS.itl_histogram):
+            now, then = read(expo), read(first)
+            assert now is not None
+            assert then is not None
+            assert (now.count, now.sum) == (then.count, then.sum)  # what the cross-checks read
 
 
 async def test_configured_dialect_is_not_reported_as_detected(make_rig: Any) -> None:
