@@ -13,7 +13,7 @@ from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointEstimates
 from gateway.telemetry.calibration import prior_factors
 from gateway.telemetry.crosscheck import CrossCheck, CumulativeDelta, Verdict
-from gateway.telemetry.perfmodel import PerfModelFitter
+from gateway.telemetry.perfmodel import Part, PerfModelFitter
 from gateway.telemetry.promtext import Histogram
 from gateway.telemetry.records import FinishedRequest, Quantity, ScrapeSample, TelemetrySettings
 from gateway.telemetry.rolling import Ewma, LatencyTracker, RateMeter, RecentWindow
@@ -171,6 +171,10 @@ class EndpointTelemetry:
 
     def refit(self) -> PerfCoefficients:
         self.coefficients = self.fitter.refit()
+        return self.coefficients
+
+    def refit_part(self, part: Part) -> PerfCoefficients:
+        self.coefficients = self.fitter.refit_part(part)
         return self.coefficients
 
     @property

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.sched.perf import PerfCoefficients, default_prior
-from gateway.telemetry.perfmodel import PerfModelFitter, _nnls
+from gateway.telemetry.perfmodel import PARTS, PerfModelFitter, _nnls
 
 PRIOR = default_prior()
 
@@ -128,6 +128,27 @@ def test_fit_recovers_known_coefficients(name: str) -> None:
         assert mape is not None
         assert 0.015 < mape < 0.035
     assert (fit.n_prefill, fit.n_decode, fit.n_kv) == (1500, 1500, 1500)
+
+
+def test_the_parts_fitted_one_at_a_time_equal_one_refit() -> None:
+    whole, parts = PerfModelFitter(PRIOR), PerfModelFitter(PRIOR)
+    for f in (whole, parts):
+        feed(f, TRUTHS["a100-13b"], 300, rng=random.Random(7))
+    for part in PARTS:
+        parts.refit_part(part)
+    assert parts.current == whole.refit()
+
+
+def test_a_part_with_nothing_new_is_not_fitted_again() -> None:
+    f = PerfModelFitter(PRIOR)
+    feed(f, TRUTHS["fleet-7b"], 100, rng=random.Random(3))
+    fitted = f.refit()
+    assert f.refit() is fitted  # the same windows: no fit made, nothing replaced
+    f.observe_kv(100.0, 101.0)
+    again = f.refit()
+    assert again is not fitted  # the KV window moved: that part was fitted again
+    assert (again.k1, again.k2, again.thr1) == (fitted.k1, fitted.k2, fitted.thr1)
+    assert again.n_kv == fitted.n_kv + 1
 
 
 @pytest.mark.parametrize("share", [0.05, 0.15], ids=["5%-outliers", "15%-outliers"])
