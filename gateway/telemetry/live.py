@@ -296,12 +296,9 @@ class LiveTelemetry:
             # endpoint's four up to 6), so requests go through between parts.
             for ep, before in self._refit_plan(kind):
                 ep.settle(before)
-                for part in PARTS if kind == "all" else ():
+                for part in PARTS if kind == "all" else ep.fitter.prior_parts_due():
                     ep.refit_part(part)
                     await asyncio.sleep(0)
-                if kind == "first" and ep.fitter.first_fit_due:
-                    ep.refit_prior_parts()
-                await asyncio.sleep(0)
             self._refitted(kind, now)
             await self._push_in_slices()
 

@@ -280,7 +280,11 @@ class PerfModelFitter:
     def refit_prior_parts(self) -> PerfCoefficients:
         """Fit only the parts on a guessed prior whose first fit is due (see `first_fit_due`); the
         others keep their coefficients until the next `refit`."""
-        return self._refit(tuple(p for p in PARTS if p in self._on_prior and self._first_fit_due(p)))
+        return self._refit(self.prior_parts_due())
+
+    def prior_parts_due(self) -> tuple[Part, ...]:
+        """The parts `refit_prior_parts` fits (each `refit_part` in turn does the same)."""
+        return tuple(p for p in PARTS if p in self._on_prior and self._first_fit_due(p))
 
     def _refit(self, parts: tuple[Part, ...]) -> PerfCoefficients:
         cur = self._current

@@ -139,6 +139,18 @@ def test_the_parts_fitted_one_at_a_time_equal_one_refit() -> None:
     assert parts.current == whole.refit()
 
 
+def test_the_due_prior_parts_fitted_one_at_a_time_equal_refit_prior_parts() -> None:
+    whole, parts = (PerfModelFitter(PRIOR, first_fit_min_obs=5) for _ in range(2))
+    for f in (whole, parts):
+        feed(f, TRUTHS["fleet-7b"], 8, rng=random.Random(5))  # past the first-fit threshold, not min_obs
+    due = parts.prior_parts_due()
+    assert due == ("prefill", "decode", "kv", "throughput")
+    for part in due:
+        parts.refit_part(part)
+    assert parts.current == whole.refit_prior_parts()
+    assert parts.prior_parts_due() == whole.prior_parts_due() == ()
+
+
 def test_a_part_with_nothing_new_is_not_fitted_again() -> None:
     f = PerfModelFitter(PRIOR)
     feed(f, TRUTHS["fleet-7b"], 100, rng=random.Random(3))
