@@ -1,6 +1,8 @@
 """What berth adds to the event loop per request (`loadgen.bench.overhead_hops`), counted on a small run:
-no task, future or wake-up of its own per request, and no timer per engine call (its deadlines are swept
-by one timer for all calls), against the bare proxy on the same counting loop."""
+no task or future of its own per request, no more task wake-ups than the bare proxy (its engine-call
+client saves the one that the handler's yield between its front half and its engine call spends), and no
+timer per engine call (its deadlines are swept by one timer for all calls), against the bare proxy on the
+same counting loop."""
 
 from __future__ import annotations
 
