@@ -301,6 +301,7 @@ class LifecycleManager:
                     self._allowed.get(name),
                 )
                 self.core.set_nodes(list(self._node_specs.values()))
+            asked = self._clock.now()
             listed = await self._call(client, "list", client.list_instances())
         except AgentCallError as e:
             self.node_errors[name] = str(e)
@@ -333,6 +334,9 @@ class LifecycleManager:
                 inst is not None
                 and inst.node == name
                 and inst.state in (InstanceState.READY, InstanceState.DRAINING)
+                # An instance that became ready after the list was asked for may be listed as it was
+                # before ("starting"): the answer is older than what the gateway knows, not a crash.
+                and inst.changed_at <= asked
             ):
                 why = rep.reason or (
                     "health check failed" if rep.healthy is False else f"agent says {rep.state}"
@@ -340,7 +344,12 @@ class LifecycleManager:
                 log.warning("instance_crashed", node=name, instance=rep.id, model=rep.model, reason=why)
                 self._do(self.core.crashed(rep.id, why, now))
         for inst in self.core.instances():
-            if inst.node == name and inst.state is InstanceState.READY and inst.id not in seen:
+            if (
+                inst.node == name
+                and inst.state is InstanceState.READY
+                and inst.id not in seen
+                and inst.changed_at <= asked
+            ):
                 self._do(self.core.crashed(inst.id, "the agent no longer lists it", now))
 
     async def _call(self, client: AgentClient, command: str, coro: Any) -> Any:

@@ -19,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.agent import procs
+from gateway.agent.contract import InstanceState as AgentInstanceState
+from gateway.agent.contract import ListReport
 from gateway.agent.state import StateDir
 from gateway.lifecycle.instances import InstanceState
 from gateway.lifecycle.manager import LifecycleManager
@@ -414,3 +417,42 @@ async def test_a_reload_turns_dry_run_off_keeps_the_counters_and_a_bad_table_kee
     await fleet.until("the autoscaler off", lambda: a.loop is None)
     assert _metric(await fleet.metrics(), "berth_autoscale_enabled") == 0
     assert fleet.count("sim-a", InstanceState.READY) >= 1  # nothing it started is stopped by turning it off
+
+
+async def test_an_agent_list_older_than_an_instance_change_is_no_crash_verdict(
+    start_fleet: StartFleet,
+) -> None:
+    # The race a full suite once lost: the lifecycle asks its agent for the list, the instance it is
+    # starting becomes ready meanwhile, and the answer, taken before that, says "starting". That is an
+    # old answer, not a crash; the same answer about an instance that has not changed since is one.
+    fleet = await start_fleet("")
+    async with aiohttp.ClientSession() as s:
+        await _complete(s, fleet.running.url, "sim-a", 2)  # cold start: one ready instance
+    (inst,) = [i for i in fleet.manager.core.instances() if i.state is InstanceState.READY]
+    client = fleet.manager.clients["n1"]
+    real = client.list_instances
+    touch = True  # the first stale answer comes back after the instance changed
+    answered: list[asyncio.Event] = [asyncio.Event(), asyncio.Event(), asyncio.Event()]
+
+    async def stale() -> ListReport:
+        listed = await real()
+        if touch:
+            inst.changed_at = fleet.running.gw.clock.now()  # changed while the list was asked for
+        for e in answered:
+            if not e.is_set():
+                e.set()
+                break
+        starting = AgentInstanceState.STARTING
+        return msgspec.structs.replace(
+            listed,
+            instances=[
+                msgspec.structs.replace(r, state=starting) if r.id == inst.id else r for r in listed.instances
+            ],
+        )
+
+    client.list_instances = stale  # type: ignore[method-assign]
+    await asyncio.wait_for(answered[1].wait(), WAIT_S)  # the first stale answer was read whole
+    assert inst.state is InstanceState.READY
+    touch = False
+    await asyncio.wait_for(answered[2].wait(), WAIT_S)
+    await fleet.until("the instance crashed", lambda: inst.state is not InstanceState.READY)
