@@ -19,11 +19,9 @@ cookies and compression (engines are asked for identity encoding).
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
 
 import aiohttp
 
@@ -35,6 +33,7 @@ from gateway.upstream.deadlines import Deadlines
 from gateway.upstream.fetch import Fetcher
 from gateway.upstream.h1 import BadResponse, EngineDropped, H1Response
 from gateway.upstream.pool import ConnectTimeout, Origin, Pool, PoolClosed
+from gateway.upstream.target import url_parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,24 +112,12 @@ class _Target:
 
 @functools.lru_cache(maxsize=1024)
 def _target(url: str) -> _Target:
-    parts = urlsplit(url)
-    scheme = parts.scheme
-    host = parts.hostname
-    if scheme not in ("http", "https") or not host:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    port = parts.port or (443 if scheme == "https" else 80)
-    path = parts.path or "/"
-    authority = parts.netloc.rpartition("@")[2]
-    basic = ""
-    if parts.username is not None:  # as aiohttp did: credentials in the URL are sent as basic auth
-        user = unquote(parts.username)
-        token = base64.b64encode(f"{user}:{unquote(parts.password or '')}".encode()).decode()
-        basic = f"Authorization: Basic {token}\r\n"
+    u = url_parts(url)
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: berth/{__version__}\r\n"
+        f"POST {u.path} HTTP/1.1\r\nHost: {u.authority}\r\nUser-Agent: berth/{__version__}\r\n"
         "Accept: */*\r\nAccept-Encoding: identity\r\nContent-Type: application/json\r\n"
     )
-    return _Target((scheme, host, port), head, basic)
+    return _Target(u.origin, head, u.basic)
 
 
 def _request(target: _Target, body: bytes, request_id: str, auth: Mapping[str, str] | None) -> bytes:

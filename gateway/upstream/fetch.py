@@ -19,15 +19,14 @@ a call cut short closes its connection.
 
 from __future__ import annotations
 
-import base64
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
 
 from gateway import __version__
 from gateway.upstream.h1 import EngineDropped, H1Response, ResponseError
 from gateway.upstream.pool import Origin, Pool
+from gateway.upstream.target import url_parts
 
 
 class FetchFailed(ConnectionError):
@@ -43,21 +42,10 @@ class _Target:
 
 @functools.lru_cache(maxsize=4096)
 def _target(url: str) -> _Target:
-    parts = urlsplit(url)
-    scheme = parts.scheme
-    host = parts.hostname
-    if scheme not in ("http", "https") or not host:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    port = parts.port or (443 if scheme == "https" else 80)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    authority = parts.netloc.rpartition("@")[2]
-    basic = ""
-    if parts.username is not None:  # as aiohttp did: credentials in the URL are sent as basic auth
-        user = unquote(parts.username)
-        token = base64.b64encode(f"{user}:{unquote(parts.password or '')}".encode()).decode()
-        basic = f"Authorization: Basic {token}\r\n"
-    head = f"GET {target} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: berth/{__version__}\r\n"
-    return _Target((scheme, host, port), head, basic)
+    u = url_parts(url)
+    target = u.path + (f"?{u.query}" if u.query else "")
+    head = f"GET {target} HTTP/1.1\r\nHost: {u.authority}\r\nUser-Agent: berth/{__version__}\r\n"
+    return _Target(u.origin, head, u.basic)
 
 
 def _request(target: _Target, headers: Mapping[str, str]) -> bytes:
