@@ -195,11 +195,6 @@ class EndpointTelemetry:
         self.prior_scale = (old_pre if pre is None else pre, old_dec if dec is None else dec)
         self.coefficients = f.scale_prior(*self.prior_scale)
 
-    def refit_prior_parts(self) -> PerfCoefficients:
-        """Fit the parts still on the prior whose first fit is due (the fast check; `refit` does all)."""
-        self.coefficients = self.fitter.refit_prior_parts()
-        return self.coefficients
-
     def estimates(self, now: float) -> EndpointEstimates:
         t = self.timings
         total = t.output_rate.total(now)  # once: a refresh asks every endpoint

@@ -41,7 +41,7 @@ from gateway.telemetry.endpoint_state import EndpointTelemetry
 from gateway.telemetry.engine_metrics import EngineMetrics, HistogramReader
 from gateway.telemetry.exporter import TelemetryCollector
 from gateway.telemetry.fleet_state import CachedLengths, FleetTelemetry, prior_with
-from gateway.telemetry.perfmodel import PART_COEFFICIENTS, PARTS
+from gateway.telemetry.perfmodel import PART_COEFFICIENTS, PARTS, Part
 from gateway.telemetry.promtext import Exposition, Histogram
 from gateway.telemetry.records import FinishedRequest, ScrapeSample, TelemetrySettings
 from gateway.telemetry.tokens import TokenEstimator
@@ -269,7 +269,8 @@ class LiveTelemetry:
         kind = self.refit_due(now)
         if kind is not None:
             for ep, before in self._refit_plan(kind):
-                self._refit_one(ep, before, kind)
+                for part in self._settled_parts(ep, before, kind):
+                    ep.refit_part(part)
             self._refitted(kind, now)
             self._push_estimates()
 
@@ -292,11 +293,10 @@ class LiveTelemetry:
             kind = self.refit_due(now)
             if kind is None:
                 continue
-            # `_refit_one` a part at a time: a part's fit takes up to 1.5 ms with a full window (an
-            # endpoint's four up to 6), so requests go through between parts.
+            # A part at a time: a part's fit takes up to 1.5 ms with a full window (an endpoint's four
+            # up to 6), so requests go through between parts.
             for ep, before in self._refit_plan(kind):
-                ep.settle(before)
-                for part in PARTS if kind == "all" else ep.fitter.prior_parts_due():
+                for part in self._settled_parts(ep, before, kind):
                     ep.refit_part(part)
                     await asyncio.sleep(0)
             self._refitted(kind, now)
@@ -314,12 +314,12 @@ class LiveTelemetry:
         ]
 
     @staticmethod
-    def _refit_one(ep: EndpointTelemetry, before: float, kind: Refit) -> None:
+    def _settled_parts(ep: EndpointTelemetry, before: float, kind: Refit) -> tuple[Part, ...]:
+        """Settle `ep` at `before` and name the parts a refit of `kind` fits there, in order (for
+        "first", those on the prior whose first fit is due); fitted one at a time with `refit_part`,
+        they give what one `refit` (or `refit_prior_parts`) gives."""
         ep.settle(before)  # requests added after the points were taken ran later: still correct
-        if kind == "all":
-            ep.refit()
-        elif ep.fitter.first_fit_due:
-            ep.refit_prior_parts()
+        return PARTS if kind == "all" else ep.fitter.prior_parts_due()
 
     def _refitted(self, kind: Refit, now: float) -> None:
         """Note a refit of `kind` begun at `now` (the caller then pushes the new estimates)."""
