@@ -4,7 +4,7 @@ observations map onto the models)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 from gateway.core.types import EndpointId
@@ -176,6 +176,12 @@ class EndpointTelemetry:
     def refit_part(self, part: Part) -> PerfCoefficients:
         self.coefficients = self.fitter.refit_part(part)
         return self.coefficients
+
+    def refit_steps(self, part: Part) -> Iterator[None]:
+        """`refit_part` in steps (`PerfModelFitter.refit_steps`)."""
+        for _ in self.fitter.refit_steps(part):
+            self.coefficients = self.fitter.current
+            yield
 
     @property
     def on_prior(self) -> bool:

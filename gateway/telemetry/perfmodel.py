@@ -54,21 +54,22 @@ iteration and the first token of newly admitted requests at the end of a prefill
   gaps of the stream.
 
 **Fitting.** ``observe_*`` only append to a bounded window (O(1); never fit on the request path).
-``refit()`` (a background task, every few seconds; around 10 ms per endpoint with full windows)
-solves, per dimension, a weighted least-squares problem on *relative* errors, so short and long
-observations count alike and the fit minimises what ``*_mape`` reports. The weights are exponential
-forgetting (an observation ``a`` observations old weighs ``2^(−a / half_life)``) times robust weights
-(iteratively reweighted: Huber, then Tukey's biweight, so gross outliers such as a stalled event loop or
-a GC pause, which only ever add time, get no weight; residuals are relative to the fitted value, since
-dividing by a noisy observation would favour the ones that came out short). Slopes and intercepts are
-constrained to be non-negative (exact NNLS by trying every face of the constraint set: at most three
-unknowns). A dimension keeps its current coefficients (the prior until its first good fit) while it has
-fewer than ``min_obs`` observations (``first_fit_min_obs`` while it still holds a prior that is a
-guess, ``guessed``: a prior from other hardware is worse than a fit of a few observations of this one),
-or when its system is ill-conditioned (e.g. every prompt the same
-length, or a saturated endpoint that only ever runs one batch size: the slope cannot be told from the
-intercept), or when the fit would put every coefficient at zero. The throughput curve is non-linear in
-β: a log-spaced grid of β with the linear (thr1, α) solved in closed form for each.
+``refit()`` (a background task, every few seconds; 4-5 ms of CPU per endpoint with full windows, run
+live in steps of at most about 0.3 ms, ``refit_steps``) solves, per dimension, a weighted least-squares
+problem on *relative* errors, so short and long observations count alike and the fit minimises what
+``*_mape`` reports. The weights are exponential forgetting (an observation ``a`` observations old weighs
+``2^(−a / half_life)``) times robust weights (iteratively reweighted: Huber, then Tukey's biweight, so
+gross outliers such as a stalled event loop or a GC pause, which only ever add time, get no weight;
+residuals are relative to the fitted value, since dividing by a noisy observation would favour the ones
+that came out short). Slopes and intercepts are constrained to be non-negative (exact NNLS by trying
+every face of the constraint set: at most three unknowns). A dimension keeps its current coefficients
+(the prior until its first good fit) while it has fewer than ``min_obs`` observations
+(``first_fit_min_obs`` while it still holds a prior that is a guess, ``guessed``: a prior from other
+hardware is worse than a fit of a few observations of this one), or when its system is ill-conditioned
+(e.g. every prompt the same length, or a saturated endpoint that only ever runs one batch size: the
+slope cannot be told from the intercept), or when the fit would put every coefficient at zero. The
+throughput curve is non-linear in β: a log-spaced grid of β with the linear (thr1, α) solved in closed
+form for each.
 
 ``refit_prior_parts()`` fits only the dimensions that still hold the prior and have observations they
 had not at their last attempt (``first_fit_due`` says whether there is one): the cheap, frequent check the
@@ -82,9 +83,10 @@ little); ``n_*`` are the observations the dimension's current fit used (0 while 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from itertools import combinations
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -101,6 +103,14 @@ _TUKEY_C: Final = 4.685  # Tukey's biweight constant (95 % efficiency): beyond i
 _TUKEY_ROUNDS: Final = 4
 _MIN_SCALE: Final = 1e-3  # floor of the robust residual scale (relative error)
 _BETAS: Final = np.geomspace(1e-3, 1e2, 81)
+_BETA_SLICE: Final = 9  # the β grid's columns per step of the throughput fit (9 steps)
+
+T = TypeVar("T")
+#: A fit in steps of bounded work (see `PerfModelFitter.refit_steps`): each `next` runs one, the value
+#: comes with the last.
+Steps = Generator[None, None, T]
+#: What a part's fit changes: its coefficients in a given `PerfCoefficients`.
+Update = Callable[[PerfCoefficients], PerfCoefficients]
 
 
 class _Ring:
@@ -152,8 +162,9 @@ class PerfModelFitter:
     """One per endpoint (or per model + engine profile). See the module doc for what to feed it.
 
     ``observe_*`` are O(1) appends into bounded windows; ``refit()`` runs the least-squares fits (about
-    1.1-1.5 ms per part with full windows of 2000, 0.4 ms with 50; ``refit_part`` runs one) of the parts
-    with new observations since their last fit, and returns and stores the new coefficients;
+    1.1-2 ms per part with full windows of 2000, 0.4 ms with 50; ``refit_part`` runs one, ``refit_steps``
+    runs one in steps of at most about 0.3 ms) of the parts with new observations since their last fit,
+    and returns and stores the new coefficients;
     ``refit_prior_parts()`` only those of the parts still on the prior that have new observations
     (``first_fit_due``). Invalid observations (non-finite, negative sizes, non-positive times) are
     dropped.
@@ -273,9 +284,19 @@ class PerfModelFitter:
         return self._refit(PARTS)
 
     def refit_part(self, part: Part) -> PerfCoefficients:
-        """`refit` of one part (each part's fit takes up to about 1.5 ms with a full window: the daemon
-        fits one at a time with the event loop free in between); the parts in turn equal `refit`."""
+        """`refit` of one part; the parts in turn equal `refit`."""
         return self._refit((part,))
+
+    def refit_steps(self, part: Part) -> Iterator[None]:
+        """`refit_part` in steps, for a caller that frees the event loop between them (a part's whole fit
+        takes 1.1-2 ms with a full window, and a timer due meanwhile waits for all of it): each `next`
+        runs one step, the fit's setup (the window copied, the system's condition checked), one round
+        of its reweighting or one slice of the throughput curve's β grid, up to about 0.3 ms each with
+        a full window (`python -m loadgen.bench.refit_steps`). The window is the one the first step
+        copied; the part's coefficients change at the last step only, in the coefficients current then
+        (a `scale_prior` between steps is kept). The steps in turn equal `refit_part`; a fit left
+        unfinished changes nothing (the next refit fits the part again)."""
+        return self._refit_steps((part,))
 
     def refit_prior_parts(self) -> PerfCoefficients:
         """Fit only the parts on a guessed prior whose first fit is due (see `first_fit_due`); the
@@ -287,72 +308,76 @@ class PerfModelFitter:
         return tuple(p for p in PARTS if p in self._on_prior and self._first_fit_due(p))
 
     def _refit(self, parts: tuple[Part, ...]) -> PerfCoefficients:
-        cur = self._current
-        # Extreme inputs (denormal sizes, 1e300 times) may overflow on the way; every result is checked
-        # for finiteness instead, and a dimension whose fit is not finite keeps its coefficients.
+        for _ in self._refit_steps(parts):
+            pass
+        return self._current
+
+    def _refit_steps(self, parts: tuple[Part, ...]) -> Iterator[None]:
         for part in parts:
             ring = self._rings[part]
             first = part in self._on_prior
             if len(ring) < (self._first_fit_min_obs if first and part in self._guessed else self._min_obs):
                 continue
-            if ring.total == self._fitted[part]:
+            total = ring.total
+            if total == self._fitted[part]:
                 continue  # nothing new since its last fit: the same window gives the same answer
-            self._fitted[part] = ring.total
+            steps = self._fit(part)
+            while True:
+                # Extreme inputs (denormal sizes, 1e300 times) may overflow on the way; every result is
+                # checked for finiteness instead, and a dimension whose fit is not finite keeps its
+                # coefficients. The error state is set per step: it must not outlive one.
+                with np.errstate(all="ignore"):
+                    try:
+                        next(steps)
+                    except StopIteration as done:
+                        update: Update | None = done.value
+                        break
+                yield
+            self._fitted[part] = total
             if first:
-                self._tried[part] = ring.total
-            with np.errstate(all="ignore"):
-                fitted = self._fit(part, cur)
-            if fitted is not None:
-                cur = fitted
+                self._tried[part] = total
+            if update is not None:
+                self._current = update(self._current)
                 self._on_prior.discard(part)
-        self._current = cur
-        return cur
+            yield
 
-    def _fit(self, part: Part, cur: PerfCoefficients) -> PerfCoefficients | None:
-        """`cur` with `part`'s coefficients fitted to its window; None when the fit is refused."""
+    def _fit(self, part: Part) -> Steps[Update | None]:
+        """`part`'s coefficients fitted to its window, in steps; None when the fit is refused."""
         if part == "throughput":
-            tput = self._fit_throughput()
+            data = self._tput.rows()
+            tput = yield from _fit_decay(data[:, 0], data[:, 1], self._weights(len(data)))
             if tput is None:
                 return None
             thr1, alpha, beta = tput
-            return replace(cur, thr1=thr1, alpha=alpha, beta=beta, n_throughput=len(self._tput))
+            n = len(data)
+            return lambda cur: replace(cur, thr1=thr1, alpha=alpha, beta=beta, n_throughput=n)
         if part == "prefill":
-            fit = self._fit_prefill()
+            data = self._prefill.rows()
+            x = np.column_stack((data[:, 0], np.ones(len(data))))
+            fit = yield from _fit_linear(x, data[:, 1], self._weights(len(data)))
             if fit is None:
                 return None
             k1, c1 = fit.coef
-            return replace(cur, k1=k1, c1=c1, prefill_mape=fit.mape, n_prefill=fit.n)
+            mape, n = fit.mape, fit.n
+            return lambda cur: replace(cur, k1=k1, c1=c1, prefill_mape=mape, n_prefill=n)
         if part == "decode":
-            fit = self._fit_decode()
+            data = self._decode.rows()
+            batch, ctx = data[:, 0], data[:, 1]
+            x = np.column_stack((batch * ctx, batch, np.ones(len(data))))
+            fit = yield from _fit_linear(x, data[:, 2], self._weights(len(data)))
             if fit is None:
                 return None
             k2, c2, c3 = fit.coef
-            return replace(cur, k2=k2, c2=c2, c3=c3, decode_mape=fit.mape, n_decode=fit.n)
-        fit = self._fit_kv()
+            mape, n = fit.mape, fit.n
+            return lambda cur: replace(cur, k2=k2, c2=c2, c3=c3, decode_mape=mape, n_decode=n)
+        data = self._kv.rows()
+        x = np.column_stack((data[:, 0], np.ones(len(data))))
+        fit = yield from _fit_linear(x, data[:, 1], self._weights(len(data)))
         if fit is None:
             return None
         h, j = fit.coef
-        return replace(cur, h=h, j=j, kv_mape=fit.mape, n_kv=fit.n)
-
-    def _fit_prefill(self) -> _LinearFit | None:
-        data = self._prefill.rows()
-        x = np.column_stack((data[:, 0], np.ones(len(data))))
-        return _fit_linear(x, data[:, 1], self._weights(len(data)))
-
-    def _fit_decode(self) -> _LinearFit | None:
-        data = self._decode.rows()
-        batch, ctx = data[:, 0], data[:, 1]
-        x = np.column_stack((batch * ctx, batch, np.ones(len(data))))
-        return _fit_linear(x, data[:, 2], self._weights(len(data)))
-
-    def _fit_kv(self) -> _LinearFit | None:
-        data = self._kv.rows()
-        x = np.column_stack((data[:, 0], np.ones(len(data))))
-        return _fit_linear(x, data[:, 1], self._weights(len(data)))
-
-    def _fit_throughput(self) -> tuple[float, float, float] | None:
-        data = self._tput.rows()
-        return _fit_decay(data[:, 0], data[:, 1], self._weights(len(data)))
+        mape, n = fit.mape, fit.n
+        return lambda cur: replace(cur, h=h, j=j, kv_mape=mape, n_kv=n)
 
     def _weights(self, n: int) -> Array:
         age = np.arange(n - 1, -1, -1, dtype=np.float64)  # the newest observation is the last
@@ -363,9 +388,10 @@ def _finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-def _fit_linear(x: Array, y: Array, w: Array) -> _LinearFit | None:
+def _fit_linear(x: Array, y: Array, w: Array) -> Steps[_LinearFit | None]:
     """Non-negative weighted least squares on relative errors, robustly reweighted; None when the
-    system is ill-conditioned or the only sane answer is all zeros.
+    system is ill-conditioned or the only sane answer is all zeros. In steps: the condition check, then
+    one per round.
 
     Iteratively reweighted: a plain weighted least-squares start, then rounds whose residuals are
     relative to the *fitted* value (dividing by a noisy observation would give the observations that
@@ -381,6 +407,7 @@ def _fit_linear(x: Array, y: Array, w: Array) -> _LinearFit | None:
     robust = np.ones_like(y)
     beta = np.zeros(x.shape[1])
     for i in range(_HUBER_ROUNDS + _TUKEY_ROUNDS + 1):
+        yield
         if np.count_nonzero(robust) <= x.shape[1]:
             break  # too few observations kept to say anything: keep the last answer
         scaled = row * np.sqrt(robust)
@@ -441,18 +468,23 @@ def _nnls(gram: Array, rhs: Array) -> Array:
     return best
 
 
-def _fit_decay(n: Array, tps: Array, w: Array) -> tuple[float, float, float] | None:
+def _fit_decay(n: Array, tps: Array, w: Array) -> Steps[tuple[float, float, float] | None]:
     """MaaSO's ``tps = thr1 − α·ln(1 + β·n)``: for every β of a log grid, the (thr1, α >= 0) that minimise
-    the weighted squared relative error in closed form; the best β wins."""
+    the weighted squared relative error in closed form; the best β wins. In steps: the grid's sums a
+    slice of `_BETA_SLICE` columns at a time."""
     if np.ptp(n) <= 0:  # one concurrency level: the decay cannot be seen
         return None
     wr = w / (tps * tps)  # relative errors: weight each squared residual by 1/tps^2
-    g = -np.log1p(np.outer(n, _BETAS))  # column k is the α-feature for β_k
+    wry = wr * tps
     sw = float(np.sum(wr))
-    sy = float(np.sum(wr * tps))
-    sg = wr @ g
-    sgg = wr @ (g * g)
-    sgy = (wr * tps) @ g
+    sy = float(np.sum(wry))
+    sums: list[tuple[Array, Array, Array]] = []
+    for at in range(0, len(_BETAS), _BETA_SLICE):
+        if at:
+            yield
+        g = -np.log1p(np.outer(n, _BETAS[at : at + _BETA_SLICE]))  # column k is the α-feature for β_k
+        sums.append((wr @ g, wr @ (g * g), wry @ g))
+    sg, sgg, sgy = (np.concatenate(col) for col in zip(*sums, strict=True))
     det = sw * sgg - sg * sg
     ok = det > 1e-12 * sw * sgg
     safe = np.where(ok, det, 1.0)

@@ -440,3 +440,34 @@ async def test_the_loop_hands_the_estimates_over_a_slice_of_endpoints_at_a_time(
     got = {e: None if v is None else v.ttft_ewma_s for e, v in views[1].items()}
     assert got == {e: None if v is None else v.ttft_ewma_s for e, v in views[0].items()}
     assert any(v is not None for v in got.values())
+
+
+async def test_the_loop_fits_a_part_in_steps_with_the_loop_free_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A part's fit (1.1-2 ms with a full window) is not one turn of the event loop: the loop yields
+    after each of its steps, and what it fitted equals one synchronous refit."""
+    rig, whole = Rig(), Rig()
+    for r in (rig, whole):
+        r.tel.refresh()  # telemetry follows the scheduler's endpoint
+        fitter = r.tel.fleet.endpoints[A].fitter
+        for i in range(200):  # a window of prefill observations and nothing else to fit
+            fitter.observe_prefill(100.0 + 10 * i, (0.02 + 2e-4 * (100 + 10 * i)) * (1.0 + 0.01 * (i % 7)))
+    expected = whole.tel.fleet.endpoints[A].refit()
+    yields: list[int] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        if seconds == 0:
+            yields.append(rig.tel.fleet.endpoints[A].coefficients.n_prefill)
+            return
+        if rig.tel.last_refit_at is not None:
+            raise asyncio.CancelledError  # one turn of the loop
+        rig.clock.advance(seconds)
+
+    monkeypatch.setattr("gateway.telemetry.live.asyncio.sleep", fake_sleep)
+    with pytest.raises(asyncio.CancelledError):
+        await rig.tel.run()
+    # the loop ran between the fit's steps, the prior still in place: after the setup and each of six
+    # rounds of reweighting; the seventh's step ends the fit
+    assert yields == [0] * 7 + [200]
+    assert rig.tel.fleet.endpoints[A].coefficients == expected

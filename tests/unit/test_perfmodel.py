@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.sched.perf import PerfCoefficients, default_prior
-from gateway.telemetry.perfmodel import PARTS, PerfModelFitter, _nnls
+from gateway.telemetry.perfmodel import PARTS, Part, PerfModelFitter, _nnls
 
 PRIOR = default_prior()
 
@@ -137,6 +137,48 @@ def test_the_parts_fitted_one_at_a_time_equal_one_refit() -> None:
     for part in PARTS:
         parts.refit_part(part)
     assert parts.current == whole.refit()
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_a_part_fitted_in_steps_equals_its_fit_in_one_and_changes_only_at_the_last_step(part: Part) -> None:
+    """`refit_steps` splits a part's fit (with a full window: the setup, one step per reweighting round,
+    the throughput curve's β grid a slice at a time): the coefficients stay as they were until the last
+    step, and then equal what `refit_part` gives."""
+    whole, stepped = PerfModelFitter(PRIOR, window=500), PerfModelFitter(PRIOR, window=500)
+    for f in (whole, stepped):
+        feed(f, TRUTHS["a100-70b"], 600, rng=random.Random(11), outliers=0.05)
+    before = stepped.current
+    steps = 0
+    for _ in stepped.refit_steps(part):
+        steps += 1
+        if stepped.current is not before:
+            break
+    assert steps >= 8  # 1 setup + 7 rounds, or 9 slices of the grid: split, not one turn
+    assert stepped.current == whole.refit_part(part) != before
+    assert stepped.on_prior == whole.on_prior == frozenset(PARTS) - {part}
+
+
+def test_a_scale_of_the_prior_between_steps_is_kept_and_an_unfinished_fit_changes_nothing() -> None:
+    f = PerfModelFitter(PRIOR)
+    feed(f, TRUTHS["fleet-7b"], 200, rng=random.Random(2))
+    steps = f.refit_steps("prefill")
+    next(steps)
+    scaled = f.scale_prior(2.0, 3.0)  # e.g. the calibration of a refresh in between
+    for _ in steps:
+        pass
+    fitted = f.current
+    assert (fitted.k2, fitted.c3) == (scaled.k2, scaled.c3) == (PRIOR.k2 * 3.0, PRIOR.c3 * 3.0)
+    assert fitted.k1 != scaled.k1
+    assert fitted.n_prefill == 200
+    # a fit left half-way (the task cancelled at shutdown) neither changes the coefficients nor counts
+    # as the window's fit: the next refit fits the part
+    left = f.refit_steps("decode")
+    next(left)
+    next(left)
+    del left
+    assert f.current is fitted
+    assert "decode" in f.on_prior
+    assert f.refit_part("decode").n_decode == 200
 
 
 def test_the_due_prior_parts_fitted_one_at_a_time_equal_refit_prior_parts() -> None:
