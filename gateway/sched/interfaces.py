@@ -101,17 +101,21 @@ class GroupingFilter(Filter, Protocol):
 
 @runtime_checkable
 class Scorer(Protocol):
-    """Scores each candidate in [0, 1], higher is better.
+    """Scores each candidate in [0, 1], higher is better: a sequence of the candidates' scores in their
+    order (as long as `candidates`: the runner raises otherwise), or a mapping by endpoint id (endpoints
+    missing from it score 0). The sequence is the cheaper: the runner takes it as it is, where a
+    mapping costs a dict built and a lookup per candidate (over 100 endpoints, about 7 µs of a
+    request's 57 in the scheduler: `overhead_micro --pieces fleet_100`).
 
-    Endpoints missing from the result score 0. The runner clamps out-of-range values and NaN to [0, 1]
-    and multiplies by the profile's weight for this scorer; weights live in the policy, not the plugin.
+    The runner clamps out-of-range values and NaN to [0, 1] and multiplies by the profile's weight for
+    this scorer; weights live in the policy, not the plugin.
     """
 
     name: str
 
     def score(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
-    ) -> Mapping[EndpointId, float]: ...
+    ) -> Sequence[float] | Mapping[EndpointId, float]: ...
 
 
 @runtime_checkable

@@ -137,10 +137,13 @@ def test_least_outstanding_prefers_fewer_in_flight_plus_engine_waiting(
 )
 def test_least_outstanding_scores_are_in_range_and_monotone(loads: list[tuple[int, float | None]]) -> None:
     views = [view(f"e{i}", inflight=n, waiting=w) for i, (n, w) in enumerate(loads)]
-    scores = LeastOutstandingScorer().score(request(), views, snapshot(*views))
+    got = LeastOutstandingScorer().score(request(), views, snapshot(*views))
+    assert len(got) == len(views)  # in candidate order
+    scores = dict(zip((v.id for v in views), got, strict=True))
     assert all(0.0 < s <= 1.0 for s in scores.values())
     by_load = sorted(views, key=lambda v: v.outstanding)
     assert [scores[v.id] for v in by_load] == sorted(scores.values(), reverse=True)
+    assert got == [1.0 / (1.0 + v.outstanding) for v in views]
 
 
 # ----------------------------------------------------------------- power of two

@@ -46,6 +46,23 @@ class FixedScorer:
 
 
 @dataclasses.dataclass
+class InOrderScorer:
+    """`FixedScorer`'s values as a sequence in candidate order (a candidate it has none for: 0), a list
+    or a tuple; `extra` values more than there are candidates (a broken scorer)."""
+
+    values: Mapping[str, float]
+    name: str = "in-order"
+    as_tuple: bool = False
+    extra: int = 0
+
+    def score(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[float]:
+        out = [self.values.get(e.id, 0.0) for e in candidates] + [0.5] * self.extra
+        return tuple(out) if self.as_tuple else out
+
+
+@dataclasses.dataclass
 class KeepFilter:
     """Keeps the candidates whose id is in `keep`; records what it was given."""
 
@@ -326,15 +343,17 @@ def _clamped(v: float) -> float:
         max_size=3,
     ),
     weights=st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.5]), min_size=3, max_size=3),
+    kinds=st.lists(st.sampled_from([0, 1, 2]), min_size=3, max_size=3),
 )
 def test_totals_equal_clamping_each_value_then_summing_in_scorer_order(
-    scores: list[dict[str, float]], weights: list[float]
+    scores: list[dict[str, float]], weights: list[float], kinds: list[int]
 ) -> None:
     # The runner checks a scorer's values together (in C) and clamps one by one only when one is out
     # of range: the totals must be exactly those of clamping every value, weighting, and adding them
-    # up scorer by scorer from 0.
+    # up scorer by scorer from 0, whether a scorer answers with a mapping, a list or a tuple.
     picker = RecordingPicker()
-    scorers = tuple(WeightedScorer(FixedScorer(s), w) for s, w in zip(scores, weights, strict=False))
+    makers = (FixedScorer, InOrderScorer, lambda v: InOrderScorer(v, as_tuple=True))
+    scorers = tuple(WeightedScorer(makers[k](s), w) for s, w, k in zip(scores, weights, kinds, strict=False))
     profile = SchedulerProfile(filters=(), scorers=scorers, picker=picker)
     ids = ["a", "b", "c", "d"]
     profile.place(request(), snapshot(*(view(i) for i in ids)))
@@ -343,3 +362,20 @@ def test_totals_equal_clamping_each_value_then_summing_in_scorer_order(
         for i in ids:
             expected[i] += weight * _clamped(values.get(i, 0.0))
     assert picker.calls == [expected]
+
+
+@pytest.mark.parametrize("extra", [1, -1], ids=["one-too-many", "one-too-few"])
+def test_a_scorer_whose_sequence_is_not_one_score_per_candidate_raises(extra: int) -> None:
+    scorer = InOrderScorer({"a": 1.0}, extra=extra) if extra > 0 else _Short()
+    profile = SchedulerProfile(filters=(), scorers=(WeightedScorer(scorer, 1.0),), picker=RecordingPicker())
+    with pytest.raises(RuntimeError, match=r"gave [0-9]+ scores for 2 candidates"):
+        profile.place(request(), snapshot(view("a"), view("b")))
+
+
+class _Short:
+    name = "short"
+
+    def score(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[float]:
+        return [1.0] * (len(candidates) - 1)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from gateway.core.types import EndpointId
 from gateway.sched.registry import NoParams, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
@@ -17,9 +16,9 @@ class LeastOutstandingScorer:
 
     def score(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
-    ) -> Mapping[EndpointId, float]:
+    ) -> list[float]:
         # `EndpointView.outstanding` spelled out (a property call per candidate is a third of this).
-        return {e.id: 1.0 / (1.0 + (e.inflight + (e.engine_waiting or 0.0))) for e in candidates}
+        return [1.0 / (1.0 + (e.inflight + (e.engine_waiting or 0.0))) for e in candidates]
 
 
 class MaxScorePicker:
