@@ -433,7 +433,7 @@ def report(
         args.saturation_concurrency, args.latency_concurrency, args.stream_concurrency, args.chunks,
         args.fleet_count,
     )  # fmt: skip
-    cs = checks(summaries, rs, load, fleet_lag(measurements))
+    cs = checks(summaries, rs, load, fleet_lag(measurements), fleet_lag(measurements, "bare"))
     table = render_table(summaries, rs, cs, load)
     return {
         "benchmark": "overhead",

@@ -21,6 +21,7 @@ from loadgen.bench.overhead_report import (
     fleet_lag,
     lag_figures,
     ratios,
+    render_table,
     summarise,
     verdict,
 )
@@ -141,6 +142,29 @@ def test_targets(berth: tuple[float, float, float, float, float], expected: str)
     cs = checks(summaries, ratios(ms), Load(), fleet_lag(ms))
     assert len(cs) == 8
     assert verdict(cs) == expected
+
+
+def test_the_lag_targets_show_the_bare_proxys_figure_and_each_rounds_p99() -> None:
+    """The lag's limit is absolute, not a ratio: the bare proxy's own p99 in the same run is shown beside
+    the verdict, and each round's p99 beside the pooled one (how much it moves within the run)."""
+    ms = [m for m in _run(0.12, 2.9, lag=1.2) if m.phase != LAT8]
+    for rnd, (bare, berth) in enumerate(((0.4, 1.2), (1.5, 0.9), (0.7, 1.1))):
+        ms += [_m(LAT8, "bare", rnd=rnd, lag_s=_lag(bare)), _m(LAT8, "berth", rnd=rnd, lag_s=_lag(berth))]
+    ms += [_m("fleet", "bare", lag_s=_lag(1.6)), _m("fleet", "berth", lag_s=_lag(1.8))]
+    summaries = {c: summarise(ms, c) for c in ("direct", "bare", "berth")}
+    assert summaries["berth"].lag_p99_c8_rounds_ms == pytest.approx((1.2, 0.9, 1.1))
+    assert summaries["bare"].lag_p99_fleet_rounds_ms == pytest.approx((1.6,))
+    assert summaries["direct"].lag_p99_c8_rounds_ms == ()
+    cs = checks(summaries, ratios(ms), Load(), fleet_lag(ms), fleet_lag(ms, "bare"))
+    lags = {c.name: c for c in cs if "lag" in c.name}
+    assert {name: (c.value, c.bare) for name, c in lags.items()} == {
+        "event-loop lag p99 (c=8)": (summaries["berth"].lag_p99_c8_ms, summaries["bare"].lag_p99_c8_ms),
+        "event-loop lag p99, 100 endpoints scraped": (pytest.approx(1.8), pytest.approx(1.6)),
+    }
+    text = render_table(summaries, ratios(ms), cs, Load())
+    assert "(bare proxy: 1.60ms)" in text
+    assert "berth 1.200 / 0.900 / 1.100" in text
+    assert all(c.bare is None for c in cs if "lag" not in c.name)
 
 
 def test_a_target_without_a_figure_is_incomplete() -> None:
