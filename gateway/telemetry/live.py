@@ -293,8 +293,8 @@ class LiveTelemetry:
             kind = self.refit_due(now)
             if kind is None:
                 continue
-            # A step of a part's fit at a time: a part's whole fit takes 1.1-2 ms with a full window (an
-            # endpoint's four up to 8), a step up to about 0.3, so requests go through between steps.
+            # A step of a part's fit at a time: a part's whole fit takes up to about 1 ms with a full
+            # window (an endpoint's four 3.5), a step up to about 0.2, so requests go through between.
             for ep, before in self._refit_plan(kind):
                 for part in self._settled_parts(ep, before, kind):
                     for _ in ep.refit_steps(part):
