@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, Literal
 
 import msgspec
@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.config.schema import TelemetryConfig
 from gateway.core.clock import Clock
+from gateway.core.turnshare import TurnShare
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges
 from gateway.sched.perf import default_prior
 from gateway.sched.scheduler import Scheduler
@@ -48,15 +49,12 @@ from gateway.telemetry.tokens import TokenEstimator
 
 log = structlog.get_logger("berth.telemetry")
 
-#: The refresh loop folds finished requests in slices of this much work, yielding to the event loop
-#: after each: a record costs one unit, plus one per `GAPS_PER_UNIT` gaps of its stream. A unit is about
-#: 10 µs on the 2-CPU bench machine (in process, the test rig's records), so a slice is about 0.08 ms, a
-#: small part of one loop turn with 8 requests in flight (about 1 ms at saturation). At 32 units a slice
-#: took 0.33 ms, and at 4,000 finished requests a second 125 turns a second held one (harness lat8, two
-#: A/B pairs of 5 rounds: berth's lag p99 minus the bare proxy's, median per round, 0.70/0.40 -> 0.12/0.27
-#: ms: the noise is about as large); 128 records at a time, 0.6 ms and up to 2.3 ms of streams, held the
-#: turn that ran them at twice its length or more.
-DRAIN_UNITS: Final = 8
+#: `drain`'s unit of work: a record costs one unit, plus one per `GAPS_PER_UNIT` gaps of its stream (a
+#: unit is about 10 µs on the 2-CPU bench machine, in process, the test rig's records). The refresh loop
+#: folds a backlog of more than `DRAIN_UNITS` in slices of time (`TurnShare`), yielding between them: a
+#: fixed count per slice was either a third of a turn at 8 connections (32 units, 0.33 ms) or, at 8
+#: units, too little of a saturated loop to keep up (the rest was then folded in one piece: 40-120 ms).
+DRAIN_UNITS: Final = 32
 GAPS_PER_UNIT: Final = 64
 #: Endpoints whose estimates the refresh loop hands the scheduler before it yields (about 0.1 ms).
 PUSH_SLICE: Final = 16
@@ -93,6 +91,7 @@ class LiveTelemetry:
     ) -> None:
         self._scheduler = scheduler
         self._clock = clock
+        self._share = TurnShare(clock)  # the slices of the refresh loop's background work
         self._config = config  # [telemetry] is reloadable: `reconfigure` pushes a new one
         self.fleet = FleetTelemetry(telemetry_settings(config))
         self._pending: deque[FinishedRequest] = deque(maxlen=pending_limit)
@@ -189,12 +188,20 @@ class LiveTelemetry:
                 )
 
     # ----------------------------------------------------------------- the background work
-    def drain(self, budget: int | None = None) -> int:
+    def drain(self, budget: int | None = None, *, until: Callable[[], bool] | None = None) -> int:
         """Fold the finished requests in, oldest first; with `budget`, only until that many units of work
-        are spent (see `DRAIN_UNITS`; at least one record). Returns how many were folded in."""
+        are spent (see `DRAIN_UNITS`), with `until`, only until it says so (asked after each record; a
+        slice's time is up); at least one record. Returns how many were folded in."""
         pending = self._pending
         observe = self.fleet.observe
         n = 0
+        if until is not None:
+            while pending:
+                observe(pending.popleft())
+                n += 1
+                if until():
+                    break
+            return n
         if budget is None:
             while pending:
                 observe(pending.popleft())
@@ -282,13 +289,16 @@ class LiveTelemetry:
         while True:
             await asyncio.sleep(self._config.refresh_interval_s)
             # A second's finished requests at thousands a second take milliseconds to fold in: a slice
-            # at a time, letting requests through in between, so the loop never stalls on it; `refresh`
-            # folds in the last slice. Bounded (what is pending now and as much again finishing
-            # meanwhile) so that the refresh comes even when requests finish faster than they fold in.
+            # at a time (`TurnShare`: a fifth of a turn, at least 0.2 ms), letting requests through in
+            # between, so the loop never stalls on it; `refresh` folds in the last slice. Bounded (what
+            # is pending now and as much again finishing meanwhile) so that the refresh comes even when
+            # requests finish faster than they fold in.
+            share = self._share
+            share.begin()
             left = 2 * len(self._pending)
             while len(self._pending) > DRAIN_UNITS and left > 0:
-                left -= self.drain(DRAIN_UNITS)
-                await asyncio.sleep(0)
+                left -= self.drain(until=share.over)
+                await share.pause()
             self._fold_in()  # `refresh`, with the estimates pushed a slice of endpoints at a time
             await self._push_in_slices()
             self._check_stale()
@@ -296,12 +306,14 @@ class LiveTelemetry:
             kind = self.refit_due(now)
             if kind is None:
                 continue
-            # A step of a part's fit at a time: a part's whole fit takes up to about 1 ms with a full
-            # window (an endpoint's four 3.5), a step up to about 0.2, so requests go through between.
+            # A part's whole fit takes up to about 1 ms with a full window (an endpoint's four 3.5), a
+            # step of it up to about 0.2: the steps run in slices of time, requests going through between.
+            share.begin()
             for ep, before in self._refit_plan(kind):
                 for part in self._settled_parts(ep, before, kind):
                     for _ in ep.refit_steps(part):
-                        await asyncio.sleep(0)
+                        if share.over():
+                            await share.pause()
             self._refitted(kind, now)
             await self._push_in_slices()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -24,7 +24,8 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.types import QueueLimits
 from gateway.telemetry.engine_metrics import VLLM_METRICS
-from gateway.telemetry.live import DRAIN_UNITS, PUSH_SLICE, LiveTelemetry
+from gateway.telemetry.live import PUSH_SLICE, LiveTelemetry
+from gateway.telemetry.perfmodel import Part
 from gateway.telemetry.promtext import parse
 from gateway.telemetry.records import FinishedRequest as FinishedRecord
 from tests.unit.test_sched_scheduler import READY, policy, spec
@@ -313,27 +314,47 @@ def test_drain_folds_in_a_slice_of_work_and_the_slices_fold_in_everything_in_ord
     assert sliced.tel.fleet.estimates(A, now) == whole.tel.fleet.estimates(A, now)
 
 
-async def test_the_loop_folds_a_backlog_in_slices_with_the_loop_free_between(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("turn_s", "slices"),
+    [
+        # a quiet loop: each slice runs the floor, 0.2 ms, four records of 50 µs
+        pytest.param(0.0, [4, 4, 4], id="quiet-loop"),
+        # a saturated one (a turn of 5 ms): after the first slice, a fifth of a turn, twenty records
+        pytest.param(0.005, [4, 20, 20], id="busy-loop"),
+    ],
+)
+async def test_the_loop_folds_a_backlog_in_slices_of_time_with_the_loop_free_between(
+    monkeypatch: pytest.MonkeyPatch, turn_s: float, slices: list[int]
 ) -> None:
-    """At each refresh the loop folds the backlog a slice (DRAIN_UNITS) at a time with a yield after
-    each; the refresh folds in the last one."""
+    """At each refresh the loop folds the backlog a slice of time at a time (`TurnShare`), yielding
+    after each: on a busy loop a slice is longer (else the fold would fall behind and be done in one
+    piece); the refresh folds in the last one."""
     rig = Rig(pending_limit=1000)
     for i in range(100):
         finish(rig.tel, rig.run_request(f"r{i}"))
+    fold = rig.tel.fleet.observe
+
+    def observe(r: FinishedRecord) -> None:
+        rig.clock.advance(50e-6)  # what folding a record in costs
+        fold(r)
+
+    monkeypatch.setattr(rig.tel.fleet, "observe", observe)
     pending_at_yield: list[int] = []
 
     async def fake_sleep(seconds: float) -> None:
         if seconds == 0:
             pending_at_yield.append(rig.tel.pending)
+            rig.clock.advance(turn_s)  # the loop's turn
             return
         if pending_at_yield or rig.tel.last_refit_at is not None:
             raise asyncio.CancelledError  # one turn of the loop is enough
 
     monkeypatch.setattr("gateway.telemetry.live.asyncio.sleep", fake_sleep)
+    monkeypatch.setattr("gateway.core.turnshare.asyncio.sleep", fake_sleep)
     with pytest.raises(asyncio.CancelledError):
         await rig.tel.run()
-    assert pending_at_yield[:3] == [100 - DRAIN_UNITS, 100 - 2 * DRAIN_UNITS, 100 - 3 * DRAIN_UNITS]
+    folded = [100 - p for p in pending_at_yield[:3]]
+    assert [b - a for a, b in zip([0, *folded], folded, strict=False)] == slices
     assert rig.tel.pending == 0
     assert rig.tel.fleet.endpoints[A].timings.ttft.n == 100
 
@@ -464,7 +485,17 @@ async def test_the_loop_fits_a_part_in_steps_with_the_loop_free_between(
             raise asyncio.CancelledError  # one turn of the loop
         rig.clock.advance(seconds)
 
+    ep = rig.tel.fleet.endpoints[A]
+    steps = ep.refit_steps
+
+    def timed(part: Part) -> Iterator[None]:
+        for _ in steps(part):
+            rig.clock.advance(0.0003)  # a step with a full window: longer than a slice on a quiet loop
+            yield
+
+    monkeypatch.setattr(ep, "refit_steps", timed)
     monkeypatch.setattr("gateway.telemetry.live.asyncio.sleep", fake_sleep)
+    monkeypatch.setattr("gateway.core.turnshare.asyncio.sleep", fake_sleep)
     with pytest.raises(asyncio.CancelledError):
         await rig.tel.run()
     # the loop ran between the fit's steps, the prior still in place: after the setup and each of six
