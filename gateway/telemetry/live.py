@@ -49,13 +49,12 @@ from gateway.telemetry.tokens import TokenEstimator
 
 log = structlog.get_logger("berth.telemetry")
 
-#: `drain`'s unit of work: a record costs one unit, plus one per `GAPS_PER_UNIT` gaps of its stream (a
-#: unit is about 10 µs on the 2-CPU bench machine, in process, the test rig's records). The refresh loop
-#: folds a backlog of more than `DRAIN_UNITS` in slices of time (`TurnShare`), yielding between them: a
-#: fixed count per slice was either a third of a turn at 8 connections (32 units, 0.33 ms) or, at 8
-#: units, too little of a saturated loop to keep up (the rest was then folded in one piece: 40-120 ms).
-DRAIN_UNITS: Final = 32
-GAPS_PER_UNIT: Final = 64
+#: Finished requests the refresh folds in one go; a larger backlog is folded in slices of time
+#: (`TurnShare`), the loop free between them. A record takes about 10 µs (2-CPU bench machine, in process,
+#: the test rig's records). A fixed count per slice was either a third of a turn at 8 connections (32
+#: records, 0.33 ms) or, at 8, too little of a saturated loop to keep up (the rest was then folded in one
+#: piece: 40-120 ms).
+FOLD_AT_ONCE: Final = 32
 #: Endpoints whose estimates the refresh loop hands the scheduler before it yields (about 0.1 ms).
 PUSH_SLICE: Final = 16
 #: Finished requests waiting for the next refresh; past this the oldest are dropped (and counted).
@@ -188,31 +187,17 @@ class LiveTelemetry:
                 )
 
     # ----------------------------------------------------------------- the background work
-    def drain(self, budget: int | None = None, *, until: Callable[[], bool] | None = None) -> int:
-        """Fold the finished requests in, oldest first; with `budget`, only until that many units of work
-        are spent (see `DRAIN_UNITS`), with `until`, only until it says so (asked after each record; a
-        slice's time is up); at least one record. Returns how many were folded in."""
+    def drain(self, *, until: Callable[[], bool] | None = None) -> int:
+        """Fold the finished requests in, oldest first; with `until`, only until it says so (asked after
+        each record: a slice's time is up), at least one. Returns how many were folded in."""
         pending = self._pending
         observe = self.fleet.observe
         n = 0
-        if until is not None:
-            while pending:
-                observe(pending.popleft())
-                n += 1
-                if until():
-                    break
-            return n
-        if budget is None:
-            while pending:
-                observe(pending.popleft())
-                n += 1
-            return n
-        spent = 0
-        while pending and spent < budget:
-            record = pending.popleft()
-            observe(record)
-            spent += 1 + len(record.gaps) // GAPS_PER_UNIT
+        while pending:
+            observe(pending.popleft())
             n += 1
+            if until is not None and until():
+                break
         return n
 
     def settle_points(self, only: Iterable[EndpointId] | None = None) -> dict[EndpointId, float]:
@@ -296,7 +281,7 @@ class LiveTelemetry:
             share = self._share
             share.begin()
             left = 2 * len(self._pending)
-            while len(self._pending) > DRAIN_UNITS and left > 0:
+            while len(self._pending) > FOLD_AT_ONCE and left > 0:
                 left -= self.drain(until=share.over)
                 await share.pause()
             self._fold_in()  # `refresh`, with the estimates pushed a slice of endpoints at a time

@@ -273,19 +273,18 @@ async def test_the_loop_refreshes_every_interval_and_refits_when_due(monkeypatch
 
 
 @pytest.mark.parametrize(
-    ("tokens", "budget", "slices"),
+    ("tokens", "per_slice", "slices"),
     [
-        pytest.param([5] * 5, 2, [2, 2, 1], id="a-unit-a-record"),
-        # 129 tokens are 128 gaps: three units; the record that reaches the budget ends the slice
-        pytest.param([5, 129, 5, 5, 200, 65], 3, [2, 3, 1], id="long-streams-cost-more"),
-        pytest.param([300, 5], 1, [1, 1], id="at-least-one-record"),
+        pytest.param([5] * 5, 2, [2, 2, 1], id="until-after-two"),
+        pytest.param([5, 129, 5, 5, 200, 65], 3, [3, 3], id="streams-of-any-length"),
+        pytest.param([300, 5], 0, [1, 1], id="at-least-one-record"),
     ],
 )
-def test_drain_folds_in_a_slice_of_work_and_the_slices_fold_in_everything_in_order(
-    tokens: list[int], budget: int, slices: list[int]
+def test_drain_folds_in_a_slice_and_the_slices_fold_in_everything_in_order(
+    tokens: list[int], per_slice: int, slices: list[int]
 ) -> None:
-    """A budget counts a record as one unit plus one per GAPS_PER_UNIT gaps; the slices together fold
-    in what one drain folds in, in the same order, into the same state."""
+    """`until` ends a slice (asked after each record, at least one folded); the slices together fold in
+    what one drain folds in, in the same order, into the same state."""
     whole, sliced = Rig(), Rig()
     for rig in (whole, sliced):
         for i, n in enumerate(tokens):
@@ -304,7 +303,13 @@ def test_drain_folds_in_a_slice_of_work_and_the_slices_fold_in_everything_in_ord
     assert whole.tel.drain() == len(tokens)
     got = []
     while sliced.tel.pending:
-        got.append(sliced.tel.drain(budget))
+        left = [per_slice]
+
+        def until(left: list[int] = left) -> bool:
+            left[0] -= 1
+            return left[0] <= 0
+
+        got.append(sliced.tel.drain(until=until))
     assert got == slices
     assert order[0] == order[1] == [f"r{i}" for i in range(len(tokens))]
     a, b = whole.tel.fleet.endpoints[A], sliced.tel.fleet.endpoints[A]
