@@ -1,0 +1,51 @@
+"""berth's block keys: chained, full blocks only, equal prefixes give equal keys."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.core.blockhash import ROOT, text_chain, token_chain
+
+
+@given(
+    st.lists(st.integers(0, 50_000), max_size=80),
+    st.lists(st.integers(0, 50_000), max_size=80),
+    st.integers(1, 9),
+)
+def test_keys_agree_exactly_on_the_shared_full_blocks(a: list[int], b: list[int], bs: int) -> None:
+    ka, kb = token_chain(a, bs), token_chain(b, bs)
+    assert len(ka) == len(a) // bs
+    shared = 0
+    while shared < min(len(a), len(b)) and a[shared] == b[shared]:
+        shared += 1
+    same = sum(1 for x, y in zip(ka, kb, strict=False) if x == y)
+    # keys are equal on the shared full blocks and (a collision aside) differ from the first other one
+    assert ka[: shared // bs] == kb[: shared // bs]
+    assert same == min(shared // bs, len(ka), len(kb))
+
+
+def test_a_key_depends_on_its_parent() -> None:
+    block = [1, 2, 3, 4]
+    assert token_chain(block, 4) == token_chain(block, 4, ROOT)
+    assert token_chain(block, 4, parent=7) != token_chain(block, 4)
+    # the second block's key is the first block's key chained with its own content
+    two = token_chain([*block, *block], 4)
+    assert two[1] == token_chain(block, 4, parent=two[0])[0]
+    assert two[0] != two[1]
+
+
+def test_text_blocks_are_keyed_like_token_blocks() -> None:
+    text = "abc " * 40
+    keys = text_chain(text, 16)
+    assert len(keys) == 10
+    assert text_chain(text + "xyz", 16) == keys  # a partial block has no key
+    assert text_chain("zzz " + text[4:], 16)[1:] != keys[1:]  # a change before a block changes its key
+
+
+def test_a_block_size_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        token_chain([1], 0)
+    with pytest.raises(ValueError, match="positive"):
+        text_chain("a", 0)
