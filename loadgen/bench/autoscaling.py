@@ -122,7 +122,7 @@ def plot(result: SettingResult, out: Path) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "no plot: matplotlib is not installed (pip install 'berth[plot]')"
+        return "no plot: matplotlib is not installed (pip install 'berth-gateway[plot]')"
     configs = list(result.timelines)
     if not configs:
         return "no plot: no timeline"
