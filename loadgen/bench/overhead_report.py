@@ -315,11 +315,10 @@ def checks(
     if berth is None:
         return []
     bare = summaries.get("bare")
+    bare_lag = None if bare is None else bare.lag_p99_c8_ms
     out = [
         Check(f"added p99, berth ÷ bare (c={load.latency})", r.added_p99_c8, ADDED_P99_C8_MAX_RATIO, "x"),
-        _lag_check(
-            f"event-loop lag p99 (c={load.latency})", berth.lag_p99_c8_ms, bare and bare.lag_p99_c8_ms
-        ),
+        _lag_check(f"event-loop lag p99 (c={load.latency})", berth.lag_p99_c8_ms, bare_lag),
         Check(
             f"CPU/request, berth ÷ bare (c={load.saturation})", r.cpu_per_req, CPU_PER_REQUEST_MAX_RATIO, "x"
         ),

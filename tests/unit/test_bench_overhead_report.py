@@ -157,11 +157,12 @@ def test_the_lag_targets_show_the_bare_proxys_figure_and_each_rounds_p99() -> No
     assert summaries["direct"].lag_p99_c8_rounds_ms == ()
     cs = checks(summaries, ratios(ms), Load(), fleet_lag(ms), fleet_lag(ms, "bare"))
     lags = {c.name: c for c in cs if "lag" in c.name}
-    assert {name: (c.value, c.bare) for name, c in lags.items()} == {
-        "event-loop lag p99 (c=8) - bare": (
-            pytest.approx(summaries["berth"].lag_p99_c8_ms - summaries["bare"].lag_p99_c8_ms),
-            summaries["bare"].lag_p99_c8_ms,
-        ),
+    berth_c8, bare_c8 = summaries["berth"].lag_p99_c8_ms, summaries["bare"].lag_p99_c8_ms
+    assert berth_c8 is not None
+    assert bare_c8 is not None
+    got: dict[str, tuple[object, object]] = {name: (c.value, c.bare) for name, c in lags.items()}
+    assert got == {
+        "event-loop lag p99 (c=8) - bare": (pytest.approx(berth_c8 - bare_c8), bare_c8),
         "event-loop lag p99, 100 endpoints scraped - bare": (pytest.approx(0.2), pytest.approx(1.6)),
     }
     assert all(c.passed for c in lags.values())  # 0.2 ms over the bare proxy: within the margin
