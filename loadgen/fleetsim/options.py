@@ -9,6 +9,7 @@ from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
 from loadgen.workloads.arrivals import ArrivalKind
 from loadgen.workloads.base import TaskSpec
+from loadgen.workloads.options import WorkloadOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +17,8 @@ class SimOptions:
     policy: Path | None  # a policy file; None: the packaged default policy
     fleet: tuple[EndpointSpec, ...]  # the engine simulator's endpoints, with their gateway-side keys
     gateway: Path | None = None  # gateway.toml for [limits], [scrape], [telemetry]; its endpoints are unused
-    workload: str = "sharegpt-like"  # built-in NAME[:VARIANT] or a JSONL trace path
+    workload: str = "sharegpt-like"  # built-in NAME[:VARIANT], mooncake:PATH or a JSONL trace path
+    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, ...
     rate: float = 1.0  # mean task arrivals per second
     duration_s: float = 60.0
     arrival: ArrivalKind = "poisson"

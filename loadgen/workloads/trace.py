@@ -19,11 +19,13 @@ replays as is):
 |                   | starting at its first line's `at` (later lines' `at` are ignored)        |
 | `task_type`, `task_sla_ms`, `task_sla_metric` (`ttft`/`e2e`) | the task's type and SLA          |
 
-``--rate`` does not apply to a trace; ``--duration`` drops tasks starting at or after it (0: keep all).
+``--rate`` does not apply to a trace; ``--time-scale K`` multiplies the arrival offsets (2: twice as
+long, half the rate); ``--duration`` drops tasks starting at or after it, scaled (0: keep all).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -143,8 +145,9 @@ def load_trace(path: str | Path, *, duration_s: float = 0.0) -> list[TaskSpec]:
 
 
 class TraceWorkload:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, time_scale: float = 1.0) -> None:
         self.path = Path(path)
+        self.time_scale = time_scale  # arrival offsets are multiplied by it (--time-scale)
         self.name = f"trace:{self.path.name}"
 
     def schedule(
@@ -154,7 +157,10 @@ class TraceWorkload:
         arrivals: Callable[[float, float], list[float]],
         rng: random.Random,
     ) -> list[TaskSpec]:
-        return load_trace(self.path, duration_s=duration_s)
+        if self.time_scale == 1.0:
+            return load_trace(self.path, duration_s=duration_s)
+        tasks = [dataclasses.replace(t, at_s=t.at_s * self.time_scale) for t in load_trace(self.path)]
+        return [t for t in tasks if duration_s <= 0 or t.at_s < duration_s]
 
 
 def trace_line(task: TaskSpec, call_index: int, model: str, at_s: float) -> dict[str, Any]:
