@@ -83,12 +83,24 @@ def _workload_arguments() -> argparse.ArgumentParser:
     o.add_argument(
         "--sessions", type=int, help="coding: developer sessions with repository context; chat: conversations"
     )
-    o.add_argument("--context-tokens", type=parse_range, help="coding: repository context, LO:HI tokens")
-    o.add_argument("--turns", type=parse_range, help="chat: turns per conversation, LO:HI")
+    o.add_argument(
+        "--context-tokens",
+        type=_range,
+        metavar="LO:HI",
+        help="coding: a session's repository context (tokens)",
+    )
+    o.add_argument("--turns", type=_range, metavar="LO:HI", help="chat: turns per conversation")
     o.add_argument("--think-time", type=float, help="chat: mean seconds between an answer and the next turn")
     o.add_argument("--apps", type=int, help="chat: applications, each with its own system prompt")
-    o.add_argument("--system-tokens", type=parse_range, help="chat: system prompt, LO:HI tokens")
+    o.add_argument("--system-tokens", type=_range, metavar="LO:HI", help="chat: a system prompt (tokens)")
     return w
+
+
+def _range(text: str) -> tuple[int, int]:
+    try:
+        return parse_range(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def workload_options(args: argparse.Namespace) -> WorkloadOptions:
@@ -333,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in BUILTIN_NAMES:
         variants = " | ".join(VARIANTS.get(name, ())) or "(no variants)"
         print(f"{name:14} {variants}  (default {get_workload(name).name})")
+    print(f"{'mooncake':14} :PATH  (a Mooncake-format trace; docs/workloads.md)")
+    print(f"{'PATH':14} a JSONL trace (loadgen/workloads/trace.py)")
     return 0
 
 
