@@ -48,7 +48,6 @@ class RunOptions:
     workload: str = "sharegpt-like"  # built-in NAME[:VARIANT], mooncake:PATH or a JSONL trace path
     rate: float = 1.0  # mean task arrivals per second
     duration_s: float = 60.0
-    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, ...
     arrival: ArrivalKind = "poisson"
     cv: float = 1.0  # gamma arrivals: coefficient of variation of the gaps
     seed: int = 0
@@ -63,6 +62,7 @@ class RunOptions:
     max_connections: int = 0  # 0: unlimited
     watch_pids: Mapping[str, int] = field(default_factory=dict)  # e.g. {"berth": pid}: CPU share report
     record: Path | None = None  # JSONL of what was sent and observed (replayable as a trace)
+    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, --turns, ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ class SimOptions:
     fleet: tuple[EndpointSpec, ...]  # the engine simulator's endpoints, with their gateway-side keys
     gateway: Path | None = None  # gateway.toml for [limits], [scrape], [telemetry]; its endpoints are unused
     workload: str = "sharegpt-like"  # built-in NAME[:VARIANT], mooncake:PATH or a JSONL trace path
-    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, ...
     rate: float = 1.0  # mean task arrivals per second
     duration_s: float = 60.0
     arrival: ArrivalKind = "poisson"
@@ -37,3 +36,4 @@ class SimOptions:
     # The tasks to run, built by the caller (e.g. a benchmark's own arrival process); None: the workload's
     # schedule for rate, duration, arrival and seed (`workload` then only names the run).
     schedule: tuple[TaskSpec, ...] | None = None
+    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, --turns, ...
