@@ -77,11 +77,20 @@ def _workload_arguments() -> argparse.ArgumentParser:
     w.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation")
     w.add_argument("--seed", type=int, default=0)
     o = w.add_argument_group("workload options (docs/workloads.md; each applies to the workloads named)")
-    o.add_argument("--time-scale", type=float, help="traces: multiply arrival offsets (2: half the rate)")
-    o.add_argument("--slo-ttft-ms", type=float, help="every request's TTFT target, sent as x-berth-ttft-ms")
-    o.add_argument("--slo-itl-ms", type=float, help="every request's ATGT target, sent as x-berth-itl-ms")
     o.add_argument(
-        "--sessions", type=int, help="coding: developer sessions with repository context; chat: conversations"
+        "--time-scale", type=float, metavar="K", help="traces: multiply arrival offsets (2: half the rate)"
+    )
+    o.add_argument(
+        "--slo-ttft-ms", type=float, metavar="MS", help="every request's TTFT target, sent as x-berth-ttft-ms"
+    )
+    o.add_argument(
+        "--slo-itl-ms", type=float, metavar="MS", help="every request's ATGT target, sent as x-berth-itl-ms"
+    )
+    o.add_argument(
+        "--sessions",
+        type=int,
+        metavar="N",
+        help="coding: developer sessions with repository context; chat: conversations",
     )
     o.add_argument(
         "--context-tokens",
@@ -90,8 +99,12 @@ def _workload_arguments() -> argparse.ArgumentParser:
         help="coding: a session's repository context (tokens)",
     )
     o.add_argument("--turns", type=_range, metavar="LO:HI", help="chat: turns per conversation")
-    o.add_argument("--think-time", type=float, help="chat: mean seconds between an answer and the next turn")
-    o.add_argument("--apps", type=int, help="chat: applications, each with its own system prompt")
+    o.add_argument(
+        "--think-time", type=float, metavar="S", help="chat: mean seconds between an answer and the next turn"
+    )
+    o.add_argument(
+        "--apps", type=int, metavar="N", help="chat: applications, each with its own system prompt"
+    )
     o.add_argument("--system-tokens", type=_range, metavar="LO:HI", help="chat: a system prompt (tokens)")
     return w
 
@@ -178,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size",
         type=int,
         action="append",
+        metavar="TOKENS",
         help="block size in tokens (repeatable; default 16, vLLM's on GPUs, and 512, the Mooncake traces')",
     )
 
