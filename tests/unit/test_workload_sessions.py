@@ -3,9 +3,12 @@ prompt; coding's developer sessions resend their repository context; the options
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter, defaultdict
+from pathlib import Path
 
+import orjson
 import pytest
 
 from loadgen.runner import RunOptions, build_schedule
@@ -14,6 +17,7 @@ from loadgen.workloads.base import CallSpec, TaskSpec
 from loadgen.workloads.coding import TASK_SLA_MS
 from loadgen.workloads.prompt import Prompt
 from loadgen.workloads.stats import reusable_share
+from loadgen.workloads.trace import TraceError, load_trace, trace_line
 
 
 def schedule(
@@ -137,3 +141,39 @@ def test_slo_flags_set_every_requests_targets_and_headers() -> None:
         for c in t.calls:
             assert (c.slo.ttft_ms, c.slo.atgt_ms, c.slo_headers) == (700.0, 40.0, True)
     assert all(not c.slo_headers for t in schedule("sharegpt-like") for c in t.calls)
+
+
+def test_a_recording_keeps_the_prompts(tmp_path: Path) -> None:
+    """`--record` writes each call's prompt spans and SLO-header choice, and a replay sends them again."""
+    opts = WorkloadOptions(turns=(2, 3), slo_ttft_ms=900.0)
+    tasks = schedule("chat", opts, rate=2.0, duration=5.0)
+    path = tmp_path / "sent.jsonl"
+    with path.open("wb") as f:
+        for t in tasks:
+            for i in range(len(t.calls)):
+                f.write(orjson.dumps(trace_line(t, i, "m", t.at_s)) + b"\n")
+    back = load_trace(path)
+    assert [len(t.calls) for t in back] == [len(t.calls) for t in tasks]
+    for orig, replayed in zip(tasks, back, strict=True):
+        for a, b in zip(orig.calls, replayed.calls, strict=True):
+            assert b.prompt == a.prompt
+            assert b.slo_headers
+            assert b.prompt_tokens == a.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("prompt", "fragment"),
+    [
+        ([{"role": "user", "spans": [["s", 1, 10]]}], "makes 10 tokens"),
+        ([{"role": "robot", "spans": []}], ".prompt[0]"),
+        ([{"role": "user", "spans": [["s", -1, 16]]}], ".prompt[0].spans[0]"),
+        ([], "non-empty list"),
+    ],
+    ids=["tokens", "role", "span", "empty"],
+)
+def test_a_recorded_prompt_is_checked(tmp_path: Path, prompt: object, fragment: str) -> None:
+    line = {"at": 0, "api": "completion", "prompt_tokens": 16, "output_tokens": 1, "prompt": prompt}
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(orjson.dumps(line) + b"\n")
+    with pytest.raises(TraceError, match=re.escape(fragment)):
+        load_trace(path)
