@@ -124,6 +124,8 @@ def gateway_config_problems(
         tenants=f.tenants,
         auth=f.auth,
         ops=f.ops,
+        batch=f.batch,
+        batch_dir=resolve_relative(f.batch.dir, p.parent) if f.batch.dir else None,
         keys=keys,
         keys_file=keys_file,
         engine_keys=engine_keys,

@@ -15,9 +15,10 @@ from typing import Final
 from aiohttp import web
 
 from gateway.core.types import ApiKind
-from gateway.front import ops
+from gateway.front import batches_api, files_api, ops
 from gateway.front.admin import FLEET_PATH, LOOP_LAG_PATH, fleet, loop_lag
 from gateway.front.api import make_api_handler
+from gateway.front.files_api import BatchHandler, batch_route
 from gateway.front.http import method_not_allowed, not_found
 from gateway.front.services import SERVICES, Services
 
@@ -31,6 +32,16 @@ _OPS: Final[tuple[tuple[str, GetHandler], ...]] = (
     (LOOP_LAG_PATH, loop_lag),
 )
 
+#: The Files and Batches API (gateway.front.files_api, batches_api): path -> method -> handler.
+_BATCH: Final[dict[str, dict[str, BatchHandler]]] = {
+    "/v1/files": {"POST": files_api.create_file, "GET": files_api.list_files},
+    "/v1/files/{file_id}": {"GET": files_api.get_file, "DELETE": files_api.delete_file},
+    "/v1/files/{file_id}/content": {"GET": files_api.file_content},
+    "/v1/batches": {"POST": batches_api.create_batch, "GET": batches_api.list_batches},
+    "/v1/batches/{batch_id}": {"GET": batches_api.get_batch},
+    "/v1/batches/{batch_id}/cancel": {"POST": batches_api.cancel_batch},
+}
+
 
 def add_routes(app: web.Application, services: Services, *, with_ops: bool = True) -> None:
     """The public listener's routes; `with_ops` False leaves /metrics and /admin/* to the ops listener."""
@@ -39,6 +50,10 @@ def add_routes(app: web.Application, services: Services, *, with_ops: bool = Tru
     for api in ApiKind:
         r.add_post(api.path, make_api_handler(services, api))
         r.add_route("*", api.path, method_not_allowed("POST"))
+    for path, methods in _BATCH.items():
+        for method, handler in methods.items():
+            r.add_route(method, path, batch_route(handler))
+        r.add_route("*", path, method_not_allowed(", ".join(methods)))
     _add_get(app, (("/v1/models", ops.models), *_PROBES, *(_OPS if with_ops else ())))
     r.add_route("*", "/{tail:.*}", not_found)
 

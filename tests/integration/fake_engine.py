@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ class FakeEngine:
     die_after_tokens: int | None = None  # abruptly close the connection after this many stream tokens
     stall_after_tokens: int | None = None  # stop sending (connection stays open) after this many tokens
     hold: asyncio.Event | None = None  # when set: generations wait for this event before answering
+    hold_if: Callable[[dict[str, Any]], bool] | None = None  # with `hold`: only the generations it picks wait
     # A stream that is not a continuation stops after this many tokens until `unpause` is set (or it is
     # aborted); `paused` is set when one does.
     pause_after_tokens: int | None = None
@@ -177,7 +179,7 @@ class FakeEngine:
         self.running += 1
         self.started.set()
         try:
-            if self.hold is not None:
+            if self.hold is not None and (self.hold_if is None or self.hold_if(body)):
                 await self.hold.wait()
             chat = request.path.endswith("chat/completions")
             start = _continued_from(body, chat)
