@@ -274,7 +274,8 @@ class BatchRunner:
         for a in order:
             await self._advance(a, now)
         free = self.settings.max_lines_in_flight - sum(len(a.running) for a in self._active.values())
-        if self.lines.accepting():
+        accepting = self.lines.accepting()
+        if accepting:
             for a in order:
                 if free <= 0:
                     break
@@ -290,6 +291,8 @@ class BatchRunner:
         ]
         due += [a.retry_at for a in self._active.values() if a.retry_at]
         due.append(self._next_sweep)
+        if not accepting and any(not a.exhausted for a in self._active.values()):
+            due.append(now + self.settings.retry_s)  # look again when the gateway may be ready
         return max(0.0, min(due) - now)
 
     async def _advance(self, a: _Active, now: float) -> None:

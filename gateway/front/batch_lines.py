@@ -7,7 +7,8 @@ The line runs as its batch's creator (the tenant's classes, limits and token quo
 SLO class (`[batch] slo_class`, else the policy's first class of kind batch, else its default class),
 with the batch window's end as its deadline, so earlier batches go first. A refusal that says the
 gateway has no room now (a full queue, a tenant's limit, no ready endpoint, a drain) is not an answer:
-the runner tries the line again.
+the runner tries the line again; so does a line whose model berth does not serve at the moment (it was
+served when the batch was created: an endpoint may be restarting).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ log = structlog.get_logger("berth.batch")
 
 API_OF_PATH: Final = {api.path: api for api in ApiKind}
 _MAX_DEADLINE_MS: Final = 1e9  # what x-berth-deadline-ms accepts
+UNKNOWN_MODEL: Final = errors.model_not_found("").outcome
 
 
 def batch_class(policy: SloPolicy, configured: str) -> str:
@@ -57,7 +59,9 @@ class FrontLines:
         self.wall = wall
 
     def accepting(self) -> bool:
-        return not self.s.draining
+        # Ready: the first scrape round found the endpoints' models (a line fed before would find its
+        # model unknown), and not draining.
+        return self.s.ready
 
     def checker(self) -> BodyCheck:
         s = self.s
@@ -106,7 +110,9 @@ class FrontLines:
             )
         except BerthError as e:
             ctx.fail(e)
-            if e.source is ErrorSource.GATEWAY:
+            if e.source is ErrorSource.GATEWAY or e.outcome == UNKNOWN_MODEL:
+                # No room now, or its model (checked when the batch was created) is not served at the
+                # moment: tried again until the window ends.
                 return LineAnswer(e.status, e.json_bytes(), retry_after_s=e.retry_after_s or 1.0)
             return LineAnswer(e.status, e.json_bytes())
         except asyncio.CancelledError:
