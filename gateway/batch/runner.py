@@ -263,8 +263,12 @@ class BatchRunner:
             await self._ended.setdefault(batch_id, asyncio.Event()).wait()
 
     def running(self) -> list[BatchRecord]:
-        """The batches being run now (for `berth top` and the metrics)."""
+        """The batches being run now (their counts newer than the store's last write)."""
         return [a.rec for a in self._active.values()]
+
+    def progress(self) -> list[tuple[BatchRecord, int]]:
+        """Each batch being run, and its lines in flight (for the admin document and `berth top`)."""
+        return [(a.rec, len(a.running)) for a in self._active.values()]
 
     # ----------------------------------------------------------------- feeding
     async def step(self) -> float | None:
@@ -385,7 +389,7 @@ class BatchRunner:
             self.files.ensure()
             await self.store.export(rec.id, out.write, out.unanswered if out.expired else None)
             await asyncio.to_thread(out.commit)
-        except OSError as e:
+        except Exception as e:  # a full disk (OSError, or the store's own error): tried again later
             await asyncio.to_thread(out.abort)
             a.retry_at = self.wall() + FINALIZE_RETRY_S
             log.error("batch_finalize_failed", batch_id=rec.id, error=str(e), retry_s=FINALIZE_RETRY_S)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+import structlog
 from aiohttp import BodyPartReader, web
 
 from gateway.admission.tenancy import ANONYMOUS
@@ -22,6 +23,8 @@ from gateway.core.errors import BerthError
 from gateway.front.auth import WWW_AUTHENTICATE, authenticate
 from gateway.front.http import error_response, request_id
 from gateway.front.services import SERVICES
+
+log = structlog.get_logger("berth.batch")
 
 MIN_EXPIRY_S: Final = 3600
 MAX_EXPIRY_S: Final = 30 * 86400
@@ -49,6 +52,9 @@ def batch_route(handler: BatchHandler) -> Callable[[web.Request], Awaitable[web.
             if e.status == 401:
                 resp.headers.update(WWW_AUTHENTICATE)
             return resp
+        except Exception:
+            log.exception("batch_route_failed", path=request.path, method=request.method)
+            return error_response(errors.internal(), request_id(request))
 
     return route
 
@@ -106,6 +112,10 @@ async def create_file(request: web.Request, runner: BatchRunner, owner: str) -> 
             source=errors.ErrorSource.CLIENT,
             param="file",
         ) from None
+    except OSError as e:  # a full disk, most often
+        if upload is not None:
+            await upload.abort()
+        raise storage_failed(e) from None
     except BaseException:
         if upload is not None:
             await upload.abort()
@@ -126,6 +136,17 @@ async def create_file(request: web.Request, runner: BatchRunner, owner: str) -> 
         await runner.files.remove(file_id)
         raise
     return web.json_response(rec.document())
+
+
+def storage_failed(e: OSError) -> BerthError:
+    return BerthError(
+        status=507,
+        message=f"the gateway could not store the file: {e.strerror or e}",
+        type="server_error",
+        code="insufficient_storage",
+        outcome="internal_error",
+        source=errors.ErrorSource.INTERNAL,
+    )
 
 
 def _expiry(fields: dict[str, str], default_s: int) -> int:

@@ -7,10 +7,12 @@ import io
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
 import openai
 import orjson
 import pytest
 
+from gateway.top import render
 from tests.integration.conftest import EngineServer, Running, StartGateway
 from tests.integration.fake_engine import FakeEngine
 
@@ -92,6 +94,11 @@ async def test_sdk_end_to_end(engine_server: EngineServer, start_gateway: StartG
         assert x["id"].startswith("batch_req_")
         assert x["response"]["status_code"] == 200
         assert x["response"]["body"]["object"] == "chat.completion"
+    async with aiohttp.ClientSession() as http, http.get(gw.url + "/metrics") as resp:
+        metrics = await resp.text()
+    assert 'berth_batch_lines_total{outcome="ok"} 10.0' in metrics
+    assert 'berth_batch_batches_total{status="completed"} 1.0' in metrics
+    assert 'berth_batch_tokens_total{kind="output"} 40.0' in metrics
     listed = await client.batches.list(limit=5)
     assert [b.id for b in listed.data] == [batch.id]
     assert (await client.files.retrieve(done.output_file_id)).purpose == "batch_output"
@@ -224,6 +231,19 @@ async def test_cancel_in_the_middle(engine_server: EngineServer, start_gateway: 
     )
     while engine.running < 3:  # line 0 answered, lines 1-3 held at the engine
         await engine_event(engine)
+    async with aiohttp.ClientSession() as http, http.get(gw.url + "/admin/fleet") as resp:
+        doc = await resp.json()
+    [running] = doc["batches"]
+    assert (running["id"], running["completed"], running["in_flight"], running["total"]) == (
+        batch.id,
+        1,
+        3,
+        8,
+    )
+    frame = render(doc)
+    assert "BATCHES" in frame
+    assert batch.id in frame
+    assert "12.5" in frame  # progress, %
     cancelling = await client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
     await gw.gw.batch.wait_ended(batch.id)
