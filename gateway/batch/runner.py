@@ -18,10 +18,11 @@ stops feeding, aborts what runs and keeps what finished (`cancelled`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -30,7 +31,7 @@ import msgspec
 import structlog
 
 from gateway.batch.files import FileBytes
-from gateway.batch.finalize import Outputs
+from gateway.batch.finalize import finalize
 from gateway.batch.lines import LineAnswer, LineRequest, LineRunner, answered
 from gateway.batch.metrics import BatchMetrics
 from gateway.batch.model import (
@@ -38,11 +39,11 @@ from gateway.batch.model import (
     PURPOSE_BATCH,
     BatchRecord,
     BatchStatus,
-    FileRecord,
     InputLine,
     LineError,
     new_id,
 )
+from gateway.batch.refusals import check_metadata, file_not_found
 from gateway.batch.store import BatchStore
 from gateway.batch.validate import Scan, body_of, scan, window_seconds
 from gateway.core import errors
@@ -50,7 +51,6 @@ from gateway.core.tasks import TaskSupervisor
 
 log = structlog.get_logger("berth.batch")
 
-MAX_METADATA: Final = 16
 FINALIZE_RETRY_S: Final = 30.0  # after finalizing failed (a full disk)
 FILE_SWEEP_S: Final = 60.0  # between two looks for expired files
 
@@ -98,6 +98,7 @@ class BatchRunner:
         self._active: dict[str, _Active] = {}
         self._tasks = TaskSupervisor()
         self._wake = asyncio.Event()
+        self._room = asyncio.Condition()  # lines waiting to be tried again (`_attempt`)
         self._opened = False
         self._open_lock = asyncio.Lock()
         self._next_sweep = 0.0
@@ -174,7 +175,7 @@ class BatchRunner:
         except ValueError as e:
             raise errors.bad_request(f"'completion_window' {e}", param="completion_window") from None
         assert isinstance(completion_window, str)
-        meta = _metadata(metadata)
+        meta = check_metadata(metadata)
         await self.ensure_open()
         f = await self.store.get_file(owner, input_file_id)
         if f is None:
@@ -366,6 +367,8 @@ class BatchRunner:
         finally:
             a.running.pop(x.line, None)
             self.poke()
+            async with self._room:  # held only for an instant by anyone: no wait here
+                self._room.notify(1)
 
     async def _attempt(self, a: _Active, body: bytes, rid: str) -> LineAnswer:
         while True:
@@ -376,58 +379,31 @@ class BatchRunner:
             if answer.retry_after_s is None:
                 return answer
             self.metrics.retries.inc()
-            await asyncio.sleep(max(answer.retry_after_s, self.settings.retry_s))
+            # Until the refusal's Retry-After, or sooner when a line ends (its seat, queue place or
+            # token charge is free then): one waiter is woken per line that ends.
+            async with self._room:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(answer.retry_after_s, self.settings.retry_s)):
+                        await self._room.wait()
 
     # ----------------------------------------------------------------- finalizing
     async def _finalize(self, a: _Active) -> None:
-        rec = a.rec
-        ending = rec.ending or BatchStatus.COMPLETED
-        now = int(self.wall())
-        expiry = now + self.settings.file_expiry_s
-        out = Outputs(self.files, rec.id, expired=ending is BatchStatus.EXPIRED)
+        ending = a.rec.ending or BatchStatus.COMPLETED
         try:
-            self.files.ensure()
-            await self.store.export(rec.id, out.write, out.unanswered if out.expired else None)
-            await asyncio.to_thread(out.commit)
-        except Exception as e:  # a full disk (OSError, or the store's own error): tried again later
-            await asyncio.to_thread(out.abort)
-            a.retry_at = self.wall() + FINALIZE_RETRY_S
-            log.error("batch_finalize_failed", batch_id=rec.id, error=str(e), retry_s=FINALIZE_RETRY_S)
-            return
-        files = [
-            FileRecord(
-                id=fid,
-                owner=rec.owner,
-                purpose="batch_output",
-                filename=f"{rec.id}_{kind}.jsonl",
-                bytes=size,
-                created_at=now,
-                expires_at=expiry,
+            rec, expired_lines = await finalize(
+                self.store, self.files, a.rec, now=int(self.wall()), file_expiry_s=self.settings.file_expiry_s
             )
-            for kind, fid, size in out.written()
-        ]
-        stamp = {
-            BatchStatus.COMPLETED: "completed_at",
-            BatchStatus.EXPIRED: "expired_at",
-            BatchStatus.CANCELLED: "cancelled_at",
-        }[ending]
-        rec = msgspec.structs.replace(
-            rec,
-            status=ending,
-            ending=None,
-            output_file_id=out.output_id if out.output_lines else None,
-            error_file_id=out.error_id if out.error_lines else None,
-            failed=rec.failed + out.expired_lines,
-            **{stamp: now},
-        )
-        await self.store.finish_batch(rec, files)
+        except Exception as e:  # a full disk (OSError, or the store's own error): tried again later
+            a.retry_at = self.wall() + FINALIZE_RETRY_S
+            log.error("batch_finalize_failed", batch_id=a.rec.id, error=str(e), retry_s=FINALIZE_RETRY_S)
+            return
         del self._active[rec.id]
         ended = self._ended.pop(rec.id, None)
         if ended is not None:
             ended.set()
         self.metrics.finished.labels(ending.value).inc()
-        if out.expired_lines:
-            self.metrics.lines.labels("expired").inc(out.expired_lines)
+        if expired_lines:
+            self.metrics.lines.labels("expired").inc(expired_lines)
         log.info(
             "batch_finished", batch_id=rec.id, status=ending.value, completed=rec.completed, failed=rec.failed
         )
@@ -437,37 +413,6 @@ class BatchRunner:
             await self.store.delete_file(None, f.id)
             await self.files.remove(f.id)
             log.info("batch_file_expired", file_id=f.id)
-
-
-def file_not_found(file_id: str) -> errors.BerthError:
-    return errors.BerthError(
-        status=404,
-        message=f"No such File object: {file_id[:100]}",
-        type="invalid_request_error",
-        code="not_found",
-        outcome="not_found",
-        source=errors.ErrorSource.CLIENT,
-        param="id",
-    )
-
-
-def _metadata(metadata: object) -> dict[str, str] | None:
-    if metadata is None:
-        return None
-    if (
-        not isinstance(metadata, Mapping)
-        or len(metadata) > MAX_METADATA
-        or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
-            for k, v in metadata.items()
-        )
-    ):
-        raise errors.bad_request(
-            f"'metadata' must be an object of at most {MAX_METADATA} string values (keys up to 64 "
-            "characters, values up to 512)",
-            param="metadata",
-        )
-    return dict(metadata)
 
 
 def _with_counts(rec: BatchRecord, stored: BatchRecord) -> BatchRecord:

@@ -13,24 +13,13 @@ from typing import Final
 import orjson
 from aiohttp import web
 
+from gateway.batch.refusals import batch_not_found
 from gateway.batch.runner import BatchRunner
 from gateway.core import errors
 from gateway.front.files_api import int_query, list_page
 from gateway.front.http import read_body
 
 _MAX_CREATE_BODY: Final = 64 * 1024
-
-
-def batch_not_found(batch_id: str) -> errors.BerthError:
-    return errors.BerthError(
-        status=404,
-        message=f"No such Batch object: {batch_id[:100]}",
-        type="invalid_request_error",
-        code="not_found",
-        outcome="not_found",
-        source=errors.ErrorSource.CLIENT,
-        param="batch_id",
-    )
 
 
 async def create_batch(request: web.Request, runner: BatchRunner, owner: str) -> web.StreamResponse:

@@ -17,7 +17,8 @@ from aiohttp import BodyPartReader, web
 from gateway.admission.tenancy import ANONYMOUS
 from gateway.batch.files import FileTooLarge
 from gateway.batch.model import PURPOSE_BATCH, FileRecord, new_id
-from gateway.batch.runner import BatchRunner, file_not_found
+from gateway.batch.refusals import file_not_found
+from gateway.batch.runner import BatchRunner
 from gateway.core import errors
 from gateway.core.errors import BerthError
 from gateway.front.auth import WWW_AUTHENTICATE, authenticate

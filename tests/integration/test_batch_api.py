@@ -301,3 +301,26 @@ async def engine_event(engine: FakeEngine) -> None:
     await asyncio.wait_for(asyncio.wait({started, ended}, return_when=asyncio.FIRST_COMPLETED), 10)
     started.cancel()
     ended.cancel()
+
+
+async def test_lines_count_against_the_creators_limits(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    tenant = '[auth]\nrequired = true\n[[tenants]]\nname = "a"\napi_keys = ["key-a"]\nmax_concurrency = 1\n'
+    gw = await run_gateway(
+        engine_server, start_gateway, FakeEngine(tokens=3), batch_toml("retry_s = 0.01\n") + tenant
+    )
+    a = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="key-a", max_retries=0)
+    batch = await a.batches.create(
+        input_file_id=await upload(a, jsonl([line(i) for i in range(3)])),
+        endpoint=CHAT,
+        completion_window="24h",
+    )
+    await gw.gw.batch.wait_ended(batch.id)
+    done = await a.batches.retrieve(batch.id)
+    assert done.request_counts is not None
+    assert (done.status, done.request_counts.completed) == ("completed", 3)
+    tenancy = gw.gw.services.tenancy
+    assert tenancy.rate_limited.get(("a", "max_concurrency"), 0) >= 1  # three lines, one seat: some waited
+    assert tenancy.completion_tokens["a"] == 9
+    assert tenancy.requests[("a", "ok")] == 3

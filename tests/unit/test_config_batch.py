@@ -27,7 +27,9 @@ def test_dir_is_relative_to_the_file(tmp_path: Path) -> None:
 
 def test_default_dir(tmp_path: Path) -> None:
     cfg = default_config(env={})
-    assert batch_dir(cfg, {"STATE_DIRECTORY": "/var/lib/berth:/var/lib/other"}) == Path("/var/lib/berth/batch")
+    assert batch_dir(cfg, {"STATE_DIRECTORY": "/var/lib/berth:/var/lib/other"}) == Path(
+        "/var/lib/berth/batch"
+    )
     assert batch_dir(cfg, {}) == Path("berth-state/batch").absolute()
 
 
@@ -43,7 +45,9 @@ def test_flag_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        pytest.param('[batch]\nslo_class = "nope"\n', "batch.slo_class: unknown SLO class 'nope'", id="class"),
+        pytest.param(
+            '[batch]\nslo_class = "nope"\n', "batch.slo_class: unknown SLO class 'nope'", id="class"
+        ),
         pytest.param("[batch]\ncolour = 1\n", "batch.colour: unknown key", id="unknown-key"),
         pytest.param("[batch]\nmax_lines_in_flight = 0\n", "batch.max_lines_in_flight", id="range"),
         pytest.param("[batch]\nfile_expiry_s = 60\n", "batch.file_expiry_s", id="expiry"),
