@@ -15,6 +15,7 @@ import pytest
 from gateway.top import render
 from tests.integration.conftest import EngineServer, Running, StartGateway
 from tests.integration.fake_engine import FakeEngine
+from tests.preempt_policy import POLICY as PREEMPT_POLICY
 
 CHAT: Final = "/v1/chat/completions"
 
@@ -324,3 +325,33 @@ async def test_lines_count_against_the_creators_limits(
     assert tenancy.rate_limited.get(("a", "max_concurrency"), 0) >= 1  # three lines, one seat: some waited
     assert tenancy.completion_tokens["a"] == 9
     assert tenancy.requests[("a", "ok")] == 3
+
+
+async def test_a_line_is_preempted_by_interactive_work_and_resumed(
+    tmp_path: Path, engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    engine = FakeEngine(tokens=10, pause_after_tokens=4, role_chunk=True)
+    url = await engine_server(engine)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(PREEMPT_POLICY)
+    gw = await start_gateway(
+        [f"{url},engine=vllm,class=mixed,cap=1"], toml=batch_toml(f'[policy]\nfile = "{policy}"\n')
+    )
+    client = gw.client()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    item = {"custom_id": "only", "method": "POST", "url": CHAT, "body": body}
+    batch = await client.batches.create(
+        input_file_id=await upload(client, jsonl([item])), endpoint=CHAT, completion_window="24h"
+    )
+    await engine.paused.wait()  # the line has produced 4 tokens and holds the only seat
+    answer = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "now"}], max_tokens=3
+    )
+    assert answer.choices[0].message.content == " t0 t1 t2"
+    await gw.gw.batch.wait_ended(batch.id)
+    done = await client.batches.retrieve(batch.id)
+    assert done.output_file_id is not None
+    [out] = output_lines((await client.files.content(done.output_file_id)).content)
+    assert out["response"]["body"]["choices"][0]["message"]["content"] == "".join(f" t{i}" for i in range(10))
+    assert engine.aborts == 1  # the line's first engine call, aborted when it was preempted
+    assert len(engine.requests) == 3  # the line, the interactive request, the line's resumed call
