@@ -29,6 +29,11 @@ class BatchMetrics:
             "berth_batch_lines_in_flight", "Batch lines in the scheduler or at an engine now", registry=r
         )
         self.active = Gauge("berth_batch_active_batches", "Batches being run or finalized now", registry=r)
+        self.finalize_failures = Counter(
+            "berth_batch_finalize_failures",
+            "Finalizations that failed (a full disk, most often) and will be tried again",
+            registry=r,
+        )
         self.finished = Counter(
             "berth_batch_batches", "Batches that reached a final status, by status", ["status"], registry=r
         )

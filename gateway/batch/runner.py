@@ -313,6 +313,9 @@ class BatchRunner:
             await self._begin_end(a, BatchStatus.CANCELLED)
         elif status is BatchStatus.IN_PROGRESS and not a.running and rec.completed + rec.failed >= rec.total:
             await self._begin_end(a, BatchStatus.COMPLETED)
+        elif status is BatchStatus.IN_PROGRESS and not a.running and a.exhausted:
+            # Lines without an answer behind the cursor (their answer could not be written): from the top.
+            a.cursor, a.exhausted = 0, False
         if a.rec.status is BatchStatus.FINALIZING and not a.running and now >= a.retry_at:
             await self._finalize(a)
 
@@ -328,9 +331,10 @@ class BatchRunner:
             await asyncio.gather(*a.running.values(), return_exceptions=True)
 
     async def _feed(self, a: _Active, free: int) -> int:
-        pending = await self.store.pending(a.rec.id, a.cursor, free)
-        if len(pending) < free:
+        pending = await self.store.pending(a.rec.id, a.cursor, free + len(a.running))
+        if len(pending) < free + len(a.running):
             a.exhausted = True
+        pending = [x for x in pending if x.line not in a.running][:free]  # not twice at once
         if not pending:
             return 0
         a.cursor = pending[-1].line
@@ -395,6 +399,7 @@ class BatchRunner:
             )
         except Exception as e:  # a full disk (OSError, or the store's own error): tried again later
             a.retry_at = self.wall() + FINALIZE_RETRY_S
+            self.metrics.finalize_failures.inc()
             log.error("batch_finalize_failed", batch_id=a.rec.id, error=str(e), retry_s=FINALIZE_RETRY_S)
             return
         del self._active[rec.id]
