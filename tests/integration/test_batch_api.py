@@ -172,13 +172,19 @@ async def test_malformed_input_fails_with_the_line(
 async def test_upload_limits_and_bad_requests(
     engine_server: EngineServer, start_gateway: StartGateway
 ) -> None:
-    gw = await run_gateway(engine_server, start_gateway, FakeEngine(), batch_toml())
+    # An upload is not a request body: [server] max_body_bytes does not bound it, [batch] max_file_bytes does.
+    toml = "[server]\nmax_body_bytes = 2048\n" + batch_toml()
+    gw = await run_gateway(engine_server, start_gateway, FakeEngine(), toml)
     client = gw.client()
+    fits = jsonl([line(i) for i in range(40)])
+    assert 2048 < len(fits) < 20000
+    kept = await upload(client, fits)
+    assert (await client.files.retrieve(kept)).bytes == len(fits)
     with pytest.raises(openai.APIStatusError) as big:
         await upload(client, jsonl([line(i) for i in range(300)]))
     assert big.value.status_code == 413
     assert "max_file_bytes" in str(big.value)
-    assert not list((Path(gw.gw.batch.settings.dir) / "files").iterdir())  # nothing left behind
+    assert [p.name for p in (Path(gw.gw.batch.settings.dir) / "files").iterdir()] == [kept]  # no leftovers
     with pytest.raises(openai.BadRequestError, match="jsonl"):
         await upload(client, jsonl([line(1)]), name="in.csv")
     file_id = await upload(client, jsonl([line(1)]))
