@@ -1,7 +1,8 @@
 """The route tables: every path berth answers, with a 405 for other methods and an OpenAI-shaped 404 for
 anything else.
 
-The public listener serves the OpenAI routes, /v1/models, /healthz and /readyz, and, unless an ops
+The public listener serves the OpenAI routes (and the Files and Batches API), the engines' other routes
+(gateway.front.passthrough), /v1/models, /healthz and /readyz, and, unless an ops
 listener is configured ([ops] listen), /metrics and /admin/*. The ops listener serves /metrics,
 /healthz, /readyz and /admin/*. /healthz and /readyz stay on the public listener in both cases: load
 balancers probe the port they send traffic to, and neither says more than "alive" / "ready".
@@ -15,7 +16,7 @@ from typing import Final
 from aiohttp import web
 
 from gateway.core.types import ApiKind
-from gateway.front import batches_api, files_api, ops
+from gateway.front import batches_api, files_api, ops, passthrough
 from gateway.front.admin import FLEET_PATH, LOOP_LAG_PATH, fleet, loop_lag
 from gateway.front.api import make_api_handler
 from gateway.front.files_api import BatchHandler, batch_route
@@ -50,6 +51,10 @@ def add_routes(app: web.Application, services: Services, *, with_ops: bool = Tru
     for api in ApiKind:
         r.add_post(api.path, make_api_handler(services, api))
         r.add_route("*", api.path, method_not_allowed("POST"))
+    for path in passthrough.MODEL_ROUTES:
+        r.add_post(path, passthrough.model_route)
+        r.add_route("*", path, method_not_allowed("POST"))
+    _add_get(app, ((passthrough.VERSION_ROUTE, passthrough.version),))
     for path, methods in _BATCH.items():
         for method, handler in methods.items():
             r.add_route(method, path, batch_route(handler))

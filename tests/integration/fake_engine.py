@@ -62,6 +62,7 @@ class FakeEngine:
     tokenizes: list[dict[str, Any]] = field(default_factory=list)
     tokenize_started: asyncio.Event = field(default_factory=asyncio.Event)
     tokenize_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    version: str | None = None  # GET /version answers {"version": ...}; None: 404 like an engine without it
     # With a key: every route answers 401 without `Authorization: Bearer <api_key>`.
     api_key: str | None = None
     authorization: dict[str, list[str | None]] = field(default_factory=dict)  # path -> what each call sent
@@ -74,6 +75,7 @@ class FakeEngine:
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
         app.router.add_get("/metrics", self._metrics)
         return app
 
@@ -84,6 +86,11 @@ class FakeEngine:
         if self.api_key is not None and sent != f"Bearer {self.api_key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        if self.version is None:
+            raise web.HTTPNotFound()
+        return web.json_response({"version": self.version})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=self.health_status)
