@@ -196,6 +196,13 @@ async def file_content(request: web.Request, runner: BatchRunner, owner: str) ->
 
 async def delete_file(request: web.Request, runner: BatchRunner, owner: str) -> web.StreamResponse:
     file_id = request.match_info["file_id"]
+    for rec in runner.running():
+        if rec.input_file_id == file_id and rec.owner == owner:
+            raise errors.bad_request(
+                f"file {file_id} is the input of batch {rec.id}, which is still running: cancel it first",
+                param="file_id",
+                code="file_in_use",
+            )
     f = await runner.store.delete_file(owner, file_id)
     if f is None:
         raise file_not_found(file_id)

@@ -251,6 +251,8 @@ async def test_cancel_in_the_middle(engine_server: EngineServer, start_gateway: 
     assert "BATCHES" in frame
     assert batch.id in frame
     assert "12.5" in frame  # progress, %
+    with pytest.raises(openai.BadRequestError, match="cancel it first"):
+        await client.files.delete(batch.input_file_id)
     cancelling = await client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
     await gw.gw.batch.wait_ended(batch.id)
