@@ -51,6 +51,7 @@ def test_flag_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         pytest.param("[batch]\ncolour = 1\n", "batch.colour: unknown key", id="unknown-key"),
         pytest.param("[batch]\nmax_lines_in_flight = 0\n", "batch.max_lines_in_flight", id="range"),
         pytest.param("[batch]\nfile_expiry_s = 60\n", "batch.file_expiry_s", id="expiry"),
+        pytest.param('[batch]\ndir = "gateway.toml"\n', "batch.dir: not a directory", id="dir-is-a-file"),
     ],
 )
 def test_check_names_the_key(tmp_path: Path, text: str, problem: str) -> None:
