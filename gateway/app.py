@@ -199,9 +199,11 @@ class Gateway:
 
     async def batch_ctx(self, app: web.Application) -> AsyncIterator[None]:
         """The batch runner: resumes the batches on disk and feeds their lines; on the way out, the
-        lines in flight are aborted (they run again after a restart) and the store is closed."""
+        lines in flight may finish for the drain timeout, the rest are aborted (they run again after a
+        restart), and the store is closed."""
         self.supervisor.spawn("batch-runner", self.batch.run)
         yield
+        await self.batch.drain(self.cfg.server.drain_timeout_s)
         await self.supervisor.cancel("batch-runner")
         await self.batch.close()
 

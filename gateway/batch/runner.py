@@ -68,6 +68,10 @@ class BatchSettings:
     retry_s: float = 1.0
 
 
+class _NotNow(Exception):
+    """A line the gateway had no room for, while it takes no lines at all (it drains)."""
+
+
 @dataclass(eq=False)
 class _Active:
     """A batch being run: its record (the store's, counts included) and what of it is being fed."""
@@ -141,6 +145,14 @@ class BatchRunner:
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    async def drain(self, timeout_s: float) -> None:
+        """Let the lines in flight finish, for up to `timeout_s` (no new line starts: the gateway is
+        draining); those still running after it are aborted by `close` and run again after a restart."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while any(a.running for a in self._active.values()):
+                    await asyncio.wait([t for a in self._active.values() for t in a.running.values()])
 
     async def close(self) -> None:
         await self._tasks.close()  # lines in flight: aborted, run again after a restart
@@ -363,6 +375,9 @@ class BatchRunner:
                 self.metrics.lines.labels("ok" if result.ok else "error").inc()
                 self.metrics.tokens.labels("input").inc(result.input_tokens)
                 self.metrics.tokens.labels("output").inc(result.output_tokens)
+        except _NotNow:  # the gateway stopped taking lines (a drain): fed again when it takes them
+            a.cursor = min(a.cursor, x.line - 1)
+            a.exhausted = False
         except Exception:
             # Not answered (the store failed to write it: a full disk): fed again later.
             log.exception("batch_line_failed", batch_id=a.rec.id, line=x.line)
@@ -383,6 +398,8 @@ class BatchRunner:
             if answer.retry_after_s is None:
                 return answer
             self.metrics.retries.inc()
+            if not self.lines.accepting():
+                raise _NotNow
             # Until the refusal's Retry-After, or sooner when a line ends (its seat, queue place or
             # token charge is free then): one waiter is woken per line that ends.
             async with self._room:
