@@ -102,6 +102,7 @@ class BatchRecord(msgspec.Struct, frozen=True, kw_only=True):
     # The final status a finalizing batch ends in (completed, expired or cancelled): kept so that a
     # restart in the middle of finalizing ends it the same way. Not part of the OpenAI object.
     ending: BatchStatus | None = None
+    output_expiry_s: int | None = None  # output_expires_after.seconds; None: [batch] file_expiry_s
 
     def document(self) -> dict[str, Any]:
         """The OpenAI `Batch` object."""

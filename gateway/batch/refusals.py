@@ -9,6 +9,8 @@ from gateway.core import errors
 from gateway.core.errors import BerthError, ErrorSource
 
 MAX_METADATA: Final = 16
+MIN_EXPIRY_S: Final = 3600
+MAX_EXPIRY_S: Final = 30 * 86400
 
 
 def _not_found(what: str, ident: str, param: str) -> BerthError:
@@ -49,3 +51,23 @@ def check_metadata(metadata: object) -> dict[str, str] | None:
             param="metadata",
         )
     return dict(metadata)
+
+
+def check_expires_after(value: object, param: str) -> int | None:
+    """`{"anchor": "created_at", "seconds": N}` (N from 3600 to 2592000): N; None when not given."""
+    if value is None:
+        return None
+    seconds = value.get("seconds") if isinstance(value, Mapping) else None
+    if (
+        not isinstance(value, Mapping)
+        or value.get("anchor") != "created_at"
+        or isinstance(seconds, bool)
+        or not isinstance(seconds, int)
+        or not MIN_EXPIRY_S <= seconds <= MAX_EXPIRY_S
+    ):
+        raise errors.bad_request(
+            f'\'{param}\' must be {{"anchor": "created_at", "seconds": N}} with N from {MIN_EXPIRY_S} '
+            f"to {MAX_EXPIRY_S}",
+            param=param,
+        )
+    return seconds

@@ -43,7 +43,7 @@ from gateway.batch.model import (
     LineError,
     new_id,
 )
-from gateway.batch.refusals import check_metadata, file_not_found
+from gateway.batch.refusals import check_expires_after, check_metadata, file_not_found
 from gateway.batch.store import BatchStore
 from gateway.batch.validate import Scan, body_of, scan, window_seconds
 from gateway.core import errors
@@ -171,6 +171,8 @@ class BatchRunner:
         endpoint: object,
         completion_window: object,
         metadata: object,
+        *,
+        output_expires_after: object = None,
     ) -> BatchRecord:
         """A new batch, validated (failed with its line errors, or in progress); BerthError when the
         request itself is wrong."""
@@ -188,6 +190,7 @@ class BatchRunner:
             raise errors.bad_request(f"'completion_window' {e}", param="completion_window") from None
         assert isinstance(completion_window, str)
         meta = check_metadata(metadata)
+        output_expiry_s = check_expires_after(output_expires_after, "output_expires_after")
         await self.ensure_open()
         f = await self.store.get_file(owner, input_file_id)
         if f is None:
@@ -208,6 +211,7 @@ class BatchRunner:
             created_at=now,
             expires_at=now + math.ceil(window_s),
             metadata=meta,
+            output_expiry_s=output_expiry_s,
         )
         await self.store.add_batch(rec)
         return await self._validate(rec)
@@ -412,7 +416,11 @@ class BatchRunner:
         ending = a.rec.ending or BatchStatus.COMPLETED
         try:
             rec, expired_lines = await finalize(
-                self.store, self.files, a.rec, now=int(self.wall()), file_expiry_s=self.settings.file_expiry_s
+                self.store,
+                self.files,
+                a.rec,
+                now=int(self.wall()),
+                file_expiry_s=a.rec.output_expiry_s or self.settings.file_expiry_s,
             )
         except Exception as e:  # a full disk (OSError, or the store's own error): tried again later
             a.retry_at = self.wall() + FINALIZE_RETRY_S

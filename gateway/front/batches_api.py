@@ -36,6 +36,7 @@ async def create_batch(request: web.Request, runner: BatchRunner, owner: str) ->
         body.get("endpoint"),
         body.get("completion_window"),
         body.get("metadata"),
+        output_expires_after=body.get("output_expires_after"),
     )
     return web.json_response(rec.document())
 

@@ -17,7 +17,7 @@ from aiohttp import BodyPartReader, web
 from gateway.admission.tenancy import ANONYMOUS
 from gateway.batch.files import FileTooLarge
 from gateway.batch.model import PURPOSE_BATCH, FileRecord, new_id
-from gateway.batch.refusals import file_not_found
+from gateway.batch.refusals import check_expires_after, file_not_found
 from gateway.batch.runner import BatchRunner
 from gateway.core import errors
 from gateway.core.errors import BerthError
@@ -27,8 +27,6 @@ from gateway.front.services import SERVICES
 
 log = structlog.get_logger("berth.batch")
 
-MIN_EXPIRY_S: Final = 3600
-MAX_EXPIRY_S: Final = 30 * 86400
 _FORM_FIELD_LIMIT: Final = 4096
 _READ: Final = 256 * 1024
 
@@ -155,18 +153,10 @@ def _expiry(fields: dict[str, str], default_s: int) -> int:
     seconds = fields.get("expires_after[seconds]")
     if anchor is None and seconds is None:
         return default_s
-    if anchor != "created_at":
-        raise errors.bad_request("'expires_after.anchor' must be 'created_at'", param="expires_after.anchor")
-    try:
-        n = int(seconds or "")
-    except ValueError:
-        n = 0
-    if not MIN_EXPIRY_S <= n <= MAX_EXPIRY_S:
-        raise errors.bad_request(
-            f"'expires_after.seconds' must be between {MIN_EXPIRY_S} and {MAX_EXPIRY_S}",
-            param="expires_after.seconds",
-        )
-    return n
+    n = int(seconds) if seconds is not None and seconds.isdigit() else -1
+    checked = check_expires_after({"anchor": anchor, "seconds": n}, "expires_after")
+    assert checked is not None
+    return checked
 
 
 async def list_files(request: web.Request, runner: BatchRunner, owner: str) -> web.StreamResponse:

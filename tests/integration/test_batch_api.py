@@ -64,7 +64,11 @@ async def test_sdk_end_to_end(engine_server: EngineServer, start_gateway: StartG
     assert [x.id for x in (await client.files.list()).data] == [file_id]
 
     batch = await client.batches.create(
-        input_file_id=file_id, endpoint=CHAT, completion_window="24h", metadata={"job": "nightly"}
+        input_file_id=file_id,
+        endpoint=CHAT,
+        completion_window="24h",
+        metadata={"job": "nightly"},
+        output_expires_after={"anchor": "created_at", "seconds": 7200},
     )
     assert batch.status == "in_progress"
     assert batch.request_counts is not None
@@ -102,7 +106,9 @@ async def test_sdk_end_to_end(engine_server: EngineServer, start_gateway: StartG
     assert 'berth_batch_tokens_total{kind="output"} 40.0' in metrics
     listed = await client.batches.list(limit=5)
     assert [b.id for b in listed.data] == [batch.id]
-    assert (await client.files.retrieve(done.output_file_id)).purpose == "batch_output"
+    output = await client.files.retrieve(done.output_file_id)
+    assert output.purpose == "batch_output"
+    assert output.expires_at == output.created_at + 7200
 
     deleted = await client.files.delete(file_id)
     assert deleted.deleted
@@ -188,6 +194,18 @@ async def test_upload_limits_and_bad_requests(
     with pytest.raises(openai.BadRequestError, match="jsonl"):
         await upload(client, jsonl([line(1)]), name="in.csv")
     file_id = await upload(client, jsonl([line(1)]))
+    with pytest.raises(openai.BadRequestError, match="expires_after"):
+        await client.files.create(
+            file=("x.jsonl", io.BytesIO(b"{}\n")),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": 60},
+        )
+    short = await client.files.create(
+        file=("x.jsonl", io.BytesIO(b"{}\n")),
+        purpose="batch",
+        expires_after={"anchor": "created_at", "seconds": 3600},
+    )
+    assert short.expires_at == short.created_at + 3600
     with pytest.raises(openai.BadRequestError, match="completion_window"):
         await client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="soon")  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="endpoint"):
