@@ -1,6 +1,7 @@
 """The engines' routes besides generation, passed to an endpoint that serves the request's model:
 `/tokenize`, `/detokenize`, `/pooling`, `/classify`, `/score` and `/v1/score`, `/rerank`, `/v1/rerank`
-and `/v2/rerank` (POST, JSON with a `model`), and `GET /version` (any ready endpoint).
+and `/v2/rerank` (POST, JSON with a `model`), `/v1/audio/transcriptions` and `/v1/audio/translations`
+(POST, a multipart form with a `model`), and `GET /version` (any ready endpoint).
 
 They are cheap next to a generation, so they do not queue: the ready endpoint serving the model with
 the fewest requests in flight answers, and its answer (status and body, a 404 when the engine lacks the
@@ -41,6 +42,8 @@ MODEL_ROUTES: Final = (
     "/v2/rerank",
 )
 VERSION_ROUTE: Final = "/version"
+#: POST routes whose multipart form names the model (an audio file and its options).
+FORM_ROUTES: Final = ("/v1/audio/transcriptions", "/v1/audio/translations")
 _ANSWER_LIMIT: Final = 64 * 1024 * 1024  # an engine's answer read at most (a pooling answer can be large)
 
 
@@ -65,6 +68,39 @@ async def model_route(request: web.Request) -> web.StreamResponse:
         return _refused(e, rid)
 
 
+async def form_route(request: web.Request) -> web.StreamResponse:
+    """A multipart form with a `model` field (at most [server] max_body_bytes), sent on as it came but
+    for the model's served name."""
+    s = request.app[SERVICES]
+    rid = request_id(request)
+    try:
+        authenticate(s.settings, request.headers)
+        if not request.content_type.startswith("multipart/form-data"):
+            raise errors.bad_request("this route takes a multipart/form-data body (a file and a 'model')")
+        if request.content_length is not None and request.content_length > s.max_body_bytes:
+            raise errors.body_too_large(s.max_body_bytes)
+        try:
+            fields = await request.post()
+        except web.HTTPRequestEntityTooLarge:
+            raise errors.body_too_large(s.max_body_bytes) from None
+        model = fields.get("model")
+        if not isinstance(model, str) or not model:
+            raise errors.bad_request("'model' is required and must be a non-empty string", param="model")
+        served = s.settings.catalog.resolve(model, s.scheduler.known_models())
+        ep, _ = pick_endpoint(s.scheduler.snapshot().endpoints, served, {}, s.clock.now())
+        if ep is None:
+            raise errors.no_ready_endpoint(served, s.scheduler.limits.retry_after_s)
+        form = aiohttp.FormData()
+        for name, value in fields.items():
+            if isinstance(value, web.FileField):
+                form.add_field(name, value.file, filename=value.filename, content_type=value.content_type)
+            else:
+                form.add_field(name, served if name == "model" else str(value))
+        return await _forward(s, ep, request, form, rid)
+    except BerthError as e:
+        return _refused(e, rid)
+
+
 async def version(request: web.Request) -> web.Response:
     s = request.app[SERVICES]
     rid = request_id(request)
@@ -79,10 +115,10 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def _forward(
-    s: Services, ep: EndpointView, request: web.Request, raw: bytes | None, rid: str
+    s: Services, ep: EndpointView, request: web.Request, raw: bytes | aiohttp.FormData | None, rid: str
 ) -> web.Response:
     headers = {**s.engine_auth.headers(ep.id), "X-Request-Id": rid}
-    if raw is not None:
+    if isinstance(raw, bytes):
         headers["Content-Type"] = "application/json"
     timeout = aiohttp.ClientTimeout(total=None, sock_read=s.dispatcher.settings.first_byte_timeout_s)
     try:

@@ -54,6 +54,9 @@ def add_routes(app: web.Application, services: Services, *, with_ops: bool = Tru
     for path in passthrough.MODEL_ROUTES:
         r.add_post(path, passthrough.model_route)
         r.add_route("*", path, method_not_allowed("POST"))
+    for path in passthrough.FORM_ROUTES:
+        r.add_post(path, passthrough.form_route)
+        r.add_route("*", path, method_not_allowed("POST"))
     _add_get(app, ((passthrough.VERSION_ROUTE, passthrough.version),))
     for path, methods in _BATCH.items():
         for method, handler in methods.items():

@@ -62,6 +62,9 @@ class FakeEngine:
     tokenizes: list[dict[str, Any]] = field(default_factory=list)
     tokenize_started: asyncio.Event = field(default_factory=asyncio.Event)
     tokenize_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    transcriptions: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # each form's fields (a file: its size)
     version: str | None = None  # GET /version answers {"version": ...}; None: 404 like an engine without it
     # With a key: every route answers 401 without `Authorization: Bearer <api_key>`.
     api_key: str | None = None
@@ -76,6 +79,7 @@ class FakeEngine:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
+        app.router.add_post("/v1/audio/transcriptions", self._transcribe)
         app.router.add_get("/metrics", self._metrics)
         return app
 
@@ -86,6 +90,14 @@ class FakeEngine:
         if self.api_key is not None and sent != f"Bearer {self.api_key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
+
+    async def _transcribe(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        fields: dict[str, Any] = {
+            k: len(v.file.read()) if isinstance(v, web.FileField) else str(v) for k, v in form.items()
+        }
+        self.transcriptions.append(fields)
+        return web.json_response({"text": f"{fields.get('file')} bytes heard"})
 
     async def _version(self, request: web.Request) -> web.Response:
         if self.version is None:

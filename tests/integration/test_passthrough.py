@@ -4,6 +4,7 @@ behind berth's auth; an engine's 404 for a route it lacks is the client's."""
 from __future__ import annotations
 
 import aiohttp
+import openai
 import pytest
 
 from tests.integration.conftest import EngineServer, StartGateway
@@ -51,3 +52,21 @@ async def test_version(engine_server: EngineServer, start_gateway: StartGateway,
         assert r.status == status
         if status == 200:
             assert await r.json() == {"version": "0.11.0"}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the SDK's translations.create
+async def test_audio_form(engine_server: EngineServer, start_gateway: StartGateway) -> None:
+    engine = FakeEngine()
+    url = await engine_server(engine)
+    gw = await start_gateway([f"{url},engine=vllm"], toml=AUTH)
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="key-a", max_retries=0)
+    got = await client.audio.transcriptions.create(
+        model="small", file=("a.wav", b"RIFF" + bytes(996)), language="en"
+    )
+    assert got.text == "1000 bytes heard"
+    [sent] = engine.transcriptions
+    assert (sent["model"], sent["file"], sent["language"]) == ("tiny", 1000, "en")  # the alias resolved
+    with pytest.raises(openai.NotFoundError):  # the engine has no translation route: its 404
+        await client.audio.translations.create(model="tiny", file=("a.wav", b"RIFF"))
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        await client.audio.transcriptions.create(model="nope", file=("a.wav", b"RIFF"))
