@@ -56,22 +56,25 @@ def _peak_mib() -> float:
 
 async def bench(lines: int, in_flight: int, root: Path) -> None:
     text = "lorem ipsum dolor sit amet " * 20
-    data = b"".join(
-        orjson.dumps(
-            {
-                "custom_id": f"req-{i}",
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {
-                    "model": "m",
-                    "messages": [{"role": "user", "content": f"{i} {text}"}],
-                    "max_tokens": 64,
-                },
-            }
+
+    def chunk(start: int) -> bytes:  # the input is written a thousand lines at a time, never whole
+        return b"".join(
+            orjson.dumps(
+                {
+                    "custom_id": f"req-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {
+                        "model": "m",
+                        "messages": [{"role": "user", "content": f"{i} {text}"}],
+                        "max_tokens": 64,
+                    },
+                }
+            )
+            + b"\n"
+            for i in range(start, min(start + 1000, lines))
         )
-        + b"\n"
-        for i in range(lines)
-    )
+
     runner = BatchRunner(
         SqliteBatchStore(root / "batch.sqlite3"),
         BatchSettings(dir=root, max_lines_in_flight=in_flight, max_lines=max(lines, 1)),
@@ -80,15 +83,15 @@ async def bench(lines: int, in_flight: int, root: Path) -> None:
     )
     await runner.ensure_open()
     runner.files.ensure()
-    upload = runner.files.upload("file-in", len(data))
-    await upload.write(data)
+    upload = runner.files.upload("file-in", 1 << 40)
+    for start in range(0, lines, 1000):
+        await upload.write(chunk(start))
     await upload.commit()
     await runner.store.add_file(
         FileRecord(
-            id="file-in", owner="t", purpose="batch", filename="in.jsonl", bytes=len(data), created_at=0
+            id="file-in", owner="t", purpose="batch", filename="in.jsonl", bytes=upload.size, created_at=0
         )
     )
-    del data
     before = _peak_mib()
     t0 = time.perf_counter()
     rec = await runner.create("t", "file-in", "/v1/chat/completions", "24h", None)
