@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.batch.lines import LineAnswer, LineRequest
 from gateway.batch.metrics import BatchMetrics
@@ -206,3 +208,53 @@ async def test_a_new_runner_resumes_what_the_last_one_left(
     assert (done.status, done.completed) == (BatchStatus.COMPLETED, 6)
     assert sorted(second_lines.runs) == ["p2", "p3", "p4", "p5"]  # the answered ones did not run again
     assert [x["custom_id"] for x in _lines(second, done.output_file_id)] == [f"c{i}" for i in range(6)]
+
+
+class ScriptedStore(SqliteBatchStore):
+    def __init__(self, path: Path, failures: dict[int, int]) -> None:
+        super().__init__(path)
+        self.failures = dict(failures)
+
+    async def record_result(self, batch_id: str, result: LineResult) -> BatchRecord | None:
+        if self.failures.get(result.line, 0) > 0:
+            self.failures[result.line] -= 1
+            raise OSError(28, "No space left on device")
+        return await super().record_result(batch_id, result)
+
+
+@settings(max_examples=6, deadline=None)  # each example fsyncs its files: ~0.4 s
+@given(
+    outcomes=st.lists(st.tuples(st.booleans(), st.integers(0, 2)), min_size=1, max_size=12),
+    in_flight=st.integers(1, 4),
+)
+def test_every_line_is_answered_exactly_once(
+    tmp_path_factory: pytest.TempPathFactory, outcomes: list[tuple[bool, int]], in_flight: int
+) -> None:
+    """Whatever lines the engine refuses and whichever answers the store fails to write (it fails a
+    line's first 0-2 answers), every custom_id appears once in the output or the error file."""
+
+    async def run() -> None:
+        root = tmp_path_factory.mktemp("r")
+        refuse = frozenset(f"p{i}" for i, (ok, _) in enumerate(outcomes) if not ok)
+        store = ScriptedStore(root / "b.sqlite3", {i + 1: fails for i, (_, fails) in enumerate(outcomes)})
+        lines = Lines(refuse)
+        runner = BatchRunner(
+            store, BatchSettings(dir=root, max_lines_in_flight=in_flight), lines, BatchMetrics(), wall=Clock()
+        )
+        try:
+            await runner.ensure_open()
+            runner._tasks.spawn("feeder", runner.run)
+            rec = await _submit(runner, len(outcomes))
+            await runner.wait_ended(rec.id)
+            done = await store.get_batch("t", rec.id)
+            assert done is not None
+            assert (done.completed, done.failed) == (len(outcomes) - len(refuse), len(refuse))
+            out = _lines(runner, done.output_file_id) if done.output_file_id else []
+            err = _lines(runner, done.error_file_id) if done.error_file_id else []
+            assert sorted(x["custom_id"] for x in out + err) == sorted(f"c{i}" for i in range(len(outcomes)))
+            assert {x["custom_id"] for x in err} == {f"c{p[1:]}" for p in refuse}
+            assert len(lines.runs) == len(outcomes) + sum(f for _, f in outcomes)
+        finally:
+            await runner.close()
+
+    asyncio.run(run())
