@@ -1,8 +1,8 @@
 """The schema of gateway.toml: one frozen msgspec Struct per section, unknown keys are errors.
 
-Static sections (`server`, `upstream`, `ops`) take effect at start only; `limits`, `scrape`, `telemetry`,
-`auth` (and its keys file), `aliases`, `endpoints`, `tenants` and the policy file are reloaded on SIGHUP
-(see `gateway.config.runtime`).
+Static sections (`server`, `upstream`, `ops`, `batch`) take effect at start only; `limits`, `scrape`,
+`telemetry`, `auth` (and its keys file), `aliases`, `endpoints`, `tenants` and the policy file are
+reloaded on SIGHUP (see `gateway.config.runtime`).
 Numbers are range-checked here (msgspec `Meta`); checks that relate values to each other, URLs and
 `listen` live in `gateway.config.validate`.
 """
@@ -153,6 +153,26 @@ class OpsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     def host_port(self) -> tuple[str, int]:
         """`listen` split for aiohttp; assumes it was validated and is not empty."""
         return split_host_port(self.listen)
+
+
+class BatchConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[batch] (static): the OpenAI Files and Batches API (docs/batch.md)."""
+
+    # Where batches and their files live (a SQLite database and a files/ directory); relative paths
+    # resolve against the directory of gateway.toml. Empty: $STATE_DIRECTORY/batch under systemd, else
+    # ./berth-state/batch (created on first use). `berth serve --batch-dir DIR` overrides it.
+    dir: str = ""
+    # Batch lines in the gateway (its queue or an engine) at once, over all batches; the rest wait in the
+    # store and are fed as these finish.
+    max_lines_in_flight: PositiveInt = 64
+    max_file_bytes: PositiveInt = 200 * 1024 * 1024  # an upload past it gets 413
+    max_lines: Annotated[int, Meta(ge=1, le=1_000_000)] = 50_000  # requests in one batch
+    file_expiry_s: Annotated[int, Meta(ge=3600)] = 30 * 86400  # of batch files without expires_after
+    # The longest completion_window accepted (OpenAI's is 24h; berth also takes "90m", "2d", ...).
+    max_window_s: Annotated[float, Meta(gt=0, le=365 * 86400)] = 30 * 86400.0
+    # The SLO class batch lines run in; empty: the policy's first class of kind "batch", else its default.
+    slo_class: str = ""
+    retry_s: PositiveFloat = 1.0  # before a line the gateway had no room for is tried again
 
 
 def split_host_port(listen: str) -> tuple[str, int]:
@@ -311,6 +331,7 @@ class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     policy: PolicySection = PolicySection()
     auth: AuthConfig = AuthConfig()
     ops: OpsConfig = OpsConfig()
+    batch: BatchConfig = BatchConfig()
     aliases: dict[str, str] = {}  # client model name -> engine served name
     endpoints: tuple[EndpointConfig, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
@@ -331,6 +352,8 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     tenants: tuple[TenantConfig, ...] = ()
     auth: AuthConfig = AuthConfig()
     ops: OpsConfig = OpsConfig()
+    batch: BatchConfig = BatchConfig()
+    batch_dir: Path | None = None  # [batch] dir made absolute (or --batch-dir); None: the default
     keys: tuple[KeyEntry, ...] = ()  # from auth.keys_file
     keys_file: Path | None = None  # absolute
     engine_keys: Mapping[EndpointId, EngineKey] = {}  # endpoints with api_key_env / api_key_file
