@@ -94,14 +94,17 @@ class Settled(NamedTuple):
 
 
 class _Stream:
-    __slots__ = ("dispatched_at", "first", "last", "pending", "prompt", "times")
+    __slots__ = ("computed", "dispatched_at", "first", "last", "pending", "prompt", "times")
 
-    def __init__(self, dispatched_at: float | None, times: Array, prompt: float, pending: bool) -> None:
+    def __init__(
+        self, dispatched_at: float | None, times: Array, prompt: float, pending: bool, computed: float
+    ) -> None:
         self.dispatched_at = dispatched_at
         self.times = times
         self.first = float(times[0])
         self.last = float(times[-1])
-        self.prompt = prompt
+        self.prompt = prompt  # its context's prompt part
+        self.computed = computed  # the prompt tokens its prefill computed (not in the prefix cache)
         self.pending = pending  # its decode observation is still to be derived
 
 
@@ -281,14 +284,18 @@ class EndpointTimeline:
         gaps: Sequence[float],
         prompt_tokens: float,
         clean: bool,
+        prefill_tokens: float | None = None,
     ) -> None:
         """A finished stream that had a first token here. `dispatched_at` None: unknown (the request was
-        retried from another endpoint); `clean`: it ran to its end (its gaps time the decode)."""
+        retried from another endpoint); `clean`: it ran to its end (its gaps time the decode);
+        `prefill_tokens`: the prompt tokens its prefill computed (the uncached ones; None: all), what
+        its group's prefill observation counts."""
         times = np.empty(len(gaps) + 1)
         times[0] = 0.0
         times[1:] = gaps
         times = np.cumsum(times) + first_token_at
-        self._streams.append(_Stream(dispatched_at, times, float(prompt_tokens), clean))
+        computed = float(prompt_tokens if prefill_tokens is None else prefill_tokens)
+        self._streams.append(_Stream(dispatched_at, times, float(prompt_tokens), clean, computed))
         self._tokens += len(times)
         self._earliest_added = min(self._earliest_added, first_token_at)
 
@@ -354,7 +361,7 @@ class EndpointTimeline:
     ) -> PrefillObservation | object | None:
         tol = arr.tol
         size = len(members)
-        tokens = sum(s.prompt for s in members)
+        tokens = sum(s.computed for s in members)
         samples: list[float] = []
         landed, untracked = arr.landed, arr.untracked
         running = np.flatnonzero((arr.firsts < at0 - tol) & (arr.lasts >= at1 - tol))

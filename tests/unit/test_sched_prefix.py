@@ -110,7 +110,7 @@ def test_placement_stays_with_the_prefix_exactly_while_it_pays(pending: int, cho
     picker = CatoSlackPicker(CatoSlackParams())
     assert picker.pick(r, [(a, 0.0), (b, 0.0)], s).id == chosen
     for order in ("least-loaded", "least-outstanding"):  # (most-loaded packs onto a either way)
-        bf = BestFitFilter(BestFitParams(order=order))  # type: ignore[arg-type]
+        bf = BestFitFilter(BestFitParams(order=order))
         assert [v.id for v in bf.filter(r, [a, b], s)] == [chosen], order
 
 
