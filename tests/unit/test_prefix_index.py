@@ -121,7 +121,8 @@ def test_prompts_sent_as_token_ids_are_keyed_by_their_ids() -> None:
     idx = _index()
     ids = list(range(40))
     k = idx.keys("m", ApiKind.COMPLETION, {"prompt": ids})
-    assert k is not None and k.tokens_per_block == 4
+    assert k is not None
+    assert k.tokens_per_block == 4
     idx.dispatched(A, k, 40, 0)
     k2 = idx.keys("m", ApiKind.COMPLETION, {"prompt": [ids[:30] + [99] * 10]})
     assert k2 is not None
@@ -147,10 +148,12 @@ def test_the_index_is_sized_from_the_kv_capacity() -> None:
     idx.dispatched(A, idx.keys_of("m", ApiKind.COMPLETION, "z" * 16 * 200), 800, 0)
     stats = idx.stats(A)
     assert stats is not None
-    assert stats.capacity_blocks == 100 and stats.cached_blocks == 100  # 400 tokens / 4 per block
+    assert stats.capacity_blocks == 100
+    assert stats.cached_blocks == 100
     idx.set_capacity(A, 40.0)  # scraped: 40 tokens
     stats = idx.stats(A)
-    assert stats is not None and stats.capacity_blocks == stats.cached_blocks == 10
+    assert stats is not None
+    assert stats.capacity_blocks == stats.cached_blocks == 10
     idx.keep([B])
     assert idx.stats(A) is None
 
