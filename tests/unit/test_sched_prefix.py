@@ -12,6 +12,7 @@ from gateway.core.types import EndpointId, RequestId
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.cato_slack import CatoSlackParams, CatoSlackPicker
 from gateway.sched.plugins.placement.demand_split import request_work
+from gateway.sched.plugins.placement.prefix_affinity import PrefixAffinityParams, PrefixAffinityScorer
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.prefix import NO_HITS, PrefixHits, uncached
 from gateway.sched.request import SchedRequest
@@ -122,3 +123,21 @@ def test_without_a_cached_prefix_placement_is_unchanged() -> None:
     assert [v.id for v in bf.filter(r, [a, b], s)] == ["b"]
     assert r.cached is NO_HITS
     assert RequestId("r") == r.id
+
+
+@pytest.mark.parametrize(
+    ("cached_a", "inflight_b", "scores"),
+    [
+        (8_000, 0, [0.8, 0.0]),  # balanced, share above the threshold: the prefix decides
+        (2_000, 0, [0.0, 0.0]),  # below cache_threshold: the load scorer decides
+        (8_000, 100, [0.0, 0.0]),  # imbalanced (by > 64 and > 1.5x): the load scorer decides
+    ],
+    ids=["follows the prefix", "too little cached", "imbalanced"],
+)
+def test_prefix_affinity_is_the_peers_rule(cached_a: int, inflight_b: int, scores: list[float]) -> None:
+    scorer = PrefixAffinityScorer(PrefixAffinityParams())
+    a = view("a")
+    b = dataclasses.replace(view("b"), inflight=inflight_b)
+    r = cached_req(10_000, cached_a)
+    assert scorer.score(r, [a, b], snap(a, b)) == pytest.approx(scores)
+    assert scorer.score(req(prompt=10_000), [a, b], snap(a, b)) == [0.0, 0.0]
