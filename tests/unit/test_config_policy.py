@@ -168,7 +168,8 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
             + '[placement]\npicker = { plugin = "max-score" }\n'
             + '[[placement.scorers]]\nplugin = "least-outstanding"\n'
             + '[[placement.scorers]]\nplugin = "kv-usage"\n',
-            "p.toml:placement.scorers[1].plugin: unknown scorer plugin 'kv-usage' (known: least-outstanding, prefix-affinity)",
+            "p.toml:placement.scorers[1].plugin: unknown scorer plugin 'kv-usage' "
+            "(known: least-outstanding, prefix-affinity)",
             id="unknown-second-scorer",
         ),
         pytest.param(
