@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
@@ -35,3 +36,6 @@ class SimOptions:
     # The tasks to run, built by the caller (e.g. a benchmark's own arrival process); None: the workload's
     # schedule for rate, duration, arrival and seed (`workload` then only names the run).
     schedule: tuple[TaskSpec, ...] | None = None
+    # The prefix index's source, overriding [prefix] source of the gateway file: "auto", "approximate",
+    # "off" (no prefix awareness), "oracle" (the simulated engines' true caches); None: the file's.
+    prefix: Literal["auto", "approximate", "precise", "off", "oracle"] | None = None

@@ -151,6 +151,9 @@ class Simulation:
             ]
         )
         self._by_id = {e.id: e for e in self.endpoints}
+        if opts.prefix == "oracle":
+            for e in self.endpoints:
+                self.gw.attach_oracle(e.id, e.engine)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._running: dict[RequestId, _Call] = {}  # berth's id -> the call (queued or running)
@@ -275,6 +278,8 @@ class Simulation:
     def _add_engine(self, eid: EndpointId, model: ModelName, config: str | None) -> None:
         template = self._templates.get((model, config)) or self._templates[(model, None)]
         ep = _Endpoint(eid, SimEngine(template.resolve().engine))
+        if self.opts.prefix == "oracle":
+            self.gw.attach_oracle(eid, ep.engine)
         self.endpoints.append(ep)
         self._by_id[eid] = ep
         self.push(self.clock.t + self.gw.cfg.scrape.interval_s, _SCRAPE, ep)
@@ -514,6 +519,7 @@ class Simulation:
         ctx.dispatched_at = now
         if self.life is not None:
             self.life.on_dispatch(d.req, ep.id)
+        self.gw.dispatched(ctx, d.req, ep.id)
         call.endpoint = ep
         call.result.endpoint = ep.id
         spec = call.task.spec.calls[call.index]
