@@ -43,6 +43,7 @@ from gateway.telemetry.engine_metrics import EngineMetrics, HistogramReader
 from gateway.telemetry.exporter import TelemetryCollector
 from gateway.telemetry.fleet_state import CachedLengths, FleetTelemetry, prior_with
 from gateway.telemetry.perfmodel import PART_COEFFICIENTS, PARTS, Part
+from gateway.telemetry.prefix_exporter import PrefixCollector
 from gateway.telemetry.prefix_index import PrefixIndex, PrefixSettings
 from gateway.telemetry.promtext import Exposition, Histogram
 from gateway.telemetry.records import FinishedRequest, ScrapeSample, TelemetrySettings
@@ -134,6 +135,7 @@ class LiveTelemetry:
 
     def register(self, registry: CollectorRegistry) -> None:
         registry.register(TelemetryCollector(lambda: self.fleet, self._scrape_ages, self._clock.now))
+        registry.register(PrefixCollector(lambda: self.prefix))
 
     # ----------------------------------------------------------------- inputs
     def on_finish(self, record: FinishedRequest) -> None:

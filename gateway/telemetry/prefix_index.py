@@ -304,9 +304,9 @@ class PrefixIndex:
         """One scrape's prefix-cache readings: cumulative hit and query tokens (vLLM) or a hit rate
         (SGLang). Derives the engine-measured hit rate over the interval and the correction of the
         index's predictions."""
-        ep = self._endpoints.get(eid)
-        if ep is None:
+        if hits is None and queries is None and hit_rate is None:
             return
+        ep = self._endpoint(eid)
         rate: float | None = None
         if hits is not None and queries is not None:
             last_hits, last_queries = ep.engine_hits, ep.engine_queries
