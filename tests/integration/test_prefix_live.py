@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import aiohttp
 import orjson
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.integration.conftest import EngineServer, StartGateway
 from tests.integration.fake_engine import FakeEngine
@@ -19,20 +20,27 @@ async def test_a_second_turn_is_predicted_cached_where_the_first_ran(
     eng = FakeEngine(tokens=8, token_pad=6, prefix_hits=0.0, prefix_queries=0.0)
     r = await start_gateway([await engine_server(eng) + ",engine=vllm,id=e0"])
     await r.scrape()  # the counters' first reading
-    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "what is a block?"}]
+    turn1: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "what is a block?"},
+    ]
     answer = ""
     async with r.client() as client:
         stream = await client.chat.completions.create(
             model="tiny",
-            messages=turn1,  # type: ignore[arg-type]
+            messages=turn1,
             stream=True,
             max_tokens=8,
         )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 answer += chunk.choices[0].delta.content
-        turn2 = [*turn1, {"role": "assistant", "content": answer}, {"role": "user", "content": "and a key?"}]
-        await client.chat.completions.create(model="tiny", messages=turn2, max_tokens=4)  # type: ignore[arg-type]
+        turn2: list[ChatCompletionMessageParam] = [
+            *turn1,
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "and a key?"},
+        ]
+        await client.chat.completions.create(model="tiny", messages=turn2, max_tokens=4)
     eng.prefix_queries, eng.prefix_hits = 1200.0, 540.0
     await r.scrape()
     r.gw.telemetry.refresh()
