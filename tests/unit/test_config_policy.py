@@ -160,7 +160,7 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
         pytest.param(
             HEAD + '[placement]\npicker = { plugin = "max-score" }\nfilters = [{ plugin = "healthy" }]\n',
             "p.toml:placement.filters[0].plugin: unknown filter plugin 'healthy' "
-            "(known: best-fit, demand-split, instance-class, overflow-guard, sub-cluster)",
+            "(known: best-fit, demand-split, instance-class, overflow-guard, prefix-holders, sub-cluster)",
             id="unknown-filter",
         ),
         pytest.param(

@@ -13,6 +13,7 @@ from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParam
 from gateway.sched.plugins.placement.cato_slack import CatoSlackParams, CatoSlackPicker
 from gateway.sched.plugins.placement.demand_split import request_work
 from gateway.sched.plugins.placement.prefix_affinity import PrefixAffinityParams, PrefixAffinityScorer
+from gateway.sched.plugins.placement.prefix_holders import PrefixHoldersFilter, PrefixHoldersParams
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.prefix import NO_HITS, PrefixHits, uncached
 from gateway.sched.request import SchedRequest
@@ -110,6 +111,8 @@ def test_placement_stays_with_the_prefix_exactly_while_it_pays(pending: int, cho
     assert (la.predict(r).ttft_s < lb.predict(r).ttft_s) == (chosen == "a")
     picker = CatoSlackPicker(CatoSlackParams())
     assert picker.pick(r, [(a, 0.0), (b, 0.0)], s).id == chosen
+    kept = PrefixHoldersFilter(PrefixHoldersParams()).filter(r, [a, b], s)
+    assert [v.id for v in kept] == (["a"] if chosen == "a" else ["a", "b"])  # else: all, for the rest
     for order in ("least-loaded", "least-outstanding"):  # (most-loaded packs onto a either way)
         bf = BestFitFilter(BestFitParams(order=order))
         assert [v.id for v in bf.filter(r, [a, b], s)] == [chosen], order

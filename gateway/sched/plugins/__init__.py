@@ -24,6 +24,7 @@ from gateway.sched.plugins.placement import (
     overflow_guard,
     power_of_two,
     prefix_affinity,
+    prefix_holders,
     round_robin,
     sub_cluster,
 )
@@ -46,6 +47,7 @@ IN_TREE: tuple[PluginSpec[Any], ...] = (
     instance_class.SPEC,
     sub_cluster.SPEC,
     prefix_affinity.SPEC,
+    prefix_holders.SPEC,
     admit_all.SPEC,
     slo_feasibility.SPEC,
     lru.SPEC,
