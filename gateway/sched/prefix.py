@@ -18,11 +18,19 @@ class PrefixHits(Mapping[EndpointId, int]):
     """Cached prompt tokens by endpoint (endpoints holding nothing are left out). Read-only once made,
     hashable by value (a `SchedRequest` is a frozen value type)."""
 
-    __slots__ = ("_hash", "_tokens")
+    __slots__ = ("_hits_hash", "_tokens")
 
     def __init__(self, tokens: Mapping[EndpointId, int] | None = None) -> None:
         self._tokens: dict[EndpointId, int] = {e: t for e, t in (tokens or {}).items() if t > 0}
-        self._hash: int | None = None
+        self._hits_hash: int | None = None
+
+    @classmethod
+    def trusted(cls, tokens: dict[EndpointId, int]) -> PrefixHits:
+        """Made from a dict of positive counts the caller hands over (not copied, not filtered)."""
+        hits = cls.__new__(cls)
+        hits._tokens = tokens
+        hits._hits_hash = None
+        return hits
 
     def __getitem__(self, key: EndpointId) -> int:
         return self._tokens[key]
@@ -38,9 +46,9 @@ class PrefixHits(Mapping[EndpointId, int]):
         return len(self._tokens)
 
     def __hash__(self) -> int:
-        if self._hash is None:
-            self._hash = hash(frozenset(self._tokens.items()))
-        return self._hash
+        if self._hits_hash is None:
+            self._hits_hash = hash(frozenset(self._tokens.items()))
+        return self._hits_hash
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PrefixHits):

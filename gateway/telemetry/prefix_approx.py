@@ -3,9 +3,9 @@
 Every endpoint gets a slot (a bit). One dict maps each block key to the bitset of the slots holding it,
 so one request is matched against every endpoint at once: the slots holding its first `k` keys shrink
 as `k` grows (a block's key chains its whole prefix, and each slot evicts a block only after every
-block that extends it, see below), so a binary search over the keys, splitting only where the set of
-slots changes, finds every slot's match length in about ``log2(keys)`` dict lookups per distinct
-length (`match_all`).
+block that extends it, see below), so a galloping search over the keys, stopping only where the set
+of slots changes, finds every slot's match length in a few dict lookups per distinct length
+(`match_all`).
 
 Each slot is an LRU of its keys (an `OrderedDict`) sized from the endpoint's KV capacity in blocks. A
 request's keys are touched from its last block to its first, so a prefix is always more recent than
@@ -146,31 +146,43 @@ class ApproximateBlocks:
 
     def match_all(self, keys: Sequence[int], mask: int | None = None) -> list[tuple[int, int]]:
         """(slots bitset, leading keys they hold) for every match length above zero, over the slots in
-        `mask` (all when None)."""
-        owners = self._owners
+        `mask` (all when None).
+
+        The slots holding the first `j` keys shrink as `j` grows; from each length where they change,
+        the next change is found by galloping (1, 2, 4, ... keys ahead) and then bisecting: about
+        ``2·log2(gap)`` dict lookups per distinct match length, nothing per endpoint. (Reading every
+        key's bitset in one C-level `map` instead measured slower whenever few lengths are distinct:
+        30 µs against 2 µs for one endpoint holding a 500-key prompt.)"""
+        get = self._owners.get
         n = len(keys)
         if n == 0:
             return []
-        first = owners.get(keys[0], 0)
+        m = get(keys[0], 0)
         if mask is not None:
-            first &= mask
-        if not first:
-            return []
+            m &= mask
         out: list[tuple[int, int]] = []
-        # (lo, hi, slots holding keys[:lo+1], slots holding keys[:hi+1] (0 past the end))
-        stack = [(0, n, first, 0)]
-        get = owners.get
-        while stack:
-            lo, hi, m_lo, m_hi = stack.pop()
-            if m_lo == m_hi:
-                continue
-            if hi - lo == 1:
-                out.append((m_lo & ~m_hi, hi))
-                continue
-            mid = (lo + hi) // 2
-            m_mid = (get(keys[mid], 0) & m_lo) | m_hi
-            stack.append((mid, hi, m_mid, m_hi))
-            stack.append((lo, mid, m_lo, m_mid))
+        lo = 0  # every slot in `m` holds keys[: lo + 1]
+        while m:
+            step = 1
+            hi = n
+            while lo + step < n:
+                j = lo + step
+                if get(keys[j], 0) & m == m:
+                    lo = j
+                    step += step
+                else:
+                    hi = j
+                    break
+            while hi - lo > 1:  # every slot of m holds keys[lo]; not every one holds keys[hi]
+                mid = (lo + hi) >> 1
+                if get(keys[mid], 0) & m == m:
+                    lo = mid
+                else:
+                    hi = mid
+            rest = get(keys[hi], 0) & m if hi < n else 0
+            out.append((m & ~rest, hi))
+            m = rest
+            lo = hi
         return out
 
 

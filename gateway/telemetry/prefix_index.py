@@ -42,6 +42,8 @@ Source = Literal["auto", "approximate", "precise", "off"]
 _MAX_CORRECTION: Final = 2.0
 #: Predicted cached tokens over a scrape interval below which no correction is derived (noise).
 _MIN_CORRECTION_TOKENS: Final = 256.0
+#: Slot sets whose endpoints are remembered at most.
+_MEMO_SETS: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,7 @@ class PrefixIndex:
         self._by_slot: dict[int, EndpointId] = {}
         self._capacity_tokens: dict[EndpointId, float] = {}
         self._roots: dict[str, int] = {}
+        self._eids_memo: dict[int, tuple[EndpointId, ...]] = {}  # slots bitset -> its endpoints
 
     def configure(self, settings: PrefixSettings) -> None:
         """New settings (config reload): a new block size starts the approximate index afresh."""
@@ -146,6 +149,7 @@ class PrefixIndex:
                 ApproximateHolder(self._blocks, idx, self.settings.block_tokens)
             )
             self._by_slot[idx] = eid
+            self._eids_memo.clear()
         return ep
 
     def _capacity_blocks(self, eid: EndpointId) -> int:
@@ -177,6 +181,7 @@ class PrefixIndex:
             self._blocks.drop_slot(ep.holder.idx)
             self._by_slot.pop(ep.holder.idx, None)
             self._capacity_tokens.pop(eid, None)
+            self._eids_memo.clear()
 
     def clear(self, eid: EndpointId) -> None:
         """The endpoint's cache is gone (engine restarted): forget what it was sent."""
@@ -230,6 +235,24 @@ class PrefixIndex:
             tokens_per_block=s.block_tokens,
         )
 
+    def _eids_of(self, held: int) -> tuple[EndpointId, ...]:
+        """The endpoints of a slots bitset, remembered (the same sets come back request after request:
+        the endpoints holding a shared system prompt) until the slots change."""
+        by_slot = self._by_slot
+        eids: list[EndpointId] = []
+        bits = held
+        while bits:
+            low = bits & -bits
+            eid = by_slot.get(low.bit_length() - 1)
+            if eid is not None:
+                eids.append(eid)
+            bits ^= low
+        memo = self._eids_memo
+        if len(memo) >= _MEMO_SETS:
+            memo.clear()
+        got = memo[held] = tuple(eids)
+        return got
+
     def _tokens_per_block(self, pk: PromptKeys) -> float:
         if pk.tokens_per_block is not None:
             return float(pk.tokens_per_block)
@@ -241,17 +264,13 @@ class PrefixIndex:
         if pk is None or not self._endpoints:
             return NO_HITS
         out: dict[EndpointId, int] = {}
-        by_slot = self._by_slot
         per_block = self._tokens_per_block(pk)
+        memo = self._eids_memo
         for held, n in self._blocks.match_all(pk.keys):
-            tokens = min(prompt_tokens, int(n * per_block))
-            bits = held
-            while bits:
-                low = bits & -bits
-                eid = by_slot.get(low.bit_length() - 1)
-                if eid is not None:
-                    out[eid] = tokens
-                bits ^= low
+            eids = memo.get(held)
+            if eids is None:
+                eids = self._eids_of(held)
+            out.update(dict.fromkeys(eids, min(prompt_tokens, int(n * per_block))))
         if self.settings.source != "approximate":
             for eid, ep in self._endpoints.items():
                 holder = ep.precise
@@ -262,7 +281,7 @@ class PrefixIndex:
                 if keys is None:
                     continue  # no token ids: the approximate answer stands for this endpoint
                 out[eid] = min(prompt_tokens, holder.matched(keys) * size)
-        return PrefixHits(out) if out else NO_HITS
+        return PrefixHits.trusted(out) if out else NO_HITS
 
     def dispatched(self, eid: EndpointId, pk: PromptKeys | None, prompt_tokens: int, cached: int) -> None:
         """The request was sent to `eid` with `cached` of its `prompt_tokens` predicted cached there: the

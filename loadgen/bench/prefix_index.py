@@ -3,9 +3,10 @@
 - `keys`: one 8,000-token prompt (32,000 characters) keyed once (`PrefixIndex.keys_of`, 16-token blocks:
   500 keys);
 - `lookup`: that request matched against 100 endpoints (`PrefixIndex.lookup`: cached tokens per
-  endpoint), in three states of the fleet: one endpoint holding the whole prompt (a conversation's
-  home); 100 endpoints each holding a different length of its prefix (the worst case for the binary
-  search: 100 distinct match lengths); nothing held anywhere;
+  endpoint), in four states of the fleet: nothing held anywhere; one endpoint holding the whole prompt
+  (a conversation's home); every endpoint holding its first 2,000 tokens (a shared system prompt) and
+  ten of them longer prefixes, each of its own length; every endpoint holding a different length of
+  it (the worst case: 100 distinct match lengths, the cost grows with their number);
 - `dispatch`: recording it as sent to one endpoint (`PrefixIndex.dispatched`);
 - memory: bytes per block held, measured with tracemalloc over 100 endpoints × 20,000 blocks.
 
@@ -61,6 +62,15 @@ def timings(repeat: int) -> dict[str, float]:
     out["lookup, 100 endpoints, nothing held"] = _median_us(lambda: idx.lookup(pk, PROMPT_TOKENS), repeat)
     idx.dispatched(eids[0], pk, PROMPT_TOKENS, 0)
     out["lookup, 100 endpoints, one holds all"] = _median_us(lambda: idx.lookup(pk, PROMPT_TOKENS), repeat)
+    system = idx.keys_of("m", ApiKind.COMPLETION, prompt[: 2_000 * CHARS_PER_TOKEN])
+    for e in eids:
+        idx.dispatched(e, system, 2_000, 0)
+    for i, e in enumerate(eids[1:10], start=1):  # nine more hold longer prefixes, each its own length
+        cut = (2_000 + 600 * i) * CHARS_PER_TOKEN
+        idx.dispatched(e, idx.keys_of("m", ApiKind.COMPLETION, prompt[:cut]), cut // 4, 0)
+    out["lookup, 100 hold 2,000 tokens, 10 longer"] = _median_us(
+        lambda: idx.lookup(pk, PROMPT_TOKENS), repeat
+    )
     for i, e in enumerate(eids[1:], start=1):
         cut = len(prompt) * i // ENDPOINTS
         idx.dispatched(e, idx.keys_of("m", ApiKind.COMPLETION, prompt[:cut]), cut // 4, 0)
