@@ -331,8 +331,10 @@ class PrefixIndex:
             last_hits, last_queries = ep.engine_hits, ep.engine_queries
             ep.engine_hits, ep.engine_queries = hits, queries
             if last_hits is None or last_queries is None or queries < last_queries:
-                # the first reading, or the engine restarted (its counters went back): an interval
-                # starts here
+                # the first reading, or the engine restarted (its counters went back: its cache is
+                # empty, whatever berth sent it before): an interval starts here
+                if last_queries is not None and queries < last_queries:
+                    self._blocks.clear(ep.holder.idx)
                 ep.since_predicted = ep.since_prompt = 0.0
                 return
             dh, dq = hits - last_hits, queries - last_queries

@@ -220,3 +220,13 @@ def test_off_indexes_nothing() -> None:
     idx = _index(source="off")
     assert idx.keys("m", ApiKind.COMPLETION, {"prompt": "x" * 100}) is None
     assert not idx.lookup(None, 10)
+
+
+def test_an_engine_restart_empties_its_approximate_index() -> None:
+    idx = _index()
+    k = idx.keys_of("m", ApiKind.COMPLETION, "q" * 400)
+    idx.dispatched(A, k, 100, 0)
+    idx.observe_engine(A, hits=500.0, queries=1000.0)
+    assert idx.lookup(k, 100).get_tokens(A) == 100
+    idx.observe_engine(A, hits=0.0, queries=10.0)  # the counters went back: a new engine process
+    assert idx.lookup(k, 100).get_tokens(A) == 0
