@@ -202,8 +202,14 @@ class EndpointLoad:
         # time the endpoint spends prefilling requests like it (a steady state of this batch).
         k1, c1 = coef.k1, coef.c1
         rho = 0.0
-        for r in reqs:
-            pre = k1 * r.prefill_tokens + c1
+        # Each running request's prefill tokens (its uncached ones), once: `RunningRequest.prefill_tokens`
+        # inlined (this runs per running request on every placement).
+        fresh = [
+            r.prompt_tokens if r.cached_tokens <= 0 else max(1, r.prompt_tokens - r.cached_tokens)
+            for r in reqs
+        ]
+        for r, f in zip(reqs, fresh, strict=True):
+            pre = k1 * f + c1
             life = pre + r.output_mean * base
             rho += pre / life if life > 0 else 0.0
         rho = min(rho, _MAX_PREFILL_SHARE)
@@ -217,14 +223,14 @@ class EndpointLoad:
         pending = 0.0
         long_total = 0.0
         inf = math.inf
-        for r in reqs:
+        for r, f in zip(reqs, fresh, strict=True):
             if r.produced is not None and r.reported_at is not None and r.first_token_at is not None:
                 # reported by the dispatcher: its count then, and tokens at the current pace since
                 first_at = r.first_token_at
                 prefilled = True
                 produced = r.produced + ((now - r.reported_at) / guess if guess > 0 else 0.0)
             else:
-                first_at = r.dispatched_at + k1 * r.prefill_tokens + c1 + 0.5 * guess
+                first_at = r.dispatched_at + k1 * f + c1 + 0.5 * guess
                 prefilled = now >= first_at
                 produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
             cap = inf if r.max_tokens is None else float(r.max_tokens)
@@ -238,7 +244,7 @@ class EndpointLoad:
                 long = (produced - r.output_mean) / max(1.0, r.output_mean)
             remaining = max(0.0, min(remaining, cap - produced)) if cap < inf else remaining
             if not prefilled:
-                pending += r.prefill_tokens
+                pending += f
             ctx_sum += r.prompt_tokens + produced
             long_total += long
             states.append(RunningState(r, prefilled, produced, remaining, 0.0, first_at - now, long))

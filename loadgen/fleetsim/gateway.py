@@ -162,7 +162,17 @@ class SimGateway:
         ctx.finished_at = self.clock.now()
         learn(ctx, self.telemetry, self.slo)
 
-    def scrape(self, eid: EndpointId, gauges: EngineGauges, kv_capacity_tokens: float) -> None:
-        """One scrape of an endpoint: the scheduler's gauges and the telemetry's sample."""
+    def scrape(
+        self,
+        eid: EndpointId,
+        gauges: EngineGauges,
+        kv_capacity_tokens: float,
+        prefix_counters: tuple[float, float] | None = None,
+    ) -> None:
+        """One scrape of an endpoint: the scheduler's gauges and the telemetry's sample (and the
+        engine's prefix-cache hit and query tokens, when it counts them)."""
         self.scheduler.observe_gauges(eid, gauges)
         self.telemetry.observe_engine(eid, gauges, kv_capacity_tokens=kv_capacity_tokens)
+        if prefix_counters is not None:
+            hits, queries = prefix_counters
+            self.telemetry.prefix.observe_engine(eid, hits=hits, queries=queries)

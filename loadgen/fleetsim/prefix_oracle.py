@@ -7,6 +7,10 @@ What it needs from the engine simulator (`TrueCache`): its prefix cache as an at
 (`gateway.core.blockhash.token_chain(token_ids, block_size)`), with `block_size`, `holds(key)` and
 `cached_blocks()`. A request is matched by its token ids (`PromptKeys.token_keys`): the simulation
 hands the index the token ids it gives its engines (`SimGateway.token_ids`).
+
+The engine's own hit counters (what a live scrape reads as vLLM's `prefix_cache_hits_total` /
+`prefix_cache_queries_total`) are read from its attributes `prefix_cache_hits` and
+`prefix_cache_queries` (cumulative tokens) when it has them (`hit_counters`).
 """
 
 from __future__ import annotations
@@ -57,3 +61,12 @@ def true_cache(engine: object) -> TrueCache | None:
     """The engine's prefix cache when it has one (`prefix_cache`), else None."""
     cache = getattr(engine, "prefix_cache", None)
     return cache if isinstance(cache, TrueCache) else None
+
+
+def hit_counters(engine: object) -> tuple[float, float] | None:
+    """(hit tokens, query tokens) of the engine's prefix cache, cumulative; None without them."""
+    hits = getattr(engine, "prefix_cache_hits", None)
+    queries = getattr(engine, "prefix_cache_queries", None)
+    if isinstance(hits, int | float) and isinstance(queries, int | float):
+        return float(hits), float(queries)
+    return None

@@ -48,6 +48,7 @@ from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
 from loadgen.fleetsim.options import SimOptions
+from loadgen.fleetsim.prefix_oracle import hit_counters
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, Report, TaskResult, build_report, complete_task
 from loadgen.runner import RunOptions, build_schedule
@@ -628,7 +629,7 @@ class Simulation:
         gauges = EngineGauges(
             running=float(eng.num_running), waiting=float(eng.num_waiting), kv_usage=eng.kv_usage
         )
-        self.gw.scrape(ep.id, gauges, ep.kv_capacity)
+        self.gw.scrape(ep.id, gauges, ep.kv_capacity, hit_counters(eng))
 
     def _sample(self) -> None:
         busy = sum(1 for ep in self.endpoints if ep.engine.num_running)

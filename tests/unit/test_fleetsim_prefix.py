@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.blockhash import token_chain
-from gateway.core.types import ApiKind, EndpointId
+from gateway.core.types import ApiKind, EndpointId, EngineGauges
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions
-from loadgen.fleetsim.prefix_oracle import OracleHolder, TrueCache, true_cache
+from loadgen.fleetsim.prefix_oracle import OracleHolder, TrueCache, hit_counters, true_cache
 from loadgen.fleetsim.sim import Simulation
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
@@ -89,3 +89,21 @@ def test_the_oracle_reads_the_engines_true_cache() -> None:
     keys.with_token_ids(ids)
     assert prefix.lookup(keys, 64).get_tokens(EndpointId("e1")) == 32
     assert prefix.source(EndpointId("e1")) == "precise"
+
+
+def test_the_engines_hit_counters_reach_the_index() -> None:
+    class Counting:
+        prefix_cache_hits = 300
+        prefix_cache_queries = 1000
+
+    assert hit_counters(Counting()) == (300.0, 1000.0)
+    assert hit_counters(object()) is None
+    sim = Simulation(opts())
+    prefix = sim.gw.telemetry.prefix
+    eid = EndpointId("e0")
+    gauges = EngineGauges(running=0.0, waiting=0.0, kv_usage=0.0)
+    sim.gw.scrape(eid, gauges, 1000.0, (0.0, 0.0))
+    sim.gw.scrape(eid, gauges, 1000.0, (300.0, 1000.0))
+    stats = prefix.stats(eid)
+    assert stats is not None
+    assert stats.engine_hit_rate == 0.3
