@@ -58,29 +58,29 @@ def timings(repeat: int) -> dict[str, float]:
     )
     pk = idx.keys_of("m", ApiKind.COMPLETION, prompt)
     for e in eids:  # every endpoint known, holding other traffic
-        idx.dispatched(e, idx.keys_of("m", ApiKind.COMPLETION, _text(rng, 4_000)), 1_000, 0)
+        idx.dispatched(e, idx.keys_of("m", ApiKind.COMPLETION, _text(rng, 4_000)), 1_000)
     out["lookup, 100 endpoints, nothing held"] = _median_us(lambda: idx.lookup(pk, PROMPT_TOKENS), repeat)
-    idx.dispatched(eids[0], pk, PROMPT_TOKENS, 0)
+    idx.dispatched(eids[0], pk, PROMPT_TOKENS)
     out["lookup, 100 endpoints, one holds all"] = _median_us(lambda: idx.lookup(pk, PROMPT_TOKENS), repeat)
     system = idx.keys_of("m", ApiKind.COMPLETION, prompt[: 2_000 * CHARS_PER_TOKEN])
     for e in eids:
-        idx.dispatched(e, system, 2_000, 0)
+        idx.dispatched(e, system, 2_000)
     for i, e in enumerate(eids[1:10], start=1):  # nine more hold longer prefixes, each its own length
         cut = (2_000 + 600 * i) * CHARS_PER_TOKEN
-        idx.dispatched(e, idx.keys_of("m", ApiKind.COMPLETION, prompt[:cut]), cut // 4, 0)
+        idx.dispatched(e, idx.keys_of("m", ApiKind.COMPLETION, prompt[:cut]), cut // 4)
     out["lookup, 100 hold 2,000 tokens, 10 longer"] = _median_us(
         lambda: idx.lookup(pk, PROMPT_TOKENS), repeat
     )
     for i, e in enumerate(eids[1:], start=1):
         cut = len(prompt) * i // ENDPOINTS
-        idx.dispatched(e, idx.keys_of("m", ApiKind.COMPLETION, prompt[:cut]), cut // 4, 0)
+        idx.dispatched(e, idx.keys_of("m", ApiKind.COMPLETION, prompt[:cut]), cut // 4)
     hits = idx.lookup(pk, PROMPT_TOKENS)
     assert len(hits) == ENDPOINTS, len(hits)
     out["lookup, 100 endpoints, 100 distinct lengths"] = _median_us(
         lambda: idx.lookup(pk, PROMPT_TOKENS), repeat
     )
     out["dispatch (500 keys to one endpoint)"] = _median_us(
-        lambda: idx.dispatched(eids[5], pk, PROMPT_TOKENS, 0), repeat
+        lambda: idx.dispatched(eids[5], pk, PROMPT_TOKENS), repeat
     )
     return out
 
@@ -99,7 +99,7 @@ def bytes_per_block(endpoints: int = ENDPOINTS, blocks: int = 20_000) -> float:
             keys = list(range(base, base + per_prompt))  # distinct keys: each block held once
             pk = idx.keys_of("m", ApiKind.COMPLETION, "")
             pk.keys = keys
-            idx.dispatched(eid, pk, 0, 0)
+            idx.dispatched(eid, pk, 0)
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     return (after - before) / (endpoints * blocks)
