@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
@@ -36,4 +37,7 @@ class SimOptions:
     # The tasks to run, built by the caller (e.g. a benchmark's own arrival process); None: the workload's
     # schedule for rate, duration, arrival and seed (`workload` then only names the run).
     schedule: tuple[TaskSpec, ...] | None = None
+    # The prefix index's source, overriding [prefix] source of the gateway file: "auto", "approximate",
+    # "off" (no prefix awareness), "oracle" (the simulated engines' true caches); None: the file's.
+    prefix: Literal["auto", "approximate", "precise", "off", "oracle"] | None = None
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, --turns, ...
