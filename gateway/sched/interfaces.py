@@ -11,7 +11,8 @@ point's Protocol, and looks up the optional capabilities (`TieredFilter`, `Scope
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -40,6 +41,42 @@ class Ordering(Protocol):
     """
 
     def key(self, req: SchedRequest, snap: FleetSnapshot) -> OrderKey: ...
+
+
+#: A request's rank under a ranked ordering: (group, position); see `RankedOrdering`.
+Rank = tuple[int, float]
+
+
+class RankedQueue(Protocol):
+    """A queue's requests by rank, as a ranked ordering reads them (`gateway.sched.ranked.RankIndex`)."""
+
+    def first_from(self, group: int, at: float, skipped: AbstractSet[int]) -> tuple[float, int] | None:
+        """(position, token) of the first request of `group` whose position is `at` or later (ties in
+        arrival order), leaving out those whose seq is in `skipped`; None when there is none."""
+        ...
+
+
+class RankedOrdering(Ordering, Protocol):
+    """An ordering that keeps its queue ranked instead of asking every key when the queue is served.
+
+    Optional, declared with an attribute `ranks = True` (like `stable_keys`). Each queued request gets a
+    rank, (group, position), that does not move with the clock: `rank` is asked when the request joins
+    the queue, when its request changes, and for every queued request when `rank_epoch` for its model
+    changes (the ordering's answer to "do the ranks still hold": e.g. the fleet's fitted models; must be
+    cheap and comparable with ==). `rank` is only asked right after `rank_epoch` on the same snapshot.
+    `pick` then chooses the request to serve from the ranked queue, in a few look-ups
+    (`RankedQueue.first_from`): the token it returns, or None when every request is skipped. `key` stays
+    the ordering's exact answer (the scan; engine priorities); a ranked pick may decide differently by
+    design, which the ordering documents.
+    """
+
+    def rank_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable: ...
+
+    def rank(self, req: SchedRequest, snap: FleetSnapshot) -> Rank: ...
+
+    def pick(
+        self, queue: RankedQueue, model: ModelName, snap: FleetSnapshot, skipped: AbstractSet[int]
+    ) -> int | None: ...
 
 
 @runtime_checkable
@@ -171,6 +208,22 @@ class Admitter(Protocol):
         """Called for every queued request on each scheduler tick: REJECT drops it with a 429 (its
         SLO became infeasible while it waited), BEST_EFFORT demotes it; ADMIT and HOLD leave it."""
         ...
+
+
+@runtime_checkable
+class RecheckFrom(Admitter, Protocol):
+    """An admitter that can say how long its recheck of a queued request is sure to admit it, so a tick
+    need not ask it until then (`gateway.sched.checks`).
+
+    `recheck_from(req, snap)`: a clock time before which `recheck` answers ADMIT for `req` on `snap`
+    and on any snapshot of the same fleet at a later time, whatever part of it a scoped filter leaves
+    (−inf: ask on every tick; +inf: never refuses it), for as long as `recheck_epoch(model, snap)` for
+    its model stays equal. Asked once per queued request and epoch, after the epoch on the same snapshot.
+    """
+
+    def recheck_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable: ...
+
+    def recheck_from(self, req: SchedRequest, snap: FleetSnapshot) -> float: ...
 
 
 @runtime_checkable
