@@ -86,10 +86,15 @@ class IdleBound:
 
 def fleet_bound(snap: FleetSnapshot, model: ModelName, *, slowest: bool) -> IdleBound | None:
     """The bound over the ready endpoints serving `model` (their fitted models, else the prior, as
-    predictions use); None when none is ready."""
+    predictions use); None when none is ready. One pass, the same coefficients met once."""
     ready = EndpointHealth.READY
-    coefs = [e.perf or _PRIOR for e in snap.endpoints if model in e.models and e.health is ready]
-    return IdleBound.of(coefs, slowest=slowest) if coefs else None
+    seen: dict[int, PerfCoefficients] = {}
+    for e in snap.endpoints:
+        if model in e.models and e.health is ready:
+            est = e.estimates
+            coef = (est.perf if est is not None else None) or _PRIOR
+            seen[id(coef)] = coef
+    return IdleBound.of(list(seen.values()), slowest=slowest) if seen else None
 
 
 def output_bound(req: SchedRequest, gamma: float) -> float:

@@ -171,7 +171,8 @@ class SlackOrdering:
         self._alone = 1.0 + params.prefill_overhead
         self.ranks = params.queue == "ranked"  # the queue reads this (gateway.sched.queues.ranked)
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the bound ranks were given at
-        # The last delay: (model, the snapshot's views, its clock, D).
+        # The last epoch and delay: (model, the snapshot's views, [its clock,] the answer).
+        self._epoch: tuple[ModelName, tuple[EndpointView, ...], IdleBound | None] | None = None
         self._delay: tuple[ModelName, tuple[EndpointView, ...], float, float] | None = None
         late_first = params.late == "first"
         order = [LATE] if late_first else []
@@ -202,6 +203,14 @@ class SlackOrdering:
     def rank_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable:
         """The fastest idle bound of `model`'s ready endpoints, kept while a refit moves it less than
         the tolerance (`IdleBound.close_to`)."""
+        last = self._epoch
+        if last is not None and last[0] == model and last[1] is snap.endpoints:
+            return last[2]  # the same views: the serves of one event ask again
+        bound = self._bound_for(model, snap)
+        self._epoch = (model, snap.endpoints, bound)
+        return bound
+
+    def _bound_for(self, model: ModelName, snap: FleetSnapshot) -> IdleBound | None:
         bound = fleet_bound(snap, model, slowest=False)
         kept = self._bounds.get(model)
         if kept is not None and bound is not None and kept.close_to(bound):
