@@ -548,7 +548,8 @@ def bench(cfg: DecisionConfig, log: Any = print) -> dict[str, Any]:
     results = []
     with tempfile.TemporaryDirectory(prefix="berth-decisions-") as tmp:
         for name in cfg.presets:
-            results.append(measure_preset(cfg, name, Path(tmp), log))
+            if cfg.queued > 0:
+                results.append(measure_preset(cfg, name, Path(tmp), log))
             if cfg.backlog > 0:
                 results.append(measure_preset(cfg, name, Path(tmp), log, backlog=True))
     doc = {
@@ -568,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("bench-decisions"), help="output directory")
     p.add_argument("--presets", default=",".join(PRESETS), help=f"subset of {', '.join(PRESETS)}")
     p.add_argument("--endpoints", type=int, default=100)
-    p.add_argument("--queued", type=int, default=1000, help="requests kept waiting")
+    p.add_argument("--queued", type=int, default=1000, help="requests kept waiting (0: skip this case)")
     p.add_argument("--rounds", type=int, default=3000, help="completions measured per preset")
     p.add_argument("--warmup", type=float, default=30.0, help="simulated s of the warm-up's arrivals")
     p.add_argument("--sla-scale", type=float, default=1.0, help="multiply every task SLA")
