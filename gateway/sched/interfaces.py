@@ -16,11 +16,14 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
+
 from gateway.core.slo import SloKind
 from gateway.core.types import EndpointId, InstanceClass, ModelName
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 #: A key orders the queue: smaller keys are served first. Ties break by arrival order.
 OrderKey = tuple[float, ...]
@@ -167,6 +170,42 @@ class Picker(Protocol):
     def pick(
         self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
     ) -> EndpointView: ...
+
+
+@runtime_checkable
+class ColumnarFilter(Filter, Protocol):
+    """A filter with a form over the fleet's columns (`FleetColumns`): given the candidates as a mask in
+    the columns' order, the mask of those `filter` would keep. A profile places over columns only when
+    every one of its filters, scorers and its picker has such a form."""
+
+    def filter_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]: ...
+
+
+@runtime_checkable
+class ColumnarScorer(Scorer, Protocol):
+    """A scorer with a form over the fleet's columns: every endpoint's score at once, in the columns'
+    order (the values of non-candidates are ignored), each candidate's the value `score` gives it."""
+
+    def score_columns(
+        self, req: SchedRequest, cols: FleetColumns, snap: FleetSnapshot
+    ) -> npt.NDArray[np.float64]: ...
+
+
+@runtime_checkable
+class ColumnarPicker(Picker, Protocol):
+    """A picker with a form over the fleet's columns: the index (in the columns' order) of the endpoint
+    `pick` would choose, among the candidates (a mask with at least one) with these weighted scores."""
+
+    def pick_columns(
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        candidates: npt.NDArray[np.bool_],
+        scores: npt.NDArray[np.float64],
+        snap: FleetSnapshot,
+    ) -> int: ...
 
 
 class AdmitOutcome(enum.StrEnum):

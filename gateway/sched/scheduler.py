@@ -67,6 +67,9 @@ REASON_WAITING: Final = "interactive_waiting"
 #: ... and when an endpoint's cap was cut below its running set for the interactive streams it runs.
 REASON_CAP: Final = "cap_lowered"
 _PREDICT: Final = PredictParams()
+#: Fleets of at least this many endpoints are placed over columns when the profile can be (numpy's
+#: fixed cost per call is more than a Python step per endpoint below it: `overhead_micro` fleet_N).
+COLUMNS_FROM: Final = 128
 
 
 def _has_room(snap: FleetSnapshot, model: ModelName) -> bool:
@@ -403,6 +406,10 @@ class Scheduler:
     # ----------------------------------------------------------------- views
     def snapshot(self) -> FleetSnapshot:
         now = self._clock.now()
+        if self._policy.profile.columnar and self._fleet.size() >= COLUMNS_FROM:
+            # placement over columns: the views' arrays come along
+            cols = self._fleet.columns(now, self._limits.stale_after_s)
+            return FleetSnapshot(now, cols.endpoints, self._queues.waiting(), cols)
         views = self._fleet.views(now, self._limits.stale_after_s)
         return FleetSnapshot(now, views, self._queues.waiting())
 
