@@ -33,14 +33,17 @@ def columns_of(views: tuple[EndpointView, ...]) -> FleetColumns:
     """The columns of `views`, built whole."""
     ready = EndpointHealth.READY
     ids = [v.id for v in views]
+    inflight = np.fromiter((v.inflight for v in views), dtype=np.int64, count=len(views))
+    waiting = np.fromiter((v.engine_waiting or 0.0 for v in views), dtype=np.float64, count=len(views))
     rank = np.empty(len(views), dtype=np.int64)
     rank[sorted(range(len(ids)), key=ids.__getitem__)] = np.arange(len(ids), dtype=np.int64)
     return FleetColumns(
         endpoints=views,
-        inflight=np.fromiter((v.inflight for v in views), dtype=np.int64, count=len(views)),
+        inflight=inflight,
         cap=np.fromiter((v.cap for v in views), dtype=np.int64, count=len(views)),
         ready=np.fromiter((v.health is ready for v in views), dtype=np.bool_, count=len(views)),
-        waiting=np.fromiter((v.engine_waiting or 0.0 for v in views), dtype=np.float64, count=len(views)),
+        waiting=waiting,
+        outstanding=inflight + waiting,
         id_rank=rank,
         members=_members(views),
     )
@@ -49,12 +52,8 @@ def columns_of(views: tuple[EndpointView, ...]) -> FleetColumns:
 def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterable[int]) -> FleetColumns:
     """The columns of `views`, which differ from `prev.endpoints` at the indexes `changed` only (same
     endpoints in the same places)."""
-    inflight, cap, ready, waiting = (
-        prev.inflight.copy(),
-        prev.cap.copy(),
-        prev.ready.copy(),
-        prev.waiting.copy(),
-    )
+    inflight, cap, ready = prev.inflight.copy(), prev.cap.copy(), prev.ready.copy()
+    waiting, outstanding = prev.waiting.copy(), prev.outstanding.copy()
     members = prev.members
     is_ready = EndpointHealth.READY
     old = prev.endpoints
@@ -64,7 +63,8 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
         inflight[i] = v.inflight
         cap[i] = v.cap
         ready[i] = v.health is is_ready
-        waiting[i] = v.engine_waiting or 0.0
+        w = waiting[i] = v.engine_waiting or 0.0
+        outstanding[i] = v.inflight + w
         if not remade and v.models != old[i].models:
             remade = True
     return FleetColumns(
@@ -73,6 +73,7 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
         cap=cap,
         ready=ready,
         waiting=waiting,
+        outstanding=outstanding,
         id_rank=prev.id_rank,
         members=_members(views) if remade else members,
     )

@@ -148,6 +148,7 @@ class FleetColumns:
     cap: npt.NDArray[np.int64]
     ready: npt.NDArray[np.bool_]
     waiting: npt.NDArray[np.float64]  # engine waiting from fresh gauges (`engine_waiting or 0.0`)
+    outstanding: npt.NDArray[np.float64]  # inflight + waiting (`EndpointView.outstanding`)
     id_rank: npt.NDArray[np.int64]  # each endpoint's place in the order of the endpoint ids
     members: Mapping[ModelName, npt.NDArray[np.bool_]]  # per model: which endpoints serve it
 

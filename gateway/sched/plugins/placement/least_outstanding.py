@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +28,7 @@ class LeastOutstandingScorer:
         self, req: SchedRequest, cols: FleetColumns, snap: FleetSnapshot
     ) -> npt.NDArray[np.float64]:
         """`score` over columns: the same arithmetic in the same order."""
-        return 1.0 / (1.0 + (cols.inflight + cols.waiting))
+        return 1.0 / (1.0 + cols.outstanding)
 
 
 class MaxScorePicker:
@@ -48,16 +49,16 @@ class MaxScorePicker:
         scores: npt.NDArray[np.float64],
         snap: FleetSnapshot,
     ) -> int:
-        """`pick` over columns: the highest score, then the fewest in flight, then the first id."""
-        idx = np.flatnonzero(candidates)
-        s = scores[idx]
-        idx = idx[s == s.max()]
-        if len(idx) > 1:
-            inflight = cols.inflight[idx]
-            idx = idx[inflight == inflight.min()]
-        if len(idx) > 1:
-            return int(idx[np.argmin(cols.id_rank[idx])])
-        return int(idx[0])
+        """`pick` over columns: the highest score, then the fewest in flight, then the first id (whole-array
+        steps: a fleet's endpoints often tie on the first two)."""
+        s = np.where(candidates, scores, -np.inf)
+        best = s == s.max()
+        inflight = np.where(best, cols.inflight, _NONE)
+        fewest = best & (inflight == inflight.min())
+        return int(np.argmin(np.where(fewest, cols.id_rank, _NONE)))
+
+
+_NONE: Final = np.iinfo(np.int64).max  # past every in-flight count and id rank
 
 
 SCORER_SPEC = PluginSpec(
