@@ -342,6 +342,9 @@ class Driver:
     # ----------------------------------------------------------------- phases
     def fill(self, queued: int) -> int:
         """Submit (untimed) until `queued` requests wait; the depth reached (admission may refuse)."""
+        limits = self.sched.limits
+        if limits.max_queue_per_model < queued + 1000:  # the benchmark's gateway.toml allows 8,192
+            self.sched.set_limits(dataclasses.replace(limits, max_queue_per_model=queued + 1000))
         attempts = 0
         limit = 30 * queued + 10 * len(self.ids) * 64
         while self.sched.queue_depth(MODEL) < queued and attempts < limit:
