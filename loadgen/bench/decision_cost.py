@@ -88,6 +88,8 @@ SCRAPE_S: Final = 2.0
 REFRESH_S: Final = 1.0
 PROGRESS_PER_ROUND: Final = 10  # ~2,000 progress reports/s: 1,600 streams, one report per 16 tokens
 PROGRESS_EVERY: Final = 16
+#: Submissions in a row without a deeper queue after which filling stops at the depth reached.
+FILL_STALL: Final = 3000
 _T = TypeVar("_T")
 _API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 
@@ -347,11 +349,17 @@ class Driver:
             self.sched.set_limits(dataclasses.replace(limits, max_queue_per_model=queued + 1000))
         attempts = 0
         limit = 30 * queued + 10 * len(self.ids) * 64
+        deepest, grew_at = 0, 0
         while self.sched.queue_depth(MODEL) < queued and attempts < limit:
             self.clock.t += 0.001
             self.submit(timed=False)
             attempts += 1
             self.periodic()
+            depth = self.sched.queue_depth(MODEL)
+            if depth > deepest:
+                deepest, grew_at = depth, attempts
+            elif attempts - grew_at > FILL_STALL and depth > 0:
+                break  # admission refuses what would queue (the SLAs cannot be met): the depth reached
         self.timings = Timings()  # the fill's periodic calls are not measured
         return self.sched.queue_depth(MODEL)
 
