@@ -15,9 +15,10 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
+from gateway.sched.columns import columns_of, updated
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, resume_prompt_tokens, running_from, with_progress
-from gateway.sched.snapshot import EndpointEstimates, EndpointView
+from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetColumns
 from gateway.sched.types import EndpointSpec
 
 
@@ -25,12 +26,16 @@ class _Views:
     """The tuple of every endpoint's view, kept until one's gauges go stale; an endpoint that changed
     has its own entry replaced (`dirty`), so a dispatch on a large fleet does not walk every endpoint."""
 
-    __slots__ = ("dirty", "endpoints", "fresh_until")
+    __slots__ = ("columns", "columns_changed", "dirty", "endpoints", "fresh_until")
 
     def __init__(self) -> None:
         self.endpoints: tuple[EndpointView, ...] | None = None  # None: remade whole on next use
         self.fresh_until = math.inf  # clock time when the first kept view's gauges go stale (or earlier)
         self.dirty: list[_Endpoint] = []  # endpoints whose entry in `endpoints` is out of date
+        # The columns last made (`Fleet.columns`), and the indexes whose entries were replaced in
+        # `endpoints` since (None: the tuple was remade whole).
+        self.columns: FleetColumns | None = None
+        self.columns_changed: set[int] | None = None
 
 
 # Rebuild the views this long before a gauge's exact staleness time: the exact test is `now - scraped_at
@@ -413,6 +418,10 @@ class Fleet:
         ep.changed()
         return True
 
+    def size(self) -> int:
+        """How many endpoints the fleet has."""
+        return len(self._endpoints)
+
     def inflight_on(self, eid: EndpointId) -> int:
         ep = self._endpoints.get(eid)
         return 0 if ep is None else ep.inflight
@@ -427,18 +436,39 @@ class Fleet:
             views = kept.endpoints = tuple(ep.view(now, stale_after_s) for ep in eps)
             kept.fresh_until = min((ep.fresh_until for ep in eps), default=_INF)
             kept.dirty.clear()
+            kept.columns_changed = None
         elif kept.dirty:
             # Only the changed endpoints' entries. The kept fresh_until stays at most every entry's own
             # (the others' did not move; a rebuilt one's is taken in), so staleness is never missed.
             entries = list(views)
             fresh_until = kept.fresh_until
+            changed = kept.columns_changed
             for ep in kept.dirty:
                 entries[ep.index] = ep.view(now, stale_after_s)
                 fresh_until = min(fresh_until, ep.fresh_until)
+                if changed is not None:
+                    changed.add(ep.index)
             kept.dirty.clear()
             views = kept.endpoints = tuple(entries)
             kept.fresh_until = fresh_until
         return views
+
+    def columns(self, now: float, stale_after_s: float) -> FleetColumns:
+        """The columns of the views as of `now` (`views`): updated where endpoints changed since the
+        last call, made whole after the tuple was remade or when many changed."""
+        views = self.views(now, stale_after_s)
+        kept = self._views
+        cols = kept.columns
+        if cols is not None and cols.endpoints is views:
+            return cols
+        changed = kept.columns_changed
+        if cols is None or changed is None or len(changed) > len(views) // 4:
+            cols = columns_of(views)
+        else:
+            cols = updated(cols, views, changed)
+        kept.columns = cols
+        kept.columns_changed = set()
+        return cols
 
     def view(self, eid: EndpointId, now: float, stale_after_s: float) -> EndpointView | None:
         ep = self._endpoints.get(eid)

@@ -11,15 +11,19 @@ point's Protocol, and looks up the optional capabilities (`TieredFilter`, `Scope
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
 
 from gateway.core.slo import SloKind
 from gateway.core.types import EndpointId, InstanceClass, ModelName
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 #: A key orders the queue: smaller keys are served first. Ties break by arrival order.
 OrderKey = tuple[float, ...]
@@ -40,6 +44,42 @@ class Ordering(Protocol):
     """
 
     def key(self, req: SchedRequest, snap: FleetSnapshot) -> OrderKey: ...
+
+
+#: A request's rank under a ranked ordering: (group, position); see `RankedOrdering`.
+Rank = tuple[int, float]
+
+
+class RankedQueue(Protocol):
+    """A queue's requests by rank, as a ranked ordering reads them (`gateway.sched.ranked.RankIndex`)."""
+
+    def first_from(self, group: int, at: float, skipped: AbstractSet[int]) -> tuple[float, int] | None:
+        """(position, token) of the first request of `group` whose position is `at` or later (ties in
+        arrival order), leaving out those whose seq is in `skipped`; None when there is none."""
+        ...
+
+
+class RankedOrdering(Ordering, Protocol):
+    """An ordering that keeps its queue ranked instead of asking every key when the queue is served.
+
+    Optional, declared with an attribute `ranks = True` (like `stable_keys`). Each queued request gets a
+    rank, (group, position), that does not move with the clock: `rank` is asked when the request joins
+    the queue, when its request changes, and for every queued request when `rank_epoch` for its model
+    changes (the ordering's answer to "do the ranks still hold": e.g. the fleet's fitted models; must be
+    cheap and comparable with ==). `rank` is only asked right after `rank_epoch` on the same snapshot.
+    `pick` then chooses the request to serve from the ranked queue, in a few look-ups
+    (`RankedQueue.first_from`): the token it returns, or None when every request is skipped. `key` stays
+    the ordering's exact answer (the scan; engine priorities); a ranked pick may decide differently by
+    design, which the ordering documents.
+    """
+
+    def rank_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable: ...
+
+    def rank(self, req: SchedRequest, snap: FleetSnapshot) -> Rank: ...
+
+    def pick(
+        self, queue: RankedQueue, model: ModelName, snap: FleetSnapshot, skipped: AbstractSet[int]
+    ) -> int | None: ...
 
 
 @runtime_checkable
@@ -132,6 +172,42 @@ class Picker(Protocol):
     ) -> EndpointView: ...
 
 
+@runtime_checkable
+class ColumnarFilter(Filter, Protocol):
+    """A filter with a form over the fleet's columns (`FleetColumns`): given the candidates as a mask in
+    the columns' order, the mask of those `filter` would keep. A profile places over columns only when
+    every one of its filters, scorers and its picker has such a form."""
+
+    def filter_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]: ...
+
+
+@runtime_checkable
+class ColumnarScorer(Scorer, Protocol):
+    """A scorer with a form over the fleet's columns: every endpoint's score at once, in the columns'
+    order (the values of non-candidates are ignored), each candidate's the value `score` gives it."""
+
+    def score_columns(
+        self, req: SchedRequest, cols: FleetColumns, snap: FleetSnapshot
+    ) -> npt.NDArray[np.float64]: ...
+
+
+@runtime_checkable
+class ColumnarPicker(Picker, Protocol):
+    """A picker with a form over the fleet's columns: the index (in the columns' order) of the endpoint
+    `pick` would choose, among the candidates (a mask with at least one) with these weighted scores."""
+
+    def pick_columns(
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        candidates: npt.NDArray[np.bool_],
+        scores: npt.NDArray[np.float64],
+        snap: FleetSnapshot,
+    ) -> int: ...
+
+
 class AdmitOutcome(enum.StrEnum):
     ADMIT = "admit"  # its SLO looks feasible (or it has none): queue it
     HOLD = "hold"  # infeasible now, its class says queue it anyway
@@ -171,6 +247,22 @@ class Admitter(Protocol):
         """Called for every queued request on each scheduler tick: REJECT drops it with a 429 (its
         SLO became infeasible while it waited), BEST_EFFORT demotes it; ADMIT and HOLD leave it."""
         ...
+
+
+@runtime_checkable
+class RecheckFrom(Admitter, Protocol):
+    """An admitter that can say how long its recheck of a queued request is sure to admit it, so a tick
+    need not ask it until then (`gateway.sched.checks`).
+
+    `recheck_from(req, snap)`: a clock time before which `recheck` answers ADMIT for `req` on `snap`
+    and on any snapshot of the same fleet at a later time, whatever part of it a scoped filter leaves
+    (−inf: ask on every tick; +inf: never refuses it), for as long as `recheck_epoch(model, snap)` for
+    its model stays equal. Asked once per queued request and epoch, after the epoch on the same snapshot.
+    """
+
+    def recheck_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable: ...
+
+    def recheck_from(self, req: SchedRequest, snap: FleetSnapshot) -> float: ...
 
 
 @runtime_checkable

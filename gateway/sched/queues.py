@@ -6,19 +6,24 @@ queue is served (`first`). An ordering that declares its keys stable (`stable_ke
 `gateway.sched.interfaces.Ordering`) has each request's key asked once, when the queue is first served
 after the request joined it, and kept in a heap: the next request is found without a walk of the queue,
 which with thousands of batch requests waiting is most of what a submit or a completion would cost.
-Both ways pick the same request.
+Both ways pick the same request. An ordering that keeps its queue ranked (`ranks`, see
+`gateway.sched.interfaces.RankedOrdering`: the slack ordering) has each request ranked once, when the
+queue is first served after it joined (every request again when the ordering's rank epoch moves), and
+picks from the ranks (`gateway.sched.ranked.RankIndex`) in a few binary searches.
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import ItemsView, Iterable, Iterator
+from collections.abc import Callable, Hashable, ItemsView, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import count
 
 from gateway.core.types import EndpointId, ModelName, RequestId
-from gateway.sched.interfaces import Ordering, OrderKey
+from gateway.sched.checks import DueChecks
+from gateway.sched.interfaces import Ordering, OrderKey, RankedOrdering
+from gateway.sched.ranked import RankIndex
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot
 
@@ -47,6 +52,13 @@ def stable_keys(ordering: Ordering) -> bool:
     """Whether `ordering` declares that a waiting request's key does not move (its optional
     `stable_keys` attribute; without one, keys are taken to move with time)."""
     return getattr(ordering, "stable_keys", False) is True
+
+
+def ranked(ordering: Ordering) -> RankedOrdering | None:
+    """`ordering` when it declares that it keeps its queue ranked (its optional `ranks` attribute)."""
+    if getattr(ordering, "ranks", False) is True:
+        return ordering  # type: ignore[return-value]  # declared by the attribute, as stable_keys
+    return None
 
 
 def first(
@@ -82,7 +94,18 @@ class ModelQueue:
     Iterating gives the requests in queue order. Change a queued request's `req` only through `set_req`
     (its class count and key follow)."""
 
-    __slots__ = ("_classes", "_entries", "_entry", "_heap", "_items", "_ordering", "_pending", "_tokens")
+    __slots__ = (
+        "_classes",
+        "_entries",
+        "_entry",
+        "_heap",
+        "_items",
+        "_ordering",
+        "_pending",
+        "_ranks",
+        "_tokens",
+        "checks",
+    )
 
     def __init__(self) -> None:
         self._items: dict[int, Queued] = {}  # by token, in queue order
@@ -95,6 +118,11 @@ class ModelQueue:
         self._pending: list[int] = []
         self._entry: dict[int, int] = {}
         self._entries = count()
+        # While served under a ranked ordering (`_ordering` then is it): the ranks given so far (tokens
+        # without one wait in `_pending`).
+        self._ranks: RankIndex | None = None
+        # When each request next needs a look on a tick (gateway.sched.ticks).
+        self.checks: DueChecks[Queued] = DueChecks()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -109,6 +137,10 @@ class ModelQueue:
         """The request that joined first (the queue must not be empty)."""
         return next(iter(self._items.values()))
 
+    def due(self, now: float, epoch: Hashable, when: Callable[[Queued], float]) -> list[Queued]:
+        """The queued requests due a look on a tick at `now` (`DueChecks.due`), in queue order."""
+        return self.checks.due(self._items, now, epoch, when)
+
     def in_class(self, slo_class: str) -> int:
         return self._classes.get(slo_class, 0)
 
@@ -121,6 +153,7 @@ class ModelQueue:
         self._items[item.token] = item
         classes, cls = self._classes, req.slo.slo_class
         classes[cls] = classes.get(cls, 0) + 1
+        self.checks.add(item.token)
         if self._ordering is not None:
             self._pending.append(item.token)  # tokens only grow: the list stays in queue order
         return item
@@ -129,9 +162,15 @@ class ModelQueue:
         tok = item.token
         del self._items[tok]
         self._classes[item.req.slo.slo_class] -= 1
+        self.checks.discard(tok)
         if self._ordering is None:
             return
-        if self._entry.pop(tok, None) is None:
+        ranks = self._ranks
+        if ranks is not None:
+            if not ranks.discard(tok):
+                pending = self._pending
+                del pending[bisect_left(pending, tok)]
+        elif self._entry.pop(tok, None) is None:
             pending = self._pending
             del pending[bisect_left(pending, tok)]
         elif len(self._heap) > 2 * len(self._entry) + 64:
@@ -144,21 +183,31 @@ class ModelQueue:
         self._count(item.req.slo.slo_class, -1)
         self._count(req.slo.slo_class, 1)
         item.req = req
-        if self._ordering is not None and self._entry.pop(item.token, None) is not None:
+        self.checks.add(item.token)
+        if self._ordering is None:
+            return
+        ranks = self._ranks
+        tok = item.token
+        if ranks.discard(tok) if ranks is not None else self._entry.pop(tok, None) is not None:
             insort(self._pending, item.token)
 
     def clear(self) -> None:
         self._items.clear()
         self._classes.clear()
+        self.checks.clear()
         self._drop_keys()
 
     def first(self, ordering: Ordering, snap: FleetSnapshot, skipped: set[int]) -> Queued | None:
-        """What module-level `first` picks, from the heap when `ordering` has stable keys."""
+        """What module-level `first` picks, from the heap when `ordering` has stable keys; what a ranked
+        ordering picks from the ranks when it keeps its queue ranked."""
+        by_rank = ranked(ordering)
+        if by_rank is not None:
+            return self._first_ranked(by_rank, snap, skipped)
         if not stable_keys(ordering):
             if self._ordering is not None:
                 self._drop_keys()
             return first(ordering, self._items.values(), snap, skipped)
-        if ordering is not self._ordering:
+        if ordering is not self._ordering or self._ranks is not None:
             self._drop_keys()
             self._ordering = ordering
             self._pending = list(self._items)
@@ -179,6 +228,41 @@ class ModelQueue:
             heapq.heappush(heap, e)
         return found
 
+    def _first_ranked(
+        self, ordering: RankedOrdering, snap: FleetSnapshot, skipped: set[int]
+    ) -> Queued | None:
+        items = self._items
+        if not items:
+            return None
+        model = self.head().req.model
+        try:
+            epoch = ordering.rank_epoch(model, snap)
+        except Exception as e:
+            raise OrderingFault(self.head(), e) from None
+        ranks = self._ranks
+        if ranks is None or ranks.ordering is not ordering or ranks.epoch != epoch:
+            self._drop_keys()
+            self._ordering = ordering
+            self._ranks = ranks = RankIndex(ordering, epoch)
+            self._pending = list(items)
+        pending = self._pending
+        if pending:
+            rank = ordering.rank
+            for i, tok in enumerate(pending):
+                item = items[tok]
+                try:
+                    r = rank(item.req, snap)
+                except Exception as e:
+                    del pending[:i]  # the ones before it have their ranks; it and those after it wait
+                    raise OrderingFault(item, e) from None
+                ranks.add(tok, item.seq, r)
+            pending.clear()
+        try:
+            chosen = ordering.pick(ranks, model, snap, skipped)
+        except Exception as e:
+            raise OrderingFault(self.head(), e) from None
+        return None if chosen is None else items[chosen]
+
     def _key_pending(self, ordering: Ordering, snap: FleetSnapshot) -> None:
         pending = self._pending
         if not pending:
@@ -198,6 +282,7 @@ class ModelQueue:
 
     def _drop_keys(self) -> None:
         self._ordering = None
+        self._ranks = None
         self._heap = []
         self._pending = []
         self._entry.clear()

@@ -45,13 +45,14 @@ from typing import Final
 from gateway.core import errors
 from gateway.core.clock import Clock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
+from gateway.sched import ticks
 from gateway.sched.admission import AdmissionLedger
 from gateway.sched.decisions import Decision, Dispatch, FaultStage, PolicyFault, Preempt, Reject, fault_error
 from gateway.sched.fleet import Fleet
 from gateway.sched.interfaces import PreemptionRules, Preemptor, Victim
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.profile import Policy
-from gateway.sched.queues import ModelQueue, OrderingFault, Queues
+from gateway.sched.queues import ModelQueue, OrderingFault, Queued, Queues
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
@@ -66,6 +67,9 @@ REASON_WAITING: Final = "interactive_waiting"
 #: ... and when an endpoint's cap was cut below its running set for the interactive streams it runs.
 REASON_CAP: Final = "cap_lowered"
 _PREDICT: Final = PredictParams()
+#: Fleets of at least this many endpoints are placed over columns when the profile can be (numpy's
+#: fixed cost per call is more than a Python step per endpoint below it: `overhead_micro` fleet_N).
+COLUMNS_FROM: Final = 128
 
 
 def _has_room(snap: FleetSnapshot, model: ModelName) -> bool:
@@ -356,21 +360,25 @@ class Scheduler:
         for model, queue in self._queues.items():
             loading = model not in ready and model in self._loadable
             wait_limit = max(max_wait, self._load_deadline_s) if loading else max_wait
-            for item in list(queue):
+            if loading or model not in ready:
+                # A loading model's requests wait (the lifecycle fails it, or the deadline); those of a
+                # model with no ready endpoint that is not loading are refused.
+                retry = self._limits.retry_after_s
+                for item in list(queue):
+                    if now - item.queued_at > wait_limit:
+                        self._expire(queue, item, model, now, out)
+                    elif not loading:
+                        queue.remove(item)
+                        out.append(Reject(item.req, errors.no_ready_endpoint(model, retry)))
+                continue
+            # Only the requests whose expiry or recheck may have come (gateway.sched.ticks).
+            for item in ticks.due(
+                queue, model, now, wait_limit, admitter=admitter if recheck else None, snap=snap
+            ):
                 if now - item.queued_at > wait_limit:
-                    queue.remove(item)
-                    out.append(
-                        Reject(
-                            item.req,
-                            errors.queue_timeout(model, now - item.queued_at, self._limits.retry_after_s),
-                        )
-                    )
-                elif loading:
-                    pass  # its load is under way (the lifecycle fails it, or the deadline)
-                elif model not in ready:
-                    queue.remove(item)
-                    out.append(Reject(item.req, errors.no_ready_endpoint(model, self._limits.retry_after_s)))
-                elif snap is not None:
+                    self._expire(queue, item, model, now, out)
+                    continue
+                if snap is not None:
                     req = item.req
                     try:
                         req, refused = self.admission.recheck(self._policy, req, snap)
@@ -380,14 +388,28 @@ class Scheduler:
                     if refused is not None:
                         queue.remove(item)
                         out.append(Reject(req, refused))
-                    else:
-                        queue.set_req(item, req)  # a demotion moves its class count and key
+                        continue
+                    if req is not item.req:
+                        queue.set_req(item, req)  # a demotion moves its class count and key (and its time)
+                        continue
+                queue.checks.again(item, now)  # its time has come: looked at on every tick from now on
         out.extend(self._serve_all())
         return out
+
+    def _expire(
+        self, queue: ModelQueue, item: Queued, model: ModelName, now: float, out: list[Decision]
+    ) -> None:
+        queue.remove(item)
+        waited = now - item.queued_at
+        out.append(Reject(item.req, errors.queue_timeout(model, waited, self._limits.retry_after_s)))
 
     # ----------------------------------------------------------------- views
     def snapshot(self) -> FleetSnapshot:
         now = self._clock.now()
+        if self._policy.profile.columnar and self._fleet.size() >= COLUMNS_FROM:
+            # placement over columns: the views' arrays come along
+            cols = self._fleet.columns(now, self._limits.stale_after_s)
+            return FleetSnapshot(now, cols.endpoints, self._queues.waiting(), cols)
         views = self._fleet.views(now, self._limits.stale_after_s)
         return FleetSnapshot(now, views, self._queues.waiting())
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
 
 from gateway.core.frozen import frozen
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, InstanceClass, ModelName
@@ -133,12 +137,39 @@ class EndpointView:
         return float(self.inflight) + waiting
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class FleetColumns:
+    """Per-endpoint numbers of one tuple of views (`endpoints`), as arrays in its order, for placement
+    plugins with a columnar form (`gateway.sched.columns` builds and updates them). Never mutated: an
+    update makes new arrays, so a snapshot's columns stay those of its views."""
+
+    endpoints: tuple[EndpointView, ...]
+    inflight: npt.NDArray[np.int64]
+    cap: npt.NDArray[np.int64]
+    ready: npt.NDArray[np.bool_]
+    waiting: npt.NDArray[np.float64]  # engine waiting from fresh gauges (`engine_waiting or 0.0`)
+    outstanding: npt.NDArray[np.float64]  # inflight + waiting (`EndpointView.outstanding`)
+    id_rank: npt.NDArray[np.int64]  # each endpoint's place in the order of the endpoint ids
+    members: Mapping[ModelName, npt.NDArray[np.bool_]]  # per model: which endpoints serve it
+
+    def eligible(self, model: ModelName) -> npt.NDArray[np.bool_]:
+        """`gateway.sched.profile.eligible` as a mask: serves the model, ready, room under its cap."""
+        serves = self.members.get(model)
+        if serves is None:
+            return np.zeros(len(self.endpoints), dtype=np.bool_)
+        return serves & self.ready & (self.inflight < self.cap)
+
+
 @frozen
 class FleetSnapshot:
     now: float
     endpoints: tuple[EndpointView, ...]
     # Queue depth per model at the time of the snapshot (for plugins that weigh the backlog).
     queued: dict[ModelName, int] = field(default_factory=dict)
+    # The endpoints' numbers as arrays, when the scheduler's profile places over columns; they belong to
+    # `endpoints` only while `columns.endpoints is endpoints` (a snapshot cut to part of the fleet keeps
+    # them but is placed the plain way).
+    columns: FleetColumns | None = field(default=None, compare=False)
 
     def serving(self, model: ModelName) -> tuple[EndpointView, ...]:
         return tuple(e for e in self.endpoints if model in e.models)

@@ -3,7 +3,7 @@ on its event loop), with a long queue on a large fleet.
 
     flock /tmp/berth-heavy.lock berth-loadgen bench decisions --out bench-decisions     # a few minutes
 
-Per shipped preset (`coding-assistant`, the three baselines, `default`, `chat-and-batch`):
+Per shipped preset (`coding-assistant`, the three baselines, `aladdin`, `default`, `chat-and-batch`):
 1. warm-up: the offline fleet simulator (`loadgen.fleetsim.Simulation`) runs the preset on 100 `fleet-7b`
    endpoints of one model (cap = max_num_seqs, priority scheduling, the profile as prior) for a while, so
    telemetry has fitted every endpoint's performance model and the output-length predictor has history:
@@ -25,8 +25,15 @@ scheduling benchmark adds it) get `coding:pattern1`; `default` (as shipped) gets
 multiplies every task SLA (default 1: with the shipped SLAs, SLO admission refuses many requests of a
 full fleet, but a queue of 1,000 still builds; refusals are counted in the report).
 
-Target: p99 <= 1 ms for `submit`, `complete` and `tick` with every preset. A preset that misses it is run
-again under cProfile; the report names where the time goes (`OUT/profile-PRESET.txt`).
+The batch backlog case (`--backlog N`, 10,000 by default; 0 skips it) runs each preset again with only
+requests of a class of kind batch in that preset kept queued: the coding presets' `translation` calls of
+`coding:pattern1`, the `batch` calls of `chat-batch:mixed` for `default` and `chat-and-batch`. Preemptions
+(`chat-and-batch` preempts batch work for interactive requests) take the victim out of the running set
+until its next dispatch.
+
+Target: p99 <= 1 ms for `submit`, `complete` and `tick` with every preset; <= 2 ms in the backlog case.
+A preset that misses it is run again under cProfile; the report names where the time goes
+(`OUT/profile-PRESET.txt`).
 
 Output: `OUT/report.md`, `OUT/report.json`.
 """
@@ -52,12 +59,12 @@ import numpy as np
 import orjson
 
 from gateway.core.errors import BerthError
+from gateway.core.slo import SloKind
 from gateway.core.types import ApiKind, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.dispatch.context import RequestContext
-from gateway.sched.decisions import Decision, Dispatch
+from gateway.sched.decisions import Decision, Dispatch, Preempt
 from gateway.sched.scheduler import Scheduler
 from loadgen.bench.scheduling import gateway_toml, policy_file
-from loadgen.bench.scheduling_types import POLICIES
 from loadgen.client import build_body, build_headers
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions
@@ -71,6 +78,9 @@ from loadgen.workloads.base import TaskSpec
 MODEL: Final = ModelName("model-7b")
 PROFILE: Final = "fleet-7b"
 TARGET_P99_US: Final = 1000.0
+#: The batch backlog case: this many batch requests wait, and the target per call is looser.
+BACKLOG: Final = 10_000
+BACKLOG_TARGET_P99_US: Final = 2000.0
 JUDGED: Final = ("submit", "complete", "tick")
 ROUND_S: Final = 0.005  # virtual time per round (a 100-endpoint fleet finishes ~200 requests/s)
 TICK_S: Final = 0.1  # the daemon's queue ticker (gateway.app.QUEUE_TICK_S)
@@ -78,6 +88,8 @@ SCRAPE_S: Final = 2.0
 REFRESH_S: Final = 1.0
 PROGRESS_PER_ROUND: Final = 10  # ~2,000 progress reports/s: 1,600 streams, one report per 16 tokens
 PROGRESS_EVERY: Final = 16
+#: Submissions in a row without a deeper queue after which filling stops at the depth reached.
+FILL_STALL: Final = 3000
 _T = TypeVar("_T")
 _API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 
@@ -87,10 +99,13 @@ class Preset:
     name: str
     workload: str
     warmup_rate_per_endpoint: float  # tasks/s per endpoint in the warm-up (moderate load)
+    # The workload whose batch requests (of a class of kind batch in the preset) make the backlog case.
+    backlog_workload: str = "coding:pattern1"
 
     def policy(self, work: Path) -> Path:
-        """The policy file to run: the coding presets as the scheduling benchmark runs them."""
-        if self.name in POLICIES:
+        """The policy file to run: the presets given the coding workload as the scheduling benchmark runs
+        them (with the coding class table); the others as shipped."""
+        if self.workload.startswith("coding:"):
             return policy_file(self.name, work)
         return REPO_ROOT / "policies" / f"{self.name}.toml"
 
@@ -100,10 +115,12 @@ PRESETS: Final = {
     "round-robin": Preset("round-robin", "coding:pattern1", 0.7),
     "power-of-two": Preset("power-of-two", "coding:pattern1", 0.7),
     "least-outstanding": Preset("least-outstanding", "coding:pattern1", 0.7),
-    "default": Preset("default", "sharegpt-like", 0.5),
+    # Aladdin's best fit with the coding class table, as the scheduling benchmark runs it
+    "aladdin": Preset("aladdin", "coding:pattern1", 0.7),
+    "default": Preset("default", "sharegpt-like", 0.5, "chat-batch:mixed"),
     # Chiron's traffic: 70 % interactive, 30 % batch (the preset holds at most 512 interactive requests
     # in its queue; the batch ones make up the rest of the 1,000)
-    "chat-and-batch": Preset("chat-and-batch", "chat-batch:mixed", 0.5),
+    "chat-and-batch": Preset("chat-and-batch", "chat-batch:mixed", 0.5, "chat-batch:mixed"),
 }
 
 
@@ -119,6 +136,10 @@ class DecisionConfig:
     seed: int = 1
     profile: bool = True  # profile a preset that misses the target
     target_us: float = TARGET_P99_US
+    # The batch backlog case per preset: `backlog` batch requests kept queued (0: not run), judged
+    # against `backlog_target_us`.
+    backlog: int = BACKLOG
+    backlog_target_us: float = BACKLOG_TARGET_P99_US
 
 
 @dataclass(slots=True)
@@ -187,7 +208,9 @@ def warm_up(cfg: DecisionConfig, preset: Preset, work: Path) -> Simulation:
 class Driver:
     """Drives a warmed-up gateway's scheduler directly, timing every call."""
 
-    def __init__(self, sim: Simulation, workload: str, *, sla_scale: float, seed: int) -> None:
+    def __init__(
+        self, sim: Simulation, workload: str, *, sla_scale: float, seed: int, batch_only: bool = False
+    ) -> None:
         self.gw: SimGateway = sim.gw
         self.sched: Scheduler = sim.gw.scheduler
         self.clock = sim.clock
@@ -195,6 +218,17 @@ class Driver:
         self.rng = random.Random(seed)
         run = RunOptions(target="decisions", workload=workload, rate=50.0, duration_s=400.0, seed=seed + 1000)
         self.tasks: list[TaskSpec] = build_schedule(get_workload(workload), run)
+        if batch_only:  # the backlog case: only the calls of a class of kind batch in the preset
+            slo = sim.gw.policy.slo
+            self.tasks = [
+                t
+                for t in self.tasks
+                if t.calls[0].slo_class is not None
+                and t.calls[0].slo_class in slo.classes
+                and slo.class_of(t.calls[0].slo_class).kind is SloKind.BATCH
+            ]
+            if not self.tasks:
+                raise ValueError(f"{workload}: no requests of a batch class in policy {sim.gw.policy.name!r}")
         self.next_task = 0
         self.running: list[RequestId] = []
         self.produced: dict[RequestId, int] = {}
@@ -235,8 +269,23 @@ class Driver:
             if isinstance(d, Dispatch):
                 self.running.append(d.req.id)
                 self.produced[d.req.id] = 0
+            elif isinstance(d, Preempt):
+                # Its seat was freed and it waits again (not a completion): it leaves the running set
+                # and its next Dispatch adds it back.
+                self._forget(d.victim.id)
             else:
                 self.rejected += 1
+
+    def _forget(self, rid: RequestId) -> None:
+        self.produced.pop(rid, None)
+        self.first_token.pop(rid, None)
+        try:
+            i = self.running.index(rid)  # preemptions are rare: a walk of the running set is fine
+        except ValueError:
+            return
+        last = self.running.pop()
+        if i < len(self.running):
+            self.running[i] = last
 
     def submit(self, *, timed: bool = True) -> None:
         sreq = self._new_request()
@@ -245,6 +294,8 @@ class Driver:
         d = self._timed("submit", self.sched.submit, sreq) if timed else self.sched.submit(sreq)
         if d is not None:
             self._apply((d,))
+        if self.sched.outbox:  # the preemptions the submit made for its request
+            self._apply(self.sched.take_preemptions())
 
     def complete_one(self) -> None:
         if not self.running:
@@ -293,13 +344,22 @@ class Driver:
     # ----------------------------------------------------------------- phases
     def fill(self, queued: int) -> int:
         """Submit (untimed) until `queued` requests wait; the depth reached (admission may refuse)."""
+        limits = self.sched.limits
+        if limits.max_queue_per_model < queued + 1000:  # the benchmark's gateway.toml allows 8,192
+            self.sched.set_limits(dataclasses.replace(limits, max_queue_per_model=queued + 1000))
         attempts = 0
         limit = 30 * queued + 10 * len(self.ids) * 64
+        deepest, grew_at = 0, 0
         while self.sched.queue_depth(MODEL) < queued and attempts < limit:
             self.clock.t += 0.001
             self.submit(timed=False)
             attempts += 1
             self.periodic()
+            depth = self.sched.queue_depth(MODEL)
+            if depth > deepest:
+                deepest, grew_at = depth, attempts
+            elif attempts - grew_at > FILL_STALL and depth > 0:
+                break  # admission refuses what would queue (the SLAs cannot be met): the depth reached
         self.timings = Timings()  # the fill's periodic calls are not measured
         return self.sched.queue_depth(MODEL)
 
@@ -316,20 +376,33 @@ class Driver:
             self.periodic()
 
 
-def measure_preset(cfg: DecisionConfig, name: str, work: Path, log: Any = print) -> dict[str, Any]:
+def _driver(cfg: DecisionConfig, preset: Preset, sim: Simulation, *, backlog: bool) -> Driver:
+    workload = preset.backlog_workload if backlog else preset.workload
+    return Driver(sim, workload, sla_scale=cfg.sla_scale, seed=cfg.seed, batch_only=backlog)
+
+
+def measure_preset(
+    cfg: DecisionConfig, name: str, work: Path, log: Any = print, *, backlog: bool = False
+) -> dict[str, Any]:
+    """One case of a preset: `cfg.queued` requests of its workload waiting, or (`backlog`) `cfg.backlog`
+    batch requests."""
     preset = PRESETS[name]
+    queued = cfg.backlog if backlog else cfg.queued
+    target = cfg.backlog_target_us if backlog else cfg.target_us
     t0 = time.perf_counter()
     sim = warm_up(cfg, preset, work)
     warm_s = time.perf_counter() - t0
-    drv = Driver(sim, preset.workload, sla_scale=cfg.sla_scale, seed=cfg.seed)
-    depth0 = drv.fill(cfg.queued)
+    drv = _driver(cfg, preset, sim, backlog=backlog)
+    depth0 = drv.fill(queued)
     running0 = len(drv.running)
-    drv.measure(cfg.rounds, cfg.queued)
+    drv.measure(cfg.rounds, queued)
     summary = drv.timings.summary()
     result: dict[str, Any] = {
         "preset": name,
+        "case": "backlog" if backlog else "queue",
+        "target_us": target,
         "policy": sim.gw.policy.name,
-        "workload": preset.workload,
+        "workload": f"{preset.backlog_workload} (batch classes)" if backlog else preset.workload,
         "warmup_s": round(warm_s, 1),
         "warmup_requests": len(sim.requests),
         "queued_at_start": depth0,
@@ -338,30 +411,34 @@ def measure_preset(cfg: DecisionConfig, name: str, work: Path, log: Any = print)
         "running_at_end": len(drv.running),
         "refused": drv.rejected,
         "timings": summary,
-        "verdicts": verdicts(summary, cfg.target_us),
+        "verdicts": verdicts(summary, target),
     }
     result["passed"] = all(result["verdicts"].values())
-    log(f"{name:18} queued {depth0} running {running0}: " + _line(summary))
+    log(f"{name:18} {result['case']:8} queued {depth0} running {running0}: " + _line(summary))
     if cfg.profile and not result["passed"]:
-        result["profile"] = profile_preset(cfg, name, work)
+        result["profile"] = profile_preset(cfg, name, work, backlog=backlog)
     return result
 
 
-def profile_preset(cfg: DecisionConfig, name: str, work: Path, top: int = 25) -> dict[str, Any]:
+def profile_preset(
+    cfg: DecisionConfig, name: str, work: Path, top: int = 25, *, backlog: bool = False
+) -> dict[str, Any]:
     """The measurement again under cProfile: the functions with the most time of their own and the
-    most cumulative time (text in OUT/profile-NAME.txt)."""
+    most cumulative time (text in OUT/profile-NAME[-backlog].txt)."""
     preset = PRESETS[name]
-    drv = Driver(warm_up(cfg, preset, work), preset.workload, sla_scale=cfg.sla_scale, seed=cfg.seed)
-    drv.fill(cfg.queued)
+    queued = cfg.backlog if backlog else cfg.queued
+    drv = _driver(cfg, preset, warm_up(cfg, preset, work), backlog=backlog)
+    drv.fill(queued)
     prof = cProfile.Profile()
     prof.enable()
-    drv.measure(max(200, cfg.rounds // 3), cfg.queued)
+    drv.measure(max(200, cfg.rounds // 3), queued)
     prof.disable()
     buf = io.StringIO()
     stats = pstats.Stats(prof, stream=buf)
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
-    (cfg.out / f"profile-{name}.txt").write_text(buf.getvalue())
+    fname = f"profile-{name}{'-backlog' if backlog else ''}.txt"
+    (cfg.out / fname).write_text(buf.getvalue())
     raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]  # pstats keeps them untyped
     measured = sum(v[2] for v in raw.values()) or 1.0  # own times add up to the whole profiled run
 
@@ -382,7 +459,7 @@ def profile_preset(cfg: DecisionConfig, name: str, work: Path, top: int = 25) ->
     berth = [kv for kv in raw.items() if _short(kv[0][0]).startswith("gateway/")]
     by_cum = sorted(berth, key=lambda kv: -kv[1][3])[:12]
     return {
-        "file": f"profile-{name}.txt",
+        "file": fname,
         "profiled_s": round(measured, 3),
         "top_tottime": [row(k, v) for k, v in by_own],
         "top_cumulative": [row(k, v) for k, v in by_cum],
@@ -412,10 +489,12 @@ def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
         f"warm-up in the fleet simulator (fitted estimates); {cfg.rounds} rounds of a completion and the "
         "submissions that keep the queue full, a tick every 0.1 s, progress reports, scrapes and estimate "
         f"pushes as the daemon makes them. Task SLAs x{cfg.sla_scale:g}. Wall time per call, µs "
-        f"(p50 / p99 / max); target p99 <= {cfg.target_us:.0f} µs for {', '.join(JUDGED)}.",
+        f"(p50 / p99 / max); target p99 <= {cfg.target_us:.0f} µs for {', '.join(JUDGED)}. The backlog "
+        f"case keeps {cfg.backlog} requests of the preset's batch classes queued instead; its target is "
+        f"p99 <= {cfg.backlog_target_us:.0f} µs.",
         "",
     ]
-    header = ["preset", "workload", "queued / running", *JUDGED, "progress", "verdict"]
+    header = ["preset", "case", "workload", "queued / running", *JUDGED, "progress", "verdict"]
     rows = []
     for r in results:
         t = r["timings"]
@@ -428,6 +507,7 @@ def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
         rows.append(
             [
                 r["preset"],
+                r["case"],
                 r["workload"],
                 f"{r['queued_at_start']} / {r['running_at_start']}",
                 *(cell(k) for k in JUDGED),
@@ -445,15 +525,15 @@ def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
             for k, v in t.items()
             if k not in (*JUDGED, "progress")
         ]
-        lines.append(f"- {r['preset']}: {'; '.join(other) or '-'}; refused {r['refused']}")
+        lines.append(f"- {r['preset']} ({r['case']}): {'; '.join(other) or '-'}; refused {r['refused']}")
     for r in results:
         prof = r.get("profile")
         if not prof:
             continue
         lines += [
             "",
-            f"## Where {r['preset']}'s time goes (cProfile over {prof['profiled_s']:.1f} s of driving; "
-            f"{prof['file']})",
+            f"## Where {r['preset']}'s time goes, {r['case']} case "
+            f"(cProfile over {prof['profiled_s']:.1f} s of driving; {prof['file']})",
             "",
             "berth's functions by cumulative time (share of the profiled time):",
             "",
@@ -479,7 +559,10 @@ def bench(cfg: DecisionConfig, log: Any = print) -> dict[str, Any]:
     results = []
     with tempfile.TemporaryDirectory(prefix="berth-decisions-") as tmp:
         for name in cfg.presets:
-            results.append(measure_preset(cfg, name, Path(tmp), log))
+            if cfg.queued > 0:
+                results.append(measure_preset(cfg, name, Path(tmp), log))
+            if cfg.backlog > 0:
+                results.append(measure_preset(cfg, name, Path(tmp), log, backlog=True))
     doc = {
         "config": {**dataclasses.asdict(cfg), "out": str(cfg.out)},
         "results": results,
@@ -497,13 +580,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("bench-decisions"), help="output directory")
     p.add_argument("--presets", default=",".join(PRESETS), help=f"subset of {', '.join(PRESETS)}")
     p.add_argument("--endpoints", type=int, default=100)
-    p.add_argument("--queued", type=int, default=1000, help="requests kept waiting")
+    p.add_argument("--queued", type=int, default=1000, help="requests kept waiting (0: skip this case)")
     p.add_argument("--rounds", type=int, default=3000, help="completions measured per preset")
     p.add_argument("--warmup", type=float, default=30.0, help="simulated s of the warm-up's arrivals")
     p.add_argument("--sla-scale", type=float, default=1.0, help="multiply every task SLA")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-profile", action="store_true", help="do not profile a preset that misses the target")
     p.add_argument("--target-us", type=float, default=TARGET_P99_US, help="p99 target per call (µs)")
+    p.add_argument("--backlog", type=int, default=BACKLOG, help="backlog case size (0: skip)")
+    p.add_argument("--backlog-target-us", type=float, default=BACKLOG_TARGET_P99_US, help="its p99 target")
     return p
 
 
@@ -525,6 +610,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         profile=not args.no_profile,
         target_us=args.target_us,
+        backlog=args.backlog,
+        backlog_target_us=args.backlog_target_us,
     )
     bench(cfg)
     return 0

@@ -105,6 +105,7 @@ from loadgen.bench.scheduling_types import (
     BenchConfig,
     RunResult,
     policy_source,
+    preset_file,
     split,
 )
 from loadgen.client import RequestResult
@@ -195,7 +196,7 @@ def policy_file(name: str, run_dir: Path) -> Path:
     """The policy to run: berth's as shipped; a baseline or another preset as shipped plus the coding
     class table; a variant as its preset with the variant's replacements, plus the table."""
     variant = VARIANTS.get(name)
-    shipped = POLICY_DIR / (POLICIES.get(name) or PRESETS[variant.preset if variant else name])
+    shipped = POLICY_DIR / preset_file(variant.preset if variant else name)
     if name == BERTH:
         return shipped
     text = shipped.read_text()

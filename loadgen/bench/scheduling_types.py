@@ -45,7 +45,7 @@ class Variant:
     """A shipped preset with part of its text replaced, run as a row of its own beside the preset (shown,
     not judged: the day-one table judges the presets as shipped)."""
 
-    preset: str  # a key of PRESETS
+    preset: str  # a key of PRESETS, or of POLICIES (berth)
     replace: tuple[tuple[str, str], ...]  # (text of the preset, its replacement): each must occur once
     about: str
 
@@ -53,7 +53,7 @@ class Variant:
         for old, new in self.replace:
             n = text.count(old)
             if n != 1:
-                where = PRESETS[self.preset]
+                where = preset_file(self.preset)
                 raise ValueError(f"variant of {self.preset}: {old!r} occurs {n} times in {where}")
             text = text.replace(old, new)
         return text
@@ -74,6 +74,19 @@ VARIANTS: Final[dict[str, Variant]] = {
         ),
         "best fit in the paper's order: most loaded first, endpoints running long last, (d) for ITL only",
     ),
+    # The slack ordering with every key asked each time the queue is served (the ranked queue's
+    # reference: the ranked rule decides differently by design, gateway.sched.plugins.ordering.slack).
+    "berth-scan": Variant(
+        BERTH,
+        (
+            (
+                'params = { late = "last", at_risk = "last", tail = "normal", prefill_overhead = 0.05 }',
+                'params = { late = "last", at_risk = "last", tail = "normal", prefill_overhead = 0.05, '
+                'queue = "scan" }',
+            ),
+        ),
+        "the slack ordering's scan of every key instead of its ranked queue",
+    ),
 }
 
 
@@ -82,7 +95,12 @@ def policy_source(name: str) -> str:
     v = VARIANTS.get(name)
     if v is None:
         return POLICIES.get(name) or PRESETS[name]
-    return f"{PRESETS[v.preset]} ({v.about})"
+    return f"{preset_file(v.preset)} ({v.about})"
+
+
+def preset_file(name: str) -> str:
+    """The shipped file of a policy or preset of the benchmark."""
+    return POLICIES.get(name) or PRESETS[name]
 
 
 #: Tolerance of the day-one target: each preset's day-one goodput at the heaviest rate within this of its

@@ -44,7 +44,7 @@ def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "decisions"
     rc = decisions_main(
         ["--out", str(out), "--presets", "default,coding-assistant", "--endpoints", "4", "--queued", "20",
-         "--rounds", "60", "--warmup", "5", "--sla-scale", "20", "--no-profile"]
+         "--rounds", "60", "--warmup", "5", "--sla-scale", "20", "--no-profile", "--backlog", "0"]
     )  # fmt: skip
     assert rc == 0
     doc = orjson.loads((out / "report.json").read_bytes())
@@ -61,11 +61,30 @@ def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert "| coding-assistant |" in text
 
 
+def test_chat_and_batch_runs_with_preemptions_and_its_batch_backlog(tmp_path: Path) -> None:
+    """The preset that preempts batch work: a preempted request leaves the driver's running set until
+    its next dispatch (it used to stay there and crash the progress step), and the backlog case queues
+    batch requests only."""
+    out = tmp_path / "decisions"
+    rc = decisions_main(
+        ["--out", str(out), "--presets", "chat-and-batch", "--endpoints", "3", "--queued", "20",
+         "--rounds", "80", "--warmup", "3", "--backlog", "40", "--no-profile"]
+    )  # fmt: skip
+    assert rc == 0
+    queue, backlog = orjson.loads((out / "report.json").read_bytes())["results"]
+    assert (queue["case"], backlog["case"]) == ("queue", "backlog")
+    assert queue["queued_at_start"] == 20
+    assert backlog["queued_at_start"] == 40
+    assert backlog["target_us"] == 2000.0
+    assert backlog["timings"]["complete"]["n"] == 80
+    assert "| chat-and-batch | backlog |" in (out / "report.md").read_text()
+
+
 def test_a_preset_that_misses_the_target_is_profiled(tmp_path: Path) -> None:
     out = tmp_path / "decisions"
     rc = decisions_main(
         ["--out", str(out), "--presets", "least-outstanding", "--endpoints", "3", "--queued", "10",
-         "--rounds", "20", "--warmup", "3", "--target-us", "0.001"]
+         "--rounds", "20", "--warmup", "3", "--target-us", "0.001", "--backlog", "0"]
     )  # fmt: skip
     assert rc == 0
     (result,) = orjson.loads((out / "report.json").read_bytes())["results"]

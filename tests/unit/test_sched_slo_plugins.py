@@ -207,7 +207,7 @@ def test_slack_rank_of_each_class(late_first: bool, at_risk_first: bool, order: 
     o = SlackOrdering(
         SlackParams(late="first" if late_first else "last", at_risk="first" if at_risk_first else "last")
     )
-    assert sorted((LATE, AT_RISK, CAN_WAIT, BEST_EFFORT), key=o._rank) == order
+    assert sorted((LATE, AT_RISK, CAN_WAIT, BEST_EFFORT), key=o.rank_of) == order
 
 
 @settings(max_examples=80, deadline=None)

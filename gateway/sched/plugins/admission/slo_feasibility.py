@@ -20,13 +20,14 @@ its view of the load would turn away work the fleet may well serve (day one, bef
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Annotated, Literal
+from collections.abc import Callable, Hashable
+from typing import Annotated, Final, Literal
 
 from msgspec import Meta
 
 from gateway.core.slo import Infeasible, SloPolicy
-from gateway.core.types import EndpointHealth
+from gateway.core.types import EndpointHealth, ModelName
+from gateway.sched.idle import IdleBound, fleet_bound, latest_start, output_bound
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
@@ -34,8 +35,14 @@ from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
+from gateway.sched.running import resume_prompt_tokens
 from gateway.sched.snapshot import FleetSnapshot
 from gateway.sched.targets import meets, time_left
+
+#: Headroom of a new recheck bound over the slowest coefficients (refits that slow an endpoint by less
+#: keep it), and the time a request's recheck comes before its exact latest start (float rounding).
+_BOUND_HEADROOM: Final = 0.05
+_EPSILON_S: Final = 1e-6
 
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,
@@ -63,6 +70,7 @@ class SloFeasibilityAdmitter:
 
     def __init__(self, params: SloFeasibilityParams, slo: SloPolicy, loads: LoadCache | None = None) -> None:
         self.rechecks = params.recheck != "off"
+        self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the recheck bound in force
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())
@@ -146,6 +154,41 @@ class SloFeasibilityAdmitter:
             f"the SLO of class '{req.slo.slo_class}' can no longer be met: the request waited too long",
             self.params.retry_after_s,
         )
+
+    def recheck_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable:
+        """In "late" mode, an upper bound on the idle service of every ready endpoint of `model`
+        (`gateway.sched.idle`, the slowest coefficients with some headroom), kept while it still bounds
+        them; in the other modes nothing (every request is rechecked on every tick)."""
+        if self.params.recheck != "late":
+            return None
+        bound = fleet_bound(snap, model, slowest=True)
+        kept = self._bounds.get(model)
+        if kept is not None and bound is not None and bound.within(kept):
+            return kept
+        if bound is not None:
+            bound = bound.scaled(1.0 + _BOUND_HEADROOM)
+        self._bounds[model] = bound
+        return bound
+
+    def recheck_from(self, req: SchedRequest, snap: FleetSnapshot) -> float:
+        """Before this time "late" cannot refuse `req`: even at the slowest coefficients of the model's
+        ready endpoints it keeps its deadlines alone on an idle endpoint, so every endpoint does."""
+        if self.params.recheck == "off" or req.best_effort:
+            return math.inf
+        if self.params.recheck != "late":
+            return -math.inf
+        bound = self._bounds.get(req.model)
+        if bound is None:
+            return -math.inf
+        params = self._cache.params
+        at = latest_start(
+            req,
+            bound,
+            float(resume_prompt_tokens(req)),
+            output_bound(req, params.gamma),
+            1.0 + params.prefill_overhead,
+        )
+        return math.inf if at is None else at - _EPSILON_S
 
     def _ahead(self, req: SchedRequest, queued_in_class: Callable[[str], int]) -> int:
         """Requests waiting for the model that will (roughly) run first: those of classes in the same

@@ -51,7 +51,7 @@ Output lengths are the predicted means, or the tail bound in `tail` mode.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Final, Literal
 
 from msgspec import Meta
@@ -120,7 +120,7 @@ class BestFitFilter:
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
         # that fits without it (the request meets its deadlines there if nothing else comes).
         for load in spread:
-            if not self.violations(load, req, reserve=False):
+            if next(self._broken(load, req, reserve=False), None) is None:
                 return [load.view]
         return []
 
@@ -149,17 +149,22 @@ class BestFitFilter:
     def violations(self, load: EndpointLoad, req: SchedRequest, *, reserve: bool = True) -> list[str]:
         """The constraints `req` would break on this endpoint: "seats", "atgt", "ttft", "prefill", "kv".
         With `reserve`, its own deadlines must be met within θ of its time left."""
+        return list(self._broken(load, req, reserve=reserve))
+
+    def _broken(self, load: EndpointLoad, req: SchedRequest, *, reserve: bool = True) -> Iterator[str]:
+        """`violations` one at a time, in order: whether a request fits stops at the first (the later
+        checks, the prefill pause's harms and the KV peak, are the costly ones)."""
         if load.n == 0:
-            return []
+            return
         if load.n >= load.seats:
-            return ["seats"]
+            yield "seats"
+            return
         coef = load.coef
         p = self.params
         g, theta = p.gamma, p.theta
         pred = load.predict(req)
         left = time_left(req, load.now)
         own = not req.best_effort and meets(load.idle_service(req), left)
-        out: list[str] = []
         # (b) ATGT: Aladdin's batch bound for the ITL targets here (this request's included), and this
         # request's own end-to-end deadline at the per-token time of the batch it joins
         budgets = [s.req.itl_s for s in load.running if s.req.itl_s is not None and not s.req.best_effort]
@@ -173,10 +178,10 @@ class BestFitFilter:
             atgt = coef.k2 * total > theta * (t_dec - coef.c2 * (load.n + 1) - coef.c3)
         keep = theta if reserve else 1.0
         if atgt or (own and left[1] is not None and pred.e2e_s > keep * left[1]):
-            out.append("atgt")
+            yield "atgt"
         # (c) TTFT
         if own and left[0] is not None and pred.ttft_s > keep * left[0]:
-            out.append("ttft")
+            yield "ttft"
         # (d) its prefill pauses every running decode: within θ of the time each decode with an ITL
         # target has saved against it so far (tokens produced × (target − per-token time)); with
         # `deadlines`, also within what each running request with a deadline has in hand, less a
@@ -187,21 +192,20 @@ class BestFitFilter:
             if r.itl_s is not None and s.prefilled and not r.best_effort:
                 saved = s.produced * (r.itl_s - load.tpot_now)
                 if saved >= 0 and pause > theta * saved:
-                    out.append("prefill")
+                    yield "prefill"
                     break
         else:
             if p.deadlines:
                 harms = load.harm(req, on_track=p.on_track)
                 if any(h.target != "itl" and h.delay > h.saved - (1.0 - theta) * h.left for h in harms):
-                    out.append("prefill")
+                    yield "prefill"
         # (e) KV over future iterations
         cap = load.kv_capacity
         if cap is not None and load.peak_kv((float(req.prompt_tokens), pred.output_tokens)) > cap:
-            out.append("kv")
-        return out
+            yield "kv"
 
     def fits(self, load: EndpointLoad, req: SchedRequest) -> bool:
-        return not self.violations(load, req)
+        return next(self._broken(load, req), None) is None
 
 
 def holders_first(req: SchedRequest, order: list[EndpointLoad]) -> list[EndpointLoad]:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
 
 from gateway.sched.registry import NoParams, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 
 class LeastOutstandingScorer:
@@ -20,6 +24,12 @@ class LeastOutstandingScorer:
         # `EndpointView.outstanding` spelled out (a property call per candidate is a third of this).
         return [1.0 / (1.0 + (e.inflight + (e.engine_waiting or 0.0))) for e in candidates]
 
+    def score_columns(
+        self, req: SchedRequest, cols: FleetColumns, snap: FleetSnapshot
+    ) -> npt.NDArray[np.float64]:
+        """`score` over columns: the same arithmetic in the same order."""
+        return 1.0 / (1.0 + cols.outstanding)
+
 
 class MaxScorePicker:
     """Highest weighted score; ties go to the lowest in-flight count, then the endpoint id."""
@@ -30,6 +40,25 @@ class MaxScorePicker:
         self, req: SchedRequest, scored: Sequence[tuple[EndpointView, float]], snap: FleetSnapshot
     ) -> EndpointView:
         return min(scored, key=lambda es: (-es[1], es[0].inflight, es[0].id))[0]
+
+    def pick_columns(
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        candidates: npt.NDArray[np.bool_],
+        scores: npt.NDArray[np.float64],
+        snap: FleetSnapshot,
+    ) -> int:
+        """`pick` over columns: the highest score, then the fewest in flight, then the first id (whole-array
+        steps: a fleet's endpoints often tie on the first two)."""
+        s = np.where(candidates, scores, -np.inf)
+        best = s == s.max()
+        inflight = np.where(best, cols.inflight, _NONE)
+        fewest = best & (inflight == inflight.min())
+        return int(np.argmin(np.where(fewest, cols.id_rank, _NONE)))
+
+
+_NONE: Final = np.iinfo(np.int64).max  # past every in-flight count and id rank
 
 
 SCORER_SPEC = PluginSpec(

@@ -1,0 +1,123 @@
+"""A request's service alone on an idle endpoint, bounded over a model's ready endpoints by one set of
+coefficients, and the latest clock time it can start and still keep its deadlines.
+
+Idle service (`EndpointLoad.idle_service`: prefill ``k1·p + c1``, then ``out − 1`` decode iterations of a
+batch of one, ``(k2·(p + out/2) + c2) + c3``, slowed by the prefill overhead) grows with every
+coefficient, since prompt, context and steps are never negative. So the per-coefficient minimum over a
+model's ready endpoints (`IdleBound.fastest`) bounds every endpoint's idle service from below, and the
+maximum (`IdleBound.slowest`) from above. With one bound per model, a request's latest start
+(`latest_start`: its deadlines less its idle service) is a number of its own that does not move with the
+clock, so a queue can be kept ordered by it and checked against the clock without asking every
+endpoint for every request (`gateway.sched.ranked`, the slack ordering, SLO admission's recheck).
+
+A bound is kept while every coefficient stays within `REL_TOLERANCE` of it (`IdleBound.close_to`): a
+refit that moves coefficients by less does not make a queue rank its requests again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from gateway.core.types import EndpointHealth, ModelName
+from gateway.sched.perf import PerfCoefficients, default_prior
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import deadlines, output_estimate, remaining_max_tokens
+from gateway.sched.snapshot import FleetSnapshot
+
+#: Relative change of a coefficient below which a kept bound stays in force.
+REL_TOLERANCE: Final = 0.02
+_PRIOR: Final = default_prior()
+
+
+@dataclass(frozen=True, slots=True)
+class IdleBound:
+    """Prefill and decode coefficients (`PerfCoefficients`' k1, c1, k2, c2, c3) of a bound."""
+
+    k1: float
+    c1: float
+    k2: float
+    c2: float
+    c3: float
+
+    @classmethod
+    def of(cls, coefs: list[PerfCoefficients], *, slowest: bool) -> IdleBound:
+        pick = max if slowest else min
+        return cls(
+            pick(c.k1 for c in coefs),
+            pick(c.c1 for c in coefs),
+            pick(c.k2 for c in coefs),
+            pick(c.c2 for c in coefs),
+            pick(c.c3 for c in coefs),
+        )
+
+    def close_to(self, other: IdleBound, rel: float = REL_TOLERANCE) -> bool:
+        """Whether every coefficient of `other` is within `rel` of this one's."""
+        return (
+            abs(other.k1 - self.k1) <= rel * abs(self.k1)
+            and abs(other.c1 - self.c1) <= rel * abs(self.c1)
+            and abs(other.k2 - self.k2) <= rel * abs(self.k2)
+            and abs(other.c2 - self.c2) <= rel * abs(self.c2)
+            and abs(other.c3 - self.c3) <= rel * abs(self.c3)
+        )
+
+    def within(self, other: IdleBound) -> bool:
+        """Whether no coefficient of this bound exceeds `other`'s (`other` bounds it from above)."""
+        return (
+            self.k1 <= other.k1
+            and self.c1 <= other.c1
+            and self.k2 <= other.k2
+            and self.c2 <= other.c2
+            and self.c3 <= other.c3
+        )
+
+    def scaled(self, factor: float) -> IdleBound:
+        """Every coefficient times `factor` (a positive coefficient grows with a factor > 1; a negative
+        one is kept, so the result still bounds this one from above)."""
+        return IdleBound(*(max(c, c * factor) for c in (self.k1, self.c1, self.k2, self.c2, self.c3)))
+
+    def times(self, prompt: float, out: float, alone: float) -> tuple[float, float]:
+        """(first token, last token) seconds of `prompt` tokens in and `out` out, alone on an idle
+        endpoint; `alone`: 1 + the prefill overhead a request alone is predicted with."""
+        ttft = self.k1 * prompt + self.c1
+        steps = out - 1.0 if out > 1.0 else 0.0
+        return ttft, ttft + steps * ((self.k2 * (prompt + 0.5 * out) + self.c2) + self.c3) * alone
+
+
+def fleet_bound(snap: FleetSnapshot, model: ModelName, *, slowest: bool) -> IdleBound | None:
+    """The bound over the ready endpoints serving `model` (their fitted models, else the prior, as
+    predictions use); None when none is ready. One pass, the same coefficients met once."""
+    ready = EndpointHealth.READY
+    seen: dict[int, PerfCoefficients] = {}
+    for e in snap.endpoints:
+        if model in e.models and e.health is ready:
+            est = e.estimates
+            coef = (est.perf if est is not None else None) or _PRIOR
+            seen[id(coef)] = coef
+    return IdleBound.of(list(seen.values()), slowest=slowest) if seen else None
+
+
+def output_bound(req: SchedRequest, gamma: float) -> float:
+    """The output length predictions plan for (`EndpointLoad.output_tokens`): the mean plus `gamma`
+    standard deviations, never past max_tokens."""
+    mean, std = output_estimate(req)
+    bound = mean + gamma * std
+    cap = remaining_max_tokens(req)
+    return bound if cap is None else min(bound, float(cap))
+
+
+def latest_start(
+    req: SchedRequest, bound: IdleBound, prompt: float, out: float, alone: float
+) -> float | None:
+    """The last clock time at which `req`, served alone at `bound`, still keeps its first-token and
+    last-token deadlines; None when it has neither."""
+    ttft_at, e2e_at = deadlines(req)
+    if ttft_at is None and e2e_at is None:
+        return None
+    ttft, e2e = bound.times(prompt, out, alone)
+    if ttft_at is None:
+        assert e2e_at is not None
+        return e2e_at - e2e
+    if e2e_at is None:
+        return ttft_at - ttft
+    return min(ttft_at - ttft, e2e_at - e2e)
