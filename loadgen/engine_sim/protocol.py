@@ -119,7 +119,7 @@ def completion_prompt_ids(prompt: Any) -> TokenIds | None:
     return ids
 
 
-def _chat_flags(data: dict[str, Any]) -> tuple[bool, bool]:
+def chat_flags(data: dict[str, Any]) -> tuple[bool, bool]:
     add_gen = data.get("add_generation_prompt", True)
     cont = data.get("continue_final_message", False)
     if not isinstance(add_gen, bool) or not isinstance(cont, bool):
@@ -155,7 +155,7 @@ def parse_request(
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     prompt_ids: TokenIds | None = None
     if api == "chat":
-        add_gen, cont = _chat_flags(data)
+        add_gen, cont = chat_flags(data)
         text = chat_prompt_text(
             data.get("messages"), add_generation_prompt=add_gen, continue_final_message=cont
         )
