@@ -52,7 +52,7 @@ from loadgen.engine_sim.faults import Faults
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.lengths import LengthDist
 from loadgen.engine_sim.server import SimEndpoint
-from loadgen.engine_sim.spec import EndpointSpec, next_port
+from loadgen.engine_sim.spec import EndpointSpec, shifted_port
 
 
 class SimFleet:
@@ -187,8 +187,8 @@ def parse_fleet(
             seed = int(fields.get("seed", 0)) + len(specs)
             eid = None if base_id is None else (base_id if count == 1 else f"{base_id}-{r}")
             try:
-                events = {
-                    k: next_port(fields[k], r) for k in ("kv_events", "kv_events_replay") if k in fields
+                events: dict[str, str | None] = {
+                    k: shifted_port(fields[k], r) for k in ("kv_events", "kv_events_replay") if k in fields
                 }
                 specs.append(EndpointSpec(host=host, port=p, id=eid, **{**fields, "seed": seed, **events}))
             except (ValueError, TypeError) as e:
@@ -264,8 +264,8 @@ def replicate(spec: EndpointSpec, count: int, *, base_port: int = 0) -> list[End
             spec,
             port=(base_port + i if base_port else 0),
             seed=spec.seed + i,
-            kv_events=next_port(spec.kv_events, i),
-            kv_events_replay=next_port(spec.kv_events_replay, i),
+            kv_events=shifted_port(spec.kv_events, i),
+            kv_events_replay=shifted_port(spec.kv_events_replay, i),
         )
         for i in range(count)
     ]

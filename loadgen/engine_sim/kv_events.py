@@ -162,7 +162,7 @@ class KVEventPublisher:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._seq = 0
         self._tasks = TaskSupervisor(restart_delay_s=0.1)
-        self._pub = zmq.Context.instance().socket(zmq.PUB)
+        self._pub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.set_hwm(100_000)
         self._replay: zmq.asyncio.Socket | None = None

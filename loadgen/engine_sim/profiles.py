@@ -38,9 +38,9 @@ fleet-level experiments on small machines. ``test-fast`` is for unit and HTTP te
 - ``fleet-8b-long``: a fleet-benchmark preset for long prompts (the Mooncake traces: inputs p50 ~7k,
   p90 ~27k tokens, up to 126k; outputs p50 ~350): the 8B model's 128k context and KV sized for a few
   long prompts plus their cached prefixes (262,144 tokens), 16 sequences and decode iterations of
-  25-70 ms at 8k-token contexts (so 12 endpoints stream a few thousand chunks/s at saturation on 2 cores), prefill
-  slowed to 10k tokens/s (k1 = 100 us: a 7k-token prompt takes 0.7 s, comparable to its decode), so what
-  the cache saves shows in TTFT and in capacity.
+  25-70 ms at 8k-token contexts (so 12 endpoints stream a few thousand chunks/s at saturation on 2
+  cores), prefill slowed to 10k tokens/s (k1 = 100 us: a 7k-token prompt takes 0.7 s, comparable to its
+  decode), so what the cache saves shows in TTFT and in capacity.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ PROFILES: dict[str, EngineProfile] = {
         max_model_len=131_072,
         load_time_s=150.0,
         prefix_caching=True,
-        description="Llama-3.1-70B (GQA), TP=4 on four H100-80GB: 128k context, 400k KV tokens, prefix caching",
+        description="Llama-3.1-70B (GQA), TP=4 on 4 H100-80GB: 128k context, 400k KV tokens, prefix caching",
     ),
     "fleet-8b-long": EngineProfile(
         latency=LatencyModel(k1=1.0e-4, c1=0.020, k2=2.0e-7, c2=1.0e-3, c3=0.025),

@@ -31,7 +31,6 @@ from loadgen.engine_sim.tokens import TOKEN_TEXT, TokenIds
 ApiName = Literal["chat", "completion"]
 
 
-
 class ApiError(Exception):
     def __init__(self, status: int, message: str, err_type: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -127,6 +126,21 @@ def chat_flags(data: dict[str, Any]) -> tuple[bool, bool]:
     return add_gen, cont
 
 
+def prompt_token_ids(api: ApiName, data: dict[str, Any]) -> TokenIds | None:
+    """The prompt's token ids of a request body, as the engine tokenizes it (None: no ids, as for an
+    empty string prompt). The body is validated as `parse_request` does."""
+    if api == "chat":
+        add_gen, cont = chat_flags(data)
+        text = chat_prompt_text(
+            data.get("messages"), add_generation_prompt=add_gen, continue_final_message=cont
+        )
+        return tokens.encode(text) if text else None
+    if "prompt" not in data:
+        raise bad_request("'prompt' is required", "prompt")
+    completion_prompt_tokens(data["prompt"])
+    return completion_prompt_ids(data["prompt"])
+
+
 def _int_field(data: dict[str, Any], key: str, default: int | None) -> int | None:
     value = data.get(key, default)
     if value is None:
@@ -153,15 +167,12 @@ def parse_request(
         raise bad_request("'model' must be a string", "model")
     if model not in models:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-    prompt_ids: TokenIds | None = None
     if api == "chat":
         add_gen, cont = chat_flags(data)
         text = chat_prompt_text(
             data.get("messages"), add_generation_prompt=add_gen, continue_final_message=cont
         )
         prompt_tokens = tokens.count_text(text)
-        if with_ids and text:
-            prompt_ids = tokens.encode(text)
         max_tokens = _int_field(data, "max_completion_tokens", None)
         if max_tokens is None:
             max_tokens = _int_field(data, "max_tokens", None)
@@ -169,9 +180,8 @@ def parse_request(
         if "prompt" not in data:
             raise bad_request("'prompt' is required", "prompt")
         prompt_tokens = completion_prompt_tokens(data["prompt"])
-        if with_ids:
-            prompt_ids = completion_prompt_ids(data["prompt"])
         max_tokens = _int_field(data, "max_tokens", 16)  # the OpenAI completions default
+    prompt_ids = prompt_token_ids(api, data) if with_ids else None
     n = _int_field(data, "n", 1)
     if n != 1:
         raise bad_request("the simulator serves n=1 only", "n")

@@ -15,6 +15,7 @@ from loadgen.engine_sim.profiles import DEFAULT_PROFILE, get_profile
 
 KVEventsFormat = Literal["array", "map"]
 
+
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
     """One simulated endpoint. ``None`` fields take the profile's value; ``port=0`` picks a free port."""
@@ -87,7 +88,9 @@ class EndpointSpec:
             raise ValueError("kv_events needs the prefix cache (prefix_cache = true)")
 
     def resolve_prefix_cache(self) -> bool:
-        return self.prefix_cache if self.prefix_cache is not None else get_profile(self.profile).prefix_caching
+        return (
+            self.prefix_cache if self.prefix_cache is not None else get_profile(self.profile).prefix_caching
+        )
 
     def resolve(self) -> ResolvedSpec:
         prof = get_profile(self.profile)
@@ -140,7 +143,7 @@ def tcp_port(endpoint: str, what: str = "endpoint") -> int:
     return value
 
 
-def next_port(endpoint: str | None, offset: int) -> str | None:
+def shifted_port(endpoint: str | None, offset: int) -> str | None:
     """`endpoint` with its port moved up by `offset` (replicas of one spec take consecutive ports)."""
     if endpoint is None or offset == 0:
         return endpoint

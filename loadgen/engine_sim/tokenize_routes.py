@@ -19,7 +19,7 @@ import orjson
 from aiohttp import web
 
 from loadgen.engine_sim import tokens
-from loadgen.engine_sim.protocol import ApiError, chat_flags, bad_request, chat_prompt_text
+from loadgen.engine_sim.protocol import ApiError, bad_request, chat_flags, chat_prompt_text
 
 _JSON = "application/json"
 
@@ -55,9 +55,10 @@ class TokenizeRoutes:
                     data["messages"], add_generation_prompt=add_gen, continue_final_message=cont
                 )
             else:
-                text = data.get("prompt")
-                if not isinstance(text, str):
+                prompt = data.get("prompt")
+                if not isinstance(prompt, str):
                     raise bad_request("'prompt' must be a string", "prompt")
+                text = prompt
         except ApiError as e:
             return web.Response(status=e.status, body=e.body(), content_type=_JSON)
         ids = tokens.encode(text).tolist()

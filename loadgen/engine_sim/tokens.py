@@ -47,7 +47,7 @@ def encode(text: str) -> TokenIds:
     n = len(raw)
     full = n // 4
     head = np.frombuffer(raw, dtype=np.uint8, count=full * 4).astype(np.int64).reshape(full, 4)
-    ids = (head << _SHIFTS).sum(axis=1) | (3 << 28)
+    ids: TokenIds = (head << _SHIFTS).sum(axis=1) | (3 << 28)
     if n % 4:
         ids = np.append(ids, _chunk_id(text[full * 4 :]))
     return ids

@@ -52,13 +52,17 @@ async def metric(http: aiohttp.ClientSession, ep: SimEndpoint, name: str) -> flo
     return value
 
 
-async def test_tokenize_answers_vllms_shape_with_the_ids_the_engine_counts(http: aiohttp.ClientSession) -> None:
+async def test_tokenize_answers_vllms_shape_with_the_ids_the_engine_counts(
+    http: aiohttp.ClientSession,
+) -> None:
     async with serve_endpoint(EndpointSpec(**FAST)) as ep:
         text = prompt_text(50, salt=3)
         async with http.post(f"{ep.url}/tokenize", json={"model": "sim-model", "prompt": text}) as resp:
             body = await resp.json()
-        assert body["count"] == 50 and body["tokens"] == encode(text).tolist()
-        assert body["max_model_len"] == ep.resolved.max_model_len and body["token_strs"] is None
+        assert body["count"] == 50
+        assert body["tokens"] == encode(text).tolist()
+        assert body["max_model_len"] == ep.resolved.max_model_len
+        assert body["token_strs"] is None
         async with http.post(f"{ep.url}/detokenize", json={"tokens": body["tokens"]}) as resp:
             assert (await resp.json())["prompt"] == text
         messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]
@@ -73,13 +77,16 @@ async def test_tokenize_answers_vllms_shape_with_the_ids_the_engine_counts(http:
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang"])
-async def test_shared_prefixes_hit_for_text_and_token_id_prompts(http: aiohttp.ClientSession, flavor: str) -> None:
+async def test_shared_prefixes_hit_for_text_and_token_id_prompts(
+    http: aiohttp.ClientSession, flavor: str
+) -> None:
     async with serve_endpoint(EndpointSpec(flavor=flavor, **FAST)) as ep:  # type: ignore[arg-type]
         prefix = prompt_text(40, salt=7)
         await complete(http, ep, prefix + "one two")
         await complete(http, ep, prefix + "six ten")
         cache = ep.engine.prefix_cache
-        assert cache is not None and cache.hits == 40
+        assert cache is not None
+        assert cache.hits == 40
         ids = encode(prefix + "zzzz").tolist()  # the same prefix as token ids: the same blocks
         await complete(http, ep, ids)
         assert cache.hits == 80
@@ -88,7 +95,8 @@ async def test_shared_prefixes_hit_for_text_and_token_id_prompts(http: aiohttp.C
             assert await metric(http, ep, "vllm:prefix_cache_queries_total") == cache.queries
             async with http.get(f"{ep.url}/metrics") as resp:
                 [info] = parse(await resp.text()).series("vllm:cache_config_info")
-            assert info.labels["enable_prefix_caching"] == "True" and info.labels["block_size"] == str(BS)
+            assert info.labels["enable_prefix_caching"] == "True"
+            assert info.labels["block_size"] == str(BS)
             assert int(info.labels["num_gpu_blocks"]) * BS == ep.resolved.engine.kv_capacity_tokens
         else:
             assert await metric(http, ep, "sglang:cache_hit_rate") == pytest.approx(40 / 41)
@@ -107,7 +115,8 @@ def events_of(payload: bytes, fmt: str) -> list[tuple[str, dict[str, Any]]]:
         assert set(batch) == {"ts", "events", "data_parallel_rank"}
         return [(e["type"], e) for e in batch["events"]]
     ts, events, rank = batch
-    assert isinstance(ts, float) and rank == 0
+    assert isinstance(ts, float)
+    assert rank == 0
     out = []
     for e in events:
         if e[0] == "BlockStored":
@@ -121,7 +130,9 @@ def events_of(payload: bytes, fmt: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize("fmt", ["map", "array"])
-async def test_kv_events_reach_a_subscriber_and_the_replay_socket(http: aiohttp.ClientSession, fmt: str) -> None:
+async def test_kv_events_reach_a_subscriber_and_the_replay_socket(
+    http: aiohttp.ClientSession, fmt: str
+) -> None:
     spec = EndpointSpec(
         kv_events="tcp://127.0.0.1:0",
         kv_events_replay="tcp://127.0.0.1:0",
@@ -136,7 +147,8 @@ async def test_kv_events_reach_a_subscriber_and_the_replay_socket(http: aiohttp.
     try:
         async with serve_endpoint(spec) as ep:
             pub = ep.kv_events
-            assert pub is not None and pub.replay_endpoint is not None
+            assert pub is not None
+            assert pub.replay_endpoint is not None
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             sub.connect(pub.endpoint)
             # the subscription becomes live asynchronously: send fresh prompts until one is seen
@@ -150,9 +162,12 @@ async def test_kv_events_reach_a_subscriber_and_the_replay_socket(http: aiohttp.
             text = prompt_text(150, salt=11)
             await complete(http, ep, text + "ab")
             topic, seq, payload = await next_message(sub)
-            assert topic == b"" and len(seq) == 8
+            assert topic == b""
+            assert len(seq) == 8
             [(kind, stored)] = events_of(payload, fmt)
-            assert kind == "BlockStored" and stored["block_size"] == BS and stored["medium"] == "GPU"
+            assert kind == "BlockStored"
+            assert stored["block_size"] == BS
+            assert stored["medium"] == "GPU"
             # 151 tokens: 37 full blocks are stored, the partial last block is not
             assert stored["token_ids"] == encode(text + "ab").tolist()[: 37 * BS]
             assert len(stored["block_hashes"]) == 37

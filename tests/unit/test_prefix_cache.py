@@ -52,8 +52,10 @@ def test_keys_chain_full_blocks_only() -> None:
     cache = PrefixCache(BS, root=1)
     a = cache.block_keys(seq(0, 10))  # two full blocks, a partial one
     b = cache.block_keys(np.concatenate([seq(0, 4), seq(100, 8)]))
-    assert len(a) == 2 and len(b) == 3
-    assert a[0] == b[0] and a[1] != b[1]
+    assert len(a) == 2
+    assert len(b) == 3
+    assert a[0] == b[0]
+    assert a[1] != b[1]
     # a block's key depends on its parent: the same tokens after a different first block differ
     c = cache.block_keys(np.concatenate([seq(50, 4), seq(4, 4)]))
     assert c[1] != a[1]
@@ -87,7 +89,8 @@ def test_free_blocks_are_evicted_lru_tail_first() -> None:
     cache.release(b)
     assert cache.free_order() == [ka[2], ka[1], ka[0]]
     cache.evict_to(0)
-    assert len(cache) == 0 and cache.free_tokens == 0
+    assert len(cache) == 0
+    assert cache.free_tokens == 0
 
 
 def test_a_block_in_use_is_never_evicted() -> None:
@@ -95,14 +98,16 @@ def test_a_block_in_use_is_never_evicted() -> None:
     a = _Req(cache, seq(0, 8))
     cache.admit(a, 8, cache.plan(a, 8), 0.0)
     cache.evict_to(0)
-    assert len(cache) == 2 and cache.blocks_in_use == 2
+    assert len(cache) == 2
+    assert cache.blocks_in_use == 2
     events = cache.take_events()
     assert [type(e) for e in events] == [BlockStored]
     cache.release(a)
     cache.evict_to(0)
     assert len(cache) == 0
     [removed] = cache.take_events()
-    assert isinstance(removed, BlockRemoved) and len(removed.block_hashes) == 2
+    assert isinstance(removed, BlockRemoved)
+    assert len(removed.block_hashes) == 2
 
 
 def test_the_last_prompt_token_is_always_computed() -> None:
@@ -129,7 +134,11 @@ def test_a_shared_prefix_skips_its_prefill_and_is_counted_once() -> None:
     eng.step(clock.now())
     used = eng.kv_used
     second = eng.submit(
-        "b", prompt_tokens=403, output_tokens=5, now=clock.now(), token_ids=np.concatenate([prefix, ids(7, 8, 9)])
+        "b",
+        prompt_tokens=403,
+        output_tokens=5,
+        now=clock.now(),
+        token_ids=np.concatenate([prefix, ids(7, 8, 9)]),
     )
     eng.step(clock.now())  # decode iteration in flight; b is admitted at its end
     clock.set(eng.next_wake or 0.0)
@@ -142,9 +151,11 @@ def test_a_shared_prefix_skips_its_prefill_and_is_counted_once() -> None:
     assert eng.kv_used == used + (3 + 1)
     cache = eng.prefix_cache
     assert cache is not None
-    assert cache.hits == 400 and cache.queries == 402 + 403
+    assert cache.hits == 400
+    assert cache.queries == 402 + 403
     drain(eng, clock)
-    assert first.state is RequestState.FINISHED and second.state is RequestState.FINISHED
+    assert first.state is RequestState.FINISHED
+    assert second.state is RequestState.FINISHED
     assert eng.kv_used == 0
     assert cache.free_tokens == 400  # the shared prefix stays cached, free
 
@@ -164,7 +175,9 @@ def test_cached_blocks_make_room_for_new_work() -> None:
     clock = FakeClock(0.0)
     eng = make(kv=200)
     for i in range(5):  # five prompts of 100 tokens one after another: each evicts the last one's blocks
-        req = eng.submit(f"r{i}", prompt_tokens=100, output_tokens=2, now=clock.now(), token_ids=seq(1000 * i, 100))
+        req = eng.submit(
+            f"r{i}", prompt_tokens=100, output_tokens=2, now=clock.now(), token_ids=seq(1000 * i, 100)
+        )
         drain(eng, clock)
         assert req.state is RequestState.FINISHED
         cache = eng.prefix_cache
@@ -229,7 +242,13 @@ def test_invariants_hold_under_any_workload(ops: list[tuple[str, int, int, int, 
             prompt = np.concatenate([PREFIXES[p][:share], seq(100_000 + 100 * n, own)])
             if len(prompt) + out + 1 <= kv:
                 reqs.append(
-                    eng.submit(f"r{n}", prompt_tokens=len(prompt), output_tokens=out, now=clock.now(), token_ids=prompt)
+                    eng.submit(
+                        f"r{n}",
+                        prompt_tokens=len(prompt),
+                        output_tokens=out,
+                        now=clock.now(),
+                        token_ids=prompt,
+                    )
                 )
                 seen.append(prompt)
         elif kind == "abort" and reqs:
