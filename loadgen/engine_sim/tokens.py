@@ -30,7 +30,6 @@ CHARS_PER_TOKEN: Final = 4
 GENERATION_PROMPT: Final = "<|assistant|>\n"
 TOKEN_TEXT: Final = " tok"
 _HASHED: Final = 1 << 30
-_SHIFTS = np.array([0, 7, 14, 21], dtype=np.int64)
 
 
 def count_text(text: str) -> int:
@@ -46,8 +45,10 @@ def encode(text: str) -> TokenIds:
         return np.array([_chunk_id(text[i : i + 4]) for i in range(0, len(text), 4)], dtype=np.int64)
     n = len(raw)
     full = n // 4
-    head = np.frombuffer(raw, dtype=np.uint8, count=full * 4).astype(np.int64).reshape(full, 4)
-    ids: TokenIds = (head << _SHIFTS).sum(axis=1) | (3 << 28)
+    # four ASCII bytes, little-endian, packed to 7 bits each (bit 7 of every byte is 0)
+    u = np.frombuffer(raw, dtype="<u4", count=full)
+    packed = (u & 0x7F) | ((u >> 1) & 0x3F80) | ((u >> 2) & 0x1FC000) | ((u >> 3) & 0xFE00000) | (3 << 28)
+    ids: TokenIds = packed.astype(np.int64)
     if n % 4:
         ids = np.append(ids, _chunk_id(text[full * 4 :]))
     return ids

@@ -206,7 +206,7 @@ def workloads(draw: st.DrawFn) -> list[tuple[str, int, int, int, int]]:
     return ops
 
 
-def check(eng: SimEngine, removed_while_held: list[int]) -> None:
+def check(eng: SimEngine, published: set[int]) -> None:
     cache = eng.prefix_cache
     assert cache is not None
     cap = eng.config.kv_capacity_tokens
@@ -223,7 +223,9 @@ def check(eng: SimEngine, removed_while_held: list[int]) -> None:
     assert eng.kv_used == private + BS * len(held)  # a shared block counted once
     assert not set(cache.free_order()) & set(held)  # a block in use is never on the free list
     assert len(cache) == len(held) + len(cache.free_order())
-    assert not removed_while_held
+    # the KV events tell exactly what the cache holds (so no block in use was reported removed)
+    mask = (1 << 64) - 1
+    assert published == {k & mask for k in [*held, *cache.free_order()]}
 
 
 @settings(max_examples=150, deadline=None)
@@ -233,10 +235,10 @@ def test_invariants_hold_under_any_workload(ops: list[tuple[str, int, int, int, 
     eng = make(kv=kv, seqs=4, prefill=64)
     cache = eng.prefix_cache
     assert cache is not None
-    cache.events = []  # record what is evicted
+    cache.events = []  # record what is stored and evicted
     reqs: list[SimRequest] = []
     seen: list[TokenIds] = []
-    removed_while_held: list[int] = []
+    published: set[int] = set()
     for n, (kind, p, share, own, out) in enumerate(ops):
         if kind == "submit":
             prompt = np.concatenate([PREFIXES[p][:share], seq(100_000 + 100 * n, own)])
@@ -257,13 +259,22 @@ def test_invariants_hold_under_any_workload(ops: list[tuple[str, int, int, int, 
         if kind == "step" and res.next_wake is not None:
             clock.set(res.next_wake)
             eng.step(clock.now())
-        held = {k & ((1 << 64) - 1) for r in eng.running for k in (r.block_keys or [])[: r.blocks_held]}
         for event in cache.take_events():
-            if isinstance(event, BlockRemoved):
-                removed_while_held += [h for h in event.block_hashes if h in held]
-        check(eng, removed_while_held)
+            if isinstance(event, BlockStored):
+                assert not published & set(event.block_hashes)
+                published |= set(event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                assert set(event.block_hashes) <= published
+                published -= set(event.block_hashes)
+        check(eng, published)
     drain(eng, clock)
-    check(eng, removed_while_held)
+    for event in cache.take_events():
+        assert isinstance(event, BlockStored | BlockRemoved)
+        if isinstance(event, BlockStored):
+            published |= set(event.block_hashes)
+        else:
+            published -= set(event.block_hashes)
+    check(eng, published)
     assert eng.kv_used == 0
     for i, req in enumerate(reqs):
         # hits only on full-block prefixes shared with an earlier prompt (or its own earlier run)
