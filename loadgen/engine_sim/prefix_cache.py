@@ -1,10 +1,10 @@
 """`PrefixCache`: block-level automatic prefix caching as vLLM does it (sans-IO, no clock).
 
 - **Blocks are content-addressed.** A prompt's full blocks of ``block_size`` tokens get a chain of keys:
-  each block's key hashes its token ids (folded to 64 bits) and its parent's key, the first block's parent being a root drawn
-  at random once per process (vLLM's ``NONE_HASH``), so the keys, and the block hashes published in KV
-  events, differ between processes and consumers cannot rely on them. A partial last block has no key and
-  is never cached.
+  each block's key hashes its token ids (folded to 64 bits) and its parent's key, the first block's
+  parent being a root drawn at random once per process (vLLM's ``NONE_HASH``), so the keys, and the block
+  hashes published in KV events, differ between processes and consumers cannot rely on them. A partial
+  last block has no key and is never cached.
 - **Hits** are the longest run of the prompt's leading keys that the cache holds, at most
   ``(context - 1) // block_size`` blocks (vLLM computes at least the last prompt token). Prefill is charged
   on the other tokens only.
