@@ -182,8 +182,10 @@ async def serve(specs: Sequence[EndpointSpec]) -> None:
             cache = ""
             if ep.resolved.engine.prefix_caching:
                 cache = f" prefix-cache(block={ep.resolved.engine.block_size})"
-            if ep.spec.kv_events is not None:
-                cache += f" kv-events={ep.spec.kv_events}"
+            if ep.kv_events is not None:
+                cache += f" kv-events={ep.kv_events.endpoint}"
+                if ep.kv_events.replay_endpoint is not None:
+                    cache += f" replay={ep.kv_events.replay_endpoint}"
             print(
                 f"berth-engine-sim: {ep.spec.flavor} {','.join(ep.spec.models)} profile={prof} "
                 f"speed={ep.spec.speed:g}{cache} at {ep.url}",
