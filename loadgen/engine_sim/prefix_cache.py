@@ -52,6 +52,19 @@ class CachedRequest(Protocol):
     kv_held: int
 
 
+class PrefixCacheView(Protocol):
+    """What an observer may read of an engine's cache (an oracle placement in the fleet simulator)."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def block_keys(self, token_ids: TokenIds) -> list[int]: ...
+
+    def cached_prefix_tokens(self, keys: list[int]) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BlockStored:
     block_hashes: list[int]

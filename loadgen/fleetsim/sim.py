@@ -48,7 +48,7 @@ from gateway.sched.decisions import Decision, Dispatch, Preempt
 from gateway.upstream.dialects import dialect_for
 from loadgen.client import RequestResult, build_body, build_headers
 from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
-from loadgen.engine_sim.prefix_cache import PrefixCache
+from loadgen.engine_sim.prefix_cache import PrefixCacheView
 from loadgen.engine_sim.protocol import prompt_token_ids
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.engine_sim.tokens import GENERATED_TOKEN_ID, TokenIds
@@ -303,9 +303,9 @@ class Simulation:
             self._engine_lost(call)
         return len(lost)
 
-    def engine_cache(self, eid: EndpointId) -> PrefixCache | None:
-        """The true prefix cache of endpoint `eid`'s engine (None: no such endpoint, or no caching).
-        Read-only: an oracle may look (`PrefixCache.cached_prefix_tokens`), never change it."""
+    def engine_cache(self, eid: EndpointId) -> PrefixCacheView | None:
+        """The true prefix cache of endpoint `eid`'s engine, read-only (None: no such endpoint, or no
+        caching): ``view.cached_prefix_tokens(view.block_keys(ids))`` is how much of a prompt it holds."""
         ep = self._by_id.get(eid)
         return None if ep is None else ep.engine.prefix_cache
 
