@@ -5,15 +5,17 @@ binds when the host is ``*`` and connects otherwise) sends one message per engin
 cache: three frames ``[topic, seq, payload]``, the topic empty (vLLM's default), ``seq`` a counter from 0
 as 8 bytes big-endian, the payload a msgpack batch (msgspec). With ``--kv-events-replay tcp://HOST:PORT``
 a ROUTER socket answers a replay request ``[b"", start_seq as 8 bytes big-endian]`` (a REQ socket sends
-the empty delimiter itself, a DEALER must add it) with every buffered message from ``start_seq`` on,
-each as ``[b"", seq, payload]``, then the end marker ``[b"", seq -1 (8 bytes, signed), b""]``; it keeps
-the last 10,000 messages (vLLM's ``buffer_steps``). A request of any other shape is ignored, as vLLM does.
-Port 0 binds a free port (`KVEventPublisher.endpoint` says which).
+the empty delimiter itself, a DEALER must add it) with every buffered message from ``start_seq`` on, then
+an end marker whose seq is -1 (8 bytes, signed) and whose payload is empty; it keeps the last 10,000
+messages (vLLM's ``buffer_steps``). A request of any other shape is ignored, as vLLM does. Current vLLM
+(format ``map``) sends each replayed message as the PUB socket does, ``[b"", topic, seq, payload]``, and
+ends with ``[b"", b"", END, b""]``; older vLLM and SGLang (format ``array``) leave the topic out:
+``[b"", seq, payload]``, ``[b"", END, b""]``. Port 0 binds a free port (`KVEventPublisher.endpoint`).
 
 **Encodings** (``--kv-events-format``):
 
-- ``map``, what current vLLM sends (its ``EventBatch`` and ``KVCacheEvent`` structs are no longer
-  ``array_like``): the batch ``{"ts", "events", "data_parallel_rank"}``, each event a map tagged by
+- ``map``, what current vLLM sends (its ``KVCacheEvent`` structs are no longer ``array_like``, its
+  ``EventBatch`` still is): the batch ``[ts, events, data_parallel_rank]``, each event a map tagged by
   ``type``: ``{"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids", "block_size",
   "lora_id", "medium", "lora_name"}``, ``{"type": "BlockRemoved", "block_hashes", "medium"}``,
   ``{"type": "AllBlocksCleared"}``;
@@ -72,7 +74,7 @@ class MapAllBlocksCleared(_MapEvent, tag="AllBlocksCleared"):
     pass
 
 
-class MapBatch(msgspec.Struct):
+class MapBatch(msgspec.Struct, array_like=True):
     ts: float
     events: list[MapBlockStored | MapBlockRemoved | MapAllBlocksCleared]
     data_parallel_rank: int | None = None
@@ -206,10 +208,11 @@ class KVEventPublisher:
                 continue  # vLLM logs "Invalid replay request" and ignores it
             client, _, start_bytes = frames
             start = int.from_bytes(start_bytes, "big")
+            topic = (self._topic,) if self._fmt == "map" else ()
             for seq, payload in list(self._buffer):
                 if seq >= start:
-                    await sock.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-            await sock.send_multipart((client, b"", END_SEQ, b""))
+                    await sock.send_multipart((client, b"", *topic, seq.to_bytes(8, "big"), payload))
+            await sock.send_multipart((client, b"", *topic, END_SEQ, b""))
 
     async def close(self) -> None:
         await self._tasks.close()
