@@ -90,6 +90,10 @@ async def test_shared_prefixes_hit_for_text_and_token_id_prompts(
         ids = encode(prefix + "zzzz").tolist()  # the same prefix as token ids: the same blocks
         await complete(http, ep, ids)
         assert cache.hits == 80
+        async with http.get(f"{ep.url}/sim/state") as resp:
+            state = (await resp.json())["prefix_cache"]
+        assert state["hits_tokens"] == 80
+        assert state["block_size"] == BS
         if flavor == "vllm":
             assert await metric(http, ep, "vllm:prefix_cache_hits_total") == 80
             assert await metric(http, ep, "vllm:prefix_cache_queries_total") == cache.queries

@@ -288,3 +288,29 @@ def test_invariants_hold_under_any_workload(ops: list[tuple[str, int, int, int, 
             best = max(best, common if other is not mine else len(mine))
         assert req.cached_tokens <= (best // BS) * BS
         assert req.cached_tokens <= max(0, len(seen[i]) + req.generated - 1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=40))
+def test_free_blocks_leave_in_lru_order(ops: list[tuple[bool, int, int]]) -> None:
+    """Against a reference model: a block joins the free list's tail when its last reference goes (a
+    request's deepest block first), leaves it when reused, and eviction takes from the head."""
+    cache = PrefixCache(BS, root=1)
+    prompts = [np.concatenate([PREFIXES[k % 3][: 4 * (k + 1)], seq(500 * k, 3)]) for k in range(6)]
+    live: list[_Req] = []
+    model: list[int] = []  # the free list, head first
+    for admit, k, room in ops:
+        if admit or not live:
+            req = _Req(cache, prompts[k])
+            keys = req.block_keys or []
+            model = [b for b in model if b not in keys]
+            cache.admit(req, len(prompts[k]), cache.plan(req, len(prompts[k])), 0.0)
+            live.append(req)
+        else:
+            req = live.pop(k % len(live))
+            keys = (req.block_keys or [])[: req.blocks_held]
+            cache.release(req)
+            model += [b for b in reversed(keys) if cache.refs(b) == 0 and b not in model]
+        cache.evict_to(room * BS)
+        model = model[len(model) - min(len(model), room) :]
+        assert cache.free_order() == model
