@@ -65,7 +65,7 @@ class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
 class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """[upstream] (static)."""
 
-    connect_timeout_s: PositiveFloat = 5.0
+    connect_timeout_s: PositiveFloat = 5.0  # connecting to an engine, a wait for a pooled slot included
     first_byte_timeout_s: PositiveFloat = 120.0  # 504 when the engine sends no headers in time
     read_timeout_s: PositiveFloat = 120.0  # 504 / error event when a stream goes silent this long
     max_retries: NonNegativeInt = 1  # on another endpoint, before the first byte only
@@ -77,7 +77,7 @@ class ScrapeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     """[scrape] (reloadable)."""
 
     interval_s: PositiveFloat = 2.0
-    timeout_s: PositiveFloat = 2.0
+    timeout_s: PositiveFloat = 2.0  # one scrape (health or /metrics) of one endpoint
     unhealthy_after: PositiveInt = 3  # consecutive failed scrapes / health checks
     stale_after_s: PositiveFloat = 10.0
     models_refresh_s: PositiveFloat = 30.0
@@ -96,7 +96,7 @@ class PerfPriorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     j: NonNegativeFloat | None = None  # KV tokens per request on top of its context
     thr1: NonNegativeFloat | None = None  # per-request decode tokens/s alone
     alpha: NonNegativeFloat | None = None  # throughput decay with concurrency
-    beta: NonNegativeFloat | None = None
+    beta: NonNegativeFloat | None = None  # the throughput curve's exponent of its decay with concurrency
 
 
 class TelemetryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -211,12 +211,12 @@ class EndpointConfig(
 ):
     """One [[endpoints]] item, or one --endpoint flag."""
 
-    url: str
+    url: str  # the engine's base URL (http:// or https://), without /v1
     id: str | None = None  # default: "host:port" of the url
     engine: EngineKind | None = None  # None: "auto", detect from the engine's /metrics names
     models: tuple[str, ...] = ()  # empty: discover from the engine's /v1/models
-    instance_class: InstanceClass = InstanceClass.MIXED
-    node: str | None = None
+    instance_class: InstanceClass = InstanceClass.MIXED  # key `class`: which traffic it prefers (Chiron)
+    node: str | None = None  # the GPU machine it runs on ([[nodes]] name), for co-location and eviction
     cap: PositiveInt | None = None  # None: the engine's batch size (limits.default_endpoint_cap until known)
     # "priority": the engine runs priority scheduling (vLLM --scheduling-policy priority), so berth
     # sends each request's priority; an FCFS vLLM rejects a request that carries one.
@@ -229,7 +229,7 @@ class EndpointConfig(
     # instance configuration (models.toml [[models.configs]]): the `sub-cluster` filter sends requests
     # with tight deadlines to small batches; an unset cap is at most the max batch (berth holds the rest).
     max_batch: PositiveInt | None = None
-    config: str | None = None
+    config: str | None = None  # its instance configuration's name (models.toml [[models.configs]])
 
     @property
     def endpoint_id(self) -> EndpointId:
@@ -281,13 +281,13 @@ class TenantConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     repr hides them). Keys may also come from [auth] keys_file.
     """
 
-    name: str
+    name: str  # the tenant's name (metrics and logs; never its keys)
     api_keys: tuple[str, ...] = ()  # the keys themselves (prefer api_key_sha256 in files)
     api_key_sha256: tuple[str, ...] = ()  # hex SHA-256 of each key
     slo_class: str | None = None  # default: the policy's rules, then its default class
-    ttft_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
-    itl_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
-    deadline_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
+    ttft_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None  # overrides the class's TTFT target
+    itl_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None  # overrides the class's ITL target
+    deadline_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None  # overrides the class's deadline
     # The SLO classes this tenant may ask for (empty: any). The tenant's default class is slo_class,
     # else the first of these.
     allowed_classes: tuple[str, ...] = ()
@@ -311,7 +311,7 @@ class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     policy: PolicySection = PolicySection()
     auth: AuthConfig = AuthConfig()
     ops: OpsConfig = OpsConfig()
-    aliases: dict[str, str] = {}
+    aliases: dict[str, str] = {}  # client model name -> engine served name
     endpoints: tuple[EndpointConfig, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
     lifecycle: LifecycleConfig | None = None

@@ -61,6 +61,7 @@ from loadgen.report import GapHistogram, Report, TaskResult, build_report, compl
 from loadgen.runner import RunOptions, build_schedule
 from loadgen.workloads import get_workload
 from loadgen.workloads.base import TaskSpec
+from loadgen.workloads.prompt import call_salt
 
 #: The daemon's queue ticker period (gateway.app.QUEUE_TICK_S).
 TICK_S: Final = 0.1
@@ -217,7 +218,9 @@ class Simulation:
             seed=opts.seed,
         )
         if opts.schedule is None:
-            tasks: Sequence[TaskSpec] = build_schedule(get_workload(opts.workload), run_opts)
+            tasks: Sequence[TaskSpec] = build_schedule(
+                get_workload(opts.workload, opts.workload_options), run_opts
+            )
         else:
             tasks = opts.schedule
         schedule = sorted(tasks, key=lambda s: s.at_s)
@@ -383,7 +386,7 @@ class Simulation:
         call = _Call(task, i, result, ctx)
         call.last_byte = now
         task.sent.append(result)
-        body = build_body(call_spec, model, salt=spec.index * 8 + i + opts.seed * 7919)
+        body = build_body(call_spec, model, salt=call_salt(spec.index, i, opts.seed))
         if self._caching:
             call.prompt_ids = prompt_token_ids(call_spec.api, orjson.loads(body))
         headers = build_headers(
@@ -682,6 +685,7 @@ class Simulation:
         meta = {
             "target": "fleetsim",
             "workload": opts.workload,
+            "workload_options": opts.workload_options.to_dict(),
             "rate": opts.rate,
             "duration_s": opts.duration_s,
             "arrival": opts.arrival,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.config.check import GATEWAY_KEYS, FileKind, check_file
 from gateway.config.load import load_gateway_config
-from gateway.config.policy import PolicyFile
+from gateway.config.policy_schema import PolicyFile
 from gateway.config.schema import GatewayFile
 from gateway.core.errors import ConfigError
 from gateway.core.strict_toml import convert, convert_all

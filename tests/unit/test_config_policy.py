@@ -12,7 +12,8 @@ import msgspec
 import pytest
 
 from gateway.config import check, load_policy, parse_policy_text
-from gateway.config.policy import SLOTS, PolicyFile, Slot, decode_policy, default_policy_text
+from gateway.config.policy import SLOTS, Slot, decode_policy, default_policy_text
+from gateway.config.policy_schema import PolicyFile
 from gateway.core.errors import ConfigError
 from gateway.core.strict_toml import parse_toml
 from gateway.sched.plugins import default_registry
