@@ -22,8 +22,9 @@ from gateway.config import ADMIN_TOKEN_ENV
 from gateway.front.admin import fleet as fleet_route
 from gateway.front.admin import loop_lag as loop_lag_route
 from gateway.front.services import SERVICES
-from loadgen.engine_sim import EndpointSpec, SimFleet
+from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.lengths import LengthDist
+from loadgen.engine_sim.spec import EndpointSpec
 from tests.integration.conftest import EngineServer, Running, StartGateway
 from tests.integration.fake_engine import FakeEngine
 

@@ -22,8 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadgen.engine_sim import EndpointSpec, SimFleet
+from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.lengths import LengthDist
+from loadgen.engine_sim.spec import EndpointSpec
 from tests.integration.conftest import Running, StartGateway
 
 EXAMPLES = int(os.environ.get("BERTH_FUZZ_EXAMPLES", "100"))

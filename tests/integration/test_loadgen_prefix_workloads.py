@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.engine_sim import EndpointSpec, SimFleet
+from loadgen.engine_sim.fleet import SimFleet
+from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.runner import RunOptions, run_workload
 from loadgen.workloads import WorkloadOptions
 

@@ -12,7 +12,8 @@ import pytest
 
 from loadgen.cli import main as loadgen_main
 from loadgen.client import RequestResult
-from loadgen.engine_sim import EndpointSpec, SimFleet
+from loadgen.engine_sim.fleet import SimFleet
+from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.harness import start_engine_sim
 from loadgen.runner import LiveSnapshot, RunOptions, run_workload
 from loadgen.workloads.base import CallSpec, TaskSpec

@@ -8,7 +8,8 @@ import aiohttp
 
 from gateway.telemetry.lengths import OutputLengthPredictor
 from loadgen.bench.predict_accuracy import MODEL, BerthTelemetry, Scrape, Stream, fit_phase
-from loadgen.engine_sim import EndpointSpec, SimFleet
+from loadgen.engine_sim.fleet import SimFleet
+from loadgen.engine_sim.spec import EndpointSpec
 
 
 async def test_a_small_fit_phase_records_what_berth_needs() -> None:

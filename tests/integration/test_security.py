@@ -22,8 +22,9 @@ from gateway.admission.limits import Limit
 from gateway.app import build_ops_app, warn_unauthenticated
 from gateway.config import ADMIN_TOKEN_ENV, load_default_policy
 from gateway.sched.plugins import default_registry
-from loadgen.engine_sim import EndpointSpec, SimFleet
+from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.lengths import LengthDist
+from loadgen.engine_sim.spec import EndpointSpec
 from tests.integration.conftest import EngineServer, Running, StartGateway
 from tests.integration.fake_engine import FakeEngine
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from loadgen.engine_sim import EndpointSpec, SimFleet
+from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.lengths import LengthDist
+from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.harness import ManagedProcess, free_port
 from tests.integration.test_daemon_process import NotifySocket
 

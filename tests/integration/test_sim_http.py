@@ -15,8 +15,9 @@ import pytest
 
 from gateway.telemetry.engine_metrics import SGLANG_METRICS, VLLM_METRICS
 from gateway.telemetry.promtext import parse
-from loadgen.engine_sim import EndpointSpec, SimFleet
+from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.lengths import LengthDist
+from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.harness import start_engine_sim
 
 FAST = {"profile": "test-fast", "output_len": LengthDist("fixed", 5.0), "load_time_s": 0.0}

@@ -14,9 +14,9 @@ import zmq
 import zmq.asyncio
 
 from gateway.telemetry.promtext import parse
-from loadgen.engine_sim import EndpointSpec
 from loadgen.engine_sim.lengths import LengthDist
 from loadgen.engine_sim.server import SimEndpoint, serve_endpoint
+from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.engine_sim.tokens import encode
 from loadgen.prompts import prompt_text
 
