@@ -69,7 +69,7 @@ hardware is worse than a fit of a few observations of this one), or when its sys
 (e.g. every prompt the same length, or a saturated endpoint that only ever runs one batch size: the
 slope cannot be told from the intercept), or when the fit would put every coefficient at zero. The
 throughput curve is non-linear in β: a log-spaced grid of β with the linear (thr1, α) solved in closed
-form for each.
+form for each. The regression itself (stateless, in steps) is `gateway.telemetry.robust_regression`.
 
 ``refit_prior_parts()`` fits only the dimensions that still hold the prior and have observations they
 had not at their last attempt (``first_fit_due`` says whether there is one): the cheap, frequent check the
@@ -83,32 +83,15 @@ little); ``n_*`` are the observations the dimension's current fit used (0 while 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, replace
-from itertools import combinations
-from typing import Final, Literal, TypeVar
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Final, Literal
 
 import numpy as np
-import numpy.typing as npt
 
 from gateway.sched.perf import PerfCoefficients
+from gateway.telemetry.robust_regression import Array, Steps, fit_decay, fit_linear
 
-Array = npt.NDArray[np.float64]
-
-# Column-scaled condition number above which a fit is refused (about 4 of 16 digits lost).
-_MAX_COND: Final = 1e4
-_HUBER_K: Final = 1.345  # Huber's constant (95 % efficiency under normal noise), in robust std devs
-_HUBER_ROUNDS: Final = 2
-_TUKEY_C: Final = 4.685  # Tukey's biweight constant (95 % efficiency): beyond it a residual weighs 0
-_TUKEY_ROUNDS: Final = 4
-_MIN_SCALE: Final = 1e-3  # floor of the robust residual scale (relative error)
-_BETAS: Final = np.geomspace(1e-3, 1e2, 81)
-_BETA_SLICE: Final = 9  # the β grid's columns per step of the throughput fit (9 steps)
-
-T = TypeVar("T")
-#: A fit in steps of bounded work (see `PerfModelFitter.refit_steps`): each `next` runs one, the value
-#: comes with the last.
-Steps = Generator[None, None, T]
 #: What a part's fit changes: its coefficients in a given `PerfCoefficients`.
 Update = Callable[[PerfCoefficients], PerfCoefficients]
 
@@ -138,13 +121,6 @@ class _Ring:
         if self._len < len(self._data):
             return self._data[: self._len].copy()
         return np.concatenate((self._data[self._head :], self._data[: self._head]))
-
-
-@dataclass(frozen=True, slots=True)
-class _LinearFit:
-    coef: tuple[float, ...]
-    mape: float
-    n: int
 
 
 Part = Literal["prefill", "decode", "kv", "throughput"]
@@ -345,7 +321,7 @@ class PerfModelFitter:
         """`part`'s coefficients fitted to its window, in steps; None when the fit is refused."""
         if part == "throughput":
             data = self._tput.rows()
-            tput = yield from _fit_decay(data[:, 0], data[:, 1], self._weights(len(data)))
+            tput = yield from fit_decay(data[:, 0], data[:, 1], self._weights(len(data)))
             if tput is None:
                 return None
             thr1, alpha, beta = tput
@@ -354,7 +330,7 @@ class PerfModelFitter:
         if part == "prefill":
             data = self._prefill.rows()
             x = np.column_stack((data[:, 0], np.ones(len(data))))
-            fit = yield from _fit_linear(x, data[:, 1], self._weights(len(data)))
+            fit = yield from fit_linear(x, data[:, 1], self._weights(len(data)))
             if fit is None:
                 return None
             k1, c1 = fit.coef
@@ -364,7 +340,7 @@ class PerfModelFitter:
             data = self._decode.rows()
             batch, ctx = data[:, 0], data[:, 1]
             x = np.column_stack((batch * ctx, batch, np.ones(len(data))))
-            fit = yield from _fit_linear(x, data[:, 2], self._weights(len(data)))
+            fit = yield from fit_linear(x, data[:, 2], self._weights(len(data)))
             if fit is None:
                 return None
             k2, c2, c3 = fit.coef
@@ -372,7 +348,7 @@ class PerfModelFitter:
             return lambda cur: replace(cur, k2=k2, c2=c2, c3=c3, decode_mape=mape, n_decode=n)
         data = self._kv.rows()
         x = np.column_stack((data[:, 0], np.ones(len(data))))
-        fit = yield from _fit_linear(x, data[:, 1], self._weights(len(data)))
+        fit = yield from fit_linear(x, data[:, 1], self._weights(len(data)))
         if fit is None:
             return None
         h, j = fit.coef
@@ -386,120 +362,3 @@ class PerfModelFitter:
 
 def _finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
-
-
-def _fit_linear(x: Array, y: Array, w: Array) -> Steps[_LinearFit | None]:
-    """Non-negative weighted least squares on relative errors, robustly reweighted; None when the
-    system is ill-conditioned or the only sane answer is all zeros. In steps: the condition check, then
-    one per round.
-
-    Iteratively reweighted: a plain weighted least-squares start, then rounds whose residuals are
-    relative to the *fitted* value (dividing by a noisy observation would give the observations that
-    came out short the largest weights), first with Huber weights, then with Tukey's biweight, which
-    gives gross outliers no weight at all: timing noise on a busy host is skewed (a late timer or a GC
-    pause only ever adds time) and would otherwise pull the fit."""
-    sw = np.sqrt(w)
-    a = x * sw[:, None]
-    norms = np.linalg.norm(a, axis=0)
-    if not np.all(norms > 0) or not np.linalg.cond(a / norms) <= _MAX_COND:  # also catches NaN and inf
-        return None
-    row = sw / float(np.median(y))
-    robust = np.ones_like(y)
-    beta = np.zeros(x.shape[1])
-    for i in range(_HUBER_ROUNDS + _TUKEY_ROUNDS + 1):
-        yield
-        if np.count_nonzero(robust) <= x.shape[1]:
-            break  # too few observations kept to say anything: keep the last answer
-        # The normal equations of the rows scaled by row·√robust, with the columns scaled to unit norm,
-        # formed from x weighted by the squared scale (the column norms are the Gram matrix's diagonal):
-        # a quarter of a round's work less than scaling x itself, then its columns, then multiplying.
-        xs = x * (row * row * robust)[:, None]
-        gram = xs.T @ x
-        sq = np.diag(gram)
-        if not np.all(sq > 0):
-            break
-        norms = np.sqrt(sq)
-        beta = _nnls(gram / np.outer(norms, norms), (xs.T @ y) / norms) / norms
-        fitted = x @ beta
-        if not np.all(fitted > 0):
-            break  # a zero prediction cannot be a relative scale; keep this round's answer
-        u = np.abs(fitted - y) / fitted
-        u = u / max(1.4826 * float(np.median(u)), _MIN_SCALE)  # in robust standard deviations
-        if i < _HUBER_ROUNDS:
-            robust = np.minimum(1.0, _HUBER_K / np.maximum(u, 1e-300))
-        else:
-            robust = np.where(u < _TUKEY_C, (1.0 - (u / _TUKEY_C) ** 2) ** 2, 0.0)
-        row = sw / fitted
-    if not np.any(beta > 0) or not np.all(np.isfinite(beta)):
-        return None
-    err = np.abs(x @ beta - y) / y
-    mape = float(np.sum(w * err) / np.sum(w))
-    if not math.isfinite(mape):
-        return None
-    return _LinearFit(tuple(float(v) for v in beta), mape, len(y))
-
-
-def _nnls(gram: Array, rhs: Array) -> Array:
-    """argmin ||A·c − b||² subject to c >= 0, given ``AᵀA`` and ``Aᵀb``, exactly, for a few columns: the
-    optimum is the unconstrained solution on one face of the orthant (a subset of free columns) that is
-    feasible; try every face and keep the feasible one with the least residual. At a face's unconstrained
-    optimum the residual is ``bᵀb − cᵀ·Aᵀb``, so comparing ``cᵀ·Aᵀb`` suffices."""
-    p = len(rhs)
-    try:
-        full: Array = np.asarray(np.linalg.solve(gram, rhs), dtype=np.float64)
-    except np.linalg.LinAlgError:
-        pass
-    else:
-        if np.all(full >= 0):  # the unconstrained optimum is feasible: it is the answer
-            return full
-    best = np.zeros(p)
-    best_gain = 0.0
-    for size in range(p - 1, 0, -1):
-        for cols in combinations(range(p), size):
-            idx = list(cols)
-            try:
-                sol = np.linalg.solve(gram[np.ix_(idx, idx)], rhs[idx])
-            except np.linalg.LinAlgError:
-                continue
-            if np.any(sol < 0):
-                continue
-            gain = float(sol @ rhs[idx])
-            if gain > best_gain:
-                best = np.zeros(p)
-                best[idx] = sol
-                best_gain = gain
-    return best
-
-
-def _fit_decay(n: Array, tps: Array, w: Array) -> Steps[tuple[float, float, float] | None]:
-    """MaaSO's ``tps = thr1 − α·ln(1 + β·n)``: for every β of a log grid, the (thr1, α >= 0) that minimise
-    the weighted squared relative error in closed form; the best β wins. In steps: the grid's sums a
-    slice of `_BETA_SLICE` columns at a time."""
-    if np.ptp(n) <= 0:  # one concurrency level: the decay cannot be seen
-        return None
-    wr = w / (tps * tps)  # relative errors: weight each squared residual by 1/tps^2
-    wry = wr * tps
-    sw = float(np.sum(wr))
-    sy = float(np.sum(wry))
-    sums: list[tuple[Array, Array, Array]] = []
-    for at in range(0, len(_BETAS), _BETA_SLICE):
-        if at:
-            yield
-        g = -np.log1p(np.outer(n, _BETAS[at : at + _BETA_SLICE]))  # column k is the α-feature for β_k
-        sums.append((wr @ g, wr @ (g * g), wry @ g))
-    sg, sgg, sgy = (np.concatenate(col) for col in zip(*sums, strict=True))
-    det = sw * sgg - sg * sg
-    ok = det > 1e-12 * sw * sgg
-    safe = np.where(ok, det, 1.0)
-    alpha = np.where(ok, (sw * sgy - sg * sy) / safe, 0.0)
-    thr1 = np.where(ok, (sy - alpha * sg) / sw, sy / sw)
-    # α < 0 would be throughput growing with load: the constrained optimum is then α = 0, thr1 = mean
-    neg = alpha < 0
-    alpha = np.where(neg, 0.0, alpha)
-    thr1 = np.where(neg, sy / sw, thr1)
-    sse = float(np.sum(wr * tps * tps)) - 2 * (thr1 * sy + alpha * sgy)
-    sse = sse + thr1 * thr1 * sw + 2 * thr1 * alpha * sg + alpha * alpha * sgg
-    k = int(np.argmin(sse))
-    if not thr1[k] > 0 or not math.isfinite(float(sse[k])) or not math.isfinite(float(alpha[k] + thr1[k])):
-        return None
-    return float(thr1[k]), float(alpha[k]), float(_BETAS[k])

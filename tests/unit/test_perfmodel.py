@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.sched.perf import PerfCoefficients, default_prior
-from gateway.telemetry.perfmodel import PARTS, Part, PerfModelFitter, _nnls
+from gateway.telemetry.perfmodel import PARTS, Part, PerfModelFitter
+from gateway.telemetry.robust_regression import nnls
 
 PRIOR = default_prior()
 
@@ -472,7 +473,7 @@ def test_nnls_satisfies_the_kkt_conditions(data: tuple[list[float], int]) -> Non
     gram, rhs = a.T @ a, a.T @ b
     if np.linalg.cond(gram) > 1e8:
         return
-    c = _nnls(gram, rhs)
+    c = nnls(gram, rhs)
     grad = gram @ c - rhs
     scale = 1e-6 * (
         1.0 + float(np.abs(gram).max()) * (1.0 + float(np.abs(c).max())) + float(np.abs(rhs).max())

@@ -1,71 +1,19 @@
-"""`berth top`: a live terminal view of the fleet (endpoints, performance models, queues, SLO
-attainment over the last minute), drawn from the gateway's `GET /admin/fleet`.
+"""`berth top`'s frame as text: each section's table (endpoints, performance models, prefix cache, models,
+SLO attainment and classes, nodes and instances, autoscaling, batches) from the /admin/fleet document.
 
-Plain ANSI, no curses: it works over SSH and in any terminal. It redraws every `--interval` seconds;
-`q` or Ctrl-C exits. `--once` prints one frame without escape codes and exits (scripts, tests); it
-exits 1 when the gateway cannot be read. The admin token comes from `--token` or BERTH_ADMIN_TOKEN;
-without one, the gateway answers loopback clients only.
+Pure formatting: a document in, text out; missing or mistyped fields print as `-`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import select
-import shutil
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, TextIO
-
-import orjson
+from typing import Any, Final
 
 from gateway.batch.view import batch_lines
 
-DEFAULT_URL: Final = "http://127.0.0.1:8080"
-FLEET_PATH: Final = "/admin/fleet"
-_CLEAR: Final = "\x1b[H\x1b[2J"
-_HIDE_CURSOR: Final = "\x1b[?25l"
-_SHOW_CURSOR: Final = "\x1b[?25h"
 _BOLD: Final = "\x1b[1m"
 _RED: Final = "\x1b[31m"
 _RESET: Final = "\x1b[0m"
-
-
-class TopError(Exception):
-    """The gateway could not be read; the message says why."""
-
-
-def fetch(url: str, token: str | None, *, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The /admin/fleet document of the gateway at `url`."""
-    req = urllib.request.Request(url.rstrip("/") + FLEET_PATH, headers={"Accept": "application/json"})
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            body = resp.read()
-    except urllib.error.HTTPError as e:
-        raise TopError(f"{url}: HTTP {e.code}: {_error_message(e.read())}") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise TopError(f"{url}: {reason}") from None
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise TopError(f"{url}: the answer is not JSON") from None
-    if not isinstance(doc, dict):
-        raise TopError(f"{url}: unexpected answer")
-    return doc
-
-
-def _error_message(body: bytes) -> str:
-    try:
-        doc = orjson.loads(body)
-        return str(doc["error"]["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return body.decode("utf-8", "replace").strip()[:200] or "no details"
 
 
 # --------------------------------------------------------------------- formatting
@@ -450,68 +398,3 @@ def _ratio(v: Any) -> str:
 
 def _pct1(v: Any) -> str:
     return f"{v * 100:.1f}%" if isinstance(v, int | float) else "-"
-
-
-# --------------------------------------------------------------------- the loop
-def run(
-    url: str, token: str | None, *, once: bool, interval_s: float = 1.0, out: TextIO | None = None
-) -> int:
-    out = out or sys.stdout
-    if once:
-        try:
-            doc = fetch(url, token)
-        except TopError as e:
-            print(f"berth top: {e}", file=sys.stderr)
-            return 1
-        out.write(render(doc, url=url))
-        out.flush()
-        return 0
-    with _keys() as key_pressed:
-        out.write(_HIDE_CURSOR)
-        try:
-            while True:
-                try:
-                    frame = render(fetch(url, token), url=url, color=True)
-                except TopError as e:
-                    frame = f"berth top: {e}\n(retrying every {interval_s:g}s; q quits)\n"
-                width = shutil.get_terminal_size().columns
-                # lines with escape codes are short section titles; the rest are clipped to the screen
-                clipped = "\n".join(line if "\x1b" in line else line[:width] for line in frame.split("\n"))
-                out.write(_CLEAR + clipped)
-                out.flush()
-                if key_pressed(interval_s) in ("q", "Q"):
-                    return 0
-        except KeyboardInterrupt:
-            return 0
-        finally:
-            out.write(_SHOW_CURSOR + "\n")
-            out.flush()
-
-
-@contextlib.contextmanager
-def _keys() -> Iterator[Any]:
-    """A function `wait(seconds) -> key or None`: single key presses without Enter when stdin is a
-    terminal (cbreak mode, restored on exit); otherwise it only waits."""
-    fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
-    if fd is None:
-
-        def sleep_only(timeout_s: float) -> str | None:
-            time.sleep(timeout_s)
-            return None
-
-        yield sleep_only
-        return
-    import termios
-    import tty
-
-    saved = termios.tcgetattr(fd)
-    try:
-        tty.setcbreak(fd)
-
-        def wait(timeout_s: float) -> str | None:
-            ready, _, _ = select.select([fd], [], [], timeout_s)
-            return os.read(fd, 1).decode("utf-8", "replace") if ready else None
-
-        yield wait
-    finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
