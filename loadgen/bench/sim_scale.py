@@ -27,6 +27,7 @@ import io
 import math
 import os
 import pstats
+import random
 import resource
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
+from loadgen.fleetsim.runs import MAX_RUN
 from loadgen.harness import REPO_ROOT, pinned
 
 MODEL: Final = "chat-7b"
@@ -54,6 +56,8 @@ CURVE_DURATION_S: Final = 60.0  # keeps the 1,000-endpoint point (~30,000 reques
 #: Wall time per event may grow this much from the smallest to the largest fleet and still count as
 #: near-linear in events.
 LINEAR_SLACK: Final = 1.5
+#: The target for the curve: wall time against simulated requests, log-log slope at most this.
+SLOPE_TARGET: Final = 1.05
 #: Requests per endpoint must differ this much between points to split memory into the two parts.
 MEMORY_SPREAD: Final = 3.0
 
@@ -69,6 +73,8 @@ class Point:
     seed: int = 1
     policy: Path = POLICY
     workload: str = WORKLOAD
+    max_run: int = MAX_RUN  # the simulator's decode run length (1: token by token)
+    shares: bool = False  # time berth's parts (`sim_share`)
 
     def argv(self) -> list[str]:
         return [
@@ -80,8 +86,10 @@ class Point:
             f"{self.rate!r}",
             f"{self.duration_s!r}",
             str(self.seed),
-            str(self.policy),
+            str(self.policy.resolve()),
             self.workload,
+            str(self.max_run),
+            "1" if self.shares else "0",
         ]
 
 
@@ -94,8 +102,10 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
     """Run one simulation in this process; its figures (meant for a fresh process: RSS is the peak of
     this process's life). With `profile_to`, under cProfile, whose top functions go to that file."""
     from loadgen.bench.scheduling import gateway_toml
+    from loadgen.bench.sim_share import instrument, split
     from loadgen.engine_sim.spec import EndpointSpec
-    from loadgen.fleetsim import SimOptions, simulate
+    from loadgen.fleetsim import SimOptions
+    from loadgen.fleetsim.sim import Simulation
 
     rss_base = _rss_kib()
     endpoints, policy, workload = point.endpoints, point.policy, point.workload
@@ -116,13 +126,17 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
         duration_s=point.duration_s,
         seed=point.seed,
         models=(MODEL,),
+        max_run=point.max_run,
     )
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     prof = cProfile.Profile() if profile_to is not None else None
     if prof is not None:
         prof.enable()
-    report = simulate(opts)
+    random.seed(opts.seed)  # as `simulate` does
+    sim = Simulation(opts)
+    shares = instrument(sim) if point.shares else None
+    report = sim.run()
     if prof is not None:
         prof.disable()
     wall = time.perf_counter() - t0
@@ -134,7 +148,7 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
         stats.sort_stats("tottime").print_stats(30)
         profile_to.write_text(buf.getvalue())
     gateway.unlink(missing_ok=True)
-    sim = report.data["simulation"]
+    sim_doc = report.data["simulation"]
     overall = report.data["overall"]
     return {
         "endpoints": endpoints,
@@ -144,17 +158,19 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
         "ok": overall["ok"],
         "goodput": overall["goodput"],
         "utilization": report.data["fleet"]["utilization"],
-        "events": sim["events"],
+        "events": sim_doc["events"],
         "wall_s": round(wall, 3),  # simulate() whole: the run and building its report
-        "loop_wall_s": sim["wall_s"],  # the simulator's own figure
+        "loop_wall_s": sim_doc["wall_s"],  # the simulator's own figure
         "cpu_s": round(cpu, 3),
         "requests_per_s": round(overall["count"] / wall, 1) if wall > 0 else None,
-        "events_per_s": round(sim["events"] / wall, 1) if wall > 0 else None,
+        "events_per_s": round(sim_doc["events"] / wall, 1) if wall > 0 else None,
         "rss_base_mib": round(rss_base / 1024, 1),
         "rss_peak_mib": round(_rss_kib() / 1024, 1),
-        "policy": sim["policy"],
+        "policy": sim_doc["policy"],
         "workload": workload,
+        "max_run": point.max_run,
         "profiled": profile_to is not None,
+        "shares_s": None if shares is None else split(shares, wall),
     }
 
 
@@ -188,6 +204,8 @@ class ScaleConfig:
     seed: int = 1
     policy: Path = POLICY
     workload: str = WORKLOAD
+    max_run: int = MAX_RUN
+    shares: bool = False
 
     def headline(self) -> Point:
         rate = self.headline_endpoints * self.rate_per_endpoint
@@ -199,6 +217,8 @@ class ScaleConfig:
             self.seed,
             self.policy,
             self.workload,
+            self.max_run,
+            self.shares,
         )
 
     def curve(self) -> list[Point]:
@@ -211,6 +231,8 @@ class ScaleConfig:
                 self.seed,
                 self.policy,
                 self.workload,
+                self.max_run,
+                self.shares,
             )
             for n in self.sizes
         ]
@@ -244,8 +266,46 @@ def curve_summary(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "slope_wall_vs_endpoints": _r(
             loglog_slope([p["endpoints"] for p in points], [p["wall_s"] for p in points])
         ),
+        "slope_wall_vs_requests": _r(
+            loglog_slope([p["requests"] for p in points], [p["wall_s"] for p in points])
+        ),
+        "slope_cpu_vs_requests": _r(
+            loglog_slope([p["requests"] for p in points], [p.get("cpu_s", p["wall_s"]) for p in points])
+        ),
         "near_linear": growth is not None and growth <= LINEAR_SLACK,
     }
+
+
+def verdicts(headline: dict[str, Any] | None, curve: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per target of the simulator: the headline's wall time, the curve's slope, peak memory
+    (stated, no target)."""
+    out = []
+    if headline is not None:
+        ok = headline["wall_s"] <= HEADLINE_TARGET_S
+        out.append(
+            f"VERDICT headline: {headline['requests']:,} requests over {headline['endpoints']} endpoints "
+            f"({headline['policy']}) in {headline['wall_s']:.1f} s wall ({headline['cpu_s']:.1f} s CPU): "
+            f"{'MET' if ok else 'NOT MET'} (target <= {HEADLINE_TARGET_S:g} s wall on one core)"
+        )
+    if len(curve) >= 2:
+        s = curve_summary(curve)
+        slope = s["slope_wall_vs_requests"]
+        ok = slope is not None and slope <= SLOPE_TARGET
+        sizes = " -> ".join(str(p["endpoints"]) for p in curve)
+        out.append(
+            f"VERDICT curve: wall time against simulated requests over {sizes} endpoints, log-log slope "
+            f"{slope} (CPU time: {s['slope_cpu_vs_requests']}): {'MET' if ok else 'NOT MET'} "
+            f"(target <= {SLOPE_TARGET:g})"
+        )
+    points = ([headline] if headline is not None else []) + list(curve)
+    if points:
+        worst = max(points, key=lambda p: p["rss_peak_mib"])
+        out.append(
+            f"STATED peak memory: {worst['rss_peak_mib']:.0f} MiB RSS ({worst['label']}: "
+            f"{worst['requests']:,} requests, {worst['endpoints']} endpoints; "
+            f"{worst['rss_base_mib']:.0f} MiB after the imports)"
+        )
+    return out
 
 
 def memory_model(points: Sequence[dict[str, Any]]) -> dict[str, float] | None:
@@ -317,12 +377,19 @@ def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[
     pin = "not pinned" if cfg.cpus is None else f"pinned to CPU {','.join(map(str, cfg.cpus))} (taskset)"
     if cfg.profile:
         pin += "; PROFILED (cProfile): wall times include its overhead"
+    if cfg.shares:
+        pin += "; berth's calls timed (`sim_share`): wall times include the timers"
+    run = (
+        "token by token (every decode iteration an event)"
+        if cfg.max_run == 1
+        else f"decode runs of up to {cfg.max_run} iterations as one event"
+    )
     lines = [
         "# Fleet simulator: scale and speed",
         "",
         f"Fleet: one model on `{PROFILE}` endpoints (cap = max_num_seqs); workload `{cfg.workload}`, "
         f"policy `{cfg.policy.name}`, Poisson arrivals at {cfg.rate_per_endpoint:g} requests/s per endpoint; "
-        f"each point in a fresh process {pin}. Load average at the end "
+        f"the simulator {run}; each point in a fresh process {pin}. Load average at the end "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs.",
         "",
         "wall s: `simulate()` from the call to the report (the simulation and building its report); "
@@ -355,7 +422,8 @@ def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[
             f"({'near-linear in events' if s['near_linear'] else 'NOT near-linear in events'}: "
             f"limit x{LINEAR_SLACK:g}).",
             f"- log-log slope of wall time against events {s['slope_wall_vs_events']}, against endpoints "
-            f"{s['slope_wall_vs_endpoints']} (1 = linear, 2 = quadratic).",
+            f"{s['slope_wall_vs_endpoints']}, against simulated requests {s['slope_wall_vs_requests']} "
+            f"(CPU time: {s['slope_cpu_vs_requests']}; 1 = linear, 2 = quadratic).",
             "",
         ]
     points = ([headline] if headline is not None else []) + list(curve)
@@ -376,6 +444,20 @@ def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[
                 "request's and task's result for its report)."
             )
         lines.append("")
+    shared = [p for p in points if p.get("shares_s")]
+    if shared:
+        lines += ["## (d) where the wall time goes", ""]
+        parts = ["scheduler", "telemetry", "admission", "simulator"]
+        rows = [
+            [p["label"], f"{p['wall_s']:.1f}"]
+            + [
+                f"{p['shares_s'].get(k, 0.0):.1f} ({100 * p['shares_s'].get(k, 0.0) / p['wall_s']:.0f} %)"
+                for k in parts
+            ]
+            for p in shared
+        ]
+        lines += [*_table(["point", "wall s", *parts], rows), ""]
+    lines += ["## Verdicts", "", *(f"- {v}" for v in verdicts(headline, curve)), ""]
     return "\n".join(lines)
 
 
@@ -407,6 +489,8 @@ def bench(cfg: ScaleConfig, *, headline: bool = True, log: Any = print) -> dict[
             "cpus": None if cfg.cpus is None else list(cfg.cpus),
             "policy": str(cfg.policy),
             "workload": cfg.workload,
+            "max_run": cfg.max_run,
+            "shares": cfg.shares,
             "profile": PROFILE,
             "seed": cfg.seed,
             "loadavg": list(os.getloadavg()),
@@ -416,6 +500,7 @@ def bench(cfg: ScaleConfig, *, headline: bool = True, log: Any = print) -> dict[
         "curve": curve,
         "curve_summary": curve_summary(curve) if curve else None,
         "memory_model": memory_model(([head] if head is not None else []) + curve),
+        "verdicts": verdicts(head, curve),
         "elapsed_s": round(time.time() - started, 1),
     }
     (cfg.out / "report.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
@@ -440,8 +525,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=Path, default=POLICY)
     p.add_argument("--workload", default=WORKLOAD)
     p.add_argument("--seed", type=int, default=1)
-    # One point in this process (what `run_point` starts): ENDPOINTS RATE DURATION SEED POLICY WORKLOAD.
-    p.add_argument("--point", nargs=6, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--max-run",
+        type=int,
+        default=MAX_RUN,
+        help="decode iterations the simulator plans as one event (1: token by token, the slow path)",
+    )
+    p.add_argument(
+        "--shares",
+        action="store_true",
+        help="time the calls into berth's scheduler, telemetry and admission (section (d))",
+    )
+    # One point in this process (what `run_point` starts):
+    # ENDPOINTS RATE DURATION SEED POLICY WORKLOAD MAX_RUN SHARES.
+    p.add_argument("--point", nargs=8, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--profile-to", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument(
@@ -453,9 +550,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.point:
-        n, rate, duration, seed, policy, workload = args.point
+        n, rate, duration, seed, policy, workload, max_run, shares = args.point
         work = args.work or Path(".")
-        point = Point("point", int(n), float(rate), float(duration), int(seed), Path(policy), workload)
+        point = Point(
+            "point",
+            int(n),
+            float(rate),
+            float(duration),
+            int(seed),
+            Path(policy),
+            workload,
+            int(max_run),
+            shares == "1",
+        )
         fig = measure(point, work, args.profile_to)
         sys.stdout.write(orjson.dumps(fig).decode() + "\n")
         return 0
@@ -472,6 +579,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         policy=args.policy,
         workload=args.workload,
+        max_run=args.max_run,
+        shares=args.shares,
     )
     bench(cfg, headline=not args.no_headline)
     return 0

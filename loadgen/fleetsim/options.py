@@ -7,6 +7,7 @@ from pathlib import Path
 
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
+from loadgen.fleetsim.runs import MAX_RUN
 from loadgen.workloads.arrivals import ArrivalKind
 from loadgen.workloads.base import TaskSpec
 
@@ -35,3 +36,6 @@ class SimOptions:
     # The tasks to run, built by the caller (e.g. a benchmark's own arrival process); None: the workload's
     # schedule for rate, duration, arrival and seed (`workload` then only names the run).
     schedule: tuple[TaskSpec, ...] | None = None
+    # Decode iterations over an unchanged batch handled as one event (`loadgen.fleetsim.runs`); 1: every
+    # iteration its own event and every token its own step (the same report, slower).
+    max_run: int = MAX_RUN

@@ -42,12 +42,13 @@ from gateway.dispatch.context import RequestContext
 from gateway.sched.decisions import Decision, Dispatch, Preempt
 from gateway.upstream.dialects import dialect_for
 from loadgen.client import RequestResult, build_body, build_headers
-from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
+from loadgen.engine_sim.engine import RequestState, SimRequest
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
 from loadgen.fleetsim.options import SimOptions
+from loadgen.fleetsim.runs import DecodeRun, RunEngine
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, Report, TaskResult, build_report, complete_task
 from loadgen.runner import RunOptions, build_schedule
@@ -61,8 +62,10 @@ PROGRESS_EVERY: Final = 16
 
 _API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 
-# Event kinds, in the order events of the same instant are handled.
+# Event kinds, in the order events of the same instant are handled (a progress report is a token's, as
+# an engine's wake is).
 _WAKE, _SEND, _ARRIVE, _TICK, _SCRAPE, _REFRESH, _SAMPLE, _CHECK, _DRAIN, _LIFE = range(10)
+_REPORT: Final = _WAKE
 
 #: What the simulator leaves out (written at the top of its report).
 LEFT_OUT: Final = (
@@ -74,14 +77,15 @@ LEFT_OUT: Final = (
 
 
 class _Endpoint:
-    __slots__ = ("engine", "id", "kv_capacity", "removed", "wake_at")
+    __slots__ = ("engine", "id", "kv_capacity", "removed", "run_seen", "wake_at")
 
-    def __init__(self, eid: EndpointId, engine: SimEngine) -> None:
+    def __init__(self, eid: EndpointId, engine: RunEngine) -> None:
         self.id = eid
         self.engine = engine
         self.kv_capacity = float(engine.config.kv_capacity_tokens)
         self.wake_at: float | None = None
         self.removed = False  # its instance stopped (lifecycle): pending wakes and scrapes are void
+        self.run_seen: DecodeRun | None = None  # the engine's last run whose progress reports are planned
 
 
 class _Task:
@@ -129,6 +133,29 @@ class _Call:
         self.run_first_at: float | None = None  # the current run's first token
 
 
+class _Reports:
+    """The relay's progress reports at a run's iterations before its last (the last one's tokens are
+    handed out one by one): a member whose first report is at iteration `i0` reports again every
+    PROGRESS_EVERY iterations, so the members are kept by `i0 % PROGRESS_EVERY` and one event at a time
+    stands for the run's next iteration with a report. Void from the iteration a cut removed on."""
+
+    __slots__ = ("at", "buckets", "run", "stop")
+
+    def __init__(self, run: DecodeRun) -> None:
+        self.run = run
+        self.stop = len(run.ends) - 1
+        self.buckets: list[list[tuple[_Call, SimRequest, int, int]]] = [[] for _ in range(PROGRESS_EVERY)]
+        self.at = -1  # the iteration of the pending event
+
+    def after(self, i: int) -> int:
+        """The first iteration after `i` where a member reports (`stop` if none before it)."""
+        buckets = self.buckets
+        for j in range(i + 1, min(i + 1 + PROGRESS_EVERY, self.stop)):
+            if buckets[j % PROGRESS_EVERY]:
+                return j
+        return self.stop
+
+
 class Simulation:
     def __init__(self, opts: SimOptions) -> None:
         self.opts = opts
@@ -146,7 +173,7 @@ class Simulation:
             []
             if opts.lifecycle is not None
             else [
-                _Endpoint(eid, SimEngine(spec.resolve().engine))
+                _Endpoint(eid, RunEngine(spec.resolve().engine, max_run=opts.max_run))
                 for eid, spec in zip(self.gw.ids, opts.fleet, strict=True)
             ]
         )
@@ -237,7 +264,9 @@ class Simulation:
             clock.t = t
             self.events += 1
             if kind == _WAKE:
-                if obj.wake_at == t and not obj.removed:  # else a wake that a later step already replaced
+                if obj.__class__ is _Reports:
+                    self._progress(obj)
+                elif obj.wake_at == t and not obj.removed:  # else a wake that a later step replaced
                     obj.wake_at = None
                     self._step(obj)
             elif kind == _SEND:
@@ -274,7 +303,7 @@ class Simulation:
     # ----------------------------------------------------------------- engines of lifecycle instances
     def _add_engine(self, eid: EndpointId, model: ModelName, config: str | None) -> None:
         template = self._templates.get((model, config)) or self._templates[(model, None)]
-        ep = _Endpoint(eid, SimEngine(template.resolve().engine))
+        ep = _Endpoint(eid, RunEngine(template.resolve().engine, max_run=self.opts.max_run))
         self.endpoints.append(ep)
         self._by_id[eid] = ep
         self.push(self.clock.t + self.gw.cfg.scrape.interval_s, _SCRAPE, ep)
@@ -300,6 +329,7 @@ class Simulation:
         ep = call.endpoint
         if call.engine_req is not None:
             if ep is not None:
+                self._cut(ep)
                 ep.engine.abort(call.engine_req)
             self._on_engine.pop(call.engine_req, None)
             call.engine_req = None
@@ -395,6 +425,8 @@ class Simulation:
         """The client's timers: the whole request, and the silence since its last byte."""
         if call.done:
             return
+        if call.endpoint is not None:  # its last byte may be in a run not yet handed out
+            self._sync(call.endpoint)
         now = self.clock.t
         opts = self.opts
         total_at = call.result.sent_at_s + opts.request_timeout_s
@@ -413,6 +445,7 @@ class Simulation:
                 self.gw.scheduler.cancel(call.sreq_id)
             else:
                 if call.engine_req is not None:
+                    self._cut(call.endpoint)
                     call.endpoint.engine.abort(call.engine_req)
                     self._on_engine.pop(call.engine_req, None)
                 self._record_stream(call)
@@ -498,6 +531,7 @@ class Simulation:
             return
         ep = call.endpoint
         if call.engine_req is not None:
+            self._cut(ep)
             ep.engine.abort(call.engine_req)
             self._on_engine.pop(call.engine_req, None)
             call.engine_req = None
@@ -531,6 +565,7 @@ class Simulation:
             urgency = self.gw.scheduler.engine_priority(d.req.id)
             if urgency is not None:
                 priority = dialect_for(d.endpoint.engine).priority(urgency)
+        self._cut(ep)  # the iterations after the one in flight may admit it
         try:
             call.engine_req = ep.engine.submit(
                 d.req.id,
@@ -556,18 +591,31 @@ class Simulation:
 
     # ----------------------------------------------------------------- the engines
     def _step(self, ep: _Endpoint) -> None:
-        """Advance an engine to now; its next iteration end becomes its one pending wake. The wake is set
-        before the tokens are handed out: a dispatch they cause to this engine then waits for that wake
-        instead of stepping it again."""
+        """Advance an engine to now; its next iteration end (a run's last) becomes its one pending wake.
+        The wake is set before the tokens are handed out: a dispatch they cause to this engine then cuts
+        the run and waits for the iteration in flight instead of stepping it again. A new run's progress
+        reports are planned after its first tokens are handed out."""
         now = self.clock.t
-        result = ep.engine.step(now)
+        eng = ep.engine
+        result = eng.step(now)
         wake = result.next_wake
         if wake is not None and wake != ep.wake_at:
             ep.wake_at = wake
             self.push(wake, _WAKE, ep)
+        if eng.committed:
+            self._hand_out(eng.take_committed())
+        self._tokens(result.woken, now)
+        run = eng.run
+        if run is not None and run is not ep.run_seen:
+            ep.run_seen = run
+            if len(run.ends) > 1:
+                self._plan_reports(run, now)
+
+    def _tokens(self, woken: Sequence[SimRequest], now: float) -> None:
+        """One token for each request of `woken`, at `now` (an iteration run one at a time)."""
         on_engine = self._on_engine
         finished = RequestState.FINISHED
-        for req in result.woken:
+        for req in woken:
             call = on_engine.get(req)
             if call is None:
                 continue
@@ -579,6 +627,90 @@ class Simulation:
                 call.last_byte = now
             else:
                 self._token(call, req, now)
+
+    # ----------------------------------------------------------------- runs: iterations as events
+    def _sync(self, ep: _Endpoint) -> None:
+        """The engine brought to now (KV of the iteration in flight, ended iterations handed out)."""
+        eng = ep.engine
+        if eng.run is not None:
+            eng.sync(self.clock.t)
+            if eng.committed:
+                self._hand_out(eng.take_committed())
+
+    def _cut(self, ep: _Endpoint) -> None:
+        """Before an outside change to the engine (a submit, an abort): its run ends after the iteration
+        in flight, whose end becomes the engine's wake."""
+        eng = ep.engine
+        if eng.run is None:
+            return
+        eng.cut(self.clock.t)
+        if eng.committed:
+            self._hand_out(eng.take_committed())
+        wake = eng.next_wake
+        if wake is not None and wake != ep.wake_at:
+            ep.wake_at = wake
+            self.push(wake, _WAKE, ep)
+
+    def _hand_out(self, committed: Sequence[tuple[DecodeRun, int, int]]) -> None:
+        """Committed iterations `a..b-1` of runs: each member's call has one token at each of
+        `run.ends[a:b]` (its gaps: from its last byte to the first, then the run's own); the progress
+        reports among them were made at their times (`_plan_reports`)."""
+        on_engine = self._on_engine
+        for run, a, b in committed:
+            ends = run.ends
+            first = ends[a]
+            last = ends[b - 1]
+            n = b - a
+            tail = run.gaps[a + 1 : b] if n > 1 else None
+            for req in run.members:
+                call = on_engine.get(req)
+                if call is None:
+                    continue
+                call.gaps.append(first - call.last_byte)
+                if tail is not None:
+                    call.gaps.extend(tail)
+                produced = call.produced + n
+                call.produced = produced
+                call.last_byte = last
+                if produced >= call.report_at:  # the next report point after `produced`
+                    call.report_at += PROGRESS_EVERY * ((produced - call.report_at) // PROGRESS_EVERY + 1)
+
+    def _plan_reports(self, run: DecodeRun, now: float) -> None:
+        """The relay's progress reports (every PROGRESS_EVERY tokens) at a new run's iterations, made at
+        their tokens' times (`_progress`)."""
+        on_engine = self._on_engine
+        plan = _Reports(run)
+        buckets = plan.buckets
+        first = plan.stop
+        done = run.done
+        for req in run.members:
+            call = on_engine.get(req)
+            if call is None:
+                continue
+            p0 = call.produced - done  # tokens before the run's first iteration
+            i0 = call.report_at - p0 - 1  # >= done: the reports before were made
+            first = min(first, i0)
+            buckets[i0 % PROGRESS_EVERY].append((call, req, p0, i0))
+        if first < plan.stop:
+            plan.at = first
+            self.push(max(run.ends[first], now), _REPORT, plan)
+
+    def _progress(self, plan: _Reports) -> None:
+        """The reports at iteration `plan.at` of a run, then the next such event."""
+        i = plan.at
+        ends = plan.run.ends
+        if i >= len(ends):
+            return  # the run was cut before this iteration
+        progress = self.gw.scheduler.progress
+        for call, req, p0, i0 in plan.buckets[i % PROGRESS_EVERY]:
+            if i >= i0 and call.engine_req is req and not call.done:
+                sreq_id = call.sreq_id
+                assert sreq_id is not None
+                progress(sreq_id, p0 + i + 1 - call.run_base, call.run_first_at)
+        nxt = plan.after(i)
+        if nxt < plan.stop and nxt < len(ends):
+            plan.at = nxt
+            self.push(ends[nxt], _REPORT, plan)
 
     def _token(self, call: _Call, req: SimRequest, now: float) -> None:
         res = call.result
@@ -618,6 +750,7 @@ class Simulation:
 
     # ----------------------------------------------------------------- scrapes and samples
     def _scrape(self, ep: _Endpoint) -> None:
+        self._sync(ep)
         eng = ep.engine
         gauges = EngineGauges(
             running=float(eng.num_running), waiting=float(eng.num_waiting), kv_usage=eng.kv_usage
