@@ -216,7 +216,8 @@ class RunEngine(SimEngine):
 
     def _commit(self, run: DecodeRun, upto: int) -> None:
         """Hand out iterations `run.done .. upto - 1` (none finishes a request): each member has one more
-        token at each; the engine's counters as the iterations one by one would leave them."""
+        token at each; the engine's counters as the iterations one by one would leave them (its sums of
+        times up to rounding)."""
         a = run.done
         if upto <= a:
             return
@@ -233,12 +234,18 @@ class RunEngine(SimEngine):
                 itl.observe(first_end - req.last_token_at)
             req.last_token_at = ends[upto - 1]
         start = run.start if a == 0 else ends[a - 1]
-        for i in range(a, upto):
-            end = ends[i]
-            stats.busy_s += end - start
-            if i > a:
-                _observe(itl, run.gaps[i], b)
-            start = end
+        stats.busy_s += ends[upto - 1] - start  # the iterations' durations, summed (up to rounding)
+        if n > 1:  # the gaps between the run's own iterations, the same for every member
+            gaps = run.gaps[a + 1 : upto]
+            bounds = itl.bounds
+            lo, hi = bisect_left(bounds, min(gaps)), bisect_left(bounds, max(gaps))
+            if lo == hi:  # one bucket for all (the common case: decode time grows slowly in a run)
+                itl.counts[lo] += (n - 1) * b
+                itl.sum += sum(gaps) * b
+                itl.count += (n - 1) * b
+            else:
+                for g in gaps:
+                    _observe(itl, g, b)
         stats.iterations += n
         stats.generation_tokens += n * b
         run.done = upto

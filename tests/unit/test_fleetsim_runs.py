@@ -109,7 +109,7 @@ def drive(engine: SimEngine, events: list[Submit | Abort]) -> Trace:
         s.itl.counts,
         s.ttft.counts,
         s.e2e.counts,
-        round(s.busy_s, 9),
+        round(s.busy_s, 6),
     )
     finished = {r.rid: r.finished_at for r in reqs}
     assert all(r.state in {RequestState.FINISHED, RequestState.ABORTED} for r in reqs)
