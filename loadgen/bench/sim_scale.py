@@ -16,6 +16,13 @@ is one core's and its peak RSS (`resource.getrusage`, ru_maxrss) is its own:
 (c) memory: each point's peak RSS, and its RSS after the imports (the interpreter and berth's modules),
     so the growth per request is visible.
 
+Targets, each with a verdict line at the end of the report: (a) within 60 s of wall time; (b) wall time
+against simulated requests near-linear, log-log slope at most 1.05; (c) peak memory stated. `--policy
+policies/coding-assistant.toml` runs the SLO preset (the targets hold for it too); `--shares` splits each
+point's wall time into berth's scheduler, its telemetry, its admission and the simulator itself
+(`sim_share`); `--max-run 1` runs the simulator token by token (every decode iteration its own event: the
+same reports, slower), for a side-by-side.
+
 Output: `OUT/report.md`, `OUT/report.json`.
 """
 

@@ -48,7 +48,8 @@ from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
 from loadgen.fleetsim.options import SimOptions
-from loadgen.fleetsim.runs import DecodeRun, RunEngine
+from loadgen.fleetsim.runs import RunEngine
+from loadgen.fleetsim.streams import PROGRESS_EVERY, Call, Endpoint, Reports, Task, hand_out, plan_reports
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, Report, TaskResult, build_report, complete_task
 from loadgen.runner import RunOptions, build_schedule
@@ -57,8 +58,6 @@ from loadgen.workloads.base import TaskSpec
 
 #: The daemon's queue ticker period (gateway.app.QUEUE_TICK_S).
 TICK_S: Final = 0.1
-#: Tokens between a stream's progress reports (gateway.dispatch.runner.PROGRESS_EVERY).
-PROGRESS_EVERY: Final = 16
 
 _API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 
@@ -74,86 +73,6 @@ LEFT_OUT: Final = (
     "engine faults and retries: simulated engines never fail",
     "the scrapers' health checks: every endpoint is ready from the start",
 )
-
-
-class _Endpoint:
-    __slots__ = ("engine", "id", "kv_capacity", "removed", "run_seen", "wake_at")
-
-    def __init__(self, eid: EndpointId, engine: RunEngine) -> None:
-        self.id = eid
-        self.engine = engine
-        self.kv_capacity = float(engine.config.kv_capacity_tokens)
-        self.wake_at: float | None = None
-        self.removed = False  # its instance stopped (lifecycle): pending wakes and scrapes are void
-        self.run_seen: DecodeRun | None = None  # the engine's last run whose progress reports are planned
-
-
-class _Task:
-    __slots__ = ("result", "sent", "spec", "start")
-
-    def __init__(self, spec: TaskSpec, result: TaskResult, start: float) -> None:
-        self.spec = spec
-        self.result = result
-        self.start = start
-        self.sent: list[RequestResult] = []
-
-
-class _Call:
-    __slots__ = (
-        "ctx",
-        "done",
-        "endpoint",
-        "engine_req",
-        "gaps",
-        "index",
-        "last_byte",
-        "produced",
-        "report_at",
-        "result",
-        "run_base",
-        "run_first_at",
-        "sreq_id",
-        "task",
-    )
-
-    def __init__(self, task: _Task, index: int, result: RequestResult, ctx: RequestContext) -> None:
-        self.task = task
-        self.index = index
-        self.result = result
-        self.ctx = ctx
-        self.done = False
-        self.endpoint: _Endpoint | None = None
-        self.engine_req: SimRequest | None = None
-        self.gaps: list[float] = []
-        self.produced = 0
-        self.report_at = 1
-        self.last_byte = 0.0
-        self.sreq_id: RequestId | None = None
-        self.run_base = 0  # tokens the client had when the current engine run started (resumes)
-        self.run_first_at: float | None = None  # the current run's first token
-
-
-class _Reports:
-    """The relay's progress reports at a run's iterations before its last (the last one's tokens are
-    handed out one by one): a member whose first report is at iteration `i0` reports again every
-    PROGRESS_EVERY iterations, so the members are kept by `i0 % PROGRESS_EVERY` and one event at a time
-    stands for the run's next iteration with a report. Void from the iteration a cut removed on."""
-
-    __slots__ = ("at", "buckets", "run", "stop")
-
-    def __init__(self, run: DecodeRun) -> None:
-        self.run = run
-        self.stop = len(run.ends) - 1
-        self.buckets: list[list[tuple[_Call, SimRequest, int, int]]] = [[] for _ in range(PROGRESS_EVERY)]
-        self.at = -1  # the iteration of the pending event
-
-    def after(self, i: int) -> int:
-        """The first iteration after `i` where a member reports (`stop` if none before it)."""
-        buckets = self.buckets
-        for j in range(i + 1, min(i + 1 + PROGRESS_EVERY, self.stop)):
-            if buckets[j % PROGRESS_EVERY]:
-                return j
-        return self.stop
 
 
 class Simulation:
@@ -173,15 +92,15 @@ class Simulation:
             []
             if opts.lifecycle is not None
             else [
-                _Endpoint(eid, RunEngine(spec.resolve().engine, max_run=opts.max_run))
+                Endpoint(eid, RunEngine(spec.resolve().engine, max_run=opts.max_run))
                 for eid, spec in zip(self.gw.ids, opts.fleet, strict=True)
             ]
         )
         self._by_id = {e.id: e for e in self.endpoints}
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
-        self._running: dict[RequestId, _Call] = {}  # berth's id -> the call (queued or running)
-        self._on_engine: dict[SimRequest, _Call] = {}  # an engine's request -> its call
+        self._running: dict[RequestId, Call] = {}  # berth's id -> the call (queued or running)
+        self._on_engine: dict[SimRequest, Call] = {}  # an engine's request -> its call
         self.requests: list[RequestResult] = []
         self.tasks: list[TaskResult] = []
         self.gaps: dict[str, GapHistogram] = {}
@@ -264,7 +183,7 @@ class Simulation:
             clock.t = t
             self.events += 1
             if kind == _WAKE:
-                if obj.__class__ is _Reports:
+                if obj.__class__ is Reports:
                     self._progress(obj)
                 elif obj.wake_at == t and not obj.removed:  # else a wake that a later step replaced
                     obj.wake_at = None
@@ -303,7 +222,7 @@ class Simulation:
     # ----------------------------------------------------------------- engines of lifecycle instances
     def _add_engine(self, eid: EndpointId, model: ModelName, config: str | None) -> None:
         template = self._templates.get((model, config)) or self._templates[(model, None)]
-        ep = _Endpoint(eid, RunEngine(template.resolve().engine, max_run=self.opts.max_run))
+        ep = Endpoint(eid, RunEngine(template.resolve().engine, max_run=self.opts.max_run))
         self.endpoints.append(ep)
         self._by_id[eid] = ep
         self.push(self.clock.t + self.gw.cfg.scrape.interval_s, _SCRAPE, ep)
@@ -325,7 +244,7 @@ class Simulation:
         ep = self._by_id.get(eid)
         return 0 if ep is None else ep.engine.num_running + ep.engine.num_waiting
 
-    def _engine_lost(self, call: _Call) -> None:
+    def _engine_lost(self, call: Call) -> None:
         ep = call.endpoint
         if call.engine_req is not None:
             if ep is not None:
@@ -360,17 +279,17 @@ class Simulation:
             spec.sla_metric,
         )
         self.tasks.append(res)
-        task = _Task(spec, res, now)
+        task = Task(spec, res, now)
         self._next_call(task, 0)
 
-    def _next_call(self, task: _Task, i: int) -> None:
+    def _next_call(self, task: Task, i: int) -> None:
         gap = task.spec.calls[i].gap_before_s
         if gap > 0:
             self.push(self.clock.t + gap, _SEND, (task, i))
         else:
             self._send(task, i)
 
-    def _send(self, task: _Task, i: int) -> None:
+    def _send(self, task: Task, i: int) -> None:
         opts = self.opts
         now = self.clock.t
         spec = task.spec
@@ -393,7 +312,7 @@ class Simulation:
         task.result.calls_sent += 1
         rid = f"sim-{spec.index}-{i}"
         ctx = RequestContext(id=rid, api=_API[call_spec.api], arrival=now)
-        call = _Call(task, i, result, ctx)
+        call = Call(task, i, result, ctx)
         call.last_byte = now
         task.sent.append(result)
         body = build_body(call_spec, model, salt=spec.index * 8 + i + opts.seed * 7919)
@@ -421,7 +340,7 @@ class Simulation:
         if not call.done:
             self.push(now + min(opts.stall_timeout_s, opts.request_timeout_s), _CHECK, call)
 
-    def _check(self, call: _Call) -> None:
+    def _check(self, call: Call) -> None:
         """The client's timers: the whole request, and the silence since its last byte."""
         if call.done:
             return
@@ -436,7 +355,7 @@ class Simulation:
         else:
             self.push(min(total_at, stall_at), _CHECK, call)
 
-    def _give_up(self, call: _Call, error: str) -> None:
+    def _give_up(self, call: Call, error: str) -> None:
         """The client stops waiting: berth sees a disconnect (queue slot or engine request freed)."""
         ctx = call.ctx
         if call.sreq_id is not None:
@@ -455,7 +374,7 @@ class Simulation:
         self.gw.finish(ctx)
         self._client_done(call, ok=False, error=error)
 
-    def _reject(self, call: _Call, err: BerthError) -> None:
+    def _reject(self, call: Call, err: BerthError) -> None:
         call.ctx.fail(err)
         if call.sreq_id is not None:
             self._running.pop(call.sreq_id, None)
@@ -465,7 +384,7 @@ class Simulation:
         res.detail = err.json_bytes()[:300].decode("utf-8", "replace")
         self._client_done(call, ok=False, error=f"http_{err.status}")
 
-    def _client_done(self, call: _Call, *, ok: bool, error: str | None = None) -> None:
+    def _client_done(self, call: Call, *, ok: bool, error: str | None = None) -> None:
         call.done = True
         res = call.result
         now = self.clock.t
@@ -494,7 +413,7 @@ class Simulation:
             return
         self._task_done(task, ok)
 
-    def _task_done(self, task: _Task, ok: bool) -> None:
+    def _task_done(self, task: Task, ok: bool) -> None:
         if ok:
             complete_task(task.result, task.sent, task.start)
         self._open_tasks -= 1
@@ -539,7 +458,7 @@ class Simulation:
         if ep.wake_at is None:
             self._step(ep)
 
-    def _dispatch(self, call: _Call, d: Dispatch) -> None:
+    def _dispatch(self, call: Call, d: Dispatch) -> None:
         now = self.clock.t
         ep = self._by_id[d.endpoint.id]
         ctx = call.ctx
@@ -590,7 +509,7 @@ class Simulation:
             self.faults += len(sched.take_faults())
 
     # ----------------------------------------------------------------- the engines
-    def _step(self, ep: _Endpoint) -> None:
+    def _step(self, ep: Endpoint) -> None:
         """Advance an engine to now; its next iteration end (a run's last) becomes its one pending wake.
         The wake is set before the tokens are handed out: a dispatch they cause to this engine then cuts
         the run and waits for the iteration in flight instead of stepping it again. A new run's progress
@@ -603,13 +522,14 @@ class Simulation:
             ep.wake_at = wake
             self.push(wake, _WAKE, ep)
         if eng.committed:
-            self._hand_out(eng.take_committed())
+            hand_out(self._on_engine, eng.take_committed())
         self._tokens(result.woken, now)
         run = eng.run
         if run is not None and run is not ep.run_seen:
             ep.run_seen = run
-            if len(run.ends) > 1:
-                self._plan_reports(run, now)
+            plan = plan_reports(self._on_engine, run)
+            if plan is not None:
+                self.push(max(run.ends[plan.at], now), _REPORT, plan)
 
     def _tokens(self, woken: Sequence[SimRequest], now: float) -> None:
         """One token for each request of `woken`, at `now` (an iteration run one at a time)."""
@@ -629,15 +549,15 @@ class Simulation:
                 self._token(call, req, now)
 
     # ----------------------------------------------------------------- runs: iterations as events
-    def _sync(self, ep: _Endpoint) -> None:
+    def _sync(self, ep: Endpoint) -> None:
         """The engine brought to now (KV of the iteration in flight, ended iterations handed out)."""
         eng = ep.engine
         if eng.run is not None:
             eng.sync(self.clock.t)
             if eng.committed:
-                self._hand_out(eng.take_committed())
+                hand_out(self._on_engine, eng.take_committed())
 
-    def _cut(self, ep: _Endpoint) -> None:
+    def _cut(self, ep: Endpoint) -> None:
         """Before an outside change to the engine (a submit, an abort): its run ends after the iteration
         in flight, whose end becomes the engine's wake."""
         eng = ep.engine
@@ -645,57 +565,13 @@ class Simulation:
             return
         eng.cut(self.clock.t)
         if eng.committed:
-            self._hand_out(eng.take_committed())
+            hand_out(self._on_engine, eng.take_committed())
         wake = eng.next_wake
         if wake is not None and wake != ep.wake_at:
             ep.wake_at = wake
             self.push(wake, _WAKE, ep)
 
-    def _hand_out(self, committed: Sequence[tuple[DecodeRun, int, int]]) -> None:
-        """Committed iterations `a..b-1` of runs: each member's call has one token at each of
-        `run.ends[a:b]` (its gaps: from its last byte to the first, then the run's own); the progress
-        reports among them were made at their times (`_plan_reports`)."""
-        on_engine = self._on_engine
-        for run, a, b in committed:
-            ends = run.ends
-            first = ends[a]
-            last = ends[b - 1]
-            n = b - a
-            tail = run.gaps[a + 1 : b] if n > 1 else None
-            for req in run.members:
-                call = on_engine.get(req)
-                if call is None:
-                    continue
-                call.gaps.append(first - call.last_byte)
-                if tail is not None:
-                    call.gaps.extend(tail)
-                produced = call.produced + n
-                call.produced = produced
-                call.last_byte = last
-                if produced >= call.report_at:  # the next report point after `produced`
-                    call.report_at += PROGRESS_EVERY * ((produced - call.report_at) // PROGRESS_EVERY + 1)
-
-    def _plan_reports(self, run: DecodeRun, now: float) -> None:
-        """The relay's progress reports (every PROGRESS_EVERY tokens) at a new run's iterations, made at
-        their tokens' times (`_progress`)."""
-        on_engine = self._on_engine
-        plan = _Reports(run)
-        buckets = plan.buckets
-        first = plan.stop
-        done = run.done
-        for req in run.members:
-            call = on_engine.get(req)
-            if call is None:
-                continue
-            p0 = call.produced - done  # tokens before the run's first iteration
-            i0 = call.report_at - p0 - 1  # >= done: the reports before were made
-            first = min(first, i0)
-            buckets[i0 % PROGRESS_EVERY].append((call, req, p0, i0))
-        if first < plan.stop:
-            plan.at = first
-            self.push(max(run.ends[first], now), _REPORT, plan)
-
-    def _progress(self, plan: _Reports) -> None:
+    def _progress(self, plan: Reports) -> None:
         """The reports at iteration `plan.at` of a run, then the next such event."""
         i = plan.at
         ends = plan.run.ends
@@ -712,7 +588,7 @@ class Simulation:
             plan.at = nxt
             self.push(ends[nxt], _REPORT, plan)
 
-    def _token(self, call: _Call, req: SimRequest, now: float) -> None:
+    def _token(self, call: Call, req: SimRequest, now: float) -> None:
         res = call.result
         if call.produced == 0:
             res.ttft_s = now - res.sent_at_s
@@ -741,7 +617,7 @@ class Simulation:
             if self.life is not None and ctx.sched is not None:
                 self.life.on_finish(ctx.sched, now, res.ttft_s, res.slo_met)
 
-    def _record_stream(self, call: _Call) -> None:
+    def _record_stream(self, call: Call) -> None:
         """What the relay records into the request's context (usage: the engine's counts)."""
         ctx = call.ctx
         ctx.itl_gaps = call.gaps
@@ -749,7 +625,7 @@ class Simulation:
         ctx.prompt_tokens = call.task.spec.calls[call.index].prompt_tokens if call.produced else None
 
     # ----------------------------------------------------------------- scrapes and samples
-    def _scrape(self, ep: _Endpoint) -> None:
+    def _scrape(self, ep: Endpoint) -> None:
         self._sync(ep)
         eng = ep.engine
         gauges = EngineGauges(
