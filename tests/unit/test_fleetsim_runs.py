@@ -13,10 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.core.types import ModelName
+from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
 from loadgen.engine_sim.engine import EngineConfig, RequestState, SimEngine, SimRequest
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions, simulate
+from loadgen.fleetsim.lifecycle import LifecycleOptions
 from loadgen.fleetsim.runs import DecodeRun, RunEngine
 
 LAT = LatencyModel(k1=1e-4, c1=0.02, k2=2e-6, c2=1e-3, c3=0.025)
@@ -214,4 +217,29 @@ def _report(max_run: int, **kw: Any) -> dict[str, Any]:
 def test_the_simulator_gives_the_same_report_token_by_token_and_by_runs(kw: dict[str, Any]) -> None:
     a = _report(1, **kw)
     b = _report(128, **kw)
+    assert orjson.dumps(a, option=orjson.OPT_SORT_KEYS) == orjson.dumps(b, option=orjson.OPT_SORT_KEYS)
+
+
+def test_the_same_report_with_instances_started_and_stopped_under_it() -> None:
+    """Engines join and leave the fleet as the lifecycle loads and evicts models."""
+    gib = 1 << 30
+    models = tuple(ModelSpec(ModelName(f"m{i}"), 4 * gib, 1, 3.0) for i in range(4))
+    kw: dict[str, Any] = {
+        "policy": None,
+        "fleet": tuple(EndpointSpec(models=(m.name,), id=m.name, profile="fleet-7b") for m in models),
+        "workload": "multi-model:uniform",
+        "rate": 2.0,
+        "duration_s": 30.0,
+        "models": tuple(m.name for m in models),
+        "lifecycle": LifecycleOptions(
+            models=models,
+            nodes=(NodeSpec("n1", (DeviceSpec("gpu0", 9 * gib),)),),
+            evictor="lru",
+            settings=LifecycleSettings(churn_guard_s=1.0, drain_timeout_s=0.5, load_deadline_s=120.0),
+            stop_s=0.5,
+        ),
+    }
+    a = _report(1, **kw)
+    b = _report(128, **kw)
+    assert a["lifecycle"]["evictions"] > 0
     assert orjson.dumps(a, option=orjson.OPT_SORT_KEYS) == orjson.dumps(b, option=orjson.OPT_SORT_KEYS)
