@@ -67,7 +67,7 @@ class GapHistogram:
     def add_many(self, gaps: Sequence[float]) -> None:
         values = np.maximum(np.asarray(gaps, dtype=np.float64), _GAP_LO)
         idx = np.minimum((np.log(values / _GAP_LO) / np.log(_GAP_GROWTH)).astype(np.int64), _GAP_BINS - 1)
-        np.add.at(self.counts, idx, 1)
+        self.counts += np.bincount(idx, minlength=_GAP_BINS)  # np.add.at's counts, several times faster
 
     def merged(self, other: GapHistogram) -> GapHistogram:
         out = GapHistogram()

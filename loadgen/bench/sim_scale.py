@@ -16,6 +16,13 @@ is one core's and its peak RSS (`resource.getrusage`, ru_maxrss) is its own:
 (c) memory: each point's peak RSS, and its RSS after the imports (the interpreter and berth's modules),
     so the growth per request is visible.
 
+Targets, each with a verdict line at the end of the report: (a) within 60 s of wall time; (b) wall time
+against simulated requests near-linear, log-log slope at most 1.05; (c) peak memory stated. `--policy
+policies/coding-assistant.toml` runs the SLO preset (the targets hold for it too); `--shares` splits each
+point's wall time into berth's scheduler, its telemetry, its admission and the simulator itself
+(`sim_share`); `--max-run 1` runs the simulator token by token (every decode iteration its own event: the
+same reports, slower), for a side-by-side.
+
 Output: `OUT/report.md`, `OUT/report.json`.
 """
 
@@ -24,9 +31,9 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import math
 import os
 import pstats
+import random
 import resource
 import subprocess
 import sys
@@ -36,9 +43,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import numpy as np
 import orjson
 
+from loadgen.bench.sim_scale_report import (
+    HEADER,
+    HEADLINE_TARGET_S,
+    LINEAR_SLACK,
+    curve_summary,
+    memory_model,
+    row,
+    table,
+    verdicts,
+)
+from loadgen.fleetsim.runs import MAX_RUN
 from loadgen.harness import REPO_ROOT, pinned
 
 MODEL: Final = "chat-7b"
@@ -48,14 +65,8 @@ POLICY: Final = REPO_ROOT / "policies" / "default.toml"
 DEFAULT_RATE_PER_ENDPOINT: Final = 0.5
 HEADLINE_ENDPOINTS: Final = 100
 HEADLINE_REQUESTS: Final = 100_000
-HEADLINE_TARGET_S: Final = 60.0
 CURVE_SIZES: Final = (10, 100, 1000)
 CURVE_DURATION_S: Final = 60.0  # keeps the 1,000-endpoint point (~30,000 requests) within a few minutes
-#: Wall time per event may grow this much from the smallest to the largest fleet and still count as
-#: near-linear in events.
-LINEAR_SLACK: Final = 1.5
-#: Requests per endpoint must differ this much between points to split memory into the two parts.
-MEMORY_SPREAD: Final = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +80,8 @@ class Point:
     seed: int = 1
     policy: Path = POLICY
     workload: str = WORKLOAD
+    max_run: int = MAX_RUN  # the simulator's decode run length (1: token by token)
+    shares: bool = False  # time berth's parts (`sim_share`)
 
     def argv(self) -> list[str]:
         return [
@@ -80,8 +93,10 @@ class Point:
             f"{self.rate!r}",
             f"{self.duration_s!r}",
             str(self.seed),
-            str(self.policy),
+            str(self.policy.resolve()),
             self.workload,
+            str(self.max_run),
+            "1" if self.shares else "0",
         ]
 
 
@@ -94,8 +109,10 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
     """Run one simulation in this process; its figures (meant for a fresh process: RSS is the peak of
     this process's life). With `profile_to`, under cProfile, whose top functions go to that file."""
     from loadgen.bench.scheduling import gateway_toml
+    from loadgen.bench.sim_share import instrument, split
     from loadgen.engine_sim.spec import EndpointSpec
-    from loadgen.fleetsim import SimOptions, simulate
+    from loadgen.fleetsim import SimOptions
+    from loadgen.fleetsim.sim import Simulation
 
     rss_base = _rss_kib()
     endpoints, policy, workload = point.endpoints, point.policy, point.workload
@@ -116,13 +133,17 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
         duration_s=point.duration_s,
         seed=point.seed,
         models=(MODEL,),
+        max_run=point.max_run,
     )
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     prof = cProfile.Profile() if profile_to is not None else None
     if prof is not None:
         prof.enable()
-    report = simulate(opts)
+    random.seed(opts.seed)  # as `simulate` does
+    sim = Simulation(opts)
+    shares = instrument(sim) if point.shares else None
+    report = sim.run()
     if prof is not None:
         prof.disable()
     wall = time.perf_counter() - t0
@@ -134,7 +155,7 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
         stats.sort_stats("tottime").print_stats(30)
         profile_to.write_text(buf.getvalue())
     gateway.unlink(missing_ok=True)
-    sim = report.data["simulation"]
+    sim_doc = report.data["simulation"]
     overall = report.data["overall"]
     return {
         "endpoints": endpoints,
@@ -144,17 +165,19 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
         "ok": overall["ok"],
         "goodput": overall["goodput"],
         "utilization": report.data["fleet"]["utilization"],
-        "events": sim["events"],
+        "events": sim_doc["events"],
         "wall_s": round(wall, 3),  # simulate() whole: the run and building its report
-        "loop_wall_s": sim["wall_s"],  # the simulator's own figure
+        "loop_wall_s": sim_doc["wall_s"],  # the simulator's own figure
         "cpu_s": round(cpu, 3),
         "requests_per_s": round(overall["count"] / wall, 1) if wall > 0 else None,
-        "events_per_s": round(sim["events"] / wall, 1) if wall > 0 else None,
+        "events_per_s": round(sim_doc["events"] / wall, 1) if wall > 0 else None,
         "rss_base_mib": round(rss_base / 1024, 1),
         "rss_peak_mib": round(_rss_kib() / 1024, 1),
-        "policy": sim["policy"],
+        "policy": sim_doc["policy"],
         "workload": workload,
+        "max_run": point.max_run,
         "profiled": profile_to is not None,
+        "shares_s": None if shares is None else split(shares, wall),
     }
 
 
@@ -188,6 +211,8 @@ class ScaleConfig:
     seed: int = 1
     policy: Path = POLICY
     workload: str = WORKLOAD
+    max_run: int = MAX_RUN
+    shares: bool = False
 
     def headline(self) -> Point:
         rate = self.headline_endpoints * self.rate_per_endpoint
@@ -199,6 +224,8 @@ class ScaleConfig:
             self.seed,
             self.policy,
             self.workload,
+            self.max_run,
+            self.shares,
         )
 
     def curve(self) -> list[Point]:
@@ -211,118 +238,30 @@ class ScaleConfig:
                 self.seed,
                 self.policy,
                 self.workload,
+                self.max_run,
+                self.shares,
             )
             for n in self.sizes
         ]
-
-
-def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """The least-squares slope of log y on log x (1: linear; 2: quadratic); None with < 2 points."""
-    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=True) if x > 0 and y > 0]
-    if len(pts) < 2:
-        return None
-    mx = sum(x for x, _ in pts) / len(pts)
-    my = sum(y for _, y in pts) / len(pts)
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    if sxx == 0:
-        return None
-    return sum((x - mx) * (y - my) for x, y in pts) / sxx
-
-
-def curve_summary(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """How wall time grows along the curve: per event, and the log-log slopes against events and
-    endpoints."""
-    us_per_event = [1e6 * p["wall_s"] / p["events"] if p["events"] else None for p in points]
-    first, last = us_per_event[0] if us_per_event else None, us_per_event[-1] if us_per_event else None
-    growth = None if first is None or last is None or first == 0 else last / first
-    return {
-        "us_per_event": [None if u is None else round(u, 2) for u in us_per_event],
-        "us_per_event_growth": None if growth is None else round(growth, 3),
-        "slope_wall_vs_events": _r(
-            loglog_slope([p["events"] for p in points], [p["wall_s"] for p in points])
-        ),
-        "slope_wall_vs_endpoints": _r(
-            loglog_slope([p["endpoints"] for p in points], [p["wall_s"] for p in points])
-        ),
-        "near_linear": growth is not None and growth <= LINEAR_SLACK,
-    }
-
-
-def memory_model(points: Sequence[dict[str, Any]]) -> dict[str, float] | None:
-    """RSS growth over the imports as `per_endpoint` MiB x endpoints + `per_request` KiB x requests, by
-    least squares over the points; None unless requests per endpoint differ by MEMORY_SPREAD between
-    the points (else the two parts cannot be told apart: the curve alone has the same load everywhere)."""
-    rows = [(p["endpoints"], p["requests"], p["rss_peak_mib"] - p["rss_base_mib"]) for p in points]
-    ratios = [r / e for e, r, _ in rows if e > 0 and r > 0]
-    if len(ratios) < 2 or max(ratios) < MEMORY_SPREAD * min(ratios):
-        return None
-    a = np.array([[e, r / 1024.0] for e, r, _ in rows], dtype=np.float64)
-    y = np.array([g for _, _, g in rows], dtype=np.float64)
-    if np.linalg.matrix_rank(a) < 2:
-        return None
-    (per_endpoint, per_request_kib), *_ = np.linalg.lstsq(a, y, rcond=None)
-    return {
-        "per_endpoint_mib": round(float(per_endpoint), 3),
-        "per_request_kib": round(float(per_request_kib), 3),
-    }
-
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 3)
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
-
-
-def _row(p: dict[str, Any]) -> list[str]:
-    us = 1e6 * p["wall_s"] / p["events"] if p["events"] else float("nan")
-    return [
-        str(p["endpoints"]),
-        f"{p['rate']:g}",
-        f"{p['duration_sim_s']:g}",
-        f"{p['requests']:,}",
-        f"{p['events']:,}",
-        f"{p['wall_s']:.1f}",
-        f"{p['cpu_s']:.1f}",
-        f"{p['requests_per_s']:,.0f}",
-        f"{p['events_per_s']:,.0f}",
-        f"{us:.1f}",
-        f"{p['utilization']:.2f}" if p["utilization"] is not None else "-",
-        f"{p['rss_base_mib']:.0f}",
-        f"{p['rss_peak_mib']:.0f}",
-    ]
-
-
-HEADER: Final = [
-    "endpoints",
-    "req/s (sim)",
-    "sim s",
-    "requests",
-    "events",
-    "wall s",
-    "cpu s",
-    "requests/s",
-    "events/s",
-    "µs/event",
-    "util",
-    "RSS base MiB",
-    "RSS peak MiB",
-]
 
 
 def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[dict[str, Any]]) -> str:
     pin = "not pinned" if cfg.cpus is None else f"pinned to CPU {','.join(map(str, cfg.cpus))} (taskset)"
     if cfg.profile:
         pin += "; PROFILED (cProfile): wall times include its overhead"
+    if cfg.shares:
+        pin += "; berth's calls timed (`sim_share`): wall times include the timers"
+    run = (
+        "token by token (every decode iteration an event)"
+        if cfg.max_run == 1
+        else f"decode runs of up to {cfg.max_run} iterations as one event"
+    )
     lines = [
         "# Fleet simulator: scale and speed",
         "",
         f"Fleet: one model on `{PROFILE}` endpoints (cap = max_num_seqs); workload `{cfg.workload}`, "
         f"policy `{cfg.policy.name}`, Poisson arrivals at {cfg.rate_per_endpoint:g} requests/s per endpoint; "
-        f"each point in a fresh process {pin}. Load average at the end "
+        f"the simulator {run}; each point in a fresh process {pin}. Load average at the end "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs.",
         "",
         "wall s: `simulate()` from the call to the report (the simulation and building its report); "
@@ -335,7 +274,7 @@ def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[
         lines += [
             f"## (a) {headline['requests']:,} requests over {headline['endpoints']} endpoints",
             "",
-            *_table(HEADER, [_row(headline)]),
+            *table(HEADER, [row(headline)]),
             "",
             f"- wall {headline['wall_s']:.1f} s on one core: {'MET' if ok else 'NOT MET'} "
             f"(target <= {HEADLINE_TARGET_S:g} s); {headline['requests_per_s']:,.0f} simulated requests/s, "
@@ -348,14 +287,15 @@ def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[
             f"## (b) wall time against fleet size (same load per endpoint, {cfg.curve_duration_s:g} "
             "simulated s)",
             "",
-            *_table(HEADER, [_row(p) for p in curve]),
+            *table(HEADER, [row(p) for p in curve]),
             "",
             f"- wall time per event: {', '.join(f'{u} µs' for u in s['us_per_event'])}: x"
             f"{s['us_per_event_growth']} from the smallest to the largest fleet "
             f"({'near-linear in events' if s['near_linear'] else 'NOT near-linear in events'}: "
             f"limit x{LINEAR_SLACK:g}).",
             f"- log-log slope of wall time against events {s['slope_wall_vs_events']}, against endpoints "
-            f"{s['slope_wall_vs_endpoints']} (1 = linear, 2 = quadratic).",
+            f"{s['slope_wall_vs_endpoints']}, against simulated requests {s['slope_wall_vs_requests']} "
+            f"(CPU time: {s['slope_cpu_vs_requests']}; 1 = linear, 2 = quadratic).",
             "",
         ]
     points = ([headline] if headline is not None else []) + list(curve)
@@ -376,6 +316,20 @@ def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[
                 "request's and task's result for its report)."
             )
         lines.append("")
+    shared = [p for p in points if p.get("shares_s")]
+    if shared:
+        lines += ["## (d) where the wall time goes", ""]
+        parts = ["scheduler", "telemetry", "admission", "simulator"]
+        rows = [
+            [p["label"], f"{p['wall_s']:.1f}"]
+            + [
+                f"{p['shares_s'].get(k, 0.0):.1f} ({100 * p['shares_s'].get(k, 0.0) / p['wall_s']:.0f} %)"
+                for k in parts
+            ]
+            for p in shared
+        ]
+        lines += [*table(["point", "wall s", *parts], rows), ""]
+    lines += ["## Verdicts", "", *(f"- {v}" for v in verdicts(headline, curve)), ""]
     return "\n".join(lines)
 
 
@@ -407,6 +361,8 @@ def bench(cfg: ScaleConfig, *, headline: bool = True, log: Any = print) -> dict[
             "cpus": None if cfg.cpus is None else list(cfg.cpus),
             "policy": str(cfg.policy),
             "workload": cfg.workload,
+            "max_run": cfg.max_run,
+            "shares": cfg.shares,
             "profile": PROFILE,
             "seed": cfg.seed,
             "loadavg": list(os.getloadavg()),
@@ -416,6 +372,7 @@ def bench(cfg: ScaleConfig, *, headline: bool = True, log: Any = print) -> dict[
         "curve": curve,
         "curve_summary": curve_summary(curve) if curve else None,
         "memory_model": memory_model(([head] if head is not None else []) + curve),
+        "verdicts": verdicts(head, curve),
         "elapsed_s": round(time.time() - started, 1),
     }
     (cfg.out / "report.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
@@ -440,8 +397,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=Path, default=POLICY)
     p.add_argument("--workload", default=WORKLOAD)
     p.add_argument("--seed", type=int, default=1)
-    # One point in this process (what `run_point` starts): ENDPOINTS RATE DURATION SEED POLICY WORKLOAD.
-    p.add_argument("--point", nargs=6, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--max-run",
+        type=int,
+        default=MAX_RUN,
+        help="decode iterations the simulator plans as one event (1: token by token, the slow path)",
+    )
+    p.add_argument(
+        "--shares",
+        action="store_true",
+        help="time the calls into berth's scheduler, telemetry and admission (section (d))",
+    )
+    # One point in this process (what `run_point` starts):
+    # ENDPOINTS RATE DURATION SEED POLICY WORKLOAD MAX_RUN SHARES.
+    p.add_argument("--point", nargs=8, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--profile-to", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument(
@@ -453,9 +422,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.point:
-        n, rate, duration, seed, policy, workload = args.point
+        n, rate, duration, seed, policy, workload, max_run, shares = args.point
         work = args.work or Path(".")
-        point = Point("point", int(n), float(rate), float(duration), int(seed), Path(policy), workload)
+        point = Point(
+            "point",
+            int(n),
+            float(rate),
+            float(duration),
+            int(seed),
+            Path(policy),
+            workload,
+            int(max_run),
+            shares == "1",
+        )
         fig = measure(point, work, args.profile_to)
         sys.stdout.write(orjson.dumps(fig).decode() + "\n")
         return 0
@@ -472,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         policy=args.policy,
         workload=args.workload,
+        max_run=args.max_run,
+        shares=args.shares,
     )
     bench(cfg, headline=not args.no_headline)
     return 0

@@ -8,6 +8,7 @@ from typing import Literal
 
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
+from loadgen.fleetsim.runs import MAX_RUN
 from loadgen.workloads.arrivals import ArrivalKind
 from loadgen.workloads.base import TaskSpec
 from loadgen.workloads.options import WorkloadOptions
@@ -40,4 +41,7 @@ class SimOptions:
     # The prefix index's source, overriding [prefix] source of the gateway file: "auto", "approximate",
     # "off" (no prefix awareness), "oracle" (the simulated engines' true caches); None: the file's.
     prefix: Literal["auto", "approximate", "precise", "off", "oracle"] | None = None
+    # Decode iterations over an unchanged batch handled as one event (`loadgen.fleetsim.runs`); 1: every
+    # iteration its own event and every token its own step (the same report, slower).
+    max_run: int = MAX_RUN
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, --turns, ...

@@ -47,7 +47,7 @@ from gateway.dispatch.context import RequestContext
 from gateway.sched.decisions import Decision, Dispatch, Preempt
 from gateway.upstream.dialects import dialect_for
 from loadgen.client import RequestResult, build_body, build_headers
-from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
+from loadgen.engine_sim.engine import RequestState, SimRequest
 from loadgen.engine_sim.prefix_cache import PrefixCacheView
 from loadgen.engine_sim.protocol import prompt_token_ids
 from loadgen.engine_sim.spec import EndpointSpec
@@ -57,6 +57,8 @@ from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
 from loadgen.fleetsim.options import SimOptions
 from loadgen.fleetsim.prefix_oracle import hit_counters
+from loadgen.fleetsim.runs import RunEngine
+from loadgen.fleetsim.streams import PROGRESS_EVERY, Call, Endpoint, Reports, Task, hand_out, plan_reports
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, Report, TaskResult, build_report, complete_task
 from loadgen.runner import RunOptions, build_schedule
@@ -66,13 +68,13 @@ from loadgen.workloads.prompt import call_salt
 
 #: The daemon's queue ticker period (gateway.app.QUEUE_TICK_S).
 TICK_S: Final = 0.1
-#: Tokens between a stream's progress reports (gateway.dispatch.runner.PROGRESS_EVERY).
-PROGRESS_EVERY: Final = 16
 
 _API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 
-# Event kinds, in the order events of the same instant are handled.
+# Event kinds, in the order events of the same instant are handled (a progress report is a token's, as
+# an engine's wake is).
 _WAKE, _SEND, _ARRIVE, _TICK, _SCRAPE, _REFRESH, _SAMPLE, _CHECK, _DRAIN, _LIFE = range(10)
+_REPORT: Final = _WAKE
 
 #: What the simulator leaves out (written at the top of its report).
 LEFT_OUT: Final = (
@@ -81,64 +83,6 @@ LEFT_OUT: Final = (
     "engine faults and retries: simulated engines never fail",
     "the scrapers' health checks: every endpoint is ready from the start",
 )
-
-
-class _Endpoint:
-    __slots__ = ("engine", "id", "kv_capacity", "removed", "wake_at")
-
-    def __init__(self, eid: EndpointId, engine: SimEngine) -> None:
-        self.id = eid
-        self.engine = engine
-        self.kv_capacity = float(engine.config.kv_capacity_tokens)
-        self.wake_at: float | None = None
-        self.removed = False  # its instance stopped (lifecycle): pending wakes and scrapes are void
-
-
-class _Task:
-    __slots__ = ("result", "sent", "spec", "start")
-
-    def __init__(self, spec: TaskSpec, result: TaskResult, start: float) -> None:
-        self.spec = spec
-        self.result = result
-        self.start = start
-        self.sent: list[RequestResult] = []
-
-
-class _Call:
-    __slots__ = (
-        "ctx",
-        "done",
-        "endpoint",
-        "engine_req",
-        "gaps",
-        "index",
-        "last_byte",
-        "produced",
-        "prompt_ids",
-        "report_at",
-        "result",
-        "run_base",
-        "run_first_at",
-        "sreq_id",
-        "task",
-    )
-
-    def __init__(self, task: _Task, index: int, result: RequestResult, ctx: RequestContext) -> None:
-        self.task = task
-        self.index = index
-        self.result = result
-        self.ctx = ctx
-        self.done = False
-        self.endpoint: _Endpoint | None = None
-        self.engine_req: SimRequest | None = None
-        self.gaps: list[float] = []
-        self.produced = 0
-        self.report_at = 1
-        self.last_byte = 0.0
-        self.sreq_id: RequestId | None = None
-        self.run_base = 0  # tokens the client had when the current engine run started (resumes)
-        self.run_first_at: float | None = None  # the current run's first token
-        self.prompt_ids: TokenIds | None = None  # when an engine caches prefixes
 
 
 class Simulation:
@@ -158,7 +102,7 @@ class Simulation:
             []
             if opts.lifecycle is not None
             else [
-                _Endpoint(eid, SimEngine(spec.resolve().engine))
+                Endpoint(eid, RunEngine(spec.resolve().engine, max_run=opts.max_run))
                 for eid, spec in zip(self.gw.ids, opts.fleet, strict=True)
             ]
         )
@@ -169,8 +113,8 @@ class Simulation:
         self._caching = any(s.resolve_prefix_cache() for s in opts.fleet)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
-        self._running: dict[RequestId, _Call] = {}  # berth's id -> the call (queued or running)
-        self._on_engine: dict[SimRequest, _Call] = {}  # an engine's request -> its call
+        self._running: dict[RequestId, Call] = {}  # berth's id -> the call (queued or running)
+        self._on_engine: dict[SimRequest, Call] = {}  # an engine's request -> its call
         self.requests: list[RequestResult] = []
         self.tasks: list[TaskResult] = []
         self.gaps: dict[str, GapHistogram] = {}
@@ -255,7 +199,9 @@ class Simulation:
             clock.t = t
             self.events += 1
             if kind == _WAKE:
-                if obj.wake_at == t and not obj.removed:  # else a wake that a later step already replaced
+                if obj.__class__ is Reports:
+                    self._progress(obj)
+                elif obj.wake_at == t and not obj.removed:  # else a wake that a later step replaced
                     obj.wake_at = None
                     self._step(obj)
             elif kind == _SEND:
@@ -292,7 +238,7 @@ class Simulation:
     # ----------------------------------------------------------------- engines of lifecycle instances
     def _add_engine(self, eid: EndpointId, model: ModelName, config: str | None) -> None:
         template = self._templates.get((model, config)) or self._templates[(model, None)]
-        ep = _Endpoint(eid, SimEngine(template.resolve().engine))
+        ep = Endpoint(eid, RunEngine(template.resolve().engine, max_run=self.opts.max_run))
         if self.opts.prefix == "oracle":
             self.gw.attach_oracle(eid, ep.engine)
         self.endpoints.append(ep)
@@ -322,10 +268,11 @@ class Simulation:
         ep = self._by_id.get(eid)
         return 0 if ep is None else ep.engine.num_running + ep.engine.num_waiting
 
-    def _engine_lost(self, call: _Call) -> None:
+    def _engine_lost(self, call: Call) -> None:
         ep = call.endpoint
         if call.engine_req is not None:
             if ep is not None:
+                self._cut(ep)
                 ep.engine.abort(call.engine_req)
             self._on_engine.pop(call.engine_req, None)
             call.engine_req = None
@@ -356,17 +303,17 @@ class Simulation:
             spec.sla_metric,
         )
         self.tasks.append(res)
-        task = _Task(spec, res, now)
+        task = Task(spec, res, now)
         self._next_call(task, 0)
 
-    def _next_call(self, task: _Task, i: int) -> None:
+    def _next_call(self, task: Task, i: int) -> None:
         gap = task.spec.calls[i].gap_before_s
         if gap > 0:
             self.push(self.clock.t + gap, _SEND, (task, i))
         else:
             self._send(task, i)
 
-    def _send(self, task: _Task, i: int) -> None:
+    def _send(self, task: Task, i: int) -> None:
         opts = self.opts
         now = self.clock.t
         spec = task.spec
@@ -389,7 +336,7 @@ class Simulation:
         task.result.calls_sent += 1
         rid = f"sim-{spec.index}-{i}"
         ctx = RequestContext(id=rid, api=_API[call_spec.api], arrival=now)
-        call = _Call(task, i, result, ctx)
+        call = Call(task, i, result, ctx)
         call.last_byte = now
         task.sent.append(result)
         body = build_body(call_spec, model, salt=call_salt(spec.index, i, opts.seed))
@@ -419,10 +366,12 @@ class Simulation:
         if not call.done:
             self.push(now + min(opts.stall_timeout_s, opts.request_timeout_s), _CHECK, call)
 
-    def _check(self, call: _Call) -> None:
+    def _check(self, call: Call) -> None:
         """The client's timers: the whole request, and the silence since its last byte."""
         if call.done:
             return
+        if call.endpoint is not None:  # its last byte may be in a run not yet handed out
+            self._sync(call.endpoint)
         now = self.clock.t
         opts = self.opts
         total_at = call.result.sent_at_s + opts.request_timeout_s
@@ -432,7 +381,7 @@ class Simulation:
         else:
             self.push(min(total_at, stall_at), _CHECK, call)
 
-    def _give_up(self, call: _Call, error: str) -> None:
+    def _give_up(self, call: Call, error: str) -> None:
         """The client stops waiting: berth sees a disconnect (queue slot or engine request freed)."""
         ctx = call.ctx
         if call.sreq_id is not None:
@@ -441,6 +390,7 @@ class Simulation:
                 self.gw.scheduler.cancel(call.sreq_id)
             else:
                 if call.engine_req is not None:
+                    self._cut(call.endpoint)
                     call.endpoint.engine.abort(call.engine_req)
                     self._on_engine.pop(call.engine_req, None)
                 self._record_stream(call)
@@ -450,7 +400,7 @@ class Simulation:
         self.gw.finish(ctx)
         self._client_done(call, ok=False, error=error)
 
-    def _reject(self, call: _Call, err: BerthError) -> None:
+    def _reject(self, call: Call, err: BerthError) -> None:
         call.ctx.fail(err)
         if call.sreq_id is not None:
             self._running.pop(call.sreq_id, None)
@@ -460,7 +410,7 @@ class Simulation:
         res.detail = err.json_bytes()[:300].decode("utf-8", "replace")
         self._client_done(call, ok=False, error=f"http_{err.status}")
 
-    def _client_done(self, call: _Call, *, ok: bool, error: str | None = None) -> None:
+    def _client_done(self, call: Call, *, ok: bool, error: str | None = None) -> None:
         call.done = True
         res = call.result
         now = self.clock.t
@@ -489,7 +439,7 @@ class Simulation:
             return
         self._task_done(task, ok)
 
-    def _task_done(self, task: _Task, ok: bool) -> None:
+    def _task_done(self, task: Task, ok: bool) -> None:
         if ok:
             complete_task(task.result, task.sent, task.start)
         self._open_tasks -= 1
@@ -526,6 +476,7 @@ class Simulation:
             return
         ep = call.endpoint
         if call.engine_req is not None:
+            self._cut(ep)
             ep.engine.abort(call.engine_req)
             self._on_engine.pop(call.engine_req, None)
             call.engine_req = None
@@ -533,7 +484,7 @@ class Simulation:
         if ep.wake_at is None:
             self._step(ep)
 
-    def _dispatch(self, call: _Call, d: Dispatch) -> None:
+    def _dispatch(self, call: Call, d: Dispatch) -> None:
         now = self.clock.t
         ep = self._by_id[d.endpoint.id]
         ctx = call.ctx
@@ -560,6 +511,7 @@ class Simulation:
             urgency = self.gw.scheduler.engine_priority(d.req.id)
             if urgency is not None:
                 priority = dialect_for(d.endpoint.engine).priority(urgency)
+        self._cut(ep)  # the iterations after the one in flight may admit it
         try:
             call.engine_req = ep.engine.submit(
                 d.req.id,
@@ -587,19 +539,33 @@ class Simulation:
             self.faults += len(sched.take_faults())
 
     # ----------------------------------------------------------------- the engines
-    def _step(self, ep: _Endpoint) -> None:
-        """Advance an engine to now; its next iteration end becomes its one pending wake. The wake is set
-        before the tokens are handed out: a dispatch they cause to this engine then waits for that wake
-        instead of stepping it again."""
+    def _step(self, ep: Endpoint) -> None:
+        """Advance an engine to now; its next iteration end (a run's last) becomes its one pending wake.
+        The wake is set before the tokens are handed out: a dispatch they cause to this engine then cuts
+        the run and waits for the iteration in flight instead of stepping it again. A new run's progress
+        reports are planned after its first tokens are handed out."""
         now = self.clock.t
-        result = ep.engine.step(now)
+        eng = ep.engine
+        result = eng.step(now)
         wake = result.next_wake
         if wake is not None and wake != ep.wake_at:
             ep.wake_at = wake
             self.push(wake, _WAKE, ep)
+        if eng.committed:
+            hand_out(self._on_engine, eng.take_committed())
+        self._tokens(result.woken, now)
+        run = eng.run
+        if run is not None and run is not ep.run_seen:
+            ep.run_seen = run
+            plan = plan_reports(self._on_engine, run)
+            if plan is not None:
+                self.push(max(run.ends[plan.at], now), _REPORT, plan)
+
+    def _tokens(self, woken: Sequence[SimRequest], now: float) -> None:
+        """One token for each request of `woken`, at `now` (an iteration run one at a time)."""
         on_engine = self._on_engine
         finished = RequestState.FINISHED
-        for req in result.woken:
+        for req in woken:
             call = on_engine.get(req)
             if call is None:
                 continue
@@ -612,7 +578,47 @@ class Simulation:
             else:
                 self._token(call, req, now)
 
-    def _token(self, call: _Call, req: SimRequest, now: float) -> None:
+    # ----------------------------------------------------------------- runs: iterations as events
+    def _sync(self, ep: Endpoint) -> None:
+        """The engine brought to now (KV of the iteration in flight, ended iterations handed out)."""
+        eng = ep.engine
+        if eng.run is not None:
+            eng.sync(self.clock.t)
+            if eng.committed:
+                hand_out(self._on_engine, eng.take_committed())
+
+    def _cut(self, ep: Endpoint) -> None:
+        """Before an outside change to the engine (a submit, an abort): its run ends after the iteration
+        in flight, whose end becomes the engine's wake."""
+        eng = ep.engine
+        if eng.run is None:
+            return
+        eng.cut(self.clock.t)
+        if eng.committed:
+            hand_out(self._on_engine, eng.take_committed())
+        wake = eng.next_wake
+        if wake is not None and wake != ep.wake_at:
+            ep.wake_at = wake
+            self.push(wake, _WAKE, ep)
+
+    def _progress(self, plan: Reports) -> None:
+        """The reports at iteration `plan.at` of a run, then the next such event."""
+        i = plan.at
+        ends = plan.run.ends
+        if i >= len(ends):
+            return  # the run was cut before this iteration
+        progress = self.gw.scheduler.progress
+        for call, req, p0, i0 in plan.buckets[i % PROGRESS_EVERY]:
+            if i >= i0 and call.engine_req is req and not call.done:
+                sreq_id = call.sreq_id
+                assert sreq_id is not None
+                progress(sreq_id, p0 + i + 1 - call.run_base, call.run_first_at)
+        nxt = plan.after(i)
+        if nxt < plan.stop and nxt < len(ends):
+            plan.at = nxt
+            self.push(ends[nxt], _REPORT, plan)
+
+    def _token(self, call: Call, req: SimRequest, now: float) -> None:
         res = call.result
         if call.produced == 0:
             res.ttft_s = now - res.sent_at_s
@@ -641,7 +647,7 @@ class Simulation:
             if self.life is not None and ctx.sched is not None:
                 self.life.on_finish(ctx.sched, now, res.ttft_s, res.slo_met)
 
-    def _record_stream(self, call: _Call) -> None:
+    def _record_stream(self, call: Call) -> None:
         """What the relay records into the request's context (usage: the engine's counts)."""
         ctx = call.ctx
         ctx.itl_gaps = call.gaps
@@ -649,7 +655,8 @@ class Simulation:
         ctx.prompt_tokens = call.task.spec.calls[call.index].prompt_tokens if call.produced else None
 
     # ----------------------------------------------------------------- scrapes and samples
-    def _scrape(self, ep: _Endpoint) -> None:
+    def _scrape(self, ep: Endpoint) -> None:
+        self._sync(ep)
         eng = ep.engine
         gauges = EngineGauges(
             running=float(eng.num_running), waiting=float(eng.num_waiting), kv_usage=eng.kv_usage

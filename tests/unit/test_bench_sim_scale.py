@@ -4,12 +4,14 @@ run end to end (each point in a process of its own, a few seconds in all)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
-from loadgen.bench.sim_scale import ScaleConfig, curve_summary, loglog_slope, memory_model
+from loadgen.bench.sim_scale import ScaleConfig
 from loadgen.bench.sim_scale import main as simscale_main
+from loadgen.bench.sim_scale_report import curve_summary, loglog_slope, memory_model, verdicts
 
 
 @pytest.mark.parametrize(
@@ -27,7 +29,7 @@ def test_loglog_slope(xs: list[float], ys: list[float], slope: float | None) -> 
 
 
 def _pt(endpoints: int, events: int, wall: float) -> dict[str, float | int]:
-    return {"endpoints": endpoints, "events": events, "wall_s": wall}
+    return {"endpoints": endpoints, "events": events, "wall_s": wall, "requests": events // 20}
 
 
 def test_the_curve_is_near_linear_when_wall_per_event_stays_flat() -> None:
@@ -37,6 +39,40 @@ def test_the_curve_is_near_linear_when_wall_per_event_stays_flat() -> None:
     steep = curve_summary([_pt(10, 1000, 0.1), _pt(100, 10_000, 3.0), _pt(1000, 100_000, 90.0)])
     assert steep["near_linear"] is False
     assert steep["slope_wall_vs_events"] > 1.4
+    assert flat["slope_wall_vs_requests"] == pytest.approx(1.04, abs=0.01)
+
+
+def _point(label: str, endpoints: int, requests: int, wall: float) -> dict[str, Any]:
+    return {
+        "label": label,
+        "endpoints": endpoints,
+        "requests": requests,
+        "events": 20 * requests,
+        "wall_s": wall,
+        "cpu_s": wall,
+        "policy": "default",
+        "rss_base_mib": 60.0,
+        "rss_peak_mib": 60.0 + requests / 1000,
+    }
+
+
+@pytest.mark.parametrize(
+    ("wall", "curve_walls", "met"),
+    [
+        pytest.param(59.0, (1.0, 10.0, 100.0), ("MET", "MET"), id="both-met"),
+        pytest.param(61.0, (1.0, 10.0, 100.0), ("NOT MET", "MET"), id="headline-slow"),
+        pytest.param(30.0, (1.0, 15.0, 200.0), ("MET", "NOT MET"), id="curve-steep"),
+    ],
+)
+def test_a_verdict_line_per_target(wall: float, curve_walls: tuple[float, ...], met: tuple[str, str]) -> None:
+    head = _point("headline", 100, 100_000, wall)
+    curve = [_point(f"curve-{n}", n, 30 * n, w) for n, w in zip((10, 100, 1000), curve_walls, strict=True)]
+    lines = verdicts(head, curve)
+    assert lines[0].startswith("VERDICT headline")
+    assert lines[0].endswith(f"{met[0]} (target <= 60 s wall on one core)")
+    assert lines[1].startswith("VERDICT curve")
+    assert f": {met[1]} (target <= 1.05)" in lines[1]
+    assert lines[2].startswith("STATED peak memory: 160 MiB RSS (headline")
 
 
 def _mem(endpoints: int, requests: int, peak: float) -> dict[str, float | int]:
@@ -69,7 +105,7 @@ def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "scale"
     rc = simscale_main(
         ["--out", str(out), "--headline-endpoints", "3", "--headline-requests", "30", "--sizes", "2,4",
-         "--curve-duration", "8", "--rate-per-endpoint", "0.5", "--cpu", "", "--profile"]
+         "--curve-duration", "8", "--rate-per-endpoint", "0.5", "--cpu", "", "--profile", "--shares"]
     )  # fmt: skip
     assert rc == 0
     doc = orjson.loads((out / "report.json").read_bytes())
@@ -85,4 +121,9 @@ def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
     assert "(b)" in text
     assert "(c) memory" in text
     assert "PROFILED" in text
-    assert "simulate" in (out / "profile-curve-2.txt").read_text()
+    assert "(d) where the wall time goes" in text
+    assert "VERDICT headline" in text
+    assert "VERDICT curve" in text
+    assert "STATED peak memory" in text
+    assert set(head["shares_s"]) == {"scheduler", "telemetry", "admission", "simulator"}
+    assert "fleetsim/sim.py" in (out / "profile-curve-2.txt").read_text()

@@ -1,0 +1,155 @@
+"""How `bench simscale` reads its points: the curve's per-event cost and log-log slopes, memory split
+into per-endpoint and per-request growth, a verdict line per target, the tables' rows."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+
+#: The headline's target: 100,000 requests over 100 endpoints within this many seconds of wall time.
+HEADLINE_TARGET_S: Final = 60.0
+#: Wall time per event may grow this much from the smallest to the largest fleet and still count as
+#: near-linear in events.
+LINEAR_SLACK: Final = 1.5
+#: The target for the curve: wall time against simulated requests, log-log slope at most this.
+SLOPE_TARGET: Final = 1.05
+#: Requests per endpoint must differ this much between points to split memory into the two parts.
+MEMORY_SPREAD: Final = 3.0
+
+
+def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """The least-squares slope of log y on log x (1: linear; 2: quadratic); None with < 2 points."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=True) if x > 0 and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in pts) / sxx
+
+
+def curve_summary(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How wall time grows along the curve: per event, and the log-log slopes against events and
+    endpoints."""
+    us_per_event = [1e6 * p["wall_s"] / p["events"] if p["events"] else None for p in points]
+    first, last = us_per_event[0] if us_per_event else None, us_per_event[-1] if us_per_event else None
+    growth = None if first is None or last is None or first == 0 else last / first
+    return {
+        "us_per_event": [None if u is None else round(u, 2) for u in us_per_event],
+        "us_per_event_growth": None if growth is None else round(growth, 3),
+        "slope_wall_vs_events": _r(
+            loglog_slope([p["events"] for p in points], [p["wall_s"] for p in points])
+        ),
+        "slope_wall_vs_endpoints": _r(
+            loglog_slope([p["endpoints"] for p in points], [p["wall_s"] for p in points])
+        ),
+        "slope_wall_vs_requests": _r(
+            loglog_slope([p["requests"] for p in points], [p["wall_s"] for p in points])
+        ),
+        "slope_cpu_vs_requests": _r(
+            loglog_slope([p["requests"] for p in points], [p.get("cpu_s", p["wall_s"]) for p in points])
+        ),
+        "near_linear": growth is not None and growth <= LINEAR_SLACK,
+    }
+
+
+def verdicts(headline: dict[str, Any] | None, curve: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per target of the simulator: the headline's wall time, the curve's slope, peak memory
+    (stated, no target)."""
+    out = []
+    if headline is not None:
+        ok = headline["wall_s"] <= HEADLINE_TARGET_S
+        out.append(
+            f"VERDICT headline: {headline['requests']:,} requests over {headline['endpoints']} endpoints "
+            f"({headline['policy']}) in {headline['wall_s']:.1f} s wall ({headline['cpu_s']:.1f} s CPU): "
+            f"{'MET' if ok else 'NOT MET'} (target <= {HEADLINE_TARGET_S:g} s wall on one core)"
+        )
+    if len(curve) >= 2:
+        s = curve_summary(curve)
+        slope = s["slope_wall_vs_requests"]
+        ok = slope is not None and slope <= SLOPE_TARGET
+        sizes = " -> ".join(str(p["endpoints"]) for p in curve)
+        out.append(
+            f"VERDICT curve: wall time against simulated requests over {sizes} endpoints, log-log slope "
+            f"{slope} (CPU time: {s['slope_cpu_vs_requests']}): {'MET' if ok else 'NOT MET'} "
+            f"(target <= {SLOPE_TARGET:g})"
+        )
+    points = ([headline] if headline is not None else []) + list(curve)
+    if points:
+        worst = max(points, key=lambda p: p["rss_peak_mib"])
+        out.append(
+            f"STATED peak memory: {worst['rss_peak_mib']:.0f} MiB RSS ({worst['label']}: "
+            f"{worst['requests']:,} requests, {worst['endpoints']} endpoints; "
+            f"{worst['rss_base_mib']:.0f} MiB after the imports)"
+        )
+    return out
+
+
+def memory_model(points: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+    """RSS growth over the imports as `per_endpoint` MiB x endpoints + `per_request` KiB x requests, by
+    least squares over the points; None unless requests per endpoint differ by MEMORY_SPREAD between
+    the points (else the two parts cannot be told apart: the curve alone has the same load everywhere)."""
+    rows = [(p["endpoints"], p["requests"], p["rss_peak_mib"] - p["rss_base_mib"]) for p in points]
+    ratios = [r / e for e, r, _ in rows if e > 0 and r > 0]
+    if len(ratios) < 2 or max(ratios) < MEMORY_SPREAD * min(ratios):
+        return None
+    a = np.array([[e, r / 1024.0] for e, r, _ in rows], dtype=np.float64)
+    y = np.array([g for _, _, g in rows], dtype=np.float64)
+    if np.linalg.matrix_rank(a) < 2:
+        return None
+    (per_endpoint, per_request_kib), *_ = np.linalg.lstsq(a, y, rcond=None)
+    return {
+        "per_endpoint_mib": round(float(per_endpoint), 3),
+        "per_request_kib": round(float(per_request_kib), 3),
+    }
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def row(p: dict[str, Any]) -> list[str]:
+    us = 1e6 * p["wall_s"] / p["events"] if p["events"] else float("nan")
+    return [
+        str(p["endpoints"]),
+        f"{p['rate']:g}",
+        f"{p['duration_sim_s']:g}",
+        f"{p['requests']:,}",
+        f"{p['events']:,}",
+        f"{p['wall_s']:.1f}",
+        f"{p['cpu_s']:.1f}",
+        f"{p['requests_per_s']:,.0f}",
+        f"{p['events_per_s']:,.0f}",
+        f"{us:.1f}",
+        f"{p['utilization']:.2f}" if p["utilization"] is not None else "-",
+        f"{p['rss_base_mib']:.0f}",
+        f"{p['rss_peak_mib']:.0f}",
+    ]
+
+
+HEADER: Final = [
+    "endpoints",
+    "req/s (sim)",
+    "sim s",
+    "requests",
+    "events",
+    "wall s",
+    "cpu s",
+    "requests/s",
+    "events/s",
+    "µs/event",
+    "util",
+    "RSS base MiB",
+    "RSS peak MiB",
+]

@@ -1,0 +1,151 @@
+"""What the simulated client and berth's relay see of each stream: an endpoint (its engine and its one
+pending wake), a task and its calls, and how an engine's tokens reach the calls. A token of an iteration
+run on its own is handed out at its wake (`Simulation._tokens`); the tokens of a decode run (`runs`)
+are a slice of the run's iteration log, handed out when the run commits them (`hand_out`: each call's
+count, last byte and gaps in one step), and the relay's progress reports among them are planned when
+the run starts (`plan_reports`), each made at its token's time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from gateway.core.types import EndpointId, RequestId
+from gateway.dispatch.context import RequestContext
+from loadgen.client import RequestResult
+from loadgen.engine_sim.engine import SimRequest
+from loadgen.engine_sim.tokens import TokenIds
+from loadgen.fleetsim.runs import DecodeRun, RunEngine
+from loadgen.report import TaskResult
+from loadgen.workloads.base import TaskSpec
+
+#: Tokens between a stream's progress reports (gateway.dispatch.runner.PROGRESS_EVERY).
+PROGRESS_EVERY: Final = 16
+
+
+class Endpoint:
+    __slots__ = ("engine", "id", "kv_capacity", "removed", "run_seen", "wake_at")
+
+    def __init__(self, eid: EndpointId, engine: RunEngine) -> None:
+        self.id = eid
+        self.engine = engine
+        self.kv_capacity = float(engine.config.kv_capacity_tokens)
+        self.wake_at: float | None = None
+        self.removed = False  # its instance stopped (lifecycle): pending wakes and scrapes are void
+        self.run_seen: DecodeRun | None = None  # the engine's last run whose progress reports are planned
+
+
+class Task:
+    __slots__ = ("result", "sent", "spec", "start")
+
+    def __init__(self, spec: TaskSpec, result: TaskResult, start: float) -> None:
+        self.spec = spec
+        self.result = result
+        self.start = start
+        self.sent: list[RequestResult] = []
+
+
+class Call:
+    __slots__ = (
+        "ctx",
+        "done",
+        "endpoint",
+        "engine_req",
+        "gaps",
+        "index",
+        "last_byte",
+        "produced",
+        "prompt_ids",
+        "report_at",
+        "result",
+        "run_base",
+        "run_first_at",
+        "sreq_id",
+        "task",
+    )
+
+    def __init__(self, task: Task, index: int, result: RequestResult, ctx: RequestContext) -> None:
+        self.task = task
+        self.index = index
+        self.result = result
+        self.ctx = ctx
+        self.done = False
+        self.endpoint: Endpoint | None = None
+        self.engine_req: SimRequest | None = None
+        self.gaps: list[float] = []
+        self.produced = 0
+        self.report_at = 1
+        self.last_byte = 0.0
+        self.sreq_id: RequestId | None = None
+        self.run_base = 0  # tokens the client had when the current engine run started (resumes)
+        self.run_first_at: float | None = None  # the current run's first token
+        self.prompt_ids: TokenIds | None = None  # when an engine caches prefixes
+
+
+class Reports:
+    """The relay's progress reports at a run's iterations before its last (the last one's tokens are
+    handed out one by one): a member whose first report is at iteration `i0` reports again every
+    PROGRESS_EVERY iterations, so the members are kept by `i0 % PROGRESS_EVERY` and one event at a time
+    stands for the run's next iteration with a report. Void from the iteration a cut removed on."""
+
+    __slots__ = ("at", "buckets", "run", "stop")
+
+    def __init__(self, run: DecodeRun) -> None:
+        self.run = run
+        self.stop = len(run.ends) - 1
+        self.buckets: list[list[tuple[Call, SimRequest, int, int]]] = [[] for _ in range(PROGRESS_EVERY)]
+        self.at = -1  # the iteration of the pending event
+
+    def after(self, i: int) -> int:
+        """The first iteration after `i` where a member reports (`stop` if none before it)."""
+        buckets = self.buckets
+        for j in range(i + 1, min(i + 1 + PROGRESS_EVERY, self.stop)):
+            if buckets[j % PROGRESS_EVERY]:
+                return j
+        return self.stop
+
+
+def hand_out(on_engine: dict[SimRequest, Call], committed: Sequence[tuple[DecodeRun, int, int]]) -> None:
+    """Committed iterations `a..b-1` of runs: each member's call has one token at each of
+    `run.ends[a:b]` (its gaps: from its last byte to the first, then the run's own); the progress
+    reports among them were made at their times (`plan_reports`)."""
+    for run, a, b in committed:
+        ends = run.ends
+        first = ends[a]
+        last = ends[b - 1]
+        n = b - a
+        tail = run.gaps[a + 1 : b] if n > 1 else None
+        for req in run.members:
+            call = on_engine.get(req)
+            if call is None:
+                continue
+            call.gaps.append(first - call.last_byte)
+            if tail is not None:
+                call.gaps.extend(tail)
+            produced = call.produced + n
+            call.produced = produced
+            call.last_byte = last
+            if produced >= call.report_at:  # the next report point after `produced`
+                call.report_at += PROGRESS_EVERY * ((produced - call.report_at) // PROGRESS_EVERY + 1)
+
+
+def plan_reports(on_engine: dict[SimRequest, Call], run: DecodeRun) -> Reports | None:
+    """The relay's progress reports (every PROGRESS_EVERY tokens) at a new run's iterations before its
+    last; None when there are none. Its first is at `plan.at`."""
+    plan = Reports(run)
+    buckets = plan.buckets
+    first = plan.stop
+    done = run.done
+    for req in run.members:
+        call = on_engine.get(req)
+        if call is None:
+            continue
+        p0 = call.produced - done  # tokens before the run's first iteration
+        i0 = call.report_at - p0 - 1  # >= done: the reports before were made
+        first = min(first, i0)
+        buckets[i0 % PROGRESS_EVERY].append((call, req, p0, i0))
+    if first >= plan.stop:
+        return None
+    plan.at = first
+    return plan
