@@ -25,6 +25,8 @@ from aiohttp import web
 from gateway.admission.exporter import SloCollector, TenantCollector
 from gateway.admission.state import SloAdmission
 from gateway.admission.tenancy import TenantAccounting
+from gateway.cluster import Cluster
+from gateway.cluster.exporter import ClusterCollector
 from gateway.config import GatewayConfig, RuntimeConfig, load_runtime
 from gateway.config.schema import EndpointConfig
 from gateway.core.clock import Clock, SystemClock
@@ -34,6 +36,7 @@ from gateway.core.looplag import watch_lag
 from gateway.core.metrics import GatewayMetrics, LiveNumbers
 from gateway.core.sdnotify import Notifier, watchdog_loop
 from gateway.core.tasks import TaskSupervisor
+from gateway.core.types import ModelName
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.runner import Dispatcher
 from gateway.front.admin import is_loopback, running_by_kind
@@ -92,6 +95,16 @@ class Gateway:
         self.telemetry.register(metrics.registry)
         slo = SloAdmission()
         tenancy = TenantAccounting()
+        # [cluster]: limits, task clocks and endpoint load shared through Redis, one leader for the fleet.
+        self.cluster: Cluster | None = None
+        if cfg.cluster is not None:
+            self.cluster = Cluster(cfg.cluster, retry_after_s=cfg.limits.retry_after_s)
+            tenancy.shared = self.cluster.limits
+            slo.shared = self.cluster.tasks
+            hooks = self.cluster.member.hooks
+            hooks.own_load = scheduler.own_loads
+            hooks.on_peers = lambda loads: self.driver.apply(scheduler.observe_peers(loads))
+            metrics.registry.register(ClusterCollector(self.cluster))
         self.engine_auth = EngineAuth()
         metrics.attach_live(self._live_numbers)
         metrics.registry.register(SloCollector(slo, self._slo_totals, scheduler.admission.counts))
@@ -123,6 +136,8 @@ class Gateway:
             tenancy=tenancy,
             engine_auth=self.engine_auth,
         )
+        if self.cluster is not None:
+            self.services.cluster_document = self.cluster.document
         self.services.reconfigure(runtime)
         self.lifecycle: LifecycleManager | None = None
         if cfg.lifecycle is not None:
@@ -136,7 +151,13 @@ class Gateway:
                 default_cap=cfg.limits.default_endpoint_cap,
                 retry_after_s=cfg.limits.retry_after_s,
                 prior=lambda: self.telemetry.fleet.settings.prior,
+                leadership=None if self.cluster is None else self.cluster.member,
             )
+            if self.cluster is not None:
+                lifecycle = self.lifecycle
+                hooks = self.cluster.member.hooks
+                hooks.on_cold = lambda models: lifecycle.on_cold(ModelName(m) for m in models)
+                hooks.on_fleet = lifecycle.on_fleet_changed
             self.services.lifecycle_answered = lambda: self.lifecycle is not None and self.lifecycle.answered
             self.services.lifecycle_document = self.lifecycle.document
             self.services.lifecycle_finished = self.lifecycle.on_finished
@@ -177,8 +198,16 @@ class Gateway:
         await self._session.close()
         self._session = None
 
+    async def cluster_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        """The Redis link, closed after the fleet's tasks (the beat leaves the cluster as it ends)."""
+        yield
+        if self.cluster is not None:
+            await self.cluster.close()
+
     async def fleet_ctx(self, app: web.Application) -> AsyncIterator[None]:
         self.endpoints.apply(self.runtime)
+        if self.cluster is not None:
+            self.cluster.start(self.supervisor)
         self.supervisor.spawn("queue-ticker", lambda: self.driver.tick_forever(QUEUE_TICK_S))
         self.supervisor.spawn("telemetry", self.telemetry.run)
         if self.lifecycle is not None:
@@ -266,6 +295,7 @@ def build_app(gw: Gateway) -> web.Application:
     # client_max_size is only a backstop: read_body enforces the configured limit with an OpenAI error.
     app = web.Application(client_max_size=gw.cfg.server.max_body_bytes + 1)
     app.cleanup_ctx.append(gw.session_ctx)
+    app.cleanup_ctx.append(gw.cluster_ctx)
     app.cleanup_ctx.append(gw.fleet_ctx)
     add_routes(app, gw.services, with_ops=not gw.cfg.ops.listen)
     return app

@@ -1,5 +1,6 @@
-"""The admin API: `GET /admin/fleet`, the fleet as berth sees it (what `berth top` draws), and
-`GET /admin/loop-lag[?after=N]`, the event loop's recent lag samples (gateway.core.looplag.RecentLag).
+"""The admin API: `GET /admin/fleet`, the fleet as berth sees it (what `berth top` draws),
+`GET /admin/loop-lag[?after=N]`, the event loop's recent lag samples (gateway.core.looplag.RecentLag),
+and `GET /admin/cluster`, the replica's view of its cluster (`berth cluster`).
 
 Access: with an admin token configured (`server.admin_token`, or BERTH_ADMIN_TOKEN in the environment,
 which wins) a request must send `Authorization: Bearer <token>` (401 otherwise). With none configured
@@ -58,6 +59,7 @@ from gateway.telemetry.fleet_state import perf_document
 
 FLEET_PATH = "/admin/fleet"
 LOOP_LAG_PATH = "/admin/loop-lag"
+CLUSTER_PATH = "/admin/cluster"
 
 
 def is_loopback(remote: str | None) -> bool:
@@ -106,6 +108,23 @@ async def fleet(request: web.Request) -> web.Response:
         return admin_error(e, request)
     return web.Response(
         body=orjson.dumps(fleet_document(s)),
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def cluster(request: web.Request) -> web.Response:
+    """Cluster mode (`berth cluster`): this replica, the members, the leader and its fencing token, the
+    Redis link and round trip, each shared piece's fallback state (gateway.cluster.member). Without
+    [cluster]: {"cluster": null}."""
+    s = request.app[SERVICES]
+    try:
+        authorize(request, s.admin_token)
+    except errors.BerthError as e:
+        return admin_error(e, request)
+    doc = None if s.cluster_document is None else s.cluster_document()
+    return web.Response(
+        body=orjson.dumps({"cluster": doc}),
         content_type="application/json",
         headers={"Cache-Control": "no-store"},
     )

@@ -58,7 +58,10 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
         ctx.client_model = parsed.model
         ctx.stream = parsed.stream
         sreq = await admit(s, ctx, parsed, request, tenant)
-        seat = s.tenancy.admit(tenant, sreq, s.clock.now())
+        if s.tenancy.shared is None:
+            seat = s.tenancy.admit(tenant, sreq, s.clock.now())
+        else:  # cluster mode: the tenant's buckets and seat in one Redis round trip
+            seat = await s.tenancy.admit_shared(tenant, sreq, s.clock.now())
         # One turn of the loop between the request's front half (read, parse, admit) and its placement
         # and engine call: at saturation a turn runs one step of every request in flight, and this
         # step was the longest of a request's (berth's engine-call client adds no steps of its own, as
@@ -104,6 +107,19 @@ async def admit(
         policy=settings.slo,
         reject_disallowed=settings.reject_disallowed,
     )
+    if resolved.task is not None and s.slo.shared is not None:  # cluster mode: the task's shared clock
+        resolved = await s.slo.share(
+            resolved,
+            request.headers.items(),
+            tenant,
+            parsed,
+            served=ctx.served_model,
+            now=ctx.arrival,
+            policy=settings.slo,
+            reject_disallowed=settings.reject_disallowed,
+        )
+        ctx.slo_class = resolved.slo.slo_class
+        ctx.task = resolved.task
     key = s.next_key()  # berth's own id for the request: the client's X-Request-Id is only echoed
     counter = s.prompt_counter
     exact = None if counter is None else await counter.count(key, parsed, ModelName(ctx.served_model))

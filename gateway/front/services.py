@@ -82,6 +82,8 @@ class Services:
     lifecycle_document: Callable[[], dict[str, Any]] | None = None
     # Every admitted request's finish record (the lifecycle's autoscaler counts SLA violations from it).
     lifecycle_finished: Callable[[FinishedRequest], None] | None = None
+    # Cluster mode: /admin/cluster's document (gateway.cluster); None: no [cluster].
+    cluster_document: Callable[[], dict[str, Any]] | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
     _dispatcher: Dispatcher | None = None
     _keys: Iterator[int] = field(default_factory=itertools.count)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, resume_prompt_tokens, running_from, with_progress
 from gateway.sched.snapshot import EndpointEstimates, EndpointView
-from gateway.sched.types import EndpointSpec
+from gateway.sched.types import NO_PEER_LOAD, EndpointSpec, PeerLoad
 
 
 class _Views:
@@ -60,6 +60,7 @@ class _Endpoint:
         "index",
         "inflight",
         "models",
+        "peer",
         "running",
         "running_output_tokens",
         "running_prompt_tokens",
@@ -85,6 +86,7 @@ class _Endpoint:
         self.models: frozenset[ModelName] = spec.models
         self.health = EndpointHealth.STARTING
         self.inflight = 0
+        self.peer = NO_PEER_LOAD  # the other replicas' load here (cluster mode), added in the view
         self.gauges: EngineGauges | None = None
         self.scraped_at: float | None = None
         self.dispatched_since_scrape = 0
@@ -122,6 +124,7 @@ class _Endpoint:
             return v
         g = None if self._stale(now, stale_after_s) else self.gauges
         s = self.spec
+        peer = self.peer
         # Positional, in field order: a call with 29 keywords spends about 1 µs matching them to the
         # parameters, and a view is remade on every dispatch and completion.
         v = self._view = EndpointView(
@@ -132,7 +135,7 @@ class _Endpoint:
             s.instance_class,
             self.health,
             self.cap,
-            self.inflight,
+            self.inflight + peer.inflight,
             None if g is None else g.running,  # engine_running
             None if g is None else g.waiting,  # engine_waiting
             None if g is None else g.kv_usage,  # kv_usage
@@ -140,8 +143,8 @@ class _Endpoint:
             self.scraped_at,
             s.node,
             self.completed_since_scrape,
-            self.running_prompt_tokens,
-            self.running_output_tokens,
+            self.running_prompt_tokens + peer.prompt_tokens,
+            self.running_output_tokens + peer.output_tokens,
             self.estimates,
             tuple(self.running.values()),  # running
             s.priority_scheduling,
@@ -414,8 +417,29 @@ class Fleet:
         return True
 
     def inflight_on(self, eid: EndpointId) -> int:
+        """This gateway's own requests running on `eid` (the other replicas' are not counted)."""
         ep = self._endpoints.get(eid)
         return 0 if ep is None else ep.inflight
+
+    def own_loads(self) -> dict[EndpointId, PeerLoad]:
+        """This gateway's own load on each endpoint that has some (what a replica publishes)."""
+        return {
+            eid: PeerLoad(ep.inflight, ep.running_prompt_tokens, ep.running_output_tokens)
+            for eid, ep in self._endpoints.items()
+            if ep.inflight
+        }
+
+    def observe_peers(self, loads: Mapping[EndpointId, PeerLoad]) -> bool:
+        """The other replicas' load per endpoint (absent: none); True when some endpoint's went down
+        (room may have freed: the queues may move)."""
+        freed = False
+        for eid, ep in self._endpoints.items():
+            load = loads.get(eid, NO_PEER_LOAD)
+            if load != ep.peer:
+                freed = freed or load.inflight < ep.peer.inflight
+                ep.peer = load
+                ep.changed()
+        return freed
 
     # ----------------------------------------------------------------- views
     def views(self, now: float, stale_after_s: float) -> tuple[EndpointView, ...]:

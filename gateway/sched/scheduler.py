@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from gateway.core import errors
@@ -55,7 +55,7 @@ from gateway.sched.queues import ModelQueue, OrderingFault, Queues
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
-from gateway.sched.types import EndpointSpec, QueueLimits
+from gateway.sched.types import EndpointSpec, PeerLoad, QueueLimits
 
 #: Faults kept for the daemon to collect (the oldest are dropped beyond this).
 MAX_FAULTS: Final = 64
@@ -249,6 +249,19 @@ class Scheduler:
 
     def observe_gauges(self, eid: EndpointId, gauges: EngineGauges) -> list[Decision]:
         self._fleet.observe_gauges(eid, gauges, self._clock.now())
+        return []
+
+    def own_loads(self) -> dict[EndpointId, PeerLoad]:
+        """This gateway's own load per endpoint (in flight, prompt and predicted output tokens), without
+        the other replicas': what it publishes to them in cluster mode."""
+        return self._fleet.own_loads()
+
+    def observe_peers(self, loads: Mapping[EndpointId, PeerLoad]) -> list[Decision]:
+        """The other gateway replicas' last published load per endpoint (cluster mode; {} when none or
+        unknown): added to this gateway's own in each endpoint's view. Load that went away serves the
+        queues."""
+        if self._fleet.observe_peers(loads):
+            return self._serve_all()
         return []
 
     def set_estimates(self, eid: EndpointId, estimates: EndpointEstimates | None) -> list[Decision]:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
 
@@ -38,3 +39,18 @@ class QueueLimits:
     retry_after_s: float = 1.0
     # Engine metrics older than this are stale: the gateway's own counts take over.
     stale_after_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLoad:
+    """What the other gateway replicas (cluster mode) last published for one endpoint: their requests in
+    flight there and those requests' prompt and predicted output tokens. The scheduler adds it to its
+    own counts in the endpoint's view, so placement (and the concurrency cap) see the endpoint's whole
+    load, not one replica's share of it."""
+
+    inflight: int = 0
+    prompt_tokens: int = 0
+    output_tokens: float = 0.0
+
+
+NO_PEER_LOAD: Final = PeerLoad()

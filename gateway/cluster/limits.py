@@ -1,0 +1,285 @@
+"""Tenant limits shared by the replicas: one Lua script per admission decision, releases sent in batches.
+
+Keys (each tenant's; `P` is `[cluster] key_prefix`):
+
+    P:rps:TENANT    hash {l: level, t: Redis time}   requests_per_s bucket (absent: full)
+    P:tpm:TENANT    hash {l, t}                      tokens_per_min bucket (may be in debt)
+    P:seats:TENANT  hash {replica: seats}            max_concurrency: seats held, per replica
+    P:members       zset {replica: lease expiry}     the replicas alive (gateway.cluster.member)
+
+`admit` runs one script: it refills the tenant's buckets by Redis's own clock, counts the seats of live
+replicas (a replica whose lease ran out has its seats dropped there and then: a dead replica's seats
+return within one lease), and takes the request's charge and a seat only when every limit lets it in:
+a tenant's buckets and seat in ONE round trip. Releases (the seat, and the token charge corrected by
+what the engine reported, as in gateway.admission.limits) are queued and sent by one background task,
+as many as are waiting in one script call; a replica also writes its true seat counts (`reconcile`) at
+start, after Redis came back and once per lease, so a release lost to an outage does not leak a seat.
+
+While Redis does not answer, `[cluster] on_redis_down` decides: "local" admits through a local
+`TenantLimiter` holding 1/replicas of each limit (replicas: the members seen last), "refuse" answers 503
+limits_unavailable. A seat taken locally is given back locally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, Final
+
+import structlog
+
+from gateway.admission.limits import Limit, Refusal, Seat, TenantLimiter, TenantLimits, scaled
+from gateway.cluster.link import RedisLink, text
+from gateway.core import errors
+
+log = structlog.get_logger("berth.cluster")
+
+# Lua: the bucket's level refilled to `now` (absent: full).
+_LEVEL: Final = """
+local function level(key, rate, cap, now)
+  local v = redis.call('HMGET', key, 'l', 't')
+  local l = tonumber(v[1])
+  if not l then return cap end
+  return math.min(cap, l + math.max(0, now - tonumber(v[2])) * rate)
+end
+local function keep(key, l, now, rate, cap)
+  redis.call('HSET', key, 'l', tostring(l), 't', tostring(now))
+  redis.call('PEXPIRE', key, math.ceil((cap - math.min(l, cap)) / rate * 1000) + 1000)
+end
+"""
+
+ADMIT_LUA: Final = (
+    _LEVEL
+    + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local me = ARGV[1]
+local rr, rc = tonumber(ARGV[2]), tonumber(ARGV[3])
+local tr, tc = tonumber(ARGV[4]), tonumber(ARGV[5])
+local cost, maxc = tonumber(ARGV[6]), tonumber(ARGV[7])
+if maxc > 0 then
+  local seats = redis.call('HGETALL', KEYS[1])
+  local total = 0
+  for i = 1, #seats, 2 do
+    local r, n = seats[i], tonumber(seats[i + 1])
+    if r ~= me then
+      local exp = redis.call('ZSCORE', KEYS[4], r)
+      if (not exp) or tonumber(exp) < now then
+        redis.call('HDEL', KEYS[1], r)
+        n = 0
+      end
+    end
+    total = total + math.max(0, n)
+  end
+  if total >= maxc then return {3, '0'} end
+end
+local rl, tl
+if rr > 0 then
+  rl = level(KEYS[2], rr, rc, now)
+  if rl < 1 then return {1, tostring((1 - rl) / rr)} end
+end
+if tr > 0 then
+  tl = level(KEYS[3], tr, tc, now)
+  local need = math.min(cost, tc)
+  if tl < need then return {2, tostring((need - tl) / tr)} end
+end
+if rr > 0 then keep(KEYS[2], rl - 1, now, rr, rc) end
+if tr > 0 then keep(KEYS[3], tl - cost, now, tr, tc) end
+if maxc > 0 then redis.call('HINCRBY', KEYS[1], me, 1) end
+return {0, '0'}
+"""
+)
+
+# KEYS: seats, tpm of each release in turn; ARGV: me, then per release: seat (0/1), give, tpm rate, cap.
+RELEASE_LUA: Final = (
+    _LEVEL
+    + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local me = ARGV[1]
+for i = 1, #KEYS / 2 do
+  local a = 2 + (i - 1) * 4
+  if ARGV[a] == '1' then
+    if redis.call('HINCRBY', KEYS[2 * i - 1], me, -1) < 0 then redis.call('HSET', KEYS[2 * i - 1], me, 0) end
+  end
+  local give, tr, tc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  if give ~= 0 and tr > 0 then
+    keep(KEYS[2 * i], math.min(tc, level(KEYS[2 * i], tr, tc, now) + give), now, tr, tc)
+  end
+end
+return #KEYS / 2
+"""
+)
+
+_CODES: Final = {1: Limit.REQUESTS, 2: Limit.TOKENS, 3: Limit.CONCURRENCY}
+#: At most this many releases in one script call.
+RELEASE_BATCH: Final = 256
+#: Releases kept while Redis does not answer; past it they are dropped (the next reconcile corrects seats).
+MAX_PENDING: Final = 100_000
+
+
+class SharedLimits:
+    """gateway.admission.tenancy.SharedLimiter over Redis (see the module doc)."""
+
+    def __init__(self, link: RedisLink, name: str, *, on_down: str, retry_after_s: float = 1.0) -> None:
+        self.link = link
+        self.name = name
+        self.on_down = on_down
+        self.retry_after_s = retry_after_s
+        self._admit = link.script(ADMIT_LUA)
+        self._release = link.script(RELEASE_LUA)
+        self._members = link.key("members")
+        self.limits: dict[str, TenantLimits] = {}
+        self.fallback = TenantLimiter()  # 1/replicas of each limit, while Redis does not answer
+        self.replicas = 1
+        self.held: dict[str, int] = {}  # tenant -> remote seats this replica holds
+        self._admitting: dict[str, int] = {}  # tenant -> admissions sent, not answered
+        self._pending: list[tuple[str, bool, float]] = []  # (tenant, seat, tokens to give back)
+        self._wake = asyncio.Event()
+        self.reconcile_due = True  # write the true seat counts on the next beat
+        self.fallback_admits = 0
+        self.refused_down = 0
+        self.dropped_releases = 0
+
+    # ----------------------------------------------------------------- configuration
+    def configure(self, limits: Mapping[str, TenantLimits], now: float) -> None:
+        self.limits = {name: lim for name, lim in limits.items() if lim.any}
+        self._configure_fallback(now)
+
+    def set_replicas(self, n: int, now: float) -> None:
+        """The number of live replicas (at least 1): the local fallback's share is 1/n."""
+        n = max(1, n)
+        if n != self.replicas:
+            self.replicas = n
+            self._configure_fallback(now)
+
+    def _configure_fallback(self, now: float) -> None:
+        share = 1.0 / self.replicas
+        self.fallback.configure({t: scaled(lim, share) for t, lim in self.limits.items()}, now)
+
+    # ----------------------------------------------------------------- the request path
+    async def admit(self, tenant: str, limits: TenantLimits, tokens: int, now: float) -> Seat | Refusal:
+        rps = limits.requests_per_s
+        tpm = limits.tokens_per_min
+        conc = limits.max_concurrency
+        p = self.link.prefix
+        keys = [f"{p}:seats:{tenant}", f"{p}:rps:{tenant}", f"{p}:tpm:{tenant}", self._members]
+        args: list[Any] = [
+            self.name,
+            0 if rps is None else rps,
+            0 if rps is None else max(1.0, rps),
+            0 if tpm is None else tpm / 60.0,
+            0 if tpm is None else max(1, tpm),
+            tokens,
+            0 if conc is None else conc,
+        ]
+        self._admitting[tenant] = self._admitting.get(tenant, 0) + 1
+        try:
+            got = await self.link.call("admit", lambda r: self._admit(keys=keys, args=args, client=r))
+        finally:
+            self._admitting[tenant] -= 1
+        if got is None:
+            return self._down(tenant, tokens, now)
+        code = int(got[0])
+        if code:
+            wait = float(text(got[1]))
+            return Refusal(_CODES[code], None if code == 3 else wait)
+        if conc is not None:
+            self.held[tenant] = self.held.get(tenant, 0) + 1
+        return Seat(tenant, tokens if tpm is not None else 0, None, remote=True)
+
+    def _down(self, tenant: str, tokens: int, now: float) -> Seat | Refusal:
+        if self.on_down == "refuse":
+            self.refused_down += 1
+            raise errors.limits_unavailable(self.retry_after_s)
+        self.fallback_admits += 1
+        return self.fallback.admit(tenant, tokens, now)
+
+    def release(self, seat: Seat, used_tokens: int | None, now: float) -> None:
+        if seat.released:
+            return
+        seat.released = True
+        lim = self.limits.get(seat.tenant)
+        holds = seat.tenant in self.held and self.held[seat.tenant] > 0
+        if holds:
+            self.held[seat.tenant] -= 1
+        give = 0.0
+        if used_tokens is not None and seat.charged_tokens:
+            give = float(seat.charged_tokens - used_tokens)
+        if not holds and (give == 0.0 or lim is None or lim.tokens_per_min is None):
+            return
+        if len(self._pending) >= MAX_PENDING:
+            self.dropped_releases += 1
+            self.reconcile_due = True
+            return
+        self._pending.append((seat.tenant, holds, give))
+        self._wake.set()
+
+    # ----------------------------------------------------------------- background
+    async def flush_forever(self) -> None:
+        """Send queued releases as they come, as many as wait in one script call."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                if not await self.flush():
+                    break  # Redis is down: the member loop's beat wakes this again once it is back
+
+    async def flush(self) -> bool:
+        """Send up to RELEASE_BATCH queued releases; False when Redis did not take them (they stay)."""
+        batch = self._pending[:RELEASE_BATCH]
+        if not batch:
+            return True
+        p = self.link.prefix
+        keys: list[str] = []
+        args: list[Any] = [self.name]
+        for tenant, seat, give in batch:
+            lim = self.limits.get(tenant)
+            tpm = None if lim is None else lim.tokens_per_min
+            keys += [f"{p}:seats:{tenant}", f"{p}:tpm:{tenant}"]
+            args += [
+                "1" if seat else "0",
+                give,
+                0 if tpm is None else tpm / 60.0,
+                0 if tpm is None else max(1, tpm),
+            ]
+        got = await self.link.call("release", lambda r: self._release(keys=keys, args=args, client=r))
+        if got is None:
+            return False
+        del self._pending[: len(batch)]
+        return True
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def wake(self) -> None:
+        if self._pending:
+            self._wake.set()
+
+    def reconcile_pairs(self) -> dict[str, dict[str, int]]:
+        """seats key -> {replica: seats held} for every tenant with max_concurrency (written by the
+        member's beat): admissions not yet answered are counted (a seat too many for a moment, never
+        one too few)."""
+        self.reconcile_due = False
+        p = self.link.prefix
+        out = {}
+        for tenant, lim in self.limits.items():
+            if lim.max_concurrency is None:
+                continue
+            n = self.held.get(tenant, 0) + self._admitting.get(tenant, 0)
+            out[f"{p}:seats:{tenant}"] = {self.name: n}
+        # Releases queued for seats now written as they are would count twice: they are seats no more.
+        self._pending = [(t, False, give) for t, _, give in self._pending if give != 0.0]
+        return out
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "on_redis_down": self.on_down,
+            "replicas": self.replicas,
+            "seats_held": {t: n for t, n in sorted(self.held.items()) if n},
+            "pending_releases": len(self._pending),
+            "fallback_admits": self.fallback_admits,
+            "refused_while_down": self.refused_down,
+            "dropped_releases": self.dropped_releases,
+        }
