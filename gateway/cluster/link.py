@@ -54,7 +54,9 @@ class RedisLink:
             password=password,
             socket_timeout=c.timeout_s,
             socket_connect_timeout=c.connect_timeout_s,
-            retry=Retry(NoBackoff(), 0),  # the caller's fallback is the retry
+            # One retry at once, on a fresh connection: after a Redis restart every pooled connection is
+            # dead, and each would otherwise fail one call (and flap the link's state). Bounded by `call`.
+            retry=Retry(NoBackoff(), 1),
             health_check_interval=0,
             client_name=f"berth:{setup.name}",
             max_connections=64,
