@@ -6,6 +6,7 @@ stopped and restarted under load causes no 5xx and leaves no password in any log
 from __future__ import annotations
 
 import asyncio
+import io
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,9 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+import redis.asyncio
 
+from gateway import clusterview
 from gateway.cluster import Cluster, ClusterMember
 from gateway.core.types import EndpointId
 from tests.integration.conftest import EngineServer, Running, StartGateway
@@ -263,3 +266,53 @@ async def test_redis_restarted_under_load_no_5xx_fallback_recovery_and_no_passwo
         assert orjson.loads(doc)["cluster"]["redis"] == server.url
     finally:
         server.stop()
+
+
+async def test_without_cluster_nothing_is_built_or_contacted(
+    engine_server: EngineServer, start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*a: object, **kw: object) -> None:
+        raise AssertionError("a Redis client was made without [cluster]")
+
+    monkeypatch.setattr(redis.asyncio.Redis, "__init__", refuse)
+    engine = await engine_server(FakeEngine())
+    r = await start_gateway([engine])
+    assert r.gw.cluster is None
+    assert r.gw.services.tenancy.shared is None
+    assert r.gw.services.slo.shared is None
+    assert not [n for n in r.gw.supervisor.names if n.startswith("cluster")]
+    assert await _post(r) == 200
+    async with aiohttp.ClientSession() as s, s.get(r.url + "/admin/cluster") as resp:
+        assert orjson.loads(await resp.read()) == {"cluster": None}
+
+
+async def test_berth_cluster_shows_members_leader_token_and_fallback(
+    engine_server: EngineServer,
+    start_gateway: StartGateway,
+    redis_server: RedisServer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    engine = await engine_server(FakeEngine())
+    r0, r1 = await _replicas(2, start_gateway, engine, redis_server.url, "max_concurrency = 5\n")
+    out = io.StringIO()
+    assert await asyncio.to_thread(clusterview.run, [r0.url, r1.url], None, out=out) == 0
+    text = out.getvalue()
+    leader = cluster_of(r0).member.leader
+    token = cluster_of(r0).member.token
+    assert text.count("members   r0 r1 (2)") == 2
+    assert text.count(f"leader    {leader}  fencing token {token}") == 2
+    assert "this replica: leader" in text
+    assert "this replica: follower" in text
+    assert "fallback  limits=shared  load=shared  leader=elected" in text
+    assert f"redis     {redis_server.url}  up  rtt " in text
+    js = io.StringIO()
+    assert await asyncio.to_thread(clusterview.run, [r0.url], None, as_json=True, out=js) == 0
+    assert orjson.loads(js.getvalue())[r0.url]["name"] == "r0"
+
+
+async def test_berth_cluster_says_when_a_gateway_is_not_in_cluster_mode(
+    engine_server: EngineServer, start_gateway: StartGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = await start_gateway([await engine_server(FakeEngine())])
+    assert await asyncio.to_thread(clusterview.run, [r.url], None, out=io.StringIO()) == 1
+    assert "not in cluster mode" in capsys.readouterr().err
