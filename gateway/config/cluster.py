@@ -3,7 +3,7 @@
     [cluster]
     redis = "redis://redis.internal:6379/0"   # or rediss:// (TLS); a user name may be in the URL
     password_env = "BERTH_REDIS_PASSWORD"     # or password_file = "redis.pass" (mode 0600): never in the URL
-    name = "gw-1"                             # default: the host name
+    name = "gw-1"                             # default: $BERTH_CLUSTER_NAME, else the host name
 
 Without [cluster] nothing here is built and nothing is contacted. The password is read like an engine's
 API key (`api_key_env` / `api_key_file`) and is never part of a log line, a metric or a repr; the URL as
@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -23,6 +23,9 @@ from msgspec import Meta
 
 from gateway.core.errors import ConfigError
 
+#: The replica's name from the environment, over [cluster] name (the systemd template unit sets it per
+#: instance: several replicas may share one gateway.toml on one host).
+NAME_ENV: Final = "BERTH_CLUSTER_NAME"
 PositiveFloat = Annotated[float, Meta(gt=0)]
 Timeout = Annotated[float, Meta(gt=0, le=60)]
 
@@ -31,7 +34,8 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     """[cluster] exactly as written."""
 
     redis: str  # redis://[user@]host:port/db or rediss://...
-    name: str = ""  # this replica's name, unique in the cluster (default: the host name)
+    # This replica's name, unique in the cluster ($BERTH_CLUSTER_NAME wins; default: the host name).
+    name: str = ""
     password_env: str | None = None  # environment variable holding the Redis password
     password_file: str | None = None  # file holding it (mode 0600); relative to gateway.toml
     key_prefix: str = "berth"  # every key berth writes starts with "{prefix}:"
@@ -135,7 +139,7 @@ def cluster_problems(
         )
     if not c.key_prefix or any(ch.isspace() or ch in "{}" for ch in c.key_prefix):
         problems.append(ConfigError("must be non-empty, without spaces or braces", path="cluster.key_prefix"))
-    name = c.name or socket.gethostname()
+    name = env.get(NAME_ENV) or c.name or socket.gethostname()
     if not name or any(ch.isspace() for ch in name) or len(name) > 128:
         problems.append(ConfigError("must be 1-128 characters without spaces", path="cluster.name"))
     if c.password_env is not None and c.password_file is not None:

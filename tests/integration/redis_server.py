@@ -1,105 +1,21 @@
-"""A real redis-server for the cluster-mode tests: started on a free loopback port, ready when it says
-so on its stdout (no polling), stopped by its pid.
-
-`make test` installs Debian's redis-server package when it is missing (the Makefile's `redis` step); a
-machine without it and without apt-get skips these tests, naming the package to install.
-"""
+"""The cluster-mode tests' redis-server (loadgen.redis_server): skipped, naming what to install, only when
+redis-server is missing (`make test` installs Debian's redis-server package first)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
-READY = b"Ready to accept connections"
-START_TIMEOUT_S = 10.0
+from loadgen import redis_server as _impl
+from loadgen.redis_server import free_port
+
+__all__ = ["RedisServer", "free_port"]
 
 
-def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found is None:
-        pytest.skip(
-            "cluster tests need redis-server (Debian/Ubuntu: apt-get install redis-server; "
-            "elsewhere Redis >= 7 or Valkey's server on PATH as redis-server); `make test` installs it"
-        )
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class RedisServer:
-    """One redis-server process on 127.0.0.1:`port` (no persistence); `stop` and `start` again keep the
-    port (a Redis restart, as clients see it)."""
-
+class RedisServer(_impl.RedisServer):
     def __init__(self, workdir: Path, *, password: str | None = None) -> None:
-        self.binary = redis_server_binary()
-        self.port = free_port()
-        self.password = password
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        argv = [
-            self.binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(self.workdir),
-            "--logfile",
-            "",
-            "--loglevel",
-            "notice",
-        ]
-        if self.password is not None:
-            argv += ["--requirepass", self.password]
-        proc = self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        ready = threading.Event()
-
-        def read() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:  # keep draining so the server never blocks on a full pipe
-                if READY in line:
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(START_TIMEOUT_S) or proc.poll() is not None:
-            self.stop()
-            raise RuntimeError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-    def pause(self) -> None:
-        """SIGSTOP: Redis holds every connection and answers nothing (a slow or hung Redis)."""
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
+        try:
+            super().__init__(workdir, password=password)
+        except _impl.RedisMissing as e:
+            pytest.skip(f"cluster tests need a real Redis: {e}")

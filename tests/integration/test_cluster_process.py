@@ -93,12 +93,16 @@ def view(berth: RunningServer) -> dict[str, Any]:
     return doc
 
 
+def wait_members(berth: RunningServer, names: list[str]) -> None:
+    berth.process.poll_until("members", lambda: view(berth)["members"] == names, 30)
+
+
 def test_leader_acts_followers_forward_a_killed_leader_is_replaced_and_fenced(cluster2: Cluster2) -> None:
     a = cluster2.start("a")
     b = cluster2.start("b")
     try:
         for r in (a, b):
-            r.process.poll_until("both members", lambda r=r: view(r)["members"] == ["a", "b"], 30)
+            wait_members(r, ["a", "b"])
         leader, follower = (a, b) if view(a)["is_leader"] else (b, a)
         assert not view(follower)["is_leader"]
         t1 = view(leader)["fencing_token"]

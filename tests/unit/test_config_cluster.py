@@ -113,3 +113,10 @@ def test_a_changed_cluster_needs_a_restart(tmp_path: Path) -> None:
 def test_safe_url_never_shows_a_password() -> None:
     assert safe_url("redis://u:pw@h:1/0") == "redis://h:1/0"
     assert safe_url("rediss://[::1]:6380/3") == "rediss://[::1]:6380/3"
+
+
+def test_the_name_from_the_environment_wins(tmp_path: Path) -> None:
+    p = _write(tmp_path, '[cluster]\nredis = "redis://r"\nname = "file"\n')
+    c = load_gateway_config(p, env={"BERTH_CLUSTER_NAME": "host-8081"}).cluster
+    assert c is not None
+    assert c.name == "host-8081"
