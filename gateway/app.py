@@ -36,7 +36,7 @@ from gateway.core.looplag import watch_lag
 from gateway.core.metrics import GatewayMetrics, LiveNumbers
 from gateway.core.sdnotify import Notifier, watchdog_loop
 from gateway.core.tasks import TaskSupervisor
-from gateway.core.types import ModelName
+from gateway.core.types import EndpointId, ModelName
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.runner import Dispatcher
 from gateway.front.admin import is_loopback, running_by_kind
@@ -46,6 +46,7 @@ from gateway.lifecycle.endpoints import EndpointSet
 from gateway.lifecycle.manager import LifecycleManager
 from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import Scheduler
+from gateway.sched.types import PeerLoad
 from gateway.telemetry.live import LiveTelemetry
 from gateway.upstream.client import UpstreamSettings, make_fetcher, make_pool, make_session, pool_counts
 from gateway.upstream.credentials import EngineAuth, EngineAuthCollector
@@ -158,6 +159,7 @@ class Gateway:
                 hooks = self.cluster.member.hooks
                 hooks.on_cold = lambda models: lifecycle.on_cold(ModelName(m) for m in models)
                 hooks.on_fleet = lifecycle.on_fleet_changed
+                hooks.own_load = lambda: published_load(scheduler, lifecycle)
             self.services.lifecycle_answered = lambda: self.lifecycle is not None and self.lifecycle.answered
             self.services.lifecycle_document = self.lifecycle.document
             self.services.lifecycle_finished = self.lifecycle.on_finished
@@ -289,6 +291,16 @@ class Gateway:
             log.info("config_reloaded", policy=new.policy.name, endpoints=len(new.endpoints))
             self.notifier.ready()
             return True
+
+
+def published_load(scheduler: Scheduler, lifecycle: LifecycleManager) -> dict[EndpointId, PeerLoad]:
+    """What a replica publishes (cluster mode): its own load per endpoint, and its requests still running
+    on endpoints it has stopped placing on (a drain the leader runs waits for them)."""
+    loads = scheduler.own_loads()
+    for eid, n in lifecycle.leaving_inflight().items():
+        if eid not in loads:
+            loads[eid] = PeerLoad(n)
+    return loads
 
 
 def build_app(gw: Gateway) -> web.Application:

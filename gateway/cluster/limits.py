@@ -1,11 +1,14 @@
 """Tenant limits shared by the replicas: one Lua script per admission decision, releases sent in batches.
 
-Keys (each tenant's; `P` is `[cluster] key_prefix`):
+Keys (`P` is `[cluster] key_prefix`):
 
-    P:rps:TENANT    hash {l: level, t: Redis time}   requests_per_s bucket (absent: full)
-    P:tpm:TENANT    hash {l, t}                      tokens_per_min bucket (may be in debt)
-    P:seats:TENANT  hash {replica: seats}            max_concurrency: seats held, per replica
-    P:members       zset {replica: lease expiry}     the replicas alive (gateway.cluster.member)
+    P:tenant:TENANT  hash, one per tenant with limits:
+                     rl, rt   requests_per_s bucket: level, and the Redis time it was computed at
+                     tl, tt   tokens_per_min bucket (the level may be below zero: debt)
+                     s:REPL   max_concurrency: the seats replica REPL holds
+    P:members        zset {replica: lease expiry} (gateway.cluster.member)
+
+(no bucket level yet: full.)
 
 `admit` runs one script: it refills the tenant's buckets by Redis's own clock, counts the seats of live
 replicas (a replica whose lease ran out has its seats dropped there and then: a dead replica's seats
@@ -34,17 +37,11 @@ from gateway.core import errors
 
 log = structlog.get_logger("berth.cluster")
 
-# Lua: the bucket's level refilled to `now` (absent: full).
+# Lua: a bucket's level refilled to `now` (no level yet: full).
 _LEVEL: Final = """
-local function level(key, rate, cap, now)
-  local v = redis.call('HMGET', key, 'l', 't')
-  local l = tonumber(v[1])
+local function level(l, at, rate, cap, now)
   if not l then return cap end
-  return math.min(cap, l + math.max(0, now - tonumber(v[2])) * rate)
-end
-local function keep(key, l, now, rate, cap)
-  redis.call('HSET', key, 'l', tostring(l), 't', tostring(now))
-  redis.call('PEXPIRE', key, math.ceil((cap - math.min(l, cap)) / rate * 1000) + 1000)
+  return math.min(cap, tonumber(l) + math.max(0, now - tonumber(at)) * rate)
 end
 """
 
@@ -57,57 +54,66 @@ local me = ARGV[1]
 local rr, rc = tonumber(ARGV[2]), tonumber(ARGV[3])
 local tr, tc = tonumber(ARGV[4]), tonumber(ARGV[5])
 local cost, maxc = tonumber(ARGV[6]), tonumber(ARGV[7])
+local h = redis.call('HGETALL', KEYS[1])
+local f = {}
+for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
 if maxc > 0 then
-  local seats = redis.call('HGETALL', KEYS[1])
   local total = 0
-  for i = 1, #seats, 2 do
-    local r, n = seats[i], tonumber(seats[i + 1])
-    if r ~= me then
-      local exp = redis.call('ZSCORE', KEYS[4], r)
-      if (not exp) or tonumber(exp) < now then
-        redis.call('HDEL', KEYS[1], r)
-        n = 0
+  for k, v in pairs(f) do
+    if string.sub(k, 1, 2) == 's:' then
+      local r, n = string.sub(k, 3), tonumber(v)
+      if r ~= me then
+        local exp = redis.call('ZSCORE', KEYS[2], r)
+        if (not exp) or tonumber(exp) < now then
+          redis.call('HDEL', KEYS[1], k)
+          n = 0
+        end
       end
+      total = total + math.max(0, n)
     end
-    total = total + math.max(0, n)
   end
   if total >= maxc then return {3, '0'} end
 end
-local rl, tl
+local set = {}
 if rr > 0 then
-  rl = level(KEYS[2], rr, rc, now)
+  local rl = level(f['rl'], f['rt'], rr, rc, now)
   if rl < 1 then return {1, tostring((1 - rl) / rr)} end
+  set[#set + 1] = 'rl'; set[#set + 1] = tostring(rl - 1)
+  set[#set + 1] = 'rt'; set[#set + 1] = tostring(now)
 end
 if tr > 0 then
-  tl = level(KEYS[3], tr, tc, now)
+  local tl = level(f['tl'], f['tt'], tr, tc, now)
   local need = math.min(cost, tc)
   if tl < need then return {2, tostring((need - tl) / tr)} end
+  set[#set + 1] = 'tl'; set[#set + 1] = tostring(tl - cost)
+  set[#set + 1] = 'tt'; set[#set + 1] = tostring(now)
 end
-if rr > 0 then keep(KEYS[2], rl - 1, now, rr, rc) end
-if tr > 0 then keep(KEYS[3], tl - cost, now, tr, tc) end
-if maxc > 0 then redis.call('HINCRBY', KEYS[1], me, 1) end
+if #set > 0 then redis.call('HSET', KEYS[1], unpack(set)) end
+if maxc > 0 then redis.call('HINCRBY', KEYS[1], 's:' .. me, 1) end
 return {0, '0'}
 """
 )
 
-# KEYS: seats, tpm of each release in turn; ARGV: me, then per release: seat (0/1), give, tpm rate, cap.
+# KEYS: the tenant of each release in turn; ARGV: me, then per release: seat (0/1), give, tpm rate, cap.
 RELEASE_LUA: Final = (
     _LEVEL
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local me = ARGV[1]
-for i = 1, #KEYS / 2 do
+local seat = 's:' .. ARGV[1]
+for i = 1, #KEYS do
   local a = 2 + (i - 1) * 4
   if ARGV[a] == '1' then
-    if redis.call('HINCRBY', KEYS[2 * i - 1], me, -1) < 0 then redis.call('HSET', KEYS[2 * i - 1], me, 0) end
+    if redis.call('HINCRBY', KEYS[i], seat, -1) < 0 then redis.call('HSET', KEYS[i], seat, 0) end
   end
   local give, tr, tc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   if give ~= 0 and tr > 0 then
-    keep(KEYS[2 * i], math.min(tc, level(KEYS[2 * i], tr, tc, now) + give), now, tr, tc)
+    local v = redis.call('HMGET', KEYS[i], 'tl', 'tt')
+    local tl = math.min(tc, level(v[1], v[2], tr, tc, now) + give)
+    redis.call('HSET', KEYS[i], 'tl', tostring(tl), 'tt', tostring(now))
   end
 end
-return #KEYS / 2
+return #KEYS
 """
 )
 
@@ -162,8 +168,7 @@ class SharedLimits:
         rps = limits.requests_per_s
         tpm = limits.tokens_per_min
         conc = limits.max_concurrency
-        p = self.link.prefix
-        keys = [f"{p}:seats:{tenant}", f"{p}:rps:{tenant}", f"{p}:tpm:{tenant}", self._members]
+        keys = [self._tenant_key(tenant), self._members]
         args: list[Any] = [
             self.name,
             0 if rps is None else rps,
@@ -230,13 +235,12 @@ class SharedLimits:
         batch = self._pending[:RELEASE_BATCH]
         if not batch:
             return True
-        p = self.link.prefix
         keys: list[str] = []
         args: list[Any] = [self.name]
         for tenant, seat, give in batch:
             lim = self.limits.get(tenant)
             tpm = None if lim is None else lim.tokens_per_min
-            keys += [f"{p}:seats:{tenant}", f"{p}:tpm:{tenant}"]
+            keys.append(self._tenant_key(tenant))
             args += [
                 "1" if seat else "0",
                 give,
@@ -257,18 +261,20 @@ class SharedLimits:
         if self._pending:
             self._wake.set()
 
-    def reconcile_pairs(self) -> dict[str, dict[str, int]]:
-        """seats key -> {replica: seats held} for every tenant with max_concurrency (written by the
+    def _tenant_key(self, tenant: str) -> str:
+        return f"{self.link.prefix}:tenant:{tenant}"
+
+    def reconcile_pairs(self) -> dict[str, int]:
+        """tenant key -> the seats this replica holds, for every tenant with max_concurrency (written by the
         member's beat): admissions not yet answered are counted (a seat too many for a moment, never
         one too few)."""
         self.reconcile_due = False
-        p = self.link.prefix
         out = {}
         for tenant, lim in self.limits.items():
             if lim.max_concurrency is None:
                 continue
             n = self.held.get(tenant, 0) + self._admitting.get(tenant, 0)
-            out[f"{p}:seats:{tenant}"] = {self.name: n}
+            out[self._tenant_key(tenant)] = n
         # Releases queued for seats now written as they are would count twice: they are seats no more.
         self._pending = [(t, False, give) for t, _, give in self._pending if give != 0.0]
         return out

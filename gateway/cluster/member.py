@@ -81,7 +81,7 @@ return out
 """
 
 SEATS_LUA: Final = """
-for i = 1, #KEYS do redis.call('HSET', KEYS[i], ARGV[1], ARGV[i + 1]) end
+for i = 1, #KEYS do redis.call('HSET', KEYS[i], 's:' .. ARGV[1], ARGV[i + 1]) end
 return #KEYS
 """
 
@@ -213,9 +213,7 @@ class ClusterMember:
         async def run(r: Any) -> Any:
             if reconcile:
                 keys = list(reconcile)
-                await self._seats(
-                    keys=keys, args=[self.name, *(v[self.name] for v in reconcile.values())], client=r
-                )
+                await self._seats(keys=keys, args=[self.name, *reconcile.values()], client=r)
             return await self._beat(keys=self._keys, args=args, client=r)
 
         got = await self.link.timed("beat", run)

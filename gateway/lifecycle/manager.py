@@ -407,6 +407,11 @@ class LifecycleManager:
             if iid is not None and iid in self._joined:
                 self._leave(iid)
 
+    def leaving_inflight(self) -> dict[EndpointId, int]:
+        """Requests still running on endpoints that left this replica's set (draining): the scheduler no
+        longer counts them, the replica still publishes them so the leader's drain waits for them."""
+        return {eid: n for eid, n in self._leaving.items() if n}
+
     def _fleet_changed(self) -> None:
         if self.leadership is not None and self.leadership.is_leader:
             self.leadership.fleet_changed(str(eid) for eid in self._leaving)
