@@ -262,3 +262,31 @@ async def test_password_from_the_config_authenticates(tmp_path: Path) -> None:
         await wrong.close()
     finally:
         server.stop()
+
+
+async def test_a_hung_redis_costs_one_timeout_then_the_fallback(tmp_path: Path) -> None:
+    """SIGSTOP: Redis keeps the connections and answers nothing. Each call gives up after timeout_s (the
+    request waits that long, once) and the piece falls back; SIGCONT: the next beat recovers."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        c = Cluster(setup_of(server.url, "a", "p", timeout_s=0.2, lease_s=1.0, publish_interval_s=0.1))
+        lim = TenantLimits(requests_per_s=100.0)
+        c.limits.configure({"t": lim}, 0.0)
+        assert await c.member.beat()
+        assert isinstance(await c.limits.admit("t", lim, 1, 0.0), Seat)
+        server.pause()
+        async with asyncio.timeout(2.0):  # bounded: one timeout, not a hang
+            got = await c.limits.admit("t", lim, 1, 0.0)
+        assert isinstance(got, Seat)
+        assert not got.remote
+        assert not c.link.up
+        assert not await c.member.beat()
+        assert c.member.document()["fallback"]["load"] == "local"
+        server.resume()
+        await beat_until(c.member, lambda: c.link.up)
+        assert isinstance(await c.limits.admit("t", lim, 1, 0.0), Seat)
+        await c.close()
+    finally:
+        server.resume()
+        server.stop()
