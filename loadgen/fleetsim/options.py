@@ -35,3 +35,10 @@ class SimOptions:
     # The tasks to run, built by the caller (e.g. a benchmark's own arrival process); None: the workload's
     # schedule for rate, duration, arrival and seed (`workload` then only names the run).
     schedule: tuple[TaskSpec, ...] | None = None
+    # Cluster mode: this many berth replicas, each with its own scheduler, queues and telemetry, sharing
+    # the engines and the task clocks; a task's calls go to the replicas in turn (round robin over all
+    # calls, as a load balancer spreading connections). Every `publish_interval_s` each replica publishes
+    # its own load per endpoint and the others add it to theirs (gateway.cluster.member). Not with
+    # `lifecycle` (one leader would run it).
+    replicas: int = 1
+    publish_interval_s: float = 0.5
