@@ -10,7 +10,8 @@ Keys (`P` is `[cluster] key_prefix`):
 
 (no bucket level yet: full.)
 
-`admit` runs one script: it refills the tenant's buckets by Redis's own clock, counts the seats of live
+`admit` runs one script (the decisions asked for in the same turn of the event loop go together in one
+script call, one round trip for all of them): it refills the tenant's buckets by Redis's own clock, counts the seats of live
 replicas (a replica whose lease ran out has its seats dropped there and then: a dead replica's seats
 return within one lease), and takes the request's charge and a seat only when every limit lets it in:
 a tenant's buckets and seat in ONE round trip. Releases (the seat, and the token charge corrected by
@@ -45,52 +46,71 @@ local function level(l, at, rate, cap, now)
 end
 """
 
+# KEYS: the members, then the tenant of each decision in turn (a tenant may come twice: decisions are
+# taken in order, each on the state the one before left); ARGV: me, then per decision "rr rc tr tc cost
+# maxc" (bucket rates and sizes, 0: no such limit). Returns per decision: code (0 admitted, 1 requests,
+# 2 tokens, 3 concurrency), seconds until the bucket has room.
 ADMIT_LUA: Final = (
     _LEVEL
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local me = ARGV[1]
-local rr, rc = tonumber(ARGV[2]), tonumber(ARGV[3])
-local tr, tc = tonumber(ARGV[4]), tonumber(ARGV[5])
-local cost, maxc = tonumber(ARGV[6]), tonumber(ARGV[7])
-local h = redis.call('HGETALL', KEYS[1])
-local f = {}
-for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
-if maxc > 0 then
-  local total = 0
-  for k, v in pairs(f) do
-    if string.sub(k, 1, 2) == 's:' then
-      local r, n = string.sub(k, 3), tonumber(v)
-      if r ~= me then
-        local exp = redis.call('ZSCORE', KEYS[2], r)
-        if (not exp) or tonumber(exp) < now then
-          redis.call('HDEL', KEYS[1], k)
-          n = 0
+local alive = {}
+local out = {}
+local function decide(key, spec)
+  local a = {}
+  for x in string.gmatch(spec, '%S+') do a[#a + 1] = tonumber(x) end
+  local rr, rc, tr, tc, cost, maxc = a[1], a[2], a[3], a[4], a[5], a[6]
+  local h = redis.call('HGETALL', key)
+  local f = {}
+  for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+  if maxc > 0 then
+    local total = 0
+    for k, v in pairs(f) do
+      if string.sub(k, 1, 2) == 's:' then
+        local r, n = string.sub(k, 3), tonumber(v)
+        if r ~= me then
+          local live = alive[r]
+          if live == nil then
+            local exp = redis.call('ZSCORE', KEYS[1], r)
+            live = exp ~= false and exp ~= nil and tonumber(exp) >= now
+            alive[r] = live
+          end
+          if not live then
+            redis.call('HDEL', key, k)
+            n = 0
+          end
         end
+        total = total + math.max(0, n)
       end
-      total = total + math.max(0, n)
     end
+    if total >= maxc then return 3, '0' end
   end
-  if total >= maxc then return {3, '0'} end
+  local set = {}
+  if rr > 0 then
+    local rl = level(f['rl'], f['rt'], rr, rc, now)
+    if rl < 1 then return 1, tostring((1 - rl) / rr) end
+    set[#set + 1] = 'rl'; set[#set + 1] = tostring(rl - 1)
+    set[#set + 1] = 'rt'; set[#set + 1] = tostring(now)
+  end
+  if tr > 0 then
+    local tl = level(f['tl'], f['tt'], tr, tc, now)
+    local need = math.min(cost, tc)
+    if tl < need then return 2, tostring((need - tl) / tr) end
+    set[#set + 1] = 'tl'; set[#set + 1] = tostring(tl - cost)
+    set[#set + 1] = 'tt'; set[#set + 1] = tostring(now)
+  end
+  if #set > 0 then redis.call('HSET', key, unpack(set)) end
+  if maxc > 0 then redis.call('HINCRBY', key, 's:' .. me, 1) end
+  return 0, '0'
 end
-local set = {}
-if rr > 0 then
-  local rl = level(f['rl'], f['rt'], rr, rc, now)
-  if rl < 1 then return {1, tostring((1 - rl) / rr)} end
-  set[#set + 1] = 'rl'; set[#set + 1] = tostring(rl - 1)
-  set[#set + 1] = 'rt'; set[#set + 1] = tostring(now)
+for i = 2, #KEYS do
+  local code, wait = decide(KEYS[i], ARGV[i])
+  out[#out + 1] = code
+  out[#out + 1] = wait
 end
-if tr > 0 then
-  local tl = level(f['tl'], f['tt'], tr, tc, now)
-  local need = math.min(cost, tc)
-  if tl < need then return {2, tostring((need - tl) / tr)} end
-  set[#set + 1] = 'tl'; set[#set + 1] = tostring(tl - cost)
-  set[#set + 1] = 'tt'; set[#set + 1] = tostring(now)
-end
-if #set > 0 then redis.call('HSET', KEYS[1], unpack(set)) end
-if maxc > 0 then redis.call('HINCRBY', KEYS[1], 's:' .. me, 1) end
-return {0, '0'}
+return out
 """
 )
 
@@ -141,6 +161,11 @@ class SharedLimits:
         self.held: dict[str, int] = {}  # tenant -> remote seats this replica holds
         self._admitting: dict[str, int] = {}  # tenant -> admissions sent, not answered
         self._pending: list[tuple[str, bool, float]] = []  # (tenant, seat, tokens to give back)
+        # Decisions asked for in this turn of the loop, sent together: (tenant key, spec, answer).
+        self._batch: list[tuple[str, str, asyncio.Future[tuple[int, str] | None]]] = []
+        self._sending: set[asyncio.Future[None]] = set()
+        self.batches = 0  # admission script calls
+        self.decisions = 0  # decisions sent in them
         self._wake = asyncio.Event()
         self.reconcile_due = True  # write the true seat counts on the next beat
         self.fallback_admits = 0
@@ -165,33 +190,65 @@ class SharedLimits:
 
     # ----------------------------------------------------------------- the request path
     async def admit(self, tenant: str, limits: TenantLimits, tokens: int, now: float) -> Seat | Refusal:
+        """One decision, sent with every other decision asked for in the same turn of the event loop:
+        one script call (one round trip) for all of them."""
         rps = limits.requests_per_s
         tpm = limits.tokens_per_min
         conc = limits.max_concurrency
-        keys = [self._tenant_key(tenant), self._members]
-        args: list[Any] = [
-            self.name,
-            0 if rps is None else rps,
-            0 if rps is None else max(1.0, rps),
-            0 if tpm is None else tpm / 60.0,
-            0 if tpm is None else max(1, tpm),
-            tokens,
-            0 if conc is None else conc,
-        ]
+        spec = " ".join(
+            (
+                "0" if rps is None else repr(float(rps)),
+                "0" if rps is None else repr(max(1.0, float(rps))),
+                "0" if tpm is None else repr(tpm / 60.0),
+                "0" if tpm is None else str(max(1, tpm)),
+                str(tokens),
+                "0" if conc is None else str(conc),
+            )
+        )
+        fut: asyncio.Future[tuple[int, str] | None] = asyncio.get_running_loop().create_future()
+        self._batch.append((self._tenant_key(tenant), spec, fut))
         self._admitting[tenant] = self._admitting.get(tenant, 0) + 1
         try:
-            got = await self.link.call("admit", lambda r: self._admit(keys=keys, args=args, client=r))
+            if len(self._batch) == 1:  # the first of this turn's decisions sends them all, shielded:
+                # its own cancellation must not leave the others waiting
+                send = asyncio.shield(self._send_batch())
+                self._sending.add(send)
+                send.add_done_callback(self._sending.discard)
+                await send
+            got = await fut
+        except asyncio.CancelledError:
+            # The request is gone; a seat Redis gave it meanwhile is given back.
+            fut.add_done_callback(lambda f: self._taken_for_nobody(f, tenant, conc is not None))
+            raise
         finally:
             self._admitting[tenant] -= 1
         if got is None:
             return self._down(tenant, tokens, now)
-        code = int(got[0])
+        code, wait = got
         if code:
-            wait = float(text(got[1]))
-            return Refusal(_CODES[code], None if code == 3 else wait)
+            return Refusal(_CODES[code], None if code == 3 else float(wait))
         if conc is not None:
             self.held[tenant] = self.held.get(tenant, 0) + 1
         return Seat(tenant, tokens if tpm is not None else 0, None, remote=True)
+
+    async def _send_batch(self) -> None:
+        await asyncio.sleep(0)  # the other decisions of this turn join the batch
+        batch, self._batch = self._batch, []
+        keys = [self._members, *(k for k, _, _ in batch)]
+        args = [self.name, *(spec for _, spec, _ in batch)]
+        self.batches += 1
+        self.decisions += len(batch)
+        got = await self.link.call("admit", lambda r: self._admit(keys=keys, args=args, client=r))
+        for i, (_, _, fut) in enumerate(batch):
+            if not fut.done():
+                fut.set_result(None if got is None else (int(got[2 * i]), text(got[2 * i + 1])))
+
+    def _taken_for_nobody(self, fut: asyncio.Future[tuple[int, str] | None], tenant: str, seat: bool) -> None:
+        if fut.cancelled() or fut.result() is None or fut.result()[0]:  # type: ignore[index]
+            return
+        if seat:
+            self.held[tenant] = self.held.get(tenant, 0) + 1
+            self.release(Seat(tenant, 0, None, remote=True), None, 0.0)
 
     def _down(self, tenant: str, tokens: int, now: float) -> Seat | Refusal:
         if self.on_down == "refuse":
@@ -288,4 +345,6 @@ class SharedLimits:
             "fallback_admits": self.fallback_admits,
             "refused_while_down": self.refused_down,
             "dropped_releases": self.dropped_releases,
+            "admission_calls": self.batches,
+            "decisions": self.decisions,
         }

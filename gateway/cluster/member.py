@@ -207,6 +207,10 @@ class ClusterMember:
             *cold,
         ]
         reconcile = None
+        if self.limits is not None and self.beats % max(1, round(self.lease_s / self.interval_s)) == 0:
+            # Once a lease: the true seat counts, so a seat lost to a failure (a release Redis never
+            # took, an admission whose answer never came) is counted right within a lease.
+            self.limits.reconcile_due = True
         if self.limits is not None and self.limits.reconcile_due:
             reconcile = self.limits.reconcile_pairs()
 
