@@ -14,9 +14,9 @@ Keys (`P` is `[cluster] key_prefix`):
 script call, one round trip for all of them): it refills the tenant's buckets by Redis's own clock,
 counts the seats of live replicas (a replica whose lease ran out has its seats dropped there and then:
 a dead replica's seats return within one lease), and takes the request's charge and a seat only when
-every limit lets it in: a tenant's buckets and seat in ONE round trip. Releases (the seat, and the token charge corrected by
-what the engine reported, as in gateway.admission.limits) are queued and sent by one background task,
-as many as are waiting in one script call; a replica also writes its true seat counts (`reconcile`) at
+every limit lets it in: a tenant's buckets and seat in ONE round trip. Releases (the seat, and the
+token charge corrected by what the engine reported, as in gateway.admission.limits) are queued and sent
+by one background task, as many as are waiting in one script call; a replica also writes its true seat counts (`reconcile`) at
 start, after Redis came back and once per lease, so a release lost to an outage does not leak a seat.
 
 While Redis does not answer, `[cluster] on_redis_down` decides: "local" admits through a local
