@@ -16,8 +16,9 @@ counts the seats of live replicas (a replica whose lease ran out has its seats d
 a dead replica's seats return within one lease), and takes the request's charge and a seat only when
 every limit lets it in: a tenant's buckets and seat in ONE round trip. Releases (the seat, and the
 token charge corrected by what the engine reported, as in gateway.admission.limits) are queued and sent
-by one background task, as many as are waiting in one script call; a replica also writes its true seat counts (`reconcile`) at
-start, after Redis came back and once per lease, so a release lost to an outage does not leak a seat.
+by one background task, as many as are waiting in one script call; a replica also writes its true seat
+counts (`reconcile`) at start, after Redis came back and once per lease, so a release lost to an outage
+does not leak a seat.
 
 While Redis does not answer, `[cluster] on_redis_down` decides: "local" admits through a local
 `TenantLimiter` holding 1/replicas of each limit (replicas: the members seen last), "refuse" answers 503
