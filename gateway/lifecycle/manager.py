@@ -407,6 +407,14 @@ class LifecycleManager:
             if iid is not None and iid in self._joined:
                 self._leave(iid)
 
+    def on_leadership(self, leader: bool) -> None:
+        """This replica became the leader (or stopped being it): models its requests still wait for,
+        asked of a former leader that may never have started them, are requested again here."""
+        if leader:
+            now = self._clock.now()
+            for m in list(self._cold_since):
+                self._do(self.core.request(m, now))
+
     def leaving_inflight(self) -> dict[EndpointId, int]:
         """Requests still running on endpoints that left this replica's set (draining): the scheduler no
         longer counts them, the replica still publishes them so the leader's drain waits for them."""
