@@ -54,6 +54,7 @@ from gateway.core.types import EndpointHealth, EndpointId, ModelName
 from gateway.front.http import error_response, request_id
 from gateway.front.services import SERVICES, Services
 from gateway.sched.snapshot import EndpointView
+from gateway.sched.types import PEER_SLO_CLASS
 from gateway.telemetry.endpoint_state import EndpointTelemetry
 from gateway.telemetry.fleet_state import perf_document
 
@@ -226,7 +227,8 @@ def running_by_kind(e: EndpointView, slo: SloPolicy) -> dict[str, int]:
     """The requests the gateway runs on `e`, by the kind of their SLO class (interactive, batch)."""
     out = dict.fromkeys(map(str, SloKind), 0)
     for r in e.running:
-        out[slo.class_of(r.slo_class).kind.value] += 1
+        if r.slo_class != PEER_SLO_CLASS:  # (other replicas' requests, cluster mode)
+            out[slo.class_of(r.slo_class).kind.value] += 1
     return out
 
 

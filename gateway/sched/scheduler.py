@@ -260,7 +260,7 @@ class Scheduler:
         """The other gateway replicas' last published load per endpoint (cluster mode; {} when none or
         unknown): added to this gateway's own in each endpoint's view. Load that went away serves the
         queues."""
-        if self._fleet.observe_peers(loads):
+        if self._fleet.observe_peers(loads, self._clock.now()):
             return self._serve_all()
         return []
 

@@ -44,9 +44,10 @@ class QueueLimits:
 @dataclass(frozen=True, slots=True)
 class PeerLoad:
     """What the other gateway replicas (cluster mode) last published for one endpoint: their requests in
-    flight there and those requests' prompt and predicted output tokens. The scheduler adds it to its
-    own counts in the endpoint's view, so placement (and the concurrency cap) see the endpoint's whole
-    load, not one replica's share of it."""
+    flight there, those requests' context (prompt and tokens produced so far) and their predicted output
+    tokens still to come. The scheduler adds it to its own in the endpoint's view: the counts, and as
+    many stand-in running requests (`PEER_SLO_CLASS`, never preempted) for the latency predictions, so
+    placement, admission and the concurrency cap see the endpoint's whole load, not one replica's share."""
 
     inflight: int = 0
     prompt_tokens: int = 0
@@ -54,3 +55,5 @@ class PeerLoad:
 
 
 NO_PEER_LOAD: Final = PeerLoad()
+#: The SLO class of the stand-ins for other replicas' requests in an endpoint's `running`.
+PEER_SLO_CLASS: Final = "~peer"

@@ -94,7 +94,7 @@ def test_the_kept_views_equal_every_endpoints_own_view(n: int, events: list[tupl
         elif kind == "sync":
             fleet.sync([_spec(i, cap=None if k % 2 else 16) for i in range(k)])
         elif kind == "peers" and ids:  # the other replicas' load (cluster mode)
-            fleet.observe_peers({ids[k % len(ids)]: PeerLoad(k, 10 * k, float(k))} if k else {})
+            fleet.observe_peers({ids[k % len(ids)]: PeerLoad(k, 10 * k, float(k))} if k else {}, now)
         elif kind == "view" and ids:
             fleet.view(ids[k % len(ids)], now, STALE_S)  # a single endpoint's view, out of turn
         kept = fleet.views(now, STALE_S)
