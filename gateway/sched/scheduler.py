@@ -673,7 +673,8 @@ class Scheduler:
         rules = preemptor.rules
         now = self._clock.now()
         view = self._fleet.view(eid, now, self._limits.stale_after_s)
-        if view is None or view.instance_class not in rules.classes or view.inflight <= view.cap:
+        own = self._fleet.inflight_on(eid)  # (other replicas' requests are theirs to shed: cluster mode)
+        if view is None or view.instance_class not in rules.classes or own <= view.cap:
             return
         slo = self._policy.slo
         urgent = [r for r in view.running if slo.class_of(r.slo_class).kind in rules.by]
@@ -688,7 +689,7 @@ class Scheduler:
         except Exception as e:
             self._fault(req, "preemption", e)
             return
-        excess = view.inflight - view.cap
+        excess = own - view.cap
         for v in ranked[:excess]:
             if not any(v is c for c in victims):
                 self._fault(
