@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": rounds,
         "median": med,
         "cpu_ratio": ratio,
-        "args": vars(args),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
