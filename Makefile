@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The real-engine tier (tests/engine) runs vLLM on CPU from its own cached venv.
 ENGINE_VENV ?= $(HOME)/.cache/berth/engine-venv
 
-.PHONY: venv demo serve test test-fast test-engine engine-env lint typecheck check bench-overhead bench-vllm soak clean
+.PHONY: venv redis demo serve test test-fast test-engine engine-env lint typecheck check bench-overhead bench-vllm soak clean
 
 $(BIN)/berth: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,23 @@ serve: venv
 engine-env:
 	ENGINE_VENV=$(ENGINE_VENV) bash tests/engine/setup_engine_env.sh
 
+# The cluster-mode tests run a real redis-server (tests/integration/redis_server.py): Debian's
+# redis-server package, installed here when it is missing and apt-get exists; otherwise say what to install.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server || { $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }; \
+	  else \
+	    echo "cluster tests need redis-server: install Redis >= 7 (or Valkey) so that redis-server is on PATH; they are skipped without it" >&2; \
+	  fi; }
+
 # The whole suite: unit, integration and the real-engine tier.
-test: venv engine-env
+test: venv engine-env redis
 	BERTH_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python $(BIN)/pytest -q tests
 
 # Unit and integration only (no vLLM).
-test-fast: venv
+test-fast: venv redis
 	$(BIN)/pytest -q tests -m "not engine"
 
 # Only the real-engine tier.

@@ -29,6 +29,8 @@ from gateway.admission.tenancy import TenantAccounting
 from gateway.batch.metrics import BatchMetrics
 from gateway.batch.runner import BatchRunner, BatchSettings
 from gateway.batch.sqlite_store import SqliteBatchStore
+from gateway.cluster import Cluster
+from gateway.cluster.exporter import ClusterCollector
 from gateway.config import GatewayConfig, RuntimeConfig, load_runtime
 from gateway.config.schema import EndpointConfig
 from gateway.core.clock import Clock, SystemClock
@@ -38,6 +40,7 @@ from gateway.core.looplag import watch_lag
 from gateway.core.metrics import GatewayMetrics, LiveNumbers
 from gateway.core.sdnotify import Notifier, watchdog_loop
 from gateway.core.tasks import TaskSupervisor
+from gateway.core.types import EndpointId, ModelName
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.runner import Dispatcher
 from gateway.front.admin import is_loopback, running_by_kind
@@ -48,6 +51,7 @@ from gateway.lifecycle.endpoints import EndpointSet
 from gateway.lifecycle.manager import LifecycleManager
 from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import Scheduler
+from gateway.sched.types import PeerLoad
 from gateway.telemetry.live import LiveTelemetry
 from gateway.upstream.client import UpstreamSettings, make_fetcher, make_pool, make_session, pool_counts
 from gateway.upstream.credentials import EngineAuth, EngineAuthCollector
@@ -99,6 +103,16 @@ class Gateway:
         self.telemetry.register(metrics.registry)
         slo = SloAdmission()
         tenancy = TenantAccounting()
+        # [cluster]: limits, task clocks and endpoint load shared through Redis, one leader for the fleet.
+        self.cluster: Cluster | None = None
+        if cfg.cluster is not None:
+            self.cluster = Cluster(cfg.cluster, retry_after_s=cfg.limits.retry_after_s)
+            tenancy.shared = self.cluster.limits
+            slo.shared = self.cluster.tasks
+            hooks = self.cluster.member.hooks
+            hooks.own_load = scheduler.own_loads
+            hooks.on_peers = lambda loads: self.driver.apply(scheduler.observe_peers(loads))
+            metrics.registry.register(ClusterCollector(self.cluster))
         self.engine_auth = EngineAuth()
         metrics.attach_live(self._live_numbers)
         metrics.registry.register(SloCollector(slo, self._slo_totals, scheduler.admission.counts))
@@ -130,6 +144,8 @@ class Gateway:
             tenancy=tenancy,
             engine_auth=self.engine_auth,
         )
+        if self.cluster is not None:
+            self.services.cluster_document = self.cluster.document
         self.services.reconfigure(runtime)
         self.batch = self.services.batch = batch_runner(cfg, self.services)
         self.lifecycle: LifecycleManager | None = None
@@ -144,7 +160,15 @@ class Gateway:
                 default_cap=cfg.limits.default_endpoint_cap,
                 retry_after_s=cfg.limits.retry_after_s,
                 prior=lambda: self.telemetry.fleet.settings.prior,
+                leadership=None if self.cluster is None else self.cluster.member,
             )
+            if self.cluster is not None:
+                lifecycle = self.lifecycle
+                hooks = self.cluster.member.hooks
+                hooks.on_cold = lambda models: lifecycle.on_cold(ModelName(m) for m in models)
+                hooks.on_fleet = lifecycle.on_fleet_changed
+                hooks.on_leader = lifecycle.on_leadership
+                hooks.own_load = lambda: published_load(scheduler, lifecycle)
             self.services.lifecycle_answered = lambda: self.lifecycle is not None and self.lifecycle.answered
             self.services.lifecycle_document = self.lifecycle.document
             self.services.lifecycle_finished = self.lifecycle.on_finished
@@ -186,8 +210,16 @@ class Gateway:
         await self._session.close()
         self._session = None
 
+    async def cluster_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        """The Redis link, closed after the fleet's tasks (the beat leaves the cluster as it ends)."""
+        yield
+        if self.cluster is not None:
+            await self.cluster.close()
+
     async def fleet_ctx(self, app: web.Application) -> AsyncIterator[None]:
         self.endpoints.apply(self.runtime)
+        if self.cluster is not None:
+            self.cluster.start(self.supervisor)
         self.supervisor.spawn("queue-ticker", lambda: self.driver.tick_forever(QUEUE_TICK_S))
         self.supervisor.spawn("telemetry", self.telemetry.run)
         if self.lifecycle is not None:
@@ -309,10 +341,21 @@ def batch_runner(cfg: GatewayConfig, services: Services) -> BatchRunner:
     return BatchRunner(store, settings, lines, BatchMetrics(services.metrics.registry))
 
 
+def published_load(scheduler: Scheduler, lifecycle: LifecycleManager) -> dict[EndpointId, PeerLoad]:
+    """What a replica publishes (cluster mode): its own load per endpoint, and its requests still running
+    on endpoints it has stopped placing on (a drain the leader runs waits for them)."""
+    loads = scheduler.own_loads()
+    for eid, n in lifecycle.leaving_inflight().items():
+        if eid not in loads:
+            loads[eid] = PeerLoad(n)
+    return loads
+
+
 def build_app(gw: Gateway) -> web.Application:
     # client_max_size is only a backstop: read_body enforces the configured limit with an OpenAI error.
     app = web.Application(client_max_size=gw.cfg.server.max_body_bytes + 1)
     app.cleanup_ctx.append(gw.session_ctx)
+    app.cleanup_ctx.append(gw.cluster_ctx)
     app.cleanup_ctx.append(gw.fleet_ctx)
     app.cleanup_ctx.append(gw.batch_ctx)  # cleaned up first: its lines need the dispatcher
     add_routes(app, gw.services, with_ops=not gw.cfg.ops.listen)

@@ -1,4 +1,4 @@
-"""Console entry point: `berth serve | check | top`, plus the commands other installed packages add
+"""Console entry point: `berth serve | check | top | cluster`, plus the commands other installed packages add
 through the `berth.commands` entry-point group (`berth demo` comes with loadgen's simulator: a command
 there is a callable taking the arguments after its name and returning the exit status)."""
 
@@ -58,6 +58,18 @@ def _parser(plugins: Sequence[EntryPoint] = ()) -> argparse.ArgumentParser:
     t.add_argument("--once", action="store_true", help="print one frame without escape codes and exit")
     t.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
 
+    k = sub.add_parser(
+        "cluster", help="cluster mode: members, leader, fencing token, Redis round trip, fallback state"
+    )
+    k.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        help="a replica's base URL, repeatable (default $BERTH_URL or http://127.0.0.1:8080)",
+    )
+    k.add_argument("--token", default=None, help="admin token (default $BERTH_ADMIN_TOKEN)")
+    k.add_argument("--json", action="store_true", help="print the replicas' documents as JSON")
+
     for ep in plugins:
         x = sub.add_parser(ep.name, help=f"(from {ep.module.split('.')[0]}; `berth {ep.name} --help`)")
         x.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -77,7 +89,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check(args.config)
     if args.command == "top":
         return _top(args)
+    if args.command == "cluster":
+        return _cluster(args)
     return 2
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    import os
+
+    from gateway.clusterview import run
+    from gateway.config.load import ADMIN_TOKEN_ENV
+    from gateway.top import DEFAULT_URL
+
+    urls = args.url or [os.environ.get("BERTH_URL") or DEFAULT_URL]
+    token = args.token or os.environ.get(ADMIN_TOKEN_ENV) or None
+    return run(urls, token, as_json=args.json)
 
 
 def _top(args: argparse.Namespace) -> int:

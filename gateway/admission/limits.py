@@ -125,12 +125,27 @@ class Seat:
     charged_tokens: int
     _state: _TenantState | None
     released: bool = False
+    # Taken in the cluster's shared limits (Redis, gateway.cluster.limits): given back there.
+    remote: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
     limit: Limit
     retry_after_s: float | None  # None: unknown (a concurrency limit)
+
+
+def scaled(limits: TenantLimits, share: float) -> TenantLimits:
+    """`limits` times `share` (0 < share <= 1): one replica's part of a tenant's limits when the cluster
+    cannot share them; every limit stays at least 1."""
+    rps = limits.requests_per_s
+    tpm = limits.tokens_per_min
+    conc = limits.max_concurrency
+    return TenantLimits(
+        requests_per_s=None if rps is None else rps * share,
+        tokens_per_min=None if tpm is None else max(1, int(tpm * share)),
+        max_concurrency=None if conc is None else max(1, int(conc * share)),
+    )
 
 
 class TenantLimiter:

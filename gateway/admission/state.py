@@ -9,13 +9,14 @@ synchronous; the policy's `[tasks]` settings are picked up when they change (rel
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final, Protocol
 
 from gateway.admission.slo import (
     DOWNGRADED_SOURCE,
     NO_SLO_HEADERS,
     UNKNOWN_CLASS_SOURCE,
     Resolved,
+    SloHeaders,
     Tenant,
     parse_slo_headers,
     resolve,
@@ -25,10 +26,28 @@ from gateway.core.errors import BerthError, ErrorSource
 from gateway.core.slo import SloPolicy, TaskCall, TaskMetric
 from gateway.core.types import ParsedRequest
 
+#: A shared task start within this of the local one is the same (the clocks of replicas and Redis differ
+#: by the time a call takes to reach Redis).
+SAME_START_S: Final = 0.05
+
+
+class SharedTaskClock(Protocol):
+    """Task clocks shared by the replicas of a cluster (gateway.cluster.tasks)."""
+
+    async def call(
+        self, key: str, task_type: str, sla_s: float | None, idle_expiry_s: float
+    ) -> tuple[float, str, float | None, int] | None:
+        """(seconds since the task started, its type, its SLA, this call's step); None: not shared now."""
+
+    def abandon(self, key: str, step: int) -> None:
+        """The call of `step` never ran: give the step back."""
+
 
 class SloAdmission:
     def __init__(self) -> None:
         self.tasks = TaskClock()
+        # Cluster mode: the task clocks are the cluster's (`share`); None: this process's own.
+        self.shared: SharedTaskClock | None = None
         self.rejections: dict[tuple[str, str], int] = {}  # (class, error code) -> n
         # Requests that named a class the policy lacks and were served in its default class, by that
         # class (the names clients sent are not kept: they are theirs to choose, without bound).
@@ -78,6 +97,48 @@ class SloAdmission:
             self.downgraded[tenant.name] = self.downgraded.get(tenant.name, 0) + 1
         return resolved
 
+    async def share(
+        self,
+        resolved: Resolved,
+        headers: Iterable[tuple[str, str]],
+        tenant: Tenant | None,
+        parsed: ParsedRequest,
+        *,
+        served: str,
+        now: float,
+        policy: SloPolicy,
+        reject_disallowed: bool = False,
+    ) -> Resolved:
+        """Cluster mode: a task call resolved on the local task clock, taken through the shared one (its
+        start, SLA and step as the cluster knows them) and resolved again when they differ."""
+        call = resolved.task
+        if call is None or self.shared is None:
+            return resolved
+        got = await self.shared.call(call.key, call.task_type, call.sla_s, self.tasks.settings.idle_expiry_s)
+        if got is None:
+            return resolved  # Redis does not answer: the local clock's answer
+        age, task_type, sla_s, step = got
+        start = now - age
+        if (
+            step == call.step
+            and task_type == call.task_type
+            and sla_s == call.sla_s
+            and abs(start - call.start) < SAME_START_S
+        ):
+            return resolved
+        self.tasks.adopt(call.key, task_type=task_type, sla_s=sla_s, start=start, calls=step, now=now)
+        hdrs: SloHeaders = parse_slo_headers(headers)
+        return resolve(
+            policy,
+            hdrs,
+            tenant,
+            parsed,
+            served,
+            now=now,
+            tasks=self.tasks,
+            reject_disallowed=reject_disallowed,
+        )
+
     def on_finish(
         self,
         call: TaskCall | None,
@@ -100,6 +161,8 @@ class SloAdmission:
                 self.tasks.finished(call, end - arrival)
             elif dispatched_at is None:
                 self.tasks.abandon(call)
+                if self.shared is not None:
+                    self.shared.abandon(call.key, call.step)
         if error is not None and error.source is ErrorSource.GATEWAY:
             key = (slo_class, error.code)
             self.rejections[key] = self.rejections.get(key, 0) + 1

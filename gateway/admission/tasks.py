@@ -103,6 +103,27 @@ class TaskClock:
             allotment = Allotment(task.sla_s * share, metric is TaskMetric.E2E)
         return TaskCall(key, task.task_type, step, task.start, task.sla_s, deadline, metric, final, allotment)
 
+    def adopt(
+        self, key: str, *, task_type: str, sla_s: float | None, start: float, calls: int, now: float
+    ) -> None:
+        """Take task `key` as another replica left it (cluster mode, gateway.cluster.tasks): its type, SLA,
+        start (on this clock) and the calls made so far; the next `call` is step `calls`."""
+        task = self._tasks.get(key)
+        if task is None:
+            task = self._tasks[key] = _Task(task_type, sla_s, start, now, calls)
+            while len(self._tasks) > self.settings.max_tasks:
+                self._tasks.popitem(last=False)
+                self.evicted += 1
+            return
+        self._tasks.move_to_end(key)
+        task.task_type, task.sla_s, task.start, task.calls, task.last_seen = (
+            task_type,
+            sla_s,
+            start,
+            calls,
+            now,
+        )
+
     def shares(self, task_type: str, cls: SloClass) -> tuple[float, ...]:
         """Each step's share of the task SLA: learned from measured step durations when enabled and
         known for every step, else the class's configured steps."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, Protocol
 
-from gateway.admission.limits import NO_LIMITS, Refusal, Seat, TenantLimiter
+from gateway.admission.limits import NO_LIMITS, Refusal, Seat, TenantLimiter, TenantLimits
 from gateway.admission.slo import Tenant
 from gateway.core import errors
 from gateway.sched.request import SchedRequest
@@ -30,9 +30,24 @@ def charge_of(sreq: SchedRequest) -> int:
     return max(0, sreq.prompt_tokens) + max(0, out)
 
 
+class SharedLimiter(Protocol):
+    """Tenant limits shared by the replicas of a cluster (gateway.cluster.limits)."""
+
+    def configure(self, limits: Mapping[str, TenantLimits], now: float) -> None:
+        """The tenants' limits of a (re)load."""
+
+    async def admit(self, tenant: str, limits: TenantLimits, tokens: int, now: float) -> Seat | Refusal:
+        """A seat (remote, or local while the cluster cannot share) or a refusal; may raise a 503."""
+
+    def release(self, seat: Seat, used_tokens: int | None, now: float) -> None:
+        """Give a seat back (without awaiting: the release is sent in the background)."""
+
+
 class TenantAccounting:
     def __init__(self, retry_after_s: float = 1.0) -> None:
         self.limiter = TenantLimiter()
+        # Cluster mode: the limits are the cluster's (admit_shared); None: this process's own.
+        self.shared: SharedLimiter | None = None
         # Retry-After of a concurrency refusal (no clock knows when a seat frees): limits.retry_after_s.
         self.retry_after_s = retry_after_s
         self.requests: dict[tuple[str, str], int] = {}  # (tenant, outcome) -> n
@@ -42,13 +57,24 @@ class TenantAccounting:
 
     def configure(self, tenants: Mapping[str, Tenant], now: float, *, retry_after_s: float) -> None:
         self.retry_after_s = retry_after_s
-        self.limiter.configure({name: t.limits for name, t in tenants.items()}, now)
+        limits = {name: t.limits for name, t in tenants.items()}
+        self.limiter.configure(limits, now)
+        if self.shared is not None:
+            self.shared.configure(limits, now)
 
     def admit(self, tenant: Tenant | None, sreq: SchedRequest, now: float) -> Seat | None:
         """A seat under `tenant`'s limits (None: no tenant); raises 429 rate_limited."""
         if tenant is None or tenant.limits == NO_LIMITS:
             return None
-        got = self.limiter.admit(tenant.name, charge_of(sreq), now)
+        return self._seat(tenant, self.limiter.admit(tenant.name, charge_of(sreq), now))
+
+    async def admit_shared(self, tenant: Tenant | None, sreq: SchedRequest, now: float) -> Seat | None:
+        """`admit` under the cluster's shared limits (one Redis round trip for a tenant with limits)."""
+        if tenant is None or tenant.limits == NO_LIMITS or self.shared is None:
+            return self.admit(tenant, sreq, now)
+        return self._seat(tenant, await self.shared.admit(tenant.name, tenant.limits, charge_of(sreq), now))
+
+    def _seat(self, tenant: Tenant, got: Seat | Refusal) -> Seat:
         if isinstance(got, Refusal):
             key = (tenant.name, got.limit.value)
             self.rate_limited[key] = self.rate_limited.get(key, 0) + 1
@@ -84,4 +110,7 @@ class TenantAccounting:
             used = prompt_tokens + completion_tokens
         else:
             used = None
-        self.limiter.release(seat, used, now)
+        if seat.remote and self.shared is not None:
+            self.shared.release(seat, used, now)
+        else:
+            self.limiter.release(seat, used, now)

@@ -3,6 +3,11 @@
 per invocation.
 (`start` also takes `--drain-timeout S` for its victims.)
 
+Every command takes `--fencing-token N` (before or after the command's own arguments): the token of the
+gateway leader that sends it (cluster mode). The node remembers the highest token it has seen
+(STATE_DIR/fence) and refuses a lower one with `stale_fencing_token` before doing anything, so a former
+leader (paused, partitioned) cannot act after a new one took over. Without it a command runs as always.
+
 Exit status 0 with the command's report (`gateway.agent.contract`), or non-zero with
 `{"error": {"code", "message", ...}}`: 2 for bad arguments or configuration, 1 for everything else.
 The configuration is `-c FILE`, else $BERTH_AGENT_CONFIG, else /etc/berth/agent.toml.
@@ -31,6 +36,7 @@ from gateway.agent.config import AgentConfig, load_agent_config
 from gateway.agent.contract import AgentError, ErrorCode, ErrorReport, Report
 from gateway.agent.inventory import PynvmlProbe
 from gateway.agent.node import Agent
+from gateway.agent.state import StaleFencingToken, StateDir
 from gateway.core.errors import ConfigError
 
 CONFIG_ENV: Final = "BERTH_AGENT_CONFIG"
@@ -56,10 +62,22 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="take the command from $SSH_ORIGINAL_COMMAND (ssh forced command)",
     )
+    fence_help = (
+        "the gateway leader's fencing token: refused (stale_fencing_token, nothing done) when below the "
+        "highest this node has seen"
+    )
+    p.add_argument("--fencing-token", type=_token, default=None, metavar="N", help=fence_help)
+    # Accepted after the command too (`start MODEL --fencing-token N`); SUPPRESS keeps the one given first.
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--fencing-token", type=_token, default=argparse.SUPPRESS, metavar="N", help=fence_help
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser("node", help="devices and the memory ledger")
-    sub.add_parser("list", help="instances with state, url, devices, memory")
-    plan = sub.add_parser("plan", help="does MODEL fit now, where, and what would have to go")
+    sub.add_parser("node", help="devices and the memory ledger", parents=[common])
+    sub.add_parser("list", help="instances with state, url, devices, memory", parents=[common])
+    plan = sub.add_parser(
+        "plan", help="does MODEL fit now, where, and what would have to go", parents=[common]
+    )
     plan.add_argument("model")
     plan.add_argument(
         "--config",
@@ -67,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="instance configuration (default: the model's)",
     )
-    start = sub.add_parser("start", help="start an instance of MODEL and wait for its health")
+    start = sub.add_parser(
+        "start", help="start an instance of MODEL and wait for its health", parents=[common]
+    )
     start.add_argument("model")
     start.add_argument("--id", dest="instance_id", help="instance id (default MODEL-PORT)")
     start.add_argument(
@@ -84,15 +104,25 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="SIGTERM -> SIGKILL seconds for --evict",
     )
-    stop = sub.add_parser("stop", help="stop instance ID and every process of it")
+    stop = sub.add_parser("stop", help="stop instance ID and every process of it", parents=[common])
     stop.add_argument("id")
     stop.add_argument(
         "--drain-timeout", type=float, default=None, metavar="S", help="SIGTERM -> SIGKILL seconds"
     )
-    logs = sub.add_parser("logs", help="the engine output of instance ID")
+    logs = sub.add_parser("logs", help="the engine output of instance ID", parents=[common])
     logs.add_argument("id")
     logs.add_argument("--tail", type=int, default=100, metavar="N")
     return p
+
+
+def _token(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return n
 
 
 def build_agent(cfg: AgentConfig) -> Agent:
@@ -135,6 +165,11 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Report:
         cfg = load_agent_config(path)
     except ConfigError as e:
         raise AgentError.of(ErrorCode.CONFIG, str(e)) from None
+    if args.fencing_token is not None:
+        try:
+            StateDir(cfg.state_dir).fence(args.fencing_token)
+        except StaleFencingToken as e:
+            raise AgentError.of(ErrorCode.STALE_FENCING_TOKEN, str(e)) from None
     agent = build_agent(cfg)
     if args.command == "node":
         return agent.node()

@@ -50,6 +50,9 @@ class ErrorCode(enum.StrEnum):
     LOAD_CANCELLED = "load_cancelled"  # a `stop` ended the instance during its load
     STOP_FAILED = "stop_failed"  # processes of the instance survived SIGKILL
     BACKEND = "backend_error"  # systemd-run / systemctl / journalctl failed
+    # --fencing-token below the highest this node has seen: a former gateway leader's command (refused,
+    # nothing done).
+    STALE_FENCING_TOKEN = "stale_fencing_token"
 
 
 class DeviceReport(msgspec.Struct, frozen=True, kw_only=True):

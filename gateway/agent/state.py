@@ -1,6 +1,8 @@
 """The state directory: one JSON record per instance (written before launch), logs, and the node lock.
 
     STATE_DIR/lock                 fcntl.flock: one invocation at a time changes the node
+    STATE_DIR/fence                the highest --fencing-token seen (replaced atomically)
+    STATE_DIR/fence.lock           fcntl.flock: the fence is read and written by one invocation at a time
     STATE_DIR/instances/ID.json    InstanceRecord, replaced atomically (write, fsync, rename)
     STATE_DIR/logs/ID.log          the process backend's engine output
 
@@ -66,6 +68,12 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}{self.health_path}"
 
 
+class StaleFencingToken(Exception):
+    def __init__(self, message: str, *, highest: int) -> None:
+        super().__init__(message)
+        self.highest = highest
+
+
 class StateDir:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -86,6 +94,41 @@ class StateDir:
             yield
         finally:
             os.close(fd)  # closing releases the flock
+
+    def fence(self, token: int) -> int:
+        """Admit a command carrying fencing token `token`: the highest token seen on this node before it
+        (0: none) when `token` is at least that (a higher one is remembered, atomically), or raise
+        StaleFencingToken and remember nothing. A lock of its own: a start holds the node lock only
+        while it changes the books, but the fence must be checked before anything is done."""
+        self.ensure()
+        fd = os.open(self.path / "fence.lock", os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            path = self.path / "fence"
+            try:
+                highest = int(path.read_text(encoding="ascii").strip() or "0")
+            except FileNotFoundError:
+                highest = 0
+            except (OSError, ValueError) as e:
+                raise StaleFencingToken(f"cannot read {path}: {e}", highest=-1) from None
+            if token < highest:
+                raise StaleFencingToken(
+                    f"fencing token {token} is below {highest}, the highest this node has seen: "
+                    "a newer gateway leader has taken over",
+                    highest=highest,
+                )
+            if token > highest:
+                tmp = self.path / ".fence.tmp"
+                wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+                try:
+                    os.write(wfd, f"{token}\n".encode())
+                    os.fsync(wfd)
+                finally:
+                    os.close(wfd)
+                os.replace(tmp, path)
+            return highest
+        finally:
+            os.close(fd)
 
     def records(self) -> list[InstanceRecord]:
         out = []

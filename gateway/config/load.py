@@ -15,6 +15,7 @@ from typing import Any, Final
 import msgspec
 import msgspec.structs
 
+from gateway.config.cluster import cluster_problems
 from gateway.config.lifecycle import lifecycle_problems
 from gateway.config.policy import load_default_policy, load_policy
 from gateway.config.schema import (
@@ -115,6 +116,8 @@ def gateway_config_problems(
         f.lifecycle, f.nodes, base=p.parent, label=label, registry=default_registry()
     )
     problems.extend(lifecycle_errors)
+    cluster, cluster_errors = cluster_problems(f.cluster, base=p.parent, env=env)
+    problems += [e.within(file=label) for e in cluster_errors]
 
     config = GatewayConfig(
         server=f.server,
@@ -136,6 +139,7 @@ def gateway_config_problems(
         file=_absolute(p),
         policy_file=policy_file,
         lifecycle=lifecycle,
+        cluster=cluster,
     )
     return config, problems
 

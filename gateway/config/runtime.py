@@ -109,4 +109,6 @@ def static_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
         and (before_lc.config != after_lc.config or before_lc.nodes != after_lc.nodes)
     ):
         out.append("lifecycle or nodes changed; restart needed")
+    if old.cluster != new.cluster:
+        out.append("cluster changed; restart needed")
     return out

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import msgspec
 from msgspec import Meta
 
+from gateway.config.cluster import ClusterConfig, ClusterSetup
 from gateway.config.lifecycle import LifecycleConfig, LifecycleSetup, NodeConfig
 from gateway.core.looplag import LAG_INTERVAL_S
 from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
@@ -351,6 +352,7 @@ class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     tenants: tuple[TenantConfig, ...] = ()
     lifecycle: LifecycleConfig | None = None
     nodes: tuple[NodeConfig, ...] = ()
+    cluster: ClusterConfig | None = None
 
 
 class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -375,6 +377,7 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     file: Path | None = None  # the gateway.toml it came from; None: built-in defaults and flags
     policy_file: Path | None = None  # absolute; None: the packaged default policy
     lifecycle: LifecycleSetup | None = None  # [lifecycle] + [[nodes]], checked (None: no node agents)
+    cluster: ClusterSetup | None = None  # [cluster], checked (None: one gateway, nothing shared)
 
     def endpoint_specs(self, detected: Mapping[EndpointId, EngineKind] | None = None) -> list[EndpointSpec]:
         """The endpoints for the scheduler; `detected` supplies engine kinds found for "auto" ones."""

@@ -250,6 +250,19 @@ def queue_timeout(model: str, waited_s: float, retry_after_s: float) -> BerthErr
     )
 
 
+def limits_unavailable(retry_after_s: float) -> BerthError:
+    """Cluster mode with `on_redis_down = "refuse"`: the shared tenant limits cannot be checked."""
+    return BerthError(
+        status=503,
+        message="the tenant's rate limits cannot be checked now (the cluster's store does not answer)",
+        type="service_unavailable_error",
+        code="limits_unavailable",
+        outcome="limits_unavailable",
+        source=ErrorSource.GATEWAY,
+        retry_after_s=retry_after_s,
+    )
+
+
 def shutting_down() -> BerthError:
     return BerthError(
         status=503,

@@ -1,5 +1,6 @@
-"""The admin API: `GET /admin/fleet`, the fleet as berth sees it (what `berth top` draws), and
-`GET /admin/loop-lag[?after=N]`, the event loop's recent lag samples (gateway.core.looplag.RecentLag).
+"""The admin API: `GET /admin/fleet`, the fleet as berth sees it (what `berth top` draws),
+`GET /admin/loop-lag[?after=N]`, the event loop's recent lag samples (gateway.core.looplag.RecentLag),
+and `GET /admin/cluster`, the replica's view of its cluster (`berth cluster`).
 
 Access: with an admin token configured (`server.admin_token`, or BERTH_ADMIN_TOKEN in the environment,
 which wins) a request must send `Authorization: Bearer <token>` (401 otherwise). With none configured
@@ -59,12 +60,14 @@ from gateway.core.types import EndpointHealth, EndpointId, ModelName
 from gateway.front.http import error_response, request_id
 from gateway.front.services import SERVICES, Services
 from gateway.sched.snapshot import EndpointView
+from gateway.sched.types import PEER_SLO_CLASS
 from gateway.telemetry.endpoint_state import EndpointTelemetry
 from gateway.telemetry.fleet_state import perf_document
 from gateway.telemetry.prefix_index import PrefixIndex
 
 FLEET_PATH = "/admin/fleet"
 LOOP_LAG_PATH = "/admin/loop-lag"
+CLUSTER_PATH = "/admin/cluster"
 
 
 def is_loopback(remote: str | None) -> bool:
@@ -113,6 +116,23 @@ async def fleet(request: web.Request) -> web.Response:
         return admin_error(e, request)
     return web.Response(
         body=orjson.dumps(fleet_document(s)),
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def cluster(request: web.Request) -> web.Response:
+    """Cluster mode (`berth cluster`): this replica, the members, the leader and its fencing token, the
+    Redis link and round trip, each shared piece's fallback state (gateway.cluster.member). Without
+    [cluster]: {"cluster": null}."""
+    s = request.app[SERVICES]
+    try:
+        authorize(request, s.admin_token)
+    except errors.BerthError as e:
+        return admin_error(e, request)
+    doc = None if s.cluster_document is None else s.cluster_document()
+    return web.Response(
+        body=orjson.dumps({"cluster": doc}),
         content_type="application/json",
         headers={"Cache-Control": "no-store"},
     )
@@ -216,7 +236,8 @@ def running_by_kind(e: EndpointView, slo: SloPolicy) -> dict[str, int]:
     """The requests the gateway runs on `e`, by the kind of their SLO class (interactive, batch)."""
     out = dict.fromkeys(map(str, SloKind), 0)
     for r in e.running:
-        out[slo.class_of(r.slo_class).kind.value] += 1
+        if r.slo_class != PEER_SLO_CLASS:  # (other replicas' requests, cluster mode)
+            out[slo.class_of(r.slo_class).kind.value] += 1
     return out
 
 

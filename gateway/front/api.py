@@ -58,7 +58,7 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
         ctx.client_model = parsed.model
         ctx.stream = parsed.stream
         sreq = await admit(s, ctx, parsed, request.headers.items(), tenant)
-        seat = s.tenancy.admit(tenant, sreq, s.clock.now())
+        seat = await take_seat(s, tenant, sreq)
         # One turn of the loop between the request's front half (read, parse, admit) and its placement
         # and engine call: at saturation a turn runs one step of every request in flight, and this
         # step was the longest of a request's (berth's engine-call client adds no steps of its own, as
@@ -87,6 +87,14 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
         finish(s, ctx, tenant, seat)
 
 
+async def take_seat(s: Services, tenant: Tenant | None, sreq: SchedRequest) -> Seat | None:
+    """The tenant's limits for `sreq`: its buckets and a seat, or the tenant's 429 (cluster mode: in one
+    Redis round trip, shared by every replica)."""
+    if s.tenancy.shared is None:
+        return s.tenancy.admit(tenant, sreq, s.clock.now())
+    return await s.tenancy.admit_shared(tenant, sreq, s.clock.now())
+
+
 async def admit(
     s: Services,
     ctx: RequestContext,
@@ -108,6 +116,19 @@ async def admit(
         policy=settings.slo,
         reject_disallowed=settings.reject_disallowed,
     )
+    if resolved.task is not None and s.slo.shared is not None:  # cluster mode: the task's shared clock
+        resolved = await s.slo.share(
+            resolved,
+            headers,
+            tenant,
+            parsed,
+            served=ctx.served_model,
+            now=ctx.arrival,
+            policy=settings.slo,
+            reject_disallowed=settings.reject_disallowed,
+        )
+        ctx.slo_class = resolved.slo.slo_class
+        ctx.task = resolved.task
     key = s.next_key()  # berth's own id for the request: the client's X-Request-Id is only echoed
     counter = s.prompt_counter
     exact = None if counter is None else await counter.count(key, parsed, ModelName(ctx.served_model))

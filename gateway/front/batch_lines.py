@@ -29,7 +29,7 @@ from gateway.core.errors import BerthError, ErrorSource
 from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import ApiKind
 from gateway.dispatch.context import RequestContext
-from gateway.front.api import admit, finish
+from gateway.front.api import admit, finish, take_seat
 from gateway.front.schemas import parse_body
 from gateway.front.services import Services
 
@@ -97,7 +97,7 @@ class FrontLines:
             if remaining_ms > 0:
                 headers.append((H_DEADLINE, f"{min(remaining_ms, _MAX_DEADLINE_MS):.0f}"))
             sreq = await admit(s, ctx, parsed, headers, tenant)
-            seat = s.tenancy.admit(tenant, sreq, s.clock.now())
+            seat = await take_seat(s, tenant, sreq)
             await asyncio.sleep(0)  # as on the route: the front half and the engine call in two turns
             resp = await s.dispatcher.run(ctx, sreq, parsed.body, False, None, raw=line.body)
             body = getattr(resp, "body", None)

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from gateway.core.types import ApiKind
 from gateway.front import batches_api, files_api, ops, passthrough
-from gateway.front.admin import FLEET_PATH, LOOP_LAG_PATH, fleet, loop_lag
+from gateway.front.admin import CLUSTER_PATH, FLEET_PATH, LOOP_LAG_PATH, cluster, fleet, loop_lag
 from gateway.front.api import make_api_handler
 from gateway.front.files_api import BatchHandler, batch_route
 from gateway.front.http import method_not_allowed, not_found
@@ -31,6 +31,7 @@ _OPS: Final[tuple[tuple[str, GetHandler], ...]] = (
     ("/metrics", ops.metrics),
     (FLEET_PATH, fleet),
     (LOOP_LAG_PATH, loop_lag),
+    (CLUSTER_PATH, cluster),
 )
 
 #: The Files and Batches API (gateway.front.files_api, batches_api): path -> method -> handler.

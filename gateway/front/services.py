@@ -85,6 +85,8 @@ class Services:
     lifecycle_finished: Callable[[FinishedRequest], None] | None = None
     # The Files and Batches API (gateway.batch); None: its routes answer 404.
     batch: BatchRunner | None = None
+    # Cluster mode: /admin/cluster's document (gateway.cluster); None: no [cluster].
+    cluster_document: Callable[[], dict[str, Any]] | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
     _dispatcher: Dispatcher | None = None
     _keys: Iterator[int] = field(default_factory=itertools.count)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -42,10 +42,20 @@ class AgentCallError(Exception):
 class AgentClient:
     """The agent of one node."""
 
-    def __init__(self, node: str, prefix: Sequence[str], *, timeout_s: float) -> None:
+    def __init__(
+        self,
+        node: str,
+        prefix: Sequence[str],
+        *,
+        timeout_s: float,
+        fencing: Callable[[], int | None] | None = None,
+    ) -> None:
+        """`fencing`: the fencing token of this gateway's leadership now (cluster mode; None: not the
+        leader, or no cluster), sent with every command as `--fencing-token N`."""
         self.node = node
         self.prefix = tuple(prefix)
         self.timeout_s = timeout_s
+        self.fencing = fencing
 
     async def node_report(self) -> NodeReport:
         return await self.call(["node"], NodeReport)
@@ -73,6 +83,9 @@ class AgentClient:
     async def call(self, args: Sequence[str], typ: type[T], *, timeout_s: float | None = None) -> T:
         command = args[0]
         limit = self.timeout_s if timeout_s is None else timeout_s
+        token = None if self.fencing is None else self.fencing()
+        if token is not None:
+            args = [*args, "--fencing-token", str(token)]
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.prefix,

@@ -25,7 +25,7 @@ import asyncio
 import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -160,6 +160,26 @@ def _model_spec(m: RegistryModel, load_s: float) -> ModelSpec:
     )
 
 
+class FleetLeadership(Protocol):
+    """Cluster mode (gateway.cluster.member): one replica, the leader, changes the fleet; the others
+    route to what it started. None in the manager: this gateway is the only one."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    def fencing_token(self) -> int | None:
+        """The token every agent command carries while this replica leads (None: it does not)."""
+
+    def forward_cold(self, models: Iterable[str]) -> None:
+        """A follower: ask the leader to cold-start these models."""
+
+    def fleet_changed(self, draining: Iterable[str]) -> None:
+        """The leader: agent-started endpoints changed; `draining`: endpoint ids it drains now."""
+
+    def peer_inflight(self, eid: EndpointId) -> int:
+        """The other replicas' requests running on `eid`, as they last published them."""
+
+
 class LifecycleManager:
     def __init__(
         self,
@@ -173,9 +193,11 @@ class LifecycleManager:
         default_cap: int,
         retry_after_s: float,
         prior: Callable[[], PerfCoefficients] | None = None,
+        leadership: FleetLeadership | None = None,
     ) -> None:
         """`prior`: the gateway's telemetry prior as it is now (`[telemetry.prior]`; the autoscaler's
-        configuration choice plans with it until telemetry fits a curve)."""
+        configuration choice plans with it until telemetry fits a curve). `leadership`: cluster mode
+        (starts, stops, evictions and the autoscaler only on the leader)."""
         c = setup.config
         self.setup = setup
         self._driver = driver
@@ -201,9 +223,14 @@ class LifecycleManager:
             n.name: (None if n.models is None else frozenset(ModelName(m) for m in n.models))
             for n in setup.nodes
         }
+        self.leadership = leadership
+        fencing = None if leadership is None else leadership.fencing_token
         self.clients = {
-            n.name: AgentClient(n.name, n.agent, timeout_s=c.agent_timeout_s) for n in setup.nodes
+            n.name: AgentClient(n.name, n.agent, timeout_s=c.agent_timeout_s, fencing=fencing)
+            for n in setup.nodes
         }
+        self._refresh_now = False  # a follower: the leader changed the fleet, re-read the agents now
+        self.follower_drops = 0  # fleet actions a follower's state machine proposed and did not carry out
         self._node_specs: dict[str, NodeSpec] = {}
         self.node_reports: dict[str, NodeReport] = {}
         self.node_errors: dict[str, str] = {}
@@ -271,15 +298,17 @@ class LifecycleManager:
         next_refresh = 0.0
         while True:
             now = self._clock.now()
-            if now >= next_refresh:
+            if now >= next_refresh or self._refresh_now:
+                self._refresh_now = False
                 await asyncio.gather(*(self._refresh(name) for name in self.clients))
                 if len(self.node_reports) == len(self.clients):
                     self._answered.set()
                 next_refresh = now + refresh
             self._sync_inflight()
-            self._do(self.core.tick(self._clock.now()))
-            if self.answered:  # the nodes' devices are known: the autoscaler sees the free ones
-                self._do(self.autoscaler.step(self._clock.now(), self.joined_endpoints()))
+            if self.acting:
+                self._do(self.core.tick(self._clock.now()))
+                if self.answered:  # the nodes' devices are known: the autoscaler sees the free ones
+                    self._do(self.autoscaler.step(self._clock.now(), self.joined_endpoints()))
             self._notify()  # agent answers, drains and decisions that produced no action
             await asyncio.sleep(TICK_S)
 
@@ -363,13 +392,52 @@ class LifecycleManager:
         self.metrics.agent_calls.labels(client.node, command, "ok").inc()
         return out
 
+    # ----------------------------------------------------------------- cluster mode
+    @property
+    def acting(self) -> bool:
+        """This gateway changes the fleet: it is the only one, or the cluster's leader."""
+        return self.leadership is None or self.leadership.is_leader
+
+    def on_fleet_changed(self, draining: Iterable[str]) -> None:
+        """A follower: the leader changed the fleet. Endpoints it drains leave this replica's set now
+        (no new placements; requests running there finish); the agents are re-read on the next tick."""
+        self._refresh_now = True
+        for eid in draining:
+            iid = self._eids.get(EndpointId(eid))
+            if iid is not None and iid in self._joined:
+                self._leave(iid)
+
+    def on_leadership(self, leader: bool) -> None:
+        """This replica became the leader (or stopped being it): models its requests still wait for,
+        asked of a former leader that may never have started them, are requested again here."""
+        if leader:
+            now = self._clock.now()
+            for m in list(self._cold_since):
+                self._do(self.core.request(m, now))
+
+    def leaving_inflight(self) -> dict[EndpointId, int]:
+        """Requests still running on endpoints that left this replica's set (draining): the scheduler no
+        longer counts them, the replica still publishes them so the leader's drain waits for them."""
+        return {eid: n for eid, n in self._leaving.items() if n}
+
+    def _fleet_changed(self) -> None:
+        if self.leadership is not None and self.leadership.is_leader:
+            self.leadership.fleet_changed(str(eid) for eid in self._leaving)
+
     # ----------------------------------------------------------------- events from the request path
     def on_cold(self, models: Iterable[ModelName]) -> None:
-        """Requests for loadable models found no ready endpoint (the driver calls this after submit)."""
+        """Requests for loadable models found no ready endpoint (the driver calls this after submit).
+        A follower asks the leader to start them and routes to them once an agent lists them ready."""
         now = self._clock.now()
         self._sync_inflight()
+        models = list(models)
         for m in models:
             self._cold_since.setdefault(m, now)
+        if not self.acting and self.leadership is not None:
+            self.leadership.forward_cold(models)
+            self._refresh_now = True
+            return
+        for m in models:
             self._do(self.core.request(m, now))
 
     def retire(self, iid: str, reason: str = "scaled_in") -> bool:
@@ -414,6 +482,8 @@ class LifecycleManager:
                 self._leaving.pop(eid, None)
                 continue
             n = self._leaving[eid] if eid in self._leaving else self._scheduler.inflight_on(eid)
+            if self.leadership is not None:
+                n += self.leadership.peer_inflight(eid)  # the other replicas' requests there
             self._do(self.core.observe_inflight(iid, n, now))
 
     # ----------------------------------------------------------------- carrying out actions
@@ -421,6 +491,11 @@ class LifecycleManager:
         acted = False
         for a in actions:
             acted = True
+            if isinstance(a, StartInstance | StopInstance) and not self.acting:
+                # A follower's state machine (fed by the agents' lists) proposed a fleet change: the
+                # leader's is the one that acts.
+                self.follower_drops += 1
+                continue
             if isinstance(a, StartInstance):
                 why = "cold_start" if a.reason == "cold_start" else "autoscale"
                 self.starts[why] = self.starts.get(why, 0) + 1
@@ -536,6 +611,7 @@ class LifecycleManager:
         if since is not None:
             self.metrics.cold_start_wait.labels(inst.model).observe(max(0.0, self._clock.now() - since))
         self._endpoints.set_agent_endpoints(list(self._joined.values()))
+        self._fleet_changed()
 
     def _reclass(self, iid: str, a: ReclassEndpoint) -> None:
         """A ready instance changes class in place: its endpoint is registered again with the new class
@@ -546,6 +622,7 @@ class LifecycleManager:
         log.info("endpoint_reclassed", instance=iid, endpoint=spec.id, instance_class=a.instance_class.value)
         self._joined[iid] = dataclasses.replace(spec, instance_class=a.instance_class)
         self._endpoints.set_agent_endpoints(list(self._joined.values()))
+        self._fleet_changed()
 
     def _leave(self, iid: str) -> None:
         self._configs.pop(iid, None)
@@ -556,6 +633,7 @@ class LifecycleManager:
         # and count them now: once removed, the scheduler reports 0 for the endpoint.
         self._leaving[spec.id] = self._scheduler.inflight_on(spec.id)
         self._endpoints.set_agent_endpoints(list(self._joined.values()))
+        self._fleet_changed()
 
     # ----------------------------------------------------------------- admin
     def document(self) -> dict[str, Any]:
@@ -621,5 +699,6 @@ class LifecycleManager:
             "evictions": dict(sorted(self.evictions.items())),
             "starts": dict(sorted(self.starts.items())),
             "agent_errors": self.agent_errors,
+            "acting": self.acting,
             "autoscale": self.autoscaler.document(),
         }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
@@ -19,7 +19,7 @@ from gateway.sched.columns import columns_of, updated
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, resume_prompt_tokens, running_from, with_progress
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetColumns
-from gateway.sched.types import EndpointSpec
+from gateway.sched.types import NO_PEER_LOAD, PEER_SLO_CLASS, EndpointSpec, PeerLoad
 
 
 class _Views:
@@ -65,6 +65,8 @@ class _Endpoint:
         "index",
         "inflight",
         "models",
+        "peer",
+        "peer_running",
         "running",
         "running_output_tokens",
         "running_prompt_tokens",
@@ -90,6 +92,8 @@ class _Endpoint:
         self.models: frozenset[ModelName] = spec.models
         self.health = EndpointHealth.STARTING
         self.inflight = 0
+        self.peer = NO_PEER_LOAD  # the other replicas' load here (cluster mode), added in the view
+        self.peer_running: tuple[RunningRequest, ...] = ()  # ... as stand-in running requests
         self.gauges: EngineGauges | None = None
         self.scraped_at: float | None = None
         self.dispatched_since_scrape = 0
@@ -127,6 +131,7 @@ class _Endpoint:
             return v
         g = None if self._stale(now, stale_after_s) else self.gauges
         s = self.spec
+        peer = self.peer
         # Positional, in field order: a call with 29 keywords spends about 1 µs matching them to the
         # parameters, and a view is remade on every dispatch and completion.
         v = self._view = EndpointView(
@@ -137,7 +142,7 @@ class _Endpoint:
             s.instance_class,
             self.health,
             self.cap,
-            self.inflight,
+            self.inflight + peer.inflight,
             None if g is None else g.running,  # engine_running
             None if g is None else g.waiting,  # engine_waiting
             None if g is None else g.kv_usage,  # kv_usage
@@ -145,10 +150,12 @@ class _Endpoint:
             self.scraped_at,
             s.node,
             self.completed_since_scrape,
-            self.running_prompt_tokens,
-            self.running_output_tokens,
+            self.running_prompt_tokens + peer.prompt_tokens,
+            self.running_output_tokens + peer.output_tokens,
             self.estimates,
-            tuple(self.running.values()),  # running
+            tuple(self.running.values()) + self.peer_running
+            if self.peer_running
+            else tuple(self.running.values()),
             s.priority_scheduling,
             self.bound,  # max_cap
             self.streamed_tokens,
@@ -168,6 +175,42 @@ class _Endpoint:
 
     def _stale(self, now: float, stale_after_s: float) -> bool:
         return self.scraped_at is None or now - self.scraped_at > stale_after_s
+
+
+#: At most this many stand-ins for other replicas' requests on one endpoint.
+_MAX_STAND_INS: Final = 512
+
+
+def _stand_ins(eid: EndpointId, load: PeerLoad, now: float) -> tuple[RunningRequest, ...]:
+    """Other replicas' requests on an endpoint as running requests of average size, decoding since
+    `now` (the predictions then count them in the batch); never preempted (not resumable here)."""
+    n = min(load.inflight, _MAX_STAND_INS)
+    if n <= 0:
+        return ()
+    ctx = max(1, load.prompt_tokens // load.inflight)
+    left = max(1.0, load.output_tokens / load.inflight)
+    return tuple(
+        RunningRequest(
+            RequestId(f"peer:{eid}:{i}"),
+            PEER_SLO_CLASS,
+            ctx,  # prompt_tokens: the context so far
+            left,  # output_mean: the tokens still to come
+            0.0,  # output_std
+            None,  # max_tokens
+            now,  # dispatched_at
+            None,  # ttft_deadline
+            None,  # e2e_deadline
+            None,  # itl_s
+            False,  # best_effort
+            False,  # resumable: never a victim here
+            0,  # preemptions
+            0,  # produced_before
+            0,  # produced: decoding from now on
+            now,  # first_token_at
+            now,  # reported_at
+        )
+        for i in range(n)
+    )
 
 
 _NO_MODELS: Final[frozenset[ModelName]] = frozenset()
@@ -423,8 +466,38 @@ class Fleet:
         return len(self._endpoints)
 
     def inflight_on(self, eid: EndpointId) -> int:
+        """This gateway's own requests running on `eid` (the other replicas' are not counted)."""
         ep = self._endpoints.get(eid)
         return 0 if ep is None else ep.inflight
+
+    def own_loads(self) -> dict[EndpointId, PeerLoad]:
+        """This gateway's own load on each endpoint that has some (what a replica publishes): requests in
+        flight, their context (prompt and tokens produced so far) and their predicted tokens to come."""
+        out: dict[EndpointId, PeerLoad] = {}
+        for eid, ep in self._endpoints.items():
+            if not ep.inflight:
+                continue
+            ctx = 0
+            left = 0.0
+            for r in ep.running.values():
+                done = r.produced or 0
+                ctx += r.prompt_tokens + done
+                left += max(1.0, r.output_mean - done)
+            out[eid] = PeerLoad(ep.inflight, ctx, left)
+        return out
+
+    def observe_peers(self, loads: Mapping[EndpointId, PeerLoad], now: float) -> bool:
+        """The other replicas' load per endpoint (absent: none), as of `now`; True when some endpoint's
+        went down (room may have freed: the queues may move)."""
+        freed = False
+        for eid, ep in self._endpoints.items():
+            load = loads.get(eid, NO_PEER_LOAD)
+            if load != ep.peer:
+                freed = freed or load.inflight < ep.peer.inflight
+                ep.peer = load
+                ep.peer_running = _stand_ins(eid, load, now)
+                ep.changed()
+        return freed
 
     # ----------------------------------------------------------------- views
     def views(self, now: float, stale_after_s: float) -> tuple[EndpointView, ...]:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from gateway.core import errors
@@ -56,7 +56,7 @@ from gateway.sched.queues import ModelQueue, OrderingFault, Queued, Queues
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
-from gateway.sched.types import EndpointSpec, QueueLimits
+from gateway.sched.types import EndpointSpec, PeerLoad, QueueLimits
 
 #: Faults kept for the daemon to collect (the oldest are dropped beyond this).
 MAX_FAULTS: Final = 64
@@ -253,6 +253,19 @@ class Scheduler:
 
     def observe_gauges(self, eid: EndpointId, gauges: EngineGauges) -> list[Decision]:
         self._fleet.observe_gauges(eid, gauges, self._clock.now())
+        return []
+
+    def own_loads(self) -> dict[EndpointId, PeerLoad]:
+        """This gateway's own load per endpoint (in flight, prompt and predicted output tokens), without
+        the other replicas': what it publishes to them in cluster mode."""
+        return self._fleet.own_loads()
+
+    def observe_peers(self, loads: Mapping[EndpointId, PeerLoad]) -> list[Decision]:
+        """The other gateway replicas' last published load per endpoint (cluster mode; {} when none or
+        unknown): added to this gateway's own in each endpoint's view. Load that went away serves the
+        queues."""
+        if self._fleet.observe_peers(loads, self._clock.now()):
+            return self._serve_all()
         return []
 
     def set_estimates(self, eid: EndpointId, estimates: EndpointEstimates | None) -> list[Decision]:
@@ -682,7 +695,8 @@ class Scheduler:
         rules = preemptor.rules
         now = self._clock.now()
         view = self._fleet.view(eid, now, self._limits.stale_after_s)
-        if view is None or view.instance_class not in rules.classes or view.inflight <= view.cap:
+        own = self._fleet.inflight_on(eid)  # (other replicas' requests are theirs to shed: cluster mode)
+        if view is None or view.instance_class not in rules.classes or own <= view.cap:
             return
         slo = self._policy.slo
         urgent = [r for r in view.running if slo.class_of(r.slo_class).kind in rules.by]
@@ -697,7 +711,7 @@ class Scheduler:
         except Exception as e:
             self._fault(req, "preemption", e)
             return
-        excess = view.inflight - view.cap
+        excess = own - view.cap
         for v in ranked[:excess]:
             if not any(v is c for c in victims):
                 self._fault(

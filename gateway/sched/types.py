@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
 
@@ -38,3 +39,21 @@ class QueueLimits:
     retry_after_s: float = 1.0
     # Engine metrics older than this are stale: the gateway's own counts take over.
     stale_after_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLoad:
+    """What the other gateway replicas (cluster mode) last published for one endpoint: their requests in
+    flight there, those requests' context (prompt and tokens produced so far) and their predicted output
+    tokens still to come. The scheduler adds it to its own in the endpoint's view: the counts, and as
+    many stand-in running requests (`PEER_SLO_CLASS`, never preempted) for the latency predictions, so
+    placement, admission and the concurrency cap see the endpoint's whole load, not one replica's share."""
+
+    inflight: int = 0
+    prompt_tokens: int = 0
+    output_tokens: float = 0.0
+
+
+NO_PEER_LOAD: Final = PeerLoad()
+#: The SLO class of the stand-ins for other replicas' requests in an endpoint's `running`.
+PEER_SLO_CLASS: Final = "~peer"

@@ -38,6 +38,7 @@ class Command:
     cpu_pids: tuple[int, ...] = ()
     waves: bool = False
     model: str = "bench"
+    api_key: str = ""  # sent as Authorization: Bearer (a tenant's key), when set
 
 
 @dataclass(slots=True)
@@ -99,6 +100,9 @@ class _Phase:
         self.latencies: list[float] = []
         self.ttfts: list[float] = []
         self.result = Result()
+        self.headers = dict(_HEADERS)
+        if cmd.api_key:
+            self.headers["Authorization"] = f"Bearer {cmd.api_key}"
 
     def _in_window(self, t: float) -> bool:
         return self.window[0] <= t <= self.window[1]
@@ -123,7 +127,7 @@ class _Phase:
         ttft: float | None = None
         events = 0
         try:
-            async with session.post(self.cmd.url, data=self.body, headers=_HEADERS) as resp:
+            async with session.post(self.cmd.url, data=self.body, headers=self.headers) as resp:
                 if resp.status != 200:
                     self._error(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
                     return

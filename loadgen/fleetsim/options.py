@@ -44,4 +44,11 @@ class SimOptions:
     # Decode iterations over an unchanged batch handled as one event (`loadgen.fleetsim.runs`); 1: every
     # iteration its own event and every token its own step (the same report, slower).
     max_run: int = MAX_RUN
+    # Cluster mode: this many berth replicas, each with its own scheduler, queues and telemetry, sharing
+    # the engines and the task clocks; a task's calls go to the replicas in turn (round robin over all
+    # calls, as a load balancer spreading connections). Every `publish_interval_s` each replica publishes
+    # its own load per endpoint and the others add it to theirs (gateway.cluster.member). Not with
+    # `lifecycle` (one leader would run it).
+    replicas: int = 1
+    publish_interval_s: float = 0.5
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, --turns, ...

@@ -31,6 +31,7 @@ from loadgen.engine_sim.engine import (
     _Iteration,
 )
 from loadgen.engine_sim.stats import EngineStats, Histogram
+from loadgen.engine_sim.tokens import TokenIds
 
 #: The most iterations planned in one run: an outside change discards what follows it, so planning far
 #: ahead of the next arrival is wasted work.
@@ -88,6 +89,7 @@ class RunEngine(SimEngine):
         now: float,
         max_tokens: int | None = None,
         priority: int = 0,
+        token_ids: TokenIds | None = None,
     ) -> SimRequest:
         self.cut(now)  # a new request may be admitted after the iteration in flight
         return super().submit(
@@ -97,6 +99,7 @@ class RunEngine(SimEngine):
             now=now,
             max_tokens=max_tokens,
             priority=priority,
+            token_ids=token_ids,
         )
 
     def abort(self, req: SimRequest) -> bool:

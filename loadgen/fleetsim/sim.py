@@ -45,6 +45,7 @@ from gateway.core.errors import BerthError
 from gateway.core.types import ApiKind, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.dispatch.context import RequestContext
 from gateway.sched.decisions import Decision, Dispatch, Preempt
+from gateway.sched.types import PeerLoad
 from gateway.upstream.dialects import dialect_for
 from loadgen.client import RequestResult, build_body, build_headers
 from loadgen.engine_sim.engine import RequestState, SimRequest
@@ -73,7 +74,7 @@ _API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 
 # Event kinds, in the order events of the same instant are handled (a progress report is a token's, as
 # an engine's wake is).
-_WAKE, _SEND, _ARRIVE, _TICK, _SCRAPE, _REFRESH, _SAMPLE, _CHECK, _DRAIN, _LIFE = range(10)
+_WAKE, _SEND, _ARRIVE, _TICK, _SCRAPE, _REFRESH, _SAMPLE, _CHECK, _DRAIN, _LIFE, _PUBLISH = range(11)
 _REPORT: Final = _WAKE
 
 #: What the simulator leaves out (written at the top of its report).
@@ -89,7 +90,13 @@ class Simulation:
     def __init__(self, opts: SimOptions) -> None:
         self.opts = opts
         self.clock = VirtualClock()
-        self.gw = SimGateway(opts, self.clock)
+        if opts.replicas < 1 or (opts.replicas > 1 and opts.lifecycle is not None):
+            raise ValueError("replicas must be >= 1, and 1 with a lifecycle")
+        self.gws = [SimGateway(opts, self.clock) for _ in range(opts.replicas)]
+        self.gw = self.gws[0]  # the configuration's reader, and the one replica without cluster mode
+        for gw in self.gws[1:]:
+            gw.slo = self.gw.slo  # task clocks are shared (Redis) in cluster mode
+        self._turn = 0  # the next call's replica (round robin)
         # With a lifecycle, the fleet's endpoints are templates (one per model): every instance the
         # lifecycle starts gets an engine of its own, made when it joins (`_add_engine`).
         # (model, configuration) -> its template; (model, None): the model's first (the default's).
@@ -137,7 +144,8 @@ class Simulation:
     def run(self) -> Report:
         opts = self.opts
         started = time.perf_counter()
-        self.gw.bring_up(opts.fleet)
+        for gw in self.gws:
+            gw.bring_up(opts.fleet)
         models = list(opts.models) if opts.models else self.gw.listed_models()
         self.models = models
         if opts.lifecycle is not None:
@@ -178,6 +186,8 @@ class Simulation:
         self._last_arrival = schedule[-1].at_s if schedule else 0.0
         self.push(TICK_S, _TICK)
         self.push(self.gw.cfg.telemetry.refresh_interval_s, _REFRESH)
+        if len(self.gws) > 1:
+            self.push(opts.publish_interval_s, _PUBLISH)
         self.push(0.0, _SAMPLE)
         interval = self.gw.cfg.scrape.interval_s
         n = len(self.endpoints)
@@ -211,7 +221,8 @@ class Simulation:
             elif kind == _TICK:
                 if self.life is not None:
                     self.life.tick()
-                self._apply(self.gw.scheduler.tick())
+                for gw in self.gws:
+                    self._apply(gw.scheduler.tick(), gw)
                 if self._busy():
                     self.push(t + TICK_S, _TICK)
             elif kind == _SCRAPE:
@@ -221,7 +232,8 @@ class Simulation:
                 if self._busy():
                     self.push(t + scrape_every, _SCRAPE, obj)
             elif kind == _REFRESH:
-                self.gw.telemetry.step()  # the live loop's turn: refresh, and the refit that is due
+                for gw in self.gws:
+                    gw.telemetry.step()  # the live loop's turn: refresh, and the refit that is due
                 if self._busy():
                     self.push(t + refresh_every, _REFRESH)
             elif kind == _SAMPLE:
@@ -232,6 +244,10 @@ class Simulation:
                 self._check(obj)
             elif kind == _LIFE:
                 obj()  # a simulated agent's start or stop ends
+            elif kind == _PUBLISH:
+                self._publish()
+                if self._busy():
+                    self.push(t + self.opts.publish_interval_s, _PUBLISH)
             else:  # _DRAIN
                 self._drain()
 
@@ -279,10 +295,10 @@ class Simulation:
         if call.sreq_id is not None:
             self._running.pop(call.sreq_id, None)
             self._record_stream(call)
-            self._apply(self.gw.scheduler.complete(call.sreq_id))
+            self._apply(call.gw.scheduler.complete(call.sreq_id), call.gw)
         err = errors.upstream_status(502, "the engine instance was stopped")
         call.ctx.fail(err)
-        self.gw.finish(call.ctx)
+        call.gw.finish(call.ctx)
         call.result.status = err.status
         self._client_done(call, ok=False, error="engine_stopped")
 
@@ -336,7 +352,9 @@ class Simulation:
         task.result.calls_sent += 1
         rid = f"sim-{spec.index}-{i}"
         ctx = RequestContext(id=rid, api=_API[call_spec.api], arrival=now)
-        call = Call(task, i, result, ctx)
+        gw = self.gws[self._turn]
+        self._turn = (self._turn + 1) % len(self.gws)
+        call = Call(task, i, result, ctx, gw)
         call.last_byte = now
         task.sent.append(result)
         body = build_body(call_spec, model, salt=call_salt(spec.index, i, opts.seed))
@@ -346,7 +364,7 @@ class Simulation:
             spec, call_spec, dict(opts.extra_headers), slo_scale=1.0, slo_headers=opts.slo_headers
         )
         try:
-            sreq = self.gw.admit(ctx, ctx.api, body, list(headers.items()))
+            sreq = gw.admit(ctx, ctx.api, body, list(headers.items()))
         except BerthError as e:
             self._reject(call, e)
             return
@@ -354,13 +372,13 @@ class Simulation:
         self._running[sreq.id] = call
         if self.life is not None:
             self.life.before_submit(sreq)
-        decision = self.gw.scheduler.submit(sreq)
+        decision = gw.scheduler.submit(sreq)
         self._count_faults()
-        made: list[Decision] = list(self.gw.scheduler.take_preemptions())
+        made: list[Decision] = list(gw.scheduler.take_preemptions())
         if decision is not None:
             made.append(decision)
         if made:
-            self._apply(made)
+            self._apply(made, gw)
         if self.life is not None:
             self.life.after_submit()
         if not call.done:
@@ -387,24 +405,24 @@ class Simulation:
         if call.sreq_id is not None:
             self._running.pop(call.sreq_id, None)
             if call.endpoint is None:
-                self.gw.scheduler.cancel(call.sreq_id)
+                call.gw.scheduler.cancel(call.sreq_id)
             else:
                 if call.engine_req is not None:
                     self._cut(call.endpoint)
                     call.endpoint.engine.abort(call.engine_req)
                     self._on_engine.pop(call.engine_req, None)
                 self._record_stream(call)
-                self._apply(self.gw.scheduler.complete(call.sreq_id))
+                self._apply(call.gw.scheduler.complete(call.sreq_id), call.gw)
         ctx.outcome = "client_disconnect"
         ctx.status = ctx.status or 499
-        self.gw.finish(ctx)
+        call.gw.finish(ctx)
         self._client_done(call, ok=False, error=error)
 
     def _reject(self, call: Call, err: BerthError) -> None:
         call.ctx.fail(err)
         if call.sreq_id is not None:
             self._running.pop(call.sreq_id, None)
-        self.gw.finish(call.ctx)
+        call.gw.finish(call.ctx)
         res = call.result
         res.status = err.status
         res.detail = err.json_bytes()[:300].decode("utf-8", "replace")
@@ -452,7 +470,9 @@ class Simulation:
         self._ended = True
 
     # ----------------------------------------------------------------- berth's decisions
-    def _apply(self, decisions: Sequence[Decision]) -> None:
+    def _apply(self, decisions: Sequence[Decision], gw: SimGateway | None = None) -> None:
+        """Carry out the decisions of replica `gw`'s scheduler (None: the first, the only one without
+        cluster mode)."""
         self._count_faults()
         for d in decisions:
             if isinstance(d, Preempt):
@@ -461,7 +481,8 @@ class Simulation:
             call = self._running.get(d.req.id)
             if call is None or call.done:
                 if isinstance(d, Dispatch):  # nobody waits for it any more: give the seat back
-                    self._apply(self.gw.scheduler.complete(d.req.id))
+                    src = gw or self.gw
+                    self._apply(src.scheduler.complete(d.req.id), src)
                 continue
             if isinstance(d, Dispatch):
                 self._dispatch(call, d)
@@ -508,7 +529,7 @@ class Simulation:
         call.report_at = done + 1
         priority = spec.priority or 0
         if d.endpoint.priority_scheduling:
-            urgency = self.gw.scheduler.engine_priority(d.req.id)
+            urgency = call.gw.scheduler.engine_priority(d.req.id)
             if urgency is not None:
                 priority = dialect_for(d.endpoint.engine).priority(urgency)
         self._cut(ep)  # the iterations after the one in flight may admit it
@@ -526,7 +547,7 @@ class Simulation:
             )
         except ValueError as e:  # the engine refuses what cannot fit its KV cache (a 400 live)
             self._running.pop(d.req.id, None)
-            self._apply(self.gw.scheduler.complete(d.req.id))
+            self._apply(call.gw.scheduler.complete(d.req.id), call.gw)
             self._reject(call, errors.upstream_status(400, str(e)))
             return
         self._on_engine[call.engine_req] = call
@@ -534,9 +555,32 @@ class Simulation:
             self._step(ep)
 
     def _count_faults(self) -> None:
-        sched = self.gw.scheduler
-        if sched.faults:
-            self.faults += len(sched.take_faults())
+        for gw in self.gws:
+            sched = gw.scheduler
+            if sched.faults:
+                self.faults += len(sched.take_faults())
+
+    def _publish(self) -> None:
+        """Cluster mode's beat: every replica's own load per endpoint, summed over the others, handed to
+        each replica's scheduler (gateway.cluster.member; Redis's round trip is not modelled)."""
+        own = [gw.scheduler.own_loads() for gw in self.gws]
+        for i, gw in enumerate(self.gws):
+            peers: dict[EndpointId, PeerLoad] = {}
+            for j, loads in enumerate(own):
+                if j == i:
+                    continue
+                for eid, v in loads.items():
+                    was = peers.get(eid)
+                    peers[eid] = (
+                        v
+                        if was is None
+                        else PeerLoad(
+                            was.inflight + v.inflight,
+                            was.prompt_tokens + v.prompt_tokens,
+                            was.output_tokens + v.output_tokens,
+                        )
+                    )
+            self._apply(gw.scheduler.observe_peers(peers), gw)
 
     # ----------------------------------------------------------------- the engines
     def _step(self, ep: Endpoint) -> None:
@@ -632,7 +676,7 @@ class Simulation:
         sreq_id = call.sreq_id
         assert sreq_id is not None
         if call.produced >= call.report_at:
-            self.gw.scheduler.progress(sreq_id, call.produced - call.run_base, call.run_first_at)
+            call.gw.scheduler.progress(sreq_id, call.produced - call.run_base, call.run_first_at)
             call.report_at = call.produced + PROGRESS_EVERY
         if req.state is RequestState.FINISHED:
             res.finish_reason = req.finish_reason
@@ -641,8 +685,8 @@ class Simulation:
             self._record_stream(call)
             ctx = call.ctx
             ctx.status = 200
-            self._apply(self.gw.scheduler.complete(sreq_id))
-            self.gw.finish(ctx)
+            self._apply(call.gw.scheduler.complete(sreq_id), call.gw)
+            call.gw.finish(ctx)
             self._client_done(call, ok=True)
             if self.life is not None and ctx.sched is not None:
                 self.life.on_finish(ctx.sched, now, res.ttft_s, res.slo_met)
@@ -661,14 +705,16 @@ class Simulation:
         gauges = EngineGauges(
             running=float(eng.num_running), waiting=float(eng.num_waiting), kv_usage=eng.kv_usage
         )
-        self.gw.scrape(ep.id, gauges, ep.kv_capacity, hit_counters(eng))
+        hits = hit_counters(eng)
+        for gw in self.gws:
+            gw.scrape(ep.id, gauges, ep.kv_capacity, hits)
 
     def _sample(self) -> None:
         busy = sum(1 for ep in self.endpoints if ep.engine.num_running)
         running = sum(ep.engine.num_running for ep in self.endpoints)
         waiting = sum(ep.engine.num_waiting for ep in self.endpoints)
         sched = self.gw.scheduler
-        queued = sum(sched.queue_depths().values())
+        queued = sum(sum(gw.scheduler.queue_depths().values()) for gw in self.gws)
         caps: dict[str, int] = {}
         for eid in sched.endpoint_ids():
             view = sched.endpoint_view(eid)

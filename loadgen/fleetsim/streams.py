@@ -16,6 +16,7 @@ from gateway.dispatch.context import RequestContext
 from loadgen.client import RequestResult
 from loadgen.engine_sim.engine import SimRequest
 from loadgen.engine_sim.tokens import TokenIds
+from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.runs import DecodeRun, RunEngine
 from loadgen.report import TaskResult
 from loadgen.workloads.base import TaskSpec
@@ -53,6 +54,7 @@ class Call:
         "endpoint",
         "engine_req",
         "gaps",
+        "gw",
         "index",
         "last_byte",
         "produced",
@@ -65,7 +67,10 @@ class Call:
         "task",
     )
 
-    def __init__(self, task: Task, index: int, result: RequestResult, ctx: RequestContext) -> None:
+    def __init__(
+        self, task: Task, index: int, result: RequestResult, ctx: RequestContext, gw: SimGateway
+    ) -> None:
+        self.gw = gw  # the replica the call went to
         self.task = task
         self.index = index
         self.result = result

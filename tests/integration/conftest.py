@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from gateway.config import (
 )
 from gateway.sched.plugins import default_registry
 from tests.integration.fake_engine import FakeEngine
+from tests.integration.redis_server import RedisServer
 
 
 @dataclass
@@ -86,3 +87,12 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
     yield start
     for r in running:
         await r.server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the session (tests keep apart by key prefix); killed by pid at the end."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()

@@ -227,7 +227,7 @@ _ENDPOINT_KEYS = (
             'colour = "blue"\n',
             "gateway.toml:colour: unknown key "
             "(known: server, limits, upstream, scrape, telemetry, prefix, policy, auth, ops, batch, aliases, "
-            "endpoints, tenants, lifecycle, nodes)",
+            "endpoints, tenants, lifecycle, nodes, cluster)",
             id="unknown-top-level-key",
         ),
         pytest.param(

@@ -212,6 +212,10 @@ def _report(max_run: int, **kw: Any) -> dict[str, Any]:
             id="chat-and-batch-overloaded",
         ),
         pytest.param({"rate": 6.0, "stall_timeout_s": 0.5, "request_timeout_s": 4.0}, id="client-timeouts"),
+        pytest.param(  # engines caching prefixes: shared blocks, cached output, evictions of free blocks
+            {"workload": "chat", "rate": 1.5, "fleet": _fleet(2, "fleet-8b-long")},
+            id="prefix-cache-chat",
+        ),
     ],
 )
 def test_the_simulator_gives_the_same_report_token_by_token_and_by_runs(kw: dict[str, Any]) -> None:

@@ -33,7 +33,7 @@ from gateway.sched.running import (
     with_progress,
 )
 from gateway.sched.snapshot import EndpointEstimates, EndpointView
-from gateway.sched.types import EndpointSpec
+from gateway.sched.types import EndpointSpec, PeerLoad
 
 STALE_S = 2.0
 M = ModelName("m")
@@ -58,6 +58,7 @@ _events = st.lists(
         st.tuples(st.just("time"), st.integers(0, 3)),
         st.tuples(st.just("sync"), st.integers(1, 6)),
         st.tuples(st.just("view"), st.integers(0, 5)),
+        st.tuples(st.just("peers"), st.integers(0, 5)),
     ),
     max_size=60,
 )
@@ -92,6 +93,8 @@ def test_the_kept_views_equal_every_endpoints_own_view(n: int, events: list[tupl
             now += (0.5, 1.0, STALE_S, 3 * STALE_S)[k]
         elif kind == "sync":
             fleet.sync([_spec(i, cap=None if k % 2 else 16) for i in range(k)])
+        elif kind == "peers" and ids:  # the other replicas' load (cluster mode)
+            fleet.observe_peers({ids[k % len(ids)]: PeerLoad(k, 10 * k, float(k))} if k else {}, now)
         elif kind == "view" and ids:
             fleet.view(ids[k % len(ids)], now, STALE_S)  # a single endpoint's view, out of turn
         kept = fleet.views(now, STALE_S)

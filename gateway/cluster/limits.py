@@ -1,0 +1,351 @@
+"""Tenant limits shared by the replicas: one Lua script per admission decision, releases sent in batches.
+
+Keys (`P` is `[cluster] key_prefix`):
+
+    P:tenant:TENANT  hash, one per tenant with limits:
+                     rl, rt   requests_per_s bucket: level, and the Redis time it was computed at
+                     tl, tt   tokens_per_min bucket (the level may be below zero: debt)
+                     s:REPL   max_concurrency: the seats replica REPL holds
+    P:members        zset {replica: lease expiry} (gateway.cluster.member)
+
+(no bucket level yet: full.)
+
+`admit` runs one script (the decisions asked for in the same turn of the event loop go together in one
+script call, one round trip for all of them): it refills the tenant's buckets by Redis's own clock,
+counts the seats of live replicas (a replica whose lease ran out has its seats dropped there and then:
+a dead replica's seats return within one lease), and takes the request's charge and a seat only when
+every limit lets it in: a tenant's buckets and seat in ONE round trip. Releases (the seat, and the
+token charge corrected by what the engine reported, as in gateway.admission.limits) are queued and sent
+by one background task, as many as are waiting in one script call; a replica also writes its true seat
+counts (`reconcile`) at start, after Redis came back and once per lease, so a release lost to an outage
+does not leak a seat.
+
+While Redis does not answer, `[cluster] on_redis_down` decides: "local" admits through a local
+`TenantLimiter` holding 1/replicas of each limit (replicas: the members seen last), "refuse" answers 503
+limits_unavailable. A seat taken locally is given back locally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, Final
+
+import structlog
+
+from gateway.admission.limits import Limit, Refusal, Seat, TenantLimiter, TenantLimits, scaled
+from gateway.cluster.link import RedisLink, text
+from gateway.core import errors
+
+log = structlog.get_logger("berth.cluster")
+
+# Lua: a bucket's level refilled to `now` (no level yet: full).
+_LEVEL: Final = """
+local function level(l, at, rate, cap, now)
+  if not l then return cap end
+  return math.min(cap, tonumber(l) + math.max(0, now - tonumber(at)) * rate)
+end
+"""
+
+# KEYS: the members, then the tenant of each decision in turn (a tenant may come twice: decisions are
+# taken in order, each on the state the one before left); ARGV: me, then per decision "rr rc tr tc cost
+# maxc" (bucket rates and sizes, 0: no such limit). Returns per decision: code (0 admitted, 1 requests,
+# 2 tokens, 3 concurrency), seconds until the bucket has room.
+ADMIT_LUA: Final = (
+    _LEVEL
+    + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local me = ARGV[1]
+local alive = {}
+local out = {}
+local function decide(key, spec)
+  local a = {}
+  for x in string.gmatch(spec, '%S+') do a[#a + 1] = tonumber(x) end
+  local rr, rc, tr, tc, cost, maxc = a[1], a[2], a[3], a[4], a[5], a[6]
+  local h = redis.call('HGETALL', key)
+  local f = {}
+  for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+  if maxc > 0 then
+    local total = 0
+    for k, v in pairs(f) do
+      if string.sub(k, 1, 2) == 's:' then
+        local r, n = string.sub(k, 3), tonumber(v)
+        if r ~= me then
+          local live = alive[r]
+          if live == nil then
+            local exp = redis.call('ZSCORE', KEYS[1], r)
+            live = exp ~= false and exp ~= nil and tonumber(exp) >= now
+            alive[r] = live
+          end
+          if not live then
+            redis.call('HDEL', key, k)
+            n = 0
+          end
+        end
+        total = total + math.max(0, n)
+      end
+    end
+    if total >= maxc then return 3, '0' end
+  end
+  local set = {}
+  if rr > 0 then
+    local rl = level(f['rl'], f['rt'], rr, rc, now)
+    if rl < 1 then return 1, tostring((1 - rl) / rr) end
+    set[#set + 1] = 'rl'; set[#set + 1] = tostring(rl - 1)
+    set[#set + 1] = 'rt'; set[#set + 1] = tostring(now)
+  end
+  if tr > 0 then
+    local tl = level(f['tl'], f['tt'], tr, tc, now)
+    local need = math.min(cost, tc)
+    if tl < need then return 2, tostring((need - tl) / tr) end
+    set[#set + 1] = 'tl'; set[#set + 1] = tostring(tl - cost)
+    set[#set + 1] = 'tt'; set[#set + 1] = tostring(now)
+  end
+  if #set > 0 then redis.call('HSET', key, unpack(set)) end
+  if maxc > 0 then redis.call('HINCRBY', key, 's:' .. me, 1) end
+  return 0, '0'
+end
+for i = 2, #KEYS do
+  local code, wait = decide(KEYS[i], ARGV[i])
+  out[#out + 1] = code
+  out[#out + 1] = wait
+end
+return out
+"""
+)
+
+# KEYS: the tenant of each release in turn; ARGV: me, then per release: seat (0/1), give, tpm rate, cap.
+RELEASE_LUA: Final = (
+    _LEVEL
+    + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local seat = 's:' .. ARGV[1]
+for i = 1, #KEYS do
+  local a = 2 + (i - 1) * 4
+  if ARGV[a] == '1' then
+    if redis.call('HINCRBY', KEYS[i], seat, -1) < 0 then redis.call('HSET', KEYS[i], seat, 0) end
+  end
+  local give, tr, tc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  if give ~= 0 and tr > 0 then
+    local v = redis.call('HMGET', KEYS[i], 'tl', 'tt')
+    local tl = math.min(tc, level(v[1], v[2], tr, tc, now) + give)
+    redis.call('HSET', KEYS[i], 'tl', tostring(tl), 'tt', tostring(now))
+  end
+end
+return #KEYS
+"""
+)
+
+_CODES: Final = {1: Limit.REQUESTS, 2: Limit.TOKENS, 3: Limit.CONCURRENCY}
+#: At most this many releases in one script call.
+RELEASE_BATCH: Final = 256
+#: Releases kept while Redis does not answer; past it they are dropped (the next reconcile corrects seats).
+MAX_PENDING: Final = 100_000
+
+
+class SharedLimits:
+    """gateway.admission.tenancy.SharedLimiter over Redis (see the module doc)."""
+
+    def __init__(self, link: RedisLink, name: str, *, on_down: str, retry_after_s: float = 1.0) -> None:
+        self.link = link
+        self.name = name
+        self.on_down = on_down
+        self.retry_after_s = retry_after_s
+        self._admit = link.script(ADMIT_LUA)
+        self._release = link.script(RELEASE_LUA)
+        self._members = link.key("members")
+        self.limits: dict[str, TenantLimits] = {}
+        self.fallback = TenantLimiter()  # 1/replicas of each limit, while Redis does not answer
+        self.replicas = 1
+        self.held: dict[str, int] = {}  # tenant -> remote seats this replica holds
+        self._admitting: dict[str, int] = {}  # tenant -> admissions sent, not answered
+        self._pending: list[tuple[str, bool, float]] = []  # (tenant, seat, tokens to give back)
+        # Decisions asked for in this turn of the loop, sent together: (tenant key, spec, answer).
+        self._batch: list[tuple[str, str, asyncio.Future[tuple[int, str] | None]]] = []
+        self._sending: set[asyncio.Future[None]] = set()
+        self.batches = 0  # admission script calls
+        self.decisions = 0  # decisions sent in them
+        self._wake = asyncio.Event()
+        self.reconcile_due = True  # write the true seat counts on the next beat
+        self.fallback_admits = 0
+        self.refused_down = 0
+        self.dropped_releases = 0
+
+    # ----------------------------------------------------------------- configuration
+    def configure(self, limits: Mapping[str, TenantLimits], now: float) -> None:
+        self.limits = {name: lim for name, lim in limits.items() if lim.any}
+        self._configure_fallback(now)
+
+    def set_replicas(self, n: int, now: float) -> None:
+        """The number of live replicas (at least 1): the local fallback's share is 1/n."""
+        n = max(1, n)
+        if n != self.replicas:
+            self.replicas = n
+            self._configure_fallback(now)
+
+    def _configure_fallback(self, now: float) -> None:
+        share = 1.0 / self.replicas
+        self.fallback.configure({t: scaled(lim, share) for t, lim in self.limits.items()}, now)
+
+    # ----------------------------------------------------------------- the request path
+    async def admit(self, tenant: str, limits: TenantLimits, tokens: int, now: float) -> Seat | Refusal:
+        """One decision, sent with every other decision asked for in the same turn of the event loop:
+        one script call (one round trip) for all of them."""
+        rps = limits.requests_per_s
+        tpm = limits.tokens_per_min
+        conc = limits.max_concurrency
+        spec = " ".join(
+            (
+                "0" if rps is None else repr(float(rps)),
+                "0" if rps is None else repr(max(1.0, float(rps))),
+                "0" if tpm is None else repr(tpm / 60.0),
+                "0" if tpm is None else str(max(1, tpm)),
+                str(tokens),
+                "0" if conc is None else str(conc),
+            )
+        )
+        fut: asyncio.Future[tuple[int, str] | None] = asyncio.get_running_loop().create_future()
+        self._batch.append((self._tenant_key(tenant), spec, fut))
+        self._admitting[tenant] = self._admitting.get(tenant, 0) + 1
+        try:
+            if len(self._batch) == 1:  # the first of this turn's decisions sends them all, shielded:
+                # its own cancellation must not leave the others waiting
+                send = asyncio.shield(self._send_batch())
+                self._sending.add(send)
+                send.add_done_callback(self._sending.discard)
+                await send
+            got = await fut
+        except asyncio.CancelledError:
+            # The request is gone; a seat Redis gave it meanwhile is given back.
+            fut.add_done_callback(lambda f: self._taken_for_nobody(f, tenant, conc is not None))
+            raise
+        finally:
+            self._admitting[tenant] -= 1
+        if got is None:
+            return self._down(tenant, tokens, now)
+        code, wait = got
+        if code:
+            return Refusal(_CODES[code], None if code == 3 else float(wait))
+        if conc is not None:
+            self.held[tenant] = self.held.get(tenant, 0) + 1
+        return Seat(tenant, tokens if tpm is not None else 0, None, remote=True)
+
+    async def _send_batch(self) -> None:
+        await asyncio.sleep(0)  # the other decisions of this turn join the batch
+        batch, self._batch = self._batch, []
+        keys = [self._members, *(k for k, _, _ in batch)]
+        args = [self.name, *(spec for _, spec, _ in batch)]
+        self.batches += 1
+        self.decisions += len(batch)
+        got = await self.link.call("admit", lambda r: self._admit(keys=keys, args=args, client=r))
+        for i, (_, _, fut) in enumerate(batch):
+            if not fut.done():
+                fut.set_result(None if got is None else (int(got[2 * i]), text(got[2 * i + 1])))
+
+    def _taken_for_nobody(self, fut: asyncio.Future[tuple[int, str] | None], tenant: str, seat: bool) -> None:
+        if fut.cancelled() or fut.result() is None or fut.result()[0]:  # type: ignore[index]
+            return
+        if seat:
+            self.held[tenant] = self.held.get(tenant, 0) + 1
+            self.release(Seat(tenant, 0, None, remote=True), None, 0.0)
+
+    def _down(self, tenant: str, tokens: int, now: float) -> Seat | Refusal:
+        if self.on_down == "refuse":
+            self.refused_down += 1
+            raise errors.limits_unavailable(self.retry_after_s)
+        self.fallback_admits += 1
+        return self.fallback.admit(tenant, tokens, now)
+
+    def release(self, seat: Seat, used_tokens: int | None, now: float) -> None:
+        if seat.released:
+            return
+        seat.released = True
+        lim = self.limits.get(seat.tenant)
+        holds = seat.tenant in self.held and self.held[seat.tenant] > 0
+        if holds:
+            self.held[seat.tenant] -= 1
+        give = 0.0
+        if used_tokens is not None and seat.charged_tokens:
+            give = float(seat.charged_tokens - used_tokens)
+        if not holds and (give == 0.0 or lim is None or lim.tokens_per_min is None):
+            return
+        if len(self._pending) >= MAX_PENDING:
+            self.dropped_releases += 1
+            self.reconcile_due = True
+            return
+        self._pending.append((seat.tenant, holds, give))
+        self._wake.set()
+
+    # ----------------------------------------------------------------- background
+    async def flush_forever(self) -> None:
+        """Send queued releases as they come, as many as wait in one script call."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                if not await self.flush():
+                    break  # Redis is down: the member loop's beat wakes this again once it is back
+
+    async def flush(self) -> bool:
+        """Send up to RELEASE_BATCH queued releases; False when Redis did not take them (they stay)."""
+        batch = self._pending[:RELEASE_BATCH]
+        if not batch:
+            return True
+        keys: list[str] = []
+        args: list[Any] = [self.name]
+        for tenant, seat, give in batch:
+            lim = self.limits.get(tenant)
+            tpm = None if lim is None else lim.tokens_per_min
+            keys.append(self._tenant_key(tenant))
+            args += [
+                "1" if seat else "0",
+                give,
+                0 if tpm is None else tpm / 60.0,
+                0 if tpm is None else max(1, tpm),
+            ]
+        got = await self.link.call("release", lambda r: self._release(keys=keys, args=args, client=r))
+        if got is None:
+            return False
+        del self._pending[: len(batch)]
+        return True
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def wake(self) -> None:
+        if self._pending:
+            self._wake.set()
+
+    def _tenant_key(self, tenant: str) -> str:
+        return f"{self.link.prefix}:tenant:{tenant}"
+
+    def reconcile_pairs(self) -> dict[str, int]:
+        """tenant key -> the seats this replica holds, for every tenant with max_concurrency (written by the
+        member's beat): admissions not yet answered are counted (a seat too many for a moment, never
+        one too few)."""
+        self.reconcile_due = False
+        out = {}
+        for tenant, lim in self.limits.items():
+            if lim.max_concurrency is None:
+                continue
+            n = self.held.get(tenant, 0) + self._admitting.get(tenant, 0)
+            out[self._tenant_key(tenant)] = n
+        # Releases queued for seats now written as they are would count twice: they are seats no more.
+        self._pending = [(t, False, give) for t, _, give in self._pending if give != 0.0]
+        return out
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "on_redis_down": self.on_down,
+            "replicas": self.replicas,
+            "seats_held": {t: n for t, n in sorted(self.held.items()) if n},
+            "pending_releases": len(self._pending),
+            "fallback_admits": self.fallback_admits,
+            "refused_while_down": self.refused_down,
+            "dropped_releases": self.dropped_releases,
+            "admission_calls": self.batches,
+            "decisions": self.decisions,
+        }

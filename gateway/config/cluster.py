@@ -1,0 +1,188 @@
+"""[cluster] of gateway.toml (static): several berth replicas sharing state through one Redis.
+
+    [cluster]
+    redis = "redis://redis.internal:6379/0"   # or rediss:// (TLS); a user name may be in the URL
+    password_env = "BERTH_REDIS_PASSWORD"     # or password_file = "redis.pass" (mode 0600): never in the URL
+    name = "gw-1"                             # default: $BERTH_CLUSTER_NAME, else the host name
+
+Without [cluster] nothing here is built and nothing is contacted. The password is read like an engine's
+API key (`api_key_env` / `api_key_file`) and is never part of a log line, a metric or a repr; the URL as
+shown anywhere is `ClusterSetup.safe_url` (no password, ever).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Final, Literal
+from urllib.parse import urlsplit
+
+import msgspec
+from msgspec import Meta
+
+from gateway.core.errors import ConfigError
+
+#: The replica's name from the environment, over [cluster] name (the systemd template unit sets it per
+#: instance: several replicas may share one gateway.toml on one host).
+NAME_ENV: Final = "BERTH_CLUSTER_NAME"
+PositiveFloat = Annotated[float, Meta(gt=0)]
+Timeout = Annotated[float, Meta(gt=0, le=60)]
+
+
+class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[cluster] exactly as written."""
+
+    redis: str  # redis://[user@]host:port/db or rediss://...
+    # This replica's name, unique in the cluster ($BERTH_CLUSTER_NAME wins; default: the host name).
+    name: str = ""
+    password_env: str | None = None  # environment variable holding the Redis password
+    password_file: str | None = None  # file holding it (mode 0600); relative to gateway.toml
+    key_prefix: str = "berth"  # every key berth writes starts with "{prefix}:"
+    # Every Redis call gives up after this long; the piece that made it falls back (docs/cluster.md).
+    timeout_s: Timeout = 0.25
+    connect_timeout_s: Timeout = 1.0  # connecting to Redis (a new connection after a failure included)
+    # Members' and the leader's leases: a replica unseen this long is gone (its seats return), a leader
+    # that did not renew this long is replaced.
+    lease_s: Annotated[float, Meta(ge=0.2, le=600)] = 5.0
+    # How often a replica renews its lease, publishes its endpoint load and reads the others'.
+    publish_interval_s: Annotated[float, Meta(ge=0.01, le=60)] = 0.5
+    # Tenant limits while Redis does not answer: "local" enforces 1/replicas of each limit on this
+    # replica; "refuse" answers 503 limits_unavailable to tenants that have limits.
+    on_redis_down: Literal["local", "refuse"] = "local"
+
+
+class ClusterSecret:
+    """The Redis password; its repr and str hide it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClusterSecret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __repr__(self) -> str:
+        return "ClusterSecret(<hidden>)"
+
+    __str__ = __repr__
+
+
+class ClusterSetup(msgspec.Struct, frozen=True, kw_only=True):
+    """[cluster] checked: the replica's name resolved and the password read."""
+
+    config: ClusterConfig
+    name: str
+    password: ClusterSecret | None = None
+
+    @property
+    def safe_url(self) -> str:
+        """The Redis URL for logs and the admin API: scheme, host, port and db only."""
+        return safe_url(self.config.redis)
+
+    def __repr__(self) -> str:
+        return f"ClusterSetup(name={self.name!r}, redis={self.safe_url!r}, password=<hidden>)"
+
+
+def safe_url(url: str) -> str:
+    try:
+        p = urlsplit(url)
+        host = p.hostname or ""
+        port = p.port
+    except ValueError:
+        return "<invalid>"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{p.scheme}://{host}{'' if port is None else f':{port}'}{p.path}"
+
+
+def cluster_problems(
+    c: ClusterConfig | None, *, base: Path, env: Mapping[str, str]
+) -> tuple[ClusterSetup | None, list[ConfigError]]:
+    """[cluster] checked (key paths relative to the file); None when absent or wrong."""
+    if c is None:
+        return None, []
+    problems: list[ConfigError] = []
+    try:
+        p = urlsplit(c.redis)
+        _ = p.port  # raises on a bad port
+    except ValueError as e:
+        return None, [ConfigError(f"not a URL: {e}", path="cluster.redis")]
+    if p.scheme not in ("redis", "rediss") or not p.hostname:
+        problems.append(ConfigError("must be redis://HOST[:PORT][/DB] or rediss://...", path="cluster.redis"))
+    if p.password is not None:
+        problems.append(
+            ConfigError(
+                "must not hold the password: set cluster.password_env or cluster.password_file",
+                path="cluster.redis",
+            )
+        )
+    db = p.path.strip("/")
+    if db and not db.isdigit():
+        problems.append(ConfigError(f"the database must be a number, not {db!r}", path="cluster.redis"))
+    if p.query or p.fragment:
+        problems.append(ConfigError("must have no query or fragment", path="cluster.redis"))
+    if c.publish_interval_s * 2 > c.lease_s:
+        problems.append(
+            ConfigError(
+                f"must be at most half of cluster.lease_s ({c.lease_s:g}): a lease renewed less often "
+                "expires between renewals",
+                path="cluster.publish_interval_s",
+            )
+        )
+    if not c.key_prefix or any(ch.isspace() or ch in "{}" for ch in c.key_prefix):
+        problems.append(ConfigError("must be non-empty, without spaces or braces", path="cluster.key_prefix"))
+    name = env.get(NAME_ENV) or c.name or socket.gethostname()
+    if not name or any(ch.isspace() for ch in name) or len(name) > 128:
+        problems.append(ConfigError("must be 1-128 characters without spaces", path="cluster.name"))
+    if c.password_env is not None and c.password_file is not None:
+        problems.append(
+            ConfigError("set password_env or password_file, not both", path="cluster.password_file")
+        )
+    password: ClusterSecret | None = None
+    try:
+        password = _read_password(c, base, env)
+    except ConfigError as e:
+        problems.append(e)
+    if problems:
+        return None, problems
+    return ClusterSetup(config=c, name=name, password=password), []
+
+
+def _read_password(c: ClusterConfig, base: Path, env: Mapping[str, str]) -> ClusterSecret | None:
+    """The password from password_env or password_file (a file others may read is refused)."""
+    if c.password_env is not None:
+        value = env.get(c.password_env, "").strip()
+        if not value:
+            raise ConfigError(
+                f"environment variable {c.password_env} is not set or empty", path="cluster.password_env"
+            )
+        return ClusterSecret(value)
+    if c.password_file is None:
+        return None
+    path = Path(c.password_file).expanduser()
+    if not path.is_absolute():
+        path = base / path
+    where = "cluster.password_file"
+    try:
+        st = path.stat()
+        if st.st_mode & 0o077:
+            mode = st.st_mode & 0o777
+            raise ConfigError(
+                f"{path} may be read by group or others (mode {mode:04o}); run: chmod 600 {path}", path=where
+            )
+        value = path.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}", path=where) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text", path=where) from None
+    if not value or any(ch.isspace() for ch in value):
+        raise ConfigError(f"{path} must hold one password on one line", path=where)
+    return ClusterSecret(value)
