@@ -24,7 +24,7 @@ serve: venv
 engine-env:
 	ENGINE_VENV=$(ENGINE_VENV) bash tests/engine/setup_engine_env.sh
 
-# The cluster-mode tests run a real redis-server (tests/integration/redis_server.py): Debian's
+# The cluster-mode tests run a real redis-server (loadgen/redis_server.py starts one per test run): Debian's
 # redis-server package, installed here when it is missing and apt-get exists; otherwise say what to install.
 redis:
 	@command -v redis-server >/dev/null 2>&1 || { \
