@@ -158,7 +158,13 @@ class PreciseStore:
     def _set_state(self, state: SourceState, now: float, reason: str) -> None:
         if state is self._state:
             return
-        log.info("prefix_source_state", endpoint=self.endpoint, state=state.value, was=self._state.value, reason=reason)
+        log.info(
+            "prefix_source_state",
+            endpoint=self.endpoint,
+            state=state.value,
+            was=self._state.value,
+            reason=reason,
+        )
         self._state = state
         self._since = now
 

@@ -161,5 +161,7 @@ def _event_of(wire: _Wire) -> KvEvent:
             plain=plain,
         )
     if isinstance(wire, _RemovedFields):
-        return BlockRemoved(block_hashes=_hashes(wire.block_hashes), medium=wire.medium, group=wire.group_idx or 0)
+        return BlockRemoved(
+            block_hashes=_hashes(wire.block_hashes), medium=wire.medium, group=wire.group_idx or 0
+        )
     return AllBlocksCleared()

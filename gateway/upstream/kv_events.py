@@ -184,6 +184,11 @@ class KvEventSubscriber:
             dealer.close(linger=0)
         filled = sink.end_replay(self._clock.now(), upto)
         log.info(
-            "kv_events_replayed", endpoint=self.endpoint, start=start, upto=upto, received=received, filled=filled
+            "kv_events_replayed",
+            endpoint=self.endpoint,
+            start=start,
+            upto=upto,
+            received=received,
+            filled=filled,
         )
         return filled

@@ -6,6 +6,7 @@ sent live and which only enter the replay buffer (a gap), and where the buffer b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Literal
 
 import msgspec
@@ -94,9 +95,7 @@ class TestPublisher:
     async def close(self) -> None:
         if self._server is not None:
             self._server.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._server
-            except asyncio.CancelledError:
-                pass
         self.pub.close(linger=0)
         self.router.close(linger=0)

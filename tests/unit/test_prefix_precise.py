@@ -76,7 +76,7 @@ def test_a_gap_asks_for_a_replay_and_a_full_replay_fills_it() -> None:
     s.on_live(0, batch(stored([1], [1] * 4)), 1.0, 100.0)
     assert s.on_live(3, batch(stored([4], [4] * 4, parent=3)), 1.0, 100.0) == 1
     s.begin_replay(1.0)
-    assert s.state is SourceState.REPLAYING
+    assert s.status(1.0).state is SourceState.REPLAYING
     s.on_replayed(1, batch(stored([2], [2] * 4, parent=1)), 1.0, 100.0)
     s.on_replayed(2, batch(stored([3], [3] * 4, parent=2)), 1.0, 100.0)
     s.on_replayed(3, batch(stored([4], [4] * 4, parent=3)), 1.0, 100.0)
@@ -96,7 +96,7 @@ def test_a_replay_that_starts_too_late_drops_and_rebuilds() -> None:
     for seq in range(6, 10):
         s.on_replayed(seq, batch(), 1.0, 100.0)
     assert s.end_replay(2.0, upto=9)
-    assert s.state is SourceState.REBUILDING
+    assert s.status(2.0).state is SourceState.REBUILDING
     assert s.keys() == frozenset(token_chain([6] * 4, BS))  # block 1 (before the hole) is gone
     s.on_live(10, batch(), 11.5, 100.0)
     assert s.state is SourceState.LIVE  # rebuild_s after the drop
@@ -210,7 +210,9 @@ def apply_model(model: Model, event: KvEvent) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(event_lists(), st.integers(1, 4))
-def test_any_event_sequence_leaves_the_store_equal_to_the_model(events: list[KvEvent], per_batch: int) -> None:
+def test_any_event_sequence_leaves_the_store_equal_to_the_model(
+    events: list[KvEvent], per_batch: int
+) -> None:
     s = live_store()
     model = Model()
     for seq, start in enumerate(range(0, len(events), per_batch)):
