@@ -5,7 +5,7 @@ AllBlocksCleared, and the publisher going away. Every wait is on a condition, bo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Literal
 
 import pytest
@@ -13,47 +13,13 @@ import zmq.asyncio
 
 from gateway.core.blockhash import token_chain
 from gateway.core.clock import SystemClock
-from gateway.core.kvevents import KvBatch
-from gateway.telemetry.prefix_precise import PreciseStore, SourceState
+from gateway.telemetry.prefix_precise import SourceState
 from gateway.upstream.kv_events import KvEventsTarget, KvEventSubscriber
 from tests.integration.kv_publisher import CLEARED, TestPublisher, removed, stored
+from tests.kv_watch import WatchedStore
 
 BS = 4
 TIMEOUT_S = 10.0
-
-
-class WatchedStore(PreciseStore):
-    """A PreciseStore that wakes the test on every call."""
-
-    def __init__(self) -> None:
-        super().__init__("e1", now=SystemClock().now(), rebuild_s=3600.0)
-        self.changed = asyncio.Event()
-
-    def _poke(self) -> None:
-        self.changed.set()
-
-    def connected(self, now: float) -> None:
-        super().connected(now)
-        self._poke()
-
-    def disconnected(self, now: float) -> None:
-        super().disconnected(now)
-        self._poke()
-
-    def on_live(self, seq: int, batch: KvBatch, now: float, wall: float) -> int | None:
-        r = super().on_live(seq, batch, now, wall)
-        self._poke()
-        return r
-
-    def rebuild(self, now: float, seq: int) -> None:
-        super().rebuild(now, seq)
-        self._poke()
-
-    async def until(self, pred: Callable[[], bool]) -> None:
-        async with asyncio.timeout(TIMEOUT_S):
-            while not pred():
-                self.changed.clear()
-                await self.changed.wait()
 
 
 class Rig:
@@ -78,7 +44,7 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
     ctx = zmq.asyncio.Context()
     pub = TestPublisher(ctx, replay_form=form)
     pub.serve_replay()
-    r = Rig(ctx, pub, WatchedStore())
+    r = Rig(ctx, pub, WatchedStore("e1"))
     yield r
     if r.task is not None:
         r.task.cancel()

@@ -76,8 +76,8 @@ def test_endpoint_flags_parse(flag: str, expected: EndpointConfig) -> None:
         ),
         pytest.param(
             "http://a:1,kv_events=tcp://*:5557",
-            "--endpoint: 'http://a:1,kv_events=tcp://*:5557': kv_events: expected tcp://HOST:PORT with a host "
-            "berth can reach and a port 1-65535, got 'tcp://*:5557'",
+            "--endpoint: 'http://a:1,kv_events=tcp://*:5557': kv_events: expected tcp://HOST:PORT with a "
+            "host berth can reach and a port 1-65535, got 'tcp://*:5557'",
             id="kv-events-wildcard",
         ),
         pytest.param(
