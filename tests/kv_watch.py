@@ -37,6 +37,11 @@ class WatchedStore(PreciseStore):
         super().rebuild(now, seq)
         self._poke()
 
+    def end_replay(self, now: float, upto: int) -> bool:
+        r = super().end_replay(now, upto)
+        self._poke()
+        return r
+
     def on_replayed(self, seq: int, batch: KvBatch, now: float, wall: float) -> None:
         super().on_replayed(seq, batch, now, wall)
         self._poke()

@@ -11,8 +11,10 @@ end marker whose sequence number is -1; vLLM answers `[b"", topic, seq, payload]
 What the frames mean is the sink's business (`gateway.telemetry.prefix_precise.PreciseStore`): this
 module only moves bytes, tells the sink when the connection comes up or goes down (a ZMQ socket
 monitor; heartbeats make a silent peer count as gone), and runs the replay or the rebuild the sink
-asks for. A live batch that arrives during a replay waits in the SUB socket (at most `RCVHWM`
-messages; past that ZMQ drops, which is one more gap).
+asks for. On every connection it replays the engine's buffer from its first batch, so a store that
+starts after its engine (or reconnects) learns what the engine cached meanwhile. A live batch that
+arrives during a replay waits in the SUB socket (at most `RCVHWM` messages; past that ZMQ drops,
+which is one more gap).
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ class KvEventSubscriber:
                 if sub in ready:
                     await self._on_frames(await sub.recv_multipart())
                 if monitor in ready:
-                    self._on_monitor(await monitor.recv_multipart())
+                    await self._on_monitor(await monitor.recv_multipart())
         finally:
             poller.unregister(sub)
             poller.unregister(monitor)
@@ -119,11 +121,16 @@ class KvEventSubscriber:
             monitor.close(linger=0)
             sub.close(linger=0)
 
-    def _on_monitor(self, frames: list[bytes]) -> None:
+    async def _on_monitor(self, frames: list[bytes]) -> None:
         event = parse_monitor_message(frames)["event"]
         now = self._clock.now()
         if event == zmq.EVENT_CONNECTED:
             self._sink.connected(now)
+            if self.target.replay is not None:
+                # What the engine cached before this connection (berth started after it, or the
+                # connection came back): its replay buffer from the first batch on. A buffer that no
+                # longer begins there makes the store rebuild; an empty one leaves it as it is.
+                await self._replay(0, 0)
         elif event == zmq.EVENT_DISCONNECTED:
             self._sink.disconnected(now)
 

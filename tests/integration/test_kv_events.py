@@ -27,12 +27,14 @@ class Rig:
         self.ctx, self.pub, self.store = ctx, pub, store
         self.task: asyncio.Task[None] | None = None
 
-    async def start(self, *, replay: bool = True) -> None:
+    async def start(self, *, replay: bool = True, state: SourceState = SourceState.LIVE) -> None:
         target = KvEventsTarget(self.pub.endpoint, self.pub.replay_endpoint if replay else None)
         sub = KvEventSubscriber("e1", target, self.store, SystemClock(), context=self.ctx, replay_idle_s=2.0)
         self.task = asyncio.get_running_loop().create_task(sub.run())
         await self.pub.wait_subscriber()
-        await self.store.until(lambda: self.store.state is SourceState.LIVE)
+        # connected, and (with a replay socket) the replay of the engine's buffer on connecting done
+        replays = 1 if replay else 0
+        await self.store.until(lambda: self.store.state is state and self.store.status(0).replays == replays)
 
     async def applied(self, seq: int) -> None:
         await self.store.until(lambda: self.store.status(0).last_seq == seq)
@@ -78,10 +80,10 @@ async def test_a_gap_is_filled_by_replay(rig: Rig) -> None:
     rig.pub.publish([stored([3], PROMPT[8:12], 2, BS)], send=False)
     rig.pub.publish([stored([4], PROMPT[12:], 3, BS)])
     await rig.applied(3)
-    assert rig.pub.replay_requests == [1]
+    assert rig.pub.replay_requests == [0, 1]  # on connecting, then for the gap
     assert rig.store.matched(KEYS) == 4
     status = rig.store.status(0)
-    assert (status.state, status.gaps, status.replays, status.rebuilds) == (SourceState.LIVE, 1, 1, 0)
+    assert (status.state, status.gaps, status.replays, status.rebuilds) == (SourceState.LIVE, 1, 2, 0)
 
 
 async def test_a_gap_older_than_the_buffer_rebuilds(rig: Rig) -> None:
@@ -107,6 +109,22 @@ async def test_without_a_replay_endpoint_a_gap_rebuilds(rig: Rig) -> None:
     assert rig.store.keys() == frozenset(token_chain([5] * 4, BS))
     assert rig.pub.replay_requests == []
     assert rig.store.state is SourceState.REBUILDING
+
+
+async def test_a_subscriber_that_starts_late_learns_the_buffer(rig: Rig) -> None:
+    rig.pub.publish([stored([1, 2], PROMPT[:8], None, BS)], send=False)  # before anyone subscribed
+    rig.pub.publish([stored([3, 4], PROMPT[8:], 2, BS)], send=False)
+    await rig.start()
+    assert rig.store.matched(KEYS) == 4
+    assert rig.store.status(0).last_seq == 1
+
+
+async def test_a_late_subscriber_whose_buffer_was_cut_rebuilds(rig: Rig) -> None:
+    rig.pub.publish([stored([1, 2], PROMPT[:8], None, BS)], send=False)
+    rig.pub.publish([stored([3], [3] * 4, None, BS)], send=False)
+    rig.pub.forget_before(1)
+    await rig.start(state=SourceState.REBUILDING)  # from the oldest batch the buffer kept
+    assert rig.store.keys() == frozenset(token_chain([3] * 4, BS))
 
 
 async def test_all_blocks_cleared_empties_the_store(rig: Rig) -> None:
