@@ -37,7 +37,7 @@ from gateway.upstream.kv_decode import KvDecodeError, decode_batch
 log = structlog.get_logger("berth.kv_events")
 
 END_SEQ: Final = -1  # the replay's end marker
-RCVHWM: Final = 100_000  # live batches the SUB socket keeps while a replay runs
+RCVHWM: Final = 10_000  # live batches the SUB socket keeps while a replay runs (vLLM buffers as many)
 HEARTBEAT_MS: Final = 2_000  # a peer silent for 3 heartbeats is disconnected
 RECONNECT_MS: Final = 500
 RECONNECT_MAX_MS: Final = 5_000
