@@ -222,3 +222,73 @@ def test_any_event_sequence_leaves_the_store_equal_to_the_model(
             apply_model(model, e)
         assert s.keys() == model.keys()
         assert s.cached_blocks() == len(model.prefixes)
+
+
+# ---------------------------------------------------------------------- gaps never leave stale blocks
+@st.composite
+def engine_histories(draw: st.DrawFn) -> tuple[list[KvEvent], dict[int, tuple[int, ...]]]:
+    """Events as an engine makes them: a block's hash follows from its content and its parent's hash,
+    so equal prefixes have equal hashes; removals name blocks stored before. Also every hash's prefix."""
+    prefix_of: dict[int, tuple[int, ...]] = {}
+    events: list[KvEvent] = []
+    for _ in range(draw(st.integers(0, 25))):
+        kind = draw(st.sampled_from(["stored", "stored", "stored", "removed", "cleared"]))
+        known = sorted(prefix_of)
+        if kind == "stored":
+            parent = draw(st.one_of(st.none(), st.sampled_from(known))) if known else None
+            n = draw(st.integers(1, 3))
+            tokens = draw(st.lists(st.integers(0, 1), min_size=n * BS, max_size=n * BS))
+            prefix = () if parent is None else prefix_of[parent]
+            hashes = []
+            for i in range(n):
+                prefix = (*prefix, *tokens[i * BS : (i + 1) * BS])
+                h = hash(("engine", prefix))
+                prefix_of[h] = prefix
+                hashes.append(h)
+            events.append(stored(hashes, tokens, parent=parent))
+        elif kind == "removed" and known:
+            events.append(BlockRemoved(tuple(draw(st.lists(st.sampled_from(known), max_size=3)))))
+        else:
+            events.append(AllBlocksCleared())
+    return events, prefix_of
+
+
+@settings(max_examples=300, deadline=None)
+@given(engine_histories(), st.data())
+def test_lost_batches_never_leave_stale_blocks(
+    history: tuple[list[KvEvent], dict[int, tuple[int, ...]]], data: st.DataObject
+) -> None:
+    """One event per batch; some batches are lost on the way; the replay buffer begins at some batch
+    (or there is no replay). Whatever is lost, the store holds only blocks the engine holds; with a
+    buffer from the first batch it holds exactly what an in-order store would."""
+    events, prefix_of = history
+    lost = data.draw(st.lists(st.booleans(), min_size=len(events), max_size=len(events)))
+    replay_from = data.draw(st.one_of(st.none(), st.integers(0, max(0, len(events) - 1))))
+    s, reference = live_store(), live_store()
+    cached: set[int] = set()
+    for seq, event in enumerate(events):
+        b = batch(event)
+        reference.on_live(seq, b, 1.0, 100.0)
+        if isinstance(event, AllBlocksCleared):
+            cached.clear()
+        elif isinstance(event, BlockRemoved):
+            cached.difference_update(h for h in event.block_hashes if isinstance(h, int))
+        else:
+            cached.update(h for h in event.block_hashes if isinstance(h, int))
+        if lost[seq]:
+            continue
+        gap = s.on_live(seq, b, 1.0, 100.0)
+        if gap is not None:
+            filled = False
+            if replay_from is not None:
+                s.begin_replay(1.0)
+                for r in range(max(gap, replay_from), seq + 1):
+                    s.on_replayed(r, batch(events[r]), 1.0, 100.0)
+                filled = s.end_replay(1.0, seq)
+            if not filled:
+                s.rebuild(1.0, seq)
+            assert s.on_live(seq, b, 1.0, 100.0) is None
+        truth = {token_chain(prefix_of[h], BS)[-1] for h in cached}
+        assert s.keys() <= truth
+        if replay_from == 0:
+            assert s.keys() == reference.keys()
