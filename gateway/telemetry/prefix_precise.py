@@ -225,11 +225,11 @@ class PreciseStore:
         self._apply(seq, batch, now, wall)
         return None
 
-    def begin_replay(self, now: float) -> None:
+    def begin_replay(self, now: float, reason: str = "gap") -> None:
         self._n["replays"] += 1
         self._replay_started = False
         self._resume = (self._state, self._since)
-        self._set_state(SourceState.REPLAYING, now, "gap")
+        self._set_state(SourceState.REPLAYING, now, reason)
 
     def on_replayed(self, seq: int, batch: KvBatch, now: float, wall: float) -> None:
         """A batch the replay delivered (in order, from the number asked for or the oldest kept)."""

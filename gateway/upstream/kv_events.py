@@ -60,7 +60,7 @@ class KvEventSink(Protocol):
     def connected(self, now: float) -> None: ...
     def disconnected(self, now: float) -> None: ...
     def on_live(self, seq: int, batch: KvBatch, now: float, wall: float) -> int | None: ...
-    def begin_replay(self, now: float) -> None: ...
+    def begin_replay(self, now: float, reason: str = "gap") -> None: ...
     def on_replayed(self, seq: int, batch: KvBatch, now: float, wall: float) -> None: ...
     def end_replay(self, now: float, upto: int) -> bool: ...
     def rebuild(self, now: float, seq: int) -> None: ...
@@ -130,7 +130,7 @@ class KvEventSubscriber:
                 # What the engine cached before this connection (berth started after it, or the
                 # connection came back): its replay buffer from the first batch on. A buffer that no
                 # longer begins there makes the store rebuild; an empty one leaves it as it is.
-                await self._replay(0, 0)
+                await self._replay(0, 0, "connected")
         elif event == zmq.EVENT_DISCONNECTED:
             self._sink.disconnected(now)
 
@@ -159,12 +159,12 @@ class KvEventSubscriber:
             sink.rebuild(self._clock.now(), seq)
         sink.on_live(seq, batch, self._clock.now(), self._wall())
 
-    async def _replay(self, start: int, upto: int) -> bool:
+    async def _replay(self, start: int, upto: int, reason: str = "gap") -> bool:
         """Ask the engine for its buffered batches from `start` and feed them; True when the gap up
         to `upto` is filled."""
         assert self.target.replay is not None
         sink = self._sink
-        sink.begin_replay(self._clock.now())
+        sink.begin_replay(self._clock.now(), reason)
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.target.replay)

@@ -212,11 +212,19 @@ async def test_a_prefix_sharer_hits_the_holders_cache(engines: list[Engine], wat
     reason="placement by prefix needs the prefix index wired into the scheduler's prediction", strict=False
 )
 async def test_prefix_sharers_go_to_the_holder(engines: list[Engine], precise_berth: RunningServer) -> None:
-    base = _prompt(3, PROMPT_TOKENS)
-    served = await _complete(precise_berth.base_url, base)
-    holder = next(e for e in engines if e.endpoint_id == served)
-    before = await asyncio.to_thread(holder.hits)
-    places = [await _complete(precise_berth.base_url, [*base, *_prompt(10 + i, 64)]) for i in range(4)]
-    assert places == [served] * 4
-    # each sharer finds the base's full blocks cached (a block is at most 128 tokens on CPU)
-    assert await asyncio.to_thread(holder.hits) - before >= 4 * (PROMPT_TOKENS - 128)
+    """Each engine gets a long prompt of its own directly; then berth gets two requests sharing each
+    prefix, A's first: every one must go to the engine holding its prefix. A deterministic tie-break
+    or round robin cannot do that (they send A, A, B, B to one engine or alternate)."""
+    bases = [_prompt(3, PROMPT_TOKENS), _prompt(4, PROMPT_TOKENS)]
+    for engine, base in zip(engines, bases, strict=True):
+        await _complete(engine.server.base_url, base)
+    before = [await asyncio.to_thread(e.hits) for e in engines]
+    places = [
+        await _complete(precise_berth.base_url, [*base, *_prompt(10 + 2 * i + j, 64)])
+        for i, base in enumerate(bases)
+        for j in range(2)
+    ]
+    assert places == [engines[0].endpoint_id] * 2 + [engines[1].endpoint_id] * 2
+    for engine, was in zip(engines, before, strict=True):
+        # each sharer finds its base's full blocks cached (a block is at most 128 tokens on CPU)
+        assert await asyncio.to_thread(engine.hits) - was >= 2 * (PROMPT_TOKENS - 128)

@@ -37,7 +37,10 @@ class Rig:
         await self.store.until(lambda: self.store.state is state and self.store.status(0).replays == replays)
 
     async def applied(self, seq: int) -> None:
-        await self.store.until(lambda: self.store.status(0).last_seq == seq)
+        """Until batch `seq` is applied and any replay that applied it has ended."""
+        await self.store.until(
+            lambda: self.store.status(0).last_seq == seq and self.store.state is not SourceState.REPLAYING
+        )
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from gateway.core.blockhash import token_chain
 from gateway.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
 from gateway.telemetry.prefix_precise import PreciseStore
 from gateway.upstream.kv_decode import KvDecodeError, decode_batch
@@ -163,16 +164,20 @@ def test_undecodable(payload: bytes) -> None:
 
 
 def test_a_recorded_real_vllm_stream() -> None:
-    """Recorded from vLLM (CPU) serving the engine tier's tiny model with prefix caching on: two
-    requests sharing a prefix (`tests/engine/test_vllm_kv_events.py` writes it when asked)."""
+    """Recorded from vLLM 0.32 (CPU) serving the engine tier's tiny model with prefix caching on: a
+    1,100-token prompt (8 full blocks of 128), then one sharing it and 200 tokens more (2 new blocks,
+    chained to the first prompt's last). The events are maps tagged by `type`, the hashes ints."""
     frames = msgspec.msgpack.decode((DATA / "kv_events_vllm.msgpack").read_bytes())
     store = PreciseStore("vllm", now=0.0)
     store.connected(0.0)
-    stored_blocks = 0
+    tokens: list[int] = []
     for seq_bytes, payload in frames:
         batch = decode_batch(payload)
-        stored_blocks += sum(len(e.block_hashes) for e in batch.events if isinstance(e, BlockStored))
+        for e in batch.events:
+            assert isinstance(e, BlockStored)
+            tokens.extend(e.token_ids)
         assert store.on_live(int.from_bytes(seq_bytes, "big"), batch, 0.0, batch.ts) is None
-    assert stored_blocks > 0
-    assert store.cached_blocks() > 0
+    assert store.block_tokens == 128
+    assert store.cached_blocks() == 10
+    assert store.matched(token_chain(tokens, 128)) == 10
     assert store.status(0.0).orphans == 0
