@@ -177,6 +177,7 @@ class PreciseStore:
         """The subscription is up: events are expected from the engine's first batch on."""
         self._connected = True
         if self._healthy and self._state is SourceState.FALLEN_BACK:
+            self._drop()  # refilled from the engine's first batch on
             self._restart_sequence()
             self._set_state(SourceState.LIVE, now, "connected")
 
