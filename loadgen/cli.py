@@ -5,6 +5,7 @@
         [--berth-pid PID]
     berth-loadgen compare baseline.json slack.json
     berth-loadgen workloads
+    berth-loadgen workload-stats --workload mooncake:trace.jsonl --duration 0 [--block-size 512]
     berth-loadgen sim --policy policies/coding-assistant.toml --fleet fleet.toml --workload coding:pattern1 \
         --rate 8 --duration 120 --seed 1 --out report.json [--plot sim.png] [--gateway gateway.toml]
     berth-loadgen bench scheduling [--quick] [--live]   # loadgen/bench/scheduling.py (simulator by default)
@@ -31,8 +32,10 @@ from loadgen.plot import PlotUnavailable, plot_report
 from loadgen.progress import ProgressBar
 from loadgen.render import format_compare, format_report
 from loadgen.report import Report, load_report
-from loadgen.runner import RunOptions, run_workload
-from loadgen.workloads import BUILTIN_NAMES, VARIANTS, get_workload
+from loadgen.runner import RunOptions, build_schedule, run_workload
+from loadgen.workloads import BUILTIN_NAMES, VARIANTS, WorkloadOptions, get_workload
+from loadgen.workloads.options import parse_range
+from loadgen.workloads.stats import format_reuse, reusable_share
 
 # `berth-loadgen bench NAME ARGS...`: the module of each benchmark, imported only when asked for; each has
 # `main(argv) -> int`.
@@ -58,11 +61,13 @@ def _bench(name: str, argv: Sequence[str]) -> int:
     return run(argv)
 
 
-def _client_arguments() -> argparse.ArgumentParser:
-    """What `run` and `sim` share: the workload, its schedule, the client's timers and the outputs."""
+def _workload_arguments() -> argparse.ArgumentParser:
+    """The workload and its schedule: what `run`, `sim` and `workload-stats` share."""
     w = argparse.ArgumentParser(add_help=False)
     w.add_argument(
-        "--workload", default="sharegpt-like", help=f"{' | '.join(BUILTIN_NAMES)}[:variant] or a JSONL trace"
+        "--workload",
+        default="sharegpt-like",
+        help=f"{' | '.join(BUILTIN_NAMES)}[:variant], mooncake:PATH or a JSONL trace",
     )
     w.add_argument("--rate", type=float, default=1.0, help="mean task arrivals per second")
     w.add_argument(
@@ -71,6 +76,63 @@ def _client_arguments() -> argparse.ArgumentParser:
     w.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
     w.add_argument("--cv", type=float, default=1.0, help="gamma arrivals: coefficient of variation")
     w.add_argument("--seed", type=int, default=0)
+    o = w.add_argument_group("workload options (docs/workloads.md; each applies to the workloads named)")
+    o.add_argument(
+        "--time-scale", type=float, metavar="K", help="traces: multiply arrival offsets (2: half the rate)"
+    )
+    o.add_argument(
+        "--slo-ttft-ms", type=float, metavar="MS", help="every request's TTFT target, sent as x-berth-ttft-ms"
+    )
+    o.add_argument(
+        "--slo-itl-ms", type=float, metavar="MS", help="every request's ATGT target, sent as x-berth-itl-ms"
+    )
+    o.add_argument(
+        "--sessions",
+        type=int,
+        metavar="N",
+        help="coding: developer sessions with repository context; chat: conversations",
+    )
+    o.add_argument(
+        "--context-tokens",
+        type=_range,
+        metavar="LO:HI",
+        help="coding: a session's repository context (tokens)",
+    )
+    o.add_argument("--turns", type=_range, metavar="LO:HI", help="chat: turns per conversation")
+    o.add_argument(
+        "--think-time", type=float, metavar="S", help="chat: mean seconds between an answer and the next turn"
+    )
+    o.add_argument(
+        "--apps", type=int, metavar="N", help="chat: applications, each with its own system prompt"
+    )
+    o.add_argument("--system-tokens", type=_range, metavar="LO:HI", help="chat: a system prompt (tokens)")
+    return w
+
+
+def _range(text: str) -> tuple[int, int]:
+    try:
+        return parse_range(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def workload_options(args: argparse.Namespace) -> WorkloadOptions:
+    return WorkloadOptions(
+        time_scale=args.time_scale,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_itl_ms=args.slo_itl_ms,
+        sessions=args.sessions,
+        context_tokens=args.context_tokens,
+        turns=args.turns,
+        think_time_s=args.think_time,
+        apps=args.apps,
+        system_tokens=args.system_tokens,
+    )
+
+
+def _client_arguments() -> argparse.ArgumentParser:
+    """What `run` and `sim` share: the workload, its schedule, the client's timers and the outputs."""
+    w = argparse.ArgumentParser(add_help=False, parents=[_workload_arguments()])
     w.add_argument(
         "--models", help="comma-separated models for slots 0,1,... (default: the target's /v1/models)"
     )
@@ -120,6 +182,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("workloads", help="list the built-in workloads")
 
+    st = sub.add_parser(
+        "workload-stats",
+        parents=[_workload_arguments()],
+        help="the share of a workload's prompt blocks that an earlier request sent (its prefix structure)",
+    )
+    st.add_argument(
+        "--block-size",
+        type=int,
+        action="append",
+        metavar="TOKENS",
+        help="block size in tokens (repeatable; default 16, vLLM's on GPUs, and 512, the Mooncake traces')",
+    )
+
     b = sub.add_parser("bench", help="run a benchmark: `bench scheduling --help`")
     b.add_argument("name", choices=tuple(BENCHMARKS))
     b.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
@@ -144,10 +219,12 @@ def _options(args: argparse.Namespace) -> RunOptions:
             raise ValueError(f"--watch-pid {w!r}: expected NAME=PID")
         watch[name] = int(pid)
     models = tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models else None
-    get_workload(args.workload)  # fail early on a bad name
+    options = workload_options(args)
+    get_workload(args.workload, options)  # fail early on a bad name or option
     return RunOptions(
         target=args.target,
         workload=args.workload,
+        workload_options=options,
         rate=args.rate,
         duration_s=args.duration,
         arrival=args.arrival,
@@ -197,13 +274,15 @@ def _sim(args: argparse.Namespace) -> int:
     from loadgen.plot import plot_simulation
 
     try:
-        get_workload(args.workload)
+        options = workload_options(args)
+        get_workload(args.workload, options)
         models = tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models else None
         opts = SimOptions(
             policy=args.policy,
             fleet=tuple(load_fleet_file(args.fleet)),
             gateway=args.gateway,
             workload=args.workload,
+            workload_options=options,
             rate=args.rate,
             duration_s=args.duration,
             arrival=args.arrival,
@@ -220,6 +299,29 @@ def _sim(args: argparse.Namespace) -> int:
         print(f"berth-loadgen: {e}", file=sys.stderr)
         return 2
     return _emit(args, report, plot_simulation)
+
+
+def _workload_stats(args: argparse.Namespace) -> int:
+    """Print the reusable share of the workload's prompt blocks at each block size."""
+    try:
+        workload = get_workload(args.workload, workload_options(args))
+        run = RunOptions(
+            target="-",
+            workload=args.workload,
+            rate=args.rate,
+            duration_s=args.duration,
+            arrival=args.arrival,
+            cv=args.cv,
+            seed=args.seed,
+        )
+        tasks = build_schedule(workload, run)
+        sizes = args.block_size or [16, 512]
+        rows = [reusable_share(tasks, block_tokens=b, seed=args.seed) for b in sizes]
+    except (ValueError, OSError) as e:
+        print(f"berth-loadgen: {e}", file=sys.stderr)
+        return 2
+    print(format_reuse(workload.name, rows))
+    return 0
 
 
 def _emit(args: argparse.Namespace, report: Report, plot: Callable[[Report, Path], None]) -> int:
@@ -244,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _sim(args)
     if args.command == "bench":
         return _bench(args.name, args.args)
+    if args.command == "workload-stats":
+        return _workload_stats(args)
     if args.command == "compare":
         try:
             reports = [(p.stem, load_report(p)) for p in args.reports]
@@ -255,6 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in BUILTIN_NAMES:
         variants = " | ".join(VARIANTS.get(name, ())) or "(no variants)"
         print(f"{name:14} {variants}  (default {get_workload(name).name})")
+    print(f"{'mooncake':14} :PATH  (a Mooncake-format trace; docs/workloads.md)")
+    print(f"{'PATH':14} a JSONL trace (loadgen/workloads/trace.py)")
     return 0
 
 

@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadgen.prompts import CHAT_TEMPLATE_TOKENS, prompt_text
-from loadgen.workloads.base import ApiName, CallSpec, Slo, TaskSpec
+from loadgen.workloads.base import CallSpec, Slo, TaskSpec, call_prompt
+from loadgen.workloads.prompt import ApiName
 
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
@@ -81,11 +81,11 @@ def _ms(seconds: float | None) -> float | None:
 def build_body(call: CallSpec, model: str, salt: int) -> bytes:
     n = call.output_tokens
     body: dict[str, Any] = {"model": model}
+    prompt = call_prompt(call, salt)
     if call.api == "chat":
-        text = prompt_text(call.prompt_tokens - CHAT_TEMPLATE_TOKENS, salt)
-        body["messages"] = [{"role": "user", "content": text}]
+        body["messages"] = prompt.chat_messages()
     else:
-        body["prompt"] = prompt_text(call.prompt_tokens, salt)
+        body["prompt"] = prompt.completion_text()
     body.update(
         max_tokens=n, min_tokens=n, ignore_eos=True, stream=True, stream_options={"include_usage": True}
     )
@@ -104,7 +104,7 @@ def build_headers(
         headers["x-berth-task-id"] = task.task_id
         if task.task_sla_ms is not None:
             headers["x-berth-task-sla-ms"] = f"{task.task_sla_ms * slo_scale:.0f}"
-    if slo_headers:
+    if slo_headers or call.slo_headers:
         slo = call.slo.scaled(slo_scale)
         for name, value in (("ttft", slo.ttft_ms), ("itl", slo.atgt_ms), ("deadline", slo.e2e_ms)):
             if value is not None:

@@ -1,7 +1,10 @@
 """`berth demo`: the embedded default a new user runs first (a `berth.commands` entry point: the daemon
 package does not import the simulator).
 
-One process, one event loop: a simulated fleet (two models, four endpoints across instance classes,
+First (unless `--no-compare`) the comparison that shows why berth (`loadgen.demo_compare`): berth's
+chat-and-batch preset beside a plain least-outstanding router on the same simulated fleet and trace, on
+the offline fleet simulator (seconds), side by side, and a PNG of the latency distributions. Then, live,
+in one process and one event loop: a simulated fleet (two models, four endpoints across instance classes,
 sped up 10x), berth in front of it with the default policy, and the `chat-batch` workload (interactive
 chat plus a batch queue) for `duration_s` with a live view. Then the per-class results table, and berth
 keeps serving on http://127.0.0.1:PORT with ready-to-paste snippets until Ctrl-C.
@@ -18,6 +21,7 @@ import contextlib
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +31,7 @@ from gateway.config import apply_overrides, default_config, load_runtime, parse_
 from gateway.core.logging import configure_logging
 from gateway.core.runloop import run
 from gateway.sched.plugins import default_registry
+from loadgen import demo_compare
 from loadgen.demo_autoscale import run_demo
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.spec import EndpointSpec as SimSpec
@@ -47,7 +52,8 @@ _PROFILE = {"chat-7b": "fleet-7b", "code-13b": "fleet-13b"}
 
 
 def main(argv: Sequence[str]) -> int:
-    """`berth demo [--duration S] [--port N] [--no-serve] [--rate R] [--autoscale]`."""
+    """`berth demo [--duration S] [--port N] [--no-serve] [--rate R] [--no-compare] [--out DIR]
+    [--autoscale]`."""
     p = argparse.ArgumentParser(
         prog="berth demo", description="a simulated fleet with berth in front of it and a mixed workload"
     )
@@ -57,6 +63,14 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--port", type=int, default=8080, help="berth's port (default 8080)")
     p.add_argument("--no-serve", action="store_true", help="exit after the results instead of serving on")
     p.add_argument("--rate", type=float, default=None, help="requests/s of the demo workload")
+    p.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="skip the first act: berth beside a plain router on the fleet simulator",
+    )
+    p.add_argument(
+        "--out", default="berth-demo", help="where the comparison's PNG goes (default ./berth-demo)"
+    )
     p.add_argument(
         "--autoscale",
         action="store_true",
@@ -75,6 +89,8 @@ def main(argv: Sequence[str]) -> int:
             )
         )
         return 0
+    if not args.no_compare:
+        _compare(Path(args.out))
     run(
         _demo(
             duration_s=args.duration if args.duration is not None else 60.0,
@@ -84,6 +100,22 @@ def main(argv: Sequence[str]) -> int:
         )
     )
     return 0
+
+
+def _compare(out: Path) -> None:
+    """The first act (`loadgen.demo_compare`): berth's chat-and-batch preset beside least outstanding."""
+    _say(
+        f"1/2 why berth: the same fleet and trace under a plain router and under berth, on the fleet "
+        f"simulator (interactive chat at {demo_compare.RATE:g} req/s beside {demo_compare.BACKLOG} "
+        "queued batch requests, 8 endpoints)"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    sides = demo_compare.run(log=_say)
+    print(demo_compare.table(sides), flush=True)
+    png = out / "latency.png"
+    why_not = demo_compare.plot(sides, png)
+    _say(why_not or f"latency distributions: {png}")
+    _say("2/2 berth live, in front of simulated engines:")
 
 
 async def _demo(*, duration_s: float, port: int, serve_after: bool, rate: float) -> None:

@@ -1,7 +1,7 @@
 """``--plot out.png``: latency CDFs (TTFT, E2E) per class and goodput per class; a simulation's plot adds
 the fleet over time (queue depth, utilization).
 
-matplotlib is an optional extra (``pip install 'berth[plot]'``); without it the CLI says so and writes
+matplotlib is an optional extra (``pip install 'berth-gateway[plot]'``); without it the CLI says so and writes
 the JSON report anyway.
 """
 
@@ -25,7 +25,7 @@ def _pyplot() -> Any:
         import matplotlib.pyplot as plt
     except ImportError:
         raise PlotUnavailable(
-            "--plot needs matplotlib, which is not installed (pip install 'berth[plot]')"
+            "--plot needs matplotlib, which is not installed (pip install 'berth-gateway[plot]')"
         ) from None
     return plt
 

@@ -34,6 +34,8 @@ from loadgen.report import Report, TaskResult, build_report, complete_task
 from loadgen.workloads import get_workload
 from loadgen.workloads.arrivals import ArrivalKind, arrival_fn
 from loadgen.workloads.base import TaskSpec, Workload
+from loadgen.workloads.options import WorkloadOptions
+from loadgen.workloads.prompt import call_salt
 from loadgen.workloads.trace import trace_line
 
 # Offsets and latencies use one high-resolution clock (uvloop's loop.time() has ms resolution).
@@ -43,7 +45,7 @@ _now = time.perf_counter
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     target: str
-    workload: str = "sharegpt-like"  # built-in NAME[:VARIANT] or a JSONL trace path
+    workload: str = "sharegpt-like"  # built-in NAME[:VARIANT], mooncake:PATH or a JSONL trace path
     rate: float = 1.0  # mean task arrivals per second
     duration_s: float = 60.0
     arrival: ArrivalKind = "poisson"
@@ -60,6 +62,7 @@ class RunOptions:
     max_connections: int = 0  # 0: unlimited
     watch_pids: Mapping[str, int] = field(default_factory=dict)  # e.g. {"berth": pid}: CPU share report
     record: Path | None = None  # JSONL of what was sent and observed (replayable as a trace)
+    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, --turns, ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +163,7 @@ class _Run:
                 )
                 self.requests.append(result)
                 res.calls_sent += 1
-                body = build_body(call, model, salt=task.index * 8 + i + self.opts.seed * 7919)
+                body = build_body(call, model, salt=call_salt(task.index, i, self.opts.seed))
                 headers = build_headers(
                     task, call, self.opts.headers, slo_scale=scale, slo_headers=self.opts.slo_headers
                 )
@@ -217,7 +220,8 @@ async def run_workload(
     """Run `opts.workload` (or the given `workload` object, or an explicit `schedule`) against
     `opts.target`; `on_result` sees every finished request, `on_tick` a `LiveSnapshot` every `tick_s`."""
     if schedule is None:
-        schedule = build_schedule(workload if workload is not None else get_workload(opts.workload), opts)
+        chosen = workload if workload is not None else get_workload(opts.workload, opts.workload_options)
+        schedule = build_schedule(chosen, opts)
     tasks = sorted(schedule, key=lambda t: t.at_s)
     base_url = normalize_base_url(opts.target)
     timeout = aiohttp.ClientTimeout(total=opts.request_timeout_s, sock_read=opts.stall_timeout_s)
@@ -256,6 +260,7 @@ async def run_workload(
     meta = {
         "target": opts.target,
         "workload": workload.name if workload is not None else opts.workload,
+        "workload_options": opts.workload_options.to_dict(),
         "rate": opts.rate,
         "duration_s": opts.duration_s,
         "arrival": opts.arrival,

@@ -40,14 +40,14 @@ NonNegativeFloat = Annotated[float, Meta(ge=0)]
 
 class EvictorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     plugin: str = "cace"
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = {}  # the evictor plugin's parameters
 
 
 class LifecycleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     models: str  # models.toml, relative to gateway.toml
     load_deadline_s: PositiveFloat = 300.0
     churn_guard_s: NonNegativeFloat = 60.0
-    min_idle_s: NonNegativeFloat = 0.0
+    min_idle_s: NonNegativeFloat = 0.0  # never evict an instance idle for less than this
     drain_timeout_s: NonNegativeFloat = 30.0
     pinned: tuple[str, ...] = ()
     lookahead: PositiveInt = 32  # queued requests the evictor's demand term looks at
@@ -60,7 +60,7 @@ class LifecycleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
 
 
 class NodeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    name: str
+    name: str  # the node's name (endpoints and instances refer to it)
     agent: tuple[str, ...]  # the command prefix that runs berth-agent there
     models: tuple[str, ...] | None = None  # the models it may host; None: any
 

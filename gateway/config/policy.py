@@ -51,25 +51,19 @@ from __future__ import annotations
 import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
 import msgspec
 import msgspec.structs
-from msgspec import Meta
 
-from gateway.core.errors import ConfigError
-from gateway.core.slo import (
-    DEFAULT_CLASS,
-    Infeasible,
-    SloClass,
-    SloKind,
-    SloPolicy,
-    SloRule,
-    TaskMetric,
-    TaskSettings,
-    UnknownClass,
-    default_slo_policy,
+from gateway.config.policy_schema import (
+    AutoscaleSection,
+    PluginRef,
+    PolicyFile,
+    ScorerRef,
 )
+from gateway.config.policy_slo import slo_problems
+from gateway.core.errors import ConfigError
 from gateway.core.strict_toml import (
     Decoded,
     convert,
@@ -79,7 +73,7 @@ from gateway.core.strict_toml import (
     read_toml,
     validation_error,
 )
-from gateway.core.types import ApiKind, ModelName
+from gateway.core.types import ModelName
 from gateway.sched.autoscale import UNBOUNDED, Autoscale, AutoscaleSettings, ModelBounds
 from gateway.sched.interfaces import (
     Admitter,
@@ -100,114 +94,6 @@ DEFAULT_POLICY_LABEL: Final = "<packaged>/gateway/config/default_policy.toml"
 
 #: Top-level keys that mark a TOML file as a policy file rather than a gateway.toml.
 POLICY_MARKERS: Final = frozenset({"ordering", "placement"})
-
-
-class PluginRef(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    plugin: str
-    params: dict[str, Any] = {}
-
-
-class ScorerRef(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    plugin: str
-    weight: Annotated[float, Meta(ge=0)] = 1.0
-    params: dict[str, Any] = {}
-
-
-class PlacementSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    picker: PluginRef
-    filters: tuple[PluginRef, ...] = ()
-    scorers: tuple[ScorerRef, ...] = ()
-    # Requests behind one that fits nowhere (filters left nothing while endpoints have room) that may be
-    # placed before it in one round; 0: strict priority.
-    lookahead: Annotated[int, Meta(ge=0, le=1024)] = 0
-
-
-PositiveMs = Annotated[float, Meta(gt=0, le=1e9)]
-
-
-class SloClassSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """One [[slo.classes]] item (see gateway.core.slo.SloClass)."""
-
-    name: str
-    description: str = ""
-    kind: SloKind = SloKind.INTERACTIVE
-    band: Annotated[int, Meta(ge=0, le=1000)] | None = None  # default: its position in the list
-    ttft_ms: PositiveMs | None = None
-    itl_ms: PositiveMs | None = None
-    e2e_ms: PositiveMs | None = None
-    task_sla_ms: PositiveMs | None = None
-    task_metric: TaskMetric = TaskMetric.E2E
-    steps: tuple[Annotated[float, Meta(gt=0)], ...] = ()
-    on_infeasible: Infeasible = Infeasible.HOLD
-    max_queue: Annotated[int, Meta(ge=0)] = 0
-
-
-class SloRuleSection(
-    msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, rename={"slo_class": "class"}
-):
-    """One [[slo.rules]] item: requests matching every given key get `class`."""
-
-    slo_class: str
-    model: str | None = None
-    path: str | None = None
-    stream: bool | None = None
-    max_tokens_min: Annotated[int, Meta(ge=0)] | None = None
-    max_tokens_max: Annotated[int, Meta(ge=0)] | None = None
-    prompt_chars_min: Annotated[int, Meta(ge=0)] | None = None
-    prompt_chars_max: Annotated[int, Meta(ge=0)] | None = None
-    body: dict[str, str | int | float | bool] = {}
-
-
-class SloSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    default_class: str = ""  # empty: the first class listed
-    # A request naming a class this policy lacks: serve it in the default class, or answer 400.
-    unknown_class: UnknownClass = UnknownClass.DEFAULT
-    classes: tuple[SloClassSection, ...] = ()
-    rules: tuple[SloRuleSection, ...] = ()
-
-
-class TasksSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    idle_expiry_s: Annotated[float, Meta(gt=0)] = 600.0
-    max_tasks: Annotated[int, Meta(ge=1)] = 100_000
-    learn_allotments: bool = False
-    learn_min_samples: Annotated[int, Meta(ge=1)] = 20
-
-
-class AutoscaleModelSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    min_instances: Annotated[int, Meta(ge=0, le=100_000)] | None = None  # None: the [autoscale] default
-    max_instances: Annotated[int, Meta(ge=1, le=100_000)] | None = None
-
-
-class AutoscaleSection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """[autoscale]: the `Scaler` plugin and the rules its runner enforces (gateway.sched.autoscale).
-    Per-model bounds live here rather than in models.toml: they are the operator's policy (hot-reloaded,
-    tried with dry_run first), not a property of the model the agents share."""
-
-    plugin: str
-    params: dict[str, Any] = {}
-    dry_run: bool = False
-    interval_s: Annotated[float, Meta(gt=0, le=3600)] = 5.0
-    scale_out_cooldown_s: Annotated[float, Meta(ge=0, le=86_400)] = 0.0
-    scale_in_cooldown_s: Annotated[float, Meta(ge=0, le=86_400)] = 60.0
-    reclass_cooldown_s: Annotated[float, Meta(ge=0, le=86_400)] = 30.0
-    min_instances: Annotated[int, Meta(ge=0, le=100_000)] = 0
-    max_instances: Annotated[int, Meta(ge=1, le=100_000)] | None = None
-    models: dict[str, AutoscaleModelSection] = {}
-
-
-class PolicyFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """A policy file exactly as written."""
-
-    name: str = ""  # empty: the file's stem
-    description: str = ""
-    ordering: PluginRef
-    placement: PlacementSection
-    admission: PluginRef | None = None  # None: admit every request (class queue bounds still hold)
-    preemption: PluginRef | None = None  # None: never preempt
-    concurrency: PluginRef | None = None  # None: every endpoint's configured cap (static)
-    slo: SloSection = SloSection()
-    tasks: TasksSection = TasksSection()
-    autoscale: AutoscaleSection | None = None  # None: no autoscaling
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,125 +296,6 @@ def _weight(ref: PluginRef | ScorerRef | AutoscaleSection) -> float:
     if not isinstance(ref, ScorerRef):
         raise TypeError(f"a scorer without a weight: {ref!r}")
     return ref.weight
-
-
-_PATHS: Final = frozenset(api.path for api in ApiKind)
-
-
-def build_slo(pf: PolicyFile) -> SloPolicy:
-    """The `[slo]` and `[tasks]` sections checked and built; raises the first problem."""
-    slo, problems = slo_problems(pf)
-    if problems:
-        raise problems[0]
-    return slo
-
-
-def slo_problems(pf: PolicyFile) -> tuple[SloPolicy, list[ConfigError]]:
-    """The `[slo]` and `[tasks]` sections built, and every problem found (named by key path). With
-    problems, the SLO policy is built from the classes and rules that had none (the default class
-    falling back to the first of them): good for checking the plugins that take it, nothing else."""
-    sec = pf.slo
-    t = pf.tasks
-    problems: list[ConfigError] = []
-    tasks = TaskSettings(
-        idle_expiry_s=t.idle_expiry_s,
-        max_tasks=t.max_tasks,
-        learn_allotments=t.learn_allotments,
-        learn_min_samples=t.learn_min_samples,
-    )
-    if not sec.classes:
-        if sec.default_class not in ("", DEFAULT_CLASS):
-            problems.append(
-                ConfigError(
-                    f"class {sec.default_class!r} is not defined (no [[slo.classes]])",
-                    path="slo.default_class",
-                )
-            )
-        if sec.rules:
-            problems.append(ConfigError("rules need [[slo.classes]] to name", path="slo.rules[0].class"))
-        slo = SloPolicy(
-            classes=default_slo_policy().classes,
-            default_class=DEFAULT_CLASS,
-            tasks=tasks,
-            unknown_class=sec.unknown_class,
-        )
-        return slo, problems
-    classes: dict[str, SloClass] = {}
-    for i, c in enumerate(sec.classes):
-        where = f"slo.classes[{i}]"
-        if not c.name.strip() or any(ch.isspace() for ch in c.name):
-            problems.append(
-                ConfigError(f"must be non-empty without whitespace, got {c.name!r}", path=f"{where}.name")
-            )
-            continue
-        if c.name in classes:
-            problems.append(ConfigError(f"duplicate class {c.name!r}", path=f"{where}.name"))
-            continue
-        classes[c.name] = SloClass(
-            name=c.name,
-            kind=c.kind,
-            band=i if c.band is None else c.band,
-            ttft_ms=c.ttft_ms,
-            itl_ms=c.itl_ms,
-            e2e_ms=c.e2e_ms,
-            task_sla_ms=c.task_sla_ms,
-            task_metric=c.task_metric,
-            steps=c.steps,
-            on_infeasible=c.on_infeasible,
-            max_queue=c.max_queue,
-        )
-    # A class that is declared but had a problem is reported once, above, not again where it is named.
-    declared = {c.name for c in sec.classes}
-    if not classes:  # every class had a problem: check the rest against the built-in one
-        classes = dict(default_slo_policy().classes)
-    default = sec.default_class or sec.classes[0].name
-    if default not in classes:
-        if default not in declared:
-            problems.append(ConfigError(_unknown_class(default, classes), path="slo.default_class"))
-        default = next(iter(classes))
-    rules: list[SloRule] = []
-    for i, r in enumerate(sec.rules):
-        where = f"slo.rules[{i}]"
-        rule_problems: list[ConfigError] = []
-        if r.slo_class not in declared:
-            rule_problems.append(ConfigError(_unknown_class(r.slo_class, classes), path=f"{where}.class"))
-        if r.path is not None and r.path not in _PATHS:
-            known = ", ".join(sorted(_PATHS))
-            rule_problems.append(
-                ConfigError(f"unknown path {r.path!r} (known: {known})", path=f"{where}.path")
-            )
-        for lo, hi in (("max_tokens_min", "max_tokens_max"), ("prompt_chars_min", "prompt_chars_max")):
-            a, b = getattr(r, lo), getattr(r, hi)
-            if a is not None and b is not None and a > b:
-                rule_problems.append(ConfigError(f"must not be below {lo} ({a})", path=f"{where}.{hi}"))
-        if rule_problems or r.slo_class not in classes:
-            problems += rule_problems
-            continue
-        rules.append(
-            SloRule(
-                slo_class=r.slo_class,
-                model=r.model,
-                path=r.path,
-                stream=r.stream,
-                max_tokens_min=r.max_tokens_min,
-                max_tokens_max=r.max_tokens_max,
-                prompt_chars_min=r.prompt_chars_min,
-                prompt_chars_max=r.prompt_chars_max,
-                body=dict(r.body),
-            )
-        )
-    slo = SloPolicy(
-        classes=classes,
-        default_class=default,
-        rules=tuple(rules),
-        tasks=tasks,
-        unknown_class=sec.unknown_class,
-    )
-    return slo, problems
-
-
-def _unknown_class(name: str, classes: dict[str, SloClass]) -> str:
-    return f"unknown SLO class {name!r} (known: {', '.join(classes)})"
 
 
 def is_policy_table(raw: dict[str, Any]) -> bool:

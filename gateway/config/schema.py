@@ -1,8 +1,8 @@
 """The schema of gateway.toml: one frozen msgspec Struct per section, unknown keys are errors.
 
-Static sections (`server`, `upstream`, `ops`) take effect at start only; `limits`, `scrape`, `telemetry`,
-`auth` (and its keys file), `aliases`, `endpoints`, `tenants` and the policy file are reloaded on SIGHUP
-(see `gateway.config.runtime`).
+Static sections (`server`, `upstream`, `ops`, `batch`) take effect at start only; `limits`, `scrape`,
+`telemetry`, `auth` (and its keys file), `aliases`, `endpoints`, `tenants` and the policy file are
+reloaded on SIGHUP (see `gateway.config.runtime`).
 Numbers are range-checked here (msgspec `Meta`); checks that relate values to each other, URLs and
 `listen` live in `gateway.config.validate`.
 """
@@ -65,7 +65,7 @@ class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
 class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """[upstream] (static)."""
 
-    connect_timeout_s: PositiveFloat = 5.0
+    connect_timeout_s: PositiveFloat = 5.0  # connecting to an engine, a wait for a pooled slot included
     first_byte_timeout_s: PositiveFloat = 120.0  # 504 when the engine sends no headers in time
     read_timeout_s: PositiveFloat = 120.0  # 504 / error event when a stream goes silent this long
     max_retries: NonNegativeInt = 1  # on another endpoint, before the first byte only
@@ -77,7 +77,7 @@ class ScrapeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     """[scrape] (reloadable)."""
 
     interval_s: PositiveFloat = 2.0
-    timeout_s: PositiveFloat = 2.0
+    timeout_s: PositiveFloat = 2.0  # one scrape (health or /metrics) of one endpoint
     unhealthy_after: PositiveInt = 3  # consecutive failed scrapes / health checks
     stale_after_s: PositiveFloat = 10.0
     models_refresh_s: PositiveFloat = 30.0
@@ -96,7 +96,7 @@ class PerfPriorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     j: NonNegativeFloat | None = None  # KV tokens per request on top of its context
     thr1: NonNegativeFloat | None = None  # per-request decode tokens/s alone
     alpha: NonNegativeFloat | None = None  # throughput decay with concurrency
-    beta: NonNegativeFloat | None = None
+    beta: NonNegativeFloat | None = None  # the throughput curve's exponent of its decay with concurrency
 
 
 class TelemetryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -120,6 +120,19 @@ class TelemetryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     # Added to a request's wait at most; bounded so that milliseconds written as seconds are caught.
     tokenize_timeout_s: Annotated[float, Meta(gt=0, le=5)] = 0.05
     prior: PerfPriorConfig = PerfPriorConfig()
+
+
+class PrefixConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[prefix]: the prefix index (which prompt blocks each endpoint holds in its KV cache), fleet-wide."""
+
+    # "auto": an endpoint's KV events when it publishes them, else what berth sent there; "approximate":
+    # what berth sent where, always; "precise": KV events (an endpoint without live events falls back to
+    # the approximate source, visibly); "off": no index (prefill is predicted on the whole prompt).
+    source: Literal["auto", "approximate", "precise", "off"] = "auto"
+    block_tokens: Annotated[int, Meta(ge=1, le=4096)] = 16  # tokens per block of the approximate index
+    # Tokens each endpoint's approximate index holds when its engine does not export its KV capacity
+    # (vLLM's cache_config_info, SGLang's max total tokens); unset: 32,768 blocks.
+    index_tokens: PositiveInt | None = None
 
 
 class AuthConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -153,6 +166,26 @@ class OpsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     def host_port(self) -> tuple[str, int]:
         """`listen` split for aiohttp; assumes it was validated and is not empty."""
         return split_host_port(self.listen)
+
+
+class BatchConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[batch] (static): the OpenAI Files and Batches API (docs/batch.md)."""
+
+    # Where batches and their files live (a SQLite database and a files/ directory); relative paths
+    # resolve against the directory of gateway.toml. Empty: $STATE_DIRECTORY/batch under systemd, else
+    # ./berth-state/batch (created on first use). `berth serve --batch-dir DIR` overrides it.
+    dir: str = ""
+    # Batch lines in the gateway (its queue or an engine) at once, over all batches; the rest wait in the
+    # store and are fed as these finish.
+    max_lines_in_flight: PositiveInt = 64
+    max_file_bytes: PositiveInt = 200 * 1024 * 1024  # an upload past it gets 413
+    max_lines: Annotated[int, Meta(ge=1, le=1_000_000)] = 50_000  # requests in one batch
+    file_expiry_s: Annotated[int, Meta(ge=3600)] = 30 * 86400  # of batch files without expires_after
+    # The longest completion_window accepted (OpenAI's is 24h; berth also takes "90m", "2d", ...).
+    max_window_s: Annotated[float, Meta(gt=0, le=365 * 86400)] = 30 * 86400.0
+    # The SLO class batch lines run in; empty: the policy's first class of kind "batch", else its default.
+    slo_class: str = ""
+    retry_s: PositiveFloat = 1.0  # before a line the gateway had no room for is tried again
 
 
 def split_host_port(listen: str) -> tuple[str, int]:
@@ -211,12 +244,12 @@ class EndpointConfig(
 ):
     """One [[endpoints]] item, or one --endpoint flag."""
 
-    url: str
+    url: str  # the engine's base URL (http:// or https://), without /v1
     id: str | None = None  # default: "host:port" of the url
     engine: EngineKind | None = None  # None: "auto", detect from the engine's /metrics names
     models: tuple[str, ...] = ()  # empty: discover from the engine's /v1/models
-    instance_class: InstanceClass = InstanceClass.MIXED
-    node: str | None = None
+    instance_class: InstanceClass = InstanceClass.MIXED  # key `class`: which traffic it prefers (Chiron)
+    node: str | None = None  # the GPU machine it runs on ([[nodes]] name), for co-location and eviction
     cap: PositiveInt | None = None  # None: the engine's batch size (limits.default_endpoint_cap until known)
     # "priority": the engine runs priority scheduling (vLLM --scheduling-policy priority), so berth
     # sends each request's priority; an FCFS vLLM rejects a request that carries one.
@@ -229,13 +262,12 @@ class EndpointConfig(
     # instance configuration (models.toml [[models.configs]]): the `sub-cluster` filter sends requests
     # with tight deadlines to small batches; an unset cap is at most the max batch (berth holds the rest).
     max_batch: PositiveInt | None = None
-    config: str | None = None
-    # The engine's KV-event publisher (vLLM/SGLang `--kv-events-config` "endpoint", as berth reaches
-    # it: "tcp://HOST:PORT"), its replay socket ("replay_endpoint"; none: a gap drops and rebuilds)
-    # and its topic: the precise prefix source for this endpoint (docs/kv-events.md).
+    config: str | None = None  # its instance configuration's name (models.toml [[models.configs]])
+    # The engine's KV-event publisher (vLLM/SGLang `--kv-events-config` "endpoint" as berth reaches it,
+    # "tcp://HOST:PORT"): the precise prefix source for this endpoint (docs/kv-events.md).
     kv_events: str | None = None
-    kv_events_replay: str | None = None
-    kv_events_topic: str = ""
+    kv_events_replay: str | None = None  # the engine's "replay_endpoint"; none: a gap drops and rebuilds
+    kv_events_topic: str = ""  # the engine's "topic"
 
     @property
     def endpoint_id(self) -> EndpointId:
@@ -290,13 +322,13 @@ class TenantConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     repr hides them). Keys may also come from [auth] keys_file.
     """
 
-    name: str
+    name: str  # the tenant's name (metrics and logs; never its keys)
     api_keys: tuple[str, ...] = ()  # the keys themselves (prefer api_key_sha256 in files)
     api_key_sha256: tuple[str, ...] = ()  # hex SHA-256 of each key
     slo_class: str | None = None  # default: the policy's rules, then its default class
-    ttft_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
-    itl_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
-    deadline_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None
+    ttft_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None  # overrides the class's TTFT target
+    itl_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None  # overrides the class's ITL target
+    deadline_ms: Annotated[float, Meta(gt=0, le=1e9)] | None = None  # overrides the class's deadline
     # The SLO classes this tenant may ask for (empty: any). The tenant's default class is slo_class,
     # else the first of these.
     allowed_classes: tuple[str, ...] = ()
@@ -317,10 +349,12 @@ class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     upstream: UpstreamConfig = UpstreamConfig()
     scrape: ScrapeConfig = ScrapeConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    prefix: PrefixConfig = PrefixConfig()
     policy: PolicySection = PolicySection()
     auth: AuthConfig = AuthConfig()
     ops: OpsConfig = OpsConfig()
-    aliases: dict[str, str] = {}
+    batch: BatchConfig = BatchConfig()
+    aliases: dict[str, str] = {}  # client model name -> engine served name
     endpoints: tuple[EndpointConfig, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
     lifecycle: LifecycleConfig | None = None
@@ -335,11 +369,14 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     upstream: UpstreamConfig = UpstreamConfig()
     scrape: ScrapeConfig = ScrapeConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    prefix: PrefixConfig = PrefixConfig()
     aliases: dict[str, str] = {}  # client model name -> engine served name
     endpoints: tuple[EndpointConfig, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
     auth: AuthConfig = AuthConfig()
     ops: OpsConfig = OpsConfig()
+    batch: BatchConfig = BatchConfig()
+    batch_dir: Path | None = None  # [batch] dir made absolute (or --batch-dir); None: the default
     keys: tuple[KeyEntry, ...] = ()  # from auth.keys_file
     keys_file: Path | None = None  # absolute
     engine_keys: Mapping[EndpointId, EngineKey] = {}  # endpoints with api_key_env / api_key_file

@@ -31,6 +31,8 @@ from gateway.dispatch.slo_headers import answer_headers, slo_met_now
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
+from gateway.telemetry.prefix_index import PrefixIndex
+from gateway.telemetry.prefix_keys import answer_of
 from gateway.upstream.client import UpstreamSettings, open_request
 from gateway.upstream.credentials import AUTH_REFUSED, EngineAuth
 from gateway.upstream.deadlines import Deadlines, StallWatch
@@ -57,6 +59,7 @@ class Dispatcher:
         clock: Clock,
         settings: UpstreamSettings,
         auth: EngineAuth | None = None,
+        prefix: PrefixIndex | None = None,
     ) -> None:
         self.session = session  # tokenize calls
         self.pool = pool  # generation calls
@@ -65,6 +68,7 @@ class Dispatcher:
         self.clock = clock
         self.settings = settings
         self.auth = auth if auth is not None else EngineAuth()
+        self.prefix = prefix  # told what was sent where (the approximate source of the prefix index)
         # Every engine call's deadlines (headers, then the body's silences), swept by one timer.
         self.deadlines = Deadlines(clock)
 
@@ -74,12 +78,13 @@ class Dispatcher:
         sreq: SchedRequest,
         body: dict[str, Any],
         include_usage: bool,
-        request: web.Request,
+        request: web.Request | None,
         *,
         raw: bytes | None = None,
     ) -> web.StreamResponse:
         """Run the engine call for `body`, parsed from `raw` (if given: sent as is when nothing changed,
-        see `engine_body`)."""
+        see `engine_body`). `request` is the client's, which a streamed answer is written to (None: no
+        client connection, a batch line, whose answer is never streamed)."""
         # A non-streamed request that may be preempted is streamed from the engine, so that what it
         # produced is known when it is preempted; berth answers it with one assembled response.
         assemble = not ctx.stream and sreq.resumable
@@ -103,6 +108,8 @@ class Dispatcher:
             ctx.endpoint = endpoint.id
             if ctx.dispatched_at is None:
                 ctx.dispatched_at = self.clock.now()
+            if self.prefix is not None:
+                ctx.cached_tokens = self.prefix.dispatched(endpoint.id, ctx.prefix_keys, sreq.prompt_tokens)
             resp: H1Response | None = None
             sent_body, sent = body, first_payload
             if stream is not None and sreq.resumable:
@@ -268,6 +275,8 @@ class Dispatcher:
             if isinstance(usage, dict):
                 ctx.prompt_tokens = usage.get("prompt_tokens")
                 ctx.output_tokens = int(usage.get("completion_tokens") or 0)
+            if ctx.prefix_keys is not None:
+                ctx.answer_text = answer_of(obj)
             if rewrite and "model" in obj:
                 obj["model"] = ctx.client_model
                 data = orjson.dumps(obj)
@@ -277,7 +286,7 @@ class Dispatcher:
         return web.Response(body=data, status=200, headers=headers)
 
     async def _relay_stream(
-        self, ctx: RequestContext, resp: H1Response, stream: _Stream, request: web.Request
+        self, ctx: RequestContext, resp: H1Response, stream: _Stream, request: web.Request | None
     ) -> web.StreamResponse:
         relay = stream.relay
         out = stream.out
@@ -293,6 +302,7 @@ class Dispatcher:
         held: AbstractStreamWriter | None = None  # the client's headers, held for the first event
         try:
             if out is not None and not out.prepared:
+                assert request is not None  # a client stream has its client's request
                 # Held for the first event if the engine's first bytes came with its headers.
                 held = await open_event_stream(out, request, resp.total_bytes > 0)
             direct = out.direct if out is not None else None
@@ -475,7 +485,7 @@ class _Stream:
             include_usage=include_usage, served_model=ctx.served_model, client_model=ctx.client_model
         )
 
-    async def fail(self, err: BerthError, request: web.Request) -> web.StreamResponse:
+    async def fail(self, err: BerthError, request: web.Request | None) -> web.StreamResponse:
         """End the stream with an error event (the client already has a 200); an assembled answer's
         error is the client's answer."""
         out = self.out
@@ -485,7 +495,7 @@ class _Stream:
         ctx.fail(err)
         ctx.status = 200
         with contextlib.suppress(ConnectionError, RuntimeError):
-            if not out.prepared:
+            if not out.prepared and request is not None:
                 await out.prepare(request)
             await out.write(error_event(err.body()))
         return await self.close()
@@ -501,6 +511,8 @@ class _Stream:
 def _record_stream(ctx: RequestContext, relay: SseRelay) -> None:
     ctx.first_token_at = relay.first_token_at
     ctx.itl_gaps = relay.gaps
+    if ctx.prefix_keys is not None and relay.continuable:
+        ctx.answer_text = relay.produced_text
     usage = relay.usage
     if usage:
         ctx.prompt_tokens = usage.get("prompt_tokens")

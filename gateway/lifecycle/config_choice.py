@@ -59,7 +59,8 @@ from typing import Final, Protocol
 from gateway.core.types import ModelName
 from gateway.lifecycle.choice_plan import ChoiceInputs, ChoicePlan, plan_choice
 from gateway.lifecycle.instances import InstanceState, Lifecycle
-from gateway.sched.heterogeneous import ConfigProfile, MixWindow, Placer, TrafficMix
+from gateway.sched.heterogeneous import ConfigProfile, Placer, TrafficMix
+from gateway.sched.mix_window import MixWindow
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.plugins.autoscale.interface import ModelScaleView, ScaleOut, ScaleState, ScaleView
 from gateway.sched.plugins.placement.sub_cluster import SubClusterFilter, SubClusterParams

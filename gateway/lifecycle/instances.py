@@ -34,236 +34,66 @@ highest first until the model fits; victims not needed for the fit are put back.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 
 from gateway.core.types import InstanceClass, ModelName
-from gateway.sched.plugins.autoscale.interface import InstanceConfig
+from gateway.lifecycle.instance_planning import DevicePlanner
+from gateway.lifecycle.instance_types import (
+    HOLDS_MEMORY,
+    LOADING,
+    REFUSAL_RETRY_S,
+    RESIDENT,
+    SERVING,
+    Action,
+    Demand,
+    DeviceSpec,
+    EvictionDecision,
+    Instance,
+    InstanceState,
+    JoinEndpoint,
+    LeaveEndpoint,
+    LifecycleSettings,
+    LoadFailed,
+    ModelSpec,
+    NodeSpec,
+    ReclassEndpoint,
+    StartInstance,
+    StopInstance,
+    fit_devices,
+)
 from gateway.sched.plugins.eviction.interface import (
-    EvictionCandidate,
-    EvictionContext,
     Evictor,
-    checked_score,
 )
 
-
-class InstanceState(enum.StrEnum):
-    PENDING = "pending"
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-
-#: States whose instance holds (or has reserved) memory on its devices.
-HOLDS_MEMORY: frozenset[InstanceState] = frozenset(
-    {
-        InstanceState.PENDING,
-        InstanceState.STARTING,
-        InstanceState.READY,
-        InstanceState.DRAINING,
-        InstanceState.STOPPING,
-    }
-)
-#: States whose engine may be using device memory now (the ledger's invariant is over these).
-RESIDENT: frozenset[InstanceState] = HOLDS_MEMORY - {InstanceState.PENDING}
-#: States that will be (or are) serving the model: a request for it joins them.
-SERVING: frozenset[InstanceState] = frozenset(
-    {InstanceState.PENDING, InstanceState.STARTING, InstanceState.READY}
-)
-#: States in which a device is taken by a load (one load per device at a time).
-LOADING: frozenset[InstanceState] = frozenset({InstanceState.PENDING, InstanceState.STARTING})
-#: After an agent refused a start for memory, the model is planned again no sooner than this.
-REFUSAL_RETRY_S = 1.0
+# The vocabulary lives in instance_types; callers import it from here with the machine.
+__all__ = [
+    "HOLDS_MEMORY",
+    "LOADING",
+    "REFUSAL_RETRY_S",
+    "RESIDENT",
+    "SERVING",
+    "Action",
+    "Demand",
+    "DeviceSpec",
+    "EvictionDecision",
+    "Instance",
+    "InstanceState",
+    "JoinEndpoint",
+    "LeaveEndpoint",
+    "Lifecycle",
+    "LifecycleSettings",
+    "LoadFailed",
+    "ModelSpec",
+    "NodeSpec",
+    "ReclassEndpoint",
+    "StartInstance",
+    "StopInstance",
+    "fit_devices",
+]
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """What the registry (models.toml) says of a model."""
-
-    name: ModelName
-    memory_bytes: int  # per device
-    devices: int = 1  # tensor parallel
-    load_s: float = 30.0  # expected load time until one is measured
-    # The instance configurations a scale-out may ask for (models.toml); each overrides `devices` (the
-    # memory per device stays `memory_bytes`). Empty: the one default configuration.
-    configs: tuple[InstanceConfig, ...] = ()
-    # Which of `configs` a start without one runs (the agent's default_config, else its first); None:
-    # the model as written (no configurations).
-    default_config: str | None = None
-
-    def devices_of(self, config: str | None) -> int | None:
-        """Devices an instance of configuration `config` takes (None: no such configuration)."""
-        if config is None:
-            return self.devices
-        return next((c.devices for c in self.configs if c.name == config), None)
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceSpec:
-    name: str
-    capacity_bytes: int  # total − headroom
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSpec:
-    name: str
-    devices: tuple[DeviceSpec, ...]
-    models: frozenset[ModelName] | None = None  # None: any registered model
-
-
-@dataclass(frozen=True, slots=True)
-class LifecycleSettings:
-    load_deadline_s: float = 300.0  # wanted → ready, or the model's waiting requests fail
-    churn_guard_s: float = 60.0  # never evict an instance loaded less than this ago
-    min_idle_s: float = 0.0  # never evict an instance used less than this ago
-    drain_timeout_s: float = 30.0  # in-flight requests of a victim finish up to this
-    pinned: frozenset[ModelName] = frozenset()  # never evicted
-    lookahead: int = 32  # queue look-ahead window for the evictor's demand term
-
-
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """What the gateway knows about the future: the models of the next queued requests (arrival order,
-    at most the look-ahead window), each model's share of the recent requests (a sliding window over
-    dispatches: `gateway.lifecycle.demand`), and the expected output tokens of each model's traffic."""
-
-    window: tuple[ModelName, ...] = ()
-    expected_output: Mapping[ModelName, float] = field(default_factory=dict)
-    recent_share: Mapping[ModelName, float] = field(default_factory=dict)
-
-    def next_position(self, model: ModelName, window: int) -> float | None:
-        """Expected 0-based position of `model`'s next request among the coming ones: its first queued
-        request's place in the window; else, behind the queued ones, the requests expected before its
-        next one if traffic keeps its recent shares (1/share − 1: the mean of a geometric count); None
-        when neither tells (not queued, not requested recently).
-
-        Requests for a resident model are placed at once, so the queue alone holds almost only cold
-        models' requests and would say nothing about the candidates for eviction."""
-        queued = self.window[:window]
-        if model in queued:
-            return float(queued.index(model))
-        share = self.recent_share.get(model, 0.0)
-        if share <= 0.0:
-            return None
-        return len(queued) + 1.0 / share - 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class EvictionDecision:
-    """An eviction plan about to be carried out (`Lifecycle.on_eviction`: benchmarks, diagnostics)."""
-
-    now: float
-    model: ModelName  # the model the room is for
-    node: str
-    candidates: tuple[EvictionCandidate, ...]  # the node's evictable instances, as the evictor saw them
-    victims: tuple[str, ...]
-    context: EvictionContext
-    demand: Demand  # what the plan knew of the future
-
-
-@dataclass(slots=True)
-class Instance:
-    id: str
-    model: ModelName
-    node: str
-    devices: tuple[str, ...]
-    memory_bytes: int  # per device
-    state: InstanceState
-    created_at: float
-    load_s: float  # measured once ready; the registry's expectation before
-    ready_at: float | None = None
-    last_used: float = 0.0
-    inflight: int = 0
-    url: str | None = None
-    reason: str | None = None
-    victims: frozenset[str] = frozenset()  # pending: the instances that must stop first
-    drain_deadline: float | None = None
-    changed_at: float = 0.0
-    instance_class: InstanceClass = InstanceClass.MIXED
-    config: str | None = None  # its configuration (ModelSpec.configs); None: the default
-    stop_reason: str = "evicted"  # why a draining instance will be stopped ("evicted" | "scaled_in")
-
-
-# ----------------------------------------------------------------------------- actions
-@dataclass(frozen=True, slots=True)
-class StartInstance:
-    instance: str
-    model: ModelName
-    node: str
-    devices: tuple[str, ...]
-    instance_class: InstanceClass = InstanceClass.MIXED
-    config: str | None = None  # the configuration for the agent to start; None: the model's default
-    reason: str = "cold_start"  # "cold_start" | the scaler's reason
-
-
-@dataclass(frozen=True, slots=True)
-class StopInstance:
-    instance: str
-    node: str
-    reason: str  # "evicted" | "load_deadline" | "crashed" | ...
-    evictor: str | None = None  # set when evicted
-
-
-@dataclass(frozen=True, slots=True)
-class JoinEndpoint:
-    instance: str
-    instance_class: InstanceClass = InstanceClass.MIXED  # the class its endpoint is registered with
-
-
-@dataclass(frozen=True, slots=True)
-class ReclassEndpoint:
-    """Re-register the (ready, joined) instance's endpoint with a new class."""
-
-    instance: str
-    instance_class: InstanceClass
-
-
-@dataclass(frozen=True, slots=True)
-class LeaveEndpoint:
-    instance: str
-
-
-@dataclass(frozen=True, slots=True)
-class LoadFailed:
-    model: ModelName
-    reason: str
-
-
-Action = StartInstance | StopInstance | JoinEndpoint | LeaveEndpoint | LoadFailed | ReclassEndpoint
-
-
-def fit_devices(
-    node: NodeSpec, instances: Iterable[Instance], model: ModelSpec, *, without: frozenset[str] = frozenset()
-) -> tuple[str, ...] | None:
-    """The devices `model` would load on now (best fit: the fullest devices that still have room), or
-    None. Instances in `without` are counted as gone; a device with a load in progress is never used."""
-    used = {d.name: 0 for d in node.devices}
-    busy: set[str] = set()
-    for inst in instances:
-        if inst.node != node.name or inst.id in without or inst.state not in HOLDS_MEMORY:
-            continue
-        for d in inst.devices:
-            if d in used:
-                used[d] += inst.memory_bytes
-                if inst.state in LOADING:
-                    busy.add(d)
-    free = [
-        (d.capacity_bytes - used[d.name], d.name)
-        for d in node.devices
-        if d.name not in busy and d.capacity_bytes - used[d.name] >= model.memory_bytes
-    ]
-    if len(free) < model.devices:
-        return None
-    free.sort()
-    return tuple(sorted(name for _, name in free[: model.devices]))
-
-
-class Lifecycle:
+class Lifecycle(DevicePlanner):
     def __init__(
         self,
         *,
@@ -576,221 +406,3 @@ class Lifecycle:
         ):
             return []
         return [LoadFailed(inst.model, reason)]
-
-    def _set(self, inst: Instance, state: InstanceState, now: float) -> None:
-        inst.state = state
-        inst.changed_at = now
-
-    def _stop(self, inst: Instance, now: float, reason: str) -> StopInstance:
-        self._set(inst, InstanceState.STOPPING, now)
-        return StopInstance(inst.id, inst.node, reason, self._evictor.name if reason == "evicted" else None)
-
-    def _new_id(self, model: ModelName) -> str:
-        while True:
-            iid = f"{model}-{next(self._seq)}"
-            if iid not in self._instances:
-                return iid
-
-    def _plan(self, now: float) -> list[Action]:
-        out: list[Action] = []
-        # Pending instances whose victims are gone start now.
-        for inst in list(self._instances.values()):
-            if inst.state is InstanceState.PENDING and all(
-                self._instances[v].state in (InstanceState.STOPPED, InstanceState.FAILED)
-                for v in inst.victims
-            ):
-                self._set(inst, InstanceState.STARTING, now)
-                out.append(StartInstance(inst.id, inst.model, inst.node, inst.devices))
-        for model in sorted(self._wanted, key=lambda m: (self._wanted[m], m)):
-            if any(i.model == model and i.state in SERVING for i in self._instances.values()):
-                del self._wanted[model]  # joined a load in progress
-                continue
-            if self._retry_at.get(model, now) > now:
-                continue  # its start was just refused for memory
-            self._load_since[model] = self._wanted[model]
-            out += self._place(self._models[model], now)
-        return out
-
-    def _eligible_nodes(self, spec: ModelSpec, *, as_reported: bool = False) -> list[NodeSpec]:
-        """The nodes that may host `spec`, with their devices' capacity less what the agents were found
-        to hold beyond this core's count (`as_reported`: as their agents reported them)."""
-        nodes = [n for n in self._nodes.values() if n.models is None or spec.name in n.models]
-        if as_reported or not self._short:
-            return nodes
-        return [
-            dataclasses.replace(
-                n,
-                devices=tuple(
-                    dataclasses.replace(
-                        d, capacity_bytes=max(0, d.capacity_bytes - self._short.get((n.name, d.name), 0))
-                    )
-                    for d in n.devices
-                ),
-            )
-            for n in nodes
-        ]
-
-    def _forget_short(self, inst: Instance) -> None:
-        """An instance left its devices: what the agent holds there is measured afresh at the next refusal."""
-        for d in inst.devices:
-            self._short.pop((inst.node, d), None)
-
-    def _never_fits(self, spec: ModelSpec) -> str | None:
-        if not self._nodes:
-            return None  # no agent has answered yet: wait for one (the load deadline bounds it)
-        nodes = self._eligible_nodes(spec, as_reported=True)
-        if not nodes:
-            return f"no node may host model '{spec.name}'"
-        for n in nodes:
-            if sum(1 for d in n.devices if d.capacity_bytes >= spec.memory_bytes) >= spec.devices:
-                return None
-        return (
-            f"model '{spec.name}' needs {spec.devices} device(s) with {spec.memory_bytes} bytes each; "
-            "no node has that much even when empty"
-        )
-
-    def _place(self, spec: ModelSpec, now: float) -> list[Action]:
-        never = self._never_fits(spec)
-        if never is not None:
-            del self._wanted[spec.name]
-            return [LoadFailed(spec.name, never)]
-        best = self._best_fit(spec)
-        if best is not None:
-            del self._wanted[spec.name]
-            inst = self._add(spec, best[0].name, best[1], InstanceState.STARTING, now)
-            return [StartInstance(inst.id, spec.name, inst.node, inst.devices)]
-        plan = self._eviction_plan(spec, now)
-        if plan is None:
-            return []  # wait: loads in progress, busy or freshly loaded instances; the deadline bounds it
-        node, devs, victims = plan
-        del self._wanted[spec.name]
-        out: list[Action] = []
-        for v in victims:
-            victim = self._instances[v]
-            self._set(victim, InstanceState.DRAINING, now)
-            victim.drain_deadline = now + self.settings.drain_timeout_s
-            victim.reason = f"evicted for '{spec.name}'"
-            out.append(LeaveEndpoint(v))
-            if victim.inflight == 0:
-                out.append(self._stop(victim, now, "evicted"))
-        inst = self._add(spec, node.name, devs, InstanceState.PENDING, now)
-        inst.victims = frozenset(victims)
-        return out
-
-    def _best_fit(self, spec: ModelSpec) -> tuple[NodeSpec, tuple[str, ...]] | None:
-        """The fullest node (and its devices) where `spec` fits now without evicting, or None."""
-        insts = list(self._instances.values())
-        best: tuple[NodeSpec, tuple[str, ...]] | None = None
-        best_free = 0
-        for node in self._eligible_nodes(spec):
-            devs = fit_devices(node, insts, spec)
-            if devs is None:
-                continue
-            free = self._free_bytes(node, insts)
-            if best is None or free < best_free:  # the fullest node that fits: keep big holes for big models
-                best, best_free = (node, devs), free
-        return best
-
-    def free_devices(self) -> int:
-        """Devices no instance holds or reserves, over every node."""
-        taken = {(i.node, d) for i in self._instances.values() if i.state in HOLDS_MEMORY for d in i.devices}
-        return sum(1 for n in self._nodes.values() for d in n.devices if (n.name, d.name) not in taken)
-
-    def _free_bytes(self, node: NodeSpec, insts: Sequence[Instance]) -> int:
-        used = sum(
-            i.memory_bytes * len(i.devices) for i in insts if i.node == node.name and i.state in HOLDS_MEMORY
-        )
-        return sum(d.capacity_bytes for d in node.devices) - used
-
-    def _add(
-        self, spec: ModelSpec, node: str, devs: tuple[str, ...], state: InstanceState, now: float
-    ) -> Instance:
-        inst = Instance(
-            id=self._new_id(spec.name),
-            model=spec.name,
-            node=node,
-            devices=devs,
-            memory_bytes=spec.memory_bytes,
-            state=state,
-            created_at=now,
-            load_s=spec.load_s,
-            last_used=now,
-            changed_at=now,
-        )
-        self._instances[inst.id] = inst
-        return inst
-
-    def evictable(self, inst: Instance, now: float) -> bool:
-        """May `inst` be chosen as a victim now? (The runner's rule; no evictor can override it.)"""
-        s = self.settings
-        return (
-            inst.state is InstanceState.READY
-            and inst.inflight == 0
-            and inst.model not in s.pinned
-            and now - inst.last_used >= s.min_idle_s
-            and inst.ready_at is not None
-            and now - inst.ready_at >= s.churn_guard_s
-        )
-
-    def _eviction_plan(
-        self, spec: ModelSpec, now: float, evictor: Evictor | None = None
-    ) -> tuple[NodeSpec, tuple[str, ...], tuple[str, ...]] | None:
-        """The node, devices and victims (fewest over the nodes) that make room for `spec`, ranked by
-        `evictor` (default: the lifecycle's own, whose plans are reported to `on_eviction`)."""
-        ev = evictor or self._evictor
-        demand = self._demand()
-        window = max(1, self.settings.lookahead)
-        ctx = EvictionContext(now=now, window=window)
-        insts = list(self._instances.values())
-        best: tuple[NodeSpec, tuple[str, ...], tuple[str, ...]] | None = None
-        seen: tuple[EvictionCandidate, ...] = ()
-        for node in self._eligible_nodes(spec):
-            cands = {
-                i.id: EvictionCandidate(
-                    instance=i.id,
-                    model=i.model,
-                    last_used=i.last_used,
-                    loaded_at=i.ready_at or i.created_at,
-                    load_s=i.load_s,
-                    frees_bytes=i.memory_bytes,
-                    first_pending=demand.next_position(i.model, window),
-                    expected_output_tokens=demand.expected_output.get(i.model),
-                    queued=i.model in demand.window[:window],
-                )
-                for i in insts
-                if i.node == node.name and self.evictable(i, now)
-            }
-            ranked = sorted(
-                cands.values(), key=lambda c: (-checked_score(ev, c, ctx), c.last_used, c.instance)
-            )
-            chosen: list[str] = []
-            devs: tuple[str, ...] | None = None
-            for victim in ranked:
-                chosen.append(victim.instance)
-                devs = fit_devices(node, insts, spec, without=frozenset(chosen))
-                if devs is not None:
-                    break
-            if devs is None:
-                continue
-            # Put back victims the fit does not need (lowest-ranked first).
-            for v in reversed(chosen[:-1]):
-                rest = frozenset(c for c in chosen if c != v)
-                if fit_devices(node, insts, spec, without=rest) is not None:
-                    chosen.remove(v)
-            devs = fit_devices(node, insts, spec, without=frozenset(chosen))
-            assert devs is not None
-            if best is None or len(chosen) < len(best[2]):
-                best = (node, devs, tuple(chosen))
-                seen = tuple(cands.values())
-        if best is not None and evictor is None and self.on_eviction is not None:
-            self.on_eviction(EvictionDecision(now, spec.name, best[0].name, seen, best[2], ctx, demand))
-        return best
-
-    def eviction_victims(self, model: ModelName, now: float, evictor: Evictor) -> tuple[str, ...] | None:
-        """The victims `evictor` would pick to make room for `model` now (nothing changes), or None when
-        no plan would make room: what-if comparisons of evictors on the same state."""
-        spec = self._models.get(model)
-        if spec is None:
-            return None
-        plan = self._eviction_plan(spec, now, evictor)
-        return None if plan is None else plan[2]

@@ -4,7 +4,7 @@ SLO mix, and how to split the devices between the strict and the relaxed sub-clu
 Inputs:
 - the traffic mix (`TrafficMix`): the request rate, its burstiness (coefficient of variation of the
   gaps), and kinds of requests with their share, deadline factor (deadline / (decode length × t_slot))
-  and decode length; `MixWindow` builds one from observed requests;
+  and decode length; `gateway.sched.mix_window.MixWindow` builds one from observed requests;
 - the candidate configurations (`ConfigProfile`): devices, max batch, and the fitted throughput-decay
   curve ``thr(n) = thr1 − α·ln(1 + β·min(n, B))`` (per-request decode tokens/s at concurrency n, the
   curve `gateway.telemetry.perfmodel` fits; `PerfCoefficients` carries it);
@@ -412,50 +412,3 @@ def _meets(ratio: float) -> float:
     if x > 60:
         return 0.0
     return 1.0 / (1.0 + math.exp(x))
-
-
-class MixWindow:
-    """A model's recent SLO mix from the requests it saw: each counts with weight exp(−age / window_s),
-    its deadline factor rounded to `bucket` (kinds are (factor bucket, decode-length bucket of 100
-    tokens)), and the rate is the decayed count over what a steady rate would have summed to since the
-    first observation, ``window_s·(1 − exp(−seen / window_s))`` (unbiased from the first seconds on; the
-    plain window over-weighed nothing but read 0.63x the rate one window in), with `seen` at least 1 s.
-    Decay is applied on every path that reads or adds (`observe`, `mix`)."""
-
-    def __init__(self, window_s: float = 60.0, bucket: float = 0.1) -> None:
-        if window_s <= 0 or bucket <= 0:
-            raise ValueError("window_s and bucket must be > 0")
-        self.window_s = window_s
-        self.bucket = bucket
-        self._at: float | None = None
-        self._first: float | None = None
-        self._weights: dict[tuple[int, int], tuple[float, float]] = {}  # -> (weight, weighted length)
-
-    def observe(self, now: float, factor: float, decode_tokens: float) -> None:
-        if not (math.isfinite(factor) and factor > 0 and decode_tokens > 0):
-            return
-        self._decay(now)
-        if self._first is None:
-            self._first = now
-        key = (round(factor / self.bucket), round(decode_tokens / 100.0))
-        w, lw = self._weights.get(key, (0.0, 0.0))
-        self._weights[key] = (w + 1.0, lw + decode_tokens)
-
-    def mix(self, now: float, t_slot_s: float, cv: float = 1.0) -> TrafficMix:
-        self._decay(now)
-        total = sum(w for w, _ in self._weights.values())
-        seen = max(1.0, now - (self._first if self._first is not None else now))
-        steady = self.window_s * -math.expm1(-seen / self.window_s)  # what rate 1 would have summed to
-        kinds = tuple(
-            RequestKind(w / total, key[0] * self.bucket, lw / w)
-            for key, (w, lw) in sorted(self._weights.items())
-            if w > 1e-6
-        )
-        return TrafficMix(rate=total / steady if total else 0.0, t_slot_s=t_slot_s, kinds=kinds, cv=cv)
-
-    def _decay(self, now: float) -> None:
-        if self._at is not None and now > self._at:
-            f = math.exp(-(now - self._at) / self.window_s)
-            self._weights = {k: (w * f, lw * f) for k, (w, lw) in self._weights.items() if w * f > 1e-6}
-        if self._at is None or now > self._at:
-            self._at = now

@@ -3,8 +3,9 @@
 Reads format 0.0.4 (what vLLM and SGLang serve by default through `prometheus_client`) and the common
 OpenMetrics spellings (`# EOF`, `# UNIT`, counters declared without `_total`, `_created` samples,
 exemplars after `#`). It never raises: a line it cannot read is skipped and counted in
-`Exposition.bad_lines`, and the rest of the page still counts. (One module of ~410 lines on purpose: the
-grammar, its grouping rules and the typed views over the result are read together.)
+`Exposition.bad_lines`, and the rest of the page still counts. (One module of about 600 lines on
+purpose: the grammar, its grouping rules, the per-line cache and the typed views over the result are read
+together.)
 
 Grouping follows the reference Go parser: a sample belongs to the family of exactly its name when one
 exists; otherwise, when its name is a declared family's name plus a suffix that the family's TYPE allows

@@ -49,18 +49,14 @@ settling back) the oldest go first, and whatever needed them is skipped (`known_
 from __future__ import annotations
 
 import math
-from array import array
-from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import pairwise
 from statistics import median
 from typing import Final, NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
-Array = npt.NDArray[np.float64]
-Index = npt.NDArray[np.intp]
+from gateway.telemetry.timeline_store import Array, SpanColumns, StreamArrays, TimedStream
 
 #: Gaps after an interrupted one that time the decode iteration it shares with the prefill.
 NEXT_GAPS: Final = 4
@@ -70,8 +66,6 @@ REGULAR: Final = 1.5
 MAX_REFERENCES: Final = 5
 #: A stream with fewer gaps free of first tokens gives no decode observation.
 MIN_KEPT_GAPS: Final = 8
-#: Receipts closer than this fraction of the median gap come from one engine step.
-TOLERANCE: Final = 0.25
 
 
 class PrefillObservation(NamedTuple):
@@ -93,159 +87,6 @@ class Settled(NamedTuple):
     decode: list[DecodeObservation]
 
 
-class _Stream:
-    __slots__ = ("dispatched_at", "first", "last", "pending", "prompt", "times")
-
-    def __init__(self, dispatched_at: float | None, times: Array, prompt: float, pending: bool) -> None:
-        self.dispatched_at = dispatched_at
-        self.times = times
-        self.first = float(times[0])
-        self.last = float(times[-1])
-        self.prompt = prompt
-        self.pending = pending  # its decode observation is still to be derived
-
-
-class _Spans:
-    """The spans of the untracked requests held, in the order added, as two columns of floats: a
-    non-streamed request adds one, so thousands a second would otherwise be thousands of tuples held for
-    seconds, each walked by the cyclic collector and each visited by `_evict` at every settle. Here no
-    object is made per span, and eviction is one vectorised pass."""
-
-    __slots__ = ("_ends", "_starts")
-
-    def __init__(self) -> None:
-        self._starts = array("d")
-        self._ends = array("d")
-
-    def __len__(self) -> int:
-        return len(self._starts)
-
-    def add(self, start: float, end: float) -> None:
-        self._starts.append(start)
-        self._ends.append(end)
-
-    def clear(self) -> None:
-        self._starts = array("d")
-        self._ends = array("d")
-
-    def columns(self) -> tuple[Array, Array]:
-        """(starts, ends), copies in the order added."""
-        return np.array(self._starts, dtype=np.float64), np.array(self._ends, dtype=np.float64)
-
-    def evict(self, horizon: float) -> float | None:
-        """Let go of the spans that ended before `horizon`; the latest end among them (None: none)."""
-        if not self._ends:
-            return None
-        starts, ends = self.columns()
-        gone = ends < horizon
-        if not gone.any():
-            return None
-        latest = float(ends[gone].max())
-        keep = ~gone
-        self._starts = array("d", starts[keep].tobytes()) if keep.any() else array("d")
-        self._ends = array("d", ends[keep].tobytes()) if keep.any() else array("d")
-        return latest
-
-    def merged(self) -> tuple[Array, Array]:
-        """The spans merged into disjoint intervals sorted by start (overlapping or touching spans are
-        one): (starts, ends)."""
-        starts, ends = self.columns()
-        if not len(starts):
-            return starts, ends
-        order = np.lexsort((ends, starts))
-        s, e = starts[order], ends[order]
-        reach = np.maximum.accumulate(e)  # the furthest end so far: an interval's end at its last span
-        begins = np.flatnonzero(np.concatenate(([True], s[1:] > reach[:-1])))
-        lasts = np.concatenate((begins[1:] - 1, [len(s) - 1]))
-        return s[begins], reach[lasts]
-
-
-class _Arrays:
-    """The streams held, as sorted arrays (made once per `settle`)."""
-
-    __slots__ = (
-        "dirty_end",
-        "dirty_ends",
-        "dirty_start",
-        "dirty_starts",
-        "first",
-        "first_cum_prompt",
-        "first_list",
-        "first_owner",
-        "firsts",
-        "last",
-        "last_cum_prompt",
-        "last_cum_tokens",
-        "lasts",
-        "receipts",
-        "tol",
-    )
-
-    def __init__(self, streams: Sequence[_Stream], dirty: _Spans) -> None:
-        firsts = np.array([s.first for s in streams])
-        lasts = np.array([s.last for s in streams])
-        prompts = np.array([s.prompt for s in streams])
-        sizes = np.array([len(s.times) for s in streams], dtype=np.float64)
-        self.firsts: Array = firsts  # in the streams' order
-        self.lasts: Array = lasts
-        fo = np.argsort(firsts, kind="stable")
-        lo = np.argsort(lasts, kind="stable")
-        self.first: Array = firsts[fo]
-        self.first_list: list[float] = self.first.tolist()
-        self.first_owner: Index = fo
-        self.first_cum_prompt: Array = np.concatenate(([0.0], np.cumsum(prompts[fo])))
-        self.last: Array = lasts[lo]
-        self.last_cum_prompt: Array = np.concatenate(([0.0], np.cumsum(prompts[lo])))
-        self.last_cum_tokens: Array = np.concatenate(([0.0], np.cumsum(sizes[lo])))
-        every = np.concatenate([s.times for s in streams])
-        self.receipts: Array = np.sort(every)
-        gaps = np.concatenate([np.diff(s.times) for s in streams])
-        gaps = gaps[gaps > 0]
-        self.tol = TOLERANCE * float(np.median(gaps)) if len(gaps) else 0.0
-        # untracked spans, merged into disjoint sorted intervals
-        self.dirty_start, self.dirty_end = dirty.merged()
-        self.dirty_starts: list[float] = self.dirty_start.tolist()
-        self.dirty_ends: list[float] = self.dirty_end.tolist()
-
-    def firsts_in(self, lo: Array, hi: Array) -> Index:
-        """First tokens that landed in each gap ``(lo, hi]`` (shifted by the tolerance)."""
-        t = self.tol
-        f = self.first
-        right = np.searchsorted(f, hi + t, side="right")
-        left = np.searchsorted(f, lo + t, side="right")
-        return np.asarray(right - left, dtype=np.intp)
-
-    def landed(self, lo: float, hi: float) -> int:
-        """`firsts_in` for one gap (plain floats: no per-call numpy overhead)."""
-        t = self.tol
-        return bisect_right(self.first_list, hi + t) - bisect_right(self.first_list, lo + t)
-
-    def untracked_in(self, lo: Array, hi: Array) -> npt.NDArray[np.bool_]:
-        """Whether each ``[lo, hi]`` overlaps an untracked request's span."""
-        if not len(self.dirty_start):
-            return np.zeros(np.shape(lo), dtype=np.bool_)
-        began = np.searchsorted(self.dirty_start, hi, side="right")  # spans that start by hi
-        ended = np.searchsorted(self.dirty_end, lo, side="left")  # ... and end before lo
-        return np.asarray(began > ended)
-
-    def untracked(self, lo: float, hi: float) -> bool:
-        """`untracked_in` for one span."""
-        starts = self.dirty_starts
-        if not starts:
-            return False
-        return bisect_right(starts, hi) > bisect_left(self.dirty_ends, lo)
-
-    def running(self, t: Array) -> tuple[Array, Array]:
-        """Running count (past their first receipt, not past their last) and their context sum (prompt +
-        tokens received so far) at times `t`, taken between engine steps."""
-        started = np.searchsorted(self.first, t, side="right")
-        finished = np.searchsorted(self.last, t, side="left")
-        count = (started - finished).astype(np.float64)
-        prompts = self.first_cum_prompt[started] - self.last_cum_prompt[finished]
-        received = np.searchsorted(self.receipts, t, side="right") - self.last_cum_tokens[finished]
-        return count, prompts + received
-
-
 class EndpointTimeline:
     """One endpoint's recent streams; see the module docstring."""
 
@@ -254,8 +95,8 @@ class EndpointTimeline:
             raise ValueError("max_tokens must be >= 1")
         self._max_tokens = max_tokens
         self._lookback_s = lookback_s
-        self._streams: list[_Stream] = []
-        self._dirty = _Spans()
+        self._streams: list[TimedStream] = []
+        self._dirty = SpanColumns()
         self._tokens = 0
         self._last_group = -math.inf  # the last first-token receipt of the last group derived
         self._settled = -math.inf  # the latest `before` derived up to
@@ -281,14 +122,18 @@ class EndpointTimeline:
         gaps: Sequence[float],
         prompt_tokens: float,
         clean: bool,
+        prefill_tokens: float | None = None,
     ) -> None:
         """A finished stream that had a first token here. `dispatched_at` None: unknown (the request was
-        retried from another endpoint); `clean`: it ran to its end (its gaps time the decode)."""
+        retried from another endpoint); `clean`: it ran to its end (its gaps time the decode);
+        `prefill_tokens`: the prompt tokens its prefill computed (the uncached ones; None: all), what
+        its group's prefill observation counts."""
         times = np.empty(len(gaps) + 1)
         times[0] = 0.0
         times[1:] = gaps
         times = np.cumsum(times) + first_token_at
-        self._streams.append(_Stream(dispatched_at, times, float(prompt_tokens), clean))
+        computed = float(prompt_tokens if prefill_tokens is None else prefill_tokens)
+        self._streams.append(TimedStream(dispatched_at, times, float(prompt_tokens), clean, computed))
         self._tokens += len(times)
         self._earliest_added = min(self._earliest_added, first_token_at)
 
@@ -316,7 +161,7 @@ class EndpointTimeline:
             self._evict(self._horizon)
             return out
         if self._streams:
-            arr = _Arrays(self._streams, self._dirty)
+            arr = StreamArrays(self._streams, self._dirty)
             horizon = self._prefill(arr, before, out.prefill)
             self._decode(arr, before, out.decode)
             pending = min((s.first for s in self._streams if s.pending), default=math.inf)
@@ -328,7 +173,7 @@ class EndpointTimeline:
         self._evict(self._horizon)
         return out
 
-    def _prefill(self, arr: _Arrays, before: float, out: list[PrefillObservation]) -> float:
+    def _prefill(self, arr: StreamArrays, before: float, out: list[PrefillObservation]) -> float:
         """Derive the groups that are complete; returns the first receipt of the first one left."""
         f, tol = arr.first, arr.tol
         start = int(np.searchsorted(f, self._last_group, side="right"))
@@ -350,11 +195,11 @@ class EndpointTimeline:
         return before
 
     def _group(
-        self, arr: _Arrays, members: list[_Stream], at0: float, at1: float, before: float
+        self, arr: StreamArrays, members: list[TimedStream], at0: float, at1: float, before: float
     ) -> PrefillObservation | object | None:
         tol = arr.tol
         size = len(members)
-        tokens = sum(s.prompt for s in members)
+        tokens = sum(s.computed for s in members)
         samples: list[float] = []
         landed, untracked = arr.landed, arr.untracked
         running = np.flatnonzero((arr.firsts < at0 - tol) & (arr.lasts >= at1 - tol))
@@ -405,7 +250,7 @@ class EndpointTimeline:
         """Receipts in ``(lo, hi]``."""
         return int(np.searchsorted(times, hi, side="right") - np.searchsorted(times, lo, side="right"))
 
-    def _decode(self, arr: _Arrays, before: float, out: list[DecodeObservation]) -> None:
+    def _decode(self, arr: StreamArrays, before: float, out: list[DecodeObservation]) -> None:
         tol = arr.tol
         for s in self._streams:
             if not s.pending or s.last + tol >= before:
@@ -440,7 +285,7 @@ class EndpointTimeline:
         the oldest streams while over the bound. Whatever goes moves `known_from` past its end, so a
         derivation that would have needed it is skipped rather than made without it."""
         known = self.known_from
-        keep: list[_Stream] = []
+        keep: list[TimedStream] = []
         for s in self._streams:
             if s.last < horizon and not s.pending:
                 known = max(known, s.last)

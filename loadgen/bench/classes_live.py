@@ -77,7 +77,8 @@ from loadgen.workloads.base import TaskSpec
 CONFIGS: Final = (classes.BASELINE, classes.BERTH)
 DEFAULT_RATE: Final = classes.DEFAULT_RATES[0]  # where (a) is below 0.90: the targets' rate
 DEFAULT_SEED: Final = 0
-# The setting the simulated figures in README were measured at (3 000 batch requests, 240 s of arrivals).
+# The setting the simulated figures in docs/benchmarks.md were measured at (3 000 batch requests, 240 s of
+# arrivals).
 DEFAULT_BACKLOG: Final = 3000
 DEFAULT_DURATION_S: Final = 240.0
 DEFAULT_SPEED: Final = 2.0

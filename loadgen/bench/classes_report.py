@@ -310,7 +310,7 @@ def plot_timeline(runs: Sequence[Run], rate: float, path: Path) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "no plot: matplotlib is not installed (pip install 'berth[plot]')"
+        return "no plot: matplotlib is not installed (pip install 'berth-gateway[plot]')"
     chosen = [
         r for r in runs if r.rate == rate and r.seed == 0 and r.config in ("a-least-outstanding", "d-berth")
     ]

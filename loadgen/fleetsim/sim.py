@@ -48,11 +48,13 @@ from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
 from loadgen.fleetsim.options import SimOptions
+from loadgen.fleetsim.prefix_oracle import hit_counters
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, Report, TaskResult, build_report, complete_task
 from loadgen.runner import RunOptions, build_schedule
 from loadgen.workloads import get_workload
 from loadgen.workloads.base import TaskSpec
+from loadgen.workloads.prompt import call_salt
 
 #: The daemon's queue ticker period (gateway.app.QUEUE_TICK_S).
 TICK_S: Final = 0.1
@@ -151,6 +153,9 @@ class Simulation:
             ]
         )
         self._by_id = {e.id: e for e in self.endpoints}
+        if opts.prefix == "oracle":
+            for e in self.endpoints:
+                self.gw.attach_oracle(e.id, e.engine)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._running: dict[RequestId, _Call] = {}  # berth's id -> the call (queued or running)
@@ -206,7 +211,9 @@ class Simulation:
             seed=opts.seed,
         )
         if opts.schedule is None:
-            tasks: Sequence[TaskSpec] = build_schedule(get_workload(opts.workload), run_opts)
+            tasks: Sequence[TaskSpec] = build_schedule(
+                get_workload(opts.workload, opts.workload_options), run_opts
+            )
         else:
             tasks = opts.schedule
         schedule = sorted(tasks, key=lambda s: s.at_s)
@@ -275,6 +282,8 @@ class Simulation:
     def _add_engine(self, eid: EndpointId, model: ModelName, config: str | None) -> None:
         template = self._templates.get((model, config)) or self._templates[(model, None)]
         ep = _Endpoint(eid, SimEngine(template.resolve().engine))
+        if self.opts.prefix == "oracle":
+            self.gw.attach_oracle(eid, ep.engine)
         self.endpoints.append(ep)
         self._by_id[eid] = ep
         self.push(self.clock.t + self.gw.cfg.scrape.interval_s, _SCRAPE, ep)
@@ -366,7 +375,7 @@ class Simulation:
         call = _Call(task, i, result, ctx)
         call.last_byte = now
         task.sent.append(result)
-        body = build_body(call_spec, model, salt=spec.index * 8 + i + opts.seed * 7919)
+        body = build_body(call_spec, model, salt=call_salt(spec.index, i, opts.seed))
         headers = build_headers(
             spec, call_spec, dict(opts.extra_headers), slo_scale=1.0, slo_headers=opts.slo_headers
         )
@@ -514,6 +523,7 @@ class Simulation:
         ctx.dispatched_at = now
         if self.life is not None:
             self.life.on_dispatch(d.req, ep.id)
+        self.gw.dispatched(ctx, d.req, ep.id)
         call.endpoint = ep
         call.result.endpoint = ep.id
         spec = call.task.spec.calls[call.index]
@@ -622,7 +632,7 @@ class Simulation:
         gauges = EngineGauges(
             running=float(eng.num_running), waiting=float(eng.num_waiting), kv_usage=eng.kv_usage
         )
-        self.gw.scrape(ep.id, gauges, ep.kv_capacity)
+        self.gw.scrape(ep.id, gauges, ep.kv_capacity, hit_counters(eng))
 
     def _sample(self) -> None:
         busy = sum(1 for ep in self.endpoints if ep.engine.num_running)
@@ -660,6 +670,7 @@ class Simulation:
         meta = {
             "target": "fleetsim",
             "workload": opts.workload,
+            "workload_options": opts.workload_options.to_dict(),
             "rate": opts.rate,
             "duration_s": opts.duration_s,
             "arrival": opts.arrival,

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-ApiName = Literal["chat", "completion"]
+from loadgen.workloads.prompt import ApiName, Prompt, plain_prompt
+
 SlaMetric = Literal["ttft", "e2e"]
 
 
@@ -58,6 +59,15 @@ class CallSpec:
     slo_class: str | None = None  # sent as x-berth-slo-class
     priority: int | None = None
     gap_before_s: float = 0.0  # client-side work before the call (retrieval, analysis, validation)
+    # What the prompt says (spans that other calls may share); None: text of its own (`plain_prompt`).
+    # Its `tokens(api)` is `prompt_tokens`.
+    prompt: Prompt | None = None
+    slo_headers: bool = False  # send the SLO as x-berth-ttft-ms / -itl-ms / -deadline-ms in any case
+
+
+def call_prompt(call: CallSpec, salt: int) -> Prompt:
+    """What the call sends: its workload's prompt, or text of its own named by `salt` (`call_salt`)."""
+    return call.prompt if call.prompt is not None else plain_prompt(call.prompt_tokens, call.api, salt)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,16 +24,33 @@ of its last call. Each call's own SLO is its share of the task SLA, split in pro
 nominal time (CATO's slack allotment). Every call carries ``x-berth-task-id``, ``x-berth-task-sla-ms``
 and its task type as ``x-berth-slo-class`` (the target policy must define those classes:
 ``policies/coding-assistant.toml`` does); the report class of a call is its task type.
+
+**Repository context** (``--sessions N [--context-tokens LO:HI]``; off by default): N developer
+sessions, each keeping one repository context of U[LO, HI] tokens (default 2,000-8,000) for the whole
+run (CATO's setting: the assistant resends the repository it works in). A task belongs to a session
+drawn uniformly; every one of its calls sends the session's context as the system message, then the
+task's own text (its prompt tokens as above) as the user message. The second call of a two-call task
+resends the first call's messages and answer (the engine simulator's answer text, see `chat`), then
+a user message of 64 tokens (generation) or 16 (translation): with the context, a task's second call
+shares the first call's whole prompt. The calls' prompt tokens are then the rendered prompt's (context,
+task text and the chat template), their SLO shares allotted from those; the task SLAs stay as above
+(scale them with ``--slo-scale``). Without ``--sessions`` every call's text is its own, as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
 
 from loadgen.workloads.base import CallSpec as _Call
 from loadgen.workloads.base import Slo, TaskMix, TaskSpec, allot, pick
 from loadgen.workloads.lengths import nominal_e2e_s, nominal_ttft_s, uniform
+from loadgen.workloads.options import WorkloadOptions
+from loadgen.workloads.prompt import Message, Prompt, Span, answer
 
 MIXES: dict[str, dict[str, float]] = {
     "pattern1": {"completion": 0.40, "generation": 0.40, "translation": 0.10, "summarization": 0.10},
@@ -48,16 +65,52 @@ TASK_SLA_MS: dict[str, float] = {
 }
 RETRIEVAL_S = 0.05
 VALIDATION_GAP_S = 0.02
+CONTEXT_TOKENS: Final = (2000, 8000)
+#: The user message of a two-call task's second call, by task type.
+FOLLOW_UP_TOKENS: Final = {"generation": 64, "translation": 16}
+
+
+@dataclass(frozen=True, slots=True)
+class _Session:
+    """A task's developer session: its repository context, and the space of the task's own text."""
+
+    context: Message
+    space: str
 
 
 class CodingWorkload(TaskMix):
-    def __init__(self, mix: str = "pattern1") -> None:
+    def __init__(self, mix: str = "pattern1", options: WorkloadOptions | None = None) -> None:
         if mix not in MIXES:
             raise ValueError(f"unknown coding mix {mix!r}; known: {', '.join(MIXES)}")
+        opts = options or WorkloadOptions()
+        if opts.context_tokens is not None and opts.sessions is None:
+            raise ValueError("coding: --context-tokens needs --sessions")
         self.mix = mix
+        self.sessions = opts.sessions or 0
+        self.context_tokens = opts.context_tokens or CONTEXT_TOKENS
         self.name = f"coding:{mix}"
 
+    def schedule(
+        self,
+        rate: float,
+        duration_s: float,
+        arrivals: Callable[[float, float], list[float]],
+        rng: random.Random,
+    ) -> list[TaskSpec]:
+        if not self.sessions:
+            return super().schedule(rate, duration_s, arrivals, rng)
+        space = f"coding{rng.getrandbits(32)}"
+        sessions = [
+            _Session(Message("system", (Span(space + "/repo", s, rng.randint(*self.context_tokens)),)), space)
+            for s in range(self.sessions)
+        ]
+        return [
+            self._make_in_session(rng, i, at, rng.choice(sessions))
+            for i, at in enumerate(arrivals(rate, duration_s))
+        ]
+
     def make(self, rng: random.Random, index: int, at_s: float) -> TaskSpec:
+        """A task of the mix, each call's text its own."""
         kind = pick(rng, MIXES[self.mix])
         sla = TASK_SLA_MS[kind]
         call = functools.partial(_Call, slo_class=kind)  # every call names its task type as its class
@@ -88,3 +141,47 @@ class CodingWorkload(TaskMix):
             call(p2, o2, model_slot=1, cls=kind, slo=Slo(e2e_ms=b2), gap_before_s=VALIDATION_GAP_S),
         )
         return TaskSpec(index, at_s, kind, calls, task_sla_ms=sla, sla_metric="e2e")
+
+    def _make_in_session(self, rng: random.Random, index: int, at_s: float, session: _Session) -> TaskSpec:
+        """The task `make` draws, its calls' prompts the session's context and the task's own text."""
+        plain = self.make(rng, index, at_s)
+        first = plain.calls[0]
+        own = Span(session.space + "/task", 2 * index, first.prompt_tokens)
+        messages = [session.context, Message("user", (own,))]
+        prompts = [Prompt(tuple(messages))]
+        if len(plain.calls) == 2:
+            follow = Span(session.space + "/task", 2 * index + 1, FOLLOW_UP_TOKENS[plain.task_type])
+            messages += [Message("assistant", (answer(first.output_tokens),)), Message("user", (follow,))]
+            prompts.append(Prompt(tuple(messages)))
+        tokens = [p.tokens(first.api) for p in prompts]
+        calls = [
+            _Call(
+                n,
+                c.output_tokens,
+                model_slot=c.model_slot,
+                cls=c.cls,
+                slo=c.slo,
+                slo_class=c.slo_class,
+                gap_before_s=c.gap_before_s,
+                prompt=p,
+            )
+            for n, c, p in zip(tokens, plain.calls, prompts, strict=True)
+        ]
+        assert plain.task_sla_ms is not None
+        sla = plain.task_sla_ms
+        if len(calls) == 2:
+            c1, c2 = calls
+            if plain.sla_metric == "ttft":  # generation: its second call counts to its first token
+                tail = nominal_ttft_s(c2.prompt_tokens)
+            else:
+                tail = nominal_e2e_s(c2.prompt_tokens, c2.output_tokens)
+            b1, b2 = allot(sla, [nominal_e2e_s(c1.prompt_tokens, c1.output_tokens), tail])
+            calls = [_with_budget(c1, b1, "e2e"), _with_budget(c2, b2, plain.sla_metric)]
+        return TaskSpec(
+            index, at_s, plain.task_type, tuple(calls), task_sla_ms=sla, sla_metric=plain.sla_metric
+        )
+
+
+def _with_budget(call: _Call, budget_ms: float, metric: str) -> _Call:
+    slo = Slo(ttft_ms=budget_ms) if metric == "ttft" else Slo(e2e_ms=budget_ms)
+    return dataclasses.replace(call, slo=slo)

@@ -10,20 +10,26 @@ replays as is):
 | `api`             | `chat` (default) or `completion`                                          |
 | `class`           | report class (default `default`)                                          |
 | `prompt_tokens`   | prompt length (required)                                                  |
+| `prompt`          | what the prompt says, when its workload gave it a structure: messages     |
+|                   | `{"role", "spans": [[space, key, tokens], ...]}` (`workloads/prompt.py`); |
+|                   | they must make `prompt_tokens` tokens. Without it a call sends text of its own |
 | `output_tokens`   | output length, pinned with min_tokens = max_tokens (required)             |
 | `slo`             | `{"ttft_ms", "atgt_ms", "e2e_ms"}`, each optional                          |
 | `slo_class`       | sent as `x-berth-slo-class`                                                |
+| `slo_headers`     | true: the SLO is sent as `x-berth-ttft-ms` / `-itl-ms` / `-deadline-ms`   |
 | `priority`        | sent as the request's `priority`                                           |
 | `gap_before_s`    | client-side delay before sending (inside a task)                           |
 | `task_id`         | lines sharing a task id form one task; its calls run in line order, the task |
 |                   | starting at its first line's `at` (later lines' `at` are ignored)        |
 | `task_type`, `task_sla_ms`, `task_sla_metric` (`ttft`/`e2e`) | the task's type and SLA          |
 
-``--rate`` does not apply to a trace; ``--duration`` drops tasks starting at or after it (0: keep all).
+``--rate`` does not apply to a trace; ``--time-scale K`` multiplies the arrival offsets (2: twice as
+long, half the rate); ``--duration`` drops tasks starting at or after it, scaled (0: keep all).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +38,7 @@ from typing import Any
 import orjson
 
 from loadgen.workloads.base import CallSpec, Slo, TaskSpec
+from loadgen.workloads.prompt import Message, Prompt, Span
 
 
 class TraceError(ValueError):
@@ -50,6 +57,36 @@ def _int(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise TraceError(f"{where}: must be a positive integer")
     return v
+
+
+_ROLES = ("system", "user", "assistant")
+
+
+def _prompt(obj: Any, where: str) -> Prompt:
+    """A recorded prompt: a list of messages ``{"role", "spans": [[space, key, tokens], ...]}``."""
+    if not isinstance(obj, list) or not obj:
+        raise TraceError(f"{where}: must be a non-empty list of messages")
+    messages: list[Message] = []
+    for i, m in enumerate(obj):
+        at = f"{where}[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("spans"), list):
+            raise TraceError(f"{at}: must be {{'role': system|user|assistant, 'spans': [...]}}")
+        spans: list[Span] = []
+        for j, sp in enumerate(m["spans"]):
+            ok = isinstance(sp, list) and len(sp) == 3 and isinstance(sp[0], str)
+            ok = ok and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in sp[1:])
+            if not ok:
+                raise TraceError(
+                    f"{at}.spans[{j}]: must be [space, key, tokens] (a string, two integers >= 0)"
+                )
+            spans.append(Span(sp[0], sp[1], sp[2]))
+        messages.append(Message(m["role"], tuple(spans)))
+    return Prompt(tuple(messages))
+
+
+def prompt_fields(prompt: Prompt) -> list[dict[str, Any]]:
+    """A prompt as a trace line's `prompt` field."""
+    return [{"role": m.role, "spans": [[s.space, s.key, s.tokens] for s in m.spans]} for m in prompt.messages]
 
 
 def parse_line(obj: Any, where: str) -> tuple[float, CallSpec, dict[str, Any]]:
@@ -89,6 +126,18 @@ def parse_line(obj: Any, where: str) -> tuple[float, CallSpec, dict[str, Any]]:
         priority=prio,
         gap_before_s=_num(obj.get("gap_before_s", 0.0), f"{where}.gap_before_s") or 0.0,
     )
+    if obj.get("prompt") is not None:
+        prompt = _prompt(obj["prompt"], f"{where}.prompt")
+        tokens = prompt.tokens(call.api)
+        if tokens != call.prompt_tokens:
+            raise TraceError(
+                f"{where}.prompt: makes {tokens} tokens, prompt_tokens says {call.prompt_tokens}"
+            )
+        call = dataclasses.replace(call, prompt=prompt)
+    if obj.get("slo_headers") is not None:
+        if not isinstance(obj["slo_headers"], bool):
+            raise TraceError(f"{where}.slo_headers: must be true or false")
+        call = dataclasses.replace(call, slo_headers=obj["slo_headers"])
     return at, call, obj
 
 
@@ -143,8 +192,9 @@ def load_trace(path: str | Path, *, duration_s: float = 0.0) -> list[TaskSpec]:
 
 
 class TraceWorkload:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, time_scale: float = 1.0) -> None:
         self.path = Path(path)
+        self.time_scale = time_scale  # arrival offsets are multiplied by it (--time-scale)
         self.name = f"trace:{self.path.name}"
 
     def schedule(
@@ -154,7 +204,10 @@ class TraceWorkload:
         arrivals: Callable[[float, float], list[float]],
         rng: random.Random,
     ) -> list[TaskSpec]:
-        return load_trace(self.path, duration_s=duration_s)
+        if self.time_scale == 1.0:
+            return load_trace(self.path, duration_s=duration_s)
+        tasks = [dataclasses.replace(t, at_s=t.at_s * self.time_scale) for t in load_trace(self.path)]
+        return [t for t in tasks if duration_s <= 0 or t.at_s < duration_s]
 
 
 def trace_line(task: TaskSpec, call_index: int, model: str, at_s: float) -> dict[str, Any]:
@@ -174,6 +227,10 @@ def trace_line(task: TaskSpec, call_index: int, model: str, at_s: float) -> dict
         "gap_before_s": call.gap_before_s,
         "task_type": task.task_type,
     }
+    if call.prompt is not None:
+        line["prompt"] = prompt_fields(call.prompt)
+    if call.slo_headers:
+        line["slo_headers"] = True
     if task.task_id is not None:
         line["task_id"] = task.task_id
         line["task_sla_ms"] = task.task_sla_ms

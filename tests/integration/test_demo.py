@@ -19,6 +19,7 @@ async def test_demo_runs_and_prints_the_class_table() -> None:
         "--rate",
         "3",
         "--no-serve",
+        "--no-compare",
         "--port",
         str(free_port()),
         stdout=asyncio.subprocess.PIPE,

@@ -7,6 +7,7 @@ import math
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -23,6 +24,7 @@ from loadgen.bench.aladdin import (
     config_from_args,
     fewest,
     fit_workers,
+    floor_verdict,
     guess_for,
     main,
     policy_path,
@@ -151,14 +153,30 @@ def test_the_floor_is_the_cost_over_what_the_atgt_target_leaves_per_endpoint() -
 
 
 def test_the_target_verdict_reads_the_floor() -> None:
-    row = {"rate": 100.0, "floor_all": 43.0, "floor_kept": 34.0, "fewest": {BERTH: 55, JSQ: 54}, "probes": {}}
-    doc = {"ratio": {"rate": 100.0, BERTH: 55, JSQ: 54, "ratio": 55 / 54}, "rates": [row]}
+    fewest: dict[str, int | None] = {BERTH: 55, JSQ: 54}
+    row: dict[str, Any] = {
+        "rate": 100.0,
+        "floor_all": 43.0,
+        "floor_kept": 34.0,
+        "fewest": fewest,
+        "probes": {},
+    }
+    doc: dict[str, Any] = {"ratio": {"rate": 100.0, BERTH: 55, JSQ: 54, "ratio": 55 / 54}, "rates": [row]}
+    v = floor_verdict(doc)
+    assert v is not None
+    assert v["berth_ratio"] == pytest.approx(55 / 43)
+    assert v["jsq_ratio"] == pytest.approx(54 / 43)
+    assert not v["passed"]  # 1.28x the floor, over 1.2x
     text = "\n".join(target_lines(doc))
-    assert "not met" in text
-    assert "below the floor" in text  # 0.75 x 54 = 40 < 43
-    assert "0.80" in text  # ceil(43) / 54: the best ratio a router serving everything could reach
-    doc["ratio"] = {"rate": 100.0, BERTH: 40, JSQ: 54, "ratio": 40 / 54}
-    assert "**met**" in "\n".join(target_lines(doc))
+    assert "1.28x the floor" in text
+    assert "**FAIL**" in text
+    assert "Least outstanding: 54 endpoints, 1.26x the floor" in text
+    fewest[BERTH] = 51  # 1.19x
+    assert floor_verdict(doc)["passed"]  # type: ignore[index]
+    assert "**PASS**" in "\n".join(target_lines(doc))
+    # the highest rate where berth has an answer counts
+    doc["rates"] = [row, {**row, "rate": 120.0, "fewest": {BERTH: None, JSQ: 60}}]
+    assert floor_verdict(doc)["rate"] == 100.0  # type: ignore[index]
 
 
 def test_a_tiny_benchmark_end_to_end(tmp_path: Path) -> None:

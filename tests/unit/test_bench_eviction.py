@@ -90,16 +90,29 @@ def test_verdict_places_cace_between_lru_and_the_oracle() -> None:
     assert not j["oracle_meets_ratios"]
     assert not v["oracle_ratios_on_two_patterns"]
     assert v["never_worse"]
+    # half the gap closed in both figures on both patterns: the target holds, the paper's ratios do not
+    assert j["closes_half_the_gap"]
+    assert v["gap_closed_on_two_patterns"]
+    assert not v["ratios_on_two_patterns"]
+    assert v["pass"]
+    by_less = {**by, "cace": _figs(85, 900.0)}  # 0.375 of the evictions gap
+    v = judge({"p": by_less, "q": by}, {"p": cis, "q": cis})
+    assert not v["patterns"]["p"]["closes_half_the_gap"]
     assert not v["pass"]
     two = {"p": {"lru": by["lru"], "cace": by["cace"]}}
-    assert "oracle_ratios_on_two_patterns" not in judge(two, {"p": cis})
+    no_oracle = judge(two, {"p": cis})
+    assert "oracle_ratios_on_two_patterns" not in no_oracle
+    assert no_oracle["gap_closed_on_two_patterns"] is None
+    assert not no_oracle["pass"]  # the target needs the bound
 
 
 def test_worse_only_where_the_interval_says_so() -> None:
     by = {"lru": _figs(100, 1000.0), "cace": _figs(120, 1100.0)}  # point ratios above 1 everywhere
     assert judge({"p": by}, {"p": {"cace": _cis(evictions="same")}})["never_worse"]
-    v = judge({"p": by}, {"p": {"cace": _cis(evictions="same", e2e_p99_ms="worse")}})
-    assert v["patterns"]["p"]["worse_on"] == ["e2e_p99_ms"]
+    # a P99 worse is shown, not judged; a mean worse fails
+    assert judge({"p": by}, {"p": {"cace": _cis(evictions="same", e2e_p99_ms="worse")}})["never_worse"]
+    v = judge({"p": by}, {"p": {"cace": _cis(evictions="same", e2e_mean_ms="worse")}})
+    assert v["patterns"]["p"]["worse_on"] == ["e2e_mean_ms"]
     assert not v["never_worse"]
 
 

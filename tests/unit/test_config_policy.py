@@ -12,7 +12,8 @@ import msgspec
 import pytest
 
 from gateway.config import check, load_policy, parse_policy_text
-from gateway.config.policy import SLOTS, PolicyFile, Slot, decode_policy, default_policy_text
+from gateway.config.policy import SLOTS, Slot, decode_policy, default_policy_text
+from gateway.config.policy_schema import PolicyFile
 from gateway.core.errors import ConfigError
 from gateway.core.strict_toml import parse_toml
 from gateway.sched.plugins import default_registry
@@ -160,7 +161,7 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
         pytest.param(
             HEAD + '[placement]\npicker = { plugin = "max-score" }\nfilters = [{ plugin = "healthy" }]\n',
             "p.toml:placement.filters[0].plugin: unknown filter plugin 'healthy' "
-            "(known: best-fit, demand-split, instance-class, overflow-guard, sub-cluster)",
+            "(known: best-fit, demand-split, instance-class, overflow-guard, prefix-holders, sub-cluster)",
             id="unknown-filter",
         ),
         pytest.param(
@@ -168,7 +169,8 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
             + '[placement]\npicker = { plugin = "max-score" }\n'
             + '[[placement.scorers]]\nplugin = "least-outstanding"\n'
             + '[[placement.scorers]]\nplugin = "kv-usage"\n',
-            "p.toml:placement.scorers[1].plugin: unknown scorer plugin 'kv-usage' (known: least-outstanding)",
+            "p.toml:placement.scorers[1].plugin: unknown scorer plugin 'kv-usage' "
+            "(known: least-outstanding, prefix-affinity)",
             id="unknown-second-scorer",
         ),
         pytest.param(

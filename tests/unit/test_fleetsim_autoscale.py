@@ -122,7 +122,7 @@ def test_the_benchmark_quick_run_writes_every_settings_table(
     )
     # (maaso's setting runs in the next test: its simulation is its own module's)
     code = autoscaling.main(["--quick", "--seeds", "0", "--settings", "chiron,cato", "--out", str(tmp_path)])
-    assert code in (0, 1)  # the targets are judged on the full run; here only that they are judged
+    assert code == 0  # it ran to the end; the targets are judged on the full run, here only that they are
     doc = orjson.loads((tmp_path / "report.json").read_bytes())
     assert [s["name"] for s in doc["settings"]] == ["chiron", "cato"]
     chiron = doc["settings"][0]
@@ -150,7 +150,8 @@ def test_the_benchmark_quick_run_writes_every_settings_table(
     assert "## Chiron's setting" in md
     assert "## CATO's setting" in md
     assert ("PASS" in md) or ("FAIL" in md)
-    assert code == (0 if doc["pass"] else 1)
+    assert code == 0  # whatever the verdict (doc["pass"]): it ran to the end
+    assert doc["pass"] in (True, False)
 
 
 def test_maasos_setting_joins_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,7 +160,10 @@ def test_maasos_setting_joins_the_report(tmp_path: Path, monkeypatch: pytest.Mon
     assert result.name == "maaso"
     assert {r["config"] for r in result.rows} == set(maaso.CONFIGS)
     assert result.targets
-    assert all(t.target.startswith("≥") for t in result.targets)
+    judged = [t for t in result.targets if not t.name.startswith("(shown)")]
+    assert judged
+    assert all(t.target.startswith("≥") for t in judged)
+    assert all(t.target == "-" and t.passed for t in result.targets if t.name.startswith("(shown)"))
     assert "maaso" in result.markdown.lower()
 
 

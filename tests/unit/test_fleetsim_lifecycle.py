@@ -80,10 +80,11 @@ def _cis(worse: tuple[str, ...] = ()) -> dict[str, dict[str, dict[str, Any]]]:
     return {"cace": {k: {"ratio": 1.0, "ci95": [0.9, 1.1], "verdict": "worse"} for k in worse}}
 
 
-def test_judge_needs_the_ratios_on_two_patterns_and_nothing_worse() -> None:
-    good = {"lru": _figs(100, 1000.0), "cace": _figs(40, 400.0)}
-    meh = {"lru": _figs(100, 1000.0), "cace": _figs(90, 900.0)}
-    worse = {"lru": _figs(100, 1000.0), "cace": _figs(40, 400.0, hit=0.4)}
+def test_judge_needs_half_the_gap_on_two_patterns_and_nothing_worse() -> None:
+    # LRU 100 evictions / 1000 ms, the bound 50 / 500: cace at 70 / 700 closes 60 % of both gaps
+    good = {"lru": _figs(100, 1000.0), "cace": _figs(70, 700.0), "belady": _figs(50, 500.0)}
+    meh = {"lru": _figs(100, 1000.0), "cace": _figs(90, 900.0), "belady": _figs(50, 500.0)}
+    worse = {"lru": _figs(100, 1000.0), "cace": _figs(70, 700.0, hit=0.4), "belady": _figs(50, 500.0)}
     same = {p: _cis() for p in "abc"}
     assert judge({"a": good, "b": good, "c": meh}, same)["pass"]
     assert not judge({"a": good, "b": meh, "c": meh}, same)["pass"]

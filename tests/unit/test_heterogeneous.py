@@ -12,11 +12,11 @@ from gateway.sched.heterogeneous import (
     RELAXED,
     STRICT,
     ConfigProfile,
-    MixWindow,
     Placer,
     RequestKind,
     TrafficMix,
 )
+from gateway.sched.mix_window import MixWindow
 from gateway.sched.perf import default_prior
 
 # Per-request decode tokens/s: 100 alone on one device, 160 alone on two (tensor parallel); falling

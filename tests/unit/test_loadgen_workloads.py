@@ -20,7 +20,7 @@ from loadgen.workloads.base import CallSpec, Slo, TaskSpec, allot
 from loadgen.workloads.coding import MIXES
 from loadgen.workloads.trace import TraceError, load_trace, trace_line
 
-ALL_SPECS = [f"{n}:{v}" for n in BUILTIN_NAMES for v in VARIANTS[n]] + ["sharegpt-like"]
+ALL_SPECS = [f"{n}:{v}" for n in BUILTIN_NAMES for v in VARIANTS[n]] + ["sharegpt-like", "chat"]
 
 
 def schedule(spec: str, *, rate: float = 20.0, duration: float = 50.0, seed: int = 1) -> list[TaskSpec]:

@@ -19,8 +19,8 @@ from gateway.telemetry.timeline import (
     DecodeObservation,
     EndpointTimeline,
     PrefillObservation,
-    _Spans,
 )
+from gateway.telemetry.timeline_store import SpanColumns
 from loadgen.engine_sim.latency import LatencyModel
 from tests.unit.engine_trace import TracedStream, engine_trace
 
@@ -223,7 +223,7 @@ def test_forget_drops_everything_before() -> None:
 
 
 def merged_by_walk(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Disjoint intervals, one span at a time in start order (the reference for `_Spans.merged`)."""
+    """Disjoint intervals, one span at a time in start order (the reference for `SpanColumns.merged`)."""
     out: list[tuple[float, float]] = []
     for a, b in sorted(spans):
         if out and a <= out[-1][1]:
@@ -245,7 +245,7 @@ def test_untracked_spans_merge_and_evict_as_a_walk_over_tuples(
 ) -> None:
     """The columns of floats answer what a list of (start, end) tuples walked one by one answers:
     the merged intervals, and at each eviction which spans are let go and the latest end among them."""
-    store = _Spans()
+    store = SpanColumns()
     for a, b in spans:
         store.add(a, b)
     kept = list(spans)

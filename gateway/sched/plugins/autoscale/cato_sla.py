@@ -18,8 +18,8 @@ reading (the default) also counts a call still queued or running whose time so f
 violation at its end too), once: its finish is not counted again (matched by request id). During a
 burst that is what lets the scaler act in time: a call that will overrun is visible long before it
 ends (a 1.2 s completion still waiting for its first token is late at 1.44 s), and an instance takes
-its load time to help. Measured in CATO's setting of `berth-loadgen bench autoscaling` (5 seeds; README,
-Autoscaling): the first scale-out of a burst comes ~4 s earlier and task goodput is 0.914 against the
+its load time to help. Measured in CATO's setting of `berth-loadgen bench autoscaling` (5 seeds;
+docs/autoscaling.md): the first scale-out of a burst comes ~4 s earlier and task goodput is 0.914 against the
 literal count's 0.906 (within the 95 % intervals: with 30 s loads and 60 s bursts both are late).
 
 Why a call's own share and not its deadline (the rest of its task SLA, which the scheduler orders and

@@ -49,8 +49,9 @@ from typing import Annotated, Final, Literal
 from msgspec import Meta
 
 from gateway.core.types import EndpointId, ModelName, RequestId
-from gateway.sched.heterogeneous import RELAXED, STRICT, MixWindow, SubCluster, TrafficMix
+from gateway.sched.heterogeneous import RELAXED, STRICT, SubCluster, TrafficMix
 from gateway.sched.loads import LoadCache
+from gateway.sched.mix_window import MixWindow
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
