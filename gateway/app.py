@@ -48,6 +48,7 @@ from gateway.front.batch_lines import FrontLines
 from gateway.front.routes import add_ops_routes, add_routes
 from gateway.front.services import RequestSettings, Services
 from gateway.lifecycle.endpoints import EndpointSet
+from gateway.lifecycle.kv_events import KvEventsCollector, KvEventSources
 from gateway.lifecycle.manager import LifecycleManager
 from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import Scheduler
@@ -121,6 +122,10 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._pool: Pool | None = None  # generation calls' connections
         self._fetcher: Fetcher | None = None  # the scrapers' GETs, on connections of their own
+        # The precise prefix source of each endpoint that publishes KV events (`kv_events`);
+        # each usable store is attached to the prefix index.
+        self.kv_events = KvEventSources(clock=clock, supervisor=self.supervisor, index=self.telemetry.prefix)
+        metrics.registry.register(KvEventsCollector(self.kv_events.statuses, self.kv_events.decode_errors))
         self.endpoints = EndpointSet(
             driver=self.driver,
             telemetry=self.telemetry,
@@ -129,6 +134,7 @@ class Gateway:
             supervisor=self.supervisor,
             client=self.scrape_client,
             auth=self.engine_auth,
+            kv_events=self.kv_events,
         )
         self.services = Services(
             clock=clock,

@@ -131,7 +131,9 @@ async def admit(
         ctx.task = resolved.task
     key = s.next_key()  # berth's own id for the request: the client's X-Request-Id is only echoed
     counter = s.prompt_counter
-    exact = None if counter is None else await counter.count(key, parsed, ModelName(ctx.served_model))
+    measured = None if counter is None else await counter.measure(key, parsed, ModelName(ctx.served_model))
+    exact = None if measured is None else measured.count
+    ctx.prompt_token_ids = None if measured is None else measured.ids
     # A non-streamed batch request is streamed from the engine under a policy that preempts, so that it
     # can be resumed if it is preempted (it is a likely victim; the rest keep the cheaper path).
     policy = s.scheduler.policy
@@ -194,6 +196,8 @@ def scheduler_request(
     output-length prediction."""
     prefix = telemetry.prefix
     keys = ctx.prefix_keys = prefix.keys(ctx.served_model, parsed.api, parsed.body)
+    if keys is not None and keys.token_ids is None and ctx.prompt_token_ids is not None:
+        keys.with_token_ids(ctx.prompt_token_ids)  # counted through the engine: the precise source matches
     sreq = to_sched_request(
         key,
         parsed,
