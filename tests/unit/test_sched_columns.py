@@ -20,6 +20,8 @@ from gateway.sched.columns import columns_of, updated
 from gateway.sched.decisions import Dispatch
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.placement.least_outstanding import LeastOutstandingScorer, MaxScorePicker
+from gateway.sched.plugins.placement.prefix_holders import PrefixHoldersFilter, PrefixHoldersParams
+from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
 from gateway.sched.registry import PluginKind
 from gateway.sched.request import SchedRequest
@@ -178,3 +180,26 @@ def test_a_large_fleet_is_placed_over_columns_as_the_small_one_is() -> None:
     d = sched.submit(dataclasses.replace(request(), id=RequestId("again")))
     assert isinstance(d, Dispatch)
     assert d.endpoint.id == specs[5].id
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fleet=st.lists(endpoint, min_size=1, max_size=10),
+    cached=st.dictionaries(st.integers(0, 9), st.sampled_from((16, 512, 4096)), max_size=4),
+    prompt=st.sampled_from((10, 600, 5000)),
+)
+def test_prefix_holders_over_columns_chooses_what_the_plain_path_chooses(
+    fleet: list[dict[str, object]], cached: dict[int, int], prompt: int
+) -> None:
+    """The default policy's filter has a columnar form: a profile with it still places over columns, and
+    chooses what the plain path does, with and without cached prefixes."""
+    holders = PrefixHoldersFilter(PrefixHoldersParams())
+    scorers = (WeightedScorer(LeastOutstandingScorer(), 1.0),)
+    profile = SchedulerProfile(filters=(holders,), scorers=scorers, picker=MaxScorePicker())
+    assert profile.columnar
+    views = tuple(make(i, e) for i, e in enumerate(fleet))
+    hits = PrefixHits({views[i].id: min(t, prompt) for i, t in cached.items() if i < len(views)})
+    req = dataclasses.replace(request(), prompt_tokens=prompt, cached=hits)
+    plain = profile.place(req, FleetSnapshot(now=0.0, endpoints=views))
+    columnar = profile.place(req, FleetSnapshot(now=0.0, endpoints=views, columns=columns_of(views)))
+    assert plain is columnar

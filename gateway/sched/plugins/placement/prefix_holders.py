@@ -15,11 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 
 class PrefixHoldersParams(PredictionParams, frozen=True, kw_only=True):
@@ -50,6 +53,28 @@ class PrefixHoldersFilter:
                 others = min(others, ttft)
         kept = [e for ttft, e in holders if ttft < others]
         return kept or candidates
+
+    def filter_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]:
+        """The columnar form (so a profile with this filter still places over columns at fleet scale):
+        nothing cached anywhere, the mask as it is (no Python step per endpoint); else `filter` over the
+        candidates, which predicts only then."""
+        if not req.cached:
+            return candidates
+        idx = np.flatnonzero(candidates)
+        if len(idx) < 2:
+            return candidates
+        views = [cols.endpoints[i] for i in idx]
+        kept = self.filter(req, views, snap)
+        if len(kept) == len(views):
+            return candidates
+        keep = {id(e) for e in kept}
+        out = np.zeros_like(candidates)
+        for i, e in zip(idx, views, strict=True):
+            if id(e) in keep:
+                out[i] = True
+        return out
 
 
 SPEC = PluginSpec(
