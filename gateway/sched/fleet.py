@@ -5,6 +5,10 @@ Every placement decides on a fresh `FleetSnapshot`, but an endpoint's view is re
 endpoint changed (or its engine gauges went stale): a placement on a large fleet does not remake the
 views of the endpoints it did not touch. The model sets are likewise kept until an endpoint, its
 health or its models change.
+
+Each endpoint's runtime state and its kept view are `gateway.sched.endpoint_state`; here is the fleet of
+them: membership, endpoint events, the requests running, caps, the other replicas' load (cluster mode),
+and the views, columns and model sets.
 """
 
 from __future__ import annotations
@@ -16,166 +20,11 @@ from typing import Final
 
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.sched.columns import columns_of, updated
+from gateway.sched.endpoint_state import STALE_MARGIN_S, EndpointState, KeptViews
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, resume_prompt_tokens, running_from, with_progress
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetColumns
 from gateway.sched.types import NO_PEER_LOAD, PEER_SLO_CLASS, EndpointSpec, PeerLoad
-
-
-class _Views:
-    """The tuple of every endpoint's view, kept until one's gauges go stale; an endpoint that changed
-    has its own entry replaced (`dirty`), so a dispatch on a large fleet does not walk every endpoint."""
-
-    __slots__ = ("columns", "columns_changed", "dirty", "endpoints", "fresh_until")
-
-    def __init__(self) -> None:
-        self.endpoints: tuple[EndpointView, ...] | None = None  # None: remade whole on next use
-        self.fresh_until = math.inf  # clock time when the first kept view's gauges go stale (or earlier)
-        self.dirty: list[_Endpoint] = []  # endpoints whose entry in `endpoints` is out of date
-        # The columns last made (`Fleet.columns`), and the indexes whose entries were replaced in
-        # `endpoints` since (None: the tuple was remade whole).
-        self.columns: FleetColumns | None = None
-        self.columns_changed: set[int] | None = None
-
-
-# Rebuild the views this long before a gauge's exact staleness time: the exact test is `now - scraped_at
-# > stale_after_s`, and `scraped_at + stale_after_s` may round differently.
-_STALE_MARGIN_S: Final = 1e-6
-
-
-class _Endpoint:
-    """The runtime state of one endpoint. Whoever changes a field calls `changed()` (the view is kept)."""
-
-    __slots__ = (
-        "_fleet",
-        "_view",
-        "_view_has_gauges",
-        "cap",
-        "completed_since_scrape",
-        "cut_at",
-        "dispatched_since_scrape",
-        "estimates",
-        "fresh_until",
-        "gap_after_cut_s",
-        "gap_after_cut_tokens",
-        "gap_s",
-        "gap_tokens",
-        "gauges",
-        "health",
-        "index",
-        "inflight",
-        "models",
-        "peer",
-        "peer_running",
-        "running",
-        "running_output_tokens",
-        "running_prompt_tokens",
-        "scraped_at",
-        "seats",
-        "spec",
-        "streamed_tokens",
-    )
-
-    def __init__(self, spec: EndpointSpec, fleet: _Views) -> None:
-        self._fleet = fleet
-        self.spec = spec
-        # The engine's batch size its gauges showed (`Fleet.observe_gauges`); None: not seen yet.
-        self.seats: int | None = None
-        self.cap = self.bound  # the cap in force (a ConcurrencyController moves it within the bound)
-        self.streamed_tokens = 0
-        self.gap_s = 0.0
-        self.gap_tokens = 0
-        # When the cap in force was last lowered, and the gaps (as gap_s/gap_tokens) that began after it.
-        self.cut_at = -math.inf
-        self.gap_after_cut_s = 0.0
-        self.gap_after_cut_tokens = 0
-        self.models: frozenset[ModelName] = spec.models
-        self.health = EndpointHealth.STARTING
-        self.inflight = 0
-        self.peer = NO_PEER_LOAD  # the other replicas' load here (cluster mode), added in the view
-        self.peer_running: tuple[RunningRequest, ...] = ()  # ... as stand-in running requests
-        self.gauges: EngineGauges | None = None
-        self.scraped_at: float | None = None
-        self.dispatched_since_scrape = 0
-        self.completed_since_scrape = 0
-        self.running_prompt_tokens = 0
-        self.running_output_tokens = 0.0
-        self.estimates: EndpointEstimates | None = None
-        self.running: dict[RequestId, RunningRequest] = {}  # what the gateway runs here, by dispatch
-        self._view: EndpointView | None = None
-        self.index = 0  # its place in the fleet's tuple of views (set by `Fleet.sync`)
-        self._view_has_gauges = False
-        self.fresh_until = math.inf  # when the kept view's gauges go stale (inf: it shows none)
-
-    @property
-    def bound(self) -> int:
-        """The hard maximum of the cap: the operator's, else the max batch its instance configuration
-        gives the engine (berth holds what the engine would only queue), else one more than the engine's
-        batch size seen in its gauges (`Fleet._learn_seats`), else the default cap."""
-        s = self.spec
-        if s.cap is not None:
-            return s.cap
-        if s.max_batch is not None:
-            return s.max_batch
-        return s.default_cap if self.seats is None else self.seats + 1
-
-    def changed(self) -> None:
-        if self._view is not None:  # else it is in the fleet's dirty list already, or never was viewed
-            self._view = None
-            self._fleet.dirty.append(self)
-
-    def view(self, now: float, stale_after_s: float) -> EndpointView:
-        """The view as of `now`: the kept one unless the endpoint changed or its gauges went stale."""
-        v = self._view
-        if v is not None and not (self._view_has_gauges and self._stale(now, stale_after_s)):
-            return v
-        g = None if self._stale(now, stale_after_s) else self.gauges
-        s = self.spec
-        peer = self.peer
-        # Positional, in field order: a call with 29 keywords spends about 1 µs matching them to the
-        # parameters, and a view is remade on every dispatch and completion.
-        v = self._view = EndpointView(
-            s.id,
-            s.url,
-            s.engine,
-            self.models,
-            s.instance_class,
-            self.health,
-            self.cap,
-            self.inflight + peer.inflight,
-            None if g is None else g.running,  # engine_running
-            None if g is None else g.waiting,  # engine_waiting
-            None if g is None else g.kv_usage,  # kv_usage
-            self.dispatched_since_scrape,
-            self.scraped_at,
-            s.node,
-            self.completed_since_scrape,
-            self.running_prompt_tokens + peer.prompt_tokens,
-            self.running_output_tokens + peer.output_tokens,
-            self.estimates,
-            tuple(self.running.values()) + self.peer_running
-            if self.peer_running
-            else tuple(self.running.values()),
-            s.priority_scheduling,
-            self.bound,  # max_cap
-            self.streamed_tokens,
-            self.gap_s,
-            self.gap_tokens,
-            self.cut_at,
-            self.gap_after_cut_s,
-            self.gap_after_cut_tokens,
-            s.max_batch,
-            s.config,
-        )
-        self._view_has_gauges = g is not None
-        self.fresh_until = (
-            math.inf if self.scraped_at is None or g is None else self.scraped_at + stale_after_s
-        )
-        return v
-
-    def _stale(self, now: float, stale_after_s: float) -> bool:
-        return self.scraped_at is None or now - self.scraped_at > stale_after_s
-
 
 #: At most this many stand-ins for other replicas' requests on one endpoint.
 _MAX_STAND_INS: Final = 512
@@ -224,8 +73,8 @@ class Fleet:
     __slots__ = ("_context", "_endpoints", "_model_sets", "_requests", "_running", "_views")
 
     def __init__(self) -> None:
-        self._endpoints: dict[EndpointId, _Endpoint] = {}
-        self._views = _Views()
+        self._endpoints: dict[EndpointId, EndpointState] = {}
+        self._views = KeptViews()
         self._running: dict[RequestId, EndpointId] = {}
         self._requests: dict[RequestId, SchedRequest] = {}  # each running request as it was dispatched
         # Prompt and predicted output tokens of each running request (the endpoints' running-context sums).
@@ -252,11 +101,11 @@ class Fleet:
         for eid, spec in wanted.items():
             ep = self._endpoints.get(eid)
             if ep is None:
-                self._endpoints[eid] = _Endpoint(spec, self._views)
+                self._endpoints[eid] = EndpointState(spec, self._views)
             elif ep.spec != spec:
                 discovered = ep.models if not spec.models else spec.models
                 if ep.spec.url != spec.url:  # a different server: start over
-                    fresh = _Endpoint(spec, self._views)
+                    fresh = EndpointState(spec, self._views)
                     fresh.inflight = ep.inflight
                     fresh.running_prompt_tokens = ep.running_prompt_tokens
                     fresh.running_output_tokens = ep.running_output_tokens
@@ -316,7 +165,7 @@ class Fleet:
         ep.changed()
 
     @staticmethod
-    def _learn_seats(ep: _Endpoint, gauges: EngineGauges) -> None:
+    def _learn_seats(ep: EndpointState, gauges: EngineGauges) -> None:
         """The engine's batch size from its gauges, for an endpoint whose cap the operator did not set.
 
         Once the engine kept requests waiting for two scrapes in a row (not one that arrived between two
@@ -379,7 +228,7 @@ class Fleet:
             return None
         return req
 
-    def _release(self, req_id: RequestId) -> _Endpoint | None:
+    def _release(self, req_id: RequestId) -> EndpointState | None:
         """Free a running request's seat; its endpoint (None when it was not running on a known one)."""
         eid = self._running.pop(req_id, None)
         context = self._context.pop(req_id, None)
@@ -504,7 +353,7 @@ class Fleet:
         """Every endpoint's view as of `now` (the kept tuple while nothing changed or went stale)."""
         kept = self._views
         views = kept.endpoints
-        if views is None or now >= kept.fresh_until - _STALE_MARGIN_S:
+        if views is None or now >= kept.fresh_until - STALE_MARGIN_S:
             eps = self._endpoints.values()
             views = kept.endpoints = tuple(ep.view(now, stale_after_s) for ep in eps)
             kept.fresh_until = min((ep.fresh_until for ep in eps), default=_INF)

@@ -33,169 +33,40 @@ was deciding on: that request is rejected with a 500 (`internal_error`) and the 
 served; the exception is kept in `faults` for the daemon to log (the core does no I/O). Otherwise one
 plugin bug would fail whichever request's completion happened to serve the queue, and leave the queue
 unserved.
+
+The scheduler is built in layers, one module each: its bookkeeping (`gateway.sched.bookkeeping`: the
+state it holds, the outboxes, the read-only views), preemption and concurrency caps
+(`gateway.sched.preempting`), and here the events that decide: configuration and endpoint changes,
+submit, serving the queues, complete, cancel and tick.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final
 
 from gateway.core import errors
-from gateway.core.clock import Clock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.sched import ticks
-from gateway.sched.admission import AdmissionLedger
-from gateway.sched.decisions import Decision, Dispatch, FaultStage, PolicyFault, Preempt, Reject, fault_error
-from gateway.sched.fleet import Fleet
-from gateway.sched.interfaces import PreemptionRules, Preemptor, Victim
-from gateway.sched.predict import EndpointLoad, PredictParams
+from gateway.sched.decisions import Decision, Dispatch, Preempt, Reject, fault_error
+from gateway.sched.preempting import Preempting
 from gateway.sched.profile import Policy
-from gateway.sched.queues import ModelQueue, OrderingFault, Queued, Queues
+from gateway.sched.queues import ModelQueue, OrderingFault, Queued
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 from gateway.sched.types import EndpointSpec, PeerLoad, QueueLimits
-
-#: Faults kept for the daemon to collect (the oldest are dropped beyond this).
-MAX_FAULTS: Final = 64
-#: Endpoints whose victims' seats a preempting request is tried on (by the preemptor's order), per placement.
-MAX_PREEMPT_TRIES: Final = 4
-#: Why a request was preempted (the `Preempt.reason` of the one trigger there is).
-REASON_WAITING: Final = "interactive_waiting"
-#: ... and when an endpoint's cap was cut below its running set for the interactive streams it runs.
-REASON_CAP: Final = "cap_lowered"
-_PREDICT: Final = PredictParams()
-#: Fleets of at least this many endpoints are placed over columns when the profile can be (numpy's
-#: fixed cost per call is more than a Python step per endpoint below it: `overhead_micro` fleet_N).
-COLUMNS_FROM: Final = 128
 
 
 def _has_room(snap: FleetSnapshot, model: ModelName) -> bool:
     return any(model in e.models and e.health is EndpointHealth.READY and e.has_room for e in snap.endpoints)
 
 
-_UNBOUNDED: Final = 1 << 30
-
-
-def _without(view: EndpointView, victim: RunningRequest) -> EndpointView:
-    """`view` with `victim` gone from its running requests (its seat free)."""
-    return dataclasses.replace(
-        view,
-        inflight=view.inflight - 1,
-        running=tuple(r for r in view.running if r.id != victim.id),
-        running_prompt_tokens=view.running_prompt_tokens - victim.prompt_tokens,
-        running_output_tokens=max(0.0, view.running_output_tokens - victim.output_mean),
-    )
-
-
-def _resume_feasible(r: RunningRequest, load: EndpointLoad, rules: PreemptionRules) -> bool:
-    """Whether a running request keeps its own SLO when preempted now and resumed after the rules'
-    requeue wait, at its endpoint's current pace: its first token (when not out yet), its last token by
-    its deadline, and its average inter-token time from its first token within its target (the tokens of
-    earlier, preempted runs counted at the target pace: the scheduler keeps no earlier first token)."""
-    state = next((s for s in load.running if s.req is r), None)
-    if state is None:
-        return False
-    now = load.now
-    margin = rules.margin
-    restart = now + rules.requeue_wait_s + load.coef.prefill_s(r.prompt_tokens + state.produced)
-    if (
-        not state.prefilled
-        and r.ttft_deadline is not None
-        and restart > now + (r.ttft_deadline - now) * margin
-    ):
-        return False
-    end = restart + state.remaining * load.tpot_now
-    if r.e2e_deadline is not None and end - now > (r.e2e_deadline - now) * margin:
-        return False
-    if r.itl_s is not None:
-        produced = r.produced_before + state.produced
-        tokens = produced + state.remaining
-        if r.produced_before:
-            start = r.dispatched_at if r.first_token_at is None else r.first_token_at  # see the docstring
-            start = min(start, now) - r.produced_before * r.itl_s
-        elif state.prefilled:
-            start = r.first_token_at if r.first_token_at is not None else now + state.first_s
-        else:
-            start = restart
-        if tokens > 1 and (end - start) / (tokens - 1) > r.itl_s * margin:
-            return False
-    return True
-
-
-class Scheduler:
-    def __init__(self, policy: Policy, clock: Clock, limits: QueueLimits | None = None) -> None:
-        self._policy = policy
-        self._clock = clock
-        self._limits = limits or QueueLimits()
-        self._fleet = Fleet()
-        self._queues = Queues()
-        # Engine priority of requests dispatched to priority-scheduling endpoints (see engine_priority).
-        self._priorities: dict[RequestId, int] = {}
-        self.admission = AdmissionLedger()
-        self.faults: list[PolicyFault] = []  # the daemon takes and logs them (take_faults)
-        # Models the lifecycle can load on demand, and how long a request may wait for such a load.
-        self._loadable: frozenset[ModelName] = frozenset()
-        self._load_deadline_s = 0.0
-        # `known_models` as last made, with the two sets it was made from.
-        self._known: tuple[frozenset[ModelName], frozenset[ModelName], frozenset[ModelName]] = (
-            frozenset(),
-            frozenset(),
-            frozenset(),
-        )
-        self.cold: list[ModelName] = []  # loadable models requested with no ready endpoint (take_cold)
-        # Preemptions made during a submit (take_preemptions; a driver may look at it first, as at `faults`
-        # and `cold`, to skip the call when it is empty).
-        self.outbox: list[Preempt] = []
-        # Place in arrival order of each running request (a preempted one keeps it when requeued).
-        self._seqs: dict[RequestId, int] = {}
-
-    def _fault(self, req: SchedRequest, stage: FaultStage, error: Exception) -> None:
-        self._fault_id(req.id, stage, error)
-
-    def _fault_id(self, req_id: RequestId, stage: FaultStage, error: Exception) -> None:
-        self.faults.append(PolicyFault(req_id, stage, error))
-        if len(self.faults) > MAX_FAULTS:
-            del self.faults[0]
-
-    def take_faults(self) -> list[PolicyFault]:
-        """The policy faults since the last call (oldest first)."""
-        out, self.faults = self.faults, []
-        return out
-
-    def take_cold(self) -> list[ModelName]:
-        """The loadable models requested with no ready endpoint since the last call (each once)."""
-        out, self.cold = self.cold, []
-        return out
-
-    def take_preemptions(self) -> list[Preempt]:
-        """The preemptions made during `submit` calls since the last call (drivers drain it right after
-        each submit; every other method returns its preemptions in its decision list)."""
-        out, self.outbox = self.outbox, []
-        return out
-
+class Scheduler(Preempting):
     # ----------------------------------------------------------------- configuration
     def set_loadable(self, models: Iterable[ModelName], load_deadline_s: float) -> None:
         """Models a lifecycle manager loads on demand: their requests wait for a load instead of being
         rejected with no_ready_endpoint, for up to max(max_wait_s, `load_deadline_s`)."""
         self._loadable = frozenset(models)
         self._load_deadline_s = load_deadline_s
-
-    @property
-    def loadable(self) -> frozenset[ModelName]:
-        return self._loadable
-
-    def known_models(self) -> frozenset[ModelName]:
-        """The models a request may name: served by an endpoint (in any state) or loadable on demand.
-        Kept until either set changes (admission asks on every request)."""
-        served, loadable, known = self._known
-        every = self._fleet.models(ready_only=False)
-        if every is not served or self._loadable is not loadable:
-            known = every | self._loadable
-            self._known = (every, self._loadable, known)
-        return known
 
     def fail_model(self, model: ModelName, error: errors.BerthError) -> list[Decision]:
         """Reject every queued request of `model` with `error` (its load failed)."""
@@ -205,19 +76,6 @@ class Scheduler:
         out: list[Decision] = [Reject(item.req, error) for item in queue]
         queue.clear()
         return out
-
-    def lookahead(self, n: int) -> tuple[ModelName, ...]:
-        """The models of the first `n` queued requests, in arrival order (every queue)."""
-        items = sorted((q.seq, m) for m, queue in self._queues.items() for q in queue)
-        return tuple(m for _, m in items[:n])
-
-    @property
-    def policy(self) -> Policy:
-        return self._policy
-
-    @property
-    def limits(self) -> QueueLimits:
-        return self._limits
 
     def set_policy(self, policy: Policy) -> list[Decision]:
         """Swap the policy in one step; queued requests are re-served under the new one."""
@@ -416,71 +274,6 @@ class Scheduler:
         waited = now - item.queued_at
         out.append(Reject(item.req, errors.queue_timeout(model, waited, self._limits.retry_after_s)))
 
-    # ----------------------------------------------------------------- views
-    def snapshot(self) -> FleetSnapshot:
-        now = self._clock.now()
-        if self._policy.profile.columnar and self._fleet.size() >= COLUMNS_FROM:
-            # placement over columns: the views' arrays come along
-            cols = self._fleet.columns(now, self._limits.stale_after_s)
-            return FleetSnapshot(now, cols.endpoints, self._queues.waiting(), cols)
-        views = self._fleet.views(now, self._limits.stale_after_s)
-        return FleetSnapshot(now, views, self._queues.waiting())
-
-    def queue_depth(self, model: ModelName) -> int:
-        return self._queues.depth(model)
-
-    def queue_depths(self) -> dict[ModelName, int]:
-        return self._queues.depths()
-
-    def progress(self, req_id: RequestId, produced: int, first_token_at: float | None) -> None:
-        """A dispatched request has streamed `produced` tokens (its first at `first_token_at`): placement
-        plugins see it in the endpoint's running requests. Serves nothing by itself."""
-        self._fleet.progress(req_id, produced, first_token_at, self._clock.now())
-
-    def pin(self, req_id: RequestId) -> None:
-        """A running request can no longer be resumed faithfully (its stream produced reasoning or a
-        tool call, which a continuation from text would lose): it is never chosen as a victim."""
-        self._fleet.pin(req_id)
-
-    def engine_priority(self, req_id: RequestId) -> int | None:
-        """The priority to send with a dispatched request (lower is more urgent): set only when its
-        endpoint runs priority scheduling and the policy's ordering has one."""
-        return self._priorities.get(req_id)
-
-    def running_on(self, req_id: RequestId) -> EndpointId | None:
-        return self._fleet.running_on(req_id)
-
-    def dispatched(self, req_id: RequestId) -> SchedRequest | None:
-        """A running request as it was dispatched (None: not running on an endpoint of the set)."""
-        return self._fleet.request(req_id)
-
-    def inflight_on(self, eid: EndpointId) -> int:
-        """Requests the gateway runs on `eid` now (0 for an unknown endpoint)."""
-        return self._fleet.inflight_on(eid)
-
-    def cap_of(self, eid: EndpointId) -> int | None:
-        """The concurrency cap in force on `eid` (None: unknown endpoint); its view shows it as `cap`,
-        and the configured maximum as `max_cap`."""
-        return self._fleet.cap_of(eid)
-
-    def endpoint_view(self, eid: EndpointId) -> EndpointView | None:
-        return self._fleet.view(eid, self._clock.now(), self._limits.stale_after_s)
-
-    def queued(self, model: ModelName) -> list[SchedRequest]:
-        """The requests of `model` waiting in the gateway queue, in queue order (the autoscaler's view)."""
-        return [item.req for item in self._queues.get(model) or ()]
-
-    def queued_by_class(self) -> dict[ModelName, dict[str, int]]:
-        """Queued requests per model and SLO class (for the admin API; counted as they come and go)."""
-        return self._queues.by_class()
-
-    def models(self, *, ready_only: bool) -> frozenset[ModelName]:
-        """Models served by any endpoint (in any state), or only by ready ones."""
-        return self._fleet.models(ready_only=ready_only)
-
-    def endpoint_ids(self) -> list[EndpointId]:
-        return self._fleet.ids()
-
     # ----------------------------------------------------------------- serving the queues
     def _serve_all(self) -> list[Decision]:
         out: list[Decision] = []
@@ -583,151 +376,3 @@ class Scheduler:
                 self._priorities[req.id] = prio
         out.append(Dispatch(req, chosen))
         self._adjust(chosen.id, req.id, out)
-
-    # ----------------------------------------------------------------- preemption
-    def _preemption(
-        self, preemptor: Preemptor, req: SchedRequest, snap: FleetSnapshot
-    ) -> tuple[list[Victim], EndpointView] | None:
-        """The victims whose seats make room for `req` on one endpoint, and that endpoint's view without
-        them; None when no endpoint has enough. Victims are taken in the preemptor's order, endpoint by
-        endpoint (in the order of each endpoint's best-ranked victim), one more at a time up to the
-        rules' `max_victims`, until the placement pipeline accepts `req` there (e.g. the overflow guard
-        once its inter-token time fits)."""
-        rules = preemptor.rules
-        slo = self._policy.slo
-        if slo.class_of(req.slo.slo_class).kind not in rules.by:
-            return None
-        victims: list[Victim] = []
-        ready = EndpointHealth.READY
-        for e in snap.endpoints:
-            if req.model not in e.models or e.health is not ready or e.instance_class not in rules.classes:
-                continue
-            victims.extend(self._victims(e, snap.now, rules))
-        if not victims:
-            return None
-        by_endpoint: dict[EndpointId, list[Victim]] = {}
-        for v in preemptor.rank(req, victims, snap):
-            if not any(v is c for c in victims):
-                raise RuntimeError(f"preemptor {preemptor.name!r} returned a request that was not a victim")
-            by_endpoint.setdefault(v.endpoint.id, []).append(v)
-        groups = list(by_endpoint.values())
-        if rules.class_order:  # class by class (a stable sort keeps the preemptor's order inside one)
-            rank = {cls: i for i, cls in enumerate(rules.class_order)}
-            groups.sort(key=lambda g: rank[g[0].endpoint.instance_class])
-        for tried, group in enumerate(groups):
-            if tried >= MAX_PREEMPT_TRIES:
-                break
-            view = group[0].endpoint
-            for n, v in enumerate(group[: rules.max_victims], start=1):
-                view = _without(view, v.running)
-                alone = FleetSnapshot(now=snap.now, endpoints=(view,), queued=snap.queued)
-                chosen = self._policy.profile.place(req, alone)
-                if chosen is not None:
-                    return group[:n], chosen
-        return None
-
-    def _victims(self, e: EndpointView, now: float, rules: PreemptionRules) -> list[Victim]:
-        """The running requests on `e` that may be preempted now: resumable, of a kind that may be
-        preempted, under the preemption limit, and their own SLO still feasible after a resume."""
-        slo = self._policy.slo
-        load: EndpointLoad | None = None
-        out: list[Victim] = []
-        for r in e.running:
-            if not r.resumable or r.preemptions >= rules.max_preemptions:
-                continue
-            if slo.class_of(r.slo_class).kind not in rules.victims:
-                continue
-            load = load or EndpointLoad(e, now, _PREDICT)
-            if _resume_feasible(r, load, rules):
-                out.append(Victim(r, e))
-        return out
-
-    def _preempt(
-        self, victim: Victim, queue: ModelQueue, out: list[Decision], reason: str = REASON_WAITING
-    ) -> None:
-        """Free the victim's seat and queue it again (its arrival, band and place in arrival order)."""
-        rid = victim.running.id
-        eid = victim.endpoint.id
-        old = self._fleet.preempt(rid)
-        if old is None:  # the fleet's views and its running set disagree: a bug, not a policy fault
-            raise RuntimeError(f"preemption victim {rid!r} is not running")
-        self._priorities.pop(rid, None)
-        seq = self._seqs.pop(rid, None)
-        produced = victim.running.produced or 0
-        requeued = dataclasses.replace(
-            old, preemptions=old.preemptions + 1, produced_tokens=old.produced_tokens + produced
-        )
-        self._queues.push(queue, requeued, frozenset(), seq=seq, queued_at=self._clock.now())
-        out.append(Preempt(requeued, victim.endpoint, reason))
-        self._adjust(eid, rid)
-
-    # ----------------------------------------------------------------- concurrency caps
-    def _adjust(self, eid: EndpointId, rid: RequestId, out: list[Decision] | None = None) -> None:
-        """Let the policy's concurrency controller set `eid`'s cap (its running set changed); with `out`,
-        a lowered cap is enforced at once by preemption where that is allowed (`_shed`)."""
-        ctl = self._policy.concurrency
-        if ctl is None:
-            return
-        now = self._clock.now()
-        view = self._fleet.view(eid, now, self._limits.stale_after_s)
-        if view is None:
-            return
-        try:
-            cap = ctl.cap(view, now)
-        except Exception as e:
-            self._fault_id(rid, "concurrency", e)
-            return
-        before = self._fleet.cap_of(eid)
-        if self._fleet.set_cap(eid, max(ctl.floor, cap), now) and out is not None:
-            after = self._fleet.cap_of(eid)
-            if before is not None and after is not None and after < before:
-                self._shed(eid, out)
-
-    def _shed(self, eid: EndpointId, out: list[Decision]) -> None:
-        """A cut cap on an endpoint where preemption is allowed, running a request of a kind that may
-        preempt (an interactive stream whose inter-token time the cut is for): preempt eligible victims
-        (the preemptor's order) down to the cap, rather than letting the stream wait until enough of
-        them finish. Without a preemptor, or where it is not allowed, a lowered cap only stops new
-        requests."""
-        preemptor = self._policy.preemptor
-        if preemptor is None:
-            return
-        rules = preemptor.rules
-        now = self._clock.now()
-        view = self._fleet.view(eid, now, self._limits.stale_after_s)
-        own = self._fleet.inflight_on(eid)  # (other replicas' requests are theirs to shed: cluster mode)
-        if view is None or view.instance_class not in rules.classes or own <= view.cap:
-            return
-        slo = self._policy.slo
-        urgent = [r for r in view.running if slo.class_of(r.slo_class).kind in rules.by]
-        protected = min(urgent, key=lambda r: r.itl_s if r.itl_s is not None else math.inf, default=None)
-        req = None if protected is None else self._fleet.request(protected.id)
-        if req is None:
-            return
-        snap = self.snapshot()
-        try:
-            victims = self._victims(view, now, rules)
-            ranked = list(preemptor.rank(req, victims, snap)) if victims else []
-        except Exception as e:
-            self._fault(req, "preemption", e)
-            return
-        excess = own - view.cap
-        for v in ranked[:excess]:
-            if not any(v is c for c in victims):
-                self._fault(
-                    req, "preemption", RuntimeError(f"preemptor {preemptor.name!r} invented a victim")
-                )
-                return
-            model = self._fleet.request(v.running.id)
-            if model is None:
-                continue
-            self._preempt(v, self._queues.of(model.model), out, REASON_CAP)
-
-    def _adjust_all(self) -> None:
-        """Caps after a policy or endpoint change: the controller's, or the configured ones without one."""
-        if self._policy.concurrency is None:
-            for eid in self._fleet.ids():
-                self._fleet.set_cap(eid, _UNBOUNDED)  # clamped to the configured cap
-            return
-        for eid in self._fleet.ids():
-            self._adjust(eid, RequestId(""))

@@ -64,6 +64,6 @@ async def test_serve_settles_the_collector_after_the_first_round_and_before_read
         assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr("gateway.app.settle", settled)
+    monkeypatch.setattr("gateway.app.process.settle", settled)
     await asyncio.wait_for(serve(gw), 30)
     assert seen == ["settle after the first round: True", "ready"]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from gateway.core.clock import FakeClock
 from gateway.core.types import SLO, ApiKind, EndpointHealth, EndpointId, EngineKind, ModelName, RequestId
+from gateway.sched.bookkeeping import COLUMNS_FROM
 from gateway.sched.columns import columns_of, updated
 from gateway.sched.decisions import Dispatch
 from gateway.sched.plugins import default_registry
@@ -25,7 +26,7 @@ from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
 from gateway.sched.registry import PluginKind
 from gateway.sched.request import SchedRequest
-from gateway.sched.scheduler import COLUMNS_FROM, Scheduler
+from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.types import EndpointSpec, QueueLimits
 from tests.unit.sched_builders import view

@@ -176,7 +176,7 @@ def test_a_view_names_every_field_of_its_endpoint() -> None:
         max_batch=48,
         config="tp2",
     )
-    assert len(dataclasses.fields(EndpointView)) == 29  # a new field must be set in `_Endpoint.view`
+    assert len(dataclasses.fields(EndpointView)) == 29  # a new field must be set in `EndpointState.view`
     assert view == expected
 
 
