@@ -38,6 +38,7 @@ class RequestContext:
     sched: SchedRequest | None = None
     task: TaskCall | None = None  # a call of a multi-step task: its place on the task clock
     prompt_chars: int = 0
+    response_id: str | None = None  # a Responses API answer's id (the engine keeps the response)
 
     def fail(self, err: BerthError) -> None:
         # Kept without its traceback: the traceback holds the frames it passed through, one of which

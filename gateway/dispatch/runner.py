@@ -27,6 +27,7 @@ from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.engine_body import engine_body
 from gateway.dispatch.event_stream import ChunkWriter, EventStreamResponse, open_event_stream
+from gateway.dispatch.response_ids import ResponseIds
 from gateway.dispatch.slo_headers import answer_headers, slo_met_now
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
@@ -38,7 +39,7 @@ from gateway.upstream.dialects import dialect_for
 from gateway.upstream.h1 import H1Response, ResponseError
 from gateway.upstream.pool import Pool
 from gateway.upstream.resume import resume_body
-from gateway.upstream.sse import SseRelay, error_event
+from gateway.upstream.sse import SseRelay, error_event, response_usage
 from gateway.upstream.tokenize import tokenize
 
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -67,6 +68,7 @@ class Dispatcher:
         self.auth = auth if auth is not None else EngineAuth()
         # Every engine call's deadlines (headers, then the body's silences), swept by one timer.
         self.deadlines = Deadlines(clock)
+        self.response_ids = ResponseIds()  # where each Responses API answer was made
 
     async def run(
         self,
@@ -135,7 +137,8 @@ class Dispatcher:
                     if resp.status != 200:
                         raise await _error_from(resp, self.deadlines, self.settings.first_byte_timeout_s)
                 except BerthError as e:
-                    if e.retryable and ctx.attempts <= self.settings.max_retries:
+                    # A pinned request needs what its endpoint holds: no other endpoint can answer it.
+                    if e.retryable and ctx.attempts <= self.settings.max_retries and sreq.pinned is None:
                         self.metrics.upstream_retries_of(endpoint.id).inc()
                         exclude = exclude | {endpoint.id}
                         placed = self.driver.acquire(sreq, exclude)
@@ -266,6 +269,10 @@ class Dispatcher:
         rewrite = ctx.client_model != ctx.served_model
         if isinstance(obj, dict):
             usage = obj.get("usage")
+            if ctx.api is ApiKind.RESPONSES:
+                rid = obj.get("id")
+                ctx.response_id = rid if isinstance(rid, str) else None
+                usage = response_usage(usage) if isinstance(usage, dict) else None
             if isinstance(usage, dict):
                 ctx.prompt_tokens = usage.get("prompt_tokens")
                 ctx.output_tokens = int(usage.get("completion_tokens") or 0)
@@ -502,6 +509,8 @@ class _Stream:
 
 def _record_stream(ctx: RequestContext, relay: SseRelay) -> None:
     ctx.first_token_at = relay.first_token_at
+    if ctx.api is ApiKind.RESPONSES:
+        ctx.response_id = relay.stream_id
     ctx.itl_gaps = relay.gaps
     usage = relay.usage
     if usage:

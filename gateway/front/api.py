@@ -28,6 +28,7 @@ from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import ApiKind, ModelName, ParsedRequest
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.slo_headers import error_headers
+from gateway.front import responses_api
 from gateway.front.auth import WWW_AUTHENTICATE, authenticate
 from gateway.front.http import Handler, error_response, read_body, request_id
 from gateway.front.schemas import parse_body
@@ -58,6 +59,8 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
         ctx.client_model = parsed.model
         ctx.stream = parsed.stream
         sreq = await admit(s, ctx, parsed, request.headers.items(), tenant)
+        if api is ApiKind.RESPONSES:
+            sreq = responses_api.pin(s, ctx, sreq, parsed.body, ANONYMOUS if tenant is None else tenant.name)
         seat = s.tenancy.admit(tenant, sreq, s.clock.now())
         # One turn of the loop between the request's front half (read, parse, admit) and its placement
         # and engine call: at saturation a turn runs one step of every request in flight, and this
@@ -223,6 +226,8 @@ def finish(s: Services, ctx: RequestContext, tenant: Tenant | None = None, seat:
         m.client_disconnects_of(model).inc()
     if ctx.preemptions:
         m.resumes_of(model, ctx.outcome).inc()
+    if ctx.response_id is not None:
+        responses_api.record(s, ctx, tenant_name)
     learn(ctx, s.telemetry, s.slo, s.lifecycle_finished)
     if not LEVEL.info:
         return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.core.frozen import frozen
 from gateway.core.slo import Allotment
-from gateway.core.types import SLO, ApiKind, ModelName, RequestId
+from gateway.core.types import SLO, ApiKind, EndpointId, ModelName, RequestId
 
 
 @frozen
@@ -34,3 +34,6 @@ class SchedRequest:
     # A task call's own share of its task SLA (CATO's allotted time for its step; `slo` holds the rest of
     # the task SLA as its deadline): what slack violations are counted against. None: not a task call.
     allotment: Allotment | None = None
+    # The one endpoint it may be placed on (None: any): an engine holds state it needs, e.g. the
+    # Responses API's earlier response (`previous_response_id`) lives where it was made.
+    pinned: EndpointId | None = None
