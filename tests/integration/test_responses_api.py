@@ -29,6 +29,9 @@ async def _two_engines(
     return gw, engines
 
 
+UNHEALTHY_AFTER = 2
+
+
 def _client(url: str, key: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
 
@@ -123,3 +126,22 @@ async def test_streamed_response_relayed_as_the_engine_sent_it(
     async with aiohttp.ClientSession() as http, http.get(gw.url + "/metrics") as r:
         metrics = await r.text()
     assert 'berth_output_tokens_total{model="small"} 4.0' in metrics
+
+
+async def test_no_ready_endpoint_is_berths_404(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    engine = FakeEngine()
+    toml = f"[scrape]\nunhealthy_after = {UNHEALTHY_AFTER}\n"
+    gw = await start_gateway([f"{await engine_server(engine)},engine=vllm"], toml=toml)
+    made = await gw.client().responses.create(model="tiny", input="hi")
+    engine.health_status = 503
+    for _ in range(UNHEALTHY_AFTER):
+        await gw.scrape()
+    async with aiohttp.ClientSession() as http:
+        for url in (f"{gw.url}/v1/responses/{made.id}", f"{gw.url}/v1/responses/resp_never"):
+            async with http.get(url) as r:
+                assert r.status == 404
+                err = (await r.json())["error"]
+                assert (err["code"], err["param"]) == ("not_found", "response_id")
+    assert engine.responses.retrieved == []  # no engine was asked
