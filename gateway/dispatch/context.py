@@ -38,7 +38,8 @@ class RequestContext:
     sched: SchedRequest | None = None
     task: TaskCall | None = None  # a call of a multi-step task: its place on the task clock
     prompt_chars: int = 0
-    response_id: str | None = None  # a Responses API answer's id (the engine keeps the response)
+    # The API key's tenant (set by the front): it owns what the request makes (a Responses API answer).
+    tenant: str = ""
 
     def fail(self, err: BerthError) -> None:
         # Kept without its traceback: the traceback holds the frames it passed through, one of which

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any
 
 import aiohttp
@@ -95,7 +96,13 @@ class Dispatcher:
             assemble=assemble,
         )
         path = ctx.api.path
-        stream = _Stream(ctx, include_usage, client=ctx.stream) if ctx.stream or assemble else None
+        stream = None
+        if ctx.stream or assemble:
+            stream = _Stream(ctx, include_usage, client=ctx.stream)
+            if ctx.api is ApiKind.RESPONSES:
+                # The response is the engine's from its first event on (a background one can be polled
+                # or cancelled while it streams): recorded as soon as the stream names it.
+                stream.relay.on_response = functools.partial(self._record_response, ctx)
         exclude: frozenset[EndpointId] = frozenset()
         placed = self.driver.acquire(sreq, exclude)
         while True:
@@ -177,6 +184,10 @@ class Dispatcher:
                     resp.close()
                 if seated:
                     self.driver.release(sreq.id)
+
+    def _record_response(self, ctx: RequestContext, response_id: str) -> None:
+        if ctx.endpoint is not None:
+            self.response_ids.record(response_id, ctx.endpoint, ctx.tenant)
 
     async def _preempted(
         self,
@@ -271,7 +282,8 @@ class Dispatcher:
             usage = obj.get("usage")
             if ctx.api is ApiKind.RESPONSES:
                 rid = obj.get("id")
-                ctx.response_id = rid if isinstance(rid, str) else None
+                if isinstance(rid, str) and ctx.endpoint is not None:
+                    self.response_ids.record(rid, ctx.endpoint, ctx.tenant)
                 usage = response_usage(usage) if isinstance(usage, dict) else None
             if isinstance(usage, dict):
                 ctx.prompt_tokens = usage.get("prompt_tokens")
@@ -509,8 +521,6 @@ class _Stream:
 
 def _record_stream(ctx: RequestContext, relay: SseRelay) -> None:
     ctx.first_token_at = relay.first_token_at
-    if ctx.api is ApiKind.RESPONSES:
-        ctx.response_id = relay.stream_id
     ctx.itl_gaps = relay.gaps
     usage = relay.usage
     if usage:

@@ -54,13 +54,14 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
         if s.draining:
             raise errors.shutting_down()
         tenant = authenticate(s.settings, request.headers)
+        ctx.tenant = ANONYMOUS if tenant is None else tenant.name
         raw = await read_body(request, s.max_body_bytes)
         parsed = parse_body(api, raw)
         ctx.client_model = parsed.model
         ctx.stream = parsed.stream
         sreq = await admit(s, ctx, parsed, request.headers.items(), tenant)
         if api is ApiKind.RESPONSES:
-            sreq = responses_api.pin(s, ctx, sreq, parsed.body, ANONYMOUS if tenant is None else tenant.name)
+            sreq = responses_api.pin(s, ctx, sreq, parsed.body, ctx.tenant)
         seat = s.tenancy.admit(tenant, sreq, s.clock.now())
         # One turn of the loop between the request's front half (read, parse, admit) and its placement
         # and engine call: at saturation a turn runs one step of every request in flight, and this
@@ -226,8 +227,6 @@ def finish(s: Services, ctx: RequestContext, tenant: Tenant | None = None, seat:
         m.client_disconnects_of(model).inc()
     if ctx.preemptions:
         m.resumes_of(model, ctx.outcome).inc()
-    if ctx.response_id is not None:
-        responses_api.record(s, ctx, tenant_name)
     learn(ctx, s.telemetry, s.slo, s.lifecycle_finished)
     if not LEVEL.info:
         return

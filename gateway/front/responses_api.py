@@ -3,7 +3,8 @@
 that continues it (`previous_response_id`, pinned there: `SchedRequest.pinned`). `POST /v1/responses`
 itself is a generation, run as chat is (gateway.front.api).
 
-Each answer's id is recorded with its endpoint and its tenant (`gateway.dispatch.response_ids`): another
+Each answer's id is recorded with its endpoint and its tenant as soon as the engine names it (the
+dispatcher's `response_ids`: a whole answer's `id`, a stream's `response.created`): another
 tenant's id is berth's 404, as is any id when no endpoint is ready; an id berth does not know (never
 seen, forgotten, or made on an endpoint that has left the fleet) is asked of the ready endpoint with the
 fewest requests in flight, whose answer (usually its 404) is the client's.
@@ -58,12 +59,6 @@ def pin(
         return sreq  # unknown to berth (or made for another model): any endpoint, whose 404 the client gets
     sreq = ctx.sched = replace(sreq, pinned=owner.endpoint)
     return sreq
-
-
-def record(s: Services, ctx: RequestContext, tenant: str) -> None:
-    """Remember where a Responses answer was made (called as the request finishes)."""
-    if ctx.response_id is not None and ctx.endpoint is not None:
-        s.dispatcher.response_ids.record(ctx.response_id, ctx.endpoint, tenant)
 
 
 async def retrieve_or_cancel(request: web.Request) -> web.StreamResponse:

@@ -24,6 +24,7 @@ resumed streams are re-serialised.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
@@ -64,6 +65,7 @@ class SseRelay:
         "generated_ids",
         "include_usage",
         "last_token_at",
+        "on_response",
         "prompt_ids",
         "reasoning",
         "stream_id",
@@ -106,6 +108,7 @@ class SseRelay:
         self.gaps: list[float] = []  # every inter-token gap of the stream (seconds); telemetry needs all
         self.done = False
         self.error: dict[str, Any] | None = None
+        self.on_response: Callable[[str], None] | None = None  # told a Responses stream's id, once
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Consume engine bytes; return the bytes to forward to the client now (possibly empty)."""
@@ -241,6 +244,8 @@ class SseRelay:
             rid, created = response.get("id"), response.get("created_at")
             self.stream_id = rid if isinstance(rid, str) else None
             self.created = int(created) if isinstance(created, int | float) else None
+            if self.stream_id is not None and self.on_response is not None:
+                self.on_response(self.stream_id)
         elif kind in _RESPONSE_ENDS:
             self.done = True
             usage = response.get("usage")

@@ -42,15 +42,20 @@ class FakeResponses:
         rid = f"resp_{self.name}{next(_IDS)}"
         n = min(self.tokens, int(body.get("max_output_tokens") or self.tokens))
         pieces = [f" t{i}" for i in range(n)]
-        if body.get("background"):
+        background, stream = bool(body.get("background")), bool(body.get("stream"))
+        if background and not stream:
             resp = self._response(rid, body, [], "queued", n)
             self.stored[rid] = resp
             return web.json_response(resp)
         done = self._response(rid, body, pieces, "completed", n)
-        if body.get("store", True):
-            self.stored[rid] = done
-        if not body.get("stream"):
+        if not stream:
+            if body.get("store", True):
+                self.stored[rid] = done
             return web.json_response(done)
+        if background:  # kept while it streams, so that it can be retrieved or cancelled meanwhile
+            self.stored[rid] = self._response(rid, body, [], "in_progress", n)
+        elif body.get("store", True):
+            self.stored[rid] = done
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         seq = itertools.count()
@@ -65,6 +70,8 @@ class FakeResponses:
         text = "".join(pieces)
         done_ev = {"item_id": "msg_1", "output_index": 0, "content_index": 0, "text": text, "logprobs": []}
         await out.write(_event("response.output_text.done", seq, **done_ev))
+        if background and self.stored[rid]["status"] != "cancelled":  # a cancelled one stays so
+            self.stored[rid] = done
         await out.write(_event("response.completed", seq, response=done))
         await out.write_eof()
         return out

@@ -4,6 +4,8 @@ engine that made it; another tenant's response is berth's 404, an unknown id the
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import openai
 import pytest
@@ -145,3 +147,26 @@ async def test_no_ready_endpoint_is_berths_404(
                 err = (await r.json())["error"]
                 assert (err["code"], err["param"]) == ("not_found", "response_id")
     assert engine.responses.retrieved == []  # no engine was asked
+
+
+async def test_a_streamed_background_response_is_cancelled_while_it_streams(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    gw, engines = await _two_engines(engine_server, start_gateway)
+    for e in engines.values():
+        e.responses.hold = asyncio.Event()  # each stream waits after its first token
+    a = _client(gw.url, "key-a")
+    stream = await a.responses.create(model="tiny", input="long", background=True, stream=True)
+    events = aiter(stream)
+    created = await anext(events)
+    assert created.type == "response.created"
+    rid = created.response.id
+    assert (await anext(events)).type == "response.in_progress"
+    assert (await anext(events)).type == "response.output_text.delta"  # the engine now holds the rest
+    cancelled = await a.responses.cancel(rid)  # routed by the id the stream named, while it streams
+    assert (cancelled.id, cancelled.status) == (rid, "cancelled")
+    maker = engines[rid[len("resp_")]].responses
+    assert maker.hold is not None
+    maker.hold.set()
+    rest = [e.type async for e in events]
+    assert rest[-1] == "response.completed"
