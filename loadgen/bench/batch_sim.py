@@ -9,9 +9,10 @@ Setup: the classes benchmark's fleet (8 simulated endpoints of `fleet-7b`: 2 int
 (ShareGPT lengths, TTFT 10 s, ATGT 200 ms) arriving as a Poisson process at `--rate` for `--duration`.
 The batch is fed as berth's batch runner feeds one (gateway.batch.runner): `--lines` chat lines of
 ShareGPT lengths, `--in-flight` of them in the gateway at a time (`[batch] max_lines_in_flight`), the
-next line sent as soon as one finishes, each in the `batch` class with the window's end as its deadline
-(`x-berth-deadline-ms`; the simulator's calls carry a fixed SLO, so each line's deadline is the window
-from its own send: with a 24 h window it never binds, as on the live path).
+next unsent line fed as soon as any line ends (`FeederSimulation`), each in the `batch` class with
+the window's end as its deadline (`x-berth-deadline-ms`; the simulator's calls carry a fixed SLO, so
+each line's deadline is the window from its own send: with a 24 h window it never binds, as on the live
+path).
 
 Three runs with the same seed (the same interactive trace, the same lines):
 - `interactive`: interactive chat alone, the baseline attainment (TTFT and ATGT met; unfinished missed);
@@ -31,9 +32,11 @@ output tokens per second over time; needs matplotlib, the `plot` extra).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +49,8 @@ from loadgen.bench.classes import ENGINE_SEATS as SEATS
 from loadgen.bench.classes_report import summarize
 from loadgen.bench.entry import config_or_reason, run_bench, say
 from loadgen.engine_sim.fleet import load_fleet_file
-from loadgen.fleetsim import SimOptions, simulate
+from loadgen.fleetsim import SimOptions
+from loadgen.fleetsim.sim import Simulation
 from loadgen.report import Report
 from loadgen.workloads.arrivals import arrival_fn
 from loadgen.workloads.base import CallSpec, Slo, TaskSpec
@@ -94,32 +98,55 @@ def interactive_tasks(cfg: Config) -> list[TaskSpec]:
     return ChatBacklogWorkload("0").schedule(cfg.rate, cfg.duration_s, arrivals, random.Random(cfg.seed + 1))
 
 
-def batch_tasks(cfg: Config, first_index: int, in_flight: int) -> list[TaskSpec]:
-    """The batch as the runner feeds it: `in_flight` chains of lines from t = 0, each chain sending its
-    next line when the one before finishes (line i in chain i mod in_flight)."""
+def batch_lines(cfg: Config, first_index: int) -> list[TaskSpec]:
+    """The batch's lines, one task each, in file order (the same for every run of a seed)."""
     rng = random.Random(cfg.seed + 2)
     slo = Slo(e2e_ms=WINDOW_S * 1000.0)  # the window's end, as the deadline header
-    lines = [
-        CallSpec(
-            sharegpt_prompt(rng),
-            sharegpt_output(rng),
-            cls="batch",
-            slo=slo,
-            slo_class="batch",
-            slo_headers=True,
+    return [
+        TaskSpec(
+            first_index + i,
+            0.0,
+            "batch",
+            (
+                CallSpec(
+                    sharegpt_prompt(rng),
+                    sharegpt_output(rng),
+                    cls="batch",
+                    slo=slo,
+                    slo_class="batch",
+                    slo_headers=True,
+                ),
+            ),
         )
-        for _ in range(cfg.lines)
+        for i in range(cfg.lines)
     ]
-    chains = min(in_flight, cfg.lines)
-    return [TaskSpec(first_index + k, 0.0, "batch", tuple(lines[k::chains])) for k in range(chains)]
 
 
-def schedule(cfg: Config, run: str) -> tuple[TaskSpec, ...]:
+def schedule(cfg: Config, run: str) -> tuple[tuple[TaskSpec, ...], list[TaskSpec]]:
+    """(what arrives on its own: the interactive chat and the first `in_flight` lines at t = 0, the
+    lines fed later as lines finish)."""
     inter = interactive_tasks(cfg) if run != "batch" else []
+    lines = batch_lines(cfg, len(inter)) if run != "interactive" else []
     # The batch alone measures the fleet's capacity: fed to fill every seat, whatever `in_flight` is.
     in_flight = max(cfg.in_flight, FLEET_SEATS) if run == "batch" else cfg.in_flight
-    batch = batch_tasks(cfg, len(inter), in_flight) if run != "interactive" else []
-    return tuple(sorted([*inter, *batch], key=lambda t: (t.at_s, t.index)))
+    first, rest = lines[:in_flight], lines[in_flight:]
+    return tuple(sorted([*inter, *first], key=lambda t: (t.at_s, t.index))), rest
+
+
+class FeederSimulation(Simulation):
+    """The fleet simulator with the batch runner's feeder: each batch line that ends (answered or not)
+    lets the next unsent line in, so `in_flight` lines are in the gateway until the batch runs out."""
+
+    def __init__(self, opts: SimOptions, pending: list[TaskSpec]) -> None:
+        super().__init__(opts)
+        self._pending = deque(pending)
+
+    def _task_done(self, task: Any, ok: bool) -> None:
+        super()._task_done(task, ok)
+        if task.spec.task_type == "batch" and self._pending:
+            spec = dataclasses.replace(self._pending.popleft(), at_s=self.clock.t)
+            self._open_tasks += 1
+            self._arrive(spec)
 
 
 # --------------------------------------------------------------------- one run
@@ -129,6 +156,7 @@ def run_one(cfg: Config, run: str) -> Report:
     (d / "fleet.toml").write_text(fleet_file(SEATS))
     (d / "gateway.toml").write_text(gateway_toml())
     (d / "policy.toml").write_text(policy_text(BERTH))
+    first, rest = schedule(cfg, run)
     opts = SimOptions(
         policy=d / "policy.toml",
         fleet=tuple(load_fleet_file(d / "fleet.toml")),
@@ -142,9 +170,10 @@ def run_one(cfg: Config, run: str) -> Report:
         stall_timeout_s=DRAIN_S,
         drain_timeout_s=DRAIN_S,
         sample_every_s=SAMPLE_S,
-        schedule=schedule(cfg, run),
+        schedule=first,
     )
-    return simulate(opts)
+    random.seed(cfg.seed)  # as `simulate` does: nothing should read the global RNG
+    return FeederSimulation(opts, rest).run()
 
 
 def output_rate(report: Report, cls: str, window_s: float) -> list[tuple[float, float]]:

@@ -7,29 +7,33 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.bench.batch_sim import FLEET_SEATS, Config, allowed_time, batch_tasks, bench, passed, schedule
+from loadgen.bench.batch_sim import FLEET_SEATS, Config, allowed_time, bench, passed, schedule
 
 
 def test_the_batch_is_fed_in_flight_lines_at_a_time() -> None:
-    cfg = Config(Path("."), lines=10, in_flight=4)
-    chains = batch_tasks(cfg, 100, cfg.in_flight)
-    assert [len(t.calls) for t in chains] == [3, 3, 2, 2]  # every line once, in 4 chains from t = 0
-    assert {t.at_s for t in chains} == {0.0}
-    assert [t.index for t in chains] == [100, 101, 102, 103]
-    call = chains[0].calls[0]
+    cfg = Config(Path("."), lines=10, duration_s=30.0, in_flight=4)
+    first, rest = schedule(cfg, "both")
+    inter = [t for t in first if t.task_type == "interactive"]
+    lines = [t for t in first if t.task_type == "batch"]
+    assert [t.index for t in lines] == [len(inter) + i for i in range(4)]  # the first 4 lines at t = 0
+    assert {t.at_s for t in lines} == {0.0}
+    assert [t.index for t in rest] == [len(inter) + i for i in range(4, 10)]  # fed as lines end
+    call = lines[0].calls[0]
     assert (call.cls, call.slo_class, call.slo_headers) == ("batch", "batch", True)
     assert call.slo.e2e_ms == 24 * 3600 * 1000.0  # the window's end as the deadline
 
 
 def test_the_runs_share_the_interactive_trace() -> None:
     cfg = Config(Path("."), lines=20, duration_s=30.0, in_flight=4)
-    inter = list(schedule(cfg, "interactive"))
-    both = [t for t in schedule(cfg, "both") if t.task_type == "interactive"]
-    assert inter == both
+    inter, none = schedule(cfg, "interactive")
+    both = [t for t in schedule(cfg, "both")[0] if t.task_type == "interactive"]
+    assert list(inter) == both
     assert inter
-    alone = schedule(cfg, "batch")
+    assert none == []
+    alone, rest = schedule(cfg, "batch")
     assert len(alone) == min(cfg.lines, FLEET_SEATS)  # the batch alone fills the fleet
     assert all(t.task_type == "batch" for t in alone)
+    assert rest == []
 
 
 @pytest.mark.parametrize(
