@@ -53,6 +53,7 @@ BENCHMARKS: dict[str, str] = {
     "maaso": "loadgen.bench.maaso",
     "overhead": "loadgen.bench.overhead",
     "overhead-profile": "loadgen.bench.overhead_profile",
+    "batch-sim": "loadgen.bench.batch_sim",
 }
 
 

@@ -40,6 +40,7 @@ class ApiKind(enum.StrEnum):
     CHAT = "chat"
     COMPLETION = "completion"
     EMBEDDING = "embedding"
+    RESPONSES = "responses"  # the Responses API (vLLM serves it; the engine keeps the response)
 
     @property
     def path(self) -> str:
@@ -50,6 +51,7 @@ _API_PATHS: dict[ApiKind, str] = {
     ApiKind.CHAT: "/v1/chat/completions",
     ApiKind.COMPLETION: "/v1/completions",
     ApiKind.EMBEDDING: "/v1/embeddings",
+    ApiKind.RESPONSES: "/v1/responses",
 }
 
 

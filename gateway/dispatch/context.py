@@ -47,6 +47,8 @@ class RequestContext:
     prefix_keys: PromptKeys | None = None
     cached_tokens: int = 0
     answer_text: str | None = None
+    # The API key's tenant (set by the front): it owns what the request makes (a Responses API answer).
+    tenant: str = ""
 
     def fail(self, err: BerthError) -> None:
         # Kept without its traceback: the traceback holds the frames it passed through, one of which

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any
 
 import aiohttp
@@ -27,6 +28,7 @@ from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.engine_body import engine_body
 from gateway.dispatch.event_stream import ChunkWriter, EventStreamResponse, open_event_stream
+from gateway.dispatch.response_ids import ResponseIds
 from gateway.dispatch.slo_headers import answer_headers, slo_met_now
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
@@ -40,7 +42,7 @@ from gateway.upstream.dialects import dialect_for
 from gateway.upstream.h1 import H1Response, ResponseError
 from gateway.upstream.pool import Pool
 from gateway.upstream.resume import resume_body
-from gateway.upstream.sse import SseRelay, error_event
+from gateway.upstream.sse import SseRelay, error_event, response_usage
 from gateway.upstream.tokenize import tokenize
 
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -71,6 +73,7 @@ class Dispatcher:
         self.prefix = prefix  # told what was sent where (the approximate source of the prefix index)
         # Every engine call's deadlines (headers, then the body's silences), swept by one timer.
         self.deadlines = Deadlines(clock)
+        self.response_ids = ResponseIds()  # where each Responses API answer was made
 
     async def run(
         self,
@@ -97,7 +100,13 @@ class Dispatcher:
             assemble=assemble,
         )
         path = ctx.api.path
-        stream = _Stream(ctx, include_usage, client=ctx.stream) if ctx.stream or assemble else None
+        stream = None
+        if ctx.stream or assemble:
+            stream = _Stream(ctx, include_usage, client=ctx.stream)
+            if ctx.api is ApiKind.RESPONSES:
+                # The response is the engine's from its first event on (a background one can be polled
+                # or cancelled while it streams): recorded as soon as the stream names it.
+                stream.relay.on_response = functools.partial(self._record_response, ctx)
         exclude: frozenset[EndpointId] = frozenset()
         placed = self.driver.acquire(sreq, exclude)
         while True:
@@ -141,7 +150,8 @@ class Dispatcher:
                     if resp.status != 200:
                         raise await _error_from(resp, self.deadlines, self.settings.first_byte_timeout_s)
                 except BerthError as e:
-                    if e.retryable and ctx.attempts <= self.settings.max_retries:
+                    # A pinned request needs what its endpoint holds: no other endpoint can answer it.
+                    if e.retryable and ctx.attempts <= self.settings.max_retries and sreq.pinned is None:
                         self.metrics.upstream_retries_of(endpoint.id).inc()
                         exclude = exclude | {endpoint.id}
                         placed = self.driver.acquire(sreq, exclude)
@@ -180,6 +190,10 @@ class Dispatcher:
                     resp.close()
                 if seated:
                     self.driver.release(sreq.id)
+
+    def _record_response(self, ctx: RequestContext, response_id: str) -> None:
+        if ctx.endpoint is not None:
+            self.response_ids.record(response_id, ctx.endpoint, ctx.tenant)
 
     async def _preempted(
         self,
@@ -272,6 +286,11 @@ class Dispatcher:
         rewrite = ctx.client_model != ctx.served_model
         if isinstance(obj, dict):
             usage = obj.get("usage")
+            if ctx.api is ApiKind.RESPONSES:
+                rid = obj.get("id")
+                if isinstance(rid, str) and ctx.endpoint is not None:
+                    self.response_ids.record(rid, ctx.endpoint, ctx.tenant)
+                usage = response_usage(usage) if isinstance(usage, dict) else None
             if isinstance(usage, dict):
                 ctx.prompt_tokens = usage.get("prompt_tokens")
                 ctx.output_tokens = int(usage.get("completion_tokens") or 0)

@@ -28,6 +28,7 @@ from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import ApiKind, ModelName, ParsedRequest
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.slo_headers import error_headers
+from gateway.front import responses_api
 from gateway.front.auth import WWW_AUTHENTICATE, authenticate
 from gateway.front.http import Handler, error_response, read_body, request_id
 from gateway.front.schemas import parse_body
@@ -53,11 +54,14 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
         if s.draining:
             raise errors.shutting_down()
         tenant = authenticate(s.settings, request.headers)
+        ctx.tenant = ANONYMOUS if tenant is None else tenant.name
         raw = await read_body(request, s.max_body_bytes)
         parsed = parse_body(api, raw)
         ctx.client_model = parsed.model
         ctx.stream = parsed.stream
         sreq = await admit(s, ctx, parsed, request.headers.items(), tenant)
+        if api is ApiKind.RESPONSES:
+            sreq = responses_api.pin(s, ctx, sreq, parsed.body, ctx.tenant)
         seat = await take_seat(s, tenant, sreq)
         # One turn of the loop between the request's front half (read, parse, admit) and its placement
         # and engine call: at saturation a turn runs one step of every request in flight, and this

@@ -63,9 +63,9 @@ async def model_route(request: web.Request) -> web.StreamResponse:
             raise errors.no_ready_endpoint(served, s.scheduler.limits.retry_after_s)
         if served != model:
             raw = orjson.dumps({**body, "model": served})
-        return await _forward(s, ep, request, raw, rid)
+        return await forward(s, ep, request, raw, rid)
     except BerthError as e:
-        return _refused(e, rid)
+        return refused(e, rid)
 
 
 async def form_route(request: web.Request) -> web.StreamResponse:
@@ -96,9 +96,9 @@ async def form_route(request: web.Request) -> web.StreamResponse:
                 form.add_field(name, value.file, filename=value.filename, content_type=value.content_type)
             else:
                 form.add_field(name, served if name == "model" else str(value))
-        return await _forward(s, ep, request, form, rid)
+        return await forward(s, ep, request, form, rid)
     except BerthError as e:
-        return _refused(e, rid)
+        return refused(e, rid)
 
 
 async def version(request: web.Request) -> web.Response:
@@ -109,21 +109,22 @@ async def version(request: web.Request) -> web.Response:
         ready = [e for e in s.scheduler.snapshot().endpoints if e.health is EndpointHealth.READY]
         if not ready:
             raise errors.no_ready_endpoint("any", s.scheduler.limits.retry_after_s)
-        return await _forward(s, min(ready, key=lambda e: e.inflight), request, None, rid)
+        return await forward(s, min(ready, key=lambda e: e.inflight), request, None, rid)
     except BerthError as e:
-        return _refused(e, rid)
+        return refused(e, rid)
 
 
-async def _forward(
+async def forward(
     s: Services, ep: EndpointView, request: web.Request, raw: bytes | aiohttp.FormData | None, rid: str
 ) -> web.Response:
+    """`request` sent to `ep` (same method, path and query; `raw` as its body); the engine's answer."""
     headers = {**s.engine_auth.headers(ep.id), "X-Request-Id": rid}
     if isinstance(raw, bytes):
         headers["Content-Type"] = "application/json"
     timeout = aiohttp.ClientTimeout(total=None, sock_read=s.dispatcher.settings.first_byte_timeout_s)
     try:
         async with s.session().request(
-            request.method, ep.url + request.path, data=raw, headers=headers, timeout=timeout
+            request.method, ep.url + request.path_qs, data=raw, headers=headers, timeout=timeout
         ) as resp:
             s.engine_auth.result(ep.id, request.path, resp.status)
             data = await resp.content.read(_ANSWER_LIMIT)
@@ -146,7 +147,8 @@ def _object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _refused(e: BerthError, rid: str) -> web.Response:
+def refused(e: BerthError, rid: str) -> web.Response:
+    """berth's own answer to a call it refused (OpenAI-shaped)."""
     resp = error_response(e, rid)
     if e.status == 401:
         resp.headers.update(WWW_AUTHENTICATE)

@@ -1,11 +1,12 @@
 """The route tables: every path berth answers, with a 405 for other methods and an OpenAI-shaped 404 for
 anything else.
 
-The public listener serves the OpenAI routes (and the Files and Batches API), the engines' other routes
-(gateway.front.passthrough), /v1/models, /healthz and /readyz, and, unless an ops
-listener is configured ([ops] listen), /metrics and /admin/*. The ops listener serves /metrics,
-/healthz, /readyz and /admin/*. /healthz and /readyz stay on the public listener in both cases: load
-balancers probe the port they send traffic to, and neither says more than "alive" / "ready".
+The public listener serves the OpenAI routes (and the Files and Batches API, and the Responses API's
+retrieve and cancel: gateway.front.responses_api), the engines' other routes
+(gateway.front.passthrough), /v1/models, /healthz and /readyz, and, unless an ops listener is configured
+([ops] listen), /metrics and /admin/*. The ops listener serves /metrics, /healthz, /readyz and /admin/*.
+/healthz and /readyz stay on the public listener in both cases: load balancers probe the port they send
+traffic to, and neither says more than "alive" / "ready".
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Final
 from aiohttp import web
 
 from gateway.core.types import ApiKind
-from gateway.front import batches_api, files_api, ops, passthrough
+from gateway.front import batches_api, files_api, ops, passthrough, responses_api
 from gateway.front.admin import CLUSTER_PATH, FLEET_PATH, LOOP_LAG_PATH, cluster, fleet, loop_lag
 from gateway.front.api import make_api_handler
 from gateway.front.files_api import BatchHandler, batch_route
@@ -59,6 +60,10 @@ def add_routes(app: web.Application, services: Services, *, with_ops: bool = Tru
         r.add_post(path, passthrough.form_route)
         r.add_route("*", path, method_not_allowed("POST"))
     _add_get(app, ((passthrough.VERSION_ROUTE, passthrough.version),))
+    r.add_get(responses_api.RETRIEVE_ROUTE, responses_api.retrieve_or_cancel)
+    r.add_route("*", responses_api.RETRIEVE_ROUTE, method_not_allowed("GET"))
+    r.add_post(responses_api.CANCEL_ROUTE, responses_api.retrieve_or_cancel)
+    r.add_route("*", responses_api.CANCEL_ROUTE, method_not_allowed("POST"))
     for path, methods in _BATCH.items():
         for method, handler in methods.items():
             r.add_route(method, path, batch_route(handler))

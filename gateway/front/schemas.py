@@ -30,6 +30,8 @@ def parse_body(api: ApiKind, raw: bytes) -> ParsedRequest:
     stream = get("stream")
     if stream is not None and stream is not True and stream is not False:
         raise _field("stream", "must be a boolean")
+    if api is ApiKind.RESPONSES:
+        return _responses(body, model, bool(stream))
     include_usage = False
     so = get("stream_options")
     if so is not None:
@@ -57,6 +59,44 @@ def parse_body(api: ApiKind, raw: bytes) -> ParsedRequest:
         if stream:
             raise _field("stream", "is not supported for embeddings")
     return ParsedRequest(api, body, model, bool(stream), include_usage, max_tokens, chars)
+
+
+def _responses(body: dict[str, Any], model: str, stream: bool) -> ParsedRequest:
+    """A Responses API request (`input`: a string or a list of items; `max_output_tokens`). Its stream
+    always ends with the usage (`response.completed`), so berth asks for nothing more: include_usage
+    True leaves the body as the client sent it."""
+    mot = body.get("max_output_tokens")
+    max_tokens = None if mot is None else _pos_int("max_output_tokens", mot)
+    prev = body.get("previous_response_id")
+    if prev is not None and (not isinstance(prev, str) or not prev):
+        raise _field("previous_response_id", "must be a non-empty string")
+    chars = _input_chars(body.get("input"))
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        chars += len(instructions)
+    return ParsedRequest(ApiKind.RESPONSES, body, model, stream, True, max_tokens, chars)
+
+
+def _input_chars(items: object) -> int:
+    """The text characters of a Responses `input`: a string, or items whose `content` is a string or a
+    list of parts with `text` (other items, such as a tool call's output, count their `output`)."""
+    if isinstance(items, str):
+        return len(items)
+    if not isinstance(items, list) or not items:
+        raise _field("input", "is required and must be a string or a non-empty array of items")
+    chars = 0
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise _field(f"input[{i}]", "must be an object")
+        content = item.get("content", item.get("output"))
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, dict) else None
+                if isinstance(text, str):
+                    chars += len(text)
+    return chars
 
 
 def _field(path: str, problem: str) -> errors.BerthError:

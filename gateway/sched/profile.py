@@ -47,9 +47,17 @@ class WeightedScorer:
 
 
 def eligible(req: SchedRequest, snap: FleetSnapshot) -> list[EndpointView]:
-    """Endpoints that serve the model, are not unhealthy or starting, and have room under their cap."""
+    """Endpoints that serve the model (or the one it is pinned to), are not unhealthy or starting, and
+    have room under their cap."""
     model, ready = req.model, EndpointHealth.READY
     # `inflight < cap` is EndpointView.has_room, spelled out: this runs for every endpoint per placement.
+    if req.pinned is not None:
+        pinned = req.pinned
+        return [
+            e
+            for e in snap.endpoints
+            if e.id == pinned and model in e.models and e.health is ready and e.inflight < e.cap
+        ]
     return [e for e in snap.endpoints if model in e.models and e.health is ready and e.inflight < e.cap]
 
 
@@ -130,7 +138,12 @@ class SchedulerProfile:
         Over the snapshot's columns when the profile is columnar and they are its endpoints'."""
         cols = snap.columns
         columnar = self._columnar
-        if cols is not None and columnar is not None and cols.endpoints is snap.endpoints:
+        if (
+            cols is not None
+            and columnar is not None
+            and cols.endpoints is snap.endpoints
+            and req.pinned is None
+        ):
             return self._place_columns(req, snap, cols, columnar)
         candidates = self._filter(req, eligible(req, snap), snap, 0)
         if not candidates:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.core.frozen import frozen
 from gateway.core.slo import Allotment
-from gateway.core.types import SLO, ApiKind, ModelName, RequestId
+from gateway.core.types import SLO, ApiKind, EndpointId, ModelName, RequestId
 from gateway.sched.prefix import NO_HITS, PrefixHits
 
 
@@ -38,3 +38,6 @@ class SchedRequest:
     # Prompt tokens each endpoint is predicted to hold in its prefix cache (the prefix index, looked up
     # once at admission): predictions charge prefill on the rest only (gateway.sched.prefix).
     cached: PrefixHits = NO_HITS
+    # The one endpoint it may be placed on (None: any): an engine holds state it needs, e.g. the
+    # Responses API's earlier response (`previous_response_id`) lives where it was made.
+    pinned: EndpointId | None = None

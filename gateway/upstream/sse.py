@@ -9,6 +9,12 @@ content, and every gap between tokens.
 Per event it does one `orjson.loads`; the event's bytes are forwarded as they came (with the model name
 rewritten when the client used an alias), so the hot path never re-serialises JSON.
 
+The Responses API's stream (`event: response.output_text.delta` then `data: {...}`, no `[DONE]`: it ends
+with `response.completed`, `response.incomplete` or `response.failed`) is relayed byte for byte as well
+and read the same way: each delta event of generated text, reasoning or a tool call's arguments is one
+token (vLLM sends one per engine step, as for chat), `response.created` names the response, and the
+final event's usage (`input_tokens`, `output_tokens`) is kept as `prompt_tokens`/`completion_tokens`.
+
 A preempted stream goes on with the engine stream of its resumed call (`resume()`): the relay then
 stitches that stream onto what the client already has, so that the client sees one stream: the first
 stream's `id` and `created` in every chunk, no second role chunk, and one usage report whose prompt
@@ -18,7 +24,8 @@ resumed streams are re-serialised.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 import orjson
 
@@ -26,6 +33,19 @@ _DONE = b"[DONE]"
 #: Delta fields other than `content` that carry generated tokens (vLLM writes `reasoning_content`, newer
 #: releases `reasoning`; SGLang `reasoning_content`).
 _GENERATED_FIELDS = frozenset(("reasoning_content", "reasoning", "tool_calls"))
+#: The Responses API's delta events that carry generated tokens, with what they are: answer text,
+#: reasoning, or a tool call.
+_RESPONSE_DELTAS: Final = {
+    "response.output_text.delta": "text",
+    "response.refusal.delta": "text",
+    "response.reasoning_text.delta": "reasoning",
+    "response.reasoning_summary_text.delta": "reasoning",
+    "response.function_call_arguments.delta": "tool",
+    "response.custom_tool_call_input.delta": "tool",
+    "response.mcp_call_arguments.delta": "tool",
+}
+#: The events that end a Responses stream (each carries the whole response, with its usage).
+_RESPONSE_ENDS: Final = frozenset(("response.completed", "response.incomplete", "response.failed"))
 
 
 class SseRelay:
@@ -45,6 +65,7 @@ class SseRelay:
         "generated_ids",
         "include_usage",
         "last_token_at",
+        "on_response",
         "prompt_ids",
         "reasoning",
         "stream_id",
@@ -87,6 +108,7 @@ class SseRelay:
         self.gaps: list[float] = []  # every inter-token gap of the stream (seconds); telemetry needs all
         self.done = False
         self.error: dict[str, Any] | None = None
+        self.on_response: Callable[[str], None] | None = None  # told a Responses stream's id, once
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Consume engine bytes; return the bytes to forward to the client now (possibly empty)."""
@@ -124,6 +146,8 @@ class SseRelay:
         return b""
 
     def _event(self, event: bytes, now: float | None) -> bytes | None:
+        if event.startswith(b"event:"):
+            return self._named(event, now)
         if not event.startswith(b"data:"):
             # comments (": ping") and other fields pass through untouched
             return event + b"\n\n" if event.strip() else None
@@ -179,6 +203,72 @@ class SseRelay:
         if self._model_from:
             return b"data: " + self._rename(payload) + b"\n\n"
         return whole if whole is not None else b"data: " + payload + b"\n\n"
+
+    def _named(self, event: bytes, now: float | None) -> bytes:
+        """A named event (the Responses API's `event: <type>` line, then its `data:`): read, and
+        forwarded as it came (with the model renamed)."""
+        nl = event.find(b"\n")
+        data = event[nl + 1 :] if nl >= 0 else b""
+        if data.startswith(b"data:"):
+            try:
+                obj = orjson.loads(data[5:])
+            except orjson.JSONDecodeError:
+                obj = None
+            if type(obj) is dict:
+                self._response_event(obj, now)
+        if self._model_from:
+            event = self._rename(event)
+        return event + b"\n\n"
+
+    def _response_event(self, obj: dict[str, Any], now: float | None) -> None:
+        kind = obj.get("type")
+        what = _RESPONSE_DELTAS.get(kind) if type(kind) is str else None
+        if what is not None:
+            delta = obj.get("delta")
+            if type(delta) is not str or not delta:
+                return
+            if what == "text":
+                self.text.append(delta)
+            elif what == "reasoning":
+                self.reasoning.append(delta)
+            else:
+                self.tool_calls = True
+            self._token(now, content=what == "text")
+            return
+        response = obj.get("response")
+        if type(response) is not dict:
+            if kind == "error":
+                self.error = {"message": str(obj.get("message")), "code": obj.get("code")}
+            return
+        if kind == "response.created" and self.stream_id is None:
+            rid, created = response.get("id"), response.get("created_at")
+            self.stream_id = rid if isinstance(rid, str) else None
+            self.created = int(created) if isinstance(created, int | float) else None
+            if self.stream_id is not None and self.on_response is not None:
+                self.on_response(self.stream_id)
+        elif kind in _RESPONSE_ENDS:
+            self.done = True
+            usage = response.get("usage")
+            if type(usage) is dict:
+                self.usage = response_usage(usage)
+            status = response.get("status")
+            self.finish_reason = status if isinstance(status, str) else None
+            if kind == "response.failed":
+                err = response.get("error")
+                self.error = err if type(err) is dict else {"message": "the engine failed the response"}
+
+    def _token(self, now: float | None, *, content: bool) -> None:
+        """One generated token seen at `now` (`content`: text a client can show)."""
+        self.tokens += 1
+        if now is None:
+            return
+        if content and self.first_content_at is None:
+            self.first_content_at = now
+        if self.first_token_at is None:
+            self.first_token_at = now
+        elif self.last_token_at is not None:
+            self.gaps.append(now - self.last_token_at)
+        self.last_token_at = now
 
     def collect_ids(self) -> None:
         """The engine was asked for token ids (a completion that may be resumed): keep them for the
@@ -351,6 +441,16 @@ class _Stitch:
         out = {**usage, "prompt_tokens": prompt, "completion_tokens": completion}
         out["total_tokens"] = prompt + completion
         return out
+
+
+def response_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API usage (`input_tokens`, `output_tokens`) in the completions' words, which the
+    metrics and the tenants' accounting read."""
+    prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    out = {**usage, "prompt_tokens": prompt, "completion_tokens": completion}
+    if isinstance(prompt, int) and isinstance(completion, int):
+        out["total_tokens"] = prompt + completion
+    return out
 
 
 def error_event(body: dict[str, Any]) -> bytes:

@@ -18,6 +18,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.dispatch.event_stream import EventStreamResponse
+from tests.integration.fake_responses import FakeResponses
 
 
 @dataclass
@@ -72,6 +73,8 @@ class FakeEngine:
     # With a key: every route answers 401 without `Authorization: Bearer <api_key>`.
     api_key: str | None = None
     authorization: dict[str, list[str | None]] = field(default_factory=dict)  # path -> what each call sent
+    # The Responses API (its own state: the responses this engine keeps).
+    responses: FakeResponses = field(default_factory=FakeResponses)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth])
@@ -84,6 +87,7 @@ class FakeEngine:
         app.router.add_get("/version", self._version)
         app.router.add_post("/v1/audio/transcriptions", self._transcribe)
         app.router.add_get("/metrics", self._metrics)
+        self.responses.add_routes(app)
         return app
 
     @web.middleware

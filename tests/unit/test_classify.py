@@ -124,4 +124,7 @@ def test_the_request_holds_each_value_under_its_own_name() -> None:
         allotment=allot,
         cached=hits,
     )
-    assert len(dataclasses.fields(SchedRequest)) == 17  # a new field must be passed by to_sched_request
+    # A new field must be passed by to_sched_request; `pinned` (last) is set by the front afterwards.
+    assert len(dataclasses.fields(SchedRequest)) == 18
+    assert dataclasses.fields(SchedRequest)[-1].name == "pinned"
+    assert r.pinned is None

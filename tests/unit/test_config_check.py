@@ -107,7 +107,7 @@ def test_a_policy_file_reports_every_problem(tmp_path: Path) -> None:
             "slo.default_class: unknown SLO class 'zzz' (known: chat)",
             "slo.rules[0].class: unknown SLO class 'nah' (known: chat)",
             "slo.rules[0].path: unknown path '/v2' (known: /v1/chat/completions, /v1/completions, "
-            "/v1/embeddings)",
+            "/v1/embeddings, /v1/responses)",
             "ordering.plugin: unknown ordering plugin 'lifo' (known: edf, fcfs, priority-bands, slack)",
             "placement.picker.plugin: unknown picker plugin 'nope' "
             "(known: cato-slack, max-score, power-of-two, round-robin)",

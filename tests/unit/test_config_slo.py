@@ -107,7 +107,7 @@ def test_a_policy_without_slo_has_one_class_without_targets() -> None:
         pytest.param(
             '[slo]\n[[slo.classes]]\nname = "a"\n[[slo.rules]]\nclass = "a"\npath = "/v1/chat"\n',
             "p.toml:slo.rules[0].path: unknown path '/v1/chat' "
-            "(known: /v1/chat/completions, /v1/completions, /v1/embeddings)",
+            "(known: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses)",
             id="unknown-path",
         ),
         pytest.param(

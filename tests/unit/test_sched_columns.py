@@ -204,3 +204,24 @@ def test_prefix_holders_over_columns_chooses_what_the_plain_path_chooses(
     plain = profile.place(req, FleetSnapshot(now=0.0, endpoints=views))
     columnar = profile.place(req, FleetSnapshot(now=0.0, endpoints=views, columns=columns_of(views)))
     assert plain is columnar
+
+
+def test_a_pinned_request_is_placed_on_its_endpoint_only_over_columns_too() -> None:
+    holders = PrefixHoldersFilter(PrefixHoldersParams())
+    scorers = (WeightedScorer(LeastOutstandingScorer(), 1.0),)
+    profile = SchedulerProfile(filters=(holders,), scorers=scorers, picker=MaxScorePicker())
+    views = tuple(make(i, {**e, "inflight": i}) for i, e in enumerate([_READY] * 4))
+    snap = FleetSnapshot(now=0.0, endpoints=views, columns=columns_of(views))
+    assert profile.place(request(), snap) is views[0]  # the least loaded
+    pinned = dataclasses.replace(request(), pinned=views[2].id)
+    assert profile.place(pinned, snap) is views[2]
+    assert profile.place(pinned, FleetSnapshot(now=0.0, endpoints=views)) is views[2]
+
+
+_READY: dict[str, object] = {
+    "inflight": 0,
+    "cap": 8,
+    "health": EndpointHealth.READY,
+    "models": ("m",),
+    "waiting": 0.0,
+}

@@ -130,6 +130,22 @@ def test_only_ready_endpoints_serving_the_model_with_room_are_eligible(
     assert len(picker.calls) == (1 if is_eligible else 0), "the picker is never called with nothing"
 
 
+@pytest.mark.parametrize(
+    ("pinned", "expected"),
+    [
+        pytest.param("b", ["b"], id="its-endpoint-only"),
+        pytest.param("full", [], id="its-endpoint-has-no-room"),
+        pytest.param("other-model", [], id="its-endpoint-no-longer-serves-the-model"),
+        pytest.param("gone", [], id="its-endpoint-left"),
+        pytest.param(None, ["a", "b"], id="not-pinned"),
+    ],
+)
+def test_a_pinned_request_is_eligible_only_on_its_endpoint(pinned: str | None, expected: list[str]) -> None:
+    snap = snapshot(view("a"), view("b"), view("full", cap=0), view("other-model", models=("x",)))
+    req = dataclasses.replace(request(), pinned=None if pinned is None else EndpointId(pinned))
+    assert [e.id for e in eligible(req, snap)] == expected
+
+
 def test_filters_see_only_eligible_candidates_in_order_of_the_pipeline() -> None:
     ok, full, sick = (
         view("ok"),
