@@ -100,8 +100,8 @@ from gateway.telemetry.waiting import wait_for_position
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.profiles import get_profile
-from loadgen.engine_sim.protocol import TOKEN_TEXT
 from loadgen.engine_sim.spec import EndpointSpec
+from loadgen.engine_sim.tokens import TOKEN_TEXT
 from loadgen.prompts import CHAT_TEMPLATE_TOKENS, prompt_text
 from loadgen.workloads.sharegpt import OUTPUT_RANGE, sharegpt_output, sharegpt_prompt
 

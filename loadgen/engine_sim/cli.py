@@ -68,6 +68,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, default=1.0, help="time scale: 10 runs everything ten times faster")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
+    c = p.add_argument_group("prefix cache and KV events (docs/engine-simulator.md)")
+    c.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="automatic prefix caching (default: the profile's setting)",
+    )
+    c.add_argument("--block-size", type=int, help="KV block size in tokens (default: the profile's, 16)")
+    c.add_argument(
+        "--kv-events",
+        metavar="tcp://HOST:PORT",
+        help="publish KV events as vLLM does (ZMQ PUB); with --count each endpoint takes the next port",
+    )
+    c.add_argument(
+        "--kv-events-replay",
+        metavar="tcp://HOST:PORT",
+        help="the replay (ROUTER) socket, vLLM's replay_endpoint (default: none); next ports with --count",
+    )
+    c.add_argument(
+        "--kv-events-format",
+        choices=("map", "array"),
+        default="map",
+        help="map: tagged maps (current vLLM); array: positional arrays (older vLLM, SGLang)",
+    )
     p.add_argument(
         "--api-key",
         default=None,
@@ -128,6 +152,11 @@ def specs_from_args(args: argparse.Namespace) -> list[EndpointSpec]:
         scheduling_policy=args.scheduling_policy,
         faults=faults,
         api_key=args.api_key or os.environ.get("BERTH_SIM_API_KEY") or None,
+        prefix_cache=args.prefix_cache,
+        block_size=args.block_size,
+        kv_events=args.kv_events,
+        kv_events_replay=args.kv_events_replay,
+        kv_events_format=args.kv_events_format,
     )
     if args.count < 1:
         raise ValueError("--count must be >= 1")
@@ -150,9 +179,16 @@ async def serve(specs: Sequence[EndpointSpec]) -> None:
     async with SimFleet(specs, on_die=_exit_process if len(specs) == 1 else None) as fleet:
         for ep in fleet.endpoints:
             prof = ep.spec.profile
+            cache = ""
+            if ep.resolved.engine.prefix_caching:
+                cache = f" prefix-cache(block={ep.resolved.engine.block_size})"
+            if ep.kv_events is not None:
+                cache += f" kv-events={ep.kv_events.endpoint}"
+                if ep.kv_events.replay_endpoint is not None:
+                    cache += f" replay={ep.kv_events.replay_endpoint}"
             print(
                 f"berth-engine-sim: {ep.spec.flavor} {','.join(ep.spec.models)} profile={prof} "
-                f"speed={ep.spec.speed:g} at {ep.url}",
+                f"speed={ep.spec.speed:g}{cache} at {ep.url}",
                 flush=True,
             )
         await stop.wait()

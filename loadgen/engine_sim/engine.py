@@ -22,7 +22,11 @@ One iteration, started at time ``t`` (the end of the previous one, or ``now`` wh
    running request gets one token at the end.
 
 KV is counted in tokens: a running request holds its context (prompt + generated) plus one slot for
-the token being computed. A request finishes when it has produced its target number of tokens
+the token being computed. With prefix caching on (``EngineConfig.prefix_caching``, `prefix_cache`), a
+request submitted with its prompt's token ids shares the full prompt blocks the cache holds: they skip
+the prefill (``t_pre`` counts the uncached tokens only, and so does the ``max_prefill_tokens`` budget), a
+block held by several running requests is counted once, and cached blocks nobody uses are evicted
+least-recently-used when space is needed. A request finishes when it has produced its target number of tokens
 (``finish_reason`` "length" when that is ``max_tokens``, else "stop"). An aborted request (client gone)
 leaves the queue or batch at once and frees its KV; an iteration already in flight still takes its
 computed time.
@@ -37,7 +41,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loadgen.engine_sim.latency import LatencyModel
+from loadgen.engine_sim.prefix_cache import PrefixCache
 from loadgen.engine_sim.stats import EngineStats, HistogramBuckets
+from loadgen.engine_sim.tokens import TokenIds
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 IterationKind = Literal["prefill", "decode"]
@@ -56,6 +62,9 @@ class SimRequest:
     __slots__ = (
         "admitted_at",
         "arrival",
+        "block_keys",
+        "blocks_held",
+        "cached_tokens",
         "finish_reason",
         "finished_at",
         "first_token_at",
@@ -70,6 +79,7 @@ class SimRequest:
         "rid",
         "seq",
         "state",
+        "token_ids",
     )
 
     def __init__(
@@ -92,7 +102,11 @@ class SimRequest:
         self.seq = seq
         self.state = RequestState.WAITING
         self.generated = 0
-        self.kv_held = 0
+        self.kv_held = 0  # with a prefix cache: the tokens held outside shared blocks
+        self.token_ids: TokenIds | None = None  # with a prefix cache: the prompt's ids, and its blocks' keys
+        self.block_keys: list[int] | None = None
+        self.blocks_held = 0
+        self.cached_tokens = 0  # prompt tokens found in the prefix cache at the last admission
         self.preemptions = 0
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
@@ -120,6 +134,8 @@ class EngineConfig:
     max_prefill_tokens: int = 8192
     policy: SchedulingPolicy = "fcfs"
     higher_priority_first: bool = False  # SGLang's default; vLLM runs the lowest value first
+    prefix_caching: bool = False
+    block_size: int = 16  # tokens per KV block (vLLM's default on GPU; 128 on CPU)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -128,6 +144,8 @@ class EngineConfig:
             raise ValueError("kv_capacity_tokens must be >= 2")
         if self.max_prefill_tokens < 1:
             raise ValueError("max_prefill_tokens must be >= 1")
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +253,7 @@ class SimEngine:
         self.kv_used = 0
         self._iter: _Iteration | None = None
         self._seq = 0
+        self.prefix_cache = PrefixCache(config.block_size) if config.prefix_caching else None
 
     # ---- observation -------------------------------------------------------------------------
     @property
@@ -267,8 +286,10 @@ class SimEngine:
         now: float,
         max_tokens: int | None = None,
         priority: int = 0,
+        token_ids: TokenIds | None = None,
     ) -> SimRequest:
-        """Queue a request; call `step(now)` afterwards to start an idle engine."""
+        """Queue a request; call `step(now)` afterwards to start an idle engine. `token_ids` (the first
+        ``prompt_tokens`` are read) let a prefix cache match and store the prompt's blocks."""
         if prompt_tokens < 1 or output_tokens < 1:
             raise ValueError("a request needs >= 1 prompt token and >= 1 output token")
         if prompt_tokens + output_tokens + 1 > self.config.kv_capacity_tokens:
@@ -283,6 +304,9 @@ class SimEngine:
             arrival=now,
             seq=self._seq,
         )
+        if self.prefix_cache is not None and token_ids is not None:
+            req.token_ids = token_ids[:prompt_tokens]
+            req.block_keys = self.prefix_cache.block_keys(req.token_ids)
         self._waiting.push(req)
         self.stats.requests_received += 1
         return req
@@ -293,8 +317,7 @@ class SimEngine:
             self._waiting.discard(req)
         elif req.state is RequestState.RUNNING:
             self.running.remove(req)
-            self.kv_used -= req.kv_held
-            req.kv_held = 0
+            self._free(req)
         else:
             return False
         req.state = RequestState.ABORTED
@@ -336,27 +359,34 @@ class SimEngine:
         cfg = self.config
         admitted: list[SimRequest] = []
         prefill_tokens = 0
+        cache = self.prefix_cache
         if len(self._waiting) and len(self.running) < cfg.max_num_seqs:
             while len(self.running) + len(admitted) < cfg.max_num_seqs:
                 req = self._waiting.peek()
                 if req is None or req.arrival > t:
                     break
                 ctx = req.context
+                plan = None if cache is None else cache.plan(req, ctx)
+                need, computed = (ctx + 1, ctx) if plan is None else (plan.need, ctx - plan.hit_tokens)
                 # room for this prompt + its first token, and one more token for every running request
                 headroom = len(self.running) + len(admitted)
-                if self.kv_used + ctx + 1 + headroom > cfg.kv_capacity_tokens:
+                if self.kv_used + need + headroom > cfg.kv_capacity_tokens:
                     break
-                if admitted and prefill_tokens + ctx > cfg.max_prefill_tokens:
+                if admitted and prefill_tokens + computed > cfg.max_prefill_tokens:
                     break
                 self._waiting.pop()
                 req.state = RequestState.RUNNING
-                req.kv_held = ctx + 1
-                self.kv_used += ctx + 1
+                if cache is None or plan is None:
+                    req.kv_held = ctx + 1
+                    self.kv_used += ctx + 1
+                else:
+                    self.kv_used += cache.admit(req, ctx, plan, t)
+                    cache.evict_to(cfg.kv_capacity_tokens - self.kv_used)
                 if req.admitted_at is None:
                     req.admitted_at = t
                     self.stats.queue.observe(t - req.arrival)
                 admitted.append(req)
-                prefill_tokens += ctx
+                prefill_tokens += computed
         if admitted:
             self.running.extend(admitted)
             self._iter = _Iteration(
@@ -370,6 +400,8 @@ class SimEngine:
         b = len(self.running)
         if b == 0:
             return
+        if cache is not None:
+            cache.evict_to(cfg.kv_capacity_tokens - self.kv_used - b)
         ctx_total = 0
         for req in self.running:
             ctx_total += req.prompt_tokens + req.generated
@@ -387,8 +419,7 @@ class SimEngine:
 
     def _preempt(self, req: SimRequest) -> None:
         self.running.remove(req)
-        self.kv_used -= req.kv_held
-        req.kv_held = 0
+        self._free(req)
         req.state = RequestState.WAITING
         req.preemptions += 1
         self.stats.preemptions += 1
@@ -419,11 +450,18 @@ class SimEngine:
                 req.state = RequestState.FINISHED
                 req.finish_reason = reason
                 req.finished_at = t
-                self.kv_used -= req.kv_held
-                req.kv_held = 0
+                self._free(req)
                 stats.e2e.observe(t - req.arrival)
                 stats.requests_finished[reason] = stats.requests_finished.get(reason, 0) + 1
                 any_finished = True
             woken.append(req)
         if any_finished:
             self.running = [r for r in self.running if r.state is RequestState.RUNNING]
+
+    def _free(self, req: SimRequest) -> None:
+        """`req` leaves the batch: its KV is no longer in use (its cached blocks may stay, free)."""
+        if self.prefix_cache is None:
+            self.kv_used -= req.kv_held
+            req.kv_held = 0
+        else:
+            self.kv_used -= self.prefix_cache.release(req)

@@ -25,6 +25,11 @@ Fleet file (``berth-engine-sim --fleet FILE``); unknown keys are errors naming t
     seed = 1
     latency = { k1 = 2e-4, c1 = 0.02, k2 = 2e-6, c2 = 1e-3, c3 = 0.025 }
     faults = { fail_fraction = 0.0 }
+    prefix_cache = true             # automatic prefix caching (default: the profile's setting)
+    block_size = 16                 # KV block size in tokens (default: the profile's, 16)
+    kv_events = "tcp://127.0.0.1:5557"          # publish KV events (with count: each copy the next port)
+    kv_events_replay = "tcp://127.0.0.1:6557"   # optional replay socket (with count: the next ports too)
+    kv_events_format = "map"        # map (current vLLM) | array (older vLLM, SGLang)
     # gateway-side keys, read by the offline fleet simulator (`berth-loadgen sim`), ignored here:
     id = "a"                        # berth's endpoint id (with count: "a-0", "a-1", ...)
     class = "mixed"                 # interactive | mixed | batch
@@ -47,7 +52,7 @@ from loadgen.engine_sim.faults import Faults
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.lengths import LengthDist
 from loadgen.engine_sim.server import SimEndpoint
-from loadgen.engine_sim.spec import EndpointSpec
+from loadgen.engine_sim.spec import EndpointSpec, shifted_port
 
 
 class SimFleet:
@@ -116,6 +121,11 @@ _SPEC_KEYS = {
     "cap",
     "node",
     "config",
+    "prefix_cache",
+    "block_size",
+    "kv_events",
+    "kv_events_replay",
+    "kv_events_format",
 }
 _ENDPOINT_KEYS = _SPEC_KEYS | {"port", "count", "id"}
 _LATENCY_KEYS = ("k1", "c1", "k2", "c2", "c3")
@@ -177,7 +187,10 @@ def parse_fleet(
             seed = int(fields.get("seed", 0)) + len(specs)
             eid = None if base_id is None else (base_id if count == 1 else f"{base_id}-{r}")
             try:
-                specs.append(EndpointSpec(host=host, port=p, id=eid, **{**fields, "seed": seed}))
+                events: dict[str, str | None] = {
+                    k: shifted_port(fields[k], r) for k in ("kv_events", "kv_events_replay") if k in fields
+                }
+                specs.append(EndpointSpec(host=host, port=p, id=eid, **{**fields, "seed": seed, **events}))
             except (ValueError, TypeError) as e:
                 raise fail(where, str(e)) from None
     return specs
@@ -217,6 +230,10 @@ def _spec_fields(merged: dict[str, Any], where: str, fail: Any) -> dict[str, Any
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise fail(f"{where}.{key}", "must be a number")
             fields[key] = float(value)
+        elif key == "prefix_cache":
+            if not isinstance(value, bool):
+                raise fail(f"{where}.prefix_cache", "must be true or false")
+            fields[key] = value
         elif key == "class":
             if not isinstance(value, str):
                 raise fail(f"{where}.class", "must be a string")
@@ -228,11 +245,12 @@ def _spec_fields(merged: dict[str, Any], where: str, fail: Any) -> dict[str, Any
             "max_prefill_tokens",
             "seed",
             "cap",
+            "block_size",
         ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise fail(f"{where}.{key}", "must be an integer")
             fields[key] = value
-        else:  # flavor, profile, scheduling_policy
+        else:  # flavor, profile, scheduling_policy, kv_events, kv_events_replay, kv_events_format
             if not isinstance(value, str):
                 raise fail(f"{where}.{key}", "must be a string")
             fields[key] = value
@@ -242,6 +260,12 @@ def _spec_fields(merged: dict[str, Any], where: str, fail: Any) -> dict[str, Any
 def replicate(spec: EndpointSpec, count: int, *, base_port: int = 0) -> list[EndpointSpec]:
     """`count` copies of `spec` on consecutive ports from `base_port` (0: free ports), seeds seed+i."""
     return [
-        dataclasses.replace(spec, port=(base_port + i if base_port else 0), seed=spec.seed + i)
+        dataclasses.replace(
+            spec,
+            port=(base_port + i if base_port else 0),
+            seed=spec.seed + i,
+            kv_events=shifted_port(spec.kv_events, i),
+            kv_events_replay=shifted_port(spec.kv_events_replay, i),
+        )
         for i in range(count)
     ]

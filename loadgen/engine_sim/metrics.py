@@ -6,17 +6,21 @@ renders its own engine's state on each scrape.
 vLLM V1 (labels ``engine="0"``, ``model_name``): gauges ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0..1); counters ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``,
-``vllm:num_preemptions_total``, ``vllm:request_success_total{finished_reason}``; histograms
+``vllm:num_preemptions_total``, ``vllm:request_success_total{finished_reason}``,
+``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (tokens; 0 with caching off, as
+vLLM exports them); histograms
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
 ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds``; info gauge
-``vllm:cache_config_info``. Counters and histograms also carry ``*_created`` gauges, as vLLM V1's do.
+``vllm:cache_config_info`` (labels ``block_size``, ``num_gpu_blocks``: the KV capacity, and
+``enable_prefix_caching``). Counters and histograms also carry ``*_created`` gauges, as vLLM V1's do.
 Like current vLLM (the engine tier's recording), it exports no deprecated twins such as
 ``vllm:gpu_cache_usage_perc``; berth still reads those from older engines.
 
 SGLang (label ``model_name``; scheduler gauges also ``engine_type="unified"``, ``tp_rank``, ``pp_rank``):
 gauges ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
 ``sglang:token_usage`` (0..1), ``sglang:num_used_tokens``, ``sglang:max_total_num_tokens``,
-``sglang:gen_throughput``, ``sglang:cache_hit_rate``; counters ``sglang:prompt_tokens_total``,
+``sglang:gen_throughput``, ``sglang:cache_hit_rate`` (of the last prefill batch, as SGLang's scheduler
+logs it; 0 with caching off); counters ``sglang:prompt_tokens_total``,
 ``sglang:generation_tokens_total``, ``sglang:num_requests_total``, ``sglang:num_aborted_requests_total``,
 ``sglang:num_retracted_requests_total`` (preemptions); histograms ``sglang:time_to_first_token_seconds``,
 ``sglang:inter_token_latency_seconds``, ``sglang:e2e_request_latency_seconds``,
@@ -47,6 +51,9 @@ VLLM_NAMES: tuple[str, ...] = (
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
     "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:cache_config_info",
 )
 SGLANG_NAMES: tuple[str, ...] = (
     "sglang:num_running_reqs",
@@ -57,6 +64,8 @@ SGLANG_NAMES: tuple[str, ...] = (
     "sglang:e2e_request_latency_seconds",
     "sglang:prompt_tokens_total",
     "sglang:generation_tokens_total",
+    "sglang:cache_hit_rate",
+    "sglang:max_total_num_tokens",
 )
 
 GARBAGE = "this is not {prometheus text\nvllm:num_requests_running{model_name= 1 2 3\n\x00\xff}}}\n"
@@ -165,6 +174,17 @@ def _render_vllm(engine: SimEngine, model_name: str, started_unix: float) -> str
         "vllm:num_preemptions", "Cumulative number of preemption from the engine.", [(lab, st.preemptions)]
     )
     w.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", [(lab, st.prompt_tokens)])
+    cache = engine.prefix_cache
+    w.counter(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        [(lab, 0 if cache is None else cache.queries)],
+    )
+    w.counter(
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        [(lab, 0 if cache is None else cache.hits)],
+    )
     w.counter(
         "vllm:generation_tokens", "Number of generation tokens processed.", [(lab, st.generation_tokens)]
     )
@@ -190,11 +210,11 @@ def _render_vllm(engine: SimEngine, model_name: str, started_unix: float) -> str
         lab,
         st.queue,
     )
-    block_size = 16
+    block_size = engine.config.block_size
     info = {
         "block_size": str(block_size),
         "cache_dtype": "auto",
-        "enable_prefix_caching": "False",
+        "enable_prefix_caching": str(cache is not None),
         "engine": "0",
         "gpu_memory_utilization": "0.9",
         "num_gpu_blocks": str(engine.config.kv_capacity_tokens // block_size),
@@ -235,7 +255,9 @@ def _render_sglang(engine: SimEngine, model_name: str, gen_throughput: float) ->
     w.gauge(
         "sglang:num_queue_reqs", "The number of requests in the waiting queue.", [(sched, engine.num_waiting)]
     )
-    w.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", [(sched, 0.0)])
+    cache = engine.prefix_cache
+    hit_rate = 0.0 if cache is None else cache.last_batch_hit_rate
+    w.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", [(sched, hit_rate)])
     w.gauge(
         "sglang:max_total_num_tokens",
         "Maximum total number of tokens in the KV cache pool.",

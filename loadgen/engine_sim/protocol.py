@@ -1,13 +1,15 @@
 """The OpenAI API surface of a simulated endpoint: request parsing, the prompt-token rule, and the
 exact response / SSE chunk shapes vLLM and SGLang produce.
 
-**Prompt tokens** are counted deterministically, without a tokenizer:
+**Prompt tokens** come from the simulator's deterministic tokenizer (`tokens`):
 
 - completions: a string prompt counts ``ceil(len(prompt) / 4)`` tokens (at least 1); a list of token
   ids counts its length; a one-element list of either counts as that element;
-- chat: the messages are rendered as ``"<|{role}|>\\n{content}\\n"`` each (content parts of type
-  ``text`` joined with no separator), followed by the generation prompt ``"<|assistant|>\\n"``; the
-  prompt counts ``ceil(len(rendered) / 4)`` tokens.
+- chat: the messages are rendered with the simulator's chat template (`tokens.render_chat`: markers
+  ``"<|{role}|>\\n"``, the generation prompt ``"<|assistant|>\\n"`` unless ``add_generation_prompt`` is
+  false or ``continue_final_message`` is true); the prompt counts ``ceil(len(rendered) / 4)`` tokens.
+
+With ``with_ids`` (an engine with a prefix cache) `parse_request` also returns the prompt's token ids.
 
 **Output tokens** are the ASCII word ``" tok"``, one token per SSE chunk.
 
@@ -16,7 +18,6 @@ Errors use the OpenAI error shape that vLLM returns: ``{"error": {"message", "ty
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,10 +25,10 @@ from typing import Any, Literal
 
 import orjson
 
-ApiName = Literal["chat", "completion"]
+from loadgen.engine_sim import tokens
+from loadgen.engine_sim.tokens import TOKEN_TEXT, TokenIds
 
-TOKEN_TEXT = " tok"
-_GENERATION_PROMPT = "<|assistant|>\n"
+ApiName = Literal["chat", "completion"]
 
 
 class ApiError(Exception):
@@ -63,44 +64,81 @@ class ParsedRequest:
     include_usage: bool
     priority: int
     rid: str | None = None  # SGLang: the caller's request id (what POST /abort_request names)
+    prompt_ids: TokenIds | None = None  # with `with_ids`: the prompt's token ids (len == prompt_tokens)
 
 
-def chat_prompt_tokens(messages: Any) -> int:
+def chat_prompt_text(
+    messages: Any, *, add_generation_prompt: bool = True, continue_final_message: bool = False
+) -> str:
+    """The rendered prompt of chat `messages` (validated here)."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", "messages")
-    parts: list[str] = []
     for msg in messages:
         if not isinstance(msg, dict):
             raise bad_request("each message must be an object", "messages")
-        role = msg.get("role")
-        if not isinstance(role, str):
+        if not isinstance(msg.get("role"), str):
             raise bad_request("each message needs a string 'role'", "messages")
         content = msg.get("content")
-        if content is None:
-            text = ""
-        elif isinstance(content, str):
-            text = content
-        elif isinstance(content, list):
-            text = "".join(
-                p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text" and "text" in p
-            )
-        else:
+        if content is not None and not isinstance(content, str | list):
             raise bad_request("message 'content' must be a string or a list of parts", "messages")
-        parts.append(f"<|{role}|>\n{text}\n")
-    parts.append(_GENERATION_PROMPT)
-    return max(1, math.ceil(sum(len(p) for p in parts) / 4))
+    return tokens.render_chat(
+        messages, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message
+    )
+
+
+def chat_prompt_tokens(messages: Any) -> int:
+    return tokens.count_text(chat_prompt_text(messages))
+
+
+def _single_prompt(prompt: Any) -> Any:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        return prompt[0]
+    return prompt
 
 
 def completion_prompt_tokens(prompt: Any) -> int:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
+    prompt = _single_prompt(prompt)
     if isinstance(prompt, str):
-        return max(1, math.ceil(len(prompt) / 4))
+        return tokens.count_text(prompt)
     if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
         return len(prompt)
     if isinstance(prompt, list) and len(prompt) > 1:
         raise bad_request("the simulator serves one prompt per request", "prompt")
     raise bad_request("'prompt' must be a string or a list of token ids", "prompt")
+
+
+def completion_prompt_ids(prompt: Any) -> TokenIds | None:
+    """The token ids of a (validated) completion prompt; None for an empty string prompt."""
+    prompt = _single_prompt(prompt)
+    if isinstance(prompt, str):
+        return tokens.encode(prompt) if prompt else None
+    ids = tokens.as_token_ids(prompt)
+    if ids is None:
+        raise bad_request("token ids must be non-negative integers", "prompt")
+    return ids
+
+
+def chat_flags(data: dict[str, Any]) -> tuple[bool, bool]:
+    add_gen = data.get("add_generation_prompt", True)
+    cont = data.get("continue_final_message", False)
+    if not isinstance(add_gen, bool) or not isinstance(cont, bool):
+        raise bad_request("add_generation_prompt and continue_final_message must be booleans")
+    return add_gen, cont
+
+
+def prompt_token_ids(api: ApiName, data: dict[str, Any]) -> TokenIds | None:
+    """The prompt's token ids of a request body, as the engine tokenizes it (None: no ids, as for an
+    empty string prompt). The body is validated as `parse_request` does."""
+    if api == "chat":
+        add_gen, cont = chat_flags(data)
+        text = chat_prompt_text(
+            data.get("messages"), add_generation_prompt=add_gen, continue_final_message=cont
+        )
+        return tokens.encode(text) if text else None
+    if "prompt" not in data:
+        raise bad_request("'prompt' is required", "prompt")
+    completion_prompt_tokens(data["prompt"])
+    return completion_prompt_ids(data["prompt"])
 
 
 def _int_field(data: dict[str, Any], key: str, default: int | None) -> int | None:
@@ -120,6 +158,7 @@ def parse_request(
     max_model_len: int,
     priority_enabled: bool,
     reject_priority_without_policy: bool,
+    with_ids: bool = False,
 ) -> ParsedRequest:
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
@@ -129,7 +168,11 @@ def parse_request(
     if model not in models:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     if api == "chat":
-        prompt_tokens = chat_prompt_tokens(data.get("messages"))
+        add_gen, cont = chat_flags(data)
+        text = chat_prompt_text(
+            data.get("messages"), add_generation_prompt=add_gen, continue_final_message=cont
+        )
+        prompt_tokens = tokens.count_text(text)
         max_tokens = _int_field(data, "max_completion_tokens", None)
         if max_tokens is None:
             max_tokens = _int_field(data, "max_tokens", None)
@@ -138,6 +181,7 @@ def parse_request(
             raise bad_request("'prompt' is required", "prompt")
         prompt_tokens = completion_prompt_tokens(data["prompt"])
         max_tokens = _int_field(data, "max_tokens", 16)  # the OpenAI completions default
+    prompt_ids = prompt_token_ids(api, data) if with_ids else None
     n = _int_field(data, "n", 1)
     if n != 1:
         raise bad_request("the simulator serves n=1 only", "n")
@@ -169,6 +213,7 @@ def parse_request(
         raise bad_request("'rid' must be a non-empty string", "rid")
     return ParsedRequest(
         rid=rid,
+        prompt_ids=prompt_ids,
         api=api,
         model=model,
         prompt_tokens=prompt_tokens,

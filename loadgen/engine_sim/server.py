@@ -9,8 +9,12 @@ and KV.
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``
 (503 while loading or under the ``health_503`` fault), ``GET /metrics``, ``GET /version`` (vLLM),
 ``GET /get_model_info``, ``/health_generate`` and ``POST /abort_request`` with ``{"rid"}`` (SGLang; its
-requests may name their id in a ``rid`` field), and the simulator's own admin routes
-``POST /sim/faults`` and ``GET /sim/state``.
+requests may name their id in a ``rid`` field), ``POST /tokenize`` and ``/detokenize`` (`tokenize_routes`),
+and the simulator's own admin routes ``POST /sim/faults`` and ``GET /sim/state``.
+
+With ``kv_events`` set, the endpoint publishes its prefix cache's KV events after every engine step
+(`kv_events`); a restart (`restart`, or `kill` then `start`) publishes ``AllBlocksCleared`` first. The
+sockets live from the first `start` to `stop`, so the sequence numbers go on across restarts.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from loadgen.engine_sim import metrics
 from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
 from loadgen.engine_sim.faults import Faults
 from loadgen.engine_sim.flavors import get_flavor
+from loadgen.engine_sim.kv_events import KVEventPublisher
 from loadgen.engine_sim.protocol import (
     SSE_DONE,
     ApiError,
@@ -43,6 +48,7 @@ from loadgen.engine_sim.protocol import (
 )
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.engine_sim.stats import EngineStats
+from loadgen.engine_sim.tokenize_routes import TokenizeRoutes
 
 _JSON = "application/json"
 # The engine's clock. Not loop.time(): uvloop's is cached per loop iteration at millisecond resolution,
@@ -148,6 +154,8 @@ class SimEndpoint:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._alive = False
         self._ids = 0
+        self.kv_events: KVEventPublisher | None = None
+        self._starts = 0
         self.engine = self._new_engine()
         self._loaded_at = 0.0
         self._started_unix = 0.0
@@ -158,7 +166,10 @@ class SimEndpoint:
         self._id_base = f"{random.Random(spec.seed + 2).getrandbits(96):024x}"
 
     def _new_engine(self) -> SimEngine:
-        return SimEngine(self.resolved.engine, stats=EngineStats(self.flavor.buckets))
+        engine = SimEngine(self.resolved.engine, stats=EngineStats(self.flavor.buckets))
+        if engine.prefix_cache is not None and self.kv_events is not None:
+            engine.prefix_cache.events = []  # recorded for the publisher
+        return engine
 
     # ---- lifecycle ---------------------------------------------------------------------------
     @property
@@ -181,7 +192,15 @@ class SimEndpoint:
         if self._alive:
             raise RuntimeError("endpoint already running")
         self._loop = asyncio.get_running_loop()
+        spec = self.spec
+        if spec.kv_events is not None and self.kv_events is None:
+            self.kv_events = KVEventPublisher(
+                spec.kv_events, replay=spec.kv_events_replay, fmt=spec.kv_events_format
+            )
         self.engine = self._new_engine()
+        if self._starts and self.kv_events is not None:
+            self.kv_events.all_blocks_cleared()  # a restarted engine holds nothing
+        self._starts += 1
         self._streams = {}
         self._loaded_at = _now() + self.resolved.load_time_s
         self._started_unix = time.time()
@@ -233,6 +252,9 @@ class SimEndpoint:
     async def stop(self) -> None:
         await self.kill()
         await self._tasks.close()
+        if self.kv_events is not None:
+            await self.kv_events.close()
+            self.kv_events = None
         self._tasks = TaskSupervisor(restart_delay_s=0.1)
 
     async def restart(self) -> None:
@@ -291,6 +313,7 @@ class SimEndpoint:
             "kv_used_tokens": eng.kv_used,
             "kv_capacity_tokens": eng.config.kv_capacity_tokens,
             "kv_usage": eng.kv_usage,
+            "prefix_cache": None if eng.prefix_cache is None else _cache_state(eng),
             "stats": {
                 "requests_received": st.requests_received,
                 "requests_finished": dict(st.requests_finished),
@@ -335,6 +358,9 @@ class SimEndpoint:
             return
         assert self._loop is not None
         result = self.engine.step(now)
+        cache = self.engine.prefix_cache
+        if self.kv_events is not None and cache is not None and cache.events:
+            self.kv_events.publish(cache.take_events())
         streams = self._streams
         for req in result.woken:
             stream = streams.get(req.rid)
@@ -370,6 +396,9 @@ class SimEndpoint:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/sim/faults", self._post_faults)
         app.router.add_get("/sim/state", self._get_state)
+        TokenizeRoutes(
+            self.spec.models, self.resolved.max_model_len, token_strs=self.flavor.name == "vllm"
+        ).add_to(app)
         if self.flavor.name == "vllm":
             app.router.add_get("/version", self._version)
         else:
@@ -484,6 +513,7 @@ class SimEndpoint:
                 max_model_len=self.resolved.max_model_len,
                 priority_enabled=self.resolved.engine.policy == "priority",
                 reject_priority_without_policy=self.flavor.name == "vllm",
+                with_ids=self.engine.prefix_cache is not None,
             )
         except ApiError as e:
             return _error(e)
@@ -508,6 +538,7 @@ class SimEndpoint:
             max_tokens=parsed.max_tokens,
             priority=parsed.priority,
             now=_now(),
+            token_ids=parsed.prompt_ids,
         )
         stream = _Stream(req)
         self._streams[rid] = stream
@@ -596,3 +627,16 @@ async def serve_endpoint(spec: EndpointSpec) -> AsyncIterator[SimEndpoint]:
         yield ep
     finally:
         await ep.stop()
+
+
+def _cache_state(engine: SimEngine) -> dict[str, Any]:
+    cache = engine.prefix_cache
+    assert cache is not None
+    return {
+        "block_size": cache.block_size,
+        "blocks": len(cache),
+        "blocks_in_use": cache.blocks_in_use,
+        "queries_tokens": cache.queries,
+        "hits_tokens": cache.hits,
+        "evicted_blocks": cache.evictions,
+    }

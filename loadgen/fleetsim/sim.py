@@ -17,6 +17,8 @@ What happens, and when (virtual seconds):
   queued one leaves the queue, a running one is aborted in its engine);
 - after the last arrival, tasks still running get `drain_timeout_s`, then their requests are
   `unfinished`, as in the live runner;
+- engines with prefix caching get each prompt's token ids (the simulator's tokenizer over the body sent)
+  and cache its blocks as the HTTP simulator does; `engine_cache` shows an endpoint's true cache;
 - a preemption (`Preempt`) aborts the victim's engine request (the engine's running count drops) and
   leaves its client waiting; when berth places it again, the engine gets the prompt plus the tokens the
   client already has, and the output still to come, so it recomputes that prefix (counted as
@@ -35,6 +37,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
+import numpy as np
+import orjson
+
 from gateway.core import errors
 from gateway.core.errors import BerthError
 from gateway.core.types import ApiKind, EndpointId, EngineGauges, ModelName, RequestId
@@ -43,7 +48,10 @@ from gateway.sched.decisions import Decision, Dispatch, Preempt
 from gateway.upstream.dialects import dialect_for
 from loadgen.client import RequestResult, build_body, build_headers
 from loadgen.engine_sim.engine import RequestState, SimEngine, SimRequest
+from loadgen.engine_sim.prefix_cache import PrefixCacheView
+from loadgen.engine_sim.protocol import prompt_token_ids
 from loadgen.engine_sim.spec import EndpointSpec
+from loadgen.engine_sim.tokens import GENERATED_TOKEN_ID, TokenIds
 from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
@@ -105,6 +113,7 @@ class _Call:
         "index",
         "last_byte",
         "produced",
+        "prompt_ids",
         "report_at",
         "result",
         "run_base",
@@ -128,6 +137,7 @@ class _Call:
         self.sreq_id: RequestId | None = None
         self.run_base = 0  # tokens the client had when the current engine run started (resumes)
         self.run_first_at: float | None = None  # the current run's first token
+        self.prompt_ids: TokenIds | None = None  # when an engine caches prefixes
 
 
 class Simulation:
@@ -152,6 +162,7 @@ class Simulation:
             ]
         )
         self._by_id = {e.id: e for e in self.endpoints}
+        self._caching = any(s.resolve_prefix_cache() for s in opts.fleet)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._running: dict[RequestId, _Call] = {}  # berth's id -> the call (queued or running)
@@ -295,6 +306,12 @@ class Simulation:
             self._engine_lost(call)
         return len(lost)
 
+    def engine_cache(self, eid: EndpointId) -> PrefixCacheView | None:
+        """The true prefix cache of endpoint `eid`'s engine, read-only (None: no such endpoint, or no
+        caching): ``view.cached_prefix_tokens(view.block_keys(ids))`` is how much of a prompt it holds."""
+        ep = self._by_id.get(eid)
+        return None if ep is None else ep.engine.prefix_cache
+
     def _engine_load(self, eid: EndpointId) -> int:
         ep = self._by_id.get(eid)
         return 0 if ep is None else ep.engine.num_running + ep.engine.num_waiting
@@ -370,6 +387,8 @@ class Simulation:
         call.last_byte = now
         task.sent.append(result)
         body = build_body(call_spec, model, salt=call_salt(spec.index, i, opts.seed))
+        if self._caching:
+            call.prompt_ids = prompt_token_ids(call_spec.api, orjson.loads(body))
         headers = build_headers(
             spec, call_spec, dict(opts.extra_headers), slo_scale=1.0, slo_headers=opts.slo_headers
         )
@@ -537,11 +556,14 @@ class Simulation:
         try:
             call.engine_req = ep.engine.submit(
                 d.req.id,
-                prompt_tokens=spec.prompt_tokens + done,
+                # the engine counts the prompt it gets (the body's tokens, when an engine caches)
+                prompt_tokens=(spec.prompt_tokens if call.prompt_ids is None else len(call.prompt_ids))
+                + done,
                 output_tokens=max(1, spec.output_tokens - done),
                 max_tokens=max(1, spec.output_tokens - done),
                 priority=priority,
                 now=now,
+                token_ids=_with_output(call.prompt_ids, done),
             )
         except ValueError as e:  # the engine refuses what cannot fit its KV cache (a 400 live)
             self._running.pop(d.req.id, None)
@@ -690,6 +712,15 @@ class Simulation:
             "resumes": self.resumes,
             "recomputed_tokens": self.recomputed_tokens,
         }
+        caches = [c for ep in self.endpoints if (c := ep.engine.prefix_cache) is not None]
+        if caches:
+            queries, hits = sum(c.queries for c in caches), sum(c.hits for c in caches)
+            report.data["simulation"]["prefix_cache"] = {
+                "queries_tokens": queries,
+                "hits_tokens": hits,
+                "hit_rate": round(hits / queries, 4) if queries else None,
+                "evicted_blocks": sum(c.evictions for c in caches),
+            }
         report.data["fleet"] = self.timeline.summary(len(self.endpoints))
         if self.life is not None:
             self.life.close(at=end)
@@ -702,6 +733,13 @@ def simulate(opts: SimOptions) -> Report:
     figures)."""
     random.seed(opts.seed)  # nothing should read the global RNG; if something does, it is seeded
     return Simulation(opts).run()
+
+
+def _with_output(ids: TokenIds | None, produced: int) -> TokenIds | None:
+    """A resumed request's ids: the prompt's, then the tokens the client already has."""
+    if ids is None or not produced:
+        return ids
+    return np.concatenate([ids, np.full(produced, GENERATED_TOKEN_ID, dtype=np.int64)])
 
 
 def _ms(seconds: float | None) -> float | None:
