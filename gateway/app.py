@@ -88,7 +88,9 @@ class Gateway:
         self.upstream = UpstreamSettings.of(cfg.upstream)
         self.scheduler = scheduler = Scheduler(runtime.policy, clock, runtime.limits)
         self.driver = SchedulerDriver(scheduler)
-        self.telemetry = LiveTelemetry(scheduler, clock, runtime.config.telemetry)
+        self.telemetry = LiveTelemetry(
+            scheduler, clock, runtime.config.telemetry, prefix=runtime.config.prefix
+        )
         self.telemetry.register(metrics.registry)
         slo = SloAdmission()
         tenancy = TenantAccounting()
@@ -166,6 +168,7 @@ class Gateway:
                 clock=self.clock,
                 settings=self.upstream,
                 auth=self.engine_auth,
+                prefix=self.telemetry.prefix,
             )
         )
         yield
@@ -251,6 +254,7 @@ class Gateway:
             self.runtime = new
             self.services.reconfigure(new)
             self.telemetry.reconfigure(new.config.telemetry)
+            self.telemetry.reconfigure_prefix(new.config.prefix)
             self.driver.apply(self.scheduler.set_policy(new.policy))
             self.driver.apply(self.scheduler.set_limits(new.limits))
             self.endpoints.apply(new)

@@ -205,6 +205,7 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
     header = ["ENDPOINT", "k1 s/tok", "c1 s", "k2 s/tok/req", "c2 s/req", "c3 s", "h kv/tok", "j kv/req"]
     header += ["ERR % pre/dec/kv", "n pre/dec/kv", "PRED ERR % ttft/itl", "KV CAP tok"]
     lines.extend(_table(header, rows))
+    lines.extend(_prefix_lines(endpoints, bold, reset))
 
     lines.append("")
     lines.append(f"{bold}MODELS{reset}")
@@ -246,6 +247,26 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
     lines.extend(_slo_lines(doc.get("slo") or {}, bold, reset))
     lines.extend(_lifecycle_lines(doc.get("lifecycle"), bold, reset))
     return "\n".join(lines) + "\n"
+
+
+def _prefix_lines(endpoints: Sequence[Any], bold: str, reset: str) -> list[str]:
+    """The prefix index per endpoint: its source, blocks held, predicted and engine-measured hit rates."""
+    rows = [
+        [
+            str(e.get("id")),
+            str(p.get("source")),
+            f"{_num(p.get('cached_blocks'))}/{_num(p.get('capacity_blocks'))}",
+            _pct(p.get("predicted_hit_rate")),
+            _pct(p.get("engine_hit_rate")),
+            _secs(p.get("event_lag_s")),
+        ]
+        for e in endpoints
+        if (p := e.get("prefix"))
+    ]
+    if not rows:
+        return []
+    header = ["ENDPOINT", "SOURCE", "BLOCKS held/cap", "HIT % predicted", "HIT % engine", "EVENT LAG"]
+    return ["", f"{bold}PREFIX CACHE{reset}", *_table(header, rows)]
 
 
 def _gib(v: Any) -> str:

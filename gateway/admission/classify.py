@@ -10,10 +10,12 @@ resolved (`gateway.admission.slo`: headers, tenant, policy rules, then the polic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from gateway.core.slo import Allotment
 from gateway.core.types import SLO, ApiKind, ModelName, ParsedRequest, RequestId
+from gateway.sched.prefix import NO_HITS, PrefixHits
 from gateway.sched.request import SchedRequest
 from gateway.telemetry.lengths import LengthPrediction
 from gateway.telemetry.tokens import TokenEstimator
@@ -51,12 +53,15 @@ def to_sched_request(
     prompt_tokens: int | None = None,
     preemptive: bool = False,
     stream_unstreamed: bool = False,
+    cached: Callable[[int], PrefixHits] | None = None,
 ) -> SchedRequest:
     """`slo`: as resolved (gateway.admission.slo); None: the default SLO without targets.
     `prompt_tokens`: the engine's count of the prompt; None: estimate it. `preemptive`: the policy may
     preempt (otherwise no request is marked resumable, and none pays for the check).
     `stream_unstreamed`: a non-streamed request will be streamed from the engine (so it may be
-    resumed, see gateway.upstream.resume). `allotment`: a task call's own share of its task SLA."""
+    resumed, see gateway.upstream.resume). `allotment`: a task call's own share of its task SLA.
+    `cached`: the prefix index's lookup of this prompt, given its prompt tokens (cached tokens per
+    endpoint, `gateway.telemetry.prefix_index`); None: nothing known to be cached."""
     slo = slo or _DEFAULT_SLO
     if prompt_tokens is not None:
         prompt = max(1, prompt_tokens)
@@ -89,4 +94,5 @@ def to_sched_request(
         0,  # preemptions
         0,  # produced_tokens
         allotment,
+        NO_HITS if cached is None else cached(prompt),
     )

@@ -119,6 +119,7 @@ def gateway_config_problems(
         upstream=f.upstream,
         scrape=f.scrape,
         telemetry=f.telemetry,
+        prefix=f.prefix,
         aliases=dict(f.aliases),
         endpoints=f.endpoints,
         tenants=f.tenants,

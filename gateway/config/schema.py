@@ -122,6 +122,19 @@ class TelemetryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     prior: PerfPriorConfig = PerfPriorConfig()
 
 
+class PrefixConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[prefix]: the prefix index (which prompt blocks each endpoint holds in its KV cache), fleet-wide."""
+
+    # "auto": an endpoint's KV events when it publishes them, else what berth sent there; "approximate":
+    # what berth sent where, always; "precise": KV events (an endpoint without live events falls back to
+    # the approximate source, visibly); "off": no index (prefill is predicted on the whole prompt).
+    source: Literal["auto", "approximate", "precise", "off"] = "auto"
+    block_tokens: Annotated[int, Meta(ge=1, le=4096)] = 16  # tokens per block of the approximate index
+    # Tokens each endpoint's approximate index holds when its engine does not export its KV capacity
+    # (vLLM's cache_config_info, SGLang's max total tokens); unset: 32,768 blocks.
+    index_tokens: PositiveInt | None = None
+
+
 class AuthConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """[auth] (reloadable): who may use the OpenAI routes."""
 
@@ -308,6 +321,7 @@ class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     upstream: UpstreamConfig = UpstreamConfig()
     scrape: ScrapeConfig = ScrapeConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    prefix: PrefixConfig = PrefixConfig()
     policy: PolicySection = PolicySection()
     auth: AuthConfig = AuthConfig()
     ops: OpsConfig = OpsConfig()
@@ -326,6 +340,7 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     upstream: UpstreamConfig = UpstreamConfig()
     scrape: ScrapeConfig = ScrapeConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    prefix: PrefixConfig = PrefixConfig()
     aliases: dict[str, str] = {}  # client model name -> engine served name
     endpoints: tuple[EndpointConfig, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()

@@ -9,6 +9,7 @@ from gateway.core.errors import BerthError
 from gateway.core.slo import TaskCall
 from gateway.core.types import ApiKind, EndpointId
 from gateway.sched.request import SchedRequest
+from gateway.telemetry.prefix_keys import PromptKeys
 
 
 @dataclass(slots=True)
@@ -38,6 +39,11 @@ class RequestContext:
     sched: SchedRequest | None = None
     task: TaskCall | None = None  # a call of a multi-step task: its place on the task clock
     prompt_chars: int = 0
+    # The prefix index's keys of its prompt (None: not indexed), the prompt tokens predicted cached on
+    # the endpoint it was dispatched to, and the text it produced (a stream's; for the next turn's reuse).
+    prefix_keys: PromptKeys | None = None
+    cached_tokens: int = 0
+    answer_text: str | None = None
 
     def fail(self, err: BerthError) -> None:
         # Kept without its traceback: the traceback holds the frames it passed through, one of which

@@ -31,6 +31,7 @@ from gateway.dispatch.slo_headers import answer_headers, slo_met_now
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
+from gateway.telemetry.prefix_index import PrefixIndex
 from gateway.upstream.client import UpstreamSettings, open_request
 from gateway.upstream.credentials import AUTH_REFUSED, EngineAuth
 from gateway.upstream.deadlines import Deadlines, StallWatch
@@ -57,6 +58,7 @@ class Dispatcher:
         clock: Clock,
         settings: UpstreamSettings,
         auth: EngineAuth | None = None,
+        prefix: PrefixIndex | None = None,
     ) -> None:
         self.session = session  # tokenize calls
         self.pool = pool  # generation calls
@@ -65,6 +67,7 @@ class Dispatcher:
         self.clock = clock
         self.settings = settings
         self.auth = auth if auth is not None else EngineAuth()
+        self.prefix = prefix  # told what was sent where (the approximate source of the prefix index)
         # Every engine call's deadlines (headers, then the body's silences), swept by one timer.
         self.deadlines = Deadlines(clock)
 
@@ -103,6 +106,9 @@ class Dispatcher:
             ctx.endpoint = endpoint.id
             if ctx.dispatched_at is None:
                 ctx.dispatched_at = self.clock.now()
+            if self.prefix is not None:
+                ctx.cached_tokens = cached = sreq.cached.get_tokens(endpoint.id)
+                self.prefix.dispatched(endpoint.id, ctx.prefix_keys, sreq.prompt_tokens, cached)
             resp: H1Response | None = None
             sent_body, sent = body, first_payload
             if stream is not None and sreq.resumable:
@@ -501,6 +507,8 @@ class _Stream:
 def _record_stream(ctx: RequestContext, relay: SseRelay) -> None:
     ctx.first_token_at = relay.first_token_at
     ctx.itl_gaps = relay.gaps
+    if ctx.prefix_keys is not None and relay.continuable:
+        ctx.answer_text = relay.produced_text
     usage = relay.usage
     if usage:
         ctx.prompt_tokens = usage.get("prompt_tokens")

@@ -21,7 +21,10 @@ The document (JSON; numbers are seconds, tokens or fractions; null where nothing
                          perf {prefill {k1, c1, mape, n}, decode {k2, c2, c3, mape, n}, kv {h, j, mape, n},
                                throughput {thr1, alpha, beta}},
                          prediction_error {ttft, itl},
-                         engine_check {ttft, itl: {ratio, gateway_mean_s, engine_mean_s, disagreements}}
+                         engine_check {ttft, itl: {ratio, gateway_mean_s, engine_mean_s, disagreements}},
+                         prefix {source: approximate | precise, cached_blocks, capacity_blocks,
+                                 predicted_hit_rate, engine_hit_rate, event_lag_s, correction} (null: the
+                                 index knows nothing of it yet)
     models{name}         queued {class: n}, queued_total, latency (as above), chars_per_token,
                          output_tokens_error, groups {group: {share, endpoints}} (a grouping filter's
                          endpoint groups, e.g. demand-split's; {} without one)
@@ -55,6 +58,7 @@ from gateway.front.services import SERVICES, Services
 from gateway.sched.snapshot import EndpointView
 from gateway.telemetry.endpoint_state import EndpointTelemetry
 from gateway.telemetry.fleet_state import perf_document
+from gateway.telemetry.prefix_index import PrefixIndex
 
 FLEET_PATH = "/admin/fleet"
 LOOP_LAG_PATH = "/admin/loop-lag"
@@ -165,6 +169,7 @@ def fleet_document(s: Services) -> dict[str, Any]:
             {
                 **_endpoint(e, fleet.endpoints.get(e.id), now, group_of.get(e.id), s.settings.slo),
                 "auth": _auth(s, e.id),
+                "prefix": _prefix(tel.prefix, e.id),
             }
             for e in snap.endpoints
         ],
@@ -209,6 +214,12 @@ def running_by_kind(e: EndpointView, slo: SloPolicy) -> dict[str, int]:
     for r in e.running:
         out[slo.class_of(r.slo_class).kind.value] += 1
     return out
+
+
+def _prefix(index: PrefixIndex, eid: EndpointId) -> dict[str, Any] | None:
+    """The prefix index's view of the endpoint (gateway.telemetry.prefix_index.PrefixStats)."""
+    stats = index.stats(eid)
+    return None if stats is None else stats.document()
 
 
 def _auth(s: Services, eid: EndpointId) -> dict[str, Any]:

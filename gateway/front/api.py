@@ -167,6 +167,8 @@ def scheduler_request(
 ) -> SchedRequest:
     """The scheduler's request, keyed `key`, with the live token estimate (or the engine's count) and
     output-length prediction."""
+    prefix = telemetry.prefix
+    keys = ctx.prefix_keys = prefix.keys(ctx.served_model, parsed.api, parsed.body)
     sreq = to_sched_request(
         key,
         parsed,
@@ -180,6 +182,7 @@ def scheduler_request(
         prompt_tokens=prompt_tokens,
         preemptive=preemptive,
         stream_unstreamed=stream_unstreamed,
+        cached=(lambda tokens: prefix.lookup(keys, tokens)) if keys is not None else None,
     )
     ctx.sched = sreq
     ctx.slo_class = sreq.slo.slo_class
@@ -253,6 +256,8 @@ def learn(
     """What berth learns from a finished request (any outcome): telemetry's record of it (and the
     lifecycle's autoscaler, when there is one), and its task step's duration on the task clock (or the
     step given back when it never ran)."""
+    if ctx.endpoint is not None and ctx.prefix_keys is not None and ctx.outcome == "ok":
+        telemetry.prefix.finished(ctx.endpoint, ctx.prefix_keys, ctx.answer_text)
     record = finished_record(ctx)
     if record is not None:
         telemetry.on_finish(record)
@@ -298,6 +303,7 @@ def finished_record(ctx: RequestContext) -> FinishedRequest | None:
         sreq.predicted_output_tokens,
         sreq.id,
         sreq.allotment,
+        ctx.cached_tokens,
     )
 
 

@@ -309,7 +309,7 @@ class Fleet:
         ep.running_prompt_tokens += prompt
         ep.running_output_tokens += predicted
         self._context[req.id] = (prompt, predicted)
-        ep.running[req.id] = running_from(req, now)
+        ep.running[req.id] = running_from(req, now, eid)
         ep.changed()
         self._running[req.id] = eid
         self._requests[req.id] = req

@@ -24,6 +24,13 @@ together with the prompts dispatched there that have not had their first token y
 per-token time of the batch it joins. Its output is the predicted mean, or in a tail mode the mean plus
 ``γ·σ`` with ``γ = z(1 − τ)`` (normal) or ``sqrt((1 − τ)/τ)`` (Cantelli, any distribution).
 
+**Cached prompt tokens.** Every prefill term (a new request's, the pending prompts', the running
+requests' share of the batch's time) counts only the tokens the engine computes: the prompt less the
+prefix the endpoint is predicted to hold (`SchedRequest.cached`, `RunningRequest.cached_tokens`; see
+`gateway.sched.prefix`). Contexts (decode cost, KV) count the whole prompt. So a request placed where its
+prefix is cached is predicted to start sooner there, and a choice between endpoints weighs the wait on
+the one holding the prefix against the prefill it saves, in the request's own SLO terms.
+
 Results are seconds from `now`; whether they keep a request's targets is `gateway.sched.targets`.
 `gateway.sched.loads.LoadCache` keeps one `EndpointLoad` per endpoint view for as long as the view
 object and (within 10 ms) the clock are the same, so ordering a long queue costs a few arithmetic
@@ -41,7 +48,13 @@ from typing import Final, Literal
 
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import RunningRequest, output_estimate, remaining_max_tokens, resume_prompt_tokens
+from gateway.sched.running import (
+    RunningRequest,
+    output_estimate,
+    prefill_tokens,
+    remaining_max_tokens,
+    resume_prompt_tokens,
+)
 from gateway.sched.snapshot import EndpointView
 
 Tail = Literal["mean", "normal", "cantelli"]
@@ -189,8 +202,14 @@ class EndpointLoad:
         # time the endpoint spends prefilling requests like it (a steady state of this batch).
         k1, c1 = coef.k1, coef.c1
         rho = 0.0
-        for r in reqs:
-            pre = k1 * r.prompt_tokens + c1
+        # Each running request's prefill tokens (its uncached ones), once: `RunningRequest.prefill_tokens`
+        # inlined (this runs per running request on every placement).
+        fresh = [
+            r.prompt_tokens if r.cached_tokens <= 0 else max(1, r.prompt_tokens - r.cached_tokens)
+            for r in reqs
+        ]
+        for r, f in zip(reqs, fresh, strict=True):
+            pre = k1 * f + c1
             life = pre + r.output_mean * base
             rho += pre / life if life > 0 else 0.0
         rho = min(rho, _MAX_PREFILL_SHARE)
@@ -204,14 +223,14 @@ class EndpointLoad:
         pending = 0.0
         long_total = 0.0
         inf = math.inf
-        for r in reqs:
+        for r, f in zip(reqs, fresh, strict=True):
             if r.produced is not None and r.reported_at is not None and r.first_token_at is not None:
                 # reported by the dispatcher: its count then, and tokens at the current pace since
                 first_at = r.first_token_at
                 prefilled = True
                 produced = r.produced + ((now - r.reported_at) / guess if guess > 0 else 0.0)
             else:
-                first_at = r.dispatched_at + k1 * r.prompt_tokens + c1 + 0.5 * guess
+                first_at = r.dispatched_at + k1 * f + c1 + 0.5 * guess
                 prefilled = now >= first_at
                 produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
             cap = inf if r.max_tokens is None else float(r.max_tokens)
@@ -225,7 +244,7 @@ class EndpointLoad:
                 long = (produced - r.output_mean) / max(1.0, r.output_mean)
             remaining = max(0.0, min(remaining, cap - produced)) if cap < inf else remaining
             if not prefilled:
-                pending += r.prompt_tokens
+                pending += f
             ctx_sum += r.prompt_tokens + produced
             long_total += long
             states.append(RunningState(r, prefilled, produced, remaining, 0.0, first_at - now, long))
@@ -245,19 +264,23 @@ class EndpointLoad:
             self.wait_s = self.seat_free[n - self.seats] + 0.5 * self.tpot_now
 
     # ----------------------------------------------------------------- queries
-    def times(self, prompt: float, out: float) -> tuple[float, float, float, float]:
+    def times(
+        self, prompt: float, out: float, fresh: float | None = None
+    ) -> tuple[float, float, float, float]:
         """(first token, last token) of a request with `prompt` tokens and `out` output tokens, alone
         on this endpoint and placed on it now: `idle_service` and `predict` in a few arithmetic
-        operations, for ordering long queues."""
+        operations, for ordering long queues. `fresh`: the prompt tokens its prefill computes here (the
+        uncached ones, `prefill_tokens`); None: all of them."""
         c = self.coef
         over = 1.0 + self.overhead
         steps = out - 1.0 if out > 1.0 else 0.0
-        idle_ttft = c.k1 * prompt + c.c1
+        pre = prompt if fresh is None else fresh
+        idle_ttft = c.k1 * pre + c.c1
         alone = 1.0 + self.params.prefill_overhead
         idle_e2e = idle_ttft + steps * ((c.k2 * (prompt + 0.5 * out) + c.c2) + c.c3) * alone
         n = self.n
         b = n + 1 if n + 1 < self.seats else self.seats
-        ttft = self.wait_s + c.k1 * (prompt + self.pending_prompt) + c.c1
+        ttft = self.wait_s + c.k1 * (pre + self.pending_prompt) + c.c1
         avg = (self.ctx_sum + prompt + 0.5 * out) / (n + 1)
         e2e = ttft + steps * ((c.k2 * avg + c.c2) * b + c.c3) * over
         return idle_ttft, idle_e2e, ttft, e2e
@@ -281,7 +304,7 @@ class EndpointLoad:
         worst-case throughput) instead of the batch it joins."""
         out = self.output_tokens(req)
         p = float(resume_prompt_tokens(req))
-        ttft = self.wait_s + self.coef.prefill_s(p + self.pending_prompt)
+        ttft = self.wait_s + self.coef.prefill_s(prefill_tokens(req, self.view.id) + self.pending_prompt)
         b = float(self.seats) if worst_case else float(min(self.n + 1, self.seats))
         avg_ctx = (self.ctx_sum + p + 0.5 * out) / (self.n + 1)
         tpot = self.tpot(b, avg_ctx)
@@ -292,7 +315,7 @@ class EndpointLoad:
         """`req` starting here after `wait_s` (a seat frees then), into a full batch."""
         out = self.output_tokens(req)
         p = float(resume_prompt_tokens(req))
-        ttft = wait_s + self.coef.prefill_s(p)
+        ttft = wait_s + self.coef.prefill_s(prefill_tokens(req, self.view.id))
         avg_ctx = (self.ctx_sum + p + 0.5 * out) / (self.n + 1)
         tpot = self.tpot(float(self.seats), avg_ctx)
         return Prediction(wait_s, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
@@ -301,7 +324,7 @@ class EndpointLoad:
         """`req` alone on this endpoint (no wait, batch of one): the least it can take here."""
         out = self.output_tokens(req)
         p = float(resume_prompt_tokens(req))
-        ttft = self.coef.prefill_s(p)
+        ttft = self.coef.prefill_s(prefill_tokens(req, self.view.id))
         tpot = self.tpot(1.0, p + 0.5 * out, alone=True)
         return Prediction(0.0, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
 
@@ -322,8 +345,9 @@ class EndpointLoad:
             return []
         c = self.coef
         p = float(resume_prompt_tokens(req))
+        fresh = prefill_tokens(req, self.view.id)
         out = self.output_tokens(req)
-        pause = c.prefill_s(p)
+        pause = c.prefill_s(fresh)
         per_iter = (c.k2 * (p + 0.5 * out) + c.c2) * (1.0 + self.overhead)
         now = self.now
         harms: list[Harm] = []
@@ -334,11 +358,11 @@ class EndpointLoad:
             if not s.prefilled and r.ttft_deadline is not None:
                 saved = r.ttft_deadline - now - s.first_s
                 if saved >= on_track * (r.ttft_deadline - now) and saved >= 0:
-                    harms.append(Harm(s, "ttft", c.k1 * p, saved, r.ttft_deadline - now))
+                    harms.append(Harm(s, "ttft", c.k1 * fresh, saved, r.ttft_deadline - now))
             if r.e2e_deadline is not None:
                 saved = r.e2e_deadline - now - s.finish_s
                 if saved >= on_track * (r.e2e_deadline - now) and saved >= 0:
-                    delay = (c.k1 * p if not s.prefilled else pause) + min(s.remaining, out) * per_iter
+                    delay = (c.k1 * fresh if not s.prefilled else pause) + min(s.remaining, out) * per_iter
                     harms.append(Harm(s, "e2e", delay, saved, r.e2e_deadline - now))
             if r.itl_s is not None and s.prefilled:
                 saved = r.itl_s - self.tpot_now

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.core.frozen import frozen
 from gateway.core.slo import Allotment
 from gateway.core.types import SLO, ApiKind, ModelName, RequestId
+from gateway.sched.prefix import NO_HITS, PrefixHits
 
 
 @frozen
@@ -34,3 +35,6 @@ class SchedRequest:
     # A task call's own share of its task SLA (CATO's allotted time for its step; `slo` holds the rest of
     # the task SLA as its deadline): what slack violations are counted against. None: not a task call.
     allotment: Allotment | None = None
+    # Prompt tokens each endpoint is predicted to hold in its prefix cache (the prefix index, looked up
+    # once at admission): predictions charge prefill on the rest only (gateway.sched.prefix).
+    cached: PrefixHits = NO_HITS

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Final
 
 from gateway.core.frozen import frozen
-from gateway.core.types import RequestId
+from gateway.core.types import EndpointId, RequestId
+from gateway.sched.prefix import uncached
 from gateway.sched.request import SchedRequest
 
 #: Output tokens assumed for a request with neither a prediction nor max_tokens.
@@ -43,6 +44,14 @@ class RunningRequest:
     produced: int | None = None
     first_token_at: float | None = None
     reported_at: float | None = None
+    # Prompt tokens its endpoint was predicted to hold in its prefix cache when it was placed there: its
+    # prefill computed only the rest (`prefill_tokens`).
+    cached_tokens: int = 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        """The prompt tokens its prefill computes (the uncached ones)."""
+        return uncached(self.prompt_tokens, self.cached_tokens)
 
 
 def remaining_max_tokens(req: SchedRequest) -> int | None:
@@ -57,6 +66,12 @@ def resume_prompt_tokens(req: SchedRequest) -> int:
     """The tokens an engine prefills for the request's next run: its prompt, plus what its earlier runs
     produced (a resumed request re-sends them, and the engine recomputes their KV cache)."""
     return req.prompt_tokens + req.produced_tokens
+
+
+def prefill_tokens(req: SchedRequest, endpoint: EndpointId) -> int:
+    """The tokens an engine at `endpoint` prefills for the request's next run: `resume_prompt_tokens`
+    less the prefix the endpoint is predicted to hold (`SchedRequest.cached`)."""
+    return uncached(req.prompt_tokens + req.produced_tokens, req.cached.get_tokens(endpoint))
 
 
 def output_estimate(req: SchedRequest) -> tuple[float, float]:
@@ -83,7 +98,9 @@ def deadlines(req: SchedRequest) -> tuple[float | None, float | None]:
     return ttft, e2e
 
 
-def running_from(req: SchedRequest, now: float) -> RunningRequest:
+def running_from(req: SchedRequest, now: float, endpoint: EndpointId | None = None) -> RunningRequest:
+    """The running record of `req` placed on `endpoint` at `now` (its cached prefix there is known
+    when the endpoint is given)."""
     mean, std = output_estimate(req)
     ttft, e2e = deadlines(req)
     itl_ms = req.slo.itl_ms
@@ -104,6 +121,10 @@ def running_from(req: SchedRequest, now: float) -> RunningRequest:
         req.resumable,
         req.preemptions,
         req.produced_tokens,  # produced_before
+        None,  # produced
+        None,  # first_token_at
+        None,  # reported_at
+        0 if endpoint is None else req.cached.get_tokens(endpoint),  # cached_tokens
     )
 
 
@@ -130,4 +151,5 @@ def with_progress(
         produced,
         first_token_at,
         reported_at,
+        r.cached_tokens,
     )

@@ -90,6 +90,7 @@ class EndpointTelemetry:
         ttft: float,
         decoding: float,
         per_token: float | None,
+        computed: int | None = None,
     ) -> None:
         """A streamed, successful, first-attempt request that ran here (see the module docstring):
         `ttft` from dispatch, `decoding` the sum of its gaps, `per_token` decoding over tokens - 1."""
@@ -98,16 +99,18 @@ class EndpointTelemetry:
         self.checks["ttft"].gateway(ttft, 1)
         if per_token is not None:  # per token, like the engine's histogram, however events were batched
             self.checks["itl"].gateway(decoding, r.output_tokens - 1)
-        self._on_timeline(r, prompt_tokens)
+        self._on_timeline(r, prompt_tokens, computed)
 
-    def observe_other(self, r: FinishedRequest, prompt_tokens: int) -> None:
+    def observe_other(self, r: FinishedRequest, prompt_tokens: int, computed: int | None = None) -> None:
         """A request that ran here but is not measured (not streamed, failed, retried); its tokens, if it
         had timed ones, still tell the timeline which streams ran and when."""
         if r.ok and r.output_tokens:
             self.timings.output_rate.add(r.output_tokens, r.finished_at)
-        self._on_timeline(r, prompt_tokens)
+        self._on_timeline(r, prompt_tokens, computed)
 
-    def _on_timeline(self, r: FinishedRequest, prompt_tokens: int) -> None:
+    def _on_timeline(self, r: FinishedRequest, prompt_tokens: int, computed: int | None = None) -> None:
+        """`computed`: the prompt tokens its prefill computed (the uncached ones; None: all): what the
+        prefill fit learns from. Contexts count the whole prompt."""
         dispatched = r.dispatched_at
         if dispatched is None:
             return  # never reached the engine
@@ -119,6 +122,7 @@ class EndpointTelemetry:
                 gaps=r.gaps,
                 prompt_tokens=prompt_tokens,
                 clean=r.ok,
+                prefill_tokens=computed,
             )
         else:  # not streamed (its first token is the whole answer), or no token: when it ran is all we know
             self.timeline.add_untracked(dispatched, r.finished_at)

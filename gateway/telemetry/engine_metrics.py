@@ -68,6 +68,10 @@ class EngineMetrics:
     e2e: tuple[str, ...]
     prompt_tokens: tuple[str, ...]  # counter sample names
     generation_tokens: tuple[str, ...]
+    # Prefix cache: cumulative hit and query tokens (vLLM), or a hit-rate gauge (SGLang).
+    prefix_hits: tuple[str, ...] = ()
+    prefix_queries: tuple[str, ...] = ()
+    cache_hit_rate: tuple[str, ...] = ()
     health_path: str = "/health"
     models_path: str = "/v1/models"
     metrics_path: str = "/metrics"
@@ -88,6 +92,9 @@ class EngineMetrics:
             *(base + suffix for base in histograms for suffix in _SCRAPED_HISTOGRAM_SUFFIXES),
             *self.prompt_tokens,
             *self.generation_tokens,
+            *self.prefix_hits,
+            *self.prefix_queries,
+            *self.cache_hit_rate,
             *CAPACITY_SAMPLES,
         }
         object.__setattr__(self, "scraped", frozenset(names))
@@ -118,6 +125,14 @@ class EngineMetrics:
     def generation_tokens_total(self, expo: Exposition) -> float | None:
         return _total(expo, self.generation_tokens)
 
+    def prefix_cache(self, expo: Exposition) -> tuple[float | None, float | None, float | None]:
+        """(hit tokens, query tokens, hit rate) of the engine's prefix cache; None where not exported."""
+        return (
+            _total(expo, self.prefix_hits),
+            _total(expo, self.prefix_queries),
+            _mean(expo, self.cache_hit_rate),
+        )
+
     def served_models(self, body: bytes) -> list[str]:
         return served_models(body)
 
@@ -143,6 +158,15 @@ VLLM_METRICS: Final = EngineMetrics(
     e2e=_spellings("e2e_request_latency_seconds", "vllm:", "vllm_"),
     prompt_tokens=_spellings("prompt_tokens_total", "vllm:", "vllm_"),
     generation_tokens=_spellings("generation_tokens_total", "vllm:", "vllm_"),
+    # V1 names; before them (V0) `gpu_prefix_cache_*` with the same meaning.
+    prefix_hits=(
+        *_spellings("prefix_cache_hits_total", "vllm:", "vllm_"),
+        *_spellings("gpu_prefix_cache_hits_total", "vllm:", "vllm_"),
+    ),
+    prefix_queries=(
+        *_spellings("prefix_cache_queries_total", "vllm:", "vllm_"),
+        *_spellings("gpu_prefix_cache_queries_total", "vllm:", "vllm_"),
+    ),
 )
 
 SGLANG_METRICS: Final = EngineMetrics(
@@ -159,6 +183,7 @@ SGLANG_METRICS: Final = EngineMetrics(
     e2e=_spellings("e2e_request_latency_seconds", "sglang:", "sglang_"),
     prompt_tokens=_spellings("prompt_tokens_total", "sglang:", "sglang_"),
     generation_tokens=_spellings("generation_tokens_total", "sglang:", "sglang_"),
+    cache_hit_rate=_spellings("cache_hit_rate", "sglang:", "sglang_"),
 )
 
 ENGINE_METRICS: Final[tuple[EngineMetrics, ...]] = (VLLM_METRICS, SGLANG_METRICS)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 
 from gateway.core.types import EndpointId
@@ -123,6 +123,8 @@ class FleetTelemetry:
         self.lengths = lengths or OutputLengthPredictor(buckets=LENGTH_BUCKETS)
         self.predictions = CachedLengths(self.lengths)
         self.attainment = SloAttainment(window_s=settings.attainment_window_s)
+        # The prefix index's correction of its predicted cached tokens per endpoint (None: taken as is).
+        self.cache_correction: Callable[[EndpointId], float] | None = None
         self.endpoints: dict[EndpointId, EndpointTelemetry] = {}
         self.models: dict[str, ModelTelemetry] = {}
         self.fail_open = FailOpen()
@@ -194,11 +196,29 @@ class FleetTelemetry:
         if ok and out:
             model.timings.output_rate.add(out, finished)
         if dispatched is None or first is None or not (ok and r.stream and r.attempts == 1):
-            ep.observe_other(r, prompt)
+            ep.observe_other(r, prompt, self.computed_tokens(r, prompt))
             return
         engine_ttft = max(0.0, first - dispatched)
         model.timings.add(engine_ttft, per_token, gaps)
-        ep.observe_request(r, prompt_tokens=prompt, ttft=engine_ttft, decoding=decoding, per_token=per_token)
+        computed = self.computed_tokens(r, prompt)
+        ep.observe_request(
+            r,
+            prompt_tokens=prompt,
+            ttft=engine_ttft,
+            decoding=decoding,
+            per_token=per_token,
+            computed=computed,
+        )
+
+    def computed_tokens(self, r: FinishedRequest, prompt: int) -> int:
+        """The prompt tokens the engine really prefilled for `r`: its prompt less the tokens the prefix
+        index predicted cached at dispatch, scaled by the correction the engine's own hit counters give
+        for its endpoint (`PrefixIndex.correction`); at least one."""
+        cached = r.cached_tokens
+        if cached <= 0 or r.endpoint is None:
+            return prompt
+        correction = 1.0 if self.cache_correction is None else self.cache_correction(r.endpoint)
+        return max(1, prompt - round(cached * correction))
 
     def observe_scrape(self, eid: EndpointId, s: ScrapeSample) -> list[tuple[Quantity, Verdict]]:
         return self.endpoint(eid).observe_scrape(s)

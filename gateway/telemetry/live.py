@@ -31,7 +31,7 @@ import msgspec
 import structlog
 from prometheus_client import CollectorRegistry
 
-from gateway.config.schema import TelemetryConfig
+from gateway.config.schema import PrefixConfig, TelemetryConfig
 from gateway.core.clock import Clock
 from gateway.core.turnshare import TurnShare
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges
@@ -43,6 +43,8 @@ from gateway.telemetry.engine_metrics import EngineMetrics, HistogramReader
 from gateway.telemetry.exporter import TelemetryCollector
 from gateway.telemetry.fleet_state import CachedLengths, FleetTelemetry, prior_with
 from gateway.telemetry.perfmodel import PART_COEFFICIENTS, PARTS, Part
+from gateway.telemetry.prefix_exporter import PrefixCollector
+from gateway.telemetry.prefix_index import PrefixIndex, PrefixSettings
 from gateway.telemetry.promtext import Exposition, Histogram
 from gateway.telemetry.records import FinishedRequest, ScrapeSample, TelemetrySettings
 from gateway.telemetry.tokens import TokenEstimator
@@ -79,6 +81,12 @@ def telemetry_settings(cfg: TelemetryConfig) -> TelemetrySettings:
     )
 
 
+def prefix_settings(cfg: PrefixConfig, telemetry: TelemetryConfig | None = None) -> PrefixSettings:
+    """The prefix index's settings: [prefix], its size falling back to [telemetry] kv_capacity_tokens."""
+    size = cfg.index_tokens or (None if telemetry is None else telemetry.kv_capacity_tokens)
+    return PrefixSettings(source=cfg.source, block_tokens=cfg.block_tokens, index_tokens=size)
+
+
 class LiveTelemetry:
     def __init__(
         self,
@@ -87,6 +95,7 @@ class LiveTelemetry:
         config: TelemetryConfig,
         *,
         pending_limit: int = PENDING_LIMIT,
+        prefix: PrefixConfig | None = None,
     ) -> None:
         self._scheduler = scheduler
         self._clock = clock
@@ -100,6 +109,12 @@ class LiveTelemetry:
         self._last_first_fit: float | None = None  # the last refit of either kind
         # per endpoint, its TTFT and ITL histograms as last read (derived again only when they change)
         self._histograms: dict[EndpointId, tuple[HistogramReader, HistogramReader]] = {}
+        # Which prompt blocks each endpoint holds ([prefix]); its corrections reach the prefill fits.
+        self._prefix_config = prefix or PrefixConfig()
+        self.prefix = PrefixIndex(
+            prefix_settings(self._prefix_config, config), self.fleet.tokens.chars_per_token
+        )
+        self.fleet.cache_correction = self.prefix.correction
 
     @property
     def tokens(self) -> TokenEstimator:
@@ -120,6 +135,7 @@ class LiveTelemetry:
 
     def register(self, registry: CollectorRegistry) -> None:
         registry.register(TelemetryCollector(lambda: self.fleet, self._scrape_ages, self._clock.now))
+        registry.register(PrefixCollector(lambda: self.prefix))
 
     # ----------------------------------------------------------------- inputs
     def on_finish(self, record: FinishedRequest) -> None:
@@ -142,6 +158,8 @@ class LiveTelemetry:
                 eid, gauges, kv_capacity_tokens=None if expo is None else kv_capacity_tokens(expo)
             )
             return
+        hits, queries, rate = dialect.prefix_cache(expo)
+        self.prefix.observe_engine(eid, hits=hits, queries=queries, hit_rate=rate)
         readers = self._histograms.get(eid)
         if readers is None:
             readers = self._histograms[eid] = (HistogramReader(), HistogramReader())
@@ -175,7 +193,9 @@ class LiveTelemetry:
             gateway_inflight=view.inflight,
             gateway_context_tokens=view.running_prompt_tokens + 0.5 * view.running_output_tokens,
         )
-        for quantity, v in self.fleet.observe_scrape(eid, sample):
+        verdicts = self.fleet.observe_scrape(eid, sample)
+        self.prefix.set_capacity(eid, self.fleet.endpoint(eid).kv_capacity_tokens)
+        for quantity, v in verdicts:
             if v.disagrees:
                 log.warning(
                     "engine_metrics_disagree",
@@ -240,6 +260,7 @@ class LiveTelemetry:
         self.drain()
         eids = self._scheduler.endpoint_ids()
         self.fleet.keep_endpoints(eids)
+        self.prefix.keep(eids)
         if self._histograms.keys() - set(eids):  # endpoints that left: forget their histograms
             kept = set(eids)
             self._histograms = {eid: r for eid, r in self._histograms.items() if eid in kept}
@@ -375,7 +396,16 @@ class LiveTelemetry:
             return
         self._config = cfg
         self.fleet.set_settings(telemetry_settings(cfg))
+        self.prefix.configure(prefix_settings(self._prefix_config, cfg))
         log.info("telemetry_config_applied")
+
+    def reconfigure_prefix(self, cfg: PrefixConfig) -> None:
+        """A reloaded [prefix]: a new block size starts the approximate index afresh."""
+        if cfg == self._prefix_config:
+            return
+        self._prefix_config = cfg
+        self.prefix.configure(prefix_settings(cfg, self._config))
+        log.info("prefix_config_applied", source=cfg.source, block_tokens=cfg.block_tokens)
 
     def _scrape_ages(self) -> dict[str, float | None]:
         snap = self._scheduler.snapshot()

@@ -54,6 +54,9 @@ class FinishedRequest(NamedTuple):
     predicted_output_tokens: float | None
     request: RequestId | None = None  # the scheduler's id (the autoscaler matches it to open calls)
     allotment: Allotment | None = None  # a task call's own share of its task SLA (the autoscaler's)
+    # Prompt tokens the prefix index predicted cached on its endpoint at dispatch (the prefill fit
+    # learns from the rest, corrected by the engine's hit counters).
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,14 +122,18 @@ class EndpointTimeline:
         gaps: Sequence[float],
         prompt_tokens: float,
         clean: bool,
+        prefill_tokens: float | None = None,
     ) -> None:
         """A finished stream that had a first token here. `dispatched_at` None: unknown (the request was
-        retried from another endpoint); `clean`: it ran to its end (its gaps time the decode)."""
+        retried from another endpoint); `clean`: it ran to its end (its gaps time the decode);
+        `prefill_tokens`: the prompt tokens its prefill computed (the uncached ones; None: all), what
+        its group's prefill observation counts."""
         times = np.empty(len(gaps) + 1)
         times[0] = 0.0
         times[1:] = gaps
         times = np.cumsum(times) + first_token_at
-        self._streams.append(TimedStream(dispatched_at, times, float(prompt_tokens), clean))
+        computed = float(prompt_tokens if prefill_tokens is None else prefill_tokens)
+        self._streams.append(TimedStream(dispatched_at, times, float(prompt_tokens), clean, computed))
         self._tokens += len(times)
         self._earliest_added = min(self._earliest_added, first_token_at)
 
@@ -195,7 +199,7 @@ class EndpointTimeline:
     ) -> PrefillObservation | object | None:
         tol = arr.tol
         size = len(members)
-        tokens = sum(s.prompt for s in members)
+        tokens = sum(s.computed for s in members)
         samples: list[float] = []
         landed, untracked = arr.landed, arr.untracked
         running = np.flatnonzero((arr.firsts < at0 - tol) & (arr.lasts >= at1 - tol))

@@ -21,14 +21,17 @@ TOLERANCE: Final = 0.25
 
 
 class TimedStream:
-    __slots__ = ("dispatched_at", "first", "last", "pending", "prompt", "times")
+    __slots__ = ("computed", "dispatched_at", "first", "last", "pending", "prompt", "times")
 
-    def __init__(self, dispatched_at: float | None, times: Array, prompt: float, pending: bool) -> None:
+    def __init__(
+        self, dispatched_at: float | None, times: Array, prompt: float, pending: bool, computed: float
+    ) -> None:
         self.dispatched_at = dispatched_at
         self.times = times
         self.first = float(times[0])
         self.last = float(times[-1])
-        self.prompt = prompt
+        self.prompt = prompt  # its context's prompt part
+        self.computed = computed  # the prompt tokens its prefill computed (not in the prefix cache)
         self.pending = pending  # its decode observation is still to be derived
 
 

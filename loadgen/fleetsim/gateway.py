@@ -8,19 +8,25 @@ called the way the daemon calls them, without sockets or an event loop.
   live token estimator and output-length predictor);
 - the scheduler (`Scheduler`) and the live telemetry service (`LiveTelemetry`), whose refresh and refit
   the simulation calls at the configured intervals of virtual time;
+- the prefix index (`[prefix]`, or the run's `prefix` option): its approximate source told what was
+  dispatched where, as the dispatcher tells it; with `prefix = "oracle"`, the engines' true caches
+  instead (`loadgen.fleetsim.prefix_oracle`);
 - the finish phase's bookkeeping (`finished_record` to telemetry, `SloAdmission.on_finish`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
 
 from gateway.admission.models import ModelCatalog
 from gateway.admission.state import SloAdmission
 from gateway.config import GatewayConfig, default_config, load_gateway_config, load_policy
 from gateway.config.policy import load_default_policy
-from gateway.config.schema import EndpointConfig
+from gateway.config.schema import EndpointConfig, PrefixConfig
 from gateway.core.types import ApiKind, EndpointHealth, EndpointId, EngineGauges, EngineKind
 from gateway.dispatch.context import RequestContext
 from gateway.front.api import learn, resolve_slo, scheduler_request
@@ -33,6 +39,7 @@ from gateway.telemetry.live import LiveTelemetry
 from loadgen.engine_sim.spec import EndpointSpec as EngineSpec
 from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.options import SimOptions
+from loadgen.fleetsim.prefix_oracle import OracleHolder, true_cache
 
 
 def endpoint_ids(fleet: Sequence[EngineSpec]) -> list[str]:
@@ -71,7 +78,12 @@ class SimGateway:
         )
         self.clock = clock
         self.scheduler = Scheduler(self.policy, clock, self.cfg.queue_limits())
-        self.telemetry = LiveTelemetry(self.scheduler, clock, self.cfg.telemetry)
+        self.telemetry = LiveTelemetry(
+            self.scheduler, clock, self.cfg.telemetry, prefix=self.prefix_config(opts)
+        )
+        # The token ids the simulation gives its engines for a request body (None: not known), so that a
+        # source keyed by token ids (the oracle, `loadgen.fleetsim.prefix_oracle`) can match it.
+        self.token_ids: Callable[[ApiKind, Mapping[str, Any]], Sequence[int] | None] | None = None
         self.slo = SloAdmission()
         self.catalog = ModelCatalog(self.cfg.aliases)
         self.ids = [EndpointId(e) for e in endpoint_ids(opts.fleet)]
@@ -80,6 +92,29 @@ class SimGateway:
             endpoint_config(eid, s).spec(default_cap=cap) for eid, s in zip(self.ids, opts.fleet, strict=True)
         ]
         self.scheduler.sync_endpoints(self.specs)
+
+    def prefix_config(self, opts: SimOptions) -> PrefixConfig:
+        """[prefix] of the gateway file, its source overridden by the run's option (`prefix`: "oracle"
+        reads the engines' true caches where they have one, the approximate index elsewhere)."""
+        cfg = self.cfg.prefix
+        if opts.prefix is None:
+            return cfg
+        source = "auto" if opts.prefix == "oracle" else opts.prefix
+        return msgspec.structs.replace(cfg, source=source)
+
+    def attach_oracle(self, eid: EndpointId, engine: object) -> bool:
+        """Give the prefix index the engine's true cache as `eid`'s source (the oracle); False when the
+        engine has none."""
+        cache = true_cache(engine)
+        if cache is None:
+            return False
+        self.telemetry.prefix.attach(eid, OracleHolder(cache))
+        return True
+
+    def dispatched(self, ctx: RequestContext, req: SchedRequest, eid: EndpointId) -> None:
+        """What the dispatcher tells the prefix index when it sends `req` to `eid`."""
+        ctx.cached_tokens = cached = req.cached.get_tokens(eid)
+        self.telemetry.prefix.dispatched(eid, ctx.prefix_keys, req.prompt_tokens, cached)
 
     def bring_up(self, fleet: Sequence[EngineSpec]) -> None:
         """What the first scrape round tells the daemon: every endpoint ready, with its models."""
@@ -111,6 +146,11 @@ class SimGateway:
             policy=self.policy.slo,
         )
         sreq = scheduler_request(ctx, parsed, resolved, ctx.id, self.telemetry)
+        keys = ctx.prefix_keys
+        ids = None if keys is None or self.token_ids is None else self.token_ids(api, parsed.body)
+        if keys is not None and ids is not None:  # matched again, now by token ids too
+            keys.with_token_ids(ids)
+            sreq = dataclasses.replace(sreq, cached=self.telemetry.prefix.lookup(keys, sreq.prompt_tokens))
         # The simulated client's stream survives an engine abort, so every request may be preempted and
         # resumed (the live front decides this per request).
         sreq = dataclasses.replace(sreq, resumable=True)
@@ -122,7 +162,17 @@ class SimGateway:
         ctx.finished_at = self.clock.now()
         learn(ctx, self.telemetry, self.slo)
 
-    def scrape(self, eid: EndpointId, gauges: EngineGauges, kv_capacity_tokens: float) -> None:
-        """One scrape of an endpoint: the scheduler's gauges and the telemetry's sample."""
+    def scrape(
+        self,
+        eid: EndpointId,
+        gauges: EngineGauges,
+        kv_capacity_tokens: float,
+        prefix_counters: tuple[float, float] | None = None,
+    ) -> None:
+        """One scrape of an endpoint: the scheduler's gauges and the telemetry's sample (and the
+        engine's prefix-cache hit and query tokens, when it counts them)."""
         self.scheduler.observe_gauges(eid, gauges)
         self.telemetry.observe_engine(eid, gauges, kv_capacity_tokens=kv_capacity_tokens)
+        if prefix_counters is not None:
+            hits, queries = prefix_counters
+            self.telemetry.prefix.observe_engine(eid, hits=hits, queries=queries)

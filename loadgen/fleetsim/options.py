@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
@@ -37,3 +38,6 @@ class SimOptions:
     # schedule for rate, duration, arrival and seed (`workload` then only names the run).
     schedule: tuple[TaskSpec, ...] | None = None
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, --turns, ...
+    # The prefix index's source, overriding [prefix] source of the gateway file: "auto", "approximate",
+    # "off" (no prefix awareness), "oracle" (the simulated engines' true caches); None: the file's.
+    prefix: Literal["auto", "approximate", "precise", "off", "oracle"] | None = None

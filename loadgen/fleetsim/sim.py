@@ -56,6 +56,7 @@ from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
 from loadgen.fleetsim.options import SimOptions
+from loadgen.fleetsim.prefix_oracle import hit_counters
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, Report, TaskResult, build_report, complete_task
 from loadgen.runner import RunOptions, build_schedule
@@ -163,6 +164,9 @@ class Simulation:
         )
         self._by_id = {e.id: e for e in self.endpoints}
         self._caching = any(s.resolve_prefix_cache() for s in opts.fleet)
+        if opts.prefix == "oracle":
+            for e in self.endpoints:
+                self.gw.attach_oracle(e.id, e.engine)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._running: dict[RequestId, _Call] = {}  # berth's id -> the call (queued or running)
@@ -289,6 +293,8 @@ class Simulation:
     def _add_engine(self, eid: EndpointId, model: ModelName, config: str | None) -> None:
         template = self._templates.get((model, config)) or self._templates[(model, None)]
         ep = _Endpoint(eid, SimEngine(template.resolve().engine))
+        if self.opts.prefix == "oracle":
+            self.gw.attach_oracle(eid, ep.engine)
         self.endpoints.append(ep)
         self._by_id[eid] = ep
         self.push(self.clock.t + self.gw.cfg.scrape.interval_s, _SCRAPE, ep)
@@ -536,6 +542,7 @@ class Simulation:
         ctx.dispatched_at = now
         if self.life is not None:
             self.life.on_dispatch(d.req, ep.id)
+        self.gw.dispatched(ctx, d.req, ep.id)
         call.endpoint = ep
         call.result.endpoint = ep.id
         spec = call.task.spec.calls[call.index]
@@ -647,7 +654,7 @@ class Simulation:
         gauges = EngineGauges(
             running=float(eng.num_running), waiting=float(eng.num_waiting), kv_usage=eng.kv_usage
         )
-        self.gw.scrape(ep.id, gauges, ep.kv_capacity)
+        self.gw.scrape(ep.id, gauges, ep.kv_capacity, hit_counters(eng))
 
     def _sample(self) -> None:
         busy = sum(1 for ep in self.endpoints if ep.engine.num_running)

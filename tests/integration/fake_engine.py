@@ -44,6 +44,9 @@ class FakeEngine:
     metrics_status: int = 200  # anything else: /metrics fails (the gauges go stale)
     running: int = 0
     waiting: int = 0
+    # vLLM's prefix-cache counters (tokens) on /metrics; None: not exported.
+    prefix_hits: float | None = None
+    prefix_queries: float | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw_requests: list[bytes] = field(default_factory=list)  # each generation's body, as it came
     request_headers: list[dict[str, str]] = field(default_factory=list)  # of each generation, names lowered
@@ -109,6 +112,13 @@ class FakeEngine:
             "# TYPE vllm:kv_cache_usage_perc gauge\n"
             f'vllm:kv_cache_usage_perc{{engine="0",model_name="{m}"}} 0.25\n'
         )
+        if self.prefix_hits is not None and self.prefix_queries is not None:
+            text += (
+                "# TYPE vllm:prefix_cache_queries counter\n"
+                f'vllm:prefix_cache_queries_total{{engine="0",model_name="{m}"}} {self.prefix_queries}\n'
+                "# TYPE vllm:prefix_cache_hits counter\n"
+                f'vllm:prefix_cache_hits_total{{engine="0",model_name="{m}"}} {self.prefix_hits}\n'
+            )
         return web.Response(text=text, content_type="text/plain")
 
     async def _tokenize(self, request: web.Request) -> web.Response:

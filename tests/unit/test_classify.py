@@ -9,8 +9,9 @@ import pytest
 
 from gateway.admission.classify import task_class, to_sched_request
 from gateway.core.slo import Allotment
-from gateway.core.types import SLO, ApiKind, ModelName, ParsedRequest, RequestId
+from gateway.core.types import SLO, ApiKind, EndpointId, ModelName, ParsedRequest, RequestId
 from gateway.front.schemas import parse_body
+from gateway.sched.prefix import NO_HITS, PrefixHits
 from gateway.sched.request import SchedRequest
 from gateway.telemetry.lengths import OutputLengthPredictor
 from gateway.telemetry.tokens import TokenEstimator
@@ -90,8 +91,18 @@ def test_the_request_holds_each_value_under_its_own_name() -> None:
     lengths.observe("m", "c", 1, 5)
     allot = Allotment(2.5, True)
     slo = SLO("c", ttft_ms=100.0)
+    hits = PrefixHits({EndpointId("e"): 1})
     r = to_sched_request(
-        "r9", p, M, 5.0, lengths=lengths, slo=slo, task_id="t1", allotment=allot, preemptive=True
+        "r9",
+        p,
+        M,
+        5.0,
+        lengths=lengths,
+        slo=slo,
+        task_id="t1",
+        allotment=allot,
+        preemptive=True,
+        cached=lambda tokens: hits if tokens == 1 else NO_HITS,
     )
     pred = lengths.predict("m", "c", 1, 7)
     assert r == SchedRequest(
@@ -111,5 +122,6 @@ def test_the_request_holds_each_value_under_its_own_name() -> None:
         preemptions=0,
         produced_tokens=0,
         allotment=allot,
+        cached=hits,
     )
-    assert len(dataclasses.fields(SchedRequest)) == 16  # a new field must be passed by to_sched_request
+    assert len(dataclasses.fields(SchedRequest)) == 17  # a new field must be passed by to_sched_request

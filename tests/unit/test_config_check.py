@@ -293,3 +293,11 @@ def test_node_agent_files_are_named_as_such(tmp_path: Path, name: str, text: str
     assert report.kind is kind
     assert len(report.problems) == 1
     assert report.summary(path) == f"{path}: 1 problem ({kind})"
+
+
+def test_berth_check_validates_prefix(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[prefix]\nsource = "exakt"\nblock_tokens = 0\n')
+    assert check_file(path).problems == [
+        f"{path}:prefix.source: invalid value 'exakt' (expected one of: auto, approximate, precise, off)",
+        f"{path}:prefix.block_tokens: expected integer >= 1",
+    ]

@@ -226,8 +226,8 @@ _ENDPOINT_KEYS = (
         pytest.param(
             'colour = "blue"\n',
             "gateway.toml:colour: unknown key "
-            "(known: server, limits, upstream, scrape, telemetry, policy, auth, ops, aliases, endpoints, "
-            "tenants, lifecycle, nodes)",
+            "(known: server, limits, upstream, scrape, telemetry, prefix, policy, auth, ops, aliases, "
+            "endpoints, tenants, lifecycle, nodes)",
             id="unknown-top-level-key",
         ),
         pytest.param(

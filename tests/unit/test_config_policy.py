@@ -161,7 +161,7 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
         pytest.param(
             HEAD + '[placement]\npicker = { plugin = "max-score" }\nfilters = [{ plugin = "healthy" }]\n',
             "p.toml:placement.filters[0].plugin: unknown filter plugin 'healthy' "
-            "(known: best-fit, demand-split, instance-class, overflow-guard, sub-cluster)",
+            "(known: best-fit, demand-split, instance-class, overflow-guard, prefix-holders, sub-cluster)",
             id="unknown-filter",
         ),
         pytest.param(
@@ -169,7 +169,8 @@ _PICKERS = "cato-slack, max-score, power-of-two, round-robin"
             + '[placement]\npicker = { plugin = "max-score" }\n'
             + '[[placement.scorers]]\nplugin = "least-outstanding"\n'
             + '[[placement.scorers]]\nplugin = "kv-usage"\n',
-            "p.toml:placement.scorers[1].plugin: unknown scorer plugin 'kv-usage' (known: least-outstanding)",
+            "p.toml:placement.scorers[1].plugin: unknown scorer plugin 'kv-usage' "
+            "(known: least-outstanding, prefix-affinity)",
             id="unknown-second-scorer",
         ),
         pytest.param(

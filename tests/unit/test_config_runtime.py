@@ -193,7 +193,10 @@ def test_check_loads_the_policy_a_gateway_config_names(conf: Path) -> None:
         pytest.param(MAX_SCORE, [], id="good-policy"),
         pytest.param(
             MAX_SCORE + "[[placement.scorers]]\nplugin = 'x'\n",
-            ["{path}:placement.scorers[0].plugin: unknown scorer plugin 'x' (known: least-outstanding)"],
+            [
+                "{path}:placement.scorers[0].plugin: unknown scorer plugin 'x' "
+                "(known: least-outstanding, prefix-affinity)"
+            ],
             id="bad-policy",
         ),
         pytest.param(

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from gateway.config import load_gateway_config
-from gateway.config.schema import TelemetryConfig
+from gateway.config.schema import PrefixConfig, TelemetryConfig
 from gateway.core.errors import ConfigError
 from gateway.sched.perf import default_prior
-from gateway.telemetry.live import telemetry_settings
+from gateway.telemetry.live import prefix_settings, telemetry_settings
 
 
 def _load(tmp_path: Path, text: str) -> TelemetryConfig:
@@ -138,3 +138,38 @@ def test_errors_name_the_key_path(
     with pytest.raises(ConfigError) as e:
         load_gateway_config("gateway.toml", env={})
     assert str(e.value).startswith(expected)
+
+
+def _prefix(tmp_path: Path, text: str) -> PrefixConfig:
+    path = tmp_path / "gateway.toml"
+    path.write_text(text)
+    return load_gateway_config(path, env={}).prefix
+
+
+def test_prefix_defaults_and_every_key(tmp_path: Path) -> None:
+    assert _prefix(tmp_path, "") == PrefixConfig()
+    cfg = _prefix(tmp_path, '[prefix]\nsource = "approximate"\nblock_tokens = 32\nindex_tokens = 65536\n')
+    assert (cfg.source, cfg.block_tokens, cfg.index_tokens) == ("approximate", 32, 65536)
+    s = prefix_settings(cfg)
+    assert (s.source, s.block_tokens, s.index_tokens, s.block_chars) == ("approximate", 32, 65536, 128)
+    # the index's size falls back to the engines' configured KV capacity
+    assert prefix_settings(PrefixConfig(), TelemetryConfig(kv_capacity_tokens=4096)).index_tokens == 4096
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ('[prefix]\nsource = "exact"\n', "prefix.source"),
+        ("[prefix]\nblock_tokens = 0\n", "prefix.block_tokens"),
+        ("[prefix]\nindex_size = 10\n", "prefix.index_size"),
+    ],
+    ids=["unknown source", "block size", "unknown key"],
+)
+def test_prefix_errors_name_the_key(tmp_path: Path, text: str, path: str) -> None:
+    with pytest.raises(ConfigError, match=path.replace(".", r"\.")):
+        _prefix(tmp_path, text)
+
+
+def test_the_shipped_gateway_toml_documents_prefix() -> None:
+    shipped = Path(__file__).resolve().parents[2] / "conf" / "gateway.toml"
+    assert load_gateway_config(shipped, env={}).prefix == PrefixConfig()

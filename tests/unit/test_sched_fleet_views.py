@@ -101,9 +101,9 @@ def test_the_kept_views_equal_every_endpoints_own_view(n: int, events: list[tupl
 
 def test_a_progress_report_copies_every_other_field() -> None:
     r = RunningRequest(
-        RequestId("r"), "c", 11, 12.5, 3.5, 40, 1.25, 2.5, 9.5, 0.05, True, True, 2, 7, 3, 1.75, 2.0
+        RequestId("r"), "c", 11, 12.5, 3.5, 40, 1.25, 2.5, 9.5, 0.05, True, True, 2, 7, 3, 1.75, 2.0, 5
     )
-    assert len(dataclasses.fields(r)) == 17  # a new field must be carried by with_progress too
+    assert len(dataclasses.fields(r)) == 18  # a new field must be carried by with_progress too
     assert with_progress(r, 7, 1.5, 2.5) == dataclasses.replace(
         r, produced=7, first_token_at=1.5, reported_at=2.5
     )

@@ -744,7 +744,7 @@ def test_shipped_chat_and_batch_uses_classes_preemption_and_adaptive_caps() -> N
     pol = load_policy(
         Path(__file__).resolve().parents[2] / "policies" / "chat-and-batch.toml", default_registry()
     )
-    assert [f.name for f in pol.profile.filters] == ["instance-class", "overflow-guard"]
+    assert [f.name for f in pol.profile.filters] == ["instance-class", "overflow-guard", "prefix-holders"]
     assert pol.preemptor is not None
     assert pol.preemptor.name == "least-progress"
     assert pol.concurrency is not None

@@ -61,8 +61,15 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
     reg = default_registry()
     assert {k: reg.names(k) for k in PluginKind} == {
         PluginKind.ORDERING: ["edf", "fcfs", "priority-bands", "slack"],
-        PluginKind.FILTER: ["best-fit", "demand-split", "instance-class", "overflow-guard", "sub-cluster"],
-        PluginKind.SCORER: ["least-outstanding"],
+        PluginKind.FILTER: [
+            "best-fit",
+            "demand-split",
+            "instance-class",
+            "overflow-guard",
+            "prefix-holders",
+            "sub-cluster",
+        ],
+        PluginKind.SCORER: ["least-outstanding", "prefix-affinity"],
         PluginKind.PICKER: ["cato-slack", "max-score", "power-of-two", "round-robin"],
         PluginKind.ADMITTER: ["admit-all", "slo-feasibility"],
         PluginKind.EVICTOR: ["cace", "lru"],
@@ -81,7 +88,7 @@ def test_default_registry_has_exactly_the_in_tree_names() -> None:
         pytest.param(PluginKind.ORDERING, "known: edf, fcfs, priority-bands, slack", id="ordering"),
         pytest.param(
             PluginKind.FILTER,
-            "known: best-fit, demand-split, instance-class, overflow-guard, sub-cluster",
+            "known: best-fit, demand-split, instance-class, overflow-guard, prefix-holders, sub-cluster",
             id="filter",
         ),
     ],

@@ -255,3 +255,26 @@ def test_every_numeric_column_says_its_unit() -> None:
     endpoints = next(line for line in lines if line.startswith("ENDPOINT  STATE"))
     for header in ("INFL/CAP req", "INT/BAT req", "RUN req", "WAIT req", "KV %", "GW/ENG ratio"):
         assert header in endpoints
+
+
+def test_the_prefix_section_shows_each_endpoints_index() -> None:
+    ep = {
+        **DOC["endpoints"][0],
+        "prefix": {
+            "source": "precise",
+            "cached_blocks": 1200,
+            "capacity_blocks": 31250,
+            "predicted_hit_rate": 0.61,
+            "engine_hit_rate": 0.58,
+            "event_lag_s": 0.004,
+            "correction": 0.95,
+        },
+    }
+    frame = render({**DOC, "endpoints": [ep]})
+    assert "PREFIX CACHE" in frame
+    line = next(ln for ln in frame.splitlines() if "precise" in ln)
+    assert "1200/31250" in line
+    assert "61%" in line
+    assert "58%" in line
+    assert "4.0ms" in line
+    assert "PREFIX CACHE" not in render(DOC)  # no index yet: no section

@@ -23,6 +23,8 @@ from gateway.sched.plugins.placement import (
     least_outstanding,
     overflow_guard,
     power_of_two,
+    prefix_affinity,
+    prefix_holders,
     round_robin,
     sub_cluster,
 )
@@ -44,6 +46,8 @@ IN_TREE: tuple[PluginSpec[Any], ...] = (
     demand_split.SPEC,
     instance_class.SPEC,
     sub_cluster.SPEC,
+    prefix_affinity.SPEC,
+    prefix_holders.SPEC,
     admit_all.SPEC,
     slo_feasibility.SPEC,
     lru.SPEC,

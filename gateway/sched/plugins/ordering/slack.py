@@ -36,6 +36,7 @@ from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import PredictParams
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
+from gateway.sched.running import prefill_tokens
 from gateway.sched.snapshot import FleetSnapshot
 from gateway.sched.targets import itl_ok, time_left
 
@@ -62,6 +63,7 @@ def assess(req: SchedRequest, snap: FleetSnapshot, cache: LoadCache) -> tuple[in
     if ttft_left is None and e2e_left is None and itl is None:
         return CAN_WAIT, UNLIMITED
     p = float(req.prompt_tokens)
+    cached = bool(req.cached)
     best_idle = best = -math.inf
     feasible = False
     seen = False
@@ -73,7 +75,7 @@ def assess(req: SchedRequest, snap: FleetSnapshot, cache: LoadCache) -> tuple[in
         if out is None:
             out = load.output_tokens(req)
         seen = True
-        idle_ttft, idle_e2e, ttft, e2e = load.times(p, out)
+        idle_ttft, idle_e2e, ttft, e2e = load.times(p, out, prefill_tokens(req, e.id) if cached else None)
         s_idle = s = math.inf
         if ttft_left is not None:
             s_idle, s = ttft_left - idle_ttft, ttft_left - ttft

@@ -17,7 +17,10 @@ about half of all requests outrun theirs before they end (early on day one, whil
 are predicted from the model's other classes, nearly all of its longer ones do: the benchmark's
 generations at 225 tokens against 54 predicted), so the demotion moves new requests off the least
 loaded endpoints onto busier ones (scheduling benchmark, coding-assistant, 5 seeds: day one pattern1
-10.5 tasks/s 0.841 with the demotion, 0.854 without; pattern2 5.5 0.972 / 0.976). The request goes to
+10.5 tasks/s 0.841 with the demotion, 0.854 without; pattern2 5.5 0.972 / 0.976).
+A request with part of its prompt cached (`SchedRequest.cached`) tries first the endpoints holding
+it whose predicted first token comes before the first-ordered endpoint's (`holders_first`): it stays
+with its prefix exactly while waiting there costs less than the prefill it saves. The request goes to
 the first endpoint where all four constraints hold; when none fits it stays queued (a fixed fleet:
 waiting beats overloading):
 
@@ -58,6 +61,7 @@ from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
+from gateway.sched.running import prefill_tokens
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
@@ -107,7 +111,10 @@ class BestFitFilter:
     ) -> Sequence[EndpointView]:
         loads = [self._cache.load(e, snap.now) for e in candidates]
         spread = sorted(loads, key=self._spread_key)
-        for load in sorted(loads, key=self.order_key) if self._packs else spread:
+        tried = sorted(loads, key=self.order_key) if self._packs else spread
+        if req.cached:
+            tried = holders_first(req, tried)
+        for load in tried:
             if self.fits(load, req):
                 return [load.view]
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
@@ -174,7 +181,7 @@ class BestFitFilter:
         # target has saved against it so far (tokens produced × (target − per-token time)); with
         # `deadlines`, also within what each running request with a deadline has in hand, less a
         # reserve of 1 − θ of its time left
-        pause = coef.prefill_s(req.prompt_tokens)
+        pause = coef.prefill_s(prefill_tokens(req, load.view.id))
         for s in load.running:
             r = s.req
             if r.itl_s is not None and s.prefilled and not r.best_effort:
@@ -195,6 +202,28 @@ class BestFitFilter:
 
     def fits(self, load: EndpointLoad, req: SchedRequest) -> bool:
         return not self.violations(load, req)
+
+
+def holders_first(req: SchedRequest, order: list[EndpointLoad]) -> list[EndpointLoad]:
+    """`order` with the endpoints holding part of the request's prompt in their prefix cache moved to
+    the front, earliest predicted first token first, when their first token comes before the one on the
+    endpoint the order would try first: waiting there costs less than the prefill the cache saves
+    (both in the same prediction, `EndpointLoad.predict`). Without a cached prefix, `order` as it is."""
+    if not order:
+        return order
+    head = order[0].predict(req).ttft_s
+    ahead = []
+    for load in order:
+        if req.cached.get_tokens(load.view.id) > 0:
+            ttft = load.predict(req).ttft_s
+            if ttft < head:
+                ahead.append((ttft, str(load.view.id), load))
+    if not ahead:
+        return order
+    ahead.sort(key=lambda t: (t[0], t[1]))
+    first = [t[2] for t in ahead]
+    moved = {id(x) for x in first}
+    return first + [x for x in order if id(x) not in moved]
 
 
 SPEC = PluginSpec(

@@ -3,7 +3,10 @@ request's deadlines; when none does (or it has no deadline), the smallest wait.
 
 The wait is the time until the request's prefill could start there (a seat, then the iteration in
 flight: `gateway.sched.predict`); "meets" compares the predicted first and last token with the time left.
-Ties go to the smaller predicted completion, then the endpoint id. Scores are not used.
+Ties go to the smaller predicted completion, then the endpoint id. Scores are not used. A request
+with part of its prompt cached somewhere (`SchedRequest.cached`) compares the predicted first token
+(the wait, then the prefill of the tokens not cached there) instead of the wait: the endpoint holding
+its prefix wins exactly when waiting there costs less than the prefill it saves.
 """
 
 from __future__ import annotations
@@ -37,10 +40,14 @@ class CatoSlackPicker:
         best_any: tuple[float, float, str] | None = None
         best_meet: tuple[float, float, str] | None = None
         by_id: dict[str, EndpointView] = {}
+        cached = bool(req.cached)
         for e, _ in scored:
             by_id[e.id] = e
             pred = self._cache.load(e, now).predict(req)
-            k = (pred.wait_s, pred.e2e_s, str(e.id))
+            # With a cached prefix somewhere, the predicted first token (the wait, then the prefill of
+            # the tokens not cached there): the holder's wait is weighed against the prefill it saves.
+            wait = pred.ttft_s if cached else pred.wait_s
+            k = (wait, pred.e2e_s, str(e.id))
             if best_any is None or k < best_any:
                 best_any = k
             if meets(pred, left) and itl_ok(req, pred) and (best_meet is None or k < best_meet):

@@ -41,6 +41,7 @@ from msgspec import Meta
 
 from gateway.core.types import EndpointHealth, EndpointId, ModelName, RequestId
 from gateway.sched.perf import PerfCoefficients, default_prior
+from gateway.sched.prefix import uncached
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import output_estimate
@@ -73,12 +74,12 @@ class _ModelState:
 
 
 def request_work(req: SchedRequest, coef: PerfCoefficients, batch_ref: int) -> float:
-    """Engine seconds `req` adds: its prefill, and each output token's share of a decode iteration
-    shared by `batch_ref` requests."""
+    """Engine seconds `req` adds: its prefill (of the tokens not cached where most of its prefix is
+    held), and each output token's share of a decode iteration shared by `batch_ref` requests."""
     p = float(req.prompt_tokens)
     out, _ = output_estimate(req)
     per_token = coef.k2 * (p + 0.5 * out) + coef.c2 + coef.c3 / batch_ref
-    return coef.prefill_s(p) + out * per_token
+    return coef.prefill_s(uncached(req.prompt_tokens, req.cached.best)) + out * per_token
 
 
 def block_sizes(shares: Sequence[float], n: int, least: int) -> tuple[int, ...]:
