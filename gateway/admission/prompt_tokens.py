@@ -8,22 +8,29 @@ for the requests whose count fails. Nothing here can fail a request: on a timeou
 or a malformed answer the caller uses the estimate; `berth_tokenize_requests_total{result}` counts
 every outcome and a debug line says why it was not "ok".
 
-Results (`TokenizeResult`): ok, timeout, error (an SGLang too old to count chat messages answers 400:
-error every time, so turn it off there), unsupported (not asked: the engine has no tokenize route for
-this kind of request, the prompt is neither one string nor chat messages of text only, or the
-endpoint lately answered 404 / 405 for the model), no_endpoint (not asked: no ready endpoint serves
-the model; the request queues as usual). A 404 or 405 says that the endpoint lacks the route (or the
-model): that endpoint and model are passed over for `UNSUPPORTED_RETRY_S` rather than cost every
-request a round trip.
+Results (`TokenizeResult`): ok, given (a prompt of token ids: nothing to ask), timeout, error (an
+SGLang too old to count chat messages answers 400: error every time, so turn it off there),
+unsupported (not asked: the engine has no tokenize route for this kind of request, the prompt is
+neither one string, token ids nor chat messages of text only, or the endpoint lately answered 404 /
+405 for the model), no_endpoint (not asked: no ready endpoint serves the model; the request queues
+as usual). A 404 or 405 says that the endpoint lacks the route (or the model): that endpoint and
+model are passed over for `UNSUPPORTED_RETRY_S` rather than cost every request a round trip.
 
 With the default `prompt_tokens = "estimate"` none of this is built: the request path checks one
 attribute. A client that disconnects during the count cancels the engine call (its connection
 closes); nothing is counted and nothing is kept.
+
+Token ids (`ids = True`, on while any endpoint publishes KV events): the precise prefix source keys
+blocks by token ids, so a request is matched by its ids. The same call asks for them (both engines
+answer them beside the count). A completions prompt given as token ids (one list of ints) needs no
+call at all: its ids and count are the prompt itself. What asking for ids costs per request is in
+docs/kv-events.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import aiohttp
@@ -31,7 +38,7 @@ import structlog
 
 from gateway.core.clock import Clock
 from gateway.core.metrics import GatewayMetrics
-from gateway.core.types import EndpointHealth, EndpointId, ModelName, ParsedRequest
+from gateway.core.types import ApiKind, EndpointHealth, EndpointId, ModelName, ParsedRequest
 from gateway.sched.snapshot import EndpointView
 from gateway.telemetry.tokens import TokenEstimator
 from gateway.upstream.credentials import EngineAuth
@@ -43,6 +50,24 @@ log = structlog.get_logger("berth.tokenize")
 #: How long an endpoint that answered 404 / 405 for a model is not asked again for it.
 UNSUPPORTED_RETRY_S: Final = 60.0
 _MISSING: Final = frozenset({404, 405})
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTokens:
+    """A prompt as the engine tokenizes it: its count, and its ids when they were asked for."""
+
+    count: int
+    ids: tuple[int, ...] | None = None
+
+
+def given_ids(parsed: ParsedRequest) -> tuple[int, ...] | None:
+    """The token ids of a completions prompt sent as one list of token ids; None for any other prompt."""
+    if parsed.api is not ApiKind.COMPLETION:
+        return None
+    prompt = parsed.body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
+        return tuple(prompt)
+    return None
 
 
 class EnginePromptCounter:
@@ -66,10 +91,20 @@ class EnginePromptCounter:
         self._clock = clock
         self.timeout_s = timeout_s
         self._skip_until: dict[tuple[EndpointId, ModelName], float] = {}
+        self.ids = False  # ask for the token ids too (the precise prefix source matches by them)
 
     async def count(self, request_id: str, parsed: ParsedRequest, served: ModelName) -> int | None:
         """The prompt tokens of `parsed` as an engine serving `served` counts them; None: use the
         estimate (the metric and the debug line say why)."""
+        measured = await self.measure(request_id, parsed, served)
+        return None if measured is None else measured.count
+
+    async def measure(self, request_id: str, parsed: ParsedRequest, served: ModelName) -> PromptTokens | None:
+        """The prompt's count and, with `ids`, its token ids; None: use the estimate."""
+        given = given_ids(parsed)
+        if given is not None:
+            self._results(TokenizeResult.GIVEN).inc()
+            return PromptTokens(len(given), given)
         now = self._clock.now()
         skip = self._skip_until
         if skip:  # forget the lapsed
@@ -93,6 +128,7 @@ class EnginePromptCounter:
             request_id,
             self.timeout_s,
             auth=auth.headers(ep.id),
+            ids=self.ids,
         )
         if answer.status is not None:
             auth.result(ep.id, "tokenize", answer.status)
@@ -101,7 +137,7 @@ class EnginePromptCounter:
         self._results(answer.result).inc()
         if answer.count is not None:
             self._tokens.observe(served, parsed.prompt_chars, answer.count)
-            return answer.count
+            return PromptTokens(answer.count, answer.tokens)
         if answer.status in _MISSING:
             skip[(ep.id, served)] = finished + UNSUPPORTED_RETRY_S
         log.debug(

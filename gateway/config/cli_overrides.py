@@ -36,12 +36,16 @@ ENDPOINT_OPTIONS: Final = (
     "scheduling",
     "max_batch",
     "config",
+    "kv_events",
+    "kv_events_replay",
+    "kv_events_topic",
 )
 
 
 def parse_endpoint_flag(value: str) -> EndpointConfig:
     """One `--endpoint URL[,engine=vllm|sglang|auto][,class=interactive|mixed|batch][,models=a|b]
-    [,cap=N][,id=NAME][,node=NAME][,scheduling=fcfs|priority][,max_batch=N][,config=NAME]` flag as an
+    [,cap=N][,id=NAME][,node=NAME][,scheduling=fcfs|priority][,max_batch=N][,config=NAME]
+    [,kv_events=tcp://HOST:PORT][,kv_events_replay=tcp://HOST:PORT][,kv_events_topic=T]` flag as an
     EndpointConfig."""
 
     def fail(message: str) -> ConfigError:

@@ -243,6 +243,12 @@ class EndpointConfig(
     # with tight deadlines to small batches; an unset cap is at most the max batch (berth holds the rest).
     max_batch: PositiveInt | None = None
     config: str | None = None  # its instance configuration's name (models.toml [[models.configs]])
+    # The engine's KV-event publisher (vLLM/SGLang `--kv-events-config` "endpoint", as berth reaches
+    # it: "tcp://HOST:PORT"), its replay socket ("replay_endpoint"; none: a gap drops and rebuilds)
+    # and its topic: the precise prefix source for this endpoint (docs/kv-events.md).
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
+    kv_events_topic: str = ""
 
     @property
     def endpoint_id(self) -> EndpointId:
@@ -267,6 +273,9 @@ class EndpointConfig(
             priority_scheduling=self.scheduling == "priority",
             max_batch=self.max_batch,
             config=self.config,
+            kv_events=self.kv_events,
+            kv_events_replay=self.kv_events_replay,
+            kv_events_topic=self.kv_events_topic,
         )
 
 

@@ -249,7 +249,28 @@ def check_endpoint(ep: EndpointConfig) -> list[ConfigError]:
         )
     if ep.api_key_file is not None and not ep.api_key_file.strip():
         problems.append(ConfigError("must not be empty", path="api_key_file"))
+    for key, address in (("kv_events", ep.kv_events), ("kv_events_replay", ep.kv_events_replay)):
+        problem = None if address is None else check_zmq_address(address)
+        if problem:
+            problems.append(ConfigError(problem, path=key))
+    if ep.kv_events_replay is not None and ep.kv_events is None:
+        problems.append(
+            ConfigError("a replay socket needs kv_events (the publisher) too", path="kv_events_replay")
+        )
     return problems
+
+
+def check_zmq_address(address: str) -> str | None:
+    """Why `address` is not a ZMQ address berth can connect to ("tcp://HOST:PORT" or "ipc://PATH"),
+    or None."""
+    if address.startswith("ipc://") and len(address) > len("ipc://"):
+        return None
+    if not address.startswith("tcp://"):
+        return f"expected tcp://HOST:PORT (or ipc://PATH), got {address!r}"
+    host, sep, port = address[len("tcp://") :].rpartition(":")
+    if not sep or not host or "*" in host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"expected tcp://HOST:PORT with a host berth can reach and a port 1-65535, got {address!r}"
+    return None
 
 
 def check_aliases(aliases: dict[str, str]) -> list[ConfigError]:

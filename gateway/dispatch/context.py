@@ -31,6 +31,9 @@ class RequestContext:
     attempts: int = 0
     preemptions: int = 0  # times the scheduler preempted it (each followed by a resume or an end)
     prompt_tokens: int | None = None
+    # The prompt's token ids as the engine tokenizes it: known when the precise prefix source is on
+    # (the prefix index matches a request by them) or the prompt was sent as token ids; else None.
+    prompt_token_ids: tuple[int, ...] | None = None
     output_tokens: int = 0
     # A stream's inter-token gaps (the relay's list once it ended; none until then, nor for an answer
     # that came whole).

@@ -106,7 +106,9 @@ async def admit(
     )
     key = s.next_key()  # berth's own id for the request: the client's X-Request-Id is only echoed
     counter = s.prompt_counter
-    exact = None if counter is None else await counter.count(key, parsed, ModelName(ctx.served_model))
+    measured = None if counter is None else await counter.measure(key, parsed, ModelName(ctx.served_model))
+    exact = None if measured is None else measured.count
+    ctx.prompt_token_ids = None if measured is None else measured.ids
     # A non-streamed batch request is streamed from the engine under a policy that preempts, so that it
     # can be resumed if it is preempted (it is a likely victim; the rest keep the cheaper path).
     policy = s.scheduler.policy

@@ -116,14 +116,18 @@ class Services:
         self.tenancy.configure(
             settings.tenants.by_name, self.clock.now(), retry_after_s=runtime.config.limits.retry_after_s
         )
-        self._configure_prompt_counter(runtime.config.telemetry)
+        self._configure_prompt_counter(
+            runtime.config.telemetry, ids=any(e.kv_events is not None for e in runtime.endpoints)
+        )
 
-    def _configure_prompt_counter(self, cfg: TelemetryConfig) -> None:
-        """Build the exact prompt counter for "tokenize" (a running one keeps what it learned and takes
-        the new timeout); none for "estimate"."""
-        if cfg.prompt_tokens != "tokenize":
+    def _configure_prompt_counter(self, cfg: TelemetryConfig, *, ids: bool = False) -> None:
+        """Build the exact prompt counter for "tokenize", or when the precise prefix source needs the
+        prompts' token ids (`ids`: some endpoint publishes KV events); a running one keeps what it
+        learned and takes the new timeout; none otherwise."""
+        if cfg.prompt_tokens != "tokenize" and not ids:
             self.prompt_counter = None
-        elif self.prompt_counter is not None:
+            return
+        if self.prompt_counter is not None:
             self.prompt_counter.timeout_s = cfg.tokenize_timeout_s
         else:
             self.prompt_counter = EnginePromptCounter(
@@ -135,6 +139,7 @@ class Services:
                 timeout_s=cfg.tokenize_timeout_s,
                 auth=self.engine_auth,
             )
+        self.prompt_counter.ids = ids
 
 
 SERVICES: Final[web.AppKey[Services]] = web.AppKey("services", Services)

@@ -22,6 +22,7 @@ from gateway.core.metrics import GatewayMetrics
 from gateway.core.tasks import TaskSupervisor
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, EngineKind
 from gateway.dispatch.driver import SchedulerDriver
+from gateway.lifecycle.kv_events import KvEventSources
 from gateway.sched.types import EndpointSpec
 from gateway.telemetry.engine_metrics import metrics_for
 from gateway.telemetry.live import LiveTelemetry
@@ -57,8 +58,10 @@ class EndpointSet:
         supervisor: TaskSupervisor,
         client: Callable[[], ScrapeClient],
         auth: EngineAuth | None = None,
+        kv_events: KvEventSources | None = None,
     ) -> None:
         self._driver = driver
+        self._kv_events = kv_events  # the precise prefix sources of endpoints that publish KV events
         self._auth = auth if auth is not None else EngineAuth()
         self._scheduler = driver.scheduler
         self._telemetry = telemetry
@@ -141,6 +144,8 @@ class EndpointSet:
             self._scrapers[eid] = scraper
             self._metrics.endpoint_up.labels(eid).set(0)
             self._supervisor.spawn(f"scrape:{eid}", scraper.run)
+        if self._kv_events is not None:
+            self._kv_events.sync(specs)
 
     def _with_detected(self, spec: EndpointSpec) -> EndpointSpec:
         kind = self._detected.get(spec.id)
@@ -175,6 +180,8 @@ class EndpointSet:
         self._metrics.endpoint_up.labels(eid).set(1 if health is EndpointHealth.READY else 0)
         log.info("endpoint_health", endpoint=eid, health=health.value)
         self._driver.apply(self._scheduler.set_health(eid, health))
+        if self._kv_events is not None:
+            self._kv_events.on_health(eid, health)
         changed, self._health_changed = self._health_changed, asyncio.Event()
         changed.set()
 

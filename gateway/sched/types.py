@@ -29,6 +29,11 @@ class EndpointSpec:
     max_batch: int | None = None  # the engine's max batch (--max-num-seqs); None: unknown
     config: str | None = None  # its instance configuration (models.toml [[models.configs]])
     default_cap: int = 64  # the bound while `cap` is None and the engine's batch size is not known
+    # Where the engine publishes its KV events (ZMQ "tcp://HOST:PORT"), its replay socket and topic:
+    # None when it does not (the scheduler never reads these; the KV-event subscribers do).
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
+    kv_events_topic: str = ""
 
 
 @dataclass(frozen=True, slots=True)

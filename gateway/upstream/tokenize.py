@@ -30,6 +30,7 @@ class TokenizeResult(enum.StrEnum):
     ERROR = "error"  # no connection, a dropped one, a non-200, or an answer without a count
     UNSUPPORTED = "unsupported"  # not asked: the engine cannot count this request's prompt
     NO_ENDPOINT = "no_endpoint"  # not asked: no ready endpoint serves the model
+    GIVEN = "given"  # not asked: the prompt is token ids (a completions prompt), counted as given
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,10 @@ import aiohttp
 import orjson
 import pytest
 
+from gateway.admission.prompt_tokens import PromptTokens
 from gateway.config import ADMIN_TOKEN_ENV
 from gateway.core.types import ModelName
+from loadgen.harness import free_port
 from tests.integration.conftest import EngineServer, Running, StartGateway
 from tests.integration.fake_engine import FakeEngine
 
@@ -181,7 +183,6 @@ async def test_an_endpoint_without_the_route_is_not_asked_again(
     ("path", "body"),
     [
         pytest.param("/v1/completions", {"model": "tiny", "prompt": ["a", "b"]}, id="prompt-batch"),
-        pytest.param("/v1/completions", {"model": "tiny", "prompt": [1, 2, 3]}, id="token-ids"),
         pytest.param("/v1/embeddings", {"model": "tiny", "input": ["a", "b"]}, id="embedding-batch"),
     ],
 )
@@ -195,6 +196,18 @@ async def test_a_prompt_that_is_not_one_string_is_not_counted(
 
     assert eng.tokenizes == []
     assert _results(r) == {"unsupported": 1.0}
+
+
+async def test_a_prompt_of_token_ids_is_counted_without_asking(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    eng = FakeEngine(tokenize_count=EXACT)
+    r = await start_gateway([], toml=_toml(await engine_server(eng)))
+
+    assert await _post(r, "/v1/completions", {"model": "tiny", "prompt": [1, 2, 3]}) == 200
+
+    assert eng.tokenizes == []
+    assert _results(r) == {"given": 1.0}
 
 
 async def test_client_disconnect_during_the_count_leaks_nothing(
@@ -253,3 +266,32 @@ def _timeout(r: Running) -> float | None:
     """The running counter's timeout; None: no counter (the estimate)."""
     counter = r.gw.services.prompt_counter
     return None if counter is None else counter.timeout_s
+
+
+async def test_an_endpoint_with_kv_events_makes_berth_ask_for_token_ids(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    """The precise prefix source matches by token ids: with `kv_events` on an endpoint, berth asks the
+    engine for the prompt's ids (even with the default estimate for counts) and keeps them."""
+    eng = FakeEngine(tokenize_count=EXACT)
+    port = free_port()  # nothing publishes there: the subscriber waits, the request path does not
+    toml = _toml(await engine_server(eng), mode="estimate") + f'kv_events = "tcp://127.0.0.1:{port}"\n'
+    r = await start_gateway([], toml=toml)
+    counter = r.gw.services.prompt_counter
+    assert counter is not None
+    assert counter.ids
+    seen: list[PromptTokens | None] = []
+    measure = counter.measure
+
+    async def spy(*args: Any) -> PromptTokens | None:
+        seen.append(await measure(*args))
+        return seen[-1]
+
+    counter.measure = spy  # type: ignore[method-assign,assignment]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": CONTENT}]}
+    assert await _post(r, CHAT, body) == 200
+    assert await _post(r, "/v1/completions", {"model": "tiny", "prompt": [7, 8, 9]}) == 200
+
+    assert len(eng.tokenizes) == 1  # the ids prompt needed no call
+    assert seen == [PromptTokens(EXACT, tuple(range(EXACT))), PromptTokens(3, (7, 8, 9))]
+    assert _results(r) == {"ok": 1.0, "given": 1.0}

@@ -42,6 +42,16 @@ from gateway.sched.fleet import Fleet
             EndpointConfig(url="http://h:1", max_batch=8, config="tp1-b8"),
             id="instance-configuration",
         ),
+        pytest.param(
+            "http://h:1,kv_events=tcp://10.0.0.5:5557,kv_events_replay=tcp://10.0.0.5:5558,kv_events_topic=kv",
+            EndpointConfig(
+                url="http://h:1",
+                kv_events="tcp://10.0.0.5:5557",
+                kv_events_replay="tcp://10.0.0.5:5558",
+                kv_events_topic="kv",
+            ),
+            id="kv-events",
+        ),
     ],
 )
 def test_endpoint_flags_parse(flag: str, expected: EndpointConfig) -> None:
@@ -55,13 +65,26 @@ def test_endpoint_flags_parse(flag: str, expected: EndpointConfig) -> None:
         pytest.param(
             "http://a:1,foo=1",
             "--endpoint: 'http://a:1,foo=1': unknown option 'foo' "
-            "(known: engine, class, models, cap, id, node, scheduling, max_batch, config)",
+            "(known: engine, class, models, cap, id, node, scheduling, max_batch, config, kv_events, "
+            "kv_events_replay, kv_events_topic)",
             id="unknown-option",
         ),
         pytest.param(
             "http://a:1,cap",
             "--endpoint: 'http://a:1,cap': expected key=value after the URL, got 'cap'",
             id="no-value",
+        ),
+        pytest.param(
+            "http://a:1,kv_events=tcp://*:5557",
+            "--endpoint: 'http://a:1,kv_events=tcp://*:5557': kv_events: expected tcp://HOST:PORT with a "
+            "host berth can reach and a port 1-65535, got 'tcp://*:5557'",
+            id="kv-events-wildcard",
+        ),
+        pytest.param(
+            "http://a:1,kv_events_replay=tcp://h:2",
+            "--endpoint: 'http://a:1,kv_events_replay=tcp://h:2': kv_events_replay: a replay socket needs "
+            "kv_events (the publisher) too",
+            id="kv-events-replay-alone",
         ),
         pytest.param(
             "http://a:1,cap=1,cap=2",

@@ -216,7 +216,8 @@ def test_the_default_endpoint_id_is_host_and_port(url: str, endpoint_id: str) ->
 # ----------------------------------------------------------------------------- errors
 
 _ENDPOINT_KEYS = (
-    "url, id, engine, models, class, node, cap, scheduling, api_key_env, api_key_file, max_batch, config"
+    "url, id, engine, models, class, node, cap, scheduling, api_key_env, api_key_file, max_batch, config, "
+    "kv_events, kv_events_replay, kv_events_topic"
 )
 
 
