@@ -42,6 +42,7 @@ from loadgen.bench.live_stack import STOP_GRACE_S, start_fleet, start_gateway
 from loadgen.bench.prefix import figures
 from loadgen.bench.prefix_setup import (
     MODEL,
+    PROFILE,
     WORKLOADS,
     fleet_file,
     gateway_toml,
@@ -61,6 +62,8 @@ LIVE_DURATION_S: Final = 60.0
 LIVE_LOAD: Final = 1.0
 LIVE_ENDPOINTS: Final = 4
 DRAIN_S: Final = 60.0
+#: The engines' profile (the simulator's; a test swaps in a faster one to check the plumbing).
+LIVE_PROFILE = PROFILE
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +167,7 @@ async def run_router(router: str, a: argparse.Namespace, out: Path) -> dict[str,
     d.mkdir(parents=True, exist_ok=True)
     workload, trace = a.workload, trace_path(a.trace)
     fleet = d / "fleet.toml"
-    fleet.write_text(fleet_file(a.endpoints))
+    fleet.write_text(fleet_file(a.endpoints, LIVE_PROFILE))
     at = load_for(workload, trace, a.load, a.duration, a.endpoints)
     tasks = schedule(workload, trace, at, a.duration, a.seed)
     venv: Path | None = None
@@ -223,7 +226,8 @@ def live_markdown(runs: Sequence[dict[str, Any]], a: argparse.Namespace) -> str:
     ]
     for r in runs:
         if "error" in r:
-            out.append(f"| {r['router']} | did not run: {r['error']} | | | | | | |")
+            first = str(r["error"]).splitlines()[0].replace("|", "/")
+            out.append(f"| {r['router']} | did not run: {first} | | | | | | |")
             continue
         cells = [r.get(k) for k in ("goodput", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "e2e_p50_ms",
                                     "output_tokens_per_s", "hit_rate")]  # fmt: skip

@@ -97,7 +97,18 @@ def verdicts(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
             load, crossed = target_load(s, workload, loads)
             key = _key(workload, load) if load is not None else ""
             peer = best_peer(s, key)
-            where = f"at load {load:g}" + ("" if crossed else " (the best peer never fell below 0.90)")
+            where = f"at load {load:g}"
+            if peer is not None and not crossed:
+                checks.append(
+                    {
+                        "target": f"the best peer ({peer}) below 0.90 goodput within the sweep",
+                        "value": round(_mean(s, key, peer, "goodput"), 4),
+                        "bound": PEER_BELOW,
+                        "passed": False,
+                        "note": "not reached: the goodput and TTFT targets are shown at the heaviest load; "
+                        "extend --loads upward",
+                    }
+                )
             if peer is not None:
                 g, pg = _mean(s, key, BERTH, "goodput"), _mean(s, key, peer, "goodput")
                 checks.append(
@@ -210,16 +221,15 @@ def markdown(result: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]
             heavy = result["bounds"].get(_key(workload, max(setup["loads"])), {})
             for c in checks:
                 mark = "PASS" if c["passed"] else "FAIL"
-                extra = _direction(c, heavy)
-                out.append(
-                    f"- {mark} {c['target']}: {c['value']} (bound {c['bound']})" + (f"; {extra}" if extra else "")
-                )
+                extra = "" if c["note"] else _direction(c, heavy)
+                why = "; ".join(x for x in (c["note"], extra) if x)
+                out.append(f"- {mark} {c['target']}: {c['value']} (bound {c['bound']})" + (f"; {why}" if why else ""))
             out.append("")
     out += [
         "The simulator's `oracle` reads each engine's true cache: precise knowledge with no event lag. The",
         "precise source's own target (>= 0.9x the oracle's hit rate) is judged on the live path.",
         "",
-        f"verdict: {'PASS' if all(c['passed'] for cs in v.values() for c in cs) else 'FAIL'}",
+        f"Targets: {'all met' if all(c['passed'] for cs in v.values() for c in cs) else 'not all met'}.",
         "",
     ]
     return "\n".join(out), v

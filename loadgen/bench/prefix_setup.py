@@ -189,13 +189,13 @@ def bound(tasks: Sequence[TaskSpec], duration_s: float, endpoints: int, seed: in
 
 
 # --------------------------------------------------------------------- files
-def fleet_file(endpoints: int) -> str:
+def fleet_file(endpoints: int, profile: str = PROFILE) -> str:
     """The fleet: `endpoints` engines of the long-context profile with prefix caching, FCFS (the
     engines' default), one model."""
     return "\n".join(
         [
             "[defaults]",
-            f'profile = "{PROFILE}"',
+            f'profile = "{profile}"',
             "prefix_cache = true",
             "load_time_s = 0.0",
             "",
