@@ -78,9 +78,9 @@ from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.fleetsim import SimOptions, simulate
 from loadgen.report import Report
 
-DEFAULT_LOADS: Final = (0.75, 1.0, 1.5)
+DEFAULT_LOADS: Final = (1.0, 2.0, 3.0)
 DEFAULT_SEEDS: Final = 5
-DEFAULT_DURATION_S: Final = 120.0
+DEFAULT_DURATION_S: Final = 60.0
 QUICK: Final[dict[str, Any]] = {
     "workloads": ("chat",),
     "loads": (1.0,),
@@ -141,17 +141,18 @@ def run_one(cfg: Config, workload: str, at: Load, seed: int, config: str) -> dic
     (d / "gateway.toml").write_text(gateway_toml(day_one=spec.day_one))
     (d / "policy.toml").write_text(policy_text(workload, config))
     tasks = schedule(workload, cfg.trace, at, cfg.duration_s, seed)
+    span = max((t.at_s for t in tasks), default=0.0) if workload == "mooncake" else cfg.duration_s
     opts = SimOptions(
         policy=d / "policy.toml",
         fleet=tuple(load_fleet_file(d / "fleet.toml")),
         gateway=d / "gateway.toml",
         workload=workload_arg(workload, cfg.trace),
         rate=at.rate,
-        duration_s=cfg.duration_s,
+        duration_s=max(span, 1.0),
         seed=seed,
         models=(MODEL,),
         slo_headers=True,
-        request_timeout_s=DRAIN_S + cfg.duration_s,
+        request_timeout_s=DRAIN_S + span,
         stall_timeout_s=DRAIN_S,
         drain_timeout_s=DRAIN_S,
         schedule=tuple(tasks),
@@ -191,7 +192,8 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
     for workload in cfg.workloads:
         for load in cfg.loads:
             at = load_for(workload, cfg.trace, load, cfg.duration_s, cfg.endpoints)
-            b = bound(schedule(workload, cfg.trace, at, cfg.duration_s, 0), cfg.duration_s, cfg.endpoints, 0)
+            tasks = schedule(workload, cfg.trace, at, cfg.duration_s, 0)
+            b = bound(tasks, None if workload == "mooncake" else cfg.duration_s, cfg.endpoints, 0)
             bounds[f"{workload}@{load:g}"] = {
                 "load": b.load,
                 "load_perfect_cache": b.load_perfect_cache,
@@ -238,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--loads", help="offered loads (busy share of a fleet without caches), comma-separated")
     p.add_argument("--seeds", type=int)
-    p.add_argument("--duration", type=float, help="seconds of arrivals (the trace: cut there)")
+    p.add_argument("--duration", type=float, help="seconds of arrivals (the trace is replayed whole)")
     p.add_argument("--endpoints", type=int)
     p.add_argument("--configs", help=f"comma-separated, of {', '.join(CONFIGS)}")
     p.add_argument("--trace", help="a Mooncake-format trace (default: the synthetic trace beside the repo)")
