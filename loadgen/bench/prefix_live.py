@@ -12,7 +12,9 @@ Each peer is installed on first use into a virtualenv of its own under ~/.cache/
 machine needs PyPI then, never afterwards). A peer that cannot be installed or started is reported as
 such and the others still run.
 
-Default: the trace workload, one load (1.0), one seed, 60 s of arrivals per router. Figures per router:
+Default: `coding` with repository sessions, one load (1.0), one seed, 60 s of arrivals per router
+(`--workloads mooncake --duration 0` replays the whole trace, about 1,000 s per router; a trace cut to
+a minute holds little of its reuse). Figures per router:
 goodput, TTFT p50/p90/p99, E2E, throughput and the engines' own prefix-cache hit rate
 (`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` summed over the fleet's /metrics).
 Run it under `flock /work/bench.lock` on a shared machine. Output: DIR/live.md, DIR/live.json and
@@ -60,6 +62,9 @@ PEER_CACHE: Final = Path(os.environ.get("BERTH_PEER_CACHE", "~/.cache/berth/peer
 READY_TIMEOUT_S: Final = 60.0
 LIVE_DURATION_S: Final = 60.0
 LIVE_LOAD: Final = 1.0
+#: The trace shows its reuse only over its whole length (about 1,000 s at load 1: `--workloads mooncake
+#: --duration 0`); a one-minute run of coding sessions shows theirs.
+LIVE_WORKLOAD: Final = "coding"
 LIVE_ENDPOINTS: Final = 4
 DRAIN_S: Final = 60.0
 #: The engines' profile (the simulator's; a test swaps in a faster one to check the plumbing).
@@ -106,7 +111,10 @@ def ensure_peer(peer: Peer, log: Path) -> Path:
         return venv
     venv.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
-        for argv in ([sys.executable, "-m", "venv", str(venv)], [str(venv / "bin" / "pip"), "install", "-q", peer.package]):
+        for argv in (
+            [sys.executable, "-m", "venv", str(venv)],
+            [str(venv / "bin" / "pip"), "install", "-q", peer.package],
+        ):
             if subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False).returncode:
                 raise RuntimeError(f"{' '.join(argv)} failed (see {log})")
     marker.write_text(peer.package + "\n")
@@ -157,7 +165,14 @@ def berth_gateway(urls: Sequence[str], port: int, policy: Path) -> str:
         "",
     ]
     for i, url in enumerate(urls):
-        lines += ["[[endpoints]]", f'url = "{url}"', f'id = "e{i:02d}"', 'engine = "vllm"', f'models = ["{MODEL}"]', ""]
+        lines += [
+            "[[endpoints]]",
+            f'url = "{url}"',
+            f'id = "e{i:02d}"',
+            'engine = "vllm"',
+            f'models = ["{MODEL}"]',
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -169,7 +184,7 @@ async def run_router(router: str, a: argparse.Namespace, out: Path) -> dict[str,
     fleet = d / "fleet.toml"
     fleet.write_text(fleet_file(a.endpoints, LIVE_PROFILE))
     at = load_for(workload, trace, a.load, a.duration, a.endpoints)
-    tasks = schedule(workload, trace, at, a.duration, a.seed)
+    tasks = schedule(workload, trace, at, a.duration, a.seed, cut=a.duration > 0)
     venv: Path | None = None
     if router != "berth":
         try:
@@ -187,7 +202,11 @@ async def run_router(router: str, a: argparse.Namespace, out: Path) -> dict[str,
             port = free_port()
             (d / "gateway.toml").write_text(berth_gateway(urls, port, policy))
             base = f"http://127.0.0.1:{port}"
-            procs.append(await asyncio.to_thread(start_gateway, d / "gateway.toml", base, a.endpoints, d / "router.log"))
+            procs.append(
+                await asyncio.to_thread(
+                    start_gateway, d / "gateway.toml", base, a.endpoints, d / "router.log"
+                )
+            )
         else:
             proc, base = await asyncio.to_thread(start_peer, PEERS[router], venv, urls, d / "router.log")
             procs.append(proc)
@@ -239,10 +258,13 @@ def main_live(a: argparse.Namespace) -> int:
     routers = tuple(x for x in (a.routers or ",".join(ROUTERS)).split(",") if x)
     unknown = [r for r in routers if r not in ROUTERS]
     if unknown:
-        print(f"berth-loadgen bench prefix: unknown routers {', '.join(unknown)}; known: {', '.join(ROUTERS)}",
-              file=sys.stderr)  # fmt: skip
+        known = ", ".join(ROUTERS)
+        print(
+            f"berth-loadgen bench prefix: unknown routers {', '.join(unknown)}; known: {known}",
+            file=sys.stderr,
+        )
         return 2
-    a.workload = (a.workloads or "mooncake").split(",")[0]
+    a.workload = (a.workloads or LIVE_WORKLOAD).split(",")[0]
     if a.workload not in WORKLOADS:
         print(f"berth-loadgen bench prefix: unknown workload {a.workload}", file=sys.stderr)
         return 2
@@ -256,7 +278,9 @@ def main_live(a: argparse.Namespace) -> int:
         for router in routers:
             r = asyncio.run(run_router(router, a, a.out))
             runs.append(r)
-            say(f"{router}: {r.get('error') or {k: r.get(k) for k in ('goodput', 'ttft_p90_ms', 'hit_rate')}}")
+            say(
+                f"{router}: {r.get('error') or {k: r.get(k) for k in ('goodput', 'ttft_p90_ms', 'hit_rate')}}"
+            )
     except KeyboardInterrupt:
         return 130
     md = live_markdown(runs, a)
@@ -266,4 +290,4 @@ def main_live(a: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["PEERS", "ROUTERS", "REPO_ROOT", "main_live", "run_router"]
+__all__ = ["PEERS", "REPO_ROOT", "ROUTERS", "main_live", "run_router"]

@@ -46,7 +46,11 @@ def summarize_runs(runs: Sequence[dict[str, Any]]) -> Summary:
             vals = [float(r[m]) for r in rs if r.get(m) is not None]
             if vals:
                 c = mean_ci(vals)
-                cell[m] = {"mean": round(c.mean, 4), "half": None if c.half is None else round(c.half, 4), "n": c.n}
+                cell[m] = {
+                    "mean": round(c.mean, 4),
+                    "half": None if c.half is None else round(c.half, 4),
+                    "n": c.n,
+                }
         cell["schedules"] = {"mean": len({r["schedule"] for r in rs}), "half": None, "n": len(rs)}
         out.setdefault(key, {})[config] = cell
     return out
@@ -112,14 +116,23 @@ def verdicts(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
             if peer is not None:
                 g, pg = _mean(s, key, BERTH, "goodput"), _mean(s, key, peer, "goodput")
                 checks.append(
-                    _check(f"goodput >= {peer} + 0.10 {where}", g, pg + GOODPUT_MARGIN, g >= pg + GOODPUT_MARGIN)
+                    _check(
+                        f"goodput >= {peer} + 0.10 {where}", g, pg + GOODPUT_MARGIN, g >= pg + GOODPUT_MARGIN
+                    )
                 )
                 t, pt = _mean(s, key, BERTH, "ttft_p90_ms"), _mean(s, key, peer, "ttft_p90_ms")
-                checks.append(_check(f"TTFT p90 <= 0.5x {peer}'s {where}", t, TTFT_RATIO * pt, t <= TTFT_RATIO * pt))
+                checks.append(
+                    _check(f"TTFT p90 <= 0.5x {peer}'s {where}", t, TTFT_RATIO * pt, t <= TTFT_RATIO * pt)
+                )
             if ORACLE in configs:
                 h, oh = _mean(s, key, BERTH, "hit_rate"), _mean(s, key, ORACLE, "hit_rate")
                 checks.append(
-                    _check(f"engine hit rate >= 0.75x the oracle's {where}", h, HIT_APPROX * oh, h >= HIT_APPROX * oh)
+                    _check(
+                        f"engine hit rate >= 0.75x the oracle's {where}",
+                        h,
+                        HIT_APPROX * oh,
+                        h >= HIT_APPROX * oh,
+                    )
                 )
         if not WORKLOADS[workload].shared and {BERTH, NO_PREFIX} <= configs:
             for load in loads:
@@ -187,7 +200,10 @@ def markdown(result: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]
         "",
     ]
     for workload in setup["workloads"]:
-        out += [f"## {workload}" + ("" if WORKLOADS[workload].shared else " (control: no shared prefixes)"), ""]
+        out += [
+            f"## {workload}" + ("" if WORKLOADS[workload].shared else " (control: no shared prefixes)"),
+            "",
+        ]
         for load in setup["loads"]:
             key = _key(workload, load)
             b = result["bounds"].get(key, {})
@@ -223,7 +239,9 @@ def markdown(result: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]
                 mark = "PASS" if c["passed"] else "FAIL"
                 extra = "" if c["note"] else _direction(c, heavy)
                 why = "; ".join(x for x in (c["note"], extra) if x)
-                out.append(f"- {mark} {c['target']}: {c['value']} (bound {c['bound']})" + (f"; {why}" if why else ""))
+                out.append(
+                    f"- {mark} {c['target']}: {c['value']} (bound {c['bound']})" + (f"; {why}" if why else "")
+                )
             out.append("")
     out += [
         "The simulator's `oracle` reads each engine's true cache: precise knowledge with no event lag. The",
@@ -249,7 +267,9 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
     setup = result["setup"]
     s: Summary = result["summary"]
     loads = sorted(setup["loads"])
-    fig, axes = plt.subplots(2, len(setup["workloads"]), figsize=(4.5 * len(setup["workloads"]), 7), squeeze=False)
+    fig, axes = plt.subplots(
+        2, len(setup["workloads"]), figsize=(4.5 * len(setup["workloads"]), 7), squeeze=False
+    )
     for i, workload in enumerate(setup["workloads"]):
         for config in setup["configs"]:
             keys = [_key(workload, x) for x in loads]

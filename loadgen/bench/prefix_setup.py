@@ -116,7 +116,9 @@ def workload_arg(workload: str, trace: Path) -> str:
     return {"mooncake": f"mooncake:{trace}", "coding": "coding:pattern1"}.get(workload, workload)
 
 
-def _schedule(workload: str, trace: Path, rate: float, duration_s: float, seed: int, scale: float | None):
+def _schedule(
+    workload: str, trace: Path, rate: float, duration_s: float, *, seed: int, scale: float | None
+) -> list[TaskSpec]:
     opts = workload_options(workload, time_scale=scale)
     run = RunOptions(
         target="sim", workload=workload_arg(workload, trace), rate=rate, duration_s=duration_s, seed=seed,
@@ -144,21 +146,24 @@ def load_for(workload: str, trace: Path, load: float, duration_s: float, endpoin
     seconds a second (measured on seed 0's schedule)."""
     profile = get_profile(PROFILE)
     if workload == "mooncake":
-        tasks = _schedule(workload, trace, 1.0, 0.0, 0, 1.0)  # the whole trace, unscaled
+        tasks = _schedule(workload, trace, 1.0, 0.0, seed=0, scale=1.0)  # the whole trace, unscaled
         span = max(t.at_s for t in tasks) - min(t.at_s for t in tasks)
         per_s = busy_s(tasks, profile) / max(span, 1e-9)
         return Load(load, 1.0, per_s / (load * endpoints))
     # busy seconds a second at 1 task/s, from a sample large enough that its Poisson noise is small
     sample_rate, sample_s = 10.0, max(duration_s, 120.0)
-    tasks = _schedule(workload, trace, sample_rate, sample_s, 0, None)
+    tasks = _schedule(workload, trace, sample_rate, sample_s, seed=0, scale=None)
     per_rate = busy_s(tasks, profile) / (sample_rate * sample_s)
     return Load(load, load * endpoints / per_rate, None)
 
 
-def schedule(workload: str, trace: Path, at: Load, duration_s: float, seed: int) -> list[TaskSpec]:
-    """The schedule of a run; the trace is replayed whole (its reuse spans all of it), time-scaled."""
-    whole = workload == "mooncake"
-    return _schedule(workload, trace, at.rate, 0.0 if whole else duration_s, seed, at.time_scale)
+def schedule(
+    workload: str, trace: Path, at: Load, duration_s: float, seed: int, *, cut: bool = False
+) -> list[TaskSpec]:
+    """The schedule of a run; the trace is replayed whole (its reuse spans all of it), time-scaled,
+    unless `cut` (then its first `duration_s` scaled seconds)."""
+    whole = workload == "mooncake" and not cut
+    return _schedule(workload, trace, at.rate, 0.0 if whole else duration_s, seed=seed, scale=at.time_scale)
 
 
 def fingerprint(tasks: Sequence[TaskSpec]) -> str:
