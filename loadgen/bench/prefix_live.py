@@ -5,7 +5,9 @@ loadgen client with the same trace and seed.
 
 Routers (`--routers`, all by default):
 - `berth`: `berth serve` with the workload's preset and the approximate prefix index (as the simulator
-  runs it);
+  runs it); `berth-precise`: the same with the precise source, from the engines' KV events (every
+  engine publishes them, whichever router runs, so the fleet is the same) and token ids from their
+  /tokenize;
 - `vllm-router-cache_aware`, `vllm-router-power_of_two`: vllm-router 0.1.17 from PyPI;
 - `sglang-router-cache_aware`: sglang-router 0.3.2 from PyPI (`python -m sglang_router.launch_router`).
 Each peer is installed on first use into a virtualenv of its own under ~/.cache/berth/peers/ (pip; the
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -100,7 +103,31 @@ PEERS: Final[dict[str, Peer]] = {
         "cache_aware", (("HF_HUB_OFFLINE", "1"),),
     ),
 }  # fmt: skip
-ROUTERS: Final = ("berth", *PEERS)
+ROUTERS: Final = ("berth", "berth-precise", *PEERS)
+
+
+def free_ports(n: int) -> int:
+    """The first of `n` consecutive TCP ports on 127.0.0.1 that nothing listens on at the moment."""
+    for _ in range(50):
+        first = free_port()
+        socks: list[socket.socket] = []
+        try:
+            for k in range(n):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(sock)
+                sock.bind(("127.0.0.1", first + k))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def live_fleet(endpoints: int, events_port: int) -> str:
+    """The fleet file of every live run: the benchmark's, each engine publishing its KV events."""
+    return fleet_file(endpoints, LIVE_PROFILE) + f'kv_events = "tcp://127.0.0.1:{events_port}"\n'
 
 
 def ensure_peer(peer: Peer, log: Path) -> Path:
@@ -153,13 +180,32 @@ async def engine_hits(urls: Sequence[str]) -> tuple[float, float] | None:
     return (hits, queries) if queries else None
 
 
-def berth_gateway(urls: Sequence[str], port: int, policy: Path) -> str:
+async def prefix_sources(base: str) -> dict[str, int] | None:
+    """berth's prefix index source per endpoint at the end of a run (/admin/fleet), counted by kind."""
+    with contextlib.suppress(aiohttp.ClientError, OSError, ValueError):
+        async with aiohttp.ClientSession() as s, s.get(base + "/admin/fleet") as r:
+            doc = orjson.loads(await r.read())
+        out: dict[str, int] = {}
+        for ep in doc.get("endpoints") or []:
+            kind = str((ep.get("prefix") or {}).get("source"))
+            out[kind] = out.get(kind, 0) + 1
+        return out
+    return None
+
+
+def berth_gateway(urls: Sequence[str], port: int, policy: Path, events_port: int | None = None) -> str:
+    """berth's configuration; with `events_port`, the precise source (endpoint i's events at
+    events_port + i, token ids from the engines' /tokenize)."""
+    tuned = gateway_toml(day_one=False)
+    if events_port is not None:
+        tuned = tuned.replace("[telemetry]\n", '[telemetry]\nprompt_tokens = "tokenize"\n')
+        tuned = tuned.replace("[prefix]\n", '[prefix]\nsource = "precise"\n')
     lines = [
         "[server]",
         f'listen = "127.0.0.1:{port}"',
         'log_level = "warning"',
         "drain_timeout_s = 2.0",
-        gateway_toml(day_one=False),
+        tuned,
         "[policy]",
         f"file = {orjson.dumps(str(policy)).decode()}",
         "",
@@ -171,8 +217,10 @@ def berth_gateway(urls: Sequence[str], port: int, policy: Path) -> str:
             f'id = "e{i:02d}"',
             'engine = "vllm"',
             f'models = ["{MODEL}"]',
-            "",
         ]
+        if events_port is not None:
+            lines.append(f'kv_events = "tcp://127.0.0.1:{events_port + i}"')
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -182,11 +230,12 @@ async def run_router(router: str, a: argparse.Namespace, out: Path) -> dict[str,
     d.mkdir(parents=True, exist_ok=True)
     workload, trace = a.workload, trace_path(a.trace)
     fleet = d / "fleet.toml"
-    fleet.write_text(fleet_file(a.endpoints, LIVE_PROFILE))
+    events_port = free_ports(a.endpoints)
+    fleet.write_text(live_fleet(a.endpoints, events_port))
     at = load_for(workload, trace, a.load, a.duration, a.endpoints)
     tasks = schedule(workload, trace, at, a.duration, a.seed, cut=a.duration > 0)
     venv: Path | None = None
-    if router != "berth":
+    if router not in {"berth", "berth-precise"}:
         try:
             venv = await asyncio.to_thread(ensure_peer, PEERS[router], d / "install.log")
         except RuntimeError as e:
@@ -200,7 +249,8 @@ async def run_router(router: str, a: argparse.Namespace, out: Path) -> dict[str,
             policy = d / "policy.toml"
             policy.write_text(policy_text(workload, "berth"))
             port = free_port()
-            (d / "gateway.toml").write_text(berth_gateway(urls, port, policy))
+            precise = events_port if router == "berth-precise" else None
+            (d / "gateway.toml").write_text(berth_gateway(urls, port, policy, precise))
             base = f"http://127.0.0.1:{port}"
             procs.append(
                 await asyncio.to_thread(
@@ -220,12 +270,15 @@ async def run_router(router: str, a: argparse.Namespace, out: Path) -> dict[str,
         report = await run_workload(opts, schedule=tasks)
         report.write(d / "loadgen.json")
         counted = await engine_hits(urls)
+        sources = await prefix_sources(base) if venv is None else None
     except Exception as e:  # a peer that does not start, or dies: reported, the others still run
         return {"router": router, "error": f"{type(e).__name__}: {e}"}
     finally:
         for proc in reversed(procs):
             await asyncio.to_thread(proc.stop, STOP_GRACE_S)
     run: dict[str, Any] = {"router": router, "load": a.load, "seed": a.seed, **figures(report)}
+    if sources is not None:
+        run["prefix_sources"] = sources  # which source answered for each endpoint at the end
     if counted is not None:
         run["hit_tokens"], run["queried_tokens"] = counted
         run["hit_rate"] = round(counted[0] / counted[1], 4)

@@ -29,13 +29,28 @@ def test_berth_runs_live_and_a_dead_peer_is_reported(tmp_path: Path, monkeypatch
     monkeypatch.setattr(prefix_live, "PEER_CACHE", peers)
     monkeypatch.setattr(prefix_live, "LIVE_PROFILE", "test-fast")  # short answers: the plumbing only
     out = tmp_path / "out"
-    argv = ["bench", "prefix", "--live", "--routers", "vllm-router-cache_aware,berth", "--out", str(out)]
+    argv = [
+        "bench",
+        "prefix",
+        "--live",
+        "--routers",
+        "vllm-router-cache_aware,berth,berth-precise",
+        "--out",
+        str(out),
+    ]
     argv += ["--workloads", "sharegpt-like", "--loads", "0.5", "--duration", "4", "--endpoints", "2"]
     assert loadgen_main(argv) == 0
     runs = {r["router"]: r for r in orjson.loads((out / "live.json").read_bytes())["runs"]}
     assert "error" in runs["vllm-router-cache_aware"]
+    for name in ("berth", "berth-precise"):
+        assert "error" not in runs[name], runs[name]
+    gw = (out / "live" / "berth-precise" / "gateway.toml").read_text()
+    assert 'source = "precise"' in gw
+    assert 'kv_events = "tcp://127.0.0.1:' in gw
+    # which source answered is recorded (precise once the daemon attaches the KV-event stores)
+    assert set(runs["berth-precise"]["prefix_sources"]) <= {"precise", "approximate"}
+    assert runs["berth"]["prefix_sources"] == {"approximate": 2}
     berth = runs["berth"]
-    assert "error" not in berth, berth
     assert berth["requests"] > 0
     assert berth["errors"] == 0
     assert berth["queried_tokens"] > 0
