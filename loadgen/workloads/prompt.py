@@ -24,15 +24,13 @@ import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from loadgen.engine_sim.protocol import TOKEN_TEXT
+from loadgen.engine_sim.tokens import GENERATION_PROMPT, TOKEN_TEXT, render_chat
 from loadgen.prompts import CHAT_TEMPLATE_TOKENS, MAX_KEY, PLAIN_SPACE, span_text
 
 Role = Literal["system", "user", "assistant"]
 ApiName = Literal["chat", "completion"]
 #: The space of answer stand-ins: `tokens` times the simulator's answer token, whatever the key.
 ANSWER: Final = "answer"
-#: The simulator's chat template (engine_sim.protocol: chat_prompt_tokens).
-_GENERATION_PROMPT: Final = "<|assistant|>\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +81,7 @@ class Prompt:
         if api == "completion":
             return max(1, self.content_tokens)
         chars = sum(_template_chars(m.role) + 4 * m.tokens for m in self.messages)
-        return max(1, math.ceil((chars + len(_GENERATION_PROMPT)) / 4))
+        return max(1, math.ceil((chars + len(GENERATION_PROMPT)) / 4))
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -95,9 +93,7 @@ class Prompt:
         """The text the engine simulator tokenizes: the completion prompt, or the rendered chat."""
         if api == "completion":
             return self.completion_text()
-        parts = [f"<|{m.role}|>\n{m.text()}\n" for m in self.messages]
-        parts.append(_GENERATION_PROMPT)
-        return "".join(parts)
+        return render_chat(self.chat_messages())  # the simulator's chat template (engine_sim.tokens)
 
 
 def call_salt(task_index: int, call_index: int, seed: int) -> int:

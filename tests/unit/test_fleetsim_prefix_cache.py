@@ -67,3 +67,13 @@ def test_without_caching_there_is_no_cache(monkeypatch: pytest.MonkeyPatch) -> N
     sim = run(False, monkeypatch)
     assert "prefix_cache" not in sim.report.data["simulation"]  # type: ignore[attr-defined]
     assert sim.engine_cache(EndpointId("e0")) is None
+
+
+def test_the_chat_workload_hits_on_its_conversations() -> None:
+    specs = tuple(EndpointSpec(models=("m",), profile="fleet-8b-long", seed=i, id=f"e{i}") for i in range(2))
+    opts = SimOptions(
+        policy=POLICIES / "default.toml", fleet=specs, workload="chat", rate=1.0, duration_s=20.0, seed=1
+    )
+    stats = Simulation(opts).run().data["simulation"]["prefix_cache"]
+    assert stats["hits_tokens"] > 0
+    assert 0.2 < stats["hit_rate"] < 1.0  # each turn resends the conversation and its system prompt
