@@ -107,8 +107,7 @@ class Dispatcher:
             if ctx.dispatched_at is None:
                 ctx.dispatched_at = self.clock.now()
             if self.prefix is not None:
-                ctx.cached_tokens = cached = sreq.cached.get_tokens(endpoint.id)
-                self.prefix.dispatched(endpoint.id, ctx.prefix_keys, sreq.prompt_tokens, cached)
+                ctx.cached_tokens = self.prefix.dispatched(endpoint.id, ctx.prefix_keys, sreq.prompt_tokens)
             resp: H1Response | None = None
             sent_body, sent = body, first_payload
             if stream is not None and sreq.resumable:

@@ -14,7 +14,7 @@ tail-first). What the engine really evicted is not known here: this source assum
 KV capacity caches what berth sent last.
 
 Memory: per block held, one entry in the slot's `OrderedDict` and, shared by the slots holding it, one
-dict entry and a small int (the bitset): about 170 bytes for a block held by one endpoint
+dict entry and a small int (the bitset): about 180 bytes for a block held by one endpoint
 (`loadgen.bench.prefix_index` measures it).
 """
 

@@ -19,8 +19,11 @@ endpoint (`gateway.sched.prefix.PrefixHits`), is what the scheduler's prediction
 Hit rates shown per endpoint: *predicted* (prompt tokens the index predicted cached at dispatch over
 the prompt tokens dispatched) and *engine-measured* (vLLM `prefix_cache_hits_total /
 prefix_cache_queries_total`, SGLang `cache_hit_rate`, as scraped). Their ratio over the same scrape
-interval is the *correction* the fitted prefill model applies to the index's predictions
-(`gateway.telemetry.fleet_state`), so the fit learns from the tokens really computed.
+interval is the *correction*: the fitted prefill model applies it to the index's predictions
+(`gateway.telemetry.fleet_state`), so the fit learns from the tokens really computed, and below 1 it
+scales the approximate source's answers (an engine that hits less than berth's record says, or that
+caches nothing at all, is not credited with a cache it does not have). The bookkeeping itself counts the
+index's own, uncorrected predictions (`dispatched`), so the correction does not feed back on itself.
 """
 
 from __future__ import annotations
@@ -130,6 +133,8 @@ class PrefixIndex:
         self._capacity_tokens: dict[EndpointId, float] = {}
         self._roots: dict[str, int] = {}
         self._eids_memo: dict[int, tuple[EndpointId, ...]] = {}  # slots bitset -> its endpoints
+        # Endpoints whose correction is below 1, and it: their approximate answers are scaled by it.
+        self._damped: dict[EndpointId, float] = {}
 
     def configure(self, settings: PrefixSettings) -> None:
         """New settings (config reload): a new block size starts the approximate index afresh."""
@@ -181,6 +186,7 @@ class PrefixIndex:
             self._blocks.drop_slot(ep.holder.idx)
             self._by_slot.pop(ep.holder.idx, None)
             self._capacity_tokens.pop(eid, None)
+            self._damped.pop(eid, None)
             self._eids_memo.clear()
 
     def clear(self, eid: EndpointId) -> None:
@@ -271,6 +277,15 @@ class PrefixIndex:
             if eids is None:
                 eids = self._eids_of(held)
             out.update(dict.fromkeys(eids, min(prompt_tokens, int(n * per_block))))
+        if self._damped:  # engines that hit less than the approximate source predicts (even none)
+            for eid, c in self._damped.items():
+                got = out.get(eid)
+                if got is not None:
+                    kept = int(got * c)
+                    if kept > 0:
+                        out[eid] = kept
+                    else:
+                        del out[eid]
         if self.settings.source != "approximate":
             for eid, ep in self._endpoints.items():
                 holder = ep.precise
@@ -283,16 +298,33 @@ class PrefixIndex:
                 out[eid] = min(prompt_tokens, holder.matched(keys) * size)
         return PrefixHits.trusted(out) if out else NO_HITS
 
-    def dispatched(self, eid: EndpointId, pk: PromptKeys | None, prompt_tokens: int, cached: int) -> None:
-        """The request was sent to `eid` with `cached` of its `prompt_tokens` predicted cached there: the
-        endpoint holds its prompt's blocks now."""
+    def cached_on(self, eid: EndpointId, pk: PromptKeys | None, prompt_tokens: int) -> int:
+        """The index's own prediction of the request's cached tokens on one endpoint (its source's match,
+        without the engine counters' correction)."""
+        ep = self._endpoints.get(eid)
+        if ep is None or pk is None:
+            return 0
+        holder = ep.precise if self.settings.source != "approximate" else None
+        if holder is not None:
+            keys = pk.token_keys(holder.block_tokens)
+            if keys is not None:
+                return min(prompt_tokens, holder.matched(keys) * holder.block_tokens)
+        n = self._blocks.matched(ep.holder.idx, pk.keys)
+        return min(prompt_tokens, int(n * self._tokens_per_block(pk)))
+
+    def dispatched(self, eid: EndpointId, pk: PromptKeys | None, prompt_tokens: int) -> int:
+        """The request was sent to `eid`: the endpoint holds its prompt's blocks now. Returns the prompt
+        tokens the index predicted cached there just before (its own prediction, uncorrected: what the
+        hit-rate bookkeeping and the prefill fit count)."""
         ep = self._endpoint(eid)
+        cached = self.cached_on(eid, pk, prompt_tokens)
         ep.prompt += prompt_tokens
         ep.predicted += cached
         ep.since_prompt += prompt_tokens
         ep.since_predicted += cached
         if pk is not None:
             self._blocks.insert(ep.holder.idx, pk.keys)
+        return cached
 
     def finished(self, eid: EndpointId, pk: PromptKeys | None, answer: str | None) -> None:
         """The request finished on `eid` with `answer` (its generated text; None: unknown): its blocks
@@ -348,6 +380,10 @@ class PrefixIndex:
         if ep.since_predicted >= _MIN_CORRECTION_TOKENS and ep.since_prompt > 0:
             predicted_rate = ep.since_predicted / ep.since_prompt
             ep.correction = min(_MAX_CORRECTION, max(0.0, rate / predicted_rate))
+            if ep.correction < 1.0:
+                self._damped[eid] = ep.correction
+            else:
+                self._damped.pop(eid, None)
         ep.since_predicted = ep.since_prompt = 0.0
 
     def correction(self, eid: EndpointId) -> float:

@@ -113,8 +113,7 @@ class SimGateway:
 
     def dispatched(self, ctx: RequestContext, req: SchedRequest, eid: EndpointId) -> None:
         """What the dispatcher tells the prefix index when it sends `req` to `eid`."""
-        ctx.cached_tokens = cached = req.cached.get_tokens(eid)
-        self.telemetry.prefix.dispatched(eid, ctx.prefix_keys, req.prompt_tokens, cached)
+        ctx.cached_tokens = self.telemetry.prefix.dispatched(eid, ctx.prefix_keys, req.prompt_tokens)
 
     def bring_up(self, fleet: Sequence[EngineSpec]) -> None:
         """What the first scrape round tells the daemon: every endpoint ready, with its models."""

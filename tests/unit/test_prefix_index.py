@@ -88,8 +88,8 @@ def test_lookup_reports_cached_tokens_per_endpoint() -> None:
     idx = _index()
     shared = "s" * 64  # four 16-character blocks
     first = idx.keys_of("m", ApiKind.COMPLETION, shared + "x" * 40)
-    idx.dispatched(A, first, 26, 0)
-    idx.dispatched(B, idx.keys_of("m", ApiKind.COMPLETION, shared[:32]), 8, 0)
+    idx.dispatched(A, first, 26)
+    idx.dispatched(B, idx.keys_of("m", ApiKind.COMPLETION, shared[:32]), 8)
     probe = idx.keys_of("m", ApiKind.COMPLETION, shared + "y" * 40)
     hits = idx.lookup(probe, 26)
     assert dict(hits) == {A: 16, B: 8}  # blocks × 16 chars / 4 chars per token
@@ -103,7 +103,7 @@ def test_a_conversation_reuses_the_previous_turn_and_its_answer() -> None:
     turn1 = [{"role": "system", "content": "be brief " * 8}, {"role": "user", "content": "q1 " * 10}]
     k1 = idx.keys("m", ApiKind.CHAT, {"messages": turn1})
     assert k1 is not None
-    idx.dispatched(A, k1, 40, 0)
+    idx.dispatched(A, k1, 40)
     idx.finished(A, k1, "answer one " * 10)
     turn2 = [*turn1, {"role": "assistant", "content": "answer one " * 10}, {"role": "user", "content": "q2"}]
     k2 = idx.keys("m", ApiKind.CHAT, {"messages": turn2})
@@ -123,7 +123,7 @@ def test_prompts_sent_as_token_ids_are_keyed_by_their_ids() -> None:
     k = idx.keys("m", ApiKind.COMPLETION, {"prompt": ids})
     assert k is not None
     assert k.tokens_per_block == 4
-    idx.dispatched(A, k, 40, 0)
+    idx.dispatched(A, k, 40)
     k2 = idx.keys("m", ApiKind.COMPLETION, {"prompt": [ids[:30] + [99] * 10]})
     assert k2 is not None
     assert idx.lookup(k2, 40).get_tokens(A) == 28  # 7 whole blocks of 4 shared
@@ -145,7 +145,7 @@ def test_which_prompts_are_indexed(api: ApiKind, body: dict[str, object], indexe
 
 def test_the_index_is_sized_from_the_kv_capacity() -> None:
     idx = _index(index_tokens=400)
-    idx.dispatched(A, idx.keys_of("m", ApiKind.COMPLETION, "z" * 16 * 200), 800, 0)
+    idx.dispatched(A, idx.keys_of("m", ApiKind.COMPLETION, "z" * 16 * 200), 800)
     stats = idx.stats(A)
     assert stats is not None
     assert stats.capacity_blocks == 100
@@ -188,7 +188,7 @@ def test_a_precise_holder_answers_for_its_endpoint(source: str, precise: bool) -
     idx.set_lag(A, 0.02)
     k = idx.keys("m", ApiKind.COMPLETION, {"prompt": ids})
     assert k is not None
-    idx.dispatched(A, k, 64, 0)  # the approximate source would say all 64
+    idx.dispatched(A, k, 64)  # the approximate source would say all 64
     got = idx.lookup(k, 64).get_tokens(A)
     assert got == (32 if precise else 64)
     stats = idx.stats(A)
@@ -201,19 +201,35 @@ def test_a_precise_holder_answers_for_its_endpoint(source: str, precise: bool) -
 
 def test_engine_counters_give_the_measured_hit_rate_and_the_correction() -> None:
     idx = _index()
-    k = idx.keys_of("m", ApiKind.COMPLETION, "q" * 4000)
-    idx.dispatched(A, k, 1000, 0)
+    k = idx.keys_of("m", ApiKind.COMPLETION, "q" * 4000)  # 250 blocks of 16 characters, 4 tokens each
+    assert idx.dispatched(A, k, 1000) == 0  # nothing held before
     idx.observe_engine(A, hits=0.0, queries=0.0)
-    idx.dispatched(A, k, 1000, 800)
-    idx.observe_engine(A, hits=400.0, queries=1000.0)  # the engine hit half of what was predicted
+    assert idx.dispatched(A, k, 1000) == 1000  # all of it held now (the index's own prediction)
+    idx.observe_engine(A, hits=500.0, queries=1000.0)  # the engine hit half of what was predicted
     stats = idx.stats(A)
     assert stats is not None
-    assert stats.engine_hit_rate == pytest.approx(0.4)
-    assert stats.predicted_hit_rate == pytest.approx(0.4)  # 800 of 2000 cumulative
+    assert stats.engine_hit_rate == pytest.approx(0.5)
+    assert stats.predicted_hit_rate == pytest.approx(0.5)  # 1000 of 2000 cumulative
     assert idx.correction(A) == pytest.approx(0.5)
-    idx.observe_engine(A, hit_rate=0.7)  # SGLang's gauge; too little predicted since: no new correction
-    assert idx.correction(A) == pytest.approx(0.5)
+    # the approximate answer is scaled by a correction below 1; the bookkeeping stays uncorrected
+    assert idx.lookup(k, 1000).get_tokens(A) == 500
+    assert idx.dispatched(A, k, 1000) == 1000
+    idx.observe_engine(A, hit_rate=0.7)  # SGLang's gauge, against all of the last 1000 predicted
+    assert idx.correction(A) == pytest.approx(0.7)
     assert idx.stats(A).engine_hit_rate == pytest.approx(0.7)  # type: ignore[union-attr]
+    idx.observe_engine(A, hit_rate=0.9)  # nothing predicted since: no new correction
+    assert idx.correction(A) == pytest.approx(0.7)
+
+
+def test_an_engine_that_caches_nothing_is_credited_with_nothing() -> None:
+    idx = _index()
+    k = idx.keys_of("m", ApiKind.COMPLETION, "q" * 4000)
+    idx.observe_engine(A, hits=0.0, queries=0.0)
+    idx.dispatched(A, k, 1000)
+    idx.dispatched(A, k, 1000)
+    idx.observe_engine(A, hits=0.0, queries=2000.0)  # prefix caching off in the engine
+    assert idx.correction(A) == 0.0
+    assert not idx.lookup(k, 1000)
 
 
 def test_off_indexes_nothing() -> None:
@@ -225,7 +241,7 @@ def test_off_indexes_nothing() -> None:
 def test_an_engine_restart_empties_its_approximate_index() -> None:
     idx = _index()
     k = idx.keys_of("m", ApiKind.COMPLETION, "q" * 400)
-    idx.dispatched(A, k, 100, 0)
+    idx.dispatched(A, k, 100)
     idx.observe_engine(A, hits=500.0, queries=1000.0)
     assert idx.lookup(k, 100).get_tokens(A) == 100
     idx.observe_engine(A, hits=0.0, queries=10.0)  # the counters went back: a new engine process

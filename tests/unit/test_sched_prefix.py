@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.core.types import EndpointId, RequestId
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
@@ -144,3 +146,32 @@ def test_prefix_affinity_is_the_peers_rule(cached_a: int, inflight_b: int, score
     r = cached_req(10_000, cached_a)
     assert scorer.score(r, [a, b], snap(a, b)) == pytest.approx(scores)
     assert scorer.score(req(prompt=10_000), [a, b], snap(a, b)) == [0.0, 0.0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    prompt=st.integers(1, 20_000),
+    share=st.floats(0.0, 1.0),
+    running_prompts=st.lists(st.integers(1, 8_000), max_size=6),
+    running_cached=st.floats(0.0, 1.0),
+)
+def test_a_cached_prefix_never_makes_a_prediction_later(
+    prompt: int, share: float, running_prompts: list[int], running_cached: float
+) -> None:
+    """More cached tokens, here or in the requests already running, never predict a later first or last
+    token; the decode side is unchanged."""
+    runs = [
+        dataclasses.replace(running(f"x{i}", prompt=p), cached_tokens=int(p * running_cached))
+        for i, p in enumerate(running_prompts)
+    ]
+    cold_runs = [dataclasses.replace(r, cached_tokens=0) for r in runs]
+    warm = EndpointLoad(view("a", runs=runs), 0.0, P)
+    cold = EndpointLoad(view("a", runs=cold_runs), 0.0, P)
+    r = cached_req(prompt, int(prompt * share))
+    plain = dataclasses.replace(r, cached=NO_HITS)
+    for load in (warm, cold):
+        hit, miss = load.predict(r), load.predict(plain)
+        assert hit.ttft_s <= miss.ttft_s + 1e-12
+        assert hit.e2e_s <= miss.e2e_s + 1e-12
+        assert load.idle_service(r).ttft_s <= load.idle_service(plain).ttft_s + 1e-12
+    assert warm.predict(plain).ttft_s <= cold.predict(plain).ttft_s + 1e-12
