@@ -177,6 +177,7 @@ class PreciseStore:
         """The subscription is up: events are expected from the engine's first batch on."""
         self._connected = True
         if self._healthy and self._state is SourceState.FALLEN_BACK:
+            self._drop()  # refilled from the engine's first batch on
             self._restart_sequence()
             self._set_state(SourceState.LIVE, now, "connected")
 
@@ -242,7 +243,8 @@ class PreciseStore:
             self._drop()
             self._n["rebuilds"] += 1
             self._expected = seq
-            self._resume = (SourceState.REBUILDING, now)
+            if self._resume[0] is not SourceState.FALLEN_BACK:
+                self._resume = (SourceState.REBUILDING, now)
         self._replay_started = True
         self._replayed_upto = max(self._replayed_upto, seq)
         self._apply(seq, batch, now, wall)
@@ -250,12 +252,11 @@ class PreciseStore:
     def end_replay(self, now: float, upto: int) -> bool:
         """The replay ended (its end marker, or a timeout). True when it filled the gap up to `upto`
         (the number of the batch that revealed it); otherwise the caller calls `rebuild`."""
-        if self._expected < upto:
-            return False
         state, since = self._resume
-        self._set_state(state, now, "replayed")
+        filled = self._expected >= upto
+        self._set_state(state, now, "replayed" if filled else "replay_incomplete")
         self._since = since
-        return True
+        return filled
 
     def rebuild(self, now: float, seq: int) -> None:
         """Drop every block and take events from `seq` on (the gap could not be filled)."""
@@ -263,8 +264,9 @@ class PreciseStore:
         self._n["rebuilds"] += 1
         self._expected = seq
         self._replayed_upto = -1
-        self._set_state(SourceState.REBUILDING, now, "gap_not_replayed")
-        self._since = now
+        if self._state is not SourceState.FALLEN_BACK:  # fallen back stays so until connected and healthy
+            self._set_state(SourceState.REBUILDING, now, "gap_not_replayed")
+            self._since = now
 
     # ------------------------------------------------------------------ applying events
     def _apply(self, seq: int, batch: KvBatch, now: float, wall: float) -> None:

@@ -292,3 +292,27 @@ def test_lost_batches_never_leave_stale_blocks(
         assert s.keys() <= truth
         if replay_from == 0:
             assert s.keys() == reference.keys()
+
+
+def test_what_arrives_while_unhealthy_is_not_kept() -> None:
+    s = PreciseStore("e1", now=0.0)
+    s.health(False, 0.0)  # starting
+    s.connected(0.0)
+    s.begin_replay(0.0, "connected")  # the subscriber replays on connecting, whatever the health
+    s.on_replayed(0, batch(stored([1], [1] * 4)), 0.0, 100.0)
+    assert s.end_replay(0.0, 0)
+    assert s.state is SourceState.FALLEN_BACK
+    s.health(True, 1.0)
+    assert (s.state, s.cached_blocks()) == (SourceState.LIVE, 0)
+    assert s.on_live(3, batch(), 1.0, 100.0) == 0  # the next batch asks for everything again
+
+
+def test_a_fallen_back_store_stays_so_through_replays_and_rebuilds() -> None:
+    s = PreciseStore("e1", now=0.0)
+    s.connected(0.0)
+    s.health(False, 0.0)
+    s.begin_replay(0.0, "connected")
+    s.on_replayed(4, batch(stored([1], [1] * 4)), 0.0, 100.0)  # the buffer begins late
+    assert not s.end_replay(0.0, 9)
+    s.rebuild(0.0, 9)
+    assert (s.state, s.cached_blocks()) == (SourceState.FALLEN_BACK, 0)
