@@ -51,11 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import numpy as np
 import orjson
 
 from loadgen.bench.entry import config_or_reason, run_bench, say
-from loadgen.bench.prefix_report import markdown, passed, plot, summarize_runs
+from loadgen.bench.prefix_report import figures, markdown, passed, plot, summarize_runs
 from loadgen.bench.prefix_setup import (
     CONFIGS,
     DEFAULT_ENDPOINTS,
@@ -76,7 +75,6 @@ from loadgen.bench.prefix_setup import (
 )
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.fleetsim import SimOptions, simulate
-from loadgen.report import Report
 
 DEFAULT_LOADS: Final = (1.0, 2.0, 3.0)
 DEFAULT_SEEDS: Final = 5
@@ -104,33 +102,6 @@ class Config:
 
 
 # --------------------------------------------------------------------- one run
-def figures(report: Report) -> dict[str, Any]:
-    """A run's figures from its loadgen report."""
-    reqs = report.requests
-    ttft = np.array([r.ttft_s for r in reqs if r.ok and r.ttft_s is not None], dtype=np.float64)
-    e2e = np.array([r.e2e_s for r in reqs if r.ok and r.e2e_s is not None], dtype=np.float64)
-
-    def pct(a: np.ndarray[Any, Any], q: float) -> float | None:
-        return round(float(np.percentile(a, q)) * 1000.0, 1) if len(a) else None
-
-    overall = report.data.get("overall", {})
-    cache = report.data.get("simulation", {}).get("prefix_cache", {})
-    return {
-        "requests": len(reqs),
-        "errors": sum(1 for r in reqs if not r.ok),
-        "goodput": round(sum(1 for r in reqs if r.slo_met) / len(reqs), 4) if reqs else None,
-        "ttft_p50_ms": pct(ttft, 50),
-        "ttft_p90_ms": pct(ttft, 90),
-        "ttft_p99_ms": pct(ttft, 99),
-        "e2e_p50_ms": pct(e2e, 50),
-        "e2e_p90_ms": pct(e2e, 90),
-        "output_tokens_per_s": overall.get("output_tokens_per_s"),
-        "hit_rate": cache.get("hit_rate"),
-        "hit_tokens": cache.get("hits_tokens"),
-        "queried_tokens": cache.get("queries_tokens"),
-    }
-
-
 def run_one(cfg: Config, workload: str, at: Load, seed: int, config: str) -> dict[str, Any]:
     """One configuration on one (workload, load, seed), on the fleet simulator."""
     t0 = time.perf_counter()

@@ -44,7 +44,7 @@ import orjson
 from gateway.telemetry.promtext import parse
 from loadgen.bench.entry import say
 from loadgen.bench.live_stack import STOP_GRACE_S, start_fleet, start_gateway
-from loadgen.bench.prefix import figures
+from loadgen.bench.prefix_report import figures
 from loadgen.bench.prefix_setup import (
     MODEL,
     PROFILE,

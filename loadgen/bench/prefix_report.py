@@ -8,8 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
+
 from loadgen.bench.prefix_setup import BERTH, CONFIGS, DAY_ONE, NO_PREFIX, ORACLE, PEERS, WORKLOADS
 from loadgen.bench.scheduling_report import mean_ci
+from loadgen.report import Report
 
 METRICS: Final = (
     "goodput",
@@ -32,6 +35,33 @@ Summary = dict[str, dict[str, dict[str, Any]]]  # "workload@load" -> config -> m
 
 def _key(workload: str, load: float) -> str:
     return f"{workload}@{load:g}"
+
+
+def figures(report: Report) -> dict[str, Any]:
+    """A run's figures from its loadgen report."""
+    reqs = report.requests
+    ttft = np.array([r.ttft_s for r in reqs if r.ok and r.ttft_s is not None], dtype=np.float64)
+    e2e = np.array([r.e2e_s for r in reqs if r.ok and r.e2e_s is not None], dtype=np.float64)
+
+    def pct(a: np.ndarray[Any, Any], q: float) -> float | None:
+        return round(float(np.percentile(a, q)) * 1000.0, 1) if len(a) else None
+
+    overall = report.data.get("overall", {})
+    cache = report.data.get("simulation", {}).get("prefix_cache", {})
+    return {
+        "requests": len(reqs),
+        "errors": sum(1 for r in reqs if not r.ok),
+        "goodput": round(sum(1 for r in reqs if r.slo_met) / len(reqs), 4) if reqs else None,
+        "ttft_p50_ms": pct(ttft, 50),
+        "ttft_p90_ms": pct(ttft, 90),
+        "ttft_p99_ms": pct(ttft, 99),
+        "e2e_p50_ms": pct(e2e, 50),
+        "e2e_p90_ms": pct(e2e, 90),
+        "output_tokens_per_s": overall.get("output_tokens_per_s"),
+        "hit_rate": cache.get("hit_rate"),
+        "hit_tokens": cache.get("hits_tokens"),
+        "queried_tokens": cache.get("queries_tokens"),
+    }
 
 
 def summarize_runs(runs: Sequence[dict[str, Any]]) -> Summary:
@@ -290,4 +320,4 @@ def plot(result: dict[str, Any], path: Path) -> str | None:
     return None
 
 
-__all__ = ["CONFIGS", "markdown", "passed", "plot", "summarize_runs", "verdicts"]
+__all__ = ["CONFIGS", "figures", "markdown", "passed", "plot", "summarize_runs", "verdicts"]
