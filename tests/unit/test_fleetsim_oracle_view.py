@@ -10,13 +10,15 @@ from gateway.core.blockhash import token_chain
 from gateway.core.types import ApiKind
 from loadgen.engine_sim.prefix_cache import PrefixCache
 from loadgen.engine_sim.protocol import prompt_token_ids
+from loadgen.engine_sim.tokens import TokenIds
 from loadgen.fleetsim.prefix_oracle import KeyBridge, ViewHolder, cache_view
 
 
 class _Req:
     def __init__(self, ids: list[int], cache: PrefixCache) -> None:
-        self.token_ids = np.asarray(ids, dtype=np.int64)
-        self.block_keys: list[int] | None = cache.block_keys(self.token_ids)
+        arr = np.asarray(ids, dtype=np.int64)
+        self.token_ids: TokenIds | None = arr
+        self.block_keys: list[int] | None = cache.block_keys(arr)
         self.blocks_held = 0
         self.cached_tokens = 0
         self.kv_held = 0
