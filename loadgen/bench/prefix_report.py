@@ -109,13 +109,14 @@ def target_load(s: Summary, workload: str, loads: Sequence[float]) -> tuple[floa
     return (max(loads) if loads else None), False
 
 
-def _check(name: str, value: float, target: float, ok: bool, note: str = "") -> dict[str, Any]:
+def _check(name: str, value: float, target: float, ok: bool, load: float | None) -> dict[str, Any]:
     return {
+        "load": load,
         "target": name,
         "value": None if math.isnan(value) else round(value, 4),
         "bound": None if math.isnan(target) else round(target, 4),
         "passed": bool(ok),
-        "note": note,
+        "note": "",
     }
 
 
@@ -135,6 +136,7 @@ def verdicts(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
             if peer is not None and not crossed:
                 checks.append(
                     {
+                        "load": load,
                         "target": f"the best peer ({peer}) below 0.90 goodput within the sweep",
                         "value": round(_mean(s, key, peer, "goodput"), 4),
                         "bound": PEER_BELOW,
@@ -147,12 +149,18 @@ def verdicts(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 g, pg = _mean(s, key, BERTH, "goodput"), _mean(s, key, peer, "goodput")
                 checks.append(
                     _check(
-                        f"goodput >= {peer} + 0.10 {where}", g, pg + GOODPUT_MARGIN, g >= pg + GOODPUT_MARGIN
+                        f"goodput >= {peer} + 0.10 {where}",
+                        g,
+                        pg + GOODPUT_MARGIN,
+                        g >= pg + GOODPUT_MARGIN,
+                        load,
                     )
                 )
                 t, pt = _mean(s, key, BERTH, "ttft_p90_ms"), _mean(s, key, peer, "ttft_p90_ms")
                 checks.append(
-                    _check(f"TTFT p90 <= 0.5x {peer}'s {where}", t, TTFT_RATIO * pt, t <= TTFT_RATIO * pt)
+                    _check(
+                        f"TTFT p90 <= 0.5x {peer}'s {where}", t, TTFT_RATIO * pt, t <= TTFT_RATIO * pt, load
+                    )
                 )
             if ORACLE in configs:
                 h, oh = _mean(s, key, BERTH, "hit_rate"), _mean(s, key, ORACLE, "hit_rate")
@@ -162,6 +170,7 @@ def verdicts(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                         h,
                         HIT_APPROX * oh,
                         h >= HIT_APPROX * oh,
+                        load,
                     )
                 )
         if not WORKLOADS[workload].shared and {BERTH, NO_PREFIX} <= configs:
@@ -170,7 +179,7 @@ def verdicts(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 g, off = _mean(s, key, BERTH, "goodput"), _mean(s, key, NO_PREFIX, "goodput")
                 checks.append(
                     _check(f"prefix awareness costs <= 0.01 goodput at load {load:g}", off - g, CONTROL_COST,
-                           off - g <= CONTROL_COST)
+                           off - g <= CONTROL_COST, load)
                 )  # fmt: skip
         if DAY_ONE in configs:
             for load in loads:
@@ -179,7 +188,7 @@ def verdicts(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 if peer is None:
                     continue
                 g, pg = _mean(s, key, DAY_ONE, "goodput"), _mean(s, key, peer, "goodput")
-                checks.append(_check(f"day one >= {peer} at load {load:g}", g, pg, g >= pg))
+                checks.append(_check(f"day one >= {peer} at load {load:g}", g, pg, g >= pg, load))
         out[workload] = checks
     return out
 
@@ -264,10 +273,10 @@ def markdown(result: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]
         checks = v.get(workload, [])
         if checks:
             out += ["Targets:", ""]
-            heavy = result["bounds"].get(_key(workload, max(setup["loads"])), {})
             for c in checks:
                 mark = "PASS" if c["passed"] else "FAIL"
-                extra = "" if c["note"] else _direction(c, heavy)
+                at = result["bounds"].get(_key(workload, c["load"]), {}) if c["load"] is not None else {}
+                extra = "" if c["note"] else _direction(c, at)
                 why = "; ".join(x for x in (c["note"], extra) if x)
                 out.append(
                     f"- {mark} {c['target']}: {c['value']} (bound {c['bound']})" + (f"; {why}" if why else "")
