@@ -164,7 +164,9 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
         for load in cfg.loads:
             at = load_for(workload, cfg.trace, load, cfg.duration_s, cfg.endpoints)
             tasks = schedule(workload, cfg.trace, at, cfg.duration_s, 0)
-            b = bound(tasks, None if workload == "mooncake" else cfg.duration_s, cfg.endpoints, 0)
+            b = bound(
+                tasks, None, cfg.endpoints, 0
+            )  # over the arrivals' span (a conversation's turns run on)
             bounds[f"{workload}@{load:g}"] = {
                 "load": b.load,
                 "load_perfect_cache": b.load_perfect_cache,
