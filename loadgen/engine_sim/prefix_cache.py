@@ -13,9 +13,11 @@
   request also holds its *private* tokens: the partial last block, the generated tokens, the slot of the
   token being computed (the engine's ``kv_held``).
 - **Release** (finish, abort, preemption) drops the references; a block nobody references stays cached but
-  *free*. Free blocks are evicted least-recently-used when KV space is needed, a request's blocks entering
-  the free list tail first (its deepest block is evicted first), as vLLM frees them. A block in use is
-  never evicted.
+  *free*. The full blocks the request computed past its prompt (its generated tokens, whose KV it held
+  privately) are cached free too, as vLLM caches a decode's blocks: a conversation that sends an answer
+  back finds it (when the answer's text tokenizes to the ids generated). Free blocks are evicted
+  least-recently-used when KV space is needed, a request's blocks entering the free list tail first (its
+  deepest block is evicted first), as vLLM frees them. A block in use is never evicted.
 
 Accounting, in tokens as the engine counts them: the engine's ``kv_used`` is the tokens in use (private
 tokens plus ``block_size`` per block in use); the cache's `free_tokens` is ``block_size`` per free block;
@@ -35,7 +37,7 @@ from typing import Final, Protocol
 
 import numpy as np
 
-from loadgen.engine_sim.tokens import TokenIds
+from loadgen.engine_sim.tokens import GENERATED_TOKEN_ID, TokenIds
 
 MASK64: Final = (1 << 64) - 1
 # vLLM draws its root hash (NONE_HASH) per process unless PYTHONHASHSEED is set; so does the simulator.
@@ -50,6 +52,7 @@ class CachedRequest(Protocol):
     blocks_held: int
     cached_tokens: int
     kv_held: int
+    generated: int
 
 
 class PrefixCacheView(Protocol):
@@ -60,7 +63,7 @@ class PrefixCacheView(Protocol):
 
     def __len__(self) -> int: ...
 
-    def block_keys(self, token_ids: TokenIds) -> list[int]: ...
+    def block_keys(self, token_ids: TokenIds, parent: int | None = None) -> list[int]: ...
 
     def cached_prefix_tokens(self, keys: list[int]) -> int: ...
 
@@ -136,7 +139,7 @@ class PrefixCache:
     def last_batch_hit_rate(self) -> float:
         return self._batch_hits / self._batch_queries if self._batch_queries else 0.0
 
-    def block_keys(self, token_ids: TokenIds) -> list[int]:
+    def block_keys(self, token_ids: TokenIds, parent: int | None = None) -> list[int]:
         """The chained keys of the full blocks of `token_ids`: each block's ids folded to one 64-bit
         value (a dot product with odd random multipliers, modulo 2**64), then hashed with the parent's
         key (about 0.25 us per block; numpy's integer dot product wraps around silently)."""
@@ -145,7 +148,7 @@ class PrefixCache:
         if n == 0:
             return []
         folded = np.asarray(token_ids[: n * bs], dtype=np.int64).reshape(n, bs) @ self._mults
-        key = self._root
+        key = self._root if parent is None else parent
         keys: list[int] = []
         for value in folded.tolist():
             key = hash((key, value))
@@ -222,17 +225,48 @@ class PrefixCache:
         the blocks that became free)."""
         keys = req.block_keys or []
         refs = self._refs
+        bs = self.block_size
         freed = req.kv_held
+        self._cache_output(req, keys)
         for key in reversed(keys[: req.blocks_held]):  # tail first: the deepest block is evicted first
             held = refs[key] - 1
             refs[key] = held
             if held == 0:
                 self._free[key] = None
-                freed += self.block_size
-        self.free_tokens += freed - req.kv_held
+                self.free_tokens += bs
+                freed += bs
         req.blocks_held = 0
         req.kv_held = 0
         return freed
+
+    def _cache_output(self, req: CachedRequest, keys: list[int]) -> None:
+        """Cache, free, the full blocks computed past the prompt's (its own tokens: the partial last prompt
+        block and the generated tokens, all but the last one, whose KV is not computed yet)."""
+        ids = req.token_ids
+        if ids is None or req.blocks_held != len(keys) or req.generated < 2:
+            return
+        bs = self.block_size
+        start = len(keys) * bs
+        computed = len(ids) + req.generated - 1
+        if computed - start < bs:
+            return
+        tail = np.concatenate([ids[start:], np.full(computed - len(ids), GENERATED_TOKEN_ID, dtype=np.int64)])
+        new = self.block_keys(tail, parent=keys[-1] if keys else None)
+        refs = self._refs
+        stored: list[int] = []
+        for key in new:
+            if key in refs:
+                break  # cached already (another request's identical output): so are the blocks after it
+            stored.append(key)
+        for key in reversed(stored):
+            refs[key] = 0
+            self._free[key] = None
+            self.free_tokens += bs
+        if stored and self.events is not None:
+            parent = keys[-1] & MASK64 if keys else None
+            self.events.append(
+                BlockStored([k & MASK64 for k in stored], parent, tail[: len(stored) * bs].tolist(), bs)
+            )
 
     def evict_to(self, room: int) -> None:
         """Evict free blocks, least recently used first, until they take at most `room` tokens."""

@@ -13,7 +13,7 @@ from gateway.core.clock import FakeClock
 from loadgen.engine_sim.engine import EngineConfig, RequestState, SimEngine, SimRequest
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.prefix_cache import BlockRemoved, BlockStored, PrefixCache
-from loadgen.engine_sim.tokens import TokenIds
+from loadgen.engine_sim.tokens import GENERATED_TOKEN_ID, TokenIds
 
 LAT = LatencyModel(k1=1e-3, c1=0.01, k2=0.0, c2=1e-3, c3=0.01)
 BS = 4
@@ -69,6 +69,7 @@ class _Req:
         self.blocks_held = 0
         self.cached_tokens = 0
         self.kv_held = 0
+        self.generated = 0
 
 
 def test_free_blocks_are_evicted_lru_tail_first() -> None:
@@ -157,7 +158,9 @@ def test_a_shared_prefix_skips_its_prefill_and_is_counted_once() -> None:
     assert first.state is RequestState.FINISHED
     assert second.state is RequestState.FINISHED
     assert eng.kv_used == 0
-    assert cache.free_tokens == 400  # the shared prefix stays cached, free
+    # the shared prefix stays cached, free, and so do the outputs' full blocks: a's 402 + 50 - 1
+    # computed tokens past its 400 prompt-block tokens make 12 blocks, b's 403 + 5 - 1 one
+    assert cache.free_tokens == 400 + 4 * 12 + 4 * 1
 
 
 def test_caching_off_is_the_engine_of_before() -> None:
@@ -314,3 +317,17 @@ def test_free_blocks_leave_in_lru_order(ops: list[tuple[bool, int, int]]) -> Non
         cache.evict_to(room * BS)
         model = model[len(model) - min(len(model), room) :]
         assert cache.free_order() == model
+
+
+def test_an_answer_sent_back_hits_the_blocks_its_decode_cached() -> None:
+    clock = FakeClock(0.0)
+    eng = make()
+    prompt = seq(0, 10)  # two full blocks and two tokens
+    eng.submit("turn1", prompt_tokens=10, output_tokens=9, now=0.0, token_ids=prompt)
+    drain(eng, clock)
+    # the next turn resends the prompt, the 9 generated tokens, then more: 8 computed past the prompt
+    # blocks' 8 tokens (2 of the prompt, 8 generated: the 9th's KV was never computed) make 2 blocks
+    again = np.concatenate([prompt, np.full(9, GENERATED_TOKEN_ID), seq(500, 5)])
+    req = eng.submit("turn2", prompt_tokens=len(again), output_tokens=1, now=clock.now(), token_ids=again)
+    drain(eng, clock)
+    assert req.cached_tokens == 16
