@@ -32,6 +32,7 @@ from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
 from gateway.telemetry.prefix_index import PrefixIndex
+from gateway.telemetry.prefix_keys import answer_of
 from gateway.upstream.client import UpstreamSettings, open_request
 from gateway.upstream.credentials import AUTH_REFUSED, EngineAuth
 from gateway.upstream.deadlines import Deadlines, StallWatch
@@ -273,6 +274,8 @@ class Dispatcher:
             if isinstance(usage, dict):
                 ctx.prompt_tokens = usage.get("prompt_tokens")
                 ctx.output_tokens = int(usage.get("completion_tokens") or 0)
+            if ctx.prefix_keys is not None:
+                ctx.answer_text = answer_of(obj)
             if rewrite and "model" in obj:
                 obj["model"] = ctx.client_model
                 data = orjson.dumps(obj)

@@ -48,6 +48,18 @@ def answer_suffix(api: ApiKind, answer: str) -> str:
     return f"{_RS}assistant{_US}{answer}" if api is ApiKind.CHAT else answer
 
 
+def answer_of(obj: Mapping[str, Any]) -> str | None:
+    """The generated text of a whole (not streamed) answer: its first choice's message content (chat) or
+    text (completions); None when there is none, or several choices (which would the next turn send?)."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], Mapping):
+        return None
+    choice = choices[0]
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, Mapping) else choice.get("text")
+    return text if isinstance(text, str) else None
+
+
 def prompt_of(api: ApiKind, body: Mapping[str, Any]) -> str | list[int] | None:
     """The prompt the index keys: its text, its token ids, or None (not indexed: embeddings, a batch of
     several prompts)."""

@@ -7,8 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gateway.core.blockhash import token_chain
 from gateway.core.types import ApiKind, EndpointId, EngineGauges
+from gateway.dispatch.context import RequestContext
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions
 from loadgen.fleetsim.prefix_oracle import OracleHolder, TrueCache, hit_counters, true_cache
@@ -107,3 +110,21 @@ def test_the_engines_hit_counters_reach_the_index() -> None:
     stats = prefix.stats(eid)
     assert stats is not None
     assert stats.engine_hit_rate == 0.3
+
+
+def test_admission_hands_the_scheduler_the_cached_tokens_per_endpoint() -> None:
+    """The front's admit phase (which the simulator runs as the daemon does) looks the prompt up once:
+    a request resending a dispatched prompt is predicted cached where that one went."""
+    sim = Simulation(opts())
+    gw = sim.gw
+    gw.bring_up(sim.opts.fleet)
+    body = orjson.dumps({"model": "m", "prompt": "the repository context " * 200, "max_tokens": 4})
+    first = RequestContext(id="r1", api=ApiKind.COMPLETION, arrival=0.0)
+    req = gw.admit(first, ApiKind.COMPLETION, body, [])
+    assert not req.cached
+    assert first.prefix_keys is not None
+    gw.dispatched(first, req, EndpointId("e1"))
+    again = RequestContext(id="r2", api=ApiKind.COMPLETION, arrival=0.0)
+    req2 = gw.admit(again, ApiKind.COMPLETION, body, [])
+    assert set(req2.cached) == {EndpointId("e1")}
+    assert req2.cached.get_tokens(EndpointId("e1")) > 0.9 * req2.prompt_tokens

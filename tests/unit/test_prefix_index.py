@@ -13,7 +13,7 @@ from gateway.core.blockhash import token_chain
 from gateway.core.types import ApiKind, EndpointId
 from gateway.telemetry.prefix_approx import ApproximateBlocks
 from gateway.telemetry.prefix_index import PrefixIndex, PrefixSettings
-from gateway.telemetry.prefix_keys import chat_text, prompt_of
+from gateway.telemetry.prefix_keys import answer_of, chat_text, prompt_of
 from gateway.telemetry.prefix_source import BlockHolder
 
 A, B, C = EndpointId("a"), EndpointId("b"), EndpointId("c")
@@ -246,3 +246,18 @@ def test_an_engine_restart_empties_its_approximate_index() -> None:
     assert idx.lookup(k, 100).get_tokens(A) == 100
     idx.observe_engine(A, hits=0.0, queries=10.0)  # the counters went back: a new engine process
     assert idx.lookup(k, 100).get_tokens(A) == 0
+
+
+@pytest.mark.parametrize(
+    ("obj", "text"),
+    [
+        ({"choices": [{"message": {"role": "assistant", "content": "hi"}}]}, "hi"),
+        ({"choices": [{"text": "hello"}]}, "hello"),
+        ({"choices": [{"text": "a"}, {"text": "b"}]}, None),
+        ({"choices": [{"message": {"content": None, "tool_calls": []}}]}, None),
+        ({"error": "x"}, None),
+    ],
+    ids=["chat", "completion", "several choices", "no text", "no choices"],
+)
+def test_the_answer_of_a_whole_response(obj: dict[str, object], text: str | None) -> None:
+    assert answer_of(obj) == text
