@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from aiohttp import web
 from gateway.admission.exporter import SloCollector, TenantCollector
 from gateway.admission.state import SloAdmission
 from gateway.admission.tenancy import TenantAccounting
+from gateway.batch.metrics import BatchMetrics
+from gateway.batch.runner import BatchRunner, BatchSettings
+from gateway.batch.sqlite_store import SqliteBatchStore
 from gateway.config import GatewayConfig, RuntimeConfig, load_runtime
 from gateway.config.schema import EndpointConfig
 from gateway.core.clock import Clock, SystemClock
@@ -37,6 +41,7 @@ from gateway.core.tasks import TaskSupervisor
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.runner import Dispatcher
 from gateway.front.admin import is_loopback, running_by_kind
+from gateway.front.batch_lines import FrontLines
 from gateway.front.routes import add_ops_routes, add_routes
 from gateway.front.services import RequestSettings, Services
 from gateway.lifecycle.endpoints import EndpointSet
@@ -104,8 +109,8 @@ class Gateway:
         self._pool: Pool | None = None  # generation calls' connections
         self._fetcher: Fetcher | None = None  # the scrapers' GETs, on connections of their own
         # The precise prefix source of each endpoint that publishes KV events (`kv_events`);
-        # `kv_events.holder(endpoint)` is what the prefix index reads.
-        self.kv_events = KvEventSources(clock=clock, supervisor=self.supervisor)
+        # each usable store is attached to the prefix index.
+        self.kv_events = KvEventSources(clock=clock, supervisor=self.supervisor, index=self.telemetry.prefix)
         metrics.registry.register(KvEventsCollector(self.kv_events.statuses, self.kv_events.decode_errors))
         self.endpoints = EndpointSet(
             driver=self.driver,
@@ -132,6 +137,7 @@ class Gateway:
             engine_auth=self.engine_auth,
         )
         self.services.reconfigure(runtime)
+        self.batch = self.services.batch = batch_runner(cfg, self.services)
         self.lifecycle: LifecycleManager | None = None
         if cfg.lifecycle is not None:
             self.lifecycle = LifecycleManager(
@@ -199,6 +205,16 @@ class Gateway:
             self.supervisor.spawn("systemd-watchdog", lambda: watchdog_loop(self.notifier))
         yield
         await self.supervisor.close()
+
+    async def batch_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        """The batch runner: resumes the batches on disk and feeds their lines; on the way out, the
+        lines in flight may finish for the drain timeout, the rest are aborted (they run again after a
+        restart), and the store is closed."""
+        self.supervisor.spawn("batch-runner", self.batch.run)
+        yield
+        await self.batch.drain(self.cfg.server.drain_timeout_s)
+        await self.supervisor.cancel("batch-runner")
+        await self.batch.close()
 
     def _slo_totals(self) -> dict[str, tuple[int, int]]:
         totals = self.telemetry.fleet.attainment.totals()
@@ -272,11 +288,39 @@ class Gateway:
             return True
 
 
+def batch_dir(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> Path:
+    """Where batches live: [batch] dir (or --batch-dir), else $STATE_DIRECTORY/batch (systemd's
+    StateDirectory=), else ./berth-state/batch."""
+    if cfg.batch_dir is not None:
+        return cfg.batch_dir
+    state = (os.environ if env is None else env).get("STATE_DIRECTORY", "")
+    if state:
+        return Path(state.split(":")[0]) / "batch"
+    return Path("berth-state", "batch").absolute()
+
+
+def batch_runner(cfg: GatewayConfig, services: Services) -> BatchRunner:
+    b = cfg.batch
+    settings = BatchSettings(
+        dir=batch_dir(cfg),
+        max_lines_in_flight=b.max_lines_in_flight,
+        max_file_bytes=b.max_file_bytes,
+        max_lines=b.max_lines,
+        file_expiry_s=b.file_expiry_s,
+        max_window_s=b.max_window_s,
+        retry_s=b.retry_s,
+    )
+    store = SqliteBatchStore(settings.dir / "batch.sqlite3")
+    lines = FrontLines(services, slo_class=b.slo_class)
+    return BatchRunner(store, settings, lines, BatchMetrics(services.metrics.registry))
+
+
 def build_app(gw: Gateway) -> web.Application:
     # client_max_size is only a backstop: read_body enforces the configured limit with an OpenAI error.
     app = web.Application(client_max_size=gw.cfg.server.max_body_bytes + 1)
     app.cleanup_ctx.append(gw.session_ctx)
     app.cleanup_ctx.append(gw.fleet_ctx)
+    app.cleanup_ctx.append(gw.batch_ctx)  # cleaned up first: its lines need the dispatcher
     add_routes(app, gw.services, with_ops=not gw.cfg.ops.listen)
     return app
 

@@ -37,6 +37,11 @@ def _parser(plugins: Sequence[EntryPoint] = ()) -> argparse.ArgumentParser:
     )
     s.add_argument("--policy", help="policy file (overrides [policy].file)")
     s.add_argument(
+        "--batch-dir",
+        help="where batches and their files live (overrides [batch].dir; default $STATE_DIRECTORY/batch "
+        "under systemd, else ./berth-state/batch)",
+    )
+    s.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error", "critical"], help="overrides [server]"
     )
 
@@ -119,7 +124,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         endpoints = tuple(parse_endpoint_flag(v) for v in args.endpoint)
         base = load_gateway_config(args.config) if args.config else default_config()
-        cfg = apply_overrides(base, listen=args.listen, endpoints=endpoints, policy_file=args.policy)
+        cfg = apply_overrides(
+            base, listen=args.listen, endpoints=endpoints, policy_file=args.policy, batch_dir=args.batch_dir
+        )
         if not cfg.endpoints and cfg.lifecycle is None:
             raise ConfigError(
                 "no endpoints: give --endpoint URL, list [[endpoints]] in the config file, "

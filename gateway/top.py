@@ -22,6 +22,8 @@ from typing import Any, Final, TextIO
 
 import orjson
 
+from gateway.batch.view import batch_lines
+
 DEFAULT_URL: Final = "http://127.0.0.1:8080"
 FLEET_PATH: Final = "/admin/fleet"
 _CLEAR: Final = "\x1b[H\x1b[2J"
@@ -246,6 +248,7 @@ def render(doc: dict[str, Any], *, url: str = "", color: bool = False) -> str:
     lines.extend(_table(["CLASS", "FINISHED req", "MET req", "ATTAINMENT %"], rows))
     lines.extend(_slo_lines(doc.get("slo") or {}, bold, reset))
     lines.extend(_lifecycle_lines(doc.get("lifecycle"), bold, reset))
+    lines.extend(batch_lines(doc.get("batches"), bold, reset))
     return "\n".join(lines) + "\n"
 
 

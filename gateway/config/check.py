@@ -30,7 +30,7 @@ from gateway.config.policy import (
     policy_problems,
 )
 from gateway.config.schema import GatewayConfig, GatewayFile
-from gateway.config.validate import check_tenant_classes
+from gateway.config.validate import check_batch_class, check_tenant_classes
 from gateway.core.errors import ConfigError
 from gateway.core.slo import SloPolicy
 from gateway.core.strict_toml import read_toml
@@ -120,6 +120,7 @@ def _gateway(path: str | Path, registry: PluginRegistry) -> CheckReport:
         return CheckReport(FileKind.GATEWAY, [str(p) for p in problems])
     if slo is not None:
         problems += [p.within(file=label) for p in check_tenant_classes(cfg.tenants, slo)]
+        problems += [p.within(file=label) for p in check_batch_class(cfg.batch, slo)]
     return CheckReport(FileKind.GATEWAY, [str(p) for p in problems], cfg.policy_file, len(cfg.endpoints))
 
 

@@ -1,4 +1,4 @@
-"""Command-line overrides: `--endpoint URL[,key=value...]`, `--listen`, `--policy`.
+"""Command-line overrides: `--endpoint URL[,key=value...]`, `--listen`, `--policy`, `--batch-dir`.
 
 Flags override the file: any --endpoint flags replace the file's whole endpoint list, also on every
 reload (`load_runtime` takes the same overrides as `apply_overrides`). Errors are ConfigErrors whose
@@ -24,6 +24,7 @@ from gateway.core.types import EngineKind
 ENDPOINT_FLAG: Final = "--endpoint"
 LISTEN_FLAG: Final = "--listen"
 POLICY_FLAG: Final = "--policy"
+BATCH_DIR_FLAG: Final = "--batch-dir"
 
 #: Options after the URL, in the order the help text lists them.
 ENDPOINT_OPTIONS: Final = (
@@ -93,6 +94,7 @@ def apply_overrides(
     listen: str | None = None,
     endpoints: Sequence[EndpointConfig] = (),
     policy_file: str | Path | None = None,
+    batch_dir: str | Path | None = None,
 ) -> GatewayConfig:
     """`cfg` with command-line values in place of the file's; given --endpoint flags replace the list.
 
@@ -117,4 +119,9 @@ def apply_overrides(
         if not p.is_file():
             raise ConfigError(f"policy file not found: {p}", path=POLICY_FLAG)
         changes["policy_file"] = p
+    if batch_dir is not None:
+        b = Path(os.path.normpath(Path(batch_dir).expanduser().absolute()))
+        if b.exists() and not b.is_dir():
+            raise ConfigError(f"not a directory: {b}", path=BATCH_DIR_FLAG)
+        changes["batch_dir"] = b
     return msgspec.structs.replace(cfg, **changes) if changes else cfg

@@ -108,6 +108,9 @@ def gateway_config_problems(
             continue
         if key is not None:
             engine_keys[ep.endpoint_id] = key
+    batch_dir = resolve_relative(f.batch.dir, p.parent) if f.batch.dir else None
+    if batch_dir is not None and batch_dir.exists() and not batch_dir.is_dir():
+        problems.append(ConfigError(f"not a directory: {batch_dir}", path="batch.dir", file=label))
     lifecycle, lifecycle_errors = lifecycle_problems(
         f.lifecycle, f.nodes, base=p.parent, label=label, registry=default_registry()
     )
@@ -125,6 +128,8 @@ def gateway_config_problems(
         tenants=f.tenants,
         auth=f.auth,
         ops=f.ops,
+        batch=f.batch,
+        batch_dir=batch_dir,
         keys=keys,
         keys_file=keys_file,
         engine_keys=engine_keys,

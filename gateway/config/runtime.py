@@ -20,14 +20,14 @@ import msgspec.structs
 from gateway.config.cli_overrides import apply_overrides
 from gateway.config.load import load_configured_policy, load_gateway_config
 from gateway.config.schema import EndpointConfig, GatewayConfig, ScrapeConfig
-from gateway.config.validate import check_tenant_classes
+from gateway.config.validate import check_batch_class, check_tenant_classes
 from gateway.core.types import EndpointId, EngineKind
 from gateway.sched.profile import Policy
 from gateway.sched.registry import PluginRegistry
 from gateway.sched.types import EndpointSpec, QueueLimits
 
 #: Sections read only at start; a change needs a restart.
-STATIC_SECTIONS: Final = ("server", "upstream", "ops")
+STATIC_SECTIONS: Final = ("server", "upstream", "ops", "batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +67,19 @@ def load_runtime(
     loaded = base if cfg_path is None else load_gateway_config(cfg_path, env=env)
     new = apply_overrides(loaded, listen=listen, endpoints=endpoints, policy_file=policy_file)
     changes = tuple(static_changes(base, new))
-    cfg = msgspec.structs.replace(new, server=base.server, upstream=base.upstream, ops=base.ops)
+    cfg = msgspec.structs.replace(
+        new,
+        server=base.server,
+        upstream=base.upstream,
+        ops=base.ops,
+        batch=base.batch,
+        batch_dir=base.batch_dir,
+    )
     policy = load_configured_policy(cfg, registry, seed=seed)
-    for problem in check_tenant_classes(cfg.tenants, policy.slo):
+    for problem in [
+        *check_tenant_classes(cfg.tenants, policy.slo),
+        *check_batch_class(cfg.batch, policy.slo),
+    ]:
         raise problem.within(file=str(cfg.file or ""))
     return RuntimeConfig(
         config=cfg,

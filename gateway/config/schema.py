@@ -1,8 +1,8 @@
 """The schema of gateway.toml: one frozen msgspec Struct per section, unknown keys are errors.
 
-Static sections (`server`, `upstream`, `ops`) take effect at start only; `limits`, `scrape`, `telemetry`,
-`auth` (and its keys file), `aliases`, `endpoints`, `tenants` and the policy file are reloaded on SIGHUP
-(see `gateway.config.runtime`).
+Static sections (`server`, `upstream`, `ops`, `batch`) take effect at start only; `limits`, `scrape`,
+`telemetry`, `auth` (and its keys file), `aliases`, `endpoints`, `tenants` and the policy file are
+reloaded on SIGHUP (see `gateway.config.runtime`).
 Numbers are range-checked here (msgspec `Meta`); checks that relate values to each other, URLs and
 `listen` live in `gateway.config.validate`.
 """
@@ -168,6 +168,26 @@ class OpsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
         return split_host_port(self.listen)
 
 
+class BatchConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """[batch] (static): the OpenAI Files and Batches API (docs/batch.md)."""
+
+    # Where batches and their files live (a SQLite database and a files/ directory); relative paths
+    # resolve against the directory of gateway.toml. Empty: $STATE_DIRECTORY/batch under systemd, else
+    # ./berth-state/batch (created on first use). `berth serve --batch-dir DIR` overrides it.
+    dir: str = ""
+    # Batch lines in the gateway (its queue or an engine) at once, over all batches; the rest wait in the
+    # store and are fed as these finish.
+    max_lines_in_flight: PositiveInt = 64
+    max_file_bytes: PositiveInt = 200 * 1024 * 1024  # an upload past it gets 413
+    max_lines: Annotated[int, Meta(ge=1, le=1_000_000)] = 50_000  # requests in one batch
+    file_expiry_s: Annotated[int, Meta(ge=3600)] = 30 * 86400  # of batch files without expires_after
+    # The longest completion_window accepted (OpenAI's is 24h; berth also takes "90m", "2d", ...).
+    max_window_s: Annotated[float, Meta(gt=0, le=365 * 86400)] = 30 * 86400.0
+    # The SLO class batch lines run in; empty: the policy's first class of kind "batch", else its default.
+    slo_class: str = ""
+    retry_s: PositiveFloat = 1.0  # before a line the gateway had no room for is tried again
+
+
 def split_host_port(listen: str) -> tuple[str, int]:
     """A validated HOST:PORT split for aiohttp (brackets of an IPv6 host removed)."""
     host, _, port = listen.rpartition(":")
@@ -243,12 +263,11 @@ class EndpointConfig(
     # with tight deadlines to small batches; an unset cap is at most the max batch (berth holds the rest).
     max_batch: PositiveInt | None = None
     config: str | None = None  # its instance configuration's name (models.toml [[models.configs]])
-    # The engine's KV-event publisher (vLLM/SGLang `--kv-events-config` "endpoint", as berth reaches
-    # it: "tcp://HOST:PORT"), its replay socket ("replay_endpoint"; none: a gap drops and rebuilds)
-    # and its topic: the precise prefix source for this endpoint (docs/kv-events.md).
+    # The engine's KV-event publisher (vLLM/SGLang `--kv-events-config` "endpoint" as berth reaches it,
+    # "tcp://HOST:PORT"): the precise prefix source for this endpoint (docs/kv-events.md).
     kv_events: str | None = None
-    kv_events_replay: str | None = None
-    kv_events_topic: str = ""
+    kv_events_replay: str | None = None  # the engine's "replay_endpoint"; none: a gap drops and rebuilds
+    kv_events_topic: str = ""  # the engine's "topic"
 
     @property
     def endpoint_id(self) -> EndpointId:
@@ -334,6 +353,7 @@ class GatewayFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     policy: PolicySection = PolicySection()
     auth: AuthConfig = AuthConfig()
     ops: OpsConfig = OpsConfig()
+    batch: BatchConfig = BatchConfig()
     aliases: dict[str, str] = {}  # client model name -> engine served name
     endpoints: tuple[EndpointConfig, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
@@ -355,6 +375,8 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     tenants: tuple[TenantConfig, ...] = ()
     auth: AuthConfig = AuthConfig()
     ops: OpsConfig = OpsConfig()
+    batch: BatchConfig = BatchConfig()
+    batch_dir: Path | None = None  # [batch] dir made absolute (or --batch-dir); None: the default
     keys: tuple[KeyEntry, ...] = ()  # from auth.keys_file
     keys_file: Path | None = None  # absolute
     engine_keys: Mapping[EndpointId, EngineKey] = {}  # endpoints with api_key_env / api_key_file

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gateway.config.schema import EndpointConfig, GatewayFile, KeyEntry, TenantConfig
+from gateway.config.schema import BatchConfig, EndpointConfig, GatewayFile, KeyEntry, TenantConfig
 from gateway.core.errors import ConfigError
 from gateway.core.slo import SloPolicy
 from gateway.core.strict_toml import join_path
@@ -171,6 +171,18 @@ def check_keys(keys: Sequence[KeyEntry], tenants: Sequence[TenantConfig]) -> lis
         else:
             seen[h] = where
     return problems
+
+
+def check_batch_class(batch: BatchConfig, slo: SloPolicy) -> list[ConfigError]:
+    """[batch] slo_class must be a class of the policy in force (checked when both are loaded)."""
+    if not batch.slo_class or batch.slo_class in slo.classes:
+        return []
+    known = ", ".join(slo.classes)
+    return [
+        ConfigError(
+            f"unknown SLO class {batch.slo_class!r} (the policy defines: {known})", path="batch.slo_class"
+        )
+    ]
 
 
 def check_tenant_classes(tenants: Sequence[TenantConfig], slo: SloPolicy) -> list[ConfigError]:

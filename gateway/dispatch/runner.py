@@ -78,12 +78,13 @@ class Dispatcher:
         sreq: SchedRequest,
         body: dict[str, Any],
         include_usage: bool,
-        request: web.Request,
+        request: web.Request | None,
         *,
         raw: bytes | None = None,
     ) -> web.StreamResponse:
         """Run the engine call for `body`, parsed from `raw` (if given: sent as is when nothing changed,
-        see `engine_body`)."""
+        see `engine_body`). `request` is the client's, which a streamed answer is written to (None: no
+        client connection, a batch line, whose answer is never streamed)."""
         # A non-streamed request that may be preempted is streamed from the engine, so that what it
         # produced is known when it is preempted; berth answers it with one assembled response.
         assemble = not ctx.stream and sreq.resumable
@@ -285,7 +286,7 @@ class Dispatcher:
         return web.Response(body=data, status=200, headers=headers)
 
     async def _relay_stream(
-        self, ctx: RequestContext, resp: H1Response, stream: _Stream, request: web.Request
+        self, ctx: RequestContext, resp: H1Response, stream: _Stream, request: web.Request | None
     ) -> web.StreamResponse:
         relay = stream.relay
         out = stream.out
@@ -301,6 +302,7 @@ class Dispatcher:
         held: AbstractStreamWriter | None = None  # the client's headers, held for the first event
         try:
             if out is not None and not out.prepared:
+                assert request is not None  # a client stream has its client's request
                 # Held for the first event if the engine's first bytes came with its headers.
                 held = await open_event_stream(out, request, resp.total_bytes > 0)
             direct = out.direct if out is not None else None
@@ -483,7 +485,7 @@ class _Stream:
             include_usage=include_usage, served_model=ctx.served_model, client_model=ctx.client_model
         )
 
-    async def fail(self, err: BerthError, request: web.Request) -> web.StreamResponse:
+    async def fail(self, err: BerthError, request: web.Request | None) -> web.StreamResponse:
         """End the stream with an error event (the client already has a 200); an assembled answer's
         error is the client's answer."""
         out = self.out
@@ -493,7 +495,7 @@ class _Stream:
         ctx.fail(err)
         ctx.status = 200
         with contextlib.suppress(ConnectionError, RuntimeError):
-            if not out.prepared:
+            if not out.prepared and request is not None:
                 await out.prepare(request)
             await out.write(error_event(err.body()))
         return await self.close()

@@ -10,6 +10,8 @@ The document (JSON; numbers are seconds, tokens or fractions; null where nothing
     version, uptime_s, policy, ready, draining
     fail_open            {active, since_s, events}: every ready endpoint's metrics stale
     stale_after_s
+    batches[]            the batches being run: id, tenant, endpoint, model, status, total, completed, failed,
+                         in_flight, output_tokens, window_left_s
     endpoints[]          id, url, engine, state, class, node, models, group, cap (in force), inflight,
                          running_by_kind {interactive, batch} (what the gateway runs there, by SLO kind),
                          auth {state: ok | failed, failing_routes {route: status}} (failed: the engine
@@ -50,6 +52,7 @@ import orjson
 from aiohttp import web
 
 from gateway import __version__
+from gateway.batch.view import batches_document
 from gateway.core import errors
 from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId, ModelName
@@ -165,6 +168,7 @@ def fleet_document(s: Services) -> dict[str, Any]:
             "events": fo.transitions,
         },
         "stale_after_s": sched.limits.stale_after_s,
+        "batches": [] if s.batch is None else batches_document(s.batch.progress(), s.batch.wall()),
         "endpoints": [
             {
                 **_endpoint(e, fleet.endpoints.get(e.id), now, group_of.get(e.id), s.settings.slo),

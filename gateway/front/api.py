@@ -57,7 +57,7 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
         parsed = parse_body(api, raw)
         ctx.client_model = parsed.model
         ctx.stream = parsed.stream
-        sreq = await admit(s, ctx, parsed, request, tenant)
+        sreq = await admit(s, ctx, parsed, request.headers.items(), tenant)
         seat = s.tenancy.admit(tenant, sreq, s.clock.now())
         # One turn of the loop between the request's front half (read, parse, admit) and its placement
         # and engine call: at saturation a turn runs one step of every request in flight, and this
@@ -88,15 +88,19 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
 
 
 async def admit(
-    s: Services, ctx: RequestContext, parsed: ParsedRequest, request: web.Request, tenant: Tenant | None
+    s: Services,
+    ctx: RequestContext,
+    parsed: ParsedRequest,
+    headers: Iterable[tuple[str, str]],
+    tenant: Tenant | None,
 ) -> SchedRequest:
-    """Resolve the model (aliases), the SLO (headers, tenant, rules, task clock) and the prompt tokens:
+    """Resolve the model (aliases), the SLO (`headers`, tenant, rules, task clock) and the prompt tokens:
     the scheduler's request."""
     settings = s.settings
     resolved = resolve_slo(
         ctx,
         parsed,
-        request.headers.items(),
+        headers,
         tenant,
         catalog=settings.catalog,
         known=s.scheduler.known_models(),
@@ -171,6 +175,8 @@ def scheduler_request(
     output-length prediction."""
     prefix = telemetry.prefix
     keys = ctx.prefix_keys = prefix.keys(ctx.served_model, parsed.api, parsed.body)
+    if keys is not None and keys.token_ids is None and ctx.prompt_token_ids is not None:
+        keys.with_token_ids(ctx.prompt_token_ids)  # counted through the engine: the precise source matches
     sreq = to_sched_request(
         key,
         parsed,

@@ -1,7 +1,8 @@
 """The route tables: every path berth answers, with a 405 for other methods and an OpenAI-shaped 404 for
 anything else.
 
-The public listener serves the OpenAI routes, /v1/models, /healthz and /readyz, and, unless an ops
+The public listener serves the OpenAI routes (and the Files and Batches API), the engines' other routes
+(gateway.front.passthrough), /v1/models, /healthz and /readyz, and, unless an ops
 listener is configured ([ops] listen), /metrics and /admin/*. The ops listener serves /metrics,
 /healthz, /readyz and /admin/*. /healthz and /readyz stay on the public listener in both cases: load
 balancers probe the port they send traffic to, and neither says more than "alive" / "ready".
@@ -15,9 +16,10 @@ from typing import Final
 from aiohttp import web
 
 from gateway.core.types import ApiKind
-from gateway.front import ops
+from gateway.front import batches_api, files_api, ops, passthrough
 from gateway.front.admin import FLEET_PATH, LOOP_LAG_PATH, fleet, loop_lag
 from gateway.front.api import make_api_handler
+from gateway.front.files_api import BatchHandler, batch_route
 from gateway.front.http import method_not_allowed, not_found
 from gateway.front.services import SERVICES, Services
 
@@ -31,6 +33,16 @@ _OPS: Final[tuple[tuple[str, GetHandler], ...]] = (
     (LOOP_LAG_PATH, loop_lag),
 )
 
+#: The Files and Batches API (gateway.front.files_api, batches_api): path -> method -> handler.
+_BATCH: Final[dict[str, dict[str, BatchHandler]]] = {
+    "/v1/files": {"POST": files_api.create_file, "GET": files_api.list_files},
+    "/v1/files/{file_id}": {"GET": files_api.get_file, "DELETE": files_api.delete_file},
+    "/v1/files/{file_id}/content": {"GET": files_api.file_content},
+    "/v1/batches": {"POST": batches_api.create_batch, "GET": batches_api.list_batches},
+    "/v1/batches/{batch_id}": {"GET": batches_api.get_batch},
+    "/v1/batches/{batch_id}/cancel": {"POST": batches_api.cancel_batch},
+}
+
 
 def add_routes(app: web.Application, services: Services, *, with_ops: bool = True) -> None:
     """The public listener's routes; `with_ops` False leaves /metrics and /admin/* to the ops listener."""
@@ -39,6 +51,17 @@ def add_routes(app: web.Application, services: Services, *, with_ops: bool = Tru
     for api in ApiKind:
         r.add_post(api.path, make_api_handler(services, api))
         r.add_route("*", api.path, method_not_allowed("POST"))
+    for path in passthrough.MODEL_ROUTES:
+        r.add_post(path, passthrough.model_route)
+        r.add_route("*", path, method_not_allowed("POST"))
+    for path in passthrough.FORM_ROUTES:
+        r.add_post(path, passthrough.form_route)
+        r.add_route("*", path, method_not_allowed("POST"))
+    _add_get(app, ((passthrough.VERSION_ROUTE, passthrough.version),))
+    for path, methods in _BATCH.items():
+        for method, handler in methods.items():
+            r.add_route(method, path, batch_route(handler))
+        r.add_route("*", path, method_not_allowed(", ".join(methods)))
     _add_get(app, (("/v1/models", ops.models), *_PROBES, *(_OPS if with_ops else ())))
     r.add_route("*", "/{tail:.*}", not_found)
 

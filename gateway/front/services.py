@@ -21,6 +21,7 @@ from gateway.admission.prompt_tokens import EnginePromptCounter
 from gateway.admission.slo import Tenants
 from gateway.admission.state import SloAdmission
 from gateway.admission.tenancy import TenantAccounting
+from gateway.batch.runner import BatchRunner
 from gateway.config import RuntimeConfig
 from gateway.config.schema import TelemetryConfig
 from gateway.core.clock import Clock
@@ -82,6 +83,8 @@ class Services:
     lifecycle_document: Callable[[], dict[str, Any]] | None = None
     # Every admitted request's finish record (the lifecycle's autoscaler counts SLA violations from it).
     lifecycle_finished: Callable[[FinishedRequest], None] | None = None
+    # The Files and Batches API (gateway.batch); None: its routes answer 404.
+    batch: BatchRunner | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))
     _dispatcher: Dispatcher | None = None
     _keys: Iterator[int] = field(default_factory=itertools.count)

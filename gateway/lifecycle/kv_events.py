@@ -21,6 +21,7 @@ from gateway.core.clock import Clock
 from gateway.core.tasks import TaskSupervisor
 from gateway.core.types import EndpointHealth, EndpointId
 from gateway.sched.types import EndpointSpec
+from gateway.telemetry.prefix_index import PrefixIndex
 from gateway.telemetry.prefix_precise import DEFAULT_MAX_BLOCKS, PreciseStatus, PreciseStore, SourceState
 from gateway.telemetry.prefix_source import BlockHolder
 from gateway.upstream.kv_events import KvEventsTarget, KvEventSubscriber
@@ -40,7 +41,9 @@ class KvEventSources:
         supervisor: TaskSupervisor,
         context: Callable[[], zmq.asyncio.Context] = zmq.asyncio.Context.instance,
         max_blocks: int = DEFAULT_MAX_BLOCKS,
+        index: PrefixIndex | None = None,
     ) -> None:
+        self._index = index  # told which endpoints have a usable precise store, and their event lag
         self._clock = clock
         self._supervisor = supervisor
         self._context = context
@@ -59,14 +62,28 @@ class KvEventSources:
                 self._supervisor.discard(self.task_name(eid))
                 del self._subscribers[eid]
                 del self._stores[eid]
+                if self._index is not None:
+                    self._index.attach(eid, None)
         for eid, target in wanted.items():
             if eid in self._subscribers:
                 continue
             store = PreciseStore(eid, now=self._clock.now(), max_blocks=self._max_blocks)
+            store.on_change = self._publish
             sub = KvEventSubscriber(eid, target, store, self._clock, context=self._context())
             self._stores[eid] = store
             self._subscribers[eid] = sub
             self._supervisor.spawn(self.task_name(eid), sub.run)
+
+    def _publish(self, store: PreciseStore) -> None:
+        """Attach a usable store to the prefix index (detach one that fell back) with its lag."""
+        index = self._index
+        if index is None:
+            return
+        eid = EndpointId(store.endpoint)
+        usable = store.state.usable
+        index.attach(eid, store if usable else None)
+        if usable:
+            index.set_lag(eid, store.lag_s)
 
     def on_health(self, eid: EndpointId, health: EndpointHealth) -> None:
         store = self._stores.get(eid)

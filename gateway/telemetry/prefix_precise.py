@@ -30,7 +30,7 @@ dict entries; see `tests/unit/test_prefix_precise.py::test_bytes_per_block`).
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -115,6 +115,9 @@ class PreciseStore:
             ("batches", "events", "gaps", "replays", "rebuilds", "clears", "orphans", "skipped", "unknown"), 0
         )
         self._evicted = 0
+        # Told after every state change and every applied batch (the prefix index attaches the store
+        # while it is usable and reads its lag).
+        self.on_change: Callable[[PreciseStore], None] | None = None
 
     # ------------------------------------------------------------------ BlockHolder
     @property
@@ -142,6 +145,10 @@ class PreciseStore:
     def state(self) -> SourceState:
         return self._state
 
+    @property
+    def lag_s(self) -> float | None:
+        return self._lag_s
+
     def status(self, now: float) -> PreciseStatus:
         self._settle(now)
         n = self._n
@@ -167,6 +174,8 @@ class PreciseStore:
         )
         self._state = state
         self._since = now
+        if self.on_change is not None:
+            self.on_change(self)
 
     def _settle(self, now: float) -> None:
         if self._state is SourceState.REBUILDING and now - self._since >= self._rebuild_s:
@@ -288,6 +297,8 @@ class PreciseStore:
                 if self._state is SourceState.REBUILDING:  # nothing unknown is left
                     self._set_state(SourceState.LIVE, now, "cleared")
         self._settle(now)
+        if self.on_change is not None:
+            self.on_change(self)
 
     def _stored(self, ev: BlockStored) -> None:
         n = self._n

@@ -10,8 +10,8 @@ Three parts, for prompts of 1,000, 8,000 and 32,000 tokens:
   without the engine's own tokenizing, with and without reading the ids;
 - `cpu`: berth's process CPU time per call during `call` (the gateway's cost; the stand-in's is
   not counted).
-The engine's own tokenization (a Rust tokenizer: roughly 1 µs per token of text, plus its API
-server's request handling) comes on top of `call` in the latency, not in berth's CPU.
+The engine's own tokenization (and its API server's request handling) comes on top of `call` in the
+latency, not in berth's CPU.
 
     python -m loadgen.bench.tokenize_cost [--calls N]
 

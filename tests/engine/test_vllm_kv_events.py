@@ -5,8 +5,8 @@ What this side checks: the events arrive (berth's own stores go live and count b
 the test's, on the same publishers, decodes every batch); the store of the engine that served a long
 prompt holds exactly that prompt's full-block keys and the other engine's holds none of them; a
 request sharing the prefix, sent to the holder, raises the holder's `vllm:prefix_cache_hits_total`.
-Placement by prefix (berth sending the sharers to the holder on its own) needs the prefix index in the
-scheduler: that test is marked xfail until it is wired.
+Placement by prefix (berth sending the sharers to the holder on its own) is marked xfail (not strict)
+until it is confirmed on this tier.
 
 `BERTH_RECORD_KV_EVENTS=PATH` writes the first engine's raw frames (msgpack `[[seq, payload], ...]`)
 to PATH: `tests/unit/data/kv_events_vllm.msgpack` was recorded so.
@@ -209,7 +209,9 @@ async def test_a_prefix_sharer_hits_the_holders_cache(engines: list[Engine], wat
 
 
 @pytest.mark.xfail(
-    reason="placement by prefix needs the prefix index wired into the scheduler's prediction", strict=False
+    reason="not yet confirmed on this tier: placement weighs the predicted prefill saved against load, "
+    "which on two idle CPU engines serving a tiny model may not favour the holder",
+    strict=False,
 )
 async def test_prefix_sharers_go_to_the_holder(engines: list[Engine], precise_berth: RunningServer) -> None:
     """Each engine gets a long prompt of its own directly; then berth gets two requests sharing each

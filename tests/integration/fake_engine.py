@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ class FakeEngine:
     die_after_tokens: int | None = None  # abruptly close the connection after this many stream tokens
     stall_after_tokens: int | None = None  # stop sending (connection stays open) after this many tokens
     hold: asyncio.Event | None = None  # when set: generations wait for this event before answering
+    hold_if: Callable[[dict[str, Any]], bool] | None = None  # with `hold`: only the generations it picks wait
     # A stream that is not a continuation stops after this many tokens until `unpause` is set (or it is
     # aborted); `paused` is set when one does.
     pause_after_tokens: int | None = None
@@ -63,6 +65,10 @@ class FakeEngine:
     tokenizes: list[dict[str, Any]] = field(default_factory=list)
     tokenize_started: asyncio.Event = field(default_factory=asyncio.Event)
     tokenize_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    transcriptions: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # each form's fields (a file: its size)
+    version: str | None = None  # GET /version answers {"version": ...}; None: 404 like an engine without it
     # With a key: every route answers 401 without `Authorization: Bearer <api_key>`.
     api_key: str | None = None
     authorization: dict[str, list[str | None]] = field(default_factory=dict)  # path -> what each call sent
@@ -75,6 +81,8 @@ class FakeEngine:
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
+        app.router.add_post("/v1/audio/transcriptions", self._transcribe)
         app.router.add_get("/metrics", self._metrics)
         return app
 
@@ -85,6 +93,19 @@ class FakeEngine:
         if self.api_key is not None and sent != f"Bearer {self.api_key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
+
+    async def _transcribe(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        fields: dict[str, Any] = {
+            k: len(v.file.read()) if isinstance(v, web.FileField) else str(v) for k, v in form.items()
+        }
+        self.transcriptions.append(fields)
+        return web.json_response({"text": f"{fields.get('file')} bytes heard"})
+
+    async def _version(self, request: web.Request) -> web.Response:
+        if self.version is None:
+            raise web.HTTPNotFound()
+        return web.json_response({"version": self.version})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=self.health_status)
@@ -187,7 +208,7 @@ class FakeEngine:
         self.running += 1
         self.started.set()
         try:
-            if self.hold is not None:
+            if self.hold is not None and (self.hold_if is None or self.hold_if(body)):
                 await self.hold.wait()
             chat = request.path.endswith("chat/completions")
             start = _continued_from(body, chat)

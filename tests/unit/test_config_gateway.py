@@ -227,7 +227,7 @@ _ENDPOINT_KEYS = (
         pytest.param(
             'colour = "blue"\n',
             "gateway.toml:colour: unknown key "
-            "(known: server, limits, upstream, scrape, telemetry, prefix, policy, auth, ops, aliases, "
+            "(known: server, limits, upstream, scrape, telemetry, prefix, policy, auth, ops, batch, aliases, "
             "endpoints, tenants, lifecycle, nodes)",
             id="unknown-top-level-key",
         ),

@@ -10,6 +10,7 @@ from gateway.core.tasks import TaskSupervisor
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind
 from gateway.lifecycle.kv_events import KvEventsCollector, KvEventSources
 from gateway.sched.types import EndpointSpec
+from gateway.telemetry.prefix_index import PrefixIndex
 
 A, B = EndpointId("a:1"), EndpointId("b:1")
 
@@ -59,5 +60,25 @@ async def test_metrics_render_per_endpoint() -> None:
         assert get("berth_kv_events_blocks", {"endpoint": A}) == 0.0
         assert get("berth_kv_events_gaps_total", {"endpoint": A}) == 0.0
         assert get("berth_kv_events_decode_errors_total", {"endpoint": A}) == 0.0
+    finally:
+        await sup.close()
+
+
+async def test_a_usable_store_is_attached_to_the_prefix_index() -> None:
+    sup = TaskSupervisor()
+    index = PrefixIndex()
+    sources = KvEventSources(clock=FakeClock(), supervisor=sup, index=index)
+    try:
+        sources.sync([spec(A, "tcp://127.0.0.1:1")])
+        store = sources.store(A)
+        assert store is not None
+        assert index.source(A) == "approximate"
+        store.connected(0.0)
+        assert index.source(A) == "precise"
+        store.disconnected(1.0)
+        assert index.source(A) == "approximate"
+        store.connected(2.0)
+        sources.sync([])
+        assert index.source(A) == "approximate"
     finally:
         await sup.close()
