@@ -22,6 +22,7 @@ class _Req:
         self.blocks_held = 0
         self.cached_tokens = 0
         self.kv_held = 0
+        self.generated = 0
 
 
 def test_the_view_holder_answers_what_the_engine_holds() -> None:
