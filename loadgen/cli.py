@@ -15,6 +15,7 @@
     berth-loadgen bench soak [--quick] --out DIR        # loadgen/bench/soak.py (the fault-matrix soak)
     berth-loadgen bench eviction [--quick] --out DIR    # loadgen/bench/eviction.py (CACE vs LRU, simulator)
     berth-loadgen bench maaso [--quick] --out DIR       # loadgen/bench/maaso.py (heterogeneous instances)
+    berth-loadgen bench prefix [--quick] [--live] --out DIR   # loadgen/bench/prefix.py (prefix caches)
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ BENCHMARKS: dict[str, str] = {
     "classes": "loadgen.bench.classes_live",  # the simulated benchmark, or --live its confirming run
     "autoscaling": "loadgen.bench.autoscaling",
     "maaso": "loadgen.bench.maaso",
+    "prefix": "loadgen.bench.prefix",  # prefix caches: simulated comparison, or --live with the real routers
     "overhead": "loadgen.bench.overhead",
     "overhead-profile": "loadgen.bench.overhead_profile",
     "batch-sim": "loadgen.bench.batch_sim",

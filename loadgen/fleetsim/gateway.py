@@ -39,7 +39,7 @@ from gateway.telemetry.live import LiveTelemetry
 from loadgen.engine_sim.spec import EndpointSpec as EngineSpec
 from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.options import SimOptions
-from loadgen.fleetsim.prefix_oracle import OracleHolder, true_cache
+from loadgen.fleetsim.prefix_oracle import KeyBridge, OracleHolder, ViewHolder, cache_view, true_cache
 
 
 def endpoint_ids(fleet: Sequence[EngineSpec]) -> list[str]:
@@ -84,6 +84,7 @@ class SimGateway:
         # The token ids the simulation gives its engines for a request body (None: not known), so that a
         # source keyed by token ids (the oracle, `loadgen.fleetsim.prefix_oracle`) can match it.
         self.token_ids: Callable[[ApiKind, Mapping[str, Any]], Sequence[int] | None] | None = None
+        self._bridge: KeyBridge | None = None  # the oracle over the engine simulator's cache views
         self.slo = SloAdmission()
         self.catalog = ModelCatalog(self.cfg.aliases)
         self.ids = [EndpointId(e) for e in endpoint_ids(opts.fleet)]
@@ -106,9 +107,16 @@ class SimGateway:
         """Give the prefix index the engine's true cache as `eid`'s source (the oracle); False when the
         engine has none."""
         cache = true_cache(engine)
-        if cache is None:
+        if cache is not None:
+            self.telemetry.prefix.attach(eid, OracleHolder(cache))
+            return True
+        view = cache_view(engine)
+        if view is None:
             return False
-        self.telemetry.prefix.attach(eid, OracleHolder(cache))
+        if self._bridge is None:  # the engine simulator's own keys: learned from the token ids
+            self._bridge = KeyBridge()
+            self.token_ids = self._bridge.token_ids
+        self.telemetry.prefix.attach(eid, ViewHolder(view, self._bridge))
         return True
 
     def dispatched(self, ctx: RequestContext, req: SchedRequest, eid: EndpointId) -> None:

@@ -8,6 +8,10 @@ What it needs from the engine simulator (`TrueCache`): its prefix cache as an at
 `cached_blocks()`. A request is matched by its token ids (`PromptKeys.token_keys`): the simulation
 hands the index the token ids it gives its engines (`SimGateway.token_ids`).
 
+The engine simulator keys its cache its own way (`PrefixCacheView.block_keys`, not berth's chain):
+`ViewHolder` answers over that view, translating berth's token keys through a `KeyBridge` that learns
+both chains from the token ids the simulation hands the index.
+
 The engine's own hit counters (what a live scrape reads as vLLM's `prefix_cache_hits_total` /
 `prefix_cache_queries_total`) are read from its attributes `prefix_cache_hits` and
 `prefix_cache_queries` (cumulative tokens) when it has them (`hit_counters`).
@@ -15,8 +19,13 @@ The engine's own hit counters (what a live scrape reads as vLLM's `prefix_cache_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Protocol, runtime_checkable
+
+from gateway.core.blockhash import token_chain
+from gateway.core.types import ApiKind
+from loadgen.engine_sim.protocol import prompt_token_ids
+from loadgen.engine_sim.tokens import TokenIds
 
 
 @runtime_checkable
@@ -70,3 +79,91 @@ def hit_counters(engine: object) -> tuple[float, float] | None:
     if isinstance(hits, int | float) and isinstance(queries, int | float):
         return float(hits), float(queries)
     return None
+
+
+@runtime_checkable
+class CacheView(Protocol):
+    """The engine simulator's cache as it exposes itself to an observer
+    (`loadgen.engine_sim.prefix_cache.PrefixCacheView`): its own block keys for token ids, and how much
+    of a key chain it holds now."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def block_keys(self, token_ids: TokenIds) -> list[int]: ...
+
+    def cached_prefix_tokens(self, keys: list[int]) -> int: ...
+
+
+#: Translations kept (berth key -> engine key); past this the table starts afresh (about 200 bytes each).
+_BRIDGE_MAX: Final = 1_000_000
+
+
+class KeyBridge:
+    """Berth's token-id keys (`token_chain`) to the engine simulator's own block keys, learned from the
+    token ids the simulation hands the index (`token_ids`, the `SimGateway.token_ids` hook): the engine
+    keys its blocks its own way, so the oracle translates what the index asks about."""
+
+    __slots__ = ("_to_engine", "_views")
+
+    def __init__(self) -> None:
+        self._to_engine: dict[tuple[int, int], int] = {}  # (block size, berth key) -> engine key
+        self._views: dict[int, CacheView] = {}  # block size -> a view that keys blocks of that size
+
+    def watch(self, view: CacheView) -> None:
+        self._views.setdefault(view.block_size, view)
+
+    def token_ids(self, api: ApiKind, body: Mapping[str, Any]) -> list[int] | None:
+        """The ids the simulated engines give the body; their keys are learned on the way."""
+        ids = prompt_token_ids("chat" if api == ApiKind.CHAT else "completion", dict(body))
+        if ids is None:
+            return None
+        if len(self._to_engine) > _BRIDGE_MAX:
+            self._to_engine.clear()
+        as_list: list[int] = ids.tolist()
+        for size, view in self._views.items():
+            mine = token_chain(as_list, size)
+            theirs = view.block_keys(ids)
+            self._to_engine.update(((size, m), t) for m, t in zip(mine, theirs, strict=False))
+        return as_list
+
+    def engine_keys(self, size: int, keys: Sequence[int]) -> list[int]:
+        """The engine keys of the leading `keys` it knows (stops at the first it does not)."""
+        out: list[int] = []
+        table = self._to_engine
+        for k in keys:
+            t = table.get((size, k))
+            if t is None:
+                break
+            out.append(t)
+        return out
+
+
+class ViewHolder:
+    """A `BlockHolder` over the engine simulator's cache view, asked through a `KeyBridge`."""
+
+    __slots__ = ("_bridge", "_view")
+
+    def __init__(self, view: CacheView, bridge: KeyBridge) -> None:
+        self._view = view
+        self._bridge = bridge
+        bridge.watch(view)
+
+    @property
+    def block_tokens(self) -> int:
+        return self._view.block_size
+
+    def matched(self, keys: Sequence[int]) -> int:
+        size = self._view.block_size
+        return self._view.cached_prefix_tokens(self._bridge.engine_keys(size, keys)) // size
+
+    def cached_blocks(self) -> int:
+        return len(self._view)
+
+
+def cache_view(engine: object) -> CacheView | None:
+    """The engine's cache view when it has one (`prefix_cache` with block_keys), else None."""
+    cache = getattr(engine, "prefix_cache", None)
+    return cache if isinstance(cache, CacheView) else None

@@ -114,10 +114,10 @@ class Simulation:
             ]
         )
         self._by_id = {e.id: e for e in self.endpoints}
+        self._caching = any(s.resolve_prefix_cache() for s in opts.fleet)
         if opts.prefix == "oracle":
             for e in self.endpoints:
                 self.gw.attach_oracle(e.id, e.engine)
-        self._caching = any(s.resolve_prefix_cache() for s in opts.fleet)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._running: dict[RequestId, Call] = {}  # berth's id -> the call (queued or running)
