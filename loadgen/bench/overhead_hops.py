@@ -2,7 +2,7 @@
 counted against the bare aiohttp proxy's.
 
     python -m loadgen.bench.overhead_hops                                  # this checkout
-    python -m loadgen.bench.overhead_hops --tree main=/work/main --tree new=.
+    python -m loadgen.bench.overhead_hops --tree main=OTHER_CHECKOUT --tree new=.
 
 In one process per checkout: the proxy under test (the bare proxy, `overhead_bare_proxy`, then berth as
 `berth serve --endpoint UP1 --endpoint UP2 --log-level warning` builds it) runs on a counting asyncio

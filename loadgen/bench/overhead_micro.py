@@ -1,7 +1,7 @@
 """berth's own per-request work without HTTP: CPU time per request in-process, A/B across checkouts.
 
     python -m loadgen.bench.overhead_micro                                  # this checkout
-    python -m loadgen.bench.overhead_micro --tree main=/work/main --tree new=.  --rounds 7
+    python -m loadgen.bench.overhead_micro --tree main=OTHER_CHECKOUT --tree new=.  --rounds 7
 
 Each piece is berth's real code, driven the way one non-streamed request at saturation drives it, over
 `--requests` requests per run, timed with `time.thread_time_ns` (CPU time of this thread: another

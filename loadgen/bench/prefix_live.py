@@ -19,7 +19,7 @@ Default: `coding` with repository sessions, one load (1.0), one seed, 60 s of ar
 a minute holds little of its reuse). Figures per router:
 goodput, TTFT p50/p90/p99, E2E, throughput and the engines' own prefix-cache hit rate
 (`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` summed over the fleet's /metrics).
-Run it under `flock /work/bench.lock` on a shared machine. Output: DIR/live.md, DIR/live.json and
+Run it under `flock /tmp/berth-heavy.lock` on a shared machine. Output: DIR/live.md, DIR/live.json and
 per router DIR/live/ROUTER/ (its command's log, the fleet's log, loadgen.json).
 """
 

@@ -15,7 +15,7 @@ latency, not in berth's CPU.
 
     python -m loadgen.bench.tokenize_cost [--calls N]
 
-Wall-clock figures: run on a quiet machine (`flock /work/bench.lock ...`).
+Wall-clock figures: run on a quiet machine (`flock /tmp/berth-heavy.lock ...`).
 """
 
 from __future__ import annotations
