@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import msgspec
 from msgspec import Meta
 
+from gateway.config.secrets import Secret, read_secret
 from gateway.core.errors import ConfigError
 
 #: The replica's name from the environment, over [cluster] name (the systemd template unit sets it per
@@ -52,27 +53,10 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     on_redis_down: Literal["local", "refuse"] = "local"
 
 
-class ClusterSecret:
+class ClusterSecret(Secret):
     """The Redis password; its repr and str hide it."""
 
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ClusterSecret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-    def __repr__(self) -> str:
-        return "ClusterSecret(<hidden>)"
-
-    __str__ = __repr__
+    __slots__ = ()
 
 
 class ClusterSetup(msgspec.Struct, frozen=True, kw_only=True):
@@ -158,31 +142,13 @@ def cluster_problems(
 
 def _read_password(c: ClusterConfig, base: Path, env: Mapping[str, str]) -> ClusterSecret | None:
     """The password from password_env or password_file (a file others may read is refused)."""
-    if c.password_env is not None:
-        value = env.get(c.password_env, "").strip()
-        if not value:
-            raise ConfigError(
-                f"environment variable {c.password_env} is not set or empty", path="cluster.password_env"
-            )
-        return ClusterSecret(value)
-    if c.password_file is None:
-        return None
-    path = Path(c.password_file).expanduser()
-    if not path.is_absolute():
-        path = base / path
-    where = "cluster.password_file"
-    try:
-        st = path.stat()
-        if st.st_mode & 0o077:
-            mode = st.st_mode & 0o777
-            raise ConfigError(
-                f"{path} may be read by group or others (mode {mode:04o}); run: chmod 600 {path}", path=where
-            )
-        value = path.read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror or e}", path=where) from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text", path=where) from None
-    if not value or any(ch.isspace() for ch in value):
-        raise ConfigError(f"{path} must hold one password on one line", path=where)
-    return ClusterSecret(value)
+    return read_secret(
+        ClusterSecret,
+        env_var=c.password_env,
+        file=c.password_file,
+        base=base,
+        env=env,
+        env_path="cluster.password_env",
+        file_path="cluster.password_file",
+        what="password",
+    )

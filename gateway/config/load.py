@@ -7,7 +7,6 @@ Every error is a ConfigError whose str is `FILE:KEY.PATH: message`, e.g.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -27,6 +26,7 @@ from gateway.config.schema import (
     KeyEntry,
     KeysFile,
 )
+from gateway.config.secrets import read_secret
 from gateway.config.validate import check_gateway, check_keys
 from gateway.core.errors import ConfigError
 from gateway.core.strict_toml import convert, convert_all, read_toml
@@ -164,34 +164,16 @@ def load_keys_file(path: Path, f: GatewayFile) -> tuple[KeyEntry, ...]:
 def read_engine_key(ep: EndpointConfig, base: Path, env: Mapping[str, str]) -> EngineKey | None:
     """The endpoint's API key from its api_key_env or api_key_file (None: it has neither). A key file
     that group or others may read is refused: the key would not be the secret it is meant to be."""
-    if ep.api_key_env is not None:
-        value = env.get(ep.api_key_env, "").strip()
-        if not value:
-            raise ConfigError(
-                f"environment variable {ep.api_key_env} is not set or empty", path="api_key_env"
-            )
-        return EngineKey(value)
-    if ep.api_key_file is None:
-        return None
-    path = resolve_relative(ep.api_key_file, base)
-    try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"not a regular file: {path}", path="api_key_file")
-        if st.st_mode & 0o077:
-            raise ConfigError(
-                f"{path} may be read by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                f"run: chmod 600 {path}",
-                path="api_key_file",
-            )
-        value = path.read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror or e}", path="api_key_file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text", path="api_key_file") from None
-    if not value or any(c.isspace() for c in value):
-        raise ConfigError(f"{path} must hold one key on one line", path="api_key_file")
-    return EngineKey(value)
+    return read_secret(
+        EngineKey,
+        env_var=ep.api_key_env,
+        file=ep.api_key_file,
+        base=base,
+        env=env,
+        env_path="api_key_env",
+        file_path="api_key_file",
+        what="key",
+    )
 
 
 def default_config(*, env: Mapping[str, str] | None = None) -> GatewayConfig:

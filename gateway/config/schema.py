@@ -19,6 +19,7 @@ from msgspec import Meta
 
 from gateway.config.cluster import ClusterConfig, ClusterSetup
 from gateway.config.lifecycle import LifecycleConfig, LifecycleSetup, NodeConfig
+from gateway.config.secrets import Secret
 from gateway.core.looplag import LAG_INTERVAL_S
 from gateway.core.types import EndpointId, EngineKind, InstanceClass, ModelName
 from gateway.sched.types import EndpointSpec, QueueLimits
@@ -211,27 +212,10 @@ class KeysFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     keys: tuple[KeyEntry, ...] = ()
 
 
-class EngineKey:
+class EngineKey(Secret):
     """An engine's API key, read from the environment or a file; its repr and str hide it."""
 
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, EngineKey) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-    def __repr__(self) -> str:
-        return "EngineKey(<hidden>)"
-
-    __str__ = __repr__
+    __slots__ = ()
 
 
 class PolicySection(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
