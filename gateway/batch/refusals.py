@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gateway.core import errors
-from gateway.core.errors import BerthError, ErrorSource
+from gateway.core.errors import BerthError
 
 MAX_METADATA: Final = 16
 MIN_EXPIRY_S: Final = 3600
@@ -14,15 +14,7 @@ MAX_EXPIRY_S: Final = 30 * 86400
 
 
 def _not_found(what: str, ident: str, param: str) -> BerthError:
-    return BerthError(
-        status=404,
-        message=f"No such {what} object: {ident[:100]}",
-        type="invalid_request_error",
-        code="not_found",
-        outcome="not_found",
-        source=ErrorSource.CLIENT,
-        param=param,
-    )
+    return errors.object_not_found(f"No such {what} object: {ident[:100]}", param)
 
 
 def file_not_found(file_id: str) -> BerthError:

@@ -156,13 +156,20 @@ def model_not_found(model: str, served: Iterable[str] = ()) -> BerthError:
 
 
 def not_found(path: str) -> BerthError:
+    return object_not_found(f"no route for {path}")
+
+
+def object_not_found(message: str, param: str | None = None) -> BerthError:
+    """A 404 for something the client named (a route, a file, a batch, a response) that is not there
+    for it."""
     return BerthError(
         status=404,
-        message=f"no route for {path}",
+        message=message,
         type="invalid_request_error",
         code="not_found",
         outcome="not_found",
         source=ErrorSource.CLIENT,
+        param=param,
     )
 
 

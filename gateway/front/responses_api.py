@@ -18,7 +18,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway.admission.tenancy import ANONYMOUS
-from gateway.core.errors import BerthError, ErrorSource
+from gateway.core import errors
+from gateway.core.errors import BerthError
 from gateway.core.types import EndpointHealth
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.response_ids import ResponseOwner
@@ -34,15 +35,7 @@ CANCEL_ROUTE = "/v1/responses/{response_id}/cancel"
 
 
 def response_not_found(response_id: str) -> BerthError:
-    return BerthError(
-        status=404,
-        message=f"Response with id '{response_id}' not found.",
-        type="invalid_request_error",
-        code="not_found",
-        outcome="not_found",
-        source=ErrorSource.CLIENT,
-        param="response_id",
-    )
+    return errors.object_not_found(f"Response with id '{response_id}' not found.", "response_id")
 
 
 def pin(
