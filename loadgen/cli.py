@@ -8,14 +8,8 @@
     berth-loadgen workload-stats --workload mooncake:trace.jsonl --duration 0 [--block-size 512]
     berth-loadgen sim --policy policies/coding-assistant.toml --fleet fleet.toml --workload coding:pattern1 \
         --rate 8 --duration 120 --seed 1 --out report.json [--plot sim.png] [--gateway gateway.toml]
-    berth-loadgen bench scheduling [--quick] [--live]   # loadgen/bench/scheduling.py (simulator by default)
-    berth-loadgen bench aladdin [--quick] --out DIR     # loadgen/bench/aladdin.py
-    berth-loadgen bench whatif --out DIR                # loadgen/bench/whatif.py
-    berth-loadgen bench fidelity | simscale | decisions # bench/fidelity.py, sim_scale.py, decision_cost.py
-    berth-loadgen bench soak [--quick] --out DIR        # loadgen/bench/soak.py (the fault-matrix soak)
-    berth-loadgen bench eviction [--quick] --out DIR    # loadgen/bench/eviction.py (CACE vs LRU, simulator)
-    berth-loadgen bench maaso [--quick] --out DIR       # loadgen/bench/maaso.py (heterogeneous instances)
-    berth-loadgen bench prefix [--quick] [--live] --out DIR   # loadgen/bench/prefix.py (prefix caches)
+    berth-loadgen bench --list                          # every benchmark and the question it answers
+    berth-loadgen bench NAME [--quick] --out DIR        # loadgen/bench/<question>/ (docs/benchmarks.md)
 """
 
 from __future__ import annotations
@@ -41,21 +35,21 @@ from loadgen.workloads.stats import format_reuse, reusable_share
 # `berth-loadgen bench NAME ARGS...`: the module of each benchmark, imported only when asked for; each has
 # `main(argv) -> int`.
 BENCHMARKS: dict[str, str] = {
-    "scheduling": "loadgen.bench.scheduling",
-    "aladdin": "loadgen.bench.aladdin",
-    "whatif": "loadgen.bench.whatif",
-    "fidelity": "loadgen.bench.fidelity",
-    "simscale": "loadgen.bench.sim_scale",
-    "decisions": "loadgen.bench.decision_cost",
-    "soak": "loadgen.bench.soak",
-    "eviction": "loadgen.bench.eviction",
-    "classes": "loadgen.bench.classes_live",  # the simulated benchmark, or --live its confirming run
-    "autoscaling": "loadgen.bench.autoscaling",
-    "maaso": "loadgen.bench.maaso",
-    "prefix": "loadgen.bench.prefix",  # prefix caches: simulated comparison, or --live with the real routers
-    "overhead": "loadgen.bench.overhead",
-    "overhead-profile": "loadgen.bench.overhead_profile",
-    "batch-sim": "loadgen.bench.batch_sim",
+    "scheduling": "loadgen.bench.scheduling.policies",
+    "aladdin": "loadgen.bench.scheduling.aladdin",
+    "whatif": "loadgen.bench.scheduling.whatif",
+    "fidelity": "loadgen.bench.simulator.fidelity",
+    "simscale": "loadgen.bench.simulator.sim_scale",
+    "decisions": "loadgen.bench.overhead.decision_cost",
+    "soak": "loadgen.bench.reliability.soak",
+    "eviction": "loadgen.bench.lifecycle.eviction",
+    "classes": "loadgen.bench.scheduling.classes_live",  # simulated, or --live its confirming run
+    "autoscaling": "loadgen.bench.lifecycle.autoscaling",
+    "maaso": "loadgen.bench.lifecycle.maaso",
+    "prefix": "loadgen.bench.scheduling.prefix",  # simulated, or --live with the real routers
+    "overhead": "loadgen.bench.overhead.proxy",
+    "overhead-profile": "loadgen.diag.overhead_profile",
+    "batch-sim": "loadgen.bench.scheduling.batch_sim",
 }
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from loadgen.bench import overhead
-from loadgen.bench.overhead_report import CONFIGS, FLEET, PHASES
+from loadgen.bench.overhead import proxy as overhead
+from loadgen.bench.overhead.overhead_report import CONFIGS, FLEET, PHASES
 
 
 def test_the_quick_run_measures_every_target(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from loadgen.bench import overhead_profile
+from loadgen.diag import overhead_profile
 from loadgen.harness import REPO_ROOT
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.bench import prefix_live
+from loadgen.bench.scheduling import prefix_live
 from loadgen.cli import main as loadgen_main
 
 
