@@ -71,7 +71,7 @@ soak: venv
 # simulated engines; BENCH_VLLM_ARGS="--engine vllm" puts a real vLLM on CPU behind berth instead.
 BENCH_VLLM_ARGS ?=
 bench-vllm: venv engine-env
-	BERTH_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python $(BIN)/python -m loadgen.bench.reliability.vllm_bench $(BENCH_VLLM_ARGS)
+	BERTH_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python $(BIN)/berth-loadgen bench vllm $(BENCH_VLLM_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

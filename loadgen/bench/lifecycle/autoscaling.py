@@ -31,21 +31,30 @@ import functools
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
-from loadgen.bench.entry import run_bench, say
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.entry import say
 from loadgen.bench.lifecycle import autoscaling_cato, autoscaling_chiron, maaso
-from loadgen.bench.lifecycle.autoscaling_common import SettingResult, Target
+from loadgen.bench.lifecycle.autoscaling_common import Burst, SettingResult, Target
+from loadgen.bench.skeleton import run_bench
 
 
 #: name -> the setting's run function (seeds, quick, log, *, work) -> SettingResult.
-def run_maaso(seeds: Sequence[int], quick: bool, log: Callable[[str], None], *, work: Path) -> SettingResult:
+def run_maaso(
+    seeds: Sequence[int],
+    quick: bool,
+    log: Callable[[str], None],
+    *,
+    work: Path,
+    duration_s: float | None = None,
+) -> SettingResult:
     """MaaSO's setting (`maaso`, also its own command `bench maaso`) in this report."""
-    doc = maaso.setting(seeds, quick, out=work / "maaso", log=log)
+    doc = maaso.setting(seeds, quick, out=work / "maaso", log=log, duration_s=duration_s)
     return SettingResult(
         name="maaso",
         title="MaaSO: heterogeneous placement vs homogeneous replication",
@@ -71,12 +80,30 @@ SETTINGS: Final[dict[str, Callable[..., SettingResult]]] = {
 }
 
 
+#: `--smoke`: each setting's quick form cut to a minute of arrivals and one short burst, for the test
+#: suite's end-to-end run (it checks that every setting runs to its report, not the figures).
+SMOKE: Final[dict[str, dict[str, Any]]] = {
+    "chiron": {
+        "setting": replace(
+            autoscaling_chiron.QUICK,
+            duration_s=40.0,
+            bursts=(Burst(10.0, 10.0, 3.0),),
+            backlog=60,
+            batch_ttft_s=40.0,
+        )
+    },
+    "cato": {"setting": replace(autoscaling_cato.QUICK, duration_s=40.0, bursts=(Burst(10.0, 10.0, 3.0),))},
+    "maaso": {"duration_s": 10.0},
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     out: Path
     settings: tuple[str, ...]
     seeds: tuple[int, ...]
     quick: bool
+    smoke: bool = False
 
 
 def bench(cfg: Config, log: Callable[[str], None] = say) -> dict[str, Any]:
@@ -85,7 +112,8 @@ def bench(cfg: Config, log: Callable[[str], None] = say) -> dict[str, Any]:
     results: list[SettingResult] = []
     for name in cfg.settings:
         fn = SETTINGS[name]
-        results.append(fn(cfg.seeds, cfg.quick, log, work=cfg.out / "runs"))
+        sizes = SMOKE[name] if cfg.smoke else {}
+        results.append(fn(cfg.seeds, cfg.quick or cfg.smoke, log, work=cfg.out / "runs", **sizes))
     elapsed = time.perf_counter() - started
     command = "berth-loadgen bench autoscaling " + " ".join(argv_of(cfg))
     doc: dict[str, Any] = {
@@ -159,13 +187,14 @@ def argv_of(cfg: Config) -> list[str]:
         "--seeds",
         ",".join(map(str, cfg.seeds)),
     ]
-    return (["--quick"] if cfg.quick else []) + out
+    return (["--quick"] if cfg.quick else []) + (["--smoke"] if cfg.smoke else []) + out
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="berth-loadgen bench autoscaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="report directory")
     p.add_argument("--quick", action="store_true", help="short runs of each setting, two seeds")
+    p.add_argument("--smoke", action="store_true", help="the smallest run of every setting (seconds)")
     p.add_argument("--seeds", help="comma-separated (default 0,1,2; quick 0,1)")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated of {', '.join(SETTINGS)}")
     return p
@@ -182,13 +211,16 @@ def config_from_args(a: argparse.Namespace) -> Config | str:
         return f"bad --seeds: {e}"
     if not seeds or len(set(seeds)) != len(seeds):
         return "--seeds: give distinct seeds"
-    return Config(out=a.out, settings=settings, seeds=seeds, quick=a.quick)
+    return Config(out=a.out, settings=settings, seeds=seeds, quick=a.quick, smoke=a.smoke)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(build_parser().parse_args(argv))
     return run_bench(
-        "autoscaling", cfg, functools.partial(bench, log=say), passed=lambda doc: bool(doc["pass"])
+        BENCHMARKS["autoscaling"],
+        cfg,
+        functools.partial(bench, log=say),
+        passed=lambda doc: bool(doc["pass"]),
     )
 
 

@@ -33,7 +33,8 @@ from typing import Any
 
 from gateway.core.types import ModelName
 from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
-from loadgen.bench.entry import run_bench, say
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.entry import say
 from loadgen.bench.lifecycle.eviction_oracle import BeladyEvictor, trace_arrivals
 from loadgen.bench.lifecycle.eviction_stats import (
     BOOTSTRAP,
@@ -44,6 +45,7 @@ from loadgen.bench.lifecycle.eviction_stats import (
     ratio_cis,
     run_sample,
 )
+from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions, build_evictor
 from loadgen.fleetsim.options import SimOptions
@@ -539,7 +541,10 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(build_parser().parse_args(argv))
     return run_bench(
-        "eviction", cfg, lambda c: bench(c, log=say), passed=lambda doc: bool(doc["verdict"]["pass"])
+        BENCHMARKS["eviction"],
+        cfg,
+        lambda c: bench(c, log=say),
+        passed=lambda doc: bool(doc["verdict"]["pass"]),
     )
 
 

@@ -63,8 +63,10 @@ from gateway.sched.heterogeneous import ConfigProfile, Placement, Placer, Reques
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.plugins.autoscale.interface import InstanceConfig
 from gateway.telemetry.perfmodel import PerfModelFitter
-from loadgen.bench.entry import config_or_reason, run_bench, say
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.entry import config_or_reason, say
 from loadgen.bench.scheduling.scheduling_report import MeanCI, mean_ci
+from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions, simulate
@@ -676,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = config_or_reason(lambda: config_from_args(args))
     return run_bench(
-        "maaso",
+        BENCHMARKS["maaso"],
         cfg,
         lambda c: bench(c, log=say),
         passed=lambda r: all(t["passed"] for t in r["targets"] if t["judged"]),

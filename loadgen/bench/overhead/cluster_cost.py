@@ -9,8 +9,10 @@ second, are included). A request carries a tenant key whose tenant has requests_
 max_concurrency set (high enough never to refuse), so every request takes the shared-limits path; with
 `--task` every request also carries x-berth-task-id (the shared task clock's round trip).
 
-    python -m loadgen.bench.overhead.cluster_cost                  # 3 rounds of 8 s per configuration
-    python -m loadgen.bench.overhead.cluster_cost --quick          # seconds: checks the machinery
+    berth-loadgen bench cluster-cost --out DIR           # 3 rounds of 8 s per configuration
+    berth-loadgen bench cluster-cost --quick --out DIR   # seconds: checks the machinery
+
+Output: DIR/report.json, DIR/report.md.
 
 The figures are medians over rounds; ratios are cluster ÷ standalone within a round, then the median.
 One machine: berth, Redis, the upstream and the client share its cores (say so beside the figures).
@@ -29,9 +31,11 @@ from typing import Any, Final
 import orjson
 import redis
 
+from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.overhead.overhead_client import Command
 from loadgen.bench.overhead.proxy import CHAT_PATH, Client, HarnessError, start_upstream
-from loadgen.harness import REPO_ROOT, ManagedProcess, start_server
+from loadgen.bench.skeleton import run_bench
+from loadgen.harness import REPO_ROOT, ManagedProcess, ServerStartError, start_server
 from loadgen.redis_server import RedisServer
 
 KEY: Final = "sk-bench-tenant-0001"
@@ -160,32 +164,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m loadgen.bench.overhead.cluster_cost", description=__doc__)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--duration", type=float, default=8.0)
-    p.add_argument("--warmup", type=float, default=1.0)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.rounds, args.duration, args.warmup = 1, 1.5, 0.3
-    report = run(args)
-    text = orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
-    if args.out is not None:
-        args.out.write_text(text)
+def summary(report: dict[str, Any]) -> str:
+    """The medians per configuration and berth's CPU ratio (report.md)."""
+    lines = ["# What cluster mode costs per request", "", "```"]
     m = report["median"]
     for cfg in ("standalone", "cluster"):
         f = m[cfg]
-        print(
+        lines.append(
             f"{cfg:10s} rps {f['rps']:7.0f}  berth CPU/request {f['berth_cpu_us']:6.1f} µs  "
             f"Redis CPU/request {f['redis_cpu_us']:5.1f} µs  "
             f"Redis round trips/request {f['round_trips']:.2f}  "
             f"p50 {f['p50_ms']:.2f} ms  p99 {f['p99_ms']:.2f} ms"
         )
-    print(f"cluster ÷ standalone berth CPU per request: {report['cpu_ratio']:.3f}")
+    lines += [f"cluster ÷ standalone berth CPU per request: {report['cpu_ratio']:.3f}", "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="berth-loadgen bench cluster-cost", description=__doc__)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", type=Path, default=Path("bench-out/cluster-cost"), help="report directory")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds = min(args.rounds, 1)
+        args.duration, args.warmup = min(args.duration, 1.5), min(args.warmup, 0.3)
+
+    def measure(a: argparse.Namespace) -> dict[str, Any]:
+        report = run(a)
+        print(summary(report))
+        return report
+
+    return run_bench(
+        BENCHMARKS["cluster-cost"],
+        args,
+        measure,
+        report=lambda r: (r, summary(r)),
+        failures=(HarnessError, ServerStartError, OSError),
+    )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -64,7 +64,9 @@ from gateway.core.types import ApiKind, EndpointId, EngineGauges, ModelName, Req
 from gateway.dispatch.context import RequestContext
 from gateway.sched.decisions import Decision, Dispatch, Preempt
 from gateway.sched.scheduler import Scheduler
+from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.scheduling.policies import gateway_toml, policy_file
+from loadgen.bench.skeleton import run_bench
 from loadgen.client import build_body, build_headers
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions
@@ -613,8 +615,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         backlog=args.backlog,
         backlog_target_us=args.backlog_target_us,
     )
-    bench(cfg)
-    return 0
+    return run_bench(
+        BENCHMARKS["decisions"], cfg, bench, passed=lambda doc: all(r["passed"] for r in doc["results"])
+    )
 
 
 if __name__ == "__main__":

@@ -34,9 +34,11 @@ that, or idle CPUs, to mean anything.
 stream client; see `overhead_harness`) and folds its results, with berth's lag, into the
 same report. `--quick` is a seconds-long run that checks the machinery, not the figures.
 
-    python -m loadgen.bench.overhead.proxy --pin                 # about 4 minutes
-    python -m loadgen.bench.overhead.proxy --harness /tmp/perf-peers --out reports/overhead.json
-    python -m loadgen.bench.overhead.proxy --quick --out /tmp/overhead.json
+    berth-loadgen bench overhead --pin --out DIR                          # about 4 minutes
+    berth-loadgen bench overhead --harness /tmp/perf-peers --out DIR
+    berth-loadgen bench overhead --quick --out DIR                        # seconds: the machinery
+
+Output: DIR/report.json, DIR/report.md.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from typing import IO, Any, Final
 
 import orjson
 
+from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.overhead.overhead_client import Command
 from loadgen.bench.overhead.overhead_harness import HarnessFailed, bare_lag_args, run_harness
 from loadgen.bench.overhead.overhead_lag import LOOP_LAG_PATH, lag_since, mark_lag
@@ -78,6 +81,7 @@ from loadgen.bench.overhead.overhead_report import (
     summarise,
     verdict,
 )
+from loadgen.bench.skeleton import run_bench
 from loadgen.harness import (
     REPO_ROOT,
     ManagedProcess,
@@ -636,8 +640,8 @@ def _parser() -> argparse.ArgumentParser:
         help="both proxies' lag sampling interval (default 10: 100 samples a second; 0: their default)",
     )  # fmt: skip
     p.add_argument(
-        "--out", type=Path, default=Path("reports/bench-overhead.json"),
-        help="JSON report path; the Markdown report goes beside it (.md)",
+        "--out", type=Path, default=Path("bench-out/overhead"),
+        help="report directory (report.json, report.md)",
     )  # fmt: skip
     p.add_argument(
         "--pin", action="store_true",
@@ -651,7 +655,6 @@ def _parser() -> argparse.ArgumentParser:
         "--harness-args", default="", help="more arguments for the harness's bench.py, e.g. '--sat-s 5'"
     )
     p.add_argument("--quick", action="store_true", help="a seconds-long run (see QUICK)")
-    p.add_argument("--fail-on-target", action="store_true", help="exit 1 unless every target passes")
     return p
 
 
@@ -686,23 +689,22 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
+    def measure(args: argparse.Namespace) -> dict[str, Any]:
         result = run(args)
-    except (HarnessError, HarnessFailed, ServerStartError) as e:
-        _log(f"overhead benchmark failed: {e}")
-        return 2
-    print(result["table"])
-    for what, why in result["unavailable"].items():
-        print(f"\n{what} was not measured: {why.splitlines()[0] if why else ''}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
-    md = args.out.with_suffix(".md")
-    md.write_text(markdown(result))
-    print(f"\nreport: {args.out} and {md}  (server logs: {result['meta']['logs']})")
-    if args.fail_on_target and result["verdict"] != "PASS":
-        return 1
-    return 0
+        print(result["table"])
+        for what, why in result["unavailable"].items():
+            print(f"\n{what} was not measured: {why.splitlines()[0] if why else ''}")
+        print(f"\nserver logs: {result['meta']['logs']}")
+        return result
+
+    return run_bench(
+        BENCHMARKS["overhead"],
+        parse_args(argv),
+        measure,
+        passed=lambda r: r["verdict"] == "PASS",
+        report=lambda r: (r, markdown(r)),
+        failures=(HarnessError, HarnessFailed, ServerStartError),
+    )
 
 
 if __name__ == "__main__":

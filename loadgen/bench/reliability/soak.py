@@ -55,6 +55,7 @@ import aiohttp
 import orjson
 
 from gateway.telemetry.promtext import parse
+from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.reliability.soak_checks import (
     Connections,
     Counters,
@@ -77,6 +78,7 @@ from loadgen.bench.reliability.soak_faults import (
     gateway_toml,
     start_engines,
 )
+from loadgen.bench.skeleton import run_bench
 from loadgen.harness import REPO_ROOT, RunningServer, free_port, start_server
 
 RSS_BOUND_KIB_PER_1K: Final = 64.0
@@ -620,23 +622,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cfg = SoakConfig.of(args)
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    soak = Soak(cfg, out)
-    try:
-        soak.start()
-        try:
-            import uvloop
 
-            uvloop.run(soak.run())
-        except ImportError:  # pragma: no cover - uvloop is a dependency
-            asyncio.run(soak.run())
-    finally:
-        soak.stop()
-    soak.write_report()
-    print((out / "report.md").read_text())
-    return 0 if soak.passed else 1
+    def run(a: argparse.Namespace) -> Soak:
+        out: Path = a.out
+        out.mkdir(parents=True, exist_ok=True)
+        soak = Soak(SoakConfig.of(a), out)
+        try:
+            soak.start()
+            try:
+                import uvloop
+
+                uvloop.run(soak.run())
+            except ImportError:  # pragma: no cover - uvloop is a dependency
+                asyncio.run(soak.run())
+        finally:
+            soak.stop()
+        soak.write_report()
+        print((out / "report.md").read_text())
+        return soak
+
+    return run_bench(BENCHMARKS["soak"], args, run, passed=lambda s: s.passed)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """vLLM's own benchmark client (`vllm bench serve`) pointed at berth: a client nobody here wrote, as a
 check that berth is a drop-in for a vLLM server (`make bench-vllm`).
 
-    python -m loadgen.bench.reliability.vllm_bench                # berth in front of two simulated engines
-    python -m loadgen.bench.reliability.vllm_bench --engine vllm  # berth in front of a real vLLM on CPU
-    python -m loadgen.bench.reliability.vllm_bench -- --percentile-metrics ttft,itl,e2el  # more flags
+    berth-loadgen bench vllm --out DIR                 # berth in front of two simulated engines
+    berth-loadgen bench vllm --engine vllm --out DIR   # berth in front of a real vLLM on CPU
+    berth-loadgen bench vllm --out DIR -- --percentile-metrics ttft,itl,e2el   # more flags
 
 Needs the engine venv (`make engine-env`; its python is ``$BERTH_ENGINE_PYTHON``, else
 ``~/.cache/berth/engine-venv``'s), which has vLLM and the tokenizer libraries. Its `vllm` command
@@ -30,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.skeleton import run_bench
 from loadgen.harness import (
     REPO_ROOT,
     RunningServer,
@@ -143,7 +145,11 @@ def _num(v: Any) -> str:
     return f"{v:.1f}" if isinstance(v, int | float) else "-"
 
 
-def run(args: argparse.Namespace, engine_python: Path, logs: Path) -> int:
+class ClientFailed(Exception):
+    """`vllm bench serve` did not finish with a result."""
+
+
+def run(args: argparse.Namespace, engine_python: Path, logs: Path) -> dict[str, Any]:
     model_dir, _ = build_tiny_model(engine_python)
     with target(args, engine_python, model_dir, logs) as base_url:
         print(f"berth at {base_url} in front of {args.engine}; logs in {logs}", flush=True)
@@ -153,16 +159,15 @@ def run(args: argparse.Namespace, engine_python: Path, logs: Path) -> int:
         _, metrics = http_get(base_url + "/metrics")
     result_file = logs / "result.json"
     if code != 0 or not result_file.exists():
-        print(f"vllm bench serve failed (exit {code}); berth's log: {logs / 'berth.log'}", file=sys.stderr)
-        return 1
+        raise ClientFailed(f"vllm bench serve failed (exit {code}); berth's log: {logs / 'berth.log'}")
     result = json.loads(result_file.read_text())
     text, ok = summary(result, berth_counts(metrics), args.num_prompts)
     print(text)
-    return 0 if ok else 1
+    return {"result": result, "summary": text, "passed": ok}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadgen.bench.reliability.vllm_bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="berth-loadgen bench vllm", description=__doc__)
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument(
         "--engine", choices=("sim", "vllm"), default="sim", help="what berth fronts (default sim)"
@@ -176,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=8, help="per engine")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--logs", type=Path, default=None, help="keep the logs and vLLM's result.json here")
+    ap.add_argument("--out", type=Path, default=Path("bench-out/vllm"), help="report directory")
     ap.add_argument("extra", nargs="*", help="after --: more `vllm bench serve` arguments")
     args = ap.parse_args(argv)
     engine_python = find_engine_python()
@@ -186,14 +192,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    with tempfile.TemporaryDirectory(prefix="berth-vllm-bench-") as tmp:
-        logs = args.logs or Path(tmp)
-        logs.mkdir(parents=True, exist_ok=True)
-        try:
-            return run(args, engine_python, logs)
-        except ServerStartError as e:
-            print(f"a server did not start: {e}", file=sys.stderr)
-            return 1
+
+    def measure(a: argparse.Namespace) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="berth-vllm-bench-") as tmp:
+            logs = a.logs or Path(tmp)
+            logs.mkdir(parents=True, exist_ok=True)
+            return run(a, engine_python, logs)
+
+    return run_bench(
+        BENCHMARKS["vllm"],
+        args,
+        measure,
+        passed=lambda r: bool(r["passed"]),
+        report=lambda r: (r, "```\n" + str(r["summary"]) + "\n```"),
+        failures=(ServerStartError, ClientFailed),
+    )
 
 
 if __name__ == "__main__":

@@ -62,9 +62,11 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
-from loadgen.bench.entry import run_bench, say
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.entry import say
 from loadgen.bench.scheduling import capacity
 from loadgen.bench.scheduling.scheduling_types import VARIANTS as PRESET_VARIANTS
+from loadgen.bench.skeleton import run_bench
 from loadgen.client import RequestResult
 from loadgen.engine_sim.profiles import EngineProfile, get_profile
 from loadgen.engine_sim.spec import EndpointSpec
@@ -789,7 +791,7 @@ def config_from_args(args: argparse.Namespace) -> AladdinConfig | str:
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(build_parser().parse_args(argv))
     return run_bench(
-        "aladdin",
+        BENCHMARKS["aladdin"],
         cfg,
         lambda c: bench(c, log=say),
         passed=lambda doc: bool((v := floor_verdict(doc)) is not None and v["passed"]),

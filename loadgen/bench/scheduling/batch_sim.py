@@ -44,10 +44,12 @@ from typing import Any, Final
 
 import orjson
 
-from loadgen.bench.entry import config_or_reason, run_bench, say
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.entry import config_or_reason, say
 from loadgen.bench.scheduling.classes import BERTH, FLEET, MODEL, fleet_file, gateway_toml, policy_text
 from loadgen.bench.scheduling.classes import ENGINE_SEATS as SEATS
 from loadgen.bench.scheduling.classes_report import summarize
+from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.fleetsim import SimOptions
 from loadgen.fleetsim.sim import Simulation
@@ -325,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     lines, duration = (QUICK["lines"], QUICK["duration_s"]) if a.quick else (a.lines, a.duration)
     cfg = config_or_reason(lambda: Config(a.out, int(lines), a.rate, float(duration), a.in_flight, a.seed))
-    return run_bench("batch-sim", cfg, bench, passed=passed)
+    return run_bench(BENCHMARKS["batch-sim"], cfg, bench, passed=passed)
 
 
 if __name__ == "__main__":

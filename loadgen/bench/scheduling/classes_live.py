@@ -60,10 +60,12 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
-from loadgen.bench.entry import config_or_reason, run_bench, say
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.entry import config_or_reason, say
 from loadgen.bench.scheduling import classes
 from loadgen.bench.scheduling.classes_report import Run, plot_timeline, summarize
 from loadgen.bench.scheduling.live_stack import berth_metrics, counter_total, cpu_validity, live_processes
+from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import parse_fleet
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
@@ -641,7 +643,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return uvloop.run(bench(c, say))
 
-    return run_bench("classes --live", cfg, run)
+    return run_bench(
+        BENCHMARKS["classes"], cfg, run, passed=lambda r: bool(r["verdict"]["verdict"] == "CONFIRMS")
+    )
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ workload's pattern1 at 10.5 tasks/s and pattern2 at 7.5 under `coding-assistant.
 chat-batch workload (`chat-batch:mixed`, interactive and batch classes) under `chat-and-batch.toml` at
 `--chat-rate`. Goodput is task-level (the share of tasks that met their SLA), the mean over `--seeds`.
 
-    python -m loadgen.bench.scheduling.cluster_replicas                   # about 10 minutes on one core
-    python -m loadgen.bench.scheduling.cluster_replicas --quick           # one seed, 30 s of arrivals
+    berth-loadgen bench cluster-replicas --out DIR             # about 10 minutes on one core
+    berth-loadgen bench cluster-replicas --quick --out DIR     # one seed, 30 s of arrivals
 
-The target: 3 replicas within 0.02 of one gateway's goodput.
+The target: 3 replicas within 0.02 of one gateway's goodput. Output: DIR/report.json, DIR/report.md.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
-
+from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.scheduling.policies import (
     REQUEST_TIMEOUT_SIM_S,
     SIM_PORT,
@@ -38,6 +37,7 @@ from loadgen.bench.scheduling.policies import (
     policy_file,
 )
 from loadgen.bench.scheduling.scheduling_types import BERTH, MODELS
+from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.fleetsim import SimOptions, simulate
 
@@ -90,20 +90,13 @@ def one(
     return sum(1 for t in report.tasks if t.met) / n if n else 0.0
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m loadgen.bench.scheduling.cluster_replicas", description=__doc__
-    )
-    p.add_argument("--replicas", default="1,2,3,4")
-    p.add_argument("--interval", type=float, default=0.5, help="publication interval, simulated s")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--duration", type=float, default=120.0)
-    p.add_argument("--chat-rate", type=float, default=10.5, help="chat-batch:mixed's rate (tasks/s)")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.seeds, args.duration = 1, 30.0
+#: The target: this many replicas within this much goodput of one gateway (fewer, when fewer ran).
+TARGET_REPLICAS: Final = 3
+TARGET_GOODPUT_DROP: Final = 0.02
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Goodput per case and replica count, the mean over the seeds."""
     counts = [int(x) for x in args.replicas.split(",")]
     cases = [*CASES, ("chat-batch:mixed", args.chat_rate, "chat-and-batch")]
     workdir = Path(tempfile.mkdtemp(prefix="berth-cluster-replicas-"))
@@ -130,22 +123,60 @@ def main(argv: list[str] | None = None) -> None:
                 f"{key}: {n} replica(s): goodput {results[key][n]:.3f} {[round(r, 3) for r in runs]}",
                 file=sys.stderr,
             )
+    return {"args": vars(args) | {"out": str(args.out)}, "goodput": results}
+
+
+def passed(doc: dict[str, Any]) -> bool:
+    """Up to `TARGET_REPLICAS` replicas, each count's goodput within the drop of one gateway's, per case."""
+    return all(
+        g >= by_n[1] - TARGET_GOODPUT_DROP
+        for by_n in doc["goodput"].values()
+        if 1 in by_n
+        for n, g in by_n.items()
+        if 1 < n <= TARGET_REPLICAS
+    )
+
+
+def table(doc: dict[str, Any]) -> str:
+    counts = sorted({n for by_n in doc["goodput"].values() for n in by_n})
     lines = [
         f"| case | {' | '.join(f'{n} replica(s)' for n in counts)} |",
         "| --- |" + " --- |" * len(counts),
     ]
-    for key, by_n in results.items():
+    for key, by_n in doc["goodput"].items():
         base = by_n.get(1)
         cells = [
             f"{g:.3f}" + ("" if base is None or n == 1 else f" ({g - base:+.3f})")
             for n, g in sorted(by_n.items())
         ]
         lines.append(f"| {key} | {' | '.join(cells)} |")
-    print("\n".join(lines))
-    if args.out is not None:
-        out: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)}, "goodput": results}
-        args.out.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="berth-loadgen bench cluster-replicas", description=__doc__)
+    p.add_argument("--replicas", default="1,2,3,4")
+    p.add_argument("--interval", type=float, default=0.5, help="publication interval, simulated s")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--duration", type=float, default=120.0)
+    p.add_argument("--chat-rate", type=float, default=10.5, help="chat-batch:mixed's rate (tasks/s)")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", type=Path, default=Path("bench-out/cluster-replicas"), help="report directory")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.duration = min(args.seeds, 1), min(args.duration, 30.0)
+
+    def run(a: argparse.Namespace) -> dict[str, Any]:
+        doc = measure(a)
+        print(table(doc))
+        return doc
+
+    def report(doc: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        md = ["# Cluster mode on the fleet simulator: goodput per replica count", "", table(doc), ""]
+        return doc, "\n".join(md)
+
+    return run_bench(BENCHMARKS["cluster-replicas"], args, run, passed=passed, report=report)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

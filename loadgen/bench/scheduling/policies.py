@@ -77,8 +77,9 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
+from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.scheduling.live_stack import berth_metrics, counter_total, cpu_validity, live_processes
-from loadgen.bench.scheduling.scheduling_report import markdown, plot, ratio_fleet
+from loadgen.bench.scheduling.scheduling_report import markdown, plot, ratio_fleet, verdict
 from loadgen.bench.scheduling.scheduling_types import (
     BERTH,
     CONFIGS,
@@ -108,6 +109,7 @@ from loadgen.bench.scheduling.scheduling_types import (
     preset_file,
     split,
 )
+from loadgen.bench.skeleton import run_bench
 from loadgen.client import RequestResult
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.engine_sim.profiles import get_profile
@@ -839,18 +841,24 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig | str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = config_from_args(args)
-    if isinstance(cfg, str):
-        print(cfg, file=sys.stderr)
-        return 2
-    if args.merge:
+    if args.merge and not isinstance(cfg, str):
         return merge(cfg, args.merge)
-    try:
+
+    def run(c: BenchConfig) -> dict[str, Any]:
         import uvloop
 
-        uvloop.run(bench(cfg))
-    except KeyboardInterrupt:
-        return 130
-    return 0
+        return uvloop.run(bench(c))
+
+    return run_bench(BENCHMARKS["scheduling"], cfg, run, passed=passed)
+
+
+def passed(doc: dict[str, Any]) -> bool:
+    """Every configuration's targets at each pattern's heaviest load (`scheduling_report.verdict`)."""
+    runs = [RunResult.from_dict(r) for r in doc["runs"]]
+    configs = dict.fromkeys(r.config for r in runs)
+    patterns = dict.fromkeys(r.pattern for r in runs)
+    judged = [verdict([r for r in runs if r.config == c], p) for c in configs for p in patterns]
+    return bool(judged) and all(v is not None and v.passed for v in judged)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ from typing import Any, Final
 
 import orjson
 
-from loadgen.bench.entry import config_or_reason, run_bench, say
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.entry import config_or_reason, say
 from loadgen.bench.scheduling.prefix_report import figures, markdown, passed, plot, summarize_runs
 from loadgen.bench.scheduling.prefix_setup import (
     CONFIGS,
@@ -73,6 +74,7 @@ from loadgen.bench.scheduling.prefix_setup import (
     workload_arg,
     workload_options,
 )
+from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.fleetsim import SimOptions, simulate
 
@@ -263,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return main_live(args)
     cfg = config_or_reason(lambda: config_from_args(args))
-    return run_bench("prefix", cfg, lambda c: bench(c, log=say), passed=passed)
+    return run_bench(BENCHMARKS["prefix"], cfg, lambda c: bench(c, log=say), passed=passed)
 
 
 if __name__ == "__main__":

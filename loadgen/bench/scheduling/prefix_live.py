@@ -19,7 +19,7 @@ Default: `coding` with repository sessions, one load (1.0), one seed, 60 s of ar
 a minute holds little of its reuse). Figures per router:
 goodput, TTFT p50/p90/p99, E2E, throughput and the engines' own prefix-cache hit rate
 (`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` summed over the fleet's /metrics).
-Run it under `flock /tmp/berth-heavy.lock` on a shared machine. Output: DIR/live.md, DIR/live.json and
+Run it under `flock /tmp/berth-heavy.lock` on a shared machine. Output: DIR/report.md, DIR/report.json and
 per router DIR/live/ROUTER/ (its command's log, the fleet's log, loadgen.json).
 """
 
@@ -42,6 +42,7 @@ import aiohttp
 import orjson
 
 from gateway.telemetry.promtext import parse
+from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.entry import say
 from loadgen.bench.scheduling.live_stack import STOP_GRACE_S, start_fleet, start_gateway
 from loadgen.bench.scheduling.prefix_report import figures
@@ -58,6 +59,7 @@ from loadgen.bench.scheduling.prefix_setup import (
     workload_arg,
     workload_options,
 )
+from loadgen.bench.skeleton import run_bench
 from loadgen.harness import REPO_ROOT, ManagedProcess, free_port, http_get
 from loadgen.runner import RunOptions, run_workload
 
@@ -326,21 +328,22 @@ def main_live(a: argparse.Namespace) -> int:
     a.duration = a.duration if a.duration is not None else LIVE_DURATION_S
     a.endpoints = a.endpoints if a.endpoints is not None else LIVE_ENDPOINTS
     a.out.mkdir(parents=True, exist_ok=True)
-    runs: list[dict[str, Any]] = []
-    try:
+
+    def run(a: argparse.Namespace) -> list[dict[str, Any]]:
+        runs: list[dict[str, Any]] = []
         for router in routers:
             r = asyncio.run(run_router(router, a, a.out))
             runs.append(r)
             say(
                 f"{router}: {r.get('error') or {k: r.get(k) for k in ('goodput', 'ttft_p90_ms', 'hit_rate')}}"
             )
-    except KeyboardInterrupt:
-        return 130
-    md = live_markdown(runs, a)
-    (a.out / "live.md").write_text(md)
-    (a.out / "live.json").write_bytes(orjson.dumps({"runs": runs}, option=orjson.OPT_INDENT_2))
-    say(md)
-    return 0
+        say(live_markdown(runs, a))
+        return runs
+
+    # The live run confirms the simulated comparison's figures; its targets are judged there.
+    return run_bench(
+        BENCHMARKS["prefix"], a, run, report=lambda runs: ({"runs": runs}, live_markdown(runs, a))
+    )
 
 
 __all__ = ["PEERS", "REPO_ROOT", "ROUTERS", "main_live", "run_router"]

@@ -35,10 +35,12 @@ from typing import Any, Final
 
 import orjson
 
-from loadgen.bench.entry import run_bench, say
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.entry import say
 from loadgen.bench.scheduling import capacity
 from loadgen.bench.scheduling.policies import policy_file
 from loadgen.bench.scheduling.scheduling_types import BERTH, DEFAULT_RATES, MODELS, PROFILE, TASK_TYPES, split
+from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.fleetsim import SimOptions, simulate
@@ -344,7 +346,7 @@ def config_from_args(args: argparse.Namespace) -> WhatIfConfig | str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = config_from_args(build_parser().parse_args(argv))
-    return run_bench("whatif", cfg, lambda c: bench(c, log=say))
+    return run_bench(BENCHMARKS["whatif"], cfg, lambda c: bench(c, log=say))
 
 
 if __name__ == "__main__":

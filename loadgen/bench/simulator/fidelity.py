@@ -42,6 +42,7 @@ from typing import Any, Final
 
 import orjson
 
+from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.scheduling.policies import fleet_file, gateway_toml, policy_file, run_one
 from loadgen.bench.scheduling.scheduling_types import (
     DEFAULT_DURATION_S,
@@ -62,6 +63,7 @@ from loadgen.bench.simulator.fidelity_compare import (
     pair,
     side_figures,
 )
+from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import parse_fleet
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions, simulate
@@ -319,13 +321,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         live_from=args.live_from,
         notes=args.notes,
     )
-    try:
+
+    def run(c: FidelityConfig) -> dict[str, Any]:
         import uvloop
 
-        uvloop.run(bench(cfg))
-    except KeyboardInterrupt:
-        return 130
-    return 0
+        return uvloop.run(bench(c))
+
+    return run_bench(
+        BENCHMARKS["fidelity"],
+        cfg,
+        run,
+        passed=lambda doc: bool(doc["pairs"]) and all(p["passed"] for p in doc["pairs"]),
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """How well berth's telemetry models predict the engine simulator (a benchmark: prints figures).
 
-    python -m loadgen.bench.simulator.predict_accuracy                        # about 2 minutes on 2 cores
-    python -m loadgen.bench.simulator.predict_accuracy --out predict.json     # also write the figures as JSON
+    berth-loadgen bench predict-accuracy --out DIR      # about 2 minutes on 2 cores (DIR/report.json, .md)
 
 Setup: an in-process `SimFleet` of two endpoints with the same engine profile (``fleet-7b`` unless
 ``--profile``), run faster than real time; every measured time is multiplied back by the speed-up, so
@@ -97,6 +96,8 @@ from gateway.telemetry.timeline import (
 )
 from gateway.telemetry.tokens import TokenEstimator
 from gateway.telemetry.waiting import wait_for_position
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.profiles import get_profile
@@ -728,9 +729,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "wait_r2": waits["r2"] >= TARGETS["wait_r2"] and waits["queued_max"] >= TARGETS["queued"],
     }
     return {
-        "command": " ".join(
-            ["python -m loadgen.bench.simulator.predict_accuracy", *map(shlex.quote, sys.argv[1:])]
-        ),
+        "command": " ".join(["berth-loadgen bench predict-accuracy", *map(shlex.quote, sys.argv[1:])]),
         "settings": {
             k: getattr(args, k)
             for k in (
@@ -868,9 +867,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m loadgen.bench.simulator.predict_accuracy", description=__doc__
-    )
+    ap = argparse.ArgumentParser(prog="berth-loadgen bench predict-accuracy", description=__doc__)
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--profile", default="fleet-7b")
     ap.add_argument("--speed", type=float, default=4.0, help="engine speed-up in the fit phase")
@@ -888,14 +885,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--scrape-ms", type=float, default=25.0, help="wall milliseconds between /metrics scrapes"
     )
-    ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    ap.add_argument("--out", type=Path, default=Path("bench-out/predict-accuracy"), help="report directory")
     args = ap.parse_args(argv)
-    result = asyncio.run(run(args))
-    print(render(result))
-    if args.out is not None:
-        args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-        print(f"wrote {args.out}")
-    return 0 if all(result["pass"].values()) else 1
+
+    def measure(a: argparse.Namespace) -> dict[str, Any]:
+        result = asyncio.run(run(a))
+        print(render(result))
+        return result
+
+    return run_bench(
+        BENCHMARKS["predict-accuracy"],
+        args,
+        measure,
+        passed=lambda r: all(r["pass"].values()),
+        report=lambda r: (r, "```\n" + render(r) + "\n```"),
+    )
 
 
 if __name__ == "__main__":

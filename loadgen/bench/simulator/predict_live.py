@@ -1,8 +1,7 @@
 """How close a live berth's fitted performance model gets to the engine simulator's (a benchmark).
 
-    python -m loadgen.bench.simulator.predict_live                          # about 2 minutes on 2 cores
-    python -m loadgen.bench.simulator.predict_live --berth-dir /tmp/before  # berth from another checkout
-    python -m loadgen.bench.simulator.predict_live --out live.json          # also write the figures as JSON
+    berth-loadgen bench predict-live --out DIR                      # about 2 minutes on 2 cores
+    berth-loadgen bench predict-live --berth-dir OTHER --out DIR    # berth from another checkout
 
 Setup: one `SimFleet` endpoint (``--profile``, its max_num_seqs, ``--speed``) in this process, and berth
 as a subprocess in front of it (``python -m gateway.cli serve --endpoint URL,engine=vllm`` with
@@ -42,6 +41,7 @@ import aiohttp
 import orjson
 
 from gateway.sched.perf import PerfCoefficients
+from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.simulator.predict_accuracy import (
     BerthTelemetry,
     Stream,
@@ -53,10 +53,11 @@ from loadgen.bench.simulator.predict_accuracy import (
     ramp_arrivals,
     read_stream,
 )
+from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
-from loadgen.harness import REPO_ROOT, RunningServer, start_berth
+from loadgen.harness import REPO_ROOT, RunningServer, ServerStartError, start_berth
 
 MODEL: Final = "bench-model"  # what predict_accuracy's requests ask for
 REFIT_WAIT_S: Final = 60.0
@@ -164,9 +165,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     pre_points, dec_points = points.prefill, points.decode
     grid_pre, grid_dec = grid_mape(fit, true, profile.max_num_seqs)
     return {
-        "command": " ".join(
-            ["python -m loadgen.bench.simulator.predict_live", *map(shlex.quote, sys.argv[1:])]
-        ),
+        "command": " ".join(["berth-loadgen bench predict-live", *map(shlex.quote, sys.argv[1:])]),
         "berth_dir": str(berth_dir),
         "settings": {
             k: getattr(args, k)
@@ -233,7 +232,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadgen.bench.simulator.predict_live", description=__doc__)
+    ap = argparse.ArgumentParser(prog="berth-loadgen bench predict-live", description=__doc__)
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--profile", default="fleet-7b")
     ap.add_argument("--speed", type=float, default=2.0, help="engine speed-up")
@@ -245,15 +244,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--berth-dir", type=lambda s: Path(s).resolve(), default=None, help="run berth from this checkout"
     )
-    ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    ap.add_argument("--out", type=Path, default=Path("bench-out/predict-live"), help="report directory")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="berth-predict-live-") as tmp:
-        result = asyncio.run(run(args, Path(tmp)))
-    print(render(result))
-    if args.out is not None:
-        args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-        print(f"wrote {args.out}")
-    return 0
+
+    def measure(a: argparse.Namespace) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="berth-predict-live-") as tmp:
+            result = asyncio.run(run(a, Path(tmp)))
+        print(render(result))
+        return result
+
+    return run_bench(
+        BENCHMARKS["predict-live"],
+        args,
+        measure,
+        report=lambda r: (r, "```\n" + render(r) + "\n```"),
+        failures=(ServerStartError,),
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """berth's fitted performance model in front of a real vLLM on CPU (a benchmark: prints figures).
 
-    python -m loadgen.bench.simulator.predict_real                       # about 2 minutes (vLLM starts in ~1)
-    python -m loadgen.bench.simulator.predict_real --out real.json       # also write the figures as JSON
+    berth-loadgen bench predict-real --out DIR      # about 2 minutes (vLLM starts in ~1)
 
 Setup, the same as the real-engine tier (`tests/engine`; both start their servers with
 `loadgen.vllm_server` and `loadgen.harness`): the engine venv's python (``$BERTH_ENGINE_PYTHON``, else
@@ -43,6 +42,8 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.skeleton import run_bench
 from loadgen.harness import RunningServer, ServerStartError, start_berth
 from loadgen.vllm_server import IGNORE_EOS, MODEL_NAME, build_tiny_model, find_engine_python, start_vllm
 
@@ -200,9 +201,7 @@ async def run(args: argparse.Namespace, engine_python: Path, logs: Path) -> dict
     [ep] = doc["endpoints"]
     ttfts = sorted(r.ttft_s for r in reqs if r.ttft_s is not None)
     return {
-        "command": " ".join(
-            ["python -m loadgen.bench.simulator.predict_real", *map(shlex.quote, sys.argv[1:])]
-        ),
+        "command": " ".join(["berth-loadgen bench predict-real", *map(shlex.quote, sys.argv[1:])]),
         "settings": {
             k: getattr(args, k)
             for k in ("requests", "max_prompt", "max_output", "max_num_seqs", "refit_s", "scrape_s", "seed")
@@ -260,7 +259,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadgen.bench.simulator.predict_real", description=__doc__)
+    ap = argparse.ArgumentParser(prog="berth-loadgen bench predict-real", description=__doc__)
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--requests", type=int, default=100)
     ap.add_argument("--max-prompt", type=int, default=1200, help="longest prompt, tokens")
@@ -272,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here")
-    ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    ap.add_argument("--out", type=Path, default=Path("bench-out/predict-real"), help="report directory")
     args = ap.parse_args(argv)
     engine_python = find_engine_python()
     if engine_python is None:
@@ -289,19 +288,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    with tempfile.TemporaryDirectory(prefix="berth-predict-real-") as tmp:
-        logs = args.logs or Path(tmp)
-        logs.mkdir(parents=True, exist_ok=True)
-        try:
-            result = asyncio.run(run(args, engine_python, logs))
-        except ServerStartError as e:
-            print(f"a server did not start: {e}", file=sys.stderr)
-            return 1
-    print(render(result))
-    if args.out is not None:
-        args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-        print(f"wrote {args.out}")
-    return 0
+
+    def measure(a: argparse.Namespace) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="berth-predict-real-") as tmp:
+            logs = a.logs or Path(tmp)
+            logs.mkdir(parents=True, exist_ok=True)
+            result = asyncio.run(run(a, engine_python, logs))
+        print(render(result))
+        return result
+
+    return run_bench(
+        BENCHMARKS["predict-real"],
+        args,
+        measure,
+        report=lambda r: (r, "```\n" + render(r) + "\n```"),
+        failures=(ServerStartError,),
+    )
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from typing import Any, Final
 
 import orjson
 
+from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.simulator.sim_scale_report import (
     HEADER,
     HEADLINE_TARGET_S,
@@ -55,6 +56,7 @@ from loadgen.bench.simulator.sim_scale_report import (
     table,
     verdicts,
 )
+from loadgen.bench.skeleton import run_bench
 from loadgen.fleetsim.runs import MAX_RUN
 from loadgen.harness import REPO_ROOT, pinned
 
@@ -454,8 +456,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_run=args.max_run,
         shares=args.shares,
     )
-    bench(cfg, headline=not args.no_headline)
-    return 0
+    return run_bench(
+        BENCHMARKS["simscale"],
+        cfg,
+        lambda c: bench(c, headline=not args.no_headline),
+        passed=lambda doc: bool(doc["verdicts"]) and not any("NOT MET" in v for v in doc["verdicts"]),
+    )
 
 
 if __name__ == "__main__":
