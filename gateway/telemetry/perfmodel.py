@@ -268,7 +268,7 @@ class PerfModelFitter:
         takes 0.8-1 ms with a full window, and a timer due meanwhile waits for all of it): each `next`
         runs one step, the fit's setup (the window copied, the system's condition checked), one round
         of its reweighting or one slice of the throughput curve's β grid, up to about 0.2 ms each with
-        a full window (`python -m loadgen.diag.refit_steps`). The window is the one the first step
+        a full window (`berth-loadgen diag refit-steps`). The window is the one the first step
         copied; the part's coefficients change at the last step only, in the coefficients current then
         (a `scale_prior` between steps is kept). The steps in turn equal `refit_part`; a fit left
         unfinished changes nothing (the next refit fits the part again)."""

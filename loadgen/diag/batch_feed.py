@@ -3,7 +3,7 @@ SQLite store and the files on disk, with a LineRunner that answers every line at
 engine), so that what is timed is validation, feeding, recording each answer (one transaction each) and
 writing the output file.
 
-    python -m loadgen.diag.batch_feed [--lines 20000] [--in-flight 64]
+    berth-loadgen diag batch-feed [--lines 20000] [--in-flight 64]
 
 Prints the validation time, the run (feed + answers) in lines per second, the finalization time, and the
 peak resident memory of the process before the batch and after it (a batch is fed from disk: the peak
@@ -113,7 +113,7 @@ async def bench(lines: int, in_flight: int, root: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadgen.diag.batch_feed", description=__doc__)
+    p = argparse.ArgumentParser(prog="berth-loadgen diag batch-feed", description=__doc__)
     p.add_argument("--lines", type=int, default=20_000)
     p.add_argument("--in-flight", type=int, default=64)
     args = p.parse_args(argv)

@@ -14,7 +14,7 @@ workload's requests (deadline factors 0.8-1.5, decode lengths 300-1000: ~60 kind
 - then how late a 1 ms ticker on the event loop wakes while `ThreadPlans` plans the whole room in its
   worker thread (which holds the GIL meanwhile).
 
-    python -m loadgen.diag.choice_micro [--repeat N]
+    berth-loadgen diag choice-cost [--repeat N]
 
 Prints the median wall time of each, a third of the devices running the default configuration. A
 wall-clock measurement: run it on a quiet machine (`flock /tmp/berth-heavy.lock`).
@@ -199,7 +199,7 @@ async def _lag_while_planning(devices: int) -> tuple[float, list[float]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadgen.diag.choice_micro", description=__doc__)
+    p = argparse.ArgumentParser(prog="berth-loadgen diag choice-cost", description=__doc__)
     p.add_argument("--repeat", type=int, default=5)
     a = p.parse_args(argv)
     print(f"one choose of {ASK} instances, and one ask for a plan; median of {a.repeat} (ms)")

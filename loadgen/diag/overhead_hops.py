@@ -1,8 +1,8 @@
 """What berth adds to the event loop per request: tasks, futures, timers, callbacks and task wake-ups,
 counted against the bare aiohttp proxy's.
 
-    python -m loadgen.diag.overhead_hops                                  # this checkout
-    python -m loadgen.diag.overhead_hops --tree main=OTHER_CHECKOUT --tree new=.
+    berth-loadgen diag overhead-hops                                  # this checkout
+    berth-loadgen diag overhead-hops --tree main=OTHER_CHECKOUT --tree new=.
 
 In one process per checkout: the proxy under test (the bare proxy, `overhead_bare_proxy`, then berth as
 `berth serve --endpoint UP1 --endpoint UP2 --log-level warning` builds it) runs on a counting asyncio
@@ -357,7 +357,7 @@ def _child(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m loadgen.diag.overhead_hops", description=__doc__,
+        prog="berth-loadgen diag overhead-hops", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument("--tree", type=tree_arg, action="append", default=[], metavar="NAME=DIR")

@@ -1,7 +1,7 @@
 """berth's own per-request work without HTTP: CPU time per request in-process, A/B across checkouts.
 
-    python -m loadgen.diag.overhead_micro                                  # this checkout
-    python -m loadgen.diag.overhead_micro --tree main=OTHER_CHECKOUT --tree new=.  --rounds 7
+    berth-loadgen diag overhead-micro                                  # this checkout
+    berth-loadgen diag overhead-micro --tree main=OTHER_CHECKOUT --tree new=.  --rounds 7
 
 Each piece is berth's real code, driven the way one non-streamed request at saturation drives it, over
 `--requests` requests per run, timed with `time.thread_time_ns` (CPU time of this thread: another
@@ -605,7 +605,7 @@ def _backlog(piece: str) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m loadgen.diag.overhead_micro", description=__doc__,
+        prog="berth-loadgen diag overhead-micro", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument("--tree", type=tree_arg, action="append", default=[], metavar="NAME=DIR")

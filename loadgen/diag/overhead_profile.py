@@ -1,9 +1,8 @@
 """Where berth's CPU per request goes, and what a change buys: an A/B of berth builds in one run.
 
-    python -m loadgen.diag.overhead_profile --pin --out /tmp/profile.json
-    python -m loadgen.diag.overhead_profile --tree before=/tmp/old-tree --tree after=. --rounds 8
-    python -m loadgen.diag.overhead_profile --stream --tree before=/tmp/old-tree --tree after=.
-    berth-loadgen bench overhead-profile ...  (the same)
+    berth-loadgen diag overhead-profile --pin --out /tmp/profile.json
+    berth-loadgen diag overhead-profile --tree before=/tmp/old-tree --tree after=. --rounds 8
+    berth-loadgen diag overhead-profile --stream --tree before=/tmp/old-tree --tree after=.
 
 Every configuration (the bare aiohttp proxy and one berth per `--tree`, each `python -m gateway.cli serve`
 run from that checkout, so the checkout's `gateway` package is the one imported, compiled modules
@@ -378,7 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m loadgen.diag.overhead_profile", description=__doc__,
+        prog="berth-loadgen diag overhead-profile", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument(

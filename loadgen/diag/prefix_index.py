@@ -11,7 +11,7 @@
 - a short chat's whole share: a 300-character chat keyed, matched, dispatched and finished;
 - memory: bytes per block held, measured with tracemalloc over 100 endpoints × 20,000 blocks.
 
-    python -m loadgen.diag.prefix_index [--repeat N]
+    berth-loadgen diag prefix-index [--repeat N]
 
 Prints the median of `--repeat` timings of each (wall clock: run it on a quiet machine).
 """

@@ -3,7 +3,7 @@ the loop before telemetry fitted in steps) beside the longest of its steps (`ref
 loop's turns now), with windows of `--window` observations, timed with `time.thread_time_ns` (CPU time
 of this thread: another process's load does not count).
 
-    python -m loadgen.diag.refit_steps [--window 2000] [--repeat 30] [--endpoints 100]
+    berth-loadgen diag refit-steps [--window 2000] [--repeat 30] [--endpoints 100]
 
 The observations are drawn from a 7B-class model with 3 % noise and 2 % gross outliers (a stalled loop),
 the windows full, every fit made anew (each repetition forgets the last fit, so the same window is

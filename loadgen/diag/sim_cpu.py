@@ -1,8 +1,8 @@
 """How much CPU the engine simulator needs per simulated endpoint, and how many endpoints one core
 can simulate in real time.
 
-    python -m loadgen.diag.sim_cpu                 # ~3 minutes
-    python -m loadgen.diag.sim_cpu --quick         # ~1 minute, coarser
+    berth-loadgen diag sim-cpu                 # ~3 minutes
+    berth-loadgen diag sim-cpu --quick         # ~1 minute, coarser
 
 Setup: the simulator runs as its own process (``berth-engine-sim --count N --profile fleet-7b``, speed 1,
 i.e. **real time, not sped up**), so its CPU is read alone from ``/proc/PID/stat``. This process is the
@@ -230,7 +230,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadgen.diag.sim_cpu", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="berth-loadgen diag sim-cpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--endpoints", type=int, default=12, help="fleet size for phases 1-2")
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per point")
     p.add_argument("--warmup", type=float, default=3.0)

@@ -3,7 +3,7 @@ stack whenever the loop has not ticked for longer than a threshold, and a report
 snapshots were (by the callback that was running and the code inside it), with the garbage collector's
 pauses beside them.
 
-    python -m loadgen.diag.stallwatch [--threshold-ms 1.5] [--out stalls.json] -- gateway.cli serve ...
+    berth-loadgen diag stallwatch [--threshold-ms 1.5] [--out stalls.json] -- gateway.cli serve ...
 
 The target is a module run as `python -m MODULE ARGS` would run it, in this process. Once its event loop
 runs (the watchdog finds it in the main thread's frames), a heartbeat callback re-arms itself every
@@ -559,7 +559,7 @@ def _print_summary(doc: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m loadgen.diag.stallwatch", description=__doc__,
+        prog="berth-loadgen diag stallwatch", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument(

@@ -13,7 +13,7 @@ Three parts, for prompts of 1,000, 8,000 and 32,000 tokens:
 The engine's own tokenization (and its API server's request handling) comes on top of `call` in the
 latency, not in berth's CPU.
 
-    python -m loadgen.diag.tokenize_cost [--calls N]
+    berth-loadgen diag tokenize-cost [--calls N]
 
 Wall-clock figures: run on a quiet machine (`flock /tmp/berth-heavy.lock ...`).
 """

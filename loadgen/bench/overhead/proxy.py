@@ -606,7 +606,7 @@ QUICK: Final = {
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m loadgen.bench.overhead.proxy", description=__doc__,
+        prog="berth-loadgen bench overhead", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     p.add_argument("--configs", type=_configs, default=list(CONFIGS), help="default: direct,bare,berth")

@@ -5,7 +5,7 @@ answers.
 
     berth-loadgen bench aladdin --out DIR               # rates 10, 20, 40, ... until every policy needs > 50
     berth-loadgen bench aladdin --quick --out DIR       # rates 10 and 20, one seed, 60 simulated s
-    python -m loadgen.bench.scheduling.aladdin --rates 20,60 --seeds 3 --out DIR
+    berth-loadgen bench aladdin --rates 20,60 --seeds 3 --out DIR
 
 Setup (every run on the offline fleet simulator, `loadgen.fleetsim`):
 - one model on `a100-llama2-7b` endpoints (Llama-2 7B on an A100-80GB: 256 seats, 110k KV tokens);

@@ -1,8 +1,8 @@
 """The Batch API's figure on the fleet simulator: a large batch submitted while interactive chat runs.
 
-    python -m loadgen.bench.scheduling.batch_sim --out DIR                # 20,000 lines at 3 req/s of chat
-    python -m loadgen.bench.scheduling.batch_sim --quick --out DIR        # 600 lines, 60 s (seconds)
-    python -m loadgen.bench.scheduling.batch_sim --lines 20000 --rate 6 --in-flight 64 --out DIR
+    berth-loadgen bench batch-sim --out DIR                # 20,000 lines at 3 req/s of chat
+    berth-loadgen bench batch-sim --quick --out DIR        # 600 lines, 60 s (seconds)
+    berth-loadgen bench batch-sim --lines 20000 --rate 6 --in-flight 64 --out DIR
 
 Setup: the classes benchmark's fleet (8 simulated endpoints of `fleet-7b`: 2 interactive, 4 mixed,
 2 batch), its gateway settings and `policies/chat-and-batch.toml` as shipped; interactive chat
@@ -315,7 +315,7 @@ def plot(rates: dict[str, list[tuple[float, float]]], duration_s: float, path: P
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadgen.bench.scheduling.batch_sim", description=__doc__)
+    ap = argparse.ArgumentParser(prog="berth-loadgen bench batch-sim", description=__doc__)
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--lines", type=int, default=DEFAULT_LINES)
