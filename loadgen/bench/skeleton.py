@@ -96,6 +96,8 @@ class Catalogue(Mapping[str, Benchmark]):
             lines.append(f"{group}:")
             for b in members:
                 lines.append(f"  {b.name:<{width}}  {b.question}")
+                quick = " ".join((f"berth-loadgen bench {b.name}", *b.quick, "--out DIR"))
+                lines.append(f"  {'':<{width}}  quick: {quick}")
         return "\n".join(lines)
 
 

@@ -6,6 +6,8 @@ end-to-end test of their own (`Benchmark.live_test`)."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
 
 import orjson
@@ -52,3 +54,26 @@ def test_every_benchmark_is_run_end_to_end_somewhere(bench: Benchmark) -> None:
         assert (REPO / bench.live_test).is_file(), bench.live_test
     assert bench.smoke is not None or bench.live_test or bench.needs
     __import__(bench.module)  # its module exists and imports
+
+
+@pytest.mark.parametrize("bench", list(BENCHMARKS.values()), ids=list(BENCHMARKS))
+def test_the_quick_form_it_lists_is_accepted(
+    bench: Benchmark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bench --list` shows each benchmark's quick form: its options parse and build a configuration the
+    benchmark takes (the run itself is replaced)."""
+    importlib.import_module(bench.module)
+    taken: list[object] = []
+
+    def fake_run_bench(b: Benchmark, cfg: object, *args: object, **kwargs: object) -> int:
+        assert not isinstance(cfg, str), cfg  # a refused configuration
+        taken.append(cfg)
+        return 0
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("loadgen.bench.") and hasattr(module, "run_bench"):
+            monkeypatch.setattr(module, "run_bench", fake_run_bench)
+    if bench.needs.startswith("the engine venv"):
+        monkeypatch.setattr(f"{bench.module}.find_engine_python", lambda: tmp_path / "python")
+    assert loadgen_main(["bench", bench.name, *bench.quick, "--out", str(tmp_path / "out")]) == 0
+    assert len(taken) == 1
