@@ -9,17 +9,12 @@ from typing import Final
 
 from loadgen.bench.skeleton import Benchmark, Catalogue
 
-_SCHEDULING_TINY: Final = (
-    "--duration",
-    "3",
-    "--seeds",
-    "1",
-    "--rates",
-    "1",
-    "--patterns",
-    "pattern1",
-    "--no-aladdin",
-)
+
+def _argv(options: str) -> tuple[str, ...]:
+    return tuple(options.split())
+
+
+_SCHEDULING_TINY: Final = _argv("--duration 3 --seeds 1 --rates 1 --patterns pattern1 --no-aladdin")
 
 BENCHMARKS: Final = Catalogue(
     (
@@ -44,22 +39,8 @@ BENCHMARKS: Final = Catalogue(
                 "p99 <= 2 ms in the batch backlog case",
             ),
             module="loadgen.bench.overhead.decision_cost",
-            quick=(
-                "--endpoints",
-                "20",
-                "--queued",
-                "200",
-                "--rounds",
-                "300",
-                "--warmup",
-                "10",
-                "--backlog",
-                "1000",
-            ),
-            smoke=(
-                *("--endpoints", "2", "--queued", "8", "--rounds", "20"),
-                *("--warmup", "1", "--backlog", "8", "--no-profile"),
-            ),
+            quick=_argv("--endpoints 20 --queued 200 --rounds 300 --warmup 10 --backlog 1000"),
+            smoke=_argv("--endpoints 2 --queued 8 --rounds 20 --warmup 1 --backlog 8 --no-profile"),
         ),
         Benchmark(
             name="cluster-cost",
@@ -67,7 +48,7 @@ BENCHMARKS: Final = Catalogue(
             question="What does cluster mode (a shared Redis) cost berth and Redis per request?",
             targets=(),
             module="loadgen.bench.overhead.cluster_cost",
-            smoke=("--quick", "--rounds", "1", "--duration", "0.5", "--warmup", "0.2", "--concurrency", "4"),
+            smoke=_argv("--quick --rounds 1 --duration 0.5 --warmup 0.2 --concurrency 4"),
             needs="redis-server on PATH",
             processes=True,
         ),
@@ -93,18 +74,7 @@ BENCHMARKS: Final = Catalogue(
                 "berth <= 1.2x the ATGT capacity floor at the highest rate (JSQ's ratio shown beside it)",
             ),
             module="loadgen.bench.scheduling.aladdin",
-            smoke=(
-                "--rates",
-                "3",
-                "--duration",
-                "4",
-                "--seeds",
-                "1",
-                "--max-endpoints",
-                "4",
-                "--stop-above",
-                "2",
-            ),
+            smoke=_argv("--rates 3 --duration 4 --seeds 1 --max-endpoints 4 --stop-above 2"),
         ),
         Benchmark(
             name="whatif",
@@ -112,8 +82,8 @@ BENCHMARKS: Final = Catalogue(
             question="How does the coding fleet fare at ten times the traffic on 200 endpoints?",
             targets=(),
             module="loadgen.bench.scheduling.whatif",
-            quick=("--patterns", "pattern1"),
-            smoke=("--endpoints", "6", "--scale", "0.4", "--duration", "4", "--patterns", "pattern1"),
+            quick=_argv("--patterns pattern1"),
+            smoke=_argv("--endpoints 6 --scale 0.4 --duration 4 --patterns pattern1"),
         ),
         Benchmark(
             name="classes",
@@ -126,7 +96,7 @@ BENCHMARKS: Final = Catalogue(
                 "berth's batch throughput >= 0.9x the best static cap that keeps the ITL targets",
             ),
             module="loadgen.bench.scheduling.classes_live",
-            smoke=("--quick", "--backlog", "40", "--duration", "5"),
+            smoke=_argv("--quick --backlog 40 --duration 5"),
             live_test="tests/integration/test_bench_classes_live.py",
         ),
         Benchmark(
@@ -141,8 +111,8 @@ BENCHMARKS: Final = Catalogue(
                 "on the control",
             ),
             module="loadgen.bench.scheduling.prefix",
-            smoke=("--quick", "--duration", "6", "--endpoints", "2", "--seeds", "1"),
-            presets=(("--workloads", "coding"), ("--workloads", "sharegpt-like")),
+            smoke=_argv("--quick --duration 6 --endpoints 2 --seeds 1"),
+            presets=(_argv("--workloads coding"), _argv("--workloads sharegpt-like")),
             live_test="tests/integration/test_bench_prefix_live.py",
         ),
         Benchmark(
@@ -154,7 +124,7 @@ BENCHMARKS: Final = Catalogue(
                 "the batch completes within 1.1x the time the spare capacity allows",
             ),
             module="loadgen.bench.scheduling.batch_sim",
-            smoke=("--lines", "40", "--duration", "6", "--rate", "1"),
+            smoke=_argv("--lines 40 --duration 6 --rate 1"),
         ),
         Benchmark(
             name="cluster-replicas",
@@ -162,7 +132,7 @@ BENCHMARKS: Final = Catalogue(
             question="Does goodput hold with 1 to 4 berth replicas sharing the engines (cluster mode)?",
             targets=("3 replicas within 0.02 of one gateway's goodput",),
             module="loadgen.bench.scheduling.cluster_replicas",
-            smoke=("--replicas", "1,2", "--seeds", "1", "--duration", "4"),
+            smoke=_argv("--replicas 1,2 --seeds 1 --duration 4"),
         ),
         # -- lifecycle: which models are resident, how many instances, of which configuration
         Benchmark(
@@ -174,7 +144,7 @@ BENCHMARKS: Final = Catalogue(
                 "on no pattern worse than LRU on a mean figure (95 % interval of the ratio)",
             ),
             module="loadgen.bench.lifecycle.eviction",
-            smoke=("--quick", "--seeds", "0", "--duration-s", "20"),
+            smoke=_argv("--quick --seeds 0 --duration-s 20"),
         ),
         Benchmark(
             name="autoscaling",
@@ -187,7 +157,7 @@ BENCHMARKS: Final = Catalogue(
                 "maaso: as `bench maaso`",
             ),
             module="loadgen.bench.lifecycle.autoscaling",
-            smoke=("--smoke", "--seeds", "0"),
+            smoke=_argv("--smoke --seeds 0"),
         ),
         Benchmark(
             name="maaso",
@@ -196,7 +166,7 @@ BENCHMARKS: Final = Catalogue(
             "on the same devices?",
             targets=("the share of the headroom over plain replication gained >= 50 % at every burstiness",),
             module="loadgen.bench.lifecycle.maaso",
-            smoke=("--quick", "--duration", "10"),
+            smoke=_argv("--quick --duration 10"),
         ),
         # -- simulator: can its figures be trusted, how far does it scale, how good are the fitted models
         Benchmark(
@@ -209,8 +179,8 @@ BENCHMARKS: Final = Catalogue(
                 "simulated P95 TTFT within 15 % of the live run's",
             ),
             module="loadgen.bench.simulator.fidelity",
-            quick=("--rates", "8.5", "--duration", "30"),
-            smoke=("--rates", "1", "--duration", "4", "--endpoints", "1", "--speed", "8"),
+            quick=_argv("--rates 8.5 --duration 30"),
+            smoke=_argv("--rates 1 --duration 4 --endpoints 1 --speed 8"),
             processes=True,
         ),
         Benchmark(
@@ -223,8 +193,8 @@ BENCHMARKS: Final = Catalogue(
                 "peak memory stated",
             ),
             module="loadgen.bench.simulator.sim_scale",
-            quick=("--sizes", "10,20", "--no-headline"),
-            smoke=("--sizes", "2,4", "--curve-duration", "2", "--no-headline", "--cpu", ""),
+            quick=_argv("--sizes 10,20 --no-headline"),
+            smoke=_argv("--sizes 2,4 --curve-duration 2 --no-headline --cpu="),
         ),
         Benchmark(
             name="predict-accuracy",
@@ -235,8 +205,8 @@ BENCHMARKS: Final = Catalogue(
                 "output-length prediction no worse than the pooled spread; queue wait R^2 stated target",
             ),
             module="loadgen.bench.simulator.predict_accuracy",
-            quick=("--fit-requests", "60", "--queued", "60"),
-            smoke=("--fit-requests", "24", "--queued", "16", "--speed", "40", "--queue-speed", "40"),
+            quick=_argv("--fit-requests 60 --queued 60"),
+            smoke=_argv("--fit-requests 24 --queued 16 --speed 40 --queue-speed 40"),
         ),
         Benchmark(
             name="predict-live",
@@ -244,8 +214,8 @@ BENCHMARKS: Final = Catalogue(
             question="How close does a live berth's fitted performance model get to the engine simulator's?",
             targets=(),
             module="loadgen.bench.simulator.predict_live",
-            quick=("--requests", "60"),
-            smoke=("--requests", "12", "--speed", "20"),
+            quick=_argv("--requests 60"),
+            smoke=_argv("--requests 12 --speed 20"),
             processes=True,
         ),
         Benchmark(
@@ -254,7 +224,7 @@ BENCHMARKS: Final = Catalogue(
             question="How close does berth's fitted model get to a real vLLM on CPU?",
             targets=(),
             module="loadgen.bench.simulator.predict_real",
-            quick=("--requests", "30"),
+            quick=_argv("--requests 30"),
             needs="the engine venv (make engine-env)",
         ),
         # -- reliability: does berth stay correct under faults and with clients nobody here wrote
@@ -276,7 +246,7 @@ BENCHMARKS: Final = Catalogue(
             question="Is berth a drop-in for a vLLM server to vLLM's own benchmark client?",
             targets=("every request of `vllm bench serve` succeeds through berth",),
             module="loadgen.bench.reliability.vllm_bench",
-            quick=("--num-prompts", "40"),
+            quick=_argv("--num-prompts 40"),
             live_test="tests/engine/test_vllm_batch_responses.py",
             needs="the engine venv (make engine-env)",
         ),
