@@ -64,6 +64,7 @@ BENCHMARKS: Final = Catalogue(
             ),
             module="loadgen.bench.scheduling.policies",
             smoke=_SCHEDULING_TINY,
+            live_test="tests/integration/test_bench_scheduling_live.py",  # its --live form
         ),
         Benchmark(
             name="aladdin",
