@@ -64,6 +64,8 @@ BENCHMARKS: Final = Catalogue(
             ),
             module="loadgen.bench.scheduling.policies",
             smoke=_SCHEDULING_TINY,
+            # the other shipped presets and the variants `--policies` may name (not run by default)
+            presets=(_argv("--policies berth,default,chat-and-batch,aladdin,aladdin-paper,berth-scan"),),
             live_test="tests/integration/test_bench_scheduling_live.py",  # its --live form
         ),
         Benchmark(
@@ -76,6 +78,7 @@ BENCHMARKS: Final = Catalogue(
             ),
             module="loadgen.bench.scheduling.aladdin",
             smoke=_argv("--rates 3 --duration 4 --seeds 1 --max-endpoints 4 --stop-above 2"),
+            presets=(_argv("--policies berth,aladdin-paper"),),  # the paper's variant (not run by default)
         ),
         Benchmark(
             name="whatif",
