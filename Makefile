@@ -59,9 +59,9 @@ typecheck: venv
 check: lint typecheck
 
 bench-overhead: venv
-	$(BIN)/python -m loadgen.bench.overhead
+	$(BIN)/berth-loadgen bench overhead
 
-# The fault-matrix soak (loadgen/bench/soak.py): berth in front of simulated engines, >= 20,000 requests at
+# The fault-matrix soak (loadgen/bench/reliability/soak.py): berth in front of simulated engines, >= 20,000 requests at
 # concurrency 64 with every fault kind; report.md and report.json in SOAK_OUT. `--quick` is the test's.
 SOAK_OUT ?= bench-out/soak
 soak: venv
@@ -71,7 +71,7 @@ soak: venv
 # simulated engines; BENCH_VLLM_ARGS="--engine vllm" puts a real vLLM on CPU behind berth instead.
 BENCH_VLLM_ARGS ?=
 bench-vllm: venv engine-env
-	BERTH_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python $(BIN)/python -m loadgen.bench.vllm_bench $(BENCH_VLLM_ARGS)
+	BERTH_ENGINE_PYTHON=$(ENGINE_VENV)/bin/python $(BIN)/berth-loadgen bench vllm $(BENCH_VLLM_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -8,14 +8,9 @@
     berth-loadgen workload-stats --workload mooncake:trace.jsonl --duration 0 [--block-size 512]
     berth-loadgen sim --policy policies/coding-assistant.toml --fleet fleet.toml --workload coding:pattern1 \
         --rate 8 --duration 120 --seed 1 --out report.json [--plot sim.png] [--gateway gateway.toml]
-    berth-loadgen bench scheduling [--quick] [--live]   # loadgen/bench/scheduling.py (simulator by default)
-    berth-loadgen bench aladdin [--quick] --out DIR     # loadgen/bench/aladdin.py
-    berth-loadgen bench whatif --out DIR                # loadgen/bench/whatif.py
-    berth-loadgen bench fidelity | simscale | decisions # bench/fidelity.py, sim_scale.py, decision_cost.py
-    berth-loadgen bench soak [--quick] --out DIR        # loadgen/bench/soak.py (the fault-matrix soak)
-    berth-loadgen bench eviction [--quick] --out DIR    # loadgen/bench/eviction.py (CACE vs LRU, simulator)
-    berth-loadgen bench maaso [--quick] --out DIR       # loadgen/bench/maaso.py (heterogeneous instances)
-    berth-loadgen bench prefix [--quick] [--live] --out DIR   # loadgen/bench/prefix.py (prefix caches)
+    berth-loadgen bench --list                          # every benchmark and the question it answers
+    berth-loadgen bench NAME [--quick] --out DIR        # loadgen/bench/<question>/ (docs/benchmarks.md)
+    berth-loadgen diag --list                           # the diagnostics (docs/diagnostics.md)
 """
 
 from __future__ import annotations
@@ -38,30 +33,47 @@ from loadgen.workloads import BUILTIN_NAMES, VARIANTS, WorkloadOptions, get_work
 from loadgen.workloads.options import parse_range
 from loadgen.workloads.stats import format_reuse, reusable_share
 
-# `berth-loadgen bench NAME ARGS...`: the module of each benchmark, imported only when asked for; each has
-# `main(argv) -> int`.
-BENCHMARKS: dict[str, str] = {
-    "scheduling": "loadgen.bench.scheduling",
-    "aladdin": "loadgen.bench.aladdin",
-    "whatif": "loadgen.bench.whatif",
-    "fidelity": "loadgen.bench.fidelity",
-    "simscale": "loadgen.bench.sim_scale",
-    "decisions": "loadgen.bench.decision_cost",
-    "soak": "loadgen.bench.soak",
-    "eviction": "loadgen.bench.eviction",
-    "classes": "loadgen.bench.classes_live",  # the simulated benchmark, or --live its confirming run
-    "autoscaling": "loadgen.bench.autoscaling",
-    "maaso": "loadgen.bench.maaso",
-    "prefix": "loadgen.bench.prefix",  # prefix caches: simulated comparison, or --live with the real routers
-    "overhead": "loadgen.bench.overhead",
-    "overhead-profile": "loadgen.bench.overhead_profile",
-    "batch-sim": "loadgen.bench.batch_sim",
-}
+
+def _catalogue_run(
+    kind: str,
+    name: str | None,
+    listing: Callable[[], str],
+    module_of: Callable[[str], str | None],
+    argv: Sequence[str],
+) -> int:
+    """`bench NAME ARGS...` / `diag NAME ARGS...`: the module of NAME, imported only when asked for (each has
+    `main(argv)`); no NAME (or --list) lists them."""
+    if name is None:
+        print(listing())
+        return 0
+    module = module_of(name)
+    if module is None:
+        print(
+            f"berth-loadgen {kind}: unknown {kind} {name!r}; `berth-loadgen {kind} --list`", file=sys.stderr
+        )
+        return 2
+    run: Callable[[Sequence[str]], int | None] = importlib.import_module(module).main
+    return run(list(argv)) or 0
 
 
-def _bench(name: str, argv: Sequence[str]) -> int:
-    run: Callable[[Sequence[str]], int] = importlib.import_module(BENCHMARKS[name]).main
-    return run(argv)
+def _bench(name: str | None, argv: Sequence[str]) -> int:
+    from loadgen.bench.catalogue import BENCHMARKS
+
+    def module_of(n: str) -> str | None:
+        b = BENCHMARKS.get(n)
+        return None if b is None else b.module
+
+    return _catalogue_run("bench", name, BENCHMARKS.listing, module_of, argv)
+
+
+def _diag(name: str | None, argv: Sequence[str]) -> int:
+    from loadgen.diag.catalogue import DIAGNOSTICS, listing
+
+    def module_of(n: str) -> str | None:
+        d = DIAGNOSTICS.get(n)
+        return None if d is None else d.module
+
+    return _catalogue_run("diag", name, listing, module_of, argv)
 
 
 def _workload_arguments() -> argparse.ArgumentParser:
@@ -198,9 +210,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="block size in tokens (repeatable; default 16, vLLM's on GPUs, and 512, the Mooncake traces')",
     )
 
-    b = sub.add_parser("bench", help="run a benchmark: `bench scheduling --help`")
-    b.add_argument("name", choices=tuple(BENCHMARKS))
+    b = sub.add_parser(
+        "bench", help="run a benchmark (`bench --list`; `bench NAME --help`; docs/benchmarks.md)"
+    )
+    b.add_argument("--list", action="store_true", help="every benchmark and the question it answers")
+    b.add_argument("name", nargs="?", help="the benchmark")
     b.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    d = sub.add_parser(
+        "diag", help="run a diagnostic (`diag --list`; `diag NAME --help`; docs/diagnostics.md)"
+    )
+    d.add_argument("--list", action="store_true", help="every diagnostic and what it looks into")
+    d.add_argument("name", nargs="?", help="the diagnostic")
+    d.add_argument("args", nargs=argparse.REMAINDER, help="the diagnostic's own options")
     return p
 
 
@@ -348,7 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sim":
         return _sim(args)
     if args.command == "bench":
-        return _bench(args.name, args.args)
+        return _bench(None if args.list else args.name, args.args)
+    if args.command == "diag":
+        return _diag(None if args.list else args.name, args.args)
     if args.command == "workload-stats":
         return _workload_stats(args)
     if args.command == "compare":

@@ -30,6 +30,18 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(rest[11]) + int(rest[12])) / _TICKS
 
 
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the process's threads spent runnable but waiting for a CPU (/proc/PID/task/*/schedstat)."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+    except OSError:
+        return 0.0
+    return total / 1e9
+
+
 @dataclass(frozen=True, slots=True)
 class CpuShare:
     name: str

@@ -2,9 +2,9 @@
 
 The same simulated fleet and the same trace twice: a plain router (least outstanding, no classes, no
 preemption) and berth's `policies/chat-and-batch.toml` as shipped. The setting is the classes
-benchmark's (`loadgen.bench.classes`, Chiron's): one model on 8 `fleet-7b` endpoints (2 interactive,
-4 mixed, 2 batch), interactive chat (TTFT 10 s, ITL 200 ms) arriving at `rate` a second while a backlog
-of batch requests (TTFT 1 h, ITL 2 s) waits from the start: the load where a router that only counts
+benchmark's (`loadgen.bench.scheduling.classes`, Chiron's): one model on 8 `fleet-7b` endpoints (2
+interactive, 4 mixed, 2 batch), interactive chat (TTFT 10 s, ITL 200 ms) arriving at `rate` a second while a
+backlog of batch requests (TTFT 1 h, ITL 2 s) waits from the start: the load where a router that only counts
 requests lets batch work fill every batch, and interactive streams miss their token-time target.
 
 Each run goes on until the backlog is done (its batch TTFT of an hour is the bound). Prints both side
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from loadgen.bench import classes
+from loadgen.bench.scheduling import classes
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.fleetsim import SimOptions, simulate
 from loadgen.report import Report

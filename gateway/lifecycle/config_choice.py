@@ -41,7 +41,7 @@ with more than one configuration; sans-IO, like the loop that owns it (`gateway.
   otherwise) the choice is not ready and the runner holds the scale-out one round
   (`gateway.sched.autoscale`), while the plan for the fleet as it is now is computed. A live choice is
   the one the simulator makes on the same fleet, with the mix and fitted curves of the round before.
-  What a `choose` of 4 instances costs the loop (`python -m loadgen.bench.choice_micro`, MaaSO's
+  What a `choose` of 4 instances costs the loop (`berth-loadgen diag choice-cost`, MaaSO's
   setting; medians): ~0.02 ms following a ready plan and ~0.14 ms asking for the next one after a
   round, at 24 and 48 devices (before: 1.8 / 6.2 ms with the placement ready, 10.5 / 22.7 ms before it
   was; computed in place, as the simulator does, 58 / 138 ms).

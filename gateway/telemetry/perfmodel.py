@@ -27,8 +27,8 @@ iteration and the first token of newly admitted requests at the end of a prefill
   - endpoint idle (nothing relayed from it between the dispatch and this first token): TTFT from
     dispatch to first token.
   Raw TTFT on a busy endpoint would also count the wait for the iteration in flight and any queueing
-  inside the engine, all of which a linear fit would put into ``c1`` (``loadgen.bench.predict_accuracy``
-  shows the size of that error).
+  inside the engine, all of which a linear fit would put into ``c1``
+  (``loadgen.bench.simulator.predict_accuracy`` shows the size of that error).
 - **decode** ← ``observe_decode(batch, avg_context, seconds)``, once per finished stream. ``seconds`` is
   the mean inter-token gap of the stream, leaving out every gap during which another request on the
   same endpoint got its first token (a prefill ran inside that gap and paused the decode). For each
@@ -268,7 +268,7 @@ class PerfModelFitter:
         takes 0.8-1 ms with a full window, and a timer due meanwhile waits for all of it): each `next`
         runs one step, the fit's setup (the window copied, the system's condition checked), one round
         of its reweighting or one slice of the throughput curve's β grid, up to about 0.2 ms each with
-        a full window (`python -m loadgen.bench.refit_steps`). The window is the one the first step
+        a full window (`berth-loadgen diag refit-steps`). The window is the one the first step
         copied; the part's coefficients change at the last step only, in the coefficients current then
         (a `scale_prior` between steps is kept). The steps in turn equal `refit_part`; a fit left
         unfinished changes nothing (the next refit fits the part again)."""

@@ -15,7 +15,7 @@ KV capacity caches what berth sent last.
 
 Memory: per block held, one entry in the slot's `OrderedDict` and, shared by the slots holding it, one
 dict entry and a small int (the bitset): about 180 bytes for a block held by one endpoint
-(`loadgen.bench.prefix_index` measures it).
+(`loadgen.diag.prefix_index` measures it).
 """
 
 from __future__ import annotations

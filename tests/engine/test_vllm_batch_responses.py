@@ -20,7 +20,7 @@ from typing import Final
 import openai
 import pytest
 
-from loadgen.bench.vllm_bench import client_argv
+from loadgen.bench.reliability.vllm_bench import client_argv
 from loadgen.harness import ServerStartError, http_post_json, start_berth
 from loadgen.vllm_server import engine_env
 from tests.engine.conftest import IGNORE_EOS, MODEL_NAME, RunningServer

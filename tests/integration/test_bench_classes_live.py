@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from loadgen.bench import classes
+from loadgen.bench.scheduling import classes
 from loadgen.cli import main as loadgen_main
 
 BACKLOG = 4

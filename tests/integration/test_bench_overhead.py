@@ -7,14 +7,14 @@ from pathlib import Path
 
 import orjson
 
-from loadgen.bench import overhead
-from loadgen.bench.overhead_report import CONFIGS, FLEET, PHASES
+from loadgen.bench.overhead import proxy as overhead
+from loadgen.bench.overhead.overhead_report import CONFIGS, FLEET, PHASES
 
 
 def test_the_quick_run_measures_every_target(tmp_path: Path) -> None:
-    out = tmp_path / "overhead.json"
+    out = tmp_path / "overhead"
     assert overhead.main(["--quick", "--out", str(out)]) == 0
-    doc = orjson.loads(out.read_bytes())
+    doc = orjson.loads((out / "report.json").read_bytes())
     assert doc["unavailable"] == {}
     names = [t["name"] for t in doc["targets"]]
     assert len(names) == 8
@@ -32,4 +32,4 @@ def test_the_quick_run_measures_every_target(tmp_path: Path) -> None:
         # Both proxies run the same lag monitor; the client talking to the upstream has none.
         assert bool(m["lag_s"]) == (m["config"] != "direct"), m
         assert all(lag >= 0.0 for lag in m["lag_s"]), m
-    assert out.with_suffix(".md").read_text().startswith("# berth overhead benchmark")
+    assert (out / "report.md").read_text().startswith("# berth overhead benchmark")

@@ -1,4 +1,4 @@
-"""What berth adds to the event loop per request (`loadgen.bench.overhead_hops`), counted on a small run:
+"""What berth adds to the event loop per request (`loadgen.diag.overhead_hops`), counted on a small run:
 no task or future of its own per request, no more task wake-ups than the bare proxy (its engine-call
 client saves the one that the handler's yield between its front half and its engine call spends), and no
 timer per engine call (its deadlines are swept by one timer for all calls), against the bare proxy on the
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from loadgen.bench import overhead_hops
-from loadgen.bench.overhead_hops import per_unit, render, totals
+from loadgen.diag import overhead_hops
+from loadgen.diag.overhead_hops import per_unit, render, totals
 
 
 @pytest.fixture(scope="module")

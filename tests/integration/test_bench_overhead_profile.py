@@ -1,4 +1,4 @@
-"""The CPU-per-request A/B (`berth-loadgen bench overhead-profile`) end to end, short: two berth trees
+"""The CPU-per-request A/B (`berth-loadgen diag overhead-profile`) end to end, short: two berth trees
 (this checkout twice) and the bare proxy behind the same upstream, every run counted."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from loadgen.bench import overhead_profile
+from loadgen.diag import overhead_profile
 from loadgen.harness import REPO_ROOT
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.bench import prefix_live
+from loadgen.bench.scheduling import prefix_live
 from loadgen.cli import main as loadgen_main
 
 
@@ -40,7 +40,7 @@ def test_berth_runs_live_and_a_dead_peer_is_reported(tmp_path: Path, monkeypatch
     ]
     argv += ["--workloads", "sharegpt-like", "--loads", "0.5", "--duration", "4", "--endpoints", "2"]
     assert loadgen_main(argv) == 0
-    runs = {r["router"]: r for r in orjson.loads((out / "live.json").read_bytes())["runs"]}
+    runs = {r["router"]: r for r in orjson.loads((out / "report.json").read_bytes())["runs"]}
     assert "error" in runs["vllm-router-cache_aware"]
     for name in ("berth", "berth-precise"):
         assert "error" not in runs[name], runs[name]
@@ -56,7 +56,7 @@ def test_berth_runs_live_and_a_dead_peer_is_reported(tmp_path: Path, monkeypatch
     assert 0.0 <= berth["hit_rate"] <= 1.0
     assert (out / "live" / "berth" / "router.log").exists()
     assert (out / "live" / "berth" / "sim.log").exists()
-    md = (out / "live.md").read_text()
+    md = (out / "report.md").read_text()
     assert "| vllm-router-cache_aware | did not run:" in md
     assert "| berth | " in md
 

@@ -9,8 +9,8 @@ import orjson
 
 from gateway.telemetry.promtext import parse
 from gateway.upstream.client import pool_counts
-from loadgen.bench import soak
-from loadgen.bench.soak_faults import SERVER_FAULTS
+from loadgen.bench.reliability import soak
+from loadgen.bench.reliability.soak_faults import SERVER_FAULTS
 from tests.integration.conftest import EngineServer, StartGateway
 from tests.integration.fake_engine import FakeEngine
 

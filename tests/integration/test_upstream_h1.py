@@ -19,7 +19,7 @@ from gateway.upstream.client import UpstreamSettings, open_request, pool_counts
 from gateway.upstream.deadlines import Deadlines
 from gateway.upstream.h1 import BODY_BUFFER_LIMIT, EngineDropped, H1Connection, H1Response
 from gateway.upstream.pool import KEEPALIVE_S, Pool
-from loadgen.bench import overhead_micro
+from loadgen.diag import overhead_micro
 
 PATH = "/v1/chat/completions"
 BODY = b'{"model":"tiny"}'

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.bench.aladdin import (
+from loadgen.bench.scheduling.aladdin import (
     BERTH,
     JSQ,
     POLICY_DIR,

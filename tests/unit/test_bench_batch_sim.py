@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.bench.batch_sim import FLEET_SEATS, Config, allowed_time, bench, passed, schedule
+from loadgen.bench.scheduling.batch_sim import FLEET_SEATS, Config, allowed_time, bench, passed, schedule
 
 
 def test_the_batch_is_fed_in_flight_lines_at_a_time() -> None:

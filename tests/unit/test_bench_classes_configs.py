@@ -9,7 +9,7 @@ from gateway.config.policy import parse_policy_text
 from gateway.core.types import InstanceClass
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.placement.instance_class import InstanceClassFilter
-from loadgen.bench.classes import CONFIGS, policy_text
+from loadgen.bench.scheduling.classes import CONFIGS, policy_text
 
 
 def _class_filter(config: str) -> InstanceClassFilter | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadgen.bench.classes_report import crossing
+from loadgen.bench.scheduling.classes_report import crossing
 
 
 def runs(attainment: dict[float, list[float]]) -> list[dict[str, Any]]:

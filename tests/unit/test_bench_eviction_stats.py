@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadgen.bench.eviction_stats import JUDGED, RunSample, pooled, ratio, ratio_cis
+from loadgen.bench.lifecycle.eviction_stats import JUDGED, RunSample, pooled, ratio, ratio_cis
 
 
 def _run(seed: int, *, slow: float = 1.0, evictions: int = 10, errors: int = 0) -> RunSample:

@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from loadgen.bench.fidelity import endpoint_ids, live_calls, sim_fleet
-from loadgen.bench.fidelity_compare import (
+from loadgen.bench.simulator.fidelity import endpoint_ids, live_calls, sim_fleet
+from loadgen.bench.simulator.fidelity_compare import (
     CallFigures,
     Check,
     SideFigures,

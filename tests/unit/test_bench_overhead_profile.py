@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.bench import overhead_micro
-from loadgen.bench.overhead_profile import BARE, LOOP, Run, component, fold, summarise
+from loadgen.diag import overhead_micro
+from loadgen.diag.overhead_profile import BARE, LOOP, Run, component, fold, summarise
 
 _OUTER = "<module> (gateway/cli.py:143);run (gateway/core/runloop.py:14);run (uvloop/__init__.py:92)"
 _HANDLE = (
@@ -46,9 +46,10 @@ def test_a_sample_in_the_loop_alone_counts_for_the_loop() -> None:
     assert component(f"{_OUTER};Runner.run (asyncio/runners.py:118)".split(";")) == LOOP
     assert component(["<module> (gateway/cli.py:143)"]) == LOOP  # no known owner at all
     # The bare proxy runs its loop from aiohttp's run_app: the loop's own work there is the loop's too.
-    bare = "<module> (loadgen/bench/overhead_bare_proxy.py:99);main (loadgen/bench/overhead_bare_proxy.py:88)"
+    proxy = "loadgen/bench/overhead/overhead_bare_proxy.py"
+    bare = f"<module> ({proxy}:99);main ({proxy}:88)"
     assert component(f"{bare};run_app (aiohttp/web.py:526)".split(";")) == LOOP
-    relay = "relay (loadgen/bench/overhead_bare_proxy.py:45);ClientSession._request (aiohttp/client.py:700)"
+    relay = f"relay ({proxy}:45);ClientSession._request (aiohttp/client.py:700)"
     assert component(f"{bare};run_app (aiohttp/web.py:526);{relay}".split(";")) == "aiohttp"
 
 

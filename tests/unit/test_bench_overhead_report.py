@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from loadgen.bench.overhead import parse_args, phases
-from loadgen.bench.overhead_harness import _RESULT_LINE, _measurement, harness_argv
-from loadgen.bench.overhead_report import (
+from loadgen.bench.overhead.overhead_harness import _RESULT_LINE, _measurement, harness_argv
+from loadgen.bench.overhead.overhead_report import (
     LAT1,
     LAT8,
     SATURATION,
@@ -25,6 +24,7 @@ from loadgen.bench.overhead_report import (
     summarise,
     verdict,
 )
+from loadgen.bench.overhead.proxy import parse_args, phases
 
 
 @pytest.mark.parametrize(

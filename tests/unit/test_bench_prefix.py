@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from loadgen.bench import prefix, prefix_report, prefix_setup
+from loadgen.bench.scheduling import prefix, prefix_report, prefix_setup
 from loadgen.cli import main as loadgen_main
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadgen.bench.prefix_index import bytes_per_block, timings
+from loadgen.diag.prefix_index import bytes_per_block, timings
 
 
 def test_the_benchmark_times_every_case_and_measures_memory() -> None:

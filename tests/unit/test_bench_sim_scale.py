@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from loadgen.bench.sim_scale import ScaleConfig
-from loadgen.bench.sim_scale import main as simscale_main
-from loadgen.bench.sim_scale_report import curve_summary, loglog_slope, memory_model, verdicts
+from loadgen.bench.simulator.sim_scale import ScaleConfig
+from loadgen.bench.simulator.sim_scale import main as simscale_main
+from loadgen.bench.simulator.sim_scale_report import curve_summary, loglog_slope, memory_model, verdicts
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from loadgen.bench.whatif import WhatIfConfig, fleet_toml, main
+from loadgen.bench.scheduling.whatif import WhatIfConfig, fleet_toml, main
 from loadgen.cli import main as loadgen_main
 from loadgen.engine_sim.fleet import parse_fleet
 from loadgen.fleetsim.sim import LEFT_OUT

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.bench.capacity import call_busy_s, floor, task_busy_s
-from loadgen.bench.scheduling_report import floor_lines
+from loadgen.bench.scheduling.capacity import call_busy_s, floor, task_busy_s
+from loadgen.bench.scheduling.scheduling_report import floor_lines
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.profiles import EngineProfile
 from loadgen.workloads.base import CallSpec, TaskSpec

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gateway.config import load_gateway_config
-from loadgen.bench import classes, classes_live
-from loadgen.bench.classes_live import (
+from loadgen.bench.scheduling import classes, classes_live
+from loadgen.bench.scheduling.classes_live import (
     LiveConfig,
     agreement,
     build_parser,

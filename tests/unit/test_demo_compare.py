@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loadgen import demo_compare
-from loadgen.bench import classes
+from loadgen.bench.scheduling import classes
 
 
 def test_both_routers_see_the_same_trace_and_the_table_shows_them_side_by_side(tmp_path: Path) -> None:

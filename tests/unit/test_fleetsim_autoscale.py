@@ -12,8 +12,8 @@ import pytest
 
 from gateway.core.types import InstanceClass, ModelName
 from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
-from loadgen.bench import autoscaling, autoscaling_cato, autoscaling_chiron, maaso
-from loadgen.bench.autoscaling_common import Burst, bursty_arrivals
+from loadgen.bench.lifecycle import autoscaling, autoscaling_cato, autoscaling_chiron, maaso
+from loadgen.bench.lifecycle.autoscaling_common import Burst, bursty_arrivals
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import InitialInstances, LifecycleOptions
 from loadgen.fleetsim.options import SimOptions

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.core.types import ModelName
 from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
-from loadgen.bench.eviction import BenchConfig, Setting, bench, judge
+from loadgen.bench.lifecycle.eviction import BenchConfig, Setting, bench, judge
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
 from loadgen.fleetsim.options import SimOptions

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.core.types import EndpointId
-from loadgen.bench import classes
+from loadgen.bench.scheduling import classes
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions
 from loadgen.fleetsim.sim import Simulation

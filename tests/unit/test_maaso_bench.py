@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.bench import maaso
+from loadgen.bench.lifecycle import maaso
 
 
 def test_quick_run_writes_its_report(tmp_path: Path) -> None:

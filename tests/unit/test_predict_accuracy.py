@@ -1,5 +1,5 @@
 """The accuracy benchmark's scoring path: what the client recorded goes through berth's own telemetry
-(`loadgen.bench.predict_accuracy.BerthTelemetry`), fed traces of the sans-IO engine simulator (no
+(`loadgen.bench.simulator.predict_accuracy.BerthTelemetry`), fed traces of the sans-IO engine simulator (no
 sockets, no sleeps)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from gateway.sched.perf import default_prior
 from gateway.telemetry.lengths import LengthPrediction
 from gateway.telemetry.timeline import MIN_KEPT_GAPS
-from loadgen.bench.predict_accuracy import (
+from loadgen.bench.simulator.predict_accuracy import (
     BerthTelemetry,
     Scrape,
     Stream,

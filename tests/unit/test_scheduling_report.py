@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.bench import scheduling
-from loadgen.bench.scheduling_report import (
+from loadgen.bench.scheduling import policies as scheduling
+from loadgen.bench.scheduling.scheduling_report import (
     day_one_table,
     floor_lines,
     mean_ci,
@@ -22,7 +22,7 @@ from loadgen.bench.scheduling_report import (
     target_check,
     verdict,
 )
-from loadgen.bench.scheduling_types import BenchConfig, RunResult
+from loadgen.bench.scheduling.scheduling_types import BenchConfig, RunResult
 
 CPU = {p: {"cpu_share": 0.3, "runqueue_share": 0.01} for p in ("berth", "loadgen", "sim")}
 
@@ -93,7 +93,7 @@ def test_rows_name_their_seed() -> None:
 
 
 def test_merge_makes_one_report_from_runs_measured_apart(tmp_path: Path) -> None:
-    from loadgen.bench.scheduling import merge
+    from loadgen.bench.scheduling.policies import merge
 
     def out(name: str, runs: list[RunResult], aladdin: dict[str, object] | None = None) -> Path:
         d = tmp_path / name

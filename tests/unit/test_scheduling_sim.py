@@ -14,9 +14,9 @@ from gateway.config import load_gateway_config
 from gateway.config.policy import load_policy
 from gateway.config.schema import LimitsConfig, ScrapeConfig, TelemetryConfig
 from gateway.sched.plugins import default_registry
-from loadgen.bench import scheduling
-from loadgen.bench.scheduling import bench, build_parser, config_from_args, fleet_file, gateway_toml
-from loadgen.bench.scheduling_types import (
+from loadgen.bench.scheduling import policies as scheduling
+from loadgen.bench.scheduling.policies import bench, build_parser, config_from_args, fleet_file, gateway_toml
+from loadgen.bench.scheduling.scheduling_types import (
     CONFIGS,
     DAY_ONE,
     DEFAULT_PATTERNS,

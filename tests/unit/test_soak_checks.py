@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.bench.soak_checks import bearer_tokens_in, judge_log, secrets_in
-from loadgen.bench.soak_clients import BEHAVIOURS, Outcome, Plan
+from loadgen.bench.reliability.soak_checks import bearer_tokens_in, judge_log, secrets_in
+from loadgen.bench.reliability.soak_clients import BEHAVIOURS, Outcome, Plan
 
 
 def _log(tmp_path: Path, *lines: object) -> Path:

@@ -1,4 +1,4 @@
-"""The stall watcher's bookkeeping (loadgen.bench.stallwatch), driven by a scripted clock: a stall opens
+"""The stall watcher's bookkeeping (loadgen.diag.stallwatch), driven by a scripted clock: a stall opens
 when a beat is late by more than the threshold, collects a snapshot per look, closes when the next beat
 comes with its gap and the main thread's CPU over it; the report counts the snapshots of busy stalls by
 site (the callback's root, our innermost frame, the innermost frame)."""
@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from loadgen.bench.stallwatch import (
+from loadgen.diag.stallwatch import (
     Beat,
     Frame,
     StallLog,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from loadgen.bench.vllm_bench import berth_counts, client_argv, summary
+from loadgen.bench.reliability.vllm_bench import berth_counts, client_argv, summary
 
 METRICS = """\
 # HELP berth_requests_total Requests by outcome

@@ -1,0 +1,624 @@
+"""The scheduler's own cost: wall time per call of berth's real `Scheduler` (the daemon makes these calls
+on its event loop), with a long queue on a large fleet.
+
+    flock /tmp/berth-heavy.lock berth-loadgen bench decisions --out bench-decisions     # a few minutes
+
+Per shipped preset (`coding-assistant`, the three baselines, `aladdin`, `default`, `chat-and-batch`):
+1. warm-up: the offline fleet simulator (`loadgen.fleetsim.Simulation`) runs the preset on 100 `fleet-7b`
+   endpoints of one model (cap = max_num_seqs, priority scheduling, the profile as prior) for a while, so
+   telemetry has fitted every endpoint's performance model and the output-length predictor has history:
+   the SLO plugins then decide on real estimates, as in the daemon;
+2. the simulation's own gateway (`SimGateway`: the scheduler, admission and telemetry built by berth's
+   config code) is then driven directly on its virtual clock: requests built by the front's admission
+   path (`SimGateway.admit`: SLO resolution, task clocks, token and length estimates) are submitted until
+   every seat the policy will fill is taken and `--queued` requests wait (1,000 by default);
+3. measured: rounds of a completion (a random running request finishes: `complete`, which serves the
+   queue) and new submissions keeping the queue at its depth (`submit`), with, as in the daemon, a
+   `tick` every 0.1 s (expiry, admission recheck of every queued request, serving every queue), progress
+   reports of running streams (`progress`, ~2,000/s), a scrape of every endpoint every 2 s
+   (`observe_gauges`) and new estimates every 1 s (`set_estimates`). Each call is timed with
+   `time.perf_counter_ns`; the virtual clock moves 5 ms per round.
+
+Workloads: the coding presets (coding-assistant and the baselines, with the coding class table as the
+scheduling benchmark adds it) get `coding:pattern1`; `default` (as shipped) gets `sharegpt-like` and
+`chat-and-batch` (as shipped) `chat-batch:mixed`, its interactive and batch classes. `--sla-scale K`
+multiplies every task SLA (default 1: with the shipped SLAs, SLO admission refuses many requests of a
+full fleet, but a queue of 1,000 still builds; refusals are counted in the report).
+
+The batch backlog case (`--backlog N`, 10,000 by default; 0 skips it) runs each preset again with only
+requests of a class of kind batch in that preset kept queued: the coding presets' `translation` calls of
+`coding:pattern1`, the `batch` calls of `chat-batch:mixed` for `default` and `chat-and-batch`. Preemptions
+(`chat-and-batch` preempts batch work for interactive requests) take the victim out of the running set
+until its next dispatch.
+
+Target: p99 <= 1 ms for `submit`, `complete` and `tick` with every preset; <= 2 ms in the backlog case.
+A preset that misses it is run again under cProfile; the report names where the time goes
+(`OUT/profile-PRESET.txt`).
+
+Output: `OUT/report.md`, `OUT/report.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import gc
+import io
+import pstats
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import numpy as np
+import orjson
+
+from gateway.core.errors import BerthError
+from gateway.core.slo import SloKind
+from gateway.core.types import ApiKind, EndpointId, EngineGauges, ModelName, RequestId
+from gateway.dispatch.context import RequestContext
+from gateway.sched.decisions import Decision, Dispatch, Preempt
+from gateway.sched.scheduler import Scheduler
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.scheduling.policies import gateway_toml, policy_file
+from loadgen.bench.skeleton import run_bench
+from loadgen.client import build_body, build_headers
+from loadgen.engine_sim.spec import EndpointSpec
+from loadgen.fleetsim import SimOptions
+from loadgen.fleetsim.gateway import SimGateway
+from loadgen.fleetsim.sim import Simulation
+from loadgen.harness import REPO_ROOT
+from loadgen.runner import RunOptions, build_schedule
+from loadgen.workloads import get_workload
+from loadgen.workloads.base import TaskSpec
+
+MODEL: Final = ModelName("model-7b")
+PROFILE: Final = "fleet-7b"
+TARGET_P99_US: Final = 1000.0
+#: The batch backlog case: this many batch requests wait, and the target per call is looser.
+BACKLOG: Final = 10_000
+BACKLOG_TARGET_P99_US: Final = 2000.0
+JUDGED: Final = ("submit", "complete", "tick")
+ROUND_S: Final = 0.005  # virtual time per round (a 100-endpoint fleet finishes ~200 requests/s)
+TICK_S: Final = 0.1  # the daemon's queue ticker (gateway.app.QUEUE_TICK_S)
+SCRAPE_S: Final = 2.0
+REFRESH_S: Final = 1.0
+PROGRESS_PER_ROUND: Final = 10  # ~2,000 progress reports/s: 1,600 streams, one report per 16 tokens
+PROGRESS_EVERY: Final = 16
+#: Submissions in a row without a deeper queue after which filling stops at the depth reached.
+FILL_STALL: Final = 3000
+_T = TypeVar("_T")
+_API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    name: str
+    workload: str
+    warmup_rate_per_endpoint: float  # tasks/s per endpoint in the warm-up (moderate load)
+    # The workload whose batch requests (of a class of kind batch in the preset) make the backlog case.
+    backlog_workload: str = "coding:pattern1"
+
+    def policy(self, work: Path) -> Path:
+        """The policy file to run: the presets given the coding workload as the scheduling benchmark runs
+        them (with the coding class table); the others as shipped."""
+        if self.workload.startswith("coding:"):
+            return policy_file(self.name, work)
+        return REPO_ROOT / "policies" / f"{self.name}.toml"
+
+
+PRESETS: Final = {
+    "coding-assistant": Preset("berth", "coding:pattern1", 0.7),
+    "round-robin": Preset("round-robin", "coding:pattern1", 0.7),
+    "power-of-two": Preset("power-of-two", "coding:pattern1", 0.7),
+    "least-outstanding": Preset("least-outstanding", "coding:pattern1", 0.7),
+    # Aladdin's best fit with the coding class table, as the scheduling benchmark runs it
+    "aladdin": Preset("aladdin", "coding:pattern1", 0.7),
+    "default": Preset("default", "sharegpt-like", 0.5, "chat-batch:mixed"),
+    # Chiron's traffic: 70 % interactive, 30 % batch (the preset holds at most 512 interactive requests
+    # in its queue; the batch ones make up the rest of the 1,000)
+    "chat-and-batch": Preset("chat-and-batch", "chat-batch:mixed", 0.5, "chat-batch:mixed"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionConfig:
+    out: Path
+    presets: tuple[str, ...] = tuple(PRESETS)
+    endpoints: int = 100
+    queued: int = 1000
+    rounds: int = 3000
+    warmup_s: float = 30.0  # simulated seconds of the warm-up's arrivals
+    sla_scale: float = 1.0
+    seed: int = 1
+    profile: bool = True  # profile a preset that misses the target
+    target_us: float = TARGET_P99_US
+    # The batch backlog case per preset: `backlog` batch requests kept queued (0: not run), judged
+    # against `backlog_target_us`.
+    backlog: int = BACKLOG
+    backlog_target_us: float = BACKLOG_TARGET_P99_US
+
+
+@dataclass(slots=True)
+class Timings:
+    """Nanoseconds per call, by kind."""
+
+    ns: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, kind: str, ns: int) -> None:
+        self.ns.setdefault(kind, []).append(ns)
+
+    def summary(self) -> dict[str, dict[str, float | int]]:
+        out: dict[str, dict[str, float | int]] = {}
+        for kind, vals in self.ns.items():
+            a = np.asarray(vals, dtype=np.float64) / 1000.0
+            out[kind] = {
+                "n": len(vals),
+                "p50_us": round(float(np.percentile(a, 50)), 1),
+                "p99_us": round(float(np.percentile(a, 99)), 1),
+                "max_us": round(float(a.max()), 1),
+                "mean_us": round(float(a.mean()), 1),
+            }
+        return out
+
+
+def verdicts(summary: dict[str, dict[str, float | int]], target_us: float = TARGET_P99_US) -> dict[str, bool]:
+    """Per judged kind that was measured: p99 within the target."""
+    return {k: float(summary[k]["p99_us"]) <= target_us for k in JUDGED if k in summary}
+
+
+# --------------------------------------------------------------------- the driver
+def fleet(n: int) -> tuple[EndpointSpec, ...]:
+    return tuple(
+        EndpointSpec(
+            models=(MODEL,),
+            profile=PROFILE,
+            id=f"e{i:03d}",
+            seed=i,
+            scheduling_policy="priority",
+            load_time_s=0.0,
+        )
+        for i in range(n)
+    )
+
+
+def warm_up(cfg: DecisionConfig, preset: Preset, work: Path) -> Simulation:
+    """The preset on the fleet in the simulator: its gateway comes out with fitted estimates."""
+    policy = preset.policy(work)
+    gateway = work / f"gateway-{preset.name}.toml"
+    gateway.write_text(gateway_toml([("http://e000.sim", MODEL)], port=8080, policy=policy, speed=1.0))
+    opts = SimOptions(
+        policy=policy,
+        fleet=fleet(cfg.endpoints),
+        gateway=gateway,
+        workload=preset.workload,
+        rate=preset.warmup_rate_per_endpoint * cfg.endpoints,
+        duration_s=cfg.warmup_s,
+        seed=cfg.seed,
+        models=(MODEL,),
+    )
+    sim = Simulation(opts)
+    sim.run()
+    return sim
+
+
+class Driver:
+    """Drives a warmed-up gateway's scheduler directly, timing every call."""
+
+    def __init__(
+        self, sim: Simulation, workload: str, *, sla_scale: float, seed: int, batch_only: bool = False
+    ) -> None:
+        self.gw: SimGateway = sim.gw
+        self.sched: Scheduler = sim.gw.scheduler
+        self.clock = sim.clock
+        self.sla_scale = sla_scale
+        self.rng = random.Random(seed)
+        run = RunOptions(target="decisions", workload=workload, rate=50.0, duration_s=400.0, seed=seed + 1000)
+        self.tasks: list[TaskSpec] = build_schedule(get_workload(workload), run)
+        if batch_only:  # the backlog case: only the calls of a class of kind batch in the preset
+            slo = sim.gw.policy.slo
+            self.tasks = [
+                t
+                for t in self.tasks
+                if t.calls[0].slo_class is not None
+                and t.calls[0].slo_class in slo.classes
+                and slo.class_of(t.calls[0].slo_class).kind is SloKind.BATCH
+            ]
+            if not self.tasks:
+                raise ValueError(f"{workload}: no requests of a batch class in policy {sim.gw.policy.name!r}")
+        self.next_task = 0
+        self.running: list[RequestId] = []
+        self.produced: dict[RequestId, int] = {}
+        self.first_token: dict[RequestId, float] = {}
+        self.rejected = 0
+        self.timings = Timings()
+        self.estimates = {v.id: v.estimates for v in self.sched.snapshot().endpoints}
+        self.ids: list[EndpointId] = list(self.sched.endpoint_ids())
+        self._last_tick = self._last_scrape = self._last_refresh = self.clock.t
+
+    # ----------------------------------------------------------------- requests
+    def _new_request(self) -> Any:
+        """The next task's first call through the front's admission path (not timed); None when the
+        front refused it."""
+        spec = self.tasks[self.next_task % len(self.tasks)]
+        k = self.next_task
+        self.next_task += 1
+        if k >= len(self.tasks):  # another lap: new task ids
+            spec = dataclasses.replace(spec, task_id=f"{spec.task_id}-{k // len(self.tasks)}")
+        call = spec.calls[0]
+        ctx = RequestContext(id=f"dc-{k}", api=_API[call.api], arrival=self.clock.t)
+        body = build_body(call, MODEL, salt=k)
+        headers = build_headers(spec, call, {}, slo_scale=self.sla_scale, slo_headers=False)
+        try:
+            return self.gw.admit(ctx, ctx.api, body, list(headers.items()))
+        except BerthError:
+            self.rejected += 1
+            return None
+
+    def _timed(self, kind: str, fn: Callable[..., _T], *args: Any) -> _T:
+        t0 = time.perf_counter_ns()
+        out = fn(*args)
+        self.timings.add(kind, time.perf_counter_ns() - t0)
+        return out
+
+    def _apply(self, decisions: Sequence[Decision]) -> None:
+        for d in decisions:
+            if isinstance(d, Dispatch):
+                self.running.append(d.req.id)
+                self.produced[d.req.id] = 0
+            elif isinstance(d, Preempt):
+                # Its seat was freed and it waits again (not a completion): it leaves the running set
+                # and its next Dispatch adds it back.
+                self._forget(d.victim.id)
+            else:
+                self.rejected += 1
+
+    def _forget(self, rid: RequestId) -> None:
+        self.produced.pop(rid, None)
+        self.first_token.pop(rid, None)
+        try:
+            i = self.running.index(rid)  # preemptions are rare: a walk of the running set is fine
+        except ValueError:
+            return
+        last = self.running.pop()
+        if i < len(self.running):
+            self.running[i] = last
+
+    def submit(self, *, timed: bool = True) -> None:
+        sreq = self._new_request()
+        if sreq is None:
+            return
+        d = self._timed("submit", self.sched.submit, sreq) if timed else self.sched.submit(sreq)
+        if d is not None:
+            self._apply((d,))
+        if self.sched.outbox:  # the preemptions the submit made for its request
+            self._apply(self.sched.take_preemptions())
+
+    def complete_one(self) -> None:
+        if not self.running:
+            return
+        i = self.rng.randrange(len(self.running))
+        rid = self.running[i]
+        self.running[i] = self.running[-1]
+        self.running.pop()
+        self.produced.pop(rid, None)
+        self.first_token.pop(rid, None)
+        self._apply(self._timed("complete", self.sched.complete, rid))
+
+    def progress(self, n: int) -> None:
+        for _ in range(min(n, len(self.running))):
+            rid = self.running[self.rng.randrange(len(self.running))]
+            produced = self.produced[rid] + PROGRESS_EVERY if self.produced[rid] else 1
+            self.produced[rid] = produced
+            first = self.first_token.setdefault(rid, self.clock.t)
+            self._timed("progress", self.sched.progress, rid, produced, first)
+
+    # ----------------------------------------------------------------- periodic work
+    def periodic(self) -> None:
+        now = self.clock.t
+        if now - self._last_tick >= TICK_S:
+            self._last_tick = now
+            self._apply(self._timed("tick", self.sched.tick))
+        if now - self._last_scrape >= SCRAPE_S:
+            self._last_scrape = now
+            for eid in self.ids:
+                inflight = float(self.sched.inflight_on(eid))
+                gauges = EngineGauges(running=inflight, waiting=0.0, kv_usage=0.5)
+                self._timed("observe_gauges", self.sched.observe_gauges, eid, gauges)
+        if now - self._last_refresh >= REFRESH_S:
+            self._last_refresh = now
+            self._timed("set_estimates (all endpoints)", self._push_estimates)
+
+    def _push_estimates(self) -> None:
+        """What the telemetry refresh hands in: every endpoint's estimates, their EWMAs moved a little."""
+        wobble = 1.0 + self.rng.uniform(-0.01, 0.01)
+        for eid in self.ids:
+            est = self.estimates.get(eid)
+            if est is not None and est.ttft_ewma_s is not None:
+                est = dataclasses.replace(est, ttft_ewma_s=est.ttft_ewma_s * wobble)
+            self.sched.set_estimates(eid, est)
+
+    # ----------------------------------------------------------------- phases
+    def fill(self, queued: int) -> int:
+        """Submit (untimed) until `queued` requests wait; the depth reached (admission may refuse)."""
+        limits = self.sched.limits
+        if limits.max_queue_per_model < queued + 1000:  # the benchmark's gateway.toml allows 8,192
+            self.sched.set_limits(dataclasses.replace(limits, max_queue_per_model=queued + 1000))
+        attempts = 0
+        limit = 30 * queued + 10 * len(self.ids) * 64
+        deepest, grew_at = 0, 0
+        while self.sched.queue_depth(MODEL) < queued and attempts < limit:
+            self.clock.t += 0.001
+            self.submit(timed=False)
+            attempts += 1
+            self.periodic()
+            depth = self.sched.queue_depth(MODEL)
+            if depth > deepest:
+                deepest, grew_at = depth, attempts
+            elif attempts - grew_at > FILL_STALL and depth > 0:
+                break  # admission refuses what would queue (the SLAs cannot be met): the depth reached
+        self.timings = Timings()  # the fill's periodic calls are not measured
+        return self.sched.queue_depth(MODEL)
+
+    def measure(self, rounds: int, queued: int) -> None:
+        gc.collect()
+        for _ in range(rounds):
+            self.clock.t += ROUND_S
+            self.complete_one()
+            self.progress(PROGRESS_PER_ROUND)
+            for _ in range(4):  # refill what was dispatched (a refused submission is tried again)
+                if self.sched.queue_depth(MODEL) >= queued:
+                    break
+                self.submit()
+            self.periodic()
+
+
+def _driver(cfg: DecisionConfig, preset: Preset, sim: Simulation, *, backlog: bool) -> Driver:
+    workload = preset.backlog_workload if backlog else preset.workload
+    return Driver(sim, workload, sla_scale=cfg.sla_scale, seed=cfg.seed, batch_only=backlog)
+
+
+def measure_preset(
+    cfg: DecisionConfig, name: str, work: Path, log: Any = print, *, backlog: bool = False
+) -> dict[str, Any]:
+    """One case of a preset: `cfg.queued` requests of its workload waiting, or (`backlog`) `cfg.backlog`
+    batch requests."""
+    preset = PRESETS[name]
+    queued = cfg.backlog if backlog else cfg.queued
+    target = cfg.backlog_target_us if backlog else cfg.target_us
+    t0 = time.perf_counter()
+    sim = warm_up(cfg, preset, work)
+    warm_s = time.perf_counter() - t0
+    drv = _driver(cfg, preset, sim, backlog=backlog)
+    depth0 = drv.fill(queued)
+    running0 = len(drv.running)
+    drv.measure(cfg.rounds, queued)
+    summary = drv.timings.summary()
+    result: dict[str, Any] = {
+        "preset": name,
+        "case": "backlog" if backlog else "queue",
+        "target_us": target,
+        "policy": sim.gw.policy.name,
+        "workload": f"{preset.backlog_workload} (batch classes)" if backlog else preset.workload,
+        "warmup_s": round(warm_s, 1),
+        "warmup_requests": len(sim.requests),
+        "queued_at_start": depth0,
+        "running_at_start": running0,
+        "queued_at_end": drv.sched.queue_depth(MODEL),
+        "running_at_end": len(drv.running),
+        "refused": drv.rejected,
+        "timings": summary,
+        "verdicts": verdicts(summary, target),
+    }
+    result["passed"] = all(result["verdicts"].values())
+    log(f"{name:18} {result['case']:8} queued {depth0} running {running0}: " + _line(summary))
+    if cfg.profile and not result["passed"]:
+        result["profile"] = profile_preset(cfg, name, work, backlog=backlog)
+    return result
+
+
+def profile_preset(
+    cfg: DecisionConfig, name: str, work: Path, top: int = 25, *, backlog: bool = False
+) -> dict[str, Any]:
+    """The measurement again under cProfile: the functions with the most time of their own and the
+    most cumulative time (text in OUT/profile-NAME[-backlog].txt)."""
+    preset = PRESETS[name]
+    queued = cfg.backlog if backlog else cfg.queued
+    drv = _driver(cfg, preset, warm_up(cfg, preset, work), backlog=backlog)
+    drv.fill(queued)
+    prof = cProfile.Profile()
+    prof.enable()
+    drv.measure(max(200, cfg.rounds // 3), queued)
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    fname = f"profile-{name}{'-backlog' if backlog else ''}.txt"
+    (cfg.out / fname).write_text(buf.getvalue())
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]  # pstats keeps them untyped
+    measured = sum(v[2] for v in raw.values()) or 1.0  # own times add up to the whole profiled run
+
+    def row(key: Any, v: Any) -> dict[str, Any]:
+        file, line, fn = key
+        _cc, calls, tt, ct, _callers = v
+        return {
+            "function": f"{_short(file)}:{line}({fn})",
+            "calls": calls,
+            "tottime_s": round(tt, 3),
+            "cumtime_s": round(ct, 3),
+            "own_share": round(tt / measured, 3),
+            "cum_share": round(ct / measured, 3),
+        }
+
+    by_own = sorted(raw.items(), key=lambda kv: -kv[1][2])[:12]
+    # berth's own functions by cumulative time: which step of a decision holds the time
+    berth = [kv for kv in raw.items() if _short(kv[0][0]).startswith("gateway/")]
+    by_cum = sorted(berth, key=lambda kv: -kv[1][3])[:12]
+    return {
+        "file": fname,
+        "profiled_s": round(measured, 3),
+        "top_tottime": [row(k, v) for k, v in by_own],
+        "top_cumulative": [row(k, v) for k, v in by_cum],
+    }
+
+
+def _short(path: str) -> str:
+    root = str(REPO_ROOT) + "/"
+    return path[len(root) :] if path.startswith(root) else path.rsplit("/site-packages/", 1)[-1]
+
+
+def _line(summary: dict[str, dict[str, float | int]]) -> str:
+    return "  ".join(
+        f"{k} p50 {v['p50_us']:.0f} µs p99 {v['p99_us']:.0f} µs (n={v['n']})"
+        for k, v in summary.items()
+        if k in JUDGED
+    )
+
+
+# --------------------------------------------------------------------- the report
+def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "# The scheduler's own cost per call",
+        "",
+        f"berth's `Scheduler` driven directly on {cfg.endpoints} `{PROFILE}` endpoints of one model "
+        f"(cap = max_num_seqs) with {cfg.queued} requests kept queued, after a {cfg.warmup_s:g}-simulated-s "
+        f"warm-up in the fleet simulator (fitted estimates); {cfg.rounds} rounds of a completion and the "
+        "submissions that keep the queue full, a tick every 0.1 s, progress reports, scrapes and estimate "
+        f"pushes as the daemon makes them. Task SLAs x{cfg.sla_scale:g}. Wall time per call, µs "
+        f"(p50 / p99 / max); target p99 <= {cfg.target_us:.0f} µs for {', '.join(JUDGED)}. The backlog "
+        f"case keeps {cfg.backlog} requests of the preset's batch classes queued instead; its target is "
+        f"p99 <= {cfg.backlog_target_us:.0f} µs.",
+        "",
+    ]
+    header = ["preset", "case", "workload", "queued / running", *JUDGED, "progress", "verdict"]
+    rows = []
+    for r in results:
+        t = r["timings"]
+
+        def cell(kind: str, t: dict[str, Any] = t) -> str:
+            v = t.get(kind)
+            return "-" if v is None else f"{v['p50_us']:.0f} / {v['p99_us']:.0f} / {v['max_us']:.0f}"
+
+        bad = [k for k, ok in r["verdicts"].items() if not ok]
+        rows.append(
+            [
+                r["preset"],
+                r["case"],
+                r["workload"],
+                f"{r['queued_at_start']} / {r['running_at_start']}",
+                *(cell(k) for k in JUDGED),
+                cell("progress"),
+                "PASS" if r["passed"] else f"FAIL ({', '.join(bad)})",
+            ]
+        )
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["", "Other calls (p50 / p99 µs): "]
+    for r in results:
+        t = r["timings"]
+        other = [
+            f"{k} {v['p50_us']:.0f} / {v['p99_us']:.0f}"
+            for k, v in t.items()
+            if k not in (*JUDGED, "progress")
+        ]
+        lines.append(f"- {r['preset']} ({r['case']}): {'; '.join(other) or '-'}; refused {r['refused']}")
+    for r in results:
+        prof = r.get("profile")
+        if not prof:
+            continue
+        lines += [
+            "",
+            f"## Where {r['preset']}'s time goes, {r['case']} case "
+            f"(cProfile over {prof['profiled_s']:.1f} s of driving; {prof['file']})",
+            "",
+            "berth's functions by cumulative time (share of the profiled time):",
+            "",
+            "| function | calls | cumulative s | share |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{p['function']}` | {p['calls']} | {p['cumtime_s']:.3f} | {p['cum_share'] * 100:.0f}% |"
+            for p in prof["top_cumulative"]
+        ]
+        lines += ["", "by own time:", "", "| function | calls | own s | share |", "|---|---|---|---|"]
+        lines += [
+            f"| `{p['function']}` | {p['calls']} | {p['tottime_s']:.3f} | {p['own_share'] * 100:.0f}% |"
+            for p in prof["top_tottime"]
+        ]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def bench(cfg: DecisionConfig, log: Any = print) -> dict[str, Any]:
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="berth-decisions-") as tmp:
+        for name in cfg.presets:
+            if cfg.queued > 0:
+                results.append(measure_preset(cfg, name, Path(tmp), log))
+            if cfg.backlog > 0:
+                results.append(measure_preset(cfg, name, Path(tmp), log, backlog=True))
+    doc = {
+        "config": {**dataclasses.asdict(cfg), "out": str(cfg.out)},
+        "results": results,
+        "elapsed_s": round(time.time() - started, 1),
+    }
+    (cfg.out / "report.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    text = markdown(cfg, results)
+    (cfg.out / "report.md").write_text(text)
+    log(text)
+    return doc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="berth-loadgen bench decisions", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("bench-decisions"), help="output directory")
+    p.add_argument("--presets", default=",".join(PRESETS), help=f"subset of {', '.join(PRESETS)}")
+    p.add_argument("--endpoints", type=int, default=100)
+    p.add_argument("--queued", type=int, default=1000, help="requests kept waiting (0: skip this case)")
+    p.add_argument("--rounds", type=int, default=3000, help="completions measured per preset")
+    p.add_argument("--warmup", type=float, default=30.0, help="simulated s of the warm-up's arrivals")
+    p.add_argument("--sla-scale", type=float, default=1.0, help="multiply every task SLA")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-profile", action="store_true", help="do not profile a preset that misses the target")
+    p.add_argument("--target-us", type=float, default=TARGET_P99_US, help="p99 target per call (µs)")
+    p.add_argument("--backlog", type=int, default=BACKLOG, help="backlog case size (0: skip)")
+    p.add_argument("--backlog-target-us", type=float, default=BACKLOG_TARGET_P99_US, help="its p99 target")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    presets = tuple(x.strip() for x in args.presets.split(",") if x.strip())
+    unknown = [x for x in presets if x not in PRESETS]
+    if unknown:
+        print(f"unknown presets: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    cfg = DecisionConfig(
+        out=args.out,
+        presets=presets,
+        endpoints=args.endpoints,
+        queued=args.queued,
+        rounds=args.rounds,
+        warmup_s=args.warmup,
+        sla_scale=args.sla_scale,
+        seed=args.seed,
+        profile=not args.no_profile,
+        target_us=args.target_us,
+        backlog=args.backlog,
+        backlog_target_us=args.backlog_target_us,
+    )
+    return run_bench(
+        BENCHMARKS["decisions"], cfg, bench, passed=lambda doc: all(r["passed"] for r in doc["results"])
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,711 @@
+"""What does berth add? One run measures it against the same fast upstream, three ways, interleaved.
+
+- direct: the client talks to the upstream itself;
+- bare:   through the peer harness's aiohttp reference proxy (`overhead_bare_proxy`: parses the body,
+          round robin, bytes passed through; the floor for a Python proxy);
+- berth:  through `python -m gateway.cli serve`.
+
+The figures are those of the peer harness (`../shared/perf-peers`, `bench_gateway.sh`), with its phase
+names; each round runs every phase for every configuration back to back (the order rotates per round):
+
+- sat:    non-streamed requests, 64 connections (closed loop) -> requests/s, proxy CPU per request;
+- lat8:   8 connections -> p50/p99 latency minus direct's (added latency);
+- lat1:   1 connection -> added latency, and CPU per request without batching;
+- stream: waves of 64 streams sent together, `--chunks` chunks each paced `--chunk-interval-ms` apart
+          by the upstream -> proxy CPU per chunk, time to first chunk minus direct's;
+- fleet:  (once) each proxy in front of a `--fleet-count`-endpoint simulated fleet, 8 connections ->
+          event-loop lag; berth scrapes every endpoint's /metrics on its schedule, the bare proxy
+          only spreads the requests round robin.
+
+Proxy CPU is utime+stime from `/proc/<pid>/stat` over the measurement window. Both proxies run berth's
+event-loop lag monitor (`gateway.core.looplag`: a timer every `--lag-interval-ms`, 10 by default, how late
+it fires); the samples each took during a phase are read from its `GET /admin/loop-lag`
+(`overhead_lag`) and give the phase's lag p50, p99 and max, side by side: at 8 connections
+the closed loop keeps the proxy's core busy, so a timer waits about one loop iteration behind the
+requests' callbacks (load, which the bare proxy pays too), while a stall (one long callback) shows as
+berth's lag above the bare proxy's. Figures are medians over rounds; ratios are berth ÷ bare within a
+round, then the median. The targets: added p99 at 8 connections <= 2x the bare proxy's; lag p99 <= the
+bare proxy's in the same run + 0.5 ms, at 8 connections and with the fleet scraped; CPU per request <=
+1.3x at saturation and at 1 connection; CPU per chunk <= 1.2x; added time to first chunk at 64 streams <=
+1.5x. The proxies get a CPU of their own with `--pin` (as the harness pins them); latency figures need
+that, or idle CPUs, to mean anything.
+
+`--harness DIR` runs the peer harness itself instead (its `bench.py`: wrk, nginx stand-ins, its
+stream client; see `overhead_harness`) and folds its results, with berth's lag, into the
+same report. `--quick` is a seconds-long run that checks the machinery, not the figures.
+
+    berth-loadgen bench overhead --pin --out DIR                          # about 4 minutes
+    berth-loadgen bench overhead --harness /tmp/perf-peers --out DIR
+    berth-loadgen bench overhead --quick --out DIR                        # seconds: the machinery
+
+Output: DIR/report.json, DIR/report.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any, Final
+
+import orjson
+
+from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.overhead.overhead_client import Command
+from loadgen.bench.overhead.overhead_harness import HarnessFailed, bare_lag_args, run_harness
+from loadgen.bench.overhead.overhead_lag import LOOP_LAG_PATH, lag_since, mark_lag
+from loadgen.bench.overhead.overhead_report import (
+    CONFIGS,
+    FLEET,
+    LAT1,
+    LAT8,
+    SATURATION,
+    STREAM,
+    Load,
+    Measurement,
+    checks,
+    fleet_lag,
+    ratios,
+    render_table,
+    summarise,
+    verdict,
+)
+from loadgen.bench.skeleton import run_bench
+from loadgen.harness import (
+    REPO_ROOT,
+    ManagedProcess,
+    RunningServer,
+    ServerStartError,
+    free_port,
+    pinned,
+    start_berth,
+    start_engine_sim,
+    start_server,
+)
+
+CHAT_PATH: Final = "/v1/chat/completions"
+START_TIMEOUT_S: Final = 30.0
+STOP_GRACE_S: Final = 15.0
+
+
+FLEET_MODEL: Final = "bench"
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    name: str
+    concurrency: int
+    stream: bool
+    max_tokens: int
+    waves: bool = False
+
+
+class HarnessError(RuntimeError):
+    """The load generator process failed."""
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cpu_layout(pin: bool) -> dict[str, frozenset[int] | None]:
+    """CPUs for the client, the upstream and the proxy under test with --pin (None: anywhere).
+
+    The proxy gets a CPU of its own so that added latency is its service time rather than a queue
+    behind the client; on two CPUs the client and the upstream share the other one.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return {"client": None, "upstream": None, "proxy": None}
+    if len(cpus) == 2:
+        return {"client": frozenset(cpus[:1]), "upstream": frozenset(cpus[:1]), "proxy": frozenset(cpus[1:])}
+    return {"client": frozenset(cpus[:1]), "upstream": frozenset(cpus[1:2]), "proxy": frozenset(cpus[2:3])}
+
+
+class Client:
+    """The load generator process: one JSON command per line in, one JSON result per line out."""
+
+    def __init__(self, python: str, logdir: Path, cpus: frozenset[int] | None) -> None:
+        # Not a server (`loadgen.harness`): its stdin and stdout are the protocol.
+        self._stderr = (logdir / "client.log").open("wb")
+        self.proc = subprocess.Popen(
+            pinned([python, "-m", "loadgen.bench.overhead.overhead_client"], cpus),
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,
+        )
+
+    def run(self, cmd: Command) -> dict[str, Any]:
+        stdin: IO[bytes] | None = self.proc.stdin
+        stdout: IO[bytes] | None = self.proc.stdout
+        assert stdin is not None
+        assert stdout is not None
+        stdin.write(orjson.dumps(asdict(cmd)) + b"\n")
+        stdin.flush()
+        line = stdout.readline()
+        if not line:
+            raise HarnessError(f"the load generator exited (status {self.proc.poll()})")
+        reply: dict[str, Any] = orjson.loads(line)
+        if not reply["ok"]:
+            raise HarnessError(f"the load generator failed: {reply['error']}")
+        result: dict[str, Any] = reply["result"]
+        return result
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._stderr.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    config: str
+    base_url: str
+    proxy: ManagedProcess | None
+
+
+def start_upstream(
+    args: argparse.Namespace, logdir: Path, cpus: frozenset[int] | None
+) -> tuple[RunningServer, list[str]]:
+    """The stand-in upstream (`overhead_upstream`) on two ports; it and the two base URLs."""
+    up_port, up_port2 = free_port(), free_port()
+    upstream = start_server(
+        "upstream",
+        [args.python, "-m", "loadgen.bench.overhead.overhead_upstream", "--port", str(up_port),
+         "--port", str(up_port2), "--chunk-interval-ms", str(args.chunk_interval_ms)],
+        port=up_port, log_path=logdir / "upstream.log", ready_path="/health",
+        timeout_s=START_TIMEOUT_S, cwd=REPO_ROOT, cpus=cpus,
+    )  # fmt: skip
+    return upstream, [upstream.base_url, f"http://127.0.0.1:{up_port2}"]
+
+
+def start_proxy_berth(
+    args: argparse.Namespace,
+    upstream_urls: Sequence[str],
+    logdir: Path,
+    cpus: frozenset[int] | None,
+    *,
+    name: str = "berth",
+    cwd: Path = REPO_ROOT,
+) -> tuple[ManagedProcess, str]:
+    """berth in front of the upstreams, once it answers a completion; its process and base URL. `cwd`:
+    the checkout whose berth runs."""
+    more = [a for url in upstream_urls[1:] for a in ("--endpoint", f"{url},engine=vllm")]
+    server = start_berth(
+        f"{upstream_urls[0]},engine=vllm",
+        logdir / f"{name}.log",
+        extra_args=[*more, *shlex.split(args.berth_args)],
+        log_level="warning",
+        python=args.python,
+        cwd=cwd,
+        cpus=cpus,
+        timeout_s=START_TIMEOUT_S,
+    )
+    try:
+        # /readyz may turn 200 before the endpoint's models are known: wait for a real answer.
+        _wait_for_completion(server.base_url + CHAT_PATH, server.process)
+    except BaseException:
+        server.process.stop(STOP_GRACE_S)
+        raise
+    return server.process, server.base_url
+
+
+def start_bare(
+    args: argparse.Namespace,
+    upstream_urls: Sequence[str],
+    logdir: Path,
+    cpus: frozenset[int] | None,
+    *,
+    name: str = "bare",
+) -> tuple[ManagedProcess, str]:
+    """The bare aiohttp proxy (`overhead_bare_proxy`) in front of the upstreams; its process and base URL."""
+    port = free_port()
+    bare = start_server(
+        name,
+        [args.python, "-m", "loadgen.bench.overhead.overhead_bare_proxy", "--port", str(port),
+         *(a for url in upstream_urls for a in ("--upstream", url)), *bare_lag_args(args)],
+        port=port,
+        log_path=logdir / f"{name}.log",
+        ready_path=LOOP_LAG_PATH,
+        timeout_s=START_TIMEOUT_S,
+        cwd=REPO_ROOT,
+        cpus=cpus,
+    )  # fmt: skip
+    return bare.process, bare.base_url
+
+
+def _wait_for_completion(url: str, proc: ManagedProcess, timeout_s: float = START_TIMEOUT_S) -> None:
+    body = orjson.dumps(
+        {"model": FLEET_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    )
+    last = ""
+
+    def answers() -> bool:
+        nonlocal last
+        req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=2.0) as resp:
+                return bool(resp.status == 200)
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}: {e.read()[:300]!r}"
+        except OSError as e:
+            last = repr(e)
+        return False
+
+    try:
+        proc.poll_until(f"a completion answered at {url}", answers, timeout_s)
+    except ServerStartError as e:
+        raise ServerStartError(f"{e}\n--- the last answer ---\n{last}") from None
+
+
+def phases(args: argparse.Namespace) -> list[Phase]:
+    """The phases `--tests` asks for, in their fixed order (the fleet phase runs apart: `measure_fleet`)."""
+    every = [
+        Phase(SATURATION, args.saturation_concurrency, stream=False, max_tokens=16),
+        Phase(LAT8, args.latency_concurrency, stream=False, max_tokens=16),
+        Phase(LAT1, 1, stream=False, max_tokens=16),
+        Phase(STREAM, args.stream_concurrency, stream=True, max_tokens=args.chunks, waves=True),
+    ]
+    return [p for p in every if p.name in args.tests]
+
+
+def measure(
+    client: Client,
+    target: Target,
+    phase: Phase,
+    *,
+    round_no: int,
+    upstream: ManagedProcess,
+    args: argparse.Namespace,
+) -> tuple[Measurement, list[str]]:
+    """Run one phase against one configuration; the measurement and a few error messages, if any."""
+    pids = (upstream.pid,) if target.proxy is None else (target.proxy.pid, upstream.pid)
+    cmd = Command(
+        url=target.base_url + CHAT_PATH,
+        concurrency=phase.concurrency,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        stream=phase.stream,
+        max_tokens=phase.max_tokens,
+        cpu_pids=pids,
+        waves=phase.waves,
+    )
+    mark = mark_lag(target.base_url) if target.proxy is not None else None
+    r = client.run(cmd)
+    lag = lag_since(target.base_url, mark) or ()
+    cpu: dict[str, float] = r["cpu_s"]
+    m = Measurement(
+        round=round_no,
+        phase=phase.name,
+        config=target.config,
+        concurrency=phase.concurrency,
+        max_tokens=phase.max_tokens,
+        completed=r["completed"],
+        errors=r["errors"],
+        window_s=r["window_s"],
+        rps=r["rps"],
+        lat_ms=r["lat_ms"],
+        ttft_ms=r["ttft_ms"],
+        chunks=r["chunks"],
+        proxy_cpu_s=None if target.proxy is None else cpu[str(target.proxy.pid)],
+        upstream_cpu_s=cpu[str(upstream.pid)],
+        lag_s=tuple(lag),
+    )
+    samples: list[str] = r["error_samples"]
+    return m, samples
+
+
+def _describe(m: Measurement) -> str:
+    cpu = m.proxy_cpu_us_per_request()
+    text = f"{m.rps:8.0f} req/s  p50 {m.lat_ms.get('p50', 0):6.2f} ms  p99 {m.lat_ms.get('p99', 0):6.2f} ms"
+    if m.ttft_ms:
+        text += f"  ttfc p50 {m.ttft_ms.get('p50', 0):6.2f} ms"
+    if cpu is not None:
+        text += f"  proxy {cpu:7.1f} µs/req"
+        per_chunk = m.proxy_cpu_us_per_chunk()
+        if per_chunk is not None:
+            text += f" {per_chunk:6.2f} µs/chunk"
+    if m.lag_s:
+        text += "  lag p50/p99/max {p50:.3f}/{p99:.3f}/{max:.2f} ms".format(**m.lag_ms())
+    if m.errors:
+        text += f"  errors {m.errors}"
+    return text
+
+
+@contextlib.contextmanager
+def fleet(
+    args: argparse.Namespace, logdir: Path, layout: dict[str, frozenset[int] | None]
+) -> Iterator[tuple[ManagedProcess, list[Target], dict[str, str]]]:
+    """Start the upstream and the proxies asked for; stop them all on the way out.
+
+    Yields the upstream, the targets that started, and why the others (berth) could not.
+    """
+    servers: list[ManagedProcess] = []
+    unavailable: dict[str, str] = {}
+    try:
+        upstream, upstreams = start_upstream(args, logdir, layout["upstream"])
+        servers.append(upstream.process)
+        targets: list[Target] = []
+        for config in args.configs:
+            if config == "direct":
+                targets.append(Target("direct", upstream.base_url, None))
+            elif config == "bare":
+                bare, bare_url = start_bare(args, upstreams, logdir, layout["proxy"])
+                servers.append(bare)
+                targets.append(Target("bare", bare_url, bare))
+            elif config == "berth":
+                try:
+                    berth, berth_url = start_proxy_berth(args, upstreams, logdir, layout["proxy"])
+                except ServerStartError as e:
+                    _log(f"berth is not measured: {e}")
+                    unavailable["berth"] = str(e)
+                    continue
+                servers.append(berth)
+                targets.append(Target("berth", berth_url, berth))
+        yield upstream.process, targets, unavailable
+    finally:
+        for server in reversed(servers):
+            server.stop(STOP_GRACE_S)
+
+
+def lag_sampling(args: argparse.Namespace, logdir: Path) -> None:
+    """Both proxies' lag monitors sample every `--lag-interval-ms` (berth through a config file of only
+    `[ops] loop_lag_interval_s`, put before `--berth-args`, so a `-c` there wins; the bare proxy through
+    its flag). At the operators' default of 100 ms a 10 s phase has 100 samples, and its "p99" is its
+    second largest: a noise figure. 0 leaves both at their default (a `--python` running an older
+    checkout that has no such key)."""
+    if args.lag_interval_ms <= 0:
+        return
+    conf = logdir / "lag-sampling.toml"
+    conf.write_text(f"[ops]\nloop_lag_interval_s = {args.lag_interval_ms / 1000.0!r}\n")
+    args.berth_args = f"-c {shlex.quote(str(conf))} {args.berth_args}".strip()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    logdir = Path(tempfile.mkdtemp(prefix="berth-overhead-"))
+    lag_sampling(args, logdir)
+    started = time.time()
+    error_samples: dict[str, list[str]] = {}
+    measurements: list[Measurement] = []
+    unavailable: dict[str, str] = {}
+    if not phases(args):
+        pass  # the fleet phase alone
+    elif args.harness is not None:
+        measurements, unavailable = run_harness(args.harness, args, logdir)
+    else:
+        measurements, unavailable = _run_builtin(args, logdir, error_samples)
+    if FLEET in args.tests and args.fleet_count > 0 and {"bare", "berth"} & set(args.configs):
+        try:
+            measurements.extend(measure_fleet(args, logdir, cpu_layout(args.pin)))
+        except (HarnessError, ServerStartError) as e:
+            _log(f"the fleet phase is not measured: {e}")
+            unavailable[FLEET] = str(e)
+    return report(args, measurements, unavailable, error_samples, started=started, logdir=logdir)
+
+
+def report(
+    args: argparse.Namespace,
+    measurements: list[Measurement],
+    unavailable: dict[str, str],
+    error_samples: dict[str, list[str]],
+    *,
+    started: float,
+    logdir: Path,
+) -> dict[str, Any]:
+    configs = [c for c in CONFIGS if any(m.config == c for m in measurements)]
+    summaries = {c: summarise(measurements, c) for c in configs}
+    rs = ratios(measurements)
+    load = Load(
+        args.saturation_concurrency, args.latency_concurrency, args.stream_concurrency, args.chunks,
+        args.fleet_count,
+    )  # fmt: skip
+    cs = checks(summaries, rs, load, fleet_lag(measurements), fleet_lag(measurements, "bare"))
+    table = render_table(summaries, rs, cs, load)
+    return {
+        "benchmark": "overhead",
+        "meta": _meta(args, started, logdir),
+        "unavailable": unavailable,
+        "summary": {c: asdict(s) for c, s in summaries.items()},
+        "ratios_berth_over_bare": asdict(rs),
+        "targets": [{**asdict(c), "verdict": c.verdict} for c in cs],
+        "verdict": verdict(cs) if not unavailable else "INCOMPLETE",
+        "error_samples": error_samples,
+        "measurements": [asdict(m) for m in measurements],
+        "table": table,
+    }
+
+
+def _run_builtin(
+    args: argparse.Namespace, logdir: Path, error_samples: dict[str, list[str]]
+) -> tuple[list[Measurement], dict[str, str]]:
+    measurements: list[Measurement] = []
+    layout = cpu_layout(args.pin)
+    with fleet(args, logdir, layout) as (upstream, targets, unavailable):
+        client = Client(args.python, logdir, layout["client"])
+        try:
+            plan = phases(args)
+            for target in targets:  # connections, caches and lazy imports before anything counts
+                for phase in plan:
+                    prime = Command(
+                        url=target.base_url + CHAT_PATH, concurrency=phase.concurrency, warmup_s=0.0,
+                        duration_s=min(0.5, args.duration), stream=phase.stream, max_tokens=phase.max_tokens,
+                        waves=phase.waves,
+                    )  # fmt: skip
+                    client.run(prime)
+            for round_no in range(args.rounds):
+                for phase in plan:
+                    shift = round_no % len(targets)
+                    for target in targets[shift:] + targets[:shift]:
+                        m, samples = measure(
+                            client, target, phase, round_no=round_no, upstream=upstream, args=args
+                        )
+                        measurements.append(m)
+                        if samples:
+                            error_samples.setdefault(target.config, []).extend(samples)
+                        where = f"round {round_no + 1}/{args.rounds} {phase.name:10} {target.config:6}"
+                        _log(f"{where} {_describe(m)}")
+        finally:
+            client.stop()
+    return measurements, unavailable
+
+
+def measure_fleet(
+    args: argparse.Namespace, logdir: Path, layout: dict[str, frozenset[int] | None]
+) -> list[Measurement]:
+    """Each proxy (bare, berth) in front of `--fleet-count` simulated endpoints (one engine-sim process)
+    under `--latency-concurrency` connections of short requests: its event-loop lag over
+    `--fleet-duration` seconds. berth scrapes every endpoint on its schedule; the bare proxy scrapes
+    nothing, so the difference is what berth's background work over a fleet costs the loop."""
+    sim, urls = start_engine_sim(
+        ["--count", str(args.fleet_count), "--port", "0", "--profile", "test-fast", "--model", FLEET_MODEL],
+        logdir / "fleet-sim.log",
+        endpoints=args.fleet_count,
+        python=args.python,
+        cwd=REPO_ROOT,
+    )
+    out: list[Measurement] = []
+    with sim:
+        for config in [c for c in ("bare", "berth") if c in args.configs]:
+            if config == "berth":
+                proxy, base_url = start_proxy_berth(args, urls, logdir, layout["proxy"], name="berth-fleet")
+            else:
+                proxy, base_url = start_bare(args, urls, logdir, layout["proxy"], name="bare-fleet")
+            with proxy:
+                out.append(_fleet_phase(args, logdir, layout["client"], Target(config, base_url, proxy)))
+    return out
+
+
+def _fleet_phase(
+    args: argparse.Namespace, logdir: Path, client_cpus: frozenset[int] | None, target: Target
+) -> Measurement:
+    proxy, base_url, config = target.proxy, target.base_url, target.config
+    assert proxy is not None
+    client = Client(args.python, logdir, client_cpus)
+    try:
+        cmd = Command(
+            url=base_url + CHAT_PATH, concurrency=args.latency_concurrency, warmup_s=args.warmup,
+            duration_s=args.fleet_duration, stream=False, max_tokens=4, cpu_pids=(proxy.pid,),
+            model=FLEET_MODEL,
+        )  # fmt: skip
+        mark = mark_lag(base_url)
+        r = client.run(cmd)
+        lag = lag_since(base_url, mark) or ()
+    finally:
+        client.stop()
+    m = Measurement(
+        round=0,
+        phase=FLEET,
+        config=config,
+        concurrency=args.latency_concurrency,
+        max_tokens=4,
+        completed=r["completed"],
+        errors=r["errors"],
+        window_s=r["window_s"],
+        rps=r["rps"],
+        lat_ms=r["lat_ms"],
+        ttft_ms=r["ttft_ms"],
+        chunks=0,
+        proxy_cpu_s=r["cpu_s"][str(proxy.pid)],
+        upstream_cpu_s=None,
+        lag_s=tuple(lag),
+    )
+    _log(f"fleet of {args.fleet_count} endpoints, {config} {_describe(m)}")
+    return m
+
+
+def _meta(args: argparse.Namespace, started: float, logdir: Path) -> dict[str, Any]:
+    def git(*argv: str) -> str:
+        try:
+            out = subprocess.run(
+                ["git", *argv], check=False, cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+            )
+        except OSError:
+            return ""
+        return out.stdout.strip()
+
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"}
+    return {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "elapsed_s": round(time.time() - started, 1),
+        "options": options,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_avg_at_end": os.getloadavg(),
+        "cpu_layout": {k: sorted(v) if v is not None else None for k, v in cpu_layout(args.pin).items()},
+        "logs": str(logdir),
+    }
+
+
+#: The phases, as `--tests` names them.
+TEST_NAMES: Final = (SATURATION, LAT8, LAT1, STREAM, FLEET)
+
+
+def _tests(text: str) -> list[str]:
+    tests = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in tests if t not in TEST_NAMES]
+    if unknown or not tests:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(TEST_NAMES)} (got {text!r})")
+    return list(dict.fromkeys(tests))
+
+
+def _configs(text: str) -> list[str]:
+    configs = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or not configs:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(CONFIGS)} (got {text!r})")
+    return list(dict.fromkeys(configs))
+
+
+#: --quick: seconds, not minutes; checks that every figure comes out, not what it is.
+QUICK: Final = {
+    "rounds": 1, "duration": 0.6, "warmup": 0.2, "chunks": 20, "chunk_interval_ms": 2.0,
+    "stream_concurrency": 8, "saturation_concurrency": 16, "fleet_count": 10, "fleet_duration": 1.0,
+}  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="berth-loadgen bench overhead", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    p.add_argument("--configs", type=_configs, default=list(CONFIGS), help="default: direct,bare,berth")
+    p.add_argument(
+        "--tests", type=_tests, default=list(TEST_NAMES),
+        help=f"the phases to run (default: all, {','.join(TEST_NAMES)}); e.g. lat8,fleet for the lag",
+    )  # fmt: skip
+    p.add_argument("--duration", type=float, default=3.0, help="measured seconds per phase (default 3)")
+    p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before each phase")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds; figures are medians (default 3)"
+    )
+    p.add_argument(
+        "--chunks", type=int, default=200, help="chunks per stream in the stream phase (default 200)"
+    )
+    p.add_argument(
+        "--chunk-interval-ms", type=float, default=10.0, help="upstream pause between chunks (default 10)"
+    )
+    p.add_argument("--saturation-concurrency", type=int, default=64)
+    p.add_argument("--latency-concurrency", type=int, default=8)
+    p.add_argument("--stream-concurrency", type=int, default=64, help="streams per wave (default 64)")
+    p.add_argument(
+        "--fleet-count", type=int, default=100,
+        help="endpoints of the simulated fleet for the lag-while-scraped phase (0: skip it)",
+    )  # fmt: skip
+    p.add_argument("--fleet-duration", type=float, default=10.0, help="measured seconds of the fleet phase")
+    p.add_argument("--python", default=sys.executable, help="interpreter for the servers and the client")
+    p.add_argument("--berth-args", default="", help="extra arguments for `berth serve` (one shell string)")
+    p.add_argument(
+        "--lag-interval-ms", type=float, default=10.0,
+        help="both proxies' lag sampling interval (default 10: 100 samples a second; 0: their default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--out", type=Path, default=Path("bench-out/overhead"),
+        help="report directory (report.json, report.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--pin", action="store_true",
+        help="give the proxy a CPU of its own (client and upstream on others); steadier latency figures",
+    )  # fmt: skip
+    p.add_argument(
+        "--harness", type=Path, default=None, metavar="DIR",
+        help="run the peer harness set up in DIR (perf-peers' setup.sh) instead of the built-in load",
+    )  # fmt: skip
+    p.add_argument(
+        "--harness-args", default="", help="more arguments for the harness's bench.py, e.g. '--sat-s 5'"
+    )
+    p.add_argument("--quick", action="store_true", help="a seconds-long run (see QUICK)")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    args = _parser().parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    return args
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """report.md: the table, the verdicts and how the run was made."""
+    meta = report["meta"]
+    dirty = " (dirty)" if meta["git_dirty"] else ""
+    load_avg = ", ".join(f"{x:.2f}" for x in meta["load_avg_at_end"])
+    harness = meta["options"].get("harness")
+    source = f"the peer harness at {harness}" if harness else "built-in load"
+    lines = [
+        "# berth overhead benchmark",
+        "",
+        f"{meta['started_at']}, commit {meta['git_commit'][:12]}{dirty}, {meta['cpus']} CPUs, "
+        f"load average at the end {load_avg}; {source}.",
+        "",
+        "```",
+        report["table"],
+        "```",
+    ]
+    for what, why in report["unavailable"].items():
+        lines += ["", f"{what} was not measured: {why.splitlines()[0] if why else ''}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def measure(args: argparse.Namespace) -> dict[str, Any]:
+        result = run(args)
+        print(result["table"])
+        for what, why in result["unavailable"].items():
+            print(f"\n{what} was not measured: {why.splitlines()[0] if why else ''}")
+        print(f"\nserver logs: {result['meta']['logs']}")
+        return result
+
+    return run_bench(
+        BENCHMARKS["overhead"],
+        parse_args(argv),
+        measure,
+        passed=lambda r: r["verdict"] == "PASS",
+        report=lambda r: (r, markdown(r)),
+        failures=(HarnessError, HarnessFailed, ServerStartError),
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
