@@ -27,8 +27,10 @@ from gateway.agent import procs
 from gateway.agent.contract import InstanceState as AgentInstanceState
 from gateway.agent.contract import ListReport
 from gateway.agent.state import StateDir
+from gateway.core.types import EndpointId
 from gateway.lifecycle.instances import InstanceState
 from gateway.lifecycle.manager import LifecycleManager
+from gateway.sched.request import SchedRequest
 from loadgen.harness import REPO_ROOT, free_port
 from tests.integration.conftest import Running, StartGateway
 
@@ -160,6 +162,23 @@ def _metric(text: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
     return total
+
+
+def _seated_on(fleet: Fleet, eid: str) -> asyncio.Event:
+    """An event set when the scheduler seats a request on `eid` (the driver's dispatch hook, which the
+    lifecycle manager set and which is called on)."""
+    driver = fleet.running.gw.driver
+    seated = asyncio.Event()
+    inner = driver.on_dispatch
+
+    def on_dispatch(req: SchedRequest, where: EndpointId) -> None:
+        if inner is not None:
+            inner(req, where)
+        if where == eid:
+            seated.set()
+
+    driver.on_dispatch = on_dispatch
+    return seated
 
 
 QUEUE_LENGTH = """
@@ -321,10 +340,14 @@ async def test_a_scale_in_of_a_busy_instance_lets_its_request_finish_before_the_
     lm = fleet.manager
     await fleet.until("the minimum instance", lambda: fleet.count("sim-a", InstanceState.READY) == 1)
     ((iid, eid),) = lm.joined_endpoints().items()
+    # The request's seat, as an event: the lifecycle's change event (what `until` waits on) comes with
+    # its ticks and agent answers, which under load can all fall after a request's whole run.
+    seated = _seated_on(fleet, eid)
     async with aiohttp.ClientSession() as session:
         call = asyncio.ensure_future(_complete(session, fleet.running.url, "sim-a", 100))
-        scheduler = fleet.running.gw.scheduler
-        await fleet.until("the request running", lambda: scheduler.inflight_on(eid) == 1)
+        await asyncio.wait_for(seated.wait(), WAIT_S)
+        # The seat was taken in the last turn of the loop; the engine call has not even been answered.
+        assert fleet.running.gw.scheduler.inflight_on(eid) == 1
         assert lm.retire(iid)  # what an accepted ScaleIn does
         assert fleet.states("sim-a")[iid] == "draining"  # left the endpoint set; not stopped under it
         assert await call == eid  # the request finished where it ran
@@ -456,3 +479,44 @@ async def test_an_agent_list_older_than_an_instance_change_is_no_crash_verdict(
     touch = False
     await asyncio.wait_for(answered[2].wait(), WAIT_S)
     await fleet.until("the instance crashed", lambda: inst.state is not InstanceState.READY)
+
+
+async def test_a_missed_health_probe_is_no_crash_until_three_lists_in_a_row_miss_it(
+    start_fleet: StartFleet,
+) -> None:
+    # The agent's health probe is one wall-clock timeout: a stalled machine or a busy engine misses it
+    # without being dead, and a crash verdict stops the engine with whatever runs there. Three misses
+    # in a row are one; a probe answered in between starts the count again.
+    fleet = await start_fleet("")
+    async with aiohttp.ClientSession() as s:
+        await _complete(s, fleet.running.url, "sim-a", 2)  # cold start: one ready instance
+    (inst,) = [i for i in fleet.manager.core.instances() if i.state is InstanceState.READY]
+    client = fleet.manager.clients["n1"]
+    real = client.list_instances
+    healthy = [False, False, True, False, False, False]  # what each next list says of its probe
+    asked = [asyncio.Event() for _ in range(len(healthy))]  # each set as its list is asked for
+
+    async def probed() -> ListReport:
+        calls = sum(e.is_set() for e in asked)
+        if calls < len(asked):
+            asked[calls].set()  # (the lifecycle reads its agent's lists one after another)
+        listed = await real()
+        if calls >= len(healthy):
+            return listed
+        return msgspec.structs.replace(
+            listed,
+            instances=[
+                msgspec.structs.replace(r, healthy=healthy[calls]) if r.id == inst.id else r
+                for r in listed.instances
+            ],
+        )
+
+    client.list_instances = probed  # type: ignore[method-assign]
+    await asyncio.wait_for(asked[3].wait(), WAIT_S)  # two misses, then an answer: read whole
+    assert inst.state is InstanceState.READY
+    await asyncio.wait_for(asked[5].wait(), WAIT_S)  # two misses again
+    assert inst.state is InstanceState.READY
+    await fleet.until("the third miss in a row", lambda: inst.state is not InstanceState.READY)
+    assert inst.reason == "health check failed"
+    metrics = await fleet.metrics()
+    assert _metric(metrics, "berth_lifecycle_evictions_total", reason="crashed") == 1
