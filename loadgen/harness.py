@@ -291,8 +291,11 @@ def start_berth(
     timeout_s: float = BERTH_READY_TIMEOUT_S,
 ) -> RunningServer:
     """`python -m gateway.cli serve` in front of `endpoint` ("URL,engine=.."), ready (its /readyz is 200:
-    config loaded and the engine scraped as ready). `cwd`: the checkout whose berth runs."""
+    config loaded and the engine scraped as ready). `cwd`: the checkout whose berth runs. Its batches
+    live beside its log (`<log name>-batch/`) unless `extra_args` give a `--batch-dir`: never in `cwd`."""
     port = free_port()
+    if "--batch-dir" not in extra_args:
+        extra_args = [*extra_args, "--batch-dir", str(log_path.with_name(f"{log_path.stem}-batch"))]
     argv = [
         python, "-m", "gateway.cli", "serve",
         "--listen", f"127.0.0.1:{port}",

@@ -102,6 +102,8 @@ def berth_on_demand(
             str(tmp_path / "gateway.toml"),
             "--listen",
             f"127.0.0.1:{port}",
+            "--batch-dir",
+            str(tmp_path / "batch"),
         ],
         port=port,
         log_path=engine_logs / "berth-lifecycle.log",

@@ -55,7 +55,7 @@ class Cluster2:
         argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(self.toml(name))]
         return start_server(
             name,
-            [*argv, "--listen", f"127.0.0.1:{port}"],
+            [*argv, "--listen", f"127.0.0.1:{port}", "--batch-dir", str(self.dir / f"{name}-batch")],
             port=port,
             log_path=self.dir / f"{name}.log",
             ready_path="/readyz",

@@ -68,7 +68,16 @@ def _start(
     )
     notify = NotifySocket(tmp_path / "notify.sock")
     env = {**os.environ, "NOTIFY_SOCKET": str(notify.path)}
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "-c",
+        str(cfg),
+        "--batch-dir",
+        str(tmp_path / "batch"),
+    ]
     proc = ManagedProcess("berth", argv, log_path=tmp_path / "berth.log", env=env)
     return proc, notify, f"http://127.0.0.1:{port}", policy
 

@@ -65,6 +65,8 @@ class Setup:
                 str(self.gateway_toml),
                 "--listen",
                 f"127.0.0.1:{port}",
+                "--batch-dir",
+                str(self.dir / f"{name}-batch"),
             ],
             port=port,
             log_path=self.dir / f"{name}.log",

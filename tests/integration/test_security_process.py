@@ -65,7 +65,16 @@ async def test_no_key_reaches_the_logs(tmp_path: Path) -> None:
         notify = NotifySocket(tmp_path / "notify.sock")
         env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "ENGINE_A_KEY": ENGINE_KEY_A}
         env.pop("BERTH_ADMIN_TOKEN", None)
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
+        argv = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "-c",
+            str(cfg),
+            "--batch-dir",
+            str(tmp_path / "batch"),
+        ]
         log = tmp_path / "berth.log"
         proc = ManagedProcess("berth", argv, log_path=log, env=env)
         base = f"http://127.0.0.1:{port}"
