@@ -43,13 +43,14 @@ class Relaying:
     deadlines: Deadlines
     response_ids: ResponseIds
 
-    async def _relay_body(self, ctx: RequestContext, resp: H1Response) -> web.Response:
+    async def _read_whole(self, resp: H1Response) -> bytes:
+        """The engine's whole body, read under the stall watch."""
         # Usually the whole body came with the headers: nothing to watch.
         watch = None
         if not resp.is_eof():
             watch = self.deadlines.stall(resp, self.settings.first_byte_timeout_s)
         try:
-            data = await resp.read()
+            return await resp.read()
         except ResponseError as e:
             raise errors.upstream_failed(
                 f"engine dropped the connection mid-response: {e}", retryable=False
@@ -59,6 +60,9 @@ class Relaying:
         finally:
             if watch is not None:
                 self.deadlines.forget(watch)
+
+    async def _relay_body(self, ctx: RequestContext, resp: H1Response) -> web.Response:
+        data = await self._read_whole(resp)
         now = self.clock.now()
         ctx.first_token_at = now
         try:

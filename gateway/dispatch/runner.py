@@ -30,6 +30,7 @@ from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.engine_body import engine_body
 from gateway.dispatch.relay import ClientStream, Relaying, error_from, record_stream
 from gateway.dispatch.response_ids import ResponseIds
+from gateway.dispatch.slo_headers import answer_headers
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
@@ -186,6 +187,37 @@ class Dispatcher(Relaying):
                     resp.close()
                 if seated:
                     self.driver.release(sreq.id)
+
+    async def relay_events(
+        self, ctx: RequestContext, endpoint: EndpointView, request: web.Request
+    ) -> web.StreamResponse:
+        """A stored response's event stream (`GET /v1/responses/{id}?stream=true`: a background response's
+        events, replayed and then followed as the engine makes them), GET from `endpoint` with the
+        client's path and query and relayed as a generation's stream is (`Relaying._relay_stream`): no
+        seat (its generation holds or held its own), so nothing is reported to the scheduler. An
+        answer other than 200 (the engine's 404) is the client's as it came."""
+        ctx.endpoint = endpoint.id
+        ctx.dispatched_at = self.clock.now()
+        resp = await open_request(
+            self.pool,
+            endpoint.url + request.path_qs,
+            b"",
+            ctx.id,
+            self.settings,
+            deadlines=self.deadlines,
+            auth=self.auth.headers(endpoint.id),
+            method="GET",
+        )
+        try:
+            self.auth.result(endpoint.id, request.path, resp.status)
+            if resp.status != 200:
+                ctx.status = resp.status
+                raw = await self._read_whole(resp)
+                headers = answer_headers(ctx, "application/json")
+                return web.Response(body=raw, status=resp.status, headers=headers)
+            return await self._relay_stream(ctx, resp, ClientStream(ctx, True, client=True), request)
+        finally:
+            resp.close()
 
     def _record_response(self, ctx: RequestContext, response_id: str) -> None:
         if ctx.endpoint is not None:
