@@ -31,7 +31,7 @@ from gateway.core.types import EndpointId
 from gateway.lifecycle.instances import InstanceState
 from gateway.lifecycle.manager import LifecycleManager
 from gateway.sched.request import SchedRequest
-from loadgen.harness import REPO_ROOT, free_port
+from loadgen.harness import REPO_ROOT
 from tests.integration.conftest import Running, StartGateway
 
 SIM = [
@@ -103,7 +103,9 @@ StartFleet = Callable[..., Awaitable[Fleet]]
 
 
 @pytest.fixture
-async def start_fleet(tmp_path: Path, start_gateway: StartGateway) -> AsyncIterator[StartFleet]:
+async def start_fleet(
+    tmp_path: Path, start_gateway: StartGateway, agent_ports: tuple[int, int]
+) -> AsyncIterator[StartFleet]:
     fleets: list[Fleet] = []
 
     async def start(autoscale: str, extra_models: str = "") -> Fleet:
@@ -112,10 +114,9 @@ async def start_fleet(tmp_path: Path, start_gateway: StartGateway) -> AsyncItera
             + _model("crash", ["sh", "-c", "echo boom >&2; exit 3", "{port}"], 4)
             + extra_models
         )
-        base = free_port()
         (tmp_path / "agent.toml").write_text(
             'models = "models.toml"\nstate_dir = "state"\nnvml = false\nheadroom_gib = 1\n'
-            f"release_wait_s = 0.2\nstop_timeout_s = 2\nport_range = [{base}, {min(base + 200, 65535)}]\n"
+            f"release_wait_s = 0.2\nstop_timeout_s = 2\nport_range = [{agent_ports[0]}, {agent_ports[1]}]\n"
             # capacity 6 GiB each: one 4 GiB instance per device
             '[[devices]]\nname = "gpu0"\nmemory_gib = 7\n[[devices]]\nname = "gpu1"\nmemory_gib = 7\n'
         )
