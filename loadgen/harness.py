@@ -319,6 +319,22 @@ def start_server(
     return server
 
 
+def serve_argv(config: Path, batch_dir: Path, *extra: str) -> list[str]:
+    """`python -m gateway.cli serve -c CONFIG --batch-dir DIR EXTRA...`: a berth whose batches live in
+    `batch_dir`, never in the directory it runs in."""
+    return [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "-c",
+        str(config),
+        "--batch-dir",
+        str(batch_dir),
+        *extra,
+    ]
+
+
 def start_berth(
     endpoint: str,
     log_path: Path,

@@ -64,42 +64,17 @@ class _Stored:
         return self.status in ("completed", "incomplete", "failed", "cancelled")
 
     def obj(self) -> dict[str, Any]:
-        output = []
-        if self.tokens:
-            text = TOKEN_TEXT * self.tokens
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            output.append(
-                {
-                    "type": "message",
-                    "id": "msg_1",
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [part],
-                }
-            )
-        usage = None
-        if self.status == "completed":
-            usage = {
-                "input_tokens": self.prompt_tokens,
-                "output_tokens": self.tokens,
-                "total_tokens": self.prompt_tokens + self.tokens,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens_details": {"reasoning_tokens": 0},
-            }
-        return {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "model": self.model,
-            "status": self.status,
-            "output": output,
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "background": self.background,
-            "max_output_tokens": self.max_output_tokens,
-            "usage": usage,
-        }
+        usage = (self.prompt_tokens, self.tokens) if self.status == "completed" else None
+        return response_object(
+            self.id,
+            self.model,
+            self.status,
+            TOKEN_TEXT * self.tokens,
+            created_at=self.created_at,
+            usage=usage,
+            background=self.background,
+            max_output_tokens=self.max_output_tokens,
+        )
 
     def add(self, kind: str, **fields: Any) -> bytes:
         data = orjson.dumps({"type": kind, "sequence_number": len(self.events), **fields})
@@ -108,6 +83,47 @@ class _Stored:
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
         return event
+
+
+def response_object(
+    rid: str,
+    model: str,
+    status: str,
+    text: str,
+    *,
+    created_at: int,
+    usage: tuple[int, int] | None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A Responses API object as vLLM answers it: one assistant message of `text` (none when empty),
+    `usage` as (input, output) tokens (None: not yet known), and `fields` (`background`, ...)."""
+    output = []
+    if text:
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        message = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed"}
+        output.append({**message, "content": [part]})
+    counts = None
+    if usage is not None:
+        counts = {
+            "input_tokens": usage[0],
+            "output_tokens": usage[1],
+            "total_tokens": usage[0] + usage[1],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created_at,
+        "model": model,
+        "status": status,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        **fields,
+        "usage": counts,
+    }
 
 
 class ResponsesRoutes:

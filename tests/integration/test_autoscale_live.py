@@ -28,7 +28,8 @@ from gateway.agent.contract import InstanceState as AgentInstanceState
 from gateway.agent.contract import ListReport
 from gateway.agent.state import StateDir
 from gateway.core.types import EndpointId
-from gateway.lifecycle.instances import InstanceState
+from gateway.lifecycle.agent_client import AgentClient
+from gateway.lifecycle.instances import Instance, InstanceState
 from gateway.lifecycle.manager import LifecycleManager
 from gateway.sched.request import SchedRequest
 from loadgen.harness import REPO_ROOT
@@ -443,17 +444,22 @@ async def test_a_reload_turns_dry_run_off_keeps_the_counters_and_a_bad_table_kee
     assert fleet.count("sim-a", InstanceState.READY) >= 1  # nothing it started is stopped by turning it off
 
 
+async def _one_ready(start_fleet: StartFleet) -> tuple[Fleet, Instance, AgentClient]:
+    """A fleet with no autoscaler, one instance cold-started by a request, and its node's agent client."""
+    fleet = await start_fleet("")
+    async with aiohttp.ClientSession() as s:
+        await _complete(s, fleet.running.url, "sim-a", 2)
+    (inst,) = [i for i in fleet.manager.core.instances() if i.state is InstanceState.READY]
+    return fleet, inst, fleet.manager.clients["n1"]
+
+
 async def test_an_agent_list_older_than_an_instance_change_is_no_crash_verdict(
     start_fleet: StartFleet,
 ) -> None:
     # The race a full suite once lost: the lifecycle asks its agent for the list, the instance it is
     # starting becomes ready meanwhile, and the answer, taken before that, says "starting". That is an
     # old answer, not a crash; the same answer about an instance that has not changed since is one.
-    fleet = await start_fleet("")
-    async with aiohttp.ClientSession() as s:
-        await _complete(s, fleet.running.url, "sim-a", 2)  # cold start: one ready instance
-    (inst,) = [i for i in fleet.manager.core.instances() if i.state is InstanceState.READY]
-    client = fleet.manager.clients["n1"]
+    fleet, inst, client = await _one_ready(start_fleet)
     real = client.list_instances
     touch = True  # the first stale answer comes back after the instance changed
     answered: list[asyncio.Event] = [asyncio.Event(), asyncio.Event(), asyncio.Event()]
@@ -488,11 +494,7 @@ async def test_a_missed_health_probe_is_no_crash_until_three_lists_in_a_row_miss
     # The agent's health probe is one wall-clock timeout: a stalled machine or a busy engine misses it
     # without being dead, and a crash verdict stops the engine with whatever runs there. Three misses
     # in a row are one; a probe answered in between starts the count again.
-    fleet = await start_fleet("")
-    async with aiohttp.ClientSession() as s:
-        await _complete(s, fleet.running.url, "sim-a", 2)  # cold start: one ready instance
-    (inst,) = [i for i in fleet.manager.core.instances() if i.state is InstanceState.READY]
-    client = fleet.manager.clients["n1"]
+    fleet, inst, client = await _one_ready(start_fleet)
     real = client.list_instances
     healthy = [False, False, True, False, False, False]  # what each next list says of its probe
     asked = [asyncio.Event() for _ in range(len(healthy))]  # each set as its list is asked for
