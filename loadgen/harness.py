@@ -23,6 +23,7 @@ with `asyncio.to_thread`.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -33,7 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -48,6 +49,10 @@ HTTP_TIMEOUT_S: Final = 10.0
 POLL_INTERVAL_S: Final = 0.1
 #: The engine simulator prints one line per endpoint, ending in " at URL", once it serves.
 SIM_READY_MARK: Final = b" at http://"
+#: Where port blocks are claimed (`port_block`): one lock file per block, shared by every checkout.
+PORT_BLOCKS_DIR: Final = Path("/tmp/berth-port-blocks")
+PORT_BLOCKS_FROM: Final = 10_000
+PORT_BLOCK_SIZE: Final = 200  # one size for every block, so that two blocks never overlap
 
 
 class ServerStartError(Exception):
@@ -60,6 +65,41 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+@contextlib.contextmanager
+def port_block() -> Iterator[tuple[int, int]]:
+    """(first, last) of `PORT_BLOCK_SIZE` ports that no other holder of a block (any test or process of
+    any checkout on this machine) is given until this one leaves the block: a node agent's `port_range`.
+
+    An agent checks that a port binds, then its engine binds it a second or more later. With a range
+    from `free_port()` that port was in the kernel's ephemeral range, where every process's port-0 bind
+    and outgoing connection takes ports, and another test's agent could pick it too: the engine then
+    failed to bind ("address already in use"). The blocks lie below the ephemeral range, and each is
+    claimed by an exclusive lock on its own file."""
+    low, size = _ephemeral_low(), PORT_BLOCK_SIZE
+    PORT_BLOCKS_DIR.mkdir(exist_ok=True)
+    for first in range(PORT_BLOCKS_FROM, low - size + 1, size):
+        lock = open(PORT_BLOCKS_DIR / f"{first}.lock", "ab")  # noqa: SIM115 (held across the yield)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        try:
+            yield first, first + size - 1
+        finally:
+            lock.close()  # (closing releases the lock)
+        return
+    raise RuntimeError(f"no free block of {size} ports below {low}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def pinned(argv: Sequence[str], cpus: Collection[int] | None) -> list[str]:
@@ -279,6 +319,22 @@ def start_server(
     return server
 
 
+def serve_argv(config: Path, batch_dir: Path, *extra: str) -> list[str]:
+    """`python -m gateway.cli serve -c CONFIG --batch-dir DIR EXTRA...`: a berth whose batches live in
+    `batch_dir`, never in the directory it runs in."""
+    return [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "-c",
+        str(config),
+        "--batch-dir",
+        str(batch_dir),
+        *extra,
+    ]
+
+
 def start_berth(
     endpoint: str,
     log_path: Path,
@@ -291,8 +347,11 @@ def start_berth(
     timeout_s: float = BERTH_READY_TIMEOUT_S,
 ) -> RunningServer:
     """`python -m gateway.cli serve` in front of `endpoint` ("URL,engine=.."), ready (its /readyz is 200:
-    config loaded and the engine scraped as ready). `cwd`: the checkout whose berth runs."""
+    config loaded and the engine scraped as ready). `cwd`: the checkout whose berth runs. Its batches
+    live beside its log (`<log name>-batch/`) unless `extra_args` give a `--batch-dir`: never in `cwd`."""
     port = free_port()
+    if "--batch-dir" not in extra_args:
+        extra_args = [*extra_args, "--batch-dir", str(log_path.with_name(f"{log_path.stem}-batch"))]
     argv = [
         python, "-m", "gateway.cli", "serve",
         "--listen", f"127.0.0.1:{port}",

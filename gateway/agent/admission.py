@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from gateway.agent import inventory, ledger
 from gateway.agent.adoption import Adoption
-from gateway.agent.backends import INSTANCE_ENV
+from gateway.agent.backends import INSTANCE_ENV, instance_marker
 from gateway.agent.config import ModelSpec, render
 from gateway.agent.contract import AgentError, ErrorCode, InstanceState
 from gateway.agent.ports import free_port
@@ -77,7 +77,7 @@ class Admission(Adoption):
         }
         env = {k: render(v, values) for k, v in model.env.items()}
         env["CUDA_VISIBLE_DEVICES"] = values["devices"]
-        env[INSTANCE_ENV] = iid
+        env[INSTANCE_ENV] = instance_marker(self.state.path, iid)
         now = self._now()
         host = self.cfg.advertise_host
         url_host = f"[{host}]" if ":" in host else host

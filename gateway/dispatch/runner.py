@@ -5,52 +5,49 @@ A streamed request the scheduler preempts (its task is cancelled by the driver, 
 `gateway.dispatch.driver`) closes its engine call, keeps its client's stream open, waits in the queue
 for its next seat and goes on there with a call that continues the produced text
 (`gateway.upstream.resume`); the relay stitches the new engine stream onto the client's.
+
+Relaying an engine call's answer to the client (a body, or a stream with its progress reports) is the
+base class's, `gateway.dispatch.relay.Relaying`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 
 from gateway.core import errors
 from gateway.core.clock import Clock
 from gateway.core.errors import BerthError
 from gateway.core.metrics import GatewayMetrics
-from gateway.core.types import ApiKind, EndpointId, RequestId
+from gateway.core.types import ApiKind, EndpointId
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.engine_body import engine_body
-from gateway.dispatch.event_stream import ChunkWriter, EventStreamResponse, open_event_stream
+from gateway.dispatch.relay import ClientStream, Relaying, error_from, record_stream
 from gateway.dispatch.response_ids import ResponseIds
-from gateway.dispatch.slo_headers import answer_headers, slo_met_now
+from gateway.dispatch.slo_headers import answer_headers
 from gateway.sched.decisions import Preempt
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
 from gateway.telemetry.prefix_index import PrefixIndex
-from gateway.telemetry.prefix_keys import answer_of
 from gateway.upstream.client import UpstreamSettings, open_request
 from gateway.upstream.credentials import AUTH_REFUSED, EngineAuth
-from gateway.upstream.deadlines import Deadlines, StallWatch
+from gateway.upstream.deadlines import Deadlines
 from gateway.upstream.dialects import dialect_for
-from gateway.upstream.h1 import H1Response, ResponseError
+from gateway.upstream.h1 import H1Response
 from gateway.upstream.pool import Pool
 from gateway.upstream.resume import resume_body
-from gateway.upstream.sse import SseRelay, error_event, response_usage
 from gateway.upstream.tokenize import tokenize
 
-_ERROR_BODY_LIMIT = 64 * 1024
-PROGRESS_EVERY = 16  # tokens between a stream's progress reports to the scheduler
 RESUME_TOKENIZE_TIMEOUT_S = 2.0  # counting the original prompt of a resumed stream (its final usage)
 
 
-class Dispatcher:
+class Dispatcher(Relaying):
     def __init__(
         self,
         *,
@@ -102,7 +99,7 @@ class Dispatcher:
         path = ctx.api.path
         stream = None
         if ctx.stream or assemble:
-            stream = _Stream(ctx, include_usage, client=ctx.stream)
+            stream = ClientStream(ctx, include_usage, client=ctx.stream)
             if ctx.api is ApiKind.RESPONSES:
                 # The response is the engine's from its first event on (a background one can be polled
                 # or cancelled while it streams): recorded as soon as the stream names it.
@@ -148,7 +145,7 @@ class Dispatcher:
                         # berth's credentials, not the engine, are at fault: no retry elsewhere
                         raise errors.engine_auth_failed(resp.status)
                     if resp.status != 200:
-                        raise await _error_from(resp, self.deadlines, self.settings.first_byte_timeout_s)
+                        raise await error_from(resp, self.deadlines, self.settings.first_byte_timeout_s)
                 except BerthError as e:
                     # A pinned request needs what its endpoint holds: no other endpoint can answer it.
                     if e.retryable and ctx.attempts <= self.settings.max_retries and sreq.pinned is None:
@@ -175,7 +172,7 @@ class Dispatcher:
                     raise
                 if stream is not None and stream.relay.done:
                     self.driver.abandon(sreq.id)  # it had just finished: nothing to resume
-                    _record_stream(ctx, stream.relay)
+                    record_stream(ctx, stream.relay)
                     return self._assembled(ctx, stream.relay) if stream.out is None else await stream.close()
                 try:
                     await self._preempted(ctx, preempt, endpoint, body, stream)
@@ -191,6 +188,37 @@ class Dispatcher:
                 if seated:
                     self.driver.release(sreq.id)
 
+    async def relay_events(
+        self, ctx: RequestContext, endpoint: EndpointView, request: web.Request
+    ) -> web.StreamResponse:
+        """A stored response's event stream (`GET /v1/responses/{id}?stream=true`: a background response's
+        events, replayed and then followed as the engine makes them), GET from `endpoint` with the
+        client's path and query and relayed as a generation's stream is (`Relaying._relay_stream`): no
+        seat (its generation holds or held its own), so nothing is reported to the scheduler. An
+        answer other than 200 (the engine's 404) is the client's as it came."""
+        ctx.endpoint = endpoint.id
+        ctx.dispatched_at = self.clock.now()
+        resp = await open_request(
+            self.pool,
+            endpoint.url + request.path_qs,
+            b"",
+            ctx.id,
+            self.settings,
+            deadlines=self.deadlines,
+            auth=self.auth.headers(endpoint.id),
+            method="GET",
+        )
+        try:
+            self.auth.result(endpoint.id, request.path, resp.status)
+            if resp.status != 200:
+                ctx.status = resp.status
+                raw = await self._read_whole(resp)
+                headers = answer_headers(ctx, "application/json")
+                return web.Response(body=raw, status=resp.status, headers=headers)
+            return await self._relay_stream(ctx, resp, ClientStream(ctx, True, client=True), request)
+        finally:
+            resp.close()
+
     def _record_response(self, ctx: RequestContext, response_id: str) -> None:
         if ctx.endpoint is not None:
             self.response_ids.record(response_id, ctx.endpoint, ctx.tenant)
@@ -201,7 +229,7 @@ class Dispatcher:
         preempt: Preempt,
         endpoint: EndpointView,
         body: dict[str, Any],
-        stream: _Stream | None,
+        stream: ClientStream | None,
     ) -> None:
         """Count a preemption and set the stream up to go on when the request is placed again."""
         ctx.preemptions += 1
@@ -228,7 +256,7 @@ class Dispatcher:
         stream.resumed = True
 
     async def _count_prompt(
-        self, ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any], stream: _Stream
+        self, ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any], stream: ClientStream
     ) -> None:
         """What a resume needs the engine to count: the original prompt's tokens (the usage a resumed
         stream ends with; None: the resumed call's count less the tokens produced) and, for a
@@ -261,201 +289,9 @@ class Dispatcher:
             if answer.tokens is not None:
                 stream.resume_ids = stream.prompt_ids + answer.tokens
 
-    async def _relay_body(self, ctx: RequestContext, resp: H1Response) -> web.Response:
-        # Usually the whole body came with the headers: nothing to watch.
-        watch = None
-        if not resp.is_eof():
-            watch = self.deadlines.stall(resp, self.settings.first_byte_timeout_s)
-        try:
-            data = await resp.read()
-        except ResponseError as e:
-            raise errors.upstream_failed(
-                f"engine dropped the connection mid-response: {e}", retryable=False
-            ) from None
-        except TimeoutError:
-            raise errors.upstream_timeout("engine stopped sending the response") from None
-        finally:
-            if watch is not None:
-                self.deadlines.forget(watch)
-        now = self.clock.now()
-        ctx.first_token_at = now
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise errors.upstream_failed("engine answered with invalid JSON", retryable=False) from None
-        rewrite = ctx.client_model != ctx.served_model
-        if isinstance(obj, dict):
-            usage = obj.get("usage")
-            if ctx.api is ApiKind.RESPONSES:
-                rid = obj.get("id")
-                if isinstance(rid, str) and ctx.endpoint is not None:
-                    self.response_ids.record(rid, ctx.endpoint, ctx.tenant)
-                usage = response_usage(usage) if isinstance(usage, dict) else None
-            if isinstance(usage, dict):
-                ctx.prompt_tokens = usage.get("prompt_tokens")
-                ctx.output_tokens = int(usage.get("completion_tokens") or 0)
-            if ctx.prefix_keys is not None:
-                ctx.answer_text = answer_of(obj)
-            if rewrite and "model" in obj:
-                obj["model"] = ctx.client_model
-                data = orjson.dumps(obj)
-        ctx.status = 200
-        headers = answer_headers(ctx, "application/json")
-        headers["X-Berth-Slo-Met"] = "true" if slo_met_now(ctx, now) else "false"
-        return web.Response(body=data, status=200, headers=headers)
-
-    async def _relay_stream(
-        self, ctx: RequestContext, resp: H1Response, stream: _Stream, request: web.Request | None
-    ) -> web.StreamResponse:
-        relay = stream.relay
-        out = stream.out
-        if out is None and stream.client:
-            headers = answer_headers(ctx, "text/event-stream")
-            headers["Cache-Control"] = "no-cache"
-            out = stream.out = EventStreamResponse(status=200, headers=headers)
-            out.enable_chunked_encoding()
-            ctx.status = 200
-        deadlines = self.deadlines
-        stall = deadlines.stall(resp, self.settings.read_timeout_s)
-        step = _ChunkStep(self, ctx, stream, relay, stall)
-        held: AbstractStreamWriter | None = None  # the client's headers, held for the first event
-        try:
-            if out is not None and not out.prepared:
-                assert request is not None  # a client stream has its client's request
-                # Held for the first event if the engine's first bytes came with its headers.
-                held = await open_event_stream(out, request, resp.total_bytes > 0)
-            direct = out.direct if out is not None else None
-            step.direct = direct
-            chunks = aiter(resp)
-            try:
-                while True:
-                    if held is None and (out is None or direct is not None):
-                        # Every chunk relayed in the engine connection's callback, no wake-up of this
-                        # task per chunk; back here when the stream ended or the client is slow.
-                        if await resp.deliver(step.sink):
-                            break
-                        if direct is not None:
-                            await direct.drain()
-                        continue
-                    try:
-                        chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        break
-                    data = step.take(chunk)
-                    if data and out is not None:
-                        await out.write(data)  # the client's headers go with it
-                    elif held is not None:
-                        held.send_headers()  # what came forwarded nothing yet: no more waiting for it
-                    if held is not None and out is not None:
-                        held = None
-                        direct = step.direct = out.headers_sent()
-                tail = relay.flush()
-                if tail and out is not None:
-                    await out.write(tail)
-                if not relay.done and relay.error is None:
-                    raise errors.upstream_failed(
-                        "engine closed the stream before it finished", retryable=False
-                    )
-                if relay.error is not None:
-                    if out is None:
-                        raise errors.upstream_failed(
-                            f"engine failed mid-answer: {relay.error.get('message')}", retryable=False
-                        )
-                    ctx.outcome = "engine_error"
-            except ResponseError as e:
-                raise errors.upstream_failed(f"engine dropped the stream: {e}", retryable=False) from None
-            except TimeoutError:
-                raise errors.upstream_timeout(
-                    f"engine stream stalled for {self.settings.read_timeout_s:g}s"
-                ) from None
-        except BerthError as e:
-            return await stream.fail(e, request)
-        except ConnectionResetError:
-            ctx.outcome = "client_disconnect"  # the client went away while we wrote to it
-            if out is None:
-                raise
-            return out
-        finally:
-            deadlines.forget(stall)
-            _record_stream(ctx, relay)
-        if out is None:
-            return self._assembled(ctx, relay)
-        return await stream.close()
-
-    def _assembled(self, ctx: RequestContext, relay: SseRelay) -> web.Response:
-        """A non-streamed request's answer, made of the engine stream berth read for it."""
-        ctx.status = 200
-        headers = answer_headers(ctx, "application/json")
-        headers["X-Berth-Slo-Met"] = "true" if slo_met_now(ctx, self.clock.now()) else "false"
-        body = orjson.dumps(relay.assembled(ctx.api is ApiKind.CHAT))
-        return web.Response(body=body, status=200, headers=headers)
-
-
-class _ChunkStep:
-    """What the relay does with each chunk of one engine call's stream: the stall watch's `seen`, the
-    relay's `feed`, the scheduler's pin and progress reports (every `PROGRESS_EVERY` tokens); `sink`
-    also writes the result to the client (`H1Response.deliver`'s sink)."""
-
-    __slots__ = (
-        "base",
-        "clock",
-        "direct",
-        "pin",
-        "pinnable",
-        "progress",
-        "relay",
-        "report_at",
-        "run_first",
-        "sreq_id",
-        "stall",
-    )
-
-    def __init__(
-        self, dispatcher: Dispatcher, ctx: RequestContext, stream: _Stream, relay: SseRelay, stall: StallWatch
-    ) -> None:
-        scheduler = dispatcher.driver.scheduler
-        self.clock = dispatcher.clock
-        self.stall = stall
-        self.relay = relay
-        self.progress = scheduler.progress  # tokens so far, for the placement predictions
-        self.pin = scheduler.pin
-        self.direct: ChunkWriter | None = None
-        sched = ctx.sched
-        # Progress counts this engine call's tokens (a resumed call starts from 0 at its own first token).
-        self.base = base = relay.tokens
-        self.run_first: float | None = relay.first_token_at if base == 0 else None
-        self.report_at = base + 1 if sched is not None else 1 << 62
-        self.sreq_id = RequestId("") if sched is None else sched.id
-        self.pinnable = stream.client and sched is not None and sched.resumable and relay.continuable
-
-    def take(self, chunk: bytes) -> bytes:
-        """Relay one chunk; the bytes for the client."""
-        self.stall.seen = now = self.clock.now()
-        relay = self.relay
-        data = relay.feed(chunk, now)
-        if self.pinnable and not relay.continuable:
-            # Reasoning or a tool call reached the client: a continuation from text would lose it, so
-            # the request may no longer be preempted.
-            self.pin(self.sreq_id)
-            self.pinnable = False
-        if relay.tokens >= self.report_at:
-            if self.run_first is None:
-                self.run_first = relay.first_token_at if self.base == 0 else now
-            self.progress(self.sreq_id, relay.tokens - self.base, self.run_first)
-            self.report_at = relay.tokens + PROGRESS_EVERY
-        return data
-
-    def sink(self, chunk: bytes) -> bool:
-        """`take` and write to the client at once; whether the client takes more now."""
-        data = self.take(chunk)
-        direct = self.direct
-        if data and direct is not None:
-            return direct.write(data)
-        return True
-
 
 def _resumable_call(
-    ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any], stream: _Stream
+    ctx: RequestContext, endpoint: EndpointView, body: dict[str, Any], stream: ClientStream
 ) -> dict[str, Any]:
     """The engine call of a request that may be preempted: a resumed one continues its produced text
     (in the dialect of the engine it now goes to); a completion asks an engine that can for its token
@@ -480,76 +316,3 @@ def _resumable_call(
     if relay.generated_ids is not None:
         out = {**out, "return_token_ids": True}
     return out
-
-
-class _Stream:
-    """The client's side of a streamed request, across engine calls: one response, prepared once, fed
-    through one relay (which stitches a resumed call's stream onto the first)."""
-
-    __slots__ = ("client", "ctx", "out", "prompt_ids", "prompt_tokens", "relay", "resume_ids", "resumed")
-
-    def __init__(self, ctx: RequestContext, include_usage: bool, *, client: bool) -> None:
-        self.ctx = ctx
-        self.client = client  # False: the client asked for one answer, which berth assembles
-        self.relay = self.fresh_relay(include_usage)
-        self.out: EventStreamResponse | None = None
-        self.resumed = False  # the client has part of the stream from an earlier engine call
-        self.prompt_tokens: int | None = None  # the original prompt's, for a resumed stream's usage
-        self.prompt_ids: tuple[int, ...] | None = None  # a completion's original prompt, as token ids
-        self.resume_ids: tuple[int, ...] | None = None  # ... with the produced text's: the next prompt
-
-    def fresh_relay(self, include_usage: bool) -> SseRelay:
-        ctx = self.ctx
-        return SseRelay(
-            include_usage=include_usage, served_model=ctx.served_model, client_model=ctx.client_model
-        )
-
-    async def fail(self, err: BerthError, request: web.Request | None) -> web.StreamResponse:
-        """End the stream with an error event (the client already has a 200); an assembled answer's
-        error is the client's answer."""
-        out = self.out
-        if out is None:
-            raise err
-        ctx = self.ctx
-        ctx.fail(err)
-        ctx.status = 200
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            if not out.prepared and request is not None:
-                await out.prepare(request)
-            await out.write(error_event(err.body()))
-        return await self.close()
-
-    async def close(self) -> web.StreamResponse:
-        out = self.out
-        assert out is not None
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await out.write_eof()
-        return out
-
-
-def _record_stream(ctx: RequestContext, relay: SseRelay) -> None:
-    ctx.first_token_at = relay.first_token_at
-    ctx.itl_gaps = relay.gaps
-    if ctx.prefix_keys is not None and relay.continuable:
-        ctx.answer_text = relay.produced_text
-    usage = relay.usage
-    if usage:
-        ctx.prompt_tokens = usage.get("prompt_tokens")
-        ctx.output_tokens = int(usage.get("completion_tokens") or relay.tokens)
-    else:
-        ctx.output_tokens = relay.tokens
-
-
-async def _error_from(resp: H1Response, deadlines: Deadlines, timeout_s: float) -> BerthError:
-    """Map an engine's non-200 answer; 5xx is retryable on another endpoint, 4xx goes to the client with
-    the detail of the engine's error (`errors.engine_error`): its body's first 64 KiB, read while the
-    engine sends it (an error body that stops for `timeout_s` is taken as empty)."""
-    watch = None if resp.is_eof() else deadlines.stall(resp, timeout_s)
-    try:
-        raw = await resp.read(_ERROR_BODY_LIMIT)
-    except (ResponseError, TimeoutError):
-        raw = b""
-    finally:
-        if watch is not None:
-            deadlines.forget(watch)
-    return errors.engine_error(resp.status, raw, resp.reason or "")

@@ -1,7 +1,8 @@
 """The Responses API's calls about a response the engine keeps: `GET /v1/responses/{id}` and
-`POST /v1/responses/{id}/cancel` go to the endpoint that made it, and so does a new `POST /v1/responses`
-that continues it (`previous_response_id`, pinned there: `SchedRequest.pinned`). `POST /v1/responses`
-itself is a generation, run as chat is (gateway.front.api).
+`POST /v1/responses/{id}/cancel` go to the endpoint that made it (a `GET ...?stream=true`, the response's
+events, relayed as they come, as a generation's stream is: `Dispatcher.relay_events`), and so does a new
+`POST /v1/responses` that continues it (`previous_response_id`, pinned there: `SchedRequest.pinned`).
+`POST /v1/responses` itself is a generation, run as chat is (gateway.front.api).
 
 Each answer's id is recorded with its endpoint and its tenant as soon as the engine names it (the
 dispatcher's `response_ids`: a whole answer's `id`, a stream's `response.created`): another
@@ -20,7 +21,7 @@ from aiohttp import web
 from gateway.admission.tenancy import ANONYMOUS
 from gateway.core import errors
 from gateway.core.errors import BerthError
-from gateway.core.types import EndpointHealth
+from gateway.core.types import ApiKind, EndpointHealth
 from gateway.dispatch.context import RequestContext
 from gateway.dispatch.response_ids import ResponseOwner
 from gateway.front.auth import authenticate
@@ -31,6 +32,7 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView
 
 RETRIEVE_ROUTE = "/v1/responses/{response_id}"
+_TRUE = frozenset(("true", "1", "yes", "on"))  # a `stream` query parameter that asks for the events
 CANCEL_ROUTE = "/v1/responses/{response_id}/cancel"
 
 
@@ -64,6 +66,11 @@ async def retrieve_or_cancel(request: web.Request) -> web.StreamResponse:
         ep = _endpoint(s, owner)
         if ep is None:
             raise response_not_found(response_id)
+        if request.method == "GET" and request.query.get("stream", "").lower() in _TRUE:
+            ctx = RequestContext(rid, ApiKind.RESPONSES, s.clock.now())
+            ctx.stream = True
+            ctx.tenant = ANONYMOUS if tenant is None else tenant.name
+            return await s.dispatcher.relay_events(ctx, ep, request)
         raw = await request.read() if request.method == "POST" and request.can_read_body else None
         return await forward(s, ep, request, raw or None, rid)
     except BerthError as e:

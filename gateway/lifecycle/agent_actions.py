@@ -53,6 +53,10 @@ LOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200
 MEMORY_REFUSALS = frozenset(
     {AgentErrorCode.DOES_NOT_FIT, AgentErrorCode.DEVICE_BUSY, AgentErrorCode.MEMORY_NOT_RELEASED}
 )
+#: Consecutive lists whose health probe of a running engine failed before it is declared crashed (and
+#: stopped, with whatever runs there): one probe is a single wall-clock timeout, which a stalled machine
+#: or a busy engine misses without being dead (an engine that exited is listed so, and crashes at once).
+FAILED_PROBES_TO_CRASH = 3
 
 
 class LifecycleMetrics:
@@ -161,6 +165,7 @@ class AgentActions:
     _leaving: dict[EndpointId, int]
     _configs: dict[str, tuple[str | None, int | None]]
     _cold_since: dict[ModelName, float]
+    _failed_probes: dict[str, int]  # instance id -> consecutive lists whose health probe of it failed
     _changed: asyncio.Event
 
     def _notify(self) -> None:
@@ -201,6 +206,8 @@ class AgentActions:
         for rep in listed.instances:
             seen.add(rep.id)
             inst = self.core.get(rep.id)
+            if rep.healthy is not False:
+                self._failed_probes.pop(rep.id, None)
             if rep.state is AgentState.READY and rep.healthy is not False:
                 if inst is None or inst.state in (InstanceState.STOPPED, InstanceState.FAILED):
                     if ModelName(rep.model) not in self.core.models():
@@ -227,6 +234,12 @@ class AgentActions:
                 # before ("starting"): the answer is older than what the gateway knows, not a crash.
                 and inst.changed_at <= asked
             ):
+                if rep.state is AgentState.READY:  # running, and its health probe failed
+                    failed = self._failed_probes[rep.id] = self._failed_probes.get(rep.id, 0) + 1
+                    if failed < FAILED_PROBES_TO_CRASH:
+                        log.info("instance_probe_failed", node=name, instance=rep.id, failed=failed)
+                        continue
+                self._failed_probes.pop(rep.id, None)
                 why = rep.reason or (
                     "health check failed" if rep.healthy is False else f"agent says {rep.state}"
                 )

@@ -155,6 +155,7 @@ class LifecycleManager(AgentActions):
         # instance id -> (its instance configuration, that configuration's max batch), as its agent says
         self._configs: dict[str, tuple[str | None, int | None]] = {}
         self._cold_since: dict[ModelName, float] = {}
+        self._failed_probes: dict[str, int] = {}
         self._traffic = DemandTracker(c.demand_history)
         self.load_times: dict[ModelName, list[float]] = {}
         self.evictions: dict[str, int] = {}

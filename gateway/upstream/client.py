@@ -111,10 +111,11 @@ class _Target:
 
 
 @functools.lru_cache(maxsize=1024)
-def _target(url: str) -> _Target:
+def _target(url: str, method: str = "POST") -> _Target:
     u = url_parts(url)
+    path = f"{u.path}?{u.query}" if u.query else u.path
     head = (
-        f"POST {u.path} HTTP/1.1\r\nHost: {u.authority}\r\nUser-Agent: berth/{__version__}\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: {u.authority}\r\nUser-Agent: berth/{__version__}\r\n"
         "Accept: */*\r\nAccept-Encoding: identity\r\nContent-Type: application/json\r\n"
     )
     return _Target(u.origin, head, u.basic)
@@ -169,16 +170,17 @@ async def open_request(
     *,
     deadlines: Deadlines,
     auth: Mapping[str, str] | None = None,
+    method: str = "POST",
 ) -> H1Response:
-    """POST `body` to `url` and wait for the response headers; `auth`: the endpoint's credentials
-    (gateway.upstream.credentials).
+    """POST `body` to `url` (or another `method`: GET with an empty body) and wait for the response
+    headers; `auth`: the endpoint's credentials (gateway.upstream.credentials).
 
     Raises BerthError: 502 (retryable) when the engine cannot be reached (no connection within
     `connect_timeout_s`, the wait for a free pool slot included) or drops the connection before
     answering, 504 when it sends no headers within `first_byte_timeout_s`. Nothing times the body: the
     caller watches it (`Deadlines.stall`) while it reads, and closes the response when done.
     """
-    target = _target(url)
+    target = _target(url, method)
     data = _request(target, body, request_id, auth)
     watch = deadlines.cancel_after(settings.first_byte_timeout_s)
     try:

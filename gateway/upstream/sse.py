@@ -1,19 +1,18 @@
 """A sans-IO relay for OpenAI-style server-sent events.
 
 `SseRelay.feed(chunk, now)` takes raw bytes as they arrive from the engine and returns the bytes to send
-to the client. Along the way it records what a later resume needs and what the metrics need: the text
-produced so far, the number of generated events (tokens: content, reasoning and tool-call deltas alike),
-the engine's usage report, the finish reason, the time of the first generated token and of the first
-content, and every gap between tokens.
+to the client. Along the way its base, `StreamTally` (`gateway.upstream.stream_tally`), records what a
+later resume needs and what the metrics need: the text produced so far, the number of generated events
+(tokens: content, reasoning and tool-call deltas alike), the engine's usage report, the finish reason,
+the time of the first generated token and of the first content, and every gap between tokens.
 
 Per event it does one `orjson.loads`; the event's bytes are forwarded as they came (with the model name
 rewritten when the client used an alias), so the hot path never re-serialises JSON.
 
 The Responses API's stream (`event: response.output_text.delta` then `data: {...}`, no `[DONE]`: it ends
 with `response.completed`, `response.incomplete` or `response.failed`) is relayed byte for byte as well
-and read the same way: each delta event of generated text, reasoning or a tool call's arguments is one
-token (vLLM sends one per engine step, as for chat), `response.created` names the response, and the
-final event's usage (`input_tokens`, `output_tokens`) is kept as `prompt_tokens`/`completion_tokens`.
+and read the same way (vLLM sends one delta event per engine step, as for chat; `StreamTally` reads
+them).
 
 A preempted stream goes on with the engine stream of its resumed call (`resume()`): the relay then
 stitches that stream onto what the client already has, so that the client sees one stream: the first
@@ -24,68 +23,35 @@ resumed streams are re-serialised.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
+from gateway.upstream.stream_tally import StreamTally
+
 _DONE = b"[DONE]"
-#: Delta fields other than `content` that carry generated tokens (vLLM writes `reasoning_content`, newer
-#: releases `reasoning`; SGLang `reasoning_content`).
-_GENERATED_FIELDS = frozenset(("reasoning_content", "reasoning", "tool_calls"))
-#: The Responses API's delta events that carry generated tokens, with what they are: answer text,
-#: reasoning, or a tool call.
-_RESPONSE_DELTAS: Final = {
-    "response.output_text.delta": "text",
-    "response.refusal.delta": "text",
-    "response.reasoning_text.delta": "reasoning",
-    "response.reasoning_summary_text.delta": "reasoning",
-    "response.function_call_arguments.delta": "tool",
-    "response.custom_tool_call_input.delta": "tool",
-    "response.mcp_call_arguments.delta": "tool",
-}
-#: The events that end a Responses stream (each carries the whole response, with its usage).
-_RESPONSE_ENDS: Final = frozenset(("response.completed", "response.incomplete", "response.failed"))
 
 
-class SseRelay:
+class SseRelay(StreamTally):
     __slots__ = (
         "_buf",
-        "_client_model",
         "_model_from",
         "_model_to",
         "_stitch",
-        "created",
-        "done",
-        "error",
-        "finish_reason",
-        "first_content_at",
-        "first_token_at",
-        "gaps",
         "generated_ids",
         "include_usage",
-        "last_token_at",
-        "on_response",
         "prompt_ids",
-        "reasoning",
-        "stream_id",
-        "text",
-        "tokens",
-        "tool_calls",
-        "usage",
     )
 
     def __init__(self, *, include_usage: bool, served_model: str, client_model: str) -> None:
+        super().__init__(client_model)  # what the stream produced (`StreamTally`)
         self._buf = b""
-        self._client_model = client_model
         self._stitch: _Stitch | None = None
         self.include_usage = include_usage
-        self.stream_id: str | None = None  # the first stream's `id` and `created`, which a resume keeps
         # With `collect_ids()`: the token ids the engine reports (vLLM's return_token_ids), taken out of
         # what the client sees: the prompt's (from the first stream) and every generated one.
         self.prompt_ids: list[int] | None = None
         self.generated_ids: list[int] | None = None
-        self.created: int | None = None
         if served_model != client_model:
             self._model_from: tuple[bytes, ...] = (
                 b'"model":' + orjson.dumps(served_model),
@@ -95,20 +61,6 @@ class SseRelay:
         else:
             self._model_from = ()
             self._model_to = b""
-        self.text: list[str] = []  # content produced so far, for resuming elsewhere
-        # Other generated deltas seen: reasoning text (kept, for an assembled answer) and tool calls.
-        self.reasoning: list[str] = []
-        self.tool_calls = False
-        self.tokens = 0  # generated events seen (one per token on vLLM/SGLang), of any kind
-        self.usage: dict[str, Any] | None = None
-        self.finish_reason: str | None = None
-        self.first_token_at: float | None = None  # the first generated token of any kind (TTFT)
-        self.first_content_at: float | None = None  # the first content (text) a client can show
-        self.last_token_at: float | None = None
-        self.gaps: list[float] = []  # every inter-token gap of the stream (seconds); telemetry needs all
-        self.done = False
-        self.error: dict[str, Any] | None = None
-        self.on_response: Callable[[str], None] | None = None  # told a Responses stream's id, once
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """Consume engine bytes; return the bytes to forward to the client now (possibly empty)."""
@@ -220,56 +172,6 @@ class SseRelay:
             event = self._rename(event)
         return event + b"\n\n"
 
-    def _response_event(self, obj: dict[str, Any], now: float | None) -> None:
-        kind = obj.get("type")
-        what = _RESPONSE_DELTAS.get(kind) if type(kind) is str else None
-        if what is not None:
-            delta = obj.get("delta")
-            if type(delta) is not str or not delta:
-                return
-            if what == "text":
-                self.text.append(delta)
-            elif what == "reasoning":
-                self.reasoning.append(delta)
-            else:
-                self.tool_calls = True
-            self._token(now, content=what == "text")
-            return
-        response = obj.get("response")
-        if type(response) is not dict:
-            if kind == "error":
-                self.error = {"message": str(obj.get("message")), "code": obj.get("code")}
-            return
-        if kind == "response.created" and self.stream_id is None:
-            rid, created = response.get("id"), response.get("created_at")
-            self.stream_id = rid if isinstance(rid, str) else None
-            self.created = int(created) if isinstance(created, int | float) else None
-            if self.stream_id is not None and self.on_response is not None:
-                self.on_response(self.stream_id)
-        elif kind in _RESPONSE_ENDS:
-            self.done = True
-            usage = response.get("usage")
-            if type(usage) is dict:
-                self.usage = response_usage(usage)
-            status = response.get("status")
-            self.finish_reason = status if isinstance(status, str) else None
-            if kind == "response.failed":
-                err = response.get("error")
-                self.error = err if type(err) is dict else {"message": "the engine failed the response"}
-
-    def _token(self, now: float | None, *, content: bool) -> None:
-        """One generated token seen at `now` (`content`: text a client can show)."""
-        self.tokens += 1
-        if now is None:
-            return
-        if content and self.first_content_at is None:
-            self.first_content_at = now
-        if self.first_token_at is None:
-            self.first_token_at = now
-        elif self.last_token_at is not None:
-            self.gaps.append(now - self.last_token_at)
-        self.last_token_at = now
-
     def collect_ids(self) -> None:
         """The engine was asked for token ids (a completion that may be resumed): keep them for the
         resume, and take them out of the events the client gets."""
@@ -297,82 +199,6 @@ class SseRelay:
             if pat in payload:
                 return payload.replace(pat, self._model_to, 1)
         return payload
-
-    def _choices(self, choices: list[Any], now: float | None) -> None:
-        got_token = got_content = False
-        for c in choices:
-            if type(c) is not dict:
-                continue
-            delta = c.get("delta")
-            if type(delta) is dict:
-                piece = delta.get("content")
-                # A reasoning model's thinking and a tool call's name and arguments are generated
-                # tokens too, though they carry no content.
-                if piece:
-                    got_token = True
-                elif _GENERATED_FIELDS.intersection(k for k, v in delta.items() if v):
-                    got_token = True
-                    self._other(delta)
-            else:
-                piece = c.get("text")
-            if piece and type(piece) is str:
-                self.text.append(piece)
-                got_token = got_content = True
-            fr = c.get("finish_reason")
-            if fr and type(fr) is str:
-                self.finish_reason = fr
-        if got_token:
-            self.tokens += 1
-            if now is not None and got_content and self.first_content_at is None:
-                self.first_content_at = now
-            if now is not None:
-                last = self.last_token_at
-                if self.first_token_at is None:
-                    self.first_token_at = now
-                elif last is not None:
-                    self.gaps.append(now - last)
-                self.last_token_at = now
-
-    def _other(self, delta: dict[str, Any]) -> None:
-        thought = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(thought, str):
-            self.reasoning.append(thought)
-        if delta.get("tool_calls"):
-            self.tool_calls = True
-
-    @property
-    def continuable(self) -> bool:
-        """Whether a resumed call can continue this stream faithfully: only text was produced (a
-        continuation from text alone would lose a reasoning model's thinking or a tool call)."""
-        return not self.reasoning and not self.tool_calls
-
-    @property
-    def produced_text(self) -> str:
-        return "".join(self.text)
-
-    def assembled(self, chat: bool) -> dict[str, Any]:
-        """The ordinary (non-streamed) answer made of the stream berth read on a client's behalf: a
-        non-streamed request that may be preempted is streamed from the engine (so that what it
-        produced is known if it is), and answered with this."""
-        text = self.produced_text
-        choice: dict[str, Any] = {"index": 0}
-        if chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if self.reasoning:
-                message["reasoning_content"] = "".join(self.reasoning)
-            choice["message"] = message
-        else:
-            choice["text"] = text
-        choice["logprobs"] = None
-        choice["finish_reason"] = self.finish_reason
-        return {
-            "id": self.stream_id,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": self.created,
-            "model": self._client_model,
-            "choices": [choice],
-            "usage": self.usage,
-        }
 
     def resume(self, prompt_tokens: int | None) -> None:
         """The next bytes fed come from the resumed call's engine stream: stitch them onto this one.
@@ -441,16 +267,6 @@ class _Stitch:
         out = {**usage, "prompt_tokens": prompt, "completion_tokens": completion}
         out["total_tokens"] = prompt + completion
         return out
-
-
-def response_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """A Responses API usage (`input_tokens`, `output_tokens`) in the completions' words, which the
-    metrics and the tenants' accounting read."""
-    prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
-    out = {**usage, "prompt_tokens": prompt, "completion_tokens": completion}
-    if isinstance(prompt, int) and isinstance(completion, int):
-        out["total_tokens"] = prompt + completion
-    return out
 
 
 def error_event(body: dict[str, Any]) -> bytes:

@@ -99,7 +99,7 @@ name = "batch"
 kind = "batch"
 band = 1
 """
-PROGRESS_EVERY: Final = 16  # as gateway.dispatch.runner
+PROGRESS_EVERY: Final = 16  # as gateway.dispatch.relay
 STREAM_TOKENS: Final = 256
 
 

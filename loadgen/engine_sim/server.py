@@ -10,7 +10,8 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/model
 (503 while loading or under the ``health_503`` fault), ``GET /metrics``, ``GET /version`` (vLLM),
 ``GET /get_model_info``, ``/health_generate`` and ``POST /abort_request`` with ``{"rid"}`` (SGLang; its
 requests may name their id in a ``rid`` field), ``POST /tokenize`` and ``/detokenize`` (`tokenize_routes`),
-and the simulator's own admin routes ``POST /sim/faults`` and ``GET /sim/state``.
+``POST /v1/responses`` and ``GET /v1/responses/{id}`` (vLLM; `responses_routes`), and the simulator's own
+admin routes ``POST /sim/faults`` and ``GET /sim/state``.
 
 With ``kv_events`` set, the endpoint publishes its prefix cache's KV events after every engine step
 (`kv_events`); a restart (`restart`, or `kill` then `start`) publishes ``AllBlocksCleared`` first. The
@@ -46,6 +47,7 @@ from loadgen.engine_sim.protocol import (
     error_body,
     parse_request,
 )
+from loadgen.engine_sim.responses_routes import ResponsesRoutes
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.engine_sim.stats import EngineStats
 from loadgen.engine_sim.tokenize_routes import TokenizeRoutes
@@ -401,6 +403,12 @@ class SimEndpoint:
         ).add_to(app)
         if self.flavor.name == "vllm":
             app.router.add_get("/version", self._version)
+            ResponsesRoutes(
+                self,
+                self.spec.models,
+                self._id_base,
+                lambda name, run: self._tasks.spawn(name, run, restart=False),
+            ).add_to(app)
         else:
             app.router.add_get("/health_generate", self._health)
             app.router.add_get("/get_model_info", self._model_info)
@@ -548,6 +556,30 @@ class SimEndpoint:
             if parsed.stream:
                 return await self._stream_response(request, parsed, stream, writer, stall_at)
             return await self._full_response(parsed, stream, writer, stall_at)
+        finally:
+            if not req.done and self.engine.abort(req):
+                self._kick()
+            self._request_done(rid)
+
+    async def generation(self, rid: str, prompt_tokens: int, max_tokens: int) -> AsyncIterator[int]:
+        """A generation of `max_tokens` tokens the engine runs as it runs a chat request's, outside the
+        OpenAI handlers (`responses_routes`): the number generated so far, each time it grows, to the
+        last; closing the iterator early aborts it in the engine."""
+        req = self.engine.submit(rid, prompt_tokens=prompt_tokens, output_tokens=max_tokens, now=_now())
+        stream = _Stream(req)
+        self._streams[rid] = stream
+        self._kick()
+        try:
+            sent = 0
+            while True:
+                if req.generated > sent:
+                    sent = req.generated
+                    yield sent
+                if req.state is RequestState.FINISHED and sent == req.generated:
+                    return
+                if req.state is RequestState.ABORTED:
+                    raise ConnectionResetError("the engine aborted the generation")
+                await stream.wait()
         finally:
             if not req.done and self.engine.abort(req):
                 self._kick()

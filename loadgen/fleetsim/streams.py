@@ -21,7 +21,7 @@ from loadgen.fleetsim.runs import DecodeRun, RunEngine
 from loadgen.report import TaskResult
 from loadgen.workloads.base import TaskSpec
 
-#: Tokens between a stream's progress reports (gateway.dispatch.runner.PROGRESS_EVERY).
+#: Tokens between a stream's progress reports (gateway.dispatch.relay.PROGRESS_EVERY).
 PROGRESS_EVERY: Final = 16
 
 

@@ -69,17 +69,20 @@ def _model(name: str, engine_python: Path, model_dir: Path) -> str:
 
 @pytest.fixture
 def berth_on_demand(
-    engine_python: Path, tiny_model_dir: Path, engine_logs: Path, tmp_path: Path
+    engine_python: Path,
+    tiny_model_dir: Path,
+    engine_logs: Path,
+    tmp_path: Path,
+    agent_ports: tuple[int, int],
 ) -> Iterator[tuple[RunningServer, StateDir]]:
     (tmp_path / "models.toml").write_text(
         _model("tiny-a", engine_python, tiny_model_dir)
         + "\n"
         + _model("tiny-b", engine_python, tiny_model_dir)
     )
-    base = free_port()
     (tmp_path / "agent.toml").write_text(
         'models = "models.toml"\nstate_dir = "state"\nnvml = false\nheadroom_gib = 0\nrelease_wait_s = 0.5\n'
-        f"stop_timeout_s = 10\nport_range = [{base}, {min(base + 100, 65535)}]\n"
+        f"stop_timeout_s = 10\nport_range = [{agent_ports[0]}, {agent_ports[1]}]\n"
         '[[devices]]\nname = "cpu0"\nmemory_gib = 3\n'  # one 2 GiB model at a time
     )
     agent = json.dumps([sys.executable, "-m", "gateway.agent", "-c", str(tmp_path / "agent.toml")])
@@ -102,6 +105,8 @@ def berth_on_demand(
             str(tmp_path / "gateway.toml"),
             "--listen",
             f"127.0.0.1:{port}",
+            "--batch-dir",
+            str(tmp_path / "batch"),
         ],
         port=port,
         log_path=engine_logs / "berth-lifecycle.log",

@@ -73,7 +73,8 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
             base = load_gateway_config(cfg_path)
         else:
             base = default_config()
-        cfg = apply_overrides(base, endpoints=flags)
+        # Batches (any Files or Batches route opens their store) in the test's directory, never the cwd.
+        cfg = apply_overrides(base, endpoints=flags, batch_dir=None if base.batch_dir else tmp_path / "batch")
         registry = default_registry()
         runtime = load_runtime(cfg_path, cfg, registry, endpoints=flags, seed=1)
         gw = Gateway(runtime, cfg, ServeOptions(config_path=cfg_path, endpoints=flags), registry=registry)

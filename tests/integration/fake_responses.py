@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from loadgen.engine_sim.responses_routes import response_object
+
 _IDS = itertools.count(1)
 
 
@@ -79,41 +81,17 @@ class FakeResponses:
     def _response(
         self, rid: str, body: dict[str, Any], pieces: list[str], status: str, n: int
     ) -> dict[str, Any]:
-        output = []
-        if pieces:
-            text = "".join(pieces)
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            output.append(
-                {
-                    "type": "message",
-                    "id": "msg_1",
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [part],
-                }
-            )
-        usage = {
-            "input_tokens": 3,
-            "output_tokens": len(pieces),
-            "total_tokens": 3 + len(pieces),
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": 0},
-        }
-        return {
-            "id": rid,
-            "object": "response",
-            "created_at": 1700000000,
-            "model": body["model"],
-            "status": status,
-            "output": output,
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "background": bool(body.get("background")),
-            "previous_response_id": body.get("previous_response_id"),
-            "max_output_tokens": body.get("max_output_tokens"),
-            "usage": usage if pieces else None,
-        }
+        return response_object(
+            rid,
+            body["model"],
+            status,
+            "".join(pieces),
+            created_at=1700000000,
+            usage=(3, len(pieces)) if pieces else None,
+            background=bool(body.get("background")),
+            previous_response_id=body.get("previous_response_id"),
+            max_output_tokens=body.get("max_output_tokens"),
+        )
 
     async def _retrieve(self, request: web.Request) -> web.Response:
         rid = request.match_info["rid"]

@@ -26,7 +26,6 @@ from gateway.agent import procs
 from gateway.agent.contract import ErrorReport, ListReport, PlanReport, StartReport, StopReport
 from gateway.agent.state import StateDir
 from gateway.agent.wait import poll_until
-from loadgen.harness import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -98,7 +97,7 @@ class AgentCli:
 
 
 @pytest.fixture
-def agent(tmp_path: Path) -> Iterator[AgentCli]:
+def agent(tmp_path: Path, agent_ports: tuple[int, int]) -> Iterator[AgentCli]:
     models = "\n".join(
         [
             _model("sim-a", SIM_WITH_WORKER, 4),
@@ -118,10 +117,9 @@ def agent(tmp_path: Path) -> Iterator[AgentCli]:
         ]
     )
     (tmp_path / "models.toml").write_text(models)
-    base = free_port()
     (tmp_path / "agent.toml").write_text(
         f'state_dir = "state"\nnvml = false\nheadroom_gib = 1\nrelease_wait_s = 0.2\nstop_timeout_s = 1\n'
-        f"port_range = [{base}, {min(base + 200, 65535)}]\n"
+        f"port_range = [{agent_ports[0]}, {agent_ports[1]}]\n"
         '[[devices]]\nname = "gpu0"\nmemory_gib = 7\n'  # capacity 6 GiB: one 4 GiB model at a time
     )
     cli = AgentCli(tmp_path / "agent.toml", StateDir(tmp_path / "state"))

@@ -27,9 +27,12 @@ from gateway.agent import procs
 from gateway.agent.contract import InstanceState as AgentInstanceState
 from gateway.agent.contract import ListReport
 from gateway.agent.state import StateDir
-from gateway.lifecycle.instances import InstanceState
+from gateway.core.types import EndpointId
+from gateway.lifecycle.agent_client import AgentClient
+from gateway.lifecycle.instances import Instance, InstanceState
 from gateway.lifecycle.manager import LifecycleManager
-from loadgen.harness import REPO_ROOT, free_port
+from gateway.sched.request import SchedRequest
+from loadgen.harness import REPO_ROOT
 from tests.integration.conftest import Running, StartGateway
 
 SIM = [
@@ -101,7 +104,9 @@ StartFleet = Callable[..., Awaitable[Fleet]]
 
 
 @pytest.fixture
-async def start_fleet(tmp_path: Path, start_gateway: StartGateway) -> AsyncIterator[StartFleet]:
+async def start_fleet(
+    tmp_path: Path, start_gateway: StartGateway, agent_ports: tuple[int, int]
+) -> AsyncIterator[StartFleet]:
     fleets: list[Fleet] = []
 
     async def start(autoscale: str, extra_models: str = "") -> Fleet:
@@ -110,10 +115,9 @@ async def start_fleet(tmp_path: Path, start_gateway: StartGateway) -> AsyncItera
             + _model("crash", ["sh", "-c", "echo boom >&2; exit 3", "{port}"], 4)
             + extra_models
         )
-        base = free_port()
         (tmp_path / "agent.toml").write_text(
             'models = "models.toml"\nstate_dir = "state"\nnvml = false\nheadroom_gib = 1\n'
-            f"release_wait_s = 0.2\nstop_timeout_s = 2\nport_range = [{base}, {min(base + 200, 65535)}]\n"
+            f"release_wait_s = 0.2\nstop_timeout_s = 2\nport_range = [{agent_ports[0]}, {agent_ports[1]}]\n"
             # capacity 6 GiB each: one 4 GiB instance per device
             '[[devices]]\nname = "gpu0"\nmemory_gib = 7\n[[devices]]\nname = "gpu1"\nmemory_gib = 7\n'
         )
@@ -160,6 +164,23 @@ def _metric(text: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
     return total
+
+
+def _seated_on(fleet: Fleet, eid: str) -> asyncio.Event:
+    """An event set when the scheduler seats a request on `eid` (the driver's dispatch hook, which the
+    lifecycle manager set and which is called on)."""
+    driver = fleet.running.gw.driver
+    seated = asyncio.Event()
+    inner = driver.on_dispatch
+
+    def on_dispatch(req: SchedRequest, where: EndpointId) -> None:
+        if inner is not None:
+            inner(req, where)
+        if where == eid:
+            seated.set()
+
+    driver.on_dispatch = on_dispatch
+    return seated
 
 
 QUEUE_LENGTH = """
@@ -321,10 +342,14 @@ async def test_a_scale_in_of_a_busy_instance_lets_its_request_finish_before_the_
     lm = fleet.manager
     await fleet.until("the minimum instance", lambda: fleet.count("sim-a", InstanceState.READY) == 1)
     ((iid, eid),) = lm.joined_endpoints().items()
+    # The request's seat, as an event: the lifecycle's change event (what `until` waits on) comes with
+    # its ticks and agent answers, which under load can all fall after a request's whole run.
+    seated = _seated_on(fleet, eid)
     async with aiohttp.ClientSession() as session:
         call = asyncio.ensure_future(_complete(session, fleet.running.url, "sim-a", 100))
-        scheduler = fleet.running.gw.scheduler
-        await fleet.until("the request running", lambda: scheduler.inflight_on(eid) == 1)
+        await asyncio.wait_for(seated.wait(), WAIT_S)
+        # The seat was taken in the last turn of the loop; the engine call has not even been answered.
+        assert fleet.running.gw.scheduler.inflight_on(eid) == 1
         assert lm.retire(iid)  # what an accepted ScaleIn does
         assert fleet.states("sim-a")[iid] == "draining"  # left the endpoint set; not stopped under it
         assert await call == eid  # the request finished where it ran
@@ -419,17 +444,22 @@ async def test_a_reload_turns_dry_run_off_keeps_the_counters_and_a_bad_table_kee
     assert fleet.count("sim-a", InstanceState.READY) >= 1  # nothing it started is stopped by turning it off
 
 
+async def _one_ready(start_fleet: StartFleet) -> tuple[Fleet, Instance, AgentClient]:
+    """A fleet with no autoscaler, one instance cold-started by a request, and its node's agent client."""
+    fleet = await start_fleet("")
+    async with aiohttp.ClientSession() as s:
+        await _complete(s, fleet.running.url, "sim-a", 2)
+    (inst,) = [i for i in fleet.manager.core.instances() if i.state is InstanceState.READY]
+    return fleet, inst, fleet.manager.clients["n1"]
+
+
 async def test_an_agent_list_older_than_an_instance_change_is_no_crash_verdict(
     start_fleet: StartFleet,
 ) -> None:
     # The race a full suite once lost: the lifecycle asks its agent for the list, the instance it is
     # starting becomes ready meanwhile, and the answer, taken before that, says "starting". That is an
     # old answer, not a crash; the same answer about an instance that has not changed since is one.
-    fleet = await start_fleet("")
-    async with aiohttp.ClientSession() as s:
-        await _complete(s, fleet.running.url, "sim-a", 2)  # cold start: one ready instance
-    (inst,) = [i for i in fleet.manager.core.instances() if i.state is InstanceState.READY]
-    client = fleet.manager.clients["n1"]
+    fleet, inst, client = await _one_ready(start_fleet)
     real = client.list_instances
     touch = True  # the first stale answer comes back after the instance changed
     answered: list[asyncio.Event] = [asyncio.Event(), asyncio.Event(), asyncio.Event()]
@@ -456,3 +486,40 @@ async def test_an_agent_list_older_than_an_instance_change_is_no_crash_verdict(
     touch = False
     await asyncio.wait_for(answered[2].wait(), WAIT_S)
     await fleet.until("the instance crashed", lambda: inst.state is not InstanceState.READY)
+
+
+async def test_a_missed_health_probe_is_no_crash_until_three_lists_in_a_row_miss_it(
+    start_fleet: StartFleet,
+) -> None:
+    # The agent's health probe is one wall-clock timeout: a stalled machine or a busy engine misses it
+    # without being dead, and a crash verdict stops the engine with whatever runs there. Three misses
+    # in a row are one; a probe answered in between starts the count again.
+    fleet, inst, client = await _one_ready(start_fleet)
+    real = client.list_instances
+    healthy = [False, False, True, False, False, False]  # what each next list says of its probe
+    asked = [asyncio.Event() for _ in range(len(healthy))]  # each set as its list is asked for
+
+    async def probed() -> ListReport:
+        calls = sum(e.is_set() for e in asked)
+        if calls < len(asked):
+            asked[calls].set()  # (the lifecycle reads its agent's lists one after another)
+        listed = await real()
+        if calls >= len(healthy):
+            return listed
+        return msgspec.structs.replace(
+            listed,
+            instances=[
+                msgspec.structs.replace(r, healthy=healthy[calls]) if r.id == inst.id else r
+                for r in listed.instances
+            ],
+        )
+
+    client.list_instances = probed  # type: ignore[method-assign]
+    await asyncio.wait_for(asked[3].wait(), WAIT_S)  # two misses, then an answer: read whole
+    assert inst.state is InstanceState.READY
+    await asyncio.wait_for(asked[5].wait(), WAIT_S)  # two misses again
+    assert inst.state is InstanceState.READY
+    await fleet.until("the third miss in a row", lambda: inst.state is not InstanceState.READY)
+    assert inst.reason == "health check failed"
+    metrics = await fleet.metrics()
+    assert _metric(metrics, "berth_lifecycle_evictions_total", reason="crashed") == 1

@@ -381,3 +381,15 @@ async def test_a_line_is_preempted_by_interactive_work_and_resumed(
     assert out["response"]["body"]["choices"][0]["message"]["content"] == "".join(f" t{i}" for i in range(10))
     assert engine.aborts == 1  # the line's first engine call, aborted when it was preempted
     assert len(engine.requests) == 3  # the line, the interactive request, the line's resumed call
+
+
+async def test_a_test_gateway_keeps_its_batches_in_the_tests_directory(
+    engine_server: EngineServer, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    # No [batch] dir: berth's default is ./berth-state/batch, which a test must not write into the cwd.
+    gw = await run_gateway(engine_server, start_gateway, FakeEngine(), "")
+    async with aiohttp.ClientSession() as s, s.get(gw.url + "/v1/files") as r:
+        assert r.status == 200  # the route opened (created) the store
+    assert gw.gw.batch is not None
+    assert gw.gw.batch.settings.dir == tmp_path / "batch"
+    assert (tmp_path / "batch" / "batch.sqlite3").exists()

@@ -55,7 +55,7 @@ class Cluster2:
         argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(self.toml(name))]
         return start_server(
             name,
-            [*argv, "--listen", f"127.0.0.1:{port}"],
+            [*argv, "--listen", f"127.0.0.1:{port}", "--batch-dir", str(self.dir / f"{name}-batch")],
             port=port,
             log_path=self.dir / f"{name}.log",
             ready_path="/readyz",
@@ -70,12 +70,11 @@ class Cluster2:
 
 
 @pytest.fixture
-def cluster2(tmp_path: Path, redis_server: RedisServer) -> Iterator[Cluster2]:
+def cluster2(tmp_path: Path, redis_server: RedisServer, agent_ports: tuple[int, int]) -> Iterator[Cluster2]:
     (tmp_path / "models.toml").write_text(_model("sim-a", SIM, 4))
-    base = free_port()
     (tmp_path / "agent.toml").write_text(
         'models = "models.toml"\nstate_dir = "state"\nnvml = false\nheadroom_gib = 1\nrelease_wait_s = 0.2\n'
-        f"stop_timeout_s = 2\nport_range = [{base}, {min(base + 200, 65535)}]\n"
+        f"stop_timeout_s = 2\nport_range = [{agent_ports[0]}, {agent_ports[1]}]\n"
         '[[devices]]\nname = "gpu0"\nmemory_gib = 7\n'
     )
     c = Cluster2(tmp_path, StateDir(tmp_path / "state"), redis_server.url, f"p{uuid.uuid4().hex[:8]}")

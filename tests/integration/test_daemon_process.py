@@ -18,7 +18,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from loadgen.harness import ManagedProcess, free_port
+from loadgen.harness import ManagedProcess, free_port, serve_argv
 from tests.integration.fake_engine import FakeEngine
 
 POLICY_OK = 'name = "p1"\n[ordering]\nplugin = "fcfs"\n[placement]\npicker = { plugin = "round-robin" }\n'
@@ -68,7 +68,7 @@ def _start(
     )
     notify = NotifySocket(tmp_path / "notify.sock")
     env = {**os.environ, "NOTIFY_SOCKET": str(notify.path)}
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
+    argv = serve_argv(cfg, tmp_path / "batch")
     proc = ManagedProcess("berth", argv, log_path=tmp_path / "berth.log", env=env)
     return proc, notify, f"http://127.0.0.1:{port}", policy
 

@@ -65,6 +65,8 @@ class Setup:
                 str(self.gateway_toml),
                 "--listen",
                 f"127.0.0.1:{port}",
+                "--batch-dir",
+                str(self.dir / f"{name}-batch"),
             ],
             port=port,
             log_path=self.dir / f"{name}.log",
@@ -76,7 +78,7 @@ class Setup:
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[Setup]:
+def setup(tmp_path: Path, agent_ports: tuple[int, int]) -> Iterator[Setup]:
     (tmp_path / "models.toml").write_text(
         "\n".join(
             [
@@ -89,10 +91,9 @@ def setup(tmp_path: Path) -> Iterator[Setup]:
             ]
         )
     )
-    base = free_port()
     (tmp_path / "agent.toml").write_text(
         'models = "models.toml"\nstate_dir = "state"\nnvml = false\nheadroom_gib = 1\nrelease_wait_s = 0.2\n'
-        f"stop_timeout_s = 2\nport_range = [{base}, {min(base + 200, 65535)}]\n"
+        f"stop_timeout_s = 2\nport_range = [{agent_ports[0]}, {agent_ports[1]}]\n"
         '[[devices]]\nname = "gpu0"\nmemory_gib = 7\n'  # capacity 6 GiB: one 4 GiB model at a time
     )
     agent = json.dumps([sys.executable, "-m", "gateway.agent", "-c", str(tmp_path / "agent.toml")])

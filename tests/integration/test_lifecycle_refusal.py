@@ -19,7 +19,6 @@ import pytest
 
 from gateway.agent import procs
 from gateway.agent.state import StateDir
-from loadgen.harness import free_port
 from tests.integration.test_lifecycle_agents import SIM, Setup, _model, complete, fleet, metric
 
 GIB = 1 << 30
@@ -39,12 +38,11 @@ os.execv(sys.executable, [sys.executable, "-m", "gateway.agent", *args])
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[Setup]:
+def setup(tmp_path: Path, agent_ports: tuple[int, int]) -> Iterator[Setup]:
     (tmp_path / "models.toml").write_text("\n".join([_model("sim-a", SIM, 4), _model("sim-b", SIM, 4)]))
-    base = free_port()
     (tmp_path / "agent.toml").write_text(
         'models = "models.toml"\nstate_dir = "state"\nnvml = false\nheadroom_gib = 1\nrelease_wait_s = 0.2\n'
-        f"stop_timeout_s = 2\nport_range = [{base}, {min(base + 200, 65535)}]\n"
+        f"stop_timeout_s = 2\nport_range = [{agent_ports[0]}, {agent_ports[1]}]\n"
         '[[devices]]\nname = "gpu0"\nmemory_gib = 11\n'  # capacity 10 GiB: both 4 GiB models, by the book
     )
     (tmp_path / "shim.py").write_text(SHIM)

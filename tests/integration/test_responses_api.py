@@ -10,6 +10,8 @@ import aiohttp
 import openai
 import pytest
 
+from loadgen.engine_sim.server import serve_endpoint
+from loadgen.engine_sim.spec import EndpointSpec
 from tests.integration.conftest import EngineServer, Running, StartGateway
 from tests.integration.fake_engine import FakeEngine
 from tests.integration.fake_responses import FakeResponses
@@ -170,3 +172,41 @@ async def test_a_streamed_background_response_is_cancelled_while_it_streams(
     maker.hold.set()
     rest = [e.type async for e in events]
     assert rest[-1] == "response.completed"
+
+
+async def test_a_streamed_retrieve_is_relayed_as_the_engine_streams_it(start_gateway: StartGateway) -> None:
+    """`GET /v1/responses/{id}?stream=true` of a background response, through berth, in front of the
+    engine simulator: the events reach the client while the engine still generates (berth relays the
+    stream as it comes, as it does a generation's), and they are the engine's own, byte for byte."""
+    # fleet-7b: about 26 ms a token, so the 120 tokens take about 3 s (the first events come at once).
+    spec = EndpointSpec(models=("sim",), profile="fleet-7b", load_time_s=0.0)
+    async with serve_endpoint(spec) as engine:
+        gw = await start_gateway([f"{engine.url},engine=vllm"])
+        async with aiohttp.ClientSession() as s:
+            body = {"model": "sim", "input": "hello", "max_output_tokens": 120, "background": True}
+            async with s.post(gw.url + "/v1/responses", json=body) as r:
+                assert r.status == 200, await r.text()
+                rid = (await r.json())["id"]
+            url = f"{gw.url}/v1/responses/{rid}?stream=true"
+            async with s.get(url) as r:
+                assert r.status == 200
+                first = await r.content.readuntil(b"\n\n")
+                assert first.startswith(b"event: response.created\n")
+                # The engine has not finished: what came was relayed as it came, not held for the end.
+                async with s.get(f"{engine.url}/v1/responses/{rid}") as now:
+                    assert (await now.json())["status"] == "in_progress"
+                relayed, headers = first + await r.read(), r.headers
+            async with s.get(f"{engine.url}/v1/responses/{rid}?stream=true") as r:
+                direct = await r.read()
+            assert relayed == direct  # the whole stream, replayed by the engine: the same bytes
+            assert headers["Content-Type"].startswith("text/event-stream")
+            assert headers["X-Berth-Endpoint"] == engine.url.split("//")[1]
+            assert relayed.count(b"event: response.output_text.delta\n") == 120
+            assert relayed.rstrip().rsplit(b"\n\n", 1)[-1].startswith(b"event: response.completed\n")
+            # Half of it, after a sequence number (the query goes with it), then an id the engine lacks.
+            async with s.get(f"{url}&starting_after=60") as r:
+                rest = await r.read()
+            assert rest == direct[direct.index(b"event: ", direct.index(b'"sequence_number":60')) :]
+            async with s.get(f"{gw.url}/v1/responses/resp_unknown?stream=true") as r:
+                assert r.status == 404
+                assert "resp_unknown" in (await r.json())["error"]["message"]

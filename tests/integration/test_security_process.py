@@ -9,7 +9,6 @@ import asyncio
 import hashlib
 import os
 import signal
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -18,7 +17,7 @@ import orjson
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.lengths import LengthDist
 from loadgen.engine_sim.spec import EndpointSpec
-from loadgen.harness import ManagedProcess, free_port
+from loadgen.harness import ManagedProcess, free_port, serve_argv
 from tests.integration.test_daemon_process import NotifySocket
 
 CLIENT_KEY = "sk-client-key-4b1d"
@@ -65,7 +64,7 @@ async def test_no_key_reaches_the_logs(tmp_path: Path) -> None:
         notify = NotifySocket(tmp_path / "notify.sock")
         env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "ENGINE_A_KEY": ENGINE_KEY_A}
         env.pop("BERTH_ADMIN_TOKEN", None)
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "-c", str(cfg)]
+        argv = serve_argv(cfg, tmp_path / "batch")
         log = tmp_path / "berth.log"
         proc = ManagedProcess("berth", argv, log_path=log, env=env)
         base = f"http://127.0.0.1:{port}"

@@ -179,7 +179,12 @@ def test_start_renders_the_command_and_reports_the_ready_instance(tmp_path: Path
     report = n.agent.start("small", instance_id="s1")
     rec, env = n.backend.launched[0]
     assert rec.argv == ("engine", "--port", str(rec.port), "--model", "small", "--id", "s1", "--tp", "1")
-    assert env == {"LOG": f"127.0.0.1:{rec.port}", "CUDA_VISIBLE_DEVICES": "0", "BERTH_AGENT_INSTANCE": "s1"}
+    marker = f"{n.state.path.resolve()}/s1"  # the instance within this agent's state directory
+    assert env == {
+        "LOG": f"127.0.0.1:{rec.port}",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "BERTH_AGENT_INSTANCE": marker,
+    }
     inst = report.instance
     assert inst.state is InstanceState.READY
     assert inst.url == f"http://127.0.0.1:{rec.port}"

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from gateway.agent import procs
-from gateway.agent.backends import INSTANCE_ENV
+from gateway.agent.backends import INSTANCE_ENV, instance_marker
 from gateway.agent.backends.process import ProcessBackend
 from gateway.agent.contract import InstanceState
 from gateway.agent.state import InstanceRecord, StateDir
@@ -117,6 +117,31 @@ def test_an_engine_whose_pid_was_never_recorded_is_found_by_its_marker(tmp_path:
         if engine.poll() is None:
             os.killpg(engine.pid, 9)
         engine.wait()
+
+
+def test_another_agents_engine_of_the_same_id_is_left_alone(tmp_path: Path) -> None:
+    """Two agents on one machine (two state directories) may both run an instance `m-1` (a gateway names
+    them `<model>-<n>`): each finds and stops only its own by the marker."""
+    mine, theirs = (instance_marker(tmp_path / d, "m-1") for d in ("a", "b"))
+    assert mine != theirs
+    code = "import sys; sys.stdin.read()"
+    other = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        env={**os.environ, INSTANCE_ENV: theirs},
+        start_new_session=True,
+    )
+    try:
+        backend = ProcessBackend(tmp_path)
+        theirs_rec = msgspec.structs.replace(_rec("m-1"), env={INSTANCE_ENV: theirs})
+        assert poll_until(lambda: backend.pids(theirs_rec) == [other.pid], 10)  # found by its marker
+        rec = msgspec.structs.replace(_rec("m-1"), env={INSTANCE_ENV: mine})  # pid never recorded
+        assert backend.pids(rec) == []
+        assert backend.stop(rec, 0.0) is False
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_a_reused_pid_is_not_taken_for_the_engine(tmp_path: Path) -> None:

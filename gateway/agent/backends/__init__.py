@@ -8,6 +8,7 @@ since vLLM's EngineCore and workers outlive a killed API server) and reads its o
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Final, Protocol
 
 from gateway.agent.state import InstanceRecord
@@ -15,6 +16,20 @@ from gateway.agent.state import InstanceRecord
 #: Every engine's environment names its instance, so its processes can be found even without a pid
 #: (an agent that died between launch and writing the pid) or outside its process group.
 INSTANCE_ENV: Final = "BERTH_AGENT_INSTANCE"
+
+
+def instance_marker(state_dir: Path, instance_id: str) -> str:
+    """The value of an engine's `INSTANCE_ENV`: its instance id within its agent's state directory. Ids
+    are unique per agent only (a gateway names its instances `<model>-<n>`), and every process on the
+    machine whose environment carries the marker is taken for the engine's (and stopped with it): with
+    the id alone, an agent stopping its `m-1` stopped another agent's `m-1` too."""
+    return f"{state_dir.resolve()}/{instance_id}"
+
+
+def marker_of(rec: InstanceRecord) -> str:
+    """The marker `rec`'s engine was started with (a record written before markers named their state
+    directory: the bare instance id)."""
+    return rec.env.get(INSTANCE_ENV, rec.id)
 
 
 class Backend(Protocol):

@@ -19,7 +19,7 @@ from typing import Final
 import msgspec.structs
 
 from gateway.agent import procs
-from gateway.agent.backends import INSTANCE_ENV
+from gateway.agent.backends import INSTANCE_ENV, marker_of
 from gateway.agent.contract import AgentError, ErrorCode
 from gateway.agent.state import InstanceRecord
 from gateway.agent.wait import poll_until
@@ -76,7 +76,7 @@ class ProcessBackend:
         group: list[int] = []
         if rec.pid is not None and self._group_is_ours(rec):
             group = procs.group_members(rec.pid, since_ticks=rec.pid_start or 0)
-        return sorted({*group, *procs.with_env(INSTANCE_ENV, rec.id)})
+        return sorted({*group, *procs.with_env(INSTANCE_ENV, marker_of(rec))})
 
     def stop(self, rec: InstanceRecord, timeout_s: float) -> bool:
         if not self.pids(rec):
@@ -119,7 +119,7 @@ class ProcessBackend:
     def _signal(self, rec: InstanceRecord, sig: int) -> None:
         if rec.pid is not None and self._group_is_ours(rec):
             procs.signal_group(rec.pid, sig)
-        for pid in procs.with_env(INSTANCE_ENV, rec.id):
+        for pid in procs.with_env(INSTANCE_ENV, marker_of(rec)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
