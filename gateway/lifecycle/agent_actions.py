@@ -209,7 +209,11 @@ class AgentActions:
             if rep.healthy is not False:
                 self._failed_probes.pop(rep.id, None)
             if rep.state is AgentState.READY and rep.healthy is not False:
-                if inst is None or inst.state in (InstanceState.STOPPED, InstanceState.FAILED):
+                # An instance stopped (or failed) after the list was asked for may be listed as it was
+                # before ("ready"): the answer is older than what the gateway knows, not an engine to adopt.
+                if inst is None or (
+                    inst.state in (InstanceState.STOPPED, InstanceState.FAILED) and inst.changed_at <= asked
+                ):
                     if ModelName(rep.model) not in self.core.models():
                         continue  # not in the gateway's registry: not ours to route to
                     log.info("instance_adopted", node=name, instance=rep.id, model=rep.model, url=rep.url)

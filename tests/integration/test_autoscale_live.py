@@ -488,6 +488,38 @@ async def test_an_agent_list_older_than_an_instance_change_is_no_crash_verdict(
     await fleet.until("the instance crashed", lambda: inst.state is not InstanceState.READY)
 
 
+async def test_an_agent_list_older_than_a_stop_adopts_nothing(start_fleet: StartFleet) -> None:
+    # The adoption side of the race above: the instance stops while the list is asked for, and the
+    # answer, taken before that, still says "ready". That is an old answer, not an engine to adopt; a
+    # list asked after the change that still shows the engine running adopts it.
+    fleet, inst, client = await _one_ready(start_fleet)
+    real = client.list_instances
+    asked = [asyncio.Event(), asyncio.Event()]
+    release = asyncio.Event()  # the second list waits until the test has looked
+
+    async def stale() -> ListReport:
+        calls = sum(e.is_set() for e in asked)
+        if calls < len(asked):
+            asked[calls].set()
+        if calls == 1:
+            await release.wait()
+        listed = await real()
+        if calls == 0:
+            inst.state = InstanceState.STOPPED  # stopped while the list was asked for
+            inst.changed_at = fleet.running.gw.clock.now()
+        return listed
+
+    client.list_instances = stale  # type: ignore[method-assign]
+    await asyncio.wait_for(asked[1].wait(), WAIT_S)  # the stale answer was read whole
+    assert fleet.manager.core.get(inst.id) is inst
+    assert inst.state is InstanceState.STOPPED
+    release.set()
+    await fleet.until(
+        "the running engine adopted",
+        lambda: (i := fleet.manager.core.get(inst.id)) is not None and i.state is InstanceState.READY,
+    )
+
+
 async def test_a_missed_health_probe_is_no_crash_until_three_lists_in_a_row_miss_it(
     start_fleet: StartFleet,
 ) -> None:
