@@ -87,8 +87,6 @@ class BatchPeers:
         self.session = session
         self._seen: Mapping[str, str] | None = None
         self._names: dict[str, str] = {}  # tag -> replica
-        self.forwarded = 0
-        self.refused = 0
 
     def _by_tag(self) -> dict[str, str]:
         urls = self.view.urls()
@@ -107,13 +105,11 @@ class BatchPeers:
         name = self._by_tag().get(tag)
         if name is None:
             if not self.view.loaded:
-                self.refused += 1
                 raise replica_unavailable(
                     object_id, None, "this replica cannot look up (Redis does not answer)"
                 )
             return None
         if name not in self.view.live():
-            self.refused += 1
             raise replica_unavailable(object_id, name, "is down")
         return Peer(name, self.view.urls()[name])
 
@@ -152,11 +148,9 @@ class BatchPeers:
                 timeout=aiohttp.ClientTimeout(sock_connect=ANSWER_TIMEOUT_S, sock_read=ANSWER_TIMEOUT_S),
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            self.refused += 1
             log.warning("batch_forward_failed", replica=peer.name, id=object_id, error=type(e).__name__)
             raise replica_unavailable(object_id, peer.name, "does not answer") from None
         try:
-            self.forwarded += 1
             resp = web.StreamResponse(
                 status=up.status, headers={h: up.headers[h] for h in _ANSWERED if h in up.headers}
             )
