@@ -1,8 +1,8 @@
 """Files and batches in cluster mode: two berth replicas (in-process apps over loopback) sharing one real
 redis-server, each with its own batch directory, in front of a fake engine. Any replica answers for any
 file or batch (the one that holds it answers through the other), lists merge both, a batch is created
-where its input file is, a holder that is down gives 503 (never 404: a restart resumes its batches, as
-test_batch_process shows), and another tenant still gets 404."""
+where its input file is, a holder that is down gives 503 (never 404) and its batches resume when it is
+back, and another tenant still gets 404."""
 
 from __future__ import annotations
 
@@ -212,12 +212,13 @@ async def test_cancel_on_the_other_replica(pair: Any) -> None:
     assert (await client(r0).batches.retrieve(batch.id)).status == "cancelled"
 
 
-async def test_a_holder_that_is_down_answers_503(pair: Any) -> None:
+async def test_a_holder_that_is_down_answers_503_and_its_batches_resume_when_it_is_back(pair: Any) -> None:
     engine = FakeEngine(tokens=2, hold=asyncio.Event())
     p: Pair = await pair(engine)
     r0, r1 = p.r
     a1 = client(r1)
-    f = await client(r0).files.create(file=("in.jsonl", io.BytesIO(jsonl(5))), purpose="batch")
+    async with client(r0) as a0:
+        f = await a0.files.create(file=("in.jsonl", io.BytesIO(jsonl(5))), purpose="batch")
     batch = await a1.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
     await engine.started.wait()
     # r0 stops (its lease is given up: it is no member any more); its batch is unfinished on its disk.
@@ -236,12 +237,22 @@ async def test_a_holder_that_is_down_answers_503(pair: Any) -> None:
     listed = await a1.batches.with_raw_response.list()
     assert listed.headers["x-berth-replicas-missing"] == "r0"
     assert listed.parse().data == []
-    with pytest.raises(openai.NotFoundError):  # another tenant's request: no peer is asked
-        await client(r1, KEY_B).batches.retrieve("batch_" + "0" * 32)
+    async with client(r1, KEY_B) as b1:
+        with pytest.raises(openai.NotFoundError):  # an id of no replica: no peer is asked
+            await b1.batches.retrieve("batch_" + "0" * 32)
 
-    # What r0 left on its disk: the batch unfinished, resumed when r0 starts again (test_batch_process).
+    # r0 starts again (same name and directory, a new port): the batch resumes and r1 reaches it there.
     assert engine.hold is not None
     engine.hold.set()
+    r0 = await p.start(0)
+    p.r = [r0, r1]
+    await p.settled()
+    await r0.gw.batch.wait_ended(batch.id)
+    done = await a1.batches.retrieve(batch.id)
+    assert done.status == "completed"
+    assert done.request_counts is not None
+    assert done.request_counts.completed == 5
+    await a1.close()
 
 
 async def test_a_holder_killed_without_leaving_answers_503_at_once(pair: Any) -> None:
