@@ -55,7 +55,7 @@ BENCHMARKS: dict[str, str] = {
     "prefix": "loadgen.bench.prefix",  # prefix caches: simulated comparison, or --live with the real routers
     "overhead": "loadgen.bench.overhead",
     "overhead-profile": "loadgen.bench.overhead_profile",
-    "batch-sim": "loadgen.bench.batch_sim",
+    "batch-sim": "loadgen.bench.batch_live",  # the simulated figure, or --live its confirming run
 }
 
 

@@ -1,8 +1,9 @@
 """The Batch API's figure, live: the fleet simulator's run (`loadgen.bench.batch_sim`) confirmed once over
 HTTP, scaled down to what one small machine carries.
 
-    python -m loadgen.bench.batch_sim --live --out DIR                     # 1,000 lines, 90 s of chat
-    python -m loadgen.bench.batch_sim --live --lines 600 --duration 60 --speed 1 --out DIR
+    berth-loadgen bench batch-sim --live --out DIR                      # 1,000 lines, 90 s of chat
+    berth-loadgen bench batch-sim --live --lines 600 --duration 60 --speed 2 --out DIR
+    berth-loadgen bench batch-sim --out DIR                             # the simulator's (batch_sim.main)
 
 Setting: the simulated run's (the classes benchmark's fleet of 8 `fleet-7b` endpoints, 2 interactive /
 4 mixed / 2 batch, 128 seats each, and `policies/chat-and-batch.toml`), as the classes benchmark's live
@@ -26,8 +27,10 @@ gateway.toml, policy.toml, berth.log, sim.log, loadgen.json).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +43,7 @@ import orjson
 from loadgen.bench import batch_sim, classes
 from loadgen.bench.classes_live import live_fleet_file, live_gateway_toml, live_policy_text, scaled_back
 from loadgen.bench.classes_report import summarize
-from loadgen.bench.entry import say
+from loadgen.bench.entry import config_or_reason, run_bench, say
 from loadgen.bench.live_stack import cpu_validity, live_processes
 from loadgen.report import Report
 from loadgen.runner import RunOptions, run_workload
@@ -256,3 +259,32 @@ def markdown(result: dict[str, Any]) -> str:
 
 def passed(result: dict[str, Any]) -> bool:
     return batch_sim.passed(result)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`berth-loadgen bench batch-sim`: the simulated benchmark (`batch_sim.main`), or with --live this
+    module's confirming run (the entry lives here, so that the import goes one way)."""
+    ap = argparse.ArgumentParser(prog="berth-loadgen bench batch-sim --live", description=__doc__)
+    ap.formatter_class = argparse.RawDescriptionHelpFormatter
+    ap.add_argument("--live", action="store_true", help="over HTTP (without it: the fleet simulator)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--lines", type=int, default=DEFAULT_LINES)
+    ap.add_argument("--rate", type=float, default=batch_sim.DEFAULT_RATE, help="interactive chat requests/s")
+    ap.add_argument("--duration", type=float, default=DEFAULT_DURATION_S, help="interactive chat, seconds")
+    ap.add_argument(
+        "--in-flight", type=int, default=batch_sim.DEFAULT_IN_FLIGHT, help="[batch] max_lines_in_flight"
+    )
+    ap.add_argument("--speed", type=float, default=DEFAULT_SPEED, help="engines and berth's times sped up")
+    ap.add_argument("--seed", type=int, default=0)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--live" not in args:
+        return batch_sim.main(args)
+    a = ap.parse_args(args)
+    cfg = config_or_reason(
+        lambda: LiveConfig(a.out, a.lines, a.rate, a.duration, a.in_flight, a.speed, a.seed)
+    )
+    return run_bench("batch-sim --live", cfg, bench, passed=passed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

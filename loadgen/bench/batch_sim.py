@@ -316,33 +316,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadgen.bench.batch_sim", description=__doc__)
     ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--lines", type=int, help=f"default {DEFAULT_LINES} (--live: 1000)")
+    ap.add_argument("--lines", type=int, default=DEFAULT_LINES)
     ap.add_argument("--rate", type=float, default=DEFAULT_RATE, help="interactive chat requests/s")
-    ap.add_argument(
-        "--duration",
-        type=float,
-        help=f"interactive chat, seconds: default {DEFAULT_DURATION_S:g} (--live: 90)",
-    )
+    ap.add_argument("--duration", type=float, default=DEFAULT_DURATION_S, help="interactive chat, seconds")
     ap.add_argument("--in-flight", type=int, default=DEFAULT_IN_FLIGHT, help="[batch] max_lines_in_flight")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help=f"a small run: {QUICK}")
-    ap.add_argument("--live", action="store_true", help="over HTTP: berth, engine simulators, the openai SDK")
-    ap.add_argument("--speed", type=float, default=1.0, help="--live: engines sped up this much")
     a = ap.parse_args(argv)
-    if a.live:
-        from loadgen.bench import batch_live as live  # imported here: it builds on this module
-
-        lines = a.lines or live.DEFAULT_LINES
-        duration = a.duration or live.DEFAULT_DURATION_S
-        live_cfg = config_or_reason(
-            lambda: live.LiveConfig(a.out, lines, a.rate, duration, a.in_flight, a.speed, a.seed)
-        )
-        return run_bench("batch-sim --live", live_cfg, live.bench, passed=live.passed)
-    lines, duration = (
-        (QUICK["lines"], QUICK["duration_s"])
-        if a.quick
-        else (a.lines or DEFAULT_LINES, a.duration or DEFAULT_DURATION_S)
-    )
+    lines, duration = (QUICK["lines"], QUICK["duration_s"]) if a.quick else (a.lines, a.duration)
     cfg = config_or_reason(lambda: Config(a.out, int(lines), a.rate, float(duration), a.in_flight, a.seed))
     return run_bench("batch-sim", cfg, bench, passed=passed)
 
