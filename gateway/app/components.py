@@ -18,11 +18,14 @@ from gateway.admission.exporter import SloCollector, TenantCollector
 from gateway.admission.state import SloAdmission
 from gateway.admission.tenancy import TenantAccounting
 from gateway.batch.metrics import BatchMetrics
+from gateway.batch.model import replica_tag
 from gateway.batch.runner import BatchRunner, BatchSettings
 from gateway.batch.sqlite_store import SqliteBatchStore
 from gateway.cluster import Cluster
+from gateway.cluster.directory import ReplicaDirectory
 from gateway.cluster.exporter import ClusterCollector
 from gateway.config import GatewayConfig, RuntimeConfig, load_runtime
+from gateway.config.cluster import advertised_url
 from gateway.config.schema import EndpointConfig
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.errors import ConfigError
@@ -35,6 +38,7 @@ from gateway.dispatch.driver import SchedulerDriver
 from gateway.dispatch.runner import Dispatcher
 from gateway.front.admin import running_by_kind
 from gateway.front.batch_lines import FrontLines
+from gateway.front.batch_peers import BatchPeers
 from gateway.front.services import RequestSettings, Services
 from gateway.lifecycle.endpoints import EndpointSet
 from gateway.lifecycle.kv_events import KvEventsCollector, KvEventSources
@@ -143,6 +147,10 @@ class Gateway:
             self.services.cluster_document = self.cluster.document
         self.services.reconfigure(runtime)
         self.batch = self.services.batch = batch_runner(cfg, self.services)
+        self.directory: ReplicaDirectory | None = None
+        if self.cluster is not None:
+            # Files and batches: the ids this replica makes carry its tag, the others forward to it.
+            self.directory, self.services.batch_peers = batch_cluster(cfg, self.cluster, self.services)
         self.lifecycle: LifecycleManager | None = None
         if cfg.lifecycle is not None:
             self.lifecycle = LifecycleManager(
@@ -215,6 +223,8 @@ class Gateway:
         self.endpoints.apply(self.runtime)
         if self.cluster is not None:
             self.cluster.start(self.supervisor)
+        if self.directory is not None:
+            self.supervisor.spawn("cluster-directory", self.directory.run)
         self.supervisor.spawn("queue-ticker", lambda: self.driver.tick_forever(QUEUE_TICK_S))
         self.supervisor.spawn("telemetry", self.telemetry.run)
         if self.lifecycle is not None:
@@ -330,10 +340,25 @@ def batch_runner(cfg: GatewayConfig, services: Services) -> BatchRunner:
         file_expiry_s=b.file_expiry_s,
         max_window_s=b.max_window_s,
         retry_s=b.retry_s,
+        id_tag="" if cfg.cluster is None else replica_tag(cfg.cluster.name),
     )
     store = SqliteBatchStore(settings.dir / "batch.sqlite3")
     lines = FrontLines(services, slo_class=b.slo_class)
     return BatchRunner(store, settings, lines, BatchMetrics(services.metrics.registry))
+
+
+def batch_cluster(
+    cfg: GatewayConfig, cluster: Cluster, services: Services
+) -> tuple[ReplicaDirectory, BatchPeers]:
+    """Cluster mode's Files and Batches: this replica's address in the directory, and the forwarding."""
+    assert cfg.cluster is not None
+    directory = ReplicaDirectory(
+        cluster.link,
+        cluster.member,
+        advertised_url(cfg.cluster.config, cfg.server.host_port),
+        refresh_s=cfg.cluster.config.lease_s,
+    )
+    return directory, BatchPeers(directory, services.session)
 
 
 def published_load(scheduler: Scheduler, lifecycle: LifecycleManager) -> dict[EndpointId, PeerLoad]:

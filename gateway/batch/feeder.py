@@ -56,6 +56,8 @@ class BatchSettings:
     file_expiry_s: int = 30 * 86400
     max_window_s: float = 30 * 86400.0
     retry_s: float = 1.0
+    # Cluster mode: this replica's tag in the ids of the files and batches it makes (model.replica_tag).
+    id_tag: str = ""
 
 
 class _NotNow(Exception):

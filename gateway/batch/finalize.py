@@ -21,6 +21,7 @@ from gateway.batch.model import (
     InputLine,
     LineResult,
     new_id,
+    tag_of,
 )
 from gateway.batch.store import BatchStore
 
@@ -76,8 +77,9 @@ class Outputs:
         self.files = files
         self.batch_id = batch_id
         self.expired = expired
-        self.output_id = new_id("file-")
-        self.error_id = new_id("file-")
+        # The output files are held where the batch is: their ids carry its replica tag.
+        self.output_id = new_id("file-", tag_of(batch_id))
+        self.error_id = new_id("file-", tag_of(batch_id))
         self.output_lines = 0
         self.error_lines = 0
         self.expired_lines = 0

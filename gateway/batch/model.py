@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import os
 from typing import Any, Final
 
@@ -33,9 +34,34 @@ FINAL: Final = frozenset(
 )
 
 
-def new_id(prefix: str) -> str:
-    """An unguessable id: `prefix` and 24 hex digits (another tenant cannot find an id by counting)."""
-    return f"{prefix}{os.urandom(12).hex()}"
+#: Hex digits of a replica's tag in the ids it makes (cluster mode).
+TAG_HEX: Final = 8
+_RANDOM_HEX: Final = 24
+
+
+def new_id(prefix: str, tag: str = "") -> str:
+    """An unguessable id: `prefix`, the replica's `tag` (cluster mode: `replica_tag`; else empty) and 24
+    random hex digits (another tenant cannot find an id by counting)."""
+    return f"{prefix}{tag}{os.urandom(_RANDOM_HEX // 2).hex()}"
+
+
+def replica_tag(name: str) -> str:
+    """The tag that names replica `name` in the ids it makes: the id says which replica holds the file or
+    batch, so any replica finds its owner without a lookup."""
+    return hashlib.blake2b(name.encode(), digest_size=TAG_HEX // 2).hexdigest()
+
+
+def tag_of(object_id: str) -> str:
+    """The replica tag in an id made by `new_id` (empty: an id made without one, or not berth's)."""
+    for prefix in ("batch_", "file-"):
+        if object_id.startswith(prefix):
+            rest = object_id[len(prefix) :]
+            if len(rest) == TAG_HEX + _RANDOM_HEX and all(c in _HEX for c in rest):
+                return rest[:TAG_HEX]
+    return ""
+
+
+_HEX: Final = frozenset("0123456789abcdef")
 
 
 class FileRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -65,7 +65,7 @@ class BatchRunner(BatchFeeder):
             )
         now = int(self.wall())
         rec = BatchRecord(
-            id=new_id("batch_"),
+            id=new_id("batch_", self.settings.id_tag),
             owner=owner,
             endpoint=endpoint,
             input_file_id=input_file_id,

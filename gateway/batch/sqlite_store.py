@@ -19,11 +19,12 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
 from gateway.batch.model import FINAL, BatchRecord, FileRecord, InputLine, LineResult
+from gateway.batch.store import PageKey
 
 T = TypeVar("T")
 
@@ -49,6 +50,9 @@ WHERE l.batch_id = ? AND l.line > ?
 ORDER BY l.line LIMIT ?
 """
 _PAGE: Final = 512  # answers read per query while exporting
+
+#: A record's creation time, read from its document (the cluster-wide order of pages: created_at, id).
+_CREATED: Final = "json_extract(CAST(doc AS TEXT), '$.created_at')"
 
 _enc = msgspec.json.Encoder()
 _file = msgspec.json.Decoder(FileRecord)
@@ -142,6 +146,11 @@ class SqliteBatchStore:
             rows = db.execute(sql, (*args, limit + 1)).fetchall()
         return [_file.decode(r[0]) for r in rows[:limit]], len(rows) > limit
 
+    async def page_files(
+        self, owner: str, *, purpose: str | None, key: PageKey | None, limit: int, ascending: bool
+    ) -> tuple[list[FileRecord], bool]:
+        return await self._call(self._page, "files", owner, purpose, (key, limit, ascending))
+
     async def delete_file(self, owner: str | None, file_id: str) -> FileRecord | None:
         return await self._call(self._delete_file, owner, file_id)
 
@@ -205,6 +214,33 @@ class SqliteBatchStore:
         with self._tx() as db:
             rows = db.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit + 1)).fetchall()
         return [_batch.decode(r[0]) for r in rows[:limit]], len(rows) > limit
+
+    async def page_batches(
+        self, owner: str, *, key: PageKey | None, limit: int
+    ) -> tuple[list[BatchRecord], bool]:
+        return await self._call(self._page, "batches", owner, None, (key, limit, False))
+
+    def _page(
+        self, table: str, owner: str, purpose: str | None, at: tuple[PageKey | None, int, bool]
+    ) -> tuple[list[Any], bool]:
+        key, limit, ascending = at
+        where: list[str] = ["owner = ?"]
+        args: list[object] = [owner]
+        if purpose is not None:
+            where.append("purpose = ?")
+            args.append(purpose)
+        cmp, order = (">", "ASC") if ascending else ("<", "DESC")
+        if key is not None:
+            where.append(f"({_CREATED}, id) {cmp} (?, ?)")
+            args += [key[0], key[1]]
+        sql = (
+            f"SELECT doc FROM {table} WHERE {' AND '.join(where)} "
+            f"ORDER BY {_CREATED} {order}, id {order} LIMIT ?"
+        )
+        with self._tx() as db:
+            rows = db.execute(sql, (*args, limit + 1)).fetchall()
+        dec = _file if table == "files" else _batch
+        return [dec.decode(r[0]) for r in rows[:limit]], len(rows) > limit
 
     async def put_batch(self, rec: BatchRecord) -> None:
         """Replace the batch's record, keeping the counts the store holds (see `BatchStore`)."""

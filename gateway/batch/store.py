@@ -6,15 +6,20 @@ protocol is what a cluster-wide store implements to share batches between replic
 - `record_result` stores a line's answer at most once (a second answer of the same line is ignored and
   changes no count), so a line that ran again after a crash appears once in the output;
 - `owner` scopes the lookups the routes make: another owner's file or batch is not found (None);
-- pages are in line order (`pending`, `answers`, `unanswered`) or newest first (`list_*`).
+- pages are in line order (`pending`, `answers`, `unanswered`) or newest first (`list_*`, and `page_*` by
+  (created_at, id), the order a list merged from several replicas' stores follows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from gateway.batch.model import BatchRecord, FileRecord, InputLine, LineResult
+
+#: A position in the order that pages merged from several stores follow (cluster mode): a record's
+#: (created_at, id); a page starts after (or, newest first, before) it.
+PageKey: TypeAlias = tuple[int, str]
 
 
 class BatchStore(Protocol):
@@ -34,6 +39,12 @@ class BatchStore(Protocol):
     ) -> tuple[list[FileRecord], bool]:
         """A page of `owner`'s files after the file `after`, and whether more follow."""
 
+    async def page_files(
+        self, owner: str, *, purpose: str | None, key: PageKey | None, limit: int, ascending: bool
+    ) -> tuple[list[FileRecord], bool]:
+        """Like `list_files`, ordered by (created_at, id) and starting past the key `key` (exclusive):
+        pages that several replicas' stores merge into one list."""
+
     async def delete_file(self, owner: str | None, file_id: str) -> FileRecord | None:
         """Forget the file (None: not found); the caller removes its bytes."""
 
@@ -50,6 +61,11 @@ class BatchStore(Protocol):
     async def list_batches(
         self, owner: str, *, after: str | None, limit: int
     ) -> tuple[list[BatchRecord], bool]: ...
+
+    async def page_batches(
+        self, owner: str, *, key: PageKey | None, limit: int
+    ) -> tuple[list[BatchRecord], bool]:
+        """Like `list_batches`, newest first by (created_at, id), older than the key `key`."""
 
     async def put_batch(self, rec: BatchRecord) -> None:
         """Replace the batch's record (its status, timestamps, errors); the answer counts stay the

@@ -51,6 +51,9 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     # Tenant limits while Redis does not answer: "local" enforces 1/replicas of each limit on this
     # replica; "refuse" answers 503 limits_unavailable to tenants that have limits.
     on_redis_down: Literal["local", "refuse"] = "local"
+    # The URL the other replicas reach this one at (they pass it requests for the files and batches it
+    # holds: docs/batch.md). Default: http://[server] listen, the host name for a wildcard address.
+    advertise_url: str = ""
 
 
 class ClusterSecret(Secret):
@@ -73,6 +76,19 @@ class ClusterSetup(msgspec.Struct, frozen=True, kw_only=True):
 
     def __repr__(self) -> str:
         return f"ClusterSetup(name={self.name!r}, redis={self.safe_url!r}, password=<hidden>)"
+
+
+def advertised_url(c: ClusterConfig, listen: tuple[str, int]) -> str:
+    """Where the other replicas reach this one: [cluster] advertise_url, else http://HOST:PORT of [server]
+    listen (the host name for a wildcard address, which no peer can reach)."""
+    if c.advertise_url:
+        return c.advertise_url.rstrip("/")
+    host, port = listen
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.getfqdn()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
 
 
 def safe_url(url: str) -> str:
@@ -121,6 +137,12 @@ def cluster_problems(
                 path="cluster.publish_interval_s",
             )
         )
+    if c.advertise_url:
+        a = urlsplit(c.advertise_url)
+        if a.scheme not in ("http", "https") or not a.hostname or a.path.strip("/") or a.query:
+            problems.append(
+                ConfigError("must be http(s)://HOST[:PORT], without a path", path="cluster.advertise_url")
+            )
     if not c.key_prefix or any(ch.isspace() or ch in "{}" for ch in c.key_prefix):
         problems.append(ConfigError("must be non-empty, without spaces or braces", path="cluster.key_prefix"))
     name = env.get(NAME_ENV) or c.name or socket.gethostname()

@@ -22,6 +22,8 @@ from gateway.batch.runner import BatchRunner
 from gateway.core import errors
 from gateway.core.errors import BerthError
 from gateway.front.auth import WWW_AUTHENTICATE, authenticate
+from gateway.front.batch_lists import forwarded, local_page, merged_list, page_key
+from gateway.front.batch_lists import page as list_page
 from gateway.front.http import error_response, request_id
 from gateway.front.services import SERVICES
 
@@ -45,7 +47,14 @@ def batch_route(handler: BatchHandler) -> Callable[[web.Request], Awaitable[web.
                 raise errors.not_found(request.path)
             tenant = authenticate(s.settings, request.headers)
             await runner.ensure_open()
-            return await handler(request, runner, ANONYMOUS if tenant is None else tenant.name)
+            owner = ANONYMOUS if tenant is None else tenant.name
+            object_id = request.match_info.get("batch_id") or request.match_info.get("file_id")
+            if s.batch_peers is not None and object_id and not forwarded(request):
+                peer = s.batch_peers.owner(object_id)
+                if peer is not None:  # held by another replica: its answer, unchanged
+                    body = await request.read() if request.can_read_body else None
+                    return await s.batch_peers.forward(request, peer, object_id, body)
+            return await handler(request, runner, owner)
         except BerthError as e:
             resp = error_response(e, request_id(request))
             if e.status == 401:
@@ -65,7 +74,7 @@ async def create_file(request: web.Request, runner: BatchRunner, owner: str) -> 
     fields: dict[str, str] = {}
     upload = None
     filename = ""
-    file_id = new_id("file-")
+    file_id = new_id("file-", runner.settings.id_tag)
     try:
         while True:
             part = await reader.next()
@@ -165,10 +174,33 @@ async def list_files(request: web.Request, runner: BatchRunner, owner: str) -> w
     order = q.get("order", "desc")
     if order not in ("asc", "desc"):
         raise errors.bad_request("'order' must be 'asc' or 'desc'", param="order")
+    peers = request.app[SERVICES].batch_peers
+    if peers is not None:  # cluster mode: every replica's files, in one order
+        if not forwarded(request):
+            return await merged_list(
+                request,
+                runner,
+                peers,
+                owner,
+                kind="files",
+                limit=limit,
+                ascending=order == "asc",
+                purpose=q.get("purpose"),
+            )
+        docs, more = await local_page(
+            runner,
+            owner,
+            kind="files",
+            key=page_key(request),
+            limit=limit,
+            ascending=order == "asc",
+            purpose=q.get("purpose"),
+        )
+        return web.json_response(list_page(docs, more=more))
     files, more = await runner.store.list_files(
         owner, purpose=q.get("purpose"), after=q.get("after"), limit=limit, ascending=order == "asc"
     )
-    return web.json_response(list_page([f.document() for f in files], more))
+    return web.json_response(list_page([f.document() for f in files], more=more))
 
 
 async def get_file(request: web.Request, runner: BatchRunner, owner: str) -> web.StreamResponse:
@@ -218,13 +250,3 @@ def int_query(raw: str | None, *, default: int, low: int, high: int, name: str) 
     if not low <= n <= high:
         raise errors.bad_request(f"'{name}' must be an integer from {low} to {high}", param=name)
     return n
-
-
-def list_page(data: list[dict[str, object]], more: bool) -> dict[str, object]:
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": more,
-    }

@@ -28,6 +28,7 @@ from gateway.core.clock import Clock
 from gateway.core.metrics import GatewayMetrics
 from gateway.core.slo import SloPolicy
 from gateway.dispatch.runner import Dispatcher
+from gateway.front.batch_peers import BatchPeers
 from gateway.sched.scheduler import Scheduler
 from gateway.telemetry.live import LiveTelemetry
 from gateway.telemetry.records import FinishedRequest
@@ -85,6 +86,8 @@ class Services:
     lifecycle_finished: Callable[[FinishedRequest], None] | None = None
     # The Files and Batches API (gateway.batch); None: its routes answer 404.
     batch: BatchRunner | None = None
+    # Cluster mode: who holds which file or batch, and passing requests to it; None: no [cluster].
+    batch_peers: BatchPeers | None = None
     # Cluster mode: /admin/cluster's document (gateway.cluster); None: no [cluster].
     cluster_document: Callable[[], dict[str, Any]] | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))

@@ -127,7 +127,7 @@ BENCHMARKS: Final = Catalogue(
                 "interactive attainment at most 0.01 below its baseline with the batch beside it",
                 "the batch completes within 1.1x the time the spare capacity allows",
             ),
-            module="loadgen.bench.scheduling.batch_sim",
+            module="loadgen.bench.scheduling.batch_live",  # the simulated run, or --live its confirmation
             smoke=_argv("--lines 40 --duration 6 --rate 1"),
         ),
         Benchmark(

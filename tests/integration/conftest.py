@@ -64,7 +64,7 @@ async def engine_server() -> AsyncIterator[EngineServer]:
 async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
     running: list[Running] = []
 
-    async def start(endpoints: Sequence[str], *, toml: str | None = None) -> Running:
+    async def start(endpoints: Sequence[str], *, toml: str | None = None, port: int | None = None) -> Running:
         flags = tuple(parse_endpoint_flag(e) for e in endpoints)
         cfg_path: Path | None = None
         if toml is not None:
@@ -78,7 +78,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
         registry = default_registry()
         runtime = load_runtime(cfg_path, cfg, registry, endpoints=flags, seed=1)
         gw = Gateway(runtime, cfg, ServeOptions(config_path=cfg_path, endpoints=flags), registry=registry)
-        server = TestServer(build_app(gw), handler_cancellation=True)
+        server = TestServer(build_app(gw), port=port, handler_cancellation=True)
         await server.start_server()
         await gw.endpoints.first_round(timeout_s=10)
         r = Running(gw, server)

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.config import load_gateway_config
 from gateway.config.check import check_file
-from gateway.config.cluster import safe_url
+from gateway.config.cluster import ClusterConfig, advertised_url, safe_url
 from gateway.config.runtime import static_changes
 from gateway.core.errors import ConfigError
 
@@ -85,6 +85,15 @@ def test_a_password_file_must_be_private(tmp_path: Path) -> None:
             'redis = "redis://r"\non_redis_down = "panic"', "cluster.on_redis_down", "", id="fallback-mode"
         ),
         pytest.param('redis = "redis://r"\ntimeout_s = 0', "cluster.timeout_s", "", id="timeout"),
+        pytest.param(
+            'redis = "redis://r"\nadvertise_url = "http://gw1:8081/v1"',
+            "cluster.advertise_url",
+            "without a path",
+            id="advertise-path",
+        ),
+        pytest.param(
+            'redis = "redis://r"\nadvertise_url = "gw1:8081"', "cluster.advertise_url", "http", id="advertise"
+        ),
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, body: str, path: str, words: str) -> None:
@@ -120,3 +129,18 @@ def test_the_name_from_the_environment_wins(tmp_path: Path) -> None:
     c = load_gateway_config(p, env={"BERTH_CLUSTER_NAME": "host-8081"}).cluster
     assert c is not None
     assert c.name == "host-8081"
+
+
+@pytest.mark.parametrize(
+    ("advertise", "listen", "expected"),
+    [
+        ("", ("127.0.0.1", 8081), "http://127.0.0.1:8081"),
+        ("", ("::1", 8081), "http://[::1]:8081"),
+        ("", ("0.0.0.0", 8081), f"http://{socket.getfqdn()}:8081"),
+        ("https://gw-1.internal:443/", ("0.0.0.0", 8081), "https://gw-1.internal:443"),
+    ],
+)
+def test_where_the_other_replicas_reach_this_one(
+    advertise: str, listen: tuple[str, int], expected: str
+) -> None:
+    assert advertised_url(ClusterConfig(redis="redis://r", advertise_url=advertise), listen) == expected
