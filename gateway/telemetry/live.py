@@ -284,11 +284,15 @@ class LiveTelemetry:
         now = self._clock.now()
         kind = self.refit_due(now)
         if kind is not None:
+            changed: list[EndpointId] = []
             for ep, before in self._refit_plan(kind):
+                was = ep.coefficients
                 for part in self._settled_parts(ep, before, kind):
                     ep.refit_part(part)
+                if ep.coefficients is not was:
+                    changed.append(ep.eid)
             self._refitted(kind, now)
-            self._push_estimates()
+            self._push_estimates(changed)  # the others' were pushed by the refresh, at this instant
 
     async def run(self) -> None:
         """The supervised loop: refresh every `refresh_interval_s`, refit when due (`step`)."""
@@ -323,23 +327,28 @@ class LiveTelemetry:
             self._refitted(kind, now)
             await self._push_in_slices()
 
-    def _refit_plan(self, kind: Refit) -> list[tuple[EndpointTelemetry, float]]:
+    def _refit_plan(self, kind: Refit) -> list[tuple[EndpointTelemetry, float | None]]:
         """The endpoints a refit of `kind` visits (for "first", those with a part on the prior), each
-        with its settle point."""
+        with its settle point (None: "all" leaves its timeline for a later refit, `settle_due`)."""
         endpoints = self.fleet.endpoints
-        only = None if kind == "all" else [eid for eid, ep in endpoints.items() if ep.on_prior]
-        if only == []:
-            return []
-        return [
-            (endpoints[eid], before) for eid, before in self.settle_points(only).items() if eid in endpoints
-        ]
+        if kind == "all":
+            only = [eid for eid, ep in endpoints.items() if ep.settle_due]
+        else:
+            only = [eid for eid, ep in endpoints.items() if ep.on_prior]
+            if not only:
+                return []
+        points = self.settle_points(only)
+        if kind == "first":
+            return [(endpoints[eid], before) for eid, before in points.items() if eid in endpoints]
+        return [(ep, points.get(eid)) for eid, ep in endpoints.items()]
 
     @staticmethod
-    def _settled_parts(ep: EndpointTelemetry, before: float, kind: Refit) -> tuple[Part, ...]:
-        """Settle `ep` at `before` and name the parts a refit of `kind` fits there, in order (for
-        "first", those on the prior whose first fit is due); fitted one at a time with `refit_part`,
-        they give what one `refit` (or `refit_prior_parts`) gives."""
-        ep.settle(before)  # requests added after the points were taken ran later: still correct
+    def _settled_parts(ep: EndpointTelemetry, before: float | None, kind: Refit) -> tuple[Part, ...]:
+        """Settle `ep` at `before` (None: not now) and name the parts a refit of `kind` fits there, in
+        order (for "first", those on the prior whose first fit is due); fitted one at a time with
+        `refit_part`, they give what one `refit` (or `refit_prior_parts`) gives."""
+        if before is not None:
+            ep.settle(before)  # requests added after the points were taken ran later: still correct
         return PARTS if kind == "all" else ep.fitter.prior_parts_due()
 
     def _refitted(self, kind: Refit, now: float) -> None:

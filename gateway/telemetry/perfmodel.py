@@ -71,6 +71,15 @@ slope cannot be told from the intercept), or when the fit would put every coeffi
 throughput curve is non-linear in β: a log-spaced grid of β with the linear (thr1, α) solved in closed
 form for each. The regression itself (stateless, in steps) is `gateway.telemetry.robust_regression`.
 
+**Cadence.** A dimension with a fit of its own is fitted again once the observations made since that
+fit carry at least ``refit_share`` (5 %) of its window's forgetting weight: every new observation while
+the window is short, about 35 with a full window of 2000 at a half-life of 500. A refit of the same
+data gives the same answer, and one observation in a thousand moves a fit by a small part of its own
+error, so a refit that follows the clock (every few seconds, whatever came in) spends most of its work
+on fits that change nothing; this cadence keeps the coefficients within that error of the fit of the
+whole window (`python -m loadgen.bench.refit_cadence`) at a fraction of the work. A dimension still
+on the prior is fitted as soon as its first fit is due, whatever the share.
+
 ``refit_prior_parts()`` fits only the dimensions that still hold the prior and have observations they
 had not at their last attempt (``first_fit_due`` says whether there is one): the cheap, frequent check the
 telemetry loop runs until every dimension has its first fit.
@@ -95,6 +104,10 @@ from gateway.telemetry.robust_regression import Array, Steps, fit_decay, fit_lin
 #: What a part's fit changes: its coefficients in a given `PerfCoefficients`.
 Update = Callable[[PerfCoefficients], PerfCoefficients]
 
+#: A fitted part is fitted again once the observations made since its last fit carry this share of its
+#: window's forgetting weight (see `PerfModelFitter`): refits follow the observations, not the clock.
+REFIT_SHARE: Final = 0.05
+
 
 class _Ring:
     """A bounded window of observations (rows of floats) in preallocated arrays; O(1) append."""
@@ -109,6 +122,10 @@ class _Ring:
 
     def __len__(self) -> int:
         return self._len
+
+    @property
+    def capacity(self) -> int:
+        return len(self._data)
 
     def append(self, *row: float) -> None:
         self._data[self._head] = row
@@ -155,6 +172,7 @@ class PerfModelFitter:
         min_obs: int = 20,
         first_fit_min_obs: int | None = None,
         guessed: frozenset[Part] = frozenset(PARTS),
+        refit_share: float = REFIT_SHARE,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
@@ -164,6 +182,10 @@ class PerfModelFitter:
             raise ValueError("min_obs must be >= 1")
         if first_fit_min_obs is not None and first_fit_min_obs < 1:
             raise ValueError("first_fit_min_obs must be >= 1")
+        if not 0.0 <= refit_share <= 1.0:
+            raise ValueError("refit_share must be within [0, 1]")
+        self._refit_share = refit_share
+        self._decay = 2.0 ** (-1.0 / float(half_life))  # an observation's weight relative to the next one's
         self._prior = prior
         self._current = prior
         self._half_life = float(half_life)
@@ -189,6 +211,7 @@ class PerfModelFitter:
         # per part: its ring's `total` when it was last fitted (or refused): a fit of the same window
         # gives the same answer, so it is not made again (an idle endpoint's refits cost nothing)
         self._fitted: dict[Part, int] = dict.fromkeys(PARTS, -1)
+        self.fits = 0  # part fits made (or refused), for the figures of the refit cadence
 
     # ---- observations ----------------------------------------------------------------------------
     def observe_prefill(self, prompt_tokens: float, seconds: float) -> None:
@@ -297,6 +320,8 @@ class PerfModelFitter:
             total = ring.total
             if total == self._fitted[part]:
                 continue  # nothing new since its last fit: the same window gives the same answer
+            if not first and self._new_share(len(ring), total - self._fitted[part]) < self._refit_share:
+                continue  # too little new to move the fit: it waits for more
             steps = self._fit(part)
             while True:
                 # Extreme inputs (denormal sizes, 1e300 times) may overflow on the way; every result is
@@ -310,6 +335,7 @@ class PerfModelFitter:
                         break
                 yield
             self._fitted[part] = total
+            self.fits += 1
             if first:
                 self._tried[part] = total
             if update is not None:
@@ -354,6 +380,28 @@ class PerfModelFitter:
         h, j = fit.coef
         mape, n = fit.mape, fit.n
         return lambda cur: replace(cur, h=h, j=j, kv_mape=mape, n_kv=n)
+
+    def observations_to_refit(self, part: Part) -> int:
+        """The fewest new observations of `part` after which a refit fits it (1 while it is on the
+        prior, or while its last fit has not seen everything in its window)."""
+        ring = self._rings[part]
+        size, seen = len(ring), ring.total - self._fitted[part]
+        if part in self._on_prior or seen > 0 or self._refit_share <= 0.0:
+            return 1
+        s, r, window = self._refit_share, self._decay, ring.capacity
+        # while the window grows: (1 - r^n) / (1 - r^(size + n)) >= s  <=>  r^n <= (1 - s) / (1 - s r^size)
+        n = math.ceil(math.log((1.0 - s) / (1.0 - s * r**size)) / math.log(r)) if s < 1.0 else window
+        if size + n > window:  # full by then: (1 - r^n) / (1 - r^window) >= s
+            full = 1.0 - s * (1.0 - r**window)
+            n = max(window - size, math.ceil(math.log(full) / math.log(r)) if full > 0 else window)
+        return max(1, n)
+
+    def _new_share(self, size: int, new: int) -> float:
+        """The share of a window of `size` observations' forgetting weight that its `new` newest carry."""
+        if new >= size:
+            return 1.0
+        r = self._decay
+        return (1.0 - r**new) / (1.0 - r**size)
 
     def _weights(self, n: int) -> Array:
         age = np.arange(n - 1, -1, -1, dtype=np.float64)  # the newest observation is the last
