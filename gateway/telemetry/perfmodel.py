@@ -390,9 +390,9 @@ class PerfModelFitter:
             return 1
         s, r, window = self._refit_share, self._decay, ring.capacity
         # while the window grows: (1 - r^n) / (1 - r^(size + n)) >= s  <=>  r^n <= (1 - s) / (1 - s r^size)
-        n = math.ceil(math.log((1.0 - s) / (1.0 - s * r**size)) / math.log(r)) if s < 1.0 else window
+        n = math.ceil(math.log((1.0 - s) / (1.0 - s * math.pow(r, size))) / math.log(r)) if s < 1.0 else window
         if size + n > window:  # full by then: (1 - r^n) / (1 - r^window) >= s
-            full = 1.0 - s * (1.0 - r**window)
+            full = 1.0 - s * (1.0 - math.pow(r, window))
             n = max(window - size, math.ceil(math.log(full) / math.log(r)) if full > 0 else window)
         return max(1, n)
 
@@ -401,7 +401,7 @@ class PerfModelFitter:
         if new >= size:
             return 1.0
         r = self._decay
-        return (1.0 - r**new) / (1.0 - r**size)
+        return (1.0 - math.pow(r, new)) / (1.0 - math.pow(r, size))
 
     def _weights(self, n: int) -> Array:
         age = np.arange(n - 1, -1, -1, dtype=np.float64)  # the newest observation is the last
