@@ -390,7 +390,9 @@ class PerfModelFitter:
             return 1
         s, r, window = self._refit_share, self._decay, ring.capacity
         # while the window grows: (1 - r^n) / (1 - r^(size + n)) >= s  <=>  r^n <= (1 - s) / (1 - s r^size)
-        n = math.ceil(math.log((1.0 - s) / (1.0 - s * math.pow(r, size))) / math.log(r)) if s < 1.0 else window
+        n = window
+        if s < 1.0:
+            n = math.ceil(math.log((1.0 - s) / (1.0 - s * math.pow(r, size))) / math.log(r))
         if size + n > window:  # full by then: (1 - r^n) / (1 - r^window) >= s
             full = 1.0 - s * (1.0 - math.pow(r, window))
             n = max(window - size, math.ceil(math.log(full) / math.log(r)) if full > 0 else window)

@@ -529,6 +529,7 @@ def test_a_full_refit_settles_only_the_timelines_that_took_in_enough_for_a_refit
         return {A: rig.clock.now()} if only else {}
 
     monkeypatch.setattr(rig.tel, "settle_points", settle_points)
+
     def due() -> bool:
         return ep.settle_due  # a call: mypy would narrow the property across the asserts
 
