@@ -77,7 +77,9 @@ the window is short, about 35 with a full window of 2000 at a half-life of 500. 
 data gives the same answer, and one observation in a thousand moves a fit by a small part of its own
 error, so a refit that follows the clock (every few seconds, whatever came in) spends most of its work
 on fits that change nothing; this cadence keeps the coefficients within that error of the fit of the
-whole window (`python -m loadgen.bench.refit_cadence`) at a fraction of the work. A dimension still
+whole window (`python -m loadgen.bench.refit_cadence`) at a fraction of the work. New observations that
+the current coefficients miss by more than ``DRIFT`` (3) times the fit's own error (their median: one
+outlier does not count) are fitted at once, whatever their share: the engine changed. A dimension still
 on the prior is fitted as soon as its first fit is due, whatever the share.
 
 ``refit_prior_parts()`` fits only the dimensions that still hold the prior and have observations they
@@ -92,6 +94,7 @@ little); ``n_*`` are the observations the dimension's current fit used (0 while 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Final, Literal
@@ -107,6 +110,10 @@ Update = Callable[[PerfCoefficients], PerfCoefficients]
 #: A fitted part is fitted again once the observations made since its last fit carry this share of its
 #: window's forgetting weight (see `PerfModelFitter`): refits follow the observations, not the clock.
 REFIT_SHARE: Final = 0.05
+#: ... or at once when the new observations' median relative error is over this many times the fit's own
+#: (its weighted mean relative error over the window, at least `MIN_FIT_ERROR`): the engine changed.
+DRIFT: Final = 3.0
+MIN_FIT_ERROR: Final = 0.01
 
 
 class _Ring:
@@ -138,6 +145,16 @@ class _Ring:
         if self._len < len(self._data):
             return self._data[: self._len].copy()
         return np.concatenate((self._data[self._head :], self._data[: self._head]))
+
+    def newest(self, n: int) -> list[list[float]]:
+        """The `n` newest observations (at most the window), oldest first, as plain floats."""
+        n = min(n, self._len)
+        head = self._head
+        if n <= head:
+            rows: list[list[float]] = self._data[head - n : head].tolist()
+            return rows
+        older: list[list[float]] = self._data[len(self._data) - (n - head) :].tolist()
+        return older + self._data[:head].tolist()
 
 
 Part = Literal["prefill", "decode", "kv", "throughput"]
@@ -320,8 +337,13 @@ class PerfModelFitter:
             total = ring.total
             if total == self._fitted[part]:
                 continue  # nothing new since its last fit: the same window gives the same answer
-            if not first and self._new_share(len(ring), total - self._fitted[part]) < self._refit_share:
-                continue  # too little new to move the fit: it waits for more
+            new = total - self._fitted[part]
+            if (
+                not first
+                and self._new_share(len(ring), new) < self._refit_share
+                and not self._drifted(part, new)
+            ):
+                continue  # too little new to move the fit, and it agrees with the fit: it waits for more
             steps = self._fit(part)
             while True:
                 # Extreme inputs (denormal sizes, 1e300 times) may overflow on the way; every result is
@@ -397,6 +419,27 @@ class PerfModelFitter:
             full = 1.0 - s * (1.0 - math.pow(r, window))
             n = max(window - size, math.ceil(math.log(full) / math.log(r)) if full > 0 else window)
         return max(1, n)
+
+    def _drifted(self, part: Part, new: int) -> bool:
+        """Whether the current coefficients miss the `new` newest observations of `part` by more than
+        `DRIFT` times their fit's own error (the median relative error: one outlier does not count), as
+        after a change of the engine's speed: then the part is fitted again at once."""
+        cur = self._current
+        rows = self._rings[part].newest(new)
+        if part == "prefill":
+            mape = cur.prefill_mape
+            errors = [abs(cur.prefill_s(p) - y) / y for p, y in rows]
+        elif part == "decode":
+            mape = cur.decode_mape
+            errors = [abs(cur.decode_iter_s(b, c) - y) / y for b, c, y in rows]
+        elif part == "kv":
+            mape = cur.kv_mape
+            errors = [abs(cur.kv_tokens(c) - y) / y for c, y in rows]
+        else:
+            return False  # the throughput curve keeps no error of its own: the share alone decides
+        if mape is None or not errors:
+            return False
+        return statistics.median(errors) > DRIFT * max(mape, MIN_FIT_ERROR)
 
     def _new_share(self, size: int, new: int) -> float:
         """The share of a window of `size` observations' forgetting weight that its `new` newest carry."""

@@ -226,6 +226,24 @@ def test_a_fitted_part_is_fitted_again_once_its_new_observations_carry_the_refit
     assert fresh.refit().n_kv == 5  # fitted: a share of 1 waits for a whole new window
 
 
+def test_observations_the_fit_misses_by_far_refit_the_part_at_once() -> None:
+    """Below the refit share, new observations that the fit misses by more than 3x its own error (the
+    engine changed) are fitted at once; the median decides, so one outlier among them does not."""
+    true = TRUTHS["fleet-7b"]
+    f = PerfModelFitter(PRIOR, refit_share=0.05)
+    feed(f, true, 300, rng=random.Random(4))
+    fitted = f.refit()
+    f.observe_prefill(1000, 3.0 * true.prefill_s(1000))  # an outlier, with two that agree
+    f.observe_prefill(500, true.prefill_s(500))
+    f.observe_prefill(200, true.prefill_s(200))
+    assert f.refit() is fitted
+    for p in (300, 700, 900):  # twice as slow now
+        f.observe_prefill(p, 2.0 * true.prefill_s(p))
+    again = f.refit()
+    assert again.n_prefill == 306
+    assert again.n_decode == fitted.n_decode  # the other parts wait for their share
+
+
 @pytest.mark.parametrize("share", [0.05, 0.15], ids=["5%-outliers", "15%-outliers"])
 def test_outliers_that_only_add_time_do_not_drag_the_fit(share: float) -> None:
     true = TRUTHS["fleet-7b"]
