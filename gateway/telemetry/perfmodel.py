@@ -154,7 +154,8 @@ class _Ring:
             rows: list[list[float]] = self._data[head - n : head].tolist()
             return rows
         older: list[list[float]] = self._data[len(self._data) - (n - head) :].tolist()
-        return older + self._data[:head].tolist()
+        newer: list[list[float]] = self._data[:head].tolist()
+        return older + newer
 
 
 Part = Literal["prefill", "decode", "kv", "throughput"]
