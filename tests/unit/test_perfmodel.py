@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.telemetry.perfmodel import PARTS, Part, PerfModelFitter
-from gateway.telemetry.robust_regression import nnls
+from gateway.telemetry.robust_regression import median, nnls
 
 PRIOR = default_prior()
 
@@ -523,3 +523,16 @@ def test_nnls_satisfies_the_kkt_conditions(data: tuple[list[float], int]) -> Non
             assert abs(gi) <= scale
         else:
             assert gi >= -scale
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.floats(-1e9, 1e9, allow_nan=False, allow_infinity=False, allow_subnormal=False),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_the_regression_median_is_numpys(values: list[float]) -> None:
+    a = np.asarray(values)
+    assert median(a) == float(np.median(a))
