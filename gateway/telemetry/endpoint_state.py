@@ -19,6 +19,8 @@ from gateway.telemetry.records import FinishedRequest, Quantity, ScrapeSample, T
 from gateway.telemetry.rolling import Ewma, LatencyTracker, RateMeter, RecentWindow
 from gateway.telemetry.timeline import EndpointTimeline
 
+#: The model parts the token timeline feeds (the KV part learns from scrapes).
+TIMELINE_PARTS: Final[tuple[Part, ...]] = ("prefill", "decode", "throughput")
 #: Engine running count vs the gateway's in-flight count: beyond this gap, KV is not ours to explain.
 _KV_RUNNING_SLACK: Final = 2.0
 _KV_RUNNING_SHARE: Final = 0.25
@@ -66,6 +68,7 @@ class EndpointTelemetry:
         self.coefficients: PerfCoefficients = self.fitter.current
         self.prior_scale = (1.0, 1.0)  # (prefill, decode) factors of the prior's times until fitted
         self.timeline = EndpointTimeline()
+        self.added_since_settle = 0  # streams the timeline took in since it was last settled
         self.engine_kv_capacity: float | None = None
         # |predicted - observed| / observed with the coefficients in force when the request ran
         self.prediction_error: dict[Quantity, Ewma] = {"ttft": Ewma(), "itl": Ewma()}
@@ -116,6 +119,7 @@ class EndpointTelemetry:
             return  # never reached the engine
         first = r.first_token_at
         if r.stream and first is not None:
+            self.added_since_settle += 1
             self.timeline.add_stream(
                 dispatched_at=dispatched if r.attempts == 1 else None,  # else: when it came here is unknown
                 first_token_at=first,
@@ -127,9 +131,20 @@ class EndpointTelemetry:
         else:  # not streamed (its first token is the whole answer), or no token: when it ran is all we know
             self.timeline.add_untracked(dispatched, r.finished_at)
 
+    @property
+    def settle_due(self) -> bool:
+        """Whether the timeline took in enough streams since it was last settled for a refit of a part it
+        feeds (prefill, decode, throughput: at most one observation per stream each) to be due; until
+        then a settle would derive little that a refit would use, and it costs the walk of every stream
+        held (about 0.5 ms per endpoint). Settled with fewer, the observations only come later."""
+        fitter = self.fitter
+        need = min(fitter.observations_to_refit(p) for p in TIMELINE_PARTS)
+        return self.added_since_settle >= need
+
     def settle(self, before: float) -> None:
         """Feed the fitter the timeline's observations of everything before `before` (see the module
         docstring: every request that ran here before it must have been observed)."""
+        self.added_since_settle = 0
         settled = self.timeline.settle(before)
         coef = self.coefficients
         fitter = self.fitter

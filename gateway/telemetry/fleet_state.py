@@ -165,6 +165,7 @@ class FleetTelemetry:
                 self.endpoints[eid] = fresh = EndpointTelemetry(eid, settings)
                 fresh.timings = ep.timings
                 fresh.timeline = ep.timeline
+                fresh.added_since_settle = ep.added_since_settle
                 fresh.engine_kv_capacity = ep.engine_kv_capacity
             else:
                 ep.settings = settings

@@ -8,8 +8,11 @@ collector see the state as of the last refresh and change nothing). Everything
 else (EWMAs, quantile windows, predictor updates, cross-checks, each endpoint's token timeline) runs in
 `refresh()` every `telemetry.refresh_interval_s`. Every `telemetry.refit_interval_s` the timelines are
 settled (each endpoint up to the dispatch of its oldest running request: everything before it has
-finished and been folded in) into performance-model observations, and the models are refitted, one
-endpoint at a time with the event loop free in between. In between, every
+finished and been folded in; an endpoint once it took in enough streams for a refit to be due,
+`EndpointTelemetry.settle_due`) into performance-model observations, and the models are refitted (a
+part once its new observations carry enough weight: `gateway.telemetry.perfmodel`, "Cadence"), one
+endpoint at a time with the event loop free in between; only the estimates a refit changed are handed
+over again. In between, every
 `telemetry.first_fit_interval_s` (at the refreshes), only the endpoints with a model part still on the
 prior are settled, and only those parts are fitted, as soon as they have
 `telemetry.first_fit_min_observations` (a first fit; the prior is another machine's). Once every part
@@ -284,11 +287,15 @@ class LiveTelemetry:
         now = self._clock.now()
         kind = self.refit_due(now)
         if kind is not None:
+            changed: list[EndpointId] = []
             for ep, before in self._refit_plan(kind):
+                was = ep.coefficients
                 for part in self._settled_parts(ep, before, kind):
                     ep.refit_part(part)
+                if ep.coefficients is not was:
+                    changed.append(ep.eid)
             self._refitted(kind, now)
-            self._push_estimates()
+            self._push_estimates(changed)  # the others' were pushed by the refresh, at this instant
 
     async def run(self) -> None:
         """The supervised loop: refresh every `refresh_interval_s`, refit when due (`step`)."""
@@ -315,31 +322,40 @@ class LiveTelemetry:
             # A part's whole fit takes up to about 1 ms with a full window (an endpoint's four 3.5), a
             # step of it up to about 0.2: the steps run in slices of time, requests going through between.
             share.begin()
+            changed: list[EndpointId] = []
             for ep, before in self._refit_plan(kind):
+                was = ep.coefficients
                 for part in self._settled_parts(ep, before, kind):
                     for _ in ep.refit_steps(part):
                         if share.over():
                             await share.pause()
+                if ep.coefficients is not was:
+                    changed.append(ep.eid)
             self._refitted(kind, now)
-            await self._push_in_slices()
+            await self._push_in_slices(changed)  # the others' are as the refresh pushed them
 
-    def _refit_plan(self, kind: Refit) -> list[tuple[EndpointTelemetry, float]]:
+    def _refit_plan(self, kind: Refit) -> list[tuple[EndpointTelemetry, float | None]]:
         """The endpoints a refit of `kind` visits (for "first", those with a part on the prior), each
-        with its settle point."""
+        with its settle point (None: "all" leaves its timeline for a later refit, `settle_due`)."""
         endpoints = self.fleet.endpoints
-        only = None if kind == "all" else [eid for eid, ep in endpoints.items() if ep.on_prior]
-        if only == []:
-            return []
-        return [
-            (endpoints[eid], before) for eid, before in self.settle_points(only).items() if eid in endpoints
-        ]
+        if kind == "all":
+            only = [eid for eid, ep in endpoints.items() if ep.settle_due]
+        else:
+            only = [eid for eid, ep in endpoints.items() if ep.on_prior]
+            if not only:
+                return []
+        points = self.settle_points(only)
+        if kind == "first":
+            return [(endpoints[eid], before) for eid, before in points.items() if eid in endpoints]
+        return [(ep, points.get(eid)) for eid, ep in endpoints.items()]
 
     @staticmethod
-    def _settled_parts(ep: EndpointTelemetry, before: float, kind: Refit) -> tuple[Part, ...]:
-        """Settle `ep` at `before` and name the parts a refit of `kind` fits there, in order (for
-        "first", those on the prior whose first fit is due); fitted one at a time with `refit_part`,
-        they give what one `refit` (or `refit_prior_parts`) gives."""
-        ep.settle(before)  # requests added after the points were taken ran later: still correct
+    def _settled_parts(ep: EndpointTelemetry, before: float | None, kind: Refit) -> tuple[Part, ...]:
+        """Settle `ep` at `before` (None: not now) and name the parts a refit of `kind` fits there, in
+        order (for "first", those on the prior whose first fit is due); fitted one at a time with
+        `refit_part`, they give what one `refit` (or `refit_prior_parts`) gives."""
+        if before is not None:
+            ep.settle(before)  # requests added after the points were taken ran later: still correct
         return PARTS if kind == "all" else ep.fitter.prior_parts_due()
 
     def _refitted(self, kind: Refit, now: float) -> None:
@@ -366,10 +382,11 @@ class LiveTelemetry:
         for eid in sched.endpoint_ids() if eids is None else eids:
             sched.set_estimates(eid, self.fleet.estimates(eid, now))  # serves nothing by itself
 
-    async def _push_in_slices(self) -> None:
-        """`_push_estimates`, `PUSH_SLICE` endpoints at a time with the event loop free in between (every
-        endpoint's estimates at once took about 0.6 ms for 100 endpoints)."""
-        eids = list(self._scheduler.endpoint_ids())
+    async def _push_in_slices(self, only: Iterable[EndpointId] | None = None) -> None:
+        """`_push_estimates` of `only` (default: every endpoint), `PUSH_SLICE` endpoints at a time with the
+        event loop free in between (every endpoint's estimates at once took about 0.6 ms for 100
+        endpoints)."""
+        eids = list(self._scheduler.endpoint_ids() if only is None else only)
         for at in range(0, len(eids), PUSH_SLICE):
             if at:
                 await asyncio.sleep(0)

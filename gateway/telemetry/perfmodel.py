@@ -71,6 +71,17 @@ slope cannot be told from the intercept), or when the fit would put every coeffi
 throughput curve is non-linear in β: a log-spaced grid of β with the linear (thr1, α) solved in closed
 form for each. The regression itself (stateless, in steps) is `gateway.telemetry.robust_regression`.
 
+**Cadence.** A dimension with a fit of its own is fitted again once the observations made since that
+fit carry at least ``refit_share`` (5 %) of its window's forgetting weight: every new observation while
+the window is short, about 35 with a full window of 2000 at a half-life of 500. A refit of the same
+data gives the same answer, and one observation in a thousand moves a fit by a small part of its own
+error, so a refit that follows the clock (every few seconds, whatever came in) spends most of its work
+on fits that change nothing; this cadence keeps the coefficients within that error of the fit of the
+whole window (`berth-loadgen diag refit-cadence`) at a fraction of the work. New observations that
+the current coefficients miss by more than ``DRIFT`` (3) times the fit's own error (their median: one
+outlier does not count) are fitted at once, whatever their share: the engine changed. A dimension still
+on the prior is fitted as soon as its first fit is due, whatever the share.
+
 ``refit_prior_parts()`` fits only the dimensions that still hold the prior and have observations they
 had not at their last attempt (``first_fit_due`` says whether there is one): the cheap, frequent check the
 telemetry loop runs until every dimension has its first fit.
@@ -83,6 +94,7 @@ little); ``n_*`` are the observations the dimension's current fit used (0 while 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Final, Literal
@@ -90,37 +102,19 @@ from typing import Final, Literal
 import numpy as np
 
 from gateway.sched.perf import PerfCoefficients
+from gateway.telemetry.observation_window import ObservationWindow
 from gateway.telemetry.robust_regression import Array, Steps, fit_decay, fit_linear
 
 #: What a part's fit changes: its coefficients in a given `PerfCoefficients`.
 Update = Callable[[PerfCoefficients], PerfCoefficients]
 
-
-class _Ring:
-    """A bounded window of observations (rows of floats) in preallocated arrays; O(1) append."""
-
-    __slots__ = ("_data", "_head", "_len", "total")
-
-    def __init__(self, size: int, width: int) -> None:
-        self._data = np.zeros((size, width))
-        self._head = 0  # where the next row goes
-        self._len = 0
-        self.total = 0  # rows ever appended (the window keeps the last `size`)
-
-    def __len__(self) -> int:
-        return self._len
-
-    def append(self, *row: float) -> None:
-        self._data[self._head] = row
-        self._head = (self._head + 1) % len(self._data)
-        self._len = min(self._len + 1, len(self._data))
-        self.total += 1
-
-    def rows(self) -> Array:
-        """The observations, oldest first."""
-        if self._len < len(self._data):
-            return self._data[: self._len].copy()
-        return np.concatenate((self._data[self._head :], self._data[: self._head]))
+#: A fitted part is fitted again once the observations made since its last fit carry this share of its
+#: window's forgetting weight (see `PerfModelFitter`): refits follow the observations, not the clock.
+REFIT_SHARE: Final = 0.05
+#: ... or at once when the new observations' median relative error is over this many times the fit's own
+#: (its weighted mean relative error over the window, at least `MIN_FIT_ERROR`): the engine changed.
+DRIFT: Final = 3.0
+MIN_FIT_ERROR: Final = 0.01
 
 
 Part = Literal["prefill", "decode", "kv", "throughput"]
@@ -155,6 +149,7 @@ class PerfModelFitter:
         min_obs: int = 20,
         first_fit_min_obs: int | None = None,
         guessed: frozenset[Part] = frozenset(PARTS),
+        refit_share: float = REFIT_SHARE,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
@@ -164,6 +159,10 @@ class PerfModelFitter:
             raise ValueError("min_obs must be >= 1")
         if first_fit_min_obs is not None and first_fit_min_obs < 1:
             raise ValueError("first_fit_min_obs must be >= 1")
+        if not 0.0 <= refit_share <= 1.0:
+            raise ValueError("refit_share must be within [0, 1]")
+        self._refit_share = refit_share
+        self._decay = 2.0 ** (-1.0 / float(half_life))  # an observation's weight relative to the next one's
         self._prior = prior
         self._current = prior
         self._half_life = float(half_life)
@@ -172,11 +171,11 @@ class PerfModelFitter:
         # parts whose prior is a guess (the built-in one, not an operator's measurement): fitted at
         # first_fit_min_obs, and scaled by `scale_prior` until then; the others wait for min_obs
         self._guessed = guessed
-        self._prefill = _Ring(window, 2)
-        self._decode = _Ring(window, 3)
-        self._kv = _Ring(window, 2)
-        self._tput = _Ring(window, 2)
-        self._rings: dict[Part, _Ring] = {
+        self._prefill = ObservationWindow(window, 2)
+        self._decode = ObservationWindow(window, 3)
+        self._kv = ObservationWindow(window, 2)
+        self._tput = ObservationWindow(window, 2)
+        self._rings: dict[Part, ObservationWindow] = {
             "prefill": self._prefill,
             "decode": self._decode,
             "kv": self._kv,
@@ -189,6 +188,7 @@ class PerfModelFitter:
         # per part: its ring's `total` when it was last fitted (or refused): a fit of the same window
         # gives the same answer, so it is not made again (an idle endpoint's refits cost nothing)
         self._fitted: dict[Part, int] = dict.fromkeys(PARTS, -1)
+        self.fits = 0  # part fits made (or refused), for the figures of the refit cadence
 
     # ---- observations ----------------------------------------------------------------------------
     def observe_prefill(self, prompt_tokens: float, seconds: float) -> None:
@@ -297,6 +297,13 @@ class PerfModelFitter:
             total = ring.total
             if total == self._fitted[part]:
                 continue  # nothing new since its last fit: the same window gives the same answer
+            new = total - self._fitted[part]
+            if (
+                not first
+                and self._new_share(len(ring), new) < self._refit_share
+                and not self._drifted(part, new)
+            ):
+                continue  # too little new to move the fit, and it agrees with the fit: it waits for more
             steps = self._fit(part)
             while True:
                 # Extreme inputs (denormal sizes, 1e300 times) may overflow on the way; every result is
@@ -310,6 +317,7 @@ class PerfModelFitter:
                         break
                 yield
             self._fitted[part] = total
+            self.fits += 1
             if first:
                 self._tried[part] = total
             if update is not None:
@@ -354,6 +362,51 @@ class PerfModelFitter:
         h, j = fit.coef
         mape, n = fit.mape, fit.n
         return lambda cur: replace(cur, h=h, j=j, kv_mape=mape, n_kv=n)
+
+    def observations_to_refit(self, part: Part) -> int:
+        """The fewest new observations of `part` after which a refit fits it (1 while it is on the
+        prior, or while its last fit has not seen everything in its window)."""
+        ring = self._rings[part]
+        size, seen = len(ring), ring.total - self._fitted[part]
+        if part in self._on_prior or seen > 0 or self._refit_share <= 0.0:
+            return 1
+        s, r, window = self._refit_share, self._decay, ring.capacity
+        # while the window grows: (1 - r^n) / (1 - r^(size + n)) >= s  <=>  r^n <= (1 - s) / (1 - s r^size)
+        n = window
+        if s < 1.0:
+            n = math.ceil(math.log((1.0 - s) / (1.0 - s * math.pow(r, size))) / math.log(r))
+        if size + n > window:  # full by then: (1 - r^n) / (1 - r^window) >= s
+            full = 1.0 - s * (1.0 - math.pow(r, window))
+            n = max(window - size, math.ceil(math.log(full) / math.log(r)) if full > 0 else window)
+        return max(1, n)
+
+    def _drifted(self, part: Part, new: int) -> bool:
+        """Whether the current coefficients miss the `new` newest observations of `part` by more than
+        `DRIFT` times their fit's own error (the median relative error: one outlier does not count), as
+        after a change of the engine's speed: then the part is fitted again at once."""
+        cur = self._current
+        rows = self._rings[part].newest(new)
+        if part == "prefill":
+            mape = cur.prefill_mape
+            errors = [abs(cur.prefill_s(p) - y) / y for p, y in rows]
+        elif part == "decode":
+            mape = cur.decode_mape
+            errors = [abs(cur.decode_iter_s(b, c) - y) / y for b, c, y in rows]
+        elif part == "kv":
+            mape = cur.kv_mape
+            errors = [abs(cur.kv_tokens(c) - y) / y for c, y in rows]
+        else:
+            return False  # the throughput curve keeps no error of its own: the share alone decides
+        if mape is None or not errors:
+            return False
+        return statistics.median(errors) > DRIFT * max(mape, MIN_FIT_ERROR)
+
+    def _new_share(self, size: int, new: int) -> float:
+        """The share of a window of `size` observations' forgetting weight that its `new` newest carry."""
+        if new >= size:
+            return 1.0
+        r = self._decay
+        return (1.0 - math.pow(r, new)) / (1.0 - math.pow(r, size))
 
     def _weights(self, n: int) -> Array:
         age = np.arange(n - 1, -1, -1, dtype=np.float64)  # the newest observation is the last

@@ -44,6 +44,11 @@ _ALL: Final = (
         "loadgen.diag.refit_steps",
     ),
     Diagnostic(
+        "refit-cadence",
+        "What refitting the fitted models at their cadence costs in accuracy and saves in fits and CPU.",
+        "loadgen.diag.refit_cadence",
+    ),
+    Diagnostic(
         "choice-cost",
         "What MaaSO's configuration choice costs its caller at 24 and 48 devices.",
         "loadgen.diag.choice_micro",

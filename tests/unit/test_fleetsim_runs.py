@@ -17,10 +17,11 @@ from gateway.core.types import ModelName
 from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
 from loadgen.engine_sim.engine import EngineConfig, RequestState, SimEngine, SimRequest
 from loadgen.engine_sim.latency import LatencyModel
+from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions, simulate
 from loadgen.fleetsim.lifecycle import LifecycleOptions
-from loadgen.fleetsim.runs import DecodeRun, RunEngine
+from loadgen.fleetsim.runs import DecodeRun, RunEngine, plan_run
 
 LAT = LatencyModel(k1=1e-4, c1=0.02, k2=2e-6, c2=1e-3, c3=0.025)
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
@@ -247,3 +248,27 @@ def test_the_same_report_with_instances_started_and_stopped_under_it() -> None:
     b = _report(128, **kw)
     assert a["lifecycle"]["evictions"] > 0
     assert orjson.dumps(a, option=orjson.OPT_SORT_KEYS) == orjson.dumps(b, option=orjson.OPT_SORT_KEYS)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.tuples(st.integers(1, 64), st.integers(0, 200_000), st.integers(2, 128)),
+    st.floats(0.0, 1e5),
+    st.floats(1e-4, 1.0),
+    st.sampled_from(["fleet-7b", "fleet-13b", "a100-llama2-70b", "h100-llama3-8b"]),
+)
+def test_a_run_planned_over_arrays_is_bit_for_bit_the_loop(
+    sizes: tuple[int, int, int], start: float, first: float, profile: str
+) -> None:
+    b, tokens0, n = sizes
+    lat = get_profile(profile).latency
+    end = start + first
+    ends, gaps = [end], [end - start]
+    tokens = tokens0
+    for _ in range(n - 1):
+        tokens += b
+        nxt = end + lat.decode_s(b, tokens / b)
+        ends.append(nxt)
+        gaps.append(nxt - end)
+        end = nxt
+    assert plan_run(lat, b, tokens0, (start, start + first), n) == (ends, gaps)

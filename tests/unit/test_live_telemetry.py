@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -28,6 +29,7 @@ from gateway.telemetry.live import PUSH_SLICE, LiveTelemetry
 from gateway.telemetry.perfmodel import Part
 from gateway.telemetry.promtext import parse
 from gateway.telemetry.records import FinishedRequest as FinishedRecord
+from tests.unit.test_perfmodel import TRUTHS, feed
 from tests.unit.test_sched_scheduler import READY, policy, spec
 
 A = EndpointId("a")
@@ -507,3 +509,38 @@ async def test_the_loop_fits_a_part_in_steps_with_the_loop_free_between(
     # rounds of reweighting; the seventh's step ends the fit
     assert yields == [0] * 7 + [200]
     assert rig.tel.fleet.endpoints[A].coefficients == expected
+
+
+def test_a_full_refit_settles_only_the_timelines_that_took_in_enough_for_a_refit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A settle walks every stream held; it waits until the streams taken in since the last one could
+    make a refit of a part the timeline feeds due (100 observations in each window: 5 more)."""
+    rig = Rig()
+    rig.tel.step()
+    ep = rig.tel.fleet.endpoints[A]
+    feed(ep.fitter, TRUTHS["fleet-7b"], 100, rng=random.Random(5))
+    ep.refit()
+    assert not ep.on_prior
+    visited: list[object] = []
+
+    def settle_points(only: object = None) -> dict[EndpointId, float]:
+        visited.append(only)
+        return {A: rig.clock.now()} if only else {}
+
+    monkeypatch.setattr(rig.tel, "settle_points", settle_points)
+
+    def due() -> bool:
+        return ep.settle_due  # a call: mypy would narrow the property across the asserts
+
+    ep.added_since_settle = 4
+    assert not due()
+    rig.clock.advance(10.0)
+    rig.tel.step()
+    assert visited == [[]]
+    ep.added_since_settle = 5
+    assert due()
+    rig.clock.advance(10.0)
+    rig.tel.step()
+    assert visited == [[], [A]]
+    assert ep.added_since_settle == 0

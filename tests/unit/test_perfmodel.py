@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.telemetry.perfmodel import PARTS, Part, PerfModelFitter
-from gateway.telemetry.robust_regression import nnls
+from gateway.telemetry.robust_regression import median, nnls
 
 PRIOR = default_prior()
 
@@ -195,7 +195,7 @@ def test_the_due_prior_parts_fitted_one_at_a_time_equal_refit_prior_parts() -> N
 
 
 def test_a_part_with_nothing_new_is_not_fitted_again() -> None:
-    f = PerfModelFitter(PRIOR)
+    f = PerfModelFitter(PRIOR, refit_share=0.0)  # anything new: a refit
     feed(f, TRUTHS["fleet-7b"], 100, rng=random.Random(3))
     fitted = f.refit()
     assert f.refit() is fitted  # the same windows: no fit made, nothing replaced
@@ -204,6 +204,44 @@ def test_a_part_with_nothing_new_is_not_fitted_again() -> None:
     assert again is not fitted  # the KV window moved: that part was fitted again
     assert (again.k1, again.k2, again.thr1) == (fitted.k1, fitted.k2, fitted.thr1)
     assert again.n_kv == fitted.n_kv + 1
+
+
+def test_a_fitted_part_is_fitted_again_once_its_new_observations_carry_the_refit_share() -> None:
+    """100 in the window (half-life 500): the 5th new observation brings the new ones' share of the
+    forgetting weight past 5 % (4: 4.1 %, 5: 5.1 %); a part on the prior is fitted whatever the share."""
+    f = PerfModelFitter(PRIOR, refit_share=0.05)
+    feed(f, TRUTHS["fleet-7b"], 100, rng=random.Random(3))
+    fitted = f.refit()
+    for _ in range(4):
+        f.observe_kv(100.0, 101.0)
+        assert f.refit() is fitted
+    f.observe_kv(100.0, 101.0)
+    again = f.refit()
+    assert again.n_kv == 105
+    assert (again.k1, again.k2, again.thr1) == (fitted.k1, fitted.k2, fitted.thr1)
+    fresh = PerfModelFitter(PRIOR, refit_share=1.0, first_fit_min_obs=5)
+    feed(fresh, TRUTHS["fleet-7b"], 5, rng=random.Random(3))
+    assert fresh.refit().n_kv == 5
+    fresh.observe_kv(100.0, 101.0)
+    assert fresh.refit().n_kv == 5  # fitted: a share of 1 waits for a whole new window
+
+
+def test_observations_the_fit_misses_by_far_refit_the_part_at_once() -> None:
+    """Below the refit share, new observations that the fit misses by more than 3x its own error (the
+    engine changed) are fitted at once; the median decides, so one outlier among them does not."""
+    true = TRUTHS["fleet-7b"]
+    f = PerfModelFitter(PRIOR, refit_share=0.05)
+    feed(f, true, 300, rng=random.Random(4))
+    fitted = f.refit()
+    f.observe_prefill(1000, 3.0 * true.prefill_s(1000))  # an outlier, with two that agree
+    f.observe_prefill(500, true.prefill_s(500))
+    f.observe_prefill(200, true.prefill_s(200))
+    assert f.refit() is fitted
+    for p in (300, 700, 900):  # twice as slow now
+        f.observe_prefill(p, 2.0 * true.prefill_s(p))
+    again = f.refit()
+    assert again.n_prefill == 306
+    assert again.n_decode == fitted.n_decode  # the other parts wait for their share
 
 
 @pytest.mark.parametrize("share", [0.05, 0.15], ids=["5%-outliers", "15%-outliers"])
@@ -396,6 +434,7 @@ def test_invalid_observations_are_dropped() -> None:
         ({"half_life": 0}, "half_life"),
         ({"min_obs": 0}, "min_obs"),
         ({"first_fit_min_obs": 0}, "first_fit_min_obs"),
+        ({"refit_share": 1.5}, "refit_share"),
     ],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, float], message: str) -> None:
@@ -484,3 +523,16 @@ def test_nnls_satisfies_the_kkt_conditions(data: tuple[list[float], int]) -> Non
             assert abs(gi) <= scale
         else:
             assert gi >= -scale
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.floats(-1e9, 1e9, allow_nan=False, allow_infinity=False, allow_subnormal=False),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_the_regression_median_is_numpys(values: list[float]) -> None:
+    a = np.asarray(values)
+    assert median(a) == float(np.median(a))

@@ -140,6 +140,7 @@ async def live_side(cfg: FidelityConfig, policy: str, rate: float) -> tuple[Side
     out = cfg.out / "live" / f"{policy}-r{rate:g}"
     bench = BenchConfig(
         out=out,
+        live=True,  # the scheduling benchmark runs on the simulator unless told otherwise
         speed=cfg.speed,
         duration_s=cfg.duration_s,
         patterns=(cfg.pattern,),
