@@ -54,6 +54,7 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench.entry import config_or_reason, run_bench, say
+from loadgen.bench.prefix_bound import goodput_bound
 from loadgen.bench.prefix_report import figures, markdown, passed, plot, summarize_runs
 from loadgen.bench.prefix_setup import (
     CONFIGS,
@@ -172,10 +173,12 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
             tasks = schedule(workload, cfg.trace, at, cfg.duration_s, 0)
             # over the arrivals' span (a conversation's turns run on)
             b = bound(tasks, None, cfg.endpoints, 0, profile_name=profile)
+            best = goodput_bound(tasks, get_profile(profile), cfg.endpoints, 0)
             bounds[f"{workload}@{load:g}"] = {
                 "load": b.load,
                 "load_perfect_cache": b.load_perfect_cache,
                 "reusable_share": b.reusable_share,
+                "goodput_bound": best.document(),
             }
             for seed in range(cfg.seeds):
                 for config in cfg.configs:
