@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import mul
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from gateway.core.blockhash import text_chain, token_chain
 from gateway.core.types import ApiKind, EndpointId
@@ -281,9 +281,11 @@ class PrefixIndex:
         if bitsets:
             # In C-level iterators: a hundred endpoints each holding its own length cost few more
             # Python steps than one.
-            eids = list(map(self._eids_memo.get, bitsets))
-            if None in eids:
-                eids = [e if e is not None else self._eids_of(b) for e, b in zip(eids, bitsets, strict=True)]
+            memo = list(map(self._eids_memo.get, bitsets))
+            if None in memo:
+                eids = [self._eids_of(b) if e is None else e for e, b in zip(memo, bitsets, strict=True)]
+            else:
+                eids = cast("list[tuple[EndpointId, ...]]", memo)
             per_block = self._tokens_per_block(pk)
             if per_block.is_integer():  # int products: no float to round back
                 tokens = list(map(mul, lengths, repeat(int(per_block))))

@@ -121,9 +121,9 @@ def goodput_bound(
     calls: list[CallBound] = []
     for t in tasks:
         at = t.at_s
-        for i, c in enumerate(t.calls):
-            at += c.gap_before_s
-            calls.append(call_bound(profile, c, uncached[(t.index, i)], t.index, at))
+        for i, spec in enumerate(t.calls):
+            at += spec.gap_before_s
+            calls.append(call_bound(profile, spec, uncached[(t.index, i)], t.index, at))
     first = min(t.at_s for t in tasks)
     last = max(c.deadline_s for c in calls)
     capacity = endpoints * max(last - first, 1e-9)

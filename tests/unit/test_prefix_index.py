@@ -37,7 +37,7 @@ def chains(draw: st.DrawFn) -> list[int]:
     mask=st.none() | st.integers(0, 63),
     evict=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 12)), max_size=3),
 )
-def test_matching_all_slots_at_once_equals_matching_each(
+def test_matching_all_slots_at_once_equals_matching_each(  # noqa: PLR0917 (hypothesis's arguments)
     ops: list[tuple[int, list[int]]],
     caps: list[int],
     probe: list[int],
