@@ -7,22 +7,30 @@ relaxes as far as they allow and no further:
 - *a perfect cache*: a call prefills at least its tokens that no earlier call sent (the blocks a cache
   shared by the whole fleet, never evicting, would miss: `loadgen.workloads.stats`), and at least one;
 - *its own SLO alone*: its first token comes at least ``k1 · uncached + c1`` after it arrives (an idle
-  engine, no queue); a call with an E2E target decodes its ``n`` further tokens in iterations of at
-  least ``k2 · context + c2 · b + c3`` for a batch of ``b`` (its batch-mates adding no context of their
-  own), so it meets the target only in batches of at most ``B`` on average, ``B = (E2E − TTFT_min −
-  Σ (k2 · context + c3)) / (c2 · n)``; ``B < 1`` means no placement can make it;
+  engine, no queue); it decodes its ``n`` further tokens in iterations of at least ``k2 · context +
+  c2 · b + c3`` for a batch of ``b`` (its batch-mates adding no context of their own), so with an E2E
+  target it meets it only in batches of at most ``B`` on average, ``B = (E2E − TTFT_min − Σ (k2 ·
+  context + c3)) / (c2 · n)``, and with an ATGT target likewise with ``n · ATGT`` for the time in
+  hand; ``B < 1`` means no placement can make it;
 - *the fleet's engine time*: an iteration costs ``Σ (k2 · context + c2) + c3`` over its batch, so a
   call costs at least its prefill, ``k1 · uncached + c1 / (prompts per prefill iteration)``, and, per
   further token, ``k2 · context + c2 + c3 / B`` (Jensen: the fixed term split over batches of ``B``
   on average at best; ``B`` capped by the engine's seats). What must be done before the last deadline
-  (a TTFT call's prefill, an E2E call's whole run) fits in ``endpoints × (last deadline − first
-  arrival)`` engine-seconds.
+  (a TTFT call's prefill; the whole of a call with an E2E target, or with TTFT and ATGT targets, due
+  ``n`` ATGTs after its first token's target) fits in ``endpoints × (last deadline − first arrival)``
+  engine-seconds.
 
-The bound then serves the calls cheapest first while their engine time fits (fractionally: a knapsack's
-relaxation, so still an upper bound). Goodput counts the calls a policy sends: a task refused at its
-first call sends no second one, so the bound lets every refused task cost one missed call only
-(``met / (met + refused tasks)``, both at their most favourable). Ignored, so the bound stays above every
-real placement: queueing, seats, chunked prefill, evictions, decode interference beyond ``b``.
+The bound then counts, window by window (time cut into windows of 2.5 s to the whole run, two offsets
+each; the count of the width that misses most is kept), the calls that arrive and are due within a
+window: beyond the cheapest of them that fit in its engine time (fractionally: a knapsack's
+relaxation), every one is missed, and disjoint windows miss apart. Goodput counts the calls a policy
+sends, and a task refused at its first call sends no more, so the missed calls are spread as thinly
+as possible: at least ``missed / (calls per task, at most)`` tasks miss, each costing at least one of
+its calls, and goodput <= ``1 − that / calls``. Ignored, so the bound stays above every real
+placement: queueing for seats and prefill, the engines' seat limit, chunked prefill, evictions, a
+batch-mate's own context. It is loose where the targets are loose in time (an ATGT target lets a
+call's decode run long after the window it arrived in); what it shows is where even a perfect
+placement could not reach.
 """
 
 from __future__ import annotations
@@ -30,11 +38,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.core.blockhash import text_chain
 from loadgen.engine_sim.profiles import EngineProfile
 from loadgen.workloads.base import CallSpec, TaskSpec, call_prompt
 from loadgen.workloads.prompt import call_salt
+
+#: Window widths the engine-time count cuts time into (seconds; the whole run besides).
+WINDOWS_S: Final = (2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +55,9 @@ class CallBound:
     uncached: int  # prompt tokens a perfect shared cache misses
     feasible: bool  # its SLO can be met on an idle engine with that cache
     cost_s: float  # the least engine time it costs before its deadline (when feasible)
-    deadline_s: float  # arrival + its target (TTFT or E2E), from the start of the run
+    deadline_s: float  # when what it costs is due, from the start of the run
     cls: str
+    at_s: float = 0.0  # when it is sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,25 +103,41 @@ def uncached_tokens(tasks: Sequence[TaskSpec], block_tokens: int, seed: int) -> 
 
 
 def call_bound(profile: EngineProfile, call: CallSpec, uncached: int, task: int, at_s: float) -> CallBound:
-    lat, seats = profile.latency, profile.max_num_seqs
+    """One call's feasibility alone and its least engine time before its deadline (module docstring)."""
+    lat, seats = profile.latency, float(profile.max_num_seqs)
     ttft_min = lat.k1 * uncached + lat.c1
-    per_prefill = max(1, min(seats, profile.max_prefill_tokens // max(1, uncached)))
+    per_prefill = max(1, min(profile.max_prefill_tokens // max(1, uncached), profile.max_num_seqs))
     prefill = lat.k1 * uncached + lat.c1 / per_prefill
     n = max(0, call.output_tokens - 1)
     ctx = n * (lat.k2 * call.prompt_tokens) + lat.k2 * n * (n + 1) / 2  # Σ k2 · context
     slo = call.slo
     if slo.ttft_ms is not None and ttft_min * 1000.0 > slo.ttft_ms:
-        return CallBound(task, uncached, False, 0.0, at_s, call.cls)
-    if slo.e2e_ms is None:  # a TTFT target: only the prefill is due by the deadline
-        deadline = at_s + (slo.ttft_ms or 0.0) / 1000.0
-        return CallBound(task, uncached, True, prefill, deadline, call.cls)
-    spare = slo.e2e_ms / 1000.0 - ttft_min - ctx - n * lat.c3
-    batch = float(seats) if spare >= 0 else 0.0  # no decode, or no per-request decode term
-    if n > 0 and lat.c2 > 0:
-        batch = min(float(seats), spare / (lat.c2 * n))
-    feasible = batch >= 1.0
-    cost = prefill + ctx + n * lat.c2 + (n * lat.c3 / batch if feasible and n else 0.0)
-    return CallBound(task, uncached, feasible, cost, at_s + slo.e2e_ms / 1000.0, call.cls)
+        return CallBound(task, uncached, False, 0.0, at_s, call.cls, at_s)
+    # The decode's time in hand: after the least first token to the E2E target, and n tokens at the
+    # ATGT target; each bounds the mean batch (B) the call can decode in.
+    spares = []
+    if slo.e2e_ms is not None:
+        spares.append(slo.e2e_ms / 1000.0 - ttft_min)
+    if slo.atgt_ms is not None and n > 0:
+        spares.append(n * slo.atgt_ms / 1000.0)
+    batch = seats
+    for spare in spares:
+        left = spare - ctx - n * lat.c3
+        if left < 0:
+            return CallBound(task, uncached, False, 0.0, at_s, call.cls, at_s)
+        if n > 0 and lat.c2 > 0:
+            batch = min(batch, left / (lat.c2 * n))
+    if batch < 1.0:
+        return CallBound(task, uncached, False, 0.0, at_s, call.cls, at_s)
+    decode = ctx + n * lat.c2 + n * lat.c3 / batch
+    if slo.e2e_ms is not None:  # all of it is due by the E2E target
+        return CallBound(task, uncached, True, prefill + decode, at_s + slo.e2e_ms / 1000.0, call.cls, at_s)
+    if slo.ttft_ms is not None and slo.atgt_ms is not None:  # the last token n ATGTs after the first's target
+        due = at_s + (slo.ttft_ms + n * slo.atgt_ms) / 1000.0
+        return CallBound(task, uncached, True, prefill + decode, due, call.cls, at_s)
+    if slo.ttft_ms is not None:  # a TTFT target alone: only the prefill is due
+        return CallBound(task, uncached, True, prefill, at_s + slo.ttft_ms / 1000.0, call.cls, at_s)
+    return CallBound(task, uncached, True, 0.0, at_s, call.cls, at_s)  # nothing is ever due
 
 
 def goodput_bound(
@@ -124,44 +153,50 @@ def goodput_bound(
         for i, spec in enumerate(t.calls):
             at += spec.gap_before_s
             calls.append(call_bound(profile, spec, uncached[(t.index, i)], t.index, at))
-    first = min(t.at_s for t in tasks)
-    last = max(c.deadline_s for c in calls)
-    capacity = endpoints * max(last - first, 1e-9)
-    feasible = [c for c in calls if c.feasible]
     by_class: dict[str, list[int]] = {}
     for c in calls:
         got = by_class.setdefault(c.cls, [0, 0])
         got[0] += c.feasible
         got[1] += 1
-    # Most calls met: cheapest first, the last one fractionally (an upper bound on the knapsack).
-    met = _fill((c.cost_s for c in feasible), capacity)
-    # Fewest tasks refused: a task is served when its first call is feasible (with its other feasible
-    # calls); cheapest tasks first.
-    task_cost: dict[int, float] = {}
-    firsts = {t.index for t, c in zip(tasks, _firsts(calls), strict=True) if c.feasible}
-    for c in feasible:
-        if c.task in firsts:
-            task_cost[c.task] = task_cost.get(c.task, 0.0) + c.cost_s
-    served_tasks = _fill(task_cost.values(), capacity)
-    refused = len(tasks) - served_tasks
-    total_busy = sum(c.cost_s for c in feasible)
+    infeasible = sum(1 for c in calls if not c.feasible)
+    dropped, peak = _dropped(calls, endpoints)
+    per_task = max(len(t.calls) for t in tasks)
+    unmet_tasks = (infeasible + dropped) / per_task  # tasks with a call unmet, at the fewest
     return GoodputBound(
-        goodput=min(1.0, met / (met + refused)) if met + refused > 0 else 0.0,
-        feasible_share=len(feasible) / len(calls),
-        busy_ratio=total_busy / capacity,
+        goodput=max(0.0, 1.0 - unmet_tasks / len(calls)),
+        feasible_share=1.0 - infeasible / len(calls),
+        busy_ratio=peak,
         by_class={k: v[0] / v[1] for k, v in by_class.items()},
     )
 
 
-def _firsts(calls: Sequence[CallBound]) -> list[CallBound]:
-    """Each task's first call (`calls` are in task order, a task's calls together)."""
-    out: list[CallBound] = []
-    last = None
-    for c in calls:
-        if c.task != last:
-            out.append(c)
-            last = c.task
-    return out
+def _dropped(calls: Sequence[CallBound], endpoints: int) -> tuple[float, float]:
+    """The most feasible calls any placement must miss for want of engine time (fractional), and the
+    busiest window's work over the fleet's time in it.
+
+    Time is cut into windows of one width; the calls that arrive and are due within one window need
+    their engine time in it, so beyond the cheapest that fit, the rest of them are missed, and windows
+    apart miss apart. Every width and offset gives a valid count; the largest is kept."""
+    busy = [c for c in calls if c.feasible and c.cost_s > 0]
+    if not busy:
+        return 0.0, 0.0
+    t0 = min(c.at_s for c in calls)
+    t1 = max(c.deadline_s for c in busy)
+    most, peak = 0.0, 0.0
+    for width in (*WINDOWS_S, max(t1 - t0, 1e-9)):
+        for offset in (0.0, width / 2):
+            slots: dict[int, list[float]] = {}
+            for c in busy:
+                k = math.floor((c.at_s - t0 + offset) / width)
+                if c.deadline_s - t0 + offset <= (k + 1) * width:
+                    slots.setdefault(k, []).append(c.cost_s)
+            room = endpoints * width
+            lost = 0.0
+            for costs in slots.values():
+                lost += len(costs) - _fill(costs, room)
+                peak = max(peak, sum(costs) / room)
+            most = max(most, lost)
+    return most, peak
 
 
 def _fill(costs: Iterable[float], capacity: float) -> float:
