@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, compress, repeat
+from itertools import accumulate, compress, islice, repeat
 from operator import and_, is_not, itemgetter, xor
 from typing import Final
 
@@ -246,24 +246,26 @@ class ApproximateBlocks:
                 lo = mid
             else:
                 hi = mid
+        if hi == start:  # no slot of m holds keys[start]: they all end there
+            return [m], [start]
         try:  # every key up to `hi` is held by some slot (a slot holding a key holds its prefix)
             if hi - start > 1:
-                got = itemgetter(*keys[start:hi])(self._owners)
+                vals = itemgetter(*keys[start:hi])(self._owners)
             else:
-                got = tuple(map(get, keys[start:hi]))  # itemgetter of one key is no tuple
+                vals = (self._owners[keys[start]],)  # itemgetter of one key is no tuple
         except KeyError:  # not so (never by insert and evict alone): read with a default
-            got = tuple(map(get, keys[start:hi], repeat(0)))
-        vals = [*got, 0]
-        # Where the bitset object changes. Equal bitsets are mostly one object (`insert` and `_drop`
-        # keep a run of them so), and comparing identities is cheaper than comparing values; two
-        # equal ones that are not the same object only add a change that loses no slot (dropped below).
-        changed = list(map(is_not, vals, vals[1:]))
-        runs = [m, *compress(vals, changed)]
+            vals = tuple(map(get, keys[start:hi], repeat(0)))
+        # Where the bitset object changes (and at `hi`, where every run ends). Equal bitsets are mostly
+        # one object (`insert` and `_drop` keep a run of them so), and comparing identities is cheaper
+        # than comparing values; two equal ones that are not the same object only add a change that
+        # loses no slot (dropped below).
+        changed = list(map(is_not, vals, islice(vals, 1, None)))
+        runs = [m, *compress(vals, changed), vals[-1]]
         if not nested:
             runs = list(accumulate(runs, and_))
         runs.append(0)
-        gone = list(map(xor, runs, runs[1:]))
-        ends = [start, *compress(range(start + 1, hi + 1), changed)]
+        gone = list(map(xor, runs, islice(runs, 1, None)))
+        ends = [start, *compress(range(start + 1, hi), changed), hi]
         return list(compress(gone, gone)), list(compress(ends, gone))
 
 
