@@ -35,13 +35,15 @@ placement could not reach.
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from gateway.core.blockhash import text_chain
-from loadgen.engine_sim.profiles import EngineProfile
+from loadgen.bench.prefix_setup import DEFAULT_ENDPOINTS, load_for, profile_for, schedule, trace_path
+from loadgen.engine_sim.profiles import EngineProfile, get_profile
 from loadgen.workloads.base import CallSpec, TaskSpec, call_prompt
 from loadgen.workloads.prompt import call_salt
 
@@ -210,3 +212,27 @@ def _fill(costs: Iterable[float], capacity: float) -> float:
             n += left / cost if cost > 0 else 0.0
             break
     return n if math.isfinite(n) else 0.0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print the bound of the prefix benchmark's schedules: ``python -m loadgen.bench.prefix_bound
+    --workload coding --loads 1,2,3`` (seed 0's schedule, as the benchmark's report states it)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m loadgen.bench.prefix_bound", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("--workload", default="coding")
+    ap.add_argument("--loads", default="1,2,3")
+    ap.add_argument("--endpoints", type=int, default=DEFAULT_ENDPOINTS)
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--trace")
+    a = ap.parse_args(argv)
+    trace, profile = trace_path(a.trace), profile_for(a.workload)
+    for load in (float(x) for x in a.loads.split(",")):
+        at = load_for(a.workload, trace, load, a.duration, a.endpoints, profile_name=profile)
+        tasks = schedule(a.workload, trace, at, a.duration, 0)
+        best = goodput_bound(tasks, get_profile(profile), a.endpoints, 0)
+        print(f"{a.workload} load {load:g}: {best.document()}")
+
+
+if __name__ == "__main__":
+    main()
