@@ -34,7 +34,7 @@ def token_chain(token_ids: Sequence[int], block_size: int, parent: int = ROOT) -
     keys: list[int] = []
     key = parent
     for start in range(0, len(ids) - block_size + 1, block_size):
-        key = hash((key, *ids[start : start + block_size]))
+        key = hash((key, ids[start : start + block_size]))  # a tuple's slice: no list, no unpacking
         keys.append(key)
     return keys
 

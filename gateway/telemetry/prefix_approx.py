@@ -21,11 +21,18 @@ dict entry and a small int (the bitset): about 180 bytes for a block held by one
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import accumulate, compress, islice, repeat
+from operator import and_, is_not, itemgetter, xor
 from typing import Final
 
 #: Blocks a slot holds while the endpoint's KV capacity is unknown and none is configured.
 DEFAULT_BLOCKS: Final = 32_768
+#: Distinct match lengths found by galloping before the rest of a prompt is read in one pass.
+GALLOP_GROUPS: Final = 3
+#: ... when they are on average fewer keys apart than this (galloping costs about 2·log2(gap) dict
+#: lookups and some Python steps per length, the one pass a few tens of ns per key).
+SCAN_GAP: Final = 16
 
 
 class _Slot:
@@ -64,14 +71,22 @@ class ApproximateBlocks:
         slot = self._slots.get(idx)
         if slot is None:
             return
-        owners, keep = self._owners, ~slot.bit
-        for k in slot.lru:
-            o = owners.get(k, 0) & keep
-            if o:
-                owners[k] = o
+        self._drop(slot.lru, slot.bit)
+        slot.lru.clear()
+
+    def _drop(self, keys: Iterable[int], bit: int) -> None:
+        """`bit` leaves the bitsets of `keys` (a key no slot holds any more is forgotten)."""
+        owners, keep = self._owners, ~bit
+        was: int | None = None
+        now = 0
+        for k in keys:
+            o = owners.get(k, 0)
+            if o is not was:  # equal bitsets stay one object (`_scan` compares them by identity)
+                was, now = o, o & keep
+            if now:
+                owners[k] = now
             else:
                 owners.pop(k, None)
-        slot.lru.clear()
 
     def set_capacity(self, idx: int, capacity_blocks: int) -> None:
         slot = self._slots.get(idx)
@@ -109,24 +124,25 @@ class ApproximateBlocks:
             return
         lru, owners, bit = slot.lru, self._owners, slot.bit
         move = lru.move_to_end
+        was: int | None = None
+        now = 0
         for k in reversed(keys):
             if k in lru:
                 move(k)
             else:
                 lru[k] = None
-                owners[k] = owners.get(k, 0) | bit
+                o = owners.get(k, 0)
+                if o is not was:  # equal bitsets stay one object (`_scan` compares them by identity)
+                    was, now = o, o | bit
+                owners[k] = now
         self._evict(slot)
 
     def _evict(self, slot: _Slot) -> None:
-        lru, owners, keep = slot.lru, self._owners, ~slot.bit
+        lru = slot.lru
         over = len(lru) - slot.capacity
-        for _ in range(over):
-            k, _ = lru.popitem(last=False)
-            o = owners.get(k, 0) & keep
-            if o:
-                owners[k] = o
-            else:
-                owners.pop(k, None)
+        if over > 0:
+            pop = lru.popitem
+            self._drop([pop(last=False)[0] for _ in range(over)], slot.bit)
 
     # ----------------------------------------------------------------- queries
     def matched(self, idx: int, keys: Sequence[int]) -> int:
@@ -144,25 +160,44 @@ class ApproximateBlocks:
                 hi = mid
         return lo
 
-    def match_all(self, keys: Sequence[int], mask: int | None = None) -> list[tuple[int, int]]:
+    def match_all(
+        self, keys: Sequence[int], mask: int | None = None, *, gallop_groups: int = GALLOP_GROUPS
+    ) -> list[tuple[int, int]]:
         """(slots bitset, leading keys they hold) for every match length above zero, over the slots in
-        `mask` (all when None).
+        `mask` (all when None), in increasing length (`match_lists` as pairs)."""
+        sets, ends = self.match_lists(keys, mask, gallop_groups=gallop_groups)
+        return list(zip(sets, ends, strict=True))
 
-        The slots holding the first `j` keys shrink as `j` grows; from each length where they change,
+    def match_lists(
+        self, keys: Sequence[int], mask: int | None = None, *, gallop_groups: int = GALLOP_GROUPS
+    ) -> tuple[list[int], list[int]]:
+        """The slots bitsets holding each distinct match length above zero of `keys`, and the lengths,
+        in increasing length, over the slots in `mask` (all when None).
+
+        The slots holding the first `j` keys shrink as `j` grows. From each length where they change,
         the next change is found by galloping (1, 2, 4, ... keys ahead) and then bisecting: about
-        ``2·log2(gap)`` dict lookups per distinct match length, nothing per endpoint. (Reading every
-        key's bitset in one C-level `map` instead measured slower whenever few lengths are distinct:
-        30 µs against 2 µs for one endpoint holding a 500-key prompt.)"""
+        ``2·log2(gap)`` dict lookups per distinct match length, nothing per endpoint. Once
+        `gallop_groups` lengths are found fewer than `SCAN_GAP` keys apart on average, many more are
+        likely (every endpoint holding its own length of a shared document): the rest, up to where no
+        slot holds a key, is read in one C-level pass (`_scan`), a few tens of ns per key instead of
+        some hundreds per length."""
         get = self._owners.get
         n = len(keys)
+        sets: list[int] = []
+        ends: list[int] = []
         if n == 0:
-            return []
+            return sets, ends
         m = get(keys[0], 0)
         if mask is not None:
             m &= mask
-        out: list[tuple[int, int]] = []
         lo = 0  # every slot in `m` holds keys[: lo + 1]
         while m:
+            found = len(ends)
+            if found >= gallop_groups and lo < SCAN_GAP * max(found, 1):
+                more_sets, more_ends = self._scan(keys, lo + 1, m, nested=mask is None)
+                sets += more_sets
+                ends += more_ends
+                break
             step = 1
             hi = n
             while lo + step < n:
@@ -180,10 +215,58 @@ class ApproximateBlocks:
                 else:
                     hi = mid
             rest = get(keys[hi], 0) & m if hi < n else 0
-            out.append((m & ~rest, hi))
+            sets.append(m & ~rest)
+            ends.append(hi)
             m = rest
             lo = hi
-        return out
+        return sets, ends
+
+    def _scan(self, keys: Sequence[int], start: int, m: int, *, nested: bool) -> tuple[list[int], list[int]]:
+        """`match_lists` from `start` on, for the slots `m`, which hold keys[:start]: one pass in C-level
+        iterators over the keys up to the first that no slot of `m` holds (found by galloping).
+
+        The bitsets along the keys only shrink (a slot holding a key holds its prefix), so where the
+        bitset changes, a run of equal bitsets ends: its slots hold every key up to there, and the
+        slots it loses at the change are those whose match ends there. `nested`: no slot outside `m`
+        holds a key past `start` (no mask narrowed `m`), so the runs need no intersecting with it."""
+        get = self._owners.get
+        n = len(keys)
+        lo, hi = start - 1, n  # some slot of m holds keys[lo] (or lo < start); none holds keys[hi]
+        step = 1
+        while lo + step < n:
+            if get(keys[lo + step], 0) & m:
+                lo += step
+                step += step
+            else:
+                hi = lo + step
+                break
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            if get(keys[mid], 0) & m:
+                lo = mid
+            else:
+                hi = mid
+        if hi == start:  # no slot of m holds keys[start]: they all end there
+            return [m], [start]
+        try:  # every key up to `hi` is held by some slot (a slot holding a key holds its prefix)
+            if hi - start > 1:
+                vals = itemgetter(*keys[start:hi])(self._owners)
+            else:
+                vals = (self._owners[keys[start]],)  # itemgetter of one key is no tuple
+        except KeyError:  # not so (never by insert and evict alone): read with a default
+            vals = tuple(map(get, keys[start:hi], repeat(0)))
+        # Where the bitset object changes (and at `hi`, where every run ends). Equal bitsets are mostly
+        # one object (`insert` and `_drop` keep a run of them so), and comparing identities is cheaper
+        # than comparing values; two equal ones that are not the same object only add a change that
+        # loses no slot (dropped below).
+        changed = list(map(is_not, vals, islice(vals, 1, None)))
+        runs = [m, *compress(vals, changed), vals[-1]]
+        if not nested:
+            runs = list(accumulate(runs, and_))
+        runs.append(0)
+        gone = list(map(xor, runs, islice(runs, 1, None)))
+        ends = [start, *compress(range(start + 1, hi), changed), hi]
+        return list(compress(gone, gone)), list(compress(ends, gone))
 
 
 class ApproximateHolder:

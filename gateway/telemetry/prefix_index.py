@@ -30,7 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from itertools import chain, repeat
+from operator import mul
+from typing import Any, Final, Literal, cast
 
 from gateway.core.blockhash import text_chain, token_chain
 from gateway.core.types import ApiKind, EndpointId
@@ -135,6 +137,7 @@ class PrefixIndex:
         self._eids_memo: dict[int, tuple[EndpointId, ...]] = {}  # slots bitset -> its endpoints
         # Endpoints whose correction is below 1, and it: their approximate answers are scaled by it.
         self._damped: dict[EndpointId, float] = {}
+        self._precise: dict[EndpointId, BlockHolder] = {}  # the endpoints with a precise holder attached
 
     def configure(self, settings: PrefixSettings) -> None:
         """New settings (config reload): a new block size starts the approximate index afresh."""
@@ -187,6 +190,7 @@ class PrefixIndex:
             self._by_slot.pop(ep.holder.idx, None)
             self._capacity_tokens.pop(eid, None)
             self._damped.pop(eid, None)
+            self._precise.pop(eid, None)
             self._eids_memo.clear()
 
     def clear(self, eid: EndpointId) -> None:
@@ -201,6 +205,9 @@ class PrefixIndex:
         ep.precise = holder
         if holder is None:
             ep.lag = None
+            self._precise.pop(eid, None)
+        else:
+            self._precise[eid] = holder
 
     def set_lag(self, eid: EndpointId, seconds: float | None) -> None:
         """How far the precise source's events for `eid` are behind the engine."""
@@ -270,13 +277,27 @@ class PrefixIndex:
         if pk is None or not self._endpoints:
             return NO_HITS
         out: dict[EndpointId, int] = {}
-        per_block = self._tokens_per_block(pk)
-        memo = self._eids_memo
-        for held, n in self._blocks.match_all(pk.keys):
-            eids = memo.get(held)
-            if eids is None:
-                eids = self._eids_of(held)
-            out.update(dict.fromkeys(eids, min(prompt_tokens, int(n * per_block))))
+        bitsets, lengths = self._blocks.match_lists(pk.keys)
+        if bitsets:
+            # In C-level iterators: a hundred endpoints each holding its own length cost few more
+            # Python steps than one.
+            memo = list(map(self._eids_memo.get, bitsets))
+            if None in memo:
+                eids = [self._eids_of(b) if e is None else e for e, b in zip(memo, bitsets, strict=True)]
+            else:
+                eids = cast("list[tuple[EndpointId, ...]]", memo)
+            per_block = self._tokens_per_block(pk)
+            if per_block.is_integer():  # int products: no float to round back
+                tokens = list(map(mul, lengths, repeat(int(per_block))))
+            else:
+                tokens = list(map(int, map(mul, lengths, repeat(per_block))))
+            if tokens[-1] > prompt_tokens:  # lengths increase
+                tokens = [min(t, prompt_tokens) for t in tokens]
+            flat = list(chain.from_iterable(eids))
+            if len(flat) == len(eids):  # one endpoint per length
+                out = dict(zip(flat, tokens, strict=True))
+            else:
+                out = dict(zip(flat, chain.from_iterable(map(repeat, tokens, map(len, eids))), strict=True))
         if self._damped:  # engines that hit less than the approximate source predicts (even none)
             for eid, c in self._damped.items():
                 got = out.get(eid)
@@ -286,11 +307,8 @@ class PrefixIndex:
                         out[eid] = kept
                     else:
                         del out[eid]
-        if self.settings.source != "approximate":
-            for eid, ep in self._endpoints.items():
-                holder = ep.precise
-                if holder is None:
-                    continue
+        if self._precise and self.settings.source != "approximate":
+            for eid, holder in self._precise.items():
                 size = holder.block_tokens
                 keys = pk.token_keys(size)
                 if keys is None:

@@ -133,6 +133,17 @@ PROFILES: dict[str, EngineProfile] = {
         prefix_caching=True,
         description="fleet-benchmark long-context 8B: 128k context, 262k KV tokens, prefix caching",
     ),
+    "fleet-8b-trace": EngineProfile(
+        latency=LatencyModel(k1=1.0e-4, c1=0.020, k2=2.0e-7, c2=1.0e-3, c3=0.025),
+        max_num_seqs=16,
+        kv_capacity_tokens=1_048_576,
+        max_model_len=131_072,
+        max_prefill_tokens=16_384,
+        load_time_s=5.0,
+        fleet_bench=True,
+        prefix_caching=True,
+        description="fleet-8b-long with 1M KV tokens: the Mooncake traces' long prompts leave room to cache",
+    ),
     "test-fast": EngineProfile(
         latency=LatencyModel(k1=1.0e-5, c1=0.002, k2=0.0, c2=1.0e-4, c3=0.002),
         max_num_seqs=8,

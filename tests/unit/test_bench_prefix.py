@@ -39,7 +39,8 @@ def test_quick_run_reports_every_configuration_on_the_same_trace(tmp_path: Path,
     assert set(prefix_report.METRICS) <= set(cell)
     assert cell["goodput"]["n"] == 2
     assert cell["goodput"]["half"] is not None
-    assert set(doc["bounds"][key]) == {"load", "load_perfect_cache", "reusable_share"}
+    assert set(doc["bounds"][key]) == {"load", "load_perfect_cache", "reusable_share", "goodput_bound"}
+    assert 0.0 <= doc["bounds"][key]["goodput_bound"]["goodput"] <= 1.0
     assert doc["bounds"][key]["load_perfect_cache"] <= doc["bounds"][key]["load"]
     targets = [c["target"] for c in doc["verdicts"]["chat"]]
     assert any("hit rate" in t for t in targets)

@@ -27,26 +27,38 @@ def chains(draw: st.DrawFn) -> list[int]:
 @settings(max_examples=150, deadline=None)
 @given(
     ops=st.lists(
-        st.tuples(st.integers(0, 3), st.lists(st.integers(0, 2), min_size=0, max_size=10)),
+        st.tuples(st.integers(0, 5), st.lists(st.integers(0, 2), min_size=0, max_size=10)),
         min_size=1,
         max_size=40,
     ),
-    caps=st.lists(st.integers(1, 12), min_size=4, max_size=4),
+    caps=st.lists(st.integers(1, 12), min_size=6, max_size=6),
     probe=st.lists(st.integers(0, 2), min_size=0, max_size=12),
+    gallop_groups=st.sampled_from([0, 1, 3, 1_000]),
+    mask=st.none() | st.integers(0, 63),
+    evict=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 12)), max_size=3),
 )
-def test_matching_all_slots_at_once_equals_matching_each(
-    ops: list[tuple[int, list[int]]], caps: list[int], probe: list[int]
+def test_matching_all_slots_at_once_equals_matching_each(  # noqa: PLR0917 (hypothesis's arguments)
+    ops: list[tuple[int, list[int]]],
+    caps: list[int],
+    probe: list[int],
+    gallop_groups: int,
+    mask: int | None,
+    evict: list[tuple[int, int]],
 ) -> None:
     """Sequences are chains over a small alphabet (so prompts share prefixes); each slot's LRU keeps
-    every held block's prefix held too, so the binary search over the shared bitsets finds each slot's
-    longest held prefix exactly, and never holds more than its capacity."""
+    every held block's prefix held too, so matching every slot at once (galloping, then one pass over
+    the rest from any point on: `gallop_groups`) finds each slot's longest held prefix exactly, as a
+    linear walk of its own LRU and its binary search do, and never holds more than its capacity."""
     blocks = ApproximateBlocks()
     slots = [blocks.add_slot(c) for c in caps]
     for slot, seq in ops:
         blocks.insert(slots[slot], token_chain(seq, 1))
+    for slot, cap in evict:  # shrink some slots: their least recent blocks go
+        blocks.set_capacity(slots[slot], cap)
+        caps[slot] = min(caps[slot], cap)
     keys = token_chain(probe, 1)
     got = {}
-    for bits, n in blocks.match_all(keys):
+    for bits, n in blocks.match_all(keys, mask, gallop_groups=gallop_groups):
         for s in slots:
             if bits >> s & 1:
                 assert s not in got
@@ -57,7 +69,9 @@ def test_matching_all_slots_at_once_equals_matching_each(
         linear = 0
         while linear < len(keys) and keys[linear] in lru:
             linear += 1
-        assert got.get(s, 0) == linear == blocks.matched(s, keys)
+        want = linear if mask is None or mask >> s & 1 else 0
+        assert got.get(s, 0) == want
+        assert blocks.matched(s, keys) == linear
         # prefix closure: a held block's parent is held
         for seq_slot, seq in ops:
             if seq_slot == slots.index(s):
@@ -96,6 +110,23 @@ def test_lookup_reports_cached_tokens_per_endpoint() -> None:
     assert idx.lookup(probe, 10).get_tokens(A) == 10  # never more than the prompt
     # another model shares nothing, however alike the text
     assert not idx.lookup(idx.keys_of("other", ApiKind.COMPLETION, shared), 16)
+
+
+@pytest.mark.parametrize("chars_per_token", [4.0, 3.7])
+def test_many_endpoints_each_holding_its_own_length(chars_per_token: float) -> None:
+    """Forty endpoints holding prefixes of one document, some lengths shared (the one-pass scan and
+    groups of several endpoints): the lookup answers what each endpoint's own match says."""
+    idx = PrefixIndex(PrefixSettings(block_tokens=4, chars_per_token=chars_per_token))
+    doc = "".join(chr(ord("a") + i % 26) * 16 for i in range(200))  # 200 blocks
+    eids = [EndpointId(f"e{i}") for i in range(40)]
+    for i, e in enumerate(eids):
+        cut = 16 * (5 * (i // 2) + 1 + i % 3)  # pairs share a length, and some lengths repeat
+        idx.dispatched(e, idx.keys_of("m", ApiKind.COMPLETION, doc[:cut]), cut // 4)
+    probe = idx.keys_of("m", ApiKind.COMPLETION, doc)
+    for prompt_tokens in (800, 100):
+        hits = idx.lookup(probe, prompt_tokens)
+        assert dict(hits) == {e: idx.cached_on(e, probe, prompt_tokens) for e in eids}
+        assert all(0 < t <= prompt_tokens for t in hits.values())
 
 
 def test_a_conversation_reuses_the_previous_turn_and_its_answer() -> None:

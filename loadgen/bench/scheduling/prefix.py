@@ -55,12 +55,14 @@ import orjson
 
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.entry import config_or_reason, say
+from loadgen.bench.scheduling.prefix_bound import goodput_bound
 from loadgen.bench.scheduling.prefix_report import figures, markdown, passed, plot, summarize_runs
 from loadgen.bench.scheduling.prefix_setup import (
     CONFIGS,
     DEFAULT_ENDPOINTS,
     MODEL,
     PROFILE,
+    TRACE_PROFILE,
     WORKLOADS,
     Load,
     bound,
@@ -69,6 +71,7 @@ from loadgen.bench.scheduling.prefix_setup import (
     gateway_toml,
     load_for,
     policy_text,
+    profile_for,
     schedule,
     trace_path,
     workload_arg,
@@ -76,6 +79,7 @@ from loadgen.bench.scheduling.prefix_setup import (
 )
 from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import load_fleet_file
+from loadgen.engine_sim.profiles import get_profile
 from loadgen.fleetsim import SimOptions, simulate
 
 DEFAULT_LOADS: Final = (1.0, 2.0, 3.0)
@@ -101,6 +105,7 @@ class Config:
     configs: tuple[str, ...] = tuple(CONFIGS)
     trace: Path = field(default_factory=lambda: trace_path(None))
     quick: bool = False
+    profile: str | None = None  # every workload's engine profile (None: `prefix_setup.profile_for`)
 
 
 # --------------------------------------------------------------------- one run
@@ -110,8 +115,9 @@ def run_one(cfg: Config, workload: str, at: Load, seed: int, config: str) -> dic
     d = cfg.out / "runs" / f"{workload}-l{at.load:g}-s{seed}-{config}"
     d.mkdir(parents=True, exist_ok=True)
     spec = CONFIGS[config]
-    (d / "fleet.toml").write_text(fleet_file(cfg.endpoints))
-    (d / "gateway.toml").write_text(gateway_toml(day_one=spec.day_one))
+    profile = profile_for(workload, cfg.profile)
+    (d / "fleet.toml").write_text(fleet_file(cfg.endpoints, profile))
+    (d / "gateway.toml").write_text(gateway_toml(day_one=spec.day_one, profile=profile))
     (d / "policy.toml").write_text(policy_text(workload, config))
     tasks = schedule(workload, cfg.trace, at, cfg.duration_s, seed)
     span = max((t.at_s for t in tasks), default=0.0) if workload == "mooncake" else cfg.duration_s
@@ -164,15 +170,17 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
     bounds: dict[str, dict[str, Any]] = {}
     for workload in cfg.workloads:
         for load in cfg.loads:
-            at = load_for(workload, cfg.trace, load, cfg.duration_s, cfg.endpoints)
+            profile = profile_for(workload, cfg.profile)
+            at = load_for(workload, cfg.trace, load, cfg.duration_s, cfg.endpoints, profile_name=profile)
             tasks = schedule(workload, cfg.trace, at, cfg.duration_s, 0)
-            b = bound(
-                tasks, None, cfg.endpoints, 0
-            )  # over the arrivals' span (a conversation's turns run on)
+            # over the arrivals' span (a conversation's turns run on)
+            b = bound(tasks, None, cfg.endpoints, 0, profile_name=profile)
+            best = goodput_bound(tasks, get_profile(profile), cfg.endpoints, 0)
             bounds[f"{workload}@{load:g}"] = {
                 "load": b.load,
                 "load_perfect_cache": b.load_perfect_cache,
                 "reusable_share": b.reusable_share,
+                "goodput_bound": best.document(),
             }
             for seed in range(cfg.seeds):
                 for config in cfg.configs:
@@ -182,7 +190,7 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
     result: dict[str, Any] = {
         "setup": {
             "model": MODEL,
-            "profile": PROFILE,
+            "profile": {w: profile_for(w, cfg.profile) for w in cfg.workloads},
             "endpoints": cfg.endpoints,
             "workloads": list(cfg.workloads),
             "loads": list(cfg.loads),
@@ -218,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, help="seconds of arrivals (the trace is replayed whole)")
     p.add_argument("--endpoints", type=int)
     p.add_argument("--configs", help=f"comma-separated, of {', '.join(CONFIGS)}")
+    p.add_argument(
+        "--profile", help=f"engine profile for every workload (default: {PROFILE}, the trace {TRACE_PROFILE})"
+    )
     p.add_argument("--trace", help="a Mooncake-format trace (default: the synthetic trace beside the repo)")
     p.add_argument("--live", action="store_true", help="the live confirmation with the real routers")
     p.add_argument("--routers", help="live: comma-separated routers (default: all)")
@@ -248,6 +259,9 @@ def config_from_args(a: argparse.Namespace) -> Config:
         base["duration_s"] = a.duration
     if a.endpoints is not None:
         base["endpoints"] = a.endpoints
+    if a.profile:
+        get_profile(a.profile)  # a known name, or the error lists them
+        base["profile"] = a.profile
     cfg = Config(out=a.out, quick=a.quick, trace=trace_path(a.trace), **base)
     if not cfg.loads or min(cfg.loads) <= 0 or cfg.seeds < 1 or cfg.duration_s <= 0 or cfg.endpoints < 1:
         raise ValueError("need loads > 0, seeds >= 1, duration > 0 and endpoints >= 1")

@@ -147,15 +147,11 @@ def verdicts(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 )
             if peer is not None:
                 g, pg = _mean(s, key, BERTH, "goodput"), _mean(s, key, peer, "goodput")
-                checks.append(
-                    _check(
-                        f"goodput >= {peer} + 0.10 {where}",
-                        g,
-                        pg + GOODPUT_MARGIN,
-                        g >= pg + GOODPUT_MARGIN,
-                        load,
-                    )
-                )
+                ok = g >= pg + GOODPUT_MARGIN
+                check = _check(f"goodput >= {peer} + 0.10 {where}", g, pg + GOODPUT_MARGIN, ok, load)
+                check["margin"] = GOODPUT_MARGIN
+                check["peer_value"] = None if math.isnan(pg) else round(pg, 4)
+                checks.append(check)
                 t, pt = _mean(s, key, BERTH, "ttft_p90_ms"), _mean(s, key, peer, "ttft_p90_ms")
                 checks.append(
                     _check(
@@ -218,6 +214,19 @@ def _direction(check: dict[str, Any], bound: dict[str, Any]) -> str:
     """Which way a missed target should move, given the workload's capacity bound."""
     if check["passed"]:
         return ""
+    best = bound.get("goodput_bound", {}).get("goodput")
+    margin = check.get("margin")
+    if best is not None and margin is not None and check.get("peer_value") is not None:
+        room = best - check["peer_value"]
+        if room < margin:
+            return (
+                f"out of reach: no placement exceeds goodput {best:.3f} here (`prefix_bound`), "
+                f"{room:+.3f} over the best peer, so the margin should move down to at most that"
+            )
+        return (
+            f"within the bound: no placement exceeds goodput {best:.3f} here, {room:+.3f} over the best "
+            "peer, so the target stands (a placement question)"
+        )
     if bound.get("load_perfect_cache", 0.0) > 1.0:
         return (
             f"out of reach: even a perfect shared cache leaves load {bound['load_perfect_cache']:.2f} > 1, "
@@ -246,10 +255,14 @@ def markdown(result: dict[str, Any]) -> tuple[str, dict[str, list[dict[str, Any]
         for load in setup["loads"]:
             key = _key(workload, load)
             b = result["bounds"].get(key, {})
+            best = b.get("goodput_bound", {})
             out += [
                 f"Load {load:g} (offered without caches {b.get('load', math.nan):.2f}, with a perfect shared "
                 f"cache {b.get('load_perfect_cache', math.nan):.2f}; reusable blocks "
-                f"{b.get('reusable_share', math.nan) * 100:.1f} %)",
+                f"{b.get('reusable_share', math.nan) * 100:.1f} %; no placement's goodput above "
+                f"{best.get('goodput', math.nan):.3f}: calls that meet their SLO alone on an idle engine "
+                f"with a perfect cache {best.get('feasible_share', math.nan):.3f}, their least engine time "
+                f"{best.get('busy_ratio', math.nan):.2f} of the fleet's before the last deadline)",
                 "",
             ]
             rows = []

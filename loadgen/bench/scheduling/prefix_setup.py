@@ -28,6 +28,9 @@ from loadgen.workloads.stats import reusable_share
 
 MODEL: Final = "llm-8b"
 PROFILE: Final = "fleet-8b-long"
+#: The trace's prompts (15,000 tokens on average) need more KV than `PROFILE` has: 16 of them running
+#: fill its 262k tokens, leaving nothing to cache. `fleet-8b-trace` is the same engine with 1M tokens.
+TRACE_PROFILE: Final = "fleet-8b-trace"
 DEFAULT_ENDPOINTS: Final = 8
 POLICY_DIR: Final = REPO_ROOT / "policies"
 #: The Mooncake-format trace, relative to the repository's parent directory unless --trace names one.
@@ -89,6 +92,11 @@ DAY_ONE: Final = "day-one"
 PEERS: Final = ("prefix-affinity", "least-outstanding", "power-of-two", "round-robin")
 
 
+def profile_for(workload: str, given: str | None = None) -> str:
+    """The engine profile a workload runs on: `given` (`--profile`), else the trace's or the default."""
+    return given or (TRACE_PROFILE if workload == "mooncake" else PROFILE)
+
+
 def trace_path(given: str | None) -> Path:
     """The trace to replay: `--trace`, else the default relative to the repository's parent (in a git
     worktree, the main checkout's parent when the worktree's has none)."""
@@ -141,10 +149,12 @@ class Load:
     time_scale: float | None
 
 
-def load_for(workload: str, trace: Path, load: float, duration_s: float, endpoints: int) -> Load:
+def load_for(
+    workload: str, trace: Path, load: float, duration_s: float, endpoints: int, *, profile_name: str = PROFILE
+) -> Load:
     """The rate (built-in workloads) or time scale (the trace) that offers `load` × `endpoints` busy
-    seconds a second (measured on seed 0's schedule)."""
-    profile = get_profile(PROFILE)
+    seconds a second (measured on seed 0's schedule) on engines of `profile_name`."""
+    profile = get_profile(profile_name)
     if workload == "mooncake":
         tasks = _schedule(workload, trace, 1.0, 0.0, seed=0, scale=1.0)  # the whole trace, unscaled
         span = max(t.at_s for t in tasks) - min(t.at_s for t in tasks)
@@ -186,9 +196,16 @@ class Bound:
     reusable_share: float
 
 
-def bound(tasks: Sequence[TaskSpec], duration_s: float | None, endpoints: int, seed: int) -> Bound:
+def bound(
+    tasks: Sequence[TaskSpec],
+    duration_s: float | None,
+    endpoints: int,
+    seed: int,
+    *,
+    profile_name: str = PROFILE,
+) -> Bound:
     """The bound of a schedule over `duration_s` (None: the span of its arrivals, for a trace)."""
-    profile = get_profile(PROFILE)
+    profile = get_profile(profile_name)
     if duration_s is None:
         duration_s = max(t.at_s for t in tasks) - min(t.at_s for t in tasks) if tasks else 0.0
     if not tasks or duration_s <= 0:
@@ -219,12 +236,12 @@ def fleet_file(endpoints: int, profile: str = PROFILE) -> str:
     )
 
 
-def gateway_toml(*, day_one: bool) -> str:
+def gateway_toml(*, day_one: bool, profile: str = PROFILE) -> str:
     """berth's settings: tuned (the engine's seats as the cap, the profile as the prior, the KV capacity
     and block size for the prefix index, scrapes every 2 s), or day one (every setting at its default)."""
     if day_one:
         return "[limits]\nmax_queue_per_model = 100000\nmax_queue_wait_s = 600.0\n"
-    prof = get_profile(PROFILE)
+    prof = get_profile(profile)
     return "\n".join(
         [
             "[limits]",
