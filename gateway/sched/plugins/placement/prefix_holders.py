@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Annotated
 
 import numpy as np
 import numpy.typing as npt
+from msgspec import Meta
 
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
@@ -26,7 +28,11 @@ from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 
 class PrefixHoldersParams(PredictionParams, frozen=True, kw_only=True):
-    pass
+    # A request sent past the endpoints holding its prefix redoes that prefill: engine time the whole
+    # fleet pays (every request queued behind it waits for it), not only this request's first token. A
+    # holder is kept while its predicted first token, less this share of the prefill its cache saves
+    # (k1 x cached tokens), beats every other endpoint's; 0 weighs the request's own first token alone.
+    miss_charge: Annotated[float, Meta(ge=0.0, le=10.0)] = 1.0
 
 
 class PrefixHoldersFilter:
@@ -45,10 +51,13 @@ class PrefixHoldersFilter:
         now = snap.now
         holders: list[tuple[float, EndpointView]] = []
         others = math.inf
+        charge = self.params.miss_charge
         for e in candidates:
-            ttft = self._cache.load(e, now).predict(req).ttft_s
-            if cached.get_tokens(e.id) > 0:
-                holders.append((ttft, e))
+            load = self._cache.load(e, now)
+            ttft = load.predict(req).ttft_s
+            got = cached.get_tokens(e.id)
+            if got > 0:
+                holders.append((ttft - charge * load.coef.k1 * got, e))
             else:
                 others = min(others, ttft)
         kept = [e for ttft, e in holders if ttft < others]
