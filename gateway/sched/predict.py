@@ -41,10 +41,10 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
@@ -158,6 +158,13 @@ class Prediction:
         return self.e2e_s - self.wait_s
 
 
+def seats_of(view: EndpointView) -> int:
+    """The requests the endpoint runs at once: its cap, or its engine's max batch when that is less
+    (the engine runs at most its max batch, whatever berth's cap lets in)."""
+    mb = view.max_batch
+    return max(1, view.cap if mb is None or mb >= view.cap else mb)
+
+
 class EndpointLoad:
     """One endpoint's load at `now`, derived from its view once and queried per request."""
 
@@ -167,6 +174,7 @@ class EndpointLoad:
         "gamma",
         "guessed",
         "kv_capacity",
+        "memo",
         "n",
         "now",
         "overhead",
@@ -185,14 +193,15 @@ class EndpointLoad:
         self.view = view
         self.now = now
         self.params = params
+        # What the placement and admission plugins derive from this load alone (the same for every
+        # request they ask about), kept here by whoever derives it (`gateway.sched.harms`).
+        self.memo: dict[Hashable, Any] = {}
         self.gamma = params.gamma
         self.coef: PerfCoefficients = view.perf or _PRIOR
         # Predicting from the generic prior (no fit, no configured prior): a guess about other hardware.
         self.guessed = self.coef == _PRIOR
         self.kv_capacity = view.kv_capacity_tokens
-        # The engine runs at most its max batch at once, whatever berth's cap lets in.
-        mb = view.max_batch
-        self.seats = max(1, view.cap if mb is None or mb >= view.cap else mb)
+        self.seats = seats_of(view)
         reqs = view.running
         n = self.n = len(reqs)
         coef = self.coef
@@ -412,4 +421,5 @@ __all__ = [
     "Prediction",
     "RunningState",
     "peak_kv",
+    "seats_of",
 ]

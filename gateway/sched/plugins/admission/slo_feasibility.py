@@ -32,11 +32,11 @@ from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, Prediction
+from gateway.sched.predict import EndpointLoad, Prediction, seats_of
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
-from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
 #: Headroom of a new recheck bound over the slowest coefficients (refits that slow an endpoint by less
@@ -85,12 +85,27 @@ class SloFeasibilityAdmitter:
         itl_ms = req.slo.itl_ms
         if left == (None, None) and itl_ms is None:
             return ADMIT
-        loads = self._ready_loads(req, snap)
-        if not loads:
+        ready = self._ready(req, snap)
+        if not ready:
             return ADMIT  # nothing ready: the scheduler answers for that
-        preds = self._predictions(req, loads, self._ahead(req, queued_in_class))
-        if any(self._meets(p, left, itl_ms) for p in preds):
-            return ADMIT
+        ahead = self._ahead(req, queued_in_class)
+        if ahead < sum(max(0, seats_of(e) - len(e.running)) for e in ready):
+            # A seat is free for it: admitted once one endpoint with a free seat meets its SLO, so the
+            # loads are derived (and the request predicted) one endpoint at a time until one does.
+            full = self.params.assume_full
+            preds = []
+            for e in ready:
+                if len(e.running) < seats_of(e):
+                    pred = self._cache.load(e, snap.now).predict(req, worst_case=full)
+                    if self._meets(pred, left, itl_ms):
+                        return ADMIT
+                    preds.append(pred)
+            loads = [self._cache.load(e, snap.now) for e in ready]
+        else:
+            loads = [self._cache.load(e, snap.now) for e in ready]
+            preds = self._predictions(req, loads, ahead)
+            if any(self._meets(p, left, itl_ms) for p in preds):
+                return ADMIT
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
         if (
             outcome is AdmitOutcome.REJECT
@@ -122,13 +137,14 @@ class SloFeasibilityAdmitter:
             retry,
         )
 
+    def _ready(self, req: SchedRequest, snap: FleetSnapshot) -> list[EndpointView]:
+        """Every ready endpoint serving the request's model."""
+        model, ready = req.model, EndpointHealth.READY
+        return [e for e in snap.endpoints if model in e.models and e.health is ready]
+
     def _ready_loads(self, req: SchedRequest, snap: FleetSnapshot) -> list[EndpointLoad]:
         """The load of every ready endpoint serving the request's model."""
-        return [
-            self._cache.load(e, snap.now)
-            for e in snap.endpoints
-            if req.model in e.models and e.health is EndpointHealth.READY
-        ]
+        return [self._cache.load(e, snap.now) for e in self._ready(req, snap)]
 
     def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
         """A queued request that cannot meet its SLO even alone on the best endpoint gets its class's

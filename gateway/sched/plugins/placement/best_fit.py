@@ -56,6 +56,7 @@ from typing import Annotated, Final, Literal
 
 from msgspec import Meta
 
+from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad
@@ -141,10 +142,43 @@ class BestFitFilter:
         return (load.running_long >= rebalance > 0, load.view.outstanding, str(load.view.id))
 
     def capacity_norm(self, load: EndpointLoad) -> float:
+        key = ("capacity-norm", self.params.gamma)
+        got: float | None = load.memo.get(key)
+        if got is None:
+            scale = load.kv_capacity or load.seats * _TOKENS_PER_SEAT
+            got = load.memo[key] = math.hypot(load.n / load.seats, self._tokens(load) / scale)
+        return got
+
+    def _tokens(self, load: EndpointLoad) -> float:
+        """Σ(l_in + γ·l_out) over the running requests (kept on the load)."""
         g = self.params.gamma
-        tokens = sum(s.context + g * s.remaining for s in load.running)
-        scale = load.kv_capacity or load.seats * _TOKENS_PER_SEAT
-        return math.hypot(load.n / load.seats, tokens / scale)
+        key = ("tokens", g)
+        got: float | None = load.memo.get(key)
+        if got is None:
+            got = load.memo[key] = sum(s.context + g * s.remaining for s in load.running)
+        return got
+
+    def _running_terms(self, load: EndpointLoad) -> tuple[float | None, float | None]:
+        """What (b) and (d) take from the running requests alone (kept on the load): the tightest ITL
+        budget among them (None: none has one), and the least time a decode with an ITL target has saved
+        so far, over those that have saved some (None: none)."""
+        key = ("best-fit-running",)
+        got: tuple[float | None, float | None] | None = load.memo.get(key)
+        if got is None:
+            budget: float | None = None
+            saved_least: float | None = None
+            tpot_now = load.tpot_now
+            for s in load.running:
+                r = s.req
+                if r.itl_s is None or r.best_effort:
+                    continue
+                budget = r.itl_s if budget is None else min(budget, r.itl_s)
+                if s.prefilled:
+                    saved = s.produced * (r.itl_s - tpot_now)
+                    if saved >= 0 and (saved_least is None or saved < saved_least):
+                        saved_least = saved
+            got = load.memo[key] = (budget, saved_least)
+        return got
 
     def violations(self, load: EndpointLoad, req: SchedRequest, *, reserve: bool = True) -> list[str]:
         """The constraints `req` would break on this endpoint: "seats", "atgt", "ttft", "prefill", "kv".
@@ -167,13 +201,14 @@ class BestFitFilter:
         own = not req.best_effort and meets(load.idle_service(req), left)
         # (b) ATGT: Aladdin's batch bound for the ITL targets here (this request's included), and this
         # request's own end-to-end deadline at the per-token time of the batch it joins
-        budgets = [s.req.itl_s for s in load.running if s.req.itl_s is not None and not s.req.best_effort]
+        budget, saved_least = self._running_terms(load)
         if own and req.slo.itl_ms is not None:
-            budgets.append(req.slo.itl_ms / 1000.0)
+            mine = req.slo.itl_ms / 1000.0
+            budget = mine if budget is None else min(budget, mine)
         atgt = False
-        if budgets:
-            t_dec = min(budgets) / (1.0 + load.overhead)
-            total = sum(s.context + g * s.remaining for s in load.running)
+        if budget is not None:
+            t_dec = budget / (1.0 + load.overhead)
+            total = self._tokens(load)
             total += req.prompt_tokens + g * pred.output_tokens
             atgt = coef.k2 * total > theta * (t_dec - coef.c2 * (load.n + 1) - coef.c3)
         keep = theta if reserve else 1.0
@@ -187,18 +222,9 @@ class BestFitFilter:
         # `deadlines`, also within what each running request with a deadline has in hand, less a
         # reserve of 1 − θ of its time left
         pause = coef.prefill_s(prefill_tokens(req, load.view.id))
-        for s in load.running:
-            r = s.req
-            if r.itl_s is not None and s.prefilled and not r.best_effort:
-                saved = s.produced * (r.itl_s - load.tpot_now)
-                if saved >= 0 and pause > theta * saved:
-                    yield "prefill"
-                    break
-        else:
-            if p.deadlines:
-                harms = load.harm(req, on_track=p.on_track)
-                if any(h.target != "itl" and h.delay > h.saved - (1.0 - theta) * h.left for h in harms):
-                    yield "prefill"
+        itl_paused = saved_least is not None and pause > theta * saved_least
+        if itl_paused or (p.deadlines and breaks_deadlines(load, req, theta=theta, on_track=p.on_track)):
+            yield "prefill"
         # (e) KV over future iterations
         cap = load.kv_capacity
         if cap is not None and load.peak_kv((float(req.prompt_tokens), pred.output_tokens)) > cap:

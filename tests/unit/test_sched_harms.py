@@ -1,0 +1,105 @@
+"""`gateway.sched.harms` answers what a walk of `EndpointLoad.harm` answers, on random loads; best fit's
+terms kept on a load give every later request the answers a fresh load gives."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.sched.harms import breaks_deadlines, endangers
+from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
+from gateway.sched.predict import EndpointLoad, PredictParams
+from gateway.sched.request import SchedRequest
+from tests.unit.slo_fixtures import req, running, view
+
+P = PredictParams()
+Run = tuple[int, float, float, float | None, float | None, float | None, bool]
+New = tuple[int, float, float | None, float | None, float | None]
+
+_run = st.tuples(
+    st.integers(min_value=1, max_value=4000),  # prompt
+    st.floats(min_value=1.0, max_value=400.0),  # predicted output
+    st.floats(min_value=0.0, max_value=5.0),  # age
+    st.one_of(st.none(), st.floats(min_value=-1.0, max_value=20.0)),  # first-token deadline from now
+    st.one_of(st.none(), st.floats(min_value=-1.0, max_value=40.0)),  # last-token deadline from now
+    st.one_of(st.none(), st.floats(min_value=0.001, max_value=0.2)),  # inter-token target
+    st.booleans(),  # best effort
+)
+_new = st.tuples(
+    st.integers(min_value=1, max_value=6000),
+    st.floats(min_value=1.0, max_value=500.0),
+    st.one_of(st.none(), st.floats(min_value=10.0, max_value=5000.0)),
+    st.one_of(st.none(), st.floats(min_value=100.0, max_value=30000.0)),
+    st.one_of(st.none(), st.floats(min_value=5.0, max_value=200.0)),
+)
+
+
+def _load(
+    runs: list[Run],
+) -> EndpointLoad:
+    now = 10.0
+    rs = [
+        running(
+            f"x{k}",
+            prompt=p,
+            out=o,
+            dispatched_at=now - age,
+            ttft_deadline=None if ttft is None else now + ttft,
+            e2e_deadline=None if e2e is None else now + e2e,
+            itl_s=itl,
+            best_effort=be,
+        )
+        for k, (p, o, age, ttft, e2e, itl, be) in enumerate(runs)
+    ]
+    return EndpointLoad(view("e", cap=32, runs=rs), now, P)
+
+
+def _req(k: int, new: New) -> SchedRequest:
+    prompt, out, ttft, e2e, itl = new
+    return req(f"r{k}", arrival=9.5, prompt=prompt, out=out, ttft_ms=ttft, e2e_ms=e2e, itl_ms=itl)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    runs=st.lists(_run, max_size=10),
+    news=st.lists(_new, min_size=1, max_size=4),
+    margin=st.sampled_from((0.5, 0.9, 1.0, 1.35)),
+    theta=st.sampled_from((0.5, 0.9, 1.0)),
+    on_track=st.sampled_from((0.0, 0.2)),
+)
+def test_the_harm_checks_answer_what_the_list_of_harms_answers(
+    runs: list[Run],
+    news: list[New],
+    margin: float,
+    theta: float,
+    on_track: float,
+) -> None:
+    load = _load(runs)  # one load, asked about several requests (its kept terms are reused)
+    for k, new in enumerate(news):
+        r = _req(k, new)
+        harms = load.harm(r, on_track=on_track)
+        assert endangers(load, r, margin=margin, on_track=on_track) == bool(
+            load.endangered(r, margin=margin, on_track=on_track)
+        )
+        expected = any(h.target != "itl" and h.delay > h.saved - (1.0 - theta) * h.left for h in harms)
+        assert breaks_deadlines(load, r, theta=theta, on_track=on_track) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(_run, max_size=10),
+    news=st.lists(_new, min_size=2, max_size=4),
+    deadlines=st.booleans(),
+)
+def test_best_fit_answers_a_load_it_asked_before_as_a_fresh_one(
+    runs: list[Run],
+    news: list[New],
+    deadlines: bool,
+) -> None:
+    bf = BestFitFilter(BestFitParams(gamma=0.5, theta=0.9, deadlines=deadlines))
+    warm = _load(runs)
+    for k, new in enumerate(news):
+        r = _req(k, new)
+        for reserve in (True, False):
+            assert bf.violations(warm, r, reserve=reserve) == bf.violations(_load(runs), r, reserve=reserve)
+        assert bf.capacity_norm(warm) == bf.capacity_norm(_load(runs))
