@@ -331,11 +331,7 @@ class EndpointLoad:
 
     def idle_service(self, req: SchedRequest) -> Prediction:
         """`req` alone on this endpoint (no wait, batch of one): the least it can take here."""
-        out = self.output_tokens(req)
-        p = float(resume_prompt_tokens(req))
-        ttft = self.coef.prefill_s(prefill_tokens(req, self.view.id))
-        tpot = self.tpot(1.0, p + 0.5 * out, alone=True)
-        return Prediction(0.0, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
+        return idle_service(self.view, req, self.params)
 
     def harm(self, req: SchedRequest, *, on_track: float = 0.0) -> list[Harm]:
         """What placing `req` here now costs each running request that has a target to keep.
@@ -396,6 +392,20 @@ class EndpointLoad:
         return peak_kv(items, self.coef.h, self.coef.j)
 
 
+def idle_service(view: EndpointView, req: SchedRequest, params: PredictParams) -> Prediction:
+    """`req` alone on the endpoint of `view` (no wait, batch of one): `EndpointLoad.idle_service`, which
+    needs the endpoint's coefficients only (not its load)."""
+    coef = view.perf or _PRIOR
+    mean, std = output_estimate(req)
+    bound = mean + params.gamma * std
+    cap = remaining_max_tokens(req)
+    out = bound if cap is None else min(bound, float(cap))
+    p = float(resume_prompt_tokens(req))
+    ttft = coef.prefill_s(prefill_tokens(req, view.id))
+    tpot = coef.decode_iter_s(1.0, p + 0.5 * out) * (1.0 + params.prefill_overhead)
+    return Prediction(0.0, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
+
+
 def peak_kv(items: Sequence[tuple[float, float]], h: float, j: float) -> float:
     """max over t >= 0 of Σ_{i: remaining_i > t} (h·(context_i + t) + j). The sum only drops when a
     request ends, so the maximum is at t = 0 or just before one ends (t = remaining_k − 1)."""
@@ -420,6 +430,7 @@ __all__ = [
     "PredictParams",
     "Prediction",
     "RunningState",
+    "idle_service",
     "peak_kv",
     "seats_of",
 ]

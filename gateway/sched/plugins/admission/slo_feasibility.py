@@ -32,7 +32,7 @@ from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, Prediction, seats_of
+from gateway.sched.predict import EndpointLoad, Prediction, idle_service, seats_of
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
@@ -142,10 +142,6 @@ class SloFeasibilityAdmitter:
         model, ready = req.model, EndpointHealth.READY
         return [e for e in snap.endpoints if model in e.models and e.health is ready]
 
-    def _ready_loads(self, req: SchedRequest, snap: FleetSnapshot) -> list[EndpointLoad]:
-        """The load of every ready endpoint serving the request's model."""
-        return [self._cache.load(e, snap.now) for e in self._ready(req, snap)]
-
     def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
         """A queued request that cannot meet its SLO even alone on the best endpoint gets its class's
         outcome (reject: 429 slo_infeasible; best-effort: demoted; hold: nothing)."""
@@ -155,13 +151,18 @@ class SloFeasibilityAdmitter:
         left = time_left(req, snap.now)
         if left == (None, None):
             return ADMIT
-        loads = self._ready_loads(req, snap)
-        if not loads:
+        ready = self._ready(req, snap)
+        if not ready:
             return ADMIT
         if mode == "late":
-            if any(meets(load.idle_service(req), left) for load in loads):
+            # alone on an endpoint: its coefficients suffice, no load is derived
+            params = self._cache.params
+            if any(meets(idle_service(e, req, params), left) for e in ready):
                 return ADMIT
-        elif any(self._meets(p, left, req.slo.itl_ms) for p in self._predictions(req, loads, 0)):
+        elif any(
+            self._meets(p, left, req.slo.itl_ms)
+            for p in self._predictions(req, [self._cache.load(e, snap.now) for e in ready], 0)
+        ):
             return ADMIT
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
         return AdmitDecision(
