@@ -103,3 +103,21 @@ def test_best_fit_answers_a_load_it_asked_before_as_a_fresh_one(
         for reserve in (True, False):
             assert bf.violations(warm, r, reserve=reserve) == bf.violations(_load(runs), r, reserve=reserve)
         assert bf.capacity_norm(warm) == bf.capacity_norm(_load(runs))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(_run, max_size=10),
+    news=st.lists(_new, min_size=1, max_size=3),
+    deadlines=st.booleans(),
+    gamma=st.sampled_from((0.0, 0.5)),
+    theta=st.sampled_from((0.5, 0.9, 1.0)),
+)
+def test_best_fit_judges_both_reserves_in_one_evaluation_as_in_two(
+    runs: list[Run], news: list[New], deadlines: bool, gamma: float, theta: float
+) -> None:
+    bf = BestFitFilter(BestFitParams(gamma=gamma, theta=theta, deadlines=deadlines))
+    load = _load(runs)
+    for k, new in enumerate(news):
+        r = _req(k, new)
+        assert bf.fits_both(load, r) == (bf.fits(load, r), not bf.violations(load, r, reserve=False))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
+from operator import is_
 from typing import Annotated, Final, Literal
 
 from msgspec import Meta
@@ -74,6 +75,8 @@ class SloFeasibilityAdmitter:
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())
+        # The seats of the last loads asked about, in the order they free up: (those loads, (time, index))
+        self._frees: tuple[list[EndpointLoad], list[tuple[float, int]]] | None = None
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
@@ -223,7 +226,12 @@ class SloFeasibilityAdmitter:
             full = self.params.assume_full
             return [load.predict(req, worst_case=full) for load in loads if load.n < load.seats]
         k = ahead - free
-        frees = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
+        kept = self._frees
+        if kept is not None and len(kept[0]) == len(loads) and all(map(is_, kept[0], loads)):
+            frees = kept[1]  # the same loads (the requests admitted between two changes of the fleet)
+        else:
+            frees = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
+            self._frees = (loads, frees)
         if k >= len(frees):
             return []  # further out than every running request: no prediction, infeasible
         t, i = frees[k]

@@ -59,7 +59,7 @@ from msgspec import Meta
 from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad
+from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens
@@ -115,13 +115,15 @@ class BestFitFilter:
         tried = sorted(loads, key=self.order_key) if self._packs else spread
         if req.cached:
             tried = holders_first(req, tried)
+        loose: dict[int, bool] = {}  # id(load) -> whether it fits without the reserve
         for load in tried:
-            if self.fits(load, req):
+            strict, loose[id(load)] = self.fits_both(load, req)
+            if strict:
                 return [load.view]
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
         # that fits without it (the request meets its deadlines there if nothing else comes).
         for load in spread:
-            if next(self._broken(load, req, reserve=False), None) is None:
+            if loose[id(load)]:
                 return [load.view]
         return []
 
@@ -193,6 +195,23 @@ class BestFitFilter:
         if load.n >= load.seats:
             yield "seats"
             return
+        pred, left, own, atgt = self._own_terms(load, req)
+        keep = self.params.theta if reserve else 1.0
+        if atgt or (own and left[1] is not None and pred.e2e_s > keep * left[1]):
+            yield "atgt"
+        # (c) TTFT
+        if own and left[0] is not None and pred.ttft_s > keep * left[0]:
+            yield "ttft"
+        if self._pauses(load, req):
+            yield "prefill"
+        if self._over_kv(load, req, pred):
+            yield "kv"
+
+    def _own_terms(
+        self, load: EndpointLoad, req: SchedRequest
+    ) -> tuple[Prediction, tuple[float | None, float | None], bool, bool]:
+        """The request's prediction here, its time left, whether its own targets count (`own`), and
+        whether (b)'s batch bound breaks."""
         coef = load.coef
         p = self.params
         g, theta = p.gamma, p.theta
@@ -201,7 +220,7 @@ class BestFitFilter:
         own = not req.best_effort and meets(load.idle_service(req), left)
         # (b) ATGT: Aladdin's batch bound for the ITL targets here (this request's included), and this
         # request's own end-to-end deadline at the per-token time of the batch it joins
-        budget, saved_least = self._running_terms(load)
+        budget, _ = self._running_terms(load)
         if own and req.slo.itl_ms is not None:
             mine = req.slo.itl_ms / 1000.0
             budget = mine if budget is None else min(budget, mine)
@@ -211,27 +230,55 @@ class BestFitFilter:
             total = self._tokens(load)
             total += req.prompt_tokens + g * pred.output_tokens
             atgt = coef.k2 * total > theta * (t_dec - coef.c2 * (load.n + 1) - coef.c3)
-        keep = theta if reserve else 1.0
-        if atgt or (own and left[1] is not None and pred.e2e_s > keep * left[1]):
-            yield "atgt"
-        # (c) TTFT
-        if own and left[0] is not None and pred.ttft_s > keep * left[0]:
-            yield "ttft"
-        # (d) its prefill pauses every running decode: within θ of the time each decode with an ITL
-        # target has saved against it so far (tokens produced × (target − per-token time)); with
-        # `deadlines`, also within what each running request with a deadline has in hand, less a
-        # reserve of 1 − θ of its time left
-        pause = coef.prefill_s(prefill_tokens(req, load.view.id))
-        itl_paused = saved_least is not None and pause > theta * saved_least
-        if itl_paused or (p.deadlines and breaks_deadlines(load, req, theta=theta, on_track=p.on_track)):
-            yield "prefill"
-        # (e) KV over future iterations
+        return pred, left, own, atgt
+
+    def _pauses(self, load: EndpointLoad, req: SchedRequest) -> bool:
+        """(d) its prefill pauses every running decode: within θ of the time each decode with an ITL
+        target has saved against it so far (tokens produced × (target − per-token time)); with
+        `deadlines`, also within what each running request with a deadline has in hand, less a reserve
+        of 1 − θ of its time left."""
+        p = self.params
+        theta = p.theta
+        _, saved_least = self._running_terms(load)
+        pause = load.coef.prefill_s(prefill_tokens(req, load.view.id))
+        if saved_least is not None and pause > theta * saved_least:
+            return True
+        return p.deadlines and breaks_deadlines(load, req, theta=theta, on_track=p.on_track)
+
+    @staticmethod
+    def _over_kv(load: EndpointLoad, req: SchedRequest, pred: Prediction) -> bool:
+        """(e) KV over future iterations."""
         cap = load.kv_capacity
-        if cap is not None and load.peak_kv((float(req.prompt_tokens), pred.output_tokens)) > cap:
-            yield "kv"
+        return cap is not None and load.peak_kv((float(req.prompt_tokens), pred.output_tokens)) > cap
 
     def fits(self, load: EndpointLoad, req: SchedRequest) -> bool:
         return next(self._broken(load, req), None) is None
+
+    def fits_both(self, load: EndpointLoad, req: SchedRequest) -> tuple[bool, bool]:
+        """(`fits`, fits without the θ reserve on its own deadlines) in one evaluation: only (b)'s and
+        (c)'s tests of its own deadlines differ between the two."""
+        if load.n == 0:
+            return True, True
+        if load.n >= load.seats:
+            return False, False
+        pred, left, own, atgt = self._own_terms(load, req)
+        if atgt:
+            return False, False
+        strict = True
+        if own:
+            theta = self.params.theta
+            ttft_left, e2e_left = left
+            if e2e_left is not None:
+                if pred.e2e_s > 1.0 * e2e_left:
+                    return False, False
+                strict = not pred.e2e_s > theta * e2e_left
+            if ttft_left is not None:
+                if pred.ttft_s > 1.0 * ttft_left:
+                    return False, False
+                strict = strict and not pred.ttft_s > theta * ttft_left
+        if self._pauses(load, req) or self._over_kv(load, req, pred):
+            return False, False
+        return strict, True
 
 
 def holders_first(req: SchedRequest, order: list[EndpointLoad]) -> list[EndpointLoad]:
