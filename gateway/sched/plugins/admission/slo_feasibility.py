@@ -31,6 +31,7 @@ from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.idle import IdleBound, fleet_bound, latest_start, output_bound
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
 from gateway.sched.loads import LoadCache
+from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction, idle_service, seats_of
@@ -44,6 +45,7 @@ from gateway.sched.targets import meets, time_left
 #: keep it), and the time a request's recheck comes before its exact latest start (float rounding).
 _BOUND_HEADROOM: Final = 0.05
 _EPSILON_S: Final = 1e-6
+_PRIOR: Final = default_prior()
 
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,
@@ -75,6 +77,8 @@ class SloFeasibilityAdmitter:
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())
+        # The order `_fastest_first` gave for the last snapshot's views and model.
+        self._speed_order: tuple[tuple[EndpointView, ...], ModelName, list[EndpointView]] | None = None
         # The seats of the last loads asked about, in the order they free up: (those loads, (time, index))
         self._frees: tuple[list[EndpointLoad], list[tuple[float, int]]] | None = None
 
@@ -145,6 +149,18 @@ class SloFeasibilityAdmitter:
         model, ready = req.model, EndpointHealth.READY
         return [e for e in snap.endpoints if model in e.models and e.health is ready]
 
+    def _fastest_first(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
+        """The ready endpoints serving `model`, those with the fastest idle service (for a typical
+        request) first; kept for the snapshot's views (a tick rechecks many requests on one snapshot)."""
+        kept = self._speed_order
+        if kept is not None and kept[0] is snap.endpoints and kept[1] == model:
+            return kept[2]
+        ready = EndpointHealth.READY
+        serving = [e for e in snap.endpoints if model in e.models and e.health is ready]
+        serving.sort(key=_typical_idle_s)
+        self._speed_order = (snap.endpoints, model, serving)
+        return serving
+
     def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
         """A queued request that cannot meet its SLO even alone on the best endpoint gets its class's
         outcome (reject: 429 slo_infeasible; best-effort: demoted; hold: nothing)."""
@@ -154,11 +170,12 @@ class SloFeasibilityAdmitter:
         left = time_left(req, snap.now)
         if left == (None, None):
             return ADMIT
-        ready = self._ready(req, snap)
+        ready = self._ready(req, snap) if mode != "late" else self._fastest_first(req.model, snap)
         if not ready:
             return ADMIT
         if mode == "late":
-            # alone on an endpoint: its coefficients suffice, no load is derived
+            # alone on an endpoint: its coefficients suffice, no load is derived; the fastest endpoints
+            # first, as the one that keeps its deadlines is most likely among them
             params = self._cache.params
             if any(meets(idle_service(e, req, params), left) for e in ready):
                 return ADMIT
@@ -245,6 +262,12 @@ class SloFeasibilityAdmitter:
             and (e2e_left is None or p.e2e_s <= e2e_left * m)
             and (itl_ms is None or p.tpot_s * 1000.0 <= itl_ms * m)
         )
+
+
+def _typical_idle_s(view: EndpointView) -> float:
+    """Seconds a 1,000-token prompt with 200 tokens out takes alone on the endpoint (an order only)."""
+    c = view.perf or _PRIOR
+    return c.prefill_s(1000.0) + 199.0 * c.decode_iter_s(1.0, 1100.0)
 
 
 SPEC = PluginSpec(
