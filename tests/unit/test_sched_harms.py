@@ -1,16 +1,25 @@
-"""`gateway.sched.harms` answers what a walk of `EndpointLoad.harm` answers, on random loads; best fit's
-terms kept on a load give every later request the answers a fresh load gives."""
+"""The cheaper forms of the SLO plugins' checks answer what the plain ones answer, on random loads:
+`gateway.sched.harms` against a walk of `EndpointLoad.harm`, best fit's terms kept on a load and its
+two reserves judged at once, SLO admission's late recheck against asking every endpoint alone."""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Literal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.core.slo import Infeasible, SloClass, SloPolicy
 from gateway.sched.harms import breaks_deadlines, endangers
+from gateway.sched.interfaces import AdmitOutcome
+from gateway.sched.perf import PerfCoefficients
+from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.request import SchedRequest
-from tests.unit.slo_fixtures import req, running, view
+from gateway.sched.targets import meets, time_left
+from tests.unit.slo_fixtures import COEF, req, running, snap, view
 
 P = PredictParams()
 Run = tuple[int, float, float, float | None, float | None, float | None, bool]
@@ -121,3 +130,36 @@ def test_best_fit_judges_both_reserves_in_one_evaluation_as_in_two(
     for k, new in enumerate(news):
         r = _req(k, new)
         assert bf.fits_both(load, r) == (bf.fits(load, r), not bf.violations(load, r, reserve=False))
+
+
+_coef = st.builds(
+    lambda k1, c1, k2, c2, c3: dataclasses.replace(COEF, k1=k1, c1=c1, k2=k2, c2=c2, c3=c3),
+    st.floats(1e-5, 1e-3),
+    st.floats(0.0, 0.05),
+    st.floats(0.0, 1e-5),
+    st.floats(0.0, 0.01),
+    st.floats(0.001, 0.05),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    coefs=st.lists(_coef, min_size=1, max_size=6),
+    new=_new,
+    now=st.floats(9.5, 40.0),
+    tail=st.sampled_from(("mean", "normal")),
+)
+def test_the_late_recheck_answers_what_asking_every_endpoint_alone_answers(
+    coefs: list[PerfCoefficients], new: New, now: float, tail: Literal["mean", "normal"]
+) -> None:
+    slo = SloPolicy(classes={"c": SloClass("c", on_infeasible=Infeasible.REJECT)}, default_class="c")
+    params = SloFeasibilityParams(recheck="late", tail=tail)
+    admitter = SloFeasibilityAdmitter(params, slo)
+    views = [view(f"e{i}", coef=c) for i, c in enumerate(coefs)]
+    r = _req(0, new)
+    s = snap(*views, now=now)
+    p = params.predict_params()
+    left = time_left(r, now)
+    alone = any(meets(EndpointLoad(v, now, p).idle_service(r), left) for v in views)
+    expected = alone or left == (None, None)
+    assert (admitter.recheck(r, s).outcome is AdmitOutcome.ADMIT) == expected

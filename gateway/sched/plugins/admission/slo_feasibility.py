@@ -46,6 +46,9 @@ from gateway.sched.targets import meets, time_left
 _BOUND_HEADROOM: Final = 0.05
 _EPSILON_S: Final = 1e-6
 _PRIOR: Final = default_prior()
+#: Relative float rounding a bound's times may differ by from an endpoint's own (the sums are associated
+#: differently); a request is judged late everywhere from the bound only beyond it.
+_ROUNDING: Final = 1e-9
 
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,
@@ -79,6 +82,8 @@ class SloFeasibilityAdmitter:
         self._cache = loads or LoadCache(params.predict_params())
         # The order `_fastest_first` gave for the last snapshot's views and model.
         self._speed_order: tuple[tuple[EndpointView, ...], ModelName, list[EndpointView]] | None = None
+        # The fastest idle bound of the last snapshot's views and model (`_late_everywhere`).
+        self._fastest: tuple[tuple[EndpointView, ...], ModelName, IdleBound | None] | None = None
         # The seats of the last loads asked about, in the order they free up: (those loads, (time, index))
         self._frees: tuple[list[EndpointLoad], list[tuple[float, int]]] | None = None
 
@@ -161,6 +166,31 @@ class SloFeasibilityAdmitter:
         self._speed_order = (snap.endpoints, model, serving)
         return serving
 
+    def _late_everywhere(
+        self, req: SchedRequest, snap: FleetSnapshot, left: tuple[float | None, float | None]
+    ) -> bool:
+        """Whether `req` misses a deadline alone even at the fastest coefficients of the model's ready
+        endpoints (`IdleBound`, the per-coefficient minimum: no endpoint is faster), by more than float
+        rounding: then it misses it alone on every endpoint, and they need not be asked one by one.
+        False when a cached prefix makes the prefill differ by endpoint (each is asked)."""
+        if req.cached:
+            return False
+        kept = self._fastest
+        if kept is not None and kept[0] is snap.endpoints and kept[1] == req.model:
+            bound = kept[2]
+        else:
+            bound = fleet_bound(snap, req.model, slowest=False)
+            self._fastest = (snap.endpoints, req.model, bound)
+        if bound is None:
+            return False
+        params = self._cache.params
+        out = output_bound(req, params.gamma)
+        ttft, e2e = bound.times(float(resume_prompt_tokens(req)), out, 1.0 + params.prefill_overhead)
+        ttft_left, e2e_left = left
+        return (ttft_left is not None and ttft > ttft_left + _ROUNDING * abs(ttft_left)) or (
+            e2e_left is not None and e2e > e2e_left + _ROUNDING * abs(e2e_left)
+        )
+
     def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
         """A queued request that cannot meet its SLO even alone on the best endpoint gets its class's
         outcome (reject: 429 slo_infeasible; best-effort: demoted; hold: nothing)."""
@@ -177,7 +207,9 @@ class SloFeasibilityAdmitter:
             # alone on an endpoint: its coefficients suffice, no load is derived; the fastest endpoints
             # first, as the one that keeps its deadlines is most likely among them
             params = self._cache.params
-            if any(meets(idle_service(e, req, params), left) for e in ready):
+            if not self._late_everywhere(req, snap, left) and any(
+                meets(idle_service(e, req, params), left) for e in ready
+            ):
                 return ADMIT
         elif any(
             self._meets(p, left, req.slo.itl_ms)
