@@ -67,6 +67,20 @@ _MAX_PREFILL_SHARE: Final = 0.5
 _PRIOR: Final = default_prior()
 
 
+class _LastOutput:
+    """`EndpointLoad.output_tokens`' last answer (a pure function of an immutable request and gamma)."""
+
+    __slots__ = ("gamma", "out", "req")
+
+    def __init__(self) -> None:
+        self.req: SchedRequest | None = None
+        self.gamma = 0.0
+        self.out = 0.0
+
+
+_LAST_OUTPUT: Final = _LastOutput()
+
+
 @dataclass(frozen=True, slots=True)
 class PredictParams:
     tail: Tail = "mean"
@@ -302,11 +316,18 @@ class EndpointLoad:
 
     def output_tokens(self, req: SchedRequest) -> float:
         """The output length to plan for: the mean, or in a tail mode the bound; never past max_tokens
-        (the engine stops there)."""
+        (the engine stops there). The last answer is kept: one request is asked about on every
+        endpoint in a row."""
+        last = _LAST_OUTPUT
+        gamma = self.gamma
+        if last.req is req and last.gamma == gamma:
+            return last.out
         mean, std = output_estimate(req)
-        bound = mean + self.gamma * std
+        bound = mean + gamma * std
         cap = remaining_max_tokens(req)
-        return bound if cap is None else min(bound, float(cap))
+        out = bound if cap is None else min(bound, float(cap))
+        last.req, last.gamma, last.out = req, gamma, out
+        return out
 
     def predict(self, req: SchedRequest, *, worst_case: bool = False) -> Prediction:
         """`req` dispatched here now. `worst_case`: decode as if every seat were taken (MaaSO's
