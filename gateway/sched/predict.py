@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Final, Literal
 
+from gateway.sched.kv_peak import peak_kv
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import (
@@ -425,24 +426,6 @@ def idle_service(view: EndpointView, req: SchedRequest, params: PredictParams) -
     ttft = coef.prefill_s(prefill_tokens(req, view.id))
     tpot = coef.decode_iter_s(1.0, p + 0.5 * out) * (1.0 + params.prefill_overhead)
     return Prediction(0.0, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
-
-
-def peak_kv(items: Sequence[tuple[float, float]], h: float, j: float) -> float:
-    """max over t >= 0 of Σ_{i: remaining_i > t} (h·(context_i + t) + j). The sum only drops when a
-    request ends, so the maximum is at t = 0 or just before one ends (t = remaining_k − 1)."""
-    if not items:
-        return 0.0
-    ordered = sorted(items, key=lambda it: it[1])
-    m = len(ordered)
-    suffix_ctx = [0.0] * (m + 1)
-    for i in range(m - 1, -1, -1):
-        suffix_ctx[i] = suffix_ctx[i + 1] + ordered[i][0]
-    best = h * suffix_ctx[0] + m * j
-    for k, (_, rem) in enumerate(ordered):
-        t = max(0.0, rem - 1.0)
-        alive = m - k
-        best = max(best, h * (suffix_ctx[k] + alive * t) + alive * j)
-    return best
 
 
 __all__ = [
