@@ -5,7 +5,7 @@ two reserves judged at once, SLO admission's late recheck against asking every e
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, cast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +14,11 @@ from gateway.core.slo import Infeasible, SloClass, SloPolicy
 from gateway.sched.harms import breaks_deadlines, endangers
 from gateway.sched.interfaces import AdmitOutcome
 from gateway.sched.perf import PerfCoefficients
-from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
+from gateway.sched.plugins.admission.slo_feasibility import (
+    SloFeasibilityAdmitter,
+    SloFeasibilityParams,
+    kth_free,
+)
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.request import SchedRequest
@@ -163,3 +167,20 @@ def test_the_late_recheck_answers_what_asking_every_endpoint_alone_answers(
     alone = any(meets(EndpointLoad(v, now, p).idle_service(r), left) for v in views)
     expected = alone or left == (None, None)
     assert (admitter.recheck(r, s).outcome is AdmitOutcome.ADMIT) == expected
+
+
+@dataclasses.dataclass
+class _Seats:
+    seat_free: list[float]
+    memo: dict[object, object] = dataclasses.field(default_factory=dict)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    frees=st.lists(st.lists(st.sampled_from((0.0, 0.5, 1.0, 1.5, 2.0, 7.25)), max_size=5), max_size=6),
+    k=st.integers(0, 30),
+)
+def test_the_kth_free_seat_is_the_kth_of_the_sorted_ends(frees: list[list[float]], k: int) -> None:
+    loads = cast("list[EndpointLoad]", [_Seats(sorted(f)) for f in frees])
+    ordered = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
+    assert kth_free(loads, k) == (ordered[k] if k < len(ordered) else None)
