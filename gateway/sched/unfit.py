@@ -3,18 +3,19 @@
 Serving a queue tries its first request and, under a `lookahead`, up to that many behind one that fits
 nowhere; each try runs the placement pipeline over every eligible endpoint. With a thousand requests
 waiting on a full fleet most of those tries fail, event after event, although between two events only a
-few endpoints changed (a completion frees one seat; a progress report moves one endpoint's load). So a
-queued request found to fit nowhere remembers the fleet's views it was tried on (`Unfit`); the next time
-it is served it is tried on the endpoints whose view changed since (`retry_on`) and on no other. An
-endpoint gains room or loses load only through an event that remakes its view, so for a profile whose
-filters only drop endpoints without room (`default`, the baselines) a request that fit nowhere still
-fits nowhere on the unchanged ones: the same choices as trying it on every endpoint.
+few endpoints changed (a completion frees one seat, a dispatch takes one). So a queued request found to
+fit nowhere remembers the fleet's views it was tried on (`Unfit`); the next time it is served it is tried
+on the endpoints whose view changed since in more than its running requests' progress (seats, cap,
+health, models, estimates, gauges, the set of requests running there: `retry_on`) and on no other. An
+endpoint gains room only through such a change, so for a profile whose filters only drop endpoints
+without room (`default`, the baselines) a request that fit nowhere still fits nowhere on the others: the
+same choices as trying it on every endpoint.
 
-By design it differs from trying every endpoint where a prediction moves with the clock alone (a running
-request's estimated progress, the request's own time left) and where a filter's answer for one endpoint
-depends on the others (the overflow guard's fallback to the endpoints where the request harms no one,
-when it meets its deadlines on none; best fit's fallback to the least loaded endpoint without the θ
-reserve): the request is judged among the changed endpoints only. Both are bounded: after `RETRY_ALL_S`
+By design it differs from trying every endpoint where a prediction moves with the clock or the progress
+reports alone (a running request's progress, the request's own time left) and where a filter's answer
+for one endpoint depends on the others (the overflow guard's fallback to the endpoints where the request
+harms no one, when it meets its deadlines on none; best fit's fallback to the least loaded endpoint
+without the θ reserve): the request is judged among the changed endpoints only. Both are bounded: after `RETRY_ALL_S`
 (spread over 1-2 times that by arrival order, so a window of requests tried together is not tried again
 all at once) it is tried on every endpoint again. The scheduling benchmark compares goodput with the
 memo and without it (`docs/scheduling-at-scale.md`).
@@ -61,7 +62,26 @@ def retry_on(
         return None
     if views is old:
         return []
-    return [v for v, o in zip(views, old, strict=True) if v is not o]
+    return [v for v, o in zip(views, old, strict=True) if v is not o and _moved(v, o)]
+
+
+def _moved(view: EndpointView, old: EndpointView) -> bool:
+    """Whether an endpoint's view changed in more than its running requests' progress: its seats, cap,
+    health, models, estimates, engine gauges or the set of requests it runs (their prompt and predicted
+    output sums; a completion and a dispatch there change them)."""
+    return (
+        view.id != old.id
+        or view.inflight != old.inflight
+        or view.cap != old.cap
+        or view.health is not old.health
+        or view.models != old.models
+        or view.estimates is not old.estimates
+        or view.engine_waiting != old.engine_waiting
+        or view.engine_running != old.engine_running
+        or view.running_prompt_tokens != old.running_prompt_tokens
+        or view.running_output_tokens != old.running_output_tokens
+        or view.max_batch != old.max_batch
+    )
 
 
 def remember(
