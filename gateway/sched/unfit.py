@@ -17,8 +17,8 @@ for one endpoint depends on the others (the overflow guard's fallback to the end
 harms no one, when it meets its deadlines on none; best fit's fallback to the least loaded endpoint
 without the θ reserve): the request is judged among the changed endpoints only. Both are bounded: after
 `RETRY_ALL_S` (spread over 1-2 times that by arrival order, so a window of requests tried together is not
-tried again all at once) it is tried on every endpoint again. The scheduling benchmark compares goodput with the
-memo and without it (`docs/scheduling-at-scale.md`).
+tried again all at once) it is tried on every endpoint again. The scheduling benchmark compares goodput
+with the memo and without it (`docs/scheduling-at-scale.md`).
 """
 
 from __future__ import annotations
