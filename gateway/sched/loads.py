@@ -1,7 +1,13 @@
-"""Endpoint loads kept between the queries of one decision: `LoadCache` reuses an endpoint's
-`EndpointLoad` while its view object is the same and the clock moved less than 10 ms (one placement; a
-served queue), and `LoadCaches` shares one cache among the plugins of a policy that predict with the same
-parameters."""
+"""Endpoint loads kept between the queries of nearby decisions: `LoadCache` reuses an endpoint's
+`EndpointLoad` while its view object is the same and the clock moved less than its reuse time, and
+`LoadCaches` shares one cache among the plugins of a policy that predict with the same parameters.
+
+A load is remade when its endpoint changed (a dispatch, a completion, a progress report, new gauges or
+estimates: a new view) and otherwise after 20-40 ms: its running requests' progress is estimated from
+the clock, so an old load is a few tokens behind. Each load's reuse time is spread over that range by the
+order the loads were made in, so a fleet's loads, made together on a busy fleet, are not all remade by
+the same decision (with a hundred endpoints that would be a few milliseconds for the one decision that
+happens to come 20 ms later)."""
 
 from __future__ import annotations
 
@@ -10,27 +16,34 @@ from typing import Final
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.snapshot import EndpointView
 
-#: Views whose load was computed within this many seconds are reused.
-_CACHE_TOLERANCE_S: Final = 0.01
+#: Loads whose view is unchanged are reused for at least this many seconds after they were made ...
+REUSE_S: Final = 0.02
+#: ... and at most twice that, in this many steps by the order they were made in.
+_SPREAD: Final = 8
 
 
 class LoadCache:
     """`EndpointLoad`s by endpoint, reused while the view object is the same and the clock moved less
-    than 10 ms (one placement decision; a served queue)."""
+    than the load's reuse time (`REUSE_S` to twice that)."""
 
-    __slots__ = ("_loads", "params")
+    __slots__ = ("_loads", "_made", "params")
 
     def __init__(self, params: PredictParams) -> None:
         self.params = params
-        self._loads: dict[str, EndpointLoad] = {}
+        self._loads: dict[str, tuple[EndpointLoad, float]] = {}
+        self._made = 0
 
     def load(self, view: EndpointView, now: float) -> EndpointLoad:
         got = self._loads.get(view.id)
-        if got is not None and got.view is view and abs(got.now - now) <= _CACHE_TOLERANCE_S:
-            return got
-        fresh = self._loads[view.id] = EndpointLoad(view, now, self.params)
-        if len(self._loads) > 4096:  # endpoints come and go: never grow without bound
-            self._loads = {view.id: fresh}
+        if got is not None:
+            load, reuse = got
+            if load.view is view and abs(load.now - now) <= reuse:
+                return load
+        fresh = EndpointLoad(view, now, self.params)
+        self._made = made = self._made + 1
+        if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
+            self._loads = {}
+        self._loads[view.id] = (fresh, REUSE_S * (1.0 + (made % _SPREAD) / _SPREAD))
         return fresh
 
 

@@ -33,19 +33,20 @@ the one holding the prefix against the prefill it saves, in the request's own SL
 
 Results are seconds from `now`; whether they keep a request's targets is `gateway.sched.targets`.
 `gateway.sched.loads.LoadCache` keeps one `EndpointLoad` per endpoint view for as long as the view
-object and (within 10 ms) the clock are the same, so ordering a long queue costs a few arithmetic
-operations per request and endpoint.
+object is the same and the clock moved less than 20-40 ms, so ordering a long queue costs a few
+arithmetic operations per request and endpoint.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
+from gateway.sched.kv_peak import peak_kv
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import (
@@ -65,6 +66,20 @@ _LONG_GROWTH: Final = 0.5
 #: running requests is a noisy sample of the mix.
 _MAX_PREFILL_SHARE: Final = 0.5
 _PRIOR: Final = default_prior()
+
+
+class _LastOutput:
+    """`EndpointLoad.output_tokens`' last answer (a pure function of an immutable request and gamma)."""
+
+    __slots__ = ("gamma", "out", "req")
+
+    def __init__(self) -> None:
+        self.req: SchedRequest | None = None
+        self.gamma = 0.0
+        self.out = 0.0
+
+
+_LAST_OUTPUT: Final = _LastOutput()
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +173,13 @@ class Prediction:
         return self.e2e_s - self.wait_s
 
 
+def seats_of(view: EndpointView) -> int:
+    """The requests the endpoint runs at once: its cap, or its engine's max batch when that is less
+    (the engine runs at most its max batch, whatever berth's cap lets in)."""
+    mb = view.max_batch
+    return max(1, view.cap if mb is None or mb >= view.cap else mb)
+
+
 class EndpointLoad:
     """One endpoint's load at `now`, derived from its view once and queried per request."""
 
@@ -167,6 +189,7 @@ class EndpointLoad:
         "gamma",
         "guessed",
         "kv_capacity",
+        "memo",
         "n",
         "now",
         "overhead",
@@ -185,14 +208,15 @@ class EndpointLoad:
         self.view = view
         self.now = now
         self.params = params
+        # What the placement and admission plugins derive from this load alone (the same for every
+        # request they ask about), kept here by whoever derives it (`gateway.sched.harms`).
+        self.memo: dict[Hashable, Any] = {}
         self.gamma = params.gamma
         self.coef: PerfCoefficients = view.perf or _PRIOR
         # Predicting from the generic prior (no fit, no configured prior): a guess about other hardware.
         self.guessed = self.coef == _PRIOR
         self.kv_capacity = view.kv_capacity_tokens
-        # The engine runs at most its max batch at once, whatever berth's cap lets in.
-        mb = view.max_batch
-        self.seats = max(1, view.cap if mb is None or mb >= view.cap else mb)
+        self.seats = seats_of(view)
         reqs = view.running
         n = self.n = len(reqs)
         coef = self.coef
@@ -293,11 +317,18 @@ class EndpointLoad:
 
     def output_tokens(self, req: SchedRequest) -> float:
         """The output length to plan for: the mean, or in a tail mode the bound; never past max_tokens
-        (the engine stops there)."""
+        (the engine stops there). The last answer is kept: one request is asked about on every
+        endpoint in a row."""
+        last = _LAST_OUTPUT
+        gamma = self.gamma
+        if last.req is req and last.gamma == gamma:
+            return last.out
         mean, std = output_estimate(req)
-        bound = mean + self.gamma * std
+        bound = mean + gamma * std
         cap = remaining_max_tokens(req)
-        return bound if cap is None else min(bound, float(cap))
+        out = bound if cap is None else min(bound, float(cap))
+        last.req, last.gamma, last.out = req, gamma, out
+        return out
 
     def predict(self, req: SchedRequest, *, worst_case: bool = False) -> Prediction:
         """`req` dispatched here now. `worst_case`: decode as if every seat were taken (MaaSO's
@@ -322,11 +353,7 @@ class EndpointLoad:
 
     def idle_service(self, req: SchedRequest) -> Prediction:
         """`req` alone on this endpoint (no wait, batch of one): the least it can take here."""
-        out = self.output_tokens(req)
-        p = float(resume_prompt_tokens(req))
-        ttft = self.coef.prefill_s(prefill_tokens(req, self.view.id))
-        tpot = self.tpot(1.0, p + 0.5 * out, alone=True)
-        return Prediction(0.0, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
+        return idle_service(self.view, req, self.params)
 
     def harm(self, req: SchedRequest, *, on_track: float = 0.0) -> list[Harm]:
         """What placing `req` here now costs each running request that has a target to keep.
@@ -387,22 +414,18 @@ class EndpointLoad:
         return peak_kv(items, self.coef.h, self.coef.j)
 
 
-def peak_kv(items: Sequence[tuple[float, float]], h: float, j: float) -> float:
-    """max over t >= 0 of Σ_{i: remaining_i > t} (h·(context_i + t) + j). The sum only drops when a
-    request ends, so the maximum is at t = 0 or just before one ends (t = remaining_k − 1)."""
-    if not items:
-        return 0.0
-    ordered = sorted(items, key=lambda it: it[1])
-    m = len(ordered)
-    suffix_ctx = [0.0] * (m + 1)
-    for i in range(m - 1, -1, -1):
-        suffix_ctx[i] = suffix_ctx[i + 1] + ordered[i][0]
-    best = h * suffix_ctx[0] + m * j
-    for k, (_, rem) in enumerate(ordered):
-        t = max(0.0, rem - 1.0)
-        alive = m - k
-        best = max(best, h * (suffix_ctx[k] + alive * t) + alive * j)
-    return best
+def idle_service(view: EndpointView, req: SchedRequest, params: PredictParams) -> Prediction:
+    """`req` alone on the endpoint of `view` (no wait, batch of one): `EndpointLoad.idle_service`, which
+    needs the endpoint's coefficients only (not its load)."""
+    coef = view.perf or _PRIOR
+    mean, std = output_estimate(req)
+    bound = mean + params.gamma * std
+    cap = remaining_max_tokens(req)
+    out = bound if cap is None else min(bound, float(cap))
+    p = float(resume_prompt_tokens(req))
+    ttft = coef.prefill_s(prefill_tokens(req, view.id))
+    tpot = coef.decode_iter_s(1.0, p + 0.5 * out) * (1.0 + params.prefill_overhead)
+    return Prediction(0.0, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
 
 
 __all__ = [
@@ -411,5 +434,7 @@ __all__ = [
     "PredictParams",
     "Prediction",
     "RunningState",
+    "idle_service",
     "peak_kv",
+    "seats_of",
 ]

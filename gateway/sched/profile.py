@@ -46,19 +46,22 @@ class WeightedScorer:
     weight: float
 
 
-def eligible(req: SchedRequest, snap: FleetSnapshot) -> list[EndpointView]:
-    """Endpoints that serve the model (or the one it is pinned to), are not unhealthy or starting, and
-    have room under their cap."""
+def eligible(
+    req: SchedRequest, snap: FleetSnapshot, among: Sequence[EndpointView] | None = None
+) -> list[EndpointView]:
+    """Endpoints (of `among`, a part of the snapshot's; default all of them) that serve the model (or the
+    one it is pinned to), are not unhealthy or starting, and have room under their cap."""
     model, ready = req.model, EndpointHealth.READY
+    endpoints = snap.endpoints if among is None else among
     # `inflight < cap` is EndpointView.has_room, spelled out: this runs for every endpoint per placement.
     if req.pinned is not None:
         pinned = req.pinned
         return [
             e
-            for e in snap.endpoints
+            for e in endpoints
             if e.id == pinned and model in e.models and e.health is ready and e.inflight < e.cap
         ]
-    return [e for e in snap.endpoints if model in e.models and e.health is ready and e.inflight < e.cap]
+    return [e for e in endpoints if model in e.models and e.health is ready and e.inflight < e.cap]
 
 
 _Tiers = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[Sequence[EndpointView]]]
@@ -133,9 +136,15 @@ class SchedulerProfile:
             snap, endpoints=tuple(e for e in snap.endpoints if model not in e.models or e.id in keep)
         )
 
-    def place(self, req: SchedRequest, snap: FleetSnapshot) -> EndpointView | None:
+    def place(
+        self, req: SchedRequest, snap: FleetSnapshot, among: Sequence[EndpointView] | None = None
+    ) -> EndpointView | None:
         """The endpoint for `req` now, or None when nothing is eligible (the request stays queued).
-        Over the snapshot's columns when the profile is columnar and they are its endpoints'."""
+        Over the snapshot's columns when the profile is columnar and they are its endpoints'. `among`:
+        only these of the snapshot's endpoints are candidates (a request that fit nowhere, tried again on
+        the endpoints that changed since: `gateway.sched.unfit`)."""
+        if among is not None:
+            return self._place_plain(req, snap, eligible(req, snap, among))
         cols = snap.columns
         columnar = self._columnar
         if (
@@ -145,7 +154,15 @@ class SchedulerProfile:
             and req.pinned is None
         ):
             return self._place_columns(req, snap, cols, columnar)
-        candidates = self._filter(req, eligible(req, snap), snap, 0)
+        return self._place_plain(req, snap, eligible(req, snap))
+
+    def _place_plain(
+        self, req: SchedRequest, snap: FleetSnapshot, eligible: list[EndpointView]
+    ) -> EndpointView | None:
+        """`place` with a Python step per endpoint, over the `eligible` endpoints."""
+        if not eligible:
+            return None
+        candidates = self._filter(req, eligible, snap, 0)
         if not candidates:
             return None
         chosen = self.picker.pick(req, self._scored(req, candidates, snap), snap)

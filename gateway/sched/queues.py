@@ -26,6 +26,7 @@ from gateway.sched.interfaces import Ordering, OrderKey, RankedOrdering
 from gateway.sched.ranked import RankIndex
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.unfit import Unfit
 
 
 @dataclass(slots=True)
@@ -37,6 +38,9 @@ class Queued:
     # queue's wait limit counts from here).
     queued_at: float = 0.0
     token: int = 0  # its place in its queue's order (unique within the queue; set by ModelQueue.push)
+    # Where it last fit nowhere, when it did (gateway.sched.unfit): the next serve tries it only on the
+    # endpoints that changed since.
+    unfit: Unfit | None = None
 
 
 class OrderingFault(Exception):

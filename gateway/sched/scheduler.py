@@ -54,6 +54,7 @@ from gateway.sched.queues import ModelQueue, OrderingFault, Queued
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 from gateway.sched.types import EndpointSpec, PeerLoad, QueueLimits
+from gateway.sched.unfit import remember, retry_on
 
 
 def _has_room(snap: FleetSnapshot, model: ModelName) -> bool:
@@ -327,9 +328,18 @@ class Scheduler(Preempting):
                     view_snap = FleetSnapshot(now=snap.now, endpoints=others, queued=snap.queued)
             if unplaced is not None:
                 chosen, unplaced = None, None  # the answer `submit` had for it on this very snapshot
+                item.unfit = remember(item.unfit, policy.profile, item.req, snap, everywhere=True)
             else:
+                # A request that fit nowhere is tried on the endpoints that changed since (unfit.py).
+                among = (
+                    None if item.exclude else retry_on(item.unfit, policy.profile, item.req, item.seq, snap)
+                )
                 try:
-                    chosen = policy.profile.place(item.req, view_snap)
+                    chosen = None if among == [] else policy.profile.place(item.req, view_snap, among)
+                    if chosen is None and not item.exclude:
+                        item.unfit = remember(
+                            item.unfit, policy.profile, item.req, snap, everywhere=among is None
+                        )
                 except Exception as e:
                     self._fault(item.req, "placement", e)
                     queue.remove(item)

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
+from operator import is_
 from typing import Annotated, Final, Literal
 
+import numpy as np
 from msgspec import Meta
 
 from gateway.core.slo import Infeasible, SloPolicy
@@ -30,19 +32,24 @@ from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.idle import IdleBound, fleet_bound, latest_start, output_bound
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
 from gateway.sched.loads import LoadCache
+from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, Prediction
+from gateway.sched.predict import EndpointLoad, Prediction, idle_service, seats_of
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
-from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
 #: Headroom of a new recheck bound over the slowest coefficients (refits that slow an endpoint by less
 #: keep it), and the time a request's recheck comes before its exact latest start (float rounding).
 _BOUND_HEADROOM: Final = 0.05
 _EPSILON_S: Final = 1e-6
+_PRIOR: Final = default_prior()
+#: Relative float rounding a bound's times may differ by from an endpoint's own (the sums are associated
+#: differently); a request is judged late everywhere from the bound only beyond it.
+_ROUNDING: Final = 1e-9
 
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,
@@ -74,6 +81,12 @@ class SloFeasibilityAdmitter:
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())
+        # The order `_fastest_first` gave for the last snapshot's views and model.
+        self._speed_order: tuple[tuple[EndpointView, ...], ModelName, list[EndpointView]] | None = None
+        # The fastest idle bound of the last snapshot's views and model (`_late_everywhere`).
+        self._fastest: tuple[tuple[EndpointView, ...], ModelName, IdleBound | None] | None = None
+        # The last `kth_free` asked: (k, those loads, its answer).
+        self._frees: tuple[int, list[EndpointLoad], tuple[float, int] | None] | None = None
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
@@ -85,12 +98,27 @@ class SloFeasibilityAdmitter:
         itl_ms = req.slo.itl_ms
         if left == (None, None) and itl_ms is None:
             return ADMIT
-        loads = self._ready_loads(req, snap)
-        if not loads:
+        ready = self._ready(req, snap)
+        if not ready:
             return ADMIT  # nothing ready: the scheduler answers for that
-        preds = self._predictions(req, loads, self._ahead(req, queued_in_class))
-        if any(self._meets(p, left, itl_ms) for p in preds):
-            return ADMIT
+        ahead = self._ahead(req, queued_in_class)
+        if ahead < sum(max(0, seats_of(e) - len(e.running)) for e in ready):
+            # A seat is free for it: admitted once one endpoint with a free seat meets its SLO, so the
+            # loads are derived (and the request predicted) one endpoint at a time until one does.
+            full = self.params.assume_full
+            preds = []
+            for e in ready:
+                if len(e.running) < seats_of(e):
+                    pred = self._cache.load(e, snap.now).predict(req, worst_case=full)
+                    if self._meets(pred, left, itl_ms):
+                        return ADMIT
+                    preds.append(pred)
+            loads = [self._cache.load(e, snap.now) for e in ready]
+        else:
+            loads = [self._cache.load(e, snap.now) for e in ready]
+            preds = self._predictions(req, loads, ahead)
+            if any(self._meets(p, left, itl_ms) for p in preds):
+                return ADMIT
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
         if (
             outcome is AdmitOutcome.REJECT
@@ -122,13 +150,47 @@ class SloFeasibilityAdmitter:
             retry,
         )
 
-    def _ready_loads(self, req: SchedRequest, snap: FleetSnapshot) -> list[EndpointLoad]:
-        """The load of every ready endpoint serving the request's model."""
-        return [
-            self._cache.load(e, snap.now)
-            for e in snap.endpoints
-            if req.model in e.models and e.health is EndpointHealth.READY
-        ]
+    def _ready(self, req: SchedRequest, snap: FleetSnapshot) -> list[EndpointView]:
+        """Every ready endpoint serving the request's model."""
+        model, ready = req.model, EndpointHealth.READY
+        return [e for e in snap.endpoints if model in e.models and e.health is ready]
+
+    def _fastest_first(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
+        """The ready endpoints serving `model`, those with the fastest idle service (for a typical
+        request) first; kept for the snapshot's views (a tick rechecks many requests on one snapshot)."""
+        kept = self._speed_order
+        if kept is not None and kept[0] is snap.endpoints and kept[1] == model:
+            return kept[2]
+        ready = EndpointHealth.READY
+        serving = [e for e in snap.endpoints if model in e.models and e.health is ready]
+        serving.sort(key=_typical_idle_s)
+        self._speed_order = (snap.endpoints, model, serving)
+        return serving
+
+    def _late_everywhere(
+        self, req: SchedRequest, snap: FleetSnapshot, left: tuple[float | None, float | None]
+    ) -> bool:
+        """Whether `req` misses a deadline alone even at the fastest coefficients of the model's ready
+        endpoints (`IdleBound`, the per-coefficient minimum: no endpoint is faster), by more than float
+        rounding: then it misses it alone on every endpoint, and they need not be asked one by one.
+        False when a cached prefix makes the prefill differ by endpoint (each is asked)."""
+        if req.cached:
+            return False
+        kept = self._fastest
+        if kept is not None and kept[0] is snap.endpoints and kept[1] == req.model:
+            bound = kept[2]
+        else:
+            bound = fleet_bound(snap, req.model, slowest=False)
+            self._fastest = (snap.endpoints, req.model, bound)
+        if bound is None:
+            return False
+        params = self._cache.params
+        out = output_bound(req, params.gamma)
+        ttft, e2e = bound.times(float(resume_prompt_tokens(req)), out, 1.0 + params.prefill_overhead)
+        ttft_left, e2e_left = left
+        return (ttft_left is not None and ttft > ttft_left + _ROUNDING * abs(ttft_left)) or (
+            e2e_left is not None and e2e > e2e_left + _ROUNDING * abs(e2e_left)
+        )
 
     def recheck(self, req: SchedRequest, snap: FleetSnapshot) -> AdmitDecision:
         """A queued request that cannot meet its SLO even alone on the best endpoint gets its class's
@@ -139,13 +201,21 @@ class SloFeasibilityAdmitter:
         left = time_left(req, snap.now)
         if left == (None, None):
             return ADMIT
-        loads = self._ready_loads(req, snap)
-        if not loads:
+        ready = self._ready(req, snap) if mode != "late" else self._fastest_first(req.model, snap)
+        if not ready:
             return ADMIT
         if mode == "late":
-            if any(meets(load.idle_service(req), left) for load in loads):
+            # alone on an endpoint: its coefficients suffice, no load is derived; the fastest endpoints
+            # first, as the one that keeps its deadlines is most likely among them
+            params = self._cache.params
+            if not self._late_everywhere(req, snap, left) and any(
+                meets(idle_service(e, req, params), left) for e in ready
+            ):
                 return ADMIT
-        elif any(self._meets(p, left, req.slo.itl_ms) for p in self._predictions(req, loads, 0)):
+        elif any(
+            self._meets(p, left, req.slo.itl_ms)
+            for p in self._predictions(req, [self._cache.load(e, snap.now) for e in ready], 0)
+        ):
             return ADMIT
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
         return AdmitDecision(
@@ -206,10 +276,15 @@ class SloFeasibilityAdmitter:
             full = self.params.assume_full
             return [load.predict(req, worst_case=full) for load in loads if load.n < load.seats]
         k = ahead - free
-        frees = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
-        if k >= len(frees):
+        kept = self._frees
+        if kept is not None and kept[0] == k and len(kept[1]) == len(loads) and all(map(is_, kept[1], loads)):
+            got = kept[2]  # the same loads (the requests admitted between two changes of the fleet)
+        else:
+            got = kth_free(loads, k)
+            self._frees = (k, loads, got)
+        if got is None:
             return []  # further out than every running request: no prediction, infeasible
-        t, i = frees[k]
+        t, i = got
         return [loads[i].predict_after(req, t)]
 
     def _meets(self, p: Prediction, left: tuple[float | None, float | None], itl_ms: float | None) -> bool:
@@ -220,6 +295,33 @@ class SloFeasibilityAdmitter:
             and (e2e_left is None or p.e2e_s <= e2e_left * m)
             and (itl_ms is None or p.tpot_s * 1000.0 <= itl_ms * m)
         )
+
+
+def kth_free(loads: list[EndpointLoad], k: int) -> tuple[float, int] | None:
+    """The `k`-th (from 0) of the running requests' predicted ends over `loads` (`seat_free`), as (time,
+    index of its load): `sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)[k]`,
+    found by a partition instead of a sort; None when there are not that many."""
+    arrays = []
+    for load in loads:
+        arr = load.memo.get("seat-free")
+        if arr is None:
+            arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
+        arrays.append(arr)
+    sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    if k >= int(sizes.sum()):
+        return None
+    times = np.concatenate(arrays)
+    t = float(np.partition(times, k)[k])
+    # ties at t go by load index, and the concatenation is in load order
+    nth = k - int(np.count_nonzero(times < t))
+    at = int(np.flatnonzero(times == t)[nth])
+    return t, int(np.searchsorted(np.cumsum(sizes), at, side="right"))
+
+
+def _typical_idle_s(view: EndpointView) -> float:
+    """Seconds a 1,000-token prompt with 200 tokens out takes alone on the endpoint (an order only)."""
+    c = view.perf or _PRIOR
+    return c.prefill_s(1000.0) + 199.0 * c.decode_iter_s(1.0, 1100.0)
 
 
 SPEC = PluginSpec(

@@ -56,9 +56,10 @@ from typing import Annotated, Final, Literal
 
 from msgspec import Meta
 
+from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad
+from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens
@@ -114,13 +115,15 @@ class BestFitFilter:
         tried = sorted(loads, key=self.order_key) if self._packs else spread
         if req.cached:
             tried = holders_first(req, tried)
+        loose: dict[int, bool] = {}  # id(load) -> whether it fits without the reserve
         for load in tried:
-            if self.fits(load, req):
+            strict, loose[id(load)] = self.fits_both(load, req)
+            if strict:
                 return [load.view]
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
         # that fits without it (the request meets its deadlines there if nothing else comes).
         for load in spread:
-            if next(self._broken(load, req, reserve=False), None) is None:
+            if loose[id(load)]:
                 return [load.view]
         return []
 
@@ -141,10 +144,43 @@ class BestFitFilter:
         return (load.running_long >= rebalance > 0, load.view.outstanding, str(load.view.id))
 
     def capacity_norm(self, load: EndpointLoad) -> float:
+        key = ("capacity-norm", self.params.gamma)
+        got: float | None = load.memo.get(key)
+        if got is None:
+            scale = load.kv_capacity or load.seats * _TOKENS_PER_SEAT
+            got = load.memo[key] = math.hypot(load.n / load.seats, self._tokens(load) / scale)
+        return got
+
+    def _tokens(self, load: EndpointLoad) -> float:
+        """Σ(l_in + γ·l_out) over the running requests (kept on the load)."""
         g = self.params.gamma
-        tokens = sum(s.context + g * s.remaining for s in load.running)
-        scale = load.kv_capacity or load.seats * _TOKENS_PER_SEAT
-        return math.hypot(load.n / load.seats, tokens / scale)
+        key = ("tokens", g)
+        got: float | None = load.memo.get(key)
+        if got is None:
+            got = load.memo[key] = sum(s.context + g * s.remaining for s in load.running)
+        return got
+
+    def _running_terms(self, load: EndpointLoad) -> tuple[float | None, float | None]:
+        """What (b) and (d) take from the running requests alone (kept on the load): the tightest ITL
+        budget among them (None: none has one), and the least time a decode with an ITL target has saved
+        so far, over those that have saved some (None: none)."""
+        key = ("best-fit-running",)
+        got: tuple[float | None, float | None] | None = load.memo.get(key)
+        if got is None:
+            budget: float | None = None
+            saved_least: float | None = None
+            tpot_now = load.tpot_now
+            for s in load.running:
+                r = s.req
+                if r.itl_s is None or r.best_effort:
+                    continue
+                budget = r.itl_s if budget is None else min(budget, r.itl_s)
+                if s.prefilled:
+                    saved = s.produced * (r.itl_s - tpot_now)
+                    if saved >= 0 and (saved_least is None or saved < saved_least):
+                        saved_least = saved
+            got = load.memo[key] = (budget, saved_least)
+        return got
 
     def violations(self, load: EndpointLoad, req: SchedRequest, *, reserve: bool = True) -> list[str]:
         """The constraints `req` would break on this endpoint: "seats", "atgt", "ttft", "prefill", "kv".
@@ -159,6 +195,23 @@ class BestFitFilter:
         if load.n >= load.seats:
             yield "seats"
             return
+        pred, left, own, atgt = self._own_terms(load, req)
+        keep = self.params.theta if reserve else 1.0
+        if atgt or (own and left[1] is not None and pred.e2e_s > keep * left[1]):
+            yield "atgt"
+        # (c) TTFT
+        if own and left[0] is not None and pred.ttft_s > keep * left[0]:
+            yield "ttft"
+        if self._pauses(load, req):
+            yield "prefill"
+        if self._over_kv(load, req, pred):
+            yield "kv"
+
+    def _own_terms(
+        self, load: EndpointLoad, req: SchedRequest
+    ) -> tuple[Prediction, tuple[float | None, float | None], bool, bool]:
+        """The request's prediction here, its time left, whether its own targets count (`own`), and
+        whether (b)'s batch bound breaks."""
         coef = load.coef
         p = self.params
         g, theta = p.gamma, p.theta
@@ -167,45 +220,65 @@ class BestFitFilter:
         own = not req.best_effort and meets(load.idle_service(req), left)
         # (b) ATGT: Aladdin's batch bound for the ITL targets here (this request's included), and this
         # request's own end-to-end deadline at the per-token time of the batch it joins
-        budgets = [s.req.itl_s for s in load.running if s.req.itl_s is not None and not s.req.best_effort]
+        budget, _ = self._running_terms(load)
         if own and req.slo.itl_ms is not None:
-            budgets.append(req.slo.itl_ms / 1000.0)
+            mine = req.slo.itl_ms / 1000.0
+            budget = mine if budget is None else min(budget, mine)
         atgt = False
-        if budgets:
-            t_dec = min(budgets) / (1.0 + load.overhead)
-            total = sum(s.context + g * s.remaining for s in load.running)
+        if budget is not None:
+            t_dec = budget / (1.0 + load.overhead)
+            total = self._tokens(load)
             total += req.prompt_tokens + g * pred.output_tokens
             atgt = coef.k2 * total > theta * (t_dec - coef.c2 * (load.n + 1) - coef.c3)
-        keep = theta if reserve else 1.0
-        if atgt or (own and left[1] is not None and pred.e2e_s > keep * left[1]):
-            yield "atgt"
-        # (c) TTFT
-        if own and left[0] is not None and pred.ttft_s > keep * left[0]:
-            yield "ttft"
-        # (d) its prefill pauses every running decode: within θ of the time each decode with an ITL
-        # target has saved against it so far (tokens produced × (target − per-token time)); with
-        # `deadlines`, also within what each running request with a deadline has in hand, less a
-        # reserve of 1 − θ of its time left
-        pause = coef.prefill_s(prefill_tokens(req, load.view.id))
-        for s in load.running:
-            r = s.req
-            if r.itl_s is not None and s.prefilled and not r.best_effort:
-                saved = s.produced * (r.itl_s - load.tpot_now)
-                if saved >= 0 and pause > theta * saved:
-                    yield "prefill"
-                    break
-        else:
-            if p.deadlines:
-                harms = load.harm(req, on_track=p.on_track)
-                if any(h.target != "itl" and h.delay > h.saved - (1.0 - theta) * h.left for h in harms):
-                    yield "prefill"
-        # (e) KV over future iterations
+        return pred, left, own, atgt
+
+    def _pauses(self, load: EndpointLoad, req: SchedRequest) -> bool:
+        """(d) its prefill pauses every running decode: within θ of the time each decode with an ITL
+        target has saved against it so far (tokens produced × (target − per-token time)); with
+        `deadlines`, also within what each running request with a deadline has in hand, less a reserve
+        of 1 − θ of its time left."""
+        p = self.params
+        theta = p.theta
+        _, saved_least = self._running_terms(load)
+        pause = load.coef.prefill_s(prefill_tokens(req, load.view.id))
+        if saved_least is not None and pause > theta * saved_least:
+            return True
+        return p.deadlines and breaks_deadlines(load, req, theta=theta, on_track=p.on_track)
+
+    @staticmethod
+    def _over_kv(load: EndpointLoad, req: SchedRequest, pred: Prediction) -> bool:
+        """(e) KV over future iterations."""
         cap = load.kv_capacity
-        if cap is not None and load.peak_kv((float(req.prompt_tokens), pred.output_tokens)) > cap:
-            yield "kv"
+        return cap is not None and load.peak_kv((float(req.prompt_tokens), pred.output_tokens)) > cap
 
     def fits(self, load: EndpointLoad, req: SchedRequest) -> bool:
         return next(self._broken(load, req), None) is None
+
+    def fits_both(self, load: EndpointLoad, req: SchedRequest) -> tuple[bool, bool]:
+        """(`fits`, fits without the θ reserve on its own deadlines) in one evaluation: only (b)'s and
+        (c)'s tests of its own deadlines differ between the two."""
+        if load.n == 0:
+            return True, True
+        if load.n >= load.seats:
+            return False, False
+        pred, left, own, atgt = self._own_terms(load, req)
+        if atgt:
+            return False, False
+        strict = True
+        if own:
+            theta = self.params.theta
+            ttft_left, e2e_left = left
+            if e2e_left is not None:
+                if pred.e2e_s > 1.0 * e2e_left:
+                    return False, False
+                strict = not pred.e2e_s > theta * e2e_left
+            if ttft_left is not None:
+                if pred.ttft_s > 1.0 * ttft_left:
+                    return False, False
+                strict = strict and not pred.ttft_s > theta * ttft_left
+        if self._pauses(load, req) or self._over_kv(load, req, pred):
+            return False, False
+        return strict, True
 
 
 def holders_first(req: SchedRequest, order: list[EndpointLoad]) -> list[EndpointLoad]:

@@ -112,6 +112,8 @@ class DemandSplitFilter:
         self.spill: tuple[SpillMode, ...] = tuple(by_group.get(g, default) for g in self.group_names)
         self._models: dict[ModelName, _ModelState] = {}
         self._seen: dict[RequestId, None] = {}
+        # Per model: the snapshot views the ready endpoints were last found in, and those endpoints.
+        self._ready_kept: dict[ModelName, tuple[tuple[EndpointView, ...], tuple[EndpointId, ...]]] = {}
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -165,7 +167,7 @@ class DemandSplitFilter:
             if len(self._seen) > _SEEN_MAX:
                 del self._seen[next(iter(self._seen))]
             state.demand[group] += request_work(req, perf or _PRIOR, self.params.batch_ref)
-        return self._blocks(state, snap.serving(req.model))
+        return self._blocks(state, self._ready(req.model, snap))
 
     def shares(self, model: ModelName) -> tuple[float, ...]:
         """Each group's share of the model's recent demand (equal before any)."""
@@ -195,8 +197,22 @@ class DemandSplitFilter:
                 state.demand = [d * f for d in state.demand]
             state.at = now
 
-    def _blocks(self, state: _ModelState, serving: Sequence[EndpointView]) -> dict[EndpointId, int]:
-        ready = tuple(sorted((e.id for e in serving if e.health == EndpointHealth.READY), key=str))
+    def _ready(self, model: ModelName, snap: FleetSnapshot) -> tuple[EndpointId, ...]:
+        """The ready endpoints serving `model`, in id order; kept for the snapshot's views (admission's
+        recheck asks for every queued request of a tick, placement for every request of a serve)."""
+        kept = self._ready_kept.get(model)
+        if kept is not None and kept[0] is snap.endpoints:
+            return kept[1]
+        ready = tuple(
+            sorted(
+                (e.id for e in snap.endpoints if model in e.models and e.health == EndpointHealth.READY),
+                key=str,
+            )
+        )
+        self._ready_kept[model] = (snap.endpoints, ready)
+        return ready
+
+    def _blocks(self, state: _ModelState, ready: tuple[EndpointId, ...]) -> dict[EndpointId, int]:
         g = len(self.group_names)
         n = len(ready)
         least = self.params.min_endpoints

@@ -15,6 +15,7 @@ from typing import Annotated
 
 from msgspec import Meta
 
+from gateway.sched.harms import endangers
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.registry import PluginKind, PluginSpec
@@ -48,7 +49,7 @@ class OverflowGuardFilter:
         meeting: list[EndpointView] = []
         for e in candidates:
             load = self._cache.load(e, now)
-            if load.endangered(req, margin=p.margin, on_track=p.on_track):
+            if endangers(load, req, margin=p.margin, on_track=p.on_track):
                 continue
             harmless.append(e)
             if req.best_effort:

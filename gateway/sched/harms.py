@@ -1,0 +1,102 @@
+"""Whether placing a request on an endpoint harms a running request there, without listing the harms.
+
+`EndpointLoad.harm` lists what a new request costs each running request with a target, and the overflow
+guard and best fit only ask whether any of those costs is more than the request can take. Most of that
+question does not depend on the new request: which running requests have a target to keep, the time each
+has in hand, and how much of its answer is left. Those terms are derived once per endpoint load and kept
+on it (`EndpointLoad.memo`, for as long as the load is reused: one served queue); per new request only
+its prefill pause and per-iteration cost are computed, and compared with the least time in hand (first
+tokens, inter-token targets) or with each running request's deadline in a tight loop (last tokens). The
+answers are those of `harm`, exactly (`tests/unit/test_sched_harms.py` checks both on random loads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.sched.predict import EndpointLoad
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import prefill_tokens, resume_prompt_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    """A load's running requests with a target to keep, as `harm` filters them for one `on_track`, each
+    with the bound its delay is compared to (`bound(saved, left)`)."""
+
+    ttft: float | None  # the least bound over the first-token harms (all have the same delay)
+    itl: float | None  # the least bound over the inter-token harms (likewise)
+    e2e: tuple[tuple[bool, float, float], ...]  # (prefilled, remaining tokens, bound) per last-token harm
+
+
+def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: float | None) -> _Terms:
+    """`harm`'s filter of the running requests, with bound = saved · margin (`endangers`), or for the
+    deadline harms saved − (1 − θ) · left (`breaks_deadlines`, `theta` given; inter-token harms left out)."""
+    key = ("harm-terms", on_track, margin, theta)
+    got: _Terms | None = load.memo.get(key)
+    if got is not None:
+        return got
+    now = load.now
+    tpot_now = load.tpot_now
+    ttft: float | None = None
+    itl: float | None = None
+    e2e: list[tuple[bool, float, float]] = []
+    reserve = 0.0 if theta is None else 1.0 - theta
+    for s in load.running:
+        r = s.req
+        if r.best_effort:
+            continue
+        if not s.prefilled and r.ttft_deadline is not None:
+            left = r.ttft_deadline - now
+            saved = left - s.first_s
+            if saved >= on_track * left and saved >= 0:
+                b = saved * margin if margin is not None else saved - reserve * left
+                ttft = b if ttft is None or b < ttft else ttft
+        if r.e2e_deadline is not None:
+            left = r.e2e_deadline - now
+            saved = left - s.finish_s
+            if saved >= on_track * left and saved >= 0:
+                b = saved * margin if margin is not None else saved - reserve * left
+                e2e.append((s.prefilled, s.remaining, b))
+        if margin is not None and r.itl_s is not None and s.prefilled:
+            saved = r.itl_s - tpot_now
+            if saved >= on_track * r.itl_s and saved >= 0:
+                b = saved * margin
+                itl = b if itl is None or b < itl else itl
+    out = _Terms(ttft, itl, tuple(e2e))
+    load.memo[key] = out
+    return out
+
+
+def _any_over(load: EndpointLoad, req: SchedRequest, terms: _Terms) -> bool:
+    """Whether the delay `req` causes one of the running requests of `terms` is over its bound (the
+    delays as `harm` computes them)."""
+    if terms.ttft is None and terms.itl is None and not terms.e2e:
+        return False
+    c = load.coef
+    p = float(resume_prompt_tokens(req))
+    fresh = prefill_tokens(req, load.view.id)
+    out = load.output_tokens(req)
+    pause = c.prefill_s(fresh)
+    per_iter = (c.k2 * (p + 0.5 * out) + c.c2) * (1.0 + load.overhead)
+    first = c.k1 * fresh
+    if terms.ttft is not None and first > terms.ttft:
+        return True
+    if terms.itl is not None and per_iter > terms.itl:
+        return True
+    for prefilled, remaining, bound in terms.e2e:
+        if (pause if prefilled else first) + min(remaining, out) * per_iter > bound:
+            return True
+    return False
+
+
+def endangers(load: EndpointLoad, req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0) -> bool:
+    """`bool(load.endangered(req, margin=margin, on_track=on_track))` (`margin` > 0)."""
+    return _any_over(load, req, _terms(load, on_track, margin, None))
+
+
+def breaks_deadlines(load: EndpointLoad, req: SchedRequest, *, theta: float, on_track: float = 0.0) -> bool:
+    """Whether a running request's first- or last-token deadline harm is over its time in hand less a
+    reserve of (1 − θ) of its time left: `any(h.target != "itl" and h.delay > h.saved − (1 − θ)·h.left)`
+    over `load.harm(req, on_track=on_track)` (best fit's constraint (d))."""
+    return _any_over(load, req, _terms(load, on_track, None, theta))
