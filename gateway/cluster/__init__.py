@@ -26,7 +26,11 @@ class Cluster:
         self.setup = setup
         self.link = link or RedisLink(setup)
         self.limits = SharedLimits(
-            self.link, setup.name, on_down=setup.config.on_redis_down, retry_after_s=retry_after_s
+            self.link,
+            setup.name,
+            on_down=setup.config.on_redis_down,
+            retry_after_s=retry_after_s,
+            slice_share=setup.config.slice_share,
         )
         self.tasks = SharedTasks(self.link)
         self.member = ClusterMember(setup, self.link, limits=self.limits)

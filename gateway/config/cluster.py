@@ -51,6 +51,10 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     # Tenant limits while Redis does not answer: "local" enforces 1/replicas of each limit on this
     # replica; "refuse" answers 503 limits_unavailable to tenants that have limits.
     on_redis_down: Literal["local", "refuse"] = "local"
+    # Tenant limits large enough (each at least 2 / slice_share): a replica takes this share of a limit
+    # from Redis in one call and spends it locally (admission without a Redis round trip); 0: every
+    # decision is one script call (exact). docs/cluster.md states the bounded error.
+    slice_share: Annotated[float, Meta(ge=0, le=0.25)] = 0.02
 
 
 class ClusterSecret(Secret):
