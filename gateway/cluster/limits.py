@@ -176,6 +176,11 @@ class SharedLimits:
         self.fallback.configure({t: scaled(lim, share) for t, lim in self.limits.items()}, now)
 
     # ----------------------------------------------------------------- the request path
+    def admit_now(self, tenant: str, limits: TenantLimits, tokens: int) -> Seat | None:
+        """A seat from this replica's slice of the tenant's limits; None: `admit` decides."""
+        sl = self.slices.slices.get(tenant)
+        return None if sl is None else self.slices.take(tenant, sl, tokens)
+
     async def admit(self, tenant: str, limits: TenantLimits, tokens: int, now: float) -> Seat | Refusal:
         """One decision, sent with every other decision asked for in the same turn of the event loop:
         one script call (one round trip) for all of them."""
