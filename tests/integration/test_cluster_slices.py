@@ -16,6 +16,7 @@ import pytest
 
 from gateway.admission.limits import Limit, Refusal, Seat, TenantLimits
 from gateway.cluster import Cluster
+from gateway.cluster.exporter import ClusterCollector
 from gateway.cluster.link import text
 from gateway.cluster.slices import slice_of
 from gateway.config.cluster import ClusterConfig, ClusterSetup
@@ -88,6 +89,9 @@ async def test_seats_hold_across_replicas_with_few_calls(make_cluster: MakeClust
     assert held["a"] >= len(mine["a"])
     assert held["b"] >= len(mine["b"])
     assert a.limits.slices.calls < len(mine["a"])  # a call per slice, not per request
+    metrics = {m.name: m.samples[0].value for m in ClusterCollector(a).collect() if m.samples}
+    assert metrics["berth_cluster_limit_slice_admissions"] == len(mine["a"])
+    assert metrics["berth_cluster_limit_slice_calls"] == a.limits.slices.calls
     # a's requests finish: what it holds above two slices goes back; b gets the seats.
     for seat in mine["a"]:
         a.limits.release(seat, None, 0.0)
