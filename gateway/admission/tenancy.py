@@ -9,9 +9,10 @@ tenant count as "anonymous".
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 from gateway.admission.limits import NO_LIMITS, Refusal, Seat, TenantLimiter, TenantLimits
 from gateway.admission.slo import Tenant
@@ -30,8 +31,17 @@ def charge_of(sreq: SchedRequest) -> int:
     return max(0, sreq.prompt_tokens) + max(0, out)
 
 
+class Ask(enum.Enum):
+    """`admit_now`'s answer when the decision needs the cluster (await `admit_shared`)."""
+
+    SHARED = "shared"
+
+
 class SharedLimiter(Protocol):
     """Tenant limits shared by the replicas of a cluster (gateway.cluster.limits)."""
+
+    def admit_now(self, tenant: str, limits: TenantLimits, tokens: int) -> Seat | None:
+        """A seat decided on this replica alone (its slice of the limits), or None: `admit` decides."""
 
     def configure(self, limits: Mapping[str, TenantLimits], now: float) -> None:
         """The tenants' limits of a (re)load."""
@@ -67,6 +77,16 @@ class TenantAccounting:
         if tenant is None or tenant.limits == NO_LIMITS:
             return None
         return self._seat(tenant, self.limiter.admit(tenant.name, charge_of(sreq), now))
+
+    def admit_now(
+        self, tenant: Tenant | None, sreq: SchedRequest, now: float
+    ) -> Seat | Literal[Ask.SHARED] | None:
+        """`admit` when it needs no round trip (no cluster, no limits, or a seat from this replica's slice
+        of the cluster's limits); Ask.SHARED: await `admit_shared`."""
+        if tenant is None or tenant.limits == NO_LIMITS or self.shared is None:
+            return self.admit(tenant, sreq, now)
+        got = self.shared.admit_now(tenant.name, tenant.limits, charge_of(sreq))
+        return Ask.SHARED if got is None else got
 
     async def admit_shared(self, tenant: Tenant | None, sreq: SchedRequest, now: float) -> Seat | None:
         """`admit` under the cluster's shared limits (one Redis round trip for a tenant with limits)."""

@@ -170,6 +170,7 @@ class Gateway:
                 hooks = self.cluster.member.hooks
                 hooks.on_cold = lambda models: lifecycle.on_cold(ModelName(m) for m in models)
                 hooks.on_fleet = lifecycle.on_fleet_changed
+                hooks.on_load_failed = lifecycle.on_load_failed
                 hooks.on_leader = lifecycle.on_leadership
                 hooks.own_load = lambda: published_load(scheduler, lifecycle)
             self.services.lifecycle_answered = lambda: self.lifecycle is not None and self.lifecycle.answered

@@ -2,8 +2,9 @@
 
 Built by the composition root only when gateway.toml has [cluster]; without it nothing here exists and
 nothing is contacted. `Cluster` holds the pieces: the Redis link (`link`), the replica's membership,
-load publication and the fenced leader lease (`member`), the shared tenant limits (`limits`) and task
-clocks (`tasks`), and their metrics (`exporter`). docs/cluster.md states each piece's consistency and
+load publication and the fenced leader lease (`member`), the shared tenant limits (`limits`, with
+`slices` of large limits spent without a round trip; their Lua pieces in `lua`) and task clocks
+(`tasks`), and their metrics (`exporter`). docs/cluster.md states each piece's consistency and
 its fallback while Redis does not answer.
 """
 
@@ -26,7 +27,11 @@ class Cluster:
         self.setup = setup
         self.link = link or RedisLink(setup)
         self.limits = SharedLimits(
-            self.link, setup.name, on_down=setup.config.on_redis_down, retry_after_s=retry_after_s
+            self.link,
+            setup.name,
+            on_down=setup.config.on_redis_down,
+            retry_after_s=retry_after_s,
+            slice_share=setup.config.slice_share,
         )
         self.tasks = SharedTasks(self.link)
         self.member = ClusterMember(setup, self.link, limits=self.limits)

@@ -73,6 +73,17 @@ class ClusterCollector:
         adm.add_metric(["refused"], limits.refused_down)
         yield adm
         yield _gauge("berth_cluster_pending_releases", "Seat releases waiting to reach Redis", limits.pending)
+        sl = CounterMetricFamily(
+            "berth_cluster_limit_slice_admissions",
+            "Tenant-limit decisions taken on this replica's slice of the limits (no Redis round trip)",
+        )
+        sl.add_metric([], limits.slices.local)
+        yield sl
+        sc = CounterMetricFamily(
+            "berth_cluster_limit_slice_calls", "Redis calls that topped up or gave back slices of limits"
+        )
+        sc.add_metric([], limits.slices.calls)
+        yield sc
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

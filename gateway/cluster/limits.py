@@ -35,29 +35,23 @@ import structlog
 
 from gateway.admission.limits import Limit, Refusal, Seat, TenantLimiter, TenantLimits, scaled
 from gateway.cluster.link import RedisLink, text
+from gateway.cluster.lua import LEVEL, SEATS
+from gateway.cluster.slices import Slices
 from gateway.core import errors
 
 log = structlog.get_logger("berth.cluster")
-
-# Lua: a bucket's level refilled to `now` (no level yet: full).
-_LEVEL: Final = """
-local function level(l, at, rate, cap, now)
-  if not l then return cap end
-  return math.min(cap, tonumber(l) + math.max(0, now - tonumber(at)) * rate)
-end
-"""
 
 # KEYS: the members, then the tenant of each decision in turn (a tenant may come twice: decisions are
 # taken in order, each on the state the one before left); ARGV: me, then per decision "rr rc tr tc cost
 # maxc" (bucket rates and sizes, 0: no such limit). Returns per decision: code (0 admitted, 1 requests,
 # 2 tokens, 3 concurrency), seconds until the bucket has room.
 ADMIT_LUA: Final = (
-    _LEVEL
+    LEVEL
+    + SEATS
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local me = ARGV[1]
-local alive = {}
 local out = {}
 local function decide(key, spec)
   local a = {}
@@ -67,25 +61,7 @@ local function decide(key, spec)
   local f = {}
   for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
   if maxc > 0 then
-    local total = 0
-    for k, v in pairs(f) do
-      if string.sub(k, 1, 2) == 's:' then
-        local r, n = string.sub(k, 3), tonumber(v)
-        if r ~= me then
-          local live = alive[r]
-          if live == nil then
-            local exp = redis.call('ZSCORE', KEYS[1], r)
-            live = exp ~= false and exp ~= nil and tonumber(exp) >= now
-            alive[r] = live
-          end
-          if not live then
-            redis.call('HDEL', key, k)
-            n = 0
-          end
-        end
-        total = total + math.max(0, n)
-      end
-    end
+    local total = seats(key, f, me, now)
     if total >= maxc then return 3, '0' end
   end
   local set = {}
@@ -117,7 +93,7 @@ return out
 
 # KEYS: the tenant of each release in turn; ARGV: me, then per release: seat (0/1), give, tpm rate, cap.
 RELEASE_LUA: Final = (
-    _LEVEL
+    LEVEL
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -148,7 +124,15 @@ MAX_PENDING: Final = 100_000
 class SharedLimits:
     """gateway.admission.tenancy.SharedLimiter over Redis (see the module doc)."""
 
-    def __init__(self, link: RedisLink, name: str, *, on_down: str, retry_after_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        name: str,
+        *,
+        on_down: str,
+        retry_after_s: float = 1.0,
+        slice_share: float = 0.0,
+    ) -> None:
         self.link = link
         self.name = name
         self.on_down = on_down
@@ -168,6 +152,7 @@ class SharedLimits:
         self.batches = 0  # admission script calls
         self.decisions = 0  # decisions sent in them
         self._wake = asyncio.Event()
+        self.slices = Slices(link, name, share=slice_share, wake=self._wake.set)
         self.reconcile_due = True  # write the true seat counts on the next beat
         self.fallback_admits = 0
         self.refused_down = 0
@@ -176,6 +161,7 @@ class SharedLimits:
     # ----------------------------------------------------------------- configuration
     def configure(self, limits: Mapping[str, TenantLimits], now: float) -> None:
         self.limits = {name: lim for name, lim in limits.items() if lim.any}
+        self.slices.configure(self.limits)
         self._configure_fallback(now)
 
     def set_replicas(self, n: int, now: float) -> None:
@@ -190,12 +176,21 @@ class SharedLimits:
         self.fallback.configure({t: scaled(lim, share) for t, lim in self.limits.items()}, now)
 
     # ----------------------------------------------------------------- the request path
+    def admit_now(self, tenant: str, limits: TenantLimits, tokens: int) -> Seat | None:
+        """A seat from this replica's slice of the tenant's limits; None: `admit` decides."""
+        sl = self.slices.slices.get(tenant)
+        return None if sl is None else self.slices.take(tenant, sl, tokens)
+
     async def admit(self, tenant: str, limits: TenantLimits, tokens: int, now: float) -> Seat | Refusal:
         """One decision, sent with every other decision asked for in the same turn of the event loop:
         one script call (one round trip) for all of them."""
         rps = limits.requests_per_s
         tpm = limits.tokens_per_min
         conc = limits.max_concurrency
+        sl = self.slices.slices.get(tenant)
+        if sl is not None:  # large limits: decided on this replica's slice of them
+            taken = self.slices.take(tenant, sl, tokens) or await self.slices.admit(tenant, sl, tokens)
+            return self._down(tenant, tokens, now) if taken is None else taken
         spec = " ".join(
             (
                 "0" if rps is None else repr(float(rps)),
@@ -262,6 +257,8 @@ class SharedLimits:
         if seat.released:
             return
         seat.released = True
+        if self.slices.release(seat, used_tokens):
+            return
         lim = self.limits.get(seat.tenant)
         holds = seat.tenant in self.held and self.held[seat.tenant] > 0
         if holds:
@@ -284,15 +281,17 @@ class SharedLimits:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._pending:
-                if not await self.flush():
-                    break  # Redis is down: the member loop's beat wakes this again once it is back
+            # Until the queue is empty or Redis is down (the member loop's beat wakes this again once
+            # it is back).
+            while await self.flush() and self._pending:
+                pass
 
     async def flush(self) -> bool:
-        """Send up to RELEASE_BATCH queued releases; False when Redis did not take them (they stay)."""
+        """Send up to RELEASE_BATCH queued releases, then the slices' due top-ups and give-backs; False when
+        Redis did not take them (they stay)."""
         batch = self._pending[:RELEASE_BATCH]
         if not batch:
-            return True
+            return await self.slices.flush()
         keys: list[str] = []
         args: list[Any] = [self.name]
         for tenant, seat, give in batch:
@@ -309,13 +308,15 @@ class SharedLimits:
         if got is None:
             return False
         del self._pending[: len(batch)]
-        return True
+        return await self.slices.flush()
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
     def wake(self) -> None:
+        """The member's beat: idle slices give back what they hold; queued releases are sent."""
+        self.slices.beat()
         if self._pending:
             self._wake.set()
 
@@ -331,7 +332,7 @@ class SharedLimits:
         for tenant, lim in self.limits.items():
             if lim.max_concurrency is None:
                 continue
-            n = self.held.get(tenant, 0) + self._admitting.get(tenant, 0)
+            n = self.held.get(tenant, 0) + self._admitting.get(tenant, 0) + self.slices.held_seats(tenant)
             out[self._tenant_key(tenant)] = n
         # Releases queued for seats now written as they are would count twice: they are seats no more.
         self._pending = [(t, False, give) for t, _, give in self._pending if give != 0.0]
@@ -348,4 +349,5 @@ class SharedLimits:
             "dropped_releases": self.dropped_releases,
             "admission_calls": self.batches,
             "decisions": self.decisions,
+            **self.slices.document(),
         }

@@ -9,6 +9,8 @@ election.
     P:cold           set of models whose cold start a follower asks the leader for
     P:fleet          counter: the leader bumps it when agent-started endpoints change (followers refresh)
     P:draining       set of endpoints the leader drains (followers stop placing there at once)
+    P:coldfail       hash {model: "SEQ REASON"} and {"seq": SEQ}: the leader's last failed cold start of
+                     each model (followers fail their requests waiting for it, as the leader does)
 
 The leader renews its lease in its beat; it holds leadership, as far as this replica acts on it, until
 `lease_s` after the send time of its last successful beat (Redis expires it no earlier), so a replica
@@ -56,23 +58,30 @@ if (not cur) and ARGV[4] == '1' then
 elseif cur and string.sub(cur, 1, #me + 1) == me .. ' ' then
   redis.call('PEXPIRE', KEYS[2], lease_ms)
 end
-local ndrain = tonumber(ARGV[7])
-for i = 8 + ndrain, #ARGV do redis.call('SADD', KEYS[4], ARGV[i]) end
+local ndrain, nfail = tonumber(ARGV[7]), tonumber(ARGV[8])
+local coldat = 9 + ndrain + 2 * nfail
+for i = coldat, #ARGV do redis.call('SADD', KEYS[4], ARGV[i]) end
 local cold = {}
 if cur and string.sub(cur, 1, #me + 1) == me .. ' ' then
+  for i = 9 + ndrain, coldat - 1, 2 do
+    local seq = redis.call('HINCRBY', KEYS[7], 'seq', 1)
+    redis.call('HSET', KEYS[7], ARGV[i], seq .. ' ' .. ARGV[i + 1])
+  end
   cold = redis.call('SMEMBERS', KEYS[4])
   if #cold > 0 then redis.call('DEL', KEYS[4]) end
   if ARGV[6] == '1' then
     redis.call('INCR', KEYS[5])
     redis.call('DEL', KEYS[6])
-    for i = 8, 7 + ndrain do redis.call('SADD', KEYS[6], ARGV[i]) end
+    for i = 9, 8 + ndrain do redis.call('SADD', KEYS[6], ARGV[i]) end
   end
 end
 local fleet = redis.call('GET', KEYS[5]) or '0'
 local draining = redis.call('SMEMBERS', KEYS[6])
-local out = {cur or '', rejoined, fleet, #cold, #draining}
+local failed = redis.call('HGETALL', KEYS[7])
+local out = {cur or '', rejoined, fleet, #cold, #draining, #failed}
 for _, m in ipairs(cold) do out[#out + 1] = m end
 for _, m in ipairs(draining) do out[#out + 1] = m end
+for _, m in ipairs(failed) do out[#out + 1] = m end
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')) do
   out[#out + 1] = m
   out[#out + 1] = redis.call('GET', p .. ':load:' .. m) or ''
@@ -107,6 +116,8 @@ class Hooks:
         self.on_cold: Callable[[list[str]], None] = lambda models: None  # the leader: followers' cold starts
         # A follower: the leader changed the fleet (with the endpoints it drains now).
         self.on_fleet: Callable[[list[str]], None] = lambda draining: None
+        # A follower: the leader's cold start of a model failed (model, the agent's reason).
+        self.on_load_failed: Callable[[str, str], None] = lambda model, reason: None
 
 
 class ClusterMember:
@@ -129,6 +140,7 @@ class ClusterMember:
             link.key("cold"),
             link.key("fleet"),
             link.key("draining"),
+            link.key("coldfail"),
         ]
         self.members: tuple[str, ...] = ()
         self.leader: str | None = None
@@ -143,6 +155,8 @@ class ClusterMember:
         self._fleet_bump = False
         self._draining: list[str] = []
         self._fleet_seen: str | None = None
+        self._failed: dict[str, str] = {}  # the leader: failed cold starts to publish (model -> reason)
+        self._failed_seen: dict[str, int] | None = None  # a follower: model -> the last failure acted on
         self.peer_loads: dict[EndpointId, PeerLoad] = {}
         self.want_leader = True
         self._stopped = False
@@ -164,6 +178,11 @@ class ClusterMember:
     def forward_cold(self, models: Iterable[str]) -> None:
         """A follower: ask the leader to cold-start these models (sent with the next beat)."""
         self._cold.update(models)
+
+    def load_failed(self, model: str, reason: str) -> None:
+        """The leader: a cold start of `model` failed (published with the next beat; followers fail
+        the requests they hold for it)."""
+        self._failed[model] = reason
 
     def fleet_changed(self, draining: Iterable[str]) -> None:
         """The leader: agent-started endpoints changed, `draining` the endpoints it drains now (sent with
@@ -194,6 +213,7 @@ class ClusterMember:
             for eid, v in self.hooks.own_load().items()
         }
         cold = sorted(self._cold)
+        failed = dict(self._failed)
         bump = self._fleet_bump
         args: list[Any] = [
             self.name,
@@ -203,7 +223,9 @@ class ClusterMember:
             self.link.prefix,
             "1" if bump else "0",
             len(self._draining),
+            len(failed),
             *self._draining,
+            *(x for pair in failed.items() for x in pair),
             *cold,
         ]
         reconcile = None
@@ -227,6 +249,9 @@ class ClusterMember:
         self.beats += 1
         self.last_beat_at = time.monotonic()
         self._cold.difference_update(cold)
+        for model, reason in failed.items():
+            if self._failed.get(model) == reason:
+                del self._failed[model]
         if bump:
             self._fleet_bump = False
         self._read(got, sent)
@@ -238,10 +263,12 @@ class ClusterMember:
         cur = text(got[0])
         rejoined = int(got[1]) == 1
         fleet = text(got[2])
-        ncold, ndrain = int(got[3]), int(got[4])
-        cold = [text(m) for m in got[5 : 5 + ncold]]
-        draining = [text(m) for m in got[5 + ncold : 5 + ncold + ndrain]]
-        rest = got[5 + ncold + ndrain :]
+        ncold, ndrain, nfail = int(got[3]), int(got[4]), int(got[5])
+        cold = [text(m) for m in got[6 : 6 + ncold]]
+        draining = [text(m) for m in got[6 + ncold : 6 + ncold + ndrain]]
+        at = 6 + ncold + ndrain
+        failed = got[at : at + nfail]
+        rest = got[at + nfail :]
         leader, _, token = cur.partition(" ")
         self.leader = leader or None
         self.token = int(token) if token else None
@@ -282,6 +309,24 @@ class ClusterMember:
         if self._fleet_seen is not None and fleet != self._fleet_seen and not self.is_leader:
             self.hooks.on_fleet(draining)
         self._fleet_seen = fleet
+        self._read_failed(failed)
+
+    def _read_failed(self, pairs: list[Any]) -> None:
+        """The leader's failed cold starts: a follower acts on each one new since its previous beat (those
+        published before its first beat are history)."""
+        first = self._failed_seen is None
+        seen = self._failed_seen if self._failed_seen is not None else {}
+        for i in range(0, len(pairs), 2):
+            model = text(pairs[i])
+            if model == "seq":
+                continue
+            n, _, reason = text(pairs[i + 1]).partition(" ")
+            if seen.get(model, 0) >= int(n):
+                continue
+            seen[model] = int(n)
+            if not first and not self.is_leader:
+                self.hooks.on_load_failed(model, reason)
+        self._failed_seen = seen
 
     def _lost(self, reconciling: bool) -> None:
         """Redis did not answer the beat: local view for placement, leadership only until it lapses."""

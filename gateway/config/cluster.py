@@ -54,6 +54,10 @@ class ClusterConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     # The URL the other replicas reach this one at (they pass it requests for the files and batches it
     # holds: docs/batch.md). Default: http://[server] listen, the host name for a wildcard address.
     advertise_url: str = ""
+    # Tenant limits large enough (each at least 2 / slice_share): a replica takes this share of a limit
+    # from Redis in one call and spends it locally (admission without a Redis round trip); 0: every
+    # decision is one script call (exact). docs/cluster.md states the bounded error.
+    slice_share: Annotated[float, Meta(ge=0, le=0.25)] = 0.02
 
 
 class ClusterSecret(Secret):

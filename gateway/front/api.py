@@ -20,7 +20,7 @@ from gateway.admission.limits import Seat
 from gateway.admission.models import ModelCatalog
 from gateway.admission.slo import Resolved, Tenant
 from gateway.admission.state import SloAdmission
-from gateway.admission.tenancy import ANONYMOUS
+from gateway.admission.tenancy import ANONYMOUS, Ask
 from gateway.core import errors
 from gateway.core.errors import BerthError
 from gateway.core.logging import LEVEL
@@ -62,7 +62,8 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
         sreq = await admit(s, ctx, parsed, request.headers.items(), tenant)
         if api is ApiKind.RESPONSES:
             sreq = responses_api.pin(s, ctx, sreq, parsed.body, ctx.tenant)
-        seat = await take_seat(s, tenant, sreq)
+        got = s.tenancy.admit_now(tenant, sreq, s.clock.now())  # no coroutine when decided here
+        seat = await s.tenancy.admit_shared(tenant, sreq, s.clock.now()) if got is Ask.SHARED else got
         # One turn of the loop between the request's front half (read, parse, admit) and its placement
         # and engine call: at saturation a turn runs one step of every request in flight, and this
         # step was the longest of a request's (berth's engine-call client adds no steps of its own, as
@@ -92,11 +93,12 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
 
 
 async def take_seat(s: Services, tenant: Tenant | None, sreq: SchedRequest) -> Seat | None:
-    """The tenant's limits for `sreq`: its buckets and a seat, or the tenant's 429 (cluster mode: in one
-    Redis round trip, shared by every replica)."""
-    if s.tenancy.shared is None:
-        return s.tenancy.admit(tenant, sreq, s.clock.now())
-    return await s.tenancy.admit_shared(tenant, sreq, s.clock.now())
+    """The tenant's limits for `sreq`: its buckets and a seat, or the tenant's 429 (cluster mode: on this
+    replica's slice of the shared limits, or in one Redis round trip)."""
+    seat = s.tenancy.admit_now(tenant, sreq, s.clock.now())
+    if seat is Ask.SHARED:
+        return await s.tenancy.admit_shared(tenant, sreq, s.clock.now())
+    return seat
 
 
 async def admit(

@@ -126,6 +126,9 @@ class FleetLeadership(Protocol):
     def forward_cold(self, models: Iterable[str]) -> None:
         """A follower: ask the leader to cold-start these models."""
 
+    def load_failed(self, model: str, reason: str) -> None:
+        """The leader: a cold start of `model` failed with `reason`."""
+
     def fleet_changed(self, draining: Iterable[str]) -> None:
         """The leader: agent-started endpoints changed; `draining`: endpoint ids it drains now."""
 
@@ -311,12 +314,18 @@ class AgentActions:
             elif isinstance(a, LeaveEndpoint):
                 self._leave(a.instance)
             elif isinstance(a, LoadFailed):  # (the core emits it only when nothing else serves the model)
-                log.warning("model_load_failed", model=a.model, reason=a.reason)
-                self._cold_since.pop(a.model, None)
-                err = errors.model_load_failed(a.model, a.reason, self._retry_after_s)
-                self._driver.apply(self._scheduler.fail_model(a.model, err))
+                self.fail_waiting(a.model, a.reason)
+                if self.leadership is not None:  # followers fail the requests they hold for it too
+                    self.leadership.load_failed(a.model, a.reason)
         if acted:
             self._notify()
+
+    def fail_waiting(self, model: ModelName, reason: str) -> None:
+        """Every request queued for `model` rejected with 503 model_load_failed (its load failed)."""
+        log.warning("model_load_failed", model=model, reason=reason)
+        self._cold_since.pop(model, None)
+        err = errors.model_load_failed(model, reason, self._retry_after_s)
+        self._driver.apply(self._scheduler.fail_model(model, err))
 
     async def _start(self, a: StartInstance) -> None:
         client = self.clients[a.node]

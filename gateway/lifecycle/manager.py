@@ -235,6 +235,12 @@ class LifecycleManager(AgentActions):
             if iid is not None and iid in self._joined:
                 self._leave(iid)
 
+    def on_load_failed(self, model: str, reason: str) -> None:
+        """A follower: the leader's cold start of `model` failed; the requests waiting here for it get the
+        503 model_load_failed a single gateway answers."""
+        if not self.acting:
+            self.fail_waiting(ModelName(model), reason)
+
     def on_leadership(self, leader: bool) -> None:
         """This replica became the leader (or stopped being it): models its requests still wait for,
         asked of a former leader that may never have started them, are requested again here."""

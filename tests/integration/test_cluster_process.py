@@ -71,7 +71,8 @@ class Cluster2:
 
 @pytest.fixture
 def cluster2(tmp_path: Path, redis_server: RedisServer, agent_ports: tuple[int, int]) -> Iterator[Cluster2]:
-    (tmp_path / "models.toml").write_text(_model("sim-a", SIM, 4))
+    crash = ["sh", "-c", "echo boom >&2; exit 3", "{port}"]
+    (tmp_path / "models.toml").write_text(_model("sim-a", SIM, 4) + _model("crash", crash, 1))
     (tmp_path / "agent.toml").write_text(
         'models = "models.toml"\nstate_dir = "state"\nnvml = false\nheadroom_gib = 1\nrelease_wait_s = 0.2\n'
         f"stop_timeout_s = 2\nport_range = [{agent_ports[0]}, {agent_ports[1]}]\n"
@@ -108,12 +109,20 @@ def test_leader_acts_followers_forward_a_killed_leader_is_replaced_and_fenced(cl
         assert view(follower)["fencing_token"] == t1
 
         # A cold start asked on the follower: the leader loads the model, the follower serves from it.
-        status, _ = complete(follower, "sim-a")
-        assert status == 200
+        status, body = complete(follower, "sim-a")
+        assert status == 200, body
         assert metric(leader, 'berth_lifecycle_loads_total{model="sim-a",result="ok"}') == 1
         assert metric(follower, 'berth_lifecycle_loads_total{model="sim-a"') == 0
         assert cluster2.fence() == t1  # the leader's agent commands carried its token
         (rec,) = cluster2.state.records()
+
+        # A cold start asked on the follower that fails on the leader: the follower answers the 503
+        # model_load_failed a single gateway gives (not its queue timeout).
+        status, body = complete(follower, "crash")
+        assert status == 503
+        assert body["error"]["code"] == "model_load_failed"
+        assert "engine_exited" in body["error"]["message"]
+        assert metric(leader, 'berth_lifecycle_loads_total{model="crash",result="failed"}') == 1
 
         # The leader is killed: the follower takes over within the lease, with a higher token.
         os.kill(leader.process.pid, signal.SIGKILL)
@@ -132,7 +141,7 @@ def test_leader_acts_followers_forward_a_killed_leader_is_replaced_and_fenced(cl
         )
         assert late.returncode == 1
         assert json.loads(late.stdout)["error"]["code"] == "stale_fencing_token"
-        assert [r.state.value for r in cluster2.state.records()] == ["ready"]
+        assert [r.state.value for r in cluster2.state.records() if r.model == "sim-a"] == ["ready"]
         assert complete(follower, "sim-a")[0] == 200
     finally:
         a.process.stop()

@@ -248,6 +248,30 @@ async def test_followers_forward_cold_starts_to_the_leader(make_cluster: MakeClu
     assert asked == [["m1"]]
 
 
+async def test_the_leaders_failed_cold_start_reaches_the_followers(make_cluster: MakeCluster) -> None:
+    a, b = await make_cluster("a"), await make_cluster("b")
+    failed: list[tuple[str, str]] = []
+    b.member.hooks.on_load_failed = lambda model, reason: failed.append((model, reason))
+    await a.member.beat()
+    a.member.load_failed("m0", "earlier")  # published before b's first beat: history to b
+    await a.member.beat()
+    await b.member.beat()
+    assert failed == []
+    a.member.load_failed("m1", "engine_exited: boom")
+    await a.member.beat()
+    await b.member.beat()
+    await b.member.beat()  # once only
+    assert failed == [("m1", "engine_exited: boom")]
+    a.member.load_failed("m1", "engine_exited: again")  # the same model fails again: a new failure
+    await a.member.beat()
+    await b.member.beat()
+    assert failed[-1] == ("m1", "engine_exited: again")
+    b.member.load_failed("m2", "ignored")  # only the leader publishes
+    await b.member.beat()
+    await b.member.beat()
+    assert len(failed) == 2
+
+
 async def test_password_from_the_config_authenticates(tmp_path: Path) -> None:
     server = RedisServer(tmp_path, password="s3cret-pass")
     server.start()
@@ -270,8 +294,12 @@ async def test_a_hung_redis_costs_one_timeout_then_the_fallback(tmp_path: Path) 
     server = RedisServer(tmp_path)
     server.start()
     try:
-        c = Cluster(setup_of(server.url, "a", "p", timeout_s=0.2, lease_s=1.0, publish_interval_s=0.1))
-        lim = TenantLimits(requests_per_s=100.0)
+        c = Cluster(
+            setup_of(
+                server.url, "a", "p", timeout_s=0.2, lease_s=1.0, publish_interval_s=0.1, slice_share=0.0
+            )
+        )
+        lim = TenantLimits(requests_per_s=100.0)  # every decision a script call (no slices)
         c.limits.configure({"t": lim}, 0.0)
         assert await c.member.beat()
         assert isinstance(await c.limits.admit("t", lim, 1, 0.0), Seat)

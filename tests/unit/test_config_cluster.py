@@ -36,6 +36,7 @@ def test_a_cluster_with_defaults_and_a_password_from_the_environment(tmp_path: P
     assert c.safe_url == "rediss://redis.internal:6380/2"
     assert "hunter22" not in repr(c) + repr(cfg) + str(c.password)
     assert (c.config.lease_s, c.config.publish_interval_s, c.config.on_redis_down) == (5.0, 0.5, "local")
+    assert c.config.slice_share == 0.02
 
 
 def test_a_password_file_must_be_private(tmp_path: Path) -> None:
@@ -94,6 +95,7 @@ def test_a_password_file_must_be_private(tmp_path: Path) -> None:
         pytest.param(
             'redis = "redis://r"\nadvertise_url = "gw1:8081"', "cluster.advertise_url", "http", id="advertise"
         ),
+        pytest.param('redis = "redis://r"\nslice_share = 0.5', "cluster.slice_share", "", id="slice-share"),
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, body: str, path: str, words: str) -> None:
