@@ -113,11 +113,31 @@ def test_placement_stays_with_the_prefix_exactly_while_it_pays(pending: int, cho
     assert (la.predict(r).ttft_s < lb.predict(r).ttft_s) == (chosen == "a")
     picker = CatoSlackPicker(CatoSlackParams())
     assert picker.pick(r, [(a, 0.0), (b, 0.0)], s).id == chosen
-    kept = PrefixHoldersFilter(PrefixHoldersParams()).filter(r, [a, b], s)
+    # prefix-holders weighing the request's own first token alone (no charge for the fleet's time)
+    kept = PrefixHoldersFilter(PrefixHoldersParams(miss_charge=0.0)).filter(r, [a, b], s)
     assert [v.id for v in kept] == (["a"] if chosen == "a" else ["a", "b"])  # else: all, for the rest
     for order in ("least-loaded", "least-outstanding"):  # (most-loaded packs onto a either way)
         bf = BestFitFilter(BestFitParams(order=order))
         assert [v.id for v in bf.filter(r, [a, b], s)] == [chosen], order
+
+
+@pytest.mark.parametrize(
+    ("pending", "kept"),
+    [(4_000, ["a"]), (12_000, ["a"]), (24_000, ["a", "b"])],
+    ids=["faster there: stay", "slower there by less than the fleet's saving: stay", "far slower: spread"],
+)
+def test_prefix_holders_charges_a_miss_the_prefill_it_redoes(pending: int, kept: list[str]) -> None:
+    # A miss redoes the cached prefill on another endpoint: engine time every request queued behind it
+    # waits for. By default the holder keeps the request while its first token, less that time
+    # (k1 x the cached tokens), comes before the other endpoint's.
+    s = _busy_holder(pending)
+    r = cached_req(10_000, 8_000)
+    a, b = s.endpoints
+    la, lb = EndpointLoad(a, 0.0, P), EndpointLoad(b, 0.0, P)
+    saved = la.coef.k1 * 8_000
+    assert (la.predict(r).ttft_s - saved < lb.predict(r).ttft_s) == (kept == ["a"])
+    got = PrefixHoldersFilter(PrefixHoldersParams()).filter(r, [a, b], s)
+    assert [v.id for v in got] == kept
 
 
 def test_without_a_cached_prefix_placement_is_unchanged() -> None:
