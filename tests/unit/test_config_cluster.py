@@ -35,7 +35,7 @@ def test_a_cluster_with_defaults_and_a_password_from_the_environment(tmp_path: P
     assert c.password.reveal() == "hunter22"
     assert c.safe_url == "rediss://redis.internal:6380/2"
     assert "hunter22" not in repr(c) + repr(cfg) + str(c.password)
-    assert (c.config.lease_s, c.config.publish_interval_s, c.config.on_redis_down) == (5.0, 0.5, "local")
+    assert (c.config.lease_s, c.config.publish_interval_s, c.config.on_redis_down) == (5.0, 0.1, "local")
     assert c.config.slice_share == 0.02
 
 

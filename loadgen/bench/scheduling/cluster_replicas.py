@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Final
 
+from gateway.config.cluster import PUBLISH_INTERVAL_S
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.scheduling.policies import (
     REQUEST_TIMEOUT_SIM_S,
@@ -156,7 +157,12 @@ def table(doc: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="berth-loadgen bench cluster-replicas", description=__doc__)
     p.add_argument("--replicas", default="1,2,3,4")
-    p.add_argument("--interval", type=float, default=0.5, help="publication interval, simulated s")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=PUBLISH_INTERVAL_S,
+        help="publication interval, simulated s (default: [cluster] publish_interval_s's)",
+    )
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--duration", type=float, default=120.0)
     p.add_argument("--chat-rate", type=float, default=10.5, help="chat-batch:mixed's rate (tasks/s)")
