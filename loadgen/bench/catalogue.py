@@ -229,6 +229,7 @@ BENCHMARKS: Final = Catalogue(
             targets=(),
             module="loadgen.bench.simulator.predict_real",
             quick=_argv("--requests 30"),
+            live_test="tests/engine/test_bench_engine_smoke.py",
             needs="the engine venv (make engine-env)",
         ),
         # -- reliability: does berth stay correct under faults and with clients nobody here wrote
@@ -251,7 +252,7 @@ BENCHMARKS: Final = Catalogue(
             targets=("every request of `vllm bench serve` succeeds through berth",),
             module="loadgen.bench.reliability.vllm_bench",
             quick=_argv("--num-prompts 40"),
-            live_test="tests/engine/test_vllm_batch_responses.py",
+            live_test="tests/engine/test_bench_engine_smoke.py",
             needs="the engine venv (make engine-env)",
         ),
     )
