@@ -63,6 +63,21 @@ def find_engine_python() -> Path | None:
     return path if os.access(path, os.X_OK) else None
 
 
+def no_engine_venv(tool: str) -> str:
+    """What a command that needs the engine venv says when `find_engine_python` found none."""
+    raw = os.environ.get("BERTH_ENGINE_PYTHON")
+    where = (
+        f"BERTH_ENGINE_PYTHON={raw} is not an executable"
+        if raw
+        else "BERTH_ENGINE_PYTHON is not set and ~/.cache/berth/engine-venv has no bin/python"
+    )
+    return (
+        f"{tool}: no engine venv ({where}). Build it with `make engine-env` (it runs "
+        "`bash tests/engine/setup_engine_env.sh`; ENGINE_VENV=DIR puts it elsewhere, then set "
+        "BERTH_ENGINE_PYTHON=DIR/bin/python) and run this again."
+    )
+
+
 def tiny_model_dir(engine_python: Path) -> Path:
     """Where the tiny model of this version of build_tiny_model.py is cached (beside the engine venv)."""
     venv = engine_python.parent.parent

@@ -77,3 +77,18 @@ def test_the_quick_form_it_lists_is_accepted(
         monkeypatch.setattr(f"{bench.module}.find_engine_python", lambda: tmp_path / "python")
     assert loadgen_main(["bench", bench.name, *bench.quick, "--out", str(tmp_path / "out")]) == 0
     assert len(taken) == 1
+
+
+@pytest.mark.parametrize("name", ["vllm", "predict-real"])
+def test_without_the_engine_venv_it_says_how_to_build_it(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = BENCHMARKS[name]
+    importlib.import_module(bench.module)
+    monkeypatch.setattr(f"{bench.module}.find_engine_python", lambda: None)
+    monkeypatch.setenv("BERTH_ENGINE_PYTHON", str(tmp_path / "missing"))
+    assert loadgen_main(["bench", name, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"berth-loadgen bench {name}: no engine venv" in err
+    assert "is not an executable" in err
+    assert "make engine-env" in err

@@ -45,6 +45,7 @@ from loadgen.vllm_server import (
     build_tiny_model,
     engine_env,
     find_engine_python,
+    no_engine_venv,
     start_vllm,
 )
 
@@ -186,11 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     engine_python = find_engine_python()
     if engine_python is None:
-        print(
-            "vllm_bench: no engine venv (BERTH_ENGINE_PYTHON, else ~/.cache/berth/engine-venv/bin/python); "
-            "build it with `make engine-env`.",
-            file=sys.stderr,
-        )
+        print(no_engine_venv("berth-loadgen bench vllm"), file=sys.stderr)
         return 2
 
     def measure(a: argparse.Namespace) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import random
 import shlex
 import string
@@ -45,7 +44,14 @@ import orjson
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.skeleton import run_bench
 from loadgen.harness import RunningServer, ServerStartError, start_berth
-from loadgen.vllm_server import IGNORE_EOS, MODEL_NAME, build_tiny_model, find_engine_python, start_vllm
+from loadgen.vllm_server import (
+    IGNORE_EOS,
+    MODEL_NAME,
+    build_tiny_model,
+    find_engine_python,
+    no_engine_venv,
+    start_vllm,
+)
 
 CONCURRENCY: Final = (1, 2, 4, 8)
 REFIT_WAIT_S: Final = 60.0
@@ -275,18 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     engine_python = find_engine_python()
     if engine_python is None:
-        raw = os.environ.get("BERTH_ENGINE_PYTHON")
-        where = (
-            f"BERTH_ENGINE_PYTHON={raw} is not an executable"
-            if raw
-            else ("BERTH_ENGINE_PYTHON is not set and ~/.cache/berth/engine-venv has no bin/python")
-        )
-        print(
-            f"predict_real: no engine venv ({where}). Build it with `make engine-env` (it runs "
-            "`bash tests/engine/setup_engine_env.sh`; ENGINE_VENV=DIR puts it elsewhere, then set "
-            "BERTH_ENGINE_PYTHON=DIR/bin/python) and run this again.",
-            file=sys.stderr,
-        )
+        print(no_engine_venv("berth-loadgen bench predict-real"), file=sys.stderr)
         return 2
 
     def measure(a: argparse.Namespace) -> dict[str, Any]:
