@@ -94,7 +94,8 @@ async def handle(s: Services, api: ApiKind, request: web.Request) -> web.StreamR
 
 async def take_seat(s: Services, tenant: Tenant | None, sreq: SchedRequest) -> Seat | None:
     """The tenant's limits for `sreq`: its buckets and a seat, or the tenant's 429 (cluster mode: on this
-    replica's slice of the shared limits, or in one Redis round trip)."""
+    replica's slice of the shared limits, or in one Redis round trip). `handle` takes the same two steps
+    inline, so that a request whose seat is decided here makes no coroutine on the request path."""
     seat = s.tenancy.admit_now(tenant, sreq, s.clock.now())
     if seat is Ask.SHARED:
         return await s.tenancy.admit_shared(tenant, sreq, s.clock.now())

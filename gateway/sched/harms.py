@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.sched.joining import join_delays
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +73,7 @@ def _any_over(load: EndpointLoad, req: SchedRequest, terms: _Terms) -> bool:
     delays as `harm` computes them)."""
     if terms.ttft is None and terms.itl is None and not terms.e2e:
         return False
-    c = load.coef
-    p = float(resume_prompt_tokens(req))
-    fresh = prefill_tokens(req, load.view.id)
-    out = load.output_tokens(req)
-    pause = c.prefill_s(fresh)
-    per_iter = (c.k2 * (p + 0.5 * out) + c.c2) * (1.0 + load.overhead)
-    first = c.k1 * fresh
+    first, pause, per_iter, out = join_delays(load, req)
     if terms.ttft is not None and first > terms.ttft:
         return True
     if terms.itl is not None and per_iter > terms.itl:

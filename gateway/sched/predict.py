@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Final, Literal
 
+from gateway.sched.joining import join_delays
 from gateway.sched.kv_peak import peak_kv
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
@@ -370,12 +371,7 @@ class EndpointLoad:
         """
         if not self.running:
             return []
-        c = self.coef
-        p = float(resume_prompt_tokens(req))
-        fresh = prefill_tokens(req, self.view.id)
-        out = self.output_tokens(req)
-        pause = c.prefill_s(fresh)
-        per_iter = (c.k2 * (p + 0.5 * out) + c.c2) * (1.0 + self.overhead)
+        first, pause, per_iter, out = join_delays(self, req)
         now = self.now
         harms: list[Harm] = []
         for s in self.running:
@@ -385,11 +381,11 @@ class EndpointLoad:
             if not s.prefilled and r.ttft_deadline is not None:
                 saved = r.ttft_deadline - now - s.first_s
                 if saved >= on_track * (r.ttft_deadline - now) and saved >= 0:
-                    harms.append(Harm(s, "ttft", c.k1 * fresh, saved, r.ttft_deadline - now))
+                    harms.append(Harm(s, "ttft", first, saved, r.ttft_deadline - now))
             if r.e2e_deadline is not None:
                 saved = r.e2e_deadline - now - s.finish_s
                 if saved >= on_track * (r.e2e_deadline - now) and saved >= 0:
-                    delay = (c.k1 * fresh if not s.prefilled else pause) + min(s.remaining, out) * per_iter
+                    delay = (first if not s.prefilled else pause) + min(s.remaining, out) * per_iter
                     harms.append(Harm(s, "e2e", delay, saved, r.e2e_deadline - now))
             if r.itl_s is not None and s.prefilled:
                 saved = r.itl_s - self.tpot_now
