@@ -65,7 +65,7 @@ from gateway.sched.plugins.autoscale.interface import InstanceConfig
 from gateway.telemetry.perfmodel import PerfModelFitter
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.entry import config_or_reason, say
-from loadgen.bench.scheduling.scheduling_report import MeanCI, mean_ci
+from loadgen.bench.scheduling.scheduling_stats import MeanCI, mean_ci
 from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
