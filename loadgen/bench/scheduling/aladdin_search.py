@@ -1,6 +1,7 @@
 """Aladdin's benchmark arithmetic: the ATGT capacity floor no router can beat, the fewest-endpoints
 search (gallop from a guess, then bisect) and the worker-count model ``N = ceil(k5·rate + c5)``. The
-floor's derivation ("the module doc" below) is in `loadgen.bench.scheduling.aladdin`'s docstring.
+floor's derivation (what `call_cost_s` calls "the module doc") is in `loadgen.bench.scheduling.aladdin`'s
+docstring.
 """
 
 from __future__ import annotations
