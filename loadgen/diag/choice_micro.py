@@ -47,9 +47,9 @@ from gateway.sched.plugins.autoscale.interface import InstanceConfig, ScaleDecis
 from gateway.sched.plugins.eviction.lru import LruEvictor
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
-from loadgen.bench.lifecycle import maaso
+from loadgen.bench.lifecycle import maaso_setup
 
-M: Final = ModelName(maaso.MODEL)
+M: Final = ModelName(maaso_setup.MODEL)
 GIB: Final = 1 << 30
 ASK: Final = 4
 
@@ -80,14 +80,14 @@ class _Ahead:
 def _loop(devices: int, ahead: _Ahead | None) -> tuple[ScaleLoop, Lifecycle, FakeClock]:
     """MaaSO's model with a minute of its traffic seen and a third of the devices running tp1-b32."""
     clock = FakeClock(0.0)
-    policy = maaso.policy_text() + maaso.autoscale_text()
+    policy = maaso_setup.policy_text() + maaso_setup.autoscale_text()
     sched = Scheduler(parse_policy_text(policy, "maaso.toml", default_registry()), clock)
     spec = ModelSpec(
         M,
         20 * GIB,
         1,
-        maaso.LOAD_S,
-        configs=tuple(InstanceConfig(c.name, c.devices, c.max_batch) for c in maaso.CANDIDATES),
+        maaso_setup.LOAD_S,
+        configs=tuple(InstanceConfig(c.name, c.devices, c.max_batch) for c in maaso_setup.CANDIDATES),
         default_config="tp1-b32",
     )
     nodes = [
@@ -99,11 +99,11 @@ def _loop(devices: int, ahead: _Ahead | None) -> tuple[ScaleLoop, Lifecycle, Fak
         Autoscale(_Never(), AutoscaleSettings()),
         lc,
         sched,
-        priors={M: {c.name: maaso.profile(c) for c in maaso.CANDIDATES}},
+        priors={M: {c.name: maaso_setup.profile(c) for c in maaso_setup.CANDIDATES}},
         ahead=ahead,
     )
     rng = random.Random(0)
-    t_slot_ms = maaso.t_slot_s() * 1000.0
+    t_slot_ms = maaso_setup.t_slot_s() * 1000.0
     for i in range(int(9.0 * 60)):
         at = i / 9.0
         decode = rng.randint(300, 1000)

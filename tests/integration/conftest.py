@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
@@ -27,13 +27,19 @@ from tests.integration.redis_server import RedisServer
 class Running:
     gw: Gateway
     server: TestServer
+    #: The SDK clients `client` made, closed by `start_gateway` before the server: an unclosed client's
+    #: sockets close only when the collector finds it, in the middle of some later test.
+    clients: list[openai.AsyncOpenAI] = field(default_factory=list)
 
     @property
     def url(self) -> str:
         return str(self.server.make_url("")).rstrip("/")
 
-    def client(self, **kw: object) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="test", max_retries=0, **kw)  # type: ignore[arg-type]
+    def client(self, *, api_key: str = "test", **kw: object) -> openai.AsyncOpenAI:
+        """An SDK client of this gateway; the fixture closes it (`async with` may close it sooner)."""
+        c = openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kw)  # type: ignore[arg-type]
+        self.clients.append(c)
+        return c
 
     async def scrape(self) -> None:
         """One scrape round of every endpoint, now (no waiting for the interval)."""
@@ -87,6 +93,8 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
 
     yield start
     for r in running:
+        for c in r.clients:
+            await c.close()
         await r.server.close()
 
 

@@ -222,8 +222,8 @@ async def test_another_tenant_sees_nothing(engine_server: EngineServer, start_ga
         '[[tenants]]\nname = "b"\napi_keys = ["key-b"]\n'
     )
     gw = await run_gateway(engine_server, start_gateway, FakeEngine(), batch_toml() + tenants)
-    a = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="key-a", max_retries=0)
-    b = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="key-b", max_retries=0)
+    a = gw.client(api_key="key-a")
+    b = gw.client(api_key="key-b")
     file_id = await upload(a, jsonl([line(i) for i in range(2)]))
     batch = await a.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
     await gw.gw.batch.wait_ended(batch.id)
@@ -337,7 +337,7 @@ async def test_lines_count_against_the_creators_limits(
     gw = await run_gateway(
         engine_server, start_gateway, FakeEngine(tokens=3), batch_toml("retry_s = 0.01\n") + tenant
     )
-    a = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="key-a", max_retries=0)
+    a = gw.client(api_key="key-a")
     batch = await a.batches.create(
         input_file_id=await upload(a, jsonl([line(i) for i in range(3)])),
         endpoint=CHAT,

@@ -55,7 +55,7 @@ def jsonl(n: int) -> bytes:
 
 
 def client(r: Running, key: str = KEY_A) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=r.url + "/v1", api_key=key, max_retries=0)
+    return r.client(api_key=key)
 
 
 def directory(r: Running) -> ReplicaDirectory:

@@ -52,9 +52,9 @@ async def test_a_batch_resumes_after_the_gateway_dies(tmp_path: Path, sig: signa
     base = f"http://127.0.0.1:{port}"
     first = _berth(tmp_path, engine_url, port, "berth-1", b"batch_started")
     second: ManagedProcess | None = None
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
     try:
         await asyncio.to_thread(first.wait_until_ok, base + "/readyz", 60)
-        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
         f = await client.files.create(
             file=("in.jsonl", io.BytesIO(jsonl([line(i) for i in range(LINES)]))), purpose="batch"
         )
@@ -84,6 +84,7 @@ async def test_a_batch_resumes_after_the_gateway_dies(tmp_path: Path, sig: signa
         assert all(runs[i] == 1 for i in range(HELD_FROM + IN_FLIGHT, LINES)), runs
         assert orjson.loads(second.log_path.read_bytes().split(b"\n")[-2] or b"{}") is not None
     finally:
+        await client.close()
         first.stop()
         if second is not None:
             second.stop()

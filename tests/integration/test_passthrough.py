@@ -59,7 +59,7 @@ async def test_audio_form(engine_server: EngineServer, start_gateway: StartGatew
     engine = FakeEngine()
     url = await engine_server(engine)
     gw = await start_gateway([f"{url},engine=vllm"], toml=AUTH)
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="key-a", max_retries=0)
+    client = gw.client(api_key="key-a")
     got = await client.audio.transcriptions.create(
         model="small", file=("a.wav", b"RIFF" + bytes(996)), language="en"
     )

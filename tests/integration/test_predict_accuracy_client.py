@@ -7,7 +7,8 @@ from __future__ import annotations
 import aiohttp
 
 from gateway.telemetry.lengths import OutputLengthPredictor
-from loadgen.bench.simulator.predict_accuracy import MODEL, BerthTelemetry, Scrape, Stream, fit_phase
+from loadgen.bench.simulator.predict_client import MODEL, Scrape, Stream, fit_phase
+from loadgen.bench.simulator.predict_telemetry import BerthTelemetry
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.spec import EndpointSpec
 

@@ -36,15 +36,11 @@ async def _two_engines(
 UNHEALTHY_AFTER = 2
 
 
-def _client(url: str, key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
-
-
 async def test_follow_ups_go_back_to_the_engine_that_made_the_response(
     engine_server: EngineServer, start_gateway: StartGateway
 ) -> None:
     gw, engines = await _two_engines(engine_server, start_gateway)
-    a, b = _client(gw.url, "key-a"), _client(gw.url, "key-b")
+    a, b = gw.client(api_key="key-a"), gw.client(api_key="key-b")
     first = await a.responses.create(model="small", input="hello", max_output_tokens=3)
     assert first.output_text == " t0 t1 t2"
     assert first.model == "small"  # the alias the client used
@@ -88,7 +84,7 @@ async def test_background_response_cancelled_on_its_engine(
 ) -> None:
     gw, _ = await _two_engines(engine_server, start_gateway)
     url = gw.url
-    a = _client(url, "key-a")
+    a = gw.client(api_key="key-a")
     queued = await a.responses.create(model="tiny", input="later", background=True)
     assert queued.status == "queued"
     cancelled = await a.responses.cancel(queued.id)
@@ -111,7 +107,7 @@ async def test_streamed_response_relayed_as_the_engine_sent_it(
 ) -> None:
     engine = FakeEngine()
     gw = await start_gateway([f"{await engine_server(engine)},engine=vllm"], toml=TENANTS)
-    a = _client(gw.url, "key-a")
+    a = gw.client(api_key="key-a")
     stream = await a.responses.create(model="small", input="hi", stream=True)
     events = [e async for e in stream]
     kinds = [e.type for e in events]
@@ -157,7 +153,7 @@ async def test_a_streamed_background_response_is_cancelled_while_it_streams(
     gw, engines = await _two_engines(engine_server, start_gateway)
     for e in engines.values():
         e.responses.hold = asyncio.Event()  # each stream waits after its first token
-    a = _client(gw.url, "key-a")
+    a = gw.client(api_key="key-a")
     stream = await a.responses.create(model="tiny", input="long", background=True, stream=True)
     events = aiter(stream)
     created = await anext(events)

@@ -14,23 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.bench.scheduling.aladdin import (
-    BERTH,
-    JSQ,
-    POLICY_DIR,
-    AladdinConfig,
-    build_parser,
-    call_cost_s,
-    config_from_args,
-    fewest,
-    fit_workers,
-    floor_verdict,
-    guess_for,
-    main,
-    policy_path,
-    slo_floor,
-    target_lines,
-)
+from loadgen.bench.scheduling.aladdin import build_parser, config_from_args, guess_for, main
+from loadgen.bench.scheduling.aladdin_probe import BERTH, JSQ, POLICY_DIR, AladdinConfig, policy_path
+from loadgen.bench.scheduling.aladdin_report import floor_verdict, target_lines
+from loadgen.bench.scheduling.aladdin_search import call_cost_s, fewest, fit_workers, slo_floor
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.profiles import EngineProfile
 from loadgen.fleetsim.sim import LEFT_OUT

@@ -11,7 +11,7 @@ import pytest
 
 from loadgen.bench.scheduling import batch_sim, classes
 from loadgen.bench.scheduling.batch_live import BatchWatch, LiveConfig, batch_file, gateway_text
-from loadgen.bench.scheduling.classes_live import fleet_specs
+from loadgen.bench.scheduling.classes_live_setup import fleet_specs
 
 
 def test_the_input_file_is_the_simulated_runs_lines() -> None:

@@ -11,19 +11,15 @@ from typing import Any
 import pytest
 
 from gateway.config import load_gateway_config
-from loadgen.bench.scheduling import classes, classes_live
-from loadgen.bench.scheduling.classes_live import (
+from loadgen.bench.scheduling import classes, classes_live, classes_live_setup
+from loadgen.bench.scheduling.classes_live import build_parser, config_from_args, scaled_back
+from loadgen.bench.scheduling.classes_live_report import agreement, targets, verdict
+from loadgen.bench.scheduling.classes_live_setup import (
     LiveConfig,
-    agreement,
-    build_parser,
-    config_from_args,
     live_fleet_file,
     live_gateway_toml,
     live_policy_text,
-    scaled_back,
     schedule,
-    targets,
-    verdict,
 )
 from loadgen.client import RequestResult
 from loadgen.engine_sim.fleet import parse_fleet
@@ -152,9 +148,9 @@ def test_a_cpu_starved_live_run_is_not_judged() -> None:
 def test_the_options() -> None:
     p = build_parser()
     cfg = config_from_args(p.parse_args(["--live", "--out", "x", "--speed", "3", "--rates", "0.5"]))
-    assert (cfg.speed, cfg.rate, cfg.seed, cfg.backlog) == (3.0, 0.5, 0, classes_live.DEFAULT_BACKLOG)
+    assert (cfg.speed, cfg.rate, cfg.seed, cfg.backlog) == (3.0, 0.5, 0, classes_live_setup.DEFAULT_BACKLOG)
     quick = config_from_args(p.parse_args(["--live", "--quick", "--out", "x"]))
-    assert quick.backlog == classes_live.QUICK["backlog"]
+    assert quick.backlog == classes_live_setup.QUICK["backlog"]
     for bad, why in (
         (["--rates", "0.25,3"], "one rate"),
         (["--seeds", "2"], "one seed"),

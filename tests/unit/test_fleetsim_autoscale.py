@@ -12,7 +12,7 @@ import pytest
 
 from gateway.core.types import InstanceClass, ModelName
 from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
-from loadgen.bench.lifecycle import autoscaling, autoscaling_cato, autoscaling_chiron, maaso
+from loadgen.bench.lifecycle import autoscaling, autoscaling_cato, autoscaling_chiron, maaso, maaso_setup
 from loadgen.bench.lifecycle.autoscaling_common import Burst, bursty_arrivals
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import InitialInstances, LifecycleOptions
@@ -158,7 +158,7 @@ def test_maasos_setting_joins_the_report(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(maaso, "QUICK_DURATION_S", 10.0)
     result = autoscaling.run_maaso([0], True, lambda _: None, work=tmp_path)
     assert result.name == "maaso"
-    assert {r["config"] for r in result.rows} == set(maaso.CONFIGS)
+    assert {r["config"] for r in result.rows} == set(maaso_setup.CONFIGS)
     assert result.targets
     judged = [t for t in result.targets if not t.name.startswith("(shown)")]
     assert judged

@@ -1,5 +1,5 @@
 """The accuracy benchmark's scoring path: what the client recorded goes through berth's own telemetry
-(`loadgen.bench.simulator.predict_accuracy.BerthTelemetry`), fed traces of the sans-IO engine simulator (no
+(`loadgen.bench.simulator.predict_telemetry.BerthTelemetry`), fed traces of the sans-IO engine simulator (no
 sockets, no sleeps)."""
 
 from __future__ import annotations
@@ -11,15 +11,9 @@ import pytest
 from gateway.sched.perf import default_prior
 from gateway.telemetry.lengths import LengthPrediction
 from gateway.telemetry.timeline import MIN_KEPT_GAPS
-from loadgen.bench.simulator.predict_accuracy import (
-    BerthTelemetry,
-    Scrape,
-    Stream,
-    decode_mape,
-    kv_mape,
-    prefill_mape,
-    scrape_sample,
-)
+from loadgen.bench.simulator.predict_client import Scrape, Stream
+from loadgen.bench.simulator.predict_figures import decode_mape, kv_mape, prefill_mape
+from loadgen.bench.simulator.predict_telemetry import BerthTelemetry, scrape_sample
 from loadgen.engine_sim.profiles import get_profile
 from tests.unit.engine_trace import engine_trace
 

@@ -11,17 +11,9 @@ import orjson
 import pytest
 
 from loadgen.bench.scheduling import policies as scheduling
-from loadgen.bench.scheduling.scheduling_report import (
-    day_one_table,
-    floor_lines,
-    mean_ci,
-    policy_means,
-    ratio_fleet,
-    run_row,
-    t95,
-    target_check,
-    verdict,
-)
+from loadgen.bench.scheduling.scheduling_report import floor_lines, ratio_fleet, target_check, verdict
+from loadgen.bench.scheduling.scheduling_stats import mean_ci, policy_means, t95
+from loadgen.bench.scheduling.scheduling_tables import day_one_table, run_row
 from loadgen.bench.scheduling.scheduling_types import BenchConfig, RunResult
 
 CPU = {p: {"cpu_share": 0.3, "runqueue_share": 0.01} for p in ("berth", "loadgen", "sim")}

@@ -9,16 +9,8 @@ import asyncio
 
 import pytest
 
-from loadgen.diag.stallwatch import (
-    Beat,
-    Frame,
-    StallLog,
-    TurnLog,
-    TurnWork,
-    callback_part,
-    label_of,
-    site_of,
-)
+from loadgen.diag.stallwatch_stalls import Beat, Frame, StallLog, callback_part, site_of
+from loadgen.diag.stallwatch_turns import TurnLog, TurnWork, label_of
 
 RUNNER: list[Frame] = [
     ("/venv/lib/python3.11/site-packages/gateway/cli.py", 10, "main"),

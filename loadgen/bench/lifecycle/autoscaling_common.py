@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadgen.bench.scheduling.scheduling_report import MeanCI, mean_ci
+from loadgen.bench.scheduling.scheduling_stats import MeanCI, mean_ci
 from loadgen.report import Report
 
 

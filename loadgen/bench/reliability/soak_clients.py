@@ -10,15 +10,17 @@ An ending is an `Outcome`: `ok`, a precise OpenAI error (`http <status> <code>` 
 `client_abort` (the client went away on purpose), `not_accepted` (the connection was refused: berth had
 stopped listening) or a violation (`hang`, `truncated_stream`, `bad_error_shape`, `bad_body`,
 `internal_error`, `connection_dropped`, `id_not_echoed`, `slow_reader_timed_out`: a paused client's
-stream taken for a stalled engine's), which the soak counts against its first invariant.
+stream taken for a stalled engine's), which the soak counts against its first invariant. A `Tally`
+counts the endings of a phase's requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import aiohttp
@@ -210,3 +212,27 @@ async def _read_stream(resp: aiohttp.ClientResponse, plan: Plan) -> Outcome:
         # the stall fault stops a stream within its first tokens; this one ran on, then its client paused
         return Outcome("slow_reader_timed_out", f"{events} events, then {last[:120]!r}")
     return Outcome(f"stream_error {code}")
+
+
+@dataclass
+class Tally:
+    """Outcomes by kind, and a few examples of each violation."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    behaviours: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    unknown_keys: set[str] = field(default_factory=set)  # presented, to look for in the log too
+
+    def add(self, plan: Plan, outcome: Outcome) -> None:
+        self.outcomes[outcome.kind] += 1
+        self.behaviours[plan.behaviour] += 1
+        if plan.behaviour == "unknown_key":
+            self.unknown_keys.add(plan.key)
+        if outcome.violation:
+            self.examples.setdefault(outcome.kind, [])
+            if len(self.examples[outcome.kind]) < 5:
+                self.examples[outcome.kind].append(f"#{plan.index} {plan.behaviour}: {outcome.detail}")
+
+    @property
+    def violations(self) -> int:
+        return sum(n for kind, n in self.outcomes.items() if Outcome(kind).violation)

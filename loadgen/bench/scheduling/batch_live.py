@@ -43,12 +43,8 @@ import orjson
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.entry import config_or_reason, say
 from loadgen.bench.scheduling import batch_sim, classes
-from loadgen.bench.scheduling.classes_live import (
-    live_fleet_file,
-    live_gateway_toml,
-    live_policy_text,
-    scaled_back,
-)
+from loadgen.bench.scheduling.classes_live import scaled_back
+from loadgen.bench.scheduling.classes_live_setup import live_fleet_file, live_gateway_toml, live_policy_text
 from loadgen.bench.scheduling.classes_report import summarize
 from loadgen.bench.scheduling.live_stack import cpu_validity, live_processes
 from loadgen.bench.skeleton import run_bench

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from loadgen.bench.scheduling.scheduling_report import MeanCI, mean_ci
+from loadgen.bench.scheduling.scheduling_stats import MeanCI, mean_ci
 from loadgen.report import Report
 
 #: Interactive attainment is plotted per window of this many simulated seconds (by send time).

@@ -1,5 +1,5 @@
 """The prefix-cache benchmark's report: means over seeds with 95 % Student t intervals
-(`scheduling_report.mean_ci`), the targets judged on the means, the markdown and the plot."""
+(`scheduling_stats.mean_ci`), the targets judged on the means, the markdown and the plot."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Final
 import numpy as np
 
 from loadgen.bench.scheduling.prefix_setup import BERTH, CONFIGS, DAY_ONE, NO_PREFIX, ORACLE, PEERS, WORKLOADS
-from loadgen.bench.scheduling.scheduling_report import mean_ci
+from loadgen.bench.scheduling.scheduling_stats import mean_ci
 from loadgen.report import Report
 
 METRICS: Final = (

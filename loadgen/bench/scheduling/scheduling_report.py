@@ -1,10 +1,11 @@
-"""The scheduling benchmark's report: markdown tables, the target checks, and a goodput plot."""
+"""The scheduling benchmark's report: the markdown, the target checks (`verdict`), the capacity floor
+beside Aladdin's search, and a goodput plot. Means over seeds are `scheduling_stats`; the tables it is
+built of are `scheduling_tables`.
+"""
 
 from __future__ import annotations
 
 import functools
-import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,16 +13,26 @@ from typing import Any, Final
 
 from loadgen.bench.scheduling import capacity
 from loadgen.bench.scheduling.capacity import CapacityFloor
+from loadgen.bench.scheduling.scheduling_stats import MeanCI, PolicyMean, mean_ci, policy_means
+from loadgen.bench.scheduling.scheduling_tables import (
+    DAY_ONE_HEADER,
+    MEANS_HEADER,
+    _config_title,
+    _rows,
+    _setup_lines,
+    _table,
+    day_one_table,
+    means_rows,
+    side_by_side,
+)
 from loadgen.bench.scheduling.scheduling_types import (
     BASELINES,
     BERTH,
     CONFIGS,
     DAY_ONE,
-    DAY_ONE_TOLERANCE,
     GOODPUT_TARGET,
     PRESETS,
     PROFILE,
-    TASK_TYPES,
     TUNED,
     BenchConfig,
     RunResult,
@@ -90,182 +101,6 @@ def floor_lines(
             f"- the ratio target means <= {n} endpoints ({na}+{nb}): ideal engines would be busy "
             f"{ua:.0%} / {ub:.0%} serving every task, {da:.0%} / {db:.0%} with the costliest "
             f"{1 - GOODPUT_TARGET:.0%} given up" + (f"; goodput there: {', '.join(there)}" if there else "")
-        )
-    return out
-
-
-def _f(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
-def _ms(v: Any) -> str:
-    return "-" if v is None else f"{v:.0f}"
-
-
-def _pct(v: Any) -> str:
-    return "-" if v is None else f"{v * 100:.0f}%"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
-
-
-def _run_cells(r: RunResult) -> list[str]:
-    """The cells every run table starts with: rate, seed, policy, goodput overall and per task type, the
-    task types' p95 latencies and utilization."""
-    t = r.tasks
-    return [
-        f"{r.rate:g}",
-        str(r.seed),
-        r.policy,
-        _f(r.overall_goodput),
-        *(_f(t.get(k, {}).get("goodput")) for k in TASK_TYPES),
-        _ms(t.get("completion", {}).get("latency_p95_ms")),
-        _ms(t.get("generation", {}).get("latency_p95_ms")),
-        _ms(t.get("summarization", {}).get("latency_p95_ms")),
-        _ms(t.get("translation", {}).get("latency_p95_ms")),
-        _f(r.utilization, 2),
-    ]
-
-
-def run_row(r: RunResult) -> list[str]:
-    return [
-        *_run_cells(r),
-        _f(r.busy_share, 2),
-        f"{_pct(r.cpu['berth']['cpu_share'])} / {_pct(r.cpu['berth']['runqueue_share'])}",
-        f"{_pct(r.cpu['loadgen']['cpu_share'])} / {_pct(r.cpu['loadgen']['runqueue_share'])}",
-        f"{_pct(r.cpu['sim']['cpu_share'])} / {_pct(r.cpu['sim']['runqueue_share'])}",
-        "yes" if r.valid else "NO",
-    ]
-
-
-HEADER = [
-    "rate",
-    "seed",
-    "policy",
-    "goodput",
-    "compl",
-    "gen",
-    "summ",
-    "trans",
-    "p95 TTFT compl",
-    "p95 TTFT gen",
-    "p95 E2E summ",
-    "p95 E2E trans",
-    "util",
-    "busy",
-    "berth cpu/wait",
-    "loadgen cpu/wait",
-    "sim cpu/wait",
-    "valid",
-]
-
-
-#: Two-sided 95 % quantiles of Student's t for 1 .. 30 degrees of freedom.
-T95: Final = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-Z975: Final = 1.959964
-
-
-def t95(df: int) -> float:
-    """The two-sided 95 % quantile of Student's t with `df` degrees of freedom: the table up to 30, then
-    the Cornish-Fisher expansion around the normal quantile (within 1e-4 there)."""
-    if df < 1:
-        raise ValueError("Student's t needs at least one degree of freedom")
-    if df <= len(T95):
-        return T95[df - 1]
-    z = Z975
-    return (
-        z
-        + (z**3 + z) / (4 * df)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class MeanCI:
-    """A mean over runs and the half-width of its 95 % confidence interval (Student t over the runs;
-    None with a single run)."""
-
-    mean: float
-    half: float | None
-    n: int
-
-    def text(self, digits: int = 3) -> str:
-        m = f"{self.mean:.{digits}f}"
-        return m if self.half is None else f"{m} ±{self.half:.{digits}f}"
-
-
-def mean_ci(values: Sequence[float]) -> MeanCI:
-    """The mean of `values` and its 95 % confidence interval's half-width: t(n - 1) × s / √n."""
-    n = len(values)
-    if not n:
-        raise ValueError("no values")
-    mean = math.fsum(values) / n
-    if n < 2:
-        return MeanCI(mean, None, n)
-    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    return MeanCI(mean, t95(n - 1) * math.sqrt(var / n), n)
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyMean:
-    """A policy's runs at one rate, averaged over their seeds."""
-
-    policy: str
-    goodput: float
-    low: float  # the smallest and largest goodput of a single run
-    high: float
-    tasks: dict[str, float]  # task type -> mean goodput (over the runs that report it)
-    runs: int
-    goodput_ci: MeanCI
-    task_ci: dict[str, MeanCI]
-    by_seed: dict[int, float]  # seed -> goodput (one run per seed)
-    utilization: float | None
-    rejected: float  # berth's rejections per run
-    wall_s: float  # per run
-
-
-def policy_means(runs: Sequence[RunResult]) -> list[PolicyMean]:
-    """Per policy (first-seen order), the mean of its runs' goodputs; runs without a goodput are left out."""
-    out: list[PolicyMean] = []
-    for policy in dict.fromkeys(r.policy for r in runs):
-        mine = [r for r in runs if r.policy == policy and r.overall_goodput is not None]
-        if not mine:
-            continue
-        goodputs = [r.overall_goodput or 0.0 for r in mine]
-        task_ci: dict[str, MeanCI] = {}
-        for t in TASK_TYPES:
-            vals = [g for r in mine if (g := r.tasks.get(t, {}).get("goodput")) is not None]
-            if vals:
-                task_ci[t] = mean_ci(vals)
-        ci = mean_ci(goodputs)
-        utils = [r.utilization for r in mine if r.utilization is not None]
-        out.append(
-            PolicyMean(
-                policy=policy,
-                goodput=ci.mean,
-                low=min(goodputs),
-                high=max(goodputs),
-                tasks={t: c.mean for t, c in task_ci.items()},
-                runs=len(mine),
-                goodput_ci=ci,
-                task_ci=task_ci,
-                by_seed={r.seed: r.overall_goodput or 0.0 for r in mine},
-                utilization=sum(utils) / len(utils) if utils else None,
-                rejected=sum(max(0, r.berth_rejections) for r in mine) / len(mine),
-                wall_s=sum(r.wall_s for r in mine) / len(mine),
-            )
         )
     return out
 
@@ -388,192 +223,6 @@ def target_check(runs: Sequence[RunResult], pattern: str) -> list[str]:
             )
     if v.invalid:
         out.append(f"  - NOT VALID: CPU-starved runs in this comparison: {', '.join(v.invalid)}")
-    return out
-
-
-def sim_row(r: RunResult) -> list[str]:
-    return [
-        *_run_cells(r),
-        str(r.berth_rejections),
-        f"{r.wall_s:.1f}",
-    ]
-
-
-SIM_HEADER = [*HEADER[:13], "rejected", "wall s"]
-
-
-def _rows(runs: Sequence[RunResult]) -> tuple[list[str], list[list[str]]]:
-    """A run table's header and rows: the live columns (CPU, validity) unless every run was simulated."""
-    if runs and all(r.mode == "sim" for r in runs):
-        return SIM_HEADER, [sim_row(r) for r in runs]
-    return HEADER, [run_row(r) for r in runs]
-
-
-MEANS_HEADER = [
-    "rate",
-    "policy",
-    "seeds",
-    "goodput",
-    "compl",
-    "gen",
-    "summ",
-    "trans",
-    "util",
-    "rejected",
-    "wall s",
-]
-
-
-def means_rows(runs: Sequence[RunResult], rates: Sequence[float]) -> list[list[str]]:
-    """Per rate and policy: mean goodput ± 95 % CI half-width, overall and per task type."""
-    rows: list[list[str]] = []
-    for rate in rates:
-        for m in policy_means([r for r in runs if r.rate == rate]):
-            rows.append(
-                [
-                    f"{rate:g}",
-                    m.policy,
-                    str(m.runs),
-                    m.goodput_ci.text(),
-                    *(m.task_ci[t].text() if t in m.task_ci else "-" for t in TASK_TYPES),
-                    _f(m.utilization, 2),
-                    f"{m.rejected:.0f}",
-                    f"{m.wall_s:.1f}",
-                ]
-            )
-    return rows
-
-
-def side_by_side(runs: Sequence[RunResult], pattern: str, rates: Sequence[float]) -> list[list[str]]:
-    """Per rate and policy, the tuned and the day-one configuration's mean goodput, and berth's lead
-    over the policy in each."""
-    rows: list[list[str]] = []
-    for rate in rates:
-        at = [r for r in runs if r.pattern == pattern and r.rate == rate]
-        by_config = {
-            c: {m.policy: m for m in policy_means([r for r in at if r.config == c])} for c in CONFIGS
-        }
-        for policy in dict.fromkeys(r.policy for r in at):
-            row = [f"{rate:g}", policy]
-            for c in CONFIGS:
-                m = by_config[c].get(policy)
-                berth = by_config[c].get(BERTH)
-                row.append("-" if m is None else m.goodput_ci.text())
-                lead = (
-                    "-"
-                    if m is None or berth is None or policy == BERTH
-                    else f"{berth.goodput - m.goodput:+.3f}"
-                )
-                row.append(lead)
-            rows.append(row)
-    return rows
-
-
-def day_one_table(runs: Sequence[RunResult], pattern: str) -> tuple[list[list[str]], list[bool]]:
-    """Issue 14's day one: each shipped preset run in the day-one configuration against the best
-    baseline there, at every rate (PASS when its mean is at least the best baseline's), and at the
-    heaviest rate against its own tuned configuration (PASS within DAY_ONE_TOLERANCE). Rows and the
-    verdicts (True: pass)."""
-    mine = [r for r in runs if r.pattern == pattern]
-    rates = sorted({r.rate for r in mine})
-    presets = [p for p in (BERTH, *PRESETS) if any(r.policy == p for r in mine)]
-    rows: list[list[str]] = []
-    verdicts: list[bool] = []
-    for rate in rates:
-        at = [r for r in mine if r.rate == rate]
-        day = {m.policy: m for m in policy_means([r for r in at if r.config == DAY_ONE])}
-        tuned = {m.policy: m for m in policy_means([r for r in at if r.config == TUNED])}
-        base = [day[b] for b in BASELINES if b in day]
-        if not base:
-            continue
-        best = max(base, key=lambda m: m.goodput)
-        for p in presets:
-            m = day.get(p)
-            if m is None:
-                continue
-            lead = m.goodput - best.goodput
-            ok = lead >= -1e-9
-            verdicts.append(ok)
-            own = "-"
-            if rate == rates[-1] and p in tuned:
-                diff = m.goodput - tuned[p].goodput
-                near = diff >= -DAY_ONE_TOLERANCE - 1e-9
-                verdicts.append(near)
-                own = f"{tuned[p].goodput_ci.text()} ({diff:+.3f}, {'PASS' if near else 'FAIL'})"
-            name = "coding-assistant (berth)" if p == BERTH else p
-            rows.append(
-                [
-                    f"{rate:g}",
-                    name,
-                    m.goodput_ci.text(),
-                    f"{best.policy} {best.goodput_ci.text()}",
-                    f"{lead:+.3f} {'PASS' if ok else 'FAIL'}",
-                    own,
-                ]
-            )
-    return rows, verdicts
-
-
-DAY_ONE_HEADER: Final = (
-    "rate",
-    "preset",
-    "day-one goodput",
-    "best baseline (day-one)",
-    "lead",
-    f"own tuned config (day-one minus tuned; >= -{DAY_ONE_TOLERANCE:g}), heaviest rate",
-)
-
-
-def _config_title(config: str) -> str:
-    return {
-        TUNED: "tuned configuration",
-        DAY_ONE: "day-one configuration",
-    }.get(config, config)
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-
-
-def _setup_lines(cfg: BenchConfig, runs: Sequence[RunResult], elapsed: float | None) -> list[str]:
-    sim = bool(runs) and all(r.mode == "sim" for r in runs)
-    seeds = cfg.seed_list()
-    walls = [r.wall_s for r in runs]
-    wall = (
-        f"wall time per run {sum(walls) / len(walls):.2f} s mean ({min(walls):.2f}-{max(walls):.2f} s)"
-        if walls
-        else "no runs"
-    )
-    n = cfg.endpoints_per_model
-    if sim:
-        where = (
-            f"Ran on the offline fleet simulator (`loadgen.fleetsim`: berth's scheduler core, admission, SLO "
-            f"resolution and telemetry on a virtual clock in front of sans-IO engine models; `--live` runs "
-            f"the same comparisons over HTTP). Fleet: 2 models x {n} `{PROFILE}` endpoints"
-        )
-    else:
-        where = (
-            f"Ran live: berth and the engine simulator as processes, simulators at speed x{cfg.speed:g}; "
-            f"latencies in simulated ms. Fleet: 2 models x {n} `{PROFILE}` endpoints"
-        )
-    out = [
-        f"{where}; {cfg.duration_s:g} simulated seconds of Poisson arrivals per run; "
-        f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} per comparison ({', '.join(map(str, seeds))}); "
-        f"{len(runs)} runs in the sweep, {wall}"
-        + ("" if elapsed is None else f"; elapsed {_duration(elapsed)} in all")
-        + (
-            "."
-            if sim
-            else f"; load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
-            f"{os.cpu_count()} CPUs."
-        ),
-        "",
-        "Configurations: **tuned** = every endpoint's cap at its engine's max_num_seqs, priority scheduling "
-        "in the engines and berth, the fleet profile as the performance-model prior, long queues, scrapes "
-        "every 2 simulated s; **day-one** = endpoints given by URL only (default cap 64, no prior, FCFS "
-        "engines, so no priorities), every other gateway setting at its default.",
-        "",
-    ]
     return out
 
 

@@ -61,59 +61,53 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import math
 import random
 import shlex
-import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import aiohttp
-import numpy as np
-import numpy.typing as npt
-import orjson
 
-from gateway.core.types import SLO, EndpointId
 from gateway.sched.perf import PerfCoefficients, default_prior
-from gateway.telemetry.capacity import kv_capacity_tokens
-from gateway.telemetry.engine_metrics import VLLM_METRICS
-from gateway.telemetry.fleet_state import FleetTelemetry
-from gateway.telemetry.lengths import LengthPrediction, OutputLengthPredictor
+from gateway.telemetry.lengths import OutputLengthPredictor
 from gateway.telemetry.perfmodel import PerfModelFitter
-from gateway.telemetry.promtext import parse as parse_metrics
-from gateway.telemetry.records import FinishedRequest, ScrapeSample, TelemetrySettings
-from gateway.telemetry.timeline import (
-    MIN_KEPT_GAPS,
-    DecodeObservation,
-    EndpointTimeline,
-    PrefillObservation,
-    Settled,
-)
 from gateway.telemetry.tokens import TokenEstimator
-from gateway.telemetry.waiting import wait_for_position
 from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.simulator.predict_client import (
+    MODEL,
+    TASK_CLASS,
+    Scrape,
+    _clock,
+    draw_requests,
+    fit_phase,
+    predict_for,
+    queue_phase,
+    ramp_arrivals,
+)
+from loadgen.bench.simulator.predict_figures import (
+    decode_mape,
+    grid_mape,
+    kv_mape,
+    length_figures,
+    mape,
+    prefill_mape,
+    true_decode_s,
+    wait_figures,
+)
+from loadgen.bench.simulator.predict_telemetry import (
+    BerthTelemetry,
+    feed_simple,
+    simple_decode_observations,
+    simple_prefill_observations,
+)
 from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import SimFleet
-from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
-from loadgen.engine_sim.tokens import TOKEN_TEXT
-from loadgen.prompts import CHAT_TEMPLATE_TOKENS, prompt_text
-from loadgen.workloads.sharegpt import OUTPUT_RANGE, sharegpt_output, sharegpt_prompt
+from loadgen.prompts import CHAT_TEMPLATE_TOKENS
 
-Array = npt.NDArray[np.float64]
-_clock = time.perf_counter  # loop.time() is too coarse under uvloop
-MODEL: Final = "bench-model"
-TASK_CLASS: Final = "default"
-LENGTH_BUCKETS: Final = (64, 256, 1024, 4096)  # OutputLengthPredictor's default
-TOKEN_MARK: Final = b'"content":' + orjson.dumps(TOKEN_TEXT)  # a content chunk of the simulator
-LENGTH_WARMUP: Final = 50
-BOOTSTRAP: Final = 2000
 TARGETS: Final = {
     "prefill_mape": 0.10,
     "decode_mape": 0.10,
@@ -122,512 +116,6 @@ TARGETS: Final = {
     "wait_r2": 0.9,
     "queued": 200,
 }
-
-
-@dataclass(slots=True)
-class Stream:
-    index: int
-    prompt: int
-    output: int  # pinned length
-    dispatch: float = 0.0
-    times: list[float] = field(default_factory=list)  # receipt of every content chunk
-    finished: float = math.nan  # when the response ended (NaN: it never started)
-    usage_tokens: int | None = None
-    error: str | None = None
-    predicted: LengthPrediction | None = None  # at dispatch, from the history finished by then
-    claimed_spread: float = math.nan  # the predictor's spread() at the same moment
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and len(self.times) > 0
-
-    @property
-    def tokens(self) -> int:
-        return self.usage_tokens or len(self.times)
-
-
-@dataclass(frozen=True, slots=True)
-class Scrape:
-    sent: float
-    received: float
-    running: float
-    waiting: float
-    kv_usage: float  # fraction 0..1
-    kv_capacity: float  # tokens
-
-
-# ---- the client --------------------------------------------------------------------------------------
-def request_body(prompt: int, output: int, salt: int) -> bytes:
-    text = prompt_text(prompt - CHAT_TEMPLATE_TOKENS, salt)
-    return orjson.dumps(
-        {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": text}],
-            "max_tokens": output,
-            "min_tokens": output,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    )
-
-
-async def open_stream(session: aiohttp.ClientSession, url: str, st: Stream) -> aiohttp.ClientResponse:
-    """Send the request; returns once the response headers are in (the simulator has queued it)."""
-    body = request_body(st.prompt, st.output, salt=st.index)
-    st.dispatch = _clock()
-    resp = await session.post(
-        url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
-    )
-    if resp.status != 200:
-        st.error = f"http_{resp.status}"
-    return resp
-
-
-async def read_stream(resp: aiohttp.ClientResponse, st: Stream) -> None:
-    try:
-        if st.error is not None:
-            return
-        times = st.times
-        content = resp.content
-        while True:
-            line = await content.readline()
-            if not line:
-                st.error = "truncated"
-                return
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                return
-            if TOKEN_MARK in payload:
-                times.append(_clock())
-                continue
-            usage = orjson.loads(payload).get("usage")
-            if usage:
-                st.usage_tokens = int(usage.get("completion_tokens", 0))
-    except (aiohttp.ClientError, orjson.JSONDecodeError) as e:
-        st.error = type(e).__name__
-    finally:
-        st.finished = _clock()
-        resp.release()
-
-
-async def scrape_loop(
-    session: aiohttp.ClientSession, url: str, out: list[Scrape], stop: asyncio.Event, every_s: float
-) -> None:
-    while not stop.is_set():
-        sent = _clock()
-        async with session.get(url + "/metrics") as resp:
-            text = await resp.text()
-        received = _clock()
-        page = parse_metrics(text)  # read as the gateway's scraper reads it
-        g = VLLM_METRICS.gauges(page)
-        capacity = kv_capacity_tokens(page)
-        if (
-            g.running is not None
-            and g.waiting is not None
-            and g.kv_usage is not None
-            and capacity is not None
-        ):
-            out.append(Scrape(sent, received, g.running, g.waiting, g.kv_usage, capacity))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=every_s)
-
-
-# ---- the two phases ----------------------------------------------------------------------------------
-def draw_requests(n: int, rng: random.Random, first_index: int) -> list[Stream]:
-    return [Stream(first_index + i, sharegpt_prompt(rng), sharegpt_output(rng)) for i in range(n)]
-
-
-def ramp_arrivals(n: int, lo: float, hi: float, rng: random.Random) -> list[float]:
-    """Poisson arrivals whose rate ramps linearly from `lo` to `hi` over the `n` requests."""
-    t, out = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(lo + (hi - lo) * i / max(1, n - 1))
-        out.append(t)
-    return out
-
-
-def predict_for(st: Stream, predictor: OutputLengthPredictor) -> None:
-    st.predicted = predictor.predict(MODEL, TASK_CLASS, st.prompt, OUTPUT_RANGE[1])
-    st.claimed_spread = predictor.spread(MODEL, TASK_CLASS, st.prompt)
-
-
-async def fit_phase(
-    session: aiohttp.ClientSession,
-    url: str,
-    *,
-    streams: list[Stream],
-    arrivals: list[float],
-    predictor: OutputLengthPredictor,
-    scrapes: list[Scrape],
-    scrape_every_s: float,
-) -> None:
-    stop = asyncio.Event()
-    origin = _clock()
-
-    async def one(st: Stream) -> None:
-        predict_for(st, predictor)
-        try:
-            resp = await open_stream(session, url, st)
-        except aiohttp.ClientError as e:
-            st.error = type(e).__name__
-            return
-        await read_stream(resp, st)
-        if st.ok:
-            predictor.observe(MODEL, TASK_CLASS, st.prompt, st.tokens)
-
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(scrape_loop(session, url, scrapes, stop, scrape_every_s), name="scrape")
-        async with asyncio.TaskGroup() as reqs:
-            for st, at in zip(streams, arrivals, strict=True):
-                delay = origin + at - _clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                reqs.create_task(one(st), name=f"req-{st.index}")
-        stop.set()
-
-
-async def queue_phase(
-    session: aiohttp.ClientSession,
-    url: str,
-    *,
-    streams: list[Stream],
-    scrapes: list[Scrape],
-    scrape_every_s: float,
-) -> float:
-    """Submit back to back (each once the previous one is queued); the wall seconds that took."""
-    stop = asyncio.Event()
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(scrape_loop(session, url, scrapes, stop, scrape_every_s), name="scrape")
-        async with asyncio.TaskGroup() as reqs:
-            start = _clock()
-            for st in streams:
-                try:
-                    resp = await open_stream(session, url, st)
-                except aiohttp.ClientError as e:
-                    st.error = type(e).__name__
-                    continue
-                reqs.create_task(read_stream(resp, st), name=f"req-{st.index}")
-            took = _clock() - start
-        stop.set()
-    return took
-
-
-# ---- berth's telemetry, fed as the daemon feeds it ---------------------------------------------------
-ENDPOINT: Final = EndpointId("sim")
-#: Profile seconds between two phases on the endpoint's clock: nothing of one is near the other.
-PHASE_GAP_S: Final = 10.0
-
-
-class Observations(NamedTuple):
-    """What berth's telemetry derived from one phase and fed to the endpoint's fitter."""
-
-    prefill: list[PrefillObservation]
-    decode: list[DecodeObservation]
-    kv: list[tuple[float, float]]  # (context tokens, KV tokens), per request in flight
-
-
-class _RecordingTimeline(EndpointTimeline):
-    """berth's token timeline, keeping a copy of what each `settle` derived."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.prefill: list[PrefillObservation] = []
-        self.decode: list[DecodeObservation] = []
-
-    def settle(self, before: float) -> Settled:
-        out = super().settle(before)
-        self.prefill += out.prefill
-        self.decode += out.decode
-        return out
-
-
-class _RecordingFitter(PerfModelFitter):
-    """berth's performance-model fitter, keeping a copy of each KV observation it is fed."""
-
-    def __init__(self, prior: PerfCoefficients, *, window: int, min_obs: int) -> None:
-        super().__init__(prior, window=window, min_obs=min_obs)
-        self.kv: list[tuple[float, float]] = []
-
-    def observe_kv(self, context_tokens: float, kv_tokens: float) -> None:
-        self.kv.append((context_tokens, kv_tokens))
-        super().observe_kv(context_tokens, kv_tokens)
-
-
-def _finished_at(st: Stream) -> float:
-    if math.isfinite(st.finished):
-        return st.finished
-    return st.times[-1] if st.times else st.dispatch
-
-
-class BerthTelemetry:
-    """berth's telemetry (`gateway.telemetry.fleet_state.FleetTelemetry` with the daemon's default
-    settings) for one simulated endpoint, fed what the daemon would feed it had it relayed the streams.
-
-    Every phase's times are profile seconds (wall seconds x the phase's speed-up), and each phase starts
-    `PHASE_GAP_S` after the previous one ended on the endpoint's clock, so the phases, run at different
-    speed-ups on different simulated endpoints of the same profile, read as one endpoint's history.
-    """
-
-    def __init__(self) -> None:
-        self.fleet = FleetTelemetry(TelemetrySettings(prior=default_prior()))
-        settings = self.fleet.settings
-        self.endpoint = self.fleet.endpoint(ENDPOINT)
-        self._timeline = _RecordingTimeline()
-        self._fitter = _RecordingFitter(
-            settings.prior, window=settings.fit_window, min_obs=settings.min_observations
-        )
-        self.endpoint.timeline = self._timeline
-        self.endpoint.fitter = self._fitter
-        self.endpoint.coefficients = self._fitter.current
-        self._start = 0.0  # where the next phase starts on the endpoint's clock
-
-    def add_phase(self, streams: Sequence[Stream], scrapes: Sequence[Scrape], speed: float) -> Observations:
-        """One phase: every scrape as the daemon's scrape sink hands it over (`ScrapeSample`: the engine's
-        gauges, the requests in flight when it came back and their prompt + half the predicted output),
-        then every stream as the finish phase does (`FinishedRequest`, in the order they finished); then
-        the endpoint's timeline is settled past the phase's end. Returns what this phase added."""
-        marks = (len(self._timeline.prefill), len(self._timeline.decode), len(self._fitter.kv))
-        for sc in scrapes:
-            self.fleet.observe_scrape(ENDPOINT, scrape_sample(streams, sc))
-        if streams:
-            origin = min(st.dispatch for st in streams)
-            start = self._start
-
-            def clock(t: float) -> float:
-                return start + (t - origin) * speed
-
-            for st in sorted(streams, key=_finished_at):
-                self.fleet.observe(finished_request(st, clock, speed))
-            end = clock(max(_finished_at(st) for st in streams)) + PHASE_GAP_S
-            self.fleet.settle(ENDPOINT, end)
-            self._start = end + PHASE_GAP_S
-        return Observations(
-            self._timeline.prefill[marks[0] :], self._timeline.decode[marks[1] :], self._fitter.kv[marks[2] :]
-        )
-
-    def refit(self) -> PerfCoefficients:
-        return self.endpoint.refit()
-
-
-def finished_request(st: Stream, clock: Callable[[float], float], speed: float) -> FinishedRequest:
-    """The finish phase's record of `st` (`clock`: its wall times on the endpoint's clock)."""
-    dispatched = clock(st.dispatch)
-    t = np.asarray(st.times)
-    return FinishedRequest(
-        model=MODEL,
-        task_class=TASK_CLASS,
-        slo=SLO(),
-        ok=st.ok,
-        stream=True,
-        endpoint=ENDPOINT,
-        attempts=1,
-        arrival=dispatched,
-        dispatched_at=dispatched,
-        first_token_at=clock(st.times[0]) if st.times else None,
-        finished_at=clock(_finished_at(st)),
-        prompt_chars=0,  # the token estimator is scored on its own (TokenEstimator below)
-        prompt_tokens=st.prompt,
-        prompt_tokens_est=st.prompt,
-        output_tokens=st.tokens if st.ok else len(st.times),
-        gaps=(np.diff(t) * speed).tolist(),
-        predicted_output_tokens=None if st.predicted is None else st.predicted.mean,
-    )
-
-
-def scrape_sample(streams: Sequence[Stream], sc: Scrape) -> ScrapeSample:
-    """The scrape sink's record of `sc`: the gateway's in-flight requests are those dispatched and not
-    finished when the scrape came back, each counted at its prompt plus half its predicted output."""
-    inflight = [st for st in streams if st.dispatch <= sc.received < _finished_at(st)]
-    context = sum(st.prompt + 0.5 * (st.predicted.mean if st.predicted else 0.0) for st in inflight)
-    return ScrapeSample(
-        running=sc.running,
-        kv_usage=sc.kv_usage,
-        kv_capacity_tokens=sc.kv_capacity,
-        ttft=None,
-        itl=None,
-        gateway_inflight=len(inflight),
-        gateway_context_tokens=context,
-    )
-
-
-# ---- the ablation: simpler observations -------------------------------------------------------------
-def simple_prefill_observations(streams: Sequence[Stream], speed: float) -> list[PrefillObservation]:
-    """Raw TTFT from dispatch (queueing and the iteration in flight included)."""
-    return [
-        PrefillObservation(s.prompt, (s.times[0] - s.dispatch) * speed, idle=False) for s in streams if s.ok
-    ]
-
-
-def simple_decode_observations(streams: Sequence[Stream], speed: float) -> list[DecodeObservation]:
-    """The mean of every gap at the mean running count, avg_context = the stream's own prompt +
-    produced / 2."""
-    ok = [s for s in streams if s.ok and len(s.times) > MIN_KEPT_GAPS]
-    firsts = np.sort([s.times[0] for s in ok])
-    lasts = np.sort([s.times[-1] for s in ok])
-    out: list[DecodeObservation] = []
-    for s in ok:
-        t = np.asarray(s.times)
-        mid = (t[:-1] + t[1:]) / 2
-        count = np.searchsorted(firsts, mid, side="right") - np.searchsorted(lasts, mid, side="left")
-        rate = (len(t) - 1) / ((t[-1] - t[0]) * speed)
-        out.append(DecodeObservation(float(count.mean()), s.prompt + len(t) / 2, 1.0 / rate, 0.0, rate))
-    return out
-
-
-def feed_simple(
-    fitter: PerfModelFitter, pre: Sequence[PrefillObservation], dec: Sequence[DecodeObservation]
-) -> None:
-    for p in pre:
-        fitter.observe_prefill(p.prompt_tokens, p.seconds)
-    for d in dec:
-        fitter.observe_decode(d.batch, d.avg_context, d.seconds)
-        fitter.observe_throughput(d.concurrency, d.tokens_per_s)
-
-
-# ---- figures -----------------------------------------------------------------------------------------
-def true_decode_s(true: LatencyModel, batch: float, avg_context: float) -> float:
-    """The simulator's decode model at a fractional (mean) batch size."""
-    return (true.k2 * avg_context + true.c2) * batch + true.c3
-
-
-def mape(pred: Sequence[float], true: Sequence[float]) -> float:
-    p, t = np.asarray(pred, dtype=np.float64), np.asarray(true, dtype=np.float64)
-    return float(np.mean(np.abs(p - t) / t)) if len(t) else math.nan
-
-
-def r_squared(pred: Sequence[float], actual: Sequence[float]) -> float:
-    p, a = np.asarray(pred, dtype=np.float64), np.asarray(actual, dtype=np.float64)
-    ss_tot = float(np.sum((a - a.mean()) ** 2))
-    return 1.0 - float(np.sum((a - p) ** 2)) / ss_tot if ss_tot > 0 else math.nan
-
-
-def prefill_mape(coef: PerfCoefficients, true: LatencyModel, at: Sequence[PrefillObservation]) -> float:
-    return mape(
-        [coef.prefill_s(p.prompt_tokens) for p in at], [true.prefill_s(int(p.prompt_tokens)) for p in at]
-    )
-
-
-def kv_mape(coef: PerfCoefficients, at: Sequence[tuple[float, float]]) -> float:
-    """The per-request KV model against (context tokens, KV tokens) observations."""
-    return mape([coef.kv_tokens(context) for context, _ in at], [kv for _, kv in at])
-
-
-def decode_mape(coef: PerfCoefficients, true: LatencyModel, at: Sequence[DecodeObservation]) -> float:
-    return mape(
-        [coef.decode_iter_s(d.batch, d.avg_context) for d in at],
-        [true_decode_s(true, d.batch, d.avg_context) for d in at],
-    )
-
-
-def grid_mape(coef: PerfCoefficients, true: LatencyModel, max_batch: int) -> tuple[float, float]:
-    batches = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max_batch]
-    contexts = (100.0, 300.0, 1000.0, 2000.0)
-    prompts = (16, 64, 256, 1024, 4096)
-    pre = mape([coef.prefill_s(p) for p in prompts], [true.prefill_s(p) for p in prompts])
-    dec = mape(
-        [coef.decode_iter_s(b, c) for b in batches for c in contexts],
-        [true.decode_s(b, c) for b in batches for c in contexts],
-    )
-    return pre, dec
-
-
-def service_rate(
-    coef: PerfCoefficients, preds: Sequence[LengthPrediction], prompts: Sequence[int], slots: int
-) -> float:
-    """Sustained output tokens/s of a full endpoint: ō tokens and one prefill per request, decode
-    iterations of `slots` requests at the length-biased mean context p̄ + E[o²] / (2 ō)."""
-    o_mean = statistics.fmean(p.mean for p in preds)
-    o_sq = statistics.fmean(p.mean * p.mean + p.std * p.std for p in preds)
-    p_mean = statistics.fmean(prompts)
-    context = p_mean + o_sq / (2.0 * o_mean)
-    per_request_s = coef.prefill_s(p_mean) + o_mean * coef.decode_iter_s(slots, context) / slots
-    return o_mean / per_request_s
-
-
-def wait_figures(
-    queue: Sequence[Stream],
-    *,
-    coef: PerfCoefficients,
-    predictor: OutputLengthPredictor,
-    true: LatencyModel,
-    slots: int,
-    speed: float,
-) -> dict[str, Any]:
-    preds = [predictor.predict(MODEL, TASK_CLASS, s.prompt, OUTPUT_RANGE[1]) for s in queue]
-    rate = service_rate(coef, preds, [s.prompt for s in queue], slots)
-    predicted: list[float] = []
-    bounds: list[float] = []
-    all_ahead: list[float] = []
-    observed: list[float] = []
-    for k, st in enumerate(queue):
-        if not st.ok:
-            continue
-        est = wait_for_position(preds[: max(0, k - slots + 1)], rate)
-        predicted.append(est.mean_s)
-        bounds.append(est.bound_s)
-        all_ahead.append(wait_for_position(preds[:k], rate).mean_s)
-        observed.append((st.times[0] - st.dispatch) * speed - true.prefill_s(st.prompt))
-    return {
-        "r2": r_squared(predicted, observed),
-        "r2_all_ahead": r_squared(all_ahead, observed),
-        "bound_p90_coverage": float(np.mean(np.array(observed) <= np.array(bounds))),
-        "tokens_per_s": rate,
-        "n": len(observed),
-        "observed_max_s": max(observed),
-    }
-
-
-def length_figures(streams: Sequence[Stream], seed: int) -> dict[str, Any]:
-    """p50 predictions (made at dispatch) against the within-bucket spread of the same outputs."""
-    rows = [s for s in streams if s.ok and s.predicted is not None][LENGTH_WARMUP:]
-    out = np.array([float(s.tokens) for s in rows])
-    p50 = np.array([s.predicted.p50 if s.predicted is not None else math.nan for s in rows])
-    bucket = np.searchsorted(np.array(LENGTH_BUCKETS), np.array([s.prompt for s in rows]), side="left")
-    err = np.abs(out - p50)
-
-    def pooled_spread(idx: npt.NDArray[np.intp]) -> float:
-        o, b = out[idx], bucket[idx]
-        dev = np.empty(len(idx))
-        for k in np.unique(b):
-            m = b == k
-            dev[m] = np.abs(o[m] - np.median(o[m]))
-        return float(np.median(dev))
-
-    every = np.arange(len(rows))
-    spread = pooled_spread(every)
-    ratio = float(np.median(err)) / spread
-    rng = np.random.default_rng(seed)
-    boot = []
-    for _ in range(BOOTSTRAP):
-        idx = rng.integers(0, len(rows), len(rows))
-        boot.append(float(np.median(err[idx])) / pooled_spread(idx))
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    buckets = []
-    for k in np.unique(bucket):
-        m = bucket == k
-        label = f"<={LENGTH_BUCKETS[k]}" if k < len(LENGTH_BUCKETS) else f">{LENGTH_BUCKETS[-1]}"
-        buckets.append(
-            {
-                "bucket": label,
-                "n": int(m.sum()),
-                "median_abs_error": float(np.median(err[m])),
-                "spread": float(np.median(np.abs(out[m] - np.median(out[m])))),
-            }
-        )
-    claimed = np.array([s.claimed_spread for s in rows])
-    return {
-        "n": len(rows),
-        "median_abs_error": float(np.median(err)),
-        "spread": spread,
-        "ratio": ratio,
-        "ratio_ci95": [float(lo), float(hi)],
-        "claimed_spread": float(np.nanmedian(claimed)),
-        "ratio_to_claimed": float(np.median(err)) / float(np.nanmedian(claimed)),
-        "buckets": buckets,
-    }
 
 
 def _coef_dict(c: PerfCoefficients) -> dict[str, Any]:

@@ -42,17 +42,15 @@ import orjson
 
 from gateway.sched.perf import PerfCoefficients
 from loadgen.bench.catalogue import BENCHMARKS
-from loadgen.bench.simulator.predict_accuracy import (
-    BerthTelemetry,
+from loadgen.bench.simulator.predict_client import (
     Stream,
-    decode_mape,
     draw_requests,
-    grid_mape,
     open_stream,
-    prefill_mape,
     ramp_arrivals,
     read_stream,
 )
+from loadgen.bench.simulator.predict_figures import decode_mape, grid_mape, prefill_mape
+from loadgen.bench.simulator.predict_telemetry import BerthTelemetry
 from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import SimFleet
 from loadgen.engine_sim.profiles import get_profile
