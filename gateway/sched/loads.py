@@ -7,7 +7,8 @@ estimates: a new view) and otherwise after 20-40 ms: its running requests' progr
 the clock, so an old load is a few tokens behind. Each load's reuse time is spread over that range by the
 order the loads were made in, so a fleet's loads, made together on a busy fleet, are not all remade by
 the same decision (with a hundred endpoints that would be a few milliseconds for the one decision that
-happens to come 20 ms later)."""
+happens to come 20 ms later). A load remade for its age alone takes over from the old one what does not
+depend on the clock (`EndpointLoad`'s `like`)."""
 
 from __future__ import annotations
 
@@ -35,11 +36,14 @@ class LoadCache:
 
     def load(self, view: EndpointView, now: float) -> EndpointLoad:
         got = self._loads.get(view.id)
+        like = None
         if got is not None:
             load, reuse = got
-            if load.view is view and abs(load.now - now) <= reuse:
-                return load
-        fresh = EndpointLoad(view, now, self.params)
+            if load.view is view:
+                if abs(load.now - now) <= reuse:
+                    return load
+                like = load  # the same view later: what does not depend on the clock is taken over
+        fresh = EndpointLoad(view, now, self.params, like=like)
         self._made = made = self._made + 1
         if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
             self._loads = {}

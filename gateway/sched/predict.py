@@ -181,10 +181,51 @@ def seats_of(view: EndpointView) -> int:
     return max(1, view.cap if mb is None or mb >= view.cap else mb)
 
 
+class _Pace:
+    """What an endpoint's load takes from its view alone, whatever the clock: each running request's
+    prefill tokens, the batch's prefill share and the per-token pace before progress is known. A load
+    of the same view at a later time (`LoadCache` remakes loads 20-40 ms apart while nothing changed
+    there) starts from these instead of deriving them again."""
+
+    __slots__ = ("fresh", "guess", "overhead")
+
+    def __init__(self, fresh: list[int], overhead: float, guess: float) -> None:
+        self.fresh = fresh
+        self.overhead = overhead
+        self.guess = guess
+
+
+def _pace(view: EndpointView, coef: PerfCoefficients, params: PredictParams) -> _Pace:
+    reqs = view.running
+    n = len(reqs)
+    base_ctx = sum([r.prompt_tokens for r in reqs])
+    base = coef.decode_iter_s(n, base_ctx / n) if n else 0.0
+    # Prefills pause the batch: each running request's prefill, over its lifetime, is the share of
+    # time the endpoint spends prefilling requests like it (a steady state of this batch).
+    k1, c1 = coef.k1, coef.c1
+    rho = 0.0
+    # Each running request's prefill tokens (its uncached ones), once: `RunningRequest.prefill_tokens`
+    # inlined (this runs per running request on every placement).
+    fresh = [
+        r.prompt_tokens if r.cached_tokens <= 0 else max(1, r.prompt_tokens - r.cached_tokens) for r in reqs
+    ]
+    for r, f in zip(reqs, fresh, strict=True):
+        pre = k1 * f + c1
+        life = pre + r.output_mean * base
+        rho += pre / life if life > 0 else 0.0
+    rho = min(rho, _MAX_PREFILL_SHARE)
+    overhead = max(params.prefill_overhead, rho / (1.0 - rho))
+    # Per-token time of the current batch; contexts are refined once progress is known.
+    return _Pace(fresh, overhead, base * (1.0 + overhead))
+
+
 class EndpointLoad:
     """One endpoint's load at `now`, derived from its view once and queried per request."""
 
     __slots__ = (
+        "_pace",
+        "_running",
+        "_states",
         "coef",
         "ctx_sum",
         "gamma",
@@ -196,7 +237,6 @@ class EndpointLoad:
         "overhead",
         "params",
         "pending_prompt",
-        "running",
         "running_long",
         "seat_free",
         "seats",
@@ -205,50 +245,43 @@ class EndpointLoad:
         "wait_s",
     )
 
-    def __init__(self, view: EndpointView, now: float, params: PredictParams) -> None:
+    def __init__(
+        self, view: EndpointView, now: float, params: PredictParams, *, like: EndpointLoad | None = None
+    ) -> None:
+        """`like`: a load of the same view and parameters at another time, whose clock-independent
+        terms are taken over (the result is the same as without it)."""
         self.view = view
         self.now = now
         self.params = params
         # What the placement and admission plugins derive from this load alone (the same for every
         # request they ask about), kept here by whoever derives it (`gateway.sched.harms`).
         self.memo: dict[Hashable, Any] = {}
-        self.gamma = params.gamma
-        self.coef: PerfCoefficients = view.perf or _PRIOR
+        gamma = self.gamma = params.gamma
+        coef: PerfCoefficients = view.perf or _PRIOR
+        self.coef = coef
         # Predicting from the generic prior (no fit, no configured prior): a guess about other hardware.
-        self.guessed = self.coef == _PRIOR
+        self.guessed = coef == _PRIOR
         self.kv_capacity = view.kv_capacity_tokens
         self.seats = seats_of(view)
         reqs = view.running
         n = self.n = len(reqs)
-        coef = self.coef
-        base_ctx = sum(r.prompt_tokens for r in reqs)
-        base = coef.decode_iter_s(n, base_ctx / n) if n else 0.0
-        # Prefills pause the batch: each running request's prefill, over its lifetime, is the share of
-        # time the endpoint spends prefilling requests like it (a steady state of this batch).
+        pace = like._pace if like is not None and like.view is view and like.params == params else None
+        if pace is None:
+            pace = _pace(view, coef, params)
+        self._pace = pace
+        self.overhead = pace.overhead
+        over = 1.0 + pace.overhead
+        guess = pace.guess
         k1, c1 = coef.k1, coef.c1
-        rho = 0.0
-        # Each running request's prefill tokens (its uncached ones), once: `RunningRequest.prefill_tokens`
-        # inlined (this runs per running request on every placement).
-        fresh = [
-            r.prompt_tokens if r.cached_tokens <= 0 else max(1, r.prompt_tokens - r.cached_tokens)
-            for r in reqs
-        ]
-        for r, f in zip(reqs, fresh, strict=True):
-            pre = k1 * f + c1
-            life = pre + r.output_mean * base
-            rho += pre / life if life > 0 else 0.0
-        rho = min(rho, _MAX_PREFILL_SHARE)
-        self.overhead = max(params.prefill_overhead, rho / (1.0 - rho))
-        over = 1.0 + self.overhead
-        # Per-token time of the current batch; contexts are refined below once progress is known.
-        guess = base * over
-        gamma = self.gamma
-        states: list[RunningState] = []
+        # Per running request, in order: (prefilled, produced, remaining, first_s, long). The running
+        # states (`running`) are made from these only when asked for: most loads are only asked for
+        # their sums. Builtin min/max are spelled out as comparisons (same results) on this hot path.
+        states: list[tuple[bool, float, float, float, float]] = []
         ctx_sum = 0.0
         pending = 0.0
         long_total = 0.0
         inf = math.inf
-        for r, f in zip(reqs, fresh, strict=True):
+        for r, f in zip(reqs, pace.fresh, strict=True):
             if r.produced is not None and r.reported_at is not None and r.first_token_at is not None:
                 # reported by the dispatcher: its count then, and tokens at the current pace since
                 first_at = r.first_token_at
@@ -258,35 +291,67 @@ class EndpointLoad:
                 first_at = r.dispatched_at + k1 * f + c1 + 0.5 * guess
                 prefilled = now >= first_at
                 produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
-            cap = inf if r.max_tokens is None else float(r.max_tokens)
-            produced = min(produced, cap)
+            mt = r.max_tokens
+            cap = inf if mt is None else float(mt)
+            if cap < produced:  # noqa: PLR1730 (min() is a call per running request)
+                produced = cap
             mean = r.output_mean + gamma * r.output_std
             if produced < mean:
                 remaining = mean - produced
                 long = 0.0
             else:
-                remaining = max(1.0, _LONG_GROWTH * produced)
-                long = (produced - r.output_mean) / max(1.0, r.output_mean)
-            remaining = max(0.0, min(remaining, cap - produced)) if cap < inf else remaining
+                grown = _LONG_GROWTH * produced
+                remaining = grown if grown > 1.0 else 1.0
+                om = r.output_mean
+                long = (produced - r.output_mean) / (om if om > 1.0 else 1.0)
+            if cap < inf:
+                room = cap - produced
+                remaining = room if room < remaining else remaining
+                remaining = remaining if remaining > 0.0 else 0.0
             if not prefilled:
                 pending += f
             ctx_sum += r.prompt_tokens + produced
             long_total += long
-            states.append(RunningState(r, prefilled, produced, remaining, 0.0, first_at - now, long))
+            states.append((prefilled, produced, remaining, first_at - now, long))
         self.ctx_sum = ctx_sum
         self.pending_prompt = pending
         self.running_long = long_total
         tpot = self.tpot_now = coef.decode_iter_s(n, ctx_sum / n) * over if n else 0.0
         prefill_pending = k1 * pending + c1 if pending else 0.0
-        for st in states:  # now that the per-token time is known
-            st.finish_s = st.remaining * tpot + (0.0 if st.prefilled else prefill_pending)
-        finished = states
-        self.running: tuple[RunningState, ...] = tuple(finished)
-        self.seat_free = sorted([st.finish_s for st in finished])
+        self._states = states
+        self._running: tuple[RunningState, ...] | None = None
+        # each running request's predicted end, now that the per-token time is known
+        self.seat_free = sorted([st[2] * tpot + (0.0 if st[0] else prefill_pending) for st in states])
         if n < self.seats:
-            self.wait_s = 0.5 * self.tpot_now
+            self.wait_s = 0.5 * tpot
         else:
-            self.wait_s = self.seat_free[n - self.seats] + 0.5 * self.tpot_now
+            self.wait_s = self.seat_free[n - self.seats] + 0.5 * tpot
+
+    @property
+    def running(self) -> tuple[RunningState, ...]:
+        """The running requests as of `now` (estimated), in the view's order."""
+        got = self._running
+        if got is None:
+            tpot = self.tpot_now
+            pending = self.pending_prompt
+            prefill_pending = self.coef.k1 * pending + self.coef.c1 if pending else 0.0
+            got = self._running = tuple(
+                [
+                    RunningState(
+                        r,
+                        prefilled,
+                        produced,
+                        remaining,
+                        remaining * tpot + (0.0 if prefilled else prefill_pending),
+                        first_s,
+                        long,
+                    )
+                    for r, (prefilled, produced, remaining, first_s, long) in zip(
+                        self.view.running, self._states, strict=True
+                    )
+                ]
+            )
+        return got
 
     # ----------------------------------------------------------------- queries
     def times(
