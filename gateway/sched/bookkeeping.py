@@ -19,8 +19,11 @@ from gateway.sched.predict import PredictParams
 from gateway.sched.profile import Policy
 from gateway.sched.queues import Queues
 from gateway.sched.request import SchedRequest
+from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.types import QueueLimits
+
+_Candidates = tuple[EndpointView, object, object, list[RunningRequest]]
 
 #: Faults kept for the daemon to collect (the oldest are dropped beyond this).
 MAX_FAULTS: Final = 64
@@ -59,6 +62,8 @@ class SchedulerBooks:
         self._seqs: dict[RequestId, int] = {}
         # The endpoints' loads preemption judges victims on (`Preempting._victims`; default parameters).
         self._victim_loads = LoadCache(PredictParams())
+        # Per endpoint: (view, rules, SLO policy, the running requests those let be preempted).
+        self._victim_candidates: dict[EndpointId, _Candidates] = {}
 
     def _fault(self, req: SchedRequest, stage: FaultStage, error: Exception) -> None:
         self._fault_id(req.id, stage, error)

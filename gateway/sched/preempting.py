@@ -74,20 +74,19 @@ def _resume_feasible(state: RunningState, load: EndpointLoad, rules: PreemptionR
     return True
 
 
-def _eligible_victims(load: EndpointLoad, rules: PreemptionRules, slo: SloPolicy) -> list[Victim]:
-    """`Preempting._victims` of the load's endpoint, derived from the load."""
+def _candidates(view: EndpointView, rules: PreemptionRules, slo: SloPolicy) -> list[RunningRequest]:
+    """The running requests on `view` the rules let be preempted (resumable, of a kind that may be
+    preempted, under the preemption limit), before their own SLO is looked at."""
     kinds: dict[str, bool] = {}  # class name -> of a kind that may be preempted
-    out: list[Victim] = []
-    e = load.view
-    for s in load.running:
-        r = s.req
+    out = []
+    for r in view.running:
         if not r.resumable or r.preemptions >= rules.max_preemptions:
             continue
         ok = kinds.get(r.slo_class)
         if ok is None:
             ok = kinds[r.slo_class] = slo.class_of(r.slo_class).kind in rules.victims
-        if ok and _resume_feasible(s, load, rules):
-            out.append(Victim(r, e))
+        if ok:
+            out.append(r)
     return out
 
 
@@ -138,15 +137,26 @@ class Preempting(SchedulerBooks):
 
     def _victims(self, e: EndpointView, now: float, rules: PreemptionRules) -> list[Victim]:
         """The running requests on `e` that may be preempted now: resumable, of a kind that may be
-        preempted, under the preemption limit, and their own SLO still feasible after a resume. Kept
-        on the endpoint's load (`LoadCache`: while its view is the same and the clock moved less than
-        20-40 ms): a waiting interactive request asks every endpoint on each submit and serve."""
-        load = self._victim_loads.load(e, now)
+        preempted, under the preemption limit, and their own SLO still feasible after a resume. A
+        waiting interactive request asks every endpoint on each submit and serve, so the candidates are
+        kept per view, and the victims among them on the endpoint's load (`LoadCache`: while its view is
+        the same and the clock moved less than 20-40 ms)."""
         slo = self._policy.slo
+        kept = self._victim_candidates.get(e.id)
+        if kept is None or kept[0] is not e or kept[1] is not rules or kept[2] is not slo:
+            if len(self._victim_candidates) >= 4096:  # endpoints come and go: never grow without bound
+                self._victim_candidates = {}
+            kept = self._victim_candidates[e.id] = (e, rules, slo, _candidates(e, rules, slo))
+        candidates = kept[3]
+        if not candidates:
+            return []
+        load = self._victim_loads.load(e, now)
         key = ("victims", rules)
-        got: tuple[SloPolicy, list[Victim]] | None = load.memo.get(key)
-        if got is None or got[0] is not slo:  # (a policy reload may bring other classes)
-            got = load.memo[key] = (slo, _eligible_victims(load, rules, slo))
+        got: tuple[list[RunningRequest], list[Victim]] | None = load.memo.get(key)
+        if got is None or got[0] is not candidates:
+            states = {id(s.req): s for s in load.running}
+            victims = [Victim(r, e) for r in candidates if _resume_feasible(states[id(r)], load, rules)]
+            got = load.memo[key] = (candidates, victims)
         return got[1]
 
     def _preempt(

@@ -85,8 +85,10 @@ class SloFeasibilityAdmitter:
         self._speed_order: tuple[tuple[EndpointView, ...], ModelName, list[EndpointView]] | None = None
         # The fastest idle bound of the last snapshot's views and model (`_late_everywhere`).
         self._fastest: tuple[tuple[EndpointView, ...], ModelName, IdleBound | None] | None = None
-        # The last `kth_free` asked: (k, those loads, its answer).
-        self._frees: tuple[int, list[EndpointLoad], tuple[float, int] | None] | None = None
+        # The seat order (`SeatOrder`) of the last loads asked about.
+        self._frees: SeatOrder | None = None
+        # The ready endpoints of the last snapshot's views and model, and their free seats in all.
+        self._readied: tuple[tuple[EndpointView, ...], ModelName, list[EndpointView], int] | None = None
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
@@ -98,11 +100,11 @@ class SloFeasibilityAdmitter:
         itl_ms = req.slo.itl_ms
         if left == (None, None) and itl_ms is None:
             return ADMIT
-        ready = self._ready(req, snap)
+        ready, free = self._ready_and_free(req.model, snap)
         if not ready:
             return ADMIT  # nothing ready: the scheduler answers for that
         ahead = self._ahead(req, queued_in_class)
-        if ahead < sum(max(0, seats_of(e) - len(e.running)) for e in ready):
+        if ahead < free:
             # A seat is free for it: admitted once one endpoint with a free seat meets its SLO, so the
             # loads are derived (and the request predicted) one endpoint at a time until one does.
             full = self.params.assume_full
@@ -154,6 +156,22 @@ class SloFeasibilityAdmitter:
         """Every ready endpoint serving the request's model."""
         model, ready = req.model, EndpointHealth.READY
         return [e for e in snap.endpoints if model in e.models and e.health is ready]
+
+    def _ready_and_free(self, model: ModelName, snap: FleetSnapshot) -> tuple[list[EndpointView], int]:
+        """`_ready` and their free seats in all, kept for the snapshot's views (the submits between two
+        changes of the fleet ask about the same views)."""
+        kept = self._readied
+        if kept is not None and kept[0] is snap.endpoints and kept[1] == model:
+            return kept[2], kept[3]
+        ready = EndpointHealth.READY
+        views = [e for e in snap.endpoints if model in e.models and e.health is ready]
+        free = 0
+        for e in views:
+            seats = seats_of(e) - len(e.running)
+            if seats > 0:
+                free += seats
+        self._readied = (snap.endpoints, model, views, free)
+        return views, free
 
     def _fastest_first(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
         """The ready endpoints serving `model`, those with the fastest idle service (for a typical
@@ -275,13 +293,10 @@ class SloFeasibilityAdmitter:
         if ahead < free:
             full = self.params.assume_full
             return [load.predict(req, worst_case=full) for load in loads if load.n < load.seats]
-        k = ahead - free
-        kept = self._frees
-        if kept is not None and kept[0] == k and len(kept[1]) == len(loads) and all(map(is_, kept[1], loads)):
-            got = kept[2]  # the same loads (the requests admitted between two changes of the fleet)
-        else:
-            got = kth_free(loads, k)
-            self._frees = (k, loads, got)
+        order = self._frees
+        if order is None or not order.of(loads):
+            order = self._frees = SeatOrder(loads)
+        got = order.kth(ahead - free)
         if got is None:
             return []  # further out than every running request: no prediction, infeasible
         t, i = got
@@ -297,25 +312,44 @@ class SloFeasibilityAdmitter:
         )
 
 
+class SeatOrder:
+    """The running requests' predicted ends over some loads (`seat_free`), sorted once: the requests
+    admitted between two changes of the fleet each ask for another k-th of the same ends."""
+
+    __slots__ = ("_loads", "_owner", "_times")
+
+    def __init__(self, loads: list[EndpointLoad]) -> None:
+        self._loads = loads
+        arrays = []
+        for load in loads:
+            arr = load.memo.get("seat-free")
+            if arr is None:
+                arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
+            arrays.append(arr)
+        sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        times = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.float64)
+        # stable: ties keep the concatenation's order, which is the loads' order
+        order = np.argsort(times, kind="stable")
+        self._times = times[order]
+        self._owner = np.repeat(np.arange(len(arrays), dtype=np.int64), sizes)[order]
+
+    def of(self, loads: list[EndpointLoad]) -> bool:
+        """Whether it is the order of exactly these loads."""
+        kept = self._loads
+        return len(kept) == len(loads) and all(map(is_, kept, loads))
+
+    def kth(self, k: int) -> tuple[float, int] | None:
+        """`kth_free` of its loads."""
+        if k >= len(self._times):
+            return None
+        return float(self._times[k]), int(self._owner[k])
+
+
 def kth_free(loads: list[EndpointLoad], k: int) -> tuple[float, int] | None:
     """The `k`-th (from 0) of the running requests' predicted ends over `loads` (`seat_free`), as (time,
-    index of its load): `sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)[k]`,
-    found by a partition instead of a sort; None when there are not that many."""
-    arrays = []
-    for load in loads:
-        arr = load.memo.get("seat-free")
-        if arr is None:
-            arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
-        arrays.append(arr)
-    sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    if k >= int(sizes.sum()):
-        return None
-    times = np.concatenate(arrays)
-    t = float(np.partition(times, k)[k])
-    # ties at t go by load index, and the concatenation is in load order
-    nth = k - int(np.count_nonzero(times < t))
-    at = int(np.flatnonzero(times == t)[nth])
-    return t, int(np.searchsorted(np.cumsum(sizes), at, side="right"))
+    index of its load): `sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)[k]`;
+    None when there are not that many."""
+    return SeatOrder(loads).kth(k)
 
 
 def _typical_idle_s(view: EndpointView) -> float:
