@@ -1,5 +1,6 @@
-"""Endpoint loads kept between decisions (`gateway.sched.loads`): a load remade for its age alone, from
-the old one's clock-independent terms, is the load made from scratch, number for number."""
+"""What predictions keep between decisions: a load remade for its age alone, from the old one's
+clock-independent terms, is the load made from scratch, number for number (`gateway.sched.loads`); a
+fleet's idle bound kept across snapshots is the one collected afresh (`gateway.sched.idle.KeptBounds`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.core.types import EndpointHealth, ModelName
+from gateway.sched.idle import KeptBounds, fleet_bound
 from gateway.sched.loads import LoadCache
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.running import RunningRequest, with_progress
+from gateway.sched.snapshot import EndpointEstimates, FleetSnapshot
 from tests.unit.slo_fixtures import running, view
 
 _run = st.tuples(
@@ -87,3 +92,48 @@ def test_the_cache_reuses_a_load_then_remakes_it_from_the_old_one() -> None:
     assert later is not first
     assert later.now == 11.0
     assert _numbers(later) == _numbers(EndpointLoad(v, 11.0, params))
+
+
+_COEFS = (
+    None,
+    PerfCoefficients(
+        k1=1e-4, c1=0.01, k2=0.0, c2=0.001, c3=0.01, h=1.0, j=0.0, thr1=1.0, alpha=0.0, beta=0.0
+    ),
+    PerfCoefficients(
+        k1=2e-4, c1=0.02, k2=1e-7, c2=0.002, c3=0.01, h=1.0, j=8.0, thr1=1.0, alpha=0.0, beta=0.0
+    ),
+)
+# (endpoint index, what changes: its estimates to coefficients k, its health, its models, or only its
+# running requests)
+_change = st.tuples(
+    st.integers(min_value=0, max_value=5),
+    st.sampled_from(("estimates", "health", "models", "progress")),
+    st.integers(min_value=0, max_value=len(_COEFS) - 1),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(min_value=1, max_value=6), changes=st.lists(_change, max_size=12))
+def test_kept_bounds_are_the_fleet_bound_of_every_snapshot(
+    n: int, changes: list[tuple[int, str, int]]
+) -> None:
+    views = [view(f"e{i}", coef=_COEFS[1]) for i in range(n)]
+    kept = KeptBounds()
+    for at, what, k in [(0, "progress", 0), *changes]:
+        i = at % n
+        v = views[i]
+        if what == "estimates":
+            v = dataclasses.replace(v, estimates=EndpointEstimates(perf=_COEFS[k]))
+        elif what == "health":
+            ready = v.health is EndpointHealth.READY
+            v = dataclasses.replace(v, health=EndpointHealth.UNHEALTHY if ready else EndpointHealth.READY)
+        elif what == "models":
+            v = dataclasses.replace(v, models=frozenset({ModelName("m" if k else "other")}))
+        else:
+            v = dataclasses.replace(v, inflight=v.inflight + 1)
+        views[i] = v
+        s = FleetSnapshot(now=1.0, endpoints=tuple(views))
+        for slowest in (False, True):
+            assert kept.bound(s, ModelName("m"), slowest=slowest) == fleet_bound(
+                s, ModelName("m"), slowest=slowest
+            )

@@ -29,7 +29,7 @@ from msgspec import Meta
 
 from gateway.core.slo import Infeasible, SloPolicy
 from gateway.core.types import EndpointHealth, ModelName
-from gateway.sched.idle import IdleBound, fleet_bound, latest_start, output_bound
+from gateway.sched.idle import IdleBound, KeptBounds, latest_start, output_bound
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import default_prior
@@ -78,13 +78,12 @@ class SloFeasibilityAdmitter:
     def __init__(self, params: SloFeasibilityParams, slo: SloPolicy, loads: LoadCache | None = None) -> None:
         self.rechecks = params.recheck != "off"
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the recheck bound in force
+        self._fleet_bounds = KeptBounds()
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())
         # The order `_fastest_first` gave for the last snapshot's views and model.
         self._speed_order: tuple[tuple[EndpointView, ...], ModelName, list[EndpointView]] | None = None
-        # The fastest idle bound of the last snapshot's views and model (`_late_everywhere`).
-        self._fastest: tuple[tuple[EndpointView, ...], ModelName, IdleBound | None] | None = None
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
@@ -194,12 +193,7 @@ class SloFeasibilityAdmitter:
         False when a cached prefix makes the prefill differ by endpoint (each is asked)."""
         if req.cached:
             return False
-        kept = self._fastest
-        if kept is not None and kept[0] is snap.endpoints and kept[1] == req.model:
-            bound = kept[2]
-        else:
-            bound = fleet_bound(snap, req.model, slowest=False)
-            self._fastest = (snap.endpoints, req.model, bound)
+        bound = self._fleet_bounds.bound(snap, req.model, slowest=False)
         if bound is None:
             return False
         params = self._cache.params
@@ -249,7 +243,7 @@ class SloFeasibilityAdmitter:
         them; in the other modes nothing (every request is rechecked on every tick)."""
         if self.params.recheck != "late":
             return None
-        bound = fleet_bound(snap, model, slowest=True)
+        bound = self._fleet_bounds.bound(snap, model, slowest=True)
         kept = self._bounds.get(model)
         if kept is not None and bound is not None and bound.within(kept):
             return kept
