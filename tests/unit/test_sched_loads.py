@@ -143,6 +143,6 @@ def test_a_load_with_nothing_running_is_kept_while_its_view_is() -> None:
     cache = LoadCache(PredictParams())
     idle = view("e", cap=4)
     first = cache.load(idle, 10.0)
-    assert cache.load(idle, 50.0) is first  # its numbers do not move with the clock
+    assert cache.load(idle, 50.0) is first  # its numbers do not move with the clock: renewed
     assert _numbers(first) == _numbers(EndpointLoad(idle, 50.0, PredictParams()))
     assert cache.load(view("e", cap=4), 50.0) is not first  # a new view: a new load
