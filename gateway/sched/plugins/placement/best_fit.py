@@ -56,8 +56,10 @@ from typing import Annotated, Final, Literal
 
 from msgspec import Meta
 
+from gateway.core.types import RequestId
 from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
@@ -71,6 +73,10 @@ _TOKENS_PER_SEAT = 2048.0
 #: Aladdin's re-balancing in a packing order: endpoints whose running requests are, summed, this far past
 #: their predicted lengths (in request lengths) are tried last.
 DEFAULT_REBALANCE: Final = 0.5
+
+
+#: A request's idle service by (id of the coefficients, prefill tokens): (those coefficients, prediction).
+_IdleByCoef = dict[tuple[int, int], tuple[PerfCoefficients, Prediction]]
 
 
 class BestFitParams(PredictionParams, frozen=True, kw_only=True):
@@ -106,6 +112,10 @@ class BestFitFilter:
         if rebalance is None:
             rebalance = DEFAULT_REBALANCE if self._packs else 0.0
         self.rebalance = rebalance
+        # Per queued request: its idle service by (coefficients, prefill tokens) (`_idle_service`).
+        self._idle: dict[
+            RequestId, tuple[SchedRequest, dict[tuple[int, int], tuple[PerfCoefficients, Prediction]]]
+        ] = {}
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -159,6 +169,24 @@ class BestFitFilter:
         if got is None:
             got = load.memo[key] = sum(s.context + g * s.remaining for s in load.running)
         return got
+
+    def _idle_service(self, load: EndpointLoad, req: SchedRequest) -> Prediction:
+        """`load.idle_service(req)`, kept per request, coefficients and prefill tokens (all it depends on
+        besides the parameters): a queued request is tried serve after serve on the endpoints that
+        changed, whose loads are new but whose fitted coefficients are not."""
+        got = self._idle.get(req.id)
+        if got is None or got[0] is not req:
+            if len(self._idle) >= 4096:  # requests come and go: never grow without bound
+                self._idle = {}
+            got = self._idle[req.id] = (req, {})
+        coef = load.coef
+        key = (id(coef), prefill_tokens(req, load.view.id))
+        hit = got[1].get(key)
+        if hit is not None and hit[0] is coef:
+            return hit[1]
+        pred = load.idle_service(req)
+        got[1][key] = (coef, pred)
+        return pred
 
     def _running_terms(self, load: EndpointLoad) -> tuple[float | None, float | None]:
         """What (b) and (d) take from the running requests alone (kept on the load): the tightest ITL
@@ -217,7 +245,7 @@ class BestFitFilter:
         g, theta = p.gamma, p.theta
         pred = load.predict(req)
         left = time_left(req, load.now)
-        own = not req.best_effort and meets(load.idle_service(req), left)
+        own = not req.best_effort and meets(self._idle_service(load, req), left)
         # (b) ATGT: Aladdin's batch bound for the ITL targets here (this request's included), and this
         # request's own end-to-end deadline at the per-token time of the batch it joins
         budget, _ = self._running_terms(load)
