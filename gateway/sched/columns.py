@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.core.types import EndpointHealth, ModelName
+from gateway.sched.predict import seats_of
 from gateway.sched.snapshot import EndpointView, FleetColumns
 
 
@@ -46,6 +47,8 @@ def columns_of(views: tuple[EndpointView, ...]) -> FleetColumns:
         outstanding=inflight + waiting,
         id_rank=rank,
         members=_members(views),
+        busy=np.fromiter((len(v.running) for v in views), dtype=np.int64, count=len(views)),
+        seats=np.fromiter((seats_of(v) for v in views), dtype=np.int64, count=len(views)),
     )
 
 
@@ -54,6 +57,7 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
     endpoints in the same places)."""
     inflight, cap, ready = prev.inflight.copy(), prev.cap.copy(), prev.ready.copy()
     waiting, outstanding = prev.waiting.copy(), prev.outstanding.copy()
+    busy, seats = prev.busy.copy(), prev.seats.copy()
     members = prev.members
     is_ready = EndpointHealth.READY
     old = prev.endpoints
@@ -65,6 +69,8 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
         ready[i] = v.health is is_ready
         w = waiting[i] = v.engine_waiting or 0.0
         outstanding[i] = v.inflight + w
+        busy[i] = len(v.running)
+        seats[i] = seats_of(v)
         if not remade and v.models != old[i].models:
             remade = True
     return FleetColumns(
@@ -76,4 +82,6 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
         outstanding=outstanding,
         id_rank=prev.id_rank,
         members=_members(views) if remade else members,
+        busy=busy,
+        seats=seats,
     )

@@ -54,6 +54,8 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Final, Literal
 
+import numpy as np
+import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.core.types import RequestId
@@ -65,7 +67,7 @@ from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
 #: Scale of the token dimension of capacity_norm when the KV capacity is unknown (tokens per seat).
@@ -106,7 +108,7 @@ class BestFitFilter:
         self.params = params
         self._cache = loads or LoadCache(params.predict_params())
         self._packs = params.order == "most-loaded"
-        by_count = params.order == "least-outstanding"
+        by_count = self._by_count = params.order == "least-outstanding"
         self._spread_key = self.outstanding_key if by_count else self.least_loaded_key
         rebalance = params.rebalance_threshold
         if rebalance is None:
@@ -136,6 +138,54 @@ class BestFitFilter:
             if loose[id(load)]:
                 return [load.view]
         return []
+
+    def filter_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]:
+        """The columnar form: `filter`'s choice with loads derived for the endpoints that run something
+        only (an idle endpoint's order key is known from the columns: nothing runs long there, its
+        capacity_norm is 0; and it fits), and the order found by one sort of the keys. A request with a
+        cached prefix goes the plain way (`holders_first` predicts on the holders)."""
+        idx = np.flatnonzero(candidates)
+        if len(idx) == 0:
+            return candidates
+        views = cols.endpoints
+        if req.cached:
+            at = {id(views[i]): int(i) for i in idx}
+            out = np.zeros_like(candidates)
+            for e in self.filter(req, [views[i] for i in idx], snap):
+                out[at[id(e)]] = True
+            return out
+        now = snap.now
+        busy = cols.busy[idx] > 0
+        loads: dict[int, EndpointLoad] = {
+            int(k): self._cache.load(views[i], now)
+            for k, i in zip(np.flatnonzero(busy), idx[busy], strict=True)
+        }
+        rebalance = self.rebalance
+        flag = np.zeros(len(idx), dtype=np.bool_)
+        norm = np.zeros(len(idx), dtype=np.float64)
+        for k, load in loads.items():
+            flag[k] = load.running_long >= rebalance > 0
+        if self._packs or not self._by_count:
+            for k, load in loads.items():
+                norm[k] = self.capacity_norm(load)
+        rank = cols.id_rank[idx]
+        spread_by = cols.outstanding[idx] if self._by_count else norm
+        spread = np.lexsort((rank, spread_by, flag))
+        tried = np.lexsort((rank, -norm, flag)) if self._packs else spread
+        loose: dict[int, bool] = {}
+        for k in tried.tolist():
+            load = loads.get(k)
+            if load is None:
+                return _only(candidates, int(idx[k]))  # nothing runs there: it fits
+            strict, loose[k] = self.fits_both(load, req)
+            if strict:
+                return _only(candidates, int(idx[k]))
+        for k in spread.tolist():
+            if loose[k]:
+                return _only(candidates, int(idx[k]))
+        return np.zeros_like(candidates)
 
     def order_key(self, load: EndpointLoad) -> tuple[bool, float, str]:
         """Most loaded first; endpoints whose requests run long last."""
@@ -307,6 +357,12 @@ class BestFitFilter:
         if self._pauses(load, req) or self._over_kv(load, req, pred):
             return False, False
         return strict, True
+
+
+def _only(like: npt.NDArray[np.bool_], i: int) -> npt.NDArray[np.bool_]:
+    out = np.zeros_like(like)
+    out[i] = True
+    return out
 
 
 def holders_first(req: SchedRequest, order: list[EndpointLoad]) -> list[EndpointLoad]:
