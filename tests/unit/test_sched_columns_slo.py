@@ -1,7 +1,8 @@
 """The SLO placement plugins' columnar forms choose what their plain forms choose (hypothesis: random
 fleets of endpoints, idle and busy, with running requests that have targets, fitted coefficients and KV
 capacities; requests with and without targets and cached prefixes; every order and constraint setting),
-and a fleet of idle endpoints is placed by them without a load per endpoint."""
+SLO admission decides on a snapshot's columns as on its views, and a fleet of idle endpoints is placed
+without a load per endpoint."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Literal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.core.slo import Infeasible, SloClass, SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId
 from gateway.sched.columns import columns_of
 from gateway.sched.perf import PerfCoefficients
+from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import eligible
@@ -116,3 +119,36 @@ def test_idle_endpoints_are_placed_over_columns_without_a_load_each() -> None:
     mask = f.filter_columns(req("new"), cols, cols.eligible(req("new").model), s)
     assert [v.id for v, m in zip(views, mask, strict=True) if m] == ["e00"]  # least loaded, first by id
     assert len(f._cache._loads) == 1  # the busy endpoint's only
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.floats(min_value=1.0, max_value=400.0),
+    ttft_ms=st.one_of(st.none(), st.floats(min_value=50.0, max_value=5000.0)),
+    e2e_ms=st.one_of(st.none(), st.floats(min_value=500.0, max_value=30000.0)),
+    queued=st.integers(min_value=0, max_value=30),
+    outcome=st.sampled_from((Infeasible.REJECT, Infeasible.HOLD)),
+)
+def test_slo_admission_decides_on_columns_as_on_views(
+    *,
+    endpoints: list[tuple[int, list[Run], PerfCoefficients, float | None, bool]],
+    prompt: int,
+    out: float,
+    ttft_ms: float | None,
+    e2e_ms: float | None,
+    queued: int,
+    outcome: Infeasible,
+) -> None:
+    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    r = req("new", arrival=NOW - 0.1, prompt=prompt, out=out, ttft_ms=ttft_ms, e2e_ms=e2e_ms)
+    slo = SloPolicy(classes={"c": SloClass("c", on_infeasible=outcome)}, default_class="c")
+    params = SloFeasibilityParams()
+    plain = SloFeasibilityAdmitter(params, slo).admit(
+        r, FleetSnapshot(now=NOW, endpoints=views), lambda c: queued
+    )
+    over_columns = SloFeasibilityAdmitter(params, slo).admit(
+        r, FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views)), lambda c: queued
+    )
+    assert over_columns == plain

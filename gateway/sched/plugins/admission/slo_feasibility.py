@@ -20,11 +20,12 @@ its view of the load would turn away work the fleet may well serve (day one, bef
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from operator import is_
 from typing import Annotated, Final, Literal
 
 import numpy as np
+import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.core.slo import Infeasible, SloPolicy
@@ -39,7 +40,7 @@ from gateway.sched.predict import EndpointLoad, Prediction, idle_service, seats_
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
 #: Headroom of a new recheck bound over the slowest coefficients (refits that slow an endpoint by less
@@ -87,7 +88,7 @@ class SloFeasibilityAdmitter:
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
-        self._readied: tuple[tuple[EndpointView, ...], ModelName, list[EndpointView], int] | None = None
+        self._readied: _Ready | None = None
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
@@ -99,24 +100,23 @@ class SloFeasibilityAdmitter:
         itl_ms = req.slo.itl_ms
         if left == (None, None) and itl_ms is None:
             return ADMIT
-        ready, free = self._ready_and_free(req.model, snap)
-        if not ready:
+        kept = self._ready_and_free(req.model, snap)
+        if not kept.any:
             return ADMIT  # nothing ready: the scheduler answers for that
         ahead = self._ahead(req, queued_in_class)
-        if ahead < free:
+        if ahead < kept.free:
             # A seat is free for it: admitted once one endpoint with a free seat meets its SLO, so the
             # loads are derived (and the request predicted) one endpoint at a time until one does.
             full = self.params.assume_full
             preds = []
-            for e in ready:
-                if len(e.running) < seats_of(e):
-                    pred = self._cache.load(e, snap.now).predict(req, worst_case=full)
-                    if self._meets(pred, left, itl_ms):
-                        return ADMIT
-                    preds.append(pred)
-            loads = [self._cache.load(e, snap.now) for e in ready]
+            for e in kept.open():
+                pred = self._cache.load(e, snap.now).predict(req, worst_case=full)
+                if self._meets(pred, left, itl_ms):
+                    return ADMIT
+                preds.append(pred)
+            loads = [self._cache.load(e, snap.now) for e in kept.views()]
         else:
-            loads = [self._cache.load(e, snap.now) for e in ready]
+            loads = [self._cache.load(e, snap.now) for e in kept.views()]
             preds = self._predictions(req, loads, ahead)
             if any(self._meets(p, left, itl_ms) for p in preds):
                 return ADMIT
@@ -156,21 +156,15 @@ class SloFeasibilityAdmitter:
         model, ready = req.model, EndpointHealth.READY
         return [e for e in snap.endpoints if model in e.models and e.health is ready]
 
-    def _ready_and_free(self, model: ModelName, snap: FleetSnapshot) -> tuple[list[EndpointView], int]:
+    def _ready_and_free(self, model: ModelName, snap: FleetSnapshot) -> _Ready:
         """`_ready` and their free seats in all, kept for the snapshot's views (the submits between two
-        changes of the fleet ask about the same views)."""
+        changes of the fleet ask about the same views); from the columns when the snapshot carries
+        them (a large fleet: no Python step per endpoint)."""
         kept = self._readied
-        if kept is not None and kept[0] is snap.endpoints and kept[1] == model:
-            return kept[2], kept[3]
-        ready = EndpointHealth.READY
-        views = [e for e in snap.endpoints if model in e.models and e.health is ready]
-        free = 0
-        for e in views:
-            seats = seats_of(e) - len(e.running)
-            if seats > 0:
-                free += seats
-        self._readied = (snap.endpoints, model, views, free)
-        return views, free
+        if kept is not None and kept.endpoints is snap.endpoints and kept.model == model:
+            return kept
+        kept = self._readied = _Ready(model, snap)
+        return kept
 
     def _fastest_first(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
         """The ready endpoints serving `model`, those with the fastest idle service (for a typical
@@ -304,6 +298,54 @@ class SloFeasibilityAdmitter:
             and (e2e_left is None or p.e2e_s <= e2e_left * m)
             and (itl_ms is None or p.tpot_s * 1000.0 <= itl_ms * m)
         )
+
+
+class _Ready:
+    """The ready endpoints serving a model in one snapshot's views, and their free seats in all (each
+    endpoint's seats less its running requests, when positive)."""
+
+    __slots__ = ("_views", "any", "cols", "endpoints", "free", "model")
+
+    def __init__(self, model: ModelName, snap: FleetSnapshot) -> None:
+        self.model = model
+        self.endpoints = views = snap.endpoints
+        cols = snap.columns
+        self._views: list[EndpointView] | None = None
+        self.cols: tuple[FleetColumns, npt.NDArray[np.bool_]] | None = None
+        if cols is not None and cols.endpoints is views:
+            serves = cols.members.get(model)
+            mask = np.zeros(len(views), dtype=np.bool_) if serves is None else serves & cols.ready
+            self.cols = (cols, mask)
+            self.free = int(np.maximum(cols.seats - cols.busy, 0)[mask].sum())
+            self.any = bool(mask.any())
+            return
+        ready = EndpointHealth.READY
+        self._views = [e for e in views if model in e.models and e.health is ready]
+        free = 0
+        for e in self._views:
+            seats = seats_of(e) - len(e.running)
+            if seats > 0:
+                free += seats
+        self.free = free
+        self.any = bool(self._views)
+
+    def views(self) -> list[EndpointView]:
+        """The ready endpoints, in the snapshot's order."""
+        got = self._views
+        if got is None:
+            assert self.cols is not None  # (one or the other is set on construction)
+            mask = self.cols[1]
+            views = self.endpoints
+            got = self._views = [views[i] for i in np.flatnonzero(mask).tolist()]
+        return got
+
+    def open(self) -> Iterator[EndpointView]:
+        """The ready endpoints with a free seat, in the snapshot's order."""
+        if self.cols is None:
+            return (e for e in self.views() if len(e.running) < seats_of(e))
+        cols, mask = self.cols
+        views = self.endpoints
+        return (views[i] for i in np.flatnonzero(mask & (cols.busy < cols.seats)).tolist())
 
 
 class SeatOrder:
