@@ -184,6 +184,16 @@ class ColumnarFilter(Filter, Protocol):
 
 
 @runtime_checkable
+class ColumnarTieredFilter(TieredFilter, Protocol):
+    """A tiered filter with a form over the fleet's columns: `tiers` as masks in the columns' order (each
+    a subset of the candidates' mask), the same tiers in the same order."""
+
+    def tiers_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> Sequence[npt.NDArray[np.bool_]]: ...
+
+
+@runtime_checkable
 class ColumnarScorer(Scorer, Protocol):
     """A scorer with a form over the fleet's columns: every endpoint's score at once, in the columns'
     order (the values of non-candidates are ignored), each candidate's the value `score` gives it."""

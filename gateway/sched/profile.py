@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import is_
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,7 @@ from gateway.sched.interfaces import (
     ColumnarFilter,
     ColumnarPicker,
     ColumnarScorer,
+    ColumnarTieredFilter,
     ConcurrencyController,
     EnginePriority,
     Filter,
@@ -64,6 +66,9 @@ def eligible(
     return [e for e in endpoints if model in e.models and e.health is ready and e.inflight < e.cap]
 
 
+_Mask = npt.NDArray[np.bool_]
+_ColumnTiers = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], Sequence[_Mask]]
+_ColumnMask = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask]
 _Tiers = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[Sequence[EndpointView]]]
 _Scope = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[EndpointView]]
 
@@ -83,9 +88,14 @@ class SchedulerProfile:
     # when every filter, scorer and the picker has a columnar form (`ColumnarFilter`, ...), those forms
     # (the filters', the weighted scorers', the picker's); None otherwise. The profile then places over
     # the fleet's columns when a snapshot carries them.
-    _columnar: (
-        tuple[tuple[ColumnarFilter, ...], tuple[tuple[ColumnarScorer, float], ...], ColumnarPicker] | None
-    ) = field(init=False, repr=False, compare=False)
+    _columnar: tuple[tuple[Filter, ...], tuple[tuple[ColumnarScorer, float], ...], ColumnarPicker] | None = (
+        field(init=False, repr=False, compare=False)
+    )
+    # per filter, in filter order: its columnar tiers (`ColumnarTieredFilter.tiers_columns`) or its
+    # columnar mask (`ColumnarFilter.filter_columns`), when the profile is columnar
+    _column_steps: tuple[tuple[_ColumnTiers | None, _ColumnMask | None], ...] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         filters = self.filters
@@ -94,7 +104,13 @@ class SchedulerProfile:
         )
         object.__setattr__(self, "_scopes", tuple(f.scope for f in filters if isinstance(f, ScopedFilter)))
         object.__setattr__(self, "_groupings", tuple(f for f in filters if isinstance(f, GroupingFilter)))
-        cfilters = [f for f in filters if isinstance(f, ColumnarFilter) and not isinstance(f, TieredFilter)]
+        # a tiered filter's columnar form is its tiers' (`ColumnarTieredFilter`); a plain one's its mask's
+        cfilters = [
+            f
+            for f in filters
+            if isinstance(f, ColumnarTieredFilter)
+            or (isinstance(f, ColumnarFilter) and not isinstance(f, TieredFilter))
+        ]
         cscorers = [(ws.scorer, ws.weight) for ws in self.scorers if isinstance(ws.scorer, ColumnarScorer)]
         picker = self.picker
         columnar = None
@@ -105,6 +121,14 @@ class SchedulerProfile:
         ):
             columnar = (tuple(cfilters), tuple(cscorers), picker)
         object.__setattr__(self, "_columnar", columnar)
+        steps: list[tuple[_ColumnTiers | None, _ColumnMask | None]] = []
+        if columnar is not None:
+            for f in filters:
+                if isinstance(f, ColumnarTieredFilter):
+                    steps.append((f.tiers_columns, None))
+                else:
+                    steps.append((None, cast("ColumnarFilter", f).filter_columns))
+        object.__setattr__(self, "_column_steps", tuple(steps))
 
     @property
     def columnar(self) -> bool:
@@ -175,16 +199,12 @@ class SchedulerProfile:
         req: SchedRequest,
         snap: FleetSnapshot,
         cols: FleetColumns,
-        columnar: tuple[tuple[ColumnarFilter, ...], tuple[tuple[ColumnarScorer, float], ...], ColumnarPicker],
+        columnar: tuple[tuple[Filter, ...], tuple[tuple[ColumnarScorer, float], ...], ColumnarPicker],
     ) -> EndpointView | None:
         """`place` over columns: the same choice (every plugin's columnar form gives what its plain one
         would), without a Python step per endpoint."""
-        filters, scorers, picker = columnar
-        mask = cols.eligible(req.model)
-        for f in filters:
-            if not mask.any():
-                return None
-            mask = f.filter_columns(req, cols, mask, snap)
+        _, scorers, picker = columnar
+        mask = self._filter_columns(req, cols, cols.eligible(req.model), snap, 0)
         if not mask.any():
             return None
         total: npt.NDArray[np.float64] | None = None
@@ -202,6 +222,32 @@ class SchedulerProfile:
         if not (0 <= i < len(mask) and mask[i]):
             raise RuntimeError(f"picker {self.picker.name!r} returned an endpoint that was not a candidate")
         return snap.endpoints[i]
+
+    def _filter_columns(
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        mask: npt.NDArray[np.bool_],
+        snap: FleetSnapshot,
+        start: int,
+    ) -> npt.NDArray[np.bool_]:
+        """`_filter` over columns: the filters from `start` on; a tiered filter's tiers each go through
+        the filters after it, in order, until one leaves candidates."""
+        steps = self._column_steps
+        for i in range(start, len(steps)):
+            if not mask.any():
+                return mask
+            tiers, one = steps[i]
+            if tiers is None:
+                assert one is not None  # (one or the other, by construction)
+                mask = one(req, cols, mask, snap)
+                continue
+            for tier in tiers(req, cols, mask, snap):
+                survivors = self._filter_columns(req, cols, tier, snap, i + 1) if tier.any() else tier
+                if survivors.any():
+                    return survivors
+            return np.zeros_like(mask)
+        return mask
 
     def _scored(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
