@@ -265,9 +265,11 @@ class EndpointLoad:
         self.seats = seats_of(view)
         reqs = view.running
         n = self.n = len(reqs)
-        pace = like._pace if like is not None and like.view is view and like.params == params else None
-        if pace is None:
-            pace = _pace(view, coef, params)
+        pace: _Pace = (
+            like.pace
+            if like is not None and like.view is view and like.params == params
+            else _pace(view, coef, params)
+        )
         self._pace = pace
         self.overhead = pace.overhead
         over = 1.0 + pace.overhead
@@ -326,6 +328,11 @@ class EndpointLoad:
             self.wait_s = 0.5 * tpot
         else:
             self.wait_s = self.seat_free[n - self.seats] + 0.5 * tpot
+
+    @property
+    def pace(self) -> _Pace:
+        """What this load took from its view alone (for a load of the same view at another time)."""
+        return self._pace
 
     @property
     def running(self) -> tuple[RunningState, ...]:

@@ -176,10 +176,10 @@ class BestFitFilter:
         tried = np.lexsort((rank, -norm, flag)) if self._packs else spread
         loose: dict[int, bool] = {}
         for k in tried.tolist():
-            load = loads.get(k)
-            if load is None:
+            busy_load = loads.get(k)
+            if busy_load is None:
                 return _only(candidates, int(idx[k]))  # nothing runs there: it fits
-            strict, loose[k] = self.fits_both(load, req)
+            strict, loose[k] = self.fits_both(busy_load, req)
             if strict:
                 return _only(candidates, int(idx[k]))
         for k in spread.tolist():
