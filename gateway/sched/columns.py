@@ -72,6 +72,7 @@ def columns_of(views: tuple[EndpointView, ...]) -> FleetColumns:
         seats=np.fromiter((seats_of(v) for v in views), dtype=np.int64, count=len(views)),
         classes=_classes(views),
         coef=np.array([_coef_row(v) for v in views], dtype=np.float64).reshape(len(views), 5),
+        index={v.id: i for i, v in enumerate(views)},
     )
 
 
@@ -113,4 +114,5 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
         seats=seats,
         classes=_classes(views) if reclassed else prev.classes,
         coef=coef,
+        index=prev.index,
     )

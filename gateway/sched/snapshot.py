@@ -160,6 +160,7 @@ class FleetColumns:
     # Each endpoint's prefill and decode coefficients (its fitted model, else the prior, as predictions
     # take them), one row per endpoint: k1, c1, k2, c2, c3 (`PerfCoefficients`).
     coef: npt.NDArray[np.float64]
+    index: Mapping[EndpointId, int]  # each endpoint's place in `endpoints`
 
     def eligible(self, model: ModelName) -> npt.NDArray[np.bool_]:
         """`gateway.sched.profile.eligible` as a mask: serves the model, ready, room under its cap."""

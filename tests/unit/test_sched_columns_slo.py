@@ -7,23 +7,28 @@ without a load per endpoint."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Literal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.config.policy import parse_policy_text
 from gateway.core.slo import Infeasible, SloClass, SloPolicy
-from gateway.core.types import EndpointHealth, EndpointId
+from gateway.core.types import EndpointHealth, EndpointId, InstanceClass
 from gateway.sched.columns import columns_of
 from gateway.sched.perf import PerfCoefficients
+from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
+from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.prefix import PrefixHits
-from gateway.sched.profile import eligible
+from gateway.sched.profile import Policy, eligible
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from tests.unit.slo_fixtures import COEF, req, running, view
 
 NOW = 10.0
+REPO = Path(__file__).resolve().parents[2]
 SLOW = PerfCoefficients(
     k1=2e-4, c1=0.02, k2=1e-6, c2=0.002, c3=0.012, h=1.0, j=8.0, thr1=1.0, alpha=0.0, beta=0.0
 )
@@ -38,7 +43,7 @@ _run = st.tuples(
 )
 _endpoint = st.tuples(
     st.integers(min_value=1, max_value=6),  # cap
-    st.lists(_run, max_size=6),
+    st.one_of(st.just([]), st.lists(_run, min_size=1, max_size=6)),  # idle half the time
     st.sampled_from((COEF, SLOW)),
     st.one_of(st.none(), st.floats(min_value=2000.0, max_value=40000.0)),  # KV capacity
     st.booleans(),  # ready
@@ -152,3 +157,91 @@ def test_slo_admission_decides_on_columns_as_on_views(
         r, FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views)), lambda c: queued
     )
     assert over_columns == plain
+
+
+_CLASSES = (InstanceClass.INTERACTIVE, InstanceClass.MIXED, InstanceClass.BATCH)
+
+
+def _policy(name: str) -> Policy:
+    return parse_policy_text(
+        (REPO / "policies" / f"{name}.toml").read_text(), f"{name}.toml", default_registry()
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=st.lists(st.tuples(_endpoint, st.sampled_from(_CLASSES)), min_size=1, max_size=8),
+    cls=st.sampled_from(("interactive", "batch")),
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.floats(min_value=1.0, max_value=400.0),
+    ttft_ms=st.one_of(st.none(), st.floats(min_value=50.0, max_value=5000.0)),
+    itl_ms=st.one_of(st.none(), st.floats(min_value=5.0, max_value=200.0)),
+    e2e_ms=st.one_of(st.none(), st.floats(min_value=500.0, max_value=30000.0)),
+    cached=st.dictionaries(st.integers(min_value=0, max_value=7), st.integers(min_value=1, max_value=3000)),
+)
+def test_chat_and_batch_places_over_columns_as_the_plain_way(
+    *,
+    endpoints: list[tuple[tuple[int, list[Run], PerfCoefficients, float | None, bool], InstanceClass]],
+    cls: str,
+    prompt: int,
+    out: float,
+    ttft_ms: float | None,
+    itl_ms: float | None,
+    e2e_ms: float | None,
+    cached: dict[int, int],
+) -> None:
+    views = tuple(dataclasses.replace(_view(k, e), instance_class=c) for k, (e, c) in enumerate(endpoints))
+    r = req(
+        "new",
+        arrival=NOW - 0.1,
+        prompt=prompt,
+        out=out,
+        ttft_ms=ttft_ms,
+        e2e_ms=e2e_ms,
+        itl_ms=itl_ms,
+        cls=cls,
+    )
+    r = dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
+    policy = _policy("chat-and-batch")
+    assert policy.profile.columnar
+    plain = policy.profile.place(r, FleetSnapshot(now=NOW, endpoints=views))
+    columnar = policy.profile.place(r, FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views)))
+    assert (None if columnar is None else columnar.id) == (None if plain is None else plain.id)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
+    worst_case=st.booleans(),
+    hold=st.booleans(),
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.floats(min_value=1.0, max_value=400.0),
+    ttft_ms=st.one_of(st.none(), st.floats(min_value=10.0, max_value=1000.0)),
+    e2e_ms=st.one_of(st.none(), st.floats(min_value=100.0, max_value=10000.0)),
+    itl_ms=st.one_of(st.none(), st.floats(min_value=5.0, max_value=40.0)),
+    cached=st.dictionaries(st.integers(min_value=0, max_value=7), st.integers(min_value=1, max_value=3000)),
+    best_effort=st.booleans(),
+)
+def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps(
+    *,
+    endpoints: list[tuple[int, list[Run], PerfCoefficients, float | None, bool]],
+    worst_case: bool,
+    hold: bool,
+    prompt: int,
+    out: float,
+    ttft_ms: float | None,
+    e2e_ms: float | None,
+    itl_ms: float | None,
+    cached: dict[int, int],
+    best_effort: bool,
+) -> None:
+    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    r = req("new", arrival=NOW - 0.1, prompt=prompt, out=out, ttft_ms=ttft_ms, e2e_ms=e2e_ms, itl_ms=itl_ms)
+    hits = PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()})
+    r = dataclasses.replace(r, best_effort=best_effort, cached=hits)
+    params = OverflowGuardParams(worst_case=worst_case, hold_infeasible=hold, prefill_overhead=0.05)
+    cols = columns_of(views)
+    s = FleetSnapshot(now=NOW, endpoints=views, columns=cols)
+    plain = OverflowGuardFilter(params).filter(r, eligible(r, s), s)
+    mask = OverflowGuardFilter(params).filter_columns(r, cols, cols.eligible(r.model), s)
+    assert [v.id for v, m in zip(views, mask, strict=True) if m] == [v.id for v in plain]
