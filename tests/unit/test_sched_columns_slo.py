@@ -245,3 +245,35 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps(
     plain = OverflowGuardFilter(params).filter(r, eligible(r, s), s)
     mask = OverflowGuardFilter(params).filter_columns(r, cols, cols.eligible(r.model), s)
     assert [v.id for v, m in zip(views, mask, strict=True) if m] == [v.id for v in plain]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
+    cls=st.sampled_from(("generation", "translation", "summarization", "completion")),
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.floats(min_value=1.0, max_value=400.0),
+    ttft_ms=st.one_of(st.none(), st.floats(min_value=50.0, max_value=5000.0)),
+    e2e_ms=st.one_of(st.none(), st.floats(min_value=500.0, max_value=30000.0)),
+    cached=st.dictionaries(st.integers(min_value=0, max_value=7), st.integers(min_value=1, max_value=3000)),
+)
+def test_coding_assistant_places_over_columns_as_the_plain_way(
+    *,
+    endpoints: list[tuple[int, list[Run], PerfCoefficients, float | None, bool]],
+    cls: str,
+    prompt: int,
+    out: float,
+    ttft_ms: float | None,
+    e2e_ms: float | None,
+    cached: dict[int, int],
+) -> None:
+    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    r = req("new", arrival=NOW - 0.1, prompt=prompt, out=out, ttft_ms=ttft_ms, e2e_ms=e2e_ms, cls=cls)
+    r = dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
+    plain_policy, columnar_policy = _policy("coding-assistant"), _policy("coding-assistant")
+    assert columnar_policy.profile.columnar
+    plain = plain_policy.profile.place(r, FleetSnapshot(now=NOW, endpoints=views))
+    columnar = columnar_policy.profile.place(
+        r, FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views))
+    )
+    assert (None if columnar is None else columnar.id) == (None if plain is None else plain.id)
