@@ -42,13 +42,17 @@ class LoadCache:
         like = None
         if got is not None:
             load, reuse, at = got
-            if load.view is view:
-                if abs(at - now) <= reuse:
-                    return load
-                like = load  # the same view later: what does not depend on the clock is taken over
+            if load.view is view and abs(at - now) <= reuse:
+                return load
+            # the same view later, or a view apart only in what no load reads (gauges, EWMAs): what
+            # does not depend on the clock is taken over (`EndpointLoad`'s `like`)
+            like = load
         # A load with nothing running is the same at any time: it is renewed, not remade (counted as
         # made all the same, so every other load's reuse time is what it would be).
-        fresh = like if like is not None and not like.n else EndpointLoad(view, now, self.params, like=like)
+        if like is not None and not like.n and like.view is view:
+            fresh = like
+        else:
+            fresh = EndpointLoad(view, now, self.params, like=like)
         self._made = made = self._made + 1
         if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
             self._loads = {}

@@ -43,6 +43,7 @@ import functools
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
+from operator import is_
 from statistics import NormalDist
 from typing import Any, Final, Literal
 
@@ -174,6 +175,23 @@ class Prediction:
         return self.e2e_s - self.wait_s
 
 
+def same_inputs(view: EndpointView, other: EndpointView) -> bool:
+    """Whether a load of `other` takes from its view what a load of `view` takes (the same endpoint,
+    coefficients, KV capacity, seats and running requests): e.g. views apart only in engine gauges or
+    measured EWMAs."""
+    if view is other:
+        return True
+    return (
+        view.id == other.id
+        and view.perf is other.perf
+        and view.kv_capacity_tokens == other.kv_capacity_tokens
+        and view.cap == other.cap
+        and view.max_batch == other.max_batch
+        and len(view.running) == len(other.running)
+        and all(map(is_, view.running, other.running))
+    )
+
+
 def seats_of(view: EndpointView) -> int:
     """The requests the endpoint runs at once: its cap, or its engine's max batch when that is less
     (the engine runs at most its max batch, whatever berth's cap lets in)."""
@@ -248,8 +266,9 @@ class EndpointLoad:
     def __init__(
         self, view: EndpointView, now: float, params: PredictParams, *, like: EndpointLoad | None = None
     ) -> None:
-        """`like`: a load of the same view and parameters at another time, whose clock-independent
-        terms are taken over (the result is the same as without it)."""
+        """`like`: a load of the same endpoint at another time, whose clock-independent terms are taken
+        over when its view has the same inputs (`same_inputs`) and its parameters are the same (the
+        result is the same as without it)."""
         self.view = view
         self.now = now
         self.params = params
@@ -267,7 +286,7 @@ class EndpointLoad:
         n = self.n = len(reqs)
         pace: _Pace = (
             like.pace
-            if like is not None and like.view is view and like.params == params
+            if like is not None and like.params == params and same_inputs(like.view, view)
             else _pace(view, coef, params)
         )
         self._pace = pace

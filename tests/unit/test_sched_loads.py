@@ -80,6 +80,20 @@ def test_a_load_remade_later_is_the_load_made_afresh(
     assert _numbers(EndpointLoad(v, 10.0 + later, params, like=old)) == _numbers(
         EndpointLoad(v, 10.0 + later, params)
     )
+    # a view apart only in what no load reads: new gauges, new measured EWMAs
+    assert v.estimates is not None
+    gauged = dataclasses.replace(
+        v, engine_waiting=3.0, estimates=dataclasses.replace(v.estimates, ttft_ewma_s=0.5)
+    )
+    assert _numbers(EndpointLoad(gauged, 10.0 + later, params, like=old)) == _numbers(
+        EndpointLoad(gauged, 10.0 + later, params)
+    )
+    # ... and one whose running requests changed (a progress report): nothing is taken over wrongly
+    if v.running:
+        moved = dataclasses.replace(v, running=(with_progress(v.running[0], 7, 9.0, 9.5), *v.running[1:]))
+        assert _numbers(EndpointLoad(moved, 10.0 + later, params, like=old)) == _numbers(
+            EndpointLoad(moved, 10.0 + later, params)
+        )
 
 
 def test_the_cache_reuses_a_load_then_remakes_it_from_the_old_one() -> None:
