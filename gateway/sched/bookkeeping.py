@@ -14,8 +14,6 @@ from gateway.core.types import EndpointId, ModelName, RequestId
 from gateway.sched.admission import AdmissionLedger
 from gateway.sched.decisions import FaultStage, PolicyFault, Preempt
 from gateway.sched.fleet import Fleet
-from gateway.sched.loads import LoadCache
-from gateway.sched.predict import PredictParams
 from gateway.sched.profile import Policy
 from gateway.sched.queues import Queues
 from gateway.sched.request import SchedRequest
@@ -60,8 +58,6 @@ class SchedulerBooks:
         self.outbox: list[Preempt] = []
         # Place in arrival order of each running request (a preempted one keeps it when requeued).
         self._seqs: dict[RequestId, int] = {}
-        # The endpoints' loads preemption judges victims on (`Preempting._victims`; default parameters).
-        self._victim_loads = LoadCache(PredictParams())
         # Per endpoint: (view, rules, SLO policy, the running requests those let be preempted).
         self._victim_candidates: dict[EndpointId, _Candidates] = {}
 

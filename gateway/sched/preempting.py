@@ -14,7 +14,7 @@ from gateway.core.types import EndpointHealth, EndpointId, RequestId
 from gateway.sched.bookkeeping import SchedulerBooks
 from gateway.sched.decisions import Decision, Preempt
 from gateway.sched.interfaces import PreemptionRules, Preemptor, Victim
-from gateway.sched.predict import EndpointLoad, RunningState
+from gateway.sched.predict import EndpointLoad, PredictParams, RunningState
 from gateway.sched.queues import ModelQueue
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
@@ -22,6 +22,9 @@ from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
 #: Endpoints whose victims' seats a preempting request is tried on (by the preemptor's order), per placement.
 MAX_PREEMPT_TRIES: Final = 4
+#: Predictions of a victim's own SLO after a resume: the default parameters (their loads are shared with
+#: the policy's plugins that predict with the same).
+_VICTIM_PREDICT: Final = PredictParams()
 #: Why a request was preempted (the `Preempt.reason` of the one trigger there is).
 REASON_WAITING: Final = "interactive_waiting"
 #: ... and when an endpoint's cap was cut below its running set for the interactive streams it runs.
@@ -150,7 +153,7 @@ class Preempting(SchedulerBooks):
         candidates = kept[3]
         if not candidates:
             return []
-        load = self._victim_loads.load(e, now)
+        load = self._policy.loads.get(_VICTIM_PREDICT).load(e, now)
         key = ("victims", rules)
         got: tuple[list[RunningRequest], list[Victim]] | None = load.memo.get(key)
         if got is None or got[0] is not candidates:

@@ -38,6 +38,7 @@ from gateway.sched.interfaces import (
     Scorer,
     TieredFilter,
 )
+from gateway.sched.loads import LoadCaches
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
@@ -324,6 +325,9 @@ class Policy:
     # The global autoscaler and its runner's settings; None: no autoscaling (the lifecycle's cold starts
     # and evictions only).
     autoscale: Autoscale | None = None
+    # The endpoint loads its plugins share (`LoadCaches`, by prediction parameters); the scheduler's own
+    # predictions (preemption's victims) take theirs from it too.
+    loads: LoadCaches = field(default_factory=LoadCaches, compare=False, repr=False)
     # The ordering's `engine_priority` method when it has one (`EnginePriority`): resolved once here.
     _engine_priority: Callable[[SchedRequest, FleetSnapshot], int | None] | None = field(
         init=False, repr=False, compare=False
