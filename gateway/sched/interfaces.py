@@ -129,6 +129,16 @@ class ScopedFilter(Filter, Protocol):
 
 
 @runtime_checkable
+class ColumnarScopedFilter(ScopedFilter, Protocol):
+    """A scoped filter with a form over the fleet's columns: `scope` as a mask (the endpoints serving the
+    model that it is given, as a mask in the columns' order, in; those `scope` would keep, out)."""
+
+    def scope_columns(
+        self, req: SchedRequest, cols: FleetColumns, serving: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]: ...
+
+
+@runtime_checkable
 class GroupingFilter(Filter, Protocol):
     """A filter that splits each model's endpoints into named groups (for the admin view).
 

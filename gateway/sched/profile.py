@@ -25,6 +25,7 @@ from gateway.sched.interfaces import (
     Admitter,
     ColumnarFilter,
     ColumnarPicker,
+    ColumnarScopedFilter,
     ColumnarScorer,
     ColumnarTieredFilter,
     ConcurrencyController,
@@ -69,6 +70,7 @@ def eligible(
 
 _Mask = npt.NDArray[np.bool_]
 _ColumnTiers = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], Sequence[_Mask]]
+_ColumnScope = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask]
 _ColumnMask = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask]
 _Tiers = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[Sequence[EndpointView]]]
 _Scope = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[EndpointView]]
@@ -84,6 +86,8 @@ class SchedulerProfile:
     _tiers: tuple[_Tiers | None, ...] = field(init=False, repr=False, compare=False)
     # the `scope` method of each scoped filter (`ScopedFilter`), in filter order;
     _scopes: tuple[_Scope, ...] = field(init=False, repr=False, compare=False)
+    # their columnar forms (`ColumnarScopedFilter.scope_columns`), when every scoped filter has one;
+    _column_scopes: tuple[_ColumnScope, ...] | None = field(init=False, repr=False, compare=False)
     # the grouping filters (`GroupingFilter`), in filter order;
     _groupings: tuple[GroupingFilter, ...] = field(init=False, repr=False, compare=False)
     # when every filter, scorer and the picker has a columnar form (`ColumnarFilter`, ...), those forms
@@ -104,6 +108,14 @@ class SchedulerProfile:
             self, "_tiers", tuple(f.tiers if isinstance(f, TieredFilter) else None for f in filters)
         )
         object.__setattr__(self, "_scopes", tuple(f.scope for f in filters if isinstance(f, ScopedFilter)))
+        scoped = [f for f in filters if isinstance(f, ScopedFilter)]
+        object.__setattr__(
+            self,
+            "_column_scopes",
+            tuple(f.scope_columns for f in scoped if isinstance(f, ColumnarScopedFilter))
+            if all(isinstance(f, ColumnarScopedFilter) for f in scoped)
+            else None,
+        )
         object.__setattr__(self, "_groupings", tuple(f for f in filters if isinstance(f, GroupingFilter)))
         # a tiered filter's columnar form is its tiers' (`ColumnarTieredFilter`); a plain one's its mask's
         cfilters = [
@@ -150,6 +162,9 @@ class SchedulerProfile:
         if not self._scopes:
             return snap
         model = req.model
+        cols, column_scopes = snap.columns, self._column_scopes
+        if cols is not None and column_scopes is not None and cols.endpoints is snap.endpoints:
+            return self._scope_columns(req, snap, cols, column_scopes)
         serving = [e for e in snap.endpoints if model in e.models]
         reach: Sequence[EndpointView] = serving
         for scope in self._scopes:
@@ -159,6 +174,23 @@ class SchedulerProfile:
         keep = {e.id for e in reach}
         return dataclasses.replace(
             snap, endpoints=tuple(e for e in snap.endpoints if model not in e.models or e.id in keep)
+        )
+
+    def _scope_columns(
+        self, req: SchedRequest, snap: FleetSnapshot, cols: FleetColumns, scopes: tuple[_ColumnScope, ...]
+    ) -> FleetSnapshot:
+        """`scope` over columns: the same snapshot (the endpoints listed only when a scope cuts some)."""
+        serving = cols.members.get(req.model)
+        if serving is None:
+            return snap  # nothing serves the model: nothing to cut
+        reach = serving
+        for scope in scopes:
+            reach = scope(req, cols, reach, snap)
+        if np.count_nonzero(reach) == np.count_nonzero(serving):
+            return snap  # nothing cut (a scope only ever keeps a subset)
+        cut = serving & ~reach
+        return dataclasses.replace(
+            snap, endpoints=tuple(e for e, gone in zip(snap.endpoints, cut.tolist(), strict=True) if not gone)
         )
 
     def place(

@@ -1,8 +1,8 @@
 """The SLO placement plugins' columnar forms choose what their plain forms choose (hypothesis: random
 fleets of endpoints, idle and busy, with running requests that have targets, fitted coefficients and KV
 capacities; requests with and without targets and cached prefixes; every order and constraint setting),
-SLO admission decides on a snapshot's columns as on its views, and a fleet of idle endpoints is placed
-without a load per endpoint."""
+SLO admission decides on a snapshot's columns as on its views, the scoped filters cut a snapshot alike,
+and a fleet of idle endpoints is placed without a load per endpoint."""
 
 from __future__ import annotations
 
@@ -162,6 +162,10 @@ def test_slo_admission_decides_on_columns_as_on_views(
 _CLASSES = (InstanceClass.INTERACTIVE, InstanceClass.MIXED, InstanceClass.BATCH)
 
 
+def _ids(s: FleetSnapshot) -> list[str]:
+    return [e.id for e in s.endpoints]
+
+
 def _policy(name: str) -> Policy:
     return parse_policy_text(
         (REPO / "policies" / f"{name}.toml").read_text(), f"{name}.toml", default_registry()
@@ -204,8 +208,13 @@ def test_chat_and_batch_places_over_columns_as_the_plain_way(
     r = dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
     policy = _policy("chat-and-batch")
     assert policy.profile.columnar
-    plain = policy.profile.place(r, FleetSnapshot(now=NOW, endpoints=views))
-    columnar = policy.profile.place(r, FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views)))
+    bare, with_columns = (
+        FleetSnapshot(now=NOW, endpoints=views),
+        FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views)),
+    )
+    assert _ids(policy.profile.scope(r, with_columns)) == _ids(policy.profile.scope(r, bare))
+    plain = policy.profile.place(r, bare)
+    columnar = policy.profile.place(r, with_columns)
     assert (None if columnar is None else columnar.id) == (None if plain is None else plain.id)
 
 
@@ -272,8 +281,11 @@ def test_coding_assistant_places_over_columns_as_the_plain_way(
     r = dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
     plain_policy, columnar_policy = _policy("coding-assistant"), _policy("coding-assistant")
     assert columnar_policy.profile.columnar
-    plain = plain_policy.profile.place(r, FleetSnapshot(now=NOW, endpoints=views))
-    columnar = columnar_policy.profile.place(
-        r, FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views))
+    bare, with_columns = (
+        FleetSnapshot(now=NOW, endpoints=views),
+        FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views)),
     )
+    assert _ids(columnar_policy.profile.scope(r, with_columns)) == _ids(plain_policy.profile.scope(r, bare))
+    plain = plain_policy.profile.place(r, bare)
+    columnar = columnar_policy.profile.place(r, with_columns)
     assert (None if columnar is None else columnar.id) == (None if plain is None else plain.id)

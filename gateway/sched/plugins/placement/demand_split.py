@@ -159,18 +159,9 @@ class DemandSplitFilter:
         blocks = self._count(req, group, snap, first.perf)
         if not blocks:
             return [candidates]
-        key = (req.model, group)
-        kept = self._own_masks.get(key)
-        if kept is None or kept[0] is not blocks or kept[1] is not cols.index:
-            own_mask = np.ones(len(cols.endpoints), dtype=np.bool_)
-            index = cols.index
-            for eid, g in blocks.items():
-                i = index.get(eid)
-                if i is not None and g != group:
-                    own_mask[i] = False
-            kept = self._own_masks[key] = (blocks, cols.index, own_mask)
-        own = candidates & kept[2]
-        others = candidates & ~kept[2]
+        own_mask = self._own_mask(req.model, group, blocks, cols)
+        own = candidates & own_mask
+        others = candidates & ~own_mask
         spill = self.spill[group]
         if spill == "never":
             return [own]
@@ -191,6 +182,36 @@ class DemandSplitFilter:
         if not blocks or self.spill[group] != "never":
             return serving
         return [e for e in serving if blocks.get(e.id, group) == group]
+
+    def scope_columns(
+        self, req: SchedRequest, cols: FleetColumns, serving: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]:
+        """`scope` as a mask (the group's block from the mask `tiers_columns` keeps)."""
+        group = self.group_of.get(req.slo.slo_class)
+        if group is None or not serving.any():
+            return serving
+        first = cols.endpoints[int(np.flatnonzero(serving)[0])]
+        blocks = self._count(req, group, snap, first.perf)
+        if not blocks or self.spill[group] != "never":
+            return serving
+        return serving & self._own_mask(req.model, group, blocks, cols)
+
+    def _own_mask(
+        self, model: ModelName, group: int, blocks: dict[EndpointId, int], cols: FleetColumns
+    ) -> npt.NDArray[np.bool_]:
+        """The endpoints of `group`'s block, and those in no block, as a mask; kept while the blocks and
+        the columns' endpoints are the same."""
+        key = (model, group)
+        kept = self._own_masks.get(key)
+        if kept is None or kept[0] is not blocks or kept[1] is not cols.index:
+            own_mask = np.ones(len(cols.endpoints), dtype=np.bool_)
+            index = cols.index
+            for eid, g in blocks.items():
+                i = index.get(eid)
+                if i is not None and g != group:
+                    own_mask[i] = False
+            kept = self._own_masks[key] = (blocks, cols.index, own_mask)
+        return kept[2]
 
     def _count(
         self, req: SchedRequest, group: int, snap: FleetSnapshot, perf: PerfCoefficients | None

@@ -157,6 +157,17 @@ class InstanceClassFilter:
         allowed = self.classes(req)
         return [e for e in serving if e.instance_class in allowed]
 
+    def scope_columns(
+        self, req: SchedRequest, cols: FleetColumns, serving: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]:
+        """`scope` as a mask: the serving endpoints of the classes the request may use."""
+        allowed = np.zeros_like(serving)
+        for cls in self.classes(req):
+            of_class = cols.classes.get(cls)
+            if of_class is not None:
+                allowed |= of_class
+        return serving & allowed
+
 
 SPEC = PluginSpec(
     PluginKind.FILTER,
