@@ -349,10 +349,11 @@ class _Ready:
 
 
 class SeatOrder:
-    """The running requests' predicted ends over some loads (`seat_free`), sorted once: the requests
-    admitted between two changes of the fleet each ask for another k-th of the same ends."""
+    """The running requests' predicted ends over some loads (`seat_free`): the first k-th asked is found
+    by a partition, and the ends are sorted once a second one is asked of the same loads (the requests
+    admitted between two changes of the fleet each ask for another k-th of the same ends)."""
 
-    __slots__ = ("_loads", "_owner", "_times")
+    __slots__ = ("_loads", "_owner", "_sizes", "_sorted", "_times")
 
     def __init__(self, loads: list[EndpointLoad]) -> None:
         self._loads = loads
@@ -362,12 +363,10 @@ class SeatOrder:
             if arr is None:
                 arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
             arrays.append(arr)
-        sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-        times = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.float64)
-        # stable: ties keep the concatenation's order, which is the loads' order
-        order = np.argsort(times, kind="stable")
-        self._times = times[order]
-        self._owner = np.repeat(np.arange(len(arrays), dtype=np.int64), sizes)[order]
+        self._sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        self._times = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.float64)
+        self._sorted: tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]] | None = None
+        self._owner: npt.NDArray[np.int64] | None = None
 
     def of(self, loads: list[EndpointLoad]) -> bool:
         """Whether it is the order of exactly these loads."""
@@ -376,9 +375,24 @@ class SeatOrder:
 
     def kth(self, k: int) -> tuple[float, int] | None:
         """`kth_free` of its loads."""
-        if k >= len(self._times):
+        times = self._times
+        if k >= len(times):
             return None
-        return float(self._times[k]), int(self._owner[k])
+        got = self._sorted
+        if got is not None:
+            return float(got[0][k]), int(got[1][k])
+        owner = self._owner
+        if owner is None:
+            # the first question: a partition (ties at t go by load index, as the concatenation is in
+            # load order); kept to sort at the second
+            self._owner = np.repeat(np.arange(len(self._sizes), dtype=np.int64), self._sizes)
+            t = float(np.partition(times, k)[k])
+            nth = k - int(np.count_nonzero(times < t))
+            at = int(np.flatnonzero(times == t)[nth])
+            return t, int(self._owner[at])
+        order = np.argsort(times, kind="stable")  # stable: ties keep the loads' order
+        got = self._sorted = (times[order], owner[order])
+        return float(got[0][k]), int(got[1][k])
 
 
 def kth_free(loads: list[EndpointLoad], k: int) -> tuple[float, int] | None:
