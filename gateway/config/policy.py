@@ -181,7 +181,8 @@ def policy_problems(
         problems.append(ConfigError("policy name must not be empty", path="name"))
     slo, slo_errors = slo_problems(pf)
     problems += slo_errors
-    built, plugin_errors = plugin_problems(pf, registry, BuildContext(seed=seed, slo=slo))
+    ctx = BuildContext(seed=seed, slo=slo)
+    built, plugin_errors = plugin_problems(pf, registry, ctx)
     problems += plugin_errors
     settings, autoscale_errors = autoscale_settings(pf.autoscale)
     problems += autoscale_errors
@@ -203,6 +204,7 @@ def policy_problems(
         preemptor=_one(built, PluginKind.PREEMPTOR),
         concurrency=_one(built, PluginKind.CONCURRENCY),
         autoscale=None if settings is None else Autoscale(_one(built, PluginKind.SCALER), settings),
+        loads=ctx.loads,
     )
     return policy, []
 

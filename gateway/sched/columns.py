@@ -9,11 +9,14 @@ an endpoint's models change.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
-from gateway.core.types import EndpointHealth, ModelName
+from gateway.core.types import EndpointHealth, InstanceClass, ModelName
+from gateway.sched.perf import default_prior
+from gateway.sched.predict import seats_of
 from gateway.sched.snapshot import EndpointView, FleetColumns
 
 
@@ -27,6 +30,25 @@ def _members(views: tuple[EndpointView, ...]) -> dict[ModelName, npt.NDArray[np.
                 arr = out[m] = np.zeros(n, dtype=np.bool_)
             arr[i] = True
     return out
+
+
+_PRIOR: Final = default_prior()
+
+
+def _classes(views: tuple[EndpointView, ...]) -> dict[InstanceClass, npt.NDArray[np.bool_]]:
+    out: dict[InstanceClass, npt.NDArray[np.bool_]] = {}
+    n = len(views)
+    for i, v in enumerate(views):
+        arr = out.get(v.instance_class)
+        if arr is None:
+            arr = out[v.instance_class] = np.zeros(n, dtype=np.bool_)
+        arr[i] = True
+    return out
+
+
+def _coef_row(view: EndpointView) -> tuple[float, float, float, float, float]:
+    c = view.perf or _PRIOR
+    return (c.k1, c.c1, c.k2, c.c2, c.c3)
 
 
 def columns_of(views: tuple[EndpointView, ...]) -> FleetColumns:
@@ -46,6 +68,11 @@ def columns_of(views: tuple[EndpointView, ...]) -> FleetColumns:
         outstanding=inflight + waiting,
         id_rank=rank,
         members=_members(views),
+        busy=np.fromiter((len(v.running) for v in views), dtype=np.int64, count=len(views)),
+        seats=np.fromiter((seats_of(v) for v in views), dtype=np.int64, count=len(views)),
+        classes=_classes(views),
+        coef=np.array([_coef_row(v) for v in views], dtype=np.float64).reshape(len(views), 5),
+        index={v.id: i for i, v in enumerate(views)},
     )
 
 
@@ -54,10 +81,11 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
     endpoints in the same places)."""
     inflight, cap, ready = prev.inflight.copy(), prev.cap.copy(), prev.ready.copy()
     waiting, outstanding = prev.waiting.copy(), prev.outstanding.copy()
+    busy, seats, coef = prev.busy.copy(), prev.seats.copy(), prev.coef.copy()
     members = prev.members
     is_ready = EndpointHealth.READY
     old = prev.endpoints
-    remade = False
+    remade = reclassed = False
     for i in changed:
         v = views[i]
         inflight[i] = v.inflight
@@ -65,8 +93,14 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
         ready[i] = v.health is is_ready
         w = waiting[i] = v.engine_waiting or 0.0
         outstanding[i] = v.inflight + w
+        busy[i] = len(v.running)
+        seats[i] = seats_of(v)
+        if v.estimates is not old[i].estimates:
+            coef[i] = _coef_row(v)
         if not remade and v.models != old[i].models:
             remade = True
+        if not reclassed and v.instance_class != old[i].instance_class:
+            reclassed = True
     return FleetColumns(
         endpoints=views,
         inflight=inflight,
@@ -76,4 +110,9 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
         outstanding=outstanding,
         id_rank=prev.id_rank,
         members=_members(views) if remade else members,
+        busy=busy,
+        seats=seats,
+        classes=_classes(views) if reclassed else prev.classes,
+        coef=coef,
+        index=prev.index,
     )

@@ -23,7 +23,7 @@ from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import deadlines, output_estimate, remaining_max_tokens
-from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
 #: Relative change of a coefficient below which a kept bound stays in force.
 REL_TOLERANCE: Final = 0.02
@@ -95,6 +95,45 @@ def fleet_bound(snap: FleetSnapshot, model: ModelName, *, slowest: bool) -> Idle
             coef = (est.perf if est is not None else None) or _PRIOR
             seen[id(coef)] = coef
     return IdleBound.of(list(seen.values()), slowest=slowest) if seen else None
+
+
+class KeptBounds:
+    """`fleet_bound` per model, kept across snapshots while no ready endpoint of the model came, went or
+    changed its estimates: a new tuple of views is compared with the last one entry by entry (most
+    entries are the same objects; only those that are not are looked at), instead of collecting every
+    endpoint's coefficients again. The same bound as `fleet_bound`."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[ModelName, bool], tuple[tuple[EndpointView, ...], IdleBound | None]] = {}
+
+    def bound(self, snap: FleetSnapshot, model: ModelName, *, slowest: bool) -> IdleBound | None:
+        key = (model, slowest)
+        views = snap.endpoints
+        got = self._kept.get(key)
+        if got is not None:
+            old, bound = got
+            if old is views:
+                return bound
+            if len(old) == len(views) and all(
+                _same_speed(v, o) for v, o in zip(views, old, strict=True) if v is not o
+            ):
+                self._kept[key] = (views, bound)
+                return bound
+        bound = fleet_bound(snap, model, slowest=slowest)
+        self._kept[key] = (views, bound)
+        return bound
+
+
+def _same_speed(view: EndpointView, old: EndpointView) -> bool:
+    """Whether `fleet_bound` takes the same from both views of one place in the tuple."""
+    return (
+        view.id == old.id
+        and view.health is old.health
+        and view.estimates is old.estimates
+        and view.models == old.models
+    )
 
 
 def output_bound(req: SchedRequest, gamma: float) -> float:

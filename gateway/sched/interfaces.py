@@ -129,6 +129,16 @@ class ScopedFilter(Filter, Protocol):
 
 
 @runtime_checkable
+class ColumnarScopedFilter(ScopedFilter, Protocol):
+    """A scoped filter with a form over the fleet's columns: `scope` as a mask (the endpoints serving the
+    model that it is given, as a mask in the columns' order, in; those `scope` would keep, out)."""
+
+    def scope_columns(
+        self, req: SchedRequest, cols: FleetColumns, serving: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]: ...
+
+
+@runtime_checkable
 class GroupingFilter(Filter, Protocol):
     """A filter that splits each model's endpoints into named groups (for the admin view).
 
@@ -181,6 +191,16 @@ class ColumnarFilter(Filter, Protocol):
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
     ) -> npt.NDArray[np.bool_]: ...
+
+
+@runtime_checkable
+class ColumnarTieredFilter(TieredFilter, Protocol):
+    """A tiered filter with a form over the fleet's columns: `tiers` as masks in the columns' order (each
+    a subset of the candidates' mask), the same tiers in the same order."""
+
+    def tiers_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> Sequence[npt.NDArray[np.bool_]]: ...
 
 
 @runtime_checkable

@@ -7,7 +7,11 @@ estimates: a new view) and otherwise after 20-40 ms: its running requests' progr
 the clock, so an old load is a few tokens behind. Each load's reuse time is spread over that range by the
 order the loads were made in, so a fleet's loads, made together on a busy fleet, are not all remade by
 the same decision (with a hundred endpoints that would be a few milliseconds for the one decision that
-happens to come 20 ms later)."""
+happens to come 20 ms later). A load remade for its age alone takes over from the old one what does not
+depend on the clock (`EndpointLoad`'s `like`). A load with nothing running does not move with the clock
+(its numbers are its coefficients' alone): it is renewed rather than remade (on a large fleet at light load
+most endpoints are idle, and remaking their loads every 20-40 ms would be most of the work). Its `now`
+then stays the time it was made at: nothing reads it without running requests."""
 
 from __future__ import annotations
 
@@ -30,20 +34,29 @@ class LoadCache:
 
     def __init__(self, params: PredictParams) -> None:
         self.params = params
-        self._loads: dict[str, tuple[EndpointLoad, float]] = {}
+        self._loads: dict[str, tuple[EndpointLoad, float, float]] = {}  # (load, reuse time, made at)
         self._made = 0
 
     def load(self, view: EndpointView, now: float) -> EndpointLoad:
         got = self._loads.get(view.id)
+        like = None
         if got is not None:
-            load, reuse = got
-            if load.view is view and abs(load.now - now) <= reuse:
+            load, reuse, at = got
+            if load.view is view and abs(at - now) <= reuse:
                 return load
-        fresh = EndpointLoad(view, now, self.params)
+            # the same view later, or a view apart only in what no load reads (gauges, EWMAs): what
+            # does not depend on the clock is taken over (`EndpointLoad`'s `like`)
+            like = load
+        # A load with nothing running is the same at any time: it is renewed, not remade (counted as
+        # made all the same, so every other load's reuse time is what it would be).
+        if like is not None and not like.n and like.view is view:
+            fresh = like
+        else:
+            fresh = EndpointLoad(view, now, self.params, like=like)
         self._made = made = self._made + 1
         if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
             self._loads = {}
-        self._loads[view.id] = (fresh, REUSE_S * (1.0 + (made % _SPREAD) / _SPREAD))
+        self._loads[view.id] = (fresh, REUSE_S * (1.0 + (made % _SPREAD) / _SPREAD), now)
         return fresh
 
 

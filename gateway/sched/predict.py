@@ -48,10 +48,10 @@ from typing import Any, Final, Literal
 
 from gateway.sched.joining import join_delays
 from gateway.sched.kv_peak import peak_kv
+from gateway.sched.load_terms import Pace, RunningState, pace_of, same_inputs
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import (
-    RunningRequest,
     output_estimate,
     prefill_tokens,
     remaining_max_tokens,
@@ -63,9 +63,6 @@ Tail = Literal["mean", "normal", "cantelli"]
 
 #: A running request past its predicted length is expected to run this share of its length again.
 _LONG_GROWTH: Final = 0.5
-#: Prefill share of an endpoint's time at most (decoding then takes twice as long): a snapshot of a few
-#: running requests is a noisy sample of the mix.
-_MAX_PREFILL_SHARE: Final = 0.5
 _PRIOR: Final = default_prior()
 
 
@@ -110,43 +107,6 @@ def _gamma(tail: Tail, tau: float) -> float:
     return 0.0
 
 
-class RunningState:
-    """A running request as of `now` (estimated). A plain class rather than a frozen dataclass: an
-    endpoint's load makes one per running request on every placement, so their construction is on the
-    scheduler's hot path; treat them as read-only once the load is built."""
-
-    __slots__ = ("finish_s", "first_s", "long", "prefilled", "produced", "remaining", "req")
-
-    # Positional on purpose: built once per running request per placement, where keywords cost time.
-    def __init__(  # noqa: PLR0917
-        self,
-        req: RunningRequest,
-        prefilled: bool,
-        produced: float,
-        remaining: float,
-        finish_s: float,
-        first_s: float,
-        long: float,
-    ) -> None:
-        self.req = req
-        self.prefilled = prefilled  # its first token is (estimated to be) out
-        self.produced = produced  # output tokens so far
-        self.remaining = remaining  # output tokens still to come (tail-adjusted)
-        self.finish_s = finish_s  # seconds from now until its last token at the current per-token time
-        self.first_s = first_s  # seconds from now until its first token (<= 0: out already)
-        self.long = long  # how far past its predicted length it is (0: not running long), relative
-
-    @property
-    def context(self) -> float:
-        return self.req.prompt_tokens + self.produced
-
-    def __repr__(self) -> str:
-        return (
-            f"RunningState({self.req.id!r}, prefilled={self.prefilled}, produced={self.produced:.1f}, "
-            f"remaining={self.remaining:.1f}, finish_s={self.finish_s:.3f})"
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class Harm:
     """The delay a new request would cause a running one, against the time it has in hand."""
@@ -185,6 +145,9 @@ class EndpointLoad:
     """One endpoint's load at `now`, derived from its view once and queried per request."""
 
     __slots__ = (
+        "_pace",
+        "_running",
+        "_states",
         "coef",
         "ctx_sum",
         "gamma",
@@ -196,7 +159,6 @@ class EndpointLoad:
         "overhead",
         "params",
         "pending_prompt",
-        "running",
         "running_long",
         "seat_free",
         "seats",
@@ -205,50 +167,46 @@ class EndpointLoad:
         "wait_s",
     )
 
-    def __init__(self, view: EndpointView, now: float, params: PredictParams) -> None:
+    def __init__(
+        self, view: EndpointView, now: float, params: PredictParams, *, like: EndpointLoad | None = None
+    ) -> None:
+        """`like`: a load of the same endpoint at another time, whose clock-independent terms are taken
+        over when its view has the same inputs (`same_inputs`) and its parameters are the same (the
+        result is the same as without it)."""
         self.view = view
         self.now = now
         self.params = params
         # What the placement and admission plugins derive from this load alone (the same for every
         # request they ask about), kept here by whoever derives it (`gateway.sched.harms`).
         self.memo: dict[Hashable, Any] = {}
-        self.gamma = params.gamma
-        self.coef: PerfCoefficients = view.perf or _PRIOR
+        gamma = self.gamma = params.gamma
+        coef: PerfCoefficients = view.perf or _PRIOR
+        self.coef = coef
         # Predicting from the generic prior (no fit, no configured prior): a guess about other hardware.
-        self.guessed = self.coef == _PRIOR
+        self.guessed = coef == _PRIOR
         self.kv_capacity = view.kv_capacity_tokens
         self.seats = seats_of(view)
         reqs = view.running
         n = self.n = len(reqs)
-        coef = self.coef
-        base_ctx = sum(r.prompt_tokens for r in reqs)
-        base = coef.decode_iter_s(n, base_ctx / n) if n else 0.0
-        # Prefills pause the batch: each running request's prefill, over its lifetime, is the share of
-        # time the endpoint spends prefilling requests like it (a steady state of this batch).
+        pace: Pace = (
+            like.pace
+            if like is not None and like.params == params and same_inputs(like.view, view)
+            else pace_of(view, coef, params.prefill_overhead)
+        )
+        self._pace = pace
+        self.overhead = pace.overhead
+        over = 1.0 + pace.overhead
+        guess = pace.guess
         k1, c1 = coef.k1, coef.c1
-        rho = 0.0
-        # Each running request's prefill tokens (its uncached ones), once: `RunningRequest.prefill_tokens`
-        # inlined (this runs per running request on every placement).
-        fresh = [
-            r.prompt_tokens if r.cached_tokens <= 0 else max(1, r.prompt_tokens - r.cached_tokens)
-            for r in reqs
-        ]
-        for r, f in zip(reqs, fresh, strict=True):
-            pre = k1 * f + c1
-            life = pre + r.output_mean * base
-            rho += pre / life if life > 0 else 0.0
-        rho = min(rho, _MAX_PREFILL_SHARE)
-        self.overhead = max(params.prefill_overhead, rho / (1.0 - rho))
-        over = 1.0 + self.overhead
-        # Per-token time of the current batch; contexts are refined below once progress is known.
-        guess = base * over
-        gamma = self.gamma
-        states: list[RunningState] = []
+        # Per running request, in order: (prefilled, produced, remaining, first_s, long). The running
+        # states (`running`) are made from these only when asked for: most loads are only asked for
+        # their sums. Builtin min/max are spelled out as comparisons (same results) on this hot path.
+        states: list[tuple[bool, float, float, float, float]] = []
         ctx_sum = 0.0
         pending = 0.0
         long_total = 0.0
         inf = math.inf
-        for r, f in zip(reqs, fresh, strict=True):
+        for r, f in zip(reqs, pace.fresh, strict=True):
             if r.produced is not None and r.reported_at is not None and r.first_token_at is not None:
                 # reported by the dispatcher: its count then, and tokens at the current pace since
                 first_at = r.first_token_at
@@ -258,35 +216,72 @@ class EndpointLoad:
                 first_at = r.dispatched_at + k1 * f + c1 + 0.5 * guess
                 prefilled = now >= first_at
                 produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
-            cap = inf if r.max_tokens is None else float(r.max_tokens)
-            produced = min(produced, cap)
+            mt = r.max_tokens
+            cap = inf if mt is None else float(mt)
+            if cap < produced:  # noqa: PLR1730 (min() is a call per running request)
+                produced = cap
             mean = r.output_mean + gamma * r.output_std
             if produced < mean:
                 remaining = mean - produced
                 long = 0.0
             else:
-                remaining = max(1.0, _LONG_GROWTH * produced)
-                long = (produced - r.output_mean) / max(1.0, r.output_mean)
-            remaining = max(0.0, min(remaining, cap - produced)) if cap < inf else remaining
+                grown = _LONG_GROWTH * produced
+                remaining = grown if grown > 1.0 else 1.0
+                om = r.output_mean
+                long = (produced - r.output_mean) / (om if om > 1.0 else 1.0)
+            if cap < inf:
+                room = cap - produced
+                remaining = room if room < remaining else remaining
+                remaining = remaining if remaining > 0.0 else 0.0
             if not prefilled:
                 pending += f
             ctx_sum += r.prompt_tokens + produced
             long_total += long
-            states.append(RunningState(r, prefilled, produced, remaining, 0.0, first_at - now, long))
+            states.append((prefilled, produced, remaining, first_at - now, long))
         self.ctx_sum = ctx_sum
         self.pending_prompt = pending
         self.running_long = long_total
         tpot = self.tpot_now = coef.decode_iter_s(n, ctx_sum / n) * over if n else 0.0
         prefill_pending = k1 * pending + c1 if pending else 0.0
-        for st in states:  # now that the per-token time is known
-            st.finish_s = st.remaining * tpot + (0.0 if st.prefilled else prefill_pending)
-        finished = states
-        self.running: tuple[RunningState, ...] = tuple(finished)
-        self.seat_free = sorted([st.finish_s for st in finished])
+        self._states = states
+        self._running: tuple[RunningState, ...] | None = None
+        # each running request's predicted end, now that the per-token time is known
+        self.seat_free = sorted([st[2] * tpot + (0.0 if st[0] else prefill_pending) for st in states])
         if n < self.seats:
-            self.wait_s = 0.5 * self.tpot_now
+            self.wait_s = 0.5 * tpot
         else:
-            self.wait_s = self.seat_free[n - self.seats] + 0.5 * self.tpot_now
+            self.wait_s = self.seat_free[n - self.seats] + 0.5 * tpot
+
+    @property
+    def pace(self) -> Pace:
+        """What this load took from its view alone (for a load of the same view at another time)."""
+        return self._pace
+
+    @property
+    def running(self) -> tuple[RunningState, ...]:
+        """The running requests as of `now` (estimated), in the view's order."""
+        got = self._running
+        if got is None:
+            tpot = self.tpot_now
+            pending = self.pending_prompt
+            prefill_pending = self.coef.k1 * pending + self.coef.c1 if pending else 0.0
+            got = self._running = tuple(
+                [
+                    RunningState(
+                        r,
+                        prefilled,
+                        produced,
+                        remaining,
+                        remaining * tpot + (0.0 if prefilled else prefill_pending),
+                        first_s,
+                        long,
+                    )
+                    for r, (prefilled, produced, remaining, first_s, long) in zip(
+                        self.view.running, self._states, strict=True
+                    )
+                ]
+            )
+        return got
 
     # ----------------------------------------------------------------- queries
     def times(

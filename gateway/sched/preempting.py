@@ -9,11 +9,12 @@ import dataclasses
 import math
 from typing import Final
 
+from gateway.core.slo import SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId, RequestId
 from gateway.sched.bookkeeping import SchedulerBooks
 from gateway.sched.decisions import Decision, Preempt
 from gateway.sched.interfaces import PreemptionRules, Preemptor, Victim
-from gateway.sched.predict import EndpointLoad, PredictParams
+from gateway.sched.predict import EndpointLoad, PredictParams, RunningState
 from gateway.sched.queues import ModelQueue
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
@@ -21,11 +22,13 @@ from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
 #: Endpoints whose victims' seats a preempting request is tried on (by the preemptor's order), per placement.
 MAX_PREEMPT_TRIES: Final = 4
+#: Predictions of a victim's own SLO after a resume: the default parameters (their loads are shared with
+#: the policy's plugins that predict with the same).
+_VICTIM_PREDICT: Final = PredictParams()
 #: Why a request was preempted (the `Preempt.reason` of the one trigger there is).
 REASON_WAITING: Final = "interactive_waiting"
 #: ... and when an endpoint's cap was cut below its running set for the interactive streams it runs.
 REASON_CAP: Final = "cap_lowered"
-_PREDICT: Final = PredictParams()
 
 _UNBOUNDED: Final = 1 << 30
 
@@ -41,14 +44,12 @@ def _without(view: EndpointView, victim: RunningRequest) -> EndpointView:
     )
 
 
-def _resume_feasible(r: RunningRequest, load: EndpointLoad, rules: PreemptionRules) -> bool:
+def _resume_feasible(state: RunningState, load: EndpointLoad, rules: PreemptionRules) -> bool:
     """Whether a running request keeps its own SLO when preempted now and resumed after the rules'
     requeue wait, at its endpoint's current pace: its first token (when not out yet), its last token by
     its deadline, and its average inter-token time from its first token within its target (the tokens of
     earlier, preempted runs counted at the target pace: the scheduler keeps no earlier first token)."""
-    state = next((s for s in load.running if s.req is r), None)
-    if state is None:
-        return False
+    r = state.req
     now = load.now
     margin = rules.margin
     restart = now + rules.requeue_wait_s + load.coef.prefill_s(r.prompt_tokens + state.produced)
@@ -74,6 +75,22 @@ def _resume_feasible(r: RunningRequest, load: EndpointLoad, rules: PreemptionRul
         if tokens > 1 and (end - start) / (tokens - 1) > r.itl_s * margin:
             return False
     return True
+
+
+def _candidates(view: EndpointView, rules: PreemptionRules, slo: SloPolicy) -> list[RunningRequest]:
+    """The running requests on `view` the rules let be preempted (resumable, of a kind that may be
+    preempted, under the preemption limit), before their own SLO is looked at."""
+    kinds: dict[str, bool] = {}  # class name -> of a kind that may be preempted
+    out = []
+    for r in view.running:
+        if not r.resumable or r.preemptions >= rules.max_preemptions:
+            continue
+        ok = kinds.get(r.slo_class)
+        if ok is None:
+            ok = kinds[r.slo_class] = slo.class_of(r.slo_class).kind in rules.victims
+        if ok:
+            out.append(r)
+    return out
 
 
 class Preempting(SchedulerBooks):
@@ -123,19 +140,27 @@ class Preempting(SchedulerBooks):
 
     def _victims(self, e: EndpointView, now: float, rules: PreemptionRules) -> list[Victim]:
         """The running requests on `e` that may be preempted now: resumable, of a kind that may be
-        preempted, under the preemption limit, and their own SLO still feasible after a resume."""
+        preempted, under the preemption limit, and their own SLO still feasible after a resume. A
+        waiting interactive request asks every endpoint on each submit and serve, so the candidates are
+        kept per view, and the victims among them on the endpoint's load (`LoadCache`: while its view is
+        the same and the clock moved less than 20-40 ms)."""
         slo = self._policy.slo
-        load: EndpointLoad | None = None
-        out: list[Victim] = []
-        for r in e.running:
-            if not r.resumable or r.preemptions >= rules.max_preemptions:
-                continue
-            if slo.class_of(r.slo_class).kind not in rules.victims:
-                continue
-            load = load or EndpointLoad(e, now, _PREDICT)
-            if _resume_feasible(r, load, rules):
-                out.append(Victim(r, e))
-        return out
+        kept = self._victim_candidates.get(e.id)
+        if kept is None or kept[0] is not e or kept[1] is not rules or kept[2] is not slo:
+            if len(self._victim_candidates) >= 4096:  # endpoints come and go: never grow without bound
+                self._victim_candidates = {}
+            kept = self._victim_candidates[e.id] = (e, rules, slo, _candidates(e, rules, slo))
+        candidates = kept[3]
+        if not candidates:
+            return []
+        load = self._policy.loads.get(_VICTIM_PREDICT).load(e, now)
+        key = ("victims", rules)
+        got: tuple[list[RunningRequest], list[Victim]] | None = load.memo.get(key)
+        if got is None or got[0] is not candidates:
+            states = {id(s.req): s for s in load.running}
+            victims = [Victim(r, e) for r in candidates if _resume_feasible(states[id(r)], load, rules)]
+            got = load.memo[key] = (candidates, victims)
+        return got[1]
 
     def _preempt(
         self, victim: Victim, queue: ModelQueue, out: list[Decision], reason: str = REASON_WAITING

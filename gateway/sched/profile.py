@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import is_
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +25,9 @@ from gateway.sched.interfaces import (
     Admitter,
     ColumnarFilter,
     ColumnarPicker,
+    ColumnarScopedFilter,
     ColumnarScorer,
+    ColumnarTieredFilter,
     ConcurrencyController,
     EnginePriority,
     Filter,
@@ -36,6 +39,7 @@ from gateway.sched.interfaces import (
     Scorer,
     TieredFilter,
 )
+from gateway.sched.loads import LoadCaches
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
@@ -64,6 +68,10 @@ def eligible(
     return [e for e in endpoints if model in e.models and e.health is ready and e.inflight < e.cap]
 
 
+_Mask = npt.NDArray[np.bool_]
+_ColumnTiers = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], Sequence[_Mask]]
+_ColumnScope = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask]
+_ColumnMask = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask]
 _Tiers = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[Sequence[EndpointView]]]
 _Scope = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[EndpointView]]
 
@@ -78,14 +86,21 @@ class SchedulerProfile:
     _tiers: tuple[_Tiers | None, ...] = field(init=False, repr=False, compare=False)
     # the `scope` method of each scoped filter (`ScopedFilter`), in filter order;
     _scopes: tuple[_Scope, ...] = field(init=False, repr=False, compare=False)
+    # their columnar forms (`ColumnarScopedFilter.scope_columns`), when every scoped filter has one;
+    _column_scopes: tuple[_ColumnScope, ...] | None = field(init=False, repr=False, compare=False)
     # the grouping filters (`GroupingFilter`), in filter order;
     _groupings: tuple[GroupingFilter, ...] = field(init=False, repr=False, compare=False)
     # when every filter, scorer and the picker has a columnar form (`ColumnarFilter`, ...), those forms
     # (the filters', the weighted scorers', the picker's); None otherwise. The profile then places over
     # the fleet's columns when a snapshot carries them.
-    _columnar: (
-        tuple[tuple[ColumnarFilter, ...], tuple[tuple[ColumnarScorer, float], ...], ColumnarPicker] | None
-    ) = field(init=False, repr=False, compare=False)
+    _columnar: tuple[tuple[Filter, ...], tuple[tuple[ColumnarScorer, float], ...], ColumnarPicker] | None = (
+        field(init=False, repr=False, compare=False)
+    )
+    # per filter, in filter order: its columnar tiers (`ColumnarTieredFilter.tiers_columns`) or its
+    # columnar mask (`ColumnarFilter.filter_columns`), when the profile is columnar
+    _column_steps: tuple[tuple[_ColumnTiers | None, _ColumnMask | None], ...] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         filters = self.filters
@@ -93,8 +108,22 @@ class SchedulerProfile:
             self, "_tiers", tuple(f.tiers if isinstance(f, TieredFilter) else None for f in filters)
         )
         object.__setattr__(self, "_scopes", tuple(f.scope for f in filters if isinstance(f, ScopedFilter)))
+        scoped = [f for f in filters if isinstance(f, ScopedFilter)]
+        object.__setattr__(
+            self,
+            "_column_scopes",
+            tuple(f.scope_columns for f in scoped if isinstance(f, ColumnarScopedFilter))
+            if all(isinstance(f, ColumnarScopedFilter) for f in scoped)
+            else None,
+        )
         object.__setattr__(self, "_groupings", tuple(f for f in filters if isinstance(f, GroupingFilter)))
-        cfilters = [f for f in filters if isinstance(f, ColumnarFilter) and not isinstance(f, TieredFilter)]
+        # a tiered filter's columnar form is its tiers' (`ColumnarTieredFilter`); a plain one's its mask's
+        cfilters = [
+            f
+            for f in filters
+            if isinstance(f, ColumnarTieredFilter)
+            or (isinstance(f, ColumnarFilter) and not isinstance(f, TieredFilter))
+        ]
         cscorers = [(ws.scorer, ws.weight) for ws in self.scorers if isinstance(ws.scorer, ColumnarScorer)]
         picker = self.picker
         columnar = None
@@ -105,6 +134,14 @@ class SchedulerProfile:
         ):
             columnar = (tuple(cfilters), tuple(cscorers), picker)
         object.__setattr__(self, "_columnar", columnar)
+        steps: list[tuple[_ColumnTiers | None, _ColumnMask | None]] = []
+        if columnar is not None:
+            for f in filters:
+                if isinstance(f, ColumnarTieredFilter):
+                    steps.append((f.tiers_columns, None))
+                else:
+                    steps.append((None, cast("ColumnarFilter", f).filter_columns))
+        object.__setattr__(self, "_column_steps", tuple(steps))
 
     @property
     def columnar(self) -> bool:
@@ -125,6 +162,9 @@ class SchedulerProfile:
         if not self._scopes:
             return snap
         model = req.model
+        cols, column_scopes = snap.columns, self._column_scopes
+        if cols is not None and column_scopes is not None and cols.endpoints is snap.endpoints:
+            return self._scope_columns(req, snap, cols, column_scopes)
         serving = [e for e in snap.endpoints if model in e.models]
         reach: Sequence[EndpointView] = serving
         for scope in self._scopes:
@@ -134,6 +174,23 @@ class SchedulerProfile:
         keep = {e.id for e in reach}
         return dataclasses.replace(
             snap, endpoints=tuple(e for e in snap.endpoints if model not in e.models or e.id in keep)
+        )
+
+    def _scope_columns(
+        self, req: SchedRequest, snap: FleetSnapshot, cols: FleetColumns, scopes: tuple[_ColumnScope, ...]
+    ) -> FleetSnapshot:
+        """`scope` over columns: the same snapshot (the endpoints listed only when a scope cuts some)."""
+        serving = cols.members.get(req.model)
+        if serving is None:
+            return snap  # nothing serves the model: nothing to cut
+        reach = serving
+        for scope in scopes:
+            reach = scope(req, cols, reach, snap)
+        if np.count_nonzero(reach) == np.count_nonzero(serving):
+            return snap  # nothing cut (a scope only ever keeps a subset)
+        cut = serving & ~reach
+        return dataclasses.replace(
+            snap, endpoints=tuple(e for e, gone in zip(snap.endpoints, cut.tolist(), strict=True) if not gone)
         )
 
     def place(
@@ -175,16 +232,12 @@ class SchedulerProfile:
         req: SchedRequest,
         snap: FleetSnapshot,
         cols: FleetColumns,
-        columnar: tuple[tuple[ColumnarFilter, ...], tuple[tuple[ColumnarScorer, float], ...], ColumnarPicker],
+        columnar: tuple[tuple[Filter, ...], tuple[tuple[ColumnarScorer, float], ...], ColumnarPicker],
     ) -> EndpointView | None:
         """`place` over columns: the same choice (every plugin's columnar form gives what its plain one
         would), without a Python step per endpoint."""
-        filters, scorers, picker = columnar
-        mask = cols.eligible(req.model)
-        for f in filters:
-            if not mask.any():
-                return None
-            mask = f.filter_columns(req, cols, mask, snap)
+        _, scorers, picker = columnar
+        mask = self._filter_columns(req, cols, cols.eligible(req.model), snap, 0)
         if not mask.any():
             return None
         total: npt.NDArray[np.float64] | None = None
@@ -202,6 +255,32 @@ class SchedulerProfile:
         if not (0 <= i < len(mask) and mask[i]):
             raise RuntimeError(f"picker {self.picker.name!r} returned an endpoint that was not a candidate")
         return snap.endpoints[i]
+
+    def _filter_columns(
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        mask: npt.NDArray[np.bool_],
+        snap: FleetSnapshot,
+        start: int,
+    ) -> npt.NDArray[np.bool_]:
+        """`_filter` over columns: the filters from `start` on; a tiered filter's tiers each go through
+        the filters after it, in order, until one leaves candidates."""
+        steps = self._column_steps
+        for i in range(start, len(steps)):
+            if not mask.any():
+                return mask
+            tiers, one = steps[i]
+            if tiers is None:
+                assert one is not None  # (one or the other, by construction)
+                mask = one(req, cols, mask, snap)
+                continue
+            for tier in tiers(req, cols, mask, snap):
+                survivors = self._filter_columns(req, cols, tier, snap, i + 1) if tier.any() else tier
+                if survivors.any():
+                    return survivors
+            return np.zeros_like(mask)
+        return mask
 
     def _scored(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -278,6 +357,9 @@ class Policy:
     # The global autoscaler and its runner's settings; None: no autoscaling (the lifecycle's cold starts
     # and evictions only).
     autoscale: Autoscale | None = None
+    # The endpoint loads its plugins share (`LoadCaches`, by prediction parameters); the scheduler's own
+    # predictions (preemption's victims) take theirs from it too.
+    loads: LoadCaches = field(default_factory=LoadCaches, compare=False, repr=False)
     # The ordering's `engine_priority` method when it has one (`EnginePriority`): resolved once here.
     _engine_priority: Callable[[SchedRequest, FleetSnapshot], int | None] | None = field(
         init=False, repr=False, compare=False

@@ -151,6 +151,16 @@ class FleetColumns:
     outstanding: npt.NDArray[np.float64]  # inflight + waiting (`EndpointView.outstanding`)
     id_rank: npt.NDArray[np.int64]  # each endpoint's place in the order of the endpoint ids
     members: Mapping[ModelName, npt.NDArray[np.bool_]]  # per model: which endpoints serve it
+    # The requests running there (`len(running)`: an endpoint's load has nothing to derive without any)
+    # and the seats they run in (`gateway.sched.predict.seats_of`).
+    busy: npt.NDArray[np.int64]
+    seats: npt.NDArray[np.int64]
+    # Per instance class: which endpoints are of it.
+    classes: Mapping[InstanceClass, npt.NDArray[np.bool_]]
+    # Each endpoint's prefill and decode coefficients (its fitted model, else the prior, as predictions
+    # take them), one row per endpoint: k1, c1, k2, c2, c3 (`PerfCoefficients`).
+    coef: npt.NDArray[np.float64]
+    index: Mapping[EndpointId, int]  # each endpoint's place in `endpoints`
 
     def eligible(self, model: ModelName) -> npt.NDArray[np.bool_]:
         """`gateway.sched.profile.eligible` as a mask: serves the model, ready, room under its cap."""

@@ -6,10 +6,10 @@ waiting on a full fleet most of those tries fail, event after event, although be
 few endpoints changed (a completion frees one seat, a dispatch takes one). So a queued request found to
 fit nowhere remembers the fleet's views it was tried on (`Unfit`); the next time it is served it is tried
 on the endpoints whose view changed since in more than its running requests' progress (seats, cap,
-health, models, estimates, gauges, the set of requests running there: `retry_on`) and on no other. An
-endpoint gains room only through such a change, so for a profile whose filters only drop endpoints
-without room (`default`, the baselines) a request that fit nowhere still fits nowhere on the others: the
-same choices as trying it on every endpoint.
+health, models, fitted coefficients or KV capacity, gauges, the set of requests running there:
+`retry_on`) and on no other. An endpoint gains room only through such a change, so for a profile whose
+filters only drop endpoints without room (`default`, the baselines) a request that fit nowhere still
+fits nowhere on the others: the same choices as trying it on every endpoint.
 
 By design it differs from trying every endpoint where a prediction moves with the clock or the progress
 reports alone (a running request's progress, the request's own time left) and where a filter's answer
@@ -67,21 +67,27 @@ def retry_on(
 
 def _moved(view: EndpointView, old: EndpointView) -> bool:
     """Whether an endpoint's view changed in more than its running requests' progress: its seats, cap,
-    health, models, estimates, engine gauges or the set of requests it runs (their prompt and predicted
-    output sums; a completion and a dispatch there change them)."""
+    health, models, fitted coefficients or KV capacity, engine gauges or the set of requests it runs
+    (their prompt and predicted output sums; a completion and a dispatch there change them)."""
     return (
         view.id != old.id
         or view.inflight != old.inflight
         or view.cap != old.cap
         or view.health is not old.health
         or view.models != old.models
-        or view.estimates is not old.estimates
+        or (view.estimates is not old.estimates and _predicts_apart(view, old))
         or view.engine_waiting != old.engine_waiting
         or view.engine_running != old.engine_running
         or view.running_prompt_tokens != old.running_prompt_tokens
         or view.running_output_tokens != old.running_output_tokens
         or view.max_batch != old.max_batch
     )
+
+
+def _predicts_apart(view: EndpointView, old: EndpointView) -> bool:
+    """Whether new estimates change what placement predicts from: the fitted coefficients or the KV
+    capacity (the measured EWMAs, refreshed every second, enter no placement plugin)."""
+    return view.perf is not old.perf or view.kv_capacity_tokens != old.kv_capacity_tokens
 
 
 def remember(

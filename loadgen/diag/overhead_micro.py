@@ -43,7 +43,10 @@ process's load does not count, and the figure is µs of CPU per request, not a c
   takes them in the connection's callback and writes with `ChunkWriter` (its path now). On uvloop.
 - `fleet_N` (not run unless named, e.g. `fleet_2,fleet_100`): `sched` with N endpoints and 8 requests
   running (the overhead benchmark's fleet phase: 8 connections in front of 100 endpoints): what
-  placement costs per request as the fleet grows.
+  placement costs per request as the fleet grows. With `--policy NAME` the fleet pieces run the shipped
+  preset `policies/NAME.toml` of the checkout instead of `default`, their requests of its default class
+  with first-token and end-to-end targets (2 s, 8 s), and the clock moves 5 ms per request (a fleet
+  finishing 200 requests a second: the SLO plugins' loads age as they would).
 
 With `--tree NAME=DIR` (repeatable) each checkout runs in a child process with DIR first on its path
 (compiled modules in DIR included), the children taking turns round by round; the report gives each
@@ -73,6 +76,10 @@ ENGINE_CALLS_AT_ONCE: Final = 16
 BACKLOG: Final = "backlog_"  # + the number of batch requests queued
 FLEET: Final = "fleet_"  # + the number of endpoints
 FLEET_RUNNING: Final = 8  # requests running in the fleet pieces (the overhead benchmark's fleet phase)
+#: With `--policy`: the fleet pieces' requests' targets, and the clock's step per request.
+POLICY_TTFT_MS: Final = 2000.0
+POLICY_E2E_MS: Final = 8000.0
+POLICY_STEP_S: Final = 0.005
 #: The backlog pieces' policy: chat-and-batch's ordering and classes, least-outstanding placement, and
 #: admission that only bounds the interactive class's queue (no predictions).
 BACKLOG_POLICY: Final = """
@@ -150,13 +157,26 @@ def _requests(n: int, clock: Any, slo_class: str = "default", prefix: str = "b")
     ]
 
 
-def bench_sched(n: int, inflight: int, *, stream: bool, endpoints: int = 2) -> float:
+def bench_sched(
+    n: int, inflight: int, *, stream: bool, endpoints: int = 2, policy: str | None = None
+) -> float:
     """CPU ns per request of the scheduler's cycle (submit, progress, complete) with `inflight` requests
-    running over `endpoints` endpoints (each capped at `inflight`)."""
+    running over `endpoints` endpoints (each capped at `inflight`); `policy`: a shipped preset's name
+    (see the module's docstring)."""
+    import dataclasses
+
+    from gateway.core.types import SLO
     from gateway.sched.decisions import Dispatch
 
-    sched, clock = _scheduler(inflight, endpoints=endpoints)
+    text = None if policy is None else (Path.cwd() / "policies" / f"{policy}.toml").read_text()
+    sched, clock = _scheduler(inflight, text, endpoints=endpoints)
     reqs = _requests(n + inflight, clock)
+    step = 0.0
+    if policy is not None:
+        step = POLICY_STEP_S
+        slo_policy = sched.policy.slo
+        slo = SLO(slo_class=slo_policy.default_class, ttft_ms=POLICY_TTFT_MS, deadline_ms=POLICY_E2E_MS)
+        reqs = [dataclasses.replace(r, slo=slo) for r in reqs]
     for r in reqs[:inflight]:
         assert isinstance(sched.submit(r), Dispatch)
     reports = [(k, k * 0.01) for k in range(1, STREAM_TOKENS + 1, PROGRESS_EVERY)] if stream else []
@@ -168,6 +188,8 @@ def bench_sched(n: int, inflight: int, *, stream: bool, endpoints: int = 2) -> f
         if reports:
             for produced, _ in reports:
                 progress(old, produced, 0.001)
+        if step:
+            clock.advance(step)
         complete(old)
         d = submit(reqs[i + inflight])
         if d is None:
@@ -560,7 +582,7 @@ def bench_front(n: int, inflight: int) -> float:
             LEVEL.info = info_before
 
 
-def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
+def run_once(pieces: Sequence[str], n: int, inflight: int, policy: str | None = None) -> dict[str, float]:
     """µs of CPU per request of each piece, in this process."""
     benches: dict[str, Callable[[], float]] = {
         "sched": lambda: bench_sched(n, inflight, stream=False),
@@ -578,16 +600,18 @@ def run_once(pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
             out[p] = bench_backlog(n, inflight, int(p.removeprefix(BACKLOG))) / 1000.0
         elif p.startswith(FLEET):
             count = int(p.removeprefix(FLEET))
-            out[p] = bench_sched(n, FLEET_RUNNING, stream=False, endpoints=count) / 1000.0
+            out[p] = bench_sched(n, FLEET_RUNNING, stream=False, endpoints=count, policy=policy) / 1000.0
         else:
             out[p] = benches[p]() / 1000.0
     return out
 
 
-def _child(tree: Path, pieces: Sequence[str], n: int, inflight: int) -> dict[str, float]:
+def _child(tree: Path, pieces: Sequence[str], n: int, inflight: int, policy: str | None) -> dict[str, float]:
     # This file runs by its path, with only `tree` on the path: the tree need not have it.
     env = dict(os.environ, PYTHONPATH=str(tree))
     child = ["--child", "--requests", str(n), "--inflight", str(inflight), "--pieces", ",".join(pieces)]
+    if policy is not None:
+        child += ["--policy", policy]
     code = (
         f"import runpy, sys; sys.argv = {[__file__, *child]!r}; "
         f"runpy.run_path({__file__!r}, run_name='__main__')"
@@ -613,6 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=20000, help="requests per run (default 20000)")
     p.add_argument("--inflight", type=int, default=32, help="running requests per endpoint (default 32)")
     p.add_argument("--pieces", default=",".join(PIECES))
+    p.add_argument("--policy", default=None, help="the fleet pieces' shipped preset (default: default)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=None, help="JSON report")
     args = p.parse_args(argv)
@@ -621,14 +646,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         known = ",".join(PIECES + EXTRA_PIECES)
         p.error(f"unknown pieces {sorted(unknown)}; choose from {known}, {BACKLOG}N or {FLEET}N")
     if args.child:
-        sys.stdout.write(orjson.dumps(run_once(pieces, args.requests, args.inflight)).decode())
+        sys.stdout.write(orjson.dumps(run_once(pieces, args.requests, args.inflight, args.policy)).decode())
         return 0
     trees = args.tree or [("berth", Path(__file__).resolve().parents[2])]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
     for r in range(args.rounds):
         order = trees[r % len(trees) :] + trees[: r % len(trees)]
         for name, tree in order:
-            res = _child(tree, pieces, args.requests, args.inflight)
+            res = _child(tree, pieces, args.requests, args.inflight, args.policy)
             runs[name].append(res)
             shown = "  ".join(f"{k} {v:6.2f}" for k, v in res.items())
             print(f"round {r + 1}/{args.rounds} {name:10} {shown}  (µs CPU per request)", file=sys.stderr)

@@ -15,7 +15,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.clock import FakeClock
-from gateway.core.types import SLO, ApiKind, EndpointHealth, EndpointId, EngineKind, ModelName, RequestId
+from gateway.core.types import (
+    SLO,
+    ApiKind,
+    EndpointHealth,
+    EndpointId,
+    EngineKind,
+    InstanceClass,
+    ModelName,
+    RequestId,
+)
 from gateway.sched.bookkeeping import COLUMNS_FROM
 from gateway.sched.columns import columns_of, updated
 from gateway.sched.decisions import Dispatch
@@ -27,9 +36,10 @@ from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
 from gateway.sched.registry import PluginKind
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
-from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
+from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.types import EndpointSpec, QueueLimits
 from tests.unit.sched_builders import view
+from tests.unit.slo_fixtures import COEF
 
 HEALTH = (EndpointHealth.READY, EndpointHealth.READY, EndpointHealth.UNHEALTHY, EndpointHealth.STARTING)
 
@@ -60,6 +70,8 @@ endpoint: st.SearchStrategy[dict[str, object]] = st.builds(
     health=st.sampled_from(HEALTH),
     models=st.sampled_from((("m",), ("m", "n"), ("n",))),
     waiting=st.sampled_from((None, 0.0, 1.0, 2.5, math.nan)),
+    cls=st.sampled_from(tuple(InstanceClass)),
+    perf=st.sampled_from((None, COEF)),
 )
 
 
@@ -71,7 +83,12 @@ def make(i: int, e: dict[str, object]) -> EndpointView:
         cap=e["cap"],  # type: ignore[arg-type]
         inflight=e["inflight"],  # type: ignore[arg-type]
     )
-    return dataclasses.replace(v, engine_waiting=e["waiting"])  # type: ignore[arg-type]
+    return dataclasses.replace(
+        v,
+        engine_waiting=e["waiting"],  # type: ignore[arg-type]
+        instance_class=e.get("cls", InstanceClass.MIXED),  # type: ignore[arg-type]
+        estimates=None if e.get("perf") is None else EndpointEstimates(perf=e["perf"]),  # type: ignore[arg-type]
+    )
 
 
 def request(model: str = "m") -> SchedRequest:
@@ -118,10 +135,13 @@ def test_placement_over_columns_chooses_what_the_plain_path_chooses(
         views = tuple(entries)
         cols = updated(cols, views, {i})
     whole = columns_of(views)
-    for name in ("inflight", "cap", "ready", "waiting", "id_rank"):
+    for name in ("inflight", "cap", "ready", "waiting", "id_rank", "busy", "seats", "coef"):
         assert np.array_equal(getattr(cols, name), getattr(whole, name), equal_nan=name == "waiting")
     assert {m: a.tolist() for m, a in cols.members.items()} == {
         m: a.tolist() for m, a in whole.members.items()
+    }
+    assert {c: a.tolist() for c, a in cols.classes.items()} == {
+        c: a.tolist() for c, a in whole.classes.items()
     }
     req = request(model)
     plain = profile.place(req, FleetSnapshot(now=0.0, endpoints=views))

@@ -15,6 +15,7 @@ from gateway.sched.harms import breaks_deadlines, endangers
 from gateway.sched.interfaces import AdmitOutcome
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.admission.slo_feasibility import (
+    SeatOrder,
     SloFeasibilityAdmitter,
     SloFeasibilityParams,
     kth_free,
@@ -184,3 +185,16 @@ def test_the_kth_free_seat_is_the_kth_of_the_sorted_ends(frees: list[list[float]
     loads = cast("list[EndpointLoad]", [_Seats(sorted(f)) for f in frees])
     ordered = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
     assert kth_free(loads, k) == (ordered[k] if k < len(ordered) else None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    frees=st.lists(st.lists(st.sampled_from((0.0, 0.5, 1.0, 1.5, 2.0, 7.25)), max_size=5), max_size=6),
+    ks=st.lists(st.integers(0, 30), min_size=1, max_size=5),
+)
+def test_a_seat_order_asked_again_answers_as_asked_afresh(frees: list[list[float]], ks: list[int]) -> None:
+    loads = cast("list[EndpointLoad]", [_Seats(sorted(f)) for f in frees])
+    order = SeatOrder(loads)  # the first k by a partition, the others from the sorted ends
+    assert order.of(loads)
+    for k in ks:
+        assert order.kth(k) == kth_free(loads, k)

@@ -20,16 +20,17 @@ its view of the load would turn away work the fleet may well serve (day one, bef
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from operator import is_
 from typing import Annotated, Final, Literal
 
 import numpy as np
+import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.core.slo import Infeasible, SloPolicy
 from gateway.core.types import EndpointHealth, ModelName
-from gateway.sched.idle import IdleBound, fleet_bound, latest_start, output_bound
+from gateway.sched.idle import IdleBound, KeptBounds, latest_start, output_bound
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import default_prior
@@ -39,7 +40,7 @@ from gateway.sched.predict import EndpointLoad, Prediction, idle_service, seats_
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
 #: Headroom of a new recheck bound over the slowest coefficients (refits that slow an endpoint by less
@@ -78,15 +79,16 @@ class SloFeasibilityAdmitter:
     def __init__(self, params: SloFeasibilityParams, slo: SloPolicy, loads: LoadCache | None = None) -> None:
         self.rechecks = params.recheck != "off"
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the recheck bound in force
+        self._fleet_bounds = KeptBounds()
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())
         # The order `_fastest_first` gave for the last snapshot's views and model.
         self._speed_order: tuple[tuple[EndpointView, ...], ModelName, list[EndpointView]] | None = None
-        # The fastest idle bound of the last snapshot's views and model (`_late_everywhere`).
-        self._fastest: tuple[tuple[EndpointView, ...], ModelName, IdleBound | None] | None = None
-        # The last `kth_free` asked: (k, those loads, its answer).
-        self._frees: tuple[int, list[EndpointLoad], tuple[float, int] | None] | None = None
+        # The seat order (`SeatOrder`) of the last loads asked about.
+        self._frees: SeatOrder | None = None
+        # The ready endpoints of the last snapshot's views and model, and their free seats in all.
+        self._readied: _Ready | None = None
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
@@ -98,24 +100,23 @@ class SloFeasibilityAdmitter:
         itl_ms = req.slo.itl_ms
         if left == (None, None) and itl_ms is None:
             return ADMIT
-        ready = self._ready(req, snap)
-        if not ready:
+        kept = self._ready_and_free(req.model, snap)
+        if not kept.any:
             return ADMIT  # nothing ready: the scheduler answers for that
         ahead = self._ahead(req, queued_in_class)
-        if ahead < sum(max(0, seats_of(e) - len(e.running)) for e in ready):
+        if ahead < kept.free:
             # A seat is free for it: admitted once one endpoint with a free seat meets its SLO, so the
             # loads are derived (and the request predicted) one endpoint at a time until one does.
             full = self.params.assume_full
             preds = []
-            for e in ready:
-                if len(e.running) < seats_of(e):
-                    pred = self._cache.load(e, snap.now).predict(req, worst_case=full)
-                    if self._meets(pred, left, itl_ms):
-                        return ADMIT
-                    preds.append(pred)
-            loads = [self._cache.load(e, snap.now) for e in ready]
+            for e in kept.open():
+                pred = self._cache.load(e, snap.now).predict(req, worst_case=full)
+                if self._meets(pred, left, itl_ms):
+                    return ADMIT
+                preds.append(pred)
+            loads = [self._cache.load(e, snap.now) for e in kept.views()]
         else:
-            loads = [self._cache.load(e, snap.now) for e in ready]
+            loads = [self._cache.load(e, snap.now) for e in kept.views()]
             preds = self._predictions(req, loads, ahead)
             if any(self._meets(p, left, itl_ms) for p in preds):
                 return ADMIT
@@ -155,6 +156,16 @@ class SloFeasibilityAdmitter:
         model, ready = req.model, EndpointHealth.READY
         return [e for e in snap.endpoints if model in e.models and e.health is ready]
 
+    def _ready_and_free(self, model: ModelName, snap: FleetSnapshot) -> _Ready:
+        """`_ready` and their free seats in all, kept for the snapshot's views (the submits between two
+        changes of the fleet ask about the same views); from the columns when the snapshot carries
+        them (a large fleet: no Python step per endpoint)."""
+        kept = self._readied
+        if kept is not None and kept.endpoints is snap.endpoints and kept.model == model:
+            return kept
+        kept = self._readied = _Ready(model, snap)
+        return kept
+
     def _fastest_first(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
         """The ready endpoints serving `model`, those with the fastest idle service (for a typical
         request) first; kept for the snapshot's views (a tick rechecks many requests on one snapshot)."""
@@ -176,12 +187,7 @@ class SloFeasibilityAdmitter:
         False when a cached prefix makes the prefill differ by endpoint (each is asked)."""
         if req.cached:
             return False
-        kept = self._fastest
-        if kept is not None and kept[0] is snap.endpoints and kept[1] == req.model:
-            bound = kept[2]
-        else:
-            bound = fleet_bound(snap, req.model, slowest=False)
-            self._fastest = (snap.endpoints, req.model, bound)
+        bound = self._fleet_bounds.bound(snap, req.model, slowest=False)
         if bound is None:
             return False
         params = self._cache.params
@@ -231,7 +237,7 @@ class SloFeasibilityAdmitter:
         them; in the other modes nothing (every request is rechecked on every tick)."""
         if self.params.recheck != "late":
             return None
-        bound = fleet_bound(snap, model, slowest=True)
+        bound = self._fleet_bounds.bound(snap, model, slowest=True)
         kept = self._bounds.get(model)
         if kept is not None and bound is not None and bound.within(kept):
             return kept
@@ -275,13 +281,10 @@ class SloFeasibilityAdmitter:
         if ahead < free:
             full = self.params.assume_full
             return [load.predict(req, worst_case=full) for load in loads if load.n < load.seats]
-        k = ahead - free
-        kept = self._frees
-        if kept is not None and kept[0] == k and len(kept[1]) == len(loads) and all(map(is_, kept[1], loads)):
-            got = kept[2]  # the same loads (the requests admitted between two changes of the fleet)
-        else:
-            got = kth_free(loads, k)
-            self._frees = (k, loads, got)
+        order = self._frees
+        if order is None or not order.of(loads):
+            order = self._frees = SeatOrder(loads)
+        got = order.kth(ahead - free)
         if got is None:
             return []  # further out than every running request: no prediction, infeasible
         t, i = got
@@ -297,25 +300,106 @@ class SloFeasibilityAdmitter:
         )
 
 
+class _Ready:
+    """The ready endpoints serving a model in one snapshot's views, and their free seats in all (each
+    endpoint's seats less its running requests, when positive)."""
+
+    __slots__ = ("_views", "any", "cols", "endpoints", "free", "model")
+
+    def __init__(self, model: ModelName, snap: FleetSnapshot) -> None:
+        self.model = model
+        self.endpoints = views = snap.endpoints
+        cols = snap.columns
+        self._views: list[EndpointView] | None = None
+        self.cols: tuple[FleetColumns, npt.NDArray[np.bool_]] | None = None
+        if cols is not None and cols.endpoints is views:
+            serves = cols.members.get(model)
+            mask = np.zeros(len(views), dtype=np.bool_) if serves is None else serves & cols.ready
+            self.cols = (cols, mask)
+            self.free = int(np.maximum(cols.seats - cols.busy, 0)[mask].sum())
+            self.any = bool(mask.any())
+            return
+        ready = EndpointHealth.READY
+        self._views = [e for e in views if model in e.models and e.health is ready]
+        free = 0
+        for e in self._views:
+            seats = seats_of(e) - len(e.running)
+            if seats > 0:
+                free += seats
+        self.free = free
+        self.any = bool(self._views)
+
+    def views(self) -> list[EndpointView]:
+        """The ready endpoints, in the snapshot's order."""
+        got = self._views
+        if got is None:
+            assert self.cols is not None  # (one or the other is set on construction)
+            mask = self.cols[1]
+            views = self.endpoints
+            got = self._views = [views[i] for i in np.flatnonzero(mask).tolist()]
+        return got
+
+    def open(self) -> Iterator[EndpointView]:
+        """The ready endpoints with a free seat, in the snapshot's order."""
+        if self.cols is None:
+            return (e for e in self.views() if len(e.running) < seats_of(e))
+        cols, mask = self.cols
+        views = self.endpoints
+        return (views[i] for i in np.flatnonzero(mask & (cols.busy < cols.seats)).tolist())
+
+
+class SeatOrder:
+    """The running requests' predicted ends over some loads (`seat_free`): the first k-th asked is found
+    by a partition, and the ends are sorted once a second one is asked of the same loads (the requests
+    admitted between two changes of the fleet each ask for another k-th of the same ends)."""
+
+    __slots__ = ("_loads", "_owner", "_sizes", "_sorted", "_times")
+
+    def __init__(self, loads: list[EndpointLoad]) -> None:
+        self._loads = loads
+        arrays = []
+        for load in loads:
+            arr = load.memo.get("seat-free")
+            if arr is None:
+                arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
+            arrays.append(arr)
+        self._sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        self._times = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.float64)
+        self._sorted: tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]] | None = None
+        self._owner: npt.NDArray[np.int64] | None = None
+
+    def of(self, loads: list[EndpointLoad]) -> bool:
+        """Whether it is the order of exactly these loads."""
+        kept = self._loads
+        return len(kept) == len(loads) and all(map(is_, kept, loads))
+
+    def kth(self, k: int) -> tuple[float, int] | None:
+        """`kth_free` of its loads."""
+        times = self._times
+        if k >= len(times):
+            return None
+        got = self._sorted
+        if got is not None:
+            return float(got[0][k]), int(got[1][k])
+        owner = self._owner
+        if owner is None:
+            # the first question: a partition (ties at t go by load index, as the concatenation is in
+            # load order); kept to sort at the second
+            self._owner = np.repeat(np.arange(len(self._sizes), dtype=np.int64), self._sizes)
+            t = float(np.partition(times, k)[k])
+            nth = k - int(np.count_nonzero(times < t))
+            at = int(np.flatnonzero(times == t)[nth])
+            return t, int(self._owner[at])
+        order = np.argsort(times, kind="stable")  # stable: ties keep the loads' order
+        got = self._sorted = (times[order], owner[order])
+        return float(got[0][k]), int(got[1][k])
+
+
 def kth_free(loads: list[EndpointLoad], k: int) -> tuple[float, int] | None:
     """The `k`-th (from 0) of the running requests' predicted ends over `loads` (`seat_free`), as (time,
-    index of its load): `sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)[k]`,
-    found by a partition instead of a sort; None when there are not that many."""
-    arrays = []
-    for load in loads:
-        arr = load.memo.get("seat-free")
-        if arr is None:
-            arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
-        arrays.append(arr)
-    sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    if k >= int(sizes.sum()):
-        return None
-    times = np.concatenate(arrays)
-    t = float(np.partition(times, k)[k])
-    # ties at t go by load index, and the concatenation is in load order
-    nth = k - int(np.count_nonzero(times < t))
-    at = int(np.flatnonzero(times == t)[nth])
-    return t, int(np.searchsorted(np.cumsum(sizes), at, side="right"))
+    index of its load): `sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)[k]`;
+    None when there are not that many."""
+    return SeatOrder(loads).kth(k)
 
 
 def _typical_idle_s(view: EndpointView) -> float:

@@ -60,7 +60,7 @@ from typing import Annotated, Final, Literal
 from msgspec import Meta
 
 from gateway.core.types import EndpointHealth, ModelName
-from gateway.sched.idle import IdleBound, fleet_bound, latest_start, output_bound
+from gateway.sched.idle import IdleBound, KeptBounds, latest_start, output_bound
 from gateway.sched.interfaces import OrderKey, Rank, RankedQueue
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
@@ -173,6 +173,7 @@ class SlackOrdering:
         self._alone = 1.0 + params.prefill_overhead
         self.ranks = params.queue == "ranked"  # the queue reads this (gateway.sched.queues.ranked)
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the bound ranks were given at
+        self._fleet_bounds = KeptBounds()
         # The last epoch and delay: (model, the snapshot's views, [its clock,] the answer).
         self._epoch: tuple[ModelName, tuple[EndpointView, ...], IdleBound | None] | None = None
         self._delay: tuple[ModelName, tuple[EndpointView, ...], float, float] | None = None
@@ -213,7 +214,7 @@ class SlackOrdering:
         return bound
 
     def _bound_for(self, model: ModelName, snap: FleetSnapshot) -> IdleBound | None:
-        bound = fleet_bound(snap, model, slowest=False)
+        bound = self._fleet_bounds.bound(snap, model, slowest=False)
         kept = self._bounds.get(model)
         if kept is not None and bound is not None and kept.close_to(bound):
             return kept

@@ -54,16 +54,20 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Final, Literal
 
+import numpy as np
+import numpy.typing as npt
 from msgspec import Meta
 
+from gateway.core.types import RequestId
 from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
 #: Scale of the token dimension of capacity_norm when the KV capacity is unknown (tokens per seat).
@@ -71,6 +75,10 @@ _TOKENS_PER_SEAT = 2048.0
 #: Aladdin's re-balancing in a packing order: endpoints whose running requests are, summed, this far past
 #: their predicted lengths (in request lengths) are tried last.
 DEFAULT_REBALANCE: Final = 0.5
+
+
+#: A request's idle service by (id of the coefficients, prefill tokens): (those coefficients, prediction).
+_IdleByCoef = dict[tuple[int, int], tuple[PerfCoefficients, Prediction]]
 
 
 class BestFitParams(PredictionParams, frozen=True, kw_only=True):
@@ -100,12 +108,16 @@ class BestFitFilter:
         self.params = params
         self._cache = loads or LoadCache(params.predict_params())
         self._packs = params.order == "most-loaded"
-        by_count = params.order == "least-outstanding"
+        by_count = self._by_count = params.order == "least-outstanding"
         self._spread_key = self.outstanding_key if by_count else self.least_loaded_key
         rebalance = params.rebalance_threshold
         if rebalance is None:
             rebalance = DEFAULT_REBALANCE if self._packs else 0.0
         self.rebalance = rebalance
+        # Per queued request: its idle service by (coefficients, prefill tokens) (`_idle_service`).
+        self._idle: dict[
+            RequestId, tuple[SchedRequest, dict[tuple[int, int], tuple[PerfCoefficients, Prediction]]]
+        ] = {}
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -126,6 +138,54 @@ class BestFitFilter:
             if loose[id(load)]:
                 return [load.view]
         return []
+
+    def filter_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]:
+        """The columnar form: `filter`'s choice with loads derived for the endpoints that run something
+        only (an idle endpoint's order key is known from the columns: nothing runs long there, its
+        capacity_norm is 0; and it fits), and the order found by one sort of the keys. A request with a
+        cached prefix goes the plain way (`holders_first` predicts on the holders)."""
+        idx = np.flatnonzero(candidates)
+        if len(idx) == 0:
+            return candidates
+        views = cols.endpoints
+        if req.cached:
+            at = {id(views[i]): int(i) for i in idx}
+            out = np.zeros_like(candidates)
+            for e in self.filter(req, [views[i] for i in idx], snap):
+                out[at[id(e)]] = True
+            return out
+        now = snap.now
+        busy = cols.busy[idx] > 0
+        loads: dict[int, EndpointLoad] = {
+            int(k): self._cache.load(views[i], now)
+            for k, i in zip(np.flatnonzero(busy), idx[busy], strict=True)
+        }
+        rebalance = self.rebalance
+        flag = np.zeros(len(idx), dtype=np.bool_)
+        norm = np.zeros(len(idx), dtype=np.float64)
+        for k, load in loads.items():
+            flag[k] = load.running_long >= rebalance > 0
+        if self._packs or not self._by_count:
+            for k, load in loads.items():
+                norm[k] = self.capacity_norm(load)
+        rank = cols.id_rank[idx]
+        spread_by = cols.outstanding[idx] if self._by_count else norm
+        spread = np.lexsort((rank, spread_by, flag))
+        tried = np.lexsort((rank, -norm, flag)) if self._packs else spread
+        loose: dict[int, bool] = {}
+        for k in tried.tolist():
+            busy_load = loads.get(k)
+            if busy_load is None:
+                return _only(candidates, int(idx[k]))  # nothing runs there: it fits
+            strict, loose[k] = self.fits_both(busy_load, req)
+            if strict:
+                return _only(candidates, int(idx[k]))
+        for k in spread.tolist():
+            if loose[k]:
+                return _only(candidates, int(idx[k]))
+        return np.zeros_like(candidates)
 
     def order_key(self, load: EndpointLoad) -> tuple[bool, float, str]:
         """Most loaded first; endpoints whose requests run long last."""
@@ -159,6 +219,24 @@ class BestFitFilter:
         if got is None:
             got = load.memo[key] = sum(s.context + g * s.remaining for s in load.running)
         return got
+
+    def _idle_service(self, load: EndpointLoad, req: SchedRequest) -> Prediction:
+        """`load.idle_service(req)`, kept per request, coefficients and prefill tokens (all it depends on
+        besides the parameters): a queued request is tried serve after serve on the endpoints that
+        changed, whose loads are new but whose fitted coefficients are not."""
+        got = self._idle.get(req.id)
+        if got is None or got[0] is not req:
+            if len(self._idle) >= 4096:  # requests come and go: never grow without bound
+                self._idle = {}
+            got = self._idle[req.id] = (req, {})
+        coef = load.coef
+        key = (id(coef), prefill_tokens(req, load.view.id))
+        hit = got[1].get(key)
+        if hit is not None and hit[0] is coef:
+            return hit[1]
+        pred = load.idle_service(req)
+        got[1][key] = (coef, pred)
+        return pred
 
     def _running_terms(self, load: EndpointLoad) -> tuple[float | None, float | None]:
         """What (b) and (d) take from the running requests alone (kept on the load): the tightest ITL
@@ -217,7 +295,7 @@ class BestFitFilter:
         g, theta = p.gamma, p.theta
         pred = load.predict(req)
         left = time_left(req, load.now)
-        own = not req.best_effort and meets(load.idle_service(req), left)
+        own = not req.best_effort and meets(self._idle_service(load, req), left)
         # (b) ATGT: Aladdin's batch bound for the ITL targets here (this request's included), and this
         # request's own end-to-end deadline at the per-token time of the batch it joins
         budget, _ = self._running_terms(load)
@@ -279,6 +357,12 @@ class BestFitFilter:
         if self._pauses(load, req) or self._over_kv(load, req, pred):
             return False, False
         return strict, True
+
+
+def _only(like: npt.NDArray[np.bool_], i: int) -> npt.NDArray[np.bool_]:
+    out = np.zeros_like(like)
+    out[i] = True
+    return out
 
 
 def holders_first(req: SchedRequest, order: list[EndpointLoad]) -> list[EndpointLoad]:

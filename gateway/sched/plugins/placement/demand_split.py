@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, Final, Literal
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.core.types import EndpointHealth, EndpointId, ModelName, RequestId
@@ -45,7 +47,7 @@ from gateway.sched.prefix import uncached
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import output_estimate
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 #: Requests remembered as counted (the oldest are forgotten first); a request is seen again only while
 #: it waits in the queue, so this bounds memory without double counting in practice.
@@ -114,6 +116,12 @@ class DemandSplitFilter:
         self._seen: dict[RequestId, None] = {}
         # Per model: the snapshot views the ready endpoints were last found in, and those endpoints.
         self._ready_kept: dict[ModelName, tuple[tuple[EndpointView, ...], tuple[EndpointId, ...]]] = {}
+        # Per model: the columns' index and ready mask `_ready_of_columns` listed the ready endpoints for,
+        # and that list.
+        self._ready_cols: dict[ModelName, tuple[object, npt.NDArray[np.bool_], tuple[EndpointId, ...]]] = {}
+        # Per (model, group): the blocks and the columns' index a mask of the group's own endpoints was
+        # made for, and that mask (`tiers_columns`).
+        self._own_masks: dict[tuple[ModelName, int], tuple[object, object, npt.NDArray[np.bool_]]] = {}
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -140,6 +148,27 @@ class DemandSplitFilter:
             return [own or others]
         return [own, others]
 
+    def tiers_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> Sequence[npt.NDArray[np.bool_]]:
+        """`tiers` as masks: the request's group's block from a mask kept while the blocks are the same."""
+        group = self.group_of.get(req.slo.slo_class)
+        if group is None or not candidates.any():
+            return [candidates]
+        first = cols.endpoints[int(np.flatnonzero(candidates)[0])]
+        blocks = self._count(req, group, snap, first.perf)
+        if not blocks:
+            return [candidates]
+        own_mask = self._own_mask(req.model, group, blocks, cols)
+        own = candidates & own_mask
+        others = candidates & ~own_mask
+        spill = self.spill[group]
+        if spill == "never":
+            return [own]
+        if spill == "when-full":
+            return [own if own.any() else others]
+        return [own, others]
+
     def scope(
         self, req: SchedRequest, serving: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
@@ -153,6 +182,36 @@ class DemandSplitFilter:
         if not blocks or self.spill[group] != "never":
             return serving
         return [e for e in serving if blocks.get(e.id, group) == group]
+
+    def scope_columns(
+        self, req: SchedRequest, cols: FleetColumns, serving: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]:
+        """`scope` as a mask (the group's block from the mask `tiers_columns` keeps)."""
+        group = self.group_of.get(req.slo.slo_class)
+        if group is None or not serving.any():
+            return serving
+        first = cols.endpoints[int(np.flatnonzero(serving)[0])]
+        blocks = self._count(req, group, snap, first.perf)
+        if not blocks or self.spill[group] != "never":
+            return serving
+        return serving & self._own_mask(req.model, group, blocks, cols)
+
+    def _own_mask(
+        self, model: ModelName, group: int, blocks: dict[EndpointId, int], cols: FleetColumns
+    ) -> npt.NDArray[np.bool_]:
+        """The endpoints of `group`'s block, and those in no block, as a mask; kept while the blocks and
+        the columns' endpoints are the same."""
+        key = (model, group)
+        kept = self._own_masks.get(key)
+        if kept is None or kept[0] is not blocks or kept[1] is not cols.index:
+            own_mask = np.ones(len(cols.endpoints), dtype=np.bool_)
+            index = cols.index
+            for eid, g in blocks.items():
+                i = index.get(eid)
+                if i is not None and g != group:
+                    own_mask[i] = False
+            kept = self._own_masks[key] = (blocks, cols.index, own_mask)
+        return kept[2]
 
     def _count(
         self, req: SchedRequest, group: int, snap: FleetSnapshot, perf: PerfCoefficients | None
@@ -203,6 +262,11 @@ class DemandSplitFilter:
         kept = self._ready_kept.get(model)
         if kept is not None and kept[0] is snap.endpoints:
             return kept[1]
+        cols = snap.columns
+        if cols is not None and cols.endpoints is snap.endpoints:
+            ready = self._ready_of_columns(model, cols)
+            self._ready_kept[model] = (snap.endpoints, ready)
+            return ready
         ready = tuple(
             sorted(
                 (e.id for e in snap.endpoints if model in e.models and e.health == EndpointHealth.READY),
@@ -210,6 +274,20 @@ class DemandSplitFilter:
             )
         )
         self._ready_kept[model] = (snap.endpoints, ready)
+        return ready
+
+    def _ready_of_columns(self, model: ModelName, cols: FleetColumns) -> tuple[EndpointId, ...]:
+        """`_ready` from the columns: the same endpoints (ready, serving `model`) in the same order (the
+        columns' id rank), listed again only when which endpoints are ready changed."""
+        serves = cols.members.get(model)
+        mask = np.zeros(len(cols.endpoints), dtype=np.bool_) if serves is None else serves & cols.ready
+        kept = self._ready_cols.get(model)
+        if kept is not None and kept[0] is cols.index and np.array_equal(kept[1], mask):
+            return kept[2]
+        order = np.argsort(cols.id_rank)
+        views = cols.endpoints
+        ready = tuple(views[i].id for i in order[mask[order]].tolist())
+        self._ready_cols[model] = (cols.index, mask, ready)
         return ready
 
     def _blocks(self, state: _ModelState, ready: tuple[EndpointId, ...]) -> dict[EndpointId, int]:

@@ -40,13 +40,15 @@ from collections.abc import Sequence
 from typing import Annotated
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.core.slo import SloKind, SloPolicy
 from gateway.core.types import InstanceClass
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 
 class InstanceClassParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -110,6 +112,27 @@ class InstanceClassFilter:
             out.append(tier)
         return out
 
+    def tiers_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> Sequence[npt.NDArray[np.bool_]]:
+        """`tiers` as masks: a class's endpoints from the columns; a borrowed class's reserve checked on
+        its candidates only (a walk of their running requests when the reserve follows recent
+        arrivals)."""
+        order = self.classes(req)
+        out: list[npt.NDArray[np.bool_]] = []
+        views = cols.endpoints
+        for cls in order:
+            of_class = cols.classes.get(cls)
+            tier = np.zeros_like(candidates) if of_class is None else candidates & of_class
+            keep = self._reserve.get(cls, 0) if cls != order[0] else 0
+            if keep and tier.any():
+                for i in np.flatnonzero(tier).tolist():
+                    e = views[i]
+                    if not e.inflight + 1 + self._kept(e, keep, snap.now) <= e.cap:
+                        tier[i] = False
+            out.append(tier)
+        return out
+
     def _kept(self, e: EndpointView, keep: int, now: float) -> int:
         """Seats of `e` kept free of borrowed work: the reserve, or the owner's recent arrivals there."""
         if self._window <= 0.0:
@@ -133,6 +156,17 @@ class InstanceClassFilter:
     ) -> Sequence[EndpointView]:
         allowed = self.classes(req)
         return [e for e in serving if e.instance_class in allowed]
+
+    def scope_columns(
+        self, req: SchedRequest, cols: FleetColumns, serving: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]:
+        """`scope` as a mask: the serving endpoints of the classes the request may use."""
+        allowed = np.zeros_like(serving)
+        for cls in self.classes(req):
+            of_class = cols.classes.get(cls)
+            if of_class is not None:
+                allowed |= of_class
+        return serving & allowed
 
 
 SPEC = PluginSpec(

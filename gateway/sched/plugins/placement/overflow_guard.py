@@ -13,14 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated
 
+import numpy as np
+import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.sched.harms import endangers
+from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.running import resume_prompt_tokens
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import itl_ok, meets, time_left
 
 
@@ -62,6 +66,70 @@ class OverflowGuardFilter:
         if meeting or p.hold_infeasible:
             return meeting
         return harmless
+
+    def filter_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]:
+        """The columnar form: on an endpoint with nothing running the request harms no one and is
+        predicted from the endpoint's coefficients alone, for all such endpoints at once (`predict`'s
+        arithmetic for an empty load, in its order); the endpoints that run something, or hold part of
+        its prompt, are judged one by one as `filter` judges them."""
+        p = self.params
+        now = snap.now
+        one_by_one = candidates & (cols.busy > 0)
+        if req.cached:
+            for eid in req.cached:
+                i = cols.index.get(eid)
+                if i is not None and candidates[i]:
+                    one_by_one[i] = True
+        idle = candidates & ~one_by_one
+        harmless = idle.copy()
+        meeting = np.zeros_like(candidates)
+        left = time_left(req, now)
+        if not req.best_effort and idle.any():
+            meeting = idle & self._meets_idle(req, cols, left)
+        views = cols.endpoints
+        for i in np.flatnonzero(one_by_one).tolist():
+            load = self._cache.load(views[i], now)
+            if endangers(load, req, margin=p.margin, on_track=p.on_track):
+                continue
+            harmless[i] = True
+            if not req.best_effort:
+                pred = load.predict(req, worst_case=p.worst_case)
+                meeting[i] = meets(pred, left, p.margin) and itl_ok(req, pred)
+        if req.best_effort:
+            return harmless
+        if p.hold_infeasible or meeting.any():
+            return meeting
+        return harmless
+
+    def _meets_idle(
+        self, req: SchedRequest, cols: FleetColumns, left: tuple[float | None, float | None]
+    ) -> npt.NDArray[np.bool_]:
+        """Per endpoint, whether `req` alone there (nothing running, nothing cached) keeps its targets:
+        `EndpointLoad.predict` of an empty load, with `meets` and `itl_ok`."""
+        p = self.params
+        params = self._cache.params
+        out = output_bound(req, params.gamma)
+        prompt = resume_prompt_tokens(req)
+        k1, c1, k2, c2, c3 = (cols.coef[:, j] for j in range(5))
+        ttft = 0.0 + (k1 * (prompt + 0.0) + c1)  # no wait, no pending prompts
+        b = cols.seats.astype(np.float64) if p.worst_case else 1.0
+        avg = (0.0 + float(prompt) + 0.5 * out) / 1
+        over = max(params.prefill_overhead, 0.0)  # no running prefills: the configured floor
+        tpot = ((k2 * avg + c2) * b + c3) * (1.0 + over)
+        e2e = ttft + max(0.0, out - 1.0) * tpot
+        ok = np.ones(len(cols.endpoints), dtype=np.bool_)
+        ttft_left, e2e_left = left
+        margin = p.margin
+        if ttft_left is not None:
+            ok &= ~(ttft > ttft_left * margin)
+        if e2e_left is not None:
+            ok &= ~(e2e > e2e_left * margin)
+        itl = req.slo.itl_ms
+        if itl is not None:
+            ok &= tpot * 1000.0 <= itl
+        return ok
 
 
 SPEC = PluginSpec(

@@ -1,0 +1,108 @@
+"""What an endpoint's load (`gateway.sched.predict.EndpointLoad`) is made of: the terms it takes from its
+view alone, whatever the clock (`Pace`, `same_inputs`), and each running request's estimated state as of
+the load's time (`RunningState`)."""
+
+from __future__ import annotations
+
+from operator import is_
+from typing import Final
+
+from gateway.sched.perf import PerfCoefficients
+from gateway.sched.running import RunningRequest
+from gateway.sched.snapshot import EndpointView
+
+#: Prefill share of an endpoint's time at most (decoding then takes twice as long): a snapshot of a few
+#: running requests is a noisy sample of the mix.
+_MAX_PREFILL_SHARE: Final = 0.5
+
+
+class RunningState:
+    """A running request as of `now` (estimated). A plain class rather than a frozen dataclass: a load
+    asked for its running states makes one per running request, on the scheduler's hot path; treat them
+    as read-only once made."""
+
+    __slots__ = ("finish_s", "first_s", "long", "prefilled", "produced", "remaining", "req")
+
+    # Positional on purpose: built once per running request of a load, where keywords cost time.
+    def __init__(  # noqa: PLR0917
+        self,
+        req: RunningRequest,
+        prefilled: bool,
+        produced: float,
+        remaining: float,
+        finish_s: float,
+        first_s: float,
+        long: float,
+    ) -> None:
+        self.req = req
+        self.prefilled = prefilled  # its first token is (estimated to be) out
+        self.produced = produced  # output tokens so far
+        self.remaining = remaining  # output tokens still to come (tail-adjusted)
+        self.finish_s = finish_s  # seconds from now until its last token at the current per-token time
+        self.first_s = first_s  # seconds from now until its first token (<= 0: out already)
+        self.long = long  # how far past its predicted length it is (0: not running long), relative
+
+    @property
+    def context(self) -> float:
+        return self.req.prompt_tokens + self.produced
+
+    def __repr__(self) -> str:
+        return (
+            f"RunningState({self.req.id!r}, prefilled={self.prefilled}, produced={self.produced:.1f}, "
+            f"remaining={self.remaining:.1f}, finish_s={self.finish_s:.3f})"
+        )
+
+
+def same_inputs(view: EndpointView, other: EndpointView) -> bool:
+    """Whether a load of `other` takes from its view what a load of `view` takes (the same endpoint,
+    coefficients, KV capacity, seats and running requests): e.g. views apart only in engine gauges or
+    measured EWMAs."""
+    if view is other:
+        return True
+    return (
+        view.id == other.id
+        and view.perf is other.perf
+        and view.kv_capacity_tokens == other.kv_capacity_tokens
+        and view.cap == other.cap
+        and view.max_batch == other.max_batch
+        and len(view.running) == len(other.running)
+        and all(map(is_, view.running, other.running))
+    )
+
+
+class Pace:
+    """What an endpoint's load takes from its view alone, whatever the clock: each running request's
+    prefill tokens, the batch's prefill share and the per-token pace before progress is known. A load
+    of the same view at a later time (`LoadCache` remakes loads 20-40 ms apart while nothing changed
+    there) starts from these instead of deriving them again."""
+
+    __slots__ = ("fresh", "guess", "overhead")
+
+    def __init__(self, fresh: list[int], overhead: float, guess: float) -> None:
+        self.fresh = fresh
+        self.overhead = overhead
+        self.guess = guess
+
+
+def pace_of(view: EndpointView, coef: PerfCoefficients, prefill_overhead: float) -> Pace:
+    reqs = view.running
+    n = len(reqs)
+    base_ctx = sum([r.prompt_tokens for r in reqs])
+    base = coef.decode_iter_s(n, base_ctx / n) if n else 0.0
+    # Prefills pause the batch: each running request's prefill, over its lifetime, is the share of
+    # time the endpoint spends prefilling requests like it (a steady state of this batch).
+    k1, c1 = coef.k1, coef.c1
+    rho = 0.0
+    # Each running request's prefill tokens (its uncached ones), once: `RunningRequest.prefill_tokens`
+    # inlined (this runs per running request on every placement).
+    fresh = [
+        r.prompt_tokens if r.cached_tokens <= 0 else max(1, r.prompt_tokens - r.cached_tokens) for r in reqs
+    ]
+    for r, f in zip(reqs, fresh, strict=True):
+        pre = k1 * f + c1
+        life = pre + r.output_mean * base
+        rho += pre / life if life > 0 else 0.0
+    rho = min(rho, _MAX_PREFILL_SHARE)
+    overhead = max(prefill_overhead, rho / (1.0 - rho))
+    # Per-token time of the current batch; contexts are refined once progress is known.
+    return Pace(fresh, overhead, base * (1.0 + overhead))

@@ -1,0 +1,162 @@
+"""What predictions keep between decisions: a load remade for its age alone, from the old one's
+clock-independent terms, is the load made from scratch, number for number (`gateway.sched.loads`); a
+fleet's idle bound kept across snapshots is the one collected afresh (`gateway.sched.idle.KeptBounds`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.core.types import EndpointHealth, ModelName
+from gateway.sched.idle import KeptBounds, fleet_bound
+from gateway.sched.loads import LoadCache
+from gateway.sched.perf import PerfCoefficients
+from gateway.sched.predict import EndpointLoad, PredictParams
+from gateway.sched.running import RunningRequest, with_progress
+from gateway.sched.snapshot import EndpointEstimates, FleetSnapshot
+from tests.unit.slo_fixtures import running, view
+
+_run = st.tuples(
+    st.integers(min_value=1, max_value=4000),  # prompt
+    st.floats(min_value=1.0, max_value=400.0),  # predicted output
+    st.floats(min_value=0.0, max_value=80.0),  # its spread
+    st.floats(min_value=0.0, max_value=5.0),  # age
+    st.one_of(st.none(), st.integers(min_value=1, max_value=300)),  # max_tokens
+    st.one_of(st.none(), st.integers(min_value=0, max_value=300)),  # tokens reported
+    st.integers(min_value=0, max_value=3000),  # cached prompt tokens
+)
+
+
+def _numbers(load: EndpointLoad) -> tuple[object, ...]:
+    states = tuple(
+        (s.req, s.prefilled, s.produced, s.remaining, s.finish_s, s.first_s, s.long) for s in load.running
+    )
+    return (
+        load.n,
+        load.overhead,
+        load.ctx_sum,
+        load.pending_prompt,
+        load.running_long,
+        load.tpot_now,
+        load.wait_s,
+        tuple(load.seat_free),
+        states,
+    )
+
+
+def _runs(runs: list[tuple[int, float, float, float, int | None, int | None, int]]) -> list[RunningRequest]:
+    now = 10.0
+    out = []
+    for k, (p, o, std, age, mt, reported, cached) in enumerate(runs):
+        r = dataclasses.replace(
+            running(f"x{k}", prompt=p, out=o, std=std, dispatched_at=now - age),
+            max_tokens=mt,
+            cached_tokens=cached,
+        )
+        if reported is not None:
+            r = with_progress(r, reported, now - age + 0.2, now - age / 2)
+        out.append(r)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    runs=st.lists(_run, max_size=12),
+    later=st.floats(min_value=0.0, max_value=3.0),
+    cap=st.integers(min_value=1, max_value=16),
+    tail=st.sampled_from(("mean", "normal", "cantelli")),
+)
+def test_a_load_remade_later_is_the_load_made_afresh(
+    runs: list[tuple[int, float, float, float, int | None, int | None, int]],
+    later: float,
+    cap: int,
+    tail: str,
+) -> None:
+    params = PredictParams(tail=tail, tau=0.05, prefill_overhead=0.05)  # type: ignore[arg-type]
+    v = view("e", cap=cap, runs=_runs(runs))
+    old = EndpointLoad(v, 10.0, params)
+    assert _numbers(EndpointLoad(v, 10.0 + later, params, like=old)) == _numbers(
+        EndpointLoad(v, 10.0 + later, params)
+    )
+    # a view apart only in what no load reads: new gauges, new measured EWMAs
+    assert v.estimates is not None
+    gauged = dataclasses.replace(
+        v, engine_waiting=3.0, estimates=dataclasses.replace(v.estimates, ttft_ewma_s=0.5)
+    )
+    assert _numbers(EndpointLoad(gauged, 10.0 + later, params, like=old)) == _numbers(
+        EndpointLoad(gauged, 10.0 + later, params)
+    )
+    # ... and one whose running requests changed (a progress report): nothing is taken over wrongly
+    if v.running:
+        moved = dataclasses.replace(v, running=(with_progress(v.running[0], 7, 9.0, 9.5), *v.running[1:]))
+        assert _numbers(EndpointLoad(moved, 10.0 + later, params, like=old)) == _numbers(
+            EndpointLoad(moved, 10.0 + later, params)
+        )
+
+
+def test_the_cache_reuses_a_load_then_remakes_it_from_the_old_one() -> None:
+    params = PredictParams()
+    v = view("e", cap=4, runs=_runs([(500, 100.0, 0.0, 1.0, None, None, 0)]))
+    cache = LoadCache(params)
+    first = cache.load(v, 10.0)
+    assert cache.load(v, 10.01) is first  # within its reuse time
+    later = cache.load(v, 11.0)
+    assert later is not first
+    assert later.now == 11.0
+    assert _numbers(later) == _numbers(EndpointLoad(v, 11.0, params))
+
+
+_COEFS = (
+    None,
+    PerfCoefficients(
+        k1=1e-4, c1=0.01, k2=0.0, c2=0.001, c3=0.01, h=1.0, j=0.0, thr1=1.0, alpha=0.0, beta=0.0
+    ),
+    PerfCoefficients(
+        k1=2e-4, c1=0.02, k2=1e-7, c2=0.002, c3=0.01, h=1.0, j=8.0, thr1=1.0, alpha=0.0, beta=0.0
+    ),
+)
+# (endpoint index, what changes: its estimates to coefficients k, its health, its models, or only its
+# running requests)
+_change = st.tuples(
+    st.integers(min_value=0, max_value=5),
+    st.sampled_from(("estimates", "health", "models", "progress")),
+    st.integers(min_value=0, max_value=len(_COEFS) - 1),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(min_value=1, max_value=6), changes=st.lists(_change, max_size=12))
+def test_kept_bounds_are_the_fleet_bound_of_every_snapshot(
+    n: int, changes: list[tuple[int, str, int]]
+) -> None:
+    views = [view(f"e{i}", coef=_COEFS[1]) for i in range(n)]
+    kept = KeptBounds()
+    for at, what, k in [(0, "progress", 0), *changes]:
+        i = at % n
+        v = views[i]
+        if what == "estimates":
+            v = dataclasses.replace(v, estimates=EndpointEstimates(perf=_COEFS[k]))
+        elif what == "health":
+            ready = v.health is EndpointHealth.READY
+            v = dataclasses.replace(v, health=EndpointHealth.UNHEALTHY if ready else EndpointHealth.READY)
+        elif what == "models":
+            v = dataclasses.replace(v, models=frozenset({ModelName("m" if k else "other")}))
+        else:
+            v = dataclasses.replace(v, inflight=v.inflight + 1)
+        views[i] = v
+        s = FleetSnapshot(now=1.0, endpoints=tuple(views))
+        for slowest in (False, True):
+            assert kept.bound(s, ModelName("m"), slowest=slowest) == fleet_bound(
+                s, ModelName("m"), slowest=slowest
+            )
+
+
+def test_a_load_with_nothing_running_is_kept_while_its_view_is() -> None:
+    cache = LoadCache(PredictParams())
+    idle = view("e", cap=4)
+    first = cache.load(idle, 10.0)
+    assert cache.load(idle, 50.0) is first  # its numbers do not move with the clock: renewed
+    assert _numbers(first) == _numbers(EndpointLoad(idle, 50.0, PredictParams()))
+    assert cache.load(view("e", cap=4), 50.0) is not first  # a new view: a new load
