@@ -193,7 +193,9 @@ class ApproximateBlocks:
         lo = 0  # every slot in `m` holds keys[: lo + 1]
         while m:
             found = len(ends)
-            if found >= gallop_groups and lo < SCAN_GAP * max(found, 1):
+            # The gaps between the lengths found so far, the first length aside (a shared system
+            # prompt often puts the first change far in, and the rest close together).
+            if found >= gallop_groups and lo - (ends[0] if found > 1 else 0) < SCAN_GAP * max(found - 1, 1):
                 more_sets, more_ends = self._scan(keys, lo + 1, m, nested=mask is None)
                 sets += more_sets
                 ends += more_ends
@@ -228,7 +230,11 @@ class ApproximateBlocks:
         The bitsets along the keys only shrink (a slot holding a key holds its prefix), so where the
         bitset changes, a run of equal bitsets ends: its slots hold every key up to there, and the
         slots it loses at the change are those whose match ends there. `nested`: no slot outside `m`
-        holds a key past `start` (no mask narrowed `m`), so the runs need no intersecting with it."""
+        holds a key past `start` (no mask narrowed `m`), so the runs need no intersecting with it.
+
+        Per key: one dict lookup (`itemgetter`), one identity comparison and one step of `compress`,
+        all in C; per change, a few more. The positions come from a list of ints kept for the purpose
+        (iterating a `range` would allocate an int per key)."""
         get = self._owners.get
         n = len(keys)
         lo, hi = start - 1, n  # some slot of m holds keys[lo] (or lo < start); none holds keys[hi]
@@ -260,13 +266,31 @@ class ApproximateBlocks:
         # than comparing values; two equal ones that are not the same object only add a change that
         # loses no slot (dropped below).
         changed = list(map(is_not, vals, islice(vals, 1, None)))
-        runs = [m, *compress(vals, changed), vals[-1]]
+        first = vals[0]
+        if nested and (first is m or first == m):  # no match ends at `start` (the common case)
+            runs = [*compress(vals, changed), vals[-1]]
+            ends = [*compress(_positions(hi)[start + 1 : hi], changed), hi]
+        else:
+            runs = [m, *compress(vals, changed), vals[-1]]
+            ends = [start, *compress(_positions(hi)[start + 1 : hi], changed), hi]
         if not nested:
             runs = list(accumulate(runs, and_))
         runs.append(0)
         gone = list(map(xor, runs, islice(runs, 1, None)))
-        ends = [start, *compress(range(start + 1, hi), changed), hi]
-        return list(compress(gone, gone)), list(compress(ends, gone))
+        if 0 in gone:  # equal bitsets that were not one object, or a mask leaving some runs empty
+            return list(compress(gone, gone)), list(compress(ends, gone))
+        return gone, ends
+
+
+_POSITIONS: list[int] = list(range(1024))
+
+
+def _positions(n: int) -> list[int]:
+    """A list of the ints 0, 1, ... with at least `n` of them (grown as longer prompts come)."""
+    global _POSITIONS  # noqa: PLW0603 (a cache of ints, grown in place of a per-call range)
+    if len(_POSITIONS) < n:
+        _POSITIONS = list(range(max(n, 2 * len(_POSITIONS))))
+    return _POSITIONS
 
 
 class ApproximateHolder:

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from itertools import chain, repeat
-from operator import mul
-from typing import Any, Final, Literal, cast
+from itertools import compress, repeat
+from operator import is_, mul
+from typing import Any, Final, Literal
 
 from gateway.core.blockhash import text_chain, token_chain
 from gateway.core.types import ApiKind, EndpointId
@@ -131,10 +131,10 @@ class PrefixIndex:
         self._cpt = chars_per_token
         self._blocks = ApproximateBlocks()
         self._endpoints: dict[EndpointId, _Endpoint] = {}
-        self._by_slot: dict[int, EndpointId] = {}
+        self._by_bit: dict[int, EndpointId] = {}  # a slot's bit -> its endpoint
         self._capacity_tokens: dict[EndpointId, float] = {}
         self._roots: dict[str, int] = {}
-        self._eids_memo: dict[int, tuple[EndpointId, ...]] = {}  # slots bitset -> its endpoints
+        self._eids_memo: dict[int, tuple[EndpointId, ...]] = {}  # slots bitset (several) -> its endpoints
         # Endpoints whose correction is below 1, and it: their approximate answers are scaled by it.
         self._damped: dict[EndpointId, float] = {}
         self._precise: dict[EndpointId, BlockHolder] = {}  # the endpoints with a precise holder attached
@@ -156,7 +156,7 @@ class PrefixIndex:
             ep = self._endpoints[eid] = _Endpoint(
                 ApproximateHolder(self._blocks, idx, self.settings.block_tokens)
             )
-            self._by_slot[idx] = eid
+            self._by_bit[1 << idx] = eid
             self._eids_memo.clear()
         return ep
 
@@ -187,7 +187,7 @@ class PrefixIndex:
         for eid in [e for e in self._endpoints if e not in wanted]:
             ep = self._endpoints.pop(eid)
             self._blocks.drop_slot(ep.holder.idx)
-            self._by_slot.pop(ep.holder.idx, None)
+            self._by_bit.pop(1 << ep.holder.idx, None)
             self._capacity_tokens.pop(eid, None)
             self._damped.pop(eid, None)
             self._precise.pop(eid, None)
@@ -251,12 +251,12 @@ class PrefixIndex:
     def _eids_of(self, held: int) -> tuple[EndpointId, ...]:
         """The endpoints of a slots bitset, remembered (the same sets come back request after request:
         the endpoints holding a shared system prompt) until the slots change."""
-        by_slot = self._by_slot
+        by_bit = self._by_bit
         eids: list[EndpointId] = []
         bits = held
         while bits:
             low = bits & -bits
-            eid = by_slot.get(low.bit_length() - 1)
+            eid = by_bit.get(low)
             if eid is not None:
                 eids.append(eid)
             bits ^= low
@@ -281,11 +281,6 @@ class PrefixIndex:
         if bitsets:
             # In C-level iterators: a hundred endpoints each holding its own length cost few more
             # Python steps than one.
-            memo = list(map(self._eids_memo.get, bitsets))
-            if None in memo:
-                eids = [self._eids_of(b) if e is None else e for e, b in zip(memo, bitsets, strict=True)]
-            else:
-                eids = cast("list[tuple[EndpointId, ...]]", memo)
             per_block = self._tokens_per_block(pk)
             if per_block.is_integer():  # int products: no float to round back
                 tokens = list(map(mul, lengths, repeat(int(per_block))))
@@ -293,11 +288,16 @@ class PrefixIndex:
                 tokens = list(map(int, map(mul, lengths, repeat(per_block))))
             if tokens[-1] > prompt_tokens:  # lengths increase
                 tokens = [min(t, prompt_tokens) for t in tokens]
-            flat = list(chain.from_iterable(eids))
-            if len(flat) == len(eids):  # one endpoint per length
-                out = dict(zip(flat, tokens, strict=True))
-            else:
-                out = dict(zip(flat, chain.from_iterable(map(repeat, tokens, map(len, eids))), strict=True))
+            # Most lengths are held by one endpoint each (a bitset of one bit): one dict lookup
+            # each. The bitsets of several endpoints (and of none) come out as None, and then
+            # each of them is expanded (its endpoints remembered per bitset).
+            firsts = list(map(self._by_bit.get, bitsets))
+            out = dict(zip(firsts, tokens))
+            if None in out:
+                del out[None]  # type: ignore[arg-type]
+                for held, t in compress(zip(bitsets, tokens), map(is_, firsts, repeat(None))):
+                    eids = self._eids_memo.get(held)
+                    out.update(dict.fromkeys(self._eids_of(held) if eids is None else eids, t))
         if self._damped:  # engines that hit less than the approximate source predicts (even none)
             for eid, c in self._damped.items():
                 got = out.get(eid)
