@@ -29,7 +29,7 @@ from typing import Final
 #: Blocks a slot holds while the endpoint's KV capacity is unknown and none is configured.
 DEFAULT_BLOCKS: Final = 32_768
 #: Distinct match lengths found by galloping before the rest of a prompt is read in one pass.
-GALLOP_GROUPS: Final = 3
+GALLOP_GROUPS: Final = 2
 #: ... when they are on average fewer keys apart than this (galloping costs about 2·log2(gap) dict
 #: lookups and some Python steps per length, the one pass a few tens of ns per key).
 SCAN_GAP: Final = 16

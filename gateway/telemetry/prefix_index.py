@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import is_, mul
+from itertools import repeat
+from operator import mul
 from typing import Any, Final, Literal
 
 from gateway.core.blockhash import text_chain, token_chain
@@ -291,13 +291,20 @@ class PrefixIndex:
             # Most lengths are held by one endpoint each (a bitset of one bit): one dict lookup
             # each. The bitsets of several endpoints (and of none) come out as None, and then
             # each of them is expanded (its endpoints remembered per bitset).
-            firsts = list(map(self._by_bit.get, bitsets))
-            out = dict(zip(firsts, tokens))
+            out = dict(zip(map(self._by_bit.get, bitsets), tokens))
             if None in out:
                 del out[None]  # type: ignore[arg-type]
-                for held, t in compress(zip(bitsets, tokens), map(is_, firsts, repeat(None))):
-                    eids = self._eids_memo.get(held)
-                    out.update(dict.fromkeys(self._eids_of(held) if eids is None else eids, t))
+                firsts = list(map(self._by_bit.get, bitsets))
+                memo = self._eids_memo
+                at = firsts.index(None)
+                while True:
+                    held = bitsets[at]
+                    eids = memo.get(held)
+                    out.update(dict.fromkeys(self._eids_of(held) if eids is None else eids, tokens[at]))
+                    try:
+                        at = firsts.index(None, at + 1)
+                    except ValueError:
+                        break
         if self._damped:  # engines that hit less than the approximate source predicts (even none)
             for eid, c in self._damped.items():
                 got = out.get(eid)
