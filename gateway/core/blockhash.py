@@ -30,12 +30,14 @@ def token_chain(token_ids: Sequence[int], block_size: int, parent: int = ROOT) -
     `parent`. A partial last block has no key."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    ids = tuple(token_ids)
     keys: list[int] = []
+    append = keys.append
     key = parent
-    for start in range(0, len(ids) - block_size + 1, block_size):
-        key = hash((key, ids[start : start + block_size]))  # a tuple's slice: no list, no unpacking
-        keys.append(key)
+    # The blocks as tuples, cut in C: `block_size` references to one iterator, zipped (a partial last
+    # block is left out). Cheaper than slicing a tuple of the ids (no copy of them, no slice objects).
+    for block in zip(*[iter(token_ids)] * block_size):
+        key = hash((key, block))
+        append(key)
     return keys
 
 
@@ -45,8 +47,9 @@ def text_chain(text: str, block_chars: int, parent: int = ROOT) -> list[int]:
     if block_chars <= 0:
         raise ValueError(f"block_chars must be positive, got {block_chars}")
     keys: list[int] = []
+    append = keys.append
     key = parent
     for start in range(0, len(text) - block_chars + 1, block_chars):
         key = hash((key, text[start : start + block_chars]))
-        keys.append(key)
+        append(key)
     return keys
