@@ -28,6 +28,7 @@ index's own, uncorrected predictions (`dispatched`), so the correction does not 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
@@ -286,8 +287,9 @@ class PrefixIndex:
                 tokens = list(map(mul, lengths, repeat(int(per_block))))
             else:
                 tokens = list(map(int, map(mul, lengths, repeat(per_block))))
-            if tokens[-1] > prompt_tokens:  # lengths increase
-                tokens = [min(t, prompt_tokens) for t in tokens]
+            if tokens[-1] > prompt_tokens:  # never more than the prompt (the tokens increase)
+                cut = bisect_right(tokens, prompt_tokens)
+                tokens[cut:] = repeat(prompt_tokens, len(tokens) - cut)
             # Most lengths are held by one endpoint each (a bitset of one bit): one dict lookup
             # each. The bitsets of several endpoints (and of none) come out as None, and then
             # each of them is expanded (its endpoints remembered per bitset).
