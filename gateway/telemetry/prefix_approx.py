@@ -14,8 +14,9 @@ tail-first). What the engine really evicted is not known here: this source assum
 KV capacity caches what berth sent last.
 
 Memory: per block held, one entry in the slot's `OrderedDict` and, shared by the slots holding it, one
-dict entry and a small int (the bitset): about 180 bytes for a block held by one endpoint
-(`loadgen.diag.prefix_index` measures it).
+dict entry and a small int (the bitset): about 150 bytes for a block held by one endpoint
+(`loadgen.diag.prefix_index` measures it). Matching keeps nothing per block: only a list of the ints
+up to the longest prompt's block count, shared by every match (`_positions`).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 from operator import mul
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from gateway.core.blockhash import text_chain, token_chain
 from gateway.core.types import ApiKind, EndpointId
@@ -273,6 +273,28 @@ class PrefixIndex:
         cpt = self._cpt(pk.model) if self._cpt is not None else self.settings.chars_per_token
         return pk.block_chars / max(cpt, 0.1)
 
+    def _by_endpoint(self, bitsets: list[int], tokens: list[int]) -> dict[EndpointId, int]:
+        """Tokens per endpoint from the slots bitsets of each match length and its tokens. Most lengths
+        are held by one endpoint each (a bitset of one bit): one dict lookup each, in C. The bitsets of
+        several endpoints (and of none) come out as None, and then each of them is expanded (its
+        endpoints remembered per bitset)."""
+        by_bit: Callable[[int], EndpointId | None] = self._by_bit.get
+        out = dict(zip(map(by_bit, bitsets), tokens, strict=True))
+        if None in out:
+            del out[None]
+            firsts = list(map(by_bit, bitsets))
+            memo = self._eids_memo
+            at = firsts.index(None)
+            while True:
+                held = bitsets[at]
+                eids = memo.get(held)
+                out.update(dict.fromkeys(self._eids_of(held) if eids is None else eids, tokens[at]))
+                try:
+                    at = firsts.index(None, at + 1)
+                except ValueError:
+                    break
+        return cast("dict[EndpointId, int]", out)  # None is gone
+
     def lookup(self, pk: PromptKeys | None, prompt_tokens: int) -> PrefixHits:
         """Cached prompt tokens per endpoint for the request (at most `prompt_tokens`)."""
         if pk is None or not self._endpoints:
@@ -290,23 +312,7 @@ class PrefixIndex:
             if tokens[-1] > prompt_tokens:  # never more than the prompt (the tokens increase)
                 cut = bisect_right(tokens, prompt_tokens)
                 tokens[cut:] = repeat(prompt_tokens, len(tokens) - cut)
-            # Most lengths are held by one endpoint each (a bitset of one bit): one dict lookup
-            # each. The bitsets of several endpoints (and of none) come out as None, and then
-            # each of them is expanded (its endpoints remembered per bitset).
-            out = dict(zip(map(self._by_bit.get, bitsets), tokens))
-            if None in out:
-                del out[None]  # type: ignore[arg-type]
-                firsts = list(map(self._by_bit.get, bitsets))
-                memo = self._eids_memo
-                at = firsts.index(None)
-                while True:
-                    held = bitsets[at]
-                    eids = memo.get(held)
-                    out.update(dict.fromkeys(self._eids_of(held) if eids is None else eids, tokens[at]))
-                    try:
-                        at = firsts.index(None, at + 1)
-                    except ValueError:
-                        break
+            out = self._by_endpoint(bitsets, tokens)
         if self._damped:  # engines that hit less than the approximate source predicts (even none)
             for eid, c in self._damped.items():
                 got = out.get(eid)

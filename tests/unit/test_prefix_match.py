@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate, compress, islice, repeat
-from operator import and_, is_not, itemgetter, xor
+from operator import and_, is_not, xor
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -99,13 +99,10 @@ def _per_slot(sets: list[int], ends: list[int]) -> dict[int, int]:
     """Each slot's match length from (bitset, length) pairs; a slot must appear at most once."""
     out: dict[int, int] = {}
     for bits, n in zip(sets, ends, strict=True):
-        slot = 0
-        while bits:
-            if bits & 1:
+        for slot in range(bits.bit_length()):
+            if bits >> slot & 1:
                 assert slot not in out
                 out[slot] = n
-            bits >>= 1
-            slot += 1
     return out
 
 
