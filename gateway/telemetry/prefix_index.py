@@ -32,7 +32,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
-from operator import mul
+from operator import mul, rshift
 from typing import Any, Final, Literal, cast
 
 from gateway.core.blockhash import text_chain, token_chain
@@ -50,6 +50,10 @@ _MAX_CORRECTION: Final = 2.0
 _MIN_CORRECTION_TOKENS: Final = 256.0
 #: Slot sets whose endpoints are remembered at most.
 _MEMO_SETS: Final = 4096
+#: Fractional bits of the tokens per block of a text prompt (an estimate: characters per block over
+#: the model's characters per token).
+_FIXED_BITS: Final = 16
+_FIXED_MASK: Final = (1 << _FIXED_BITS) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,11 +271,14 @@ class PrefixIndex:
         got = memo[held] = tuple(eids)
         return got
 
-    def _tokens_per_block(self, pk: PromptKeys) -> float:
+    def _tokens_per_block(self, pk: PromptKeys) -> int:
+        """Tokens per block in fixed point (`_FIXED_BITS` fractional bits): `(blocks * this) >>
+        _FIXED_BITS` tokens, the same in `lookup` and `cached_on`, in int arithmetic (a float product
+        and its conversion back to int cost twice as much per match length)."""
         if pk.tokens_per_block is not None:
-            return float(pk.tokens_per_block)
+            return pk.tokens_per_block << _FIXED_BITS
         cpt = self._cpt(pk.model) if self._cpt is not None else self.settings.chars_per_token
-        return pk.block_chars / max(cpt, 0.1)
+        return round(pk.block_chars / max(cpt, 0.1) * (1 << _FIXED_BITS))
 
     def _by_endpoint(self, bitsets: list[int], tokens: list[int]) -> dict[EndpointId, int]:
         """Tokens per endpoint from the slots bitsets of each match length and its tokens. Most lengths
@@ -279,20 +286,17 @@ class PrefixIndex:
         several endpoints (and of none) come out as None, and then each of them is expanded (its
         endpoints remembered per bitset)."""
         by_bit: Callable[[int], EndpointId | None] = self._by_bit.get
-        out = dict(zip(map(by_bit, bitsets), tokens, strict=True))
+        firsts = list(map(by_bit, bitsets))
+        out = dict(zip(firsts, tokens, strict=True))
         if None in out:
             del out[None]
-            firsts = list(map(by_bit, bitsets))
             memo = self._eids_memo
-            at = firsts.index(None)
-            while True:
+            at = -1
+            for _ in range(firsts.count(None)):
+                at = firsts.index(None, at + 1)
                 held = bitsets[at]
                 eids = memo.get(held)
                 out.update(dict.fromkeys(self._eids_of(held) if eids is None else eids, tokens[at]))
-                try:
-                    at = firsts.index(None, at + 1)
-                except ValueError:
-                    break
         return cast("dict[EndpointId, int]", out)  # None is gone
 
     def lookup(self, pk: PromptKeys | None, prompt_tokens: int) -> PrefixHits:
@@ -304,11 +308,11 @@ class PrefixIndex:
         if bitsets:
             # In C-level iterators: a hundred endpoints each holding its own length cost few more
             # Python steps than one.
-            per_block = self._tokens_per_block(pk)
-            if per_block.is_integer():  # int products: no float to round back
-                tokens = list(map(mul, lengths, repeat(int(per_block))))
-            else:
-                tokens = list(map(int, map(mul, lengths, repeat(per_block))))
+            fixed = self._tokens_per_block(pk)
+            if fixed & _FIXED_MASK:
+                tokens = list(map(rshift, map(mul, lengths, repeat(fixed)), repeat(_FIXED_BITS)))
+            else:  # a whole number of tokens per block: one product each
+                tokens = list(map(mul, lengths, repeat(fixed >> _FIXED_BITS)))
             if tokens[-1] > prompt_tokens:  # never more than the prompt (the tokens increase)
                 cut = bisect_right(tokens, prompt_tokens)
                 tokens[cut:] = repeat(prompt_tokens, len(tokens) - cut)
@@ -343,7 +347,7 @@ class PrefixIndex:
             if keys is not None:
                 return min(prompt_tokens, holder.matched(keys) * holder.block_tokens)
         n = self._blocks.matched(ep.holder.idx, pk.keys)
-        return min(prompt_tokens, int(n * self._tokens_per_block(pk)))
+        return min(prompt_tokens, (n * self._tokens_per_block(pk)) >> _FIXED_BITS)
 
     def dispatched(self, eid: EndpointId, pk: PromptKeys | None, prompt_tokens: int) -> int:
         """The request was sent to `eid`: the endpoint holds its prompt's blocks now. Returns the prompt
