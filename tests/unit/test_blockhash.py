@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.core import blockhash
 from gateway.core.blockhash import ROOT, text_chain, token_chain
 
 
@@ -86,3 +87,30 @@ def test_the_keys_are_the_same_however_the_ids_arrive(
         last = more[-1] if more else last
         start = end
     assert pieces == whole
+
+
+def _sliced_text_chain(text: str, block_chars: int, parent: int) -> list[int]:
+    keys: list[int] = []
+    key = parent
+    for start in range(0, len(text) - block_chars + 1, block_chars):
+        key = hash((key, text[start : start + block_chars]))
+        keys.append(key)
+    return keys
+
+
+@given(
+    st.text(alphabet="ab é€\U0001f600", max_size=400), st.integers(1, 70), st.integers(-(1 << 63), 1 << 63)
+)
+def test_text_keys_are_the_chain_as_first_written(text: str, block_chars: int, parent: int) -> None:
+    """The slices kept per block size change nothing: the keys are those of slicing block by block."""
+    assert text_chain(text, block_chars, parent) == _sliced_text_chain(text, block_chars, parent)
+
+
+def test_text_keys_past_the_slices_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt longer than the slices kept for its block size is keyed on by slicing, the same way."""
+    monkeypatch.setattr(blockhash, "_SLICES_MAX", 3)
+    monkeypatch.setattr(blockhash, "_slices", {})
+    text = "abcdefghij" * 7
+    for size in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10):  # more sizes than are kept: the cache starts afresh
+        assert text_chain(text, size, 11) == _sliced_text_chain(text, size, 11)
+    assert len(blockhash._slices) <= blockhash._SLICE_SIZES_MAX
