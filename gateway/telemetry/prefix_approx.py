@@ -14,8 +14,9 @@ tail-first). What the engine really evicted is not known here: this source assum
 KV capacity caches what berth sent last.
 
 Memory: per block held, one entry in the slot's `OrderedDict` and, shared by the slots holding it, one
-dict entry and a small int (the bitset): about 180 bytes for a block held by one endpoint
-(`loadgen.diag.prefix_index` measures it).
+dict entry and a small int (the bitset): about 150 bytes for a block held by one endpoint
+(`loadgen.diag.prefix_index` measures it). Matching keeps nothing per block: only a list of the ints
+up to the longest prompt's block count, shared by every match (`_positions`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Final
 #: Blocks a slot holds while the endpoint's KV capacity is unknown and none is configured.
 DEFAULT_BLOCKS: Final = 32_768
 #: Distinct match lengths found by galloping before the rest of a prompt is read in one pass.
-GALLOP_GROUPS: Final = 3
+GALLOP_GROUPS: Final = 2
 #: ... when they are on average fewer keys apart than this (galloping costs about 2·log2(gap) dict
 #: lookups and some Python steps per length, the one pass a few tens of ns per key).
 SCAN_GAP: Final = 16
@@ -193,7 +194,9 @@ class ApproximateBlocks:
         lo = 0  # every slot in `m` holds keys[: lo + 1]
         while m:
             found = len(ends)
-            if found >= gallop_groups and lo < SCAN_GAP * max(found, 1):
+            # The gaps between the lengths found so far, the first length aside (a shared system
+            # prompt often puts the first change far in, and the rest close together).
+            if found >= gallop_groups and lo - (ends[0] if found > 1 else 0) < SCAN_GAP * max(found - 1, 1):
                 more_sets, more_ends = self._scan(keys, lo + 1, m, nested=mask is None)
                 sets += more_sets
                 ends += more_ends
@@ -228,7 +231,11 @@ class ApproximateBlocks:
         The bitsets along the keys only shrink (a slot holding a key holds its prefix), so where the
         bitset changes, a run of equal bitsets ends: its slots hold every key up to there, and the
         slots it loses at the change are those whose match ends there. `nested`: no slot outside `m`
-        holds a key past `start` (no mask narrowed `m`), so the runs need no intersecting with it."""
+        holds a key past `start` (no mask narrowed `m`), so the runs need no intersecting with it.
+
+        Per key: one dict lookup (`itemgetter`), one identity comparison and one step of `compress`,
+        all in C; per change, a few more. The positions come from a list of ints kept for the purpose
+        (iterating a `range` would allocate an int per key)."""
         get = self._owners.get
         n = len(keys)
         lo, hi = start - 1, n  # some slot of m holds keys[lo] (or lo < start); none holds keys[hi]
@@ -260,13 +267,31 @@ class ApproximateBlocks:
         # than comparing values; two equal ones that are not the same object only add a change that
         # loses no slot (dropped below).
         changed = list(map(is_not, vals, islice(vals, 1, None)))
-        runs = [m, *compress(vals, changed), vals[-1]]
+        first = vals[0]
+        if nested and (first is m or first == m):  # no match ends at `start` (the common case)
+            runs = [*compress(vals, changed), vals[-1]]
+            ends = [*compress(_positions(hi)[start + 1 : hi], changed), hi]
+        else:
+            runs = [m, *compress(vals, changed), vals[-1]]
+            ends = [start, *compress(_positions(hi)[start + 1 : hi], changed), hi]
         if not nested:
             runs = list(accumulate(runs, and_))
         runs.append(0)
         gone = list(map(xor, runs, islice(runs, 1, None)))
-        ends = [start, *compress(range(start + 1, hi), changed), hi]
-        return list(compress(gone, gone)), list(compress(ends, gone))
+        if 0 in gone:  # equal bitsets that were not one object, or a mask leaving some runs empty
+            return list(compress(gone, gone)), list(compress(ends, gone))
+        return gone, ends
+
+
+_POSITIONS: list[int] = list(range(1024))
+
+
+def _positions(n: int) -> list[int]:
+    """A list of the ints 0, 1, ... with at least `n` of them (grown as longer prompts come)."""
+    global _POSITIONS  # noqa: PLW0603 (a cache of ints, grown in place of a per-call range)
+    if len(_POSITIONS) < n:
+        _POSITIONS = list(range(max(n, 2 * len(_POSITIONS))))
+    return _POSITIONS
 
 
 class ApproximateHolder:

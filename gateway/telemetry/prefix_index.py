@@ -28,10 +28,11 @@ index's own, uncorrected predictions (`dispatched`), so the correction does not 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from itertools import chain, repeat
-from operator import mul
+from itertools import repeat
+from operator import mul, rshift
 from typing import Any, Final, Literal, cast
 
 from gateway.core.blockhash import text_chain, token_chain
@@ -49,6 +50,10 @@ _MAX_CORRECTION: Final = 2.0
 _MIN_CORRECTION_TOKENS: Final = 256.0
 #: Slot sets whose endpoints are remembered at most.
 _MEMO_SETS: Final = 4096
+#: Fractional bits of the tokens per block of a text prompt (an estimate: characters per block over
+#: the model's characters per token).
+_FIXED_BITS: Final = 16
+_FIXED_MASK: Final = (1 << _FIXED_BITS) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,10 +136,10 @@ class PrefixIndex:
         self._cpt = chars_per_token
         self._blocks = ApproximateBlocks()
         self._endpoints: dict[EndpointId, _Endpoint] = {}
-        self._by_slot: dict[int, EndpointId] = {}
+        self._by_bit: dict[int, EndpointId] = {}  # a slot's bit -> its endpoint
         self._capacity_tokens: dict[EndpointId, float] = {}
         self._roots: dict[str, int] = {}
-        self._eids_memo: dict[int, tuple[EndpointId, ...]] = {}  # slots bitset -> its endpoints
+        self._eids_memo: dict[int, tuple[EndpointId, ...]] = {}  # slots bitset (several) -> its endpoints
         # Endpoints whose correction is below 1, and it: their approximate answers are scaled by it.
         self._damped: dict[EndpointId, float] = {}
         self._precise: dict[EndpointId, BlockHolder] = {}  # the endpoints with a precise holder attached
@@ -156,7 +161,7 @@ class PrefixIndex:
             ep = self._endpoints[eid] = _Endpoint(
                 ApproximateHolder(self._blocks, idx, self.settings.block_tokens)
             )
-            self._by_slot[idx] = eid
+            self._by_bit[1 << idx] = eid
             self._eids_memo.clear()
         return ep
 
@@ -187,7 +192,7 @@ class PrefixIndex:
         for eid in [e for e in self._endpoints if e not in wanted]:
             ep = self._endpoints.pop(eid)
             self._blocks.drop_slot(ep.holder.idx)
-            self._by_slot.pop(ep.holder.idx, None)
+            self._by_bit.pop(1 << ep.holder.idx, None)
             self._capacity_tokens.pop(eid, None)
             self._damped.pop(eid, None)
             self._precise.pop(eid, None)
@@ -251,12 +256,12 @@ class PrefixIndex:
     def _eids_of(self, held: int) -> tuple[EndpointId, ...]:
         """The endpoints of a slots bitset, remembered (the same sets come back request after request:
         the endpoints holding a shared system prompt) until the slots change."""
-        by_slot = self._by_slot
+        by_bit = self._by_bit
         eids: list[EndpointId] = []
         bits = held
         while bits:
             low = bits & -bits
-            eid = by_slot.get(low.bit_length() - 1)
+            eid = by_bit.get(low)
             if eid is not None:
                 eids.append(eid)
             bits ^= low
@@ -266,11 +271,33 @@ class PrefixIndex:
         got = memo[held] = tuple(eids)
         return got
 
-    def _tokens_per_block(self, pk: PromptKeys) -> float:
+    def _tokens_per_block(self, pk: PromptKeys) -> int:
+        """Tokens per block in fixed point (`_FIXED_BITS` fractional bits): `(blocks * this) >>
+        _FIXED_BITS` tokens, the same in `lookup` and `cached_on`, in int arithmetic (a float product
+        and its conversion back to int cost twice as much per match length)."""
         if pk.tokens_per_block is not None:
-            return float(pk.tokens_per_block)
+            return pk.tokens_per_block << _FIXED_BITS
         cpt = self._cpt(pk.model) if self._cpt is not None else self.settings.chars_per_token
-        return pk.block_chars / max(cpt, 0.1)
+        return round(pk.block_chars / max(cpt, 0.1) * (1 << _FIXED_BITS))
+
+    def _by_endpoint(self, bitsets: list[int], tokens: list[int]) -> dict[EndpointId, int]:
+        """Tokens per endpoint from the slots bitsets of each match length and its tokens. Most lengths
+        are held by one endpoint each (a bitset of one bit): one dict lookup each, in C. The bitsets of
+        several endpoints (and of none) come out as None, and then each of them is expanded (its
+        endpoints remembered per bitset)."""
+        by_bit: Callable[[int], EndpointId | None] = self._by_bit.get
+        firsts = list(map(by_bit, bitsets))
+        out = dict(zip(firsts, tokens, strict=True))
+        if None in out:
+            del out[None]
+            memo = self._eids_memo
+            at = -1
+            for _ in range(firsts.count(None)):
+                at = firsts.index(None, at + 1)
+                held = bitsets[at]
+                eids = memo.get(held)
+                out.update(dict.fromkeys(self._eids_of(held) if eids is None else eids, tokens[at]))
+        return cast("dict[EndpointId, int]", out)  # None is gone
 
     def lookup(self, pk: PromptKeys | None, prompt_tokens: int) -> PrefixHits:
         """Cached prompt tokens per endpoint for the request (at most `prompt_tokens`)."""
@@ -281,23 +308,15 @@ class PrefixIndex:
         if bitsets:
             # In C-level iterators: a hundred endpoints each holding its own length cost few more
             # Python steps than one.
-            memo = list(map(self._eids_memo.get, bitsets))
-            if None in memo:
-                eids = [self._eids_of(b) if e is None else e for e, b in zip(memo, bitsets, strict=True)]
-            else:
-                eids = cast("list[tuple[EndpointId, ...]]", memo)
-            per_block = self._tokens_per_block(pk)
-            if per_block.is_integer():  # int products: no float to round back
-                tokens = list(map(mul, lengths, repeat(int(per_block))))
-            else:
-                tokens = list(map(int, map(mul, lengths, repeat(per_block))))
-            if tokens[-1] > prompt_tokens:  # lengths increase
-                tokens = [min(t, prompt_tokens) for t in tokens]
-            flat = list(chain.from_iterable(eids))
-            if len(flat) == len(eids):  # one endpoint per length
-                out = dict(zip(flat, tokens, strict=True))
-            else:
-                out = dict(zip(flat, chain.from_iterable(map(repeat, tokens, map(len, eids))), strict=True))
+            fixed = self._tokens_per_block(pk)
+            if fixed & _FIXED_MASK:
+                tokens = list(map(rshift, map(mul, lengths, repeat(fixed)), repeat(_FIXED_BITS)))
+            else:  # a whole number of tokens per block: one product each
+                tokens = list(map(mul, lengths, repeat(fixed >> _FIXED_BITS)))
+            if tokens[-1] > prompt_tokens:  # never more than the prompt (the tokens increase)
+                cut = bisect_right(tokens, prompt_tokens)
+                tokens[cut:] = repeat(prompt_tokens, len(tokens) - cut)
+            out = self._by_endpoint(bitsets, tokens)
         if self._damped:  # engines that hit less than the approximate source predicts (even none)
             for eid, c in self._damped.items():
                 got = out.get(eid)
@@ -328,7 +347,7 @@ class PrefixIndex:
             if keys is not None:
                 return min(prompt_tokens, holder.matched(keys) * holder.block_tokens)
         n = self._blocks.matched(ep.holder.idx, pk.keys)
-        return min(prompt_tokens, int(n * self._tokens_per_block(pk)))
+        return min(prompt_tokens, (n * self._tokens_per_block(pk)) >> _FIXED_BITS)
 
     def dispatched(self, eid: EndpointId, pk: PromptKeys | None, prompt_tokens: int) -> int:
         """The request was sent to `eid`: the endpoint holds its prompt's blocks now. Returns the prompt

@@ -1,12 +1,15 @@
 """What the prefix index costs per request, and its memory per block.
 
-- `keys`: one 8,000-token prompt (32,000 characters) keyed once (`PrefixIndex.keys_of`, 16-token blocks:
-  500 keys);
+- `keys`: one 8,000-token prompt keyed once (`PrefixIndex.keys_of`, 16-token blocks: 500 keys), as text
+  (32,000 characters: the approximate source) and as 8,000 token ids (a prompt sent as ids, and the
+  precise source's keys of a prompt counted through the engine);
 - `lookup`: that request matched against 100 endpoints (`PrefixIndex.lookup`: cached tokens per
   endpoint), in four states of the fleet: nothing held anywhere; one endpoint holding the whole prompt
   (a conversation's home); every endpoint holding its first 2,000 tokens (a shared system prompt) and
   ten of them longer prefixes, each of its own length; every endpoint holding a different length of
-  it (the worst case: 100 distinct match lengths, the cost grows with their number);
+  it (the worst case: 100 distinct match lengths, the cost grows with their number), also with a
+  fitted characters-per-token ratio (3.7: tokens per block are then not a whole number, as in the
+  daemon, which fits the ratio per model);
 - `dispatch`: recording it as sent to one endpoint (`PrefixIndex.dispatched`);
 - a short chat's whole share: a 300-character chat keyed, matched, dispatched and finished;
 - memory: bytes per block held, measured with tracemalloc over 100 endpoints × 20,000 blocks.
@@ -53,9 +56,14 @@ def timings(repeat: int) -> dict[str, float]:
     eids = [EndpointId(f"e{i:03d}") for i in range(ENDPOINTS)]
     out: dict[str, float] = {}
 
-    idx = PrefixIndex(PrefixSettings())
-    out["keys (8,000 tokens, 500 keys)"] = _median_us(
+    ratio = [float(CHARS_PER_TOKEN)]  # characters per token, as the daemon's fit hands them in
+    idx = PrefixIndex(PrefixSettings(), lambda _model: ratio[0])
+    out["keys, text (8,000 tokens, 500 keys)"] = _median_us(
         lambda: idx.keys_of("m", ApiKind.COMPLETION, prompt), repeat
+    )
+    ids = [rng.randrange(150_000) for _ in range(PROMPT_TOKENS)]
+    out["keys, token ids (8,000 ids, 500 keys)"] = _median_us(
+        lambda: idx.keys_of("m", ApiKind.COMPLETION, ids), repeat
     )
     pk = idx.keys_of("m", ApiKind.COMPLETION, prompt)
     for e in eids:  # every endpoint known, holding other traffic
@@ -80,6 +88,11 @@ def timings(repeat: int) -> dict[str, float]:
     out["lookup, 100 endpoints, 100 distinct lengths"] = _median_us(
         lambda: idx.lookup(pk, PROMPT_TOKENS), repeat
     )
+    ratio[0] = 3.7
+    out["... the same, 3.7 characters per token (fitted)"] = _median_us(
+        lambda: idx.lookup(pk, PROMPT_TOKENS), repeat
+    )
+    ratio[0] = float(CHARS_PER_TOKEN)
     out["dispatch (500 keys to one endpoint)"] = _median_us(
         lambda: idx.dispatched(eids[5], pk, PROMPT_TOKENS), repeat
     )
