@@ -13,6 +13,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from gateway.telemetry.robust_regression import median
+
 Array = npt.NDArray[np.float64]
 Index = npt.NDArray[np.intp]
 
@@ -131,7 +133,7 @@ class StreamArrays:
         self.receipts: Array = np.sort(every)
         gaps = np.concatenate([np.diff(s.times) for s in streams])
         gaps = gaps[gaps > 0]
-        self.tol = TOLERANCE * float(np.median(gaps)) if len(gaps) else 0.0
+        self.tol = TOLERANCE * median(gaps) if len(gaps) else 0.0
         # untracked spans, merged into disjoint sorted intervals
         self.dirty_start, self.dirty_end = dirty.merged()
         self.dirty_starts: list[float] = self.dirty_start.tolist()
