@@ -134,7 +134,10 @@ class RateMeter:
     def total(self, now: float) -> float:
         current = int(now // self.bucket_s)
         oldest = current - self._n + 1
-        return sum(a for e, a in zip(self._epochs, self._amounts, strict=True) if oldest <= e <= current)
+        epochs = self._epochs
+        if oldest <= min(epochs) and max(epochs) <= current:  # every bucket in the window (a busy one):
+            return sum(self._amounts)  # the same sum, in the same order, without the test per bucket
+        return sum(a for e, a in zip(epochs, self._amounts, strict=True) if oldest <= e <= current)
 
     def rate(self, now: float) -> float:
         return self.per_second(self.total(now))

@@ -56,6 +56,7 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
+from gateway.telemetry.robust_regression import median as median_of
 from gateway.telemetry.timeline_store import Array, SpanColumns, StreamArrays, TimedStream
 
 #: Gaps after an interrupted one that time the decode iteration it shares with the prefill.
@@ -265,7 +266,7 @@ class EndpointTimeline:
             if kept < MIN_KEPT_GAPS:
                 continue
             gaps = (hi - lo)[keep]
-            if not float(np.median(gaps)) > tol:
+            if not median_of(gaps) > tol:
                 continue  # most receipts came several to a read (held back on the way): not timed
             seconds = float(gaps.mean())
             count, context = arr.running((lo + hi) / 2.0)

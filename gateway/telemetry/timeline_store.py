@@ -13,6 +13,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from gateway.telemetry.robust_regression import median
+
 Array = npt.NDArray[np.float64]
 Index = npt.NDArray[np.intp]
 
@@ -129,9 +131,14 @@ class StreamArrays:
         self.last_cum_tokens: Array = np.concatenate(([0.0], np.cumsum(sizes[lo])))
         every = np.concatenate([s.times for s in streams])
         self.receipts: Array = np.sort(every)
-        gaps = np.concatenate([np.diff(s.times) for s in streams])
-        gaps = gaps[gaps > 0]
-        self.tol = TOLERANCE * float(np.median(gaps)) if len(gaps) else 0.0
+        # every stream's gaps: the differences of the receipts in the streams' order, but for the one
+        # from each stream's last receipt to the next stream's first (the same numbers in the same
+        # order as each stream's own differences, one numpy call instead of one per stream)
+        gaps = np.diff(every)
+        inner = gaps > 0
+        inner[np.cumsum(sizes[:-1]).astype(np.intp) - 1] = False
+        gaps = gaps[inner]
+        self.tol = TOLERANCE * median(gaps) if len(gaps) else 0.0
         # untracked spans, merged into disjoint sorted intervals
         self.dirty_start, self.dirty_end = dirty.merged()
         self.dirty_starts: list[float] = self.dirty_start.tolist()

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.core.types import SLO
 from gateway.telemetry.attainment import ClassAttainment, SloAttainment, meets_slo
@@ -72,6 +74,27 @@ def test_rate_meter_counts_only_the_window() -> None:
     assert r.total(200.0) == 0.0
     r.add(7.0, now=200.0)  # a slot reused after a full turn starts from zero
     assert r.total(200.0) == 7.0
+
+
+@given(
+    adds=st.lists(
+        st.tuples(st.floats(0.0, 1e4), st.floats(0.0, 40.0)).map(lambda a: (a[0], round(a[1], 3))),
+        max_size=60,
+    ),
+    reads=st.lists(st.floats(0.0, 60.0), min_size=1, max_size=5),
+)
+def test_rate_meter_total_is_the_sum_over_the_buckets_in_the_window(
+    adds: list[tuple[float, float]], reads: list[float]
+) -> None:
+    """The total with every bucket in the window (its shortcut) is the bucket-by-bucket sum, bit for bit."""
+    r = RateMeter(window_s=5.0, bucket_s=0.5)
+    for amount, at in sorted(adds, key=lambda a: a[1]):
+        r.add(amount, now=at)
+    for now in reads:
+        current = int(now // r.bucket_s)
+        oldest = current - 10 + 1
+        want = sum(a for e, a in zip(r._epochs, r._amounts, strict=True) if oldest <= e <= current)
+        assert r.total(now) == want
 
 
 # --------------------------------------------------------------------- attainment

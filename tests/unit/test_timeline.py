@@ -20,7 +20,7 @@ from gateway.telemetry.timeline import (
     EndpointTimeline,
     PrefillObservation,
 )
-from gateway.telemetry.timeline_store import SpanColumns
+from gateway.telemetry.timeline_store import TOLERANCE, SpanColumns, StreamArrays, TimedStream
 from loadgen.engine_sim.latency import LatencyModel
 from tests.unit.engine_trace import TracedStream, engine_trace
 
@@ -313,3 +313,26 @@ def test_observations_of_a_simulated_engine_match_its_latency_model(jitter_s: fl
     # each prefill is timed to a few milliseconds.
     assert float(np.median(pre_err)) <= (0.002 if jitter_s == 0 else 0.05)
     assert float(np.median(dec_err)) <= (1e-9 if jitter_s == 0 else 0.01)
+
+
+@given(
+    st.lists(
+        st.lists(st.floats(0.0, 0.2), max_size=12).map(lambda g: [round(x, 3) for x in g]),
+        min_size=1,
+        max_size=8,
+    ),
+    st.lists(st.floats(0.0, 50.0), min_size=8, max_size=8),
+)
+def test_stream_arrays_tolerance_is_the_median_of_every_streams_own_gaps(
+    gaps: list[list[float]], firsts: list[float]
+) -> None:
+    """The tolerance comes from the streams' own positive gaps only (never from one stream's last receipt
+    to the next stream's first), as the median of each stream's differences taken one by one."""
+    streams = [
+        TimedStream(None, first + np.cumsum([0.0, *g]), 10.0, True, 10.0)
+        for g, first in zip(gaps, firsts, strict=False)
+    ]
+    own = np.concatenate([np.diff(s.times) for s in streams])
+    own = own[own > 0]
+    want = TOLERANCE * float(np.median(own)) if len(own) else 0.0
+    assert StreamArrays(streams, SpanColumns()).tol == want
