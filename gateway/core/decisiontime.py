@@ -17,15 +17,20 @@ into the scheduler with `time.perf_counter` and records it here under the call's
 `record` is a few hundred nanoseconds (one bisect and three additions; the event loop's thread alone
 calls it, so no lock). The histogram is exported at scrape time by `DecisionCollector` (nothing on the
 hot path) with the longest call of each kind since start as `berth_sched_decision_max_seconds{call}`: a
-histogram's buckets say how many calls took over 5 ms, the maximum says by how much. `document()` is the
-same figures for `GET /admin/sched-decisions` (a benchmark reads it before and after its window and takes
-the difference of the counts).
+histogram's buckets say how many calls took over 5 ms, the maximum says by how much. The slow calls
+(`SLOW_S`, 1 ms, or more) are also kept as they were, numbered, with the time each ended (as
+`gateway.core.looplag.RecentLag` keeps lag samples): a stall can be dated, and a benchmark takes the
+longest call of its own window. `document()` is all of it for `GET /admin/sched-decisions` (a benchmark
+reads it before and after its window and takes the difference of the counts).
 """
 
 from __future__ import annotations
 
+import itertools
+import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -48,6 +53,11 @@ DECISION_BUCKETS: Final = (
     0.25,
     1.0,
 )
+
+#: A call this long or longer is kept as it was (`DecisionTimes.slow_after`).
+SLOW_S: Final = 0.001
+#: Slow calls kept (the most recent).
+SLOW_KEPT: Final = 1000
 
 
 class CallTimes:
@@ -80,25 +90,43 @@ class CallTimes:
 
 
 class DecisionTimes:
-    """The scheduler's call times by kind (`CALLS`), since start."""
+    """The scheduler's call times by kind (`CALLS`), since start, and the last `SLOW_KEPT` slow calls
+    (numbered from 1 as taken, each with the time it was recorded by `clock`: the system-wide monotonic
+    clock, so another process can place it in its own time)."""
 
-    __slots__ = ("calls",)
+    __slots__ = ("_clock", "_slow", "calls", "slow_taken")
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, keep: int = SLOW_KEPT) -> None:
         self.calls: dict[str, CallTimes] = {call: CallTimes() for call in CALLS}
+        self._slow: deque[tuple[float, str, float]] = deque(maxlen=keep)
+        self._clock = clock
+        self.slow_taken = 0
 
     def record(self, call: str, seconds: float) -> None:
         """One call of kind `call` (one of `CALLS`) took `seconds`."""
         self.calls[call].record(seconds)
+        if seconds >= SLOW_S:
+            self.slow_taken += 1
+            self._slow.append((self._clock(), call, seconds))
+
+    def slow_after(self, number: int) -> list[tuple[float, str, float]]:
+        """(recorded at, call, seconds) of the slow calls numbered above `number` still kept, oldest
+        first."""
+        n = min(self.slow_taken - max(number, 0), len(self._slow))
+        if n <= 0:
+            return []
+        return list(itertools.islice(self._slow, len(self._slow) - n, None))
 
     @property
     def max_s(self) -> float:
         """The longest call of any kind since start, seconds."""
         return max(c.max_s for c in self.calls.values())
 
-    def document(self) -> dict[str, Any]:
-        """What `GET /admin/sched-decisions` answers: the buckets' bounds, and per kind of call its count,
-        total and longest time and cumulative count per bound (+Inf last); `max_s` over every kind."""
+    def document(self, slow_after: int = 0) -> dict[str, Any]:
+        """What `GET /admin/sched-decisions?slow_after=N` answers: the buckets' bounds; per kind of call
+        its count, total and longest time and cumulative count per bound (+Inf last); `max_s` over every
+        kind; how many slow calls were taken (ask with `slow_after` = that next time for the new ones
+        only) and those numbered above `slow_after` as [recorded at, call, seconds]."""
         return {
             "bounds_s": list(DECISION_BUCKETS),
             "max_s": self.max_s,
@@ -106,6 +134,9 @@ class DecisionTimes:
                 name: {"count": c.count, "sum_s": c.sum_s, "max_s": c.max_s, "le": c.cumulative()}
                 for name, c in self.calls.items()
             },
+            "slow_s": SLOW_S,
+            "slow_taken": self.slow_taken,
+            "slow": [[t, call, seconds] for t, call, seconds in self.slow_after(slow_after)],
         }
 
 

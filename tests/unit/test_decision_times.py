@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from gateway.core.clock import FakeClock
-from gateway.core.decisiontime import CALLS, DECISION_BUCKETS, DecisionCollector, DecisionTimes
+from gateway.core.decisiontime import CALLS, DECISION_BUCKETS, SLOW_S, DecisionCollector, DecisionTimes
 from gateway.core.metrics import GatewayMetrics
 from gateway.core.types import SLO, ApiKind, EndpointHealth, EndpointId, EngineKind, ModelName, RequestId
 from gateway.dispatch.driver import SchedulerDriver
@@ -125,7 +125,10 @@ def _req(name: str) -> SchedRequest:
 async def test_the_driver_times_every_call_it_makes_into_the_scheduler() -> None:
     sched = _sched(cap=1)
     driver = SchedulerDriver(sched)
-    counts = lambda: {n: c.count for n, c in driver.times.calls.items() if c.count}  # noqa: E731
+
+    def counts() -> dict[str, int]:
+        return {n: c.count for n, c in driver.times.calls.items() if c.count}
+
     first = await driver.acquire(_req("a"))
     assert counts() == {"submit": 1}
     waiting = asyncio.ensure_future(driver.acquire(_req("b")))  # queued: the seat is taken
@@ -146,3 +149,25 @@ async def test_the_driver_times_every_call_it_makes_into_the_scheduler() -> None
     driver.release(second.req.id)
     assert driver.times.calls["complete"].count == 2
     assert driver.times.max_s >= 0.0
+
+
+def test_slow_calls_are_kept_as_they_were_numbered_and_dated() -> None:
+    clock = FakeClock()
+    times = DecisionTimes(clock=clock.now, keep=2)
+    times.record("submit", SLOW_S / 2)  # fast: counted, not kept
+    clock.advance(1.0)
+    times.record("complete", 0.004)
+    clock.advance(1.0)
+    times.record("tick", 0.012)
+    clock.advance(1.0)
+    times.record("complete", 0.002)
+    assert times.slow_taken == 3
+    start = clock.now() - 3.0
+    # only the last two are kept
+    assert times.slow_after(0) == [(start + 2.0, "tick", 0.012), (start + 3.0, "complete", 0.002)]
+    assert times.slow_after(2) == [(start + 3.0, "complete", 0.002)]
+    assert times.slow_after(3) == []
+    doc = times.document(slow_after=2)
+    assert (doc["slow_s"], doc["slow_taken"]) == (SLOW_S, 3)
+    assert doc["slow"] == [[start + 3.0, "complete", 0.002]]
+    assert doc["max_s"] == 0.012
