@@ -394,8 +394,8 @@ def render_table(
     ]
     show_ratio = "bare" in summaries and "berth" in summaries
     header = f"{'':42}" + "".join(f"{c:>11}" for c in configs) + (f"{'berth/bare':>12}" if show_ratio else "")
-    lines = [header, "-" * len(header)]
-    for label, get, digits, ratio in rows:
+    lines = [header, "-" * len(header)] if configs else []  # none: only the standing queue ran
+    for label, get, digits, ratio in rows if configs else ():
         line = f"{label:42}" + "".join(f"{_fmt(get(summaries[c]), digits):>11}" for c in configs)
         if show_ratio:
             line += f"{_fmt(ratio, 2):>12}" if ratio is not None else f"{'':>12}"

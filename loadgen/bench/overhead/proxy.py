@@ -15,7 +15,12 @@ names; each round runs every phase for every configuration back to back (the ord
           by the upstream -> proxy CPU per chunk, time to first chunk minus direct's;
 - fleet:  (once) each proxy in front of a `--fleet-count`-endpoint simulated fleet, 8 connections ->
           event-loop lag; berth scrapes every endpoint's /metrics on its schedule, the bare proxy
-          only spreads the requests round robin.
+          only spreads the requests round robin;
+- queue:  (once, only when asked: `--tests queue`) each proxy in front of a `--fleet-count`-endpoint
+          simulated fleet whose seats are all taken (`--queue-cap` each), clients keeping
+          `--queue-depth` more requests waiting (the coding workload's tasks, with their headers), berth
+          running `--queue-policy` (coding-assistant) -> event-loop lag of both, berth's scheduler call
+          times (`overhead_queue`).
 
 Proxy CPU is utime+stime from `/proc/<pid>/stat` over the measurement window. Both proxies run berth's
 event-loop lag monitor (`gateway.core.looplag`: a timer every `--lag-interval-ms`, 10 by default, how late
@@ -25,7 +30,8 @@ the closed loop keeps the proxy's core busy, so a timer waits about one loop ite
 requests' callbacks (load, which the bare proxy pays too), while a stall (one long callback) shows as
 berth's lag above the bare proxy's. Figures are medians over rounds; ratios are berth ÷ bare within a
 round, then the median. The targets: added p99 at 8 connections <= 2x the bare proxy's; lag p99 <= the
-bare proxy's in the same run + 0.5 ms, at 8 connections and with the fleet scraped; CPU per request <=
+bare proxy's in the same run + 0.5 ms, at 8 connections, with the fleet scraped and with the standing
+queue; no scheduler call over 5 ms with the standing queue; CPU per request <=
 1.3x at saturation and at 1 connection; CPU per chunk <= 1.2x; added time to first chunk at 64 streams <=
 1.5x. The proxies get a CPU of their own with `--pin` (as the harness pins them); latency figures need
 that, or idle CPUs, to mean anything.
@@ -37,6 +43,7 @@ same report. `--quick` is a seconds-long run that checks the machinery, not the 
     berth-loadgen bench overhead --pin --out DIR                          # about 4 minutes
     berth-loadgen bench overhead --harness /tmp/perf-peers --out DIR
     berth-loadgen bench overhead --quick --out DIR                        # seconds: the machinery
+    berth-loadgen bench overhead --tests queue --out DIR                  # about 2 minutes
 
 Output: DIR/report.json, DIR/report.md.
 """
@@ -75,11 +82,13 @@ from loadgen.bench.overhead.overhead_procs import (
     start_proxy_berth,
     start_upstream,
 )
+from loadgen.bench.overhead.overhead_queue import measure_queue, queue_checks, queue_lines
 from loadgen.bench.overhead.overhead_report import (
     CONFIGS,
     FLEET,
     LAT1,
     LAT8,
+    QUEUE,
     SATURATION,
     STREAM,
     Load,
@@ -229,6 +238,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except (HarnessError, ServerStartError) as e:
             log(f"the fleet phase is not measured: {e}")
             unavailable[FLEET] = str(e)
+    if QUEUE in args.tests and args.fleet_count > 0 and {"bare", "berth"} & set(args.configs):
+        try:
+            measurements.extend(measure_queue(args, logdir, cpu_layout(args.pin), error_samples))
+        except (HarnessError, ServerStartError) as e:
+            log(f"the standing-queue phase is not measured: {e}")
+            unavailable[QUEUE] = str(e)
     return report(args, measurements, unavailable, error_samples, started=started, logdir=logdir)
 
 
@@ -241,15 +256,23 @@ def report(
     started: float,
     logdir: Path,
 ) -> dict[str, Any]:
-    configs = [c for c in CONFIGS if any(m.config == c for m in measurements)]
-    summaries = {c: summarise(measurements, c) for c in configs}
+    standard = [m for m in measurements if m.phase != QUEUE]  # the standing queue has a table of its own
+    configs = [c for c in CONFIGS if any(m.config == c for m in standard)]
+    summaries = {c: summarise(standard, c) for c in configs}
     rs = ratios(measurements)
     load = Load(
         args.saturation_concurrency, args.latency_concurrency, args.stream_concurrency, args.chunks,
         args.fleet_count,
     )  # fmt: skip
-    cs = checks(summaries, rs, load, fleet_lag(measurements), fleet_lag(measurements, "bare"))
-    table = render_table(summaries, rs, cs, load)
+    cs = (
+        []
+        if all(m.phase == QUEUE for m in measurements)
+        else checks(summaries, rs, load, fleet_lag(measurements), fleet_lag(measurements, "bare"))
+    )
+    cs += queue_checks(measurements, args.fleet_count, args.queue_depth)
+    table = render_table(
+        summaries, rs, cs, load, extra=queue_lines(measurements, args.fleet_count, args.queue_depth)
+    )
     return {
         "benchmark": "overhead",
         "meta": _meta(args, started, logdir),
@@ -389,7 +412,9 @@ def _meta(args: argparse.Namespace, started: float, logdir: Path) -> dict[str, A
 
 
 #: The phases, as `--tests` names them.
-TEST_NAMES: Final = (SATURATION, LAT8, LAT1, STREAM, FLEET)
+TEST_NAMES: Final = (SATURATION, LAT8, LAT1, STREAM, FLEET, QUEUE)
+#: The phases run unless `--tests` names others: all but the standing queue (two minutes of its own).
+DEFAULT_TESTS: Final = (SATURATION, LAT8, LAT1, STREAM, FLEET)
 
 
 def _tests(text: str) -> list[str]:
@@ -412,6 +437,7 @@ def _configs(text: str) -> list[str]:
 QUICK: Final = {
     "rounds": 1, "duration": 0.6, "warmup": 0.2, "chunks": 20, "chunk_interval_ms": 2.0,
     "stream_concurrency": 8, "saturation_concurrency": 16, "fleet_count": 10, "fleet_duration": 1.0,
+    "queue_depth": 40, "queue_warmup": 2.0, "queue_duration": 1.5,
 }  # fmt: skip
 
 
@@ -422,8 +448,9 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--configs", type=_configs, default=list(CONFIGS), help="default: direct,bare,berth")
     p.add_argument(
-        "--tests", type=_tests, default=list(TEST_NAMES),
-        help=f"the phases to run (default: all, {','.join(TEST_NAMES)}); e.g. lat8,fleet for the lag",
+        "--tests", type=_tests, default=list(DEFAULT_TESTS),
+        help=f"the phases to run, of {','.join(TEST_NAMES)} (default: all but queue); e.g. lat8,fleet "
+        "for the lag, queue for the standing queue",
     )  # fmt: skip
     p.add_argument("--duration", type=float, default=3.0, help="measured seconds per phase (default 3)")
     p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before each phase")
@@ -444,6 +471,31 @@ def _parser() -> argparse.ArgumentParser:
         help="endpoints of the simulated fleet for the lag-while-scraped phase (0: skip it)",
     )  # fmt: skip
     p.add_argument("--fleet-duration", type=float, default=10.0, help="measured seconds of the fleet phase")
+    q = p.add_argument_group("the standing-queue phase (--tests queue; its fleet is --fleet-count endpoints)")
+    q.add_argument(
+        "--queue-depth", type=int, default=1000, help="requests kept waiting in berth's queue (default 1000)"
+    )
+    q.add_argument(
+        "--queue-policy", default="coding-assistant",
+        help="berth's policy: a shipped preset's name or a file (default coding-assistant)",
+    )  # fmt: skip
+    q.add_argument(
+        "--queue-workload", default="coding:pattern1",
+        help="the tasks the clients send, with their headers (default coding:pattern1)",
+    )  # fmt: skip
+    q.add_argument(
+        "--queue-cap", type=int, default=2,
+        help="seats per endpoint: the engines' max-num-seqs and berth's cap (default 2)",
+    )  # fmt: skip
+    q.add_argument(
+        "--queue-max-tokens", type=int, default=32, help="output tokens per request at most (default 32)"
+    )
+    q.add_argument(
+        "--queue-sla-scale", type=float, default=30.0,
+        help="factor on the task SLAs, so that queued requests stay feasible (default 30)",
+    )  # fmt: skip
+    q.add_argument("--queue-warmup", type=float, default=20.0, help="seconds before the window (default 20)")
+    q.add_argument("--queue-duration", type=float, default=30.0, help="measured seconds (default 30)")
     p.add_argument("--python", default=sys.executable, help="interpreter for the servers and the client")
     p.add_argument("--berth-args", default="", help="extra arguments for `berth serve` (one shell string)")
     p.add_argument(
