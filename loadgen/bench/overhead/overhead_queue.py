@@ -3,19 +3,22 @@ front of a full fleet while a queue of `--queue-depth` requests stands, its even
 proxy's under the same client load in the same run.
 
 - The fleet: one engine-simulator process serving `--fleet-count` endpoints of the `fleet-7b` profile
-  with `--queue-cap` seats each (the engines' max-num-seqs; berth's cap the same, as the SLO presets
-  ask of an operator), at speed 1.
+  with `--queue-cap` seats each (the engines' max-num-seqs, 16 as the profile has it; berth's cap the
+  same, as the SLO presets ask of an operator), at speed 1. The seats must outnumber the queue: the
+  coding-assistant's SLO admission (`slo-feasibility`, counting the queue) refuses a request when more
+  requests of its band or a more urgent one wait than run (no running request's end is predicted to
+  free a seat for it), so 1,000 requests stand in the queue only in front of more than 1,000 running.
 - berth runs `--queue-policy` (`coding-assistant` by default) with the profile as its performance-model
   prior and queue limits far above the phase's (`berth_config`).
 - The client keeps `fleet-count x queue-cap + queue-depth` requests open (closed loop): the calls of
   `--queue-workload`'s tasks (`coding:pattern1`) in order, each with the headers the preset needs (task
-  type as SLO class, task id, task SLA) as the loadgen runner sends them (`overhead_workload`). The task
-  SLAs are multiplied by `--queue-sla-scale` (30 by default: a call that waits its turn behind 1,000
-  others is still feasible, so SLO admission keeps it queued instead of refusing it and the queue
-  stands) and each output is capped at `--queue-max-tokens` (32: seats turn over in about a second, so
-  the scheduler decides a hundred times a second or more). Every seat is taken and about
-  `--queue-depth` requests wait in berth's queue; the bare proxy passes every request on and the engines
-  queue them (their seats are the same).
+  type as SLO class, task id, task SLA) as the loadgen runner sends them (`overhead_workload`), and the
+  workload's output lengths (`--queue-max-tokens` caps them). The task SLAs are multiplied by
+  `--queue-sla-scale` (30 by default: a call that waits its turn behind 1,000 others is still feasible,
+  so admission keeps it queued). A refused request is followed by a pause of a second (the preset's
+  Retry-After) before that client's next task. With 1,600 seats the fleet finishes about 150-200
+  requests a second. Every seat is taken and about `--queue-depth` requests wait in berth's queue; the
+  bare proxy passes every request on and the engines queue them (their seats are the same).
 - After `--queue-warmup` seconds (the queue fills, the estimates settle) each proxy's lag samples over
   `--queue-duration` seconds are read from `GET /admin/loop-lag`, and berth's scheduler calls from
   `GET /admin/sched-decisions` before and after (`decision_window`): per kind of call the calls in the
@@ -113,7 +116,7 @@ def client_command(args: argparse.Namespace, base_url: str, pid: int) -> Command
         workload=args.queue_workload,
         sla_scale=args.queue_sla_scale,
         max_output_tokens=args.queue_max_tokens,
-        error_pause_s=0.1,
+        error_pause_s=1.0,  # a refusal says Retry-After: 1 (the preset's retry_after_s)
         abandon=True,
     )
 

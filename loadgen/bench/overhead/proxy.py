@@ -437,7 +437,7 @@ def _configs(text: str) -> list[str]:
 QUICK: Final = {
     "rounds": 1, "duration": 0.6, "warmup": 0.2, "chunks": 20, "chunk_interval_ms": 2.0,
     "stream_concurrency": 8, "saturation_concurrency": 16, "fleet_count": 10, "fleet_duration": 1.0,
-    "queue_depth": 40, "queue_warmup": 2.0, "queue_duration": 1.5,
+    "queue_depth": 40, "queue_cap": 2, "queue_max_tokens": 16, "queue_warmup": 1.5, "queue_duration": 1.0,
 }  # fmt: skip
 
 
@@ -484,11 +484,14 @@ def _parser() -> argparse.ArgumentParser:
         help="the tasks the clients send, with their headers (default coding:pattern1)",
     )  # fmt: skip
     q.add_argument(
-        "--queue-cap", type=int, default=2,
-        help="seats per endpoint: the engines' max-num-seqs and berth's cap (default 2)",
+        "--queue-cap", type=int, default=16,
+        help="seats per endpoint: the engines' max-num-seqs and berth's cap (default 16, the profile's)",
     )  # fmt: skip
     q.add_argument(
-        "--queue-max-tokens", type=int, default=32, help="output tokens per request at most (default 32)"
+        "--queue-max-tokens",
+        type=int,
+        default=0,
+        help="output tokens per request at most (default 0: the workload's own lengths)",
     )
     q.add_argument(
         "--queue-sla-scale", type=float, default=30.0,
