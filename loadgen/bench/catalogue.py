@@ -23,7 +23,7 @@ BENCHMARKS: Final = Catalogue(
             name="overhead",
             group="overhead",
             question="What does berth add per request (CPU, latency, event-loop lag) over a bare proxy, and "
-            "what does its event loop pay for an SLO preset deciding over a full fleet with a standing queue?",
+            "what does its loop pay for an SLO preset deciding over a full fleet with a standing queue?",
             targets=(
                 "berth's CPU per request and added latency within the stated ratios to the bare proxy",
                 "event-loop lag p99 <= the bare proxy's + 0.5 ms in the same run",

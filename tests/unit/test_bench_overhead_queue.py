@@ -4,7 +4,6 @@ the workload requests its clients send."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +67,9 @@ def test_without_slow_calls_kept_the_longest_is_its_bucket_bound() -> None:
     assert w["submit"]["over_limit"] == 1
 
 
-def _queue(config: str, lag_ms: list[float], decisions: dict[str, dict[str, float]] | None = None) -> Measurement:
+def _queue(
+    config: str, lag_ms: list[float], decisions: dict[str, dict[str, float]] | None = None
+) -> Measurement:
     return Measurement(
         round=0, phase=QUEUE, config=config, concurrency=1200, max_tokens=32, completed=1000, errors=3,
         window_s=10.0, rps=100.0, lat_ms={}, ttft_ms={}, chunks=0, proxy_cpu_s=4.0, upstream_cpu_s=None,
