@@ -18,10 +18,11 @@ into the scheduler with `time.perf_counter` and records it here under the call's
 calls it, so no lock). The histogram is exported at scrape time by `DecisionCollector` (nothing on the
 hot path) with the longest call of each kind since start as `berth_sched_decision_max_seconds{call}`: a
 histogram's buckets say how many calls took over 5 ms, the maximum says by how much. The slow calls
-(`SLOW_S`, 1 ms, or more) are also kept as they were, numbered, with the time each ended (as
+(`SLOW_S`, 2 ms, or more) are also kept as they were, numbered, with the time each ended (as
 `gateway.core.looplag.RecentLag` keeps lag samples): a stall can be dated, and a benchmark takes the
 longest call of its own window. `document()` is all of it for `GET /admin/sched-decisions` (a benchmark
-reads it before and after its window and takes the difference of the counts).
+reads it before and after its window and takes the difference of the counts). A call's time is wall
+time: a garbage collection that ran during it is part of it (the loop was held all the same).
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ DECISION_BUCKETS: Final = (
 )
 
 #: A call this long or longer is kept as it was (`DecisionTimes.slow_after`).
-SLOW_S: Final = 0.001
-#: Slow calls kept (the most recent).
-SLOW_KEPT: Final = 1000
+SLOW_S: Final = 0.002
+#: Slow calls kept (the most recent): a minute of 150 a second; about 1 MB.
+SLOW_KEPT: Final = 10_000
 
 
 class CallTimes:

@@ -23,7 +23,7 @@ proxy's under the same client load in the same run.
   `--queue-duration` seconds are read from `GET /admin/loop-lag`, and berth's scheduler calls from
   `GET /admin/sched-decisions` before and after (`decision_window`): per kind of call the calls in the
   window, the bucket bounds of their p50 and p99, how many took over 5 ms, and the longest (exact when it
-  took 1 ms or more: the slow calls are kept as they were; else its bucket's bound). berth's queue depth
+  took 2 ms or more: the slow calls are kept as they were; else its bucket's bound). berth's queue depth
   is read from `GET /admin/fleet` just before and after the window (outside it: a document of every
   endpoint is work for the loop too).
 
@@ -314,7 +314,7 @@ def queue_lines(ms: Sequence[Measurement], fleet: int, depth: int) -> list[str]:
         if "queued_before" in every:
             before, after = every["queued_before"], every["queued_after"]
             out.append(f"berth's queue before / after the window: {before:.0f} / {after:.0f}")
-        out.append("berth's scheduler calls in the window (p50/p99: bucket bounds; longest exact from 1 ms)")
+        out.append("berth's scheduler calls in the window (p50/p99: bucket bounds; longest exact from 2 ms)")
         for name, f in berth.decisions.items():
             if "calls" not in f:
                 continue
