@@ -13,11 +13,13 @@ import pytest
 from gateway.config.load import load_gateway_config
 from gateway.core.clock import FakeClock
 from gateway.core.decisiontime import DecisionTimes
+from loadgen.bench.overhead.overhead_lag import LagReading
 from loadgen.bench.overhead.overhead_queue import (
     ALL,
     berth_config,
     client_command,
     decision_window,
+    late_lag,
     queue_checks,
     queue_lines,
 )
@@ -159,3 +161,26 @@ def test_the_schedule_starts_again_with_fresh_task_ids() -> None:
     again = [reqs.next_task().task_id for _ in range(n)]
     assert not set(first) & set(again)
     assert all(t is not None and t.endswith("-1") for t in again)
+
+
+def test_late_lag_samples_are_matched_with_the_slow_calls_that_ran_while_they_waited() -> None:
+    # samples (taken at, seconds late): on time, late during a submit, late with no call, late during two
+    reading = LagReading(
+        taken=4,
+        samples_s=(0.0002, 0.008, 0.006, 0.020),
+        taken_at=(10.0, 10.5, 11.0, 12.0),
+    )
+    slow = [
+        [10.497, "submit", 0.004],  # ran 10.493-10.497: inside the second sample's wait (10.492-10.5)
+        [10.9, "complete", 0.003],  # ended before the third sample's wait began (10.994)
+        [11.99, "complete", 0.005],  # both inside the fourth's wait (11.98-12.0)
+        [11.995, "tick", 0.002],
+    ]
+    got = late_lag(reading, slow)
+    assert got == {
+        "late_samples": 3.0,
+        "late_during_calls": 2.0,
+        "late_during_submit": 1.0,
+        "late_during_complete": 1.0,
+        "late_during_tick": 1.0,
+    }

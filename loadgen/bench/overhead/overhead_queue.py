@@ -44,7 +44,7 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench.overhead.overhead_client import Command
-from loadgen.bench.overhead.overhead_lag import lag_since, mark_lag
+from loadgen.bench.overhead.overhead_lag import LagReading, mark_lag, read_lag
 from loadgen.bench.overhead.overhead_procs import (
     CHAT_PATH,
     FLEET_MODEL,
@@ -64,6 +64,8 @@ DECISIONS_PATH: Final = "/admin/sched-decisions"
 FLEET_PATH: Final = "/admin/fleet"
 #: No scheduler call over this long (the scale issue's figure).
 DECISION_LIMIT_MS: Final = 5.0
+#: A lag sample this late (ms) is looked up among the slow scheduler calls (`late_lag`).
+LATE_MS: Final = 5.0
 #: The key of the figures over every kind of call in `Measurement.decisions`.
 ALL: Final = "all"
 
@@ -195,6 +197,29 @@ def _figures(
     }
 
 
+def late_lag(reading: LagReading, slow: Sequence[Sequence[Any]]) -> dict[str, float]:
+    """Where the late lag samples come from: of the samples at least `LATE_MS` late, how many waited while
+    a slow scheduler call ran (one of `slow`, [ended at, call, seconds] on the same monotonic clock as
+    the samples: the call overlapped the time the sample's timer waited), and the most late samples a
+    kind of call overlapped (`late_during_<call>`)."""
+    calls = sorted((float(t) - float(s), float(t), str(c)) for t, c, s in slow)
+    late = during = 0
+    by_call: dict[str, int] = {}
+    for at, lag in zip(reading.taken_at, reading.samples_s, strict=False):
+        if lag * 1000.0 < LATE_MS:
+            continue
+        late += 1
+        waited_from = at - lag
+        hit = [c for start, end, c in calls if start <= at and end >= waited_from]
+        if hit:
+            during += 1
+            for c in set(hit):
+                by_call[c] = by_call.get(c, 0) + 1
+    out = {"late_samples": float(late), "late_during_calls": float(during)}
+    out.update({f"late_during_{c}": float(n) for c, n in by_call.items()})
+    return out
+
+
 def measure_queue(
     args: argparse.Namespace,
     logdir: Path,
@@ -239,13 +264,16 @@ def _queue_phase(
         depth_before = queued(base_url) if target.config == "berth" else None
         mark, before = mark_lag(base_url), read_decisions(base_url)
         time.sleep(args.queue_duration)
-        lag = lag_since(base_url, mark) or ()
+        reading = None if mark is None else read_lag(base_url, mark.taken)
         after = None if before is None else read_decisions(base_url, before["slow_taken"])
         depth_after = queued(base_url) if target.config == "berth" else None
         r = client.result()
     finally:
         client.stop()
+    lag = () if reading is None else reading.samples_s
     decisions = {} if before is None or after is None else decision_window(before, after)
+    if reading is not None and after is not None and ALL in decisions:
+        decisions[ALL].update(late_lag(reading, after["slow"]))
     if depth_before is not None and depth_after is not None:
         decisions.setdefault(ALL, {}).update(
             queued_before=float(depth_before), queued_after=float(depth_after)
@@ -314,6 +342,17 @@ def queue_lines(ms: Sequence[Measurement], fleet: int, depth: int) -> list[str]:
         if "queued_before" in every:
             before, after = every["queued_before"], every["queued_after"]
             out.append(f"berth's queue before / after the window: {before:.0f} / {after:.0f}")
+        if "late_samples" in every:
+            kinds = ", ".join(
+                f"{k.removeprefix('late_during_')} {v:.0f}"
+                for k, v in every.items()
+                if k.startswith("late_during_") and k != "late_during_calls"
+            )
+            out.append(
+                f"lag samples >= {LATE_MS:g} ms: {every['late_samples']:.0f}, of which "
+                f"{every['late_during_calls']:.0f} waited while a scheduler call of >= 2 ms ran"
+                + (f" ({kinds})" if kinds else "")
+            )
         out.append("berth's scheduler calls in the window (p50/p99: bucket bounds; longest exact from 2 ms)")
         for name, f in berth.decisions.items():
             if "calls" not in f:
