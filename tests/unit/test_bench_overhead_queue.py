@@ -184,3 +184,12 @@ def test_late_lag_samples_are_matched_with_the_slow_calls_that_ran_while_they_wa
         "late_during_complete": 1.0,
         "late_during_tick": 1.0,
     }
+
+
+@pytest.mark.parametrize("name", ["least-outstanding", "default"])
+def test_a_baseline_runs_with_the_coding_classes(name: str, tmp_path: Path) -> None:
+    args = parse_args(["--tests", "queue", "--queue-policy", name])
+    cfg = load_gateway_config(berth_config(args, tmp_path))
+    assert cfg.policy_file is not None
+    assert cfg.policy_file.parent == tmp_path
+    assert 'name = "translation"' in cfg.policy_file.read_text()

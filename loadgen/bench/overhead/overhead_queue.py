@@ -56,6 +56,8 @@ from loadgen.bench.overhead.overhead_procs import (
     start_proxy_berth,
 )
 from loadgen.bench.overhead.overhead_report import QUEUE, Check, Measurement, lag_check
+from loadgen.bench.scheduling.policies import policy_file
+from loadgen.bench.scheduling.scheduling_types import BASELINES, PRESETS
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.harness import REPO_ROOT, start_engine_sim
 
@@ -70,10 +72,16 @@ LATE_MS: Final = 5.0
 ALL: Final = "all"
 
 
-def policy_path(name: str) -> Path:
-    """A shipped preset by name (`policies/NAME.toml`), or a policy file's path."""
-    shipped = REPO_ROOT / "policies" / f"{name}.toml"
-    return shipped if shipped.is_file() else Path(name)
+def policy_path(name: str, logdir: Path) -> Path:
+    """The policy to run: `coding-assistant` as shipped; a baseline (`round-robin`, `power-of-two`,
+    `least-outstanding`) or another shipped preset (`default`, `chat-and-batch`, `aladdin`) with the
+    coding-assistant's SLO classes, as the scheduling benchmark runs them (the coding workload names its
+    task type as the class), written to `logdir`; else a policy file's path."""
+    if name == "coding-assistant":
+        return REPO_ROOT / "policies" / "coding-assistant.toml"
+    if name in (*BASELINES, *PRESETS):
+        return policy_file(name, logdir)
+    return Path(name)
 
 
 def berth_config(args: argparse.Namespace, logdir: Path) -> Path:
@@ -89,7 +97,7 @@ def berth_config(args: argparse.Namespace, logdir: Path) -> Path:
         f"kv_capacity_tokens = {prof.kv_capacity_tokens}",
         *prof.latency.scaled(1.0).prior_toml(),
         "[policy]",
-        f"file = {orjson.dumps(str(policy_path(args.queue_policy).resolve())).decode()}",
+        f"file = {orjson.dumps(str(policy_path(args.queue_policy, logdir).resolve())).decode()}",
     ]
     if args.lag_interval_ms > 0:
         lines += ["[ops]", f"loop_lag_interval_s = {args.lag_interval_ms / 1000.0!r}"]

@@ -477,7 +477,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--queue-policy", default="coding-assistant",
-        help="berth's policy: a shipped preset's name or a file (default coding-assistant)",
+        help="berth's policy (default coding-assistant): a shipped preset's or baseline's name (given the "
+        "coding classes, as the scheduling benchmark runs it: e.g. least-outstanding for berth without its "
+        "SLO decisions), or a file",
     )  # fmt: skip
     q.add_argument(
         "--queue-workload", default="coding:pattern1",
