@@ -90,7 +90,7 @@ class Gateway:
         self.metrics = metrics = GatewayMetrics()
         self.upstream = UpstreamSettings.of(cfg.upstream)
         self.scheduler = scheduler = Scheduler(runtime.policy, clock, runtime.limits)
-        self.driver = SchedulerDriver(scheduler)
+        self.driver = SchedulerDriver(scheduler, metrics.decisions)
         self.telemetry = LiveTelemetry(
             scheduler, clock, runtime.config.telemetry, prefix=runtime.config.prefix
         )
@@ -105,7 +105,7 @@ class Gateway:
             slo.shared = self.cluster.tasks
             hooks = self.cluster.member.hooks
             hooks.own_load = scheduler.own_loads
-            hooks.on_peers = lambda loads: self.driver.apply(scheduler.observe_peers(loads))
+            hooks.on_peers = lambda loads: self.driver.run("peers", scheduler.observe_peers, loads)
             metrics.registry.register(ClusterCollector(self.cluster))
         self.engine_auth = EngineAuth()
         metrics.attach_live(self._live_numbers)
@@ -309,8 +309,8 @@ class Gateway:
             self.services.reconfigure(new)
             self.telemetry.reconfigure(new.config.telemetry)
             self.telemetry.reconfigure_prefix(new.config.prefix)
-            self.driver.apply(self.scheduler.set_policy(new.policy))
-            self.driver.apply(self.scheduler.set_limits(new.limits))
+            self.driver.run("policy", self.scheduler.set_policy, new.policy)
+            self.driver.run("policy", self.scheduler.set_limits, new.limits)
             self.endpoints.apply(new)
             self.metrics.config_reloads.labels("ok").inc()
             for change in new.static_changes:

@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
+from gateway.core.decisiontime import DecisionCollector, DecisionTimes
 from gateway.core.looplag import RecentLag
 
 LATENCY_BUCKETS = (
@@ -207,6 +208,9 @@ class GatewayMetrics:
         # The same samples as they were, for GET /admin/loop-lag (the monitor feeds this; it feeds the
         # histogram).
         self.loop_lag_recent = RecentLag(self.loop_lag)
+        # The scheduler's call times (the live driver records them; exported at scrape time).
+        self.decisions = DecisionTimes()
+        r.register(DecisionCollector(self.decisions))
         # Preemption (gateway.dispatch.runner): requests that gave up their seat to more urgent work, and
         # how their resumed streams ended.
         self.preemptions = Counter(

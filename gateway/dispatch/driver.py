@@ -11,6 +11,11 @@ the task, on its CancelledError, asks `take_preempted` whether that was why, and
 next seat with `resume()` (no `release()` for the run that was cut: the scheduler has freed that seat) or,
 when it cannot go on, gives its queued copy up with `abandon()`.
 
+Every call into the scheduler is timed (`time.perf_counter`) into `times`
+(`gateway.core.decisiontime`: `berth_sched_decision_seconds{call}`): the scheduler decides on the event
+loop, so its slowest call is a stall of every stream. Events from elsewhere (endpoint changes, reloads,
+peers) go through `run`, which times the call and applies its decisions.
+
 A policy plugin that raised while deciding on a request failed only that request (the scheduler
 rejected it with a 500); the driver logs each such fault, with its traceback, as `policy_fault`.
 """
@@ -19,21 +24,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any
+from time import perf_counter
+from typing import Any, ParamSpec
 
 import structlog
 
+from gateway.core.decisiontime import DecisionTimes
 from gateway.core.types import EndpointId, ModelName, RequestId
 from gateway.sched.decisions import Decision, Dispatch, Preempt, Reject
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 
 log = structlog.get_logger("berth.scheduler")
+P = ParamSpec("P")
 
 
 class SchedulerDriver:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, times: DecisionTimes | None = None) -> None:
         self.scheduler = scheduler
+        self.times = DecisionTimes() if times is None else times
         self._waiters: dict[RequestId, asyncio.Future[Decision]] = {}
         # The task of each request that holds a seat (from acquire until release), for a preemption.
         self._running: dict[RequestId, asyncio.Task[Any]] = {}
@@ -57,7 +66,9 @@ class SchedulerDriver:
         if self.on_submit is not None and not exclude:
             self.on_submit(req)
         sched = self.scheduler
+        t0 = perf_counter()
         decision = sched.submit(req, exclude=exclude)
+        self.times.record("submit", perf_counter() - t0)
         if sched.outbox:
             self.apply(sched.take_preemptions())
         if sched.faults:
@@ -104,7 +115,7 @@ class SchedulerDriver:
         except asyncio.CancelledError:
             self._waiters.pop(rid, None)
             self._preempted.pop(rid, None)
-            if not self.scheduler.cancel(rid) and self.scheduler.running_on(rid) is not None:
+            if not self._cancel(rid) and self.scheduler.running_on(rid) is not None:
                 self.release(rid)  # placed just as the caller went away
             raise
         finally:
@@ -121,12 +132,12 @@ class SchedulerDriver:
         it out of the queue, or give back the seat it was given meanwhile."""
         self._preempted.pop(req_id, None)
         self._waiters.pop(req_id, None)
-        if not self.scheduler.cancel(req_id) and self.scheduler.running_on(req_id) is not None:
+        if not self._cancel(req_id) and self.scheduler.running_on(req_id) is not None:
             self.release(req_id)
 
     def release(self, req_id: RequestId) -> None:
         self._running.pop(req_id, None)
-        placed = self.scheduler.complete(req_id)
+        placed = self._complete(req_id)
         if placed or self.scheduler.faults:  # most completions place nothing
             self.apply(placed)
 
@@ -142,7 +153,7 @@ class SchedulerDriver:
                 fut.set_result(d)
             elif isinstance(d, Dispatch):
                 # Nobody waits for it any more: give the slot back.
-                self.apply(self.scheduler.complete(d.req.id))
+                self.apply(self._complete(d.req.id))
 
     def _preempt(self, p: Preempt) -> None:
         """Stop the victim's engine call: its task is cancelled (the engine call's connection closes,
@@ -160,7 +171,7 @@ class SchedulerDriver:
             self._waiters[rid] = fresh  # placed, not yet running: `_wait` goes on waiting
             return
         # Neither running nor about to: it has finished, and its queued copy must go.
-        self.scheduler.cancel(rid)
+        self._cancel(rid)
 
     def log_faults(self) -> None:
         """Log the policy faults the scheduler kept since the last call (none: one attribute read)."""
@@ -176,7 +187,27 @@ class SchedulerDriver:
                 exc_info=(type(f.error), f.error, f.error.__traceback__),
             )
 
+    def run(self, call: str, event: Callable[P, list[Decision]], *args: P.args, **kwargs: P.kwargs) -> None:
+        """Call the scheduler's `event` (an endpoint change, a reload, peers' load: `call` names its kind
+        in `gateway.core.decisiontime.CALLS`), timed, and apply the decisions it made."""
+        t0 = perf_counter()
+        decisions = event(*args, **kwargs)
+        self.times.record(call, perf_counter() - t0)
+        self.apply(decisions)
+
+    def _complete(self, req_id: RequestId) -> list[Decision]:
+        t0 = perf_counter()
+        placed = self.scheduler.complete(req_id)
+        self.times.record("complete", perf_counter() - t0)
+        return placed
+
+    def _cancel(self, req_id: RequestId) -> bool:
+        t0 = perf_counter()
+        queued = self.scheduler.cancel(req_id)
+        self.times.record("cancel", perf_counter() - t0)
+        return queued
+
     async def tick_forever(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            self.apply(self.scheduler.tick())
+            self.run("tick", self.scheduler.tick)

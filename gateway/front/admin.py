@@ -67,6 +67,7 @@ from gateway.telemetry.prefix_index import PrefixIndex
 
 FLEET_PATH = "/admin/fleet"
 LOOP_LAG_PATH = "/admin/loop-lag"
+SCHED_DECISIONS_PATH = "/admin/sched-decisions"
 CLUSTER_PATH = "/admin/cluster"
 
 
@@ -149,6 +150,24 @@ async def loop_lag(request: web.Request) -> web.Response:
         return admin_error(e, request)
     return web.Response(
         body=orjson.dumps(s.metrics.loop_lag_recent.document(after)),
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def sched_decisions(request: web.Request) -> web.Response:
+    """The scheduler's call times since start (`gateway.core.decisiontime`): {bounds_s, max_s, calls:
+    {call: {count, sum_s, max_s, le: [cumulative count per bound, +Inf last]}}, slow_s, slow_taken, slow:
+    [[recorded at (monotonic s), call, seconds], ...]}: the slow calls numbered above `slow_after`
+    (default 0: all that are kept)."""
+    s = request.app[SERVICES]
+    try:
+        authorize(request, s.admin_token)
+        after = _int_query(request, "slow_after")
+    except errors.BerthError as e:
+        return admin_error(e, request)
+    return web.Response(
+        body=orjson.dumps(s.metrics.decisions.document(after)),
         content_type="application/json",
         headers={"Cache-Control": "no-store"},
     )

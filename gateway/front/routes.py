@@ -18,7 +18,16 @@ from aiohttp import web
 
 from gateway.core.types import ApiKind
 from gateway.front import batches_api, files_api, ops, passthrough, responses_api
-from gateway.front.admin import CLUSTER_PATH, FLEET_PATH, LOOP_LAG_PATH, cluster, fleet, loop_lag
+from gateway.front.admin import (
+    CLUSTER_PATH,
+    FLEET_PATH,
+    LOOP_LAG_PATH,
+    SCHED_DECISIONS_PATH,
+    cluster,
+    fleet,
+    loop_lag,
+    sched_decisions,
+)
 from gateway.front.api import make_api_handler
 from gateway.front.files_api import BatchHandler, batch_route
 from gateway.front.http import method_not_allowed, not_found
@@ -32,6 +41,7 @@ _OPS: Final[tuple[tuple[str, GetHandler], ...]] = (
     ("/metrics", ops.metrics),
     (FLEET_PATH, fleet),
     (LOOP_LAG_PATH, loop_lag),
+    (SCHED_DECISIONS_PATH, sched_decisions),
     (CLUSTER_PATH, cluster),
 )
 

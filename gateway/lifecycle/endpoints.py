@@ -108,7 +108,7 @@ class EndpointSet:
         self._specs = runtime.endpoints + tuple(s for s in self._agent_specs if s.id not in configured)
         self._engine_auto = runtime.engine_auto
         specs = [self._with_detected(s) for s in self._specs]
-        self._driver.apply(self._scheduler.sync_endpoints(specs))
+        self._driver.run("endpoint", self._scheduler.sync_endpoints, specs)
         wanted = {s.id: s for s in specs}
         for eid in list(self._scrapers):
             spec = wanted.get(eid)
@@ -179,7 +179,7 @@ class EndpointSet:
     def on_health(self, eid: EndpointId, health: EndpointHealth) -> None:
         self._metrics.endpoint_up.labels(eid).set(1 if health is EndpointHealth.READY else 0)
         log.info("endpoint_health", endpoint=eid, health=health.value)
-        self._driver.apply(self._scheduler.set_health(eid, health))
+        self._driver.run("endpoint", self._scheduler.set_health, eid, health)
         if self._kv_events is not None:
             self._kv_events.on_health(eid, health)
         changed, self._health_changed = self._health_changed, asyncio.Event()
@@ -206,21 +206,23 @@ class EndpointSet:
             if series.kv_usage is None:
                 series.kv_usage = m.endpoint_kv_usage.labels(eid)
             series.kv_usage.set(gauges.kv_usage)
-        self._driver.apply(self._scheduler.observe_gauges(eid, gauges))
+        self._driver.run("endpoint", self._scheduler.observe_gauges, eid, gauges)
         scraper = self._scrapers.get(eid)
         if scraper is not None:
             self._telemetry.on_scrape(eid, gauges, scraper.last_exposition, scraper.dialect)
 
     def on_models(self, eid: EndpointId, models: list[str]) -> None:
         log.info("endpoint_models", endpoint=eid, models=models)
-        self._driver.apply(self._scheduler.set_models(eid, models))
+        self._driver.run("endpoint", self._scheduler.set_models, eid, models)
 
     def on_engine(self, eid: EndpointId, kind: EngineKind) -> None:
         if self._detected.get(eid) is kind:
             return
         self._detected[eid] = kind
         log.info("endpoint_engine_detected", endpoint=eid, engine=kind.value)
-        self._driver.apply(self._scheduler.sync_endpoints([self._with_detected(s) for s in self._specs]))
+        self._driver.run(
+            "endpoint", self._scheduler.sync_endpoints, [self._with_detected(s) for s in self._specs]
+        )
 
     def on_scrape(self, eid: EndpointId, ok: bool, duration_s: float, bad_lines: int) -> None:
         m = self._metrics

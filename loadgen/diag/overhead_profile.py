@@ -46,7 +46,7 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench.overhead.overhead_client import Command
-from loadgen.bench.overhead.proxy import (
+from loadgen.bench.overhead.overhead_procs import (
     CHAT_PATH,
     START_TIMEOUT_S,
     STOP_GRACE_S,

@@ -346,3 +346,26 @@ async def test_berth_top_uses_the_admin_token(
     assert "HTTP 401" in capsys.readouterr().err
     assert await asyncio.to_thread(main, ["top", "--once", "--url", r.url, "--token", TOKEN]) == 0
     assert "ENDPOINTS" in capsys.readouterr().out
+
+
+async def test_the_scheduler_call_times_after_a_request(
+    engine_server: EngineServer, start_gateway: StartGateway
+) -> None:
+    r = await start_gateway([await engine_server(FakeEngine()) + ",engine=vllm"])
+    async with r.client() as client:
+        await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+    status, headers, body = await get(r.url + "/admin/sched-decisions")
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/json")
+    doc = orjson.loads(body)
+    calls = doc["calls"]
+    assert calls["submit"]["count"] >= 1
+    assert calls["complete"]["count"] >= 1
+    assert calls["endpoint"]["count"] >= 1  # the endpoint set, its health, its scrapes
+    assert doc["max_s"] == max(c["max_s"] for c in calls.values())
+    assert calls["submit"]["le"][-1] == calls["submit"]["count"]
+    _, _, metrics = await get(r.url + "/metrics")
+    assert b'berth_sched_decision_seconds_bucket{call="submit",le="+Inf"}' in metrics
+    assert b'berth_sched_decision_max_seconds{call="complete"}' in metrics

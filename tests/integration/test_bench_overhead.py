@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 
 from loadgen.bench.overhead import proxy as overhead
-from loadgen.bench.overhead.overhead_report import CONFIGS, FLEET, PHASES
+from loadgen.bench.overhead.overhead_report import CONFIGS, FLEET, PHASES, QUEUE
 
 
 def test_the_quick_run_measures_every_target(tmp_path: Path) -> None:
@@ -33,3 +33,27 @@ def test_the_quick_run_measures_every_target(tmp_path: Path) -> None:
         assert bool(m["lag_s"]) == (m["config"] != "direct"), m
         assert all(lag >= 0.0 for lag in m["lag_s"]), m
     assert (out / "report.md").read_text().startswith("# berth overhead benchmark")
+
+
+def test_the_standing_queue_phase_measures_both_proxies_and_berths_decisions(tmp_path: Path) -> None:
+    out = tmp_path / "queue"
+    assert overhead.main(["--quick", "--tests", "queue", "--out", str(out)]) == 0
+    doc = orjson.loads((out / "report.json").read_bytes())
+    assert doc["unavailable"] == {}
+    assert [t["name"].split(",")[0] for t in doc["targets"]] == [
+        "event-loop lag p99",
+        "longest scheduler call",
+    ]
+    for target in doc["targets"]:
+        assert target["value"] is not None, target["name"]
+    by_config = {m["config"]: m for m in doc["measurements"]}
+    assert set(by_config) == {"bare", "berth"}
+    for m in by_config.values():
+        assert m["phase"] == QUEUE
+        assert m["lag_s"], m["config"]
+        assert m["completed"] > 0, m
+    decisions = by_config["berth"]["decisions"]
+    assert decisions["submit"]["calls"] > 0
+    assert decisions["all"]["queued_before"] > 0  # a queue stood
+    assert by_config["bare"]["decisions"] == {}  # the bare proxy has no scheduler
+    assert "standing queue" in doc["table"]

@@ -33,7 +33,7 @@ import redis
 
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.overhead.overhead_client import Command
-from loadgen.bench.overhead.proxy import CHAT_PATH, Client, HarnessError, start_upstream
+from loadgen.bench.overhead.overhead_procs import CHAT_PATH, Client, HarnessError, start_upstream
 from loadgen.bench.skeleton import run_bench
 from loadgen.harness import REPO_ROOT, ManagedProcess, ServerStartError, start_server
 from loadgen.redis_server import RedisServer

@@ -4,7 +4,12 @@ It reads one JSON command per line on stdin, runs that phase against the URL wit
 concurrent workers (closed loop: each worker sends its next request when the previous one is done), or
 with `waves`, in waves of `concurrency` requests sent together (the next wave when the whole last one is
 done: how the peer harness's stream client measures the time to first chunk of a burst of streams),
-and writes one JSON result per line on stdout. Only requests that finish inside the measurement window
+and writes one JSON result per line on stdout. With `workload` (e.g. `coding:pattern1`) each worker sends
+that workload's tasks instead, one call after the other, with the headers the workload sends (task
+type as SLO class, task id and SLA: `overhead_workload`), and a refused request (429, 503) is followed
+by a pause of `error_pause_s` so that a full queue is not hammered; with `abandon`, the requests still
+open when the window ends are cancelled rather than awaited (a standing queue would take its whole
+depth to drain). Only requests that finish inside the measurement window
 (after the warm-up) are counted; the CPU time of the given pids is read from `/proc/<pid>/stat` at the
 window's two edges.
 """
@@ -23,6 +28,8 @@ import aiohttp
 import orjson
 import uvloop
 
+from loadgen.bench.overhead.overhead_workload import WorkloadRequests
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 _HEADERS = {"Content-Type": "application/json"}
 
@@ -39,6 +46,14 @@ class Command:
     waves: bool = False
     model: str = "bench"
     api_key: str = ""  # sent as Authorization: Bearer (a tenant's key), when set
+    # The workload's requests instead of one fixed body (`overhead_workload`): its name, the factor on
+    # its task SLAs, the cap on each request's output tokens (0: as the workload draws them), its seed.
+    workload: str = ""
+    sla_scale: float = 1.0
+    max_output_tokens: int = 0
+    seed: int = 0
+    error_pause_s: float = 0.0  # after a refused request (HTTP status other than 200)
+    abandon: bool = False  # cancel the requests still open at the window's end
 
 
 @dataclass(slots=True)
@@ -103,6 +118,12 @@ class _Phase:
         self.headers = dict(_HEADERS)
         if cmd.api_key:
             self.headers["Authorization"] = f"Bearer {cmd.api_key}"
+        self.requests: WorkloadRequests | None = None
+        if cmd.workload:
+            self.requests = WorkloadRequests(
+                cmd.workload, cmd.model, sla_scale=cmd.sla_scale, max_output_tokens=cmd.max_output_tokens,
+                stream=cmd.stream, seed=cmd.seed, extra_headers=self.headers,
+            )  # fmt: skip
 
     def _in_window(self, t: float) -> bool:
         return self.window[0] <= t <= self.window[1]
@@ -114,23 +135,39 @@ class _Phase:
                 self.result.error_samples.append(message)
 
     async def worker(self, session: aiohttp.ClientSession) -> None:
+        requests = self.requests
         while not self.stopping:
-            await self.one(session)
+            if requests is None:
+                await self.one(session)
+                continue
+            task = requests.next_task()
+            for i in range(len(task.calls)):
+                body, headers = requests.request(task, i)
+                if not await self.one(session, body, headers) or self.stopping:
+                    break
 
     async def waves(self, session: aiohttp.ClientSession) -> None:
         while not self.stopping:
             await asyncio.gather(*(self.one(session) for _ in range(self.cmd.concurrency)))
 
-    async def one(self, session: aiohttp.ClientSession) -> None:
-        """One request, counted if it ends inside the window."""
+    async def one(
+        self, session: aiohttp.ClientSession, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> bool:
+        """One request (the phase's fixed one unless given), counted if it ends inside the window;
+        whether it succeeded."""
         t0 = time.perf_counter()
         ttft: float | None = None
         events = 0
         try:
-            async with session.post(self.cmd.url, data=self.body, headers=self.headers) as resp:
+            async with session.post(
+                self.cmd.url, data=self.body if body is None else body,
+                headers=self.headers if headers is None else headers,
+            ) as resp:  # fmt: skip
                 if resp.status != 200:
                     self._error(f"HTTP {resp.status}: {(await resp.read())[:200]!r}")
-                    return
+                    if self.cmd.error_pause_s > 0:
+                        await asyncio.sleep(self.cmd.error_pause_s)
+                    return False
                 if self.cmd.stream:
                     done = False
                     async for line in resp.content:
@@ -145,13 +182,13 @@ class _Phase:
                                     self.result.chunks_in_window += 1
                     if not done:
                         self._error("stream ended without [DONE]")
-                        return
+                        return False
                 else:
                     await resp.read()
         except (aiohttp.ClientError, TimeoutError) as e:
             self._error(repr(e))
             await asyncio.sleep(0.01)  # a refused connection must not spin
-            return
+            return False
         t1 = time.perf_counter()
         if self._in_window(t1):
             self.result.completed += 1
@@ -159,6 +196,7 @@ class _Phase:
             if ttft is not None:
                 self.ttfts.append(ttft)
             self.result.chunks += events
+        return True
 
     def _cpu(self) -> dict[int, float]:
         return {pid: cpu_seconds(pid) for pid in self.cmd.cpu_pids}
@@ -172,10 +210,9 @@ class _Phase:
             asyncio.TaskGroup() as tg,
         ):
             if cmd.waves:
-                tg.create_task(self.waves(session))
+                workers = [tg.create_task(self.waves(session))]
             else:
-                for _ in range(cmd.concurrency):
-                    tg.create_task(self.worker(session))
+                workers = [tg.create_task(self.worker(session)) for _ in range(cmd.concurrency)]
             await asyncio.sleep(cmd.warmup_s)
             start = time.perf_counter()
             cpu0 = self._cpu()
@@ -185,6 +222,9 @@ class _Phase:
             cpu1 = self._cpu()
             self.window = (start, end)
             self.stopping = True  # workers finish the request they are in, then return
+            if cmd.abandon:
+                for w in workers:
+                    w.cancel()
         r = self.result
         r.window_s = end - start
         r.rps = r.completed / r.window_s

@@ -19,6 +19,8 @@ LOOP_LAG_PATH: Final = "/admin/loop-lag"
 class LagReading:
     taken: int  # samples the monitor had taken when read
     samples_s: tuple[float, ...]  # the lag of those numbered above the `after` asked for, in seconds
+    # ... and when each was taken (the proxy's monotonic clock, system-wide: comparable across processes)
+    taken_at: tuple[float, ...] = ()
 
 
 def read_lag(base_url: str, after: int = 0, timeout_s: float = 5.0) -> LagReading | None:
@@ -29,7 +31,10 @@ def read_lag(base_url: str, after: int = 0, timeout_s: float = 5.0) -> LagReadin
             doc = orjson.loads(resp.read())
     except (OSError, orjson.JSONDecodeError):
         return None
-    return LagReading(int(doc["taken"]), tuple(float(lag) for _, lag in doc["samples"]))
+    samples = doc["samples"]
+    return LagReading(
+        int(doc["taken"]), tuple(float(lag) for _, lag in samples), tuple(float(t) for t, _ in samples)
+    )
 
 
 def mark_lag(base_url: str) -> LagReading | None:

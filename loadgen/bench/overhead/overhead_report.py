@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 # Phases, named as the peer harness names its tests.
@@ -22,6 +22,8 @@ LAT8: Final = "lat8"  # non-streamed, 8 connections: latency
 LAT1: Final = "lat1"  # non-streamed, 1 connection: latency and CPU per request without batching
 STREAM: Final = "stream"  # waves of streams (64 at once): CPU per chunk, time to first chunk
 FLEET: Final = "fleet"  # in front of a 100-endpoint simulated fleet (berth scrapes it): event-loop lag
+# ... with every seat taken and a standing queue in berth (an SLO preset deciding): lag, decision times
+QUEUE: Final = "queue"
 PHASES: Final = (SATURATION, LAT8, LAT1, STREAM)
 
 CONFIGS: Final = ("direct", "bare", "berth")
@@ -58,6 +60,8 @@ class Measurement:
     # The proxy's event-loop lag samples over the phase, seconds (gateway.core.looplag, the same monitor
     # in both proxies); () when none were read.
     lag_s: tuple[float, ...] = ()
+    # berth's scheduler calls over the phase (the queue phase: `overhead_queue.decision_window`), by call.
+    decisions: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def proxy_cpu_us_per_request(self) -> float | None:
         if self.proxy_cpu_s is None or self.completed == 0:
@@ -318,7 +322,7 @@ def checks(
     bare_lag = None if bare is None else bare.lag_p99_c8_ms
     out = [
         Check(f"added p99, berth ÷ bare (c={load.latency})", r.added_p99_c8, ADDED_P99_C8_MAX_RATIO, "x"),
-        _lag_check(f"event-loop lag p99 (c={load.latency})", berth.lag_p99_c8_ms, bare_lag),
+        lag_check(f"event-loop lag p99 (c={load.latency})", berth.lag_p99_c8_ms, bare_lag),
         Check(
             f"CPU/request, berth ÷ bare (c={load.saturation})", r.cpu_per_req, CPU_PER_REQUEST_MAX_RATIO, "x"
         ),
@@ -330,14 +334,12 @@ def checks(
     if fleet_lag_ms is not None:
         out.insert(
             2,
-            _lag_check(
-                f"event-loop lag p99, {load.fleet} endpoints scraped", fleet_lag_ms, bare_fleet_lag_ms
-            ),
+            lag_check(f"event-loop lag p99, {load.fleet} endpoints scraped", fleet_lag_ms, bare_fleet_lag_ms),
         )
     return out
 
 
-def _lag_check(name: str, berth_ms: float | None, bare_ms: float | None) -> Check:
+def lag_check(name: str, berth_ms: float | None, bare_ms: float | None) -> Check:
     """berth's lag p99 against the bare proxy's in the same run plus the margin."""
     if bare_ms is None:
         return Check(f"{name} - bare", None, LOOP_LAG_P99_MARGIN_MS, "ms")
@@ -354,7 +356,10 @@ def _fmt(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-def render_table(summaries: dict[str, Summary], r: Ratios, cs: Sequence[Check], load: Load) -> str:
+def render_table(
+    summaries: dict[str, Summary], r: Ratios, cs: Sequence[Check], load: Load, extra: Sequence[str] = ()
+) -> str:
+    """The figures per configuration, then `extra` lines (another phase's table), then the targets."""
     configs = [c for c in CONFIGS if c in summaries]
     sat, c8 = f"(c={load.saturation})", f"(c={load.latency})"
     rows: list[tuple[str, Callable[[Summary], float | None], int, float | None]] = [
@@ -389,8 +394,8 @@ def render_table(summaries: dict[str, Summary], r: Ratios, cs: Sequence[Check], 
     ]
     show_ratio = "bare" in summaries and "berth" in summaries
     header = f"{'':42}" + "".join(f"{c:>11}" for c in configs) + (f"{'berth/bare':>12}" if show_ratio else "")
-    lines = [header, "-" * len(header)]
-    for label, get, digits, ratio in rows:
+    lines = [header, "-" * len(header)] if configs else []  # none: only the standing queue ran
+    for label, get, digits, ratio in rows if configs else ():
         line = f"{label:42}" + "".join(f"{_fmt(get(summaries[c]), digits):>11}" for c in configs)
         if show_ratio:
             line += f"{_fmt(ratio, 2):>12}" if ratio is not None else f"{'':>12}"
@@ -403,6 +408,7 @@ def render_table(summaries: dict[str, Summary], r: Ratios, cs: Sequence[Check], 
                 if rounds(summaries[c])
             )
             lines.append(f"{label:42}{shown}")
+    lines.extend(extra)
     if cs:
         lines.append("")
         lines.append("targets (berth; ratios to the bare aiohttp proxy, added figures minus direct's first)")

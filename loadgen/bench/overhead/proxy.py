@@ -15,7 +15,12 @@ names; each round runs every phase for every configuration back to back (the ord
           by the upstream -> proxy CPU per chunk, time to first chunk minus direct's;
 - fleet:  (once) each proxy in front of a `--fleet-count`-endpoint simulated fleet, 8 connections ->
           event-loop lag; berth scrapes every endpoint's /metrics on its schedule, the bare proxy
-          only spreads the requests round robin.
+          only spreads the requests round robin;
+- queue:  (once, only when asked: `--tests queue`) each proxy in front of a `--fleet-count`-endpoint
+          simulated fleet whose seats are all taken (`--queue-cap` each), clients keeping
+          `--queue-depth` more requests waiting (the coding workload's tasks, with their headers), berth
+          running `--queue-policy` (coding-assistant) -> event-loop lag of both, berth's scheduler call
+          times (`overhead_queue`).
 
 Proxy CPU is utime+stime from `/proc/<pid>/stat` over the measurement window. Both proxies run berth's
 event-loop lag monitor (`gateway.core.looplag`: a timer every `--lag-interval-ms`, 10 by default, how late
@@ -25,7 +30,8 @@ the closed loop keeps the proxy's core busy, so a timer waits about one loop ite
 requests' callbacks (load, which the bare proxy pays too), while a stall (one long callback) shows as
 berth's lag above the bare proxy's. Figures are medians over rounds; ratios are berth ÷ bare within a
 round, then the median. The targets: added p99 at 8 connections <= 2x the bare proxy's; lag p99 <= the
-bare proxy's in the same run + 0.5 ms, at 8 connections and with the fleet scraped; CPU per request <=
+bare proxy's in the same run + 0.5 ms, at 8 connections, with the fleet scraped and with the standing
+queue; no scheduler call over 5 ms with the standing queue; CPU per request <=
 1.3x at saturation and at 1 connection; CPU per chunk <= 1.2x; added time to first chunk at 64 streams <=
 1.5x. The proxies get a CPU of their own with `--pin` (as the harness pins them); latency figures need
 that, or idle CPUs, to mean anything.
@@ -37,6 +43,7 @@ same report. `--quick` is a seconds-long run that checks the machinery, not the 
     berth-loadgen bench overhead --pin --out DIR                          # about 4 minutes
     berth-loadgen bench overhead --harness /tmp/perf-peers --out DIR
     berth-loadgen bench overhead --quick --out DIR                        # seconds: the machinery
+    berth-loadgen bench overhead --tests queue --out DIR                  # about 2 minutes
 
 Output: DIR/report.json, DIR/report.md.
 """
@@ -52,24 +59,36 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any, Final
-
-import orjson
+from typing import Any, Final
 
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.overhead.overhead_client import Command
-from loadgen.bench.overhead.overhead_harness import HarnessFailed, bare_lag_args, run_harness
-from loadgen.bench.overhead.overhead_lag import LOOP_LAG_PATH, lag_since, mark_lag
+from loadgen.bench.overhead.overhead_harness import HarnessFailed, run_harness
+from loadgen.bench.overhead.overhead_lag import lag_since, mark_lag
+from loadgen.bench.overhead.overhead_procs import (
+    CHAT_PATH,
+    FLEET_MODEL,
+    STOP_GRACE_S,
+    Client,
+    HarnessError,
+    Target,
+    cpu_layout,
+    describe,
+    log,
+    start_bare,
+    start_proxy_berth,
+    start_upstream,
+)
+from loadgen.bench.overhead.overhead_queue import measure_queue, queue_checks, queue_lines
 from loadgen.bench.overhead.overhead_report import (
     CONFIGS,
     FLEET,
     LAT1,
     LAT8,
+    QUEUE,
     SATURATION,
     STREAM,
     Load,
@@ -82,24 +101,7 @@ from loadgen.bench.overhead.overhead_report import (
     verdict,
 )
 from loadgen.bench.skeleton import run_bench
-from loadgen.harness import (
-    REPO_ROOT,
-    ManagedProcess,
-    RunningServer,
-    ServerStartError,
-    free_port,
-    pinned,
-    start_berth,
-    start_engine_sim,
-    start_server,
-)
-
-CHAT_PATH: Final = "/v1/chat/completions"
-START_TIMEOUT_S: Final = 30.0
-STOP_GRACE_S: Final = 15.0
-
-
-FLEET_MODEL: Final = "bench"
+from loadgen.harness import REPO_ROOT, ManagedProcess, ServerStartError, start_engine_sim
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,171 +111,6 @@ class Phase:
     stream: bool
     max_tokens: int
     waves: bool = False
-
-
-class HarnessError(RuntimeError):
-    """The load generator process failed."""
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def cpu_layout(pin: bool) -> dict[str, frozenset[int] | None]:
-    """CPUs for the client, the upstream and the proxy under test with --pin (None: anywhere).
-
-    The proxy gets a CPU of its own so that added latency is its service time rather than a queue
-    behind the client; on two CPUs the client and the upstream share the other one.
-    """
-    cpus = sorted(os.sched_getaffinity(0))
-    if not pin or len(cpus) < 2:
-        return {"client": None, "upstream": None, "proxy": None}
-    if len(cpus) == 2:
-        return {"client": frozenset(cpus[:1]), "upstream": frozenset(cpus[:1]), "proxy": frozenset(cpus[1:])}
-    return {"client": frozenset(cpus[:1]), "upstream": frozenset(cpus[1:2]), "proxy": frozenset(cpus[2:3])}
-
-
-class Client:
-    """The load generator process: one JSON command per line in, one JSON result per line out."""
-
-    def __init__(self, python: str, logdir: Path, cpus: frozenset[int] | None) -> None:
-        # Not a server (`loadgen.harness`): its stdin and stdout are the protocol.
-        self._stderr = (logdir / "client.log").open("wb")
-        self.proc = subprocess.Popen(
-            pinned([python, "-m", "loadgen.bench.overhead.overhead_client"], cpus),
-            cwd=REPO_ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            start_new_session=True,
-        )
-
-    def run(self, cmd: Command) -> dict[str, Any]:
-        stdin: IO[bytes] | None = self.proc.stdin
-        stdout: IO[bytes] | None = self.proc.stdout
-        assert stdin is not None
-        assert stdout is not None
-        stdin.write(orjson.dumps(asdict(cmd)) + b"\n")
-        stdin.flush()
-        line = stdout.readline()
-        if not line:
-            raise HarnessError(f"the load generator exited (status {self.proc.poll()})")
-        reply: dict[str, Any] = orjson.loads(line)
-        if not reply["ok"]:
-            raise HarnessError(f"the load generator failed: {reply['error']}")
-        result: dict[str, Any] = reply["result"]
-        return result
-
-    def stop(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._stderr.close()
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    config: str
-    base_url: str
-    proxy: ManagedProcess | None
-
-
-def start_upstream(
-    args: argparse.Namespace, logdir: Path, cpus: frozenset[int] | None
-) -> tuple[RunningServer, list[str]]:
-    """The stand-in upstream (`overhead_upstream`) on two ports; it and the two base URLs."""
-    up_port, up_port2 = free_port(), free_port()
-    upstream = start_server(
-        "upstream",
-        [args.python, "-m", "loadgen.bench.overhead.overhead_upstream", "--port", str(up_port),
-         "--port", str(up_port2), "--chunk-interval-ms", str(args.chunk_interval_ms)],
-        port=up_port, log_path=logdir / "upstream.log", ready_path="/health",
-        timeout_s=START_TIMEOUT_S, cwd=REPO_ROOT, cpus=cpus,
-    )  # fmt: skip
-    return upstream, [upstream.base_url, f"http://127.0.0.1:{up_port2}"]
-
-
-def start_proxy_berth(
-    args: argparse.Namespace,
-    upstream_urls: Sequence[str],
-    logdir: Path,
-    cpus: frozenset[int] | None,
-    *,
-    name: str = "berth",
-    cwd: Path = REPO_ROOT,
-) -> tuple[ManagedProcess, str]:
-    """berth in front of the upstreams, once it answers a completion; its process and base URL. `cwd`:
-    the checkout whose berth runs."""
-    more = [a for url in upstream_urls[1:] for a in ("--endpoint", f"{url},engine=vllm")]
-    server = start_berth(
-        f"{upstream_urls[0]},engine=vllm",
-        logdir / f"{name}.log",
-        extra_args=[*more, *shlex.split(args.berth_args)],
-        log_level="warning",
-        python=args.python,
-        cwd=cwd,
-        cpus=cpus,
-        timeout_s=START_TIMEOUT_S,
-    )
-    try:
-        # /readyz may turn 200 before the endpoint's models are known: wait for a real answer.
-        _wait_for_completion(server.base_url + CHAT_PATH, server.process)
-    except BaseException:
-        server.process.stop(STOP_GRACE_S)
-        raise
-    return server.process, server.base_url
-
-
-def start_bare(
-    args: argparse.Namespace,
-    upstream_urls: Sequence[str],
-    logdir: Path,
-    cpus: frozenset[int] | None,
-    *,
-    name: str = "bare",
-) -> tuple[ManagedProcess, str]:
-    """The bare aiohttp proxy (`overhead_bare_proxy`) in front of the upstreams; its process and base URL."""
-    port = free_port()
-    bare = start_server(
-        name,
-        [args.python, "-m", "loadgen.bench.overhead.overhead_bare_proxy", "--port", str(port),
-         *(a for url in upstream_urls for a in ("--upstream", url)), *bare_lag_args(args)],
-        port=port,
-        log_path=logdir / f"{name}.log",
-        ready_path=LOOP_LAG_PATH,
-        timeout_s=START_TIMEOUT_S,
-        cwd=REPO_ROOT,
-        cpus=cpus,
-    )  # fmt: skip
-    return bare.process, bare.base_url
-
-
-def _wait_for_completion(url: str, proc: ManagedProcess, timeout_s: float = START_TIMEOUT_S) -> None:
-    body = orjson.dumps(
-        {"model": FLEET_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    )
-    last = ""
-
-    def answers() -> bool:
-        nonlocal last
-        req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=2.0) as resp:
-                return bool(resp.status == 200)
-        except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}: {e.read()[:300]!r}"
-        except OSError as e:
-            last = repr(e)
-        return False
-
-    try:
-        proc.poll_until(f"a completion answered at {url}", answers, timeout_s)
-    except ServerStartError as e:
-        raise ServerStartError(f"{e}\n--- the last answer ---\n{last}") from None
 
 
 def phases(args: argparse.Namespace) -> list[Phase]:
@@ -333,23 +170,6 @@ def measure(
     return m, samples
 
 
-def _describe(m: Measurement) -> str:
-    cpu = m.proxy_cpu_us_per_request()
-    text = f"{m.rps:8.0f} req/s  p50 {m.lat_ms.get('p50', 0):6.2f} ms  p99 {m.lat_ms.get('p99', 0):6.2f} ms"
-    if m.ttft_ms:
-        text += f"  ttfc p50 {m.ttft_ms.get('p50', 0):6.2f} ms"
-    if cpu is not None:
-        text += f"  proxy {cpu:7.1f} µs/req"
-        per_chunk = m.proxy_cpu_us_per_chunk()
-        if per_chunk is not None:
-            text += f" {per_chunk:6.2f} µs/chunk"
-    if m.lag_s:
-        text += "  lag p50/p99/max {p50:.3f}/{p99:.3f}/{max:.2f} ms".format(**m.lag_ms())
-    if m.errors:
-        text += f"  errors {m.errors}"
-    return text
-
-
 @contextlib.contextmanager
 def fleet(
     args: argparse.Namespace, logdir: Path, layout: dict[str, frozenset[int] | None]
@@ -375,7 +195,7 @@ def fleet(
                 try:
                     berth, berth_url = start_proxy_berth(args, upstreams, logdir, layout["proxy"])
                 except ServerStartError as e:
-                    _log(f"berth is not measured: {e}")
+                    log(f"berth is not measured: {e}")
                     unavailable["berth"] = str(e)
                     continue
                 servers.append(berth)
@@ -416,8 +236,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             measurements.extend(measure_fleet(args, logdir, cpu_layout(args.pin)))
         except (HarnessError, ServerStartError) as e:
-            _log(f"the fleet phase is not measured: {e}")
+            log(f"the fleet phase is not measured: {e}")
             unavailable[FLEET] = str(e)
+    if QUEUE in args.tests and args.fleet_count > 0 and {"bare", "berth"} & set(args.configs):
+        try:
+            measurements.extend(measure_queue(args, logdir, cpu_layout(args.pin), error_samples))
+        except (HarnessError, ServerStartError) as e:
+            log(f"the standing-queue phase is not measured: {e}")
+            unavailable[QUEUE] = str(e)
     return report(args, measurements, unavailable, error_samples, started=started, logdir=logdir)
 
 
@@ -430,15 +256,23 @@ def report(
     started: float,
     logdir: Path,
 ) -> dict[str, Any]:
-    configs = [c for c in CONFIGS if any(m.config == c for m in measurements)]
-    summaries = {c: summarise(measurements, c) for c in configs}
+    standard = [m for m in measurements if m.phase != QUEUE]  # the standing queue has a table of its own
+    configs = [c for c in CONFIGS if any(m.config == c for m in standard)]
+    summaries = {c: summarise(standard, c) for c in configs}
     rs = ratios(measurements)
     load = Load(
         args.saturation_concurrency, args.latency_concurrency, args.stream_concurrency, args.chunks,
         args.fleet_count,
     )  # fmt: skip
-    cs = checks(summaries, rs, load, fleet_lag(measurements), fleet_lag(measurements, "bare"))
-    table = render_table(summaries, rs, cs, load)
+    cs = (
+        []
+        if all(m.phase == QUEUE for m in measurements)
+        else checks(summaries, rs, load, fleet_lag(measurements), fleet_lag(measurements, "bare"))
+    )
+    cs += queue_checks(measurements, args.fleet_count, args.queue_depth)
+    table = render_table(
+        summaries, rs, cs, load, extra=queue_lines(measurements, args.fleet_count, args.queue_depth)
+    )
     return {
         "benchmark": "overhead",
         "meta": _meta(args, started, logdir),
@@ -481,7 +315,7 @@ def _run_builtin(
                         if samples:
                             error_samples.setdefault(target.config, []).extend(samples)
                         where = f"round {round_no + 1}/{args.rounds} {phase.name:10} {target.config:6}"
-                        _log(f"{where} {_describe(m)}")
+                        log(f"{where} {describe(m)}")
         finally:
             client.stop()
     return measurements, unavailable
@@ -547,7 +381,7 @@ def _fleet_phase(
         upstream_cpu_s=None,
         lag_s=tuple(lag),
     )
-    _log(f"fleet of {args.fleet_count} endpoints, {config} {_describe(m)}")
+    log(f"fleet of {args.fleet_count} endpoints, {config} {describe(m)}")
     return m
 
 
@@ -578,7 +412,9 @@ def _meta(args: argparse.Namespace, started: float, logdir: Path) -> dict[str, A
 
 
 #: The phases, as `--tests` names them.
-TEST_NAMES: Final = (SATURATION, LAT8, LAT1, STREAM, FLEET)
+TEST_NAMES: Final = (SATURATION, LAT8, LAT1, STREAM, FLEET, QUEUE)
+#: The phases run unless `--tests` names others: all but the standing queue (two minutes of its own).
+DEFAULT_TESTS: Final = (SATURATION, LAT8, LAT1, STREAM, FLEET)
 
 
 def _tests(text: str) -> list[str]:
@@ -601,6 +437,7 @@ def _configs(text: str) -> list[str]:
 QUICK: Final = {
     "rounds": 1, "duration": 0.6, "warmup": 0.2, "chunks": 20, "chunk_interval_ms": 2.0,
     "stream_concurrency": 8, "saturation_concurrency": 16, "fleet_count": 10, "fleet_duration": 1.0,
+    "queue_depth": 40, "queue_cap": 2, "queue_max_tokens": 16, "queue_warmup": 1.5, "queue_duration": 1.0,
 }  # fmt: skip
 
 
@@ -611,8 +448,9 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--configs", type=_configs, default=list(CONFIGS), help="default: direct,bare,berth")
     p.add_argument(
-        "--tests", type=_tests, default=list(TEST_NAMES),
-        help=f"the phases to run (default: all, {','.join(TEST_NAMES)}); e.g. lat8,fleet for the lag",
+        "--tests", type=_tests, default=list(DEFAULT_TESTS),
+        help=f"the phases to run, of {','.join(TEST_NAMES)} (default: all but queue); e.g. lat8,fleet "
+        "for the lag, queue for the standing queue",
     )  # fmt: skip
     p.add_argument("--duration", type=float, default=3.0, help="measured seconds per phase (default 3)")
     p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before each phase")
@@ -633,6 +471,36 @@ def _parser() -> argparse.ArgumentParser:
         help="endpoints of the simulated fleet for the lag-while-scraped phase (0: skip it)",
     )  # fmt: skip
     p.add_argument("--fleet-duration", type=float, default=10.0, help="measured seconds of the fleet phase")
+    q = p.add_argument_group("the standing-queue phase (--tests queue; its fleet is --fleet-count endpoints)")
+    q.add_argument(
+        "--queue-depth", type=int, default=1000, help="requests kept waiting in berth's queue (default 1000)"
+    )
+    q.add_argument(
+        "--queue-policy", default="coding-assistant",
+        help="berth's policy (default coding-assistant): a shipped preset's or baseline's name (given the "
+        "coding classes, as the scheduling benchmark runs it: e.g. least-outstanding for berth without its "
+        "SLO decisions), or a file",
+    )  # fmt: skip
+    q.add_argument(
+        "--queue-workload", default="coding:pattern1",
+        help="the tasks the clients send, with their headers (default coding:pattern1)",
+    )  # fmt: skip
+    q.add_argument(
+        "--queue-cap", type=int, default=16,
+        help="seats per endpoint: the engines' max-num-seqs and berth's cap (default 16, the profile's)",
+    )  # fmt: skip
+    q.add_argument(
+        "--queue-max-tokens",
+        type=int,
+        default=0,
+        help="output tokens per request at most (default 0: the workload's own lengths)",
+    )
+    q.add_argument(
+        "--queue-sla-scale", type=float, default=30.0,
+        help="factor on the task SLAs, so that queued requests stay feasible (default 30)",
+    )  # fmt: skip
+    q.add_argument("--queue-warmup", type=float, default=20.0, help="seconds before the window (default 20)")
+    q.add_argument("--queue-duration", type=float, default=30.0, help="measured seconds (default 30)")
     p.add_argument("--python", default=sys.executable, help="interpreter for the servers and the client")
     p.add_argument("--berth-args", default="", help="extra arguments for `berth serve` (one shell string)")
     p.add_argument(

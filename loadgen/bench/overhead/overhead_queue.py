@@ -1,0 +1,373 @@
+"""The overhead benchmark's standing-queue phase (`--tests queue`): berth deciding with an SLO preset in
+front of a full fleet while a queue of `--queue-depth` requests stands, its event loop beside the bare
+proxy's under the same client load in the same run.
+
+- The fleet: one engine-simulator process serving `--fleet-count` endpoints of the `fleet-7b` profile
+  with `--queue-cap` seats each (the engines' max-num-seqs, 16 as the profile has it; berth's cap the
+  same, as the SLO presets ask of an operator), at speed 1. The seats must outnumber the queue: the
+  coding-assistant's SLO admission (`slo-feasibility`, counting the queue) refuses a request when more
+  requests of its band or a more urgent one wait than run (no running request's end is predicted to
+  free a seat for it), so 1,000 requests stand in the queue only in front of more than 1,000 running.
+- berth runs `--queue-policy` (`coding-assistant` by default) with the profile as its performance-model
+  prior and queue limits far above the phase's (`berth_config`).
+- The client keeps `fleet-count x queue-cap + queue-depth` requests open (closed loop): the calls of
+  `--queue-workload`'s tasks (`coding:pattern1`) in order, each with the headers the preset needs (task
+  type as SLO class, task id, task SLA) as the loadgen runner sends them (`overhead_workload`), and the
+  workload's output lengths (`--queue-max-tokens` caps them). The task SLAs are multiplied by
+  `--queue-sla-scale` (30 by default: a call that waits its turn behind 1,000 others is still feasible,
+  so admission keeps it queued). A refused request is followed by a pause of a second (the preset's
+  Retry-After) before that client's next task. With 1,600 seats the fleet finishes about 150-200
+  requests a second. Every seat is taken and about `--queue-depth` requests wait in berth's queue; the
+  bare proxy passes every request on and the engines queue them (their seats are the same).
+- After `--queue-warmup` seconds (the queue fills, the estimates settle) each proxy's lag samples over
+  `--queue-duration` seconds are read from `GET /admin/loop-lag`, and berth's scheduler calls from
+  `GET /admin/sched-decisions` before and after (`decision_window`): per kind of call the calls in the
+  window, the bucket bounds of their p50 and p99, how many took over 5 ms, and the longest (exact when it
+  took 2 ms or more: the slow calls are kept as they were; else its bucket's bound). berth's queue depth
+  is read from `GET /admin/fleet` just before and after the window (outside it: a document of every
+  endpoint is work for the loop too).
+
+The targets (the scale issue's): berth's lag p99 <= the bare proxy's + 0.5 ms, and no scheduler call in
+the window over 5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from loadgen.bench.overhead.overhead_client import Command
+from loadgen.bench.overhead.overhead_lag import LagReading, mark_lag, read_lag
+from loadgen.bench.overhead.overhead_procs import (
+    CHAT_PATH,
+    FLEET_MODEL,
+    Client,
+    Target,
+    describe,
+    log,
+    start_bare,
+    start_proxy_berth,
+)
+from loadgen.bench.overhead.overhead_report import QUEUE, Check, Measurement, lag_check
+from loadgen.bench.scheduling.policies import policy_file
+from loadgen.bench.scheduling.scheduling_types import BASELINES, PRESETS
+from loadgen.engine_sim.profiles import get_profile
+from loadgen.harness import REPO_ROOT, start_engine_sim
+
+PROFILE: Final = "fleet-7b"
+DECISIONS_PATH: Final = "/admin/sched-decisions"
+FLEET_PATH: Final = "/admin/fleet"
+#: No scheduler call over this long (the scale issue's figure).
+DECISION_LIMIT_MS: Final = 5.0
+#: A lag sample this late (ms) is looked up among the slow scheduler calls (`late_lag`).
+LATE_MS: Final = 5.0
+#: The key of the figures over every kind of call in `Measurement.decisions`.
+ALL: Final = "all"
+
+
+def policy_path(name: str, logdir: Path) -> Path:
+    """The policy to run: `coding-assistant` as shipped; a baseline (`round-robin`, `power-of-two`,
+    `least-outstanding`) or another shipped preset (`default`, `chat-and-batch`, `aladdin`) with the
+    coding-assistant's SLO classes, as the scheduling benchmark runs them (the coding workload names its
+    task type as the class), written to `logdir`; else a policy file's path."""
+    if name == "coding-assistant":
+        return REPO_ROOT / "policies" / "coding-assistant.toml"
+    if name in (*BASELINES, *PRESETS):
+        return policy_file(name, logdir)
+    return Path(name)
+
+
+def berth_config(args: argparse.Namespace, logdir: Path) -> Path:
+    """berth's gateway.toml for the phase: the policy, the seats, the profile as prior, long queues, and
+    the lag sampling interval (this file replaces the one `lag_sampling` gave: `-c` given last wins)."""
+    prof = get_profile(PROFILE)
+    lines = [
+        "[limits]",
+        f"max_queue_per_model = {max(1024, 4 * args.queue_depth)}",
+        "max_queue_wait_s = 600.0",
+        f"default_endpoint_cap = {args.queue_cap}",
+        "[telemetry]",
+        f"kv_capacity_tokens = {prof.kv_capacity_tokens}",
+        *prof.latency.scaled(1.0).prior_toml(),
+        "[policy]",
+        f"file = {orjson.dumps(str(policy_path(args.queue_policy, logdir).resolve())).decode()}",
+    ]
+    if args.lag_interval_ms > 0:
+        lines += ["[ops]", f"loop_lag_interval_s = {args.lag_interval_ms / 1000.0!r}"]
+    path = logdir / "queue-gateway.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def engine_argv(args: argparse.Namespace) -> list[str]:
+    return [
+        "--count", str(args.fleet_count), "--port", "0", "--profile", PROFILE, "--model", FLEET_MODEL,
+        "--max-num-seqs", str(args.queue_cap), "--load-time-s", "0",
+    ]  # fmt: skip
+
+
+def client_command(args: argparse.Namespace, base_url: str, pid: int) -> Command:
+    return Command(
+        url=base_url + CHAT_PATH,
+        concurrency=args.fleet_count * args.queue_cap + args.queue_depth,
+        warmup_s=args.queue_warmup,
+        duration_s=args.queue_duration,
+        stream=False,
+        max_tokens=args.queue_max_tokens,
+        cpu_pids=(pid,),
+        model=FLEET_MODEL,
+        workload=args.queue_workload,
+        sla_scale=args.queue_sla_scale,
+        max_output_tokens=args.queue_max_tokens,
+        error_pause_s=1.0,  # a refusal says Retry-After: 1 (the preset's retry_after_s)
+        abandon=True,
+    )
+
+
+def _get_json(url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            doc: dict[str, Any] = orjson.loads(resp.read())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return doc
+
+
+def read_decisions(base_url: str, slow_after: int = 1 << 62) -> dict[str, Any] | None:
+    """berth's scheduler call times (None: not berth, or not answering); by default without the slow
+    calls kept (a mark)."""
+    return _get_json(f"{base_url}{DECISIONS_PATH}?slow_after={slow_after}")
+
+
+def queued(base_url: str) -> int | None:
+    """Requests waiting in berth's queue, every model together (None: not berth)."""
+    doc = _get_json(base_url + FLEET_PATH)
+    if doc is None:
+        return None
+    return sum(int(m.get("queued_total", 0)) for m in doc.get("models", {}).values())
+
+
+def _bound_ms(bounds_s: Sequence[float], counts: Sequence[int], q: float) -> float:
+    """The bucket bound (ms) at or under which a share `q` of the window's calls fell (inf: above the
+    last bound); `counts` are the window's cumulative counts per bound, the total last."""
+    total = counts[-1]
+    for bound, n in zip(bounds_s, counts, strict=False):
+        if n >= q * total:
+            return bound * 1000.0
+    return math.inf
+
+
+def decision_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """berth's scheduler calls between two readings of `GET /admin/sched-decisions` (`after` with the
+    slow calls numbered above `before`'s `slow_taken`): per kind of call that was made, and over all
+    (`ALL`), the calls, the bucket bounds of their p50 and p99, the calls over `DECISION_LIMIT_MS`, and
+    the longest (ms: exact when a slow call was kept, else the highest bound reached)."""
+    bounds: list[float] = after["bounds_s"]
+    at_limit = bounds.index(DECISION_LIMIT_MS / 1000.0)
+    slow: dict[str, float] = {}
+    for _, call, seconds in after["slow"]:
+        slow[call] = max(slow.get(call, 0.0), seconds * 1000.0)
+    out: dict[str, dict[str, float]] = {}
+    every = [0] * (len(bounds) + 1)
+    for name, now in after["calls"].items():
+        then = before["calls"][name]
+        counts = [a - b for a, b in zip(now["le"], then["le"], strict=True)]
+        if counts[-1] <= 0:
+            continue
+        every = [a + b for a, b in zip(every, counts, strict=True)]
+        out[name] = _figures(bounds, counts, at_limit, slow.get(name))
+    if every[-1] > 0:
+        out[ALL] = _figures(bounds, every, at_limit, max(slow.values(), default=None))
+    return out
+
+
+def _figures(
+    bounds: list[float], counts: list[int], at_limit: int, slow_ms: float | None
+) -> dict[str, float]:
+    highest = next((i for i in range(len(counts)) if counts[i] == counts[-1]), len(bounds))
+    reached = bounds[highest] * 1000.0 if highest < len(bounds) else math.inf
+    lowest = bounds[highest - 1] * 1000.0 if highest > 0 else 0.0
+    if slow_ms is None or slow_ms < lowest:  # none kept (all fast), or more slow calls than are kept
+        slow_ms = reached
+    return {
+        "calls": float(counts[-1]),
+        "p50_le_ms": _bound_ms(bounds, counts, 0.50),
+        "p99_le_ms": _bound_ms(bounds, counts, 0.99),
+        "over_limit": float(counts[-1] - counts[at_limit]),
+        "max_ms": slow_ms,
+    }
+
+
+def late_lag(reading: LagReading, slow: Sequence[Sequence[Any]]) -> dict[str, float]:
+    """Where the late lag samples come from: of the samples at least `LATE_MS` late, how many waited while
+    a slow scheduler call ran (one of `slow`, [ended at, call, seconds] on the same monotonic clock as
+    the samples: the call overlapped the time the sample's timer waited), and the most late samples a
+    kind of call overlapped (`late_during_<call>`)."""
+    calls = sorted((float(t) - float(s), float(t), str(c)) for t, c, s in slow)
+    late = during = 0
+    by_call: dict[str, int] = {}
+    for at, lag in zip(reading.taken_at, reading.samples_s, strict=False):
+        if lag * 1000.0 < LATE_MS:
+            continue
+        late += 1
+        waited_from = at - lag
+        hit = [c for start, end, c in calls if start <= at and end >= waited_from]
+        if hit:
+            during += 1
+            for c in set(hit):
+                by_call[c] = by_call.get(c, 0) + 1
+    out = {"late_samples": float(late), "late_during_calls": float(during)}
+    out.update({f"late_during_{c}": float(n) for c, n in by_call.items()})
+    return out
+
+
+def measure_queue(
+    args: argparse.Namespace,
+    logdir: Path,
+    layout: dict[str, frozenset[int] | None],
+    error_samples: dict[str, list[str]],
+) -> list[Measurement]:
+    """The bare proxy, then berth, in front of the same simulated fleet under the same client load; a few
+    of each one's errors (refusals) go to `error_samples`."""
+    sim, urls = start_engine_sim(
+        engine_argv(args), logdir / "queue-sim.log", endpoints=args.fleet_count, python=args.python,
+        cwd=REPO_ROOT,
+    )  # fmt: skip
+    conf = berth_config(args, logdir)
+    berth_args = argparse.Namespace(**{**vars(args), "berth_args": f"{args.berth_args} -c {conf}".strip()})
+    out: list[Measurement] = []
+    with sim:
+        for config in [c for c in ("bare", "berth") if c in args.configs]:
+            if config == "berth":
+                proxy, base_url = start_proxy_berth(
+                    berth_args, urls, logdir, layout["proxy"], name="berth-queue"
+                )
+            else:
+                proxy, base_url = start_bare(args, urls, logdir, layout["proxy"], name="bare-queue")
+            with proxy:
+                m, samples = _queue_phase(args, logdir, layout["client"], Target(config, base_url, proxy))
+                out.append(m)
+                if samples:
+                    error_samples.setdefault(f"{QUEUE} {config}", []).extend(samples)
+    return out
+
+
+def _queue_phase(
+    args: argparse.Namespace, logdir: Path, client_cpus: frozenset[int] | None, target: Target
+) -> tuple[Measurement, list[str]]:
+    proxy, base_url = target.proxy, target.base_url
+    assert proxy is not None
+    client = Client(args.python, logdir, client_cpus)
+    cmd = client_command(args, base_url, proxy.pid)
+    try:
+        client.send(cmd)
+        time.sleep(args.queue_warmup)
+        depth_before = queued(base_url) if target.config == "berth" else None
+        mark, before = mark_lag(base_url), read_decisions(base_url)
+        time.sleep(args.queue_duration)
+        reading = None if mark is None else read_lag(base_url, mark.taken)
+        after = None if before is None else read_decisions(base_url, before["slow_taken"])
+        depth_after = queued(base_url) if target.config == "berth" else None
+        r = client.result()
+    finally:
+        client.stop()
+    lag = () if reading is None else reading.samples_s
+    decisions = {} if before is None or after is None else decision_window(before, after)
+    if reading is not None and after is not None and ALL in decisions:
+        decisions[ALL].update(late_lag(reading, after["slow"]))
+    if depth_before is not None and depth_after is not None:
+        decisions.setdefault(ALL, {}).update(
+            queued_before=float(depth_before), queued_after=float(depth_after)
+        )
+    m = Measurement(
+        round=0, phase=QUEUE, config=target.config, concurrency=cmd.concurrency,
+        max_tokens=cmd.max_tokens, completed=r["completed"], errors=r["errors"], window_s=r["window_s"],
+        rps=r["rps"], lat_ms=r["lat_ms"], ttft_ms=r["ttft_ms"], chunks=0,
+        proxy_cpu_s=r["cpu_s"][str(proxy.pid)], upstream_cpu_s=None, lag_s=tuple(lag), decisions=decisions,
+    )  # fmt: skip
+    text = f"queue of {args.queue_depth}, {args.fleet_count} endpoints, {target.config} {describe(m)}"
+    every = decisions.get(ALL)
+    if every:
+        text += f"  decisions {every['calls']:.0f}, longest {every['max_ms']:.2f} ms"
+        if "queued_before" in every:
+            text += f"  queued {every['queued_before']:.0f} -> {every['queued_after']:.0f}"
+    log(text)
+    samples: list[str] = r["error_samples"]
+    return m, samples
+
+
+def _of(ms: Sequence[Measurement], config: str) -> Measurement | None:
+    return next((m for m in ms if m.phase == QUEUE and m.config == config), None)
+
+
+def queue_checks(ms: Sequence[Measurement], fleet: int, depth: int) -> list[Check]:
+    """The phase's targets when berth ran it: lag p99 against the bare proxy's, the longest decision."""
+    berth, bare = _of(ms, "berth"), _of(ms, "bare")
+    if berth is None:
+        return []
+    lag = berth.lag_ms().get("p99")
+    bare_lag = None if bare is None else bare.lag_ms().get("p99")
+    every = berth.decisions.get(ALL, {})
+    return [
+        lag_check(f"event-loop lag p99, {fleet} endpoints, queue of {depth}", lag, bare_lag),
+        Check(f"longest scheduler call, queue of {depth}", every.get("max_ms"), DECISION_LIMIT_MS, "ms"),
+    ]
+
+
+def queue_lines(ms: Sequence[Measurement], fleet: int, depth: int) -> list[str]:
+    """The phase's figures for the report's table: each proxy's lag and load, berth's decisions."""
+    shown = [m for c in ("bare", "berth") if (m := _of(ms, c)) is not None]
+    if not shown:
+        return []
+    out = ["", f"standing queue: {fleet} endpoints, every seat taken, {depth} waiting in berth's queue"]
+    out.append(f"{'':42}" + "".join(f"{m.config:>11}" for m in shown) + f"{'berth-bare':>12}")
+    berth, bare = _of(ms, "berth"), _of(ms, "bare")
+    rows: list[tuple[str, str, int]] = [
+        ("event-loop lag p50 ms", "p50", 3),
+        ("event-loop lag p99 ms", "p99", 3),
+        ("event-loop lag max ms", "max", 2),
+    ]
+    for label, q, digits in rows:
+        line = f"{label:42}" + "".join(f"{m.lag_ms().get(q, math.nan):>11.{digits}f}" for m in shown)
+        if berth is not None and bare is not None and berth.lag_s and bare.lag_s:
+            line += f"{berth.lag_ms()[q] - bare.lag_ms()[q]:>12.{digits}f}"
+        out.append(line)
+    out.append(f"{'requests/s':42}" + "".join(f"{m.rps:>11.0f}" for m in shown))
+    cpu = [
+        m.proxy_cpu_s / m.window_s if m.proxy_cpu_s is not None and m.window_s else math.nan for m in shown
+    ]
+    out.append(f"{'proxy CPU, share of a core':42}" + "".join(f"{c:>11.2f}" for c in cpu))
+    out.append(f"{'errors (refused or failed)':42}" + "".join(f"{m.errors:>11}" for m in shown))
+    if berth is not None and berth.decisions:
+        every = berth.decisions.get(ALL, {})
+        if "queued_before" in every:
+            before, after = every["queued_before"], every["queued_after"]
+            out.append(f"berth's queue before / after the window: {before:.0f} / {after:.0f}")
+        if "late_samples" in every:
+            kinds = ", ".join(
+                f"{k.removeprefix('late_during_')} {v:.0f}"
+                for k, v in every.items()
+                if k.startswith("late_during_") and k != "late_during_calls"
+            )
+            out.append(
+                f"lag samples >= {LATE_MS:g} ms: {every['late_samples']:.0f}, of which "
+                f"{every['late_during_calls']:.0f} waited while a scheduler call of >= 2 ms ran"
+                + (f" ({kinds})" if kinds else "")
+            )
+        out.append("berth's scheduler calls in the window (p50/p99: bucket bounds; longest exact from 2 ms)")
+        for name, f in berth.decisions.items():
+            if "calls" not in f:
+                continue
+            out.append(
+                f"  {name:10} {f['calls']:>8.0f} calls  p50 <= {f['p50_le_ms']:g} ms  "
+                f"p99 <= {f['p99_le_ms']:g} ms  longest {f['max_ms']:.2f} ms  "
+                f"over {DECISION_LIMIT_MS:g} ms: {f['over_limit']:.0f}"
+            )
+    return out
