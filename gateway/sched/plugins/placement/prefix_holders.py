@@ -1,10 +1,14 @@
 """Prefix holders first, by the SLO model's own numbers: a filter that keeps the endpoints holding part
 of the request's prompt in their prefix cache (`SchedRequest.cached`) whose predicted first token
-(`EndpointLoad.predict`: the wait there, then the prefill of the tokens not cached there) comes before
-the earliest predicted first token on any endpoint holding none of it; otherwise it keeps every
-candidate. So a request stays with its prefix exactly while waiting there costs less than the prefill
-it saves, with no affinity threshold; the rest of the pipeline (scorers, picker) chooses among what is
-kept. A request with nothing cached anywhere passes through untouched (no prediction is made).
+(`EndpointLoad.predict`: the wait there, then the prefill of the tokens not cached there), less the
+prefill a miss would make the fleet redo (`miss_charge`), comes before that of every endpoint holding
+less of the prompt and after none holding more (`holders_kept`); otherwise it keeps every candidate. So
+a request stays with its prefix exactly while waiting there costs less than the prefill it saves, with
+no affinity threshold; the rest of the pipeline (scorers, picker) chooses among what is kept. A holder
+with every seat under its cap taken is weighed too (its predicted first token counts the wait for its
+next seat): when it beats every candidate, nothing is kept and the request waits for it in the queue
+(give the policy a `lookahead` so the requests behind it are placed meanwhile). A request with nothing
+cached anywhere passes through untouched (no prediction is made).
 
 For pipelines whose choice is not itself a prediction (a load scorer under max-score); `best-fit`
 and `cato-slack` already weigh cached prefixes in their own choice.
