@@ -39,6 +39,7 @@ from gateway.telemetry.live import LiveTelemetry
 from loadgen.engine_sim.spec import EndpointSpec as EngineSpec
 from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.options import SimOptions
+from loadgen.fleetsim.prefix_events import EventFeed
 from loadgen.fleetsim.prefix_oracle import KeyBridge, OracleHolder, ViewHolder, cache_view, true_cache
 
 
@@ -85,6 +86,7 @@ class SimGateway:
         # source keyed by token ids (the oracle, `loadgen.fleetsim.prefix_oracle`) can match it.
         self.token_ids: Callable[[ApiKind, Mapping[str, Any]], Sequence[int] | None] | None = None
         self._bridge: KeyBridge | None = None  # the oracle over the engine simulator's cache views
+        self._feed: EventFeed | None = None  # the precise source: the engines' KV events
         self.slo = SloAdmission()
         self.catalog = ModelCatalog(self.cfg.aliases)
         self.ids = [EndpointId(e) for e in endpoint_ids(opts.fleet)]
@@ -118,6 +120,14 @@ class SimGateway:
             self.token_ids = self._bridge.token_ids
         self.telemetry.prefix.attach(eid, ViewHolder(view, self._bridge))
         return True
+
+    def attach_events(self, eid: EndpointId, engine: object) -> bool:
+        """Give the prefix index `eid`'s engine's KV events as its precise source (`prefix_events`);
+        False when the engine has no prefix cache."""
+        if self._feed is None:
+            self._feed = EventFeed(self.telemetry.prefix)
+            self.token_ids = self._feed.token_ids
+        return self._feed.attach(eid, engine, self.clock.now())
 
     def dispatched(self, ctx: RequestContext, req: SchedRequest, eid: EndpointId) -> None:
         """What the dispatcher tells the prefix index when it sends `req` to `eid`."""
@@ -153,6 +163,8 @@ class SimGateway:
             policy=self.policy.slo,
         )
         sreq = scheduler_request(ctx, parsed, resolved, ctx.id, self.telemetry)
+        if self._feed is not None:  # the engines' events so far, before matching
+            self._feed.pump(self.clock.now())
         keys = ctx.prefix_keys
         ids = None if keys is None or self.token_ids is None else self.token_ids(api, parsed.body)
         if keys is not None and ids is not None:  # matched again, now by token ids too

@@ -39,7 +39,8 @@ class SimOptions:
     # schedule for rate, duration, arrival and seed (`workload` then only names the run).
     schedule: tuple[TaskSpec, ...] | None = None
     # The prefix index's source, overriding [prefix] source of the gateway file: "auto", "approximate",
-    # "off" (no prefix awareness), "oracle" (the simulated engines' true caches); None: the file's.
+    # "off" (no prefix awareness), "oracle" (the simulated engines' true caches), "precise" (their KV
+    # events, `prefix_events`); None: the file's.
     prefix: Literal["auto", "approximate", "precise", "off", "oracle"] | None = None
     # Decode iterations over an unchanged batch handled as one event (`loadgen.fleetsim.runs`); 1: every
     # iteration its own event and every token its own step (the same report, slower).

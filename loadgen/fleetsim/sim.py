@@ -120,6 +120,9 @@ class Simulation:
         if opts.prefix == "oracle":
             for e in self.endpoints:
                 self.gw.attach_oracle(e.id, e.engine)
+        elif opts.prefix == "precise":
+            for e in self.endpoints:
+                self.gw.attach_events(e.id, e.engine)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._running: dict[RequestId, Call] = {}  # berth's id -> the call (queued or running)
@@ -260,6 +263,8 @@ class Simulation:
         ep = Endpoint(eid, RunEngine(template.resolve().engine, max_run=self.opts.max_run))
         if self.opts.prefix == "oracle":
             self.gw.attach_oracle(eid, ep.engine)
+        elif self.opts.prefix == "precise":
+            self.gw.attach_events(eid, ep.engine)
         self.endpoints.append(ep)
         self._by_id[eid] = ep
         self.push(self.clock.t + self.gw.cfg.scrape.interval_s, _SCRAPE, ep)

@@ -128,3 +128,27 @@ def test_admission_hands_the_scheduler_the_cached_tokens_per_endpoint() -> None:
     req2 = gw.admit(again, ApiKind.COMPLETION, body, [])
     assert set(req2.cached) == {EndpointId("e1")}
     assert req2.cached.get_tokens(EndpointId("e1")) > 0.9 * req2.prompt_tokens
+
+
+def test_the_precise_source_follows_the_engines_kv_events() -> None:
+    """`prefix = "precise"`: every engine's KV events reach berth's event store (the live subscriber's),
+    which then holds what the engine's cache holds and answers the index for that endpoint."""
+    fleet = tuple(
+        EndpointSpec(models=("m",), profile="test-fast", seed=i, id=f"e{i}", prefix_cache=True)
+        for i in range(3)
+    )
+    chat = POLICIES / "chat-and-batch.toml"
+    sim = Simulation(opts(prefix="precise", fleet=fleet, workload="chat", policy=chat))
+    sim.run()
+    gw = sim.gw
+    feed = gw._feed
+    assert feed is not None
+    feed.pump(sim.clock.now())
+    prefix = gw.telemetry.prefix
+    for ep in sim.endpoints:
+        cache = ep.engine.prefix_cache
+        assert cache is not None
+        assert prefix.source(ep.id) == "precise"
+        stats = prefix.stats(ep.id)
+        assert stats is not None
+        assert stats.cached_blocks == len(cache) > 0

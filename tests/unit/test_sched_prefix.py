@@ -195,3 +195,36 @@ def test_a_cached_prefix_never_makes_a_prediction_later(
         assert hit.e2e_s <= miss.e2e_s + 1e-12
         assert load.idle_service(r).ttft_s <= load.idle_service(plain).ttft_s + 1e-12
     assert warm.predict(plain).ttft_s <= cold.predict(plain).ttft_s + 1e-12
+
+
+def test_a_shorter_holder_gives_way_to_a_longer_one_that_is_as_soon() -> None:
+    # Both idle: b holds a quarter of what a holds, so placing there redoes the difference; a alone is
+    # kept (the older rule kept every holder beating the non-holders, and the load scorer chose).
+    a, b, c = view("a"), view("b"), view("c")
+    r = dataclasses.replace(req(prompt=10_000), cached=PrefixHits({A: 8_000, B: 2_000}))
+    got = PrefixHoldersFilter(PrefixHoldersParams()).filter(r, [a, b, c], snap(a, b, c))
+    assert [v.id for v in got] == ["a"]
+    # equal holders are all kept, for the scorers to choose among
+    r2 = dataclasses.replace(r, cached=PrefixHits({A: 8_000, B: 8_000}))
+    got2 = PrefixHoldersFilter(PrefixHoldersParams()).filter(r2, [a, b, c], snap(a, b, c))
+    assert [v.id for v in got2] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("out", "waits"),
+    [(5.0, True), (5_000.0, False)],
+    ids=["its seat frees soon: wait for it", "its seat frees late: go elsewhere"],
+)
+def test_a_holder_with_no_free_seat_is_waited_for_while_that_pays(out: float, waits: bool) -> None:
+    # a holds 8,000 of the 10,000 tokens but every seat under its cap is taken (not a candidate); b is
+    # idle. The request waits (the filter keeps nothing) exactly while a's charged first token, its wait
+    # for the first seat to free included, beats b's.
+    runs = [running(f"x{i}", prompt=100, out=out) for i in range(2)]
+    a, b = view("a", cap=2, runs=runs), view("b")
+    s = snap(a, b)
+    r = cached_req(10_000, 8_000)
+    la, lb = EndpointLoad(a, 0.0, P), EndpointLoad(b, 0.0, P)
+    charged = la.predict(r).ttft_s - la.coef.k1 * 8_000
+    assert (charged < lb.predict(r).ttft_s) == waits
+    got = PrefixHoldersFilter(PrefixHoldersParams()).filter(r, [b], s)
+    assert [v.id for v in got] == ([] if waits else ["b"])

@@ -76,6 +76,9 @@ CONFIGS: Final[dict[str, ConfigSpec]] = {
     "oracle": ConfigSpec(
         "preset", "oracle", about="the preset reading every engine's true cache (precise, no event lag)"
     ),
+    "precise": ConfigSpec(
+        "preset", "precise", about="the preset reading the engines' KV events (the precise source)"
+    ),
     "day-one": ConfigSpec("preset", None, day_one=True, about="the preset, endpoints by URL only"),
     "prefix-affinity": ConfigSpec(
         "baseline-prefix-affinity", "approximate", about="the cache-aware routers' rule"
@@ -87,6 +90,7 @@ CONFIGS: Final[dict[str, ConfigSpec]] = {
 BERTH: Final = "berth"
 NO_PREFIX: Final = "berth-no-prefix"
 ORACLE: Final = "oracle"
+PRECISE: Final = "precise"
 DAY_ONE: Final = "day-one"
 #: The peers' policies as the simulator runs them (the best of them is "the best peer").
 PEERS: Final = ("prefix-affinity", "least-outstanding", "power-of-two", "round-robin")
