@@ -80,6 +80,9 @@ CONFIGS: Final[dict[str, ConfigSpec]] = {
         "preset", "precise", about="the preset reading the engines' KV events (the precise source)"
     ),
     "day-one": ConfigSpec("preset", None, day_one=True, about="the preset, endpoints by URL only"),
+    "default": ConfigSpec(
+        "default", "approximate", about="the default policy (what berth runs unconfigured)"
+    ),
     "prefix-affinity": ConfigSpec(
         "baseline-prefix-affinity", "approximate", about="the cache-aware routers' rule"
     ),
