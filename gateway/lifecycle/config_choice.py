@@ -1,4 +1,4 @@
-"""MaaSO's placement of new instances in the autoscale loop (papers/ALGORITHMS.md §4, issue 16): the
+"""MaaSO's placement of new instances in the autoscale loop (papers/ALGORITHMS.md §4): the
 configuration of each instance a scaler asks for without naming one, chosen by the SLO mix of the
 model's traffic. The runner calls it (`gateway.sched.autoscale.ConfigChoice`) for a scale-out of a model
 with more than one configuration; sans-IO, like the loop that owns it (`gateway.lifecycle.scaling`).

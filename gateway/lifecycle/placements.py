@@ -1,5 +1,5 @@
 """Where the live daemon computes the configuration choice (`gateway.lifecycle.config_choice`): off its
-event loop (issue 18: no stall beyond ~1 ms).
+event loop (the daemon allows no stall beyond ~1 ms).
 
 The whole choice, MaaSO's placement for the model's whole room (`Placer.place`: ~20 ms for 24 devices of
 five configurations, ~0.1 s for 48) and the configuration of each next instance (`Placer.next_config`

@@ -1,4 +1,4 @@
-"""The overhead benchmark (`berth-loadgen bench overhead --quick`) end to end: every figure of issue 18's
+"""The overhead benchmark (`berth-loadgen bench overhead --quick`) end to end: every figure of its
 targets comes out of one command, with a verdict (the values are a shared machine's and not judged)."""
 
 from __future__ import annotations

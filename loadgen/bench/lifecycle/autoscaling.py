@@ -1,4 +1,4 @@
-"""`berth-loadgen bench autoscaling [--quick] --out DIR`: the global autoscalers (issue 16) on the fleet
+"""`berth-loadgen bench autoscaling [--quick] --out DIR`: the global autoscalers on the fleet
 simulator, every setting from the same command.
 
     berth-loadgen bench autoscaling --out DIR                  # every setting, 3 seeds

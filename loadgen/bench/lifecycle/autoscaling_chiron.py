@@ -19,7 +19,7 @@ missed), device-hours (every instance from its start, loading included, to its s
 run), peak devices, batch completion time (the last batch request's end), scale-ups, scaling actions and
 hysteresis (actions / scale-ups), utilization (share of instances running something, sampled every 5 s).
 
-Target (issue 16): at equal attainment chiron uses ≤ 0.6× utilization-band's device-hours, or at equal
+Target: at equal attainment chiron uses ≤ 0.6× utilization-band's device-hours, or at equal
 device-hours its attainment is ≥ 0.3 higher.
 """
 
@@ -323,7 +323,7 @@ def judge(cis: dict[str, dict[str, Any]]) -> list[Target]:
         "≥ +0.3",
         equal_dev and a_ch - a_band >= 0.3,
     )
-    either = Target("issue 16's Chiron target (either of the two)", "", "one PASS", t1.passed or t2.passed)
+    either = Target("Chiron's target (either of the two)", "", "one PASS", t1.passed or t2.passed)
     return [t1, t2, either]
 
 

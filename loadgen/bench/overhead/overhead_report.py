@@ -5,7 +5,7 @@ the same figures come out whether the built-in load generator or the peer harnes
 (`../shared/perf-peers`, see `loadgen.bench.overhead.overhead_harness`) measured them. Every figure is the
 median over rounds; ratios and added latencies are computed within a round first (configurations run
 back to back in each round) and then the median is taken, which cancels slow drifts of a shared
-machine. The targets are issue 18's: ratios of berth to the bare aiohttp proxy.
+machine. The targets are ratios of berth to the bare aiohttp proxy.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Instance classes, preemption and adaptive caps (issue 14) on Chiron's setting, on the offline fleet
+"""Instance classes, preemption and adaptive caps on Chiron's setting, on the offline fleet
 simulator (papers/ALGORITHMS.md §5).
 
     berth-loadgen bench classes --out DIR            # the default run (~30 min on one core)

@@ -1,4 +1,4 @@
-"""The classes benchmark's confirming live run (issue 14): Chiron's setting over real HTTP, beside the
+"""The classes benchmark's confirming live run: Chiron's setting over real HTTP, beside the
 offline simulator's figures for the same setting, seed and scale.
 
     berth-loadgen bench classes --live --out DIR              # (a) and (d) at 0.25 req/s, seed 0 (~15 min)

@@ -1,4 +1,4 @@
-"""Prefix-cache benchmark (issue 32): berth's SLO presets with and without prefix awareness against the
+"""Prefix-cache benchmark: berth's SLO presets with and without prefix awareness against the
 baselines, the cache-aware routers' rule and an oracle, on engines with prefix caching; the offline
 fleet simulator first, then (`--live`) one confirming run with the real routers over HTTP.
 

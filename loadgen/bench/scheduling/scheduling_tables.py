@@ -176,7 +176,7 @@ def side_by_side(runs: Sequence[RunResult], pattern: str, rates: Sequence[float]
 
 
 def day_one_table(runs: Sequence[RunResult], pattern: str) -> tuple[list[list[str]], list[bool]]:
-    """Issue 14's day one: each shipped preset run in the day-one configuration against the best
+    """Day one: each shipped preset run in the day-one configuration against the best
     baseline there, at every rate (PASS when its mean is at least the best baseline's), and at the
     heaviest rate against its own tuned configuration (PASS within DAY_ONE_TOLERANCE). Rows and the
     verdicts (True: pass)."""

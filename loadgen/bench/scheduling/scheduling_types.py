@@ -31,7 +31,7 @@ POLICIES: Final[dict[str, str]] = {
 BASELINES: Final = ("round-robin", "power-of-two", "least-outstanding")
 #: The other shipped presets (`--policies` may name them; not run by default): like the baselines they
 #: get the coding-assistant's [slo] class table in place of their own, since the workload names its task
-#: type as the class. Run with both configurations they answer issue 14's "day one" question: every
+#: type as the class. Run with both configurations they answer the "day one" question: every
 #: shipped preset, given endpoints by URL only, against the best baseline (`day_one_table`).
 PRESETS: Final[dict[str, str]] = {
     "default": "default.toml",
