@@ -1,5 +1,6 @@
 """An endpoint whose cap the operator did not set: its bound is the engine's batch size as its gauges
-show it (day one: endpoints given by URL only). Scheduler playbooks on a fake clock; gauges come in as scrapes would."""
+show it (day one: endpoints given by URL only). Scheduler playbooks on a fake clock; gauges come in as
+scrapes would."""
 
 from __future__ import annotations
 
