@@ -2,9 +2,13 @@
 `EndpointLoad` while its view object is the same and the clock moved less than its reuse time, and
 `LoadCaches` shares one cache among the plugins of a policy that predict with the same parameters.
 
-A load is remade when its endpoint changed (a dispatch, a completion, a progress report, new gauges or
-estimates: a new view) and otherwise after 20-40 ms: its running requests' progress is estimated from
-the clock, so an old load is a few tokens behind. Each load's reuse time is spread over that range by the
+A load is remade when its endpoint changed (a dispatch, a completion, a cancel, new gauges, estimates,
+cap or health: a new view) and otherwise after 20-40 ms: its running requests' progress is estimated
+from the clock, so an old load is a few tokens behind. A view apart from the load's only in its running
+requests' progress reports (`progress_only`; a stream reports every 16 tokens, so on a busy fleet every
+endpoint's view changes every few milliseconds) is such a later time too: the load stands for it until
+its reuse time is up, its running requests' progress estimated from the clock and the load's view as
+it would be with no report since. Each load's reuse time is spread over that range by the
 order the loads were made in, so a fleet's loads, made together on a busy fleet, are not all remade by
 the same decision (with a hundred endpoints that would be a few milliseconds for the one decision that
 happens to come 20 ms later). A load remade for its age alone takes over from the old one what does not
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from gateway.sched.load_terms import progress_only
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.snapshot import EndpointView
 
@@ -27,8 +32,9 @@ _SPREAD: Final = 8
 
 
 class LoadCache:
-    """`EndpointLoad`s by endpoint, reused while the view object is the same and the clock moved less
-    than the load's reuse time (`REUSE_S` to twice that)."""
+    """`EndpointLoad`s by endpoint, reused while the view is the same (or apart only in progress
+    reports: `progress_only`) and the clock moved less than the load's reuse time (`REUSE_S` to twice
+    that)."""
 
     __slots__ = ("_loads", "_made", "params")
 
@@ -42,10 +48,10 @@ class LoadCache:
         like = None
         if got is not None:
             load, reuse, at = got
-            if load.view is view and abs(at - now) <= reuse:
+            if abs(at - now) <= reuse and (load.view is view or progress_only(view, load.view)):
                 return load
-            # the same view later, or a view apart only in what no load reads (gauges, EWMAs): what
-            # does not depend on the clock is taken over (`EndpointLoad`'s `like`)
+            # the same view later, or a view apart only in what no load reads (gauges, EWMAs, progress):
+            # what does not depend on the clock is taken over (`EndpointLoad`'s `like`)
             like = load
         # A load with nothing running is the same at any time: it is renewed, not remade (counted as
         # made all the same, so every other load's reuse time is what it would be).
