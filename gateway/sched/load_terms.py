@@ -84,10 +84,11 @@ def same_requests(running: tuple[RunningRequest, ...], other: tuple[RunningReque
 
 def progress_only(view: EndpointView, old: EndpointView) -> bool:
     """Whether `view` differs from `old`, an earlier view of the same endpoint, at most in its running
-    requests' progress reports and the token counters they advance (`streamed_tokens`, `gap_*`): the
-    same running requests, seats, cap, health, models, estimates (coefficients, KV capacity, EWMAs),
-    engine gauges and specification. A load of `old` estimates that progress from the clock, so it
-    stands for `view` as it stands for `old` at a later time (`LoadCache`)."""
+    requests' progress reports and the token counters they advance (`streamed_tokens`, `gap_*`), and in
+    the measured EWMAs of its estimates (which no load reads, nor any plugin through a load): the same
+    running requests, seats, cap, health, models, coefficients, KV capacity, engine gauges and
+    specification. A load of `old` estimates that progress from the clock, so it stands for `view` as
+    it stands for `old` at a later time (`LoadCache`)."""
     if view is old:
         return True
     return (
@@ -96,7 +97,7 @@ def progress_only(view: EndpointView, old: EndpointView) -> bool:
         and view.cap == old.cap
         and view.max_cap == old.max_cap
         and view.health is old.health
-        and view.estimates is old.estimates
+        and (view.estimates is old.estimates or _same_fit(view, old))
         and view.running_prompt_tokens == old.running_prompt_tokens
         and view.running_output_tokens == old.running_output_tokens
         and view.engine_running == old.engine_running
@@ -154,3 +155,10 @@ def pace_of(view: EndpointView, coef: PerfCoefficients, prefill_overhead: float)
     overhead = max(prefill_overhead, rho / (1.0 - rho))
     # Per-token time of the current batch; contexts are refined once progress is known.
     return Pace(fresh, overhead, base * (1.0 + overhead))
+
+
+def _same_fit(view: EndpointView, old: EndpointView) -> bool:
+    """Whether two views' estimates give the same coefficients and KV capacity (a refresh that moved
+    only the measured EWMAs, or refit them to the same numbers)."""
+    perf = view.perf
+    return (perf is old.perf or perf == old.perf) and view.kv_capacity_tokens == old.kv_capacity_tokens

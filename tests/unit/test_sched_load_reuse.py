@@ -18,7 +18,7 @@ from gateway.sched.load_terms import progress_only
 from gateway.sched.loads import REUSE_S, LoadCache
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.running import with_progress
-from gateway.sched.snapshot import EndpointEstimates, EndpointView
+from gateway.sched.snapshot import EndpointView
 from tests.unit.slo_fixtures import running, view
 
 _RUNS = (running("a", prompt=300, out=80.0), running("b", prompt=900, out=200.0, std=20.0))
@@ -64,9 +64,7 @@ _CHANGES: dict[str, Callable[[EndpointView], EndpointView]] = {
     "completed_since_scrape": lambda v: _R(v, completed_since_scrape=v.completed_since_scrape + 1),
     "running_prompt_tokens": lambda v: _R(v, running_prompt_tokens=v.running_prompt_tokens + 1),
     "running_output_tokens": lambda v: _R(v, running_output_tokens=v.running_output_tokens + 1.0),
-    "estimates": lambda v: _R(
-        v, estimates=EndpointEstimates(perf=v.perf, ttft_ewma_s=(v.ttft_ewma_s or 0.0) + 0.1)
-    ),
+    "estimates": lambda v: _R(v, estimates=_R(v.estimates, perf=_R(v.perf, k1=2.0 * v.perf.k1 + 1e-6))),
     "priority_scheduling": lambda v: _R(v, priority_scheduling=not v.priority_scheduling),
     "max_cap": lambda v: _R(v, max_cap=v.max_cap + 1),
     "cut_at": lambda v: _R(v, cut_at=9.5 if v.cut_at == -math.inf else v.cut_at + 1.0),
@@ -102,6 +100,12 @@ _RUNNING_CHANGES: dict[str, Callable[[EndpointView], EndpointView]] = {
 }
 
 
+# ... and within the estimates: the KV capacity
+_RUNNING_CHANGES["kv_capacity"] = lambda v: _R(
+    v, estimates=_R(v.estimates, kv_capacity_tokens=(v.kv_capacity_tokens or 0.0) + 1000.0)
+)
+
+
 def test_every_field_of_a_view_is_either_progress_or_a_change() -> None:
     names = {f.name for f in dataclasses.fields(EndpointView)}
     assert names == _PROGRESS | set(_CHANGES), "classify the new field in progress_only and here"
@@ -120,6 +124,18 @@ def test_a_progress_report_reuses_the_load_within_its_reuse_time_only() -> None:
     # remade from the old one's clock-independent terms, number for number the load made afresh
     fresh = EndpointLoad(moved, later.now, PredictParams())
     assert (later.wait_s, later.tpot_now, later.seat_free) == (fresh.wait_s, fresh.tpot_now, fresh.seat_free)
+
+
+def test_a_refresh_of_the_measured_averages_alone_reuses_the_load() -> None:
+    cache = LoadCache(PredictParams())
+    v = _view()
+    first = cache.load(v, 10.0)
+    assert v.estimates is not None
+    assert v.perf is not None
+    # new EWMAs, and the coefficients refit to the same numbers (a new object)
+    refreshed = _R(v, estimates=_R(v.estimates, ttft_ewma_s=0.4, itl_ewma_s=0.02, perf=_R(v.perf)))
+    assert refreshed.perf is not v.perf
+    assert cache.load(_progress(refreshed, 0, 16, 10.005), 10.01) is first
 
 
 def test_every_other_change_remakes_the_load_at_once() -> None:
