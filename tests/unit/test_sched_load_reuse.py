@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from gateway.core.types import EndpointHealth, EngineKind, InstanceClass, ModelName
 from gateway.sched.load_terms import progress_only
 from gateway.sched.loads import REUSE_S, LoadCache
+from gateway.sched.perf import PerfCoefficients
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.running import with_progress
-from gateway.sched.snapshot import EndpointView
+from gateway.sched.snapshot import EndpointEstimates, EndpointView
 from tests.unit.slo_fixtures import running, view
 
 _RUNS = (running("a", prompt=300, out=80.0), running("b", prompt=900, out=200.0, std=20.0))
@@ -35,6 +36,16 @@ def _progress(v: EndpointView, k: int, produced: int, at: float) -> EndpointView
     return dataclasses.replace(
         v, running=tuple(runs), streamed_tokens=v.streamed_tokens + 16, gap_s=v.gap_s + 0.2, gap_tokens=16
     )
+
+
+def _est(v: EndpointView) -> EndpointEstimates:
+    assert v.estimates is not None
+    return v.estimates
+
+
+def _perf(v: EndpointView) -> PerfCoefficients:
+    assert v.perf is not None
+    return v.perf
 
 
 # The fields a progress report changes (`Fleet.progress`), and for every other field a change of it.
@@ -64,7 +75,7 @@ _CHANGES: dict[str, Callable[[EndpointView], EndpointView]] = {
     "completed_since_scrape": lambda v: _R(v, completed_since_scrape=v.completed_since_scrape + 1),
     "running_prompt_tokens": lambda v: _R(v, running_prompt_tokens=v.running_prompt_tokens + 1),
     "running_output_tokens": lambda v: _R(v, running_output_tokens=v.running_output_tokens + 1.0),
-    "estimates": lambda v: _R(v, estimates=_R(v.estimates, perf=_R(v.perf, k1=2.0 * v.perf.k1 + 1e-6))),
+    "estimates": lambda v: _R(v, estimates=_R(_est(v), perf=_R(_perf(v), k1=2.0 * _perf(v).k1 + 1e-6))),
     "priority_scheduling": lambda v: _R(v, priority_scheduling=not v.priority_scheduling),
     "max_cap": lambda v: _R(v, max_cap=v.max_cap + 1),
     "cut_at": lambda v: _R(v, cut_at=9.5 if v.cut_at == -math.inf else v.cut_at + 1.0),
@@ -102,7 +113,7 @@ _RUNNING_CHANGES: dict[str, Callable[[EndpointView], EndpointView]] = {
 
 # ... and within the estimates: the KV capacity
 _RUNNING_CHANGES["kv_capacity"] = lambda v: _R(
-    v, estimates=_R(v.estimates, kv_capacity_tokens=(v.kv_capacity_tokens or 0.0) + 1000.0)
+    v, estimates=_R(_est(v), kv_capacity_tokens=(v.kv_capacity_tokens or 0.0) + 1000.0)
 )
 
 
