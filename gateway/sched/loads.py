@@ -40,16 +40,22 @@ class LoadCache:
 
     def __init__(self, params: PredictParams) -> None:
         self.params = params
-        self._loads: dict[str, tuple[EndpointLoad, float, float]] = {}  # (load, reuse time, made at)
+        # (load, reuse time, made at, the last view it was found to stand for: `progress_only` is
+        # asked once per view, not on every query while the view is the same)
+        self._loads: dict[str, tuple[EndpointLoad, float, float, EndpointView]] = {}
         self._made = 0
 
     def load(self, view: EndpointView, now: float) -> EndpointLoad:
         got = self._loads.get(view.id)
         like = None
         if got is not None:
-            load, reuse, at = got
-            if abs(at - now) <= reuse and (load.view is view or progress_only(view, load.view)):
-                return load
+            load, reuse, at, seen = got
+            if abs(at - now) <= reuse:
+                if seen is view:
+                    return load
+                if progress_only(view, load.view):
+                    self._loads[view.id] = (load, reuse, at, view)
+                    return load
             # the same view later, or a view apart only in what no load reads (gauges, EWMAs, progress):
             # what does not depend on the clock is taken over (`EndpointLoad`'s `like`)
             like = load
@@ -62,7 +68,7 @@ class LoadCache:
         self._made = made = self._made + 1
         if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
             self._loads = {}
-        self._loads[view.id] = (fresh, REUSE_S * (1.0 + (made % _SPREAD) / _SPREAD), now)
+        self._loads[view.id] = (fresh, REUSE_S * (1.0 + (made % _SPREAD) / _SPREAD), now, view)
         return fresh
 
 
