@@ -4,7 +4,7 @@ the load's time (`RunningState`)."""
 
 from __future__ import annotations
 
-from operator import attrgetter, is_
+from operator import attrgetter
 from typing import Final
 
 from gateway.sched.perf import PerfCoefficients
@@ -69,16 +69,33 @@ def same_inputs(view: EndpointView, other: EndpointView) -> bool:
     )
 
 
-#: What a running request keeps while it runs on one endpoint (its progress report makes a copy with
-#: new `produced`, `first_token_at` and `reported_at`; a pin makes one no longer resumable).
-_KEPT = attrgetter("id", "dispatched_at", "resumable")
+#: What a running request keeps while it runs on one endpoint: every field but those of its progress
+#: reports (`with_progress` copies it with new `produced`, `first_token_at` and `reported_at`).
+KEPT_FIELDS: Final = (
+    "id",
+    "dispatched_at",
+    "resumable",
+    "slo_class",
+    "prompt_tokens",
+    "output_mean",
+    "output_std",
+    "max_tokens",
+    "ttft_deadline",
+    "e2e_deadline",
+    "itl_s",
+    "best_effort",
+    "preemptions",
+    "produced_before",
+    "cached_tokens",
+)
+_KEPT: Final = attrgetter(*KEPT_FIELDS)
 
 
 def same_requests(running: tuple[RunningRequest, ...], other: tuple[RunningRequest, ...]) -> bool:
-    """Whether two running tuples of one endpoint hold the same requests in the same runs (the same
-    ids, dispatch times and resumability, in order), whatever progress each reported."""
-    return len(running) == len(other) and (
-        all(map(is_, running, other)) or list(map(_KEPT, running)) == list(map(_KEPT, other))
+    """Whether two running tuples of one endpoint hold the same requests in the same order, apart at
+    most in the progress each reported (`KEPT_FIELDS` equal)."""
+    return len(running) == len(other) and all(
+        r is o or _KEPT(r) == _KEPT(o) for r, o in zip(running, other, strict=True)
     )
 
 
