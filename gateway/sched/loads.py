@@ -19,6 +19,8 @@ then stays the time it was made at: nothing reads it without running requests.""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Final
 
 from gateway.sched.load_terms import progress_only
@@ -36,7 +38,7 @@ class LoadCache:
     reports: `progress_only`) and the clock moved less than the load's reuse time (`REUSE_S` to twice
     that)."""
 
-    __slots__ = ("_loads", "_made", "params")
+    __slots__ = ("_kept", "_loads", "_made", "params")
 
     def __init__(self, params: PredictParams) -> None:
         self.params = params
@@ -44,6 +46,27 @@ class LoadCache:
         # asked once per view, not on every query while the view is the same)
         self._loads: dict[str, tuple[EndpointLoad, float, float, EndpointView]] = {}
         self._made = 0
+        # The last `loads` answer: (views, their loads, asked at, until when every one is reusable).
+        self._kept: tuple[Sequence[EndpointView], list[EndpointLoad], float, float] | None = None
+
+    def loads(self, views: Sequence[EndpointView], now: float) -> list[EndpointLoad]:
+        """`load` of each of `views`, in order; the same list again while asked for the same sequence
+        object until the first of its loads reaches its reuse time (the submits queued between two
+        changes of the fleet ask about the same views: no query per endpoint each)."""
+        kept = self._kept
+        if kept is not None and kept[0] is views and kept[2] <= now <= kept[3]:
+            return kept[1]
+        out = [self.load(v, now) for v in views]
+        entries = self._loads
+        until = math.inf
+        for v in views:
+            got = entries.get(v.id)
+            if got is None:  # (the table was cleared meanwhile: not kept)
+                until = -math.inf
+                break
+            until = min(until, got[2] + got[1])
+        self._kept = (views, out, now, until)
+        return out
 
     def load(self, view: EndpointView, now: float) -> EndpointLoad:
         got = self._loads.get(view.id)

@@ -9,16 +9,17 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable
+from operator import is_
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import EndpointHealth, EngineKind, InstanceClass, ModelName
-from gateway.sched.load_terms import progress_only
+from gateway.sched.load_terms import KEPT_FIELDS, progress_only
 from gateway.sched.loads import REUSE_S, LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.predict import EndpointLoad, PredictParams
-from gateway.sched.running import with_progress
+from gateway.sched.running import RunningRequest, with_progress
 from gateway.sched.snapshot import EndpointEstimates, EndpointView
 from tests.unit.slo_fixtures import running, view
 
@@ -207,3 +208,41 @@ def test_a_load_stands_only_for_views_apart_in_progress_within_its_time(
             made_at, made_for = now, v
         if now - made_at <= REUSE_S and progress_only(v, made_for):
             assert load.view is made_for  # within the shortest reuse time it is reused
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(("same", "progress", "dispatch", "new-list")),
+            st.integers(min_value=0, max_value=2),  # which endpoint
+            st.floats(min_value=0.0, max_value=0.03),  # clock advance
+        ),
+        max_size=25,
+    )
+)
+def test_the_loads_of_a_list_of_views_are_each_view_s_load(steps: list[tuple[str, int, float]]) -> None:
+    """`LoadCache.loads` kept for the same list of views answers what `load` answers for each view."""
+    cache = LoadCache(PredictParams())
+    views = [view(f"e{i}", cap=4, runs=_RUNS[: i % 3]) for i in range(3)]
+    now = 10.0
+    for what, k, dt in steps:
+        now += dt
+        if what == "progress" and views[k].running:
+            views = list(views)
+            views[k] = _progress(views[k], 0, 16, now)
+        elif what == "dispatch":
+            views = list(views)
+            views[k] = _new(views[k])
+        elif what == "new-list":
+            views = list(views)
+        got = cache.loads(views, now)
+        assert all(map(is_, got, [cache.load(v, now) for v in views]))
+        for load, v in zip(got, views, strict=True):
+            assert progress_only(v, load.view)
+            assert not load.n or now - load.now <= 2 * REUSE_S + 1e-12
+
+
+def test_a_running_request_keeps_every_field_but_its_progress() -> None:
+    names = {f.name for f in dataclasses.fields(RunningRequest)}
+    assert names - set(KEPT_FIELDS) == {"produced", "first_token_at", "reported_at"}
