@@ -4,7 +4,7 @@ the load's time (`RunningState`)."""
 
 from __future__ import annotations
 
-from operator import is_
+from operator import attrgetter
 from typing import Final
 
 from gateway.sched.perf import PerfCoefficients
@@ -55,8 +55,8 @@ class RunningState:
 
 def same_inputs(view: EndpointView, other: EndpointView) -> bool:
     """Whether a load of `other` takes from its view what a load of `view` takes (the same endpoint,
-    coefficients, KV capacity, seats and running requests): e.g. views apart only in engine gauges or
-    measured EWMAs."""
+    coefficients, KV capacity, seats and running requests, whatever their progress): e.g. views apart
+    only in engine gauges, measured EWMAs or progress reports (`Pace` reads no progress)."""
     if view is other:
         return True
     return (
@@ -65,8 +65,74 @@ def same_inputs(view: EndpointView, other: EndpointView) -> bool:
         and view.kv_capacity_tokens == other.kv_capacity_tokens
         and view.cap == other.cap
         and view.max_batch == other.max_batch
-        and len(view.running) == len(other.running)
-        and all(map(is_, view.running, other.running))
+        and same_requests(view.running, other.running)
+    )
+
+
+#: What a running request keeps while it runs on one endpoint: every field but those of its progress
+#: reports (`with_progress` copies it with new `produced`, `first_token_at` and `reported_at`).
+KEPT_FIELDS: Final = (
+    "id",
+    "dispatched_at",
+    "resumable",
+    "slo_class",
+    "prompt_tokens",
+    "output_mean",
+    "output_std",
+    "max_tokens",
+    "ttft_deadline",
+    "e2e_deadline",
+    "itl_s",
+    "best_effort",
+    "preemptions",
+    "produced_before",
+    "cached_tokens",
+)
+_KEPT: Final = attrgetter(*KEPT_FIELDS)
+
+
+def same_requests(running: tuple[RunningRequest, ...], other: tuple[RunningRequest, ...]) -> bool:
+    """Whether two running tuples of one endpoint hold the same requests in the same order, apart at
+    most in the progress each reported (`KEPT_FIELDS` equal)."""
+    return len(running) == len(other) and all(
+        r is o or _KEPT(r) == _KEPT(o) for r, o in zip(running, other, strict=True)
+    )
+
+
+def progress_only(view: EndpointView, old: EndpointView) -> bool:
+    """Whether `view` differs from `old`, an earlier view of the same endpoint, at most in its running
+    requests' progress reports and the token counters they advance (`streamed_tokens`, `gap_*`), and in
+    the measured EWMAs of its estimates (which no load reads, nor any plugin through a load): the same
+    running requests, seats, cap, health, models, coefficients, KV capacity, engine gauges and
+    specification. A load of `old` estimates that progress from the clock, so it stands for `view` as
+    it stands for `old` at a later time (`LoadCache`)."""
+    if view is old:
+        return True
+    return (
+        view.id == old.id
+        and view.inflight == old.inflight
+        and view.cap == old.cap
+        and view.max_cap == old.max_cap
+        and view.health is old.health
+        and (view.estimates is old.estimates or _same_fit(view, old))
+        and view.running_prompt_tokens == old.running_prompt_tokens
+        and view.running_output_tokens == old.running_output_tokens
+        and view.engine_running == old.engine_running
+        and view.engine_waiting == old.engine_waiting
+        and view.kv_usage == old.kv_usage
+        and view.scraped_at == old.scraped_at
+        and view.dispatched_since_scrape == old.dispatched_since_scrape
+        and view.completed_since_scrape == old.completed_since_scrape
+        and view.cut_at == old.cut_at
+        and view.models == old.models
+        and view.url == old.url
+        and view.engine == old.engine
+        and view.instance_class == old.instance_class
+        and view.node == old.node
+        and view.priority_scheduling == old.priority_scheduling
+        and view.max_batch == old.max_batch
+        and view.config == old.config
+        and same_requests(view.running, old.running)
     )
 
 
@@ -106,3 +172,10 @@ def pace_of(view: EndpointView, coef: PerfCoefficients, prefill_overhead: float)
     overhead = max(prefill_overhead, rho / (1.0 - rho))
     # Per-token time of the current batch; contexts are refined once progress is known.
     return Pace(fresh, overhead, base * (1.0 + overhead))
+
+
+def _same_fit(view: EndpointView, old: EndpointView) -> bool:
+    """Whether two views' estimates give the same coefficients and KV capacity (a refresh that moved
+    only the measured EWMAs, or refit them to the same numbers)."""
+    perf = view.perf
+    return (perf is old.perf or perf == old.perf) and view.kv_capacity_tokens == old.kv_capacity_tokens

@@ -2,9 +2,13 @@
 `EndpointLoad` while its view object is the same and the clock moved less than its reuse time, and
 `LoadCaches` shares one cache among the plugins of a policy that predict with the same parameters.
 
-A load is remade when its endpoint changed (a dispatch, a completion, a progress report, new gauges or
-estimates: a new view) and otherwise after 20-40 ms: its running requests' progress is estimated from
-the clock, so an old load is a few tokens behind. Each load's reuse time is spread over that range by the
+A load is remade when its endpoint changed (a dispatch, a completion, a cancel, new gauges, estimates,
+cap or health: a new view) and otherwise after 20-40 ms: its running requests' progress is estimated
+from the clock, so an old load is a few tokens behind. A view apart from the load's only in its running
+requests' progress reports (`progress_only`; a stream reports every 16 tokens, so on a busy fleet every
+endpoint's view changes every few milliseconds) is such a later time too: the load stands for it until
+its reuse time is up, its running requests' progress estimated from the clock and the load's view as
+it would be with no report since. Each load's reuse time is spread over that range by the
 order the loads were made in, so a fleet's loads, made together on a busy fleet, are not all remade by
 the same decision (with a hundred endpoints that would be a few milliseconds for the one decision that
 happens to come 20 ms later). A load remade for its age alone takes over from the old one what does not
@@ -15,8 +19,11 @@ then stays the time it was made at: nothing reads it without running requests.""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Final
 
+from gateway.sched.load_terms import progress_only
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.snapshot import EndpointView
 
@@ -27,25 +34,53 @@ _SPREAD: Final = 8
 
 
 class LoadCache:
-    """`EndpointLoad`s by endpoint, reused while the view object is the same and the clock moved less
-    than the load's reuse time (`REUSE_S` to twice that)."""
+    """`EndpointLoad`s by endpoint, reused while the view is the same (or apart only in progress
+    reports: `progress_only`) and the clock moved less than the load's reuse time (`REUSE_S` to twice
+    that)."""
 
-    __slots__ = ("_loads", "_made", "params")
+    __slots__ = ("_kept", "_loads", "_made", "params")
 
     def __init__(self, params: PredictParams) -> None:
         self.params = params
-        self._loads: dict[str, tuple[EndpointLoad, float, float]] = {}  # (load, reuse time, made at)
+        # (load, reuse time, made at, the last view it was found to stand for: `progress_only` is
+        # asked once per view, not on every query while the view is the same)
+        self._loads: dict[str, tuple[EndpointLoad, float, float, EndpointView]] = {}
         self._made = 0
+        # The last `loads` answer: (views, their loads, asked at, until when every one is reusable).
+        self._kept: tuple[Sequence[EndpointView], list[EndpointLoad], float, float] | None = None
+
+    def loads(self, views: Sequence[EndpointView], now: float) -> list[EndpointLoad]:
+        """`load` of each of `views`, in order; the same list again while asked for the same sequence
+        object until the first of its loads reaches its reuse time (the submits queued between two
+        changes of the fleet ask about the same views: no query per endpoint each)."""
+        kept = self._kept
+        if kept is not None and kept[0] is views and kept[2] <= now <= kept[3]:
+            return kept[1]
+        out = [self.load(v, now) for v in views]
+        entries = self._loads
+        until = math.inf
+        for v in views:
+            got = entries.get(v.id)
+            if got is None:  # (the table was cleared meanwhile: not kept)
+                until = -math.inf
+                break
+            until = min(until, got[2] + got[1])
+        self._kept = (views, out, now, until)
+        return out
 
     def load(self, view: EndpointView, now: float) -> EndpointLoad:
         got = self._loads.get(view.id)
         like = None
         if got is not None:
-            load, reuse, at = got
-            if load.view is view and abs(at - now) <= reuse:
-                return load
-            # the same view later, or a view apart only in what no load reads (gauges, EWMAs): what
-            # does not depend on the clock is taken over (`EndpointLoad`'s `like`)
+            load, reuse, at, seen = got
+            if abs(at - now) <= reuse:
+                if seen is view:
+                    return load
+                if progress_only(view, load.view):
+                    self._loads[view.id] = (load, reuse, at, view)
+                    return load
+            # the same view later, or a view apart only in what no load reads (gauges, EWMAs, progress):
+            # what does not depend on the clock is taken over (`EndpointLoad`'s `like`)
             like = load
         # A load with nothing running is the same at any time: it is renewed, not remade (counted as
         # made all the same, so every other load's reuse time is what it would be).
@@ -56,7 +91,7 @@ class LoadCache:
         self._made = made = self._made + 1
         if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
             self._loads = {}
-        self._loads[view.id] = (fresh, REUSE_S * (1.0 + (made % _SPREAD) / _SPREAD), now)
+        self._loads[view.id] = (fresh, REUSE_S * (1.0 + (made % _SPREAD) / _SPREAD), now, view)
         return fresh
 
 

@@ -157,8 +157,9 @@ class Preempting(SchedulerBooks):
         key = ("victims", rules)
         got: tuple[list[RunningRequest], list[Victim]] | None = load.memo.get(key)
         if got is None or got[0] is not candidates:
-            states = {id(s.req): s for s in load.running}
-            victims = [Victim(r, e) for r in candidates if _resume_feasible(states[id(r)], load, rules)]
+            # by id: the load may stand for an earlier view, whose copies differ in progress only
+            states = {s.req.id: s for s in load.running}
+            victims = [Victim(r, e) for r in candidates if _resume_feasible(states[r.id], load, rules)]
             got = load.memo[key] = (candidates, victims)
         return got[1]
 

@@ -159,4 +159,6 @@ def test_a_load_with_nothing_running_is_kept_while_its_view_is() -> None:
     first = cache.load(idle, 10.0)
     assert cache.load(idle, 50.0) is first  # its numbers do not move with the clock: renewed
     assert _numbers(first) == _numbers(EndpointLoad(idle, 50.0, PredictParams()))
-    assert cache.load(view("e", cap=4), 50.0) is not first  # a new view: a new load
+    assert cache.load(view("e", cap=4), 50.0) is first  # a new view of the same numbers: the same load
+    busy = view("e", cap=4, runs=[running("r", dispatched_at=49.0)])
+    assert cache.load(busy, 50.0) is not first  # a dispatch: a new load

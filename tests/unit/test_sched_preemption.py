@@ -749,3 +749,26 @@ def test_shipped_chat_and_batch_uses_classes_preemption_and_adaptive_caps() -> N
     assert pol.preemptor.name == "least-progress"
     assert pol.concurrency is not None
     assert pol.concurrency.name == "chiron"
+
+
+def test_victims_are_judged_on_a_load_made_before_their_progress_report() -> None:
+    """A load stands for its endpoint's later views apart in progress reports only (`LoadCache`): the
+    victims of the later view are judged on its running states all the same (matched by request id)."""
+    rig = busy_mixed_rig()
+    pol = rig.sched.policy
+    assert pol.preemptor is not None
+    rules = pol.preemptor.rules
+    m = EndpointId("m")
+    rig.sched.progress(RequestId("batch0"), 16, rig.clock.now())
+    view = rig.sched.endpoint_view(m)
+    assert view is not None
+    (first,) = rig.sched._victims(view, rig.clock.now(), rules)
+    assert first.running.produced == 16
+    rig.clock.advance(0.001)
+    rig.sched.progress(RequestId("batch0"), 32, rig.clock.now())
+    later = rig.sched.endpoint_view(m)
+    assert later is not None
+    assert later is not view
+    (victim,) = rig.sched._victims(later, rig.clock.now(), rules)
+    assert victim.running is later.running[0]
+    assert victim.running.produced == 32

@@ -114,9 +114,9 @@ class SloFeasibilityAdmitter:
                 if self._meets(pred, left, itl_ms):
                     return ADMIT
                 preds.append(pred)
-            loads = [self._cache.load(e, snap.now) for e in kept.views()]
+            loads = self._cache.loads(kept.views(), snap.now)
         else:
-            loads = [self._cache.load(e, snap.now) for e in kept.views()]
+            loads = self._cache.loads(kept.views(), snap.now)
             preds = self._predictions(req, loads, ahead)
             if any(self._meets(p, left, itl_ms) for p in preds):
                 return ADMIT
@@ -371,7 +371,7 @@ class SeatOrder:
     def of(self, loads: list[EndpointLoad]) -> bool:
         """Whether it is the order of exactly these loads."""
         kept = self._loads
-        return len(kept) == len(loads) and all(map(is_, kept, loads))
+        return kept is loads or (len(kept) == len(loads) and all(map(is_, kept, loads)))
 
     def kth(self, k: int) -> tuple[float, int] | None:
         """`kth_free` of its loads."""

@@ -123,6 +123,8 @@ class BestFitFilter:
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
         loads = [self._cache.load(e, snap.now) for e in candidates]
+        # id(load) -> its candidate (a load may stand for a later view than its own: `LoadCache`)
+        of = dict(zip(map(id, loads), candidates, strict=True))
         spread = sorted(loads, key=self._spread_key)
         tried = sorted(loads, key=self.order_key) if self._packs else spread
         if req.cached:
@@ -131,12 +133,12 @@ class BestFitFilter:
         for load in tried:
             strict, loose[id(load)] = self.fits_both(load, req)
             if strict:
-                return [load.view]
+                return [of[id(load)]]
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
         # that fits without it (the request meets its deadlines there if nothing else comes).
         for load in spread:
             if loose[id(load)]:
-                return [load.view]
+                return [of[id(load)]]
         return []
 
     def filter_columns(
