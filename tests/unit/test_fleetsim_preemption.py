@@ -31,14 +31,9 @@ def fleet() -> tuple[EndpointSpec, ...]:
 def run(tmp_path: Path) -> Simulation:
     gw = tmp_path / "gateway.toml"
     gw.write_text("[limits]\nmax_queue_per_model = 10000\nmax_queue_wait_s = 3600.0\n")
-    # Interactive requests held when infeasible (the preset refuses them): every request runs, so every
-    # token can be checked across its preemptions.
-    policy = tmp_path / "policy.toml"
-    text = (POLICIES / "chat-and-batch.toml").read_text()
-    policy.write_text(text.replace('on_infeasible = "reject"', 'on_infeasible = "hold"', 1))
     sim = Simulation(
         SimOptions(
-            policy=policy,
+            policy=POLICIES / "chat-and-batch.toml",
             fleet=fleet(),
             gateway=gw,
             workload="chat-backlog:6",
