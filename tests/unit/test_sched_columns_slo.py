@@ -24,6 +24,7 @@ from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParam
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import Policy, eligible
+from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from tests.unit.slo_fixtures import COEF, req, running, view
 
@@ -78,6 +79,22 @@ def _view(k: int, endpoint: tuple[int, list[Run], PerfCoefficients, float | None
     return v if ready else dataclasses.replace(v, health=EndpointHealth.UNHEALTHY)
 
 
+def _new_request(
+    prompt: int,
+    out: float,
+    targets: tuple[float | None, float | None, float | None],
+    cached: dict[int, int],
+    *,
+    best_effort: bool,
+) -> SchedRequest:
+    """The request a test places: its targets (TTFT, E2E, ITL in ms) and the prompt tokens each endpoint
+    `e<k>` holds."""
+    ttft_ms, e2e_ms, itl_ms = targets
+    r = req("new", arrival=NOW - 0.1, prompt=prompt, out=out, ttft_ms=ttft_ms, e2e_ms=e2e_ms, itl_ms=itl_ms)
+    hits = PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()})
+    return dataclasses.replace(r, best_effort=best_effort, cached=hits)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     endpoints=st.lists(_endpoint, min_size=1, max_size=8),
@@ -103,9 +120,7 @@ def test_best_fit_over_columns_chooses_what_the_plain_filter_chooses(
     best_effort: bool,
 ) -> None:
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
-    r = req("new", arrival=NOW - 0.1, prompt=prompt, out=out, ttft_ms=ttft_ms, e2e_ms=e2e_ms, itl_ms=itl_ms)
-    hits = PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()})
-    r = dataclasses.replace(r, best_effort=best_effort, cached=hits)
+    r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), cached, best_effort=best_effort)
     cols = columns_of(views)
     s = FleetSnapshot(now=NOW, endpoints=views, columns=cols)
     plain = BestFitFilter(params).filter(r, eligible(r, s), s)
@@ -245,9 +260,7 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps(
     best_effort: bool,
 ) -> None:
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
-    r = req("new", arrival=NOW - 0.1, prompt=prompt, out=out, ttft_ms=ttft_ms, e2e_ms=e2e_ms, itl_ms=itl_ms)
-    hits = PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()})
-    r = dataclasses.replace(r, best_effort=best_effort, cached=hits)
+    r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), cached, best_effort=best_effort)
     params = OverflowGuardParams(worst_case=worst_case, hold_infeasible=hold, prefill_overhead=0.05)
     cols = columns_of(views)
     s = FleetSnapshot(now=NOW, endpoints=views, columns=cols)
