@@ -115,11 +115,7 @@ async def fleet(request: web.Request) -> web.Response:
         authorize(request, s.admin_token)
     except errors.BerthError as e:
         return admin_error(e, request)
-    return web.Response(
-        body=orjson.dumps(fleet_document(s)),
-        content_type="application/json",
-        headers={"Cache-Control": "no-store"},
-    )
+    return _no_store_json(fleet_document(s))
 
 
 async def cluster(request: web.Request) -> web.Response:
@@ -132,11 +128,7 @@ async def cluster(request: web.Request) -> web.Response:
     except errors.BerthError as e:
         return admin_error(e, request)
     doc = None if s.cluster_document is None else s.cluster_document()
-    return web.Response(
-        body=orjson.dumps({"cluster": doc}),
-        content_type="application/json",
-        headers={"Cache-Control": "no-store"},
-    )
+    return _no_store_json({"cluster": doc})
 
 
 async def loop_lag(request: web.Request) -> web.Response:
@@ -148,11 +140,7 @@ async def loop_lag(request: web.Request) -> web.Response:
         after = _int_query(request, "after")
     except errors.BerthError as e:
         return admin_error(e, request)
-    return web.Response(
-        body=orjson.dumps(s.metrics.loop_lag_recent.document(after)),
-        content_type="application/json",
-        headers={"Cache-Control": "no-store"},
-    )
+    return _no_store_json(s.metrics.loop_lag_recent.document(after))
 
 
 async def sched_decisions(request: web.Request) -> web.Response:
@@ -166,10 +154,13 @@ async def sched_decisions(request: web.Request) -> web.Response:
         after = _int_query(request, "slow_after")
     except errors.BerthError as e:
         return admin_error(e, request)
+    return _no_store_json(s.metrics.decisions.document(after))
+
+
+def _no_store_json(doc: object) -> web.Response:
+    """An admin document as JSON that no cache keeps (each read is the state now)."""
     return web.Response(
-        body=orjson.dumps(s.metrics.decisions.document(after)),
-        content_type="application/json",
-        headers={"Cache-Control": "no-store"},
+        body=orjson.dumps(doc), content_type="application/json", headers={"Cache-Control": "no-store"}
     )
 
 
