@@ -3,7 +3,9 @@ configuration on the same schedule, the targets' arithmetic, and the command lin
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ import pytest
 
 from loadgen.bench.scheduling import prefix, prefix_report, prefix_setup
 from loadgen.cli import main as loadgen_main
+from loadgen.engine_sim.fleet import parse_fleet
+from loadgen.engine_sim.profiles import get_profile
 
 
 def test_quick_run_reports_every_configuration_on_the_same_trace(tmp_path: Path, capsys: Any) -> None:
@@ -112,3 +116,18 @@ def test_coding_baselines_get_the_coding_class_table() -> None:
         prefix_setup.policy_text("chat", "berth")
         == (prefix_setup.POLICY_DIR / "chat-and-batch.toml").read_text()
     )
+
+
+def test_free_prefill_engines_and_prior_cost_nothing_per_prompt_token() -> None:
+
+    plain = parse_fleet(tomllib.loads(prefix_setup.fleet_file(2)))
+    free = parse_fleet(tomllib.loads(prefix_setup.fleet_file(2, free_prefill=True)))
+    assert len(free) == 2
+    lat = free[0].latency
+    assert lat is not None
+    assert plain[0].latency is None  # the profile's own
+    assert lat == dataclasses.replace(get_profile(prefix_setup.PROFILE).latency, k1=0.0)
+    prior = tomllib.loads(prefix_setup.gateway_toml(day_one=False, free_prefill=True))["telemetry"]["prior"]
+    assert prior["k1"] == 0.0
+    assert tomllib.loads(prefix_setup.gateway_toml(day_one=False))["telemetry"]["prior"]["k1"] > 0.0
+    assert prefix_setup.CONFIGS["free-prefill"].free_prefill

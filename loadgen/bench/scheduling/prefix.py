@@ -81,6 +81,7 @@ from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.fleetsim import SimOptions, simulate
+from loadgen.workloads.base import TaskSpec
 
 DEFAULT_LOADS: Final = (1.0, 2.0, 3.0)
 DEFAULT_SEEDS: Final = 5
@@ -109,15 +110,17 @@ class Config:
 
 
 # --------------------------------------------------------------------- one run
-def run_one(cfg: Config, workload: str, at: Load, seed: int, config: str) -> dict[str, Any]:
-    """One configuration on one (workload, load, seed), on the fleet simulator."""
-    t0 = time.perf_counter()
-    d = cfg.out / "runs" / f"{workload}-l{at.load:g}-s{seed}-{config}"
+def sim_options(
+    cfg: Config, workload: str, at: Load, seed: int, config: str, *, d: Path
+) -> tuple[SimOptions, list[TaskSpec]]:
+    """One configuration's simulator options on one (workload, load, seed), its files written to `d`, and
+    the schedule it replays (`loadgen.diag.prefix_misses` reads the same run request by request)."""
     d.mkdir(parents=True, exist_ok=True)
     spec = CONFIGS[config]
     profile = profile_for(workload, cfg.profile)
-    (d / "fleet.toml").write_text(fleet_file(cfg.endpoints, profile))
-    (d / "gateway.toml").write_text(gateway_toml(day_one=spec.day_one, profile=profile))
+    free = spec.free_prefill
+    (d / "fleet.toml").write_text(fleet_file(cfg.endpoints, profile, free_prefill=free))
+    (d / "gateway.toml").write_text(gateway_toml(day_one=spec.day_one, profile=profile, free_prefill=free))
     (d / "policy.toml").write_text(policy_text(workload, config))
     tasks = schedule(workload, cfg.trace, at, cfg.duration_s, seed)
     span = max((t.at_s for t in tasks), default=0.0) if workload == "mooncake" else cfg.duration_s
@@ -138,6 +141,14 @@ def run_one(cfg: Config, workload: str, at: Load, seed: int, config: str) -> dic
         workload_options=workload_options(workload, time_scale=at.time_scale),
         prefix=spec.prefix,
     )
+    return opts, tasks
+
+
+def run_one(cfg: Config, workload: str, at: Load, seed: int, config: str) -> dict[str, Any]:
+    """One configuration on one (workload, load, seed), on the fleet simulator."""
+    t0 = time.perf_counter()
+    d = cfg.out / "runs" / f"{workload}-l{at.load:g}-s{seed}-{config}"
+    opts, tasks = sim_options(cfg, workload, at, seed, config, d=d)
     run: dict[str, Any] = {
         "workload": workload,
         "load": at.load,
