@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from loadgen.bench.scheduling.prefix_bound import call_bound, goodput_bound, uncached_tokens
+from loadgen.bench.scheduling.prefix_bound import call_bound, goodput_bound, ttft_floor_ms, uncached_tokens
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.profiles import EngineProfile
 from loadgen.workloads.base import CallSpec, Slo, TaskSpec
@@ -82,3 +82,15 @@ def test_batch_mates_add_at_least_the_shortest_context() -> None:
     assert mates.cost_s > alone.cost_s  # smaller batches: more of the fixed iteration cost each
     # with no context at all a batch-mate adds c2 only: the bound as before
     assert call_bound(profile, call, 100, 0, 0.0, least_context=0).cost_s == pytest.approx(alone.cost_s)
+
+
+def test_the_ttft_floor_is_each_call_alone_with_a_perfect_cache() -> None:
+    # ten one-call tasks of 100 uncached tokens (100 ms + 10 ms) and one of 990 (1 s): p90 110 ms
+    short = [TaskSpec(i, float(i), "t", (_call(100, 1, Slo(ttft_ms=1e6)),)) for i in range(10)]
+    long = TaskSpec(10, 10.0, "t", (_call(990, 1, Slo(ttft_ms=1e6)),))
+    assert ttft_floor_ms([*short, long], PROFILE, 0) == pytest.approx(110.0)
+    assert ttft_floor_ms([*short, long], PROFILE, 0, q=100.0) == pytest.approx(1000.0)
+    # a task's second call is cached where its first ran: one token to prefill
+    two = TaskSpec(0, 0.0, "t", (_call(500, 1, Slo(ttft_ms=1e6)), _call(600, 1, Slo(ttft_ms=1e6))))
+    assert ttft_floor_ms([two], PROFILE, 0, q=0.0) == pytest.approx(11.0)
+    assert ttft_floor_ms([], PROFILE, 0) == 0.0

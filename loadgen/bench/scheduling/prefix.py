@@ -55,7 +55,7 @@ import orjson
 
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.entry import config_or_reason, say
-from loadgen.bench.scheduling.prefix_bound import goodput_bound
+from loadgen.bench.scheduling.prefix_bound import goodput_bound, ttft_floor_ms
 from loadgen.bench.scheduling.prefix_report import figures, markdown, passed, plot, summarize_runs
 from loadgen.bench.scheduling.prefix_setup import (
     CONFIGS,
@@ -192,6 +192,7 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
                 "load_perfect_cache": b.load_perfect_cache,
                 "reusable_share": b.reusable_share,
                 "goodput_bound": best.document(),
+                "ttft_p90_floor_ms": round(ttft_floor_ms(tasks, get_profile(profile), 0), 1),
             }
             for seed in range(cfg.seeds):
                 for config in cfg.configs:

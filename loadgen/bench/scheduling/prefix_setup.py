@@ -107,6 +107,7 @@ NO_PREFIX: Final = "berth-no-prefix"
 ORACLE: Final = "oracle"
 PRECISE: Final = "precise"
 DAY_ONE: Final = "day-one"
+FREE_PREFILL: Final = "free-prefill"
 #: The peers' policies as the simulator runs them (the best of them is "the best peer").
 PEERS: Final = ("prefix-affinity", "least-outstanding", "power-of-two", "round-robin")
 
