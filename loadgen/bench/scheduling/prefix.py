@@ -20,9 +20,11 @@ of a (workload, load, seed) replays the same schedule (its fingerprint is in the
 Configurations (`prefix_setup.CONFIGS`): `berth` (the workload's preset: `coding-assistant` for coding,
 `chat-and-batch` otherwise; approximate index), `berth-no-prefix` (the same, prefix awareness off),
 `oracle` (the same preset reading every engine's true cache: precise knowledge without event lag),
-`day-one` (the preset, endpoints by URL only: no prior, default cap, approximate index), and the peers'
-policies: `prefix-affinity` (vllm-router's and sglang-router's `cache_aware` rule), least outstanding,
-power of two, round robin.
+`day-one` (the preset, endpoints by URL only: no prior, default cap, approximate index), `free-prefill`
+(the preset on engines, and with a prior, whose prefill costs nothing per token: what no prefix cache
+can beat, so a goodput target above it is out of prefix awareness's reach), and the peers' policies:
+`prefix-affinity` (vllm-router's and sglang-router's `cache_aware` rule), least outstanding, power of
+two, round robin.
 
 Figures per run: goodput (share of requests that met their SLO), TTFT p50/p90/p99, E2E p50/p90,
 throughput (output tokens/s), the engines' own prefix-cache hit rate (hit tokens / queried tokens, as
