@@ -4,9 +4,10 @@ time, refused, or served late, and, for the refused and the late, where their se
     berth-loadgen diag prefix-misses --workload coding --load 2 --seed 0 --config berth
 
 It replays one run of `berth-loadgen bench prefix` (the same schedule, fleet, gateway and policy files)
-on the fleet simulator and reads every call's result. A call's *holders* are the endpoints that earlier
-calls of its session (the same repository context, chat conversation or trace prefix: the first system
-message's text) were dispatched to before it was; it is
+on the fleet simulator and reads every call's result. A call's *session* is the first span of its
+prompt's first message (on `coding`, the repository context; on `chat`, the application's system
+prompt; on the trace, its first block), and its *holders* the endpoints that earlier calls of its
+session were dispatched to before it was; it is
 
 - `served on time`, `refused` (an error status: admission or a recheck refused it), or `late`;
 - `no holder` (its session's first call, or every earlier call refused), `on holder` (dispatched to a
@@ -50,7 +51,8 @@ class Cell:
 
 
 def session_of(task: TaskSpec, call: int) -> str:
-    """A call's session: its prompt's first message (a coding session's repository context), else the task."""
+    """A call's session: its prompt's first message's first span (a coding session's repository
+    context), else its task."""
     prompt = task.calls[call].prompt
     if prompt is None or not prompt.messages or not prompt.messages[0].spans:
         return f"task/{task.index}"
