@@ -59,6 +59,11 @@ _ALL: Final = (
         "loadgen.diag.prefix_index",
     ),
     Diagnostic(
+        "prefix-misses",
+        "Where a prefix benchmark run loses goodput: per class, refused or late, sent to its prefix or not.",
+        "loadgen.diag.prefix_misses",
+    ),
+    Diagnostic(
         "tokenize-cost",
         "What matching a request by its token ids (the precise prefix source) costs per request.",
         "loadgen.diag.tokenize_cost",

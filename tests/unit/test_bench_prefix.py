@@ -3,7 +3,9 @@ configuration on the same schedule, the targets' arithmetic, and the command lin
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ import pytest
 
 from loadgen.bench.scheduling import prefix, prefix_report, prefix_setup
 from loadgen.cli import main as loadgen_main
+from loadgen.engine_sim.fleet import parse_fleet
+from loadgen.engine_sim.profiles import get_profile
 
 
 def test_quick_run_reports_every_configuration_on_the_same_trace(tmp_path: Path, capsys: Any) -> None:
@@ -39,7 +43,13 @@ def test_quick_run_reports_every_configuration_on_the_same_trace(tmp_path: Path,
     assert set(prefix_report.METRICS) <= set(cell)
     assert cell["goodput"]["n"] == 2
     assert cell["goodput"]["half"] is not None
-    assert set(doc["bounds"][key]) == {"load", "load_perfect_cache", "reusable_share", "goodput_bound"}
+    assert set(doc["bounds"][key]) == {
+        "load",
+        "load_perfect_cache",
+        "reusable_share",
+        "goodput_bound",
+        "ttft_p90_floor_ms",
+    }
     assert 0.0 <= doc["bounds"][key]["goodput_bound"]["goodput"] <= 1.0
     assert doc["bounds"][key]["load_perfect_cache"] <= doc["bounds"][key]["load"]
     targets = [c["target"] for c in doc["verdicts"]["chat"]]
@@ -112,3 +122,33 @@ def test_coding_baselines_get_the_coding_class_table() -> None:
         prefix_setup.policy_text("chat", "berth")
         == (prefix_setup.POLICY_DIR / "chat-and-batch.toml").read_text()
     )
+
+
+def test_free_prefill_engines_and_prior_cost_nothing_per_prompt_token() -> None:
+
+    plain = parse_fleet(tomllib.loads(prefix_setup.fleet_file(2)))
+    free = parse_fleet(tomllib.loads(prefix_setup.fleet_file(2, free_prefill=True)))
+    assert len(free) == 2
+    lat = free[0].latency
+    assert lat is not None
+    assert plain[0].latency is None  # the profile's own
+    assert lat == dataclasses.replace(get_profile(prefix_setup.PROFILE).latency, k1=0.0)
+    prior = tomllib.loads(prefix_setup.gateway_toml(day_one=False, free_prefill=True))["telemetry"]["prior"]
+    assert prior["k1"] == 0.0
+    assert tomllib.loads(prefix_setup.gateway_toml(day_one=False))["telemetry"]["prior"]["k1"] > 0.0
+    assert prefix_setup.CONFIGS["free-prefill"].free_prefill
+
+
+def test_missed_targets_name_the_floor_and_the_free_prefill_ceiling() -> None:
+    s = _summary({"berth": [0.95, 0.85], "prefix-affinity": [0.97, 0.80], "free-prefill": [1.0, 0.88]})
+    result = {"summary": s, "setup": {"loads": [1.0, 2.0], "configs": ["berth", "prefix-affinity",
+              "free-prefill"], "workloads": ["chat"]}}  # fmt: skip
+    goodput, ttft = prefix_report.verdicts(result)["chat"][:2]
+    assert not goodput["passed"]
+    assert goodput["free_prefill_value"] == pytest.approx(0.88)
+    bound = {"goodput_bound": {"goodput": 1.0}, "ttft_p90_floor_ms": 200.0}
+    # free prefill gets 0.88, +0.08 over the peer: below the 0.10 margin whatever the cache
+    assert "out of reach for prefix awareness" in prefix_report._direction(goodput, bound)
+    assert not ttft["passed"]  # 160 ms against 0.5 x 210 ms
+    assert "move up to at least that" in prefix_report._direction(ttft, bound)
+    assert "TTFT" not in prefix_report._direction(ttft, {"ttft_p90_floor_ms": 50.0})

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from loadgen.bench.scheduling.prefix_bound import call_bound, goodput_bound, uncached_tokens
+from loadgen.bench.scheduling.prefix_bound import call_bound, goodput_bound, ttft_floor_ms, uncached_tokens
 from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.profiles import EngineProfile
 from loadgen.workloads.base import CallSpec, Slo, TaskSpec
@@ -63,3 +63,34 @@ def test_the_bound_counts_the_fleets_engine_time() -> None:
     # an impossible target caps it whatever the fleet
     late = [dataclasses.replace(t, calls=(_call(990, 1, Slo(ttft_ms=500.0)),)) for t in calls[:5]]
     assert goodput_bound(late + calls[5:], PROFILE, 100, 0).goodput == pytest.approx(0.5 / (0.5 + 0.5))
+
+
+def test_batch_mates_add_at_least_the_shortest_context() -> None:
+    # k2 = 1 us a context token: a batch-mate of at least 1,000 tokens adds 1 ms + 1 ms an iteration
+    profile = dataclasses.replace(PROFILE, latency=dataclasses.replace(PROFILE.latency, k2=1e-6))
+    call = _call(100, 101, Slo(e2e_ms=1_300.0))
+    alone = call_bound(profile, call, 100, 0, 0.0)
+    mates = call_bound(profile, call, 100, 0, 0.0, least_context=1_000)
+    assert alone.feasible
+    assert mates.feasible
+    # spare 1.19 s less Σ k2 · context and 100 · 10 ms: what is left bounds the mean batch
+    ctx = 100 * (1e-6 * 100) + 1e-6 * 100 * 101 / 2
+    left = 1.3 - 0.11 - ctx - 100 * 0.010
+    assert alone.cost_s == pytest.approx(0.1 + 0.01 / 4 + ctx + 100 * 0.001 + 100 * 0.010 / (left / 0.1))
+    batch = 1.0 + (left - 100 * 0.001) / (0.002 * 100)
+    assert mates.cost_s == pytest.approx(0.1 + 0.01 / 4 + ctx + 100 * 0.001 + 100 * 0.010 / batch)
+    assert mates.cost_s > alone.cost_s  # smaller batches: more of the fixed iteration cost each
+    # with no context at all a batch-mate adds c2 only: the bound as before
+    assert call_bound(profile, call, 100, 0, 0.0, least_context=0).cost_s == pytest.approx(alone.cost_s)
+
+
+def test_the_ttft_floor_is_each_call_alone_with_a_perfect_cache() -> None:
+    # ten one-call tasks of 100 uncached tokens (100 ms + 10 ms) and one of 990 (1 s): p90 110 ms
+    short = [TaskSpec(i, float(i), "t", (_call(100, 1, Slo(ttft_ms=1e6)),)) for i in range(10)]
+    long = TaskSpec(10, 10.0, "t", (_call(990, 1, Slo(ttft_ms=1e6)),))
+    assert ttft_floor_ms([*short, long], PROFILE, 0) == pytest.approx(110.0)
+    assert ttft_floor_ms([*short, long], PROFILE, 0, q=100.0) == pytest.approx(1000.0)
+    # a task's second call is cached where its first ran: one token to prefill
+    two = TaskSpec(0, 0.0, "t", (_call(500, 1, Slo(ttft_ms=1e6)), _call(600, 1, Slo(ttft_ms=1e6))))
+    assert ttft_floor_ms([two], PROFILE, 0, q=0.0) == pytest.approx(11.0)
+    assert ttft_floor_ms([], PROFILE, 0) == 0.0

@@ -20,9 +20,11 @@ of a (workload, load, seed) replays the same schedule (its fingerprint is in the
 Configurations (`prefix_setup.CONFIGS`): `berth` (the workload's preset: `coding-assistant` for coding,
 `chat-and-batch` otherwise; approximate index), `berth-no-prefix` (the same, prefix awareness off),
 `oracle` (the same preset reading every engine's true cache: precise knowledge without event lag),
-`day-one` (the preset, endpoints by URL only: no prior, default cap, approximate index), and the peers'
-policies: `prefix-affinity` (vllm-router's and sglang-router's `cache_aware` rule), least outstanding,
-power of two, round robin.
+`day-one` (the preset, endpoints by URL only: no prior, default cap, approximate index), `free-prefill`
+(the preset on engines, and with a prior, whose prefill costs nothing per token: what no prefix cache
+can beat, so a goodput target above it is out of prefix awareness's reach), and the peers' policies:
+`prefix-affinity` (vllm-router's and sglang-router's `cache_aware` rule), least outstanding, power of
+two, round robin.
 
 Figures per run: goodput (share of requests that met their SLO), TTFT p50/p90/p99, E2E p50/p90,
 throughput (output tokens/s), the engines' own prefix-cache hit rate (hit tokens / queried tokens, as
@@ -55,7 +57,7 @@ import orjson
 
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.entry import config_or_reason, say
-from loadgen.bench.scheduling.prefix_bound import goodput_bound
+from loadgen.bench.scheduling.prefix_bound import goodput_bound, ttft_floor_ms
 from loadgen.bench.scheduling.prefix_report import figures, markdown, passed, plot, summarize_runs
 from loadgen.bench.scheduling.prefix_setup import (
     CONFIGS,
@@ -81,6 +83,7 @@ from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.fleetsim import SimOptions, simulate
+from loadgen.workloads.base import TaskSpec
 
 DEFAULT_LOADS: Final = (1.0, 2.0, 3.0)
 DEFAULT_SEEDS: Final = 5
@@ -109,15 +112,17 @@ class Config:
 
 
 # --------------------------------------------------------------------- one run
-def run_one(cfg: Config, workload: str, at: Load, seed: int, config: str) -> dict[str, Any]:
-    """One configuration on one (workload, load, seed), on the fleet simulator."""
-    t0 = time.perf_counter()
-    d = cfg.out / "runs" / f"{workload}-l{at.load:g}-s{seed}-{config}"
+def sim_options(
+    cfg: Config, workload: str, at: Load, seed: int, config: str, *, d: Path
+) -> tuple[SimOptions, list[TaskSpec]]:
+    """One configuration's simulator options on one (workload, load, seed), its files written to `d`, and
+    the schedule it replays (`loadgen.diag.prefix_misses` reads the same run request by request)."""
     d.mkdir(parents=True, exist_ok=True)
     spec = CONFIGS[config]
     profile = profile_for(workload, cfg.profile)
-    (d / "fleet.toml").write_text(fleet_file(cfg.endpoints, profile))
-    (d / "gateway.toml").write_text(gateway_toml(day_one=spec.day_one, profile=profile))
+    free = spec.free_prefill
+    (d / "fleet.toml").write_text(fleet_file(cfg.endpoints, profile, free_prefill=free))
+    (d / "gateway.toml").write_text(gateway_toml(day_one=spec.day_one, profile=profile, free_prefill=free))
     (d / "policy.toml").write_text(policy_text(workload, config))
     tasks = schedule(workload, cfg.trace, at, cfg.duration_s, seed)
     span = max((t.at_s for t in tasks), default=0.0) if workload == "mooncake" else cfg.duration_s
@@ -138,6 +143,14 @@ def run_one(cfg: Config, workload: str, at: Load, seed: int, config: str) -> dic
         workload_options=workload_options(workload, time_scale=at.time_scale),
         prefix=spec.prefix,
     )
+    return opts, tasks
+
+
+def run_one(cfg: Config, workload: str, at: Load, seed: int, config: str) -> dict[str, Any]:
+    """One configuration on one (workload, load, seed), on the fleet simulator."""
+    t0 = time.perf_counter()
+    d = cfg.out / "runs" / f"{workload}-l{at.load:g}-s{seed}-{config}"
+    opts, tasks = sim_options(cfg, workload, at, seed, config, d=d)
     run: dict[str, Any] = {
         "workload": workload,
         "load": at.load,
@@ -181,6 +194,7 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
                 "load_perfect_cache": b.load_perfect_cache,
                 "reusable_share": b.reusable_share,
                 "goodput_bound": best.document(),
+                "ttft_p90_floor_ms": round(ttft_floor_ms(tasks, get_profile(profile), 0), 1),
             }
             for seed in range(cfg.seeds):
                 for config in cfg.configs:

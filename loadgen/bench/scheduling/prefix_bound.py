@@ -8,10 +8,14 @@ relaxes as far as they allow and no further:
   shared by the whole fleet, never evicting, would miss: `loadgen.workloads.stats`), and at least one;
 - *its own SLO alone*: its first token comes at least ``k1 · uncached + c1`` after it arrives (an idle
   engine, no queue); it decodes its ``n`` further tokens in iterations of at least ``k2 · context +
-  c2 · b + c3`` for a batch of ``b`` (its batch-mates adding no context of their own), so with an E2E
-  target it meets it only in batches of at most ``B`` on average, ``B = (E2E − TTFT_min − Σ (k2 ·
-  context + c3)) / (c2 · n)``, and with an ATGT target likewise with ``n · ATGT`` for the time in
-  hand; ``B < 1`` means no placement can make it;
+  c2 · b + c3`` for a batch of ``b``, so with an E2E target it meets it only in batches of at most
+  ``B`` on average, ``B = (E2E − TTFT_min − Σ (k2 · context + c3)) / (c2 · n)``, and with an ATGT
+  target likewise with ``n · ATGT`` for the time in
+  hand; ``B < 1`` means no placement can make it; each of its ``B − 1`` batch-mates adds at least
+  ``k2 · L_min + c2`` to an iteration, ``L_min`` the shortest prompt of the schedule (a running call's
+  context is at least its prompt, cached or not: decoding reads all of it), so with
+  ``c2 + (B − 1)(c2 + k2 · L_min)`` in place of ``c2 · B`` ``B`` is smaller where every prompt is long
+  (a coding session's repository context);
 - *the fleet's engine time*: an iteration costs ``Σ (k2 · context + c2) + c3`` over its batch, so a
   call costs at least its prefill, ``k1 · uncached + c1 / (prompts per prefill iteration)``, and, per
   further token, ``k2 · context + c2 + c3 / B`` (Jensen: the fixed term split over batches of ``B``
@@ -40,6 +44,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
+
+import numpy as np
 
 from gateway.core.blockhash import text_chain
 from loadgen.bench.scheduling.prefix_setup import (
@@ -110,8 +116,11 @@ def uncached_tokens(tasks: Sequence[TaskSpec], block_tokens: int, seed: int) -> 
     return out
 
 
-def call_bound(profile: EngineProfile, call: CallSpec, uncached: int, task: int, at_s: float) -> CallBound:
-    """One call's feasibility alone and its least engine time before its deadline (module docstring)."""
+def call_bound(
+    profile: EngineProfile, call: CallSpec, uncached: int, task: int, at_s: float, *, least_context: int = 0
+) -> CallBound:
+    """One call's feasibility alone and its least engine time before its deadline (module docstring);
+    `least_context`: the shortest context a batch-mate can have (the schedule's shortest prompt)."""
     lat, seats = profile.latency, float(profile.max_num_seqs)
     ttft_min = lat.k1 * uncached + lat.c1
     per_prefill = max(1, min(profile.max_prefill_tokens // max(1, uncached), profile.max_num_seqs))
@@ -133,8 +142,9 @@ def call_bound(profile: EngineProfile, call: CallSpec, uncached: int, task: int,
         left = spare - ctx - n * lat.c3
         if left < 0:
             return CallBound(task, uncached, False, 0.0, at_s, call.cls, at_s)
-        if n > 0 and lat.c2 > 0:
-            batch = min(batch, left / (lat.c2 * n))
+        mate = lat.c2 + lat.k2 * least_context  # what each batch-mate adds to an iteration, at least
+        if n > 0 and mate > 0:
+            batch = min(batch, 1.0 + (left - n * lat.c2) / (mate * n))
     if batch < 1.0:
         return CallBound(task, uncached, False, 0.0, at_s, call.cls, at_s)
     decode = ctx + n * lat.c2 + n * lat.c3 / batch
@@ -155,12 +165,13 @@ def goodput_bound(
     if not tasks:
         return GoodputBound(1.0, 1.0, 0.0, {})
     uncached = uncached_tokens(tasks, profile.block_size, seed)
+    least = min(c.prompt_tokens for t in tasks for c in t.calls)
     calls: list[CallBound] = []
     for t in tasks:
         at = t.at_s
         for i, spec in enumerate(t.calls):
             at += spec.gap_before_s
-            calls.append(call_bound(profile, spec, uncached[(t.index, i)], t.index, at))
+            calls.append(call_bound(profile, spec, uncached[(t.index, i)], t.index, at, least_context=least))
     by_class: dict[str, list[int]] = {}
     for c in calls:
         got = by_class.setdefault(c.cls, [0, 0])
@@ -176,6 +187,23 @@ def goodput_bound(
         busy_ratio=peak,
         by_class={k: v[0] / v[1] for k, v in by_class.items()},
     )
+
+
+def ttft_floor_ms(tasks: Sequence[TaskSpec], profile: EngineProfile, seed: int, q: float = 90.0) -> float:
+    """The least TTFT percentile `q` (ms) of a schedule's calls, every call served: each alone on an idle
+    engine with a perfect cache, its first token ``k1 · uncached + c1`` after it is sent. A task's
+    later calls are counted as cached but for one token (their task's earlier prompt and answer are
+    cached where those ran), so no placement that serves every call has a lower percentile."""
+    if not tasks:
+        return 0.0
+    lat = profile.latency
+    uncached = uncached_tokens(tasks, profile.block_size, seed)
+    firsts = [
+        lat.k1 * (uncached[(t.index, i)] if i == 0 else 1) + lat.c1
+        for t in tasks
+        for i in range(len(t.calls))
+    ]
+    return float(np.percentile(firsts, q)) * 1000.0
 
 
 def _dropped(calls: Sequence[CallBound], endpoints: int) -> tuple[float, float]:
@@ -237,7 +265,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         at = load_for(a.workload, trace, load, a.duration, a.endpoints, profile_name=profile)
         tasks = schedule(a.workload, trace, at, a.duration, 0)
         best = goodput_bound(tasks, get_profile(profile), a.endpoints, 0)
-        print(f"{a.workload} load {load:g}: {best.document()}")
+        floor = ttft_floor_ms(tasks, get_profile(profile), 0)
+        print(f"{a.workload} load {load:g}: {best.document()}, TTFT p90 floor {floor:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from loadgen.bench.scheduling.prefix_setup import (
     BERTH,
     CONFIGS,
     DAY_ONE,
+    FREE_PREFILL,
     NO_PREFIX,
     ORACLE,
     PEERS,
@@ -161,13 +162,16 @@ def verdicts(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 check = _check(f"goodput >= {peer} + 0.10 {where}", g, pg + GOODPUT_MARGIN, ok, load)
                 check["margin"] = GOODPUT_MARGIN
                 check["peer_value"] = None if math.isnan(pg) else round(pg, 4)
+                if FREE_PREFILL in configs:  # the preset with every prefill free: no cache gives more
+                    fg = _mean(s, key, FREE_PREFILL, "goodput")
+                    check["free_prefill_value"] = None if math.isnan(fg) else round(fg, 4)
                 checks.append(check)
                 t, pt = _mean(s, key, BERTH, "ttft_p90_ms"), _mean(s, key, peer, "ttft_p90_ms")
-                checks.append(
-                    _check(
-                        f"TTFT p90 <= 0.5x {peer}'s {where}", t, TTFT_RATIO * pt, t <= TTFT_RATIO * pt, load
-                    )
+                check = _check(
+                    f"TTFT p90 <= 0.5x {peer}'s {where}", t, TTFT_RATIO * pt, t <= TTFT_RATIO * pt, load
                 )
+                check["ttft"] = True
+                checks.append(check)
             if ORACLE in configs:
                 h, oh = _mean(s, key, BERTH, "hit_rate"), _mean(s, key, ORACLE, "hit_rate")
                 checks.append(
@@ -235,8 +239,23 @@ def _direction(check: dict[str, Any], bound: dict[str, Any]) -> str:
     """Which way a missed target should move, given the workload's capacity bound."""
     if check["passed"]:
         return ""
+    floor = bound.get("ttft_p90_floor_ms")
+    if check.get("ttft") and floor is not None and check["bound"] is not None and floor > check["bound"]:
+        return (
+            f"out of reach: with every call served, each alone on an idle engine with a perfect cache, the "
+            f"TTFT p90 is {floor:.0f} ms (`prefix_bound`), so the target should move up to at least that"
+        )
     best = bound.get("goodput_bound", {}).get("goodput")
     margin = check.get("margin")
+    free, peer = check.get("free_prefill_value"), check.get("peer_value")
+    if free is not None and margin is not None and peer is not None and free - peer < margin:
+        return (
+            f"out of reach for prefix awareness: the preset on engines that prefill at no cost per token "
+            f"(`free-prefill`, more than any cache saves) gets {free:.3f}, {free - peer:+.3f} over the best "
+            "peer; the rest is the preset's decode scheduling, so the margin a cache can buy it is at most "
+            "that (the placement bound, which knows no seats or queues, "
+            + (f"allows {best:.3f})" if best is not None else "was not computed)")
+        )
     if best is not None and margin is not None and check.get("peer_value") is not None:
         room = best - check["peer_value"]
         if room < margin:

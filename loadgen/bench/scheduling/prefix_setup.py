@@ -11,6 +11,7 @@ of the prefill decides how far below saturation a cache-aware fleet stays (`boun
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from loadgen.bench.scheduling.capacity import call_busy_s
+from loadgen.engine_sim.latency import LatencyModel
 from loadgen.engine_sim.profiles import EngineProfile, get_profile
 from loadgen.harness import REPO_ROOT
 from loadgen.runner import RunOptions, build_schedule
@@ -68,6 +70,10 @@ class ConfigSpec:
     prefix: Prefix | None  # the prefix index's source (None: the gateway file's, i.e. auto)
     day_one: bool = False  # endpoints by URL only: no prior, the default cap
     about: str = ""
+    # Engines (and berth's prior) that prefill at no cost per token (k1 = 0; the fixed c1 stays): more
+    # than any prefix cache gives, since a cache cannot skip the text no call sent before. What the
+    # preset reaches there bounds what any prefix placement could add to it.
+    free_prefill: bool = False
 
 
 CONFIGS: Final[dict[str, ConfigSpec]] = {
@@ -80,6 +86,12 @@ CONFIGS: Final[dict[str, ConfigSpec]] = {
         "preset", "precise", about="the preset reading the engines' KV events (the precise source)"
     ),
     "day-one": ConfigSpec("preset", None, day_one=True, about="the preset, endpoints by URL only"),
+    "free-prefill": ConfigSpec(
+        "preset",
+        "approximate",
+        free_prefill=True,
+        about="the preset on engines whose prefill costs no time per token: what no prefix cache beats",
+    ),
     "default": ConfigSpec(
         "default", "approximate", about="the default policy (what berth runs unconfigured)"
     ),
@@ -95,6 +107,7 @@ NO_PREFIX: Final = "berth-no-prefix"
 ORACLE: Final = "oracle"
 PRECISE: Final = "precise"
 DAY_ONE: Final = "day-one"
+FREE_PREFILL: Final = "free-prefill"
 #: The peers' policies as the simulator runs them (the best of them is "the best peer").
 PEERS: Final = ("prefix-affinity", "least-outstanding", "power-of-two", "round-robin")
 
@@ -225,13 +238,25 @@ def bound(
 
 
 # --------------------------------------------------------------------- files
-def fleet_file(endpoints: int, profile: str = PROFILE) -> str:
+def free_prefill_latency(profile: str) -> LatencyModel:
+    """The profile's latency model with prefill free per token (`ConfigSpec.free_prefill`)."""
+    return dataclasses.replace(get_profile(profile).latency, k1=0.0)
+
+
+def fleet_file(endpoints: int, profile: str = PROFILE, *, free_prefill: bool = False) -> str:
     """The fleet: `endpoints` engines of the long-context profile with prefix caching, FCFS (the
-    engines' default), one model."""
+    engines' default), one model; with `free_prefill`, prefill costs no time per token."""
+    lat = free_prefill_latency(profile)
+    latency = (
+        [f"latency = {{ k1 = 0.0, c1 = {lat.c1!r}, k2 = {lat.k2!r}, c2 = {lat.c2!r}, c3 = {lat.c3!r} }}"]
+        if free_prefill
+        else []
+    )
     return "\n".join(
         [
             "[defaults]",
             f'profile = "{profile}"',
+            *latency,
             "prefix_cache = true",
             "load_time_s = 0.0",
             "",
@@ -243,9 +268,10 @@ def fleet_file(endpoints: int, profile: str = PROFILE) -> str:
     )
 
 
-def gateway_toml(*, day_one: bool, profile: str = PROFILE) -> str:
+def gateway_toml(*, day_one: bool, profile: str = PROFILE, free_prefill: bool = False) -> str:
     """berth's settings: tuned (the engine's seats as the cap, the profile as the prior, the KV capacity
-    and block size for the prefix index, scrapes every 2 s), or day one (every setting at its default)."""
+    and block size for the prefix index, scrapes every 2 s), or day one (every setting at its default);
+    with `free_prefill`, the prior of engines that prefill at no cost per token."""
     if day_one:
         return "[limits]\nmax_queue_per_model = 100000\nmax_queue_wait_s = 600.0\n"
     prof = get_profile(profile)
@@ -260,7 +286,7 @@ def gateway_toml(*, day_one: bool, profile: str = PROFILE) -> str:
             "[telemetry]",
             "refresh_interval_s = 1.0",
             f"kv_capacity_tokens = {prof.kv_capacity_tokens}",
-            *prof.latency.prior_toml(),
+            *(free_prefill_latency(profile) if free_prefill else prof.latency).prior_toml(),
             "h = 1.0",
             "j = 1.0",
             "[prefix]",
