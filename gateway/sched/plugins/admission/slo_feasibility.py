@@ -11,6 +11,10 @@ A request is feasible on an endpoint when its predicted first and last token kee
 keeps its ITL target. With `count_queue`, the requests already waiting for the model in classes of the
 same or a more urgent band go first: when they take every free seat, the request waits for the seat
 that frees after theirs (the running requests' predicted ends, in order), then runs in a full batch.
+Under a policy that preempts, a request of a kind that may preempt also counts the seats preemption
+would free (`gateway.sched.plugins.admission.preempted`: running requests its rules let it preempt),
+on arrival and in the "infeasible" recheck, so it is not refused while preempting batch work would let
+it keep its SLO ("late" judges a request alone on an endpoint: preemption changes nothing there).
 Every admitter also enforces the class queue bounds. While no endpoint of its model has a fitted
 performance model or a configured prior, a request is refused (`reject`) only when it cannot meet its
 SLO even alone on an idle endpoint: the generic prior is a guess about other hardware, and a refusal on
@@ -31,10 +35,11 @@ from msgspec import Meta
 from gateway.core.slo import Infeasible, SloPolicy
 from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.idle import IdleBound, KeptBounds, latest_start, output_bound
-from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
-from gateway.sched.loads import LoadCache
+from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome, PreemptionRules
+from gateway.sched.loads import LoadCache, LoadCaches
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
+from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction, idle_service, seats_of
 from gateway.sched.registry import PluginKind, PluginSpec
@@ -76,7 +81,17 @@ class SloFeasibilityParams(PredictionParams, frozen=True, kw_only=True):
 class SloFeasibilityAdmitter:
     name = "slo-feasibility"
 
-    def __init__(self, params: SloFeasibilityParams, slo: SloPolicy, loads: LoadCache | None = None) -> None:
+    def __init__(
+        self,
+        params: SloFeasibilityParams,
+        slo: SloPolicy,
+        loads: LoadCache | None = None,
+        *,
+        preemption: PreemptionRules | None = None,
+        caches: LoadCaches | None = None,
+    ) -> None:
+        """`preemption`: the policy's preemption rules (None: it never preempts), whose victims' loads
+        come from `caches` (the policy's shared loads)."""
         self.rechecks = params.recheck != "off"
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the recheck bound in force
         self._fleet_bounds = KeptBounds()
@@ -89,6 +104,9 @@ class SloFeasibilityAdmitter:
         self._frees: SeatOrder | None = None
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
         self._readied: _Ready | None = None
+        self._preempted = (
+            None if preemption is None else PreemptedSeats(preemption, slo, caches or LoadCaches())
+        )
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
@@ -120,6 +138,14 @@ class SloFeasibilityAdmitter:
             preds = self._predictions(req, loads, ahead)
             if any(self._meets(p, left, itl_ms) for p in preds):
                 return ADMIT
+        if self._preempted is not None:
+            # the seats preemption would free: those left once the requests ahead took the free ones
+            more = self._preempted.predictions(
+                req, kept.views(), loads, max(0, ahead - kept.free), worst_case=self.params.assume_full
+            )
+            if any(self._meets(p, left, itl_ms) for p in more):
+                return ADMIT
+            preds += more
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
         if (
             outcome is AdmitOutcome.REJECT
@@ -218,10 +244,7 @@ class SloFeasibilityAdmitter:
                 meets(idle_service(e, req, params), left) for e in ready
             ):
                 return ADMIT
-        elif any(
-            self._meets(p, left, req.slo.itl_ms)
-            for p in self._predictions(req, [self._cache.load(e, snap.now) for e in ready], 0)
-        ):
+        elif self._feasible_now(req, ready, snap.now, left):
             return ADMIT
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
         return AdmitDecision(
@@ -230,6 +253,24 @@ class SloFeasibilityAdmitter:
             f"the SLO of class '{req.slo.slo_class}' can no longer be met: the request waited too long",
             self.params.retry_after_s,
         )
+
+    def _feasible_now(
+        self,
+        req: SchedRequest,
+        ready: list[EndpointView],
+        now: float,
+        left: tuple[float | None, float | None],
+    ) -> bool:
+        """Whether some endpoint of `ready` would meet `req`'s SLO if it were dispatched now (on a free
+        seat, else the first to free up, or one preemption would free)."""
+        loads = [self._cache.load(e, now) for e in ready]
+        itl_ms = req.slo.itl_ms
+        if any(self._meets(p, left, itl_ms) for p in self._predictions(req, loads, 0)):
+            return True
+        if self._preempted is None:
+            return False
+        more = self._preempted.predictions(req, ready, loads, 0, worst_case=self.params.assume_full)
+        return any(self._meets(p, left, itl_ms) for p in more)
 
     def recheck_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable:
         """In "late" mode, an upper bound on the idle service of every ready endpoint of `model`
@@ -412,6 +453,8 @@ SPEC = PluginSpec(
     PluginKind.ADMITTER,
     "slo-feasibility",
     SloFeasibilityParams,
-    lambda p, ctx: SloFeasibilityAdmitter(p, ctx.slo, ctx.loads.get(p.predict_params())),
+    lambda p, ctx: SloFeasibilityAdmitter(
+        p, ctx.slo, ctx.loads.get(p.predict_params()), preemption=ctx.preemption, caches=ctx.loads
+    ),
     "reject, hold or demote requests whose SLO no endpoint can meet (per class)",
 )
