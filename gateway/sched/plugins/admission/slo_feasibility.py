@@ -24,7 +24,7 @@ its view of the load would turn away work the fleet may well serve (day one, bef
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from operator import is_
 from typing import Annotated, Final, Literal
 
@@ -40,12 +40,13 @@ from gateway.sched.loads import LoadCache, LoadCaches
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
+from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, Prediction, idle_service, seats_of
+from gateway.sched.predict import EndpointLoad, Prediction, idle_service
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
-from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
 #: Headroom of a new recheck bound over the slowest coefficients (refits that slow an endpoint by less
@@ -103,7 +104,7 @@ class SloFeasibilityAdmitter:
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
-        self._readied: _Ready | None = None
+        self._readied: ReadySeats | None = None
         self._preempted = (
             None if preemption is None else PreemptedSeats(preemption, slo, caches or LoadCaches())
         )
@@ -182,14 +183,14 @@ class SloFeasibilityAdmitter:
         model, ready = req.model, EndpointHealth.READY
         return [e for e in snap.endpoints if model in e.models and e.health is ready]
 
-    def _ready_and_free(self, model: ModelName, snap: FleetSnapshot) -> _Ready:
+    def _ready_and_free(self, model: ModelName, snap: FleetSnapshot) -> ReadySeats:
         """`_ready` and their free seats in all, kept for the snapshot's views (the submits between two
         changes of the fleet ask about the same views); from the columns when the snapshot carries
         them (a large fleet: no Python step per endpoint)."""
         kept = self._readied
         if kept is not None and kept.endpoints is snap.endpoints and kept.model == model:
             return kept
-        kept = self._readied = _Ready(model, snap)
+        kept = self._readied = ReadySeats(model, snap)
         return kept
 
     def _fastest_first(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
@@ -339,54 +340,6 @@ class SloFeasibilityAdmitter:
             and (e2e_left is None or p.e2e_s <= e2e_left * m)
             and (itl_ms is None or p.tpot_s * 1000.0 <= itl_ms * m)
         )
-
-
-class _Ready:
-    """The ready endpoints serving a model in one snapshot's views, and their free seats in all (each
-    endpoint's seats less its running requests, when positive)."""
-
-    __slots__ = ("_views", "any", "cols", "endpoints", "free", "model")
-
-    def __init__(self, model: ModelName, snap: FleetSnapshot) -> None:
-        self.model = model
-        self.endpoints = views = snap.endpoints
-        cols = snap.columns
-        self._views: list[EndpointView] | None = None
-        self.cols: tuple[FleetColumns, npt.NDArray[np.bool_]] | None = None
-        if cols is not None and cols.endpoints is views:
-            serves = cols.members.get(model)
-            mask = np.zeros(len(views), dtype=np.bool_) if serves is None else serves & cols.ready
-            self.cols = (cols, mask)
-            self.free = int(np.maximum(cols.seats - cols.busy, 0)[mask].sum())
-            self.any = bool(mask.any())
-            return
-        ready = EndpointHealth.READY
-        self._views = [e for e in views if model in e.models and e.health is ready]
-        free = 0
-        for e in self._views:
-            seats = seats_of(e) - len(e.running)
-            if seats > 0:
-                free += seats
-        self.free = free
-        self.any = bool(self._views)
-
-    def views(self) -> list[EndpointView]:
-        """The ready endpoints, in the snapshot's order."""
-        got = self._views
-        if got is None:
-            assert self.cols is not None  # (one or the other is set on construction)
-            mask = self.cols[1]
-            views = self.endpoints
-            got = self._views = [views[i] for i in np.flatnonzero(mask).tolist()]
-        return got
-
-    def open(self) -> Iterator[EndpointView]:
-        """The ready endpoints with a free seat, in the snapshot's order."""
-        if self.cols is None:
-            return (e for e in self.views() if len(e.running) < seats_of(e))
-        cols, mask = self.cols
-        views = self.endpoints
-        return (views[i] for i in np.flatnonzero(mask & (cols.busy < cols.seats)).tolist())
 
 
 class SeatOrder:
