@@ -40,11 +40,12 @@ class PreemptedSeats:
         req: SchedRequest,
         views: Sequence[EndpointView],
         loads: Sequence[EndpointLoad],
+        now: float,
         skip: int,
         *,
         worst_case: bool = False,
     ) -> list[Prediction]:
-        """`req` on a seat preemption frees now, on each endpoint of `views` (with their `loads`) where
+        """`req` on a seat preemption frees at `now`, on each endpoint of `views` (their `loads`) where
         one would, once `skip` such seats went to requests ahead of it; none when `req` may not preempt
         or preemption frees no more than `skip` seats. `worst_case`: decode at a full batch."""
         rules, slo = self._rules, self._slo
@@ -55,7 +56,7 @@ class PreemptedSeats:
         for view, load in zip(views, loads, strict=True):
             if not preempts_on(view, rules):
                 continue
-            victims = len(self._finder.on(view, load.now, rules, slo, self._caches))
+            victims = len(self._finder.on(view, now, rules, slo, self._caches))
             # a cut cap leaves an endpoint running more than its seats: those go first
             seats = victims - max(0, load.n - load.seats)
             if seats > 0:

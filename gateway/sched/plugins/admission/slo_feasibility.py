@@ -142,7 +142,12 @@ class SloFeasibilityAdmitter:
         if self._preempted is not None:
             # the seats preemption would free: those left once the requests ahead took the free ones
             more = self._preempted.predictions(
-                req, kept.views(), loads, max(0, ahead - kept.free), worst_case=self.params.assume_full
+                req,
+                kept.views(),
+                loads,
+                snap.now,
+                max(0, ahead - kept.free),
+                worst_case=self.params.assume_full,
             )
             if any(self._meets(p, left, itl_ms) for p in more):
                 return ADMIT
@@ -270,7 +275,7 @@ class SloFeasibilityAdmitter:
             return True
         if self._preempted is None:
             return False
-        more = self._preempted.predictions(req, ready, loads, 0, worst_case=self.params.assume_full)
+        more = self._preempted.predictions(req, ready, loads, now, 0, worst_case=self.params.assume_full)
         return any(self._meets(p, left, itl_ms) for p in more)
 
     def recheck_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable:
