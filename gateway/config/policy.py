@@ -49,7 +49,7 @@ key path (`placement.scorers[0].params.foo`).
 from __future__ import annotations
 
 import importlib.resources
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -114,8 +114,9 @@ SLOTS: Final[tuple[Slot, ...]] = (
     Slot(PluginKind.FILTER, "placement.filters", many=True, required=False, protocol=Filter),
     Slot(PluginKind.SCORER, "placement.scorers", many=True, required=False, protocol=Scorer),
     Slot(PluginKind.PICKER, "placement.picker", many=False, required=True, protocol=Picker),
-    Slot(PluginKind.ADMITTER, "admission", many=False, required=False, protocol=Admitter),
+    # (the preemptor before the admitter: admission counts the seats its rules free, BuildContext.preemption)
     Slot(PluginKind.PREEMPTOR, "preemption", many=False, required=False, protocol=Preemptor),
+    Slot(PluginKind.ADMITTER, "admission", many=False, required=False, protocol=Admitter),
     Slot(PluginKind.CONCURRENCY, "concurrency", many=False, required=False, protocol=ConcurrencyController),
     Slot(PluginKind.SCALER, "autoscale", many=False, required=False, protocol=Scaler),
 )
@@ -281,9 +282,13 @@ def plugin_problems(
         built[slot.kind] = []
         for path, ref in refs:
             try:
-                built[slot.kind].append((ref, _build(registry, slot, ref, path, ctx)))
+                plugin = _build(registry, slot, ref, path, ctx)
             except ConfigError as e:
                 problems.append(e)
+                continue
+            built[slot.kind].append((ref, plugin))
+            if slot.kind is PluginKind.PREEMPTOR:
+                ctx = replace(ctx, preemption=plugin.rules)
     return built, problems
 
 

@@ -17,11 +17,9 @@ from gateway.sched.fleet import Fleet
 from gateway.sched.profile import Policy
 from gateway.sched.queues import Queues
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.types import QueueLimits
-
-_Candidates = tuple[EndpointView, object, object, list[RunningRequest]]
+from gateway.sched.victims import Victims
 
 #: Faults kept for the daemon to collect (the oldest are dropped beyond this).
 MAX_FAULTS: Final = 64
@@ -58,8 +56,8 @@ class SchedulerBooks:
         self.outbox: list[Preempt] = []
         # Place in arrival order of each running request (a preempted one keeps it when requeued).
         self._seqs: dict[RequestId, int] = {}
-        # Per endpoint: (view, rules, SLO policy, the running requests those let be preempted).
-        self._victim_candidates: dict[EndpointId, _Candidates] = {}
+        # The running requests each endpoint's view lets be preempted, kept per view.
+        self._victim_finder = Victims()
 
     def _fault(self, req: SchedRequest, stage: FaultStage, error: Exception) -> None:
         self._fault_id(req.id, stage, error)

@@ -9,22 +9,18 @@ import dataclasses
 import math
 from typing import Final
 
-from gateway.core.slo import SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId, RequestId
 from gateway.sched.bookkeeping import SchedulerBooks
 from gateway.sched.decisions import Decision, Preempt
 from gateway.sched.interfaces import PreemptionRules, Preemptor, Victim
-from gateway.sched.predict import EndpointLoad, PredictParams, RunningState
 from gateway.sched.queues import ModelQueue
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.victims import may_preempt, preempts_on
 
 #: Endpoints whose victims' seats a preempting request is tried on (by the preemptor's order), per placement.
 MAX_PREEMPT_TRIES: Final = 4
-#: Predictions of a victim's own SLO after a resume: the default parameters (their loads are shared with
-#: the policy's plugins that predict with the same).
-_VICTIM_PREDICT: Final = PredictParams()
 #: Why a request was preempted (the `Preempt.reason` of the one trigger there is).
 REASON_WAITING: Final = "interactive_waiting"
 #: ... and when an endpoint's cap was cut below its running set for the interactive streams it runs.
@@ -44,55 +40,6 @@ def _without(view: EndpointView, victim: RunningRequest) -> EndpointView:
     )
 
 
-def _resume_feasible(state: RunningState, load: EndpointLoad, rules: PreemptionRules) -> bool:
-    """Whether a running request keeps its own SLO when preempted now and resumed after the rules'
-    requeue wait, at its endpoint's current pace: its first token (when not out yet), its last token by
-    its deadline, and its average inter-token time from its first token within its target (the tokens of
-    earlier, preempted runs counted at the target pace: the scheduler keeps no earlier first token)."""
-    r = state.req
-    now = load.now
-    margin = rules.margin
-    restart = now + rules.requeue_wait_s + load.coef.prefill_s(r.prompt_tokens + state.produced)
-    if (
-        not state.prefilled
-        and r.ttft_deadline is not None
-        and restart > now + (r.ttft_deadline - now) * margin
-    ):
-        return False
-    end = restart + state.remaining * load.tpot_now
-    if r.e2e_deadline is not None and end - now > (r.e2e_deadline - now) * margin:
-        return False
-    if r.itl_s is not None:
-        produced = r.produced_before + state.produced
-        tokens = produced + state.remaining
-        if r.produced_before:
-            start = r.dispatched_at if r.first_token_at is None else r.first_token_at  # see the docstring
-            start = min(start, now) - r.produced_before * r.itl_s
-        elif state.prefilled:
-            start = r.first_token_at if r.first_token_at is not None else now + state.first_s
-        else:
-            start = restart
-        if tokens > 1 and (end - start) / (tokens - 1) > r.itl_s * margin:
-            return False
-    return True
-
-
-def _candidates(view: EndpointView, rules: PreemptionRules, slo: SloPolicy) -> list[RunningRequest]:
-    """The running requests on `view` the rules let be preempted (resumable, of a kind that may be
-    preempted, under the preemption limit), before their own SLO is looked at."""
-    kinds: dict[str, bool] = {}  # class name -> of a kind that may be preempted
-    out = []
-    for r in view.running:
-        if not r.resumable or r.preemptions >= rules.max_preemptions:
-            continue
-        ok = kinds.get(r.slo_class)
-        if ok is None:
-            ok = kinds[r.slo_class] = slo.class_of(r.slo_class).kind in rules.victims
-        if ok:
-            out.append(r)
-    return out
-
-
 class Preempting(SchedulerBooks):
     """Preemption and concurrency caps over the scheduler's bookkeeping."""
 
@@ -107,12 +54,12 @@ class Preempting(SchedulerBooks):
         once its inter-token time fits)."""
         rules = preemptor.rules
         slo = self._policy.slo
-        if slo.class_of(req.slo.slo_class).kind not in rules.by:
+        if not may_preempt(req, rules, slo):
             return None
         victims: list[Victim] = []
         ready = EndpointHealth.READY
         for e in snap.endpoints:
-            if req.model not in e.models or e.health is not ready or e.instance_class not in rules.classes:
+            if req.model not in e.models or e.health is not ready or not preempts_on(e, rules):
                 continue
             victims.extend(self._victims(e, snap.now, rules))
         if not victims:
@@ -139,29 +86,8 @@ class Preempting(SchedulerBooks):
         return None
 
     def _victims(self, e: EndpointView, now: float, rules: PreemptionRules) -> list[Victim]:
-        """The running requests on `e` that may be preempted now: resumable, of a kind that may be
-        preempted, under the preemption limit, and their own SLO still feasible after a resume. A
-        waiting interactive request asks every endpoint on each submit and serve, so the candidates are
-        kept per view, and the victims among them on the endpoint's load (`LoadCache`: while its view is
-        the same and the clock moved less than 20-40 ms)."""
-        slo = self._policy.slo
-        kept = self._victim_candidates.get(e.id)
-        if kept is None or kept[0] is not e or kept[1] is not rules or kept[2] is not slo:
-            if len(self._victim_candidates) >= 4096:  # endpoints come and go: never grow without bound
-                self._victim_candidates = {}
-            kept = self._victim_candidates[e.id] = (e, rules, slo, _candidates(e, rules, slo))
-        candidates = kept[3]
-        if not candidates:
-            return []
-        load = self._policy.loads.get(_VICTIM_PREDICT).load(e, now)
-        key = ("victims", rules)
-        got: tuple[list[RunningRequest], list[Victim]] | None = load.memo.get(key)
-        if got is None or got[0] is not candidates:
-            # by id: the load may stand for an earlier view, whose copies differ in progress only
-            states = {s.req.id: s for s in load.running}
-            victims = [Victim(r, e) for r in candidates if _resume_feasible(states[r.id], load, rules)]
-            got = load.memo[key] = (candidates, victims)
-        return got[1]
+        """The running requests on `e` that may be preempted now (`gateway.sched.victims.Victims.on`)."""
+        return self._victim_finder.on(e, now, rules, self._policy.slo, self._policy.loads)
 
     def _preempt(
         self, victim: Victim, queue: ModelQueue, out: list[Decision], reason: str = REASON_WAITING
@@ -217,10 +143,10 @@ class Preempting(SchedulerBooks):
         now = self._clock.now()
         view = self._fleet.view(eid, now, self._limits.stale_after_s)
         own = self._fleet.inflight_on(eid)  # (other replicas' requests are theirs to shed: cluster mode)
-        if view is None or view.instance_class not in rules.classes or own <= view.cap:
+        if view is None or not preempts_on(view, rules) or own <= view.cap:
             return
         slo = self._policy.slo
-        urgent = [r for r in view.running if slo.class_of(r.slo_class).kind in rules.by]
+        urgent = [r for r in view.running if slo.class_of(r.slo_class).kind in rules.by]  # (may_preempt)
         protected = min(urgent, key=lambda r: r.itl_s if r.itl_s is not None else math.inf, default=None)
         req = None if protected is None else self._fleet.request(protected.id)
         if req is None:

@@ -17,6 +17,7 @@ import msgspec
 
 from gateway.core.errors import ConfigError
 from gateway.core.slo import SloPolicy, default_slo_policy
+from gateway.sched.interfaces import PreemptionRules
 from gateway.sched.loads import LoadCaches
 
 
@@ -48,6 +49,9 @@ class BuildContext:
     slo: SloPolicy = field(default_factory=default_slo_policy)
     # Endpoint loads shared by the policy's plugins that predict with the same parameters.
     loads: LoadCaches = field(default_factory=LoadCaches, compare=False)
+    # The policy's preemption rules (None: it never preempts), for the plugins built after its preemptor
+    # (admission counts the seats preemption would free).
+    preemption: PreemptionRules | None = None
 
 
 @dataclass(frozen=True, slots=True)

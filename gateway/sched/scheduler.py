@@ -22,7 +22,7 @@ they are gone; one, or up to the rules' `max_victims`) give up their seats: each
 and the request is dispatched to that endpoint. The decisions are a `Preempt` per victim followed by
 the `Dispatch`; `submit` reports only its own request's decision, so the preemptions
 it made wait in an outbox (`take_preemptions`). A victim is eligible only when it is resumable, under the
-policy's preemption limit, and its own SLO stays feasible after a resume (`_resume_feasible`).
+policy's preemption limit, and its own SLO stays feasible after a resume (`gateway.sched.victims`).
 
 Concurrency caps: each endpoint's cap in force starts at its configured cap (the operator's maximum);
 a policy's `ConcurrencyController` moves it when the endpoint's running set changes (a dispatch, a

@@ -11,6 +11,10 @@ A request is feasible on an endpoint when its predicted first and last token kee
 keeps its ITL target. With `count_queue`, the requests already waiting for the model in classes of the
 same or a more urgent band go first: when they take every free seat, the request waits for the seat
 that frees after theirs (the running requests' predicted ends, in order), then runs in a full batch.
+Under a policy that preempts, a request of a kind that may preempt also counts the seats preemption
+would free (`gateway.sched.plugins.admission.preempted`: running requests its rules let it preempt),
+on arrival and in the "infeasible" recheck, so it is not refused while preempting batch work would let
+it keep its SLO ("late" judges a request alone on an endpoint: preemption changes nothing there).
 Every admitter also enforces the class queue bounds. While no endpoint of its model has a fitted
 performance model or a configured prior, a request is refused (`reject`) only when it cannot meet its
 SLO even alone on an idle endpoint: the generic prior is a guess about other hardware, and a refusal on
@@ -20,7 +24,7 @@ its view of the load would turn away work the fleet may well serve (day one, bef
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from operator import is_
 from typing import Annotated, Final, Literal
 
@@ -31,16 +35,18 @@ from msgspec import Meta
 from gateway.core.slo import Infeasible, SloPolicy
 from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.idle import IdleBound, KeptBounds, latest_start, output_bound
-from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
-from gateway.sched.loads import LoadCache
+from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome, PreemptionRules
+from gateway.sched.loads import LoadCache, LoadCaches
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
+from gateway.sched.plugins.admission.preempted import PreemptedSeats
+from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, Prediction, idle_service, seats_of
+from gateway.sched.predict import EndpointLoad, Prediction, idle_service
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
-from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
 #: Headroom of a new recheck bound over the slowest coefficients (refits that slow an endpoint by less
@@ -76,7 +82,17 @@ class SloFeasibilityParams(PredictionParams, frozen=True, kw_only=True):
 class SloFeasibilityAdmitter:
     name = "slo-feasibility"
 
-    def __init__(self, params: SloFeasibilityParams, slo: SloPolicy, loads: LoadCache | None = None) -> None:
+    def __init__(
+        self,
+        params: SloFeasibilityParams,
+        slo: SloPolicy,
+        loads: LoadCache | None = None,
+        *,
+        preemption: PreemptionRules | None = None,
+        caches: LoadCaches | None = None,
+    ) -> None:
+        """`preemption`: the policy's preemption rules (None: it never preempts), whose victims' loads
+        come from `caches` (the policy's shared loads)."""
         self.rechecks = params.recheck != "off"
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the recheck bound in force
         self._fleet_bounds = KeptBounds()
@@ -88,7 +104,10 @@ class SloFeasibilityAdmitter:
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
-        self._readied: _Ready | None = None
+        self._readied: ReadySeats | None = None
+        self._preempted = (
+            None if preemption is None else PreemptedSeats(preemption, slo, caches or LoadCaches())
+        )
 
     def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
@@ -120,6 +139,19 @@ class SloFeasibilityAdmitter:
             preds = self._predictions(req, loads, ahead)
             if any(self._meets(p, left, itl_ms) for p in preds):
                 return ADMIT
+        if self._preempted is not None:
+            # the seats preemption would free: those left once the requests ahead took the free ones
+            more = self._preempted.predictions(
+                req,
+                kept.views(),
+                loads,
+                snap.now,
+                max(0, ahead - kept.free),
+                worst_case=self.params.assume_full,
+            )
+            if any(self._meets(p, left, itl_ms) for p in more):
+                return ADMIT
+            preds += more
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
         if (
             outcome is AdmitOutcome.REJECT
@@ -156,14 +188,14 @@ class SloFeasibilityAdmitter:
         model, ready = req.model, EndpointHealth.READY
         return [e for e in snap.endpoints if model in e.models and e.health is ready]
 
-    def _ready_and_free(self, model: ModelName, snap: FleetSnapshot) -> _Ready:
+    def _ready_and_free(self, model: ModelName, snap: FleetSnapshot) -> ReadySeats:
         """`_ready` and their free seats in all, kept for the snapshot's views (the submits between two
         changes of the fleet ask about the same views); from the columns when the snapshot carries
         them (a large fleet: no Python step per endpoint)."""
         kept = self._readied
         if kept is not None and kept.endpoints is snap.endpoints and kept.model == model:
             return kept
-        kept = self._readied = _Ready(model, snap)
+        kept = self._readied = ReadySeats(model, snap)
         return kept
 
     def _fastest_first(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
@@ -218,10 +250,7 @@ class SloFeasibilityAdmitter:
                 meets(idle_service(e, req, params), left) for e in ready
             ):
                 return ADMIT
-        elif any(
-            self._meets(p, left, req.slo.itl_ms)
-            for p in self._predictions(req, [self._cache.load(e, snap.now) for e in ready], 0)
-        ):
+        elif self._feasible_now(req, ready, snap.now, left):
             return ADMIT
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
         return AdmitDecision(
@@ -230,6 +259,24 @@ class SloFeasibilityAdmitter:
             f"the SLO of class '{req.slo.slo_class}' can no longer be met: the request waited too long",
             self.params.retry_after_s,
         )
+
+    def _feasible_now(
+        self,
+        req: SchedRequest,
+        ready: list[EndpointView],
+        now: float,
+        left: tuple[float | None, float | None],
+    ) -> bool:
+        """Whether some endpoint of `ready` would meet `req`'s SLO if it were dispatched now (on a free
+        seat, else the first to free up, or one preemption would free)."""
+        loads = [self._cache.load(e, now) for e in ready]
+        itl_ms = req.slo.itl_ms
+        if any(self._meets(p, left, itl_ms) for p in self._predictions(req, loads, 0)):
+            return True
+        if self._preempted is None:
+            return False
+        more = self._preempted.predictions(req, ready, loads, now, 0, worst_case=self.params.assume_full)
+        return any(self._meets(p, left, itl_ms) for p in more)
 
     def recheck_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable:
         """In "late" mode, an upper bound on the idle service of every ready endpoint of `model`
@@ -300,54 +347,6 @@ class SloFeasibilityAdmitter:
         )
 
 
-class _Ready:
-    """The ready endpoints serving a model in one snapshot's views, and their free seats in all (each
-    endpoint's seats less its running requests, when positive)."""
-
-    __slots__ = ("_views", "any", "cols", "endpoints", "free", "model")
-
-    def __init__(self, model: ModelName, snap: FleetSnapshot) -> None:
-        self.model = model
-        self.endpoints = views = snap.endpoints
-        cols = snap.columns
-        self._views: list[EndpointView] | None = None
-        self.cols: tuple[FleetColumns, npt.NDArray[np.bool_]] | None = None
-        if cols is not None and cols.endpoints is views:
-            serves = cols.members.get(model)
-            mask = np.zeros(len(views), dtype=np.bool_) if serves is None else serves & cols.ready
-            self.cols = (cols, mask)
-            self.free = int(np.maximum(cols.seats - cols.busy, 0)[mask].sum())
-            self.any = bool(mask.any())
-            return
-        ready = EndpointHealth.READY
-        self._views = [e for e in views if model in e.models and e.health is ready]
-        free = 0
-        for e in self._views:
-            seats = seats_of(e) - len(e.running)
-            if seats > 0:
-                free += seats
-        self.free = free
-        self.any = bool(self._views)
-
-    def views(self) -> list[EndpointView]:
-        """The ready endpoints, in the snapshot's order."""
-        got = self._views
-        if got is None:
-            assert self.cols is not None  # (one or the other is set on construction)
-            mask = self.cols[1]
-            views = self.endpoints
-            got = self._views = [views[i] for i in np.flatnonzero(mask).tolist()]
-        return got
-
-    def open(self) -> Iterator[EndpointView]:
-        """The ready endpoints with a free seat, in the snapshot's order."""
-        if self.cols is None:
-            return (e for e in self.views() if len(e.running) < seats_of(e))
-        cols, mask = self.cols
-        views = self.endpoints
-        return (views[i] for i in np.flatnonzero(mask & (cols.busy < cols.seats)).tolist())
-
-
 class SeatOrder:
     """The running requests' predicted ends over some loads (`seat_free`): the first k-th asked is found
     by a partition, and the ends are sorted once a second one is asked of the same loads (the requests
@@ -412,6 +411,8 @@ SPEC = PluginSpec(
     PluginKind.ADMITTER,
     "slo-feasibility",
     SloFeasibilityParams,
-    lambda p, ctx: SloFeasibilityAdmitter(p, ctx.slo, ctx.loads.get(p.predict_params())),
+    lambda p, ctx: SloFeasibilityAdmitter(
+        p, ctx.slo, ctx.loads.get(p.predict_params()), preemption=ctx.preemption, caches=ctx.loads
+    ),
     "reject, hold or demote requests whose SLO no endpoint can meet (per class)",
 )
