@@ -9,38 +9,21 @@ token comes from `--token` or BERTH_ADMIN_TOKEN, as for `berth top`.
 from __future__ import annotations
 
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from typing import Any, Final, TextIO
 
 import orjson
 
+from gateway.core.admin_read import AdminReadError, read_admin
+
 CLUSTER_PATH: Final = "/admin/cluster"
-
-
-class ClusterViewError(Exception):
-    """A replica could not be read; the message says why."""
 
 
 def fetch(url: str, token: str | None, *, timeout_s: float = 5.0) -> dict[str, Any] | None:
     """The `cluster` part of /admin/cluster at `url` (None: that gateway is not in cluster mode)."""
-    req = urllib.request.Request(url.rstrip("/") + CLUSTER_PATH, headers={"Accept": "application/json"})
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            body = resp.read()
-    except urllib.error.HTTPError as e:
-        raise ClusterViewError(f"{url}: HTTP {e.code}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise ClusterViewError(f"{url}: {getattr(e, 'reason', e)}") from None
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise ClusterViewError(f"{url}: the answer is not JSON") from None
-    if not isinstance(doc, dict) or "cluster" not in doc:
-        raise ClusterViewError(f"{url}: unexpected answer")
+    doc = read_admin(url, CLUSTER_PATH, token, timeout_s=timeout_s)
+    if "cluster" not in doc:
+        raise AdminReadError(f"{url}: unexpected answer")
     got = doc["cluster"]
     return got if isinstance(got, dict) else None
 
@@ -86,7 +69,7 @@ def run(urls: Sequence[str], token: str | None, *, as_json: bool = False, out: T
     for url in urls:
         try:
             doc = fetch(url, token)
-        except ClusterViewError as e:
+        except AdminReadError as e:
             print(f"berth cluster: {e}", file=sys.stderr)
             status = 1
             continue

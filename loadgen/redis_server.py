@@ -80,9 +80,10 @@ class RedisServer:
 
         def read() -> None:
             assert proc.stdout is not None
-            for line in proc.stdout:  # keep draining so the server never blocks on a full pipe
-                if READY in line:
-                    ready.set()
+            with proc.stdout as out:  # closed at the end of the output (the server exited)
+                for line in out:  # keep draining so the server never blocks on a full pipe
+                    if READY in line:
+                        ready.set()
             ready.set()
 
         threading.Thread(target=read, daemon=True).start()

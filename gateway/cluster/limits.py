@@ -35,7 +35,7 @@ import structlog
 
 from gateway.admission.limits import Limit, Refusal, Seat, TenantLimiter, TenantLimits, scaled
 from gateway.cluster.link import RedisLink, text
-from gateway.cluster.lua import LEVEL, SEATS
+from gateway.cluster.lua import LEVEL, NOW, TENANT_SCRIPT_HEAD
 from gateway.cluster.slices import Slices
 from gateway.core import errors
 
@@ -46,13 +46,8 @@ log = structlog.get_logger("berth.cluster")
 # maxc" (bucket rates and sizes, 0: no such limit). Returns per decision: code (0 admitted, 1 requests,
 # 2 tokens, 3 concurrency), seconds until the bucket has room.
 ADMIT_LUA: Final = (
-    LEVEL
-    + SEATS
+    TENANT_SCRIPT_HEAD
     + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local me = ARGV[1]
-local out = {}
 local function decide(key, spec)
   local a = {}
   for x in string.gmatch(spec, '%S+') do a[#a + 1] = tonumber(x) end
@@ -94,9 +89,8 @@ return out
 # KEYS: the tenant of each release in turn; ARGV: me, then per release: seat (0/1), give, tpm rate, cap.
 RELEASE_LUA: Final = (
     LEVEL
+    + NOW
     + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local seat = 's:' .. ARGV[1]
 for i = 1, #KEYS do
   local a = 2 + (i - 1) * 4

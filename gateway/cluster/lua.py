@@ -40,3 +40,21 @@ local function seats(key, f, me, now)
   return total
 end
 """
+
+# The Redis server's clock, in seconds (every replica's scripts judge time by the one clock).
+NOW: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+"""
+
+# The head of a script that decides on tenants' hashes (KEYS[1] the members' zset, KEYS[2..] the tenants;
+# ARGV[1] this replica's name): `level`, `seats`, `now`, `me` and `out`, the reply it builds.
+TENANT_SCRIPT_HEAD: Final = (
+    LEVEL
+    + SEATS
+    + NOW
+    + """
+local me = ARGV[1]
+local out = {}
+"""
+)

@@ -32,7 +32,7 @@ from typing import Any, Final
 
 from gateway.admission.limits import Limit, Refusal, Seat, TenantLimits
 from gateway.cluster.link import RedisLink, text
-from gateway.cluster.lua import LEVEL, SEATS
+from gateway.cluster.lua import TENANT_SCRIPT_HEAD
 
 #: A limit whose slice would hold fewer units than this is decided exactly (one call per decision):
 #: requests and seats, then tokens (a slice must hold several requests' charges, or every request would
@@ -47,13 +47,8 @@ MIN_TOKEN_SLICE: Final = 4096
 # adjustment: requests, tokens and seats granted, then the seconds until the requests bucket, the tokens
 # bucket has room (-1: not asked or granted) and 1 when no seat was free.
 SLICE_LUA: Final = (
-    LEVEL
-    + SEATS
+    TENANT_SCRIPT_HEAD
     + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local me = ARGV[1]
-local out = {}
 local function adjust(key, spec)
   local a = {}
   for x in string.gmatch(spec, '%S+') do a[#a + 1] = tonumber(x) end

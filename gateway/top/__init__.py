@@ -17,13 +17,10 @@ import select
 import shutil
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any, Final, TextIO
 
-import orjson
-
+from gateway.core.admin_read import AdminReadError, read_admin
 from gateway.top.tables import render
 
 DEFAULT_URL: Final = "http://127.0.0.1:8080"
@@ -32,41 +29,12 @@ _CLEAR: Final = "\x1b[H\x1b[2J"
 _HIDE_CURSOR: Final = "\x1b[?25l"
 _SHOW_CURSOR: Final = "\x1b[?25h"
 
-__all__ = ["DEFAULT_URL", "FLEET_PATH", "TopError", "fetch", "render", "run"]
-
-
-class TopError(Exception):
-    """The gateway could not be read; the message says why."""
+__all__ = ["DEFAULT_URL", "FLEET_PATH", "AdminReadError", "fetch", "render", "run"]
 
 
 def fetch(url: str, token: str | None, *, timeout_s: float = 5.0) -> dict[str, Any]:
     """The /admin/fleet document of the gateway at `url`."""
-    req = urllib.request.Request(url.rstrip("/") + FLEET_PATH, headers={"Accept": "application/json"})
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            body = resp.read()
-    except urllib.error.HTTPError as e:
-        raise TopError(f"{url}: HTTP {e.code}: {_error_message(e.read())}") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise TopError(f"{url}: {reason}") from None
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise TopError(f"{url}: the answer is not JSON") from None
-    if not isinstance(doc, dict):
-        raise TopError(f"{url}: unexpected answer")
-    return doc
-
-
-def _error_message(body: bytes) -> str:
-    try:
-        doc = orjson.loads(body)
-        return str(doc["error"]["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return body.decode("utf-8", "replace").strip()[:200] or "no details"
+    return read_admin(url, FLEET_PATH, token, timeout_s=timeout_s)
 
 
 # --------------------------------------------------------------------- the loop
@@ -77,7 +45,7 @@ def run(
     if once:
         try:
             doc = fetch(url, token)
-        except TopError as e:
+        except AdminReadError as e:
             print(f"berth top: {e}", file=sys.stderr)
             return 1
         out.write(render(doc, url=url))
@@ -89,7 +57,7 @@ def run(
             while True:
                 try:
                     frame = render(fetch(url, token), url=url, color=True)
-                except TopError as e:
+                except AdminReadError as e:
                     frame = f"berth top: {e}\n(retrying every {interval_s:g}s; q quits)\n"
                 width = shutil.get_terminal_size().columns
                 # lines with escape codes are short section titles; the rest are clipped to the screen

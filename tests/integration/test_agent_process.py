@@ -26,21 +26,12 @@ from gateway.agent import procs
 from gateway.agent.contract import ErrorReport, ListReport, PlanReport, StartReport, StopReport
 from gateway.agent.state import StateDir
 from gateway.agent.wait import poll_until
+from tests.integration.agent_engines import kill_engines, sim_command
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 
-SIM = [
-    sys.executable,
-    "-m",
-    "loadgen.engine_sim.cli",
-    "--model",
-    "{model}",
-    "--port",
-    "{port}",
-    "--load-time-s",
-    "0.3",
-]
+SIM = sim_command(0.3)
 # The engine with a helper process that ignores SIGTERM (like a vLLM worker that outlives its server):
 # only the whole group, SIGKILLed after the drain timeout, ends it.
 SIM_WITH_WORKER = [
@@ -124,10 +115,7 @@ def agent(tmp_path: Path, agent_ports: tuple[int, int]) -> Iterator[AgentCli]:
     )
     cli = AgentCli(tmp_path / "agent.toml", StateDir(tmp_path / "state"))
     yield cli
-    for rec in cli.state.records():  # whatever a failing test left running
-        if rec.pid is not None:
-            for pid in procs.group_members(rec.pid, since_ticks=rec.pid_start or 0):
-                os.kill(pid, signal.SIGKILL)
+    kill_engines(cli.state)  # whatever a failing test left running
 
 
 def _answers(url: str) -> bool:

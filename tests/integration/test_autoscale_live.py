@@ -33,19 +33,10 @@ from gateway.lifecycle.instances import Instance, InstanceState
 from gateway.lifecycle.manager import LifecycleManager
 from gateway.sched.request import SchedRequest
 from loadgen.harness import REPO_ROOT
+from tests.integration.agent_engines import sim_command
 from tests.integration.conftest import Running, StartGateway
 
-SIM = [
-    sys.executable,
-    "-m",
-    "loadgen.engine_sim.cli",
-    "--model",
-    "{model}",
-    "--port",
-    "{port}",
-    "--load-time-s",
-    "0.3",
-]
+SIM = sim_command(0.3)
 WAIT_S = 60.0
 
 

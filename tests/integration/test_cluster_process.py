@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from gateway.agent import procs
 from gateway.agent.state import StateDir
 from loadgen.harness import REPO_ROOT, RunningServer, free_port, start_server
+from tests.integration.agent_engines import kill_engines
 from tests.integration.redis_server import RedisServer
 from tests.integration.test_lifecycle_agents import SIM, _model, complete, metric
 
@@ -80,10 +80,7 @@ def cluster2(tmp_path: Path, redis_server: RedisServer, agent_ports: tuple[int, 
     )
     c = Cluster2(tmp_path, StateDir(tmp_path / "state"), redis_server.url, f"p{uuid.uuid4().hex[:8]}")
     yield c
-    for rec in c.state.records():  # the engines outlive berth and the agent: end whatever is left
-        if rec.pid is not None:
-            for pid in procs.group_members(rec.pid, since_ticks=rec.pid_start or 0):
-                os.kill(pid, signal.SIGKILL)
+    kill_engines(c.state)  # the engines outlive berth and the agent: end whatever is left
 
 
 def view(berth: RunningServer) -> dict[str, Any]:

@@ -24,18 +24,9 @@ import pytest
 from gateway.agent import procs
 from gateway.agent.state import StateDir
 from loadgen.harness import REPO_ROOT, RunningServer, free_port, start_server
+from tests.integration.agent_engines import kill_engines, sim_command
 
-SIM = [
-    sys.executable,
-    "-m",
-    "loadgen.engine_sim.cli",
-    "--model",
-    "{model}",
-    "--port",
-    "{port}",
-    "--load-time-s",
-    "0.5",
-]
+SIM = sim_command(0.5)
 
 
 def _model(name: str, command: list[str], memory_gib: float) -> str:
@@ -107,10 +98,7 @@ def setup(tmp_path: Path, agent_ports: tuple[int, int]) -> Iterator[Setup]:
     )
     s = Setup(tmp_path, tmp_path / "gateway.toml", StateDir(tmp_path / "state"))
     yield s
-    for rec in s.state.records():  # the engines outlive berth and the agent: end whatever is left
-        if rec.pid is not None:
-            for pid in procs.group_members(rec.pid, since_ticks=rec.pid_start or 0):
-                os.kill(pid, signal.SIGKILL)
+    kill_engines(s.state)  # the engines outlive berth and the agent: end whatever is left
 
 
 def complete(berth: RunningServer, model: str) -> tuple[int, dict[str, Any]]:

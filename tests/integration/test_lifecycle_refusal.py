@@ -9,16 +9,14 @@ The agent is the real one behind a shim that answers the first `start` with the 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gateway.agent import procs
 from gateway.agent.state import StateDir
+from tests.integration.agent_engines import kill_engines
 from tests.integration.test_lifecycle_agents import SIM, Setup, _model, complete, fleet, metric
 
 GIB = 1 << 30
@@ -65,10 +63,7 @@ def setup(tmp_path: Path, agent_ports: tuple[int, int]) -> Iterator[Setup]:
     )
     s = Setup(tmp_path, tmp_path / "gateway.toml", StateDir(tmp_path / "state"))
     yield s
-    for rec in s.state.records():
-        if rec.pid is not None:
-            for pid in procs.group_members(rec.pid, since_ticks=rec.pid_start or 0):
-                os.kill(pid, signal.SIGKILL)
+    kill_engines(s.state)
 
 
 def test_a_memory_refusal_evicts_and_serves_instead_of_503(setup: Setup) -> None:

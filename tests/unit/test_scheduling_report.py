@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.bench.scheduling import policies as scheduling
+from loadgen.bench.scheduling import scheduling_search
 from loadgen.bench.scheduling.scheduling_report import floor_lines, ratio_fleet, target_check, verdict
 from loadgen.bench.scheduling.scheduling_stats import mean_ci, policy_means, t95
 from loadgen.bench.scheduling.scheduling_tables import day_one_table, run_row
@@ -131,15 +131,17 @@ async def test_both_policies_run_on_the_ratio_fleet_unless_the_search_did(
         ran.append((policy, n_a, n_b, seed))
         return dataclasses.replace(run(policy, 0.5, seed=seed or 1), endpoints=(n_a, n_b))
 
-    monkeypatch.setattr(scheduling, "run_one", fake_run)
+    monkeypatch.setattr(scheduling_search, "run_one", fake_run)
     cfg = BenchConfig(out=tmp_path, seeds=2)
     searched = [dataclasses.replace(run("berth", 0.8), endpoints=(3, 1))]  # the search's own run at 4
-    out = await scheduling.at_ratio_fleet(cfg, {"berth": 6, "least-outstanding": 6}, searched, lambda _: None)
+    out = await scheduling_search.at_ratio_fleet(
+        cfg, {"berth": 6, "least-outstanding": 6}, searched, lambda _: None
+    )
     assert ran == [("least-outstanding", 3, 1, 1), ("least-outstanding", 3, 1, 2)]  # once per seed
     assert [r.endpoints for r in out] == [(3, 1), (3, 1)]
     ran.clear()
     no_baseline = {"berth": 6, "least-outstanding": None}
-    assert await scheduling.at_ratio_fleet(cfg, no_baseline, [], lambda _: None) == []
+    assert await scheduling_search.at_ratio_fleet(cfg, no_baseline, [], lambda _: None) == []
     assert ran == []
 
 

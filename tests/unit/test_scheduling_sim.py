@@ -14,8 +14,9 @@ from gateway.config import load_gateway_config
 from gateway.config.policy import load_policy
 from gateway.config.schema import LimitsConfig, ScrapeConfig, TelemetryConfig
 from gateway.sched.plugins import default_registry
-from loadgen.bench.scheduling import policies as scheduling
-from loadgen.bench.scheduling.policies import bench, build_parser, config_from_args, fleet_file, gateway_toml
+from loadgen.bench.scheduling import scheduling_setup
+from loadgen.bench.scheduling.policies import bench, build_parser, config_from_args
+from loadgen.bench.scheduling.scheduling_setup import fleet_file, gateway_toml
 from loadgen.bench.scheduling.scheduling_types import (
     CONFIGS,
     DAY_ONE,
@@ -32,7 +33,7 @@ from loadgen.cli import main as loadgen_main
 from loadgen.engine_sim.fleet import parse_fleet
 from loadgen.engine_sim.profiles import get_profile
 
-POLICY = scheduling.POLICY_DIR / "coding-assistant.toml"
+POLICY = scheduling_setup.POLICY_DIR / "coding-assistant.toml"
 URLS = [("http://e000.sim", "code-a-7b"), ("http://e001.sim", "code-b-7b")]
 
 
@@ -177,8 +178,8 @@ def _best_fit(policy: Path) -> dict[str, object]:
 
 
 def test_the_paper_variant_is_the_aladdin_preset_in_the_papers_order(tmp_path: Path) -> None:
-    preset = _best_fit(scheduling.policy_file("aladdin", tmp_path))
-    paper_file = scheduling.policy_file("aladdin-paper", tmp_path)
+    preset = _best_fit(scheduling_setup.policy_file("aladdin", tmp_path))
+    paper_file = scheduling_setup.policy_file("aladdin-paper", tmp_path)
     paper = _best_fit(paper_file)
     assert preset["order"] == "least-outstanding"
     assert (paper["order"], paper["rebalance_threshold"], paper["deadlines"]) == ("most-loaded", 0.5, False)

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.top import TopError, fetch, render, run
+from gateway.core.admin_read import AdminReadError
+from gateway.top import fetch, render, run
 from loadgen.harness import free_port
 
 DOC: dict[str, Any] = {
@@ -102,7 +103,7 @@ def _refused_url() -> str:
 
 
 def test_fetch_reports_an_unreachable_gateway() -> None:
-    with pytest.raises(TopError, match=r"127\.0\.0\.1"):
+    with pytest.raises(AdminReadError, match=r"127\.0\.0\.1"):
         fetch(_refused_url(), None, timeout_s=2.0)
 
 

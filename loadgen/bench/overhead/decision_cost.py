@@ -65,7 +65,7 @@ from gateway.dispatch.context import RequestContext
 from gateway.sched.decisions import Decision, Dispatch, Preempt
 from gateway.sched.scheduler import Scheduler
 from loadgen.bench.catalogue import BENCHMARKS
-from loadgen.bench.scheduling.policies import gateway_toml, policy_file
+from loadgen.bench.scheduling.scheduling_setup import gateway_toml, policy_file
 from loadgen.bench.skeleton import run_bench
 from loadgen.client import build_body, build_headers
 from loadgen.engine_sim.spec import EndpointSpec

@@ -56,7 +56,7 @@ from loadgen.bench.overhead.overhead_procs import (
     start_proxy_berth,
 )
 from loadgen.bench.overhead.overhead_report import QUEUE, Check, Measurement, lag_check
-from loadgen.bench.scheduling.policies import policy_file
+from loadgen.bench.scheduling.scheduling_setup import policy_file
 from loadgen.bench.scheduling.scheduling_types import BASELINES, PRESETS
 from loadgen.engine_sim.profiles import get_profile
 from loadgen.harness import REPO_ROOT, start_engine_sim

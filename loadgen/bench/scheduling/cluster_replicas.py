@@ -25,18 +25,15 @@ from typing import Any, Final
 
 from gateway.config.cluster import PUBLISH_INTERVAL_S
 from loadgen.bench.catalogue import BENCHMARKS
-from loadgen.bench.scheduling.policies import (
+from loadgen.bench.scheduling.scheduling_runs import (
     REQUEST_TIMEOUT_SIM_S,
     SIM_PORT,
     SIM_SPEED,
     SIM_URL,
     STALL_TIMEOUT_SIM_S,
     UTIL_SAMPLE_SIM_S,
-    _models,
-    fleet_file,
-    gateway_toml,
-    policy_file,
 )
+from loadgen.bench.scheduling.scheduling_setup import _models, fleet_file, gateway_toml, policy_file
 from loadgen.bench.scheduling.scheduling_types import BERTH, MODELS
 from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import load_fleet_file

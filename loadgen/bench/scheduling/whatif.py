@@ -38,7 +38,7 @@ import orjson
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.entry import say
 from loadgen.bench.scheduling import capacity
-from loadgen.bench.scheduling.policies import policy_file
+from loadgen.bench.scheduling.scheduling_setup import policy_file
 from loadgen.bench.scheduling.scheduling_types import BERTH, DEFAULT_RATES, MODELS, PROFILE, TASK_TYPES, split
 from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import load_fleet_file

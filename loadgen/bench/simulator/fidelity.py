@@ -43,7 +43,8 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench.catalogue import BENCHMARKS
-from loadgen.bench.scheduling.policies import fleet_file, gateway_toml, policy_file, run_one
+from loadgen.bench.scheduling.scheduling_runs import run_one
+from loadgen.bench.scheduling.scheduling_setup import fleet_file, gateway_toml, policy_file
 from loadgen.bench.scheduling.scheduling_types import (
     DEFAULT_DURATION_S,
     DEFAULT_ENDPOINTS,

@@ -110,7 +110,7 @@ def _rss_kib() -> int:
 def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[str, Any]:
     """Run one simulation in this process; its figures (meant for a fresh process: RSS is the peak of
     this process's life). With `profile_to`, under cProfile, whose top functions go to that file."""
-    from loadgen.bench.scheduling.policies import gateway_toml
+    from loadgen.bench.scheduling.scheduling_setup import gateway_toml
     from loadgen.bench.simulator.sim_share import instrument, split
     from loadgen.engine_sim.spec import EndpointSpec
     from loadgen.fleetsim import SimOptions
