@@ -136,7 +136,7 @@ def test_the_gc_window_counts_the_collections_between_the_readings_and_their_lat
     assert got["late_during_gc"] == 2  # the first and the last sample waited on a collection
     berth = _queue("berth", [0.3, 0.5], {GC: got})
     text = "\n".join(queue_lines([berth], 100, 1000))
-    assert "gen1 1 (40 ms, longest 40.0)" in text
+    assert "gen1 1 (40 ms, CPU 0 ms, longest 40.0)" in text
     assert "waited while a collection of >= 1 ms ran: 2" in text
 
 

@@ -161,7 +161,7 @@ def test_idle_collections_are_spaced() -> None:
 
 def test_the_pauses_are_recorded_per_generation_and_the_long_ones_kept() -> None:
     clock = Clock()
-    pauses = GcPauses(timer=clock, stamp=clock, keep=2)
+    pauses = GcPauses(timer=clock, stamp=clock, cpu=lambda: clock.t / 2, keep=2)
 
     def collect(gen: int, seconds: float, collected: int = 0) -> None:
         info: Mapping[str, int] = {"generation": gen}
@@ -181,10 +181,12 @@ def test_the_pauses_are_recorded_per_generation_and_the_long_ones_kept() -> None
     assert [p[1] for p in doc["pauses"]] == [2, 0]  # the last two kept, numbered above 1
     assert doc["pauses"][0][0] == pytest.approx(clock.t - 2 * RECENT_S)
     assert pauses.document(after=3)["pauses"] == []
+    assert doc["pauses"][0][3] == pytest.approx(0.06)  # half of it on the CPU
     assert doc["generations"]["2"] == {
         "count": 1,
         "sum_s": pytest.approx(0.12),
         "max_s": pytest.approx(0.12),
+        "cpu_s": pytest.approx(0.06),
         "collected": 7,
     }
 

@@ -237,15 +237,16 @@ def late_lag(reading: LagReading, slow: Sequence[Sequence[Any]]) -> dict[str, fl
 def gc_window(before: dict[str, Any], after: dict[str, Any], reading: LagReading | None) -> dict[str, float]:
     """berth's garbage collections between two readings of its `gc` document (`after` with the pauses
     numbered above `before`'s `taken`): per generation the collections, their total and longest pause
-    (ms; the longest exact from 1 ms, kept pauses, else 0), and of the lag samples at least `LATE_MS`
-    late how many waited while a collection of 1 ms or more ran (`late_during_gc`)."""
+    (ms; the longest exact from 1 ms, kept pauses, else 0) and their CPU, and of the lag samples at least
+    `LATE_MS` late how many waited while a collection of 1 ms or more ran (`late_during_gc`)."""
     out: dict[str, float] = {}
     for gen, now in after["generations"].items():
         then = before["generations"][gen]
         out[f"gen{gen}_count"] = float(now["count"] - then["count"])
         out[f"gen{gen}_sum_ms"] = (now["sum_s"] - then["sum_s"]) * 1000.0
+        out[f"gen{gen}_cpu_ms"] = (now.get("cpu_s", 0.0) - then.get("cpu_s", 0.0)) * 1000.0
         out[f"gen{gen}_max_ms"] = 0.0
-    pauses = [(float(t), f"gen{int(g)}", float(s)) for t, g, s in after["pauses"]]
+    pauses = [(float(p[0]), f"gen{int(p[1])}", float(p[2])) for p in after["pauses"]]
     for _, gen, s in pauses:
         out[f"{gen}_max_ms"] = max(out.get(f"{gen}_max_ms", 0.0), s * 1000.0)
     if reading is not None:
@@ -407,8 +408,8 @@ def _gc_lines(gc: dict[str, float] | None) -> list[str]:
     if not gc:
         return []
     gens = "; ".join(
-        f"gen{g} {gc[f'gen{g}_count']:.0f} ({gc[f'gen{g}_sum_ms']:.0f} ms, "
-        f"longest {gc[f'gen{g}_max_ms']:.1f})"
+        f"gen{g} {gc[f'gen{g}_count']:.0f} ({gc[f'gen{g}_sum_ms']:.0f} ms, CPU "
+        f"{gc.get(f'gen{g}_cpu_ms', math.nan):.0f} ms, longest {gc[f'gen{g}_max_ms']:.1f})"
         for g in range(3)
         if f"gen{g}_count" in gc
     )
