@@ -14,7 +14,7 @@ import pytest
 from gateway.app import Gateway, ServeOptions, serve
 from gateway.config import apply_overrides, default_config, load_runtime, parse_endpoint_flag
 from gateway.core.gcpauses import GcPauses
-from gateway.core.heap import OLDER_MIN, YOUNG_THRESHOLD, GcSchedule
+from gateway.core.heap import BACKSTOP, OLDER_MIN, YOUNG_THRESHOLD, GcSchedule
 from gateway.core.sdnotify import Notifier
 from gateway.sched.plugins import default_registry
 from loadgen.harness import free_port
@@ -38,7 +38,7 @@ def test_settle_freezes_what_exists_and_raises_the_young_threshold() -> None:
     schedule.settle()
     try:
         young, older, now_oldest = gc.get_threshold()
-        assert (young, now_oldest) == (YOUNG_THRESHOLD, oldest)
+        assert (young, now_oldest) == (YOUNG_THRESHOLD * BACKSTOP, oldest)
         assert older >= OLDER_MIN
         assert gc.get_freeze_count() > 0
         assert gc.get_count()[0] < 100  # collected just before the freeze

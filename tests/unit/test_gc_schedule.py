@@ -10,6 +10,7 @@ import pytest
 
 from gateway.core.gcpauses import RECENT_S, GcCollector, GcPauses
 from gateway.core.heap import (
+    BACKSTOP,
     IDLE_MIN_INTERVAL_S,
     IDLE_TICKS,
     OLDER_MAX,
@@ -94,7 +95,11 @@ def test_settle_collects_freezes_and_scales_the_thresholds_to_the_heap() -> None
     schedule.settle()
     assert fake.collections == [2]
     assert fake.frozen
-    assert fake.threshold == (YOUNG_THRESHOLD, 50, 10)  # the oldest generation's rule is CPython's
+    assert fake.threshold == (
+        YOUNG_THRESHOLD * BACKSTOP,
+        50,
+        10,
+    )  # the oldest generation's count is CPython's
     assert len(fake.callbacks) == 2
     schedule.settle()  # a second settle installs nothing twice
     assert len(fake.callbacks) == 2
@@ -215,3 +220,36 @@ def test_the_collector_exports_the_histogram_the_maximum_and_the_collected_objec
         if s.name.endswith("_total")
     }
     assert collected == {"0": 0, "1": 0, "2": 5}
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        ((YOUNG_THRESHOLD, 0, 0), None),  # not past the young threshold
+        ((YOUNG_THRESHOLD + 1, 0, 0), 0),
+        ((YOUNG_THRESHOLD + 1, 25, 0), 0),  # the middle threshold is 25 at 1M blocks
+        ((YOUNG_THRESHOLD + 1, 26, 0), 1),
+        ((YOUNG_THRESHOLD + 1, 26, 10), 1),
+        ((YOUNG_THRESHOLD + 1, 3, 11), 2),  # CPython's choice: the oldest generation past its threshold
+        ((5, 30, 30), None),  # nothing is due while the young generation is below its threshold
+    ],
+    ids=["below", "young", "middle-not-yet", "middle", "oldest-not-yet", "oldest", "idle-counts"],
+)
+def test_step_runs_the_collection_cpython_would_choose(
+    count: tuple[int, int, int], expected: int | None
+) -> None:
+    schedule, fake, _, _ = _schedule([1_000_000])
+    schedule.settle()
+    fake.collections.clear()
+    fake.count = count
+    assert schedule.step() == expected
+    assert fake.collections == ([] if expected is None else [expected])
+
+
+def test_cpython_collects_by_itself_only_past_the_backstop() -> None:
+    schedule, fake, _, _ = _schedule([1_000_000])
+    schedule.settle()
+    assert fake.threshold[0] == YOUNG_THRESHOLD * BACKSTOP
+    fake.count = (YOUNG_THRESHOLD + 1, 0, 0)
+    schedule.step()
+    assert fake.count[0] == 0  # the young generation is collected by the schedule, long before that
