@@ -11,13 +11,12 @@ import pytest
 from gateway.core.gcpauses import RECENT_S, GcCollector, GcPauses
 from gateway.core.heap import (
     BACKSTOP,
+    FULL_MIN_GROWTH_BLOCKS,
     IDLE_MIN_INTERVAL_S,
     IDLE_TICKS,
-    OLDER_MAX,
-    OLDER_MIN,
+    YOUNG_INTERVAL_S,
     YOUNG_THRESHOLD,
     GcSchedule,
-    older_threshold,
 )
 
 
@@ -29,11 +28,10 @@ class FakeGc:
         self.callbacks: list[Any] = []
         self.threshold = (700, 10, 10)
         self.count = (0, 0, 0)
-        self.collections: list[int] = []
-        self.frozen = False
+        self.log: list[str] = []
 
     def collect(self, generation: int = 2) -> int:
-        self.collections.append(generation)
+        self.log.append(f"collect {generation}")
         for cb in self.callbacks:
             cb("start", {"generation": generation})
         c = list(self.count)
@@ -47,7 +45,10 @@ class FakeGc:
         return 3
 
     def freeze(self) -> None:
-        self.frozen = True
+        self.log.append("freeze")
+
+    def unfreeze(self) -> None:
+        self.log.append("unfreeze")
 
     def get_count(self) -> tuple[int, int, int]:
         return self.count
@@ -67,21 +68,6 @@ class Clock:
         return self.t
 
 
-@pytest.mark.parametrize(
-    ("blocks", "expected"),
-    [
-        (0, OLDER_MIN),
-        (100_000, OLDER_MIN),  # a small heap: CPython's own rule
-        (1_000_000, 25),
-        (4_000_000, 100),
-        (10**10, OLDER_MAX),
-    ],
-    ids=["empty", "small", "1M", "4M", "huge"],
-)
-def test_older_threshold_scales_with_the_heap(blocks: int, expected: int) -> None:
-    assert older_threshold(blocks) == expected
-
-
 def _schedule(blocks: list[int]) -> tuple[GcSchedule, FakeGc, Clock, GcPauses]:
     fake = FakeGc()
     clock = Clock()
@@ -90,78 +76,100 @@ def _schedule(blocks: list[int]) -> tuple[GcSchedule, FakeGc, Clock, GcPauses]:
     return schedule, fake, clock, pauses
 
 
-def test_settle_collects_freezes_and_scales_the_thresholds_to_the_heap() -> None:
-    schedule, fake, _, _ = _schedule([2_000_000])
+def test_settle_collects_freezes_and_leaves_cpython_a_backstop() -> None:
+    schedule, fake, _, pauses = _schedule([2_000_000])
     schedule.settle()
-    assert fake.collections == [2]
-    assert fake.frozen
-    assert fake.threshold == (
-        YOUNG_THRESHOLD * BACKSTOP,
-        50,
-        10,
-    )  # the oldest generation's count is CPython's
-    assert len(fake.callbacks) == 2
+    assert fake.log == ["unfreeze", "collect 2", "freeze"]
+    assert fake.threshold == (YOUNG_THRESHOLD * BACKSTOP, 10, 10)
+    assert schedule.live_blocks == 2_000_000
+    assert fake.callbacks == [pauses.callback]
     schedule.settle()  # a second settle installs nothing twice
-    assert len(fake.callbacks) == 2
+    assert fake.callbacks == [pauses.callback]
     schedule.close()
     assert fake.callbacks == []
 
 
-def test_a_full_collection_rescales_at_the_next_tick() -> None:
+def test_a_young_collection_is_due_by_count_or_by_time_and_its_survivors_are_frozen() -> None:
+    schedule, fake, clock, _ = _schedule([1_000_000])
+    schedule.settle()
+    fake.log.clear()
+    assert schedule.step()  # the first: no young collection yet
+    assert fake.log == ["collect 0", "freeze"]
+    fake.log.clear()
+    clock.t += YOUNG_INTERVAL_S / 2
+    assert not schedule.step()
+    fake.count = (YOUNG_THRESHOLD + 1, 0, 0)  # an allocation burst: due before its time
+    assert schedule.step()
+    clock.t += YOUNG_INTERVAL_S / 2
+    assert not schedule.step()
+    clock.t += YOUNG_INTERVAL_S / 2
+    assert schedule.step()  # its time
+    assert fake.log == ["collect 0", "freeze"] * 2
+
+
+@pytest.mark.parametrize(
+    ("live", "now", "due"),
+    [
+        (1_000_000, 1_249_999, False),
+        (1_000_000, 1_250_000, True),  # a quarter more
+        (100_000, 300_000, False),  # a small heap: at least FULL_MIN_GROWTH_BLOCKS more
+        (100_000, 100_000 + FULL_MIN_GROWTH_BLOCKS, True),
+        (4_000_000, 4_900_000, False),
+        (4_000_000, 5_000_000, True),
+    ],
+    ids=["1M-under", "1M-due", "small-under", "small-due", "4M-under", "4M-due"],
+)
+def test_a_full_collection_is_due_when_the_heap_grew_by_a_quarter(live: int, now: int, due: bool) -> None:
+    schedule, _, _, _ = _schedule([live])
+    schedule.settle()
+    assert schedule.full_due(now) is due
+
+
+def test_the_tick_runs_a_full_collection_when_the_heap_grew_and_measures_it_again() -> None:
     heap = [1_000_000]
     schedule, fake, _, _ = _schedule(heap)
     schedule.settle()
-    assert fake.threshold[1] == 25
-    heap[0] = 8_000_000  # the load grew; CPython runs a full collection
-    fake.collect(2)
-    assert schedule.live_blocks == 8_000_000
-    assert fake.threshold[1] == 25  # not from inside the collector's callback
+    fake.log.clear()
+    heap[0] = 1_200_000
     schedule.tick(busy=5)
-    assert fake.threshold[1] == 200
-    heap[0] = 9_000_000
-    fake.collect(1)  # a middle collection does not measure the heap
+    assert fake.log == []
+    heap[0] = 1_300_000
     schedule.tick(busy=5)
-    assert fake.threshold[1] == 200
+    assert fake.log == ["unfreeze", "collect 2", "freeze"]  # the frozen objects too
+    assert schedule.live_blocks == 1_300_000
+    assert schedule.full_collections == 1
+    schedule.tick(busy=5)
+    assert schedule.full_collections == 1
 
 
-def test_idle_collects_what_was_promoted_once_then_waits_for_more() -> None:
+def test_idle_collects_once_after_young_collections_then_waits_for_more() -> None:
     schedule, fake, clock, _ = _schedule([1_000_000])
     schedule.settle()
-    fake.collections.clear()
-    fake.count = (500, 3, 0)  # three young collections promoted survivors
+    for _ in range(IDLE_TICKS):
+        schedule.tick(busy=0)
+    assert schedule.idle_collections == 0  # nothing collected young since the full one
+    schedule.tick(busy=1)  # a request came
+    schedule.step()
+    fake.log.clear()
     for _ in range(IDLE_TICKS - 1):
         schedule.tick(busy=0)
-    schedule.tick(busy=1)  # not idle long enough: a request came
-    assert fake.collections == []
+    schedule.tick(busy=1)  # another: not idle long enough
+    assert fake.log == []
     for _ in range(IDLE_TICKS):
         clock.t += 1.0
         schedule.tick(busy=0)
-    assert fake.collections == [2]
+    assert fake.log == ["unfreeze", "collect 2", "freeze"]
     assert schedule.idle_collections == 1
+    schedule.step()
+    clock.t += 1.0
+    schedule.tick(busy=0)
+    assert schedule.idle_collections == 1  # too soon after the last
     clock.t += IDLE_MIN_INTERVAL_S
-    schedule.tick(busy=0)  # nothing promoted since
-    assert fake.collections == [2]
-    fake.count = (100, 1, 0)
-    clock.t += 1.0
     schedule.tick(busy=0)
-    assert fake.collections == [2, 2]
-
-
-def test_idle_collections_are_spaced() -> None:
-    schedule, fake, clock, _ = _schedule([1_000_000])
-    schedule.settle()
-    fake.collections.clear()
-    fake.count = (0, 1, 0)
-    for _ in range(IDLE_TICKS):
-        schedule.tick(busy=0)
-    assert fake.collections == [2]
-    fake.count = (0, 0, 1)
-    clock.t += IDLE_MIN_INTERVAL_S - 1.0
+    assert schedule.idle_collections == 2
+    clock.t += IDLE_MIN_INTERVAL_S
     schedule.tick(busy=0)
-    assert fake.collections == [2]
-    clock.t += 1.0
-    schedule.tick(busy=0)
-    assert fake.collections == [2, 2]
+    assert schedule.idle_collections == 2  # no young collection since
 
 
 def test_the_pauses_are_recorded_per_generation_and_the_long_ones_kept() -> None:
@@ -220,36 +228,3 @@ def test_the_collector_exports_the_histogram_the_maximum_and_the_collected_objec
         if s.name.endswith("_total")
     }
     assert collected == {"0": 0, "1": 0, "2": 5}
-
-
-@pytest.mark.parametrize(
-    ("count", "expected"),
-    [
-        ((YOUNG_THRESHOLD, 0, 0), None),  # not past the young threshold
-        ((YOUNG_THRESHOLD + 1, 0, 0), 0),
-        ((YOUNG_THRESHOLD + 1, 25, 0), 0),  # the middle threshold is 25 at 1M blocks
-        ((YOUNG_THRESHOLD + 1, 26, 0), 1),
-        ((YOUNG_THRESHOLD + 1, 26, 10), 1),
-        ((YOUNG_THRESHOLD + 1, 3, 11), 2),  # CPython's choice: the oldest generation past its threshold
-        ((5, 30, 30), None),  # nothing is due while the young generation is below its threshold
-    ],
-    ids=["below", "young", "middle-not-yet", "middle", "oldest-not-yet", "oldest", "idle-counts"],
-)
-def test_step_runs_the_collection_cpython_would_choose(
-    count: tuple[int, int, int], expected: int | None
-) -> None:
-    schedule, fake, _, _ = _schedule([1_000_000])
-    schedule.settle()
-    fake.collections.clear()
-    fake.count = count
-    assert schedule.step() == expected
-    assert fake.collections == ([] if expected is None else [expected])
-
-
-def test_cpython_collects_by_itself_only_past_the_backstop() -> None:
-    schedule, fake, _, _ = _schedule([1_000_000])
-    schedule.settle()
-    assert fake.threshold[0] == YOUNG_THRESHOLD * BACKSTOP
-    fake.count = (YOUNG_THRESHOLD + 1, 0, 0)
-    schedule.step()
-    assert fake.count[0] == 0  # the young generation is collected by the schedule, long before that
