@@ -16,7 +16,8 @@ And the young collections are large too: the count that triggers them is allocat
 in a steady state the requests that end free about what the requests that arrive allocate, so the count
 passes its threshold only every few seconds, and then the young generation holds every object of every
 request that arrived since (an 80 ms pause on the benchmark's 200 requests a second). Yet nearly all of
-it is freed by reference counting: the benchmark's collections found no cyclic garbage at all.
+it is freed by reference counting: in the benchmark's window the young collections found no cyclic
+garbage at all.
 
 So the schedule (`GcSchedule`) takes the collections over from CPython:
 
