@@ -116,7 +116,7 @@ class GcSchedule:
         self._blocks = blocks
         self._clock = clock
         self._pauses = pauses
-        self._installed = False
+        self._settled: tuple[int, int, int] | None = None  # CPython's thresholds before `settle`
         self.live_blocks = 0  # memory blocks after the last full collection
         self._young_at = -math.inf  # when the last young collection ran
         self._young_since_full = 0
@@ -127,19 +127,26 @@ class GcSchedule:
 
     def settle(self) -> None:
         """Once startup is done: collect, freeze the survivors, set CPython's thresholds to the backstop,
-        install the pause recorder."""
+        install the pause recorder. Until then (and after `close`) `step` and `tick` do nothing: an app
+        built in a test process leaves that process's collector alone."""
+        if self._settled is not None:
+            return
         self._full()
-        _, older, oldest = self._gc.get_threshold()
+        self._settled = _, older, oldest = self._gc.get_threshold()
         self._gc.set_threshold(YOUNG_THRESHOLD * BACKSTOP, older, oldest)
-        if self._pauses is not None and not self._installed:
+        if self._pauses is not None:
             self._gc.callbacks.append(self._pauses.callback)
-            self._installed = True
 
     def close(self) -> None:
-        """Remove the pause recorder (the thresholds stay)."""
-        if self._pauses is not None and self._installed:
+        """Hand the collector back: unfreeze (CPython collects everything again), restore its thresholds,
+        remove the pause recorder."""
+        if self._settled is None:
+            return
+        self._gc.unfreeze()
+        self._gc.set_threshold(*self._settled)
+        self._settled = None
+        if self._pauses is not None:
             self._gc.callbacks.remove(self._pauses.callback)
-            self._installed = False
 
     def _full(self) -> None:
         self._gc.unfreeze()
@@ -150,6 +157,8 @@ class GcSchedule:
 
     def step(self) -> bool:
         """Run a young collection if one is due, and freeze its survivors; whether it ran."""
+        if self._settled is None:
+            return False
         now = self._clock()
         if self._gc.get_count()[0] <= YOUNG_THRESHOLD and now - self._young_at < YOUNG_INTERVAL_S:
             return False
@@ -165,6 +174,8 @@ class GcSchedule:
 
     def tick(self, busy: int) -> None:
         """One tick: `busy` requests are in flight or queued."""
+        if self._settled is None:
+            return
         self._idle_ticks = 0 if busy else self._idle_ticks + 1
         if self.full_due(self._blocks()):
             self.full_collections += 1

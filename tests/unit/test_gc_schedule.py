@@ -83,10 +83,30 @@ def test_settle_collects_freezes_and_leaves_cpython_a_backstop() -> None:
     assert fake.threshold == (YOUNG_THRESHOLD * BACKSTOP, 10, 10)
     assert schedule.live_blocks == 2_000_000
     assert fake.callbacks == [pauses.callback]
-    schedule.settle()  # a second settle installs nothing twice
+    schedule.settle()  # a second settle does nothing
     assert fake.callbacks == [pauses.callback]
+    assert fake.log == ["unfreeze", "collect 2", "freeze"]
     schedule.close()
     assert fake.callbacks == []
+    assert fake.threshold == (700, 10, 10)  # CPython's again
+    assert fake.log[-1] == "unfreeze"
+
+
+def test_nothing_is_collected_or_frozen_before_settle_nor_after_close() -> None:
+    schedule, fake, clock, _ = _schedule([10**9])
+    fake.count = (YOUNG_THRESHOLD * 5, 0, 0)
+    assert not schedule.step()
+    schedule.tick(busy=0)
+    schedule.tick(busy=0)
+    schedule.tick(busy=0)
+    assert fake.log == []
+    schedule.settle()
+    schedule.close()
+    fake.log.clear()
+    clock.t += 100.0
+    assert not schedule.step()
+    schedule.tick(busy=0)
+    assert fake.log == []
 
 
 def test_a_young_collection_is_due_by_count_or_by_time_and_its_survivors_are_frozen() -> None:
