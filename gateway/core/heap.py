@@ -39,8 +39,10 @@ So the schedule (`GcSchedule`) takes the collections over from CPython:
 
 Memory stays bounded: cyclic garbage among frozen objects is not collected until the next full
 collection, but that runs as soon as the heap grows by a quarter over what the last one left (the
-garbage is part of the growth), so the garbage kept is at most about a quarter of the live heap plus
-one young generation; the full collection measures the heap again. A cycle is still collected: the
+garbage is part of the growth), so the garbage kept is at most about a quarter of the heap the last
+full collection left (`FULL_MIN_GROWTH_BLOCKS` on a small heap; after a peak of load, up to that
+peak's size until the next idle moment collects) plus one young generation; each full collection
+measures the heap again. A cycle is still collected: the
 young collections find those made and dropped within a second, the full ones the rest.
 """
 
