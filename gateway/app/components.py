@@ -29,6 +29,7 @@ from gateway.config.cluster import advertised_url
 from gateway.config.schema import EndpointConfig
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.errors import ConfigError
+from gateway.core.heap import GcSchedule
 from gateway.core.looplag import watch_lag
 from gateway.core.metrics import GatewayMetrics, LiveNumbers
 from gateway.core.sdnotify import Notifier, watchdog_loop
@@ -91,6 +92,8 @@ class Gateway:
         self.upstream = UpstreamSettings.of(cfg.upstream)
         self.scheduler = scheduler = Scheduler(runtime.policy, clock, runtime.limits)
         self.driver = SchedulerDriver(scheduler, metrics.decisions)
+        # The collector's thresholds (settled once startup is done) and idle collections.
+        self.gc = GcSchedule(metrics.gc_pauses)
         self.telemetry = LiveTelemetry(
             scheduler, clock, runtime.config.telemetry, prefix=runtime.config.prefix
         )
@@ -233,6 +236,7 @@ class Gateway:
         lag_interval = self.cfg.ops.loop_lag_interval_s
         self.metrics.loop_lag_recent.interval_s = lag_interval
         self.supervisor.spawn("loop-lag", lambda: watch_lag(self.metrics.loop_lag_recent, lag_interval))
+        self.supervisor.spawn("gc-schedule", lambda: self.gc.run(lambda: self.driver.busy))
         if self.notifier.watchdog_interval_s() is not None:
             self.supervisor.spawn("systemd-watchdog", lambda: watchdog_loop(self.notifier))
         yield

@@ -12,7 +12,6 @@ import structlog
 from aiohttp import web
 
 from gateway.app.components import Gateway
-from gateway.core.heap import settle
 from gateway.front.admin import is_loopback
 from gateway.front.routes import add_ops_routes, add_routes
 
@@ -77,7 +76,7 @@ async def serve(gw: Gateway) -> None:
     await gw.endpoints.first_round(timeout_s=gw.runtime.scrape.timeout_s * 2 + 1.0)
     if gw.lifecycle is not None:
         await gw.lifecycle.wait_answered(timeout_s=gw.lifecycle.setup.config.agent_timeout_s * 2 + 1.0)
-    settle()  # everything kept for the process's lifetime is built: freeze it, out of the collector's way
+    gw.gc.settle()  # what the process keeps for its lifetime is built: freeze it, out of the collector's way
     gw.notifier.ready()
     log.info(
         "serving",
@@ -99,6 +98,7 @@ async def serve(gw: Gateway) -> None:
         if ops_runner is not None:
             await ops_runner.cleanup()
         gw.notifier.close()
+        gw.gc.close()
         log.info("stopped")
 
 

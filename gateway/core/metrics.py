@@ -26,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 from gateway.core.decisiontime import DecisionCollector, DecisionTimes
+from gateway.core.gcpauses import GcCollector, GcPauses
 from gateway.core.looplag import RecentLag
 
 LATENCY_BUCKETS = (
@@ -211,6 +212,9 @@ class GatewayMetrics:
         # The scheduler's call times (the live driver records them; exported at scrape time).
         self.decisions = DecisionTimes()
         r.register(DecisionCollector(self.decisions))
+        # The cyclic collector's pauses (the GC schedule installs the callback; exported at scrape time).
+        self.gc_pauses = GcPauses()
+        r.register(GcCollector(self.gc_pauses))
         # Preemption (gateway.dispatch.runner): requests that gave up their seat to more urgent work, and
         # how their resumed streams ended.
         self.preemptions = Counter(

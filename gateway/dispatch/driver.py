@@ -60,6 +60,11 @@ class SchedulerDriver:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def busy(self) -> int:
+        """Requests queued or holding a seat (0: the daemon is idle; the GC schedule collects then)."""
+        return len(self._waiters) + len(self._running)
+
     async def acquire(self, req: SchedRequest, exclude: frozenset[EndpointId] = frozenset()) -> Dispatch:
         """Submit `req` and wait for its seat; raise the scheduler's error if it is rejected. A retry
         after a failed engine call submits it again with `exclude` (the endpoints that failed it)."""

@@ -1,5 +1,6 @@
 """The admin API: `GET /admin/fleet`, the fleet as berth sees it (what `berth top` draws),
-`GET /admin/loop-lag[?after=N]`, the event loop's recent lag samples (gateway.core.looplag.RecentLag),
+`GET /admin/loop-lag[?after=N&gc_after=M]`, the event loop's recent lag samples
+(gateway.core.looplag.RecentLag) and the garbage collector's pauses (gateway.core.gcpauses),
 and `GET /admin/cluster`, the replica's view of its cluster (`berth cluster`).
 
 Access: with an admin token configured (`server.admin_token`, or BERTH_ADMIN_TOKEN in the environment,
@@ -132,15 +133,19 @@ async def cluster(request: web.Request) -> web.Response:
 
 
 async def loop_lag(request: web.Request) -> web.Response:
-    """{interval_s, taken, samples: [[taken at (monotonic s), seconds late], ...]}: the samples numbered
-    above `after` (default 0: all that are kept)."""
+    """{interval_s, taken, samples: [[taken at (monotonic s), seconds late], ...], gc}: the samples numbered
+    above `after` (default 0: all that are kept); `gc` is the collector's pauses
+    (`gateway.core.gcpauses.GcPauses.document`), with the kept pauses numbered above `gc_after`."""
     s = request.app[SERVICES]
     try:
         authorize(request, s.admin_token)
         after = _int_query(request, "after")
+        gc_after = _int_query(request, "gc_after")
     except errors.BerthError as e:
         return admin_error(e, request)
-    return _no_store_json(s.metrics.loop_lag_recent.document(after))
+    doc = s.metrics.loop_lag_recent.document(after)
+    doc["gc"] = s.metrics.gc_pauses.document(gc_after)
+    return _no_store_json(doc)
 
 
 async def sched_decisions(request: web.Request) -> web.Response:

@@ -244,6 +244,10 @@ class H1Response:
         self._wake()
 
 
+#: What a lost connection keeps as its parser: one that holds no callbacks (see `connection_lost`).
+_LOST_PARSER: Final = httptools.HttpResponseParser(object())
+
+
 class H1Connection(asyncio.Protocol):
     """One keep-alive connection to an engine (`key`: its origin); `send` starts a request on it."""
 
@@ -381,6 +385,12 @@ class H1Connection(asyncio.Protocol):
             else:
                 resp._fail(EngineDropped(f"engine closed the connection before answering{_cause(exc)}"))
         self._owner.lost(self)
+        # The parser holds this protocol's bound callbacks and the transport holds the protocol: both
+        # cycles are broken here, so a closed connection is freed by its reference count. Left to the
+        # cyclic collector, each one was a dozen objects of garbage (the connection, its parser, the
+        # transport, the bound callbacks), promoted into the older generations while it was in use.
+        self._transport = None
+        self._parser = _LOST_PARSER
 
     # -- httptools callbacks
 

@@ -224,6 +224,18 @@ async def test_the_loop_lag_samples_since_a_count(
     status, _, body = await get(r.url + "/admin/loop-lag?after=soon")
     assert status == 400
     assert orjson.loads(body)["error"]["param"] == "after"
+    # the garbage collector's pauses beside the samples (one of our own, kept: 1 ms or more)
+    pauses = r.gw.metrics.gc_pauses
+    pauses.callback("start", {"generation": 2})
+    pauses._started -= 0.01  # a pause of 10 ms, without a collection
+    pauses.callback("stop", {"generation": 2, "collected": 0})
+    status, _, body = await get(r.url + f"/admin/loop-lag?gc_after={pauses.recent_taken - 1}")
+    gc_doc = orjson.loads(body)["gc"]
+    assert gc_doc["taken"] >= pauses.recent_taken
+    assert [(gen, round(s, 2)) for _, gen, s, _ in gc_doc["pauses"]][:1] == [(2, 0.01)]
+    assert gc_doc["generations"]["2"]["count"] >= 1
+    status, _, body = await get(r.url + "/admin/loop-lag?gc_after=soon")
+    assert orjson.loads(body)["error"]["param"] == "gc_after"
     app = aiohttp.web.Application()
     app[SERVICES] = r.gw.services
     remote = make_mocked_request("GET", "/admin/loop-lag", app=app).clone(remote="192.0.2.7")

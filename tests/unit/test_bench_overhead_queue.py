@@ -16,9 +16,11 @@ from gateway.core.decisiontime import DecisionTimes
 from loadgen.bench.overhead.overhead_lag import LagReading
 from loadgen.bench.overhead.overhead_queue import (
     ALL,
+    GC,
     berth_config,
     client_command,
     decision_window,
+    gc_window,
     late_lag,
     queue_checks,
     queue_lines,
@@ -111,6 +113,31 @@ def test_no_berth_no_targets_and_the_table_shows_both_proxies() -> None:
     assert "990 / 1004" in text
     assert "submit" in text
     assert "0.40" in text  # proxy CPU: 4 s over 10 s
+    assert "garbage collections" not in text  # none read
+
+
+def test_the_gc_window_counts_the_collections_between_the_readings_and_their_late_samples() -> None:
+    def doc(counts: tuple[int, int, int], sums: tuple[float, float, float], taken: int) -> dict[str, Any]:
+        gens = {
+            str(g): {"count": counts[g], "sum_s": sums[g], "max_s": 0.2, "collected": 0} for g in range(3)
+        }
+        return {"generations": gens, "recent_s": 0.001, "taken": taken, "pauses": []}
+
+    before = doc((100, 5, 1), (0.1, 0.05, 0.2), taken=7)
+    after = doc((130, 6, 1), (0.13, 0.09, 0.2), taken=9)
+    after["pauses"] = [[10.497, 0, 0.004], [11.99, 1, 0.04]]
+    reading = LagReading(taken=3, samples_s=(0.008, 0.006, 0.045), taken_at=(10.5, 11.0, 12.0))
+    got = gc_window(before, after, reading)
+    assert got["gen0_count"] == 30
+    assert got["gen1_count"] == 1
+    assert got["gen2_count"] == 0
+    assert got["gen1_sum_ms"] == pytest.approx(40.0)
+    assert (got["gen0_max_ms"], got["gen1_max_ms"], got["gen2_max_ms"]) == pytest.approx((4.0, 40.0, 0.0))
+    assert got["late_during_gc"] == 2  # the first and the last sample waited on a collection
+    berth = _queue("berth", [0.3, 0.5], {GC: got})
+    text = "\n".join(queue_lines([berth], 100, 1000))
+    assert "gen1 1 (40 ms, CPU 0 ms, longest 40.0)" in text
+    assert "waited while a collection of >= 1 ms ran: 2" in text
 
 
 def test_berth_runs_the_preset_with_the_seats_and_long_queues(tmp_path: Path) -> None:
@@ -118,6 +145,7 @@ def test_berth_runs_the_preset_with_the_seats_and_long_queues(tmp_path: Path) ->
     path = berth_config(args, tmp_path)
     cfg = load_gateway_config(path)
     assert cfg.limits.default_endpoint_cap == 3
+    assert cfg.upstream.pool_total >= args.fleet_count * 3  # a connection for every seat
     assert cfg.limits.max_queue_per_model >= 1000
     assert cfg.ops.loop_lag_interval_s == pytest.approx(0.01)
     assert cfg.policy_file is not None

@@ -5,6 +5,7 @@ the answer ended with keep-alive."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 from typing import Any
 
@@ -281,3 +282,46 @@ def test_a_cancelled_delivery_detaches_its_sink() -> None:
         assert await resp.read(1) == b"a"
 
     asyncio.run(run())
+
+
+class NullOwner:
+    """A pool that keeps nothing (the real one outlives its connections)."""
+
+    def released(self, conn: H1Connection) -> None:
+        pass
+
+    def lost(self, conn: H1Connection) -> None:
+        pass
+
+
+class OwningTransport(FakeTransport):
+    """A transport that holds its protocol, as uvloop's and asyncio's do."""
+
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self.protocol = protocol
+
+
+def test_a_lost_connection_leaves_no_cycle_for_the_collector() -> None:
+    # Reference counting alone frees it (the parser's bound callbacks and the transport's hold on the
+    # protocol are let go): with the collector saving what it finds, it finds none of the connection.
+    loop = asyncio.new_event_loop()
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        conn = H1Connection(NullOwner(), ("http", "e", 80), loop)
+        conn.connection_made(OwningTransport(conn))
+        resp = conn.send(b"GET / HTTP/1.1\r\n\r\n")
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        conn.connection_lost(None)
+        del conn, resp
+        gc.collect()
+        found = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+        loop.close()
+    assert "H1Connection" not in found
+    assert "OwningTransport" not in found

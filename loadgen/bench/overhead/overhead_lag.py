@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import urllib.request
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
@@ -35,6 +35,20 @@ def read_lag(base_url: str, after: int = 0, timeout_s: float = 5.0) -> LagReadin
     return LagReading(
         int(doc["taken"]), tuple(float(lag) for _, lag in samples), tuple(float(t) for t, _ in samples)
     )
+
+
+def read_gc(base_url: str, after: int = 1 << 62, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """berth's garbage-collector pauses (`gateway.core.gcpauses`: the `gc` member of its loop-lag
+    document) with the kept pauses numbered above `after` (by default none: a mark); None when not
+    berth or not answering."""
+    url = f"{base_url}{LOOP_LAG_PATH}?after={1 << 62}&gc_after={after}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            doc = orjson.loads(resp.read())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    gc: dict[str, Any] | None = doc.get("gc")
+    return gc
 
 
 def mark_lag(base_url: str) -> LagReading | None:

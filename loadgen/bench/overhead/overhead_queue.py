@@ -44,7 +44,7 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench.overhead.overhead_client import Command
-from loadgen.bench.overhead.overhead_lag import LagReading, mark_lag, read_lag
+from loadgen.bench.overhead.overhead_lag import LagReading, mark_lag, read_gc, read_lag
 from loadgen.bench.overhead.overhead_procs import (
     CHAT_PATH,
     FLEET_MODEL,
@@ -70,6 +70,8 @@ DECISION_LIMIT_MS: Final = 5.0
 LATE_MS: Final = 5.0
 #: The key of the figures over every kind of call in `Measurement.decisions`.
 ALL: Final = "all"
+#: The key of the garbage collector's figures in `Measurement.decisions` (`gc_window`).
+GC: Final = "gc"
 
 
 def policy_path(name: str, logdir: Path) -> Path:
@@ -93,6 +95,10 @@ def berth_config(args: argparse.Namespace, logdir: Path) -> Path:
         f"max_queue_per_model = {max(1024, 4 * args.queue_depth)}",
         "max_queue_wait_s = 600.0",
         f"default_endpoint_cap = {args.queue_cap}",
+        # A connection for every seat: with fewer (the default 1,024 against 1,600 seats) a dispatched
+        # request waits for one, and after connect_timeout_s fails with 502 although its engine is idle.
+        "[upstream]",
+        f"pool_total = {max(1024, 2 * args.fleet_count * args.queue_cap)}",
         "[telemetry]",
         f"kv_capacity_tokens = {prof.kv_capacity_tokens}",
         *prof.latency.scaled(1.0).prior_toml(),
@@ -228,6 +234,26 @@ def late_lag(reading: LagReading, slow: Sequence[Sequence[Any]]) -> dict[str, fl
     return out
 
 
+def gc_window(before: dict[str, Any], after: dict[str, Any], reading: LagReading | None) -> dict[str, float]:
+    """berth's garbage collections between two readings of its `gc` document (`after` with the pauses
+    numbered above `before`'s `taken`): per generation the collections, their total and longest pause
+    (ms; the longest exact from 1 ms, kept pauses, else 0) and their CPU, and of the lag samples at least
+    `LATE_MS` late how many waited while a collection of 1 ms or more ran (`late_during_gc`)."""
+    out: dict[str, float] = {}
+    for gen, now in after["generations"].items():
+        then = before["generations"][gen]
+        out[f"gen{gen}_count"] = float(now["count"] - then["count"])
+        out[f"gen{gen}_sum_ms"] = (now["sum_s"] - then["sum_s"]) * 1000.0
+        out[f"gen{gen}_cpu_ms"] = (now.get("cpu_s", 0.0) - then.get("cpu_s", 0.0)) * 1000.0
+        out[f"gen{gen}_max_ms"] = 0.0
+    pauses = [(float(p[0]), f"gen{int(p[1])}", float(p[2])) for p in after["pauses"]]
+    for _, gen, s in pauses:
+        out[f"{gen}_max_ms"] = max(out.get(f"{gen}_max_ms", 0.0), s * 1000.0)
+    if reading is not None:
+        out["late_during_gc"] = late_lag(reading, pauses)["late_during_calls"]
+    return out
+
+
 def measure_queue(
     args: argparse.Namespace,
     logdir: Path,
@@ -271,9 +297,11 @@ def _queue_phase(
         time.sleep(args.queue_warmup)
         depth_before = queued(base_url) if target.config == "berth" else None
         mark, before = mark_lag(base_url), read_decisions(base_url)
+        gc_before = read_gc(base_url)
         time.sleep(args.queue_duration)
         reading = None if mark is None else read_lag(base_url, mark.taken)
         after = None if before is None else read_decisions(base_url, before["slow_taken"])
+        gc_after = None if gc_before is None else read_gc(base_url, gc_before["taken"])
         depth_after = queued(base_url) if target.config == "berth" else None
         r = client.result()
     finally:
@@ -282,6 +310,8 @@ def _queue_phase(
     decisions = {} if before is None or after is None else decision_window(before, after)
     if reading is not None and after is not None and ALL in decisions:
         decisions[ALL].update(late_lag(reading, after["slow"]))
+    if gc_before is not None and gc_after is not None:
+        decisions[GC] = gc_window(gc_before, gc_after, reading)
     if depth_before is not None and depth_after is not None:
         decisions.setdefault(ALL, {}).update(
             queued_before=float(depth_before), queued_after=float(depth_after)
@@ -361,6 +391,7 @@ def queue_lines(ms: Sequence[Measurement], fleet: int, depth: int) -> list[str]:
                 f"{every['late_during_calls']:.0f} waited while a scheduler call of >= 2 ms ran"
                 + (f" ({kinds})" if kinds else "")
             )
+        out += _gc_lines(berth.decisions.get(GC))
         out.append("berth's scheduler calls in the window (p50/p99: bucket bounds; longest exact from 2 ms)")
         for name, f in berth.decisions.items():
             if "calls" not in f:
@@ -370,4 +401,20 @@ def queue_lines(ms: Sequence[Measurement], fleet: int, depth: int) -> list[str]:
                 f"p99 <= {f['p99_le_ms']:g} ms  longest {f['max_ms']:.2f} ms  "
                 f"over {DECISION_LIMIT_MS:g} ms: {f['over_limit']:.0f}"
             )
+    return out
+
+
+def _gc_lines(gc: dict[str, float] | None) -> list[str]:
+    if not gc:
+        return []
+    gens = "; ".join(
+        f"gen{g} {gc[f'gen{g}_count']:.0f} ({gc[f'gen{g}_sum_ms']:.0f} ms, CPU "
+        f"{gc.get(f'gen{g}_cpu_ms', math.nan):.0f} ms, longest {gc[f'gen{g}_max_ms']:.1f})"
+        for g in range(3)
+        if f"gen{g}_count" in gc
+    )
+    out = [f"berth's garbage collections in the window: {gens}"]
+    if "late_during_gc" in gc:
+        late = gc["late_during_gc"]
+        out.append(f"lag samples >= {LATE_MS:g} ms that waited while a collection of >= 1 ms ran: {late:.0f}")
     return out

@@ -1,0 +1,250 @@
+"""The collector's schedule (`gateway.core.heap.GcSchedule`) on a fake `gc` module, a fake heap size and
+a fake clock; and the pause recorder (`gateway.core.gcpauses.GcPauses`) on fake timers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from gateway.core.gcpauses import RECENT_S, GcCollector, GcPauses
+from gateway.core.heap import (
+    BACKSTOP,
+    FULL_MIN_GROWTH_BLOCKS,
+    IDLE_MIN_INTERVAL_S,
+    IDLE_TICKS,
+    YOUNG_INTERVAL_S,
+    YOUNG_THRESHOLD,
+    GcSchedule,
+)
+
+
+class FakeGc:
+    """The part of `gc` the schedule uses; a collection runs the callbacks as CPython does and resets
+    the counts of the generations it collected."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+        self.threshold = (700, 10, 10)
+        self.count = (0, 0, 0)
+        self.log: list[str] = []
+
+    def collect(self, generation: int = 2) -> int:
+        self.log.append(f"collect {generation}")
+        for cb in self.callbacks:
+            cb("start", {"generation": generation})
+        c = list(self.count)
+        for g in range(generation + 1):
+            c[g] = 0
+        if generation < 2:
+            c[generation + 1] += 1
+        self.count = (c[0], c[1], c[2])
+        for cb in self.callbacks:
+            cb("stop", {"generation": generation, "collected": 3, "uncollectable": 0})
+        return 3
+
+    def freeze(self) -> None:
+        self.log.append("freeze")
+
+    def unfreeze(self) -> None:
+        self.log.append("unfreeze")
+
+    def get_count(self) -> tuple[int, int, int]:
+        return self.count
+
+    def get_threshold(self) -> tuple[int, int, int]:
+        return self.threshold
+
+    def set_threshold(self, threshold: int, threshold1: int = 10, threshold2: int = 10, /) -> None:
+        self.threshold = (threshold, threshold1, threshold2)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _schedule(blocks: list[int]) -> tuple[GcSchedule, FakeGc, Clock, GcPauses]:
+    fake = FakeGc()
+    clock = Clock()
+    pauses = GcPauses(timer=clock, stamp=clock)
+    schedule = GcSchedule(pauses, collector=fake, blocks=lambda: blocks[0], clock=clock)
+    return schedule, fake, clock, pauses
+
+
+def test_settle_collects_freezes_and_leaves_cpython_a_backstop() -> None:
+    schedule, fake, _, pauses = _schedule([2_000_000])
+    schedule.settle()
+    assert fake.log == ["unfreeze", "collect 2", "freeze"]
+    assert fake.threshold == (YOUNG_THRESHOLD * BACKSTOP, 10, 10)
+    assert schedule.live_blocks == 2_000_000
+    assert fake.callbacks == [pauses.callback]
+    schedule.settle()  # a second settle does nothing
+    assert fake.callbacks == [pauses.callback]
+    assert fake.log == ["unfreeze", "collect 2", "freeze"]
+    schedule.close()
+    assert fake.callbacks == []
+    assert fake.threshold == (700, 10, 10)  # CPython's again
+    assert fake.log[-1] == "unfreeze"
+
+
+def test_nothing_is_collected_or_frozen_before_settle_nor_after_close() -> None:
+    schedule, fake, clock, _ = _schedule([10**9])
+    fake.count = (YOUNG_THRESHOLD * 5, 0, 0)
+    assert not schedule.step()
+    schedule.tick(busy=0)
+    schedule.tick(busy=0)
+    schedule.tick(busy=0)
+    assert fake.log == []
+    schedule.settle()
+    schedule.close()
+    fake.log.clear()
+    clock.t += 100.0
+    assert not schedule.step()
+    schedule.tick(busy=0)
+    assert fake.log == []
+
+
+def test_a_young_collection_is_due_by_count_or_by_time_and_its_survivors_are_frozen() -> None:
+    schedule, fake, clock, _ = _schedule([1_000_000])
+    schedule.settle()
+    fake.log.clear()
+    assert schedule.step()  # the first: no young collection yet
+    assert fake.log == ["collect 0", "freeze"]
+    fake.log.clear()
+    clock.t += YOUNG_INTERVAL_S / 2
+    assert not schedule.step()
+    fake.count = (YOUNG_THRESHOLD + 1, 0, 0)  # an allocation burst: due before its time
+    assert schedule.step()
+    clock.t += YOUNG_INTERVAL_S / 2
+    assert not schedule.step()
+    clock.t += YOUNG_INTERVAL_S / 2
+    assert schedule.step()  # its time
+    assert fake.log == ["collect 0", "freeze"] * 2
+
+
+@pytest.mark.parametrize(
+    ("live", "now", "due"),
+    [
+        (1_000_000, 1_249_999, False),
+        (1_000_000, 1_250_000, True),  # a quarter more
+        (100_000, 300_000, False),  # a small heap: at least FULL_MIN_GROWTH_BLOCKS more
+        (100_000, 100_000 + FULL_MIN_GROWTH_BLOCKS, True),
+        (4_000_000, 4_900_000, False),
+        (4_000_000, 5_000_000, True),
+    ],
+    ids=["1M-under", "1M-due", "small-under", "small-due", "4M-under", "4M-due"],
+)
+def test_a_full_collection_is_due_when_the_heap_grew_by_a_quarter(live: int, now: int, due: bool) -> None:
+    schedule, _, _, _ = _schedule([live])
+    schedule.settle()
+    assert schedule.full_due(now) is due
+
+
+def test_the_tick_runs_a_full_collection_when_the_heap_grew_and_measures_it_again() -> None:
+    heap = [1_000_000]
+    schedule, fake, _, _ = _schedule(heap)
+    schedule.settle()
+    fake.log.clear()
+    heap[0] = 1_200_000
+    schedule.tick(busy=5)
+    assert fake.log == []
+    heap[0] = 1_300_000
+    schedule.tick(busy=5)
+    assert fake.log == ["unfreeze", "collect 2", "freeze"]  # the frozen objects too
+    assert schedule.live_blocks == 1_300_000
+    assert schedule.full_collections == 1
+    schedule.tick(busy=5)
+    assert schedule.full_collections == 1
+
+
+def test_idle_collects_once_after_young_collections_then_waits_for_more() -> None:
+    schedule, fake, clock, _ = _schedule([1_000_000])
+    schedule.settle()
+    for _ in range(IDLE_TICKS):
+        schedule.tick(busy=0)
+    assert schedule.idle_collections == 0  # nothing collected young since the full one
+    schedule.tick(busy=1)  # a request came
+    schedule.step()
+    fake.log.clear()
+    for _ in range(IDLE_TICKS - 1):
+        schedule.tick(busy=0)
+    schedule.tick(busy=1)  # another: not idle long enough
+    assert fake.log == []
+    for _ in range(IDLE_TICKS):
+        clock.t += 1.0
+        schedule.tick(busy=0)
+    assert fake.log == ["unfreeze", "collect 2", "freeze"]
+    assert schedule.idle_collections == 1
+    schedule.step()
+    clock.t += 1.0
+    schedule.tick(busy=0)
+    assert schedule.idle_collections == 1  # too soon after the last
+    clock.t += IDLE_MIN_INTERVAL_S
+    schedule.tick(busy=0)
+    assert schedule.idle_collections == 2
+    clock.t += IDLE_MIN_INTERVAL_S
+    schedule.tick(busy=0)
+    assert schedule.idle_collections == 2  # no young collection since
+
+
+def test_the_pauses_are_recorded_per_generation_and_the_long_ones_kept() -> None:
+    clock = Clock()
+    pauses = GcPauses(timer=clock, stamp=clock, cpu=lambda: clock.t / 2, keep=2)
+
+    def collect(gen: int, seconds: float, collected: int = 0) -> None:
+        info: Mapping[str, int] = {"generation": gen}
+        pauses.callback("start", info)
+        clock.t += seconds
+        pauses.callback("stop", {"generation": gen, "collected": collected, "uncollectable": 0})
+
+    collect(0, 0.0002, collected=4)
+    collect(1, 0.004)
+    collect(2, 0.120, collected=7)
+    collect(0, 2 * RECENT_S)
+    assert [pauses.gens[g].count for g in ("0", "1", "2")] == [2, 1, 1]
+    assert pauses.gens["2"].max_s == pytest.approx(0.120)
+    assert pauses.collected == {"0": 4, "1": 0, "2": 7}
+    assert pauses.recent_taken == 3
+    doc = pauses.document(after=1)
+    assert [p[1] for p in doc["pauses"]] == [2, 0]  # the last two kept, numbered above 1
+    assert doc["pauses"][0][0] == pytest.approx(clock.t - 2 * RECENT_S)
+    assert pauses.document(after=3)["pauses"] == []
+    assert doc["pauses"][0][3] == pytest.approx(0.06)  # half of it on the CPU
+    assert doc["generations"]["2"] == {
+        "count": 1,
+        "sum_s": pytest.approx(0.12),
+        "max_s": pytest.approx(0.12),
+        "cpu_s": pytest.approx(0.06),
+        "collected": 7,
+    }
+
+
+def test_the_collector_exports_the_histogram_the_maximum_and_the_collected_objects() -> None:
+    clock = Clock()
+    pauses = GcPauses(timer=clock, stamp=clock)
+    pauses.callback("start", {"generation": 2})
+    clock.t += 0.03
+    pauses.callback("stop", {"generation": 2, "collected": 5})
+    metrics = {m.name: m for m in GcCollector(pauses).collect()}
+    assert set(metrics) == {
+        "berth_gc_pause_seconds",
+        "berth_gc_pause_max_seconds",
+        "berth_gc_collected_objects",
+    }
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for s in metrics["berth_gc_pause_seconds"].samples
+    }
+    assert samples[("berth_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.025")))] == 0
+    assert samples[("berth_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.05")))] == 1
+    assert samples[("berth_gc_pause_seconds_count", (("generation", "2"),))] == 1
+    collected = {
+        s.labels["generation"]: s.value
+        for s in metrics["berth_gc_collected_objects"].samples
+        if s.name.endswith("_total")
+    }
+    assert collected == {"0": 0, "1": 0, "2": 5}
