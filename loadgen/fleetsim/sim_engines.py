@@ -36,6 +36,8 @@ class EngineSide(SimState):
             return 0
         ep.removed = True
         self.endpoints.remove(ep)
+        if self.opts.prefix == "precise":
+            self.gw.detach_events(eid)
         lost = [c for c in self._on_engine.values() if c.endpoint is ep]
         for call in lost:
             self._engine_lost(call)
