@@ -408,3 +408,15 @@ def test_decode_over_every_ready_stream_at_once_is_the_stream_by_stream_derivati
     decode_stream_by_stream(old, StreamArrays(old._streams, old._dirty), before, want)
     assert got == want
     assert [s.pending for s in new._streams] == [s.pending for s in old._streams]
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 50.0), st.lists(st.floats(0.0, 0.2), max_size=30)), min_size=1, max_size=8
+    )
+)
+def test_stream_arrays_receipts_are_every_receipt_sorted(streams: list[tuple[float, list[float]]]) -> None:
+    """The receipts, merged from the streams' sorted runs, are the same array as a plain sort of them."""
+    held = [TimedStream(None, first + np.cumsum([0.0, *g]), 10.0, True, 10.0) for first, g in streams]
+    want = np.sort(np.concatenate([s.times for s in held]))
+    assert np.array_equal(StreamArrays(held, SpanColumns()).receipts, want)
