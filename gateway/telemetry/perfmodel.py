@@ -284,11 +284,13 @@ class PerfModelFitter:
         return tuple(p for p in PARTS if p in self._on_prior and self._first_fit_due(p))
 
     def _refit(self, parts: tuple[Part, ...]) -> PerfCoefficients:
-        for _ in self._refit_steps(parts):
+        for _ in self._refit_steps(parts, back_to_back=True):
             pass
         return self._current
 
-    def _refit_steps(self, parts: tuple[Part, ...]) -> Iterator[None]:
+    def _refit_steps(self, parts: tuple[Part, ...], *, back_to_back: bool = False) -> Iterator[None]:
+        """The parts' fits in steps; `back_to_back`: nothing runs between one fit's steps (`_refit`),
+        so they share one error state and do not yield between them."""
         for part in parts:
             ring = self._rings[part]
             first = part in self._on_prior
@@ -305,17 +307,22 @@ class PerfModelFitter:
             ):
                 continue  # too little new to move the fit, and it agrees with the fit: it waits for more
             steps = self._fit(part)
-            while True:
-                # Extreme inputs (denormal sizes, 1e300 times) may overflow on the way; every result is
-                # checked for finiteness instead, and a dimension whose fit is not finite keeps its
-                # coefficients. The error state is set per step: it must not outlive one.
+            # Extreme inputs (denormal sizes, 1e300 times) may overflow on the way; every result is
+            # checked for finiteness instead, and a dimension whose fit is not finite keeps its
+            # coefficients. The error state is set per step (back to back: per fit): it must not
+            # outlive one, as the event loop runs other work between steps.
+            if back_to_back:
                 with np.errstate(all="ignore"):
-                    try:
-                        next(steps)
-                    except StopIteration as done:
-                        update: Update | None = done.value
-                        break
-                yield
+                    update: Update | None = _finish(steps)
+            else:
+                while True:
+                    with np.errstate(all="ignore"):
+                        try:
+                            next(steps)
+                        except StopIteration as done:
+                            update = done.value
+                            break
+                    yield
             self._fitted[part] = total
             self.fits += 1
             if first:
@@ -415,3 +422,13 @@ class PerfModelFitter:
 
 def _finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
+
+
+def _finish(steps: Steps[Update | None]) -> Update | None:
+    """Run a fit's steps to the end; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: Update | None = done.value
+            return result

@@ -253,23 +253,36 @@ class EndpointTimeline:
 
     def _decode(self, arr: StreamArrays, before: float, out: list[DecodeObservation]) -> None:
         tol = arr.tol
+        ready: list[Array] = []  # the receipts of the streams whose observation is due now
         for s in self._streams:
             if not s.pending or s.last + tol >= before:
                 continue
             s.pending = False
-            t = s.times
-            if len(t) < MIN_KEPT_GAPS + 1 or s.first <= self.known_from:
+            if len(s.times) < MIN_KEPT_GAPS + 1 or s.first <= self.known_from:
                 continue
-            lo, hi = t[:-1], t[1:]
-            keep = (arr.firsts_in(lo, hi) == 0) & ~arr.untracked_in(lo, hi)
+            ready.append(s.times)
+        if not ready:
+            return
+        # Every ready stream's gaps at once: whether a gap is kept, and the running count and context at
+        # its middle, are elementwise in the gap's ends, so one pass over all of them gives each stream
+        # the numbers a pass over its own gaps gives (the streams of a batch share their iterations).
+        los = np.concatenate([t[:-1] for t in ready])
+        his = np.concatenate([t[1:] for t in ready])
+        keeps = (arr.firsts_in(los, his) == 0) & ~arr.untracked_in(los, his)
+        counts, contexts = arr.running((los + his) / 2.0)
+        at = 0
+        for t in ready:
+            span = slice(at, at + len(t) - 1)
+            at = span.stop
+            keep = keeps[span]
             kept = int(np.count_nonzero(keep))
             if kept < MIN_KEPT_GAPS:
                 continue
-            gaps = (hi - lo)[keep]
+            gaps = (his[span] - los[span])[keep]
             if not median_of(gaps) > tol:
                 continue  # most receipts came several to a read (held back on the way): not timed
             seconds = float(gaps.mean())
-            count, context = arr.running((lo + hi) / 2.0)
+            count, context = counts[span], contexts[span]
             batch = float(count[keep].mean())
             out.append(
                 DecodeObservation(

@@ -130,7 +130,9 @@ class StreamArrays:
         self.last_cum_prompt: Array = np.concatenate(([0.0], np.cumsum(prompts[lo])))
         self.last_cum_tokens: Array = np.concatenate(([0.0], np.cumsum(sizes[lo])))
         every = np.concatenate([s.times for s in streams])
-        self.receipts: Array = np.sort(every)
+        # a merge of sorted runs (each stream's receipts): the stable sort finds the runs and merges
+        # them, several times faster than the default sort here, the same order of the same numbers
+        self.receipts: Array = np.sort(every, kind="stable")
         # every stream's gaps: the differences of the receipts in the streams' order, but for the one
         # from each stream's last receipt to the next stream's first (the same numbers in the same
         # order as each stream's own differences, one numpy call instead of one per stream)

@@ -129,6 +129,11 @@ class SimGateway:
             self.token_ids = self._feed.token_ids
         return self._feed.attach(eid, engine, self.clock.now())
 
+    def detach_events(self, eid: EndpointId) -> None:
+        """`eid`'s engine is gone: its KV events no longer feed the prefix index."""
+        if self._feed is not None:
+            self._feed.detach(eid)
+
     def dispatched(self, ctx: RequestContext, req: SchedRequest, eid: EndpointId) -> None:
         """What the dispatcher tells the prefix index when it sends `req` to `eid`."""
         ctx.cached_tokens = self.telemetry.prefix.dispatched(eid, ctx.prefix_keys, req.prompt_tokens)

@@ -55,8 +55,15 @@ class EventFeed:
         return True
 
     def detach(self, eid: EndpointId) -> None:
+        """Stop feeding `eid`'s store (its engine was removed): the index answers for it from the
+        approximate source until it forgets the endpoint."""
+        self._seq.pop(eid, None)
         if self._feeds.pop(eid, None) is not None:
             self._index.attach(eid, None)
+
+    def attached(self) -> frozenset[EndpointId]:
+        """The endpoints whose engines' events are fed."""
+        return frozenset(self._feeds)
 
     def pump(self, now: float) -> None:
         """Every engine's events since the last pump, applied (stamped now: the lag is the pump's)."""

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.core.types import ModelName
+from gateway.core.types import EndpointId, ModelName
 from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
 from loadgen.bench.lifecycle.eviction import BenchConfig, Setting, bench, judge
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
 from loadgen.fleetsim.options import SimOptions
-from loadgen.fleetsim.sim import simulate
+from loadgen.fleetsim.sim import Simulation, simulate
 
 GIB = 1 << 30
 
@@ -117,3 +118,29 @@ def test_bench_writes_its_reports(tmp_path: Path) -> None:
     verdict = doc["verdict"]["patterns"]["uniform"]
     assert {"oracle_evictions_ratio", "oracle_ttft_mean_ratio", "gap_closed"} <= set(verdict)
     assert set(verdict["gap_closed"]) == {"cace", "cace-paper"}
+
+
+def test_a_removed_engine_no_longer_feeds_the_precise_prefix_index() -> None:
+    """With `prefix = "precise"`, the KV events of an engine the lifecycle stops are detached: the feed
+    holds exactly the engines still running, and the index no longer takes the removed one's events."""
+    base = _opts("lru", device_gib=9)  # room for two of the four models: instances stop and start
+    fleet = tuple(dataclasses.replace(s, prefix_cache=True) for s in base.fleet)
+    sim = Simulation(dataclasses.replace(base, fleet=fleet, prefix="precise"))
+    removed: list[EndpointId] = []
+    remove = sim._remove_engine
+
+    def spy(eid: EndpointId) -> int:
+        removed.append(eid)
+        return remove(eid)
+
+    sim._remove_engine = spy  # type: ignore[method-assign]
+    rep = sim.run()
+    assert rep.data["lifecycle"]["evictions"] > 0
+    assert removed
+    feed = sim.gw._feed
+    assert feed is not None
+    live = {ep.id for ep in sim.endpoints}
+    assert feed.attached() == live
+    prefix = sim.gw.telemetry.prefix
+    for eid in set(removed) - live:
+        assert prefix.source(eid) != "precise"

@@ -14,7 +14,7 @@ from loadgen.client import build_body
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.engine_sim.tokens import encode, render_chat
 from loadgen.fleetsim import SimOptions
-from loadgen.fleetsim import sim as fleetsim
+from loadgen.fleetsim import sim_client as fleetsim
 from loadgen.fleetsim.sim import Simulation
 from loadgen.prompts import prompt_text
 from loadgen.workloads.base import CallSpec

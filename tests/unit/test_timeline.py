@@ -15,7 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.telemetry.robust_regression import median
 from gateway.telemetry.timeline import (
+    MIN_KEPT_GAPS,
     DecodeObservation,
     EndpointTimeline,
     PrefillObservation,
@@ -336,3 +338,85 @@ def test_stream_arrays_tolerance_is_the_median_of_every_streams_own_gaps(
     own = own[own > 0]
     want = TOLERANCE * float(np.median(own)) if len(own) else 0.0
     assert StreamArrays(streams, SpanColumns()).tol == want
+
+
+def decode_stream_by_stream(
+    tl: EndpointTimeline, arr: StreamArrays, before: float, out: list[DecodeObservation]
+) -> None:
+    """The decode derivation one stream at a time (each stream's gaps their own numpy pass): what
+    `EndpointTimeline._decode` computes over every ready stream's gaps at once."""
+    tol = arr.tol
+    for s in tl._streams:
+        if not s.pending or s.last + tol >= before:
+            continue
+        s.pending = False
+        t = s.times
+        if len(t) < MIN_KEPT_GAPS + 1 or s.first <= tl.known_from:
+            continue
+        lo, hi = t[:-1], t[1:]
+        keep = (arr.firsts_in(lo, hi) == 0) & ~arr.untracked_in(lo, hi)
+        if int(np.count_nonzero(keep)) < MIN_KEPT_GAPS:
+            continue
+        gaps = (hi - lo)[keep]
+        if not median(gaps) > tol:
+            continue
+        count, context = arr.running((lo + hi) / 2.0)
+        batch = float(count[keep].mean())
+        out.append(
+            DecodeObservation(
+                batch=batch,
+                avg_context=float(context[keep].mean()) / batch,
+                seconds=float(gaps.mean()),
+                concurrency=float(count.mean()),
+                tokens_per_s=(len(t) - 1) / float(t[-1] - t[0]),
+            )
+        )
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 5.0),  # first token
+            st.lists(st.sampled_from([0.0, 0.01, 0.02, 0.03, 0.05, 0.2]), min_size=0, max_size=40),
+            st.floats(1.0, 500.0),  # prompt
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+    st.lists(st.tuples(st.floats(0.0, 6.0), st.floats(0.0, 0.5)), max_size=3),
+    st.floats(0.5, 12.0),
+)
+def test_decode_over_every_ready_stream_at_once_is_the_stream_by_stream_derivation(
+    streams: list[tuple[float, list[float], float]], spans: list[tuple[float, float]], before: float
+) -> None:
+    """The same decode observations, number for number, as deriving each stream from its own gaps."""
+
+    def build() -> EndpointTimeline:
+        tl = EndpointTimeline()
+        for first, gaps, prompt in streams:
+            tl.add_stream(
+                dispatched_at=None, first_token_at=first, gaps=gaps, prompt_tokens=prompt, clean=True
+            )
+        for a, d in spans:
+            tl.add_untracked(a, a + d)
+        return tl
+
+    new, old = build(), build()
+    got: list[DecodeObservation] = []
+    want: list[DecodeObservation] = []
+    new._decode(StreamArrays(new._streams, new._dirty), before, got)
+    decode_stream_by_stream(old, StreamArrays(old._streams, old._dirty), before, want)
+    assert got == want
+    assert [s.pending for s in new._streams] == [s.pending for s in old._streams]
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 50.0), st.lists(st.floats(0.0, 0.2), max_size=30)), min_size=1, max_size=8
+    )
+)
+def test_stream_arrays_receipts_are_every_receipt_sorted(streams: list[tuple[float, list[float]]]) -> None:
+    """The receipts, merged from the streams' sorted runs, are the same array as a plain sort of them."""
+    held = [TimedStream(None, first + np.cumsum([0.0, *g]), 10.0, True, 10.0) for first, g in streams]
+    want = np.sort(np.concatenate([s.times for s in held]))
+    assert np.array_equal(StreamArrays(held, SpanColumns()).receipts, want)
