@@ -65,7 +65,7 @@ class DecisionSide(SimState):
         ctx.dispatched_at = now
         if self.life is not None:
             self.life.on_dispatch(d.req, ep.id)
-        self.gw.dispatched(ctx, d.req, ep.id)
+        call.gw.dispatched(ctx, d.req, ep.id)  # the placing replica's own prefix index
         call.endpoint = ep
         call.result.endpoint = ep.id
         spec = call.task.spec.calls[call.index]

@@ -140,12 +140,12 @@ class EngineSide(SimState):
         ends = plan.run.ends
         if i >= len(ends):
             return  # the run was cut before this iteration
-        progress = self.gw.scheduler.progress
         for call, req, p0, i0 in plan.buckets[i % PROGRESS_EVERY]:
             if i >= i0 and call.engine_req is req and not call.done:
                 sreq_id = call.sreq_id
                 assert sreq_id is not None
-                progress(sreq_id, p0 + i + 1 - call.run_base, call.run_first_at)
+                # to the replica whose scheduler placed the call (its own ids and running requests)
+                call.gw.scheduler.progress(sreq_id, p0 + i + 1 - call.run_base, call.run_first_at)
         nxt = plan.after(i)
         if nxt < plan.stop and nxt < len(ends):
             plan.at = nxt

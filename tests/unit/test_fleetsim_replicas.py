@@ -50,3 +50,23 @@ def test_one_replica_is_the_run_it_always_was() -> None:
         opts(policy=POLICIES / "coding-assistant.toml", workload="coding:pattern1", rate=2.0, replicas=1)
     )
     assert orjson.dumps(without_wall(a.data)) == orjson.dumps(without_wall(b.data))
+
+
+def test_progress_reports_reach_the_replica_that_placed_the_call() -> None:
+    sim = Simulation(opts(replicas=2, publish_interval_s=0.25, rate=8.0))
+    heard = [0, 0]
+    strays: list[str] = []  # reports a replica got for a request it is not running
+    for i, gw in enumerate(sim.gws):
+        sched = gw.scheduler
+        original = sched.progress
+
+        def progress(req_id, produced, first_at, _orig=original, _s=sched, _i=i):  # type: ignore[no-untyped-def]
+            heard[_i] += 1
+            if _s.running_on(req_id) is None:
+                strays.append(req_id)
+            _orig(req_id, produced, first_at)
+
+        sched.progress = progress  # type: ignore[method-assign]
+    sim.run()
+    assert strays == []
+    assert min(heard) > 0  # each replica hears of the calls it placed
