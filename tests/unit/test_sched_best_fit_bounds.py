@@ -1,6 +1,7 @@
 """Best fit's sure misses (`best_fit_bounds`): every endpoint they name is one the exact test rejects in
 both forms, and the filter chooses with them what it chooses trying every endpoint (hypothesis: random
-fleets, requests and parameters, as the columnar pinning tests draw them)."""
+fleets, some with running requests close to their deadlines, requests and parameters, as the columnar
+pinning tests draw them)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,28 @@ from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParam
 from gateway.sched.plugins.placement.best_fit_bounds import sure_misses
 from gateway.sched.profile import eligible
 from gateway.sched.snapshot import FleetSnapshot
-from tests.unit.test_sched_columns_slo import NOW, Run, _endpoint, _new_request, _params, _view
+from tests.unit.slo_fixtures import COEF
+from tests.unit.test_sched_columns_slo import NOW, SLOW, Run, _endpoint, _new_request, _params, _view
 
 Endpoint = tuple[int, list[Run], PerfCoefficients, float | None, bool]
+
+# Running requests close to their deadlines: a new request's prefill pause breaks some of them.
+_tight_run = st.tuples(
+    st.integers(min_value=1, max_value=3000),  # prompt
+    st.floats(min_value=1.0, max_value=40.0),  # predicted output
+    st.floats(min_value=0.0, max_value=0.5),  # age
+    st.one_of(st.none(), st.floats(min_value=0.05, max_value=1.0)),  # first-token deadline from now
+    st.one_of(st.none(), st.floats(min_value=0.3, max_value=2.0)),  # last-token deadline from now
+    st.one_of(st.none(), st.floats(min_value=0.005, max_value=0.05)),  # inter-token target
+)
+_tight_endpoint = st.tuples(
+    st.integers(min_value=1, max_value=6),
+    st.lists(_tight_run, max_size=6),
+    st.sampled_from((COEF, SLOW)),
+    st.one_of(st.none(), st.floats(min_value=2000.0, max_value=40000.0)),
+    st.just(True),
+)
+_endpoints = st.lists(st.one_of(_endpoint, _tight_endpoint), min_size=1, max_size=12)
 
 _request = st.tuples(
     st.integers(min_value=1, max_value=4000),  # prompt
@@ -38,7 +58,7 @@ def _case(endpoints: list[Endpoint], request: tuple) -> tuple[FleetSnapshot, obj
 
 
 @settings(max_examples=400, deadline=None)
-@given(endpoints=st.lists(_endpoint, min_size=1, max_size=12), params=_params, request=_request)
+@given(endpoints=_endpoints, params=_params, request=_request)
 def test_a_sure_miss_fits_in_neither_form(
     *,
     endpoints: list[Endpoint],
@@ -54,7 +74,7 @@ def test_a_sure_miss_fits_in_neither_form(
 
 
 @settings(max_examples=300, deadline=None)
-@given(endpoints=st.lists(_endpoint, min_size=1, max_size=12), params=_params, request=_request)
+@given(endpoints=_endpoints, params=_params, request=_request)
 def test_best_fit_chooses_with_sure_misses_what_it_chooses_trying_every_endpoint(
     *,
     endpoints: list[Endpoint],

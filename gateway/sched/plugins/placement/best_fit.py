@@ -218,10 +218,10 @@ class BestFitFilter:
         got: float | None = load.memo.get(key)
         if got is None:
             scale = load.kv_capacity or load.seats * _TOKENS_PER_SEAT
-            got = load.memo[key] = math.hypot(load.n / load.seats, self.running_tokens(load) / scale)
+            got = load.memo[key] = math.hypot(load.n / load.seats, self._tokens(load) / scale)
         return got
 
-    def running_tokens(self, load: EndpointLoad) -> float:
+    def _tokens(self, load: EndpointLoad) -> float:
         """Σ(l_in + γ·l_out) over the running requests (kept on the load)."""
         g = self.params.gamma
         key = ("tokens", g)
@@ -248,7 +248,7 @@ class BestFitFilter:
         got[1][key] = (coef, pred)
         return pred
 
-    def running_terms(self, load: EndpointLoad) -> tuple[float | None, float | None]:
+    def _running_terms(self, load: EndpointLoad) -> tuple[float | None, float | None]:
         """What (b) and (d) take from the running requests alone (kept on the load): the tightest ITL
         budget among them (None: none has one), and the least time a decode with an ITL target has saved
         so far, over those that have saved some (None: none)."""
@@ -308,14 +308,14 @@ class BestFitFilter:
         own = not req.best_effort and meets(self._idle_service(load, req), left)
         # (b) ATGT: Aladdin's batch bound for the ITL targets here (this request's included), and this
         # request's own end-to-end deadline at the per-token time of the batch it joins
-        budget, _ = self.running_terms(load)
+        budget, _ = self._running_terms(load)
         if own and req.slo.itl_ms is not None:
             mine = req.slo.itl_ms / 1000.0
             budget = mine if budget is None else min(budget, mine)
         atgt = False
         if budget is not None:
             t_dec = budget / (1.0 + load.overhead)
-            total = self.running_tokens(load)
+            total = self._tokens(load)
             total += req.prompt_tokens + g * pred.output_tokens
             atgt = coef.k2 * total > theta * (t_dec - coef.c2 * (load.n + 1) - coef.c3)
         return pred, left, own, atgt
@@ -327,7 +327,7 @@ class BestFitFilter:
         of 1 − θ of its time left."""
         p = self.params
         theta = p.theta
-        _, saved_least = self.running_terms(load)
+        _, saved_least = self._running_terms(load)
         pause = load.coef.prefill_s(prefill_tokens(req, load.view.id))
         if saved_least is not None and pause > theta * saved_least:
             return True

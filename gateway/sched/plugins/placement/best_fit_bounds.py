@@ -45,17 +45,20 @@ _NAN: Final = float("nan")
 
 def _row(fit: BestFitFilter, load: EndpointLoad) -> tuple[float, ...]:
     """A load's numbers for `sure_misses` (kept on the load: it stands for its endpoint for a while).
-    The running requests' token sum and ITL budget are derived only where a seat is free (a full
-    endpoint is a miss whatever they are)."""
-    key = ("best-fit-row", fit.params.gamma)
+    The running requests' token sum (`BestFitFilter.running_tokens`, summed in another order: within
+    the rounding margin) and tightest ITL budget (`BestFitFilter.running_terms`) are derived only where
+    a seat is free (a full endpoint is a miss whatever they are), without the load's running states."""
+    gamma = fit.params.gamma
+    key = ("best-fit-row", gamma)
     got: tuple[float, ...] | None = load.memo.get(key)
     if got is None:
         c = load.coef
         tokens, budget = _NAN, _NAN
         if 0 < load.n < load.seats:
-            tokens = fit.running_tokens(load)
-            b = fit.running_terms(load)[0]
-            budget = _NAN if b is None else b
+            tokens = load.ctx_sum + gamma * load.remaining_total()
+            budgets = [r.itl_s for r in load.view.running if r.itl_s is not None and not r.best_effort]
+            if budgets:
+                budget = min(budgets)
         got = (
             float(load.n),
             float(load.seats),
