@@ -18,19 +18,33 @@ and not on the other, is left to the exact test.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from gateway.sched.idle import output_bound
-from gateway.sched.predict import EndpointLoad
+from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 from gateway.sched.targets import time_left
 
-if TYPE_CHECKING:
-    from gateway.sched.plugins.placement.best_fit import BestFitFilter
+
+class _Strictness(Protocol):
+    @property
+    def gamma(self) -> float: ...
+    @property
+    def theta(self) -> float: ...
+
+
+class BestFit(Protocol):
+    """What of best fit (`gateway.sched.plugins.placement.best_fit.BestFitFilter`) the bounds read."""
+
+    @property
+    def params(self) -> _Strictness: ...
+    @property
+    def load_params(self) -> PredictParams: ...
+
 
 #: Candidates below this many are tried one by one (the arrays cost more than they save).
 MIN_CANDIDATES: Final = 24
@@ -43,10 +57,10 @@ _N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _NOW, _K1, _C1, _K2, _C2, _C3, _TOKENS
 _NAN: Final = float("nan")
 
 
-def _row(fit: BestFitFilter, load: EndpointLoad) -> tuple[float, ...]:
+def _row(fit: BestFit, load: EndpointLoad) -> tuple[float, ...]:
     """A load's numbers for `sure_misses` (kept on the load: it stands for its endpoint for a while).
-    The running requests' token sum (`BestFitFilter.running_tokens`, summed in another order: within
-    the rounding margin) and tightest ITL budget (`BestFitFilter.running_terms`) are derived only where
+    The running requests' token sum (best fit's `_tokens`, summed in another order: within the
+    rounding margin) and tightest ITL budget (its `_running_terms`) are derived only where
     a seat is free (a full endpoint is a miss whatever they are), without the load's running states."""
     gamma = fit.params.gamma
     key = ("best-fit-row", gamma)
@@ -89,11 +103,11 @@ def _within(value: npt.NDArray[np.float64], bound: npt.NDArray[np.float64] | flo
     return value <= bound - _TOL * (1.0 + np.abs(bound))
 
 
-def sure_misses(fit: BestFitFilter, loads: Sequence[EndpointLoad], req: SchedRequest) -> list[bool]:
-    """Per load, True where `fit.fits_both(load, req)` is surely (False, False): every seat taken, or
-    (with free seats and something running) the ATGT bound (b) broken, or the request's own targets
-    counting there and its predicted last or first token past its time left. False: not known (the
-    exact test decides)."""
+def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) -> list[bool]:
+    """Per load, True where `BestFitFilter.fits_both(load, req)` is surely (False, False): every seat
+    taken, or (with free seats and something running) the ATGT bound (b) broken, or the request's own
+    targets counting there and its predicted last or first token past its time left. False: not known
+    (the exact test decides)."""
     rows = np.array([_row(fit, load) for load in loads], dtype=np.float64)
     n, seats = rows[:, _N], rows[:, _SEATS]
     full = n >= seats
