@@ -74,17 +74,19 @@ def test_a_sure_miss_fits_in_neither_form(
 
 
 @settings(max_examples=300, deadline=None)
-@given(endpoints=_endpoints, params=_params, request=_request)
+@given(endpoints=_endpoints, params=_params, request=_request, eager=st.integers(0, 3))
 def test_best_fit_chooses_with_sure_misses_what_it_chooses_trying_every_endpoint(
     *,
     endpoints: list[Endpoint],
     params: BestFitParams,
     request: tuple,  # type: ignore[type-arg]
+    eager: int,
 ) -> None:
     s, r = _case(endpoints, request)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
         every = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
         mp.setattr(best_fit, "MIN_CANDIDATES", 1)
+        mp.setattr(best_fit, "EAGER_TRIES", eager)  # the sure misses found after this many tries
         bounded = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
     assert [v.id for v in bounded] == [v.id for v in every]

@@ -6,8 +6,9 @@ microseconds of Python each. The cheap part of those tries is arithmetic on a fe
 whether its seats are taken, the request's own prediction there against its time left, and the ATGT
 batch bound (b). `sure_misses` does that arithmetic for every candidate in one pass over arrays (each
 endpoint's numbers kept on its load, `EndpointLoad.memo`) and names the endpoints where the request
-surely fits in neither form (`BestFitFilter.fits_both` would answer (False, False) there): the filter
-skips those and tries the others one by one as before.
+surely fits in neither form (`BestFitFilter.fits_both` would answer (False, False) there): the filter,
+once the first few endpoints in its order did not take the request, skips those and tries the others
+one by one as before.
 
 The choice is the same as trying every endpoint: an endpoint is named only when its test fails by more
 than a rounding margin (`_TOL`, relative; the arrays' arithmetic may round differently from the Python
@@ -46,8 +47,10 @@ class BestFit(Protocol):
     def load_params(self) -> PredictParams: ...
 
 
-#: Candidates below this many are tried one by one (the arrays cost more than they save).
+#: Candidates below this many are tried one by one (the arrays cost more than they save) ...
 MIN_CANDIDATES: Final = 24
+#: ... and so are the first this many in the filter's order (on a fleet with room one of them fits).
+EAGER_TRIES: Final = 4
 #: Rounding margin: a test counts as failed only by more than this share of its bound (plus as much
 #: absolute), so the arrays' rounding never names an endpoint the exact test would keep.
 _TOL: Final = 1e-9
