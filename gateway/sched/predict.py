@@ -283,6 +283,11 @@ class EndpointLoad:
             )
         return got
 
+    def remaining_total(self) -> float:
+        """The running requests' remaining output tokens, summed (from the sums kept, without making
+        their running states)."""
+        return sum([st[2] for st in self._states])
+
     # ----------------------------------------------------------------- queries
     def times(
         self, prompt: float, out: float, fresh: float | None = None

@@ -105,6 +105,8 @@ class ModelQueue:
         "_heap",
         "_items",
         "_ordering",
+        "_passed",
+        "_passed_for",
         "_pending",
         "_ranks",
         "_tokens",
@@ -122,6 +124,10 @@ class ModelQueue:
         self._pending: list[int] = []
         self._entry: dict[int, int] = {}
         self._entries = count()
+        # Heap entries of skipped requests taken out by `first` while one serve passes over them: the
+        # serve's `skipped` set (the same object, call after call, only growing) and the entries.
+        self._passed_for: set[int] | None = None
+        self._passed: list[_Entry] = []
         # While served under a ranked ordering (`_ordering` then is it): the ranks given so far (tokens
         # without one wait in `_pending`).
         self._ranks: RankIndex | None = None
@@ -216,21 +222,30 @@ class ModelQueue:
             self._ordering = ordering
             self._pending = list(self._items)
         self._key_pending(ordering, snap)
-        heap, entry, items = self._heap, self._entry, self._items
-        passed: list[_Entry] = []
-        found: Queued | None = None
+        if skipped is not self._passed_for or not all(e[1] in skipped for e in self._passed):
+            self._restore()
+            self._passed_for = skipped
+        heap, entry, items, passed = self._heap, self._entry, self._items, self._passed
         while heap:
             top = heap[0]
             if entry.get(top[3]) != top[2]:
                 heapq.heappop(heap)  # its request left the queue or was keyed again
             elif top[1] in skipped:
+                # kept aside while this serve passes over it (`_restore` puts it back): the serve's
+                # next call does not take it out again
                 passed.append(heapq.heappop(heap))
             else:
-                found = items[top[3]]
-                break
+                return items[top[3]]
+        return None
+
+    def _restore(self) -> None:
+        """Put the entries a serve passed over back on the heap (the dead ones are dropped)."""
+        passed, entry, heap = self._passed, self._entry, self._heap
         for e in passed:
-            heapq.heappush(heap, e)
-        return found
+            if entry.get(e[3]) == e[2]:
+                heapq.heappush(heap, e)
+        self._passed = []
+        self._passed_for = None
 
     def _first_ranked(
         self, ordering: RankedOrdering, snap: FleetSnapshot, skipped: set[int]
@@ -285,6 +300,8 @@ class ModelQueue:
         pending.clear()
 
     def _drop_keys(self) -> None:
+        self._passed = []
+        self._passed_for = None
         self._ordering = None
         self._ranks = None
         self._heap = []
@@ -293,6 +310,7 @@ class ModelQueue:
 
     def _compact(self) -> None:
         """Rebuild the heap from its live entries (dead ones outnumber them)."""
+        self._restore()
         entry = self._entry
         self._heap = heap = [e for e in self._heap if entry.get(e[3]) == e[2]]
         heapq.heapify(heap)

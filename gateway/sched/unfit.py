@@ -19,6 +19,10 @@ without the θ reserve): the request is judged among the changed endpoints only.
 `RETRY_ALL_S` (spread over 1-2 times that by arrival order, so a window of requests tried together is not
 tried again all at once) it is tried on every endpoint again. The scheduling benchmark compares goodput
 with the memo and without it (`docs/scheduling-at-scale.md`).
+
+The requests tried in one serve were mostly found to fit nowhere on one and the same earlier snapshot
+(the serve before): the endpoints that changed between two snapshots are listed once for all of them
+(`_LastChange`), not once per request.
 """
 
 from __future__ import annotations
@@ -45,6 +49,32 @@ class Unfit:
     since: float
 
 
+class _LastChange:
+    """`changed`'s last answer: the endpoints of `new` that moved since `old` (a pure function of two
+    immutable tuples of immutable views, asked with the same pair by every request a serve tries)."""
+
+    __slots__ = ("changed", "new", "old")
+
+    def __init__(self) -> None:
+        self.old: tuple[EndpointView, ...] | None = None
+        self.new: tuple[EndpointView, ...] | None = None
+        self.changed: tuple[EndpointView, ...] = ()
+
+
+_LAST_CHANGE: Final = _LastChange()
+
+
+def changed(new: tuple[EndpointView, ...], old: tuple[EndpointView, ...]) -> tuple[EndpointView, ...]:
+    """The views of `new` whose endpoint moved (`_moved`) since its view in `old` (same endpoints, in
+    the same order)."""
+    last = _LAST_CHANGE
+    if last.new is new and last.old is old:
+        return last.changed
+    out = tuple([v for v, o in zip(new, old, strict=True) if v is not o and _moved(v, o)])
+    last.old, last.new, last.changed = old, new, out
+    return out
+
+
 def retry_on(
     memo: Unfit | None, profile: object, req: SchedRequest, seq: int, snap: FleetSnapshot
 ) -> list[EndpointView] | None:
@@ -62,7 +92,7 @@ def retry_on(
         return None
     if views is old:
         return []
-    return [v for v, o in zip(views, old, strict=True) if v is not o and _moved(v, o)]
+    return list(changed(views, old))
 
 
 def _moved(view: EndpointView, old: EndpointView) -> bool:

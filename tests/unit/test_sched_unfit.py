@@ -21,6 +21,7 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.types import QueueLimits
+from tests.unit.slo_fixtures import running, view
 from tests.unit.test_sched_scheduler import READY, policy, spec
 
 
@@ -142,3 +143,31 @@ def test_an_endpoint_that_changed_is_tried_at_once() -> None:
     (d,) = [d for d in sched.tick() if isinstance(d, Dispatch)][:1]
     assert d.req.id == "r"
     assert d.endpoint.id == "e0"
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    moves=st.lists(
+        st.lists(st.sampled_from(("same", "progress", "seat")), min_size=4, max_size=4), max_size=6
+    )
+)
+def test_the_changed_endpoints_are_those_a_walk_finds_however_the_pairs_are_asked(
+    moves: list[list[str]],
+) -> None:
+    snaps = [tuple(view(f"e{k}", cap=4) for k in range(4))]
+    for step in moves:
+        last = snaps[-1]
+        snaps.append(
+            tuple(
+                v
+                if how == "same"
+                else dataclasses.replace(v, running=v.running)
+                if how == "progress"
+                else view(v.id, cap=4, runs=[*v.running, running(f"{v.id}-{len(v.running)}")])
+                for v, how in zip(last, step, strict=True)
+            )
+        )
+    pairs = [(a, b) for a in snaps for b in snaps] * 2
+    for new, old in pairs:
+        walked = tuple(v for v, o in zip(new, old, strict=True) if v is not o and unfit._moved(v, o))
+        assert unfit.changed(new, old) == walked

@@ -63,6 +63,7 @@ from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.params import PredictionParams
+from gateway.sched.plugins.placement.best_fit_bounds import EAGER_TRIES, MIN_CANDIDATES, sure_misses
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
@@ -107,6 +108,7 @@ class BestFitFilter:
     def __init__(self, params: BestFitParams, loads: LoadCache | None = None) -> None:
         self.params = params
         self._cache = loads or LoadCache(params.predict_params())
+        self.load_params = self._cache.params  # what its loads predict with
         self._packs = params.order == "most-loaded"
         by_count = self._by_count = params.order == "least-outstanding"
         self._spread_key = self.outstanding_key if by_count else self.least_loaded_key
@@ -130,7 +132,16 @@ class BestFitFilter:
         if req.cached:
             tried = holders_first(req, tried)
         loose: dict[int, bool] = {}  # id(load) -> whether it fits without the reserve
-        for load in tried:
+        bounded = len(loads) < MIN_CANDIDATES
+        for k, load in enumerate(tried):
+            if k == EAGER_TRIES and not bounded:
+                # Not placed on the first few: the sure misses found for all at once (best_fit_bounds)
+                bounded = True
+                for other, miss in zip(loads, sure_misses(self, loads, req), strict=True):
+                    if miss:
+                        loose.setdefault(id(other), False)
+            if id(load) in loose:
+                continue  # a sure miss
             strict, loose[id(load)] = self.fits_both(load, req)
             if strict:
                 return [of[id(load)]]

@@ -1,0 +1,176 @@
+"""Best fit's sure misses, for a whole fleet at once.
+
+Best fit (`gateway.sched.plugins.placement.best_fit`) tries its constraints endpoint by endpoint until
+one fits; when none does (most of a long queue, on a busy fleet) it has tried every candidate, a few
+microseconds of Python each. The cheap part of those tries is arithmetic on a few numbers per endpoint:
+whether its seats are taken, the request's own prediction there against its time left, and the ATGT
+batch bound (b). `sure_misses` does that arithmetic for every candidate in one pass over arrays (each
+endpoint's numbers kept on its load, `EndpointLoad.memo`) and names the endpoints where the request
+surely fits in neither form (`BestFitFilter.fits_both` would answer (False, False) there): the filter,
+once the first few endpoints in its order did not take the request, skips those and tries the others
+one by one as before.
+
+The choice is the same as trying every endpoint: an endpoint is named only when its test fails by more
+than a rounding margin (`_TOL`, relative; the arrays' arithmetic may round differently from the Python
+path's), so a test that is near its bound, or a request whose own targets count on one side of a bound
+and not on the other, is left to the exact test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.sched.idle import output_bound
+from gateway.sched.predict import EndpointLoad, PredictParams
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import prefill_tokens, resume_prompt_tokens
+from gateway.sched.targets import time_left
+
+
+class _Strictness(Protocol):
+    @property
+    def gamma(self) -> float: ...
+    @property
+    def theta(self) -> float: ...
+
+
+class BestFit(Protocol):
+    """What of best fit (`gateway.sched.plugins.placement.best_fit.BestFitFilter`) the bounds read."""
+
+    @property
+    def params(self) -> _Strictness: ...
+    @property
+    def load_params(self) -> PredictParams: ...
+
+
+#: Candidates below this many are tried one by one (the arrays cost more than they save) ...
+MIN_CANDIDATES: Final = 24
+#: ... and so are the first this many in the filter's order (on a fleet with room one of them fits).
+EAGER_TRIES: Final = 4
+#: Rounding margin: a test counts as failed only by more than this share of its bound (plus as much
+#: absolute), so the arrays' rounding never names an endpoint the exact test would keep.
+_TOL: Final = 1e-9
+
+# Columns of an endpoint's row (`_row`).
+_N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _NOW, _K1, _C1, _K2, _C2, _C3, _TOKENS, _BUDGET = range(14)
+_NAN: Final = float("nan")
+
+
+def _row(fit: BestFit, load: EndpointLoad) -> tuple[float, ...]:
+    """A load's numbers for `sure_misses` (kept on the load: it stands for its endpoint for a while).
+    The running requests' token sum (best fit's `_tokens`, summed in another order: within the
+    rounding margin) and tightest ITL budget (its `_running_terms`) are derived only where
+    a seat is free (a full endpoint is a miss whatever they are), without the load's running states."""
+    gamma = fit.params.gamma
+    key = ("best-fit-row", gamma)
+    got: tuple[float, ...] | None = load.memo.get(key)
+    if got is None:
+        c = load.coef
+        tokens, budget = _NAN, _NAN
+        if 0 < load.n < load.seats:
+            tokens = load.ctx_sum + gamma * load.remaining_total()
+            budgets = [r.itl_s for r in load.view.running if r.itl_s is not None and not r.best_effort]
+            if budgets:
+                budget = min(budgets)
+        got = (
+            float(load.n),
+            float(load.seats),
+            load.wait_s,
+            load.pending_prompt,
+            load.ctx_sum,
+            load.overhead,
+            load.now,
+            c.k1,
+            c.c1,
+            c.k2,
+            c.c2,
+            c.c3,
+            tokens,
+            budget,
+        )
+        load.memo[key] = got
+    return got
+
+
+def _over(value: npt.NDArray[np.float64], bound: npt.NDArray[np.float64] | float) -> npt.NDArray[np.bool_]:
+    """`value > bound` by more than the rounding margin (False where either is NaN)."""
+    return value > bound + _TOL * (1.0 + np.abs(bound))
+
+
+def _within(value: npt.NDArray[np.float64], bound: npt.NDArray[np.float64] | float) -> npt.NDArray[np.bool_]:
+    """`value <= bound` with the rounding margin to spare."""
+    return value <= bound - _TOL * (1.0 + np.abs(bound))
+
+
+def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) -> list[bool]:
+    """Per load, True where `BestFitFilter.fits_both(load, req)` is surely (False, False): every seat
+    taken, or (with free seats and something running) the ATGT bound (b) broken, or the request's own
+    targets counting there and its predicted last or first token past its time left. False: not known
+    (the exact test decides)."""
+    rows = np.array([_row(fit, load) for load in loads], dtype=np.float64)
+    n, seats = rows[:, _N], rows[:, _SEATS]
+    full = n >= seats
+    open_ = (n > 0) & ~full
+    if not open_.any():
+        only_full: list[bool] = full.tolist()
+        return only_full
+    p = fit.params
+    gamma = fit.load_params.gamma
+    out = output_bound(req, gamma)
+    prompt = float(resume_prompt_tokens(req))
+    if req.cached:
+        fresh: npt.NDArray[np.float64] | float = np.array(
+            [float(prefill_tokens(req, load.view.id)) for load in loads], dtype=np.float64
+        )
+    else:
+        fresh = prompt
+    k1, c1, k2, c2, c3 = rows[:, _K1], rows[:, _C1], rows[:, _K2], rows[:, _C2], rows[:, _C3]
+    steps = max(0.0, out - 1.0)
+    # The request's own prediction (`EndpointLoad.predict`) and its idle service (`idle_service`).
+    ttft = rows[:, _WAIT] + (k1 * (fresh + rows[:, _PENDING]) + c1)
+    batch = np.minimum(n + 1.0, seats)
+    avg = (rows[:, _CTX] + prompt + 0.5 * out) / (n + 1.0)
+    e2e = ttft + steps * (((k2 * avg + c2) * batch + c3) * (1.0 + rows[:, _OVER]))
+    idle_ttft = k1 * fresh + c1
+    idle_e2e = idle_ttft + steps * (
+        ((k2 * (prompt + 0.5 * out) + c2) * 1.0 + c3) * (1.0 + fit.load_params.prefill_overhead)
+    )
+    # Whether its own targets surely count (`own`) or surely do not; neither: near a bound.
+    now = rows[:, _NOW]
+    ttft_dl, e2e_dl = time_left(req, 0.0)  # deadlines on the clock; each load's time left from its `now`
+    own_yes = np.full(len(loads), not req.best_effort)
+    own_no = np.full(len(loads), req.best_effort)
+    if not req.best_effort:
+        for dl, idle in ((ttft_dl, idle_ttft), (e2e_dl, idle_e2e)):
+            if dl is not None:
+                left = dl - now
+                own_yes &= _within(idle, left)
+                own_no |= _over(idle, left)
+    misses = own_yes & (
+        (_over(e2e, e2e_dl - now) if e2e_dl is not None else False)
+        | (_over(ttft, ttft_dl - now) if ttft_dl is not None else False)
+    )
+    # (b): the running requests' tightest ITL budget, with the request's own when its targets count.
+    total = rows[:, _TOKENS] + (req.prompt_tokens + p.gamma * out)
+    lhs = k2 * total
+    theta = p.theta
+
+    def atgt(budget: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        t_dec = budget / (1.0 + rows[:, _OVER])
+        return _over(lhs, theta * (t_dec - c2 * (n + 1.0) - c3))
+
+    running_budget = rows[:, _BUDGET]
+    itl_ms = req.slo.itl_ms
+    if itl_ms is None or req.best_effort:
+        misses |= atgt(running_budget)
+    else:
+        mine = itl_ms / 1000.0
+        with_mine = atgt(np.fmin(running_budget, mine))
+        without = atgt(running_budget)
+        misses |= (own_yes & with_mine) | (own_no & without) | (with_mine & without)
+    named: list[bool] = (full | (open_ & misses)).tolist()
+    return named

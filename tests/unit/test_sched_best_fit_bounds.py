@@ -1,0 +1,92 @@
+"""Best fit's sure misses (`best_fit_bounds`): every endpoint they name is one the exact test rejects in
+both forms, and the filter chooses with them what it chooses trying every endpoint (hypothesis: random
+fleets, some with running requests close to their deadlines, requests and parameters, as the columnar
+pinning tests draw them)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.sched.columns import columns_of
+from gateway.sched.perf import PerfCoefficients
+from gateway.sched.plugins.placement import best_fit
+from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
+from gateway.sched.plugins.placement.best_fit_bounds import sure_misses
+from gateway.sched.profile import eligible
+from gateway.sched.snapshot import FleetSnapshot
+from tests.unit.slo_fixtures import COEF
+from tests.unit.test_sched_columns_slo import NOW, SLOW, Run, _endpoint, _new_request, _params, _view
+
+Endpoint = tuple[int, list[Run], PerfCoefficients, float | None, bool]
+
+# Running requests close to their deadlines: a new request's prefill pause breaks some of them.
+_tight_run = st.tuples(
+    st.integers(min_value=1, max_value=3000),  # prompt
+    st.floats(min_value=1.0, max_value=40.0),  # predicted output
+    st.floats(min_value=0.0, max_value=0.5),  # age
+    st.one_of(st.none(), st.floats(min_value=0.05, max_value=1.0)),  # first-token deadline from now
+    st.one_of(st.none(), st.floats(min_value=0.3, max_value=2.0)),  # last-token deadline from now
+    st.one_of(st.none(), st.floats(min_value=0.005, max_value=0.05)),  # inter-token target
+)
+_tight_endpoint = st.tuples(
+    st.integers(min_value=1, max_value=6),
+    st.lists(_tight_run, max_size=6),
+    st.sampled_from((COEF, SLOW)),
+    st.one_of(st.none(), st.floats(min_value=2000.0, max_value=40000.0)),
+    st.just(True),
+)
+_endpoints = st.lists(st.one_of(_endpoint, _tight_endpoint), min_size=1, max_size=12)
+
+_request = st.tuples(
+    st.integers(min_value=1, max_value=4000),  # prompt
+    st.floats(min_value=1.0, max_value=400.0),  # predicted output
+    st.one_of(st.none(), st.floats(min_value=50.0, max_value=5000.0)),  # TTFT target (ms)
+    st.one_of(st.none(), st.floats(min_value=500.0, max_value=30000.0)),  # E2E target (ms)
+    st.one_of(st.none(), st.floats(min_value=5.0, max_value=200.0)),  # ITL target (ms)
+    st.dictionaries(st.integers(min_value=0, max_value=11), st.integers(min_value=1, max_value=3000)),
+    st.booleans(),  # best effort
+)
+
+
+def _case(endpoints: list[Endpoint], request: tuple) -> tuple[FleetSnapshot, object]:  # type: ignore[type-arg]
+    prompt, out, ttft_ms, e2e_ms, itl_ms, cached, best_effort = request
+    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), cached, best_effort=best_effort)
+    return FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views)), r
+
+
+@settings(max_examples=400, deadline=None)
+@given(endpoints=_endpoints, params=_params, request=_request)
+def test_a_sure_miss_fits_in_neither_form(
+    *,
+    endpoints: list[Endpoint],
+    params: BestFitParams,
+    request: tuple,  # type: ignore[type-arg]
+) -> None:
+    s, r = _case(endpoints, request)
+    f = BestFitFilter(params)
+    loads = [f._cache.load(e, s.now) for e in s.endpoints]
+    for load, miss in zip(loads, sure_misses(f, loads, r), strict=True):  # type: ignore[arg-type]
+        if miss:
+            assert f.fits_both(load, r) == (False, False)  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(endpoints=_endpoints, params=_params, request=_request, eager=st.integers(0, 3))
+def test_best_fit_chooses_with_sure_misses_what_it_chooses_trying_every_endpoint(
+    *,
+    endpoints: list[Endpoint],
+    params: BestFitParams,
+    request: tuple,  # type: ignore[type-arg]
+    eager: int,
+) -> None:
+    s, r = _case(endpoints, request)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
+        every = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
+        mp.setattr(best_fit, "MIN_CANDIDATES", 1)
+        mp.setattr(best_fit, "EAGER_TRIES", eager)  # the sure misses found after this many tries
+        bounded = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
+    assert [v.id for v in bounded] == [v.id for v in every]
