@@ -148,6 +148,9 @@ class SharedLimits:
         self._wake = asyncio.Event()
         self.slices = Slices(link, name, share=slice_share, wake=self._wake.set)
         self.reconcile_due = True  # write the true seat counts on the next beat
+        # The last reconcile counted admissions still unanswered as seats: each that ends asks for the
+        # next, so one refused does not keep its seat in Redis until the reconcile a lease later.
+        self._counted_unanswered = False
         self.fallback_admits = 0
         self.refused_down = 0
         self.dropped_releases = 0
@@ -212,6 +215,8 @@ class SharedLimits:
             raise
         finally:
             self._admitting[tenant] -= 1
+            if self._counted_unanswered:
+                self.reconcile_due = True
         if got is None:
             return self._down(tenant, tokens, now)
         code, wait = got
@@ -322,6 +327,7 @@ class SharedLimits:
         member's beat): admissions not yet answered are counted (a seat too many for a moment, never
         one too few)."""
         self.reconcile_due = False
+        self._counted_unanswered = any(self._admitting.values())
         out = {}
         for tenant, lim in self.limits.items():
             if lim.max_concurrency is None:

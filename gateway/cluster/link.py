@@ -82,16 +82,24 @@ class RedisLink:
         return self.state is LinkState.UP
 
     async def call(self, what: str, fn: Callable[[aioredis.Redis], Awaitable[T]]) -> T | None:
-        """`fn(redis)` within the timeout; None when Redis failed or was too slow (the link goes down)."""
+        """`fn(redis)` within the timeout; None when Redis failed or was too slow (the link goes down).
+
+        A cancellation of the calling task always ends it with CancelledError: redis-py may absorb one
+        that arrives while it takes a connection and finish the command (then a background loop making
+        the call would go on and its shutdown would wait for it forever)."""
         self.calls += 1
+        task = asyncio.current_task()
+        cancels = 0 if task is None else task.cancelling()
         try:
             async with asyncio.timeout(self.timeout_s):
                 out = await fn(self.redis)
         except (RedisError, OSError, TimeoutError) as e:
             self.failures += 1
             self.mark_down(what, e)
+            _cancelled_meanwhile(task, cancels)
             return None
         self.mark_up()
+        _cancelled_meanwhile(task, cancels)
         return out
 
     async def timed(self, what: str, fn: Callable[[aioredis.Redis], Awaitable[T]]) -> T | None:
@@ -138,6 +146,13 @@ class RedisLink:
 
     def __repr__(self) -> str:
         return f"RedisLink(redis={self.setup.safe_url!r}, state={self.state.value})"
+
+
+def _cancelled_meanwhile(task: asyncio.Task[Any] | None, before: int) -> None:
+    """Raise the CancelledError of a cancellation requested since `before` (the task's count of
+    requests then) that did not reach the caller (`asyncio.timeout` takes back its own requests)."""
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
 
 
 def text(v: Any) -> str:

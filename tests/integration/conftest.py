@@ -50,6 +50,12 @@ class Running:
 StartGateway = Callable[..., Awaitable[Running]]
 EngineServer = Callable[[FakeEngine], Awaitable[str]]
 
+#: How long a test server, as the fixture closes it, lets requests still in flight finish before it
+#: cancels them (aiohttp's default: 60 s to finish, then up to 60 s more after the cancel). A test that
+#: failed while the fake engine held a request (`FakeEngine(hold=...)`) leaves that request in flight:
+#: its failure is then reported at once instead of after minutes of teardown.
+SHUTDOWN_S = 1.0
+
 
 @pytest.fixture
 async def engine_server() -> AsyncIterator[EngineServer]:
@@ -57,7 +63,7 @@ async def engine_server() -> AsyncIterator[EngineServer]:
 
     async def start(engine: FakeEngine) -> str:
         srv = TestServer(engine.app(), handler_cancellation=True)
-        await srv.start_server()
+        await srv.start_server(shutdown_timeout=SHUTDOWN_S)  # the runner's options go here, not above
         servers.append(srv)
         return str(srv.make_url("")).rstrip("/")
 
@@ -85,7 +91,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[StartGateway]:
         runtime = load_runtime(cfg_path, cfg, registry, endpoints=flags, seed=1)
         gw = Gateway(runtime, cfg, ServeOptions(config_path=cfg_path, endpoints=flags), registry=registry)
         server = TestServer(build_app(gw), port=port, handler_cancellation=True)
-        await server.start_server()
+        await server.start_server(shutdown_timeout=SHUTDOWN_S)
         await gw.endpoints.first_round(timeout_s=10)
         r = Running(gw, server)
         running.append(r)

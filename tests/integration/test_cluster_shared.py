@@ -146,6 +146,24 @@ async def test_reconcile_writes_the_seats_a_replica_really_holds(make_cluster: M
     assert isinstance(await admit(a, "t", lim), Seat)
 
 
+async def test_an_admission_counted_unanswered_by_a_reconcile_is_recounted_when_it_ends(
+    make_cluster: MakeCluster,
+) -> None:
+    a, b = await make_cluster("a"), await make_cluster("b")
+    lim = TenantLimits(max_concurrency=1)
+    for c in (a, b):
+        c.limits.configure({"t": lim}, 0.0)
+    await a.member.beat()
+    await b.member.beat()
+    assert isinstance(await admit(a, "t", lim), Seat)
+    asking = asyncio.ensure_future(admit(b, "t", lim))
+    await asyncio.sleep(0)  # b's admission is sent, not answered
+    assert b.limits.reconcile_pairs() == {b.limits._tenant_key("t"): 1}  # a seat too many, for a moment
+    assert isinstance(await asking, Refusal)
+    assert b.limits.reconcile_due  # the next beat writes b's true count (0), not a lease later
+    assert b.limits.reconcile_pairs() == {b.limits._tenant_key("t"): 0}
+
+
 async def test_redis_down_falls_back_to_the_replicas_share(make_cluster: MakeCluster) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
     c = await make_cluster("a", url=dead, timeout_s=0.2)
