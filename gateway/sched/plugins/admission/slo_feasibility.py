@@ -95,6 +95,7 @@ class SloFeasibilityAdmitter:
         come from `caches` (the policy's shared loads)."""
         self.rechecks = params.recheck != "off"
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the recheck bound in force
+        self._next_bounds: dict[ModelName, IdleBound | None] = {}  # the same without headroom
         self._fleet_bounds = KeptBounds()
         self.params = params
         self._slo = slo
@@ -296,11 +297,34 @@ class SloFeasibilityAdmitter:
     def recheck_from(self, req: SchedRequest, snap: FleetSnapshot) -> float:
         """Before this time "late" cannot refuse `req`: even at the slowest coefficients of the model's
         ready endpoints it keeps its deadlines alone on an idle endpoint, so every endpoint does."""
+        return self._start_before(req, self._bounds.get(req.model))
+
+    def recheck_next_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable:
+        """In "late" mode, the slowest coefficients of the ready endpoints of `model` without headroom
+        (a request whose time came at `recheck_epoch`'s bound waits for this one's), kept while they
+        still bound them; in the other modes nothing."""
+        if self.params.recheck != "late":
+            return None
+        bound = self._fleet_bounds.bound(snap, model, slowest=True)
+        kept = self._next_bounds.get(model)
+        if kept is not None and bound is not None and bound.within(kept):
+            return kept
+        self._next_bounds[model] = bound
+        return bound
+
+    def recheck_next(self, req: SchedRequest, snap: FleetSnapshot) -> float:
+        """`recheck_from` at the bound of `recheck_next_epoch`: a request kept once its time at the
+        bound with headroom came is next looked at when even the slowest endpoint would make it late
+        (within a homogeneous fleet, the tick that refuses it), not on every tick until then."""
+        return self._start_before(req, self._next_bounds.get(req.model))
+
+    def _start_before(self, req: SchedRequest, bound: IdleBound | None) -> float:
+        """The time before which "late" admits `req` while every ready endpoint's coefficients are within
+        `bound` (its latest start there, less float rounding)."""
         if self.params.recheck == "off" or req.best_effort:
             return math.inf
         if self.params.recheck != "late":
             return -math.inf
-        bound = self._bounds.get(req.model)
         if bound is None:
             return -math.inf
         params = self._cache.params
