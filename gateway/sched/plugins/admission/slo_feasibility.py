@@ -58,6 +58,11 @@ _PRIOR: Final = default_prior()
 #: differently); a request is judged late everywhere from the bound only beyond it.
 _ROUNDING: Final = 1e-9
 
+#: Views `_speeds_of` keeps at most (a snapshot and the parts of it scopes cut).
+_SPEEDS_KEPT: Final = 16
+#: The views, their ready endpoints fastest first, and their fastest bound (`SloFeasibilityAdmitter`).
+_Speeds = tuple[tuple[EndpointView, ...], list[EndpointView], IdleBound | None]
+
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,
     Infeasible.HOLD: AdmitOutcome.HOLD,
@@ -100,8 +105,9 @@ class SloFeasibilityAdmitter:
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())
-        # The order `_fastest_first` gave for the last snapshot's views and model.
-        self._speed_order: tuple[tuple[EndpointView, ...], ModelName, list[EndpointView]] | None = None
+        # Per views (a few: the parts of a snapshot a scope cuts) and model: the order `_fastest_first`
+        # gave and the fastest bound `_late_everywhere` took, by the views' identity.
+        self._speeds: dict[tuple[int, ModelName], _Speeds] = {}
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
@@ -202,14 +208,22 @@ class SloFeasibilityAdmitter:
     def _fastest_first(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
         """The ready endpoints serving `model`, those with the fastest idle service (for a typical
         request) first; kept for the snapshot's views (a tick rechecks many requests on one snapshot)."""
-        kept = self._speed_order
-        if kept is not None and kept[0] is snap.endpoints and kept[1] == model:
-            return kept[2]
+        return self._speeds_of(model, snap)[1]
+
+    def _speeds_of(self, model: ModelName, snap: FleetSnapshot) -> _Speeds:
+        """`_fastest_first` and the fastest bound of `model` on the snapshot's views, kept per views."""
+        views = snap.endpoints
+        key = (id(views), model)
+        kept = self._speeds.get(key)
+        if kept is not None and kept[0] is views:
+            return kept
         ready = EndpointHealth.READY
-        serving = [e for e in snap.endpoints if model in e.models and e.health is ready]
+        serving = [e for e in views if model in e.models and e.health is ready]
         serving.sort(key=_typical_idle_s)
-        self._speed_order = (snap.endpoints, model, serving)
-        return serving
+        if len(self._speeds) >= _SPEEDS_KEPT:
+            self._speeds.clear()
+        kept = self._speeds[key] = (views, serving, self._fleet_bounds.bound(snap, model, slowest=False))
+        return kept
 
     def _late_everywhere(
         self, req: SchedRequest, snap: FleetSnapshot, left: tuple[float | None, float | None]
@@ -220,7 +234,7 @@ class SloFeasibilityAdmitter:
         False when a cached prefix makes the prefill differ by endpoint (each is asked)."""
         if req.cached:
             return False
-        bound = self._fleet_bounds.bound(snap, req.model, slowest=False)
+        bound = self._speeds_of(req.model, snap)[2]
         if bound is None:
             return False
         params = self._cache.params
