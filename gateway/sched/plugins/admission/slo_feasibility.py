@@ -58,9 +58,7 @@ _PRIOR: Final = default_prior()
 #: differently); a request is judged late everywhere from the bound only beyond it.
 _ROUNDING: Final = 1e-9
 
-#: Views `_speeds_of` keeps at most (a snapshot and the parts of it scopes cut).
-_SPEEDS_KEPT: Final = 16
-#: The views, their ready endpoints fastest first, and their fastest bound (`SloFeasibilityAdmitter`).
+_SPEEDS_KEPT: Final = 16  # views `_speeds_of` keeps at most: the views, fastest first, fastest bound
 _Speeds = tuple[tuple[EndpointView, ...], list[EndpointView], IdleBound | None]
 
 _OUTCOME = {
@@ -105,8 +103,7 @@ class SloFeasibilityAdmitter:
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())
-        # Per views (a few: the parts of a snapshot a scope cuts) and model: the order `_fastest_first`
-        # gave and the fastest bound `_late_everywhere` took, by the views' identity.
+        # `_speeds_of` per views (by their identity) and model
         self._speeds: dict[tuple[int, ModelName], _Speeds] = {}
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
@@ -205,13 +202,10 @@ class SloFeasibilityAdmitter:
         kept = self._readied = ReadySeats(model, snap)
         return kept
 
-    def _fastest_first(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
-        """The ready endpoints serving `model`, those with the fastest idle service (for a typical
-        request) first; kept for the snapshot's views (a tick rechecks many requests on one snapshot)."""
-        return self._speeds_of(model, snap)[1]
-
     def _speeds_of(self, model: ModelName, snap: FleetSnapshot) -> _Speeds:
-        """`_fastest_first` and the fastest bound of `model` on the snapshot's views, kept per views."""
+        """The ready endpoints serving `model`, those with the fastest idle service (for a typical
+        request) first, and their fastest bound; kept per views (a tick rechecks many requests on one
+        snapshot and the few parts of it scopes cut)."""
         views = snap.endpoints
         key = (id(views), model)
         kept = self._speeds.get(key)
@@ -254,7 +248,7 @@ class SloFeasibilityAdmitter:
         left = time_left(req, snap.now)
         if left == (None, None):
             return ADMIT
-        ready = self._ready(req, snap) if mode != "late" else self._fastest_first(req.model, snap)
+        ready = self._ready(req, snap) if mode != "late" else self._speeds_of(req.model, snap)[1]
         if not ready:
             return ADMIT
         if mode == "late":
