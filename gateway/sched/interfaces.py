@@ -278,11 +278,20 @@ class RecheckFrom(Admitter, Protocol):
     and on any snapshot of the same fleet at a later time, whatever part of it a scoped filter leaves
     (−inf: ask on every tick; +inf: never refuses it), for as long as `recheck_epoch(model, snap)` for
     its model stays equal. Asked once per queued request and epoch, after the epoch on the same snapshot.
+
+    `recheck_next(req, snap)`: the same promise for a request whose `recheck_from` time has come and
+    that `recheck` just kept on `snap` (usually a later time: a tighter bound), for as long as
+    `recheck_next_epoch(model, snap)` stays equal (it may change where `recheck_epoch` does not). Asked
+    once per request a tick kept, after that epoch on the same snapshot.
     """
 
     def recheck_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable: ...
 
     def recheck_from(self, req: SchedRequest, snap: FleetSnapshot) -> float: ...
+
+    def recheck_next_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable: ...
+
+    def recheck_next(self, req: SchedRequest, snap: FleetSnapshot) -> float: ...
 
 
 @runtime_checkable

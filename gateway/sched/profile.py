@@ -101,9 +101,14 @@ class SchedulerProfile:
     _column_steps: tuple[tuple[_ColumnTiers | None, _ColumnMask | None], ...] = field(
         init=False, repr=False, compare=False
     )
+    # the parts of the last snapshot `scope` cut, by what they kept: one object per part, so what is
+    # kept per snapshot's views downstream (SLO admission's endpoint order and bounds) is kept across
+    # the requests of a tick that reach the same part
+    _cuts: _Cuts = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         filters = self.filters
+        object.__setattr__(self, "_cuts", _Cuts())
         object.__setattr__(
             self, "_tiers", tuple(f.tiers if isinstance(f, TieredFilter) else None for f in filters)
         )
@@ -165,16 +170,22 @@ class SchedulerProfile:
         cols, column_scopes = snap.columns, self._column_scopes
         if cols is not None and column_scopes is not None and cols.endpoints is snap.endpoints:
             return self._scope_columns(req, snap, cols, column_scopes)
-        serving = [e for e in snap.endpoints if model in e.models]
+        cuts = self._cuts.of(snap)
+        serving = self._cuts.serving(model, snap)
         reach: Sequence[EndpointView] = serving
         for scope in self._scopes:
             reach = scope(req, reach, snap)
         if len(reach) == len(serving):
             return snap  # nothing cut (a scope only ever keeps a subset)
-        keep = {e.id for e in reach}
-        return dataclasses.replace(
-            snap, endpoints=tuple(e for e in snap.endpoints if model not in e.models or e.id in keep)
-        )
+        ids = tuple(e.id for e in reach)
+        key = (model, ids)
+        got = cuts.get(key)
+        if got is None:
+            keep = set(ids)
+            got = cuts[key] = dataclasses.replace(
+                snap, endpoints=tuple(e for e in snap.endpoints if model not in e.models or e.id in keep)
+            )
+        return got
 
     def _scope_columns(
         self, req: SchedRequest, snap: FleetSnapshot, cols: FleetColumns, scopes: tuple[_ColumnScope, ...]
@@ -188,10 +199,16 @@ class SchedulerProfile:
             reach = scope(req, cols, reach, snap)
         if np.count_nonzero(reach) == np.count_nonzero(serving):
             return snap  # nothing cut (a scope only ever keeps a subset)
-        cut = serving & ~reach
-        return dataclasses.replace(
-            snap, endpoints=tuple(e for e, gone in zip(snap.endpoints, cut.tolist(), strict=True) if not gone)
-        )
+        cuts = self._cuts.of(snap)
+        key = (req.model, reach.tobytes())
+        got = cuts.get(key)
+        if got is None:
+            cut = serving & ~reach
+            got = cuts[key] = dataclasses.replace(
+                snap,
+                endpoints=tuple(e for e, gone in zip(snap.endpoints, cut.tolist(), strict=True) if not gone),
+            )
+        return got
 
     def place(
         self, req: SchedRequest, snap: FleetSnapshot, among: Sequence[EndpointView] | None = None
@@ -376,3 +393,29 @@ class Policy:
         ordering has one (`EnginePriority`)."""
         get = self._engine_priority
         return None if get is None else get(req, snap)
+
+
+class _Cuts:
+    """`SchedulerProfile.scope`'s parts of one snapshot (the last asked about), by what they kept, and
+    the endpoints serving each model there."""
+
+    __slots__ = ("_by", "_serving", "_snap")
+
+    def __init__(self) -> None:
+        self._snap: FleetSnapshot | None = None
+        self._by: dict[object, FleetSnapshot] = {}
+        self._serving: dict[ModelName, list[EndpointView]] = {}
+
+    def of(self, snap: FleetSnapshot) -> dict[object, FleetSnapshot]:
+        if snap is not self._snap:
+            self._snap = snap
+            self._by = {}
+            self._serving = {}
+        return self._by
+
+    def serving(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
+        """The endpoints of `snap` (the one `of` was last given) serving `model` (not to be changed)."""
+        got = self._serving.get(model)
+        if got is None:
+            got = self._serving[model] = [e for e in snap.endpoints if model in e.models]
+        return got

@@ -147,9 +147,11 @@ class ModelQueue:
         """The request that joined first (the queue must not be empty)."""
         return next(iter(self._items.values()))
 
-    def due(self, now: float, epoch: Hashable, when: Callable[[Queued], float]) -> list[Queued]:
+    def due(
+        self, now: float, epoch: Hashable, when: Callable[[Queued], float], again_epoch: Hashable = None
+    ) -> list[Queued]:
         """The queued requests due a look on a tick at `now` (`DueChecks.due`), in queue order."""
-        return self.checks.due(self._items, now, epoch, when)
+        return self.checks.due(self._items, now, epoch, when, again_epoch)
 
     def in_class(self, slo_class: str) -> int:
         return self._classes.get(slo_class, 0)

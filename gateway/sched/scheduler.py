@@ -244,9 +244,10 @@ class Scheduler(Preempting):
                         out.append(Reject(item.req, errors.no_ready_endpoint(model, retry)))
                 continue
             # Only the requests whose expiry or recheck may have come (gateway.sched.ticks).
-            for item in ticks.due(
+            looked, after = ticks.due(
                 queue, model, now, wait_limit, admitter=admitter if recheck else None, snap=snap
-            ):
+            )
+            for item in looked:
                 if now - item.queued_at > wait_limit:
                     self._expire(queue, item, model, now, out)
                     continue
@@ -264,7 +265,9 @@ class Scheduler(Preempting):
                     if req is not item.req:
                         queue.set_req(item, req)  # a demotion moves its class count and key (and its time)
                         continue
-                queue.checks.again(item, now)  # its time has come: looked at on every tick from now on
+                # kept: looked at again once the admitter's next promise or its expiry comes (a time
+                # already past: on every tick from now on)
+                queue.checks.again(item, after(item))
         out.extend(self._serve_all())
         return out
 

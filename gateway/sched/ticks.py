@@ -4,7 +4,9 @@ A request needs a look when it may have waited too long (its queue time plus the
 the policy's admitter may refuse it on a recheck. An admitter that says until when its recheck is sure
 to admit a request (`RecheckFrom`) is asked that once per request; the queue's `DueChecks` then gives a
 tick only the requests whose time has come, and the tick decides each exactly as it would on a walk of
-the whole queue. Without that capability every queued request is rechecked on every tick.
+the whole queue. A request the tick keeps is put back at the admitter's next promise (`recheck_next`,
+from a tighter bound that holds for fewer refits), or its expiry if that comes first. Without that
+capability every queued request is rechecked on every tick.
 """
 
 from __future__ import annotations
@@ -30,18 +32,21 @@ def due(
     *,
     admitter: Admitter | None,
     snap: FleetSnapshot | None,
-) -> list[Queued]:
+) -> tuple[list[Queued], Callable[[Queued], float]]:
     """The requests of `queue` a tick at `now` looks at, in queue order; `admitter` and `snap` are given
     when the tick rechecks admission. Each leaves the schedule: the tick puts one it keeps back
-    (`ModelQueue.checks.again`)."""
+    (`ModelQueue.checks.again`) at the time the function returned beside them gives for it."""
     when: Callable[[Queued], float]
+    after: Callable[[Queued], float]
     epoch: Hashable
+    again_epoch: Hashable = None
     if admitter is None or snap is None:
         epoch = (wait_limit, None, None)
 
         def when(item: Queued) -> float:
             return item.queued_at + wait_limit - _EPSILON_S
 
+        after = when
     elif isinstance(admitter, RecheckFrom):
         try:
             bound = admitter.recheck_epoch(model, snap)
@@ -57,10 +62,25 @@ def due(
                 at = -math.inf  # the recheck itself reports the fault
             return min(item.queued_at + wait_limit - _EPSILON_S, at)
 
+        try:
+            again_epoch = (admitter, admitter.recheck_next_epoch(model, snap))
+        except Exception:
+            again_epoch = object()
+        recheck_next = admitter.recheck_next
+
+        def after(item: Queued) -> float:
+            try:
+                at = recheck_next(item.req, snap)
+            except Exception:
+                at = -math.inf
+            return min(item.queued_at + wait_limit - _EPSILON_S, at)
+
     else:
         epoch = (wait_limit, admitter, None)
 
         def when(item: Queued) -> float:
             return -math.inf
 
-    return queue.due(now, epoch, when)
+        after = when
+
+    return queue.due(now, epoch, when, again_epoch), after

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from gateway.core.types import (
     EndpointHealth,
     EndpointId,
+    ModelName,
 )
 from gateway.sched.profile import SchedulerProfile, WeightedScorer, eligible
 from gateway.sched.request import SchedRequest
@@ -395,3 +396,57 @@ class _Short:
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[float]:
         return [1.0] * (len(candidates) - 1)
+
+
+@dataclasses.dataclass
+class PerRequestScope(KeepFilter):
+    """A scope that keeps, per request, the endpoints its table names (all of them when it has none)."""
+
+    parts: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+
+    def scope(
+        self, req: SchedRequest, serving: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[EndpointView]:
+        part = self.parts.get(req.id)
+        return serving if part is None else [e for e in serving if e.id in part]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    asks=st.lists(
+        st.tuples(
+            st.sampled_from(("m", "n")),
+            st.one_of(st.none(), st.frozensets(st.sampled_from("abcd"))),
+            st.booleans(),  # a new snapshot of the same fleet before it
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_scoped_part_is_one_snapshot_per_snapshot_model_and_part(
+    asks: list[tuple[str, frozenset[str] | None, bool]],
+) -> None:
+    """The same cut as computed afresh; the same object when the snapshot, model and part kept are."""
+    filt = PerRequestScope(frozenset())
+    profile = SchedulerProfile(filters=(filt,), scorers=(), picker=RecordingPicker())
+    views = (view("a"), view("b", models=("m", "n")), view("c", models=("n",)), view("d"))
+    snap = snapshot(*views)
+    seen: dict[tuple[str, frozenset[str]], FleetSnapshot] = {}  # this snapshot's parts
+    for i, (model, part, fresh) in enumerate(asks):
+        if fresh:
+            snap = snapshot(*views)
+            seen.clear()
+        rid = f"r{i}"
+        if part is not None:
+            filt.parts[rid] = part
+        got = profile.scope(request(rid, model), snap)
+        serving = [e.id for e in views if ModelName(model) in e.models]
+        kept = serving if part is None else [e for e in serving if e in part]
+        want = [e.id for e in views if ModelName(model) not in e.models or e.id in kept]
+        assert [e.id for e in got.endpoints] == want
+        key = (model, frozenset(kept))
+        if len(kept) == len(serving):
+            assert got is snap
+        elif key in seen:
+            assert got is seen[key]
+        seen[key] = got

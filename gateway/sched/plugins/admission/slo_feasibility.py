@@ -58,6 +58,9 @@ _PRIOR: Final = default_prior()
 #: differently); a request is judged late everywhere from the bound only beyond it.
 _ROUNDING: Final = 1e-9
 
+_SPEEDS_KEPT: Final = 16  # views `_speeds_of` keeps at most: the views, fastest first, fastest bound
+_Speeds = tuple[tuple[EndpointView, ...], list[EndpointView], IdleBound | None]
+
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,
     Infeasible.HOLD: AdmitOutcome.HOLD,
@@ -95,12 +98,13 @@ class SloFeasibilityAdmitter:
         come from `caches` (the policy's shared loads)."""
         self.rechecks = params.recheck != "off"
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the recheck bound in force
+        self._next_bounds: dict[ModelName, IdleBound | None] = {}  # the same without headroom
         self._fleet_bounds = KeptBounds()
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())
-        # The order `_fastest_first` gave for the last snapshot's views and model.
-        self._speed_order: tuple[tuple[EndpointView, ...], ModelName, list[EndpointView]] | None = None
+        # `_speeds_of` per views (by their identity) and model
+        self._speeds: dict[tuple[int, ModelName], _Speeds] = {}
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
@@ -198,17 +202,22 @@ class SloFeasibilityAdmitter:
         kept = self._readied = ReadySeats(model, snap)
         return kept
 
-    def _fastest_first(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
+    def _speeds_of(self, model: ModelName, snap: FleetSnapshot) -> _Speeds:
         """The ready endpoints serving `model`, those with the fastest idle service (for a typical
-        request) first; kept for the snapshot's views (a tick rechecks many requests on one snapshot)."""
-        kept = self._speed_order
-        if kept is not None and kept[0] is snap.endpoints and kept[1] == model:
-            return kept[2]
+        request) first, and their fastest bound; kept per views (a tick rechecks many requests on one
+        snapshot and the few parts of it scopes cut)."""
+        views = snap.endpoints
+        key = (id(views), model)
+        kept = self._speeds.get(key)
+        if kept is not None and kept[0] is views:
+            return kept
         ready = EndpointHealth.READY
-        serving = [e for e in snap.endpoints if model in e.models and e.health is ready]
+        serving = [e for e in views if model in e.models and e.health is ready]
         serving.sort(key=_typical_idle_s)
-        self._speed_order = (snap.endpoints, model, serving)
-        return serving
+        if len(self._speeds) >= _SPEEDS_KEPT:
+            self._speeds.clear()
+        kept = self._speeds[key] = (views, serving, self._fleet_bounds.bound(snap, model, slowest=False))
+        return kept
 
     def _late_everywhere(
         self, req: SchedRequest, snap: FleetSnapshot, left: tuple[float | None, float | None]
@@ -219,7 +228,7 @@ class SloFeasibilityAdmitter:
         False when a cached prefix makes the prefill differ by endpoint (each is asked)."""
         if req.cached:
             return False
-        bound = self._fleet_bounds.bound(snap, req.model, slowest=False)
+        bound = self._speeds_of(req.model, snap)[2]
         if bound is None:
             return False
         params = self._cache.params
@@ -239,7 +248,7 @@ class SloFeasibilityAdmitter:
         left = time_left(req, snap.now)
         if left == (None, None):
             return ADMIT
-        ready = self._ready(req, snap) if mode != "late" else self._fastest_first(req.model, snap)
+        ready = self._ready(req, snap) if mode != "late" else self._speeds_of(req.model, snap)[1]
         if not ready:
             return ADMIT
         if mode == "late":
@@ -296,11 +305,34 @@ class SloFeasibilityAdmitter:
     def recheck_from(self, req: SchedRequest, snap: FleetSnapshot) -> float:
         """Before this time "late" cannot refuse `req`: even at the slowest coefficients of the model's
         ready endpoints it keeps its deadlines alone on an idle endpoint, so every endpoint does."""
+        return self._start_before(req, self._bounds.get(req.model))
+
+    def recheck_next_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable:
+        """In "late" mode, the slowest coefficients of the ready endpoints of `model` without headroom
+        (a request whose time came at `recheck_epoch`'s bound waits for this one's), kept while they
+        still bound them; in the other modes nothing."""
+        if self.params.recheck != "late":
+            return None
+        bound = self._fleet_bounds.bound(snap, model, slowest=True)
+        kept = self._next_bounds.get(model)
+        if kept is not None and bound is not None and bound.within(kept):
+            return kept
+        self._next_bounds[model] = bound
+        return bound
+
+    def recheck_next(self, req: SchedRequest, snap: FleetSnapshot) -> float:
+        """`recheck_from` at the bound of `recheck_next_epoch`: a request kept once its time at the
+        bound with headroom came is next looked at when even the slowest endpoint would make it late
+        (within a homogeneous fleet, the tick that refuses it), not on every tick until then."""
+        return self._start_before(req, self._next_bounds.get(req.model))
+
+    def _start_before(self, req: SchedRequest, bound: IdleBound | None) -> float:
+        """The time before which "late" admits `req` while every ready endpoint's coefficients are within
+        `bound` (its latest start there, less float rounding)."""
         if self.params.recheck == "off" or req.best_effort:
             return math.inf
         if self.params.recheck != "late":
             return -math.inf
-        bound = self._bounds.get(req.model)
         if bound is None:
             return -math.inf
         params = self._cache.params
