@@ -31,7 +31,7 @@ KEY_B: Final = "sk-team-b-0123456789"
 def _toml(engine: str, redis: str, name: str, prefix: str, *, port: int, batch_dir: Path) -> str:
     return (
         f'[cluster]\nredis = "{redis}"\nname = "{name}"\nkey_prefix = "{prefix}"\n'
-        f'lease_s = 1.0\npublish_interval_s = 0.1\ntimeout_s = 0.3\nadvertise_url = "http://127.0.0.1:{port}"\n'
+        f'lease_s = 1.0\npublish_interval_s = 0.1\ntimeout_s = 5.0\nadvertise_url = "http://127.0.0.1:{port}"\n'
         f'[server]\ndrain_timeout_s = 0.2\n[batch]\ndir = "{batch_dir}"\nmax_lines_in_flight = 3\n'
         f'[auth]\nrequired = true\n[[tenants]]\nname = "team-a"\napi_keys = ["{KEY_A}"]\n'
         f'[[tenants]]\nname = "team-b"\napi_keys = ["{KEY_B}"]\n'
