@@ -22,7 +22,9 @@ histogram's buckets say how many calls took over 5 ms, the maximum says by how m
 `gateway.core.looplag.RecentLag` keeps lag samples): a stall can be dated, and a benchmark takes the
 longest call of its own window. `document()` is all of it for `GET /admin/sched-decisions` (a benchmark
 reads it before and after its window and takes the difference of the counts). A call's time is wall
-time: a garbage collection that ran during it is part of it (the loop was held all the same).
+time: a garbage collection that ran during it is part of it (the loop was held all the same). The
+daemon's collector schedule (`gateway.core.heap`) runs collections between the loop's callbacks, so one
+lands inside a call only when CPython's own backstop threshold fires there.
 """
 
 from __future__ import annotations
