@@ -22,7 +22,7 @@ from gateway.sched.queues import ModelQueue
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointEstimates, FleetSnapshot
 from tests.unit.sched_builders import view
-from tests.unit.test_sched_ticks import M, perf
+from tests.unit.test_sched_ticks import Advance, M, Refit, perf
 
 WAIT_LIMIT = 60.0
 
@@ -34,17 +34,6 @@ class Join:
     prompt: int
     out: float
     produced: int
-
-
-@dataclass(frozen=True)
-class Advance:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Refit:
-    endpoint: int
-    speed: float
 
 
 @dataclass(frozen=True)
