@@ -282,6 +282,26 @@ def shutting_down() -> BerthError:
     )
 
 
+def upstream_pool_exhausted(limit: str, size: int, waited_s: float, *, retryable: bool) -> BerthError:
+    """The request was placed on an endpoint with a free seat, but no connection of the gateway's own
+    pool to engines came free within `waited_s` (`limit`: the `[upstream]` key that held it, `size` its
+    value): a capacity limit of the gateway, not an engine failure. Retryable on another endpoint when
+    the limit is per engine host."""
+    return BerthError(
+        status=503,
+        message=(
+            f"no free connection to the engine within {waited_s:g}s: the gateway's engine connections "
+            f"are all in use (upstream.{limit} = {size})"
+        ),
+        type="service_unavailable_error",
+        code="upstream_pool_exhausted",
+        outcome="unavailable",
+        source=ErrorSource.GATEWAY,
+        retryable=retryable,
+        retry_after_s=1,
+    )
+
+
 def upstream_failed(message: str, *, retryable: bool = True) -> BerthError:
     return BerthError(
         status=502,
