@@ -283,10 +283,8 @@ def shutting_down() -> BerthError:
 
 
 def upstream_pool_exhausted(limit: str, size: int, waited_s: float, *, retryable: bool) -> BerthError:
-    """The request was placed on an endpoint with a free seat, but no connection of the gateway's own
-    pool to engines came free within `waited_s` (`limit`: the `[upstream]` key that held it, `size` its
-    value): a capacity limit of the gateway, not an engine failure. Retryable on another endpoint when
-    the limit is per engine host."""
+    """No connection of the gateway's own pool came free within `waited_s` (`limit`: the `[upstream]`
+    key that held it, `size` its value): the gateway's capacity, not an engine failure."""
     return BerthError(
         status=503,
         message=(
