@@ -48,7 +48,15 @@ from gateway.sched.registry import PluginRegistry
 from gateway.sched.scheduler import Scheduler
 from gateway.sched.types import PeerLoad
 from gateway.telemetry.live import LiveTelemetry
-from gateway.upstream.client import UpstreamSettings, make_fetcher, make_pool, make_session, pool_counts
+from gateway.upstream.client import (
+    POOL_HINT,
+    UpstreamSettings,
+    make_fetcher,
+    make_pool,
+    make_session,
+    pool_counts,
+    pool_shortfalls,
+)
 from gateway.upstream.credentials import EngineAuth, EngineAuthCollector
 from gateway.upstream.fetch import Fetcher
 from gateway.upstream.pool import Pool
@@ -225,6 +233,7 @@ class Gateway:
 
     async def fleet_ctx(self, app: web.Application) -> AsyncIterator[None]:
         self.endpoints.apply(self.runtime)
+        self.check_pool()
         if self.cluster is not None:
             self.cluster.start(self.supervisor)
         if self.directory is not None:
@@ -252,6 +261,22 @@ class Gateway:
         await self.supervisor.cancel("batch-runner")
         await self.batch.close()
 
+    def check_pool(self) -> None:
+        """A warning for each engine-call pool limit (`[upstream] pool_total`, `pool_per_host`) below the
+        seats of the fleet (the sum of its endpoints' cap bounds): at startup and after each reload. A
+        bound learned later from an engine's gauges is not checked again; `berth_endpoint_cap_requests`
+        beside `berth_upstream_pool_limit_connections` shows it."""
+        seats = [(e.url, e.hard_cap) for e in self.scheduler.snapshot().endpoints]
+        for short in pool_shortfalls(self.upstream, seats):
+            log.warning(
+                "upstream_pool_smaller_than_seats",
+                key=short.key,
+                pool=short.size,
+                seats=short.seats,
+                **({"host": short.host} if short.host else {}),
+                hint=POOL_HINT,
+            )
+
     def _slo_totals(self) -> dict[str, tuple[int, int]]:
         totals = self.telemetry.fleet.attainment.totals()
         return {cls: (a.finished, a.met) for cls, a in totals.items()}
@@ -268,6 +293,7 @@ class Gateway:
             tasks=len(asyncio.all_tasks()),
             upstream_in_use=in_use,
             upstream_idle=idle,
+            upstream_pool_total=self.upstream.pool_total,
             cap={e.id: e.cap for e in snap.endpoints},
             running_by_kind={
                 (e.id, e.instance_class.value, kind): n
@@ -316,6 +342,7 @@ class Gateway:
             self.driver.run("policy", self.scheduler.set_policy, new.policy)
             self.driver.run("policy", self.scheduler.set_limits, new.limits)
             self.endpoints.apply(new)
+            self.check_pool()
             self.metrics.config_reloads.labels("ok").inc()
             for change in new.static_changes:
                 log.warning("config_static_change_ignored", change=change)

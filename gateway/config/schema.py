@@ -72,6 +72,9 @@ class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     read_timeout_s: PositiveFloat = 120.0  # 504 / error event when a stream goes silent this long
     max_retries: NonNegativeInt = 1  # on another endpoint, before the first byte only
     pool_per_host: PositiveInt = 256
+    # Connections overall, for generation calls (and as many for the rest). At least the fleet's seats
+    # (the sum of its endpoints' caps): a request beyond it waits for a connection and gets 503
+    # upstream_pool_exhausted after connect_timeout_s; startup and reload warn when the seats exceed it.
     pool_total: PositiveInt = 1024
 
 

@@ -282,6 +282,24 @@ def shutting_down() -> BerthError:
     )
 
 
+def upstream_pool_exhausted(limit: str, size: int, waited_s: float, *, retryable: bool) -> BerthError:
+    """No connection of the gateway's own pool came free within `waited_s` (`limit`: the `[upstream]`
+    key that held it, `size` its value): the gateway's capacity, not an engine failure."""
+    return BerthError(
+        status=503,
+        message=(
+            f"no free connection to the engine within {waited_s:g}s: the gateway's engine connections "
+            f"are all in use (upstream.{limit} = {size})"
+        ),
+        type="service_unavailable_error",
+        code="upstream_pool_exhausted",
+        outcome="unavailable",
+        source=ErrorSource.GATEWAY,
+        retryable=retryable,
+        retry_after_s=1,
+    )
+
+
 def upstream_failed(message: str, *, retryable: bool = True) -> BerthError:
     return BerthError(
         status=502,

@@ -348,6 +348,7 @@ class LiveNumbers:
     tasks: int = 0  # asyncio tasks of the process (handlers, background loops): leaks show here
     upstream_in_use: int = 0  # connections to engines held by a call, a scrape or a health check
     upstream_idle: int = 0  # connections to engines kept for reuse
+    upstream_pool_total: int = 0  # the most generation-call connections open at once ([upstream] pool_total)
 
 
 class _LiveCollector:
@@ -391,6 +392,12 @@ class _LiveCollector:
         c.add_metric(["in_use"], live.upstream_in_use)
         c.add_metric(["idle"], live.upstream_idle)
         yield c
+        yield GaugeMetricFamily(
+            "berth_upstream_pool_limit_connections",
+            "Generation-call connections to engines open at most ([upstream] pool_total); a request "
+            "beyond it waits for one",
+            value=live.upstream_pool_total,
+        )
         c = GaugeMetricFamily(
             "berth_endpoint_cap_requests",
             "The endpoint's concurrency cap in force (static, or set by an adaptive controller)",

@@ -5,6 +5,16 @@ predicted output (mean and spread), its targets as absolute clock deadlines; the
 reports (tokens streamed so far) replace it with an updated copy. Placement plugins estimate
 from it how far the request has got (`gateway.sched.predict`), what it still needs, and whether a new
 request placed beside it would push it past its deadline.
+
+How long one outlives its request: the endpoint's views hold the records of its running requests, and
+the caches that keep views between decisions (the fleet's kept views, `LoadCache`, SLO admission's
+endpoint orders and bounds, slack ordering's epoch, `unfit`'s last change, a queued request's unfit
+memo) keep those they were last asked about until their next rebuild. A finished request's record, and
+each copy a progress report superseded, stays reachable until then: a few tuples of views per cache (SLO
+admission's endpoint orders up to 16) and one per queued request's memo (until it is tried again or
+leaves the queue). So their number is bounded by the fleet and its queue, not by time: a standing queue
+keeps a steady number alive, and a quiet gateway holds its last busy moment's records until traffic
+rebuilds those caches (tests/unit/test_sched_running_retention.py).
 """
 
 from __future__ import annotations

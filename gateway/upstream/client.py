@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -32,8 +32,14 @@ from gateway.core.clock import Clock
 from gateway.upstream.deadlines import Deadlines
 from gateway.upstream.fetch import Fetcher
 from gateway.upstream.h1 import BadResponse, EngineDropped, H1Response
-from gateway.upstream.pool import ConnectTimeout, Origin, Pool, PoolClosed
+from gateway.upstream.pool import ConnectTimeout, Origin, Pool, PoolClosed, PoolExhausted
 from gateway.upstream.target import url_parts
+
+#: The hint of the warning a shortfall makes (`gateway.app.components.Gateway.check_pool`).
+POOL_HINT = (
+    "requests beyond the pool wait for a connection and get 503 upstream_pool_exhausted after "
+    "upstream.connect_timeout_s although their engine has a free seat: raise the key to at least the seats"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,34 @@ class UpstreamSettings:
             pool_per_host=cfg.pool_per_host,
             pool_total=cfg.pool_total,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PoolShortfall:
+    """A limit of the engine-call pool below the seats it serves: requests the gateway may have in
+    flight at once (over the fleet for `pool_total`, over one engine host's endpoints for `pool_per_host`)."""
+
+    key: str  # "upstream.pool_total" or "upstream.pool_per_host"
+    size: int  # the key's value
+    seats: int
+    host: str = ""  # the engine host (host:port) of a per-host shortfall
+
+
+def pool_shortfalls(settings: UpstreamSettings, seats: Iterable[tuple[str, int]]) -> list[PoolShortfall]:
+    """The pool's limits that the fleet's seats (`seats`: each endpoint's URL and the most requests the
+    gateway may run there, its cap's bound) exceed; endpoints behind one origin share its per-host limit."""
+    per_origin: dict[Origin, int] = {}
+    for url, n in seats:
+        origin = url_parts(url).origin
+        per_origin[origin] = per_origin.get(origin, 0) + n
+    out: list[PoolShortfall] = []
+    total = sum(per_origin.values())
+    if total > settings.pool_total:
+        out.append(PoolShortfall("upstream.pool_total", settings.pool_total, total))
+    for (_, host, port), n in sorted(per_origin.items()):
+        if n > settings.pool_per_host:
+            out.append(PoolShortfall("upstream.pool_per_host", settings.pool_per_host, n, f"{host}:{port}"))
+    return out
 
 
 def make_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
@@ -175,10 +209,12 @@ async def open_request(
     """POST `body` to `url` (or another `method`: GET with an empty body) and wait for the response
     headers; `auth`: the endpoint's credentials (gateway.upstream.credentials).
 
-    Raises BerthError: 502 (retryable) when the engine cannot be reached (no connection within
-    `connect_timeout_s`, the wait for a free pool slot included) or drops the connection before
-    answering, 504 when it sends no headers within `first_byte_timeout_s`. Nothing times the body: the
-    caller watches it (`Deadlines.stall`) while it reads, and closes the response when done.
+    Raises BerthError: 503 `upstream_pool_exhausted` when no pool slot came free within
+    `connect_timeout_s` (the gateway's `pool_total` or `pool_per_host` reached), 502 (retryable) when
+    the engine cannot be reached (no connection within the rest of `connect_timeout_s`) or drops the
+    connection before answering, 504 when it sends no headers within `first_byte_timeout_s`. Nothing
+    times the body: the caller watches it (`Deadlines.stall`) while it reads, and closes the response
+    when done.
     """
     target = _target(url, method)
     data = _request(target, body, request_id, auth)
@@ -200,9 +236,15 @@ async def open_request(
         if watch.timed_out():
             raise _no_response(settings) from None
         raise
+    except PoolExhausted as e:
+        # Every connection the pool may open was in use for connect_timeout_s: the gateway's limit
+        # (503, not the engine's failure); another endpoint may have room only under a per-host limit.
+        raise errors.upstream_pool_exhausted(
+            e.limit, e.size, settings.connect_timeout_s, retryable=e.limit == "pool_per_host"
+        ) from None
     except ConnectTimeout:
-        # The request never reached the engine: no free pool connection or no TCP connection within
-        # connect_timeout_s (e.g. a burst of new connections while the loop is busy).
+        # The request never reached the engine: no TCP connection within connect_timeout_s (e.g. a
+        # burst of new connections while the loop is busy).
         raise errors.upstream_failed(
             f"no connection to the engine within {settings.connect_timeout_s:g}s"
         ) from None

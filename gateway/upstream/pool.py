@@ -33,6 +33,16 @@ class ConnectTimeout(TimeoutError):
     """No connection (a free slot, then the connect itself) within the connect timeout."""
 
 
+class PoolExhausted(ConnectTimeout):
+    """No free slot within the connect timeout: the pool's limits (`limit`: "pool_total" or
+    "pool_per_host", `size` its value) held the call back, not the engine."""
+
+    def __init__(self, message: str, *, limit: str, size: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.size = size
+
+
 class PoolClosed(ConnectionError):
     """The pool was closed (the gateway is shutting down)."""
 
@@ -82,11 +92,14 @@ class Pool:
     async def connect(self, origin: Origin) -> H1Connection:
         """A connection to `origin`: an idle one handed over while waiting, or a new one.
 
-        Raises ConnectTimeout (no slot and connection within the connect timeout), OSError (the
-        connect failed), EngineDropped (the server closed it at once) or PoolClosed."""
+        Raises PoolExhausted (no free slot within the connect timeout), ConnectTimeout (the connect
+        itself took the rest of it), OSError (the connect failed), EngineDropped (the server closed it
+        at once) or PoolClosed."""
+        slotted = False
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 conn = await self._slot(origin)
+                slotted = True
                 if conn is not None:
                     return conn
                 try:
@@ -95,7 +108,22 @@ class Pool:
                     self._free(origin)
                     raise
         except TimeoutError:
+            if not slotted:
+                raise self._exhausted(origin) from None
             raise ConnectTimeout(f"no connection within {self._connect_timeout_s:g}s") from None
+
+    def _exhausted(self, origin: Origin) -> PoolExhausted:
+        """What held a call that waited the whole connect timeout for a slot: the total when it is
+        reached (no other origin has room either), else its origin's limit."""
+        if self._total >= self._total_limit:
+            limit, size = "pool_total", self._total_limit
+        else:
+            limit, size = "pool_per_host", self._per_host
+        return PoolExhausted(
+            f"no free connection within {self._connect_timeout_s:g}s ({size} open: upstream.{limit})",
+            limit=limit,
+            size=size,
+        )
 
     def released(self, conn: H1Connection) -> None:
         """`conn`'s response was received whole and it stays open: to a waiter for its origin, else idle."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -9,6 +10,8 @@ from typing import Literal
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
 from loadgen.fleetsim.runs import MAX_RUN
+from loadgen.runner import RunOptions, build_schedule
+from loadgen.workloads import get_workload
 from loadgen.workloads.arrivals import ArrivalKind
 from loadgen.workloads.base import TaskSpec
 from loadgen.workloads.options import WorkloadOptions
@@ -53,3 +56,22 @@ class SimOptions:
     replicas: int = 1
     publish_interval_s: float = 0.5
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, --turns, ...
+
+
+def schedule_of(opts: SimOptions) -> Sequence[TaskSpec]:
+    """The tasks the simulation `opts` runs, as built (not sorted): `opts.schedule`, else the workload's
+    schedule as the live runner builds it (`build_schedule`: the run's rate, duration, arrival process
+    and seed, the workload's options). The simulator, the eviction oracle and a simulated run's record
+    all take it from here, so they read the same tasks."""
+    if opts.schedule is not None:
+        return opts.schedule
+    run = RunOptions(
+        target="sim",
+        workload=opts.workload,
+        rate=opts.rate,
+        duration_s=opts.duration_s,
+        arrival=opts.arrival,
+        cv=opts.cv,
+        seed=opts.seed,
+    )
+    return build_schedule(get_workload(opts.workload, opts.workload_options), run)

@@ -44,7 +44,7 @@ from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
-from loadgen.fleetsim.options import SimOptions
+from loadgen.fleetsim.options import SimOptions, schedule_of
 from loadgen.fleetsim.runs import RunEngine
 from loadgen.fleetsim.sim_client import ClientSide
 from loadgen.fleetsim.sim_decisions import DecisionSide
@@ -66,8 +66,6 @@ from loadgen.fleetsim.sim_state import (
 from loadgen.fleetsim.streams import Call, Endpoint, Reports
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, Report, TaskResult, build_report
-from loadgen.runner import RunOptions, build_schedule
-from loadgen.workloads import get_workload
 from loadgen.workloads.base import TaskSpec
 
 #: What the simulator leaves out (written at the top of its report).
@@ -158,22 +156,7 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
                 prior=lambda: self.gw.telemetry.fleet.settings.prior,
             )
             self.life.install()
-        run_opts = RunOptions(
-            target="sim",
-            workload=opts.workload,
-            rate=opts.rate,
-            duration_s=opts.duration_s,
-            arrival=opts.arrival,
-            cv=opts.cv,
-            seed=opts.seed,
-        )
-        if opts.schedule is None:
-            tasks: Sequence[TaskSpec] = build_schedule(
-                get_workload(opts.workload, opts.workload_options), run_opts
-            )
-        else:
-            tasks = opts.schedule
-        schedule = sorted(tasks, key=lambda s: s.at_s)
+        schedule = sorted(schedule_of(opts), key=lambda s: s.at_s)
         for spec in schedule:
             self.push(spec.at_s, _ARRIVE, spec)
         self._open_tasks = len(schedule)

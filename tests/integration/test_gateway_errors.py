@@ -197,11 +197,12 @@ async def test_engine_timeout_504(engine_server: EngineServer, start_gateway: St
     assert _inflight(r) == 0
 
 
-async def test_no_connection_in_time_is_a_502_not_an_engine_timeout(
+async def test_a_full_connection_pool_is_a_503_naming_the_limit_not_an_engine_failure(
     engine_server: EngineServer, start_gateway: StartGateway
 ) -> None:
-    """A call that gets no connection within connect_timeout_s (here: the pool's one connection is
-    busy) never reached the engine: 502 engine_failed saying so, not 504 "no response within 120s"."""
+    """A call that gets no pooled connection within connect_timeout_s (here: the pool's one connection
+    is busy) never reached the engine: 503 upstream_pool_exhausted naming the limit, with Retry-After;
+    not 502 engine_failed, nor 504 "no response within 120s"."""
     hold = asyncio.Event()
     eng = FakeEngine(hold=hold)
     url = await engine_server(eng)
@@ -215,9 +216,12 @@ async def test_no_connection_in_time_is_a_502_not_an_engine_timeout(
     await eng.started.wait()  # the first call holds the pool's only connection
     with pytest.raises(openai.APIStatusError) as ei:
         await client.chat.completions.create(model="tiny", messages=MSG)
-    assert ei.value.status_code == 502
-    assert ei.value.code == "engine_failed"
-    assert "no connection to the engine within 0.2s" in ei.value.message
+    assert ei.value.status_code == 503
+    assert ei.value.code == "upstream_pool_exhausted"
+    assert ei.value.type == "service_unavailable_error"
+    assert "no free connection to the engine within 0.2s" in ei.value.message
+    assert "upstream.pool_total = 1" in ei.value.message
+    assert ei.value.response.headers["Retry-After"] == "1"
     hold.set()
     assert (await first).choices[0].message.content
     assert len(eng.requests) == 1

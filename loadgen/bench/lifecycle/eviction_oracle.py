@@ -14,9 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from gateway.core.types import ModelName
 from gateway.sched.plugins.eviction.interface import EvictionCandidate, EvictionContext
-from loadgen.fleetsim.options import SimOptions
-from loadgen.runner import RunOptions, build_schedule
-from loadgen.workloads import get_workload
+from loadgen.fleetsim.options import SimOptions, schedule_of
 
 #: Score of a model that is never requested again (beyond any real gap, and finite: the runner's contract).
 NEVER_AGAIN_S = 1e12
@@ -39,17 +37,8 @@ def trace_arrivals(opts: SimOptions) -> dict[ModelName, list[float]]:
     is its task's arrival plus the client gaps before it (exact for one-call tasks, as `multi-model`'s)."""
     if not opts.models:
         raise ValueError("the oracle needs the run's model list (SimOptions.models)")
-    run = RunOptions(
-        target="sim",
-        workload=opts.workload,
-        rate=opts.rate,
-        duration_s=opts.duration_s,
-        arrival=opts.arrival,
-        cv=opts.cv,
-        seed=opts.seed,
-    )
     out: dict[ModelName, list[float]] = {}
-    for task in build_schedule(get_workload(opts.workload), run):
+    for task in schedule_of(opts):
         at = task.at_s
         for call in task.calls:
             at += call.gap_before_s

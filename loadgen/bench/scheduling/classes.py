@@ -46,7 +46,9 @@ Targets (judged on the means over seeds, with 95 % Student t intervals): at the 
 where (a)'s interactive attainment is below 0.90 (the report says where it crosses: between two rates
 of the sweep, or at or below its lowest), (d) keeps >= 0.99 and a batch throughput >= 0.9 x
 (a)'s; and (d)'s batch throughput is >= 0.9 x that of the best static cap of the sweep that keeps the
-ITL targets (>= 0.99 of requests), while (d) keeps them too.
+ITL targets (>= 0.99 of requests), while (d) keeps them too. A target the runs cannot judge is N/A in
+the report and counts neither way: no rate of the sweep where (a) falls below 0.90, or no static cap that
+keeps the ITL targets (`--caps 128` alone: 128 seats shared with the backlog keep about 0.987).
 
 Output: DIR/report.md, DIR/report.json, DIR/timeline.png (queue, caps per class and interactive
 attainment over time for (a) and (d) at the target rate; needs matplotlib, the `plot` extra).
@@ -305,8 +307,14 @@ def bench(cfg: Config, log: Callable[[str], None] = print) -> dict[str, Any]:
 
 def passed(result: dict[str, Any]) -> bool:
     """The targets of (d), berth's preset (the rows of the paper's rule and the ablations are shown, not
-    judged): every one judged, and met."""
-    judged = [v for v in result["verdicts"] if "(d)" in v["target"] or v["target"] == ADAPTIVE_TARGET]
+    judged): at least one judged, and every one judged met. A target the run's sweep cannot judge (N/A:
+    no rate where (a) falls below 0.90, or no static cap that keeps the ITL targets to hold the adaptive
+    cap against, as with `--caps 128` alone) is said in the report and is no failure."""
+    judged = [
+        v
+        for v in result["verdicts"]
+        if ("(d)" in v["target"] or v["target"] == ADAPTIVE_TARGET) and v["verdict"] != "N/A"
+    ]
     return bool(judged) and all(v["verdict"] == "PASS" for v in judged)
 
 

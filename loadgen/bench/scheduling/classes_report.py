@@ -282,7 +282,8 @@ def _verdicts(
             {
                 "target": ADAPTIVE_TARGET,
                 "verdict": "N/A",
-                "detail": "no static cap of the sweep keeps >= 0.99 of requests within their ITL target",
+                "detail": "no static cap of the sweep keeps >= 0.99 of requests within their ITL target: "
+                "nothing to hold the adaptive cap against (smaller caps, as --caps 16,32,64,128, give one)",
             }
         )
     else:

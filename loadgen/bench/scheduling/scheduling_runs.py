@@ -32,8 +32,8 @@ from loadgen.bench.scheduling.scheduling_types import (
 from loadgen.client import RequestResult
 from loadgen.engine_sim.fleet import load_fleet_file
 from loadgen.fleetsim import SimOptions, simulate
-from loadgen.runner import RunOptions, build_schedule, run_workload
-from loadgen.workloads import get_workload
+from loadgen.fleetsim.options import schedule_of
+from loadgen.runner import RunOptions, run_workload
 from loadgen.workloads.trace import trace_line
 
 UTIL_SAMPLE_SIM_S: Final = 2.0  # CATO samples utilization every 2 s
@@ -115,16 +115,7 @@ def run_sim(
 def write_record(path: Path, opts: SimOptions, requests: Sequence[RequestResult]) -> None:
     """What `berth-loadgen run --record` writes, for a simulated run: each call's trace fields (from the
     run's schedule, rebuilt from its seed as the simulator builds it) and what the client observed."""
-    run_opts = RunOptions(
-        target="sim",
-        workload=opts.workload,
-        rate=opts.rate,
-        duration_s=opts.duration_s,
-        arrival=opts.arrival,
-        cv=opts.cv,
-        seed=opts.seed,
-    )
-    tasks = {t.index: t for t in build_schedule(get_workload(opts.workload), run_opts)}
+    tasks = {t.index: t for t in schedule_of(opts)}
     lines = []
     for r in requests:
         task = tasks[r.task_index]
