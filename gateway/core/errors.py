@@ -2,7 +2,8 @@
 
 Every error a client can see is a `BerthError`; `front` renders it in the OpenAI error shape
 `{"error": {"message", "type", "param", "code"}}`. Constructors below are the only way errors are
-made, so status, type and outcome stay consistent.
+made, so status, type and outcome stay consistent. They stay in one module (a little over the size rule)
+so that every code a client can see is listed in one place.
 """
 
 from __future__ import annotations
