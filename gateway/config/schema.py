@@ -71,7 +71,10 @@ class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     first_byte_timeout_s: PositiveFloat = 120.0  # 504 when the engine sends no headers in time
     read_timeout_s: PositiveFloat = 120.0  # 504 / error event when a stream goes silent this long
     max_retries: NonNegativeInt = 1  # on another endpoint, before the first byte only
-    pool_per_host: PositiveInt = 256
+    # Connections per engine host (host:port), for generation calls (and as many for the rest). Above an
+    # engine's default batch of 256 and the one request more that berth lets in beyond a batch size it
+    # learned from the engine's gauges (cap = seats + 1).
+    pool_per_host: PositiveInt = 512
     # Connections overall, for generation calls (and as many for the rest). At least the fleet's seats
     # (the sum of its endpoints' caps): a request beyond it waits for a connection and gets 503
     # upstream_pool_exhausted after connect_timeout_s; startup and reload warn when the seats exceed it.

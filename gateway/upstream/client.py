@@ -48,7 +48,7 @@ class UpstreamSettings:
     first_byte_timeout_s: float = 120.0
     read_timeout_s: float = 120.0
     max_retries: int = 1
-    pool_per_host: int = 256
+    pool_per_host: int = 512
     pool_total: int = 1024
 
     @classmethod
