@@ -1,10 +1,10 @@
 """SLO admission's late recheck keeps a queued request's idle terms (`IdleTerms`: prompt, planned output,
 deadlines) and the ready endpoints of a snapshot between the questions it is asked: a warm admitter,
-asked about the same requests on tick after tick (their recheck, their due time, their next promise,
-demoted copies of them), answers what an admitter that never saw them answers and gives the times an
-admitter that keeps no terms gives (hypothesis), and the
-terms give the latest start and time left of the plain functions. The tick's per-type `RecheckFrom`
-check agrees with the protocol's isinstance."""
+asked about the same requests on arrival and on tick after tick (their admission, their recheck, their
+due time, their next promise, requeued copies of them), answers what an admitter that never saw them
+answers and gives the times an admitter that keeps no terms gives (hypothesis), and the terms give the
+latest start and time left of the plain functions. The tick's per-type `RecheckFrom` check agrees with
+the protocol's isinstance."""
 
 from __future__ import annotations
 
@@ -91,6 +91,11 @@ def test_a_warm_late_recheck_answers_what_a_fresh_admitter_answers(
         )
         for i, (ttft, e2e, prompt, out, produced, arrival) in enumerate(specs)
     ]
+    first = fleet(script[0][0], script[0][1], script[0][2])
+    for req in queued:  # arrivals: the warm admitter keeps the terms of those it queues
+        assert answer(warm.admit(req, first, lambda _: 0)) == answer(
+            admitter(tail).admit(req, first, lambda _: 0)
+        )
     for now, speeds, ready, demote in script:
         if demote < len(queued):  # the same id, another object (a requeued preempted request)
             queued[demote] = dataclasses.replace(

@@ -60,6 +60,8 @@ _SPEEDS_KEPT: Final = 16  # views `_speeds_of` keeps at most: the views, fastest
 _Speeds = tuple[tuple[EndpointView, ...], list[EndpointView], IdleBound | None]
 _TERMS_KEPT: Final = 1 << 15  # requests whose `IdleTerms` the recheck keeps at most (then made afresh)
 
+#: Outcomes that queue the request as it is (a best-effort one is queued as a demoted copy).
+_QUEUED: Final = frozenset((AdmitOutcome.ADMIT, AdmitOutcome.HOLD))
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,
     Infeasible.HOLD: AdmitOutcome.HOLD,
@@ -96,6 +98,7 @@ class SloFeasibilityAdmitter:
         """`preemption`: the policy's preemption rules (None: it never preempts), whose victims' loads
         come from `caches` (the policy's shared loads)."""
         self.rechecks = params.recheck != "off"
+        self._late = params.recheck == "late"
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the recheck bound in force
         self._next_bounds: dict[ModelName, IdleBound | None] = {}  # the same without headroom
         self._fleet_bounds = KeptBounds()
@@ -114,6 +117,16 @@ class SloFeasibilityAdmitter:
         )
 
     def admit(
+        self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
+    ) -> AdmitDecision:
+        decision = self._admit(req, snap, queued_in_class)
+        if self._late and decision.outcome in _QUEUED and not req.best_effort:
+            # the idle terms the late recheck asks for on the ticks it waits through, made on arrival
+            # (the tick that first schedules the request's recheck then only reads them)
+            self._terms_of(req)
+        return decision
+
+    def _admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
     ) -> AdmitDecision:
         bound = class_bound(self._slo, req, queued_in_class, self.params.retry_after_s)
