@@ -108,6 +108,7 @@ class SloFeasibilityAdmitter:
         # `_speeds_of` per views (by their identity) and model
         self._speeds: dict[tuple[int, ModelName], _Speeds] = {}
         self._terms: dict[RequestId, tuple[SchedRequest, IdleTerms]] = {}  # per request (`_terms_of`)
+        self._outcomes: dict[str, AdmitDecision] = {}  # a recheck's refusal per SLO class (`_outcome`)
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
@@ -306,14 +307,18 @@ class SloFeasibilityAdmitter:
         return self._outcome(req)
 
     def _outcome(self, req: SchedRequest) -> AdmitDecision:
-        """A recheck's answer for a queued request that can no longer meet its SLO: its class's."""
-        outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
-        return AdmitDecision(
-            outcome,
-            SLO_INFEASIBLE,
-            f"the SLO of class '{req.slo.slo_class}' can no longer be met: the request waited too long",
-            self.params.retry_after_s,
-        )
+        """A recheck's answer for a queued request that can no longer meet its SLO: its class's (one
+        answer per class, kept: a tick refuses tens of requests of a few classes)."""
+        cls = req.slo.slo_class
+        got = self._outcomes.get(cls)
+        if got is None:
+            got = self._outcomes[cls] = AdmitDecision(
+                _OUTCOME[self._slo.class_of(cls).on_infeasible],
+                SLO_INFEASIBLE,
+                f"the SLO of class '{cls}' can no longer be met: the request waited too long",
+                self.params.retry_after_s,
+            )
+        return got
 
     def _feasible_now(
         self,
