@@ -31,7 +31,7 @@ from msgspec import Meta
 
 from gateway.core.slo import Infeasible, SloPolicy
 from gateway.core.types import EndpointHealth, ModelName, RequestId
-from gateway.sched.idle import IdleBound, IdleTerms, KeptBounds, output_bound
+from gateway.sched.idle import IdleBound, IdleTerms, KeptBounds
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome, PreemptionRules
 from gateway.sched.loads import LoadCache, LoadCaches
 from gateway.sched.perf import default_prior
@@ -43,7 +43,6 @@ from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction, idle_service
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import deadlines
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
@@ -242,17 +241,9 @@ class SloFeasibilityAdmitter:
         terms = self._terms
         if len(terms) >= _TERMS_KEPT:
             terms.clear()
-        ttft_at, e2e_at = deadlines(req)
-        got = terms[req.id] = (
-            req,
-            IdleTerms(
-                float(req.prompt_tokens + req.produced_tokens),  # resume_prompt_tokens
-                output_bound(req, self._cache.params.gamma),
-                ttft_at,
-                e2e_at,
-            ),
-        )
-        return got[1]
+        made = IdleTerms.of(req, self._cache.params.gamma)
+        terms[req.id] = (req, made)
+        return made
 
     def _late_everywhere(
         self,
