@@ -41,8 +41,9 @@ whichever call's allocation crossed one and counts in that call's time (with a q
 young collection takes 0.5-2 ms there, an older one 4-7 ms: most of the p99 of `submit` and `complete`).
 
 Target: p99 <= 1 ms for `submit`, `complete` and `tick` with every preset; <= 2 ms in the backlog case.
-A preset that misses it is run again under cProfile; the report names where the time goes
-(`OUT/profile-PRESET.txt`).
+A preset that misses it is run again with each judged call under a profiler of its own; the report names
+where the time goes (`OUT/profile-PRESET.txt`), and `OUT/slow-calls-PRESET.txt` what the slowest tenth
+of each kind of call does, against the rest.
 
 Output: `OUT/report.md`, `OUT/report.json`.
 """
@@ -50,11 +51,9 @@ Output: `OUT/report.md`, `OUT/report.json`.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import dataclasses
 import gc
 import io
-import pstats
 import random
 import sys
 import tempfile
@@ -76,6 +75,7 @@ from gateway.dispatch.context import RequestContext
 from gateway.sched.decisions import Decision, Dispatch, Preempt
 from gateway.sched.scheduler import Scheduler
 from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.overhead.slow_calls import CallProfiles
 from loadgen.bench.scheduling.scheduling_setup import gateway_toml, policy_file
 from loadgen.bench.skeleton import run_bench
 from loadgen.client import build_body, build_headers
@@ -236,6 +236,7 @@ class Driver:
     ) -> None:
         """`timer`: what a call is timed with (ns)."""
         self.timer = timer
+        self.profiles: CallProfiles | None = None  # each call profiled on its own (`profile_preset`)
         self.gw: SimGateway = sim.gw
         self.sched: Scheduler = sim.gw.scheduler
         self.clock = sim.clock
@@ -284,6 +285,10 @@ class Driver:
             return None
 
     def _timed(self, kind: str, fn: Callable[..., _T], *args: Any) -> _T:
+        if self.profiles is not None:
+            out, ns = self.profiles.timed(kind, fn, *args)
+            self.timings.add(kind, ns)
+            return out  # type: ignore[no-any-return]  # fn's result, passed through
         timer = self.timer
         t0 = timer()
         out = fn(*args)
@@ -473,24 +478,30 @@ def measure_preset(
 def profile_preset(
     cfg: DecisionConfig, name: str, work: Path, top: int = 25, *, backlog: bool = False
 ) -> dict[str, Any]:
-    """The measurement again under cProfile: the functions with the most time of their own and the
-    most cumulative time (text in OUT/profile-NAME[-backlog].txt)."""
+    """The measurement again, each judged call under a profiler of its own: the functions with the most
+    time of their own and the most cumulative time over those calls (text in
+    OUT/profile-NAME[-backlog].txt), and the slow calls set against the rest
+    (OUT/slow-calls-NAME[-backlog].txt, `loadgen.bench.overhead.slow_calls`)."""
     preset = PRESETS[name]
     queued = cfg.backlog if backlog else cfg.queued
     drv = _driver(cfg, preset, warm_up(cfg, preset, work), backlog=backlog)
     drv.fill(queued)
-    prof = cProfile.Profile()
-    prof.enable()
+    profiles = drv.profiles = CallProfiles(JUDGED)
     drv.measure(max(200, cfg.rounds // 3), queued, gc_mode=cfg.gc)
-    prof.disable()
+    drv.profiles = None
+    suffix = "-backlog" if backlog else ""
+    (cfg.out / f"slow-calls-{name}{suffix}.txt").write_text(profiles.report(_short))
     buf = io.StringIO()
-    stats = pstats.Stats(prof, stream=buf)
-    stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
-    fname = f"profile-{name}{'-backlog' if backlog else ''}.txt"
+    whole = profiles.whole()
+    raw: dict[Any, Any] = {}
+    if whole is not None:
+        whole.stream = buf  # type: ignore[attr-defined]  # where pstats prints
+        whole.sort_stats("tottime").print_stats(top)
+        whole.sort_stats("cumulative").print_stats(top)
+        raw = whole.stats  # type: ignore[attr-defined]  # pstats keeps them untyped
+    fname = f"profile-{name}{suffix}.txt"
     (cfg.out / fname).write_text(buf.getvalue())
-    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]  # pstats keeps them untyped
-    measured = sum(v[2] for v in raw.values()) or 1.0  # own times add up to the whole profiled run
+    measured = sum(v[2] for v in raw.values()) or 1.0  # own times add up to the profiled calls
 
     def row(key: Any, v: Any) -> dict[str, Any]:
         file, line, fn = key
@@ -510,6 +521,7 @@ def profile_preset(
     by_cum = sorted(berth, key=lambda kv: -kv[1][3])[:12]
     return {
         "file": fname,
+        "slow_calls": f"slow-calls-{name}{suffix}.txt",
         "profiled_s": round(measured, 3),
         "top_tottime": [row(k, v) for k, v in by_own],
         "top_cumulative": [row(k, v) for k, v in by_cum],
@@ -589,7 +601,8 @@ def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
         lines += [
             "",
             f"## Where {r['preset']}'s time goes, {r['case']} case "
-            f"(cProfile over {prof['profiled_s']:.1f} s of driving; {prof['file']})",
+            f"(each {', '.join(JUDGED)} call under cProfile, {prof['profiled_s']:.1f} s in all; "
+            f"{prof['file']}; the slowest tenth of each kind against the rest: {prof['slow_calls']})",
             "",
             "berth's functions by cumulative time (share of the profiled time):",
             "",
