@@ -9,8 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.bench.overhead.decision_cost import TARGET_P99_US, Timings, verdicts
+from loadgen.bench.overhead.decision_cost import TARGET_P99_US, verdicts
 from loadgen.bench.overhead.decision_cost import main as decisions_main
+from loadgen.bench.overhead.decision_driver import Timings
 
 
 def test_timings_summarize_in_microseconds() -> None:
