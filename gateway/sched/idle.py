@@ -17,12 +17,12 @@ refit that moves coefficients by less does not make a queue rank its requests ag
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import deadlines, output_estimate, remaining_max_tokens
+from gateway.sched.running import deadlines, output_estimate, remaining_max_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
 #: Relative change of a coefficient below which a kept bound stays in force.
@@ -151,12 +151,41 @@ def latest_start(
     """The last clock time at which `req`, served alone at `bound`, still keeps its first-token and
     last-token deadlines; None when it has neither."""
     ttft_at, e2e_at = deadlines(req)
-    if ttft_at is None and e2e_at is None:
-        return None
-    ttft, e2e = bound.times(prompt, out, alone)
-    if ttft_at is None:
-        assert e2e_at is not None
-        return e2e_at - e2e
-    if e2e_at is None:
-        return ttft_at - ttft
-    return min(ttft_at - ttft, e2e_at - e2e)
+    return IdleTerms(prompt, out, ttft_at, e2e_at).latest_start(bound, alone)
+
+
+class IdleTerms(NamedTuple):
+    """What a request's service alone and its latest start take from the request, the same at every
+    bound and clock: the tokens its next run prefills (`resume_prompt_tokens`), the output it is planned
+    for (`output_bound`) and its deadlines (`deadlines`). Made once per request by a plugin that asks
+    about the same request on many ticks (SLO admission's recheck); the same figures as asking again. (A
+    named tuple: one is made per queued request, and a frozen dataclass takes several times as long.)"""
+
+    prompt: float
+    out: float
+    ttft_at: float | None
+    e2e_at: float | None
+
+    @staticmethod
+    def of(req: SchedRequest, gamma: float) -> IdleTerms:
+        ttft_at, e2e_at = deadlines(req)
+        return IdleTerms(float(resume_prompt_tokens(req)), output_bound(req, gamma), ttft_at, e2e_at)
+
+    def left(self, now: float) -> tuple[float | None, float | None]:
+        """`gateway.sched.targets.time_left` at `now`."""
+        ttft_at, e2e_at = self.ttft_at, self.e2e_at
+        return (None if ttft_at is None else ttft_at - now), (None if e2e_at is None else e2e_at - now)
+
+    def latest_start(self, bound: IdleBound, alone: float) -> float | None:
+        """The last clock time at which its request, served alone at `bound` (`alone`: 1 + the prefill
+        overhead), still keeps its deadlines; None when it has neither."""
+        prompt, out, ttft_at, e2e_at = self
+        if ttft_at is None and e2e_at is None:
+            return None
+        ttft, e2e = bound.times(prompt, out, alone)
+        if ttft_at is None:
+            assert e2e_at is not None
+            return e2e_at - e2e
+        if e2e_at is None:
+            return ttft_at - ttft
+        return min(ttft_at - ttft, e2e_at - e2e)

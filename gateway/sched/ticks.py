@@ -22,6 +22,18 @@ from gateway.sched.snapshot import FleetSnapshot
 
 #: A request's expiry is looked at this much before its exact time (the exact test then decides).
 _EPSILON_S: Final = 1e-6
+#: Whether admitters of a type are `RecheckFrom`, per type: the protocol's isinstance check looks at
+#: every member (about 16 µs), and a tick would make it on every call.
+_RECHECK_FROM: dict[type, bool] = {}
+
+
+def promising(admitter: Admitter) -> RecheckFrom | None:
+    """`admitter` when it is `RecheckFrom` (checked once per type)."""
+    kind = type(admitter)
+    known = _RECHECK_FROM.get(kind)
+    if known is None:
+        known = _RECHECK_FROM[kind] = isinstance(admitter, RecheckFrom)
+    return admitter if known else None  # type: ignore[return-value]  # checked above, per type
 
 
 def due(
@@ -40,6 +52,7 @@ def due(
     after: Callable[[Queued], float]
     epoch: Hashable
     again_epoch: Hashable = None
+    promises = None if admitter is None else promising(admitter)
     if admitter is None or snap is None:
         epoch = (wait_limit, None, None)
 
@@ -47,7 +60,8 @@ def due(
             return item.queued_at + wait_limit - _EPSILON_S
 
         after = when
-    elif isinstance(admitter, RecheckFrom):
+    elif promises is not None:
+        admitter = promises
         try:
             bound = admitter.recheck_epoch(model, snap)
         except Exception:

@@ -9,8 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.bench.overhead.decision_cost import TARGET_P99_US, Timings, verdicts
+from loadgen.bench.overhead.decision_cost import TARGET_P99_US, verdicts
 from loadgen.bench.overhead.decision_cost import main as decisions_main
+from loadgen.bench.overhead.decision_driver import Timings
 
 
 def test_timings_summarize_in_microseconds() -> None:
@@ -91,4 +92,8 @@ def test_a_preset_that_misses_the_target_is_profiled(tmp_path: Path) -> None:
     assert result["passed"] is False
     assert any("scheduler.py" in p["function"] for p in result["profile"]["top_cumulative"])
     assert (out / result["profile"]["file"]).exists()
+    slow = (out / result["profile"]["slow_calls"]).read_text()  # the slowest tenth against the rest
+    assert "== complete:" in slow
+    assert "slow (>= p90)" in slow
+    assert "gateway/sched/scheduler.py" in slow
     assert "least-outstanding's time goes" in (out / "report.md").read_text()

@@ -14,12 +14,8 @@ from gateway.core.slo import Infeasible, SloClass, SloPolicy
 from gateway.sched.harms import breaks_deadlines, endangers
 from gateway.sched.interfaces import AdmitOutcome
 from gateway.sched.perf import PerfCoefficients
-from gateway.sched.plugins.admission.slo_feasibility import (
-    SeatOrder,
-    SloFeasibilityAdmitter,
-    SloFeasibilityParams,
-    kth_free,
-)
+from gateway.sched.plugins.admission.seat_order import SeatOrder, kth_free
+from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.request import SchedRequest

@@ -17,7 +17,9 @@ Per shipped preset (`coding-assistant`, the three baselines, `aladdin`, `default
    `tick` every 0.1 s (expiry, admission recheck of every queued request, serving every queue), progress
    reports of running streams (`progress`, ~2,000/s), a scrape of every endpoint every 2 s
    (`observe_gauges`) and new estimates every 1 s (`set_estimates`). Each call is timed with
-   `time.perf_counter_ns`; the virtual clock moves 5 ms per round.
+   `time.perf_counter_ns` (`--clock cpu`: the thread's CPU time, `time.thread_time_ns`, which leaves out
+   the time the process waited for a core: on a machine shared with other work, the way to compare two
+   versions of the code); the virtual clock moves 5 ms per round.
 
 Workloads: the coding presets (coding-assistant and the baselines, with the coding class table as the
 scheduling benchmark adds it) get `coding:pattern1`; `default` (as shipped) gets `sharegpt-like` and
@@ -31,9 +33,17 @@ requests of a class of kind batch in that preset kept queued: the coding presets
 (`chat-and-batch` preempts batch work for interactive requests) take the victim out of the running set
 until its next dispatch.
 
+Garbage collection (`--gc`): by default the collector runs on the daemon's schedule
+(`gateway.core.heap.GcSchedule`: settled after the fill, its young collections between the measured
+calls, as the daemon runs them between the event loop's callbacks), and its pauses are reported apart
+(`gc (between calls)`); `--gc cpython` leaves CPython's own thresholds on, so a collection runs inside
+whichever call's allocation crossed one and counts in that call's time (with a queue of thousands a
+young collection takes 0.5-2 ms there, an older one 4-7 ms: most of the p99 of `submit` and `complete`).
+
 Target: p99 <= 1 ms for `submit`, `complete` and `tick` with every preset; <= 2 ms in the backlog case.
-A preset that misses it is run again under cProfile; the report names where the time goes
-(`OUT/profile-PRESET.txt`).
+A preset that misses it is run again with each judged call under a profiler of its own; the report names
+where the time goes (`OUT/profile-PRESET.txt`), and `OUT/slow-calls-PRESET.txt` what the slowest tenth
+of each kind of call does, against the rest.
 
 Output: `OUT/report.md`, `OUT/report.json`.
 """
@@ -41,59 +51,34 @@ Output: `OUT/report.md`, `OUT/report.json`.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import dataclasses
-import gc
 import io
-import pstats
-import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
-import numpy as np
 import orjson
 
-from gateway.core.errors import BerthError
-from gateway.core.slo import SloKind
-from gateway.core.types import ApiKind, EndpointId, EngineGauges, ModelName, RequestId
-from gateway.dispatch.context import RequestContext
-from gateway.sched.decisions import Decision, Dispatch, Preempt
-from gateway.sched.scheduler import Scheduler
 from loadgen.bench.catalogue import BENCHMARKS
+from loadgen.bench.overhead.decision_driver import MODEL, Driver
+from loadgen.bench.overhead.slow_calls import CallProfiles
 from loadgen.bench.scheduling.scheduling_setup import gateway_toml, policy_file
 from loadgen.bench.skeleton import run_bench
-from loadgen.client import build_body, build_headers
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions
-from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.sim import Simulation
 from loadgen.harness import REPO_ROOT
-from loadgen.runner import RunOptions, build_schedule
-from loadgen.workloads import get_workload
-from loadgen.workloads.base import TaskSpec
 
-MODEL: Final = ModelName("model-7b")
 PROFILE: Final = "fleet-7b"
 TARGET_P99_US: Final = 1000.0
 #: The batch backlog case: this many batch requests wait, and the target per call is looser.
 BACKLOG: Final = 10_000
 BACKLOG_TARGET_P99_US: Final = 2000.0
 JUDGED: Final = ("submit", "complete", "tick")
-ROUND_S: Final = 0.005  # virtual time per round (a 100-endpoint fleet finishes ~200 requests/s)
-TICK_S: Final = 0.1  # the daemon's queue ticker (gateway.app.QUEUE_TICK_S)
-SCRAPE_S: Final = 2.0
-REFRESH_S: Final = 1.0
-PROGRESS_PER_ROUND: Final = 10  # ~2,000 progress reports/s: 1,600 streams, one report per 16 tokens
-PROGRESS_EVERY: Final = 16
-#: Submissions in a row without a deeper queue after which filling stops at the depth reached.
-FILL_STALL: Final = 3000
-_T = TypeVar("_T")
-_API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,29 +127,9 @@ class DecisionConfig:
     # against `backlog_target_us`.
     backlog: int = BACKLOG
     backlog_target_us: float = BACKLOG_TARGET_P99_US
-
-
-@dataclass(slots=True)
-class Timings:
-    """Nanoseconds per call, by kind."""
-
-    ns: dict[str, list[int]] = field(default_factory=dict)
-
-    def add(self, kind: str, ns: int) -> None:
-        self.ns.setdefault(kind, []).append(ns)
-
-    def summary(self) -> dict[str, dict[str, float | int]]:
-        out: dict[str, dict[str, float | int]] = {}
-        for kind, vals in self.ns.items():
-            a = np.asarray(vals, dtype=np.float64) / 1000.0
-            out[kind] = {
-                "n": len(vals),
-                "p50_us": round(float(np.percentile(a, 50)), 1),
-                "p99_us": round(float(np.percentile(a, 99)), 1),
-                "max_us": round(float(a.max()), 1),
-                "mean_us": round(float(a.mean()), 1),
-            }
-        return out
+    # "daemon": the collector on the daemon's schedule, between the calls; "cpython": its own thresholds
+    gc: str = "daemon"
+    clock: str = "wall"  # "wall": perf_counter; "cpu": the thread's CPU time
 
 
 def verdicts(summary: dict[str, dict[str, float | int]], target_us: float = TARGET_P99_US) -> dict[str, bool]:
@@ -207,180 +172,10 @@ def warm_up(cfg: DecisionConfig, preset: Preset, work: Path) -> Simulation:
     return sim
 
 
-class Driver:
-    """Drives a warmed-up gateway's scheduler directly, timing every call."""
-
-    def __init__(
-        self, sim: Simulation, workload: str, *, sla_scale: float, seed: int, batch_only: bool = False
-    ) -> None:
-        self.gw: SimGateway = sim.gw
-        self.sched: Scheduler = sim.gw.scheduler
-        self.clock = sim.clock
-        self.sla_scale = sla_scale
-        self.rng = random.Random(seed)
-        run = RunOptions(target="decisions", workload=workload, rate=50.0, duration_s=400.0, seed=seed + 1000)
-        self.tasks: list[TaskSpec] = build_schedule(get_workload(workload), run)
-        if batch_only:  # the backlog case: only the calls of a class of kind batch in the preset
-            slo = sim.gw.policy.slo
-            self.tasks = [
-                t
-                for t in self.tasks
-                if t.calls[0].slo_class is not None
-                and t.calls[0].slo_class in slo.classes
-                and slo.class_of(t.calls[0].slo_class).kind is SloKind.BATCH
-            ]
-            if not self.tasks:
-                raise ValueError(f"{workload}: no requests of a batch class in policy {sim.gw.policy.name!r}")
-        self.next_task = 0
-        self.running: list[RequestId] = []
-        self.produced: dict[RequestId, int] = {}
-        self.first_token: dict[RequestId, float] = {}
-        self.rejected = 0
-        self.timings = Timings()
-        self.estimates = {v.id: v.estimates for v in self.sched.snapshot().endpoints}
-        self.ids: list[EndpointId] = list(self.sched.endpoint_ids())
-        self._last_tick = self._last_scrape = self._last_refresh = self.clock.t
-
-    # ----------------------------------------------------------------- requests
-    def _new_request(self) -> Any:
-        """The next task's first call through the front's admission path (not timed); None when the
-        front refused it."""
-        spec = self.tasks[self.next_task % len(self.tasks)]
-        k = self.next_task
-        self.next_task += 1
-        if k >= len(self.tasks):  # another lap: new task ids
-            spec = dataclasses.replace(spec, task_id=f"{spec.task_id}-{k // len(self.tasks)}")
-        call = spec.calls[0]
-        ctx = RequestContext(id=f"dc-{k}", api=_API[call.api], arrival=self.clock.t)
-        body = build_body(call, MODEL, salt=k)
-        headers = build_headers(spec, call, {}, slo_scale=self.sla_scale, slo_headers=False)
-        try:
-            return self.gw.admit(ctx, ctx.api, body, list(headers.items()))
-        except BerthError:
-            self.rejected += 1
-            return None
-
-    def _timed(self, kind: str, fn: Callable[..., _T], *args: Any) -> _T:
-        t0 = time.perf_counter_ns()
-        out = fn(*args)
-        self.timings.add(kind, time.perf_counter_ns() - t0)
-        return out
-
-    def _apply(self, decisions: Sequence[Decision]) -> None:
-        for d in decisions:
-            if isinstance(d, Dispatch):
-                self.running.append(d.req.id)
-                self.produced[d.req.id] = 0
-            elif isinstance(d, Preempt):
-                # Its seat was freed and it waits again (not a completion): it leaves the running set
-                # and its next Dispatch adds it back.
-                self._forget(d.victim.id)
-            else:
-                self.rejected += 1
-
-    def _forget(self, rid: RequestId) -> None:
-        self.produced.pop(rid, None)
-        self.first_token.pop(rid, None)
-        try:
-            i = self.running.index(rid)  # preemptions are rare: a walk of the running set is fine
-        except ValueError:
-            return
-        last = self.running.pop()
-        if i < len(self.running):
-            self.running[i] = last
-
-    def submit(self, *, timed: bool = True) -> None:
-        sreq = self._new_request()
-        if sreq is None:
-            return
-        d = self._timed("submit", self.sched.submit, sreq) if timed else self.sched.submit(sreq)
-        if d is not None:
-            self._apply((d,))
-        if self.sched.outbox:  # the preemptions the submit made for its request
-            self._apply(self.sched.take_preemptions())
-
-    def complete_one(self) -> None:
-        if not self.running:
-            return
-        i = self.rng.randrange(len(self.running))
-        rid = self.running[i]
-        self.running[i] = self.running[-1]
-        self.running.pop()
-        self.produced.pop(rid, None)
-        self.first_token.pop(rid, None)
-        self._apply(self._timed("complete", self.sched.complete, rid))
-
-    def progress(self, n: int) -> None:
-        for _ in range(min(n, len(self.running))):
-            rid = self.running[self.rng.randrange(len(self.running))]
-            produced = self.produced[rid] + PROGRESS_EVERY if self.produced[rid] else 1
-            self.produced[rid] = produced
-            first = self.first_token.setdefault(rid, self.clock.t)
-            self._timed("progress", self.sched.progress, rid, produced, first)
-
-    # ----------------------------------------------------------------- periodic work
-    def periodic(self) -> None:
-        now = self.clock.t
-        if now - self._last_tick >= TICK_S:
-            self._last_tick = now
-            self._apply(self._timed("tick", self.sched.tick))
-        if now - self._last_scrape >= SCRAPE_S:
-            self._last_scrape = now
-            for eid in self.ids:
-                inflight = float(self.sched.inflight_on(eid))
-                gauges = EngineGauges(running=inflight, waiting=0.0, kv_usage=0.5)
-                self._timed("observe_gauges", self.sched.observe_gauges, eid, gauges)
-        if now - self._last_refresh >= REFRESH_S:
-            self._last_refresh = now
-            self._timed("set_estimates (all endpoints)", self._push_estimates)
-
-    def _push_estimates(self) -> None:
-        """What the telemetry refresh hands in: every endpoint's estimates, their EWMAs moved a little."""
-        wobble = 1.0 + self.rng.uniform(-0.01, 0.01)
-        for eid in self.ids:
-            est = self.estimates.get(eid)
-            if est is not None and est.ttft_ewma_s is not None:
-                est = dataclasses.replace(est, ttft_ewma_s=est.ttft_ewma_s * wobble)
-            self.sched.set_estimates(eid, est)
-
-    # ----------------------------------------------------------------- phases
-    def fill(self, queued: int) -> int:
-        """Submit (untimed) until `queued` requests wait; the depth reached (admission may refuse)."""
-        limits = self.sched.limits
-        if limits.max_queue_per_model < queued + 1000:  # the benchmark's gateway.toml allows 8,192
-            self.sched.set_limits(dataclasses.replace(limits, max_queue_per_model=queued + 1000))
-        attempts = 0
-        limit = 30 * queued + 10 * len(self.ids) * 64
-        deepest, grew_at = 0, 0
-        while self.sched.queue_depth(MODEL) < queued and attempts < limit:
-            self.clock.t += 0.001
-            self.submit(timed=False)
-            attempts += 1
-            self.periodic()
-            depth = self.sched.queue_depth(MODEL)
-            if depth > deepest:
-                deepest, grew_at = depth, attempts
-            elif attempts - grew_at > FILL_STALL and depth > 0:
-                break  # admission refuses what would queue (the SLAs cannot be met): the depth reached
-        self.timings = Timings()  # the fill's periodic calls are not measured
-        return self.sched.queue_depth(MODEL)
-
-    def measure(self, rounds: int, queued: int) -> None:
-        gc.collect()
-        for _ in range(rounds):
-            self.clock.t += ROUND_S
-            self.complete_one()
-            self.progress(PROGRESS_PER_ROUND)
-            for _ in range(4):  # refill what was dispatched (a refused submission is tried again)
-                if self.sched.queue_depth(MODEL) >= queued:
-                    break
-                self.submit()
-            self.periodic()
-
-
 def _driver(cfg: DecisionConfig, preset: Preset, sim: Simulation, *, backlog: bool) -> Driver:
     workload = preset.backlog_workload if backlog else preset.workload
-    return Driver(sim, workload, sla_scale=cfg.sla_scale, seed=cfg.seed, batch_only=backlog)
+    timer = time.thread_time_ns if cfg.clock == "cpu" else time.perf_counter_ns
+    return Driver(sim, workload, sla_scale=cfg.sla_scale, seed=cfg.seed, batch_only=backlog, timer=timer)
 
 
 def measure_preset(
@@ -397,7 +192,7 @@ def measure_preset(
     drv = _driver(cfg, preset, sim, backlog=backlog)
     depth0 = drv.fill(queued)
     running0 = len(drv.running)
-    drv.measure(cfg.rounds, queued)
+    drv.measure(cfg.rounds, queued, gc_mode=cfg.gc)
     summary = drv.timings.summary()
     result: dict[str, Any] = {
         "preset": name,
@@ -425,24 +220,30 @@ def measure_preset(
 def profile_preset(
     cfg: DecisionConfig, name: str, work: Path, top: int = 25, *, backlog: bool = False
 ) -> dict[str, Any]:
-    """The measurement again under cProfile: the functions with the most time of their own and the
-    most cumulative time (text in OUT/profile-NAME[-backlog].txt)."""
+    """The measurement again, each judged call under a profiler of its own: the functions with the most
+    time of their own and the most cumulative time over those calls (text in
+    OUT/profile-NAME[-backlog].txt), and the slow calls set against the rest
+    (OUT/slow-calls-NAME[-backlog].txt, `loadgen.bench.overhead.slow_calls`)."""
     preset = PRESETS[name]
     queued = cfg.backlog if backlog else cfg.queued
     drv = _driver(cfg, preset, warm_up(cfg, preset, work), backlog=backlog)
     drv.fill(queued)
-    prof = cProfile.Profile()
-    prof.enable()
-    drv.measure(max(200, cfg.rounds // 3), queued)
-    prof.disable()
+    profiles = drv.profiles = CallProfiles(JUDGED)
+    drv.measure(max(200, cfg.rounds // 3), queued, gc_mode=cfg.gc)
+    drv.profiles = None
+    suffix = "-backlog" if backlog else ""
+    (cfg.out / f"slow-calls-{name}{suffix}.txt").write_text(profiles.report(_short))
     buf = io.StringIO()
-    stats = pstats.Stats(prof, stream=buf)
-    stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
-    fname = f"profile-{name}{'-backlog' if backlog else ''}.txt"
+    whole = profiles.whole()
+    raw: dict[Any, Any] = {}
+    if whole is not None:
+        whole.stream = buf  # type: ignore[attr-defined]  # where pstats prints
+        whole.sort_stats("tottime").print_stats(top)
+        whole.sort_stats("cumulative").print_stats(top)
+        raw = whole.stats  # type: ignore[attr-defined]  # pstats keeps them untyped
+    fname = f"profile-{name}{suffix}.txt"
     (cfg.out / fname).write_text(buf.getvalue())
-    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]  # pstats keeps them untyped
-    measured = sum(v[2] for v in raw.values()) or 1.0  # own times add up to the whole profiled run
+    measured = sum(v[2] for v in raw.values()) or 1.0  # own times add up to the profiled calls
 
     def row(key: Any, v: Any) -> dict[str, Any]:
         file, line, fn = key
@@ -462,6 +263,7 @@ def profile_preset(
     by_cum = sorted(berth, key=lambda kv: -kv[1][3])[:12]
     return {
         "file": fname,
+        "slow_calls": f"slow-calls-{name}{suffix}.txt",
         "profiled_s": round(measured, 3),
         "top_tottime": [row(k, v) for k, v in by_own],
         "top_cumulative": [row(k, v) for k, v in by_cum],
@@ -493,7 +295,13 @@ def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
         f"pushes as the daemon makes them. Task SLAs x{cfg.sla_scale:g}. Wall time per call, µs "
         f"(p50 / p99 / max); target p99 <= {cfg.target_us:.0f} µs for {', '.join(JUDGED)}. The backlog "
         f"case keeps {cfg.backlog} requests of the preset's batch classes queued instead; its target is "
-        f"p99 <= {cfg.backlog_target_us:.0f} µs.",
+        f"p99 <= {cfg.backlog_target_us:.0f} µs. Garbage collection: "
+        + (
+            "on the daemon's schedule, between the calls (its pauses apart)."
+            if cfg.gc == "daemon"
+            else "CPython's own thresholds (a collection counts in the call it interrupts)."
+        )
+        + (" Timed by the thread's CPU time." if cfg.clock == "cpu" else ""),
         "",
     ]
     header = ["preset", "case", "workload", "queued / running", *JUDGED, "progress", "verdict"]
@@ -535,7 +343,8 @@ def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
         lines += [
             "",
             f"## Where {r['preset']}'s time goes, {r['case']} case "
-            f"(cProfile over {prof['profiled_s']:.1f} s of driving; {prof['file']})",
+            f"(each {', '.join(JUDGED)} call under cProfile, {prof['profiled_s']:.1f} s in all; "
+            f"{prof['file']}; the slowest tenth of each kind against the rest: {prof['slow_calls']})",
             "",
             "berth's functions by cumulative time (share of the profiled time):",
             "",
@@ -591,6 +400,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-us", type=float, default=TARGET_P99_US, help="p99 target per call (µs)")
     p.add_argument("--backlog", type=int, default=BACKLOG, help="backlog case size (0: skip)")
     p.add_argument("--backlog-target-us", type=float, default=BACKLOG_TARGET_P99_US, help="its p99 target")
+    p.add_argument(
+        "--gc",
+        choices=("daemon", "cpython"),
+        default="daemon",
+        help="the collector on the daemon's schedule, between calls (default), or CPython's thresholds",
+    )
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time calls by the wall clock (default) or the thread's CPU time (a shared machine)",
+    )
     return p
 
 
@@ -614,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         target_us=args.target_us,
         backlog=args.backlog,
         backlog_target_us=args.backlog_target_us,
+        gc=args.gc,
+        clock=args.clock,
     )
     return run_bench(
         BENCHMARKS["decisions"], cfg, bench, passed=lambda doc: all(r["passed"] for r in doc["results"])

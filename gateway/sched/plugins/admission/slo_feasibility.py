@@ -25,27 +25,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from operator import is_
 from typing import Annotated, Final, Literal
 
-import numpy as np
-import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.core.slo import Infeasible, SloPolicy
-from gateway.core.types import EndpointHealth, ModelName
-from gateway.sched.idle import IdleBound, KeptBounds, latest_start, output_bound
+from gateway.core.types import EndpointHealth, ModelName, RequestId
+from gateway.sched.idle import IdleBound, IdleTerms, KeptBounds
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome, PreemptionRules
 from gateway.sched.loads import LoadCache, LoadCaches
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.admission.ready import ReadySeats
+from gateway.sched.plugins.admission.seat_order import SeatOrder
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction, idle_service
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import resume_prompt_tokens
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
@@ -60,7 +57,10 @@ _ROUNDING: Final = 1e-9
 
 _SPEEDS_KEPT: Final = 16  # views `_speeds_of` keeps at most: the views, fastest first, fastest bound
 _Speeds = tuple[tuple[EndpointView, ...], list[EndpointView], IdleBound | None]
+_TERMS_KEPT: Final = 1 << 15  # requests whose `IdleTerms` the recheck keeps at most (then made afresh)
 
+#: Outcomes that queue the request as it is (a best-effort one is queued as a demoted copy).
+_QUEUED: Final = frozenset((AdmitOutcome.ADMIT, AdmitOutcome.HOLD))
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,
     Infeasible.HOLD: AdmitOutcome.HOLD,
@@ -97,6 +97,7 @@ class SloFeasibilityAdmitter:
         """`preemption`: the policy's preemption rules (None: it never preempts), whose victims' loads
         come from `caches` (the policy's shared loads)."""
         self.rechecks = params.recheck != "off"
+        self._late = params.recheck == "late"
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the recheck bound in force
         self._next_bounds: dict[ModelName, IdleBound | None] = {}  # the same without headroom
         self._fleet_bounds = KeptBounds()
@@ -105,6 +106,8 @@ class SloFeasibilityAdmitter:
         self._cache = loads or LoadCache(params.predict_params())
         # `_speeds_of` per views (by their identity) and model
         self._speeds: dict[tuple[int, ModelName], _Speeds] = {}
+        self._terms: dict[RequestId, tuple[SchedRequest, IdleTerms]] = {}  # per request (`_terms_of`)
+        self._outcomes: dict[str, AdmitDecision] = {}  # a recheck's refusal per SLO class (`_outcome`)
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
@@ -114,6 +117,16 @@ class SloFeasibilityAdmitter:
         )
 
     def admit(
+        self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
+    ) -> AdmitDecision:
+        decision = self._admit(req, snap, queued_in_class)
+        if self._late and decision.outcome in _QUEUED and not req.best_effort:
+            # the idle terms the late recheck asks for on the ticks it waits through, made on arrival
+            # (the tick that first schedules the request's recheck then only reads them)
+            self._terms_of(req)
+        return decision
+
+    def _admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
     ) -> AdmitDecision:
         bound = class_bound(self._slo, req, queued_in_class, self.params.retry_after_s)
@@ -219,21 +232,34 @@ class SloFeasibilityAdmitter:
         kept = self._speeds[key] = (views, serving, self._fleet_bounds.bound(snap, model, slowest=False))
         return kept
 
+    def _terms_of(self, req: SchedRequest) -> IdleTerms:
+        """`IdleTerms` of `req`, kept per request (a queued request is asked about on many ticks: its due
+        time, its recheck, the next one)."""
+        got = self._terms.get(req.id)
+        if got is not None and got[0] is req:
+            return got[1]
+        terms = self._terms
+        if len(terms) >= _TERMS_KEPT:
+            terms.clear()
+        made = IdleTerms.of(req, self._cache.params.gamma)
+        terms[req.id] = (req, made)
+        return made
+
     def _late_everywhere(
-        self, req: SchedRequest, snap: FleetSnapshot, left: tuple[float | None, float | None]
+        self,
+        req: SchedRequest,
+        terms: IdleTerms,
+        bound: IdleBound | None,
+        left: tuple[float | None, float | None],
     ) -> bool:
-        """Whether `req` misses a deadline alone even at the fastest coefficients of the model's ready
-        endpoints (`IdleBound`, the per-coefficient minimum: no endpoint is faster), by more than float
-        rounding: then it misses it alone on every endpoint, and they need not be asked one by one.
-        False when a cached prefix makes the prefill differ by endpoint (each is asked)."""
-        if req.cached:
+        """Whether `req` (its `terms`) misses a deadline alone even at `bound`, the fastest coefficients
+        of the model's ready endpoints (`IdleBound`, the per-coefficient minimum: no endpoint is faster),
+        by more than float rounding: then it misses it alone on every endpoint, and they need not be
+        asked one by one. False when a cached prefix makes the prefill differ by endpoint (each is
+        asked)."""
+        if bound is None or req.cached:
             return False
-        bound = self._speeds_of(req.model, snap)[2]
-        if bound is None:
-            return False
-        params = self._cache.params
-        out = output_bound(req, params.gamma)
-        ttft, e2e = bound.times(float(resume_prompt_tokens(req)), out, 1.0 + params.prefill_overhead)
+        ttft, e2e = bound.times(terms.prompt, terms.out, 1.0 + self._cache.params.prefill_overhead)
         ttft_left, e2e_left = left
         return (ttft_left is not None and ttft > ttft_left + _ROUNDING * abs(ttft_left)) or (
             e2e_left is not None and e2e > e2e_left + _ROUNDING * abs(e2e_left)
@@ -245,29 +271,45 @@ class SloFeasibilityAdmitter:
         mode = self.params.recheck
         if mode == "off" or req.best_effort:
             return ADMIT
-        left = time_left(req, snap.now)
-        if left == (None, None):
-            return ADMIT
-        ready = self._ready(req, snap) if mode != "late" else self._speeds_of(req.model, snap)[1]
-        if not ready:
-            return ADMIT
         if mode == "late":
+            terms = self._terms_of(req)
+            left = terms.left(snap.now)
+            if left == (None, None):
+                return ADMIT
+            _, ready, fastest = self._speeds_of(req.model, snap)
+            if not ready:
+                return ADMIT
             # alone on an endpoint: its coefficients suffice, no load is derived; the fastest endpoints
             # first, as the one that keeps its deadlines is most likely among them
             params = self._cache.params
-            if not self._late_everywhere(req, snap, left) and any(
+            if not self._late_everywhere(req, terms, fastest, left) and any(
                 meets(idle_service(e, req, params), left) for e in ready
             ):
                 return ADMIT
-        elif self._feasible_now(req, ready, snap.now, left):
+            return self._outcome(req)
+        left = time_left(req, snap.now)
+        if left == (None, None):
             return ADMIT
-        outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
-        return AdmitDecision(
-            outcome,
-            SLO_INFEASIBLE,
-            f"the SLO of class '{req.slo.slo_class}' can no longer be met: the request waited too long",
-            self.params.retry_after_s,
-        )
+        ready = self._ready(req, snap)
+        if not ready:
+            return ADMIT
+        if self._feasible_now(req, ready, snap.now, left):
+            return ADMIT
+        return self._outcome(req)
+
+    def _outcome(self, req: SchedRequest) -> AdmitDecision:
+        """A recheck's answer for a queued request that can no longer meet its SLO: its class's (one
+        answer per class, kept: a tick refuses tens of requests of a few classes)."""
+        cls = req.slo.slo_class
+        got = self._outcomes.get(cls)
+        if got is None:
+            got = self._outcomes[cls] = AdmitDecision(
+                _OUTCOME[self._slo.class_of(cls).on_infeasible],
+                SLO_INFEASIBLE,
+                f"the SLO of class '{cls}' can no longer be met: the request waited too long",
+                self.params.retry_after_s,
+            )
+        return got
 
     def _feasible_now(
         self,
@@ -335,14 +377,7 @@ class SloFeasibilityAdmitter:
             return -math.inf
         if bound is None:
             return -math.inf
-        params = self._cache.params
-        at = latest_start(
-            req,
-            bound,
-            float(resume_prompt_tokens(req)),
-            output_bound(req, params.gamma),
-            1.0 + params.prefill_overhead,
-        )
+        at = self._terms_of(req).latest_start(bound, 1.0 + self._cache.params.prefill_overhead)
         return math.inf if at is None else at - _EPSILON_S
 
     def _ahead(self, req: SchedRequest, queued_in_class: Callable[[str], int]) -> int:
@@ -377,60 +412,6 @@ class SloFeasibilityAdmitter:
             and (e2e_left is None or p.e2e_s <= e2e_left * m)
             and (itl_ms is None or p.tpot_s * 1000.0 <= itl_ms * m)
         )
-
-
-class SeatOrder:
-    """The running requests' predicted ends over some loads (`seat_free`): the first k-th asked is found
-    by a partition, and the ends are sorted once a second one is asked of the same loads (the requests
-    admitted between two changes of the fleet each ask for another k-th of the same ends)."""
-
-    __slots__ = ("_loads", "_owner", "_sizes", "_sorted", "_times")
-
-    def __init__(self, loads: list[EndpointLoad]) -> None:
-        self._loads = loads
-        arrays = []
-        for load in loads:
-            arr = load.memo.get("seat-free")
-            if arr is None:
-                arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
-            arrays.append(arr)
-        self._sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-        self._times = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.float64)
-        self._sorted: tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]] | None = None
-        self._owner: npt.NDArray[np.int64] | None = None
-
-    def of(self, loads: list[EndpointLoad]) -> bool:
-        """Whether it is the order of exactly these loads."""
-        kept = self._loads
-        return kept is loads or (len(kept) == len(loads) and all(map(is_, kept, loads)))
-
-    def kth(self, k: int) -> tuple[float, int] | None:
-        """`kth_free` of its loads."""
-        times = self._times
-        if k >= len(times):
-            return None
-        got = self._sorted
-        if got is not None:
-            return float(got[0][k]), int(got[1][k])
-        owner = self._owner
-        if owner is None:
-            # the first question: a partition (ties at t go by load index, as the concatenation is in
-            # load order); kept to sort at the second
-            self._owner = np.repeat(np.arange(len(self._sizes), dtype=np.int64), self._sizes)
-            t = float(np.partition(times, k)[k])
-            nth = k - int(np.count_nonzero(times < t))
-            at = int(np.flatnonzero(times == t)[nth])
-            return t, int(self._owner[at])
-        order = np.argsort(times, kind="stable")  # stable: ties keep the loads' order
-        got = self._sorted = (times[order], owner[order])
-        return float(got[0][k]), int(got[1][k])
-
-
-def kth_free(loads: list[EndpointLoad], k: int) -> tuple[float, int] | None:
-    """The `k`-th (from 0) of the running requests' predicted ends over `loads` (`seat_free`), as (time,
-    index of its load): `sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)[k]`;
-    None when there are not that many."""
-    return SeatOrder(loads).kth(k)
 
 
 def _typical_idle_s(view: EndpointView) -> float:
