@@ -11,7 +11,7 @@ from loadgen.engine_sim.engine import RequestState, SimRequest
 from loadgen.engine_sim.prefix_cache import PrefixCacheView
 from loadgen.fleetsim.prefix_oracle import hit_counters
 from loadgen.fleetsim.runs import RunEngine
-from loadgen.fleetsim.sim_state import _REPORT, _SCRAPE, _WAKE, SimState
+from loadgen.fleetsim.sim_state import _SCRAPE, _WAKE, SimState
 from loadgen.fleetsim.streams import PROGRESS_EVERY, Call, Endpoint, Reports, hand_out, plan_reports
 
 
@@ -92,7 +92,7 @@ class EngineSide(SimState):
             ep.run_seen = run
             plan = plan_reports(self._on_engine, run)
             if plan is not None:
-                self.push(max(run.ends[plan.at], now), _REPORT, plan)
+                self.push_report(max(run.ends[plan.at], now), plan)
 
     def _tokens(self, woken: Sequence[SimRequest], now: float) -> None:
         """One token for each request of `woken`, at `now` (an iteration run one at a time)."""
@@ -135,21 +135,38 @@ class EngineSide(SimState):
             self.push(wake, _WAKE, ep)
 
     def _progress(self, plan: Reports) -> None:
-        """The reports at iteration `plan.at` of a run, then the next such event."""
+        """The reports at iteration `plan.at` of a run (made now, its end), then the next such event. The
+        reports wait in `_progress_out` for the end of their burst (`_hand_over_progress`)."""
         i = plan.at
         ends = plan.run.ends
         if i >= len(ends):
             return  # the run was cut before this iteration
+        now = self.clock.t
+        out = self._progress_out
         for call, req, p0, i0 in plan.buckets[i % PROGRESS_EVERY]:
             if i >= i0 and call.engine_req is req and not call.done:
                 sreq_id = call.sreq_id
                 assert sreq_id is not None
                 # to the replica whose scheduler placed the call (its own ids and running requests)
-                call.gw.scheduler.progress(sreq_id, p0 + i + 1 - call.run_base, call.run_first_at)
+                out.append((call.gw, (sreq_id, p0 + i + 1 - call.run_base, call.run_first_at, now)))
         nxt = plan.after(i)
         if nxt < plan.stop and nxt < len(ends):
             plan.at = nxt
-            self.push(ends[nxt], _REPORT, plan)
+            self.push_report(ends[nxt], plan)
+
+    def _hand_over_progress(self) -> None:
+        """The reports of a burst, to their replicas' schedulers in one call each, in the order made: the
+        same as one call per report at its time, since nothing reached a scheduler in between."""
+        out = self._progress_out
+        gw = self.gw
+        if all(g is gw for g, _ in out):
+            gw.scheduler.progress_many([p for _, p in out])
+        else:
+            for g in self.gws:
+                mine = [p for r, p in out if r is g]
+                if mine:
+                    g.scheduler.progress_many(mine)
+        out.clear()
 
     def _token(self, call: Call, req: SimRequest, now: float) -> None:
         res = call.result

@@ -94,21 +94,18 @@ class Reports:
     PROGRESS_EVERY iterations, so the members are kept by `i0 % PROGRESS_EVERY` and one event at a time
     stands for the run's next iteration with a report. Void from the iteration a cut removed on."""
 
-    __slots__ = ("at", "buckets", "run", "stop")
+    __slots__ = ("at", "buckets", "run", "skip", "stop")
 
     def __init__(self, run: DecodeRun) -> None:
         self.run = run
         self.stop = len(run.ends) - 1
         self.buckets: list[list[tuple[Call, SimRequest, int, int]]] = [[] for _ in range(PROGRESS_EVERY)]
+        self.skip: list[int] = []  # per bucket, how far ahead the next one with members is (`plan_reports`)
         self.at = -1  # the iteration of the pending event
 
     def after(self, i: int) -> int:
         """The first iteration after `i` where a member reports (`stop` if none before it)."""
-        buckets = self.buckets
-        for j in range(i + 1, min(i + 1 + PROGRESS_EVERY, self.stop)):
-            if buckets[j % PROGRESS_EVERY]:
-                return j
-        return self.stop
+        return min(i + self.skip[i % PROGRESS_EVERY], self.stop)
 
 
 def hand_out(on_engine: dict[SimRequest, Call], committed: Sequence[tuple[DecodeRun, int, int]]) -> None:
@@ -152,5 +149,13 @@ def plan_reports(on_engine: dict[SimRequest, Call], run: DecodeRun) -> Reports |
         buckets[i0 % PROGRESS_EVERY].append((call, req, p0, i0))
     if first >= plan.stop:
         return None
+    # from each bucket, the distance to the next one with members (1 .. PROGRESS_EVERY; some has one)
+    skip = plan.skip
+    ahead = PROGRESS_EVERY
+    for r in range(2 * PROGRESS_EVERY - 1, -1, -1):
+        if r < PROGRESS_EVERY:
+            skip.append(ahead)
+        ahead = 1 if buckets[r % PROGRESS_EVERY] else ahead + 1
+    skip.reverse()
     plan.at = first
     return plan
