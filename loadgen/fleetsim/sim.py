@@ -253,22 +253,6 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         if not self._ended:
             self._deliver((math.inf, _WAKE, 0, None))
 
-    def _deliver(self, until: Event) -> None:
-        """The progress reports' events before `until`, in order (each at its time), then the reports
-        they made, handed over (`_hand_over_progress`) before anything else reaches a scheduler."""
-        reports = self._reports
-        clock = self.clock
-        pop = heapq.heappop
-        n = 0
-        while reports and reports[0] < until:
-            t, _, _, plan = pop(reports)
-            clock.t = t
-            n += 1
-            self._progress(plan)
-        self.events += n
-        if self._progress_out:
-            self._hand_over_progress()
-
     # ----------------------------------------------------------------- the report
     def _report(self, schedule: Sequence[TaskSpec], wall: float) -> Report:
         opts = self.opts

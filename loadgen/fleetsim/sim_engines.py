@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 from gateway.core import errors
@@ -11,8 +12,8 @@ from loadgen.engine_sim.engine import RequestState, SimRequest
 from loadgen.engine_sim.prefix_cache import PrefixCacheView
 from loadgen.fleetsim.prefix_oracle import hit_counters
 from loadgen.fleetsim.runs import RunEngine
-from loadgen.fleetsim.sim_state import _SCRAPE, _WAKE, SimState
-from loadgen.fleetsim.streams import PROGRESS_EVERY, Call, Endpoint, Reports, hand_out, plan_reports
+from loadgen.fleetsim.sim_state import _REPORT, _SCRAPE, _WAKE, Event, SimState
+from loadgen.fleetsim.streams import PROGRESS_EVERY, Call, Endpoint, hand_out, plan_reports
 
 
 class EngineSide(SimState):
@@ -134,33 +135,41 @@ class EngineSide(SimState):
             ep.wake_at = wake
             self.push(wake, _WAKE, ep)
 
-    def _progress(self, plan: Reports) -> None:
-        """The reports at iteration `plan.at` of a run (made now, its end), then the next such event. The
-        reports wait in `_progress_out` for the end of their burst (`_hand_over_progress`)."""
-        i = plan.at
-        ends = plan.run.ends
-        if i >= len(ends):
-            return  # the run was cut before this iteration
-        now = self.clock.t
+    def _deliver(self, until: Event) -> None:
+        """The progress reports' events before `until` (`push_report`), in order, each at its time: the
+        reports at iteration `plan.at` of a run, then the run's next such event. The reports made wait
+        in `_progress_out` for the end of the burst (`_hand_over_progress`), before anything else
+        reaches a scheduler. (One loop for the burst: about 19 such events per request.)"""
+        reports = self._reports
         out = self._progress_out
-        for call, req, p0, i0 in plan.buckets[i % PROGRESS_EVERY]:
-            if i >= i0 and call.engine_req is req and not call.done:
-                sreq_id = call.sreq_id
-                assert sreq_id is not None
-                # to the replica whose scheduler placed the call (its own ids and running requests)
-                out.append((call.gw, (sreq_id, p0 + i + 1 - call.run_base, call.run_first_at, now)))
-        nxt = plan.after(i)
-        if nxt < plan.stop and nxt < len(ends):
-            plan.at = nxt
-            self.push_report(ends[nxt], plan)
+        pop, push, seq = heapq.heappop, heapq.heappush, self._seq
+        n = 0
+        while reports and reports[0] < until:
+            now, _, _, plan = pop(reports)
+            n += 1
+            i = plan.at
+            ends = plan.run.ends
+            if i >= len(ends):
+                continue  # the run was cut before this iteration
+            r = i % PROGRESS_EVERY
+            for call, req, p0, i0 in plan.buckets[r]:
+                if i >= i0 and call.engine_req is req and not call.done:
+                    # to the replica whose scheduler placed the call (its own ids and running requests)
+                    out.append((call.gw, (call.sreq_id, p0 + i + 1 - call.run_base, call.run_first_at, now)))
+            nxt = i + plan.skip[r]  # the run's next iteration with a report
+            if nxt < plan.stop and nxt < len(ends):
+                plan.at = nxt
+                push(reports, (ends[nxt], _REPORT, next(seq), plan))
+        self.events += n
+        if out:
+            self._hand_over_progress()
 
     def _hand_over_progress(self) -> None:
         """The reports of a burst, to their replicas' schedulers in one call each, in the order made: the
         same as one call per report at its time, since nothing reached a scheduler in between."""
         out = self._progress_out
-        gw = self.gw
-        if all(g is gw for g, _ in out):
-            gw.scheduler.progress_many([p for _, p in out])
+        if len(self.gws) == 1:
+            self.gw.scheduler.progress_many([p for _, p in out])
         else:
             for g in self.gws:
                 mine = [p for r, p in out if r is g]

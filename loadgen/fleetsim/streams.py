@@ -100,12 +100,10 @@ class Reports:
         self.run = run
         self.stop = len(run.ends) - 1
         self.buckets: list[list[tuple[Call, SimRequest, int, int]]] = [[] for _ in range(PROGRESS_EVERY)]
-        self.skip: list[int] = []  # per bucket, how far ahead the next one with members is (`plan_reports`)
+        # per bucket, how far ahead the next one with members is (`plan_reports`): the first iteration
+        # after `i` where a member reports is `i + skip[i % PROGRESS_EVERY]` (unless `stop` comes first)
+        self.skip: list[int] = []
         self.at = -1  # the iteration of the pending event
-
-    def after(self, i: int) -> int:
-        """The first iteration after `i` where a member reports (`stop` if none before it)."""
-        return min(i + self.skip[i % PROGRESS_EVERY], self.stop)
 
 
 def hand_out(on_engine: dict[SimRequest, Call], committed: Sequence[tuple[DecodeRun, int, int]]) -> None:
