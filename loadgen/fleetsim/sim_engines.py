@@ -142,14 +142,15 @@ class EngineSide(SimState):
         reaches a scheduler. (One loop for the burst: about 19 such events per request.)"""
         reports = self._reports
         out = self._progress_out
-        pop, push, seq = heapq.heappop, heapq.heappush, self._seq
+        pop, replace, seq = heapq.heappop, heapq.heapreplace, self._seq
         n = 0
         while reports and reports[0] < until:
-            now, _, _, plan = pop(reports)
+            now, _, _, plan = reports[0]
             n += 1
             i = plan.at
             ends = plan.run.ends
             if i >= len(ends):
+                pop(reports)
                 continue  # the run was cut before this iteration
             r = i % PROGRESS_EVERY
             for call, req, p0, i0 in plan.buckets[r]:
@@ -159,7 +160,9 @@ class EngineSide(SimState):
             nxt = i + plan.skip[r]  # the run's next iteration with a report
             if nxt < plan.stop and nxt < len(ends):
                 plan.at = nxt
-                push(reports, (ends[nxt], _REPORT, next(seq), plan))
+                replace(reports, (ends[nxt], _REPORT, next(seq), plan))  # one sift, not a pop and a push
+            else:
+                pop(reports)
         self.events += n
         if out:
             self._hand_over_progress()

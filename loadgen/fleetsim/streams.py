@@ -99,10 +99,11 @@ class Reports:
     def __init__(self, run: DecodeRun) -> None:
         self.run = run
         self.stop = len(run.ends) - 1
-        self.buckets: list[list[tuple[Call, SimRequest, int, int]]] = [[] for _ in range(PROGRESS_EVERY)]
-        # per bucket, how far ahead the next one with members is (`plan_reports`): the first iteration
-        # after `i` where a member reports is `i + skip[i % PROGRESS_EVERY]` (unless `stop` comes first)
-        self.skip: list[int] = []
+        # the members by `i0 % PROGRESS_EVERY`, only the buckets with members (a batch has a few)
+        self.buckets: dict[int, list[tuple[Call, SimRequest, int, int]]] = {}
+        # per bucket, how far ahead the next one is (`plan_reports`): from an iteration `i` with reports,
+        # the next is `i + skip[i % PROGRESS_EVERY]` (unless `stop` comes first)
+        self.skip: dict[int, int] = {}
         self.at = -1  # the iteration of the pending event
 
 
@@ -144,16 +145,15 @@ def plan_reports(on_engine: dict[SimRequest, Call], run: DecodeRun) -> Reports |
         p0 = call.produced - done  # tokens before the run's first iteration
         i0 = call.report_at - p0 - 1  # >= done: the reports before were made
         first = min(first, i0)
-        buckets[i0 % PROGRESS_EVERY].append((call, req, p0, i0))
+        bucket = buckets.get(i0 % PROGRESS_EVERY)
+        if bucket is None:
+            buckets[i0 % PROGRESS_EVERY] = [(call, req, p0, i0)]
+        else:
+            bucket.append((call, req, p0, i0))
     if first >= plan.stop:
         return None
-    # from each bucket, the distance to the next one with members (1 .. PROGRESS_EVERY; some has one)
-    skip = plan.skip
-    ahead = PROGRESS_EVERY
-    for r in range(2 * PROGRESS_EVERY - 1, -1, -1):
-        if r < PROGRESS_EVERY:
-            skip.append(ahead)
-        ahead = 1 if buckets[r % PROGRESS_EVERY] else ahead + 1
-    skip.reverse()
+    # from each bucket, the distance to the next one (cyclically: the first one's, PROGRESS_EVERY later)
+    rs = sorted(buckets)
+    plan.skip = {r: nxt - r for r, nxt in zip(rs, [*rs[1:], rs[0] + PROGRESS_EVERY], strict=True)}
     plan.at = first
     return plan
