@@ -7,13 +7,14 @@ events that do (submit, serve, complete, tick, preemption, caps) are in `gateway
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from gateway.core.clock import Clock
 from gateway.core.types import EndpointId, ModelName, RequestId
 from gateway.sched.admission import AdmissionLedger
 from gateway.sched.decisions import FaultStage, PolicyFault, Preempt
-from gateway.sched.fleet import Fleet
+from gateway.sched.fleet import Fleet, Progress
 from gateway.sched.profile import Policy
 from gateway.sched.queues import Queues
 from gateway.sched.request import SchedRequest
@@ -130,6 +131,12 @@ class SchedulerBooks:
         """A dispatched request has streamed `produced` tokens (its first at `first_token_at`): placement
         plugins see it in the endpoint's running requests. Serves nothing by itself."""
         self._fleet.progress(req_id, produced, first_token_at, self._clock.now())
+
+    def progress_many(self, reports: Iterable[Progress]) -> None:
+        """`progress` of each of `reports` in turn, each made at its own time (the fourth item, at most
+        now): the same as the calls one by one at those times, in one call (the fleet simulator hands
+        over the reports made between two of its events together)."""
+        self._fleet.progress_many(reports)
 
     def pin(self, req_id: RequestId) -> None:
         """A running request can no longer be resumed faithfully (its stream produced reasoning or a

@@ -70,11 +70,12 @@ def fit_linear(x: Array, y: Array, w: Array) -> Steps[LinearFit | None]:
         # a quarter of a round's work less than scaling x itself, then its columns, then multiplying.
         xs = x * (row * row * robust)[:, None]
         gram = xs.T @ x
-        sq = np.diag(gram)
+        sq = gram.diagonal()
         if not (sq > 0).all():
             break
         norms = np.sqrt(sq)
-        beta = nnls(gram / np.outer(norms, norms), (xs.T @ y) / norms) / norms
+        # (`np.outer(norms, norms)` is this product, through a wrapper that costs more than the product)
+        beta = nnls(gram / (norms[:, None] * norms), (xs.T @ y) / norms) / norms
         fitted = x @ beta
         if not (fitted > 0).all():
             break  # a zero prediction cannot be a relative scale; keep this round's answer

@@ -7,7 +7,7 @@ someone asks (the refresh loop, the admin API, a Prometheus scrape), never on th
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -36,14 +36,20 @@ class Ewma:
 
 
 class RecentWindow:
-    """The last `size` values; quantiles over them on demand (nearest rank with linear interpolation)."""
+    """The last `size` values; quantiles over them on demand (nearest rank with linear interpolation).
 
-    __slots__ = ("_values", "total")
+    Held as plain doubles (an `array`, 8 bytes a value instead of a float object and its slot: an
+    endpoint's window of 4,096 gaps is 32 KiB, not 128), filled up to `size`, then a ring whose oldest
+    value is at `_head`."""
+
+    __slots__ = ("_head", "_size", "_values", "total")
 
     def __init__(self, size: int = 512) -> None:
         if size < 1:
             raise ValueError("size must be at least 1")
-        self._values: deque[float] = deque(maxlen=size)
+        self._size = size
+        self._values = array("d")
+        self._head = 0  # once full: the oldest value's slot (the next one overwritten)
         self.total = 0  # values ever added (the window holds at most `size` of them)
 
     def __len__(self) -> int:
@@ -51,13 +57,39 @@ class RecentWindow:
 
     def add(self, x: float) -> None:
         if math.isfinite(x):
-            self._values.append(x)
+            self._put((x,))
             self.total += 1
 
     def extend(self, xs: Sequence[float]) -> None:
-        """Add values known to be finite (durations from a monotonic clock) in one C-level call."""
-        self._values.extend(xs)
+        """Add values known to be finite (durations from a monotonic clock) in a few C-level calls."""
+        self._put(xs)
         self.total += len(xs)
+
+    def _put(self, xs: Sequence[float]) -> None:
+        values, size = self._values, self._size
+        room = size - len(values)
+        if room > 0:  # still filling
+            if len(xs) <= room:
+                values.extend(xs)
+                return
+            values.extend(xs[:room])
+            xs = xs[room:]
+        n = len(xs)
+        if n >= size:  # the window is the last `size` of them
+            self._values = array("d", xs[n - size :])
+            self._head = 0
+            return
+        head = self._head
+        first = min(n, size - head)
+        values[head : head + first] = array("d", xs[:first])
+        if first < n:
+            values[: n - first] = array("d", xs[first:])
+        self._head = (head + n) % size
+
+    def values(self) -> list[float]:
+        """The values held, oldest first."""
+        v, head = self._values, self._head
+        return v[head:].tolist() + v[:head].tolist() if head else v.tolist()
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile (0 <= q <= 1) of the window; None when it is empty."""
@@ -82,7 +114,7 @@ class RecentWindow:
         return out
 
     def mean(self) -> float | None:
-        return sum(self._values) / len(self._values) if self._values else None
+        return sum(self.values()) / len(self._values) if self._values else None
 
 
 class LatencyTracker:

@@ -35,9 +35,10 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from gateway.core.types import ModelName, RequestId
+from gateway.sched.fleet import Progress
 from loadgen.client import RequestResult
 from loadgen.engine_sim.engine import SimRequest
 from loadgen.engine_sim.spec import EndpointSpec
@@ -62,8 +63,9 @@ from loadgen.fleetsim.sim_state import (
     _TICK,
     _WAKE,
     TICK_S,
+    Event,
 )
-from loadgen.fleetsim.streams import Call, Endpoint, Reports
+from loadgen.fleetsim.streams import Call, Endpoint
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, Report, TaskResult, build_report
 from loadgen.workloads.base import TaskSpec
@@ -112,7 +114,9 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         elif opts.prefix == "precise":
             for e in self.endpoints:
                 self.gw.attach_events(e.id, e.engine)
-        self._heap: list[tuple[float, int, int, Any]] = []
+        self._heap: list[Event] = []
+        self._reports: list[Event] = []  # progress reports' events (`push_report`)
+        self._progress_out: list[tuple[SimGateway, Progress]] = []  # reports of a burst, not yet handed over
         self._seq = itertools.count()
         self._running: dict[RequestId, Call] = {}  # berth's id -> the call (queued or running)
         self._on_engine: dict[SimRequest, Call] = {}  # an engine's request -> its call
@@ -181,14 +185,16 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         pop = heapq.heappop
         refresh_every = self.gw.cfg.telemetry.refresh_interval_s
         scrape_every = self.gw.cfg.scrape.interval_s
+        reports = self._reports
         while heap and not self._ended:
-            t, kind, _, obj = pop(heap)
+            event = pop(heap)
+            if reports and reports[0] < event:
+                self._deliver(event)  # the progress reports due before it
+            t, kind, _, obj = event
             clock.t = t
             self.events += 1
             if kind == _WAKE:
-                if obj.__class__ is Reports:
-                    self._progress(obj)
-                elif obj.wake_at == t and not obj.removed:  # else a wake that a later step replaced
+                if obj.wake_at == t and not obj.removed:  # else a wake that a later step replaced
                     obj.wake_at = None
                     self._step(obj)
             elif kind == _SEND:
@@ -227,6 +233,8 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
                     self.push(t + self.opts.publish_interval_s, _PUBLISH)
             else:  # _DRAIN
                 self._drain()
+        if not self._ended:
+            self._deliver((math.inf, _WAKE, 0, None))
 
     # ----------------------------------------------------------------- the report
     def _report(self, schedule: Sequence[TaskSpec], wall: float) -> Report:

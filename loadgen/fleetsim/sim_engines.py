@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 from gateway.core import errors
@@ -11,8 +12,8 @@ from loadgen.engine_sim.engine import RequestState, SimRequest
 from loadgen.engine_sim.prefix_cache import PrefixCacheView
 from loadgen.fleetsim.prefix_oracle import hit_counters
 from loadgen.fleetsim.runs import RunEngine
-from loadgen.fleetsim.sim_state import _REPORT, _SCRAPE, _WAKE, SimState
-from loadgen.fleetsim.streams import PROGRESS_EVERY, Call, Endpoint, Reports, hand_out, plan_reports
+from loadgen.fleetsim.sim_state import _REPORT, _SCRAPE, _WAKE, Event, SimState
+from loadgen.fleetsim.streams import PROGRESS_EVERY, Call, Endpoint, hand_out, plan_reports
 
 
 class EngineSide(SimState):
@@ -92,7 +93,7 @@ class EngineSide(SimState):
             ep.run_seen = run
             plan = plan_reports(self._on_engine, run)
             if plan is not None:
-                self.push(max(run.ends[plan.at], now), _REPORT, plan)
+                self.push_report(max(run.ends[plan.at], now), plan)
 
     def _tokens(self, woken: Sequence[SimRequest], now: float) -> None:
         """One token for each request of `woken`, at `now` (an iteration run one at a time)."""
@@ -134,22 +135,50 @@ class EngineSide(SimState):
             ep.wake_at = wake
             self.push(wake, _WAKE, ep)
 
-    def _progress(self, plan: Reports) -> None:
-        """The reports at iteration `plan.at` of a run, then the next such event."""
-        i = plan.at
-        ends = plan.run.ends
-        if i >= len(ends):
-            return  # the run was cut before this iteration
-        for call, req, p0, i0 in plan.buckets[i % PROGRESS_EVERY]:
-            if i >= i0 and call.engine_req is req and not call.done:
-                sreq_id = call.sreq_id
-                assert sreq_id is not None
-                # to the replica whose scheduler placed the call (its own ids and running requests)
-                call.gw.scheduler.progress(sreq_id, p0 + i + 1 - call.run_base, call.run_first_at)
-        nxt = plan.after(i)
-        if nxt < plan.stop and nxt < len(ends):
-            plan.at = nxt
-            self.push(ends[nxt], _REPORT, plan)
+    def _deliver(self, until: Event) -> None:
+        """The progress reports' events before `until` (`push_report`), in order, each at its time: the
+        reports at iteration `plan.at` of a run, then the run's next such event. The reports made wait
+        in `_progress_out` for the end of the burst (`_hand_over_progress`), before anything else
+        reaches a scheduler. (One loop for the burst: about 19 such events per request.)"""
+        reports = self._reports
+        out = self._progress_out
+        pop, replace, seq = heapq.heappop, heapq.heapreplace, self._seq
+        n = 0
+        while reports and reports[0] < until:
+            now, _, _, plan = reports[0]
+            n += 1
+            i = plan.at
+            ends = plan.run.ends
+            if i >= len(ends):
+                pop(reports)
+                continue  # the run was cut before this iteration
+            r = i % PROGRESS_EVERY
+            for call, req, p0, i0 in plan.buckets[r]:
+                if i >= i0 and call.engine_req is req and not call.done:
+                    # to the replica whose scheduler placed the call (its own ids and running requests)
+                    out.append((call.gw, (call.sreq_id, p0 + i + 1 - call.run_base, call.run_first_at, now)))
+            nxt = i + plan.skip[r]  # the run's next iteration with a report
+            if nxt < plan.stop and nxt < len(ends):
+                plan.at = nxt
+                replace(reports, (ends[nxt], _REPORT, next(seq), plan))  # one sift, not a pop and a push
+            else:
+                pop(reports)
+        self.events += n
+        if out:
+            self._hand_over_progress()
+
+    def _hand_over_progress(self) -> None:
+        """The reports of a burst, to their replicas' schedulers in one call each, in the order made: the
+        same as one call per report at its time, since nothing reached a scheduler in between."""
+        out = self._progress_out
+        if len(self.gws) == 1:
+            self.gw.scheduler.progress_many([p for _, p in out])
+        else:
+            for g in self.gws:
+                mine = [p for r, p in out if r is g]
+                if mine:
+                    g.scheduler.progress_many(mine)
+        out.clear()
 
     def _token(self, call: Call, req: SimRequest, now: float) -> None:
         res = call.result

@@ -12,6 +12,7 @@ from typing import Any, Final
 from gateway.core.errors import BerthError
 from gateway.core.types import ApiKind, EndpointId, ModelName, RequestId
 from gateway.sched.decisions import Decision
+from gateway.sched.fleet import Progress
 from loadgen.client import RequestResult
 from loadgen.engine_sim.engine import SimRequest
 from loadgen.engine_sim.spec import EndpointSpec
@@ -19,7 +20,7 @@ from loadgen.fleetsim.clock import VirtualClock
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import SimLifecycle
 from loadgen.fleetsim.options import SimOptions
-from loadgen.fleetsim.streams import Call, Endpoint
+from loadgen.fleetsim.streams import Call, Endpoint, Reports
 from loadgen.fleetsim.timeline import FleetTimeline
 from loadgen.report import GapHistogram, TaskResult
 
@@ -33,6 +34,9 @@ _API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 # an engine's wake is).
 _WAKE, _SEND, _ARRIVE, _TICK, _SCRAPE, _REFRESH, _SAMPLE, _CHECK, _DRAIN, _LIFE, _PUBLISH = range(11)
 _REPORT: Final = _WAKE
+
+#: An event: (time, kind, sequence number, what it concerns); events are handled in this order.
+Event = tuple[float, int, int, Any]
 
 
 class SimState:
@@ -49,10 +53,12 @@ class SimState:
     endpoints: list[Endpoint]
     _by_id: dict[EndpointId, Endpoint]
     _caching: bool
-    _heap: list[tuple[float, int, int, Any]]
+    _heap: list[Event]
+    _reports: list[Event]
     _seq: itertools.count[int]
     _running: dict[RequestId, Call]
     _on_engine: dict[SimRequest, Call]
+    _progress_out: list[tuple[SimGateway, Progress]]
     requests: list[RequestResult]
     tasks: list[TaskResult]
     gaps: dict[str, GapHistogram]
@@ -71,6 +77,12 @@ class SimState:
 
     def push(self, t: float, kind: int, obj: Any = None) -> None:
         heapq.heappush(self._heap, (t, kind, next(self._seq), obj))
+
+    def push_report(self, t: float, plan: Reports) -> None:
+        """A run's next iteration with progress reports, at `t`: an event of its own queue (`_reports`),
+        in the same order as the others (its sequence number is theirs), handed out in a burst before the
+        next of them (`Simulation._loop`)."""
+        heapq.heappush(self._reports, (t, _REPORT, next(self._seq), plan))
 
     def _busy(self) -> bool:
         """Whether anything can still happen (tasks open): periodic events stop once nothing can."""

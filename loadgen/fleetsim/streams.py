@@ -94,21 +94,17 @@ class Reports:
     PROGRESS_EVERY iterations, so the members are kept by `i0 % PROGRESS_EVERY` and one event at a time
     stands for the run's next iteration with a report. Void from the iteration a cut removed on."""
 
-    __slots__ = ("at", "buckets", "run", "stop")
+    __slots__ = ("at", "buckets", "run", "skip", "stop")
 
     def __init__(self, run: DecodeRun) -> None:
         self.run = run
         self.stop = len(run.ends) - 1
-        self.buckets: list[list[tuple[Call, SimRequest, int, int]]] = [[] for _ in range(PROGRESS_EVERY)]
+        # the members by `i0 % PROGRESS_EVERY`, only the buckets with members (a batch has a few)
+        self.buckets: dict[int, list[tuple[Call, SimRequest, int, int]]] = {}
+        # per bucket, how far ahead the next one is (`plan_reports`): from an iteration `i` with reports,
+        # the next is `i + skip[i % PROGRESS_EVERY]` (unless `stop` comes first)
+        self.skip: dict[int, int] = {}
         self.at = -1  # the iteration of the pending event
-
-    def after(self, i: int) -> int:
-        """The first iteration after `i` where a member reports (`stop` if none before it)."""
-        buckets = self.buckets
-        for j in range(i + 1, min(i + 1 + PROGRESS_EVERY, self.stop)):
-            if buckets[j % PROGRESS_EVERY]:
-                return j
-        return self.stop
 
 
 def hand_out(on_engine: dict[SimRequest, Call], committed: Sequence[tuple[DecodeRun, int, int]]) -> None:
@@ -149,8 +145,15 @@ def plan_reports(on_engine: dict[SimRequest, Call], run: DecodeRun) -> Reports |
         p0 = call.produced - done  # tokens before the run's first iteration
         i0 = call.report_at - p0 - 1  # >= done: the reports before were made
         first = min(first, i0)
-        buckets[i0 % PROGRESS_EVERY].append((call, req, p0, i0))
+        bucket = buckets.get(i0 % PROGRESS_EVERY)
+        if bucket is None:
+            buckets[i0 % PROGRESS_EVERY] = [(call, req, p0, i0)]
+        else:
+            bucket.append((call, req, p0, i0))
     if first >= plan.stop:
         return None
+    # from each bucket, the distance to the next one (cyclically: the first one's, PROGRESS_EVERY later)
+    rs = sorted(buckets)
+    plan.skip = {r: nxt - r for r, nxt in zip(rs, [*rs[1:], rs[0] + PROGRESS_EVERY], strict=True)}
     plan.at = first
     return plan

@@ -22,6 +22,7 @@ SCHEDULER: Final = (
     "cancel",
     "tick",
     "progress",
+    "progress_many",
     "take_preemptions",
     "take_faults",
     "engine_priority",
