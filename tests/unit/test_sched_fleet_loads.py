@@ -1,0 +1,221 @@
+"""The loads as arrays (`FleetLoads`) give each endpoint the verdicts its load gives one by one
+(hypothesis: random fleets with running requests that have targets, progress reports, max_tokens,
+fitted coefficients; requests with and without targets and cached prefixes; every margin and on_track),
+and the overflow guard over columns keeps what its plain form keeps while the fleet changes under a
+shared load cache: time passing within and past the loads' reuse time, progress reports, dispatches and
+completions, columns carried by updates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.core.types import EndpointId
+from gateway.sched.columns import columns_of, updated
+from gateway.sched.fleet_loads import FleetLoads
+from gateway.sched.harms import endangers, terms_of
+from gateway.sched.joining import join_delays
+from gateway.sched.loads import LoadCache
+from gateway.sched.perf import PerfCoefficients
+from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
+from gateway.sched.predict import PredictParams
+from gateway.sched.prefix import PrefixHits
+from gateway.sched.profile import eligible
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import RunningRequest, with_progress
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.targets import itl_ok, meets, time_left
+from tests.unit.slo_fixtures import COEF, req, running, view
+
+NOW = 10.0
+SLOW = PerfCoefficients(
+    k1=2e-4, c1=0.02, k2=1e-6, c2=0.002, c3=0.012, h=1.0, j=8.0, thr1=1.0, alpha=0.0, beta=0.0
+)
+
+_run = st.tuples(
+    st.integers(min_value=1, max_value=3000),  # prompt
+    st.floats(min_value=1.0, max_value=300.0),  # predicted output
+    st.floats(min_value=0.0, max_value=5.0),  # age
+    st.one_of(st.none(), st.floats(min_value=-1.0, max_value=10.0)),  # first-token deadline from now
+    st.one_of(st.none(), st.floats(min_value=-1.0, max_value=30.0)),  # last-token deadline from now
+    st.one_of(st.none(), st.floats(min_value=0.005, max_value=0.2)),  # inter-token target
+    st.one_of(st.none(), st.integers(min_value=0, max_value=400)),  # tokens reported
+    st.one_of(st.none(), st.integers(min_value=1, max_value=500)),  # max_tokens
+    st.booleans(),  # best effort
+)
+_endpoint = st.tuples(
+    st.integers(min_value=1, max_value=6),  # cap
+    st.lists(_run, min_size=0, max_size=6),
+    st.sampled_from((COEF, SLOW)),
+)
+
+Run = tuple[int, float, float, float | None, float | None, float | None, int | None, int | None, bool]
+Endpoint = tuple[int, list[Run], PerfCoefficients]
+
+
+def _running(name: str, run: Run, now: float) -> RunningRequest:
+    p, o, age, ttft, e2e, itl, reported, max_tokens, best_effort = run
+    r = running(
+        name,
+        prompt=p,
+        out=o,
+        std=o / 4,
+        dispatched_at=now - age,
+        ttft_deadline=None if ttft is None else now + ttft,
+        e2e_deadline=None if e2e is None else now + e2e,
+        itl_s=itl,
+        best_effort=best_effort,
+    )
+    r = dataclasses.replace(r, max_tokens=max_tokens)
+    if reported is not None and age > 0.05:
+        r = with_progress(r, reported, now - age + 0.05, now - age / 2)
+    return r
+
+
+def _view(k: int, endpoint: Endpoint, now: float = NOW) -> EndpointView:
+    cap, runs, coef = endpoint
+    rs = [_running(f"e{k}-x{j}", run, now) for j, run in enumerate(runs[:cap])]
+    return view(f"e{k:02d}", cap=cap, runs=rs, coef=coef)
+
+
+def _request(
+    prompt: int, out: float, targets: tuple[float | None, float | None, float | None], cached: dict[int, int]
+) -> SchedRequest:
+    ttft_ms, e2e_ms, itl_ms = targets
+    r = req("new", arrival=NOW - 0.1, prompt=prompt, out=out, ttft_ms=ttft_ms, e2e_ms=e2e_ms, itl_ms=itl_ms)
+    return dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
+
+
+_targets = st.tuples(
+    st.one_of(st.none(), st.floats(min_value=10.0, max_value=2000.0)),
+    st.one_of(st.none(), st.floats(min_value=100.0, max_value=20000.0)),
+    st.one_of(st.none(), st.floats(min_value=5.0, max_value=60.0)),
+)
+_cached = st.dictionaries(st.integers(min_value=0, max_value=7), st.integers(min_value=1, max_value=3000))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.floats(min_value=1.0, max_value=400.0),
+    targets=_targets,
+    cached=_cached,
+    margin=st.sampled_from((0.5, 0.9, 1.0, 1.5)),
+    on_track=st.sampled_from((0.0, 0.2, 0.8)),
+    worst_case=st.booleans(),
+    tail=st.sampled_from(("mean", "normal")),
+)
+def test_every_endpoint_is_judged_as_its_load_judges_it(
+    *,
+    endpoints: list[Endpoint],
+    prompt: int,
+    out: float,
+    targets: tuple[float | None, float | None, float | None],
+    cached: dict[int, int],
+    margin: float,
+    on_track: float,
+    worst_case: bool,
+    tail: str,
+) -> None:
+    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    r = _request(prompt, out, targets, cached)
+    cols = columns_of(views)
+    cache = LoadCache(PredictParams(tail="normal" if tail == "normal" else "mean", prefill_overhead=0.05))
+    fleet = FleetLoads(cache, on_track=on_track, margin=margin)
+    which = np.ones(len(views), dtype=np.bool_)
+    which[0] = False  # not every endpoint asked about
+    spared, keeps = fleet.judge(r, cols, which, NOW, worst_case=worst_case)
+    got = fleet.numbers(r, cols, which, NOW, worst_case=worst_case)
+    left = time_left(r, NOW)
+    for k, v in enumerate(views[1:]):
+        load = cache.load(v, NOW)
+        assert bool(spared[k]) == (not endangers(load, r, margin=margin, on_track=on_track))
+        pred = load.predict(r, worst_case=worst_case)
+        assert bool(keeps[k]) == (meets(pred, left, margin) and itl_ok(r, pred))
+        # the numbers compared, bit for bit
+        assert got is not None
+        _, (first, pause, per_iter, delay), (ttft, e2e, tpot) = got
+        joins = join_delays(load, r)
+        assert (first[k], pause[k], per_iter[k]) == (joins.first, joins.pause, joins.per_iter)
+        for j, (prefilled, remaining, _) in enumerate(terms_of(load, on_track, margin).e2e):
+            wait = joins.pause if prefilled else joins.first
+            assert delay[k, j] == wait + min(remaining, joins.out) * joins.per_iter
+        assert (ttft[k], e2e[k], tpot[k]) == (pred.ttft_s, pred.e2e_s, pred.tpot_s)
+
+
+# A step of the fleet: (clock advance in ms, endpoint, what happens there: 0 nothing, 1 a progress report,
+# 2 a dispatch, 3 a completion).
+_step = st.tuples(
+    st.integers(min_value=0, max_value=60),
+    st.integers(min_value=0, max_value=7),
+    st.integers(min_value=0, max_value=3),
+)
+
+
+def _changed(v: EndpointView, what: int, now: float, serial: int) -> EndpointView | None:
+    rs = list(v.running)
+    if what == 1 and rs:
+        r = rs[serial % len(rs)]
+        done = (r.produced or 0) + 16
+        rs[serial % len(rs)] = with_progress(r, done, r.first_token_at or now - 0.01, now)
+    elif what == 2 and len(rs) < v.cap:
+        name = f"{v.id}-n{serial}"
+        rs.append(running(name, prompt=300 + serial, out=80.0, dispatched_at=now, e2e_deadline=now + 4))
+    elif what == 3 and rs:
+        rs.pop(serial % len(rs))
+    else:
+        return None
+    return dataclasses.replace(v, running=tuple(rs), inflight=len(rs))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
+    steps=st.lists(_step, min_size=1, max_size=12),
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.floats(min_value=1.0, max_value=400.0),
+    targets=_targets,
+    cached=_cached,
+    plain_first=st.lists(st.booleans(), min_size=12, max_size=12),
+)
+def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_the_fleet_changes(
+    *,
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int]],
+    prompt: int,
+    out: float,
+    targets: tuple[float | None, float | None, float | None],
+    cached: dict[int, int],
+    plain_first: list[bool],
+) -> None:
+    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    cols = columns_of(views)
+    guard = OverflowGuardFilter(OverflowGuardParams(worst_case=False, prefill_overhead=0.05))
+    r = _request(prompt, out, targets, cached)
+    now = NOW
+    for serial, ((dt_ms, at, what), first) in enumerate(zip(steps, plain_first, strict=False)):
+        now += dt_ms / 1000.0
+        k = at % len(views)
+        new = _changed(views[k], what, now, serial)
+        if new is not None:
+            views = (*views[:k], new, *views[k + 1 :])
+            cols = updated(cols, views, [k])
+        s = FleetSnapshot(now=now, endpoints=views, columns=cols)
+        for plain_now in (first, not first):  # (both forms share the guard's load cache)
+            if plain_now:
+                plain = [v.id for v in guard.filter(r, eligible(r, s), s)]
+            else:
+                mask = guard.filter_columns(r, cols, cols.eligible(r.model), s)
+                columnar = [v.id for v, m in zip(views, mask.tolist(), strict=True) if m]
+        assert columnar == plain
+        # the rows are those of the loads the cache hands out now
+        asked = guard._fleet.rows(cols, cols.eligible(r.model) & (cols.busy > 0), now)
+        assert all(a is guard._cache.load(v, now) for a, v in zip(asked, _busy(s, r), strict=True))
+
+
+def _busy(s: FleetSnapshot, r: SchedRequest) -> list[EndpointView]:
+    return [v for v in eligible(r, s) if v.running]
