@@ -25,7 +25,7 @@ from gateway.sched.victims import Victims
 MAX_FAULTS: Final = 64
 #: Fleets of at least this many endpoints are placed over columns when the profile can be (numpy's
 #: fixed cost per call is more than a Python step per endpoint below it: `overhead_micro` fleet_N).
-COLUMNS_FROM: Final = 128
+COLUMNS_FROM: Final = 64
 
 
 class SchedulerBooks:

@@ -27,7 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.core.types import EndpointId
-from gateway.sched.harms import terms_of
+from gateway.sched.idle import output_bound
+from gateway.sched.load_batch import Pending, derive
 from gateway.sched.loads import LoadCache
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
@@ -36,106 +37,136 @@ from gateway.sched.snapshot import FleetColumns
 from gateway.sched.targets import time_left
 
 # Columns of the scalar table, one row per endpoint.
-_N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _K1, _C1, _K2, _C2, _C3, _TTFT_B, _ITL_B = range(13)
-_WIDTH: Final = 13
+_N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _TPOT, _LONG, _K1, _C1, _K2, _C2, _C3, _KV = range(14)
+_WIDTH: Final = 14
 _INF: Final = math.inf
 
 _Floats = npt.NDArray[np.float64]
 _Mask = npt.NDArray[np.bool_]
+_HarmKey = tuple[float, float]
+
+
+def fleet_loads(cache: LoadCache) -> FleetLoads:
+    """The `FleetLoads` of `cache` (one per cache: the plugins that share a cache share its rows)."""
+    got = cache.fleet
+    if not isinstance(got, FleetLoads):
+        got = cache.fleet = FleetLoads(cache)
+    return got
 
 
 class FleetLoads:
-    """The loads of a fleet's endpoints as arrays (see the module), for one `LoadCache` and one pair of
-    harm settings (`on_track`, `margin`)."""
+    """The loads of a fleet's endpoints as arrays (see the module), for one `LoadCache`."""
 
     __slots__ = (
         "_at",
-        "_bound",
         "_cache",
+        "_context",
+        "_harms",
         "_index",
-        "_loads",
+        "_keys",
         "_looked",
         "_prefilled",
+        "_refs",
         "_remaining",
         "_table",
-        "margin",
-        "on_track",
     )
 
-    def __init__(self, cache: LoadCache, *, on_track: float, margin: float) -> None:
+    def __init__(self, cache: LoadCache) -> None:
         self._cache = cache
-        self.on_track = on_track
-        self.margin = margin
+        self._keys: list[_HarmKey] = []  # the (on_track, margin) pairs whose harm terms are kept
         self._index: Mapping[EndpointId, int] | None = None  # the columns' places the rows are kept by
-        self._loads: list[EndpointLoad | None] = []  # the load each row was written from
+        self._refs: list[EndpointLoad | Pending | None] = []  # what each row was derived from
         self._table: _Floats = np.zeros((0, _WIDTH))
-        # last-token terms, one row per endpoint, padded with +inf bounds
+        # per running request (one column each, in the view's order; padding past them)
         self._prefilled: _Mask = np.zeros((0, 0), dtype=np.bool_)
+        self._context: _Floats = np.zeros((0, 0))
         self._remaining: _Floats = np.zeros((0, 0))
-        self._bound: _Floats = np.zeros((0, 0))
+        # per harm key: the least first-token and inter-token bounds, the last-token bounds (+inf: none)
+        self._harms: dict[_HarmKey, tuple[_Floats, _Floats, _Floats]] = {}
         # (columns, clock) the rows were last brought up to date for, and which rows were looked at then
         self._at: tuple[FleetColumns, float] | None = None
         self._looked: _Mask = np.zeros(0, dtype=np.bool_)
 
+    def want(self, on_track: float, margin: float) -> None:
+        """Keep the harm terms for this `on_track` and `margin` too (`judge` asks for them)."""
+        if (on_track, margin) not in self._keys:
+            self._keys.append((on_track, margin))
+            self._index = None  # every row derived again, with these terms
+
     def _reset(self, cols: FleetColumns) -> None:
         n = len(cols.endpoints)
         self._index = cols.index
-        self._loads = [None] * n
+        self._refs = [None] * n
         self._table = np.zeros((n, _WIDTH))
         self._prefilled = np.zeros((n, 0), dtype=np.bool_)
+        self._context = np.zeros((n, 0))
         self._remaining = np.zeros((n, 0))
-        self._bound = np.zeros((n, 0))
+        self._harms = {key: (np.zeros(n), np.zeros(n), np.zeros((n, 0))) for key in self._keys}
+        self._at = None
 
-    def rows(self, cols: FleetColumns, which: _Mask, now: float) -> list[EndpointLoad]:
-        """Bring the rows of the endpoints `which` (a mask in the columns' order) up to date as of `now`,
-        and return the loads of those endpoints, in the columns' order."""
-        if self._index is not cols.index or len(self._loads) != len(cols.endpoints):
+    def rows(self, cols: FleetColumns, which: _Mask, now: float) -> None:
+        """Bring the rows of the endpoints `which` (a mask in the columns' order) up to date as of
+        `now`: each the numbers of the load the cache has for its endpoint now (`LoadCache.refs`),
+        those that changed derived together (`load_batch.derive`)."""
+        if self._index is not cols.index or len(self._refs) != len(cols.endpoints):
             self._reset(cols)
         if self._at is None or self._at[0] is not cols or self._at[1] != now:
             self._at = (cols, now)
             self._looked = np.zeros(len(cols.endpoints), dtype=np.bool_)
         todo = which & ~self._looked
-        views, kept, load_of = cols.endpoints, self._loads, self._cache.load
-        for i in np.flatnonzero(todo).tolist():
-            load = load_of(views[i], now)
-            if kept[i] is not load:
-                self._write(i, load)
         self._looked |= todo
-        return [x for x in (kept[i] for i in np.flatnonzero(which).tolist()) if x is not None]
+        idx = np.flatnonzero(todo).tolist()
+        if not idx:
+            return
+        views, kept = cols.endpoints, self._refs
+        refs = self._cache.refs([views[i] for i in idx], now)
+        stale = [(i, r) for i, r in zip(idx, refs, strict=True) if kept[i] is not r]
+        if stale:
+            self._write(stale)
 
-    def _write(self, i: int, load: EndpointLoad) -> None:
-        c = load.coef
-        terms = terms_of(load, self.on_track, self.margin)
-        self._table[i] = (
-            float(load.n),
-            float(load.seats),
-            load.wait_s,
-            load.pending_prompt,
-            load.ctx_sum,
-            load.overhead,
-            c.k1,
-            c.c1,
-            c.k2,
-            c.c2,
-            c.c3,
-            _INF if terms.ttft is None else terms.ttft,
-            _INF if terms.itl is None else terms.itl,
+    def _write(self, stale: list[tuple[int, EndpointLoad | Pending]]) -> None:
+        got = derive([(r.view, r.now, r.pace) for _, r in stale], self._cache.params, self._keys)
+        at = np.array([i for i, _ in stale], dtype=np.int64)
+        self._table[at] = np.column_stack(
+            (
+                got.n,
+                got.seats,
+                got.wait_s,
+                got.pending_prompt,
+                got.ctx_sum,
+                got.overhead,
+                got.tpot_now,
+                got.running_long,
+                got.coef,
+                got.kv_capacity,
+            )
         )
-        m = len(terms.e2e)
-        width = self._bound.shape[1]
+        m = got.remaining.shape[1]
+        width = self._remaining.shape[1]
         if m > width:
-            grow = max(m, 2 * width)
-            rows = len(self._loads)
-            self._prefilled = np.hstack((self._prefilled, np.zeros((rows, grow - width), dtype=np.bool_)))
-            self._remaining = np.hstack((self._remaining, np.zeros((rows, grow - width))))
-            self._bound = np.hstack((self._bound, np.full((rows, grow - width), _INF)))
-        if m:
-            pre, rem, bound = zip(*terms.e2e, strict=True)
-            self._prefilled[i, :m] = pre
-            self._remaining[i, :m] = rem
-            self._bound[i, :m] = bound
-        self._bound[i, m:] = _INF
-        self._loads[i] = load
+            self._grow(max(m, 2 * width))
+        self._prefilled[at] = False
+        self._prefilled[at, :m] = got.prefilled
+        self._context[at] = 0.0
+        self._context[at, :m] = got.context
+        self._remaining[at] = 0.0
+        self._remaining[at, :m] = got.remaining
+        for key, (ttft_b, itl_b, e2e_b) in self._harms.items():
+            ttft, itl, e2e = got.harms[key]
+            ttft_b[at] = ttft
+            itl_b[at] = itl
+            e2e_b[at] = _INF
+            e2e_b[at, :m] = e2e
+        for i, r in stale:
+            self._refs[i] = r
+
+    def _grow(self, width: int) -> None:
+        rows, more = len(self._refs), width - self._remaining.shape[1]
+        self._prefilled = np.hstack((self._prefilled, np.zeros((rows, more), dtype=np.bool_)))
+        self._context = np.hstack((self._context, np.zeros((rows, more))))
+        self._remaining = np.hstack((self._remaining, np.zeros((rows, more))))
+        for key, (ttft_b, itl_b, e2e_b) in self._harms.items():
+            self._harms[key] = (ttft_b, itl_b, np.hstack((e2e_b, np.full((rows, more), _INF))))
 
     def judge(
         self,
@@ -145,22 +176,23 @@ class FleetLoads:
         now: float,
         *,
         worst_case: bool,
+        on_track: float,
+        margin: float,
     ) -> tuple[_Mask, _Mask]:
         """Per endpoint of `which` (their loads as of `now`, `rows`), in the columns' order: whether
-        placing `req` there endangers none of its running requests (`not endangers(load, req, margin,
-        on_track)`), and whether it keeps its own targets there (`meets(load.predict(req, worst_case),
-        time_left, margin)` and `itl_ok`)."""
-        got = self.numbers(req, cols, which, now, worst_case=worst_case)
-        if got is None:
-            empty = np.zeros(0, dtype=np.bool_)
-            return empty, empty
-        t, (first, _, per_iter, delay), (ttft, e2e, tpot) = got
-        endangered = (first > t[:, _TTFT_B]) | (per_iter > t[:, _ITL_B])
+        placing `req` there endangers none of its running requests (`not endangers(load, req,
+        margin=margin, on_track=on_track)`: the pair must be wanted, `want`), and whether it keeps its
+        own targets there (`meets(load.predict(req, worst_case=worst_case), time_left, margin)` and
+        `itl_ok`)."""
+        idx = np.flatnonzero(which)
+        first, _, per_iter, delay = self.delays(req, cols, which, now)
+        ttft, e2e, tpot = self.predictions(req, idx, worst_case=worst_case)
+        ttft_b, itl_b, e2e_b = self._harms[(on_track, margin)]
+        endangered = (first > ttft_b[idx]) | (per_iter > itl_b[idx])
         if delay.shape[1]:
-            endangered |= (delay > self._bound[np.flatnonzero(which)]).any(axis=1)
-        ok = np.ones(len(t), dtype=np.bool_)
+            endangered |= (delay > e2e_b[idx]).any(axis=1)
+        ok = np.ones(len(idx), dtype=np.bool_)
         ttft_left, e2e_left = time_left(req, now)
-        margin = self.margin
         if ttft_left is not None:
             ok &= ~(ttft > ttft_left * margin)
         if e2e_left is not None:
@@ -170,41 +202,53 @@ class FleetLoads:
             ok &= tpot * 1000.0 <= itl
         return ~endangered, ok
 
-    def numbers(
-        self,
-        req: SchedRequest,
-        cols: FleetColumns,
-        which: _Mask,
-        now: float,
-        *,
-        worst_case: bool,
-    ) -> tuple[_Floats, tuple[_Floats, _Floats, _Floats, _Floats], tuple[_Floats, _Floats, _Floats]] | None:
-        """What `judge` compares, per endpoint of `which` (None: none): their table rows; `join_delays`'
-        first, pause and per-iteration cost with the delay each last-token term would suffer (one row
-        per endpoint, one column per term, padded); and `predict`'s first token, last token and
-        per-token time."""
-        loads = self.rows(cols, which, now)
-        if not loads:
-            return None
+    def _fresh(self, req: SchedRequest, idx: npt.NDArray[np.intp]) -> _Floats | float:
+        """The prompt tokens `req`'s prefill computes on each endpoint of `idx` (`prefill_tokens`)."""
+        if not req.cached:
+            return float(resume_prompt_tokens(req))
+        refs = self._refs
+        return np.array([float(prefill_tokens(req, _view_id(refs[i]))) for i in idx.tolist()])
+
+    def delays(
+        self, req: SchedRequest, cols: FleetColumns, which: _Mask, now: float
+    ) -> tuple[_Floats, _Floats, _Floats, _Floats]:
+        """`join_delays`' first, pause and per-iteration cost of `req` on each endpoint of `which` (their
+        rows brought up to date first: `rows`), with the delay each of their running requests would
+        suffer as a last-token harm (`_any_over`'s; one row per endpoint, one column per running
+        request, padded)."""
+        self.rows(cols, which, now)
         idx = np.flatnonzero(which)
         t = self._table[idx]
-        n, seats, over = t[:, _N], t[:, _SEATS], t[:, _OVER]
-        k1, c1, k2, c2, c3 = t[:, _K1], t[:, _C1], t[:, _K2], t[:, _C2], t[:, _C3]
-        out = loads[0].output_tokens(req)  # (the same for every load of one cache)
+        k1, c1, k2, c2 = t[:, _K1], t[:, _C1], t[:, _K2], t[:, _C2]
+        out = output_bound(req, self._cache.params.gamma)
         p = float(resume_prompt_tokens(req))
-        fresh: _Floats | float = p
-        if req.cached:
-            fresh = np.array([float(prefill_tokens(req, load.view.id)) for load in loads])
-        # `join_delays`, and the delay of each last-token term as `_any_over` computes it
-        per_iter = (k2 * (p + 0.5 * out) + c2) * (1.0 + over)
+        fresh = self._fresh(req, idx)
+        per_iter = (k2 * (p + 0.5 * out) + c2) * (1.0 + t[:, _OVER])
         first = k1 * fresh
         pause = k1 * fresh + c1
         delay = np.where(self._prefilled[idx], pause[:, None], first[:, None])
         delay = delay + np.minimum(self._remaining[idx], out) * per_iter[:, None]
-        # `predict`
+        return first, pause, per_iter, delay
+
+    def predictions(
+        self, req: SchedRequest, idx: npt.NDArray[np.intp], *, worst_case: bool
+    ) -> tuple[_Floats, _Floats, _Floats]:
+        """`predict`'s first token, last token and per-token time of `req` on the endpoints at `idx`
+        (rows up to date: `rows`)."""
+        t = self._table[idx]
+        n, seats = t[:, _N], t[:, _SEATS]
+        k1, c1, k2, c2, c3 = t[:, _K1], t[:, _C1], t[:, _K2], t[:, _C2], t[:, _C3]
+        out = output_bound(req, self._cache.params.gamma)
+        p = float(resume_prompt_tokens(req))
+        fresh = self._fresh(req, idx)
         ttft = t[:, _WAIT] + (k1 * (fresh + t[:, _PENDING]) + c1)
         b = seats if worst_case else np.minimum(n + 1.0, seats)
         avg = (t[:, _CTX] + p + 0.5 * out) / (n + 1.0)
-        tpot = ((k2 * avg + c2) * b + c3) * (1.0 + over)
+        tpot = ((k2 * avg + c2) * b + c3) * (1.0 + t[:, _OVER])
         e2e = ttft + max(0.0, out - 1.0) * tpot
-        return t, (first, pause, per_iter, delay), (ttft, e2e, tpot)
+        return ttft, e2e, tpot
+
+
+def _view_id(ref: EndpointLoad | Pending | None) -> EndpointId:
+    assert ref is not None  # (rows up to date)
+    return ref.view.id

@@ -8,14 +8,16 @@ completions, columns carried by updates."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
+import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import EndpointId
 from gateway.sched.columns import columns_of, updated
-from gateway.sched.fleet_loads import FleetLoads
+from gateway.sched.fleet_loads import FleetLoads, fleet_loads
 from gateway.sched.harms import endangers, terms_of
 from gateway.sched.joining import join_delays
 from gateway.sched.loads import LoadCache
@@ -26,7 +28,7 @@ from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import eligible
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, with_progress
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import itl_ok, meets, time_left
 from tests.unit.slo_fixtures import COEF, req, running, view
 
@@ -47,8 +49,8 @@ _run = st.tuples(
     st.booleans(),  # best effort
 )
 _endpoint = st.tuples(
-    st.integers(min_value=1, max_value=6),  # cap
-    st.lists(_run, min_size=0, max_size=6),
+    st.integers(min_value=1, max_value=24),  # cap
+    st.lists(_run, min_size=0, max_size=24),
     st.sampled_from((COEF, SLOW)),
 )
 
@@ -97,6 +99,46 @@ _targets = st.tuples(
 _cached = st.dictionaries(st.integers(min_value=0, max_value=7), st.integers(min_value=1, max_value=3000))
 
 
+def _check(  # noqa: PLR0917 (a test helper)
+    fleet: FleetLoads,
+    cache: LoadCache,
+    r: SchedRequest,
+    cols: FleetColumns,
+    which: npt.NDArray[np.bool_],
+    now: float,
+    harm: tuple[float, float, bool],
+) -> None:
+    """`judge`'s verdicts, and the numbers it compares bit for bit, against the loads' one by one."""
+    on_track, margin, worst_case = harm
+    spared, keeps = fleet.judge(r, cols, which, now, worst_case=worst_case, on_track=on_track, margin=margin)
+    idx = np.flatnonzero(which)
+    first, pause, per_iter, delay = fleet.delays(r, cols, which, now)
+    ttft, e2e, tpot = fleet.predictions(r, idx, worst_case=worst_case)
+    left = time_left(r, now)
+    for k, i in enumerate(idx.tolist()):
+        load = cache.load(cols.endpoints[i], now)
+        assert bool(spared[k]) == (not endangers(load, r, margin=margin, on_track=on_track))
+        pred = load.predict(r, worst_case=worst_case)
+        assert bool(keeps[k]) == (meets(pred, left, margin) and itl_ok(r, pred))
+        joins = join_delays(load, r)
+        assert (first[k], pause[k], per_iter[k]) == (joins.first, joins.pause, joins.per_iter)
+        for j, s in enumerate(load.running):
+            assert (
+                delay[k, j]
+                == (joins.pause if s.prefilled else joins.first)
+                + min(s.remaining, joins.out) * joins.per_iter
+            )
+        assert (ttft[k], e2e[k], tpot[k]) == (pred.ttft_s, pred.e2e_s, pred.tpot_s)
+        # the harm terms kept, as `harms` derives them for the load
+        terms = terms_of(load, on_track, margin)
+        ttft_b, itl_b, e2e_b = fleet._harms[(on_track, margin)]
+        assert (ttft_b[i], itl_b[i]) == (
+            math.inf if terms.ttft is None else terms.ttft,
+            math.inf if terms.itl is None else terms.itl,
+        )
+        assert sorted(b for b in e2e_b[i].tolist() if b < math.inf) == sorted(b for _, _, b in terms.e2e)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     endpoints=st.lists(_endpoint, min_size=1, max_size=8),
@@ -125,26 +167,11 @@ def test_every_endpoint_is_judged_as_its_load_judges_it(
     r = _request(prompt, out, targets, cached)
     cols = columns_of(views)
     cache = LoadCache(PredictParams(tail="normal" if tail == "normal" else "mean", prefill_overhead=0.05))
-    fleet = FleetLoads(cache, on_track=on_track, margin=margin)
+    fleet = fleet_loads(cache)
+    fleet.want(on_track, margin)
     which = np.ones(len(views), dtype=np.bool_)
     which[0] = False  # not every endpoint asked about
-    spared, keeps = fleet.judge(r, cols, which, NOW, worst_case=worst_case)
-    got = fleet.numbers(r, cols, which, NOW, worst_case=worst_case)
-    left = time_left(r, NOW)
-    for k, v in enumerate(views[1:]):
-        load = cache.load(v, NOW)
-        assert bool(spared[k]) == (not endangers(load, r, margin=margin, on_track=on_track))
-        pred = load.predict(r, worst_case=worst_case)
-        assert bool(keeps[k]) == (meets(pred, left, margin) and itl_ok(r, pred))
-        # the numbers compared, bit for bit
-        assert got is not None
-        _, (first, pause, per_iter, delay), (ttft, e2e, tpot) = got
-        joins = join_delays(load, r)
-        assert (first[k], pause[k], per_iter[k]) == (joins.first, joins.pause, joins.per_iter)
-        for j, (prefilled, remaining, _) in enumerate(terms_of(load, on_track, margin).e2e):
-            wait = joins.pause if prefilled else joins.first
-            assert delay[k, j] == wait + min(remaining, joins.out) * joins.per_iter
-        assert (ttft[k], e2e[k], tpot[k]) == (pred.ttft_s, pred.e2e_s, pred.tpot_s)
+    _check(fleet, cache, r, cols, which, NOW, (on_track, margin, worst_case))
 
 
 # A step of the fleet: (clock advance in ms, endpoint, what happens there: 0 nothing, 1 a progress report,
@@ -213,9 +240,5 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
                 columnar = [v.id for v, m in zip(views, mask.tolist(), strict=True) if m]
         assert columnar == plain
         # the rows are those of the loads the cache hands out now
-        asked = guard._fleet.rows(cols, cols.eligible(r.model) & (cols.busy > 0), now)
-        assert all(a is guard._cache.load(v, now) for a, v in zip(asked, _busy(s, r), strict=True))
-
-
-def _busy(s: FleetSnapshot, r: SchedRequest) -> list[EndpointView]:
-    return [v for v in eligible(r, s) if v.running]
+        which = cols.eligible(r.model) & (cols.busy > 0)
+        _check(guard._fleet, guard._cache, r, cols, which, now, (0.0, 1.0, False))

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from msgspec import Meta
 
-from gateway.sched.fleet_loads import FleetLoads
+from gateway.sched.fleet_loads import fleet_loads
 from gateway.sched.harms import endangers
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
@@ -43,7 +43,8 @@ class OverflowGuardFilter:
     def __init__(self, params: OverflowGuardParams, loads: LoadCache | None = None) -> None:
         self.params = params
         self._cache = loads or LoadCache(params.predict_params())
-        self._fleet = FleetLoads(self._cache, on_track=params.on_track, margin=params.margin)
+        self._fleet = fleet_loads(self._cache)
+        self._fleet.want(params.on_track, params.margin)
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -92,7 +93,9 @@ class OverflowGuardFilter:
         if not req.best_effort and idle.any():
             meeting = idle & self._meets_idle(req, cols, left)
         if busy.any():
-            spared, keeps = self._fleet.judge(req, cols, busy, now, worst_case=p.worst_case)
+            spared, keeps = self._fleet.judge(
+                req, cols, busy, now, worst_case=p.worst_case, on_track=p.on_track, margin=p.margin
+            )
             harmless[busy] = spared
             if not req.best_effort:
                 meeting[busy] = spared & keeps
