@@ -168,6 +168,17 @@ class FleetLoads:
         for key, (ttft_b, itl_b, e2e_b) in self._harms.items():
             self._harms[key] = (ttft_b, itl_b, np.hstack((e2e_b, np.full((rows, more), _INF))))
 
+    def capacity(
+        self, idx: npt.NDArray[np.intp], gamma: float
+    ) -> tuple[_Floats, _Floats, _Floats, _Floats, _Floats]:
+        """Per endpoint at `idx` (rows up to date: `rows`): running requests, seats, KV capacity (NaN:
+        unknown), Σ(context + γ·remaining) over its running requests summed in their order (best fit's
+        `_tokens`), and how far they run long (`running_long`)."""
+        t = self._table[idx]
+        per_request = self._context[idx] + gamma * self._remaining[idx]
+        tokens = np.cumsum(per_request, axis=1)[:, -1] if per_request.shape[1] else np.zeros(len(idx))
+        return t[:, _N], t[:, _SEATS], t[:, _KV], tokens, t[:, _LONG]
+
     def judge(
         self,
         req: SchedRequest,

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.config.policy import parse_policy_text
 from gateway.core.types import EndpointId
 from gateway.sched.columns import columns_of, updated
 from gateway.sched.fleet_loads import FleetLoads, fleet_loads
@@ -22,10 +24,12 @@ from gateway.sched.harms import endangers, terms_of
 from gateway.sched.joining import join_delays
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
+from gateway.sched.plugins import default_registry
+from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.predict import PredictParams
 from gateway.sched.prefix import PrefixHits
-from gateway.sched.profile import eligible
+from gateway.sched.profile import Policy, eligible
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, with_progress
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
@@ -33,6 +37,7 @@ from gateway.sched.targets import itl_ok, meets, time_left
 from tests.unit.slo_fixtures import COEF, req, running, view
 
 NOW = 10.0
+REPO = Path(__file__).resolve().parents[2]
 SLOW = PerfCoefficients(
     k1=2e-4, c1=0.02, k2=1e-6, c2=0.002, c3=0.012, h=1.0, j=8.0, thr1=1.0, alpha=0.0, beta=0.0
 )
@@ -48,10 +53,11 @@ _run = st.tuples(
     st.one_of(st.none(), st.integers(min_value=1, max_value=500)),  # max_tokens
     st.booleans(),  # best effort
 )
+_coefs = st.sampled_from((COEF, SLOW))
 _endpoint = st.tuples(
     st.integers(min_value=1, max_value=24),  # cap
     st.lists(_run, min_size=0, max_size=24),
-    st.sampled_from((COEF, SLOW)),
+    _coefs,
 )
 
 Run = tuple[int, float, float, float | None, float | None, float | None, int | None, int | None, bool]
@@ -242,3 +248,125 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
         # the rows are those of the loads the cache hands out now
         which = cols.eligible(r.model) & (cols.busy > 0)
         _check(guard._fleet, guard._cache, r, cols, which, now, (0.0, 1.0, False))
+
+
+def _policy(name: str) -> Policy:
+    text = (REPO / "policies" / f"{name}.toml").read_text()
+    return parse_policy_text(text, f"{name}.toml", default_registry())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    name=st.sampled_from(("coding-assistant", "aladdin")),
+    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
+    steps=st.lists(_step, min_size=1, max_size=12),
+    requests=st.lists(
+        st.tuples(
+            st.integers(min_value=1, max_value=4000),
+            st.floats(min_value=1.0, max_value=400.0),
+            _targets,
+            st.sampled_from(("generation", "translation", "summarization", "completion", "chat")),
+        ),
+        min_size=12,
+        max_size=12,
+    ),
+    plain_first=st.lists(st.booleans(), min_size=12, max_size=12),
+)
+def test_slo_presets_place_over_columns_as_the_plain_way_as_the_fleet_changes(
+    *,
+    name: str,
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int]],
+    requests: list[tuple[int, float, tuple[float | None, float | None, float | None], str]],
+    plain_first: list[bool],
+) -> None:
+    """One policy (its load caches shared by both forms) places a request per step both ways."""
+    policy = _policy(name)
+    assert policy.profile.columnar
+    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    cols = columns_of(views)
+    now = NOW
+    for serial, ((dt_ms, at, what), first, (prompt, out, targets, cls)) in enumerate(
+        zip(steps, plain_first, requests, strict=False)
+    ):
+        now += dt_ms / 1000.0
+        k = at % len(views)
+        new = _changed(views[k], what, now, serial)
+        if new is not None:
+            views = (*views[:k], new, *views[k + 1 :])
+            cols = updated(cols, views, [k])
+        ttft_ms, e2e_ms, itl_ms = targets
+        r = req(
+            f"r{serial}",
+            arrival=now - 0.1,
+            prompt=prompt,
+            out=out,
+            ttft_ms=ttft_ms,
+            e2e_ms=e2e_ms,
+            itl_ms=itl_ms,
+            cls=cls,
+        )
+        bare = FleetSnapshot(now=now, endpoints=views)
+        with_columns = FleetSnapshot(now=now, endpoints=views, columns=cols)
+        got: dict[bool, str | None] = {}
+        for plain_now in (first, not first):
+            chosen = policy.profile.place(r, bare if plain_now else with_columns)
+            got[plain_now] = None if chosen is None else chosen.id
+        assert got[True] == got[False]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=st.lists(
+        st.tuples(st.integers(min_value=1, max_value=24), st.lists(_run, min_size=1, max_size=24), _coefs),
+        min_size=1,
+        max_size=8,
+    ),
+    kv=st.lists(
+        st.one_of(st.none(), st.just(0.0), st.floats(min_value=2000.0, max_value=40000.0)),
+        min_size=8,
+        max_size=8,
+    ),
+    params=st.builds(
+        BestFitParams,
+        gamma=st.sampled_from((0.0, 0.5, 1.0)),
+        order=st.sampled_from(("most-loaded", "least-loaded", "least-outstanding")),
+        rebalance_threshold=st.sampled_from((None, 0.0, 0.5)),
+    ),
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.floats(min_value=1.0, max_value=400.0),
+    targets=_targets,
+)
+def test_best_fit_orders_busy_endpoints_over_their_arrays_as_over_their_loads(
+    *,
+    endpoints: list[Endpoint],
+    kv: list[float | None],
+    params: BestFitParams,
+    prompt: int,
+    out: float,
+    targets: tuple[float | None, float | None, float | None],
+) -> None:
+    views = tuple(
+        dataclasses.replace(v, estimates=dataclasses.replace(v.estimates, kv_capacity_tokens=kv[k]))
+        if v.estimates is not None
+        else v
+        for k, v in enumerate(_view(k, e) for k, e in enumerate(endpoints))
+    )
+    cols = columns_of(views)
+    s = FleetSnapshot(now=NOW, endpoints=views, columns=cols)
+    f = BestFitFilter(params)
+    fleet = fleet_loads(f._cache)
+    which = np.ones(len(views), dtype=np.bool_)
+    fleet.rows(cols, which, NOW)
+    places = np.flatnonzero(which)
+    n, seats, _, tokens, running_long = fleet.capacity(places, params.gamma)
+    norms, demoted = f.capacity_norms(places), f.demoted(places)
+    for i, v in enumerate(views):
+        load = f._cache.load(v, NOW)
+        got = (n[i], seats[i], tokens[i], running_long[i])
+        assert got == (load.n, load.seats, f._tokens(load), load.running_long)
+        assert (norms[i], bool(demoted[i])) == (f.capacity_norm(load), f.order_key(load)[0])
+    r = _request(prompt, out, targets, {})
+    mask = f.filter_columns(r, cols, cols.eligible(r.model), s)
+    plain = BestFitFilter(params).filter(r, eligible(r, s), s)
+    assert [v.id for v, m in zip(views, mask.tolist(), strict=True) if m] == [v.id for v in plain]

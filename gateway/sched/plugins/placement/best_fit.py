@@ -59,6 +59,7 @@ import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.core.types import RequestId
+from gateway.sched.fleet_loads import fleet_loads
 from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
@@ -109,6 +110,7 @@ class BestFitFilter:
         self.params = params
         self._cache = loads or LoadCache(params.predict_params())
         self.load_params = self._cache.params  # what its loads predict with
+        self._fleet = fleet_loads(self._cache)
         self._packs = params.order == "most-loaded"
         by_count = self._by_count = params.order == "least-outstanding"
         self._spread_key = self.outstanding_key if by_count else self.least_loaded_key
@@ -155,10 +157,11 @@ class BestFitFilter:
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
     ) -> npt.NDArray[np.bool_]:
-        """The columnar form: `filter`'s choice with loads derived for the endpoints that run something
-        only (an idle endpoint's order key is known from the columns: nothing runs long there, its
-        capacity_norm is 0; and it fits), and the order found by one sort of the keys. A request with a
-        cached prefix goes the plain way (`holders_first` predicts on the holders)."""
+        """The columnar form: `filter`'s choice with the order keys of the endpoints that run something
+        read from their loads' arrays (`FleetLoads`: an idle endpoint's is known from the columns:
+        nothing runs long there, its capacity_norm is 0; and it fits), the order found by one sort of
+        the keys, and a load made only for each endpoint tried in that order. A request with a cached
+        prefix goes the plain way (`holders_first` predicts on the holders)."""
         idx = np.flatnonzero(candidates)
         if len(idx) == 0:
             return candidates
@@ -171,34 +174,47 @@ class BestFitFilter:
             return out
         now = snap.now
         busy = cols.busy[idx] > 0
-        loads: dict[int, EndpointLoad] = {
-            int(k): self._cache.load(views[i], now)
-            for k, i in zip(np.flatnonzero(busy), idx[busy], strict=True)
-        }
-        rebalance = self.rebalance
+        places = idx[busy]  # the busy candidates' places in the columns
         flag = np.zeros(len(idx), dtype=np.bool_)
         norm = np.zeros(len(idx), dtype=np.float64)
-        for k, load in loads.items():
-            flag[k] = load.running_long >= rebalance > 0
-        if self._packs or not self._by_count:
-            for k, load in loads.items():
-                norm[k] = self.capacity_norm(load)
+        if len(places):
+            fleet = self._fleet
+            which = np.zeros_like(candidates)
+            which[places] = True
+            fleet.rows(cols, which, now)
+            flag[busy] = self.demoted(places)
+            if self._packs or not self._by_count:
+                norm[busy] = self.capacity_norms(places)
         rank = cols.id_rank[idx]
         spread_by = cols.outstanding[idx] if self._by_count else norm
         spread = np.lexsort((rank, spread_by, flag))
         tried = np.lexsort((rank, -norm, flag)) if self._packs else spread
         loose: dict[int, bool] = {}
         for k in tried.tolist():
-            busy_load = loads.get(k)
-            if busy_load is None:
+            if not busy[k]:
                 return _only(candidates, int(idx[k]))  # nothing runs there: it fits
-            strict, loose[k] = self.fits_both(busy_load, req)
+            strict, loose[k] = self.fits_both(self._cache.load(views[int(idx[k])], now), req)
             if strict:
                 return _only(candidates, int(idx[k]))
         for k in spread.tolist():
             if loose[k]:
                 return _only(candidates, int(idx[k]))
         return np.zeros_like(candidates)
+
+    def capacity_norms(self, places: npt.NDArray[np.intp]) -> list[float]:
+        """`capacity_norm` of the loads at `places` of the columns (their rows up to date), from their
+        arrays (`FleetLoads.capacity`; math.hypot as `capacity_norm` takes it)."""
+        n, seats, kv, tokens, _ = self._fleet.capacity(places, self.params.gamma)
+        scale = np.where(np.isnan(kv) | (kv == 0.0), seats * _TOKENS_PER_SEAT, kv)
+        shares = zip((n / seats).tolist(), (tokens / scale).tolist(), strict=True)
+        return [math.hypot(a, b) for a, b in shares]
+
+    def demoted(self, places: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+        """Whether the loads at `places` of the columns are tried last (their requests run long:
+        `order_key`'s first term), from their arrays."""
+        running_long = self._fleet.capacity(places, self.params.gamma)[4]
+        rebalance = self.rebalance
+        return (running_long >= rebalance) & (rebalance > 0)
 
     def order_key(self, load: EndpointLoad) -> tuple[bool, float, str]:
         """Most loaded first; endpoints whose requests run long last."""
