@@ -36,6 +36,10 @@ from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import FleetColumns
 from gateway.sched.targets import time_left
 
+#: Candidates from which a filter that judges each endpoint's load places faster over these arrays than
+#: one load at a time (`berth-loadgen bench decisions` and `bench simscale`, 100 endpoints).
+COLUMNS_FROM_LOADS: Final = 32
+
 # Columns of the scalar table, one row per endpoint.
 _N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _TPOT, _LONG, _K1, _C1, _K2, _C2, _C3, _KV = range(14)
 _WIDTH: Final = 14
@@ -179,6 +183,12 @@ class FleetLoads:
         tokens = np.cumsum(per_request, axis=1)[:, -1] if per_request.shape[1] else np.zeros(len(idx))
         return t[:, _N], t[:, _SEATS], t[:, _KV], tokens, t[:, _LONG]
 
+    def running_long(self, idx: npt.NDArray[np.intp]) -> _Floats:
+        """How far the running requests of the endpoints at `idx` run long (`running_long`; rows up to
+        date: `rows`)."""
+        got: _Floats = self._table[idx, _LONG]
+        return got
+
     def judge(
         self,
         req: SchedRequest,
@@ -195,69 +205,58 @@ class FleetLoads:
         margin=margin, on_track=on_track)`: the pair must be wanted, `want`), and whether it keeps its
         own targets there (`meets(load.predict(req, worst_case=worst_case), time_left, margin)` and
         `itl_ok`)."""
+        self.rows(cols, which, now)
         idx = np.flatnonzero(which)
-        first, _, per_iter, delay = self.delays(req, cols, which, now)
-        ttft, e2e, tpot = self.predictions(req, idx, worst_case=worst_case)
+        (first, _, per_iter, delay), (ttft, e2e, tpot) = self._numbers(req, idx, worst_case=worst_case)
         ttft_b, itl_b, e2e_b = self._harms[(on_track, margin)]
         endangered = (first > ttft_b[idx]) | (per_iter > itl_b[idx])
         if delay.shape[1]:
             endangered |= (delay > e2e_b[idx]).any(axis=1)
-        ok = np.ones(len(idx), dtype=np.bool_)
         ttft_left, e2e_left = time_left(req, now)
+        itl = req.slo.itl_ms
+        ok = np.ones(len(idx), dtype=np.bool_)
         if ttft_left is not None:
             ok &= ~(ttft > ttft_left * margin)
         if e2e_left is not None:
             ok &= ~(e2e > e2e_left * margin)
-        itl = req.slo.itl_ms
         if itl is not None:
             ok &= tpot * 1000.0 <= itl
         return ~endangered, ok
 
-    def _fresh(self, req: SchedRequest, idx: npt.NDArray[np.intp]) -> _Floats | float:
-        """The prompt tokens `req`'s prefill computes on each endpoint of `idx` (`prefill_tokens`)."""
-        if not req.cached:
-            return float(resume_prompt_tokens(req))
-        refs = self._refs
-        return np.array([float(prefill_tokens(req, _view_id(refs[i]))) for i in idx.tolist()])
-
-    def delays(
-        self, req: SchedRequest, cols: FleetColumns, which: _Mask, now: float
-    ) -> tuple[_Floats, _Floats, _Floats, _Floats]:
-        """`join_delays`' first, pause and per-iteration cost of `req` on each endpoint of `which` (their
-        rows brought up to date first: `rows`), with the delay each of their running requests would
-        suffer as a last-token harm (`_any_over`'s; one row per endpoint, one column per running
-        request, padded)."""
+    def numbers(
+        self, req: SchedRequest, cols: FleetColumns, which: _Mask, now: float, *, worst_case: bool
+    ) -> tuple[tuple[_Floats, _Floats, _Floats, _Floats], tuple[_Floats, _Floats, _Floats]]:
+        """What `judge` compares, per endpoint of `which` (rows brought up to date first: `rows`):
+        `join_delays`' first, pause and per-iteration cost of `req`, with the delay each running request
+        would suffer as a last-token harm (`_any_over`'s; one row per endpoint, one column per running
+        request, padded); and `predict`'s first token, last token and per-token time."""
         self.rows(cols, which, now)
-        idx = np.flatnonzero(which)
-        t = self._table[idx]
-        k1, c1, k2, c2 = t[:, _K1], t[:, _C1], t[:, _K2], t[:, _C2]
-        out = output_bound(req, self._cache.params.gamma)
-        p = float(resume_prompt_tokens(req))
-        fresh = self._fresh(req, idx)
-        per_iter = (k2 * (p + 0.5 * out) + c2) * (1.0 + t[:, _OVER])
-        first = k1 * fresh
-        pause = k1 * fresh + c1
-        delay = np.where(self._prefilled[idx], pause[:, None], first[:, None])
-        delay = delay + np.minimum(self._remaining[idx], out) * per_iter[:, None]
-        return first, pause, per_iter, delay
+        return self._numbers(req, np.flatnonzero(which), worst_case=worst_case)
 
-    def predictions(
+    def _numbers(
         self, req: SchedRequest, idx: npt.NDArray[np.intp], *, worst_case: bool
-    ) -> tuple[_Floats, _Floats, _Floats]:
-        """`predict`'s first token, last token and per-token time of `req` on the endpoints at `idx`
-        (rows up to date: `rows`)."""
+    ) -> tuple[tuple[_Floats, _Floats, _Floats, _Floats], tuple[_Floats, _Floats, _Floats]]:
         t = self._table[idx]
-        n, seats = t[:, _N], t[:, _SEATS]
+        n, seats, over = t[:, _N], t[:, _SEATS], 1.0 + t[:, _OVER]
         k1, c1, k2, c2, c3 = t[:, _K1], t[:, _C1], t[:, _K2], t[:, _C2], t[:, _C3]
         out = output_bound(req, self._cache.params.gamma)
         p = float(resume_prompt_tokens(req))
-        fresh = self._fresh(req, idx)
+        fresh: _Floats | float = p
+        if req.cached:
+            refs = self._refs
+            fresh = np.array([float(prefill_tokens(req, _view_id(refs[i]))) for i in idx.tolist()])
+        # `join_delays`, and `_any_over`'s delay of each running request
+        per_iter = (k2 * (p + 0.5 * out) + c2) * over
+        first = k1 * fresh
+        pause = first + c1
+        delay = np.where(self._prefilled[idx], pause[:, None], first[:, None])
+        delay += np.minimum(self._remaining[idx], out) * per_iter[:, None]
+        # `predict`
         ttft = t[:, _WAIT] + (k1 * (fresh + t[:, _PENDING]) + c1)
         b = seats if worst_case else np.minimum(n + 1.0, seats)
-        avg = (t[:, _CTX] + p + 0.5 * out) / (n + 1.0)
-        tpot = ((k2 * avg + c2) * b + c3) * (1.0 + t[:, _OVER])
+        tpot = ((k2 * ((t[:, _CTX] + p + 0.5 * out) / (n + 1.0)) + c2) * b + c3) * over
         e2e = ttft + max(0.0, out - 1.0) * tpot
-        return ttft, e2e, tpot
+        return (first, pause, per_iter, delay), (ttft, e2e, tpot)
 
 
 def _view_id(ref: EndpointLoad | Pending | None) -> EndpointId:

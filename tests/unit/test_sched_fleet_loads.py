@@ -118,8 +118,9 @@ def _check(  # noqa: PLR0917 (a test helper)
     on_track, margin, worst_case = harm
     spared, keeps = fleet.judge(r, cols, which, now, worst_case=worst_case, on_track=on_track, margin=margin)
     idx = np.flatnonzero(which)
-    first, pause, per_iter, delay = fleet.delays(r, cols, which, now)
-    ttft, e2e, tpot = fleet.predictions(r, idx, worst_case=worst_case)
+    (first, pause, per_iter, delay), (ttft, e2e, tpot) = fleet.numbers(
+        r, cols, which, now, worst_case=worst_case
+    )
     left = time_left(r, now)
     for k, i in enumerate(idx.tolist()):
         load = cache.load(cols.endpoints[i], now)
@@ -251,8 +252,10 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
 
 
 def _policy(name: str) -> Policy:
+    """The shipped preset, placing over columns whatever the number of candidates."""
     text = (REPO / "policies" / f"{name}.toml").read_text()
-    return parse_policy_text(text, f"{name}.toml", default_registry())
+    policy = parse_policy_text(text, f"{name}.toml", default_registry())
+    return dataclasses.replace(policy, profile=dataclasses.replace(policy.profile, columns_from=0))
 
 
 @settings(max_examples=100, deadline=None)

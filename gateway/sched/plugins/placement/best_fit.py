@@ -59,7 +59,7 @@ import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.core.types import RequestId
-from gateway.sched.fleet_loads import fleet_loads
+from gateway.sched.fleet_loads import COLUMNS_FROM_LOADS, fleet_loads
 from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
@@ -105,6 +105,9 @@ class BestFitParams(PredictionParams, frozen=True, kw_only=True):
 
 class BestFitFilter:
     name = "best-fit"
+    # Its plain form derives each candidate's load: over columns it pays from this many candidates
+    # (`gateway.sched.profile.ColumnsFrom`).
+    columns_from = COLUMNS_FROM_LOADS
 
     def __init__(self, params: BestFitParams, loads: LoadCache | None = None) -> None:
         self.params = params
@@ -182,7 +185,8 @@ class BestFitFilter:
             which = np.zeros_like(candidates)
             which[places] = True
             fleet.rows(cols, which, now)
-            flag[busy] = self.demoted(places)
+            if self.rebalance > 0:
+                flag[busy] = self.demoted(places)
             if self._packs or not self._by_count:
                 norm[busy] = self.capacity_norms(places)
         rank = cols.id_rank[idx]
@@ -212,7 +216,7 @@ class BestFitFilter:
     def demoted(self, places: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
         """Whether the loads at `places` of the columns are tried last (their requests run long:
         `order_key`'s first term), from their arrays."""
-        running_long = self._fleet.capacity(places, self.params.gamma)[4]
+        running_long = self._fleet.running_long(places)
         rebalance = self.rebalance
         return (running_long >= rebalance) & (rebalance > 0)
 

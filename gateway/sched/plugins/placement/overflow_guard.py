@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from msgspec import Meta
 
-from gateway.sched.fleet_loads import fleet_loads
+from gateway.sched.fleet_loads import COLUMNS_FROM_LOADS, fleet_loads
 from gateway.sched.harms import endangers
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
@@ -39,6 +39,9 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
 
 class OverflowGuardFilter:
     name = "overflow-guard"
+    # Its plain form derives each candidate's load: over columns it pays from this many candidates
+    # (`gateway.sched.profile.ColumnsFrom`).
+    columns_from = COLUMNS_FROM_LOADS
 
     def __init__(self, params: OverflowGuardParams, loads: LoadCache | None = None) -> None:
         self.params = params
