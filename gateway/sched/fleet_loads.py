@@ -42,7 +42,8 @@ COLUMNS_FROM_LOADS: Final = 32
 
 # Columns of the scalar table, one row per endpoint.
 _N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _TPOT, _LONG, _K1, _C1, _K2, _C2, _C3, _KV = range(14)
-_WIDTH: Final = 14
+_NOW, _REMAINING, _BUDGET = 14, 15, 16
+_WIDTH: Final = 17
 _INF: Final = math.inf
 
 _Floats = npt.NDArray[np.float64]
@@ -143,6 +144,9 @@ class FleetLoads:
                 got.running_long,
                 got.coef,
                 got.kv_capacity,
+                got.now,
+                got.remaining_total,
+                got.itl_budget,
             )
         )
         m = got.remaining.shape[1]
@@ -182,6 +186,17 @@ class FleetLoads:
         per_request = self._context[idx] + gamma * self._remaining[idx]
         tokens = np.cumsum(per_request, axis=1)[:, -1] if per_request.shape[1] else np.zeros(len(idx))
         return t[:, _N], t[:, _SEATS], t[:, _KV], tokens, t[:, _LONG]
+
+    def best_fit_rows(self, idx: npt.NDArray[np.intp], gamma: float) -> _Floats:
+        """The rows best fit's sure misses read (`best_fit_bounds._row`'s columns) of the endpoints at
+        `idx` (rows up to date: `rows`)."""
+        t = self._table[idx]
+        n, seats = t[:, _N], t[:, _SEATS]
+        open_ = (n > 0) & (n < seats)
+        tokens = np.where(open_, t[:, _CTX] + gamma * t[:, _REMAINING], np.nan)
+        budget = np.where(open_, t[:, _BUDGET], np.nan)
+        cols = (_N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _NOW, _K1, _C1, _K2, _C2, _C3)
+        return np.column_stack((t[:, cols], tokens, budget))
 
     def running_long(self, idx: npt.NDArray[np.intp]) -> _Floats:
         """How far the running requests of the endpoints at `idx` run long (`running_long`; rows up to

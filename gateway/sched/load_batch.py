@@ -107,6 +107,9 @@ class Derived:
     running_long: _Floats
     coef: _Floats  # k1, c1, k2, c2, c3 per load
     kv_capacity: _Floats  # NaN: unknown
+    now: _Floats  # the time each load is of
+    remaining_total: _Floats  # the running requests' remaining tokens summed in their order
+    itl_budget: _Floats  # the least ITL target of the running requests not best effort (NaN: none)
     prefilled: _Mask
     context: _Floats  # prompt + produced (0 in padding)
     remaining: _Floats  # (0 in padding)
@@ -206,6 +209,9 @@ def derive(
         wait_s[full] = ends[np.arange(len(full)), kth] + 0.5 * tpot[full]
     harms: dict[tuple[float, float], tuple[_Floats, _Floats, _Floats]] = {}
     active = kept[:, _BEST_EFFORT] == 0.0
+    with np.errstate(invalid="ignore"):
+        budgets = padded(np.where(active, kept[:, _ITL], _NAN), _NAN)
+        itl_budget = np.fmin.reduce(budgets, axis=1) if m else np.full(k, _NAN)
     first_s = first_at - now
     for on_track, margin in harm_keys:
         with np.errstate(invalid="ignore"):
@@ -234,6 +240,9 @@ def derive(
         running_long=running_long,
         coef=coef,
         kv_capacity=kv,
+        now=now_e,
+        remaining_total=sums(remaining),
+        itl_budget=itl_budget,
         prefilled=padded(prefilled.astype(np.float64), 0.0) > 0.0,
         context=padded(context, 0.0),
         remaining=padded(remaining, 0.0),

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +29,7 @@ from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
+from gateway.sched.plugins.placement.best_fit_bounds import _row
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.predict import PredictParams
 from gateway.sched.prefix import PrefixHits
@@ -369,7 +373,51 @@ def test_best_fit_orders_busy_endpoints_over_their_arrays_as_over_their_loads(
         got = (n[i], seats[i], tokens[i], running_long[i])
         assert got == (load.n, load.seats, f._tokens(load), load.running_long)
         assert (norms[i], bool(demoted[i])) == (f.capacity_norm(load), f.order_key(load)[0])
+    rows = fleet.best_fit_rows(places, params.gamma)
+    assert np.array_equal(rows, np.array([_row(f, f._cache.load(v, NOW)) for v in views]), equal_nan=True)
     r = _request(prompt, out, targets, {})
     mask = f.filter_columns(r, cols, cols.eligible(r.model), s)
     plain = BestFitFilter(params).filter(r, eligible(r, s), s)
     assert [v.id for v, m in zip(views, mask.tolist(), strict=True) if m] == [v.id for v in plain]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_fit_over_columns_skips_the_sure_misses_of_a_large_busy_fleet_as_the_plain_filter_does(
+    seed: int,
+) -> None:
+    """Fleets of 30 busy endpoints whose running requests have deadlines close enough that a newcomer
+    often fits only past the first few endpoints in best fit's order (about a quarter of these): the
+    columnar form then skips the sure misses found over the arrays, as the plain form does over the
+    loads. (Seeded draws rather than hypothesis: its draws rarely reach that case.)"""
+    rng = random.Random(seed)
+    for _ in range(25):
+        endpoints: list[Endpoint] = []
+        for _ in range(30):
+            cap = rng.randint(8, 16)
+            runs: list[Run] = [
+                (
+                    rng.randint(1, 3000),
+                    rng.uniform(1.0, 300.0),
+                    rng.uniform(0.0, 5.0),
+                    None,
+                    rng.uniform(0.2, 8.0),
+                    rng.choice((None, rng.uniform(0.01, 0.05))),
+                    None,
+                    None,
+                    False,
+                )
+                for _ in range(rng.randint(1, 7))
+            ]
+            endpoints.append((cap, runs, rng.choice((COEF, SLOW))))
+        views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+        cols = columns_of(views)
+        s = FleetSnapshot(now=NOW, endpoints=views, columns=cols)
+        order: Literal["most-loaded", "least-loaded", "least-outstanding"] = rng.choice(
+            ("least-loaded", "most-loaded", "least-outstanding")
+        )
+        params = BestFitParams(gamma=0.5, theta=rng.choice((0.8, 1.0)), order=order, deadlines=True)
+        targets = (rng.uniform(20.0, 600.0), rng.uniform(300.0, 6000.0), None)
+        r = _request(rng.randint(1, 4000), rng.uniform(1.0, 400.0), targets, {})
+        mask = BestFitFilter(params).filter_columns(r, cols, cols.eligible(r.model), s)
+        plain = BestFitFilter(params).filter(r, eligible(r, s), s)
+        assert [v.id for v, m in zip(views, mask.tolist(), strict=True) if m] == [v.id for v in plain]

@@ -64,11 +64,16 @@ from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.plugins.placement.best_fit_bounds import EAGER_TRIES, MIN_CANDIDATES, sure_misses
+from gateway.sched.plugins.placement.best_fit_bounds import (
+    EAGER_TRIES,
+    MIN_CANDIDATES,
+    sure_misses,
+    sure_misses_of,
+)
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import prefill_tokens
+from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
@@ -194,7 +199,18 @@ class BestFitFilter:
         spread = np.lexsort((rank, spread_by, flag))
         tried = np.lexsort((rank, -norm, flag)) if self._packs else spread
         loose: dict[int, bool] = {}
-        for k in tried.tolist():
+        bounded = len(idx) < MIN_CANDIDATES
+        for j, k in enumerate(tried.tolist()):
+            if j == EAGER_TRIES and not bounded:
+                # Not placed on the first few: the sure misses found for all at once, as `filter` does
+                bounded = True
+                rows = self._fleet.best_fit_rows(places, self.params.gamma)
+                misses = sure_misses_of(self, rows, req, float(resume_prompt_tokens(req)))
+                for other, miss in zip(np.flatnonzero(busy).tolist(), misses, strict=True):
+                    if miss:
+                        loose.setdefault(other, False)
+            if k in loose:
+                continue  # a sure miss
             if not busy[k]:
                 return _only(candidates, int(idx[k]))  # nothing runs there: it fits
             strict, loose[k] = self.fits_both(self._cache.load(views[int(idx[k])], now), req)
