@@ -40,6 +40,10 @@ from gateway.sched.targets import time_left
 #: one load at a time (`berth-loadgen bench decisions` and `bench simscale`, 100 endpoints).
 COLUMNS_FROM_LOADS: Final = 32
 
+#: Busy candidates from which a placement judges them over these arrays (below it, one load at a time:
+#: numpy's fixed cost per call is more than the Python steps it saves; `diag overhead-micro` fleet_1000).
+FLEET_LOADS_FROM: Final = 8
+
 # Columns of the scalar table, one row per endpoint.
 _N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _TPOT, _LONG, _K1, _C1, _K2, _C2, _C3, _KV = range(14)
 _NOW, _REMAINING, _BUDGET = 14, 15, 16
@@ -74,10 +78,12 @@ class FleetLoads:
         "_refs",
         "_remaining",
         "_table",
+        "least",
     )
 
     def __init__(self, cache: LoadCache) -> None:
         self._cache = cache
+        self.least = FLEET_LOADS_FROM  # busy candidates from which plugins judge them over the rows
         self._keys: list[_HarmKey] = []  # the (on_track, margin) pairs whose harm terms are kept
         self._index: Mapping[EndpointId, int] | None = None  # the columns' places the rows are kept by
         self._refs: list[EndpointLoad | Pending | None] = []  # what each row was derived from

@@ -233,6 +233,7 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     guard = OverflowGuardFilter(OverflowGuardParams(worst_case=False, prefill_overhead=0.05))
+    guard._fleet.least = 1  # over the rows however few are busy
     r = _request(prompt, out, targets, cached)
     now = NOW
     for serial, ((dt_ms, at, what), first) in enumerate(zip(steps, plain_first, strict=False)):
@@ -259,6 +260,8 @@ def _policy(name: str) -> Policy:
     """The shipped preset, placing over columns whatever the number of candidates."""
     text = (REPO / "policies" / f"{name}.toml").read_text()
     policy = parse_policy_text(text, f"{name}.toml", default_registry())
+    for cache in policy.loads._caches.values():
+        fleet_loads(cache).least = 1  # busy endpoints over the rows however few
     return dataclasses.replace(policy, profile=dataclasses.replace(policy.profile, columns_from=0))
 
 
@@ -363,6 +366,7 @@ def test_best_fit_orders_busy_endpoints_over_their_arrays_as_over_their_loads(
     s = FleetSnapshot(now=NOW, endpoints=views, columns=cols)
     f = BestFitFilter(params)
     fleet = fleet_loads(f._cache)
+    fleet.least = 1
     which = np.ones(len(views), dtype=np.bool_)
     fleet.rows(cols, which, NOW)
     places = np.flatnonzero(which)

@@ -185,11 +185,18 @@ class BestFitFilter:
         places = idx[busy]  # the busy candidates' places in the columns
         flag = np.zeros(len(idx), dtype=np.bool_)
         norm = np.zeros(len(idx), dtype=np.float64)
-        if len(places):
-            fleet = self._fleet
+        few = len(places) < self._fleet.least
+        if few:  # a few: their loads, one by one
+            rebalance = self.rebalance
+            for k, i in zip(np.flatnonzero(busy).tolist(), places.tolist(), strict=True):
+                load = self._cache.load(views[i], now)
+                flag[k] = load.running_long >= rebalance > 0
+                if self._packs or not self._by_count:
+                    norm[k] = self.capacity_norm(load)
+        else:
             which = np.zeros_like(candidates)
             which[places] = True
-            fleet.rows(cols, which, now)
+            self._fleet.rows(cols, which, now)
             if self.rebalance > 0:
                 flag[busy] = self.demoted(places)
             if self._packs or not self._by_count:
@@ -201,7 +208,7 @@ class BestFitFilter:
         loose: dict[int, bool] = {}
         bounded = len(idx) < MIN_CANDIDATES
         for j, k in enumerate(tried.tolist()):
-            if j == EAGER_TRIES and not bounded:
+            if j == EAGER_TRIES and not bounded and not few:
                 # Not placed on the first few: the sure misses found for all at once, as `filter` does
                 bounded = True
                 rows = self._fleet.best_fit_rows(places, self.params.gamma)

@@ -80,7 +80,8 @@ class OverflowGuardFilter:
         predicted from the endpoint's coefficients alone, for all such endpoints at once (`predict`'s
         arithmetic for an empty load, in its order); the endpoints that run something, or hold part of
         its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`, `predict`, `meets`
-        and `itl_ok` for all of them at once, the loads those of `filter`)."""
+        and `itl_ok` for all of them at once, the loads those of `filter`), or one by one when they are
+        fewer than `FleetLoads.least`."""
         p = self.params
         now = snap.now
         busy = candidates & (cols.busy > 0)
@@ -95,13 +96,24 @@ class OverflowGuardFilter:
         left = time_left(req, now)
         if not req.best_effort and idle.any():
             meeting = idle & self._meets_idle(req, cols, left)
-        if busy.any():
+        places = np.flatnonzero(busy)
+        if len(places) >= self._fleet.least:
             spared, keeps = self._fleet.judge(
                 req, cols, busy, now, worst_case=p.worst_case, on_track=p.on_track, margin=p.margin
             )
             harmless[busy] = spared
             if not req.best_effort:
                 meeting[busy] = spared & keeps
+        else:  # a few: one by one, as `filter` judges them
+            views = cols.endpoints
+            for i in places.tolist():
+                load = self._cache.load(views[i], now)
+                if endangers(load, req, margin=p.margin, on_track=p.on_track):
+                    continue
+                harmless[i] = True
+                if not req.best_effort:
+                    pred = load.predict(req, worst_case=p.worst_case)
+                    meeting[i] = meets(pred, left, p.margin) and itl_ok(req, pred)
         if req.best_effort:
             return harmless
         if p.hold_infeasible or meeting.any():
