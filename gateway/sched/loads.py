@@ -74,8 +74,13 @@ class LoadCache:
         return out
 
     def load(self, view: EndpointView, now: float) -> EndpointLoad:
-        got = self._ref(view, now, lazy=False)
-        return got if isinstance(got, EndpointLoad) else got.load()
+        got = self._loads.get(view.id)
+        if got is not None:  # the fast path of `_ref`: the same view within its reuse time
+            ref, reuse, at, seen = got
+            if seen is view and abs(at - now) <= reuse:
+                return ref if type(ref) is EndpointLoad else ref.load()  # type: ignore[union-attr]
+        ref = self._ref(view, now, lazy=False)
+        return ref if type(ref) is EndpointLoad else ref.load()  # type: ignore[union-attr]
 
     def refs(self, views: Sequence[EndpointView], now: float) -> list[EndpointLoad | Pending]:
         """What `load` of each of `views` stands on, in order, under the same rules: the load kept, or
