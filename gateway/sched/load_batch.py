@@ -126,20 +126,32 @@ def derive(
     """The numbers of `EndpointLoad(view, now, params, pace=pace)` for each (view, now, pace) of
     `loads`, and their harm terms for each (on_track, margin) of `harm_keys` (`harms.terms_of`)."""
     k = len(loads)
-    counts = np.fromiter((len(v.running) for v, _, _ in loads), dtype=np.int64, count=k)
-    m = int(counts.max()) if k else 0
-    coefs = [v.perf or _PRIOR for v, _, _ in loads]
-    coef = np.array([(c.k1, c.c1, c.k2, c.c2, c.c3) for c in coefs], dtype=np.float64).reshape(k, 5)
-    k1, c1, k2, c2, c3 = (coef[:, j] for j in range(5))
-    overhead = np.fromiter((p.overhead for _, _, p in loads), dtype=np.float64, count=k)
-    guess_e = np.fromiter((p.guess for _, _, p in loads), dtype=np.float64, count=k)
-    now_e = np.fromiter((t for _, t, _ in loads), dtype=np.float64, count=k)
-    seats = np.fromiter((seats_of(v) for v, _, _ in loads), dtype=np.float64, count=k)
-    kv = np.fromiter(
-        (_NAN if v.kv_capacity_tokens is None else v.kv_capacity_tokens for v, _, _ in loads),
+    # per load: running requests, seats, KV capacity, prefill overhead, pace, time, coefficients
+    meta = np.array(
+        [
+            (
+                len(v.running),
+                seats_of(v),
+                _NAN if v.kv_capacity_tokens is None else v.kv_capacity_tokens,
+                p.overhead,
+                p.guess,
+                t,
+                c.k1,
+                c.c1,
+                c.k2,
+                c.c2,
+                c.c3,
+            )
+            for v, t, p in loads
+            for c in (v.perf or _PRIOR,)
+        ],
         dtype=np.float64,
-        count=k,
-    )
+    ).reshape(k, 11)
+    counts = meta[:, 0].astype(np.int64)
+    m = int(counts.max()) if k else 0
+    seats, kv, overhead, guess_e, now_e = meta[:, 1], meta[:, 2], meta[:, 3], meta[:, 4], meta[:, 5]
+    coef = meta[:, 6:11]
+    k1, c1, k2, c2, c3 = (coef[:, j] for j in range(5))
     n = counts.astype(np.float64)
     seg = np.repeat(np.arange(k), counts)
     starts = np.cumsum(counts) - counts
