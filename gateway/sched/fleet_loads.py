@@ -36,9 +36,12 @@ from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import FleetColumns
 from gateway.sched.targets import time_left
 
-#: Candidates from which a filter that judges each endpoint's load places faster over these arrays than
-#: one load at a time (`berth-loadgen bench decisions` and `bench simscale`, 100 endpoints).
-COLUMNS_FROM_LOADS: Final = 32
+#: Candidates from which a filter that judges each endpoint's load is placed over these arrays (a profile
+#: takes the least its plugins name: `gateway.sched.profile.ColumnsFrom`). At 32, a 100-endpoint fleet
+#: with most endpoints idle was cheaper over columns (`diag overhead-micro` fleet_100, `bench simscale`),
+#: but `bench decisions` (100 endpoints, 1,000 queued) did not show it cheaper: the same as for the other
+#: plugins until it does (docs/placement-over-columns.md).
+COLUMNS_FROM_LOADS: Final = 128
 
 #: Busy candidates from which a placement judges them over these arrays (below it, one load at a time:
 #: numpy's fixed cost per call is more than the Python steps it saves; `diag overhead-micro` fleet_1000).
