@@ -1,19 +1,21 @@
 """The endpoints' loads as arrays, for placement over columns: a placement judges every busy endpoint at
-once (`endangers`, `predict`, `meets`, `itl_ok` for one request over many loads) instead of one
-`EndpointLoad` at a time.
+once (`endangers`, `predict`, `meets`, `itl_ok` for one request over many loads; best fit's order keys
+and sure misses) instead of one `EndpointLoad` at a time.
 
-`FleetLoads` keeps, per endpoint of a fleet's columns (`FleetColumns`, by place), the numbers a
-placement reads from its load: the scalars `EndpointLoad.predict` and `join_delays` take (running
-requests, seats, wait, pending prompts, context sum, prefill overhead, coefficients), and the harm terms
-`gateway.sched.harms` derives for one `on_track` and `margin` (the least first-token bound, the least
-inter-token bound, and per running request with a last-token target its prefilled flag, remaining
-tokens and bound, as rows padded with +inf bounds). The loads themselves come from the plugin's
-`LoadCache` under its reuse rules: a row is rewritten only when the cache hands out another load for its
-endpoint, and the cache is not asked again about an endpoint already looked at for the same columns
-and clock (the requests of one served queue, which mostly fit nowhere, are placed on one snapshot).
+`FleetLoads` (one per `LoadCache`, shared by the plugins that share the cache) keeps, per endpoint of a
+fleet's columns (`FleetColumns`, by place), the numbers a placement reads from its load: the scalars
+`EndpointLoad.predict` and `join_delays` take (running requests, seats, wait, pending prompts, context
+sum, prefill overhead, coefficients, ...), each running request's prefilled flag, context and remaining
+tokens (padded rows), and the harm terms `gateway.sched.harms` derives for each (`on_track`, `margin`)
+a plugin wants (the least first-token bound, the least inter-token bound, each running request's
+last-token bound, +inf where none). The loads are the cache's, under its reuse rules (`LoadCache.refs`):
+a row is derived again only when the cache has another load for its endpoint, those derived together
+(`gateway.sched.load_batch`), and the cache is not asked again about an endpoint already looked at for
+the same columns and clock (the requests of one served queue, which mostly fit nowhere, are placed on
+one snapshot).
 
 The arithmetic is `predict`'s and `harm`'s, operation by operation in the same order (numpy's float64
-operations round as Python's do), so every verdict is the one the loads give one by one
+operations round as Python's do), so every number is the one the loads give one by one
 (`tests/unit/test_sched_fleet_loads.py` checks both on random fleets and request sequences).
 """
 
