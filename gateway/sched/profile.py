@@ -97,8 +97,7 @@ class SchedulerProfile:
     # Placements with at least this many candidates (eligible endpoints) go over columns when a
     # snapshot carries them; None: the least its plugins name (`ColumnsFrom`), else `COLUMNS_FROM`.
     columns_from: int | None = None
-    # `columns_from` as resolved
-    _columns_from: int = field(init=False, repr=False, compare=False)
+    _columns_from: int = field(init=False, repr=False, compare=False)  # (as resolved)
     # The filters' optional capabilities, resolved once here rather than per placement:
     # each filter's `tiers` method (`TieredFilter`), or None for a plain filter, in filter order;
     _tiers: tuple[_Tiers | None, ...] = field(init=False, repr=False, compare=False)

@@ -237,11 +237,8 @@ class BestFitFilter:
         return [math.hypot(a, b) for a, b in shares]
 
     def demoted(self, places: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
-        """Whether the loads at `places` of the columns are tried last (their requests run long:
-        `order_key`'s first term), from their arrays."""
-        running_long = self._fleet.running_long(places)
-        rebalance = self.rebalance
-        return (running_long >= rebalance) & (rebalance > 0)
+        """`order_key`'s first term (tried last) of the loads at `places` of the columns, from arrays."""
+        return (self._fleet.running_long(places) >= self.rebalance) & (self.rebalance > 0)
 
     def order_key(self, load: EndpointLoad) -> tuple[bool, float, str]:
         """Most loaded first; endpoints whose requests run long last."""
