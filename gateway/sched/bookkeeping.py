@@ -24,9 +24,6 @@ from gateway.sched.victims import Victims
 
 #: Faults kept for the daemon to collect (the oldest are dropped beyond this).
 MAX_FAULTS: Final = 64
-#: Fleets of at least this many endpoints are placed over columns when the profile can be (numpy's
-#: fixed cost per call is more than a Python step per endpoint below it: `overhead_micro` fleet_N).
-COLUMNS_FROM: Final = 128
 
 
 class SchedulerBooks:
@@ -114,7 +111,8 @@ class SchedulerBooks:
     # ----------------------------------------------------------------- views
     def snapshot(self) -> FleetSnapshot:
         now = self._clock.now()
-        if self._policy.profile.columnar and self._fleet.size() >= COLUMNS_FROM:
+        profile = self._policy.profile
+        if profile.columnar and self._fleet.size() >= profile.columns_least:
             # placement over columns: the views' arrays come along
             cols = self._fleet.columns(now, self._limits.stale_after_s)
             return FleetSnapshot(now, cols.endpoints, self._queues.waiting(), cols)

@@ -20,7 +20,7 @@ from gateway.sched.request import SchedRequest
 
 
 @dataclass(frozen=True, slots=True)
-class _Terms:
+class HarmTerms:
     """A load's running requests with a target to keep, as `harm` filters them for one `on_track`, each
     with the bound its delay is compared to (`bound(saved, left)`)."""
 
@@ -29,11 +29,11 @@ class _Terms:
     e2e: tuple[tuple[bool, float, float], ...]  # (prefilled, remaining tokens, bound) per last-token harm
 
 
-def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: float | None) -> _Terms:
+def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: float | None) -> HarmTerms:
     """`harm`'s filter of the running requests, with bound = saved · margin (`endangers`), or for the
     deadline harms saved − (1 − θ) · left (`breaks_deadlines`, `theta` given; inter-token harms left out)."""
     key = ("harm-terms", on_track, margin, theta)
-    got: _Terms | None = load.memo.get(key)
+    got: HarmTerms | None = load.memo.get(key)
     if got is not None:
         return got
     now = load.now
@@ -63,12 +63,12 @@ def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: flo
             if saved >= on_track * r.itl_s and saved >= 0:
                 b = saved * margin
                 itl = b if itl is None or b < itl else itl
-    out = _Terms(ttft, itl, tuple(e2e))
+    out = HarmTerms(ttft, itl, tuple(e2e))
     load.memo[key] = out
     return out
 
 
-def _any_over(load: EndpointLoad, req: SchedRequest, terms: _Terms) -> bool:
+def _any_over(load: EndpointLoad, req: SchedRequest, terms: HarmTerms) -> bool:
     """Whether the delay `req` causes one of the running requests of `terms` is over its bound (the
     delays as `harm` computes them)."""
     if terms.ttft is None and terms.itl is None and not terms.e2e:
@@ -82,6 +82,12 @@ def _any_over(load: EndpointLoad, req: SchedRequest, terms: _Terms) -> bool:
         if (pause if prefilled else first) + min(remaining, out) * per_iter > bound:
             return True
     return False
+
+
+def terms_of(load: EndpointLoad, on_track: float, margin: float) -> HarmTerms:
+    """The terms `endangers` compares a new request's delays with (kept on the load): for placement
+    over columns (`gateway.sched.fleet_loads`), which compares them for many loads at once."""
+    return _terms(load, on_track, margin, None)
 
 
 def endangers(load: EndpointLoad, req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0) -> bool:

@@ -5,7 +5,7 @@ the load's time (`RunningState`)."""
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Final
+from typing import Final, Protocol
 
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.running import RunningRequest
@@ -142,12 +142,15 @@ class Pace:
     of the same view at a later time (`LoadCache` remakes loads 20-40 ms apart while nothing changed
     there) starts from these instead of deriving them again."""
 
-    __slots__ = ("fresh", "guess", "overhead")
+    __slots__ = ("arrays", "fresh", "guess", "overhead")
 
     def __init__(self, fresh: list[int], overhead: float, guess: float) -> None:
         self.fresh = fresh
         self.overhead = overhead
         self.guess = guess
+        # The running requests' fields a load reads besides their progress, as an array (one row per
+        # request), made when loads are derived many at once (`gateway.sched.load_batch`).
+        self.arrays: object | None = None
 
 
 def pace_of(view: EndpointView, coef: PerfCoefficients, prefill_overhead: float) -> Pace:
@@ -179,3 +182,30 @@ def _same_fit(view: EndpointView, old: EndpointView) -> bool:
     only the measured EWMAs, or refit them to the same numbers)."""
     perf = view.perf
     return (perf is old.perf or perf == old.perf) and view.kv_capacity_tokens == old.kv_capacity_tokens
+
+
+class PaceParams(Protocol):
+    """What of a load's prediction parameters (`gateway.sched.predict.PredictParams`) its pace reads."""
+
+    @property
+    def prefill_overhead(self) -> float: ...
+
+
+class Like(Protocol):
+    """A load of an endpoint at another time (`gateway.sched.predict.EndpointLoad`, or one decided on
+    and not made yet: `gateway.sched.load_batch.Pending`)."""
+
+    @property
+    def view(self) -> EndpointView: ...
+    @property
+    def params(self) -> PaceParams: ...
+    @property
+    def pace(self) -> Pace: ...
+
+
+def pace_for(view: EndpointView, coef: PerfCoefficients, params: PaceParams, like: Like | None) -> Pace:
+    """What a load of `view` takes from its view alone: `like`'s when its view has the same inputs and
+    its parameters are the same, else derived."""
+    if like is not None and like.params == params and same_inputs(like.view, view):
+        return like.pace
+    return pace_of(view, coef, params.prefill_overhead)

@@ -23,7 +23,9 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
-from gateway.sched.load_terms import progress_only
+from gateway.sched.load_batch import Pending
+from gateway.sched.load_terms import pace_for, progress_only
+from gateway.sched.perf import default_prior
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.snapshot import EndpointView
 
@@ -31,6 +33,7 @@ from gateway.sched.snapshot import EndpointView
 REUSE_S: Final = 0.02
 #: ... and at most twice that, in this many steps by the order they were made in.
 _SPREAD: Final = 8
+_PRIOR: Final = default_prior()
 
 
 class LoadCache:
@@ -38,14 +41,16 @@ class LoadCache:
     reports: `progress_only`) and the clock moved less than the load's reuse time (`REUSE_S` to twice
     that)."""
 
-    __slots__ = ("_kept", "_loads", "_made", "params")
+    __slots__ = ("_kept", "_loads", "_made", "fleet", "params")
 
     def __init__(self, params: PredictParams) -> None:
         self.params = params
         # (load, reuse time, made at, the last view it was found to stand for: `progress_only` is
         # asked once per view, not on every query while the view is the same)
-        self._loads: dict[str, tuple[EndpointLoad, float, float, EndpointView]] = {}
+        self._loads: dict[str, tuple[EndpointLoad | Pending, float, float, EndpointView]] = {}
         self._made = 0
+        # The loads as arrays for placement over columns (`gateway.sched.fleet_loads.fleet_loads`).
+        self.fleet: object | None = None
         # The last `loads` answer: (views, their loads, asked at, until when every one is reusable).
         self._kept: tuple[Sequence[EndpointView], list[EndpointLoad], float, float] | None = None
 
@@ -70,6 +75,22 @@ class LoadCache:
 
     def load(self, view: EndpointView, now: float) -> EndpointLoad:
         got = self._loads.get(view.id)
+        if got is not None:  # the fast path of `_ref`: the same view within its reuse time
+            ref, reuse, at, seen = got
+            if seen is view and abs(at - now) <= reuse:
+                return ref if type(ref) is EndpointLoad else ref.load()  # type: ignore[union-attr]
+        ref = self._ref(view, now, lazy=False)
+        return ref if type(ref) is EndpointLoad else ref.load()  # type: ignore[union-attr]
+
+    def refs(self, views: Sequence[EndpointView], now: float) -> list[EndpointLoad | Pending]:
+        """What `load` of each of `views` stands on, in order, under the same rules: the load kept, or
+        for one to be made now, a `Pending` (made when `load` is asked for it), so that many loads can
+        be derived at once (`gateway.sched.load_batch`)."""
+        ref = self._ref
+        return [ref(v, now, lazy=True) for v in views]
+
+    def _ref(self, view: EndpointView, now: float, *, lazy: bool) -> EndpointLoad | Pending:
+        got = self._loads.get(view.id)
         like = None
         if got is not None:
             load, reuse, at, seen = got
@@ -84,8 +105,12 @@ class LoadCache:
             like = load
         # A load with nothing running is the same at any time: it is renewed, not remade (counted as
         # made all the same, so every other load's reuse time is what it would be).
+        fresh: EndpointLoad | Pending
         if like is not None and not like.n and like.view is view:
             fresh = like
+        elif lazy:
+            params = self.params
+            fresh = Pending(view, now, params, pace_for(view, view.perf or _PRIOR, params, like))
         else:
             fresh = EndpointLoad(view, now, self.params, like=like)
         self._made = made = self._made + 1

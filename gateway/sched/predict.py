@@ -48,7 +48,7 @@ from typing import Any, Final, Literal
 
 from gateway.sched.joining import join_delays
 from gateway.sched.kv_peak import peak_kv
-from gateway.sched.load_terms import Pace, RunningState, pace_of, same_inputs
+from gateway.sched.load_terms import Like, Pace, RunningState, pace_for
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import (
@@ -168,11 +168,17 @@ class EndpointLoad:
     )
 
     def __init__(
-        self, view: EndpointView, now: float, params: PredictParams, *, like: EndpointLoad | None = None
+        self,
+        view: EndpointView,
+        now: float,
+        params: PredictParams,
+        *,
+        like: Like | None = None,
+        pace: Pace | None = None,
     ) -> None:
         """`like`: a load of the same endpoint at another time, whose clock-independent terms are taken
         over when its view has the same inputs (`same_inputs`) and its parameters are the same (the
-        result is the same as without it)."""
+        result is the same as without it); `pace`: those terms, known to be the view's."""
         self.view = view
         self.now = now
         self.params = params
@@ -188,11 +194,8 @@ class EndpointLoad:
         self.seats = seats_of(view)
         reqs = view.running
         n = self.n = len(reqs)
-        pace: Pace = (
-            like.pace
-            if like is not None and like.params == params and same_inputs(like.view, view)
-            else pace_of(view, coef, params.prefill_overhead)
-        )
+        if pace is None:
+            pace = pace_for(view, coef, params, like)
         self._pace = pace
         self.overhead = pace.overhead
         over = 1.0 + pace.overhead

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import is_
-from typing import cast
+from typing import Final, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -76,11 +76,28 @@ _Tiers = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequenc
 _Scope = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[EndpointView]]
 
 
+#: Placements with at least this many candidates go over columns when the profile can (numpy's fixed
+#: cost per call is more than a Python step per endpoint below it: `overhead_micro` fleet_N) ...
+COLUMNS_FROM: Final = 128
+
+
+@runtime_checkable
+class ColumnsFrom(Protocol):
+    """A plugin whose columnar form pays from fewer candidates than `COLUMNS_FROM` (one that derives
+    each endpoint's load in its plain form): the least candidates at which it does."""
+
+    columns_from: int
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerProfile:
     filters: tuple[Filter, ...]
     scorers: tuple[WeightedScorer, ...]
     picker: Picker
+    # Placements with at least this many candidates (eligible endpoints) go over columns when a
+    # snapshot carries them; None: the least its plugins name (`ColumnsFrom`), else `COLUMNS_FROM`.
+    columns_from: int | None = None
+    _columns_from: int = field(init=False, repr=False, compare=False)  # (as resolved)
     # The filters' optional capabilities, resolved once here rather than per placement:
     # each filter's `tiers` method (`TieredFilter`), or None for a plain filter, in filter order;
     _tiers: tuple[_Tiers | None, ...] = field(init=False, repr=False, compare=False)
@@ -139,6 +156,9 @@ class SchedulerProfile:
         ):
             columnar = (tuple(cfilters), tuple(cscorers), picker)
         object.__setattr__(self, "_columnar", columnar)
+        plugins = [*filters, *(ws.scorer for ws in self.scorers), picker]
+        least = min([p.columns_from for p in plugins if isinstance(p, ColumnsFrom)], default=COLUMNS_FROM)
+        object.__setattr__(self, "_columns_from", least if self.columns_from is None else self.columns_from)
         steps: list[tuple[_ColumnTiers | None, _ColumnMask | None]] = []
         if columnar is not None:
             for f in filters:
@@ -152,6 +172,12 @@ class SchedulerProfile:
     def columnar(self) -> bool:
         """Whether the profile places over columns when a snapshot carries them."""
         return self._columnar is not None
+
+    @property
+    def columns_least(self) -> int:
+        """The least candidates a placement goes over columns for (a fleet smaller than this needs no
+        columns)."""
+        return self._columns_from
 
     def groups(self, model: ModelName) -> dict[str, tuple[float | None, list[EndpointId]]]:
         """The endpoint groups of the grouping filters (`GroupingFilter`) for `model`: name -> (share of
@@ -227,7 +253,11 @@ class SchedulerProfile:
             and cols.endpoints is snap.endpoints
             and req.pinned is None
         ):
-            return self._place_columns(req, snap, cols, columnar)
+            mask = cols.eligible(req.model)
+            if np.count_nonzero(mask) >= self._columns_from:
+                return self._place_columns(req, snap, cols, columnar, mask)
+            views = snap.endpoints
+            return self._place_plain(req, snap, [views[i] for i in np.flatnonzero(mask).tolist()])
         return self._place_plain(req, snap, eligible(req, snap))
 
     def _place_plain(
@@ -250,11 +280,12 @@ class SchedulerProfile:
         snap: FleetSnapshot,
         cols: FleetColumns,
         columnar: tuple[tuple[Filter, ...], tuple[tuple[ColumnarScorer, float], ...], ColumnarPicker],
+        candidates: npt.NDArray[np.bool_],
     ) -> EndpointView | None:
-        """`place` over columns: the same choice (every plugin's columnar form gives what its plain one
-        would), without a Python step per endpoint."""
+        """`place` over columns, from the eligible `candidates`: the same choice (every plugin's columnar
+        form gives what its plain one would), without a Python step per endpoint."""
         _, scorers, picker = columnar
-        mask = self._filter_columns(req, cols, cols.eligible(req.model), snap, 0)
+        mask = self._filter_columns(req, cols, candidates, snap, 0)
         if not mask.any():
             return None
         total: npt.NDArray[np.float64] | None = None

@@ -25,14 +25,13 @@ from gateway.core.types import (
     ModelName,
     RequestId,
 )
-from gateway.sched.bookkeeping import COLUMNS_FROM
 from gateway.sched.columns import columns_of, updated
 from gateway.sched.decisions import Dispatch
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.placement.least_outstanding import LeastOutstandingScorer, MaxScorePicker
 from gateway.sched.plugins.placement.prefix_holders import PrefixHoldersFilter, PrefixHoldersParams
 from gateway.sched.prefix import PrefixHits
-from gateway.sched.profile import Policy, SchedulerProfile, WeightedScorer
+from gateway.sched.profile import COLUMNS_FROM, Policy, SchedulerProfile, WeightedScorer
 from gateway.sched.registry import PluginKind
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
@@ -123,7 +122,7 @@ def test_placement_over_columns_chooses_what_the_plain_path_chooses(
     scorers = [WeightedScorer(LeastOutstandingScorer(), weights[0])]
     if len(weights) > 1:
         scorers.append(WeightedScorer(Skewed(skew), weights[1]))
-    profile = SchedulerProfile(filters=(), scorers=tuple(scorers), picker=MaxScorePicker())
+    profile = SchedulerProfile(filters=(), scorers=tuple(scorers), picker=MaxScorePicker(), columns_from=0)
     assert profile.columnar
     views = tuple(make(i, e) for i, e in enumerate(fleet))
     cols = columns_of(views)
@@ -216,7 +215,7 @@ def test_prefix_holders_over_columns_chooses_what_the_plain_path_chooses(
     chooses what the plain path does, with and without cached prefixes."""
     holders = PrefixHoldersFilter(PrefixHoldersParams())
     scorers = (WeightedScorer(LeastOutstandingScorer(), 1.0),)
-    profile = SchedulerProfile(filters=(holders,), scorers=scorers, picker=MaxScorePicker())
+    profile = SchedulerProfile(filters=(holders,), scorers=scorers, picker=MaxScorePicker(), columns_from=0)
     assert profile.columnar
     views = tuple(make(i, e) for i, e in enumerate(fleet))
     hits = PrefixHits({views[i].id: min(t, prompt) for i, t in cached.items() if i < len(views)})
@@ -229,7 +228,7 @@ def test_prefix_holders_over_columns_chooses_what_the_plain_path_chooses(
 def test_a_pinned_request_is_placed_on_its_endpoint_only_over_columns_too() -> None:
     holders = PrefixHoldersFilter(PrefixHoldersParams())
     scorers = (WeightedScorer(LeastOutstandingScorer(), 1.0),)
-    profile = SchedulerProfile(filters=(holders,), scorers=scorers, picker=MaxScorePicker())
+    profile = SchedulerProfile(filters=(holders,), scorers=scorers, picker=MaxScorePicker(), columns_from=0)
     views = tuple(make(i, {**e, "inflight": i}) for i, e in enumerate([_READY] * 4))
     snap = FleetSnapshot(now=0.0, endpoints=views, columns=columns_of(views))
     assert profile.place(request(), snap) is views[0]  # the least loaded

@@ -59,15 +59,21 @@ import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.core.types import RequestId
+from gateway.sched.fleet_loads import COLUMNS_FROM_LOADS, fleet_loads
 from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.plugins.placement.best_fit_bounds import EAGER_TRIES, MIN_CANDIDATES, sure_misses
+from gateway.sched.plugins.placement.best_fit_bounds import (
+    EAGER_TRIES,
+    MIN_CANDIDATES,
+    sure_misses,
+    sure_misses_of,
+)
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import prefill_tokens
+from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
@@ -104,11 +110,15 @@ class BestFitParams(PredictionParams, frozen=True, kw_only=True):
 
 class BestFitFilter:
     name = "best-fit"
+    # Its plain form derives each candidate's load: over columns it pays from this many candidates
+    # (`gateway.sched.profile.ColumnsFrom`).
+    columns_from = COLUMNS_FROM_LOADS
 
     def __init__(self, params: BestFitParams, loads: LoadCache | None = None) -> None:
         self.params = params
         self._cache = loads or LoadCache(params.predict_params())
         self.load_params = self._cache.params  # what its loads predict with
+        self._fleet = fleet_loads(self._cache)
         self._packs = params.order == "most-loaded"
         by_count = self._by_count = params.order == "least-outstanding"
         self._spread_key = self.outstanding_key if by_count else self.least_loaded_key
@@ -155,10 +165,11 @@ class BestFitFilter:
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
     ) -> npt.NDArray[np.bool_]:
-        """The columnar form: `filter`'s choice with loads derived for the endpoints that run something
-        only (an idle endpoint's order key is known from the columns: nothing runs long there, its
-        capacity_norm is 0; and it fits), and the order found by one sort of the keys. A request with a
-        cached prefix goes the plain way (`holders_first` predicts on the holders)."""
+        """The columnar form: `filter`'s choice with the order keys of the endpoints that run something
+        read from their loads' arrays (`FleetLoads`: an idle endpoint's is known from the columns:
+        nothing runs long there, its capacity_norm is 0; and it fits), the order found by one sort of
+        the keys, and a load made only for each endpoint tried in that order. A request with a cached
+        prefix goes the plain way (`holders_first` predicts on the holders)."""
         idx = np.flatnonzero(candidates)
         if len(idx) == 0:
             return candidates
@@ -171,34 +182,63 @@ class BestFitFilter:
             return out
         now = snap.now
         busy = cols.busy[idx] > 0
-        loads: dict[int, EndpointLoad] = {
-            int(k): self._cache.load(views[i], now)
-            for k, i in zip(np.flatnonzero(busy), idx[busy], strict=True)
-        }
-        rebalance = self.rebalance
+        places = idx[busy]  # the busy candidates' places in the columns
         flag = np.zeros(len(idx), dtype=np.bool_)
         norm = np.zeros(len(idx), dtype=np.float64)
-        for k, load in loads.items():
-            flag[k] = load.running_long >= rebalance > 0
-        if self._packs or not self._by_count:
-            for k, load in loads.items():
-                norm[k] = self.capacity_norm(load)
+        few = len(places) < self._fleet.least
+        if few:  # a few: their loads, one by one
+            rebalance = self.rebalance
+            for k, i in zip(np.flatnonzero(busy).tolist(), places.tolist(), strict=True):
+                load = self._cache.load(views[i], now)
+                flag[k] = load.running_long >= rebalance > 0
+                if self._packs or not self._by_count:
+                    norm[k] = self.capacity_norm(load)
+        else:
+            which = np.zeros_like(candidates)
+            which[places] = True
+            self._fleet.rows(cols, which, now)
+            if self.rebalance > 0:
+                flag[busy] = self.demoted(places)
+            if self._packs or not self._by_count:
+                norm[busy] = self.capacity_norms(places)
         rank = cols.id_rank[idx]
         spread_by = cols.outstanding[idx] if self._by_count else norm
         spread = np.lexsort((rank, spread_by, flag))
         tried = np.lexsort((rank, -norm, flag)) if self._packs else spread
         loose: dict[int, bool] = {}
-        for k in tried.tolist():
-            busy_load = loads.get(k)
-            if busy_load is None:
+        bounded = len(idx) < MIN_CANDIDATES
+        for j, k in enumerate(tried.tolist()):
+            if j == EAGER_TRIES and not bounded and not few:
+                # Not placed on the first few: the sure misses found for all at once, as `filter` does
+                bounded = True
+                rows = self._fleet.best_fit_rows(places, self.params.gamma)
+                misses = sure_misses_of(self, rows, req, float(resume_prompt_tokens(req)))
+                for other, miss in zip(np.flatnonzero(busy).tolist(), misses, strict=True):
+                    if miss:
+                        loose.setdefault(other, False)
+            if k in loose:
+                continue  # a sure miss
+            if not busy[k]:
                 return _only(candidates, int(idx[k]))  # nothing runs there: it fits
-            strict, loose[k] = self.fits_both(busy_load, req)
+            strict, loose[k] = self.fits_both(self._cache.load(views[int(idx[k])], now), req)
             if strict:
                 return _only(candidates, int(idx[k]))
         for k in spread.tolist():
             if loose[k]:
                 return _only(candidates, int(idx[k]))
         return np.zeros_like(candidates)
+
+    def capacity_norms(self, places: npt.NDArray[np.intp]) -> list[float]:
+        """`capacity_norm` of the loads at `places` of the columns (their rows up to date), from their
+        arrays (`FleetLoads.capacity`; math.hypot as `capacity_norm` takes it)."""
+        n, seats, kv, tokens, _ = self._fleet.capacity(places, self.params.gamma)
+        scale = np.where(np.isnan(kv) | (kv == 0.0), seats * _TOKENS_PER_SEAT, kv)
+        shares = zip((n / seats).tolist(), (tokens / scale).tolist(), strict=True)
+        return [math.hypot(a, b) for a, b in shares]
+
+    def demoted(self, places: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+        """`order_key`'s first term (tried last) of the loads at `places` of the columns, from arrays."""
+        return (self._fleet.running_long(places) >= self.rebalance) & (self.rebalance > 0)
 
     def order_key(self, load: EndpointLoad) -> tuple[bool, float, str]:
         """Most loaded first; endpoints whose requests run long last."""

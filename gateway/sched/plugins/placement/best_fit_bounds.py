@@ -55,7 +55,7 @@ EAGER_TRIES: Final = 4
 #: absolute), so the arrays' rounding never names an endpoint the exact test would keep.
 _TOL: Final = 1e-9
 
-# Columns of an endpoint's row (`_row`).
+# Columns of an endpoint's row (`_row`; `gateway.sched.fleet_loads.FleetLoads.best_fit_rows` too).
 _N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _NOW, _K1, _C1, _K2, _C2, _C3, _TOKENS, _BUDGET = range(14)
 _NAN: Final = float("nan")
 
@@ -111,7 +111,19 @@ def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) 
     taken, or (with free seats and something running) the ATGT bound (b) broken, or the request's own
     targets counting there and its predicted last or first token past its time left. False: not known
     (the exact test decides)."""
-    rows = np.array([_row(fit, load) for load in loads], dtype=np.float64)
+    rows = np.array([_row(fit, load) for load in loads], dtype=np.float64).reshape(len(loads), 14)
+    fresh: npt.NDArray[np.float64] | float = float(resume_prompt_tokens(req))
+    if req.cached:
+        fresh = np.array([float(prefill_tokens(req, load.view.id)) for load in loads], dtype=np.float64)
+    return sure_misses_of(fit, rows, req, fresh)
+
+
+def sure_misses_of(
+    fit: BestFit, rows: npt.NDArray[np.float64], req: SchedRequest, fresh: npt.NDArray[np.float64] | float
+) -> list[bool]:
+    """`sure_misses` over the loads' numbers (one row each, `_row`'s columns; the running requests'
+    token sum and ITL budget may be NaN where the endpoint is idle or full), `fresh` the prompt tokens
+    the request's prefill computes on each (or on all)."""
     n, seats = rows[:, _N], rows[:, _SEATS]
     full = n >= seats
     open_ = (n > 0) & ~full
@@ -122,12 +134,6 @@ def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) 
     gamma = fit.load_params.gamma
     out = output_bound(req, gamma)
     prompt = float(resume_prompt_tokens(req))
-    if req.cached:
-        fresh: npt.NDArray[np.float64] | float = np.array(
-            [float(prefill_tokens(req, load.view.id)) for load in loads], dtype=np.float64
-        )
-    else:
-        fresh = prompt
     k1, c1, k2, c2, c3 = rows[:, _K1], rows[:, _C1], rows[:, _K2], rows[:, _C2], rows[:, _C3]
     steps = max(0.0, out - 1.0)
     # The request's own prediction (`EndpointLoad.predict`) and its idle service (`idle_service`).
@@ -142,8 +148,8 @@ def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) 
     # Whether its own targets surely count (`own`) or surely do not; neither: near a bound.
     now = rows[:, _NOW]
     ttft_dl, e2e_dl = time_left(req, 0.0)  # deadlines on the clock; each load's time left from its `now`
-    own_yes = np.full(len(loads), not req.best_effort)
-    own_no = np.full(len(loads), req.best_effort)
+    own_yes = np.full(len(rows), not req.best_effort)
+    own_no = np.full(len(rows), req.best_effort)
     if not req.best_effort:
         for dl, idle in ((ttft_dl, idle_ttft), (e2e_dl, idle_e2e)):
             if dl is not None:

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from msgspec import Meta
 
+from gateway.sched.fleet_loads import COLUMNS_FROM_LOADS, fleet_loads
 from gateway.sched.harms import endangers
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
@@ -38,10 +39,15 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
 
 class OverflowGuardFilter:
     name = "overflow-guard"
+    # Its plain form derives each candidate's load: over columns it pays from this many candidates
+    # (`gateway.sched.profile.ColumnsFrom`).
+    columns_from = COLUMNS_FROM_LOADS
 
     def __init__(self, params: OverflowGuardParams, loads: LoadCache | None = None) -> None:
         self.params = params
         self._cache = loads or LoadCache(params.predict_params())
+        self._fleet = fleet_loads(self._cache)
+        self._fleet.want(params.on_track, params.margin)
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -73,30 +79,41 @@ class OverflowGuardFilter:
         """The columnar form: on an endpoint with nothing running the request harms no one and is
         predicted from the endpoint's coefficients alone, for all such endpoints at once (`predict`'s
         arithmetic for an empty load, in its order); the endpoints that run something, or hold part of
-        its prompt, are judged one by one as `filter` judges them."""
+        its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`, `predict`, `meets`
+        and `itl_ok` for all of them at once, the loads those of `filter`), or one by one when they are
+        fewer than `FleetLoads.least`."""
         p = self.params
         now = snap.now
-        one_by_one = candidates & (cols.busy > 0)
+        busy = candidates & (cols.busy > 0)
         if req.cached:
             for eid in req.cached:
                 i = cols.index.get(eid)
                 if i is not None and candidates[i]:
-                    one_by_one[i] = True
-        idle = candidates & ~one_by_one
+                    busy[i] = True
+        idle = candidates & ~busy
         harmless = idle.copy()
         meeting = np.zeros_like(candidates)
         left = time_left(req, now)
         if not req.best_effort and idle.any():
             meeting = idle & self._meets_idle(req, cols, left)
-        views = cols.endpoints
-        for i in np.flatnonzero(one_by_one).tolist():
-            load = self._cache.load(views[i], now)
-            if endangers(load, req, margin=p.margin, on_track=p.on_track):
-                continue
-            harmless[i] = True
+        places = np.flatnonzero(busy)
+        if len(places) >= self._fleet.least:
+            spared, keeps = self._fleet.judge(
+                req, cols, busy, now, worst_case=p.worst_case, on_track=p.on_track, margin=p.margin
+            )
+            harmless[busy] = spared
             if not req.best_effort:
-                pred = load.predict(req, worst_case=p.worst_case)
-                meeting[i] = meets(pred, left, p.margin) and itl_ok(req, pred)
+                meeting[busy] = spared & keeps
+        else:  # a few: one by one, as `filter` judges them
+            views = cols.endpoints
+            for i in places.tolist():
+                load = self._cache.load(views[i], now)
+                if endangers(load, req, margin=p.margin, on_track=p.on_track):
+                    continue
+                harmless[i] = True
+                if not req.best_effort:
+                    pred = load.predict(req, worst_case=p.worst_case)
+                    meeting[i] = meets(pred, left, p.margin) and itl_ok(req, pred)
         if req.best_effort:
             return harmless
         if p.hold_infeasible or meeting.any():

@@ -1,0 +1,290 @@
+"""The endpoints' loads as arrays, for placement over columns: a placement judges every busy endpoint at
+once (`endangers`, `predict`, `meets`, `itl_ok` for one request over many loads; best fit's order keys
+and sure misses) instead of one `EndpointLoad` at a time.
+
+`FleetLoads` (one per `LoadCache`, shared by the plugins that share the cache) keeps, per endpoint of a
+fleet's columns (`FleetColumns`, by place), the numbers a placement reads from its load: the scalars
+`EndpointLoad.predict` and `join_delays` take (running requests, seats, wait, pending prompts, context
+sum, prefill overhead, coefficients, ...), each running request's prefilled flag, context and remaining
+tokens (padded rows), and the harm terms `gateway.sched.harms` derives for each (`on_track`, `margin`)
+a plugin wants (the least first-token bound, the least inter-token bound, each running request's
+last-token bound, +inf where none). The loads are the cache's, under its reuse rules (`LoadCache.refs`):
+a row is derived again only when the cache has another load for its endpoint, those derived together
+(`gateway.sched.load_batch`), and the cache is not asked again about an endpoint already looked at for
+the same columns and clock (the requests of one served queue, which mostly fit nowhere, are placed on
+one snapshot).
+
+The arithmetic is `predict`'s and `harm`'s, operation by operation in the same order (numpy's float64
+operations round as Python's do), so every number is the one the loads give one by one
+(`tests/unit/test_sched_fleet_loads.py` checks both on random fleets and request sequences).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.core.types import EndpointId
+from gateway.sched.idle import output_bound
+from gateway.sched.load_batch import Pending, derive
+from gateway.sched.loads import LoadCache
+from gateway.sched.predict import EndpointLoad
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import prefill_tokens, resume_prompt_tokens
+from gateway.sched.snapshot import FleetColumns
+from gateway.sched.targets import time_left
+
+#: Candidates from which a filter that judges each endpoint's load is placed over these arrays (a profile
+#: takes the least its plugins name: `gateway.sched.profile.ColumnsFrom`). At 32, a 100-endpoint fleet
+#: with most endpoints idle was cheaper over columns (`diag overhead-micro` fleet_100, `bench simscale`),
+#: but `bench decisions` (100 endpoints, 1,000 queued) did not show it cheaper: the same as for the other
+#: plugins until it does (docs/placement-over-columns.md).
+COLUMNS_FROM_LOADS: Final = 128
+
+#: Busy candidates from which a placement judges them over these arrays (below it, one load at a time:
+#: numpy's fixed cost per call is more than the Python steps it saves; `diag overhead-micro` fleet_1000).
+FLEET_LOADS_FROM: Final = 8
+
+# Columns of the scalar table, one row per endpoint.
+_N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _TPOT, _LONG, _K1, _C1, _K2, _C2, _C3, _KV = range(14)
+_NOW, _REMAINING, _BUDGET = 14, 15, 16
+_WIDTH: Final = 17
+_INF: Final = math.inf
+
+_Floats = npt.NDArray[np.float64]
+_Mask = npt.NDArray[np.bool_]
+_HarmKey = tuple[float, float]
+
+
+def fleet_loads(cache: LoadCache) -> FleetLoads:
+    """The `FleetLoads` of `cache` (one per cache: the plugins that share a cache share its rows)."""
+    got = cache.fleet
+    if not isinstance(got, FleetLoads):
+        got = cache.fleet = FleetLoads(cache)
+    return got
+
+
+class FleetLoads:
+    """The loads of a fleet's endpoints as arrays (see the module), for one `LoadCache`."""
+
+    __slots__ = (
+        "_at",
+        "_cache",
+        "_context",
+        "_harms",
+        "_index",
+        "_keys",
+        "_looked",
+        "_prefilled",
+        "_refs",
+        "_remaining",
+        "_table",
+        "least",
+    )
+
+    def __init__(self, cache: LoadCache) -> None:
+        self._cache = cache
+        self.least = FLEET_LOADS_FROM  # busy candidates from which plugins judge them over the rows
+        self._keys: list[_HarmKey] = []  # the (on_track, margin) pairs whose harm terms are kept
+        self._index: Mapping[EndpointId, int] | None = None  # the columns' places the rows are kept by
+        self._refs: list[EndpointLoad | Pending | None] = []  # what each row was derived from
+        self._table: _Floats = np.zeros((0, _WIDTH))
+        # per running request (one column each, in the view's order; padding past them)
+        self._prefilled: _Mask = np.zeros((0, 0), dtype=np.bool_)
+        self._context: _Floats = np.zeros((0, 0))
+        self._remaining: _Floats = np.zeros((0, 0))
+        # per harm key: the least first-token and inter-token bounds, the last-token bounds (+inf: none)
+        self._harms: dict[_HarmKey, tuple[_Floats, _Floats, _Floats]] = {}
+        # (columns, clock) the rows were last brought up to date for, and which rows were looked at then
+        self._at: tuple[FleetColumns, float] | None = None
+        self._looked: _Mask = np.zeros(0, dtype=np.bool_)
+
+    def want(self, on_track: float, margin: float) -> None:
+        """Keep the harm terms for this `on_track` and `margin` too (`judge` asks for them)."""
+        if (on_track, margin) not in self._keys:
+            self._keys.append((on_track, margin))
+            self._index = None  # every row derived again, with these terms
+
+    def _reset(self, cols: FleetColumns) -> None:
+        n = len(cols.endpoints)
+        self._index = cols.index
+        self._refs = [None] * n
+        self._table = np.zeros((n, _WIDTH))
+        self._prefilled = np.zeros((n, 0), dtype=np.bool_)
+        self._context = np.zeros((n, 0))
+        self._remaining = np.zeros((n, 0))
+        self._harms = {key: (np.zeros(n), np.zeros(n), np.zeros((n, 0))) for key in self._keys}
+        self._at = None
+
+    def rows(self, cols: FleetColumns, which: _Mask, now: float) -> None:
+        """Bring the rows of the endpoints `which` (a mask in the columns' order) up to date as of
+        `now`: each the numbers of the load the cache has for its endpoint now (`LoadCache.refs`),
+        those that changed derived together (`load_batch.derive`)."""
+        if self._index is not cols.index or len(self._refs) != len(cols.endpoints):
+            self._reset(cols)
+        if self._at is None or self._at[0] is not cols or self._at[1] != now:
+            self._at = (cols, now)
+            self._looked = np.zeros(len(cols.endpoints), dtype=np.bool_)
+        todo = which & ~self._looked
+        self._looked |= todo
+        idx = np.flatnonzero(todo).tolist()
+        if not idx:
+            return
+        views, kept = cols.endpoints, self._refs
+        refs = self._cache.refs([views[i] for i in idx], now)
+        stale = [(i, r) for i, r in zip(idx, refs, strict=True) if kept[i] is not r]
+        if stale:
+            self._write(stale)
+
+    def _write(self, stale: list[tuple[int, EndpointLoad | Pending]]) -> None:
+        got = derive([(r.view, r.now, r.pace) for _, r in stale], self._cache.params, self._keys)
+        at = np.array([i for i, _ in stale], dtype=np.int64)
+        self._table[at] = np.column_stack(
+            (
+                got.n,
+                got.seats,
+                got.wait_s,
+                got.pending_prompt,
+                got.ctx_sum,
+                got.overhead,
+                got.tpot_now,
+                got.running_long,
+                got.coef,
+                got.kv_capacity,
+                got.now,
+                got.remaining_total,
+                got.itl_budget,
+            )
+        )
+        m = got.remaining.shape[1]
+        width = self._remaining.shape[1]
+        if m > width:
+            self._grow(max(m, 2 * width))
+        self._prefilled[at] = False
+        self._prefilled[at, :m] = got.prefilled
+        self._context[at] = 0.0
+        self._context[at, :m] = got.context
+        self._remaining[at] = 0.0
+        self._remaining[at, :m] = got.remaining
+        for key, (ttft_b, itl_b, e2e_b) in self._harms.items():
+            ttft, itl, e2e = got.harms[key]
+            ttft_b[at] = ttft
+            itl_b[at] = itl
+            e2e_b[at] = _INF
+            e2e_b[at, :m] = e2e
+        for i, r in stale:
+            self._refs[i] = r
+
+    def _grow(self, width: int) -> None:
+        rows, more = len(self._refs), width - self._remaining.shape[1]
+        self._prefilled = np.hstack((self._prefilled, np.zeros((rows, more), dtype=np.bool_)))
+        self._context = np.hstack((self._context, np.zeros((rows, more))))
+        self._remaining = np.hstack((self._remaining, np.zeros((rows, more))))
+        for key, (ttft_b, itl_b, e2e_b) in self._harms.items():
+            self._harms[key] = (ttft_b, itl_b, np.hstack((e2e_b, np.full((rows, more), _INF))))
+
+    def capacity(
+        self, idx: npt.NDArray[np.intp], gamma: float
+    ) -> tuple[_Floats, _Floats, _Floats, _Floats, _Floats]:
+        """Per endpoint at `idx` (rows up to date: `rows`): running requests, seats, KV capacity (NaN:
+        unknown), Σ(context + γ·remaining) over its running requests summed in their order (best fit's
+        `_tokens`), and how far they run long (`running_long`)."""
+        t = self._table[idx]
+        per_request = self._context[idx] + gamma * self._remaining[idx]
+        tokens = np.cumsum(per_request, axis=1)[:, -1] if per_request.shape[1] else np.zeros(len(idx))
+        return t[:, _N], t[:, _SEATS], t[:, _KV], tokens, t[:, _LONG]
+
+    def best_fit_rows(self, idx: npt.NDArray[np.intp], gamma: float) -> _Floats:
+        """The rows best fit's sure misses read (`best_fit_bounds._row`'s columns) of the endpoints at
+        `idx` (rows up to date: `rows`)."""
+        t = self._table[idx]
+        n, seats = t[:, _N], t[:, _SEATS]
+        open_ = (n > 0) & (n < seats)
+        tokens = np.where(open_, t[:, _CTX] + gamma * t[:, _REMAINING], np.nan)
+        budget = np.where(open_, t[:, _BUDGET], np.nan)
+        cols = (_N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _NOW, _K1, _C1, _K2, _C2, _C3)
+        return np.column_stack((t[:, cols], tokens, budget))
+
+    def running_long(self, idx: npt.NDArray[np.intp]) -> _Floats:
+        """How far the running requests of the endpoints at `idx` run long (`running_long`; rows up to
+        date: `rows`)."""
+        got: _Floats = self._table[idx, _LONG]
+        return got
+
+    def judge(
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        which: _Mask,
+        now: float,
+        *,
+        worst_case: bool,
+        on_track: float,
+        margin: float,
+    ) -> tuple[_Mask, _Mask]:
+        """Per endpoint of `which` (their loads as of `now`, `rows`), in the columns' order: whether
+        placing `req` there endangers none of its running requests (`not endangers(load, req,
+        margin=margin, on_track=on_track)`: the pair must be wanted, `want`), and whether it keeps its
+        own targets there (`meets(load.predict(req, worst_case=worst_case), time_left, margin)` and
+        `itl_ok`)."""
+        self.rows(cols, which, now)
+        idx = np.flatnonzero(which)
+        (first, _, per_iter, delay), (ttft, e2e, tpot) = self._numbers(req, idx, worst_case=worst_case)
+        ttft_b, itl_b, e2e_b = self._harms[(on_track, margin)]
+        endangered = (first > ttft_b[idx]) | (per_iter > itl_b[idx])
+        if delay.shape[1]:
+            endangered |= (delay > e2e_b[idx]).any(axis=1)
+        ttft_left, e2e_left = time_left(req, now)
+        itl = req.slo.itl_ms
+        ok = np.ones(len(idx), dtype=np.bool_)
+        if ttft_left is not None:
+            ok &= ~(ttft > ttft_left * margin)
+        if e2e_left is not None:
+            ok &= ~(e2e > e2e_left * margin)
+        if itl is not None:
+            ok &= tpot * 1000.0 <= itl
+        return ~endangered, ok
+
+    def numbers(
+        self, req: SchedRequest, cols: FleetColumns, which: _Mask, now: float, *, worst_case: bool
+    ) -> tuple[tuple[_Floats, _Floats, _Floats, _Floats], tuple[_Floats, _Floats, _Floats]]:
+        """What `judge` compares, per endpoint of `which` (rows brought up to date first: `rows`):
+        `join_delays`' first, pause and per-iteration cost of `req`, with the delay each running request
+        would suffer as a last-token harm (`_any_over`'s; one row per endpoint, one column per running
+        request, padded); and `predict`'s first token, last token and per-token time."""
+        self.rows(cols, which, now)
+        return self._numbers(req, np.flatnonzero(which), worst_case=worst_case)
+
+    def _numbers(
+        self, req: SchedRequest, idx: npt.NDArray[np.intp], *, worst_case: bool
+    ) -> tuple[tuple[_Floats, _Floats, _Floats, _Floats], tuple[_Floats, _Floats, _Floats]]:
+        t = self._table[idx]
+        n, seats, over = t[:, _N], t[:, _SEATS], 1.0 + t[:, _OVER]
+        k1, c1, k2, c2, c3 = t[:, _K1], t[:, _C1], t[:, _K2], t[:, _C2], t[:, _C3]
+        out = output_bound(req, self._cache.params.gamma)
+        p = float(resume_prompt_tokens(req))
+        fresh: _Floats | float = p
+        if req.cached:
+            refs = self._refs
+            fresh = np.array([float(prefill_tokens(req, _view_id(refs[i]))) for i in idx.tolist()])
+        # `join_delays`, and `_any_over`'s delay of each running request
+        per_iter = (k2 * (p + 0.5 * out) + c2) * over
+        first = k1 * fresh
+        pause = first + c1
+        delay = np.where(self._prefilled[idx], pause[:, None], first[:, None])
+        delay += np.minimum(self._remaining[idx], out) * per_iter[:, None]
+        # `predict`
+        ttft = t[:, _WAIT] + (k1 * (fresh + t[:, _PENDING]) + c1)
+        b = seats if worst_case else np.minimum(n + 1.0, seats)
+        tpot = ((k2 * ((t[:, _CTX] + p + 0.5 * out) / (n + 1.0)) + c2) * b + c3) * over
+        e2e = ttft + max(0.0, out - 1.0) * tpot
+        return (first, pause, per_iter, delay), (ttft, e2e, tpot)
+
+
+def _view_id(ref: EndpointLoad | Pending | None) -> EndpointId:
+    assert ref is not None  # (rows up to date)
+    return ref.view.id
