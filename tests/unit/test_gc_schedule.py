@@ -11,8 +11,8 @@ import pytest
 from gateway.core.gcpauses import RECENT_S, GcCollector, GcPauses
 from gateway.core.heap import (
     BACKSTOP,
-    GARBAGE_MIN,
     FULL_MIN_GROWTH_BLOCKS,
+    GARBAGE_MIN,
     IDLE_MIN_INTERVAL_S,
     IDLE_TICKS,
     PROBE_EVERY,
