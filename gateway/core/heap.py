@@ -23,18 +23,24 @@ So the schedule (`GcSchedule`) takes the collections over from CPython:
 
 - `settle()`, once startup is done: collect, and freeze what survives (modules, config, plugins,
   metric families, the app) into CPython's permanent generation, which no collection walks.
-- Young collections between the loop's callbacks, from a timer of the schedule's own (`step`, every
+- Young steps between the loop's callbacks, from a timer of the schedule's own (`step`, every
   `STEP_S`): when `YOUNG_THRESHOLD` net allocations accumulated, or `YOUNG_INTERVAL_S` passed since
-  the last one, so that one walks about a second's arrivals, not many seconds' worth. Each is
-  followed by a freeze: what survived it joins the permanent generation instead of an older one, so
-  the older generations stay empty and are never walked. CPython's own thresholds stay on, `BACKSTOP`
+  the last one. A step freezes the young generation: what is in it joins the permanent generation
+  instead of an older one, so the older generations stay empty and are never walked. A freeze moves
+  the generation's list whole (no walk); a young collection before it walks every object in it, and
+  with a standing queue that is 25,000-50,000 objects a second (the arrivals' requests, headers and
+  tasks, the scheduler's per-request records), a 10-40 ms pause, to find no garbage: reference
+  counting frees what dies. So a step collects only as a probe, every `PROBE_EVERY` steps, and every
+  step while the last probe found `GARBAGE_MIN` or more objects of cyclic garbage (a workload that
+  makes cycles, say exceptions kept with their tracebacks, has them collected within a second as
+  before, until a collection finds fewer). CPython's own thresholds stay on, `BACKSTOP`
   times higher, for a callback that allocates that much without yielding to the loop. A pause is a
   callback of its own: the loop's lag counts it, a scheduler call's time no longer does (it used to run
   inside whatever allocation crossed the threshold: a 2 ms decision became an 80 ms one).
 - A full collection (unfreeze, collect everything, freeze the survivors again) when the process's
   memory blocks (`sys.getallocatedblocks`, read every `TICK_S`) grew by `FULL_GROWTH` over what the
   last full collection left (and at least `FULL_MIN_GROWTH_BLOCKS`), and, when nothing has been in
-  flight or queued for `IDLE_TICKS` ticks, once after any young collection since the last full one (at
+  flight or queued for `IDLE_TICKS` ticks, once after any young step since the last full one (at
   most every `IDLE_MIN_INTERVAL_S`).
 
 Memory stays bounded: cyclic garbage among frozen objects is not collected until the next full
@@ -42,8 +48,9 @@ collection, but that runs as soon as the heap grows by a quarter over what the l
 garbage is part of the growth), so the garbage kept is at most about a quarter of the heap the last
 full collection left (`FULL_MIN_GROWTH_BLOCKS` on a small heap; after a peak of load, up to that
 peak's size until the next idle moment collects) plus one young generation; each full collection
-measures the heap again. A cycle is still collected: the
-young collections find those made and dropped within a second, the full ones the rest.
+measures the heap again. A cycle is still collected: while cycles are being made the young collections
+find those made and dropped within a second (a probe notices them within `PROBE_EVERY` steps), the
+full ones the rest.
 """
 
 from __future__ import annotations
@@ -62,10 +69,17 @@ from gateway.core.gcpauses import GcPauses
 #: Net allocations of tracked objects that make a young collection due.
 YOUNG_THRESHOLD: Final = 10_000
 #: Seconds after which a young collection is due whatever the count (the count barely moves while the
-#: requests that end free as much as those that arrive allocate). The pause grows with it (it walks this
-#: long's arrivals that are still alive: about 10 ms a second at 200 requests a second on a busy core),
-#: and the number of pauses falls: a second keeps them to about 1% of the 10 ms lag samples.
+#: requests that end free as much as those that arrive allocate). A probe's pause grows with it (it walks
+#: this long's arrivals that are still alive: 10-40 ms a second at 200 requests a second on a busy core).
 YOUNG_INTERVAL_S: Final = 1.0
+#: Young steps between two probes (a young collection before the freeze) while the probes find no
+#: garbage: the collector walks a tenth of what it would, and cycles made between probes wait for the
+#: next probe to notice them (then the steps collect) or for the next full collection.
+PROBE_EVERY: Final = 10
+#: A young collection that finds this many objects of cyclic garbage makes the next step collect too.
+#: Fewer are left to the full collections (the heap's growth): a hundred objects a second is a few
+#: megabytes an hour, against a walk of the young generation every second.
+GARBAGE_MIN: Final = 100
 #: Seconds between two checks for a due collection (`GcSchedule.step`): a read of three counters.
 STEP_S: Final = 0.05
 #: CPython's own young threshold is this many times the schedule's: it collects by itself only when a
@@ -122,6 +136,9 @@ class GcSchedule:
         self.live_blocks = 0  # memory blocks after the last full collection
         self._young_at = -math.inf  # when the last young collection ran
         self._young_since_full = 0
+        self._since_probe = PROBE_EVERY  # young steps since the last young collection (the first probes)
+        self._garbage = 0  # cyclic garbage the last young collection found
+        self.young_collections = 0
         self._idle_ticks = 0
         self._idle_at = -math.inf  # when the last idle collection ran
         self.full_collections = 0
@@ -158,14 +175,19 @@ class GcSchedule:
         self._young_since_full = 0
 
     def step(self) -> bool:
-        """Run a young collection if one is due, and freeze its survivors; whether it ran."""
+        """Run a young step if one is due: a young collection when it is a probe's turn or the last one
+        found garbage, then a freeze; whether it ran."""
         if self._settled is None:
             return False
         now = self._clock()
         if self._gc.get_count()[0] <= YOUNG_THRESHOLD and now - self._young_at < YOUNG_INTERVAL_S:
             return False
         self._young_at = now
-        self._gc.collect(0)
+        self._since_probe += 1
+        if self._since_probe >= PROBE_EVERY or self._garbage >= GARBAGE_MIN:
+            self._since_probe = 0
+            self._garbage = self._gc.collect(0)
+            self.young_collections += 1
         self._gc.freeze()
         self._young_since_full += 1
         return True

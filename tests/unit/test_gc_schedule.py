@@ -12,8 +12,10 @@ from gateway.core.gcpauses import RECENT_S, GcCollector, GcPauses
 from gateway.core.heap import (
     BACKSTOP,
     FULL_MIN_GROWTH_BLOCKS,
+    GARBAGE_MIN,
     IDLE_MIN_INTERVAL_S,
     IDLE_TICKS,
+    PROBE_EVERY,
     YOUNG_INTERVAL_S,
     YOUNG_THRESHOLD,
     GcSchedule,
@@ -29,6 +31,7 @@ class FakeGc:
         self.threshold = (700, 10, 10)
         self.count = (0, 0, 0)
         self.log: list[str] = []
+        self.garbage = 3  # cyclic garbage a collection finds
 
     def collect(self, generation: int = 2) -> int:
         self.log.append(f"collect {generation}")
@@ -41,11 +44,12 @@ class FakeGc:
             c[generation + 1] += 1
         self.count = (c[0], c[1], c[2])
         for cb in self.callbacks:
-            cb("stop", {"generation": generation, "collected": 3, "uncollectable": 0})
-        return 3
+            cb("stop", {"generation": generation, "collected": self.garbage, "uncollectable": 0})
+        return self.garbage
 
     def freeze(self) -> None:
         self.log.append("freeze")
+        self.count = (0, *self.count[1:])  # CPython's freeze resets the young count too
 
     def unfreeze(self) -> None:
         self.log.append("unfreeze")
@@ -109,11 +113,11 @@ def test_nothing_is_collected_or_frozen_before_settle_nor_after_close() -> None:
     assert fake.log == []
 
 
-def test_a_young_collection_is_due_by_count_or_by_time_and_its_survivors_are_frozen() -> None:
+def test_a_young_step_is_due_by_count_or_by_time_and_freezes_the_young_generation() -> None:
     schedule, fake, clock, _ = _schedule([1_000_000])
     schedule.settle()
     fake.log.clear()
-    assert schedule.step()  # the first: no young collection yet
+    assert schedule.step()  # the first: no young step yet; it probes
     assert fake.log == ["collect 0", "freeze"]
     fake.log.clear()
     clock.t += YOUNG_INTERVAL_S / 2
@@ -124,7 +128,30 @@ def test_a_young_collection_is_due_by_count_or_by_time_and_its_survivors_are_fro
     assert not schedule.step()
     clock.t += YOUNG_INTERVAL_S / 2
     assert schedule.step()  # its time
-    assert fake.log == ["collect 0", "freeze"] * 2
+    assert fake.log == ["freeze"] * 2  # the last probe found (almost) no garbage: no walk
+
+
+def test_a_step_collects_only_as_a_probe_until_a_collection_finds_garbage() -> None:
+    schedule, fake, clock, _ = _schedule([1_000_000])
+    schedule.settle()
+    fake.log.clear()
+
+    def steps(n: int) -> list[str]:
+        fake.log.clear()
+        for _ in range(n):
+            clock.t += YOUNG_INTERVAL_S
+            assert schedule.step()
+        return fake.log
+
+    fake.garbage = GARBAGE_MIN - 1
+    assert steps(1) == ["collect 0", "freeze"]  # the first probe
+    assert steps(PROBE_EVERY - 1) == ["freeze"] * (PROBE_EVERY - 1)
+    assert steps(PROBE_EVERY) == ["collect 0", "freeze"] + ["freeze"] * (PROBE_EVERY - 1)
+    fake.garbage = GARBAGE_MIN  # cycles are being made: the next probe finds them ...
+    assert steps(PROBE_EVERY) == ["collect 0", "freeze"] * PROBE_EVERY  # ... and every step collects
+    fake.garbage = 0  # ... until one finds too few
+    assert steps(PROBE_EVERY) == ["collect 0", "freeze"] + ["freeze"] * (PROBE_EVERY - 1)
+    assert schedule.young_collections == 3 + PROBE_EVERY
 
 
 @pytest.mark.parametrize(
