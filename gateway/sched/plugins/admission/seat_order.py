@@ -1,14 +1,54 @@
 """The running requests' predicted ends over some endpoints' loads, in order: where the seat a request
-waits for frees (SLO admission counts the requests queued ahead of it, `slo_feasibility`)."""
+waits for frees (SLO admission counts the requests queued ahead of it, `slo_feasibility`). The loads
+may be ones the load cache has decided to make and not made yet (`Pending`, `LoadCache.refs`): their
+ends are derived together as arrays (`gateway.sched.load_batch.derive`, bit-equal to `EndpointLoad`'s
+`seat_free`), and no `EndpointLoad` is made for them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from operator import is_
 
 import numpy as np
 import numpy.typing as npt
 
+from gateway.sched.load_batch import Pending, derive
 from gateway.sched.predict import EndpointLoad
+
+_Floats = npt.NDArray[np.float64]
+_EMPTY: _Floats = np.zeros(0, dtype=np.float64)
+
+
+def _seat_frees(loads: Sequence[EndpointLoad | Pending]) -> list[_Floats]:
+    """Each load's running requests' predicted ends (any order within a load): a made load's
+    `seat_free`, kept in its memo as an array; those of the pending ones with running requests derived
+    together (one cache's loads: the same parameters) and kept on them."""
+    arrays: list[_Floats] = []
+    todo: list[tuple[int, Pending]] = []
+    for load in loads:
+        if isinstance(load, Pending):
+            made = load.made
+            if made is None:
+                got = load.seat_free
+                if got is None:
+                    if not load.n:
+                        got = load.seat_free = _EMPTY
+                    else:
+                        todo.append((len(arrays), load))
+                        got = _EMPTY
+                arrays.append(got)
+                continue
+            load = made
+        arr = load.memo.get("seat-free")
+        if arr is None:
+            arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
+        arrays.append(arr)
+    if todo:
+        params = todo[0][1].params
+        finish = derive([(p.view, p.now, p.pace) for _, p in todo], params, ()).finish
+        for row, (i, p) in enumerate(todo):
+            arrays[i] = p.seat_free = finish[row, : p.n]
+    return arrays
 
 
 class SeatOrder:
@@ -18,20 +58,15 @@ class SeatOrder:
 
     __slots__ = ("_loads", "_owner", "_sizes", "_sorted", "_times")
 
-    def __init__(self, loads: list[EndpointLoad]) -> None:
+    def __init__(self, loads: Sequence[EndpointLoad | Pending]) -> None:
         self._loads = loads
-        arrays = []
-        for load in loads:
-            arr = load.memo.get("seat-free")
-            if arr is None:
-                arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
-            arrays.append(arr)
+        arrays = _seat_frees(loads)
         self._sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
         self._times = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.float64)
         self._sorted: tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]] | None = None
         self._owner: npt.NDArray[np.int64] | None = None
 
-    def of(self, loads: list[EndpointLoad]) -> bool:
+    def of(self, loads: Sequence[EndpointLoad | Pending]) -> bool:
         """Whether it is the order of exactly these loads."""
         kept = self._loads
         return kept is loads or (len(kept) == len(loads) and all(map(is_, kept, loads)))
