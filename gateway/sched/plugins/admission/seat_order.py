@@ -25,20 +25,22 @@ def _seat_frees(loads: Sequence[EndpointLoad | Pending]) -> list[_Floats]:
     together (one cache's loads: the same parameters) and kept on them."""
     arrays: list[_Floats] = []
     todo: list[tuple[int, Pending]] = []
-    for load in loads:
-        if isinstance(load, Pending):
-            made = load.made
-            if made is None:
-                got = load.seat_free
+    for ref in loads:
+        load: EndpointLoad
+        if isinstance(ref, Pending):
+            if ref.made is None:
+                got = ref.seat_free
                 if got is None:
-                    if not load.n:
-                        got = load.seat_free = _EMPTY
+                    if not ref.n:
+                        got = ref.seat_free = _EMPTY
                     else:
-                        todo.append((len(arrays), load))
+                        todo.append((len(arrays), ref))
                         got = _EMPTY
                 arrays.append(got)
                 continue
-            load = made
+            load = ref.made
+        else:
+            load = ref
         arr = load.memo.get("seat-free")
         if arr is None:
             arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
