@@ -21,7 +21,7 @@ from gateway.sched.interfaces import PreemptionRules
 from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
-from gateway.sched.plugins.admission.seat_order import SeatOrder
+from gateway.sched.plugins.admission.seat_order import SEAT_ENDS_FROM, SeatOrder
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.request import SchedRequest
@@ -134,6 +134,7 @@ class _Plain(SloFeasibilityAdmitter):
     columns=st.booleans(),
     assume_full=st.booleans(),
     ks=st.lists(st.integers(min_value=0, max_value=400), min_size=1, max_size=4),
+    batch_from=st.sampled_from((1, 4, SEAT_ENDS_FROM)),
 )
 def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noqa: PLR0917
     endpoints: list[Endpoint],
@@ -142,11 +143,14 @@ def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noq
     columns: bool,
     assume_full: bool,
     ks: list[int],
+    batch_from: int,
 ) -> None:
     params = SloFeasibilityParams(margin=1.0, retry_after_s=0.5, assume_full=assume_full, recheck="off")
     rules = RULES if preempts else None
     new = SloFeasibilityAdmitter(params, SLO, preemption=rules)
+    new.seat_ends_from = batch_from  # (1: every pending load's ends as arrays, however few)
     plain = _Plain(params, SLO, preemption=rules)
+    probe = LoadCache(params.predict_params())
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     now = NOW
@@ -174,8 +178,8 @@ def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noq
 
         assert new.admit(r, s, waiting) == plain.admit(r, s, waiting)
         # the ends of the loads to be made, derived as arrays, are their loads' own
-        refs = new._cache.refs(list(views), now)
-        order = SeatOrder(refs)
+        refs = probe.refs(list(views), now)  # (a cache of its own: the admitters' caches stay alike)
+        order = SeatOrder(refs, batch_from)
         made = [ref.load() if isinstance(ref, Pending) else ref for ref in refs]
         for ref, load in zip(refs, made, strict=True):
             if isinstance(ref, Pending) and ref.seat_free is not None:

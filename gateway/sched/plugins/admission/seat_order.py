@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import is_
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -18,11 +19,19 @@ from gateway.sched.predict import EndpointLoad
 _Floats = npt.NDArray[np.float64]
 _EMPTY: _Floats = np.zeros(0, dtype=np.float64)
 
+#: Pending loads with running requests from which their ends are derived together as arrays; below it
+#: each is made as an `EndpointLoad` (numpy's fixed cost per batch is more than the Python steps it
+#: saves: at 100 endpoints with 1,000 queued, the 15-20 loads remade per decision, about 15 running
+#: requests each, were cheaper made one by one; a batch wins only when most of the fleet is remade at
+#: once, as after a refresh of every endpoint's view).
+SEAT_ENDS_FROM: Final = 64
 
-def _seat_frees(loads: Sequence[EndpointLoad | Pending]) -> list[_Floats]:
+
+def _seat_frees(loads: Sequence[EndpointLoad | Pending], batch_from: int) -> list[_Floats]:
     """Each load's running requests' predicted ends (any order within a load): a made load's
     `seat_free`, kept in its memo as an array; those of the pending ones with running requests derived
-    together (one cache's loads: the same parameters) and kept on them."""
+    together (one cache's loads: the same parameters) and kept on them when there are `batch_from` or
+    more, else made."""
     arrays: list[_Floats] = []
     todo: list[tuple[int, Pending]] = []
     for ref in loads:
@@ -41,16 +50,24 @@ def _seat_frees(loads: Sequence[EndpointLoad | Pending]) -> list[_Floats]:
             load = ref.made
         else:
             load = ref
-        arr = load.memo.get("seat-free")
-        if arr is None:
-            arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
-        arrays.append(arr)
-    if todo:
+        arrays.append(_memo(load))
+    if todo and len(todo) < batch_from:
+        for i, p in todo:
+            arrays[i] = _memo(p.load())
+    elif todo:
         params = todo[0][1].params
         finish = derive([(p.view, p.now, p.pace) for _, p in todo], params, ()).finish
         for row, (i, p) in enumerate(todo):
             arrays[i] = p.seat_free = finish[row, : p.n]
     return arrays
+
+
+def _memo(load: EndpointLoad) -> _Floats:
+    """`load.seat_free` as an array, kept in its memo."""
+    arr: _Floats | None = load.memo.get("seat-free")
+    if arr is None:
+        arr = load.memo["seat-free"] = np.asarray(load.seat_free, dtype=np.float64)
+    return arr
 
 
 class SeatOrder:
@@ -60,9 +77,10 @@ class SeatOrder:
 
     __slots__ = ("_loads", "_owner", "_sizes", "_sorted", "_times")
 
-    def __init__(self, loads: Sequence[EndpointLoad | Pending]) -> None:
+    def __init__(self, loads: Sequence[EndpointLoad | Pending], batch_from: int = SEAT_ENDS_FROM) -> None:
+        """`batch_from`: pending loads from which their ends are derived as arrays (`SEAT_ENDS_FROM`)."""
         self._loads = loads
-        arrays = _seat_frees(loads)
+        arrays = _seat_frees(loads, batch_from)
         self._sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
         self._times = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.float64)
         self._sorted: tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]] | None = None

@@ -39,7 +39,7 @@ from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.admission.ready import ReadySeats
-from gateway.sched.plugins.admission.seat_order import SeatOrder
+from gateway.sched.plugins.admission.seat_order import SEAT_ENDS_FROM, SeatOrder
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction, idle_service
 from gateway.sched.registry import PluginKind, PluginSpec
@@ -111,6 +111,7 @@ class SloFeasibilityAdmitter:
         self._outcomes: dict[str, AdmitDecision] = {}  # a recheck's refusal per SLO class (`_outcome`)
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
+        self.seat_ends_from = SEAT_ENDS_FROM  # pending loads whose ends are derived as arrays (`SeatOrder`)
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
         self._readied: ReadySeats | None = None
         self._preempted = (
@@ -407,7 +408,7 @@ class SloFeasibilityAdmitter:
         (none: further out than every running request, infeasible)."""
         order = self._frees
         if order is None or not order.of(loads):
-            order = self._frees = SeatOrder(loads)
+            order = self._frees = SeatOrder(loads, self.seat_ends_from)
         got = order.kth(k)
         if got is None:
             return []
