@@ -46,9 +46,10 @@ _DISPATCHED, _MAX, _MEAN, _STD, _PROMPT, _FRESH, _TTFT_DL, _E2E_DL, _ITL, _BEST_
 
 class Pending:
     """A load decided on and not made yet: `EndpointLoad(view, now, params, pace=pace)` when asked for
-    (`made`)."""
+    (`made`). `seat_free`: its running requests' predicted ends (`EndpointLoad.seat_free`, in the
+    view's order, not sorted) once a batch derived them (SLO admission's seat order)."""
 
-    __slots__ = ("made", "n", "now", "pace", "params", "view")
+    __slots__ = ("made", "n", "now", "pace", "params", "seat_free", "view")
 
     def __init__(self, view: EndpointView, now: float, params: PredictParams, pace: Pace) -> None:
         self.view = view
@@ -57,6 +58,7 @@ class Pending:
         self.pace = pace
         self.n = len(view.running)
         self.made: EndpointLoad | None = None
+        self.seat_free: _Floats | None = None
 
     def load(self) -> EndpointLoad:
         got = self.made
@@ -113,6 +115,7 @@ class Derived:
     prefilled: _Mask
     context: _Floats  # prompt + produced (0 in padding)
     remaining: _Floats  # (0 in padding)
+    finish: _Floats  # each running request's predicted end (`seat_free`, unsorted; +inf in padding)
     # per (on_track, margin) asked for: the least first-token bound, the least inter-token bound
     # (+inf: none), and each running request's last-token bound (+inf: not a last-token harm)
     harms: dict[tuple[float, float], tuple[_Floats, _Floats, _Floats]]
@@ -214,9 +217,10 @@ def derive(
     prefill_pending = np.where(pending != 0.0, k1 * pending + c1, 0.0)
     finish = remaining * tpot[seg] + np.where(prefilled, 0.0, prefill_pending[seg])
     wait_s = 0.5 * tpot
+    ends_all = padded(finish, _INF)
     full = np.flatnonzero(counts >= seats)
     if len(full):
-        ends = np.sort(padded(finish, _INF)[full], axis=1)
+        ends = np.sort(ends_all[full], axis=1)
         kth = (counts[full] - seats[full].astype(np.int64)).astype(np.int64)
         wait_s[full] = ends[np.arange(len(full)), kth] + 0.5 * tpot[full]
     harms: dict[tuple[float, float], tuple[_Floats, _Floats, _Floats]] = {}
@@ -258,5 +262,6 @@ def derive(
         prefilled=padded(prefilled.astype(np.float64), 0.0) > 0.0,
         context=padded(context, 0.0),
         remaining=padded(remaining, 0.0),
+        finish=ends_all,
         harms=harms,
     )

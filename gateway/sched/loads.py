@@ -41,7 +41,7 @@ class LoadCache:
     reports: `progress_only`) and the clock moved less than the load's reuse time (`REUSE_S` to twice
     that)."""
 
-    __slots__ = ("_kept", "_loads", "_made", "fleet", "params")
+    __slots__ = ("_kept", "_kept_refs", "_loads", "_made", "fleet", "params")
 
     def __init__(self, params: PredictParams) -> None:
         self.params = params
@@ -53,6 +53,10 @@ class LoadCache:
         self.fleet: object | None = None
         # The last `loads` answer: (views, their loads, asked at, until when every one is reusable).
         self._kept: tuple[Sequence[EndpointView], list[EndpointLoad], float, float] | None = None
+        # The same for `refs`.
+        self._kept_refs: tuple[Sequence[EndpointView], list[EndpointLoad | Pending], float, float] | None = (
+            None
+        )
 
     def loads(self, views: Sequence[EndpointView], now: float) -> list[EndpointLoad]:
         """`load` of each of `views`, in order; the same list again while asked for the same sequence
@@ -62,16 +66,19 @@ class LoadCache:
         if kept is not None and kept[0] is views and kept[2] <= now <= kept[3]:
             return kept[1]
         out = [self.load(v, now) for v in views]
+        self._kept = (views, out, now, self._until(views))
+        return out
+
+    def _until(self, views: Sequence[EndpointView]) -> float:
+        """Until when the loads kept for every one of `views` are reusable."""
         entries = self._loads
         until = math.inf
         for v in views:
             got = entries.get(v.id)
             if got is None:  # (the table was cleared meanwhile: not kept)
-                until = -math.inf
-                break
+                return -math.inf
             until = min(until, got[2] + got[1])
-        self._kept = (views, out, now, until)
-        return out
+        return until
 
     def load(self, view: EndpointView, now: float) -> EndpointLoad:
         got = self._loads.get(view.id)
@@ -82,12 +89,21 @@ class LoadCache:
         ref = self._ref(view, now, lazy=False)
         return ref if type(ref) is EndpointLoad else ref.load()  # type: ignore[union-attr]
 
-    def refs(self, views: Sequence[EndpointView], now: float) -> list[EndpointLoad | Pending]:
+    def refs(
+        self, views: Sequence[EndpointView], now: float, *, keep: bool = False
+    ) -> list[EndpointLoad | Pending]:
         """What `load` of each of `views` stands on, in order, under the same rules: the load kept, or
         for one to be made now, a `Pending` (made when `load` is asked for it), so that many loads can
-        be derived at once (`gateway.sched.load_batch`)."""
+        be derived at once (`gateway.sched.load_batch`). `keep`: like `loads`, the answer is kept and given
+        again while asked for the same sequence object until the first of them reaches its reuse time."""
+        kept = self._kept_refs
+        if keep and kept is not None and kept[0] is views and kept[2] <= now <= kept[3]:
+            return kept[1]
         ref = self._ref
-        return [ref(v, now, lazy=True) for v in views]
+        out = [ref(v, now, lazy=True) for v in views]
+        if keep:
+            self._kept_refs = (views, out, now, self._until(views))
+        return out
 
     def _ref(self, view: EndpointView, now: float, *, lazy: bool) -> EndpointLoad | Pending:
         got = self._loads.get(view.id)

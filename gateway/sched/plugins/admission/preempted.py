@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 from gateway.core.slo import SloPolicy
 from gateway.sched.interfaces import PreemptionRules
+from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCaches
-from gateway.sched.predict import EndpointLoad, Prediction
+from gateway.sched.predict import EndpointLoad, Prediction, seats_of
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import EndpointView
@@ -39,7 +40,7 @@ class PreemptedSeats:
         self,
         req: SchedRequest,
         views: Sequence[EndpointView],
-        loads: Sequence[EndpointLoad],
+        loads: Sequence[EndpointLoad | Pending],
         now: float,
         skip: int,
         *,
@@ -47,24 +48,30 @@ class PreemptedSeats:
     ) -> list[Prediction]:
         """`req` on a seat preemption frees at `now`, on each endpoint of `views` (their `loads`) where
         one would, once `skip` such seats went to requests ahead of it; none when `req` may not preempt
-        or preemption frees no more than `skip` seats. `worst_case`: decode at a full batch."""
+        or preemption frees no more than `skip` seats. `worst_case`: decode at a full batch. A load the
+        cache has not made yet (`Pending`) is made only for an endpoint where a seat would free."""
         rules, slo = self._rules, self._slo
         if not may_preempt(req, rules, slo):
             return []
-        found: list[tuple[EndpointLoad, int]] = []
+        found: list[tuple[EndpointLoad | Pending, int]] = []
         freed = 0
         for view, load in zip(views, loads, strict=True):
             if not preempts_on(view, rules):
                 continue
             victims = len(self._finder.on(view, now, rules, slo, self._caches))
             # a cut cap leaves an endpoint running more than its seats: those go first
-            seats = victims - max(0, load.n - load.seats)
+            seats = victims - max(0, load.n - seats_of(load.view))
             if seats > 0:
                 freed += seats
                 found.append((load, min(victims, rules.max_victims)))
         if freed <= skip:
             return []
-        return [on_freed_seat(load, req, gone, worst_case=worst_case) for load, gone in found]
+        return [
+            on_freed_seat(
+                load.load() if isinstance(load, Pending) else load, req, gone, worst_case=worst_case
+            )
+            for load, gone in found
+        ]
 
 
 def on_freed_seat(

@@ -24,7 +24,7 @@ its view of the load would turn away work the fleet may well serve (day one, bef
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Annotated, Final, Literal
 
 from msgspec import Meta
@@ -33,12 +33,13 @@ from gateway.core.slo import Infeasible, SloPolicy
 from gateway.core.types import EndpointHealth, ModelName, RequestId
 from gateway.sched.idle import IdleBound, IdleTerms, KeptBounds
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome, PreemptionRules
+from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache, LoadCaches
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.admission.ready import ReadySeats
-from gateway.sched.plugins.admission.seat_order import SeatOrder
+from gateway.sched.plugins.admission.seat_order import SEAT_ENDS_FROM, SeatOrder
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction, idle_service
 from gateway.sched.registry import PluginKind, PluginSpec
@@ -110,6 +111,7 @@ class SloFeasibilityAdmitter:
         self._outcomes: dict[str, AdmitDecision] = {}  # a recheck's refusal per SLO class (`_outcome`)
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
+        self.seat_ends_from = SEAT_ENDS_FROM  # pending loads whose ends are derived as arrays (`SeatOrder`)
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
         self._readied: ReadySeats | None = None
         self._preempted = (
@@ -150,17 +152,21 @@ class SloFeasibilityAdmitter:
                 if self._meets(pred, left, itl_ms):
                     return ADMIT
                 preds.append(pred)
-            loads = self._cache.loads(kept.views(), snap.now)
+            loads = self._cache.refs(kept.views(), snap.now, keep=True)
         else:
-            loads = self._cache.loads(kept.views(), snap.now)
-            preds = self._predictions(req, loads, ahead)
+            # Every free seat goes to the requests ahead: it waits for the (ahead - free)-th seat to free
+            # up. The loads to be made are derived together (their ends only, as arrays); the one
+            # endpoint it would wait on is made.
+            loads = self._cache.refs(kept.views(), snap.now, keep=True)
+            preds = self._after(req, loads, ahead - kept.free)
             if any(self._meets(p, left, itl_ms) for p in preds):
                 return ADMIT
+        views = kept.views()
         if self._preempted is not None:
             # the seats preemption would free: those left once the requests ahead took the free ones
             more = self._preempted.predictions(
                 req,
-                kept.views(),
+                views,
                 loads,
                 snap.now,
                 max(0, ahead - kept.free),
@@ -172,8 +178,8 @@ class SloFeasibilityAdmitter:
         outcome = _OUTCOME[self._slo.class_of(req.slo.slo_class).on_infeasible]
         if (
             outcome is AdmitOutcome.REJECT
-            and all(load.guessed for load in loads)
-            and any(meets(load.idle_service(req), left) for load in loads)
+            and all((e.perf or _PRIOR) == _PRIOR for e in views)
+            and any(meets(idle_service(e, req, self._cache.params), left) for e in views)
         ):
             # No endpoint's model is fitted yet (nor a prior set): its view of the load is a guess, so
             # no refusal on it; only what cannot be met even alone on an idle endpoint is refused.
@@ -395,14 +401,21 @@ class SloFeasibilityAdmitter:
         if ahead < free:
             full = self.params.assume_full
             return [load.predict(req, worst_case=full) for load in loads if load.n < load.seats]
+        return self._after(req, loads, ahead - free)
+
+    def _after(self, req: SchedRequest, loads: Sequence[EndpointLoad | Pending], k: int) -> list[Prediction]:
+        """The request on the endpoint where the `k`-th (from 0) seat to free up frees, from then on
+        (none: further out than every running request, infeasible)."""
         order = self._frees
         if order is None or not order.of(loads):
-            order = self._frees = SeatOrder(loads)
-        got = order.kth(ahead - free)
+            order = self._frees = SeatOrder(loads, self.seat_ends_from)
+        got = order.kth(k)
         if got is None:
-            return []  # further out than every running request: no prediction, infeasible
+            return []
         t, i = got
-        return [loads[i].predict_after(req, t)]
+        load = loads[i]
+        made = load.load() if isinstance(load, Pending) else load
+        return [made.predict_after(req, t)]
 
     def _meets(self, p: Prediction, left: tuple[float | None, float | None], itl_ms: float | None) -> bool:
         m = self.params.margin

@@ -1,0 +1,201 @@
+"""SLO admission finds the seat a request waits for over the loads' arrays (`SeatOrder` over the load
+cache's `refs`: the loads to be made derived together, `load_batch.derive`) and decides as it does over
+made loads one by one (hypothesis: random fleets of up to 40 endpoints with running requests that have
+targets, progress reports, max_tokens and preemptible batch work; the clock moving within and past the
+loads' reuse time, dispatches, completions and progress reports; requests with every kind of target,
+queued counts on both sides of the free seats; with and without columns and preemption): the same
+outcome, reason, message and retry-after, and every pending load's predicted ends those of its load."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.core.slo import Infeasible, SloClass, SloKind, SloPolicy
+from gateway.core.types import InstanceClass
+from gateway.sched.columns import columns_of, updated
+from gateway.sched.interfaces import PreemptionRules
+from gateway.sched.load_batch import Pending
+from gateway.sched.loads import LoadCache
+from gateway.sched.perf import PerfCoefficients
+from gateway.sched.plugins.admission.seat_order import SEAT_ENDS_FROM, SeatOrder
+from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
+from gateway.sched.predict import EndpointLoad, Prediction
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import RunningRequest, with_progress
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from tests.unit.slo_fixtures import COEF, req, running, view
+
+NOW = 10.0
+SLOW = PerfCoefficients(
+    k1=2e-4, c1=0.02, k2=1e-6, c2=0.002, c3=0.012, h=1.0, j=8.0, thr1=1.0, alpha=0.0, beta=0.0
+)
+SLO = SloPolicy(
+    classes={
+        "chat": SloClass("chat", kind=SloKind.INTERACTIVE, band=0, on_infeasible=Infeasible.REJECT),
+        "held": SloClass("held", kind=SloKind.INTERACTIVE, band=1, on_infeasible=Infeasible.HOLD),
+        "batch": SloClass("batch", kind=SloKind.BATCH, band=2, on_infeasible=Infeasible.BEST_EFFORT),
+    },
+    default_class="chat",
+)
+RULES = PreemptionRules(classes=frozenset({InstanceClass.MIXED}), max_victims=2)
+
+_run = st.tuples(
+    st.integers(min_value=1, max_value=3000),  # prompt
+    st.floats(min_value=1.0, max_value=300.0),  # predicted output
+    st.floats(min_value=0.0, max_value=5.0),  # age
+    st.one_of(st.none(), st.floats(min_value=-1.0, max_value=30.0)),  # last-token deadline from now
+    st.one_of(st.none(), st.integers(min_value=0, max_value=400)),  # tokens reported
+    st.one_of(st.none(), st.integers(min_value=1, max_value=500)),  # max_tokens
+    st.booleans(),  # batch work (preemptible)
+)
+Run = tuple[int, float, float, float | None, int | None, int | None, bool]
+Endpoint = tuple[int, list[Run], PerfCoefficients | None]
+_endpoint = st.tuples(
+    st.integers(min_value=1, max_value=8),  # cap
+    st.lists(_run, max_size=10),
+    st.sampled_from((COEF, SLOW, None)),  # None: the generic prior (a guess)
+)
+# A step: (clock advance in ms, endpoint, what happens there: 0 nothing, 1 a progress report, 2 a
+# dispatch, 3 a completion), the request's class, its targets, the requests queued per class.
+_step = st.tuples(
+    st.integers(min_value=0, max_value=60),
+    st.integers(min_value=0, max_value=39),
+    st.integers(min_value=0, max_value=3),
+    st.sampled_from(("chat", "held", "batch")),
+    st.tuples(
+        st.one_of(st.none(), st.floats(min_value=10.0, max_value=3000.0)),
+        st.one_of(st.none(), st.floats(min_value=100.0, max_value=30000.0)),
+        st.one_of(st.none(), st.floats(min_value=5.0, max_value=60.0)),
+    ),
+    st.one_of(st.integers(min_value=0, max_value=12), st.integers(min_value=0, max_value=300)),
+)
+
+
+def _running(name: str, run: Run, now: float) -> RunningRequest:
+    p, o, age, e2e, reported, max_tokens, batch = run
+    r = running(
+        name,
+        prompt=p,
+        out=o,
+        std=o / 4,
+        dispatched_at=now - age,
+        e2e_deadline=None if e2e is None else now + e2e,
+        cls="batch" if batch else "chat",
+    )
+    r = dataclasses.replace(r, max_tokens=max_tokens, resumable=batch)
+    if reported is not None and age > 0.05:
+        r = with_progress(r, reported, now - age + 0.05, now - age / 2)
+    return r
+
+
+def _view(k: int, endpoint: Endpoint) -> EndpointView:
+    cap, runs, coef = endpoint
+    rs = [_running(f"e{k}-x{j}", run, NOW) for j, run in enumerate(runs[:cap])]
+    v = view(f"e{k:02d}", cap=cap, runs=rs, coef=COEF if coef is None else coef)
+    return v if coef is not None else dataclasses.replace(v, estimates=None)  # the generic prior
+
+
+def _changed(v: EndpointView, what: int, now: float, serial: int) -> EndpointView | None:
+    rs = list(v.running)
+    if what == 1 and rs:
+        r = rs[serial % len(rs)]
+        rs[serial % len(rs)] = with_progress(r, (r.produced or 0) + 16, r.first_token_at or now - 0.01, now)
+    elif what == 2 and len(rs) < v.cap:
+        rs.append(running(f"{v.id}-n{serial}", prompt=300, out=80.0, dispatched_at=now, e2e_deadline=now + 4))
+    elif what == 3 and rs:
+        rs.pop(serial % len(rs))
+    else:
+        return None
+    return dataclasses.replace(v, running=tuple(rs), inflight=len(rs))
+
+
+class _Plain(SloFeasibilityAdmitter):
+    """The same admission with the seat it waits for found over made loads, in Python: every load made,
+    its `seat_free` list taken with its index, sorted."""
+
+    def _after(self, req: SchedRequest, loads: Sequence[EndpointLoad | Pending], k: int) -> list[Prediction]:
+        made = [load.load() if isinstance(load, Pending) else load for load in loads]
+        ordered = sorted((t, i) for i, load in enumerate(made) for t in load.seat_free)
+        if k >= len(ordered):
+            return []
+        t, i = ordered[k]
+        return [made[i].predict_after(req, t)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=40),
+    steps=st.lists(_step, min_size=1, max_size=10),
+    preempts=st.booleans(),
+    columns=st.booleans(),
+    assume_full=st.booleans(),
+    ks=st.lists(st.integers(min_value=0, max_value=400), min_size=1, max_size=4),
+    batch_from=st.sampled_from((1, 4, SEAT_ENDS_FROM)),
+)
+def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noqa: PLR0917
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int, str, tuple[float | None, float | None, float | None], int]],
+    preempts: bool,
+    columns: bool,
+    assume_full: bool,
+    ks: list[int],
+    batch_from: int,
+) -> None:
+    params = SloFeasibilityParams(margin=1.0, retry_after_s=0.5, assume_full=assume_full, recheck="off")
+    rules = RULES if preempts else None
+    new = SloFeasibilityAdmitter(params, SLO, preemption=rules)
+    new.seat_ends_from = batch_from  # (1: every pending load's ends as arrays, however few)
+    plain = _Plain(params, SLO, preemption=rules)
+    probe = LoadCache(params.predict_params())
+    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    cols = columns_of(views)
+    now = NOW
+    for serial, (dt_ms, at, what, cls, (ttft, e2e, itl), queued) in enumerate(steps):
+        now += dt_ms / 1000.0
+        k = at % len(views)
+        changed = _changed(views[k], what, now, serial)
+        if changed is not None:
+            views = (*views[:k], changed, *views[k + 1 :])
+            cols = updated(cols, views, [k])
+        s = FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
+        r = req(
+            f"r{serial}",
+            arrival=now - 0.05,
+            prompt=500,
+            out=120.0,
+            ttft_ms=ttft,
+            e2e_ms=e2e,
+            itl_ms=itl,
+            cls=cls,
+        )
+
+        def waiting(c: str, n: int = queued) -> int:
+            return n if c == "chat" else n // 3
+
+        assert new.admit(r, s, waiting) == plain.admit(r, s, waiting)
+        # the ends of the loads to be made, derived as arrays, are their loads' own
+        refs = probe.refs(list(views), now)  # (a cache of its own: the admitters' caches stay alike)
+        order = SeatOrder(refs, batch_from)
+        made = [ref.load() if isinstance(ref, Pending) else ref for ref in refs]
+        for ref, load in zip(refs, made, strict=True):
+            if isinstance(ref, Pending) and ref.seat_free is not None:
+                assert sorted(ref.seat_free.tolist()) == load.seat_free
+        ordered = sorted((t, i) for i, load in enumerate(made) for t in load.seat_free)
+        for kth in ks:
+            assert order.kth(kth) == (ordered[kth] if kth < len(ordered) else None)
+
+
+def test_a_cache_without_pending_loads_orders_as_before() -> None:
+    cache = LoadCache(SloFeasibilityParams().predict_params())
+    views = [
+        view(f"e{i}", cap=2, runs=[running(f"x{i}{j}", out=10.0 * (i + j + 1)) for j in range(2)])
+        for i in range(3)
+    ]
+    loads = cache.loads(views, NOW)
+    order = SeatOrder(loads)
+    ordered = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
+    assert [order.kth(k) for k in range(7)] == [*ordered, None]
