@@ -3,8 +3,11 @@ running requests, and scheduler requests with targets."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
+from pathlib import Path
 
+from gateway.config.policy import parse_policy_text
 from gateway.core.types import (
     SLO,
     ApiKind,
@@ -16,6 +19,8 @@ from gateway.core.types import (
     RequestId,
 )
 from gateway.sched.perf import PerfCoefficients
+from gateway.sched.plugins import default_registry
+from gateway.sched.profile import Policy
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
@@ -25,6 +30,18 @@ from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapsho
 COEF = PerfCoefficients(
     k1=1e-4, c1=0.01, k2=0.0, c2=0.001, c3=0.01, h=1.0, j=0.0, thr1=100.0, alpha=0.0, beta=0.0
 )
+#: Slower hardware than `COEF`, with context and KV terms: a fleet of two kinds of endpoint.
+SLOW = PerfCoefficients(
+    k1=2e-4, c1=0.02, k2=1e-6, c2=0.002, c3=0.012, h=1.0, j=8.0, thr1=1.0, alpha=0.0, beta=0.0
+)
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def columnar_preset(name: str) -> Policy:
+    """The shipped preset `name`, placing over columns whatever the number of candidates."""
+    text = (_REPO / "policies" / f"{name}.toml").read_text()
+    policy = parse_policy_text(text, f"{name}.toml", default_registry())
+    return dataclasses.replace(policy, profile=dataclasses.replace(policy.profile, columns_from=0))
 
 
 def running(

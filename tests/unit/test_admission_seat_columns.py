@@ -27,12 +27,9 @@ from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, with_progress
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
-from tests.unit.slo_fixtures import COEF, req, running, view
+from tests.unit.slo_fixtures import COEF, SLOW, req, running, view
 
 NOW = 10.0
-SLOW = PerfCoefficients(
-    k1=2e-4, c1=0.02, k2=1e-6, c2=0.002, c3=0.012, h=1.0, j=8.0, thr1=1.0, alpha=0.0, beta=0.0
-)
 SLO = SloPolicy(
     classes={
         "chat": SloClass("chat", kind=SloKind.INTERACTIVE, band=0, on_infeasible=Infeasible.REJECT),

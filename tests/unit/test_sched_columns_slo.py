@@ -7,32 +7,25 @@ and a fleet of idle endpoints is placed without a load per endpoint."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Literal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config.policy import parse_policy_text
 from gateway.core.slo import Infeasible, SloClass, SloPolicy
 from gateway.core.types import EndpointHealth, EndpointId, InstanceClass
 from gateway.sched.columns import columns_of
 from gateway.sched.perf import PerfCoefficients
-from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.prefix import PrefixHits
-from gateway.sched.profile import Policy, eligible
+from gateway.sched.profile import eligible
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
-from tests.unit.slo_fixtures import COEF, req, running, view
+from tests.unit.slo_fixtures import COEF, SLOW, columnar_preset, req, running, view
 
 NOW = 10.0
-REPO = Path(__file__).resolve().parents[2]
-SLOW = PerfCoefficients(
-    k1=2e-4, c1=0.02, k2=1e-6, c2=0.002, c3=0.012, h=1.0, j=8.0, thr1=1.0, alpha=0.0, beta=0.0
-)
 
 _run = st.tuples(
     st.integers(min_value=1, max_value=3000),  # prompt
@@ -181,13 +174,6 @@ def _ids(s: FleetSnapshot) -> list[str]:
     return [e.id for e in s.endpoints]
 
 
-def _policy(name: str) -> Policy:
-    """The shipped preset, placing over columns whatever the number of candidates."""
-    text = (REPO / "policies" / f"{name}.toml").read_text()
-    policy = parse_policy_text(text, f"{name}.toml", default_registry())
-    return dataclasses.replace(policy, profile=dataclasses.replace(policy.profile, columns_from=0))
-
-
 @settings(max_examples=200, deadline=None)
 @given(
     endpoints=st.lists(st.tuples(_endpoint, st.sampled_from(_CLASSES)), min_size=1, max_size=8),
@@ -222,7 +208,7 @@ def test_chat_and_batch_places_over_columns_as_the_plain_way(
         cls=cls,
     )
     r = dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
-    policy = _policy("chat-and-batch")
+    policy = columnar_preset("chat-and-batch")
     assert policy.profile.columnar
     bare, with_columns = (
         FleetSnapshot(now=NOW, endpoints=views),
@@ -293,7 +279,7 @@ def test_coding_assistant_places_over_columns_as_the_plain_way(
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
     r = req("new", arrival=NOW - 0.1, prompt=prompt, out=out, ttft_ms=ttft_ms, e2e_ms=e2e_ms, cls=cls)
     r = dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
-    plain_policy, columnar_policy = _policy("coding-assistant"), _policy("coding-assistant")
+    plain_policy, columnar_policy = columnar_preset("coding-assistant"), columnar_preset("coding-assistant")
     assert columnar_policy.profile.columnar
     bare, with_columns = (
         FleetSnapshot(now=NOW, endpoints=views),

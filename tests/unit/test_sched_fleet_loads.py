@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -19,7 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config.policy import parse_policy_text
 from gateway.core.types import EndpointId
 from gateway.sched.columns import columns_of, updated
 from gateway.sched.fleet_loads import FleetLoads, fleet_loads
@@ -27,7 +25,6 @@ from gateway.sched.harms import endangers, terms_of
 from gateway.sched.joining import join_delays
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
-from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.best_fit_bounds import _row
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
@@ -38,13 +35,9 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, with_progress
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import itl_ok, meets, time_left
-from tests.unit.slo_fixtures import COEF, req, running, view
+from tests.unit.slo_fixtures import COEF, SLOW, columnar_preset, req, running, view
 
 NOW = 10.0
-REPO = Path(__file__).resolve().parents[2]
-SLOW = PerfCoefficients(
-    k1=2e-4, c1=0.02, k2=1e-6, c2=0.002, c3=0.012, h=1.0, j=8.0, thr1=1.0, alpha=0.0, beta=0.0
-)
 
 _run = st.tuples(
     st.integers(min_value=1, max_value=3000),  # prompt
@@ -257,12 +250,12 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
 
 
 def _policy(name: str) -> Policy:
-    """The shipped preset, placing over columns whatever the number of candidates."""
-    text = (REPO / "policies" / f"{name}.toml").read_text()
-    policy = parse_policy_text(text, f"{name}.toml", default_registry())
+    """The shipped preset, placing over columns whatever the number of candidates, busy endpoints over
+    the loads' rows however few."""
+    policy = columnar_preset(name)
     for cache in policy.loads._caches.values():
-        fleet_loads(cache).least = 1  # busy endpoints over the rows however few
-    return dataclasses.replace(policy, profile=dataclasses.replace(policy.profile, columns_from=0))
+        fleet_loads(cache).least = 1
+    return policy
 
 
 @settings(max_examples=100, deadline=None)
