@@ -252,35 +252,34 @@ class Fleet:
         return ep
 
     def progress(self, req_id: RequestId, produced: int, first_token_at: float | None, now: float) -> None:
-        self.progress_many(((req_id, produced, first_token_at, now),))
+        eid = self._running.get(req_id)
+        ep = None if eid is None else self._endpoints.get(eid)
+        if ep is None:
+            return
+        r = ep.running.get(req_id)
+        if r is None:
+            return
+        before = r.produced or 0
+        if produced > before:
+            ep.streamed_tokens += produced - before
+            # the time between two reports over the tokens between them (the first token's wait is none)
+            since = r.reported_at if r.produced else first_token_at
+            counted = produced - max(before, 1)
+            if since is not None and counted > 0 and now >= since:
+                ep.gap_s += now - since
+                ep.gap_tokens += counted
+                if since >= ep.cut_at:  # measured entirely under the cap in force
+                    ep.gap_after_cut_s += now - since
+                    ep.gap_after_cut_tokens += counted
+        ep.running[req_id] = with_progress(r, produced, first_token_at, now)
+        ep.changed()
 
     def progress_many(self, reports: Iterable[Progress]) -> None:
-        """`progress` of each report in turn, each at its own time: the same state as the calls one by
-        one (a driver that holds the reports made between two of its calls into the scheduler hands
-        them over in one)."""
-        running, endpoints = self._running, self._endpoints
+        """`progress` of each report in turn, each at its own time (a driver that holds the reports made
+        between two of its calls into the scheduler hands them over in one)."""
+        progress = self.progress
         for req_id, produced, first_token_at, now in reports:
-            eid = running.get(req_id)
-            ep = None if eid is None else endpoints.get(eid)
-            if ep is None:
-                continue
-            r = ep.running.get(req_id)
-            if r is None:
-                continue
-            before = r.produced or 0
-            if produced > before:
-                ep.streamed_tokens += produced - before
-                # the time between two reports over the tokens between them (the first token's wait is none)
-                since = r.reported_at if r.produced else first_token_at
-                counted = produced - max(before, 1)
-                if since is not None and counted > 0 and now >= since:
-                    ep.gap_s += now - since
-                    ep.gap_tokens += counted
-                    if since >= ep.cut_at:  # measured entirely under the cap in force
-                        ep.gap_after_cut_s += now - since
-                        ep.gap_after_cut_tokens += counted
-            ep.running[req_id] = with_progress(r, produced, first_token_at, now)
-            ep.changed()
+            progress(req_id, produced, first_token_at, now)
 
     def pin(self, req_id: RequestId) -> None:
         """The running request can no longer be resumed faithfully: it is no victim any more."""
