@@ -3,6 +3,9 @@
 The runner enforces the plugin contracts: a scorer's values are clamped into [0, 1] (NaN counts 0)
 and weighted by the profile, and a picker that returns something other than a candidate is a bug that
 raises.
+
+It is a little over the size rule on purpose: each step's plain and columnar forms sit side by side, so
+that a change to one is seen beside the other (both must choose alike).
 """
 
 from __future__ import annotations
