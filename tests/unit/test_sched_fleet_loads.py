@@ -203,6 +203,18 @@ def _changed(v: EndpointView, what: int, now: float, serial: int) -> EndpointVie
     return dataclasses.replace(v, running=tuple(rs), inflight=len(rs))
 
 
+def _advance(
+    views: tuple[EndpointView, ...], cols: FleetColumns, now: float, *, at: int, what: int, serial: int
+) -> tuple[tuple[EndpointView, ...], FleetColumns, float]:
+    """The fleet at `now` after `what` happened on endpoint `at` (`_changed`), its columns updated."""
+    k = at % len(views)
+    new = _changed(views[k], what, now, serial)
+    if new is not None:
+        views = (*views[:k], new, *views[k + 1 :])
+        cols = updated(cols, views, [k])
+    return views, cols, now
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     endpoints=st.lists(_endpoint, min_size=1, max_size=8),
@@ -230,12 +242,7 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
     r = _request(prompt, out, targets, cached)
     now = NOW
     for serial, ((dt_ms, at, what), first) in enumerate(zip(steps, plain_first, strict=False)):
-        now += dt_ms / 1000.0
-        k = at % len(views)
-        new = _changed(views[k], what, now, serial)
-        if new is not None:
-            views = (*views[:k], new, *views[k + 1 :])
-            cols = updated(cols, views, [k])
+        views, cols, now = _advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
         s = FleetSnapshot(now=now, endpoints=views, columns=cols)
         for plain_now in (first, not first):  # (both forms share the guard's load cache)
             if plain_now:
@@ -292,12 +299,7 @@ def test_slo_presets_place_over_columns_as_the_plain_way_as_the_fleet_changes(
     for serial, ((dt_ms, at, what), first, (prompt, out, targets, cls)) in enumerate(
         zip(steps, plain_first, requests, strict=False)
     ):
-        now += dt_ms / 1000.0
-        k = at % len(views)
-        new = _changed(views[k], what, now, serial)
-        if new is not None:
-            views = (*views[:k], new, *views[k + 1 :])
-            cols = updated(cols, views, [k])
+        views, cols, now = _advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
         ttft_ms, e2e_ms, itl_ms = targets
         r = req(
             f"r{serial}",
