@@ -12,7 +12,7 @@ Every number is the one `EndpointLoad` computes, bit for bit: the per-request ar
 operations in the same order (numpy's float64 operations round as Python's do), and the sums over a
 load's running requests, which Python takes one after another, are taken the same way (a cumulative sum
 along each load's row of a padded matrix: sequential, unlike numpy's pairwise `sum`); the k-th smallest
-predicted end is read from each row sorted (`tests/unit/test_sched_load_batch.py`).
+predicted end is read from each row sorted (`tests/unit/test_sched_fleet_loads.py`).
 """
 
 from __future__ import annotations
@@ -27,15 +27,12 @@ import numpy.typing as npt
 
 from gateway.sched.load_terms import Pace
 from gateway.sched.perf import default_prior
-from gateway.sched.predict import EndpointLoad, PredictParams, seats_of
+from gateway.sched.predict import LONG_GROWTH, EndpointLoad, PredictParams, seats_of
 from gateway.sched.snapshot import EndpointView
 
 _PRIOR: Final = default_prior()
 _NAN: Final = math.nan
 _INF: Final = math.inf
-#: A running request past its predicted length is expected to run this share of its length again
-#: (`gateway.sched.predict`'s).
-_LONG_GROWTH: Final = 0.5
 
 _Floats = npt.NDArray[np.float64]
 _Mask = npt.NDArray[np.bool_]
@@ -189,7 +186,7 @@ def derive(
         om = kept[:, _MEAN]
         mean = om + gamma * kept[:, _STD]
         short = produced < mean
-        grown = _LONG_GROWTH * produced
+        grown = LONG_GROWTH * produced
         remaining = np.where(short, mean - produced, np.where(grown > 1.0, grown, 1.0))
         long = np.where(short, 0.0, (produced - om) / np.where(om > 1.0, om, 1.0))
         capped = cap < _INF

@@ -62,7 +62,7 @@ from gateway.sched.snapshot import EndpointView
 Tail = Literal["mean", "normal", "cantelli"]
 
 #: A running request past its predicted length is expected to run this share of its length again.
-_LONG_GROWTH: Final = 0.5
+LONG_GROWTH: Final = 0.5
 _PRIOR: Final = default_prior()
 
 
@@ -228,7 +228,7 @@ class EndpointLoad:
                 remaining = mean - produced
                 long = 0.0
             else:
-                grown = _LONG_GROWTH * produced
+                grown = LONG_GROWTH * produced
                 remaining = grown if grown > 1.0 else 1.0
                 om = r.output_mean
                 long = (produced - r.output_mean) / (om if om > 1.0 else 1.0)
@@ -428,6 +428,7 @@ def idle_service(view: EndpointView, req: SchedRequest, params: PredictParams) -
 
 
 __all__ = [
+    "LONG_GROWTH",
     "EndpointLoad",
     "Harm",
     "PredictParams",
