@@ -16,8 +16,8 @@ from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParam
 from gateway.sched.plugins.placement.best_fit_bounds import sure_misses
 from gateway.sched.profile import eligible
 from gateway.sched.snapshot import FleetSnapshot
-from tests.unit.slo_fixtures import COEF
-from tests.unit.test_sched_columns_slo import NOW, SLOW, Run, _endpoint, _new_request, _params, _view
+from tests.unit.slo_fixtures import COEF, SLOW
+from tests.unit.test_sched_columns_slo import NOW, Run, _endpoint, _new_request, _params, _view
 
 Endpoint = tuple[int, list[Run], PerfCoefficients, float | None, bool]
 
