@@ -9,9 +9,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen.bench.overhead.decision_cost import TARGET_P99_US, verdicts
+from loadgen.bench.overhead.decision_cost import TARGET_P99_US, DecisionConfig, build_parser, verdicts
 from loadgen.bench.overhead.decision_cost import main as decisions_main
 from loadgen.bench.overhead.decision_driver import Timings
+from loadgen.bench.overhead.overhead_queue import QUEUE_SLA_SCALE
+from loadgen.bench.overhead.proxy import parse_args as overhead_args
 
 
 def test_timings_summarize_in_microseconds() -> None:
@@ -41,6 +43,14 @@ def test_the_verdict_is_p99_against_the_target(p99: float, ok: bool) -> None:
     assert verdicts(summary) == {"submit": True, "complete": ok}
 
 
+def test_the_task_slas_are_scaled_as_the_live_standing_queue_scales_them(tmp_path: Path) -> None:
+    """The in-process figures are those of the daemon's standing queue only with the same SLAs: with
+    the shipped ones almost every submit to a full fleet is a (cheap) refusal."""
+    assert build_parser().parse_args([]).sla_scale == QUEUE_SLA_SCALE
+    assert DecisionConfig(out=tmp_path).sla_scale == QUEUE_SLA_SCALE
+    assert overhead_args([]).queue_sla_scale == QUEUE_SLA_SCALE
+
+
 def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "decisions"
     rc = decisions_main(
@@ -56,6 +66,9 @@ def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
         assert r["warmup_requests"] > 0
         assert set(r["verdicts"]) == {"submit", "complete", "tick"}
         assert r["timings"]["complete"]["n"] == 60
+        # every measured submit counted, the scheduler's refusals among them
+        assert r["submits"] == r["timings"]["submit"]["n"]
+        assert 0 <= r["submits_refused"] <= r["submits"]
     assert doc["results"][1]["policy"] == "coding-assistant"
     text = (out / "report.md").read_text()
     assert "| default |" in text

@@ -20,7 +20,7 @@ from gateway.core.heap import GcSchedule
 from gateway.core.slo import SloKind
 from gateway.core.types import ApiKind, EndpointId, EngineGauges, ModelName, RequestId
 from gateway.dispatch.context import RequestContext
-from gateway.sched.decisions import Decision, Dispatch, Preempt
+from gateway.sched.decisions import Decision, Dispatch, Preempt, Reject
 from gateway.sched.scheduler import Scheduler
 from loadgen.bench.overhead.slow_calls import CallProfiles
 from loadgen.client import build_body, build_headers
@@ -105,6 +105,10 @@ class Driver:
         self.produced: dict[RequestId, int] = {}
         self.first_token: dict[RequestId, float] = {}
         self.rejected = 0
+        # The timed submits, and those of them the scheduler refused (SLO admission: a refusal is far
+        # cheaper than a request let wait, so the share says what the submit figures are made of).
+        self.submits = 0
+        self.submits_refused = 0
         self.timings = Timings()
         self.estimates = {v.id: v.estimates for v in self.sched.snapshot().endpoints}
         self.ids: list[EndpointId] = list(self.sched.endpoint_ids())
@@ -168,6 +172,9 @@ class Driver:
         if sreq is None:
             return
         d = self._timed("submit", self.sched.submit, sreq) if timed else self.sched.submit(sreq)
+        if timed:
+            self.submits += 1
+            self.submits_refused += isinstance(d, Reject)
         if d is not None:
             self._apply((d,))
         if self.sched.outbox:  # the preemptions the submit made for its request

@@ -72,6 +72,10 @@ LATE_MS: Final = 5.0
 ALL: Final = "all"
 #: The key of the garbage collector's figures in `Measurement.decisions` (`gc_window`).
 GC: Final = "gc"
+#: The factor on the task SLAs by default: a call that waits its turn behind 1,000 others is still
+#: feasible, so SLO admission lets it wait rather than refusing it. `bench decisions` uses it too, so
+#: that its submits are the daemon's here (a refusal costs a tenth of a request let wait).
+QUEUE_SLA_SCALE: Final = 30.0
 
 
 def policy_path(name: str, logdir: Path) -> Path:

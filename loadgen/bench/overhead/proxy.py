@@ -82,7 +82,7 @@ from loadgen.bench.overhead.overhead_procs import (
     start_proxy_berth,
     start_upstream,
 )
-from loadgen.bench.overhead.overhead_queue import measure_queue, queue_checks, queue_lines
+from loadgen.bench.overhead.overhead_queue import QUEUE_SLA_SCALE, measure_queue, queue_checks, queue_lines
 from loadgen.bench.overhead.overhead_report import (
     CONFIGS,
     FLEET,
@@ -496,8 +496,8 @@ def _parser() -> argparse.ArgumentParser:
         help="output tokens per request at most (default 0: the workload's own lengths)",
     )
     q.add_argument(
-        "--queue-sla-scale", type=float, default=30.0,
-        help="factor on the task SLAs, so that queued requests stay feasible (default 30)",
+        "--queue-sla-scale", type=float, default=QUEUE_SLA_SCALE,
+        help=f"factor on the task SLAs, so that queued requests stay feasible (default {QUEUE_SLA_SCALE:g})",
     )  # fmt: skip
     q.add_argument("--queue-warmup", type=float, default=20.0, help="seconds before the window (default 20)")
     q.add_argument("--queue-duration", type=float, default=30.0, help="measured seconds (default 30)")
