@@ -39,18 +39,25 @@ So the schedule (`GcSchedule`) takes the collections over from CPython:
   inside whatever allocation crossed the threshold: a 2 ms decision became an 80 ms one).
 - A full collection (unfreeze, collect everything, freeze the survivors again) when the process's
   memory blocks (`sys.getallocatedblocks`, read every `TICK_S`) grew by `FULL_GROWTH` over what the
-  last full collection left (and at least `FULL_MIN_GROWTH_BLOCKS`), and, when nothing has been in
-  flight or queued for `IDLE_TICKS` ticks, once after any young step since the last full one (at
-  most every `IDLE_MIN_INTERVAL_S`).
+  last full collection left (and at least `FULL_MIN_GROWTH_BLOCKS`) and so did the objects the
+  collector tracks (`gc.get_freeze_count`, counted only then: a walk of the frozen list, about 6 ms
+  for 600,000 objects); and, when nothing has been in flight or queued for `IDLE_TICKS` ticks, once
+  after any young step since the last full one (at most every `IDLE_MIN_INTERVAL_S`). Blocks that
+  grew without the tracked objects are memory no collection can free (ints, strings, buffers, the
+  tables of dicts: the approximate prefix index filling its endpoints' capacity with a standing queue
+  grows the heap by about 8,000 blocks a second, nearly all of them untracked), so the block measure
+  starts again from there instead (`skipped_full`): a full collection then, 400 ms with a standing
+  queue, would find nothing. Blocks that grew by `FULL_GROWTH_ANYWAY` over what the last full
+  collection left make one due whatever the tracked objects did.
 
 Memory stays bounded: cyclic garbage among frozen objects is not collected until the next full
-collection, but that runs as soon as the heap grows by a quarter over what the last one left (the
-garbage is part of the growth), so the garbage kept is at most about a quarter of the heap the last
-full collection left (`FULL_MIN_GROWTH_BLOCKS` on a small heap; after a peak of load, up to that
-peak's size until the next idle moment collects) plus one young generation; each full collection
-measures the heap again. A cycle is still collected: while cycles are being made the young collections
-find those made and dropped within a second (a probe notices them within `PROBE_EVERY` steps), the
-full ones the rest.
+collection. Garbage is tracked objects, each at least a block, so it grows both measures: the garbage
+kept is at most about a quarter of the tracked objects the last full collection left (or of the heap's
+blocks, `FULL_MIN_GROWTH_BLOCKS` on a small heap; after a peak of load, up to that peak's size until the
+next idle moment collects) plus one young generation, and the heap at most `1 + FULL_GROWTH_ANYWAY`
+times what the last full collection left; each full collection measures both again. A cycle is still
+collected: while cycles are being made the young collections find those made and dropped within a
+second (a probe notices them within `PROBE_EVERY` steps), the full ones the rest.
 """
 
 from __future__ import annotations
@@ -87,8 +94,11 @@ STEP_S: Final = 0.05
 BACKSTOP: Final = 10
 #: A full collection is due once the memory blocks grew by this share over what the last one left ...
 FULL_GROWTH: Final = 0.25
-#: ... and by at least this many blocks (about 10-30 MB: a small heap is not collected at every turn).
+#: ... and by at least this many blocks (about 10-30 MB: a small heap is not collected at every turn),
+#: when the tracked objects grew by `FULL_GROWTH` too ...
 FULL_MIN_GROWTH_BLOCKS: Final = 250_000
+#: ... or, whatever the tracked objects did, once the blocks grew by this share.
+FULL_GROWTH_ANYWAY: Final = 1.0
 #: Seconds between the schedule's ticks (the heap read, the idle check).
 TICK_S: Final = 1.0
 #: Ticks in a row with nothing in flight or queued before an idle full collection.
@@ -110,6 +120,8 @@ class GcModule(Protocol):
     def unfreeze(self) -> None: ...
 
     def get_count(self) -> tuple[int, int, int]: ...
+
+    def get_freeze_count(self) -> int: ...
 
     def get_threshold(self) -> tuple[int, int, int]: ...
 
@@ -133,7 +145,10 @@ class GcSchedule:
         self._clock = clock
         self._pauses = pauses
         self._settled: tuple[int, int, int] | None = None  # CPython's thresholds before `settle`
-        self.live_blocks = 0  # memory blocks after the last full collection
+        self.live_blocks = 0  # memory blocks after the last full collection (or its re-basing)
+        self.full_blocks = 0  # memory blocks after the last full collection
+        self.live_tracked = 0  # objects the collector tracked after the last full collection
+        self.skipped_full = 0  # block growths without the tracked objects' (no full collection)
         self._young_at = -math.inf  # when the last young collection ran
         self._young_since_full = 0
         self._since_probe = PROBE_EVERY  # young steps since the last young collection (the first probes)
@@ -171,7 +186,8 @@ class GcSchedule:
         self._gc.unfreeze()
         self._gc.collect(2)
         self._gc.freeze()
-        self.live_blocks = self._blocks()
+        self.live_blocks = self.full_blocks = self._blocks()
+        self.live_tracked = self._gc.get_freeze_count()
         self._young_since_full = 0
 
     def step(self) -> bool:
@@ -193,8 +209,19 @@ class GcSchedule:
         return True
 
     def full_due(self, blocks: int) -> bool:
-        """Whether the heap (`blocks` now) grew enough since the last full collection for another."""
-        return blocks - self.live_blocks >= max(FULL_GROWTH * self.live_blocks, FULL_MIN_GROWTH_BLOCKS)
+        """Whether the heap (`blocks` now) grew enough since the last full collection for another: by
+        `FULL_GROWTH_ANYWAY`, or by `FULL_GROWTH` with the tracked objects grown by as much (counted
+        only then). A growth of blocks alone re-bases the block measure (`skipped_full`)."""
+        if blocks - self.full_blocks >= max(FULL_GROWTH_ANYWAY * self.full_blocks, FULL_MIN_GROWTH_BLOCKS):
+            return True
+        if blocks - self.live_blocks < max(FULL_GROWTH * self.live_blocks, FULL_MIN_GROWTH_BLOCKS):
+            return False
+        tracked = self._gc.get_freeze_count() + self._gc.get_count()[0]
+        if tracked - self.live_tracked >= FULL_GROWTH * self.live_tracked:
+            return True
+        self.skipped_full += 1
+        self.live_blocks = blocks
+        return False
 
     def tick(self, busy: int) -> None:
         """One tick: `busy` requests are in flight or queued."""

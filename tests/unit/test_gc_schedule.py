@@ -3,7 +3,7 @@ a fake clock; and the pause recorder (`gateway.core.gcpauses.GcPauses`) on fake 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -26,7 +26,9 @@ class FakeGc:
     """The part of `gc` the schedule uses; a collection runs the callbacks as CPython does and resets
     the counts of the generations it collected."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracked: Callable[[], int] = lambda: 0) -> None:
+        self.tracked = tracked  # the objects in the permanent generation
+        self.counted = 0  # walks of the permanent generation (`get_freeze_count`)
         self.callbacks: list[Any] = []
         self.threshold = (700, 10, 10)
         self.count = (0, 0, 0)
@@ -57,6 +59,10 @@ class FakeGc:
     def get_count(self) -> tuple[int, int, int]:
         return self.count
 
+    def get_freeze_count(self) -> int:
+        self.counted += 1
+        return self.tracked()
+
     def get_threshold(self) -> tuple[int, int, int]:
         return self.threshold
 
@@ -72,8 +78,11 @@ class Clock:
         return self.t
 
 
-def _schedule(blocks: list[int]) -> tuple[GcSchedule, FakeGc, Clock, GcPauses]:
-    fake = FakeGc()
+def _schedule(
+    blocks: list[int], tracked: list[int] | None = None
+) -> tuple[GcSchedule, FakeGc, Clock, GcPauses]:
+    """`tracked`: the objects the collector tracks (default: a tenth of the blocks, growing with them)."""
+    fake = FakeGc((lambda: blocks[0] // 10) if tracked is None else (lambda: tracked[0]))
     clock = Clock()
     pauses = GcPauses(timer=clock, stamp=clock)
     schedule = GcSchedule(pauses, collector=fake, blocks=lambda: blocks[0], clock=clock)
@@ -167,9 +176,57 @@ def test_a_step_collects_only_as_a_probe_until_a_collection_finds_garbage() -> N
     ids=["1M-under", "1M-due", "small-under", "small-due", "4M-under", "4M-due"],
 )
 def test_a_full_collection_is_due_when_the_heap_grew_by_a_quarter(live: int, now: int, due: bool) -> None:
-    schedule, _, _, _ = _schedule([live])
+    heap = [live]
+    schedule, _, _, _ = _schedule(heap)  # the tracked objects grow with the blocks
     schedule.settle()
+    heap[0] = now
     assert schedule.full_due(now) is due
+
+
+@pytest.mark.parametrize(
+    ("tracked_now", "due"),
+    [
+        pytest.param(100_000, False, id="blocks-alone"),
+        pytest.param(124_999, False, id="tracked-under-a-quarter"),
+        pytest.param(125_000, True, id="tracked-a-quarter"),
+    ],
+)
+def test_blocks_that_grew_without_the_tracked_objects_make_no_full_collection(
+    tracked_now: int, due: bool
+) -> None:
+    """A heap grown by memory the collector does not track (an index of ints filling up) is no garbage it
+    could find: the block measure starts again from there, and only the tracked objects' growth (or a
+    doubled heap) makes a full collection due."""
+    heap, tracked = [2_000_000], [100_000]
+    schedule, fake, _, _ = _schedule(heap, tracked)
+    schedule.settle()
+    assert (schedule.live_tracked, fake.counted) == (100_000, 1)
+    assert schedule.full_due(2_400_000) is False  # under a quarter more blocks: nothing counted
+    assert fake.counted == 1
+    tracked[0] = tracked_now
+    assert schedule.full_due(2_500_000) is due
+    assert fake.counted == 2
+    if not due:
+        assert (schedule.skipped_full, schedule.live_blocks) == (1, 2_500_000)
+        assert schedule.full_due(3_000_000) is False  # a quarter over 2,500,000 is 3,125,000
+        assert fake.counted == 2
+
+
+def test_a_heap_that_doubled_since_the_last_full_collection_gets_one_whatever_was_tracked() -> None:
+    heap, tracked = [2_000_000], [100_000]
+    schedule, fake, _, _ = _schedule(heap, tracked)
+    schedule.settle()
+    fake.log.clear()
+    for blocks in (2_500_000, 3_125_000, 3_906_250):  # a quarter more each time, nothing tracked
+        heap[0] = blocks
+        schedule.tick(busy=5)
+    assert (schedule.skipped_full, schedule.full_collections, fake.log) == (3, 0, [])
+    assert schedule.live_blocks == 3_906_250
+    heap[0] = 4_000_000  # twice what the last full collection left
+    schedule.tick(busy=5)
+    assert fake.log == ["unfreeze", "collect 2", "freeze"]
+    assert schedule.full_collections == 1
+    assert (schedule.live_blocks, schedule.full_blocks) == (4_000_000, 4_000_000)
 
 
 def test_the_tick_runs_a_full_collection_when_the_heap_grew_and_measures_it_again() -> None:
