@@ -45,6 +45,10 @@ A preset that misses it is run again with each judged call under a profiler of i
 where the time goes (`OUT/profile-PRESET.txt`), and `OUT/slow-calls-PRESET.txt` what the slowest tenth
 of each kind of call does, against the rest.
 
+`--columns always` (or `never`) places over columns every placement the profile can (or none),
+whatever its threshold, from the warm-up on: the two paths make the same choices, so the two runs
+compare their cost on the same decisions (the same queued, running and refused counts).
+
 Output: `OUT/report.md`, `OUT/report.json`.
 """
 
@@ -64,7 +68,7 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench.catalogue import BENCHMARKS
-from loadgen.bench.overhead.decision_driver import MODEL, Driver
+from loadgen.bench.overhead.decision_driver import COLUMNS, MODEL, Driver, force_columns
 from loadgen.bench.overhead.slow_calls import CallProfiles
 from loadgen.bench.scheduling.scheduling_setup import gateway_toml, policy_file
 from loadgen.bench.skeleton import run_bench
@@ -130,6 +134,7 @@ class DecisionConfig:
     # "daemon": the collector on the daemon's schedule, between the calls; "cpython": its own thresholds
     gc: str = "daemon"
     clock: str = "wall"  # "wall": perf_counter; "cpu": the thread's CPU time
+    columns: str = "auto"  # placement over columns: "auto" (the profile's threshold), "always", "never"
 
 
 def verdicts(summary: dict[str, dict[str, float | int]], target_us: float = TARGET_P99_US) -> dict[str, bool]:
@@ -168,6 +173,7 @@ def warm_up(cfg: DecisionConfig, preset: Preset, work: Path) -> Simulation:
         models=(MODEL,),
     )
     sim = Simulation(opts)
+    force_columns(sim, cfg.columns)
     sim.run()
     return sim
 
@@ -301,7 +307,8 @@ def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
             if cfg.gc == "daemon"
             else "CPython's own thresholds (a collection counts in the call it interrupts)."
         )
-        + (" Timed by the thread's CPU time." if cfg.clock == "cpu" else ""),
+        + (" Timed by the thread's CPU time." if cfg.clock == "cpu" else "")
+        + ("" if cfg.columns == "auto" else f" Placement over columns: {cfg.columns}."),
         "",
     ]
     header = ["preset", "case", "workload", "queued / running", *JUDGED, "progress", "verdict"]
@@ -412,6 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="wall",
         help="time calls by the wall clock (default) or the thread's CPU time (a shared machine)",
     )
+    p.add_argument(
+        "--columns",
+        choices=tuple(COLUMNS),
+        default="auto",
+        help="place over columns by the profile's threshold (default), for every placement, or never",
+    )
     return p
 
 
@@ -437,6 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backlog_target_us=args.backlog_target_us,
         gc=args.gc,
         clock=args.clock,
+        columns=args.columns,
     )
     return run_bench(
         BENCHMARKS["decisions"], cfg, bench, passed=lambda doc: all(r["passed"] for r in doc["results"])

@@ -40,6 +40,9 @@ PROGRESS_EVERY: Final = 16
 #: Submissions in a row without a deeper queue after which filling stops at the depth reached.
 FILL_STALL: Final = 3000
 _T = TypeVar("_T")
+#: `bench decisions --columns`: placement over columns as the profile decides, for every placement it can,
+#: or for none (the plain path), by the profile's threshold (`SchedulerProfile.columns_from`).
+COLUMNS: Final = {"auto": None, "always": 0, "never": 1 << 30}
 _API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 
 
@@ -273,3 +276,17 @@ class Driver:
         finally:
             if schedule is not None:
                 schedule.close()
+
+
+def force_columns(sim: Simulation, columns: str) -> None:
+    """Place over columns as `columns` says (`COLUMNS`) from the start of `sim`'s run: its gateway's
+    policy with the profile's threshold set (the plain and the columnar path make the same choices, so
+    runs with either compare their cost on the same decisions)."""
+    least = COLUMNS[columns]
+    if least is None:
+        return
+    gw = sim.gw
+    profile = dataclasses.replace(gw.policy.profile, columns_from=least)
+    policy = dataclasses.replace(gw.policy, profile=profile)
+    gw.policy = policy
+    gw.scheduler.set_policy(policy)
