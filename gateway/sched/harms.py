@@ -26,7 +26,13 @@ class HarmTerms:
 
     ttft: float | None  # the least bound over the first-token harms (all have the same delay)
     itl: float | None  # the least bound over the inter-token harms (likewise)
-    e2e: tuple[tuple[bool, float, float], ...]  # (prefilled, remaining tokens, bound) per last-token harm
+    # (prefilled, remaining tokens, bound) per last-token harm, the least bound first (the likeliest to
+    # be over is asked first)
+    e2e: tuple[tuple[bool, float, float], ...]
+    # over those: the least bound and the most remaining tokens (a delay none of them can be over:
+    # `_any_over`)
+    e2e_least: float = 0.0
+    e2e_most: float = 0.0
 
 
 def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: float | None) -> HarmTerms:
@@ -63,9 +69,16 @@ def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: flo
             if saved >= on_track * r.itl_s and saved >= 0:
                 b = saved * margin
                 itl = b if itl is None or b < itl else itl
-    out = HarmTerms(ttft, itl, tuple(e2e))
+    e2e.sort(key=_bound)
+    out = HarmTerms(
+        ttft, itl, tuple(e2e), e2e[0][2] if e2e else 0.0, max([t[1] for t in e2e]) if e2e else 0.0
+    )
     load.memo[key] = out
     return out
+
+
+def _bound(term: tuple[bool, float, float]) -> float:
+    return term[2]
 
 
 def _any_over(load: EndpointLoad, req: SchedRequest, terms: HarmTerms) -> bool:
@@ -78,6 +91,12 @@ def _any_over(load: EndpointLoad, req: SchedRequest, terms: HarmTerms) -> bool:
         return True
     if terms.itl is not None and per_iter > terms.itl:
         return True
+    if not terms.e2e:
+        return False
+    # The delay of each is at most `pause + min(most remaining, out) · per_iter` when the pause is the
+    # longer and the iterations take time (rounding is monotonic): under the least bound, none is over.
+    if per_iter >= 0.0 and pause >= first and pause + min(terms.e2e_most, out) * per_iter <= terms.e2e_least:
+        return False
     for prefilled, remaining, bound in terms.e2e:
         if (pause if prefilled else first) + min(remaining, out) * per_iter > bound:
             return True
