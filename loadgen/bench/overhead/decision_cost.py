@@ -69,7 +69,7 @@ import orjson
 
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.overhead.decision_driver import COLUMNS, MODEL, Driver, force_columns
-from loadgen.bench.overhead.slow_calls import CallProfiles
+from loadgen.bench.overhead.slow_calls import CallProfiles, profile_sections
 from loadgen.bench.scheduling.scheduling_setup import gateway_toml, policy_file
 from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.spec import EndpointSpec
@@ -343,30 +343,7 @@ def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
             if k not in (*JUDGED, "progress")
         ]
         lines.append(f"- {r['preset']} ({r['case']}): {'; '.join(other) or '-'}; refused {r['refused']}")
-    for r in results:
-        prof = r.get("profile")
-        if not prof:
-            continue
-        lines += [
-            "",
-            f"## Where {r['preset']}'s time goes, {r['case']} case "
-            f"(each {', '.join(JUDGED)} call under cProfile, {prof['profiled_s']:.1f} s in all; "
-            f"{prof['file']}; the slowest tenth of each kind against the rest: {prof['slow_calls']})",
-            "",
-            "berth's functions by cumulative time (share of the profiled time):",
-            "",
-            "| function | calls | cumulative s | share |",
-            "|---|---|---|---|",
-        ]
-        lines += [
-            f"| `{p['function']}` | {p['calls']} | {p['cumtime_s']:.3f} | {p['cum_share'] * 100:.0f}% |"
-            for p in prof["top_cumulative"]
-        ]
-        lines += ["", "by own time:", "", "| function | calls | own s | share |", "|---|---|---|---|"]
-        lines += [
-            f"| `{p['function']}` | {p['calls']} | {p['tottime_s']:.3f} | {p['own_share'] * 100:.0f}% |"
-            for p in prof["top_tottime"]
-        ]
+    lines += profile_sections(results, JUDGED)
     lines.append("")
     return "\n".join(lines)
 
