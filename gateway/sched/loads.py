@@ -12,11 +12,12 @@ it would be with no report since. Each endpoint's reuse time is spread over that
 id (`reuse_s`), so a fleet's loads, made together on a busy fleet, are not all remade by the same
 decision (with a hundred endpoints that would be a few milliseconds for the one decision that happens to
 come 20 ms later), and a load's age does not depend on which other loads were made before it: placement
-over columns makes no load for an idle endpoint, the plain path does, and both see the same loads. A load remade for its age alone takes over from the old one what does not
-depend on the clock (`EndpointLoad`'s `like`). A load with nothing running does not move with the clock
-(its numbers are its coefficients' alone): it is renewed rather than remade (on a large fleet at light load
-most endpoints are idle, and remaking their loads every 20-40 ms would be most of the work). Its `now`
-then stays the time it was made at: nothing reads it without running requests."""
+over columns makes no load for an idle endpoint, the plain path does, and both see the same loads.
+A load remade for its age alone takes over from the old one what does not depend on the clock
+(`EndpointLoad`'s `like`). A load with nothing running does not move with the clock (its numbers are
+its coefficients' alone): it is renewed rather than remade (on a large fleet at light load most
+endpoints are idle, and remaking their loads every 20-40 ms would be most of the work). Its `now` then
+stays the time it was made at: nothing reads it without running requests."""
 
 from __future__ import annotations
 
@@ -139,10 +140,10 @@ class LoadCache:
         if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
             self._loads = {}
             self._reuse = {}
-        reuse = self._reuse.get(view.id)
-        if reuse is None:
-            reuse = self._reuse[view.id] = reuse_s(view.id)
-        self._loads[view.id] = (fresh, reuse, now, view)
+        until = self._reuse.get(view.id)
+        if until is None:
+            until = self._reuse[view.id] = reuse_s(view.id)
+        self._loads[view.id] = (fresh, until, now, view)
         return fresh
 
 
