@@ -12,11 +12,13 @@ answers are those of `harm`, exactly (`tests/unit/test_sched_harms.py` checks bo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.sched.joining import join_delays
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
+from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,11 @@ def _any_over(load: EndpointLoad, req: SchedRequest, terms: HarmTerms) -> bool:
     if terms.ttft is None and terms.itl is None and not terms.e2e:
         return False
     first, pause, per_iter, out = join_delays(load, req)
+    return _over(terms, first, pause, per_iter, out)
+
+
+def _over(terms: HarmTerms, first: float, pause: float, per_iter: float, out: float) -> bool:
+    """`_any_over` given the request's delays (`join_delays`)."""
     if terms.ttft is not None and first > terms.ttft:
         return True
     if terms.itl is not None and per_iter > terms.itl:
@@ -112,6 +119,38 @@ def terms_of(load: EndpointLoad, on_track: float, margin: float) -> HarmTerms:
 def endangers(load: EndpointLoad, req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0) -> bool:
     """`bool(load.endangered(req, margin=margin, on_track=on_track))` (`margin` > 0)."""
     return _any_over(load, req, _terms(load, on_track, margin, None))
+
+
+def spared(
+    loads: Sequence[EndpointLoad], req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0
+) -> list[bool]:
+    """`[not endangers(load, req, margin=margin, on_track=on_track) for load in loads]` for loads of one
+    cache (the same prediction parameters: one output estimate for `req`), with what `join_delays` takes
+    from the request alone taken once (the overflow guard asks it of every candidate)."""
+    if not loads:
+        return []
+    p = float(resume_prompt_tokens(req))
+    whole = req.prompt_tokens + req.produced_tokens
+    cached = req.cached
+    gamma = loads[0].gamma
+    out = loads[0].output_tokens(req)
+    context = p + 0.5 * out
+    got: list[bool] = []
+    for load in loads:
+        terms = _terms(load, on_track, margin, None)
+        if terms.ttft is None and terms.itl is None and not terms.e2e:
+            got.append(True)
+            continue
+        if load.gamma != gamma:  # (another cache's load: its own output estimate)
+            got.append(not _any_over(load, req, terms))
+            continue
+        c = load.coef
+        # `join_delays`, term by term
+        fresh = prefill_tokens(req, load.view.id) if cached else whole
+        per_iter = (c.k2 * context + c.c2) * (1.0 + load.overhead)
+        first = c.k1 * fresh
+        got.append(not _over(terms, first, c.k1 * fresh + c.c1, per_iter, out))
+    return got
 
 
 def breaks_deadlines(load: EndpointLoad, req: SchedRequest, *, theta: float, on_track: float = 0.0) -> bool:
