@@ -98,54 +98,6 @@ def test_the_harm_checks_answer_what_the_list_of_harms_answers(
         assert breaks_deadlines(load, r, theta=theta, on_track=on_track) == expected
 
 
-def _estimates(v: EndpointView) -> EndpointEstimates:
-    assert v.estimates is not None
-    return v.estimates
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    loads=st.lists(st.lists(_run, max_size=10), min_size=1, max_size=5),
-    coefs=st.lists(st.deferred(lambda: _coef), min_size=5, max_size=5),
-    news=st.lists(_new, min_size=1, max_size=3),
-    cached=st.one_of(st.none(), st.integers(min_value=1, max_value=6000)),
-    margin=st.sampled_from((0.5, 0.9, 1.0, 1.35)),
-    on_track=st.sampled_from((0.0, 0.2)),
-    tail=st.sampled_from(("mean", "normal")),
-)
-def test_the_loads_spared_are_those_each_load_finds_unendangered(  # noqa: PLR0917
-    loads: list[list[Run]],
-    coefs: list[PerfCoefficients],
-    news: list[New],
-    cached: int | None,
-    margin: float,
-    on_track: float,
-    tail: Literal["mean", "normal"],
-) -> None:
-    """`spared` (the request's terms taken once for every candidate) against `endangers` load by load,
-    with and without a prefix cached on one of the endpoints, the loads of one cache."""
-    params = PredictParams(tail=tail)
-    made = [
-        EndpointLoad(
-            dataclasses.replace(
-                _load(runs).view,
-                id=EndpointId(f"e{k}"),
-                estimates=dataclasses.replace(_estimates(_load(runs).view), perf=coefs[k]),
-            ),
-            10.0,
-            params,
-        )
-        for k, runs in enumerate(loads)
-    ]
-    for k, new in enumerate(news):
-        r = _req(k, new)
-        if cached is not None:
-            r = dataclasses.replace(r, cached=PrefixHits({EndpointId("e0"): cached}))
-        assert spared(made, r, margin=margin, on_track=on_track) == [
-            not endangers(load, r, margin=margin, on_track=on_track) for load in made
-        ]
-
-
 @settings(max_examples=200, deadline=None)
 @given(
     runs=st.lists(_run, max_size=10),
@@ -245,3 +197,51 @@ def test_a_seat_order_asked_again_answers_as_asked_afresh(frees: list[list[float
     assert order.of(loads)
     for k in ks:
         assert order.kth(k) == kth_free(loads, k)
+
+
+def _estimates(v: EndpointView) -> EndpointEstimates:
+    assert v.estimates is not None
+    return v.estimates
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    loads=st.lists(st.lists(_run, max_size=10), min_size=1, max_size=5),
+    coefs=st.lists(_coef, min_size=5, max_size=5),
+    news=st.lists(_new, min_size=1, max_size=3),
+    cached=st.one_of(st.none(), st.integers(min_value=1, max_value=6000)),
+    margin=st.sampled_from((0.5, 0.9, 1.0, 1.35)),
+    on_track=st.sampled_from((0.0, 0.2)),
+    tail=st.sampled_from(("mean", "normal")),
+)
+def test_the_loads_spared_are_those_each_load_finds_unendangered(  # noqa: PLR0917
+    loads: list[list[Run]],
+    coefs: list[PerfCoefficients],
+    news: list[New],
+    cached: int | None,
+    margin: float,
+    on_track: float,
+    tail: Literal["mean", "normal"],
+) -> None:
+    """`spared` (the request's terms taken once for every candidate) against `endangers` load by load,
+    with and without a prefix cached on one of the endpoints, the loads of one cache."""
+    params = PredictParams(tail=tail)
+    made = [
+        EndpointLoad(
+            dataclasses.replace(
+                _load(runs).view,
+                id=EndpointId(f"e{k}"),
+                estimates=dataclasses.replace(_estimates(_load(runs).view), perf=coefs[k]),
+            ),
+            10.0,
+            params,
+        )
+        for k, runs in enumerate(loads)
+    ]
+    for k, new in enumerate(news):
+        r = _req(k, new)
+        if cached is not None:
+            r = dataclasses.replace(r, cached=PrefixHits({EndpointId("e0"): cached}))
+        assert spared(made, r, margin=margin, on_track=on_track) == [
+            not endangers(load, r, margin=margin, on_track=on_track) for load in made
+        ]
