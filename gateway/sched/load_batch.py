@@ -12,7 +12,8 @@ Every number is the one `EndpointLoad` computes, bit for bit: the per-request ar
 operations in the same order (numpy's float64 operations round as Python's do), and the sums over a
 load's running requests, which Python takes one after another, are taken the same way (a cumulative sum
 along each load's row of a padded matrix: sequential, unlike numpy's pairwise `sum`); the k-th smallest
-predicted end is read from each row sorted (`tests/unit/test_sched_fleet_loads.py`).
+predicted end is read from each row sorted (`tests/unit/test_sched_fleet_loads.py`,
+`tests/unit/test_sched_load_runs.py`).
 """
 
 from __future__ import annotations
