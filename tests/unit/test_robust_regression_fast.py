@@ -9,10 +9,13 @@ from collections.abc import Generator
 from typing import TypeVar
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.sched.perf import default_prior
 from gateway.telemetry import robust_regression as fast
+from gateway.telemetry.perfmodel import PerfModelFitter, _design
 from tests.unit import robust_regression_reference as plain
 
 T = TypeVar("T")
@@ -64,7 +67,8 @@ def linear_problem(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     eps = np.array(draw(st.lists(noise, min_size=n, max_size=n)))
     y = np.abs(x @ coef) * (1.0 + eps) + draw(st.floats(min_value=1e-6, max_value=1.0))
     half_life = draw(st.sampled_from([5.0, 500.0, 1e9]))
-    w = np.exp2(-np.arange(n - 1, -1, -1, dtype=np.float64) / half_life)
+    longer = n + draw(st.sampled_from([0, 1, 7, 300]))  # the weights as the tail of a longer window's
+    w = np.exp2(-np.arange(longer - 1, -1, -1, dtype=np.float64) / half_life)[longer - n :]
     return x, y, w
 
 
@@ -129,3 +133,28 @@ def test_median_is_the_plain_median(vals: list[float]) -> None:
     a = np.array(vals)
     assert fast.median(a) == plain.median(a) == float(np.median(a))
     assert a.tolist() == vals  # not partitioned in place
+
+
+@pytest.mark.parametrize("half_life", [1.0, 37.5, 500.0, 1e9])
+def test_window_weights_are_the_plain_weights(half_life: float) -> None:
+    """A fitter's weights for every window length are the ones computed for that length alone."""
+    f = PerfModelFitter(default_prior(), window=2000, half_life=half_life)
+    for n in range(1, 2001):
+        want = np.exp2(-np.arange(n - 1, -1, -1, dtype=np.float64) / half_life)
+        assert f._weights(n).tolist() == want.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=50).flatmap(lambda n: st.lists(values, min_size=2 * n, max_size=2 * n))
+)
+def test_design_is_column_stack(vals: list[float]) -> None:
+    n = len(vals) // 2
+    a, b = np.array(vals[:n]), np.array(vals[n:])
+    for got, want in (
+        (_design(a), np.column_stack((a, np.ones(n)))),
+        (_design(a * b, b), np.column_stack((a * b, b, np.ones(n)))),
+    ):
+        assert got.flags.c_contiguous
+        assert want.flags.c_contiguous
+        assert got.tolist() == want.tolist()
