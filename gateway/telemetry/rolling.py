@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable, Sequence
-from itertools import compress
 from typing import Final
 
 #: Default smoothing: about the last 20 observations carry most of the weight.
@@ -168,11 +167,8 @@ class RateMeter:
         current = int(now // self.bucket_s)
         oldest = current - self._n + 1
         epochs = self._epochs
-        if max(epochs) <= current:  # no bucket ahead of `now` (the clock did not go back)
-            if oldest <= min(epochs):  # every bucket in the window (a busy one):
-                return sum(self._amounts)  # the same sum, in the same order, without the test per bucket
-            # the buckets of the window, picked in C: the same sum in the same order as the test per bucket
-            return sum(compress(self._amounts, map(oldest.__le__, epochs)))
+        if oldest <= min(epochs) and max(epochs) <= current:  # every bucket in the window (a busy one):
+            return sum(self._amounts)  # the same sum, in the same order, without the test per bucket
         return sum(a for e, a in zip(epochs, self._amounts, strict=True) if oldest <= e <= current)
 
     def rate(self, now: float) -> float:
