@@ -8,14 +8,13 @@ Sans-IO and stateless: arrays in, coefficients (or None when the fit is refused)
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from numpy.linalg import _umath_linalg
 
 Array = npt.NDArray[np.float64]
 
@@ -29,9 +28,7 @@ _MIN_SCALE: Final = 1e-3  # floor of the robust residual scale (relative error)
 _BETAS: Final = np.geomspace(1e-3, 1e2, 81)
 _BETA_SLICE: Final = 9  # the β grid's columns per step of the throughput fit (9 steps)
 
-# `np.linalg.solve`'s kernel for a vector right-hand side (the wrapper costs more than a 3×3 solve), and
 # `np.sum`'s reduction without its dispatch
-_solve1: Final = _umath_linalg.solve1
 _sum: Final = np.add.reduce
 
 T = TypeVar("T")
@@ -152,12 +149,36 @@ def _nnls(gram: list[list[float]], rhs: list[float]) -> list[float]:
     return best
 
 
-def _solve(a: Array, b: Array) -> Array:
-    """`np.linalg.solve(a, b)` for a square `a` and a vector `b`: the same LAPACK call, without the
-    wrapper's checks and its error state (most of its cost on a 3×3 system), so a singular `a` gives NaN
-    (and the floating-point invalid flag) instead of raising `LinAlgError`."""
-    result: Array = _solve1(a, b, signature="dd->d")
-    return result
+def _solve_checked(a: Array, b: Array) -> Array:
+    """`_solve` through numpy's public wrapper: for a numpy whose private kernel is not where it was."""
+    try:
+        solved: Array = np.linalg.solve(a, b)
+    except np.linalg.LinAlgError:
+        return np.full(len(b), np.nan)
+    return solved
+
+
+def _kernel() -> Callable[[Array, Array], Array]:
+    """`np.linalg.solve`'s LAPACK kernel for a vector right-hand side, called without the wrapper (its
+    checks and error state cost more than a 3×3 solve), so a singular `a` gives NaN (and the
+    floating-point invalid flag) instead of raising `LinAlgError`. The kernel is numpy's private
+    `numpy.linalg._umath_linalg.solve1` (numpy 1.26 to 2.x); without it, the public wrapper."""
+    try:
+        from numpy.linalg import _umath_linalg
+
+        solve1 = _umath_linalg.solve1
+    except (ImportError, AttributeError):  # pragma: no cover - numpy moved its kernel
+        return _solve_checked
+
+    def solve(a: Array, b: Array) -> Array:
+        result: Array = solve1(a, b, signature="dd->d")
+        return result
+
+    return solve
+
+
+#: `np.linalg.solve(a, b)` for a square `a` and a vector `b`, a singular `a` giving NaN (see `_kernel`).
+_solve: Final = _kernel()
 
 
 def fit_decay(n: Array, tps: Array, w: Array) -> Steps[tuple[float, float, float] | None]:
