@@ -152,7 +152,7 @@ def _nnls(gram: list[list[float]], rhs: list[float]) -> list[float]:
 def _solve_checked(a: Array, b: Array) -> Array:
     """`_solve` through numpy's public wrapper: for a numpy whose private kernel is not where it was."""
     try:
-        solved: Array = np.linalg.solve(a, b)
+        solved: Array = np.linalg.solve(a, b).astype(np.float64, copy=False)
     except np.linalg.LinAlgError:
         return np.full(len(b), np.nan)
     return solved
