@@ -117,7 +117,7 @@ class KeptBounds:
             if old is views:
                 return bound
             if len(old) == len(views) and all(
-                _same_speed(v, o) for v, o in zip(views, old, strict=True) if v is not o
+                same_speed(v, o) for v, o in zip(views, old, strict=True) if v is not o
             ):
                 self._kept[key] = (views, bound)
                 return bound
@@ -126,8 +126,9 @@ class KeptBounds:
         return bound
 
 
-def _same_speed(view: EndpointView, old: EndpointView) -> bool:
-    """Whether `fleet_bound` takes the same from both views of one place in the tuple."""
+def same_speed(view: EndpointView, old: EndpointView) -> bool:
+    """Whether `fleet_bound` takes the same from both views of one place in the tuple (the same
+    endpoint, health, models and estimates: the same coefficients)."""
     return (
         view.id == old.id
         and view.health is old.health
