@@ -82,7 +82,9 @@ def test_kept_orders_are_the_plain_sort(
     check(speeds, FleetSnapshot(now=now, endpoints=tuple(views)))
     for what, new_speeds, size, part in script:
         now += 0.1
-        views = [changed(v, what[i % len(what)], new_speeds[i % len(new_speeds)]) for i, v in enumerate(views)]
+        views = [
+            changed(v, what[i % len(what)], new_speeds[i % len(new_speeds)]) for i, v in enumerate(views)
+        ]
         if size == "grow":
             views.append(first_views([new_speeds[0]] * (len(views) + 1))[-1])
         elif size == "shrink" and len(views) > 1:

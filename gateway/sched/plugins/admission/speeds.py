@@ -5,7 +5,8 @@ so the answer is kept per tuple of views (by identity). The fleet's views change
 (a dispatch, a completion, a progress report), but the order rests only on each endpoint's health,
 models and estimates: a new tuple of views is compared with the last one of its model and length entry
 by entry (most entries are the same objects), and while every changed entry has the same speed
-(`same_speed`) the kept order of places is taken over instead of sorting the fleet again. The same list
+(`gateway.sched.idle.same_speed`: the same speed epoch, `KeptBounds.epoch`, which the bounds share) the
+kept order of places is taken over instead of sorting the fleet again. The same list
 as filtering and sorting the new views (`tests/unit/test_admission_speeds.py`)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from gateway.core.types import EndpointHealth, ModelName
-from gateway.sched.idle import IdleBound, KeptBounds, same_speed
+from gateway.sched.idle import IdleBound, KeptBounds, SpeedEpoch
 from gateway.sched.perf import default_prior
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
@@ -37,8 +38,8 @@ class ReadySpeeds:
         """`bounds`: the admitter's kept bounds (the fastest bound is asked of them)."""
         self._bounds = bounds
         self._kept: dict[tuple[int, ModelName], Speeds] = {}
-        # per model and number of views: the last views ordered and the order (places in them)
-        self._orders: dict[tuple[ModelName, int], tuple[tuple[EndpointView, ...], list[int]]] = {}
+        # the order (places in the views) per speed epoch (`KeptBounds.epoch`)
+        self._orders: dict[SpeedEpoch, list[int]] = {}
 
     def of(self, model: ModelName, snap: FleetSnapshot) -> Speeds:
         views = snap.endpoints
@@ -58,21 +59,19 @@ class ReadySpeeds:
         return kept
 
     def _order(self, model: ModelName, views: tuple[EndpointView, ...]) -> list[int]:
-        """The places of the ready views serving `model`, fastest first: the last order of as many views
-        when every view that changed has the same speed, else sorted anew."""
-        at = (model, len(views))
-        last = self._orders.get(at)
-        if last is not None:
-            old, order = last
-            if old is views or all(same_speed(v, o) for v, o in zip(views, old, strict=True) if v is not o):
-                self._orders[at] = (views, order)
-                return order
+        """The places of the ready views serving `model`, fastest first: kept per speed epoch of the
+        views (`KeptBounds.epoch`), else sorted anew."""
+        epoch = self._bounds.epoch(views, model)
+        orders = self._orders
+        got = orders.get(epoch)
+        if got is not None:
+            return got
         ready = EndpointHealth.READY
         order = [i for i, e in enumerate(views) if model in e.models and e.health is ready]
         order.sort(key=lambda i: typical_idle_s(views[i]))  # stable: ties keep the views' order
-        if len(self._orders) >= KEPT:
-            self._orders.clear()  # (models or fleet sizes come and go: one tuple of views each)
-        self._orders[at] = (views, order)
+        if len(orders) >= KEPT:
+            del orders[next(iter(orders))]
+        orders[epoch] = order
         return order
 
 
