@@ -389,8 +389,8 @@ class SloFeasibilityAdmitter:
         """The request on the endpoint where the `k`-th (from 0) seat to free up frees, from then on
         (none: further out than every running request, infeasible)."""
         order = self._frees
-        if order is None or not order.of(loads):
-            order = self._frees = SeatOrder(loads, self.seat_ends_from)
+        # the last order renewed: only the loads remade since have their ends replaced
+        order = self._frees = SeatOrder(loads, self.seat_ends_from) if order is None else order.renewed(loads)
         got = order.kth(k)
         if got is None:
             return []
