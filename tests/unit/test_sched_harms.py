@@ -193,8 +193,9 @@ def test_the_kth_free_seat_is_the_kth_of_the_sorted_ends(frees: list[list[float]
 )
 def test_a_seat_order_asked_again_answers_as_asked_afresh(frees: list[list[float]], ks: list[int]) -> None:
     loads = cast("list[EndpointLoad]", [_Seats(sorted(f)) for f in frees])
-    order = SeatOrder(loads)  # the first k by a partition, the others from the sorted ends
-    assert order.of(loads)
+    order = SeatOrder(loads)
+    assert order.renewed(loads) is order
+    assert order.renewed(list(loads)) is order  # the same loads in another list
     for k in ks:
         assert order.kth(k) == kth_free(loads, k)
 
