@@ -25,7 +25,7 @@ from typing import Final
 from gateway.core.types import ModelName
 
 #: Requests one scheduler call tries to place at most (placed or found to fit nowhere).
-SERVE_SLICE: Final = 4
+SERVE_SLICE: Final = 2
 
 
 class ServeSlices:
