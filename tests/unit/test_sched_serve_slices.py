@@ -103,6 +103,20 @@ def seen(ds: Sequence[Decision]) -> list[tuple[str, str, str]]:
     return out
 
 
+def ids(ds: Sequence[Decision]) -> list[str]:
+    """The requests dispatched by `ds`, in order."""
+    out: list[str] = []
+    for d in ds:
+        assert isinstance(d, Dispatch), d
+        out.append(d.req.id)
+    return out
+
+
+def owes(sched: Scheduler) -> bool:
+    """`sched.owed`, read anew at each assertion (not narrowed by the one before)."""
+    return sched.owed
+
+
 def drained(sched: Scheduler, ds: list[Decision]) -> list[Decision]:
     """`ds` and every slice the call left to do, carried on at once (as the simulator does)."""
     out = list(ds)
@@ -127,13 +141,13 @@ def test_a_completion_that_frees_room_for_many_places_them_one_slice_a_call() ->
     pins.asked.clear()
     first = sched.complete(RequestId("r0"))  # e0 frees too: the head fits, then the rest
     assert seen(first) == [("dispatch", "head", "e0"), ("dispatch", "q0", "e1"), ("dispatch", "q1", "e2")]
-    assert sched.owed
+    assert owes(sched)
     assert pins.asked == ["head", "q0", "q1"]
     second = sched.serve()
-    assert [d.req.id for d in second] == ["q2", "q3", "q4"]
+    assert ids(second) == ["q2", "q3", "q4"]
     third = sched.serve()
-    assert [d.req.id for d in third] == ["q5", "q6"]  # q7 does not exist; every seat is taken now
-    assert not sched.owed
+    assert ids(third) == ["q5", "q6"]  # q7 does not exist; every seat is taken now
+    assert not owes(sched)
     assert sched.serve() == []
 
 
@@ -148,17 +162,17 @@ def test_a_slice_carries_the_requests_its_serve_passed_over() -> None:
         assert sched.submit(req(name, clock)) is None
     pins.asked.clear()
     clock.advance(1.0)  # past the fits-nowhere memo's time (gateway.sched.unfit): each try asks the filter
-    assert [d.req.id for d in sched.tick()] == ["a"]  # stuck passed over, a placed: the slice is spent
+    assert ids(sched.tick()) == ["a"]  # stuck passed over, a placed: the slice is spent
     assert pins.asked == ["stuck", "a"]
-    assert sched.owed
+    assert owes(sched)
     pins.asked.clear()
-    assert [d.req.id for d in sched.serve()] == ["b"]  # x passed over too
+    assert ids(sched.serve()) == ["b"]  # x passed over too
     assert pins.asked == ["b", "x"]
-    assert sched.owed
+    assert owes(sched)
     pins.asked.clear()
-    assert [d.req.id for d in sched.serve()] == ["c"]
+    assert ids(sched.serve()) == ["c"]
     assert pins.asked == ["c"]  # stuck and x are not tried again by this serve
-    assert not sched.owed  # its second try found only requests passed over: the serve is done
+    assert not owes(sched)  # its second try found only requests passed over: the serve is done
 
 
 def test_a_fresh_serve_replaces_the_owed_one() -> None:
@@ -170,16 +184,13 @@ def test_a_fresh_serve_replaces_the_owed_one() -> None:
         assert sched.submit(req(name, clock)) is None
     for i in range(1, 3):
         sched._fleet.complete(RequestId(f"r{i}"))  # seats freed without serving
-    (d,) = sched.complete(RequestId("r0"))
-    assert d.req.id == "a"
-    assert sched.owed
-    (d,) = sched.tick()  # the daemon's ticker came first: it serves from the head again
-    assert d.req.id == "b"
-    assert sched.owed
-    (d,) = sched.serve()
-    assert d.req.id == "c"
+    assert ids(sched.complete(RequestId("r0"))) == ["a"]
+    assert owes(sched)
+    assert ids(sched.tick()) == ["b"]  # the daemon's ticker came first: it serves from the head again
+    assert owes(sched)
+    assert ids(sched.serve()) == ["c"]
     assert sched.serve() == []
-    assert not sched.owed
+    assert not owes(sched)
 
 
 def test_models_left_unserved_by_a_spent_call_are_served_in_order() -> None:
@@ -194,11 +205,11 @@ def test_models_left_unserved_by_a_spent_call_are_served_in_order() -> None:
     assert sched.submit(req("n1", clock, N)) is None
     for name in ("r0", "r1", "r2", "r3"):
         sched._fleet.complete(RequestId(name))  # seats freed without serving
-    assert [d.req.id for d in sched.tick()] == ["m1"]
-    assert [d.req.id for d in sched.serve()] == ["m2"]
-    assert [d.req.id for d in sched.serve()] == ["m3"]
-    assert [d.req.id for d in sched.serve()] == ["n1"]
-    assert not sched.owed
+    assert ids(sched.tick()) == ["m1"]
+    assert ids(sched.serve()) == ["m2"]
+    assert ids(sched.serve()) == ["m3"]
+    assert ids(sched.serve()) == ["n1"]
+    assert not owes(sched)
 
 
 async def test_the_live_driver_carries_the_slices_on_over_the_loop_turns() -> None:
@@ -220,7 +231,7 @@ async def test_the_live_driver_carries_the_slices_on_over_the_loop_turns() -> No
     for _ in range(6):
         await asyncio.sleep(0)
     assert [w.result().req.id for w in waiting] == ["w0", "w1", "w2", "w3", "w4"]
-    assert not sched.owed
+    assert not owes(sched)
     assert driver.times.calls["serve"].count >= 2
 
 
