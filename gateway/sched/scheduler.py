@@ -13,6 +13,10 @@ unless the policy's `lookahead` lets up to that many requests behind it be place
 still have room (its placement constraints, not the seats, hold it back: Aladdin places each request on
 the first worker that fits it, and one that fits nowhere waits without holding up the others).
 
+One call tries at most `serve_slice` requests (`gateway.sched.slices`): a serve it cuts short is owed
+(`owed`), and `serve` goes on with it from where it stopped, one slice a call; carried on at once, the
+slices decide as one uncut serve.
+
 Preemption (the policy's `Preemptor`; none by default): when the request at the head of a queue can be
 placed nowhere, its kind may preempt (interactive) and an endpoint of an allowed class (mixed) runs
 resumable work of a kind that may be preempted (batch), the preemptor ranks the eligible victims and the
