@@ -54,7 +54,8 @@ def test_a_tiny_run_end_to_end(tmp_path: Path) -> None:
         assert r["queued_at_start"] == 20
         assert r["running_at_start"] > 0
         assert r["warmup_requests"] > 0
-        assert set(r["verdicts"]) == {"submit", "complete", "tick"}
+        # `serve`: the slices a call left to do, each timed as its own call, when there were any
+        assert {"submit", "complete", "tick"} <= set(r["verdicts"]) <= {"submit", "complete", "tick", "serve"}
         assert r["timings"]["complete"]["n"] == 60
     assert doc["results"][1]["policy"] == "coding-assistant"
     text = (out / "report.md").read_text()

@@ -186,6 +186,13 @@ class Driver:
         self.produced.pop(rid, None)
         self.first_token.pop(rid, None)
         self._apply(self._timed("complete", self.sched.complete, rid))
+        self._go_on()
+
+    def _go_on(self) -> None:
+        """The serving a call left to do (`Scheduler.owed`), one slice a call, each timed as its own
+        call (`serve`), as the daemon runs one slice per turn of its event loop."""
+        while self.sched.owed:
+            self._apply(self._timed("serve", self.sched.serve))
 
     def progress(self, n: int) -> None:
         for _ in range(min(n, len(self.running))):
@@ -201,6 +208,7 @@ class Driver:
         if now - self._last_tick >= TICK_S:
             self._last_tick = now
             self._apply(self._timed("tick", self.sched.tick))
+            self._go_on()
         if now - self._last_scrape >= SCRAPE_S:
             self._last_scrape = now
             for eid in self.ids:
@@ -225,7 +233,8 @@ class Driver:
         """Submit (untimed) until `queued` requests wait; the depth reached (admission may refuse)."""
         limits = self.sched.limits
         if limits.max_queue_per_model < queued + 1000:  # the benchmark's gateway.toml allows 8,192
-            self.sched.set_limits(dataclasses.replace(limits, max_queue_per_model=queued + 1000))
+            self._apply(self.sched.set_limits(dataclasses.replace(limits, max_queue_per_model=queued + 1000)))
+            self._go_on()
         attempts = 0
         limit = 30 * queued + 10 * len(self.ids) * 64
         deepest, grew_at = 0, 0
