@@ -56,6 +56,7 @@ from gateway.sched.preempting import Preempting
 from gateway.sched.profile import Policy
 from gateway.sched.queues import ModelQueue, OrderingFault, Queued
 from gateway.sched.request import SchedRequest
+from gateway.sched.slices import try_cost
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 from gateway.sched.types import EndpointSpec, PeerLoad, QueueLimits
 from gateway.sched.unfit import remember, retry_on
@@ -328,11 +329,9 @@ class Scheduler(Preempting):
         if skipped is None:
             skipped = set()  # requests that fit nowhere now, passed over (policy.lookahead)
         while queue:
-            if sliced:
-                if slices.tries <= 0:
-                    slices.cut(model, skipped)  # the next slice goes on from here
-                    return
-                slices.tries -= 1
+            if sliced and slices.tries <= 0:
+                slices.cut(model, skipped)  # the next slice goes on from here
+                return
             snap = unplaced if unplaced is not None else self.snapshot()
             if len(queue) == 1 and not skipped:
                 item = queue.head()
@@ -361,13 +360,15 @@ class Scheduler(Preempting):
                 if any(model in e.models and e.health is EndpointHealth.READY for e in others):
                     view_snap = FleetSnapshot(now=snap.now, endpoints=others, queued=snap.queued)
             if unplaced is not None:
-                chosen, unplaced = None, None  # the answer `submit` had for it on this very snapshot
+                chosen, unplaced, among = None, None, None  # the answer `submit` had for it on this snapshot
                 item.unfit = remember(item.unfit, policy.profile, item.req, snap, everywhere=True)
             else:
                 # A request that fit nowhere is tried on the endpoints that changed since (unfit.py).
                 among = (
                     None if item.exclude else retry_on(item.unfit, policy.profile, item.req, item.seq, snap)
                 )
+                if sliced:
+                    slices.tries -= try_cost(among, snap)
                 try:
                     chosen = None if among == [] else policy.profile.place(item.req, view_snap, among)
                     if chosen is None and not item.exclude:
@@ -382,6 +383,8 @@ class Scheduler(Preempting):
                         return
                     continue
             if chosen is None and policy.preemptor is not None:
+                if sliced and among is not None:
+                    slices.tries -= 1.0 - try_cost(among, snap)  # preemption asks the whole fleet
                 try:
                     taken = self._preemption(policy.preemptor, item.req, view_snap)
                 except Exception as e:

@@ -7,7 +7,12 @@ policy's lookahead) one call would place them all: at a few hundred microseconds
 hundred endpoints, a hundred placements is tens of milliseconds with the event loop held, every stream
 the gateway relays stalled that long.
 
-So one call tries at most `Scheduler.serve_slice` requests (placed or found to fit nowhere). A serve
+So one call tries at most `Scheduler.serve_slice` requests (placed or found to fit nowhere), counted by
+the endpoints a try asks about: a request that fit nowhere and is tried again only on the endpoints that
+changed since (`gateway.sched.unfit`) costs that share of the fleet, a request not tried again nothing.
+Without that, a queue whose head holds `lookahead` requests that fit nowhere would spend every call's
+slice on them again: in the live daemon, where a completion's fresh serve starts from the head, a call
+each completion could place nothing while seats stand free behind them. A serve
 cut short is owed: the queue's model and the serve's own state (the requests it passed over under the
 lookahead) are kept, in the order the serves were to run, and `Scheduler.serve` (the continuation)
 goes on from exactly there with the next slice. A driver calls it while `Scheduler.owed` says so: the
@@ -20,12 +25,24 @@ of the queue again, as it would have after an uncut serve: it replaces the owed 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from gateway.core.types import ModelName
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
-#: Requests one scheduler call tries to place at most (placed or found to fit nowhere).
+#: Requests one scheduler call tries to place at most (placed or found to fit nowhere), in tries over the
+#: whole fleet (`try_cost`).
 SERVE_SLICE: Final = 2
+
+
+def try_cost(among: Sequence[EndpointView] | None, snap: FleetSnapshot) -> float:
+    """What one try counts against a call's slice: 1 for a try over the whole fleet (`among` None), the
+    share of the fleet it asks about when only the endpoints that changed since the request fit nowhere
+    are tried (`gateway.sched.unfit.retry_on`), 0 when none did."""
+    if among is None:
+        return 1.0
+    return len(among) / max(1, len(snap.endpoints))
 
 
 class ServeSlices:
@@ -35,10 +52,10 @@ class ServeSlices:
     __slots__ = ("owed", "tries")
 
     def __init__(self) -> None:
-        self.tries = 0
+        self.tries = 0.0
         self.owed: dict[ModelName, set[int]] = {}
 
-    def start(self, tries: int) -> None:
+    def start(self, tries: float) -> None:
         """A call that serves begins: it may try `tries` requests."""
         self.tries = tries
 

@@ -212,6 +212,31 @@ def test_models_left_unserved_by_a_spent_call_are_served_in_order() -> None:
     assert not owes(sched)
 
 
+def test_requests_that_fit_nowhere_tried_again_on_one_endpoint_cost_that_share_of_a_try() -> None:
+    """A head of `lookahead` requests that fit nowhere, each tried again only on the endpoint a completion
+    freed, does not spend the slice: every fresh serve (the daemon's next completion, before the owed
+    slice's turn) still places a request behind them."""
+    pins = Pins()
+    sched, clock = make(pins, lookahead=4, caps=(1,) * 16, slice_=1)
+    for i in range(16):
+        pins.to[RequestId(f"r{i}")] = EndpointId(f"e{i}")
+        assert isinstance(sched.submit(req(f"r{i}", clock)), Dispatch)
+    heads = [f"h{i}" for i in range(4)]
+    for name in heads:
+        pins.to[RequestId(name)] = EndpointId("e0")  # e0 stays busy: they fit nowhere
+    for name in (*heads, "a", "b", "c"):
+        assert sched.submit(req(name, clock)) is None
+    sched.serve_slice = 10  # one uncut serve: every head tried on the whole fleet remembers it fit nowhere
+    assert ids(sched.complete(RequestId("r1"))) == ["a"]
+    sched.serve_slice = 1
+    placed: list[str] = []
+    for i, name in ((2, "b"), (3, "c")):
+        pins.asked.clear()
+        placed += ids(sched.complete(RequestId(f"r{i}")))  # a fresh serve each time, owed slices never run
+        assert pins.asked[:5] == [*heads, name]  # the heads tried where the fleet changed, then the next
+    assert placed == ["b", "c"]
+
+
 async def test_the_live_driver_carries_the_slices_on_over_the_loop_turns() -> None:
     pins = Pins()
     sched, clock = make(pins, lookahead=0, caps=(1, 1, 1, 1, 1), slice_=2)
