@@ -9,6 +9,7 @@ into the scheduler with `time.perf_counter` and records it here under the call's
 | `submit`   | a new request (or a retry): place it now or queue it                         |
 | `complete` | a request finished: its seat is free, the queue is served                     |
 | `tick`     | the queue ticker (every 0.1 s): expiry, admission recheck, every queue served |
+| `serve`    | the next slice of serving a call left to do (`gateway.sched.slices`)           |
 | `cancel`   | a queued request's client went away                                          |
 | `endpoint` | an endpoint changed (set, health, models, scraped gauges)                     |
 | `peers`    | other replicas' published load (cluster mode)                                 |
@@ -39,7 +40,7 @@ from typing import Any, Final
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
 #: The kinds of call, as the `call` label names them.
-CALLS: Final = ("submit", "complete", "tick", "cancel", "endpoint", "peers", "policy")
+CALLS: Final = ("submit", "complete", "tick", "serve", "cancel", "endpoint", "peers", "policy")
 #: Upper bounds in seconds: 50 µs (an FCFS decision) to 1 s; 0.005 is the scale issue's limit.
 DECISION_BUCKETS: Final = (
     0.00005,

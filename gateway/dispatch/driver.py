@@ -11,6 +11,10 @@ the task, on its CancelledError, asks `take_preempted` whether that was why, and
 next seat with `resume()` (no `release()` for the run that was cut: the scheduler has freed that seat) or,
 when it cannot go on, gives its queued copy up with `abandon()`.
 
+A scheduler call tries to place a bounded number of requests (`gateway.sched.slices`); when it leaves
+serving to do (`Scheduler.owed`), the driver goes on with it on the event loop's next turn (`serve`,
+one slice a turn), so the streams it relays are served between the slices.
+
 Every call into the scheduler is timed (`time.perf_counter`) into `times`
 (`gateway.core.decisiontime`: `berth_sched_decision_seconds{call}`): the scheduler decides on the event
 loop, so its slowest call is a stall of every stream. Events from elsewhere (endpoint changes, reloads,
@@ -52,6 +56,7 @@ class SchedulerDriver:
         # scheduler queued their requests), and every placement (recency of agent-started instances).
         self.on_cold: Callable[[list[ModelName]], None] | None = None
         self.on_dispatch: Callable[[SchedRequest, EndpointId], None] | None = None
+        self._continuing = False  # a slice of owed serving is due on the loop's next turn
         # Set by the lifecycle manager: every request submitted (once; not its retries elsewhere), for the
         # autoscaler's arrival rates.
         self.on_submit: Callable[[SchedRequest], None] | None = None
@@ -143,7 +148,8 @@ class SchedulerDriver:
     def release(self, req_id: RequestId) -> None:
         self._running.pop(req_id, None)
         placed = self._complete(req_id)
-        if placed or self.scheduler.faults:  # most completions place nothing
+        sched = self.scheduler
+        if placed or sched.faults or sched.owed:  # most completions place nothing
             self.apply(placed)
 
     def apply(self, decisions: Iterable[Decision]) -> None:
@@ -159,6 +165,30 @@ class SchedulerDriver:
             elif isinstance(d, Dispatch):
                 # Nobody waits for it any more: give the slot back.
                 self.apply(self._complete(d.req.id))
+        if self.scheduler.owed:
+            self._continue_soon()
+
+    def _continue_soon(self) -> None:
+        """Go on with the serving the scheduler left to do: on the event loop's next turn, one slice a
+        turn; without a running loop (a synchronous caller), at once."""
+        if self._continuing:
+            return
+        self._continuing = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            try:
+                while self.scheduler.owed:
+                    self.run("serve", self.scheduler.serve)
+            finally:
+                self._continuing = False
+            return
+        loop.call_soon(self._continue)
+
+    def _continue(self) -> None:
+        self._continuing = False
+        if self.scheduler.owed:
+            self.run("serve", self.scheduler.serve)  # its `apply` asks for the next slice
 
     def _preempt(self, p: Preempt) -> None:
         """Stop the victim's engine call: its task is cancelled (the engine call's connection closes,

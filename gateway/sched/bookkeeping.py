@@ -18,6 +18,7 @@ from gateway.sched.fleet import Fleet, Progress
 from gateway.sched.profile import Policy
 from gateway.sched.queues import Queues
 from gateway.sched.request import SchedRequest
+from gateway.sched.slices import SERVE_SLICE, ServeSlices
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.types import QueueLimits
 from gateway.sched.victims import Victims
@@ -56,6 +57,9 @@ class SchedulerBooks:
         self._seqs: dict[RequestId, int] = {}
         # The running requests each endpoint's view lets be preempted, kept per view.
         self._victim_finder = Victims()
+        # Requests one call tries to place at most, and the serves a call cut short (gateway.sched.slices).
+        self.serve_slice = SERVE_SLICE
+        self._slices = ServeSlices()
 
     def _fault(self, req: SchedRequest, stage: FaultStage, error: Exception) -> None:
         self._fault_id(req.id, stage, error)
@@ -80,6 +84,11 @@ class SchedulerBooks:
         each submit; every other method returns its preemptions in its decision list)."""
         out, self.outbox = self.outbox, []
         return out
+
+    @property
+    def owed(self) -> bool:
+        """Whether a call left serving to do (`Scheduler.serve` goes on with it)."""
+        return bool(self._slices.owed)
 
     @property
     def loadable(self) -> frozenset[ModelName]:

@@ -41,8 +41,9 @@ from gateway.sched.targets import time_left
 #: Candidates from which a filter that judges each endpoint's load is placed over these arrays (a profile
 #: takes the least its plugins name: `gateway.sched.profile.ColumnsFrom`). At 32, a 100-endpoint fleet
 #: with most endpoints idle was cheaper over columns (`diag overhead-micro` fleet_100, `bench simscale`),
-#: but `bench decisions` (100 endpoints, 1,000 queued) did not show it cheaper: the same as for the other
-#: plugins until it does (docs/placement-over-columns.md).
+#: but on a full 100-endpoint fleet (`bench decisions --columns always` against the plain path, the same
+#: decisions) a completion's placements, about 15 candidates each, came out dearer over columns: the
+#: same as for the other plugins until that benchmark shows otherwise (docs/placement-over-columns.md).
 COLUMNS_FROM_LOADS: Final = 128
 
 #: Busy candidates from which a placement judges them over these arrays (below it, one load at a time:

@@ -12,11 +12,13 @@ answers are those of `harm`, exactly (`tests/unit/test_sched_harms.py` checks bo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.sched.joining import join_delays
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
+from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +28,13 @@ class HarmTerms:
 
     ttft: float | None  # the least bound over the first-token harms (all have the same delay)
     itl: float | None  # the least bound over the inter-token harms (likewise)
-    e2e: tuple[tuple[bool, float, float], ...]  # (prefilled, remaining tokens, bound) per last-token harm
+    # (prefilled, remaining tokens, bound) per last-token harm, the least bound first (the likeliest to
+    # be over is asked first)
+    e2e: tuple[tuple[bool, float, float], ...]
+    # over those: the least bound and the most remaining tokens (a delay none of them can be over:
+    # `_any_over`)
+    e2e_least: float = 0.0
+    e2e_most: float = 0.0
 
 
 def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: float | None) -> HarmTerms:
@@ -63,9 +71,16 @@ def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: flo
             if saved >= on_track * r.itl_s and saved >= 0:
                 b = saved * margin
                 itl = b if itl is None or b < itl else itl
-    out = HarmTerms(ttft, itl, tuple(e2e))
+    e2e.sort(key=_bound)
+    out = HarmTerms(
+        ttft, itl, tuple(e2e), e2e[0][2] if e2e else 0.0, max([t[1] for t in e2e]) if e2e else 0.0
+    )
     load.memo[key] = out
     return out
+
+
+def _bound(term: tuple[bool, float, float]) -> float:
+    return term[2]
 
 
 def _any_over(load: EndpointLoad, req: SchedRequest, terms: HarmTerms) -> bool:
@@ -74,10 +89,21 @@ def _any_over(load: EndpointLoad, req: SchedRequest, terms: HarmTerms) -> bool:
     if terms.ttft is None and terms.itl is None and not terms.e2e:
         return False
     first, pause, per_iter, out = join_delays(load, req)
+    return _over(terms, first, pause, per_iter, out)
+
+
+def _over(terms: HarmTerms, first: float, pause: float, per_iter: float, out: float) -> bool:
+    """`_any_over` given the request's delays (`join_delays`)."""
     if terms.ttft is not None and first > terms.ttft:
         return True
     if terms.itl is not None and per_iter > terms.itl:
         return True
+    if not terms.e2e:
+        return False
+    # The delay of each is at most `pause + min(most remaining, out) · per_iter` when the pause is the
+    # longer and the iterations take time (rounding is monotonic): under the least bound, none is over.
+    if per_iter >= 0.0 and pause >= first and pause + min(terms.e2e_most, out) * per_iter <= terms.e2e_least:
+        return False
     for prefilled, remaining, bound in terms.e2e:
         if (pause if prefilled else first) + min(remaining, out) * per_iter > bound:
             return True
@@ -93,6 +119,38 @@ def terms_of(load: EndpointLoad, on_track: float, margin: float) -> HarmTerms:
 def endangers(load: EndpointLoad, req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0) -> bool:
     """`bool(load.endangered(req, margin=margin, on_track=on_track))` (`margin` > 0)."""
     return _any_over(load, req, _terms(load, on_track, margin, None))
+
+
+def spared(
+    loads: Sequence[EndpointLoad], req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0
+) -> list[bool]:
+    """`[not endangers(load, req, margin=margin, on_track=on_track) for load in loads]` for loads of one
+    cache (the same prediction parameters: one output estimate for `req`), with what `join_delays` takes
+    from the request alone taken once (the overflow guard asks it of every candidate)."""
+    if not loads:
+        return []
+    p = float(resume_prompt_tokens(req))
+    whole = req.prompt_tokens + req.produced_tokens
+    cached = req.cached
+    gamma = loads[0].gamma
+    out = loads[0].output_tokens(req)
+    context = p + 0.5 * out
+    got: list[bool] = []
+    for load in loads:
+        terms = _terms(load, on_track, margin, None)
+        if terms.ttft is None and terms.itl is None and not terms.e2e:
+            got.append(True)
+            continue
+        if load.gamma != gamma:  # (another cache's load: its own output estimate)
+            got.append(not _any_over(load, req, terms))
+            continue
+        c = load.coef
+        # `join_delays`, term by term
+        fresh = prefill_tokens(req, load.view.id) if cached else whole
+        per_iter = (c.k2 * context + c.c2) * (1.0 + load.overhead)
+        first = c.k1 * fresh
+        got.append(not _over(terms, first, c.k1 * fresh + c.c1, per_iter, out))
+    return got
 
 
 def breaks_deadlines(load: EndpointLoad, req: SchedRequest, *, theta: float, on_track: float = 0.0) -> bool:

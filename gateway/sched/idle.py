@@ -97,37 +97,62 @@ def fleet_bound(snap: FleetSnapshot, model: ModelName, *, slowest: bool) -> Idle
     return IdleBound.of(list(seen.values()), slowest=slowest) if seen else None
 
 
+#: Tuples of views (per model and length) whose speeds `KeptBounds` keeps track of, and bounds it keeps.
+_SEEN_KEPT: Final = 16
+_BOUNDS_KEPT: Final = 64
+#: A value of `KeptBounds.epoch`: (model, number of views, serial).
+SpeedEpoch = tuple[ModelName, int, int]
+
+
 class KeptBounds:
     """`fleet_bound` per model, kept across snapshots while no ready endpoint of the model came, went or
-    changed its estimates: a new tuple of views is compared with the last one entry by entry (most
-    entries are the same objects; only those that are not are looked at), instead of collecting every
-    endpoint's coefficients again. The same bound as `fleet_bound`."""
+    changed its estimates: a new tuple of views is compared with the last one of as many views entry by
+    entry (most entries are the same objects; only those that are not are looked at), once per tuple
+    (`epoch`), instead of collecting every endpoint's coefficients again. The same bound as
+    `fleet_bound`. Whatever else rests only on the views' speeds (`same_speed`) can be kept per epoch
+    too (SLO admission's fastest-first order)."""
 
-    __slots__ = ("_kept",)
+    __slots__ = ("_bounds", "_seen", "_serial")
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[ModelName, bool], tuple[tuple[EndpointView, ...], IdleBound | None]] = {}
+        # per (model, number of views): the last views looked at and the serial of their speeds
+        self._seen: dict[tuple[ModelName, int], tuple[tuple[EndpointView, ...], int]] = {}
+        self._serial = 0
+        self._bounds: dict[tuple[SpeedEpoch, bool], IdleBound | None] = {}
+
+    def epoch(self, views: tuple[EndpointView, ...], model: ModelName) -> SpeedEpoch:
+        """A value that stays equal while every view of `views` at each place has the same speed as at
+        the last call with as many views (`same_speed`), and never comes back once they changed."""
+        at = (model, len(views))
+        seen = self._seen
+        got = seen.get(at)
+        if got is not None:
+            old, serial = got
+            if old is views:
+                return (model, at[1], serial)
+            if all(same_speed(v, o) for v, o in zip(views, old, strict=True) if v is not o):
+                seen[at] = (views, serial)
+                return (model, at[1], serial)
+        self._serial = serial = self._serial + 1
+        if len(seen) >= _SEEN_KEPT:
+            seen.clear()  # (models or fleet sizes come and go: one tuple of views each)
+        seen[at] = (views, serial)
+        return (model, at[1], serial)
 
     def bound(self, snap: FleetSnapshot, model: ModelName, *, slowest: bool) -> IdleBound | None:
-        key = (model, slowest)
-        views = snap.endpoints
-        got = self._kept.get(key)
-        if got is not None:
-            old, bound = got
-            if old is views:
-                return bound
-            if len(old) == len(views) and all(
-                _same_speed(v, o) for v, o in zip(views, old, strict=True) if v is not o
-            ):
-                self._kept[key] = (views, bound)
-                return bound
-        bound = fleet_bound(snap, model, slowest=slowest)
-        self._kept[key] = (views, bound)
-        return bound
+        key = (self.epoch(snap.endpoints, model), slowest)
+        bounds = self._bounds
+        if key in bounds:
+            return bounds[key]
+        if len(bounds) >= _BOUNDS_KEPT:
+            bounds.clear()
+        got = bounds[key] = fleet_bound(snap, model, slowest=slowest)
+        return got
 
 
-def _same_speed(view: EndpointView, old: EndpointView) -> bool:
-    """Whether `fleet_bound` takes the same from both views of one place in the tuple."""
+def same_speed(view: EndpointView, old: EndpointView) -> bool:
+    """Whether `fleet_bound` takes the same from both views of one place in the tuple (the same
+    endpoint, health, models and estimates: the same coefficients)."""
     return (
         view.id == old.id
         and view.health is old.health

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Sequence
 
 
@@ -22,3 +24,52 @@ def peak_kv(items: Sequence[tuple[float, float]], h: float, j: float) -> float:
         alive = m - k
         best = max(best, h * (suffix_ctx[k] + alive * t) + alive * j)
     return best
+
+
+def _remaining(item: tuple[float, float]) -> float:
+    return item[1]
+
+
+class KvPeak:
+    """`peak_kv` of a fixed set of items (a load's running requests) with one more item each time it is
+    asked (`with_extra`: a request best fit tries there), without sorting the set again: the set is kept
+    sorted by remaining tokens with its suffix sums of context and, per place, the largest of the terms
+    from that place on. A new item goes where a stable sort of the items and it would put it (after the
+    equal ones); the terms after it are those of the set alone, the sums before it are taken one by one
+    from it as `peak_kv` takes them. So the answer is `peak_kv`'s, bit for bit
+    (`tests/unit/test_kv_peak.py`)."""
+
+    __slots__ = ("_ctx", "_h", "_j", "_m", "_rems", "_suffix", "_tail")
+
+    def __init__(self, items: Sequence[tuple[float, float]], h: float, j: float) -> None:
+        ordered = sorted(items, key=_remaining)
+        m = self._m = len(ordered)
+        self._h, self._j = h, j
+        self._ctx = [c for c, _ in ordered]
+        self._rems = [r for _, r in ordered]
+        suffix = self._suffix = [0.0] * (m + 1)
+        for i in range(m - 1, -1, -1):
+            suffix[i] = suffix[i + 1] + ordered[i][0]
+        # tail[q]: the largest of `peak_kv`'s terms of the items from place q on (-inf: none)
+        tail = self._tail = [-math.inf] * (m + 1)
+        best = -math.inf
+        for k in range(m - 1, -1, -1):
+            t = max(0.0, ordered[k][1] - 1.0)
+            alive = m - k
+            best = max(best, h * (suffix[k] + alive * t) + alive * j)
+            tail[k] = best
+
+    def with_extra(self, context: float, remaining: float) -> float:
+        """`peak_kv(items + [(context, remaining)], h, j)`."""
+        h, j = self._h, self._j
+        q = bisect.bisect_right(self._rems, remaining)
+        m = self._m + 1
+        s = self._suffix[q] + context
+        alive = m - q
+        best = max(self._tail[q], h * (s + alive * max(0.0, remaining - 1.0)) + alive * j)
+        ctx, rems = self._ctx, self._rems
+        for k in range(q - 1, -1, -1):
+            s += ctx[k]
+            alive = m - k
+            best = max(best, h * (s + alive * max(0.0, rems[k] - 1.0)) + alive * j)
+        return max(h * s + m * j, best)

@@ -12,7 +12,8 @@ Every number is the one `EndpointLoad` computes, bit for bit: the per-request ar
 operations in the same order (numpy's float64 operations round as Python's do), and the sums over a
 load's running requests, which Python takes one after another, are taken the same way (a cumulative sum
 along each load's row of a padded matrix: sequential, unlike numpy's pairwise `sum`); the k-th smallest
-predicted end is read from each row sorted (`tests/unit/test_sched_fleet_loads.py`).
+predicted end is read from each row sorted (`tests/unit/test_sched_fleet_loads.py`,
+`tests/unit/test_sched_load_runs.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy.typing as npt
 from gateway.sched.load_terms import Pace
 from gateway.sched.perf import default_prior
 from gateway.sched.predict import LONG_GROWTH, EndpointLoad, PredictParams, seats_of
+from gateway.sched.running import RunningRequest
 from gateway.sched.snapshot import EndpointView
 
 _PRIOR: Final = default_prior()
@@ -37,8 +39,11 @@ _INF: Final = math.inf
 _Floats = npt.NDArray[np.float64]
 _Mask = npt.NDArray[np.bool_]
 
-# Columns of a running request's kept fields (`_kept`).
+# Columns of a running request's row (`_Rows.per`): the fields kept while it runs ...
 _DISPATCHED, _MAX, _MEAN, _STD, _PROMPT, _FRESH, _TTFT_DL, _E2E_DL, _ITL, _BEST_EFFORT = range(10)
+# ... and of its progress (`_progress`).
+_PRODUCED, _REPORTED, _FIRST = 10, 11, 12
+_WIDTH: Final = 13
 
 
 class Pending:
@@ -64,30 +69,84 @@ class Pending:
         return got
 
 
-def _kept(view: EndpointView, pace: Pace) -> _Floats:
-    """The running requests' fields that do not change while they run, one row each (kept on the pace:
-    the same for every view with the same inputs). Absent targets are NaN, no max_tokens +inf."""
-    got = pace.arrays
-    if isinstance(got, np.ndarray):
-        return got
-    rows = [
-        (
-            r.dispatched_at,
-            _INF if r.max_tokens is None else float(r.max_tokens),
-            r.output_mean,
-            r.output_std,
-            float(r.prompt_tokens),
-            float(f),
-            _NAN if r.ttft_deadline is None else r.ttft_deadline,
-            _NAN if r.e2e_deadline is None else r.e2e_deadline,
-            _NAN if r.itl_s is None else r.itl_s,
-            1.0 if r.best_effort else 0.0,
+class _Rows:
+    """What a batch reads of one load besides its time, kept on its pace (`Pace.arrays`: the same for
+    every view with the same inputs, `same_inputs`) so that a load remade for its age alone costs no
+    Python step per running request: the load's scalars (`meta`: running requests, seats, KV capacity,
+    prefill overhead, pace, coefficients) and one row per running request (`per`) of the fields that do
+    not change while it runs (`_DISPATCHED`..`_BEST_EFFORT`: absent targets NaN, no max_tokens +inf)
+    and of its progress (`_PRODUCED`, `_REPORTED`, `_FIRST`: NaN when not reported), the latter those of
+    `running`, the view's requests it was last brought up to date for (a later view of the endpoint
+    differs from it at most in some requests' progress reports: only those rows are rewritten)."""
+
+    __slots__ = ("meta", "per", "running")
+
+    def __init__(self, view: EndpointView, pace: Pace) -> None:
+        c = view.perf or _PRIOR
+        running = view.running
+        kv = view.kv_capacity_tokens
+        self.meta = (
+            float(len(running)),
+            float(seats_of(view)),
+            _NAN if kv is None else float(kv),
+            pace.overhead,
+            pace.guess,
+            c.k1,
+            c.c1,
+            c.k2,
+            c.c2,
+            c.c3,
         )
-        for r, f in zip(view.running, pace.fresh, strict=True)
-    ]
-    arr = np.array(rows, dtype=np.float64).reshape(len(rows), 10)
-    pace.arrays = arr
-    return arr
+        rows = [
+            (
+                r.dispatched_at,
+                _INF if r.max_tokens is None else float(r.max_tokens),
+                r.output_mean,
+                r.output_std,
+                float(r.prompt_tokens),
+                float(f),
+                _NAN if r.ttft_deadline is None else r.ttft_deadline,
+                _NAN if r.e2e_deadline is None else r.e2e_deadline,
+                _NAN if r.itl_s is None else r.itl_s,
+                1.0 if r.best_effort else 0.0,
+                *_progress(r),
+            )
+            for r, f in zip(running, pace.fresh, strict=True)
+        ]
+        self.per: _Floats = np.array(rows, dtype=np.float64).reshape(len(rows), _WIDTH)
+        self.running = running
+
+    def of(self, view: EndpointView) -> _Floats:
+        """`per`, its progress that of `view`'s running requests (the same requests as `running`'s)."""
+        running = view.running
+        last = self.running
+        if running is not last:
+            per = self.per
+            for j, (r, o) in enumerate(zip(running, last, strict=True)):
+                if r is not o:
+                    per[j, _PRODUCED:] = _progress(r)
+            self.running = running
+        return self.per
+
+
+def _progress(r: RunningRequest) -> tuple[float, float, float]:
+    """A running request's reported progress (produced, reported at, first token at), NaN when not
+    reported (`EndpointLoad` estimates from the clock unless all three are known)."""
+    produced, at, first = r.produced, r.reported_at, r.first_token_at
+    return (
+        _NAN if produced is None else float(produced),
+        _NAN if at is None else at,
+        _NAN if first is None else first,
+    )
+
+
+def _rows(view: EndpointView, pace: Pace) -> _Rows:
+    got = pace.arrays
+    if type(got) is _Rows:
+        return got
+    made = _Rows(view, pace)
+    pace.arrays = made
+    return made
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,67 +183,44 @@ def derive(
     harm_keys: Sequence[tuple[float, float]],
 ) -> Derived:
     """The numbers of `EndpointLoad(view, now, params, pace=pace)` for each (view, now, pace) of
-    `loads`, and their harm terms for each (on_track, margin) of `harm_keys` (`harms.terms_of`)."""
+    `loads` (distinct endpoints), and their harm terms for each (on_track, margin) of `harm_keys`
+    (`harms.terms_of`)."""
     k = len(loads)
-    # per load: running requests, seats, KV capacity, prefill overhead, pace, time, coefficients
-    meta = np.array(
-        [
-            (
-                len(v.running),
-                seats_of(v),
-                _NAN if v.kv_capacity_tokens is None else v.kv_capacity_tokens,
-                p.overhead,
-                p.guess,
-                t,
-                c.k1,
-                c.c1,
-                c.k2,
-                c.c2,
-                c.c3,
-            )
-            for v, t, p in loads
-            for c in (v.perf or _PRIOR,)
-        ],
-        dtype=np.float64,
-    ).reshape(k, 11)
+    kept = [_rows(v, p) for v, _, p in loads]
+    # per load: running requests, seats, KV capacity, prefill overhead, pace, coefficients; its time
+    meta = np.array([r.meta for r in kept], dtype=np.float64).reshape(k, 10)
+    now_e = np.array([t for _, t, _ in loads], dtype=np.float64)
+    per = (
+        np.concatenate([r.of(v) for r, (v, _, _) in zip(kept, loads, strict=True)])
+        if k
+        else np.zeros((0, _WIDTH), dtype=np.float64)
+    )
     counts = meta[:, 0].astype(np.int64)
     m = int(counts.max()) if k else 0
-    seats, kv, overhead, guess_e, now_e = meta[:, 1], meta[:, 2], meta[:, 3], meta[:, 4], meta[:, 5]
-    coef = meta[:, 6:11]
+    seats, kv, overhead, guess_e = meta[:, 1], meta[:, 2], meta[:, 3], meta[:, 4]
+    coef = meta[:, 5:10]
     k1, c1, k2, c2, c3 = (coef[:, j] for j in range(5))
-    n = counts.astype(np.float64)
+    n = meta[:, 0]
     seg = np.repeat(np.arange(k), counts)
     starts = np.cumsum(counts) - counts
-    pos = np.arange(len(seg)) - np.repeat(starts, counts)
-    kept = (
-        np.concatenate([_kept(v, p) for v, _, p in loads if v.running])
-        if len(seg)
-        else np.zeros((0, 10), dtype=np.float64)
-    )
-    prog = np.array(
-        [
-            _NAN if x is None else x
-            for v, _, _ in loads
-            for r in v.running
-            for x in (r.produced, r.reported_at, r.first_token_at)
-        ],
-        dtype=np.float64,
-    ).reshape(len(seg), 3)
+    # each running request's place in a (load, request) matrix, flattened
+    flat = seg * m + (np.arange(len(seg)) - starts[seg])
     now = now_e[seg]
     g = guess_e[seg]
-    f = kept[:, _FRESH]
+    f = per[:, _FRESH]
+    prog = per[:, _PRODUCED:]
     gamma = params.gamma
     with np.errstate(divide="ignore", invalid="ignore"):
         reported = ~np.isnan(prog).any(axis=1)
-        first_at = np.where(reported, prog[:, 2], kept[:, _DISPATCHED] + k1[seg] * f + c1[seg] + 0.5 * g)
+        first_at = np.where(reported, prog[:, 2], per[:, _DISPATCHED] + k1[seg] * f + c1[seg] + 0.5 * g)
         prefilled = reported | (now >= first_at)
         since = np.where(g > 0, (now - prog[:, 1]) / g, 0.0)
         est = np.where(prefilled & (g > 0), (now - first_at) / g + 1.0, 0.0)
         produced = np.where(reported, prog[:, 0] + since, est)
-        cap = kept[:, _MAX]
+        cap = per[:, _MAX]
         produced = np.where(cap < produced, cap, produced)
-        om = kept[:, _MEAN]
-        mean = om + gamma * kept[:, _STD]
+        om = per[:, _MEAN]
+        mean = om + gamma * per[:, _STD]
         short = produced < mean
         grown = LONG_GROWTH * produced
         remaining = np.where(short, mean - produced, np.where(grown > 1.0, grown, 1.0))
@@ -193,55 +229,57 @@ def derive(
         room = cap - produced
         remaining = np.where(capped & (room < remaining), room, remaining)
         remaining = np.where(capped & ~(remaining > 0.0), 0.0, remaining)
-    context = kept[:, _PROMPT] + produced
+    context = per[:, _PROMPT] + produced
 
-    def padded(values: _Floats, fill: float) -> _Floats:
-        out = np.full((k, m), fill)
-        out[seg, pos] = values
-        return out
+    def padded(values: list[_Floats], fill: float) -> _Floats:
+        """`values` (each one per running request) in (load, request) matrices, `fill` past a load's
+        requests: one per value."""
+        out = np.full((len(values), k * m), fill)
+        out[:, flat] = values
+        return out.reshape(len(values), k, m)
 
-    def sums(values: _Floats) -> _Floats:
-        """Per load, its requests' `values` added one after another (Python's order)."""
-        if not m:
-            return np.zeros(k)
-        return np.cumsum(padded(values, 0.0), axis=1)[:, -1]
-
-    pending = sums(np.where(prefilled, 0.0, f))
-    ctx_sum = sums(context)
-    running_long = sums(long)
+    # Per load, its requests' values added one after another (Python's order): a cumulative sum along
+    # each row of the padded matrices (0 past its requests).
+    by_load = padded([np.where(prefilled, 0.0, f), context, long, remaining, prefilled], 0.0)
+    sums = np.cumsum(by_load[:4], axis=2)[:, :, -1] if m else np.zeros((4, k))
+    pending, ctx_sum, running_long, remaining_total = sums
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(counts > 0, ((k2 * (ctx_sum / n) + c2) * n + c3) * (1.0 + overhead), 0.0)
     prefill_pending = np.where(pending != 0.0, k1 * pending + c1, 0.0)
-    finish = remaining * tpot[seg] + np.where(prefilled, 0.0, prefill_pending[seg])
+    tpot_r = tpot[seg]
+    finish = remaining * tpot_r + np.where(prefilled, 0.0, prefill_pending[seg])
+    active = per[:, _BEST_EFFORT] == 0.0
+    # per (on_track, margin): each running request's first-token, inter-token and last-token bound
+    bounds: list[_Floats] = [finish]
+    first_s = first_at - now
+    ttft_left = per[:, _TTFT_DL] - now
+    e2e_left = per[:, _E2E_DL] - now
+    itl = per[:, _ITL]
+    itl_saved = itl - tpot_r
+    ttft_saved = ttft_left - first_s
+    e2e_saved = e2e_left - finish
+    with np.errstate(invalid="ignore"):
+        for on_track, margin in harm_keys:
+            ok = active & ~prefilled & (ttft_saved >= on_track * ttft_left) & (ttft_saved >= 0)
+            bounds.append(np.where(ok, ttft_saved * margin, _INF))
+            ok = active & prefilled & (itl_saved >= on_track * itl) & (itl_saved >= 0)
+            bounds.append(np.where(ok, itl_saved * margin, _INF))
+            ok = active & (e2e_saved >= on_track * e2e_left) & (e2e_saved >= 0)
+            bounds.append(np.where(ok, e2e_saved * margin, _INF))
+        by_bound = padded(bounds, _INF)
+        least = by_bound.min(axis=2) if m else np.full((len(bounds), k), _INF)
+        budgets = padded([np.where(active, itl, _NAN)], _NAN)[0]
+        itl_budget = np.fmin.reduce(budgets, axis=1) if m else np.full(k, _NAN)
+    ends_all = by_bound[0]
     wait_s = 0.5 * tpot
-    ends_all = padded(finish, _INF)
     full = np.flatnonzero(counts >= seats)
     if len(full):
         ends = np.sort(ends_all[full], axis=1)
-        kth = (counts[full] - seats[full].astype(np.int64)).astype(np.int64)
+        kth = counts[full] - seats[full].astype(np.int64)
         wait_s[full] = ends[np.arange(len(full)), kth] + 0.5 * tpot[full]
-    harms: dict[tuple[float, float], tuple[_Floats, _Floats, _Floats]] = {}
-    active = kept[:, _BEST_EFFORT] == 0.0
-    with np.errstate(invalid="ignore"):
-        budgets = padded(np.where(active, kept[:, _ITL], _NAN), _NAN)
-        itl_budget = np.fmin.reduce(budgets, axis=1) if m else np.full(k, _NAN)
-    first_s = first_at - now
-    for on_track, margin in harm_keys:
-        with np.errstate(invalid="ignore"):
-            left = kept[:, _TTFT_DL] - now
-            saved = left - first_s
-            ok = active & ~prefilled & (saved >= on_track * left) & (saved >= 0)
-            ttft_b = padded(np.where(ok, saved * margin, _INF), _INF)
-            left = kept[:, _E2E_DL] - now
-            saved = left - finish
-            ok = active & (saved >= on_track * left) & (saved >= 0)
-            e2e_b = padded(np.where(ok, saved * margin, _INF), _INF)
-            itl = kept[:, _ITL]
-            saved = itl - tpot[seg]
-            ok = active & prefilled & (saved >= on_track * itl) & (saved >= 0)
-            itl_b = padded(np.where(ok, saved * margin, _INF), _INF)
-        least = (ttft_b.min(axis=1), itl_b.min(axis=1)) if m else (np.full(k, _INF), np.full(k, _INF))
-        harms[(on_track, margin)] = (least[0], least[1], e2e_b)
+    harms = {
+        key: (least[1 + 3 * j], least[2 + 3 * j], by_bound[3 + 3 * j]) for j, key in enumerate(harm_keys)
+    }
     return Derived(
         n=n,
         seats=seats,
@@ -254,11 +292,11 @@ def derive(
         coef=coef,
         kv_capacity=kv,
         now=now_e,
-        remaining_total=sums(remaining),
+        remaining_total=remaining_total,
         itl_budget=itl_budget,
-        prefilled=padded(prefilled.astype(np.float64), 0.0) > 0.0,
-        context=padded(context, 0.0),
-        remaining=padded(remaining, 0.0),
+        prefilled=by_load[4] > 0.0,
+        context=by_load[1],
+        remaining=by_load[3],
         finish=ends_all,
         harms=harms,
     )

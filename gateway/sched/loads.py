@@ -8,18 +8,21 @@ from the clock, so an old load is a few tokens behind. A view apart from the loa
 requests' progress reports (`progress_only`; a stream reports every 16 tokens, so on a busy fleet every
 endpoint's view changes every few milliseconds) is such a later time too: the load stands for it until
 its reuse time is up, its running requests' progress estimated from the clock and the load's view as
-it would be with no report since. Each load's reuse time is spread over that range by the
-order the loads were made in, so a fleet's loads, made together on a busy fleet, are not all remade by
-the same decision (with a hundred endpoints that would be a few milliseconds for the one decision that
-happens to come 20 ms later). A load remade for its age alone takes over from the old one what does not
-depend on the clock (`EndpointLoad`'s `like`). A load with nothing running does not move with the clock
-(its numbers are its coefficients' alone): it is renewed rather than remade (on a large fleet at light load
-most endpoints are idle, and remaking their loads every 20-40 ms would be most of the work). Its `now`
-then stays the time it was made at: nothing reads it without running requests."""
+it would be with no report since. Each endpoint's reuse time is spread over that range by a hash of its
+id (`reuse_s`), so a fleet's loads, made together on a busy fleet, are not all remade by the same
+decision (with a hundred endpoints that would be a few milliseconds for the one decision that happens to
+come 20 ms later), and a load's age does not depend on which other loads were made before it: placement
+over columns makes no load for an idle endpoint, the plain path does, and both see the same loads.
+A load remade for its age alone takes over from the old one what does not depend on the clock
+(`EndpointLoad`'s `like`). A load with nothing running does not move with the clock (its numbers are
+its coefficients' alone): it is renewed rather than remade (on a large fleet at light load most
+endpoints are idle, and remaking their loads every 20-40 ms would be most of the work). Its `now` then
+stays the time it was made at: nothing reads it without running requests."""
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 from typing import Final
 
@@ -31,9 +34,15 @@ from gateway.sched.snapshot import EndpointView
 
 #: Loads whose view is unchanged are reused for at least this many seconds after they were made ...
 REUSE_S: Final = 0.02
-#: ... and at most twice that, in this many steps by the order they were made in.
+#: ... and at most twice that, in this many steps by a hash of the endpoint's id (`reuse_s`).
 _SPREAD: Final = 8
 _PRIOR: Final = default_prior()
+
+
+def reuse_s(eid: str) -> float:
+    """How long a load of endpoint `eid` is reused (`REUSE_S` to twice that): by a hash of its id that is
+    the same in every process (`hash` of a str is not)."""
+    return REUSE_S * (1.0 + (zlib.crc32(eid.encode()) % _SPREAD) / _SPREAD)
 
 
 class LoadCache:
@@ -41,14 +50,14 @@ class LoadCache:
     reports: `progress_only`) and the clock moved less than the load's reuse time (`REUSE_S` to twice
     that)."""
 
-    __slots__ = ("_kept", "_kept_refs", "_loads", "_made", "fleet", "params")
+    __slots__ = ("_kept", "_kept_refs", "_loads", "_reuse", "fleet", "params")
 
     def __init__(self, params: PredictParams) -> None:
         self.params = params
         # (load, reuse time, made at, the last view it was found to stand for: `progress_only` is
         # asked once per view, not on every query while the view is the same)
         self._loads: dict[str, tuple[EndpointLoad | Pending, float, float, EndpointView]] = {}
-        self._made = 0
+        self._reuse: dict[str, float] = {}  # `reuse_s` by endpoint
         # The loads as arrays for placement over columns (`gateway.sched.fleet_loads.fleet_loads`).
         self.fleet: object | None = None
         # The last `loads` answer: (views, their loads, asked at, until when every one is reusable).
@@ -119,8 +128,7 @@ class LoadCache:
             # the same view later, or a view apart only in what no load reads (gauges, EWMAs, progress):
             # what does not depend on the clock is taken over (`EndpointLoad`'s `like`)
             like = load
-        # A load with nothing running is the same at any time: it is renewed, not remade (counted as
-        # made all the same, so every other load's reuse time is what it would be).
+        # A load with nothing running is the same at any time: it is renewed, not remade.
         fresh: EndpointLoad | Pending
         if like is not None and not like.n and like.view is view:
             fresh = like
@@ -129,10 +137,13 @@ class LoadCache:
             fresh = Pending(view, now, params, pace_for(view, view.perf or _PRIOR, params, like))
         else:
             fresh = EndpointLoad(view, now, self.params, like=like)
-        self._made = made = self._made + 1
         if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
             self._loads = {}
-        self._loads[view.id] = (fresh, REUSE_S * (1.0 + (made % _SPREAD) / _SPREAD), now, view)
+            self._reuse = {}
+        until = self._reuse.get(view.id)
+        if until is None:
+            until = self._reuse[view.id] = reuse_s(view.id)
+        self._loads[view.id] = (fresh, until, now, view)
         return fresh
 
 

@@ -47,7 +47,7 @@ from statistics import NormalDist
 from typing import Any, Final, Literal
 
 from gateway.sched.joining import join_delays
-from gateway.sched.kv_peak import peak_kv
+from gateway.sched.kv_peak import KvPeak, peak_kv
 from gateway.sched.load_terms import Like, Pace, RunningState, pace_for
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
@@ -407,10 +407,14 @@ class EndpointLoad:
         """The largest KV footprint (tokens) the running requests (and `extra` = (context now,
         remaining tokens) of a new one) reach over their remaining iterations (Aladdin's constraint
         (e)): a request holds ``h·(context + t) + j`` at iteration t until it ends."""
-        items = [(s.context, s.remaining) for s in self.running]
-        if extra is not None:
-            items.append(extra)
-        return peak_kv(items, self.coef.h, self.coef.j)
+        if extra is None:
+            return peak_kv([(s.context, s.remaining) for s in self.running], self.coef.h, self.coef.j)
+        # asked for many requests in turn (best fit's constraint (e)): the running requests kept sorted
+        got: KvPeak | None = self.memo.get("kv-peak")
+        if got is None:
+            items = [(s.context, s.remaining) for s in self.running]
+            got = self.memo["kv-peak"] = KvPeak(items, self.coef.h, self.coef.j)
+        return got.with_extra(*extra)
 
 
 def idle_service(view: EndpointView, req: SchedRequest, params: PredictParams) -> Prediction:

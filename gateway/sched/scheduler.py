@@ -13,6 +13,10 @@ unless the policy's `lookahead` lets up to that many requests behind it be place
 still have room (its placement constraints, not the seats, hold it back: Aladdin places each request on
 the first worker that fits it, and one that fits nowhere waits without holding up the others).
 
+One call tries at most `serve_slice` requests (`gateway.sched.slices`): a serve it cuts short is owed
+(`owed`), and `serve` goes on with it from where it stopped, one slice a call; carried on at once, the
+slices decide as one uncut serve.
+
 Preemption (the policy's `Preemptor`; none by default): when the request at the head of a queue can be
 placed nowhere, its kind may preempt (interactive) and an endpoint of an allowed class (mixed) runs
 resumable work of a kind that may be preempted (batch), the preemptor ranks the eligible victims and the
@@ -52,6 +56,7 @@ from gateway.sched.preempting import Preempting
 from gateway.sched.profile import Policy
 from gateway.sched.queues import ModelQueue, OrderingFault, Queued
 from gateway.sched.request import SchedRequest
+from gateway.sched.slices import try_cost
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 from gateway.sched.types import EndpointSpec, PeerLoad, QueueLimits
 from gateway.sched.unfit import remember, retry_on
@@ -211,8 +216,19 @@ class Scheduler(Preempting):
         out: list[Decision] = []
         if eid is not None and models:
             self._adjust(eid, req_id, out)
+        self._slices.start(self.serve_slice)
         for m in models:
             self._serve(m, out)
+        return out
+
+    def serve(self) -> list[Decision]:
+        """Go on serving where the last call stopped (`owed`), for at most one more slice
+        (`gateway.sched.slices`); a driver calls it while `owed` is true."""
+        slices = self._slices
+        slices.start(self.serve_slice)
+        out: list[Decision] = []
+        while (owed := slices.take()) is not None:
+            self._serve(owed[0], out, skipped=owed[1])
         return out
 
     def cancel(self, req_id: RequestId) -> bool:
@@ -281,6 +297,7 @@ class Scheduler(Preempting):
     # ----------------------------------------------------------------- serving the queues
     def _serve_all(self) -> list[Decision]:
         out: list[Decision] = []
+        self._slices.start(self.serve_slice)
         for model in self._queues.models():
             self._serve(model, out)
         return out
@@ -292,16 +309,29 @@ class Scheduler(Preempting):
         *,
         only: RequestId | None = None,
         unplaced: FleetSnapshot | None = None,
+        skipped: set[int] | None = None,
     ) -> None:
         """Place queued requests of `model` in order; with `only`, stop at the first one that is not it.
         `unplaced`: the snapshot on which `only`, the one request queued, was just found to fit nowhere
-        (`submit`): serving starts from that answer instead of asking the profile again."""
+        (`submit`): serving starts from that answer instead of asking the profile again. Without `only`,
+        the call's slice bounds the requests tried (`gateway.sched.slices`): `skipped` given, an owed
+        serve goes on; else a fresh one begins."""
         queue = self._queues.get(model)
+        sliced = only is None
         if not queue:
+            if sliced:
+                self._slices.owed.pop(model, None)
             return  # most completions: nothing waits
+        if sliced and skipped is None and not self._slices.begin(model):
+            return  # this call's tries are spent: it is owed
         policy = self._policy
-        skipped: set[int] = set()  # requests that fit nowhere now, passed over (policy.lookahead)
+        slices = self._slices
+        if skipped is None:
+            skipped = set()  # requests that fit nowhere now, passed over (policy.lookahead)
         while queue:
+            if sliced and slices.tries <= 0:
+                slices.cut(model, skipped)  # the next slice goes on from here
+                return
             snap = unplaced if unplaced is not None else self.snapshot()
             if len(queue) == 1 and not skipped:
                 item = queue.head()
@@ -330,13 +360,15 @@ class Scheduler(Preempting):
                 if any(model in e.models and e.health is EndpointHealth.READY for e in others):
                     view_snap = FleetSnapshot(now=snap.now, endpoints=others, queued=snap.queued)
             if unplaced is not None:
-                chosen, unplaced = None, None  # the answer `submit` had for it on this very snapshot
+                chosen, unplaced, among = None, None, None  # the answer `submit` had for it on this snapshot
                 item.unfit = remember(item.unfit, policy.profile, item.req, snap, everywhere=True)
             else:
                 # A request that fit nowhere is tried on the endpoints that changed since (unfit.py).
                 among = (
                     None if item.exclude else retry_on(item.unfit, policy.profile, item.req, item.seq, snap)
                 )
+                if sliced:
+                    slices.tries -= try_cost(among, snap)
                 try:
                     chosen = None if among == [] else policy.profile.place(item.req, view_snap, among)
                     if chosen is None and not item.exclude:
@@ -351,6 +383,8 @@ class Scheduler(Preempting):
                         return
                     continue
             if chosen is None and policy.preemptor is not None:
+                if sliced and among is not None:
+                    slices.tries -= 1.0 - try_cost(among, snap)  # preemption asks the whole fleet
                 try:
                     taken = self._preemption(policy.preemptor, item.req, view_snap)
                 except Exception as e:

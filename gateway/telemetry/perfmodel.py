@@ -93,6 +93,7 @@ little); ``n_*`` are the observations the dimension's current fit used (0 while 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Iterator
@@ -162,6 +163,7 @@ class PerfModelFitter:
         if not 0.0 <= refit_share <= 1.0:
             raise ValueError("refit_share must be within [0, 1]")
         self._refit_share = refit_share
+        self._window = window
         self._decay = 2.0 ** (-1.0 / float(half_life))  # an observation's weight relative to the next one's
         self._prior = prior
         self._current = prior
@@ -344,7 +346,7 @@ class PerfModelFitter:
             return lambda cur: replace(cur, thr1=thr1, alpha=alpha, beta=beta, n_throughput=n)
         if part == "prefill":
             data = self._prefill.rows()
-            x = np.column_stack((data[:, 0], np.ones(len(data))))
+            x = _design(data[:, 0])
             fit = yield from fit_linear(x, data[:, 1], self._weights(len(data)))
             if fit is None:
                 return None
@@ -354,7 +356,7 @@ class PerfModelFitter:
         if part == "decode":
             data = self._decode.rows()
             batch, ctx = data[:, 0], data[:, 1]
-            x = np.column_stack((batch * ctx, batch, np.ones(len(data))))
+            x = _design(batch * ctx, batch)
             fit = yield from fit_linear(x, data[:, 2], self._weights(len(data)))
             if fit is None:
                 return None
@@ -362,7 +364,7 @@ class PerfModelFitter:
             mape, n = fit.mape, fit.n
             return lambda cur: replace(cur, k2=k2, c2=c2, c3=c3, decode_mape=mape, n_decode=n)
         data = self._kv.rows()
-        x = np.column_stack((data[:, 0], np.ones(len(data))))
+        x = _design(data[:, 0])
         fit = yield from fit_linear(x, data[:, 1], self._weights(len(data)))
         if fit is None:
             return None
@@ -416,8 +418,28 @@ class PerfModelFitter:
         return (1.0 - math.pow(r, new)) / (1.0 - math.pow(r, size))
 
     def _weights(self, n: int) -> Array:
-        age = np.arange(n - 1, -1, -1, dtype=np.float64)  # the newest observation is the last
-        return np.exp2(-age / self._half_life)
+        """The forgetting weights of a window of `n` observations, the newest last: the tail of the
+        full window's (the same numbers elementwise, made once per window size and half-life)."""
+        full = _window_weights(self._window, self._half_life)
+        return full[len(full) - n :]
+
+
+def _design(*columns: Array) -> Array:
+    """The design matrix of `columns` and an intercept column of ones (`np.column_stack`'s C-ordered
+    array, without its wrapper)."""
+    x = np.ones((len(columns[0]), len(columns) + 1))
+    for k, column in enumerate(columns):
+        x[:, k] = column
+    return x
+
+
+@functools.cache
+def _window_weights(size: int, half_life: float) -> Array:
+    """``2^(-age / half_life)`` for the ages ``size - 1`` down to 0, read-only (shared by every fitter)."""
+    age = np.arange(size - 1, -1, -1, dtype=np.float64)  # the newest observation is the last
+    weights = np.exp2(-age / half_life)
+    weights.flags.writeable = False
+    return weights
 
 
 def _finite(*values: float) -> bool:

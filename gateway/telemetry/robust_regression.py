@@ -8,7 +8,7 @@ Sans-IO and stateless: arrays in, coefficients (or None when the fit is refused)
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Final, TypeVar
@@ -27,6 +27,9 @@ _TUKEY_ROUNDS: Final = 4
 _MIN_SCALE: Final = 1e-3  # floor of the robust residual scale (relative error)
 _BETAS: Final = np.geomspace(1e-3, 1e2, 81)
 _BETA_SLICE: Final = 9  # the β grid's columns per step of the throughput fit (9 steps)
+
+# `np.sum`'s reduction without its dispatch
+_sum: Final = np.add.reduce
 
 T = TypeVar("T")
 #: A fit in steps of bounded work (see `PerfModelFitter.refit_steps`): each `next` runs one, the value
@@ -61,21 +64,26 @@ def fit_linear(x: Array, y: Array, w: Array) -> Steps[LinearFit | None]:
     row = sw / median(y)
     robust = np.ones_like(y)
     beta = np.zeros(x.shape[1])
+    p = range(x.shape[1])
     for i in range(_HUBER_ROUNDS + _TUKEY_ROUNDS + 1):
         yield
-        if np.count_nonzero(robust) <= x.shape[1]:
+        if np.count_nonzero(robust) <= len(p):
             break  # too few observations kept to say anything: keep the last answer
         # The normal equations of the rows scaled by row·√robust, with the columns scaled to unit norm,
         # formed from x weighted by the squared scale (the column norms are the Gram matrix's diagonal):
         # a quarter of a round's work less than scaling x itself, then its columns, then multiplying.
+        # The products over the rows are numpy's; the few numbers of the p×p system are Python floats
+        # (the same IEEE operations as numpy's elementwise ones, without a call per operation).
         xs = x * (row * row * robust)[:, None]
-        gram = xs.T @ x
-        sq = gram.diagonal()
-        if not (sq > 0).all():
+        xst = xs.T
+        gram = (xst @ x).tolist()
+        sq = [gram[k][k] for k in p]
+        if not all(s > 0 for s in sq):
             break
-        norms = np.sqrt(sq)
-        # (`np.outer(norms, norms)` is this product, through a wrapper that costs more than the product)
-        beta = nnls(gram / (norms[:, None] * norms), (xs.T @ y) / norms) / norms
+        norms = [math.sqrt(s) for s in sq]
+        scaled = [[gram[a][b] / (norms[a] * norms[b]) for b in p] for a in p]
+        rhs = [v / n for v, n in zip((xst @ y).tolist(), norms, strict=True)]
+        beta = np.array([c / n for c, n in zip(_nnls(scaled, rhs), norms, strict=True)])
         fitted = x @ beta
         if not (fitted > 0).all():
             break  # a zero prediction cannot be a relative scale; keep this round's answer
@@ -89,7 +97,7 @@ def fit_linear(x: Array, y: Array, w: Array) -> Steps[LinearFit | None]:
     if not (beta > 0).any() or not np.isfinite(beta).all():
         return None
     err = np.abs(x @ beta - y) / y
-    mape = float(np.sum(w * err) / np.sum(w))
+    mape = float(_sum(w * err) / _sum(w))
     if not math.isfinite(mape):
         return None
     return LinearFit(tuple(float(v) for v in beta), mape, len(y))
@@ -100,9 +108,11 @@ def median(a: Array) -> float:
     (a fit takes seven): the middle of a partition, or the mean of the two middles."""
     n = len(a)
     k = n // 2
+    part = a.copy()  # what `np.partition` does, without its wrapper
     if n % 2:
-        return float(np.partition(a, k)[k])
-    part = np.partition(a, (k - 1, k))
+        part.partition(k)
+        return float(part[k])
+    part.partition((k - 1, k))
     return float((part[k - 1] + part[k]) / 2.0)
 
 
@@ -111,31 +121,64 @@ def nnls(gram: Array, rhs: Array) -> Array:
     optimum is the unconstrained solution on one face of the orthant (a subset of free columns) that is
     feasible; try every face and keep the feasible one with the least residual. At a face's unconstrained
     optimum the residual is ``bᵀb − cᵀ·Aᵀb``, so comparing ``cᵀ·Aᵀb`` suffices."""
+    with np.errstate(all="ignore"):  # a singular system solves to NaN (`_solve`), and is then skipped
+        return np.array(_nnls(gram.tolist(), rhs.tolist()))
+
+
+def _nnls(gram: list[list[float]], rhs: list[float]) -> list[float]:
+    """`nnls` of a Gram matrix and right-hand side given as Python floats; its answer likewise. Under an
+    error state that ignores invalid values (the fits' own)."""
     p = len(rhs)
-    try:
-        full: Array = np.asarray(np.linalg.solve(gram, rhs), dtype=np.float64)
-    except np.linalg.LinAlgError:
-        pass
-    else:
-        if (full >= 0).all():  # the unconstrained optimum is feasible: it is the answer
-            return full
-    best = np.zeros(p)
+    full: list[float] = _solve(np.array(gram), np.array(rhs)).tolist()
+    if all(v >= 0 for v in full):  # the unconstrained optimum is feasible: it is the answer (NaN is not)
+        return full
+    best = [0.0] * p
     best_gain = 0.0
     for size in range(p - 1, 0, -1):
         for cols in combinations(range(p), size):
-            idx = list(cols)
-            try:
-                sol = np.linalg.solve(gram[np.ix_(idx, idx)], rhs[idx])
-            except np.linalg.LinAlgError:
-                continue
-            if (sol < 0).any():
-                continue
-            gain = float(sol @ rhs[idx])
+            sub = np.array([rhs[i] for i in cols])
+            sol = _solve(np.array([[gram[i][j] for j in cols] for i in cols]), sub)
+            if not (sol >= 0).all():
+                continue  # infeasible, or singular (NaN)
+            gain = float(sol @ sub)
             if gain > best_gain:
-                best = np.zeros(p)
-                best[idx] = sol
+                best = [0.0] * p
+                for i, v in zip(cols, sol.tolist(), strict=True):
+                    best[i] = v
                 best_gain = gain
     return best
+
+
+def _solve_checked(a: Array, b: Array) -> Array:
+    """`_solve` through numpy's public wrapper: for a numpy whose private kernel is not where it was."""
+    try:
+        solved: Array = np.linalg.solve(a, b).astype(np.float64, copy=False)
+    except np.linalg.LinAlgError:
+        return np.full(len(b), np.nan)
+    return solved
+
+
+def _kernel() -> Callable[[Array, Array], Array]:
+    """`np.linalg.solve`'s LAPACK kernel for a vector right-hand side, called without the wrapper (its
+    checks and error state cost more than a 3×3 solve), so a singular `a` gives NaN (and the
+    floating-point invalid flag) instead of raising `LinAlgError`. The kernel is numpy's private
+    `numpy.linalg._umath_linalg.solve1` (numpy 1.26 to 2.x); without it, the public wrapper."""
+    try:
+        from numpy.linalg import _umath_linalg
+
+        solve1 = _umath_linalg.solve1
+    except (ImportError, AttributeError):  # pragma: no cover - numpy moved its kernel
+        return _solve_checked
+
+    def solve(a: Array, b: Array) -> Array:
+        result: Array = solve1(a, b, signature="dd->d")
+        return result
+
+    return solve
+
+
+#: `np.linalg.solve(a, b)` for a square `a` and a vector `b`, a singular `a` giving NaN (see `_kernel`).
+_solve: Final = _kernel()
 
 
 def fit_decay(n: Array, tps: Array, w: Array) -> Steps[tuple[float, float, float] | None]:
@@ -146,13 +189,15 @@ def fit_decay(n: Array, tps: Array, w: Array) -> Steps[tuple[float, float, float
         return None
     wr = w / (tps * tps)  # relative errors: weight each squared residual by 1/tps^2
     wry = wr * tps
-    sw = float(np.sum(wr))
-    sy = float(np.sum(wry))
+    sw = float(_sum(wr))
+    sy = float(_sum(wry))
     sums: list[tuple[Array, Array, Array]] = []
+    column = n[:, None]
     for at in range(0, len(_BETAS), _BETA_SLICE):
         if at:
             yield
-        g = -np.log1p(np.outer(n, _BETAS[at : at + _BETA_SLICE]))  # column k is the α-feature for β_k
+        # column k is the α-feature for β_k (`np.outer`'s product, without its wrapper)
+        g = -np.log1p(column * _BETAS[None, at : at + _BETA_SLICE])
         sums.append((wr @ g, wr @ (g * g), wry @ g))
     sg, sgg, sgy = (np.concatenate(col) for col in zip(*sums, strict=True))
     det = sw * sgg - sg * sg
@@ -164,7 +209,7 @@ def fit_decay(n: Array, tps: Array, w: Array) -> Steps[tuple[float, float, float
     neg = alpha < 0
     alpha = np.where(neg, 0.0, alpha)
     thr1 = np.where(neg, sy / sw, thr1)
-    sse = float(np.sum(wr * tps * tps)) - 2 * (thr1 * sy + alpha * sgy)
+    sse = float(_sum(wr * tps * tps)) - 2 * (thr1 * sy + alpha * sgy)
     sse = sse + thr1 * thr1 * sw + 2 * thr1 * alpha * sg + alpha * alpha * sgg
     k = int(np.argmin(sse))
     if not thr1[k] > 0 or not math.isfinite(float(sse[k])) or not math.isfinite(float(alpha[k] + thr1[k])):

@@ -23,7 +23,13 @@ class DecisionSide(SimState):
     # ----------------------------------------------------------------- berth's decisions
     def _apply(self, decisions: Sequence[Decision], gw: SimGateway | None = None) -> None:
         """Carry out the decisions of replica `gw`'s scheduler (None: the first, the only one without
-        cluster mode)."""
+        cluster mode). Serving the call left to do (`Scheduler.owed`) is carried on first, at the same
+        instant: its slices decide as one uncut serve would (`gateway.sched.slices`)."""
+        sched = (gw or self.gw).scheduler
+        if sched.owed:
+            decisions = list(decisions)
+            while sched.owed:
+                decisions.extend(sched.serve())
         self._count_faults()
         for d in decisions:
             if isinstance(d, Preempt):

@@ -4,12 +4,16 @@ made loads one by one (hypothesis: random fleets of up to 40 endpoints with runn
 targets, progress reports, max_tokens and preemptible batch work; the clock moving within and past the
 loads' reuse time, dispatches, completions and progress reports; requests with every kind of target,
 queued counts on both sides of the free seats; with and without columns and preemption): the same
-outcome, reason, message and retry-after, and every pending load's predicted ends those of its load."""
+outcome, reason, message and retry-after, and every pending load's predicted ends those of its load. An
+order renewed from step to step (only the remade loads' ends replaced) answers every k-th as one made
+anew, and so does a first question answered by a partition."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import cast
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +25,8 @@ from gateway.sched.interfaces import PreemptionRules
 from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
-from gateway.sched.plugins.admission.seat_order import SEAT_ENDS_FROM, SeatOrder
+from gateway.sched.plugins.admission import seat_order
+from gateway.sched.plugins.admission.seat_order import RENEW_SHARE, SEAT_ENDS_FROM, SORT_UP_TO, SeatOrder
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.request import SchedRequest
@@ -132,6 +137,8 @@ class _Plain(SloFeasibilityAdmitter):
     assume_full=st.booleans(),
     ks=st.lists(st.integers(min_value=0, max_value=400), min_size=1, max_size=4),
     batch_from=st.sampled_from((1, 4, SEAT_ENDS_FROM)),
+    share=st.sampled_from((0.0, RENEW_SHARE, 1.0)),
+    sort_up_to=st.sampled_from((0, SORT_UP_TO)),
 )
 def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noqa: PLR0917
     endpoints: list[Endpoint],
@@ -141,6 +148,22 @@ def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noq
     assume_full: bool,
     ks: list[int],
     batch_from: int,
+    share: float,
+    sort_up_to: int,
+) -> None:
+    with mock.patch.object(seat_order, "SORT_UP_TO", sort_up_to):  # 0: a first question partitions
+        _same_answers(endpoints, steps, preempts, columns, assume_full, ks, batch_from, share)
+
+
+def _same_answers(  # noqa: PLR0917
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int, str, tuple[float | None, float | None, float | None], int]],
+    preempts: bool,
+    columns: bool,
+    assume_full: bool,
+    ks: list[int],
+    batch_from: int,
+    share: float,
 ) -> None:
     params = SloFeasibilityParams(margin=1.0, retry_after_s=0.5, assume_full=assume_full, recheck="off")
     rules = RULES if preempts else None
@@ -151,6 +174,7 @@ def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noq
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     now = NOW
+    renewed: SeatOrder | None = None  # renewed from step to step (`share` of the loads changed at most)
     for serial, (dt_ms, at, what, cls, (ttft, e2e, itl), queued) in enumerate(steps):
         now += dt_ms / 1000.0
         k = at % len(views)
@@ -177,13 +201,16 @@ def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noq
         # the ends of the loads to be made, derived as arrays, are their loads' own
         refs = probe.refs(list(views), now)  # (a cache of its own: the admitters' caches stay alike)
         order = SeatOrder(refs, batch_from)
+        renewed = SeatOrder(refs, batch_from) if renewed is None else renewed.renewed(refs, share)
         made = [ref.load() if isinstance(ref, Pending) else ref for ref in refs]
         for ref, load in zip(refs, made, strict=True):
             if isinstance(ref, Pending) and ref.seat_free is not None:
                 assert sorted(ref.seat_free.tolist()) == load.seat_free
         ordered = sorted((t, i) for i, load in enumerate(made) for t in load.seat_free)
         for kth in ks:
-            assert order.kth(kth) == (ordered[kth] if kth < len(ordered) else None)
+            want = ordered[kth] if kth < len(ordered) else None
+            assert order.kth(kth) == want
+            assert renewed.kth(kth) == want
 
 
 def test_a_cache_without_pending_loads_orders_as_before() -> None:
@@ -196,3 +223,37 @@ def test_a_cache_without_pending_loads_orders_as_before() -> None:
     order = SeatOrder(loads)
     ordered = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
     assert [order.kth(k) for k in range(7)] == [*ordered, None]
+
+
+class _Made:
+    """What `SeatOrder` reads of a made load: its ends and its memo."""
+
+    def __init__(self, ends: list[float]) -> None:
+        self.seat_free = sorted(ends)
+        self.memo: dict[str, object] = {}
+
+
+_ends = st.lists(st.sampled_from((0.5, 1.0, 1.5, 2.0, 3.0)), max_size=5)  # ties across loads, empties
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    first=st.lists(_ends, min_size=1, max_size=12),
+    steps=st.lists(st.lists(st.tuples(st.integers(0, 11), _ends), max_size=4), min_size=1, max_size=8),
+    sort_up_to=st.sampled_from((0, SORT_UP_TO)),
+)
+def test_a_renewed_order_answers_every_kth_as_one_made_anew(
+    first: list[list[float]], steps: list[list[tuple[int, list[float]]]], sort_up_to: int
+) -> None:
+    loads: list[EndpointLoad] = [cast("EndpointLoad", _Made(e)) for e in first]
+    renewed = SeatOrder(loads)
+    with mock.patch.object(seat_order, "SORT_UP_TO", sort_up_to):
+        for step in steps:
+            loads = list(loads)
+            for at, ends in step:
+                loads[at % len(loads)] = cast("EndpointLoad", _Made(ends))
+            renewed = renewed.renewed(loads, share=1.0)
+            ordered = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
+            for k in range(len(ordered) + 1):
+                fresh = SeatOrder(loads)
+                assert renewed.kth(k) == fresh.kth(k) == (ordered[k] if k < len(ordered) else None)

@@ -19,71 +19,33 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import EndpointId
-from gateway.sched.columns import columns_of, updated
+from gateway.sched.columns import columns_of
 from gateway.sched.fleet_loads import FleetLoads, fleet_loads
 from gateway.sched.harms import endangers, terms_of
 from gateway.sched.joining import join_delays
 from gateway.sched.loads import LoadCache
-from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.best_fit_bounds import _row
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.predict import PredictParams
 from gateway.sched.prefix import PrefixHits
-from gateway.sched.profile import Policy, eligible
+from gateway.sched.profile import eligible
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import RunningRequest, with_progress
-from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
+from gateway.sched.snapshot import FleetColumns, FleetSnapshot
 from gateway.sched.targets import itl_ok, meets, time_left
-from tests.unit.slo_fixtures import COEF, SLOW, columnar_preset, req, running, view
-
-NOW = 10.0
-
-_run = st.tuples(
-    st.integers(min_value=1, max_value=3000),  # prompt
-    st.floats(min_value=1.0, max_value=300.0),  # predicted output
-    st.floats(min_value=0.0, max_value=5.0),  # age
-    st.one_of(st.none(), st.floats(min_value=-1.0, max_value=10.0)),  # first-token deadline from now
-    st.one_of(st.none(), st.floats(min_value=-1.0, max_value=30.0)),  # last-token deadline from now
-    st.one_of(st.none(), st.floats(min_value=0.005, max_value=0.2)),  # inter-token target
-    st.one_of(st.none(), st.integers(min_value=0, max_value=400)),  # tokens reported
-    st.one_of(st.none(), st.integers(min_value=1, max_value=500)),  # max_tokens
-    st.booleans(),  # best effort
+from tests.unit.fleet_steps import (
+    COEFS,
+    ENDPOINT,
+    NOW,
+    RUN,
+    STEP,
+    Endpoint,
+    Run,
+    advance,
+    columnar_policy,
+    view_of,
 )
-_coefs = st.sampled_from((COEF, SLOW))
-_endpoint = st.tuples(
-    st.integers(min_value=1, max_value=24),  # cap
-    st.lists(_run, min_size=0, max_size=24),
-    _coefs,
-)
-
-Run = tuple[int, float, float, float | None, float | None, float | None, int | None, int | None, bool]
-Endpoint = tuple[int, list[Run], PerfCoefficients]
-
-
-def _running(name: str, run: Run, now: float) -> RunningRequest:
-    p, o, age, ttft, e2e, itl, reported, max_tokens, best_effort = run
-    r = running(
-        name,
-        prompt=p,
-        out=o,
-        std=o / 4,
-        dispatched_at=now - age,
-        ttft_deadline=None if ttft is None else now + ttft,
-        e2e_deadline=None if e2e is None else now + e2e,
-        itl_s=itl,
-        best_effort=best_effort,
-    )
-    r = dataclasses.replace(r, max_tokens=max_tokens)
-    if reported is not None and age > 0.05:
-        r = with_progress(r, reported, now - age + 0.05, now - age / 2)
-    return r
-
-
-def _view(k: int, endpoint: Endpoint, now: float = NOW) -> EndpointView:
-    cap, runs, coef = endpoint
-    rs = [_running(f"e{k}-x{j}", run, now) for j, run in enumerate(runs[:cap])]
-    return view(f"e{k:02d}", cap=cap, runs=rs, coef=coef)
+from tests.unit.slo_fixtures import COEF, SLOW, req
 
 
 def _request(
@@ -145,7 +107,7 @@ def _check(  # noqa: PLR0917 (a test helper)
 
 @settings(max_examples=300, deadline=None)
 @given(
-    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
+    endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
     prompt=st.integers(min_value=1, max_value=4000),
     out=st.floats(min_value=1.0, max_value=400.0),
     targets=_targets,
@@ -167,7 +129,7 @@ def test_every_endpoint_is_judged_as_its_load_judges_it(
     worst_case: bool,
     tail: str,
 ) -> None:
-    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     r = _request(prompt, out, targets, cached)
     cols = columns_of(views)
     cache = LoadCache(PredictParams(tail="normal" if tail == "normal" else "mean", prefill_overhead=0.05))
@@ -178,47 +140,10 @@ def test_every_endpoint_is_judged_as_its_load_judges_it(
     _check(fleet, cache, r, cols, which, NOW, (on_track, margin, worst_case))
 
 
-# A step of the fleet: (clock advance in ms, endpoint, what happens there: 0 nothing, 1 a progress report,
-# 2 a dispatch, 3 a completion).
-_step = st.tuples(
-    st.integers(min_value=0, max_value=60),
-    st.integers(min_value=0, max_value=7),
-    st.integers(min_value=0, max_value=3),
-)
-
-
-def _changed(v: EndpointView, what: int, now: float, serial: int) -> EndpointView | None:
-    rs = list(v.running)
-    if what == 1 and rs:
-        r = rs[serial % len(rs)]
-        done = (r.produced or 0) + 16
-        rs[serial % len(rs)] = with_progress(r, done, r.first_token_at or now - 0.01, now)
-    elif what == 2 and len(rs) < v.cap:
-        name = f"{v.id}-n{serial}"
-        rs.append(running(name, prompt=300 + serial, out=80.0, dispatched_at=now, e2e_deadline=now + 4))
-    elif what == 3 and rs:
-        rs.pop(serial % len(rs))
-    else:
-        return None
-    return dataclasses.replace(v, running=tuple(rs), inflight=len(rs))
-
-
-def _advance(
-    views: tuple[EndpointView, ...], cols: FleetColumns, now: float, *, at: int, what: int, serial: int
-) -> tuple[tuple[EndpointView, ...], FleetColumns, float]:
-    """The fleet at `now` after `what` happened on endpoint `at` (`_changed`), its columns updated."""
-    k = at % len(views)
-    new = _changed(views[k], what, now, serial)
-    if new is not None:
-        views = (*views[:k], new, *views[k + 1 :])
-        cols = updated(cols, views, [k])
-    return views, cols, now
-
-
 @settings(max_examples=150, deadline=None)
 @given(
-    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
-    steps=st.lists(_step, min_size=1, max_size=12),
+    endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
+    steps=st.lists(STEP, min_size=1, max_size=12),
     prompt=st.integers(min_value=1, max_value=4000),
     out=st.floats(min_value=1.0, max_value=400.0),
     targets=_targets,
@@ -235,14 +160,14 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
     cached: dict[int, int],
     plain_first: list[bool],
 ) -> None:
-    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     guard = OverflowGuardFilter(OverflowGuardParams(worst_case=False, prefill_overhead=0.05))
     guard._fleet.least = 1  # over the rows however few are busy
     r = _request(prompt, out, targets, cached)
     now = NOW
     for serial, ((dt_ms, at, what), first) in enumerate(zip(steps, plain_first, strict=False)):
-        views, cols, now = _advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
         s = FleetSnapshot(now=now, endpoints=views, columns=cols)
         for plain_now in (first, not first):  # (both forms share the guard's load cache)
             if plain_now:
@@ -256,20 +181,11 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
         _check(guard._fleet, guard._cache, r, cols, which, now, (0.0, 1.0, False))
 
 
-def _policy(name: str) -> Policy:
-    """The shipped preset, placing over columns whatever the number of candidates, busy endpoints over
-    the loads' rows however few."""
-    policy = columnar_preset(name)
-    for cache in policy.loads._caches.values():
-        fleet_loads(cache).least = 1
-    return policy
-
-
 @settings(max_examples=100, deadline=None)
 @given(
     name=st.sampled_from(("coding-assistant", "aladdin")),
-    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
-    steps=st.lists(_step, min_size=1, max_size=12),
+    endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
+    steps=st.lists(STEP, min_size=1, max_size=12),
     requests=st.lists(
         st.tuples(
             st.integers(min_value=1, max_value=4000),
@@ -291,15 +207,15 @@ def test_slo_presets_place_over_columns_as_the_plain_way_as_the_fleet_changes(
     plain_first: list[bool],
 ) -> None:
     """One policy (its load caches shared by both forms) places a request per step both ways."""
-    policy = _policy(name)
+    policy = columnar_policy(name)
     assert policy.profile.columnar
-    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     now = NOW
     for serial, ((dt_ms, at, what), first, (prompt, out, targets, cls)) in enumerate(
         zip(steps, plain_first, requests, strict=False)
     ):
-        views, cols, now = _advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
         ttft_ms, e2e_ms, itl_ms = targets
         r = req(
             f"r{serial}",
@@ -323,7 +239,7 @@ def test_slo_presets_place_over_columns_as_the_plain_way_as_the_fleet_changes(
 @settings(max_examples=200, deadline=None)
 @given(
     endpoints=st.lists(
-        st.tuples(st.integers(min_value=1, max_value=24), st.lists(_run, min_size=1, max_size=24), _coefs),
+        st.tuples(st.integers(min_value=1, max_value=24), st.lists(RUN, min_size=1, max_size=24), COEFS),
         min_size=1,
         max_size=8,
     ),
@@ -355,7 +271,7 @@ def test_best_fit_orders_busy_endpoints_over_their_arrays_as_over_their_loads(
         dataclasses.replace(v, estimates=dataclasses.replace(v.estimates, kv_capacity_tokens=kv[k]))
         if v.estimates is not None
         else v
-        for k, v in enumerate(_view(k, e) for k, e in enumerate(endpoints))
+        for k, v in enumerate(view_of(k, e) for k, e in enumerate(endpoints))
     )
     cols = columns_of(views)
     s = FleetSnapshot(now=NOW, endpoints=views, columns=cols)
@@ -408,7 +324,7 @@ def test_best_fit_over_columns_skips_the_sure_misses_of_a_large_busy_fleet_as_th
                 for _ in range(rng.randint(1, 7))
             ]
             endpoints.append((cap, runs, rng.choice((COEF, SLOW))))
-        views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+        views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
         cols = columns_of(views)
         s = FleetSnapshot(now=NOW, endpoints=views, columns=cols)
         order: Literal["most-loaded", "least-loaded", "least-outstanding"] = rng.choice(

@@ -11,14 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.slo import Infeasible, SloClass, SloPolicy
-from gateway.sched.harms import breaks_deadlines, endangers
+from gateway.core.types import EndpointId
+from gateway.sched.harms import breaks_deadlines, endangers, spared
 from gateway.sched.interfaces import AdmitOutcome
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.admission.seat_order import SeatOrder, kth_free
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.predict import EndpointLoad, PredictParams
+from gateway.sched.prefix import PrefixHits
 from gateway.sched.request import SchedRequest
+from gateway.sched.snapshot import EndpointEstimates, EndpointView
 from gateway.sched.targets import meets, time_left
 from tests.unit.slo_fixtures import COEF, req, running, snap, view
 
@@ -190,7 +193,56 @@ def test_the_kth_free_seat_is_the_kth_of_the_sorted_ends(frees: list[list[float]
 )
 def test_a_seat_order_asked_again_answers_as_asked_afresh(frees: list[list[float]], ks: list[int]) -> None:
     loads = cast("list[EndpointLoad]", [_Seats(sorted(f)) for f in frees])
-    order = SeatOrder(loads)  # the first k by a partition, the others from the sorted ends
-    assert order.of(loads)
+    order = SeatOrder(loads)
+    assert order.renewed(loads) is order
+    assert order.renewed(list(loads)) is order  # the same loads in another list
     for k in ks:
         assert order.kth(k) == kth_free(loads, k)
+
+
+def _estimates(v: EndpointView) -> EndpointEstimates:
+    assert v.estimates is not None
+    return v.estimates
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    loads=st.lists(st.lists(_run, max_size=10), min_size=1, max_size=5),
+    coefs=st.lists(_coef, min_size=5, max_size=5),
+    news=st.lists(_new, min_size=1, max_size=3),
+    cached=st.one_of(st.none(), st.integers(min_value=1, max_value=6000)),
+    margin=st.sampled_from((0.5, 0.9, 1.0, 1.35)),
+    on_track=st.sampled_from((0.0, 0.2)),
+    tail=st.sampled_from(("mean", "normal")),
+)
+def test_the_loads_spared_are_those_each_load_finds_unendangered(  # noqa: PLR0917
+    loads: list[list[Run]],
+    coefs: list[PerfCoefficients],
+    news: list[New],
+    cached: int | None,
+    margin: float,
+    on_track: float,
+    tail: Literal["mean", "normal"],
+) -> None:
+    """`spared` (the request's terms taken once for every candidate) against `endangers` load by load,
+    with and without a prefix cached on one of the endpoints, the loads of one cache."""
+    params = PredictParams(tail=tail)
+    made = [
+        EndpointLoad(
+            dataclasses.replace(
+                _load(runs).view,
+                id=EndpointId(f"e{k}"),
+                estimates=dataclasses.replace(_estimates(_load(runs).view), perf=coefs[k]),
+            ),
+            10.0,
+            params,
+        )
+        for k, runs in enumerate(loads)
+    ]
+    for k, new in enumerate(news):
+        r = _req(k, new)
+        if cached is not None:
+            r = dataclasses.replace(r, cached=PrefixHits({EndpointId("e0"): cached}))
+        assert spared(made, r, margin=margin, on_track=on_track) == [
+            not endangers(load, r, margin=margin, on_track=on_track) for load in made
+        ]

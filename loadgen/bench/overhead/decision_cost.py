@@ -16,7 +16,10 @@ Per shipped preset (`coding-assistant`, the three baselines, `aladdin`, `default
    queue) and new submissions keeping the queue at its depth (`submit`), with, as in the daemon, a
    `tick` every 0.1 s (expiry, admission recheck of every queued request, serving every queue), progress
    reports of running streams (`progress`, ~2,000/s), a scrape of every endpoint every 2 s
-   (`observe_gauges`) and new estimates every 1 s (`set_estimates`). Each call is timed with
+   (`observe_gauges`) and new estimates every 1 s (`set_estimates`). A call tries to place a bounded
+   number of requests (`gateway.sched.slices`); the serving it leaves to do is carried on at once, one
+   slice a call, each slice timed as its own call (`serve`), as the daemon runs one slice per turn of
+   its event loop. Each call is timed with
    `time.perf_counter_ns` (`--clock cpu`: the thread's CPU time, `time.thread_time_ns`, which leaves out
    the time the process waited for a core: on a machine shared with other work, the way to compare two
    versions of the code); the virtual clock moves 5 ms per round.
@@ -44,10 +47,14 @@ calls, as the daemon runs them between the event loop's callbacks), and its paus
 whichever call's allocation crossed one and counts in that call's time (with a queue of thousands a
 young collection takes 0.5-2 ms there, an older one 4-7 ms: most of the p99 of `submit` and `complete`).
 
-Target: p99 <= 1 ms for `submit`, `complete` and `tick` with every preset; <= 2 ms in the backlog case.
-A preset that misses it is run again with each judged call under a profiler of its own; the report names
+Target: p99 <= 1 ms for `submit`, `complete`, `tick` and `serve` with every preset; <= 2 ms in the backlog
+case. A preset that misses it is run again with each judged call under a profiler of its own; the report names
 where the time goes (`OUT/profile-PRESET.txt`), and `OUT/slow-calls-PRESET.txt` what the slowest tenth
 of each kind of call does, against the rest.
+
+`--columns always` (or `never`) places over columns every placement the profile can (or none),
+whatever its threshold, from the warm-up on: the two paths make the same choices, so the two runs
+compare their cost on the same decisions (the same queued, running and refused counts).
 
 Output: `OUT/report.md`, `OUT/report.json`.
 """
@@ -68,9 +75,9 @@ from typing import Any, Final
 import orjson
 
 from loadgen.bench.catalogue import BENCHMARKS
-from loadgen.bench.overhead.decision_driver import MODEL, Driver
+from loadgen.bench.overhead.decision_driver import COLUMNS, MODEL, Driver, force_columns
 from loadgen.bench.overhead.overhead_queue import QUEUE_SLA_SCALE
-from loadgen.bench.overhead.slow_calls import CallProfiles
+from loadgen.bench.overhead.slow_calls import CallProfiles, profile_sections
 from loadgen.bench.scheduling.scheduling_setup import gateway_toml, policy_file
 from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.spec import EndpointSpec
@@ -83,7 +90,7 @@ TARGET_P99_US: Final = 1000.0
 #: The batch backlog case: this many batch requests wait, and the target per call is looser.
 BACKLOG: Final = 10_000
 BACKLOG_TARGET_P99_US: Final = 2000.0
-JUDGED: Final = ("submit", "complete", "tick")
+JUDGED: Final = ("submit", "complete", "tick", "serve")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +142,7 @@ class DecisionConfig:
     # "daemon": the collector on the daemon's schedule, between the calls; "cpython": its own thresholds
     gc: str = "daemon"
     clock: str = "wall"  # "wall": perf_counter; "cpu": the thread's CPU time
+    columns: str = "auto"  # placement over columns: "auto" (the profile's threshold), "always", "never"
 
 
 def verdicts(summary: dict[str, dict[str, float | int]], target_us: float = TARGET_P99_US) -> dict[str, bool]:
@@ -173,6 +181,7 @@ def warm_up(cfg: DecisionConfig, preset: Preset, work: Path) -> Simulation:
         models=(MODEL,),
     )
     sim = Simulation(opts)
+    force_columns(sim, cfg.columns)
     sim.run()
     return sim
 
@@ -312,7 +321,8 @@ def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
             if cfg.gc == "daemon"
             else "CPython's own thresholds (a collection counts in the call it interrupts)."
         )
-        + (" Timed by the thread's CPU time." if cfg.clock == "cpu" else ""),
+        + (" Timed by the thread's CPU time." if cfg.clock == "cpu" else "")
+        + ("" if cfg.columns == "auto" else f" Placement over columns: {cfg.columns}."),
         "",
     ]
     header = ["preset", "case", "workload", "queued / running", *JUDGED, "progress", "verdict"]
@@ -350,30 +360,7 @@ def markdown(cfg: DecisionConfig, results: Sequence[dict[str, Any]]) -> str:
             f"- {r['preset']} ({r['case']}): {'; '.join(other) or '-'}; refused {r['refused']} "
             f"(of the measured submits: {r['submits_refused']} of {r['submits']})"
         )
-    for r in results:
-        prof = r.get("profile")
-        if not prof:
-            continue
-        lines += [
-            "",
-            f"## Where {r['preset']}'s time goes, {r['case']} case "
-            f"(each {', '.join(JUDGED)} call under cProfile, {prof['profiled_s']:.1f} s in all; "
-            f"{prof['file']}; the slowest tenth of each kind against the rest: {prof['slow_calls']})",
-            "",
-            "berth's functions by cumulative time (share of the profiled time):",
-            "",
-            "| function | calls | cumulative s | share |",
-            "|---|---|---|---|",
-        ]
-        lines += [
-            f"| `{p['function']}` | {p['calls']} | {p['cumtime_s']:.3f} | {p['cum_share'] * 100:.0f}% |"
-            for p in prof["top_cumulative"]
-        ]
-        lines += ["", "by own time:", "", "| function | calls | own s | share |", "|---|---|---|---|"]
-        lines += [
-            f"| `{p['function']}` | {p['calls']} | {p['tottime_s']:.3f} | {p['own_share'] * 100:.0f}% |"
-            for p in prof["top_tottime"]
-        ]
+    lines += profile_sections(results, JUDGED)
     lines.append("")
     return "\n".join(lines)
 
@@ -431,6 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="wall",
         help="time calls by the wall clock (default) or the thread's CPU time (a shared machine)",
     )
+    p.add_argument(
+        "--columns",
+        choices=tuple(COLUMNS),
+        default="auto",
+        help="place over columns by the profile's threshold (default), for every placement, or never",
+    )
     return p
 
 
@@ -456,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backlog_target_us=args.backlog_target_us,
         gc=args.gc,
         clock=args.clock,
+        columns=args.columns,
     )
     return run_bench(
         BENCHMARKS["decisions"], cfg, bench, passed=lambda doc: all(r["passed"] for r in doc["results"])

@@ -40,6 +40,9 @@ PROGRESS_EVERY: Final = 16
 #: Submissions in a row without a deeper queue after which filling stops at the depth reached.
 FILL_STALL: Final = 3000
 _T = TypeVar("_T")
+#: `bench decisions --columns`: placement over columns as the profile decides, for every placement it can,
+#: or for none (the plain path), by the profile's threshold (`SchedulerProfile.columns_from`).
+COLUMNS: Final = {"auto": None, "always": 0, "never": 1 << 30}
 _API: Final = {"chat": ApiKind.CHAT, "completion": ApiKind.COMPLETION}
 
 
@@ -190,6 +193,13 @@ class Driver:
         self.produced.pop(rid, None)
         self.first_token.pop(rid, None)
         self._apply(self._timed("complete", self.sched.complete, rid))
+        self._go_on()
+
+    def _go_on(self) -> None:
+        """The serving a call left to do (`Scheduler.owed`), one slice a call, each timed as its own
+        call (`serve`), as the daemon runs one slice per turn of its event loop."""
+        while self.sched.owed:
+            self._apply(self._timed("serve", self.sched.serve))
 
     def progress(self, n: int) -> None:
         for _ in range(min(n, len(self.running))):
@@ -205,6 +215,7 @@ class Driver:
         if now - self._last_tick >= TICK_S:
             self._last_tick = now
             self._apply(self._timed("tick", self.sched.tick))
+            self._go_on()
         if now - self._last_scrape >= SCRAPE_S:
             self._last_scrape = now
             for eid in self.ids:
@@ -229,7 +240,8 @@ class Driver:
         """Submit (untimed) until `queued` requests wait; the depth reached (admission may refuse)."""
         limits = self.sched.limits
         if limits.max_queue_per_model < queued + 1000:  # the benchmark's gateway.toml allows 8,192
-            self.sched.set_limits(dataclasses.replace(limits, max_queue_per_model=queued + 1000))
+            self._apply(self.sched.set_limits(dataclasses.replace(limits, max_queue_per_model=queued + 1000)))
+            self._go_on()
         attempts = 0
         limit = 30 * queued + 10 * len(self.ids) * 64
         deepest, grew_at = 0, 0
@@ -280,3 +292,17 @@ class Driver:
         finally:
             if schedule is not None:
                 schedule.close()
+
+
+def force_columns(sim: Simulation, columns: str) -> None:
+    """Place over columns as `columns` says (`COLUMNS`) from the start of `sim`'s run: its gateway's
+    policy with the profile's threshold set (the plain and the columnar path make the same choices, so
+    runs with either compare their cost on the same decisions)."""
+    least = COLUMNS[columns]
+    if least is None:
+        return
+    gw = sim.gw
+    profile = dataclasses.replace(gw.policy.profile, columns_from=least)
+    policy = dataclasses.replace(gw.policy, profile=profile)
+    gw.policy = policy
+    gw.scheduler.set_policy(policy)

@@ -103,3 +103,33 @@ def _group(
         for k, v in ours[:top]
     ]
     return out
+
+
+def profile_sections(results: Sequence[dict[str, Any]], judged: Sequence[str]) -> list[str]:
+    """The report's lines on where each profiled case's time goes (`bench decisions`' profiles)."""
+    lines: list[str] = []
+    for r in results:
+        prof = r.get("profile")
+        if not prof:
+            continue
+        lines += [
+            "",
+            f"## Where {r['preset']}'s time goes, {r['case']} case "
+            f"(each {', '.join(judged)} call under cProfile, {prof['profiled_s']:.1f} s in all; "
+            f"{prof['file']}; the slowest tenth of each kind against the rest: {prof['slow_calls']})",
+            "",
+            "berth's functions by cumulative time (share of the profiled time):",
+            "",
+            "| function | calls | cumulative s | share |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{p['function']}` | {p['calls']} | {p['cumtime_s']:.3f} | {p['cum_share'] * 100:.0f}% |"
+            for p in prof["top_cumulative"]
+        ]
+        lines += ["", "by own time:", "", "| function | calls | own s | share |", "|---|---|---|---|"]
+        lines += [
+            f"| `{p['function']}` | {p['calls']} | {p['tottime_s']:.3f} | {p['own_share'] * 100:.0f}% |"
+            for p in prof["top_tottime"]
+        ]
+    return lines

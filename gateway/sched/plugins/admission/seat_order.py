@@ -6,8 +6,9 @@ ends are derived together as arrays (`gateway.sched.load_batch.derive`, bit-equa
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
-from operator import is_
+from itertools import accumulate, pairwise
 from typing import Final
 
 import numpy as np
@@ -70,47 +71,92 @@ def _memo(load: EndpointLoad) -> _Floats:
     return arr
 
 
-class SeatOrder:
-    """The running requests' predicted ends over some loads (`seat_free`): the first k-th asked is found
-    by a partition, and the ends are sorted once a second one is asked of the same loads (the requests
-    admitted between two changes of the fleet each ask for another k-th of the same ends)."""
+#: Running requests' ends up to which a first question sorts them all (a stable sort of a thousand is
+#: cheaper than the partition and the two scans that find one k-th among ties); past it the first
+#: question is answered by a partition, and a second one sorts.
+SORT_UP_TO: Final = 4096
+#: A new list of loads of which at most this share are other objects than the last one's renews the
+#: order (`SeatOrder.renewed`: only their ends are replaced); more, and it is made anew.
+RENEW_SHARE: Final = 0.25
 
-    __slots__ = ("_loads", "_owner", "_sizes", "_sorted", "_times")
+
+class SeatOrder:
+    """The running requests' predicted ends over some loads (`seat_free`), concatenated in the loads'
+    order: a k-th is read from their stable sort, or for many ends (`SORT_UP_TO`) the first one asked
+    by a partition. The requests admitted between two changes of the fleet each ask for another k-th of
+    the same ends, and a change of the fleet remakes a few of the loads only: `renewed` replaces their
+    ends and keeps the others'."""
+
+    __slots__ = ("_asked", "_batch_from", "_loads", "_sorted", "_starts", "_times")
 
     def __init__(self, loads: Sequence[EndpointLoad | Pending], batch_from: int = SEAT_ENDS_FROM) -> None:
         """`batch_from`: pending loads from which their ends are derived as arrays (`SEAT_ENDS_FROM`)."""
-        self._loads = loads
         arrays = _seat_frees(loads, batch_from)
-        self._sizes = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-        self._times = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.float64)
-        self._sorted: tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]] | None = None
-        self._owner: npt.NDArray[np.int64] | None = None
+        self._set(loads, batch_from, [0, *accumulate(len(a) for a in arrays)], _joined(arrays))
 
-    def of(self, loads: Sequence[EndpointLoad | Pending]) -> bool:
-        """Whether it is the order of exactly these loads."""
+    def _set(
+        self, loads: Sequence[EndpointLoad | Pending], batch_from: int, starts: list[int], times: _Floats
+    ) -> None:
+        self._loads = loads
+        self._batch_from = batch_from
+        self._starts = starts  # where each load's ends start in `_times`, and their count at the end
+        self._times = times
+        self._sorted: npt.NDArray[np.int64] | None = None  # `_times`' stable argsort, once asked
+        self._asked = False  # a first question was answered by a partition
+
+    def renewed(self, loads: Sequence[EndpointLoad | Pending], share: float = RENEW_SHARE) -> SeatOrder:
+        """The order of `loads`: this one when they are its loads; when as many loads of which at most
+        `share` are other objects, a new order with only those loads' ends replaced; else made anew."""
         kept = self._loads
-        return kept is loads or (len(kept) == len(loads) and all(map(is_, kept, loads)))
+        if kept is loads:
+            return self
+        if len(kept) != len(loads):
+            return SeatOrder(loads, self._batch_from)
+        changed = [i for i, (a, b) in enumerate(zip(kept, loads, strict=True)) if a is not b]
+        if not changed:
+            self._loads = loads  # (the same objects: the next question finds the list itself)
+            return self
+        if len(changed) > share * len(loads):
+            return SeatOrder(loads, self._batch_from)
+        arrays = _seat_frees([loads[i] for i in changed], self._batch_from)
+        starts, times = self._starts, self._times
+        pieces: list[_Floats] = []
+        sizes = [b - a for a, b in pairwise(starts)]
+        prev = 0
+        for i, arr in zip(changed, arrays, strict=True):
+            pieces += (times[prev : starts[i]], arr)
+            prev = starts[i + 1]
+            sizes[i] = len(arr)
+        pieces.append(times[prev:])
+        out = SeatOrder.__new__(SeatOrder)
+        out._set(loads, self._batch_from, [0, *accumulate(sizes)], np.concatenate(pieces))
+        return out
 
     def kth(self, k: int) -> tuple[float, int] | None:
         """`kth_free` of its loads."""
         times = self._times
         if k >= len(times):
             return None
-        got = self._sorted
-        if got is not None:
-            return float(got[0][k]), int(got[1][k])
-        owner = self._owner
-        if owner is None:
-            # the first question: a partition (ties at t go by load index, as the concatenation is in
-            # load order); kept to sort at the second
-            self._owner = np.repeat(np.arange(len(self._sizes), dtype=np.int64), self._sizes)
-            t = float(np.partition(times, k)[k])
-            nth = k - int(np.count_nonzero(times < t))
-            at = int(np.flatnonzero(times == t)[nth])
-            return t, int(self._owner[at])
-        order = np.argsort(times, kind="stable")  # stable: ties keep the loads' order
-        got = self._sorted = (times[order], owner[order])
-        return float(got[0][k]), int(got[1][k])
+        order = self._sorted
+        if order is None:
+            if len(times) > SORT_UP_TO and not self._asked:
+                self._asked = True
+                # the first question over many ends: a partition (ties at t go by load index, as the
+                # concatenation is in load order)
+                t = float(np.partition(times, k)[k])
+                nth = k - int(np.count_nonzero(times < t))
+                return t, self._owner(int(np.flatnonzero(times == t)[nth]))
+            order = self._sorted = np.argsort(times, kind="stable")  # stable: ties keep the loads' order
+        at = int(order[k])
+        return float(times[at]), self._owner(at)
+
+    def _owner(self, at: int) -> int:
+        """The index of the load whose ends hold place `at` (an empty load's start is its next one's)."""
+        return bisect_right(self._starts, at) - 1
+
+
+def _joined(arrays: list[_Floats]) -> _Floats:
+    return np.concatenate(arrays) if arrays else _EMPTY
 
 
 def kth_free(loads: list[EndpointLoad], k: int) -> tuple[float, int] | None:

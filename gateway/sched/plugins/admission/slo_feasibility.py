@@ -40,6 +40,7 @@ from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.admission.seat_order import SEAT_ENDS_FROM, SeatOrder
+from gateway.sched.plugins.admission.speeds import ReadySpeeds
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction, idle_service
 from gateway.sched.registry import PluginKind, PluginSpec
@@ -56,8 +57,6 @@ _PRIOR: Final = default_prior()
 #: differently); a request is judged late everywhere from the bound only beyond it.
 _ROUNDING: Final = 1e-9
 
-_SPEEDS_KEPT: Final = 16  # views `_speeds_of` keeps at most: the views, fastest first, fastest bound
-_Speeds = tuple[tuple[EndpointView, ...], list[EndpointView], IdleBound | None]
 _TERMS_KEPT: Final = 1 << 15  # requests whose `IdleTerms` the recheck keeps at most (then made afresh)
 
 #: Outcomes that queue the request as it is (a best-effort one is queued as a demoted copy).
@@ -105,8 +104,8 @@ class SloFeasibilityAdmitter:
         self.params = params
         self._slo = slo
         self._cache = loads or LoadCache(params.predict_params())
-        # `_speeds_of` per views (by their identity) and model
-        self._speeds: dict[tuple[int, ModelName], _Speeds] = {}
+        # the ready endpoints fastest first and their fastest bound, per views (by identity) and model
+        self._speeds = ReadySpeeds(self._fleet_bounds)
         self._terms: dict[RequestId, tuple[SchedRequest, IdleTerms]] = {}  # per request (`_terms_of`)
         self._outcomes: dict[str, AdmitDecision] = {}  # a recheck's refusal per SLO class (`_outcome`)
         # The seat order (`SeatOrder`) of the last loads asked about.
@@ -221,23 +220,6 @@ class SloFeasibilityAdmitter:
         kept = self._readied = ReadySeats(model, snap)
         return kept
 
-    def _speeds_of(self, model: ModelName, snap: FleetSnapshot) -> _Speeds:
-        """The ready endpoints serving `model`, those with the fastest idle service (for a typical
-        request) first, and their fastest bound; kept per views (a tick rechecks many requests on one
-        snapshot and the few parts of it scopes cut)."""
-        views = snap.endpoints
-        key = (id(views), model)
-        kept = self._speeds.get(key)
-        if kept is not None and kept[0] is views:
-            return kept
-        ready = EndpointHealth.READY
-        serving = [e for e in views if model in e.models and e.health is ready]
-        serving.sort(key=_typical_idle_s)
-        if len(self._speeds) >= _SPEEDS_KEPT:
-            self._speeds.clear()
-        kept = self._speeds[key] = (views, serving, self._fleet_bounds.bound(snap, model, slowest=False))
-        return kept
-
     def _terms_of(self, req: SchedRequest) -> IdleTerms:
         """`IdleTerms` of `req`, kept per request (a queued request is asked about on many ticks: its due
         time, its recheck, the next one)."""
@@ -282,7 +264,7 @@ class SloFeasibilityAdmitter:
             left = terms.left(snap.now)
             if left == (None, None):
                 return ADMIT
-            _, ready, fastest = self._speeds_of(req.model, snap)
+            _, ready, fastest = self._speeds.of(req.model, snap)
             if not ready:
                 return ADMIT
             # alone on an endpoint: its coefficients suffice, no load is derived; the fastest endpoints
@@ -407,8 +389,8 @@ class SloFeasibilityAdmitter:
         """The request on the endpoint where the `k`-th (from 0) seat to free up frees, from then on
         (none: further out than every running request, infeasible)."""
         order = self._frees
-        if order is None or not order.of(loads):
-            order = self._frees = SeatOrder(loads, self.seat_ends_from)
+        # the last order renewed: only the loads remade since have their ends replaced
+        order = self._frees = SeatOrder(loads, self.seat_ends_from) if order is None else order.renewed(loads)
         got = order.kth(k)
         if got is None:
             return []
@@ -425,12 +407,6 @@ class SloFeasibilityAdmitter:
             and (e2e_left is None or p.e2e_s <= e2e_left * m)
             and (itl_ms is None or p.tpot_s * 1000.0 <= itl_ms * m)
         )
-
-
-def _typical_idle_s(view: EndpointView) -> float:
-    """Seconds a 1,000-token prompt with 200 tokens out takes alone on the endpoint (an order only)."""
-    c = view.perf or _PRIOR
-    return c.prefill_s(1000.0) + 199.0 * c.decode_iter_s(1.0, 1100.0)
 
 
 SPEC = PluginSpec(

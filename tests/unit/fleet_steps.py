@@ -1,0 +1,112 @@
+"""Random fleets and their changes for the tests of the loads as arrays and of placement over columns:
+endpoints with running requests (targets, progress reports, max_tokens, two kinds of hardware), a step
+of a changing fleet (time passing, a progress report, a dispatch, a completion) with its columns updated,
+and the shipped SLO presets placing over columns whatever the number of candidates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import strategies as st
+
+from gateway.sched.columns import updated
+from gateway.sched.fleet_loads import fleet_loads
+from gateway.sched.perf import PerfCoefficients
+from gateway.sched.profile import Policy
+from gateway.sched.running import RunningRequest, with_progress
+from gateway.sched.snapshot import EndpointView, FleetColumns
+from tests.unit.slo_fixtures import COEF, SLOW, columnar_preset, running, view
+
+NOW = 10.0
+
+RUN = st.tuples(
+    st.integers(min_value=1, max_value=3000),  # prompt
+    st.floats(min_value=1.0, max_value=300.0),  # predicted output
+    st.floats(min_value=0.0, max_value=5.0),  # age
+    st.one_of(st.none(), st.floats(min_value=-1.0, max_value=10.0)),  # first-token deadline from now
+    st.one_of(st.none(), st.floats(min_value=-1.0, max_value=30.0)),  # last-token deadline from now
+    st.one_of(st.none(), st.floats(min_value=0.005, max_value=0.2)),  # inter-token target
+    st.one_of(st.none(), st.integers(min_value=0, max_value=400)),  # tokens reported
+    st.one_of(st.none(), st.integers(min_value=1, max_value=500)),  # max_tokens
+    st.booleans(),  # best effort
+)
+COEFS = st.sampled_from((COEF, SLOW))
+ENDPOINT = st.tuples(
+    st.integers(min_value=1, max_value=24),  # cap
+    st.lists(RUN, min_size=0, max_size=24),
+    COEFS,
+)
+
+Run = tuple[int, float, float, float | None, float | None, float | None, int | None, int | None, bool]
+Endpoint = tuple[int, list[Run], PerfCoefficients]
+
+
+def running_of(name: str, run: Run, now: float) -> RunningRequest:
+    p, o, age, ttft, e2e, itl, reported, max_tokens, best_effort = run
+    r = running(
+        name,
+        prompt=p,
+        out=o,
+        std=o / 4,
+        dispatched_at=now - age,
+        ttft_deadline=None if ttft is None else now + ttft,
+        e2e_deadline=None if e2e is None else now + e2e,
+        itl_s=itl,
+        best_effort=best_effort,
+    )
+    r = dataclasses.replace(r, max_tokens=max_tokens)
+    if reported is not None and age > 0.05:
+        r = with_progress(r, reported, now - age + 0.05, now - age / 2)
+    return r
+
+
+def view_of(k: int, endpoint: Endpoint, now: float = NOW) -> EndpointView:
+    cap, runs, coef = endpoint
+    rs = [running_of(f"e{k}-x{j}", run, now) for j, run in enumerate(runs[:cap])]
+    return view(f"e{k:02d}", cap=cap, runs=rs, coef=coef)
+
+
+# A step of the fleet: (clock advance in ms, endpoint, what happens there: 0 nothing, 1 a progress report,
+# 2 a dispatch, 3 a completion).
+STEP = st.tuples(
+    st.integers(min_value=0, max_value=60),
+    st.integers(min_value=0, max_value=7),
+    st.integers(min_value=0, max_value=3),
+)
+
+
+def changed(v: EndpointView, what: int, now: float, serial: int) -> EndpointView | None:
+    rs = list(v.running)
+    if what == 1 and rs:
+        r = rs[serial % len(rs)]
+        done = (r.produced or 0) + 16
+        rs[serial % len(rs)] = with_progress(r, done, r.first_token_at or now - 0.01, now)
+    elif what == 2 and len(rs) < v.cap:
+        name = f"{v.id}-n{serial}"
+        rs.append(running(name, prompt=300 + serial, out=80.0, dispatched_at=now, e2e_deadline=now + 4))
+    elif what == 3 and rs:
+        rs.pop(serial % len(rs))
+    else:
+        return None
+    return dataclasses.replace(v, running=tuple(rs), inflight=len(rs))
+
+
+def advance(
+    views: tuple[EndpointView, ...], cols: FleetColumns, now: float, *, at: int, what: int, serial: int
+) -> tuple[tuple[EndpointView, ...], FleetColumns, float]:
+    """The fleet at `now` after `what` happened on endpoint `at` (`changed`), its columns updated."""
+    k = at % len(views)
+    new = changed(views[k], what, now, serial)
+    if new is not None:
+        views = (*views[:k], new, *views[k + 1 :])
+        cols = updated(cols, views, [k])
+    return views, cols, now
+
+
+def columnar_policy(name: str) -> Policy:
+    """The shipped preset, placing over columns whatever the number of candidates, busy endpoints over
+    the loads' rows however few."""
+    policy = columnar_preset(name)
+    for cache in policy.loads._caches.values():
+        fleet_loads(cache).least = 1
+    return policy
