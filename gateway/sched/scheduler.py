@@ -56,7 +56,6 @@ from gateway.sched.preempting import Preempting
 from gateway.sched.profile import Policy
 from gateway.sched.queues import ModelQueue, OrderingFault, Queued
 from gateway.sched.request import SchedRequest
-from gateway.sched.slices import try_cost
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 from gateway.sched.types import EndpointSpec, PeerLoad, QueueLimits
 from gateway.sched.unfit import remember, retry_on
@@ -322,16 +321,20 @@ class Scheduler(Preempting):
             if sliced:
                 self._slices.owed.pop(model, None)
             return  # most completions: nothing waits
-        if sliced and skipped is None and not self._slices.begin(model):
-            return  # this call's tries are spent: it is owed
+        if sliced and skipped is None:
+            runs, skipped = self._slices.begin(model)  # an owed serve of `model` goes on
+            if not runs:
+                return  # this call's tries are spent: it is owed
         policy = self._policy
         slices = self._slices
         if skipped is None:
             skipped = set()  # requests that fit nowhere now, passed over (policy.lookahead)
         while queue:
-            if sliced and slices.tries <= 0:
-                slices.cut(model, skipped)  # the next slice goes on from here
-                return
+            if sliced:
+                if slices.tries <= 0:
+                    slices.cut(model, skipped)  # the next slice goes on from here
+                    return
+                slices.tries -= 1
             snap = unplaced if unplaced is not None else self.snapshot()
             if len(queue) == 1 and not skipped:
                 item = queue.head()
@@ -360,15 +363,13 @@ class Scheduler(Preempting):
                 if any(model in e.models and e.health is EndpointHealth.READY for e in others):
                     view_snap = FleetSnapshot(now=snap.now, endpoints=others, queued=snap.queued)
             if unplaced is not None:
-                chosen, unplaced, among = None, None, None  # the answer `submit` had for it on this snapshot
+                chosen, unplaced = None, None  # the answer `submit` had for it on this very snapshot
                 item.unfit = remember(item.unfit, policy.profile, item.req, snap, everywhere=True)
             else:
                 # A request that fit nowhere is tried on the endpoints that changed since (unfit.py).
                 among = (
                     None if item.exclude else retry_on(item.unfit, policy.profile, item.req, item.seq, snap)
                 )
-                if sliced:
-                    slices.tries -= try_cost(among, snap)
                 try:
                     chosen = None if among == [] else policy.profile.place(item.req, view_snap, among)
                     if chosen is None and not item.exclude:
@@ -383,8 +384,6 @@ class Scheduler(Preempting):
                         return
                     continue
             if chosen is None and policy.preemptor is not None:
-                if sliced and among is not None:
-                    slices.tries -= 1.0 - try_cost(among, snap)  # preemption asks the whole fleet
                 try:
                     taken = self._preemption(policy.preemptor, item.req, view_snap)
                 except Exception as e:

@@ -7,12 +7,7 @@ policy's lookahead) one call would place them all: at a few hundred microseconds
 hundred endpoints, a hundred placements is tens of milliseconds with the event loop held, every stream
 the gateway relays stalled that long.
 
-So one call tries at most `Scheduler.serve_slice` requests (placed or found to fit nowhere), counted by
-the endpoints a try asks about: a request that fit nowhere and is tried again only on the endpoints that
-changed since (`gateway.sched.unfit`) costs that share of the fleet, a request not tried again nothing.
-Without that, a queue whose head holds `lookahead` requests that fit nowhere would spend every call's
-slice on them again: in the live daemon, where a completion's fresh serve starts from the head, a call
-each completion could place nothing while seats stand free behind them. A serve
+So one call tries at most `Scheduler.serve_slice` requests (placed or found to fit nowhere). A serve
 cut short is owed: the queue's model and the serve's own state (the requests it passed over under the
 lookahead) are kept, in the order the serves were to run, and `Scheduler.serve` (the continuation)
 goes on from exactly there with the next slice. A driver calls it while `Scheduler.owed` says so: the
@@ -20,29 +15,23 @@ live daemon on the event loop's next turn (streams are relayed between slices), 
 and `bench decisions` at once, at the same instant. Run that way, the slices make the very decisions
 one uncut serve makes (each try takes a fresh snapshot either way; `test_sched_serve_slices.py` pins
 it). A serve the daemon starts meanwhile for an owed model (a completion, a tick) starts from the head
-of the queue again, as it would have after an uncut serve: it replaces the owed one.
+of the queue again only when none is owed for that model: else it goes on with the owed one. Starting
+from the head each time, a queue whose head holds `lookahead` requests that fit nowhere would spend
+every call's slice on them again, and with completions coming faster than the loop's turns nothing
+behind them would be placed while seats stand free. Going on, a request behind them may take a seat
+freed meanwhile before they are tried on it again: they are tried again once the owed serve ends, as
+after an uncut serve. (The simulator and `bench decisions` carry owed serves on before anything else
+happens, so this case never arises there.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Final
 
 from gateway.core.types import ModelName
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
-#: Requests one scheduler call tries to place at most (placed or found to fit nowhere), in tries over the
-#: whole fleet (`try_cost`).
+#: Requests one scheduler call tries to place at most (placed or found to fit nowhere).
 SERVE_SLICE: Final = 2
-
-
-def try_cost(among: Sequence[EndpointView] | None, snap: FleetSnapshot) -> float:
-    """What one try counts against a call's slice: 1 for a try over the whole fleet (`among` None), the
-    share of the fleet it asks about when only the endpoints that changed since the request fit nowhere
-    are tried (`gateway.sched.unfit.retry_on`), 0 when none did."""
-    if among is None:
-        return 1.0
-    return len(among) / max(1, len(snap.endpoints))
 
 
 class ServeSlices:
@@ -52,10 +41,10 @@ class ServeSlices:
     __slots__ = ("owed", "tries")
 
     def __init__(self) -> None:
-        self.tries = 0.0
+        self.tries = 0
         self.owed: dict[ModelName, set[int]] = {}
 
-    def start(self, tries: float) -> None:
+    def start(self, tries: int) -> None:
         """A call that serves begins: it may try `tries` requests."""
         self.tries = tries
 
@@ -67,14 +56,15 @@ class ServeSlices:
         model = next(iter(self.owed))
         return model, self.owed.pop(model)
 
-    def begin(self, model: ModelName) -> bool:
-        """A fresh serve of `model` begins (it replaces one owed for it); False when this call's tries
-        are spent: it is owed after those already owed, and does not run now."""
-        self.owed.pop(model, None)
-        if self.tries > 0:
-            return True
-        self.owed[model] = set()
-        return False
+    def begin(self, model: ModelName) -> tuple[bool, set[int] | None]:
+        """A serve of `model` is asked for (a completion, a tick): whether it runs now, and the requests
+        passed over by the serve owed for `model` that it goes on with (None: none was owed, it starts
+        from the head). When this call's tries are spent it does not run now: an owed serve keeps its
+        place, else it is owed after those already owed."""
+        if self.tries <= 0:
+            self.owed.setdefault(model, set())
+            return False, None
+        return True, self.owed.pop(model, None)
 
     def cut(self, model: ModelName, skipped: set[int]) -> None:
         """A serve of `model` under way ran out of tries: it goes on first in the next slice."""

@@ -175,7 +175,7 @@ def test_a_slice_carries_the_requests_its_serve_passed_over() -> None:
     assert not owes(sched)  # its second try found only requests passed over: the serve is done
 
 
-def test_a_fresh_serve_replaces_the_owed_one() -> None:
+def test_a_tick_while_a_serve_is_owed_serves_in_queue_order() -> None:
     pins = Pins()
     sched, clock = make(pins, lookahead=0, caps=(2, 2, 2), slice_=1)
     for i in range(6):
@@ -186,7 +186,7 @@ def test_a_fresh_serve_replaces_the_owed_one() -> None:
         sched._fleet.complete(RequestId(f"r{i}"))  # seats freed without serving
     assert ids(sched.complete(RequestId("r0"))) == ["a"]
     assert owes(sched)
-    assert ids(sched.tick()) == ["b"]  # the daemon's ticker came first: it serves from the head again
+    assert ids(sched.tick()) == ["b"]  # the daemon's ticker came first: it goes on with the owed serve
     assert owes(sched)
     assert ids(sched.serve()) == ["c"]
     assert sched.serve() == []
@@ -212,29 +212,47 @@ def test_models_left_unserved_by_a_spent_call_are_served_in_order() -> None:
     assert not owes(sched)
 
 
-def test_requests_that_fit_nowhere_tried_again_on_one_endpoint_cost_that_share_of_a_try() -> None:
-    """A head of `lookahead` requests that fit nowhere, each tried again only on the endpoint a completion
-    freed, does not spend the slice: every fresh serve (the daemon's next completion, before the owed
-    slice's turn) still places a request behind them."""
+def test_serves_asked_for_while_one_is_owed_go_on_with_it_past_a_head_that_fits_nowhere() -> None:
+    """A head of `lookahead` requests that fit nowhere, and a completion before each owed slice's turn
+    (the daemon under load): each completion's serve goes on with the owed one, so the requests behind
+    the head are placed. Started from the head each time, every call would try the head's first request
+    and place nothing."""
     pins = Pins()
-    sched, clock = make(pins, lookahead=4, caps=(1,) * 16, slice_=1)
-    for i in range(16):
+    sched, clock = make(pins, lookahead=4, caps=(1,) * 8, slice_=1)
+    for i in range(8):
         pins.to[RequestId(f"r{i}")] = EndpointId(f"e{i}")
         assert isinstance(sched.submit(req(f"r{i}", clock)), Dispatch)
     heads = [f"h{i}" for i in range(4)]
     for name in heads:
         pins.to[RequestId(name)] = EndpointId("e0")  # e0 stays busy: they fit nowhere
-    for name in (*heads, "a", "b", "c"):
+    for name in (*heads, "a", "b"):
         assert sched.submit(req(name, clock)) is None
-    sched.serve_slice = 10  # one uncut serve: every head tried on the whole fleet remembers it fit nowhere
-    assert ids(sched.complete(RequestId("r1"))) == ["a"]
-    sched.serve_slice = 1
     placed: list[str] = []
-    for i, name in ((2, "b"), (3, "c")):
+    asked: list[str] = []
+    for i in range(1, 8):
         pins.asked.clear()
-        placed += ids(sched.complete(RequestId(f"r{i}")))  # a fresh serve each time, owed slices never run
-        assert pins.asked[:5] == [*heads, name]  # the heads tried where the fleet changed, then the next
-    assert placed == ["b", "c"]
+        placed += ids(sched.complete(RequestId(f"r{i}")))  # owed slices never get their own turn
+        asked += pins.asked
+    assert placed == ["a", "b"]
+    assert asked[:6] == [*heads, "a", "b"]  # one try a call, going on from where the last one stopped
+
+
+def test_a_tick_goes_on_with_the_owed_serve() -> None:
+    pins = Pins()
+    sched, clock = make(pins, lookahead=4, caps=(1, 1, 1), slice_=1)
+    for i in range(3):
+        pins.to[RequestId(f"r{i}")] = EndpointId(f"e{i}")
+        assert isinstance(sched.submit(req(f"r{i}", clock)), Dispatch)
+    pins.to[RequestId("stuck")] = EndpointId("e0")
+    for name in ("stuck", "a", "b"):
+        assert sched.submit(req(name, clock)) is None
+    sched._fleet.complete(RequestId("r2"))  # a seat freed without serving
+    pins.asked.clear()
+    assert sched.complete(RequestId("r1")) == []  # stuck tried, fits nowhere: the slice is spent
+    assert owes(sched)
+    assert ids(sched.tick()) == ["a"]  # goes on past stuck
+    assert ids(sched.tick()) == ["b"]
+    assert pins.asked == ["stuck", "a", "b"]
 
 
 async def test_the_live_driver_carries_the_slices_on_over_the_loop_turns() -> None:
