@@ -121,36 +121,53 @@ def endangers(load: EndpointLoad, req: SchedRequest, *, margin: float = 1.0, on_
     return _any_over(load, req, _terms(load, on_track, margin, None))
 
 
+class Sparing:
+    """`not endangers(load, req, margin=margin, on_track=on_track)`, asked load by load (`spares`) for
+    loads of one cache (the same prediction parameters: one output estimate for `req`), with what
+    `join_delays` takes from the request alone taken once, from the first load asked (the overflow
+    guard asks it of every candidate). One load at a time, as the guard makes them: a load remade for
+    the question is judged before the next is made, so a placement does not hold every candidate's new
+    load and terms at once (that made a young collection of nearly every placement)."""
+
+    __slots__ = ("_cached", "_context", "_gamma", "_margin", "_on_track", "_out", "_p", "_req", "_whole")
+
+    def __init__(self, req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0) -> None:
+        self._req = req
+        self._margin = margin
+        self._on_track = on_track
+        self._p = float(resume_prompt_tokens(req))
+        self._whole = req.prompt_tokens + req.produced_tokens
+        self._cached = bool(req.cached)
+        self._gamma: float | None = None  # with `_out` and `_context`, from the first load asked
+        self._out = 0.0
+        self._context = 0.0
+
+    def spares(self, load: EndpointLoad) -> bool:
+        req = self._req
+        terms = _terms(load, self._on_track, self._margin, None)
+        if terms.ttft is None and terms.itl is None and not terms.e2e:
+            return True
+        if self._gamma is None:
+            self._gamma = load.gamma
+            self._out = load.output_tokens(req)
+            self._context = self._p + 0.5 * self._out
+        elif load.gamma != self._gamma:  # (another cache's load: its own output estimate)
+            return not _any_over(load, req, terms)
+        c = load.coef
+        out = self._out
+        # `join_delays`, term by term
+        fresh = prefill_tokens(req, load.view.id) if self._cached else self._whole
+        per_iter = (c.k2 * self._context + c.c2) * (1.0 + load.overhead)
+        first = c.k1 * fresh
+        return not _over(terms, first, c.k1 * fresh + c.c1, per_iter, out)
+
+
 def spared(
     loads: Sequence[EndpointLoad], req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0
 ) -> list[bool]:
-    """`[not endangers(load, req, margin=margin, on_track=on_track) for load in loads]` for loads of one
-    cache (the same prediction parameters: one output estimate for `req`), with what `join_delays` takes
-    from the request alone taken once (the overflow guard asks it of every candidate)."""
-    if not loads:
-        return []
-    p = float(resume_prompt_tokens(req))
-    whole = req.prompt_tokens + req.produced_tokens
-    cached = req.cached
-    gamma = loads[0].gamma
-    out = loads[0].output_tokens(req)
-    context = p + 0.5 * out
-    got: list[bool] = []
-    for load in loads:
-        terms = _terms(load, on_track, margin, None)
-        if terms.ttft is None and terms.itl is None and not terms.e2e:
-            got.append(True)
-            continue
-        if load.gamma != gamma:  # (another cache's load: its own output estimate)
-            got.append(not _any_over(load, req, terms))
-            continue
-        c = load.coef
-        # `join_delays`, term by term
-        fresh = prefill_tokens(req, load.view.id) if cached else whole
-        per_iter = (c.k2 * context + c.c2) * (1.0 + load.overhead)
-        first = c.k1 * fresh
-        got.append(not _over(terms, first, c.k1 * fresh + c.c1, per_iter, out))
-    return got
+    """`[not endangers(load, req, margin=margin, on_track=on_track) for load in loads]` (`Sparing`)."""
+    sparing = Sparing(req, margin=margin, on_track=on_track)
+    return [sparing.spares(load) for load in loads]
 
 
 def breaks_deadlines(load: EndpointLoad, req: SchedRequest, *, theta: float, on_track: float = 0.0) -> bool:

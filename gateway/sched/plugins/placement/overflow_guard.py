@@ -18,7 +18,7 @@ import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.sched.fleet_loads import COLUMNS_FROM_LOADS, fleet_loads
-from gateway.sched.harms import endangers, spared
+from gateway.sched.harms import Sparing, endangers
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
@@ -57,10 +57,10 @@ class OverflowGuardFilter:
         left = time_left(req, now)
         harmless: list[EndpointView] = []
         meeting: list[EndpointView] = []
-        loads = [self._cache.load(e, now) for e in candidates]
-        spare = spared(loads, req, margin=p.margin, on_track=p.on_track)
-        for e, load, ok in zip(candidates, loads, spare, strict=True):
-            if not ok:
+        sparing = Sparing(req, margin=p.margin, on_track=p.on_track)
+        for e in candidates:
+            load = self._cache.load(e, now)
+            if not sparing.spares(load):
                 continue
             harmless.append(e)
             if req.best_effort:
