@@ -93,7 +93,6 @@ little); ``n_*`` are the observations the dimension's current fit used (0 while 
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from collections.abc import Callable, Iterator
@@ -104,7 +103,7 @@ import numpy as np
 
 from gateway.sched.perf import PerfCoefficients
 from gateway.telemetry.observation_window import ObservationWindow
-from gateway.telemetry.robust_regression import Array, Steps, fit_decay, fit_linear
+from gateway.telemetry.robust_regression import Array, Steps, design, fit_decay, fit_linear, window_weights
 
 #: What a part's fit changes: its coefficients in a given `PerfCoefficients`.
 Update = Callable[[PerfCoefficients], PerfCoefficients]
@@ -346,7 +345,7 @@ class PerfModelFitter:
             return lambda cur: replace(cur, thr1=thr1, alpha=alpha, beta=beta, n_throughput=n)
         if part == "prefill":
             data = self._prefill.rows()
-            x = _design(data[:, 0])
+            x = design(data[:, 0])
             fit = yield from fit_linear(x, data[:, 1], self._weights(len(data)))
             if fit is None:
                 return None
@@ -356,7 +355,7 @@ class PerfModelFitter:
         if part == "decode":
             data = self._decode.rows()
             batch, ctx = data[:, 0], data[:, 1]
-            x = _design(batch * ctx, batch)
+            x = design(batch * ctx, batch)
             fit = yield from fit_linear(x, data[:, 2], self._weights(len(data)))
             if fit is None:
                 return None
@@ -364,7 +363,7 @@ class PerfModelFitter:
             mape, n = fit.mape, fit.n
             return lambda cur: replace(cur, k2=k2, c2=c2, c3=c3, decode_mape=mape, n_decode=n)
         data = self._kv.rows()
-        x = _design(data[:, 0])
+        x = design(data[:, 0])
         fit = yield from fit_linear(x, data[:, 1], self._weights(len(data)))
         if fit is None:
             return None
@@ -420,26 +419,8 @@ class PerfModelFitter:
     def _weights(self, n: int) -> Array:
         """The forgetting weights of a window of `n` observations, the newest last: the tail of the
         full window's (the same numbers elementwise, made once per window size and half-life)."""
-        full = _window_weights(self._window, self._half_life)
+        full = window_weights(self._window, self._half_life)
         return full[len(full) - n :]
-
-
-def _design(*columns: Array) -> Array:
-    """The design matrix of `columns` and an intercept column of ones (`np.column_stack`'s C-ordered
-    array, without its wrapper)."""
-    x = np.ones((len(columns[0]), len(columns) + 1))
-    for k, column in enumerate(columns):
-        x[:, k] = column
-    return x
-
-
-@functools.cache
-def _window_weights(size: int, half_life: float) -> Array:
-    """``2^(-age / half_life)`` for the ages ``size - 1`` down to 0, read-only (shared by every fitter)."""
-    age = np.arange(size - 1, -1, -1, dtype=np.float64)  # the newest observation is the last
-    weights = np.exp2(-age / half_life)
-    weights.flags.writeable = False
-    return weights
 
 
 def _finite(*values: float) -> bool:

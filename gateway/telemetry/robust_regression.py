@@ -7,6 +7,7 @@ Sans-IO and stateless: arrays in, coefficients (or None when the fit is refused)
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -215,3 +216,21 @@ def fit_decay(n: Array, tps: Array, w: Array) -> Steps[tuple[float, float, float
     if not thr1[k] > 0 or not math.isfinite(float(sse[k])) or not math.isfinite(float(alpha[k] + thr1[k])):
         return None
     return float(thr1[k]), float(alpha[k]), float(_BETAS[k])
+
+
+def design(*columns: Array) -> Array:
+    """The design matrix of `columns` and an intercept column of ones (`np.column_stack`'s C-ordered
+    array, without its wrapper)."""
+    x = np.ones((len(columns[0]), len(columns) + 1))
+    for k, column in enumerate(columns):
+        x[:, k] = column
+    return x
+
+
+@functools.cache
+def window_weights(size: int, half_life: float) -> Array:
+    """``2^(-age / half_life)`` for the ages ``size - 1`` down to 0, read-only (shared by every fitter)."""
+    age = np.arange(size - 1, -1, -1, dtype=np.float64)  # the newest observation is the last
+    weights = np.exp2(-age / half_life)
+    weights.flags.writeable = False
+    return weights

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gateway.sched.perf import default_prior
 from gateway.telemetry import robust_regression as fast
-from gateway.telemetry.perfmodel import PerfModelFitter, _design
+from gateway.telemetry.perfmodel import PerfModelFitter
 from tests.unit import robust_regression_reference as plain
 
 T = TypeVar("T")
@@ -152,8 +152,8 @@ def test_design_is_column_stack(vals: list[float]) -> None:
     n = len(vals) // 2
     a, b = np.array(vals[:n]), np.array(vals[n:])
     for got, want in (
-        (_design(a), np.column_stack((a, np.ones(n)))),
-        (_design(a * b, b), np.column_stack((a * b, b, np.ones(n)))),
+        (fast.design(a), np.column_stack((a, np.ones(n)))),
+        (fast.design(a * b, b), np.column_stack((a * b, b, np.ones(n)))),
     ):
         assert got.flags.c_contiguous
         assert want.flags.c_contiguous
