@@ -12,7 +12,6 @@ answers are those of `harm`, exactly (`tests/unit/test_sched_harms.py` checks bo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.sched.joining import join_delays
@@ -160,14 +159,6 @@ class Sparing:
         per_iter = (c.k2 * self._context + c.c2) * (1.0 + load.overhead)
         first = c.k1 * fresh
         return not _over(terms, first, c.k1 * fresh + c.c1, per_iter, out)
-
-
-def spared(
-    loads: Sequence[EndpointLoad], req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0
-) -> list[bool]:
-    """`[not endangers(load, req, margin=margin, on_track=on_track) for load in loads]` (`Sparing`)."""
-    sparing = Sparing(req, margin=margin, on_track=on_track)
-    return [sparing.spares(load) for load in loads]
 
 
 def breaks_deadlines(load: EndpointLoad, req: SchedRequest, *, theta: float, on_track: float = 0.0) -> bool:

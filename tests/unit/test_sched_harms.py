@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gateway.core.slo import Infeasible, SloClass, SloPolicy
 from gateway.core.types import EndpointId
-from gateway.sched.harms import breaks_deadlines, endangers, spared
+from gateway.sched.harms import Sparing, breaks_deadlines, endangers
 from gateway.sched.interfaces import AdmitOutcome
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.admission.seat_order import SeatOrder, kth_free
@@ -224,7 +224,7 @@ def test_the_loads_spared_are_those_each_load_finds_unendangered(  # noqa: PLR09
     on_track: float,
     tail: Literal["mean", "normal"],
 ) -> None:
-    """`spared` (the request's terms taken once for every candidate) against `endangers` load by load,
+    """`Sparing` (the request's terms taken once for every candidate) against `endangers` load by load,
     with and without a prefix cached on one of the endpoints, the loads of one cache."""
     params = PredictParams(tail=tail)
     made = [
@@ -243,6 +243,7 @@ def test_the_loads_spared_are_those_each_load_finds_unendangered(  # noqa: PLR09
         r = _req(k, new)
         if cached is not None:
             r = dataclasses.replace(r, cached=PrefixHits({EndpointId("e0"): cached}))
-        assert spared(made, r, margin=margin, on_track=on_track) == [
+        sparing = Sparing(r, margin=margin, on_track=on_track)
+        assert [sparing.spares(load) for load in made] == [
             not endangers(load, r, margin=margin, on_track=on_track) for load in made
         ]
