@@ -32,6 +32,7 @@ from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, with_progress
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from tests.unit.fleet_steps import changed
 from tests.unit.slo_fixtures import COEF, SLOW, req, running, view
 
 NOW = 10.0
@@ -101,20 +102,6 @@ def _view(k: int, endpoint: Endpoint) -> EndpointView:
     return v if coef is not None else dataclasses.replace(v, estimates=None)  # the generic prior
 
 
-def _changed(v: EndpointView, what: int, now: float, serial: int) -> EndpointView | None:
-    rs = list(v.running)
-    if what == 1 and rs:
-        r = rs[serial % len(rs)]
-        rs[serial % len(rs)] = with_progress(r, (r.produced or 0) + 16, r.first_token_at or now - 0.01, now)
-    elif what == 2 and len(rs) < v.cap:
-        rs.append(running(f"{v.id}-n{serial}", prompt=300, out=80.0, dispatched_at=now, e2e_deadline=now + 4))
-    elif what == 3 and rs:
-        rs.pop(serial % len(rs))
-    else:
-        return None
-    return dataclasses.replace(v, running=tuple(rs), inflight=len(rs))
-
-
 class _Plain(SloFeasibilityAdmitter):
     """The same admission with the seat it waits for found over made loads, in Python: every load made,
     its `seat_free` list taken with its index, sorted."""
@@ -178,9 +165,9 @@ def _same_answers(  # noqa: PLR0917
     for serial, (dt_ms, at, what, cls, (ttft, e2e, itl), queued) in enumerate(steps):
         now += dt_ms / 1000.0
         k = at % len(views)
-        changed = _changed(views[k], what, now, serial)
-        if changed is not None:
-            views = (*views[:k], changed, *views[k + 1 :])
+        moved = changed(views[k], what, now, serial)
+        if moved is not None:
+            views = (*views[:k], moved, *views[k + 1 :])
             cols = updated(cols, views, [k])
         s = FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
         r = req(
