@@ -19,10 +19,22 @@ def test_the_quick_run_measures_every_target(tmp_path: Path) -> None:
     names = [t["name"] for t in doc["targets"]]
     assert len(names) == 8
     assert any("endpoints scraped" in n for n in names)
+    # A ratio of added figures has no value when the bare proxy added nothing measurable in this run
+    # (its p99 under direct's: one quick round on a shared machine); every other target has one.
+    bare = doc["summary"]["bare"]
+    unmeasured = {
+        "added p99, berth ÷ bare (c=8)": bare["added_p99_c8_ms"],
+        "added TTFC, berth ÷ bare (8 streams)": bare["added_ttfc_p50_ms"],
+    }
     for target in doc["targets"]:
-        assert target["value"] is not None, target["name"]
-        assert target["verdict"] in ("PASS", "FAIL")
-    assert doc["verdict"] in ("PASS", "FAIL")
+        if target["value"] is None:
+            assert target["name"] in unmeasured, target["name"]
+            assert unmeasured[target["name"]] <= 0.0, target
+            assert target["verdict"] == "N/A"
+        else:
+            assert target["verdict"] in ("PASS", "FAIL")
+    missing = any(t["value"] is None for t in doc["targets"])
+    assert doc["verdict"] in (("INCOMPLETE",) if missing else ("PASS", "FAIL"))
     seen = {(m["phase"], m["config"]) for m in doc["measurements"]}
     assert seen >= {(p, c) for p in PHASES for c in CONFIGS}
     assert {(FLEET, "bare"), (FLEET, "berth")} <= seen
