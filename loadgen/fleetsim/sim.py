@@ -43,6 +43,7 @@ from loadgen.client import RequestResult
 from loadgen.engine_sim.engine import SimRequest
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.clock import VirtualClock
+from loadgen.fleetsim.collector import SimCollector
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
 from loadgen.fleetsim.options import SimOptions, schedule_of
@@ -135,6 +136,7 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         self._draining_until = math.inf
         self._ended = False
         self.life: SimLifecycle | None = None
+        self.collector = SimCollector(lambda: len(self._running)) if opts.collector == "daemon" else None
 
     # ----------------------------------------------------------------- the loop
     def run(self) -> Report:
@@ -175,7 +177,15 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         for i, ep in enumerate(self.endpoints if self.life is None else ()):  # lifecycle engines: _add_engine
             self.push(interval * i / n, _SCRAPE, ep)
         self.push(self._last_arrival + opts.drain_timeout_s, _DRAIN)
-        self._loop()
+        collector = self.collector
+        if collector is None:
+            self._loop()
+        else:
+            collector.start()
+            try:
+                self._loop()
+            finally:
+                collector.stop()
         wall = time.perf_counter() - started
         return self._report(schedule, wall)
 
@@ -186,6 +196,7 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         refresh_every = self.gw.cfg.telemetry.refresh_interval_s
         scrape_every = self.gw.cfg.scrape.interval_s
         reports = self._reports
+        collector = self.collector
         while heap and not self._ended:
             event = pop(heap)
             if reports and reports[0] < event:
@@ -202,6 +213,8 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
             elif kind == _ARRIVE:
                 self._arrive(obj)
             elif kind == _TICK:
+                if collector is not None:
+                    collector.step()
                 if self.life is not None:
                     self.life.tick()
                 for gw in self.gws:

@@ -84,6 +84,7 @@ class Point:
     workload: str = WORKLOAD
     max_run: int = MAX_RUN  # the simulator's decode run length (1: token by token)
     shares: bool = False  # time berth's parts (`sim_share`)
+    collector: str = "daemon"  # `SimOptions.collector`
 
     def argv(self) -> list[str]:
         return [
@@ -99,6 +100,7 @@ class Point:
             self.workload,
             str(self.max_run),
             "1" if self.shares else "0",
+            self.collector,
         ]
 
 
@@ -114,6 +116,7 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
     from loadgen.bench.simulator.sim_share import instrument, split
     from loadgen.engine_sim.spec import EndpointSpec
     from loadgen.fleetsim import SimOptions
+    from loadgen.fleetsim.collector import GcTally
     from loadgen.fleetsim.sim import Simulation
 
     rss_base = _rss_kib()
@@ -136,6 +139,7 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
         seed=point.seed,
         models=(MODEL,),
         max_run=point.max_run,
+        collector="daemon" if point.collector == "daemon" else "cpython",
     )
     cpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -145,7 +149,8 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
     random.seed(opts.seed)  # as `simulate` does
     sim = Simulation(opts)
     shares = instrument(sim) if point.shares else None
-    report = sim.run()
+    with GcTally() as tally:
+        report = sim.run()
     if prof is not None:
         prof.disable()
     wall = time.perf_counter() - t0
@@ -180,6 +185,8 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
         "max_run": point.max_run,
         "profiled": profile_to is not None,
         "shares_s": None if shares is None else split(shares, wall),
+        "collector": point.collector,
+        "gc": tally.document(),  # collections per generation and their wall seconds, during the run
     }
 
 
@@ -215,6 +222,7 @@ class ScaleConfig:
     workload: str = WORKLOAD
     max_run: int = MAX_RUN
     shares: bool = False
+    collector: str = "daemon"
 
     def headline(self) -> Point:
         rate = self.headline_endpoints * self.rate_per_endpoint
@@ -228,6 +236,7 @@ class ScaleConfig:
             self.workload,
             self.max_run,
             self.shares,
+            self.collector,
         )
 
     def curve(self) -> list[Point]:
@@ -242,6 +251,7 @@ class ScaleConfig:
                 self.workload,
                 self.max_run,
                 self.shares,
+                self.collector,
             )
             for n in self.sizes
         ]
@@ -281,6 +291,7 @@ def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[
             f"- wall {headline['wall_s']:.1f} s on one core: {'MET' if ok else 'NOT MET'} "
             f"(target <= {HEADLINE_TARGET_S:g} s); {headline['requests_per_s']:,.0f} simulated requests/s, "
             f"{headline['events_per_s']:,.0f} events/s.",
+            gc_line(headline),
             "",
         ]
     if curve:
@@ -335,6 +346,16 @@ def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[
     return "\n".join(lines)
 
 
+def gc_line(p: dict[str, Any]) -> str:
+    """The collector's work during a point: collections per generation and their seconds."""
+    gc = p.get("gc") or {"collections": [0, 0, 0], "seconds": [0.0, 0.0, 0.0]}
+    n, s = gc["collections"], gc["seconds"]
+    return (
+        f"- collector `{p.get('collector', 'cpython')}`: {n[0]:,} / {n[1]:,} / {n[2]:,} collections of "
+        f"generation 0 / 1 / 2, {sum(s):.2f} s in them ({' / '.join(f'{x:.2f}' for x in s)})."
+    )
+
+
 def _profile_path(cfg: ScaleConfig, p: Point) -> Path | None:
     return (cfg.out / f"profile-{p.label}.txt").resolve() if cfg.profile else None
 
@@ -365,6 +386,7 @@ def bench(cfg: ScaleConfig, *, headline: bool = True, log: Any = print) -> dict[
             "workload": cfg.workload,
             "max_run": cfg.max_run,
             "shares": cfg.shares,
+            "collector": cfg.collector,
             "profile": PROFILE,
             "seed": cfg.seed,
             "loadavg": list(os.getloadavg()),
@@ -411,8 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="time the calls into berth's scheduler, telemetry and admission (section (d))",
     )
     # One point in this process (what `run_point` starts):
-    # ENDPOINTS RATE DURATION SEED POLICY WORKLOAD MAX_RUN SHARES.
-    p.add_argument("--point", nargs=8, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--collector",
+        choices=("daemon", "cpython"),
+        default="daemon",
+        help="the cyclic garbage collector during each point: the daemon's schedule (GcSchedule) or "
+        "CPython's own thresholds",
+    )
+    # ENDPOINTS RATE DURATION SEED POLICY WORKLOAD MAX_RUN SHARES COLLECTOR.
+    p.add_argument("--point", nargs=9, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--profile-to", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument(
@@ -424,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.point:
-        n, rate, duration, seed, policy, workload, max_run, shares = args.point
+        n, rate, duration, seed, policy, workload, max_run, shares, collector = args.point
         work = args.work or Path(".")
         point = Point(
             "point",
@@ -436,6 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             workload,
             int(max_run),
             shares == "1",
+            collector,
         )
         fig = measure(point, work, args.profile_to)
         sys.stdout.write(orjson.dumps(fig).decode() + "\n")
@@ -455,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload=args.workload,
         max_run=args.max_run,
         shares=args.shares,
+        collector=args.collector,
     )
     return run_bench(
         BENCHMARKS["simscale"],
