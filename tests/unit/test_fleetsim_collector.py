@@ -24,7 +24,9 @@ YOUNG_BOUND = 60
 
 
 def _opts(endpoints: int, **kw: Any) -> SimOptions:
-    fleet = tuple(EndpointSpec(models=("m",), profile="fleet-7b", seed=i, id=f"e{i}") for i in range(endpoints))
+    fleet = tuple(
+        EndpointSpec(models=("m",), profile="fleet-7b", seed=i, id=f"e{i}") for i in range(endpoints)
+    )
     base: dict[str, Any] = {
         "policy": POLICIES / "coding-assistant.toml",
         "fleet": fleet,
@@ -40,7 +42,8 @@ def _opts(endpoints: int, **kw: Any) -> SimOptions:
 def _report(opts: SimOptions) -> bytes:
     data = simulate(opts).data
     sim = data["simulation"]
-    data["simulation"] = {k: v for k, v in sim.items() if k not in ("wall_s", "events_per_s", "requests_per_s")}
+    timed = ("wall_s", "events_per_s", "requests_per_s")
+    data["simulation"] = {k: v for k, v in sim.items() if k not in timed}
     return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
 
 
