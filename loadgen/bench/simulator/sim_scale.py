@@ -21,7 +21,8 @@ against simulated requests near-linear, log-log slope at most 1.05; (c) peak mem
 policies/coding-assistant.toml` runs the SLO preset (the targets hold for it too); `--shares` splits each
 point's wall time into berth's scheduler, its telemetry, its admission and the simulator itself
 (`sim_share`); `--max-run 1` runs the simulator token by token (every decode iteration its own event: the
-same reports, slower), for a side-by-side.
+same reports, slower), for a side-by-side. Each point runs under the daemon's collector schedule
+(`SimOptions.collector`; `--collector cpython`: CPython's own thresholds) and reports its collections.
 
 Output: `OUT/report.md`, `OUT/report.json`.
 """
