@@ -6,15 +6,35 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from pathlib import Path
+from typing import Any, Final, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from loadgen.bench.simulator.sim_scale import ScaleConfig
-
 #: The engine profile of every simulated endpoint.
 PROFILE: Final = "fleet-7b"
+
+
+class ReportConfig(Protocol):
+    """What the report says of the benchmark's configuration (`sim_scale.ScaleConfig`)."""
+
+    @property
+    def cpus(self) -> tuple[int, ...] | None: ...
+    @property
+    def curve_duration_s(self) -> float: ...
+    @property
+    def max_run(self) -> int: ...
+    @property
+    def policy(self) -> Path: ...
+    @property
+    def profile(self) -> bool: ...
+    @property
+    def rate_per_endpoint(self) -> float: ...
+    @property
+    def shares(self) -> bool: ...
+    @property
+    def workload(self) -> str: ...
+
 
 #: The headline's target: 100,000 requests over 100 endpoints within this many seconds of wall time.
 HEADLINE_TARGET_S: Final = 60.0
@@ -162,7 +182,7 @@ HEADER: Final = [
 ]
 
 
-def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[dict[str, Any]]) -> str:
+def markdown(cfg: ReportConfig, headline: dict[str, Any] | None, curve: Sequence[dict[str, Any]]) -> str:
     pin = "not pinned" if cfg.cpus is None else f"pinned to CPU {','.join(map(str, cfg.cpus))} (taskset)"
     if cfg.profile:
         pin += "; PROFILED (cProfile): wall times include its overhead"
