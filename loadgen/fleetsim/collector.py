@@ -5,11 +5,11 @@ frozen (not walked) about once a second and collected only as a probe, and a ful
 the heap to grow by a quarter. Under CPython's own thresholds a simulation pays what the daemon does not:
 a young collection every 700 net allocations (a decision that makes a hundred loads sets one off), whose
 survivors move to the older generations and are walked again by theirs. `SimCollector` puts the
-simulation on the daemon's schedule: `start` settles it, `step` (at every scheduler tick of the virtual
-clock, as the daemon's timer steps it between callbacks) runs a young step when one is due, and a tick
-(the idle check and the heap's growth) at most every `TICK_S` of wall time; `stop` hands the collector
-back. Collections free only what reference counting left, so the run's events and report are the same
-either way; only its cost moves.
+simulation on the daemon's schedule: `start` settles it (before the fleet is brought up), `step` (at
+every scheduler tick of the virtual clock, as the daemon's timer steps it between callbacks) runs a
+young step when one is due, and a tick (the idle check and the heap's growth) at most every `TICK_S`
+of wall time; `stop` hands the collector back (after the report is built). Collections free only what
+reference counting left, so the run's events and report are the same either way; only its cost moves.
 """
 
 from __future__ import annotations

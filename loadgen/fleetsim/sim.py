@@ -140,6 +140,18 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
 
     # ----------------------------------------------------------------- the loop
     def run(self) -> Report:
+        """The simulation, from bringing the fleet up to the report (under the daemon's collector schedule
+        from start to end with `SimOptions.collector` "daemon")."""
+        collector = self.collector
+        if collector is None:
+            return self._run()
+        collector.start()
+        try:
+            return self._run()
+        finally:
+            collector.stop()
+
+    def _run(self) -> Report:
         opts = self.opts
         started = time.perf_counter()
         for gw in self.gws:
@@ -177,15 +189,7 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         for i, ep in enumerate(self.endpoints if self.life is None else ()):  # lifecycle engines: _add_engine
             self.push(interval * i / n, _SCRAPE, ep)
         self.push(self._last_arrival + opts.drain_timeout_s, _DRAIN)
-        collector = self.collector
-        if collector is None:
-            self._loop()
-        else:
-            collector.start()
-            try:
-                self._loop()
-            finally:
-                collector.stop()
+        self._loop()
         wall = time.perf_counter() - started
         return self._report(schedule, wall)
 
