@@ -317,6 +317,7 @@ def _sim(args: argparse.Namespace) -> int:
             request_timeout_s=args.timeout,
             stall_timeout_s=args.stall_timeout,
             drain_timeout_s=args.drain_timeout,
+            collector="daemon",  # the daemon's collector schedule: the same report, less collector work
         )
         report = simulate(opts)
     except (ConfigError, FleetFileError, ValueError, OSError) as e:

@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadgen.workloads.base import CallSpec, Slo, TaskSpec, call_prompt
-from loadgen.workloads.prompt import ApiName
+from loadgen.workloads.base import CallSpec, Slo, TaskSpec
+from loadgen.workloads.prompt import ApiName, plain_text
 
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
@@ -81,11 +81,16 @@ def _ms(seconds: float | None) -> float | None:
 def build_body(call: CallSpec, model: str, salt: int) -> bytes:
     n = call.output_tokens
     body: dict[str, Any] = {"model": model}
-    prompt = call_prompt(call, salt)
-    if call.api == "chat":
-        body["messages"] = prompt.chat_messages()
+    if call.prompt is None:  # text of its own (`plain_prompt`'s one user message), without the objects
+        text = plain_text(call.prompt_tokens, call.api, salt)
+        if call.api == "chat":
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+    elif call.api == "chat":
+        body["messages"] = call.prompt.chat_messages()
     else:
-        body["prompt"] = prompt.completion_text()
+        body["prompt"] = call.prompt.completion_text()
     body.update(
         max_tokens=n, min_tokens=n, ignore_eos=True, stream=True, stream_options={"include_usage": True}
     )

@@ -55,13 +55,20 @@ def _pattern(space: str) -> tuple[int, ...]:
     return tuple(b % _BASE for b in _digest("pattern\0" + space)[:HEADER_WORDS])
 
 
+@functools.lru_cache(maxsize=256)
+def _digit_words(space: str) -> tuple[tuple[str, ...], ...]:
+    """Per header position, the word (with its space) each digit of a key spells there in `space`: the
+    word `(digit + offset) % _BASE` of the position's offset (`_pattern`)."""
+    return tuple(tuple(_WORDS[(d + p) % _BASE] + " " for d in range(_BASE)) for p in _pattern(space))
+
+
 def _header(space: str, key: int) -> str:
     if not 0 <= key <= MAX_KEY:
         raise ValueError(f"a text key must be in [0, {MAX_KEY}], got {key}")
     words = []
-    for p in _pattern(space):
+    for table in _digit_words(space):
         key, digit = divmod(key, _BASE)
-        words.append(_WORDS[(digit + p) % _BASE] + " ")
+        words.append(table[digit])
     return "".join(words)
 
 

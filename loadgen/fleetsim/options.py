@@ -56,6 +56,10 @@ class SimOptions:
     replicas: int = 1
     publish_interval_s: float = 0.5
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)  # --sessions, --turns, ...
+    # The cyclic garbage collector during the run: "cpython", its own thresholds; "daemon", the daemon's
+    # schedule (`gateway.core.heap.GcSchedule`), stepped at every scheduler tick as the daemon's timer
+    # steps it between callbacks (`loadgen.fleetsim.collector`). Nothing the run reports depends on it.
+    collector: Literal["cpython", "daemon"] = "cpython"
 
 
 def schedule_of(opts: SimOptions) -> Sequence[TaskSpec]:

@@ -43,6 +43,7 @@ from loadgen.client import RequestResult
 from loadgen.engine_sim.engine import SimRequest
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.clock import VirtualClock
+from loadgen.fleetsim.collector import SimCollector
 from loadgen.fleetsim.gateway import SimGateway
 from loadgen.fleetsim.lifecycle import EngineHooks, SimLifecycle
 from loadgen.fleetsim.options import SimOptions, schedule_of
@@ -135,9 +136,22 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         self._draining_until = math.inf
         self._ended = False
         self.life: SimLifecycle | None = None
+        self.collector = SimCollector(lambda: len(self._running)) if opts.collector == "daemon" else None
 
     # ----------------------------------------------------------------- the loop
     def run(self) -> Report:
+        """The simulation, from bringing the fleet up to the report (under the daemon's collector schedule
+        from start to end with `SimOptions.collector` "daemon")."""
+        collector = self.collector
+        if collector is None:
+            return self._run()
+        collector.start()
+        try:
+            return self._run()
+        finally:
+            collector.stop()
+
+    def _run(self) -> Report:
         opts = self.opts
         started = time.perf_counter()
         for gw in self.gws:
@@ -186,6 +200,7 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         refresh_every = self.gw.cfg.telemetry.refresh_interval_s
         scrape_every = self.gw.cfg.scrape.interval_s
         reports = self._reports
+        collector = self.collector
         while heap and not self._ended:
             event = pop(heap)
             if reports and reports[0] < event:
@@ -202,6 +217,8 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
             elif kind == _ARRIVE:
                 self._arrive(obj)
             elif kind == _TICK:
+                if collector is not None:
+                    collector.step()
                 if self.life is not None:
                     self.life.tick()
                 for gw in self.gws:

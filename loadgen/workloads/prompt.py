@@ -106,3 +106,9 @@ def plain_prompt(prompt_tokens: int, api: ApiName, salt: int) -> Prompt:
     that the simulator counts `prompt_tokens` (the chat template's tokens taken off)."""
     words = prompt_tokens - CHAT_TEMPLATE_TOKENS if api == "chat" else prompt_tokens
     return Prompt((Message("user", (Span(PLAIN_SPACE, salt % (MAX_KEY + 1), max(1, words)),)),))
+
+
+def plain_text(prompt_tokens: int, api: ApiName, salt: int) -> str:
+    """The text of `plain_prompt`'s one message (its `completion_text`), without making the prompt."""
+    words = prompt_tokens - CHAT_TEMPLATE_TOKENS if api == "chat" else prompt_tokens
+    return span_text(PLAIN_SPACE, salt % (MAX_KEY + 1), max(1, words))

@@ -146,3 +146,33 @@ def test_reusable_share_counts_full_blocks_seen_before() -> None:
     assert "53.3 %" in format_reuse("x", [stats])
     with pytest.raises(ValueError, match="block_tokens"):
         reusable_share(tasks, block_tokens=0)
+
+
+@given(
+    st.integers(1, 20_000),
+    st.integers(1, 64),
+    st.sampled_from(API_NAMES),
+    st.integers(0, 2**62),
+    st.none() | st.integers(0, 3),
+)
+def test_a_plain_body_is_built_as_its_prompt_says(
+    prompt_tokens: int, output: int, api: ApiName, salt: int, priority: int | None
+) -> None:
+    """`build_body` of a call without a prompt writes `plain_prompt`'s message without making it: the
+    same bytes as the body built from the prompt object."""
+    call = CallSpec(prompt_tokens, output, api=api, priority=priority)
+    prompt = call_prompt(call, salt)
+    made = build_body(dataclasses.replace(call, prompt=prompt), "m", salt)
+    assert build_body(call, "m", salt) == made
+
+
+@given(SPACES, KEYS)
+def test_the_header_spells_each_digit_with_the_spaces_offset(space: str, key: int) -> None:
+    """`_header`'s tables of words per position give the words of the plain formula."""
+    from loadgen.prompts import _BASE, _WORDS, _header, _pattern
+
+    words, k = [], key
+    for p in _pattern(space):
+        k, digit = divmod(k, _BASE)
+        words.append(_WORDS[(digit + p) % _BASE] + " ")
+    assert _header(space, key) == "".join(words)

@@ -21,7 +21,8 @@ against simulated requests near-linear, log-log slope at most 1.05; (c) peak mem
 policies/coding-assistant.toml` runs the SLO preset (the targets hold for it too); `--shares` splits each
 point's wall time into berth's scheduler, its telemetry, its admission and the simulator itself
 (`sim_share`); `--max-run 1` runs the simulator token by token (every decode iteration its own event: the
-same reports, slower), for a side-by-side.
+same reports, slower), for a side-by-side. Each point runs under the daemon's collector schedule
+(`SimOptions.collector`; `--collector cpython`: CPython's own thresholds) and reports its collections.
 
 Output: `OUT/report.md`, `OUT/report.json`.
 """
@@ -47,13 +48,10 @@ import orjson
 
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.simulator.sim_scale_report import (
-    HEADER,
-    HEADLINE_TARGET_S,
-    LINEAR_SLACK,
+    PROFILE,
     curve_summary,
+    markdown,
     memory_model,
-    row,
-    table,
     verdicts,
 )
 from loadgen.bench.skeleton import run_bench
@@ -61,7 +59,6 @@ from loadgen.fleetsim.runs import MAX_RUN
 from loadgen.harness import REPO_ROOT, pinned
 
 MODEL: Final = "chat-7b"
-PROFILE: Final = "fleet-7b"
 WORKLOAD: Final = "sharegpt-like"
 POLICY: Final = REPO_ROOT / "policies" / "default.toml"
 DEFAULT_RATE_PER_ENDPOINT: Final = 0.5
@@ -84,6 +81,7 @@ class Point:
     workload: str = WORKLOAD
     max_run: int = MAX_RUN  # the simulator's decode run length (1: token by token)
     shares: bool = False  # time berth's parts (`sim_share`)
+    collector: str = "daemon"  # `SimOptions.collector`
 
     def argv(self) -> list[str]:
         return [
@@ -99,6 +97,7 @@ class Point:
             self.workload,
             str(self.max_run),
             "1" if self.shares else "0",
+            self.collector,
         ]
 
 
@@ -114,6 +113,7 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
     from loadgen.bench.simulator.sim_share import instrument, split
     from loadgen.engine_sim.spec import EndpointSpec
     from loadgen.fleetsim import SimOptions
+    from loadgen.fleetsim.collector import GcTally
     from loadgen.fleetsim.sim import Simulation
 
     rss_base = _rss_kib()
@@ -136,6 +136,7 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
         seed=point.seed,
         models=(MODEL,),
         max_run=point.max_run,
+        collector="daemon" if point.collector == "daemon" else "cpython",
     )
     cpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -145,7 +146,8 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
     random.seed(opts.seed)  # as `simulate` does
     sim = Simulation(opts)
     shares = instrument(sim) if point.shares else None
-    report = sim.run()
+    with GcTally() as tally:
+        report = sim.run()
     if prof is not None:
         prof.disable()
     wall = time.perf_counter() - t0
@@ -180,6 +182,8 @@ def measure(point: Point, work: Path, profile_to: Path | None = None) -> dict[st
         "max_run": point.max_run,
         "profiled": profile_to is not None,
         "shares_s": None if shares is None else split(shares, wall),
+        "collector": point.collector,
+        "gc": tally.document(),  # collections per generation and their wall seconds, during the run
     }
 
 
@@ -215,6 +219,7 @@ class ScaleConfig:
     workload: str = WORKLOAD
     max_run: int = MAX_RUN
     shares: bool = False
+    collector: str = "daemon"
 
     def headline(self) -> Point:
         rate = self.headline_endpoints * self.rate_per_endpoint
@@ -228,6 +233,7 @@ class ScaleConfig:
             self.workload,
             self.max_run,
             self.shares,
+            self.collector,
         )
 
     def curve(self) -> list[Point]:
@@ -242,97 +248,10 @@ class ScaleConfig:
                 self.workload,
                 self.max_run,
                 self.shares,
+                self.collector,
             )
             for n in self.sizes
         ]
-
-
-def markdown(cfg: ScaleConfig, headline: dict[str, Any] | None, curve: Sequence[dict[str, Any]]) -> str:
-    pin = "not pinned" if cfg.cpus is None else f"pinned to CPU {','.join(map(str, cfg.cpus))} (taskset)"
-    if cfg.profile:
-        pin += "; PROFILED (cProfile): wall times include its overhead"
-    if cfg.shares:
-        pin += "; berth's calls timed (`sim_share`): wall times include the timers"
-    run = (
-        "token by token (every decode iteration an event)"
-        if cfg.max_run == 1
-        else f"decode runs of up to {cfg.max_run} iterations as one event"
-    )
-    lines = [
-        "# Fleet simulator: scale and speed",
-        "",
-        f"Fleet: one model on `{PROFILE}` endpoints (cap = max_num_seqs); workload `{cfg.workload}`, "
-        f"policy `{cfg.policy.name}`, Poisson arrivals at {cfg.rate_per_endpoint:g} requests/s per endpoint; "
-        f"the simulator {run}; each point in a fresh process {pin}. Load average at the end "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs.",
-        "",
-        "wall s: `simulate()` from the call to the report (the simulation and building its report); "
-        "requests/s and events/s: simulated per wall second; util: mean share of endpoints busy; RSS "
-        "base: after the imports, before the simulation.",
-        "",
-    ]
-    if headline is not None:
-        ok = headline["wall_s"] <= HEADLINE_TARGET_S
-        lines += [
-            f"## (a) {headline['requests']:,} requests over {headline['endpoints']} endpoints",
-            "",
-            *table(HEADER, [row(headline)]),
-            "",
-            f"- wall {headline['wall_s']:.1f} s on one core: {'MET' if ok else 'NOT MET'} "
-            f"(target <= {HEADLINE_TARGET_S:g} s); {headline['requests_per_s']:,.0f} simulated requests/s, "
-            f"{headline['events_per_s']:,.0f} events/s.",
-            "",
-        ]
-    if curve:
-        s = curve_summary(curve)
-        lines += [
-            f"## (b) wall time against fleet size (same load per endpoint, {cfg.curve_duration_s:g} "
-            "simulated s)",
-            "",
-            *table(HEADER, [row(p) for p in curve]),
-            "",
-            f"- wall time per event: {', '.join(f'{u} µs' for u in s['us_per_event'])}: x"
-            f"{s['us_per_event_growth']} from the smallest to the largest fleet "
-            f"({'near-linear in events' if s['near_linear'] else 'NOT near-linear in events'}: "
-            f"limit x{LINEAR_SLACK:g}).",
-            f"- log-log slope of wall time against events {s['slope_wall_vs_events']}, against endpoints "
-            f"{s['slope_wall_vs_endpoints']}, against simulated requests {s['slope_wall_vs_requests']} "
-            f"(CPU time: {s['slope_cpu_vs_requests']}; 1 = linear, 2 = quadratic).",
-            "",
-        ]
-    points = ([headline] if headline is not None else []) + list(curve)
-    if points:
-        worst = max(points, key=lambda p: p["rss_peak_mib"])
-        lines += [
-            "## (c) memory",
-            "",
-            f"- largest peak RSS {worst['rss_peak_mib']:.0f} MiB ({worst['label']}: {worst['requests']:,} "
-            f"requests, {worst['endpoints']} endpoints); {worst['rss_base_mib']:.0f} MiB of it are the "
-            "interpreter and the imports.",
-        ]
-        model = memory_model(points)
-        if model is not None:
-            lines.append(
-                f"- growth over the imports, fitted over every point: {model['per_endpoint_mib']:.2f} MiB "
-                f"per endpoint + {model['per_request_kib']:.2f} KiB per request (the simulator keeps every "
-                "request's and task's result for its report)."
-            )
-        lines.append("")
-    shared = [p for p in points if p.get("shares_s")]
-    if shared:
-        lines += ["## (d) where the wall time goes", ""]
-        parts = ["scheduler", "telemetry", "admission", "simulator"]
-        rows = [
-            [p["label"], f"{p['wall_s']:.1f}"]
-            + [
-                f"{p['shares_s'].get(k, 0.0):.1f} ({100 * p['shares_s'].get(k, 0.0) / p['wall_s']:.0f} %)"
-                for k in parts
-            ]
-            for p in shared
-        ]
-        lines += [*table(["point", "wall s", *parts], rows), ""]
-    lines += ["## Verdicts", "", *(f"- {v}" for v in verdicts(headline, curve)), ""]
-    return "\n".join(lines)
 
 
 def _profile_path(cfg: ScaleConfig, p: Point) -> Path | None:
@@ -365,6 +284,7 @@ def bench(cfg: ScaleConfig, *, headline: bool = True, log: Any = print) -> dict[
             "workload": cfg.workload,
             "max_run": cfg.max_run,
             "shares": cfg.shares,
+            "collector": cfg.collector,
             "profile": PROFILE,
             "seed": cfg.seed,
             "loadavg": list(os.getloadavg()),
@@ -411,8 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="time the calls into berth's scheduler, telemetry and admission (section (d))",
     )
     # One point in this process (what `run_point` starts):
-    # ENDPOINTS RATE DURATION SEED POLICY WORKLOAD MAX_RUN SHARES.
-    p.add_argument("--point", nargs=8, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--collector",
+        choices=("daemon", "cpython"),
+        default="daemon",
+        help="the cyclic garbage collector during each point: the daemon's schedule (GcSchedule) or "
+        "CPython's own thresholds",
+    )
+    # ENDPOINTS RATE DURATION SEED POLICY WORKLOAD MAX_RUN SHARES COLLECTOR.
+    p.add_argument("--point", nargs=9, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--profile-to", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument(
@@ -424,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.point:
-        n, rate, duration, seed, policy, workload, max_run, shares = args.point
+        n, rate, duration, seed, policy, workload, max_run, shares, collector = args.point
         work = args.work or Path(".")
         point = Point(
             "point",
@@ -436,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             workload,
             int(max_run),
             shares == "1",
+            collector,
         )
         fig = measure(point, work, args.profile_to)
         sys.stdout.write(orjson.dumps(fig).decode() + "\n")
@@ -455,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload=args.workload,
         max_run=args.max_run,
         shares=args.shares,
+        collector=args.collector,
     )
     return run_bench(
         BENCHMARKS["simscale"],

@@ -1,13 +1,40 @@
 """How `bench simscale` reads its points: the curve's per-event cost and log-log slopes, memory split
-into per-endpoint and per-request growth, a verdict line per target, the tables' rows."""
+into per-endpoint and per-request growth, a verdict line per target, the tables' rows, the report."""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, Protocol
 
 import numpy as np
+
+#: The engine profile of every simulated endpoint.
+PROFILE: Final = "fleet-7b"
+
+
+class ReportConfig(Protocol):
+    """What the report says of the benchmark's configuration (`sim_scale.ScaleConfig`)."""
+
+    @property
+    def cpus(self) -> tuple[int, ...] | None: ...
+    @property
+    def curve_duration_s(self) -> float: ...
+    @property
+    def max_run(self) -> int: ...
+    @property
+    def policy(self) -> Path: ...
+    @property
+    def profile(self) -> bool: ...
+    @property
+    def rate_per_endpoint(self) -> float: ...
+    @property
+    def shares(self) -> bool: ...
+    @property
+    def workload(self) -> str: ...
+
 
 #: The headline's target: 100,000 requests over 100 endpoints within this many seconds of wall time.
 HEADLINE_TARGET_S: Final = 60.0
@@ -153,3 +180,102 @@ HEADER: Final = [
     "RSS base MiB",
     "RSS peak MiB",
 ]
+
+
+def markdown(cfg: ReportConfig, headline: dict[str, Any] | None, curve: Sequence[dict[str, Any]]) -> str:
+    pin = "not pinned" if cfg.cpus is None else f"pinned to CPU {','.join(map(str, cfg.cpus))} (taskset)"
+    if cfg.profile:
+        pin += "; PROFILED (cProfile): wall times include its overhead"
+    if cfg.shares:
+        pin += "; berth's calls timed (`sim_share`): wall times include the timers"
+    run = (
+        "token by token (every decode iteration an event)"
+        if cfg.max_run == 1
+        else f"decode runs of up to {cfg.max_run} iterations as one event"
+    )
+    lines = [
+        "# Fleet simulator: scale and speed",
+        "",
+        f"Fleet: one model on `{PROFILE}` endpoints (cap = max_num_seqs); workload `{cfg.workload}`, "
+        f"policy `{cfg.policy.name}`, Poisson arrivals at {cfg.rate_per_endpoint:g} requests/s per endpoint; "
+        f"the simulator {run}; each point in a fresh process {pin}. Load average at the end "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs.",
+        "",
+        "wall s: `simulate()` from the call to the report (the simulation and building its report); "
+        "requests/s and events/s: simulated per wall second; util: mean share of endpoints busy; RSS "
+        "base: after the imports, before the simulation.",
+        "",
+    ]
+    if headline is not None:
+        ok = headline["wall_s"] <= HEADLINE_TARGET_S
+        lines += [
+            f"## (a) {headline['requests']:,} requests over {headline['endpoints']} endpoints",
+            "",
+            *table(HEADER, [row(headline)]),
+            "",
+            f"- wall {headline['wall_s']:.1f} s on one core: {'MET' if ok else 'NOT MET'} "
+            f"(target <= {HEADLINE_TARGET_S:g} s); {headline['requests_per_s']:,.0f} simulated requests/s, "
+            f"{headline['events_per_s']:,.0f} events/s.",
+            gc_line(headline),
+            "",
+        ]
+    if curve:
+        s = curve_summary(curve)
+        lines += [
+            f"## (b) wall time against fleet size (same load per endpoint, {cfg.curve_duration_s:g} "
+            "simulated s)",
+            "",
+            *table(HEADER, [row(p) for p in curve]),
+            "",
+            f"- wall time per event: {', '.join(f'{u} µs' for u in s['us_per_event'])}: x"
+            f"{s['us_per_event_growth']} from the smallest to the largest fleet "
+            f"({'near-linear in events' if s['near_linear'] else 'NOT near-linear in events'}: "
+            f"limit x{LINEAR_SLACK:g}).",
+            f"- log-log slope of wall time against events {s['slope_wall_vs_events']}, against endpoints "
+            f"{s['slope_wall_vs_endpoints']}, against simulated requests {s['slope_wall_vs_requests']} "
+            f"(CPU time: {s['slope_cpu_vs_requests']}; 1 = linear, 2 = quadratic).",
+            "",
+        ]
+    points = ([headline] if headline is not None else []) + list(curve)
+    if points:
+        worst = max(points, key=lambda p: p["rss_peak_mib"])
+        lines += [
+            "## (c) memory",
+            "",
+            f"- largest peak RSS {worst['rss_peak_mib']:.0f} MiB ({worst['label']}: {worst['requests']:,} "
+            f"requests, {worst['endpoints']} endpoints); {worst['rss_base_mib']:.0f} MiB of it are the "
+            "interpreter and the imports.",
+        ]
+        model = memory_model(points)
+        if model is not None:
+            lines.append(
+                f"- growth over the imports, fitted over every point: {model['per_endpoint_mib']:.2f} MiB "
+                f"per endpoint + {model['per_request_kib']:.2f} KiB per request (the simulator keeps every "
+                "request's and task's result for its report)."
+            )
+        lines.append("")
+    shared = [p for p in points if p.get("shares_s")]
+    if shared:
+        lines += ["## (d) where the wall time goes", ""]
+        parts = ["scheduler", "telemetry", "admission", "simulator"]
+        rows = [
+            [p["label"], f"{p['wall_s']:.1f}"]
+            + [
+                f"{p['shares_s'].get(k, 0.0):.1f} ({100 * p['shares_s'].get(k, 0.0) / p['wall_s']:.0f} %)"
+                for k in parts
+            ]
+            for p in shared
+        ]
+        lines += [*table(["point", "wall s", *parts], rows), ""]
+    lines += ["## Verdicts", "", *(f"- {v}" for v in verdicts(headline, curve)), ""]
+    return "\n".join(lines)
+
+
+def gc_line(p: dict[str, Any]) -> str:
+    """The collector's work during a point: collections per generation and their seconds."""
+    gc = p.get("gc") or {"collections": [0, 0, 0], "seconds": [0.0, 0.0, 0.0]}
+    n, s = gc["collections"], gc["seconds"]
+    return (
+        f"- collector `{p.get('collector', 'cpython')}`: {n[0]:,} / {n[1]:,} / {n[2]:,} collections of "
+        f"generation 0 / 1 / 2, {sum(s):.2f} s in them ({' / '.join(f'{x:.2f}' for x in s)})."
+    )
