@@ -90,3 +90,28 @@ def test_best_fit_chooses_with_sure_misses_what_it_chooses_trying_every_endpoint
         mp.setattr(best_fit, "EAGER_TRIES", eager)  # the sure misses found after this many tries
         bounded = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
     assert [v.id for v in bounded] == [v.id for v in every]
+
+
+@settings(max_examples=200, deadline=None)
+@given(endpoints=_endpoints, params=_params, request=_request)
+def test_a_kv_overflow_at_the_first_iteration_is_a_sure_miss(
+    *,
+    endpoints: list[Endpoint],
+    params: BestFitParams,
+    request: tuple,  # type: ignore[type-arg]
+) -> None:
+    """(e)'s bound names every endpoint with free seats whose KV footprint at the request's first
+    iteration (every running request and it at their context) is over the capacity by more than the
+    rounding margin: the batch backlog's requests that fit nowhere are mostly these."""
+    s, r = _case(endpoints, request)
+    f = BestFitFilter(params)
+    loads = [f._cache.load(e, s.now) for e in s.endpoints]
+    for load, miss in zip(loads, sure_misses(f, loads, r), strict=True):  # type: ignore[arg-type]
+        cap = load.kv_capacity
+        if cap is None or not 0 < load.n < load.seats:
+            continue
+        start = load.coef.h * (sum(x.context for x in load.running) + r.prompt_tokens)  # type: ignore[attr-defined]
+        start += (load.n + 1) * load.coef.j
+        if start > cap * (1 + 1e-6):
+            assert miss
+            assert f.fits_both(load, r) == (False, False)  # type: ignore[arg-type]

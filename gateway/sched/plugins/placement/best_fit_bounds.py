@@ -6,7 +6,9 @@ microseconds of Python each. The cheap part of those tries is arithmetic on a fe
 whether its seats are taken, the request's own prediction there against its time left, and the ATGT
 batch bound (b). `sure_misses` does that arithmetic for every candidate in one pass over arrays (each
 endpoint's numbers kept on its load, `EndpointLoad.memo`) and names the endpoints where the request
-surely fits in neither form (`BestFitFilter.fits_both` would answer (False, False) there): the filter,
+surely fits in neither form (`BestFitFilter.fits_both` would answer (False, False) there), and the KV
+constraint (e) at the request's first iteration, where every running request and it hold their context
+(the peak is at least that: a request that fits nowhere in a batch backlog is mostly over it): the filter,
 once the first few endpoints in its order did not take the request, skips those and tries the others
 one by one as before.
 
@@ -115,15 +117,28 @@ def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) 
     fresh: npt.NDArray[np.float64] | float = float(resume_prompt_tokens(req))
     if req.cached:
         fresh = np.array([float(prefill_tokens(req, load.view.id)) for load in loads], dtype=np.float64)
-    return sure_misses_of(fit, rows, req, fresh)
+    kv = np.array([_kv(load) for load in loads], dtype=np.float64).reshape(len(loads), 3)
+    return sure_misses_of(fit, rows, req, fresh, kv)
+
+
+def _kv(load: EndpointLoad) -> tuple[float, float, float]:
+    """What (e)'s bound takes from a load: its KV coefficients h and j, and its KV capacity (NaN:
+    unknown, never over)."""
+    c, cap = load.coef, load.kv_capacity
+    return c.h, c.j, _NAN if cap is None else float(cap)
 
 
 def sure_misses_of(
-    fit: BestFit, rows: npt.NDArray[np.float64], req: SchedRequest, fresh: npt.NDArray[np.float64] | float
+    fit: BestFit,
+    rows: npt.NDArray[np.float64],
+    req: SchedRequest,
+    fresh: npt.NDArray[np.float64] | float,
+    kv: npt.NDArray[np.float64] | None = None,
 ) -> list[bool]:
     """`sure_misses` over the loads' numbers (one row each, `_row`'s columns; the running requests'
     token sum and ITL budget may be NaN where the endpoint is idle or full), `fresh` the prompt tokens
-    the request's prefill computes on each (or on all)."""
+    the request's prefill computes on each (or on all); `kv`: each load's (h, j, KV capacity) (`_kv`),
+    for (e)'s bound (None: not asked)."""
     n, seats = rows[:, _N], rows[:, _SEATS]
     full = n >= seats
     open_ = (n > 0) & ~full
@@ -178,5 +193,10 @@ def sure_misses_of(
         with_mine = atgt(np.fmin(running_budget, mine))
         without = atgt(running_budget)
         misses |= (own_yes & with_mine) | (own_no & without) | (with_mine & without)
+    if kv is not None:
+        # (e): `EndpointLoad.peak_kv` with the request is at least its first iteration's footprint,
+        # every running request and this one holding h·context + j (`KvPeak.with_extra`'s last term)
+        start = kv[:, 0] * (rows[:, _CTX] + float(req.prompt_tokens)) + (n + 1.0) * kv[:, 1]
+        misses |= _over(start, kv[:, 2])
     named: list[bool] = (full | (open_ & misses)).tolist()
     return named

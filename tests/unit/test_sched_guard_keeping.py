@@ -1,0 +1,100 @@
+"""The overflow guard's own-deadline test, taken load by load with the request's terms once
+(`overflow_guard.Keeping`), answers what `meets(load.predict(req), ...) and itl_ok(...)` answers, and the
+guard keeps what the plain computation keeps (hypothesis: random loads, requests, margins, cached
+prefixes, and loads of another cache's parameters in between)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.sched.harms import endangers
+from gateway.sched.loads import LoadCache
+from gateway.sched.perf import PerfCoefficients
+from gateway.sched.plugins.placement.overflow_guard import Keeping, OverflowGuardFilter, OverflowGuardParams
+from gateway.sched.predict import PredictParams, Tail
+from gateway.sched.profile import eligible
+from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.targets import itl_ok, meets, time_left
+from tests.unit.test_sched_columns_slo import NOW, Run, _endpoint, _new_request, _view
+
+Endpoint = tuple[int, list[Run], PerfCoefficients, float | None, bool]
+
+_request = st.tuples(
+    st.integers(min_value=1, max_value=4000),  # prompt
+    st.floats(min_value=1.0, max_value=400.0),  # predicted output
+    st.one_of(st.none(), st.floats(min_value=10.0, max_value=5000.0)),  # TTFT target (ms)
+    st.one_of(st.none(), st.floats(min_value=100.0, max_value=30000.0)),  # E2E target (ms)
+    st.one_of(st.none(), st.floats(min_value=5.0, max_value=200.0)),  # ITL target (ms)
+    st.dictionaries(st.integers(min_value=0, max_value=7), st.integers(min_value=1, max_value=3000)),
+    st.booleans(),  # best effort
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
+    request=_request,
+    margin=st.sampled_from((0.5, 0.9, 1.0, 1.5)),
+    worst_case=st.booleans(),
+    tails=st.lists(st.sampled_from(("mean", "normal")), min_size=1, max_size=8),
+)
+def test_keeping_answers_what_predict_and_meets_answer(
+    *,
+    endpoints: list[Endpoint],
+    request: tuple,  # type: ignore[type-arg]
+    margin: float,
+    worst_case: bool,
+    tails: list[Tail],
+) -> None:
+    prompt, out, ttft_ms, e2e_ms, itl_ms, cached, best_effort = request
+    r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), cached, best_effort=best_effort)
+    caches = {t: LoadCache(PredictParams(tail=t, prefill_overhead=0.05)) for t in ("mean", "normal")}
+    left = time_left(r, NOW)
+    keeping = Keeping(r, left, margin=margin, worst_case=worst_case)
+    for k, e in enumerate(endpoints):
+        load = caches[tails[k % len(tails)]].load(_view(k, e), NOW)  # a cache's load, then another's
+        pred = load.predict(r, worst_case=worst_case)
+        assert keeping.keeps(load) == (meets(pred, left, margin) and itl_ok(r, pred))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
+    request=_request,
+    worst_case=st.booleans(),
+    hold=st.booleans(),
+    margin=st.sampled_from((0.9, 1.0)),
+    on_track=st.sampled_from((0.0, 0.2)),
+)
+def test_the_guard_keeps_what_the_plain_computation_keeps(
+    *,
+    endpoints: list[Endpoint],
+    request: tuple,  # type: ignore[type-arg]
+    worst_case: bool,
+    hold: bool,
+    margin: float,
+    on_track: float,
+) -> None:
+    prompt, out, ttft_ms, e2e_ms, itl_ms, cached, best_effort = request
+    r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), cached, best_effort=best_effort)
+    views = tuple(_view(k, e) for k, e in enumerate(endpoints))
+    s = FleetSnapshot(now=NOW, endpoints=views)
+    params = OverflowGuardParams(
+        worst_case=worst_case, hold_infeasible=hold, margin=margin, on_track=on_track, prefill_overhead=0.05
+    )
+    guard = OverflowGuardFilter(params)
+    candidates = eligible(r, s)
+    cache = LoadCache(params.predict_params())
+    left = time_left(r, NOW)
+    harmless, meeting = [], []
+    for e in candidates:
+        load = cache.load(e, NOW)
+        if endangers(load, r, margin=margin, on_track=on_track):
+            continue
+        harmless.append(e.id)
+        pred = load.predict(r, worst_case=worst_case)
+        if not r.best_effort and meets(pred, left, margin) and itl_ok(r, pred):
+            meeting.append(e.id)
+    want = harmless if r.best_effort else meeting if (meeting or hold) else harmless
+    assert [e.id for e in guard.filter(r, candidates, s)] == want
