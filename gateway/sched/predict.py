@@ -147,11 +147,11 @@ class EndpointLoad:
     __slots__ = (
         "_pace",
         "_running",
+        "_seat_free",
         "_states",
         "coef",
         "ctx_sum",
         "gamma",
-        "guessed",
         "kv_capacity",
         "memo",
         "n",
@@ -160,7 +160,6 @@ class EndpointLoad:
         "params",
         "pending_prompt",
         "running_long",
-        "seat_free",
         "seats",
         "tpot_now",
         "view",
@@ -188,8 +187,6 @@ class EndpointLoad:
         gamma = self.gamma = params.gamma
         coef: PerfCoefficients = view.perf or _PRIOR
         self.coef = coef
-        # Predicting from the generic prior (no fit, no configured prior): a guess about other hardware.
-        self.guessed = coef == _PRIOR
         self.kv_capacity = view.kv_capacity_tokens
         self.seats = seats_of(view)
         reqs = view.running
@@ -245,15 +242,36 @@ class EndpointLoad:
         self.pending_prompt = pending
         self.running_long = long_total
         tpot = self.tpot_now = coef.decode_iter_s(n, ctx_sum / n) * over if n else 0.0
-        prefill_pending = k1 * pending + c1 if pending else 0.0
         self._states = states
         self._running: tuple[RunningState, ...] | None = None
-        # each running request's predicted end, now that the per-token time is known
-        self.seat_free = sorted([st[2] * tpot + (0.0 if st[0] else prefill_pending) for st in states])
+        # The running requests' predicted ends, sorted, made when first asked for (`seat_free`): a load
+        # with a free seat needs none of them for its own wait.
+        self._seat_free: list[float] | None = None
         if n < self.seats:
             self.wait_s = 0.5 * tpot
         else:
-            self.wait_s = self.seat_free[n - self.seats] + 0.5 * tpot
+            self._seat_free = self._ends(k1 * pending + c1 if pending else 0.0)
+            self.wait_s = self._seat_free[n - self.seats] + 0.5 * tpot
+
+    def _ends(self, prefill_pending: float) -> list[float]:
+        """Each running request's predicted end, now that the per-token time is known, sorted."""
+        tpot = self.tpot_now
+        return sorted([st[2] * tpot + (0.0 if st[0] else prefill_pending) for st in self._states])
+
+    @property
+    def seat_free(self) -> list[float]:
+        """The running requests' predicted ends (seconds from now), sorted: when each frees its seat."""
+        got = self._seat_free
+        if got is None:
+            pending = self.pending_prompt
+            got = self._seat_free = self._ends(self.coef.k1 * pending + self.coef.c1 if pending else 0.0)
+        return got
+
+    @property
+    def guessed(self) -> bool:
+        """Whether it predicts from the generic prior (no fit, no configured prior): a guess about other
+        hardware."""
+        return self.coef == _PRIOR
 
     @property
     def pace(self) -> Pace:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.idle import KeptBounds, fleet_bound
 from gateway.sched.loads import LoadCache
-from gateway.sched.perf import PerfCoefficients
+from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.running import RunningRequest, with_progress
 from gateway.sched.snapshot import EndpointEstimates, FleetSnapshot
@@ -94,6 +94,33 @@ def test_a_load_remade_later_is_the_load_made_afresh(
         assert _numbers(EndpointLoad(moved, 10.0 + later, params, like=old)) == _numbers(
             EndpointLoad(moved, 10.0 + later, params)
         )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(_run, max_size=12),
+    cap=st.integers(min_value=1, max_value=16),
+    first=st.sampled_from(("seat_free", "running")),
+)
+def test_the_ends_made_when_asked_are_the_running_states_ends(
+    runs: list[tuple[int, float, float, float, int | None, int | None, int]], cap: int, first: str
+) -> None:
+    """A load makes its running requests' sorted ends (`seat_free`) only when asked for them or when a
+    full endpoint's wait needs them: whichever is asked first, they are the running states' predicted
+    ends, sorted, and the wait is the one they give."""
+    params = PredictParams(tail="normal", tau=0.05, prefill_overhead=0.05)
+    load = EndpointLoad(view("e", cap=cap, runs=_runs(runs)), 10.5, params)
+    if first == "seat_free":
+        ends = list(load.seat_free)
+        states = load.running
+    else:
+        states = load.running
+        ends = list(load.seat_free)
+    assert ends == sorted(s.finish_s for s in states)
+    seats = load.seats
+    expected = ends[load.n - seats] + 0.5 * load.tpot_now if load.n >= seats else 0.5 * load.tpot_now
+    assert load.wait_s == expected
+    assert load.guessed == (load.coef == default_prior())
 
 
 def test_the_cache_reuses_a_load_then_remakes_it_from_the_old_one() -> None:
