@@ -116,10 +116,3 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
         coef=coef,
         index=prev.index,
     )
-
-
-def seats_mostly_free(cols: FleetColumns, mask: npt.NDArray[np.bool_]) -> bool:
-    """Whether the endpoints of `mask` run fewer requests than half their seats: a placement over their
-    loads' columns pays from fewer candidates then (`gateway.sched.fleet_loads.COLUMNS_FROM_LOADS`;
-    docs/placement-over-columns.md)."""
-    return 2 * int(cols.busy[mask].sum()) < int(cols.seats[mask].sum())

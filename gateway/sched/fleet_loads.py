@@ -38,14 +38,12 @@ from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import FleetColumns
 from gateway.sched.targets import time_left
 
-#: Candidates from which a filter that judges each endpoint's load is placed over these arrays while the
-#: candidates' seats are mostly free (`columns.seats_mostly_free`; from `profile.COLUMNS_FROM` however busy
-#: they are). A profile takes the least its plugins name (`gateway.sched.profile.ColumnsFrom`). On a
-#: 100-endpoint fleet running a few requests per endpoint, every submit remakes about 40 loads (the clock
-#: moves past their reuse time between submits) and over columns they are derived together: `bench
-#: simscale` 6-9 % less wall time. On a nearly full fleet (`bench decisions`, 1,000 queued) a completion's
-#: placements over 64-99 candidates came out dearer at p99 over columns: those stay plain
-#: (docs/placement-over-columns.md).
+#: Candidates from which a filter that judges each endpoint's load is placed over these arrays (a profile
+#: takes the least its plugins name: `gateway.sched.profile.ColumnsFrom`). At 32, a 100-endpoint fleet
+#: with most endpoints idle was cheaper over columns (`diag overhead-micro` fleet_100, `bench simscale`),
+#: but on a full 100-endpoint fleet (`bench decisions --columns always` against the plain path, the same
+#: decisions) a completion's placements, about 15 candidates each, came out dearer over columns: the
+#: same as for the other plugins until that benchmark shows otherwise (docs/placement-over-columns.md).
 COLUMNS_FROM_LOADS: Final = 64
 
 #: Busy candidates from which a placement judges them over these arrays (below it, one load at a time:

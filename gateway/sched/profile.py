@@ -24,7 +24,6 @@ import numpy.typing as npt
 from gateway.core.slo import SloPolicy, default_slo_policy
 from gateway.core.types import EndpointHealth, EndpointId, ModelName
 from gateway.sched.autoscale import Autoscale
-from gateway.sched.columns import seats_mostly_free
 from gateway.sched.interfaces import (
     Admitter,
     ColumnarFilter,
@@ -102,9 +101,6 @@ class SchedulerProfile:
     # snapshot carries them; None: the least its plugins name (`ColumnsFrom`), else `COLUMNS_FROM`.
     columns_from: int | None = None
     _columns_from: int = field(init=False, repr=False, compare=False)  # (as resolved)
-    # From this many candidates over columns however busy they are; from `_columns_from` (a plugin's
-    # `ColumnsFrom`) only while their seats are mostly free (`columns.seats_mostly_free`).
-    _columns_any: int = field(init=False, repr=False, compare=False)
     # The filters' optional capabilities, resolved once here rather than per placement:
     # each filter's `tiers` method (`TieredFilter`), or None for a plain filter, in filter order;
     _tiers: tuple[_Tiers | None, ...] = field(init=False, repr=False, compare=False)
@@ -166,9 +162,6 @@ class SchedulerProfile:
         plugins = [*filters, *(ws.scorer for ws in self.scorers), picker]
         least = min([p.columns_from for p in plugins if isinstance(p, ColumnsFrom)], default=COLUMNS_FROM)
         object.__setattr__(self, "_columns_from", least if self.columns_from is None else self.columns_from)
-        object.__setattr__(
-            self, "_columns_any", max(self._columns_from, COLUMNS_FROM if self.columns_from is None else 0)
-        )
         steps: list[tuple[_ColumnTiers | None, _ColumnMask | None]] = []
         if columnar is not None:
             for f in filters:
@@ -264,8 +257,7 @@ class SchedulerProfile:
             and req.pinned is None
         ):
             mask = cols.eligible(req.model)
-            n = np.count_nonzero(mask)
-            if n >= self._columns_from and (n >= self._columns_any or seats_mostly_free(cols, mask)):
+            if np.count_nonzero(mask) >= self._columns_from:
                 return self._place_columns(req, snap, cols, columnar, mask)
             views = snap.endpoints
             return self._place_plain(req, snap, [views[i] for i in np.flatnonzero(mask).tolist()])
