@@ -44,7 +44,7 @@ from gateway.sched.targets import time_left
 #: but on a full 100-endpoint fleet (`bench decisions --columns always` against the plain path, the same
 #: decisions) a completion's placements, about 15 candidates each, came out dearer over columns: the
 #: same as for the other plugins until that benchmark shows otherwise (docs/placement-over-columns.md).
-COLUMNS_FROM_LOADS: Final = 64
+COLUMNS_FROM_LOADS: Final = 128
 
 #: Busy candidates from which a placement judges them over these arrays (below it, one load at a time:
 #: numpy's fixed cost per call is more than the Python steps it saves; `diag overhead-micro` fleet_1000).
