@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Final, Literal
 
@@ -85,17 +85,16 @@ class PredictParams:
     tail: Tail = "mean"
     tau: float = 0.1  # violation probability of a tail bound
     prefill_overhead: float = 0.1  # decode slow-down by prefills of new arrivals (0.1: 10 %)
+    # Standard deviations added to a mean: 0, the normal quantile, or Cantelli's factor (from `tail` and
+    # `tau`, once: every load reads it).
+    gamma: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.tau < 1.0:
             raise ValueError("tau must be in (0, 1)")
         if not 0.0 <= self.prefill_overhead <= 10.0:
             raise ValueError("prefill_overhead must be in [0, 10]")
-
-    @property
-    def gamma(self) -> float:
-        """Standard deviations added to a mean: 0, the normal quantile, or Cantelli's factor."""
-        return _gamma(self.tail, self.tau)
+        object.__setattr__(self, "gamma", _gamma(self.tail, self.tau))
 
 
 @functools.lru_cache(maxsize=64)
@@ -356,12 +355,17 @@ class EndpointLoad:
         """`req` dispatched here now. `worst_case`: decode as if every seat were taken (MaaSO's
         worst-case throughput) instead of the batch it joins."""
         out = self.output_tokens(req)
-        p = float(resume_prompt_tokens(req))
-        ttft = self.wait_s + self.coef.prefill_s(prefill_tokens(req, self.view.id) + self.pending_prompt)
-        b = float(self.seats) if worst_case else float(min(self.n + 1, self.seats))
-        avg_ctx = (self.ctx_sum + p + 0.5 * out) / (self.n + 1)
-        tpot = self.tpot(b, avg_ctx)
-        e2e = ttft + max(0.0, out - 1.0) * tpot
+        # `resume_prompt_tokens`, `PerfCoefficients.prefill_s`, `tpot` and min/max spelled out, the same
+        # operations in the same order: asked for every candidate of a placement.
+        p = float(req.prompt_tokens + req.produced_tokens)
+        c = self.coef
+        ttft = self.wait_s + (c.k1 * (prefill_tokens(req, self.view.id) + self.pending_prompt) + c.c1)
+        n, seats = self.n, self.seats
+        b = float(seats) if worst_case else float(n + 1 if n + 1 < seats else seats)
+        avg_ctx = (self.ctx_sum + p + 0.5 * out) / (n + 1)
+        tpot = ((c.k2 * avg_ctx + c.c2) * b + c.c3) * (1.0 + self.overhead)
+        steps = out - 1.0
+        e2e = ttft + (steps if steps > 0.0 else 0.0) * tpot
         return Prediction(self.wait_s, ttft, e2e, tpot, out)
 
     def predict_after(self, req: SchedRequest, wait_s: float) -> Prediction:
