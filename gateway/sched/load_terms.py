@@ -94,9 +94,15 @@ _KEPT: Final = attrgetter(*KEPT_FIELDS)
 def same_requests(running: tuple[RunningRequest, ...], other: tuple[RunningRequest, ...]) -> bool:
     """Whether two running tuples of one endpoint hold the same requests in the same order, apart at
     most in the progress each reported (`KEPT_FIELDS` equal)."""
-    return len(running) == len(other) and all(
-        r is o or _KEPT(r) == _KEPT(o) for r, o in zip(running, other, strict=True)
-    )
+    if running is other:
+        return True
+    if len(running) != len(other):
+        return False
+    # A loop rather than all() over a generator (0.3 µs less a call): asked for every load remade.
+    for r, o in zip(running, other, strict=True):  # noqa: SIM110 (see above)
+        if r is not o and _KEPT(r) != _KEPT(o):
+            return False
+    return True
 
 
 def progress_only(view: EndpointView, old: EndpointView) -> bool:
@@ -206,6 +212,6 @@ class Like(Protocol):
 def pace_for(view: EndpointView, coef: PerfCoefficients, params: PaceParams, like: Like | None) -> Pace:
     """What a load of `view` takes from its view alone: `like`'s when its view has the same inputs and
     its parameters are the same, else derived."""
-    if like is not None and like.params == params and same_inputs(like.view, view):
+    if like is not None and (like.params is params or like.params == params) and same_inputs(like.view, view):
         return like.pace
     return pace_of(view, coef, params.prefill_overhead)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Final, Literal
 
@@ -85,17 +85,16 @@ class PredictParams:
     tail: Tail = "mean"
     tau: float = 0.1  # violation probability of a tail bound
     prefill_overhead: float = 0.1  # decode slow-down by prefills of new arrivals (0.1: 10 %)
+    # Standard deviations added to a mean: 0, the normal quantile, or Cantelli's factor (from `tail` and
+    # `tau`, once: every load reads it).
+    gamma: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.tau < 1.0:
             raise ValueError("tau must be in (0, 1)")
         if not 0.0 <= self.prefill_overhead <= 10.0:
             raise ValueError("prefill_overhead must be in [0, 10]")
-
-    @property
-    def gamma(self) -> float:
-        """Standard deviations added to a mean: 0, the normal quantile, or Cantelli's factor."""
-        return _gamma(self.tail, self.tau)
+        object.__setattr__(self, "gamma", _gamma(self.tail, self.tau))
 
 
 @functools.lru_cache(maxsize=64)
@@ -147,11 +146,11 @@ class EndpointLoad:
     __slots__ = (
         "_pace",
         "_running",
+        "_seat_free",
         "_states",
         "coef",
         "ctx_sum",
         "gamma",
-        "guessed",
         "kv_capacity",
         "memo",
         "n",
@@ -160,7 +159,6 @@ class EndpointLoad:
         "params",
         "pending_prompt",
         "running_long",
-        "seat_free",
         "seats",
         "tpot_now",
         "view",
@@ -188,8 +186,6 @@ class EndpointLoad:
         gamma = self.gamma = params.gamma
         coef: PerfCoefficients = view.perf or _PRIOR
         self.coef = coef
-        # Predicting from the generic prior (no fit, no configured prior): a guess about other hardware.
-        self.guessed = coef == _PRIOR
         self.kv_capacity = view.kv_capacity_tokens
         self.seats = seats_of(view)
         reqs = view.running
@@ -245,15 +241,36 @@ class EndpointLoad:
         self.pending_prompt = pending
         self.running_long = long_total
         tpot = self.tpot_now = coef.decode_iter_s(n, ctx_sum / n) * over if n else 0.0
-        prefill_pending = k1 * pending + c1 if pending else 0.0
         self._states = states
         self._running: tuple[RunningState, ...] | None = None
-        # each running request's predicted end, now that the per-token time is known
-        self.seat_free = sorted([st[2] * tpot + (0.0 if st[0] else prefill_pending) for st in states])
+        # The running requests' predicted ends, sorted, made when first asked for (`seat_free`): a load
+        # with a free seat needs none of them for its own wait.
+        self._seat_free: list[float] | None = None
         if n < self.seats:
             self.wait_s = 0.5 * tpot
         else:
-            self.wait_s = self.seat_free[n - self.seats] + 0.5 * tpot
+            self._seat_free = self._ends(k1 * pending + c1 if pending else 0.0)
+            self.wait_s = self._seat_free[n - self.seats] + 0.5 * tpot
+
+    def _ends(self, prefill_pending: float) -> list[float]:
+        """Each running request's predicted end, now that the per-token time is known, sorted."""
+        tpot = self.tpot_now
+        return sorted([st[2] * tpot + (0.0 if st[0] else prefill_pending) for st in self._states])
+
+    @property
+    def seat_free(self) -> list[float]:
+        """The running requests' predicted ends (seconds from now), sorted: when each frees its seat."""
+        got = self._seat_free
+        if got is None:
+            pending = self.pending_prompt
+            got = self._seat_free = self._ends(self.coef.k1 * pending + self.coef.c1 if pending else 0.0)
+        return got
+
+    @property
+    def guessed(self) -> bool:
+        """Whether it predicts from the generic prior (no fit, no configured prior): a guess about other
+        hardware."""
+        return self.coef == _PRIOR
 
     @property
     def pace(self) -> Pace:
@@ -338,12 +355,17 @@ class EndpointLoad:
         """`req` dispatched here now. `worst_case`: decode as if every seat were taken (MaaSO's
         worst-case throughput) instead of the batch it joins."""
         out = self.output_tokens(req)
-        p = float(resume_prompt_tokens(req))
-        ttft = self.wait_s + self.coef.prefill_s(prefill_tokens(req, self.view.id) + self.pending_prompt)
-        b = float(self.seats) if worst_case else float(min(self.n + 1, self.seats))
-        avg_ctx = (self.ctx_sum + p + 0.5 * out) / (self.n + 1)
-        tpot = self.tpot(b, avg_ctx)
-        e2e = ttft + max(0.0, out - 1.0) * tpot
+        # `resume_prompt_tokens`, `PerfCoefficients.prefill_s`, `tpot` and min/max spelled out, the same
+        # operations in the same order: asked for every candidate of a placement.
+        p = float(req.prompt_tokens + req.produced_tokens)
+        c = self.coef
+        ttft = self.wait_s + (c.k1 * (prefill_tokens(req, self.view.id) + self.pending_prompt) + c.c1)
+        n, seats = self.n, self.seats
+        b = float(seats) if worst_case else float(n + 1 if n + 1 < seats else seats)
+        avg_ctx = (self.ctx_sum + p + 0.5 * out) / (n + 1)
+        tpot = ((c.k2 * avg_ctx + c.c2) * b + c.c3) * (1.0 + self.overhead)
+        steps = out - 1.0
+        e2e = ttft + (steps if steps > 0.0 else 0.0) * tpot
         return Prediction(self.wait_s, ttft, e2e, tpot, out)
 
     def predict_after(self, req: SchedRequest, wait_s: float) -> Prediction:

@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.idle import KeptBounds, fleet_bound
 from gateway.sched.loads import LoadCache
-from gateway.sched.perf import PerfCoefficients
-from gateway.sched.predict import EndpointLoad, PredictParams
-from gateway.sched.running import RunningRequest, with_progress
+from gateway.sched.perf import PerfCoefficients, default_prior
+from gateway.sched.predict import EndpointLoad, Prediction, PredictParams
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import RunningRequest, prefill_tokens, resume_prompt_tokens, with_progress
 from gateway.sched.snapshot import EndpointEstimates, FleetSnapshot
-from tests.unit.slo_fixtures import running, view
+from tests.unit.slo_fixtures import req, running, view
 
 _run = st.tuples(
     st.integers(min_value=1, max_value=4000),  # prompt
@@ -94,6 +95,64 @@ def test_a_load_remade_later_is_the_load_made_afresh(
         assert _numbers(EndpointLoad(moved, 10.0 + later, params, like=old)) == _numbers(
             EndpointLoad(moved, 10.0 + later, params)
         )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(_run, max_size=12),
+    cap=st.integers(min_value=1, max_value=16),
+    first=st.sampled_from(("seat_free", "running")),
+)
+def test_the_ends_made_when_asked_are_the_running_states_ends(
+    runs: list[tuple[int, float, float, float, int | None, int | None, int]], cap: int, first: str
+) -> None:
+    """A load makes its running requests' sorted ends (`seat_free`) only when asked for them or when a
+    full endpoint's wait needs them: whichever is asked first, they are the running states' predicted
+    ends, sorted, and the wait is the one they give."""
+    params = PredictParams(tail="normal", tau=0.05, prefill_overhead=0.05)
+    load = EndpointLoad(view("e", cap=cap, runs=_runs(runs)), 10.5, params)
+    if first == "seat_free":
+        ends = list(load.seat_free)
+        states = load.running
+    else:
+        states = load.running
+        ends = list(load.seat_free)
+    assert ends == sorted(s.finish_s for s in states)
+    seats = load.seats
+    expected = ends[load.n - seats] + 0.5 * load.tpot_now if load.n >= seats else 0.5 * load.tpot_now
+    assert load.wait_s == expected
+    assert load.guessed == (load.coef == default_prior())
+
+
+def _predicted(load: EndpointLoad, r: SchedRequest, *, worst_case: bool) -> Prediction:
+    """`EndpointLoad.predict` through the coefficients' own methods (the reference)."""
+    out = load.output_tokens(r)
+    p = float(resume_prompt_tokens(r))
+    ttft = load.wait_s + load.coef.prefill_s(prefill_tokens(r, load.view.id) + load.pending_prompt)
+    b = float(load.seats) if worst_case else float(min(load.n + 1, load.seats))
+    tpot = load.tpot(b, (load.ctx_sum + p + 0.5 * out) / (load.n + 1))
+    return Prediction(load.wait_s, ttft, ttft + max(0.0, out - 1.0) * tpot, tpot, out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(_run, max_size=12),
+    cap=st.integers(min_value=1, max_value=16),
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.one_of(st.none(), st.floats(min_value=0.0, max_value=500.0)),
+    worst_case=st.booleans(),
+)
+def test_a_prediction_is_the_one_the_coefficients_give(
+    runs: list[tuple[int, float, float, float, int | None, int | None, int]],
+    cap: int,
+    prompt: int,
+    out: float | None,
+    worst_case: bool,
+) -> None:
+    params = PredictParams(tail="normal", tau=0.05, prefill_overhead=0.05)
+    load = EndpointLoad(view("e", cap=cap, runs=_runs(runs)), 10.5, params)
+    r = req(prompt=prompt, out=out)
+    assert load.predict(r, worst_case=worst_case) == _predicted(load, r, worst_case=worst_case)
 
 
 def test_the_cache_reuses_a_load_then_remakes_it_from_the_old_one() -> None:

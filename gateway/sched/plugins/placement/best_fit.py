@@ -126,6 +126,9 @@ class BestFitFilter:
         if rebalance is None:
             rebalance = DEFAULT_REBALANCE if self._packs else 0.0
         self.rebalance = rebalance
+        # (the keys of what it keeps on each load's memo, made once: asked per candidate)
+        self._norm_key = ("capacity-norm", params.gamma)
+        self._tokens_key = ("tokens", params.gamma)
         # Per queued request: its idle service by (coefficients, prefill tokens) (`_idle_service`).
         self._idle: dict[
             RequestId, tuple[SchedRequest, dict[tuple[int, int], tuple[PerfCoefficients, Prediction]]]
@@ -257,7 +260,7 @@ class BestFitFilter:
         return (load.running_long >= rebalance > 0, load.view.outstanding, str(load.view.id))
 
     def capacity_norm(self, load: EndpointLoad) -> float:
-        key = ("capacity-norm", self.params.gamma)
+        key = self._norm_key
         got: float | None = load.memo.get(key)
         if got is None:
             scale = load.kv_capacity or load.seats * _TOKENS_PER_SEAT
@@ -267,7 +270,7 @@ class BestFitFilter:
     def _tokens(self, load: EndpointLoad) -> float:
         """Σ(l_in + γ·l_out) over the running requests (kept on the load)."""
         g = self.params.gamma
-        key = ("tokens", g)
+        key = self._tokens_key
         got: float | None = load.memo.get(key)
         if got is None:
             got = load.memo[key] = sum(s.context + g * s.remaining for s in load.running)
