@@ -39,17 +39,15 @@ arithmetic operations per request and endpoint.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass, field
-from statistics import NormalDist
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from gateway.sched.joining import join_delays
 from gateway.sched.kv_peak import KvPeak, peak_kv
 from gateway.sched.load_terms import Like, Pace, RunningState, pace_for
 from gateway.sched.perf import PerfCoefficients, default_prior
+from gateway.sched.prediction import Harm, Prediction, PredictParams, Tail, seats_of
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import (
     output_estimate,
@@ -58,8 +56,6 @@ from gateway.sched.running import (
     resume_prompt_tokens,
 )
 from gateway.sched.snapshot import EndpointView
-
-Tail = Literal["mean", "normal", "cantelli"]
 
 #: A running request past its predicted length is expected to run this share of its length again.
 LONG_GROWTH: Final = 0.5
@@ -78,66 +74,6 @@ class _LastOutput:
 
 
 _LAST_OUTPUT: Final = _LastOutput()
-
-
-@dataclass(frozen=True, slots=True)
-class PredictParams:
-    tail: Tail = "mean"
-    tau: float = 0.1  # violation probability of a tail bound
-    prefill_overhead: float = 0.1  # decode slow-down by prefills of new arrivals (0.1: 10 %)
-    # Standard deviations added to a mean: 0, the normal quantile, or Cantelli's factor (from `tail` and
-    # `tau`, once: every load reads it).
-    gamma: float = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.tau < 1.0:
-            raise ValueError("tau must be in (0, 1)")
-        if not 0.0 <= self.prefill_overhead <= 10.0:
-            raise ValueError("prefill_overhead must be in [0, 10]")
-        object.__setattr__(self, "gamma", _gamma(self.tail, self.tau))
-
-
-@functools.lru_cache(maxsize=64)
-def _gamma(tail: Tail, tau: float) -> float:
-    if tail == "normal":
-        return NormalDist().inv_cdf(1.0 - tau)
-    if tail == "cantelli":
-        return math.sqrt((1.0 - tau) / tau)
-    return 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Harm:
-    """The delay a new request would cause a running one, against the time it has in hand."""
-
-    state: RunningState
-    target: Literal["ttft", "e2e", "itl"]
-    delay: float  # seconds (per token for "itl")
-    saved: float  # seconds in hand (per token for "itl"), >= 0
-    left: float  # seconds until its deadline (the target itself for "itl")
-
-
-@dataclass(frozen=True, slots=True)
-class Prediction:
-    """Seconds from now, for one request on one endpoint."""
-
-    wait_s: float  # until its prefill starts (a seat, then the iteration in flight)
-    ttft_s: float  # until its first token
-    e2e_s: float  # until its last token
-    tpot_s: float  # per output token after the first
-    output_tokens: float  # the output length the prediction assumed (tail-adjusted)
-
-    @property
-    def service_s(self) -> float:
-        """Its own time on the endpoint once its turn comes (CATO's remaining completion)."""
-        return self.e2e_s - self.wait_s
-
-
-def seats_of(view: EndpointView) -> int:
-    """The requests the endpoint runs at once: its cap, or its engine's max batch when that is less
-    (the engine runs at most its max batch, whatever berth's cap lets in)."""
-    mb = view.max_batch
-    return max(1, view.cap if mb is None or mb >= view.cap else mb)
 
 
 class EndpointLoad:
@@ -460,6 +396,7 @@ __all__ = [
     "PredictParams",
     "Prediction",
     "RunningState",
+    "Tail",
     "idle_service",
     "peak_kv",
     "seats_of",
