@@ -26,13 +26,7 @@ from gateway.sched.load_batch import Pending, derive
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.admission import seat_order
-from gateway.sched.plugins.admission.seat_order import (
-    RENEW_SHARE,
-    ROWS_MADE_FROM,
-    SEAT_ENDS_FROM,
-    SORT_UP_TO,
-    SeatOrder,
-)
+from gateway.sched.plugins.admission.seat_order import RENEW_SHARE, SEAT_ENDS_FROM, SORT_UP_TO, SeatOrder
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.request import SchedRequest
@@ -130,7 +124,6 @@ class _Plain(SloFeasibilityAdmitter):
     assume_full=st.booleans(),
     ks=st.lists(st.integers(min_value=0, max_value=400), min_size=1, max_size=4),
     batch_from=st.sampled_from((1, 4, SEAT_ENDS_FROM)),
-    rows_from=st.sampled_from((1, 4, ROWS_MADE_FROM)),
     warm=st.sampled_from((0, 1, 2)),
     share=st.sampled_from((0.0, RENEW_SHARE, 1.0)),
     sort_up_to=st.sampled_from((0, SORT_UP_TO)),
@@ -143,15 +136,12 @@ def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noq
     assume_full: bool,
     ks: list[int],
     batch_from: int,
-    rows_from: int | None,
     warm: int,
     share: float,
     sort_up_to: int,
 ) -> None:
     with mock.patch.object(seat_order, "SORT_UP_TO", sort_up_to):  # 0: a first question partitions
-        _same_answers(
-            endpoints, steps, preempts, columns, assume_full, ks, (batch_from, rows_from), warm, share
-        )
+        _same_answers(endpoints, steps, preempts, columns, assume_full, ks, batch_from, warm, share)
 
 
 def _same_answers(  # noqa: PLR0917
@@ -161,18 +151,18 @@ def _same_answers(  # noqa: PLR0917
     columns: bool,
     assume_full: bool,
     ks: list[int],
-    batch: tuple[int, int | None],
+    batch_from: int,
     warm: int,
     share: float,
 ) -> None:
-    """`batch`: the admitter's `seat_ends_from` (1: every pending load's ends as arrays, however few);
+    """`batch_from`: the admitter's `seat_ends_from` (1: every pending load's ends as arrays, however few);
     `warm`: every how many endpoints a pending load's rows are made on its pace before each step, as
     placement over columns makes them (0: none)."""
     params = SloFeasibilityParams(margin=1.0, retry_after_s=0.5, assume_full=assume_full, recheck="off")
     rules = RULES if preempts else None
     cache = LoadCache(params.predict_params())
     new = SloFeasibilityAdmitter(params, SLO, cache, preemption=rules)
-    new.seat_ends_from = batch
+    new.seat_ends_from = batch_from
     plain = _Plain(params, SLO, preemption=rules)
     probe = LoadCache(params.predict_params())
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
@@ -207,8 +197,8 @@ def _same_answers(  # noqa: PLR0917
         assert new.admit(r, s, waiting) == plain.admit(r, s, waiting)
         # the ends of the loads to be made, derived as arrays, are their loads' own
         refs = probe.refs(list(views), now)  # (a cache of its own: the admitters' caches stay alike)
-        order = SeatOrder(refs, *batch)
-        renewed = SeatOrder(refs, *batch) if renewed is None else renewed.renewed(refs, share)
+        order = SeatOrder(refs, batch_from)
+        renewed = SeatOrder(refs, batch_from) if renewed is None else renewed.renewed(refs, share)
         made = [ref.load() if isinstance(ref, Pending) else ref for ref in refs]
         for ref, load in zip(refs, made, strict=True):
             if isinstance(ref, Pending) and ref.seat_free is not None:

@@ -20,28 +20,24 @@ from gateway.sched.predict import EndpointLoad
 _Floats = npt.NDArray[np.float64]
 _EMPTY: _Floats = np.zeros(0, dtype=np.float64)
 
-#: Pending loads with running requests whose rows are kept on their pace (`Pace.arrays`: placement over
-#: columns or an earlier batch derived a load of the same running requests, and this one is remade for
-#: its age alone) from which their ends are derived together as arrays; below it each is made as an
-#: `EndpointLoad`. Measured on the same loads inside a decisions run (`berth-loadgen diag seat-ends`,
-#: docs/submit-cost.md), a batch of such loads costs about 160 µs plus 8 µs a load, a load made one by
-#: one about 18 µs (about 15 running requests each): a batch pays from 160 / (18 - 8) = 16 of them.
+#: Pending loads with running requests from which their ends are derived together as arrays; below it
+#: each is made as an `EndpointLoad`. Measured on the same loads inside a decisions run (`berth-loadgen
+#: diag seat-ends`, docs/submit-cost.md): a load made costs about 13-16 µs (about 15 running requests); a
+#: batch about 200-240 µs, plus about 5 µs a load whose rows are kept on its pace (`Pace.arrays`, which
+#: a batch makes and a load remade for its age alone takes over) and about 29 µs a load whose rows are
+#: made first. A batch therefore pays from about 16-22 loads with rows kept; it never pays for loads
+#: without, but the rows it makes are kept while the endpoint's running requests stay the same, and a
+#: load is remade for its age every 20-40 ms meanwhile: from this threshold on, nearly every pending
+#: load has its rows kept (96 % over a run) and admission's seat ends cost least over the run (16: 138
+#: ms of CPU over 488 submits; 8: 151, 12: 149, 64: 170).
 SEAT_ENDS_FROM: Final = 16
-#: Pending loads in all from which every one is derived, those whose rows are not kept too (their rows
-#: made first); None: never. Making a load's rows costs more than making the load (a batch of such loads
-#: about 30 µs a load, at every size measured, up to a whole fleet of 100 endpoints): a load whose
-#: running requests changed is made one by one, however many there are.
-ROWS_MADE_FROM: Final[int | None] = None
 
 
-def _seat_frees(
-    loads: Sequence[EndpointLoad | Pending], batch_from: int, rows_from: int | None = ROWS_MADE_FROM
-) -> list[_Floats]:
+def _seat_frees(loads: Sequence[EndpointLoad | Pending], batch_from: int) -> list[_Floats]:
     """Each load's running requests' predicted ends (any order within a load): a made load's
     `seat_free`, kept in its memo as an array; those of the pending ones with running requests derived
-    together (one cache's loads: the same parameters) and kept on them: every one when there are
-    `rows_from` or more, else those whose rows are kept on their pace when there are `batch_from` or
-    more of them (`SEAT_ENDS_FROM`); the others made."""
+    together (one cache's loads: the same parameters) and kept on them when there are `batch_from` or
+    more, else made."""
     arrays: list[_Floats] = []
     todo: list[tuple[int, Pending]] = []
     for ref in loads:
@@ -61,21 +57,13 @@ def _seat_frees(
         else:
             load = ref
         arrays.append(_memo(load))
-    if not todo:
-        return arrays
-    if rows_from is not None and len(todo) >= rows_from:
-        batch, made = todo, []
-    else:
-        batch = [t for t in todo if t[1].pace.arrays is not None]
-        if len(batch) < batch_from:
-            batch = []
-        made = [t for t in todo if t[1].pace.arrays is None] if batch else todo
-    for i, p in made:
-        arrays[i] = _memo(p.load())
-    if batch:
-        params = batch[0][1].params
-        finish = derive([(p.view, p.now, p.pace) for _, p in batch], params, ()).finish
-        for row, (i, p) in enumerate(batch):
+    if todo and len(todo) < batch_from:
+        for i, p in todo:
+            arrays[i] = _memo(p.load())
+    elif todo:
+        params = todo[0][1].params
+        finish = derive([(p.view, p.now, p.pace) for _, p in todo], params, ()).finish
+        for row, (i, p) in enumerate(todo):
             arrays[i] = p.seat_free = finish[row, : p.n]
     return arrays
 
@@ -104,30 +92,18 @@ class SeatOrder:
     the same ends, and a change of the fleet remakes a few of the loads only: `renewed` replaces their
     ends and keeps the others'."""
 
-    __slots__ = ("_asked", "_batch", "_loads", "_sorted", "_starts", "_times")
+    __slots__ = ("_asked", "_batch_from", "_loads", "_sorted", "_starts", "_times")
 
-    def __init__(
-        self,
-        loads: Sequence[EndpointLoad | Pending],
-        batch_from: int = SEAT_ENDS_FROM,
-        rows_from: int | None = ROWS_MADE_FROM,
-    ) -> None:
-        """`batch_from`: pending loads whose rows are kept from which their ends are derived as arrays
-        (`SEAT_ENDS_FROM`); `rows_from`: pending loads in all from which every one is
-        (`ROWS_MADE_FROM`)."""
-        batch = (batch_from, rows_from)
-        arrays = _seat_frees(loads, *batch)
-        self._set(loads, batch, [0, *accumulate(len(a) for a in arrays)], _joined(arrays))
+    def __init__(self, loads: Sequence[EndpointLoad | Pending], batch_from: int = SEAT_ENDS_FROM) -> None:
+        """`batch_from`: pending loads from which their ends are derived as arrays (`SEAT_ENDS_FROM`)."""
+        arrays = _seat_frees(loads, batch_from)
+        self._set(loads, batch_from, [0, *accumulate(len(a) for a in arrays)], _joined(arrays))
 
     def _set(
-        self,
-        loads: Sequence[EndpointLoad | Pending],
-        batch: tuple[int, int | None],
-        starts: list[int],
-        times: _Floats,
+        self, loads: Sequence[EndpointLoad | Pending], batch_from: int, starts: list[int], times: _Floats
     ) -> None:
         self._loads = loads
-        self._batch = batch
+        self._batch_from = batch_from
         self._starts = starts  # where each load's ends start in `_times`, and their count at the end
         self._times = times
         self._sorted: npt.NDArray[np.int64] | None = None  # `_times`' stable argsort, once asked
@@ -140,14 +116,14 @@ class SeatOrder:
         if kept is loads:
             return self
         if len(kept) != len(loads):
-            return SeatOrder(loads, *self._batch)
+            return SeatOrder(loads, self._batch_from)
         changed = [i for i, (a, b) in enumerate(zip(kept, loads, strict=True)) if a is not b]
         if not changed:
             self._loads = loads  # (the same objects: the next question finds the list itself)
             return self
         if len(changed) > share * len(loads):
-            return SeatOrder(loads, *self._batch)
-        arrays = _seat_frees([loads[i] for i in changed], *self._batch)
+            return SeatOrder(loads, self._batch_from)
+        arrays = _seat_frees([loads[i] for i in changed], self._batch_from)
         starts, times = self._starts, self._times
         pieces: list[_Floats] = []
         sizes = [b - a for a, b in pairwise(starts)]
@@ -158,7 +134,7 @@ class SeatOrder:
             sizes[i] = len(arr)
         pieces.append(times[prev:])
         out = SeatOrder.__new__(SeatOrder)
-        out._set(loads, self._batch, [0, *accumulate(sizes)], np.concatenate(pieces))
+        out._set(loads, self._batch_from, [0, *accumulate(sizes)], np.concatenate(pieces))
         return out
 
     def kth(self, k: int) -> tuple[float, int] | None:

@@ -39,7 +39,7 @@ from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.admission.ready import ReadySeats
-from gateway.sched.plugins.admission.seat_order import ROWS_MADE_FROM, SEAT_ENDS_FROM, SeatOrder
+from gateway.sched.plugins.admission.seat_order import SEAT_ENDS_FROM, SeatOrder
 from gateway.sched.plugins.admission.speeds import ReadySpeeds
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import EndpointLoad, Prediction, idle_service
@@ -110,8 +110,7 @@ class SloFeasibilityAdmitter:
         self._outcomes: dict[str, AdmitDecision] = {}  # a recheck's refusal per SLO class (`_outcome`)
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
-        # pending loads whose ends are derived as arrays: with rows kept, and in all (`SeatOrder`)
-        self.seat_ends_from: tuple[int, int | None] = (SEAT_ENDS_FROM, ROWS_MADE_FROM)
+        self.seat_ends_from = SEAT_ENDS_FROM  # pending loads whose ends are derived as arrays (`SeatOrder`)
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
         self._readied: ReadySeats | None = None
         self._preempted = (
@@ -391,9 +390,7 @@ class SloFeasibilityAdmitter:
         (none: further out than every running request, infeasible)."""
         order = self._frees
         # the last order renewed: only the loads remade since have their ends replaced
-        order = self._frees = (
-            SeatOrder(loads, *self.seat_ends_from) if order is None else order.renewed(loads)
-        )
+        order = self._frees = SeatOrder(loads, self.seat_ends_from) if order is None else order.renewed(loads)
         got = order.kth(k)
         if got is None:
             return []
