@@ -10,13 +10,15 @@ The answers are checked equal. A load whose rows are kept on its pace (placement
 earlier batch derived a load of the same running requests) costs a batch less than one whose running
 requests changed (its rows are made first).
 
-    berth-loadgen diag seat-ends [--preset coding-assistant] [--rounds 300]
+    berth-loadgen diag seat-ends [--preset coding-assistant] [--rounds 300] [--batch-from N]
 
 Prints, by the number of pending loads, the median of each path for the batches whose loads' rows were
 all kept and for those with none kept, then a least-squares fit over every batch: made one by one, µs
 a load; derived, a fixed cost plus µs a load with rows kept and a load without (what
-`seat_order.SEAT_ENDS_FROM` and `ROWS_MADE_FROM` are set from). A CPU-time measurement: run it alone
-(`flock`), it takes a few minutes.
+`seat_order.SEAT_ENDS_FROM` is set from); and what the run's own path cost in all with admission's
+threshold at `--batch-from` (the rows a batch makes stay on the loads' paces, so the threshold decides
+how many later loads have them kept: compare runs at several thresholds). A CPU-time measurement: run
+it alone (`flock`), it takes a few minutes.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from unittest import mock
 import numpy as np
 
 from gateway.sched.load_batch import Pending, derive
-from gateway.sched.plugins.admission import seat_order
+from gateway.sched.plugins.admission import seat_order, slo_feasibility
 from gateway.sched.predict import EndpointLoad
 from loadgen.bench.overhead.decision_cost import PRESETS, DecisionConfig, measure_preset
 
@@ -76,24 +78,44 @@ def _both(todo: list[Pending]) -> _Batch:
     return _Batch(len(todo), kept, t1 - t0, t3 - t2)
 
 
-def measure(preset: str, rounds: int) -> list[_Batch]:
-    """Every batch of pending loads admission's seat order met in a decisions run of `preset`."""
+class _Run:
+    """What the run's own path cost: CPU ns, calls, pending loads and those with rows kept."""
+
+    __slots__ = ("calls", "kept", "ns", "pending")
+
+    def __init__(self) -> None:
+        self.ns = self.calls = self.pending = self.kept = 0
+
+
+def measure(preset: str, rounds: int, batch_from: int) -> tuple[list[_Batch], _Run]:
+    """Every batch of pending loads admission's seat order met in a decisions run of `preset`, its
+    threshold `batch_from` (`SEAT_ENDS_FROM`), and what the run's own path cost."""
     batches: list[_Batch] = []
+    run = _Run()
     plain = seat_order._seat_frees
 
-    def timed(loads: Sequence[EndpointLoad | Pending], *rules: int | None) -> object:
+    def timed(loads: Sequence[EndpointLoad | Pending], batch_from: int) -> object:
         todo = [p for p in loads if isinstance(p, Pending) and p.made is None and p.seat_free is None and p.n]
         if todo:
             batches.append(_both(todo))
-        return plain(loads, *rules)  # type: ignore[arg-type]
+        run.calls += 1
+        run.pending += len(todo)
+        run.kept += sum(p.pace.arrays is not None for p in todo)
+        t0 = time.thread_time_ns()
+        out = plain(loads, batch_from)
+        run.ns += time.thread_time_ns() - t0
+        return out
 
     with tempfile.TemporaryDirectory(prefix="berth-seat-ends-") as tmp:
         cfg = DecisionConfig(
             out=Path(tmp), presets=(preset,), rounds=rounds, backlog=0, profile=False, clock="cpu"
         )
-        with mock.patch.object(seat_order, "_seat_frees", timed):
+        with (
+            mock.patch.object(seat_order, "_seat_frees", timed),
+            mock.patch.object(slo_feasibility, "SEAT_ENDS_FROM", batch_from),
+        ):
             measure_preset(cfg, preset, Path(tmp), lambda *_: None)
-    return batches
+    return batches, run
 
 
 def report(batches: list[_Batch]) -> str:
@@ -138,8 +160,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="berth-loadgen diag seat-ends", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="coding-assistant", choices=list(PRESETS))
     p.add_argument("--rounds", type=int, default=300, help="completions of the decisions run")
+    p.add_argument(
+        "--batch-from",
+        type=int,
+        default=seat_order.SEAT_ENDS_FROM,
+        help=f"admission's threshold in the run (default {seat_order.SEAT_ENDS_FROM}, `SEAT_ENDS_FROM`)",
+    )
     args = p.parse_args(argv)
-    print(report(measure(args.preset, args.rounds)))
+    batches, run = measure(args.preset, args.rounds, args.batch_from)
+    print(report(batches))
+    print(
+        f"the run's own seat ends, derived from {args.batch_from} pending loads: "
+        f"{run.ns / 1e6:.1f} ms of CPU over {run.calls} calls, {run.pending} pending loads "
+        f"({run.kept} with rows kept)"
+    )
     return 0
 
 
