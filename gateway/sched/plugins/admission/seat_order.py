@@ -22,14 +22,12 @@ _EMPTY: _Floats = np.zeros(0, dtype=np.float64)
 
 #: Pending loads with running requests from which their ends are derived together as arrays; below it
 #: each is made as an `EndpointLoad`. Measured on the same loads inside a decisions run (`berth-loadgen
-#: diag seat-ends`, docs/submit-cost.md): a load made costs about 13-16 µs (about 15 running requests); a
-#: batch about 200-240 µs, plus about 5 µs a load whose rows are kept on its pace (`Pace.arrays`, which
-#: a batch makes and a load remade for its age alone takes over) and about 29 µs a load whose rows are
-#: made first. A batch therefore pays from about 16-22 loads with rows kept; it never pays for loads
-#: without, but the rows it makes are kept while the endpoint's running requests stay the same, and a
-#: load is remade for its age every 20-40 ms meanwhile: from this threshold on, nearly every pending
-#: load has its rows kept (96 % over a run) and admission's seat ends cost least over the run (16: 138
-#: ms of CPU over 488 submits; 8: 151, 12: 149, 64: 170).
+#: diag seat-ends`, docs/submit-cost.md): a load made costs about 15-19 µs (about 15 running requests); a
+#: batch about 220-240 µs, plus about 5-8 µs a load whose rows are kept on its pace (`Pace.arrays`: a
+#: batch makes them, and a load remade for its age alone takes them over) and about 28-30 µs a load whose
+#: rows are made first. A batch pays from about 15-23 loads with rows kept, and once a batch made the
+#: rows nearly every load admission remakes has them (they stay while the endpoint's running requests
+#: do, and a load is remade for its age every 20-40 ms meanwhile).
 SEAT_ENDS_FROM: Final = 16
 
 
