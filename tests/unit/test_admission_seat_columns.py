@@ -163,7 +163,8 @@ def _same_answers(  # noqa: PLR0917
     cache = LoadCache(params.predict_params())
     new = SloFeasibilityAdmitter(params, SLO, cache, preemption=rules)
     new.seat_ends_from = batch_from
-    plain = _Plain(params, SLO, preemption=rules)
+    plain_cache = LoadCache(params.predict_params())
+    plain = _Plain(params, SLO, plain_cache, preemption=rules)
     probe = LoadCache(params.predict_params())
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
@@ -178,7 +179,9 @@ def _same_answers(  # noqa: PLR0917
             cols = updated(cols, views, [k])
         s = FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
         if warm:
+            # (every cache asked at the same times: a load's time is that of the first question)
             _warm(cache, views, now, warm)
+            _warm(plain_cache, views, now, warm)
             _warm(probe, views, now, warm)
         r = req(
             f"r{serial}",
