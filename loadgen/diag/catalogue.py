@@ -78,6 +78,11 @@ _ALL: Final = (
         "How much CPU the engine simulator needs per endpoint, and how many one core runs in real time.",
         "loadgen.diag.sim_cpu",
     ),
+    Diagnostic(
+        "seat-ends",
+        "SLO admission's pending loads made one by one against derived as arrays, on the same loads.",
+        "loadgen.diag.seat_ends",
+    ),
 )
 
 

@@ -22,7 +22,7 @@ from gateway.core.slo import Infeasible, SloClass, SloKind, SloPolicy
 from gateway.core.types import InstanceClass
 from gateway.sched.columns import columns_of, updated
 from gateway.sched.interfaces import PreemptionRules
-from gateway.sched.load_batch import Pending
+from gateway.sched.load_batch import Pending, derive
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.admission import seat_order
@@ -124,6 +124,7 @@ class _Plain(SloFeasibilityAdmitter):
     assume_full=st.booleans(),
     ks=st.lists(st.integers(min_value=0, max_value=400), min_size=1, max_size=4),
     batch_from=st.sampled_from((1, 4, SEAT_ENDS_FROM)),
+    warm=st.sampled_from((0, 1, 2)),
     share=st.sampled_from((0.0, RENEW_SHARE, 1.0)),
     sort_up_to=st.sampled_from((0, SORT_UP_TO)),
 )
@@ -135,11 +136,12 @@ def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noq
     assume_full: bool,
     ks: list[int],
     batch_from: int,
+    warm: int,
     share: float,
     sort_up_to: int,
 ) -> None:
     with mock.patch.object(seat_order, "SORT_UP_TO", sort_up_to):  # 0: a first question partitions
-        _same_answers(endpoints, steps, preempts, columns, assume_full, ks, batch_from, share)
+        _same_answers(endpoints, steps, preempts, columns, assume_full, ks, batch_from, warm, share)
 
 
 def _same_answers(  # noqa: PLR0917
@@ -150,13 +152,19 @@ def _same_answers(  # noqa: PLR0917
     assume_full: bool,
     ks: list[int],
     batch_from: int,
+    warm: int,
     share: float,
 ) -> None:
+    """`batch_from`: the admitter's `seat_ends_from` (1: every pending load's ends as arrays, however few);
+    `warm`: every how many endpoints a pending load's rows are made on its pace before each step, as
+    placement over columns makes them (0: none)."""
     params = SloFeasibilityParams(margin=1.0, retry_after_s=0.5, assume_full=assume_full, recheck="off")
     rules = RULES if preempts else None
-    new = SloFeasibilityAdmitter(params, SLO, preemption=rules)
-    new.seat_ends_from = batch_from  # (1: every pending load's ends as arrays, however few)
-    plain = _Plain(params, SLO, preemption=rules)
+    cache = LoadCache(params.predict_params())
+    new = SloFeasibilityAdmitter(params, SLO, cache, preemption=rules)
+    new.seat_ends_from = batch_from
+    plain_cache = LoadCache(params.predict_params())
+    plain = _Plain(params, SLO, plain_cache, preemption=rules)
     probe = LoadCache(params.predict_params())
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
@@ -170,6 +178,11 @@ def _same_answers(  # noqa: PLR0917
             views = (*views[:k], moved, *views[k + 1 :])
             cols = updated(cols, views, [k])
         s = FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
+        if warm:
+            # (every cache asked at the same times: a load's time is that of the first question)
+            _warm(cache, views, now, warm)
+            _warm(plain_cache, views, now, warm)
+            _warm(probe, views, now, warm)
         r = req(
             f"r{serial}",
             arrival=now - 0.05,
@@ -198,6 +211,17 @@ def _same_answers(  # noqa: PLR0917
             want = ordered[kth] if kth < len(ordered) else None
             assert order.kth(kth) == want
             assert renewed.kth(kth) == want
+
+
+def _warm(cache: LoadCache, views: Sequence[EndpointView], now: float, every: int) -> None:
+    """The rows of every `every`-th endpoint's pending load made on its pace (`Pace.arrays`), as a
+    batch of placement over columns makes them, the load left pending."""
+    refs = cache.refs(views, now)
+    todo = [
+        ref for k, ref in enumerate(refs) if k % every == 0 and isinstance(ref, Pending) and ref.made is None
+    ]
+    if todo:
+        derive([(p.view, p.now, p.pace) for p in todo], todo[0].params, ())
 
 
 def test_a_cache_without_pending_loads_orders_as_before() -> None:

@@ -21,11 +21,14 @@ _Floats = npt.NDArray[np.float64]
 _EMPTY: _Floats = np.zeros(0, dtype=np.float64)
 
 #: Pending loads with running requests from which their ends are derived together as arrays; below it
-#: each is made as an `EndpointLoad` (numpy's fixed cost per batch is more than the Python steps it
-#: saves: at 100 endpoints with 1,000 queued, the 15-20 loads remade per decision, about 15 running
-#: requests each, were cheaper made one by one; a batch wins only when most of the fleet is remade at
-#: once, as after a refresh of every endpoint's view).
-SEAT_ENDS_FROM: Final = 64
+#: each is made as an `EndpointLoad`. Measured on the same loads inside a decisions run (`berth-loadgen
+#: diag seat-ends`, docs/submit-cost.md): a load made costs about 15-19 µs (about 15 running requests); a
+#: batch about 220-240 µs, plus about 5-8 µs a load whose rows are kept on its pace (`Pace.arrays`: a
+#: batch makes them, and a load remade for its age alone takes them over) and about 28-30 µs a load whose
+#: rows are made first. A batch pays from about 15-23 loads with rows kept, and once a batch made the
+#: rows nearly every load admission remakes has them (they stay while the endpoint's running requests
+#: do, and a load is remade for its age every 20-40 ms meanwhile).
+SEAT_ENDS_FROM: Final = 16
 
 
 def _seat_frees(loads: Sequence[EndpointLoad | Pending], batch_from: int) -> list[_Floats]:
