@@ -83,6 +83,11 @@ _ALL: Final = (
         "SLO admission's pending loads made one by one against derived as arrays, on the same loads.",
         "loadgen.diag.seat_ends",
     ),
+    Diagnostic(
+        "submit-parts",
+        "Where a submit's CPU time goes with a standing queue: the parts of the submit path, timed in a run.",
+        "loadgen.diag.submit_parts",
+    ),
 )
 
 

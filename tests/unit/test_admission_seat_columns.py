@@ -11,6 +11,7 @@ anew, and so does a first question answered by a partition."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import cast
 from unittest import mock
@@ -244,27 +245,40 @@ class _Made:
         self.memo: dict[str, object] = {}
 
 
-_ends = st.lists(st.sampled_from((0.5, 1.0, 1.5, 2.0, 3.0)), max_size=5)  # ties across loads, empties
+# ties across loads (signed zeros among them), ends at infinity, empties
+_ends = st.lists(st.sampled_from((-0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, math.inf)), max_size=5)
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     first=st.lists(_ends, min_size=1, max_size=12),
-    steps=st.lists(st.lists(st.tuples(st.integers(0, 11), _ends), max_size=4), min_size=1, max_size=8),
+    steps=st.lists(
+        st.tuples(st.lists(st.tuples(st.integers(0, 11), _ends), max_size=4), st.booleans()),
+        min_size=1,
+        max_size=8,
+    ),
     sort_up_to=st.sampled_from((0, SORT_UP_TO)),
 )
 def test_a_renewed_order_answers_every_kth_as_one_made_anew(
-    first: list[list[float]], steps: list[list[tuple[int, list[float]]]], sort_up_to: int
+    first: list[list[float]], steps: list[tuple[list[tuple[int, list[float]]], bool]], sort_up_to: int
 ) -> None:
+    """Asked or not between renewals, by a sort or (a first question) by a partition: the k-th end
+    itself (a zero's sign too) and its load."""
     loads: list[EndpointLoad] = [cast("EndpointLoad", _Made(e)) for e in first]
     renewed = SeatOrder(loads)
     with mock.patch.object(seat_order, "SORT_UP_TO", sort_up_to):
-        for step in steps:
+        for step, asked in steps:
             loads = list(loads)
             for at, ends in step:
                 loads[at % len(loads)] = cast("EndpointLoad", _Made(ends))
             renewed = renewed.renewed(loads, share=1.0)
+            if not asked:
+                continue
             ordered = sorted((t, i) for i, load in enumerate(loads) for t in load.seat_free)
-            for k in range(len(ordered) + 1):
+            for k in [*range(len(ordered) + 1), *range(len(ordered) - 1, -1, -1)]:
                 fresh = SeatOrder(loads)
-                assert renewed.kth(k) == fresh.kth(k) == (ordered[k] if k < len(ordered) else None)
+                want = ordered[k] if k < len(ordered) else None
+                got = renewed.kth(k)
+                assert got == fresh.kth(k) == want
+                if got is not None and want is not None:  # the end itself, its sign too
+                    assert math.copysign(1.0, got[0]) == math.copysign(1.0, want[0])

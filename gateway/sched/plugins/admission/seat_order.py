@@ -148,7 +148,8 @@ class SeatOrder:
                 # concatenation is in load order)
                 t = float(np.partition(times, k)[k])
                 nth = k - int(np.count_nonzero(times < t))
-                return t, self._owner(int(np.flatnonzero(times == t)[nth]))
+                at = int(np.flatnonzero(times == t)[nth])
+                return float(times[at]), self._owner(at)  # (the end itself: a zero's sign too)
             order = self._sorted = np.argsort(times, kind="stable")  # stable: ties keep the loads' order
         at = int(order[k])
         return float(times[at]), self._owner(at)
