@@ -65,6 +65,22 @@ def test_the_tuned_gateway_is_the_live_one_at_speed_one(tmp_path: Path) -> None:
     assert load_gateway_config(path).telemetry.prior.k1 == pytest.approx(prof.latency.k1 / 2)
 
 
+def test_a_run_directory_given_relative_to_the_caller_still_finds_its_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--out` relative to the working directory: the run's gateway file names its policy so that the
+    gateway, which reads a relative path from the file's own directory, finds it."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = Path("out") / "runs" / "one"
+    run_dir.mkdir(parents=True)
+    policy = scheduling_setup.policy_file("aladdin", run_dir)
+    assert not policy.is_absolute()  # written where the caller said, as the caller said it
+    gw = run_dir / "gateway.toml"
+    gw.write_text(gateway_toml(URLS, port=8080, policy=policy, speed=1.0))
+    cfg = load_gateway_config(gw)
+    assert cfg.policy_file == tmp_path / run_dir / "aladdin.toml"
+
+
 def test_the_day_one_gateway_is_urls_and_defaults(tmp_path: Path) -> None:
     path = tmp_path / "gateway.toml"
     path.write_text(gateway_toml(URLS, port=8080, policy=POLICY, speed=2.0, config=DAY_ONE))

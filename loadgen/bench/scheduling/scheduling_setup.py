@@ -74,7 +74,8 @@ def gateway_toml(
             "h = 1.0",
             "j = 1.0",
         ]
-    out += ["[policy]", f"file = {orjson.dumps(str(policy)).decode()}", ""]
+    # absolute: the gateway reads a relative path from its own file's directory, not the caller's
+    out += ["[policy]", f"file = {orjson.dumps(str(policy.resolve())).decode()}", ""]
     for i, (url, model) in enumerate(urls):
         out += ["[[endpoints]]", f'url = "{url}"']
         if config == TUNED:
