@@ -151,10 +151,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown := {x for x in pieces if x not in PIECES + EXTRA_PIECES and not _backlog(x)}:
         known = ",".join(PIECES + EXTRA_PIECES)
         p.error(f"unknown pieces {sorted(unknown)}; choose from {known}, {BACKLOG}N or {FLEET}N")
+    trees = args.tree or [("berth", Path(__file__).resolve().parents[2])]
+    if args.policy is not None and not args.child:
+        for _, tree in trees:
+            if not (tree / "policies" / f"{args.policy}.toml").is_file():
+                names = ",".join(sorted(x.stem for x in (tree / "policies").glob("*.toml")))
+                p.error(f"--policy {args.policy!r}: no shipped preset of that name in {tree}; one of {names}")
     if args.child:
         sys.stdout.write(orjson.dumps(run_once(pieces, args.requests, args.inflight, args.policy)).decode())
         return 0
-    trees = args.tree or [("berth", Path(__file__).resolve().parents[2])]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
     for r in range(args.rounds):
         order = trees[r % len(trees) :] + trees[: r % len(trees)]
