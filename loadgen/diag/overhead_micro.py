@@ -46,7 +46,9 @@ process's load does not count, and the figure is µs of CPU per request, not a c
   placement costs per request as the fleet grows. With `--policy NAME` the fleet pieces run the shipped
   preset `policies/NAME.toml` of the checkout instead of `default`, their requests of its default class
   with first-token and end-to-end targets (2 s, 8 s), and the clock moves 5 ms per request (a fleet
-  finishing 200 requests a second: the SLO plugins' loads age as they would).
+  finishing 200 requests a second: the SLO plugins' loads age as they would). Each request arrives when
+  it is submitted, and the run stops with an error if admission held or refused any (a request judged
+  infeasible is tried on every endpoint: another cost than the one measured).
 
 With `--tree NAME=DIR` (repeatable) each checkout runs in a child process with DIR first on its path
 (compiled modules in DIR included), the children taking turns round by round; the report gives each
