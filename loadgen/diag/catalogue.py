@@ -90,7 +90,7 @@ _ALL: Final = (
     ),
     Diagnostic(
         "gc-census",
-        "What the live daemon's young collections walk with a standing queue: objects and references by type.",
+        "What the live daemon's young collections walk with a standing queue, by type.",
         "loadgen.diag.gc_census",
     ),
 )

@@ -17,8 +17,8 @@ from gateway.core.heap import (
     IDLE_TICKS,
     PROBE_EVERY,
     STEP_S,
-    YOUNG_MAX_OBJECTS,
     YOUNG_INTERVAL_S,
+    YOUNG_MAX_OBJECTS,
     YOUNG_THRESHOLD,
     GcSchedule,
 )
