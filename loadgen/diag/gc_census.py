@@ -22,6 +22,7 @@ DIR/bench/ (the benchmark's report).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import statistics
 import sys
@@ -34,6 +35,7 @@ from typing import Any
 import orjson
 
 from loadgen.bench.overhead.proxy import main as bench_main
+from loadgen.diag.gc_census_hook import REFERRERS_ENV
 
 
 def wrapper(path: Path, census: Path) -> Path:
@@ -105,11 +107,38 @@ def summarize(recs: Sequence[dict[str, Any]], top: int) -> dict[str, Any]:
             for (name, held), size in sorted(largest.items(), key=lambda kv: -kv[1])[:top]
         ],
         "older": [
-            {"generation": r["generation"], "at_s": round(r["at"] - t0, 2), "ms": round(r["ms"], 1)}
+            {
+                "generation": r["generation"],
+                "at_s": round(r["at"] - t0, 2),
+                "ms": round(r["ms"], 1),
+                "survivors": r.get("survivors"),
+                "holders": r.get("referrers"),
+            }
             for r in recs
             if r["generation"] != 0
         ],
+        "full_growth": full_growth(recs, top),
     }
+
+
+def full_growth(recs: Sequence[dict[str, Any]], top: int) -> list[dict[str, Any]]:
+    """What the tracked objects gained, by type, from the first full collection with survivors counted
+    to the last (each one's survivors are every tracked object): the types that grew most."""
+    full = [r for r in recs if r["generation"] == 2 and "survivor_types" in r]
+    if len(full) < 2:
+        return []
+    first, last = dict(full[0]["survivor_types"]), dict(full[-1]["survivor_types"])
+    grew = Counter({k: last.get(k, 0) - first.get(k, 0) for k in first.keys() | last.keys()})
+    return [
+        {
+            "type": k,
+            "from": first.get(k, 0),
+            "to": last.get(k, 0),
+            "seconds": round(full[-1]["at"] - full[0]["at"], 1),
+        }
+        for k, n in grew.most_common(top)
+        if n > 0
+    ]
 
 
 def print_summary(doc: dict[str, Any]) -> None:
@@ -133,6 +162,17 @@ def print_summary(doc: dict[str, Any]) -> None:
         print("\nolder generations' collections (ms): " + ", ".join(
             f"gen{o['generation']} {o['ms']:.0f} at {o['at_s']:.0f} s" for o in doc["older"]
         ))  # fmt: skip
+    for o in doc["older"]:
+        for name, samples in (o.get("holders") or {}).items():
+            print(f"\nwhat holds the oldest {name} objects (full collection at {o['at_s']:.0f} s)")
+            for chain in samples:
+                print("  " + "; ".join(chain))
+    if doc["full_growth"]:
+        print(
+            f"\ntracked objects gained between full collections ({doc['full_growth'][0]['seconds']} s apart)"
+        )
+        for g in doc["full_growth"]:
+            print(f"  {g['type'][:40]:40} {g['from']:9d} -> {g['to']:9d}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,12 +187,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="directory for the census and reports")
     p.add_argument("--top", type=int, default=15, help="types and containers listed (default 15)")
+    p.add_argument(
+        "--holders",
+        default="",
+        help="comma-separated type names: each full collection records what holds the oldest survivors of "
+        "each (e.g. SchedRequest,RunningRequest: the objects that accumulate between full collections)",
+    )
     args = p.parse_args(argv)
     out: Path = args.out or Path(tempfile.mkdtemp(prefix="berth-gc-census-"))
     out.mkdir(parents=True, exist_ok=True)
     census = out / "census.jsonl"
     census.unlink(missing_ok=True)
     python = wrapper(out / "python.sh", census)
+    os.environ[REFERRERS_ENV] = args.holders  # the wrapper's berth inherits it
     bench_main([
         "--tests", "queue", "--configs", "berth", "--python", str(python), "--out", str(out / "bench"),
         *bench_args,

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from loadgen.diag import gc_census
-from loadgen.diag.gc_census_hook import LARGE_REFS, YoungCensus
+from loadgen.diag.gc_census_hook import LARGE_REFS, YoungCensus, holders
 
 
 class Node:
@@ -87,3 +87,18 @@ def test_the_wrapper_puts_berth_alone_under_the_hook(tmp_path: Path) -> None:
     )
     assert berth.returncode == 0, berth.stderr
     assert census.exists()  # opened by the hook, which then ran the CLI
+
+
+class Held:
+    pass
+
+
+def test_holders_names_what_holds_the_oldest_objects_of_a_type_two_levels_up() -> None:
+    keeper = {"x": Held()}
+    box = [keeper]
+    survivors: list[Any] = [keeper["x"], Held()]
+    found = holders(survivors, frozenset({"Held"}), per_type=1)
+    assert list(found) == ["Held"]
+    (chain,) = found["Held"]  # the first one only: held by the dict, which the list holds
+    assert any(c.startswith("dict <- ") and "list" in c for c in chain), chain
+    assert box[0] is keeper
