@@ -122,9 +122,9 @@ def summarize(recs: Sequence[dict[str, Any]], top: int) -> dict[str, Any]:
 
 
 def full_growth(recs: Sequence[dict[str, Any]], top: int) -> list[dict[str, Any]]:
-    """What the tracked objects gained, by type, from the first full collection with survivors counted
-    to the last (each one's survivors are every tracked object): the types that grew most."""
-    full = [r for r in recs if r["generation"] == 2 and "survivor_types" in r]
+    """What the tracked objects gained, by type, from the first of the schedule's full collections (all
+    unfrozen first: its survivors are every tracked object) to the last: the types that grew most."""
+    full = [r for r in recs if r["generation"] == 2 and r.get("frozen") == 0 and "survivor_types" in r]
     if len(full) < 2:
         return []
     first, last = dict(full[0]["survivor_types"]), dict(full[-1]["survivor_types"])

@@ -48,7 +48,9 @@ class YoungCensus:
 
     def __call__(self, phase: str, info: Mapping[str, int]) -> None:
         if phase == "start":
-            self.rec = census() if info["generation"] == 0 else {"generation": info["generation"]}
+            gen = info["generation"]
+            # frozen 0 at a full collection's start: the daemon's schedule unfroze everything for it
+            self.rec = census() if gen == 0 else {"generation": gen, "frozen": gc.get_freeze_count()}
             self.rec["at"] = time.monotonic()
             self.t0, self.c0 = time.perf_counter(), time.thread_time()
             return

@@ -74,6 +74,27 @@ def test_the_summary_starts_at_the_settled_schedule_and_averages_by_type(tmp_pat
     assert by_type["tuple"] == {"type": "tuple", "objects": 2_000, "references": 6_000, "survivors": 1_000}
     assert doc["largest"] == [{"type": "list", "holding": "int", "references": 500}]
     assert doc["older"] == []
+    assert doc["full_growth"] == []
+
+
+def test_the_growth_between_full_collections_counts_only_the_schedules_whole_ones() -> None:
+    def full(at: float, frozen: int, types: dict[str, int]) -> dict[str, Any]:
+        return {
+            "generation": 2, "at": at, "frozen": frozen, "ms": 300.0, "collected": 0,
+            "survivors": sum(types.values()), "survivor_types": list(types.items()),
+        }  # fmt: skip
+
+    recs = [
+        _young(1.0, 2_000, 100_000, {"tuple": 2_000}),
+        full(2.0, 0, {"SchedRequest": 2_600, "dict": 9_000}),
+        full(3.0, 100_000, {"SchedRequest": 10}),  # CPython's own: the frozen objects not walked
+        full(12.0, 0, {"SchedRequest": 6_700, "dict": 9_000, "_Task": 2_000}),
+    ]
+    growth = gc_census.summarize(recs, top=5)["full_growth"]
+    assert growth == [
+        {"type": "SchedRequest", "from": 2_600, "to": 6_700, "seconds": 10.0},
+        {"type": "_Task", "from": 0, "to": 2_000, "seconds": 10.0},
+    ]
 
 
 def test_the_wrapper_puts_berth_alone_under_the_hook(tmp_path: Path) -> None:
