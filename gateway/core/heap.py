@@ -29,14 +29,23 @@ So the schedule (`GcSchedule`) takes the collections over from CPython:
   instead of an older one, so the older generations stay empty and are never walked. A freeze moves
   the generation's list whole (no walk); a young collection before it walks every object in it, and
   with a standing queue that is 25,000-50,000 objects a second (the arrivals' requests, headers and
-  tasks, the scheduler's per-request records), a 10-40 ms pause, to find no garbage: reference
-  counting frees what dies. So a step collects only as a probe, every `PROBE_EVERY` steps, and every
-  step while the last probe found `GARBAGE_MIN` or more objects of cyclic garbage (a workload that
-  makes cycles, say exceptions kept with their tracebacks, has them collected within a second as
-  before, until a collection finds fewer). CPython's own thresholds stay on, `BACKSTOP`
-  times higher, for a callback that allocates that much without yielding to the loop. A pause is a
-  callback of its own: the loop's lag counts it, a scheduler call's time no longer does (it used to run
-  inside whatever allocation crossed the threshold: a 2 ms decision became an 80 ms one).
+  tasks, the scheduler's per-request records), to find no garbage: reference counting frees what dies.
+  So a step collects only as a probe, every `PROBE_EVERY` steps, and every step while the last probe
+  found `GARBAGE_MIN` or more objects of cyclic garbage (a workload that makes cycles, say exceptions
+  kept with their tracebacks, has those it drops within a step collected at that step, until a
+  collection finds fewer). A probe walks what arrived since the step before and is still alive, so
+  the steps' interval bounds its pause: with a standing queue of 1,000 in front of 100 endpoints a
+  second's arrivals take 20-25 ms to walk on a quiet core, a tenth of a second's 2-3 ms. The
+  collector's CPU does not depend on it (a probe every second over a tenth of a second's objects, or
+  one every ten seconds over a second's), and a freeze costs nothing (list splices). The timer can
+  come late (a backlog of callbacks runs first), so a young collection is also put off when the
+  young generation holds more than `YOUNG_MAX_OBJECTS` (counted at its turn: a list of them, about
+  0.1 ms): that generation is frozen unwalked and the next check, `STEP_S` later, walks its own. What
+  a short window gives up: a probe finds only the cycles made and dropped within it; longer-lived
+  ones wait, frozen, for the next full collection. CPython's own thresholds stay on, `BACKSTOP` times higher,
+  for a callback that allocates that much without yielding to the loop. A pause is a callback of its
+  own: the loop's lag counts it, a scheduler call's time does not (inside whatever allocation crossed
+  CPython's threshold, a 2 ms decision would become an 80 ms one).
 - A full collection (unfreeze, collect everything, freeze the survivors again) when the process's
   memory blocks (`sys.getallocatedblocks`, read every `TICK_S`) grew by `FULL_GROWTH` over what the
   last full collection left (and at least `FULL_MIN_GROWTH_BLOCKS`) and so did the objects the
@@ -57,7 +66,8 @@ blocks, `FULL_MIN_GROWTH_BLOCKS` on a small heap; after a peak of load, up to th
 next idle moment collects) plus one young generation, and the heap at most `1 + FULL_GROWTH_ANYWAY`
 times what the last full collection left; each full collection measures both again. A cycle is still
 collected: while cycles are being made the young collections find those made and dropped within a
-second (a probe notices them within `PROBE_EVERY` steps), the full ones the rest.
+step's `YOUNG_INTERVAL_S` (a probe notices them within `PROBE_EVERY` steps, a second), the full ones the
+rest.
 """
 
 from __future__ import annotations
@@ -75,20 +85,31 @@ from gateway.core.gcpauses import GcPauses
 
 #: Net allocations of tracked objects that make a young collection due.
 YOUNG_THRESHOLD: Final = 10_000
-#: Seconds after which a young collection is due whatever the count (the count barely moves while the
-#: requests that end free as much as those that arrive allocate). A probe's pause grows with it (it walks
-#: this long's arrivals that are still alive: 10-40 ms a second at 200 requests a second on a busy core).
-YOUNG_INTERVAL_S: Final = 1.0
+#: Seconds after which a young step is due whatever the count (the count barely moves while the
+#: requests that end free as much as those that arrive allocate). A probe's pause grows with it: it walks
+#: this long's arrivals that are still alive (20-25 ms a second at 200 requests a second with a standing
+#: queue of 1,000, on a quiet core), so it is short enough for a probe to stay well under the 5 ms a
+#: decision may take.
+YOUNG_INTERVAL_S: Final = 0.1
 #: Young steps between two probes (a young collection before the freeze) while the probes find no
 #: garbage: the collector walks a tenth of what it would, and cycles made between probes wait for the
 #: next probe to notice them (then the steps collect) or for the next full collection.
 PROBE_EVERY: Final = 10
-#: A young collection that finds this many objects of cyclic garbage makes the next step collect too.
-#: Fewer are left to the full collections (the heap's growth): a hundred objects a second is a few
-#: megabytes an hour, against a walk of the young generation every second.
-GARBAGE_MIN: Final = 100
+#: A young collection that finds this many objects of cyclic garbage (in the `YOUNG_INTERVAL_S` its
+#: window is) makes the next step collect too. Fewer are left to the full collections (the heap's
+#: growth): a hundred objects a second is a few megabytes an hour, against a walk of the young
+#: generation at every step.
+GARBAGE_MIN: Final = 10
+#: A young collection (a probe, or a step while cycles are found) walks at most this many objects: one
+#: whose young generation holds more (the loop's timers came late: a backlog of callbacks ran first) is
+#: put off, that generation frozen unwalked, to the next check's (`STEP_S` later). About 0.6 us an
+#: object on a quiet core: 2-3 ms.
+YOUNG_MAX_OBJECTS: Final = 4_000
 #: Seconds between two checks for a due collection (`GcSchedule.step`): a read of three counters.
 STEP_S: Final = 0.05
+#: A check this much short of `YOUNG_INTERVAL_S` counts as on time: the loop's timers round (uvloop's to
+#: the millisecond), so the check two `STEP_S` after a step may come a fraction early.
+_EARLY_S: Final = STEP_S / 2
 #: CPython's own young threshold is this many times the schedule's: it collects by itself only when a
 #: callback allocated that much without yielding to the loop.
 BACKSTOP: Final = 10
@@ -123,6 +144,8 @@ class GcModule(Protocol):
 
     def get_freeze_count(self) -> int: ...
 
+    def get_objects(self, generation: int | None = None) -> list[Any]: ...
+
     def get_threshold(self) -> tuple[int, int, int]: ...
 
     def set_threshold(self, threshold: int, threshold1: int = ..., threshold2: int = ..., /) -> None: ...
@@ -153,6 +176,8 @@ class GcSchedule:
         self._young_since_full = 0
         self._since_probe = PROBE_EVERY  # young steps since the last young collection (the first probes)
         self._garbage = 0  # cyclic garbage the last young collection found
+        self._retry = False  # a young collection was put off: the next check steps
+        self.young_put_off = 0  # young collections put off (the young generation was too large)
         self.young_collections = 0
         self._idle_ticks = 0
         self._idle_at = -math.inf  # when the last idle collection ran
@@ -192,18 +217,28 @@ class GcSchedule:
 
     def step(self) -> bool:
         """Run a young step if one is due: a young collection when it is a probe's turn or the last one
-        found garbage, then a freeze; whether it ran."""
+        found garbage (unless the young generation holds more than `YOUNG_MAX_OBJECTS`: then at the next
+        check), then a freeze; whether it ran."""
         if self._settled is None:
             return False
         now = self._clock()
-        if self._gc.get_count()[0] <= YOUNG_THRESHOLD and now - self._young_at < YOUNG_INTERVAL_S:
+        if (
+            not self._retry
+            and self._gc.get_count()[0] <= YOUNG_THRESHOLD
+            and now - self._young_at < YOUNG_INTERVAL_S - _EARLY_S
+        ):
             return False
         self._young_at = now
         self._since_probe += 1
+        self._retry = False
         if self._since_probe >= PROBE_EVERY or self._garbage >= GARBAGE_MIN:
-            self._since_probe = 0
-            self._garbage = self._gc.collect(0)
-            self.young_collections += 1
+            if len(self._gc.get_objects(0)) > YOUNG_MAX_OBJECTS:
+                self._retry = True  # its turn stays: the next check walks a generation of one STEP_S
+                self.young_put_off += 1
+            else:
+                self._since_probe = 0
+                self._garbage = self._gc.collect(0)
+                self.young_collections += 1
         self._gc.freeze()
         self._young_since_full += 1
         return True

@@ -88,6 +88,11 @@ _ALL: Final = (
         "Where a submit's CPU time goes with a standing queue: the parts of the submit path, timed in a run.",
         "loadgen.diag.submit_parts",
     ),
+    Diagnostic(
+        "gc-census",
+        "What the live daemon's young collections walk with a standing queue, by type.",
+        "loadgen.diag.gc_census",
+    ),
 )
 
 
