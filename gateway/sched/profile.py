@@ -40,6 +40,8 @@ from gateway.sched.interfaces import (
     Preemptor,
     ScopedFilter,
     Scorer,
+    SetAsideFilter,
+    SureRejects,
     TieredFilter,
 )
 from gateway.sched.loads import LoadCaches
@@ -77,6 +79,10 @@ _ColumnScope = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mas
 _ColumnMask = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask]
 _Tiers = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[Sequence[EndpointView]]]
 _Scope = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[EndpointView]]
+_Rejects = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[bool]]
+_Aside = Callable[
+    [SchedRequest, Sequence[EndpointView], Sequence[EndpointView], FleetSnapshot], Sequence[EndpointView]
+]
 
 
 #: Placements with at least this many candidates go over columns when the profile can (numpy's fixed
@@ -100,10 +106,16 @@ class SchedulerProfile:
     # Placements with at least this many candidates (eligible endpoints) go over columns when a
     # snapshot carries them; None: the least its plugins name (`ColumnsFrom`), else `COLUMNS_FROM`.
     columns_from: int | None = None
+    # Whether a filter that can set candidates aside (`SetAsideFilter`) is told the next plugin's sure
+    # rejects (`SureRejects`); off, the pipeline runs as if no plugin offered them (the same choices).
+    set_aside: bool = True
     _columns_from: int = field(init=False, repr=False, compare=False)  # (as resolved)
     # The filters' optional capabilities, resolved once here rather than per placement:
     # each filter's `tiers` method (`TieredFilter`), or None for a plain filter, in filter order;
     _tiers: tuple[_Tiers | None, ...] = field(init=False, repr=False, compare=False)
+    # per filter, in filter order: the next plugin's `sure_rejects` (`SureRejects`) and the filter's
+    # `filter_aside` when it can set them aside (`SetAsideFilter`), else None;
+    _asides: tuple[tuple[_Rejects, _Aside] | None, ...] = field(init=False, repr=False, compare=False)
     # the `scope` method of each scoped filter (`ScopedFilter`), in filter order;
     _scopes: tuple[_Scope, ...] = field(init=False, repr=False, compare=False)
     # their columnar forms (`ColumnarScopedFilter.scope_columns`), when every scoped filter has one;
@@ -132,6 +144,7 @@ class SchedulerProfile:
         object.__setattr__(
             self, "_tiers", tuple(f.tiers if isinstance(f, TieredFilter) else None for f in filters)
         )
+        object.__setattr__(self, "_asides", self._resolve_asides())
         object.__setattr__(self, "_scopes", tuple(f.scope for f in filters if isinstance(f, ScopedFilter)))
         scoped = [f for f in filters if isinstance(f, ScopedFilter)]
         object.__setattr__(
@@ -170,6 +183,18 @@ class SchedulerProfile:
                 else:
                     steps.append((None, cast("ColumnarFilter", f).filter_columns))
         object.__setattr__(self, "_column_steps", tuple(steps))
+
+    def _resolve_asides(self) -> tuple[tuple[_Rejects, _Aside] | None, ...]:
+        """Per filter: the sure rejects of the plugin after it (the next filter; after the last, the
+        picker when no scorer comes between), when the filter can set them aside."""
+        filters = self.filters
+        nexts: list[object] = [*filters[1:], self.picker if not self.scorers else None]
+        return tuple(
+            (nxt.sure_rejects, f.filter_aside)
+            if self.set_aside and isinstance(f, SetAsideFilter) and isinstance(nxt, SureRejects)
+            else None
+            for f, nxt in zip(filters, nexts, strict=True)
+        )
 
     @property
     def columnar(self) -> bool:
@@ -372,7 +397,11 @@ class SchedulerProfile:
                 return candidates
             tiers = self._tiers[i]
             if tiers is None:
-                candidates = filters[i].filter(req, candidates, snap)
+                aside = self._asides[i]
+                if aside is None:
+                    candidates = filters[i].filter(req, candidates, snap)
+                else:
+                    candidates = _set_aside(req, filters[i], aside, candidates, snap)
                 continue
             for tier in tiers(req, candidates, snap):
                 survivors = self._filter(req, tier, snap, i + 1) if tier else tier
@@ -380,6 +409,24 @@ class SchedulerProfile:
                     return survivors
             return []
         return candidates
+
+
+def _set_aside(
+    req: SchedRequest,
+    f: Filter,
+    aside: tuple[_Rejects, _Aside],
+    candidates: Sequence[EndpointView],
+    snap: FleetSnapshot,
+) -> Sequence[EndpointView]:
+    """`f.filter(req, candidates, snap)` less what the next plugin surely rejects, which then never sees
+    those (it would reject them anyway: `SureRejects`): `f` judges them only as far as its answer for
+    the others needs (its `filter_aside`, `SetAsideFilter`)."""
+    rejects, filter_aside = aside
+    flags = rejects(req, candidates, snap)
+    if not any(flags):
+        return f.filter(req, candidates, snap)
+    kept = [e for e, no in zip(candidates, flags, strict=True) if not no]
+    return filter_aside(req, kept, [e for e, no in zip(candidates, flags, strict=True) if no], snap)
 
 
 def _clamp01(v: float) -> float:

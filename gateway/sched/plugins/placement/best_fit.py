@@ -70,6 +70,7 @@ from gateway.sched.plugins.placement.best_fit_bounds import (
     sure_misses,
     sure_misses_of,
 )
+from gateway.sched.plugins.placement.best_fit_order import holders_first
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
@@ -164,6 +165,19 @@ class BestFitFilter:
             if loose[id(load)]:
                 return [of[id(load)]]
         return []
+
+    def sure_rejects(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> list[bool]:
+        """The candidates `filter` surely keeps none of, for the filter before it (`SureRejects`): its
+        sure misses, which it skips anyway (`best_fit_bounds`), from `MIN_CANDIDATES` candidates on, for
+        a request with nothing cached (with a cached prefix the order it tries them in is taken from the
+        first-ordered candidate's prediction: dropping that one could change the order). The candidates'
+        loads are made here, as the filter before would make them."""
+        if req.cached or len(candidates) < MIN_CANDIDATES:
+            return [False] * len(candidates)
+        load, now = self._cache.load, snap.now
+        return sure_misses(self, [load(e, now) for e in candidates], req)
 
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
@@ -419,28 +433,6 @@ def _only(like: npt.NDArray[np.bool_], i: int) -> npt.NDArray[np.bool_]:
     out = np.zeros_like(like)
     out[i] = True
     return out
-
-
-def holders_first(req: SchedRequest, order: list[EndpointLoad]) -> list[EndpointLoad]:
-    """`order` with the endpoints holding part of the request's prompt in their prefix cache moved to
-    the front, earliest predicted first token first, when their first token comes before the one on the
-    endpoint the order would try first: waiting there costs less than the prefill the cache saves
-    (both in the same prediction, `EndpointLoad.predict`). Without a cached prefix, `order` as it is."""
-    if not order:
-        return order
-    head = order[0].predict(req).ttft_s
-    ahead = []
-    for load in order:
-        if req.cached.get_tokens(load.view.id) > 0:
-            ttft = load.predict(req).ttft_s
-            if ttft < head:
-                ahead.append((ttft, str(load.view.id), load))
-    if not ahead:
-        return order
-    ahead.sort(key=lambda t: (t[0], t[1]))
-    first = [t[2] for t in ahead]
-    moved = {id(x) for x in first}
-    return first + [x for x in order if id(x) not in moved]
 
 
 SPEC = PluginSpec(

@@ -52,12 +52,47 @@ class OverflowGuardFilter:
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
+        harmless, meeting, _ = self._judge(req, candidates, snap)
+        if req.best_effort:
+            return harmless
+        if meeting or self.params.hold_infeasible:
+            return meeting
+        return harmless
+
+    def filter_aside(
+        self,
+        req: SchedRequest,
+        kept: Sequence[EndpointView],
+        aside: Sequence[EndpointView],
+        snap: FleetSnapshot,
+    ) -> Sequence[EndpointView]:
+        """What `filter` over `kept` and `aside` keeps of `kept` (`SetAsideFilter`): the endpoints set
+        aside are judged only when none of `kept` meets the request's targets and some harm no one, for
+        whether one of them does (then `filter` would keep those, none of `kept`)."""
+        harmless, meeting, sparing = self._judge(req, kept, snap)
+        if req.best_effort or not harmless:
+            return harmless
+        if meeting or self.params.hold_infeasible:
+            return meeting
+        load_of, now = self._cache.load, snap.now
+        for e in aside:
+            load = load_of(e, now)
+            if sparing.spares(load) and sparing.keeps(load):
+                return []
+        return harmless
+
+    def _judge(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> tuple[list[EndpointView], list[EndpointView], Sparing]:
+        """The candidates where the request harms no one, those of them where it also meets its own
+        targets (none for a best-effort request), and the judge (for more candidates)."""
         p = self.params
         now = snap.now
-        left = time_left(req, now)
+        sparing = Sparing(
+            req, margin=p.margin, on_track=p.on_track, left=time_left(req, now), worst_case=p.worst_case
+        )
         harmless: list[EndpointView] = []
         meeting: list[EndpointView] = []
-        sparing = Sparing(req, margin=p.margin, on_track=p.on_track, left=left, worst_case=p.worst_case)
         own = not req.best_effort
         load_of = self._cache.load
         for e in candidates:
@@ -67,11 +102,7 @@ class OverflowGuardFilter:
             harmless.append(e)
             if own and sparing.keeps(load):
                 meeting.append(e)
-        if req.best_effort:
-            return harmless
-        if meeting or p.hold_infeasible:
-            return meeting
-        return harmless
+        return harmless, meeting, sparing
 
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
