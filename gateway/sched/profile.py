@@ -188,6 +188,8 @@ class SchedulerProfile:
         """Per filter: the sure rejects of the plugin after it (the next filter; after the last, the
         picker when no scorer comes between), when the filter can set them aside."""
         filters = self.filters
+        if not filters:
+            return ()
         nexts: list[object] = [*filters[1:], self.picker if not self.scorers else None]
         return tuple(
             (nxt.sure_rejects, f.filter_aside)
