@@ -238,6 +238,31 @@ class ColumnarTieredFilter(TieredFilter, Protocol):
 
 
 @runtime_checkable
+class ColumnarSureRejects(SureRejects, Protocol):
+    """`SureRejects` over the fleet's columns: the mask (in the columns' order, a subset of the
+    candidates') of the candidates `sure_rejects` would name."""
+
+    def sure_rejects_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]: ...
+
+
+@runtime_checkable
+class ColumnarSetAsideFilter(SetAsideFilter, Protocol):
+    """`SetAsideFilter` over the fleet's columns: `kept` and `aside` as disjoint masks, the mask of
+    what `filter_columns` over both keeps of `kept`."""
+
+    def filter_columns_aside(
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        kept: npt.NDArray[np.bool_],
+        aside: npt.NDArray[np.bool_],
+        snap: FleetSnapshot,
+    ) -> npt.NDArray[np.bool_]: ...
+
+
+@runtime_checkable
 class ColumnarScorer(Scorer, Protocol):
     """A scorer with a form over the fleet's columns: every endpoint's score at once, in the columns'
     order (the values of non-candidates are ignored), each candidate's the value `score` gives it."""

@@ -24,6 +24,7 @@ import numpy.typing as npt
 from gateway.core.slo import SloPolicy, default_slo_policy
 from gateway.core.types import EndpointHealth, EndpointId, ModelName
 from gateway.sched.autoscale import Autoscale
+from gateway.sched.cuts import Cuts
 from gateway.sched.interfaces import (
     Admitter,
     ColumnarFilter,
@@ -40,12 +41,11 @@ from gateway.sched.interfaces import (
     Preemptor,
     ScopedFilter,
     Scorer,
-    SetAsideFilter,
-    SureRejects,
     TieredFilter,
 )
 from gateway.sched.loads import LoadCaches
 from gateway.sched.request import SchedRequest
+from gateway.sched.set_aside import Aside, ColumnAside, asides, column_asides, set_aside, set_aside_columns
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 
@@ -79,10 +79,6 @@ _ColumnScope = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mas
 _ColumnMask = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask]
 _Tiers = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[Sequence[EndpointView]]]
 _Scope = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[EndpointView]]
-_Rejects = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[bool]]
-_Aside = Callable[
-    [SchedRequest, Sequence[EndpointView], Sequence[EndpointView], FleetSnapshot], Sequence[EndpointView]
-]
 
 
 #: Placements with at least this many candidates go over columns when the profile can (numpy's fixed
@@ -115,7 +111,7 @@ class SchedulerProfile:
     _tiers: tuple[_Tiers | None, ...] = field(init=False, repr=False, compare=False)
     # per filter, in filter order: the next plugin's `sure_rejects` (`SureRejects`) and the filter's
     # `filter_aside` when it can set them aside (`SetAsideFilter`), else None;
-    _asides: tuple[tuple[_Rejects, _Aside] | None, ...] = field(init=False, repr=False, compare=False)
+    _asides: tuple[Aside | None, ...] = field(init=False, repr=False, compare=False)
     # the `scope` method of each scoped filter (`ScopedFilter`), in filter order;
     _scopes: tuple[_Scope, ...] = field(init=False, repr=False, compare=False)
     # their columnar forms (`ColumnarScopedFilter.scope_columns`), when every scoped filter has one;
@@ -133,18 +129,23 @@ class SchedulerProfile:
     _column_steps: tuple[tuple[_ColumnTiers | None, _ColumnMask | None], ...] = field(
         init=False, repr=False, compare=False
     )
+    # per filter, in filter order, when the profile is columnar: `_asides`' columnar forms
+    # (`ColumnarSureRejects.sure_rejects_columns`, `ColumnarSetAsideFilter.filter_columns_aside`)
+    _column_asides: tuple[ColumnAside | None, ...] = field(init=False, repr=False, compare=False)
     # the parts of the last snapshot `scope` cut, by what they kept: one object per part, so what is
     # kept per snapshot's views downstream (SLO admission's endpoint order and bounds) is kept across
     # the requests of a tick that reach the same part
-    _cuts: _Cuts = field(init=False, repr=False, compare=False)
+    _cuts: Cuts = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         filters = self.filters
-        object.__setattr__(self, "_cuts", _Cuts())
+        object.__setattr__(self, "_cuts", Cuts())
         object.__setattr__(
             self, "_tiers", tuple(f.tiers if isinstance(f, TieredFilter) else None for f in filters)
         )
-        object.__setattr__(self, "_asides", self._resolve_asides())
+        object.__setattr__(
+            self, "_asides", asides(self.filters, self.scorers, self.picker, on=self.set_aside)
+        )
         object.__setattr__(self, "_scopes", tuple(f.scope for f in filters if isinstance(f, ScopedFilter)))
         scoped = [f for f in filters if isinstance(f, ScopedFilter)]
         object.__setattr__(
@@ -183,19 +184,10 @@ class SchedulerProfile:
                 else:
                     steps.append((None, cast("ColumnarFilter", f).filter_columns))
         object.__setattr__(self, "_column_steps", tuple(steps))
-
-    def _resolve_asides(self) -> tuple[tuple[_Rejects, _Aside] | None, ...]:
-        """Per filter: the sure rejects of the plugin after it (the next filter; after the last, the
-        picker when no scorer comes between), when the filter can set them aside."""
-        filters = self.filters
-        if not filters:
-            return ()
-        nexts: list[object] = [*filters[1:], self.picker if not self.scorers else None]
-        return tuple(
-            (nxt.sure_rejects, f.filter_aside)
-            if self.set_aside and isinstance(f, SetAsideFilter) and isinstance(nxt, SureRejects)
-            else None
-            for f, nxt in zip(filters, nexts, strict=True)
+        object.__setattr__(
+            self,
+            "_column_asides",
+            column_asides(filters, self.scorers, picker, on=self.set_aside) if columnar else (),
         )
 
     @property
@@ -351,7 +343,11 @@ class SchedulerProfile:
             tiers, one = steps[i]
             if tiers is None:
                 assert one is not None  # (one or the other, by construction)
-                mask = one(req, cols, mask, snap)
+                aside = self._column_asides[i]
+                if aside is None:
+                    mask = one(req, cols, mask, snap)
+                else:
+                    mask = set_aside_columns(req, one, aside, cols, mask, snap)
                 continue
             for tier in tiers(req, cols, mask, snap):
                 survivors = self._filter_columns(req, cols, tier, snap, i + 1) if tier.any() else tier
@@ -403,7 +399,7 @@ class SchedulerProfile:
                 if aside is None:
                     candidates = filters[i].filter(req, candidates, snap)
                 else:
-                    candidates = _set_aside(req, filters[i], aside, candidates, snap)
+                    candidates = set_aside(req, filters[i], aside, candidates, snap)
                 continue
             for tier in tiers(req, candidates, snap):
                 survivors = self._filter(req, tier, snap, i + 1) if tier else tier
@@ -411,24 +407,6 @@ class SchedulerProfile:
                     return survivors
             return []
         return candidates
-
-
-def _set_aside(
-    req: SchedRequest,
-    f: Filter,
-    aside: tuple[_Rejects, _Aside],
-    candidates: Sequence[EndpointView],
-    snap: FleetSnapshot,
-) -> Sequence[EndpointView]:
-    """`f.filter(req, candidates, snap)` less what the next plugin surely rejects, which then never sees
-    those (it would reject them anyway: `SureRejects`): `f` judges them only as far as its answer for
-    the others needs (its `filter_aside`, `SetAsideFilter`)."""
-    rejects, filter_aside = aside
-    flags = rejects(req, candidates, snap)
-    if not any(flags):
-        return f.filter(req, candidates, snap)
-    kept = [e for e, no in zip(candidates, flags, strict=True) if not no]
-    return filter_aside(req, kept, [e for e, no in zip(candidates, flags, strict=True) if no], snap)
 
 
 def _clamp01(v: float) -> float:
@@ -476,29 +454,3 @@ class Policy:
         ordering has one (`EnginePriority`)."""
         get = self._engine_priority
         return None if get is None else get(req, snap)
-
-
-class _Cuts:
-    """`SchedulerProfile.scope`'s parts of one snapshot (the last asked about), by what they kept, and
-    the endpoints serving each model there."""
-
-    __slots__ = ("_by", "_serving", "_snap")
-
-    def __init__(self) -> None:
-        self._snap: FleetSnapshot | None = None
-        self._by: dict[object, FleetSnapshot] = {}
-        self._serving: dict[ModelName, list[EndpointView]] = {}
-
-    def of(self, snap: FleetSnapshot) -> dict[object, FleetSnapshot]:
-        if snap is not self._snap:
-            self._snap = snap
-            self._by = {}
-            self._serving = {}
-        return self._by
-
-    def serving(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
-        """The endpoints of `snap` (the one `of` was last given) serving `model` (not to be changed)."""
-        got = self._serving.get(model)
-        if got is None:
-            got = self._serving[model] = [e for e in snap.endpoints if model in e.models]
-        return got

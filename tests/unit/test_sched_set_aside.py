@@ -12,7 +12,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.types import EndpointId
+from gateway.core.types import EndpointId, RequestId
+from gateway.sched.columns import columns_of
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
@@ -21,7 +22,7 @@ from gateway.sched.plugins.placement.least_outstanding import MaxScorePicker
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import SchedulerProfile
-from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from tests.unit.slo_fixtures import COEF, SLOW, columnar_preset, req, running, view
 from tests.unit.test_sched_columns_slo import NOW, Run, _endpoint, _new_request, _params, _run, _view
 
@@ -56,10 +57,18 @@ _request = st.tuples(
 )
 
 
-def _profile(guard: OverflowGuardParams, fit: BestFitParams, *, set_aside: bool) -> SchedulerProfile:
+def _profile(
+    guard: OverflowGuardParams, fit: BestFitParams, *, set_aside: bool, columns_from: int | None = None
+) -> SchedulerProfile:
     cache = LoadCache(fit.predict_params())  # one cache for both, as a policy shares it
     filters = (OverflowGuardFilter(guard, cache), BestFitFilter(fit, cache))
-    return SchedulerProfile(filters=filters, scorers=(), picker=MaxScorePicker(), set_aside=set_aside)
+    return SchedulerProfile(
+        filters=filters, scorers=(), picker=MaxScorePicker(), set_aside=set_aside, columns_from=columns_from
+    )
+
+
+def _id(e: EndpointView | None) -> EndpointId | None:
+    return None if e is None else e.id
 
 
 @settings(max_examples=200, deadline=None)
@@ -74,14 +83,18 @@ def test_the_guard_told_best_fits_sure_misses_places_as_without(
     fit = msgspec.structs.replace(fit, prefill_overhead=guard.prefill_overhead)
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
     s = FleetSnapshot(now=NOW, endpoints=views)
+    with_columns = FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views))
     with_aside, without = _profile(guard, fit, set_aside=True), _profile(guard, fit, set_aside=False)
+    columnar = _profile(guard, fit, set_aside=True, columns_from=0)
     assert with_aside._asides[0] is not None
+    assert columnar._column_asides[0] is not None
     assert without._asides == (None, None)
     for k, (prompt, out, ttft_ms, e2e_ms, itl_ms, best_effort) in enumerate(requests):
         r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), {}, best_effort=best_effort)
-        r = dataclasses.replace(r, id=f"new{k}")
-        got, want = with_aside.place(r, s), without.place(r, s)
-        assert (None if got is None else got.id) == (None if want is None else want.id)
+        r = dataclasses.replace(r, id=RequestId(f"new{k}"))
+        want = _id(without.place(r, s))
+        assert _id(with_aside.place(r, s)) == want
+        assert _id(columnar.place(r, with_columns)) == want
 
 
 @settings(max_examples=100, deadline=None)
@@ -105,13 +118,15 @@ def test_coding_assistant_places_alike_with_and_without_setting_aside(
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
     r = req("new", arrival=NOW - 0.1, prompt=prompt, out=out, e2e_ms=e2e_ms, cls=cls)
     r = dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
-    policy = columnar_preset("coding-assistant")
-    plain = dataclasses.replace(policy.profile, columns_from=None)
-    off = dataclasses.replace(plain, set_aside=False)
-    s = FleetSnapshot(now=NOW, endpoints=views)
+    columnar = columnar_preset("coding-assistant").profile
+    plain = dataclasses.replace(columnar_preset("coding-assistant").profile, columns_from=None)
+    off = dataclasses.replace(columnar_preset("coding-assistant").profile, columns_from=None, set_aside=False)
     assert any(a is not None for a in plain._asides)
-    got, want = plain.place(r, s), off.place(r, s)
-    assert (None if got is None else got.id) == (None if want is None else want.id)
+    assert any(a is not None for a in columnar._column_asides)
+    s = FleetSnapshot(now=NOW, endpoints=views)
+    want = _id(off.place(r, s))
+    assert _id(plain.place(r, s)) == want
+    assert _id(columnar.place(r, FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views)))) == want
 
 
 def test_a_request_over_every_kv_capacity_is_not_judged_by_the_guard() -> None:

@@ -69,6 +69,8 @@ from gateway.sched.plugins.placement.best_fit_bounds import (
     MIN_CANDIDATES,
     sure_misses,
     sure_misses_of,
+    sure_rejects,
+    sure_rejects_columns,
 )
 from gateway.sched.plugins.placement.best_fit_order import holders_first
 from gateway.sched.predict import EndpointLoad, Prediction
@@ -169,15 +171,15 @@ class BestFitFilter:
     def sure_rejects(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> list[bool]:
-        """The candidates `filter` surely keeps none of, for the filter before it (`SureRejects`): its
-        sure misses, which it skips anyway (`best_fit_bounds`), from `MIN_CANDIDATES` candidates on, for
-        a request with nothing cached (with a cached prefix the order it tries them in is taken from the
-        first-ordered candidate's prediction: dropping that one could change the order). The candidates'
-        loads are made here, as the filter before would make them."""
-        if req.cached or len(candidates) < MIN_CANDIDATES:
-            return [False] * len(candidates)
+        """The candidates it surely keeps none of (`SureRejects`; `best_fit_bounds.sure_rejects`). The
+        loads are the shared cache's, made as the filter before would make them."""
         load, now = self._cache.load, snap.now
-        return sure_misses(self, [load(e, now) for e in candidates], req)
+        return sure_rejects(self, [load(e, now) for e in candidates], req)
+
+    def sure_rejects_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]:
+        return sure_rejects_columns(self, self._fleet, req, cols, candidates, now=snap.now)
 
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot

@@ -26,10 +26,13 @@ from typing import Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from gateway.sched.fleet_loads import FleetLoads
 from gateway.sched.idle import output_bound
+from gateway.sched.perf import default_prior
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens, resume_prompt_tokens
+from gateway.sched.snapshot import EndpointView, FleetColumns
 from gateway.sched.targets import time_left
 
 
@@ -60,6 +63,7 @@ _TOL: Final = 1e-9
 # Columns of an endpoint's row (`_row`; `gateway.sched.fleet_loads.FleetLoads.best_fit_rows` too).
 _N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _NOW, _K1, _C1, _K2, _C2, _C3, _TOKENS, _BUDGET = range(14)
 _NAN: Final = float("nan")
+_PRIOR: Final = default_prior()
 
 
 def _row(fit: BestFit, load: EndpointLoad) -> tuple[float, ...]:
@@ -126,6 +130,49 @@ def _kv(load: EndpointLoad) -> tuple[float, float, float]:
     unknown, never over)."""
     c, cap = load.coef, load.kv_capacity
     return c.h, c.j, _NAN if cap is None else float(cap)
+
+
+def _kv_of_view(view: EndpointView) -> tuple[float, float, float]:
+    """`_kv` of a load of `view` (a load takes its coefficients and KV capacity from its view)."""
+    c, cap = view.perf or _PRIOR, view.kv_capacity_tokens
+    return c.h, c.j, _NAN if cap is None else float(cap)
+
+
+def sure_rejects(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) -> list[bool]:
+    """The sure misses best fit lets the filter before it set aside (`SureRejects`): `sure_misses`,
+    from `MIN_CANDIDATES` candidates on, for a request with nothing cached (with a cached prefix the
+    order the candidates are tried in takes the first-ordered one's prediction: dropping that one could
+    change the order); none otherwise."""
+    if req.cached or len(loads) < MIN_CANDIDATES:
+        return [False] * len(loads)
+    return sure_misses(fit, loads, req)
+
+
+def sure_rejects_columns(
+    fit: BestFit,
+    fleet: FleetLoads,
+    req: SchedRequest,
+    cols: FleetColumns,
+    candidates: npt.NDArray[np.bool_],
+    *,
+    now: float,
+) -> npt.NDArray[np.bool_]:
+    """`sure_rejects` over columns, as a mask: the busy candidates' rows brought up to date
+    (`FleetLoads.rows`, as the filter before would) and judged over the arrays with (e)'s bound; an
+    idle endpoint always fits."""
+    named = np.zeros_like(candidates)
+    if req.cached or np.count_nonzero(candidates) < MIN_CANDIDATES:
+        return named
+    which = candidates & (cols.busy > 0)
+    places = np.flatnonzero(which)
+    if len(places) == 0:
+        return named
+    fleet.rows(cols, which, now)
+    views = cols.endpoints
+    kv = np.array([_kv_of_view(views[i]) for i in places.tolist()], dtype=np.float64).reshape(len(places), 3)
+    rows = fleet.best_fit_rows(places, fit.params.gamma)
+    named[places] = sure_misses_of(fit, rows, req, float(resume_prompt_tokens(req)), kv)
+    return named
 
 
 def sure_misses_of(

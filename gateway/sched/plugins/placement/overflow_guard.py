@@ -107,12 +107,40 @@ class OverflowGuardFilter:
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
     ) -> npt.NDArray[np.bool_]:
-        """The columnar form: on an endpoint with nothing running the request harms no one and is
-        predicted from the endpoint's coefficients alone, for all such endpoints at once (`predict`'s
-        arithmetic for an empty load, in its order); the endpoints that run something, or hold part of
-        its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`, `predict`, `meets`
-        and `itl_ok` for all of them at once, the loads those of `filter`), or one by one when they are
-        fewer than `FleetLoads.least`."""
+        harmless, meeting = self._judge_columns(req, cols, candidates, snap)
+        if req.best_effort:
+            return harmless
+        if self.params.hold_infeasible or meeting.any():
+            return meeting
+        return harmless
+
+    def filter_columns_aside(
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        kept: npt.NDArray[np.bool_],
+        aside: npt.NDArray[np.bool_],
+        snap: FleetSnapshot,
+    ) -> npt.NDArray[np.bool_]:
+        """`filter_aside` over columns (`ColumnarSetAsideFilter`)."""
+        harmless, meeting = self._judge_columns(req, cols, kept, snap)
+        if req.best_effort or not harmless.any():
+            return harmless
+        if self.params.hold_infeasible or meeting.any():
+            return meeting
+        _, meeting_aside = self._judge_columns(req, cols, aside, snap)
+        return np.zeros_like(kept) if meeting_aside.any() else harmless
+
+    def _judge_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """The columnar form of `_judge` (the candidates where the request harms no one, and of those
+        the ones where it meets its own targets): on an endpoint with nothing running the request harms
+        no one and is predicted from the endpoint's coefficients alone, for all such endpoints at once
+        (`predict`'s arithmetic for an empty load, in its order); the endpoints that run something, or
+        hold part of its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`,
+        `predict`, `meets` and `itl_ok` for all of them at once, the loads those of `filter`), or one by
+        one when they are fewer than `FleetLoads.least`."""
         p = self.params
         now = snap.now
         busy = candidates & (cols.busy > 0)
@@ -145,11 +173,7 @@ class OverflowGuardFilter:
                 if not req.best_effort:
                     pred = load.predict(req, worst_case=p.worst_case)
                     meeting[i] = meets(pred, left, p.margin) and itl_ok(req, pred)
-        if req.best_effort:
-            return harmless
-        if p.hold_infeasible or meeting.any():
-            return meeting
-        return harmless
+        return harmless, meeting
 
     def _meets_idle(
         self, req: SchedRequest, cols: FleetColumns, left: tuple[float | None, float | None]
