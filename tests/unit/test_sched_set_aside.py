@@ -17,7 +17,7 @@ from gateway.sched.columns import columns_of
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
-from gateway.sched.plugins.placement.best_fit_bounds import MIN_CANDIDATES
+from gateway.sched.plugins.placement.best_fit_bounds import MIN_CANDIDATES, SET_ASIDE_FROM, RejectGate
 from gateway.sched.plugins.placement.least_outstanding import MaxScorePicker
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.prefix import PrefixHits
@@ -72,14 +72,22 @@ def _id(e: EndpointView | None) -> EndpointId | None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(endpoints=_fleet, guard=_guard, fit=_params, requests=st.lists(_request, min_size=1, max_size=3))
+@given(
+    endpoints=_fleet,
+    guard=_guard,
+    fit=_params,
+    requests=st.lists(_request, min_size=1, max_size=3),
+    up_front=st.booleans(),
+)
 def test_the_guard_told_best_fits_sure_misses_places_as_without(
     *,
     endpoints: list[Endpoint],
     guard: OverflowGuardParams,
     fit: BestFitParams,
     requests: list[tuple],  # type: ignore[type-arg]
+    up_front: bool,
 ) -> None:
+    """`up_front`: best fit names its sure misses for every request (else as its gate decides)."""
     fit = msgspec.structs.replace(fit, prefill_overhead=guard.prefill_overhead)
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
     s = FleetSnapshot(now=NOW, endpoints=views)
@@ -92,6 +100,9 @@ def test_the_guard_told_best_fits_sure_misses_places_as_without(
     for k, (prompt, out, ttft_ms, e2e_ms, itl_ms, best_effort) in enumerate(requests):
         r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), {}, best_effort=best_effort)
         r = dataclasses.replace(r, id=RequestId(f"new{k}"))
+        if up_front:
+            for p in (with_aside, columnar):
+                p.filters[1]._gate.share = 1.0  # type: ignore[attr-defined]
         want = _id(without.place(r, s))
         assert _id(with_aside.place(r, s)) == want
         assert _id(columnar.place(r, with_columns)) == want
@@ -183,3 +194,19 @@ def test_an_endpoint_set_aside_where_the_request_meets_its_targets_still_counts_
     assert isinstance(best_fit, BestFitFilter)
     assert best_fit.sure_rejects(r, s.endpoints, s) == [True] * len(fast) + [False] * len(slow)
     assert profile.place(r, s) is None
+
+
+def test_best_fit_names_its_sure_misses_up_front_while_that_names_enough() -> None:
+    many = MIN_CANDIDATES
+    r, other = req("a"), req("b")
+    gate = RejectGate()
+    assert gate.ask(r, many)
+    assert not gate.ask(r, many - 1)  # too few to pay
+    assert not gate.ask(dataclasses.replace(r, cached=PrefixHits({EndpointId("e00"): 10})), many)
+    gate.seen(r, [True] + [False] * (many - 1), up_front=True)  # named too few: closed
+    assert gate.share < SET_ASIDE_FROM
+    assert not gate.ask(r, many)
+    gate.seen(other, [True] * many)  # the filter's look at another request than the one skipped
+    assert not gate.ask(r, many)
+    gate.seen(r, [True] * many)  # the filter's own look at the request skipped: open again
+    assert gate.ask(other, many)

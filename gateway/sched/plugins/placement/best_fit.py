@@ -67,6 +67,7 @@ from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.plugins.placement.best_fit_bounds import (
     EAGER_TRIES,
     MIN_CANDIDATES,
+    RejectGate,
     sure_misses,
     sure_misses_of,
     sure_rejects,
@@ -122,6 +123,7 @@ class BestFitFilter:
         self._cache = loads or LoadCache(params.predict_params())
         self.load_params = self._cache.params  # what its loads predict with
         self._fleet = fleet_loads(self._cache)
+        self._gate = RejectGate()  # whether its sure misses are named up front (`sure_rejects`)
         self._packs = params.order == "most-loaded"
         by_count = self._by_count = params.order == "least-outstanding"
         self._spread_key = self.outstanding_key if by_count else self.least_loaded_key
@@ -153,7 +155,9 @@ class BestFitFilter:
             if k == EAGER_TRIES and not bounded:
                 # Not placed on the first few: the sure misses found for all at once (best_fit_bounds)
                 bounded = True
-                for other, miss in zip(loads, sure_misses(self, loads, req), strict=True):
+                misses = sure_misses(self, loads, req)
+                self._gate.seen(req, misses)
+                for other, miss in zip(loads, misses, strict=True):
                     if miss:
                         loose.setdefault(id(other), False)
             if id(load) in loose:
@@ -171,15 +175,13 @@ class BestFitFilter:
     def sure_rejects(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> list[bool]:
-        """The candidates it surely keeps none of (`SureRejects`; `best_fit_bounds.sure_rejects`). The
-        loads are the shared cache's, made as the filter before would make them."""
-        load, now = self._cache.load, snap.now
-        return sure_rejects(self, [load(e, now) for e in candidates], req)
+        """Its sure misses, named up front for the filter before it when that pays (`SureRejects`)."""
+        return sure_rejects(self, self._cache, self._gate, req, candidates, now=snap.now)
 
     def sure_rejects_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
     ) -> npt.NDArray[np.bool_]:
-        return sure_rejects_columns(self, self._fleet, req, cols, candidates, now=snap.now)
+        return sure_rejects_columns(self, self._fleet, self._gate, req, cols, candidates, now=snap.now)
 
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
@@ -232,6 +234,7 @@ class BestFitFilter:
                 bounded = True
                 rows = self._fleet.best_fit_rows(places, self.params.gamma)
                 misses = sure_misses_of(self, rows, req, float(resume_prompt_tokens(req)))
+                self._gate.seen(req, misses)
                 for other, miss in zip(np.flatnonzero(busy).tolist(), misses, strict=True):
                     if miss:
                         loose.setdefault(other, False)

@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from gateway.sched.fleet_loads import FleetLoads
 from gateway.sched.idle import output_bound
+from gateway.sched.loads import LoadCache
 from gateway.sched.perf import default_prior
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.request import SchedRequest
@@ -138,40 +139,88 @@ def _kv_of_view(view: EndpointView) -> tuple[float, float, float]:
     return c.h, c.j, _NAN if cap is None else float(cap)
 
 
-def sure_rejects(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) -> list[bool]:
-    """The sure misses best fit lets the filter before it set aside (`SureRejects`): `sure_misses`,
-    from `MIN_CANDIDATES` candidates on, for a request with nothing cached (with a cached prefix the
-    order the candidates are tried in takes the first-ordered one's prediction: dropping that one could
-    change the order); none otherwise."""
-    if req.cached or len(loads) < MIN_CANDIDATES:
-        return [False] * len(loads)
-    return sure_misses(fit, loads, req)
+#: Best fit names its sure misses to the filter before it (`RejectGate`) while its last look at them
+#: named at least this share of the candidates: on a fleet with room the first endpoint tried fits and
+#: naming them up front is only a cost (more than the overflow guard's judgement of the same endpoints
+#: when all their loads are kept); in a batch backlog nearly all are named.
+SET_ASIDE_FROM: Final = 0.25
 
 
-def sure_rejects_columns(
+class RejectGate:
+    """Whether best fit names its sure misses up front (`SureRejects`): for a request with nothing
+    cached (with a cached prefix the order the candidates are tried in takes the first-ordered one's
+    prediction: dropping that one could change it), from `MIN_CANDIDATES` candidates on, while the
+    last look at the sure misses of a whole candidate list named at least `SET_ASIDE_FROM` of them.
+    A cost rule only: the choice is the same either way. When it says no, the filter's own look (after
+    its first tries) is what it learns from; when it says yes, its own."""
+
+    __slots__ = ("_skipped", "share")
+
+    def __init__(self) -> None:
+        self.share = 1.0  # of the candidates named at the last look
+        self._skipped: SchedRequest | None = None  # the last request not named up front
+
+    def ask(self, req: SchedRequest, candidates: int) -> bool:
+        if req.cached or candidates < MIN_CANDIDATES:
+            return False
+        if self.share >= SET_ASIDE_FROM:
+            return True
+        self._skipped = req
+        return False
+
+    def seen(self, req: SchedRequest, named: Sequence[bool], *, up_front: bool = False) -> None:
+        """Learn from a look at `req`'s sure misses: one up front, or the filter's own after its first
+        tries for a request not named up front (its candidates then all those of the placement)."""
+        if named and (up_front or self._skipped is req):
+            self.share = sum(named) / len(named)
+
+
+def sure_rejects(
+    fit: BestFit,
+    cache: LoadCache,
+    gate: RejectGate,
+    req: SchedRequest,
+    candidates: Sequence[EndpointView],
+    *,
+    now: float,
+) -> list[bool]:
+    """Best fit's sure misses named up front (`RejectGate`), on the loads of the cache it shares with
+    the filter before (made as that filter would make them)."""
+    if not gate.ask(req, len(candidates)):
+        return [False] * len(candidates)
+    load = cache.load
+    named = sure_misses(fit, [load(e, now) for e in candidates], req)
+    gate.seen(req, named, up_front=True)
+    return named
+
+
+def sure_rejects_columns(  # noqa: PLR0917 (the columnar step's arguments, with best fit's own)
     fit: BestFit,
     fleet: FleetLoads,
+    gate: RejectGate,
     req: SchedRequest,
     cols: FleetColumns,
     candidates: npt.NDArray[np.bool_],
     *,
     now: float,
 ) -> npt.NDArray[np.bool_]:
-    """`sure_rejects` over columns, as a mask: the busy candidates' rows brought up to date
-    (`FleetLoads.rows`, as the filter before would) and judged over the arrays with (e)'s bound; an
-    idle endpoint always fits."""
+    """Best fit's sure misses named up front over columns, as a mask (`RejectGate`): the busy
+    candidates' rows brought up to date (`FleetLoads.rows`, as the filter before would) and judged
+    over the arrays with (e)'s bound; an idle endpoint always fits."""
     named = np.zeros_like(candidates)
-    if req.cached or np.count_nonzero(candidates) < MIN_CANDIDATES:
+    if not gate.ask(req, int(np.count_nonzero(candidates))):
         return named
     which = candidates & (cols.busy > 0)
     places = np.flatnonzero(which)
     if len(places) == 0:
+        gate.seen(req, [False], up_front=True)
         return named
     fleet.rows(cols, which, now)
     views = cols.endpoints
     kv = np.array([_kv_of_view(views[i]) for i in places.tolist()], dtype=np.float64).reshape(len(places), 3)
     rows = fleet.best_fit_rows(places, fit.params.gamma)
     named[places] = sure_misses_of(fit, rows, req, float(resume_prompt_tokens(req)), kv)
+    gate.seen(req, named[candidates].tolist(), up_front=True)
     return named
 
 
