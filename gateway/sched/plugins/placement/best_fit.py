@@ -150,7 +150,7 @@ class BestFitFilter:
         if req.cached:
             tried = holders_first(req, tried)
         loose: dict[int, bool] = {}  # id(load) -> whether it fits without the reserve
-        bounded = len(loads) < MIN_CANDIDATES
+        bounded = len(loads) < MIN_CANDIDATES or self._gate.named(req)  # (named: none left)
         for k, load in enumerate(tried):
             if k == EAGER_TRIES and not bounded:
                 # Not placed on the first few: the sure misses found for all at once (best_fit_bounds)
@@ -227,7 +227,7 @@ class BestFitFilter:
         spread = np.lexsort((rank, spread_by, flag))
         tried = np.lexsort((rank, -norm, flag)) if self._packs else spread
         loose: dict[int, bool] = {}
-        bounded = len(idx) < MIN_CANDIDATES
+        bounded = len(idx) < MIN_CANDIDATES or self._gate.named(req)
         for j, k in enumerate(tried.tolist()):
             if j == EAGER_TRIES and not bounded and not few:
                 # Not placed on the first few: the sure misses found for all at once, as `filter` does

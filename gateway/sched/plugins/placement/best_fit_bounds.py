@@ -154,13 +154,20 @@ class RejectGate:
     A cost rule only: the choice is the same either way. When it says no, the filter's own look (after
     its first tries) is what it learns from; when it says yes, its own."""
 
-    __slots__ = ("_skipped", "share")
+    __slots__ = ("_named", "_skipped", "share")
 
     def __init__(self) -> None:
         self.share = 1.0  # of the candidates named at the last look
         self._skipped: SchedRequest | None = None  # the last request not named up front
+        self._named: SchedRequest | None = None  # the last request named up front
+
+    def named(self, req: SchedRequest) -> bool:
+        """Whether `req`'s sure misses were the last named up front (what the filter is then handed
+        holds none: it need not look for them again)."""
+        return self._named is req
 
     def ask(self, req: SchedRequest, candidates: int) -> bool:
+        self._named = None  # (until named for this placement)
         if req.cached or candidates < MIN_CANDIDATES:
             return False
         if self.share >= SET_ASIDE_FROM:
@@ -171,6 +178,8 @@ class RejectGate:
     def seen(self, req: SchedRequest, named: Sequence[bool], *, up_front: bool = False) -> None:
         """Learn from a look at `req`'s sure misses: one up front, or the filter's own after its first
         tries for a request not named up front (its candidates then all those of the placement)."""
+        if up_front:
+            self._named = req
         if named and (up_front or self._skipped is req):
             self.share = sum(named) / len(named)
 
