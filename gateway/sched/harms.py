@@ -121,44 +121,103 @@ def endangers(load: EndpointLoad, req: SchedRequest, *, margin: float = 1.0, on_
 
 
 class Sparing:
-    """`not endangers(load, req, margin=margin, on_track=on_track)`, asked load by load (`spares`) for
-    loads of one cache (the same prediction parameters: one output estimate for `req`), with what
-    `join_delays` takes from the request alone taken once, from the first load asked (the overflow
-    guard asks it of every candidate). One load at a time, as the guard makes them: a load remade for
-    the question is judged before the next is made, so a placement does not hold every candidate's new
-    load and terms at once (that made a young collection of nearly every placement)."""
+    """One request's placement judged load by load, for the loads of one cache (the same prediction
+    parameters: one output estimate for `req`), with what it takes from the request alone (prompt,
+    output estimate, its deadlines times the margin) taken once: the output estimate from the first load
+    asked (and again when a load of another cache's parameters is asked), shared by both questions.
 
-    __slots__ = ("_cached", "_context", "_gamma", "_margin", "_on_track", "_out", "_p", "_req", "_whole")
+    - `spares(load)`: `not endangers(load, req, margin=margin, on_track=on_track)`;
+    - `keeps(load)`: `meets(pred, left, margin) and itl_ok(req, pred)` for `pred = load.predict(req,
+      worst_case=worst_case)` (`left` given: the request's time left), `predict`'s arithmetic in its
+      order.
 
-    def __init__(self, req: SchedRequest, *, margin: float = 1.0, on_track: float = 0.0) -> None:
+    The answers are those of the plain computations, bit for bit (`tests/unit/test_sched_harms.py`,
+    `tests/unit/test_sched_guard_keeping.py`). One load at a time, as the overflow guard makes them: a
+    load remade for the question is judged before the next is made, so a placement does not hold every
+    candidate's new load and terms at once (that made a young collection of nearly every placement)."""
+
+    __slots__ = (
+        "_cached",
+        "_context",
+        "_e2e",
+        "_gamma",
+        "_itl",
+        "_margin",
+        "_on_track",
+        "_out",
+        "_p",
+        "_req",
+        "_steps",
+        "_ttft",
+        "_whole",
+        "_worst",
+    )
+
+    def __init__(
+        self,
+        req: SchedRequest,
+        *,
+        margin: float = 1.0,
+        on_track: float = 0.0,
+        left: tuple[float | None, float | None] = (None, None),
+        worst_case: bool = False,
+    ) -> None:
         self._req = req
         self._margin = margin
         self._on_track = on_track
+        self._worst = worst_case
+        ttft_left, e2e_left = left
+        self._ttft = None if ttft_left is None else ttft_left * margin
+        self._e2e = None if e2e_left is None else e2e_left * margin
+        self._itl = req.slo.itl_ms
         self._p = float(resume_prompt_tokens(req))
         self._whole = req.prompt_tokens + req.produced_tokens
         self._cached = bool(req.cached)
-        self._gamma: float | None = None  # with `_out` and `_context`, from the first load asked
+        self._gamma: float | None = None  # with `_out`, `_context` and `_steps`: `_estimate`
         self._out = 0.0
         self._context = 0.0
+        self._steps = 0.0
+
+    def _estimate(self, load: EndpointLoad) -> None:
+        """The request's output estimate on `load`'s parameters, and what both questions derive from it."""
+        self._gamma = load.gamma
+        out = self._out = load.output_tokens(self._req)
+        self._context = self._p + 0.5 * out
+        self._steps = max(0.0, out - 1.0)
 
     def spares(self, load: EndpointLoad) -> bool:
         req = self._req
         terms = _terms(load, self._on_track, self._margin, None)
         if terms.ttft is None and terms.itl is None and not terms.e2e:
             return True
-        if self._gamma is None:
-            self._gamma = load.gamma
-            self._out = load.output_tokens(req)
-            self._context = self._p + 0.5 * self._out
-        elif load.gamma != self._gamma:  # (another cache's load: its own output estimate)
-            return not _any_over(load, req, terms)
+        if self._gamma is None or load.gamma != self._gamma:
+            self._estimate(load)
         c = load.coef
-        out = self._out
         # `join_delays`, term by term
         fresh = prefill_tokens(req, load.view.id) if self._cached else self._whole
         per_iter = (c.k2 * self._context + c.c2) * (1.0 + load.overhead)
         first = c.k1 * fresh
-        return not _over(terms, first, c.k1 * fresh + c.c1, per_iter, out)
+        return not _over(terms, first, c.k1 * fresh + c.c1, per_iter, self._out)
+
+    def keeps(self, load: EndpointLoad) -> bool:
+        req = self._req
+        if self._gamma is None or load.gamma != self._gamma:
+            self._estimate(load)
+        c = load.coef
+        n = load.n
+        fresh = prefill_tokens(req, load.view.id) if self._cached else self._whole
+        ttft = load.wait_s + (c.k1 * (fresh + load.pending_prompt) + c.c1)
+        bound = self._ttft
+        if bound is not None and ttft > bound:
+            return False
+        b = float(load.seats) if self._worst else float(min(n + 1, load.seats))
+        avg = (load.ctx_sum + self._p + 0.5 * self._out) / (n + 1)
+        tpot = ((c.k2 * avg + c.c2) * b + c.c3) * (1.0 + load.overhead)
+        bound = self._e2e
+        if bound is not None and ttft + self._steps * tpot > bound:
+            return False
+        itl = self._itl
+        return itl is None or tpot * 1000.0 <= itl
 
 
 def breaks_deadlines(load: EndpointLoad, req: SchedRequest, *, theta: float, on_track: float = 0.0) -> bool:

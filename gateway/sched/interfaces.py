@@ -5,7 +5,8 @@ Plugins are synchronous and side-effect free with respect to the fleet: they may
 
 Every Protocol is runtime-checkable: a policy checks each plugin it builds against its extension
 point's Protocol, and looks up the optional capabilities (`TieredFilter`, `ScopedFilter`,
-`GroupingFilter`, `EnginePriority`) once, when it is built, never per request.
+`GroupingFilter`, `SureRejects`, `SetAsideFilter`, `EnginePriority`) once, when it is built, never per
+request.
 """
 
 from __future__ import annotations
@@ -150,6 +151,39 @@ class GroupingFilter(Filter, Protocol):
 
 
 @runtime_checkable
+class SureRejects(Protocol):
+    """A filter (or a picker) that can name, cheaply, candidates it is sure never to keep (or pick), so
+    that the filter before it in the pipeline leaves them out of its own costly judgement
+    (`SetAsideFilter`). `sure_rejects` gives one flag per candidate, in their order (True: surely
+    rejected; all False: none known). Contract: an endpoint is named on its own account, whatever the
+    other candidates are, and dropping named endpoints from the plugin's candidates changes nothing it
+    returns. The runner asks a picker only when the profile has no scorers (a scorer's values may
+    depend on the whole candidate list)."""
+
+    def sure_rejects(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> Sequence[bool]: ...
+
+
+@runtime_checkable
+class SetAsideFilter(Filter, Protocol):
+    """A filter that can be told which candidates the next plugin of the pipeline is sure to reject
+    (`SureRejects`): `filter_aside(req, kept, aside, snap)` returns exactly what `filter` over both
+    (`kept` and `aside` together, in the candidates' order) keeps of `kept`, judging `aside` only as
+    far as that needs (a filter whose answer for one endpoint depends on the others, e.g. "those where
+    the request meets its targets, or all where it harms no one when there are none", needs some). The
+    runner sets aside what the next plugin names before calling this filter."""
+
+    def filter_aside(
+        self,
+        req: SchedRequest,
+        kept: Sequence[EndpointView],
+        aside: Sequence[EndpointView],
+        snap: FleetSnapshot,
+    ) -> Sequence[EndpointView]: ...
+
+
+@runtime_checkable
 class Scorer(Protocol):
     """Scores each candidate in [0, 1], higher is better: a sequence of the candidates' scores in their
     order (as long as `candidates`: the runner raises otherwise), or a mapping by endpoint id (endpoints
@@ -201,6 +235,31 @@ class ColumnarTieredFilter(TieredFilter, Protocol):
     def tiers_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
     ) -> Sequence[npt.NDArray[np.bool_]]: ...
+
+
+@runtime_checkable
+class ColumnarSureRejects(SureRejects, Protocol):
+    """`SureRejects` over the fleet's columns: the mask (in the columns' order, a subset of the
+    candidates') of the candidates `sure_rejects` would name."""
+
+    def sure_rejects_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]: ...
+
+
+@runtime_checkable
+class ColumnarSetAsideFilter(SetAsideFilter, Protocol):
+    """`SetAsideFilter` over the fleet's columns: `kept` and `aside` as disjoint masks, the mask of
+    what `filter_columns` over both keeps of `kept`."""
+
+    def filter_columns_aside(
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        kept: npt.NDArray[np.bool_],
+        aside: npt.NDArray[np.bool_],
+        snap: FleetSnapshot,
+    ) -> npt.NDArray[np.bool_]: ...
 
 
 @runtime_checkable

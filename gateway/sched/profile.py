@@ -24,6 +24,7 @@ import numpy.typing as npt
 from gateway.core.slo import SloPolicy, default_slo_policy
 from gateway.core.types import EndpointHealth, EndpointId, ModelName
 from gateway.sched.autoscale import Autoscale
+from gateway.sched.cuts import Cuts
 from gateway.sched.interfaces import (
     Admitter,
     ColumnarFilter,
@@ -44,6 +45,7 @@ from gateway.sched.interfaces import (
 )
 from gateway.sched.loads import LoadCaches
 from gateway.sched.request import SchedRequest
+from gateway.sched.set_aside import Aside, ColumnAside, asides, column_asides, set_aside, set_aside_columns
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 
@@ -100,10 +102,16 @@ class SchedulerProfile:
     # Placements with at least this many candidates (eligible endpoints) go over columns when a
     # snapshot carries them; None: the least its plugins name (`ColumnsFrom`), else `COLUMNS_FROM`.
     columns_from: int | None = None
+    # Whether a filter that can set candidates aside (`SetAsideFilter`) is told the next plugin's sure
+    # rejects (`SureRejects`); off, the pipeline runs as if no plugin offered them (the same choices).
+    set_aside: bool = True
     _columns_from: int = field(init=False, repr=False, compare=False)  # (as resolved)
     # The filters' optional capabilities, resolved once here rather than per placement:
     # each filter's `tiers` method (`TieredFilter`), or None for a plain filter, in filter order;
     _tiers: tuple[_Tiers | None, ...] = field(init=False, repr=False, compare=False)
+    # per filter, in filter order: the next plugin's `sure_rejects` (`SureRejects`) and the filter's
+    # `filter_aside` when it can set them aside (`SetAsideFilter`), else None;
+    _asides: tuple[Aside | None, ...] = field(init=False, repr=False, compare=False)
     # the `scope` method of each scoped filter (`ScopedFilter`), in filter order;
     _scopes: tuple[_Scope, ...] = field(init=False, repr=False, compare=False)
     # their columnar forms (`ColumnarScopedFilter.scope_columns`), when every scoped filter has one;
@@ -121,16 +129,22 @@ class SchedulerProfile:
     _column_steps: tuple[tuple[_ColumnTiers | None, _ColumnMask | None], ...] = field(
         init=False, repr=False, compare=False
     )
+    # per filter, in filter order, when the profile is columnar: `_asides`' columnar forms
+    # (`ColumnarSureRejects.sure_rejects_columns`, `ColumnarSetAsideFilter.filter_columns_aside`)
+    _column_asides: tuple[ColumnAside | None, ...] = field(init=False, repr=False, compare=False)
     # the parts of the last snapshot `scope` cut, by what they kept: one object per part, so what is
     # kept per snapshot's views downstream (SLO admission's endpoint order and bounds) is kept across
     # the requests of a tick that reach the same part
-    _cuts: _Cuts = field(init=False, repr=False, compare=False)
+    _cuts: Cuts = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         filters = self.filters
-        object.__setattr__(self, "_cuts", _Cuts())
+        object.__setattr__(self, "_cuts", Cuts())
         object.__setattr__(
             self, "_tiers", tuple(f.tiers if isinstance(f, TieredFilter) else None for f in filters)
+        )
+        object.__setattr__(
+            self, "_asides", asides(self.filters, self.scorers, self.picker, on=self.set_aside)
         )
         object.__setattr__(self, "_scopes", tuple(f.scope for f in filters if isinstance(f, ScopedFilter)))
         scoped = [f for f in filters if isinstance(f, ScopedFilter)]
@@ -170,6 +184,11 @@ class SchedulerProfile:
                 else:
                     steps.append((None, cast("ColumnarFilter", f).filter_columns))
         object.__setattr__(self, "_column_steps", tuple(steps))
+        object.__setattr__(
+            self,
+            "_column_asides",
+            column_asides(filters, self.scorers, picker, on=self.set_aside) if columnar else (),
+        )
 
     @property
     def columnar(self) -> bool:
@@ -324,7 +343,11 @@ class SchedulerProfile:
             tiers, one = steps[i]
             if tiers is None:
                 assert one is not None  # (one or the other, by construction)
-                mask = one(req, cols, mask, snap)
+                aside = self._column_asides[i]
+                if aside is None:
+                    mask = one(req, cols, mask, snap)
+                else:
+                    mask = set_aside_columns(req, one, aside, cols, mask, snap)
                 continue
             for tier in tiers(req, cols, mask, snap):
                 survivors = self._filter_columns(req, cols, tier, snap, i + 1) if tier.any() else tier
@@ -372,7 +395,11 @@ class SchedulerProfile:
                 return candidates
             tiers = self._tiers[i]
             if tiers is None:
-                candidates = filters[i].filter(req, candidates, snap)
+                aside = self._asides[i]
+                if aside is None:
+                    candidates = filters[i].filter(req, candidates, snap)
+                else:
+                    candidates = set_aside(req, filters[i], aside, candidates, snap)
                 continue
             for tier in tiers(req, candidates, snap):
                 survivors = self._filter(req, tier, snap, i + 1) if tier else tier
@@ -427,29 +454,3 @@ class Policy:
         ordering has one (`EnginePriority`)."""
         get = self._engine_priority
         return None if get is None else get(req, snap)
-
-
-class _Cuts:
-    """`SchedulerProfile.scope`'s parts of one snapshot (the last asked about), by what they kept, and
-    the endpoints serving each model there."""
-
-    __slots__ = ("_by", "_serving", "_snap")
-
-    def __init__(self) -> None:
-        self._snap: FleetSnapshot | None = None
-        self._by: dict[object, FleetSnapshot] = {}
-        self._serving: dict[ModelName, list[EndpointView]] = {}
-
-    def of(self, snap: FleetSnapshot) -> dict[object, FleetSnapshot]:
-        if snap is not self._snap:
-            self._snap = snap
-            self._by = {}
-            self._serving = {}
-        return self._by
-
-    def serving(self, model: ModelName, snap: FleetSnapshot) -> list[EndpointView]:
-        """The endpoints of `snap` (the one `of` was last given) serving `model` (not to be changed)."""
-        got = self._serving.get(model)
-        if got is None:
-            got = self._serving[model] = [e for e in snap.endpoints if model in e.models]
-        return got

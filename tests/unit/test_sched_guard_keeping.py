@@ -1,5 +1,5 @@
 """The overflow guard's own-deadline test, taken load by load with the request's terms once
-(`overflow_guard.Keeping`), answers what `meets(load.predict(req), ...) and itl_ok(...)` answers, and the
+(`harms.Sparing.keeps`), answers what `meets(load.predict(req), ...) and itl_ok(...)` answers, and the
 guard keeps what the plain computation keeps (hypothesis: random loads, requests, margins, cached
 prefixes, and loads of another cache's parameters in between)."""
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sched.harms import endangers
+from gateway.sched.harms import Sparing, endangers
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
-from gateway.sched.plugins.placement.overflow_guard import Keeping, OverflowGuardFilter, OverflowGuardParams
+from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.predict import PredictParams, Tail
 from gateway.sched.profile import eligible
 from gateway.sched.snapshot import FleetSnapshot
@@ -39,7 +39,7 @@ _request = st.tuples(
     worst_case=st.booleans(),
     tails=st.lists(st.sampled_from(("mean", "normal")), min_size=1, max_size=8),
 )
-def test_keeping_answers_what_predict_and_meets_answer(
+def test_sparing_answers_what_predict_meets_and_endangers_answer(
     *,
     endpoints: list[Endpoint],
     request: tuple,  # type: ignore[type-arg]
@@ -51,11 +51,15 @@ def test_keeping_answers_what_predict_and_meets_answer(
     r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), cached, best_effort=best_effort)
     caches = {t: LoadCache(PredictParams(tail=t, prefill_overhead=0.05)) for t in ("mean", "normal")}
     left = time_left(r, NOW)
-    keeping = Keeping(r, left, margin=margin, worst_case=worst_case)
+    sparing = Sparing(r, margin=margin, left=left, worst_case=worst_case)
     for k, e in enumerate(endpoints):
         load = caches[tails[k % len(tails)]].load(_view(k, e), NOW)  # a cache's load, then another's
         pred = load.predict(r, worst_case=worst_case)
-        assert keeping.keeps(load) == (meets(pred, left, margin) and itl_ok(r, pred))
+        # both questions of one object, in either order, load after load (one output estimate shared)
+        if k % 2:
+            assert sparing.spares(load) == (not endangers(load, r, margin=margin))
+        assert sparing.keeps(load) == (meets(pred, left, margin) and itl_ok(r, pred))
+        assert sparing.spares(load) == (not endangers(load, r, margin=margin))
 
 
 @settings(max_examples=300, deadline=None)

@@ -67,9 +67,13 @@ from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.plugins.placement.best_fit_bounds import (
     EAGER_TRIES,
     MIN_CANDIDATES,
+    RejectGate,
     sure_misses,
     sure_misses_of,
+    sure_rejects,
+    sure_rejects_columns,
 )
+from gateway.sched.plugins.placement.best_fit_order import holders_first
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
@@ -119,6 +123,7 @@ class BestFitFilter:
         self._cache = loads or LoadCache(params.predict_params())
         self.load_params = self._cache.params  # what its loads predict with
         self._fleet = fleet_loads(self._cache)
+        self._gate = RejectGate()  # whether its sure misses are named up front (`sure_rejects`)
         self._packs = params.order == "most-loaded"
         by_count = self._by_count = params.order == "least-outstanding"
         self._spread_key = self.outstanding_key if by_count else self.least_loaded_key
@@ -145,12 +150,14 @@ class BestFitFilter:
         if req.cached:
             tried = holders_first(req, tried)
         loose: dict[int, bool] = {}  # id(load) -> whether it fits without the reserve
-        bounded = len(loads) < MIN_CANDIDATES
+        bounded = len(loads) < MIN_CANDIDATES or self._gate.named(req)  # (named: none left)
         for k, load in enumerate(tried):
             if k == EAGER_TRIES and not bounded:
                 # Not placed on the first few: the sure misses found for all at once (best_fit_bounds)
                 bounded = True
-                for other, miss in zip(loads, sure_misses(self, loads, req), strict=True):
+                misses = sure_misses(self, loads, req)
+                self._gate.seen(req, misses)
+                for other, miss in zip(loads, misses, strict=True):
                     if miss:
                         loose.setdefault(id(other), False)
             if id(load) in loose:
@@ -164,6 +171,17 @@ class BestFitFilter:
             if loose[id(load)]:
                 return [of[id(load)]]
         return []
+
+    def sure_rejects(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> list[bool]:
+        """Its sure misses, named up front for the filter before it when that pays (`SureRejects`)."""
+        return sure_rejects(self, self._cache, self._gate, req, candidates, now=snap.now)
+
+    def sure_rejects_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_]:
+        return sure_rejects_columns(self, self._fleet, self._gate, req, cols, candidates, now=snap.now)
 
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
@@ -209,13 +227,14 @@ class BestFitFilter:
         spread = np.lexsort((rank, spread_by, flag))
         tried = np.lexsort((rank, -norm, flag)) if self._packs else spread
         loose: dict[int, bool] = {}
-        bounded = len(idx) < MIN_CANDIDATES
+        bounded = len(idx) < MIN_CANDIDATES or self._gate.named(req)
         for j, k in enumerate(tried.tolist()):
             if j == EAGER_TRIES and not bounded and not few:
                 # Not placed on the first few: the sure misses found for all at once, as `filter` does
                 bounded = True
                 rows = self._fleet.best_fit_rows(places, self.params.gamma)
                 misses = sure_misses_of(self, rows, req, float(resume_prompt_tokens(req)))
+                self._gate.seen(req, misses)
                 for other, miss in zip(np.flatnonzero(busy).tolist(), misses, strict=True):
                     if miss:
                         loose.setdefault(other, False)
@@ -419,28 +438,6 @@ def _only(like: npt.NDArray[np.bool_], i: int) -> npt.NDArray[np.bool_]:
     out = np.zeros_like(like)
     out[i] = True
     return out
-
-
-def holders_first(req: SchedRequest, order: list[EndpointLoad]) -> list[EndpointLoad]:
-    """`order` with the endpoints holding part of the request's prompt in their prefix cache moved to
-    the front, earliest predicted first token first, when their first token comes before the one on the
-    endpoint the order would try first: waiting there costs less than the prefill the cache saves
-    (both in the same prediction, `EndpointLoad.predict`). Without a cached prefix, `order` as it is."""
-    if not order:
-        return order
-    head = order[0].predict(req).ttft_s
-    ahead = []
-    for load in order:
-        if req.cached.get_tokens(load.view.id) > 0:
-            ttft = load.predict(req).ttft_s
-            if ttft < head:
-                ahead.append((ttft, str(load.view.id), load))
-    if not ahead:
-        return order
-    ahead.sort(key=lambda t: (t[0], t[1]))
-    first = [t[2] for t in ahead]
-    moved = {id(x) for x in first}
-    return first + [x for x in order if id(x) not in moved]
 
 
 SPEC = PluginSpec(

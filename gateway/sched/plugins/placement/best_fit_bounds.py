@@ -26,10 +26,14 @@ from typing import Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from gateway.sched.fleet_loads import FleetLoads
 from gateway.sched.idle import output_bound
+from gateway.sched.loads import LoadCache
+from gateway.sched.perf import default_prior
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens, resume_prompt_tokens
+from gateway.sched.snapshot import EndpointView, FleetColumns
 from gateway.sched.targets import time_left
 
 
@@ -60,6 +64,7 @@ _TOL: Final = 1e-9
 # Columns of an endpoint's row (`_row`; `gateway.sched.fleet_loads.FleetLoads.best_fit_rows` too).
 _N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _NOW, _K1, _C1, _K2, _C2, _C3, _TOKENS, _BUDGET = range(14)
 _NAN: Final = float("nan")
+_PRIOR: Final = default_prior()
 
 
 def _row(fit: BestFit, load: EndpointLoad) -> tuple[float, ...]:
@@ -126,6 +131,106 @@ def _kv(load: EndpointLoad) -> tuple[float, float, float]:
     unknown, never over)."""
     c, cap = load.coef, load.kv_capacity
     return c.h, c.j, _NAN if cap is None else float(cap)
+
+
+def _kv_of_view(view: EndpointView) -> tuple[float, float, float]:
+    """`_kv` of a load of `view` (a load takes its coefficients and KV capacity from its view)."""
+    c, cap = view.perf or _PRIOR, view.kv_capacity_tokens
+    return c.h, c.j, _NAN if cap is None else float(cap)
+
+
+#: Best fit names its sure misses to the filter before it (`RejectGate`) while its last look at them
+#: named at least this share of the candidates: on a fleet with room the first endpoint tried fits and
+#: naming them up front is only a cost (more than the overflow guard's judgement of the same endpoints
+#: when all their loads are kept); in a batch backlog nearly all are named.
+SET_ASIDE_FROM: Final = 0.25
+
+
+class RejectGate:
+    """Whether best fit names its sure misses up front (`SureRejects`): for a request with nothing
+    cached (with a cached prefix the order the candidates are tried in takes the first-ordered one's
+    prediction: dropping that one could change it), from `MIN_CANDIDATES` candidates on, while the
+    last look at the sure misses of a whole candidate list named at least `SET_ASIDE_FROM` of them.
+    A cost rule only: the choice is the same either way. When it says no, the filter's own look (after
+    its first tries) is what it learns from; when it says yes, its own."""
+
+    __slots__ = ("_named", "_skipped", "share")
+
+    def __init__(self) -> None:
+        self.share = 1.0  # of the candidates named at the last look
+        self._skipped: SchedRequest | None = None  # the last request not named up front
+        self._named: SchedRequest | None = None  # the last request named up front
+
+    def named(self, req: SchedRequest) -> bool:
+        """Whether `req`'s sure misses were the last named up front (what the filter is then handed
+        holds none: it need not look for them again)."""
+        return self._named is req
+
+    def ask(self, req: SchedRequest, candidates: int) -> bool:
+        self._named = None  # (until named for this placement)
+        if req.cached or candidates < MIN_CANDIDATES:
+            return False
+        if self.share >= SET_ASIDE_FROM:
+            return True
+        self._skipped = req
+        return False
+
+    def seen(self, req: SchedRequest, named: Sequence[bool], *, up_front: bool = False) -> None:
+        """Learn from a look at `req`'s sure misses: one up front, or the filter's own after its first
+        tries for a request not named up front (its candidates then all those of the placement)."""
+        if up_front:
+            self._named = req
+        if named and (up_front or self._skipped is req):
+            self.share = sum(named) / len(named)
+
+
+def sure_rejects(
+    fit: BestFit,
+    cache: LoadCache,
+    gate: RejectGate,
+    req: SchedRequest,
+    candidates: Sequence[EndpointView],
+    *,
+    now: float,
+) -> list[bool]:
+    """Best fit's sure misses named up front (`RejectGate`), on the loads of the cache it shares with
+    the filter before (made as that filter would make them)."""
+    if not gate.ask(req, len(candidates)):
+        return [False] * len(candidates)
+    load = cache.load
+    named = sure_misses(fit, [load(e, now) for e in candidates], req)
+    gate.seen(req, named, up_front=True)
+    return named
+
+
+def sure_rejects_columns(  # noqa: PLR0917 (the columnar step's arguments, with best fit's own)
+    fit: BestFit,
+    fleet: FleetLoads,
+    gate: RejectGate,
+    req: SchedRequest,
+    cols: FleetColumns,
+    candidates: npt.NDArray[np.bool_],
+    *,
+    now: float,
+) -> npt.NDArray[np.bool_]:
+    """Best fit's sure misses named up front over columns, as a mask (`RejectGate`): the busy
+    candidates' rows brought up to date (`FleetLoads.rows`, as the filter before would) and judged
+    over the arrays with (e)'s bound; an idle endpoint always fits."""
+    named = np.zeros_like(candidates)
+    if not gate.ask(req, int(np.count_nonzero(candidates))):
+        return named
+    which = candidates & (cols.busy > 0)
+    places = np.flatnonzero(which)
+    if len(places) == 0:
+        gate.seen(req, [False], up_front=True)
+        return named
+    fleet.rows(cols, which, now)
+    views = cols.endpoints
+    kv = np.array([_kv_of_view(views[i]) for i in places.tolist()], dtype=np.float64).reshape(len(places), 3)
+    rows = fleet.best_fit_rows(places, fit.params.gamma)
+    named[places] = sure_misses_of(fit, rows, req, float(resume_prompt_tokens(req)), kv)
+    gate.seen(req, named[candidates].tolist(), up_front=True)
+    return named
 
 
 def sure_misses_of(

@@ -22,10 +22,9 @@ from gateway.sched.harms import Sparing, endangers
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import prefill_tokens, resume_prompt_tokens
+from gateway.sched.running import resume_prompt_tokens
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import itl_ok, meets, time_left
 
@@ -36,71 +35,6 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
     hold_infeasible: bool = False  # keep a request that meets its deadline nowhere queued
     # Protect a running request only while its time in hand is at least this share of its time left.
     on_track: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
-
-
-class Keeping:
-    """`meets(pred, left, margin) and itl_ok(req, pred)` for `pred = load.predict(req, worst_case=...)`,
-    asked load by load (`keeps`) as the guard asks it of every candidate: `predict`'s arithmetic, in its
-    order, with what it takes from the request alone (prompt, output estimate, the deadlines times the
-    margin) taken once, the output estimate from the first load asked (loads of one cache share it). The
-    answers are `predict`'s, bit for bit (`tests/unit/test_sched_guard_keeping.py`)."""
-
-    __slots__ = (
-        "_cached",
-        "_e2e",
-        "_gamma",
-        "_itl",
-        "_out",
-        "_p",
-        "_req",
-        "_steps",
-        "_ttft",
-        "_whole",
-        "_worst",
-    )
-
-    def __init__(
-        self,
-        req: SchedRequest,
-        left: tuple[float | None, float | None],
-        *,
-        margin: float = 1.0,
-        worst_case: bool = False,
-    ) -> None:
-        self._req = req
-        self._worst = worst_case
-        ttft_left, e2e_left = left
-        self._ttft = None if ttft_left is None else ttft_left * margin
-        self._e2e = None if e2e_left is None else e2e_left * margin
-        self._itl = req.slo.itl_ms
-        self._p = float(resume_prompt_tokens(req))
-        self._whole = req.prompt_tokens + req.produced_tokens
-        self._cached = bool(req.cached)
-        self._gamma: float | None = None  # with `_out` and `_steps`, from the first load asked
-        self._out = 0.0
-        self._steps = 0.0
-
-    def keeps(self, load: EndpointLoad) -> bool:
-        req = self._req
-        if self._gamma is None or load.gamma != self._gamma:
-            self._gamma = load.gamma
-            out = self._out = load.output_tokens(req)
-            self._steps = max(0.0, out - 1.0)
-        c = load.coef
-        n = load.n
-        fresh = prefill_tokens(req, load.view.id) if self._cached else self._whole
-        ttft = load.wait_s + (c.k1 * (fresh + load.pending_prompt) + c.c1)
-        bound = self._ttft
-        if bound is not None and ttft > bound:
-            return False
-        b = float(load.seats) if self._worst else float(min(n + 1, load.seats))
-        avg = (load.ctx_sum + self._p + 0.5 * self._out) / (n + 1)
-        tpot = ((c.k2 * avg + c.c2) * b + c.c3) * (1.0 + load.overhead)
-        bound = self._e2e
-        if bound is not None and ttft + self._steps * tpot > bound:
-            return False
-        itl = self._itl
-        return itl is None or tpot * 1000.0 <= itl
 
 
 class OverflowGuardFilter:
@@ -118,36 +52,95 @@ class OverflowGuardFilter:
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
+        harmless, meeting, _ = self._judge(req, candidates, snap)
+        if req.best_effort:
+            return harmless
+        if meeting or self.params.hold_infeasible:
+            return meeting
+        return harmless
+
+    def filter_aside(
+        self,
+        req: SchedRequest,
+        kept: Sequence[EndpointView],
+        aside: Sequence[EndpointView],
+        snap: FleetSnapshot,
+    ) -> Sequence[EndpointView]:
+        """What `filter` over `kept` and `aside` keeps of `kept` (`SetAsideFilter`): the endpoints set
+        aside are judged only when none of `kept` meets the request's targets and some harm no one, for
+        whether one of them does (then `filter` would keep those, none of `kept`)."""
+        harmless, meeting, sparing = self._judge(req, kept, snap)
+        if req.best_effort or not harmless:
+            return harmless
+        if meeting or self.params.hold_infeasible:
+            return meeting
+        load_of, now = self._cache.load, snap.now
+        for e in aside:
+            load = load_of(e, now)
+            if sparing.spares(load) and sparing.keeps(load):
+                return []
+        return harmless
+
+    def _judge(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> tuple[list[EndpointView], list[EndpointView], Sparing]:
+        """The candidates where the request harms no one, those of them where it also meets its own
+        targets (none for a best-effort request), and the judge (for more candidates)."""
         p = self.params
         now = snap.now
-        left = time_left(req, now)
+        sparing = Sparing(
+            req, margin=p.margin, on_track=p.on_track, left=time_left(req, now), worst_case=p.worst_case
+        )
         harmless: list[EndpointView] = []
         meeting: list[EndpointView] = []
-        sparing = Sparing(req, margin=p.margin, on_track=p.on_track)
-        keeps = None if req.best_effort else Keeping(req, left, margin=p.margin, worst_case=p.worst_case)
+        own = not req.best_effort
         load_of = self._cache.load
         for e in candidates:
             load = load_of(e, now)
             if not sparing.spares(load):
                 continue
             harmless.append(e)
-            if keeps is not None and keeps.keeps(load):
+            if own and sparing.keeps(load):
                 meeting.append(e)
-        if req.best_effort:
-            return harmless
-        if meeting or p.hold_infeasible:
-            return meeting
-        return harmless
+        return harmless, meeting, sparing
 
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
     ) -> npt.NDArray[np.bool_]:
-        """The columnar form: on an endpoint with nothing running the request harms no one and is
-        predicted from the endpoint's coefficients alone, for all such endpoints at once (`predict`'s
-        arithmetic for an empty load, in its order); the endpoints that run something, or hold part of
-        its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`, `predict`, `meets`
-        and `itl_ok` for all of them at once, the loads those of `filter`), or one by one when they are
-        fewer than `FleetLoads.least`."""
+        harmless, meeting = self._judge_columns(req, cols, candidates, snap)
+        if req.best_effort:
+            return harmless
+        if self.params.hold_infeasible or meeting.any():
+            return meeting
+        return harmless
+
+    def filter_columns_aside(
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        kept: npt.NDArray[np.bool_],
+        aside: npt.NDArray[np.bool_],
+        snap: FleetSnapshot,
+    ) -> npt.NDArray[np.bool_]:
+        """`filter_aside` over columns (`ColumnarSetAsideFilter`)."""
+        harmless, meeting = self._judge_columns(req, cols, kept, snap)
+        if req.best_effort or not harmless.any():
+            return harmless
+        if self.params.hold_infeasible or meeting.any():
+            return meeting
+        _, meeting_aside = self._judge_columns(req, cols, aside, snap)
+        return np.zeros_like(kept) if meeting_aside.any() else harmless
+
+    def _judge_columns(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """The columnar form of `_judge` (the candidates where the request harms no one, and of those
+        the ones where it meets its own targets): on an endpoint with nothing running the request harms
+        no one and is predicted from the endpoint's coefficients alone, for all such endpoints at once
+        (`predict`'s arithmetic for an empty load, in its order); the endpoints that run something, or
+        hold part of its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`,
+        `predict`, `meets` and `itl_ok` for all of them at once, the loads those of `filter`), or one by
+        one when they are fewer than `FleetLoads.least`."""
         p = self.params
         now = snap.now
         busy = candidates & (cols.busy > 0)
@@ -180,11 +173,7 @@ class OverflowGuardFilter:
                 if not req.best_effort:
                     pred = load.predict(req, worst_case=p.worst_case)
                     meeting[i] = meets(pred, left, p.margin) and itl_ok(req, pred)
-        if req.best_effort:
-            return harmless
-        if p.hold_infeasible or meeting.any():
-            return meeting
-        return harmless
+        return harmless, meeting
 
     def _meets_idle(
         self, req: SchedRequest, cols: FleetColumns, left: tuple[float | None, float | None]
