@@ -35,10 +35,9 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from gateway.core.types import ModelName, RequestId
-from gateway.sched.fleet import Progress
 from loadgen.client import RequestResult
 from loadgen.engine_sim.engine import SimRequest
 from loadgen.engine_sim.spec import EndpointSpec
@@ -117,7 +116,8 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
                 self.gw.attach_events(e.id, e.engine)
         self._heap: list[Event] = []
         self._reports: list[Event] = []  # progress reports' events (`push_report`)
-        self._progress_out: list[tuple[SimGateway, Progress]] = []  # reports of a burst, not yet handed over
+        # reports of a burst, not yet handed over (with one replica the reports alone, else (replica, report))
+        self._progress_out: list[Any] = []
         self._seq = itertools.count()
         self._running: dict[RequestId, Call] = {}  # berth's id -> the call (queued or running)
         self._on_engine: dict[SimRequest, Call] = {}  # an engine's request -> its call

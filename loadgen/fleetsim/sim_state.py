@@ -12,7 +12,6 @@ from typing import Any, Final
 from gateway.core.errors import BerthError
 from gateway.core.types import ApiKind, EndpointId, ModelName, RequestId
 from gateway.sched.decisions import Decision
-from gateway.sched.fleet import Progress
 from loadgen.client import RequestResult
 from loadgen.engine_sim.engine import SimRequest
 from loadgen.engine_sim.spec import EndpointSpec
@@ -58,7 +57,7 @@ class SimState:
     _seq: itertools.count[int]
     _running: dict[RequestId, Call]
     _on_engine: dict[SimRequest, Call]
-    _progress_out: list[tuple[SimGateway, Progress]]
+    _progress_out: list[Any]  # Progress with one replica, else tuple[SimGateway, Progress]
     requests: list[RequestResult]
     tasks: list[TaskResult]
     gaps: dict[str, GapHistogram]
