@@ -132,7 +132,8 @@ class EndpointTimeline:
         times = np.empty(len(gaps) + 1)
         times[0] = 0.0
         times[1:] = gaps
-        times = np.cumsum(times) + first_token_at
+        times.cumsum(out=times)  # in place: the same sums as `np.cumsum`, without its wrapper and copies
+        times += first_token_at
         computed = float(prompt_tokens if prefill_tokens is None else prefill_tokens)
         self._streams.append(TimedStream(dispatched_at, times, float(prompt_tokens), clean, computed))
         self._tokens += len(times)
