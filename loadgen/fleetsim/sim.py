@@ -34,6 +34,7 @@ import itertools
 import math
 import random
 import time
+from array import array
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -124,7 +125,7 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         self.requests: list[RequestResult] = []
         self.tasks: list[TaskResult] = []
         self.gaps: dict[str, GapHistogram] = {}
-        self._gap_buffer: dict[str, list[float]] = {}  # per class, gaps not yet in `gaps`
+        self._gap_buffer: dict[str, array[float]] = {}  # per class, gaps not yet in `gaps`
         self.timeline = FleetTimeline(len(self.endpoints))
         self.events = 0
         self.faults = 0

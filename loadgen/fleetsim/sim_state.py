@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from array import array
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -61,7 +62,7 @@ class SimState:
     requests: list[RequestResult]
     tasks: list[TaskResult]
     gaps: dict[str, GapHistogram]
-    _gap_buffer: dict[str, list[float]]
+    _gap_buffer: dict[str, array[float]]
     timeline: FleetTimeline
     events: int
     faults: int
