@@ -202,19 +202,22 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         scrape_every = self.gw.cfg.scrape.interval_s
         reports = self._reports
         collector = self.collector
+        deliver, step, send = self._deliver, self._step, self._send
+        wake, send_kind = _WAKE, _SEND
+        handled = 0  # the heap's events handled (the reports' count themselves in `_deliver`)
         while heap and not self._ended:
             event = pop(heap)
             if reports and reports[0] < event:
-                self._deliver(event)  # the progress reports due before it
+                deliver(event)  # the progress reports due before it
             t, kind, _, obj = event
             clock.t = t
-            self.events += 1
-            if kind == _WAKE:
+            handled += 1
+            if kind == wake:
                 if obj.wake_at == t and not obj.removed:  # else a wake that a later step replaced
                     obj.wake_at = None
-                    self._step(obj)
-            elif kind == _SEND:
-                self._send(*obj)
+                    step(obj)
+            elif kind == send_kind:
+                send(*obj)
             elif kind == _ARRIVE:
                 self._arrive(obj)
             elif kind == _TICK:
@@ -251,6 +254,7 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
                     self.push(t + self.opts.publish_interval_s, _PUBLISH)
             else:  # _DRAIN
                 self._drain()
+        self.events += handled
         if not self._ended:
             self._deliver((math.inf, _WAKE, 0, None))
 

@@ -145,16 +145,17 @@ class EngineSide(SimState):
         one = len(self.gws) == 1  # then the reports alone, else each with its replica
         add = out.append
         pop, replace, seq = heapq.heappop, heapq.heapreplace, self._seq
+        every, report = PROGRESS_EVERY, _REPORT
         n = 0
         while reports and reports[0] < until:
             now, _, _, plan = reports[0]
             n += 1
             i = plan.at
-            ends = plan.run.ends
+            ends = plan.ends
             if i >= len(ends):
                 pop(reports)
                 continue  # the run was cut before this iteration
-            r = i % PROGRESS_EVERY
+            r = i % every
             for call, req, p0, i0 in plan.buckets[r]:
                 if i >= i0 and call.engine_req is req and not call.done:
                     # to the replica whose scheduler placed the call (its own ids and running requests)
@@ -163,7 +164,7 @@ class EngineSide(SimState):
             nxt = i + plan.skip[r]  # the run's next iteration with a report
             if nxt < plan.stop and nxt < len(ends):
                 plan.at = nxt
-                replace(reports, (ends[nxt], _REPORT, next(seq), plan))  # one sift, not a pop and a push
+                replace(reports, (ends[nxt], report, next(seq), plan))  # one sift, not a pop and a push
             else:
                 pop(reports)
         self.events += n

@@ -97,10 +97,11 @@ class Reports:
     PROGRESS_EVERY iterations, so the members are kept by `i0 % PROGRESS_EVERY` and one event at a time
     stands for the run's next iteration with a report. Void from the iteration a cut removed on."""
 
-    __slots__ = ("at", "buckets", "run", "skip", "stop")
+    __slots__ = ("at", "buckets", "ends", "run", "skip", "stop")
 
     def __init__(self, run: DecodeRun) -> None:
         self.run = run
+        self.ends = run.ends  # the run's list (a cut shortens it in place)
         self.stop = len(run.ends) - 1
         # the members by `i0 % PROGRESS_EVERY`, only the buckets with members (a batch has a few)
         self.buckets: dict[int, list[tuple[Call, SimRequest, int, int]]] = {}
