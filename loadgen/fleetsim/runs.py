@@ -20,6 +20,7 @@ log and its gaps the differences of that slice.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from typing import Final
 
@@ -57,7 +58,9 @@ class DecodeRun:
         self.members = members
         self.tokens0 = tokens0  # Σ context of the batch at iteration 0 (each later one: + batch size)
         self.ends: list[float] = []
-        self.gaps: list[float] = []
+        # as doubles: a member's call takes a slice of them per commit (`streams.hand_out`), a copy of a
+        # buffer instead of a float object converted per token
+        self.gaps: array[float] = array("d")
         self.started = 1  # the base model started iteration 0
         self.done = 0
 
@@ -267,7 +270,7 @@ class RunEngine(SimEngine):
 
 def plan_run(
     lat: LatencyModel, b: int, tokens0: int, span: tuple[float, float], n: int
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], array[float]]:
     """A run's `ends` and `gaps` over arrays, bit for bit what the loop one iteration after another
     computes: each iteration's time is the same elementwise expression of its context sum (integers,
     exact in float64, as is its mean over the batch), each end the previous end plus that time (`cumsum`
@@ -289,7 +292,9 @@ def plan_run(
     gaps = np.empty(n)
     gaps[0] = end0 - start
     np.subtract(ends[1:], ends[:-1], out=gaps[1:])
-    return ends.tolist(), gaps.tolist()
+    doubles = array("d")
+    doubles.frombytes(gaps.data.cast("B"))  # the same doubles, one copy
+    return ends.tolist(), doubles
 
 
 #: 1, 2, 3, ...: the iterations after a run's first, as float64 (exact), sliced per run.

@@ -271,4 +271,5 @@ def test_a_run_planned_over_arrays_is_bit_for_bit_the_loop(
         ends.append(nxt)
         gaps.append(nxt - end)
         end = nxt
-    assert plan_run(lat, b, tokens0, (start, start + first), n) == (ends, gaps)
+    got_ends, got_gaps = plan_run(lat, b, tokens0, (start, start + first), n)
+    assert (got_ends, got_gaps.tolist()) == (ends, gaps)
