@@ -297,8 +297,9 @@ def plan_run(
     return ends.tolist(), doubles
 
 
-#: 1, 2, 3, ...: the iterations after a run's first, as float64 (exact), sliced per run.
-_STEPS: Final = np.arange(1, 1 << 16, dtype=np.float64)
+#: 1, 2, 3, ...: the iterations after a run's first, as float64 (exact), sliced per run (a longer run
+#: than `MAX_RUN`'s, with `SimOptions.max_run` set higher, makes its own).
+_STEPS: Final = np.arange(1, 8 * MAX_RUN, dtype=np.float64)
 
 
 def _observe(hist: Histogram, value: float, count: int) -> None:
