@@ -216,6 +216,10 @@ class OutputLengthPredictor:
         self._max_models = max_models
         self._by_class: OrderedDict[tuple[str, str], _History] = OrderedDict()
         self._by_model: OrderedDict[str, _History] = OrderedDict()
+        # `predict`'s pool per (model, class, bucket) until the next observation (a pool depends only on
+        # the histories), with whether its lookup reached the model's history (`_lookup`'s recency marks)
+        self._chosen: dict[tuple[str, str, int], tuple[_Pool | None, bool]] = {}
+        self._reached_model = False
 
     # ---- observations ----------------------------------------------------------------------------
     def observe(self, model: str, task_class: str, prompt_tokens: int, output_tokens: int) -> None:
@@ -223,6 +227,7 @@ class OutputLengthPredictor:
         if output_tokens < 0 or prompt_tokens < 0:
             return
         b = self._bucket(prompt_tokens)
+        self._chosen.clear()
         self._history(self._by_class, (model, task_class), self._max_keys).buckets[b].add(output_tokens)
         self._history(self._by_model, model, self._max_models).buckets[b].add(output_tokens)
 
@@ -231,10 +236,29 @@ class OutputLengthPredictor:
         self, model: str, task_class: str, prompt_tokens: int, max_tokens: int | None
     ) -> LengthPrediction:
         cap = _cap(max_tokens)
-        pool = self._choose(model, task_class, prompt_tokens, None)
+        pool = self._chosen_pool(model, task_class, prompt_tokens)
         if pool is None:
             return self._default(cap)
         return pool.summary(None, cap)
+
+    def _chosen_pool(self, model: str, task_class: str, prompt_tokens: int) -> _Pool | None:
+        """`_choose(model, task_class, prompt_tokens, None)`, kept until the next observation, with the
+        recency marks its lookup leaves (the class's history, and the model's when it was reached)."""
+        key = (model, task_class, self._bucket(prompt_tokens))
+        hit = self._chosen.get(key)
+        if hit is None:
+            if len(self._chosen) >= self._max_keys:
+                self._chosen.clear()
+            self._reached_model = False
+            pool = self._choose(model, task_class, prompt_tokens, None)
+            self._chosen[key] = (pool, self._reached_model)
+            return pool
+        pool, reached_model = hit
+        if (model, task_class) in self._by_class:
+            self._by_class.move_to_end((model, task_class))
+        if reached_model:
+            self._by_model.move_to_end(model)
+        return pool
 
     def repredict(
         self, model: str, task_class: str, prompt_tokens: int, produced: int, max_tokens: int | None
@@ -297,6 +321,7 @@ class OutputLengthPredictor:
             yield hist
         mhist = self._by_model.get(model)
         if mhist is not None:
+            self._reached_model = True
             self._by_model.move_to_end(model)
             yield mhist
 

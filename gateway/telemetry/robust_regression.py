@@ -29,8 +29,9 @@ _MIN_SCALE: Final = 1e-3  # floor of the robust residual scale (relative error)
 _BETAS: Final = np.geomspace(1e-3, 1e2, 81)
 _BETA_SLICE: Final = 9  # the β grid's columns per step of the throughput fit (9 steps)
 
-# `np.sum`'s reduction without its dispatch
+# `np.sum`'s and `ndarray.all`'s reductions without their dispatch
 _sum: Final = np.add.reduce
+_all: Final = np.logical_and.reduce
 
 T = TypeVar("T")
 #: A fit in steps of bounded work (see `PerfModelFitter.refit_steps`): each `next` runs one, the value
@@ -59,8 +60,8 @@ def fit_linear(x: Array, y: Array, w: Array) -> Steps[LinearFit | None]:
     pause only ever adds time) and would otherwise pull the fit."""
     sw = np.sqrt(w)
     a = x * sw[:, None]
-    norms = np.linalg.norm(a, axis=0)
-    if not (norms > 0).all() or not np.linalg.cond(a / norms) <= _MAX_COND:  # also catches NaN and inf
+    norms = np.sqrt(_sum(a * a, axis=0))  # `np.linalg.norm(a, axis=0)`'s own expression, unwrapped
+    if not _all(norms > 0) or not _conditioned(a / norms):  # also catches NaN and inf
         return None
     row = sw / median(y)
     robust = np.ones_like(y)
@@ -86,7 +87,7 @@ def fit_linear(x: Array, y: Array, w: Array) -> Steps[LinearFit | None]:
         rhs = [v / n for v, n in zip((xst @ y).tolist(), norms, strict=True)]
         beta = np.array([c / n for c, n in zip(_nnls(scaled, rhs), norms, strict=True)])
         fitted = x @ beta
-        if not (fitted > 0).all():
+        if not _all(fitted > 0):
             break  # a zero prediction cannot be a relative scale; keep this round's answer
         u = np.abs(fitted - y) / fitted
         u = u / max(1.4826 * median(u), _MIN_SCALE)  # in robust standard deviations
@@ -148,6 +149,39 @@ def _nnls(gram: list[list[float]], rhs: list[float]) -> list[float]:
                     best[i] = v
                 best_gain = gain
     return best
+
+
+def _conditioned_checked(a: Array) -> bool:
+    """`_conditioned` through numpy's public wrapper: for a numpy whose private kernel is not where it was."""
+    return bool(np.linalg.cond(a) <= _MAX_COND)
+
+
+def _conditioned_kernel() -> Callable[[Array], bool]:
+    """`np.linalg.cond(a) <= _MAX_COND` (the largest singular value over the smallest) with the singular
+    values from `np.linalg.svd`'s LAPACK kernel, called without the wrappers (their checks and error
+    states cost more than the 2- or 3-column decomposition): the same singular values, the same
+    quotient; a zero smallest one refuses, as the wrapper's infinite or NaN quotient does, and a
+    decomposition that does not converge (NaN) raises `LinAlgError` as the wrapper does. Without the
+    kernel (`numpy.linalg._umath_linalg.svd`, numpy 1.26 to 2.x), the public wrapper."""
+    try:
+        from numpy.linalg import _umath_linalg
+
+        svd = _umath_linalg.svd
+    except (ImportError, AttributeError):  # pragma: no cover - numpy moved its kernel
+        return _conditioned_checked
+
+    def conditioned(a: Array) -> bool:
+        with np.errstate(invalid="ignore"):  # a decomposition that does not converge gives NaN
+            s: list[float] = svd(a, signature="d->d").tolist()
+        if not all(map(math.isfinite, s)):
+            raise np.linalg.LinAlgError("SVD did not converge")
+        return s[-1] > 0 and s[0] / s[-1] <= _MAX_COND
+
+    return conditioned
+
+
+#: Whether `a`'s condition number is at most `_MAX_COND` (see `_conditioned_kernel`).
+_conditioned: Final = _conditioned_kernel()
 
 
 def _solve_checked(a: Array, b: Array) -> Array:

@@ -132,7 +132,8 @@ class EndpointTimeline:
         times = np.empty(len(gaps) + 1)
         times[0] = 0.0
         times[1:] = gaps
-        times = np.cumsum(times) + first_token_at
+        times.cumsum(out=times)  # in place: the same sums as `np.cumsum`, without its wrapper and copies
+        times += first_token_at
         computed = float(prompt_tokens if prefill_tokens is None else prefill_tokens)
         self._streams.append(TimedStream(dispatched_at, times, float(prompt_tokens), clean, computed))
         self._tokens += len(times)
@@ -180,7 +181,8 @@ class EndpointTimeline:
         start = int(f.searchsorted(self._last_group, side="right"))
         if start >= len(f):
             return before
-        breaks = np.flatnonzero(np.diff(f[start:]) > tol) + start + 1
+        tail = f[start:]
+        breaks = ((tail[1:] - tail[:-1]) > tol).nonzero()[0] + start + 1  # np.flatnonzero(np.diff())
         bounds = [start, *breaks.tolist(), len(f)]
         for a, b in pairwise(bounds):
             at0, at1 = float(f[a]), float(f[b - 1])
@@ -203,7 +205,7 @@ class EndpointTimeline:
         tokens = sum(s.computed for s in members)
         samples: list[float] = []
         landed, untracked = arr.landed, arr.untracked
-        running = np.flatnonzero((arr.firsts < at0 - tol) & (arr.lasts >= at1 - tol))
+        running = ((arr.firsts < at0 - tol) & (arr.lasts >= at1 - tol)).nonzero()[0]  # np.flatnonzero
         for k in running.tolist():  # the streams running when the group's prefill ran
             times = self._streams[k].times
             i = int(times.searchsorted(at1 - tol))  # the gap the group landed in

@@ -87,7 +87,7 @@ class SpanColumns:
         order = np.lexsort((ends, starts))
         s, e = starts[order], ends[order]
         reach = np.maximum.accumulate(e)  # the furthest end so far: an interval's end at its last span
-        begins = np.flatnonzero(np.concatenate(([True], s[1:] > reach[:-1])))
+        begins = np.concatenate(([True], s[1:] > reach[:-1])).nonzero()[0]
         lasts = np.concatenate((begins[1:] - 1, [len(s) - 1]))
         return s[begins], reach[lasts]
 
@@ -120,25 +120,27 @@ class StreamArrays:
         sizes = np.array([len(s.times) for s in streams], dtype=np.float64)
         self.firsts: Array = firsts  # in the streams' order
         self.lasts: Array = lasts
-        fo = np.argsort(firsts, kind="stable")
-        lo = np.argsort(lasts, kind="stable")
+        fo = firsts.argsort(kind="stable")
+        lo = lasts.argsort(kind="stable")
         self.first: Array = firsts[fo]
         self.first_list: list[float] = self.first.tolist()
         self.first_owner: Index = fo
-        self.first_cum_prompt: Array = np.concatenate(([0.0], np.cumsum(prompts[fo])))
+        self.first_cum_prompt: Array = np.concatenate(([0.0], prompts[fo].cumsum()))
         self.last: Array = lasts[lo]
-        self.last_cum_prompt: Array = np.concatenate(([0.0], np.cumsum(prompts[lo])))
-        self.last_cum_tokens: Array = np.concatenate(([0.0], np.cumsum(sizes[lo])))
+        self.last_cum_prompt: Array = np.concatenate(([0.0], prompts[lo].cumsum()))
+        self.last_cum_tokens: Array = np.concatenate(([0.0], sizes[lo].cumsum()))
         every = np.concatenate([s.times for s in streams])
         # a merge of sorted runs (each stream's receipts): the stable sort finds the runs and merges
         # them, several times faster than the default sort here, the same order of the same numbers
-        self.receipts: Array = np.sort(every, kind="stable")
+        receipts = every.copy()
+        receipts.sort(kind="stable")
+        self.receipts: Array = receipts
         # every stream's gaps: the differences of the receipts in the streams' order, but for the one
         # from each stream's last receipt to the next stream's first (the same numbers in the same
         # order as each stream's own differences, one numpy call instead of one per stream)
-        gaps = np.diff(every)
+        gaps = every[1:] - every[:-1]
         inner = gaps > 0
-        inner[np.cumsum(sizes[:-1]).astype(np.intp) - 1] = False
+        inner[sizes[:-1].cumsum().astype(np.intp) - 1] = False
         gaps = gaps[inner]
         self.tol = TOLERANCE * median(gaps) if len(gaps) else 0.0
         # untracked spans, merged into disjoint sorted intervals
@@ -150,8 +152,8 @@ class StreamArrays:
         """First tokens that landed in each gap ``(lo, hi]`` (shifted by the tolerance)."""
         t = self.tol
         f = self.first
-        right = np.searchsorted(f, hi + t, side="right")
-        left = np.searchsorted(f, lo + t, side="right")
+        right = f.searchsorted(hi + t, side="right")
+        left = f.searchsorted(lo + t, side="right")
         return np.asarray(right - left, dtype=np.intp)
 
     def landed(self, lo: float, hi: float) -> int:
@@ -163,8 +165,8 @@ class StreamArrays:
         """Whether each ``[lo, hi]`` overlaps an untracked request's span."""
         if not len(self.dirty_start):
             return np.zeros(np.shape(lo), dtype=np.bool_)
-        began = np.searchsorted(self.dirty_start, hi, side="right")  # spans that start by hi
-        ended = np.searchsorted(self.dirty_end, lo, side="left")  # ... and end before lo
+        began = self.dirty_start.searchsorted(hi, side="right")  # spans that start by hi
+        ended = self.dirty_end.searchsorted(lo, side="left")  # ... and end before lo
         return np.asarray(began > ended)
 
     def untracked(self, lo: float, hi: float) -> bool:
@@ -177,9 +179,9 @@ class StreamArrays:
     def running(self, t: Array) -> tuple[Array, Array]:
         """Running count (past their first receipt, not past their last) and their context sum (prompt +
         tokens received so far) at times `t`, taken between engine steps."""
-        started = np.searchsorted(self.first, t, side="right")
-        finished = np.searchsorted(self.last, t, side="left")
+        started = self.first.searchsorted(t, side="right")
+        finished = self.last.searchsorted(t, side="left")
         count = (started - finished).astype(np.float64)
         prompts = self.first_cum_prompt[started] - self.last_cum_prompt[finished]
-        received = np.searchsorted(self.receipts, t, side="right") - self.last_cum_tokens[finished]
+        received = self.receipts.searchsorted(t, side="right") - self.last_cum_tokens[finished]
         return count, prompts + received

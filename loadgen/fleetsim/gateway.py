@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from operator import attrgetter
+from typing import Any, Final
 
 import msgspec
 
@@ -177,7 +178,7 @@ class SimGateway:
             sreq = dataclasses.replace(sreq, cached=self.telemetry.prefix.lookup(keys, sreq.prompt_tokens))
         # The simulated client's stream survives an engine abort, so every request may be preempted and
         # resumed (the live front decides this per request).
-        sreq = dataclasses.replace(sreq, resumable=True)
+        sreq = resumable(sreq)
         ctx.sched = sreq
         return sreq
 
@@ -200,3 +201,18 @@ class SimGateway:
         if prefix_counters is not None:
             hits, queries = prefix_counters
             self.telemetry.prefix.observe_engine(eid, hits=hits, queries=queries)
+
+
+#: `SchedRequest`'s fields in their order (every one an `__init__` argument), read in one call.
+_FIELDS: Final = tuple(f.name for f in dataclasses.fields(SchedRequest))
+_VALUES: Final = attrgetter(*_FIELDS)
+_RESUMABLE: Final = _FIELDS.index("resumable")
+assert all(f.init for f in dataclasses.fields(SchedRequest))
+
+
+def resumable(sreq: SchedRequest) -> SchedRequest:
+    """`dataclasses.replace(sreq, resumable=True)`, the same request, without `replace`'s walk over the
+    fields by name (once per simulated request)."""
+    values = list(_VALUES(sreq))
+    values[_RESUMABLE] = True
+    return SchedRequest(*values)

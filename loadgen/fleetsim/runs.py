@@ -20,6 +20,7 @@ log and its gaps the differences of that slice.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from typing import Final
 
@@ -57,7 +58,9 @@ class DecodeRun:
         self.members = members
         self.tokens0 = tokens0  # Σ context of the batch at iteration 0 (each later one: + batch size)
         self.ends: list[float] = []
-        self.gaps: list[float] = []
+        # as doubles: a member's call takes a slice of them per commit (`streams.hand_out`), a copy of a
+        # buffer instead of a float object converted per token
+        self.gaps: array[float] = array("d")
         self.started = 1  # the base model started iteration 0
         self.done = 0
 
@@ -267,22 +270,36 @@ class RunEngine(SimEngine):
 
 def plan_run(
     lat: LatencyModel, b: int, tokens0: int, span: tuple[float, float], n: int
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], array[float]]:
     """A run's `ends` and `gaps` over arrays, bit for bit what the loop one iteration after another
     computes: each iteration's time is the same elementwise expression of its context sum (integers,
-    exact in float64), each end the previous end plus that time (`cumsum` adds in order), each gap the
-    difference of two ends. `span`: the first iteration's start and end."""
+    exact in float64, as is its mean over the batch), each end the previous end plus that time (`cumsum`
+    adds in order), each gap the difference of two ends. `span`: the first iteration's start and end.
+    In place over one scratch array and without numpy's function wrappers (a run is planned per event)."""
     start, end0 = span
-    tokens = tokens0 + b * np.arange(1, n, dtype=np.int64)
-    steps = (lat.k2 * (tokens / b) + lat.c2) * b + lat.c3
     ends = np.empty(n)
     ends[0] = end0
-    ends[1:] = steps
-    np.cumsum(ends, out=ends)
+    steps = ends[1:]
+    ks = _STEPS[: n - 1] if n <= len(_STEPS) else np.arange(1, n, dtype=np.float64)
+    np.multiply(ks, b, out=steps)  # the context sums beyond tokens0: b, 2b, ... (exact)
+    steps += tokens0
+    steps /= b  # the mean context: the loop's `tokens / b`
+    steps *= lat.k2
+    steps += lat.c2
+    steps *= b
+    steps += lat.c3
+    ends.cumsum(out=ends)
     gaps = np.empty(n)
     gaps[0] = end0 - start
     np.subtract(ends[1:], ends[:-1], out=gaps[1:])
-    return ends.tolist(), gaps.tolist()
+    doubles = array("d")
+    doubles.frombytes(gaps.data.cast("B"))  # the same doubles, one copy
+    return ends.tolist(), doubles
+
+
+#: 1, 2, 3, ...: the iterations after a run's first, as float64 (exact), sliced per run (a longer run
+#: than `MAX_RUN`'s, with `SimOptions.max_run` set higher, makes its own).
+_STEPS: Final = np.arange(1, 8 * MAX_RUN, dtype=np.float64)
 
 
 def _observe(hist: Histogram, value: float, count: int) -> None:

@@ -34,11 +34,11 @@ import itertools
 import math
 import random
 import time
+from array import array
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from gateway.core.types import ModelName, RequestId
-from gateway.sched.fleet import Progress
 from loadgen.client import RequestResult
 from loadgen.engine_sim.engine import SimRequest
 from loadgen.engine_sim.spec import EndpointSpec
@@ -117,14 +117,15 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
                 self.gw.attach_events(e.id, e.engine)
         self._heap: list[Event] = []
         self._reports: list[Event] = []  # progress reports' events (`push_report`)
-        self._progress_out: list[tuple[SimGateway, Progress]] = []  # reports of a burst, not yet handed over
+        # reports of a burst, not yet handed over (with one replica the reports alone, else (replica, report))
+        self._progress_out: list[Any] = []
         self._seq = itertools.count()
         self._running: dict[RequestId, Call] = {}  # berth's id -> the call (queued or running)
         self._on_engine: dict[SimRequest, Call] = {}  # an engine's request -> its call
         self.requests: list[RequestResult] = []
         self.tasks: list[TaskResult] = []
         self.gaps: dict[str, GapHistogram] = {}
-        self._gap_buffer: dict[str, list[float]] = {}  # per class, gaps not yet in `gaps`
+        self._gap_buffer: dict[str, array[float]] = {}  # per class, gaps not yet in `gaps`
         self.timeline = FleetTimeline(len(self.endpoints))
         self.events = 0
         self.faults = 0
@@ -201,19 +202,22 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
         scrape_every = self.gw.cfg.scrape.interval_s
         reports = self._reports
         collector = self.collector
+        deliver, step, send = self._deliver, self._step, self._send
+        wake, send_kind = _WAKE, _SEND
+        handled = 0  # the heap's events handled (the reports' count themselves in `_deliver`)
         while heap and not self._ended:
             event = pop(heap)
             if reports and reports[0] < event:
-                self._deliver(event)  # the progress reports due before it
+                deliver(event)  # the progress reports due before it
             t, kind, _, obj = event
             clock.t = t
-            self.events += 1
-            if kind == _WAKE:
+            handled += 1
+            if kind == wake:
                 if obj.wake_at == t and not obj.removed:  # else a wake that a later step replaced
                     obj.wake_at = None
-                    self._step(obj)
-            elif kind == _SEND:
-                self._send(*obj)
+                    step(obj)
+            elif kind == send_kind:
+                send(*obj)
             elif kind == _ARRIVE:
                 self._arrive(obj)
             elif kind == _TICK:
@@ -250,6 +254,7 @@ class Simulation(ClientSide, EngineSide, DecisionSide):
                     self.push(t + self.opts.publish_interval_s, _PUBLISH)
             else:  # _DRAIN
                 self._drain()
+        self.events += handled
         if not self._ended:
             self._deliver((math.inf, _WAKE, 0, None))
 

@@ -3,6 +3,8 @@ timers give up on a request, and a finished call sends the task's next one (as t
 
 from __future__ import annotations
 
+from array import array
+
 import orjson
 
 from gateway.core.errors import BerthError
@@ -156,13 +158,13 @@ class ClientSide(SimState):
             if call.gaps:
                 pending = self._gap_buffer.get(res.cls)
                 if pending is None:
-                    pending = self._gap_buffer[res.cls] = []
+                    pending = self._gap_buffer[res.cls] = array("d")
                     if res.cls not in self.gaps:  # the histograms in the order their classes first finished
                         self.gaps[res.cls] = GapHistogram()
                 pending.extend(call.gaps)
                 if len(pending) >= GAP_BATCH:
                     self._flush_gaps(res.cls)
-                call.gaps = []  # telemetry's record keeps its own reference until the next refresh
+                call.gaps = array("d")  # telemetry's record keeps its own reference until the next refresh
         else:
             res.error = error
             res.tokens = call.produced

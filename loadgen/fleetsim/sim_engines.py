@@ -142,25 +142,29 @@ class EngineSide(SimState):
         reaches a scheduler. (One loop for the burst: about 19 such events per request.)"""
         reports = self._reports
         out = self._progress_out
+        one = len(self.gws) == 1  # then the reports alone, else each with its replica
+        add = out.append
         pop, replace, seq = heapq.heappop, heapq.heapreplace, self._seq
+        every, report = PROGRESS_EVERY, _REPORT
         n = 0
         while reports and reports[0] < until:
             now, _, _, plan = reports[0]
             n += 1
             i = plan.at
-            ends = plan.run.ends
+            ends = plan.ends
             if i >= len(ends):
                 pop(reports)
                 continue  # the run was cut before this iteration
-            r = i % PROGRESS_EVERY
+            r = i % every
             for call, req, p0, i0 in plan.buckets[r]:
                 if i >= i0 and call.engine_req is req and not call.done:
                     # to the replica whose scheduler placed the call (its own ids and running requests)
-                    out.append((call.gw, (call.sreq_id, p0 + i + 1 - call.run_base, call.run_first_at, now)))
+                    p = (call.sreq_id, p0 + i + 1 - call.run_base, call.run_first_at, now)
+                    add(p if one else (call.gw, p))
             nxt = i + plan.skip[r]  # the run's next iteration with a report
             if nxt < plan.stop and nxt < len(ends):
                 plan.at = nxt
-                replace(reports, (ends[nxt], _REPORT, next(seq), plan))  # one sift, not a pop and a push
+                replace(reports, (ends[nxt], report, next(seq), plan))  # one sift, not a pop and a push
             else:
                 pop(reports)
         self.events += n
@@ -169,15 +173,17 @@ class EngineSide(SimState):
 
     def _hand_over_progress(self) -> None:
         """The reports of a burst, to their replicas' schedulers in one call each, in the order made: the
-        same as one call per report at its time, since nothing reached a scheduler in between."""
+        same as one call per report at its time, since nothing reached a scheduler in between. With one
+        replica `_progress_out` holds the reports alone (`_deliver`), else (replica, report) pairs."""
         out = self._progress_out
         if len(self.gws) == 1:
-            self.gw.scheduler.progress_many([p for _, p in out])
-        else:
-            for g in self.gws:
-                mine = [p for r, p in out if r is g]
-                if mine:
-                    g.scheduler.progress_many(mine)
+            self._progress_out = []
+            self.gw.scheduler.progress_many(out)
+            return
+        for g in self.gws:
+            mine = [p for r, p in out if r is g]
+            if mine:
+                g.scheduler.progress_many(mine)
         out.clear()
 
     def _token(self, call: Call, req: SimRequest, now: float) -> None:

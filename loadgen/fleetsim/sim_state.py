@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from array import array
 from collections.abc import Sequence
 from typing import Any, Final
 
 from gateway.core.errors import BerthError
 from gateway.core.types import ApiKind, EndpointId, ModelName, RequestId
 from gateway.sched.decisions import Decision
-from gateway.sched.fleet import Progress
 from loadgen.client import RequestResult
 from loadgen.engine_sim.engine import SimRequest
 from loadgen.engine_sim.spec import EndpointSpec
@@ -58,11 +58,11 @@ class SimState:
     _seq: itertools.count[int]
     _running: dict[RequestId, Call]
     _on_engine: dict[SimRequest, Call]
-    _progress_out: list[tuple[SimGateway, Progress]]
+    _progress_out: list[Any]  # Progress with one replica, else tuple[SimGateway, Progress]
     requests: list[RequestResult]
     tasks: list[TaskResult]
     gaps: dict[str, GapHistogram]
-    _gap_buffer: dict[str, list[float]]
+    _gap_buffer: dict[str, array[float]]
     timeline: FleetTimeline
     events: int
     faults: int

@@ -8,6 +8,7 @@ the run starts (`plan_reports`), each made at its token's time.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import Final
 
@@ -78,7 +79,9 @@ class Call:
         self.done = False
         self.endpoint: Endpoint | None = None
         self.engine_req: SimRequest | None = None
-        self.gaps: list[float] = []
+        # the gaps between its tokens so far, as doubles: what telemetry's record and the report's
+        # histogram take in (numpy and the windows copy a buffer instead of converting float objects)
+        self.gaps: array[float] = array("d")
         self.produced = 0
         self.report_at = 1
         self.last_byte = 0.0
@@ -94,10 +97,11 @@ class Reports:
     PROGRESS_EVERY iterations, so the members are kept by `i0 % PROGRESS_EVERY` and one event at a time
     stands for the run's next iteration with a report. Void from the iteration a cut removed on."""
 
-    __slots__ = ("at", "buckets", "run", "skip", "stop")
+    __slots__ = ("at", "buckets", "ends", "run", "skip", "stop")
 
     def __init__(self, run: DecodeRun) -> None:
         self.run = run
+        self.ends = run.ends  # the run's list (a cut shortens it in place)
         self.stop = len(run.ends) - 1
         # the members by `i0 % PROGRESS_EVERY`, only the buckets with members (a batch has a few)
         self.buckets: dict[int, list[tuple[Call, SimRequest, int, int]]] = {}

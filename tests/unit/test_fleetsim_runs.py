@@ -271,4 +271,21 @@ def test_a_run_planned_over_arrays_is_bit_for_bit_the_loop(
         ends.append(nxt)
         gaps.append(nxt - end)
         end = nxt
-    assert plan_run(lat, b, tokens0, (start, start + first), n) == (ends, gaps)
+    got_ends, got_gaps = plan_run(lat, b, tokens0, (start, start + first), n)
+    assert (got_ends, got_gaps.tolist()) == (ends, gaps)
+
+
+def test_a_run_longer_than_the_kept_iteration_index_is_planned_the_same() -> None:
+    lat = get_profile("fleet-7b").latency
+    b, tokens0, n, start = 9, 4321, 3000, 2.5
+    end = start + 0.04
+    ends, gaps = [end], [end - start]
+    tokens = tokens0
+    for _ in range(n - 1):
+        tokens += b
+        nxt = end + lat.decode_s(b, tokens / b)
+        ends.append(nxt)
+        gaps.append(nxt - end)
+        end = nxt
+    got_ends, got_gaps = plan_run(lat, b, tokens0, (start, start + 0.04), n)
+    assert (got_ends, got_gaps.tolist()) == (ends, gaps)

@@ -177,3 +177,30 @@ def test_public_solve_fallback_answers_as_the_kernel(cells: list[float], rhs: li
         assert np.isnan(kernel).all()
     else:
         np.testing.assert_array_equal(kernel, checked)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=4).flatmap(
+        lambda p: st.tuples(
+            st.just(p),
+            st.lists(
+                st.one_of(st.sampled_from([0.0, 1.0, -1.0, 1e-8, 1e8]), st.floats(-1e3, 1e3)),
+                min_size=p * (p + 3),
+                max_size=p * (p + 3),
+            ),
+        )
+    )
+)
+def test_the_condition_check_is_the_public_one(data: tuple[int, list[float]]) -> None:
+    p, cells = data
+    a = np.array(cells).reshape(p + 3, p)
+    try:
+        want: bool | None = bool(np.linalg.cond(a) <= fast._MAX_COND)
+    except np.linalg.LinAlgError:
+        want = None
+    try:
+        got: bool | None = fast._conditioned(a)
+    except np.linalg.LinAlgError:
+        got = None
+    assert got == want
