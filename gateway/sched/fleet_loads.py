@@ -35,7 +35,7 @@ from gateway.sched.loads import LoadCache
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens, resume_prompt_tokens
-from gateway.sched.snapshot import FleetColumns
+from gateway.sched.snapshot import EndpointView, FleetColumns
 from gateway.sched.targets import time_left
 
 #: Candidates from which a filter that judges each endpoint's load is placed over these arrays (a profile
@@ -76,6 +76,8 @@ class FleetLoads:
         "_at",
         "_cache",
         "_context",
+        "_entry_at",
+        "_entry_reuse",
         "_harms",
         "_index",
         "_keys",
@@ -83,7 +85,10 @@ class FleetLoads:
         "_prefilled",
         "_refs",
         "_remaining",
+        "_seen",
+        "_synced",
         "_table",
+        "_touched",
         "least",
     )
 
@@ -103,6 +108,18 @@ class FleetLoads:
         # (columns, clock) the rows were last brought up to date for, and which rows were looked at then
         self._at: tuple[FleetColumns, float] | None = None
         self._looked: _Mask = np.zeros(0, dtype=np.bool_)
+        # What the cache kept for each row's endpoint when last asked (`LoadCache.entry`): made at, reuse
+        # time, the view it stood for; `_synced` false once the cache wrote that entry since
+        # (`LoadCache.touched`). A row synced, of the same view and within its reuse time, is not asked
+        # about again: the cache would hand out the load it was derived from.
+        # (one watcher per cache: `fleet_loads` makes one per cache; another would ask every time)
+        self._touched: set[EndpointId] | None = None
+        if cache.touched is None:
+            self._touched = cache.touched = set()
+        self._synced: _Mask = np.zeros(0, dtype=np.bool_)
+        self._entry_at: _Floats = np.zeros(0)
+        self._entry_reuse: _Floats = np.zeros(0)
+        self._seen: list[EndpointView | None] = []
 
     def want(self, on_track: float, margin: float) -> None:
         """Keep the harm terms for this `on_track` and `margin` too (`judge` asks for them)."""
@@ -120,6 +137,10 @@ class FleetLoads:
         self._remaining = np.zeros((n, 0))
         self._harms = {key: (np.zeros(n), np.zeros(n), np.zeros((n, 0))) for key in self._keys}
         self._at = None
+        self._synced = np.zeros(n, dtype=np.bool_)
+        self._entry_at = np.zeros(n)
+        self._entry_reuse = np.zeros(n)
+        self._seen = [None] * n
 
     def rows(self, cols: FleetColumns, which: _Mask, now: float) -> None:
         """Bring the rows of the endpoints `which` (a mask in the columns' order) up to date as of
@@ -132,14 +153,50 @@ class FleetLoads:
             self._looked = np.zeros(len(cols.endpoints), dtype=np.bool_)
         todo = which & ~self._looked
         self._looked |= todo
-        idx = np.flatnonzero(todo).tolist()
+        at = np.flatnonzero(todo)
+        if not len(at):
+            return
+        self._untouch(cols.index)
+        views, kept, seen = cols.endpoints, self._refs, self._seen
+        # rows whose cache entry is as last asked, within its reuse time (`LoadCache._ref`'s test, the
+        # same float operations), for the same view: the cache would hand out their kept load
+        fresh = self._synced[at] & (np.abs(self._entry_at[at] - now) <= self._entry_reuse[at])
+        if self._touched is not None and fresh.any():
+            idx = [
+                i
+                for i, f in zip(at.tolist(), fresh.tolist(), strict=True)
+                if not f or views[i] is not seen[i]
+            ]
+        else:
+            idx = at.tolist()
         if not idx:
             return
-        views, kept = cols.endpoints, self._refs
-        refs = self._cache.refs([views[i] for i in idx], now)
+        asked = [views[i] for i in idx]
+        refs = self._cache.refs(asked, now)
+        self._untouch(cols.index)  # (the entries just written: synced below)
+        entry = self._cache.entry
+        for i, v, r in zip(idx, asked, refs, strict=True):
+            got = entry(v.id)
+            if got is None or got[0] is not r:  # (the cache was cleared meanwhile)
+                continue
+            self._entry_at[i] = got[2]
+            self._entry_reuse[i] = got[1]
+            seen[i] = got[3]
+            self._synced[i] = True
         stale = [(i, r) for i, r in zip(idx, refs, strict=True) if kept[i] is not r]
         if stale:
             self._write(stale)
+
+    def _untouch(self, index: Mapping[EndpointId, int]) -> None:
+        """Rows whose cache entry was written since they were synced are synced no more."""
+        touched = self._touched
+        if touched:  # (None: not watching; nothing is synced then)
+            synced = self._synced
+            for eid in touched:
+                i = index.get(eid)
+                if i is not None:
+                    synced[i] = False
+            touched.clear()
 
     def _write(self, stale: list[tuple[int, EndpointLoad | Pending]]) -> None:
         got = derive([(r.view, r.now, r.pace) for _, r in stale], self._cache.params, self._keys)

@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Final
 
+from gateway.core.types import EndpointId
 from gateway.sched.load_batch import Pending
 from gateway.sched.load_terms import pace_for, progress_only
 from gateway.sched.perf import default_prior
@@ -50,7 +51,7 @@ class LoadCache:
     reports: `progress_only`) and the clock moved less than the load's reuse time (`REUSE_S` to twice
     that)."""
 
-    __slots__ = ("_kept", "_kept_refs", "_loads", "_reuse", "fleet", "params")
+    __slots__ = ("_kept", "_kept_refs", "_loads", "_reuse", "fleet", "params", "touched")
 
     def __init__(self, params: PredictParams) -> None:
         self.params = params
@@ -60,6 +61,11 @@ class LoadCache:
         self._reuse: dict[str, float] = {}  # `reuse_s` by endpoint
         # The loads as arrays for placement over columns (`gateway.sched.fleet_loads.fleet_loads`).
         self.fleet: object | None = None
+        # The endpoints whose entry was written since the set was last emptied (None: nobody asks). The
+        # arrays keep what each entry was when they last asked (`entry`) and skip asking again about an
+        # endpoint whose entry is untouched, for the same view and within its reuse time: `_ref` would
+        # hand out the same load then, and do nothing else.
+        self.touched: set[EndpointId] | None = None
         # The last `loads` answer: (views, their loads, asked at, until when every one is reusable).
         self._kept: tuple[Sequence[EndpointView], list[EndpointLoad], float, float] | None = None
         # The same for `refs`.
@@ -124,6 +130,8 @@ class LoadCache:
                     return load
                 if progress_only(view, load.view):
                     self._loads[view.id] = (load, reuse, at, view)
+                    if self.touched is not None:
+                        self.touched.add(view.id)
                     return load
             # the same view later, or a view apart only in what no load reads (gauges, EWMAs, progress):
             # what does not depend on the clock is taken over (`EndpointLoad`'s `like`)
@@ -137,14 +145,24 @@ class LoadCache:
             fresh = Pending(view, now, params, pace_for(view, view.perf or _PRIOR, params, like))
         else:
             fresh = EndpointLoad(view, now, self.params, like=like)
+        touched = self.touched
         if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
+            if touched is not None:
+                touched.update(map(EndpointId, self._loads))
             self._loads = {}
             self._reuse = {}
         until = self._reuse.get(view.id)
         if until is None:
             until = self._reuse[view.id] = reuse_s(view.id)
         self._loads[view.id] = (fresh, until, now, view)
+        if touched is not None:
+            touched.add(view.id)
         return fresh
+
+    def entry(self, eid: str) -> tuple[EndpointLoad | Pending, float, float, EndpointView] | None:
+        """What the cache keeps for endpoint `eid`: (its load, reuse time, made at, the last view it was
+        found to stand for), or None."""
+        return self._loads.get(eid)
 
 
 class LoadCaches:

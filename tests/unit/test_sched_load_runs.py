@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.sched.columns import columns_of, updated
+from gateway.sched.fleet_loads import fleet_loads
 from gateway.sched.load_batch import Pending, derive
 from gateway.sched.load_terms import pace_for
+from gateway.sched.loads import LoadCache
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.profile import Policy
 from gateway.sched.running import with_progress
@@ -135,3 +138,46 @@ def test_a_columnar_run_and_a_plain_run_make_the_same_choices(
     assert _place_run(name, endpoints, steps, columns=True) == _place_run(
         name, endpoints, steps, columns=False
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
+    steps=st.lists(STEP, min_size=1, max_size=16),
+    plain=st.lists(
+        st.one_of(st.none(), st.tuples(st.integers(min_value=0, max_value=7), st.integers(0, 50))),
+        min_size=16,
+        max_size=16,
+    ),
+    asked=st.lists(st.integers(min_value=0, max_value=255), min_size=16, max_size=16),
+)
+def test_rows_not_asked_again_are_the_loads_the_cache_hands_out(
+    *,
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int]],
+    plain: list[tuple[int, int] | None],
+    asked: list[int],
+) -> None:
+    """`FleetLoads.rows` asks the cache only about endpoints whose entry it wrote since, whose view is
+    another, or whose load is past its reuse time: every row it skips is the load the cache would hand
+    out, and asking the cache about it writes nothing (`LoadCache._ref`'s fast return). A plain plugin
+    sharing the cache (`LoadCache.load`, here a load made at another time) remakes entries meanwhile."""
+    cache = LoadCache(PredictParams(tail="normal", prefill_overhead=0.05))
+    fleet = fleet_loads(cache)
+    fleet.want(0.0, 1.0)
+    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
+    cols = columns_of(views)
+    now = NOW
+    for serial, ((dt_ms, at, what), other, bits) in enumerate(zip(steps, plain, asked, strict=False)):
+        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+        if other is not None:  # a plain plugin's load, made at this time or a little earlier
+            k, back_ms = other
+            cache.load(views[k % len(views)], now - back_ms / 1000.0)
+        which = np.array([bool(bits >> (i % 8) & 1) for i in range(len(views))], dtype=np.bool_)
+        fleet.rows(cols, which, now)
+        assert cache.touched is not None
+        cache.touched.clear()
+        for i in np.flatnonzero(which).tolist():
+            assert cache.refs([views[i]], now)[0] is fleet._refs[i]
+        assert not cache.touched  # (nothing remade: every row was the cache's load)
+        fleet._at = None  # (asked afresh at the next step even at the same clock)
