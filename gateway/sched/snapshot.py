@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -13,6 +14,9 @@ from gateway.core.frozen import frozen
 from gateway.core.types import EndpointHealth, EndpointId, EngineKind, InstanceClass, ModelName
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.running import RunningRequest
+
+if TYPE_CHECKING:
+    from gateway.sched.serving import ReadyServing
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +174,19 @@ class FleetColumns:
         return serves & self.ready & (self.inflight < self.cap)
 
 
+class ViewsMemo:
+    """What plugins derive from one tuple of views alone (`endpoints`), kept for every snapshot of that
+    tuple: the scheduler hands the same memo to the snapshots it takes while its views stay the same
+    objects (`gateway.sched.serving`). A snapshot whose views are another tuple (one cut to part of the
+    fleet) does not use it."""
+
+    __slots__ = ("endpoints", "ready")
+
+    def __init__(self, endpoints: tuple[EndpointView, ...]) -> None:
+        self.endpoints = endpoints
+        self.ready: dict[ModelName, ReadyServing] = {}  # per model (`gateway.sched.serving.ready_serving`)
+
+
 @frozen
 class FleetSnapshot:
     now: float
@@ -180,6 +197,9 @@ class FleetSnapshot:
     # `endpoints` only while `columns.endpoints is endpoints` (a snapshot cut to part of the fleet keeps
     # them but is placed the plain way).
     columns: FleetColumns | None = field(default=None, compare=False)
+    # What plugins derive from `endpoints` alone, shared by the snapshots of the same views (used only
+    # while `memo.endpoints is endpoints`).
+    memo: ViewsMemo | None = field(default=None, compare=False)
 
     def serving(self, model: ModelName) -> tuple[EndpointView, ...]:
         return tuple(e for e in self.endpoints if model in e.models)
