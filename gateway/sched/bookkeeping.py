@@ -18,7 +18,6 @@ from gateway.sched.fleet import Fleet, Progress
 from gateway.sched.profile import Policy
 from gateway.sched.queues import Queues
 from gateway.sched.request import SchedRequest
-from gateway.sched.serving import new_memo
 from gateway.sched.slices import SERVE_SLICE, ServeSlices
 from gateway.sched.snapshot import EndpointView, FleetSnapshot, ViewsMemo
 from gateway.sched.types import QueueLimits
@@ -127,11 +126,11 @@ class SchedulerBooks:
         if profile.columnar and self._fleet.size() >= profile.columns_least:
             # placement over columns: the views' arrays come along
             cols = self._fleet.columns(now, self._limits.stale_after_s)
-            memo = self._memo = new_memo(cols.endpoints, self._memo)
+            memo = self._memo = ViewsMemo.of(cols.endpoints, self._memo)
             return FleetSnapshot(now, cols.endpoints, self._queues.waiting(), cols, memo)
         views = self._fleet.views(now, self._limits.stale_after_s)
-        # the snapshots of the same views share what plugins derive from them (gateway.sched.serving)
-        memo = self._memo = new_memo(views, self._memo)
+        # the snapshots of the same views share what plugins derive from them (`FleetSnapshot.ready`)
+        memo = self._memo = ViewsMemo.of(views, self._memo)
         return FleetSnapshot(now, views, self._queues.waiting(), memo=memo)
 
     def queue_depth(self, model: ModelName) -> int:

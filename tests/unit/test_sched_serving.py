@@ -1,4 +1,4 @@
-"""The ready endpoints of a model listed once per tuple of views (`gateway.sched.serving`): the same
+"""The ready endpoints of a model listed once per tuple of views (`FleetSnapshot.ready`): the same
 answers as the plain lists each plugin made for itself, shared by the snapshots of the same views only,
 and the plugins that read it deciding as before."""
 
@@ -15,8 +15,7 @@ from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.placement.demand_split import DemandSplitFilter, DemandSplitParams
 from gateway.sched.prediction import seats_of
 from gateway.sched.running import RunningRequest
-from gateway.sched.serving import ReadyServing, new_memo, ready_serving
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot, ReadyServing, ViewsMemo
 from tests.unit.sched_builders import view
 
 M = ModelName("m")
@@ -68,7 +67,7 @@ def test_ready_serving_is_the_plain_lists(views: tuple[EndpointView, ...], n: in
 @settings(max_examples=100, deadline=None)
 @given(_views())
 def test_admission_seats_read_the_shared_list(views: tuple[EndpointView, ...]) -> None:
-    seats = ReadySeats(M, FleetSnapshot(0.0, views, memo=new_memo(views, None)))
+    seats = ReadySeats(M, FleetSnapshot(0.0, views, memo=ViewsMemo.of(views, None)))
     ready = [e for e in views if M in e.models and e.health is EndpointHealth.READY]
     assert seats.views() == ready
     assert seats.any == bool(ready)
@@ -78,21 +77,21 @@ def test_admission_seats_read_the_shared_list(views: tuple[EndpointView, ...]) -
 
 def test_shared_by_the_snapshots_of_the_same_views_only() -> None:
     views = (view("a"), view("b", inflight=8), view("c", health=EndpointHealth.UNHEALTHY))
-    memo = new_memo(views, None)
-    assert new_memo(views, memo) is memo
+    memo = ViewsMemo.of(views, None)
+    assert ViewsMemo.of(views, memo) is memo
     first = FleetSnapshot(1.0, views, {M: 3}, memo=memo)
     second = FleetSnapshot(2.0, views, {M: 4}, memo=memo)
-    assert ready_serving(first, M) is ready_serving(second, M)
+    assert first.ready(M) is second.ready(M)
     # a snapshot cut to part of the fleet carries the memo along but lists its own endpoints
     cut = dataclasses.replace(first, endpoints=views[1:])
-    assert [e.id for e in ready_serving(cut, M).endpoints] == [EndpointId("b")]
-    assert [e.id for e in ready_serving(first, M).endpoints] == [EndpointId("a"), EndpointId("b")]
+    assert [e.id for e in cut.ready(M).endpoints] == [EndpointId("b")]
+    assert [e.id for e in first.ready(M).endpoints] == [EndpointId("a"), EndpointId("b")]
     # other views: another memo
     other = (view("a"),)
-    assert new_memo(other, memo) is not memo
+    assert ViewsMemo.of(other, memo) is not memo
     # without a memo: made for the call
     bare = FleetSnapshot(1.0, views)
-    assert ready_serving(bare, M) is not ready_serving(bare, M)
+    assert bare.ready(M) is not bare.ready(M)
 
 
 @settings(max_examples=100, deadline=None)
@@ -100,7 +99,7 @@ def test_shared_by_the_snapshots_of_the_same_views_only() -> None:
 def test_demand_split_ready_is_the_sorted_ids(fleets: list[tuple[EndpointView, ...]]) -> None:
     split = DemandSplitFilter(DemandSplitParams(groups={"a": ["x"], "b": ["y"]}))
     for views in fleets:
-        for snap in (FleetSnapshot(0.0, views, memo=new_memo(views, None)), FleetSnapshot(0.0, views)):
+        for snap in (FleetSnapshot(0.0, views, memo=ViewsMemo.of(views, None)), FleetSnapshot(0.0, views)):
             got = split._ready(M, snap)
             want = tuple(
                 sorted(

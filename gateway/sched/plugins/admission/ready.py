@@ -1,7 +1,7 @@
 """The ready endpoints serving a model in one snapshot's views and their free seats, for SLO admission
 (`gateway.sched.plugins.admission.slo_feasibility`): from the snapshot's columns when it carries them
 (a large fleet: no Python step per endpoint), else the list the snapshot's views share with the other
-plugins that ask (`gateway.sched.serving`)."""
+plugins that ask (`FleetSnapshot.ready`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.core.types import ModelName
-from gateway.sched.serving import ready_serving
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 
@@ -35,7 +34,7 @@ class ReadySeats:
             self.free = int(np.maximum(cols.seats - cols.busy, 0)[mask].sum())
             self.any = bool(mask.any())
             return
-        serving = ready_serving(snap, model)
+        serving = snap.ready(model)
         self._views = serving.endpoints
         self._open = serving.open
         self.free = serving.free

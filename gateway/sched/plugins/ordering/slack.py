@@ -67,7 +67,6 @@ from gateway.sched.predict import PredictParams
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens
-from gateway.sched.serving import ready_serving
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import itl_ok, time_left
 
@@ -235,8 +234,8 @@ class SlackOrdering:
         kept = self._delay
         if kept is not None and kept[0] == model and kept[1] is endpoints and kept[2] == now:
             return kept[3]
-        # the ready endpoints listed once for the snapshot's views (gateway.sched.serving)
-        serving = ready_serving(snap, model).fewest_taken(DELAY_SAMPLE)
+        # the ready endpoints listed once for the snapshot's views (`FleetSnapshot.ready`)
+        serving = snap.ready(model).fewest_taken(DELAY_SAMPLE)
         load_of = self._loads.load
         best = math.inf
         for e in serving:

@@ -47,7 +47,6 @@ from gateway.sched.prefix import uncached
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import output_estimate
-from gateway.sched.serving import ready_serving
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 #: Requests remembered as counted (the oldest are forgotten first); a request is seen again only while
@@ -271,9 +270,9 @@ class DemandSplitFilter:
             ready = self._ready_of_columns(model, cols)
             self._ready_kept[model] = (snap.endpoints, ready)
             return ready
-        # the ready endpoints listed once for the views (gateway.sched.serving), sorted again only when
+        # the ready endpoints listed once for the views (`FleetSnapshot.ready`), sorted again only when
         # which endpoints they are changed (not their load)
-        ids = ready_serving(snap, model).ids()
+        ids = snap.ready(model).ids()
         named = self._ready_named.get(model)
         if named is not None and named[0] == ids:
             ready = named[1]
