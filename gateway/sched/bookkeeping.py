@@ -19,7 +19,7 @@ from gateway.sched.profile import Policy
 from gateway.sched.queues import Queues
 from gateway.sched.request import SchedRequest
 from gateway.sched.slices import SERVE_SLICE, ServeSlices
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot, ViewsMemo
 from gateway.sched.types import QueueLimits
 from gateway.sched.victims import Victims
 
@@ -60,6 +60,8 @@ class SchedulerBooks:
         # Requests one call tries to place at most, and the serves a call cut short (gateway.sched.slices).
         self.serve_slice = SERVE_SLICE
         self._slices = ServeSlices()
+        # The memo of the last snapshot's views (`snapshot`: the next snapshot of the same views shares it).
+        self._memo: ViewsMemo | None = None
 
     def _fault(self, req: SchedRequest, stage: FaultStage, error: Exception) -> None:
         self._fault_id(req.id, stage, error)
@@ -124,9 +126,12 @@ class SchedulerBooks:
         if profile.columnar and self._fleet.size() >= profile.columns_least:
             # placement over columns: the views' arrays come along
             cols = self._fleet.columns(now, self._limits.stale_after_s)
-            return FleetSnapshot(now, cols.endpoints, self._queues.waiting(), cols)
+            memo = self._memo = ViewsMemo.of(cols.endpoints, self._memo)
+            return FleetSnapshot(now, cols.endpoints, self._queues.waiting(), cols, memo)
         views = self._fleet.views(now, self._limits.stale_after_s)
-        return FleetSnapshot(now, views, self._queues.waiting())
+        # the snapshots of the same views share what plugins derive from them (`FleetSnapshot.ready`)
+        memo = self._memo = ViewsMemo.of(views, self._memo)
+        return FleetSnapshot(now, views, self._queues.waiting(), memo=memo)
 
     def queue_depth(self, model: ModelName) -> int:
         return self._queues.depth(model)

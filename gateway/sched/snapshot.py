@@ -1,9 +1,10 @@
-"""Immutable views of the fleet that plugins decide on."""
+"""Immutable views of the fleet that plugins decide on, and what several plugins derive from them alone,
+listed once per tuple of views (`ReadyServing`, `FleetSnapshot.ready`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,6 +171,86 @@ class FleetColumns:
         return serves & self.ready & (self.inflight < self.cap)
 
 
+class ReadyServing:
+    """The ready endpoints of one tuple of views that serve one model (`endpoints`, in the views'
+    order), those with a free seat (`open`), and their free seats in all (`free`: each endpoint's seats,
+    `gateway.sched.prediction.seats_of`, less its running requests, when positive). Not to be changed.
+
+    SLO admission (its free seats), the slack ordering (the endpoints with the fewest seats taken, for
+    its delay) and demand-split (the ids its blocks are cut from) each start from this list. With a
+    standing queue each submit sees a new tuple of views (a completion and a dispatch changed some
+    endpoint's), and admission and serving then ask about the same tuple: it is listed once per tuple
+    and model (`FleetSnapshot.ready`)."""
+
+    __slots__ = ("_fewest", "_ids", "endpoints", "free", "open")
+
+    def __init__(self, model: ModelName, views: Sequence[EndpointView]) -> None:
+        ready = EndpointHealth.READY
+        endpoints: list[EndpointView] = []
+        open_: list[EndpointView] = []
+        free = 0
+        for e in views:
+            if model in e.models and e.health is ready:
+                endpoints.append(e)
+                # seats_of(e), inline (a call per endpoint is a third of this loop)
+                mb, seats = e.max_batch, e.cap
+                if mb is not None and mb < seats:
+                    seats = mb
+                spare = (seats if seats > 1 else 1) - len(e.running)
+                if spare > 0:
+                    free += spare
+                    open_.append(e)
+        self.endpoints = endpoints
+        self.open = open_
+        self.free = free
+        self._fewest: tuple[int, list[EndpointView]] | None = None
+        self._ids: tuple[EndpointId, ...] | None = None
+
+    def fewest_taken(self, n: int) -> list[EndpointView]:
+        """The `n` endpoints with the fewest seats taken (in flight less cap), ties in the views' order:
+        `heapq.nsmallest(n, endpoints, key=lambda e: e.inflight - e.cap)`; all of them when `n` or
+        fewer, in order."""
+        kept = self._fewest
+        if kept is not None and kept[0] == n:
+            return kept[1]
+        endpoints = self.endpoints
+        if len(endpoints) <= n:
+            got = endpoints
+        else:
+            taken = [e.inflight - e.cap for e in endpoints]
+            # a stable sort of the places by seats taken: nsmallest's order (ties by place)
+            got = [endpoints[i] for i in sorted(range(len(taken)), key=taken.__getitem__)[:n]]
+        self._fewest = (n, got)
+        return got
+
+    def ids(self) -> tuple[EndpointId, ...]:
+        """The endpoints' ids, in the views' order."""
+        got = self._ids
+        if got is None:
+            got = self._ids = tuple(e.id for e in self.endpoints)
+        return got
+
+
+class ViewsMemo:
+    """What plugins derive from one tuple of views alone (`endpoints`), kept for every snapshot of that
+    tuple: the scheduler hands the same memo to the snapshots it takes while its views stay the same
+    objects (`FleetSnapshot.ready`). A snapshot whose views are another tuple (one cut to part of the
+    fleet) does not use it."""
+
+    __slots__ = ("endpoints", "ready")
+
+    def __init__(self, endpoints: tuple[EndpointView, ...]) -> None:
+        self.endpoints = endpoints
+        self.ready: dict[ModelName, ReadyServing] = {}  # per model (`FleetSnapshot.ready`)
+
+    @staticmethod
+    def of(views: tuple[EndpointView, ...], last: ViewsMemo | None) -> ViewsMemo:
+        """The memo for snapshots of `views`: `last` when it is that of the same tuple."""
+        if last is not None and last.endpoints is views:
+            return last
+        return ViewsMemo(views)
+
+
 @frozen
 class FleetSnapshot:
     now: float
@@ -180,6 +261,20 @@ class FleetSnapshot:
     # `endpoints` only while `columns.endpoints is endpoints` (a snapshot cut to part of the fleet keeps
     # them but is placed the plain way).
     columns: FleetColumns | None = field(default=None, compare=False)
+    # What plugins derive from `endpoints` alone, shared by the snapshots of the same views (used only
+    # while `memo.endpoints is endpoints`).
+    memo: ViewsMemo | None = field(default=None, compare=False)
+
+    def ready(self, model: ModelName) -> ReadyServing:
+        """`ReadyServing` of the views for `model`: kept on the memo when it is that of these views
+        (every snapshot the scheduler takes of the same views shares one), else made for this call."""
+        memo = self.memo
+        if memo is None or memo.endpoints is not self.endpoints:
+            return ReadyServing(model, self.endpoints)
+        got = memo.ready.get(model)
+        if got is None:
+            got = memo.ready[model] = ReadyServing(model, self.endpoints)
+        return got
 
     def serving(self, model: ModelName) -> tuple[EndpointView, ...]:
         return tuple(e for e in self.endpoints if model in e.models)

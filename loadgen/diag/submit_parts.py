@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 from unittest import mock
 
-from gateway.sched import admission, loads, scheduler
+from gateway.sched import admission, loads, scheduler, snapshot
 from gateway.sched.load_batch import Pending
 from gateway.sched.plugins.admission import seat_order, slo_feasibility
 from gateway.sched.plugins.ordering import slack
@@ -43,6 +43,7 @@ _PARTS: Final[tuple[tuple[Any, str, str], ...]] = (
     (SchedulerProfile, "scope", "placement scope (profile.scope)"),
     (slo_feasibility.SloFeasibilityAdmitter, "admit", "SLO admission"),
     (slo_feasibility, "ReadySeats", "ready endpoints and free seats (ReadySeats)"),
+    (snapshot.ReadyServing, "__init__", "ready endpoints listed, once per views (ReadyServing)"),
     (loads.LoadCache, "refs", "load references (LoadCache.refs)"),
     (seat_order.SeatOrder, "renewed", "seat order renewed (with the seat ends)"),
     (seat_order, "_seat_frees", "seat ends of remade loads (_seat_frees)"),

@@ -1,6 +1,7 @@
 """The ready endpoints serving a model in one snapshot's views and their free seats, for SLO admission
 (`gateway.sched.plugins.admission.slo_feasibility`): from the snapshot's columns when it carries them
-(a large fleet: no Python step per endpoint)."""
+(a large fleet: no Python step per endpoint), else the list the snapshot's views share with the other
+plugins that ask (`FleetSnapshot.ready`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import numpy.typing as npt
 
-from gateway.core.types import EndpointHealth, ModelName
-from gateway.sched.predict import seats_of
+from gateway.core.types import ModelName
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 
@@ -18,13 +18,14 @@ class ReadySeats:
     """The ready endpoints serving a model in one snapshot's views, and their free seats in all (each
     endpoint's seats less its running requests, when positive)."""
 
-    __slots__ = ("_views", "any", "cols", "endpoints", "free", "model")
+    __slots__ = ("_open", "_views", "any", "cols", "endpoints", "free", "model")
 
     def __init__(self, model: ModelName, snap: FleetSnapshot) -> None:
         self.model = model
         self.endpoints = views = snap.endpoints
         cols = snap.columns
         self._views: list[EndpointView] | None = None
+        self._open: list[EndpointView] = []
         self.cols: tuple[FleetColumns, npt.NDArray[np.bool_]] | None = None
         if cols is not None and cols.endpoints is views:
             serves = cols.members.get(model)
@@ -33,14 +34,10 @@ class ReadySeats:
             self.free = int(np.maximum(cols.seats - cols.busy, 0)[mask].sum())
             self.any = bool(mask.any())
             return
-        ready = EndpointHealth.READY
-        self._views = [e for e in views if model in e.models and e.health is ready]
-        free = 0
-        for e in self._views:
-            seats = seats_of(e) - len(e.running)
-            if seats > 0:
-                free += seats
-        self.free = free
+        serving = snap.ready(model)
+        self._views = serving.endpoints
+        self._open = serving.open
+        self.free = serving.free
         self.any = bool(self._views)
 
     def views(self) -> list[EndpointView]:
@@ -56,7 +53,7 @@ class ReadySeats:
     def open(self) -> Iterator[EndpointView]:
         """The ready endpoints with a free seat, in the snapshot's order."""
         if self.cols is None:
-            return (e for e in self.views() if len(e.running) < seats_of(e))
+            return iter(self._open)
         cols, mask = self.cols
         views = self.endpoints
         return (views[i] for i in np.flatnonzero(mask & (cols.busy < cols.seats)).tolist())

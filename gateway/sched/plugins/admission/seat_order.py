@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
-from itertools import accumulate, pairwise
+from itertools import accumulate, compress
+from operator import is_not, sub
 from typing import Final
 
 import numpy as np
@@ -115,7 +116,8 @@ class SeatOrder:
             return self
         if len(kept) != len(loads):
             return SeatOrder(loads, self._batch_from)
-        changed = [i for i, (a, b) in enumerate(zip(kept, loads, strict=True)) if a is not b]
+        # the places whose load is another object (map and compress: no Python step per load)
+        changed = list(compress(range(len(loads)), map(is_not, kept, loads)))
         if not changed:
             self._loads = loads  # (the same objects: the next question finds the list itself)
             return self
@@ -124,7 +126,7 @@ class SeatOrder:
         arrays = _seat_frees([loads[i] for i in changed], self._batch_from)
         starts, times = self._starts, self._times
         pieces: list[_Floats] = []
-        sizes = [b - a for a, b in pairwise(starts)]
+        sizes = list(map(sub, starts[1:], starts))  # each load's ends
         prev = 0
         for i, arr in zip(changed, arrays, strict=True):
             pieces += (times[prev : starts[i]], arr)

@@ -51,7 +51,6 @@ equal a scan of it); the scheduling benchmark compares goodput under both settin
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Hashable
 from collections.abc import Set as AbstractSet
@@ -81,10 +80,6 @@ TIMED, UNTIMED, DEMOTED = 0, 1, 2
 _FIRST: Final = -math.inf
 #: Endpoints the delay D is taken over (those with the most free seats).
 DELAY_SAMPLE: Final = 4
-
-
-def _seats_taken(e: EndpointView) -> int:
-    return e.inflight - e.cap
 
 
 class SlackParams(PredictionParams, frozen=True, kw_only=True):
@@ -239,10 +234,8 @@ class SlackOrdering:
         kept = self._delay
         if kept is not None and kept[0] == model and kept[1] is endpoints and kept[2] == now:
             return kept[3]
-        ready = EndpointHealth.READY
-        serving = [e for e in endpoints if model in e.models and e.health is ready]
-        if len(serving) > DELAY_SAMPLE:
-            serving = heapq.nsmallest(DELAY_SAMPLE, serving, key=_seats_taken)
+        # the ready endpoints listed once for the snapshot's views (`FleetSnapshot.ready`)
+        serving = snap.ready(model).fewest_taken(DELAY_SAMPLE)
         load_of = self._loads.load
         best = math.inf
         for e in serving:

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from msgspec import Meta
 
-from gateway.core.types import EndpointHealth, EndpointId, ModelName, RequestId
+from gateway.core.types import EndpointId, ModelName, RequestId
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.prefix import uncached
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
@@ -116,6 +116,9 @@ class DemandSplitFilter:
         self._seen: dict[RequestId, None] = {}
         # Per model: the snapshot views the ready endpoints were last found in, and those endpoints.
         self._ready_kept: dict[ModelName, tuple[tuple[EndpointView, ...], tuple[EndpointId, ...]]] = {}
+        # Per model: the ready endpoints' ids in the views' order the plain `_ready` last sorted, and
+        # their sorted tuple.
+        self._ready_named: dict[ModelName, tuple[tuple[EndpointId, ...], tuple[EndpointId, ...]]] = {}
         # Per model: the columns' index and ready mask `_ready_of_columns` listed the ready endpoints for,
         # and that list.
         self._ready_cols: dict[ModelName, tuple[object, npt.NDArray[np.bool_], tuple[EndpointId, ...]]] = {}
@@ -267,12 +270,15 @@ class DemandSplitFilter:
             ready = self._ready_of_columns(model, cols)
             self._ready_kept[model] = (snap.endpoints, ready)
             return ready
-        ready = tuple(
-            sorted(
-                (e.id for e in snap.endpoints if model in e.models and e.health == EndpointHealth.READY),
-                key=str,
-            )
-        )
+        # the ready endpoints listed once for the views (`FleetSnapshot.ready`), sorted again only when
+        # which endpoints they are changed (not their load)
+        ids = snap.ready(model).ids()
+        named = self._ready_named.get(model)
+        if named is not None and named[0] == ids:
+            ready = named[1]
+        else:
+            ready = tuple(sorted(ids, key=str))
+            self._ready_named[model] = (ids, ready)
         self._ready_kept[model] = (snap.endpoints, ready)
         return ready
 
