@@ -73,10 +73,9 @@ tracked objects the last full collection left (or of the heap's blocks, `FULL_MI
 small heap; after a peak of load, up to that peak's size until the next idle moment collects) plus one
 young generation, and the heap at most `1 + FULL_GROWTH_ANYWAY` times what the last full collection
 left; each full collection measures both again, and the first that finds more garbage than that share
-sets the due share back to a quarter. A cycle is still
-collected: while cycles are being made the young collections find those made and dropped within a
-step's `YOUNG_INTERVAL_S` (a probe notices them within `PROBE_EVERY` steps, a second), the full ones the
-rest.
+sets the due share back to a quarter. A cycle is still collected: while cycles are being made the young
+collections find those made and dropped within a step's `YOUNG_INTERVAL_S` (a probe notices them within
+`PROBE_EVERY` steps, a second), the full ones the rest.
 """
 
 from __future__ import annotations
