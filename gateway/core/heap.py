@@ -57,17 +57,25 @@ So the schedule (`GcSchedule`) takes the collections over from CPython:
   grows the heap by about 8,000 blocks a second, nearly all of them untracked), so the block measure
   starts again from there instead (`skipped_full`): a full collection then, 400 ms with a standing
   queue, would find nothing. Blocks that grew by `FULL_GROWTH_ANYWAY` over what the last full
-  collection left make one due whatever the tracked objects did.
+  collection left make one due whatever the tracked objects did. The share that makes one due adapts
+  to what they find: a full collection whose cyclic garbage was under `FULL_GARBAGE_SHARE` of the
+  objects it walked doubles it for the next (a quarter, a half, then `FULL_GROWTH_MAX`, a whole), and
+  one that found more sets it back to `FULL_GROWTH`. With a standing queue the tracked objects grow for
+  minutes with live state (the queued and running requests' records, the tasks the task clock
+  remembers for `idle_expiry_s`), and a full collection, 350-1,000 ms, finds almost nothing; a
+  workload that makes cycles keeps the quarter's cadence.
 
 Memory stays bounded: cyclic garbage among frozen objects is not collected until the next full
 collection. Garbage is tracked objects, each at least a block, so it grows both measures: the garbage
-kept is at most about a quarter of the tracked objects the last full collection left (or of the heap's
-blocks, `FULL_MIN_GROWTH_BLOCKS` on a small heap; after a peak of load, up to that peak's size until the
-next idle moment collects) plus one young generation, and the heap at most `1 + FULL_GROWTH_ANYWAY`
-times what the last full collection left; each full collection measures both again. A cycle is still
-collected: while cycles are being made the young collections find those made and dropped within a
-step's `YOUNG_INTERVAL_S` (a probe notices them within `PROBE_EVERY` steps, a second), the full ones the
-rest.
+kept is at most the due share (`FULL_GROWTH`, a quarter; up to `FULL_GROWTH_MAX`, a whole, only after
+full collections in a row that each found under `FULL_GARBAGE_SHARE` of what they walked) of the
+tracked objects the last full collection left (or of the heap's blocks, `FULL_MIN_GROWTH_BLOCKS` on a
+small heap; after a peak of load, up to that peak's size until the next idle moment collects) plus one
+young generation, and the heap at most `1 + FULL_GROWTH_ANYWAY` times what the last full collection
+left; each full collection measures both again, and the first that finds more garbage than that share
+sets the due share back to a quarter. A cycle is still collected: while cycles are being made the young
+collections find those made and dropped within a step's `YOUNG_INTERVAL_S` (a probe notices them within
+`PROBE_EVERY` steps, a second), the full ones the rest.
 """
 
 from __future__ import annotations
@@ -120,6 +128,13 @@ FULL_GROWTH: Final = 0.25
 FULL_MIN_GROWTH_BLOCKS: Final = 250_000
 #: ... or, whatever the tracked objects did, once the blocks grew by this share.
 FULL_GROWTH_ANYWAY: Final = 1.0
+#: A full collection whose cyclic garbage was under this share of the objects it walked doubles the
+#: share of growth that makes the next one due (`FULL_GROWTH` after `settle`), up to `FULL_GROWTH_MAX`;
+#: one that found more sets it back to `FULL_GROWTH`.
+FULL_GARBAGE_SHARE: Final = 0.01
+#: The most the share of growth that makes a full collection due becomes: the bound on the cyclic
+#: garbage kept, as a share of the tracked objects the last full collection left.
+FULL_GROWTH_MAX: Final = FULL_GROWTH_ANYWAY
 #: Seconds between the schedule's ticks (the heap read, the idle check).
 TICK_S: Final = 1.0
 #: Ticks in a row with nothing in flight or queued before an idle full collection.
@@ -171,6 +186,7 @@ class GcSchedule:
         self.live_blocks = 0  # memory blocks after the last full collection (or its re-basing)
         self.full_blocks = 0  # memory blocks after the last full collection
         self.live_tracked = 0  # objects the collector tracked after the last full collection
+        self.full_growth = FULL_GROWTH  # the share of growth that makes a full collection due
         self.skipped_full = 0  # block growths without the tracked objects' (no full collection)
         self._young_at = -math.inf  # when the last young collection ran
         self._young_since_full = 0
@@ -207,13 +223,24 @@ class GcSchedule:
         if self._pauses is not None:
             self._gc.callbacks.remove(self._pauses.callback)
 
-    def _full(self) -> None:
+    def _full(self) -> int:
         self._gc.unfreeze()
-        self._gc.collect(2)
+        garbage = self._gc.collect(2)
         self._gc.freeze()
         self.live_blocks = self.full_blocks = self._blocks()
         self.live_tracked = self._gc.get_freeze_count()
         self._young_since_full = 0
+        return garbage
+
+    def _full_adapting(self) -> None:
+        """A full collection after `settle`'s, whose garbage sets the share that makes the next one due:
+        doubled (up to `FULL_GROWTH_MAX`) if under `FULL_GARBAGE_SHARE` of what it walked (the survivors
+        and the garbage), `FULL_GROWTH` again if not."""
+        garbage = self._full()
+        if garbage < FULL_GARBAGE_SHARE * (self.live_tracked + garbage):
+            self.full_growth = min(2 * self.full_growth, FULL_GROWTH_MAX)
+        else:
+            self.full_growth = FULL_GROWTH
 
     def step(self) -> bool:
         """Run a young step if one is due: a young collection when it is a probe's turn or the last one
@@ -245,14 +272,15 @@ class GcSchedule:
 
     def full_due(self, blocks: int) -> bool:
         """Whether the heap (`blocks` now) grew enough since the last full collection for another: by
-        `FULL_GROWTH_ANYWAY`, or by `FULL_GROWTH` with the tracked objects grown by as much (counted
-        only then). A growth of blocks alone re-bases the block measure (`skipped_full`)."""
+        `FULL_GROWTH_ANYWAY`, or by the due share (`full_growth`) with the tracked objects grown by as
+        much (counted only then). A growth of blocks alone re-bases the block measure (`skipped_full`)."""
         if blocks - self.full_blocks >= max(FULL_GROWTH_ANYWAY * self.full_blocks, FULL_MIN_GROWTH_BLOCKS):
             return True
-        if blocks - self.live_blocks < max(FULL_GROWTH * self.live_blocks, FULL_MIN_GROWTH_BLOCKS):
+        growth = self.full_growth
+        if blocks - self.live_blocks < max(growth * self.live_blocks, FULL_MIN_GROWTH_BLOCKS):
             return False
         tracked = self._gc.get_freeze_count() + self._gc.get_count()[0]
-        if tracked - self.live_tracked >= FULL_GROWTH * self.live_tracked:
+        if tracked - self.live_tracked >= growth * self.live_tracked:
             return True
         self.skipped_full += 1
         self.live_blocks = blocks
@@ -265,7 +293,7 @@ class GcSchedule:
         self._idle_ticks = 0 if busy else self._idle_ticks + 1
         if self.full_due(self._blocks()):
             self.full_collections += 1
-            self._full()
+            self._full_adapting()
         elif (
             self._idle_ticks >= IDLE_TICKS
             and self._young_since_full
@@ -273,7 +301,7 @@ class GcSchedule:
         ):
             self._idle_at = self._clock()
             self.idle_collections += 1
-            self._full()
+            self._full_adapting()
 
     async def run(self, busy: Callable[[], int]) -> None:
         """`step` every `STEP_S`, `tick` every `TICK_S`, until cancelled."""

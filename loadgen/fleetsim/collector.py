@@ -2,7 +2,8 @@
 
 The daemon runs `gateway.core.heap.GcSchedule`: what survives startup is frozen, the young generation is
 frozen (not walked) about once a second and collected only as a probe, and a full collection waits for
-the heap to grow by a quarter. Under CPython's own thresholds a simulation pays what the daemon does not:
+the heap to grow by a quarter (up to a whole while the full collections find almost no garbage). Under
+CPython's own thresholds a simulation pays what the daemon does not:
 a young collection every 700 net allocations (a decision that makes a hundred loads sets one off), whose
 survivors move to the older generations and are walked again by theirs. `SimCollector` puts the
 simulation on the daemon's schedule: `start` settles it (before the fleet is brought up), `step` (at
