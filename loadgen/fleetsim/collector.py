@@ -1,7 +1,7 @@
 """The cyclic garbage collector during a simulation, on the daemon's schedule (`SimOptions.collector`).
 
 The daemon runs `gateway.core.heap.GcSchedule`: what survives startup is frozen, the young generation is
-frozen (not walked) about once a second and collected only as a probe, and a full collection waits for
+frozen (not walked) every `YOUNG_INTERVAL_S` and collected only as a probe, and a full collection waits for
 the heap to grow by a quarter (up to a whole while the full collections find almost no garbage). Under
 CPython's own thresholds a simulation pays what the daemon does not:
 a young collection every 700 net allocations (a decision that makes a hundred loads sets one off), whose
