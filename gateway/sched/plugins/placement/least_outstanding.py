@@ -50,7 +50,10 @@ class MaxScorePicker:
         snap: FleetSnapshot,
     ) -> int:
         """`pick` over columns: the highest score, then the fewest in flight, then the first id (whole-array
-        steps: a fleet's endpoints often tie on the first two)."""
+        steps: a fleet's endpoints often tie on the first two). A single candidate (a filter kept one,
+        as best fit does) is taken without them."""
+        if np.count_nonzero(candidates) == 1:
+            return int(candidates.nonzero()[0][0])
         s = np.where(candidates, scores, -np.inf)
         best = s == s.max()
         inflight = np.where(best, cols.inflight, _NONE)

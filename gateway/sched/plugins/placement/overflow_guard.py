@@ -18,7 +18,7 @@ import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.sched.fleet_loads import COLUMNS_FROM_LOADS, fleet_loads
-from gateway.sched.harms import Sparing, endangers
+from gateway.sched.harms import Sparing
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
@@ -26,7 +26,7 @@ from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
-from gateway.sched.targets import itl_ok, meets, time_left
+from gateway.sched.targets import time_left
 
 
 class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
@@ -110,7 +110,7 @@ class OverflowGuardFilter:
         harmless, meeting = self._judge_columns(req, cols, candidates, snap)
         if req.best_effort:
             return harmless
-        if self.params.hold_infeasible or meeting.any():
+        if self.params.hold_infeasible or np.count_nonzero(meeting):
             return meeting
         return harmless
 
@@ -124,12 +124,12 @@ class OverflowGuardFilter:
     ) -> npt.NDArray[np.bool_]:
         """`filter_aside` over columns (`ColumnarSetAsideFilter`)."""
         harmless, meeting = self._judge_columns(req, cols, kept, snap)
-        if req.best_effort or not harmless.any():
+        if req.best_effort or not np.count_nonzero(harmless):
             return harmless
-        if self.params.hold_infeasible or meeting.any():
+        if self.params.hold_infeasible or np.count_nonzero(meeting):
             return meeting
         _, meeting_aside = self._judge_columns(req, cols, aside, snap)
-        return np.zeros_like(kept) if meeting_aside.any() else harmless
+        return np.zeros_like(kept) if np.count_nonzero(meeting_aside) else harmless
 
     def _judge_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
@@ -153,9 +153,9 @@ class OverflowGuardFilter:
         harmless = idle.copy()
         meeting = np.zeros_like(candidates)
         left = time_left(req, now)
-        if not req.best_effort and idle.any():
+        if not req.best_effort and np.count_nonzero(idle):
             meeting = idle & self._meets_idle(req, cols, left)
-        places = np.flatnonzero(busy)
+        places = busy.nonzero()[0]
         if len(places) >= self._fleet.least:
             spared, keeps = self._fleet.judge(
                 req, cols, busy, now, worst_case=p.worst_case, on_track=p.on_track, margin=p.margin
@@ -163,16 +163,18 @@ class OverflowGuardFilter:
             harmless[busy] = spared
             if not req.best_effort:
                 meeting[busy] = spared & keeps
-        else:  # a few: one by one, as `filter` judges them
+        elif len(places):  # a few: one by one, as `filter` judges them (`Sparing`)
             views = cols.endpoints
+            sparing = Sparing(req, margin=p.margin, on_track=p.on_track, left=left, worst_case=p.worst_case)
+            own = not req.best_effort
+            load_of = self._cache.load
             for i in places.tolist():
-                load = self._cache.load(views[i], now)
-                if endangers(load, req, margin=p.margin, on_track=p.on_track):
+                load = load_of(views[i], now)
+                if not sparing.spares(load):
                     continue
                 harmless[i] = True
-                if not req.best_effort:
-                    pred = load.predict(req, worst_case=p.worst_case)
-                    meeting[i] = meets(pred, left, p.margin) and itl_ok(req, pred)
+                if own and sparing.keeps(load):
+                    meeting[i] = True
         return harmless, meeting
 
     def _meets_idle(
@@ -185,23 +187,26 @@ class OverflowGuardFilter:
         out = output_bound(req, params.gamma)
         prompt = resume_prompt_tokens(req)
         k1, c1, k2, c2, c3 = (cols.coef[:, j] for j in range(5))
-        ttft = 0.0 + (k1 * (prompt + 0.0) + c1)  # no wait, no pending prompts
-        b = cols.seats.astype(np.float64) if p.worst_case else 1.0
+        # (`predict` adds a zero wait to the first token and multiplies by one seat when not worst_case:
+        # left out, they change no comparison)
+        ttft = k1 * float(prompt) + c1  # no wait, no pending prompts
         avg = (0.0 + float(prompt) + 0.5 * out) / 1
         over = max(params.prefill_overhead, 0.0)  # no running prefills: the configured floor
-        tpot = ((k2 * avg + c2) * b + c3) * (1.0 + over)
-        e2e = ttft + max(0.0, out - 1.0) * tpot
-        ok = np.ones(len(cols.endpoints), dtype=np.bool_)
+        per_seat = k2 * avg + c2
+        if p.worst_case:
+            per_seat *= cols.seats
+        tpot = (per_seat + c3) * (1.0 + over)
         ttft_left, e2e_left = left
         margin = p.margin
+        bad = np.zeros(len(cols.endpoints), dtype=np.bool_)
         if ttft_left is not None:
-            ok &= ~(ttft > ttft_left * margin)
+            bad |= ttft > ttft_left * margin
         if e2e_left is not None:
-            ok &= ~(e2e > e2e_left * margin)
+            bad |= ttft + max(0.0, out - 1.0) * tpot > e2e_left * margin
         itl = req.slo.itl_ms
         if itl is not None:
-            ok &= tpot * 1000.0 <= itl
-        return ok
+            bad |= ~(tpot * 1000.0 <= itl)
+        return ~bad
 
 
 SPEC = PluginSpec(
