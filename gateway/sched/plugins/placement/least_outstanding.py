@@ -58,7 +58,7 @@ class MaxScorePicker:
         best = s == s.max()
         inflight = np.where(best, cols.inflight, _NONE)
         fewest = best & (inflight == inflight.min())
-        return int(np.argmin(np.where(fewest, cols.id_rank, _NONE)))
+        return int(np.where(fewest, cols.id_rank, _NONE).argmin())
 
 
 _NONE: Final = np.iinfo(np.int64).max  # past every in-flight count and id rank
