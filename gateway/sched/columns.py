@@ -2,8 +2,8 @@
 where endpoints changed, for placement over columns (`gateway.sched.profile`).
 
 An update copies the arrays and rewrites the changed entries (a few microseconds over a thousand
-endpoints): a snapshot's columns are never mutated afterwards. Membership per model is rebuilt only when
-an endpoint's models change.
+endpoints; the coefficients only when some changed, else the same array): a snapshot's columns are never
+mutated afterwards. Membership per model is rebuilt only when an endpoint's models change.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
     endpoints in the same places)."""
     inflight, cap, ready = prev.inflight.copy(), prev.cap.copy(), prev.ready.copy()
     waiting, outstanding = prev.waiting.copy(), prev.outstanding.copy()
-    busy, seats, coef = prev.busy.copy(), prev.seats.copy(), prev.coef.copy()
+    busy, seats = prev.busy.copy(), prev.seats.copy()
+    coef = prev.coef  # copied only when an endpoint's coefficients changed (kept: one array while fixed)
     members = prev.members
     is_ready = EndpointHealth.READY
     old = prev.endpoints
@@ -96,6 +97,8 @@ def updated(prev: FleetColumns, views: tuple[EndpointView, ...], changed: Iterab
         busy[i] = len(v.running)
         seats[i] = seats_of(v)
         if v.estimates is not old[i].estimates:
+            if coef is prev.coef:
+                coef = coef.copy()
             coef[i] = _coef_row(v)
         if not remade and v.models != old[i].models:
             remade = True

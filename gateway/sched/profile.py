@@ -279,7 +279,7 @@ class SchedulerProfile:
             if np.count_nonzero(mask) >= self._columns_from:
                 return self._place_columns(req, snap, cols, columnar, mask)
             views = snap.endpoints
-            return self._place_plain(req, snap, [views[i] for i in np.flatnonzero(mask).tolist()])
+            return self._place_plain(req, snap, [views[i] for i in mask.nonzero()[0].tolist()])
         return self._place_plain(req, snap, eligible(req, snap))
 
     def _place_plain(
@@ -308,7 +308,7 @@ class SchedulerProfile:
         form gives what its plain one would), without a Python step per endpoint."""
         _, scorers, picker = columnar
         mask = self._filter_columns(req, cols, candidates, snap, 0)
-        if not mask.any():
+        if not np.count_nonzero(mask):
             return None
         total: npt.NDArray[np.float64] | None = None
         for scorer, weight in scorers:
@@ -338,7 +338,7 @@ class SchedulerProfile:
         the filters after it, in order, until one leaves candidates."""
         steps = self._column_steps
         for i in range(start, len(steps)):
-            if not mask.any():
+            if not np.count_nonzero(mask):
                 return mask
             tiers, one = steps[i]
             if tiers is None:
@@ -350,8 +350,10 @@ class SchedulerProfile:
                     mask = set_aside_columns(req, one, aside, cols, mask, snap)
                 continue
             for tier in tiers(req, cols, mask, snap):
-                survivors = self._filter_columns(req, cols, tier, snap, i + 1) if tier.any() else tier
-                if survivors.any():
+                if not np.count_nonzero(tier):
+                    continue
+                survivors = self._filter_columns(req, cols, tier, snap, i + 1)
+                if np.count_nonzero(survivors):
                     return survivors
             return np.zeros_like(mask)
         return mask

@@ -98,6 +98,6 @@ def set_aside_columns(  # noqa: PLR0917 (the columnar step's arguments, with wha
     """`set_aside` over columns: `one` is the filter's `filter_columns`."""
     rejects, filter_aside = aside
     named = rejects(req, cols, mask, snap)
-    if not named.any():
+    if not np.count_nonzero(named):
         return one(req, cols, mask, snap)
     return filter_aside(req, cols, mask & ~named, mask & named, snap)

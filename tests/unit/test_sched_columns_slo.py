@@ -7,6 +7,7 @@ and a fleet of idle endpoints is placed without a load per endpoint."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Literal
 
 from hypothesis import given, settings
@@ -119,6 +120,46 @@ def test_best_fit_over_columns_chooses_what_the_plain_filter_chooses(
     plain = BestFitFilter(params).filter(r, eligible(r, s), s)
     mask = BestFitFilter(params).filter_columns(r, cols, cols.eligible(r.model), s)
     assert [v.id for v, m in zip(views, mask, strict=True) if m] == [v.id for v in plain]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=7),
+    idle=st.integers(min_value=0, max_value=12),
+    names=st.randoms(use_true_random=False),
+    params=_params,
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.floats(min_value=1.0, max_value=400.0),
+    ttft_ms=st.one_of(st.none(), st.floats(min_value=50.0, max_value=5000.0)),
+    e2e_ms=st.one_of(st.none(), st.floats(min_value=500.0, max_value=30000.0)),
+    itl_ms=st.one_of(st.none(), st.floats(min_value=5.0, max_value=200.0)),
+)
+def test_best_fit_over_columns_with_few_busy_tries_the_idle_in_id_order(
+    *,
+    endpoints: list[tuple[int, list[Run], PerfCoefficients, float | None, bool]],
+    idle: int,
+    names: random.Random,
+    params: BestFitParams,
+    prompt: int,
+    out: float,
+    ttft_ms: float | None,
+    e2e_ms: float | None,
+    itl_ms: float | None,
+) -> None:
+    """Fewer busy candidates than `FleetLoads.least`, idle ones besides, and endpoint ids in no relation
+    to the columns' order: the busy ones' keys merged with the idle ones' in id order choose what one
+    sort of every candidate's key chooses (and the plain filter)."""
+    views = [_view(k, e) for k, e in enumerate(endpoints)]
+    views += [view(f"e{k:02d}", cap=2, coef=COEF) for k in range(len(views), len(views) + idle)]
+    ids = [f"e{k:02d}" for k in range(len(views))]
+    names.shuffle(ids)
+    shuffled = tuple(dataclasses.replace(v, id=EndpointId(i)) for v, i in zip(views, ids, strict=True))
+    r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), {}, best_effort=False)
+    cols = columns_of(shuffled)
+    s = FleetSnapshot(now=NOW, endpoints=shuffled, columns=cols)
+    plain = BestFitFilter(params).filter(r, eligible(r, s), s)
+    mask = BestFitFilter(params).filter_columns(r, cols, cols.eligible(r.model), s)
+    assert [v.id for v, m in zip(shuffled, mask, strict=True) if m] == [v.id for v in plain]
 
 
 def test_idle_endpoints_are_placed_over_columns_without_a_load_each() -> None:
@@ -289,3 +330,53 @@ def test_coding_assistant_places_over_columns_as_the_plain_way(
     plain = plain_policy.profile.place(r, bare)
     columnar = columnar_policy.profile.place(r, with_columns)
     assert (None if columnar is None else columnar.id) == (None if plain is None else plain.id)
+
+
+_scaled = st.floats(min_value=0.25, max_value=4.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    fleets=st.lists(
+        st.lists(st.tuples(st.sampled_from((COEF, SLOW)), _scaled), min_size=1, max_size=24),
+        min_size=1,
+        max_size=4,
+    ),
+    worst_case=st.booleans(),
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.floats(min_value=1.0, max_value=400.0),
+    ttft_ms=st.one_of(st.none(), st.floats(min_value=10.0, max_value=1000.0)),
+    e2e_ms=st.one_of(st.none(), st.floats(min_value=100.0, max_value=10000.0)),
+    itl_ms=st.one_of(st.none(), st.floats(min_value=5.0, max_value=40.0)),
+)
+def test_the_guard_judges_idle_endpoints_by_their_coefficient_rows_as_one_by_one(
+    *,
+    fleets: list[list[tuple[PerfCoefficients, float]]],
+    worst_case: bool,
+    prompt: int,
+    out: float,
+    ttft_ms: float | None,
+    e2e_ms: float | None,
+    itl_ms: float | None,
+) -> None:
+    """One guard over fleets of idle endpoints one after another, their coefficients scaled (a few
+    distinct rows, or more than it judges row by row; the same rows again, or others): what the plain
+    filter keeps, fleet after fleet."""
+    guard = OverflowGuardFilter(OverflowGuardParams(worst_case=worst_case, prefill_overhead=0.05))
+    r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), {}, best_effort=False)
+    for fleet in fleets:
+        views = tuple(
+            view(
+                f"e{k:02d}",
+                cap=1 + k % 3,
+                coef=dataclasses.replace(c, k1=c.k1 * x, c2=c.c2 * x, k2=c.k2 * x, c3=c.c3 * round(x)),
+            )
+            for k, (c, x) in enumerate(fleet)
+        )
+        cols = columns_of(views)
+        s = FleetSnapshot(now=NOW, endpoints=views, columns=cols)
+        plain = OverflowGuardFilter(guard.params).filter(r, eligible(r, s), s)
+        mask = guard.filter_columns(r, cols, cols.eligible(r.model), s)
+        assert [v.id for v, m in zip(views, mask, strict=True) if m] == [v.id for v in plain]
+        again = guard.filter_columns(r, cols, cols.eligible(r.model), s)  # (the rows kept)
+        assert (again == mask).all()

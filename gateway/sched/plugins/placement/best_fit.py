@@ -73,7 +73,7 @@ from gateway.sched.plugins.placement.best_fit_bounds import (
     sure_rejects,
     sure_rejects_columns,
 )
-from gateway.sched.plugins.placement.best_fit_order import holders_first
+from gateway.sched.plugins.placement.best_fit_order import few_busy, holders_first, only
 from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
@@ -191,7 +191,7 @@ class BestFitFilter:
         nothing runs long there, its capacity_norm is 0; and it fits), the order found by one sort of
         the keys, and a load made only for each endpoint tried in that order. A request with a cached
         prefix goes the plain way (`holders_first` predicts on the holders)."""
-        idx = np.flatnonzero(candidates)
+        idx = candidates.nonzero()[0]
         if len(idx) == 0:
             return candidates
         views = cols.endpoints
@@ -204,12 +204,14 @@ class BestFitFilter:
         now = snap.now
         busy = cols.busy[idx] > 0
         places = idx[busy]  # the busy candidates' places in the columns
+        if not self._by_count and len(places) < self._fleet.least:
+            return few_busy(self, self._cache, req, cols, candidates, places, now)
         flag = np.zeros(len(idx), dtype=np.bool_)
         norm = np.zeros(len(idx), dtype=np.float64)
         few = len(places) < self._fleet.least
         if few:  # a few: their loads, one by one
             rebalance = self.rebalance
-            for k, i in zip(np.flatnonzero(busy).tolist(), places.tolist(), strict=True):
+            for k, i in zip(busy.nonzero()[0].tolist(), places.tolist(), strict=True):
                 load = self._cache.load(views[i], now)
                 flag[k] = load.running_long >= rebalance > 0
                 if self._packs or not self._by_count:
@@ -235,20 +237,25 @@ class BestFitFilter:
                 rows = self._fleet.best_fit_rows(places, self.params.gamma)
                 misses = sure_misses_of(self, rows, req, float(resume_prompt_tokens(req)))
                 self._gate.seen(req, misses)
-                for other, miss in zip(np.flatnonzero(busy).tolist(), misses, strict=True):
+                for other, miss in zip(busy.nonzero()[0].tolist(), misses, strict=True):
                     if miss:
                         loose.setdefault(other, False)
             if k in loose:
                 continue  # a sure miss
             if not busy[k]:
-                return _only(candidates, int(idx[k]))  # nothing runs there: it fits
+                return only(candidates, int(idx[k]))  # nothing runs there: it fits
             strict, loose[k] = self.fits_both(self._cache.load(views[int(idx[k])], now), req)
             if strict:
-                return _only(candidates, int(idx[k]))
+                return only(candidates, int(idx[k]))
         for k in spread.tolist():
             if loose[k]:
-                return _only(candidates, int(idx[k]))
+                return only(candidates, int(idx[k]))
         return np.zeros_like(candidates)
+
+    @property
+    def packs(self) -> bool:
+        """Whether it tries the most loaded endpoints first."""
+        return self._packs
 
     def capacity_norms(self, places: npt.NDArray[np.intp]) -> list[float]:
         """`capacity_norm` of the loads at `places` of the columns (their rows up to date), from their
@@ -432,12 +439,6 @@ class BestFitFilter:
         if self._pauses(load, req) or self._over_kv(load, req, pred):
             return False, False
         return strict, True
-
-
-def _only(like: npt.NDArray[np.bool_], i: int) -> npt.NDArray[np.bool_]:
-    out = np.zeros_like(like)
-    out[i] = True
-    return out
 
 
 SPEC = PluginSpec(

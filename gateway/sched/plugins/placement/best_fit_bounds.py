@@ -220,7 +220,7 @@ def sure_rejects_columns(  # noqa: PLR0917 (the columnar step's arguments, with 
     if not gate.ask(req, int(np.count_nonzero(candidates))):
         return named
     which = candidates & (cols.busy > 0)
-    places = np.flatnonzero(which)
+    places = which.nonzero()[0]
     if len(places) == 0:
         gate.seen(req, [False], up_front=True)
         return named
@@ -247,7 +247,7 @@ def sure_misses_of(
     n, seats = rows[:, _N], rows[:, _SEATS]
     full = n >= seats
     open_ = (n > 0) & ~full
-    if not open_.any():
+    if not np.count_nonzero(open_):
         only_full: list[bool] = full.tolist()
         return only_full
     p = fit.params

@@ -156,9 +156,9 @@ class DemandSplitFilter:
     ) -> Sequence[npt.NDArray[np.bool_]]:
         """`tiers` as masks: the request's group's block from a mask kept while the blocks are the same."""
         group = self.group_of.get(req.slo.slo_class)
-        if group is None or not candidates.any():
+        if group is None or not np.count_nonzero(candidates):
             return [candidates]
-        first = cols.endpoints[int(np.flatnonzero(candidates)[0])]
+        first = cols.endpoints[int(candidates.nonzero()[0][0])]
         blocks = self._count(req, group, snap, first.perf)
         if not blocks:
             return [candidates]
@@ -169,7 +169,7 @@ class DemandSplitFilter:
         if spill == "never":
             return [own]
         if spill == "when-full":
-            return [own if own.any() else others]
+            return [own if np.count_nonzero(own) else others]
         return [own, others]
 
     def scope(
@@ -191,9 +191,9 @@ class DemandSplitFilter:
     ) -> npt.NDArray[np.bool_]:
         """`scope` as a mask (the group's block from the mask `tiers_columns` keeps)."""
         group = self.group_of.get(req.slo.slo_class)
-        if group is None or not serving.any():
+        if group is None or not np.count_nonzero(serving):
             return serving
-        first = cols.endpoints[int(np.flatnonzero(serving)[0])]
+        first = cols.endpoints[int(serving.nonzero()[0][0])]
         blocks = self._count(req, group, snap, first.perf)
         if not blocks or self.spill[group] != "never":
             return serving

@@ -125,8 +125,8 @@ class InstanceClassFilter:
             of_class = cols.classes.get(cls)
             tier = np.zeros_like(candidates) if of_class is None else candidates & of_class
             keep = self._reserve.get(cls, 0) if cls != order[0] else 0
-            if keep and tier.any():
-                for i in np.flatnonzero(tier).tolist():
+            if keep and np.count_nonzero(tier):
+                for i in tier.nonzero()[0].tolist():
                     e = views[i]
                     if not e.inflight + 1 + self._kept(e, keep, snap.now) <= e.cap:
                         tier[i] = False

@@ -50,12 +50,15 @@ class MaxScorePicker:
         snap: FleetSnapshot,
     ) -> int:
         """`pick` over columns: the highest score, then the fewest in flight, then the first id (whole-array
-        steps: a fleet's endpoints often tie on the first two)."""
+        steps: a fleet's endpoints often tie on the first two). A single candidate (a filter kept one,
+        as best fit does) is taken without them."""
+        if np.count_nonzero(candidates) == 1:
+            return int(candidates.nonzero()[0][0])
         s = np.where(candidates, scores, -np.inf)
         best = s == s.max()
         inflight = np.where(best, cols.inflight, _NONE)
         fewest = best & (inflight == inflight.min())
-        return int(np.argmin(np.where(fewest, cols.id_rank, _NONE)))
+        return int(np.where(fewest, cols.id_rank, _NONE).argmin())
 
 
 _NONE: Final = np.iinfo(np.int64).max  # past every in-flight count and id rank

@@ -11,14 +11,14 @@ protect (no targets, already late, best-effort) are not protected.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Final
 
 import numpy as np
 import numpy.typing as npt
 from msgspec import Meta
 
 from gateway.sched.fleet_loads import COLUMNS_FROM_LOADS, fleet_loads
-from gateway.sched.harms import Sparing, endangers
+from gateway.sched.harms import Sparing
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
@@ -26,7 +26,7 @@ from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
-from gateway.sched.targets import itl_ok, meets, time_left
+from gateway.sched.targets import time_left
 
 
 class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
@@ -48,6 +48,10 @@ class OverflowGuardFilter:
         self._cache = loads or LoadCache(params.predict_params())
         self._fleet = fleet_loads(self._cache)
         self._fleet.want(params.on_track, params.margin)
+        # the coefficients last judged and their distinct rows (`_rows`)
+        self._kept_rows: (
+            tuple[npt.NDArray[np.float64], tuple[list[_Coef], npt.NDArray[np.intp]] | None] | None
+        ) = None
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -110,7 +114,7 @@ class OverflowGuardFilter:
         harmless, meeting = self._judge_columns(req, cols, candidates, snap)
         if req.best_effort:
             return harmless
-        if self.params.hold_infeasible or meeting.any():
+        if self.params.hold_infeasible or np.count_nonzero(meeting):
             return meeting
         return harmless
 
@@ -124,12 +128,12 @@ class OverflowGuardFilter:
     ) -> npt.NDArray[np.bool_]:
         """`filter_aside` over columns (`ColumnarSetAsideFilter`)."""
         harmless, meeting = self._judge_columns(req, cols, kept, snap)
-        if req.best_effort or not harmless.any():
+        if req.best_effort or not np.count_nonzero(harmless):
             return harmless
-        if self.params.hold_infeasible or meeting.any():
+        if self.params.hold_infeasible or np.count_nonzero(meeting):
             return meeting
         _, meeting_aside = self._judge_columns(req, cols, aside, snap)
-        return np.zeros_like(kept) if meeting_aside.any() else harmless
+        return np.zeros_like(kept) if np.count_nonzero(meeting_aside) else harmless
 
     def _judge_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
@@ -153,9 +157,9 @@ class OverflowGuardFilter:
         harmless = idle.copy()
         meeting = np.zeros_like(candidates)
         left = time_left(req, now)
-        if not req.best_effort and idle.any():
+        if not req.best_effort and np.count_nonzero(idle):
             meeting = idle & self._meets_idle(req, cols, left)
-        places = np.flatnonzero(busy)
+        places = busy.nonzero()[0]
         if len(places) >= self._fleet.least:
             spared, keeps = self._fleet.judge(
                 req, cols, busy, now, worst_case=p.worst_case, on_track=p.on_track, margin=p.margin
@@ -163,45 +167,106 @@ class OverflowGuardFilter:
             harmless[busy] = spared
             if not req.best_effort:
                 meeting[busy] = spared & keeps
-        else:  # a few: one by one, as `filter` judges them
+        elif len(places):  # a few: one by one, as `filter` judges them (`Sparing`)
             views = cols.endpoints
+            sparing = Sparing(req, margin=p.margin, on_track=p.on_track, left=left, worst_case=p.worst_case)
+            own = not req.best_effort
+            load_of = self._cache.load
             for i in places.tolist():
-                load = self._cache.load(views[i], now)
-                if endangers(load, req, margin=p.margin, on_track=p.on_track):
+                load = load_of(views[i], now)
+                if not sparing.spares(load):
                     continue
                 harmless[i] = True
-                if not req.best_effort:
-                    pred = load.predict(req, worst_case=p.worst_case)
-                    meeting[i] = meets(pred, left, p.margin) and itl_ok(req, pred)
+                if own and sparing.keeps(load):
+                    meeting[i] = True
         return harmless, meeting
 
     def _meets_idle(
         self, req: SchedRequest, cols: FleetColumns, left: tuple[float | None, float | None]
     ) -> npt.NDArray[np.bool_]:
         """Per endpoint, whether `req` alone there (nothing running, nothing cached) keeps its targets:
-        `EndpointLoad.predict` of an empty load, with `meets` and `itl_ok`."""
+        `EndpointLoad.predict` of an empty load, with `meets` and `itl_ok`. Without `worst_case` that
+        depends on the endpoint's coefficients alone: a fleet's endpoints share a few rows of them
+        (`_rows`), each judged once in Python floats, the same arithmetic."""
         p = self.params
         params = self._cache.params
         out = output_bound(req, params.gamma)
-        prompt = resume_prompt_tokens(req)
-        k1, c1, k2, c2, c3 = (cols.coef[:, j] for j in range(5))
-        ttft = 0.0 + (k1 * (prompt + 0.0) + c1)  # no wait, no pending prompts
-        b = cols.seats.astype(np.float64) if p.worst_case else 1.0
-        avg = (0.0 + float(prompt) + 0.5 * out) / 1
+        prompt = float(resume_prompt_tokens(req))
         over = max(params.prefill_overhead, 0.0)  # no running prefills: the configured floor
-        tpot = ((k2 * avg + c2) * b + c3) * (1.0 + over)
-        e2e = ttft + max(0.0, out - 1.0) * tpot
-        ok = np.ones(len(cols.endpoints), dtype=np.bool_)
         ttft_left, e2e_left = left
         margin = p.margin
-        if ttft_left is not None:
-            ok &= ~(ttft > ttft_left * margin)
-        if e2e_left is not None:
-            ok &= ~(e2e > e2e_left * margin)
+        ttft_bound = None if ttft_left is None else ttft_left * margin
+        e2e_bound = None if e2e_left is None else e2e_left * margin
         itl = req.slo.itl_ms
+        rows = None if p.worst_case else self._rows(cols.coef)
+        if rows is not None:
+            kinds, of = rows
+            steps = max(0.0, out - 1.0)
+            oks = [
+                _keeps_alone(k, prompt, out, over, steps, bounds=(ttft_bound, e2e_bound, itl)) for k in kinds
+            ]
+            return np.array(oks, dtype=np.bool_)[of]
+        k1, c1, k2, c2, c3 = (cols.coef[:, j] for j in range(5))
+        # (`predict` adds a zero wait to the first token and multiplies by one seat when not worst_case:
+        # left out, they change no comparison)
+        ttft = k1 * prompt + c1  # no wait, no pending prompts
+        avg = (0.0 + prompt + 0.5 * out) / 1
+        per_seat = k2 * avg + c2
+        if p.worst_case:
+            per_seat *= cols.seats
+        tpot = (per_seat + c3) * (1.0 + over)
+        bad = np.zeros(len(cols.endpoints), dtype=np.bool_)
+        if ttft_bound is not None:
+            bad |= ttft > ttft_bound
+        if e2e_bound is not None:
+            bad |= ttft + max(0.0, out - 1.0) * tpot > e2e_bound
         if itl is not None:
-            ok &= tpot * 1000.0 <= itl
-        return ok
+            bad |= ~(tpot * 1000.0 <= itl)
+        return ~bad
+
+    def _rows(self, coef: npt.NDArray[np.float64]) -> tuple[list[_Coef], npt.NDArray[np.intp]] | None:
+        """The distinct rows of the columns' coefficients and each endpoint's row among them (None: more
+        than `_FEW_ROWS`), kept while the coefficients are the same (a refit changes them)."""
+        kept = self._kept_rows
+        if kept is not None:
+            seen, rows = kept
+            if seen is coef or (seen.shape == coef.shape and np.array_equal(seen, coef)):
+                self._kept_rows = (coef, rows)
+                return rows
+        kinds, of = np.unique(coef, axis=0, return_inverse=True)
+        found = None
+        if len(kinds) <= _FEW_ROWS:
+            found = ([(k1, c1, k2, c2, c3) for k1, c1, k2, c2, c3 in kinds.tolist()], of.reshape(-1))
+        self._kept_rows = (coef, found)
+        return found
+
+
+#: A row of the coefficients (k1, c1, k2, c2, c3).
+_Coef = tuple[float, float, float, float, float]
+#: The most distinct rows of coefficients judged one by one (`OverflowGuardFilter._rows`).
+_FEW_ROWS: Final = 16
+
+
+def _keeps_alone(
+    coef: _Coef,
+    prompt: float,
+    out: float,
+    over: float,
+    steps: float,
+    *,
+    bounds: tuple[float | None, float | None, float | None],
+) -> bool:
+    """`OverflowGuardFilter._meets_idle` of one endpoint with coefficients `coef` (not worst_case), in
+    Python floats (the same operations in the same order: the same answer)."""
+    k1, c1, k2, c2, c3 = coef
+    ttft_bound, e2e_bound, itl = bounds
+    ttft = k1 * prompt + c1
+    if ttft_bound is not None and ttft > ttft_bound:
+        return False
+    tpot = (k2 * ((0.0 + prompt + 0.5 * out) / 1) + c2 + c3) * (1.0 + over)
+    if e2e_bound is not None and ttft + steps * tpot > e2e_bound:
+        return False
+    return itl is None or tpot * 1000.0 <= itl
 
 
 SPEC = PluginSpec(

@@ -100,7 +100,7 @@ class PrefixHoldersFilter:
         candidates, which predicts only then."""
         if not req.cached:
             return candidates
-        idx = np.flatnonzero(candidates)
+        idx = candidates.nonzero()[0]
         if len(idx) == 0:
             return candidates
         views = [cols.endpoints[i] for i in idx]
