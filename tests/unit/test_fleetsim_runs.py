@@ -262,23 +262,22 @@ def test_a_run_planned_over_arrays_is_bit_for_bit_the_loop(
 ) -> None:
     b, tokens0, n = sizes
     lat = get_profile(profile).latency
-    end = start + first
-    ends, gaps = [end], [end - start]
-    tokens = tokens0
-    for _ in range(n - 1):
-        tokens += b
-        nxt = end + lat.decode_s(b, tokens / b)
-        ends.append(nxt)
-        gaps.append(nxt - end)
-        end = nxt
     got_ends, got_gaps = plan_run(lat, b, tokens0, (start, start + first), n)
-    assert (got_ends, got_gaps.tolist()) == (ends, gaps)
+    assert (got_ends, got_gaps.tolist()) == _run_by_loop(lat, b, tokens0, start, start + first, n)
 
 
 def test_a_run_longer_than_the_kept_iteration_index_is_planned_the_same() -> None:
     lat = get_profile("fleet-7b").latency
     b, tokens0, n, start = 9, 4321, 3000, 2.5
-    end = start + 0.04
+    got_ends, got_gaps = plan_run(lat, b, tokens0, (start, start + 0.04), n)
+    assert (got_ends, got_gaps.tolist()) == _run_by_loop(lat, b, tokens0, start, start + 0.04, n)
+
+
+def _run_by_loop(  # noqa: PLR0917 (a run's terms, as plan_run takes them)
+    lat: Any, b: int, tokens0: int, start: float, first_end: float, n: int
+) -> tuple[list[float], list[float]]:
+    """A decode run's iteration ends and gaps by the plain loop `plan_run` must match bit for bit."""
+    end = first_end
     ends, gaps = [end], [end - start]
     tokens = tokens0
     for _ in range(n - 1):
@@ -287,5 +286,4 @@ def test_a_run_longer_than_the_kept_iteration_index_is_planned_the_same() -> Non
         ends.append(nxt)
         gaps.append(nxt - end)
         end = nxt
-    got_ends, got_gaps = plan_run(lat, b, tokens0, (start, start + 0.04), n)
-    assert (got_ends, got_gaps.tolist()) == (ends, gaps)
+    return ends, gaps
