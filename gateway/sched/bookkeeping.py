@@ -123,15 +123,16 @@ class SchedulerBooks:
     def snapshot(self) -> FleetSnapshot:
         now = self._clock.now()
         profile = self._policy.profile
+        cols = None
         if profile.columnar and self._fleet.size() >= profile.columns_least:
             # placement over columns: the views' arrays come along
             cols = self._fleet.columns(now, self._limits.stale_after_s)
-            memo = self._memo = ViewsMemo.of(cols.endpoints, self._memo)
-            return FleetSnapshot(now, cols.endpoints, self._queues.waiting(), cols, memo)
-        views = self._fleet.views(now, self._limits.stale_after_s)
+            views = cols.endpoints
+        else:
+            views = self._fleet.views(now, self._limits.stale_after_s)
         # the snapshots of the same views share what plugins derive from them (`FleetSnapshot.ready`)
         memo = self._memo = ViewsMemo.of(views, self._memo)
-        return FleetSnapshot(now, views, self._queues.waiting(), memo=memo)
+        return FleetSnapshot(now, views, self._queues.waiting(), cols, memo)
 
     def queue_depth(self, model: ModelName) -> int:
         return self._queues.depth(model)
