@@ -29,7 +29,7 @@ from gateway.config.cluster import advertised_url
 from gateway.config.schema import EndpointConfig
 from gateway.core.clock import Clock, SystemClock
 from gateway.core.errors import ConfigError
-from gateway.core.heap import GcSchedule
+from gateway.core.heap import GcSchedule, GcScheduleCollector
 from gateway.core.looplag import watch_lag
 from gateway.core.metrics import GatewayMetrics, LiveNumbers
 from gateway.core.sdnotify import Notifier, watchdog_loop
@@ -102,6 +102,7 @@ class Gateway:
         self.driver = SchedulerDriver(scheduler, metrics.decisions)
         # The collector's thresholds (settled once startup is done) and idle collections.
         self.gc = GcSchedule(metrics.gc_pauses)
+        metrics.registry.register(GcScheduleCollector(self.gc))
         self.telemetry = LiveTelemetry(
             scheduler, clock, runtime.config.telemetry, prefix=runtime.config.prefix
         )

@@ -86,8 +86,10 @@ import itertools
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.core.gcpauses import GcPauses
 
@@ -311,3 +313,45 @@ class GcSchedule:
             self.step()
             if n % per_tick == 0:
                 self.tick(busy())
+
+
+class GcScheduleCollector:
+    """Exports what the schedule did, at scrape time: `berth_gc_scheduled_collections_total{kind}` (young
+    collections its steps ran, full collections the heap's growth made due, idle full collections),
+    `berth_gc_young_put_off_total` (young collections put off because the young generation held more
+    than `YOUNG_MAX_OBJECTS`: the timer came late), `berth_gc_skipped_full_total` (block growths without
+    the tracked objects', which re-based the measure instead of collecting) and
+    `berth_gc_full_growth_ratio` (the heap growth that makes the next full collection due)."""
+
+    def __init__(self, schedule: GcSchedule) -> None:
+        self._schedule = schedule
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._schedule
+        kinds = CounterMetricFamily(
+            "berth_gc_scheduled_collections",
+            "Collections the daemon's collector schedule ran, by kind (young, full, idle)",
+            labels=["kind"],
+        )
+        kinds.add_metric(["young"], float(s.young_collections))
+        kinds.add_metric(["full"], float(s.full_collections))
+        kinds.add_metric(["idle"], float(s.idle_collections))
+        yield kinds
+        yield CounterMetricFamily(
+            "berth_gc_young_put_off",
+            "Young collections put off to the next step because the young generation was too large",
+            value=float(s.young_put_off),
+        )
+        yield CounterMetricFamily(
+            "berth_gc_skipped_full",
+            "Heap growths of memory blocks alone (not tracked objects): the measure re-based, none collected",
+            value=float(s.skipped_full),
+        )
+        yield GaugeMetricFamily(
+            "berth_gc_full_growth_ratio",
+            "The share of heap growth since the last full collection that makes the next one due",
+            value=s.full_growth,
+        )

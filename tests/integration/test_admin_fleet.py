@@ -381,3 +381,6 @@ async def test_the_scheduler_call_times_after_a_request(
     _, _, metrics = await get(r.url + "/metrics")
     assert b'berth_sched_decision_seconds_bucket{call="submit",le="+Inf"}' in metrics
     assert b'berth_sched_decision_max_seconds{call="complete"}' in metrics
+    # The collector's schedule is wired to the same registry.
+    assert b'berth_gc_scheduled_collections_total{kind="young"}' in metrics
+    assert b"berth_gc_full_growth_ratio 0.25" in metrics

@@ -14,6 +14,7 @@ from gateway.core.heap import (
     FULL_GROWTH,
     FULL_GROWTH_MAX,
     GcSchedule,
+    GcScheduleCollector,
 )
 from tests.unit.test_gc_schedule import Clock, FakeGc
 
@@ -122,3 +123,29 @@ def test_the_garbage_kept_stays_within_the_stated_bound(steps: list[tuple[int, i
             walked = schedule.live_tracked + found
             doubled = min(2 * share, FULL_GROWTH_MAX)
             assert schedule.full_growth == (FULL_GROWTH if found >= FULL_GARBAGE_SHARE * walked else doubled)
+
+
+def _exported(schedule: GcSchedule) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for m in GcScheduleCollector(schedule).collect()
+        for s in m.samples
+    }
+
+
+def test_the_schedule_exports_its_collections_its_put_offs_and_its_due_share() -> None:
+    """What a scrape reads is what the schedule did: four full collections of live growth, a due share
+    doubled to the cap, and nothing young (no step ran)."""
+    schedule, heap = _settled(100_000)
+    before = _exported(schedule)
+    assert before[("berth_gc_full_growth_ratio", ())] == FULL_GROWTH
+    assert before[("berth_gc_scheduled_collections_total", (("kind", "full"),))] == 0
+    _fulls(schedule, heap, 1_000, live=1_000, cycles=0)
+    schedule.young_put_off = 3
+    after = _exported(schedule)
+    assert after[("berth_gc_scheduled_collections_total", (("kind", "full"),))] == 4
+    assert after[("berth_gc_scheduled_collections_total", (("kind", "young"),))] == 0
+    assert after[("berth_gc_scheduled_collections_total", (("kind", "idle"),))] == 0
+    assert after[("berth_gc_young_put_off_total", ())] == 3
+    assert after[("berth_gc_skipped_full_total", ())] == schedule.skipped_full
+    assert after[("berth_gc_full_growth_ratio", ())] == FULL_GROWTH_MAX
