@@ -32,6 +32,12 @@ _BETA_SLICE: Final = 9  # the β grid's columns per step of the throughput fit (
 # `np.sum`'s and `ndarray.all`'s reductions without their dispatch
 _sum: Final = np.add.reduce
 _all: Final = np.logical_and.reduce
+_min: Final = np.minimum.reduce
+_abs: Final = np.absolute
+_maximum: Final = np.maximum
+_minimum: Final = np.minimum
+_divide: Final = np.divide
+_subtract: Final = np.subtract
 
 T = TypeVar("T")
 #: A fit in steps of bounded work (see `PerfModelFitter.refit_steps`): each `next` runs one, the value
@@ -87,14 +93,26 @@ def fit_linear(x: Array, y: Array, w: Array) -> Steps[LinearFit | None]:
         rhs = [v / n for v, n in zip((xst @ y).tolist(), norms, strict=True)]
         beta = np.array([c / n for c, n in zip(_nnls(scaled, rhs), norms, strict=True)])
         fitted = x @ beta
-        if not _all(fitted > 0):
+        if not _min(fitted) > 0:  # every one positive (NaN is not): `(fitted > 0).all()`
             break  # a zero prediction cannot be a relative scale; keep this round's answer
-        u = np.abs(fitted - y) / fitted
-        u = u / max(1.4826 * median(u), _MIN_SCALE)  # in robust standard deviations
+        # The residuals and their weights in place, one scratch array: the same elementwise operations
+        # in the same order as ``u = |fitted - y| / fitted; u = u / scale`` and the weights' expressions
+        # (``v ** 2`` is ``v * v`` in numpy), without a new array per operation.
+        u = fitted - y
+        _abs(u, out=u)
+        u /= fitted
+        u /= max(1.4826 * median(u), _MIN_SCALE)  # in robust standard deviations
         if i < _HUBER_ROUNDS:
-            robust = np.minimum(1.0, _HUBER_K / np.maximum(u, 1e-300))
+            robust = _maximum(u, 1e-300)
+            _divide(_HUBER_K, robust, out=robust)
+            _minimum(robust, 1.0, out=robust)  # `np.minimum(1.0, ·)`: the same (NaN either way)
         else:
-            robust = np.where(u < _TUKEY_C, (1.0 - (u / _TUKEY_C) ** 2) ** 2, 0.0)
+            inside = u < _TUKEY_C
+            u /= _TUKEY_C
+            u *= u
+            _subtract(1.0, u, out=u)
+            u *= u
+            robust = np.where(inside, u, 0.0)
         row = sw / fitted
     if not (beta > 0).any() or not np.isfinite(beta).all():
         return None

@@ -145,7 +145,7 @@ class RateMeter:
     """Amounts per second over the last `window_s` (e.g. output tokens of finished requests), in
     `bucket_s` buckets: O(1) to add, O(window / bucket) to read."""
 
-    __slots__ = ("_amounts", "_epochs", "_n", "bucket_s", "window_s")
+    __slots__ = ("_amounts", "_epochs", "_n", "_read", "bucket_s", "window_s")
 
     def __init__(self, *, window_s: float = 60.0, bucket_s: float = 1.0) -> None:
         if not bucket_s > 0 or not window_s >= bucket_s:
@@ -155,8 +155,12 @@ class RateMeter:
         self._n = math.ceil(window_s / bucket_s)
         self._epochs = [-1] * self._n
         self._amounts = [0.0] * self._n
+        # the last total read and the bucket it was read in: the same until the next `add` or bucket
+        # (a refresh reads every endpoint's, a refit's hand-over the refitted ones' again)
+        self._read: tuple[int, float] | None = None
 
     def add(self, amount: float, now: float) -> None:
+        self._read = None
         epoch = int(now // self.bucket_s)
         slot = epoch % self._n
         if self._epochs[slot] != epoch:
@@ -166,12 +170,18 @@ class RateMeter:
 
     def total(self, now: float) -> float:
         current = int(now // self.bucket_s)
+        read = self._read
+        if read is not None and read[0] == current:
+            return read[1]  # nothing added since, and the window is the same buckets
         oldest = current - self._n + 1
         epochs = self._epochs
         if oldest <= min(epochs) and max(epochs) <= current:  # every bucket in the window (a busy one):
-            return sum(self._amounts)  # the same sum, in the same order, without the test per bucket
-        # the buckets whose epoch is in the window, in order (a range's membership test, in C)
-        return sum(compress(self._amounts, map(range(oldest, current + 1).__contains__, epochs)))
+            total = sum(self._amounts)  # the same sum, in the same order, without the test per bucket
+        else:
+            # the buckets whose epoch is in the window, in order (a range's membership test, in C)
+            total = sum(compress(self._amounts, map(range(oldest, current + 1).__contains__, epochs)))
+        self._read = (current, total)
+        return total
 
     def rate(self, now: float) -> float:
         return self.per_second(self.total(now))

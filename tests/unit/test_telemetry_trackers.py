@@ -97,6 +97,32 @@ def test_rate_meter_total_is_the_sum_over_the_buckets_in_the_window(
         assert r.total(now) == want
 
 
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.floats(0.0, 1e4), st.floats(0.0, 40.0)),
+            st.tuples(st.just("read"), st.just(0.0), st.floats(0.0, 60.0)),
+        ),
+        max_size=80,
+    )
+)
+def test_rate_meter_total_read_again_is_the_sum_over_the_window(
+    steps: list[tuple[str, float, float]],
+) -> None:
+    """Reads between adds, at any times (the last read kept until an add or another bucket): each is
+    the bucket-by-bucket sum over its window at that moment, bit for bit."""
+    r = RateMeter(window_s=5.0, bucket_s=0.5)
+    for kind, amount, at in steps:
+        if kind == "add":
+            r.add(amount, now=at)
+            continue
+        for now in (at, at, at + 0.1):
+            current = int(now // r.bucket_s)
+            oldest = current - 10 + 1
+            want = sum(a for e, a in zip(r._epochs, r._amounts, strict=True) if oldest <= e <= current)
+            assert r.total(now) == want
+
+
 # --------------------------------------------------------------------- attainment
 @pytest.mark.parametrize(
     ("slo", "ok", "times", "met"),
