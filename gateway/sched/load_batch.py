@@ -217,12 +217,12 @@ def derive(
     (`harms.terms_of`). A batch of fewer than `SMALL_BATCH` running requests is derived in Python floats
     (`derive_small`: the same numbers)."""
     if sum([len(v.running) for v, _, _ in loads]) < SMALL_BATCH:
-        return _arrays(derive_small(loads, params.gamma, harm_keys), harm_keys)
+        return derived_from(derive_small(loads, params.gamma, harm_keys), harm_keys)
     return derive_arrays(loads, params, harm_keys)
 
 
-def _arrays(got: SmallBatch, harm_keys: Sequence[tuple[float, float]]) -> Derived:
-    """`got` as a `Derived` (the per-request lists padded to the longest)."""
+def derived_from(got: SmallBatch, harm_keys: Sequence[tuple[float, float]]) -> Derived:
+    """`got`, a batch derived in Python floats, as a `Derived` (per-request lists padded to the longest)."""
     k = len(got.scalars)
     table = np.array(got.scalars, dtype=np.float64).reshape(k, 17)
     m = max(map(len, got.context), default=0)

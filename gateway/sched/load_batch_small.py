@@ -28,7 +28,23 @@ _INF: Final = math.inf
 #: overhead, per-token time, running long, k1, c1, k2, c2, c3, KV capacity (NaN: unknown), its time,
 #: remaining tokens summed, least ITL target of those not best effort (NaN: none).
 Scalars = tuple[
-    float, float, float, float, float, float, float, float, float, float, float, float, float, float, float, float, float
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
 ]
 
 
@@ -49,7 +65,7 @@ class SmallBatch:
         self.harms: list[tuple[list[float], list[float], list[list[float]]]] = []
 
 
-def derive_small(  # noqa: C901, PLR0912, PLR0914, PLR0915 (one load's arithmetic, in `derive`'s order)
+def derive_small(
     loads: Sequence[tuple[EndpointView, float, Pace]], gamma: float, harm_keys: Sequence[tuple[float, float]]
 ) -> SmallBatch:
     """`derive`'s numbers of `loads` (see the module), for the harm keys `harm_keys`."""
@@ -73,8 +89,7 @@ def derive_small(  # noqa: C901, PLR0912, PLR0914, PLR0915 (one load's arithmeti
         first_l: list[float] = []
         ctx_l: list[float] = []
         pending = ctx_sum = running_long = remaining_total = 0.0
-        j = 0
-        for r, f in zip(running, pace.fresh, strict=True):
+        for j, (r, f) in enumerate(zip(running, pace.fresh, strict=True)):
             produced_r, at, first_r = r.produced, r.reported_at, r.first_token_at
             if produced_r is not None and at is not None and first_r is not None:
                 first_at = first_r
@@ -99,8 +114,7 @@ def derive_small(  # noqa: C901, PLR0912, PLR0914, PLR0915 (one load's arithmeti
                 long = (produced - om) / (om if om > 1.0 else 1.0)
             if cap < inf:
                 room = cap - produced
-                if room < remaining:
-                    remaining = room
+                remaining = min(remaining, room)
                 if not remaining > 0.0:
                     remaining = 0.0
             context = r.prompt_tokens + produced
@@ -112,7 +126,6 @@ def derive_small(  # noqa: C901, PLR0912, PLR0914, PLR0915 (one load's arithmeti
                 remaining_total += remaining
             else:  # a cumulative sum starts from its first value
                 pending, ctx_sum, running_long, remaining_total = fresh, context, long, remaining
-            j += 1
             pre_l.append(prefilled)
             rem_l.append(remaining)
             first_l.append(first_at)
@@ -120,9 +133,7 @@ def derive_small(  # noqa: C901, PLR0912, PLR0914, PLR0915 (one load's arithmeti
         over = 1.0 + pace.overhead
         tpot = ((k2 * (ctx_sum / n) + c2) * n + c3) * over if count > 0 else 0.0
         prefill_pending = k1 * pending + c1 if pending != 0.0 else 0.0
-        fin_l = [
-            rem * tpot + (0.0 if p else prefill_pending) for p, rem in zip(pre_l, rem_l, strict=True)
-        ]
+        fin_l = [rem * tpot + (0.0 if p else prefill_pending) for p, rem in zip(pre_l, rem_l, strict=True)]
         budget = _NAN
         for r in running:
             itl = r.itl_s
@@ -141,15 +152,13 @@ def derive_small(  # noqa: C901, PLR0912, PLR0914, PLR0915 (one load's arithmeti
                     saved = left - (first_at - now)
                     if saved >= on_track * left and saved >= 0:
                         b = saved * margin
-                        if b < least_ttft:
-                            least_ttft = b
+                        least_ttft = min(least_ttft, b)
                 itl = r.itl_s
                 if itl is not None and p:
                     saved = itl - tpot
                     if saved >= on_track * itl and saved >= 0:
                         b = saved * margin
-                        if b < least_itl:
-                            least_itl = b
+                        least_itl = min(least_itl, b)
                 dl = r.e2e_deadline
                 if dl is not None:
                     left = dl - now

@@ -12,8 +12,8 @@ import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sched import load_batch
-from gateway.sched.load_batch import SMALL_BATCH, Derived, derive, derive_arrays
+from gateway.sched.load_batch import SMALL_BATCH, Derived, derive, derive_arrays, derived_from
+from gateway.sched.load_batch_small import derive_small
 from gateway.sched.load_terms import pace_for
 from gateway.sched.predict import PredictParams
 from gateway.sched.prediction import Tail
@@ -56,13 +56,20 @@ def _check(small: Derived, arrays: Derived) -> None:
     overhead=st.sampled_from((0.0, 0.05, 0.3)),
 )
 def test_small_batches_are_derived_as_numpy_derives_them(
-    *, endpoints: list[Endpoint], later: list[float], keys: list[tuple[float, float]], tail: Tail, overhead: float
+    *,
+    endpoints: list[Endpoint],
+    later: list[float],
+    keys: list[tuple[float, float]],
+    tail: Tail,
+    overhead: float,
 ) -> None:
     """Whatever the batch (empty loads, full ones, every request reported or not), both paths agree."""
     params = PredictParams(tail=tail, prefill_overhead=overhead)
     views = [view_of(k, e) for k, e in enumerate(endpoints)]
-    loads = [(v, NOW + dt, pace_for(v, v.perf or COEF, params, None)) for v, dt in zip(views, later, strict=False)]
-    small = load_batch._arrays(load_batch.derive_small(loads, params.gamma, keys), keys)
+    loads = [
+        (v, NOW + dt, pace_for(v, v.perf or COEF, params, None)) for v, dt in zip(views, later, strict=False)
+    ]
+    small = derived_from(derive_small(loads, params.gamma, keys), keys)
     _check(small, derive_arrays(loads, params, keys))
 
 

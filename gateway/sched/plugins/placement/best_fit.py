@@ -301,7 +301,10 @@ class BestFitFilter:
         if got is None:
             # (`RunningState.context` + γ·remaining of each, from the load's states as they are)
             got = load.memo[key] = sum(
-                [r.prompt_tokens + st[1] + g * st[2] for r, st in zip(load.view.running, load.states, strict=True)]
+                [
+                    r.prompt_tokens + st[1] + g * st[2]
+                    for r, st in zip(load.view.running, load.states, strict=True)
+                ]
             )
         return got
 
