@@ -13,7 +13,8 @@ operations in the same order (numpy's float64 operations round as Python's do), 
 load's running requests, which Python takes one after another, are taken the same way (a cumulative sum
 along each load's row of a padded matrix: sequential, unlike numpy's pairwise `sum`); the k-th smallest
 predicted end is read from each row sorted (`tests/unit/test_sched_fleet_loads.py`,
-`tests/unit/test_sched_load_runs.py`).
+`tests/unit/test_sched_load_runs.py`). A batch of few running requests is derived in Python floats
+instead (`gateway.sched.load_batch_small`), with the same numbers.
 """
 
 from __future__ import annotations
