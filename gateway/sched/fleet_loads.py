@@ -201,23 +201,7 @@ class FleetLoads:
     def _write(self, stale: list[tuple[int, EndpointLoad | Pending]]) -> None:
         got = derive([(r.view, r.now, r.pace) for _, r in stale], self._cache.params, self._keys)
         at = np.array([i for i, _ in stale], dtype=np.int64)
-        self._table[at] = np.column_stack(
-            (
-                got.n,
-                got.seats,
-                got.wait_s,
-                got.pending_prompt,
-                got.ctx_sum,
-                got.overhead,
-                got.tpot_now,
-                got.running_long,
-                got.coef,
-                got.kv_capacity,
-                got.now,
-                got.remaining_total,
-                got.itl_budget,
-            )
-        )
+        self._table[at] = got.scalars()
         m = got.remaining.shape[1]
         width = self._remaining.shape[1]
         if m > width:

@@ -49,23 +49,24 @@ def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: flo
     itl: float | None = None
     e2e: list[tuple[bool, float, float]] = []
     reserve = 0.0 if theta is None else 1.0 - theta
-    for s in load.running:
-        r = s.req
+    prefill_pending = load.prefill_pending
+    # the load's states read as they are (`EndpointLoad.states`), each finish as `RunningState.finish_s`
+    for r, (prefilled, _, remaining, first_s, _) in zip(load.view.running, load.states, strict=True):
         if r.best_effort:
             continue
-        if not s.prefilled and r.ttft_deadline is not None:
+        if not prefilled and r.ttft_deadline is not None:
             left = r.ttft_deadline - now
-            saved = left - s.first_s
+            saved = left - first_s
             if saved >= on_track * left and saved >= 0:
                 b = saved * margin if margin is not None else saved - reserve * left
                 ttft = b if ttft is None or b < ttft else ttft
         if r.e2e_deadline is not None:
             left = r.e2e_deadline - now
-            saved = left - s.finish_s
+            saved = left - (remaining * tpot_now + (0.0 if prefilled else prefill_pending))
             if saved >= on_track * left and saved >= 0:
                 b = saved * margin if margin is not None else saved - reserve * left
-                e2e.append((s.prefilled, s.remaining, b))
-        if margin is not None and r.itl_s is not None and s.prefilled:
+                e2e.append((prefilled, remaining, b))
+        if margin is not None and r.itl_s is not None and prefilled:
             saved = r.itl_s - tpot_now
             if saved >= on_track * r.itl_s and saved >= 0:
                 b = saved * margin

@@ -13,7 +13,8 @@ operations in the same order (numpy's float64 operations round as Python's do), 
 load's running requests, which Python takes one after another, are taken the same way (a cumulative sum
 along each load's row of a padded matrix: sequential, unlike numpy's pairwise `sum`); the k-th smallest
 predicted end is read from each row sorted (`tests/unit/test_sched_fleet_loads.py`,
-`tests/unit/test_sched_load_runs.py`).
+`tests/unit/test_sched_load_runs.py`). A batch of few running requests is derived in Python floats
+instead (`gateway.sched.load_batch_small`), with the same numbers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from gateway.sched.load_batch_small import SmallBatch, derive_small
 from gateway.sched.load_terms import Pace
 from gateway.sched.perf import default_prior
 from gateway.sched.predict import LONG_GROWTH, EndpointLoad, PredictParams, seats_of
@@ -38,6 +40,10 @@ _INF: Final = math.inf
 
 _Floats = npt.NDArray[np.float64]
 _Mask = npt.NDArray[np.bool_]
+
+#: Running requests in a batch below which its loads are derived in Python floats (`derive_small`):
+#: numpy's fixed cost per batch (about a hundred calls) is more than a Python step per running request.
+SMALL_BATCH: Final = 64
 
 # Columns of a running request's row (`_Rows.per`): the fields kept while it runs ...
 _DISPATCHED, _MAX, _MEAN, _STD, _PROMPT, _FRESH, _TTFT_DL, _E2E_DL, _ITL, _BEST_EFFORT = range(10)
@@ -175,6 +181,31 @@ class Derived:
     # per (on_track, margin) asked for: the least first-token bound, the least inter-token bound
     # (+inf: none), and each running request's last-token bound (+inf: not a last-token harm)
     harms: dict[tuple[float, float], tuple[_Floats, _Floats, _Floats]]
+    # the scalars above (n .. itl_budget, coef's five in its place) as one row per load, when made so
+    table: _Floats | None = None
+
+    def scalars(self) -> _Floats:
+        """n, seats, wait_s, pending_prompt, ctx_sum, overhead, tpot_now, running_long, coef (5),
+        kv_capacity, now, remaining_total and itl_budget: one row per load."""
+        if self.table is not None:
+            return self.table
+        return np.column_stack(
+            (
+                self.n,
+                self.seats,
+                self.wait_s,
+                self.pending_prompt,
+                self.ctx_sum,
+                self.overhead,
+                self.tpot_now,
+                self.running_long,
+                self.coef,
+                self.kv_capacity,
+                self.now,
+                self.remaining_total,
+                self.itl_budget,
+            )
+        )
 
 
 def derive(
@@ -184,7 +215,55 @@ def derive(
 ) -> Derived:
     """The numbers of `EndpointLoad(view, now, params, pace=pace)` for each (view, now, pace) of
     `loads` (distinct endpoints), and their harm terms for each (on_track, margin) of `harm_keys`
-    (`harms.terms_of`)."""
+    (`harms.terms_of`). A batch of fewer than `SMALL_BATCH` running requests is derived in Python floats
+    (`derive_small`: the same numbers)."""
+    if sum([len(v.running) for v, _, _ in loads]) < SMALL_BATCH:
+        return derived_from(derive_small(loads, params.gamma, harm_keys), harm_keys)
+    return derive_arrays(loads, params, harm_keys)
+
+
+def derived_from(got: SmallBatch, harm_keys: Sequence[tuple[float, float]]) -> Derived:
+    """`got`, a batch derived in Python floats, as a `Derived` (per-request lists padded to the longest)."""
+    k = len(got.scalars)
+    table = np.array(got.scalars, dtype=np.float64).reshape(k, 17)
+    m = max(map(len, got.context), default=0)
+
+    def padded(rows: list[list[float]], fill: float) -> _Floats:
+        return np.array([row + [fill] * (m - len(row)) for row in rows], dtype=np.float64).reshape(k, m)
+
+    pre = np.array([row + [False] * (m - len(row)) for row in got.prefilled], dtype=np.bool_).reshape(k, m)
+    return Derived(
+        n=table[:, 0],
+        seats=table[:, 1],
+        wait_s=table[:, 2],
+        pending_prompt=table[:, 3],
+        ctx_sum=table[:, 4],
+        overhead=table[:, 5],
+        tpot_now=table[:, 6],
+        running_long=table[:, 7],
+        coef=table[:, 8:13],
+        kv_capacity=table[:, 13],
+        now=table[:, 14],
+        remaining_total=table[:, 15],
+        itl_budget=table[:, 16],
+        prefilled=pre,
+        context=padded(got.context, 0.0),
+        remaining=padded(got.remaining, 0.0),
+        finish=padded(got.finish, _INF),
+        harms={
+            key: (np.array(ttft, dtype=np.float64), np.array(itl, dtype=np.float64), padded(e2e, _INF))
+            for key, (ttft, itl, e2e) in zip(harm_keys, got.harms, strict=True)
+        },
+        table=table,
+    )
+
+
+def derive_arrays(
+    loads: Sequence[tuple[EndpointView, float, Pace]],
+    params: PredictParams,
+    harm_keys: Sequence[tuple[float, float]],
+) -> Derived:
+    """`derive` over numpy arrays, whatever the batch's size."""
     k = len(loads)
     kept = [_rows(v, p) for v, _, p in loads]
     # per load: running requests, seats, KV capacity, prefill overhead, pace, coefficients; its time

@@ -214,13 +214,25 @@ class EndpointLoad:
         return self._pace
 
     @property
+    def states(self) -> list[tuple[bool, float, float, float, float]]:
+        """Per running request, in the view's order: (prefilled, produced, remaining, first_s, long), as
+        its running state (`running`) has them, without making the states (read-only)."""
+        return self._states
+
+    @property
+    def prefill_pending(self) -> float:
+        """The pending prompts' prefill (0 without any): what a running request not yet prefilled waits
+        for besides its remaining tokens (`RunningState.finish_s`)."""
+        pending = self.pending_prompt
+        return self.coef.k1 * pending + self.coef.c1 if pending else 0.0
+
+    @property
     def running(self) -> tuple[RunningState, ...]:
         """The running requests as of `now` (estimated), in the view's order."""
         got = self._running
         if got is None:
             tpot = self.tpot_now
-            pending = self.pending_prompt
-            prefill_pending = self.coef.k1 * pending + self.coef.c1 if pending else 0.0
+            prefill_pending = self.prefill_pending
             got = self._running = tuple(
                 [
                     RunningState(

@@ -299,7 +299,13 @@ class BestFitFilter:
         key = self._tokens_key
         got: float | None = load.memo.get(key)
         if got is None:
-            got = load.memo[key] = sum(s.context + g * s.remaining for s in load.running)
+            # (`RunningState.context` + γ·remaining of each, from the load's states as they are)
+            got = load.memo[key] = sum(
+                [
+                    r.prompt_tokens + st[1] + g * st[2]
+                    for r, st in zip(load.view.running, load.states, strict=True)
+                ]
+            )
         return got
 
     def _idle_service(self, load: EndpointLoad, req: SchedRequest) -> Prediction:

@@ -1,0 +1,200 @@
+"""A small batch of loads derived in Python floats: `gateway.sched.load_batch.derive`'s numbers for a few
+loads with few running requests between them, where numpy's fixed cost per call (a batch is about a
+hundred calls, some 100 µs) is more than a Python step per running request.
+
+The arithmetic is `derive`'s, operation by operation in the same order (numpy's float64 operations round
+as Python's do); the sums over a load's running requests are taken one after another from its first
+request, as `derive`'s cumulative sums along a padded row are (its padding adds 0.0 at the end, which
+can only turn a -0.0 into 0.0: equal either way). `tests/unit/test_sched_load_batch_small.py` pins
+both paths to the same numbers on random fleets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final
+
+from gateway.sched.load_terms import Pace
+from gateway.sched.perf import default_prior
+from gateway.sched.predict import LONG_GROWTH, seats_of
+from gateway.sched.snapshot import EndpointView
+
+_PRIOR: Final = default_prior()
+_NAN: Final = math.nan
+_INF: Final = math.inf
+
+#: Per load (17): running requests, seats, wait for a seat, pending prompt, context sum, prefill
+#: overhead, per-token time, running long, k1, c1, k2, c2, c3, KV capacity (NaN: unknown), its time,
+#: remaining tokens summed, least ITL target of those not best effort (NaN: none).
+Scalars = tuple[
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+    float,
+]
+
+
+class SmallBatch:
+    """`derive`'s numbers of a batch as Python lists: `scalars` one tuple per load; per running request
+    (one list per load, in its view's order) prefilled, context, remaining and predicted end
+    (`finish`); per harm key the least first-token and inter-token bounds per load and each running
+    request's last-token bound (+inf: none)."""
+
+    __slots__ = ("context", "finish", "harms", "prefilled", "remaining", "scalars")
+
+    def __init__(self) -> None:
+        self.scalars: list[Scalars] = []
+        self.prefilled: list[list[bool]] = []
+        self.context: list[list[float]] = []
+        self.remaining: list[list[float]] = []
+        self.finish: list[list[float]] = []
+        self.harms: list[tuple[list[float], list[float], list[list[float]]]] = []
+
+
+def derive_small(
+    loads: Sequence[tuple[EndpointView, float, Pace]], gamma: float, harm_keys: Sequence[tuple[float, float]]
+) -> SmallBatch:
+    """`derive`'s numbers of `loads` (see the module), for the harm keys `harm_keys`."""
+    out = SmallBatch()
+    harms = out.harms
+    for _ in harm_keys:
+        harms.append(([], [], []))
+    inf = _INF
+    for view, now, pace in loads:
+        c = view.perf or _PRIOR
+        k1, c1, k2, c2, c3 = c.k1, c.c1, c.k2, c.c2, c.c3
+        g = pace.guess
+        kv = view.kv_capacity_tokens
+        running = view.running
+        count = len(running)
+        n = float(count)
+        seats = float(seats_of(view))
+        # per running request: prefilled, produced, remaining, first token at, long, context
+        pre_l: list[bool] = []
+        rem_l: list[float] = []
+        first_l: list[float] = []
+        ctx_l: list[float] = []
+        pending = ctx_sum = running_long = remaining_total = 0.0
+        for j, (r, f) in enumerate(zip(running, pace.fresh, strict=True)):
+            produced_r, at, first_r = r.produced, r.reported_at, r.first_token_at
+            if produced_r is not None and at is not None and first_r is not None:
+                first_at = first_r
+                prefilled = True
+                produced = produced_r + ((now - at) / g if g > 0 else 0.0)
+            else:
+                first_at = r.dispatched_at + k1 * f + c1 + 0.5 * g
+                prefilled = now >= first_at
+                produced = (now - first_at) / g + 1.0 if prefilled and g > 0 else 0.0
+            mt = r.max_tokens
+            cap = inf if mt is None else float(mt)
+            if cap < produced:  # noqa: PLR1730 (derive's where: not min())
+                produced = cap
+            om = r.output_mean
+            mean = om + gamma * r.output_std
+            if produced < mean:
+                remaining = mean - produced
+                long = 0.0
+            else:
+                grown = LONG_GROWTH * produced
+                remaining = grown if grown > 1.0 else 1.0
+                long = (produced - om) / (om if om > 1.0 else 1.0)
+            if cap < inf:
+                room = cap - produced
+                remaining = min(remaining, room)
+                if not remaining > 0.0:
+                    remaining = 0.0
+            context = r.prompt_tokens + produced
+            fresh = 0.0 if prefilled else float(f)
+            if j:
+                pending += fresh
+                ctx_sum += context
+                running_long += long
+                remaining_total += remaining
+            else:  # a cumulative sum starts from its first value
+                pending, ctx_sum, running_long, remaining_total = fresh, context, long, remaining
+            pre_l.append(prefilled)
+            rem_l.append(remaining)
+            first_l.append(first_at)
+            ctx_l.append(context)
+        over = 1.0 + pace.overhead
+        tpot = ((k2 * (ctx_sum / n) + c2) * n + c3) * over if count > 0 else 0.0
+        prefill_pending = k1 * pending + c1 if pending != 0.0 else 0.0
+        fin_l = [rem * tpot + (0.0 if p else prefill_pending) for p, rem in zip(pre_l, rem_l, strict=True)]
+        budget = _NAN
+        for r in running:
+            itl = r.itl_s
+            if itl is not None and not r.best_effort and not itl >= budget:
+                budget = itl
+        for (on_track, margin), (ttft_b, itl_b, e2e_b) in zip(harm_keys, harms, strict=True):
+            least_ttft = least_itl = inf
+            bounds: list[float] = []
+            for r, p, first_at, fin in zip(running, pre_l, first_l, fin_l, strict=True):
+                if r.best_effort:
+                    bounds.append(inf)
+                    continue
+                dl = r.ttft_deadline
+                if dl is not None and not p:
+                    left = dl - now
+                    saved = left - (first_at - now)
+                    if saved >= on_track * left and saved >= 0:
+                        b = saved * margin
+                        least_ttft = min(least_ttft, b)
+                itl = r.itl_s
+                if itl is not None and p:
+                    saved = itl - tpot
+                    if saved >= on_track * itl and saved >= 0:
+                        b = saved * margin
+                        least_itl = min(least_itl, b)
+                dl = r.e2e_deadline
+                if dl is not None:
+                    left = dl - now
+                    saved = left - fin
+                    bounds.append(saved * margin if saved >= on_track * left and saved >= 0 else inf)
+                else:
+                    bounds.append(inf)
+            ttft_b.append(least_ttft)
+            itl_b.append(least_itl)
+            e2e_b.append(bounds)
+        wait_s = 0.5 * tpot
+        if count >= seats:
+            wait_s = sorted(fin_l)[count - int(seats)] + 0.5 * tpot
+        out.scalars.append(
+            (
+                n,
+                seats,
+                wait_s,
+                pending,
+                ctx_sum,
+                pace.overhead,
+                tpot,
+                running_long,
+                k1,
+                c1,
+                k2,
+                c2,
+                c3,
+                _NAN if kv is None else float(kv),
+                now,
+                remaining_total,
+                budget,
+            )
+        )
+        out.prefilled.append(pre_l)
+        out.context.append(ctx_l)
+        out.remaining.append(rem_l)
+        out.finish.append(fin_l)
+    return out
