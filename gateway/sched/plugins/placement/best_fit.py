@@ -309,7 +309,7 @@ class BestFitFilter:
         changed, whose loads are new but whose fitted coefficients are not."""
         got = self._idle.get(req.id)
         if got is None or got[0] is not req:
-            make_room(self._idle, 4096)  # requests come and go: never grow without bound
+            make_room(self._idle, 2048)  # requests come and go: never grow without bound
             got = self._idle[req.id] = (req, {})
         coef = load.coef
         key = (id(coef), prefill_tokens(req, load.view.id))
