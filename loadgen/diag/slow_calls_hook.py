@@ -142,7 +142,7 @@ class Recorder:
         prof: cProfile.Profile,
     ) -> None:
         prof.create_stats()
-        stats: dict[Any, Any] = prof.stats  # type: ignore[attr-defined]  # set by create_stats
+        stats: dict[Any, Any] = prof.stats  # set by create_stats
         ours = [
             (f"{_short(k[0])}:{k[1]}({k[2]})", calls, own * 1000.0, cum * 1000.0)
             for k, (_cc, calls, own, cum, _callers) in stats.items()
