@@ -93,6 +93,11 @@ _ALL: Final = (
         "What the live daemon's young collections walk with a standing queue, by type.",
         "loadgen.diag.gc_census",
     ),
+    Diagnostic(
+        "slow-calls",
+        "Which live scheduler calls are slow with a standing queue: their sizes and profiles, one by one.",
+        "loadgen.diag.slow_calls_live",
+    ),
 )
 
 

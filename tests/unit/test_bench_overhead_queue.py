@@ -17,11 +17,13 @@ from loadgen.bench.overhead.overhead_lag import LagReading
 from loadgen.bench.overhead.overhead_queue import (
     ALL,
     GC,
+    OVER,
     berth_config,
     client_command,
     decision_window,
     gc_window,
     late_lag,
+    over_limit,
     queue_checks,
     queue_lines,
 )
@@ -221,3 +223,16 @@ def test_a_baseline_runs_with_the_coding_classes(name: str, tmp_path: Path) -> N
     assert cfg.policy_file is not None
     assert cfg.policy_file.parent == tmp_path
     assert 'name = "translation"' in cfg.policy_file.read_text()
+
+
+def test_the_calls_over_the_limit_are_listed_one_by_one_in_time_order() -> None:
+    slow = [[12.5, "submit", 0.0061], [10.25, "complete", 0.0059], [11.0, "tick", 0.003]]
+    got = over_limit(slow, start=10.0)
+    assert list(got) == ["complete@0.25", "submit@2.50"]
+    assert list(got.values()) == pytest.approx([5.9, 6.1])
+    berth = _queue("berth", [0.3, 0.5], {
+        ALL: {"calls": 5.0, "p50_le_ms": 0.5, "p99_le_ms": 1.0, "over_limit": 2.0, "max_ms": 6.1},
+        OVER: got,
+    })  # fmt: skip
+    text = "\n".join(queue_lines([berth], 100, 1000))
+    assert "complete@0.25: 5.90, submit@2.50: 6.10" in text

@@ -72,6 +72,8 @@ LATE_MS: Final = 5.0
 ALL: Final = "all"
 #: The key of the garbage collector's figures in `Measurement.decisions` (`gc_window`).
 GC: Final = "gc"
+#: The key of the calls over `DECISION_LIMIT_MS` one by one in `Measurement.decisions` (`over_limit`).
+OVER: Final = "over_limit_calls"
 #: The factor on the task SLAs by default: a call that waits its turn behind 1,000 others is still
 #: feasible, so SLO admission lets it wait rather than refusing it. `bench decisions` uses it too, so
 #: that its submits are the daemon's here (a refusal costs a tenth of a request let wait).
@@ -238,6 +240,16 @@ def late_lag(reading: LagReading, slow: Sequence[Sequence[Any]]) -> dict[str, fl
     return out
 
 
+def over_limit(slow: Sequence[Sequence[Any]], start: float) -> dict[str, float]:
+    """The window's calls over `DECISION_LIMIT_MS` one by one, from the slow calls kept ([ended at, call,
+    seconds]): "CALL@S" (S: seconds into the window when it ended, from `start`) -> ms, in time order."""
+    return {
+        f"{c}@{float(t) - start:.2f}": float(s) * 1000.0
+        for t, c, s in sorted(slow, key=lambda x: float(x[0]))
+        if float(s) * 1000.0 > DECISION_LIMIT_MS
+    }
+
+
 def gc_window(before: dict[str, Any], after: dict[str, Any], reading: LagReading | None) -> dict[str, float]:
     """berth's garbage collections between two readings of its `gc` document (`after` with the pauses
     numbered above `before`'s `taken`): per generation the collections, their total and longest pause
@@ -314,6 +326,8 @@ def _queue_phase(
     decisions = {} if before is None or after is None else decision_window(before, after)
     if reading is not None and after is not None and ALL in decisions:
         decisions[ALL].update(late_lag(reading, after["slow"]))
+        if reading.taken_at:
+            decisions[OVER] = over_limit(after["slow"], reading.taken_at[0])
     if gc_before is not None and gc_after is not None:
         decisions[GC] = gc_window(gc_before, gc_after, reading)
     if depth_before is not None and depth_after is not None:
@@ -396,6 +410,12 @@ def queue_lines(ms: Sequence[Measurement], fleet: int, depth: int) -> list[str]:
                 + (f" ({kinds})" if kinds else "")
             )
         out += _gc_lines(berth.decisions.get(GC))
+        over = berth.decisions.get(OVER)
+        if over:
+            out.append(
+                f"calls over {DECISION_LIMIT_MS:g} ms (call@seconds into the window: ms; `berth-loadgen diag "
+                "slow-calls` profiles them): " + ", ".join(f"{k}: {v:.2f}" for k, v in over.items())
+            )
         out.append("berth's scheduler calls in the window (p50/p99: bucket bounds; longest exact from 2 ms)")
         for name, f in berth.decisions.items():
             if "calls" not in f:

@@ -62,6 +62,7 @@ from gateway.core.types import RequestId
 from gateway.sched.fleet_loads import COLUMNS_FROM_LOADS, fleet_loads
 from gateway.sched.harms import breaks_deadlines
 from gateway.sched.loads import LoadCache
+from gateway.sched.memo import make_room
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.plugins.placement.best_fit_bounds import (
@@ -314,8 +315,7 @@ class BestFitFilter:
         changed, whose loads are new but whose fitted coefficients are not."""
         got = self._idle.get(req.id)
         if got is None or got[0] is not req:
-            if len(self._idle) >= 4096:  # requests come and go: never grow without bound
-                self._idle = {}
+            make_room(self._idle, 2048)  # requests come and go: never grow without bound
             got = self._idle[req.id] = (req, {})
         coef = load.coef
         key = (id(coef), prefill_tokens(req, load.view.id))
