@@ -35,8 +35,9 @@ from unittest import mock
 
 import numpy as np
 
-from gateway.sched.load_batch import Pending, derive
+from gateway.sched.load_batch import Pending
 from gateway.sched.plugins.admission import seat_order, slo_feasibility
+from gateway.sched.plugins.admission.seat_ends import ends
 from gateway.sched.predict import EndpointLoad
 from loadgen.bench.overhead.decision_cost import PRESETS, DecisionConfig, measure_preset
 
@@ -61,8 +62,7 @@ def _both(todo: list[Pending]) -> _Batch:
     saved = [(r, r.running, r.per.copy()) for r in rows.values()]
     kept = sum(a is not None for _, a in paces)
     t0 = clock()
-    finish = derive([(p.view, p.now, p.pace) for p in todo], todo[0].params, ()).finish
-    derived = [finish[i, : p.n] for i, p in enumerate(todo)]
+    derived = ends(todo)
     t1 = clock()
     for pace, a in paces:
         pace.arrays = a

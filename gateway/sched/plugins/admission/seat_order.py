@@ -15,7 +15,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from gateway.sched.load_batch import Pending, derive
+from gateway.sched.load_batch import Pending
+from gateway.sched.plugins.admission.seat_ends import ends
 from gateway.sched.predict import EndpointLoad
 
 _Floats = npt.NDArray[np.float64]
@@ -60,10 +61,8 @@ def _seat_frees(loads: Sequence[EndpointLoad | Pending], batch_from: int) -> lis
         for i, p in todo:
             arrays[i] = _memo(p.load())
     elif todo:
-        params = todo[0][1].params
-        finish = derive([(p.view, p.now, p.pace) for _, p in todo], params, ()).finish
-        for row, (i, p) in enumerate(todo):
-            arrays[i] = p.seat_free = finish[row, : p.n]
+        for (i, p), got in zip(todo, ends([p for _, p in todo]), strict=True):
+            arrays[i] = p.seat_free = got
     return arrays
 
 
@@ -75,10 +74,13 @@ def _memo(load: EndpointLoad) -> _Floats:
     return arr
 
 
-#: Running requests' ends up to which a first question sorts them all (a stable sort of a thousand is
-#: cheaper than the partition and the two scans that find one k-th among ties); past it the first
-#: question is answered by a partition, and a second one sorts.
-SORT_UP_TO: Final = 4096
+#: Running requests' ends up to which a first question sorts them all; past it the first question is
+#: answered by a partition (and the two scans that find one k-th among ties), and a second one sorts.
+#: Inside a decisions run (1,000 queued, about 1,600 running requests' ends, each order asked once) a
+#: stable argsort costs about 75 µs and the partition with its scans about 45 (a sort timed again and
+#: again on the same array is far cheaper than on fresh ends: docs/submit-cost.md), so every first
+#: question partitions.
+SORT_UP_TO: Final = 0
 #: A new list of loads of which at most this share are other objects than the last one's renews the
 #: order (`SeatOrder.renewed`: only their ends are replaced); more, and it is made anew.
 RENEW_SHARE: Final = 0.25
