@@ -22,14 +22,14 @@ from gateway.sched.predict import EndpointLoad
 _Floats = npt.NDArray[np.float64]
 _EMPTY: _Floats = np.zeros(0, dtype=np.float64)
 
-#: Pending loads with running requests from which their ends are derived together as arrays; below it
-#: each is made as an `EndpointLoad`. Measured on the same loads inside a decisions run (`berth-loadgen
-#: diag seat-ends`, docs/submit-cost.md): a load made costs about 15-19 µs (about 15 running requests); a
-#: batch about 220-240 µs, plus about 5-8 µs a load whose rows are kept on its pace (`Pace.arrays`: a
-#: batch makes them, and a load remade for its age alone takes them over) and about 28-30 µs a load whose
-#: rows are made first. A batch pays from about 15-23 loads with rows kept, and once a batch made the
-#: rows nearly every load admission remakes has them (they stay while the endpoint's running requests
-#: do, and a load is remade for its age every 20-40 ms meanwhile).
+#: Pending loads with running requests from which their ends are derived together as arrays
+#: (`seat_ends.ends`); below it each is made as an `EndpointLoad`. Measured on the same loads inside a
+#: decisions run (`berth-loadgen diag seat-ends`, docs/submit-cost.md): a load made costs about 15-20 µs
+#: (about 16 running requests); a batch about 135 µs, plus about 5 µs a load whose rows are kept on its
+#: pace (`Pace.arrays`: a batch makes them; a load remade for its age alone, or for new coefficients
+#: with the same running requests, takes them over) and about 26 µs a load whose rows are made first. A
+#: batch pays from about 13 loads with rows kept, and once a batch made the rows nearly every load
+#: admission remakes has them (they stay while the endpoint's running requests do).
 SEAT_ENDS_FROM: Final = 16
 
 
