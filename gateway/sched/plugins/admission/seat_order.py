@@ -57,27 +57,13 @@ def _seat_frees(loads: Sequence[EndpointLoad | Pending], batch_from: int) -> lis
         else:
             load = ref
         arrays.append(_memo(load))
-    if todo and not _batched(todo, batch_from):
+    if todo and len(todo) < batch_from:
         for i, p in todo:
             arrays[i] = _memo(p.load())
     elif todo:
         for (i, p), got in zip(todo, ends([p for _, p in todo]), strict=True):
             arrays[i] = p.seat_free = got
     return arrays
-
-
-def _batched(todo: list[tuple[int, Pending]], batch_from: int) -> bool:
-    """Whether the ends of `todo` are derived together: `batch_from` of them or more, and no more of them
-    without rows kept on their paces than with (a load's rows cost more to make than the load: a batch of
-    loads without them, the loads of endpoints last remade one by one, was the slowest submits'), or
-    twice as many (loads remade at once after a pause: their rows are made, for the next time)."""
-    n = len(todo)
-    if n < batch_from:
-        return False
-    if n >= 2 * batch_from:
-        return True
-    kept = sum(1 for _, p in todo if p.pace.arrays is not None)
-    return 2 * kept >= n
 
 
 def _memo(load: EndpointLoad) -> _Floats:
