@@ -4,8 +4,9 @@ endpoints, the task SLAs x30).
 
 Each time admission's seat order (`gateway.sched.plugins.admission.seat_order`) finds pending loads whose
 ends it needs, both paths are timed on them by the thread's CPU time before the run goes on as it
-would: `load_batch.derive` over all of them (the rows a load's pace keeps, `Pace.arrays`, restored
-afterwards, so the run and the other path see them as they were), then an `EndpointLoad` made for each.
+would: `seat_ends.ends` over all of them, the path the run takes (the rows a load's pace keeps,
+`Pace.arrays`, restored afterwards, so the run and the other path see them as they were), then an
+`EndpointLoad` made for each.
 The answers are checked equal. A load whose rows are kept on its pace (placement over columns or an
 earlier batch derived a load of the same running requests) costs a batch less than one whose running
 requests changed (its rows are made first).
