@@ -88,21 +88,8 @@ class _Rows:
     __slots__ = ("meta", "per", "running")
 
     def __init__(self, view: EndpointView, pace: Pace) -> None:
-        c = view.perf or _PRIOR
         running = view.running
-        kv = view.kv_capacity_tokens
-        self.meta = (
-            float(len(running)),
-            float(seats_of(view)),
-            _NAN if kv is None else float(kv),
-            pace.overhead,
-            pace.guess,
-            c.k1,
-            c.c1,
-            c.k2,
-            c.c2,
-            c.c3,
-        )
+        self.meta = _Rows.meta_of(view, pace)
         rows = [
             (
                 r.dispatched_at,
@@ -121,6 +108,24 @@ class _Rows:
         ]
         self.per: _Floats = np.array(rows, dtype=np.float64).reshape(len(rows), _WIDTH)
         self.running = running
+
+    @staticmethod
+    def meta_of(view: EndpointView, pace: Pace) -> tuple[float, ...]:
+        """The load's scalars (`meta`)."""
+        c = view.perf or _PRIOR
+        kv = view.kv_capacity_tokens
+        return (
+            float(len(view.running)),
+            float(seats_of(view)),
+            _NAN if kv is None else float(kv),
+            pace.overhead,
+            pace.guess,
+            c.k1,
+            c.c1,
+            c.k2,
+            c.c2,
+            c.c3,
+        )
 
     def of(self, view: EndpointView) -> _Floats:
         """`per`, its progress that of `view`'s running requests (the same requests as `running`'s)."""
@@ -144,6 +149,21 @@ def _progress(r: RunningRequest) -> tuple[float, float, float]:
         _NAN if at is None else at,
         _NAN if first is None else first,
     )
+
+
+def carry_rows(old: Pace, view: EndpointView, pace: Pace) -> None:
+    """Keep on `pace` (a view's new pace: new coefficients, KV capacity or cap after a refit) the rows
+    kept on `old`, the pace of an earlier view of the same endpoint with the same running requests apart
+    from their progress (`same_requests`): a running request's row does not depend on the coefficients,
+    only the load's scalars do, and those are made again."""
+    got = old.arrays
+    if type(got) is not _Rows or pace.arrays is not None:
+        return
+    made = _Rows.__new__(_Rows)
+    made.meta = _Rows.meta_of(view, pace)
+    made.per = got.per.copy()
+    made.running = got.running
+    pace.arrays = made
 
 
 def _rows(view: EndpointView, pace: Pace) -> _Rows:

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from gateway.core.types import EndpointId
-from gateway.sched.load_batch import Pending
-from gateway.sched.load_terms import pace_for, progress_only
+from gateway.sched.load_batch import Pending, carry_rows
+from gateway.sched.load_terms import pace_for, progress_only, same_requests
 from gateway.sched.perf import default_prior
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.snapshot import EndpointView
@@ -140,11 +140,14 @@ class LoadCache:
         fresh: EndpointLoad | Pending
         if like is not None and not like.n and like.view is view:
             fresh = like
-        elif lazy:
-            params = self.params
-            fresh = Pending(view, now, params, pace_for(view, view.perf or _PRIOR, params, like))
         else:
-            fresh = EndpointLoad(view, now, self.params, like=like)
+            params = self.params
+            pace = pace_for(view, view.perf or _PRIOR, params, like)
+            if like is not None and pace is not like.pace and same_requests(view.running, like.view.running):
+                # new coefficients (a refit), KV capacity or cap, the same running requests: their rows
+                # are the old pace's (`load_batch.carry_rows`)
+                carry_rows(like.pace, view, pace)
+            fresh = Pending(view, now, params, pace) if lazy else EndpointLoad(view, now, params, pace=pace)
         touched = self.touched
         if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
             if touched is not None:

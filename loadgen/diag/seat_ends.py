@@ -4,8 +4,9 @@ endpoints, the task SLAs x30).
 
 Each time admission's seat order (`gateway.sched.plugins.admission.seat_order`) finds pending loads whose
 ends it needs, both paths are timed on them by the thread's CPU time before the run goes on as it
-would: `load_batch.derive` over all of them (the rows a load's pace keeps, `Pace.arrays`, restored
-afterwards, so the run and the other path see them as they were), then an `EndpointLoad` made for each.
+would: `seat_ends.ends` over all of them, the path the run takes (the rows a load's pace keeps,
+`Pace.arrays`, restored afterwards, so the run and the other path see them as they were), then an
+`EndpointLoad` made for each.
 The answers are checked equal. A load whose rows are kept on its pace (placement over columns or an
 earlier batch derived a load of the same running requests) costs a batch less than one whose running
 requests changed (its rows are made first).
@@ -35,8 +36,9 @@ from unittest import mock
 
 import numpy as np
 
-from gateway.sched.load_batch import Pending, derive
+from gateway.sched.load_batch import Pending
 from gateway.sched.plugins.admission import seat_order, slo_feasibility
+from gateway.sched.plugins.admission.seat_ends import ends
 from gateway.sched.predict import EndpointLoad
 from loadgen.bench.overhead.decision_cost import PRESETS, DecisionConfig, measure_preset
 
@@ -61,8 +63,7 @@ def _both(todo: list[Pending]) -> _Batch:
     saved = [(r, r.running, r.per.copy()) for r in rows.values()]
     kept = sum(a is not None for _, a in paces)
     t0 = clock()
-    finish = derive([(p.view, p.now, p.pace) for p in todo], todo[0].params, ()).finish
-    derived = [finish[i, : p.n] for i, p in enumerate(todo)]
+    derived = ends(todo)
     t1 = clock()
     for pace, a in paces:
         pace.arrays = a

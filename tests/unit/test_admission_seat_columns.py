@@ -127,7 +127,7 @@ class _Plain(SloFeasibilityAdmitter):
     batch_from=st.sampled_from((1, 4, SEAT_ENDS_FROM)),
     warm=st.sampled_from((0, 1, 2)),
     share=st.sampled_from((0.0, RENEW_SHARE, 1.0)),
-    sort_up_to=st.sampled_from((0, SORT_UP_TO)),
+    sort_up_to=st.sampled_from((SORT_UP_TO, 1 << 30)),
 )
 def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noqa: PLR0917
     endpoints: list[Endpoint],
@@ -141,7 +141,7 @@ def test_the_seat_it_waits_for_is_found_over_arrays_with_the_same_answer(  # noq
     share: float,
     sort_up_to: int,
 ) -> None:
-    with mock.patch.object(seat_order, "SORT_UP_TO", sort_up_to):  # 0: a first question partitions
+    with mock.patch.object(seat_order, "SORT_UP_TO", sort_up_to):  # 1 << 30: a first question sorts
         _same_answers(endpoints, steps, preempts, columns, assume_full, ks, batch_from, warm, share)
 
 
@@ -257,7 +257,7 @@ _ends = st.lists(st.sampled_from((-0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, math.inf))
         min_size=1,
         max_size=8,
     ),
-    sort_up_to=st.sampled_from((0, SORT_UP_TO)),
+    sort_up_to=st.sampled_from((SORT_UP_TO, 1 << 30)),
 )
 def test_a_renewed_order_answers_every_kth_as_one_made_anew(
     first: list[list[float]], steps: list[tuple[list[tuple[int, list[float]]], bool]], sort_up_to: int

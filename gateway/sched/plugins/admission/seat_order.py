@@ -15,20 +15,21 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from gateway.sched.load_batch import Pending, derive
+from gateway.sched.load_batch import Pending
+from gateway.sched.plugins.admission.seat_ends import ends
 from gateway.sched.predict import EndpointLoad
 
 _Floats = npt.NDArray[np.float64]
 _EMPTY: _Floats = np.zeros(0, dtype=np.float64)
 
-#: Pending loads with running requests from which their ends are derived together as arrays; below it
-#: each is made as an `EndpointLoad`. Measured on the same loads inside a decisions run (`berth-loadgen
-#: diag seat-ends`, docs/submit-cost.md): a load made costs about 15-19 µs (about 15 running requests); a
-#: batch about 220-240 µs, plus about 5-8 µs a load whose rows are kept on its pace (`Pace.arrays`: a
-#: batch makes them, and a load remade for its age alone takes them over) and about 28-30 µs a load whose
-#: rows are made first. A batch pays from about 15-23 loads with rows kept, and once a batch made the
-#: rows nearly every load admission remakes has them (they stay while the endpoint's running requests
-#: do, and a load is remade for its age every 20-40 ms meanwhile).
+#: Pending loads with running requests from which their ends are derived together as arrays
+#: (`seat_ends.ends`); below it each is made as an `EndpointLoad`. Measured on the same loads inside a
+#: decisions run (`berth-loadgen diag seat-ends`, docs/submit-cost.md): a load made costs about 15-20 µs
+#: (about 16 running requests); a batch about 135 µs, plus about 5 µs a load whose rows are kept on its
+#: pace (`Pace.arrays`: a batch makes them; a load remade for its age alone, or for new coefficients
+#: with the same running requests, takes them over) and about 26 µs a load whose rows are made first. A
+#: batch pays from about 13 loads with rows kept, and once a batch made the rows nearly every load
+#: admission remakes has them (they stay while the endpoint's running requests do).
 SEAT_ENDS_FROM: Final = 16
 
 
@@ -60,10 +61,8 @@ def _seat_frees(loads: Sequence[EndpointLoad | Pending], batch_from: int) -> lis
         for i, p in todo:
             arrays[i] = _memo(p.load())
     elif todo:
-        params = todo[0][1].params
-        finish = derive([(p.view, p.now, p.pace) for _, p in todo], params, ()).finish
-        for row, (i, p) in enumerate(todo):
-            arrays[i] = p.seat_free = finish[row, : p.n]
+        for (i, p), got in zip(todo, ends([p for _, p in todo]), strict=True):
+            arrays[i] = p.seat_free = got
     return arrays
 
 
@@ -75,10 +74,13 @@ def _memo(load: EndpointLoad) -> _Floats:
     return arr
 
 
-#: Running requests' ends up to which a first question sorts them all (a stable sort of a thousand is
-#: cheaper than the partition and the two scans that find one k-th among ties); past it the first
-#: question is answered by a partition, and a second one sorts.
-SORT_UP_TO: Final = 4096
+#: Running requests' ends up to which a first question sorts them all; past it the first question is
+#: answered by a partition (and the two scans that find one k-th among ties), and a second one sorts.
+#: Inside a decisions run (1,000 queued, about 1,600 running requests' ends, each order asked once) a
+#: stable argsort costs about 75 µs and the partition with its scans about 45 (a sort timed again and
+#: again on the same array is far cheaper than on fresh ends: docs/submit-cost.md), so every first
+#: question partitions.
+SORT_UP_TO: Final = 0
 #: A new list of loads of which at most this share are other objects than the last one's renews the
 #: order (`SeatOrder.renewed`: only their ends are replaced); more, and it is made anew.
 RENEW_SHARE: Final = 0.25
