@@ -35,6 +35,7 @@ from gateway.sched.idle import IdleBound, IdleTerms, KeptBounds
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome, PreemptionRules
 from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache, LoadCaches
+from gateway.sched.memo import make_room
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
@@ -226,11 +227,11 @@ class SloFeasibilityAdmitter:
         got = self._terms.get(req.id)
         if got is not None and got[0] is req:
             return got[1]
-        terms = self._terms
-        if len(terms) >= _TERMS_KEPT:
-            terms.clear()
+        # requests come and go: the oldest forgotten a few at a time (emptied whole, 32,768 requests
+        # would be freed inside one call)
+        make_room(self._terms, _TERMS_KEPT)
         made = IdleTerms.of(req, self._cache.params.gamma)
-        terms[req.id] = (req, made)
+        self._terms[req.id] = (req, made)
         return made
 
     def _late_everywhere(
