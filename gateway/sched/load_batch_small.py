@@ -3,10 +3,10 @@ loads with few running requests between them, where numpy's fixed cost per call 
 hundred calls, some 100 µs) is more than a Python step per running request.
 
 The arithmetic is `derive`'s, operation by operation in the same order (numpy's float64 operations round
-as Python's do); the sums over a load's running requests are taken one after another from its first
-request, as `derive`'s cumulative sums along a padded row are (its padding adds 0.0 at the end, which
-can only turn a -0.0 into 0.0: equal either way). `tests/unit/test_sched_load_batch_small.py` pins
-both paths to the same numbers on random fleets.
+as Python's do); each running request's state and the sums over a load's are `EndpointLoad`'s own
+(`gateway.sched.predict.running_states`), taken one after another as `derive`'s cumulative sums along a
+padded row are (starting from 0.0 and padded with 0.0 can only turn a -0.0 into 0.0: equal either
+way). `tests/unit/test_sched_load_batch_small.py` pins both paths to the same numbers on random fleets.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Final
 
 from gateway.sched.load_terms import Pace
 from gateway.sched.perf import default_prior
-from gateway.sched.predict import LONG_GROWTH, seats_of
+from gateway.sched.predict import running_states, seats_of
 from gateway.sched.snapshot import EndpointView
 
 _PRIOR: Final = default_prior()
@@ -27,25 +27,7 @@ _INF: Final = math.inf
 #: Per load (17): running requests, seats, wait for a seat, pending prompt, context sum, prefill
 #: overhead, per-token time, running long, k1, c1, k2, c2, c3, KV capacity (NaN: unknown), its time,
 #: remaining tokens summed, least ITL target of those not best effort (NaN: none).
-Scalars = tuple[
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-    float,
-]
+Scalars = tuple[float, ...]
 
 
 class SmallBatch:
@@ -83,53 +65,18 @@ def derive_small(
         count = len(running)
         n = float(count)
         seats = float(seats_of(view))
-        # per running request: prefilled, produced, remaining, first token at, long, context
-        pre_l: list[bool] = []
-        rem_l: list[float] = []
-        first_l: list[float] = []
-        ctx_l: list[float] = []
-        pending = ctx_sum = running_long = remaining_total = 0.0
-        for j, (r, f) in enumerate(zip(running, pace.fresh, strict=True)):
-            produced_r, at, first_r = r.produced, r.reported_at, r.first_token_at
-            if produced_r is not None and at is not None and first_r is not None:
-                first_at = first_r
-                prefilled = True
-                produced = produced_r + ((now - at) / g if g > 0 else 0.0)
-            else:
-                first_at = r.dispatched_at + k1 * f + c1 + 0.5 * g
-                prefilled = now >= first_at
-                produced = (now - first_at) / g + 1.0 if prefilled and g > 0 else 0.0
-            mt = r.max_tokens
-            cap = inf if mt is None else float(mt)
-            if cap < produced:  # noqa: PLR1730 (derive's where: not min())
-                produced = cap
-            om = r.output_mean
-            mean = om + gamma * r.output_std
-            if produced < mean:
-                remaining = mean - produced
-                long = 0.0
-            else:
-                grown = LONG_GROWTH * produced
-                remaining = grown if grown > 1.0 else 1.0
-                long = (produced - om) / (om if om > 1.0 else 1.0)
-            if cap < inf:
-                room = cap - produced
-                remaining = min(remaining, room)
-                if not remaining > 0.0:
-                    remaining = 0.0
-            context = r.prompt_tokens + produced
-            fresh = 0.0 if prefilled else float(f)
-            if j:
-                pending += fresh
-                ctx_sum += context
-                running_long += long
-                remaining_total += remaining
-            else:  # a cumulative sum starts from its first value
-                pending, ctx_sum, running_long, remaining_total = fresh, context, long, remaining
-            pre_l.append(prefilled)
-            rem_l.append(remaining)
-            first_l.append(first_at)
-            ctx_l.append(context)
+        # per running request (prefilled, produced, remaining, first token from now, long) and the sums
+        # over them, `EndpointLoad`'s own (Python floats, one after another from 0.0: a cumulative sum's
+        # last value)
+        states, pending, ctx_sum, running_long = running_states(
+            running, pace.fresh, now, guess=g, k1=k1, c1=c1, gamma=gamma
+        )
+        pre_l = [st[0] for st in states]
+        rem_l = [st[2] for st in states]
+        ctx_l = [r.prompt_tokens + st[1] for r, st in zip(running, states, strict=True)]
+        remaining_total = 0.0
+        for rem in rem_l:  # (not `sum`: its compensated float sum is not a cumulative sum's)
+            remaining_total += rem
         over = 1.0 + pace.overhead
         tpot = ((k2 * (ctx_sum / n) + c2) * n + c3) * over if count > 0 else 0.0
         prefill_pending = k1 * pending + c1 if pending != 0.0 else 0.0
@@ -142,14 +89,15 @@ def derive_small(
         for (on_track, margin), (ttft_b, itl_b, e2e_b) in zip(harm_keys, harms, strict=True):
             least_ttft = least_itl = inf
             bounds: list[float] = []
-            for r, p, first_at, fin in zip(running, pre_l, first_l, fin_l, strict=True):
+            for r, st, fin in zip(running, states, fin_l, strict=True):
+                p = st[0]
                 if r.best_effort:
                     bounds.append(inf)
                     continue
                 dl = r.ttft_deadline
                 if dl is not None and not p:
                     left = dl - now
-                    saved = left - (first_at - now)
+                    saved = left - st[3]
                     if saved >= on_track * left and saved >= 0:
                         b = saved * margin
                         least_ttft = min(least_ttft, b)

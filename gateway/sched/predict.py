@@ -40,7 +40,7 @@ arithmetic operations per request and endpoint.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
 from gateway.sched.joining import join_delays
@@ -50,6 +50,7 @@ from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.prediction import Harm, Prediction, PredictParams, Tail, seats_of
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import (
+    RunningRequest,
     output_estimate,
     prefill_tokens,
     remaining_max_tokens,
@@ -133,46 +134,11 @@ class EndpointLoad:
         over = 1.0 + pace.overhead
         guess = pace.guess
         k1, c1 = coef.k1, coef.c1
-        # Per running request, in order: (prefilled, produced, remaining, first_s, long). The running
-        # states (`running`) are made from these only when asked for: most loads are only asked for
-        # their sums. Builtin min/max are spelled out as comparisons (same results) on this hot path.
-        states: list[tuple[bool, float, float, float, float]] = []
-        ctx_sum = 0.0
-        pending = 0.0
-        long_total = 0.0
-        inf = math.inf
-        for r, f in zip(reqs, pace.fresh, strict=True):
-            if r.produced is not None and r.reported_at is not None and r.first_token_at is not None:
-                # reported by the dispatcher: its count then, and tokens at the current pace since
-                first_at = r.first_token_at
-                prefilled = True
-                produced = r.produced + ((now - r.reported_at) / guess if guess > 0 else 0.0)
-            else:
-                first_at = r.dispatched_at + k1 * f + c1 + 0.5 * guess
-                prefilled = now >= first_at
-                produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
-            mt = r.max_tokens
-            cap = inf if mt is None else float(mt)
-            if cap < produced:  # noqa: PLR1730 (min() is a call per running request)
-                produced = cap
-            mean = r.output_mean + gamma * r.output_std
-            if produced < mean:
-                remaining = mean - produced
-                long = 0.0
-            else:
-                grown = LONG_GROWTH * produced
-                remaining = grown if grown > 1.0 else 1.0
-                om = r.output_mean
-                long = (produced - r.output_mean) / (om if om > 1.0 else 1.0)
-            if cap < inf:
-                room = cap - produced
-                remaining = room if room < remaining else remaining
-                remaining = remaining if remaining > 0.0 else 0.0
-            if not prefilled:
-                pending += f
-            ctx_sum += r.prompt_tokens + produced
-            long_total += long
-            states.append((prefilled, produced, remaining, first_at - now, long))
+        # The running states (`running`) are made from `states` only when asked for: most loads are only
+        # asked for their sums.
+        states, pending, ctx_sum, long_total = running_states(
+            reqs, pace.fresh, now, guess=guess, k1=k1, c1=c1, gamma=gamma
+        )
         self.ctx_sum = ctx_sum
         self.pending_prompt = pending
         self.running_long = long_total
@@ -214,7 +180,7 @@ class EndpointLoad:
         return self._pace
 
     @property
-    def states(self) -> list[tuple[bool, float, float, float, float]]:
+    def states(self) -> list[State]:
         """Per running request, in the view's order: (prefilled, produced, remaining, first_s, long), as
         its running state (`running`) has them, without making the states (read-only)."""
         return self._states
@@ -385,6 +351,65 @@ class EndpointLoad:
             items = [(s.context, s.remaining) for s in self.running]
             got = self.memo["kv-peak"] = KvPeak(items, self.coef.h, self.coef.j)
         return got.with_extra(*extra)
+
+
+#: A running request's state now: prefilled, tokens produced, tokens remaining, its first token's time
+#: from now, how far past its predicted length it ran (a share of it).
+State = tuple[bool, float, float, float, float]
+
+
+def running_states(
+    reqs: Sequence[RunningRequest],
+    fresh: Sequence[int],
+    now: float,
+    *,
+    guess: float,
+    k1: float,
+    c1: float,
+    gamma: float,
+) -> tuple[list[State], float, float, float]:
+    """Each of `reqs`' state at `now` (`fresh`: its prompt tokens not cached, `guess`: the per-token
+    time, `k1`/`c1`: the prefill's coefficients), in order, and their sums: the pending prompt tokens of
+    those not prefilled, the contexts, the long shares (each added one after another from 0.0)."""
+    # Builtin min/max are spelled out as comparisons (same results) on this hot path.
+    states: list[State] = []
+    ctx_sum = 0.0
+    pending = 0.0
+    long_total = 0.0
+    inf = math.inf
+    for r, f in zip(reqs, fresh, strict=True):
+        if r.produced is not None and r.reported_at is not None and r.first_token_at is not None:
+            # reported by the dispatcher: its count then, and tokens at the current pace since
+            first_at = r.first_token_at
+            prefilled = True
+            produced = r.produced + ((now - r.reported_at) / guess if guess > 0 else 0.0)
+        else:
+            first_at = r.dispatched_at + k1 * f + c1 + 0.5 * guess
+            prefilled = now >= first_at
+            produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
+        mt = r.max_tokens
+        cap = inf if mt is None else float(mt)
+        if cap < produced:  # noqa: PLR1730 (min() is a call per running request)
+            produced = cap
+        mean = r.output_mean + gamma * r.output_std
+        if produced < mean:
+            remaining = mean - produced
+            long = 0.0
+        else:
+            grown = LONG_GROWTH * produced
+            remaining = grown if grown > 1.0 else 1.0
+            om = r.output_mean
+            long = (produced - r.output_mean) / (om if om > 1.0 else 1.0)
+        if cap < inf:
+            room = cap - produced
+            remaining = room if room < remaining else remaining
+            remaining = remaining if remaining > 0.0 else 0.0
+        if not prefilled:
+            pending += f
+        ctx_sum += r.prompt_tokens + produced
+        long_total += long
+        states.append((prefilled, produced, remaining, first_at - now, long))
+    return states, pending, ctx_sum, long_total
 
 
 def idle_service(view: EndpointView, req: SchedRequest, params: PredictParams) -> Prediction:
