@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -34,22 +33,13 @@ from typing import Any
 
 import orjson
 
-from loadgen.bench.overhead.proxy import main as bench_main
 from loadgen.diag.gc_census_hook import REFERRERS_ENV
+from loadgen.diag.queue_hook import hooked_python, run_queue, split_args
 
 
 def wrapper(path: Path, census: Path) -> Path:
     """An interpreter for `--python`: `-m gateway.cli ...` under the census hook, anything else as is."""
-    py, out = shlex.quote(sys.executable), shlex.quote(str(census))
-    path.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1" = "-m" ] && [ "$2" = "gateway.cli" ]; then\n'
-        f'  shift 2; exec {py} -m loadgen.diag.gc_census_hook {out} gateway.cli "$@"\n'
-        "fi\n"
-        f'exec {py} "$@"\n'
-    )
-    path.chmod(0o755)
-    return path
+    return hooked_python(path, "loadgen.diag.gc_census_hook", str(census))
 
 
 def load(census: Path) -> list[dict[str, Any]]:
@@ -176,11 +166,7 @@ def print_summary(doc: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    bench_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, bench_args = argv[:cut], argv[cut + 1 :]
+    argv, bench_args = split_args(argv)
     p = argparse.ArgumentParser(
         prog="berth-loadgen diag gc-census", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -200,10 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     census.unlink(missing_ok=True)
     python = wrapper(out / "python.sh", census)
     os.environ[REFERRERS_ENV] = args.holders  # the wrapper's berth inherits it
-    bench_main([
-        "--tests", "queue", "--configs", "berth", "--python", str(python), "--out", str(out / "bench"),
-        *bench_args,
-    ])  # fmt: skip
+    run_queue(python, out / "bench", bench_args)
     if not census.is_file():
         print(f"no census was written ({census}): did berth start?", file=sys.stderr)
         return 1

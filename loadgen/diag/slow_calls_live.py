@@ -18,7 +18,6 @@ totals last), DIR/bench/ (the benchmark's report).
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from typing import Any, Final
 
 import orjson
 
-from loadgen.bench.overhead.proxy import main as bench_main
+from loadgen.diag.queue_hook import hooked_python, run_queue, split_args
 
 #: Counters a record carries (`slow_calls_hook._COUNTED`), in the order printed.
 COUNTERS: Final = ("ranks", "placements", "queue_firsts", "snapshots", "loads_made", "pending_made")
@@ -35,16 +34,7 @@ COUNTERS: Final = ("ranks", "placements", "queue_firsts", "snapshots", "loads_ma
 
 def wrapper(path: Path, out: Path, threshold_ms: float) -> Path:
     """An interpreter for `--python`: `-m gateway.cli ...` under the hook, anything else as is."""
-    py, dest = shlex.quote(sys.executable), shlex.quote(str(out))
-    path.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1" = "-m" ] && [ "$2" = "gateway.cli" ]; then\n'
-        f'  shift 2; exec {py} -m loadgen.diag.slow_calls_hook {dest} {threshold_ms!r} gateway.cli "$@"\n'
-        "fi\n"
-        f'exec {py} "$@"\n'
-    )
-    path.chmod(0o755)
-    return path
+    return hooked_python(path, "loadgen.diag.slow_calls_hook", str(out), repr(threshold_ms))
 
 
 def load(path: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
@@ -107,11 +97,7 @@ def report(recs: Sequence[dict[str, Any]], totals: dict[str, dict[str, float]], 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    bench_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, bench_args = argv[:cut], argv[cut + 1 :]
+    argv, bench_args = split_args(argv)
     p = argparse.ArgumentParser(
         prog="berth-loadgen diag slow-calls", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -125,10 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = out / "slow-calls.jsonl"
     records.unlink(missing_ok=True)
     python = wrapper(out / "python.sh", records, args.threshold_ms)
-    bench_main([
-        "--tests", "queue", "--configs", "berth", "--python", str(python), "--out", str(out / "bench"),
-        *bench_args,
-    ])  # fmt: skip
+    run_queue(python, out / "bench", bench_args)
     if not records.is_file():
         print(f"nothing was recorded ({records}): did berth start?", file=sys.stderr)
         return 1
