@@ -1,5 +1,8 @@
 """Aladdin's best-fit request placement as a filter that keeps one endpoint.
 
+(Over 450 lines: a sixth of it is this statement of the four constraints the filter checks; its bounds
+and its orders already stand apart, in `best_fit_bounds` and `best_fit_order`.)
+
 Endpoints are tried most loaded first, by ``capacity_norm`` = the L2 norm of (running / cap,
 Σ(l_in + γ·l_out) / KV capacity); endpoints whose running requests are running long (their output
 lengths were under-estimated, so they are more loaded than their predictions say) are tried last
