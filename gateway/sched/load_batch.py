@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -278,6 +278,34 @@ def derived_from(got: SmallBatch, harm_keys: Sequence[tuple[float, float]]) -> D
     )
 
 
+def progress(
+    per: _Floats, now: _Floats, g: _Floats, k1: _Floats, c1: _Floats, *, gamma: float
+) -> tuple[_Floats, _Mask, _Floats, _Floats, _Mask]:
+    """`EndpointLoad`'s running states as arrays, from running requests' rows (`per`) and, per request,
+    its load's time, pace and prefill coefficients: each one's first token's time, whether it is
+    prefilled, its tokens produced and remaining, and whether it is within its predicted length."""
+    f = per[:, _FRESH]
+    prog = per[:, _PRODUCED:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        reported = ~np.isnan(prog).any(axis=1)
+        first_at = np.where(reported, prog[:, 2], per[:, _DISPATCHED] + k1 * f + c1 + 0.5 * g)
+        prefilled = reported | (now >= first_at)
+        since = np.where(g > 0, (now - prog[:, 1]) / g, 0.0)
+        est = np.where(prefilled & (g > 0), (now - first_at) / g + 1.0, 0.0)
+        produced = np.where(reported, prog[:, 0] + since, est)
+        cap = per[:, _MAX]
+        produced = np.where(cap < produced, cap, produced)
+        mean = per[:, _MEAN] + gamma * per[:, _STD]
+        short = produced < mean
+        grown = LONG_GROWTH * produced
+        remaining = np.where(short, mean - produced, np.where(grown > 1.0, grown, 1.0))
+        capped = cap < _INF
+        room = cap - produced
+        remaining = np.where(capped & (room < remaining), room, remaining)
+        remaining = np.where(capped & ~(remaining > 0.0), 0.0, remaining)
+    return first_at, prefilled, produced, remaining, short
+
+
 def derive_arrays(
     loads: Sequence[tuple[EndpointView, float, Pace]],
     params: PredictParams,
@@ -307,30 +335,15 @@ def derive_arrays(
     now = now_e[seg]
     g = guess_e[seg]
     f = per[:, _FRESH]
-    prog = per[:, _PRODUCED:]
-    gamma = params.gamma
+    first_at, prefilled, produced, remaining, short = progress(
+        per, now, g, k1[seg], c1[seg], gamma=params.gamma
+    )
+    om = per[:, _MEAN]
     with np.errstate(divide="ignore", invalid="ignore"):
-        reported = ~np.isnan(prog).any(axis=1)
-        first_at = np.where(reported, prog[:, 2], per[:, _DISPATCHED] + k1[seg] * f + c1[seg] + 0.5 * g)
-        prefilled = reported | (now >= first_at)
-        since = np.where(g > 0, (now - prog[:, 1]) / g, 0.0)
-        est = np.where(prefilled & (g > 0), (now - first_at) / g + 1.0, 0.0)
-        produced = np.where(reported, prog[:, 0] + since, est)
-        cap = per[:, _MAX]
-        produced = np.where(cap < produced, cap, produced)
-        om = per[:, _MEAN]
-        mean = om + gamma * per[:, _STD]
-        short = produced < mean
-        grown = LONG_GROWTH * produced
-        remaining = np.where(short, mean - produced, np.where(grown > 1.0, grown, 1.0))
         long = np.where(short, 0.0, (produced - om) / np.where(om > 1.0, om, 1.0))
-        capped = cap < _INF
-        room = cap - produced
-        remaining = np.where(capped & (room < remaining), room, remaining)
-        remaining = np.where(capped & ~(remaining > 0.0), 0.0, remaining)
     context = per[:, _PROMPT] + produced
 
-    def padded(values: list[_Floats], fill: float) -> _Floats:
+    def padded(values: list[npt.NDArray[Any]], fill: float) -> _Floats:
         """`values` (each one per running request) in (load, request) matrices, `fill` past a load's
         requests: one per value."""
         out = np.full((len(values), k * m), fill)

@@ -5,30 +5,27 @@ reads of a load (`EndpointLoad.seat_free`, in the view's order), and nothing els
 matrices placement reads); the seat order needs each running request's end only: its progress as of the
 load's time, its remaining tokens, and the two sums over the load's requests that the per-token time and
 the pending prefill are made of. `ends` derives those alone, from the same rows (`load_batch`'s rows
-kept on a load's pace), with the same operations in the same order as `derive` and `EndpointLoad`, so
-each end is bit-equal to its load's (`tests/unit/test_admission_seat_ends.py`); about half the numpy
-operations of `derive`, so a batch pays from fewer loads (`SEAT_ENDS_FROM` in `seat_order`)."""
+kept on a load's pace), the progress by `derive`'s own `load_batch.progress` and the rest with the same
+operations in the same order as `derive` and `EndpointLoad`, so each end is bit-equal to its load's
+(`tests/unit/test_admission_seat_ends.py`); about half the numpy operations of `derive`, so a batch
+pays from fewer loads (`SEAT_ENDS_FROM` in `seat_order`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
-from gateway.sched.load_batch import Pending
+from gateway.sched.load_batch import Pending, progress
 from gateway.sched.load_batch import _rows as rows_of  # the rows `derive` keeps on a pace
-from gateway.sched.predict import LONG_GROWTH
 
 _Floats = npt.NDArray[np.float64]
 
 # Columns of a running request's row (`load_batch`'s rows): the ones read here ...
-_DISPATCHED, _MAX, _MEAN, _STD, _PROMPT, _FRESH = 0, 1, 2, 3, 4, 5
-_PRODUCED, _REPORTED, _FIRST = 10, 11, 12
+_PROMPT, _FRESH = 4, 5
 # ... and of a load's scalars (`meta`), with its time appended.
 _N, _OVERHEAD, _GUESS, _K1, _C1, _K2, _C2, _C3, _NOW = 0, 3, 4, 5, 6, 7, 8, 9, 10
-_INF: Final = np.inf
 
 
 def ends(todo: Sequence[Pending]) -> list[_Floats]:
@@ -46,24 +43,9 @@ def ends(todo: Sequence[Pending]) -> list[_Floats]:
     at = meta[seg]  # each running request's load's scalars
     now, g = at[:, _NOW], at[:, _GUESS]
     f = per[:, _FRESH]
-    prog = per[:, _PRODUCED:]
-    gamma = todo[0].params.gamma
-    with np.errstate(divide="ignore", invalid="ignore"):
-        reported = ~np.isnan(prog).any(axis=1)
-        first_at = np.where(reported, prog[:, 2], per[:, _DISPATCHED] + at[:, _K1] * f + at[:, _C1] + 0.5 * g)
-        prefilled = reported | (now >= first_at)
-        since = np.where(g > 0, (now - prog[:, 1]) / g, 0.0)
-        est = np.where(prefilled & (g > 0), (now - first_at) / g + 1.0, 0.0)
-        produced = np.where(reported, prog[:, 0] + since, est)
-        cap = per[:, _MAX]
-        produced = np.where(cap < produced, cap, produced)
-        mean = per[:, _MEAN] + gamma * per[:, _STD]
-        grown = LONG_GROWTH * produced
-        remaining = np.where(produced < mean, mean - produced, np.where(grown > 1.0, grown, 1.0))
-        capped = cap < _INF
-        room = cap - produced
-        remaining = np.where(capped & (room < remaining), room, remaining)
-        remaining = np.where(capped & ~(remaining > 0.0), 0.0, remaining)
+    _, prefilled, produced, remaining, _ = progress(
+        per, now, g, at[:, _K1], at[:, _C1], gamma=todo[0].params.gamma
+    )
     # Per load, its requests' pending prompts and contexts added one after another (Python's order): a
     # cumulative sum along each row of a padded matrix (0 past its requests).
     by_load = np.zeros((2, k * m))
