@@ -145,7 +145,7 @@ def progress_only(view: EndpointView, old: EndpointView) -> bool:
 class Pace:
     """What an endpoint's load takes from its view alone, whatever the clock: each running request's
     prefill tokens, the batch's prefill share and the per-token pace before progress is known. A load
-    of the same view at a later time (`LoadCache` remakes loads 20-40 ms apart while nothing changed
+    of the same view at a later time (`LoadCache` remakes loads 100-200 ms apart while nothing changed
     there) starts from these instead of deriving them again."""
 
     __slots__ = ("arrays", "fresh", "guess", "overhead")

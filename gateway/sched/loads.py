@@ -2,21 +2,25 @@
 `EndpointLoad` while its view object is the same and the clock moved less than its reuse time, and
 `LoadCaches` shares one cache among the plugins of a policy that predict with the same parameters.
 
-A load is remade when its endpoint changed (a dispatch, a completion, a cancel, new gauges, estimates,
-cap or health: a new view) and otherwise after 20-40 ms: its running requests' progress is estimated
-from the clock, so an old load is a few tokens behind. A view apart from the load's only in its running
-requests' progress reports (`progress_only`; a stream reports every 16 tokens, so on a busy fleet every
-endpoint's view changes every few milliseconds) is such a later time too: the load stands for it until
-its reuse time is up, its running requests' progress estimated from the clock and the load's view as
-it would be with no report since. Each endpoint's reuse time is spread over that range by a hash of its
-id (`reuse_s`), so a fleet's loads, made together on a busy fleet, are not all remade by the same
-decision (with a hundred endpoints that would be a few milliseconds for the one decision that happens to
-come 20 ms later), and a load's age does not depend on which other loads were made before it: placement
-over columns makes no load for an idle endpoint, the plain path does, and both see the same loads.
-A load remade for its age alone takes over from the old one what does not depend on the clock
-(`EndpointLoad`'s `like`). A load with nothing running does not move with the clock (its numbers are
-its coefficients' alone): it is renewed rather than remade (on a large fleet at light load most
-endpoints are idle, and remaking their loads every 20-40 ms would be most of the work). Its `now` then
+A load is remade when its endpoint changed (a dispatch, a completion, a cancel, new gauges, estimates, cap
+or health: a new view) and otherwise after 100-200 ms: its running requests' progress is estimated from
+the clock, so an old load is a few tokens behind (at tens of ms per token), and it judges as of the time
+it was made (a request's time left and the waits it predicts are both counted from that time). A view
+apart from the load's only in its running requests' progress reports (`progress_only`; a stream reports
+every 16 tokens, so on a busy fleet every endpoint's view changes every few milliseconds) is such a later
+time too: the load stands for it until its reuse time is up, its running requests' progress estimated from
+the clock and the load's view as it would be with no report since. Remaking the loads aged past their
+reuse time is much of the scheduler's work on a busy fleet; the scheduling benchmark's goodput with loads
+reused this long is that of loads remade every 20-40 ms, within its intervals
+(docs/scheduling-at-scale.md, "How long a load is reused"). Each endpoint's reuse time is spread over that
+range by a hash of its id (`reuse_s`), so a fleet's loads, made together on a busy fleet, are not all
+remade by the same decision (with a hundred endpoints that would be a few milliseconds for the one
+decision that happens to come 100 ms later), and a load's age does not depend on which other loads were
+made before it: placement over columns makes no load for an idle endpoint, the plain path does, and both
+see the same loads. A load remade for its age alone takes over from the old one what does not depend on
+the clock (`EndpointLoad`'s `like`). A load with nothing running does not move with the clock (its numbers
+are its coefficients' alone): it is renewed rather than remade (on a large fleet at light load most
+endpoints are idle, and remaking their loads every 100-200 ms would be most of the work). Its `now` then
 stays the time it was made at: nothing reads it without running requests."""
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.snapshot import EndpointView
 
 #: Loads whose view is unchanged are reused for at least this many seconds after they were made ...
-REUSE_S: Final = 0.02
+REUSE_S: Final = 0.1
 #: ... and at most twice that, in this many steps by a hash of the endpoint's id (`reuse_s`).
 _SPREAD: Final = 8
 _PRIOR: Final = default_prior()

@@ -33,7 +33,7 @@ the one holding the prefix against the prefill it saves, in the request's own SL
 
 Results are seconds from `now`; whether they keep a request's targets is `gateway.sched.targets`.
 `gateway.sched.loads.LoadCache` keeps one `EndpointLoad` per endpoint view for as long as the view
-object is the same and the clock moved less than 20-40 ms, so ordering a long queue costs a few
+object is the same and the clock moved less than 100-200 ms, so ordering a long queue costs a few
 arithmetic operations per request and endpoint.
 """
 

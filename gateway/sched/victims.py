@@ -94,7 +94,7 @@ class Victims:
     """The running requests of an endpoint that may be preempted now (`on`). A waiting request of a kind
     that may preempt asks every endpoint on each submit and serve, and admission asks too, so the
     candidates are kept per view, and the victims among them on the endpoint's load (`LoadCache`: while
-    its view is the same and the clock moved less than 20-40 ms), in the load's memo under this
+    its view is the same and the clock moved less than 100-200 ms), in the load's memo under this
     finder (the scheduler and admission each keep their own: the candidates of each are of the view it
     was asked about)."""
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gateway.sched.columns import updated
 from gateway.sched.fleet_loads import fleet_loads
+from gateway.sched.loads import REUSE_S
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.profile import Policy
 from gateway.sched.running import RunningRequest, with_progress
@@ -66,10 +67,10 @@ def view_of(k: int, endpoint: Endpoint, now: float = NOW) -> EndpointView:
     return view(f"e{k:02d}", cap=cap, runs=rs, coef=coef)
 
 
-# A step of the fleet: (clock advance in ms, endpoint, what happens there: 0 nothing, 1 a progress report,
-# 2 a dispatch, 3 a completion).
+# A step of the fleet: (clock advance in ms, up to three times the shortest reuse time of a load, endpoint,
+# what happens there: 0 nothing, 1 a progress report, 2 a dispatch, 3 a completion).
 STEP = st.tuples(
-    st.integers(min_value=0, max_value=60),
+    st.integers(min_value=0, max_value=round(3000 * REUSE_S)),
     st.integers(min_value=0, max_value=7),
     st.integers(min_value=0, max_value=3),
 )

@@ -24,7 +24,7 @@ from gateway.core.types import InstanceClass
 from gateway.sched.columns import columns_of, updated
 from gateway.sched.interfaces import PreemptionRules
 from gateway.sched.load_batch import Pending, derive
-from gateway.sched.loads import LoadCache
+from gateway.sched.loads import REUSE_S, LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.admission import seat_order
 from gateway.sched.plugins.admission.seat_order import RENEW_SHARE, SEAT_ENDS_FROM, SORT_UP_TO, SeatOrder
@@ -63,10 +63,11 @@ _endpoint = st.tuples(
     st.lists(_run, max_size=10),
     st.sampled_from((COEF, SLOW, None)),  # None: the generic prior (a guess)
 )
-# A step: (clock advance in ms, endpoint, what happens there: 0 nothing, 1 a progress report, 2 a
-# dispatch, 3 a completion), the request's class, its targets, the requests queued per class.
+# A step: (clock advance in ms, up to three times the shortest reuse time of a load, endpoint, what
+# happens there: 0 nothing, 1 a progress report, 2 a dispatch, 3 a completion), the request's class, its
+# targets, the requests queued per class.
 _step = st.tuples(
-    st.integers(min_value=0, max_value=60),
+    st.integers(min_value=0, max_value=round(3000 * REUSE_S)),
     st.integers(min_value=0, max_value=39),
     st.integers(min_value=0, max_value=3),
     st.sampled_from(("chat", "held", "batch")),

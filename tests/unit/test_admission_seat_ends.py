@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gateway.sched.load_batch import Pending, derive
 from gateway.sched.load_terms import pace_for
-from gateway.sched.loads import LoadCache
+from gateway.sched.loads import REUSE_S, LoadCache
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.seat_ends import ends
 from gateway.sched.predict import EndpointLoad, PredictParams, Tail
@@ -114,7 +114,7 @@ def test_rows_carried_over_a_refit_give_the_loads_own_ends(
     later = [_view(k, runs, refit) for k, (runs, _, _) in enumerate(endpoints)]
     if reported:
         later = [_reported(v, k) for k, v in enumerate(later)]
-    refs = cache.refs(later, NOW + 0.1)  # past every reuse time
+    refs = cache.refs(later, NOW + 2 * REUSE_S)  # past every reuse time
     again = [p for p in refs if isinstance(p, Pending)]
     assert len(again) == len(later)
     assert all(p.pace.arrays is not None for p in again)

@@ -173,7 +173,7 @@ _STEPS = st.lists(
         st.sampled_from(
             ("progress", "progress", "progress", *sorted(set(_CHANGES) - {"id"}), *_RUNNING_CHANGES)
         ),
-        st.floats(min_value=0.0, max_value=0.03),  # clock advance
+        st.floats(min_value=0.0, max_value=1.5 * REUSE_S),  # clock advance
         st.integers(min_value=0, max_value=1),  # which running request reports
     ),
     max_size=25,
@@ -216,7 +216,7 @@ def test_a_load_stands_only_for_views_apart_in_progress_within_its_time(
         st.tuples(
             st.sampled_from(("same", "progress", "dispatch", "new-list")),
             st.integers(min_value=0, max_value=2),  # which endpoint
-            st.floats(min_value=0.0, max_value=0.03),  # clock advance
+            st.floats(min_value=0.0, max_value=1.5 * REUSE_S),  # clock advance
         ),
         max_size=25,
     )
