@@ -82,6 +82,7 @@ class FleetLoads:
         "_index",
         "_keys",
         "_looked",
+        "_norms",
         "_prefilled",
         "_refs",
         "_remaining",
@@ -105,6 +106,9 @@ class FleetLoads:
         self._remaining: _Floats = np.zeros((0, 0))
         # per harm key: the least first-token and inter-token bounds, the last-token bounds (+inf: none)
         self._harms: dict[_HarmKey, tuple[_Floats, _Floats, _Floats]] = {}
+        # per (gamma, tokens per seat) best fit asked with: each row's capacity norm, and whether it is
+        # known (a row rewritten is not: `capacity_norms` works it out again when next asked)
+        self._norms: dict[tuple[float, float], tuple[_Floats, _Mask]] = {}
         # (columns, clock) the rows were last brought up to date for, and which rows were looked at then
         self._at: tuple[FleetColumns, float] | None = None
         self._looked: _Mask = np.zeros(0, dtype=np.bool_)
@@ -136,6 +140,7 @@ class FleetLoads:
         self._context = np.zeros((n, 0))
         self._remaining = np.zeros((n, 0))
         self._harms = {key: (np.zeros(n), np.zeros(n), np.zeros((n, 0))) for key in self._keys}
+        self._norms = {}
         self._at = None
         self._synced = np.zeros(n, dtype=np.bool_)
         self._entry_at = np.zeros(n)
@@ -218,6 +223,8 @@ class FleetLoads:
             itl_b[at] = itl
             e2e_b[at] = _INF
             e2e_b[at, :m] = e2e
+        for _, known in self._norms.values():
+            known[at] = False
         for i, r in stale:
             self._refs[i] = r
 
@@ -239,6 +246,27 @@ class FleetLoads:
         per_request = self._context[idx] + gamma * self._remaining[idx]
         tokens = np.cumsum(per_request, axis=1)[:, -1] if per_request.shape[1] else np.zeros(len(idx))
         return t[:, _N], t[:, _SEATS], t[:, _KV], tokens, t[:, _LONG]
+
+    def capacity_norms(self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float) -> _Floats:
+        """Best fit's capacity norm of each endpoint at `idx` (rows up to date: `rows`): the L2 norm of
+        (running / seats, Σ(context + γ·remaining) / KV capacity, or seats × `per_seat` where the capacity
+        is unknown or 0), by `math.hypot` as `BestFitFilter.capacity_norm` takes it. Kept per row until
+        the row is written again: a placement works out only the rows derived since the last."""
+        key = (gamma, per_seat)
+        got = self._norms.get(key)
+        if got is None:
+            rows = len(self._refs)
+            got = self._norms[key] = (np.zeros(rows), np.zeros(rows, dtype=np.bool_))
+        norm, known = got
+        todo = idx[~known[idx]]
+        if len(todo):
+            n, seats, kv, tokens, _ = self.capacity(todo, gamma)
+            scale = np.where(np.isnan(kv) | (kv == 0.0), seats * per_seat, kv)
+            shares = zip((n / seats).tolist(), (tokens / scale).tolist(), strict=True)
+            norm[todo] = [math.hypot(a, b) for a, b in shares]
+            known[todo] = True
+        out: _Floats = norm[idx]
+        return out
 
     def best_fit_rows(self, idx: npt.NDArray[np.intp], gamma: float) -> _Floats:
         """The rows best fit's sure misses read (`best_fit_bounds._row`'s columns) of the endpoints at

@@ -296,6 +296,40 @@ def test_best_fit_orders_busy_endpoints_over_their_arrays_as_over_their_loads(
     assert [v.id for v, m in zip(views, mask.tolist(), strict=True) if m] == [v.id for v in plain]
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
+    steps=st.lists(STEP, min_size=1, max_size=16),
+    gamma=st.sampled_from((0.0, 0.5, 1.0)),
+    kv_unknown=st.booleans(),
+)
+def test_capacity_norms_kept_per_row_are_those_of_the_loads_as_the_fleet_changes(
+    *, endpoints: list[Endpoint], steps: list[tuple[int, int, int]], gamma: float, kv_unknown: bool
+) -> None:
+    """The capacity norms kept per row (`FleetLoads.capacity_norms`, worked out again only for rows
+    written since) are, after every change of the fleet, `capacity_norm` of the loads the cache hands
+    out: time passing within and past the reuse time, progress reports, dispatches, completions."""
+    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
+    if kv_unknown:
+        views = tuple(
+            dataclasses.replace(v, estimates=dataclasses.replace(v.estimates, kv_capacity_tokens=None))
+            if v.estimates is not None
+            else v
+            for v in views
+        )
+    cols = columns_of(views)
+    f = BestFitFilter(BestFitParams(gamma=gamma, order="least-loaded"))
+    fleet = fleet_loads(f._cache)
+    now = NOW
+    for serial, (dt_ms, at, what) in enumerate(steps):
+        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+        which = cols.busy > 0
+        fleet.rows(cols, which, now)
+        places = np.flatnonzero(which)
+        norms = f.capacity_norms(places).tolist()
+        assert norms == [f.capacity_norm(f._cache.load(cols.endpoints[i], now)) for i in places.tolist()]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_best_fit_over_columns_skips_the_sure_misses_of_a_large_busy_fleet_as_the_plain_filter_does(
     seed: int,
