@@ -15,6 +15,9 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
+
 from gateway.sched.load_terms import Pace
 from gateway.sched.perf import default_prior
 from gateway.sched.predict import running_states, seats_of
@@ -45,6 +48,32 @@ class SmallBatch:
         self.remaining: list[list[float]] = []
         self.finish: list[list[float]] = []
         self.harms: list[tuple[list[float], list[float], list[list[float]]]] = []
+
+    def rows(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """These numbers as `gateway.sched.load_batch.rows_of` gives a batch's (the table's rows and the
+        per-request rows `gateway.sched.fleet_loads.FleetLoads` keeps), in two array constructions."""
+        harms = self.harms
+        table = []
+        for i, s in enumerate(self.scalars):
+            row = list(s)
+            for ttft, itl, _ in harms:
+                row.append(ttft[i])
+                row.append(itl[i])
+            table.append(row)
+        k, m = len(table), max(map(len, self.context), default=0)
+        per = []
+        for i, (pre, ctx, rem) in enumerate(zip(self.prefilled, self.context, self.remaining, strict=True)):
+            pad = m - len(ctx)
+            zeros = [0.0] * pad
+            one = [[1.0 if p else 0.0 for p in pre] + zeros, ctx + zeros, rem + zeros]
+            for _, _, e2e in harms:
+                one.append(e2e[i] + [_INF] * pad)
+            per.append(one)
+        width = 17 + 2 * len(harms)
+        return (
+            np.array(table, dtype=np.float64).reshape(k, width),
+            np.array(per, dtype=np.float64).reshape(k, 3 + len(harms), m),
+        )
 
 
 def derive_small(

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gateway.core.types import EndpointId
 from gateway.sched.columns import columns_of
-from gateway.sched.fleet_loads import FleetLoads, fleet_loads
+from gateway.sched.fleet_loads import _E2E, _SCALARS, FleetLoads, fleet_loads
 from gateway.sched.harms import endangers, terms_of
 from gateway.sched.joining import join_delays
 from gateway.sched.loads import LoadCache
@@ -97,12 +97,14 @@ def _check(  # noqa: PLR0917 (a test helper)
         assert (ttft[k], e2e[k], tpot[k]) == (pred.ttft_s, pred.e2e_s, pred.tpot_s)
         # the harm terms kept, as `harms` derives them for the load
         terms = terms_of(load, on_track, margin)
-        ttft_b, itl_b, e2e_b = fleet._harms[(on_track, margin)]
-        assert (ttft_b[i], itl_b[i]) == (
+        j = fleet._keys.index((on_track, margin))
+        ttft_b, itl_b = fleet._table[i, _SCALARS + 2 * j : _SCALARS + 2 * j + 2].tolist()
+        assert (ttft_b, itl_b) == (
             math.inf if terms.ttft is None else terms.ttft,
             math.inf if terms.itl is None else terms.itl,
         )
-        assert sorted(b for b in e2e_b[i].tolist() if b < math.inf) == sorted(b for _, _, b in terms.e2e)
+        e2e_b = fleet._per[i, _E2E + j].tolist()
+        assert sorted(b for b in e2e_b if b < math.inf) == sorted(b for _, _, b in terms.e2e)
 
 
 @settings(max_examples=300, deadline=None)
