@@ -9,12 +9,13 @@ sum, prefill overhead, coefficients, ...), each running request's prefilled flag
 tokens (padded rows), and the harm terms `gateway.sched.harms` derives for each (`on_track`, `margin`)
 a plugin wants (the least first-token bound, the least inter-token bound, each running request's
 last-token bound, +inf where none): a table of the scalars and least bounds, one row per endpoint, and
-one array of the per-request rows, so that a batch derived together is written in a few assignments
-(`load_batch.batch_rows` gives it in that form). The loads are the cache's, under its reuse rules (`LoadCache.refs`):
-a row is derived again only when the cache has another load for its endpoint, those derived together
-(`gateway.sched.load_batch`), and the cache is not asked again about an endpoint already looked at for
-the same columns and clock (the requests of one served queue, which mostly fit nowhere, are placed on
-one snapshot).
+one array of the per-request matrices, so that a batch derived together is written in a few assignments
+(`load_batch.batch_rows` gives it in that form). The loads are the cache's, under its reuse rules
+(`LoadCache.refs`): a row is derived again only when the cache has another load for its endpoint, those
+derived together (`gateway.sched.load_batch`), and the cache is not asked again about an endpoint
+already looked at for the same columns and clock (the requests of one served queue, which mostly fit
+nowhere, are placed on one snapshot). Best fit's capacity norms are kept per row until it is written
+again (`capacity_norms`).
 
 The arithmetic is `predict`'s and `harm`'s, operation by operation in the same order (numpy's float64
 operations round as Python's do), so every number is the one the loads give one by one
@@ -57,8 +58,9 @@ FLEET_LOADS_FROM: Final = 8
 _N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _TPOT, _LONG, _K1, _C1, _K2, _C2, _C3, _KV = range(14)
 _NOW, _REMAINING, _BUDGET = 14, 15, 16
 _SCALARS: Final = 17
-# ... and of the per-request rows: one per running request (in the view's order, padding past them), of
-# each endpoint (then, per harm key, each running request's last-token bound: `_E2E + j`, +inf where none).
+# ... and the per-request matrices (one row per endpoint, one column per running request in the view's
+# order, padding past them): prefilled, context, remaining tokens, then per harm key each running
+# request's last-token bound (`_E2E + j`, +inf where none).
 _PREFILLED, _CONTEXT, _REMAINING_R = 0, 1, 2
 _E2E: Final = 3
 _INF: Final = math.inf
@@ -106,11 +108,10 @@ class FleetLoads:
         self._refs: list[EndpointLoad | Pending | None] = []  # what each row was derived from
         # per endpoint: its scalars, then per harm key the least first-token and inter-token bounds
         self._table: _Floats = np.zeros((0, _SCALARS))
-        # per endpoint, per running request (the last axis, padding past them): prefilled (1.0 or 0.0),
-        # context, remaining tokens, then per harm key the last-token bound (+inf: none); `_fill` is the
-        # padding (0, 0, 0, +inf ...)
-        self._per: _Floats = np.zeros((0, _E2E, 0))
-        self._fill: _Floats = np.zeros((_E2E, 1))
+        # the per-request matrices (`_PREFILLED`, 1.0 or 0.0, ...: one (endpoint, request) matrix each);
+        # `_fill` their padding (0, 0, 0, +inf ...)
+        self._per: _Floats = np.zeros((_E2E, 0, 0))
+        self._fill: _Floats = np.zeros((_E2E, 1, 1))
         # per (gamma, tokens per seat) best fit asked with: each row's capacity norm, and whether it is
         # known (a row rewritten is not: `capacity_norms` works it out again when next asked)
         self._norms: dict[tuple[float, float], tuple[_Floats, _Mask]] = {}
@@ -142,8 +143,8 @@ class FleetLoads:
         self._refs = [None] * n
         h = len(self._keys)
         self._table = np.zeros((n, _SCALARS + 2 * h))
-        self._per = np.zeros((n, _E2E + h, 0))
-        self._fill = np.zeros((_E2E + h, 1))
+        self._per = np.zeros((_E2E + h, n, 0))
+        self._fill = np.zeros((_E2E + h, 1, 1))
         self._fill[_E2E:] = _INF
         self._norms = {}
         self._at = None
@@ -216,16 +217,16 @@ class FleetLoads:
         width = self._per.shape[2]
         if m > width:
             self._grow(max(m, 2 * width))
-        self._per[at] = self._fill
-        self._per[at, :, :m] = per
+        self._per[:, at] = self._fill
+        self._per[:, at, :m] = per
         for _, known in self._norms.values():
             known[at] = False
         for i, r in stale:
             self._refs[i] = r
 
     def _grow(self, width: int) -> None:
-        rows, kinds, more = self._per.shape[0], self._per.shape[1], width - self._per.shape[2]
-        self._per = np.concatenate((self._per, np.broadcast_to(self._fill, (rows, kinds, more))), axis=2)
+        kinds, rows, more = self._per.shape[0], self._per.shape[1], width - self._per.shape[2]
+        self._per = np.concatenate((self._per, np.broadcast_to(self._fill, (kinds, rows, more))), axis=2)
 
     def capacity(
         self, idx: npt.NDArray[np.intp], gamma: float
@@ -234,8 +235,7 @@ class FleetLoads:
         unknown), Σ(context + γ·remaining) over its running requests summed in their order (best fit's
         `_tokens`), and how far they run long (`running_long`)."""
         t = self._table[idx]
-        per = self._per[idx]
-        per_request = per[:, _CONTEXT] + gamma * per[:, _REMAINING_R]
+        per_request = self._per[_CONTEXT][idx] + gamma * self._per[_REMAINING_R][idx]
         tokens = np.cumsum(per_request, axis=1)[:, -1] if per_request.shape[1] else np.zeros(len(idx))
         return t[:, _N], t[:, _SEATS], t[:, _KV], tokens, t[:, _LONG]
 
@@ -300,7 +300,7 @@ class FleetLoads:
         bounds = self._table[idx, _SCALARS + 2 * j : _SCALARS + 2 * j + 2]
         endangered = (first > bounds[:, 0]) | (per_iter > bounds[:, 1])
         if delay.shape[1]:
-            endangered |= (delay > self._per[idx, _E2E + j]).any(axis=1)
+            endangered |= (delay > self._per[_E2E + j][idx]).any(axis=1)
         ttft_left, e2e_left = time_left(req, now)
         itl = req.slo.itl_ms
         ok = np.ones(len(idx), dtype=np.bool_)
@@ -338,9 +338,8 @@ class FleetLoads:
         per_iter = (k2 * (p + 0.5 * out) + c2) * over
         first = k1 * fresh
         pause = first + c1
-        per = self._per[idx]
-        delay = np.where(per[:, _PREFILLED], pause[:, None], first[:, None])
-        delay += np.minimum(per[:, _REMAINING_R], out) * per_iter[:, None]
+        delay = np.where(self._per[_PREFILLED][idx], pause[:, None], first[:, None])
+        delay += np.minimum(self._per[_REMAINING_R][idx], out) * per_iter[:, None]
         # `predict`
         ttft = t[:, _WAIT] + (k1 * (fresh + t[:, _PENDING]) + c1)
         b = seats if worst_case else np.minimum(n + 1.0, seats)

@@ -257,11 +257,11 @@ def batch_rows(
 def rows_of(got: Derived, harm_keys: Sequence[tuple[float, float]]) -> tuple[_Floats, _Floats]:
     """A batch's numbers as the rows `gateway.sched.fleet_loads.FleetLoads` keeps: per load, its
     scalars (`Derived.scalars`' 17) then per harm key the least first-token and inter-token bounds; and
-    per load, one row each (padded past its running requests with 0, 0, 0, +inf) of its running
-    requests' prefilled (1.0 or 0.0), context, remaining tokens and, per harm key, last-token bounds."""
+    its running requests' prefilled (1.0 or 0.0), context, remaining tokens and, per harm key, last-token
+    bounds: one (load, request) matrix each (padded past a load's requests with 0, 0, 0, +inf)."""
     harms = [got.harms[key] for key in harm_keys]
     table = np.column_stack((got.scalars(), *[b for h in harms for b in h[:2]]))
-    per = np.stack((got.prefilled, got.context, got.remaining, *[h[2] for h in harms]), axis=1)
+    per = np.stack((got.prefilled, got.context, got.remaining, *[h[2] for h in harms]))
     return table, per
 
 

@@ -61,18 +61,19 @@ class SmallBatch:
                 row.append(itl[i])
             table.append(row)
         k, m = len(table), max(map(len, self.context), default=0)
-        per = []
-        for i, (pre, ctx, rem) in enumerate(zip(self.prefilled, self.context, self.remaining, strict=True)):
-            pad = m - len(ctx)
-            zeros = [0.0] * pad
-            one = [[1.0 if p else 0.0 for p in pre] + zeros, ctx + zeros, rem + zeros]
-            for _, _, e2e in harms:
-                one.append(e2e[i] + [_INF] * pad)
-            per.append(one)
+        pads = [m - len(ctx) for ctx in self.context]
+        zeros = [[0.0] * pad for pad in pads]
+        per = [
+            [[1.0 if p else 0.0 for p in pre] + z for pre, z in zip(self.prefilled, zeros, strict=True)],
+            [ctx + z for ctx, z in zip(self.context, zeros, strict=True)],
+            [rem + z for rem, z in zip(self.remaining, zeros, strict=True)],
+        ]
+        for _, _, e2e in harms:
+            per.append([bounds + [_INF] * pad for bounds, pad in zip(e2e, pads, strict=True)])
         width = 17 + 2 * len(harms)
         return (
             np.array(table, dtype=np.float64).reshape(k, width),
-            np.array(per, dtype=np.float64).reshape(k, 3 + len(harms), m),
+            np.array(per, dtype=np.float64).reshape(3 + len(harms), k, m),
         )
 
 

@@ -103,7 +103,7 @@ def _check(  # noqa: PLR0917 (a test helper)
             math.inf if terms.ttft is None else terms.ttft,
             math.inf if terms.itl is None else terms.itl,
         )
-        e2e_b = fleet._per[i, _E2E + j].tolist()
+        e2e_b = fleet._per[_E2E + j, i].tolist()
         assert sorted(b for b in e2e_b if b < math.inf) == sorted(b for _, _, b in terms.e2e)
 
 

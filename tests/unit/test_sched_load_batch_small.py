@@ -89,15 +89,15 @@ def test_small_batches_are_derived_as_numpy_derives_them(
     k, m = len(loads), arrays.context.shape[1]
     assert want_table.shape == (k, 17 + 2 * len(keys))
     assert _same(want_table[:, :17], arrays.scalars())
-    assert want_per.shape == (k, 3 + len(keys), m)
-    assert _same(want_per[:, 0] > 0.0, arrays.prefilled)
-    assert _same(want_per[:, 1], arrays.context)
-    assert _same(want_per[:, 2], arrays.remaining)
+    assert want_per.shape == (3 + len(keys), k, m)
+    assert _same(want_per[0] > 0.0, arrays.prefilled)
+    assert _same(want_per[1], arrays.context)
+    assert _same(want_per[2], arrays.remaining)
     for j, key in enumerate(keys):
         ttft, itl, e2e = arrays.harms[key]
         assert _same(want_table[:, 17 + 2 * j], ttft)
         assert _same(want_table[:, 18 + 2 * j], itl)
-        assert _same(want_per[:, 3 + j], e2e)
+        assert _same(want_per[3 + j], e2e)
     assert _same(batch_rows(loads, params, keys)[1], want_per)
 
 
