@@ -8,11 +8,14 @@ fleet's columns (`FleetColumns`, by place), the numbers a placement reads from i
 sum, prefill overhead, coefficients, ...), each running request's prefilled flag, context and remaining
 tokens (padded rows), and the harm terms `gateway.sched.harms` derives for each (`on_track`, `margin`)
 a plugin wants (the least first-token bound, the least inter-token bound, each running request's
-last-token bound, +inf where none). The loads are the cache's, under its reuse rules (`LoadCache.refs`):
-a row is derived again only when the cache has another load for its endpoint, those derived together
-(`gateway.sched.load_batch`), and the cache is not asked again about an endpoint already looked at for
-the same columns and clock (the requests of one served queue, which mostly fit nowhere, are placed on
-one snapshot).
+last-token bound, +inf where none): a table of the scalars and least bounds, one row per endpoint, and
+one array of the per-request matrices, so that a batch derived together is written in a few assignments
+(`load_batch.batch_rows` gives it in that form). The loads are the cache's, under its reuse rules
+(`LoadCache.refs`): a row is derived again only when the cache has another load for its endpoint, those
+derived together (`gateway.sched.load_batch`), and the cache is not asked again about an endpoint
+already looked at for the same columns and clock (the requests of one served queue, which mostly fit
+nowhere, are placed on one snapshot). Best fit's capacity norms are kept per row until it is written
+again (`capacity_norms`).
 
 The arithmetic is `predict`'s and `harm`'s, operation by operation in the same order (numpy's float64
 operations round as Python's do), so every number is the one the loads give one by one
@@ -30,7 +33,7 @@ import numpy.typing as npt
 
 from gateway.core.types import EndpointId
 from gateway.sched.idle import output_bound
-from gateway.sched.load_batch import Pending, derive
+from gateway.sched.load_batch import Pending, batch_rows
 from gateway.sched.loads import LoadCache
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
@@ -50,10 +53,16 @@ COLUMNS_FROM_LOADS: Final = 128
 #: numpy's fixed cost per call is more than the Python steps it saves; `diag overhead-micro` fleet_1000).
 FLEET_LOADS_FROM: Final = 8
 
-# Columns of the scalar table, one row per endpoint.
+# Columns of the scalar table, one row per endpoint (then, per harm key, the least first-token and
+# inter-token bounds: `_SCALARS + 2 * j` and the next, +inf where none) ...
 _N, _SEATS, _WAIT, _PENDING, _CTX, _OVER, _TPOT, _LONG, _K1, _C1, _K2, _C2, _C3, _KV = range(14)
 _NOW, _REMAINING, _BUDGET = 14, 15, 16
-_WIDTH: Final = 17
+_SCALARS: Final = 17
+# ... and the per-request matrices (one row per endpoint, one column per running request in the view's
+# order, padding past them): prefilled, context, remaining tokens, then per harm key each running
+# request's last-token bound (`_E2E + j`, +inf where none).
+_PREFILLED, _CONTEXT, _REMAINING_R = 0, 1, 2
+_E2E: Final = 3
 _INF: Final = math.inf
 
 _Floats = npt.NDArray[np.float64]
@@ -75,16 +84,15 @@ class FleetLoads:
     __slots__ = (
         "_at",
         "_cache",
-        "_context",
         "_entry_at",
         "_entry_reuse",
-        "_harms",
+        "_fill",
         "_index",
         "_keys",
         "_looked",
-        "_prefilled",
+        "_norms",
+        "_per",
         "_refs",
-        "_remaining",
         "_seen",
         "_synced",
         "_table",
@@ -98,13 +106,15 @@ class FleetLoads:
         self._keys: list[_HarmKey] = []  # the (on_track, margin) pairs whose harm terms are kept
         self._index: Mapping[EndpointId, int] | None = None  # the columns' places the rows are kept by
         self._refs: list[EndpointLoad | Pending | None] = []  # what each row was derived from
-        self._table: _Floats = np.zeros((0, _WIDTH))
-        # per running request (one column each, in the view's order; padding past them)
-        self._prefilled: _Mask = np.zeros((0, 0), dtype=np.bool_)
-        self._context: _Floats = np.zeros((0, 0))
-        self._remaining: _Floats = np.zeros((0, 0))
-        # per harm key: the least first-token and inter-token bounds, the last-token bounds (+inf: none)
-        self._harms: dict[_HarmKey, tuple[_Floats, _Floats, _Floats]] = {}
+        # per endpoint: its scalars, then per harm key the least first-token and inter-token bounds
+        self._table: _Floats = np.zeros((0, _SCALARS))
+        # the per-request matrices (`_PREFILLED`, 1.0 or 0.0, ...: one (endpoint, request) matrix each);
+        # `_fill` their padding (0, 0, 0, +inf ...)
+        self._per: _Floats = np.zeros((_E2E, 0, 0))
+        self._fill: _Floats = np.zeros((_E2E, 1, 1))
+        # per (gamma, tokens per seat) best fit asked with: each row's capacity norm, and whether it is
+        # known (a row rewritten is not: `capacity_norms` works it out again when next asked)
+        self._norms: dict[tuple[float, float], tuple[_Floats, _Mask]] = {}
         # (columns, clock) the rows were last brought up to date for, and which rows were looked at then
         self._at: tuple[FleetColumns, float] | None = None
         self._looked: _Mask = np.zeros(0, dtype=np.bool_)
@@ -131,11 +141,12 @@ class FleetLoads:
         n = len(cols.endpoints)
         self._index = cols.index
         self._refs = [None] * n
-        self._table = np.zeros((n, _WIDTH))
-        self._prefilled = np.zeros((n, 0), dtype=np.bool_)
-        self._context = np.zeros((n, 0))
-        self._remaining = np.zeros((n, 0))
-        self._harms = {key: (np.zeros(n), np.zeros(n), np.zeros((n, 0))) for key in self._keys}
+        h = len(self._keys)
+        self._table = np.zeros((n, _SCALARS + 2 * h))
+        self._per = np.zeros((_E2E + h, n, 0))
+        self._fill = np.zeros((_E2E + h, 1, 1))
+        self._fill[_E2E:] = _INF
+        self._norms = {}
         self._at = None
         self._synced = np.zeros(n, dtype=np.bool_)
         self._entry_at = np.zeros(n)
@@ -199,35 +210,23 @@ class FleetLoads:
             touched.clear()
 
     def _write(self, stale: list[tuple[int, EndpointLoad | Pending]]) -> None:
-        got = derive([(r.view, r.now, r.pace) for _, r in stale], self._cache.params, self._keys)
+        table, per = batch_rows([(r.view, r.now, r.pace) for _, r in stale], self._cache.params, self._keys)
         at = np.array([i for i, _ in stale], dtype=np.int64)
-        self._table[at] = got.scalars()
-        m = got.remaining.shape[1]
-        width = self._remaining.shape[1]
+        self._table[at] = table
+        m = per.shape[2]
+        width = self._per.shape[2]
         if m > width:
             self._grow(max(m, 2 * width))
-        self._prefilled[at] = False
-        self._prefilled[at, :m] = got.prefilled
-        self._context[at] = 0.0
-        self._context[at, :m] = got.context
-        self._remaining[at] = 0.0
-        self._remaining[at, :m] = got.remaining
-        for key, (ttft_b, itl_b, e2e_b) in self._harms.items():
-            ttft, itl, e2e = got.harms[key]
-            ttft_b[at] = ttft
-            itl_b[at] = itl
-            e2e_b[at] = _INF
-            e2e_b[at, :m] = e2e
+        self._per[:, at] = self._fill
+        self._per[:, at, :m] = per
+        for _, known in self._norms.values():
+            known[at] = False
         for i, r in stale:
             self._refs[i] = r
 
     def _grow(self, width: int) -> None:
-        rows, more = len(self._refs), width - self._remaining.shape[1]
-        self._prefilled = np.hstack((self._prefilled, np.zeros((rows, more), dtype=np.bool_)))
-        self._context = np.hstack((self._context, np.zeros((rows, more))))
-        self._remaining = np.hstack((self._remaining, np.zeros((rows, more))))
-        for key, (ttft_b, itl_b, e2e_b) in self._harms.items():
-            self._harms[key] = (ttft_b, itl_b, np.hstack((e2e_b, np.full((rows, more), _INF))))
+        kinds, rows, more = self._per.shape[0], self._per.shape[1], width - self._per.shape[2]
+        self._per = np.concatenate((self._per, np.broadcast_to(self._fill, (kinds, rows, more))), axis=2)
 
     def capacity(
         self, idx: npt.NDArray[np.intp], gamma: float
@@ -236,9 +235,30 @@ class FleetLoads:
         unknown), Σ(context + γ·remaining) over its running requests summed in their order (best fit's
         `_tokens`), and how far they run long (`running_long`)."""
         t = self._table[idx]
-        per_request = self._context[idx] + gamma * self._remaining[idx]
+        per_request = self._per[_CONTEXT][idx] + gamma * self._per[_REMAINING_R][idx]
         tokens = np.cumsum(per_request, axis=1)[:, -1] if per_request.shape[1] else np.zeros(len(idx))
         return t[:, _N], t[:, _SEATS], t[:, _KV], tokens, t[:, _LONG]
+
+    def capacity_norms(self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float) -> _Floats:
+        """Best fit's capacity norm of each endpoint at `idx` (rows up to date: `rows`): the L2 norm of
+        (running / seats, Σ(context + γ·remaining) / KV capacity, or seats × `per_seat` where the capacity
+        is unknown or 0), by `math.hypot` as `BestFitFilter.capacity_norm` takes it. Kept per row until
+        the row is written again: a placement works out only the rows derived since the last."""
+        key = (gamma, per_seat)
+        got = self._norms.get(key)
+        if got is None:
+            rows = len(self._refs)
+            got = self._norms[key] = (np.zeros(rows), np.zeros(rows, dtype=np.bool_))
+        norm, known = got
+        todo = idx[~known[idx]]
+        if len(todo):
+            n, seats, kv, tokens, _ = self.capacity(todo, gamma)
+            scale = np.where(np.isnan(kv) | (kv == 0.0), seats * per_seat, kv)
+            shares = zip((n / seats).tolist(), (tokens / scale).tolist(), strict=True)
+            norm[todo] = [math.hypot(a, b) for a, b in shares]
+            known[todo] = True
+        out: _Floats = norm[idx]
+        return out
 
     def best_fit_rows(self, idx: npt.NDArray[np.intp], gamma: float) -> _Floats:
         """The rows best fit's sure misses read (`best_fit_bounds._row`'s columns) of the endpoints at
@@ -276,10 +296,11 @@ class FleetLoads:
         self.rows(cols, which, now)
         idx = np.flatnonzero(which)
         (first, _, per_iter, delay), (ttft, e2e, tpot) = self._numbers(req, idx, worst_case=worst_case)
-        ttft_b, itl_b, e2e_b = self._harms[(on_track, margin)]
-        endangered = (first > ttft_b[idx]) | (per_iter > itl_b[idx])
+        j = self._keys.index((on_track, margin))
+        bounds = self._table[idx, _SCALARS + 2 * j : _SCALARS + 2 * j + 2]
+        endangered = (first > bounds[:, 0]) | (per_iter > bounds[:, 1])
         if delay.shape[1]:
-            endangered |= (delay > e2e_b[idx]).any(axis=1)
+            endangered |= (delay > self._per[_E2E + j][idx]).any(axis=1)
         ttft_left, e2e_left = time_left(req, now)
         itl = req.slo.itl_ms
         ok = np.ones(len(idx), dtype=np.bool_)
@@ -317,8 +338,8 @@ class FleetLoads:
         per_iter = (k2 * (p + 0.5 * out) + c2) * over
         first = k1 * fresh
         pause = first + c1
-        delay = np.where(self._prefilled[idx], pause[:, None], first[:, None])
-        delay += np.minimum(self._remaining[idx], out) * per_iter[:, None]
+        delay = np.where(self._per[_PREFILLED][idx], pause[:, None], first[:, None])
+        delay += np.minimum(self._per[_REMAINING_R][idx], out) * per_iter[:, None]
         # `predict`
         ttft = t[:, _WAIT] + (k1 * (fresh + t[:, _PENDING]) + c1)
         b = seats if worst_case else np.minimum(n + 1.0, seats)

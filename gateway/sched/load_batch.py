@@ -242,6 +242,29 @@ def derive(
     return derive_arrays(loads, params, harm_keys)
 
 
+def batch_rows(
+    loads: Sequence[tuple[EndpointView, float, Pace]],
+    params: PredictParams,
+    harm_keys: Sequence[tuple[float, float]],
+) -> tuple[_Floats, _Floats]:
+    """`derive`'s numbers as `rows_of` gives them; a small batch's straight from its Python floats
+    (`SmallBatch.rows`: the same numbers, without making a `Derived` first)."""
+    if sum([len(v.running) for v, _, _ in loads]) < SMALL_BATCH:
+        return derive_small(loads, params.gamma, harm_keys).rows()
+    return rows_of(derive_arrays(loads, params, harm_keys), harm_keys)
+
+
+def rows_of(got: Derived, harm_keys: Sequence[tuple[float, float]]) -> tuple[_Floats, _Floats]:
+    """A batch's numbers as the rows `gateway.sched.fleet_loads.FleetLoads` keeps: per load, its
+    scalars (`Derived.scalars`' 17) then per harm key the least first-token and inter-token bounds; and
+    its running requests' prefilled (1.0 or 0.0), context, remaining tokens and, per harm key, last-token
+    bounds: one (load, request) matrix each (padded past a load's requests with 0, 0, 0, +inf)."""
+    harms = [got.harms[key] for key in harm_keys]
+    table = np.column_stack((got.scalars(), *[b for h in harms for b in h[:2]]))
+    per = np.stack((got.prefilled, got.context, got.remaining, *[h[2] for h in harms]))
+    return table, per
+
+
 def derived_from(got: SmallBatch, harm_keys: Sequence[tuple[float, float]]) -> Derived:
     """`got`, a batch derived in Python floats, as a `Derived` (per-request lists padded to the longest)."""
     k = len(got.scalars)

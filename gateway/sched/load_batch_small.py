@@ -15,6 +15,9 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
+
 from gateway.sched.load_terms import Pace
 from gateway.sched.perf import default_prior
 from gateway.sched.predict import running_states, seats_of
@@ -45,6 +48,33 @@ class SmallBatch:
         self.remaining: list[list[float]] = []
         self.finish: list[list[float]] = []
         self.harms: list[tuple[list[float], list[float], list[list[float]]]] = []
+
+    def rows(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """These numbers as `gateway.sched.load_batch.rows_of` gives a batch's (the table's rows and the
+        per-request rows `gateway.sched.fleet_loads.FleetLoads` keeps), in two array constructions."""
+        harms = self.harms
+        table = []
+        for i, s in enumerate(self.scalars):
+            row = list(s)
+            for ttft, itl, _ in harms:
+                row.append(ttft[i])
+                row.append(itl[i])
+            table.append(row)
+        k, m = len(table), max(map(len, self.context), default=0)
+        pads = [m - len(ctx) for ctx in self.context]
+        zeros = [[0.0] * pad for pad in pads]
+        per = [
+            [[1.0 if p else 0.0 for p in pre] + z for pre, z in zip(self.prefilled, zeros, strict=True)],
+            [ctx + z for ctx, z in zip(self.context, zeros, strict=True)],
+            [rem + z for rem, z in zip(self.remaining, zeros, strict=True)],
+        ]
+        for _, _, e2e in harms:
+            per.append([bounds + [_INF] * pad for bounds, pad in zip(e2e, pads, strict=True)])
+        width = 17 + 2 * len(harms)
+        return (
+            np.array(table, dtype=np.float64).reshape(k, width),
+            np.array(per, dtype=np.float64).reshape(3 + len(harms), k, m),
+        )
 
 
 def derive_small(

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gateway.core.types import EndpointId
 from gateway.sched.columns import columns_of
-from gateway.sched.fleet_loads import FleetLoads, fleet_loads
+from gateway.sched.fleet_loads import _E2E, _SCALARS, FleetLoads, fleet_loads
 from gateway.sched.harms import endangers, terms_of
 from gateway.sched.joining import join_delays
 from gateway.sched.loads import LoadCache
@@ -97,12 +97,14 @@ def _check(  # noqa: PLR0917 (a test helper)
         assert (ttft[k], e2e[k], tpot[k]) == (pred.ttft_s, pred.e2e_s, pred.tpot_s)
         # the harm terms kept, as `harms` derives them for the load
         terms = terms_of(load, on_track, margin)
-        ttft_b, itl_b, e2e_b = fleet._harms[(on_track, margin)]
-        assert (ttft_b[i], itl_b[i]) == (
+        j = fleet._keys.index((on_track, margin))
+        ttft_b, itl_b = fleet._table[i, _SCALARS + 2 * j : _SCALARS + 2 * j + 2].tolist()
+        assert (ttft_b, itl_b) == (
             math.inf if terms.ttft is None else terms.ttft,
             math.inf if terms.itl is None else terms.itl,
         )
-        assert sorted(b for b in e2e_b[i].tolist() if b < math.inf) == sorted(b for _, _, b in terms.e2e)
+        e2e_b = fleet._per[_E2E + j, i].tolist()
+        assert sorted(b for b in e2e_b if b < math.inf) == sorted(b for _, _, b in terms.e2e)
 
 
 @settings(max_examples=300, deadline=None)
@@ -294,6 +296,40 @@ def test_best_fit_orders_busy_endpoints_over_their_arrays_as_over_their_loads(
     mask = f.filter_columns(r, cols, cols.eligible(r.model), s)
     plain = BestFitFilter(params).filter(r, eligible(r, s), s)
     assert [v.id for v, m in zip(views, mask.tolist(), strict=True) if m] == [v.id for v in plain]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
+    steps=st.lists(STEP, min_size=1, max_size=16),
+    gamma=st.sampled_from((0.0, 0.5, 1.0)),
+    kv_unknown=st.booleans(),
+)
+def test_capacity_norms_kept_per_row_are_those_of_the_loads_as_the_fleet_changes(
+    *, endpoints: list[Endpoint], steps: list[tuple[int, int, int]], gamma: float, kv_unknown: bool
+) -> None:
+    """The capacity norms kept per row (`FleetLoads.capacity_norms`, worked out again only for rows
+    written since) are, after every change of the fleet, `capacity_norm` of the loads the cache hands
+    out: time passing within and past the reuse time, progress reports, dispatches, completions."""
+    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
+    if kv_unknown:
+        views = tuple(
+            dataclasses.replace(v, estimates=dataclasses.replace(v.estimates, kv_capacity_tokens=None))
+            if v.estimates is not None
+            else v
+            for v in views
+        )
+    cols = columns_of(views)
+    f = BestFitFilter(BestFitParams(gamma=gamma, order="least-loaded"))
+    fleet = fleet_loads(f._cache)
+    now = NOW
+    for serial, (dt_ms, at, what) in enumerate(steps):
+        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+        which = cols.busy > 0
+        fleet.rows(cols, which, now)
+        places = np.flatnonzero(which)
+        norms = f.capacity_norms(places).tolist()
+        assert norms == [f.capacity_norm(f._cache.load(cols.endpoints[i], now)) for i in places.tolist()]
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -12,7 +12,15 @@ import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sched.load_batch import SMALL_BATCH, Derived, derive, derive_arrays, derived_from
+from gateway.sched.load_batch import (
+    SMALL_BATCH,
+    Derived,
+    batch_rows,
+    derive,
+    derive_arrays,
+    derived_from,
+    rows_of,
+)
 from gateway.sched.load_batch_small import derive_small
 from gateway.sched.load_terms import pace_for
 from gateway.sched.predict import PredictParams
@@ -70,7 +78,27 @@ def test_small_batches_are_derived_as_numpy_derives_them(
         (v, NOW + dt, pace_for(v, v.perf or COEF, params, None)) for v, dt in zip(views, later, strict=False)
     ]
     small = derived_from(derive_small(loads, params.gamma, keys), keys)
-    _check(small, derive_arrays(loads, params, keys))
+    arrays = derive_arrays(loads, params, keys)
+    _check(small, arrays)
+    # the rows placement over columns keeps, made straight from the Python floats and from the arrays
+    table, per = derive_small(loads, params.gamma, keys).rows()
+    want_table, want_per = rows_of(arrays, keys)
+    assert _same(table, want_table)
+    assert _same(per, want_per)
+    # ... and what they hold: the scalars, each key's least bounds, and the per-request rows padded
+    k, m = len(loads), arrays.context.shape[1]
+    assert want_table.shape == (k, 17 + 2 * len(keys))
+    assert _same(want_table[:, :17], arrays.scalars())
+    assert want_per.shape == (3 + len(keys), k, m)
+    assert _same(want_per[0] > 0.0, arrays.prefilled)
+    assert _same(want_per[1], arrays.context)
+    assert _same(want_per[2], arrays.remaining)
+    for j, key in enumerate(keys):
+        ttft, itl, e2e = arrays.harms[key]
+        assert _same(want_table[:, 17 + 2 * j], ttft)
+        assert _same(want_table[:, 18 + 2 * j], itl)
+        assert _same(want_per[3 + j], e2e)
+    assert _same(batch_rows(loads, params, keys)[1], want_per)
 
 
 def test_derive_takes_the_python_path_below_the_small_batch_size() -> None:

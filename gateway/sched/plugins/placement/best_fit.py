@@ -261,13 +261,10 @@ class BestFitFilter:
         """Whether it tries the most loaded endpoints first."""
         return self._packs
 
-    def capacity_norms(self, places: npt.NDArray[np.intp]) -> list[float]:
+    def capacity_norms(self, places: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
         """`capacity_norm` of the loads at `places` of the columns (their rows up to date), from their
-        arrays (`FleetLoads.capacity`; math.hypot as `capacity_norm` takes it)."""
-        n, seats, kv, tokens, _ = self._fleet.capacity(places, self.params.gamma)
-        scale = np.where(np.isnan(kv) | (kv == 0.0), seats * _TOKENS_PER_SEAT, kv)
-        shares = zip((n / seats).tolist(), (tokens / scale).tolist(), strict=True)
-        return [math.hypot(a, b) for a, b in shares]
+        arrays (`FleetLoads.capacity_norms`: math.hypot as `capacity_norm` takes it, kept per row)."""
+        return self._fleet.capacity_norms(places, self.params.gamma, _TOKENS_PER_SEAT)
 
     def demoted(self, places: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
         """`order_key`'s first term (tried last) of the loads at `places` of the columns, from arrays."""
