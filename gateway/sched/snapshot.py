@@ -4,7 +4,7 @@ listed once per tuple of views (`ReadyServing`, `FleetSnapshot.ready`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -173,22 +173,24 @@ class FleetColumns:
 
 class ReadyServing:
     """The ready endpoints of one tuple of views that serve one model (`endpoints`, in the views'
-    order), those with a free seat (`open`), and their free seats in all (`free`: each endpoint's seats,
-    `gateway.sched.prediction.seats_of`, less its running requests, when positive). Not to be changed.
+    order), those with a free seat (`open`), their free seats in all (`free`: each endpoint's seats,
+    `gateway.sched.prediction.seats_of`, less its running requests, when positive), and how many have
+    room under their cap (`roomy`: in flight below cap). Not to be changed.
 
     SLO admission (its free seats), the slack ordering (the endpoints with the fewest seats taken, for
-    its delay) and demand-split (the ids its blocks are cut from) each start from this list. With a
-    standing queue each submit sees a new tuple of views (a completion and a dispatch changed some
-    endpoint's), and admission and serving then ask about the same tuple: it is listed once per tuple
-    and model (`FleetSnapshot.ready`)."""
+    its delay), demand-split (the ids its blocks are cut from) and serving (whether any endpoint has
+    room, `FleetSnapshot.has_room`) each start from this list. With a standing queue each submit sees a
+    new tuple of views (a completion and a dispatch changed some endpoint's), and admission and serving
+    then ask about the same tuple: it is listed once per tuple and model (`FleetSnapshot.ready`), and
+    for the next tuple derived from this one where only a few entries were replaced (`after`)."""
 
-    __slots__ = ("_fewest", "_ids", "endpoints", "free", "open")
+    __slots__ = ("_at", "_fewest", "_ids", "_open", "endpoints", "free", "roomy")
 
     def __init__(self, model: ModelName, views: Sequence[EndpointView]) -> None:
         ready = EndpointHealth.READY
         endpoints: list[EndpointView] = []
-        open_: list[EndpointView] = []
         free = 0
+        roomy = 0
         for e in views:
             if model in e.models and e.health is ready:
                 endpoints.append(e)
@@ -199,12 +201,64 @@ class ReadyServing:
                 spare = (seats if seats > 1 else 1) - len(e.running)
                 if spare > 0:
                     free += spare
-                    open_.append(e)
+                if e.inflight < e.cap:
+                    roomy += 1
         self.endpoints = endpoints
-        self.open = open_
         self.free = free
+        self.roomy = roomy
+        self._open: list[EndpointView] | None = None
         self._fewest: tuple[int, list[EndpointView]] | None = None
         self._ids: tuple[EndpointId, ...] | None = None
+        # each listed endpoint's place in the views -> its place in `endpoints` (made when first derived)
+        self._at: dict[int, int] | None = None
+
+    def after(
+        self,
+        model: ModelName,
+        old: Sequence[EndpointView],
+        views: Sequence[EndpointView],
+        changed: Iterable[int],
+    ) -> ReadyServing | None:
+        """The list for `views`, where only the entries at the places `changed` differ from `old` (the
+        views this list was made for): made from this one in a step per changed place instead of a walk
+        of every view. None when an endpoint joined or left the list (its health or models changed):
+        the caller lists them anew."""
+        at = self._at
+        if at is None:
+            at = self._at = {i: k for k, i in enumerate(_members(model, old))}
+        endpoints: list[EndpointView] | None = None
+        free, roomy = self.free, self.roomy
+        ready = EndpointHealth.READY
+        for i in changed:
+            k = at.get(i)
+            v = views[i]
+            if (k is not None) != (model in v.models and v.health is ready):
+                return None
+            if k is None:
+                continue
+            if endpoints is None:
+                endpoints = self.endpoints.copy()
+            o = endpoints[k]
+            endpoints[k] = v
+            free += max(0, _spare(v)) - max(0, _spare(o))
+            roomy += (v.inflight < v.cap) - (o.inflight < o.cap)
+        got = ReadyServing.__new__(ReadyServing)
+        got.endpoints = self.endpoints if endpoints is None else endpoints
+        got.free = free
+        got.roomy = roomy
+        got._open = None
+        got._fewest = None
+        got._ids = self._ids  # the same endpoints
+        got._at = at
+        return got
+
+    @property
+    def open(self) -> list[EndpointView]:
+        """The endpoints with a free seat, in the views' order."""
+        got = self._open
+        if got is None:
+            got = self._open = [e for e in self.endpoints if _spare(e) > 0]
+        return got
 
     def fewest_taken(self, n: int) -> list[EndpointView]:
         """The `n` endpoints with the fewest seats taken (in flight less cap), ties in the views' order:
@@ -231,6 +285,20 @@ class ReadyServing:
         return got
 
 
+def _spare(e: EndpointView) -> int:
+    """`seats_of(e)` less its running requests (at most 0: none free)."""
+    mb, seats = e.max_batch, e.cap
+    if mb is not None and mb < seats:
+        seats = mb
+    return (seats if seats > 1 else 1) - len(e.running)
+
+
+def _members(model: ModelName, views: Sequence[EndpointView]) -> list[int]:
+    """The places of the ready endpoints of `views` that serve `model`."""
+    ready = EndpointHealth.READY
+    return [i for i, e in enumerate(views) if model in e.models and e.health is ready]
+
+
 class ViewsMemo:
     """What plugins derive from one tuple of views alone (`endpoints`), kept for every snapshot of that
     tuple: the scheduler hands the same memo to the snapshots it takes while its views stay the same
@@ -244,11 +312,24 @@ class ViewsMemo:
         self.ready: dict[ModelName, ReadyServing] = {}  # per model (`FleetSnapshot.ready`)
 
     @staticmethod
-    def of(views: tuple[EndpointView, ...], last: ViewsMemo | None) -> ViewsMemo:
-        """The memo for snapshots of `views`: `last` when it is that of the same tuple."""
+    def of(
+        views: tuple[EndpointView, ...], last: ViewsMemo | None, changed: Collection[int] | None = None
+    ) -> ViewsMemo:
+        """The memo for snapshots of `views`: `last` when it is that of the same tuple. Else a new one;
+        `changed` given, the places where `views` differs from `last`'s views (the rest are the same
+        objects): what `last` listed is carried over, brought up to date at those places (`after`)."""
         if last is not None and last.endpoints is views:
             return last
-        return ViewsMemo(views)
+        memo = ViewsMemo(views)
+        if last is None or changed is None or len(changed) > len(views) // 4:
+            return memo
+        old = last.endpoints
+        if len(old) == len(views):
+            for model, serving in last.ready.items():
+                got = serving.after(model, old, views, changed)
+                if got is not None:
+                    memo.ready[model] = got
+        return memo
 
 
 @frozen
@@ -275,6 +356,15 @@ class FleetSnapshot:
         if got is None:
             got = memo.ready[model] = ReadyServing(model, self.endpoints)
         return got
+
+    def has_room(self, model: ModelName) -> bool:
+        """Whether a ready endpoint that serves `model` has room under its cap (in flight below cap):
+        counted on the memo's list when it is that of these views (`ReadyServing.roomy`), else a walk."""
+        memo = self.memo
+        if memo is not None and memo.endpoints is self.endpoints:
+            return self.ready(model).roomy > 0
+        ready = EndpointHealth.READY
+        return any(model in e.models and e.health is ready and e.has_room for e in self.endpoints)
 
     def serving(self, model: ModelName) -> tuple[EndpointView, ...]:
         return tuple(e for e in self.endpoints if model in e.models)
