@@ -4,6 +4,7 @@ listed once per tuple of views (`ReadyServing`, `FleetSnapshot.ready`)."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -184,11 +185,13 @@ class ReadyServing:
     then ask about the same tuple: it is listed once per tuple and model (`FleetSnapshot.ready`), and
     for the next tuple derived from this one where only a few entries were replaced (`after`)."""
 
-    __slots__ = ("_at", "_fewest", "_ids", "_open", "endpoints", "free", "roomy")
+    __slots__ = ("_at", "_fewest", "_ids", "_open_at", "endpoints", "free", "open", "roomy")
 
     def __init__(self, model: ModelName, views: Sequence[EndpointView]) -> None:
         ready = EndpointHealth.READY
         endpoints: list[EndpointView] = []
+        open_: list[EndpointView] = []
+        open_at: list[int] = []  # their places in `endpoints`
         free = 0
         roomy = 0
         for e in views:
@@ -201,12 +204,15 @@ class ReadyServing:
                 spare = (seats if seats > 1 else 1) - len(e.running)
                 if spare > 0:
                     free += spare
+                    open_at.append(len(endpoints) - 1)
+                    open_.append(e)
                 if e.inflight < e.cap:
                     roomy += 1
         self.endpoints = endpoints
+        self.open = open_
+        self._open_at = open_at
         self.free = free
         self.roomy = roomy
-        self._open: list[EndpointView] | None = None
         self._fewest: tuple[int, list[EndpointView]] | None = None
         self._ids: tuple[EndpointId, ...] | None = None
         # each listed endpoint's place in the views -> its place in `endpoints` (made when first derived)
@@ -227,6 +233,8 @@ class ReadyServing:
         if at is None:
             at = self._at = {i: k for k, i in enumerate(_members(model, old))}
         endpoints: list[EndpointView] | None = None
+        open_: list[EndpointView] | None = None
+        open_at: list[int] = self._open_at
         free, roomy = self.free, self.roomy
         ready = EndpointHealth.READY
         for i in changed:
@@ -240,24 +248,29 @@ class ReadyServing:
                 endpoints = self.endpoints.copy()
             o = endpoints[k]
             endpoints[k] = v
-            free += max(0, _spare(v)) - max(0, _spare(o))
+            was, now = _spare(o), _spare(v)
+            if was > 0 or now > 0:
+                if open_ is None:
+                    open_, open_at = self.open.copy(), open_at.copy()
+                j = bisect_left(open_at, k)
+                if was > 0 and now > 0:
+                    open_[j] = v
+                elif was > 0:
+                    del open_[j], open_at[j]
+                else:
+                    open_.insert(j, v)
+                    open_at.insert(j, k)
+            free += max(0, now) - max(0, was)
             roomy += (v.inflight < v.cap) - (o.inflight < o.cap)
         got = ReadyServing.__new__(ReadyServing)
         got.endpoints = self.endpoints if endpoints is None else endpoints
+        got.open = self.open if open_ is None else open_
+        got._open_at = open_at
         got.free = free
         got.roomy = roomy
-        got._open = None
         got._fewest = None
         got._ids = self._ids  # the same endpoints
         got._at = at
-        return got
-
-    @property
-    def open(self) -> list[EndpointView]:
-        """The endpoints with a free seat, in the views' order."""
-        got = self._open
-        if got is None:
-            got = self._open = [e for e in self.endpoints if _spare(e) > 0]
         return got
 
     def fewest_taken(self, n: int) -> list[EndpointView]:
