@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -312,17 +313,38 @@ def _members(model: ModelName, views: Sequence[EndpointView]) -> list[int]:
     return [i for i, e in enumerate(views) if model in e.models and e.health is ready]
 
 
+#: A test of one view, and the objects its answer depends on besides the view (`ViewsMemo.places`).
+_Test = Callable[[EndpointView], bool]
+_Places = tuple[tuple[object, ...], _Test, list[int]]
+#: Tests whose places a memo keeps at most (a policy change brings new ones: never grow without bound).
+_MAX_TESTS: Final = 8
+
+
 class ViewsMemo:
     """What plugins derive from one tuple of views alone (`endpoints`), kept for every snapshot of that
     tuple: the scheduler hands the same memo to the snapshots it takes while its views stay the same
-    objects (`FleetSnapshot.ready`). A snapshot whose views are another tuple (one cut to part of the
-    fleet) does not use it."""
+    objects (`FleetSnapshot.ready`, `FleetSnapshot.places`). A snapshot whose views are another tuple
+    (one cut to part of the fleet) does not use it."""
 
-    __slots__ = ("endpoints", "ready")
+    __slots__ = ("_places", "endpoints", "ready")
 
     def __init__(self, endpoints: tuple[EndpointView, ...]) -> None:
         self.endpoints = endpoints
         self.ready: dict[ModelName, ReadyServing] = {}  # per model (`FleetSnapshot.ready`)
+        self._places: list[_Places] = []  # per test (`places`)
+
+    def places(self, key: tuple[object, ...], test: _Test) -> list[int]:
+        """The places of the views for which `test` holds, in order; kept under `key` (the objects the
+        test's answers depend on besides the view, compared by identity) and carried over to the next
+        tuple at the places that changed (`of`). Not to be changed."""
+        for k, _, got in self._places:
+            if len(k) == len(key) and all(a is b for a, b in zip(k, key, strict=True)):
+                return got
+        got = [i for i, e in enumerate(self.endpoints) if test(e)]
+        if len(self._places) >= _MAX_TESTS:
+            del self._places[0]
+        self._places.append((key, test, got))
+        return got
 
     @staticmethod
     def of(
@@ -342,7 +364,28 @@ class ViewsMemo:
                 got = serving.after(model, old, views, changed)
                 if got is not None:
                     memo.ready[model] = got
+            memo._places = [
+                (key, test, _carried(places, views, changed, test)) for key, test, places in last._places
+            ]
         return memo
+
+
+def _carried(
+    places: list[int], views: Sequence[EndpointView], changed: Iterable[int], test: _Test
+) -> list[int]:
+    """`places`, the places of a test's views, for `views`: asked again at the `changed` places only."""
+    out = places
+    for i in changed:
+        j = bisect_left(out, i)
+        had = j < len(out) and out[j] == i
+        if had != test(views[i]):
+            if out is places:
+                out = places.copy()
+            if had:
+                del out[j]
+            else:
+                out.insert(j, i)
+    return out
 
 
 @frozen
@@ -378,6 +421,14 @@ class FleetSnapshot:
             return self.ready(model).roomy > 0
         ready = EndpointHealth.READY
         return any(model in e.models and e.health is ready and e.has_room for e in self.endpoints)
+
+    def places(self, key: tuple[object, ...], test: _Test) -> list[int] | None:
+        """The places of the views for which `test` holds (`ViewsMemo.places`: kept under `key`), when
+        the memo is that of these views; None: not kept (the caller tests every view)."""
+        memo = self.memo
+        if memo is None or memo.endpoints is not self.endpoints:
+            return None
+        return memo.places(key, test)
 
     def serving(self, model: ModelName) -> tuple[EndpointView, ...]:
         return tuple(e for e in self.endpoints if model in e.models)

@@ -174,6 +174,32 @@ def test_a_list_carried_over_to_replaced_views_is_the_plain_list(
         views = new
 
 
+def _busy(e: EndpointView) -> bool:
+    return len(e.running) > 2 and e.health is EndpointHealth.READY
+
+
+@settings(max_examples=300, deadline=None)
+@given(_replacements())
+def test_places_carried_over_to_replaced_views_are_the_plain_places(
+    case: tuple[tuple[EndpointView, ...], list[dict[int, EndpointView]]],
+) -> None:
+    """`ViewsMemo.places`, carried over memo after memo at the replaced places, are the places a test
+    of every view finds; kept per key (by identity)."""
+    views, rounds = case
+    memo = ViewsMemo.of(views, None)
+    key = (object(),)
+    assert memo.places(key, _busy) == [i for i, e in enumerate(views) if _busy(e)]
+    assert memo.places(key, _busy) is memo.places(key, _busy)
+    for replaced in rounds:
+        new = tuple(replaced.get(i, v) for i, v in enumerate(views))
+        memo = ViewsMemo.of(new, memo, set(replaced))
+        assert memo.places(key, _busy) == [i for i, e in enumerate(new) if _busy(e)]
+        snap = FleetSnapshot(0.0, new, memo=memo)
+        assert snap.places(key, _busy) is memo.places(key, _busy)
+        assert FleetSnapshot(0.0, new).places(key, _busy) is None  # no memo: the caller tests each
+        views = new
+
+
 def _spec(i: int) -> EndpointSpec:
     return EndpointSpec(EndpointId(f"e{i}"), f"http://e{i}", EngineKind.VLLM, frozenset({M}), cap=3)
 
@@ -234,3 +260,4 @@ def test_the_scheduler_memo_carried_over_is_the_plain_list(n: int, events: list[
         if kind == "ask" or k % 3 == 0:
             _same_lists(snap.ready(M), snap.endpoints)
             assert snap.has_room(M) is (snap.ready(M).roomy > 0)
+            assert snap.places((M,), _busy) == [i for i, e in enumerate(snap.endpoints) if _busy(e)]
