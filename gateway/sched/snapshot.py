@@ -4,7 +4,7 @@ listed once per tuple of views (`ReadyServing`, `FleetSnapshot.ready`)."""
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -186,7 +186,7 @@ class ReadyServing:
     then ask about the same tuple: it is listed once per tuple and model (`FleetSnapshot.ready`), and
     for the next tuple derived from this one where only a few entries were replaced (`after`)."""
 
-    __slots__ = ("_at", "_fewest", "_ids", "_open_at", "endpoints", "free", "open", "roomy")
+    __slots__ = ("_at", "_fewest", "_ids", "_open_at", "_taken", "endpoints", "free", "open", "roomy")
 
     def __init__(self, model: ModelName, views: Sequence[EndpointView]) -> None:
         ready = EndpointHealth.READY
@@ -215,6 +215,8 @@ class ReadyServing:
         self.free = free
         self.roomy = roomy
         self._fewest: tuple[int, list[EndpointView]] | None = None
+        # (seats taken, place in `endpoints`) of every endpoint, sorted (made when first asked)
+        self._taken: list[tuple[int, int]] | None = None
         self._ids: tuple[EndpointId, ...] | None = None
         # each listed endpoint's place in the views -> its place in `endpoints` (made when first derived)
         self._at: dict[int, int] | None = None
@@ -231,13 +233,16 @@ class ReadyServing:
         of every view. None when an endpoint joined or left the list (its health or models changed):
         the caller lists them anew."""
         at = self._at
+        ready = EndpointHealth.READY
         if at is None:
-            at = self._at = {i: k for k, i in enumerate(_members(model, old))}
+            members = [i for i, e in enumerate(old) if model in e.models and e.health is ready]
+            at = self._at = {i: k for k, i in enumerate(members)}
         endpoints: list[EndpointView] | None = None
         open_: list[EndpointView] | None = None
         open_at: list[int] = self._open_at
+        taken = self._taken
+        taken_copied = False
         free, roomy = self.free, self.roomy
-        ready = EndpointHealth.READY
         for i in changed:
             k = at.get(i)
             v = views[i]
@@ -263,6 +268,11 @@ class ReadyServing:
                     open_at.insert(j, k)
             free += max(0, now) - max(0, was)
             roomy += (v.inflight < v.cap) - (o.inflight < o.cap)
+            if taken is not None and v.inflight - v.cap != o.inflight - o.cap:
+                if not taken_copied:
+                    taken, taken_copied = taken.copy(), True
+                del taken[bisect_left(taken, (o.inflight - o.cap, k))]
+                insort(taken, (v.inflight - v.cap, k))
         got = ReadyServing.__new__(ReadyServing)
         got.endpoints = self.endpoints if endpoints is None else endpoints
         got.open = self.open if open_ is None else open_
@@ -270,6 +280,7 @@ class ReadyServing:
         got.free = free
         got.roomy = roomy
         got._fewest = None
+        got._taken = taken
         got._ids = self._ids  # the same endpoints
         got._at = at
         return got
@@ -285,9 +296,11 @@ class ReadyServing:
         if len(endpoints) <= n:
             got = endpoints
         else:
-            taken = [e.inflight - e.cap for e in endpoints]
-            # a stable sort of the places by seats taken: nsmallest's order (ties by place)
-            got = [endpoints[i] for i in sorted(range(len(taken)), key=taken.__getitem__)[:n]]
+            # the places sorted by seats taken, ties by place: nsmallest's order (carried over by `after`)
+            taken = self._taken
+            if taken is None:
+                taken = self._taken = sorted([(e.inflight - e.cap, k) for k, e in enumerate(endpoints)])
+            got = [endpoints[k] for _, k in taken[:n]]
         self._fewest = (n, got)
         return got
 
@@ -305,12 +318,6 @@ def _spare(e: EndpointView) -> int:
     if mb is not None and mb < seats:
         seats = mb
     return (seats if seats > 1 else 1) - len(e.running)
-
-
-def _members(model: ModelName, views: Sequence[EndpointView]) -> list[int]:
-    """The places of the ready endpoints of `views` that serve `model`."""
-    ready = EndpointHealth.READY
-    return [i for i, e in enumerate(views) if model in e.models and e.health is ready]
 
 
 #: A test of one view, and the objects its answer depends on besides the view (`ViewsMemo.places`).

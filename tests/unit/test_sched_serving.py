@@ -125,6 +125,11 @@ def _same_lists(got: ReadyServing, views: tuple[EndpointView, ...]) -> None:
     assert len(got.open) == len(want.open)
     assert all(a is b for a, b in zip(got.open, want.open, strict=True))
     assert got.ids() == tuple(e.id for e in want.endpoints)
+    for n in (1, 3):
+        ready = want.endpoints
+        fewest = heapq.nsmallest(n, ready, key=lambda e: e.inflight - e.cap) if len(ready) > n else ready
+        assert len(got.fewest_taken(n)) == len(fewest)
+        assert all(a is b for a, b in zip(got.fewest_taken(n), fewest, strict=True))
     plain = any(M in e.models and e.health is EndpointHealth.READY and e.has_room for e in views)
     assert (got.roomy > 0) is plain
 
