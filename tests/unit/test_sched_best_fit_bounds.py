@@ -145,11 +145,11 @@ def test_sure_misses_on_kept_numbers_are_those_on_numbers_made_anew(
         loads = [every[(i + (j in swapped)) % len(every)] for j, i in enumerate(pick)]
         rows = np.array([best_fit_bounds._row(f, x) for x in loads]).reshape(len(loads), 14)
         kv = np.array([best_fit_bounds._kv(x) for x in loads]).reshape(len(loads), 3)
-        fresh: np.ndarray | float = float(resume_prompt_tokens(r))  # type: ignore[type-arg, arg-type]
+        fresh: np.ndarray | float = float(resume_prompt_tokens(r))  # type: ignore[arg-type]
         if r.cached:  # type: ignore[attr-defined]
             fresh = np.array([float(prefill_tokens(r, x.view.id)) for x in loads])  # type: ignore[arg-type]
         want = best_fit_bounds.sure_misses_of(f, rows, r, fresh, kv)  # type: ignore[arg-type]
         assert sure_misses(f, loads, r) == want  # type: ignore[arg-type]
-        kept_rows, kept_kv = best_fit_bounds._numbers(f, loads)  # type: ignore[arg-type]
+        kept_rows, kept_kv = best_fit_bounds._numbers(f, loads)
         assert np.array_equal(kept_rows, rows, equal_nan=True)
         assert np.array_equal(kept_kv, kv, equal_nan=True)

@@ -51,6 +51,8 @@ class BestFit(Protocol):
     def params(self) -> _Strictness: ...
     @property
     def load_params(self) -> PredictParams: ...
+    @property
+    def numbers(self) -> KeptNumbers: ...
 
 
 #: Candidates below this many are tried one by one (the arrays cost more than they save) ...
@@ -133,19 +135,16 @@ def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) 
     return sure_misses_of(fit, rows, req, fresh, kv)
 
 
-class _Numbers:
-    """`_numbers`' last answer: the loads it was for (by identity), and their rows and KV terms."""
+class KeptNumbers:
+    """`_numbers`' last answer for one best fit (`BestFit.numbers`): the loads it was for (by identity),
+    and their rows and KV terms."""
 
-    __slots__ = ("fit", "kv", "loads", "rows")
+    __slots__ = ("kv", "loads", "rows")
 
     def __init__(self) -> None:
-        self.fit: object | None = None
         self.loads: Sequence[EndpointLoad] = ()
         self.rows: npt.NDArray[np.float64] = np.zeros((0, 14))
         self.kv: npt.NDArray[np.float64] = np.zeros((0, 3))
-
-
-_LAST: Final = _Numbers()
 
 
 def _numbers(
@@ -155,9 +154,9 @@ def _numbers(
     change, and the requests tried in one serve look at mostly the same loads: the last answer is given
     again for the same loads, and brought up to date at the places where a few loads are new (never
     written to: the arrays of an earlier answer stay as they were)."""
-    last = _LAST
+    last = fit.numbers
     old = last.loads
-    if last.fit is fit and len(old) == len(loads):
+    if len(old) == len(loads):
         changed = [i for i, (a, b) in enumerate(zip(loads, old, strict=True)) if a is not b]
         if not changed:
             return last.rows, last.kv
@@ -170,7 +169,7 @@ def _numbers(
             return rows, kv
     rows = np.array([_row(fit, load) for load in loads], dtype=np.float64).reshape(len(loads), 14)
     kv = np.array([_kv(load) for load in loads], dtype=np.float64).reshape(len(loads), 3)
-    last.fit, last.loads, last.rows, last.kv = fit, list(loads), rows, kv
+    last.loads, last.rows, last.kv = list(loads), rows, kv
     return rows, kv
 
 
