@@ -422,10 +422,13 @@ class FleetSnapshot:
 
     def has_room(self, model: ModelName) -> bool:
         """Whether a ready endpoint that serves `model` has room under its cap (in flight below cap):
-        counted on the memo's list when it is that of these views (`ReadyServing.roomy`), else a walk."""
+        counted on the memo's list when it has one for these views (`ReadyServing.roomy`), else a walk
+        that stops at the first such endpoint (a list made for this call alone would walk them all)."""
         memo = self.memo
         if memo is not None and memo.endpoints is self.endpoints:
-            return self.ready(model).roomy > 0
+            got = memo.ready.get(model)
+            if got is not None:
+                return got.roomy > 0
         ready = EndpointHealth.READY
         return any(model in e.models and e.health is ready and e.has_room for e in self.endpoints)
 
