@@ -130,8 +130,11 @@ class SchedulerBooks:
             views = cols.endpoints
         else:
             views = self._fleet.views(now, self._limits.stale_after_s)
-        # the snapshots of the same views share what plugins derive from them (`FleetSnapshot.ready`)
-        memo = self._memo = ViewsMemo.of(views, self._memo)
+        # the snapshots of the same views share what plugins derive from them (`FleetSnapshot.ready`);
+        # a new tuple's memo carries the last one's over, brought up to date where entries were replaced
+        memo = self._memo
+        if memo is None or memo.endpoints is not views:
+            memo = self._memo = ViewsMemo.of(views, memo, self._fleet.replaced())
         return FleetSnapshot(now, views, self._queues.waiting(), cols, memo)
 
     def queue_depth(self, model: ModelName) -> int:

@@ -18,7 +18,7 @@ class KeptViews:
     """The tuple of every endpoint's view, kept until one's gauges go stale; an endpoint that changed
     has its own entry replaced (`dirty`), so a dispatch on a large fleet does not walk every endpoint."""
 
-    __slots__ = ("columns", "columns_changed", "dirty", "endpoints", "fresh_until")
+    __slots__ = ("columns", "columns_changed", "dirty", "endpoints", "fresh_until", "replaced")
 
     def __init__(self) -> None:
         self.endpoints: tuple[EndpointView, ...] | None = None  # None: remade whole on next use
@@ -28,6 +28,9 @@ class KeptViews:
         # `endpoints` since (None: the tuple was remade whole).
         self.columns: FleetColumns | None = None
         self.columns_changed: set[int] | None = None
+        # The indexes whose entries were replaced since the scheduler's memo of the views was last made
+        # (`Fleet.replaced`; None: the tuple was remade whole since, or it was never asked).
+        self.replaced: set[int] | None = None
 
 
 # Rebuild the views this long before a gauge's exact staleness time: the exact test is `now - scraped_at

@@ -369,21 +369,34 @@ class Fleet:
             kept.fresh_until = min((ep.fresh_until for ep in eps), default=_INF)
             kept.dirty.clear()
             kept.columns_changed = None
+            kept.replaced = None
         elif kept.dirty:
             # Only the changed endpoints' entries. The kept fresh_until stays at most every entry's own
             # (the others' did not move; a rebuilt one's is taken in), so staleness is never missed.
             entries = list(views)
             fresh_until = kept.fresh_until
             changed = kept.columns_changed
+            replaced = kept.replaced
             for ep in kept.dirty:
                 entries[ep.index] = ep.view(now, stale_after_s)
                 fresh_until = min(fresh_until, ep.fresh_until)
                 if changed is not None:
                     changed.add(ep.index)
+                if replaced is not None:
+                    replaced.add(ep.index)
             kept.dirty.clear()
             views = kept.endpoints = tuple(entries)
             kept.fresh_until = fresh_until
         return views
+
+    def replaced(self) -> set[int] | None:
+        """The places in the tuple of views (`views`) whose entries were replaced since the last call;
+        None when the tuple was remade whole since (or at the first call). The scheduler's memo of the
+        views (`gateway.sched.snapshot.ViewsMemo`) is brought up to date at those places."""
+        kept = self._views
+        got = kept.replaced
+        kept.replaced = set()
+        return got
 
     def columns(self, now: float, stale_after_s: float) -> FleetColumns:
         """The columns of the views as of `now` (`views`): updated where endpoints changed since the

@@ -58,7 +58,12 @@ class Preempting(SchedulerBooks):
             return None
         victims: list[Victim] = []
         ready = EndpointHealth.READY
-        for e in snap.endpoints:
+        endpoints = snap.endpoints
+        # only the endpoints that run a candidate victim at all (kept per tuple of views, carried over
+        # where endpoints changed: `FleetSnapshot.places`); the others have none to give
+        finder = self._victim_finder
+        places = snap.places((finder, rules, slo), lambda e: finder.any_on(e, rules, slo))
+        for e in endpoints if places is None else [endpoints[i] for i in places]:
             if req.model not in e.models or e.health is not ready or not preempts_on(e, rules):
                 continue
             victims.extend(self._victims(e, snap.now, rules))

@@ -61,10 +61,6 @@ from gateway.sched.types import EndpointSpec, PeerLoad, QueueLimits
 from gateway.sched.unfit import remember, retry_on
 
 
-def _has_room(snap: FleetSnapshot, model: ModelName) -> bool:
-    return any(model in e.models and e.health is EndpointHealth.READY and e.has_room for e in snap.endpoints)
-
-
 class Scheduler(Preempting):
     # ----------------------------------------------------------------- configuration
     def set_loadable(self, models: Iterable[ModelName], load_deadline_s: float) -> None:
@@ -398,7 +394,7 @@ class Scheduler(Preempting):
             if chosen is None:
                 # Strict priority, unless the policy lets requests behind one that fits nowhere go first
                 # while endpoints still have room (its constraints, not the seats, hold it back).
-                if len(skipped) >= policy.lookahead or not _has_room(view_snap, model):
+                if len(skipped) >= policy.lookahead or not view_snap.has_room(model):
                     return
                 skipped.add(item.seq)
                 continue

@@ -4,8 +4,10 @@ listed once per tuple of views (`ReadyServing`, `FleetSnapshot.ready`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from bisect import bisect_left, insort
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -173,22 +175,26 @@ class FleetColumns:
 
 class ReadyServing:
     """The ready endpoints of one tuple of views that serve one model (`endpoints`, in the views'
-    order), those with a free seat (`open`), and their free seats in all (`free`: each endpoint's seats,
-    `gateway.sched.prediction.seats_of`, less its running requests, when positive). Not to be changed.
+    order), those with a free seat (`open`), their free seats in all (`free`: each endpoint's seats,
+    `gateway.sched.prediction.seats_of`, less its running requests, when positive), and how many have
+    room under their cap (`roomy`: in flight below cap). Not to be changed.
 
     SLO admission (its free seats), the slack ordering (the endpoints with the fewest seats taken, for
-    its delay) and demand-split (the ids its blocks are cut from) each start from this list. With a
-    standing queue each submit sees a new tuple of views (a completion and a dispatch changed some
-    endpoint's), and admission and serving then ask about the same tuple: it is listed once per tuple
-    and model (`FleetSnapshot.ready`)."""
+    its delay), demand-split (the ids its blocks are cut from) and serving (whether any endpoint has
+    room, `FleetSnapshot.has_room`) each start from this list. With a standing queue each submit sees a
+    new tuple of views (a completion and a dispatch changed some endpoint's), and admission and serving
+    then ask about the same tuple: it is listed once per tuple and model (`FleetSnapshot.ready`), and
+    for the next tuple derived from this one where only a few entries were replaced (`after`)."""
 
-    __slots__ = ("_fewest", "_ids", "endpoints", "free", "open")
+    __slots__ = ("_at", "_fewest", "_ids", "_open_at", "_taken", "endpoints", "free", "open", "roomy")
 
     def __init__(self, model: ModelName, views: Sequence[EndpointView]) -> None:
         ready = EndpointHealth.READY
         endpoints: list[EndpointView] = []
         open_: list[EndpointView] = []
+        open_at: list[int] = []  # their places in `endpoints`
         free = 0
+        roomy = 0
         for e in views:
             if model in e.models and e.health is ready:
                 endpoints.append(e)
@@ -199,12 +205,85 @@ class ReadyServing:
                 spare = (seats if seats > 1 else 1) - len(e.running)
                 if spare > 0:
                     free += spare
+                    open_at.append(len(endpoints) - 1)
                     open_.append(e)
+                if e.inflight < e.cap:
+                    roomy += 1
         self.endpoints = endpoints
         self.open = open_
+        self._open_at = open_at
         self.free = free
+        self.roomy = roomy
         self._fewest: tuple[int, list[EndpointView]] | None = None
+        # (seats taken, place in `endpoints`) of every endpoint, sorted (made when first asked)
+        self._taken: list[tuple[int, int]] | None = None
         self._ids: tuple[EndpointId, ...] | None = None
+        # each listed endpoint's place in the views -> its place in `endpoints` (made when first derived)
+        self._at: dict[int, int] | None = None
+
+    def after(
+        self,
+        model: ModelName,
+        old: Sequence[EndpointView],
+        views: Sequence[EndpointView],
+        changed: Iterable[int],
+    ) -> ReadyServing | None:
+        """The list for `views`, where only the entries at the places `changed` differ from `old` (the
+        views this list was made for): made from this one in a step per changed place instead of a walk
+        of every view. None when an endpoint joined or left the list (its health or models changed):
+        the caller lists them anew."""
+        at = self._at
+        ready = EndpointHealth.READY
+        if at is None:
+            members = [i for i, e in enumerate(old) if model in e.models and e.health is ready]
+            at = self._at = {i: k for k, i in enumerate(members)}
+        endpoints: list[EndpointView] | None = None
+        open_: list[EndpointView] | None = None
+        open_at: list[int] = self._open_at
+        taken = self._taken
+        taken_copied = False
+        free, roomy = self.free, self.roomy
+        for i in changed:
+            k = at.get(i)
+            v = views[i]
+            if (k is not None) != (model in v.models and v.health is ready):
+                return None
+            if k is None:
+                continue
+            if endpoints is None:
+                endpoints = self.endpoints.copy()
+            o = endpoints[k]
+            endpoints[k] = v
+            was, now = _spare(o), _spare(v)
+            if was > 0 or now > 0:
+                if open_ is None:
+                    open_, open_at = self.open.copy(), open_at.copy()
+                j = bisect_left(open_at, k)
+                if was > 0 and now > 0:
+                    open_[j] = v
+                elif was > 0:
+                    del open_[j], open_at[j]
+                else:
+                    open_.insert(j, v)
+                    open_at.insert(j, k)
+            free += max(0, now) - max(0, was)
+            roomy += (v.inflight < v.cap) - (o.inflight < o.cap)
+            if taken is not None and v.inflight - v.cap != o.inflight - o.cap:
+                if not taken_copied:
+                    taken, taken_copied = taken.copy(), True
+                del taken[bisect_left(taken, (o.inflight - o.cap, k))]
+                insort(taken, (v.inflight - v.cap, k))
+        got = ReadyServing.__new__(ReadyServing)
+        got.endpoints = self.endpoints if endpoints is None else endpoints
+        got.open = self.open if open_ is None else open_
+        got._open_at = open_at
+        got.free = free
+        got.roomy = roomy
+        got._fewest = None
+        got._taken = taken
+        got._ids = self._ids  # the same endpoints
+        got._at = at
+        return got
 
     def fewest_taken(self, n: int) -> list[EndpointView]:
         """The `n` endpoints with the fewest seats taken (in flight less cap), ties in the views' order:
@@ -217,9 +296,11 @@ class ReadyServing:
         if len(endpoints) <= n:
             got = endpoints
         else:
-            taken = [e.inflight - e.cap for e in endpoints]
-            # a stable sort of the places by seats taken: nsmallest's order (ties by place)
-            got = [endpoints[i] for i in sorted(range(len(taken)), key=taken.__getitem__)[:n]]
+            # the places sorted by seats taken, ties by place: nsmallest's order (carried over by `after`)
+            taken = self._taken
+            if taken is None:
+                taken = self._taken = sorted([(e.inflight - e.cap, k) for k, e in enumerate(endpoints)])
+            got = [endpoints[k] for _, k in taken[:n]]
         self._fewest = (n, got)
         return got
 
@@ -231,24 +312,87 @@ class ReadyServing:
         return got
 
 
+def _spare(e: EndpointView) -> int:
+    """`seats_of(e)` less its running requests (at most 0: none free)."""
+    mb, seats = e.max_batch, e.cap
+    if mb is not None and mb < seats:
+        seats = mb
+    return (seats if seats > 1 else 1) - len(e.running)
+
+
+#: A test of one view, and the objects its answer depends on besides the view (`ViewsMemo.places`).
+_Test = Callable[[EndpointView], bool]
+_Places = tuple[tuple[object, ...], _Test, list[int]]
+#: Tests whose places a memo keeps at most (a policy change brings new ones: never grow without bound).
+_MAX_TESTS: Final = 8
+
+
 class ViewsMemo:
     """What plugins derive from one tuple of views alone (`endpoints`), kept for every snapshot of that
     tuple: the scheduler hands the same memo to the snapshots it takes while its views stay the same
-    objects (`FleetSnapshot.ready`). A snapshot whose views are another tuple (one cut to part of the
-    fleet) does not use it."""
+    objects (`FleetSnapshot.ready`, `FleetSnapshot.places`). A snapshot whose views are another tuple
+    (one cut to part of the fleet) does not use it."""
 
-    __slots__ = ("endpoints", "ready")
+    __slots__ = ("_places", "endpoints", "ready")
 
     def __init__(self, endpoints: tuple[EndpointView, ...]) -> None:
         self.endpoints = endpoints
         self.ready: dict[ModelName, ReadyServing] = {}  # per model (`FleetSnapshot.ready`)
+        self._places: list[_Places] = []  # per test (`places`)
+
+    def places(self, key: tuple[object, ...], test: _Test) -> list[int]:
+        """The places of the views for which `test` holds, in order; kept under `key` (the objects the
+        test's answers depend on besides the view, compared by identity) and carried over to the next
+        tuple at the places that changed (`of`). Not to be changed."""
+        for k, _, got in self._places:
+            if len(k) == len(key) and all(a is b for a, b in zip(k, key, strict=True)):
+                return got
+        got = [i for i, e in enumerate(self.endpoints) if test(e)]
+        if len(self._places) >= _MAX_TESTS:
+            del self._places[0]
+        self._places.append((key, test, got))
+        return got
 
     @staticmethod
-    def of(views: tuple[EndpointView, ...], last: ViewsMemo | None) -> ViewsMemo:
-        """The memo for snapshots of `views`: `last` when it is that of the same tuple."""
+    def of(
+        views: tuple[EndpointView, ...], last: ViewsMemo | None, changed: Collection[int] | None = None
+    ) -> ViewsMemo:
+        """The memo for snapshots of `views`: `last` when it is that of the same tuple. Else a new one;
+        `changed` given, the places where `views` differs from `last`'s views (the rest are the same
+        objects): what `last` listed is carried over, brought up to date at those places (`after`)."""
         if last is not None and last.endpoints is views:
             return last
-        return ViewsMemo(views)
+        memo = ViewsMemo(views)
+        if last is None or changed is None or len(changed) > len(views) // 4:
+            return memo
+        old = last.endpoints
+        if len(old) == len(views):
+            for model, serving in last.ready.items():
+                got = serving.after(model, old, views, changed)
+                if got is not None:
+                    memo.ready[model] = got
+            memo._places = [
+                (key, test, _carried(places, views, changed, test)) for key, test, places in last._places
+            ]
+        return memo
+
+
+def _carried(
+    places: list[int], views: Sequence[EndpointView], changed: Iterable[int], test: _Test
+) -> list[int]:
+    """`places`, the places of a test's views, for `views`: asked again at the `changed` places only."""
+    out = places
+    for i in changed:
+        j = bisect_left(out, i)
+        had = j < len(out) and out[j] == i
+        if had != test(views[i]):
+            if out is places:
+                out = places.copy()
+            if had:
+                del out[j]
+            else:
+                out.insert(j, i)
+    return out
 
 
 @frozen
@@ -275,6 +419,26 @@ class FleetSnapshot:
         if got is None:
             got = memo.ready[model] = ReadyServing(model, self.endpoints)
         return got
+
+    def has_room(self, model: ModelName) -> bool:
+        """Whether a ready endpoint that serves `model` has room under its cap (in flight below cap):
+        counted on the memo's list when it has one for these views (`ReadyServing.roomy`), else a walk
+        that stops at the first such endpoint (a list made for this call alone would walk them all)."""
+        memo = self.memo
+        if memo is not None and memo.endpoints is self.endpoints:
+            got = memo.ready.get(model)
+            if got is not None:
+                return got.roomy > 0
+        ready = EndpointHealth.READY
+        return any(model in e.models and e.health is ready and e.has_room for e in self.endpoints)
+
+    def places(self, key: tuple[object, ...], test: _Test) -> list[int] | None:
+        """The places of the views for which `test` holds (`ViewsMemo.places`: kept under `key`), when
+        the memo is that of these views; None: not kept (the caller tests every view)."""
+        memo = self.memo
+        if memo is None or memo.endpoints is not self.endpoints:
+            return None
+        return memo.places(key, test)
 
     def serving(self, model: ModelName) -> tuple[EndpointView, ...]:
         return tuple(e for e in self.endpoints if model in e.models)

@@ -110,12 +110,7 @@ class Victims:
         """The running requests on `e` that may be preempted now: resumable, of a kind that may be
         preempted, under the preemption limit, and their own SLO still feasible after a resume (on the
         load of `loads` for `VICTIM_PREDICT`). Does not look at `e`'s instance class (`preempts_on`)."""
-        kept = self._kept.get(e.id)
-        if kept is None or kept[0] is not e or kept[1] is not rules or kept[2] is not slo:
-            if len(self._kept) >= _MAX_KEPT:
-                self._kept = {}
-            kept = self._kept[e.id] = (e, rules, slo, candidates(e, rules, slo))
-        cands = kept[3]
+        cands = self._candidates(e, rules, slo)
         if not cands:
             return []
         load = loads.get(VICTIM_PREDICT).load(e, now)
@@ -127,3 +122,17 @@ class Victims:
             victims = [Victim(r, e) for r in cands if resume_feasible(states[r.id], load, rules)]
             got = load.memo[key] = (cands, victims)
         return got[1]
+
+    def _candidates(self, e: EndpointView, rules: PreemptionRules, slo: SloPolicy) -> list[RunningRequest]:
+        """`candidates` of `e`, kept per view."""
+        kept = self._kept.get(e.id)
+        if kept is None or kept[0] is not e or kept[1] is not rules or kept[2] is not slo:
+            if len(self._kept) >= _MAX_KEPT:
+                self._kept = {}
+            kept = self._kept[e.id] = (e, rules, slo, candidates(e, rules, slo))
+        return kept[3]
+
+    def any_on(self, e: EndpointView, rules: PreemptionRules, slo: SloPolicy) -> bool:
+        """Whether `e` is of an instance class the rules preempt on and runs a candidate (`candidates`):
+        where `on` may find a victim at all (`on` answers [] elsewhere, whatever the time)."""
+        return preempts_on(e, rules) and bool(self._candidates(e, rules, slo))

@@ -5,16 +5,18 @@ pinning tests draw them)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.sched.columns import columns_of
 from gateway.sched.perf import PerfCoefficients
-from gateway.sched.plugins.placement import best_fit
+from gateway.sched.plugins.placement import best_fit, best_fit_bounds
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.best_fit_bounds import sure_misses
 from gateway.sched.profile import eligible
+from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import FleetSnapshot
 from tests.unit.slo_fixtures import COEF, SLOW
 from tests.unit.test_sched_columns_slo import NOW, Run, _endpoint, _new_request, _params, _view
@@ -115,3 +117,39 @@ def test_a_kv_overflow_at_the_first_iteration_is_a_sure_miss(
         if start > cap * (1 + 1e-6):
             assert miss
             assert f.fits_both(load, r) == (False, False)  # type: ignore[arg-type]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=_endpoints,
+    params=_params,
+    request=_request,
+    pick=st.lists(st.integers(0, 11), min_size=1, max_size=12),
+    swaps=st.lists(st.sets(st.integers(0, 11), max_size=3), min_size=1, max_size=5),
+)
+def test_sure_misses_on_kept_numbers_are_those_on_numbers_made_anew(
+    *,
+    endpoints: list[Endpoint],
+    params: BestFitParams,
+    request: tuple,  # type: ignore[type-arg]
+    pick: list[int],
+    swaps: list[set[int]],
+) -> None:
+    """The loads' numbers kept from one look to the next (`_numbers`: given again for the same loads,
+    brought up to date where some are new) name what numbers made anew for each look name."""
+    s, r = _case(endpoints, request)
+    f = BestFitFilter(params)
+    every = [f._cache.load(e, s.now) for e in s.endpoints]
+    for swapped in [set(), *swaps]:
+        # the same places each look, a few of them another endpoint's load than at the first look
+        loads = [every[(i + (j in swapped)) % len(every)] for j, i in enumerate(pick)]
+        rows = np.array([best_fit_bounds._row(f, x) for x in loads]).reshape(len(loads), 14)
+        kv = np.array([best_fit_bounds._kv(x) for x in loads]).reshape(len(loads), 3)
+        fresh: np.ndarray | float = float(resume_prompt_tokens(r))  # type: ignore[arg-type]
+        if r.cached:  # type: ignore[attr-defined]
+            fresh = np.array([float(prefill_tokens(r, x.view.id)) for x in loads])  # type: ignore[arg-type]
+        want = best_fit_bounds.sure_misses_of(f, rows, r, fresh, kv)  # type: ignore[arg-type]
+        assert sure_misses(f, loads, r) == want  # type: ignore[arg-type]
+        kept_rows, kept_kv = best_fit_bounds._numbers(f, loads)
+        assert np.array_equal(kept_rows, rows, equal_nan=True)
+        assert np.array_equal(kept_kv, kv, equal_nan=True)

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -34,6 +35,7 @@ from gateway.sched.plugins import default_registry
 from gateway.sched.profile import Policy
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
+from gateway.sched.snapshot import FleetSnapshot
 from gateway.sched.types import EndpointSpec, QueueLimits
 
 M = ModelName("m")
@@ -670,6 +672,64 @@ def test_seats_never_overcommitted_with_preemption(
             assert e.inflight <= e.hard_cap
             assert rig.sched.running_on(here[0]) == e.id if here else True
         assert rig.sched.queue_depth(M) == sum(1 for s in state.values() if s == "queued")
+
+
+def _run(script: list[tuple[str, Any]], victims: int) -> list[tuple[str, str, str]]:
+    """The decisions of `script` on a fleet of eight endpoints of every class, with preemption."""
+    extra = f'[preemption]\nplugin = "least-progress"\nparams = {{ max_victims = {victims} }}\n'
+    classes = (INTERACTIVE, MIXED, MIXED, BATCH, MIXED, MIXED, BATCH, MIXED)
+    rig = Rig(make_policy(extra=extra), *(spec(f"e{i}", c) for i, c in enumerate(classes)))
+    out: list[tuple[str, str, str]] = []
+    running: list[RequestId] = []
+
+    def note(decisions: Sequence[Decision]) -> None:
+        for d in decisions:
+            if isinstance(d, Reject):
+                out.append(("reject", str(d.req.id), ""))
+                continue
+            eid = str(d.endpoint.id)
+            if isinstance(d, Preempt):
+                running.remove(d.victim.id)
+                out.append(("preempt", str(d.victim.id), eid))
+            else:
+                running.append(d.req.id)
+                out.append(("dispatch", str(d.req.id), eid))
+
+    for n, (kind, arg) in enumerate(script):
+        if kind == "submit":
+            got = rig.sched.submit(req(f"r{n}", arg, arrival=rig.clock.now()))
+            note(rig.sched.take_preemptions())
+            note([] if got is None else [got])
+        elif kind in ("complete", "progress", "cancel"):
+            if running and kind == "complete":
+                rid = running.pop(arg % len(running))
+                note(rig.sched.complete(rid))
+            elif running and kind == "progress":
+                rig.sched.progress(running[arg % len(running)], 16 * (1 + arg), rig.clock.now())
+        else:
+            rig.clock.advance(arg)
+            note(rig.sched.tick())
+    return out
+
+
+_SUBMITS = st.tuples(st.just("submit"), st.sampled_from(["chat", "batch", "batch"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    victims=st.integers(1, 3),
+    script=st.lists(st.one_of(_SUBMITS, _SUBMITS, _EVENTS), min_size=16, max_size=48),
+)
+def test_victims_looked_for_on_the_kept_places_only_decide_as_a_walk_of_every_endpoint(
+    victims: int, script: list[tuple[str, Any]]
+) -> None:
+    """Preemption looks for victims only on the endpoints that run a candidate, kept per tuple of views
+    and carried over where endpoints changed (`FleetSnapshot.places`): the same decisions as a look at
+    every endpoint."""
+    kept = _run(script, victims)
+    with mock.patch.object(FleetSnapshot, "places", return_value=None):
+        walked = _run(script, victims)
+    assert kept == walked
 
 
 # --------------------------------------------------------------------- config errors

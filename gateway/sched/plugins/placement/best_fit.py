@@ -71,6 +71,7 @@ from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.plugins.placement.best_fit_bounds import (
     EAGER_TRIES,
     MIN_CANDIDATES,
+    KeptNumbers,
     RejectGate,
     sure_misses,
     sure_misses_of,
@@ -128,6 +129,7 @@ class BestFitFilter:
         self.load_params = self._cache.params  # what its loads predict with
         self._fleet = fleet_loads(self._cache)
         self._gate = RejectGate()  # whether its sure misses are named up front (`sure_rejects`)
+        self.numbers = KeptNumbers()  # its sure misses' last numbers (`best_fit_bounds._numbers`)
         self._packs = params.order == "most-loaded"
         by_count = self._by_count = params.order == "least-outstanding"
         self._spread_key = self.outstanding_key if by_count else self.least_loaded_key

@@ -51,6 +51,8 @@ class BestFit(Protocol):
     def params(self) -> _Strictness: ...
     @property
     def load_params(self) -> PredictParams: ...
+    @property
+    def numbers(self) -> KeptNumbers: ...
 
 
 #: Candidates below this many are tried one by one (the arrays cost more than they save) ...
@@ -108,9 +110,17 @@ def _over(value: npt.NDArray[np.float64], bound: npt.NDArray[np.float64] | float
     return value > bound + _TOL * (1.0 + np.abs(bound))
 
 
-def _within(value: npt.NDArray[np.float64], bound: npt.NDArray[np.float64] | float) -> npt.NDArray[np.bool_]:
-    """`value <= bound` with the rounding margin to spare."""
-    return value <= bound - _TOL * (1.0 + np.abs(bound))
+def _margins(
+    deadline: float | None, now: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.float64] | None, npt.NDArray[np.float64] | None]:
+    """The time left to `deadline` from each `now`, less and plus its rounding margin: `value <= lo` is
+    `value` within it with the margin to spare, `value > hi` over it by more than the margin (`_over`);
+    (None, None) without a deadline."""
+    if deadline is None:
+        return None, None
+    left = deadline - now
+    margin = _TOL * (1.0 + np.abs(left))
+    return left - margin, left + margin
 
 
 def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) -> list[bool]:
@@ -118,12 +128,49 @@ def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) 
     taken, or (with free seats and something running) the ATGT bound (b) broken, or the request's own
     targets counting there and its predicted last or first token past its time left. False: not known
     (the exact test decides)."""
-    rows = np.array([_row(fit, load) for load in loads], dtype=np.float64).reshape(len(loads), 14)
+    rows, kv = _numbers(fit, loads)
     fresh: npt.NDArray[np.float64] | float = float(resume_prompt_tokens(req))
     if req.cached:
         fresh = np.array([float(prefill_tokens(req, load.view.id)) for load in loads], dtype=np.float64)
-    kv = np.array([_kv(load) for load in loads], dtype=np.float64).reshape(len(loads), 3)
     return sure_misses_of(fit, rows, req, fresh, kv)
+
+
+class KeptNumbers:
+    """`_numbers`' last answer for one best fit (`BestFit.numbers`): the loads it was for (by identity),
+    and their rows and KV terms."""
+
+    __slots__ = ("kv", "loads", "rows")
+
+    def __init__(self) -> None:
+        self.loads: Sequence[EndpointLoad] = ()
+        self.rows: npt.NDArray[np.float64] = np.zeros((0, 14))
+        self.kv: npt.NDArray[np.float64] = np.zeros((0, 3))
+
+
+def _numbers(
+    fit: BestFit, loads: Sequence[EndpointLoad]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The loads' rows (`_row`) and KV terms (`_kv`) as arrays, one row per load. A load's numbers never
+    change, and the requests tried in one serve look at mostly the same loads: the last answer is given
+    again for the same loads, and brought up to date at the places where a few loads are new (never
+    written to: the arrays of an earlier answer stay as they were)."""
+    last = fit.numbers
+    old = last.loads
+    if len(old) == len(loads):
+        changed = [i for i, (a, b) in enumerate(zip(loads, old, strict=True)) if a is not b]
+        if not changed:
+            return last.rows, last.kv
+        if len(changed) <= len(loads) // 4:
+            rows, kv = last.rows.copy(), last.kv.copy()
+            for i in changed:
+                rows[i] = _row(fit, loads[i])
+                kv[i] = _kv(loads[i])
+            last.loads, last.rows, last.kv = list(loads), rows, kv
+            return rows, kv
+    rows = np.array([_row(fit, load) for load in loads], dtype=np.float64).reshape(len(loads), 14)
+    kv = np.array([_kv(load) for load in loads], dtype=np.float64).reshape(len(loads), 3)
+    last.loads, last.rows, last.kv = list(loads), rows, kv
+    return rows, kv
 
 
 def _kv(load: EndpointLoad) -> tuple[float, float, float]:
@@ -257,10 +304,12 @@ def sure_misses_of(
     k1, c1, k2, c2, c3 = rows[:, _K1], rows[:, _C1], rows[:, _K2], rows[:, _C2], rows[:, _C3]
     steps = max(0.0, out - 1.0)
     # The request's own prediction (`EndpointLoad.predict`) and its idle service (`idle_service`).
+    # (each term taken once where several tests read it, with the same operations in the same order)
+    n1, over1 = n + 1.0, 1.0 + rows[:, _OVER]
     ttft = rows[:, _WAIT] + (k1 * (fresh + rows[:, _PENDING]) + c1)
-    batch = np.minimum(n + 1.0, seats)
-    avg = (rows[:, _CTX] + prompt + 0.5 * out) / (n + 1.0)
-    e2e = ttft + steps * (((k2 * avg + c2) * batch + c3) * (1.0 + rows[:, _OVER]))
+    batch = np.minimum(n1, seats)
+    avg = (rows[:, _CTX] + prompt + 0.5 * out) / n1
+    e2e = ttft + steps * (((k2 * avg + c2) * batch + c3) * over1)
     idle_ttft = k1 * fresh + c1
     idle_e2e = idle_ttft + steps * (
         ((k2 * (prompt + 0.5 * out) + c2) * 1.0 + c3) * (1.0 + fit.load_params.prefill_overhead)
@@ -268,26 +317,29 @@ def sure_misses_of(
     # Whether its own targets surely count (`own`) or surely do not; neither: near a bound.
     now = rows[:, _NOW]
     ttft_dl, e2e_dl = time_left(req, 0.0)  # deadlines on the clock; each load's time left from its `now`
+    # each time left less and plus its rounding margin (`_margins`)
+    ttft_lo, ttft_hi = _margins(ttft_dl, now)
+    e2e_lo, e2e_hi = _margins(e2e_dl, now)
     own_yes = np.full(len(rows), not req.best_effort)
     own_no = np.full(len(rows), req.best_effort)
     if not req.best_effort:
-        for dl, idle in ((ttft_dl, idle_ttft), (e2e_dl, idle_e2e)):
-            if dl is not None:
-                left = dl - now
-                own_yes &= _within(idle, left)
-                own_no |= _over(idle, left)
+        for lo, hi, idle in ((ttft_lo, ttft_hi, idle_ttft), (e2e_lo, e2e_hi, idle_e2e)):
+            if lo is not None and hi is not None:
+                own_yes &= idle <= lo
+                own_no |= idle > hi
     misses = own_yes & (
-        (_over(e2e, e2e_dl - now) if e2e_dl is not None else False)
-        | (_over(ttft, ttft_dl - now) if ttft_dl is not None else False)
+        (e2e > e2e_hi if e2e_hi is not None else False) | (ttft > ttft_hi if ttft_hi is not None else False)
     )
     # (b): the running requests' tightest ITL budget, with the request's own when its targets count.
     total = rows[:, _TOKENS] + (req.prompt_tokens + p.gamma * out)
     lhs = k2 * total
     theta = p.theta
 
+    c2n = c2 * n1
+
     def atgt(budget: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
-        t_dec = budget / (1.0 + rows[:, _OVER])
-        return _over(lhs, theta * (t_dec - c2 * (n + 1.0) - c3))
+        t_dec = budget / over1
+        return _over(lhs, theta * (t_dec - c2n - c3))
 
     running_budget = rows[:, _BUDGET]
     itl_ms = req.slo.itl_ms
@@ -301,7 +353,7 @@ def sure_misses_of(
     if kv is not None:
         # (e): `EndpointLoad.peak_kv` with the request is at least its first iteration's footprint,
         # every running request and this one holding h·context + j (`KvPeak.with_extra`'s last term)
-        start = kv[:, 0] * (rows[:, _CTX] + float(req.prompt_tokens)) + (n + 1.0) * kv[:, 1]
+        start = kv[:, 0] * (rows[:, _CTX] + float(req.prompt_tokens)) + n1 * kv[:, 1]
         misses |= _over(start, kv[:, 2])
     named: list[bool] = (full | (open_ & misses)).tolist()
     return named
