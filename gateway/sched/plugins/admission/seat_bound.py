@@ -1,24 +1,26 @@
-"""A sure admission without the seat order: when the requests queued ahead take every free seat, SLO
-admission admits a request once it meets its SLO starting, on the endpoint where it frees, at the k-th
-seat to free up (`SeatOrder`). That needs every ready endpoint's running requests' predicted ends, and a
-change of the fleet remakes 10-20 endpoints' loads between two submits, whose ends are most of a
-submit's cost. With a standing queue nearly every request is admitted with room to spare, and that
-can be shown from what is known already:
+"""A sure admission without the seat order. When the requests queued ahead take every free seat, SLO
+admission admits a request once it meets its SLO starting at the k-th seat to free up, on the endpoint
+where that seat frees (`SloFeasibilityAdmitter._after`, `SeatOrder`). The exact answer needs every
+ready endpoint's running requests' predicted ends, and between two submits a change of the fleet
+remakes 10-20 endpoints' loads (more after a refit), whose ends were most of a submit's cost. With a
+standing queue nearly every request is admitted with room to spare, and that can be shown without them:
 
-- the seat's time is at most `t` once `k + 1` ends are at most `t`, and the ends of the loads that are
-  the same objects as those of the last order made are known (`SeatOrder.known_at_most`);
-- what the prediction adds to the seat's time on whichever endpoint owns it (`predict_after`: the
-  prefill, and the per-token time at a full batch) is at most the same formula at the largest of each
-  endpoint's terms: the coefficients' maxima over the ready endpoints (`IdleBound`, slowest), the most
-  seats and prefill share, and the largest mean context, with each running request's context counted
-  at its prompt plus max_tokens (its progress is capped there).
+- the seat's time is at most `t` once `k + 1` running requests surely end by `t`. Each running
+  request's end is at most its max_tokens at its batch's per-token time with every context at its
+  bound, plus the prefill of the prompts not yet prefilled (`pace_bounds`: a time-free bound, made once
+  per pace, i.e. per set of running requests and coefficients, and valid while the load's time is at
+  or past its view's progress reports, `reports_behind`); failing that, the ends the last seat order
+  knows (`SeatOrder.known_at_most`) count too;
+- what the prediction adds to the seat's time on whichever endpoint owns it (the prefill, and the
+  decode at a full batch) is at most the same formula at the coefficients' maxima over the ready
+  endpoints (`IdleBound`, slowest) and at each endpoint's seats, prefill share and largest mean context
+  (`LoadBounds.tpot`).
 
-`OwnerBound` keeps those per-load terms for the last list of loads, replaced only at the places whose
-load is another object. Every bound is made with the prediction's own operations on larger operands,
-and floating-point rounding is monotone, so the request's prediction on the owning endpoint is at most
-the bound bit for bit: a sure admission is one the full computation makes too
-(`tests/unit/test_admission_seat_bound.py`). When it cannot be shown, the seat order answers as
-before."""
+`LoadBounds` keeps the per-load terms for the last list of loads, renewed at the places whose load is
+another object. Every bound is made with the prediction's own floating-point operations in the same
+order, on operands at least as large, and rounding is monotone, so the prediction on the owning
+endpoint is at most the bound bit for bit: a request shown surely admitted is one the exact computation
+admits too (`tests/unit/test_admission_seat_bound.py`). Otherwise the seat order answers, as before."""
 
 from __future__ import annotations
 
@@ -220,6 +222,7 @@ class SureAdmission:
         req: SchedRequest,
         loads: Sequence[EndpointLoad | Pending],
         k: int,
+        *,
         order: SeatOrder | None,
         bounds: tuple[IdleBound | None, IdleBound | None],
         limits: tuple[float | None, float | None, float | None],

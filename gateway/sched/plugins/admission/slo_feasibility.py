@@ -163,7 +163,7 @@ class SloFeasibilityAdmitter:
             # up. The loads to be made are derived together (their ends only, as arrays); the one
             # endpoint it would wait on is made.
             loads = self._cache.refs(kept.views(), snap.now, keep=True)
-            if self._surely(req, loads, ahead - kept.free, snap, left, itl_ms):
+            if self._surely(req, loads, ahead - kept.free, snap, left=left, itl_ms=itl_ms):
                 return ADMIT
             preds = self._after(req, loads, ahead - kept.free)
             if any(self._meets(p, left, itl_ms) for p in preds):
@@ -415,6 +415,7 @@ class SloFeasibilityAdmitter:
         loads: Sequence[EndpointLoad | Pending],
         k: int,
         snap: FleetSnapshot,
+        *,
         left: tuple[float | None, float | None],
         itl_ms: float | None,
     ) -> bool:
@@ -436,7 +437,7 @@ class SloFeasibilityAdmitter:
             self._fleet_bounds.bound(snap, model, slowest=False),
         )
         out = output_bound(req, self._cache.params.gamma)
-        return sure.admits(req, loads, k, self._frees, bounds, limits, out)
+        return sure.admits(req, loads, k, order=self._frees, bounds=bounds, limits=limits, out=out)
 
     def _meets(self, p: Prediction, left: tuple[float | None, float | None], itl_ms: float | None) -> bool:
         m = self.params.margin
