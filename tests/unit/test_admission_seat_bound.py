@@ -10,6 +10,7 @@ while the load's time is at or past its view's reports."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from hypothesis import given, settings
@@ -38,7 +39,9 @@ def _ahead(v: EndpointView, every: int, by_s: float, *, capped: bool = False) ->
     """`v` with every `every`-th running request's progress report taken `by_s` after `NOW` (0: none);
     `capped`: every running request with a max_tokens (400 where it had none)."""
     runs = tuple(
-        with_progress(r, r.produced or 0, r.first_token_at or NOW, NOW + by_s) if every and j % every == 0 else r
+        with_progress(r, r.produced or 0, r.first_token_at or NOW, NOW + by_s)
+        if every and j % every == 0
+        else r
         for j, r in enumerate(v.running)
     )
     if capped:
@@ -203,4 +206,4 @@ def test_every_end_and_context_is_within_its_pace_bounds(
         if latest <= now and counts:
             # each request's end at most the bound of some request: sorted, the i-th at most the i-th
             for got, bound in zip(sorted(load.seat_free), ends.tolist(), strict=True):
-                assert got <= bound or not bound == bound  # (NaN: no bound)
+                assert got <= bound or math.isnan(bound)  # (NaN: no bound)
