@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.core.types import ModelName
 from gateway.sched.idle import fleet_bound, output_bound
 from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache
@@ -109,7 +110,8 @@ def test_a_request_shown_surely_admitted_meets_its_slo_at_the_exact_seat(  # noq
             None if e2e_left is None else e2e_left * margin,
             None if r.slo.itl_ms is None else r.slo.itl_ms * margin,
         )
-        bounds = (fleet_bound(snap, "m", slowest=True), fleet_bound(snap, "m", slowest=False))
+        model = ModelName("m")
+        bounds = (fleet_bound(snap, model, slowest=True), fleet_bound(snap, model, slowest=False))
         out = output_bound(r, params.predict_params().gamma)
         for kth in ks:
             if not sure.admits(r, loads, kth, order=order, bounds=bounds, limits=left, out=out):
