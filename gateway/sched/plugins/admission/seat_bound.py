@@ -217,6 +217,11 @@ class SureAdmission:
     def __init__(self) -> None:
         self.loads = LoadBounds()
 
+    def hopeless(self, k: int) -> bool:
+        """Whether a request waiting for the `k`-th seat is not worth asking about: far more seats ahead
+        than the loads last asked about run (their bounds are not renewed for it)."""
+        return k >= self.loads.total + _MORE
+
     def admits(
         self,
         req: SchedRequest,
@@ -236,11 +241,9 @@ class SureAdmission:
         endpoints (`IdleBound`); `out`: the output the request is planned for
         (`EndpointLoad.output_tokens`)."""
         slowest, fastest = bounds
-        if slowest is None or fastest is None or fastest.k1 < 0.0 or fastest.k2 < 0.0:
+        if slowest is None or fastest is None or fastest.k1 < 0.0 or fastest.k2 < 0.0 or self.hopeless(k):
             return False
         kept = self.loads
-        if k >= kept.total + _MORE:
-            return False  # far more seats ahead than the loads last asked about run (no renewal for it)
         kept.renew(loads)
         if k >= kept.total:
             return False  # fewer running requests than seats it waits for: no seat frees for it

@@ -422,7 +422,7 @@ class SloFeasibilityAdmitter:
         """Whether `req` surely meets its SLO at the `k`-th seat to free up over `loads` (`_after`'s
         prediction), shown without deriving the loads remade since the last seat order (`seat_bound`)."""
         sure = self._sure
-        if sure is None:
+        if sure is None or sure.hopeless(k):
             return False
         m = self.params.margin
         ttft_left, e2e_left = left
