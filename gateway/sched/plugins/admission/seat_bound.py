@@ -49,10 +49,6 @@ _Floats = npt.NDArray[np.float64]
 _PRIOR: Final = default_prior()
 
 _NONE: _Floats = np.zeros(0)
-#: A request waiting for more seats than the running requests of the loads last asked about, by this
-#: many, is not shown surely admitted (their bounds are not renewed for it: with thousands of batch
-#: requests queued, most arrivals wait behind more seats than the fleet has).
-_MORE: Final = 64
 #: Times the latest seat time within the limits is taken a little earlier when rounding put it past them,
 #: and by how much (relative, and absolute seconds).
 _NUDGES: Final = 3
@@ -217,11 +213,6 @@ class SureAdmission:
     def __init__(self) -> None:
         self.loads = LoadBounds()
 
-    def hopeless(self, k: int) -> bool:
-        """Whether a request waiting for the `k`-th seat is not worth asking about: far more seats ahead
-        than the loads last asked about run (their bounds are not renewed for it)."""
-        return k >= self.loads.total + _MORE
-
     def admits(
         self,
         req: SchedRequest,
@@ -241,7 +232,7 @@ class SureAdmission:
         endpoints (`IdleBound`); `out`: the output the request is planned for
         (`EndpointLoad.output_tokens`)."""
         slowest, fastest = bounds
-        if slowest is None or fastest is None or fastest.k1 < 0.0 or fastest.k2 < 0.0 or self.hopeless(k):
+        if slowest is None or fastest is None or fastest.k1 < 0.0 or fastest.k2 < 0.0:
             return False
         kept = self.loads
         kept.renew(loads)

@@ -160,14 +160,20 @@ class SloFeasibilityAdmitter:
             loads = self._cache.refs(kept.views(), snap.now, keep=True)
         else:
             # Every free seat goes to the requests ahead: it waits for the (ahead - free)-th seat to free
-            # up. The loads to be made are derived together (their ends only, as arrays); the one
-            # endpoint it would wait on is made.
+            # up. Most such requests are shown surely admitted from bounds (`seat_bound`); otherwise the
+            # loads to be made are derived together (their ends only, as arrays), and the one endpoint
+            # it would wait on is made.
             loads = self._cache.refs(kept.views(), snap.now, keep=True)
-            if self._surely(req, loads, ahead - kept.free, snap, left=left, itl_ms=itl_ms):
-                return ADMIT
-            preds = self._after(req, loads, ahead - kept.free)
-            if any(self._meets(p, left, itl_ms) for p in preds):
-                return ADMIT
+            k = ahead - kept.free
+            # (with more seats ahead than running requests, no seat frees for it: `_after`'s answer)
+            if k < sum(map(_RUNNING, loads)):
+                if self._surely(req, loads, k, snap, left=left, itl_ms=itl_ms):
+                    return ADMIT
+                preds = self._after(req, loads, k)
+                if any(self._meets(p, left, itl_ms) for p in preds):
+                    return ADMIT
+            else:
+                preds = []
         views = kept.views()
         if self._preempted is not None:
             # the seats preemption would free: those left once the requests ahead took the free ones
@@ -422,7 +428,7 @@ class SloFeasibilityAdmitter:
         """Whether `req` surely meets its SLO at the `k`-th seat to free up over `loads` (`_after`'s
         prediction), shown without deriving the loads remade since the last seat order (`seat_bound`)."""
         sure = self._sure
-        if sure is None or sure.hopeless(k):
+        if sure is None:
             return False
         m = self.params.margin
         ttft_left, e2e_left = left
