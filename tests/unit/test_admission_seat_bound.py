@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import ModelName
+from gateway.sched.columns import columns_of, updated
 from gateway.sched.idle import fleet_bound, output_bound
 from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache
@@ -144,6 +145,7 @@ class _Plain(SloFeasibilityAdmitter):
     queued=st.lists(st.integers(min_value=0, max_value=12), min_size=12, max_size=12),
     capped=st.booleans(),
     full=st.booleans(),
+    columns=st.booleans(),
 )
 def test_the_admitter_decides_as_without_the_sure_admission(  # noqa: PLR0917
     endpoints: list[Endpoint],
@@ -154,15 +156,18 @@ def test_the_admitter_decides_as_without_the_sure_admission(  # noqa: PLR0917
     queued: list[int],
     capped: bool,
     full: bool,
+    columns: bool,
 ) -> None:
     """`queued`: the requests waiting per step (ahead of it: on both sides of the free seats, and of the
-    running requests); `full`: every endpoint's cap its running requests (few free seats)."""
+    running requests); `full`: every endpoint's cap its running requests (few free seats); `columns`: the
+    snapshots carry the fleet's columns (the ready endpoints and free seats read from them)."""
     if full:
         endpoints = [(max(1, min(cap, len(runs))), runs, coef) for cap, runs, coef in endpoints]
     params = SloFeasibilityParams(margin=1.0, retry_after_s=0.5, assume_full=assume_full, recheck="off")
     new = SloFeasibilityAdmitter(params, SLO, LoadCache(params.predict_params()))
     plain = _Plain(params, SLO, LoadCache(params.predict_params()))
     views = tuple(_ahead(_view(k, e), ahead[0], ahead[1], capped=capped) for k, e in enumerate(endpoints))
+    cols = columns_of(views)
     now = NOW
     for serial, (dt_ms, at, what, cls, (ttft, e2e, itl), _) in enumerate(steps):
         now += dt_ms / 1000.0
@@ -170,7 +175,8 @@ def test_the_admitter_decides_as_without_the_sure_admission(  # noqa: PLR0917
         moved = changed(views[k], what, now, serial)
         if moved is not None:
             views = (*views[:k], moved, *views[k + 1 :])
-        s = FleetSnapshot(now=now, endpoints=views)
+            cols = updated(cols, views, [k])
+        s = FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
         r = req(
             f"r{serial}",
             arrival=now - 0.05,
