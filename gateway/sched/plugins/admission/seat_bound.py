@@ -36,7 +36,6 @@ import numpy.typing as npt
 from gateway.sched.idle import IdleBound
 from gateway.sched.load_batch import Pending
 from gateway.sched.load_terms import Pace
-from gateway.sched.memo import make_room
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.seat_order import SeatOrder, cached_ends
 from gateway.sched.predict import EndpointLoad
@@ -53,8 +52,6 @@ _NONE: _Floats = np.zeros(0)
 #: and by how much (relative, and absolute seconds).
 _NUDGES: Final = 3
 _NUDGE: Final = 1e-12
-#: Paces whose bounds are kept at most (the oldest forgotten a few at a time).
-_KEPT: Final = 4096
 
 
 def _floor(x: float) -> float:
@@ -118,20 +115,22 @@ class LoadBounds:
     """Per load of the last list asked about, renewed at the places whose load is another object: the
     terms of its pace (`pace_bounds`: its contexts and its running requests' ends; its running requests,
     seats and 1 + prefill share), and whether its time is at or past its view's progress reports
-    (`reports_behind`: else its ends' bounds do not hold). `total`: the running requests over the
+    (`reports_behind`: else its ends' bounds do not hold). A place's terms are made again only when its
+    new load has another pace, its reports only for another view (nothing is kept beyond the loads
+    asked about: their views hold running requests' records). `total`: the running requests over the
     loads."""
 
-    __slots__ = ("_columns", "_flat", "_late", "_loads", "_paces", "_terms", "_views", "total")
+    __slots__ = ("_columns", "_flat", "_late", "_loads", "_places", "_terms", "total")
 
     def __init__(self) -> None:
         self._loads: Sequence[EndpointLoad | Pending] = ()
         self._terms: list[_Terms] = []  # per place
+        # per place: the pace its terms are of, the view its reports were read from, and theirs
+        self._places: list[tuple[Pace | None, EndpointView | None, tuple[float, bool]]] = []
         self._flat: _Floats = _NONE  # the places' ends' bounds concatenated
         self._late: set[int] = set()  # the places whose load's time is before a progress report
         self._columns: _Floats | None = None  # the terms' scalars as columns, once asked for
         self.total = 0
-        self._paces: dict[int, tuple[Pace, _Terms]] = {}  # by pace
-        self._views: dict[int, tuple[EndpointView, tuple[float, bool]]] = {}  # `reports_behind` by view
 
     def renew(self, loads: Sequence[EndpointLoad | Pending]) -> None:
         """Take `loads` as the loads asked about (their terms made for the places that changed)."""
@@ -142,34 +141,33 @@ class LoadBounds:
         if len(kept) != size:
             places: Sequence[int] = range(size)
             terms: list[_Terms] = [(0.0, 0, 0, 0.0, _NONE)] * size
+            seen: list[tuple[Pace | None, EndpointView | None, tuple[float, bool]]] = [
+                (None, None, (0.0, True))
+            ] * size
             self._late = set()
         else:
             places = list(compress(range(size), map(is_not, kept, loads)))
             terms = self._terms.copy()
-        paces, views, late = self._paces, self._views, self._late
+            seen = self._places.copy()
+        late = self._late
         for i in places:
             ref = loads[i]
             view, pace = ref.view, ref.pace
-            got = paces.get(id(pace))
-            if got is None or got[0] is not pace:
-                make_room(paces, _KEPT)
+            was_pace, was_view, reports = seen[i]
+            if pace is not was_pace:
                 ctx, ends = pace_bounds(view, pace)
-                got = paces[id(pace)] = (
-                    pace,
-                    (ctx, len(view.running), seats_of(view), 1.0 + pace.overhead, ends),
-                )
-            terms[i] = got[1]
-            seen = views.get(id(view))
-            if seen is None or seen[0] is not view:
-                make_room(views, _KEPT)
-                seen = views[id(view)] = (view, reports_behind(view))
-            latest, counts = seen[1]
+                terms[i] = (ctx, len(view.running), seats_of(view), 1.0 + pace.overhead, ends)
+            if view is not was_view:
+                reports = reports_behind(view)
+            seen[i] = (pace, view, reports)
+            latest, counts = reports
             if latest <= ref.now and counts:
                 late.discard(i)
             else:
                 late.add(i)
         self._loads = loads
         self._terms = terms
+        self._places = seen
         self._columns = None
         self._flat = np.concatenate([t[4] for t in terms]) if size else _NONE
         self.total = len(self._flat)

@@ -168,6 +168,9 @@ class SloFeasibilityAdmitter:
             # (with more seats ahead than running requests, no seat frees for it: `_after`'s answer)
             if k < sum(map(_RUNNING, loads)):
                 if self._surely(req, loads, k, snap, left=left, itl_ms=itl_ms):
+                    # (the last seat order is let go: its loads, older by now, would hold their views'
+                    # records, and the next order asked for is made from the loads of then)
+                    self._frees = None
                     return ADMIT
                 preds = self._after(req, loads, k)
                 if any(self._meets(p, left, itl_ms) for p in preds):
