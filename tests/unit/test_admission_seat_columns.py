@@ -165,8 +165,10 @@ def _same_answers(  # noqa: PLR0917
     cache = LoadCache(params.predict_params())
     new = SloFeasibilityAdmitter(params, SLO, cache, preemption=rules)
     new.seat_ends_from = batch_from
+    new._sure = None  # every question to the seat order (the sure admission: test_admission_seat_bound)
     plain_cache = LoadCache(params.predict_params())
     plain = _Plain(params, SLO, plain_cache, preemption=rules)
+    plain._sure = None
     probe = LoadCache(params.predict_params())
     views = tuple(_view(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)

@@ -66,6 +66,19 @@ def _seat_frees(loads: Sequence[EndpointLoad | Pending], batch_from: int) -> lis
     return arrays
 
 
+def cached_ends(ref: EndpointLoad | Pending) -> _Floats | None:
+    """The load's running requests' predicted ends when known without deriving anything (a batch's, or
+    a made load's, kept or from its states), else None."""
+    if type(ref) is Pending:
+        if ref.seat_free is not None:
+            return ref.seat_free
+        made = ref.made
+        if made is None:
+            return None
+        return _memo(made)
+    return _memo(ref)  # type: ignore[arg-type]
+
+
 def _memo(load: EndpointLoad) -> _Floats:
     """`load.seat_free` as an array, kept in its memo."""
     arr: _Floats | None = load.memo.get("seat-free")
@@ -138,6 +151,26 @@ class SeatOrder:
         out = SeatOrder.__new__(SeatOrder)
         out._set(loads, self._batch_from, [0, *accumulate(sizes)], np.concatenate(pieces))
         return out
+
+    def known_at_most(self, loads: Sequence[EndpointLoad | Pending], t: float) -> tuple[int, list[int]]:
+        """How many of `loads`' running requests' ends this order knows to be at most `t` (those of the
+        loads at the places where they are the same objects as its own), and the other places (as many
+        loads, else none is known and every place is another)."""
+        kept = self._loads
+        if len(kept) != len(loads):
+            return 0, list(range(len(loads)))
+        within = self._times <= t
+        count = int(np.count_nonzero(within))
+        if kept is loads:
+            return count, []
+        changed = list(compress(range(len(loads)), map(is_not, kept, loads)))
+        if not changed or not count:
+            return count, changed
+        # less the ends of the changed places (a cumulative count read at their bounds)
+        starts = np.asarray(self._starts)
+        upto = np.concatenate(([0], np.cumsum(within)))
+        at = np.asarray(changed)
+        return count - int((upto[starts[at + 1]] - upto[starts[at]]).sum()), changed
 
     def kth(self, k: int) -> tuple[float, int] | None:
         """`kth_free` of its loads."""

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
+from operator import attrgetter
 from typing import Annotated, Final, Literal
 
 from msgspec import Meta
 
 from gateway.core.slo import Infeasible, SloPolicy
 from gateway.core.types import EndpointHealth, ModelName, RequestId
-from gateway.sched.idle import IdleBound, IdleTerms, KeptBounds
+from gateway.sched.idle import IdleBound, IdleTerms, KeptBounds, output_bound
 from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome, PreemptionRules
 from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache, LoadCaches
@@ -40,6 +41,7 @@ from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.admission.ready import ReadySeats
+from gateway.sched.plugins.admission.seat_bound import SureAdmission
 from gateway.sched.plugins.admission.seat_order import SEAT_ENDS_FROM, SeatOrder
 from gateway.sched.plugins.admission.speeds import ReadySpeeds
 from gateway.sched.plugins.params import PredictionParams
@@ -58,6 +60,7 @@ _PRIOR: Final = default_prior()
 #: differently); a request is judged late everywhere from the bound only beyond it.
 _ROUNDING: Final = 1e-9
 
+_RUNNING: Final = attrgetter("n")  # a load's running requests (`EndpointLoad`, `Pending`)
 _TERMS_KEPT: Final = 1 << 15  # requests whose `IdleTerms` the recheck keeps at most (then made afresh)
 
 #: Outcomes that queue the request as it is (a best-effort one is queued as a demoted copy).
@@ -112,6 +115,8 @@ class SloFeasibilityAdmitter:
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
         self.seat_ends_from = SEAT_ENDS_FROM  # pending loads whose ends are derived as arrays (`SeatOrder`)
+        # A request surely admitted at the k-th seat without the seat order (`seat_bound`; None: never).
+        self._sure: SureAdmission | None = SureAdmission()
         # The ready endpoints of the last snapshot's views and model, and their free seats in all.
         self._readied: ReadySeats | None = None
         self._preempted = (
@@ -155,12 +160,23 @@ class SloFeasibilityAdmitter:
             loads = self._cache.refs(kept.views(), snap.now, keep=True)
         else:
             # Every free seat goes to the requests ahead: it waits for the (ahead - free)-th seat to free
-            # up. The loads to be made are derived together (their ends only, as arrays); the one
-            # endpoint it would wait on is made.
+            # up. Most such requests are shown surely admitted from bounds (`seat_bound`); otherwise the
+            # loads to be made are derived together (their ends only, as arrays), and the one endpoint
+            # it would wait on is made.
             loads = self._cache.refs(kept.views(), snap.now, keep=True)
-            preds = self._after(req, loads, ahead - kept.free)
-            if any(self._meets(p, left, itl_ms) for p in preds):
-                return ADMIT
+            k = ahead - kept.free
+            # (with more seats ahead than running requests, no seat frees for it: `_after`'s answer)
+            if k < sum(map(_RUNNING, loads)):
+                if self._surely(req, loads, k, snap, left=left, itl_ms=itl_ms):
+                    # (the last seat order is let go: its loads, older by now, would hold their views'
+                    # records, and the next order asked for is made from the loads of then)
+                    self._frees = None
+                    return ADMIT
+                preds = self._after(req, loads, k)
+                if any(self._meets(p, left, itl_ms) for p in preds):
+                    return ADMIT
+            else:
+                preds = []
         views = kept.views()
         if self._preempted is not None:
             # the seats preemption would free: those left once the requests ahead took the free ones
@@ -389,6 +405,8 @@ class SloFeasibilityAdmitter:
     def _after(self, req: SchedRequest, loads: Sequence[EndpointLoad | Pending], k: int) -> list[Prediction]:
         """The request on the endpoint where the `k`-th (from 0) seat to free up frees, from then on
         (none: further out than every running request, infeasible)."""
+        if k >= sum(map(_RUNNING, loads)):
+            return []  # fewer running requests than seats ahead: none of their ends is needed
         order = self._frees
         # the last order renewed: only the loads remade since have their ends replaced
         order = self._frees = SeatOrder(loads, self.seat_ends_from) if order is None else order.renewed(loads)
@@ -399,6 +417,36 @@ class SloFeasibilityAdmitter:
         load = loads[i]
         made = load.load() if isinstance(load, Pending) else load
         return [made.predict_after(req, t)]
+
+    def _surely(
+        self,
+        req: SchedRequest,
+        loads: Sequence[EndpointLoad | Pending],
+        k: int,
+        snap: FleetSnapshot,
+        *,
+        left: tuple[float | None, float | None],
+        itl_ms: float | None,
+    ) -> bool:
+        """Whether `req` surely meets its SLO at the `k`-th seat to free up over `loads` (`_after`'s
+        prediction), shown without deriving the loads remade since the last seat order (`seat_bound`)."""
+        sure = self._sure
+        if sure is None:
+            return False
+        m = self.params.margin
+        ttft_left, e2e_left = left
+        limits = (
+            None if ttft_left is None else ttft_left * m,
+            None if e2e_left is None else e2e_left * m,
+            None if itl_ms is None else itl_ms * m,
+        )
+        model = req.model
+        bounds = (
+            self._fleet_bounds.bound(snap, model, slowest=True),
+            self._fleet_bounds.bound(snap, model, slowest=False),
+        )
+        out = output_bound(req, self._cache.params.gamma)
+        return sure.admits(req, loads, k, order=self._frees, bounds=bounds, limits=limits, out=out)
 
     def _meets(self, p: Prediction, left: tuple[float | None, float | None], itl_ms: float | None) -> bool:
         m = self.params.margin

@@ -1,0 +1,217 @@
+"""SLO admission's sure admission (`seat_bound`) admits only what the exact seat order admits, and the
+admitter decides as one without it (hypothesis: random fleets of up to 40 endpoints with running
+requests that have progress reports, some taken after the loads' time, max_tokens or none, two kinds of
+hardware and the generic prior; the clock moving within and past the loads' reuse time, dispatches,
+completions and progress reports; requests with every kind of target over a wide range, queued counts
+on both sides of the free seats and of the running requests). And the bounds themselves: every running
+request's predicted end and every load's context sum are at most their pace's bounds (`pace_bounds`)
+while the load's time is at or past its view's reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.core.types import ModelName
+from gateway.sched.columns import columns_of, updated
+from gateway.sched.idle import fleet_bound, output_bound
+from gateway.sched.load_batch import Pending
+from gateway.sched.loads import LoadCache
+from gateway.sched.plugins.admission.seat_bound import SureAdmission, pace_bounds, reports_behind
+from gateway.sched.plugins.admission.seat_order import SeatOrder
+from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
+from gateway.sched.predict import EndpointLoad
+from gateway.sched.running import with_progress
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.targets import time_left
+from tests.unit.fleet_steps import changed
+from tests.unit.slo_fixtures import req
+from tests.unit.test_admission_seat_columns import SLO, Endpoint, _endpoint, _step, _view
+
+NOW = 10.0
+#: Targets scaled by these: most requests surely admitted at the widest, few at the narrowest.
+_SCALES = (1.0, 30.0, 1000.0)
+
+
+def _ahead(v: EndpointView, every: int, by_s: float, *, capped: bool = False) -> EndpointView:
+    """`v` with every `every`-th running request's progress report taken `by_s` after `NOW` (0: none);
+    `capped`: every running request with a max_tokens (400 where it had none)."""
+    runs = tuple(
+        with_progress(r, r.produced or 0, r.first_token_at or NOW, NOW + by_s)
+        if every and j % every == 0
+        else r
+        for j, r in enumerate(v.running)
+    )
+    if capped:
+        runs = tuple(r if r.max_tokens is not None else dataclasses.replace(r, max_tokens=400) for r in runs)
+    return dataclasses.replace(v, running=runs)
+
+
+def _plain_after(loads: Sequence[EndpointLoad | Pending], k: int) -> tuple[float, EndpointLoad] | None:
+    made = [load.load() if isinstance(load, Pending) else load for load in loads]
+    ordered = sorted((t, i) for i, load in enumerate(made) for t in load.seat_free)
+    if k >= len(ordered):
+        return None
+    t, i = ordered[k]
+    return t, made[i]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=40),
+    steps=st.lists(_step, min_size=1, max_size=10),
+    scale=st.sampled_from(_SCALES),
+    ahead=st.tuples(st.sampled_from((0, 1, 3)), st.floats(min_value=0.001, max_value=2.0)),
+    ks=st.lists(st.integers(min_value=0, max_value=12), min_size=1, max_size=4),
+    margin=st.sampled_from((0.8, 1.0, 1.2)),
+    capped=st.booleans(),
+)
+def test_a_request_shown_surely_admitted_meets_its_slo_at_the_exact_seat(  # noqa: PLR0917
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int, str, tuple[float | None, float | None, float | None], int]],
+    scale: float,
+    ahead: tuple[int, float],
+    ks: list[int],
+    margin: float,
+    capped: bool,
+) -> None:
+    params = SloFeasibilityParams(margin=margin, recheck="off")
+    cache = LoadCache(params.predict_params())
+    plain = LoadCache(params.predict_params())
+    sure = SureAdmission()
+    order: SeatOrder | None = None
+    views = tuple(_ahead(_view(k, e), ahead[0], ahead[1], capped=capped) for k, e in enumerate(endpoints))
+    now = NOW
+    for serial, (dt_ms, at, what, cls, (ttft, e2e, itl), _) in enumerate(steps):
+        now += dt_ms / 1000.0
+        k = at % len(views)
+        moved = changed(views[k], what, now, serial)
+        if moved is not None:
+            views = (*views[:k], moved, *views[k + 1 :])
+        snap = FleetSnapshot(now=now, endpoints=views)
+        loads = cache.refs(list(views), now)
+        exact = plain.refs(list(views), now)
+        r = req(
+            f"r{serial}",
+            arrival=now - 0.05,
+            prompt=500,
+            out=120.0,
+            ttft_ms=None if ttft is None else ttft * scale,
+            e2e_ms=None if e2e is None else e2e * scale,
+            itl_ms=None if itl is None else itl * scale,
+            cls=cls,
+        )
+        ttft_left, e2e_left = time_left(r, now)
+        left = (
+            None if ttft_left is None else ttft_left * margin,
+            None if e2e_left is None else e2e_left * margin,
+            None if r.slo.itl_ms is None else r.slo.itl_ms * margin,
+        )
+        model = ModelName("m")
+        bounds = (fleet_bound(snap, model, slowest=True), fleet_bound(snap, model, slowest=False))
+        out = output_bound(r, params.predict_params().gamma)
+        for kth in ks:
+            if not sure.admits(r, loads, kth, order=order, bounds=bounds, limits=left, out=out):
+                continue
+            got = _plain_after(exact, kth)
+            assert got is not None
+            p = got[1].predict_after(r, got[0])
+            assert left[0] is None or p.ttft_s <= left[0]
+            assert left[1] is None or p.e2e_s <= left[1]
+            assert left[2] is None or p.tpot_s * 1000.0 <= left[2]
+        if serial % 3 == 0:  # an order made now and then: its ends known for the loads kept since
+            order = SeatOrder(loads)
+
+
+class _Plain(SloFeasibilityAdmitter):
+    """The same admission without the sure admission: every question answered by the seat order."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._sure = None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=40),
+    steps=st.lists(_step, min_size=1, max_size=12),
+    scale=st.sampled_from(_SCALES),
+    ahead=st.tuples(st.sampled_from((0, 1, 3)), st.floats(min_value=0.001, max_value=2.0)),
+    assume_full=st.booleans(),
+    queued=st.lists(st.integers(min_value=0, max_value=12), min_size=12, max_size=12),
+    capped=st.booleans(),
+    full=st.booleans(),
+    columns=st.booleans(),
+)
+def test_the_admitter_decides_as_without_the_sure_admission(  # noqa: PLR0917
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int, str, tuple[float | None, float | None, float | None], int]],
+    scale: float,
+    ahead: tuple[int, float],
+    assume_full: bool,
+    queued: list[int],
+    capped: bool,
+    full: bool,
+    columns: bool,
+) -> None:
+    """`queued`: the requests waiting per step (ahead of it: on both sides of the free seats, and of the
+    running requests); `full`: every endpoint's cap its running requests (few free seats); `columns`: the
+    snapshots carry the fleet's columns (the ready endpoints and free seats read from them)."""
+    if full:
+        endpoints = [(max(1, min(cap, len(runs))), runs, coef) for cap, runs, coef in endpoints]
+    params = SloFeasibilityParams(margin=1.0, retry_after_s=0.5, assume_full=assume_full, recheck="off")
+    new = SloFeasibilityAdmitter(params, SLO, LoadCache(params.predict_params()))
+    plain = _Plain(params, SLO, LoadCache(params.predict_params()))
+    views = tuple(_ahead(_view(k, e), ahead[0], ahead[1], capped=capped) for k, e in enumerate(endpoints))
+    cols = columns_of(views)
+    now = NOW
+    for serial, (dt_ms, at, what, cls, (ttft, e2e, itl), _) in enumerate(steps):
+        now += dt_ms / 1000.0
+        k = at % len(views)
+        moved = changed(views[k], what, now, serial)
+        if moved is not None:
+            views = (*views[:k], moved, *views[k + 1 :])
+            cols = updated(cols, views, [k])
+        s = FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
+        r = req(
+            f"r{serial}",
+            arrival=now - 0.05,
+            prompt=500,
+            out=120.0,
+            ttft_ms=None if ttft is None else ttft * scale,
+            e2e_ms=None if e2e is None else e2e * scale,
+            itl_ms=None if itl is None else itl * scale,
+            cls=cls,
+        )
+
+        def waiting(c: str, n: int = queued[serial]) -> int:
+            return n if c == "chat" else n // 3
+
+        assert new.admit(r, s, waiting) == plain.admit(r, s, waiting)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    endpoint=_endpoint,
+    later_s=st.floats(min_value=0.0, max_value=60.0),
+    ahead=st.tuples(st.sampled_from((0, 1, 2)), st.floats(min_value=0.001, max_value=2.0)),
+)
+def test_every_end_and_context_is_within_its_pace_bounds(
+    endpoint: Endpoint, later_s: float, ahead: tuple[int, float]
+) -> None:
+    v = _ahead(_view(0, endpoint), ahead[0], ahead[1])
+    params = SloFeasibilityParams().predict_params()
+    for now in (NOW, NOW + later_s):
+        load = EndpointLoad(v, now, params)
+        ctx, ends = pace_bounds(v, load.pace)
+        assert load.ctx_sum <= ctx
+        assert len(ends) == load.n
+        latest, counts = reports_behind(v)
+        if latest <= now and counts:
+            # each request's end at most the bound of some request: sorted, the i-th at most the i-th
+            for got, bound in zip(sorted(load.seat_free), ends.tolist(), strict=True):
+                assert got <= bound or math.isnan(bound)  # (NaN: no bound)
