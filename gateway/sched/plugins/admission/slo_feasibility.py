@@ -6,6 +6,10 @@ as if it were dispatched now) gets its class's `on_infeasible` outcome:
 - `hold`: queued anyway (the ordering decides when it runs);
 - `best-effort`: queued, demoted below every band (it runs when nothing with a chance is waiting).
 
+(Over 450 lines: one admitter asks its one question four ways, on arrival, after the requests ahead,
+surely from bounds, and again while a request waits; what each way computes already stands apart, in
+`seat_order`, `seat_bound`, `ready`, `preempted` and `speeds`.)
+
 A request is feasible on an endpoint when its predicted first and last token keep its deadlines within
 `margin` (1.2: up to 20 % over still counts as feasible, for prediction error) and its per-token time
 keeps its ITL target. With `count_queue`, the requests already waiting for the model in classes of the
