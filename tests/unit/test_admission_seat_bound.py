@@ -29,8 +29,7 @@ from gateway.sched.running import with_progress
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import time_left
 from tests.unit.fleet_steps import changed
-from tests.unit.slo_fixtures import req
-from tests.unit.test_admission_seat_columns import SLO, Endpoint, _endpoint, _step, _view
+from tests.unit.test_admission_seat_columns import SLO, Endpoint, _endpoint, _step, _view, step_request
 
 NOW = 10.0
 #: Targets scaled by these: most requests surely admitted at the widest, few at the narrowest.
@@ -86,7 +85,7 @@ def test_a_request_shown_surely_admitted_meets_its_slo_at_the_exact_seat(  # noq
     order: SeatOrder | None = None
     views = tuple(_ahead(_view(k, e), ahead[0], ahead[1], capped=capped) for k, e in enumerate(endpoints))
     now = NOW
-    for serial, (dt_ms, at, what, cls, (ttft, e2e, itl), _) in enumerate(steps):
+    for serial, (dt_ms, at, what, cls, targets, _) in enumerate(steps):
         now += dt_ms / 1000.0
         k = at % len(views)
         moved = changed(views[k], what, now, serial)
@@ -95,16 +94,7 @@ def test_a_request_shown_surely_admitted_meets_its_slo_at_the_exact_seat(  # noq
         snap = FleetSnapshot(now=now, endpoints=views)
         loads = cache.refs(list(views), now)
         exact = plain.refs(list(views), now)
-        r = req(
-            f"r{serial}",
-            arrival=now - 0.05,
-            prompt=500,
-            out=120.0,
-            ttft_ms=None if ttft is None else ttft * scale,
-            e2e_ms=None if e2e is None else e2e * scale,
-            itl_ms=None if itl is None else itl * scale,
-            cls=cls,
-        )
+        r = step_request(serial, now, cls, targets, scale)
         ttft_left, e2e_left = time_left(r, now)
         left = (
             None if ttft_left is None else ttft_left * margin,
@@ -169,7 +159,7 @@ def test_the_admitter_decides_as_without_the_sure_admission(  # noqa: PLR0917
     views = tuple(_ahead(_view(k, e), ahead[0], ahead[1], capped=capped) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     now = NOW
-    for serial, (dt_ms, at, what, cls, (ttft, e2e, itl), _) in enumerate(steps):
+    for serial, (dt_ms, at, what, cls, targets, _) in enumerate(steps):
         now += dt_ms / 1000.0
         k = at % len(views)
         moved = changed(views[k], what, now, serial)
@@ -177,16 +167,7 @@ def test_the_admitter_decides_as_without_the_sure_admission(  # noqa: PLR0917
             views = (*views[:k], moved, *views[k + 1 :])
             cols = updated(cols, views, [k])
         s = FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
-        r = req(
-            f"r{serial}",
-            arrival=now - 0.05,
-            prompt=500,
-            out=120.0,
-            ttft_ms=None if ttft is None else ttft * scale,
-            e2e_ms=None if e2e is None else e2e * scale,
-            itl_ms=None if itl is None else itl * scale,
-            cls=cls,
-        )
+        r = step_request(serial, now, cls, targets, scale)
 
         def waiting(c: str, n: int = queued[serial]) -> int:
             return n if c == "chat" else n // 3

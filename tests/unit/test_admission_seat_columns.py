@@ -97,6 +97,28 @@ def _running(name: str, run: Run, now: float) -> RunningRequest:
     return r
 
 
+def step_request(
+    serial: int,
+    now: float,
+    cls: str,
+    targets: tuple[float | None, float | None, float | None],
+    scale: float = 1.0,
+) -> SchedRequest:
+    """A step's request: its class and its (first-token, last-token, per-token) targets in ms, times
+    `scale`, arrived 50 ms before `now`."""
+    ttft, e2e, itl = targets
+    return req(
+        f"r{serial}",
+        arrival=now - 0.05,
+        prompt=500,
+        out=120.0,
+        ttft_ms=None if ttft is None else ttft * scale,
+        e2e_ms=None if e2e is None else e2e * scale,
+        itl_ms=None if itl is None else itl * scale,
+        cls=cls,
+    )
+
+
 def _view(k: int, endpoint: Endpoint) -> EndpointView:
     cap, runs, coef = endpoint
     rs = [_running(f"e{k}-x{j}", run, NOW) for j, run in enumerate(runs[:cap])]
@@ -174,7 +196,7 @@ def _same_answers(  # noqa: PLR0917
     cols = columns_of(views)
     now = NOW
     renewed: SeatOrder | None = None  # renewed from step to step (`share` of the loads changed at most)
-    for serial, (dt_ms, at, what, cls, (ttft, e2e, itl), queued) in enumerate(steps):
+    for serial, (dt_ms, at, what, cls, targets, queued) in enumerate(steps):
         now += dt_ms / 1000.0
         k = at % len(views)
         moved = changed(views[k], what, now, serial)
@@ -187,16 +209,7 @@ def _same_answers(  # noqa: PLR0917
             _warm(cache, views, now, warm)
             _warm(plain_cache, views, now, warm)
             _warm(probe, views, now, warm)
-        r = req(
-            f"r{serial}",
-            arrival=now - 0.05,
-            prompt=500,
-            out=120.0,
-            ttft_ms=ttft,
-            e2e_ms=e2e,
-            itl_ms=itl,
-            cls=cls,
-        )
+        r = step_request(serial, now, cls, targets)
 
         def waiting(c: str, n: int = queued) -> int:
             return n if c == "chat" else n // 3
