@@ -11,7 +11,7 @@ from statistics import NormalDist
 from typing import Literal
 
 from gateway.sched.load_terms import RunningState
-from gateway.sched.snapshot import EndpointView
+from gateway.sched.snapshot import seats_of
 
 Tail = Literal["mean", "normal", "cantelli"]
 
@@ -67,13 +67,6 @@ class Prediction:
     def service_s(self) -> float:
         """Its own time on the endpoint once its turn comes (CATO's remaining completion)."""
         return self.e2e_s - self.wait_s
-
-
-def seats_of(view: EndpointView) -> int:
-    """The requests the endpoint runs at once: its cap, or its engine's max batch when that is less
-    (the engine runs at most its max batch, whatever berth's cap lets in)."""
-    mb = view.max_batch
-    return max(1, view.cap if mb is None or mb >= view.cap else mb)
 
 
 __all__ = ["Harm", "PredictParams", "Prediction", "Tail", "seats_of"]

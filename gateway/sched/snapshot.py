@@ -176,7 +176,7 @@ class FleetColumns:
 class ReadyServing:
     """The ready endpoints of one tuple of views that serve one model (`endpoints`, in the views'
     order), those with a free seat (`open`), their free seats in all (`free`: each endpoint's seats,
-    `gateway.sched.prediction.seats_of`, less its running requests, when positive), and how many have
+    `seats_of`, less its running requests, when positive), and how many have
     room under their cap (`roomy`: in flight below cap). Not to be changed.
 
     SLO admission (its free seats), the slack ordering (the endpoints with the fewest seats taken, for
@@ -254,7 +254,7 @@ class ReadyServing:
                 endpoints = self.endpoints.copy()
             o = endpoints[k]
             endpoints[k] = v
-            was, now = _spare(o), _spare(v)
+            was, now = seats_of(o) - len(o.running), seats_of(v) - len(v.running)  # free seats
             if was > 0 or now > 0:
                 if open_ is None:
                     open_, open_at = self.open.copy(), open_at.copy()
@@ -312,12 +312,11 @@ class ReadyServing:
         return got
 
 
-def _spare(e: EndpointView) -> int:
-    """`seats_of(e)` less its running requests (at most 0: none free)."""
-    mb, seats = e.max_batch, e.cap
-    if mb is not None and mb < seats:
-        seats = mb
-    return (seats if seats > 1 else 1) - len(e.running)
+def seats_of(view: EndpointView) -> int:
+    """The requests the endpoint runs at once: its cap, or its engine's max batch when that is less
+    (the engine runs at most its max batch, whatever berth's cap lets in)."""
+    mb = view.max_batch
+    return max(1, view.cap if mb is None or mb >= view.cap else mb)
 
 
 #: A test of one view, and the objects its answer depends on besides the view (`ViewsMemo.places`).
