@@ -18,13 +18,13 @@ from loadgen.bench.simulator.fidelity_compare import (
     Tolerances,
     compare,
     failed,
-    markdown,
     pair,
     path_cost,
     side_figures,
     types_outside,
     verdict,
 )
+from loadgen.bench.simulator.fidelity_report import markdown
 
 
 def calls(cls: str, ttfts: list[float], queue: float = 0.0, status: int = 200) -> list[CallFigures]:

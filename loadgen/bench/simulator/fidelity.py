@@ -60,10 +60,10 @@ from loadgen.bench.simulator.fidelity_compare import (
     Pair,
     SideFigures,
     Tolerances,
-    markdown,
     pair,
     side_figures,
 )
+from loadgen.bench.simulator.fidelity_report import markdown
 from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.fleet import parse_fleet
 from loadgen.engine_sim.spec import EndpointSpec
