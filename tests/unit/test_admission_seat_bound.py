@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import ModelName
-from gateway.sched.columns import columns_of, updated
+from gateway.sched.columns import columns_of
 from gateway.sched.idle import fleet_bound, output_bound
 from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache
@@ -28,7 +28,7 @@ from gateway.sched.predict import EndpointLoad
 from gateway.sched.running import with_progress
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import time_left
-from tests.unit.fleet_steps import changed
+from tests.unit.fleet_steps import advance, changed
 from tests.unit.test_admission_seat_columns import SLO, Endpoint, _endpoint, _step, _view, step_request
 
 NOW = 10.0
@@ -161,11 +161,7 @@ def test_the_admitter_decides_as_without_the_sure_admission(  # noqa: PLR0917
     now = NOW
     for serial, (dt_ms, at, what, cls, targets, _) in enumerate(steps):
         now += dt_ms / 1000.0
-        k = at % len(views)
-        moved = changed(views[k], what, now, serial)
-        if moved is not None:
-            views = (*views[:k], moved, *views[k + 1 :])
-            cols = updated(cols, views, [k])
+        views, cols, _ = advance(views, cols, now, at=at, what=what, serial=serial)
         s = FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
         r = step_request(serial, now, cls, targets, scale)
 

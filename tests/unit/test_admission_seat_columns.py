@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from gateway.core.slo import Infeasible, SloClass, SloKind, SloPolicy
 from gateway.core.types import InstanceClass
-from gateway.sched.columns import columns_of, updated
+from gateway.sched.columns import columns_of
 from gateway.sched.interfaces import PreemptionRules
 from gateway.sched.load_batch import Pending, derive
 from gateway.sched.loads import REUSE_S, LoadCache
@@ -33,7 +33,7 @@ from gateway.sched.predict import EndpointLoad, Prediction
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, with_progress
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
-from tests.unit.fleet_steps import changed
+from tests.unit.fleet_steps import advance
 from tests.unit.slo_fixtures import COEF, SLOW, req, running, view
 
 NOW = 10.0
@@ -198,11 +198,7 @@ def _same_answers(  # noqa: PLR0917
     renewed: SeatOrder | None = None  # renewed from step to step (`share` of the loads changed at most)
     for serial, (dt_ms, at, what, cls, targets, queued) in enumerate(steps):
         now += dt_ms / 1000.0
-        k = at % len(views)
-        moved = changed(views[k], what, now, serial)
-        if moved is not None:
-            views = (*views[:k], moved, *views[k + 1 :])
-            cols = updated(cols, views, [k])
+        views, cols, _ = advance(views, cols, now, at=at, what=what, serial=serial)
         s = FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
         if warm:
             # (every cache asked at the same times: a load's time is that of the first question)
