@@ -12,7 +12,13 @@ from gateway.sched.perf import default_prior
 from gateway.telemetry.lengths import LengthPrediction
 from gateway.telemetry.timeline import MIN_KEPT_GAPS
 from loadgen.bench.simulator.predict_client import Scrape, Stream
-from loadgen.bench.simulator.predict_figures import decode_mape, kv_mape, prefill_mape
+from loadgen.bench.simulator.predict_figures import (
+    LENGTH_WARMUP,
+    decode_mape,
+    kv_mape,
+    length_figures,
+    prefill_mape,
+)
 from loadgen.bench.simulator.predict_telemetry import BerthTelemetry, scrape_sample
 from loadgen.engine_sim.profiles import get_profile
 from tests.unit.engine_trace import engine_trace
@@ -91,3 +97,17 @@ def test_a_scrape_counts_what_was_in_flight_when_it_came_back_and_feeds_kv() -> 
     prior = default_prior()
     assert kv_mape(prior, obs.kv) == pytest.approx(abs(prior.kv_tokens(215.0) - 250.0) / 250.0)
     assert math.isnan(kv_mape(prior, []))
+
+
+def test_a_run_too_short_for_the_length_warm_up_has_no_length_figure(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    """A quick run's streams all fall in the warm-up: the figures are nan (shown as such), computed
+    without numpy's warnings about empty slices."""
+    streams = [Stream(index=k, prompt=100, output=20, times=[1.0]) for k in range(LENGTH_WARMUP)]
+    figs = length_figures(streams, seed=1)
+    assert figs["n"] == 0
+    assert math.isnan(figs["ratio"])
+    assert math.isnan(figs["ratio_to_claimed"])
+    assert figs["buckets"] == []
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -125,6 +125,18 @@ def wait_figures(
 def length_figures(streams: Sequence[Stream], seed: int) -> dict[str, Any]:
     """p50 predictions (made at dispatch) against the within-bucket spread of the same outputs."""
     rows = [s for s in streams if s.ok and s.predicted is not None][LENGTH_WARMUP:]
+    if not rows:  # a run too short to pass the warm-up (a quick run): no figure, shown as nan
+        nan = math.nan
+        return {
+            "n": 0,
+            "median_abs_error": nan,
+            "spread": nan,
+            "ratio": nan,
+            "ratio_ci95": [nan, nan],
+            "claimed_spread": nan,
+            "ratio_to_claimed": nan,
+            "buckets": [],
+        }
     out = np.array([float(s.tokens) for s in rows])
     p50 = np.array([s.predicted.p50 if s.predicted is not None else math.nan for s in rows])
     bucket = np.searchsorted(np.array(LENGTH_BUCKETS), np.array([s.prompt for s in rows]), side="left")
