@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import EndpointHealth, EngineKind, InstanceClass, ModelName
-from gateway.sched.load_terms import KEPT_FIELDS, progress_only, same_requests
+from gateway.sched.load_terms import progress_only, same_requests
 from gateway.sched.loads import REUSE_S, LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.predict import EndpointLoad, PredictParams
-from gateway.sched.running import RunningRequest, with_progress
+from gateway.sched.running import KEPT_FIELDS, RunningRequest, with_progress
 from gateway.sched.snapshot import EndpointEstimates, EndpointView
 from tests.unit.slo_fixtures import running, view
 
