@@ -21,7 +21,7 @@ from gateway.sched.columns import columns_of, updated
 from gateway.sched.idle import fleet_bound, output_bound
 from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache
-from gateway.sched.plugins.admission.seat_bound import SureAdmission, pace_bounds, reports_behind
+from gateway.sched.plugins.admission.seat_bound import LoadBounds, SureAdmission, pace_bounds, reports_behind
 from gateway.sched.plugins.admission.seat_order import SeatOrder
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.predict import EndpointLoad
@@ -196,3 +196,47 @@ def test_every_end_and_context_is_within_its_pace_bounds(
             # each request's end at most the bound of some request: sorted, the i-th at most the i-th
             for got, bound in zip(sorted(load.seat_free), ends.tolist(), strict=True):
                 assert got <= bound or math.isnan(bound)  # (NaN: no bound)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=40),
+    steps=st.lists(_step, min_size=1, max_size=12),
+    ahead=st.tuples(st.sampled_from((0, 1, 3)), st.floats(min_value=0.001, max_value=2.0)),
+    tpot_at=st.lists(st.integers(min_value=0, max_value=11), max_size=4),
+)
+def test_bounds_renewed_at_the_changed_places_are_those_made_whole(
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int, str, tuple[float | None, float | None, float | None], int]],
+    ahead: tuple[int, float],
+    tpot_at: list[int],
+) -> None:
+    """`LoadBounds.renew` replaces the ends and scalars of the places whose pace changed only (the rest
+    kept from the last loads, the columns asked for at some steps only): bit for bit what bounds made
+    whole from the same loads hold and answer."""
+    params = SloFeasibilityParams(recheck="off")
+    cache = LoadCache(params.predict_params())
+    kept = LoadBounds()
+    views = tuple(_ahead(_view(k, e), ahead[0], ahead[1]) for k, e in enumerate(endpoints))
+    slowest = fleet_bound(FleetSnapshot(now=NOW, endpoints=views), ModelName("m"), slowest=True)
+    assert slowest is not None
+    now = NOW
+    for serial, (dt_ms, at, what, *_) in enumerate(steps):
+        now += dt_ms / 1000.0
+        k = at % len(views)
+        moved = changed(views[k], what, now, serial)
+        if moved is not None:
+            views = (*views[:k], moved, *views[k + 1 :])
+        loads = cache.refs(list(views), now)
+        kept.renew(loads)
+        whole = LoadBounds()
+        whole.renew(loads)
+        assert kept.total == whole.total
+        assert kept._flat.tobytes() == whole._flat.tobytes()
+        assert kept._starts == whole._starts
+        assert kept._late == whole._late
+        for t in (0.0, 0.5, 5.0, math.inf):
+            assert kept.within(t) == whole.within(t)
+        if serial in tpot_at:  # the columns made at some steps and carried over by the later ones
+            a, b = kept.tpot(slowest, 100.0, 50.0), whole.tpot(slowest, 100.0, 50.0)
+            assert a == b or (math.isnan(a) and math.isnan(b))
