@@ -13,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,12 +22,13 @@ from gateway.sched.columns import columns_of, updated
 from gateway.sched.idle import fleet_bound, output_bound
 from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache
+from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.seat_bound import LoadBounds, SureAdmission, pace_bounds, reports_behind
 from gateway.sched.plugins.admission.seat_order import SeatOrder
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.running import with_progress
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 from gateway.sched.targets import time_left
 from tests.unit.fleet_steps import changed
 from tests.unit.test_admission_seat_columns import SLO, Endpoint, _endpoint, _step, _view, step_request
@@ -240,3 +242,47 @@ def test_bounds_renewed_at_the_changed_places_are_those_made_whole(
         if serial in tpot_at:  # the columns made at some steps and carried over by the later ones
             a, b = kept.tpot(slowest, 100.0, 50.0), whole.tpot(slowest, 100.0, 50.0)
             assert a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _array_ends(v: EndpointView, overhead: float, fresh: float) -> bytes:
+    """`pace_bounds`' ends as arrays throughout (its form for any operands), as bytes."""
+    caps = [math.inf if r.max_tokens is None else float(r.max_tokens) for r in v.running]
+    c = v.perf or default_prior()
+    n = len(caps)
+    ctx = 0.0
+    for r, cap in zip(v.running, caps, strict=True):
+        ctx += r.prompt_tokens + cap
+    floor = _floor_of
+    tpot = floor(floor(floor(c.k2 * floor(ctx / n) + c.c2) * n + c.c3) * (1.0 + overhead))
+    with np.errstate(invalid="ignore"):
+        ends = np.maximum(np.array(caps), 0.0) * tpot + floor(c.k1 * fresh + c.c1)
+    ends.sort()
+    return ends.tobytes()
+
+
+def _floor_of(x: float) -> float:
+    return x if x >= 0.0 else 0.0 if x < 0.0 else math.inf
+
+
+@settings(max_examples=300, deadline=None)
+@given(endpoint=_endpoint, capped=st.booleans(), coef=st.sampled_from((0.0, 1e-9, 1.0, 1e300, math.inf)))
+def test_the_ends_bounds_are_those_of_the_array_form(endpoint: Endpoint, capped: bool, coef: float) -> None:
+    """`pace_bounds` derives a few running requests' ends one by one: the same bits as the array form,
+    whatever the caps (none: infinite) and coefficients (a zero or infinite per-token time or prefill
+    takes the array form)."""
+    v = _ahead(_view(0, endpoint), 0, 1.0, capped=capped)
+    if not v.running:
+        return
+    c = v.perf or default_prior()
+    v = dataclasses.replace(
+        v,
+        estimates=EndpointEstimates(
+            perf=dataclasses.replace(c, k2=c.k2 * coef, c2=c.c2 * coef, c3=c.c3 * coef)
+        ),
+    )
+    pace = EndpointLoad(v, NOW, SloFeasibilityParams().predict_params()).pace
+    _, ends = pace_bounds(v, pace)
+    fresh = 0.0
+    for f in pace.fresh:
+        fresh += f
+    assert ends.tobytes() == _array_ends(v, pace.overhead, fresh)

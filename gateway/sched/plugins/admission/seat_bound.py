@@ -85,8 +85,13 @@ def pace_bounds(view: EndpointView, pace: Pace) -> tuple[float, _Floats]:
     fresh = 0.0
     for f in pace.fresh:
         fresh += f
+    pre = _floor(c.k1 * fresh + c.c1)
+    if 0.0 < tpot < inf and pre < inf:
+        # the same float operations one by one (no NaN: each cap is finite or infinite, tpot positive
+        # and finite, pre finite), sorted: a few running requests cost less than the arrays' fixed cost
+        return ctx, np.array(sorted([(cap if cap > 0.0 else 0.0) * tpot + pre for cap in caps]))
     with np.errstate(invalid="ignore"):
-        ends = np.maximum(np.array(caps), 0.0) * tpot + _floor(c.k1 * fresh + c.c1)
+        ends = np.maximum(np.array(caps), 0.0) * tpot + pre
     ends.sort()  # (NaN last)
     return ctx, ends
 
