@@ -257,7 +257,7 @@ def _array_ends(v: EndpointView, overhead: float, fresh: float) -> bytes:
     with np.errstate(invalid="ignore"):
         ends = np.maximum(np.array(caps), 0.0) * tpot + floor(c.k1 * fresh + c.c1)
     ends.sort()
-    return ends.tobytes()
+    return bytes(ends.tobytes())
 
 
 def _floor_of(x: float) -> float:
