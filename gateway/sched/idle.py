@@ -17,6 +17,8 @@ refit that moves coefficients by less does not make a queue rank its requests ag
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
+from operator import is_not
 from typing import Final, NamedTuple
 
 from gateway.core.types import EndpointHealth, ModelName
@@ -130,7 +132,9 @@ class KeptBounds:
             old, serial = got
             if old is views:
                 return (model, at[1], serial)
-            if all(same_speed(v, o) for v, o in zip(views, old, strict=True) if v is not o):
+            # (the places whose view is another object found without a Python step per place)
+            moved = list(map(is_not, views, old))
+            if all(map(same_speed, compress(views, moved), compress(old, moved))):
                 seen[at] = (views, serial)
                 return (model, at[1], serial)
         self._serial = serial = self._serial + 1

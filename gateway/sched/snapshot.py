@@ -254,7 +254,15 @@ class ReadyServing:
                 endpoints = self.endpoints.copy()
             o = endpoints[k]
             endpoints[k] = v
-            was, now = seats_of(o) - len(o.running), seats_of(v) - len(v.running)  # free seats
+            # free seats: `seats_of` less the running requests, inline (a call each is a third of this)
+            mb, seats = o.max_batch, o.cap
+            if mb is not None and mb < seats:
+                seats = mb
+            was = (seats if seats > 1 else 1) - len(o.running)
+            mb, seats = v.max_batch, v.cap
+            if mb is not None and mb < seats:
+                seats = mb
+            now = (seats if seats > 1 else 1) - len(v.running)
             if was > 0 or now > 0:
                 if open_ is None:
                     open_, open_at = self.open.copy(), open_at.copy()

@@ -13,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,12 +22,13 @@ from gateway.sched.columns import columns_of
 from gateway.sched.idle import fleet_bound, output_bound
 from gateway.sched.load_batch import Pending
 from gateway.sched.loads import LoadCache
-from gateway.sched.plugins.admission.seat_bound import SureAdmission, pace_bounds, reports_behind
+from gateway.sched.perf import default_prior
+from gateway.sched.plugins.admission.seat_bound import LoadBounds, SureAdmission, pace_bounds, reports_behind
 from gateway.sched.plugins.admission.seat_order import SeatOrder
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.running import with_progress
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 from gateway.sched.targets import time_left
 from tests.unit.fleet_steps import advance, changed
 from tests.unit.test_admission_seat_columns import SLO, Endpoint, _endpoint, _step, _view, step_request
@@ -192,3 +194,91 @@ def test_every_end_and_context_is_within_its_pace_bounds(
             # each request's end at most the bound of some request: sorted, the i-th at most the i-th
             for got, bound in zip(sorted(load.seat_free), ends.tolist(), strict=True):
                 assert got <= bound or math.isnan(bound)  # (NaN: no bound)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=40),
+    steps=st.lists(_step, min_size=1, max_size=12),
+    ahead=st.tuples(st.sampled_from((0, 1, 3)), st.floats(min_value=0.001, max_value=2.0)),
+    tpot_at=st.lists(st.integers(min_value=0, max_value=11), max_size=4),
+)
+def test_bounds_renewed_at_the_changed_places_are_those_made_whole(
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int, str, tuple[float | None, float | None, float | None], int]],
+    ahead: tuple[int, float],
+    tpot_at: list[int],
+) -> None:
+    """`LoadBounds.renew` replaces the ends and scalars of the places whose pace changed only (the rest
+    kept from the last loads, the columns asked for at some steps only): bit for bit what bounds made
+    whole from the same loads hold and answer."""
+    params = SloFeasibilityParams(recheck="off")
+    cache = LoadCache(params.predict_params())
+    kept = LoadBounds()
+    views = tuple(_ahead(_view(k, e), ahead[0], ahead[1]) for k, e in enumerate(endpoints))
+    slowest = fleet_bound(FleetSnapshot(now=NOW, endpoints=views), ModelName("m"), slowest=True)
+    assert slowest is not None
+    now = NOW
+    for serial, (dt_ms, at, what, *_) in enumerate(steps):
+        now += dt_ms / 1000.0
+        k = at % len(views)
+        moved = changed(views[k], what, now, serial)
+        if moved is not None:
+            views = (*views[:k], moved, *views[k + 1 :])
+        loads = cache.refs(list(views), now)
+        kept.renew(loads)
+        whole = LoadBounds()
+        whole.renew(loads)
+        assert kept.total == whole.total
+        assert kept._flat.tobytes() == whole._flat.tobytes()
+        assert kept._starts == whole._starts
+        assert kept._late == whole._late
+        for t in (0.0, 0.5, 5.0, math.inf):
+            assert kept.within(t) == whole.within(t)
+        if serial in tpot_at:  # the columns made at some steps and carried over by the later ones
+            a, b = kept.tpot(slowest, 100.0, 50.0), whole.tpot(slowest, 100.0, 50.0)
+            assert a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _array_ends(v: EndpointView, overhead: float, fresh: float) -> bytes:
+    """`pace_bounds`' ends as arrays throughout (its form for any operands), as bytes."""
+    caps = [math.inf if r.max_tokens is None else float(r.max_tokens) for r in v.running]
+    c = v.perf or default_prior()
+    n = len(caps)
+    ctx = 0.0
+    for r, cap in zip(v.running, caps, strict=True):
+        ctx += r.prompt_tokens + cap
+    floor = _floor_of
+    tpot = floor(floor(floor(c.k2 * floor(ctx / n) + c.c2) * n + c.c3) * (1.0 + overhead))
+    with np.errstate(invalid="ignore"):
+        ends = np.maximum(np.array(caps), 0.0) * tpot + floor(c.k1 * fresh + c.c1)
+    ends.sort()
+    return bytes(ends.tobytes())
+
+
+def _floor_of(x: float) -> float:
+    return x if x >= 0.0 else 0.0 if x < 0.0 else math.inf
+
+
+@settings(max_examples=300, deadline=None)
+@given(endpoint=_endpoint, capped=st.booleans(), coef=st.sampled_from((0.0, 1e-9, 1.0, 1e300, math.inf)))
+def test_the_ends_bounds_are_those_of_the_array_form(endpoint: Endpoint, capped: bool, coef: float) -> None:
+    """`pace_bounds` derives a few running requests' ends one by one: the same bits as the array form,
+    whatever the caps (none: infinite) and coefficients (a zero or infinite per-token time or prefill
+    takes the array form)."""
+    v = _ahead(_view(0, endpoint), 0, 1.0, capped=capped)
+    if not v.running:
+        return
+    c = v.perf or default_prior()
+    v = dataclasses.replace(
+        v,
+        estimates=EndpointEstimates(
+            perf=dataclasses.replace(c, k2=c.k2 * coef, c2=c.c2 * coef, c3=c.c3 * coef)
+        ),
+    )
+    pace = EndpointLoad(v, NOW, SloFeasibilityParams().predict_params()).pace
+    _, ends = pace_bounds(v, pace)
+    fresh = 0.0
+    for f in pace.fresh:
+        fresh += f
+    assert ends.tobytes() == _array_ends(v, pace.overhead, fresh)

@@ -22,6 +22,7 @@ from gateway.core.types import (
     RequestId,
 )
 from gateway.sched.fleet import Fleet
+from gateway.sched.load_terms import same_requests
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import (
     RunningRequest,
@@ -106,10 +107,14 @@ def test_a_progress_report_copies_every_other_field() -> None:
     r = RunningRequest(
         RequestId("r"), "c", 11, 12.5, 3.5, 40, 1.25, 2.5, 9.5, 0.05, True, True, 2, 7, 3, 1.75, 2.0, 5
     )
-    assert len(dataclasses.fields(r)) == 18  # a new field must be carried by with_progress too
+    assert len(dataclasses.fields(r)) == 19  # a new field must be carried by with_progress too
     assert with_progress(r, 7, 1.5, 2.5) == dataclasses.replace(
         r, produced=7, first_token_at=1.5, reported_at=2.5
     )
+    # the memo of its kept fields (`kept`, no part of its value) is handed on too
+    assert same_requests((r,), (dataclasses.replace(r),))
+    assert r.kept is not None
+    assert with_progress(r, 7, 1.5, 2.5).kept is r.kept
 
 
 def test_a_view_names_every_field_of_its_endpoint() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import random
 from collections.abc import Callable
 from operator import is_
 
@@ -15,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import EndpointHealth, EngineKind, InstanceClass, ModelName
-from gateway.sched.load_terms import KEPT_FIELDS, progress_only
+from gateway.sched.load_terms import progress_only, same_requests
 from gateway.sched.loads import REUSE_S, LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.predict import EndpointLoad, PredictParams
-from gateway.sched.running import RunningRequest, with_progress
+from gateway.sched.running import KEPT_FIELDS, RunningRequest, with_progress
 from gateway.sched.snapshot import EndpointEstimates, EndpointView
 from tests.unit.slo_fixtures import running, view
 
@@ -245,4 +246,55 @@ def test_the_loads_of_a_list_of_views_are_each_view_s_load(steps: list[tuple[str
 
 def test_a_running_request_keeps_every_field_but_its_progress() -> None:
     names = {f.name for f in dataclasses.fields(RunningRequest)}
-    assert names - set(KEPT_FIELDS) == {"produced", "first_token_at", "reported_at"}
+    # (`kept`: those fields as one tuple, a memo that is no part of its value)
+    assert names - set(KEPT_FIELDS) == {"produced", "first_token_at", "reported_at", "kept"}
+
+
+def _plain_same(a: tuple[RunningRequest, ...], b: tuple[RunningRequest, ...]) -> bool:
+    """`same_requests` field by field, without any memo."""
+    return len(a) == len(b) and all(
+        all(getattr(r, f) == getattr(o, f) for f in KEPT_FIELDS) for r, o in zip(a, b, strict=True)
+    )
+
+
+_EDITS = st.lists(
+    st.tuples(
+        st.integers(min_value=0, max_value=2),  # which tuple is the next one made from
+        st.integers(min_value=0, max_value=2),  # which of its running requests
+        st.sampled_from(("progress", "replace-kept", "replace-same", "replace-progress", "drop")),
+        st.integers(min_value=1, max_value=40),  # tokens reported, or a kept field's new value
+    ),
+    max_size=25,
+)
+
+
+@given(edits=_EDITS, order=st.randoms(use_true_random=False))
+def test_same_requests_is_the_field_by_field_comparison(
+    edits: list[tuple[int, int, str, int]], order: random.Random
+) -> None:
+    """Records made by progress reports (which hand on the kept tuple), by `dataclasses.replace` of a
+    kept field, of no field or of a progress field (which start it afresh), compared in any order
+    (whichever record's memo is made first): `same_requests` answers what the fields answer."""
+    base = tuple(running(f"r{i}", prompt=100 + i) for i in range(3))
+    made: list[tuple[RunningRequest, ...]] = [base, base, base]
+    for src, k, how, x in edits:
+        rs = list(made[src])
+        if not rs:
+            made.append(())
+            continue
+        r = rs[k % len(rs)]
+        if how == "progress":
+            rs[k % len(rs)] = with_progress(r, (r.produced or 0) + x, 1.0, 1.0 + x)
+        elif how == "replace-kept":
+            rs[k % len(rs)] = dataclasses.replace(r, prompt_tokens=r.prompt_tokens + x % 2)
+        elif how == "replace-same":
+            rs[k % len(rs)] = dataclasses.replace(r)
+        elif how == "replace-progress":
+            rs[k % len(rs)] = dataclasses.replace(r, produced=x)
+        else:
+            del rs[k % len(rs)]
+        made.append(tuple(rs))
+    pairs = [(a, b) for a in made for b in made]
+    order.shuffle(pairs)
+    for a, b in pairs:
+        assert same_requests(a, b) == _plain_same(a, b)

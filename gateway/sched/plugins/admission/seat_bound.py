@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import compress
+from itertools import accumulate, compress
 from operator import is_not
 from typing import Final
 
@@ -85,8 +85,13 @@ def pace_bounds(view: EndpointView, pace: Pace) -> tuple[float, _Floats]:
     fresh = 0.0
     for f in pace.fresh:
         fresh += f
+    pre = _floor(c.k1 * fresh + c.c1)
+    if 0.0 < tpot < inf and pre < inf:
+        # the same float operations one by one (no NaN: each cap is finite or infinite, tpot positive
+        # and finite, pre finite), sorted: a few running requests cost less than the arrays' fixed cost
+        return ctx, np.array(sorted([(cap if cap > 0.0 else 0.0) * tpot + pre for cap in caps]))
     with np.errstate(invalid="ignore"):
-        ends = np.maximum(np.array(caps), 0.0) * tpot + _floor(c.k1 * fresh + c.c1)
+        ends = np.maximum(np.array(caps), 0.0) * tpot + pre
     ends.sort()  # (NaN last)
     return ctx, ends
 
@@ -120,7 +125,7 @@ class LoadBounds:
     asked about: their views hold running requests' records). `total`: the running requests over the
     loads."""
 
-    __slots__ = ("_columns", "_flat", "_late", "_loads", "_places", "_terms", "total")
+    __slots__ = ("_columns", "_flat", "_late", "_loads", "_places", "_rows", "_starts", "_terms", "total")
 
     def __init__(self) -> None:
         self._loads: Sequence[EndpointLoad | Pending] = ()
@@ -128,17 +133,23 @@ class LoadBounds:
         # per place: the pace its terms are of, the view its reports were read from, and theirs
         self._places: list[tuple[Pace | None, EndpointView | None, tuple[float, bool]]] = []
         self._flat: _Floats = _NONE  # the places' ends' bounds concatenated
+        self._starts: list[int] = [0]  # where each place's ends start in `_flat`, and their count at the end
         self._late: set[int] = set()  # the places whose load's time is before a progress report
-        self._columns: _Floats | None = None  # the terms' scalars as columns, once asked for
+        # The terms' scalars, a row per place (`_rows`, once asked for) and as columns (`_columns`)
+        self._rows: _Floats | None = None
+        self._columns: _Floats | None = None
         self.total = 0
 
     def renew(self, loads: Sequence[EndpointLoad | Pending]) -> None:
-        """Take `loads` as the loads asked about (their terms made for the places that changed)."""
+        """Take `loads` as the loads asked about (their terms made for the places that changed). The
+        ends and scalars of the places whose terms stayed are kept: only those of the places whose pace
+        changed are replaced (between two submits most remade loads keep their pace)."""
         kept = self._loads
         if kept is loads:
             return
         size = len(loads)
-        if len(kept) != size:
+        whole = len(kept) != size
+        if whole:
             places: Sequence[int] = range(size)
             terms: list[_Terms] = [(0.0, 0, 0, 0.0, _NONE)] * size
             seen: list[tuple[Pace | None, EndpointView | None, tuple[float, bool]]] = [
@@ -150,6 +161,7 @@ class LoadBounds:
             terms = self._terms.copy()
             seen = self._places.copy()
         late = self._late
+        moved: list[int] = []  # the places whose terms were made again
         for i in places:
             ref = loads[i]
             view, pace = ref.view, ref.pace
@@ -157,6 +169,7 @@ class LoadBounds:
             if pace is not was_pace:
                 ctx, ends = pace_bounds(view, pace)
                 terms[i] = (ctx, len(view.running), seats_of(view), 1.0 + pace.overhead, ends)
+                moved.append(i)
             if view is not was_view:
                 reports = reports_behind(view)
             seen[i] = (pace, view, reports)
@@ -168,9 +181,37 @@ class LoadBounds:
         self._loads = loads
         self._terms = terms
         self._places = seen
-        self._columns = None
-        self._flat = np.concatenate([t[4] for t in terms]) if size else _NONE
+        if whole:
+            self._rows = self._columns = None
+            self._flat = np.concatenate([t[4] for t in terms]) if size else _NONE
+            self._starts = [0, *accumulate(len(t[4]) for t in terms)]
+        elif moved:
+            self._replace(moved)
         self.total = len(self._flat)
+
+    def _replace(self, moved: list[int]) -> None:
+        """Bring `_flat`, `_starts` and the scalars' rows up to date at the places `moved` (in order),
+        whose terms were made again: the same arrays as made whole from the terms."""
+        terms, starts, flat = self._terms, self._starts, self._flat
+        pieces: list[_Floats] = []
+        prev = 0
+        grew = False
+        for i in moved:
+            ends = terms[i][4]
+            pieces += (flat[prev : starts[i]], ends)
+            prev = starts[i + 1]
+            grew = grew or len(ends) != prev - starts[i]
+        pieces.append(flat[prev:])
+        self._flat = np.concatenate(pieces)
+        if grew:
+            self._starts = [0, *accumulate(len(t[4]) for t in terms)]
+        rows = self._rows
+        if rows is not None:
+            rows = rows.copy()  # (the columns handed out before stay those of their loads)
+            for i in moved:
+                rows[i] = terms[i][:4]
+            self._rows = rows
+            self._columns = rows.T
 
     def within(self, t: float) -> int:
         """How many of the loads' running requests surely end at `t` or before, by their bounds."""
@@ -191,7 +232,8 @@ class LoadBounds:
         maxima."""
         cols = self._columns
         if cols is None:
-            cols = self._columns = np.array([t[:4] for t in self._terms], dtype=np.float64).reshape(-1, 4).T
+            rows = self._rows = np.array([t[:4] for t in self._terms], dtype=np.float64).reshape(-1, 4)
+            cols = self._columns = rows.T
         ctx, n, seats, over = cols
         if not len(ctx) or not float(over.min()) >= 0.0:
             return math.inf
