@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 
 from gateway.core.types import RequestId
-from gateway.sched import scheduler
+from gateway.sched import scheduler, unfit
 from gateway.sched.decisions import Dispatch
 from gateway.sched.interfaces import PreemptionRules, Victim
 from gateway.sched.profile import SchedulerProfile
@@ -36,7 +36,7 @@ def _count_places(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def _count_tries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The queued requests serving tries (each is first looked up in its unfit memo: `retry_on`)."""
     tried: list[str] = []
-    plain = scheduler.retry_on
+    plain = unfit.retry_on
 
     def counted(memo, profile, r, seq, snap):  # type: ignore[no-untyped-def]
         tried.append(r.id)
