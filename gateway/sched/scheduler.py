@@ -332,8 +332,6 @@ class Scheduler(Preempting):
                     return
                 slices.tries -= 1
             snap = unplaced if unplaced is not None else self.snapshot()
-            if unplaced is None and policy.preemptor is None and not snap.has_room(model):
-                return  # no seat of the model is free, and nothing is preempted: nothing can be placed
             if len(queue) == 1 and not skipped:
                 item = queue.head()
             else:
