@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import sys
 import tempfile
 import time
@@ -77,7 +76,7 @@ import orjson
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.overhead.decision_driver import COLUMNS, MODEL, Driver, force_columns
 from loadgen.bench.overhead.overhead_queue import QUEUE_SLA_SCALE
-from loadgen.bench.overhead.slow_calls import CallProfiles, profile_sections
+from loadgen.bench.overhead.slow_calls import CallProfiles, profile_sections, write_profiles
 from loadgen.bench.scheduling.scheduling_setup import gateway_toml, policy_file
 from loadgen.bench.skeleton import run_bench
 from loadgen.engine_sim.spec import EndpointSpec
@@ -251,48 +250,7 @@ def profile_preset(
     profiles = drv.profiles = CallProfiles(JUDGED)
     drv.measure(max(200, cfg.rounds // 3), queued, gc_mode=cfg.gc)
     drv.profiles = None
-    suffix = "-backlog" if backlog else ""
-    (cfg.out / f"slow-calls-{name}{suffix}.txt").write_text(profiles.report(_short))
-    buf = io.StringIO()
-    whole = profiles.whole()
-    raw: dict[Any, Any] = {}
-    if whole is not None:
-        whole.stream = buf  # type: ignore[attr-defined]  # where pstats prints
-        whole.sort_stats("tottime").print_stats(top)
-        whole.sort_stats("cumulative").print_stats(top)
-        raw = whole.stats  # type: ignore[attr-defined]  # pstats keeps them untyped
-    fname = f"profile-{name}{suffix}.txt"
-    (cfg.out / fname).write_text(buf.getvalue())
-    measured = sum(v[2] for v in raw.values()) or 1.0  # own times add up to the profiled calls
-
-    def row(key: Any, v: Any) -> dict[str, Any]:
-        file, line, fn = key
-        _cc, calls, tt, ct, _callers = v
-        return {
-            "function": f"{_short(file)}:{line}({fn})",
-            "calls": calls,
-            "tottime_s": round(tt, 3),
-            "cumtime_s": round(ct, 3),
-            "own_share": round(tt / measured, 3),
-            "cum_share": round(ct / measured, 3),
-        }
-
-    by_own = sorted(raw.items(), key=lambda kv: -kv[1][2])[:12]
-    # berth's own functions by cumulative time: which step of a decision holds the time
-    berth = [kv for kv in raw.items() if _short(kv[0][0]).startswith("gateway/")]
-    by_cum = sorted(berth, key=lambda kv: -kv[1][3])[:12]
-    return {
-        "file": fname,
-        "slow_calls": f"slow-calls-{name}{suffix}.txt",
-        "profiled_s": round(measured, 3),
-        "top_tottime": [row(k, v) for k, v in by_own],
-        "top_cumulative": [row(k, v) for k, v in by_cum],
-    }
-
-
-def _short(path: str) -> str:
-    root = str(REPO_ROOT) + "/"
-    return path[len(root) :] if path.startswith(root) else path.rsplit("/site-packages/", 1)[-1]
+    return write_profiles(profiles, cfg.out, name + ("-backlog" if backlog else ""), top)
 
 
 def _line(summary: dict[str, dict[str, float | int]]) -> str:

@@ -10,12 +10,16 @@ against the rest: berth's functions by calls and time per call in each group
 from __future__ import annotations
 
 import cProfile
+import io
 import pstats
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+
+from loadgen.harness import REPO_ROOT
 
 #: The slow calls of a kind: those at or above this percentile of its times.
 SLOW_PERCENTILE: Final = 90.0
@@ -133,3 +137,51 @@ def profile_sections(results: Sequence[dict[str, Any]], judged: Sequence[str]) -
             for p in prof["top_tottime"]
         ]
     return lines
+
+
+def write_profiles(profiles: CallProfiles, out: Path, label: str, top: int = 25) -> dict[str, Any]:
+    """The profiled calls written out: the slow calls set against the rest (OUT/slow-calls-LABEL.txt) and
+    the functions with the most time of their own and the most cumulative time over every call
+    (OUT/profile-LABEL.txt); returns the summary a report shows (the top rows of each)."""
+    (out / f"slow-calls-{label}.txt").write_text(profiles.report(short_path))
+    buf = io.StringIO()
+    whole = profiles.whole()
+    raw: dict[Any, Any] = {}
+    if whole is not None:
+        whole.stream = buf  # type: ignore[attr-defined]  # where pstats prints
+        whole.sort_stats("tottime").print_stats(top)
+        whole.sort_stats("cumulative").print_stats(top)
+        raw = whole.stats  # type: ignore[attr-defined]  # pstats keeps them untyped
+    fname = f"profile-{label}.txt"
+    (out / fname).write_text(buf.getvalue())
+    measured = sum(v[2] for v in raw.values()) or 1.0  # own times add up to the profiled calls
+
+    def row(key: Any, v: Any) -> dict[str, Any]:
+        file, line, fn = key
+        _cc, calls, tt, ct, _callers = v
+        return {
+            "function": f"{short_path(file)}:{line}({fn})",
+            "calls": calls,
+            "tottime_s": round(tt, 3),
+            "cumtime_s": round(ct, 3),
+            "own_share": round(tt / measured, 3),
+            "cum_share": round(ct / measured, 3),
+        }
+
+    by_own = sorted(raw.items(), key=lambda kv: -kv[1][2])[:12]
+    # berth's own functions by cumulative time: which step of a decision holds the time
+    berth = [kv for kv in raw.items() if short_path(kv[0][0]).startswith("gateway/")]
+    by_cum = sorted(berth, key=lambda kv: -kv[1][3])[:12]
+    return {
+        "file": fname,
+        "slow_calls": f"slow-calls-{label}.txt",
+        "profiled_s": round(measured, 3),
+        "top_tottime": [row(k, v) for k, v in by_own],
+        "top_cumulative": [row(k, v) for k, v in by_cum],
+    }
+
+
+def short_path(path: str) -> str:
+    """`path` from the repository's root (or from site-packages), as reports show it."""
+    root = str(REPO_ROOT) + "/"
+    return path[len(root) :] if path.startswith(root) else path.rsplit("/site-packages/", 1)[-1]
