@@ -1,5 +1,7 @@
 """Immutable views of the fleet that plugins decide on, and what several plugins derive from them alone,
-listed once per tuple of views (`ReadyServing`, `FleetSnapshot.ready`)."""
+listed once per tuple of views (`ReadyServing`, `FleetSnapshot.ready`). (A little over the size rule on
+purpose: the views, the snapshot and what is kept per tuple of views are the one contract every plugin
+reads, and their carry-over from one tuple to the next is read beside them.)"""
 
 from __future__ import annotations
 
