@@ -18,20 +18,21 @@ TEST_NAMES: Final = (SATURATION, LAT8, LAT1, STREAM, FLEET, QUEUE)
 DEFAULT_TESTS: Final = (SATURATION, LAT8, LAT1, STREAM, FLEET)
 
 
+def _names(text: str, allowed: Sequence[str]) -> list[str]:
+    """A comma-separated list of `allowed` names, each once, in the order given."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in names if t not in allowed]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(allowed)} (got {text!r})")
+    return list(dict.fromkeys(names))
+
+
 def _tests(text: str) -> list[str]:
-    tests = [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [t for t in tests if t not in TEST_NAMES]
-    if unknown or not tests:
-        raise argparse.ArgumentTypeError(f"choose from {','.join(TEST_NAMES)} (got {text!r})")
-    return list(dict.fromkeys(tests))
+    return _names(text, TEST_NAMES)
 
 
 def _configs(text: str) -> list[str]:
-    configs = [c.strip() for c in text.split(",") if c.strip()]
-    unknown = [c for c in configs if c not in CONFIGS]
-    if unknown or not configs:
-        raise argparse.ArgumentTypeError(f"choose from {','.join(CONFIGS)} (got {text!r})")
-    return list(dict.fromkeys(configs))
+    return _names(text, CONFIGS)
 
 
 #: --quick: seconds, not minutes; checks that every figure comes out, not what it is.
