@@ -8,8 +8,9 @@ from pathlib import Path
 
 from gateway.core.types import ModelName
 from gateway.sched.plugins.eviction.interface import EvictionCandidate, EvictionContext, checked_score
-from loadgen.bench.lifecycle.eviction import BenchConfig, Setting, judge, parse_seeds, sim_options
+from loadgen.bench.lifecycle.eviction import BenchConfig, Setting, parse_seeds, sim_options
 from loadgen.bench.lifecycle.eviction_oracle import NEVER_AGAIN_S, BeladyEvictor, trace_arrivals
+from loadgen.bench.lifecycle.eviction_report import judge
 from loadgen.fleetsim.sim import simulate
 
 A, B = ModelName("a"), ModelName("b")

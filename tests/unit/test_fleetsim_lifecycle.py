@@ -10,7 +10,8 @@ import pytest
 
 from gateway.core.types import EndpointId, ModelName
 from gateway.lifecycle.instances import DeviceSpec, LifecycleSettings, ModelSpec, NodeSpec
-from loadgen.bench.lifecycle.eviction import BenchConfig, Setting, bench, judge
+from loadgen.bench.lifecycle.eviction import BenchConfig, Setting, bench
+from loadgen.bench.lifecycle.eviction_report import judge
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim.lifecycle import LifecycleOptions
 from loadgen.fleetsim.options import SimOptions
