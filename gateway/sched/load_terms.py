@@ -82,12 +82,8 @@ def same_requests(running: tuple[RunningRequest, ...], other: tuple[RunningReque
     for r, o in zip(running, other, strict=True):
         if r is o:
             continue
-        a = r.kept
-        if a is None:
-            a = kept_of(r)
-        b = o.kept
-        if b is None:
-            b = kept_of(o)
+        a = r.kept or kept_of(r)
+        b = o.kept or kept_of(o)
         if a is not b and a != b:
             return False
     return True

@@ -256,15 +256,7 @@ class ReadyServing:
                 endpoints = self.endpoints.copy()
             o = endpoints[k]
             endpoints[k] = v
-            # free seats: `seats_of` less the running requests, inline (a call each is a third of this)
-            mb, seats = o.max_batch, o.cap
-            if mb is not None and mb < seats:
-                seats = mb
-            was = (seats if seats > 1 else 1) - len(o.running)
-            mb, seats = v.max_batch, v.cap
-            if mb is not None and mb < seats:
-                seats = mb
-            now = (seats if seats > 1 else 1) - len(v.running)
+            was, now = _spare(o), _spare(v)
             if was > 0 or now > 0:
                 if open_ is None:
                     open_, open_at = self.open.copy(), open_at.copy()
@@ -320,6 +312,11 @@ class ReadyServing:
         if got is None:
             got = self._ids = tuple(e.id for e in self.endpoints)
         return got
+
+
+def _spare(e: EndpointView) -> int:
+    """`seats_of(e)` less its running requests (at most 0: none free)."""
+    return seats_of(e) - len(e.running)
 
 
 def seats_of(view: EndpointView) -> int:
