@@ -455,7 +455,8 @@ def _over_lines(over: dict[str, float] | None, cpu: dict[str, float]) -> list[st
         worked = sum(1 for k, v in cpu.items() if v > DECISION_LIMIT_MS)
         out.append(
             f"of these, CPU under {WAITED_SHARE:.0%} of the time (the process waiting for a core): {waited} "
-            f"of {len(cpu)}; CPU itself over {DECISION_LIMIT_MS:g} ms: {worked}"
+            f"of {len(cpu)}; CPU itself over {DECISION_LIMIT_MS:g} ms: {worked}; the most CPU: "
+            f"{max(cpu.values()):.2f} ms"
         )
     return out
 
