@@ -21,7 +21,10 @@ hot path) with the longest call of each kind since start as `berth_sched_decisio
 histogram's buckets say how many calls took over 5 ms, the maximum says by how much. The slow calls
 (`SLOW_S`, 2 ms, or more) are also kept as they were, numbered, with the time each ended (as
 `gateway.core.looplag.RecentLag` keeps lag samples): a stall can be dated, and a benchmark takes the
-longest call of its own window. `document()` is all of it for `GET /admin/sched-decisions` (a benchmark
+longest call of its own window. A slow call is kept with the CPU time the loop's thread spent in it
+(`time.thread_time`, read at each call's start, about 0.4 µs, and at its end only when it was slow):
+a call whose CPU is well under its time was the process waiting for a core (the machine's load), not
+the scheduler's work. `document()` is all of it for `GET /admin/sched-decisions` (a benchmark
 reads it before and after its window and takes the difference of the counts). A call's time is wall
 time: a garbage collection that ran during it is part of it (the loop was held all the same). The
 daemon's collector schedule (`gateway.core.heap`) runs collections between the loop's callbacks, so one
@@ -35,6 +38,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
+from time import thread_time
 from typing import Any, Final
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -96,26 +100,37 @@ class CallTimes:
 class DecisionTimes:
     """The scheduler's call times by kind (`CALLS`), since start, and the last `SLOW_KEPT` slow calls
     (numbered from 1 as taken, each with the time it was recorded by `clock`: the system-wide monotonic
-    clock, so another process can place it in its own time)."""
+    clock, so another process can place it in its own time; and the CPU time the thread spent in it, by
+    `cpu_clock`, when the caller gave the call's start on that clock)."""
 
-    __slots__ = ("_clock", "_slow", "calls", "slow_taken")
+    __slots__ = ("_clock", "_slow", "calls", "cpu_clock", "slow_taken")
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic, keep: int = SLOW_KEPT) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = thread_time,
+        keep: int = SLOW_KEPT,
+    ) -> None:
         self.calls: dict[str, CallTimes] = {call: CallTimes() for call in CALLS}
-        self._slow: deque[tuple[float, str, float]] = deque(maxlen=keep)
+        self._slow: deque[tuple[float, str, float, float | None]] = deque(maxlen=keep)
         self._clock = clock
+        #: The thread's CPU clock: a caller reads it at a call's start and hands that to `record`.
+        self.cpu_clock = cpu_clock
         self.slow_taken = 0
 
-    def record(self, call: str, seconds: float) -> None:
-        """One call of kind `call` (one of `CALLS`) took `seconds`."""
+    def record(self, call: str, seconds: float, cpu_start: float | None = None) -> None:
+        """One call of kind `call` (one of `CALLS`) took `seconds`; `cpu_start`: `cpu_clock()` at its
+        start (None: its CPU time is not known)."""
         self.calls[call].record(seconds)
         if seconds >= SLOW_S:
             self.slow_taken += 1
-            self._slow.append((self._clock(), call, seconds))
+            cpu = None if cpu_start is None else self.cpu_clock() - cpu_start
+            self._slow.append((self._clock(), call, seconds, cpu))
 
-    def slow_after(self, number: int) -> list[tuple[float, str, float]]:
-        """(recorded at, call, seconds) of the slow calls numbered above `number` still kept, oldest
-        first."""
+    def slow_after(self, number: int) -> list[tuple[float, str, float, float | None]]:
+        """(recorded at, call, seconds, CPU seconds or None) of the slow calls numbered above `number`
+        still kept, oldest first."""
         n = min(self.slow_taken - max(number, 0), len(self._slow))
         if n <= 0:
             return []
@@ -130,7 +145,8 @@ class DecisionTimes:
         """What `GET /admin/sched-decisions?slow_after=N` answers: the buckets' bounds; per kind of call
         its count, total and longest time and cumulative count per bound (+Inf last); `max_s` over every
         kind; how many slow calls were taken (ask with `slow_after` = that next time for the new ones
-        only) and those numbered above `slow_after` as [recorded at, call, seconds]."""
+        only) and those numbered above `slow_after` as [recorded at, call, seconds, CPU seconds or
+        null]."""
         return {
             "bounds_s": list(DECISION_BUCKETS),
             "max_s": self.max_s,
@@ -140,7 +156,7 @@ class DecisionTimes:
             },
             "slow_s": SLOW_S,
             "slow_taken": self.slow_taken,
-            "slow": [[t, call, seconds] for t, call, seconds in self.slow_after(slow_after)],
+            "slow": [list(entry) for entry in self.slow_after(slow_after)],
         }
 
 

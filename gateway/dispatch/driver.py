@@ -15,10 +15,11 @@ A scheduler call tries to place a bounded number of requests (`gateway.sched.sli
 serving to do (`Scheduler.owed`), the driver goes on with it on the event loop's next turn (`serve`,
 one slice a turn), so the streams it relays are served between the slices.
 
-Every call into the scheduler is timed (`time.perf_counter`) into `times`
-(`gateway.core.decisiontime`: `berth_sched_decision_seconds{call}`): the scheduler decides on the event
-loop, so its slowest call is a stall of every stream. Events from elsewhere (endpoint changes, reloads,
-peers) go through `run`, which times the call and applies its decisions.
+Every call into the scheduler is timed (`time.perf_counter`, and the thread's CPU clock for a slow
+call's CPU time) into `times` (`gateway.core.decisiontime`: `berth_sched_decision_seconds{call}`): the
+scheduler decides on the event loop, so its slowest call is a stall of every stream. Events from
+elsewhere (endpoint changes, reloads, peers) go through `run`, which times the call and applies its
+decisions.
 
 A policy plugin that raised while deciding on a request failed only that request (the scheduler
 rejected it with a 500); the driver logs each such fault, with its traceback, as `policy_fault`.
@@ -76,9 +77,11 @@ class SchedulerDriver:
         if self.on_submit is not None and not exclude:
             self.on_submit(req)
         sched = self.scheduler
+        times = self.times
+        c0 = times.cpu_clock()
         t0 = perf_counter()
         decision = sched.submit(req, exclude=exclude)
-        self.times.record("submit", perf_counter() - t0)
+        times.record("submit", perf_counter() - t0, c0)
         if sched.outbox:
             self.apply(sched.take_preemptions())
         if sched.faults:
@@ -225,21 +228,24 @@ class SchedulerDriver:
     def run(self, call: str, event: Callable[P, list[Decision]], *args: P.args, **kwargs: P.kwargs) -> None:
         """Call the scheduler's `event` (an endpoint change, a reload, peers' load: `call` names its kind
         in `gateway.core.decisiontime.CALLS`), timed, and apply the decisions it made."""
+        c0 = self.times.cpu_clock()
         t0 = perf_counter()
         decisions = event(*args, **kwargs)
-        self.times.record(call, perf_counter() - t0)
+        self.times.record(call, perf_counter() - t0, c0)
         self.apply(decisions)
 
     def _complete(self, req_id: RequestId) -> list[Decision]:
+        c0 = self.times.cpu_clock()
         t0 = perf_counter()
         placed = self.scheduler.complete(req_id)
-        self.times.record("complete", perf_counter() - t0)
+        self.times.record("complete", perf_counter() - t0, c0)
         return placed
 
     def _cancel(self, req_id: RequestId) -> bool:
+        c0 = self.times.cpu_clock()
         t0 = perf_counter()
         queued = self.scheduler.cancel(req_id)
-        self.times.record("cancel", perf_counter() - t0)
+        self.times.record("cancel", perf_counter() - t0, c0)
         return queued
 
     async def tick_forever(self, interval_s: float) -> None:

@@ -151,8 +151,8 @@ async def loop_lag(request: web.Request) -> web.Response:
 async def sched_decisions(request: web.Request) -> web.Response:
     """The scheduler's call times since start (`gateway.core.decisiontime`): {bounds_s, max_s, calls:
     {call: {count, sum_s, max_s, le: [cumulative count per bound, +Inf last]}}, slow_s, slow_taken, slow:
-    [[recorded at (monotonic s), call, seconds], ...]}: the slow calls numbered above `slow_after`
-    (default 0: all that are kept)."""
+    [[recorded at (monotonic s), call, seconds, CPU seconds], ...]}: the slow calls numbered above
+    `slow_after` (default 0: all that are kept)."""
     s = request.app[SERVICES]
     try:
         authorize(request, s.admin_token)

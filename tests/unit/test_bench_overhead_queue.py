@@ -18,12 +18,14 @@ from loadgen.bench.overhead.overhead_queue import (
     ALL,
     GC,
     OVER,
+    OVER_CPU,
     berth_config,
     client_command,
     decision_window,
     gc_window,
     late_lag,
     over_limit,
+    over_limit_cpu,
     queue_checks,
     queue_lines,
 )
@@ -236,3 +238,27 @@ def test_the_calls_over_the_limit_are_listed_one_by_one_in_time_order() -> None:
     })  # fmt: skip
     text = "\n".join(queue_lines([berth], 100, 1000))
     assert "complete@0.25: 5.90, submit@2.50: 6.10" in text
+
+
+def test_the_calls_over_the_limit_are_listed_with_their_cpu_and_the_waits_counted() -> None:
+    """A daemon that keeps each slow call's CPU time: the calls over the limit are listed with it, and
+    those whose CPU was under half their time are counted as the process waiting for a core; an entry
+    without CPU (an older daemon, or null) is listed without it."""
+    slow = [
+        [12.5, "submit", 0.0081, 0.0012],  # 8.1 ms on the wall, 1.2 ms of CPU: waited for a core
+        [10.25, "complete", 0.0059, 0.0057],  # its own work
+        [13.0, "submit", 0.0070, None],  # CPU unknown
+        [11.0, "tick", 0.003, 0.003],  # under the limit
+    ]
+    start = 10.0
+    cpu = over_limit_cpu(slow, start)
+    assert cpu == pytest.approx({"submit@2.50": 1.2, "complete@0.25": 5.7})
+    assert over_limit_cpu([[12.5, "submit", 0.0081]], start) == {}  # three-element entries
+    berth = _queue("berth", [0.3, 0.5], {
+        ALL: {"calls": 5.0, "p50_le_ms": 0.5, "p99_le_ms": 1.0, "over_limit": 3.0, "max_ms": 8.1},
+        OVER: over_limit(slow, start),
+        OVER_CPU: cpu,
+    })  # fmt: skip
+    text = "\n".join(queue_lines([berth], 100, 1000))
+    assert "complete@0.25: 5.90 (CPU 5.70), submit@2.50: 8.10 (CPU 1.20), submit@3.00: 7.00\n" in text
+    assert "(the process waiting for a core): 1 of 2; CPU itself over 5 ms: 1; the most CPU: 5.70 ms" in text

@@ -164,10 +164,51 @@ def test_slow_calls_are_kept_as_they_were_numbered_and_dated() -> None:
     assert times.slow_taken == 3
     start = clock.now() - 3.0
     # only the last two are kept
-    assert times.slow_after(0) == [(start + 2.0, "tick", 0.012), (start + 3.0, "complete", 0.002)]
-    assert times.slow_after(2) == [(start + 3.0, "complete", 0.002)]
+    assert times.slow_after(0) == [(start + 2.0, "tick", 0.012, None), (start + 3.0, "complete", 0.002, None)]
+    assert times.slow_after(2) == [(start + 3.0, "complete", 0.002, None)]
     assert times.slow_after(3) == []
     doc = times.document(slow_after=2)
     assert (doc["slow_s"], doc["slow_taken"]) == (SLOW_S, 3)
-    assert doc["slow"] == [[start + 3.0, "complete", 0.002]]
+    assert doc["slow"] == [[start + 3.0, "complete", 0.002, None]]
     assert doc["max_s"] == 0.012
+
+
+def test_a_slow_call_is_kept_with_the_cpu_time_since_its_start() -> None:
+    """The CPU clock is read at the call's start by the caller and at its end only when the call was
+    slow: a slow call's CPU time is the difference; a fast one reads nothing more."""
+    clock, cpu = FakeClock(), FakeClock()
+    reads: list[float] = []
+
+    def cpu_now() -> float:
+        reads.append(cpu.now())
+        return cpu.now()
+
+    times = DecisionTimes(clock=clock.now, cpu_clock=cpu_now)
+    start = times.cpu_clock()
+    cpu.advance(0.0005)
+    times.record("submit", SLOW_S / 2, start)  # fast: the CPU clock is not read again
+    assert len(reads) == 1
+    start = times.cpu_clock()
+    cpu.advance(0.001)
+    times.record("submit", 0.009, start)  # slow: 9 ms on the wall, 1 ms of CPU (it waited for a core)
+    ((at, call, seconds, cpu_s),) = times.slow_after(0)
+    assert (at, call, seconds) == (clock.now(), "submit", 0.009)
+    assert cpu_s == pytest.approx(0.001)
+
+
+async def test_the_driver_reads_the_cpu_clock_at_every_calls_start() -> None:
+    """Each call the driver makes reads the thread's CPU clock once at its start (for the record of a
+    slow one); a fast call reads it no more."""
+    sched = _sched(cap=1)
+    driver = SchedulerDriver(sched)
+    reads: list[int] = []
+
+    def cpu_now() -> float:
+        reads.append(1)
+        return float(len(reads))
+
+    driver.times.cpu_clock = cpu_now
+    first = await driver.acquire(_req("a"))
+    driver.release(first.req.id)
+    driver.run("tick", sched.tick)
+    assert len(reads) == 3  # submit, complete, tick

@@ -74,6 +74,11 @@ ALL: Final = "all"
 GC: Final = "gc"
 #: The key of the calls over `DECISION_LIMIT_MS` one by one in `Measurement.decisions` (`over_limit`).
 OVER: Final = "over_limit_calls"
+#: ... and their CPU time (ms; the daemon's thread, while the call ran), under the same keys.
+OVER_CPU: Final = "over_limit_cpu"
+#: A call over the limit whose CPU time was under this share of its time was mostly the process waiting
+#: for a core (the machine's load), not the scheduler's work.
+WAITED_SHARE: Final = 0.5
 #: The factor on the task SLAs by default: a call that waits its turn behind 1,000 others is still
 #: feasible, so SLO admission lets it wait rather than refusing it. `bench decisions` uses it too, so
 #: that its submits are the daemon's here (a refusal costs a tenth of a request let wait).
@@ -184,7 +189,7 @@ def decision_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, 
     bounds: list[float] = after["bounds_s"]
     at_limit = bounds.index(DECISION_LIMIT_MS / 1000.0)
     slow: dict[str, float] = {}
-    for _, call, seconds in after["slow"]:
+    for _, call, seconds, *_ in after["slow"]:
         slow[call] = max(slow.get(call, 0.0), seconds * 1000.0)
     out: dict[str, dict[str, float]] = {}
     every = [0] * (len(bounds) + 1)
@@ -219,10 +224,10 @@ def _figures(
 
 def late_lag(reading: LagReading, slow: Sequence[Sequence[Any]]) -> dict[str, float]:
     """Where the late lag samples come from: of the samples at least `LATE_MS` late, how many waited while
-    a slow scheduler call ran (one of `slow`, [ended at, call, seconds] on the same monotonic clock as
+    a slow scheduler call ran (one of `slow`, [ended at, call, seconds, ...] on the same monotonic clock as
     the samples: the call overlapped the time the sample's timer waited), and the most late samples a
     kind of call overlapped (`late_during_<call>`)."""
-    calls = sorted((float(t) - float(s), float(t), str(c)) for t, c, s in slow)
+    calls = sorted((float(t) - float(s), float(t), str(c)) for t, c, s, *_ in slow)
     late = during = 0
     by_call: dict[str, int] = {}
     for at, lag in zip(reading.taken_at, reading.samples_s, strict=False):
@@ -242,11 +247,22 @@ def late_lag(reading: LagReading, slow: Sequence[Sequence[Any]]) -> dict[str, fl
 
 def over_limit(slow: Sequence[Sequence[Any]], start: float) -> dict[str, float]:
     """The window's calls over `DECISION_LIMIT_MS` one by one, from the slow calls kept ([ended at, call,
-    seconds]): "CALL@S" (S: seconds into the window when it ended, from `start`) -> ms, in time order."""
+    seconds, ...]): "CALL@S" (S: seconds into the window when it ended, from `start`) -> ms, in time
+    order."""
     return {
         f"{c}@{float(t) - start:.2f}": float(s) * 1000.0
-        for t, c, s in sorted(slow, key=lambda x: float(x[0]))
+        for t, c, s, *_ in sorted(slow, key=lambda x: float(x[0]))
         if float(s) * 1000.0 > DECISION_LIMIT_MS
+    }
+
+
+def over_limit_cpu(slow: Sequence[Sequence[Any]], start: float) -> dict[str, float]:
+    """The CPU time (ms) of the calls `over_limit` lists, under its keys: those kept with their CPU
+    time ([ended at, call, seconds, CPU seconds]; a daemon that does not report it leaves them out)."""
+    return {
+        f"{e[1]}@{float(e[0]) - start:.2f}": float(e[3]) * 1000.0
+        for e in sorted(slow, key=lambda x: float(x[0]))
+        if float(e[2]) * 1000.0 > DECISION_LIMIT_MS and len(e) > 3 and e[3] is not None
     }
 
 
@@ -328,6 +344,7 @@ def _queue_phase(
         decisions[ALL].update(late_lag(reading, after["slow"]))
         if reading.taken_at:
             decisions[OVER] = over_limit(after["slow"], reading.taken_at[0])
+            decisions[OVER_CPU] = over_limit_cpu(after["slow"], reading.taken_at[0])
     if gc_before is not None and gc_after is not None:
         decisions[GC] = gc_window(gc_before, gc_after, reading)
     if depth_before is not None and depth_after is not None:
@@ -410,12 +427,7 @@ def queue_lines(ms: Sequence[Measurement], fleet: int, depth: int) -> list[str]:
                 + (f" ({kinds})" if kinds else "")
             )
         out += _gc_lines(berth.decisions.get(GC))
-        over = berth.decisions.get(OVER)
-        if over:
-            out.append(
-                f"calls over {DECISION_LIMIT_MS:g} ms (call@seconds into the window: ms; `berth-loadgen diag "
-                "slow-calls` profiles them): " + ", ".join(f"{k}: {v:.2f}" for k, v in over.items())
-            )
+        out += _over_lines(berth.decisions.get(OVER), berth.decisions.get(OVER_CPU) or {})
         out.append("berth's scheduler calls in the window (p50/p99: bucket bounds; longest exact from 2 ms)")
         for name, f in berth.decisions.items():
             if "calls" not in f:
@@ -425,6 +437,27 @@ def queue_lines(ms: Sequence[Measurement], fleet: int, depth: int) -> list[str]:
                 f"p99 <= {f['p99_le_ms']:g} ms  longest {f['max_ms']:.2f} ms  "
                 f"over {DECISION_LIMIT_MS:g} ms: {f['over_limit']:.0f}"
             )
+    return out
+
+
+def _over_lines(over: dict[str, float] | None, cpu: dict[str, float]) -> list[str]:
+    """The calls over the limit one by one, each with its CPU time when known, and how many of those
+    were mostly the process waiting for a core (CPU under `WAITED_SHARE` of the call's time)."""
+    if not over:
+        return []
+    calls = ", ".join(f"{k}: {v:.2f}" + (f" (CPU {cpu[k]:.2f})" if k in cpu else "") for k, v in over.items())
+    out = [
+        f"calls over {DECISION_LIMIT_MS:g} ms (call@seconds into the window: ms, the thread's CPU ms; "
+        f"`berth-loadgen diag slow-calls` profiles them): {calls}"
+    ]
+    if cpu:
+        waited = sum(1 for k, v in cpu.items() if v < WAITED_SHARE * over.get(k, 0.0))
+        worked = sum(1 for k, v in cpu.items() if v > DECISION_LIMIT_MS)
+        out.append(
+            f"of these, CPU under {WAITED_SHARE:.0%} of the time (the process waiting for a core): {waited} "
+            f"of {len(cpu)}; CPU itself over {DECISION_LIMIT_MS:g} ms: {worked}; the most CPU: "
+            f"{max(cpu.values()):.2f} ms"
+        )
     return out
 
 
