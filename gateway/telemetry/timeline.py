@@ -285,26 +285,29 @@ class EndpointTimeline:
         his = np.concatenate([t[1:] for t in ready])
         keeps = (arr.firsts_in(los, his) == 0) & ~arr.untracked_in(los, his)
         counts, contexts = arr.running((los + his) / 2.0)
-        at = 0
-        for t in ready:
-            span = slice(at, at + len(t) - 1)
-            at = span.stop
-            keep = keeps[span]
-            kept = int(np.count_nonzero(keep))
-            if kept < MIN_KEPT_GAPS:
+        # The kept gaps of every stream, selected at once: a stream's are a slice of them, the same
+        # numbers in the same order as selecting from its own gaps (and a slice of a contiguous array
+        # sums as its copy does). Each ready stream has at least `MIN_KEPT_GAPS` gaps.
+        kept_gaps, kept_counts, kept_contexts = (his - los)[keeps], counts[keeps], contexts[keeps]
+        ends = np.cumsum([len(t) - 1 for t in ready]).tolist()
+        kept_ends = keeps.cumsum()[[e - 1 for e in ends]].tolist()
+        at = kept_at = 0
+        for t, end, kept_end in zip(ready, ends, kept_ends, strict=True):
+            span, kept = slice(at, end), slice(kept_at, kept_end)
+            at, kept_at = end, kept_end
+            if kept.stop - kept.start < MIN_KEPT_GAPS:
                 continue
-            gaps = (his[span] - los[span])[keep]
+            gaps = kept_gaps[kept]
             if not median_of(gaps) > tol:
                 continue  # most receipts came several to a read (held back on the way): not timed
             seconds = _mean(gaps)
-            count, context = counts[span], contexts[span]
-            batch = _mean(count[keep])
+            batch = _mean(kept_counts[kept])
             out.append(
                 DecodeObservation(
                     batch=batch,
-                    avg_context=_mean(context[keep]) / batch,
+                    avg_context=_mean(kept_contexts[kept]) / batch,
                     seconds=seconds,
-                    concurrency=_mean(count),
+                    concurrency=_mean(counts[span]),
                     tokens_per_s=(len(t) - 1) / float(t[-1] - t[0]),
                 )
             )
