@@ -17,6 +17,7 @@ TRUE = LatencyModel(k1=2.0e-4, c1=0.02, k2=2.0e-6, c2=1.0e-3, c3=0.025)
 
 def settled(
     tl: EndpointTimeline,
+    *,
     seed: int,
     jitter_s: float,
     every_s: float,
@@ -68,7 +69,9 @@ def settled(
 def test_inline_group_is_the_plain_derivation(
     seed: int, jitter_s: float, every_s: float, untracked: list[tuple[float, float]], seats: int
 ) -> None:
-    got = settled(EndpointTimeline(), seed, jitter_s, every_s, untracked, seats)
-    want = settled(PlainTimeline(), seed, jitter_s, every_s, untracked, seats)
+    got, want = (
+        settled(tl, seed=seed, jitter_s=jitter_s, every_s=every_s, untracked=untracked, max_num_seqs=seats)
+        for tl in (EndpointTimeline(), PlainTimeline())
+    )
     assert got == want
     assert len(got[0]) > 0
