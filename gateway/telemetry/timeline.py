@@ -49,9 +49,9 @@ settling back) the oldest go first, and whatever needed them is skipped (`known_
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import pairwise
-from statistics import median
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -204,36 +204,49 @@ class EndpointTimeline:
         size = len(members)
         tokens = sum(s.computed for s in members)
         samples: list[float] = []
-        landed, untracked = arr.landed, arr.untracked
-        running = ((arr.firsts < at0 - tol) & (arr.lasts >= at1 - tol)).nonzero()[0]  # np.flatnonzero
+        untracked = arr.untracked
+        # `arr.landed(lo, hi)` inline below (about twenty a group): first tokens in ``(lo + tol, hi + tol]``
+        firsts, right = arr.first_list, bisect_right
+        known_from, streams = self.known_from, self._streams
+        lead = at1 - tol
+        running = ((arr.firsts < at0 - tol) & (arr.lasts >= lead)).nonzero()[0]  # np.flatnonzero
         for k in running.tolist():  # the streams running when the group's prefill ran
-            times = self._streams[k].times
-            i = int(times.searchsorted(at1 - tol))  # the gap the group landed in
+            times = streams[k].times
+            i = int(times.searchsorted(lead))  # the gap the group landed in
             if i < 2 or i + 1 >= len(times):
                 continue
             # the receipts looked at, as floats: t[0] is receipt i - 2, t[2] ends the gap of the group
             t: list[float] = times[i - 2 : i + NEXT_GAPS + 2].tolist()
             n = len(t)
-            if not t[1] + tol < at0 or t[0] <= self.known_from:
+            t0, t1, t2 = t[0], t[1], t[2]
+            if not t1 + tol < at0 or t0 <= known_from:
                 continue
-            if landed(t[1], t[2]) != size or landed(t[0], t[1]):
+            r1, r2 = right(firsts, t1 + tol), right(firsts, t2 + tol)
+            if r2 - r1 != size or r1 != right(firsts, t0 + tol):
                 continue  # another prefill in the same gap, or in the one before it
-            m = 0
-            while m < NEXT_GAPS and 3 + m < n and landed(t[2 + m], t[3 + m]) == 0:
+            m = 0  # the uninterrupted gaps after it: none lands in them while the count stays r2
+            while m < NEXT_GAPS and 3 + m < n and right(firsts, t[3 + m] + tol) == r2:
                 m += 1
             if t[min(3 + m, n - 1)] + tol >= before:
                 return _DEFER  # a first token not added yet may land in the gaps looked at
-            if m == 0 or untracked(t[0], t[2 + m]):
+            if m == 0 or untracked(t0, t[2 + m]):
                 continue
-            around = [t[1] - t[0], *(t[3 + j] - t[2 + j] for j in range(m))]
-            mid = median(around)
-            if mid > tol and all(mid / REGULAR <= g <= mid * REGULAR for g in around):
-                samples.append((t[2] - t[1]) - (t[2 + m] - t[2]) / m)
+            around = [t1 - t0, *(t[3 + j] - t[2 + j] for j in range(m))]
+            mid = _median(around)  # `around` sorted in place
+            if mid > tol and mid / REGULAR <= around[0] and around[-1] <= mid * REGULAR:
+                samples.append((t2 - t1) - (t[2 + m] - t2) / m)
                 if len(samples) >= MAX_REFERENCES:
                     break
         if samples:
-            seconds = median(samples)
+            seconds = _median(samples)
             return PrefillObservation(tokens, seconds, idle=False) if seconds > 0 else None
+        return self._idle_group(arr, members, tokens, at0, at1)
+
+    def _idle_group(
+        self, arr: StreamArrays, members: list[TimedStream], tokens: float, at0: float, at1: float
+    ) -> PrefillObservation | None:
+        """A group no running stream timed: its TTFT from the latest dispatch, if the endpoint was idle."""
+        tol, untracked = arr.tol, arr.untracked
         dispatched = [s.dispatched_at for s in members]
         if any(d is None for d in dispatched):
             return None
@@ -272,26 +285,29 @@ class EndpointTimeline:
         his = np.concatenate([t[1:] for t in ready])
         keeps = (arr.firsts_in(los, his) == 0) & ~arr.untracked_in(los, his)
         counts, contexts = arr.running((los + his) / 2.0)
-        at = 0
-        for t in ready:
-            span = slice(at, at + len(t) - 1)
-            at = span.stop
-            keep = keeps[span]
-            kept = int(np.count_nonzero(keep))
-            if kept < MIN_KEPT_GAPS:
+        # The kept gaps of every stream, selected at once: a stream's are a slice of them, the same
+        # numbers in the same order as selecting from its own gaps (and a slice of a contiguous array
+        # sums as its copy does). Each ready stream has at least `MIN_KEPT_GAPS` gaps.
+        kept_gaps, kept_counts, kept_contexts = (his - los)[keeps], counts[keeps], contexts[keeps]
+        ends = np.cumsum([len(t) - 1 for t in ready]).tolist()
+        kept_ends = keeps.cumsum()[[e - 1 for e in ends]].tolist()
+        at = kept_at = 0
+        for t, end, kept_end in zip(ready, ends, kept_ends, strict=True):
+            span, kept = slice(at, end), slice(kept_at, kept_end)
+            at, kept_at = end, kept_end
+            if kept.stop - kept.start < MIN_KEPT_GAPS:
                 continue
-            gaps = (his[span] - los[span])[keep]
+            gaps = kept_gaps[kept]
             if not median_of(gaps) > tol:
                 continue  # most receipts came several to a read (held back on the way): not timed
             seconds = _mean(gaps)
-            count, context = counts[span], contexts[span]
-            batch = _mean(count[keep])
+            batch = _mean(kept_counts[kept])
             out.append(
                 DecodeObservation(
                     batch=batch,
-                    avg_context=_mean(context[keep]) / batch,
+                    avg_context=_mean(kept_contexts[kept]) / batch,
                     seconds=seconds,
-                    concurrency=_mean(count),
+                    concurrency=_mean(counts[span]),
                     tokens_per_s=(len(t) - 1) / float(t[-1] - t[0]),
                 )
             )
@@ -321,6 +337,16 @@ class EndpointTimeline:
         self._streams = keep
         latest = self._dirty.evict(horizon)
         self.known_from = known if latest is None else max(known, latest)
+
+
+def _median(values: list[float]) -> float:
+    """`statistics.median` of a non-empty list of floats, the same number (the middle of the sorted
+    values, or the mean of the two middles) without its wrapper's cost; sorts `values` in place."""
+    values.sort()
+    n = len(values)
+    if n % 2:
+        return values[n // 2]
+    return (values[n // 2 - 1] + values[n // 2]) / 2
 
 
 def _mean(a: Array) -> float:
