@@ -10,7 +10,7 @@ protect (no targets, already late, best-effort) are not protected.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Final
 
 import numpy as np
@@ -22,6 +22,7 @@ from gateway.sched.harms import Sparing
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
+from gateway.sched.predict import EndpointLoad, seats_of
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
@@ -35,6 +36,11 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
     hold_infeasible: bool = False  # keep a request that meets its deadline nowhere queued
     # Protect a running request only while its time in hand is at least this share of its time left.
     on_track: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    # 0: judge every candidate. N: judge the idle candidates and the busy ones N at a time, those that
+    # run the fewest requests per seat first, and stop at the first N where one keeps the request's
+    # targets (`shortlisted`): a cheaper rule, not the same choices (a request goes to one of those
+    # when a busier endpoint was the better fit).
+    shortlist: Annotated[int, Meta(ge=0)] = 0
 
 
 class OverflowGuardFilter:
@@ -89,24 +95,38 @@ class OverflowGuardFilter:
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> tuple[list[EndpointView], list[EndpointView], Sparing]:
         """The candidates where the request harms no one, those of them where it also meets its own
-        targets (none for a best-effort request), and the judge (for more candidates)."""
+        targets (none for a best-effort request), and the judge (for more candidates). With a
+        `shortlist`, over the idle candidates and the busy ones `shortlist` at a time (`shortlisted`),
+        up to the first `shortlist` where one keeps the request's targets (or, best effort, where the
+        request harms no one on one): the answer of those judged."""
         p = self.params
         now = snap.now
         sparing = Sparing(
             req, margin=p.margin, on_track=p.on_track, left=time_left(req, now), worst_case=p.worst_case
         )
-        harmless: list[EndpointView] = []
-        meeting: list[EndpointView] = []
         own = not req.best_effort
         load_of = self._cache.load
-        for e in candidates:
-            load = load_of(e, now)
-            if not sparing.spares(load):
-                continue
-            harmless.append(e)
-            if own and sparing.keeps(load):
-                meeting.append(e)
-        return harmless, meeting, sparing
+        size = p.shortlist
+        split = shortlisted(req, candidates, size) if size else None
+        if split is None:
+            harmless, meeting = _judged(sparing, load_of, candidates, now, own=own)
+            return harmless, meeting, sparing
+        idle, busy = split
+        harmless, meeting = _judged(sparing, load_of, idle, now, own=own)
+        for k in range(0, len(busy), size):
+            more_harmless, more_meeting = _judged(sparing, load_of, busy[k : k + size], now, own=own)
+            harmless += more_harmless
+            meeting += more_meeting
+            if meeting if own else harmless:
+                break
+        # the answers in candidate order
+        spared = {id(e) for e in harmless}
+        keeping = {id(e) for e in meeting}
+        return (
+            [e for e in candidates if id(e) in spared],
+            [e for e in candidates if id(e) in keeping],
+            sparing,
+        )
 
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
@@ -144,7 +164,8 @@ class OverflowGuardFilter:
         (`predict`'s arithmetic for an empty load, in its order); the endpoints that run something, or
         hold part of its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`,
         `predict`, `meets` and `itl_ok` for all of them at once, the loads those of `filter`), or one by
-        one when they are fewer than `FleetLoads.least`."""
+        one when they are fewer than `FleetLoads.least`. With a `shortlist`, the busy ones `shortlist`
+        at a time in `shortlisted`'s order (over the columns), as `_judge` judges them."""
         p = self.params
         now = snap.now
         busy = candidates & (cols.busy > 0)
@@ -159,6 +180,35 @@ class OverflowGuardFilter:
         left = time_left(req, now)
         if not req.best_effort and np.count_nonzero(idle):
             meeting = idle & self._meets_idle(req, cols, left)
+        size = p.shortlist
+        if not size or np.count_nonzero(busy) <= size:
+            return self._judge_busy(req, cols, busy, harmless, meeting, snap, left)
+        places = busy.nonzero()[0]
+        # `shortlisted`'s order: running requests per seat, then id rank
+        places = places[np.lexsort((cols.id_rank[places], cols.busy[places] / cols.seats[places]))]
+        for k in range(0, len(places), size):
+            block = np.zeros_like(busy)
+            block[places[k : k + size]] = True
+            harmless, meeting = self._judge_busy(req, cols, block, harmless, meeting, snap, left)
+            if np.count_nonzero(harmless if req.best_effort else meeting):
+                break
+        return harmless, meeting
+
+    def _judge_busy(  # noqa: PLR0917 (`_judge_columns`'s step over the busy candidates)
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        busy: npt.NDArray[np.bool_],
+        harmless: npt.NDArray[np.bool_],
+        meeting: npt.NDArray[np.bool_],
+        snap: FleetSnapshot,
+        left: tuple[float | None, float | None],
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """`harmless` and `meeting` (the idle candidates' answers) with the `busy` candidates judged."""
+        p = self.params
+        now = snap.now
+        harmless = harmless.copy()
+        meeting = meeting.copy()
         places = busy.nonzero()[0]
         if len(places) >= self._fleet.least:
             spared, keeps = self._fleet.judge(
@@ -239,6 +289,47 @@ class OverflowGuardFilter:
             found = ([(k1, c1, k2, c2, c3) for k1, c1, k2, c2, c3 in kinds.tolist()], of.reshape(-1))
         self._kept_rows = (coef, found)
         return found
+
+
+def shortlisted(
+    req: SchedRequest, candidates: Sequence[EndpointView], size: int
+) -> tuple[list[EndpointView], list[EndpointView]] | None:
+    """For a guard with a shortlist of `size`: the idle candidates (nothing running, no part of the
+    request's prompt cached), in candidate order, and the busy ones in the order they are judged, `size`
+    at a time (fewest running requests per seat first, then by id); None when there are no more than
+    `size` busy ones."""
+    cached = req.cached
+    if cached:
+        busy = [e for e in candidates if e.running or cached.get_tokens(e.id) > 0]
+    else:
+        busy = [e for e in candidates if e.running]
+    if len(busy) <= size:
+        return None
+    busy.sort(key=lambda e: (len(e.running) / seats_of(e), e.id))
+    taken = {id(e) for e in busy}
+    return [e for e in candidates if id(e) not in taken], busy
+
+
+def _judged(
+    sparing: Sparing,
+    load_of: Callable[[EndpointView, float], EndpointLoad],
+    candidates: Sequence[EndpointView],
+    now: float,
+    *,
+    own: bool,
+) -> tuple[list[EndpointView], list[EndpointView]]:
+    """The `candidates` where `sparing`'s request harms no one, and of those where it keeps its own
+    targets (with `own`)."""
+    harmless: list[EndpointView] = []
+    meeting: list[EndpointView] = []
+    for e in candidates:
+        load = load_of(e, now)
+        if not sparing.spares(load):
+            continue
+        harmless.append(e)
+        if own and sparing.keeps(load):
+            meeting.append(e)
+    return harmless, meeting
 
 
 #: A row of the coefficients (k1, c1, k2, c2, c3).
