@@ -51,9 +51,7 @@ COLUMNS_FROM_LOADS: Final = 128
 
 #: Busy candidates from which a placement judges them over these arrays (below it, one load at a time:
 #: numpy's fixed cost per call is more than the Python steps it saves; `diag overhead-micro` fleet_1000).
-#: Above a shortlisted overflow guard's 16 busy candidates (`OverflowGuardParams.shortlist`): those and
-#: best fit's tries among them are cheaper one load at a time (docs/placement-over-columns.md).
-FLEET_LOADS_FROM: Final = 17
+FLEET_LOADS_FROM: Final = 8
 
 # Columns of the scalar table, one row per endpoint (then, per harm key, the least first-token and
 # inter-token bounds: `_SCALARS + 2 * j` and the next, +inf where none) ...
@@ -261,6 +259,30 @@ class FleetLoads:
             known[todo] = True
         out: _Floats = norm[idx]
         return out
+
+    def shortlist_keys(
+        self, cols: FleetColumns, idx: npt.NDArray[np.intp], gamma: float, per_seat: float
+    ) -> _Floats:
+        """An estimate of best fit's capacity norm (`capacity_norms`) of each endpoint at `idx` from its
+        row as last written, without bringing it up to date: the running share as the columns give it
+        now, and the token share of the load the row was derived from (Σ(context + γ·remaining) over
+        KV capacity, or seats × `per_seat`), scaled by its running requests now over then; -inf for a
+        row never written. A row's tokens grow as its requests progress, so an endpoint running the
+        same requests is estimated at most its norm now; one that has lost requests since, about it."""
+        if self._index is not cols.index or len(self._refs) != len(cols.endpoints):
+            return np.full(len(idx), -_INF)
+        t = self._table[idx]
+        n_then, seats, kv = t[:, _N], t[:, _SEATS], t[:, _KV]
+        n_now = cols.busy[idx].astype(np.float64)
+        scale = np.where(np.isnan(kv) | (kv == 0.0), seats * per_seat, kv)
+        written = n_then > 0.0
+        share = np.zeros(len(idx))
+        share[written] = (t[written, _CTX] + gamma * t[written, _REMAINING]) / scale[written]
+        share[written] *= n_now[written] / n_then[written]
+        keys: _Floats = np.hypot(n_now / cols.seats[idx], share)
+        refs = self._refs
+        keys[[refs[i] is None for i in idx.tolist()]] = -_INF
+        return keys
 
     def best_fit_rows(self, idx: npt.NDArray[np.intp], gamma: float) -> _Floats:
         """The rows best fit's sure misses read (`best_fit_bounds._row`'s columns) of the endpoints at

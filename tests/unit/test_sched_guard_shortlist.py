@@ -1,9 +1,10 @@
-"""The overflow guard's shortlist (`OverflowGuardParams.shortlist`): it keeps what the guard without one
-keeps among the idle candidates and the busy ones judged `shortlist` at a time, fewest running requests
-per seat first, up to the first of those where one keeps the request's targets (or, best effort, where it
-harms no one), and the whole answer when there is none; over columns the same as the plain way while the
-fleet changes (hypothesis: random fleets, requests with and without targets, cached prefixes and best
-effort)."""
+"""The overflow guard's shortlist (`OverflowGuardParams.shortlist`): with no more busy candidates than
+the shortlist it keeps what the guard without one keeps; with more, what that guard keeps among the idle
+candidates and the busy ones judged `shortlist` at a time in `shortlist_order` (best fit's capacity norm as
+the rows last gave it), up to the first of those where one keeps the request's targets (or, best effort,
+where it harms no one), and the whole answer when there is none; its plain form the same as its columnar
+form; and the rank the capacity norm best fit orders by on rows up to date (hypothesis: random fleets
+changing step by step, requests with and without targets, cached prefixes and best effort)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,9 @@ from hypothesis import strategies as st
 
 from gateway.core.types import EndpointId
 from gateway.sched.columns import columns_of
-from gateway.sched.plugins.placement.overflow_guard import (
-    OverflowGuardFilter,
-    OverflowGuardParams,
-    shortlisted,
-)
-from gateway.sched.predict import seats_of
+from gateway.sched.loads import LoadCache
+from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
+from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import eligible
 from gateway.sched.request import SchedRequest
@@ -58,63 +56,18 @@ def _request(  # noqa: PLR0917 (a test helper)
     return dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
 
 
-def _guard(shortlist: int, least: int = 1) -> OverflowGuardFilter:
-    guard = OverflowGuardFilter(
-        OverflowGuardParams(worst_case=False, prefill_overhead=0.05, shortlist=shortlist)
-    )
+def _params(shortlist: int) -> OverflowGuardParams:
+    return OverflowGuardParams(worst_case=False, prefill_overhead=0.05, shortlist=shortlist)
+
+
+def _guard(shortlist: int, least: int = 1, cache: LoadCache | None = None) -> OverflowGuardFilter:
+    guard = OverflowGuardFilter(_params(shortlist), cache)
     guard._fleet.least = least
     return guard
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
-    prompt=st.integers(min_value=1, max_value=4000),
-    out=st.floats(min_value=1.0, max_value=400.0),
-    targets=_targets,
-    cached=_cached,
-    best_effort=st.booleans(),
-    size=st.integers(min_value=1, max_value=4),
-)
-def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_it_or_the_whole_answer(
-    *,
-    endpoints: list[Endpoint],
-    prompt: int,
-    out: float,
-    targets: tuple[float | None, float | None, float | None],
-    cached: dict[int, int],
-    best_effort: bool,
-    size: int,
-) -> None:
-    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
-    r = _request(prompt, out, targets, cached, best_effort)
-    snap = FleetSnapshot(now=NOW, endpoints=views, columns=columns_of(views))
-    cands = eligible(r, snap)
-    harmless, meeting, _ = _guard(0)._judge(r, cands, snap)
-    whole = [v.id for v in _guard(0).filter(r, cands, snap)]
-    split = shortlisted(r, cands, size)
-    busy = [v for v in cands if v.running or v.id in r.cached]
-    if split is None:
-        assert len(busy) <= size
-        expected = whole
-    else:
-        # the idle candidates, then the busy ones `size` at a time, fewest running per seat first, up to
-        # the first `size` where one keeps the request's targets (best effort: where it harms no one)
-        idle, order = split
-        assert order == sorted(busy, key=lambda v: (len(v.running) / seats_of(v), v.id))
-        assert idle == [v for v in cands if v not in busy]
-        answer = {v.id for v in (harmless if best_effort else meeting)}
-        judged = {v.id for v in idle}
-        for k in range(0, len(order), size):
-            judged |= {v.id for v in order[k : k + size]}
-            if answer & judged:
-                break
-        expected = [v for v in whole if v in judged] if answer & judged else whole
-    assert [v.id for v in _guard(size).filter(r, cands, snap)] == expected
-    cols = snap.columns
-    assert cols is not None
-    mask = _guard(size).filter_columns(r, cols, cols.eligible(r.model), snap)
-    assert [v.id for v, m in zip(views, mask.tolist(), strict=True) if m] == expected
+def _ids(views: tuple, mask: np.ndarray) -> list[EndpointId]:  # type: ignore[type-arg]
+    return [v.id for v, m in zip(views, mask.tolist(), strict=True) if m]
 
 
 @settings(max_examples=150, deadline=None)
@@ -127,10 +80,9 @@ def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_it_or_the_whole_answer(
     cached=_cached,
     best_effort=st.booleans(),
     size=st.integers(min_value=1, max_value=4),
-    least=st.sampled_from((1, 17)),
-    plain_first=st.lists(st.booleans(), min_size=12, max_size=12),
+    least=st.sampled_from((1, 8)),
 )
-def test_a_shortlisted_guard_over_columns_keeps_what_its_plain_form_keeps_as_the_fleet_changes(
+def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
     *,
     endpoints: list[Endpoint],
     steps: list[tuple[int, int, int]],
@@ -141,22 +93,108 @@ def test_a_shortlisted_guard_over_columns_keeps_what_its_plain_form_keeps_as_the
     best_effort: bool,
     size: int,
     least: int,
-    plain_first: list[bool],
 ) -> None:
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
-    guard = _guard(size, least)  # (least 1: over the rows however few are busy; 17: one by one)
+    cache = LoadCache(_params(0).predict_params())
+    short = _guard(size, least, cache)  # (least 1: over the rows however few are busy; 8: one by one)
+    whole = _guard(0, least, cache)  # the same loads and rows (one cache)
     r = _request(prompt, out, targets, cached, best_effort)
     now = NOW
-    for serial, ((dt_ms, at, what), first) in enumerate(zip(steps, plain_first, strict=False)):
+    for serial, (dt_ms, at, what) in enumerate(steps):
         views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
         s = FleetSnapshot(now=now, endpoints=views, columns=cols)
-        got: dict[bool, list[EndpointId]] = {}
-        for plain_now in (first, not first):  # (both forms share the guard's load cache)
-            if plain_now:
-                got[True] = [v.id for v in guard.filter(r, eligible(r, s), s)]
-            else:
-                mask = guard.filter_columns(r, cols, cols.eligible(r.model), s)
-                got[False] = [v.id for v, m in zip(views, mask.tolist(), strict=True) if m]
-        assert got[True] == got[False]
-        assert np.count_nonzero(cols.eligible(r.model)) >= len(got[True])
+        cands = cols.eligible(r.model)
+        busy = cands & (cols.busy > 0)
+        for eid in r.cached:
+            i = cols.index.get(eid)
+            if i is not None and cands[i]:
+                busy[i] = True
+        places = busy.nonzero()[0]
+        order = short.shortlist_order(cols, places).tolist()  # (read before the rows are brought up)
+        assert sorted(order) == places.tolist()
+        got = _ids(views, short.filter_columns(r, cols, cands, s))
+        harmless, meeting = whole._judge_columns(r, cols, cands, s)
+        expected = _ids(views, whole.filter_columns(r, cols, cands, s))
+        if len(places) > size:
+            answer = harmless if best_effort else meeting
+            judged = cands & ~busy
+            for k in range(0, len(order), size):
+                judged[order[k : k + size]] = True
+                if np.count_nonzero(answer & judged):
+                    break
+            if np.count_nonzero(answer & judged):  # (the whole guard's filter, on those judged)
+                none_meet = best_effort or not np.count_nonzero(meeting & judged)
+                kept = (harmless if none_meet else meeting) & judged
+                expected = _ids(views, kept)
+        assert got == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
+    steps=st.lists(STEP, min_size=1, max_size=12),
+    prompt=st.integers(min_value=1, max_value=4000),
+    out=st.floats(min_value=1.0, max_value=400.0),
+    targets=_targets,
+    cached=_cached,
+    best_effort=st.booleans(),
+    size=st.integers(min_value=1, max_value=4),
+    least=st.sampled_from((1, 8)),
+)
+def test_a_shortlisted_guard_places_the_same_plain_and_over_columns_as_the_fleet_changes(
+    *,
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int]],
+    prompt: int,
+    out: float,
+    targets: tuple[float | None, float | None, float | None],
+    cached: dict[int, int],
+    best_effort: bool,
+    size: int,
+    least: int,
+) -> None:
+    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
+    cols = columns_of(views)
+    plain, columnar = _guard(size, least), _guard(size, least)  # (a cache each)
+    bare_short, bare_whole = _guard(size, least), _guard(0, least)
+    r = _request(prompt, out, targets, cached, best_effort)
+    now = NOW
+    for serial, (dt_ms, at, what) in enumerate(steps):
+        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+        s = FleetSnapshot(now=now, endpoints=views, columns=cols)
+        got = [v.id for v in plain.filter(r, eligible(r, s), s)]
+        assert got == _ids(views, columnar.filter_columns(r, cols, cols.eligible(r.model), s))
+        # without columns the plain form judges every candidate
+        bare = FleetSnapshot(now=now, endpoints=views)
+        assert [v.id for v in bare_short.filter(r, eligible(r, bare), bare)] == [
+            v.id for v in bare_whole.filter(r, eligible(r, bare), bare)
+        ]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
+    steps=st.lists(STEP, min_size=0, max_size=8),
+)
+def test_the_shortlist_ranks_by_the_capacity_norm_best_fit_orders_by(
+    *, endpoints: list[Endpoint], steps: list[tuple[int, int, int]]
+) -> None:
+    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
+    cols = columns_of(views)
+    guard = _guard(1)
+    fit = BestFitFilter(BestFitParams(gamma=0.5, prefill_overhead=0.05), guard._cache)
+    now = NOW
+    for serial, (dt_ms, at, what) in enumerate(steps):
+        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+    places = (cols.busy > 0).nonzero()[0]
+    # rows never written: first
+    assert (guard._fleet.shortlist_keys(cols, places, 0.5, 2048.0) == -np.inf).all()
+    which = cols.busy > 0
+    guard._fleet.rows(cols, which, now)
+    keys = guard._fleet.shortlist_keys(cols, places, 0.5, 2048.0)
+    norms = fit.capacity_norms(places)
+    assert np.allclose(keys, norms, rtol=1e-9, atol=1e-12)
+    for i, key in zip(places.tolist(), keys.tolist(), strict=True):
+        load = guard._cache.load(views[i], now)
+        assert abs(key - fit.capacity_norm(load)) <= 1e-9 * max(1.0, abs(key))

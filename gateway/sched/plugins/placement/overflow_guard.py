@@ -10,7 +10,7 @@ protect (no targets, already late, best-effort) are not protected.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Final
 
 import numpy as np
@@ -22,7 +22,6 @@ from gateway.sched.harms import Sparing
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.predict import EndpointLoad, seats_of
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
@@ -36,10 +35,11 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
     hold_infeasible: bool = False  # keep a request that meets its deadline nowhere queued
     # Protect a running request only while its time in hand is at least this share of its time left.
     on_track: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
-    # 0: judge every candidate. N: judge the idle candidates and the busy ones N at a time, those that
-    # run the fewest requests per seat first, and stop at the first N where one keeps the request's
-    # targets (`shortlisted`): a cheaper rule, not the same choices (a request goes to one of those
-    # when a busier endpoint was the better fit).
+    # 0: judge every candidate. N: on a snapshot with columns, judge the idle candidates and the busy
+    # ones N at a time, least loaded first by best fit's capacity norm as their loads' rows last gave
+    # it (`FleetLoads.shortlist_keys`), and stop at the first N where one keeps the request's targets:
+    # a cheaper rule, not the same choices (a request goes to one of those when a busier endpoint's
+    # load had fallen since its row was last written).
     shortlist: Annotated[int, Meta(ge=0)] = 0
 
 
@@ -96,37 +96,50 @@ class OverflowGuardFilter:
     ) -> tuple[list[EndpointView], list[EndpointView], Sparing]:
         """The candidates where the request harms no one, those of them where it also meets its own
         targets (none for a best-effort request), and the judge (for more candidates). With a
-        `shortlist`, over the idle candidates and the busy ones `shortlist` at a time (`shortlisted`),
-        up to the first `shortlist` where one keeps the request's targets (or, best effort, where the
-        request harms no one on one): the answer of those judged."""
+        `shortlist`, on a snapshot with columns, `_judge_columns`' answer (the shortlist ranks the busy
+        candidates by their rows)."""
         p = self.params
         now = snap.now
         sparing = Sparing(
             req, margin=p.margin, on_track=p.on_track, left=time_left(req, now), worst_case=p.worst_case
         )
+        cols = snap.columns
+        if p.shortlist and cols is not None:
+            mask = self._shortlisting(req, cols, candidates)
+            if mask is not None:
+                harmless_at, meeting_at = self._judge_columns(req, cols, mask, snap)
+                index = cols.index
+                return (
+                    [e for e in candidates if harmless_at[index[e.id]]],
+                    [e for e in candidates if meeting_at[index[e.id]]],
+                    sparing,
+                )
+        harmless: list[EndpointView] = []
+        meeting: list[EndpointView] = []
         own = not req.best_effort
         load_of = self._cache.load
-        size = p.shortlist
-        split = shortlisted(req, candidates, size) if size else None
-        if split is None:
-            harmless, meeting = _judged(sparing, load_of, candidates, now, own=own)
-            return harmless, meeting, sparing
-        idle, busy = split
-        harmless, meeting = _judged(sparing, load_of, idle, now, own=own)
-        for k in range(0, len(busy), size):
-            more_harmless, more_meeting = _judged(sparing, load_of, busy[k : k + size], now, own=own)
-            harmless += more_harmless
-            meeting += more_meeting
-            if meeting if own else harmless:
-                break
-        # the answers in candidate order
-        spared = {id(e) for e in harmless}
-        keeping = {id(e) for e in meeting}
-        return (
-            [e for e in candidates if id(e) in spared],
-            [e for e in candidates if id(e) in keeping],
-            sparing,
-        )
+        for e in candidates:
+            load = load_of(e, now)
+            if not sparing.spares(load):
+                continue
+            harmless.append(e)
+            if own and sparing.keeps(load):
+                meeting.append(e)
+        return harmless, meeting, sparing
+
+    def _shortlisting(
+        self, req: SchedRequest, cols: FleetColumns, candidates: Sequence[EndpointView]
+    ) -> npt.NDArray[np.bool_] | None:
+        """The candidates as a mask of `cols` (None: one is not in `cols`). A shortlisted guard judges
+        over the columns whenever the snapshot has them, so that its rows (its rank) are written the
+        same whichever form a placement takes."""
+        index = cols.index
+        at = [index.get(e.id, -1) for e in candidates]
+        if -1 in at:
+            return None
+        mask = np.zeros(len(cols.endpoints), dtype=np.bool_)
+        mask[at] = True
+        return mask
 
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
@@ -164,28 +177,21 @@ class OverflowGuardFilter:
         (`predict`'s arithmetic for an empty load, in its order); the endpoints that run something, or
         hold part of its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`,
         `predict`, `meets` and `itl_ok` for all of them at once, the loads those of `filter`), or one by
-        one when they are fewer than `FleetLoads.least`. With a `shortlist`, the busy ones `shortlist`
-        at a time in `shortlisted`'s order (over the columns), as `_judge` judges them."""
+        one when they are fewer than `FleetLoads.least`. With a `shortlist` and more busy candidates than
+        it, those `shortlist` at a time in `shortlist_order`, up to the first `shortlist` where one
+        keeps the request's targets (or, best effort, where it harms no one on one)."""
         p = self.params
-        now = snap.now
-        busy = candidates & (cols.busy > 0)
-        if req.cached:
-            for eid in req.cached:
-                i = cols.index.get(eid)
-                if i is not None and candidates[i]:
-                    busy[i] = True
+        busy = _busy(req, cols, candidates)
         idle = candidates & ~busy
         harmless = idle.copy()
         meeting = np.zeros_like(candidates)
-        left = time_left(req, now)
+        left = time_left(req, snap.now)
         if not req.best_effort and np.count_nonzero(idle):
             meeting = idle & self._meets_idle(req, cols, left)
         size = p.shortlist
         if not size or np.count_nonzero(busy) <= size:
             return self._judge_busy(req, cols, busy, harmless, meeting, snap, left)
-        places = busy.nonzero()[0]
-        # `shortlisted`'s order: running requests per seat, then id rank
-        places = places[np.lexsort((cols.id_rank[places], cols.busy[places] / cols.seats[places]))]
+        places = self.shortlist_order(cols, busy.nonzero()[0])
         for k in range(0, len(places), size):
             block = np.zeros_like(busy)
             block[places[k : k + size]] = True
@@ -193,6 +199,13 @@ class OverflowGuardFilter:
             if np.count_nonzero(harmless if req.best_effort else meeting):
                 break
         return harmless, meeting
+
+    def shortlist_order(self, cols: FleetColumns, places: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+        """The busy candidates at `places` in the order the shortlist judges them: by best fit's capacity
+        norm as their rows last gave it (`FleetLoads.shortlist_keys`; rows never written first), then
+        by id."""
+        keys = self._fleet.shortlist_keys(cols, places, SHORTLIST_GAMMA, SHORTLIST_TOKENS_PER_SEAT)
+        return places[np.lexsort((cols.id_rank[places], keys))]
 
     def _judge_busy(  # noqa: PLR0917 (`_judge_columns`'s step over the busy candidates)
         self,
@@ -291,47 +304,21 @@ class OverflowGuardFilter:
         return found
 
 
-def shortlisted(
-    req: SchedRequest, candidates: Sequence[EndpointView], size: int
-) -> tuple[list[EndpointView], list[EndpointView]] | None:
-    """For a guard with a shortlist of `size`: the idle candidates (nothing running, no part of the
-    request's prompt cached), in candidate order, and the busy ones in the order they are judged, `size`
-    at a time (fewest running requests per seat first, then by id); None when there are no more than
-    `size` busy ones."""
-    cached = req.cached
-    if cached:
-        busy = [e for e in candidates if e.running or cached.get_tokens(e.id) > 0]
-    else:
-        busy = [e for e in candidates if e.running]
-    if len(busy) <= size:
-        return None
-    busy.sort(key=lambda e: (len(e.running) / seats_of(e), e.id))
-    taken = {id(e) for e in busy}
-    return [e for e in candidates if id(e) not in taken], busy
+def _busy(req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """The candidates that run something, or hold part of the request's prompt."""
+    busy = candidates & (cols.busy > 0)
+    if req.cached:
+        for eid in req.cached:
+            i = cols.index.get(eid)
+            if i is not None and candidates[i]:
+                busy[i] = True
+    return busy
 
 
-def _judged(
-    sparing: Sparing,
-    load_of: Callable[[EndpointView, float], EndpointLoad],
-    candidates: Sequence[EndpointView],
-    now: float,
-    *,
-    own: bool,
-) -> tuple[list[EndpointView], list[EndpointView]]:
-    """The `candidates` where `sparing`'s request harms no one, and of those where it keeps its own
-    targets (with `own`)."""
-    harmless: list[EndpointView] = []
-    meeting: list[EndpointView] = []
-    for e in candidates:
-        load = load_of(e, now)
-        if not sparing.spares(load):
-            continue
-        harmless.append(e)
-        if own and sparing.keeps(load):
-            meeting.append(e)
-    return harmless, meeting
-
-
+#: The shortlist's rank: best fit's capacity norm with its default γ (the share of a running request's
+#: remaining output counted) and its tokens per seat where the KV capacity is unknown.
+SHORTLIST_GAMMA: Final = 0.5
+SHORTLIST_TOKENS_PER_SEAT: Final = 2048.0
 #: A row of the coefficients (k1, c1, k2, c2, c3).
 _Coef = tuple[float, float, float, float, float]
 #: The most distinct rows of coefficients judged one by one (`OverflowGuardFilter._rows`).
