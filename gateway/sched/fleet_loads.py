@@ -51,7 +51,7 @@ COLUMNS_FROM_LOADS: Final = 128
 
 #: Busy candidates from which a placement judges them over these arrays (below it, one load at a time:
 #: numpy's fixed cost per call is more than the Python steps it saves; `diag overhead-micro` fleet_1000).
-FLEET_LOADS_FROM: Final = 8
+FLEET_LOADS_FROM: Final = 17
 
 # Columns of the scalar table, one row per endpoint (then, per harm key, the least first-token and
 # inter-token bounds: `_SCALARS + 2 * j` and the next, +inf where none) ...
@@ -260,29 +260,18 @@ class FleetLoads:
         out: _Floats = norm[idx]
         return out
 
-    def shortlist_keys(
-        self, cols: FleetColumns, idx: npt.NDArray[np.intp], gamma: float, per_seat: float
-    ) -> _Floats:
-        """An estimate of best fit's capacity norm (`capacity_norms`) of each endpoint at `idx` from its
-        row as last written, without bringing it up to date: the running share as the columns give it
-        now, and the token share of the load the row was derived from (Σ(context + γ·remaining) over
-        KV capacity, or seats × `per_seat`), scaled by its running requests now over then; -inf for a
-        row never written. A row's tokens grow as its requests progress, so an endpoint running the
-        same requests is estimated at most its norm now; one that has lost requests since, about it."""
-        if self._index is not cols.index or len(self._refs) != len(cols.endpoints):
-            return np.full(len(idx), -_INF)
+    def token_shares(
+        self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float
+    ) -> tuple[_Floats, _Floats]:
+        """Per endpoint at `idx` (rows up to date: `rows`): its running requests, and the token share of
+        best fit's capacity norm (`capacity_norms`: Σ(context + γ·remaining) over the KV capacity, or
+        seats × `per_seat` where that is unknown or 0)."""
         t = self._table[idx]
-        n_then, seats, kv = t[:, _N], t[:, _SEATS], t[:, _KV]
-        n_now = cols.busy[idx].astype(np.float64)
-        scale = np.where(np.isnan(kv) | (kv == 0.0), seats * per_seat, kv)
-        written = n_then > 0.0
-        share = np.zeros(len(idx))
-        share[written] = (t[written, _CTX] + gamma * t[written, _REMAINING]) / scale[written]
-        share[written] *= n_now[written] / n_then[written]
-        keys: _Floats = np.hypot(n_now / cols.seats[idx], share)
-        refs = self._refs
-        keys[[refs[i] is None for i in idx.tolist()]] = -_INF
-        return keys
+        kv = t[:, _KV]
+        scale = np.where(np.isnan(kv) | (kv == 0.0), t[:, _SEATS] * per_seat, kv)
+        share: _Floats = (t[:, _CTX] + gamma * t[:, _REMAINING]) / scale
+        n: _Floats = t[:, _N]
+        return n, share
 
     def best_fit_rows(self, idx: npt.NDArray[np.intp], gamma: float) -> _Floats:
         """The rows best fit's sure misses read (`best_fit_bounds._row`'s columns) of the endpoints at

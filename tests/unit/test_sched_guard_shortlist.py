@@ -80,7 +80,7 @@ def _ids(views: tuple, mask: np.ndarray) -> list[EndpointId]:  # type: ignore[ty
     cached=_cached,
     best_effort=st.booleans(),
     size=st.integers(min_value=1, max_value=4),
-    least=st.sampled_from((1, 8)),
+    least=st.sampled_from((1, 17)),
 )
 def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
     *,
@@ -97,7 +97,7 @@ def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     cache = LoadCache(_params(0).predict_params())
-    short = _guard(size, least, cache)  # (least 1: over the rows however few are busy; 8: one by one)
+    short = _guard(size, least, cache)  # (least 1: over the rows however few are busy; 17: one by one)
     whole = _guard(0, least, cache)  # the same loads and rows (one cache)
     r = _request(prompt, out, targets, cached, best_effort)
     now = NOW
@@ -111,7 +111,7 @@ def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
             if i is not None and cands[i]:
                 busy[i] = True
         places = busy.nonzero()[0]
-        order = short.shortlist_order(cols, places).tolist()  # (read before the rows are brought up)
+        order = short._rank.order(cols, places).tolist()  # (read before the rows are brought up)
         assert sorted(order) == places.tolist()
         got = _ids(views, short.filter_columns(r, cols, cands, s))
         harmless, meeting = whole._judge_columns(r, cols, cands, s)
@@ -140,7 +140,7 @@ def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
     cached=_cached,
     best_effort=st.booleans(),
     size=st.integers(min_value=1, max_value=4),
-    least=st.sampled_from((1, 8)),
+    least=st.sampled_from((1, 17)),
 )
 def test_a_shortlisted_guard_places_the_same_plain_and_over_columns_as_the_fleet_changes(
     *,
@@ -176,25 +176,25 @@ def test_a_shortlisted_guard_places_the_same_plain_and_over_columns_as_the_fleet
 @given(
     endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
     steps=st.lists(STEP, min_size=0, max_size=8),
+    least=st.sampled_from((1, 17)),
 )
 def test_the_shortlist_ranks_by_the_capacity_norm_best_fit_orders_by(
-    *, endpoints: list[Endpoint], steps: list[tuple[int, int, int]]
+    *, endpoints: list[Endpoint], steps: list[tuple[int, int, int]], least: int
 ) -> None:
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
-    guard = _guard(1)
+    guard = _guard(100, least)  # (every busy candidate in one block)
     fit = BestFitFilter(BestFitParams(gamma=0.5, prefill_overhead=0.05), guard._cache)
     now = NOW
     for serial, (dt_ms, at, what) in enumerate(steps):
         views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
     places = (cols.busy > 0).nonzero()[0]
-    # rows never written: first
-    assert (guard._fleet.shortlist_keys(cols, places, 0.5, 2048.0) == -np.inf).all()
-    which = cols.busy > 0
-    guard._fleet.rows(cols, which, now)
-    keys = guard._fleet.shortlist_keys(cols, places, 0.5, 2048.0)
-    norms = fit.capacity_norms(places)
-    assert np.allclose(keys, norms, rtol=1e-9, atol=1e-12)
-    for i, key in zip(places.tolist(), keys.tolist(), strict=True):
-        load = guard._cache.load(views[i], now)
-        assert abs(key - fit.capacity_norm(load)) <= 1e-9 * max(1.0, abs(key))
+    assert (guard._rank.keys(cols, places) == -np.inf).all()  # never judged: first
+    r = _request(100, 50.0, (None, None, None), {}, best_effort=False, now=now)
+    s = FleetSnapshot(now=now, endpoints=views, columns=cols)
+    guard.filter_columns(r, cols, cols.eligible(r.model), s)
+    judged = places[cols.eligible(r.model)[places]]
+    keys = guard._rank.keys(cols, judged)
+    for i, key in zip(judged.tolist(), keys.tolist(), strict=True):
+        norm = fit.capacity_norm(guard._cache.load(views[i], now))
+        assert abs(key - norm) <= 1e-9 * max(1.0, norm)

@@ -22,6 +22,7 @@ from gateway.sched.harms import Sparing
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
+from gateway.sched.plugins.placement.guard_shortlist import GAMMA, TOKENS_PER_SEAT, ShortlistRank
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
@@ -36,10 +37,10 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
     # Protect a running request only while its time in hand is at least this share of its time left.
     on_track: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
     # 0: judge every candidate. N: on a snapshot with columns, judge the idle candidates and the busy
-    # ones N at a time, least loaded first by best fit's capacity norm as their loads' rows last gave
-    # it (`FleetLoads.shortlist_keys`), and stop at the first N where one keeps the request's targets:
-    # a cheaper rule, not the same choices (a request goes to one of those when a busier endpoint's
-    # load had fallen since its row was last written).
+    # ones N at a time, least loaded first by an estimate of best fit's capacity norm from the load last
+    # judged there (`guard_shortlist.ShortlistRank`), and stop at the first N where one keeps the
+    # request's targets: a cheaper rule, not the same choices (a request goes to one of those when an
+    # endpoint ranked later had the smaller norm now).
     shortlist: Annotated[int, Meta(ge=0)] = 0
 
 
@@ -54,6 +55,7 @@ class OverflowGuardFilter:
         self._cache = loads or LoadCache(params.predict_params())
         self._fleet = fleet_loads(self._cache)
         self._fleet.want(params.on_track, params.margin)
+        self._rank = ShortlistRank()  # the shortlist's rank of busy candidates
         # the coefficients last judged and their distinct rows (`_rows`)
         self._kept_rows: (
             tuple[npt.NDArray[np.float64], tuple[list[_Coef], npt.NDArray[np.intp]] | None] | None
@@ -96,8 +98,7 @@ class OverflowGuardFilter:
     ) -> tuple[list[EndpointView], list[EndpointView], Sparing]:
         """The candidates where the request harms no one, those of them where it also meets its own
         targets (none for a best-effort request), and the judge (for more candidates). With a
-        `shortlist`, on a snapshot with columns, `_judge_columns`' answer (the shortlist ranks the busy
-        candidates by their rows)."""
+        `shortlist`, on a snapshot with columns: `_judge_listed`."""
         p = self.params
         now = snap.now
         sparing = Sparing(
@@ -105,15 +106,9 @@ class OverflowGuardFilter:
         )
         cols = snap.columns
         if p.shortlist and cols is not None:
-            mask = self._shortlisting(req, cols, candidates)
-            if mask is not None:
-                harmless_at, meeting_at = self._judge_columns(req, cols, mask, snap)
-                index = cols.index
-                return (
-                    [e for e in candidates if harmless_at[index[e.id]]],
-                    [e for e in candidates if meeting_at[index[e.id]]],
-                    sparing,
-                )
+            got = self._judge_listed(req, candidates, cols, sparing, now)
+            if got is not None:
+                return got[0], got[1], sparing
         harmless: list[EndpointView] = []
         meeting: list[EndpointView] = []
         own = not req.best_effort
@@ -127,19 +122,65 @@ class OverflowGuardFilter:
                 meeting.append(e)
         return harmless, meeting, sparing
 
-    def _shortlisting(
-        self, req: SchedRequest, cols: FleetColumns, candidates: Sequence[EndpointView]
-    ) -> npt.NDArray[np.bool_] | None:
-        """The candidates as a mask of `cols` (None: one is not in `cols`). A shortlisted guard judges
-        over the columns whenever the snapshot has them, so that its rows (its rank) are written the
-        same whichever form a placement takes."""
+    def _judge_listed(
+        self,
+        req: SchedRequest,
+        candidates: Sequence[EndpointView],
+        cols: FleetColumns,
+        sparing: Sparing,
+        now: float,
+    ) -> tuple[list[EndpointView], list[EndpointView]] | None:
+        """`_judge` with a shortlist (None: a candidate not in `cols`): the idle candidates, then the
+        busy ones (running something, or holding part of the request's prompt) `shortlist` at a time in
+        the rank's order (`ShortlistRank`), up to the first `shortlist` where one keeps the request's
+        targets (best effort: where it harms no one on one); each busy load judged kept for the rank.
+        The answers in candidate order, as `_judge_columns` gives them."""
         index = cols.index
-        at = [index.get(e.id, -1) for e in candidates]
-        if -1 in at:
-            return None
-        mask = np.zeros(len(cols.endpoints), dtype=np.bool_)
-        mask[at] = True
-        return mask
+        cached = req.cached
+        places: list[int] = []
+        busy: list[EndpointView] = []
+        idle: list[EndpointView] = []
+        for e in candidates:
+            if e.running or (cached and cached.get_tokens(e.id) > 0):
+                i = index.get(e.id)
+                if i is None:
+                    return None
+                places.append(i)
+                busy.append(e)
+            else:
+                idle.append(e)
+        own = not req.best_effort
+        load_of = self._cache.load
+        harmless: list[EndpointView] = []
+        meeting: list[EndpointView] = []
+        for e in idle:
+            load = load_of(e, now)
+            if not sparing.spares(load):
+                continue
+            harmless.append(e)
+            if own and sparing.keeps(load):
+                meeting.append(e)
+        size = self.params.shortlist
+        of = dict(zip(places, busy, strict=True))
+        order = places
+        if len(places) > size:
+            order = self._rank.order(cols, np.array(places, dtype=np.intp)).tolist()
+        rank = self._rank
+        for k in range(0, len(order), size):
+            for i in order[k : k + size]:
+                e = of[i]
+                load = load_of(e, now)
+                rank.saw(cols, i, load)
+                if not sparing.spares(load):
+                    continue
+                harmless.append(e)
+                if own and sparing.keeps(load):
+                    meeting.append(e)
+            if meeting if own else harmless:
+                break
+        spared = {id(e) for e in harmless}
+        keeping = {id(e) for e in meeting}
+        return [e for e in candidates if id(e) in spared], [e for e in candidates if id(e) in keeping]
 
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
@@ -177,9 +218,10 @@ class OverflowGuardFilter:
         (`predict`'s arithmetic for an empty load, in its order); the endpoints that run something, or
         hold part of its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`,
         `predict`, `meets` and `itl_ok` for all of them at once, the loads those of `filter`), or one by
-        one when they are fewer than `FleetLoads.least`. With a `shortlist` and more busy candidates than
-        it, those `shortlist` at a time in `shortlist_order`, up to the first `shortlist` where one
-        keeps the request's targets (or, best effort, where it harms no one on one)."""
+        one when they are fewer than `FleetLoads.least`. With a `shortlist`, the busy ones `shortlist` at
+        a time in the rank's order (`ShortlistRank`, when more than `shortlist`), up to the first
+        `shortlist` where one keeps the request's targets (or, best effort, where it harms no one on
+        one)."""
         p = self.params
         busy = _busy(req, cols, candidates)
         idle = candidates & ~busy
@@ -189,9 +231,11 @@ class OverflowGuardFilter:
         if not req.best_effort and np.count_nonzero(idle):
             meeting = idle & self._meets_idle(req, cols, left)
         size = p.shortlist
-        if not size or np.count_nonzero(busy) <= size:
+        if not size:
             return self._judge_busy(req, cols, busy, harmless, meeting, snap, left)
-        places = self.shortlist_order(cols, busy.nonzero()[0])
+        places = busy.nonzero()[0]
+        if len(places) > size:
+            places = self._rank.order(cols, places)
         for k in range(0, len(places), size):
             block = np.zeros_like(busy)
             block[places[k : k + size]] = True
@@ -199,13 +243,6 @@ class OverflowGuardFilter:
             if np.count_nonzero(harmless if req.best_effort else meeting):
                 break
         return harmless, meeting
-
-    def shortlist_order(self, cols: FleetColumns, places: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
-        """The busy candidates at `places` in the order the shortlist judges them: by best fit's capacity
-        norm as their rows last gave it (`FleetLoads.shortlist_keys`; rows never written first), then
-        by id."""
-        keys = self._fleet.shortlist_keys(cols, places, SHORTLIST_GAMMA, SHORTLIST_TOKENS_PER_SEAT)
-        return places[np.lexsort((cols.id_rank[places], keys))]
 
     def _judge_busy(  # noqa: PLR0917 (`_judge_columns`'s step over the busy candidates)
         self,
@@ -230,13 +267,19 @@ class OverflowGuardFilter:
             harmless[busy] = spared
             if not req.best_effort:
                 meeting[busy] = spared & keeps
+            if p.shortlist:
+                n, share = self._fleet.token_shares(places, GAMMA, TOKENS_PER_SEAT)
+                self._rank.saw_rows(cols, places, n, share)
         elif len(places):  # a few: one by one, as `filter` judges them (`Sparing`)
             views = cols.endpoints
             sparing = Sparing(req, margin=p.margin, on_track=p.on_track, left=left, worst_case=p.worst_case)
             own = not req.best_effort
             load_of = self._cache.load
+            rank = self._rank if p.shortlist else None
             for i in places.tolist():
                 load = load_of(views[i], now)
+                if rank is not None:
+                    rank.saw(cols, i, load)
                 if not sparing.spares(load):
                     continue
                 harmless[i] = True
@@ -315,10 +358,6 @@ def _busy(req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool
     return busy
 
 
-#: The shortlist's rank: best fit's capacity norm with its default γ (the share of a running request's
-#: remaining output counted) and its tokens per seat where the KV capacity is unknown.
-SHORTLIST_GAMMA: Final = 0.5
-SHORTLIST_TOKENS_PER_SEAT: Final = 2048.0
 #: A row of the coefficients (k1, c1, k2, c2, c3).
 _Coef = tuple[float, float, float, float, float]
 #: The most distinct rows of coefficients judged one by one (`OverflowGuardFilter._rows`).
