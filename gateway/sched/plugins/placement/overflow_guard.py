@@ -36,11 +36,11 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
     hold_infeasible: bool = False  # keep a request that meets its deadline nowhere queued
     # Protect a running request only while its time in hand is at least this share of its time left.
     on_track: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
-    # 0: judge every candidate. N: on a snapshot with columns, judge the idle candidates and the busy
-    # ones N at a time, least loaded first by an estimate of best fit's capacity norm from the load last
-    # judged there (`guard_shortlist.ShortlistRank`), and stop at the first N where one keeps the
-    # request's targets: a cheaper rule, not the same choices (a request goes to one of those when an
-    # endpoint ranked later had the smaller norm now).
+    # 0: judge every candidate. N: over columns (from `columns_from` candidates), judge the idle
+    # candidates and the busy ones N at a time, least loaded first by an estimate of best fit's
+    # capacity norm from the load last judged there (`guard_shortlist.ShortlistRank`), and stop at the
+    # first N where one keeps the request's targets: a cheaper rule, not the same choices (a request
+    # goes to one of those when an endpoint ranked later had the smaller norm now).
     shortlist: Annotated[int, Meta(ge=0)] = 0
 
 
@@ -97,18 +97,14 @@ class OverflowGuardFilter:
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> tuple[list[EndpointView], list[EndpointView], Sparing]:
         """The candidates where the request harms no one, those of them where it also meets its own
-        targets (none for a best-effort request), and the judge (for more candidates). With a
-        `shortlist`, on a snapshot with columns: `_judge_listed`."""
+        targets (none for a best-effort request), and the judge (for more candidates). Every candidate
+        is judged (a shortlist acts over columns only: a placement with fewer candidates than
+        `columns_from` judges them all)."""
         p = self.params
         now = snap.now
         sparing = Sparing(
             req, margin=p.margin, on_track=p.on_track, left=time_left(req, now), worst_case=p.worst_case
         )
-        cols = snap.columns
-        if p.shortlist and cols is not None:
-            got = self._judge_listed(req, candidates, cols, sparing, now)
-            if got is not None:
-                return got[0], got[1], sparing
         harmless: list[EndpointView] = []
         meeting: list[EndpointView] = []
         own = not req.best_effort
@@ -121,66 +117,6 @@ class OverflowGuardFilter:
             if own and sparing.keeps(load):
                 meeting.append(e)
         return harmless, meeting, sparing
-
-    def _judge_listed(
-        self,
-        req: SchedRequest,
-        candidates: Sequence[EndpointView],
-        cols: FleetColumns,
-        sparing: Sparing,
-        now: float,
-    ) -> tuple[list[EndpointView], list[EndpointView]] | None:
-        """`_judge` with a shortlist (None: a candidate not in `cols`): the idle candidates, then the
-        busy ones (running something, or holding part of the request's prompt) `shortlist` at a time in
-        the rank's order (`ShortlistRank`), up to the first `shortlist` where one keeps the request's
-        targets (best effort: where it harms no one on one); each busy load judged kept for the rank.
-        The answers in candidate order, as `_judge_columns` gives them."""
-        index = cols.index
-        cached = req.cached
-        places: list[int] = []
-        busy: list[EndpointView] = []
-        idle: list[EndpointView] = []
-        for e in candidates:
-            if e.running or (cached and cached.get_tokens(e.id) > 0):
-                i = index.get(e.id)
-                if i is None:
-                    return None
-                places.append(i)
-                busy.append(e)
-            else:
-                idle.append(e)
-        own = not req.best_effort
-        load_of = self._cache.load
-        harmless: list[EndpointView] = []
-        meeting: list[EndpointView] = []
-        for e in idle:
-            load = load_of(e, now)
-            if not sparing.spares(load):
-                continue
-            harmless.append(e)
-            if own and sparing.keeps(load):
-                meeting.append(e)
-        size = self.params.shortlist
-        of = dict(zip(places, busy, strict=True))
-        order = places
-        if len(places) > size:
-            order = self._rank.order(cols, np.array(places, dtype=np.intp)).tolist()
-        rank = self._rank
-        for k in range(0, len(order), size):
-            for i in order[k : k + size]:
-                e = of[i]
-                load = load_of(e, now)
-                rank.saw(cols, i, load)
-                if not sparing.spares(load):
-                    continue
-                harmless.append(e)
-                if own and sparing.keeps(load):
-                    meeting.append(e)
-            if meeting if own else harmless:
-                break
-        spared = {id(e) for e in harmless}
-        keeping = {id(e) for e in meeting}
-        return [e for e in candidates if id(e) in spared], [e for e in candidates if id(e) in keeping]
 
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
