@@ -111,8 +111,10 @@ def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
             if i is not None and cands[i]:
                 busy[i] = True
         places = busy.nonzero()[0]
-        order = short._rank.order(cols, places).tolist()  # (read before the rows are brought up)
+        order = short.shortlist_order(r, cols, places).tolist()  # (read before the rows are brought up)
         assert sorted(order) == places.tolist()
+        held = [i for i in order if views[i].id in r.cached]
+        assert order[: len(held)] == held  # the holders of part of its prompt first
         got = _ids(views, short.filter_columns(r, cols, cands, s))
         harmless, meeting = whole._judge_columns(r, cols, cands, s)
         expected = _ids(views, whole.filter_columns(r, cols, cands, s))

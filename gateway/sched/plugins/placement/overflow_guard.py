@@ -155,7 +155,7 @@ class OverflowGuardFilter:
         hold part of its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`,
         `predict`, `meets` and `itl_ok` for all of them at once, the loads those of `filter`), or one by
         one when they are fewer than `FleetLoads.least`. With a `shortlist`, the busy ones `shortlist` at
-        a time in the rank's order (`ShortlistRank`, when more than `shortlist`), up to the first
+        a time in `shortlist_order` (when more than `shortlist`), up to the first
         `shortlist` where one keeps the request's targets (or, best effort, where it harms no one on
         one)."""
         p = self.params
@@ -171,7 +171,7 @@ class OverflowGuardFilter:
             return self._judge_busy(req, cols, busy, harmless, meeting, snap, left)
         places = busy.nonzero()[0]
         if len(places) > size:
-            places = self._rank.order(cols, places)
+            places = self.shortlist_order(req, cols, places)
         for k in range(0, len(places), size):
             block = np.zeros_like(busy)
             block[places[k : k + size]] = True
@@ -179,6 +179,25 @@ class OverflowGuardFilter:
             if np.count_nonzero(harmless if req.best_effort else meeting):
                 break
         return harmless, meeting
+
+    def shortlist_order(
+        self, req: SchedRequest, cols: FleetColumns, places: npt.NDArray[np.intp]
+    ) -> npt.NDArray[np.intp]:
+        """The busy candidates at `places` in the order the shortlist judges them: those holding part of
+        the request's prompt first (best fit tries them first: `holders_first`), then the rank's order
+        (`ShortlistRank`)."""
+        places = self._rank.order(cols, places)
+        if req.cached:
+            index = cols.index
+            held = np.zeros(len(cols.endpoints), dtype=np.bool_)
+            for eid in req.cached:
+                i = index.get(eid)
+                if i is not None:
+                    held[i] = True
+            first = held[places]
+            if first.any():
+                places = np.concatenate((places[first], places[~first]))
+        return places
 
     def _judge_busy(  # noqa: PLR0917 (`_judge_columns`'s step over the busy candidates)
         self,
