@@ -51,7 +51,7 @@ COLUMNS_FROM_LOADS: Final = 128
 
 #: Busy candidates from which a placement judges them over these arrays (below it, one load at a time:
 #: numpy's fixed cost per call is more than the Python steps it saves; `diag overhead-micro` fleet_1000).
-FLEET_LOADS_FROM: Final = 17
+FLEET_LOADS_FROM: Final = 8
 
 # Columns of the scalar table, one row per endpoint (then, per harm key, the least first-token and
 # inter-token bounds: `_SCALARS + 2 * j` and the next, +inf where none) ...

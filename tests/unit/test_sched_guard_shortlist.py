@@ -63,6 +63,7 @@ def _params(shortlist: int) -> OverflowGuardParams:
 def _guard(shortlist: int, least: int = 1, cache: LoadCache | None = None) -> OverflowGuardFilter:
     guard = OverflowGuardFilter(_params(shortlist), cache)
     guard._fleet.least = least
+    guard.block_least = least
     return guard
 
 

@@ -29,6 +29,11 @@ from gateway.sched.snapshot import FleetColumns
 #: seat where the KV capacity is unknown (`gateway.sched.plugins.placement.best_fit`).
 GAMMA: Final = 0.5
 TOKENS_PER_SEAT: Final = 2048.0
+#: A block of fewer busy candidates than this is judged one load at a time, not over the loads' rows:
+#: the loads of a block are mostly those the ranking has not looked at lately, whose rows would be
+#: derived again first (in the 200-endpoint what-if, 16 loads one by one cost about half the rows'
+#: derive and judge). Best fit judges the block's survivors over the rows from `FleetLoads.least`.
+BLOCK_ROWS_FROM: Final = 17
 
 
 class ShortlistRank:

@@ -22,7 +22,12 @@ from gateway.sched.harms import Sparing
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.plugins.placement.guard_shortlist import GAMMA, TOKENS_PER_SEAT, ShortlistRank
+from gateway.sched.plugins.placement.guard_shortlist import (
+    BLOCK_ROWS_FROM,
+    GAMMA,
+    TOKENS_PER_SEAT,
+    ShortlistRank,
+)
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
@@ -56,6 +61,8 @@ class OverflowGuardFilter:
         self._fleet = fleet_loads(self._cache)
         self._fleet.want(params.on_track, params.margin)
         self._rank = ShortlistRank()  # the shortlist's rank of busy candidates
+        # a shortlist's blocks of fewer busy candidates than this are judged one load at a time
+        self.block_least = BLOCK_ROWS_FROM
         # the coefficients last judged and their distinct rows (`_rows`)
         self._kept_rows: (
             tuple[npt.NDArray[np.float64], tuple[list[_Coef], npt.NDArray[np.intp]] | None] | None
@@ -168,14 +175,16 @@ class OverflowGuardFilter:
             meeting = idle & self._meets_idle(req, cols, left)
         size = p.shortlist
         if not size:
-            return self._judge_busy(req, cols, busy, harmless, meeting, snap, left)
+            return self._judge_busy(req, cols, busy, harmless, meeting, snap, left, self._fleet.least)
         places = busy.nonzero()[0]
+        least = self._fleet.least
         if len(places) > size:
             places = self.shortlist_order(req, cols, places)
+            least = max(least, self.block_least)
         for k in range(0, len(places), size):
             block = np.zeros_like(busy)
             block[places[k : k + size]] = True
-            harmless, meeting = self._judge_busy(req, cols, block, harmless, meeting, snap, left)
+            harmless, meeting = self._judge_busy(req, cols, block, harmless, meeting, snap, left, least)
             if np.count_nonzero(harmless if req.best_effort else meeting):
                 break
         return harmless, meeting
@@ -208,14 +217,16 @@ class OverflowGuardFilter:
         meeting: npt.NDArray[np.bool_],
         snap: FleetSnapshot,
         left: tuple[float | None, float | None],
+        least: int,
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
-        """`harmless` and `meeting` (the idle candidates' answers) with the `busy` candidates judged."""
+        """`harmless` and `meeting` (the idle candidates' answers) with the `busy` candidates judged:
+        over their loads' rows from `least` of them, else one load at a time."""
         p = self.params
         now = snap.now
         harmless = harmless.copy()
         meeting = meeting.copy()
         places = busy.nonzero()[0]
-        if len(places) >= self._fleet.least:
+        if len(places) >= least:
             spared, keeps = self._fleet.judge(
                 req, cols, busy, now, worst_case=p.worst_case, on_track=p.on_track, margin=p.margin
             )
