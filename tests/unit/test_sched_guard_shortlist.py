@@ -178,7 +178,7 @@ def test_the_shortlist_ranks_by_the_capacity_norm_best_fit_orders_by(
 ) -> None:
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
-    guard = _guard(100, least)  # (every busy candidate in one block)
+    guard = _guard(1, least)
     fit = BestFitFilter(BestFitParams(gamma=0.5, prefill_overhead=0.05), guard._cache)
     now = NOW
     for serial, (dt_ms, at, what) in enumerate(steps):
@@ -188,8 +188,9 @@ def test_the_shortlist_ranks_by_the_capacity_norm_best_fit_orders_by(
     r = _request(100, 50.0, (None, None, None), {}, best_effort=False, now=now)
     s = FleetSnapshot(now=now, endpoints=views, columns=cols)
     guard.filter_columns(r, cols, cols.eligible(r.model), s)
-    judged = places[cols.eligible(r.model)[places]]
-    keys = guard._rank.keys(cols, judged)
-    for i, key in zip(judged.tolist(), keys.tolist(), strict=True):
+    keys = guard._rank.keys(cols, places)
+    judged = np.isfinite(keys)  # (kept only from the blocks judged, when more than one is busy)
+    assert judged.any() or np.count_nonzero(cols.eligible(r.model) & (cols.busy > 0)) <= 1
+    for i, key in zip(places[judged].tolist(), keys[judged].tolist(), strict=True):
         norm = fit.capacity_norm(guard._cache.load(views[i], now))
         assert abs(key - norm) <= 1e-9 * max(1.0, norm)

@@ -174,17 +174,17 @@ class OverflowGuardFilter:
         if not req.best_effort and np.count_nonzero(idle):
             meeting = idle & self._meets_idle(req, cols, left)
         size = p.shortlist
-        if not size:
-            return self._judge_busy(req, cols, busy, harmless, meeting, snap, left, self._fleet.least)
         places = busy.nonzero()[0]
-        least = self._fleet.least
-        if len(places) > size:
-            places = self.shortlist_order(req, cols, places)
-            least = max(least, self.block_least)
+        if not size or len(places) <= size:
+            return self._judge_busy(req, cols, busy, harmless, meeting, snap, left, self._fleet.least)
+        places = self.shortlist_order(req, cols, places)
+        least = max(self._fleet.least, self.block_least)
         for k in range(0, len(places), size):
             block = np.zeros_like(busy)
             block[places[k : k + size]] = True
-            harmless, meeting = self._judge_busy(req, cols, block, harmless, meeting, snap, left, least)
+            harmless, meeting = self._judge_busy(
+                req, cols, block, harmless, meeting, snap, left, least, rank=self._rank
+            )
             if np.count_nonzero(harmless if req.best_effort else meeting):
                 break
         return harmless, meeting
@@ -218,9 +218,12 @@ class OverflowGuardFilter:
         snap: FleetSnapshot,
         left: tuple[float | None, float | None],
         least: int,
+        *,
+        rank: ShortlistRank | None = None,
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
         """`harmless` and `meeting` (the idle candidates' answers) with the `busy` candidates judged:
-        over their loads' rows from `least` of them, else one load at a time."""
+        over their loads' rows from `least` of them, else one load at a time (and what their loads give
+        kept by `rank`: a shortlist's block)."""
         p = self.params
         now = snap.now
         harmless = harmless.copy()
@@ -233,15 +236,14 @@ class OverflowGuardFilter:
             harmless[busy] = spared
             if not req.best_effort:
                 meeting[busy] = spared & keeps
-            if p.shortlist:
+            if rank is not None:
                 n, share = self._fleet.token_shares(places, GAMMA, TOKENS_PER_SEAT)
-                self._rank.saw_rows(cols, places, n, share)
+                rank.saw_rows(cols, places, n, share)
         elif len(places):  # a few: one by one, as `filter` judges them (`Sparing`)
             views = cols.endpoints
             sparing = Sparing(req, margin=p.margin, on_track=p.on_track, left=left, worst_case=p.worst_case)
             own = not req.best_effort
             load_of = self._cache.load
-            rank = self._rank if p.shortlist else None
             for i in places.tolist():
                 load = load_of(views[i], now)
                 if rank is not None:
