@@ -1,9 +1,10 @@
-"""The overflow guard's shortlist (`OverflowGuardParams.shortlist`): with no more busy candidates than
-the shortlist it keeps what the guard without one keeps; with more, what that guard keeps among the idle
-candidates and the busy ones judged `shortlist` at a time in `shortlist_order` (best fit's capacity norm as
-the rows last gave it), up to the first of those where one keeps the request's targets (or, best effort,
-where it harms no one), and the whole answer when there is none; its plain form the same as its columnar
-form; and the rank the capacity norm best fit orders by on rows up to date (hypothesis: random fleets
+"""The overflow guard's shortlist (`OverflowGuardParams.shortlist`): over columns, with no more busy
+candidates than the shortlist it keeps what the guard without one keeps; with more, what that guard keeps
+among the idle candidates and the busy ones judged `shortlist` at a time in `shortlist_order` (the holders
+of part of the request's prompt first, then an estimate of best fit's capacity norm from the loads last
+judged), up to the first of those where one keeps the request's targets (or, best effort, where it harms
+no one), and the whole answer when there is none; the plain way, the whole guard's answer; and the
+estimate of an endpoint just judged is best fit's capacity norm of its load (hypothesis: random fleets
 changing step by step, requests with and without targets, cached prefixes and best effort)."""
 
 from __future__ import annotations

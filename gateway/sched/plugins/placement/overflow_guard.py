@@ -161,10 +161,9 @@ class OverflowGuardFilter:
         (`predict`'s arithmetic for an empty load, in its order); the endpoints that run something, or
         hold part of its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`,
         `predict`, `meets` and `itl_ok` for all of them at once, the loads those of `filter`), or one by
-        one when they are fewer than `FleetLoads.least`. With a `shortlist`, the busy ones `shortlist` at
-        a time in `shortlist_order` (when more than `shortlist`), up to the first
-        `shortlist` where one keeps the request's targets (or, best effort, where it harms no one on
-        one)."""
+        one when they are fewer than `FleetLoads.least`. With more busy candidates than a `shortlist`,
+        those `shortlist` at a time in `shortlist_order`, up to the first `shortlist` where one keeps
+        the request's targets (or, best effort, where it harms no one on one)."""
         p = self.params
         busy = _busy(req, cols, candidates)
         idle = candidates & ~busy
