@@ -260,6 +260,19 @@ class FleetLoads:
         out: _Floats = norm[idx]
         return out
 
+    def token_shares(
+        self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float
+    ) -> tuple[_Floats, _Floats]:
+        """Per endpoint at `idx` (rows up to date: `rows`): its running requests, and the token share of
+        best fit's capacity norm (`capacity_norms`: Σ(context + γ·remaining) over the KV capacity, or
+        seats × `per_seat` where that is unknown or 0)."""
+        t = self._table[idx]
+        kv = t[:, _KV]
+        scale = np.where(np.isnan(kv) | (kv == 0.0), t[:, _SEATS] * per_seat, kv)
+        share: _Floats = (t[:, _CTX] + gamma * t[:, _REMAINING]) / scale
+        n: _Floats = t[:, _N]
+        return n, share
+
     def best_fit_rows(self, idx: npt.NDArray[np.intp], gamma: float) -> _Floats:
         """The rows best fit's sure misses read (`best_fit_bounds._row`'s columns) of the endpoints at
         `idx` (rows up to date: `rows`)."""

@@ -22,6 +22,12 @@ from gateway.sched.harms import Sparing
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
+from gateway.sched.plugins.placement.guard_shortlist import (
+    BLOCK_ROWS_FROM,
+    GAMMA,
+    TOKENS_PER_SEAT,
+    ShortlistRank,
+)
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
@@ -35,6 +41,12 @@ class OverflowGuardParams(PredictionParams, frozen=True, kw_only=True):
     hold_infeasible: bool = False  # keep a request that meets its deadline nowhere queued
     # Protect a running request only while its time in hand is at least this share of its time left.
     on_track: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    # 0: judge every candidate. N: over columns (from `columns_from` candidates), judge the idle
+    # candidates and the busy ones N at a time, least loaded first by an estimate of best fit's
+    # capacity norm from the load last judged there (`guard_shortlist.ShortlistRank`), and stop at the
+    # first N where one keeps the request's targets: a cheaper rule, not the same choices (a request
+    # goes to one of those when an endpoint ranked later had the smaller norm now).
+    shortlist: Annotated[int, Meta(ge=0)] = 0
 
 
 class OverflowGuardFilter:
@@ -48,6 +60,9 @@ class OverflowGuardFilter:
         self._cache = loads or LoadCache(params.predict_params())
         self._fleet = fleet_loads(self._cache)
         self._fleet.want(params.on_track, params.margin)
+        self._rank = ShortlistRank()  # the shortlist's rank of busy candidates
+        # a shortlist's blocks of fewer busy candidates than this are judged one load at a time
+        self.block_least = BLOCK_ROWS_FROM
         # the coefficients last judged and their distinct rows (`_rows`)
         self._kept_rows: (
             tuple[npt.NDArray[np.float64], tuple[list[_Coef], npt.NDArray[np.intp]] | None] | None
@@ -89,7 +104,9 @@ class OverflowGuardFilter:
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> tuple[list[EndpointView], list[EndpointView], Sparing]:
         """The candidates where the request harms no one, those of them where it also meets its own
-        targets (none for a best-effort request), and the judge (for more candidates)."""
+        targets (none for a best-effort request), and the judge (for more candidates). Every candidate
+        is judged (a shortlist acts over columns only: a placement with fewer candidates than
+        `columns_from` judges them all)."""
         p = self.params
         now = snap.now
         sparing = Sparing(
@@ -144,29 +161,83 @@ class OverflowGuardFilter:
         (`predict`'s arithmetic for an empty load, in its order); the endpoints that run something, or
         hold part of its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`,
         `predict`, `meets` and `itl_ok` for all of them at once, the loads those of `filter`), or one by
-        one when they are fewer than `FleetLoads.least`."""
+        one when they are fewer than `FleetLoads.least`. With more busy candidates than a `shortlist`,
+        those `shortlist` at a time in `shortlist_order`, up to the first `shortlist` where one keeps
+        the request's targets (or, best effort, where it harms no one on one)."""
         p = self.params
-        now = snap.now
-        busy = candidates & (cols.busy > 0)
-        if req.cached:
-            for eid in req.cached:
-                i = cols.index.get(eid)
-                if i is not None and candidates[i]:
-                    busy[i] = True
+        busy = _busy(req, cols, candidates)
         idle = candidates & ~busy
         harmless = idle.copy()
         meeting = np.zeros_like(candidates)
-        left = time_left(req, now)
+        left = time_left(req, snap.now)
         if not req.best_effort and np.count_nonzero(idle):
             meeting = idle & self._meets_idle(req, cols, left)
+        size = p.shortlist
         places = busy.nonzero()[0]
-        if len(places) >= self._fleet.least:
+        if not size or len(places) <= size:
+            return self._judge_busy(req, cols, busy, harmless, meeting, snap, left, self._fleet.least)
+        places = self.shortlist_order(req, cols, places)
+        least = max(self._fleet.least, self.block_least)
+        for k in range(0, len(places), size):
+            block = np.zeros_like(busy)
+            block[places[k : k + size]] = True
+            harmless, meeting = self._judge_busy(
+                req, cols, block, harmless, meeting, snap, left, least, rank=self._rank
+            )
+            if np.count_nonzero(harmless if req.best_effort else meeting):
+                break
+        return harmless, meeting
+
+    def shortlist_order(
+        self, req: SchedRequest, cols: FleetColumns, places: npt.NDArray[np.intp]
+    ) -> npt.NDArray[np.intp]:
+        """The busy candidates at `places` in the order the shortlist judges them: those holding part of
+        the request's prompt first (best fit tries them first: `holders_first`), then the rank's order
+        (`ShortlistRank`)."""
+        places = self._rank.order(cols, places)
+        if req.cached:
+            index = cols.index
+            held = np.zeros(len(cols.endpoints), dtype=np.bool_)
+            for eid in req.cached:
+                i = index.get(eid)
+                if i is not None:
+                    held[i] = True
+            first = held[places]
+            if first.any():
+                places = np.concatenate((places[first], places[~first]))
+        return places
+
+    def _judge_busy(  # noqa: PLR0917 (`_judge_columns`'s step over the busy candidates)
+        self,
+        req: SchedRequest,
+        cols: FleetColumns,
+        busy: npt.NDArray[np.bool_],
+        harmless: npt.NDArray[np.bool_],
+        meeting: npt.NDArray[np.bool_],
+        snap: FleetSnapshot,
+        left: tuple[float | None, float | None],
+        least: int,
+        *,
+        rank: ShortlistRank | None = None,
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """`harmless` and `meeting` (the idle candidates' answers) with the `busy` candidates judged:
+        over their loads' rows from `least` of them, else one load at a time (and what their loads give
+        kept by `rank`: a shortlist's block)."""
+        p = self.params
+        now = snap.now
+        harmless = harmless.copy()
+        meeting = meeting.copy()
+        places = busy.nonzero()[0]
+        if len(places) >= least:
             spared, keeps = self._fleet.judge(
                 req, cols, busy, now, worst_case=p.worst_case, on_track=p.on_track, margin=p.margin
             )
             harmless[busy] = spared
             if not req.best_effort:
                 meeting[busy] = spared & keeps
+            if rank is not None:
+                n, share = self._fleet.token_shares(places, GAMMA, TOKENS_PER_SEAT)
+                rank.saw_rows(cols, places, n, share)
         elif len(places):  # a few: one by one, as `filter` judges them (`Sparing`)
             views = cols.endpoints
             sparing = Sparing(req, margin=p.margin, on_track=p.on_track, left=left, worst_case=p.worst_case)
@@ -174,6 +245,8 @@ class OverflowGuardFilter:
             load_of = self._cache.load
             for i in places.tolist():
                 load = load_of(views[i], now)
+                if rank is not None:
+                    rank.saw(cols, i, load)
                 if not sparing.spares(load):
                     continue
                 harmless[i] = True
@@ -239,6 +312,17 @@ class OverflowGuardFilter:
             found = ([(k1, c1, k2, c2, c3) for k1, c1, k2, c2, c3 in kinds.tolist()], of.reshape(-1))
         self._kept_rows = (coef, found)
         return found
+
+
+def _busy(req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """The candidates that run something, or hold part of the request's prompt."""
+    busy = candidates & (cols.busy > 0)
+    if req.cached:
+        for eid in req.cached:
+            i = cols.index.get(eid)
+            if i is not None and candidates[i]:
+                busy[i] = True
+    return busy
 
 
 #: A row of the coefficients (k1, c1, k2, c2, c3).

@@ -1,0 +1,103 @@
+"""The overflow guard's shortlist rank (`OverflowGuardParams.shortlist`): its busy candidates, least loaded
+first by an estimate of best fit's capacity norm (the L2 norm of running / seats and Σ(context +
+γ·remaining) over the running requests / KV capacity, or seats × tokens per seat where that is unknown),
+without making their loads.
+
+Per endpoint of a fleet's columns (by place) it keeps the two things the guard's last judged load there
+gave: its running requests and its token share. An endpoint's estimate is the running share as the
+columns give it now and that token share scaled by its running requests now over then; an endpoint
+never judged comes first (judging it writes its numbers). A load's tokens grow as its requests progress
+(context grows by one a token, what remains falls by one, γ < 1), so an endpoint running the same
+requests is estimated at most at its norm now: it is judged again before a busier one, and its estimate
+brought up. One that has lost requests since is estimated at about its norm now.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.core.types import EndpointId
+from gateway.sched.predict import EndpointLoad
+from gateway.sched.snapshot import FleetColumns
+
+#: Best fit's default γ (the share of a running request's remaining output counted) and its tokens per
+#: seat where the KV capacity is unknown (`gateway.sched.plugins.placement.best_fit`).
+GAMMA: Final = 0.5
+TOKENS_PER_SEAT: Final = 2048.0
+#: A block of fewer busy candidates than this is judged one load at a time, not over the loads' rows:
+#: the loads of a block are mostly those the ranking has not looked at lately, whose rows would be
+#: derived again first (in the 200-endpoint what-if, 16 loads one by one cost about half the rows'
+#: derive and judge). Best fit judges the block's survivors over the rows from `FleetLoads.least`.
+BLOCK_ROWS_FROM: Final = 17
+
+
+class ShortlistRank:
+    """What the shortlist ranks busy candidates by, per endpoint of one fleet's columns (see the
+    module)."""
+
+    __slots__ = ("_index", "_known", "_n", "_share")
+
+    def __init__(self) -> None:
+        self._index: Mapping[EndpointId, int] | None = None  # the columns' places the numbers are kept by
+        self._n: npt.NDArray[np.float64] = np.zeros(0)  # running requests of the load last judged
+        self._share: npt.NDArray[np.float64] = np.zeros(0)  # its token share
+        self._known: npt.NDArray[np.bool_] = np.zeros(0, dtype=np.bool_)
+
+    def _of(self, cols: FleetColumns) -> None:
+        if self._index is not cols.index or len(self._n) != len(cols.endpoints):
+            n = len(cols.endpoints)
+            self._index = cols.index
+            self._n = np.zeros(n)
+            self._share = np.zeros(n)
+            self._known = np.zeros(n, dtype=np.bool_)
+
+    def order(self, cols: FleetColumns, places: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+        """The busy candidates at `places` (of `cols`) least loaded first by their estimates (`keys`),
+        then by id."""
+        return places[np.lexsort((cols.id_rank[places], self.keys(cols, places)))]
+
+    def keys(self, cols: FleetColumns, places: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+        """The estimate of best fit's capacity norm of each endpoint at `places` (-inf: never judged)."""
+        self._of(cols)
+        n_now = cols.busy[places].astype(np.float64)
+        n_then = self._n[places]
+        then = n_then > 0.0
+        share = np.zeros(len(places))
+        share[then] = self._share[places][then] * n_now[then] / n_then[then]
+        keys: npt.NDArray[np.float64] = np.hypot(n_now / cols.seats[places], share)
+        keys[~self._known[places]] = -math.inf
+        return keys
+
+    def saw(self, cols: FleetColumns, place: int, load: EndpointLoad) -> None:
+        """Keep what `load` (the guard's, of the endpoint at `place`) gives: its running requests and
+        token share."""
+        self._of(cols)
+        g = GAMMA
+        tokens = sum(
+            [
+                r.prompt_tokens + st[1] + g * st[2]
+                for r, st in zip(load.view.running, load.states, strict=True)
+            ]
+        )
+        scale = load.kv_capacity or load.seats * TOKENS_PER_SEAT
+        self._n[place] = load.n
+        self._share[place] = tokens / scale
+        self._known[place] = True
+
+    def saw_rows(
+        self,
+        cols: FleetColumns,
+        places: npt.NDArray[np.intp],
+        n: npt.NDArray[np.float64],
+        share: npt.NDArray[np.float64],
+    ) -> None:
+        """`saw` for the loads at `places` from their rows (`FleetLoads.token_shares`)."""
+        self._of(cols)
+        self._n[places] = n
+        self._share[places] = share
+        self._known[places] = True
