@@ -148,7 +148,7 @@ class BestFitFilter:
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
-        loads = [self._cache.load(e, snap.now) for e in candidates]
+        loads = self._cache.loads(candidates, snap.now, keep=False)
         # id(load) -> its candidate (a load may stand for a later view than its own: `LoadCache`)
         of = dict(zip(map(id, loads), candidates, strict=True))
         spread = sorted(loads, key=self._spread_key)
@@ -338,13 +338,14 @@ class BestFitFilter:
             budget: float | None = None
             saved_least: float | None = None
             tpot_now = load.tpot_now
-            for s in load.running:
-                r = s.req
+            # (each running request's prefilled and produced from the load's states, as `running` has
+            # them, without making the running states)
+            for r, st in zip(load.view.running, load.states, strict=True):
                 if r.itl_s is None or r.best_effort:
                     continue
                 budget = r.itl_s if budget is None else min(budget, r.itl_s)
-                if s.prefilled:
-                    saved = s.produced * (r.itl_s - tpot_now)
+                if st[0]:
+                    saved = st[1] * (r.itl_s - tpot_now)
                     if saved >= 0 and (saved_least is None or saved < saved_least):
                         saved_least = saved
             got = load.memo[key] = (budget, saved_least)

@@ -244,8 +244,7 @@ def sure_rejects(
     the filter before (made as that filter would make them)."""
     if not gate.ask(req, len(candidates)):
         return [False] * len(candidates)
-    load = cache.load
-    named = sure_misses(fit, [load(e, now) for e in candidates], req)
+    named = sure_misses(fit, cache.loads(candidates, now, keep=False), req)
     gate.seen(req, named, up_front=True)
     return named
 
