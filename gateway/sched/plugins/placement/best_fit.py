@@ -73,8 +73,9 @@ from gateway.sched.plugins.placement.best_fit_bounds import (
     MIN_CANDIDATES,
     KeptNumbers,
     RejectGate,
+    per_candidate,
     sure_misses,
-    sure_misses_of,
+    sure_misses_both,
     sure_rejects,
     sure_rejects_columns,
 )
@@ -236,25 +237,36 @@ class BestFitFilter:
         tried = np.lexsort((rank, -norm, flag)) if self._packs else spread
         loose: dict[int, bool] = {}
         bounded = len(idx) < MIN_CANDIDATES or self._gate.named(req)
+        # per candidate, whether it surely does not fit with the reserve (known after the first tries):
+        # such a one cannot be the answer while another fits with it, so it is tried only if none does
+        no_strict: list[bool] | None = None
         for j, k in enumerate(tried.tolist()):
             if j == EAGER_TRIES and not bounded and not few:
                 # Not placed on the first few: the sure misses found for all at once, as `filter` does
                 bounded = True
                 rows = self._fleet.best_fit_rows(places, self.params.gamma)
-                misses = sure_misses_of(self, rows, req, float(resume_prompt_tokens(req)))
+                misses, strict_misses = sure_misses_both(self, rows, req, float(resume_prompt_tokens(req)))
                 self._gate.seen(req, misses)
                 for other, miss in zip(busy.nonzero()[0].tolist(), misses, strict=True):
                     if miss:
                         loose.setdefault(other, False)
+                no_strict = per_candidate(busy, strict_misses)
             if k in loose:
                 continue  # a sure miss
             if not busy[k]:
                 return only(candidates, int(idx[k]))  # nothing runs there: it fits
+            if no_strict is not None and no_strict[k]:
+                continue  # not the answer while another fits with the reserve (its loose fit: below)
             strict, loose[k] = self.fits_both(self._cache.load(views[int(idx[k])], now), req)
             if strict:
                 return only(candidates, int(idx[k]))
+        # Nothing fits with the reserve: the least loaded endpoint that fits without it (those passed
+        # over above tried now, in that order)
         for k in spread.tolist():
-            if loose[k]:
+            fits = loose.get(k)
+            if fits is None:
+                fits = loose[k] = self.fits_both(self._cache.load(views[int(idx[k])], now), req)[1]
+            if fits:
                 return only(candidates, int(idx[k]))
         return np.zeros_like(candidates)
 
