@@ -246,5 +246,5 @@ def test_best_fit_over_columns_passing_over_sure_misses_of_the_reserve_chooses_a
         mp.setattr(best_fit, "EAGER_TRIES", eager)
         f = BestFitFilter(params)
         f._fleet.least = 1
-        mask = f.filter_columns(r, cols, cols.eligible(r.model), s)  # type: ignore[arg-type]
+        mask = f.filter_columns(r, cols, cols.eligible(r.model), s)  # type: ignore[arg-type, attr-defined]
     assert [v.id for v, m in zip(s.endpoints, mask.tolist(), strict=True) if m] == [v.id for v in every]
