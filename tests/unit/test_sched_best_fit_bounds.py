@@ -248,3 +248,34 @@ def test_best_fit_over_columns_passing_over_sure_misses_of_the_reserve_chooses_a
         f._fleet.least = 1
         mask = f.filter_columns(r, cols, cols.eligible(r.model), s)  # type: ignore[arg-type, attr-defined]
     assert [v.id for v, m in zip(s.endpoints, mask.tolist(), strict=True) if m] == [v.id for v in every]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=_busy_endpoints,
+    params=_wide_params,
+    request=_tight_request,
+    eager=st.integers(0, 3),
+    idle=st.lists(st.integers(min_value=0, max_value=19), max_size=2),
+)
+def test_best_fit_passing_over_sure_misses_of_the_reserve_chooses_as_trying_every_one(
+    *,
+    endpoints: list[Endpoint],
+    params: BestFitParams,
+    request: tuple,  # type: ignore[type-arg]
+    eager: int,
+    idle: list[int],
+) -> None:
+    """The plain way, with the sure misses (in both forms and with the reserve) found after `eager`
+    tries, best fit takes the endpoint it takes trying every endpoint."""
+    endpoints = [
+        (c, [] if k in idle else runs, coef, kv, t) for k, (c, runs, coef, kv, t) in enumerate(endpoints)
+    ]
+    s, r = _case(endpoints, request)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
+        every = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
+        mp.setattr(best_fit, "MIN_CANDIDATES", 1)
+        mp.setattr(best_fit, "EAGER_TRIES", eager)
+        bounded = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
+    assert [v.id for v in bounded] == [v.id for v in every]

@@ -74,8 +74,8 @@ from gateway.sched.plugins.placement.best_fit_bounds import (
     KeptNumbers,
     RejectGate,
     per_candidate,
-    sure_misses,
     sure_misses_both,
+    sure_misses_of_loads,
     sure_rejects,
     sure_rejects_columns,
 )
@@ -158,24 +158,33 @@ class BestFitFilter:
             tried = holders_first(req, tried)
         loose: dict[int, bool] = {}  # id(load) -> whether it fits without the reserve
         bounded = len(loads) < MIN_CANDIDATES or self._gate.named(req)  # (named: none left)
+        # id(load) of those where it surely does not fit with the reserve (known after the first tries):
+        # not the answer while another fits with it, so tried only if none does
+        no_strict: set[int] = set()
         for k, load in enumerate(tried):
             if k == EAGER_TRIES and not bounded:
                 # Not placed on the first few: the sure misses found for all at once (best_fit_bounds)
                 bounded = True
-                misses = sure_misses(self, loads, req)
+                misses, strict_misses = sure_misses_of_loads(self, loads, req)
                 self._gate.seen(req, misses)
-                for other, miss in zip(loads, misses, strict=True):
+                for other, miss, no in zip(loads, misses, strict_misses, strict=True):
                     if miss:
                         loose.setdefault(id(other), False)
-            if id(load) in loose:
-                continue  # a sure miss
+                    elif no:
+                        no_strict.add(id(other))
+            if id(load) in loose or id(load) in no_strict:
+                continue  # a sure miss, or surely not with the reserve (its loose fit: below)
             strict, loose[id(load)] = self.fits_both(load, req)
             if strict:
                 return [of[id(load)]]
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
-        # that fits without it (the request meets its deadlines there if nothing else comes).
+        # that fits without it (the request meets its deadlines there if nothing else comes; those
+        # passed over above tried now, in that order).
         for load in spread:
-            if loose[id(load)]:
+            fits = loose.get(id(load))
+            if fits is None:
+                fits = loose[id(load)] = self.fits_both(load, req)[1]
+            if fits:
                 return [of[id(load)]]
         return []
 

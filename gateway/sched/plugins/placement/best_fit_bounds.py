@@ -128,11 +128,19 @@ def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) 
     taken, or (with free seats and something running) the ATGT bound (b) broken, or the request's own
     targets counting there and its predicted last or first token past its time left. False: not known
     (the exact test decides)."""
+    return sure_misses_of_loads(fit, loads, req)[0]
+
+
+def sure_misses_of_loads(
+    fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest
+) -> tuple[list[bool], list[bool]]:
+    """`sure_misses`, and per load whether the request surely does not fit there with the θ reserve
+    (`sure_misses_both`)."""
     rows, kv = _numbers(fit, loads)
     fresh: npt.NDArray[np.float64] | float = float(resume_prompt_tokens(req))
     if req.cached:
         fresh = np.array([float(prefill_tokens(req, load.view.id)) for load in loads], dtype=np.float64)
-    return sure_misses_of(fit, rows, req, fresh, kv)
+    return sure_misses_both(fit, rows, req, fresh, kv)
 
 
 class KeptNumbers:
