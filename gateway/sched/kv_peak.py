@@ -42,21 +42,25 @@ class KvPeak:
     __slots__ = ("_ctx", "_h", "_j", "_m", "_rems", "_suffix", "_tail")
 
     def __init__(self, items: Sequence[tuple[float, float]], h: float, j: float) -> None:
+        # (made once per load best fit tries: `max` spelled out as comparisons, the same results, the
+        # first of equal values kept as `max` keeps it)
         ordered = sorted(items, key=_remaining)
         m = self._m = len(ordered)
         self._h, self._j = h, j
-        self._ctx = [c for c, _ in ordered]
-        self._rems = [r for _, r in ordered]
+        ctx = self._ctx = [c for c, _ in ordered]
+        rems = self._rems = [r for _, r in ordered]
         suffix = self._suffix = [0.0] * (m + 1)
-        for i in range(m - 1, -1, -1):
-            suffix[i] = suffix[i + 1] + ordered[i][0]
         # tail[q]: the largest of `peak_kv`'s terms of the items from place q on (-inf: none)
         tail = self._tail = [-math.inf] * (m + 1)
+        s = 0.0
         best = -math.inf
         for k in range(m - 1, -1, -1):
-            t = max(0.0, ordered[k][1] - 1.0)
+            s = suffix[k] = s + ctx[k]
+            t = rems[k] - 1.0
             alive = m - k
-            best = max(best, h * (suffix[k] + alive * t) + alive * j)
+            term = h * (s + alive * (t if t > 0.0 else 0.0)) + alive * j
+            if term > best:  # noqa: PLR1730 (max() is a call per running request)
+                best = term
             tail[k] = best
 
     def with_extra(self, context: float, remaining: float) -> float:
@@ -66,10 +70,18 @@ class KvPeak:
         m = self._m + 1
         s = self._suffix[q] + context
         alive = m - q
-        best = max(self._tail[q], h * (s + alive * max(0.0, remaining - 1.0)) + alive * j)
+        t = remaining - 1.0
+        term = h * (s + alive * (t if t > 0.0 else 0.0)) + alive * j
+        best = self._tail[q]
+        if term > best:  # noqa: PLR1730 (max() is a call per running request)
+            best = term
         ctx, rems = self._ctx, self._rems
         for k in range(q - 1, -1, -1):
             s += ctx[k]
             alive = m - k
-            best = max(best, h * (s + alive * max(0.0, rems[k] - 1.0)) + alive * j)
-        return max(h * s + m * j, best)
+            t = rems[k] - 1.0
+            term = h * (s + alive * (t if t > 0.0 else 0.0)) + alive * j
+            if term > best:  # noqa: PLR1730 (max() is a call per running request)
+                best = term
+        first = h * s + m * j
+        return best if best > first else first

@@ -77,15 +77,30 @@ class LoadCache:
             None
         )
 
-    def loads(self, views: Sequence[EndpointView], now: float) -> list[EndpointLoad]:
-        """`load` of each of `views`, in order; the same list again while asked for the same sequence
-        object until the first of its loads reaches its reuse time (the submits queued between two
-        changes of the fleet ask about the same views: no query per endpoint each)."""
+    def loads(self, views: Sequence[EndpointView], now: float, *, keep: bool = True) -> list[EndpointLoad]:
+        """`load` of each of `views`, in order. `keep`: the same list again while asked for the same
+        sequence object until the first of its loads reaches its reuse time (the submits queued between
+        two changes of the fleet ask about the same views: no query per endpoint each); without it, the
+        answer is not kept (a placement's candidates, a new list each time)."""
         kept = self._kept
-        if kept is not None and kept[0] is views and kept[2] <= now <= kept[3]:
+        if keep and kept is not None and kept[0] is views and kept[2] <= now <= kept[3]:
             return kept[1]
-        out = [self.load(v, now) for v in views]
-        self._kept = (views, out, now, self._until(views))
+        # `load`'s fast path inline (asked for every candidate of a placement: no call per endpoint
+        # while its entry stands for the same view within its reuse time)
+        entries = self._loads
+        ref = self._ref
+        out: list[EndpointLoad] = []
+        add = out.append
+        for v in views:
+            got = entries.get(v.id)
+            if got is not None and got[3] is v and abs(got[2] - now) <= got[1]:
+                load = got[0]
+            else:
+                load = ref(v, now, lazy=False)
+                entries = self._loads  # (`_ref` empties a full table into a new one)
+            add(load if type(load) is EndpointLoad else load.load())  # type: ignore[union-attr]
+        if keep:
+            self._kept = (views, out, now, self._until(views))
         return out
 
     def _until(self, views: Sequence[EndpointView]) -> float:

@@ -217,6 +217,12 @@ class EndpointLoad:
             )
         return got
 
+    def _kv_items(self) -> list[tuple[float, float]]:
+        """(`RunningState.context`, `remaining`) of each running request, in the view's order."""
+        return [
+            (r.prompt_tokens + st[1], st[2]) for r, st in zip(self.view.running, self._states, strict=True)
+        ]
+
     def remaining_total(self) -> float:
         """The running requests' remaining output tokens, summed (from the sums kept, without making
         their running states)."""
@@ -343,13 +349,14 @@ class EndpointLoad:
         """The largest KV footprint (tokens) the running requests (and `extra` = (context now,
         remaining tokens) of a new one) reach over their remaining iterations (Aladdin's constraint
         (e)): a request holds ``h·(context + t) + j`` at iteration t until it ends."""
+        # (each running request's context and remaining tokens as `running` has them, from the states
+        # without making the running states)
         if extra is None:
-            return peak_kv([(s.context, s.remaining) for s in self.running], self.coef.h, self.coef.j)
+            return peak_kv(self._kv_items(), self.coef.h, self.coef.j)
         # asked for many requests in turn (best fit's constraint (e)): the running requests kept sorted
         got: KvPeak | None = self.memo.get("kv-peak")
         if got is None:
-            items = [(s.context, s.remaining) for s in self.running]
-            got = self.memo["kv-peak"] = KvPeak(items, self.coef.h, self.coef.j)
+            got = self.memo["kv-peak"] = KvPeak(self._kv_items(), self.coef.h, self.coef.j)
         return got.with_extra(*extra)
 
 

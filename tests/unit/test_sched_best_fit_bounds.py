@@ -153,3 +153,129 @@ def test_sure_misses_on_kept_numbers_are_those_on_numbers_made_anew(
         kept_rows, kept_kv = best_fit_bounds._numbers(f, loads)
         assert np.array_equal(kept_rows, rows, equal_nan=True)
         assert np.array_equal(kept_kv, kv, equal_nan=True)
+
+
+@settings(max_examples=400, deadline=None)
+@given(endpoints=_endpoints, params=_params, request=_request)
+def test_a_sure_miss_with_the_reserve_does_not_fit_with_it(
+    *,
+    endpoints: list[Endpoint],
+    params: BestFitParams,
+    request: tuple,  # type: ignore[type-arg]
+) -> None:
+    """`sure_misses_both`' second answer: every endpoint it names fails `fits_both`'s first test (with
+    the θ reserve), and it names every sure miss."""
+    s, r = _case(endpoints, request)
+    f = BestFitFilter(params)
+    loads = [f._cache.load(e, s.now) for e in s.endpoints]
+    rows, kv = best_fit_bounds._numbers(f, loads)
+    fresh = float(resume_prompt_tokens(r))  # type: ignore[arg-type]
+    if r.cached:  # type: ignore[attr-defined]
+        fresh = np.array([float(prefill_tokens(r, load.view.id)) for load in loads])  # type: ignore[arg-type, assignment]
+    misses, strict = best_fit_bounds.sure_misses_both(f, rows, r, fresh, kv)  # type: ignore[arg-type]
+    for load, miss, no_strict in zip(loads, misses, strict, strict=True):
+        assert no_strict or not miss
+        if no_strict:
+            assert not f.fits_both(load, r)[0]  # type: ignore[arg-type]
+
+
+# Fleets with at least as many busy endpoints as the rows are judged from, requests with tight targets:
+# the reserve fails on many endpoints, so best fit passes over them and tries them only if none fits
+# with it.
+_busy_endpoints = st.lists(
+    st.tuples(
+        st.integers(min_value=2, max_value=8),
+        st.lists(_tight_run, min_size=1, max_size=4),
+        st.sampled_from((COEF, SLOW)),
+        st.one_of(st.none(), st.floats(min_value=2000.0, max_value=40000.0)),
+        st.just(True),
+    ),
+    min_size=8,
+    max_size=20,
+)
+_tight_request = st.tuples(
+    st.integers(min_value=1, max_value=4000),
+    st.floats(min_value=1.0, max_value=400.0),
+    st.one_of(st.none(), st.floats(min_value=50.0, max_value=1500.0)),
+    st.floats(min_value=300.0, max_value=8000.0),
+    st.none(),
+    st.just({}),
+    st.just(False),
+)
+
+
+# ... and a wide reserve (θ down to 0.3), so that an endpoint fits without it and not with it often.
+_wide_params = st.builds(
+    BestFitParams,
+    gamma=st.sampled_from((0.0, 0.5, 1.0)),
+    theta=st.sampled_from((0.3, 0.5, 0.8, 1.0)),
+    rebalance_threshold=st.sampled_from((None, 0.0, 0.5)),
+    order=st.sampled_from(("most-loaded", "least-loaded")),
+    deadlines=st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=_busy_endpoints,
+    params=_wide_params,
+    request=_tight_request,
+    eager=st.integers(0, 3),
+    idle=st.lists(st.integers(min_value=0, max_value=19), max_size=2),
+)
+def test_best_fit_over_columns_passing_over_sure_misses_of_the_reserve_chooses_as_trying_every_one(
+    *,
+    endpoints: list[Endpoint],
+    params: BestFitParams,
+    request: tuple,  # type: ignore[type-arg]
+    eager: int,
+    idle: list[int],
+) -> None:
+    """Over columns, with the sure misses (in both forms and with the reserve) found after `eager` tries,
+    best fit takes the endpoint it takes trying every endpoint the plain way."""
+    endpoints = [
+        (c, [] if k in idle else runs, coef, kv, t) for k, (c, runs, coef, kv, t) in enumerate(endpoints)
+    ]
+    s, r = _case(endpoints, request)
+    cols = s.columns
+    assert cols is not None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
+        every = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
+        mp.setattr(best_fit, "MIN_CANDIDATES", 1)
+        mp.setattr(best_fit, "EAGER_TRIES", eager)
+        f = BestFitFilter(params)
+        f._fleet.least = 1
+        mask = f.filter_columns(r, cols, cols.eligible(r.model), s)  # type: ignore[arg-type, attr-defined]
+    assert [v.id for v, m in zip(s.endpoints, mask.tolist(), strict=True) if m] == [v.id for v in every]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=_busy_endpoints,
+    params=_wide_params,
+    request=_tight_request,
+    eager=st.integers(0, 3),
+    idle=st.lists(st.integers(min_value=0, max_value=19), max_size=2),
+)
+def test_best_fit_passing_over_sure_misses_of_the_reserve_chooses_as_trying_every_one(
+    *,
+    endpoints: list[Endpoint],
+    params: BestFitParams,
+    request: tuple,  # type: ignore[type-arg]
+    eager: int,
+    idle: list[int],
+) -> None:
+    """The plain way, with the sure misses (in both forms and with the reserve) found after `eager`
+    tries, best fit takes the endpoint it takes trying every endpoint."""
+    endpoints = [
+        (c, [] if k in idle else runs, coef, kv, t) for k, (c, runs, coef, kv, t) in enumerate(endpoints)
+    ]
+    s, r = _case(endpoints, request)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
+        every = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
+        mp.setattr(best_fit, "MIN_CANDIDATES", 1)
+        mp.setattr(best_fit, "EAGER_TRIES", eager)
+        bounded = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
+    assert [v.id for v in bounded] == [v.id for v in every]

@@ -73,8 +73,9 @@ from gateway.sched.plugins.placement.best_fit_bounds import (
     MIN_CANDIDATES,
     KeptNumbers,
     RejectGate,
-    sure_misses,
-    sure_misses_of,
+    per_candidate,
+    sure_misses_both,
+    sure_misses_of_loads,
     sure_rejects,
     sure_rejects_columns,
 )
@@ -148,7 +149,7 @@ class BestFitFilter:
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
-        loads = [self._cache.load(e, snap.now) for e in candidates]
+        loads = self._cache.loads(candidates, snap.now, keep=False)
         # id(load) -> its candidate (a load may stand for a later view than its own: `LoadCache`)
         of = dict(zip(map(id, loads), candidates, strict=True))
         spread = sorted(loads, key=self._spread_key)
@@ -157,24 +158,33 @@ class BestFitFilter:
             tried = holders_first(req, tried)
         loose: dict[int, bool] = {}  # id(load) -> whether it fits without the reserve
         bounded = len(loads) < MIN_CANDIDATES or self._gate.named(req)  # (named: none left)
+        # id(load) of those where it surely does not fit with the reserve (known after the first tries):
+        # not the answer while another fits with it, so tried only if none does
+        no_strict: set[int] = set()
         for k, load in enumerate(tried):
             if k == EAGER_TRIES and not bounded:
                 # Not placed on the first few: the sure misses found for all at once (best_fit_bounds)
                 bounded = True
-                misses = sure_misses(self, loads, req)
+                misses, strict_misses = sure_misses_of_loads(self, loads, req)
                 self._gate.seen(req, misses)
-                for other, miss in zip(loads, misses, strict=True):
+                for other, miss, no in zip(loads, misses, strict_misses, strict=True):
                     if miss:
                         loose.setdefault(id(other), False)
-            if id(load) in loose:
-                continue  # a sure miss
+                    elif no:
+                        no_strict.add(id(other))
+            if id(load) in loose or id(load) in no_strict:
+                continue  # a sure miss, or surely not with the reserve (its loose fit: below)
             strict, loose[id(load)] = self.fits_both(load, req)
             if strict:
                 return [of[id(load)]]
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
-        # that fits without it (the request meets its deadlines there if nothing else comes).
+        # that fits without it (the request meets its deadlines there if nothing else comes; those
+        # passed over above tried now, in that order).
         for load in spread:
-            if loose[id(load)]:
+            fits = loose.get(id(load))
+            if fits is None:
+                fits = loose[id(load)] = self.fits_both(load, req)[1]
+            if fits:
                 return [of[id(load)]]
         return []
 
@@ -236,25 +246,36 @@ class BestFitFilter:
         tried = np.lexsort((rank, -norm, flag)) if self._packs else spread
         loose: dict[int, bool] = {}
         bounded = len(idx) < MIN_CANDIDATES or self._gate.named(req)
+        # per candidate, whether it surely does not fit with the reserve (known after the first tries):
+        # such a one cannot be the answer while another fits with it, so it is tried only if none does
+        no_strict: list[bool] | None = None
         for j, k in enumerate(tried.tolist()):
             if j == EAGER_TRIES and not bounded and not few:
                 # Not placed on the first few: the sure misses found for all at once, as `filter` does
                 bounded = True
                 rows = self._fleet.best_fit_rows(places, self.params.gamma)
-                misses = sure_misses_of(self, rows, req, float(resume_prompt_tokens(req)))
+                misses, strict_misses = sure_misses_both(self, rows, req, float(resume_prompt_tokens(req)))
                 self._gate.seen(req, misses)
                 for other, miss in zip(busy.nonzero()[0].tolist(), misses, strict=True):
                     if miss:
                         loose.setdefault(other, False)
+                no_strict = per_candidate(busy, strict_misses)
             if k in loose:
                 continue  # a sure miss
             if not busy[k]:
                 return only(candidates, int(idx[k]))  # nothing runs there: it fits
+            if no_strict is not None and no_strict[k]:
+                continue  # not the answer while another fits with the reserve (its loose fit: below)
             strict, loose[k] = self.fits_both(self._cache.load(views[int(idx[k])], now), req)
             if strict:
                 return only(candidates, int(idx[k]))
+        # Nothing fits with the reserve: the least loaded endpoint that fits without it (those passed
+        # over above tried now, in that order)
         for k in spread.tolist():
-            if loose[k]:
+            fits = loose.get(k)
+            if fits is None:
+                fits = loose[k] = self.fits_both(self._cache.load(views[int(idx[k])], now), req)[1]
+            if fits:
                 return only(candidates, int(idx[k]))
         return np.zeros_like(candidates)
 
@@ -338,13 +359,14 @@ class BestFitFilter:
             budget: float | None = None
             saved_least: float | None = None
             tpot_now = load.tpot_now
-            for s in load.running:
-                r = s.req
+            # (each running request's prefilled and produced from the load's states, as `running` has
+            # them, without making the running states)
+            for r, st in zip(load.view.running, load.states, strict=True):
                 if r.itl_s is None or r.best_effort:
                     continue
                 budget = r.itl_s if budget is None else min(budget, r.itl_s)
-                if s.prefilled:
-                    saved = s.produced * (r.itl_s - tpot_now)
+                if st[0]:
+                    saved = st[1] * (r.itl_s - tpot_now)
                     if saved >= 0 and (saved_least is None or saved < saved_least):
                         saved_least = saved
             got = load.memo[key] = (budget, saved_least)

@@ -128,11 +128,19 @@ def sure_misses(fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest) 
     taken, or (with free seats and something running) the ATGT bound (b) broken, or the request's own
     targets counting there and its predicted last or first token past its time left. False: not known
     (the exact test decides)."""
+    return sure_misses_of_loads(fit, loads, req)[0]
+
+
+def sure_misses_of_loads(
+    fit: BestFit, loads: Sequence[EndpointLoad], req: SchedRequest
+) -> tuple[list[bool], list[bool]]:
+    """`sure_misses`, and per load whether the request surely does not fit there with the θ reserve
+    (`sure_misses_both`)."""
     rows, kv = _numbers(fit, loads)
     fresh: npt.NDArray[np.float64] | float = float(resume_prompt_tokens(req))
     if req.cached:
         fresh = np.array([float(prefill_tokens(req, load.view.id)) for load in loads], dtype=np.float64)
-    return sure_misses_of(fit, rows, req, fresh, kv)
+    return sure_misses_both(fit, rows, req, fresh, kv)
 
 
 class KeptNumbers:
@@ -244,8 +252,7 @@ def sure_rejects(
     the filter before (made as that filter would make them)."""
     if not gate.ask(req, len(candidates)):
         return [False] * len(candidates)
-    load = cache.load
-    named = sure_misses(fit, [load(e, now) for e in candidates], req)
+    named = sure_misses(fit, cache.loads(candidates, now, keep=False), req)
     gate.seen(req, named, up_front=True)
     return named
 
@@ -291,12 +298,25 @@ def sure_misses_of(
     token sum and ITL budget may be NaN where the endpoint is idle or full), `fresh` the prompt tokens
     the request's prefill computes on each (or on all); `kv`: each load's (h, j, KV capacity) (`_kv`),
     for (e)'s bound (None: not asked)."""
+    return sure_misses_both(fit, rows, req, fresh, kv)[0]
+
+
+def sure_misses_both(
+    fit: BestFit,
+    rows: npt.NDArray[np.float64],
+    req: SchedRequest,
+    fresh: npt.NDArray[np.float64] | float,
+    kv: npt.NDArray[np.float64] | None = None,
+) -> tuple[list[bool], list[bool]]:
+    """`sure_misses_of`, and per row whether the request surely does not fit with the θ reserve
+    (`fits_both`'s first answer False): a sure miss, or its own targets surely counting and its
+    predicted last or first token past θ of its time left by more than the rounding margin."""
     n, seats = rows[:, _N], rows[:, _SEATS]
     full = n >= seats
     open_ = (n > 0) & ~full
     if not np.count_nonzero(open_):
         only_full: list[bool] = full.tolist()
-        return only_full
+        return only_full, only_full
     p = fit.params
     gamma = fit.load_params.gamma
     out = output_bound(req, gamma)
@@ -356,4 +376,17 @@ def sure_misses_of(
         start = kv[:, 0] * (rows[:, _CTX] + float(req.prompt_tokens)) + n1 * kv[:, 1]
         misses |= _over(start, kv[:, 2])
     named: list[bool] = (full | (open_ & misses)).tolist()
-    return named
+    # the θ reserve on its own deadlines (`fits_both`: `pred > θ · time left`, its targets counting)
+    strict = misses.copy()
+    for deadline, value in ((e2e_dl, e2e), (ttft_dl, ttft)):
+        if deadline is not None:
+            strict |= own_yes & _over(value, theta * (deadline - now))
+    return named, (full | (open_ & strict)).tolist()
+
+
+def per_candidate(busy: npt.NDArray[np.bool_], named: Sequence[bool]) -> list[bool]:
+    """`named` (one per busy candidate, in order) per candidate: False where nothing runs."""
+    out = np.zeros(len(busy), dtype=np.bool_)
+    out[busy] = named
+    got: list[bool] = out.tolist()
+    return got
