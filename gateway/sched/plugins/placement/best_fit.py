@@ -88,7 +88,7 @@ from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
 #: Scale of the token dimension of capacity_norm when the KV capacity is unknown (tokens per seat).
-_TOKENS_PER_SEAT = 2048.0
+TOKENS_PER_SEAT: Final = 2048.0
 #: Aladdin's re-balancing in a packing order: endpoints whose running requests are, summed, this far past
 #: their predicted lengths (in request lengths) are tried last.
 DEFAULT_REBALANCE: Final = 0.5
@@ -287,7 +287,7 @@ class BestFitFilter:
     def capacity_norms(self, places: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
         """`capacity_norm` of the loads at `places` of the columns (their rows up to date), from their
         arrays (`FleetLoads.capacity_norms`: math.hypot as `capacity_norm` takes it, kept per row)."""
-        return self._fleet.capacity_norms(places, self.params.gamma, _TOKENS_PER_SEAT)
+        return self._fleet.capacity_norms(places, self.params.gamma, TOKENS_PER_SEAT)
 
     def demoted(self, places: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
         """`order_key`'s first term (tried last) of the loads at `places` of the columns, from arrays."""
@@ -313,7 +313,7 @@ class BestFitFilter:
         key = self._norm_key
         got: float | None = load.memo.get(key)
         if got is None:
-            scale = load.kv_capacity or load.seats * _TOKENS_PER_SEAT
+            scale = load.kv_capacity or load.seats * TOKENS_PER_SEAT
             got = load.memo[key] = math.hypot(load.n / load.seats, self._tokens(load) / scale)
         return got
 

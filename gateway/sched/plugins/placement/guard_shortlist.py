@@ -22,13 +22,14 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.core.types import EndpointId
+from gateway.sched.plugins.placement.best_fit import TOKENS_PER_SEAT
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.snapshot import FleetColumns
 
-#: Best fit's default γ (the share of a running request's remaining output counted) and its tokens per
-#: seat where the KV capacity is unknown (`gateway.sched.plugins.placement.best_fit`).
+#: Best fit's default γ (the share of a running request's remaining output counted,
+#: `gateway.sched.plugins.placement.best_fit`); its tokens per seat where the KV capacity is unknown is
+#: `TOKENS_PER_SEAT` there.
 GAMMA: Final = 0.5
-TOKENS_PER_SEAT: Final = 2048.0
 #: A block of fewer busy candidates than this is judged one load at a time, not over the loads' rows:
 #: the loads of a block are mostly those the ranking has not looked at lately, whose rows would be
 #: derived again first (in the 200-endpoint what-if, 16 loads one by one cost about half the rows'

@@ -22,12 +22,8 @@ from gateway.sched.harms import Sparing
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.plugins.placement.guard_shortlist import (
-    BLOCK_ROWS_FROM,
-    GAMMA,
-    TOKENS_PER_SEAT,
-    ShortlistRank,
-)
+from gateway.sched.plugins.placement.best_fit import TOKENS_PER_SEAT
+from gateway.sched.plugins.placement.guard_shortlist import BLOCK_ROWS_FROM, GAMMA, ShortlistRank
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
