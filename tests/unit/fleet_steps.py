@@ -1,7 +1,8 @@
 """Random fleets and their changes for the tests of the loads as arrays and of placement over columns:
 endpoints with running requests (targets, progress reports, max_tokens, two kinds of hardware), a step
 of a changing fleet (time passing, a progress report, a dispatch, a completion) with its columns updated,
-and the shipped SLO presets placing over columns whatever the number of candidates."""
+and the shipped SLO presets placing over columns whatever the number of candidates; new requests to
+place, with targets and prefix holders."""
 
 from __future__ import annotations
 
@@ -9,16 +10,54 @@ import dataclasses
 
 from hypothesis import strategies as st
 
+from gateway.core.types import EndpointId
 from gateway.sched.columns import updated
 from gateway.sched.fleet_loads import fleet_loads
 from gateway.sched.loads import REUSE_S
 from gateway.sched.perf import PerfCoefficients
+from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import Policy
+from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, with_progress
 from gateway.sched.snapshot import EndpointView, FleetColumns
-from tests.unit.slo_fixtures import COEF, SLOW, columnar_preset, running, view
+from tests.unit.slo_fixtures import COEF, SLOW, columnar_preset, req, running, view
 
 NOW = 10.0
+
+#: A new request's targets: (TTFT ms, E2E ms, ITL ms), each of them absent or not.
+TARGETS = st.tuples(
+    st.one_of(st.none(), st.floats(min_value=10.0, max_value=2000.0)),
+    st.one_of(st.none(), st.floats(min_value=100.0, max_value=20000.0)),
+    st.one_of(st.none(), st.floats(min_value=5.0, max_value=60.0)),
+)
+#: The endpoints (by number, `e00`...) holding part of a new request's prompt, and how many tokens.
+CACHED = st.dictionaries(st.integers(min_value=0, max_value=7), st.integers(min_value=1, max_value=3000))
+
+
+def new_request(
+    prompt: int,
+    out: float,
+    targets: tuple[float | None, float | None, float | None],
+    cached: dict[int, int],
+    *,
+    best_effort: bool = False,
+    now: float = NOW,
+) -> SchedRequest:
+    """A request to place at `now`, arrived 0.1 s before, with `targets` (`TARGETS`) and the prefix
+    holders `cached` (`CACHED`)."""
+    ttft_ms, e2e_ms, itl_ms = targets
+    r = req(
+        "new",
+        arrival=now - 0.1,
+        prompt=prompt,
+        out=out,
+        ttft_ms=ttft_ms,
+        e2e_ms=e2e_ms,
+        itl_ms=itl_ms,
+        best_effort=best_effort,
+    )
+    return dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
+
 
 RUN = st.tuples(
     st.integers(min_value=1, max_value=3000),  # prompt

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.types import EndpointId
 from gateway.sched.columns import columns_of
 from gateway.sched.fleet_loads import _E2E, _SCALARS, FleetLoads, fleet_loads
 from gateway.sched.harms import endangers, terms_of
@@ -28,40 +27,26 @@ from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParam
 from gateway.sched.plugins.placement.best_fit_bounds import _row
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
 from gateway.sched.predict import PredictParams
-from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import eligible
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetColumns, FleetSnapshot
 from gateway.sched.targets import itl_ok, meets, time_left
 from tests.unit.fleet_steps import (
+    CACHED,
     COEFS,
     ENDPOINT,
     NOW,
     RUN,
     STEP,
+    TARGETS,
     Endpoint,
     Run,
     advance,
     columnar_policy,
+    new_request,
     view_of,
 )
 from tests.unit.slo_fixtures import COEF, SLOW, req
-
-
-def _request(
-    prompt: int, out: float, targets: tuple[float | None, float | None, float | None], cached: dict[int, int]
-) -> SchedRequest:
-    ttft_ms, e2e_ms, itl_ms = targets
-    r = req("new", arrival=NOW - 0.1, prompt=prompt, out=out, ttft_ms=ttft_ms, e2e_ms=e2e_ms, itl_ms=itl_ms)
-    return dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
-
-
-_targets = st.tuples(
-    st.one_of(st.none(), st.floats(min_value=10.0, max_value=2000.0)),
-    st.one_of(st.none(), st.floats(min_value=100.0, max_value=20000.0)),
-    st.one_of(st.none(), st.floats(min_value=5.0, max_value=60.0)),
-)
-_cached = st.dictionaries(st.integers(min_value=0, max_value=7), st.integers(min_value=1, max_value=3000))
 
 
 def _check(  # noqa: PLR0917 (a test helper)
@@ -112,8 +97,8 @@ def _check(  # noqa: PLR0917 (a test helper)
     endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
     prompt=st.integers(min_value=1, max_value=4000),
     out=st.floats(min_value=1.0, max_value=400.0),
-    targets=_targets,
-    cached=_cached,
+    targets=TARGETS,
+    cached=CACHED,
     margin=st.sampled_from((0.5, 0.9, 1.0, 1.5)),
     on_track=st.sampled_from((0.0, 0.2, 0.8)),
     worst_case=st.booleans(),
@@ -132,7 +117,7 @@ def test_every_endpoint_is_judged_as_its_load_judges_it(
     tail: str,
 ) -> None:
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
-    r = _request(prompt, out, targets, cached)
+    r = new_request(prompt, out, targets, cached)
     cols = columns_of(views)
     cache = LoadCache(PredictParams(tail="normal" if tail == "normal" else "mean", prefill_overhead=0.05))
     fleet = fleet_loads(cache)
@@ -148,8 +133,8 @@ def test_every_endpoint_is_judged_as_its_load_judges_it(
     steps=st.lists(STEP, min_size=1, max_size=12),
     prompt=st.integers(min_value=1, max_value=4000),
     out=st.floats(min_value=1.0, max_value=400.0),
-    targets=_targets,
-    cached=_cached,
+    targets=TARGETS,
+    cached=CACHED,
     plain_first=st.lists(st.booleans(), min_size=12, max_size=12),
 )
 def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_the_fleet_changes(
@@ -166,7 +151,7 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
     cols = columns_of(views)
     guard = OverflowGuardFilter(OverflowGuardParams(worst_case=False, prefill_overhead=0.05))
     guard._fleet.least = 1  # over the rows however few are busy
-    r = _request(prompt, out, targets, cached)
+    r = new_request(prompt, out, targets, cached)
     now = NOW
     for serial, ((dt_ms, at, what), first) in enumerate(zip(steps, plain_first, strict=False)):
         views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
@@ -192,7 +177,7 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
         st.tuples(
             st.integers(min_value=1, max_value=4000),
             st.floats(min_value=1.0, max_value=400.0),
-            _targets,
+            TARGETS,
             st.sampled_from(("generation", "translation", "summarization", "completion", "chat")),
         ),
         min_size=12,
@@ -258,7 +243,7 @@ def test_slo_presets_place_over_columns_as_the_plain_way_as_the_fleet_changes(
     ),
     prompt=st.integers(min_value=1, max_value=4000),
     out=st.floats(min_value=1.0, max_value=400.0),
-    targets=_targets,
+    targets=TARGETS,
 )
 def test_best_fit_orders_busy_endpoints_over_their_arrays_as_over_their_loads(
     *,
@@ -292,7 +277,7 @@ def test_best_fit_orders_busy_endpoints_over_their_arrays_as_over_their_loads(
         assert (norms[i], bool(demoted[i])) == (f.capacity_norm(load), f.order_key(load)[0])
     rows = fleet.best_fit_rows(places, params.gamma)
     assert np.array_equal(rows, np.array([_row(f, f._cache.load(v, NOW)) for v in views]), equal_nan=True)
-    r = _request(prompt, out, targets, {})
+    r = new_request(prompt, out, targets, {})
     mask = f.filter_columns(r, cols, cols.eligible(r.model), s)
     plain = BestFitFilter(params).filter(r, eligible(r, s), s)
     assert [v.id for v, m in zip(views, mask.tolist(), strict=True) if m] == [v.id for v in plain]
@@ -368,7 +353,7 @@ def test_best_fit_over_columns_skips_the_sure_misses_of_a_large_busy_fleet_as_th
         )
         params = BestFitParams(gamma=0.5, theta=rng.choice((0.8, 1.0)), order=order, deadlines=True)
         targets = (rng.uniform(20.0, 600.0), rng.uniform(300.0, 6000.0), None)
-        r = _request(rng.randint(1, 4000), rng.uniform(1.0, 400.0), targets, {})
+        r = new_request(rng.randint(1, 4000), rng.uniform(1.0, 400.0), targets, {})
         mask = BestFitFilter(params).filter_columns(r, cols, cols.eligible(r.model), s)
         plain = BestFitFilter(params).filter(r, eligible(r, s), s)
         assert [v.id for v, m in zip(views, mask.tolist(), strict=True) if m] == [v.id for v in plain]

@@ -9,8 +9,6 @@ changing step by step, requests with and without targets, cached prefixes and be
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,41 +18,19 @@ from gateway.sched.columns import columns_of
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
-from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import eligible
-from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot
-from tests.unit.fleet_steps import ENDPOINT, NOW, STEP, Endpoint, advance, view_of
-from tests.unit.slo_fixtures import req
-
-_targets = st.tuples(
-    st.one_of(st.none(), st.floats(min_value=10.0, max_value=2000.0)),
-    st.one_of(st.none(), st.floats(min_value=100.0, max_value=20000.0)),
-    st.one_of(st.none(), st.floats(min_value=5.0, max_value=60.0)),
+from tests.unit.fleet_steps import (
+    CACHED,
+    ENDPOINT,
+    NOW,
+    STEP,
+    TARGETS,
+    Endpoint,
+    advance,
+    new_request,
+    view_of,
 )
-_cached = st.dictionaries(st.integers(min_value=0, max_value=7), st.integers(min_value=1, max_value=3000))
-
-
-def _request(  # noqa: PLR0917 (a test helper)
-    prompt: int,
-    out: float,
-    targets: tuple[float | None, float | None, float | None],
-    cached: dict[int, int],
-    best_effort: bool,
-    now: float = NOW,
-) -> SchedRequest:
-    ttft_ms, e2e_ms, itl_ms = targets
-    r = req(
-        "new",
-        arrival=now - 0.1,
-        prompt=prompt,
-        out=out,
-        ttft_ms=ttft_ms,
-        e2e_ms=e2e_ms,
-        itl_ms=itl_ms,
-        best_effort=best_effort,
-    )
-    return dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
 
 
 def _params(shortlist: int) -> OverflowGuardParams:
@@ -78,8 +54,8 @@ def _ids(views: tuple, mask: np.ndarray) -> list[EndpointId]:  # type: ignore[ty
     steps=st.lists(STEP, min_size=1, max_size=12),
     prompt=st.integers(min_value=1, max_value=4000),
     out=st.floats(min_value=1.0, max_value=400.0),
-    targets=_targets,
-    cached=_cached,
+    targets=TARGETS,
+    cached=CACHED,
     best_effort=st.booleans(),
     size=st.integers(min_value=1, max_value=4),
     least=st.sampled_from((1, 17)),
@@ -101,7 +77,7 @@ def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
     cache = LoadCache(_params(0).predict_params())
     short = _guard(size, least, cache)  # (least 1: over the rows however few are busy; 17: one by one)
     whole = _guard(0, least, cache)  # the same loads and rows (one cache)
-    r = _request(prompt, out, targets, cached, best_effort)
+    r = new_request(prompt, out, targets, cached, best_effort=best_effort)
     now = NOW
     for serial, (dt_ms, at, what) in enumerate(steps):
         views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
@@ -140,8 +116,8 @@ def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
     steps=st.lists(STEP, min_size=1, max_size=8),
     prompt=st.integers(min_value=1, max_value=4000),
     out=st.floats(min_value=1.0, max_value=400.0),
-    targets=_targets,
-    cached=_cached,
+    targets=TARGETS,
+    cached=CACHED,
     best_effort=st.booleans(),
     size=st.integers(min_value=1, max_value=4),
 )
@@ -159,7 +135,7 @@ def test_a_shortlisted_guard_judges_every_candidate_the_plain_way(
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     short, whole = _guard(size), _guard(0)  # (a cache each, asked alike)
-    r = _request(prompt, out, targets, cached, best_effort)
+    r = new_request(prompt, out, targets, cached, best_effort=best_effort)
     now = NOW
     for serial, (dt_ms, at, what) in enumerate(steps):
         views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
@@ -186,7 +162,7 @@ def test_the_shortlist_ranks_by_the_capacity_norm_best_fit_orders_by(
         views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
     places = (cols.busy > 0).nonzero()[0]
     assert (guard._rank.keys(cols, places) == -np.inf).all()  # never judged: first
-    r = _request(100, 50.0, (None, None, None), {}, best_effort=False, now=now)
+    r = new_request(100, 50.0, (None, None, None), {}, best_effort=False, now=now)
     s = FleetSnapshot(now=now, endpoints=views, columns=cols)
     guard.filter_columns(r, cols, cols.eligible(r.model), s)
     keys = guard._rank.keys(cols, places)

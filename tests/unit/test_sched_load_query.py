@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -90,12 +91,24 @@ def test_the_list_query_answers_and_writes_what_load_per_view_does(
         candidates = list(views[: 2 + k]) if what == "new-list" else list(views)
         got = listed.loads(candidates, now, keep=False)
         want = [plain.load(e, now) for e in candidates]
-        assert [_state(a) for a in got] == [_state(b) for b in want]
-        for e in views:
-            a, b = listed.entry(e.id), plain.entry(e.id)
-            assert (a is None) == (b is None)
-            if a is not None and b is not None:
-                assert a[1:] == b[1:]
+        _same(listed, plain, views, got, want)
+
+
+def _same(
+    listed: LoadCache,
+    plain: LoadCache,
+    views: Sequence[EndpointView],
+    got: list[EndpointLoad],
+    want: list[EndpointLoad],
+) -> None:
+    """The list query's loads `got` are the loads `want` asked one by one, and the two caches hold the same
+    entries for `views`."""
+    assert [_state(a) for a in got] == [_state(b) for b in want]
+    for e in views:
+        a, b = listed.entry(e.id), plain.entry(e.id)
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert a[1:] == b[1:]
 
 
 def test_the_list_query_reads_the_table_again_once_a_full_table_is_emptied() -> None:
@@ -108,12 +121,7 @@ def test_the_list_query_reads_the_table_again_once_a_full_table_is_emptied() -> 
             cache.load(e, 1.0)
     got = listed.loads(views, 1.0 + 0.5 * REUSE_S, keep=False)
     want = [plain.load(e, 1.0 + 0.5 * REUSE_S) for e in views]
-    assert [_state(a) for a in got] == [_state(b) for b in want]
-    for e in views:
-        a, b = listed.entry(e.id), plain.entry(e.id)
-        assert (a is None) == (b is None)
-        if a is not None and b is not None:
-            assert a[1:] == b[1:]
+    _same(listed, plain, views, got, want)
 
 
 @settings(max_examples=200, deadline=None)
