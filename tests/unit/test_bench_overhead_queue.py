@@ -14,24 +14,21 @@ from gateway.config.load import load_gateway_config
 from gateway.core.clock import FakeClock
 from gateway.core.decisiontime import DecisionTimes
 from loadgen.bench.overhead.overhead_lag import LagReading
-from loadgen.bench.overhead.overhead_queue import (
+from loadgen.bench.overhead.overhead_queue import berth_config, client_command, queue_checks, queue_lines
+from loadgen.bench.overhead.overhead_report import QUEUE, Measurement
+from loadgen.bench.overhead.overhead_workload import WorkloadRequests
+from loadgen.bench.overhead.proxy import parse_args
+from loadgen.bench.overhead.queue_window import (
     ALL,
     GC,
     OVER,
     OVER_CPU,
-    berth_config,
-    client_command,
     decision_window,
     gc_window,
     late_lag,
     over_limit,
     over_limit_cpu,
-    queue_checks,
-    queue_lines,
 )
-from loadgen.bench.overhead.overhead_report import QUEUE, Measurement
-from loadgen.bench.overhead.overhead_workload import WorkloadRequests
-from loadgen.bench.overhead.proxy import parse_args
 
 
 def _reading(times: DecisionTimes, after: int = 1 << 62) -> dict[str, Any]:

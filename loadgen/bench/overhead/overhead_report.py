@@ -60,7 +60,7 @@ class Measurement:
     # The proxy's event-loop lag samples over the phase, seconds (gateway.core.looplag, the same monitor
     # in both proxies); () when none were read.
     lag_s: tuple[float, ...] = ()
-    # berth's scheduler calls over the phase (the queue phase: `overhead_queue.decision_window`), by call.
+    # berth's scheduler calls over the phase (the queue phase: `queue_window.decision_window`), by call.
     decisions: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def proxy_cpu_us_per_request(self) -> float | None:
