@@ -7,6 +7,7 @@ place, with targets and prefix holders."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -32,6 +33,13 @@ TARGETS = st.tuples(
 )
 #: The endpoints (by number, `e00`...) holding part of a new request's prompt, and how many tokens.
 CACHED = st.dictionaries(st.integers(min_value=0, max_value=7), st.integers(min_value=1, max_value=3000))
+#: `new_request`'s arguments but best effort and the clock, as `given` takes them (`@given(**NEW_REQUEST)`).
+NEW_REQUEST: dict[str, st.SearchStrategy[Any]] = {
+    "prompt": st.integers(min_value=1, max_value=4000),
+    "out": st.floats(min_value=1.0, max_value=400.0),
+    "targets": TARGETS,
+    "cached": CACHED,
+}
 
 
 def new_request(

@@ -215,50 +215,19 @@ _wide_params = st.builds(
 )
 
 
-#: Busy fleets (a few of their endpoints idle), wide parameters and tight requests, with the sure misses
-#: found after a few tries: where best fit passes over the reserve's sure misses.
-_passing_over_cases = given(
-    endpoints=_busy_endpoints,
-    params=_wide_params,
-    request=_tight_request,
-    eager=st.integers(0, 3),
-    idle=st.lists(st.integers(min_value=0, max_value=19), max_size=2),
-)
-
-
 def _idle_at(endpoints: list[Endpoint], idle: list[int]) -> list[Endpoint]:
     """`endpoints` with those at `idle` running nothing."""
     return [(c, [] if k in idle else runs, coef, kv, t) for k, (c, runs, coef, kv, t) in enumerate(endpoints)]
 
 
 @settings(max_examples=200, deadline=None)
-@_passing_over_cases
-def test_best_fit_over_columns_passing_over_sure_misses_of_the_reserve_chooses_as_trying_every_one(
-    *,
-    endpoints: list[Endpoint],
-    params: BestFitParams,
-    request: tuple,  # type: ignore[type-arg]
-    eager: int,
-    idle: list[int],
-) -> None:
-    """Over columns, with the sure misses (in both forms and with the reserve) found after `eager` tries,
-    best fit takes the endpoint it takes trying every endpoint the plain way."""
-    s, r = _case(_idle_at(endpoints, idle), request)
-    cols = s.columns
-    assert cols is not None
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
-        every = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
-        mp.setattr(best_fit, "MIN_CANDIDATES", 1)
-        mp.setattr(best_fit, "EAGER_TRIES", eager)
-        f = BestFitFilter(params)
-        f._fleet.least = 1
-        mask = f.filter_columns(r, cols, cols.eligible(r.model), s)  # type: ignore[arg-type, attr-defined]
-    assert [v.id for v, m in zip(s.endpoints, mask.tolist(), strict=True) if m] == [v.id for v in every]
-
-
-@settings(max_examples=200, deadline=None)
-@_passing_over_cases
+@given(
+    endpoints=_busy_endpoints,
+    params=_wide_params,
+    request=_tight_request,
+    eager=st.integers(0, 3),
+    idle=st.lists(st.integers(min_value=0, max_value=19), max_size=2),
+)
 def test_best_fit_passing_over_sure_misses_of_the_reserve_chooses_as_trying_every_one(
     *,
     endpoints: list[Endpoint],
@@ -267,13 +236,20 @@ def test_best_fit_passing_over_sure_misses_of_the_reserve_chooses_as_trying_ever
     eager: int,
     idle: list[int],
 ) -> None:
-    """The plain way, with the sure misses (in both forms and with the reserve) found after `eager`
-    tries, best fit takes the endpoint it takes trying every endpoint."""
+    """The plain way and over columns, with the sure misses (in both forms and with the reserve) found
+    after `eager` tries, best fit takes the endpoint it takes trying every endpoint the plain way."""
     s, r = _case(_idle_at(endpoints, idle), request)
+    cols = s.columns
+    assert cols is not None
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
         every = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
         mp.setattr(best_fit, "MIN_CANDIDATES", 1)
         mp.setattr(best_fit, "EAGER_TRIES", eager)
         bounded = BestFitFilter(params).filter(r, eligible(r, s), s)  # type: ignore[arg-type]
-    assert [v.id for v in bounded] == [v.id for v in every]
+        f = BestFitFilter(params)
+        f._fleet.least = 1
+        mask = f.filter_columns(r, cols, cols.eligible(r.model), s)  # type: ignore[arg-type, attr-defined]
+    want = [v.id for v in every]
+    assert [v.id for v in bounded] == want
+    assert [v.id for v, m in zip(s.endpoints, mask.tolist(), strict=True) if m] == want

@@ -32,9 +32,9 @@ from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetColumns, FleetSnapshot
 from gateway.sched.targets import itl_ok, meets, time_left
 from tests.unit.fleet_steps import (
-    CACHED,
     COEFS,
     ENDPOINT,
+    NEW_REQUEST,
     NOW,
     RUN,
     STEP,
@@ -95,10 +95,7 @@ def _check(  # noqa: PLR0917 (a test helper)
 @settings(max_examples=300, deadline=None)
 @given(
     endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
-    prompt=st.integers(min_value=1, max_value=4000),
-    out=st.floats(min_value=1.0, max_value=400.0),
-    targets=TARGETS,
-    cached=CACHED,
+    **NEW_REQUEST,
     margin=st.sampled_from((0.5, 0.9, 1.0, 1.5)),
     on_track=st.sampled_from((0.0, 0.2, 0.8)),
     worst_case=st.booleans(),
@@ -131,10 +128,7 @@ def test_every_endpoint_is_judged_as_its_load_judges_it(
 @given(
     endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
     steps=st.lists(STEP, min_size=1, max_size=12),
-    prompt=st.integers(min_value=1, max_value=4000),
-    out=st.floats(min_value=1.0, max_value=400.0),
-    targets=TARGETS,
-    cached=CACHED,
+    **NEW_REQUEST,
     plain_first=st.lists(st.booleans(), min_size=12, max_size=12),
 )
 def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_the_fleet_changes(

@@ -21,11 +21,10 @@ from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, 
 from gateway.sched.profile import eligible
 from gateway.sched.snapshot import FleetSnapshot
 from tests.unit.fleet_steps import (
-    CACHED,
     ENDPOINT,
+    NEW_REQUEST,
     NOW,
     STEP,
-    TARGETS,
     Endpoint,
     advance,
     new_request,
@@ -52,10 +51,7 @@ def _ids(views: tuple, mask: np.ndarray) -> list[EndpointId]:  # type: ignore[ty
 @given(
     endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
     steps=st.lists(STEP, min_size=1, max_size=12),
-    prompt=st.integers(min_value=1, max_value=4000),
-    out=st.floats(min_value=1.0, max_value=400.0),
-    targets=TARGETS,
-    cached=CACHED,
+    **NEW_REQUEST,
     best_effort=st.booleans(),
     size=st.integers(min_value=1, max_value=4),
     least=st.sampled_from((1, 17)),
@@ -114,10 +110,7 @@ def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
 @given(
     endpoints=st.lists(ENDPOINT, min_size=1, max_size=8),
     steps=st.lists(STEP, min_size=1, max_size=8),
-    prompt=st.integers(min_value=1, max_value=4000),
-    out=st.floats(min_value=1.0, max_value=400.0),
-    targets=TARGETS,
-    cached=CACHED,
+    **NEW_REQUEST,
     best_effort=st.booleans(),
     size=st.integers(min_value=1, max_value=4),
 )
