@@ -171,15 +171,14 @@ class OverflowGuardFilter:
         size = p.shortlist
         places = busy.nonzero()[0]
         if not size or len(places) <= size:
-            return self._judge_busy(req, cols, busy, harmless, meeting, snap, left, self._fleet.least)
+            self._judge_busy(req, cols, busy, harmless, meeting, snap, left, self._fleet.least)
+            return harmless, meeting
         places = self.shortlist_order(req, cols, places)
         least = max(self._fleet.least, self.block_least)
         for k in range(0, len(places), size):
             block = np.zeros_like(busy)
             block[places[k : k + size]] = True
-            harmless, meeting = self._judge_busy(
-                req, cols, block, harmless, meeting, snap, left, least, rank=self._rank
-            )
+            self._judge_busy(req, cols, block, harmless, meeting, snap, left, least, rank=self._rank)
             if np.count_nonzero(harmless if req.best_effort else meeting):
                 break
         return harmless, meeting
@@ -215,14 +214,12 @@ class OverflowGuardFilter:
         least: int,
         *,
         rank: ShortlistRank | None = None,
-    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
-        """`harmless` and `meeting` (the idle candidates' answers) with the `busy` candidates judged:
+    ) -> None:
+        """The `busy` candidates judged into `harmless` and `meeting` (in place, at their places only):
         over their loads' rows from `least` of them, else one load at a time (and what their loads give
         kept by `rank`: a shortlist's block)."""
         p = self.params
         now = snap.now
-        harmless = harmless.copy()
-        meeting = meeting.copy()
         places = busy.nonzero()[0]
         if len(places) >= least:
             spared, keeps = self._fleet.judge(
@@ -248,7 +245,6 @@ class OverflowGuardFilter:
                 harmless[i] = True
                 if own and sparing.keeps(load):
                     meeting[i] = True
-        return harmless, meeting
 
     def _meets_idle(
         self, req: SchedRequest, cols: FleetColumns, left: tuple[float | None, float | None]
