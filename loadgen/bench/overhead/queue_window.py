@@ -100,25 +100,25 @@ def late_lag(reading: LagReading, slow: Sequence[Sequence[Any]]) -> dict[str, fl
     return out
 
 
+def _over(slow: Sequence[Sequence[Any]], start: float) -> list[tuple[str, Sequence[Any]]]:
+    """The slow calls kept ([ended at, call, seconds, ...]) over `DECISION_LIMIT_MS`, in time order, each
+    under its key "CALL@S" (S: seconds into the window when it ended, from `start`)."""
+    return [
+        (f"{e[1]}@{float(e[0]) - start:.2f}", e)
+        for e in sorted(slow, key=lambda x: float(x[0]))
+        if float(e[2]) * 1000.0 > DECISION_LIMIT_MS
+    ]
+
+
 def over_limit(slow: Sequence[Sequence[Any]], start: float) -> dict[str, float]:
-    """The window's calls over `DECISION_LIMIT_MS` one by one, from the slow calls kept ([ended at, call,
-    seconds, ...]): "CALL@S" (S: seconds into the window when it ended, from `start`) -> ms, in time
-    order."""
-    return {
-        f"{c}@{float(t) - start:.2f}": float(s) * 1000.0
-        for t, c, s, *_ in sorted(slow, key=lambda x: float(x[0]))
-        if float(s) * 1000.0 > DECISION_LIMIT_MS
-    }
+    """The window's calls over `DECISION_LIMIT_MS` one by one (`_over`'s keys) -> ms, in time order."""
+    return {key: float(e[2]) * 1000.0 for key, e in _over(slow, start)}
 
 
 def over_limit_cpu(slow: Sequence[Sequence[Any]], start: float) -> dict[str, float]:
     """The CPU time (ms) of the calls `over_limit` lists, under its keys: those kept with their CPU
     time ([ended at, call, seconds, CPU seconds]; a daemon that does not report it leaves them out)."""
-    return {
-        f"{e[1]}@{float(e[0]) - start:.2f}": float(e[3]) * 1000.0
-        for e in sorted(slow, key=lambda x: float(x[0]))
-        if float(e[2]) * 1000.0 > DECISION_LIMIT_MS and len(e) > 3 and e[3] is not None
-    }
+    return {key: float(e[3]) * 1000.0 for key, e in _over(slow, start) if len(e) > 3 and e[3] is not None}
 
 
 def gc_window(before: dict[str, Any], after: dict[str, Any], reading: LagReading | None) -> dict[str, float]:
