@@ -73,7 +73,7 @@ class GcCalls:
 
     def install(self) -> None:
         gc.get_freeze_count = self.freeze_count
-        gc.get_objects = self.get_objects  # type: ignore[assignment]
+        gc.get_objects = self.get_objects
         gc.collect = self.collect
         gc.freeze = self.freeze
 
