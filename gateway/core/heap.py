@@ -46,9 +46,8 @@ So the schedule (`GcSchedule`) takes the collections over from CPython:
   walks its own. What a short window gives up: a probe finds only the cycles made and dropped within
   it; longer-lived ones wait, frozen, for the next full collection. CPython's own thresholds stay on,
   `BACKSTOP` times higher, for a callback that allocates that much without yielding to the loop. A
-  pause is a callback of its
-  own: the loop's lag counts it, a scheduler call's time does not (inside whatever allocation crossed
-  CPython's threshold, a 2 ms decision would become an 80 ms one).
+  pause is a callback of its own: the loop's lag counts it, a scheduler call's time does not (inside
+  whatever allocation crossed CPython's threshold, a 2 ms decision would become an 80 ms one).
 - A full collection (unfreeze, collect everything, freeze the survivors again) when the process's
   memory blocks (`sys.getallocatedblocks`, read every `TICK_S`) grew by `FULL_GROWTH` over what the
   last full collection left (and at least `FULL_MIN_GROWTH_BLOCKS`) and so did the objects the
@@ -56,10 +55,10 @@ So the schedule (`GcSchedule`) takes the collections over from CPython:
   130,000 objects startup leaves, 20-130 ms for the 300,000-470,000 of a standing queue, scattered
   over the heap; the net counts do not add up to it); and, when nothing has been in flight or queued
   for `IDLE_TICKS` ticks, once after any young step since the last full one (at most every
-  `IDLE_MIN_INTERVAL_S`). Blocks that
-  grew without the tracked objects are memory no collection can free (ints, strings, buffers, the
-  tables of dicts: the approximate prefix index filling its endpoints' capacity with a standing queue
-  grows the heap by about 8,000 blocks a second, nearly all of them untracked), so the block measure
+  `IDLE_MIN_INTERVAL_S`). Blocks that grew without the tracked objects are memory no collection can
+  free (ints, strings, buffers, the tables of dicts: the approximate prefix index filling its
+  endpoints' capacity with a standing queue grows the heap by about 8,000 blocks a second, nearly all
+  of them untracked), so the block measure
   starts again from there instead (`skipped_full`): a full collection then, 400 ms with a standing
   queue, would find nothing. Blocks that grew by `FULL_GROWTH_ANYWAY` over what the last full
   collection left make one due whatever the tracked objects did. The share that makes one due adapts
