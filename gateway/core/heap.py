@@ -39,22 +39,26 @@ So the schedule (`GcSchedule`) takes the collections over from CPython:
   collector's CPU does not depend on it (a probe every second over a tenth of a second's objects, or
   one every ten seconds over a second's), and a freeze costs nothing (list splices). The timer can
   come late (a backlog of callbacks runs first), so a young collection is also put off when the
-  young generation holds more than `YOUNG_MAX_OBJECTS` (counted at its turn: a list of them, about
-  0.1 ms): that generation is frozen unwalked and the next check, `STEP_S` later, walks its own. What
-  a short window gives up: a probe finds only the cycles made and dropped within it; longer-lived
-  ones wait, frozen, for the next full collection. CPython's own thresholds stay on, `BACKSTOP` times higher,
-  for a callback that allocates that much without yielding to the loop. A pause is a callback of its
-  own: the loop's lag counts it, a scheduler call's time does not (inside whatever allocation crossed
-  CPython's threshold, a 2 ms decision would become an 80 ms one).
+  young generation holds more than `YOUNG_MAX_OBJECTS` (counted at its turn: a list of them, itself a
+  walk at about two thirds of a collection's cost per object, 0.7 ms for 4,000 with a standing queue;
+  CPython 3.11 keeps no length of a generation, and its net count, `gc.get_count()[0]`, is not one:
+  docs/standing-queue.md): that generation is frozen unwalked and the next check, `STEP_S` later,
+  walks its own. What a short window gives up: a probe finds only the cycles made and dropped within
+  it; longer-lived ones wait, frozen, for the next full collection. CPython's own thresholds stay on,
+  `BACKSTOP` times higher, for a callback that allocates that much without yielding to the loop. A
+  pause is a callback of its own: the loop's lag counts it, a scheduler call's time does not (inside
+  whatever allocation crossed CPython's threshold, a 2 ms decision would become an 80 ms one).
 - A full collection (unfreeze, collect everything, freeze the survivors again) when the process's
   memory blocks (`sys.getallocatedblocks`, read every `TICK_S`) grew by `FULL_GROWTH` over what the
   last full collection left (and at least `FULL_MIN_GROWTH_BLOCKS`) and so did the objects the
-  collector tracks (`gc.get_freeze_count`, counted only then: a walk of the frozen list, about 6 ms
-  for 600,000 objects); and, when nothing has been in flight or queued for `IDLE_TICKS` ticks, once
-  after any young step since the last full one (at most every `IDLE_MIN_INTERVAL_S`). Blocks that
-  grew without the tracked objects are memory no collection can free (ints, strings, buffers, the
-  tables of dicts: the approximate prefix index filling its endpoints' capacity with a standing queue
-  grows the heap by about 8,000 blocks a second, nearly all of them untracked), so the block measure
+  collector tracks (`gc.get_freeze_count`, counted only then: a walk of the frozen list, 3 ms for the
+  130,000 objects startup leaves, 20-130 ms for the 300,000-470,000 of a standing queue, scattered
+  over the heap; the net counts do not add up to it); and, when nothing has been in flight or queued
+  for `IDLE_TICKS` ticks, once after any young step since the last full one (at most every
+  `IDLE_MIN_INTERVAL_S`). Blocks that grew without the tracked objects are memory no collection can
+  free (ints, strings, buffers, the tables of dicts: the approximate prefix index filling its
+  endpoints' capacity with a standing queue grows the heap by about 8,000 blocks a second, nearly all
+  of them untracked), so the block measure
   starts again from there instead (`skipped_full`): a full collection then, 400 ms with a standing
   queue, would find nothing. Blocks that grew by `FULL_GROWTH_ANYWAY` over what the last full
   collection left make one due whatever the tracked objects did. The share that makes one due adapts

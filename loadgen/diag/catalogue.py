@@ -94,6 +94,11 @@ _ALL: Final = (
         "loadgen.diag.gc_census",
     ),
     Diagnostic(
+        "gc-counts",
+        "What the collector schedule's counts of objects cost live, against the collector's free net count.",
+        "loadgen.diag.gc_counts",
+    ),
+    Diagnostic(
         "slow-calls",
         "Which live scheduler calls are slow with a standing queue: their sizes and profiles, one by one.",
         "loadgen.diag.slow_calls_live",
