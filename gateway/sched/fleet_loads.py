@@ -10,7 +10,8 @@ tokens (padded rows), and the harm terms `gateway.sched.harms` derives for each 
 a plugin wants (the least first-token bound, the least inter-token bound, each running request's
 last-token bound, +inf where none): a table of the scalars and least bounds, one row per endpoint, and
 one array of the per-request matrices, so that a batch derived together is written in a few assignments
-(`load_batch.batch_rows` gives it in that form). The loads are the cache's, under its reuse rules
+(`load_batch.rows_of` gives a numpy batch in that form; a small one is written row by row,
+`load_batch_small.write_small`). The loads are the cache's, under its reuse rules
 (`LoadCache.refs`): a row is derived again only when the cache has another load for its endpoint, those
 derived together (`gateway.sched.load_batch`), and the cache is not asked again about an endpoint
 already looked at for the same columns and clock (the requests of one served queue, which mostly fit
@@ -33,7 +34,8 @@ import numpy.typing as npt
 
 from gateway.core.types import EndpointId
 from gateway.sched.idle import output_bound
-from gateway.sched.load_batch import Pending, batch_rows
+from gateway.sched.load_batch import SMALL_BATCH, Pending, derive_arrays, rows_of
+from gateway.sched.load_batch_small import write_small
 from gateway.sched.loads import LoadCache
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
@@ -97,6 +99,7 @@ class FleetLoads:
         "_synced",
         "_table",
         "_touched",
+        "_used",
         "least",
     )
 
@@ -112,6 +115,7 @@ class FleetLoads:
         # `_fill` their padding (0, 0, 0, +inf ...)
         self._per: _Floats = np.zeros((_E2E, 0, 0))
         self._fill: _Floats = np.zeros((_E2E, 1, 1))
+        self._used: list[int] = []  # per row, the columns of `_per` its requests hold (padding past them)
         # per (gamma, tokens per seat) best fit asked with: each row's capacity norm, and whether it is
         # known (a row rewritten is not: `capacity_norms` works it out again when next asked)
         self._norms: dict[tuple[float, float], tuple[_Floats, _Mask]] = {}
@@ -146,6 +150,7 @@ class FleetLoads:
         self._per = np.zeros((_E2E + h, n, 0))
         self._fill = np.zeros((_E2E + h, 1, 1))
         self._fill[_E2E:] = _INF
+        self._used = [0] * n
         self._norms = {}
         self._at = None
         self._synced = np.zeros(n, dtype=np.bool_)
@@ -210,19 +215,30 @@ class FleetLoads:
             touched.clear()
 
     def _write(self, stale: list[tuple[int, EndpointLoad | Pending]]) -> None:
-        table, per = batch_rows([(r.view, r.now, r.pace) for _, r in stale], self._cache.params, self._keys)
-        at = np.array([i for i, _ in stale], dtype=np.int64)
-        self._table[at] = table
-        m = per.shape[2]
+        loads = [(r.view, r.now, r.pace) for _, r in stale]
+        counts = [len(v.running) for v, _, _ in loads]
+        m = max(counts)
         width = self._per.shape[2]
         if m > width:
             self._grow(max(m, 2 * width))
-        self._per[:, at] = self._fill
-        self._per[:, at, :m] = per
+        at = [i for i, _ in stale]
+        params = self._cache.params
+        if sum(counts) < SMALL_BATCH:  # in Python floats, each row written in place
+            write_small(loads, at, self._table, self._per, self._used, params.gamma, self._keys)
+        else:
+            table, per = rows_of(derive_arrays(loads, params, self._keys), self._keys)
+            rows = np.array(at, dtype=np.int64)
+            self._table[rows] = table
+            self._per[:, rows] = self._fill
+            self._per[:, rows, :m] = per
+            used = self._used
+            for i, count in zip(at, counts, strict=True):
+                used[i] = count
         for _, known in self._norms.values():
             known[at] = False
+        refs = self._refs
         for i, r in stale:
-            self._refs[i] = r
+            refs[i] = r
 
     def _grow(self, width: int) -> None:
         kinds, rows, more = self._per.shape[0], self._per.shape[1], width - self._per.shape[2]
