@@ -34,8 +34,8 @@ import numpy.typing as npt
 
 from gateway.core.types import EndpointId
 from gateway.sched.idle import output_bound
-from gateway.sched.load_batch import SMALL_BATCH, Pending, derive_arrays, rows_of
-from gateway.sched.load_batch_small import write_small
+from gateway.sched.load_batch import Pending, derive_arrays, rows_of
+from gateway.sched.load_batch_small import WRITE_SMALL, write_small
 from gateway.sched.loads import LoadCache
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
@@ -223,7 +223,7 @@ class FleetLoads:
             self._grow(max(m, 2 * width))
         at = [i for i, _ in stale]
         params = self._cache.params
-        if sum(counts) < SMALL_BATCH:  # in Python floats, each row written in place
+        if sum(counts) < WRITE_SMALL:  # in Python floats, each row written in place
             write_small(loads, at, self._table, self._per, self._used, params.gamma, self._keys)
         else:
             table, per = rows_of(derive_arrays(loads, params, self._keys), self._keys)
