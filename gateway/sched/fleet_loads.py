@@ -116,9 +116,10 @@ class FleetLoads:
         self._per: _Floats = np.zeros((_E2E, 0, 0))
         self._fill: _Floats = np.zeros((_E2E, 1, 1))
         self._used: list[int] = []  # per row, the columns of `_per` its requests hold (padding past them)
-        # per (gamma, tokens per seat) best fit asked with: each row's capacity norm, and whether it is
-        # known (a row rewritten is not: `capacity_norms` works it out again when next asked)
-        self._norms: dict[tuple[float, float], tuple[_Floats, _Mask]] = {}
+        # per (gamma, tokens per seat) asked for (`_kept`): each row's capacity norm and token share, and
+        # whether they are known (worked out when a row is written in Python floats; a numpy batch's
+        # rows are not known until asked)
+        self._norms: dict[tuple[float, float], tuple[_Floats, _Floats, _Mask]] = {}
         # (columns, clock) the rows were last brought up to date for, and which rows were looked at then
         self._at: tuple[FleetColumns, float] | None = None
         self._looked: _Mask = np.zeros(0, dtype=np.bool_)
@@ -223,8 +224,27 @@ class FleetLoads:
             self._grow(max(m, 2 * width))
         at = [i for i, _ in stale]
         params = self._cache.params
+        kept = self._norms
         if sum(counts) < WRITE_SMALL:  # in Python floats, each row written in place
-            write_small(loads, at, self._table, self._per, self._used, params.gamma, self._keys)
+            keys = list(kept)
+            made = write_small(
+                loads,
+                at,
+                self._table,
+                self._per,
+                self._used,
+                params.gamma,
+                self._keys,
+                token_gammas=[g for g, _ in keys],
+            )
+            for j, (g, per_seat) in enumerate(keys):
+                norm, share, known = kept[(g, per_seat)]
+                for i, (s, tokens) in zip(at, made, strict=True):
+                    kv = s[_KV]
+                    scale = s[_SEATS] * per_seat if math.isnan(kv) or kv == 0.0 else kv
+                    norm[i] = math.hypot(s[_N] / s[_SEATS], tokens[j] / scale)
+                    share[i] = (s[_CTX] + g * s[_REMAINING]) / scale
+                    known[i] = True
         else:
             table, per = rows_of(derive_arrays(loads, params, self._keys), self._keys)
             rows = np.array(at, dtype=np.int64)
@@ -234,8 +254,8 @@ class FleetLoads:
             used = self._used
             for i, count in zip(at, counts, strict=True):
                 used[i] = count
-        for _, known in self._norms.values():
-            known[at] = False
+            for _, _, known in kept.values():
+                known[rows] = False
         refs = self._refs
         for i, r in stale:
             refs[i] = r
@@ -258,36 +278,41 @@ class FleetLoads:
     def capacity_norms(self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float) -> _Floats:
         """Best fit's capacity norm of each endpoint at `idx` (rows up to date: `rows`): the L2 norm of
         (running / seats, Σ(context + γ·remaining) / KV capacity, or seats × `per_seat` where the capacity
-        is unknown or 0), by `math.hypot` as `BestFitFilter.capacity_norm` takes it. Kept per row until
-        the row is written again: a placement works out only the rows derived since the last."""
-        key = (gamma, per_seat)
-        got = self._norms.get(key)
-        if got is None:
-            rows = len(self._refs)
-            got = self._norms[key] = (np.zeros(rows), np.zeros(rows, dtype=np.bool_))
-        norm, known = got
-        todo = idx[~known[idx]]
-        if len(todo):
-            n, seats, kv, tokens, _ = self.capacity(todo, gamma)
-            scale = np.where(np.isnan(kv) | (kv == 0.0), seats * per_seat, kv)
-            shares = zip((n / seats).tolist(), (tokens / scale).tolist(), strict=True)
-            norm[todo] = [math.hypot(a, b) for a, b in shares]
-            known[todo] = True
-        out: _Floats = norm[idx]
-        return out
+        is unknown or 0), by `math.hypot` as `BestFitFilter.capacity_norm` takes it (`_kept`)."""
+        norm, _ = self._kept(idx, gamma, per_seat)
+        return norm
 
     def token_shares(
         self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float
     ) -> tuple[_Floats, _Floats]:
         """Per endpoint at `idx` (rows up to date: `rows`): its running requests, and the token share of
         best fit's capacity norm (`capacity_norms`: Σ(context + γ·remaining) over the KV capacity, or
-        seats × `per_seat` where that is unknown or 0)."""
-        t = self._table[idx]
-        kv = t[:, _KV]
-        scale = np.where(np.isnan(kv) | (kv == 0.0), t[:, _SEATS] * per_seat, kv)
-        share: _Floats = (t[:, _CTX] + gamma * t[:, _REMAINING]) / scale
-        n: _Floats = t[:, _N]
+        seats × `per_seat` where that is unknown or 0: from the load's sums; `_kept`)."""
+        _, share = self._kept(idx, gamma, per_seat)
+        n: _Floats = self._table[idx, _N]
         return n, share
+
+    def _kept(self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float) -> tuple[_Floats, _Floats]:
+        """The capacity norm and token share of each endpoint at `idx` for (`gamma`, `per_seat`), kept per
+        row: worked out when the row is written in Python floats (`_write`: the same operations on the
+        same floats), else here for the rows written since the last ask (a numpy batch's, or all of them
+        the first time a pair is asked for)."""
+        key = (gamma, per_seat)
+        got = self._norms.get(key)
+        if got is None:
+            rows = len(self._refs)
+            got = self._norms[key] = (np.zeros(rows), np.zeros(rows), np.zeros(rows, dtype=np.bool_))
+        norm, share, known = got
+        todo = idx[~known[idx]]
+        if len(todo):
+            n, seats, kv, tokens, _ = self.capacity(todo, gamma)
+            t = self._table[todo]
+            scale = np.where(np.isnan(kv) | (kv == 0.0), seats * per_seat, kv)
+            shares = zip((n / seats).tolist(), (tokens / scale).tolist(), strict=True)
+            norm[todo] = [math.hypot(a, b) for a, b in shares]
+            share[todo] = (t[:, _CTX] + gamma * t[:, _REMAINING]) / scale
+            known[todo] = True
+        return norm[idx], share[idx]
 
     def best_fit_rows(self, idx: npt.NDArray[np.intp], gamma: float) -> _Floats:
         """The rows best fit's sure misses read (`best_fit_bounds._row`'s columns) of the endpoints at

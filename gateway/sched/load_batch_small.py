@@ -87,14 +87,19 @@ def write_small(  # noqa: PLR0917 (the rows' arrays and what is derived into the
     used: list[int],
     gamma: float,
     harm_keys: Sequence[tuple[float, float]],
-) -> None:
+    *,
+    token_gammas: Sequence[float] = (),
+) -> list[tuple[Scalars, list[float]]]:
     """`derive_small`'s numbers of `loads` written straight into the rows at `places`: `table[place]`
     its scalars then per harm key the least first-token and inter-token bounds, `per[:, place]` its
     running requests' prefilled (1.0 or 0.0), context, remaining tokens and per harm key last-token
     bounds (the layout `SmallBatch.rows` gives), one row at a time. `used[place]`: how many columns of
     `per` the row held (past them it is padding, 0, 0, 0, +inf ...): the ones it holds no more are
     padded again, and it is set to the new count. `per` must be wide enough for every load's running
-    requests."""
+    requests. Returns each load's scalars and, per γ of `token_gammas`, Σ(context + γ·remaining) over its
+    running requests added one after another from 0.0 (best fit's `_tokens`: a cumulative sum's last
+    value along the row)."""
+    out: list[tuple[Scalars, list[float]]] = []
     for (view, now, pace), place in zip(loads, places, strict=True):
         scalars, pre_l, ctx_l, rem_l, _, bounds = _load_numbers(view, now, pace, gamma, harm_keys)
         row = list(scalars)
@@ -110,6 +115,14 @@ def write_small(  # noqa: PLR0917 (the rows' arrays and what is derived into the
             per[:3, place, count:was] = 0.0
             per[3:, place, count:was] = _INF
         used[place] = count
+        sums: list[float] = []
+        for g in token_gammas:
+            tokens = 0.0
+            for ctx, rem in zip(ctx_l, rem_l, strict=True):
+                tokens += ctx + g * rem
+            sums.append(tokens)
+        out.append((scalars, sums))
+    return out
 
 
 _Bounds = tuple[float, float, list[float]]
