@@ -349,22 +349,24 @@ class FleetLoads:
         `itl_ok`)."""
         self.rows(cols, which, now)
         idx = np.flatnonzero(which)
-        (first, _, per_iter, delay), (ttft, e2e, tpot) = self._numbers(req, idx, worst_case=worst_case)
+        numbers, (t, per) = self._numbers(req, idx, worst_case=worst_case)
+        (first, _, per_iter, delay), (ttft, e2e, tpot) = numbers
         j = self._keys.index((on_track, margin))
-        bounds = self._table[idx, _SCALARS + 2 * j : _SCALARS + 2 * j + 2]
-        endangered = (first > bounds[:, 0]) | (per_iter > bounds[:, 1])
+        endangered = (first > t[:, _SCALARS + 2 * j]) | (per_iter > t[:, _SCALARS + 2 * j + 1])
         if delay.shape[1]:
-            endangered |= (delay > self._per[_E2E + j][idx]).any(axis=1)
+            endangered |= (delay > per[_E2E + j]).any(axis=1)
         ttft_left, e2e_left = time_left(req, now)
         itl = req.slo.itl_ms
-        ok = np.ones(len(idx), dtype=np.bool_)
+        bad: _Mask | None = None  # (missing one of its own targets)
         if ttft_left is not None:
-            ok &= ~(ttft > ttft_left * margin)
+            bad = ttft > ttft_left * margin
         if e2e_left is not None:
-            ok &= ~(e2e > e2e_left * margin)
+            late = e2e > e2e_left * margin
+            bad = late if bad is None else bad | late
         if itl is not None:
-            ok &= tpot * 1000.0 <= itl
-        return ~endangered, ok
+            slow = ~(tpot * 1000.0 <= itl)
+            bad = slow if bad is None else bad | slow
+        return ~endangered, np.ones(len(idx), dtype=np.bool_) if bad is None else ~bad
 
     def numbers(
         self, req: SchedRequest, cols: FleetColumns, which: _Mask, now: float, *, worst_case: bool
@@ -374,12 +376,18 @@ class FleetLoads:
         would suffer as a last-token harm (`_any_over`'s; one row per endpoint, one column per running
         request, padded); and `predict`'s first token, last token and per-token time."""
         self.rows(cols, which, now)
-        return self._numbers(req, np.flatnonzero(which), worst_case=worst_case)
+        return self._numbers(req, np.flatnonzero(which), worst_case=worst_case)[0]
 
     def _numbers(
         self, req: SchedRequest, idx: npt.NDArray[np.intp], *, worst_case: bool
-    ) -> tuple[tuple[_Floats, _Floats, _Floats, _Floats], tuple[_Floats, _Floats, _Floats]]:
+    ) -> tuple[
+        tuple[tuple[_Floats, _Floats, _Floats, _Floats], tuple[_Floats, _Floats, _Floats]],
+        tuple[_Floats, _Floats],
+    ]:
+        """`numbers` of the rows at `idx`, and those rows as read: their scalars and per-request
+        matrices (one gather each)."""
         t = self._table[idx]
+        per = self._per[:, idx]
         n, seats, over = t[:, _N], t[:, _SEATS], 1.0 + t[:, _OVER]
         k1, c1, k2, c2, c3 = t[:, _K1], t[:, _C1], t[:, _K2], t[:, _C2], t[:, _C3]
         out = output_bound(req, self._cache.params.gamma)
@@ -392,14 +400,14 @@ class FleetLoads:
         per_iter = (k2 * (p + 0.5 * out) + c2) * over
         first = k1 * fresh
         pause = first + c1
-        delay = np.where(self._per[_PREFILLED][idx], pause[:, None], first[:, None])
-        delay += np.minimum(self._per[_REMAINING_R][idx], out) * per_iter[:, None]
+        delay = np.where(per[_PREFILLED], pause[:, None], first[:, None])
+        delay += np.minimum(per[_REMAINING_R], out) * per_iter[:, None]
         # `predict`
         ttft = t[:, _WAIT] + (k1 * (fresh + t[:, _PENDING]) + c1)
         b = seats if worst_case else np.minimum(n + 1.0, seats)
         tpot = ((k2 * ((t[:, _CTX] + p + 0.5 * out) / (n + 1.0)) + c2) * b + c3) * over
         e2e = ttft + max(0.0, out - 1.0) * tpot
-        return (first, pause, per_iter, delay), (ttft, e2e, tpot)
+        return ((first, pause, per_iter, delay), (ttft, e2e, tpot)), (t, per)
 
 
 def _view_id(ref: EndpointLoad | Pending | None) -> EndpointId:
