@@ -15,8 +15,9 @@ one array of the per-request matrices, so that a batch derived together is writt
 (`LoadCache.refs`): a row is derived again only when the cache has another load for its endpoint, those
 derived together (`gateway.sched.load_batch`), and the cache is not asked again about an endpoint
 already looked at for the same columns and clock (the requests of one served queue, which mostly fit
-nowhere, are placed on one snapshot). Best fit's capacity norms are kept per row until it is written
-again (`capacity_norms`).
+nowhere, are placed on one snapshot). Best fit's capacity norms and the shortlist's token shares are
+kept per row until it is written again (`capacity_norms`, `token_shares`: worked out as a row is written
+in Python floats).
 
 The arithmetic is `predict`'s and `harm`'s, operation by operation in the same order (numpy's float64
 operations round as Python's do), so every number is the one the loads give one by one

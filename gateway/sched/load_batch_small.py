@@ -1,6 +1,7 @@
 """A small batch of loads derived in Python floats: `gateway.sched.load_batch.derive`'s numbers for a few
 loads with few running requests between them, where numpy's fixed cost per call (a batch is about a
-hundred calls, some 100 µs) is more than a Python step per running request.
+hundred calls, some 100 µs) is more than a Python step per running request. Placement over columns
+has a small batch's numbers written straight into its rows, one load at a time (`write_small`).
 
 The arithmetic is `derive`'s, operation by operation in the same order (numpy's float64 operations round
 as Python's do); each running request's state and the sums over a load's are `EndpointLoad`'s own
