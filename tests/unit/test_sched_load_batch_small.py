@@ -95,8 +95,8 @@ def test_small_batches_are_derived_as_numpy_derives_them(
     per[:, :, :] = fill
     used = [0] * (k + 2)
     places = list(range(1, k + 1))[::-1]  # (rows in another order than the loads')
-    before = [(v, NOW, pace_for(v, v.perf or COEF, params, None)) for v in views_before]
-    write_small(before[: len(loads)], places[: len(before)], table, per, used, params.gamma, keys)
+    earlier = [(v, NOW, pace_for(v, v.perf or COEF, params, None)) for v in views_before]
+    write_small(earlier[: len(loads)], places[: len(earlier)], table, per, used, params.gamma, keys)
     write_small(loads, places, table, per, used, params.gamma, keys)
     assert _same(table[places], want_table)
     assert _same(per[:, places, :m], want_per)
