@@ -133,6 +133,7 @@ def test_every_endpoint_is_judged_as_its_load_judges_it(
     steps=st.lists(STEP, min_size=1, max_size=12),
     **NEW_REQUEST,
     plain_first=st.lists(st.booleans(), min_size=12, max_size=12),
+    numpy_rows=st.booleans(),
 )
 def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_the_fleet_changes(
     *,
@@ -143,12 +144,21 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
     targets: tuple[float | None, float | None, float | None],
     cached: dict[int, int],
     plain_first: list[bool],
+    numpy_rows: bool,
+) -> None:
+    """Over columns the guard keeps what the plain filter keeps, its rows written in Python floats or
+    (`numpy_rows`) every batch through numpy's."""
+    with mock.patch.object(fleet_loads_module, "WRITE_SMALL", 0 if numpy_rows else WRITE_SMALL):
+        _guard_both_ways(endpoints, steps, new_request(prompt, out, targets, cached), plain_first)
+
+
+def _guard_both_ways(
+    endpoints: list[Endpoint], steps: list[tuple[int, int, int]], r: SchedRequest, plain_first: list[bool]
 ) -> None:
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     guard = OverflowGuardFilter(OverflowGuardParams(worst_case=False, prefill_overhead=0.05))
     guard._fleet.least = 1  # over the rows however few are busy
-    r = new_request(prompt, out, targets, cached)
     now = NOW
     for serial, ((dt_ms, at, what), first) in enumerate(zip(steps, plain_first, strict=False)):
         views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
