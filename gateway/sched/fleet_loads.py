@@ -10,12 +10,14 @@ tokens (padded rows), and the harm terms `gateway.sched.harms` derives for each 
 a plugin wants (the least first-token bound, the least inter-token bound, each running request's
 last-token bound, +inf where none): a table of the scalars and least bounds, one row per endpoint, and
 one array of the per-request matrices, so that a batch derived together is written in a few assignments
-(`load_batch.batch_rows` gives it in that form). The loads are the cache's, under its reuse rules
+(`load_batch.rows_of` gives a numpy batch in that form; a small one is written row by row,
+`load_batch_small.write_small`). The loads are the cache's, under its reuse rules
 (`LoadCache.refs`): a row is derived again only when the cache has another load for its endpoint, those
 derived together (`gateway.sched.load_batch`), and the cache is not asked again about an endpoint
 already looked at for the same columns and clock (the requests of one served queue, which mostly fit
-nowhere, are placed on one snapshot). Best fit's capacity norms are kept per row until it is written
-again (`capacity_norms`).
+nowhere, are placed on one snapshot). Best fit's capacity norms and the shortlist's token shares are
+kept per row until it is written again (`capacity_norms`, `token_shares`: worked out as a row is written
+in Python floats).
 
 The arithmetic is `predict`'s and `harm`'s, operation by operation in the same order (numpy's float64
 operations round as Python's do), so every number is the one the loads give one by one
@@ -33,7 +35,8 @@ import numpy.typing as npt
 
 from gateway.core.types import EndpointId
 from gateway.sched.idle import output_bound
-from gateway.sched.load_batch import Pending, batch_rows
+from gateway.sched.load_batch import Pending, derive_arrays, rows_of
+from gateway.sched.load_batch_small import WRITE_SMALL, write_small
 from gateway.sched.loads import LoadCache
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
@@ -97,6 +100,7 @@ class FleetLoads:
         "_synced",
         "_table",
         "_touched",
+        "_used",
         "least",
     )
 
@@ -112,9 +116,11 @@ class FleetLoads:
         # `_fill` their padding (0, 0, 0, +inf ...)
         self._per: _Floats = np.zeros((_E2E, 0, 0))
         self._fill: _Floats = np.zeros((_E2E, 1, 1))
-        # per (gamma, tokens per seat) best fit asked with: each row's capacity norm, and whether it is
-        # known (a row rewritten is not: `capacity_norms` works it out again when next asked)
-        self._norms: dict[tuple[float, float], tuple[_Floats, _Mask]] = {}
+        self._used: list[int] = []  # per row, the columns of `_per` its requests hold (padding past them)
+        # per (gamma, tokens per seat) asked for (`_kept`): each row's capacity norm and token share, and
+        # whether they are known (worked out when a row is written in Python floats; a numpy batch's
+        # rows are not known until asked)
+        self._norms: dict[tuple[float, float], tuple[_Floats, _Floats, _Mask]] = {}
         # (columns, clock) the rows were last brought up to date for, and which rows were looked at then
         self._at: tuple[FleetColumns, float] | None = None
         self._looked: _Mask = np.zeros(0, dtype=np.bool_)
@@ -146,6 +152,7 @@ class FleetLoads:
         self._per = np.zeros((_E2E + h, n, 0))
         self._fill = np.zeros((_E2E + h, 1, 1))
         self._fill[_E2E:] = _INF
+        self._used = [0] * n
         self._norms = {}
         self._at = None
         self._synced = np.zeros(n, dtype=np.bool_)
@@ -210,19 +217,49 @@ class FleetLoads:
             touched.clear()
 
     def _write(self, stale: list[tuple[int, EndpointLoad | Pending]]) -> None:
-        table, per = batch_rows([(r.view, r.now, r.pace) for _, r in stale], self._cache.params, self._keys)
-        at = np.array([i for i, _ in stale], dtype=np.int64)
-        self._table[at] = table
-        m = per.shape[2]
+        loads = [(r.view, r.now, r.pace) for _, r in stale]
+        counts = [len(v.running) for v, _, _ in loads]
+        m = max(counts)
         width = self._per.shape[2]
         if m > width:
             self._grow(max(m, 2 * width))
-        self._per[:, at] = self._fill
-        self._per[:, at, :m] = per
-        for _, known in self._norms.values():
-            known[at] = False
+        at = [i for i, _ in stale]
+        params = self._cache.params
+        kept = self._norms
+        if sum(counts) < WRITE_SMALL:  # in Python floats, each row written in place
+            keys = list(kept)
+            made = write_small(
+                loads,
+                at,
+                self._table,
+                self._per,
+                self._used,
+                params.gamma,
+                self._keys,
+                token_gammas=[g for g, _ in keys],
+            )
+            for j, (g, per_seat) in enumerate(keys):
+                norm, share, known = kept[(g, per_seat)]
+                for i, (s, tokens) in zip(at, made, strict=True):
+                    kv = s[_KV]
+                    scale = s[_SEATS] * per_seat if math.isnan(kv) or kv == 0.0 else kv
+                    norm[i] = math.hypot(s[_N] / s[_SEATS], tokens[j] / scale)
+                    share[i] = (s[_CTX] + g * s[_REMAINING]) / scale
+                    known[i] = True
+        else:
+            table, per = rows_of(derive_arrays(loads, params, self._keys), self._keys)
+            rows = np.array(at, dtype=np.int64)
+            self._table[rows] = table
+            self._per[:, rows] = self._fill
+            self._per[:, rows, :m] = per
+            used = self._used
+            for i, count in zip(at, counts, strict=True):
+                used[i] = count
+            for _, _, known in kept.values():
+                known[rows] = False
+        refs = self._refs
         for i, r in stale:
-            self._refs[i] = r
+            refs[i] = r
 
     def _grow(self, width: int) -> None:
         kinds, rows, more = self._per.shape[0], self._per.shape[1], width - self._per.shape[2]
@@ -242,36 +279,41 @@ class FleetLoads:
     def capacity_norms(self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float) -> _Floats:
         """Best fit's capacity norm of each endpoint at `idx` (rows up to date: `rows`): the L2 norm of
         (running / seats, Σ(context + γ·remaining) / KV capacity, or seats × `per_seat` where the capacity
-        is unknown or 0), by `math.hypot` as `BestFitFilter.capacity_norm` takes it. Kept per row until
-        the row is written again: a placement works out only the rows derived since the last."""
-        key = (gamma, per_seat)
-        got = self._norms.get(key)
-        if got is None:
-            rows = len(self._refs)
-            got = self._norms[key] = (np.zeros(rows), np.zeros(rows, dtype=np.bool_))
-        norm, known = got
-        todo = idx[~known[idx]]
-        if len(todo):
-            n, seats, kv, tokens, _ = self.capacity(todo, gamma)
-            scale = np.where(np.isnan(kv) | (kv == 0.0), seats * per_seat, kv)
-            shares = zip((n / seats).tolist(), (tokens / scale).tolist(), strict=True)
-            norm[todo] = [math.hypot(a, b) for a, b in shares]
-            known[todo] = True
-        out: _Floats = norm[idx]
-        return out
+        is unknown or 0), by `math.hypot` as `BestFitFilter.capacity_norm` takes it (`_kept`)."""
+        norm, _ = self._kept(idx, gamma, per_seat)
+        return norm
 
     def token_shares(
         self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float
     ) -> tuple[_Floats, _Floats]:
         """Per endpoint at `idx` (rows up to date: `rows`): its running requests, and the token share of
         best fit's capacity norm (`capacity_norms`: Σ(context + γ·remaining) over the KV capacity, or
-        seats × `per_seat` where that is unknown or 0)."""
-        t = self._table[idx]
-        kv = t[:, _KV]
-        scale = np.where(np.isnan(kv) | (kv == 0.0), t[:, _SEATS] * per_seat, kv)
-        share: _Floats = (t[:, _CTX] + gamma * t[:, _REMAINING]) / scale
-        n: _Floats = t[:, _N]
+        seats × `per_seat` where that is unknown or 0: from the load's sums; `_kept`)."""
+        _, share = self._kept(idx, gamma, per_seat)
+        n: _Floats = self._table[idx, _N]
         return n, share
+
+    def _kept(self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float) -> tuple[_Floats, _Floats]:
+        """The capacity norm and token share of each endpoint at `idx` for (`gamma`, `per_seat`), kept per
+        row: worked out when the row is written in Python floats (`_write`: the same operations on the
+        same floats), else here for the rows written since the last ask (a numpy batch's, or all of them
+        the first time a pair is asked for)."""
+        key = (gamma, per_seat)
+        got = self._norms.get(key)
+        if got is None:
+            rows = len(self._refs)
+            got = self._norms[key] = (np.zeros(rows), np.zeros(rows), np.zeros(rows, dtype=np.bool_))
+        norm, share, known = got
+        todo = idx[~known[idx]]
+        if len(todo):
+            n, seats, kv, tokens, _ = self.capacity(todo, gamma)
+            t = self._table[todo]
+            scale = np.where(np.isnan(kv) | (kv == 0.0), seats * per_seat, kv)
+            shares = zip((n / seats).tolist(), (tokens / scale).tolist(), strict=True)
+            norm[todo] = [math.hypot(a, b) for a, b in shares]
+            share[todo] = (t[:, _CTX] + gamma * t[:, _REMAINING]) / scale
+            known[todo] = True
+        return norm[idx], share[idx]
 
     def best_fit_rows(self, idx: npt.NDArray[np.intp], gamma: float) -> _Floats:
         """The rows best fit's sure misses read (`best_fit_bounds._row`'s columns) of the endpoints at
@@ -308,22 +350,24 @@ class FleetLoads:
         `itl_ok`)."""
         self.rows(cols, which, now)
         idx = np.flatnonzero(which)
-        (first, _, per_iter, delay), (ttft, e2e, tpot) = self._numbers(req, idx, worst_case=worst_case)
+        numbers, (t, per) = self._numbers(req, idx, worst_case=worst_case)
+        (first, _, per_iter, delay), (ttft, e2e, tpot) = numbers
         j = self._keys.index((on_track, margin))
-        bounds = self._table[idx, _SCALARS + 2 * j : _SCALARS + 2 * j + 2]
-        endangered = (first > bounds[:, 0]) | (per_iter > bounds[:, 1])
+        endangered = (first > t[:, _SCALARS + 2 * j]) | (per_iter > t[:, _SCALARS + 2 * j + 1])
         if delay.shape[1]:
-            endangered |= (delay > self._per[_E2E + j][idx]).any(axis=1)
+            endangered |= (delay > per[_E2E + j]).any(axis=1)
         ttft_left, e2e_left = time_left(req, now)
         itl = req.slo.itl_ms
-        ok = np.ones(len(idx), dtype=np.bool_)
+        bad: _Mask | None = None  # (missing one of its own targets)
         if ttft_left is not None:
-            ok &= ~(ttft > ttft_left * margin)
+            bad = ttft > ttft_left * margin
         if e2e_left is not None:
-            ok &= ~(e2e > e2e_left * margin)
+            late = e2e > e2e_left * margin
+            bad = late if bad is None else bad | late
         if itl is not None:
-            ok &= tpot * 1000.0 <= itl
-        return ~endangered, ok
+            slow = ~(tpot * 1000.0 <= itl)
+            bad = slow if bad is None else bad | slow
+        return ~endangered, np.ones(len(idx), dtype=np.bool_) if bad is None else ~bad
 
     def numbers(
         self, req: SchedRequest, cols: FleetColumns, which: _Mask, now: float, *, worst_case: bool
@@ -333,12 +377,18 @@ class FleetLoads:
         would suffer as a last-token harm (`_any_over`'s; one row per endpoint, one column per running
         request, padded); and `predict`'s first token, last token and per-token time."""
         self.rows(cols, which, now)
-        return self._numbers(req, np.flatnonzero(which), worst_case=worst_case)
+        return self._numbers(req, np.flatnonzero(which), worst_case=worst_case)[0]
 
     def _numbers(
         self, req: SchedRequest, idx: npt.NDArray[np.intp], *, worst_case: bool
-    ) -> tuple[tuple[_Floats, _Floats, _Floats, _Floats], tuple[_Floats, _Floats, _Floats]]:
+    ) -> tuple[
+        tuple[tuple[_Floats, _Floats, _Floats, _Floats], tuple[_Floats, _Floats, _Floats]],
+        tuple[_Floats, _Floats],
+    ]:
+        """`numbers` of the rows at `idx`, and those rows as read: their scalars and per-request
+        matrices (one gather each)."""
         t = self._table[idx]
+        per = self._per[:, idx]
         n, seats, over = t[:, _N], t[:, _SEATS], 1.0 + t[:, _OVER]
         k1, c1, k2, c2, c3 = t[:, _K1], t[:, _C1], t[:, _K2], t[:, _C2], t[:, _C3]
         out = output_bound(req, self._cache.params.gamma)
@@ -351,14 +401,14 @@ class FleetLoads:
         per_iter = (k2 * (p + 0.5 * out) + c2) * over
         first = k1 * fresh
         pause = first + c1
-        delay = np.where(self._per[_PREFILLED][idx], pause[:, None], first[:, None])
-        delay += np.minimum(self._per[_REMAINING_R][idx], out) * per_iter[:, None]
+        delay = np.where(per[_PREFILLED], pause[:, None], first[:, None])
+        delay += np.minimum(per[_REMAINING_R], out) * per_iter[:, None]
         # `predict`
         ttft = t[:, _WAIT] + (k1 * (fresh + t[:, _PENDING]) + c1)
         b = seats if worst_case else np.minimum(n + 1.0, seats)
         tpot = ((k2 * ((t[:, _CTX] + p + 0.5 * out) / (n + 1.0)) + c2) * b + c3) * over
         e2e = ttft + max(0.0, out - 1.0) * tpot
-        return (first, pause, per_iter, delay), (ttft, e2e, tpot)
+        return ((first, pause, per_iter, delay), (ttft, e2e, tpot)), (t, per)
 
 
 def _view_id(ref: EndpointLoad | Pending | None) -> EndpointId:

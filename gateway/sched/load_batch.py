@@ -242,18 +242,6 @@ def derive(
     return derive_arrays(loads, params, harm_keys)
 
 
-def batch_rows(
-    loads: Sequence[tuple[EndpointView, float, Pace]],
-    params: PredictParams,
-    harm_keys: Sequence[tuple[float, float]],
-) -> tuple[_Floats, _Floats]:
-    """`derive`'s numbers as `rows_of` gives them; a small batch's straight from its Python floats
-    (`SmallBatch.rows`: the same numbers, without making a `Derived` first)."""
-    if sum([len(v.running) for v, _, _ in loads]) < SMALL_BATCH:
-        return derive_small(loads, params.gamma, harm_keys).rows()
-    return rows_of(derive_arrays(loads, params, harm_keys), harm_keys)
-
-
 def rows_of(got: Derived, harm_keys: Sequence[tuple[float, float]]) -> tuple[_Floats, _Floats]:
     """A batch's numbers as the rows `gateway.sched.fleet_loads.FleetLoads` keeps: per load, its
     scalars (`Derived.scalars`' 17) then per harm key the least first-token and inter-token bounds; and

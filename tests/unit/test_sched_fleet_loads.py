@@ -11,6 +11,7 @@ import dataclasses
 import math
 import random
 from typing import Literal
+from unittest import mock
 
 import numpy as np
 import numpy.typing as npt
@@ -18,15 +19,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.sched import fleet_loads as fleet_loads_module
 from gateway.sched.columns import columns_of
 from gateway.sched.fleet_loads import _E2E, _SCALARS, FleetLoads, fleet_loads
 from gateway.sched.harms import endangers, terms_of
 from gateway.sched.joining import join_delays
+from gateway.sched.load_batch_small import WRITE_SMALL
 from gateway.sched.loads import LoadCache
-from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
+from gateway.sched.plugins.placement.best_fit import TOKENS_PER_SEAT, BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.best_fit_bounds import _row
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
-from gateway.sched.predict import PredictParams
+from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.profile import eligible
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetColumns, FleetSnapshot
@@ -130,6 +133,7 @@ def test_every_endpoint_is_judged_as_its_load_judges_it(
     steps=st.lists(STEP, min_size=1, max_size=12),
     **NEW_REQUEST,
     plain_first=st.lists(st.booleans(), min_size=12, max_size=12),
+    numpy_rows=st.booleans(),
 )
 def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_the_fleet_changes(
     *,
@@ -140,12 +144,21 @@ def test_the_overflow_guard_over_columns_keeps_what_the_plain_filter_keeps_as_th
     targets: tuple[float | None, float | None, float | None],
     cached: dict[int, int],
     plain_first: list[bool],
+    numpy_rows: bool,
+) -> None:
+    """Over columns the guard keeps what the plain filter keeps, its rows written in Python floats or
+    (`numpy_rows`) every batch through numpy's."""
+    with mock.patch.object(fleet_loads_module, "WRITE_SMALL", 0 if numpy_rows else WRITE_SMALL):
+        _guard_both_ways(endpoints, steps, new_request(prompt, out, targets, cached), plain_first)
+
+
+def _guard_both_ways(
+    endpoints: list[Endpoint], steps: list[tuple[int, int, int]], r: SchedRequest, plain_first: list[bool]
 ) -> None:
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     guard = OverflowGuardFilter(OverflowGuardParams(worst_case=False, prefill_overhead=0.05))
     guard._fleet.least = 1  # over the rows however few are busy
-    r = new_request(prompt, out, targets, cached)
     now = NOW
     for serial, ((dt_ms, at, what), first) in enumerate(zip(steps, plain_first, strict=False)):
         views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
@@ -283,13 +296,21 @@ def test_best_fit_orders_busy_endpoints_over_their_arrays_as_over_their_loads(
     steps=st.lists(STEP, min_size=1, max_size=16),
     gamma=st.sampled_from((0.0, 0.5, 1.0)),
     kv_unknown=st.booleans(),
+    numpy_rows=st.booleans(),
 )
 def test_capacity_norms_kept_per_row_are_those_of_the_loads_as_the_fleet_changes(
-    *, endpoints: list[Endpoint], steps: list[tuple[int, int, int]], gamma: float, kv_unknown: bool
+    *,
+    endpoints: list[Endpoint],
+    steps: list[tuple[int, int, int]],
+    gamma: float,
+    kv_unknown: bool,
+    numpy_rows: bool,
 ) -> None:
-    """The capacity norms kept per row (`FleetLoads.capacity_norms`, worked out again only for rows
-    written since) are, after every change of the fleet, `capacity_norm` of the loads the cache hands
-    out: time passing within and past the reuse time, progress reports, dispatches, completions."""
+    """The capacity norms and token shares kept per row (`FleetLoads.capacity_norms`, `token_shares`:
+    worked out as a row is written in Python floats, or when next asked for a numpy batch's rows) are,
+    after every change of the fleet, `capacity_norm` of the loads the cache hands out and the share of
+    their sums: time passing within and past the reuse time, progress reports, dispatches, completions;
+    rows written either way (`numpy_rows`: every batch through numpy's)."""
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     if kv_unknown:
         views = tuple(
@@ -302,13 +323,26 @@ def test_capacity_norms_kept_per_row_are_those_of_the_loads_as_the_fleet_changes
     f = BestFitFilter(BestFitParams(gamma=gamma, order="least-loaded"))
     fleet = fleet_loads(f._cache)
     now = NOW
-    for serial, (dt_ms, at, what) in enumerate(steps):
-        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
-        which = cols.busy > 0
-        fleet.rows(cols, which, now)
-        places = np.flatnonzero(which)
-        norms = f.capacity_norms(places).tolist()
-        assert norms == [f.capacity_norm(f._cache.load(cols.endpoints[i], now)) for i in places.tolist()]
+    with mock.patch.object(fleet_loads_module, "WRITE_SMALL", 0 if numpy_rows else WRITE_SMALL):
+        for serial, (dt_ms, at, what) in enumerate(steps):
+            views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+            which = cols.busy > 0
+            fleet.rows(cols, which, now)
+            places = np.flatnonzero(which)
+            loads = [f._cache.load(cols.endpoints[i], now) for i in places.tolist()]
+            norms = f.capacity_norms(places).tolist()
+            assert norms == [f.capacity_norm(load) for load in loads]
+            n, shares = fleet.token_shares(places, gamma, TOKENS_PER_SEAT)
+            assert n.tolist() == [float(load.n) for load in loads]
+            assert shares.tolist() == [_share(load, gamma) for load in loads]
+
+
+def _share(load: EndpointLoad, gamma: float) -> float:
+    """Σ(context + γ·remaining) over the KV capacity (or seats × tokens per seat), from the load's sums."""
+    remaining = 0.0
+    for st_ in load.states:
+        remaining += st_[2]
+    return (load.ctx_sum + gamma * remaining) / (load.kv_capacity or load.seats * TOKENS_PER_SEAT)
 
 
 @pytest.mark.parametrize("seed", range(4))

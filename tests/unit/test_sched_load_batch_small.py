@@ -15,13 +15,12 @@ from hypothesis import strategies as st
 from gateway.sched.load_batch import (
     SMALL_BATCH,
     Derived,
-    batch_rows,
     derive,
     derive_arrays,
     derived_from,
     rows_of,
 )
-from gateway.sched.load_batch_small import derive_small
+from gateway.sched.load_batch_small import derive_small, write_small
 from gateway.sched.load_terms import pace_for
 from gateway.sched.predict import PredictParams
 from gateway.sched.prediction import Tail
@@ -58,6 +57,7 @@ def _check(small: Derived, arrays: Derived) -> None:
 @settings(max_examples=300, deadline=None)
 @given(
     endpoints=st.lists(ENDPOINT, min_size=0, max_size=8),
+    before=st.lists(ENDPOINT, min_size=0, max_size=8),
     later=st.lists(st.floats(min_value=-0.5, max_value=3.0), min_size=8, max_size=8),
     keys=_KEYS,
     tail=st.sampled_from(("mean", "normal", "cantelli")),
@@ -66,6 +66,7 @@ def _check(small: Derived, arrays: Derived) -> None:
 def test_small_batches_are_derived_as_numpy_derives_them(
     *,
     endpoints: list[Endpoint],
+    before: list[Endpoint],
     later: list[float],
     keys: list[tuple[float, float]],
     tail: Tail,
@@ -74,19 +75,34 @@ def test_small_batches_are_derived_as_numpy_derives_them(
     """Whatever the batch (empty loads, full ones, every request reported or not), both paths agree."""
     params = PredictParams(tail=tail, prefill_overhead=overhead)
     views = [view_of(k, e) for k, e in enumerate(endpoints)]
+    views_before = [view_of(k, e) for k, e in enumerate(before)]
     loads = [
         (v, NOW + dt, pace_for(v, v.perf or COEF, params, None)) for v, dt in zip(views, later, strict=False)
     ]
     small = derived_from(derive_small(loads, params.gamma, keys), keys)
     arrays = derive_arrays(loads, params, keys)
     _check(small, arrays)
-    # the rows placement over columns keeps, made straight from the Python floats and from the arrays
-    table, per = derive_small(loads, params.gamma, keys).rows()
+    # the rows placement over columns keeps, written row by row straight from the Python floats (over
+    # rows that held other loads before: padded again past the new ones), and made from the arrays
     want_table, want_per = rows_of(arrays, keys)
-    assert _same(table, want_table)
-    assert _same(per, want_per)
-    # ... and what they hold: the scalars, each key's least bounds, and the per-request rows padded
     k, m = len(loads), arrays.context.shape[1]
+    kinds = 3 + len(keys)
+    width = max([m, *[len(v.running) for v in views_before]]) + 1
+    table = np.full((k + 2, 17 + 2 * len(keys)), -1.0)
+    per = np.full((kinds, k + 2, width), -1.0)
+    fill = np.zeros((kinds, 1, 1))
+    fill[3:] = np.inf
+    per[:, :, :] = fill
+    used = [0] * (k + 2)
+    places = list(range(1, k + 1))[::-1]  # (rows in another order than the loads')
+    earlier = [(v, NOW, pace_for(v, v.perf or COEF, params, None)) for v in views_before]
+    write_small(earlier[: len(loads)], places[: len(earlier)], table, per, used, params.gamma, keys)
+    write_small(loads, places, table, per, used, params.gamma, keys)
+    assert _same(table[places], want_table)
+    assert _same(per[:, places, :m], want_per)
+    assert bool(np.all(per[:, places, m:] == fill))
+    assert used == [0, *[len(v.running) for v, _, _ in loads][::-1], 0]
+    # ... and what they hold: the scalars, each key's least bounds, and the per-request rows padded
     assert want_table.shape == (k, 17 + 2 * len(keys))
     assert _same(want_table[:, :17], arrays.scalars())
     assert want_per.shape == (3 + len(keys), k, m)
@@ -98,7 +114,6 @@ def test_small_batches_are_derived_as_numpy_derives_them(
         assert _same(want_table[:, 17 + 2 * j], ttft)
         assert _same(want_table[:, 18 + 2 * j], itl)
         assert _same(want_per[3 + j], e2e)
-    assert _same(batch_rows(loads, params, keys)[1], want_per)
 
 
 def test_derive_takes_the_python_path_below_the_small_batch_size() -> None:
