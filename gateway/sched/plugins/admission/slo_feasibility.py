@@ -43,6 +43,7 @@ from gateway.sched.loads import LoadCache, LoadCaches
 from gateway.sched.memo import make_room
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
+from gateway.sched.plugins.admission.free_seat import Limits, misses_everywhere
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.admission.seat_bound import SureAdmission
@@ -155,12 +156,12 @@ class SloFeasibilityAdmitter:
             # A seat is free for it: admitted once one endpoint with a free seat meets its SLO, so the
             # loads are derived (and the request predicted) one endpoint at a time until one does.
             full = self.params.assume_full
-            preds = []
-            for e in kept.open():
-                pred = self._cache.load(e, snap.now).predict(req, worst_case=full)
-                if self._meets(pred, left, itl_ms):
-                    return ADMIT
-                preds.append(pred)
+            tried = misses_everywhere(
+                self._cache.each(kept.open(), snap.now), req, self._limits(left, itl_ms), worst_case=full
+            )
+            if tried is None:
+                return ADMIT
+            preds = [load.predict(req, worst_case=full) for load in tried]
             loads = self._cache.refs(kept.views(), snap.now, keep=True)
         else:
             # Every free seat goes to the requests ahead: it waits for the (ahead - free)-th seat to free
@@ -437,13 +438,7 @@ class SloFeasibilityAdmitter:
         sure = self._sure
         if sure is None:
             return False
-        m = self.params.margin
-        ttft_left, e2e_left = left
-        limits = (
-            None if ttft_left is None else ttft_left * m,
-            None if e2e_left is None else e2e_left * m,
-            None if itl_ms is None else itl_ms * m,
-        )
+        limits = self._limits(left, itl_ms)
         model = req.model
         bounds = (
             self._fleet_bounds.bound(snap, model, slowest=True),
@@ -451,6 +446,16 @@ class SloFeasibilityAdmitter:
         )
         out = output_bound(req, self._cache.params.gamma)
         return sure.admits(req, loads, k, order=self._frees, bounds=bounds, limits=limits, out=out)
+
+    def _limits(self, left: tuple[float | None, float | None], itl_ms: float | None) -> Limits:
+        """The first-token, last-token and per-token limits `_meets` holds a prediction to."""
+        m = self.params.margin
+        ttft_left, e2e_left = left
+        return (
+            None if ttft_left is None else ttft_left * m,
+            None if e2e_left is None else e2e_left * m,
+            None if itl_ms is None else itl_ms * m,
+        )
 
     def _meets(self, p: Prediction, left: tuple[float | None, float | None], itl_ms: float | None) -> bool:
         m = self.params.margin
