@@ -314,6 +314,19 @@ class ReadyServing:
         return got
 
 
+def same_speed(view: EndpointView, old: EndpointView) -> bool:
+    """Whether a model's idle bound (`gateway.sched.idle.fleet_bound`) takes the same from both views of
+    one place in a tuple (the same endpoint, health, models and coefficients). The coefficients are
+    compared as objects: telemetry hands every endpoint new estimates every second, most with new
+    measured averages only and the same coefficients object, which nothing keyed on the speeds reads."""
+    return (
+        view.id == old.id
+        and view.health is old.health
+        and (view.estimates is old.estimates or view.perf is old.perf)
+        and view.models == old.models
+    )
+
+
 def _spare(e: EndpointView) -> int:
     """`seats_of(e)` less its running requests (at most 0: none free)."""
     return seats_of(e) - len(e.running)
@@ -339,12 +352,22 @@ class ViewsMemo:
     objects (`FleetSnapshot.ready`, `FleetSnapshot.places`). A snapshot whose views are another tuple
     (one cut to part of the fleet) does not use it."""
 
-    __slots__ = ("_places", "endpoints", "ready")
+    __slots__ = ("_places", "_speeds", "endpoints", "ready")
 
     def __init__(self, endpoints: tuple[EndpointView, ...]) -> None:
         self.endpoints = endpoints
         self.ready: dict[ModelName, ReadyServing] = {}  # per model (`FleetSnapshot.ready`)
         self._places: list[_Places] = []  # per test (`places`)
+        self._speeds: object | None = None  # (`speeds`; None: not asked yet)
+
+    def speeds(self) -> object:
+        """A token shared by the memos whose views have at every place the same speed (`same_speed`) as
+        the views it was made for: carried over to the next tuple when every replaced place kept its
+        speed (`of`), else a new one. Made when first asked (nothing is carried before)."""
+        got = self._speeds
+        if got is None:
+            got = self._speeds = object()
+        return got
 
     def places(self, key: tuple[object, ...], test: _Test) -> list[int]:
         """The places of the views for which `test` holds, in order; kept under `key` (the objects the
@@ -373,6 +396,9 @@ class ViewsMemo:
             return memo
         old = last.endpoints
         if len(old) == len(views):
+            speeds = last._speeds
+            if speeds is not None and all(same_speed(views[i], old[i]) for i in changed):
+                memo._speeds = speeds
             for model, serving in last.ready.items():
                 got = serving.after(model, old, views, changed)
                 if got is not None:
