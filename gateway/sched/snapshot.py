@@ -256,7 +256,15 @@ class ReadyServing:
                 endpoints = self.endpoints.copy()
             o = endpoints[k]
             endpoints[k] = v
-            was, now = _spare(o), _spare(v)
+            # each one's seats (`seats_of`) less its running requests, inline (calls per changed place)
+            mb, seats = o.max_batch, o.cap
+            if mb is not None and mb < seats:
+                seats = mb
+            was = (seats if seats > 1 else 1) - len(o.running)
+            mb, seats = v.max_batch, v.cap
+            if mb is not None and mb < seats:
+                seats = mb
+            now = (seats if seats > 1 else 1) - len(v.running)
             if was > 0 or now > 0:
                 if open_ is None:
                     open_, open_at = self.open.copy(), open_at.copy()
@@ -268,7 +276,7 @@ class ReadyServing:
                 else:
                     open_.insert(j, v)
                     open_at.insert(j, k)
-            free += max(0, now) - max(0, was)
+            free += (now if now > 0 else 0) - (was if was > 0 else 0)
             roomy += (v.inflight < v.cap) - (o.inflight < o.cap)
             if taken is not None and v.inflight - v.cap != o.inflight - o.cap:
                 if not taken_copied:
@@ -325,11 +333,6 @@ def same_speed(view: EndpointView, old: EndpointView) -> bool:
         and (view.estimates is old.estimates or view.perf is old.perf)
         and view.models == old.models
     )
-
-
-def _spare(e: EndpointView) -> int:
-    """`seats_of(e)` less its running requests (at most 0: none free)."""
-    return seats_of(e) - len(e.running)
 
 
 def seats_of(view: EndpointView) -> int:
@@ -397,8 +400,19 @@ class ViewsMemo:
         old = last.endpoints
         if len(old) == len(views):
             speeds = last._speeds
-            if speeds is not None and all(same_speed(views[i], old[i]) for i in changed):
-                memo._speeds = speeds
+            if speeds is not None:
+                for i in changed:
+                    # `same_speed`, inline (a call per changed place otherwise)
+                    v, o = views[i], old[i]
+                    if not (
+                        v.id == o.id
+                        and v.health is o.health
+                        and (v.estimates is o.estimates or v.perf is o.perf)
+                        and v.models == o.models
+                    ):
+                        break
+                else:
+                    memo._speeds = speeds
             for model, serving in last.ready.items():
                 got = serving.after(model, old, views, changed)
                 if got is not None:
