@@ -18,7 +18,7 @@ from gateway.core.slo import SloPolicy
 from gateway.core.types import EndpointHealth
 from gateway.sched.columns import columns_of
 from gateway.sched.loads import REUSE_S, LoadCache
-from gateway.sched.plugins.admission.free_seat import misses_everywhere
+from gateway.sched.plugins.admission.free_seat import misses_everywhere, refused_times
 from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.predict import EndpointLoad, PredictParams
@@ -93,6 +93,34 @@ def test_the_walk_stops_where_a_prediction_per_load_meets_the_slo(
         assert len(got) == len(loads)
         assert all(a is b for a, b in zip(got, loads, strict=True))
         assert walk.taken == len(loads)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    endpoints=st.lists(ENDPOINT, min_size=0, max_size=8),
+    worst_case=st.booleans(),
+    tail=st.sampled_from(["mean", "normal"]),
+    **NEW_REQUEST,
+)
+def test_a_refusals_times_are_the_predictions(
+    *,
+    endpoints: list[Endpoint],
+    worst_case: bool,
+    tail: Literal["mean", "normal"],
+    prompt: int,
+    out: float,
+    targets: tuple[float | None, float | None, float | None],
+    cached: dict[int, int],
+) -> None:
+    """`refused_times`: each load's `predict` first token, last token and wait, bit for bit, in order."""
+    params = PredictParams(tail=tail, tau=0.05, prefill_overhead=0.05)
+    loads = [EndpointLoad(view_of(k, e), NOW, params) for k, e in enumerate(endpoints)]
+    req = new_request(prompt, out, targets, cached)
+    preds = [load.predict(req, worst_case=worst_case) for load in loads]
+    ttfts, e2es, waits = refused_times(loads, req, worst_case=worst_case)
+    assert ttfts == [p.ttft_s for p in preds]
+    assert e2es == [p.e2e_s for p in preds]
+    assert waits == [p.wait_s for p in preds]
 
 
 _SCALE = st.sampled_from([None, 0.999, 1.0, 1.001, 2.0])

@@ -52,3 +52,33 @@ def misses_everywhere(
                 return None
         tried.append(load)
     return tried
+
+
+def refused_times(
+    loads: Iterable[EndpointLoad], req: SchedRequest, *, worst_case: bool
+) -> tuple[list[float], list[float], list[float]]:
+    """`req`'s predicted first token, last token and wait on each of `loads` (`EndpointLoad.predict`'s
+    `ttft_s`, `e2e_s` and `wait_s`, spelled out as in `misses_everywhere`), in order: what a refusal
+    reports after the walk missed on every one (a rejected request walks up to every endpoint of the
+    model)."""
+    ttfts: list[float] = []
+    e2es: list[float] = []
+    waits: list[float] = []
+    out = 0.0
+    p = float(req.prompt_tokens + req.produced_tokens)
+    fresh = None if req.cached else req.prompt_tokens + req.produced_tokens
+    for load in loads:
+        if not waits:
+            out = load.output_tokens(req)
+        c = load.coef
+        pre = prefill_tokens(req, load.view.id) if fresh is None else fresh
+        ttft = load.wait_s + (c.k1 * (pre + load.pending_prompt) + c.c1)
+        n, seats = load.n, load.seats
+        b = float(seats) if worst_case else float(n + 1 if n + 1 < seats else seats)
+        avg_ctx = (load.ctx_sum + p + 0.5 * out) / (n + 1)
+        tpot = ((c.k2 * avg_ctx + c.c2) * b + c.c3) * (1.0 + load.overhead)
+        steps = out - 1.0
+        ttfts.append(ttft)
+        e2es.append(ttft + (steps if steps > 0.0 else 0.0) * tpot)
+        waits.append(load.wait_s)
+    return ttfts, e2es, waits

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
+from itertools import chain
 from operator import attrgetter
 from typing import Annotated, Final, Literal
 
@@ -43,7 +44,7 @@ from gateway.sched.loads import LoadCache, LoadCaches
 from gateway.sched.memo import make_room
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
-from gateway.sched.plugins.admission.free_seat import Limits, misses_everywhere
+from gateway.sched.plugins.admission.free_seat import Limits, misses_everywhere, refused_times
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.admission.seat_bound import SureAdmission
@@ -152,6 +153,9 @@ class SloFeasibilityAdmitter:
         if not kept.any:
             return ADMIT  # nothing ready: the scheduler answers for that
         ahead = self._ahead(req, queued_in_class)
+        # the loads the request missed on with a free seat, in order (their predictions come first)
+        missed: list[EndpointLoad] = []
+        preds: list[Prediction] = []
         if ahead < kept.free:
             # A seat is free for it: admitted once one endpoint with a free seat meets its SLO, so the
             # loads are derived (and the request predicted) one endpoint at a time until one does.
@@ -161,7 +165,7 @@ class SloFeasibilityAdmitter:
             )
             if tried is None:
                 return ADMIT
-            preds = [load.predict(req, worst_case=full) for load in tried]
+            missed = tried  # (their predictions are made only for a refusal's message)
             loads = self._cache.refs(kept.views(), snap.now, keep=True)
         else:
             # Every free seat goes to the requests ahead: it waits for the (ahead - free)-th seat to free
@@ -180,8 +184,6 @@ class SloFeasibilityAdmitter:
                 preds = self._after(req, loads, k)
                 if any(self._meets(p, left, itl_ms) for p in preds):
                     return ADMIT
-            else:
-                preds = []
         views = kept.views()
         if self._preempted is not None:
             # the seats preemption would free: those left once the requests ahead took the free ones
@@ -208,16 +210,18 @@ class SloFeasibilityAdmitter:
         if outcome is not AdmitOutcome.REJECT:
             return AdmitDecision(outcome, SLO_INFEASIBLE)
         ttft_left, e2e_left = left
+        # (the minima over the free-seat predictions, then the others, in the order they were made)
+        ttfts, e2es, waits = refused_times(missed, req, worst_case=self.params.assume_full)
         parts = []
         if ttft_left is not None:
-            best = min((p.ttft_s for p in preds), default=math.inf)
+            best = min(chain(ttfts, (p.ttft_s for p in preds)), default=math.inf)
             parts.append(f"first token predicted in {best * 1000:.0f} ms, {ttft_left * 1000:.0f} ms left")
         if e2e_left is not None:
-            best = min((p.e2e_s for p in preds), default=math.inf)
+            best = min(chain(e2es, (p.e2e_s for p in preds)), default=math.inf)
             parts.append(f"completion predicted in {best * 1000:.0f} ms, {e2e_left * 1000:.0f} ms left")
         if itl_ms is not None and not parts:
             parts.append(f"no endpoint keeps the {itl_ms:g} ms inter-token target")
-        wait = min((p.wait_s for p in preds), default=0.0)
+        wait = min(chain(waits, (p.wait_s for p in preds)), default=0.0)
         retry = max(self.params.retry_after_s, wait if math.isfinite(wait) else 0.0)
         return AdmitDecision(
             AdmitOutcome.REJECT,
