@@ -15,7 +15,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from gateway.core.slo import SloPolicy
-from gateway.core.types import EndpointHealth
+from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.columns import columns_of
 from gateway.sched.loads import REUSE_S, LoadCache
 from gateway.sched.plugins.admission.free_seat import misses_everywhere, refused_times
@@ -248,7 +248,7 @@ def test_free_seats_from_the_memo_are_those_from_the_columns(
     """`ReadySeats` from the memo's list (a snapshot with the memo of its views, with or without
     columns), from the columns, or from a list made for the call: the same endpoints, free seats and
     endpoints with a free seat as a walk of the views."""
-    model = next(iter(views[0].models)) if views else "m"
+    model = next(iter(views[0].models)) if views else ModelName("m")
     snap = FleetSnapshot(
         NOW,
         views,
