@@ -25,7 +25,7 @@ from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import deadlines, output_estimate, remaining_max_tokens, resume_prompt_tokens
-from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot, same_speed
 
 #: Relative change of a coefficient below which a kept bound stays in force.
 REL_TOLERANCE: Final = 0.02
@@ -112,39 +112,48 @@ class KeptBounds:
     entry (most entries are the same objects; only those that are not are looked at), once per tuple
     (`epoch`), instead of collecting every endpoint's coefficients again. The same bound as
     `fleet_bound`. Whatever else rests only on the views' speeds (`same_speed`) can be kept per epoch
-    too (SLO admission's fastest-first order)."""
+    too (SLO admission's fastest-first order). A snapshot with the memo of its views hands its speed
+    token along (`ViewsMemo.speeds`, carried from one tuple to the next by the places the fleet
+    replaced): a tuple with the token of the last one looked at is the same epoch without a walk."""
 
     __slots__ = ("_bounds", "_seen", "_serial")
 
     def __init__(self) -> None:
         # per (model, number of views): the last views looked at and the serial of their speeds
-        self._seen: dict[tuple[ModelName, int], tuple[tuple[EndpointView, ...], int]] = {}
+        self._seen: dict[tuple[ModelName, int], tuple[tuple[EndpointView, ...], int, object | None]] = {}
         self._serial = 0
         self._bounds: dict[tuple[SpeedEpoch, bool], IdleBound | None] = {}
 
-    def epoch(self, views: tuple[EndpointView, ...], model: ModelName) -> SpeedEpoch:
+    def epoch(
+        self, views: tuple[EndpointView, ...], model: ModelName, speeds: object | None = None
+    ) -> SpeedEpoch:
         """A value that stays equal while every view of `views` at each place has the same speed as at
-        the last call with as many views (`same_speed`), and never comes back once they changed."""
+        the last call with as many views (`same_speed`), and never comes back once they changed.
+        `speeds`: the token of the memo of `views` (`ViewsMemo.speeds`): when the last views had the
+        same one, every place has the same speed without looking."""
         at = (model, len(views))
         seen = self._seen
         got = seen.get(at)
         if got is not None:
-            old, serial = got
+            old, serial, kept = got
             if old is views:
+                return (model, at[1], serial)
+            if speeds is not None and speeds is kept:
+                seen[at] = (views, serial, speeds)
                 return (model, at[1], serial)
             # (the places whose view is another object found without a Python step per place)
             moved = list(map(is_not, views, old))
             if all(map(same_speed, compress(views, moved), compress(old, moved))):
-                seen[at] = (views, serial)
+                seen[at] = (views, serial, speeds)
                 return (model, at[1], serial)
         self._serial = serial = self._serial + 1
         if len(seen) >= _SEEN_KEPT:
             seen.clear()  # (models or fleet sizes come and go: one tuple of views each)
-        seen[at] = (views, serial)
+        seen[at] = (views, serial, speeds)
         return (model, at[1], serial)
 
     def bound(self, snap: FleetSnapshot, model: ModelName, *, slowest: bool) -> IdleBound | None:
-        key = (self.epoch(snap.endpoints, model), slowest)
+        key = (self.epoch(snap.endpoints, model, speeds_of(snap)), slowest)
         bounds = self._bounds
         if key in bounds:
             return bounds[key]
@@ -154,17 +163,10 @@ class KeptBounds:
         return got
 
 
-def same_speed(view: EndpointView, old: EndpointView) -> bool:
-    """Whether `fleet_bound` takes the same from both views of one place in the tuple (the same
-    endpoint, health, models and coefficients). The coefficients are compared as objects: telemetry
-    hands every endpoint new estimates every second, most with new measured averages only and the same
-    coefficients object, which nothing keyed on the speeds reads."""
-    return (
-        view.id == old.id
-        and view.health is old.health
-        and (view.estimates is old.estimates or view.perf is old.perf)
-        and view.models == old.models
-    )
+def speeds_of(snap: FleetSnapshot) -> object | None:
+    """The speed token of the snapshot's views (`ViewsMemo.speeds`), when its memo is theirs."""
+    memo = snap.memo
+    return None if memo is None or memo.endpoints is not snap.endpoints else memo.speeds()
 
 
 def output_bound(req: SchedRequest, gamma: float) -> float:

@@ -245,7 +245,7 @@ class SchedulerProfile:
         reach = serving
         for scope in scopes:
             reach = scope(req, cols, reach, snap)
-        if np.count_nonzero(reach) == np.count_nonzero(serving):
+        if reach is serving or np.count_nonzero(reach) == np.count_nonzero(serving):
             return snap  # nothing cut (a scope only ever keeps a subset)
         cuts = self._cuts.of(snap)
         key = (req.model, reach.tobytes())

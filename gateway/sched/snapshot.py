@@ -256,7 +256,15 @@ class ReadyServing:
                 endpoints = self.endpoints.copy()
             o = endpoints[k]
             endpoints[k] = v
-            was, now = _spare(o), _spare(v)
+            # each one's seats (`seats_of`) less its running requests, inline (calls per changed place)
+            mb, seats = o.max_batch, o.cap
+            if mb is not None and mb < seats:
+                seats = mb
+            was = (seats if seats > 1 else 1) - len(o.running)
+            mb, seats = v.max_batch, v.cap
+            if mb is not None and mb < seats:
+                seats = mb
+            now = (seats if seats > 1 else 1) - len(v.running)
             if was > 0 or now > 0:
                 if open_ is None:
                     open_, open_at = self.open.copy(), open_at.copy()
@@ -268,7 +276,7 @@ class ReadyServing:
                 else:
                     open_.insert(j, v)
                     open_at.insert(j, k)
-            free += max(0, now) - max(0, was)
+            free += (now if now > 0 else 0) - (was if was > 0 else 0)
             roomy += (v.inflight < v.cap) - (o.inflight < o.cap)
             if taken is not None and v.inflight - v.cap != o.inflight - o.cap:
                 if not taken_copied:
@@ -314,9 +322,17 @@ class ReadyServing:
         return got
 
 
-def _spare(e: EndpointView) -> int:
-    """`seats_of(e)` less its running requests (at most 0: none free)."""
-    return seats_of(e) - len(e.running)
+def same_speed(view: EndpointView, old: EndpointView) -> bool:
+    """Whether a model's idle bound (`gateway.sched.idle.fleet_bound`) takes the same from both views of
+    one place in a tuple (the same endpoint, health, models and coefficients). The coefficients are
+    compared as objects: telemetry hands every endpoint new estimates every second, most with new
+    measured averages only and the same coefficients object, which nothing keyed on the speeds reads."""
+    return (
+        view.id == old.id
+        and view.health is old.health
+        and (view.estimates is old.estimates or view.perf is old.perf)
+        and view.models == old.models
+    )
 
 
 def seats_of(view: EndpointView) -> int:
@@ -339,12 +355,22 @@ class ViewsMemo:
     objects (`FleetSnapshot.ready`, `FleetSnapshot.places`). A snapshot whose views are another tuple
     (one cut to part of the fleet) does not use it."""
 
-    __slots__ = ("_places", "endpoints", "ready")
+    __slots__ = ("_places", "_speeds", "endpoints", "ready")
 
     def __init__(self, endpoints: tuple[EndpointView, ...]) -> None:
         self.endpoints = endpoints
         self.ready: dict[ModelName, ReadyServing] = {}  # per model (`FleetSnapshot.ready`)
         self._places: list[_Places] = []  # per test (`places`)
+        self._speeds: object | None = None  # (`speeds`; None: not asked yet)
+
+    def speeds(self) -> object:
+        """A token shared by the memos whose views have at every place the same speed (`same_speed`) as
+        the views it was made for: carried over to the next tuple when every replaced place kept its
+        speed (`of`), else a new one. Made when first asked (nothing is carried before)."""
+        got = self._speeds
+        if got is None:
+            got = self._speeds = object()
+        return got
 
     def places(self, key: tuple[object, ...], test: _Test) -> list[int]:
         """The places of the views for which `test` holds, in order; kept under `key` (the objects the
@@ -373,6 +399,20 @@ class ViewsMemo:
             return memo
         old = last.endpoints
         if len(old) == len(views):
+            speeds = last._speeds
+            if speeds is not None:
+                for i in changed:
+                    # `same_speed`, inline (a call per changed place otherwise)
+                    v, o = views[i], old[i]
+                    if not (
+                        v.id == o.id
+                        and v.health is o.health
+                        and (v.estimates is o.estimates or v.perf is o.perf)
+                        and v.models == o.models
+                    ):
+                        break
+                else:
+                    memo._speeds = speeds
             for model, serving in last.ready.items():
                 got = serving.after(model, old, views, changed)
                 if got is not None:

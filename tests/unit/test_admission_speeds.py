@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.idle import KeptBounds, fleet_bound
 from gateway.sched.plugins.admission.speeds import KEPT, ReadySpeeds, fastest_first
-from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
+from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot, ViewsMemo, same_speed
 from tests.unit.sched_builders import view
 from tests.unit.test_sched_ticks import M, perf
 
@@ -106,3 +106,49 @@ def test_at_most_kept_tuples_are_held_and_the_oldest_goes_first() -> None:
     held = [entry[0] for entry in speeds._kept.values()]
     assert len(held) == KEPT
     assert held == [s.endpoints for s in snaps[3:]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    start=st.lists(st.sampled_from(SPEEDS), min_size=1, max_size=8),
+    script=steps,
+    asked=st.lists(st.booleans(), min_size=12, max_size=12),
+)
+def test_kept_orders_and_bounds_with_the_memos_speed_token_are_the_plain_ones(
+    start: list[float], script: list[tuple[list[int], list[float], str, bool]], asked: list[bool]
+) -> None:
+    """The same fleets, each snapshot with the memo of its views carried over from the last one at the
+    places replaced (as the scheduler's snapshots are): the kept orders and bounds, which skip the walk
+    when the memo's speed token is the last one's, are the plain ones; and two memos with the same token
+    have views of the same speed at every place (the token asked on some snapshots only)."""
+    speeds, bounds = ReadySpeeds(KeptBounds()), KeptBounds()
+    views = first_views(start)
+    memo = ViewsMemo.of(tuple(views), None)
+    tokens: list[tuple[object, tuple[EndpointView, ...]]] = []
+    for step, (what, new_speeds, size, part) in enumerate(script):
+        old = tuple(views)
+        views = [
+            changed(v, what[i % len(what)], new_speeds[i % len(new_speeds)]) for i, v in enumerate(views)
+        ]
+        if size == "grow":
+            views.append(first_views([new_speeds[0]] * (len(views) + 1))[-1])
+        elif size == "shrink" and len(views) > 1:
+            views.pop(0)
+        elif size == "swap" and len(views) > 1:
+            views[0], views[-1] = views[-1], views[0]
+        new = tuple(views)
+        replaced = {i for i, v in enumerate(new) if i >= len(old) or v is not old[i]}
+        memo = ViewsMemo.of(new, memo, replaced)
+        snap = FleetSnapshot(now=0.1 * step, endpoints=new, memo=memo)
+        if asked[step % len(asked)]:
+            check(speeds, snap)
+            for slowest in (False, True):
+                assert bounds.bound(snap, M, slowest=slowest) == fleet_bound(snap, M, slowest=slowest)
+            tokens.append((memo.speeds(), new))
+        if part:
+            check(speeds, dataclasses.replace(snap, endpoints=snap.endpoints[: max(1, len(views) // 2)]))
+    for i, (token, a) in enumerate(tokens):
+        for other, b in tokens[i + 1 :]:
+            if other is token:
+                assert len(a) == len(b)
+                assert all(same_speed(x, y) for x, y in zip(a, b, strict=True))

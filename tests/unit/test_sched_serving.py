@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gateway.core.clock import FakeClock
 from gateway.core.types import EndpointHealth, EndpointId, EngineGauges, EngineKind, ModelName, RequestId
+from gateway.sched.columns import columns_of
 from gateway.sched.plugins import default_registry
 from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.placement.demand_split import DemandSplitFilter, DemandSplitParams
@@ -103,17 +104,24 @@ def test_shared_by_the_snapshots_of_the_same_views_only() -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.lists(_views(), min_size=1, max_size=4))
 def test_demand_split_ready_is_the_sorted_ids(fleets: list[tuple[EndpointView, ...]]) -> None:
-    split = DemandSplitFilter(DemandSplitParams(groups={"a": ["x"], "b": ["y"]}))
+    """From the memo's list, the columns, both (the memo's list is read) or neither, fleet after fleet
+    (one filter per way, so what each keeps between fleets is read too): the sorted ids of the ready
+    endpoints serving the model."""
+    ways = ((True, False), (False, False), (False, True), (True, True))  # (memo, columns)
+    splits = [DemandSplitFilter(DemandSplitParams(groups={"a": ["x"], "b": ["y"]})) for _ in ways]
     for views in fleets:
-        for snap in (FleetSnapshot(0.0, views, memo=ViewsMemo.of(views, None)), FleetSnapshot(0.0, views)):
-            got = split._ready(M, snap)
-            want = tuple(
-                sorted(
-                    (e.id for e in views if M in e.models and e.health == EndpointHealth.READY),
-                    key=str,
-                )
+        cols = columns_of(views)
+        want = tuple(
+            sorted((e.id for e in views if M in e.models and e.health == EndpointHealth.READY), key=str)
+        )
+        for split, (memo, columns) in zip(splits, ways, strict=True):
+            snap = FleetSnapshot(
+                0.0,
+                views,
+                columns=cols if columns else None,
+                memo=ViewsMemo.of(views, None) if memo else None,
             )
-            assert got == want
+            assert split._ready(M, snap) == want
 
 
 def _same_lists(got: ReadyServing, views: tuple[EndpointView, ...]) -> None:

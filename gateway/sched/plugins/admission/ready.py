@@ -1,7 +1,9 @@
 """The ready endpoints serving a model in one snapshot's views and their free seats, for SLO admission
-(`gateway.sched.plugins.admission.slo_feasibility`): from the snapshot's columns when it carries them
-(a large fleet: no Python step per endpoint), else the list the snapshot's views share with the other
-plugins that ask (`FleetSnapshot.ready`)."""
+(`gateway.sched.plugins.admission.slo_feasibility`): the list the snapshot's views share with the other
+plugins that ask (`FleetSnapshot.ready`) when the snapshot has the memo of its views (the scheduler's
+snapshots do: the list is carried over from the last views at the places the fleet replaced, a step
+per changed endpoint), else from the snapshot's columns when it carries them (a large fleet: no Python
+step per endpoint), else that list made for the call. The three give the same answers."""
 
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ class ReadySeats:
         self._views: list[EndpointView] | None = None
         self._open: list[EndpointView] = []
         self.cols: tuple[FleetColumns, npt.NDArray[np.bool_]] | None = None
-        if cols is not None and cols.endpoints is views:
+        memo = snap.memo
+        if cols is not None and cols.endpoints is views and (memo is None or memo.endpoints is not views):
             serves = cols.members.get(model)
             mask = np.zeros(len(views), dtype=np.bool_) if serves is None else serves & cols.ready
             self.cols = (cols, mask)

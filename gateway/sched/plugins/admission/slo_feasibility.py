@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
+from itertools import chain
 from operator import attrgetter
 from typing import Annotated, Final, Literal
 
@@ -43,6 +44,7 @@ from gateway.sched.loads import LoadCache, LoadCaches
 from gateway.sched.memo import make_room
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
+from gateway.sched.plugins.admission.free_seat import Limits, misses_everywhere, refused_times
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.admission.seat_bound import SureAdmission
@@ -151,16 +153,19 @@ class SloFeasibilityAdmitter:
         if not kept.any:
             return ADMIT  # nothing ready: the scheduler answers for that
         ahead = self._ahead(req, queued_in_class)
+        # the loads the request missed on with a free seat, in order (their predictions come first)
+        missed: list[EndpointLoad] = []
+        preds: list[Prediction] = []
         if ahead < kept.free:
             # A seat is free for it: admitted once one endpoint with a free seat meets its SLO, so the
             # loads are derived (and the request predicted) one endpoint at a time until one does.
             full = self.params.assume_full
-            preds = []
-            for e in kept.open():
-                pred = self._cache.load(e, snap.now).predict(req, worst_case=full)
-                if self._meets(pred, left, itl_ms):
-                    return ADMIT
-                preds.append(pred)
+            tried = misses_everywhere(
+                self._cache.each(kept.open(), snap.now), req, self._limits(left, itl_ms), worst_case=full
+            )
+            if tried is None:
+                return ADMIT
+            missed = tried  # (their predictions are made only for a refusal's message)
             loads = self._cache.refs(kept.views(), snap.now, keep=True)
         else:
             # Every free seat goes to the requests ahead: it waits for the (ahead - free)-th seat to free
@@ -179,8 +184,6 @@ class SloFeasibilityAdmitter:
                 preds = self._after(req, loads, k)
                 if any(self._meets(p, left, itl_ms) for p in preds):
                     return ADMIT
-            else:
-                preds = []
         views = kept.views()
         if self._preempted is not None:
             # the seats preemption would free: those left once the requests ahead took the free ones
@@ -207,16 +210,18 @@ class SloFeasibilityAdmitter:
         if outcome is not AdmitOutcome.REJECT:
             return AdmitDecision(outcome, SLO_INFEASIBLE)
         ttft_left, e2e_left = left
+        # (the minima over the free-seat predictions, then the others, in the order they were made)
+        ttfts, e2es, waits = refused_times(missed, req, worst_case=self.params.assume_full)
         parts = []
         if ttft_left is not None:
-            best = min((p.ttft_s for p in preds), default=math.inf)
+            best = min(chain(ttfts, (p.ttft_s for p in preds)), default=math.inf)
             parts.append(f"first token predicted in {best * 1000:.0f} ms, {ttft_left * 1000:.0f} ms left")
         if e2e_left is not None:
-            best = min((p.e2e_s for p in preds), default=math.inf)
+            best = min(chain(e2es, (p.e2e_s for p in preds)), default=math.inf)
             parts.append(f"completion predicted in {best * 1000:.0f} ms, {e2e_left * 1000:.0f} ms left")
         if itl_ms is not None and not parts:
             parts.append(f"no endpoint keeps the {itl_ms:g} ms inter-token target")
-        wait = min((p.wait_s for p in preds), default=0.0)
+        wait = min(chain(waits, (p.wait_s for p in preds)), default=0.0)
         retry = max(self.params.retry_after_s, wait if math.isfinite(wait) else 0.0)
         return AdmitDecision(
             AdmitOutcome.REJECT,
@@ -437,13 +442,7 @@ class SloFeasibilityAdmitter:
         sure = self._sure
         if sure is None:
             return False
-        m = self.params.margin
-        ttft_left, e2e_left = left
-        limits = (
-            None if ttft_left is None else ttft_left * m,
-            None if e2e_left is None else e2e_left * m,
-            None if itl_ms is None else itl_ms * m,
-        )
+        limits = self._limits(left, itl_ms)
         model = req.model
         bounds = (
             self._fleet_bounds.bound(snap, model, slowest=True),
@@ -451,6 +450,16 @@ class SloFeasibilityAdmitter:
         )
         out = output_bound(req, self._cache.params.gamma)
         return sure.admits(req, loads, k, order=self._frees, bounds=bounds, limits=limits, out=out)
+
+    def _limits(self, left: tuple[float | None, float | None], itl_ms: float | None) -> Limits:
+        """The first-token, last-token and per-token limits `_meets` holds a prediction to."""
+        m = self.params.margin
+        ttft_left, e2e_left = left
+        return (
+            None if ttft_left is None else ttft_left * m,
+            None if e2e_left is None else e2e_left * m,
+            None if itl_ms is None else itl_ms * m,
+        )
 
     def _meets(self, p: Prediction, left: tuple[float | None, float | None], itl_ms: float | None) -> bool:
         m = self.params.margin

@@ -5,7 +5,7 @@ so the answer is kept per tuple of views (by identity). The fleet's views change
 (a dispatch, a completion, a progress report), but the order rests only on each endpoint's health,
 models and estimates: a new tuple of views is compared with the last one of its model and length entry
 by entry (most entries are the same objects), and while every changed entry has the same speed
-(`gateway.sched.idle.same_speed`: the same speed epoch, `KeptBounds.epoch`, which the bounds share) the
+(`gateway.sched.snapshot.same_speed`: the same speed epoch, `KeptBounds.epoch`, which the bounds share) the
 kept order of places is taken over instead of sorting the fleet again. The same list
 as filtering and sorting the new views (`tests/unit/test_admission_speeds.py`)."""
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from gateway.core.types import EndpointHealth, ModelName
-from gateway.sched.idle import IdleBound, KeptBounds, SpeedEpoch
+from gateway.sched.idle import IdleBound, KeptBounds, SpeedEpoch, speeds_of
 from gateway.sched.perf import default_prior
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 
@@ -47,7 +47,7 @@ class ReadySpeeds:
         kept = self._kept.get(key)
         if kept is not None and kept[0] is views:
             return kept
-        order = self._order(model, views)
+        order = self._order(model, views, speeds_of(snap))
         kept_all = self._kept
         if len(kept_all) >= KEPT:
             del kept_all[next(iter(kept_all))]
@@ -58,10 +58,10 @@ class ReadySpeeds:
         )
         return kept
 
-    def _order(self, model: ModelName, views: tuple[EndpointView, ...]) -> list[int]:
+    def _order(self, model: ModelName, views: tuple[EndpointView, ...], speeds: object | None) -> list[int]:
         """The places of the ready views serving `model`, fastest first: kept per speed epoch of the
-        views (`KeptBounds.epoch`), else sorted anew."""
-        epoch = self._bounds.epoch(views, model)
+        views (`KeptBounds.epoch`; `speeds`: their memo's token), else sorted anew."""
+        epoch = self._bounds.epoch(views, model, speeds)
         orders = self._orders
         got = orders.get(epoch)
         if got is not None:

@@ -211,7 +211,7 @@ class SlackOrdering:
     def _bound_for(self, model: ModelName, snap: FleetSnapshot) -> IdleBound | None:
         bound = self._fleet_bounds.bound(snap, model, slowest=False)
         kept = self._bounds.get(model)
-        if kept is not None and bound is not None and kept.close_to(bound):
+        if kept is not None and bound is not None and (kept is bound or kept.close_to(bound)):
             return kept
         self._bounds[model] = bound
         return bound
@@ -236,10 +236,8 @@ class SlackOrdering:
             return kept[3]
         # the ready endpoints listed once for the snapshot's views (`FleetSnapshot.ready`)
         serving = snap.ready(model).fewest_taken(DELAY_SAMPLE)
-        load_of = self._loads.load
         best = math.inf
-        for e in serving:
-            load = load_of(e, now)
+        for load in self._loads.each(serving, now):
             best = min(best, load.wait_s + load.coef.k1 * load.pending_prompt)
         d = 0.0 if best == math.inf else max(0.0, best)
         self._delay = (model, endpoints, now, d)

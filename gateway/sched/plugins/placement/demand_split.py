@@ -261,12 +261,20 @@ class DemandSplitFilter:
 
     def _ready(self, model: ModelName, snap: FleetSnapshot) -> tuple[EndpointId, ...]:
         """The ready endpoints serving `model`, in id order; kept for the snapshot's views (admission's
-        recheck asks for every queued request of a tick, placement for every request of a serve)."""
+        recheck asks for every queued request of a tick, placement for every request of a serve). From
+        the list the views share (`FleetSnapshot.ready`) when the snapshot has their memo (the
+        scheduler's do: carried over from the last views, with the same ids while which endpoints are
+        ready did not change), else from the columns when it carries them."""
         kept = self._ready_kept.get(model)
         if kept is not None and kept[0] is snap.endpoints:
             return kept[1]
         cols = snap.columns
-        if cols is not None and cols.endpoints is snap.endpoints:
+        memo = snap.memo
+        if (
+            cols is not None
+            and cols.endpoints is snap.endpoints
+            and (memo is None or memo.endpoints is not cols.endpoints)
+        ):
             ready = self._ready_of_columns(model, cols)
             self._ready_kept[model] = (snap.endpoints, ready)
             return ready

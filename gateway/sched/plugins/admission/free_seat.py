@@ -1,0 +1,84 @@
+"""SLO admission's question when a seat is free for a request: does it meet its SLO dispatched now on
+one of the endpoints with a free seat? (`gateway.sched.plugins.admission.slo_feasibility`.) The
+endpoints are asked in order and the first that meets it ends the walk, so the loads asked for are
+those up to it: each is part of what later decisions see (the load cache keeps it), whatever the
+answer.
+
+Each endpoint's numbers are `EndpointLoad.predict`'s, the same operations in the same order, compared
+with the limits as `SloFeasibilityAdmitter._meets` compares a prediction's (pinned by
+`tests/unit/test_admission_free_seat.py`), without a `Prediction` made per endpoint: in the 200-endpoint
+what-if most submits are admitted at the first endpoint, and a few hundred walk 10 to 150 endpoints
+that all miss."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gateway.sched.predict import EndpointLoad
+from gateway.sched.request import SchedRequest
+from gateway.sched.running import prefill_tokens
+
+#: The limits a prediction is held to: first token, last token (seconds from now) and per-token time
+#: (ms), each its target times the admitter's margin; None: no such target.
+Limits = tuple[float | None, float | None, float | None]
+
+
+def misses_everywhere(
+    loads: Iterable[EndpointLoad], req: SchedRequest, limits: Limits, *, worst_case: bool
+) -> list[EndpointLoad] | None:
+    """None when `req` dispatched now on one of `loads` (taken in order, up to the first where it does)
+    meets `limits`; else the loads, every one of them tried (their predictions are the refusal's)."""
+    ttft_lim, e2e_lim, itl_lim = limits
+    tried: list[EndpointLoad] = []
+    out = 0.0
+    p = float(req.prompt_tokens + req.produced_tokens)
+    # the tokens its prefill computes, the same everywhere when no endpoint holds a prefix of it
+    fresh = None if req.cached else req.prompt_tokens + req.produced_tokens
+    for load in loads:
+        if not tried:
+            out = load.output_tokens(req)  # (the same for every load of one cache: its gamma)
+        # `EndpointLoad.predict`, spelled out
+        c = load.coef
+        pre = prefill_tokens(req, load.view.id) if fresh is None else fresh
+        ttft = load.wait_s + (c.k1 * (pre + load.pending_prompt) + c.c1)
+        if ttft_lim is None or ttft <= ttft_lim:
+            n, seats = load.n, load.seats
+            b = float(seats) if worst_case else float(n + 1 if n + 1 < seats else seats)
+            avg_ctx = (load.ctx_sum + p + 0.5 * out) / (n + 1)
+            tpot = ((c.k2 * avg_ctx + c.c2) * b + c.c3) * (1.0 + load.overhead)
+            steps = out - 1.0
+            e2e = ttft + (steps if steps > 0.0 else 0.0) * tpot
+            if (e2e_lim is None or e2e <= e2e_lim) and (itl_lim is None or tpot * 1000.0 <= itl_lim):
+                return None
+        tried.append(load)
+    return tried
+
+
+def refused_times(
+    loads: Iterable[EndpointLoad], req: SchedRequest, *, worst_case: bool
+) -> tuple[list[float], list[float], list[float]]:
+    """`req`'s predicted first token, last token and wait on each of `loads` (`EndpointLoad.predict`'s
+    `ttft_s`, `e2e_s` and `wait_s`, spelled out as in `misses_everywhere`), in order: what a refusal
+    reports after the walk missed on every one (a rejected request walks up to every endpoint of the
+    model)."""
+    ttfts: list[float] = []
+    e2es: list[float] = []
+    waits: list[float] = []
+    out = 0.0
+    p = float(req.prompt_tokens + req.produced_tokens)
+    fresh = None if req.cached else req.prompt_tokens + req.produced_tokens
+    for load in loads:
+        if not waits:
+            out = load.output_tokens(req)
+        c = load.coef
+        pre = prefill_tokens(req, load.view.id) if fresh is None else fresh
+        ttft = load.wait_s + (c.k1 * (pre + load.pending_prompt) + c.c1)
+        n, seats = load.n, load.seats
+        b = float(seats) if worst_case else float(n + 1 if n + 1 < seats else seats)
+        avg_ctx = (load.ctx_sum + p + 0.5 * out) / (n + 1)
+        tpot = ((c.k2 * avg_ctx + c.c2) * b + c.c3) * (1.0 + load.overhead)
+        steps = out - 1.0
+        ttfts.append(ttft)
+        e2es.append(ttft + (steps if steps > 0.0 else 0.0) * tpot)
+        waits.append(load.wait_s)
+    return ttfts, e2es, waits
