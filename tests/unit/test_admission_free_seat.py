@@ -23,12 +23,11 @@ from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.prediction import seats_of
-from gateway.sched.running import with_progress
 from gateway.sched.snapshot import EndpointView, FleetSnapshot, ViewsMemo
 from gateway.sched.targets import time_left
 from tests.unit.fleet_steps import ENDPOINT, NEW_REQUEST, NOW, Endpoint, new_request, view_of
 from tests.unit.slo_fixtures import view
-from tests.unit.test_sched_load_query import _STEPS, _run, _same
+from tests.unit.test_sched_load_query import _STEPS, _run, _same, fleet_step
 from tests.unit.test_sched_load_query import _state as _numbers
 
 _R = dataclasses.replace
@@ -185,19 +184,7 @@ def test_each_answers_and_writes_what_load_per_view_does(
     views = [_view(i, now) for i in range(6)]
     for what, k, dt in steps:
         now += dt
-        v = views[k]
-        if what == "progress" and v.running:
-            runs = list(v.running)
-            runs[0] = with_progress(runs[0], 16, 0.1, now)
-            views[k] = _R(v, running=tuple(runs))
-        elif what == "dispatch" and len(v.running) < v.cap:
-            views[k] = _R(v, running=(*v.running, _run(k + len(v.running), now)), inflight=v.inflight + 1)
-        elif what == "completion" and v.running:
-            views[k] = _R(v, running=v.running[1:], inflight=v.inflight - 1)
-        elif what == "refs":
-            for cache in (walked, plain):
-                cache.refs(views, now)
-        candidates = list(views[: 2 + k]) if what == "new-list" else list(views)
+        candidates = fleet_step(views, what, k, now, (walked, plain))
         got = list(itertools.islice(walked.each(iter(candidates), now), stop))
         want = [plain.load(e, now) for e in candidates[:stop]]
         _same(walked, plain, views, got, want)

@@ -63,6 +63,28 @@ _STEPS = st.lists(
 )
 
 
+def fleet_step(
+    views: list[EndpointView], what: str, k: int, now: float, caches: Sequence[LoadCache]
+) -> list[EndpointView]:
+    """One of `_STEPS`' changes at `now`: endpoint `k`'s first running request reports progress, a
+    request is dispatched to it or its first completes (`views` changed in place), or `refs` is asked of
+    every cache (leaving pending loads); the candidates asked about then (the first `2 + k` views for a
+    new list, else all)."""
+    v = views[k]
+    if what == "progress" and v.running:
+        runs = list(v.running)
+        runs[0] = with_progress(runs[0], 16, 0.1, now)
+        views[k] = _R(v, running=tuple(runs))
+    elif what == "dispatch" and len(v.running) < v.cap:
+        views[k] = _R(v, running=(*v.running, _run(k + len(v.running), now)), inflight=v.inflight + 1)
+    elif what == "completion" and v.running:
+        views[k] = _R(v, running=v.running[1:], inflight=v.inflight - 1)
+    elif what == "refs":
+        for cache in caches:
+            cache.refs(views, now)
+    return list(views[: 2 + k]) if what == "new-list" else list(views)
+
+
 @settings(max_examples=200, deadline=None)
 @given(steps=_STEPS)
 def test_the_list_query_answers_and_writes_what_load_per_view_does(
@@ -76,19 +98,7 @@ def test_the_list_query_answers_and_writes_what_load_per_view_does(
     views = [view(f"e{i}", cap=4, runs=[_run(i + j, now) for j in range(i % 4)]) for i in range(6)]
     for what, k, dt in steps:
         now += dt
-        v = views[k]
-        if what == "progress" and v.running:
-            runs = list(v.running)
-            runs[0] = with_progress(runs[0], 16, 0.1, now)
-            views[k] = _R(v, running=tuple(runs))
-        elif what == "dispatch" and len(v.running) < v.cap:
-            views[k] = _R(v, running=(*v.running, _run(k + len(v.running), now)), inflight=v.inflight + 1)
-        elif what == "completion" and v.running:
-            views[k] = _R(v, running=v.running[1:], inflight=v.inflight - 1)
-        elif what == "refs":
-            for cache in (listed, plain):
-                cache.refs(views, now)
-        candidates = list(views[: 2 + k]) if what == "new-list" else list(views)
+        candidates = fleet_step(views, what, k, now, (listed, plain))
         got = listed.loads(candidates, now, keep=False)
         want = [plain.load(e, now) for e in candidates]
         _same(listed, plain, views, got, want)
