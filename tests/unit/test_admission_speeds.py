@@ -68,6 +68,21 @@ def check(speeds: ReadySpeeds, snap: FleetSnapshot) -> None:
     assert bound == fleet_bound(snap, M, slowest=False)
 
 
+def next_views(
+    views: list[EndpointView], what: list[int], new_speeds: list[float], size: str
+) -> list[EndpointView]:
+    """One step of `steps`: each view changed (`changed`, by `what` and `new_speeds` in turn), then the
+    fleet grown by a view, shrunk by its first, or its first and last swapped (`size`)."""
+    out = [changed(v, what[i % len(what)], new_speeds[i % len(new_speeds)]) for i, v in enumerate(views)]
+    if size == "grow":
+        out.append(first_views([new_speeds[0]] * (len(out) + 1))[-1])
+    elif size == "shrink" and len(out) > 1:
+        out.pop(0)
+    elif size == "swap" and len(out) > 1:
+        out[0], out[-1] = out[-1], out[0]
+    return out
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     start=st.lists(st.sampled_from(SPEEDS), min_size=1, max_size=8),
@@ -82,15 +97,7 @@ def test_kept_orders_are_the_plain_sort(
     check(speeds, FleetSnapshot(now=now, endpoints=tuple(views)))
     for what, new_speeds, size, part in script:
         now += 0.1
-        views = [
-            changed(v, what[i % len(what)], new_speeds[i % len(new_speeds)]) for i, v in enumerate(views)
-        ]
-        if size == "grow":
-            views.append(first_views([new_speeds[0]] * (len(views) + 1))[-1])
-        elif size == "shrink" and len(views) > 1:
-            views.pop(0)
-        elif size == "swap" and len(views) > 1:
-            views[0], views[-1] = views[-1], views[0]
+        views = next_views(views, what, new_speeds, size)
         snap = FleetSnapshot(now=now, endpoints=tuple(views))
         check(speeds, snap)
         if part:
@@ -127,15 +134,7 @@ def test_kept_orders_and_bounds_with_the_memos_speed_token_are_the_plain_ones(
     tokens: list[tuple[object, tuple[EndpointView, ...]]] = []
     for step, (what, new_speeds, size, part) in enumerate(script):
         old = tuple(views)
-        views = [
-            changed(v, what[i % len(what)], new_speeds[i % len(new_speeds)]) for i, v in enumerate(views)
-        ]
-        if size == "grow":
-            views.append(first_views([new_speeds[0]] * (len(views) + 1))[-1])
-        elif size == "shrink" and len(views) > 1:
-            views.pop(0)
-        elif size == "swap" and len(views) > 1:
-            views[0], views[-1] = views[-1], views[0]
+        views = next_views(views, what, new_speeds, size)
         new = tuple(views)
         replaced = {i for i, v in enumerate(new) if i >= len(old) or v is not old[i]}
         memo = ViewsMemo.of(new, memo, replaced)
