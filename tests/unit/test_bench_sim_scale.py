@@ -75,6 +75,25 @@ def test_a_verdict_line_per_target(wall: float, curve_walls: tuple[float, ...], 
     assert lines[2].startswith("STATED peak memory: 160 MiB RSS (headline")
 
 
+@pytest.mark.parametrize(
+    ("requests", "wall", "judged"),
+    [
+        pytest.param(99_633, 59.0, "MET (target <= 60 s wall on one core)", id="target-size-met"),
+        pytest.param(99_633, 149.0, "NOT MET (target <= 60 s wall on one core)", id="target-size-slow"),
+        pytest.param(
+            20_000,
+            30.0,
+            "not judged (target <= 60 s wall on one core is for 100,000 requests; at this run's pace they "
+            "would take about 150 s)",
+            id="quick-run",
+        ),
+    ],
+)
+def test_a_shorter_headline_is_not_judged_against_the_target(requests: int, wall: float, judged: str) -> None:
+    lines = verdicts(_point("headline", 100, requests, wall), [])
+    assert lines[0].endswith(f": {judged}")
+
+
 def _mem(endpoints: int, requests: int, peak: float) -> dict[str, float | int]:
     return {"endpoints": endpoints, "requests": requests, "rss_base_mib": 60.0, "rss_peak_mib": 60.0 + peak}
 

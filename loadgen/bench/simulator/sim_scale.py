@@ -48,6 +48,7 @@ import orjson
 
 from loadgen.bench.catalogue import BENCHMARKS
 from loadgen.bench.simulator.sim_scale_report import (
+    HEADLINE_REQUESTS,
     PROFILE,
     curve_summary,
     markdown,
@@ -63,7 +64,6 @@ WORKLOAD: Final = "sharegpt-like"
 POLICY: Final = REPO_ROOT / "policies" / "default.toml"
 DEFAULT_RATE_PER_ENDPOINT: Final = 0.5
 HEADLINE_ENDPOINTS: Final = 100
-HEADLINE_REQUESTS: Final = 100_000
 CURVE_SIZES: Final = (10, 100, 1000)
 CURVE_DURATION_S: Final = 60.0  # keeps the 1,000-endpoint point (~30,000 requests) within a few minutes
 

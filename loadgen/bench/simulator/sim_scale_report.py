@@ -38,6 +38,11 @@ class ReportConfig(Protocol):
 
 #: The headline's target: 100,000 requests over 100 endpoints within this many seconds of wall time.
 HEADLINE_TARGET_S: Final = 60.0
+HEADLINE_REQUESTS: Final = 100_000
+#: A headline of fewer requests than this share of `HEADLINE_REQUESTS` (a quick run,
+#: `--headline-requests 20000`) is not judged against the target; its line gives the wall time 100,000
+#: requests would take at its pace instead (Poisson arrivals make a run of 100,000 a few hundred short).
+JUDGED_SHARE: Final = 0.95
 #: Wall time per event may grow this much from the smallest to the largest fleet and still count as
 #: near-linear in events.
 LINEAR_SLACK: Final = 1.5
@@ -85,16 +90,29 @@ def curve_summary(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def headline_judged(headline: dict[str, Any]) -> str:
+    """The headline's wall time against its target: MET or NOT MET for a run of the target's size
+    (`JUDGED_SHARE` of `HEADLINE_REQUESTS` or more); for a shorter run, not judged, with the wall time
+    `HEADLINE_REQUESTS` would take at its pace."""
+    target = f"target <= {HEADLINE_TARGET_S:g} s wall on one core"
+    if headline["requests"] >= JUDGED_SHARE * HEADLINE_REQUESTS:
+        return f"{'MET' if headline['wall_s'] <= HEADLINE_TARGET_S else 'NOT MET'} ({target})"
+    pace = headline["wall_s"] / max(headline["requests"], 1) * HEADLINE_REQUESTS
+    return (
+        f"not judged ({target} is for {HEADLINE_REQUESTS:,} requests; at this run's pace they would "
+        f"take about {pace:.0f} s)"
+    )
+
+
 def verdicts(headline: dict[str, Any] | None, curve: Sequence[dict[str, Any]]) -> list[str]:
     """One line per target of the simulator: the headline's wall time, the curve's slope, peak memory
     (stated, no target)."""
     out = []
     if headline is not None:
-        ok = headline["wall_s"] <= HEADLINE_TARGET_S
         out.append(
             f"VERDICT headline: {headline['requests']:,} requests over {headline['endpoints']} endpoints "
             f"({headline['policy']}) in {headline['wall_s']:.1f} s wall ({headline['cpu_s']:.1f} s CPU): "
-            f"{'MET' if ok else 'NOT MET'} (target <= {HEADLINE_TARGET_S:g} s wall on one core)"
+            f"{headline_judged(headline)}"
         )
     if len(curve) >= 2:
         s = curve_summary(curve)
@@ -207,14 +225,13 @@ def markdown(cfg: ReportConfig, headline: dict[str, Any] | None, curve: Sequence
         "",
     ]
     if headline is not None:
-        ok = headline["wall_s"] <= HEADLINE_TARGET_S
         lines += [
             f"## (a) {headline['requests']:,} requests over {headline['endpoints']} endpoints",
             "",
             *table(HEADER, [row(headline)]),
             "",
-            f"- wall {headline['wall_s']:.1f} s on one core: {'MET' if ok else 'NOT MET'} "
-            f"(target <= {HEADLINE_TARGET_S:g} s); {headline['requests_per_s']:,.0f} simulated requests/s, "
+            f"- wall {headline['wall_s']:.1f} s on one core: {headline_judged(headline)}; "
+            f"{headline['requests_per_s']:,.0f} simulated requests/s, "
             f"{headline['events_per_s']:,.0f} events/s.",
             gc_line(headline),
             "",
