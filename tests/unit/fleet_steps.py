@@ -50,18 +50,21 @@ def new_request(
     *,
     best_effort: bool = False,
     now: float = NOW,
+    name: str = "new",
+    cls: str = "c",
 ) -> SchedRequest:
-    """A request to place at `now`, arrived 0.1 s before, with `targets` (`TARGETS`) and the prefix
-    holders `cached` (`CACHED`)."""
+    """A request (`name`, of class `cls`) to place at `now`, arrived 0.1 s before, with `targets`
+    (`TARGETS`) and the prefix holders `cached` (`CACHED`)."""
     ttft_ms, e2e_ms, itl_ms = targets
     r = req(
-        "new",
+        name,
         arrival=now - 0.1,
         prompt=prompt,
         out=out,
         ttft_ms=ttft_ms,
         e2e_ms=e2e_ms,
         itl_ms=itl_ms,
+        cls=cls,
         best_effort=best_effort,
     )
     return dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))

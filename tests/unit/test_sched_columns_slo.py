@@ -24,6 +24,7 @@ from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import eligible
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
+from tests.unit.fleet_steps import new_request
 from tests.unit.slo_fixtures import COEF, SLOW, columnar_preset, req, running, view
 
 NOW = 10.0
@@ -238,17 +239,7 @@ def test_chat_and_batch_places_over_columns_as_the_plain_way(
     cached: dict[int, int],
 ) -> None:
     views = tuple(dataclasses.replace(_view(k, e), instance_class=c) for k, (e, c) in enumerate(endpoints))
-    r = req(
-        "new",
-        arrival=NOW - 0.1,
-        prompt=prompt,
-        out=out,
-        ttft_ms=ttft_ms,
-        e2e_ms=e2e_ms,
-        itl_ms=itl_ms,
-        cls=cls,
-    )
-    r = dataclasses.replace(r, cached=PrefixHits({EndpointId(f"e{k:02d}"): t for k, t in cached.items()}))
+    r = new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), cached, now=NOW, cls=cls)
     policy = columnar_preset("chat-and-batch")
     assert policy.profile.columnar
     bare, with_columns = (

@@ -49,7 +49,7 @@ from tests.unit.fleet_steps import (
     new_request,
     view_of,
 )
-from tests.unit.slo_fixtures import COEF, SLOW, req
+from tests.unit.slo_fixtures import COEF, SLOW
 
 
 def _check(  # noqa: PLR0917 (a test helper)
@@ -210,17 +210,7 @@ def test_slo_presets_place_over_columns_as_the_plain_way_as_the_fleet_changes(
         zip(steps, plain_first, requests, strict=False)
     ):
         views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
-        ttft_ms, e2e_ms, itl_ms = targets
-        r = req(
-            f"r{serial}",
-            arrival=now - 0.1,
-            prompt=prompt,
-            out=out,
-            ttft_ms=ttft_ms,
-            e2e_ms=e2e_ms,
-            itl_ms=itl_ms,
-            cls=cls,
-        )
+        r = new_request(prompt, out, targets, {}, now=now, name=f"r{serial}", cls=cls)
         bare = FleetSnapshot(now=now, endpoints=views)
         with_columns = FleetSnapshot(now=now, endpoints=views, columns=cols)
         got: dict[bool, str | None] = {}
