@@ -145,6 +145,12 @@ class FleetLoads:
 
     def _reset(self, cols: FleetColumns) -> None:
         n = len(cols.endpoints)
+        if self._index is not None and len(self._refs) == n and self._index == cols.index:
+            # columns made whole again for the same endpoints in the same places (`Fleet.columns`
+            # when many changed): the rows stand for the same endpoints, kept
+            self._index = cols.index
+            self._at = None
+            return
         self._index = cols.index
         self._refs = [None] * n
         h = len(self._keys)
