@@ -132,9 +132,10 @@ class FleetLoads:
         self._touched: set[EndpointId] | None = None
         if cache.touched is None:
             self._touched = cache.touched = set()
-        self._synced: _Mask = np.zeros(0, dtype=np.bool_)
-        self._entry_at: _Floats = np.zeros(0)
-        self._entry_reuse: _Floats = np.zeros(0)
+        # (Python lists: a placement reads a few dozen of them, one by one)
+        self._synced: list[bool] = []
+        self._entry_at: list[float] = []
+        self._entry_reuse: list[float] = []
         self._seen: list[EndpointView | None] = []
 
     def want(self, on_track: float, margin: float) -> None:
@@ -145,6 +146,12 @@ class FleetLoads:
 
     def _reset(self, cols: FleetColumns) -> None:
         n = len(cols.endpoints)
+        if self._index is not None and len(self._refs) == n and self._index == cols.index:
+            # columns made whole again for the same endpoints in the same places (`Fleet.columns`
+            # when many changed): the rows stand for the same endpoints, kept
+            self._index = cols.index
+            self._at = None
+            return
         self._index = cols.index
         self._refs = [None] * n
         h = len(self._keys)
@@ -155,9 +162,9 @@ class FleetLoads:
         self._used = [0] * n
         self._norms = {}
         self._at = None
-        self._synced = np.zeros(n, dtype=np.bool_)
-        self._entry_at = np.zeros(n)
-        self._entry_reuse = np.zeros(n)
+        self._synced = [False] * n
+        self._entry_at = [0.0] * n
+        self._entry_reuse = [0.0] * n
         self._seen = [None] * n
 
     def rows(self, cols: FleetColumns, which: _Mask, now: float) -> None:
@@ -169,21 +176,21 @@ class FleetLoads:
         if self._at is None or self._at[0] is not cols or self._at[1] != now:
             self._at = (cols, now)
             self._looked = np.zeros(len(cols.endpoints), dtype=np.bool_)
-        todo = which & ~self._looked
+        todo = which > self._looked  # (`which` and not looked at)
         self._looked |= todo
         at = np.flatnonzero(todo)
         if not len(at):
             return
         self._untouch(cols.index)
         views, kept, seen = cols.endpoints, self._refs, self._seen
-        # rows whose cache entry is as last asked, within its reuse time (`LoadCache._ref`'s test, the
-        # same float operations), for the same view: the cache would hand out their kept load
-        fresh = self._synced[at] & (np.abs(self._entry_at[at] - now) <= self._entry_reuse[at])
-        if self._touched is not None and fresh.any():
+        # rows whose cache entry is as last asked, for the same view, within its reuse time
+        # (`LoadCache._ref`'s test, the same float operations): the cache would hand out their kept load
+        if self._touched is not None:
+            synced, made_at, reuse = self._synced, self._entry_at, self._entry_reuse
             idx = [
                 i
-                for i, f in zip(at.tolist(), fresh.tolist(), strict=True)
-                if not f or views[i] is not seen[i]
+                for i in at.tolist()
+                if not (synced[i] and views[i] is seen[i] and abs(made_at[i] - now) <= reuse[i])
             ]
         else:
             idx = at.tolist()

@@ -150,6 +150,7 @@ def test_a_columnar_run_and_a_plain_run_make_the_same_choices(
         max_size=16,
     ),
     asked=st.lists(st.integers(min_value=0, max_value=255), min_size=16, max_size=16),
+    whole=st.lists(st.booleans(), min_size=16, max_size=16),
 )
 def test_rows_not_asked_again_are_the_loads_the_cache_hands_out(
     *,
@@ -157,19 +158,28 @@ def test_rows_not_asked_again_are_the_loads_the_cache_hands_out(
     steps: list[tuple[int, int, int]],
     plain: list[tuple[int, int] | None],
     asked: list[int],
+    whole: list[bool],
 ) -> None:
     """`FleetLoads.rows` asks the cache only about endpoints whose entry it wrote since, whose view is
     another, or whose load is past its reuse time: every row it skips is the load the cache would hand
     out, and asking the cache about it writes nothing (`LoadCache._ref`'s fast return). A plain plugin
-    sharing the cache (`LoadCache.load`, here a load made at another time) remakes entries meanwhile."""
+    sharing the cache (`LoadCache.load`, here a load made at another time) remakes entries meanwhile.
+    Columns made whole again for the same endpoints (`whole`: another index, equal) keep the rows."""
     cache = LoadCache(PredictParams(tail="normal", prefill_overhead=0.05))
     fleet = fleet_loads(cache)
     fleet.want(0.0, 1.0)
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     cols = columns_of(views)
     now = NOW
-    for serial, ((dt_ms, at, what), other, bits) in enumerate(zip(steps, plain, asked, strict=False)):
+    for serial, ((dt_ms, at, what), other, bits, anew) in enumerate(
+        zip(steps, plain, asked, whole, strict=False)
+    ):
         views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+        if anew:
+            kept = list(fleet._refs)
+            cols = columns_of(views)
+            fleet.rows(cols, np.zeros(len(views), dtype=np.bool_), now)
+            assert fleet._refs == kept or not kept  # (the same endpoints in the same places: kept)
         if other is not None:  # a plain plugin's load, made at this time or a little earlier
             k, back_ms = other
             cache.load(views[k % len(views)], now - back_ms / 1000.0)
