@@ -64,6 +64,7 @@ from msgspec import Meta
 from gateway.core.types import RequestId
 from gateway.sched.fleet_loads import COLUMNS_FROM_LOADS, fleet_loads
 from gateway.sched.harms import breaks_deadlines
+from gateway.sched.kv_peak import spans, surely_under
 from gateway.sched.loads import LoadCache
 from gateway.sched.memo import make_room
 from gateway.sched.perf import PerfCoefficients
@@ -476,7 +477,23 @@ class BestFitFilter:
     def _over_kv(load: EndpointLoad, req: SchedRequest, pred: Prediction) -> bool:
         """(e) KV over future iterations."""
         cap = load.kv_capacity
-        return cap is not None and load.peak_kv((float(req.prompt_tokens), pred.output_tokens)) > cap
+        if cap is None:
+            return False
+        extra = (float(req.prompt_tokens), pred.output_tokens)
+        # a bound first (kept on the load): on most endpoints it is clear of the capacity, and the
+        # running requests need not be sorted for the peak (`KvPeak`)
+        kept: float | None = load.memo.get("kv-spans")
+        if kept is None:
+            kept = load.memo["kv-spans"] = spans(
+                [
+                    (r.prompt_tokens + st[1], st[2])
+                    for r, st in zip(load.view.running, load.states, strict=True)
+                ]
+            )
+        coef = load.coef
+        if surely_under(kept, load.n, extra, h=coef.h, j=coef.j, cap=cap):
+            return False
+        return load.peak_kv(extra) > cap
 
     def fits(self, load: EndpointLoad, req: SchedRequest) -> bool:
         return next(self._broken(load, req), None) is None
