@@ -11,10 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.sched.columns import columns_of
+from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.placement import best_fit, best_fit_bounds
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.best_fit_bounds import sure_misses
+from gateway.sched.plugins.placement.best_fit_order import holders_first
 from gateway.sched.profile import eligible
 from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import FleetSnapshot
@@ -253,3 +255,49 @@ def test_best_fit_passing_over_sure_misses_of_the_reserve_chooses_as_trying_ever
     want = [v.id for v in every]
     assert [v.id for v in bounded] == want
     assert [v.id for v, m in zip(s.endpoints, mask.tolist(), strict=True) if m] == want
+
+
+def _sorted_choice(f: BestFitFilter, r: object, views: list[object]) -> list[str]:
+    """Best fit's choice as it is defined: every candidate's load sorted by its order (holders of the
+    request's prefix first), the first that fits with the reserve, else the first in the spreading order
+    that fits without it; no sure misses, no keys kept, (e) from the exact peak."""
+    cache = LoadCache(f.load_params)
+    loads = [cache.load(v, NOW) for v in views]  # type: ignore[arg-type]
+    spread = sorted(loads, key=f._spread_key)
+    tried = sorted(loads, key=f.order_key) if f.packs else spread
+    if r.cached:  # type: ignore[attr-defined]
+        tried = holders_first(r, tried)  # type: ignore[arg-type]
+    for load in tried:
+        if f.fits_both(load, r)[0]:  # type: ignore[arg-type]
+            return [load.view.id]
+    for load in spread:
+        if f.fits_both(load, r)[1]:  # type: ignore[arg-type]
+            return [load.view.id]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(endpoints=_endpoints, params=_params, requests=st.lists(_request, min_size=1, max_size=4))
+def test_best_fit_chooses_as_sorting_every_candidate_with_the_exact_kv_peak(
+    *,
+    endpoints: list[Endpoint],
+    params: BestFitParams,
+    requests: list[tuple],  # type: ignore[type-arg]
+) -> None:
+    """The plain way (the first tried found as the least key, the keys kept on each load and asked
+    again by the next requests, (e)'s sure pass) takes the endpoint the definition takes."""
+    f = BestFitFilter(params)
+    for request in requests:
+        s, r = _case(endpoints, request)
+        s = FleetSnapshot(
+            now=NOW, endpoints=s.endpoints
+        )  # (one fleet, its loads reused request after request)
+        candidates = list(eligible(r, s))  # type: ignore[arg-type]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
+            mp.setattr(best_fit, "surely_under", lambda *_, **__: False)
+            want = _sorted_choice(BestFitFilter(params), r, candidates)
+            mp.undo()
+            mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
+            got = f.filter(r, candidates, s)  # type: ignore[arg-type]
+        assert [v.id for v in got] == want
