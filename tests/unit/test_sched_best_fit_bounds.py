@@ -5,6 +5,8 @@ pinning tests draw them)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,8 +20,9 @@ from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParam
 from gateway.sched.plugins.placement.best_fit_bounds import sure_misses
 from gateway.sched.plugins.placement.best_fit_order import holders_first
 from gateway.sched.profile import eligible
+from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens, resume_prompt_tokens
-from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from tests.unit.slo_fixtures import COEF, SLOW
 from tests.unit.test_sched_columns_slo import NOW, Run, _endpoint, _new_request, _params, _view
 
@@ -257,21 +260,21 @@ def test_best_fit_passing_over_sure_misses_of_the_reserve_chooses_as_trying_ever
     assert [v.id for v, m in zip(s.endpoints, mask.tolist(), strict=True) if m] == want
 
 
-def _sorted_choice(f: BestFitFilter, r: object, views: list[object]) -> list[str]:
+def _sorted_choice(f: BestFitFilter, r: SchedRequest, views: Sequence[EndpointView]) -> list[str]:
     """Best fit's choice as it is defined: every candidate's load sorted by its order (holders of the
     request's prefix first), the first that fits with the reserve, else the first in the spreading order
     that fits without it; no sure misses, no keys kept, (e) from the exact peak."""
     cache = LoadCache(f.load_params)
-    loads = [cache.load(v, NOW) for v in views]  # type: ignore[arg-type]
+    loads = [cache.load(v, NOW) for v in views]
     spread = sorted(loads, key=f._spread_key)
     tried = sorted(loads, key=f.order_key) if f.packs else spread
-    if r.cached:  # type: ignore[attr-defined]
-        tried = holders_first(r, tried)  # type: ignore[arg-type]
+    if r.cached:
+        tried = holders_first(r, tried)
     for load in tried:
-        if f.fits_both(load, r)[0]:  # type: ignore[arg-type]
+        if f.fits_both(load, r)[0]:
             return [load.view.id]
     for load in spread:
-        if f.fits_both(load, r)[1]:  # type: ignore[arg-type]
+        if f.fits_both(load, r)[1]:
             return [load.view.id]
     return []
 
@@ -289,15 +292,16 @@ def test_best_fit_chooses_as_sorting_every_candidate_with_the_exact_kv_peak(
     f = BestFitFilter(params)
     for request in requests:
         s, r = _case(endpoints, request)
+        assert isinstance(r, SchedRequest)
         s = FleetSnapshot(
             now=NOW, endpoints=s.endpoints
         )  # (one fleet, its loads reused request after request)
-        candidates = list(eligible(r, s))  # type: ignore[arg-type]
+        candidates = list(eligible(r, s))
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
             mp.setattr(best_fit, "surely_under", lambda *_, **__: False)
             want = _sorted_choice(BestFitFilter(params), r, candidates)
             mp.undo()
             mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
-            got = f.filter(r, candidates, s)  # type: ignore[arg-type]
+            got = f.filter(r, candidates, s)
         assert [v.id for v in got] == want
