@@ -221,8 +221,8 @@ class Sparing:
         fresh_at = {e: prefill_tokens(req, e) for e in req.cached} if self._cached else None
         p = self._p
         ttft_bound, e2e_bound, itl_bound = self._ttft, self._e2e, self._itl
-        gamma = self._gamma
-        out = context = steps = 0.0
+        gamma = self._gamma  # (with what `_estimate` derives: made again when a load's parameters differ)
+        out, context, steps = self._out, self._context, self._steps
         for view, load in zip(views, loads, strict=True):
             row: _GuardRow | None = load.memo.get(key)
             if row is None:

@@ -124,7 +124,7 @@ def test_judging_every_load_in_one_loop_answers_each_question_asked_alone(
 ) -> None:
     """`Sparing.judge` keeps what `spares` and `keeps` keep, load by load: requests in turn on the same
     loads (the terms each load keeps asked again, with and without `worst_case`), loads of two caches'
-    parameters mixed, cached prefixes and best-effort requests."""
+    parameters mixed, cached prefixes and best-effort requests, an object asked a question before."""
     caches = {t: LoadCache(PredictParams(tail=t, prefill_overhead=0.05)) for t in ("mean", "normal")}
     views = [_view(k, e) for k, e in enumerate(endpoints)]
     loads = [caches[tails[k % len(tails)]].load(v, NOW) for k, v in enumerate(views)]
@@ -134,6 +134,8 @@ def test_judging_every_load_in_one_loop_answers_each_question_asked_alone(
         worst_case = worst[i % len(worst)]
         own = not r.best_effort
         judge = Sparing(r, margin=margin, on_track=on_track, left=left, worst_case=worst_case)
+        if i % 2:  # (an object that answered a question before: its output estimate kept)
+            judge.keeps(loads[-1])
         harmless, meeting = judge.judge(views, iter(loads), own=own)
         alone = Sparing(r, margin=margin, on_track=on_track, left=left, worst_case=worst_case)
         spared = [v.id for v, load in zip(views, loads, strict=True) if alone.spares(load)]
