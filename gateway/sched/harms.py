@@ -12,12 +12,14 @@ answers are those of `harm`, exactly (`tests/unit/test_sched_harms.py` checks bo
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.sched.joining import join_delays
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens, resume_prompt_tokens
+from gateway.sched.snapshot import EndpointView
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +202,62 @@ class Sparing:
         first = c.k1 * fresh
         return not _over(terms, first, c.k1 * fresh + c.c1, per_iter, self._out)
 
+    def judge(
+        self, views: Sequence[EndpointView], loads: Iterable[EndpointLoad], *, own: bool
+    ) -> tuple[list[EndpointView], list[EndpointView]]:
+        """The views whose load (`loads`, in the same order, taken one at a time) it `spares`, and of
+        those (`own`) the ones whose load it `keeps`: both questions spelled out in one loop over what
+        each load keeps for them (`_GuardRow`, on the load's memo), the same operations in the same
+        order (the same answers, bit for bit). For the overflow guard's plain form, which asks them of
+        every candidate."""
+        harmless: list[EndpointView] = []
+        meeting: list[EndpointView] = []
+        on_track, margin, worst = self._on_track, self._margin, self._worst
+        key = _row_key(on_track, margin, worst)
+        req = self._req
+        whole = self._whole
+        # the tokens its prefill computes where part of its prompt is cached (`prefill_tokens`);
+        # elsewhere all of them
+        fresh_at = {e: prefill_tokens(req, e) for e in req.cached} if self._cached else None
+        p = self._p
+        ttft_bound, e2e_bound, itl_bound = self._ttft, self._e2e, self._itl
+        gamma = self._gamma  # (with what `_estimate` derives: made again when a load's parameters differ)
+        out, context, steps = self._out, self._context, self._steps
+        for view, load in zip(views, loads, strict=True):
+            row: _GuardRow | None = load.memo.get(key)
+            if row is None:
+                row = load.memo[key] = _guard_row(load, on_track, margin, worst_case=worst)
+            terms, k1, c1, k2, c2, c3, over, wait_s, pending, ctx_sum, n1, b, lgamma = row
+            if gamma is None or lgamma != gamma:
+                self._estimate(load)
+                gamma = self._gamma
+                out, context, steps = self._out, self._context, self._steps
+            fresh = whole if fresh_at is None else fresh_at.get(load.view.id, whole)
+            if terms is not None:
+                # `spares`: `join_delays`, term by term, and `_over`
+                per_iter = (k2 * context + c2) * over
+                first = k1 * fresh
+                if (terms.ttft is not None and first > terms.ttft) or (
+                    terms.itl is not None and per_iter > terms.itl
+                ):
+                    continue
+                if terms.e2e and _over(terms, first, k1 * fresh + c1, per_iter, out):
+                    continue
+            harmless.append(view)
+            if not own:
+                continue
+            # `keeps`
+            ttft = wait_s + (k1 * (fresh + pending) + c1)
+            if ttft_bound is not None and ttft > ttft_bound:
+                continue
+            avg = (ctx_sum + p + 0.5 * out) / n1
+            tpot = ((k2 * avg + c2) * b + c3) * over
+            if e2e_bound is not None and ttft + steps * tpot > e2e_bound:
+                continue
+            if itl_bound is None or tpot * 1000.0 <= itl_bound:
+                meeting.append(view)
+        return harmless, meeting
+
     def keeps(self, load: EndpointLoad) -> bool:
         req = self._req
         if self._gamma is None or load.gamma != self._gamma:
@@ -219,6 +277,52 @@ class Sparing:
             return False
         itl = self._itl
         return itl is None or tpot * 1000.0 <= itl
+
+
+#: What `Sparing.judge` reads of a load, kept on its memo: its harm terms (None: no running request
+#: it could harm), its coefficients (k1, c1, k2, c2, c3), 1 + its prefill overhead, its wait for a
+#: seat, its pending prompts, its running contexts summed, its running requests + 1, the batch
+#: `keeps` predicts at (as a float), and its parameters' gamma.
+_GuardRow = tuple[
+    HarmTerms | None, float, float, float, float, float, float, float, float, float, int, float, float
+]
+
+
+_ROW_KEYS: dict[tuple[float, float, bool], str] = {}
+
+
+def _row_key(on_track: float, margin: float, worst_case: bool) -> str:
+    """The memo key of `_guard_row`'s terms for these settings: a str, whose hash is kept (a tuple's is
+    computed at every lookup)."""
+    got = _ROW_KEYS.get((on_track, margin, worst_case))
+    if got is None:
+        got = _ROW_KEYS[on_track, margin, worst_case] = f"guard-row {on_track!r} {margin!r} {worst_case}"
+    return got
+
+
+def _guard_row(load: EndpointLoad, on_track: float, margin: float, *, worst_case: bool) -> _GuardRow:
+    """`Sparing.judge`'s terms of one load."""
+    terms: HarmTerms | None = _terms(load, on_track, margin, None)
+    if terms is not None and terms.ttft is None and terms.itl is None and not terms.e2e:
+        terms = None
+    c = load.coef
+    n = load.n
+    b = float(load.seats) if worst_case else float(min(n + 1, load.seats))
+    return (
+        terms,
+        c.k1,
+        c.c1,
+        c.k2,
+        c.c2,
+        c.c3,
+        1.0 + load.overhead,
+        load.wait_s,
+        load.pending_prompt,
+        load.ctx_sum,
+        n + 1,
+        b,
+        load.gamma,
+    )
 
 
 def breaks_deadlines(load: EndpointLoad, req: SchedRequest, *, theta: float, on_track: float = 0.0) -> bool:

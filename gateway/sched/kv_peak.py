@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Final
 
 
 def peak_kv(items: Sequence[tuple[float, float]], h: float, j: float) -> float:
@@ -85,3 +86,31 @@ class KvPeak:
                 best = term
         first = h * s + m * j
         return best if best > first else first
+
+
+#: The share by which `surely_under`'s bound must clear the capacity: far more than the rounding of
+#: either sum (each of a few hundred non-negative terms at most: a relative error under 1e-13).
+_CLEAR: Final = 1e-9
+
+
+def spans(items: Iterable[tuple[float, float]]) -> float:
+    """Σ max(0, context + max(0, remaining − 1)) over `items`: the most each can hold at its own last
+    iteration, a set's part of `surely_under`'s bound (NaN stays NaN)."""
+    total = 0.0
+    for context, remaining in items:
+        t = remaining - 1.0
+        v = context + (t if t > 0.0 else 0.0)
+        total += 0.0 if v < 0.0 else v  # (a NaN is added: the bound is then never clear)
+    return total
+
+
+def surely_under(kept: float, m: int, extra: tuple[float, float], *, h: float, j: float, cap: float) -> bool:
+    """Whether `peak_kv(items + [extra], h, j) <= cap` surely holds, for `m` items with `spans(items)`
+    = `kept`: each of `peak_kv`'s terms, h·Σ_{alive}(context + t) + alive·j, is at most h·Σ_{all}
+    max(0, context + max(0, remaining − 1)) + (m + 1)·j when h and j are not negative (a request alive
+    at t has remaining − 1 >= t), so a bound clear of `cap` by more than the rounding of either says the
+    peak is under it. False: unknown (ask `peak_kv`)."""
+    if not (h >= 0.0 and j >= 0.0):
+        return False
+    bound = h * (kept + spans((extra,))) + (m + 1) * j
+    return bound * (1.0 + _CLEAR) < cap

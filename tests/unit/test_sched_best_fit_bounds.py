@@ -5,19 +5,24 @@ pinning tests draw them)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.sched.columns import columns_of
+from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.plugins.placement import best_fit, best_fit_bounds
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.best_fit_bounds import sure_misses
+from gateway.sched.plugins.placement.best_fit_order import holders_first
 from gateway.sched.profile import eligible
+from gateway.sched.request import SchedRequest
 from gateway.sched.running import prefill_tokens, resume_prompt_tokens
-from gateway.sched.snapshot import FleetSnapshot
+from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from tests.unit.slo_fixtures import COEF, SLOW
 from tests.unit.test_sched_columns_slo import NOW, Run, _endpoint, _new_request, _params, _view
 
@@ -253,3 +258,50 @@ def test_best_fit_passing_over_sure_misses_of_the_reserve_chooses_as_trying_ever
     want = [v.id for v in every]
     assert [v.id for v in bounded] == want
     assert [v.id for v, m in zip(s.endpoints, mask.tolist(), strict=True) if m] == want
+
+
+def _sorted_choice(f: BestFitFilter, r: SchedRequest, views: Sequence[EndpointView]) -> list[str]:
+    """Best fit's choice as it is defined: every candidate's load sorted by its order (holders of the
+    request's prefix first), the first that fits with the reserve, else the first in the spreading order
+    that fits without it; no sure misses, no keys kept, (e) from the exact peak."""
+    cache = LoadCache(f.load_params)
+    loads = [cache.load(v, NOW) for v in views]
+    spread = sorted(loads, key=f._spread_key)
+    tried = sorted(loads, key=f.order_key) if f.packs else spread
+    if r.cached:
+        tried = holders_first(r, tried)
+    for load in tried:
+        if f.fits_both(load, r)[0]:
+            return [load.view.id]
+    for load in spread:
+        if f.fits_both(load, r)[1]:
+            return [load.view.id]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(endpoints=_endpoints, params=_params, requests=st.lists(_request, min_size=1, max_size=4))
+def test_best_fit_chooses_as_sorting_every_candidate_with_the_exact_kv_peak(
+    *,
+    endpoints: list[Endpoint],
+    params: BestFitParams,
+    requests: list[tuple],  # type: ignore[type-arg]
+) -> None:
+    """The plain way (the first tried found as the least key, the keys kept on each load and asked
+    again by the next requests, (e)'s sure pass) takes the endpoint the definition takes."""
+    f = BestFitFilter(params)
+    for request in requests:
+        s, r = _case(endpoints, request)
+        assert isinstance(r, SchedRequest)
+        s = FleetSnapshot(
+            now=NOW, endpoints=s.endpoints
+        )  # (one fleet, its loads reused request after request)
+        candidates = list(eligible(r, s))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
+            mp.setattr(best_fit, "surely_under", lambda *_, **__: False)
+            want = _sorted_choice(BestFitFilter(params), r, candidates)
+            mp.undo()
+            mp.setattr(best_fit, "MIN_CANDIDATES", 10**9)
+            got = f.filter(r, candidates, s)
+        assert [v.id for v in got] == want

@@ -102,3 +102,47 @@ def test_the_guard_keeps_what_the_plain_computation_keeps(
             meeting.append(e.id)
     want = harmless if r.best_effort else meeting if (meeting or hold) else harmless
     assert [e.id for e in guard.filter(r, candidates, s)] == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    endpoints=st.lists(_endpoint, min_size=1, max_size=8),
+    requests=st.lists(_request, min_size=1, max_size=4),
+    margin=st.sampled_from((0.5, 0.9, 1.0)),
+    on_track=st.sampled_from((0.0, 0.2)),
+    worst=st.lists(st.booleans(), min_size=1, max_size=4),
+    tails=st.lists(st.sampled_from(("mean", "normal")), min_size=1, max_size=8),
+)
+def test_judging_every_load_in_one_loop_answers_each_question_asked_alone(
+    *,
+    endpoints: list[Endpoint],
+    requests: list[tuple],  # type: ignore[type-arg]
+    margin: float,
+    on_track: float,
+    worst: list[bool],
+    tails: list[Tail],
+) -> None:
+    """`Sparing.judge` keeps what `spares` and `keeps` keep, load by load: requests in turn on the same
+    loads (the terms each load keeps asked again, with and without `worst_case`), loads of two caches'
+    parameters mixed, cached prefixes and best-effort requests, an object asked a question before."""
+    caches = {t: LoadCache(PredictParams(tail=t, prefill_overhead=0.05)) for t in ("mean", "normal")}
+    views = [_view(k, e) for k, e in enumerate(endpoints)]
+    loads = [caches[tails[k % len(tails)]].load(v, NOW) for k, v in enumerate(views)]
+    for i, (prompt, out, ttft_ms, e2e_ms, itl_ms, cached, best_effort) in enumerate(requests):
+        r = _new_request(prompt, out, (ttft_ms, e2e_ms, itl_ms), cached, best_effort=best_effort)
+        left = time_left(r, NOW)
+        worst_case = worst[i % len(worst)]
+        own = not r.best_effort
+        judge = Sparing(r, margin=margin, on_track=on_track, left=left, worst_case=worst_case)
+        if i % 2:  # (an object that answered a question before: its output estimate kept)
+            judge.keeps(loads[-1])
+        harmless, meeting = judge.judge(views, iter(loads), own=own)
+        alone = Sparing(r, margin=margin, on_track=on_track, left=left, worst_case=worst_case)
+        spared = [v.id for v, load in zip(views, loads, strict=True) if alone.spares(load)]
+        kept = [
+            v.id
+            for v, load in zip(views, loads, strict=True)
+            if own and alone.spares(load) and alone.keeps(load)
+        ]
+        assert [v.id for v in harmless] == spared
+        assert [v.id for v in meeting] == kept

@@ -54,7 +54,7 @@ Output lengths are the predicted means, or the tail bound in `tail` mode.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Final, Literal
 
 import numpy as np
@@ -64,6 +64,7 @@ from msgspec import Meta
 from gateway.core.types import RequestId
 from gateway.sched.fleet_loads import COLUMNS_FROM_LOADS, fleet_loads
 from gateway.sched.harms import breaks_deadlines
+from gateway.sched.kv_peak import spans, surely_under
 from gateway.sched.loads import LoadCache
 from gateway.sched.memo import make_room
 from gateway.sched.perf import PerfCoefficients
@@ -138,6 +139,10 @@ class BestFitFilter:
         if rebalance is None:
             rebalance = DEFAULT_REBALANCE if self._packs else 0.0
         self.rebalance = rebalance
+        # (the memo keys of its order keys on each load: `_keys`; a str's hash is kept)
+        tail = f"{params.gamma!r} {rebalance!r}"
+        self._spread_memo = f"best-fit-spread {'count' if by_count else 'norm'} {tail}"
+        self._order_memo = f"best-fit-order {tail}"
         # (the keys of what it keeps on each load's memo, made once: asked per candidate)
         self._norm_key = ("capacity-norm", params.gamma)
         self._tokens_key = ("tokens", params.gamma)
@@ -150,43 +155,76 @@ class BestFitFilter:
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
     ) -> Sequence[EndpointView]:
         loads = self._cache.loads(candidates, snap.now, keep=False)
-        # id(load) -> its candidate (a load may stand for a later view than its own: `LoadCache`)
-        of = dict(zip(map(id, loads), candidates, strict=True))
-        spread = sorted(loads, key=self._spread_key)
-        tried = sorted(loads, key=self.order_key) if self._packs else spread
+        # (candidates by their place in `candidates`: a load may stand for a later view than its own,
+        # `LoadCache`; each order key is kept on its load, `_keys`)
+        spread_keys, exact = self._keys(loads, self._spread_memo, self._spread_key)
+        tried_keys = spread_keys
+        if self._packs:
+            tried_keys, packed_exact = self._keys(loads, self._order_memo, self.order_key)
+            exact = exact and packed_exact
+        n = len(loads)
+        loose: dict[int, bool] = {}  # place -> whether it fits without the reserve
+        if n and exact and not req.cached:
+            # The first tried is the least key (no two are equal: each ends with its endpoint's id),
+            # found without sorting: most requests are placed there.
+            first = min(range(n), key=tried_keys.__getitem__)
+            strict, loose[first] = self.fits_both(loads[first], req)
+            if strict:
+                return [candidates[first]]
+        spread = sorted(range(n), key=spread_keys.__getitem__)
+        tried = sorted(range(n), key=tried_keys.__getitem__) if self._packs else spread
         if req.cached:
-            tried = holders_first(req, tried)
-        loose: dict[int, bool] = {}  # id(load) -> whether it fits without the reserve
-        bounded = len(loads) < MIN_CANDIDATES or self._gate.named(req)  # (named: none left)
-        # id(load) of those where it surely does not fit with the reserve (known after the first tries):
+            at = {id(load): k for k, load in enumerate(loads)}
+            tried = [at[id(load)] for load in holders_first(req, [loads[k] for k in tried])]
+        bounded = n < MIN_CANDIDATES or self._gate.named(req)  # (named: none left)
+        # places of those where it surely does not fit with the reserve (known after the first tries):
         # not the answer while another fits with it, so tried only if none does
         no_strict: set[int] = set()
-        for k, load in enumerate(tried):
-            if k == EAGER_TRIES and not bounded:
+        for j, k in enumerate(tried):
+            if j == EAGER_TRIES and not bounded:
                 # Not placed on the first few: the sure misses found for all at once (best_fit_bounds)
                 bounded = True
                 misses, strict_misses = sure_misses_of_loads(self, loads, req)
                 self._gate.seen(req, misses)
-                for other, miss, no in zip(loads, misses, strict_misses, strict=True):
+                for other, (miss, no) in enumerate(zip(misses, strict_misses, strict=True)):
                     if miss:
-                        loose.setdefault(id(other), False)
+                        loose.setdefault(other, False)
                     elif no:
-                        no_strict.add(id(other))
-            if id(load) in loose or id(load) in no_strict:
-                continue  # a sure miss, or surely not with the reserve (its loose fit: below)
-            strict, loose[id(load)] = self.fits_both(load, req)
+                        no_strict.add(other)
+            if k in loose or k in no_strict:
+                continue  # tried, a sure miss, or surely not with the reserve (its loose fit: below)
+            strict, loose[k] = self.fits_both(loads[k], req)
             if strict:
-                return [of[id(load)]]
+                return [candidates[k]]
         # Nothing fits with the reserve on the request's own deadlines: the least loaded endpoint
         # that fits without it (the request meets its deadlines there if nothing else comes; those
         # passed over above tried now, in that order).
-        for load in spread:
-            fits = loose.get(id(load))
+        for k in spread:
+            fits = loose.get(k)
             if fits is None:
-                fits = loose[id(load)] = self.fits_both(load, req)[1]
+                fits = loose[k] = self.fits_both(loads[k], req)[1]
             if fits:
-                return [of[id(load)]]
+                return [candidates[k]]
         return []
+
+    @staticmethod
+    def _keys(
+        loads: list[EndpointLoad], memo_key: str, make: Callable[[EndpointLoad], tuple[bool, float, str]]
+    ) -> tuple[list[tuple[bool, float, str]], bool]:
+        """`make(load)` of each load, kept on its memo under `memo_key` (a load is asked about by many
+        placements while it is reused), and whether none is NaN (then the least is the first sorted)."""
+        out: list[tuple[bool, float, str]] = []
+        add = out.append
+        exact = True
+        for load in loads:
+            memo = load.memo
+            got: tuple[bool, float, str] | None = memo.get(memo_key)
+            if got is None:
+                got = memo[memo_key] = make(load)
+            if got[1] != got[1]:
+                exact = False
+            add(got)
+        return out, exact
 
     def sure_rejects(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -439,7 +477,23 @@ class BestFitFilter:
     def _over_kv(load: EndpointLoad, req: SchedRequest, pred: Prediction) -> bool:
         """(e) KV over future iterations."""
         cap = load.kv_capacity
-        return cap is not None and load.peak_kv((float(req.prompt_tokens), pred.output_tokens)) > cap
+        if cap is None:
+            return False
+        extra = (float(req.prompt_tokens), pred.output_tokens)
+        # a bound first (kept on the load): on most endpoints it is clear of the capacity, and the
+        # running requests need not be sorted for the peak (`KvPeak`)
+        kept: float | None = load.memo.get("kv-spans")
+        if kept is None:
+            kept = load.memo["kv-spans"] = spans(
+                [
+                    (r.prompt_tokens + st[1], st[2])
+                    for r, st in zip(load.view.running, load.states, strict=True)
+                ]
+            )
+        coef = load.coef
+        if surely_under(kept, load.n, extra, h=coef.h, j=coef.j, cap=cap):
+            return False
+        return load.peak_kv(extra) > cap
 
     def fits(self, load: EndpointLoad, req: SchedRequest) -> bool:
         return next(self._broken(load, req), None) is None

@@ -108,17 +108,10 @@ class OverflowGuardFilter:
         sparing = Sparing(
             req, margin=p.margin, on_track=p.on_track, left=time_left(req, now), worst_case=p.worst_case
         )
-        harmless: list[EndpointView] = []
-        meeting: list[EndpointView] = []
-        own = not req.best_effort
-        load_of = self._cache.load
-        for e in candidates:
-            load = load_of(e, now)
-            if not sparing.spares(load):
-                continue
-            harmless.append(e)
-            if own and sparing.keeps(load):
-                meeting.append(e)
+        # (each load judged before the next is asked for: `Sparing`)
+        harmless, meeting = sparing.judge(
+            candidates, self._cache.each(candidates, now), own=not req.best_effort
+        )
         return harmless, meeting, sparing
 
     def filter_columns(
