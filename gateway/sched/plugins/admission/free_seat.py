@@ -13,6 +13,7 @@ that all miss."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
@@ -23,13 +24,24 @@ from gateway.sched.running import prefill_tokens
 Limits = tuple[float | None, float | None, float | None]
 
 
+class Missed(NamedTuple):
+    """The loads a walk tried, every one missed, in order, and `req`'s predicted first and last token on
+    each, as `EndpointLoad.predict` has them (`ttft_s`, `e2e_s`): what a refusal reports."""
+
+    loads: list[EndpointLoad]
+    ttfts: list[float]
+    e2es: list[float]
+
+
 def misses_everywhere(
     loads: Iterable[EndpointLoad], req: SchedRequest, limits: Limits, *, worst_case: bool
-) -> list[EndpointLoad] | None:
+) -> Missed | None:
     """None when `req` dispatched now on one of `loads` (taken in order, up to the first where it does)
-    meets `limits`; else the loads, every one of them tried (their predictions are the refusal's)."""
+    meets `limits`; else the loads, every one of them tried, and its times there (the refusal's)."""
     ttft_lim, e2e_lim, itl_lim = limits
     tried: list[EndpointLoad] = []
+    ttfts: list[float] = []
+    e2es: list[float] = []
     times = _Times(req, worst_case)
     for load in loads:
         ttft, e2e, tpot = times.of(load)
@@ -40,25 +52,9 @@ def misses_everywhere(
         ):
             return None
         tried.append(load)
-    return tried
-
-
-def refused_times(
-    loads: Iterable[EndpointLoad], req: SchedRequest, *, worst_case: bool
-) -> tuple[list[float], list[float], list[float]]:
-    """`req`'s predicted first token, last token and wait on each of `loads` (`EndpointLoad.predict`'s
-    `ttft_s`, `e2e_s` and `wait_s`), in order: what a refusal reports after the walk missed on every one
-    (a rejected request walks up to every endpoint of the model)."""
-    ttfts: list[float] = []
-    e2es: list[float] = []
-    waits: list[float] = []
-    times = _Times(req, worst_case)
-    for load in loads:
-        ttft, e2e, _ = times.of(load)
         ttfts.append(ttft)
         e2es.append(e2e)
-        waits.append(load.wait_s)
-    return ttfts, e2es, waits
+    return Missed(tried, ttfts, e2es)
 
 
 class _Times:

@@ -125,6 +125,9 @@ class DemandSplitFilter:
         # Per (model, group): the blocks and the columns' index a mask of the group's own endpoints was
         # made for, and that mask (`tiers_columns`).
         self._own_masks: dict[tuple[ModelName, int], tuple[object, object, npt.NDArray[np.bool_]]] = {}
+        # Per model: the last mask of the endpoints serving it `scope_columns` was asked with, and the
+        # place of its first endpoint (-1: none).
+        self._first: dict[ModelName, tuple[npt.NDArray[np.bool_], int]] = {}
 
     def filter(
         self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
@@ -191,10 +194,17 @@ class DemandSplitFilter:
     ) -> npt.NDArray[np.bool_]:
         """`scope` as a mask (the group's block from the mask `tiers_columns` keeps)."""
         group = self.group_of.get(req.slo.slo_class)
-        if group is None or not np.count_nonzero(serving):
+        if group is None:
             return serving
-        first = cols.endpoints[int(serving.nonzero()[0][0])]
-        blocks = self._count(req, group, snap, first.perf)
+        # the first endpoint serving the model, kept for the mask (the columns keep one per model while
+        # which endpoints serve it is the same)
+        kept = self._first.get(req.model)
+        if kept is None or kept[0] is not serving:
+            nonzero = serving.nonzero()[0]
+            kept = self._first[req.model] = (serving, int(nonzero[0]) if len(nonzero) else -1)
+        if kept[1] < 0:
+            return serving
+        blocks = self._count(req, group, snap, cols.endpoints[kept[1]].perf)
         if not blocks or self.spill[group] != "never":
             return serving
         return serving & self._own_mask(req.model, group, blocks, cols)
@@ -282,7 +292,7 @@ class DemandSplitFilter:
         # which endpoints they are changed (not their load)
         ids = snap.ready(model).ids()
         named = self._ready_named.get(model)
-        if named is not None and named[0] == ids:
+        if named is not None and (named[0] is ids or named[0] == ids):
             ready = named[1]
         else:
             ready = tuple(sorted(ids, key=str))
@@ -312,7 +322,11 @@ class DemandSplitFilter:
             state.blocks, state.counts, state.endpoints = {}, (), ready
             return state.blocks
         shares = self._shares(state.demand)
-        if ready == state.endpoints and state.counts and self._within(state.counts, shares, n):
+        if (
+            (ready is state.endpoints or ready == state.endpoints)
+            and state.counts
+            and self._within(state.counts, shares, n)
+        ):
             return state.blocks
         counts = block_sizes(shares, n, least)
         blocks: dict[EndpointId, int] = {}
@@ -328,7 +342,7 @@ class DemandSplitFilter:
         total = sum(demand)
         if total <= 0:
             return tuple(1.0 / len(self.group_names) for _ in self.group_names)
-        return tuple(d / total for d in demand)
+        return tuple([d / total for d in demand])
 
     def _within(self, counts: Sequence[int], shares: Sequence[float], n: int) -> bool:
         """The current blocks still fit the shares (every group within 0.5 + hysteresis endpoints)."""
