@@ -73,6 +73,9 @@ class _ModelState:
     blocks: dict[EndpointId, int] = field(default_factory=dict)  # endpoint -> group index
     counts: tuple[int, ...] = ()  # endpoints per group, in group order
     endpoints: tuple[EndpointId, ...] = ()  # the ready endpoints the blocks were cut from
+    # The ready endpoints `blocks` was last asked for with the demand as it is (None: the demand moved
+    # since): asked again for them, the blocks are the same (a request's scope, then its placement).
+    asked: tuple[EndpointId, ...] | None = None
 
 
 def request_work(req: SchedRequest, coef: PerfCoefficients, batch_ref: int) -> float:
@@ -233,13 +236,22 @@ class DemandSplitFilter:
         state = self._models.get(req.model)
         if state is None:
             state = self._models[req.model] = _ModelState(demand=[0.0] * len(self.group_names))
+        at = state.at
         self._decay(state, snap.now)
+        if state.at != at:
+            state.asked = None
         if req.id not in self._seen:
             self._seen[req.id] = None
             if len(self._seen) > _SEEN_MAX:
                 del self._seen[next(iter(self._seen))]
             state.demand[group] += request_work(req, perf or _PRIOR, self.params.batch_ref)
-        return self._blocks(state, self._ready(req.model, snap))
+            state.asked = None
+        ready = self._ready(req.model, snap)
+        if state.asked is ready:
+            return state.blocks  # (the same shares and endpoints as the last call: its answer)
+        blocks = self._blocks(state, ready)
+        state.asked = ready
+        return blocks
 
     def shares(self, model: ModelName) -> tuple[float, ...]:
         """Each group's share of the model's recent demand (equal before any)."""
