@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -272,3 +273,24 @@ def test_priorities_on_the_placed_on_snapshot_and_terms_of_queued_requests(
         running += [RequestId(rid) for rid, _ in _dispatched(out_a) if RequestId(rid) not in running]
         for rid in running:
             assert a.engine_priority(rid) == b.engine_priority(rid)
+
+
+def test_demand_split_forgets_the_oldest_request_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its bound the filter forgets the requests it counted oldest first, one per new request: a
+    forgotten request seen again counts again, one still remembered does not."""
+    from gateway.sched.plugins.placement import demand_split
+
+    monkeypatch.setattr(demand_split, "_SEEN_MAX", 3)
+    f = DemandSplitFilter(DemandSplitParams(groups={"decode": ["generation"], "context": ["translation"]}))
+    views = _fleet(4, [True], [True])
+    snap = FleetSnapshot(now=0.0, endpoints=views)
+    reqs = [req(f"r{i}", cls="generation", prompt=100, model=M) for i in range(5)]
+    for r in reqs:
+        f.tiers(r, list(views), snap)
+    assert list(f._seen) == ["r2", "r3", "r4"]
+    before = f.shares(M)
+    f.tiers(reqs[3], list(views), snap)  # remembered: not counted again
+    assert f.shares(M) == before
+    assert list(f._seen) == ["r2", "r3", "r4"]
+    f.tiers(reqs[0], list(views), snap)  # forgotten: counted again, and the oldest goes
+    assert list(f._seen) == ["r3", "r4", "r0"]

@@ -32,6 +32,7 @@ endpoint of the request's group with room.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Final, Literal
@@ -116,7 +117,9 @@ class DemandSplitFilter:
         default: SpillMode = "when-full" if isinstance(spill, Mapping) else spill
         self.spill: tuple[SpillMode, ...] = tuple(by_group.get(g, default) for g in self.group_names)
         self._models: dict[ModelName, _ModelState] = {}
-        self._seen: dict[RequestId, None] = {}
+        # (oldest first: forgetting the oldest of a plain dict scans the deleted entries before it, some
+        # 9 µs a request once it is full)
+        self._seen: OrderedDict[RequestId, None] = OrderedDict()
         # Per model: the snapshot views the ready endpoints were last found in, and those endpoints.
         self._ready_kept: dict[ModelName, tuple[tuple[EndpointView, ...], tuple[EndpointId, ...]]] = {}
         # Per model: the ready endpoints' ids in the views' order the plain `_ready` last sorted, and
@@ -243,7 +246,7 @@ class DemandSplitFilter:
         if req.id not in self._seen:
             self._seen[req.id] = None
             if len(self._seen) > _SEEN_MAX:
-                del self._seen[next(iter(self._seen))]
+                self._seen.popitem(last=False)
             state.demand[group] += request_work(req, perf or _PRIOR, self.params.batch_ref)
             state.asked = None
         ready = self._ready(req.model, snap)
