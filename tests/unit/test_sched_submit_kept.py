@@ -63,7 +63,13 @@ def test_the_rank_epoch_kept_by_the_speed_token_is_the_bound_asked_afresh(
     kept, plain = SlackOrdering(SlackParams()), _PlainEpoch(SlackParams())
     views = first_views(start)
     memo = ViewsMemo.of(tuple(views), None)
-    r = req(e2e_ms=5000.0, model=M)
+    reqs = [
+        req("late", e2e_ms=1.0, model=M),
+        req("timed", e2e_ms=5000.0, model=M),
+        req("first", ttft_ms=800.0, model=M),
+        req("untimed", model=M),
+        req("demoted", e2e_ms=5000.0, model=M, best_effort=True),
+    ]
     for step, (what, new_speeds, size, part) in enumerate(script):
         old = tuple(views)
         views = next_views(views, what, new_speeds, size)
@@ -76,8 +82,10 @@ def test_the_rank_epoch_kept_by_the_speed_token_is_the_bound_asked_afresh(
         for s in snaps:
             for model in (M, OTHER) if asked == "both" else (ModelName(asked),):
                 assert kept.rank_epoch(model, s) == plain.rank_epoch(model, s)
-            assert kept.rank(r, s) == plain.rank(r, s)
-            assert kept.engine_priority(r, s) == plain.engine_priority(r, s)
+            for q in reqs:
+                assert kept.rank(q, s) == plain.rank(q, s)
+                plain.rank_epoch(M, s)
+                assert kept.engine_priority(q, s) == int(plain.approximate_key(q, s)[0])
 
 
 # --------------------------------------------------------------------- demand-split's scope
@@ -287,10 +295,13 @@ def test_demand_split_forgets_the_oldest_request_first(monkeypatch: pytest.Monke
     reqs = [req(f"r{i}", cls="generation", prompt=100, model=M) for i in range(5)]
     for r in reqs:
         f.tiers(r, list(views), snap)
-    assert list(f._seen) == ["r2", "r3", "r4"]
+    assert list(f._seen_order) == ["r2", "r3", "r4"]
+    assert f._seen == {"r2", "r3", "r4"}
     before = f.shares(M)
     f.tiers(reqs[3], list(views), snap)  # remembered: not counted again
     assert f.shares(M) == before
-    assert list(f._seen) == ["r2", "r3", "r4"]
+    assert list(f._seen_order) == ["r2", "r3", "r4"]
+    assert f._seen == {"r2", "r3", "r4"}
     f.tiers(reqs[0], list(views), snap)  # forgotten: counted again, and the oldest goes
-    assert list(f._seen) == ["r3", "r4", "r0"]
+    assert list(f._seen_order) == ["r3", "r4", "r0"]
+    assert f._seen == {"r3", "r4", "r0"}

@@ -193,8 +193,17 @@ class SlackOrdering:
         """The request's class position: by the ranked rule when the queue is ranked (what it was
         picked by, without a prediction per endpoint), else by its exact assessment."""
         if self.ranks:
-            self.rank_epoch(req.model, snap)
-            return int(self.approximate_key(req, snap)[0])
+            # `approximate_key`'s class, spelled out (once per dispatch)
+            model = req.model
+            self.rank_epoch(model, snap)
+            group, at = self.rank(req, snap)
+            if group == DEMOTED:
+                return self._rank_of[BEST_EFFORT]
+            if group == UNTIMED:
+                return self._rank_of[CAN_WAIT]
+            now = snap.now
+            d = self.delay(model, snap)  # (asked whatever the class: its loads are kept for later decisions)
+            return self._rank_of[LATE if at < now else AT_RISK if at < now + d else CAN_WAIT]
         cls, _ = self._keys.assess(req, snap)
         return self.rank_of(cls)
 
