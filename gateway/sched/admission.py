@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from gateway.core import errors
 from gateway.core.errors import BerthError
-from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome
+from gateway.sched.interfaces import ADMIT, AdmitDecision, AdmitOutcome, Waiting
 from gateway.sched.profile import Policy
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetSnapshot
@@ -25,10 +25,13 @@ from gateway.sched.snapshot import FleetSnapshot
 class AdmissionLedger:
     """Admission outcomes per (SLO class, outcome) since start."""
 
-    __slots__ = ("_counts",)
+    __slots__ = ("_counts", "_waiting")
 
     def __init__(self) -> None:
         self._counts: dict[tuple[str, str], int] = {}
+        # The last admitter asked about and its `Waiting.waiting` (None: it has none), resolved once per
+        # admitter (the protocol's isinstance costs more than the call).
+        self._waiting: tuple[object, Callable[[SchedRequest], None] | None] | None = None
 
     def record(self, slo_class: str, outcome: AdmitOutcome) -> None:
         key = (slo_class, outcome.value)
@@ -69,6 +72,16 @@ class AdmissionLedger:
         if decision.outcome is AdmitOutcome.BEST_EFFORT and not req.best_effort:
             return dataclasses.replace(req, best_effort=True), None
         return req, None
+
+    def waiting(self, policy: Policy, req: SchedRequest) -> None:
+        """`req`, let in by `admit`, is queued on arrival: the admitter is told when it prepares for the
+        requests that wait (`Waiting`)."""
+        admitter = policy.admitter
+        kept = self._waiting
+        if kept is None or kept[0] is not admitter:
+            kept = self._waiting = (admitter, admitter.waiting if isinstance(admitter, Waiting) else None)
+        if kept[1] is not None:
+            kept[1](req)
 
     def recheck(
         self, policy: Policy, req: SchedRequest, snap: FleetSnapshot

@@ -354,6 +354,15 @@ class RecheckFrom(Admitter, Protocol):
 
 
 @runtime_checkable
+class Waiting(Protocol):
+    """An admitter that prepares for the requests it let in that wait in the queue: told once per such
+    request, as it is queued on arrival (a request placed at once, most below saturation, never waits,
+    and costs the admitter nothing more)."""
+
+    def waiting(self, req: SchedRequest) -> None: ...
+
+
+@runtime_checkable
 class EnginePriority(Protocol):
     """An ordering that also tells an engine with priority scheduling how urgent a request is.
 

@@ -181,9 +181,11 @@ class Scheduler(Preempting):
                 self._fault(req, "placement", e)
                 return Reject(req, fault_error())
             if chosen is not None:
-                self._place(req, self._queues.next_seq(), chosen, out)
+                self._place(req, self._queues.next_seq(), chosen, out, snap)
                 return self._own(out)
             unplaced = snap  # it fits nowhere: it queues, and serving goes on from there
+        if not exclude:
+            self.admission.waiting(self._policy, req)  # it waits: the admitter may prepare for that
         self._queues.push(queue, req, exclude, queued_at=self._clock.now())
         # submit can report one decision only, so it may place `req` and nothing else: a queued request
         # that became placeable without an event that serves (a cancel, time passing) waits for the next
@@ -399,13 +401,28 @@ class Scheduler(Preempting):
                 skipped.add(item.seq)
                 continue
             queue.remove(item)
-            self._place(item.req, item.seq, chosen, out)
+            self._place(item.req, item.seq, chosen, out, snap)
 
-    def _place(self, req: SchedRequest, seq: int, chosen: EndpointView, out: list[Decision]) -> None:
-        """Dispatch `req` (no longer queued) to `chosen`."""
+    def _place(
+        self,
+        req: SchedRequest,
+        seq: int,
+        chosen: EndpointView,
+        out: list[Decision],
+        placed_on: FleetSnapshot | None = None,
+    ) -> None:
+        """Dispatch `req` (no longer queued) to `chosen`. `placed_on`: the snapshot it was placed on, the
+        fleet unchanged since."""
         # The snapshot the engine priority is decided on is the fleet before this dispatch, taken only
-        # when it is asked for (most endpoints do not schedule by priority).
-        snap = self.snapshot() if chosen.priority_scheduling else None
+        # when it is asked for (most endpoints do not schedule by priority). At the clock of the snapshot
+        # it was placed on (a simulator's event), the fleet's views, columns and memo are that one's.
+        snap: FleetSnapshot | None = None
+        if chosen.priority_scheduling:
+            if placed_on is not None and placed_on.now == self._clock.now():
+                p = placed_on
+                snap = FleetSnapshot(p.now, p.endpoints, self._queues.waiting(), p.columns, p.memo)
+            else:
+                snap = self.snapshot()
         self._fleet.dispatch(chosen.id, req, self._clock.now() if snap is None else snap.now)
         self._seqs[req.id] = seq
         if snap is not None:

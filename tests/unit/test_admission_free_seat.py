@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterator
 from typing import Literal
 
@@ -18,7 +19,7 @@ from gateway.core.slo import SloPolicy
 from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.columns import columns_of
 from gateway.sched.loads import REUSE_S, LoadCache
-from gateway.sched.plugins.admission.free_seat import misses_everywhere, refused_times
+from gateway.sched.plugins.admission.free_seat import misses_everywhere
 from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.admission.slo_feasibility import SloFeasibilityAdmitter, SloFeasibilityParams
 from gateway.sched.predict import EndpointLoad, PredictParams
@@ -89,8 +90,8 @@ def test_the_walk_stops_where_a_prediction_per_load_meets_the_slo(
         assert walk.taken == meets.index(True) + 1
     else:
         assert got is not None
-        assert len(got) == len(loads)
-        assert all(a is b for a, b in zip(got, loads, strict=True))
+        assert len(got.loads) == len(loads)
+        assert all(a is b for a, b in zip(got.loads, loads, strict=True))
         assert walk.taken == len(loads)
 
 
@@ -111,15 +112,17 @@ def test_a_refusals_times_are_the_predictions(
     targets: tuple[float | None, float | None, float | None],
     cached: dict[int, int],
 ) -> None:
-    """`refused_times`: each load's `predict` first token, last token and wait, bit for bit, in order."""
+    """A walk that misses everywhere keeps each load's `predict` first token and last token, bit for bit,
+    in order (a refusal's message reads them), and its loads' waits are the predictions'."""
     params = PredictParams(tail=tail, tau=0.05, prefill_overhead=0.05)
     loads = [EndpointLoad(view_of(k, e), NOW, params) for k, e in enumerate(endpoints)]
     req = new_request(prompt, out, targets, cached)
     preds = [load.predict(req, worst_case=worst_case) for load in loads]
-    ttfts, e2es, waits = refused_times(loads, req, worst_case=worst_case)
-    assert ttfts == [p.ttft_s for p in preds]
-    assert e2es == [p.e2e_s for p in preds]
-    assert waits == [p.wait_s for p in preds]
+    got = misses_everywhere(iter(loads), req, (-math.inf, None, None), worst_case=worst_case)
+    assert got is not None
+    assert got.ttfts == [p.ttft_s for p in preds]
+    assert got.e2es == [p.e2e_s for p in preds]
+    assert [load.wait_s for load in got.loads] == [p.wait_s for p in preds]
 
 
 _SCALE = st.sampled_from([None, 0.999, 1.0, 1.001, 2.0])

@@ -92,10 +92,11 @@ def test_a_warm_late_recheck_answers_what_a_fresh_admitter_answers(
         for i, (ttft, e2e, prompt, out, produced, arrival) in enumerate(specs)
     ]
     first = fleet(script[0][0], script[0][1], script[0][2])
-    for req in queued:  # arrivals: the warm admitter keeps the terms of those it queues
+    for req in queued:  # arrivals: the warm admitter keeps the terms of those that wait
         assert answer(warm.admit(req, first, lambda _: 0)) == answer(
             admitter(tail).admit(req, first, lambda _: 0)
         )
+        warm.waiting(req)
     for now, speeds, ready, demote in script:
         if demote < len(queued):  # the same id, another object (a requeued preempted request)
             queued[demote] = dataclasses.replace(

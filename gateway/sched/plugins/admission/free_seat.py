@@ -13,6 +13,7 @@ that all miss."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from gateway.sched.predict import EndpointLoad
 from gateway.sched.request import SchedRequest
@@ -23,16 +24,50 @@ from gateway.sched.running import prefill_tokens
 Limits = tuple[float | None, float | None, float | None]
 
 
+class Missed(NamedTuple):
+    """The loads a walk tried, every one missed, in order, and `req`'s predicted first and last token on
+    each, as `EndpointLoad.predict` has them (`ttft_s`, `e2e_s`): what a refusal reports."""
+
+    loads: list[EndpointLoad]
+    ttfts: list[float]
+    e2es: list[float]
+
+
 def misses_everywhere(
     loads: Iterable[EndpointLoad], req: SchedRequest, limits: Limits, *, worst_case: bool
-) -> list[EndpointLoad] | None:
+) -> Missed | None:
     """None when `req` dispatched now on one of `loads` (taken in order, up to the first where it does)
-    meets `limits`; else the loads, every one of them tried (their predictions are the refusal's)."""
+    meets `limits`; else the loads, every one of them tried, and its times there (the refusal's).
+
+    Each load's times are `EndpointLoad.predict`'s first token, last token and per-token time, spelled
+    out inline (the same operations in the same order): a walk of a refused request takes up to every
+    endpoint of the model."""
     ttft_lim, e2e_lim, itl_lim = limits
     tried: list[EndpointLoad] = []
-    times = _Times(req, worst_case)
+    ttfts: list[float] = []
+    e2es: list[float] = []
+    p = float(req.prompt_tokens + req.produced_tokens)
+    # the tokens its prefill computes, the same everywhere when no endpoint holds a prefix of it
+    fresh = None if req.cached else req.prompt_tokens + req.produced_tokens
+    # the output planned for: the same for every load of one cache (its gamma), taken from the first
+    out = 0.0
+    steps = 0.0  # out - 1.0, at least 0
+    first = True
     for load in loads:
-        ttft, e2e, tpot = times.of(load)
+        if first:
+            first = False
+            out = load.output_tokens(req)
+            steps = out - 1.0
+            if not steps > 0.0:
+                steps = 0.0
+        c = load.coef
+        pre = prefill_tokens(req, load.view.id) if fresh is None else fresh
+        ttft = load.wait_s + (c.k1 * (pre + load.pending_prompt) + c.c1)
+        n, seats = load.n, load.seats
+        b = float(seats) if worst_case else float(n + 1 if n + 1 < seats else seats)
+        avg_ctx = (load.ctx_sum + p + 0.5 * out) / (n + 1)
+        tpot = ((c.k2 * avg_ctx + c.c2) * b + c.c3) * (1.0 + load.overhead)
+        e2e = ttft + steps * tpot
         if (
             (ttft_lim is None or ttft <= ttft_lim)
             and (e2e_lim is None or e2e <= e2e_lim)
@@ -40,52 +75,6 @@ def misses_everywhere(
         ):
             return None
         tried.append(load)
-    return tried
-
-
-def refused_times(
-    loads: Iterable[EndpointLoad], req: SchedRequest, *, worst_case: bool
-) -> tuple[list[float], list[float], list[float]]:
-    """`req`'s predicted first token, last token and wait on each of `loads` (`EndpointLoad.predict`'s
-    `ttft_s`, `e2e_s` and `wait_s`), in order: what a refusal reports after the walk missed on every one
-    (a rejected request walks up to every endpoint of the model)."""
-    ttfts: list[float] = []
-    e2es: list[float] = []
-    waits: list[float] = []
-    times = _Times(req, worst_case)
-    for load in loads:
-        ttft, e2e, _ = times.of(load)
         ttfts.append(ttft)
         e2es.append(e2e)
-        waits.append(load.wait_s)
-    return ttfts, e2es, waits
-
-
-class _Times:
-    """`EndpointLoad.predict`'s first token, last token and per-token time of one request, spelled out
-    (the same operations in the same order), for load after load of one cache."""
-
-    __slots__ = ("fresh", "out", "p", "req", "worst_case")
-
-    def __init__(self, req: SchedRequest, worst_case: bool) -> None:
-        self.req = req
-        self.worst_case = worst_case
-        self.p = float(req.prompt_tokens + req.produced_tokens)
-        # the tokens its prefill computes, the same everywhere when no endpoint holds a prefix of it
-        self.fresh = None if req.cached else req.prompt_tokens + req.produced_tokens
-        self.out: float | None = None  # (the same for every load of one cache: its gamma)
-
-    def of(self, load: EndpointLoad) -> tuple[float, float, float]:
-        req = self.req
-        out = self.out
-        if out is None:
-            out = self.out = load.output_tokens(req)
-        c = load.coef
-        pre = prefill_tokens(req, load.view.id) if self.fresh is None else self.fresh
-        ttft = load.wait_s + (c.k1 * (pre + load.pending_prompt) + c.c1)
-        n, seats = load.n, load.seats
-        b = float(seats) if self.worst_case else float(n + 1 if n + 1 < seats else seats)
-        avg_ctx = (load.ctx_sum + self.p + 0.5 * out) / (n + 1)
-        tpot = ((c.k2 * avg_ctx + c.c2) * b + c.c3) * (1.0 + load.overhead)
-        steps = out - 1.0
-        return ttft, ttft + (steps if steps > 0.0 else 0.0) * tpot, tpot
+    return Missed(tried, ttfts, e2es)

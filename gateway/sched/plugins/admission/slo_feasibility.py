@@ -44,7 +44,7 @@ from gateway.sched.loads import LoadCache, LoadCaches
 from gateway.sched.memo import make_room
 from gateway.sched.perf import default_prior
 from gateway.sched.plugins.admission.common import SLO_INFEASIBLE, class_bound
-from gateway.sched.plugins.admission.free_seat import Limits, misses_everywhere, refused_times
+from gateway.sched.plugins.admission.free_seat import Limits, Missed, misses_everywhere
 from gateway.sched.plugins.admission.preempted import PreemptedSeats
 from gateway.sched.plugins.admission.ready import ReadySeats
 from gateway.sched.plugins.admission.seat_bound import SureAdmission
@@ -69,8 +69,6 @@ _ROUNDING: Final = 1e-9
 _RUNNING: Final = attrgetter("n")  # a load's running requests (`EndpointLoad`, `Pending`)
 _TERMS_KEPT: Final = 1 << 15  # requests whose `IdleTerms` the recheck keeps at most (then made afresh)
 
-#: Outcomes that queue the request as it is (a best-effort one is queued as a demoted copy).
-_QUEUED: Final = frozenset((AdmitOutcome.ADMIT, AdmitOutcome.HOLD))
 _OUTCOME = {
     Infeasible.REJECT: AdmitOutcome.REJECT,
     Infeasible.HOLD: AdmitOutcome.HOLD,
@@ -118,6 +116,8 @@ class SloFeasibilityAdmitter:
         self._speeds = ReadySpeeds(self._fleet_bounds)
         self._terms: dict[RequestId, tuple[SchedRequest, IdleTerms]] = {}  # per request (`_terms_of`)
         self._outcomes: dict[str, AdmitDecision] = {}  # a recheck's refusal per SLO class (`_outcome`)
+        # per band: the classes of that band or a more urgent one (`_ahead`), in the policy's order
+        self._ahead_of: dict[int, tuple[str, ...]] = {}
         # The seat order (`SeatOrder`) of the last loads asked about.
         self._frees: SeatOrder | None = None
         self.seat_ends_from = SEAT_ENDS_FROM  # pending loads whose ends are derived as arrays (`SeatOrder`)
@@ -129,17 +129,14 @@ class SloFeasibilityAdmitter:
             None if preemption is None else PreemptedSeats(preemption, slo, caches or LoadCaches())
         )
 
-    def admit(
-        self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
-    ) -> AdmitDecision:
-        decision = self._admit(req, snap, queued_in_class)
-        if self._late and decision.outcome in _QUEUED and not req.best_effort:
-            # the idle terms the late recheck asks for on the ticks it waits through, made on arrival
-            # (the tick that first schedules the request's recheck then only reads them)
+    def waiting(self, req: SchedRequest) -> None:
+        """`req`, let in on arrival, is queued to wait (`Waiting`): the idle terms the late recheck asks
+        for on the ticks it waits through are made now (the tick that first schedules its recheck then
+        only reads them). A request placed at once needs none."""
+        if self._late and not req.best_effort:
             self._terms_of(req)
-        return decision
 
-    def _admit(
+    def admit(
         self, req: SchedRequest, snap: FleetSnapshot, queued_in_class: Callable[[str], int]
     ) -> AdmitDecision:
         bound = class_bound(self._slo, req, queued_in_class, self.params.retry_after_s)
@@ -153,8 +150,9 @@ class SloFeasibilityAdmitter:
         if not kept.any:
             return ADMIT  # nothing ready: the scheduler answers for that
         ahead = self._ahead(req, queued_in_class)
-        # the loads the request missed on with a free seat, in order (their predictions come first)
-        missed: list[EndpointLoad] = []
+        # the loads the request missed on with a free seat, in order, and its times there (they come
+        # first in a refusal's message)
+        missed: Missed | None = None
         preds: list[Prediction] = []
         if ahead < kept.free:
             # A seat is free for it: admitted once one endpoint with a free seat meets its SLO, so the
@@ -165,7 +163,7 @@ class SloFeasibilityAdmitter:
             )
             if tried is None:
                 return ADMIT
-            missed = tried  # (their predictions are made only for a refusal's message)
+            missed = tried  # (their times are read only for a refusal's message)
             loads = self._cache.refs(kept.views(), snap.now, keep=True)
         else:
             # Every free seat goes to the requests ahead: it waits for the (ahead - free)-th seat to free
@@ -211,7 +209,11 @@ class SloFeasibilityAdmitter:
             return AdmitDecision(outcome, SLO_INFEASIBLE)
         ttft_left, e2e_left = left
         # (the minima over the free-seat predictions, then the others, in the order they were made)
-        ttfts, e2es, waits = refused_times(missed, req, worst_case=self.params.assume_full)
+        ttfts: Sequence[float] = ()
+        e2es: Sequence[float] = ()
+        waits: Sequence[float] = ()
+        if missed is not None:
+            ttfts, e2es, waits = missed.ttfts, missed.e2es, [load.wait_s for load in missed.loads]
         parts = []
         if ttft_left is not None:
             best = min(chain(ttfts, (p.ttft_s for p in preds)), default=math.inf)
@@ -400,7 +402,13 @@ class SloFeasibilityAdmitter:
         if not self.params.count_queue:
             return 0
         band = self._slo.class_of(req.slo.slo_class).band
-        return sum(queued_in_class(c.name) for c in self._slo.classes.values() if c.band <= band)
+        names = self._ahead_of.get(band)
+        if names is None:
+            names = self._ahead_of[band] = tuple(c.name for c in self._slo.classes.values() if c.band <= band)
+        total = 0
+        for name in names:
+            total += queued_in_class(name)
+        return total
 
     def _predictions(self, req: SchedRequest, loads: list[EndpointLoad], ahead: int) -> list[Prediction]:
         """The request on every endpoint with a free seat once `ahead` queued requests took theirs; when

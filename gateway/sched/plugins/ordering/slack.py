@@ -59,14 +59,14 @@ from typing import Annotated, Final, Literal
 from msgspec import Meta
 
 from gateway.core.types import EndpointHealth, ModelName
-from gateway.sched.idle import IdleBound, KeptBounds, latest_start, output_bound
+from gateway.sched.idle import IdleBound, KeptBounds, output_bound, speeds_of
 from gateway.sched.interfaces import OrderKey, Rank, RankedQueue
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import PredictParams
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import prefill_tokens
+from gateway.sched.running import deadlines, prefill_tokens
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import itl_ok, time_left
 
@@ -169,8 +169,9 @@ class SlackOrdering:
         self.ranks = params.queue == "ranked"  # the queue reads this (gateway.sched.queues.ranked)
         self._bounds: dict[ModelName, IdleBound | None] = {}  # per model: the bound ranks were given at
         self._fleet_bounds = KeptBounds()
-        # The last epoch and delay: (model, the snapshot's views, [its clock,] the answer).
-        self._epoch: tuple[ModelName, tuple[EndpointView, ...], IdleBound | None] | None = None
+        # Per model, the last epoch: (the snapshot's views, their speed token, the answer).
+        self._epochs: dict[ModelName, tuple[tuple[EndpointView, ...], object | None, IdleBound | None]] = {}
+        # The last delay: (model, the snapshot's views, its clock, the answer).
         self._delay: tuple[ModelName, tuple[EndpointView, ...], float, float] | None = None
         late_first = params.late == "first"
         order = [LATE] if late_first else []
@@ -192,8 +193,17 @@ class SlackOrdering:
         """The request's class position: by the ranked rule when the queue is ranked (what it was
         picked by, without a prediction per endpoint), else by its exact assessment."""
         if self.ranks:
-            self.rank_epoch(req.model, snap)
-            return int(self.approximate_key(req, snap)[0])
+            # `approximate_key`'s class, spelled out (once per dispatch)
+            model = req.model
+            self.rank_epoch(model, snap)
+            group, at = self.rank(req, snap)
+            if group == DEMOTED:
+                return self._rank_of[BEST_EFFORT]
+            if group == UNTIMED:
+                return self._rank_of[CAN_WAIT]
+            now = snap.now
+            d = self.delay(model, snap)  # (asked whatever the class: its loads are kept for later decisions)
+            return self._rank_of[LATE if at < now else AT_RISK if at < now + d else CAN_WAIT]
         cls, _ = self._keys.assess(req, snap)
         return self.rank_of(cls)
 
@@ -201,11 +211,16 @@ class SlackOrdering:
     def rank_epoch(self, model: ModelName, snap: FleetSnapshot) -> Hashable:
         """The fastest idle bound of `model`'s ready endpoints, kept while a refit moves it less than
         the tolerance (`IdleBound.close_to`)."""
-        last = self._epoch
-        if last is not None and last[0] == model and last[1] is snap.endpoints:
-            return last[2]  # the same views: the serves of one event ask again
+        views = snap.endpoints
+        speeds = speeds_of(snap)
+        last = self._epochs.get(model)
+        if last is not None and (last[0] is views or (speeds is not None and last[1] is speeds)):
+            # The same views (the serves of one event ask again), or views whose speed token is the last
+            # ones' (`ViewsMemo.speeds`: the same speed at every place): `KeptBounds.epoch` is the last
+            # one then, so is the bound, and so the answer.
+            return last[2]
         bound = self._bound_for(model, snap)
-        self._epoch = (model, snap.endpoints, bound)
+        self._epochs[model] = (views, speeds, bound)
         return bound
 
     def _bound_for(self, model: ModelName, snap: FleetSnapshot) -> IdleBound | None:
@@ -222,8 +237,17 @@ class SlackOrdering:
         bound = self._bounds.get(req.model)
         if bound is None:
             return UNTIMED, 0.0
-        at = latest_start(req, bound, float(req.prompt_tokens), output_bound(req, self._gamma), self._alone)
-        return (UNTIMED, 0.0) if at is None else (TIMED, at)
+        # `latest_start`, spelled out (asked once per dispatch for its engine priority)
+        ttft_at, e2e_at = deadlines(req)
+        if ttft_at is None and e2e_at is None:
+            return UNTIMED, 0.0
+        ttft, e2e = bound.times(float(req.prompt_tokens), output_bound(req, self._gamma), self._alone)
+        if ttft_at is None:
+            assert e2e_at is not None
+            return TIMED, e2e_at - e2e
+        if e2e_at is None:
+            return TIMED, ttft_at - ttft
+        return TIMED, min(ttft_at - ttft, e2e_at - e2e)
 
     def delay(self, model: ModelName, snap: FleetSnapshot) -> float:
         """D: the least wait for a seat plus the prefills pending ahead, over the `DELAY_SAMPLE` ready
