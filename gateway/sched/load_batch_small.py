@@ -4,12 +4,10 @@ hundred calls, some 100 µs) is more than a Python step per running request. Pla
 has a small batch's numbers written straight into its rows, one load at a time (`write_small`).
 
 The arithmetic is `derive`'s, operation by operation in the same order (numpy's float64 operations round
-as Python's do); each running request's state and the sums over a load's are `EndpointLoad`'s
-(`gateway.sched.predict.running_states`' arithmetic, taken in the same pass over the running requests as
-the rows' lists: a third of a load's Python steps fewer), taken one after another as `derive`'s
-cumulative sums along a padded row are (starting from 0.0 and padded with 0.0 can only turn a -0.0 into
-0.0: equal either way). `tests/unit/test_sched_load_batch_small.py` pins both paths to the same numbers
-on random fleets.
+as Python's do); each running request's state and the sums over a load's are `EndpointLoad`'s own
+(`gateway.sched.predict.running_states`), taken one after another as `derive`'s cumulative sums along a
+padded row are (starting from 0.0 and padded with 0.0 can only turn a -0.0 into 0.0: equal either
+way). `tests/unit/test_sched_load_batch_small.py` pins both paths to the same numbers on random fleets.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ import numpy.typing as npt
 
 from gateway.sched.load_terms import Pace
 from gateway.sched.perf import default_prior
-from gateway.sched.predict import LONG_GROWTH, seats_of
+from gateway.sched.predict import running_states, seats_of
 from gateway.sched.snapshot import EndpointView
 
 _PRIOR: Final = default_prior()
@@ -146,71 +144,44 @@ def _load_numbers(
     count = len(running)
     n = float(count)
     seats = float(seats_of(view))
-    # Per running request its state now, `EndpointLoad`'s (`predict.running_states`' arithmetic, taken
-    # here in the same pass as the rows' lists), and the sums over them (Python floats, one after
-    # another from 0.0: a cumulative sum's last value; the remaining tokens too, not `sum`, whose
-    # compensated sum is not a cumsum's).
-    pre_l: list[float] = []
-    ctx_l: list[float] = []
-    rem_l: list[float] = []
-    first_l: list[float] = []
-    pending = ctx_sum = running_long = remaining_total = 0.0
-    budget = _NAN
-    for r, f in zip(running, pace.fresh, strict=True):
-        if r.produced is not None and r.reported_at is not None and r.first_token_at is not None:
-            first_at = r.first_token_at
-            prefilled = True
-            produced = r.produced + ((now - r.reported_at) / g if g > 0 else 0.0)
-        else:
-            first_at = r.dispatched_at + k1 * f + c1 + 0.5 * g
-            prefilled = now >= first_at
-            produced = (now - first_at) / g + 1.0 if prefilled and g > 0 else 0.0
-        mt = r.max_tokens
-        cap = inf if mt is None else float(mt)
-        if cap < produced:  # noqa: PLR1730 (min() is a call per running request)
-            produced = cap
-        mean = r.output_mean + gamma * r.output_std
-        if produced < mean:
-            rem = mean - produced
-            long = 0.0
-        else:
-            grown = LONG_GROWTH * produced
-            rem = grown if grown > 1.0 else 1.0
-            om = r.output_mean
-            long = (produced - r.output_mean) / (om if om > 1.0 else 1.0)
-        if cap < inf:
-            room = cap - produced
-            rem = room if room < rem else rem
-            rem = rem if rem > 0.0 else 0.0
-        if not prefilled:
-            pending += f
-        ctx = r.prompt_tokens + produced
-        ctx_sum += ctx
-        running_long += long
-        pre_l.append(1.0 if prefilled else 0.0)
-        ctx_l.append(ctx)
-        rem_l.append(rem)
-        remaining_total += rem
-        first_l.append(first_at - now)
-        itl = r.itl_s
-        if itl is not None and not r.best_effort and not itl >= budget:
-            budget = itl
+    # per running request (prefilled, produced, remaining, first token from now, long) and the sums
+    # over them, `EndpointLoad`'s own (Python floats, one after another from 0.0: a cumulative sum's
+    # last value)
+    states, pending, ctx_sum, running_long = running_states(
+        running, pace.fresh, now, guess=g, k1=k1, c1=c1, gamma=gamma
+    )
     over = 1.0 + pace.overhead
     tpot = ((k2 * (ctx_sum / n) + c2) * n + c3) * over if count > 0 else 0.0
     prefill_pending = k1 * pending + c1 if pending != 0.0 else 0.0
-    fin_l = [rem * tpot + (0.0 if p else prefill_pending) for rem, p in zip(rem_l, pre_l, strict=True)]
+    pre_l: list[float] = []
+    ctx_l: list[float] = []
+    rem_l: list[float] = []
+    fin_l: list[float] = []
+    remaining_total = 0.0  # (added one after another, not `sum`: its compensated sum is not a cumsum's)
+    budget = _NAN
+    for r, st in zip(running, states, strict=True):
+        p, produced, rem = st[0], st[1], st[2]
+        pre_l.append(1.0 if p else 0.0)
+        ctx_l.append(r.prompt_tokens + produced)
+        rem_l.append(rem)
+        remaining_total += rem
+        fin_l.append(rem * tpot + (0.0 if p else prefill_pending))
+        itl = r.itl_s
+        if itl is not None and not r.best_effort and not itl >= budget:
+            budget = itl
     bounds: list[_Bounds] = []
     for on_track, margin in harm_keys:
         least_ttft = least_itl = inf
         e2e: list[float] = []
-        for r, p, first_s, fin in zip(running, pre_l, first_l, fin_l, strict=True):
+        for r, st, fin in zip(running, states, fin_l, strict=True):
+            p = st[0]
             if r.best_effort:
                 e2e.append(inf)
                 continue
             dl = r.ttft_deadline
             if dl is not None and not p:
                 left = dl - now
-                saved = left - first_s
+                saved = left - st[3]
                 if saved >= on_track * left and saved >= 0:
                     b = saved * margin
                     least_ttft = min(least_ttft, b)
