@@ -7,6 +7,7 @@ endpoint come or gone, a scope's part), every answer is the plain one (`fastest_
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,6 +84,23 @@ def next_views(
     return out
 
 
+def memo_snaps(
+    start: list[float], script: list[tuple[list[int], list[float], str, bool]]
+) -> Iterator[tuple[int, FleetSnapshot, bool]]:
+    """The fleets of `steps` from `first_views(start)`, each snapshot (at 0.1 s a step) with the memo of
+    its views carried over from the last one at the places replaced, as the scheduler's snapshots are;
+    with each, its step and whether the script asks for a part of it too."""
+    views = first_views(start)
+    memo = ViewsMemo.of(tuple(views), None)
+    for step, (what, new_speeds, size, part) in enumerate(script):
+        old = tuple(views)
+        views = next_views(views, what, new_speeds, size)
+        new = tuple(views)
+        replaced = {i for i, v in enumerate(new) if i >= len(old) or v is not old[i]}
+        memo = ViewsMemo.of(new, memo, replaced)
+        yield step, FleetSnapshot(now=0.1 * step, endpoints=new, memo=memo), part
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     start=st.lists(st.sampled_from(SPEEDS), min_size=1, max_size=8),
@@ -129,23 +147,17 @@ def test_kept_orders_and_bounds_with_the_memos_speed_token_are_the_plain_ones(
     when the memo's speed token is the last one's, are the plain ones; and two memos with the same token
     have views of the same speed at every place (the token asked on some snapshots only)."""
     speeds, bounds = ReadySpeeds(KeptBounds()), KeptBounds()
-    views = first_views(start)
-    memo = ViewsMemo.of(tuple(views), None)
     tokens: list[tuple[object, tuple[EndpointView, ...]]] = []
-    for step, (what, new_speeds, size, part) in enumerate(script):
-        old = tuple(views)
-        views = next_views(views, what, new_speeds, size)
-        new = tuple(views)
-        replaced = {i for i, v in enumerate(new) if i >= len(old) or v is not old[i]}
-        memo = ViewsMemo.of(new, memo, replaced)
-        snap = FleetSnapshot(now=0.1 * step, endpoints=new, memo=memo)
+    for step, snap, part in memo_snaps(start, script):
+        memo, new = snap.memo, snap.endpoints
+        assert memo is not None
         if asked[step % len(asked)]:
             check(speeds, snap)
             for slowest in (False, True):
                 assert bounds.bound(snap, M, slowest=slowest) == fleet_bound(snap, M, slowest=slowest)
             tokens.append((memo.speeds(), new))
         if part:
-            check(speeds, dataclasses.replace(snap, endpoints=snap.endpoints[: max(1, len(views) // 2)]))
+            check(speeds, dataclasses.replace(snap, endpoints=snap.endpoints[: max(1, len(new) // 2)]))
     for i, (token, a) in enumerate(tokens):
         for other, b in tokens[i + 1 :]:
             if other is token:

@@ -36,10 +36,10 @@ from gateway.sched.profile import Policy, SchedulerProfile
 from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
-from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot, ViewsMemo
+from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 from gateway.sched.types import EndpointSpec
 from tests.unit.slo_fixtures import COEF, req
-from tests.unit.test_admission_speeds import OTHER, first_views, next_views, steps
+from tests.unit.test_admission_speeds import OTHER, first_views, memo_snaps, steps
 from tests.unit.test_sched_ticks import M
 
 
@@ -61,8 +61,6 @@ def test_the_rank_epoch_kept_by_the_speed_token_is_the_bound_asked_afresh(
     start: list[float], script: list[tuple[list[int], list[float], str, bool]], models: list[str]
 ) -> None:
     kept, plain = SlackOrdering(SlackParams()), _PlainEpoch(SlackParams())
-    views = first_views(start)
-    memo = ViewsMemo.of(tuple(views), None)
     reqs = [
         req("late", e2e_ms=1.0, model=M),
         req("timed", e2e_ms=5000.0, model=M),
@@ -70,13 +68,8 @@ def test_the_rank_epoch_kept_by_the_speed_token_is_the_bound_asked_afresh(
         req("untimed", model=M),
         req("demoted", e2e_ms=5000.0, model=M, best_effort=True),
     ]
-    for step, (what, new_speeds, size, part) in enumerate(script):
-        old = tuple(views)
-        views = next_views(views, what, new_speeds, size)
-        new = tuple(views)
-        replaced = {i for i, v in enumerate(new) if i >= len(old) or v is not old[i]}
-        memo = ViewsMemo.of(new, memo, replaced)
-        snap = FleetSnapshot(now=0.1 * step, endpoints=new, memo=memo)
+    for step, snap, part in memo_snaps(start, script):
+        new = snap.endpoints
         asked = models[step % len(models)]
         snaps = [snap, dataclasses.replace(snap, endpoints=new[: max(1, len(new) // 2)])] if part else [snap]
         for s in snaps:
