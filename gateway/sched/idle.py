@@ -184,7 +184,22 @@ def latest_start(
     """The last clock time at which `req`, served alone at `bound`, still keeps its first-token and
     last-token deadlines; None when it has neither."""
     ttft_at, e2e_at = deadlines(req)
-    return IdleTerms(prompt, out, ttft_at, e2e_at).latest_start(bound, alone)
+    return _latest_start(bound, prompt, out, ttft_at, e2e_at, alone=alone)
+
+
+def _latest_start(
+    bound: IdleBound, prompt: float, out: float, ttft_at: float | None, e2e_at: float | None, *, alone: float
+) -> float | None:
+    """`latest_start` from a request's terms (`IdleTerms`), without making them."""
+    if ttft_at is None and e2e_at is None:
+        return None
+    ttft, e2e = bound.times(prompt, out, alone)
+    if ttft_at is None:
+        assert e2e_at is not None
+        return e2e_at - e2e
+    if e2e_at is None:
+        return ttft_at - ttft
+    return min(ttft_at - ttft, e2e_at - e2e)
 
 
 class IdleTerms(NamedTuple):
@@ -213,12 +228,4 @@ class IdleTerms(NamedTuple):
         """The last clock time at which its request, served alone at `bound` (`alone`: 1 + the prefill
         overhead), still keeps its deadlines; None when it has neither."""
         prompt, out, ttft_at, e2e_at = self
-        if ttft_at is None and e2e_at is None:
-            return None
-        ttft, e2e = bound.times(prompt, out, alone)
-        if ttft_at is None:
-            assert e2e_at is not None
-            return e2e_at - e2e
-        if e2e_at is None:
-            return ttft_at - ttft
-        return min(ttft_at - ttft, e2e_at - e2e)
+        return _latest_start(bound, prompt, out, ttft_at, e2e_at, alone=alone)

@@ -59,14 +59,14 @@ from typing import Annotated, Final, Literal
 from msgspec import Meta
 
 from gateway.core.types import EndpointHealth, ModelName
-from gateway.sched.idle import IdleBound, KeptBounds, output_bound, speeds_of
+from gateway.sched.idle import IdleBound, KeptBounds, latest_start, output_bound, speeds_of
 from gateway.sched.interfaces import OrderKey, Rank, RankedQueue
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.predict import PredictParams
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
-from gateway.sched.running import deadlines, prefill_tokens
+from gateway.sched.running import prefill_tokens
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import itl_ok, time_left
 
@@ -193,17 +193,8 @@ class SlackOrdering:
         """The request's class position: by the ranked rule when the queue is ranked (what it was
         picked by, without a prediction per endpoint), else by its exact assessment."""
         if self.ranks:
-            # `approximate_key`'s class, spelled out (once per dispatch)
-            model = req.model
-            self.rank_epoch(model, snap)
-            group, at = self.rank(req, snap)
-            if group == DEMOTED:
-                return self._rank_of[BEST_EFFORT]
-            if group == UNTIMED:
-                return self._rank_of[CAN_WAIT]
-            now = snap.now
-            d = self.delay(model, snap)  # (asked whatever the class: its loads are kept for later decisions)
-            return self._rank_of[LATE if at < now else AT_RISK if at < now + d else CAN_WAIT]
+            self.rank_epoch(req.model, snap)
+            return self._rank_of[self._ranked(req, snap)[0]]
         cls, _ = self._keys.assess(req, snap)
         return self.rank_of(cls)
 
@@ -237,17 +228,8 @@ class SlackOrdering:
         bound = self._bounds.get(req.model)
         if bound is None:
             return UNTIMED, 0.0
-        # `latest_start`, spelled out (asked once per dispatch for its engine priority)
-        ttft_at, e2e_at = deadlines(req)
-        if ttft_at is None and e2e_at is None:
-            return UNTIMED, 0.0
-        ttft, e2e = bound.times(float(req.prompt_tokens), output_bound(req, self._gamma), self._alone)
-        if ttft_at is None:
-            assert e2e_at is not None
-            return TIMED, e2e_at - e2e
-        if e2e_at is None:
-            return TIMED, ttft_at - ttft
-        return TIMED, min(ttft_at - ttft, e2e_at - e2e)
+        at = latest_start(req, bound, float(req.prompt_tokens), output_bound(req, self._gamma), self._alone)
+        return (UNTIMED, 0.0) if at is None else (TIMED, at)
 
     def delay(self, model: ModelName, snap: FleetSnapshot) -> float:
         """D: the least wait for a seat plus the prefills pending ahead, over the `DELAY_SAMPLE` ready
@@ -300,15 +282,20 @@ class SlackOrdering:
     def approximate_key(self, req: SchedRequest, snap: FleetSnapshot) -> OrderKey:
         """The ranked rule as a key (after `rank_epoch` for the request's model on `snap`): a scan of
         these keys picks what the ranked queue picks."""
+        cls, slack = self._ranked(req, snap)
+        return float(self.rank_of(cls)), slack
+
+    def _ranked(self, req: SchedRequest, snap: FleetSnapshot) -> tuple[int, float]:
+        """The ranked rule's CATO class for `req` and its slack (`UNLIMITED` without a deadline): the
+        class `engine_priority` gives, and `approximate_key`'s key."""
         group, at = self.rank(req, snap)
         if group == DEMOTED:
-            return float(self.rank_of(BEST_EFFORT)), UNLIMITED
+            return BEST_EFFORT, UNLIMITED
         if group == UNTIMED:
-            return float(self.rank_of(CAN_WAIT)), UNLIMITED
+            return CAN_WAIT, UNLIMITED
         now = snap.now
         d = self.delay(req.model, snap)
-        cls = LATE if at < now else AT_RISK if at < now + d else CAN_WAIT
-        return float(self.rank_of(cls)), at - now - d
+        return (LATE if at < now else AT_RISK if at < now + d else CAN_WAIT), at - now - d
 
 
 SPEC = PluginSpec(
