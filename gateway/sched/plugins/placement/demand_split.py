@@ -240,9 +240,7 @@ class DemandSplitFilter:
         state = self._models.get(req.model)
         if state is None:
             state = self._models[req.model] = _ModelState(demand=[0.0] * len(self.group_names))
-        now = snap.now
-        if state.at is None or now > state.at:  # `_decay`, inline
-            self._decay(state, now)
+        if self._decay(state, snap.now):
             state.asked = None
         seen = self._seen
         if req.id not in seen:
@@ -281,12 +279,15 @@ class DemandSplitFilter:
             return {}
         return {e: self.group_names[i] for e, i in state.blocks.items()}
 
-    def _decay(self, state: _ModelState, now: float) -> None:
+    def _decay(self, state: _ModelState, now: float) -> bool:
+        """The demand decayed to `now`; whether the clock moved since the last decay."""
         if state.at is None or now > state.at:
             if state.at is not None:
                 f = math.exp(-(now - state.at) / self.params.window_s)
                 state.demand = [d * f for d in state.demand]
             state.at = now
+            return True
+        return False
 
     def _ready(self, model: ModelName, snap: FleetSnapshot) -> tuple[EndpointId, ...]:
         """The ready endpoints serving `model`, in id order; kept for the snapshot's views (admission's
