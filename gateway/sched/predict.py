@@ -217,7 +217,7 @@ class EndpointLoad:
             )
         return got
 
-    def _kv_items(self) -> list[tuple[float, float]]:
+    def kv_items(self) -> list[tuple[float, float]]:
         """(`RunningState.context`, `remaining`) of each running request, in the view's order."""
         return [
             (r.prompt_tokens + st[1], st[2]) for r, st in zip(self.view.running, self._states, strict=True)
@@ -352,11 +352,11 @@ class EndpointLoad:
         # (each running request's context and remaining tokens as `running` has them, from the states
         # without making the running states)
         if extra is None:
-            return peak_kv(self._kv_items(), self.coef.h, self.coef.j)
+            return peak_kv(self.kv_items(), self.coef.h, self.coef.j)
         # asked for many requests in turn (best fit's constraint (e)): the running requests kept sorted
         got: KvPeak | None = self.memo.get("kv-peak")
         if got is None:
-            got = self.memo["kv-peak"] = KvPeak(self._kv_items(), self.coef.h, self.coef.j)
+            got = self.memo["kv-peak"] = KvPeak(self.kv_items(), self.coef.h, self.coef.j)
         return got.with_extra(*extra)
 
 

@@ -484,12 +484,7 @@ class BestFitFilter:
         # running requests need not be sorted for the peak (`KvPeak`)
         kept: float | None = load.memo.get("kv-spans")
         if kept is None:
-            kept = load.memo["kv-spans"] = spans(
-                [
-                    (r.prompt_tokens + st[1], st[2])
-                    for r, st in zip(load.view.running, load.states, strict=True)
-                ]
-            )
+            kept = load.memo["kv-spans"] = spans(load.kv_items())
         coef = load.coef
         if surely_under(kept, load.n, extra, h=coef.h, j=coef.j, cap=cap):
             return False
