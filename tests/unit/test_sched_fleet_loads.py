@@ -28,8 +28,9 @@ from gateway.sched.load_batch_small import WRITE_SMALL
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.placement.best_fit import TOKENS_PER_SEAT, BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.best_fit_bounds import _row
+from gateway.sched.plugins.placement.guard_shortlist import token_share
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
-from gateway.sched.predict import EndpointLoad, PredictParams
+from gateway.sched.predict import PredictParams
 from gateway.sched.profile import eligible
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetColumns, FleetSnapshot
@@ -324,15 +325,8 @@ def test_capacity_norms_kept_per_row_are_those_of_the_loads_as_the_fleet_changes
             assert norms == [f.capacity_norm(load) for load in loads]
             n, shares = fleet.token_shares(places, gamma, TOKENS_PER_SEAT)
             assert n.tolist() == [float(load.n) for load in loads]
-            assert shares.tolist() == [_share(load, gamma) for load in loads]
-
-
-def _share(load: EndpointLoad, gamma: float) -> float:
-    """Σ(context + γ·remaining) over the KV capacity (or seats × tokens per seat), from the load's sums."""
-    remaining = 0.0
-    for st_ in load.states:
-        remaining += st_[2]
-    return (load.ctx_sum + gamma * remaining) / (load.kv_capacity or load.seats * TOKENS_PER_SEAT)
+            # (the shortlist's rank keeps a load's share as `token_share`: the same numbers)
+            assert shares.tolist() == [token_share(load, gamma) for load in loads]
 
 
 @pytest.mark.parametrize("seed", range(4))
