@@ -69,20 +69,17 @@ class ShortlistRank:
         keys[~self._known[places]] = -math.inf
         return keys
 
-    def saw(self, cols: FleetColumns, places: list[int], loads: list[EndpointLoad]) -> None:
+    def saw(self, cols: FleetColumns, places: npt.NDArray[np.intp], loads: list[EndpointLoad]) -> None:
         """Keep what each of `loads` (the guard's, of the endpoint at the same place of `places`) gives:
         its running requests and token share (`token_share`, kept on the load: it is judged by many
         placements while it is reused)."""
         self._of(cols)
-        n: list[int] = []
-        share: list[float] = []
-        for load in loads:
-            got: float | None = load.memo.get(_SHARE_KEY)
+        share: list[float | None] = [load.memo.get(_SHARE_KEY) for load in loads]
+        for j, got in enumerate(share):
             if got is None:
-                got = load.memo[_SHARE_KEY] = token_share(load)
-            n.append(load.n)
-            share.append(got)
-        self._n[places] = n
+                load = loads[j]
+                share[j] = load.memo[_SHARE_KEY] = token_share(load)
+        self._n[places] = [load.n for load in loads]
         self._share[places] = share
         self._known[places] = True
 
@@ -94,7 +91,7 @@ _SHARE_KEY: Final = "shortlist-share"
 def token_share(load: EndpointLoad, gamma: float = GAMMA) -> float:
     """The token share of best fit's capacity norm of `load`: Σ(context + γ·remaining) over the running
     requests / KV capacity (or seats × tokens per seat), from the load's sums: its context sum and its
-    remaining tokens added one after another (the numbers `FleetLoads.token_shares` has from its row)."""
+    remaining tokens added one after another (the sums a load's row in `FleetLoads` holds)."""
     remaining = 0.0
     for st in load.states:
         remaining += st[2]

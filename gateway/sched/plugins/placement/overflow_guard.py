@@ -208,7 +208,8 @@ class OverflowGuardFilter:
         if not size or len(places) <= size:
             self._judge_busy(req, cols, busy, harmless, meeting, snap, left)
             return harmless, meeting, None, None
-        order = self.shortlist_order(req, cols, places).tolist()
+        order = self.shortlist_order(req, cols, places)
+        listed = order.tolist()
         views, now = cols.endpoints, snap.now
         sparing = Sparing(req, margin=p.margin, on_track=p.on_track, left=left, worst_case=p.worst_case)
         own = not req.best_effort
@@ -216,12 +217,11 @@ class OverflowGuardFilter:
         spared: list[EndpointView] = []
         kept: list[EndpointView] = []
         loads_of, rank = self._cache.loads, self._rank
-        for k in range(0, len(order), size):
-            block = order[k : k + size]
-            block_views = [views[i] for i in block]
+        for k in range(0, len(listed), size):
+            block_views = [views[i] for i in listed[k : k + size]]
             loads = loads_of(block_views, now, keep=False)
             harms_none, keeps = sparing.judge(block_views, loads, own=own)
-            rank.saw(cols, block, loads)
+            rank.saw(cols, order[k : k + size], loads)
             spared += harms_none
             kept += keeps
             if answered or (keeps if own else harms_none):
