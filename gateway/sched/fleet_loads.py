@@ -15,9 +15,8 @@ one array of the per-request matrices, so that a batch derived together is writt
 (`LoadCache.refs`): a row is derived again only when the cache has another load for its endpoint, those
 derived together (`gateway.sched.load_batch`), and the cache is not asked again about an endpoint
 already looked at for the same columns and clock (the requests of one served queue, which mostly fit
-nowhere, are placed on one snapshot). Best fit's capacity norms and the shortlist's token shares are
-kept per row until it is written again (`capacity_norms`, `token_shares`: worked out as a row is written
-in Python floats).
+nowhere, are placed on one snapshot). Best fit's capacity norms are kept per row until it is written
+again (`capacity_norms`: worked out as a row is written in Python floats).
 
 The arithmetic is `predict`'s and `harm`'s, operation by operation in the same order (numpy's float64
 operations round as Python's do), so every number is the one the loads give one by one
@@ -117,10 +116,10 @@ class FleetLoads:
         self._per: _Floats = np.zeros((_E2E, 0, 0))
         self._fill: _Floats = np.zeros((_E2E, 1, 1))
         self._used: list[int] = []  # per row, the columns of `_per` its requests hold (padding past them)
-        # per (gamma, tokens per seat) asked for (`_kept`): each row's capacity norm and token share, and
-        # whether they are known (worked out when a row is written in Python floats; a numpy batch's
-        # rows are not known until asked)
-        self._norms: dict[tuple[float, float], tuple[_Floats, _Floats, _Mask]] = {}
+        # per (gamma, tokens per seat) asked for (`capacity_norms`): each row's capacity norm, and
+        # whether it is known (worked out when a row is written in Python floats; a numpy batch's rows
+        # are not known until asked)
+        self._norms: dict[tuple[float, float], tuple[_Floats, _Mask]] = {}
         # (columns, clock) the rows were last brought up to date for, and which rows were looked at then
         self._at: tuple[FleetColumns, float] | None = None
         self._looked: _Mask = np.zeros(0, dtype=np.bool_)
@@ -246,12 +245,11 @@ class FleetLoads:
                 token_gammas=[g for g, _ in keys],
             )
             for j, (g, per_seat) in enumerate(keys):
-                norm, share, known = kept[(g, per_seat)]
+                norm, known = kept[(g, per_seat)]
                 for i, (s, tokens) in zip(at, made, strict=True):
                     kv = s[_KV]
                     scale = s[_SEATS] * per_seat if math.isnan(kv) or kv == 0.0 else kv
                     norm[i] = math.hypot(s[_N] / s[_SEATS], tokens[j] / scale)
-                    share[i] = (s[_CTX] + g * s[_REMAINING]) / scale
                     known[i] = True
         else:
             table, per = rows_of(derive_arrays(loads, params, self._keys), self._keys)
@@ -262,7 +260,7 @@ class FleetLoads:
             used = self._used
             for i, count in zip(at, counts, strict=True):
                 used[i] = count
-            for _, _, known in kept.values():
+            for _, known in kept.values():
                 known[rows] = False
         refs = self._refs
         for i, r in stale:
@@ -286,41 +284,25 @@ class FleetLoads:
     def capacity_norms(self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float) -> _Floats:
         """Best fit's capacity norm of each endpoint at `idx` (rows up to date: `rows`): the L2 norm of
         (running / seats, Σ(context + γ·remaining) / KV capacity, or seats × `per_seat` where the capacity
-        is unknown or 0), by `math.hypot` as `BestFitFilter.capacity_norm` takes it (`_kept`)."""
-        norm, _ = self._kept(idx, gamma, per_seat)
-        return norm
-
-    def token_shares(
-        self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float
-    ) -> tuple[_Floats, _Floats]:
-        """Per endpoint at `idx` (rows up to date: `rows`): its running requests, and the token share of
-        best fit's capacity norm (`capacity_norms`: Σ(context + γ·remaining) over the KV capacity, or
-        seats × `per_seat` where that is unknown or 0: from the load's sums; `_kept`)."""
-        _, share = self._kept(idx, gamma, per_seat)
-        n: _Floats = self._table[idx, _N]
-        return n, share
-
-    def _kept(self, idx: npt.NDArray[np.intp], gamma: float, per_seat: float) -> tuple[_Floats, _Floats]:
-        """The capacity norm and token share of each endpoint at `idx` for (`gamma`, `per_seat`), kept per
-        row: worked out when the row is written in Python floats (`_write`: the same operations on the
-        same floats), else here for the rows written since the last ask (a numpy batch's, or all of them
-        the first time a pair is asked for)."""
+        is unknown or 0), by `math.hypot` as `BestFitFilter.capacity_norm` takes it. Kept per row for
+        (`gamma`, `per_seat`): worked out when the row is written in Python floats (`_write`: the same
+        operations on the same floats), else here for the rows written since the last ask (a numpy
+        batch's, or all of them the first time a pair is asked for)."""
         key = (gamma, per_seat)
         got = self._norms.get(key)
         if got is None:
             rows = len(self._refs)
-            got = self._norms[key] = (np.zeros(rows), np.zeros(rows), np.zeros(rows, dtype=np.bool_))
-        norm, share, known = got
+            got = self._norms[key] = (np.zeros(rows), np.zeros(rows, dtype=np.bool_))
+        norm, known = got
         todo = idx[~known[idx]]
         if len(todo):
             n, seats, kv, tokens, _ = self.capacity(todo, gamma)
-            t = self._table[todo]
             scale = np.where(np.isnan(kv) | (kv == 0.0), seats * per_seat, kv)
             shares = zip((n / seats).tolist(), (tokens / scale).tolist(), strict=True)
             norm[todo] = [math.hypot(a, b) for a, b in shares]
-            share[todo] = (t[:, _CTX] + gamma * t[:, _REMAINING]) / scale
             known[todo] = True
-        return norm[idx], share[idx]
+        got_norms: _Floats = norm[idx]
+        return got_norms
 
     def best_fit_rows(self, idx: npt.NDArray[np.intp], gamma: float) -> _Floats:
         """The rows best fit's sure misses read (`best_fit_bounds._row`'s columns) of the endpoints at

@@ -5,8 +5,8 @@ Plugins are synchronous and side-effect free with respect to the fleet: they may
 
 Every Protocol is runtime-checkable: a policy checks each plugin it builds against its extension
 point's Protocol, and looks up the optional capabilities (`TieredFilter`, `ScopedFilter`,
-`GroupingFilter`, `SureRejects`, `SetAsideFilter`, `EnginePriority`) once, when it is built, never per
-request.
+`GroupingFilter`, `SureRejects`, `SetAsideFilter`, `ColumnarFewFilter`, `EnginePriority`) once, when it is
+built, never per request.
 """
 
 from __future__ import annotations
@@ -225,6 +225,20 @@ class ColumnarFilter(Filter, Protocol):
     def filter_columns(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
     ) -> npt.NDArray[np.bool_]: ...
+
+
+@runtime_checkable
+class ColumnarFewFilter(ColumnarFilter, Protocol):
+    """A columnar filter that may answer with the candidates it keeps as views instead of a mask: those
+    of `filter_columns`' mask (a list, in any order), when it judged them one load at a time and they
+    are few (their loads made, no arrays of them: the plain forms of the plugins after it cost less
+    over them than their columnar forms). The runner then places the rest of the way over those views
+    in the plain forms (the later filters, the scorers, the picker), the same choice as over the mask;
+    given a mask, over columns as before."""
+
+    def filter_columns_few(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_] | list[EndpointView]: ...
 
 
 @runtime_checkable

@@ -27,6 +27,7 @@ from gateway.sched.autoscale import Autoscale
 from gateway.sched.cuts import Cuts
 from gateway.sched.interfaces import (
     Admitter,
+    ColumnarFewFilter,
     ColumnarFilter,
     ColumnarPicker,
     ColumnarScopedFilter,
@@ -45,7 +46,15 @@ from gateway.sched.interfaces import (
 )
 from gateway.sched.loads import LoadCaches
 from gateway.sched.request import SchedRequest
-from gateway.sched.set_aside import Aside, ColumnAside, asides, column_asides, set_aside, set_aside_columns
+from gateway.sched.set_aside import (
+    Aside,
+    ColumnAside,
+    ColumnStep,
+    asides,
+    column_asides,
+    set_aside,
+    set_aside_columns,
+)
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
 
@@ -76,7 +85,6 @@ def eligible(
 _Mask = npt.NDArray[np.bool_]
 _ColumnTiers = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], Sequence[_Mask]]
 _ColumnScope = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask]
-_ColumnMask = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask]
 _Tiers = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[Sequence[EndpointView]]]
 _Scope = Callable[[SchedRequest, Sequence[EndpointView], FleetSnapshot], Sequence[EndpointView]]
 
@@ -125,8 +133,9 @@ class SchedulerProfile:
         field(init=False, repr=False, compare=False)
     )
     # per filter, in filter order: its columnar tiers (`ColumnarTieredFilter.tiers_columns`) or its
-    # columnar mask (`ColumnarFilter.filter_columns`), when the profile is columnar
-    _column_steps: tuple[tuple[_ColumnTiers | None, _ColumnMask | None], ...] = field(
+    # columnar mask (`ColumnarFilter.filter_columns`; `ColumnarFewFilter.filter_columns_few` where it
+    # may answer with views), when the profile is columnar
+    _column_steps: tuple[tuple[_ColumnTiers | None, ColumnStep | None], ...] = field(
         init=False, repr=False, compare=False
     )
     # per filter, in filter order, when the profile is columnar: `_asides`' columnar forms
@@ -176,11 +185,13 @@ class SchedulerProfile:
         plugins = [*filters, *(ws.scorer for ws in self.scorers), picker]
         least = min([p.columns_from for p in plugins if isinstance(p, ColumnsFrom)], default=COLUMNS_FROM)
         object.__setattr__(self, "_columns_from", least if self.columns_from is None else self.columns_from)
-        steps: list[tuple[_ColumnTiers | None, _ColumnMask | None]] = []
+        steps: list[tuple[_ColumnTiers | None, ColumnStep | None]] = []
         if columnar is not None:
             for f in filters:
                 if isinstance(f, ColumnarTieredFilter):
                     steps.append((f.tiers_columns, None))
+                elif isinstance(f, ColumnarFewFilter):
+                    steps.append((None, f.filter_columns_few))
                 else:
                     steps.append((None, cast("ColumnarFilter", f).filter_columns))
         object.__setattr__(self, "_column_steps", tuple(steps))
@@ -288,7 +299,12 @@ class SchedulerProfile:
         """`place` with a Python step per endpoint, over the `eligible` endpoints."""
         if not eligible:
             return None
-        candidates = self._filter(req, eligible, snap, 0)
+        return self._pick(req, self._filter(req, eligible, snap, 0), snap)
+
+    def _pick(
+        self, req: SchedRequest, candidates: Sequence[EndpointView], snap: FleetSnapshot
+    ) -> EndpointView | None:
+        """The picker's plain form over the filters' survivors, scored (None: no survivor)."""
         if not candidates:
             return None
         chosen = self.picker.pick(req, self._scored(req, candidates, snap), snap)
@@ -305,9 +321,13 @@ class SchedulerProfile:
         candidates: npt.NDArray[np.bool_],
     ) -> EndpointView | None:
         """`place` over columns, from the eligible `candidates`: the same choice (every plugin's columnar
-        form gives what its plain one would), without a Python step per endpoint."""
+        form gives what its plain one would), without a Python step per endpoint; from a filter that
+        answered with the few it keeps as views (`ColumnarFewFilter`), the rest of the way in the plain
+        forms over those."""
         _, scorers, picker = columnar
         mask = self._filter_columns(req, cols, candidates, snap, 0)
+        if not isinstance(mask, np.ndarray):
+            return self._pick(req, mask, snap)
         if not np.count_nonzero(mask):
             return None
         total: npt.NDArray[np.float64] | None = None
@@ -333,9 +353,11 @@ class SchedulerProfile:
         mask: npt.NDArray[np.bool_],
         snap: FleetSnapshot,
         start: int,
-    ) -> npt.NDArray[np.bool_]:
+    ) -> npt.NDArray[np.bool_] | Sequence[EndpointView]:
         """`_filter` over columns: the filters from `start` on; a tiered filter's tiers each go through
-        the filters after it, in order, until one leaves candidates."""
+        the filters after it, in order, until one leaves candidates. A filter that answers with views
+        (`ColumnarFewFilter`) hands them to the plain form of the filters after it (`_filter`): the
+        survivors are then views, not a mask."""
         steps = self._column_steps
         for i in range(start, len(steps)):
             if not np.count_nonzero(mask):
@@ -345,15 +367,18 @@ class SchedulerProfile:
                 assert one is not None  # (one or the other, by construction)
                 aside = self._column_asides[i]
                 if aside is None:
-                    mask = one(req, cols, mask, snap)
+                    got = one(req, cols, mask, snap)
                 else:
-                    mask = set_aside_columns(req, one, aside, cols, mask, snap)
+                    got = set_aside_columns(req, one, aside, cols, mask, snap)
+                if not isinstance(got, np.ndarray):
+                    return self._filter(req, got, snap, i + 1) if got else got
+                mask = got
                 continue
             for tier in tiers(req, cols, mask, snap):
                 if not np.count_nonzero(tier):
                     continue
                 survivors = self._filter_columns(req, cols, tier, snap, i + 1)
-                if np.count_nonzero(survivors):
+                if np.count_nonzero(survivors) if isinstance(survivors, np.ndarray) else survivors:
                     return survivors
             return np.zeros_like(mask)
         return mask

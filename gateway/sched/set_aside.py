@@ -35,6 +35,8 @@ Aside = tuple[
     Callable[[SchedRequest, _Views, _Views, FleetSnapshot], _Views],
 ]
 _ColumnMask = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask]
+#: A filter's columnar step: its mask, or the few it keeps as views (`ColumnarFewFilter`).
+ColumnStep = Callable[[SchedRequest, FleetColumns, _Mask, FleetSnapshot], _Mask | list[EndpointView]]
 #: The same over columns (`sure_rejects_columns`, `filter_columns_aside`).
 ColumnAside = tuple[_ColumnMask, Callable[[SchedRequest, FleetColumns, _Mask, _Mask, FleetSnapshot], _Mask]]
 
@@ -89,13 +91,14 @@ def set_aside(req: SchedRequest, f: Filter, aside: Aside, candidates: _Views, sn
 
 def set_aside_columns(  # noqa: PLR0917 (the columnar step's arguments, with what it sets aside)
     req: SchedRequest,
-    one: _ColumnMask,
+    one: ColumnStep,
     aside: ColumnAside,
     cols: FleetColumns,
     mask: _Mask,
     snap: FleetSnapshot,
-) -> _Mask:
-    """`set_aside` over columns: `one` is the filter's `filter_columns`."""
+) -> _Mask | list[EndpointView]:
+    """`set_aside` over columns: `one` is the filter's `filter_columns` (or `filter_columns_few`: with
+    nothing set aside, its answer as it gives it)."""
     rejects, filter_aside = aside
     named = rejects(req, cols, mask, snap)
     if not np.count_nonzero(named):

@@ -26,10 +26,10 @@ from gateway.sched.harms import endangers, terms_of
 from gateway.sched.joining import join_delays
 from gateway.sched.load_batch_small import WRITE_SMALL
 from gateway.sched.loads import LoadCache
-from gateway.sched.plugins.placement.best_fit import TOKENS_PER_SEAT, BestFitFilter, BestFitParams
+from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.best_fit_bounds import _row
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
-from gateway.sched.predict import EndpointLoad, PredictParams
+from gateway.sched.predict import PredictParams
 from gateway.sched.profile import eligible
 from gateway.sched.request import SchedRequest
 from gateway.sched.snapshot import FleetColumns, FleetSnapshot
@@ -296,11 +296,11 @@ def test_capacity_norms_kept_per_row_are_those_of_the_loads_as_the_fleet_changes
     kv_unknown: bool,
     numpy_rows: bool,
 ) -> None:
-    """The capacity norms and token shares kept per row (`FleetLoads.capacity_norms`, `token_shares`:
-    worked out as a row is written in Python floats, or when next asked for a numpy batch's rows) are,
-    after every change of the fleet, `capacity_norm` of the loads the cache hands out and the share of
-    their sums: time passing within and past the reuse time, progress reports, dispatches, completions;
-    rows written either way (`numpy_rows`: every batch through numpy's)."""
+    """The capacity norms kept per row (`FleetLoads.capacity_norms`: worked out as a row is written in
+    Python floats, or when next asked for a numpy batch's rows) are, after every change of the fleet,
+    `capacity_norm` of the loads the cache hands out: time passing within and past the reuse time,
+    progress reports, dispatches, completions; rows written either way (`numpy_rows`: every batch
+    through numpy's)."""
     views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
     if kv_unknown:
         views = tuple(
@@ -322,17 +322,6 @@ def test_capacity_norms_kept_per_row_are_those_of_the_loads_as_the_fleet_changes
             loads = [f._cache.load(cols.endpoints[i], now) for i in places.tolist()]
             norms = f.capacity_norms(places).tolist()
             assert norms == [f.capacity_norm(load) for load in loads]
-            n, shares = fleet.token_shares(places, gamma, TOKENS_PER_SEAT)
-            assert n.tolist() == [float(load.n) for load in loads]
-            assert shares.tolist() == [_share(load, gamma) for load in loads]
-
-
-def _share(load: EndpointLoad, gamma: float) -> float:
-    """Σ(context + γ·remaining) over the KV capacity (or seats × tokens per seat), from the load's sums."""
-    remaining = 0.0
-    for st_ in load.states:
-        remaining += st_[2]
-    return (load.ctx_sum + gamma * remaining) / (load.kv_capacity or load.seats * TOKENS_PER_SEAT)
 
 
 @pytest.mark.parametrize("seed", range(4))

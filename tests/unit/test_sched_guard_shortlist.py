@@ -9,12 +9,15 @@ changing step by step, requests with and without targets, cached prefixes and be
 
 from __future__ import annotations
 
+import dataclasses
+
+import msgspec
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import EndpointId
-from gateway.sched.columns import columns_of
+from gateway.sched.columns import columns_of, updated
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
@@ -27,9 +30,11 @@ from tests.unit.fleet_steps import (
     STEP,
     Endpoint,
     advance,
+    columnar_policy,
     new_request,
     view_of,
 )
+from tests.unit.slo_fixtures import req, running
 
 
 def _params(shortlist: int) -> OverflowGuardParams:
@@ -39,7 +44,6 @@ def _params(shortlist: int) -> OverflowGuardParams:
 def _guard(shortlist: int, least: int = 1, cache: LoadCache | None = None) -> OverflowGuardFilter:
     guard = OverflowGuardFilter(_params(shortlist), cache)
     guard._fleet.least = least
-    guard.block_least = least
     return guard
 
 
@@ -73,6 +77,7 @@ def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
     cache = LoadCache(_params(0).predict_params())
     short = _guard(size, least, cache)  # (least 1: over the rows however few are busy; 17: one by one)
     whole = _guard(0, least, cache)  # the same loads and rows (one cache)
+    few = _guard(size, least, cache)  # its answer as views where the shortlist acts (its own rank)
     r = new_request(prompt, out, targets, cached, best_effort=best_effort)
     now = NOW
     for serial, (dt_ms, at, what) in enumerate(steps):
@@ -90,6 +95,13 @@ def test_a_shortlist_keeps_what_the_whole_guard_keeps_on_the_blocks_it_judges(
         held = [i for i in order if views[i].id in r.cached]
         assert order[: len(held)] == held  # the holders of part of its prompt first
         got = _ids(views, short.filter_columns(r, cols, cands, s))
+        as_views = few.filter_columns_few(r, cols, cands, s)
+        if isinstance(as_views, list):  # (a shortlist acted: the same candidates, as views)
+            assert len(places) > size
+            assert sorted(v.id for v in as_views) == sorted(got)
+        else:
+            assert len(places) <= size
+            assert _ids(views, as_views) == got
         harmless, meeting = whole._judge_columns(r, cols, cands, s)
         expected = _ids(views, whole.filter_columns(r, cols, cands, s))
         if len(places) > size:
@@ -164,3 +176,57 @@ def test_the_shortlist_ranks_by_the_capacity_norm_best_fit_orders_by(
     for i, key in zip(places[judged].tolist(), keys[judged].tolist(), strict=True):
         norm = fit.capacity_norm(guard._cache.load(views[i], now))
         assert abs(key - norm) <= 1e-9 * max(1.0, norm)
+
+
+def _run(
+    endpoints: list[Endpoint], steps: list[tuple[int, int, int]], size: int, *, hand_over: bool
+) -> list[str | None]:
+    """A run of `coding-assistant` over columns (busy endpoints over the loads' rows however few) with a
+    shortlist of `size`, on a fleet of its own: per step the fleet changes, a request is placed and
+    dispatched where it was placed. `hand_over`: the guard answers a shortlist's survivors as views
+    (the rest of the placement the plain way), else as a mask (the rest over columns)."""
+    policy = columnar_policy("coding-assistant")
+    guards = [f for f in policy.profile.filters if isinstance(f, OverflowGuardFilter)]
+    assert len(guards) == 1
+    guard = guards[0]
+    guard.params = msgspec.structs.replace(guard.params, shortlist=size)
+    guard.hand_over = hand_over
+    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
+    cols = columns_of(views)
+    now = NOW
+    chosen: list[str | None] = []
+    for serial, (dt_ms, at, what) in enumerate(steps):
+        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+        r = req(
+            f"r{serial}", arrival=now - 0.1, prompt=200 + 37 * serial, out=60.0, ttft_ms=800.0, e2e_ms=6000.0
+        )
+        got = policy.profile.place(r, FleetSnapshot(now=now, endpoints=views, columns=cols))
+        chosen.append(None if got is None else got.id)
+        if got is not None:
+            k = views.index(got)
+            new = running(
+                f"{r.id}", prompt=r.prompt_tokens, out=60.0, dispatched_at=now, e2e_deadline=now + 6
+            )
+            views = (
+                *views[:k],
+                dataclasses.replace(got, running=(*got.running, new), inflight=got.inflight + 1),
+                *views[k + 1 :],
+            )
+            cols = updated(cols, views, [k])
+    return chosen
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    endpoints=st.lists(ENDPOINT, min_size=2, max_size=8),
+    steps=st.lists(STEP, min_size=4, max_size=24),
+    size=st.integers(min_value=1, max_value=3),
+)
+def test_a_shortlist_handing_its_survivors_to_the_plain_rest_of_the_placement_makes_the_same_choices(
+    *, endpoints: list[Endpoint], steps: list[tuple[int, int, int]], size: int
+) -> None:
+    """Two runs of the same sequence, each with load caches of its own: the guard's shortlisted
+    survivors handed over as views (best fit and the picker in their plain forms over them, no rows
+    written for the blocks) or as a mask (best fit over the loads' rows): the same choice at every
+    step, and the same loads asked of the cache (the runs would part otherwise)."""
+    assert _run(endpoints, steps, size, hand_over=True) == _run(endpoints, steps, size, hand_over=False)

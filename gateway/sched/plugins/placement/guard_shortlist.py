@@ -30,11 +30,6 @@ from gateway.sched.snapshot import FleetColumns
 #: `gateway.sched.plugins.placement.best_fit`); its tokens per seat where the KV capacity is unknown is
 #: `TOKENS_PER_SEAT` there.
 GAMMA: Final = 0.5
-#: A block of fewer busy candidates than this is judged one load at a time, not over the loads' rows:
-#: the loads of a block are mostly those the ranking has not looked at lately, whose rows would be
-#: derived again first (in the 200-endpoint what-if, 16 loads one by one cost about half the rows'
-#: derive and judge). Best fit judges the block's survivors over the rows from `FleetLoads.least`.
-BLOCK_ROWS_FROM: Final = 17
 
 
 class ShortlistRank:
@@ -74,31 +69,30 @@ class ShortlistRank:
         keys[~self._known[places]] = -math.inf
         return keys
 
-    def saw(self, cols: FleetColumns, place: int, load: EndpointLoad) -> None:
-        """Keep what `load` (the guard's, of the endpoint at `place`) gives: its running requests and
-        token share."""
+    def saw(self, cols: FleetColumns, places: npt.NDArray[np.intp], loads: list[EndpointLoad]) -> None:
+        """Keep what each of `loads` (the guard's, of the endpoint at the same place of `places`) gives:
+        its running requests and token share (`token_share`, kept on the load: it is judged by many
+        placements while it is reused)."""
         self._of(cols)
-        g = GAMMA
-        tokens = sum(
-            [
-                r.prompt_tokens + st[1] + g * st[2]
-                for r, st in zip(load.view.running, load.states, strict=True)
-            ]
-        )
-        scale = load.kv_capacity or load.seats * TOKENS_PER_SEAT
-        self._n[place] = load.n
-        self._share[place] = tokens / scale
-        self._known[place] = True
-
-    def saw_rows(
-        self,
-        cols: FleetColumns,
-        places: npt.NDArray[np.intp],
-        n: npt.NDArray[np.float64],
-        share: npt.NDArray[np.float64],
-    ) -> None:
-        """`saw` for the loads at `places` from their rows (`FleetLoads.token_shares`)."""
-        self._of(cols)
-        self._n[places] = n
+        share: list[float | None] = [load.memo.get(_SHARE_KEY) for load in loads]
+        for j, got in enumerate(share):
+            if got is None:
+                load = loads[j]
+                share[j] = load.memo[_SHARE_KEY] = token_share(load)
+        self._n[places] = [load.n for load in loads]
         self._share[places] = share
         self._known[places] = True
+
+
+#: The memo key of a load's token share (`token_share`).
+_SHARE_KEY: Final = "shortlist-share"
+
+
+def token_share(load: EndpointLoad, gamma: float = GAMMA) -> float:
+    """The token share of best fit's capacity norm of `load`: Σ(context + γ·remaining) over the running
+    requests / KV capacity (or seats × tokens per seat), from the load's sums: its context sum and its
+    remaining tokens added one after another (the sums a load's row in `FleetLoads` holds)."""
+    remaining = 0.0
+    for st in load.states:
+        remaining += st[2]
+    return (load.ctx_sum + gamma * remaining) / (load.kv_capacity or load.seats * TOKENS_PER_SEAT)

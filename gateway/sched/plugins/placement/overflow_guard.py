@@ -22,8 +22,7 @@ from gateway.sched.harms import Sparing
 from gateway.sched.idle import output_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.params import PredictionParams
-from gateway.sched.plugins.placement.best_fit import TOKENS_PER_SEAT
-from gateway.sched.plugins.placement.guard_shortlist import BLOCK_ROWS_FROM, GAMMA, ShortlistRank
+from gateway.sched.plugins.placement.guard_shortlist import ShortlistRank
 from gateway.sched.registry import PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import resume_prompt_tokens
@@ -57,8 +56,8 @@ class OverflowGuardFilter:
         self._fleet = fleet_loads(self._cache)
         self._fleet.want(params.on_track, params.margin)
         self._rank = ShortlistRank()  # the shortlist's rank of busy candidates
-        # a shortlist's blocks of fewer busy candidates than this are judged one load at a time
-        self.block_least = BLOCK_ROWS_FROM
+        # where a shortlist acted over columns, its answer as views (`filter_columns_few`); off, as a mask
+        self.hand_over = True
         # the coefficients last judged and their distinct rows (`_rows`)
         self._kept_rows: (
             tuple[npt.NDArray[np.float64], tuple[list[_Coef], npt.NDArray[np.intp]] | None] | None
@@ -118,11 +117,38 @@ class OverflowGuardFilter:
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
     ) -> npt.NDArray[np.bool_]:
         harmless, meeting = self._judge_columns(req, cols, candidates, snap)
+        return self._kept(req, harmless, meeting)
+
+    def _kept(
+        self, req: SchedRequest, harmless: npt.NDArray[np.bool_], meeting: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.bool_]:
+        """What `filter_columns` keeps of the candidates judged into `harmless` and `meeting`."""
         if req.best_effort:
             return harmless
         if self.params.hold_infeasible or np.count_nonzero(meeting):
             return meeting
         return harmless
+
+    def filter_columns_few(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> npt.NDArray[np.bool_] | list[EndpointView]:
+        """`filter_columns`' answer, as views where a shortlist acted (`ColumnarFewFilter`): its blocks'
+        loads are judged one at a time (`_judged`), so the plain forms of the plugins after it cost
+        less over the few it keeps than their columnar forms, which would bring those loads' rows up
+        to date first."""
+        if not self.hand_over:
+            return self.filter_columns(req, cols, candidates, snap)
+        harmless, meeting, spared, kept = self._judged(req, cols, candidates, snap)
+        if spared is None or kept is None:
+            return self._kept(req, harmless, meeting)
+        if req.best_effort:
+            idle, busy = harmless, spared
+        elif self.params.hold_infeasible or kept or np.count_nonzero(meeting):
+            idle, busy = meeting, kept
+        else:
+            idle, busy = harmless, spared
+        views = cols.endpoints
+        return [views[i] for i in np.flatnonzero(idle).tolist()] + busy
 
     def filter_columns_aside(
         self,
@@ -145,14 +171,30 @@ class OverflowGuardFilter:
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
         """The columnar form of `_judge` (the candidates where the request harms no one, and of those
-        the ones where it meets its own targets): on an endpoint with nothing running the request harms
-        no one and is predicted from the endpoint's coefficients alone, for all such endpoints at once
-        (`predict`'s arithmetic for an empty load, in its order); the endpoints that run something, or
-        hold part of its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`,
-        `predict`, `meets` and `itl_ok` for all of them at once, the loads those of `filter`), or one by
-        one when they are fewer than `FleetLoads.least`. With more busy candidates than a `shortlist`,
-        those `shortlist` at a time in `shortlist_order`, up to the first `shortlist` where one keeps
-        the request's targets (or, best effort, where it harms no one on one)."""
+        the ones where it meets its own targets), as masks (`_judged`)."""
+        harmless, meeting, spared, kept = self._judged(req, cols, candidates, snap)
+        if spared is not None and kept is not None:
+            index = cols.index
+            harmless[[index[v.id] for v in spared]] = True
+            meeting[[index[v.id] for v in kept]] = True
+        return harmless, meeting
+
+    def _judged(
+        self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
+    ) -> tuple[
+        npt.NDArray[np.bool_], npt.NDArray[np.bool_], list[EndpointView] | None, list[EndpointView] | None
+    ]:
+        """`_judge_columns`' verdicts: on an endpoint with nothing running the request harms no one and
+        is predicted from the endpoint's coefficients alone, for all such endpoints at once (`predict`'s
+        arithmetic for an empty load, in its order); the endpoints that run something, or hold part of
+        its prompt, are judged over their loads' arrays (`FleetLoads`: `endangers`, `predict`, `meets`
+        and `itl_ok` for all of them at once, the loads those of `filter`), or one by one when they are
+        fewer than `FleetLoads.least`. With more busy candidates than a `shortlist`, those `shortlist`
+        at a time in `shortlist_order`, each load judged in turn as `filter` judges it (`Sparing`: no
+        rows written), up to the first `shortlist` where one keeps the request's targets (or, best
+        effort, where it harms no one on one). Masks of the candidates where it harms no one and of
+        those where it also meets its targets, and where a shortlist acted the busy ones of those as
+        views apart (else None: the masks hold them)."""
         p = self.params
         busy = _busy(req, cols, candidates)
         idle = candidates & ~busy
@@ -164,17 +206,27 @@ class OverflowGuardFilter:
         size = p.shortlist
         places = busy.nonzero()[0]
         if not size or len(places) <= size:
-            self._judge_busy(req, cols, busy, harmless, meeting, snap, left, self._fleet.least)
-            return harmless, meeting
-        places = self.shortlist_order(req, cols, places)
-        least = max(self._fleet.least, self.block_least)
-        for k in range(0, len(places), size):
-            block = np.zeros_like(busy)
-            block[places[k : k + size]] = True
-            self._judge_busy(req, cols, block, harmless, meeting, snap, left, least, rank=self._rank)
-            if np.count_nonzero(harmless if req.best_effort else meeting):
+            self._judge_busy(req, cols, busy, harmless, meeting, snap, left)
+            return harmless, meeting, None, None
+        order = self.shortlist_order(req, cols, places)
+        listed = order.tolist()
+        views, now = cols.endpoints, snap.now
+        sparing = Sparing(req, margin=p.margin, on_track=p.on_track, left=left, worst_case=p.worst_case)
+        own = not req.best_effort
+        answered = np.count_nonzero(meeting if own else harmless) > 0  # (an idle one)
+        spared: list[EndpointView] = []
+        kept: list[EndpointView] = []
+        loads_of, rank = self._cache.loads, self._rank
+        for k in range(0, len(listed), size):
+            block_views = [views[i] for i in listed[k : k + size]]
+            loads = loads_of(block_views, now, keep=False)
+            harms_none, keeps = sparing.judge(block_views, loads, own=own)
+            rank.saw(cols, order[k : k + size], loads)
+            spared += harms_none
+            kept += keeps
+            if answered or (keeps if own else harms_none):
                 break
-        return harmless, meeting
+        return harmless, meeting, spared, kept
 
     def shortlist_order(
         self, req: SchedRequest, cols: FleetColumns, places: npt.NDArray[np.intp]
@@ -195,7 +247,7 @@ class OverflowGuardFilter:
                 places = np.concatenate((places[first], places[~first]))
         return places
 
-    def _judge_busy(  # noqa: PLR0917 (`_judge_columns`'s step over the busy candidates)
+    def _judge_busy(  # noqa: PLR0917 (`_judged`'s step over the busy candidates)
         self,
         req: SchedRequest,
         cols: FleetColumns,
@@ -204,26 +256,19 @@ class OverflowGuardFilter:
         meeting: npt.NDArray[np.bool_],
         snap: FleetSnapshot,
         left: tuple[float | None, float | None],
-        least: int,
-        *,
-        rank: ShortlistRank | None = None,
     ) -> None:
         """The `busy` candidates judged into `harmless` and `meeting` (in place, at their places only):
-        over their loads' rows from `least` of them, else one load at a time (and what their loads give
-        kept by `rank`: a shortlist's block)."""
+        over their loads' rows from `FleetLoads.least` of them, else one load at a time."""
         p = self.params
         now = snap.now
         places = busy.nonzero()[0]
-        if len(places) >= least:
+        if len(places) >= self._fleet.least:
             spared, keeps = self._fleet.judge(
                 req, cols, busy, now, worst_case=p.worst_case, on_track=p.on_track, margin=p.margin
             )
             harmless[busy] = spared
             if not req.best_effort:
                 meeting[busy] = spared & keeps
-            if rank is not None:
-                n, share = self._fleet.token_shares(places, GAMMA, TOKENS_PER_SEAT)
-                rank.saw_rows(cols, places, n, share)
         elif len(places):  # a few: one by one, as `filter` judges them (`Sparing`)
             views = cols.endpoints
             sparing = Sparing(req, margin=p.margin, on_track=p.on_track, left=left, worst_case=p.worst_case)
@@ -231,8 +276,6 @@ class OverflowGuardFilter:
             load_of = self._cache.load
             for i in places.tolist():
                 load = load_of(views[i], now)
-                if rank is not None:
-                    rank.saw(cols, i, load)
                 if not sparing.spares(load):
                     continue
                 harmless[i] = True
