@@ -342,7 +342,8 @@ class SharedLimits:
             pairs = self.reconcile_pairs()
             if not pairs:
                 return True
-            keys, args = list(pairs), [self.name, *pairs.values()]
+            keys = list(pairs)
+            args: list[Any] = [self.name, *pairs.values()]
             if await self.link.call("seats", lambda r: self._seats(keys=keys, args=args, client=r)) is None:
                 self.reconcile_due = True
                 return False

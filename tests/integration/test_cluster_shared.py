@@ -14,6 +14,7 @@ import pytest
 
 from gateway.admission.limits import Limit, Refusal, Seat, TenantLimits
 from gateway.cluster import Cluster, ClusterMember
+from gateway.cluster.link import text
 from gateway.config.cluster import ClusterConfig, ClusterSecret, ClusterSetup
 from gateway.core.errors import BerthError
 from gateway.core.types import EndpointId
@@ -149,7 +150,7 @@ async def test_reconcile_writes_the_seats_a_replica_really_holds(make_cluster: M
 
 async def seats_in_redis(c: Cluster, tenant: str) -> dict[str, int]:
     h = await c.link.redis.hgetall(c.link.key("tenant", tenant))
-    return {k.decode()[2:]: int(v) for k, v in h.items() if k.startswith(b"s:")}
+    return {text(k)[2:]: int(v) for k, v in h.items() if text(k).startswith("s:")}
 
 
 async def test_a_reconcile_waits_for_an_admission_under_way_and_writes_no_seat_it_was_refused(
