@@ -39,7 +39,10 @@ async def make_cluster(redis_server: RedisServer) -> AsyncIterator[MakeCluster]:
     made: list[Cluster] = []
 
     async def make(name: str, *, url: str | None = None, **kw: object) -> Cluster:
-        kw.setdefault("lease_s", 1.0)
+        # A lease and a call's timeout far longer than a pause of the loop on a loaded machine (tests of a
+        # lease running out or of Redis down set their own).
+        kw.setdefault("lease_s", 60.0)
+        kw.setdefault("timeout_s", 10.0)
         kw.setdefault("publish_interval_s", 0.1)
         c = Cluster(setup_of(url or redis_server.url, name, prefix, **kw))
         made.append(c)
