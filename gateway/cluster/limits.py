@@ -17,8 +17,9 @@ a dead replica's seats return within one lease), and takes the request's charge 
 every limit lets it in: a tenant's buckets and seat in ONE round trip. Releases (the seat, and the
 token charge corrected by what the engine reported, as in gateway.admission.limits) are queued and sent
 by one background task, as many as are waiting in one script call; a replica also writes its true seat
-counts (`reconcile`) at start, after Redis came back and once per lease, so a release lost to an outage
-does not leak a seat.
+counts (`reconcile`, from its beat) at start, after Redis came back and once per lease, so a release lost
+to an outage does not leak a seat. The reconcile runs alone among the replica's seat changes
+(gateway.cluster.seatorder), so the count it writes is exact.
 
 While Redis does not answer, `[cluster] on_redis_down` decides: "local" admits through a local
 `TenantLimiter` holding 1/replicas of each limit (replicas: the members seen last), "refuse" answers 503
@@ -36,6 +37,7 @@ import structlog
 from gateway.admission.limits import Limit, Refusal, Seat, TenantLimiter, TenantLimits, scaled
 from gateway.cluster.link import RedisLink, text
 from gateway.cluster.lua import LEVEL, NOW, TENANT_SCRIPT_HEAD
+from gateway.cluster.seatorder import SeatOrder
 from gateway.cluster.slices import Slices
 from gateway.core import errors
 
@@ -108,6 +110,12 @@ return #KEYS
 """
 )
 
+# KEYS: the tenants; ARGV: me, then the seats this replica holds in each.
+SEATS_LUA: Final = """
+for i = 1, #KEYS do redis.call('HSET', KEYS[i], 's:' .. ARGV[1], ARGV[i + 1]) end
+return #KEYS
+"""
+
 _CODES: Final = {1: Limit.REQUESTS, 2: Limit.TOKENS, 3: Limit.CONCURRENCY}
 #: At most this many releases in one script call.
 RELEASE_BATCH: Final = 256
@@ -133,24 +141,23 @@ class SharedLimits:
         self.retry_after_s = retry_after_s
         self._admit = link.script(ADMIT_LUA)
         self._release = link.script(RELEASE_LUA)
+        self._seats = link.script(SEATS_LUA)
         self._members = link.key("members")
         self.limits: dict[str, TenantLimits] = {}
         self.fallback = TenantLimiter()  # 1/replicas of each limit, while Redis does not answer
         self.replicas = 1
-        self.held: dict[str, int] = {}  # tenant -> remote seats this replica holds
-        self._admitting: dict[str, int] = {}  # tenant -> admissions sent, not answered
+        # tenant -> remote seats this replica holds (counted as the admission's answer arrives)
+        self.held: dict[str, int] = {}
         self._pending: list[tuple[str, bool, float]] = []  # (tenant, seat, tokens to give back)
-        # Decisions asked for in this turn of the loop, sent together: (tenant key, spec, answer).
-        self._batch: list[tuple[str, str, asyncio.Future[tuple[int, str] | None]]] = []
+        # Decisions asked for in this turn of the loop, sent together: (tenant, spec, takes a seat, answer).
+        self._batch: list[tuple[str, str, bool, asyncio.Future[tuple[int, str] | None]]] = []
+        self.order = SeatOrder()  # the reconcile runs alone among this replica's seat changes
         self._sending: set[asyncio.Future[None]] = set()
         self.batches = 0  # admission script calls
         self.decisions = 0  # decisions sent in them
         self._wake = asyncio.Event()
-        self.slices = Slices(link, name, share=slice_share, wake=self._wake.set)
+        self.slices = Slices(link, name, share=slice_share, wake=self._wake.set, order=self.order)
         self.reconcile_due = True  # write the true seat counts on the next beat
-        # The last reconcile counted admissions still unanswered as seats: each that ends asks for the
-        # next, so one refused does not keep its seat in Redis until the reconcile a lease later.
-        self._counted_unanswered = False
         self.fallback_admits = 0
         self.refused_down = 0
         self.dropped_releases = 0
@@ -199,8 +206,7 @@ class SharedLimits:
             )
         )
         fut: asyncio.Future[tuple[int, str] | None] = asyncio.get_running_loop().create_future()
-        self._batch.append((self._tenant_key(tenant), spec, fut))
-        self._admitting[tenant] = self._admitting.get(tenant, 0) + 1
+        self._batch.append((tenant, spec, conc is not None, fut))
         try:
             if len(self._batch) == 1:  # the first of this turn's decisions sends them all, shielded:
                 # its own cancellation must not leave the others waiting
@@ -210,39 +216,42 @@ class SharedLimits:
                 await send
             got = await fut
         except asyncio.CancelledError:
-            # The request is gone; a seat Redis gave it meanwhile is given back.
+            # The request is gone; a seat Redis gave it meanwhile is given back (the answer's sender
+            # gives back the seats of answers nobody waits for any more).
             fut.add_done_callback(lambda f: self._taken_for_nobody(f, tenant, conc is not None))
             raise
-        finally:
-            self._admitting[tenant] -= 1
-            if self._counted_unanswered:
-                self.reconcile_due = True
         if got is None:
             return self._down(tenant, tokens, now)
         code, wait = got
         if code:
             return Refusal(_CODES[code], None if code == 3 else float(wait))
-        if conc is not None:
-            self.held[tenant] = self.held.get(tenant, 0) + 1
         return Seat(tenant, tokens if tpm is not None else 0, None, remote=True)
 
     async def _send_batch(self) -> None:
         await asyncio.sleep(0)  # the other decisions of this turn join the batch
-        batch, self._batch = self._batch, []
-        keys = [self._members, *(k for k, _, _ in batch)]
-        args = [self.name, *(spec for _, spec, _ in batch)]
-        self.batches += 1
-        self.decisions += len(batch)
-        got = await self.link.call("admit", lambda r: self._admit(keys=keys, args=args, client=r))
-        for i, (_, _, fut) in enumerate(batch):
-            if not fut.done():
-                fut.set_result(None if got is None else (int(got[2 * i]), text(got[2 * i + 1])))
+        async with self.order.change():  # those asked for while a reconcile ran join it too
+            batch, self._batch = self._batch, []
+            keys = [self._members, *(self._tenant_key(t) for t, _, _, _ in batch)]
+            args = [self.name, *(spec for _, spec, _, _ in batch)]
+            self.batches += 1
+            self.decisions += len(batch)
+            got = await self.link.call("admit", lambda r: self._admit(keys=keys, args=args, client=r))
+            # Each seat is counted here, as its answer arrives (a reconcile may start once this block
+            # ends, before the requests' own tasks resume).
+            for i, (tenant, _, seat, fut) in enumerate(batch):
+                answer = None if got is None else (int(got[2 * i]), text(got[2 * i + 1]))
+                taken = seat and answer is not None and answer[0] == 0
+                if taken:
+                    self.held[tenant] = self.held.get(tenant, 0) + 1
+                if not fut.done():
+                    fut.set_result(answer)
+                elif taken:  # its request was cancelled while it waited for the answer
+                    self.release(Seat(tenant, 0, None, remote=True), None, 0.0)
 
     def _taken_for_nobody(self, fut: asyncio.Future[tuple[int, str] | None], tenant: str, seat: bool) -> None:
         if fut.cancelled() or fut.result() is None or fut.result()[0]:  # type: ignore[index]
             return
         if seat:
-            self.held[tenant] = self.held.get(tenant, 0) + 1
             self.release(Seat(tenant, 0, None, remote=True), None, 0.0)
 
     def _down(self, tenant: str, tokens: int, now: float) -> Seat | Refusal:
@@ -288,26 +297,29 @@ class SharedLimits:
     async def flush(self) -> bool:
         """Send up to RELEASE_BATCH queued releases, then the slices' due top-ups and give-backs; False when
         Redis did not take them (they stay)."""
-        batch = self._pending[:RELEASE_BATCH]
-        if not batch:
-            return await self.slices.flush()
-        keys: list[str] = []
-        args: list[Any] = [self.name]
-        for tenant, seat, give in batch:
-            lim = self.limits.get(tenant)
-            tpm = None if lim is None else lim.tokens_per_min
-            keys.append(self._tenant_key(tenant))
-            args += [
-                "1" if seat else "0",
-                give,
-                0 if tpm is None else tpm / 60.0,
-                0 if tpm is None else max(1, tpm),
-            ]
-        got = await self.link.call("release", lambda r: self._release(keys=keys, args=args, client=r))
-        if got is None:
-            return False
-        del self._pending[: len(batch)]
-        return await self.slices.flush()
+        if self._pending:
+            async with self.order.change():  # the batch is taken after a reconcile that ran meanwhile
+                batch = self._pending[:RELEASE_BATCH]
+                keys: list[str] = []
+                args: list[Any] = [self.name]
+                for tenant, seat, give in batch:
+                    lim = self.limits.get(tenant)
+                    tpm = None if lim is None else lim.tokens_per_min
+                    keys.append(self._tenant_key(tenant))
+                    args += [
+                        "1" if seat else "0",
+                        give,
+                        0 if tpm is None else tpm / 60.0,
+                        0 if tpm is None else max(1, tpm),
+                    ]
+                if batch:
+                    got = await self.link.call(
+                        "release", lambda r: self._release(keys=keys, args=args, client=r)
+                    )
+                    if got is None:
+                        return False
+                    del self._pending[: len(batch)]
+        return await self.slices.flush()  # outside the block: its calls take their own place in order
 
     @property
     def pending(self) -> int:
@@ -322,17 +334,30 @@ class SharedLimits:
     def _tenant_key(self, tenant: str) -> str:
         return f"{self.link.prefix}:tenant:{tenant}"
 
+    async def reconcile(self) -> bool:
+        """Write the seats this replica holds for every tenant with max_concurrency (the member's beat
+        calls it when `reconcile_due`), alone among its seat changes (gateway.cluster.seatorder); False
+        when Redis did not answer (it is due again)."""
+        async with self.order.alone():
+            pairs = self.reconcile_pairs()
+            if not pairs:
+                return True
+            keys = list(pairs)
+            args: list[Any] = [self.name, *pairs.values()]
+            if await self.link.call("seats", lambda r: self._seats(keys=keys, args=args, client=r)) is None:
+                self.reconcile_due = True
+                return False
+        return True
+
     def reconcile_pairs(self) -> dict[str, int]:
-        """tenant key -> the seats this replica holds, for every tenant with max_concurrency (written by the
-        member's beat): admissions not yet answered are counted (a seat too many for a moment, never
-        one too few)."""
+        """tenant key -> the seats this replica holds, for every tenant with max_concurrency: exact when
+        no seat change is under way (`reconcile` sees to it)."""
         self.reconcile_due = False
-        self._counted_unanswered = any(self._admitting.values())
         out = {}
         for tenant, lim in self.limits.items():
             if lim.max_concurrency is None:
                 continue
-            n = self.held.get(tenant, 0) + self._admitting.get(tenant, 0) + self.slices.held_seats(tenant)
+            n = self.held.get(tenant, 0) + self.slices.held_seats(tenant)
             out[self._tenant_key(tenant)] = n
         # Releases queued for seats now written as they are would count twice: they are seats no more.
         self._pending = [(t, False, give) for t, _, give in self._pending if give != 0.0]
@@ -349,5 +374,6 @@ class SharedLimits:
             "dropped_releases": self.dropped_releases,
             "admission_calls": self.batches,
             "decisions": self.decisions,
+            "held_back_by_reconcile": self.order.held_back,
             **self.slices.document(),
         }

@@ -89,11 +89,6 @@ end
 return out
 """
 
-SEATS_LUA: Final = """
-for i = 1, #KEYS do redis.call('HSET', KEYS[i], 's:' .. ARGV[1], ARGV[i + 1]) end
-return #KEYS
-"""
-
 LEAVE_LUA: Final = """
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('DEL', ARGV[2] .. ':load:' .. ARGV[1])
@@ -131,7 +126,6 @@ class ClusterMember:
         self.lease_s = c.lease_s
         self.interval_s = c.publish_interval_s
         self._beat = link.script(BEAT_LUA)
-        self._seats = link.script(SEATS_LUA)
         self._leave = link.script(LEAVE_LUA)
         self._keys = [
             link.key("members"),
@@ -228,23 +222,13 @@ class ClusterMember:
             *(x for pair in failed.items() for x in pair),
             *cold,
         ]
-        reconcile = None
         if self.limits is not None and self.beats % max(1, round(self.lease_s / self.interval_s)) == 0:
             # Once a lease: the true seat counts, so a seat lost to a failure (a release Redis never
             # took, an admission whose answer never came) is counted right within a lease.
             self.limits.reconcile_due = True
-        if self.limits is not None and self.limits.reconcile_due:
-            reconcile = self.limits.reconcile_pairs()
-
-        async def run(r: Any) -> Any:
-            if reconcile:
-                keys = list(reconcile)
-                await self._seats(keys=keys, args=[self.name, *reconcile.values()], client=r)
-            return await self._beat(keys=self._keys, args=args, client=r)
-
-        got = await self.link.timed("beat", run)
+        got = await self.link.timed("beat", lambda r: self._beat(keys=self._keys, args=args, client=r))
         if got is None:
-            self._lost(reconcile is not None)
+            self._lost()
             return False
         self.beats += 1
         self.last_beat_at = time.monotonic()
@@ -256,6 +240,8 @@ class ClusterMember:
             self._fleet_bump = False
         self._read(got, sent)
         if self.limits is not None:
+            if self.limits.reconcile_due:  # after the lease is renewed: a rejoined replica's seats count
+                await self.limits.reconcile()
             self.limits.wake()
         return True
 
@@ -328,10 +314,8 @@ class ClusterMember:
                 self.hooks.on_load_failed(model, reason)
         self._failed_seen = seen
 
-    def _lost(self, reconciling: bool) -> None:
+    def _lost(self) -> None:
         """Redis did not answer the beat: local view for placement, leadership only until it lapses."""
-        if reconciling and self.limits is not None:
-            self.limits.reconcile_due = True
         self.peer_loads = {}
         self.hooks.on_peers({})
         self._leadership()

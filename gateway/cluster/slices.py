@@ -33,6 +33,7 @@ from typing import Any, Final
 from gateway.admission.limits import Limit, Refusal, Seat, TenantLimits
 from gateway.cluster.link import RedisLink, text
 from gateway.cluster.lua import TENANT_SCRIPT_HEAD
+from gateway.cluster.seatorder import SeatOrder
 
 #: A limit whose slice would hold fewer units than this is decided exactly (one call per decision):
 #: requests and seats, then tokens (a slice must hold several requests' charges, or every request would
@@ -176,8 +177,17 @@ def slice_of(limits: TenantLimits, share: float) -> Slice | None:
 class Slices:
     """The slices this replica holds, per sliced tenant (see the module doc)."""
 
-    def __init__(self, link: RedisLink, name: str, *, share: float, wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        name: str,
+        *,
+        share: float,
+        wake: Callable[[], None],
+        order: SeatOrder | None = None,
+    ) -> None:
         self.link = link
+        self._order = order or SeatOrder()  # the replica's seat changes against its reconcile
         self.name = name
         self.share = share
         self._script = link.script(SLICE_LUA)
@@ -299,7 +309,12 @@ class Slices:
         """One script call: for each (tenant, slice, tokens needed at once, idle) the slice topped up to
         one slice when below half (or empty), what exceeds two slices given back (all of it when idle).
         What is given back leaves the slice when the call is sent (a concurrent call cannot give it
-        again); what is granted joins it when the answer comes."""
+        again); what is granted joins it when the answer comes. Not while the replica reconciles its
+        seats (gateway.cluster.seatorder): what it asks for is worked out once it may go."""
+        async with self._order.change():
+            return await self._adjust(batch)
+
+    async def _adjust(self, batch: list[tuple[str, Slice, float, bool]]) -> bool:
         keys = [self._members]
         args: list[Any] = [self.name]
         asked: list[tuple[int, int]] = []
@@ -354,8 +369,7 @@ class Slices:
 
     def held_seats(self, tenant: str) -> int:
         """Seats this replica holds in Redis for `tenant` through its slice, spare ones included, and
-        those in calls under way (asked for or given back): the count the reconcile writes (a seat too many
-        for a lease at worst, never one too few)."""
+        those in calls under way (asked for or given back; none while the reconcile takes this count)."""
         n = 0
         for s in (self.slices.get(tenant), self.retired.get(tenant)):
             if s is not None:
