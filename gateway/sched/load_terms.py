@@ -132,7 +132,7 @@ class Pace:
     of the same view at a later time (`LoadCache` remakes loads 100-200 ms apart while nothing changed
     there) starts from these instead of deriving them again."""
 
-    __slots__ = ("arrays", "fresh", "guess", "overhead")
+    __slots__ = ("arrays", "fresh", "guess", "overhead", "terms")
 
     def __init__(self, fresh: list[int], overhead: float, guess: float) -> None:
         self.fresh = fresh
@@ -141,6 +141,9 @@ class Pace:
         # The running requests' fields a load reads besides their progress, as an array (one row per
         # request), made when loads are derived many at once (`gateway.sched.load_batch`).
         self.arrays: object | None = None
+        # The same as tuples, for the loads made one at a time (`gateway.sched.predict.request_terms`),
+        # with the coefficients and gamma they were made for: (coefficients, gamma, terms).
+        self.terms: tuple[object, float, object] | None = None
 
 
 def pace_of(view: EndpointView, coef: PerfCoefficients, prefill_overhead: float) -> Pace:
