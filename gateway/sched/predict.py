@@ -121,10 +121,15 @@ class EndpointLoad:
         # request they ask about), kept here by whoever derives it (`gateway.sched.harms`).
         self.memo: dict[Hashable, Any] = {}
         gamma = self.gamma = params.gamma
-        coef: PerfCoefficients = view.perf or _PRIOR
+        # (`view.perf`, `view.kv_capacity_tokens` and `seats_of` spelled out: a load is made per endpoint
+        # every 100-200 ms on a busy fleet)
+        est = view.estimates
+        coef: PerfCoefficients = (None if est is None else est.perf) or _PRIOR
         self.coef = coef
-        self.kv_capacity = view.kv_capacity_tokens
-        self.seats = seats_of(view)
+        self.kv_capacity = None if est is None else est.kv_capacity_tokens
+        mb, cap = view.max_batch, view.cap
+        seats = cap if mb is None or mb >= cap else mb
+        seats = self.seats = seats if seats > 1 else 1
         reqs = view.running
         n = self.n = len(reqs)
         if pace is None:
@@ -148,17 +153,18 @@ class EndpointLoad:
         self.ctx_sum = ctx_sum
         self.pending_prompt = pending
         self.running_long = long_total
-        tpot = self.tpot_now = coef.decode_iter_s(n, ctx_sum / n) * over if n else 0.0
+        # (`coef.decode_iter_s(n, ctx_sum / n) * over`, spelled out)
+        tpot = self.tpot_now = ((coef.k2 * (ctx_sum / n) + coef.c2) * n + coef.c3) * over if n else 0.0
         self._states = states
         self._running: tuple[RunningState, ...] | None = None
         # The running requests' predicted ends, sorted, made when first asked for (`seat_free`): a load
         # with a free seat needs none of them for its own wait.
         self._seat_free: list[float] | None = None
-        if n < self.seats:
+        if n < seats:
             self.wait_s = 0.5 * tpot
         else:
             self._seat_free = self._ends(k1 * pending + c1 if pending else 0.0)
-            self.wait_s = self._seat_free[n - self.seats] + 0.5 * tpot
+            self.wait_s = self._seat_free[n - seats] + 0.5 * tpot
 
     def _ends(self, prefill_pending: float) -> list[float]:
         """Each running request's predicted end, now that the per-token time is known, sorted."""
