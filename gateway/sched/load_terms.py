@@ -4,6 +4,7 @@ the load's time (`RunningState`)."""
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Final, Protocol
 
 from gateway.sched.perf import PerfCoefficients
@@ -99,10 +100,7 @@ def progress_only(view: EndpointView, old: EndpointView) -> bool:
     if view is old:
         return True
     return (
-        view.id == old.id
-        and view.inflight == old.inflight
-        and view.cap == old.cap
-        and view.max_cap == old.max_cap
+        _FIELDS(view) == _FIELDS(old)
         and view.health is old.health
         and (view.estimates is old.estimates or _same_fit(view, old))
         and view.running_prompt_tokens == old.running_prompt_tokens
@@ -111,19 +109,30 @@ def progress_only(view: EndpointView, old: EndpointView) -> bool:
         and view.engine_waiting == old.engine_waiting
         and view.kv_usage == old.kv_usage
         and view.scraped_at == old.scraped_at
-        and view.dispatched_since_scrape == old.dispatched_since_scrape
-        and view.completed_since_scrape == old.completed_since_scrape
         and view.cut_at == old.cut_at
-        and view.models == old.models
-        and view.url == old.url
-        and view.engine == old.engine
-        and view.instance_class == old.instance_class
-        and view.node == old.node
-        and view.priority_scheduling == old.priority_scheduling
-        and view.max_batch == old.max_batch
-        and view.config == old.config
         and same_requests(view.running, old.running)
     )
+
+
+#: The fields `progress_only` compares with == that no NaN can be in (ints, strs, sets of str, None):
+#: taken and compared as tuples in C (a tuple's == takes two identical items as equal; for these that is
+#: what == says). The floats are compared one by one (a NaN is equal to nothing).
+_FIELDS: Final = attrgetter(
+    "id",
+    "inflight",
+    "cap",
+    "max_cap",
+    "dispatched_since_scrape",
+    "completed_since_scrape",
+    "models",
+    "url",
+    "engine",
+    "instance_class",
+    "node",
+    "priority_scheduling",
+    "max_batch",
+    "config",
+)
 
 
 class Pace:
