@@ -221,9 +221,10 @@ class LoadCache:
         if got is not None:
             until = got[1]
         else:
-            until = self._reuse.get(view.id)
-            if until is None:
-                until = self._reuse[view.id] = reuse_s(view.id)
+            known = self._reuse.get(view.id)
+            if known is None:
+                known = self._reuse[view.id] = reuse_s(view.id)
+            until = known
         self._loads[view.id] = (fresh, until, now, view)
         if touched is not None:
             touched.add(view.id)

@@ -468,12 +468,13 @@ def states_of(
     long_total = 0.0
     inf = math.inf
     for r, (est_first, mean, cap, om, prompt, f) in zip(reqs, terms, strict=True):
-        produced = r.produced
+        reported = r.produced
         reported_at = r.reported_at
         first_at = r.first_token_at
-        if produced is not None and reported_at is not None and first_at is not None:
+        produced: float
+        if reported is not None and reported_at is not None and first_at is not None:
             prefilled = True
-            produced = produced + ((now - reported_at) / guess if guess > 0 else 0.0)
+            produced = reported + ((now - reported_at) / guess if guess > 0 else 0.0)
         else:
             first_at = est_first
             prefilled = now >= first_at
