@@ -1,9 +1,11 @@
 """What an endpoint's load (`gateway.sched.predict.EndpointLoad`) is made of: the terms it takes from its
-view alone, whatever the clock (`Pace`, `same_inputs`), and each running request's estimated state as of
-the load's time (`RunningState`)."""
+view alone, whatever the clock (`Pace`, `same_inputs`, and each running request's `request_terms`), and
+each running request's estimated state as of the load's time (`states_of`, `RunningState`)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from operator import attrgetter
 from typing import Final, Protocol
 
@@ -11,6 +13,8 @@ from gateway.sched.perf import PerfCoefficients
 from gateway.sched.running import RunningRequest, kept_of
 from gateway.sched.snapshot import EndpointView
 
+#: A running request past its predicted length is expected to run this share of its length again.
+LONG_GROWTH: Final = 0.5
 #: Prefill share of an endpoint's time at most (decoding then takes twice as long): a snapshot of a few
 #: running requests is a noisy sample of the mix.
 _MAX_PREFILL_SHARE: Final = 0.5
@@ -211,3 +215,78 @@ def pace_for(view: EndpointView, coef: PerfCoefficients, params: PaceParams, lik
     if like is not None and (like.params is params or like.params == params) and same_inputs(like.view, view):
         return like.pace
     return pace_of(view, coef, params.prefill_overhead)
+
+
+#: A running request's state now: prefilled, tokens produced, tokens remaining, its first token's time
+#: from now, how far past its predicted length it ran (a share of it).
+State = tuple[bool, float, float, float, float]
+
+
+#: What `gateway.sched.predict.running_states` reads of a running request besides its progress, for
+#: one pace, coefficients and gamma: its first token's time estimated from its dispatch, its
+#: tail-adjusted output mean, its max tokens (inf: none), its output mean, its prompt tokens and its
+#: prefill tokens (kept on the pace: `Pace.terms`).
+RequestTerms = tuple[float, float, float, float, int, int]
+
+
+def request_terms(
+    reqs: Sequence[RunningRequest], fresh: Sequence[int], *, k1: float, c1: float, guess: float, gamma: float
+) -> list[RequestTerms]:
+    """`RequestTerms` of each of `reqs` (`fresh`: its prefill tokens), each term `running_states`'
+    arithmetic in its order."""
+    inf = math.inf
+    return [
+        (
+            r.dispatched_at + k1 * f + c1 + 0.5 * guess,
+            r.output_mean + gamma * r.output_std,
+            inf if r.max_tokens is None else float(r.max_tokens),
+            r.output_mean,
+            r.prompt_tokens,
+            f,
+        )
+        for r, f in zip(reqs, fresh, strict=True)
+    ]
+
+
+def states_of(
+    reqs: Sequence[RunningRequest], terms: Sequence[RequestTerms], now: float, guess: float
+) -> tuple[list[State], float, float, float]:
+    """`running_states` from the requests' `request_terms` (made for the same coefficients, gamma and
+    pace): the same numbers, each request's progress read from its record."""
+    states: list[State] = []
+    add = states.append
+    ctx_sum = 0.0
+    pending = 0.0
+    long_total = 0.0
+    inf = math.inf
+    for r, (est_first, mean, cap, om, prompt, f) in zip(reqs, terms, strict=True):
+        reported = r.produced
+        reported_at = r.reported_at
+        first_at = r.first_token_at
+        produced: float
+        if reported is not None and reported_at is not None and first_at is not None:
+            prefilled = True
+            produced = reported + ((now - reported_at) / guess if guess > 0 else 0.0)
+        else:
+            first_at = est_first
+            prefilled = now >= first_at
+            produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
+        if cap < produced:  # noqa: PLR1730 (min() is a call per running request)
+            produced = cap
+        if produced < mean:
+            remaining = mean - produced
+            long = 0.0
+        else:
+            grown = LONG_GROWTH * produced
+            remaining = grown if grown > 1.0 else 1.0
+            long = (produced - om) / (om if om > 1.0 else 1.0)
+        if cap < inf:
+            room = cap - produced
+            remaining = room if room < remaining else remaining
+            remaining = remaining if remaining > 0.0 else 0.0
+        if not prefilled:
+            pending += f
+        ctx_sum += prompt + produced
+        long_total += long
+        add((prefilled, produced, remaining, first_at - now, long))
+    return states, pending, ctx_sum, long_total
