@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
+from typing import Final
 
 from gateway.sched.joining import join_delays
 from gateway.sched.predict import EndpointLoad
@@ -22,10 +24,11 @@ from gateway.sched.running import prefill_tokens, resume_prompt_tokens
 from gateway.sched.snapshot import EndpointView
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HarmTerms:
     """A load's running requests with a target to keep, as `harm` filters them for one `on_track`, each
-    with the bound its delay is compared to (`bound(saved, left)`)."""
+    with the bound its delay is compared to (`bound(saved, left)`). Read-only once made (not frozen: a
+    frozen dataclass sets each field through `object.__setattr__`, and one is made per load remade)."""
 
     ttft: float | None  # the least bound over the first-token harms (all have the same delay)
     itl: float | None  # the least bound over the inter-token harms (likewise)
@@ -73,7 +76,7 @@ def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: flo
             if saved >= on_track * r.itl_s and saved >= 0:
                 b = saved * margin
                 itl = b if itl is None or b < itl else itl
-    e2e.sort(key=_bound)
+    e2e.sort(key=_BOUND)
     out = HarmTerms(
         ttft, itl, tuple(e2e), e2e[0][2] if e2e else 0.0, max([t[1] for t in e2e]) if e2e else 0.0
     )
@@ -81,8 +84,7 @@ def _terms(load: EndpointLoad, on_track: float, margin: float | None, theta: flo
     return out
 
 
-def _bound(term: tuple[bool, float, float]) -> float:
-    return term[2]
+_BOUND: Final = itemgetter(2)  # a last-token term's bound (a key called in C)
 
 
 def _any_over(load: EndpointLoad, req: SchedRequest, terms: HarmTerms) -> bool:

@@ -1,15 +1,20 @@
 """What an endpoint's load (`gateway.sched.predict.EndpointLoad`) is made of: the terms it takes from its
-view alone, whatever the clock (`Pace`, `same_inputs`), and each running request's estimated state as of
-the load's time (`RunningState`)."""
+view alone, whatever the clock (`Pace`, `same_inputs`, and each running request's `request_terms`), and
+each running request's estimated state as of the load's time (`states_of`, `RunningState`)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from operator import attrgetter
 from typing import Final, Protocol
 
 from gateway.sched.perf import PerfCoefficients
 from gateway.sched.running import RunningRequest, kept_of
 from gateway.sched.snapshot import EndpointView
 
+#: A running request past its predicted length is expected to run this share of its length again.
+LONG_GROWTH: Final = 0.5
 #: Prefill share of an endpoint's time at most (decoding then takes twice as long): a snapshot of a few
 #: running requests is a noisy sample of the mix.
 _MAX_PREFILL_SHARE: Final = 0.5
@@ -99,10 +104,7 @@ def progress_only(view: EndpointView, old: EndpointView) -> bool:
     if view is old:
         return True
     return (
-        view.id == old.id
-        and view.inflight == old.inflight
-        and view.cap == old.cap
-        and view.max_cap == old.max_cap
+        _FIELDS(view) == _FIELDS(old)
         and view.health is old.health
         and (view.estimates is old.estimates or _same_fit(view, old))
         and view.running_prompt_tokens == old.running_prompt_tokens
@@ -111,19 +113,30 @@ def progress_only(view: EndpointView, old: EndpointView) -> bool:
         and view.engine_waiting == old.engine_waiting
         and view.kv_usage == old.kv_usage
         and view.scraped_at == old.scraped_at
-        and view.dispatched_since_scrape == old.dispatched_since_scrape
-        and view.completed_since_scrape == old.completed_since_scrape
         and view.cut_at == old.cut_at
-        and view.models == old.models
-        and view.url == old.url
-        and view.engine == old.engine
-        and view.instance_class == old.instance_class
-        and view.node == old.node
-        and view.priority_scheduling == old.priority_scheduling
-        and view.max_batch == old.max_batch
-        and view.config == old.config
         and same_requests(view.running, old.running)
     )
+
+
+#: The fields `progress_only` compares with == that no NaN can be in (ints, strs, sets of str, None):
+#: taken and compared as tuples in C (a tuple's == takes two identical items as equal; for these that is
+#: what == says). The floats are compared one by one (a NaN is equal to nothing).
+_FIELDS: Final = attrgetter(
+    "id",
+    "inflight",
+    "cap",
+    "max_cap",
+    "dispatched_since_scrape",
+    "completed_since_scrape",
+    "models",
+    "url",
+    "engine",
+    "instance_class",
+    "node",
+    "priority_scheduling",
+    "max_batch",
+    "config",
+)
 
 
 class Pace:
@@ -132,7 +145,7 @@ class Pace:
     of the same view at a later time (`LoadCache` remakes loads 100-200 ms apart while nothing changed
     there) starts from these instead of deriving them again."""
 
-    __slots__ = ("arrays", "fresh", "guess", "overhead")
+    __slots__ = ("arrays", "fresh", "guess", "overhead", "terms")
 
     def __init__(self, fresh: list[int], overhead: float, guess: float) -> None:
         self.fresh = fresh
@@ -141,6 +154,9 @@ class Pace:
         # The running requests' fields a load reads besides their progress, as an array (one row per
         # request), made when loads are derived many at once (`gateway.sched.load_batch`).
         self.arrays: object | None = None
+        # The same as tuples, for the loads made one at a time (`gateway.sched.predict.request_terms`),
+        # with the coefficients and gamma they were made for: (coefficients, gamma, terms).
+        self.terms: tuple[object, float, object] | None = None
 
 
 def pace_of(view: EndpointView, coef: PerfCoefficients, prefill_overhead: float) -> Pace:
@@ -199,3 +215,78 @@ def pace_for(view: EndpointView, coef: PerfCoefficients, params: PaceParams, lik
     if like is not None and (like.params is params or like.params == params) and same_inputs(like.view, view):
         return like.pace
     return pace_of(view, coef, params.prefill_overhead)
+
+
+#: A running request's state now: prefilled, tokens produced, tokens remaining, its first token's time
+#: from now, how far past its predicted length it ran (a share of it).
+State = tuple[bool, float, float, float, float]
+
+
+#: What `gateway.sched.predict.running_states` reads of a running request besides its progress, for
+#: one pace, coefficients and gamma: its first token's time estimated from its dispatch, its
+#: tail-adjusted output mean, its max tokens (inf: none), its output mean, its prompt tokens and its
+#: prefill tokens (kept on the pace: `Pace.terms`).
+RequestTerms = tuple[float, float, float, float, int, int]
+
+
+def request_terms(
+    reqs: Sequence[RunningRequest], fresh: Sequence[int], *, k1: float, c1: float, guess: float, gamma: float
+) -> list[RequestTerms]:
+    """`RequestTerms` of each of `reqs` (`fresh`: its prefill tokens), each term `running_states`'
+    arithmetic in its order."""
+    inf = math.inf
+    return [
+        (
+            r.dispatched_at + k1 * f + c1 + 0.5 * guess,
+            r.output_mean + gamma * r.output_std,
+            inf if r.max_tokens is None else float(r.max_tokens),
+            r.output_mean,
+            r.prompt_tokens,
+            f,
+        )
+        for r, f in zip(reqs, fresh, strict=True)
+    ]
+
+
+def states_of(
+    reqs: Sequence[RunningRequest], terms: Sequence[RequestTerms], now: float, guess: float
+) -> tuple[list[State], float, float, float]:
+    """`running_states` from the requests' `request_terms` (made for the same coefficients, gamma and
+    pace): the same numbers, each request's progress read from its record."""
+    states: list[State] = []
+    add = states.append
+    ctx_sum = 0.0
+    pending = 0.0
+    long_total = 0.0
+    inf = math.inf
+    for r, (est_first, mean, cap, om, prompt, f) in zip(reqs, terms, strict=True):
+        reported = r.produced
+        reported_at = r.reported_at
+        first_at = r.first_token_at
+        produced: float
+        if reported is not None and reported_at is not None and first_at is not None:
+            prefilled = True
+            produced = reported + ((now - reported_at) / guess if guess > 0 else 0.0)
+        else:
+            first_at = est_first
+            prefilled = now >= first_at
+            produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
+        if cap < produced:  # noqa: PLR1730 (min() is a call per running request)
+            produced = cap
+        if produced < mean:
+            remaining = mean - produced
+            long = 0.0
+        else:
+            grown = LONG_GROWTH * produced
+            remaining = grown if grown > 1.0 else 1.0
+            long = (produced - om) / (om if om > 1.0 else 1.0)
+        if cap < inf:
+            room = cap - produced
+            remaining = room if room < remaining else remaining
+            remaining = remaining if remaining > 0.0 else 0.0
+        if not prefilled:
+            pending += f
+        ctx_sum += prompt + produced
+        long_total += long
+        add((prefilled, produced, remaining, first_at - now, long))
+    return states, pending, ctx_sum, long_total

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from operator import is_
 from typing import Final
 
 from gateway.core.types import EndpointId
@@ -55,7 +56,7 @@ class LoadCache:
     reports: `progress_only`) and the clock moved less than the load's reuse time (`REUSE_S` to twice
     that)."""
 
-    __slots__ = ("_kept", "_kept_refs", "_loads", "_reuse", "fleet", "params", "touched")
+    __slots__ = ("_asked", "_kept", "_kept_refs", "_loads", "_reuse", "_writes", "fleet", "params", "touched")
 
     def __init__(self, params: PredictParams) -> None:
         self.params = params
@@ -76,6 +77,12 @@ class LoadCache:
         self._kept_refs: tuple[Sequence[EndpointView], list[EndpointLoad | Pending], float, float] | None = (
             None
         )
+        # Entries written so far (by `_ref`), and the last `loads` answer not kept: (its views, their
+        # loads, asked at, entries written by then). The filters of one placement ask in turn about the
+        # same views at the same time (the overflow guard, then best fit about those it kept: often
+        # all of them): the same loads, while no entry was written since.
+        self._writes = 0
+        self._asked: tuple[tuple[EndpointView, ...], list[EndpointLoad], float, int] | None = None
 
     def loads(self, views: Sequence[EndpointView], now: float, *, keep: bool = True) -> list[EndpointLoad]:
         """`load` of each of `views`, in order. `keep`: the same list again while asked for the same
@@ -85,6 +92,16 @@ class LoadCache:
         kept = self._kept
         if keep and kept is not None and kept[0] is views and kept[2] <= now <= kept[3]:
             return kept[1]
+        asked = self._asked
+        if (
+            not keep
+            and asked is not None
+            and asked[2] == now
+            and asked[3] == self._writes
+            and len(asked[0]) == len(views)
+            and all(map(is_, asked[0], views))
+        ):
+            return list(asked[1])
         # `load`'s fast path inline (asked for every candidate of a placement: no call per endpoint
         # while its entry stands for the same view within its reuse time)
         entries = self._loads
@@ -101,6 +118,8 @@ class LoadCache:
             add(load if type(load) is EndpointLoad else load.load())  # type: ignore[union-attr]
         if keep:
             self._kept = (views, out, now, self._until(views))
+        else:
+            self._asked = (tuple(views), list(out), now, self._writes)
         return out
 
     def _until(self, views: Sequence[EndpointView]) -> float:
@@ -157,12 +176,14 @@ class LoadCache:
     def _ref(self, view: EndpointView, now: float, *, lazy: bool) -> EndpointLoad | Pending:
         got = self._loads.get(view.id)
         like = None
+        seen = None
         if got is not None:
             load, reuse, at, seen = got
             if abs(at - now) <= reuse:
                 if seen is view:
                     return load
                 if progress_only(view, load.view):
+                    self._writes += 1
                     self._loads[view.id] = (load, reuse, at, view)
                     if self.touched is not None:
                         self.touched.add(view.id)
@@ -176,21 +197,34 @@ class LoadCache:
             fresh = like
         else:
             params = self.params
-            pace = pace_for(view, view.perf or _PRIOR, params, like)
-            if like is not None and pace is not like.pace and same_requests(view.running, like.view.running):
-                # new coefficients (a refit), KV capacity or cap, the same running requests: their rows
-                # are the old pace's (`load_batch.carry_rows`)
-                carry_rows(like.pace, view, pace)
+            if like is not None and like.params is params and _same_inputs_known(view, seen, like.view):
+                pace = like.pace
+            else:
+                pace = pace_for(view, view.perf or _PRIOR, params, like)
+                if (
+                    like is not None
+                    and pace is not like.pace
+                    and same_requests(view.running, like.view.running)
+                ):
+                    # new coefficients (a refit), KV capacity or cap, the same running requests: their
+                    # rows are the old pace's (`load_batch.carry_rows`)
+                    carry_rows(like.pace, view, pace)
             fresh = Pending(view, now, params, pace) if lazy else EndpointLoad(view, now, params, pace=pace)
+        self._writes += 1
         touched = self.touched
         if len(self._loads) >= 4096:  # endpoints come and go: never grow without bound
             if touched is not None:
                 touched.update(map(EndpointId, self._loads))
             self._loads = {}
             self._reuse = {}
-        until = self._reuse.get(view.id)
-        if until is None:
-            until = self._reuse[view.id] = reuse_s(view.id)
+            got = None
+        if got is not None:
+            until = got[1]
+        else:
+            known = self._reuse.get(view.id)
+            if known is None:
+                known = self._reuse[view.id] = reuse_s(view.id)
+            until = known
         self._loads[view.id] = (fresh, until, now, view)
         if touched is not None:
             touched.add(view.id)
@@ -200,6 +234,14 @@ class LoadCache:
         """What the cache keeps for endpoint `eid`: (its load, reuse time, made at, the last view it was
         found to stand for), or None."""
         return self._loads.get(eid)
+
+
+def _same_inputs_known(view: EndpointView, seen: EndpointView | None, old: EndpointView) -> bool:
+    """Whether `same_inputs(old, view)` is known without comparing their running requests: `view` is
+    `old`, or it is the view last found to stand for `old`'s load (`progress_only(seen, old)`: the same
+    endpoint, cap, max batch and running requests) with `old`'s very estimates (the same coefficients
+    object and KV capacity)."""
+    return view is old or (view is seen and view.estimates is old.estimates)
 
 
 class LoadCaches:

@@ -45,7 +45,17 @@ from typing import Any, Final
 
 from gateway.sched.joining import join_delays
 from gateway.sched.kv_peak import KvPeak, peak_kv
-from gateway.sched.load_terms import Like, Pace, RunningState, pace_for
+from gateway.sched.load_terms import (
+    LONG_GROWTH,
+    Like,
+    Pace,
+    RequestTerms,
+    RunningState,
+    State,
+    pace_for,
+    request_terms,
+    states_of,
+)
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.prediction import Harm, Prediction, PredictParams, Tail, seats_of
 from gateway.sched.request import SchedRequest
@@ -58,8 +68,6 @@ from gateway.sched.running import (
 )
 from gateway.sched.snapshot import EndpointView
 
-#: A running request past its predicted length is expected to run this share of its length again.
-LONG_GROWTH: Final = 0.5
 _PRIOR: Final = default_prior()
 
 
@@ -121,10 +129,15 @@ class EndpointLoad:
         # request they ask about), kept here by whoever derives it (`gateway.sched.harms`).
         self.memo: dict[Hashable, Any] = {}
         gamma = self.gamma = params.gamma
-        coef: PerfCoefficients = view.perf or _PRIOR
+        # (`view.perf`, `view.kv_capacity_tokens` and `seats_of` spelled out: a load is made per endpoint
+        # every 100-200 ms on a busy fleet)
+        est = view.estimates
+        coef: PerfCoefficients = (None if est is None else est.perf) or _PRIOR
         self.coef = coef
-        self.kv_capacity = view.kv_capacity_tokens
-        self.seats = seats_of(view)
+        self.kv_capacity = None if est is None else est.kv_capacity_tokens
+        mb, cap = view.max_batch, view.cap
+        seats = cap if mb is None or mb >= cap else mb
+        seats = self.seats = seats if seats > 1 else 1
         reqs = view.running
         n = self.n = len(reqs)
         if pace is None:
@@ -136,23 +149,30 @@ class EndpointLoad:
         k1, c1 = coef.k1, coef.c1
         # The running states (`running`) are made from `states` only when asked for: most loads are only
         # asked for their sums.
-        states, pending, ctx_sum, long_total = running_states(
-            reqs, pace.fresh, now, guess=guess, k1=k1, c1=c1, gamma=gamma
-        )
+        # (what `running_states` reads of each running request besides its progress is kept on the pace:
+        # a load remade for its age alone, most of those made on a busy fleet, reads only the progress)
+        kept = pace.terms
+        if kept is not None and kept[0] is coef and kept[1] == gamma:
+            terms: list[RequestTerms] = kept[2]  # type: ignore[assignment]
+        else:
+            terms = request_terms(reqs, pace.fresh, k1=k1, c1=c1, guess=guess, gamma=gamma)
+            pace.terms = (coef, gamma, terms)
+        states, pending, ctx_sum, long_total = states_of(reqs, terms, now, guess)
         self.ctx_sum = ctx_sum
         self.pending_prompt = pending
         self.running_long = long_total
-        tpot = self.tpot_now = coef.decode_iter_s(n, ctx_sum / n) * over if n else 0.0
+        # (`coef.decode_iter_s(n, ctx_sum / n) * over`, spelled out)
+        tpot = self.tpot_now = ((coef.k2 * (ctx_sum / n) + coef.c2) * n + coef.c3) * over if n else 0.0
         self._states = states
         self._running: tuple[RunningState, ...] | None = None
         # The running requests' predicted ends, sorted, made when first asked for (`seat_free`): a load
         # with a free seat needs none of them for its own wait.
         self._seat_free: list[float] | None = None
-        if n < self.seats:
+        if n < seats:
             self.wait_s = 0.5 * tpot
         else:
             self._seat_free = self._ends(k1 * pending + c1 if pending else 0.0)
-            self.wait_s = self._seat_free[n - self.seats] + 0.5 * tpot
+            self.wait_s = self._seat_free[n - seats] + 0.5 * tpot
 
     def _ends(self, prefill_pending: float) -> list[float]:
         """Each running request's predicted end, now that the per-token time is known, sorted."""
@@ -358,11 +378,6 @@ class EndpointLoad:
         if got is None:
             got = self.memo["kv-peak"] = KvPeak(self.kv_items(), self.coef.h, self.coef.j)
         return got.with_extra(*extra)
-
-
-#: A running request's state now: prefilled, tokens produced, tokens remaining, its first token's time
-#: from now, how far past its predicted length it ran (a share of it).
-State = tuple[bool, float, float, float, float]
 
 
 def running_states(

@@ -13,7 +13,7 @@ from gateway.core.types import EndpointHealth, ModelName
 from gateway.sched.idle import KeptBounds, fleet_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients, default_prior
-from gateway.sched.predict import EndpointLoad, Prediction, PredictParams
+from gateway.sched.predict import EndpointLoad, Prediction, PredictParams, running_states
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, prefill_tokens, resume_prompt_tokens, with_progress
 from gateway.sched.snapshot import EndpointEstimates, FleetSnapshot
@@ -221,3 +221,74 @@ def test_a_load_with_nothing_running_is_kept_while_its_view_is() -> None:
     assert cache.load(view("e", cap=4), 50.0) is first  # a new view of the same numbers: the same load
     busy = view("e", cap=4, runs=[running("r", dispatched_at=49.0)])
     assert cache.load(busy, 50.0) is not first  # a dispatch: a new load
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    runs=st.lists(_run, max_size=12),
+    later=st.floats(min_value=0.0, max_value=3.0),
+    tails=st.lists(st.sampled_from(("mean", "normal", "cantelli")), min_size=1, max_size=3),
+)
+def test_a_loads_running_states_are_those_running_states_gives(
+    runs: list[tuple[int, float, float, float, int | None, int | None, int]],
+    later: float,
+    tails: list[str],
+) -> None:
+    # A load reads its running requests through the terms kept on its pace (`request_terms`, made
+    # once per coefficients and gamma): loads of one pace at other times, after a progress report, and
+    # for other parameters give the states `running_states` gives from the records themselves.
+    v = view("e", cap=8, runs=_runs(runs))
+    coef = v.perf or default_prior()
+    pace = None
+    for k, tail in enumerate(tails):
+        params = PredictParams(tail=tail, tau=0.05, prefill_overhead=0.05)  # type: ignore[arg-type]
+        seen = v
+        if v.running and k % 2:
+            seen = dataclasses.replace(v, running=(with_progress(v.running[0], 7, 9.0, 9.5), *v.running[1:]))
+        now = 10.0 + later * k
+        load = EndpointLoad(seen, now, params, pace=pace)
+        pace = load.pace
+        plain = running_states(
+            seen.running, pace.fresh, now, guess=pace.guess, k1=coef.k1, c1=coef.c1, gamma=params.gamma
+        )
+        assert (load.states, load.pending_prompt, load.ctx_sum, load.running_long) == plain
+
+
+# (endpoint asked about: its index; whether its view gets a progress report first; the clock's step)
+_ask = st.tuples(
+    st.lists(st.integers(min_value=0, max_value=4), max_size=6),
+    st.integers(min_value=-1, max_value=4),
+    st.sampled_from((0.0, 0.0, 0.05, 0.3)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(asks=st.lists(_ask, max_size=10))
+def test_loads_asked_again_about_the_same_views_are_the_loads_asked_afresh(
+    asks: list[tuple[list[int], int, float]],
+) -> None:
+    # The filters of a placement ask in turn about the same views (new lists) at the same time: the
+    # second answer is the first one's loads, and is what a cache asking afresh gives, step by step.
+    params = PredictParams()
+    views = [view(f"e{k}", cap=4, runs=_runs([(500, 100.0, 0.0, 1.0 + k, None, None, 0)])) for k in range(5)]
+    kept, fresh = LoadCache(params), LoadCache(params)
+    now = 10.0
+    for picked, moved, step in asks:
+        now += step
+        if moved >= 0 and views[moved].running:
+            v = views[moved]
+            views[moved] = dataclasses.replace(
+                v, running=(with_progress(v.running[0], 3, 9.5, now), *v.running[1:])
+            )
+        asked = [views[k] for k in dict.fromkeys(picked)]
+        for _ in range(2):
+            got = kept.loads(list(asked), now, keep=False)
+            fresh._asked = None  # (asks afresh every time)
+            want = fresh.loads(list(asked), now, keep=False)
+            assert [_numbers(load) for load in got] == [_numbers(load) for load in want]
+            assert all(load is kept.load(v, now) for load, v in zip(got, asked, strict=True))
+            # (and each is the load of its own view made afresh at its time: a load remade from an
+            # older one took over only what its view gives)
+            assert [_numbers(load) for load in got] == [
+                _numbers(EndpointLoad(load.view, load.now, params)) for load in got
+            ]

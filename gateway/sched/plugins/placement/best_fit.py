@@ -166,8 +166,8 @@ class BestFitFilter:
         loose: dict[int, bool] = {}  # place -> whether it fits without the reserve
         if n and exact and not req.cached:
             # The first tried is the least key (no two are equal: each ends with its endpoint's id),
-            # found without sorting: most requests are placed there.
-            first = min(range(n), key=tried_keys.__getitem__)
+            # found without sorting (and without a key call per candidate): most requests are placed there.
+            first = tried_keys.index(min(tried_keys))
             strict, loose[first] = self.fits_both(loads[first], req)
             if strict:
                 return [candidates[first]]

@@ -107,9 +107,8 @@ class OverflowGuardFilter:
         sparing = Sparing(
             req, margin=p.margin, on_track=p.on_track, left=time_left(req, now), worst_case=p.worst_case
         )
-        # (each load judged before the next is asked for: `Sparing`)
         harmless, meeting = sparing.judge(
-            candidates, self._cache.each(candidates, now), own=not req.best_effort
+            candidates, self._cache.loads(candidates, now, keep=False), own=not req.best_effort
         )
         return harmless, meeting, sparing
 
