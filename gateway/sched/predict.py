@@ -39,7 +39,6 @@ arithmetic operations per request and endpoint.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
@@ -393,45 +392,9 @@ def running_states(
     """Each of `reqs`' state at `now` (`fresh`: its prompt tokens not cached, `guess`: the per-token
     time, `k1`/`c1`: the prefill's coefficients), in order, and their sums: the pending prompt tokens of
     those not prefilled, the contexts, the long shares (each added one after another from 0.0)."""
-    # Builtin min/max are spelled out as comparisons (same results) on this hot path.
-    states: list[State] = []
-    ctx_sum = 0.0
-    pending = 0.0
-    long_total = 0.0
-    inf = math.inf
-    for r, f in zip(reqs, fresh, strict=True):
-        if r.produced is not None and r.reported_at is not None and r.first_token_at is not None:
-            # reported by the dispatcher: its count then, and tokens at the current pace since
-            first_at = r.first_token_at
-            prefilled = True
-            produced = r.produced + ((now - r.reported_at) / guess if guess > 0 else 0.0)
-        else:
-            first_at = r.dispatched_at + k1 * f + c1 + 0.5 * guess
-            prefilled = now >= first_at
-            produced = (now - first_at) / guess + 1.0 if prefilled and guess > 0 else 0.0
-        mt = r.max_tokens
-        cap = inf if mt is None else float(mt)
-        if cap < produced:  # noqa: PLR1730 (min() is a call per running request)
-            produced = cap
-        mean = r.output_mean + gamma * r.output_std
-        if produced < mean:
-            remaining = mean - produced
-            long = 0.0
-        else:
-            grown = LONG_GROWTH * produced
-            remaining = grown if grown > 1.0 else 1.0
-            om = r.output_mean
-            long = (produced - r.output_mean) / (om if om > 1.0 else 1.0)
-        if cap < inf:
-            room = cap - produced
-            remaining = room if room < remaining else remaining
-            remaining = remaining if remaining > 0.0 else 0.0
-        if not prefilled:
-            pending += f
-        ctx_sum += r.prompt_tokens + produced
-        long_total += long
-        states.append((prefilled, produced, remaining, first_at - now, long))
-    return states, pending, ctx_sum, long_total
+    # (the same arithmetic as a load's states from the terms kept on its pace: `states_of`)
+    terms = request_terms(reqs, fresh, k1=k1, c1=c1, guess=guess, gamma=gamma)
+    return states_of(reqs, terms, now, guess)
 
 
 def idle_service(view: EndpointView, req: SchedRequest, params: PredictParams) -> Prediction:
