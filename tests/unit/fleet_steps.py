@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from gateway.core.types import EndpointId
-from gateway.sched.columns import updated
+from gateway.sched.columns import columns_of, updated
 from gateway.sched.fleet_loads import fleet_loads
 from gateway.sched.loads import REUSE_S
 from gateway.sched.perf import PerfCoefficients
@@ -20,7 +20,7 @@ from gateway.sched.prefix import PrefixHits
 from gateway.sched.profile import Policy
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, with_progress
-from gateway.sched.snapshot import EndpointView, FleetColumns
+from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 from tests.unit.slo_fixtures import COEF, SLOW, columnar_preset, req, running, view
 
 NOW = 10.0
@@ -161,3 +161,36 @@ def columnar_policy(name: str) -> Policy:
     for cache in policy.loads._caches.values():
         fleet_loads(cache).least = 1
     return policy
+
+
+def place_run(
+    policy: Policy, endpoints: list[Endpoint], steps: list[tuple[int, int, int]], *, columns: bool = True
+) -> list[str | None]:
+    """A run of `policy` on a fleet of its own: per step the fleet changes (`advance`), a request is
+    placed (over the columns, or without them), and dispatched where it was placed (so the run goes on
+    from its own choices). The endpoint chosen at each step (None: none)."""
+    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
+    cols = columns_of(views)
+    now = NOW
+    chosen: list[str | None] = []
+    for serial, (dt_ms, at, what) in enumerate(steps):
+        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
+        r = req(
+            f"r{serial}", arrival=now - 0.1, prompt=200 + 37 * serial, out=60.0, ttft_ms=800.0, e2e_ms=6000.0
+        )
+        got = policy.profile.place(
+            r, FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
+        )
+        chosen.append(None if got is None else got.id)
+        if got is not None:
+            k = views.index(got)
+            new = running(
+                f"{r.id}", prompt=r.prompt_tokens, out=60.0, dispatched_at=now, e2e_deadline=now + 6
+            )
+            views = (
+                *views[:k],
+                dataclasses.replace(got, running=(*got.running, new), inflight=got.inflight + 1),
+                *views[k + 1 :],
+            )
+            cols = updated(cols, views, [k])
+    return chosen

@@ -9,15 +9,13 @@ changing step by step, requests with and without targets, cached prefixes and be
 
 from __future__ import annotations
 
-import dataclasses
-
 import msgspec
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.types import EndpointId
-from gateway.sched.columns import columns_of, updated
+from gateway.sched.columns import columns_of
 from gateway.sched.loads import LoadCache
 from gateway.sched.plugins.placement.best_fit import BestFitFilter, BestFitParams
 from gateway.sched.plugins.placement.overflow_guard import OverflowGuardFilter, OverflowGuardParams
@@ -32,9 +30,9 @@ from tests.unit.fleet_steps import (
     advance,
     columnar_policy,
     new_request,
+    place_run,
     view_of,
 )
-from tests.unit.slo_fixtures import req, running
 
 
 def _params(shortlist: int) -> OverflowGuardParams:
@@ -191,29 +189,7 @@ def _run(
     guard = guards[0]
     guard.params = msgspec.structs.replace(guard.params, shortlist=size)
     guard.hand_over = hand_over
-    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
-    cols = columns_of(views)
-    now = NOW
-    chosen: list[str | None] = []
-    for serial, (dt_ms, at, what) in enumerate(steps):
-        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
-        r = req(
-            f"r{serial}", arrival=now - 0.1, prompt=200 + 37 * serial, out=60.0, ttft_ms=800.0, e2e_ms=6000.0
-        )
-        got = policy.profile.place(r, FleetSnapshot(now=now, endpoints=views, columns=cols))
-        chosen.append(None if got is None else got.id)
-        if got is not None:
-            k = views.index(got)
-            new = running(
-                f"{r.id}", prompt=r.prompt_tokens, out=60.0, dispatched_at=now, e2e_deadline=now + 6
-            )
-            views = (
-                *views[:k],
-                dataclasses.replace(got, running=(*got.running, new), inflight=got.inflight + 1),
-                *views[k + 1 :],
-            )
-            cols = updated(cols, views, [k])
-    return chosen
+    return place_run(policy, endpoints, steps)
 
 
 @settings(max_examples=80, deadline=None)

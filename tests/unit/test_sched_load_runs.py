@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sched.columns import columns_of, updated
+from gateway.sched.columns import columns_of
 from gateway.sched.fleet_loads import fleet_loads
 from gateway.sched.load_batch import Pending, derive
 from gateway.sched.load_terms import pace_for
@@ -18,9 +18,17 @@ from gateway.sched.loads import LoadCache
 from gateway.sched.predict import EndpointLoad, PredictParams
 from gateway.sched.profile import Policy
 from gateway.sched.running import with_progress
-from gateway.sched.snapshot import FleetSnapshot
-from tests.unit.fleet_steps import ENDPOINT, NOW, STEP, Endpoint, advance, columnar_policy, view_of
-from tests.unit.slo_fixtures import COEF, columnar_preset, req, running
+from tests.unit.fleet_steps import (
+    ENDPOINT,
+    NOW,
+    STEP,
+    Endpoint,
+    advance,
+    columnar_policy,
+    place_run,
+    view_of,
+)
+from tests.unit.slo_fixtures import COEF, columnar_preset
 
 
 @settings(max_examples=150, deadline=None)
@@ -86,34 +94,8 @@ def test_loads_derived_again_after_progress_reports_are_the_loads_made_one_by_on
 def _place_run(
     name: str, endpoints: list[Endpoint], steps: list[tuple[int, int, int]], columns: bool
 ) -> list[str | None]:
-    """A run of one policy on a fleet of its own: per step the fleet changes (`_advance`), a request is
-    placed, and dispatched where it was placed (so the run goes on from its own choices)."""
-    policy = columnar_policy(name) if columns else _plain(name)
-    views = tuple(view_of(k, e) for k, e in enumerate(endpoints))
-    cols = columns_of(views)
-    now = NOW
-    chosen: list[str | None] = []
-    for serial, (dt_ms, at, what) in enumerate(steps):
-        views, cols, now = advance(views, cols, now + dt_ms / 1000.0, at=at, what=what, serial=serial)
-        r = req(
-            f"r{serial}", arrival=now - 0.1, prompt=200 + 37 * serial, out=60.0, ttft_ms=800.0, e2e_ms=6000.0
-        )
-        got = policy.profile.place(
-            r, FleetSnapshot(now=now, endpoints=views, columns=cols if columns else None)
-        )
-        chosen.append(None if got is None else got.id)
-        if got is not None:
-            k = views.index(got)
-            new = running(
-                f"{r.id}", prompt=r.prompt_tokens, out=60.0, dispatched_at=now, e2e_deadline=now + 6
-            )
-            views = (
-                *views[:k],
-                dataclasses.replace(got, running=(*got.running, new), inflight=got.inflight + 1),
-                *views[k + 1 :],
-            )
-            cols = updated(cols, views, [k])
-    return chosen
+    """A run of one policy on a fleet of its own, over columns or the plain way (`place_run`)."""
+    return place_run(columnar_policy(name) if columns else _plain(name), endpoints, steps, columns=columns)
 
 
 def _plain(name: str) -> Policy:
