@@ -33,13 +33,19 @@ def _per_request(counts: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _sites(counts: dict[str, Any], kind: str) -> list[tuple[str, float]]:
+    """Where berth's `kind` per request came from, the most first (what a failure shows)."""
+    got = [(site, v) for (k, site), v in per_unit(counts, "request").items() if k == kind]
+    return sorted(got, key=lambda sv: -sv[1])[:8]
+
+
 def test_berth_adds_no_task_future_wakeup_or_timer_per_request(counts: dict[str, dict[str, Any]]) -> None:
     bare, berth = _per_request(counts["bare"]), _per_request(counts["berth"])
     assert bare["task"] > 0  # the counting loop counts
     assert bare["wakeup"] > 0
     for kind in ("task", "future", "timer", "wakeup"):
         # what is left of the background: the scrapes' aiohttp read timers, the deadline sweep's ticks
-        assert berth[kind] - bare[kind] < 0.5, (kind, berth, bare)
+        assert berth[kind] - bare[kind] < 0.5, (kind, berth, bare, _sites(counts["berth"], kind))
 
 
 def test_a_stream_adds_no_timer_of_its_own(counts: dict[str, dict[str, Any]]) -> None:
