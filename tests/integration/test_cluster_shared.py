@@ -156,15 +156,21 @@ async def seats_in_redis(c: Cluster, tenant: str) -> dict[str, int]:
     return {text(k)[2:]: int(v) for k, v in h.items() if text(k).startswith("s:")}
 
 
+async def beating_pair(make_cluster: MakeCluster, lim: TenantLimits) -> tuple[Cluster, Cluster]:
+    """Replicas a and b with tenant "t" under `lim`, each having beaten once (members of each other)."""
+    a, b = await make_cluster("a"), await make_cluster("b")
+    for c in (a, b):
+        c.limits.configure({"t": lim}, 0.0)
+    for c in (a, b):
+        await c.member.beat()
+    return a, b
+
+
 async def test_a_reconcile_waits_for_an_admission_under_way_and_writes_no_seat_it_was_refused(
     make_cluster: MakeCluster,
 ) -> None:
-    a, b = await make_cluster("a"), await make_cluster("b")
     lim = TenantLimits(max_concurrency=1)
-    for c in (a, b):
-        c.limits.configure({"t": lim}, 0.0)
-    await a.member.beat()
-    await b.member.beat()
+    a, b = await beating_pair(make_cluster, lim)
     assert isinstance(await admit(a, "t", lim), Seat)
     asking = asyncio.ensure_future(admit(b, "t", lim))
     for _ in range(100):  # until b's admission is sent (a few turns of the loop)
@@ -184,11 +190,8 @@ async def test_a_reconcile_waits_for_an_admission_under_way_and_writes_no_seat_i
 async def test_seat_changes_sent_during_a_reconcile_land_after_its_count(
     make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    a, b = await make_cluster("a"), await make_cluster("b")
     lim = TenantLimits(max_concurrency=2)
-    for c in (a, b):
-        c.limits.configure({"t": lim}, 0.0)
-        await c.member.beat()
+    a, b = await beating_pair(make_cluster, lim)
     seat = await admit(a, "t", lim)
     assert isinstance(seat, Seat)
     # The reconcile's write is held on its way to Redis until `go` is set.
