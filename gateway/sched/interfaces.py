@@ -7,6 +7,9 @@ Every Protocol is runtime-checkable: a policy checks each plugin it builds again
 point's Protocol, and looks up the optional capabilities (`TieredFilter`, `ScopedFilter`,
 `GroupingFilter`, `SureRejects`, `SetAsideFilter`, `ColumnarFewFilter`, `EnginePriority`) once, when it is
 built, never per request.
+
+A little over the size rule on purpose: every extension point's contract, with its optional
+capabilities and their columnar forms, is read in one place.
 """
 
 from __future__ import annotations
