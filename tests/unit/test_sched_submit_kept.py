@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,6 +35,7 @@ from gateway.sched.profile import Policy, SchedulerProfile
 from gateway.sched.registry import BuildContext, PluginKind
 from gateway.sched.request import SchedRequest
 from gateway.sched.scheduler import Scheduler
+from gateway.sched.seen import SeenRequests
 from gateway.sched.snapshot import EndpointEstimates, EndpointView, FleetSnapshot
 from gateway.sched.types import EndpointSpec
 from tests.unit.slo_fixtures import COEF, req
@@ -276,25 +276,20 @@ def test_priorities_on_the_placed_on_snapshot_and_terms_of_queued_requests(
             assert a.engine_priority(rid) == b.engine_priority(rid)
 
 
-def test_demand_split_forgets_the_oldest_request_first(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_demand_split_forgets_the_oldest_request_first() -> None:
     """Past its bound the filter forgets the requests it counted oldest first, one per new request: a
     forgotten request seen again counts again, one still remembered does not."""
-    from gateway.sched.plugins.placement import demand_split
-
-    monkeypatch.setattr(demand_split, "_SEEN_MAX", 3)
     f = DemandSplitFilter(DemandSplitParams(groups={"decode": ["generation"], "context": ["translation"]}))
+    f._seen = SeenRequests(3)
     views = _fleet(4, [True], [True])
     snap = FleetSnapshot(now=0.0, endpoints=views)
     reqs = [req(f"r{i}", cls="generation", prompt=100, model=M) for i in range(5)]
     for r in reqs:
         f.tiers(r, list(views), snap)
-    assert list(f._seen_order) == ["r2", "r3", "r4"]
-    assert f._seen == {"r2", "r3", "r4"}
+    assert [r.id in f._seen for r in reqs] == [False, False, True, True, True]
     before = f.shares(M)
     f.tiers(reqs[3], list(views), snap)  # remembered: not counted again
     assert f.shares(M) == before
-    assert list(f._seen_order) == ["r2", "r3", "r4"]
-    assert f._seen == {"r2", "r3", "r4"}
+    assert [r.id in f._seen for r in reqs] == [False, False, True, True, True]
     f.tiers(reqs[0], list(views), snap)  # forgotten: counted again, and the oldest goes
-    assert list(f._seen_order) == ["r3", "r4", "r0"]
-    assert f._seen == {"r3", "r4", "r0"}
+    assert [r.id in f._seen for r in reqs] == [True, False, False, True, True]

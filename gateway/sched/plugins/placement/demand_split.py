@@ -32,7 +32,6 @@ endpoint of the request's group with room.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Final, Literal
@@ -42,17 +41,15 @@ import numpy as np
 import numpy.typing as npt
 from msgspec import Meta
 
-from gateway.core.types import EndpointId, ModelName, RequestId
+from gateway.core.types import EndpointId, ModelName
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.prefix import uncached
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import output_estimate
+from gateway.sched.seen import SeenRequests
 from gateway.sched.snapshot import EndpointView, FleetColumns, FleetSnapshot
 
-#: Requests remembered as counted (the oldest are forgotten first); a request is seen again only while
-#: it waits in the queue, so this bounds memory without double counting in practice.
-_SEEN_MAX: Final = 16384
 _PRIOR: Final = default_prior()
 
 SpillMode = Literal["never", "when-full", "when-no-fit"]
@@ -117,10 +114,7 @@ class DemandSplitFilter:
         default: SpillMode = "when-full" if isinstance(spill, Mapping) else spill
         self.spill: tuple[SpillMode, ...] = tuple(by_group.get(g, default) for g in self.group_names)
         self._models: dict[ModelName, _ModelState] = {}
-        self._seen: set[RequestId] = set()
-        # ... in the order they were counted, oldest first (the oldest of a dict is found by a scan of
-        # the entries deleted before it: some 9 µs a request once 16,384 were counted)
-        self._seen_order: deque[RequestId] = deque()
+        self._seen = SeenRequests()  # the requests counted, each once
         # Per model: the snapshot views the ready endpoints were last found in, and those endpoints.
         self._ready_kept: dict[ModelName, tuple[tuple[EndpointView, ...], tuple[EndpointId, ...]]] = {}
         # Per model: the ready endpoints' ids in the views' order the plain `_ready` last sorted, and
@@ -242,13 +236,7 @@ class DemandSplitFilter:
             state = self._models[req.model] = _ModelState(demand=[0.0] * len(self.group_names))
         if self._decay(state, snap.now):
             state.asked = None
-        seen = self._seen
-        if req.id not in seen:
-            seen.add(req.id)
-            order = self._seen_order
-            order.append(req.id)
-            if len(order) > _SEEN_MAX:
-                seen.discard(order.popleft())
+        if self._seen.first(req.id):
             state.demand[group] += request_work(req, perf or _PRIOR, self.params.batch_ref)
             state.asked = None
         ready = self._ready(req.model, snap)

@@ -48,7 +48,7 @@ from typing import Annotated, Final, Literal
 
 from msgspec import Meta
 
-from gateway.core.types import EndpointId, ModelName, RequestId
+from gateway.core.types import EndpointId, ModelName
 from gateway.sched.heterogeneous import RELAXED, STRICT, SubCluster, TrafficMix
 from gateway.sched.loads import LoadCache
 from gateway.sched.mix_window import MixWindow
@@ -57,13 +57,12 @@ from gateway.sched.plugins.params import PredictionParams
 from gateway.sched.registry import BuildContext, PluginKind, PluginSpec
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import deadlines, output_estimate, remaining_max_tokens
+from gateway.sched.seen import SeenRequests
 from gateway.sched.snapshot import EndpointView, FleetSnapshot
 from gateway.sched.targets import meets, time_left
 
 SpillMode = Literal["when-late", "when-full", "never"]
 _PRIOR: Final = default_prior()
-#: Requests remembered as counted in the mix (see demand-split's `_SEEN_MAX`).
-_SEEN_MAX: Final = 16384
 
 
 class SubClusterParams(PredictionParams, frozen=True, kw_only=True):
@@ -89,7 +88,7 @@ class SubClusterFilter:
         default: SpillMode = "when-late" if isinstance(spill, Mapping) else spill
         self.spill: dict[SubCluster, SpillMode] = {s: by_sub.get(s, default) for s in (STRICT, RELAXED)}
         self._mix: dict[ModelName, MixWindow] = {}
-        self._seen: dict[RequestId, None] = {}
+        self._seen = SeenRequests()  # the requests counted in the mix, each once
         self._split: dict[ModelName, dict[SubCluster, list[EndpointId]]] = {}
         # Per model: when its counts were last decayed, and the decayed requests per sub-cluster.
         self._counts: dict[ModelName, tuple[float, dict[SubCluster, float]]] = {}
@@ -190,10 +189,7 @@ class SubClusterFilter:
             split[self.sub_cluster_of(e)].append(e.id)
         self._split[req.model] = split
         sub = self.request_sub_cluster(req, serving)
-        if req.id not in self._seen:
-            self._seen[req.id] = None
-            if len(self._seen) > _SEEN_MAX:
-                del self._seen[next(iter(self._seen))]
+        if self._seen.first(req.id):
             f = self.factor(req, serving)
             if f is not None and math.isfinite(f):
                 window = self._mix.get(req.model)
