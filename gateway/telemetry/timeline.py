@@ -295,16 +295,15 @@ class EndpointTimeline:
         # (`_over_tolerance`): one pass over every kept gap instead of a partition per stream.
         over = np.zeros(len(kept_gaps) + 1, dtype=np.intp)
         (kept_gaps > tol).cumsum(out=over[1:])
-        over_at = over.tolist()
+        over_at = over[[0, *kept_ends]].tolist()  # kept gaps over it up to each stream's end
         at = kept_at = 0
-        for s, end, kept_end in zip(ready, ends, kept_ends, strict=True):
+        for j, (s, end, kept_end) in enumerate(zip(ready, ends, kept_ends, strict=True)):
             span, kept = slice(at, end), slice(kept_at, kept_end)
             at, kept_at = end, kept_end
-            n = kept_end - kept.start
-            if n < MIN_KEPT_GAPS:
+            if kept_end - kept.start < MIN_KEPT_GAPS:
                 continue
             gaps = kept_gaps[kept]
-            if not _over_tolerance(gaps, over_at[kept_end] - over_at[kept.start], tol):
+            if not _over_tolerance(gaps, over_at[j + 1] - over_at[j], tol):
                 continue  # most receipts came several to a read (held back on the way): not timed
             seconds = _mean(gaps)
             batch = _mean(kept_counts[kept])
