@@ -159,12 +159,13 @@ def _scaled_solve(gram: list[list[float]], rhs: list[float]) -> list[float] | No
     return [v / n for v, n in zip(c, norms, strict=True)]
 
 
-def median(a: Array) -> float:
+def median(a: Array, *, scratch: bool = False) -> float:
     """`np.median` of a non-empty 1-D array of finite values, the same number without its wrapper's cost
-    (a fit takes seven): the middle of a partition, or the mean of the two middles."""
+    (a fit takes seven): the middle of a partition, or the mean of the two middles. `scratch`: `a` is
+    the caller's to lose, partitioned in place instead of a copy of it."""
     n = len(a)
     k = n // 2
-    part = a.copy()  # what `np.partition` does, without its wrapper
+    part = a if scratch else a.copy()  # what `np.partition` does, without its wrapper
     if n % 2:
         part.partition(k)
         return float(part[k])

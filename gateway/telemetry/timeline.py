@@ -52,6 +52,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import pairwise
+from operator import sub as _sub
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -231,7 +232,7 @@ class EndpointTimeline:
                 return _DEFER  # a first token not added yet may land in the gaps looked at
             if m == 0 or untracked(t0, t[2 + m]):
                 continue
-            around = [t1 - t0, *(t[3 + j] - t[2 + j] for j in range(m))]
+            around = [t1 - t0, *map(_sub, t[3 : 3 + m], t[2 : 2 + m])]  # the gaps before and after
             mid = _median(around)  # `around` sorted in place
             if mid > tol and mid / REGULAR <= around[0] and around[-1] <= mid * REGULAR:
                 samples.append((t2 - t1) - (t[2 + m] - t2) / m)

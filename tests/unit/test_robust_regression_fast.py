@@ -163,6 +163,7 @@ def test_median_is_the_plain_median(vals: list[float]) -> None:
     a = np.array(vals)
     assert fast.median(a) == plain.median(a) == float(np.median(a))
     assert a.tolist() == vals  # not partitioned in place
+    assert fast.median(a.copy(), scratch=True) == plain.median(a)  # a scratch array partitioned in place
 
 
 @pytest.mark.parametrize("half_life", [1.0, 37.5, 500.0, 1e9])
