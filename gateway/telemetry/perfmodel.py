@@ -105,6 +105,9 @@ from gateway.sched.perf import PerfCoefficients
 from gateway.telemetry.observation_window import ObservationWindow
 from gateway.telemetry.robust_regression import Array, Steps, design, fit_decay, fit_linear, window_weights
 
+#: `math.isfinite`, looked up once (an observation checks two or three values: a few per request)
+_isfinite: Final = math.isfinite
+
 #: What a part's fit changes: its coefficients in a given `PerfCoefficients`.
 Update = Callable[[PerfCoefficients], PerfCoefficients]
 
@@ -193,19 +196,26 @@ class PerfModelFitter:
 
     # ---- observations ----------------------------------------------------------------------------
     def observe_prefill(self, prompt_tokens: float, seconds: float) -> None:
-        if _finite(prompt_tokens, seconds) and prompt_tokens >= 0 and seconds > 0:
+        if _isfinite(prompt_tokens) and _isfinite(seconds) and prompt_tokens >= 0 and seconds > 0:
             self._prefill.append(prompt_tokens, seconds)
 
     def observe_decode(self, batch: float, avg_context: float, seconds: float) -> None:
-        if _finite(batch, avg_context, seconds) and batch > 0 and avg_context >= 0 and seconds > 0:
+        if (
+            _isfinite(batch)
+            and _isfinite(avg_context)
+            and _isfinite(seconds)
+            and batch > 0
+            and avg_context >= 0
+            and seconds > 0
+        ):
             self._decode.append(batch, avg_context, seconds)
 
     def observe_kv(self, context_tokens: float, kv_tokens: float) -> None:
-        if _finite(context_tokens, kv_tokens) and context_tokens >= 0 and kv_tokens > 0:
+        if _isfinite(context_tokens) and _isfinite(kv_tokens) and context_tokens >= 0 and kv_tokens > 0:
             self._kv.append(context_tokens, kv_tokens)
 
     def observe_throughput(self, concurrency: float, tokens_per_s: float) -> None:
-        if _finite(concurrency, tokens_per_s) and concurrency >= 0 and tokens_per_s > 0:
+        if _isfinite(concurrency) and _isfinite(tokens_per_s) and concurrency >= 0 and tokens_per_s > 0:
             self._tput.append(concurrency, tokens_per_s)
 
     @property
@@ -421,10 +431,6 @@ class PerfModelFitter:
         full window's (the same numbers elementwise, made once per window size and half-life)."""
         full = window_weights(self._window, self._half_life)
         return full[len(full) - n :]
-
-
-def _finite(*values: float) -> bool:
-    return all(math.isfinite(v) for v in values)
 
 
 def _finish(steps: Steps[Update | None]) -> Update | None:

@@ -38,6 +38,8 @@ _maximum: Final = np.maximum
 _minimum: Final = np.minimum
 _divide: Final = np.divide
 _subtract: Final = np.subtract
+_fmin: Final = np.fmin
+_sqrt: Final = math.sqrt
 
 T = TypeVar("T")
 #: A fit in steps of bounded work (see `PerfModelFitter.refit_steps`): each `next` runs one, the value
@@ -72,26 +74,23 @@ def fit_linear(x: Array, y: Array, w: Array) -> Steps[LinearFit | None]:
     row = sw / median(y)
     robust = np.ones_like(y)
     beta = np.zeros(x.shape[1])
-    p = range(x.shape[1])
+    p = x.shape[1]
     for i in range(_HUBER_ROUNDS + _TUKEY_ROUNDS + 1):
         yield
-        if np.count_nonzero(robust) <= len(p):
+        if np.count_nonzero(robust) <= p:
             break  # too few observations kept to say anything: keep the last answer
         # The normal equations of the rows scaled by row·√robust, with the columns scaled to unit norm,
         # formed from x weighted by the squared scale (the column norms are the Gram matrix's diagonal):
         # a quarter of a round's work less than scaling x itself, then its columns, then multiplying.
         # The products over the rows are numpy's; the few numbers of the p×p system are Python floats
         # (the same IEEE operations as numpy's elementwise ones, without a call per operation).
-        xs = x * (row * row * robust)[:, None]
-        xst = xs.T
-        gram = (xst @ x).tolist()
-        sq = [gram[k][k] for k in p]
-        if not all(s > 0 for s in sq):
+        scale = row * row
+        scale *= robust
+        xst = (x * scale[:, None]).T
+        solved = _scaled_solve((xst @ x).tolist(), (xst @ y).tolist())
+        if solved is None:
             break
-        norms = [math.sqrt(s) for s in sq]
-        scaled = [[gram[a][b] / (norms[a] * norms[b]) for b in p] for a in p]
-        rhs = [v / n for v, n in zip((xst @ y).tolist(), norms, strict=True)]
-        beta = np.array([c / n for c, n in zip(_nnls(scaled, rhs), norms, strict=True)])
+        beta = np.array(solved)
         fitted = x @ beta
         if not _min(fitted) > 0:  # every one positive (NaN is not): `(fitted > 0).all()`
             break  # a zero prediction cannot be a relative scale; keep this round's answer
@@ -107,12 +106,13 @@ def fit_linear(x: Array, y: Array, w: Array) -> Steps[LinearFit | None]:
             _divide(_HUBER_K, robust, out=robust)
             _minimum(robust, 1.0, out=robust)  # `np.minimum(1.0, ·)`: the same (NaN either way)
         else:
-            inside = u < _TUKEY_C
-            u /= _TUKEY_C
-            u *= u
-            _subtract(1.0, u, out=u)
-            u *= u
-            robust = np.where(inside, u, 0.0)
+            # ``np.where(u < c, (1 - (u / c)²)², 0)`` for u >= 0 or NaN: u at or past c (or NaN) taken
+            # as c gives (1 - 1)² = 0 exactly, the rest the same operations on the same numbers
+            robust = _fmin(u, _TUKEY_C)
+            robust /= _TUKEY_C
+            robust *= robust
+            _subtract(1.0, robust, out=robust)
+            robust *= robust
         row = sw / fitted
     if not (beta > 0).any() or not np.isfinite(beta).all():
         return None
@@ -123,12 +123,49 @@ def fit_linear(x: Array, y: Array, w: Array) -> Steps[LinearFit | None]:
     return LinearFit(tuple(float(v) for v in beta), mape, len(y))
 
 
-def median(a: Array) -> float:
+def _scaled_solve(gram: list[list[float]], rhs: list[float]) -> list[float] | None:
+    """A round's coefficients from its Gram matrix and right-hand side (Python floats): the system with
+    its columns scaled to unit norm, solved non-negatively (`_nnls`), scaled back; None when a column's
+    norm is not positive. Spelled out for two and three columns (the models' designs): the same
+    operations as the general form, without a list made per step."""
+    p = len(rhs)
+    if p == 2:
+        (g00, g01), (g10, g11) = gram
+        if not (g00 > 0 and g11 > 0):
+            return None
+        n0, n1 = _sqrt(g00), _sqrt(g11)
+        scaled = [[g00 / (n0 * n0), g01 / (n0 * n1)], [g10 / (n1 * n0), g11 / (n1 * n1)]]
+        c = _nnls(scaled, [rhs[0] / n0, rhs[1] / n1])
+        return [c[0] / n0, c[1] / n1]
+    if p == 3:
+        (g00, g01, g02), (g10, g11, g12), (g20, g21, g22) = gram
+        if not (g00 > 0 and g11 > 0 and g22 > 0):
+            return None
+        n0, n1, n2 = _sqrt(g00), _sqrt(g11), _sqrt(g22)
+        scaled = [
+            [g00 / (n0 * n0), g01 / (n0 * n1), g02 / (n0 * n2)],
+            [g10 / (n1 * n0), g11 / (n1 * n1), g12 / (n1 * n2)],
+            [g20 / (n2 * n0), g21 / (n2 * n1), g22 / (n2 * n2)],
+        ]
+        c = _nnls(scaled, [rhs[0] / n0, rhs[1] / n1, rhs[2] / n2])
+        return [c[0] / n0, c[1] / n1, c[2] / n2]
+    cols = range(p)
+    sq = [gram[k][k] for k in cols]
+    if not all(s > 0 for s in sq):
+        return None
+    norms = [_sqrt(s) for s in sq]
+    scaled = [[gram[a][b] / (norms[a] * norms[b]) for b in cols] for a in cols]
+    c = _nnls(scaled, [v / n for v, n in zip(rhs, norms, strict=True)])
+    return [v / n for v, n in zip(c, norms, strict=True)]
+
+
+def median(a: Array, *, scratch: bool = False) -> float:
     """`np.median` of a non-empty 1-D array of finite values, the same number without its wrapper's cost
-    (a fit takes seven): the middle of a partition, or the mean of the two middles."""
+    (a fit takes seven): the middle of a partition, or the mean of the two middles. `scratch`: `a` is
+    the caller's to lose, partitioned in place instead of a copy of it."""
     n = len(a)
     k = n // 2
-    part = a.copy()  # what `np.partition` does, without its wrapper
+    part = a if scratch else a.copy()  # what `np.partition` does, without its wrapper
     if n % 2:
         part.partition(k)
         return float(part[k])

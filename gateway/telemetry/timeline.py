@@ -52,6 +52,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import pairwise
+from operator import sub as _sub
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -231,7 +232,7 @@ class EndpointTimeline:
                 return _DEFER  # a first token not added yet may land in the gaps looked at
             if m == 0 or untracked(t0, t[2 + m]):
                 continue
-            around = [t1 - t0, *(t[3 + j] - t[2 + j] for j in range(m))]
+            around = [t1 - t0, *map(_sub, t[3 : 3 + m], t[2 : 2 + m])]  # the gaps before and after
             mid = _median(around)  # `around` sorted in place
             if mid > tol and mid / REGULAR <= around[0] and around[-1] <= mid * REGULAR:
                 samples.append((t2 - t1) - (t[2 + m] - t2) / m)
@@ -268,47 +269,52 @@ class EndpointTimeline:
 
     def _decode(self, arr: StreamArrays, before: float, out: list[DecodeObservation]) -> None:
         tol = arr.tol
-        ready: list[Array] = []  # the receipts of the streams whose observation is due now
+        ready: list[TimedStream] = []  # the streams whose observation is due now
         for s in self._streams:
             if not s.pending or s.last + tol >= before:
                 continue
             s.pending = False
             if len(s.times) < MIN_KEPT_GAPS + 1 or s.first <= self.known_from:
                 continue
-            ready.append(s.times)
+            ready.append(s)
         if not ready:
             return
         # Every ready stream's gaps at once: whether a gap is kept, and the running count and context at
         # its middle, are elementwise in the gap's ends, so one pass over all of them gives each stream
         # the numbers a pass over its own gaps gives (the streams of a batch share their iterations).
-        los = np.concatenate([t[:-1] for t in ready])
-        his = np.concatenate([t[1:] for t in ready])
+        los = np.concatenate([s.times[:-1] for s in ready])
+        his = np.concatenate([s.times[1:] for s in ready])
         keeps = (arr.firsts_in(los, his) == 0) & ~arr.untracked_in(los, his)
         counts, contexts = arr.running((los + his) / 2.0)
         # The kept gaps of every stream, selected at once: a stream's are a slice of them, the same
         # numbers in the same order as selecting from its own gaps (and a slice of a contiguous array
         # sums as its copy does). Each ready stream has at least `MIN_KEPT_GAPS` gaps.
         kept_gaps, kept_counts, kept_contexts = (his - los)[keeps], counts[keeps], contexts[keeps]
-        ends = np.cumsum([len(t) - 1 for t in ready]).tolist()
+        ends = np.cumsum([len(s.times) - 1 for s in ready]).tolist()
         kept_ends = keeps.cumsum()[[e - 1 for e in ends]].tolist()
+        # Whether a stream's median kept gap is over the tolerance, from how many of its kept gaps are
+        # (`_over_tolerance`): one pass over every kept gap instead of a partition per stream.
+        over = np.zeros(len(kept_gaps) + 1, dtype=np.intp)
+        (kept_gaps > tol).cumsum(out=over[1:])
+        over_at = over[[0, *kept_ends]].tolist()  # kept gaps over it up to each stream's end
         at = kept_at = 0
-        for t, end, kept_end in zip(ready, ends, kept_ends, strict=True):
+        for j, (s, end, kept_end) in enumerate(zip(ready, ends, kept_ends, strict=True)):
             span, kept = slice(at, end), slice(kept_at, kept_end)
             at, kept_at = end, kept_end
-            if kept.stop - kept.start < MIN_KEPT_GAPS:
+            if kept_end - kept.start < MIN_KEPT_GAPS:
                 continue
             gaps = kept_gaps[kept]
-            if not median_of(gaps) > tol:
+            if not _over_tolerance(gaps, over_at[j + 1] - over_at[j], tol):
                 continue  # most receipts came several to a read (held back on the way): not timed
             seconds = _mean(gaps)
             batch = _mean(kept_counts[kept])
             out.append(
                 DecodeObservation(
-                    batch=batch,
-                    avg_context=_mean(kept_contexts[kept]) / batch,
-                    seconds=seconds,
-                    concurrency=_mean(counts[span]),
-                    tokens_per_s=(len(t) - 1) / float(t[-1] - t[0]),
+                    batch,
+                    _mean(kept_contexts[kept]) / batch,  # avg_context
+                    seconds,
+                    _mean(counts[span]),  # concurrency
+                    (end - span.start) / (s.last - s.first),  # tokens_per_s: (receipts - 1) / span
                 )
             )
 
@@ -347,6 +353,21 @@ def _median(values: list[float]) -> float:
     if n % 2:
         return values[n // 2]
     return (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def _over_tolerance(gaps: Array, over: int, tol: float) -> bool:
+    """``median(gaps) > tol`` (`median_of`: the middle of the sorted gaps, or the mean of the two
+    middles) given how many of the gaps are over `tol`: the middle is over it when more than half are;
+    of two middles, both are when more than half are (and their mean then is: rounding is monotone) and
+    neither when fewer than half are. Only with exactly half over (or a tolerance so large that two
+    middles' sum could overflow) is the median itself taken."""
+    n = len(gaps)
+    half = n // 2
+    if n % 2:
+        return over > half
+    if over != half and tol < 1e300:
+        return over > half
+    return median_of(gaps) > tol
 
 
 def _mean(a: Array) -> float:

@@ -130,11 +130,6 @@ class StreamArrays:
         self.last_cum_prompt: Array = np.concatenate(([0.0], prompts[lo].cumsum()))
         self.last_cum_tokens: Array = np.concatenate(([0.0], sizes[lo].cumsum()))
         every = np.concatenate([s.times for s in streams])
-        # a merge of sorted runs (each stream's receipts): the stable sort finds the runs and merges
-        # them, several times faster than the default sort here, the same order of the same numbers
-        receipts = every.copy()
-        receipts.sort(kind="stable")
-        self.receipts: Array = receipts
         # every stream's gaps: the differences of the receipts in the streams' order, but for the one
         # from each stream's last receipt to the next stream's first (the same numbers in the same
         # order as each stream's own differences, one numpy call instead of one per stream)
@@ -142,7 +137,12 @@ class StreamArrays:
         inner = gaps > 0
         inner[sizes[:-1].cumsum().astype(np.intp) - 1] = False
         gaps = gaps[inner]
-        self.tol = TOLERANCE * median(gaps) if len(gaps) else 0.0
+        self.tol = TOLERANCE * median(gaps, scratch=True) if len(gaps) else 0.0
+        # a merge of sorted runs (each stream's receipts): the stable sort finds the runs and merges
+        # them, several times faster than the default sort here, the same order of the same numbers
+        # (in place: the gaps above were taken from the streams' order)
+        every.sort(kind="stable")
+        self.receipts: Array = every
         # untracked spans, merged into disjoint sorted intervals
         self.dirty_start, self.dirty_end = dirty.merged()
         self.dirty_starts: list[float] = self.dirty_start.tolist()

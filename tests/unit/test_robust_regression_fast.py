@@ -86,6 +86,36 @@ def test_fit_linear_is_the_plain_fit(problem: tuple[np.ndarray, np.ndarray, np.n
         assert (got.coef, got.mape, got.n) == (want.coef, want.mape, want.n)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from([1, 4]).flatmap(
+        lambda p: st.tuples(
+            st.just(p),
+            st.integers(min_value=1, max_value=60).flatmap(
+                lambda n: st.lists(values, min_size=n * p, max_size=n * p)
+            ),
+            st.lists(noise, min_size=60, max_size=60),
+        )
+    )
+)
+def test_fit_linear_of_other_widths_is_the_plain_fit(data: tuple[int, list[float], list[float]]) -> None:
+    """The round's system spelled out for two and three columns (the models' designs) and its general form
+    for the others: one column (an intercept alone) or four give the plain fit's numbers too."""
+    p, cells, eps = data
+    n = len(cells) // p
+    x = np.array(cells).reshape(n, p)
+    if p == 1:
+        x = np.ones((n, 1)) + x / 1e5  # a scale about 1, as an intercept column is
+    y = np.abs(x @ np.linspace(1e-3, 1e-2, p)) * (1.0 + np.array(eps[:n])) + 1e-3
+    w = np.exp2(-np.arange(n - 1, -1, -1, dtype=np.float64) / 500.0)
+    steps, got = run(fast.fit_linear(x, y, w))
+    ref_steps, want = run(plain.fit_linear(x, y, w))
+    assert steps == ref_steps
+    assert (None if got is None else (got.coef, got.mape, got.n)) == (
+        None if want is None else (want.coef, want.mape, want.n)
+    )
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(min_value=1, max_value=3).flatmap(
@@ -133,6 +163,7 @@ def test_median_is_the_plain_median(vals: list[float]) -> None:
     a = np.array(vals)
     assert fast.median(a) == plain.median(a) == float(np.median(a))
     assert a.tolist() == vals  # not partitioned in place
+    assert fast.median(a.copy(), scratch=True) == plain.median(a)  # a scratch array partitioned in place
 
 
 @pytest.mark.parametrize("half_life", [1.0, 37.5, 500.0, 1e9])

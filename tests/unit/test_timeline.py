@@ -21,6 +21,7 @@ from gateway.telemetry.timeline import (
     DecodeObservation,
     EndpointTimeline,
     PrefillObservation,
+    _over_tolerance,
 )
 from gateway.telemetry.timeline_store import TOLERANCE, SpanColumns, StreamArrays, TimedStream
 from loadgen.engine_sim.latency import LatencyModel
@@ -420,3 +421,22 @@ def test_stream_arrays_receipts_are_every_receipt_sorted(streams: list[tuple[flo
     held = [TimedStream(None, first + np.cumsum([0.0, *g]), 10.0, True, 10.0) for first, g in streams]
     want = np.sort(np.concatenate([s.times for s in held]))
     assert np.array_equal(StreamArrays(held, SpanColumns()).receipts, want)
+
+
+@given(
+    st.lists(
+        st.one_of(st.sampled_from([0.0, 0.005, 0.01, 0.02, 5e-324]), st.floats(0.0, 1.0)),
+        min_size=1,
+        max_size=40,
+    ),
+    st.one_of(st.sampled_from([0.0, 0.005, 0.01]), st.floats(0.0, 1.0)),
+)
+def test_median_over_the_tolerance_from_the_count_over_it_is_the_median(
+    gaps: list[float], tol: float
+) -> None:
+    """A stream's decode check (`median(gaps) > tol`) decided from how many gaps are over `tol`, with the
+    median itself only when exactly half are: the same answer, ties and equal middles included."""
+    a = np.array(gaps)
+    over = int(np.count_nonzero(a > tol))
+    assert _over_tolerance(a, over, tol) == (median(a) > tol)
+    assert a.tolist() == gaps  # not partitioned in place
