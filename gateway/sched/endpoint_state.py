@@ -124,7 +124,8 @@ class EndpointState:
         v = self._view
         if v is not None and not (self._view_has_gauges and self._stale(now, stale_after_s)):
             return v
-        g = None if self._stale(now, stale_after_s) else self.gauges
+        scraped_at = self.scraped_at
+        g = None if scraped_at is None or now - scraped_at > stale_after_s else self.gauges  # `_stale`
         s = self.spec
         peer = self.peer
         # Positional, in field order: a call with 29 keywords spends about 1 µs matching them to the
@@ -142,7 +143,7 @@ class EndpointState:
             None if g is None else g.waiting,  # engine_waiting
             None if g is None else g.kv_usage,  # kv_usage
             self.dispatched_since_scrape,
-            self.scraped_at,
+            scraped_at,
             s.node,
             self.completed_since_scrape,
             self.running_prompt_tokens + peer.prompt_tokens,
@@ -163,9 +164,7 @@ class EndpointState:
             s.config,
         )
         self._view_has_gauges = g is not None
-        self.fresh_until = (
-            math.inf if self.scraped_at is None or g is None else self.scraped_at + stale_after_s
-        )
+        self.fresh_until = math.inf if scraped_at is None or g is None else scraped_at + stale_after_s
         return v
 
     def _stale(self, now: float, stale_after_s: float) -> bool:

@@ -155,13 +155,13 @@ class EngineSide(SimState):
             if i >= len(ends):
                 pop(reports)
                 continue  # the run was cut before this iteration
-            r = i % every
-            for call, req, p0, i0 in plan.buckets[r]:
+            members, skip = plan.buckets[i % every]
+            for call, req, base, i0 in members:
                 if i >= i0 and call.engine_req is req and not call.done:
                     # to the replica whose scheduler placed the call (its own ids and running requests)
-                    p = (call.sreq_id, p0 + i + 1 - call.run_base, call.run_first_at, now)
+                    p = (call.sreq_id, base + i, call.run_first_at, now)
                     add(p if one else (call.gw, p))
-            nxt = i + plan.skip[r]  # the run's next iteration with a report
+            nxt = i + skip  # the run's next iteration with a report
             if nxt < plan.stop and nxt < len(ends):
                 plan.at = nxt
                 replace(reports, (ends[nxt], report, next(seq), plan))  # one sift, not a pop and a push

@@ -95,19 +95,22 @@ class Reports:
     """The relay's progress reports at a run's iterations before its last (the last one's tokens are
     handed out one by one): a member whose first report is at iteration `i0` reports again every
     PROGRESS_EVERY iterations, so the members are kept by `i0 % PROGRESS_EVERY` and one event at a time
-    stands for the run's next iteration with a report. Void from the iteration a cut removed on."""
+    stands for the run's next iteration with a report. Void from the iteration a cut removed on.
 
-    __slots__ = ("at", "buckets", "ends", "run", "skip", "stop")
+    A member is kept as (call, request, base, i0): its report at iteration `i >= i0` counts `base + i`
+    tokens of the call's current engine run (`base`: the tokens before the run's first iteration, plus
+    one, less the call's `run_base`; both stay while the call's engine request is the member)."""
+
+    __slots__ = ("at", "buckets", "ends", "run", "stop")
 
     def __init__(self, run: DecodeRun) -> None:
         self.run = run
         self.ends = run.ends  # the run's list (a cut shortens it in place)
         self.stop = len(run.ends) - 1
-        # the members by `i0 % PROGRESS_EVERY`, only the buckets with members (a batch has a few)
-        self.buckets: dict[int, list[tuple[Call, SimRequest, int, int]]] = {}
-        # per bucket, how far ahead the next one is (`plan_reports`): from an iteration `i` with reports,
-        # the next is `i + skip[i % PROGRESS_EVERY]` (unless `stop` comes first)
-        self.skip: dict[int, int] = {}
+        # the members by `i0 % PROGRESS_EVERY`, only the buckets with members (a batch has a few), each
+        # with how far ahead the next bucket is (`plan_reports`): from an iteration `i` with reports, the
+        # next is `i + skip` (unless `stop` comes first)
+        self.buckets: dict[int, tuple[list[tuple[Call, SimRequest, int, int]], int]] = {}
         self.at = -1  # the iteration of the pending event
 
 
@@ -139,7 +142,7 @@ def plan_reports(on_engine: dict[SimRequest, Call], run: DecodeRun) -> Reports |
     """The relay's progress reports (every PROGRESS_EVERY tokens) at a new run's iterations before its
     last; None when there are none. Its first is at `plan.at`."""
     plan = Reports(run)
-    buckets = plan.buckets
+    buckets: dict[int, list[tuple[Call, SimRequest, int, int]]] = {}
     first = plan.stop
     done = run.done
     for req in run.members:
@@ -149,15 +152,18 @@ def plan_reports(on_engine: dict[SimRequest, Call], run: DecodeRun) -> Reports |
         p0 = call.produced - done  # tokens before the run's first iteration
         i0 = call.report_at - p0 - 1  # >= done: the reports before were made
         first = min(first, i0)
+        member = (call, req, p0 + 1 - call.run_base, i0)
         bucket = buckets.get(i0 % PROGRESS_EVERY)
         if bucket is None:
-            buckets[i0 % PROGRESS_EVERY] = [(call, req, p0, i0)]
+            buckets[i0 % PROGRESS_EVERY] = [member]
         else:
-            bucket.append((call, req, p0, i0))
+            bucket.append(member)
     if first >= plan.stop:
         return None
     # from each bucket, the distance to the next one (cyclically: the first one's, PROGRESS_EVERY later)
     rs = sorted(buckets)
-    plan.skip = {r: nxt - r for r, nxt in zip(rs, [*rs[1:], rs[0] + PROGRESS_EVERY], strict=True)}
+    plan.buckets = {
+        r: (buckets[r], nxt - r) for r, nxt in zip(rs, [*rs[1:], rs[0] + PROGRESS_EVERY], strict=True)
+    }
     plan.at = first
     return plan

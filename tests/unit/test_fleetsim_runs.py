@@ -21,7 +21,7 @@ from loadgen.engine_sim.profiles import get_profile
 from loadgen.engine_sim.spec import EndpointSpec
 from loadgen.fleetsim import SimOptions, simulate
 from loadgen.fleetsim.lifecycle import LifecycleOptions
-from loadgen.fleetsim.runs import DecodeRun, RunEngine, plan_run
+from loadgen.fleetsim.runs import DecodeRun, RunEngine, plan_loop, plan_run
 
 LAT = LatencyModel(k1=1e-4, c1=0.02, k2=2e-6, c2=1e-3, c3=0.025)
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
@@ -263,6 +263,23 @@ def test_a_run_planned_over_arrays_is_bit_for_bit_the_loop(
     b, tokens0, n = sizes
     lat = get_profile(profile).latency
     got_ends, got_gaps = plan_run(lat, b, tokens0, (start, start + first), n)
+    assert (got_ends, got_gaps.tolist()) == _run_by_loop(lat, b, tokens0, start, start + first, n)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.tuples(st.integers(1, 64), st.integers(0, 200_000), st.integers(2, 300)),
+    st.floats(0.0, 1e5),
+    st.floats(1e-4, 1.0),
+    st.sampled_from(["fleet-7b", "fleet-13b", "a100-llama2-70b", "h100-llama3-8b"]),
+)
+def test_a_run_planned_by_the_spelled_out_loop_is_bit_for_bit_the_loop(
+    sizes: tuple[int, int, int], start: float, first: float, profile: str
+) -> None:
+    """`plan_loop` (the latency model's decode time written out) against one `decode_s` call an iteration."""
+    b, tokens0, n = sizes
+    lat = get_profile(profile).latency
+    got_ends, got_gaps = plan_loop(lat, b, tokens0, (start, start + first), n)
     assert (got_ends, got_gaps.tolist()) == _run_by_loop(lat, b, tokens0, start, start + first, n)
 
 
