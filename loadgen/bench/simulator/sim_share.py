@@ -68,14 +68,14 @@ class Shares:
 
 
 def instrument(sim: Simulation) -> Shares:
-    """Time `sim`'s calls into berth: "scheduler", "telemetry" (its loop's turns, scrapes, and the
-    finish phase's records), "admission" (the front's parse, SLO resolution and the scheduler's
-    request)."""
+    """Time `sim`'s calls into berth: "scheduler", "telemetry" (its loop's turns, scrapes, the prefix
+    index told of each dispatch, and the finish phase's records), "admission" (the front's parse, SLO
+    resolution and the scheduler's request)."""
     shares = Shares()
     gw = sim.gw
     shares.wrap(gw.scheduler, SCHEDULER, "scheduler")
     shares.wrap(gw.telemetry, ("step",), "telemetry")
-    shares.wrap(gw, ("scrape", "finish"), "telemetry")
+    shares.wrap(gw, ("scrape", "dispatched", "finish"), "telemetry")
     shares.wrap(gw, ("admit",), "admission")
     return shares
 
