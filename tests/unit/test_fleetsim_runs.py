@@ -4,9 +4,11 @@ iteration at a time; and the fleet simulator built on it gives the same report a
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 import pytest
@@ -250,22 +252,13 @@ def test_the_same_report_with_instances_started_and_stopped_under_it() -> None:
     assert orjson.dumps(a, option=orjson.OPT_SORT_KEYS) == orjson.dumps(b, option=orjson.OPT_SORT_KEYS)
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.tuples(st.integers(1, 64), st.integers(0, 200_000), st.integers(2, 128)),
-    st.floats(0.0, 1e5),
-    st.floats(1e-4, 1.0),
-    st.sampled_from(["fleet-7b", "fleet-13b", "a100-llama2-70b", "h100-llama3-8b"]),
+#: How a decode run is planned: `plan_run` or `plan_loop`.
+Planner: TypeAlias = (
+    "Callable[[LatencyModel, int, int, tuple[float, float], int], tuple[list[float], array[float]]]"
 )
-def test_a_run_planned_over_arrays_is_bit_for_bit_the_loop(
-    sizes: tuple[int, int, int], start: float, first: float, profile: str
-) -> None:
-    b, tokens0, n = sizes
-    lat = get_profile(profile).latency
-    got_ends, got_gaps = plan_run(lat, b, tokens0, (start, start + first), n)
-    assert (got_ends, got_gaps.tolist()) == _run_by_loop(lat, b, tokens0, start, start + first, n)
 
 
+@pytest.mark.parametrize("plan", [plan_run, plan_loop], ids=["over arrays", "spelled-out loop"])
 @settings(max_examples=200, deadline=None)
 @given(
     st.tuples(st.integers(1, 64), st.integers(0, 200_000), st.integers(2, 300)),
@@ -273,13 +266,14 @@ def test_a_run_planned_over_arrays_is_bit_for_bit_the_loop(
     st.floats(1e-4, 1.0),
     st.sampled_from(["fleet-7b", "fleet-13b", "a100-llama2-70b", "h100-llama3-8b"]),
 )
-def test_a_run_planned_by_the_spelled_out_loop_is_bit_for_bit_the_loop(
-    sizes: tuple[int, int, int], start: float, first: float, profile: str
+def test_a_planned_run_is_bit_for_bit_the_loop(
+    plan: Planner, sizes: tuple[int, int, int], start: float, first: float, profile: str
 ) -> None:
-    """`plan_loop` (the latency model's decode time written out) against one `decode_s` call an iteration."""
+    """`plan_run` (over arrays) and `plan_loop` (the latency model's decode time written out) against one
+    `decode_s` call an iteration."""
     b, tokens0, n = sizes
     lat = get_profile(profile).latency
-    got_ends, got_gaps = plan_loop(lat, b, tokens0, (start, start + first), n)
+    got_ends, got_gaps = plan(lat, b, tokens0, (start, start + first), n)
     assert (got_ends, got_gaps.tolist()) == _run_by_loop(lat, b, tokens0, start, start + first, n)
 
 
