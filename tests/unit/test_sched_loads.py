@@ -14,6 +14,7 @@ from gateway.sched.idle import KeptBounds, fleet_bound
 from gateway.sched.loads import LoadCache
 from gateway.sched.perf import PerfCoefficients, default_prior
 from gateway.sched.predict import EndpointLoad, Prediction, PredictParams, running_states
+from gateway.sched.prediction import seats_of
 from gateway.sched.request import SchedRequest
 from gateway.sched.running import RunningRequest, prefill_tokens, resume_prompt_tokens, with_progress
 from gateway.sched.snapshot import EndpointEstimates, FleetSnapshot
@@ -122,6 +123,35 @@ def test_the_ends_made_when_asked_are_the_running_states_ends(
     expected = ends[load.n - seats] + 0.5 * load.tpot_now if load.n >= seats else 0.5 * load.tpot_now
     assert load.wait_s == expected
     assert load.guessed == (load.coef == default_prior())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(_run, max_size=12),
+    cap=st.integers(min_value=1, max_value=16),
+    max_batch=st.one_of(st.none(), st.integers(min_value=0, max_value=20)),
+    kv=st.one_of(st.none(), st.floats(min_value=1.0, max_value=1e6)),
+    prior=st.booleans(),
+)
+def test_a_loads_spelled_out_terms_are_their_sources(
+    runs: list[tuple[int, float, float, float, int | None, int | None, int]],
+    cap: int,
+    max_batch: int | None,
+    kv: float | None,
+    prior: bool,
+) -> None:
+    """`EndpointLoad` writes out `view.perf`, `view.kv_capacity_tokens`, `seats_of` and `decode_iter_s`
+    (a load is made per endpoint every 100-200 ms on a busy fleet): each is what its source gives."""
+    v = dataclasses.replace(view("e", cap=cap, runs=_runs(runs), kv=kv), max_batch=max_batch)
+    if prior:
+        v = dataclasses.replace(v, estimates=None)
+    load = EndpointLoad(v, 10.5, PredictParams(tail="normal", tau=0.05, prefill_overhead=0.05))
+    assert load.coef == (v.perf or default_prior())
+    assert load.kv_capacity == v.kv_capacity_tokens
+    assert load.seats == seats_of(v)
+    n = load.n
+    want = load.coef.decode_iter_s(n, load.ctx_sum / n) * (1.0 + load.overhead) if n else 0.0
+    assert load.tpot_now == want
 
 
 def _predicted(load: EndpointLoad, r: SchedRequest, *, worst_case: bool) -> Prediction:
