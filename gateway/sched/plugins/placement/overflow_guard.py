@@ -122,11 +122,17 @@ class OverflowGuardFilter:
         self, req: SchedRequest, harmless: npt.NDArray[np.bool_], meeting: npt.NDArray[np.bool_]
     ) -> npt.NDArray[np.bool_]:
         """What `filter_columns` keeps of the candidates judged into `harmless` and `meeting`."""
+        return meeting if self._answers_meeting(req, meeting) else harmless
+
+    def _answers_meeting(
+        self, req: SchedRequest, meeting: npt.NDArray[np.bool_], kept: list[EndpointView] | None = None
+    ) -> bool:
+        """Whether the guard keeps the candidates where the request also meets its targets (`meeting`,
+        and `kept`: the busy ones of them a shortlist judged), rather than all those where it harms no
+        one: not for a best-effort request; else when it holds infeasible requests or any meets them."""
         if req.best_effort:
-            return harmless
-        if self.params.hold_infeasible or np.count_nonzero(meeting):
-            return meeting
-        return harmless
+            return False
+        return self.params.hold_infeasible or bool(kept) or bool(np.count_nonzero(meeting))
 
     def filter_columns_few(
         self, req: SchedRequest, cols: FleetColumns, candidates: npt.NDArray[np.bool_], snap: FleetSnapshot
@@ -140,12 +146,7 @@ class OverflowGuardFilter:
         harmless, meeting, spared, kept = self._judged(req, cols, candidates, snap)
         if spared is None or kept is None:
             return self._kept(req, harmless, meeting)
-        if req.best_effort:
-            idle, busy = harmless, spared
-        elif self.params.hold_infeasible or kept or np.count_nonzero(meeting):
-            idle, busy = meeting, kept
-        else:
-            idle, busy = harmless, spared
+        idle, busy = (meeting, kept) if self._answers_meeting(req, meeting, kept) else (harmless, spared)
         views = cols.endpoints
         return [views[i] for i in np.flatnonzero(idle).tolist()] + busy
 
